@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs the Debian packages tophat needs to build, test and run. Idempotent:
+# when every package is already present it returns without touching apt.
+set -euo pipefail
+
+packages=(
+  cmake ninja-build pkg-config g++ git
+  libtorch-dev
+  # Without OpenBLAS LibTorch falls back to the reference BLAS, ~20x slower.
+  libopenblas0-pthread
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev
+  prometheus-cpp-dev libyaml-cpp-dev libsentencepiece-dev nlohmann-json3-dev
+  libcpp-httplib-dev libcli11-dev libspdlog-dev libpcre2-dev
+  catch2
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}" >&2
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,36 @@
+#include "kernels/rms_norm.h"
+
+#include <catch2/catch.hpp>
+
+namespace tophat::kernels {
+namespace {
+
+at::Tensor Reference(const at::Tensor& x, const at::Tensor& w, double eps) {
+  return x / at::sqrt((x * x).mean(-1, true) + eps) * w;
+}
+
+TEST_CASE("CPU RMSNorm matches the LibTorch composite on random inputs", "[kernels]") {
+  at::manual_seed(0);
+  for (int64_t rows : {1, 3, 64}) {
+    for (int64_t d : {1, 7, 64, 768}) {
+      at::Tensor x = at::randn({rows, d}) * 3;
+      at::Tensor w = at::randn({d});
+      at::Tensor got = RmsNorm(x, w, 1e-5);
+      INFO("rows=" << rows << " d=" << d);
+      CHECK(at::allclose(got, Reference(x, w, 1e-5), 1e-5, 1e-5));
+    }
+  }
+}
+
+TEST_CASE("RMSNorm handles non-contiguous input and other dtypes", "[kernels]") {
+  at::manual_seed(1);
+  at::Tensor x = at::randn({8, 32}).t();  // [32, 8], strided
+  at::Tensor w = at::randn({8});
+  CHECK(at::allclose(RmsNorm(x, w, 1e-6), Reference(x, w, 1e-6), 1e-5, 1e-5));
+  at::Tensor xd = at::randn({4, 16}, at::kDouble);
+  at::Tensor wd = at::randn({16}, at::kDouble);
+  CHECK(at::allclose(RmsNorm(xd, wd, 1e-6), Reference(xd, wd, 1e-6), 1e-9, 1e-9));
+}
+
+}  // namespace
+}  // namespace tophat::kernels

@@ -1,0 +1,64 @@
+// The model hyperparameters of a Hugging Face `config.json`, for the Llama family.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+
+namespace tophat {
+
+enum class Architecture { kLlama, kMistral, kQwen2 };
+
+std::string_view ArchitectureName(Architecture architecture);
+
+// `rope_scaling` of type "llama3" (Llama 3.1+): frequencies below a wavelength band are
+// divided by `factor`, those above are kept, and the band between is interpolated.
+struct RopeScaling {
+  bool llama3 = false;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct ModelConfig {
+  Architecture architecture = Architecture::kLlama;
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;  // < num_attention_heads means grouped-query attention
+  int64_t head_dim = 0;             // defaults to hidden_size / num_attention_heads
+  int64_t max_position_embeddings = 2048;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // q/k/v biases; always true for Qwen2
+  std::optional<int64_t> sliding_window;  // Mistral; attention sees the last N positions
+  std::optional<int64_t> bos_token_id;
+  std::vector<int64_t> eos_token_ids;
+  std::string torch_dtype = "float32";
+
+  // Parses and validates a config.json object. Errors name `source` (the file) and the key.
+  static absl::StatusOr<ModelConfig> FromJson(const nlohmann::json& json, const std::string& source);
+  static absl::StatusOr<ModelConfig> Load(const std::filesystem::path& config_json);
+
+  // The config.json this config reads back from (Hugging Face key names).
+  nlohmann::json ToJson() const;
+
+  int64_t q_size() const { return num_attention_heads * head_dim; }
+  int64_t kv_size() const { return num_key_value_heads * head_dim; }
+  // Parameters of one decoder layer, for bandwidth and FLOP accounting.
+  int64_t LayerParameterCount() const;
+};
+
+}  // namespace tophat

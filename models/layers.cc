@@ -1,0 +1,78 @@
+#include "models/layers.h"
+
+#include <cmath>
+#include <numbers>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/rms_norm.h"
+
+namespace tophat {
+
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  // Training needs autograd through the composite ops; inference takes the fused kernel.
+  if (x.requires_grad() || weight.requires_grad()) {
+    at::Tensor x32 = x.to(at::kFloat);
+    at::Tensor inv_rms = at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true).add_(eps));
+    return (x32 * inv_rms).to(x.scalar_type()) * weight;
+  }
+  return kernels::RmsNorm(x, weight, eps);
+}
+
+RopeTable RopeTable::Create(const ModelConfig& config, int64_t max_positions, at::Device device) {
+  const int64_t half = config.head_dim / 2;
+  std::vector<double> inv_freq(half);
+  for (int64_t i = 0; i < half; ++i) {
+    inv_freq[i] = 1.0 / std::pow(config.rope_theta, static_cast<double>(2 * i) /
+                                                        static_cast<double>(config.head_dim));
+  }
+  if (config.rope_scaling.llama3) {
+    const RopeScaling& s = config.rope_scaling;
+    const double old_context = static_cast<double>(s.original_max_position_embeddings);
+    const double low_freq_wavelen = old_context / s.low_freq_factor;
+    const double high_freq_wavelen = old_context / s.high_freq_factor;
+    for (double& f : inv_freq) {
+      const double wavelen = 2.0 * std::numbers::pi / f;
+      if (wavelen > low_freq_wavelen) {
+        f /= s.factor;
+      } else if (wavelen >= high_freq_wavelen) {
+        const double smooth =
+            (old_context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        f = (1.0 - smooth) * f / s.factor + smooth * f;
+      }
+    }
+  }
+  at::Tensor cos = at::empty({max_positions, half}, at::kFloat);
+  at::Tensor sin = at::empty({max_positions, half}, at::kFloat);
+  float* cos_data = cos.data_ptr<float>();
+  float* sin_data = sin.data_ptr<float>();
+  for (int64_t p = 0; p < max_positions; ++p) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(p) * inv_freq[i];
+      cos_data[p * half + i] = static_cast<float>(std::cos(angle));
+      sin_data[p * half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+  return RopeTable{.cos = cos.to(device), .sin = sin.to(device)};
+}
+
+at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  // [T, half] -> [T, 1, half] to broadcast over heads.
+  at::Tensor c = cos.unsqueeze(-2).to(x.scalar_type());
+  at::Tensor s = sin.unsqueeze(-2).to(x.scalar_type());
+  at::Tensor x1 = x.narrow(-1, 0, half);
+  at::Tensor x2 = x.narrow(-1, half, half);
+  return at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
+}
+
+at::Tensor SwiGlu(const at::Tensor& gate_up) {
+  const int64_t inner = gate_up.size(-1) / 2;
+  return at::silu(gate_up.narrow(-1, 0, inner)) * gate_up.narrow(-1, inner, inner);
+}
+
+std::string LayerTensorName(int64_t layer, std::string_view suffix) {
+  return absl::StrCat("model.layers.", layer, ".", std::string(suffix));
+}
+
+}  // namespace tophat
