@@ -200,4 +200,10 @@ absl::StatusOr<at::Tensor> CheckpointReader::Load(std::string_view name,
   return result;
 }
 
+absl::StatusOr<at::Tensor> CheckpointReader::LoadAsStored(std::string_view name) const {
+  auto it = tensor_to_file_.find(name);
+  if (it == tensor_to_file_.end()) return MissingTensor(dir_, name);
+  return it->second->Tensor(name);
+}
+
 }  // namespace tophat

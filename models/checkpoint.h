@@ -31,6 +31,9 @@ class CheckpointReader {
   absl::StatusOr<at::Tensor> Load(std::string_view name, at::IntArrayRef expected_shape,
                                   at::ScalarType dtype) const;
 
+  // The tensor exactly as stored (F32/F16/BF16), for tools that copy tensors through.
+  absl::StatusOr<at::Tensor> LoadAsStored(std::string_view name) const;
+
   // The stored dtype of a tensor, and the file that holds it.
   absl::StatusOr<SafetensorsDType> StoredDType(std::string_view name) const;
   absl::StatusOr<std::filesystem::path> FileOf(std::string_view name) const;

@@ -1,0 +1,263 @@
+// `tophat`: the command line for models: make the toy model, split a checkpoint into device
+// and cloud bundles, generate text, and benchmark a model against this machine's bounds.
+#include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "models/bench_model.h"
+#include "models/bundle.h"
+#include "models/generate.h"
+#include "models/model_init.h"
+#include "models/submodel.h"
+#include "models/tokenizer.h"
+#include "models/toy_model.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using tophat::SubmodelOptions;
+
+fs::path DefaultToyModelDir() {
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
+    return fs::path(xdg) / "tophat" / "toy-model";
+  }
+  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+    return fs::path(home) / ".cache" / "tophat" / "toy-model";
+  }
+  return fs::path(".cache") / "tophat" / "toy-model";
+}
+
+int Fail(const absl::Status& status) {
+  spdlog::error("{}", status.ToString());
+  return 1;
+}
+
+int RunToyModel(tophat::ToyModelOptions options) {
+  spdlog::info("toy-model: writing to {}", options.out_dir.string());
+  auto report = tophat::MakeToyModel(options, [](const tophat::TrainingProgress& p) {
+    const int width = 30;
+    const int filled = static_cast<int>(width * p.step / std::max<int64_t>(1, p.total_steps));
+    std::fprintf(stderr, "\r[%.*s%*s] step %lld/%lld  loss %.3f  %.0f tok/s  ETA %.0fs ",
+                 filled, "##############################", width - filled, "",
+                 static_cast<long long>(p.step), static_cast<long long>(p.total_steps), p.loss,
+                 p.tokens_per_second, p.eta_seconds);
+    if (p.step == p.total_steps) std::fprintf(stderr, "\n");
+  });
+  if (!report.ok()) return Fail(report.status());
+  if (report->reused_cache) {
+    spdlog::info("toy-model: reusing the cached model in {}", options.out_dir.string());
+  } else {
+    spdlog::info("toy-model: trained in {:.1f}s", report->seconds);
+  }
+  spdlog::info(
+      "toy-model: held-out loss {:.3f} nats (uniform would be {:.3f}), top-1 accuracy {:.1f}%, "
+      "mean top probability {:.2f}",
+      report->heldout_loss, report->uniform_loss, 100.0 * report->heldout_top1,
+      report->heldout_mean_max_prob);
+  std::cout << options.out_dir.string() << "\n";
+  return 0;
+}
+
+struct GenerateArgs {
+  fs::path model;
+  fs::path cloud_bundle;
+  std::string prompt;
+  int64_t max_new_tokens = 64;
+  double temperature = 0.0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  uint64_t seed = 0;
+  int64_t prefill_chunk = 0;
+  bool add_bos = true;
+};
+
+int RunGenerate(const GenerateArgs& args) {
+  // A device bundle runs split (with its cloud bundle, locally); a plain checkpoint runs whole.
+  std::unique_ptr<tophat::Submodel> full;
+  std::optional<tophat::DeviceBundle> device;
+  std::optional<tophat::CloudBundle> cloud;
+  std::unique_ptr<tophat::Tokenizer> tokenizer;
+  std::vector<const tophat::Submodel*> stages;
+  const tophat::ModelConfig* config = nullptr;
+  if (fs::exists(args.model / tophat::kBundleManifestFile)) {
+    if (args.cloud_bundle.empty()) {
+      return Fail(absl::InvalidArgumentError(
+          "--model is a device bundle; pass its cloud half with --cloud-bundle"));
+    }
+    auto d = tophat::DeviceBundle::Load(args.model);
+    if (!d.ok()) return Fail(d.status());
+    auto c = tophat::CloudBundle::Load(args.cloud_bundle);
+    if (!c.ok()) return Fail(c.status());
+    device = std::move(*d);
+    cloud = std::move(*c);
+    stages = {device->input.get(), cloud->middle.get(), device->output.get()};
+    config = &device->config;
+  } else {
+    auto m = tophat::LoadFullModel(args.model);
+    if (!m.ok()) return Fail(m.status());
+    full = std::move(*m);
+    auto t = tophat::Tokenizer::Load(args.model);
+    if (!t.ok()) return Fail(t.status());
+    tokenizer = std::move(*t);
+    stages = {full.get()};
+    config = &full->config();
+  }
+  const tophat::Tokenizer& tok = device ? *device->tokenizer : *tokenizer;
+  auto ids = tok.Encode(args.prompt);
+  if (!ids.ok()) return Fail(ids.status());
+  std::vector<int32_t> prompt;
+  if (args.add_bos && tok.bos_id()) prompt.push_back(*tok.bos_id());
+  prompt.insert(prompt.end(), ids->begin(), ids->end());
+
+  auto generator = tophat::PipelineGenerator::Create(stages);
+  if (!generator.ok()) return Fail(generator.status());
+  tophat::GenerationOptions options;
+  options.max_new_tokens = args.max_new_tokens;
+  options.sampling = {.temperature = args.temperature, .top_k = args.top_k, .top_p = args.top_p,
+                      .seed = args.seed};
+  options.prefill_chunk = args.prefill_chunk;
+  for (int64_t eos : config->eos_token_ids) options.stop_token_ids.push_back(static_cast<int32_t>(eos));
+  if (tok.eos_id()) options.stop_token_ids.push_back(*tok.eos_id());
+
+  tophat::StreamingDetokenizer stream(tok);
+  std::cout << args.prompt << std::flush;
+  auto result = generator->Generate(prompt, options, [&](int32_t token) {
+    auto text = stream.Push(token);
+    if (text.ok()) std::cout << *text << std::flush;
+    return true;
+  });
+  if (!result.ok()) return Fail(result.status());
+  if (auto rest = stream.Flush(); rest.ok()) std::cout << *rest;
+  std::cout << std::endl;
+  const double decode_rate =
+      result->decode_seconds > 0 ? static_cast<double>(result->tokens.size()) / result->decode_seconds
+                                 : 0.0;
+  spdlog::info("{} prompt tokens in {:.1f} ms, {} new tokens at {:.1f} tokens/s ({})",
+               prompt.size(), 1e3 * result->prefill_seconds, result->tokens.size(), decode_rate,
+               result->finish_reason == tophat::FinishReason::kStop ? "stop" : "length");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tophat: device-cloud collaborative LLM serving — model tools"};
+  app.require_subcommand(1);
+  spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
+  spdlog::set_default_logger(spdlog::stderr_color_mt("tophat"));
+
+  tophat::ToyModelOptions toy;
+  toy.out_dir = DefaultToyModelDir();
+  auto* toy_cmd = app.add_subcommand(
+      "toy-model", "Train (or reuse the cached) small Llama checkpoint on a synthetic grammar");
+  toy_cmd->add_option("--out", toy.out_dir, "Output directory (cached: reused if up to date)")
+      ->capture_default_str();
+  toy_cmd->add_option("--steps", toy.steps, "Training steps")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  toy_cmd->add_option("--seed", toy.seed, "Seed for corpus, init and batches")
+      ->capture_default_str();
+  toy_cmd->add_option("--threads", toy.threads, "Training threads (part of the cache key)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+
+  tophat::SplitOptions split;
+  auto* split_cmd = app.add_subcommand(
+      "split", "Split a checkpoint into a device bundle and a cloud bundle");
+  split_cmd->add_option("--model", split.model_dir, "Hugging Face checkpoint directory")
+      ->required()->check(CLI::ExistingDirectory);
+  split_cmd->add_option("--input-layers,-m", split.input_layers,
+                        "Decoder layers on the device before the cloud (m)")
+      ->capture_default_str();
+  split_cmd->add_option("--output-layers,-k", split.output_layers,
+                        "Decoder layers on the device after the cloud (k)")
+      ->capture_default_str();
+  split_cmd->add_option("--out", split.out_dir, "Directory that receives device/ and cloud/")
+      ->required();
+
+  GenerateArgs gen;
+  auto* gen_cmd = app.add_subcommand("generate", "Generate text, streaming it to the terminal");
+  gen_cmd->add_option("--model", gen.model, "Checkpoint directory, or a device bundle")
+      ->required()->check(CLI::ExistingDirectory);
+  gen_cmd->add_option("--cloud-bundle", gen.cloud_bundle,
+                      "With a device bundle: its cloud bundle, run in this process")
+      ->check(CLI::ExistingDirectory);
+  gen_cmd->add_option("--prompt", gen.prompt, "Prompt text")->required();
+  gen_cmd->add_option("--max-new-tokens", gen.max_new_tokens)->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  gen_cmd->add_option("--temperature", gen.temperature, "0 means greedy")->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  gen_cmd->add_option("--top-k", gen.top_k, "0 keeps every token")->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  gen_cmd->add_option("--top-p", gen.top_p)->capture_default_str()->check(CLI::Range(1e-9, 1.0));
+  gen_cmd->add_option("--seed", gen.seed)->capture_default_str();
+  gen_cmd->add_option("--prefill-chunk", gen.prefill_chunk,
+                      "Prompt tokens per forward pass (0: all at once)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  gen_cmd->add_flag("!--no-bos", gen.add_bos, "Do not prepend the BOS token");
+
+  fs::path bench_model_dir;
+  fs::path bench_json;
+  tophat::ModelBenchOptions bench;
+  auto* bench_cmd = app.add_subcommand(
+      "bench-model", "Prefill and decode speed against this machine's GEMM and bandwidth bounds");
+  bench_cmd->add_option("--model", bench_model_dir, "Checkpoint directory")->required()
+      ->check(CLI::ExistingDirectory);
+  bench_cmd->add_option("--prompt-tokens", bench.prompt_tokens)->capture_default_str();
+  bench_cmd->add_option("--decode-tokens", bench.decode_tokens)->capture_default_str();
+  bench_cmd->add_option("--repetitions", bench.repetitions)->capture_default_str();
+  bench_cmd->add_option("--json", bench_json, "Also write the report as JSON here");
+
+  fs::path init_out;
+  std::string init_preset = "bench-110m";
+  uint64_t init_seed = 0;
+  auto* init_cmd = app.add_subcommand(
+      "init-model", "Write a randomly initialised checkpoint (for benchmarks and tests)");
+  init_cmd->add_option("--out", init_out, "Output directory")->required();
+  init_cmd->add_option("--preset", init_preset, "bench-110m (dim 768, 12 layers) or tiny")
+      ->capture_default_str()->check(CLI::IsMember({"bench-110m", "tiny"}));
+  init_cmd->add_option("--seed", init_seed)->capture_default_str();
+
+  CLI11_PARSE(app, argc, argv);
+
+  if (*toy_cmd) return RunToyModel(toy);
+  if (*split_cmd) {
+    auto result = tophat::SplitCheckpoint(split);
+    if (!result.ok()) return Fail(result.status());
+    spdlog::info("device bundle: {} (embedding, layers [0, {}), layers [{}, {}), head)",
+                 result->device_dir.string(), result->device.input_layers.end,
+                 result->device.output_layers.begin, result->device.output_layers.end);
+    spdlog::info("cloud bundle:  {} (layers [{}, {}), no embedding, no head)",
+                 result->cloud_dir.string(), result->cloud.middle_layers.begin,
+                 result->cloud.middle_layers.end);
+    return 0;
+  }
+  if (*gen_cmd) return RunGenerate(gen);
+  if (*bench_cmd) {
+    auto report = tophat::RunModelBenchmark(bench_model_dir, bench, [](std::string_view line) {
+      spdlog::info("{}", line);
+    });
+    if (!report.ok()) return Fail(report.status());
+    std::cout << report->ToTable() << "\n" << report->ToJson().dump(2) << "\n";
+    if (!bench_json.empty()) {
+      std::ofstream out(bench_json);
+      out << report->ToJson().dump(2) << "\n";
+    }
+    return 0;
+  }
+  if (*init_cmd) {
+    const tophat::ModelConfig config =
+        init_preset == "tiny" ? tophat::TinyTestConfig() : tophat::Bench110MConfig();
+    spdlog::info("init-model: writing a random {} checkpoint to {}", init_preset,
+                 init_out.string());
+    absl::Status status =
+        tophat::WriteCheckpoint(config, tophat::InitWeights(config, init_seed), init_out);
+    if (!status.ok()) return Fail(status);
+    return 0;
+  }
+  return 0;
+}

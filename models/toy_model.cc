@@ -1,0 +1,297 @@
+#include "models/toy_model.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <numbers>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "models/layers.h"
+#include "models/model_init.h"
+#include "models/sentencepiece_trainer_util.h"
+#include "models/status_macros.h"
+#include "models/tokenizer.h"
+#include "models/toy_corpus.h"
+
+namespace tophat {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// Bumped whenever the corpus, the architecture or the training recipe changes, so that a
+// cached model from an older generator is not reused.
+constexpr int kGeneratorVersion = 1;
+constexpr char kStampFile[] = "tophat_toy_model.json";
+
+// The batched, cache-free forward used for training: the same layer math as Submodel
+// (models/layers.h), over [B, S] token ids with a causal mask.
+at::Tensor TrainingLogits(const ModelConfig& c, const std::map<std::string, at::Tensor>& w,
+                          const RopeTable& rope, const at::Tensor& ids) {
+  const int64_t batch = ids.size(0);
+  const int64_t seq = ids.size(1);
+  const int64_t hd = c.head_dim;
+  const int64_t group = c.num_attention_heads / c.num_key_value_heads;
+  at::Tensor cos = rope.cos.narrow(0, 0, seq);
+  at::Tensor sin = rope.sin.narrow(0, 0, seq);
+  at::Tensor mask = at::full({seq, seq}, -std::numeric_limits<float>::infinity()).triu(1);
+  at::Tensor x = at::embedding(w.at("model.embed_tokens.weight"), ids);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    auto p = [&](std::string_view s) -> const at::Tensor& { return w.at(LayerTensorName(i, s)); };
+    at::Tensor h = RmsNorm(x, p("input_layernorm.weight"), c.rms_norm_eps);
+    at::Tensor q = at::linear(h, p("self_attn.q_proj.weight")).view({batch, seq, -1, hd});
+    at::Tensor k = at::linear(h, p("self_attn.k_proj.weight")).view({batch, seq, -1, hd});
+    at::Tensor v = at::linear(h, p("self_attn.v_proj.weight")).view({batch, seq, -1, hd});
+    q = ApplyRope(q, cos, sin).transpose(1, 2);
+    k = ApplyRope(k, cos, sin).repeat_interleave(group, 2).transpose(1, 2);
+    v = v.repeat_interleave(group, 2).transpose(1, 2);
+    at::Tensor scores = at::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(hd));
+    at::Tensor attention = at::matmul(at::softmax(scores + mask, -1), v);
+    attention = attention.transpose(1, 2).reshape({batch, seq, -1});
+    x = x + at::linear(attention, p("self_attn.o_proj.weight"));
+    h = RmsNorm(x, p("post_attention_layernorm.weight"), c.rms_norm_eps);
+    at::Tensor mlp = at::silu(at::linear(h, p("mlp.gate_proj.weight"))) *
+                     at::linear(h, p("mlp.up_proj.weight"));
+    x = x + at::linear(mlp, p("mlp.down_proj.weight"));
+  }
+  x = RmsNorm(x, w.at("model.norm.weight"), c.rms_norm_eps);
+  return at::linear(x, c.tie_word_embeddings ? w.at("model.embed_tokens.weight")
+                                             : w.at("lm_head.weight"));
+}
+
+json ReadJson(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) return json();
+  return json::parse(in, nullptr, /*allow_exceptions=*/false);
+}
+
+}  // namespace
+
+json ToyModelOptions::ToJson() const {
+  return {{"generator_version", kGeneratorVersion},
+          {"seed", seed},
+          {"vocab_size", vocab_size},
+          {"hidden_size", hidden_size},
+          {"intermediate_size", intermediate_size},
+          {"num_layers", num_layers},
+          {"num_heads", num_heads},
+          {"num_kv_heads", num_kv_heads},
+          {"sequence_length", sequence_length},
+          {"batch_size", batch_size},
+          {"steps", steps},
+          {"learning_rate", learning_rate},
+          {"corpus_documents", corpus_documents},
+          {"threads", threads}};
+}
+
+json ToyModelReport::ToJson() const {
+  return {{"seconds", seconds},
+          {"final_train_loss", final_train_loss},
+          {"heldout_loss", heldout_loss},
+          {"uniform_loss", uniform_loss},
+          {"heldout_top1", heldout_top1},
+          {"heldout_mean_max_prob", heldout_mean_max_prob}};
+}
+
+ModelConfig ToyModelConfig(const ToyModelOptions& o) {
+  ModelConfig c;
+  c.architecture = Architecture::kLlama;
+  c.vocab_size = o.vocab_size;
+  c.hidden_size = o.hidden_size;
+  c.intermediate_size = o.intermediate_size;
+  c.num_hidden_layers = o.num_layers;
+  c.num_attention_heads = o.num_heads;
+  c.num_key_value_heads = o.num_kv_heads;
+  c.head_dim = o.hidden_size / o.num_heads;
+  c.max_position_embeddings = 2048;
+  c.rope_theta = 10000.0;
+  c.rms_norm_eps = 1e-5;
+  c.bos_token_id = 1;
+  c.eos_token_ids = {2};
+  return c;
+}
+
+absl::StatusOr<ToyModelReport> MakeToyModel(
+    const ToyModelOptions& options,
+    const std::function<void(const TrainingProgress&)>& on_progress) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  if (options.out_dir.empty()) return absl::InvalidArgumentError("toy-model: --out is required");
+  if (options.hidden_size % options.num_heads != 0 || options.num_heads % options.num_kv_heads) {
+    return absl::InvalidArgumentError(
+        "toy-model: heads must divide hidden_size and kv heads must divide heads");
+  }
+
+  // Reuse a finished model made with the same options.
+  const json wanted = options.ToJson();
+  const json stamp = ReadJson(options.out_dir / kStampFile);
+  if (stamp.is_object() && stamp.value("options", json()) == wanted &&
+      fs::exists(options.out_dir / "model.safetensors") &&
+      fs::exists(options.out_dir / "tokenizer.model")) {
+    ToyModelReport report;
+    report.reused_cache = true;
+    const json r = stamp.value("report", json::object());
+    report.final_train_loss = r.value("final_train_loss", 0.0);
+    report.heldout_loss = r.value("heldout_loss", 0.0);
+    report.uniform_loss = r.value("uniform_loss", 0.0);
+    report.heldout_top1 = r.value("heldout_top1", 0.0);
+    report.heldout_mean_max_prob = r.value("heldout_mean_max_prob", 0.0);
+    return report;
+  }
+
+  // Build in a sibling directory and rename at the end, so an interrupted run never leaves
+  // a directory that looks finished.
+  const fs::path staging = options.out_dir.string() + ".partial";
+  std::error_code ec;
+  fs::remove_all(staging, ec);
+  fs::create_directories(staging, ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat(staging.string(), ": cannot create: ", ec.message()));
+  }
+
+  const std::vector<std::string> corpus =
+      GenerateToyCorpus(options.seed, options.corpus_documents);
+  TOPHAT_RETURN_IF_ERROR(TrainSentencePiece(corpus, static_cast<int>(options.vocab_size),
+                                            staging / "tokenizer.model"));
+  TOPHAT_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, Tokenizer::Load(staging));
+
+  ModelConfig config = ToyModelConfig(options);
+  config.vocab_size = tokenizer->vocab_size();
+  const int32_t bos = tokenizer->bos_id().value_or(1);
+  const int32_t eos = tokenizer->eos_id().value_or(2);
+  config.bos_token_id = bos;
+  config.eos_token_ids = {eos};
+
+  // One token stream: <s> document </s> <s> document </s> ... Held-out documents are the
+  // last 5%, never trained on.
+  const size_t heldout_docs = std::max<size_t>(1, corpus.size() / 20);
+  std::vector<int64_t> train_stream;
+  std::vector<int64_t> heldout_stream;
+  for (size_t d = 0; d < corpus.size(); ++d) {
+    TOPHAT_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->Encode(corpus[d]));
+    auto& stream = d + heldout_docs < corpus.size() ? train_stream : heldout_stream;
+    stream.push_back(bos);
+    stream.insert(stream.end(), ids.begin(), ids.end());
+    stream.push_back(eos);
+  }
+  const int64_t seq = options.sequence_length;
+  if (static_cast<int64_t>(train_stream.size()) < seq + 2 ||
+      static_cast<int64_t>(heldout_stream.size()) < seq + 2) {
+    return absl::InvalidArgumentError("toy-model: corpus too small for the sequence length");
+  }
+
+  ToyModelReport report;
+  report.uniform_loss = std::log(static_cast<double>(config.vocab_size));
+  NamedTensors trained;
+  const int previous_threads = at::get_num_threads();
+  at::set_num_threads(options.threads);
+  absl::Status status = CatchExceptions("toy-model training", [&] {
+    std::map<std::string, at::Tensor> weights;
+    std::vector<std::string> names;  // checkpoint order
+    std::vector<at::Tensor> parameters;
+    for (auto& [name, tensor] : InitWeights(config, options.seed)) {
+      tensor.set_requires_grad(true);
+      parameters.push_back(tensor);
+      names.push_back(name);
+      weights.emplace(name, tensor);
+    }
+    const RopeTable rope = RopeTable::Create(config, seq, at::kCPU);
+    torch::optim::AdamW optimizer(
+        parameters, torch::optim::AdamWOptions(options.learning_rate).weight_decay(0.01));
+    std::mt19937_64 rng(options.seed + 1);
+    std::uniform_int_distribution<int64_t> offset_dist(
+        0, static_cast<int64_t>(train_stream.size()) - seq - 2);
+    const at::Tensor train_tokens = at::tensor(train_stream, at::kLong);
+
+    const int64_t warmup = std::max<int64_t>(1, options.steps / 20);
+    double smoothed = 0.0;
+    const auto train_start = Clock::now();
+    for (int64_t step = 0; step < options.steps; ++step) {
+      // Linear warm-up, then cosine decay to 10% of the peak rate.
+      double lr = options.learning_rate;
+      if (step < warmup) {
+        lr *= static_cast<double>(step + 1) / static_cast<double>(warmup);
+      } else {
+        const double progress = static_cast<double>(step - warmup) /
+                                static_cast<double>(std::max<int64_t>(1, options.steps - warmup));
+        lr *= 0.1 + 0.9 * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+      }
+      for (auto& group : optimizer.param_groups()) {
+        static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+      }
+      std::vector<at::Tensor> rows;
+      for (int64_t b = 0; b < options.batch_size; ++b) {
+        rows.push_back(train_tokens.narrow(0, offset_dist(rng), seq + 1));
+      }
+      at::Tensor batch = at::stack(rows);
+      at::Tensor inputs = batch.narrow(1, 0, seq);
+      at::Tensor targets = batch.narrow(1, 1, seq);
+      optimizer.zero_grad();
+      at::Tensor logits = TrainingLogits(config, weights, rope, inputs);
+      at::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, config.vocab_size}),
+                                               targets.reshape({-1}));
+      loss.backward();
+      torch::nn::utils::clip_grad_norm_(parameters, 1.0);
+      optimizer.step();
+      const double value = loss.item<double>();
+      smoothed = step == 0 ? value : 0.9 * smoothed + 0.1 * value;
+      if (on_progress && (step % 10 == 0 || step + 1 == options.steps)) {
+        const double elapsed = std::chrono::duration<double>(Clock::now() - train_start).count();
+        TrainingProgress progress;
+        progress.step = step + 1;
+        progress.total_steps = options.steps;
+        progress.loss = smoothed;
+        progress.tokens_per_second =
+            static_cast<double>((step + 1) * options.batch_size * seq) / elapsed;
+        progress.eta_seconds =
+            elapsed / static_cast<double>(step + 1) * static_cast<double>(options.steps - step - 1);
+        on_progress(progress);
+      }
+    }
+    report.final_train_loss = smoothed;
+
+    // Held-out evaluation over non-overlapping windows.
+    at::NoGradGuard no_grad;
+    const at::Tensor heldout = at::tensor(heldout_stream, at::kLong);
+    const int64_t windows = std::min<int64_t>(32, (heldout.size(0) - 1) / seq);
+    double loss_sum = 0.0;
+    double correct = 0.0;
+    double max_prob_sum = 0.0;
+    for (int64_t w = 0; w < windows; ++w) {
+      at::Tensor window = heldout.narrow(0, w * seq, seq + 1).unsqueeze(0);
+      at::Tensor logits = TrainingLogits(config, weights, rope, window.narrow(1, 0, seq))[0];
+      at::Tensor targets = window.narrow(1, 1, seq)[0];
+      loss_sum += at::cross_entropy_loss(logits, targets).item<double>();
+      correct += logits.argmax(-1).eq(targets).to(at::kDouble).mean().item<double>();
+      max_prob_sum += at::softmax(logits, -1).amax(-1).mean().item<double>();
+    }
+    report.heldout_loss = loss_sum / static_cast<double>(windows);
+    report.heldout_top1 = correct / static_cast<double>(windows);
+    report.heldout_mean_max_prob = max_prob_sum / static_cast<double>(windows);
+
+    for (const std::string& name : names) trained.emplace_back(name, weights.at(name).detach());
+  });
+  at::set_num_threads(previous_threads);
+  TOPHAT_RETURN_IF_ERROR(status);
+  TOPHAT_RETURN_IF_ERROR(WriteCheckpoint(config, trained, staging));
+
+  report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  {
+    std::ofstream out(staging / kStampFile);
+    out << json{{"options", wanted}, {"report", report.ToJson()}}.dump(2) << "\n";
+  }
+  fs::remove_all(options.out_dir, ec);
+  fs::create_directories(options.out_dir.parent_path(), ec);
+  fs::rename(staging, options.out_dir, ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat("cannot move ", staging.string(), " to ",
+                                            options.out_dir.string(), ": ", ec.message()));
+  }
+  return report;
+}
+
+}  // namespace tophat

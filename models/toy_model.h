@@ -1,0 +1,66 @@
+// `tophat toy-model`: a small Llama checkpoint in Hugging Face layout (config.json,
+// model.safetensors, tokenizer.model), trained with LibTorch on the synthetic corpus of
+// toy_corpus.h. Deterministic for a given seed and thread count, and cached: a directory
+// that already holds a model made with the same options is reused.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "models/config.h"
+
+namespace tophat {
+
+struct ToyModelOptions {
+  std::filesystem::path out_dir;
+  uint64_t seed = 1234;
+  int64_t vocab_size = 512;
+  int64_t hidden_size = 192;
+  int64_t intermediate_size = 512;
+  int64_t num_layers = 6;
+  int64_t num_heads = 6;
+  int64_t num_kv_heads = 2;
+  // Sentences of the grammar span ~15 tokens, so 64-token windows see whole documents.
+  int64_t sequence_length = 64;
+  int64_t batch_size = 16;
+  int64_t steps = 300;
+  double learning_rate = 3e-3;
+  int64_t corpus_documents = 20000;
+  // Training threads are pinned so that the result does not depend on the machine's cores.
+  int threads = 2;
+
+  nlohmann::json ToJson() const;
+};
+
+struct ToyModelReport {
+  bool reused_cache = false;
+  double seconds = 0.0;
+  double final_train_loss = 0.0;
+  double heldout_loss = 0.0;     // mean next-token cross-entropy, nats
+  double uniform_loss = 0.0;     // ln(vocab): what a model with no knowledge scores
+  double heldout_top1 = 0.0;     // fraction of held-out next tokens predicted exactly
+  double heldout_mean_max_prob = 0.0;
+  nlohmann::json ToJson() const;
+};
+
+struct TrainingProgress {
+  int64_t step = 0;
+  int64_t total_steps = 0;
+  double loss = 0.0;
+  double tokens_per_second = 0.0;
+  double eta_seconds = 0.0;
+};
+
+absl::StatusOr<ToyModelReport> MakeToyModel(
+    const ToyModelOptions& options,
+    const std::function<void(const TrainingProgress&)>& on_progress = {});
+
+// The config the toy model is trained with (before the tokenizer fixes the vocabulary).
+ModelConfig ToyModelConfig(const ToyModelOptions& options);
+
+}  // namespace tophat
