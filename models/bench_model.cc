@@ -1,5 +1,7 @@
 #include "models/bench_model.h"
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -65,6 +67,13 @@ std::string Si(double value, std::string_view unit) {
     ++p;
   }
   return absl::StrFormat("%.2f %s%s", value, kPrefixes[p], std::string(unit));
+}
+
+// OpenBLAS's own thread count when LibTorch's BLAS is OpenBLAS, else 0.
+int BlasThreads() {
+  using GetThreads = int (*)();
+  auto get = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  return get != nullptr ? get() : 0;
 }
 
 std::string Percent(double fraction) { return absl::StrFormat("%.1f%%", 100.0 * fraction); }
@@ -138,6 +147,7 @@ absl::StatusOr<ModelBenchReport> RunModelBenchmark(
                       config.hidden_size +
                       (config.tie_word_embeddings ? 0 : config.vocab_size * config.hidden_size);
   report.threads = at::get_num_threads();
+  report.blas_threads = BlasThreads();
   report.prompt_tokens = options.prompt_tokens;
   report.decode_tokens = options.decode_tokens;
   report.decode_prompt_tokens = decode_prompt;
@@ -279,6 +289,7 @@ nlohmann::json ModelBenchReport::ToJson() const {
         {"vocab_size", vocab_size},
         {"dtype", dtype}}},
       {"threads", threads},
+      {"blas_threads", blas_threads},
       {"prompt_tokens", prompt_tokens},
       {"decode_tokens", decode_tokens},
       {"decode_prompt_tokens", decode_prompt_tokens},
@@ -304,9 +315,9 @@ nlohmann::json ModelBenchReport::ToJson() const {
 std::string ModelBenchReport::ToTable() const {
   std::string out = absl::StrFormat(
       "model %s: %.1fM parameters, %d layers, dim %d, intermediate %d, heads %d/%d, "
-      "vocab %d, %s, %d threads\n",
+      "vocab %d, %s, %d ATen threads, %d BLAS threads\n",
       model_dir, static_cast<double>(parameters) / 1e6, layers, hidden_size, intermediate_size,
-      attention_heads, kv_heads, vocab_size, dtype, threads);
+      attention_heads, kv_heads, vocab_size, dtype, threads, blas_threads);
   auto row = [&out](const std::string& metric, const std::string& measured,
                     const std::string& bound, const std::string& fraction) {
     absl::StrAppend(&out, absl::StrFormat("%-28s | %-16s | %-16s | %s\n", metric, measured, bound,

@@ -35,7 +35,8 @@ struct ModelBenchReport {
   int64_t kv_heads = 0;
   int64_t vocab_size = 0;
   std::string dtype = "float32";
-  int threads = 0;  // ATen intra-op threads
+  int threads = 0;       // ATen intra-op threads (at::get_num_threads())
+  int blas_threads = 0;  // OpenBLAS threads (prefill GEMMs run on these); 0 = unknown
 
   // Workload.
   int64_t prompt_tokens = 0;

@@ -10,20 +10,23 @@
 
 namespace tophat {
 
-// Trains a BPE `tokenizer.model` on `sentences` and writes it to `model_out`. The model has
-// Llama-2's layout and settings: <unk>=0, <s>=1, </s>=2, no pad, the 256 byte-fallback pieces
-// <0x00>..<0xFF>, then merged pieces by merge order, then every character of the corpus
-// (character_coverage 1.0); identity normalisation with the dummy prefix and kept
-// whitespace, so decoding reproduces the input; digits are never merged (split_digits).
+// Trains a BPE `tokenizer.model` on `sentences` and writes it to `model_out`, with
+// libsentencepiece's own trainer reached through the SentencePiece plugin (see
+// models/spm_plugin_loader.h). The model has Llama-2's layout and settings: <unk>=0, <s>=1,
+// </s>=2, no pad, the 256 byte-fallback pieces <0x00>..<0xFF>, then the merged pieces and the
+// corpus' characters (character_coverage 1.0); identity normalisation with the dummy prefix
+// and kept whitespace, so decoding reproduces the input; digits are never merged
+// (split_digits).
 //
-// Training is native rather than libsentencepiece's trainer, which cannot be loaded beside
-// LibTorch (see sentencepiece_model_proto.h). It is single-threaded and breaks ties by piece
-// spelling, so the same inputs always give byte-identical files. The resulting file loads in
-// SentencePiece itself as well as in SentencePieceTokenizer.
+// The trainer runs single-threaded on the sentences in order (no shuffling, no sampling), and
+// the output path is not recorded in the model, so the same inputs always give byte-identical
+// files.
 //
 // `vocab_size` counts the 3 control pieces, the 256 byte pieces and the corpus' characters,
-// so it must be at least 259 plus the number of distinct characters; fails with
-// kInvalidArgument when it is smaller, or larger than the corpus has merges for.
+// so it must be larger than 259 plus the number of distinct characters; fails with
+// kInvalidArgument when SentencePiece rejects it (the message names `model_out`), and with
+// kUnavailable or kNotFound when the plugin cannot be loaded (sanitizer builds; a missing
+// libtophat_spm_plugin.so).
 absl::Status TrainSentencePiece(const std::vector<std::string>& sentences, int vocab_size,
                                 const std::filesystem::path& model_out);
 

@@ -25,7 +25,7 @@ using json = nlohmann::json;
 
 // Bumped whenever the corpus, the architecture or the training recipe changes, so that a
 // cached model from an older generator is not reused.
-constexpr int kGeneratorVersion = 1;
+constexpr int kGeneratorVersion = 2;
 constexpr char kStampFile[] = "tophat_toy_model.json";
 
 // The batched, cache-free forward used for training: the same layer math as Submodel
