@@ -40,13 +40,15 @@ void PipelineGenerator::Reset() {
   for (KvCache& c : caches_) c.Clear();
 }
 
-absl::StatusOr<at::Tensor> PipelineGenerator::Step(const std::vector<int32_t>& tokens) {
+absl::StatusOr<at::Tensor> PipelineGenerator::Step(const std::vector<int32_t>& tokens,
+                                                   bool last_only) {
   std::vector<int64_t> ids(tokens.begin(), tokens.end());
   TOPHAT_ASSIGN_OR_RETURN(at::Tensor hidden, stages_.front()->Embed(at::tensor(ids, at::kLong)));
   hidden = hidden.to(stages_.front()->options().dtype);
   for (size_t i = 0; i < stages_.size(); ++i) {
     TOPHAT_ASSIGN_OR_RETURN(hidden, stages_[i]->Forward(hidden, caches_[i]));
   }
+  if (last_only && hidden.size(0) > 1) hidden = hidden.narrow(0, hidden.size(0) - 1, 1);
   return stages_.back()->Logits(hidden);
 }
 
@@ -76,7 +78,8 @@ absl::StatusOr<GenerationResult> PipelineGenerator::Generate(const std::vector<i
   for (size_t begin = 0; begin < prompt.size(); begin += chunk) {
     const size_t end = std::min(prompt.size(), begin + chunk);
     TOPHAT_ASSIGN_OR_RETURN(
-        logits, Step(std::vector<int32_t>(prompt.begin() + begin, prompt.begin() + end)));
+        logits, Step(std::vector<int32_t>(prompt.begin() + begin, prompt.begin() + end),
+                     /*last_only=*/true));
   }
   result.prefill_seconds = std::chrono::duration<double>(Clock::now() - prefill_start).count();
 

@@ -43,8 +43,9 @@ class PipelineGenerator {
                                             const GenerationOptions& options,
                                             const TokenCallback& on_token = {});
 
-  // Logits [T, V] of `tokens` continuing the current caches (used by tests and benches).
-  absl::StatusOr<at::Tensor> Step(const std::vector<int32_t>& tokens);
+  // Logits of `tokens` continuing the current caches: [T, V], or [1, V] for the last token
+  // only when `last_only` (what generation needs; it skips the LM head for the others).
+  absl::StatusOr<at::Tensor> Step(const std::vector<int32_t>& tokens, bool last_only = false);
   void Reset();
   int64_t length() const { return caches_.empty() ? 0 : caches_.front().length(); }
 

@@ -5,10 +5,18 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/gemv.h"
 #include "models/status_macros.h"
 
 namespace tophat {
 namespace {
+
+// One row (a decode step) streams the weights through the GEMV kernel; more rows are a
+// GEMM and go to BLAS.
+at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias = {}) {
+  if (x.size(0) == 1) return kernels::LinearSingleRow(x, w, bias);
+  return bias.defined() ? at::linear(x, w, bias) : at::linear(x, w);
+}
 
 std::string ShapeString(const at::Tensor& t) {
   std::string s = "[";
@@ -82,13 +90,17 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
                                                 {config.intermediate_size, d}));
     TOPHAT_ASSIGN_OR_RETURN(w.down, load(name("mlp.down_proj.weight"),
                                          {d, config.intermediate_size}));
-    w.qkv = at::cat({q, k, v});
-    w.gate_up = at::cat({gate, up});
-    // Contiguous copies detach from the file mapping, so later reads never page-fault.
+    // Copies detach the matrices from the file mapping (no page faults at step time) and,
+    // on CPU, put them on huge pages, which decode streams faster.
+    auto own = [&](const at::Tensor& t) {
+      return options.huge_pages ? kernels::CopyToHugePages(t) : t.clone();
+    };
+    w.qkv = own(at::cat({q, k, v}));
+    w.gate_up = own(at::cat({gate, up}));
     w.input_norm = w.input_norm.contiguous();
-    w.o_proj = w.o_proj.clone();
+    w.o_proj = own(w.o_proj);
     w.post_norm = w.post_norm.contiguous();
-    w.down = w.down.clone();
+    w.down = own(w.down);
     model->layers_.push_back(std::move(w));
   }
   if (spec.head) {
@@ -102,6 +114,11 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
       }
     } else {
       TOPHAT_ASSIGN_OR_RETURN(model->lm_head_, load("lm_head.weight", {config.vocab_size, d}));
+    }
+    if (options.huge_pages) {
+      const bool shared = model->lm_head_.is_same(model->embedding_);
+      model->lm_head_ = kernels::CopyToHugePages(model->lm_head_);
+      if (shared) model->embedding_ = model->lm_head_;
     }
   }
   return model;
@@ -227,8 +244,7 @@ absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden,
     for (size_t l = 0; l < layers_.size(); ++l) {
       const DecoderLayerWeights& w = layers_[l];
       at::Tensor h = RmsNorm(x, w.input_norm, config_.rms_norm_eps);
-      at::Tensor qkv = w.qkv_bias.defined() ? at::linear(h, w.qkv, w.qkv_bias)
-                                            : at::linear(h, w.qkv);
+      at::Tensor qkv = Linear(h, w.qkv, w.qkv_bias);
       at::Tensor q = ApplyRope(qkv.narrow(1, 0, q_size).view({total, heads, hd}), cos, sin);
       at::Tensor k = ApplyRope(qkv.narrow(1, q_size, kv_size).view({total, kv_heads, hd}), cos,
                                sin);
@@ -246,11 +262,9 @@ absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden,
                     values.narrow(0, 0, past + n), past, attention.narrow(0, row, n));
         row += n;
       }
-      at::Tensor o = w.o_bias.defined() ? at::linear(attention, w.o_proj, w.o_bias)
-                                        : at::linear(attention, w.o_proj);
-      x = x + o;
+      x = x + Linear(attention, w.o_proj, w.o_bias);
       h = RmsNorm(x, w.post_norm, config_.rms_norm_eps);
-      x = x + at::linear(SwiGlu(at::linear(h, w.gate_up)), w.down);
+      x = x + Linear(SwiGlu(Linear(h, w.gate_up)), w.down);
     }
   });
   TOPHAT_RETURN_IF_ERROR(status);
@@ -272,8 +286,7 @@ absl::StatusOr<at::Tensor> Submodel::Logits(const at::Tensor& hidden) const {
   }
   at::Tensor logits;
   TOPHAT_RETURN_IF_ERROR(CatchExceptions("LM head", [&] {
-    logits = at::linear(RmsNorm(hidden, final_norm_, config_.rms_norm_eps), lm_head_)
-                 .to(at::kFloat);
+    logits = Linear(RmsNorm(hidden, final_norm_, config_.rms_norm_eps), lm_head_).to(at::kFloat);
   }));
   return logits;
 }

@@ -51,6 +51,8 @@ struct SubmodelOptions {
   // Longest sequence (prompt + generated) a KV cache of this submodel can hold. Capped at
   // the config's max_position_embeddings.
   int64_t max_context = 4096;
+  // Keep weight matrices on transparent huge pages (CPU): decode streams them ~25% faster.
+  bool huge_pages = true;
 };
 
 struct DecoderLayerWeights {
