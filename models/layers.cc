@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/rms_norm.h"
+#include "kernels/rope.h"
 
 namespace tophat {
 
@@ -57,13 +58,7 @@ RopeTable RopeTable::Create(const ModelConfig& config, int64_t max_positions, at
 }
 
 at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t half = x.size(-1) / 2;
-  // [T, half] -> [T, 1, half] to broadcast over heads.
-  at::Tensor c = cos.unsqueeze(-2).to(x.scalar_type());
-  at::Tensor s = sin.unsqueeze(-2).to(x.scalar_type());
-  at::Tensor x1 = x.narrow(-1, 0, half);
-  at::Tensor x2 = x.narrow(-1, half, half);
-  return at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
+  return kernels::RotaryEmbedding(x, cos, sin);
 }
 
 at::Tensor SwiGlu(const at::Tensor& gate_up) {
