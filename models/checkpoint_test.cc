@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include "models/test_util.h"
+
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -13,39 +15,16 @@ namespace tophat {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::ReadBytes;
+using testing::TempDir;
+using testing::WriteBytes;
 
 constexpr char kShard1[] = "model-00001-of-00002.safetensors";
 constexpr char kShard2[] = "model-00002-of-00002.safetensors";
 
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    std::random_device random;
-    path_ =
-        fs::temp_directory_path() / ("tophat_checkpoint_test_" + std::to_string(::getpid()) + "_" +
-                                     std::to_string(counter++) + "_" + std::to_string(random()));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-void WriteText(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  REQUIRE(out.good());
-}
-
 void WriteIndex(const fs::path& dir, const std::map<std::string, std::string>& weight_map) {
   nlohmann::json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}};
-  WriteText(dir / "model.safetensors.index.json", index.dump(2));
+  WriteBytes(dir / "model.safetensors.index.json", index.dump(2));
 }
 
 std::string Message(const absl::Status& status) { return std::string(status.message()); }
@@ -153,7 +132,7 @@ TEST_CASE("checkpoint index errors name the index, the shard and the tensor", "[
                                              Catch::Contains("'lm_head.weight'"));
   }
   SECTION("corrupt shard") {
-    WriteText(checkpoint.dir.path() / kShard2, "oops");
+    WriteBytes(checkpoint.dir.path() / kShard2, "oops");
     WriteIndex(checkpoint.dir.path(), weight_map);
     auto reader = CheckpointReader::Open(checkpoint.dir.path());
     REQUIRE_FALSE(reader.ok());
@@ -174,20 +153,20 @@ TEST_CASE("checkpoint index errors name the index, the shard and the tensor", "[
                                              Catch::Contains(kShard1) && Catch::Contains(kShard2));
   }
   SECTION("index is not JSON") {
-    WriteText(index, "{\"weight_map\": ");
+    WriteBytes(index, "{\"weight_map\": ");
     auto reader = CheckpointReader::Open(checkpoint.dir.path());
     REQUIRE_FALSE(reader.ok());
     CHECK(reader.status().code() == absl::StatusCode::kInvalidArgument);
     CHECK_THAT(Message(reader.status()), Catch::Contains(index) && Catch::Contains("JSON"));
   }
   SECTION("index without a weight_map") {
-    WriteText(index, R"({"metadata": {}})");
+    WriteBytes(index, R"({"metadata": {}})");
     auto reader = CheckpointReader::Open(checkpoint.dir.path());
     REQUIRE_FALSE(reader.ok());
     CHECK_THAT(Message(reader.status()), Catch::Contains(index) && Catch::Contains("weight_map"));
   }
   SECTION("weight_map value not a file name") {
-    WriteText(index, R"({"weight_map": {"lm_head.weight": 2}})");
+    WriteBytes(index, R"({"weight_map": {"lm_head.weight": 2}})");
     auto reader = CheckpointReader::Open(checkpoint.dir.path());
     REQUIRE_FALSE(reader.ok());
     CHECK_THAT(Message(reader.status()),
@@ -214,7 +193,7 @@ TEST_CASE("checkpoint Load checks presence, shape and dtype", "[checkpoint]") {
                              R"("ids":{"dtype":"I64","shape":[2],"data_offsets":[48,64]}})";
   std::string bytes(8, '\0');
   for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
-  WriteText(path, bytes + header + std::string(64, '\0'));
+  WriteBytes(path, bytes + header + std::string(64, '\0'));
 
   auto reader = CheckpointReader::Open(dir.path());
   REQUIRE(reader.ok());

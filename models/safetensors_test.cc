@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include "models/test_util.h"
+
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <fstream>
@@ -14,38 +16,9 @@ namespace tophat {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A fresh directory per test, so parallel test processes (ctest -j) never share files.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    std::random_device random;
-    path_ =
-        fs::temp_directory_path() / ("tophat_safetensors_test_" + std::to_string(::getpid()) + "_" +
-                                     std::to_string(counter++) + "_" + std::to_string(random()));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-void WriteBytes(const fs::path& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  REQUIRE(out.good());
-}
-
-std::string ReadBytes(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+using testing::ReadBytes;
+using testing::TempDir;
+using testing::WriteBytes;
 
 std::string LengthPrefix(uint64_t length) {
   std::string bytes(8, '\0');

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include "models/test_util.h"
+
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
@@ -23,31 +25,11 @@ namespace {
 
 using Json = nlohmann::json;
 namespace fs = std::filesystem;
+using testing::ReadBytes;
+using testing::TempDir;
+using testing::WriteBytes;
 
 constexpr const char* kUnicodeText = "héllo wörld 你好 🎩";
-
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() /
-            ("tophat_tokenizer_test_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-void WriteFile(const fs::path& path, const std::string& contents) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << contents;
-}
 
 std::string ReadFile(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -442,19 +424,19 @@ TEST_CASE("Tokenizer::Load picks the file and reads tokenizer_config.json", "[to
   REQUIRE_FALSE(missing.ok());
   CHECK(absl::IsNotFound(missing.status()));
 
-  WriteFile(dir.path() / "tokenizer.json", MakeTokenizerJson(true).dump());
+  WriteBytes(dir.path() / "tokenizer.json", MakeTokenizerJson(true).dump());
   auto loaded = Tokenizer::Load(dir.path());
   REQUIRE(loaded.ok());
   CHECK((*loaded)->eos_id() == kIdEndOfText);
 
-  WriteFile(dir.path() / "tokenizer_config.json",
+  WriteBytes(dir.path() / "tokenizer_config.json",
             R"({"bos_token": "<|begin_of_text|>", "eos_token": {"content": "<|eot_id|>"}})");
   loaded = Tokenizer::Load(dir.path());
   REQUIRE(loaded.ok());
   CHECK((*loaded)->bos_id() == kIdBeginOfText);
   CHECK((*loaded)->eos_id() == kIdEotId);
 
-  WriteFile(dir.path() / "tokenizer.json", "{ not json");
+  WriteBytes(dir.path() / "tokenizer.json", "{ not json");
   loaded = Tokenizer::Load(dir.path());
   REQUIRE_FALSE(loaded.ok());
   CHECK(std::string(loaded.status().message()).find("tokenizer.json") != std::string::npos);
@@ -549,7 +531,7 @@ TEST_CASE("Tokenizer::Load errors name the file", "[tokenizer]") {
   REQUIRE_FALSE(missing.ok());
   CHECK(std::string(missing.status().message()).find("tokenizer.model") != std::string::npos);
 
-  WriteFile(dir.path() / "tokenizer.model", "definitely not a protobuf");
+  WriteBytes(dir.path() / "tokenizer.model", "definitely not a protobuf");
   auto corrupt = Tokenizer::Load(dir.path());
   REQUIRE_FALSE(corrupt.ok());
   CHECK(std::string(corrupt.status().message()).find("tokenizer.model") != std::string::npos);
@@ -559,7 +541,7 @@ TEST_CASE("Tokenizer::Load errors name the file", "[tokenizer]") {
                 fs::copy_options::overwrite_existing);
   Json json = MakeTokenizerJson();
   json["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "▁"}};
-  WriteFile(dir.path() / "tokenizer.json", json.dump());
+  WriteBytes(dir.path() / "tokenizer.json", json.dump());
   auto fallback = Tokenizer::Load(dir.path());
   INFO(fallback.status().ToString());
   REQUIRE(fallback.ok());

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "models/test_util.h"
 #include "models/toy_corpus.h"
 
 #include <catch2/catch.hpp>
@@ -12,11 +13,7 @@ namespace tophat {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string ReadBytes(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using testing::ReadBytes;
 
 ToyModelOptions TinyOptions(const fs::path& out) {
   ToyModelOptions o;
