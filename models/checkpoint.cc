@@ -65,6 +65,14 @@ absl::StatusOr<std::map<std::string, std::string>> ReadWeightMap(
         return absl::InvalidArgumentError(absl::StrCat(name, ": weight_map entry for tensor '",
                                                        tensor, "' is not a shard file name"));
       }
+      // Shards must sit in the checkpoint directory: an index is data and must not be able
+      // to point the loader at arbitrary files.
+      const std::filesystem::path shard_path(shard.get<std::string>());
+      if (shard_path.is_absolute() || shard_path.has_parent_path()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, ": weight_map entry for tensor '", tensor, "' names shard '",
+            shard.get<std::string>(), "', which is not a file name inside the checkpoint directory"));
+      }
       weight_map.emplace(tensor, shard.get<std::string>());
     }
   } catch (const std::exception& e) {

@@ -165,6 +165,16 @@ TEST_CASE("checkpoint index errors name the index, the shard and the tensor", "[
     REQUIRE_FALSE(reader.ok());
     CHECK_THAT(Message(reader.status()), Catch::Contains(index) && Catch::Contains("weight_map"));
   }
+  SECTION("shard outside the checkpoint directory") {
+    for (const char* escape : {"../model.safetensors", "/etc/passwd", "sub/shard.safetensors"}) {
+      weight_map["lm_head.weight"] = escape;
+      WriteIndex(checkpoint.dir.path(), weight_map);
+      auto reader = CheckpointReader::Open(checkpoint.dir.path());
+      REQUIRE_FALSE(reader.ok());
+      CHECK(reader.status().code() == absl::StatusCode::kInvalidArgument);
+      CHECK_THAT(Message(reader.status()), Catch::Contains(index) && Catch::Contains(escape));
+    }
+  }
   SECTION("weight_map value not a file name") {
     WriteBytes(index, R"({"weight_map": {"lm_head.weight": 2}})");
     auto reader = CheckpointReader::Open(checkpoint.dir.path());
