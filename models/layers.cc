@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/rms_norm.h"
+#include "kernels/decode_attention.h"
 #include "kernels/rope.h"
 
 namespace tophat {
@@ -61,10 +62,7 @@ at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
   return kernels::RotaryEmbedding(x, cos, sin);
 }
 
-at::Tensor SwiGlu(const at::Tensor& gate_up) {
-  const int64_t inner = gate_up.size(-1) / 2;
-  return at::silu(gate_up.narrow(-1, 0, inner)) * gate_up.narrow(-1, inner, inner);
-}
+at::Tensor SwiGlu(const at::Tensor& gate_up) { return kernels::SwiGlu(gate_up); }
 
 std::string LayerTensorName(int64_t layer, std::string_view suffix) {
   return absl::StrCat("model.layers.", layer, ".", std::string(suffix));

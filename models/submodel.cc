@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/decode_attention.h"
 #include "kernels/gemv.h"
 #include "models/status_macros.h"
 
@@ -153,6 +154,12 @@ void Submodel::AttendChunk(const at::Tensor& q, const at::Tensor& keys, const at
                            int64_t past, at::Tensor out) const {
   // q: [n, H, hd] at positions past..past+n-1; keys/values: [past+n, KV, hd].
   const int64_t n = q.size(0);
+  const bool windowed_now = config_.sliding_window && keys.size(0) > *config_.sliding_window;
+  if (n == 1 && !windowed_now &&
+      kernels::DecodeAttention(q[0], keys, values,
+                               1.0 / std::sqrt(static_cast<double>(config_.head_dim)), out)) {
+    return;
+  }
   const int64_t total = keys.size(0);
   const int64_t kv_heads = config_.num_key_value_heads;
   const int64_t group = config_.num_attention_heads / kv_heads;
