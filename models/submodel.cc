@@ -154,24 +154,20 @@ void Submodel::AttendChunk(const at::Tensor& q, const at::Tensor& keys, const at
                            int64_t past, at::Tensor out) const {
   // q: [n, H, hd] at positions past..past+n-1; keys/values: [past+n, KV, hd].
   const int64_t n = q.size(0);
-  const bool windowed_now = config_.sliding_window && keys.size(0) > *config_.sliding_window;
-  if (n == 1 && !windowed_now &&
-      kernels::DecodeAttention(q[0], keys, values,
-                               1.0 / std::sqrt(static_cast<double>(config_.head_dim)), out)) {
-    return;
-  }
   const int64_t total = keys.size(0);
   const int64_t kv_heads = config_.num_key_value_heads;
   const int64_t group = config_.num_attention_heads / kv_heads;
   const int64_t hd = config_.head_dim;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  const bool windowed = config_.sliding_window && total > *config_.sliding_window;
+  // One query with every key visible: the fused kernel, no mask needed.
+  if (n == 1 && !windowed && kernels::DecodeAttention(q[0], keys, values, scale, out)) return;
 
   // Query head h uses KV head h / group (grouped-query attention), so fold the group into
   // the query rows and run one batched GEMM per KV head.
   at::Tensor qh = q.view({n, kv_heads, group, hd}).permute({1, 0, 2, 3}).reshape(
       {kv_heads, n * group, hd});
   at::Tensor scores = at::bmm(qh, keys.permute({1, 2, 0})).mul_(scale);  // [KV, n*g, total]
-  const bool windowed = config_.sliding_window && total > *config_.sliding_window;
   if (n > 1 || windowed) {
     at::Tensor key_pos = at::arange(total, at::TensorOptions().dtype(at::kLong).device(q.device()));
     at::Tensor query_pos = at::arange(past, past + n, key_pos.options()).unsqueeze(1);
