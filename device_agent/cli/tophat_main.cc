@@ -125,8 +125,15 @@ int RunGenerate(const GenerateArgs& args) {
   for (int64_t eos : config->eos_token_ids) options.stop_token_ids.push_back(static_cast<int32_t>(eos));
   if (tok.eos_id()) options.stop_token_ids.push_back(*tok.eos_id());
 
+  // The prompt goes through the same detokenizer as the answer, so the answer's first piece
+  // is decoded in context (SentencePiece drops the leading space of a text's first piece).
   tophat::StreamingDetokenizer stream(tok);
-  std::cout << args.prompt << std::flush;
+  for (int32_t id : prompt) {
+    auto text = stream.Push(id);
+    if (!text.ok()) return Fail(text.status());
+    std::cout << *text;
+  }
+  std::cout << std::flush;
   auto result = generator->Generate(prompt, options, [&](int32_t token) {
     auto text = stream.Push(token);
     if (text.ok()) std::cout << *text << std::flush;
