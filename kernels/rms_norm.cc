@@ -39,7 +39,9 @@ void RmsNormRowsCpu(const float* x, const float* w, float* y, int64_t rows, int6
 
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const bool fast_dtype = x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat;
-  if (!fast_dtype || weight.dim() != 1 || x.size(-1) != weight.size(0)) {
+  // Training needs autograd, which only the composite ops record.
+  const bool needs_grad = x.requires_grad() || weight.requires_grad();
+  if (!fast_dtype || needs_grad || weight.dim() != 1 || x.size(-1) != weight.size(0)) {
     return RmsNormComposite(x, weight, eps);
   }
   at::Tensor xc = x.contiguous();

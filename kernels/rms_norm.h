@@ -8,7 +8,7 @@
 namespace tophat::kernels {
 
 // x: [..., D] float32 (any device LibTorch supports); weight: [D]. Falls back to the
-// composite LibTorch ops for other dtypes and devices.
+// composite LibTorch ops for other dtypes and devices, and when autograd must record it.
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 // True when this build carries the CUDA kernels (a toolkit was found at configure time).

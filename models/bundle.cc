@@ -205,14 +205,10 @@ absl::StatusOr<SplitResult> SplitCheckpoint(const SplitOptions& options) {
       continue;
     }
     TOPHAT_ASSIGN_OR_RETURN(at::Tensor tensor, checkpoint->LoadAsStored(name));
-    ++dtypes[c10::toString(tensor.scalar_type())];
+    ++dtypes[TorchDtypeName(tensor.scalar_type())];
     target->emplace_back(name, tensor);
   }
-  std::string dtype = dtypes.size() == 1 ? dtypes.begin()->first : std::string("mixed");
-  if (dtype == "Float") dtype = "float32";
-  if (dtype == "Half") dtype = "float16";
-  if (dtype == "BFloat16") dtype = "bfloat16";
-  base.dtype = dtype;
+  base.dtype = dtypes.size() == 1 ? dtypes.begin()->first : std::string("mixed");
 
   const fs::path out = options.out_dir;
   for (BundleKind kind : {BundleKind::kDevice, BundleKind::kCloud}) {

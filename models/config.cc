@@ -133,6 +133,13 @@ std::string_view ArchitectureName(Architecture architecture) {
   return "unknown";
 }
 
+std::string TorchDtypeName(at::ScalarType dtype) {
+  if (dtype == at::kFloat) return "float32";
+  if (dtype == at::kHalf) return "float16";
+  if (dtype == at::kBFloat16) return "bfloat16";
+  return c10::toString(dtype);
+}
+
 absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::string& source) {
   if (!j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": must hold a JSON object"));

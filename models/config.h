@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include <c10/core/ScalarType.h>
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
@@ -17,6 +18,10 @@ namespace tophat {
 enum class Architecture { kLlama, kMistral, kQwen2 };
 
 std::string_view ArchitectureName(Architecture architecture);
+
+// The `torch_dtype` spelling of a tensor dtype ("float32", "float16", "bfloat16"), or
+// LibTorch's own name for any other dtype.
+std::string TorchDtypeName(at::ScalarType dtype);
 
 // `rope_scaling` of type "llama3" (Llama 3.1+): frequencies below a wavelength band are
 // divided by `factor`, those above are kept, and the band between is interpolated.

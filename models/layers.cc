@@ -12,12 +12,6 @@
 namespace tophat {
 
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  // Training needs autograd through the composite ops; inference takes the fused kernel.
-  if (x.requires_grad() || weight.requires_grad()) {
-    at::Tensor x32 = x.to(at::kFloat);
-    at::Tensor inv_rms = at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true).add_(eps));
-    return (x32 * inv_rms).to(x.scalar_type()) * weight;
-  }
   return kernels::RmsNorm(x, weight, eps);
 }
 

@@ -52,9 +52,7 @@ absl::Status WriteCheckpoint(const ModelConfig& config, const NamedTensors& weig
                                             ec.message()));
   }
   ModelConfig stored = config;
-  stored.torch_dtype = dtype == at::kBFloat16 ? "bfloat16"
-                       : dtype == at::kHalf   ? "float16"
-                                              : "float32";
+  stored.torch_dtype = TorchDtypeName(dtype);
   {
     std::ofstream out(dir / "config.json");
     out << stored.ToJson().dump(2) << "\n";
