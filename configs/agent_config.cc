@@ -1,0 +1,114 @@
+#include "configs/agent_config.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "configs/config_checks.h"
+#include "configs/yaml_reader.h"
+#include "models/status_macros.h"
+
+namespace tophat {
+namespace {
+
+// The checks shared by the loader (which reports through the reader, adding file:line) and
+// ValidateAgentConfig. `report(key, message, related_key)` is called once per problem;
+// `related_key` names the other key of a conflict between two ("" for none).
+template <typename Report>
+void CheckAgentConfig(const AgentConfig& config, bool require_bundle, Report&& report) {
+  auto check = [&](std::string_view key, const absl::Status& status) {
+    if (!status.ok()) report(key, std::string(status.message()), "");
+  };
+  if (require_bundle && config.bundle.empty()) {
+    report("bundle", "required (set it in the config or on the command line)", "");
+  }
+  check("listen_address", CheckHostPort(config.listen_address, /*allow_port_zero=*/true));
+  check("cloud_address", CheckHostPort(config.cloud_address, /*allow_port_zero=*/false));
+  check("dtype", CheckDtype(config.dtype));
+  check("device", CheckDevice(config.device));
+  check("max_context", CheckAtLeast(config.max_context, 1));
+  check("prompt_chunk_size", CheckAtLeast(config.prompt_chunk_size, 0));
+  check("max_concurrent_requests", CheckAtLeast(config.max_concurrent_requests, 1));
+  check("default_max_new_tokens", CheckAtLeast(config.default_max_new_tokens, 1));
+  check("request_timeout_s", CheckAtLeast(config.request_timeout_s, 0, /*inclusive=*/false));
+  check("reconnect.initial_backoff_s",
+        CheckAtLeast(config.reconnect.initial_backoff_s, 0, /*inclusive=*/false));
+  check("reconnect.max_backoff_s",
+        CheckAtLeast(config.reconnect.max_backoff_s, 0, /*inclusive=*/false));
+  check("reconnect.give_up_after_s",
+        CheckAtLeast(config.reconnect.give_up_after_s, 0, /*inclusive=*/true));
+  if (!config.metrics_address.empty()) {
+    check("metrics_address", CheckHostPort(config.metrics_address, /*allow_port_zero=*/true));
+  }
+  check("log_level", CheckLogLevel(config.log_level));
+
+  // Backoff doubles from the initial value and is capped at the maximum; a cap below the
+  // start is a typo, not a policy.
+  if (config.reconnect.initial_backoff_s > config.reconnect.max_backoff_s) {
+    report(
+        "reconnect.initial_backoff_s",
+        absl::StrCat(config.reconnect.initial_backoff_s, " is more than reconnect.max_backoff_s (",
+                     config.reconnect.max_backoff_s, ")"),
+        "reconnect.max_backoff_s");
+  }
+  // The prompt and the new tokens share the context; a default that cannot fit would make
+  // every request that leaves max_new_tokens unset fail.
+  if (config.default_max_new_tokens >= config.max_context) {
+    report("default_max_new_tokens",
+           absl::StrCat(config.default_max_new_tokens,
+                        " leaves no room for a prompt in max_context (", config.max_context, ")"),
+           "max_context");
+  }
+}
+
+absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
+  AgentConfig config;
+  reader.ReadString("listen_address", &config.listen_address);
+  reader.ReadString("cloud_address", &config.cloud_address);
+  reader.ReadString("bundle", &config.bundle);
+  reader.ReadString("dtype", &config.dtype);
+  reader.ReadString("device", &config.device);
+  reader.ReadInt("max_context", &config.max_context, Bound::kPositive);
+  reader.ReadInt("prompt_chunk_size", &config.prompt_chunk_size, Bound::kNonNegative);
+  reader.ReadInt("max_concurrent_requests", &config.max_concurrent_requests, Bound::kPositive);
+  reader.ReadInt("default_max_new_tokens", &config.default_max_new_tokens, Bound::kPositive);
+  reader.ReadSeconds("request_timeout_s", &config.request_timeout_s, Bound::kPositive);
+  reader.ReadSeconds("reconnect.initial_backoff_s", &config.reconnect.initial_backoff_s,
+                     Bound::kPositive);
+  reader.ReadSeconds("reconnect.max_backoff_s", &config.reconnect.max_backoff_s, Bound::kPositive);
+  reader.ReadSeconds("reconnect.give_up_after_s", &config.reconnect.give_up_after_s,
+                     Bound::kNonNegative);
+  reader.ReadString("metrics_address", &config.metrics_address);
+  reader.ReadString("log_level", &config.log_level);
+
+  CheckAgentConfig(
+      config, /*require_bundle=*/false,
+      [&](std::string_view key, std::string_view message, std::string_view related_key) {
+        reader.AddError(key, message, related_key);
+      });
+  TOPHAT_RETURN_IF_ERROR(reader.Finish());
+  config.bundle = ResolveConfigPath(config.bundle, reader.source_name());
+  return config;
+}
+
+}  // namespace
+
+absl::StatusOr<AgentConfig> LoadAgentConfig(const std::filesystem::path& path) {
+  TOPHAT_ASSIGN_OR_RETURN(YamlReader reader, YamlReader::Load(path));
+  return ReadAgentConfig(reader);
+}
+
+absl::StatusOr<AgentConfig> ParseAgentConfig(std::string_view yaml, std::string_view source_name) {
+  TOPHAT_ASSIGN_OR_RETURN(YamlReader reader, YamlReader::Parse(yaml, std::string(source_name)));
+  return ReadAgentConfig(reader);
+}
+
+absl::Status ValidateAgentConfig(const AgentConfig& config) {
+  ConfigErrors errors;
+  CheckAgentConfig(config, /*require_bundle=*/true,
+                   [&](std::string_view key, std::string_view message, std::string_view) {
+                     errors.Add(key, /*line=*/0, message);
+                   });
+  return errors.ToStatus();
+}
+
+}  // namespace tophat

@@ -1,0 +1,49 @@
+// Config of the device agent (`tophat-agent`), loaded from YAML. Every key and its meaning
+// is documented in configs/README.md and in the commented template configs/agent.yaml.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace tophat {
+
+struct AgentConfig {
+  std::string listen_address = "127.0.0.1:7200";  // app API (gRPC)
+  std::string cloud_address = "127.0.0.1:7100";
+  std::string bundle;  // device bundle directory (required)
+  std::string dtype = "float32";
+  std::string device = "cpu";
+  int64_t max_context = 4096;
+  int64_t prompt_chunk_size = 0;  // 0: use the size the cloud announces
+  int64_t max_concurrent_requests = 16;
+  int64_t default_max_new_tokens = 128;
+  double request_timeout_s = 600;
+  struct Reconnect {
+    double initial_backoff_s = 0.1;
+    double max_backoff_s = 2.0;
+    double give_up_after_s = 60;  // a request fails after this long without a cloud
+    bool operator==(const Reconnect&) const = default;
+  } reconnect;
+  std::string metrics_address = "127.0.0.1:9200";  // empty disables
+  std::string log_level = "info";
+
+  bool operator==(const AgentConfig&) const = default;
+};
+
+// Reads and parses the YAML file at `path`; same rules as LoadCloudConfig (relative
+// `bundle` resolved against the file's directory, all keys optional, missing `bundle`
+// left to ValidateAgentConfig, every error naming file:line and the dotted key).
+absl::StatusOr<AgentConfig> LoadAgentConfig(const std::filesystem::path& path);
+
+// As LoadAgentConfig, for YAML text; `source_name` stands for the file.
+absl::StatusOr<AgentConfig> ParseAgentConfig(std::string_view yaml, std::string_view source_name);
+
+// The loader's value checks without file or line, plus `bundle: required`.
+absl::Status ValidateAgentConfig(const AgentConfig& config);
+
+}  // namespace tophat

@@ -1,0 +1,126 @@
+#include "configs/agent_config.h"
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <string>
+
+#include "models/test_util.h"
+
+namespace tophat {
+namespace {
+
+std::string ErrorOf(std::string_view yaml) {
+  absl::StatusOr<AgentConfig> config = ParseAgentConfig(yaml, "agent.yaml");
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().code() == absl::StatusCode::kInvalidArgument);
+  return std::string(config.status().message());
+}
+
+TEST_CASE("An empty agent config yields the defaults") {
+  absl::StatusOr<AgentConfig> config = ParseAgentConfig("", "agent.yaml");
+  REQUIRE(config.ok());
+  CHECK(*config == AgentConfig{});
+  CHECK(config->listen_address == "127.0.0.1:7200");
+  CHECK(config->prompt_chunk_size == 0);
+  CHECK(config->reconnect.initial_backoff_s == 0.1);
+  CHECK(ValidateAgentConfig(*config).message() ==
+        "bundle: required (set it in the config or on the command line)");
+}
+
+TEST_CASE("Every agent config key is parsed") {
+  absl::StatusOr<AgentConfig> config = ParseAgentConfig(R"(
+listen_address: "[::1]:7201"
+cloud_address: cloud.example:7100
+bundle: /abs/device
+dtype: float16
+device: cuda
+max_context: 2048
+prompt_chunk_size: 64
+max_concurrent_requests: 4
+default_max_new_tokens: 32
+request_timeout_s: 30
+reconnect:
+  initial_backoff_s: 0.5
+  max_backoff_s: 8
+  give_up_after_s: 0
+metrics_address: ""
+log_level: trace
+)",
+                                                        "agent.yaml");
+  INFO(config.status().ToString());
+  REQUIRE(config.ok());
+  CHECK(config->listen_address == "[::1]:7201");
+  CHECK(config->cloud_address == "cloud.example:7100");
+  CHECK(config->bundle == "/abs/device");
+  CHECK(config->dtype == "float16");
+  CHECK(config->device == "cuda");
+  CHECK(config->max_context == 2048);
+  CHECK(config->prompt_chunk_size == 64);
+  CHECK(config->max_concurrent_requests == 4);
+  CHECK(config->default_max_new_tokens == 32);
+  CHECK(config->request_timeout_s == 30);
+  CHECK(config->reconnect.initial_backoff_s == 0.5);
+  CHECK(config->reconnect.max_backoff_s == 8);
+  CHECK(config->reconnect.give_up_after_s == 0);
+  CHECK(config->metrics_address.empty());
+  CHECK(config->log_level == "trace");
+  CHECK(ValidateAgentConfig(*config).ok());
+}
+
+TEST_CASE("Agent config errors name the dotted key and line") {
+  const std::string message = ErrorOf(
+      "cloud_address: 127.0.0.1:0\n"
+      "prompt_chunk_size: -1\n"
+      "max_concurrent_requests: many\n"
+      "reconnect:\n"
+      "  initial_backoff_s: 0\n"
+      "  max_backoff: 2\n"
+      "  give_up_after_s: -1\n"
+      "request_timeout: 5\n");
+  CHECK_THAT(message, Catch::Contains("agent.yaml:1: cloud_address: expected host:port"));
+  CHECK_THAT(message, Catch::Contains("port 0 cannot be connected to"));
+  CHECK_THAT(message, Catch::Contains("agent.yaml:2: prompt_chunk_size: expected a non-negative "
+                                      "integer, got \"-1\""));
+  CHECK_THAT(message, Catch::Contains("agent.yaml:3: max_concurrent_requests: expected a positive "
+                                      "integer, got \"many\""));
+  CHECK_THAT(message, Catch::Contains("agent.yaml:5: reconnect.initial_backoff_s: expected a "
+                                      "positive number of seconds, got \"0\""));
+  CHECK_THAT(message, Catch::Contains("agent.yaml:6: reconnect.max_backoff: unknown key (did you "
+                                      "mean 'max_backoff_s'?)"));
+  CHECK_THAT(message, Catch::Contains("agent.yaml:7: reconnect.give_up_after_s: expected a "
+                                      "non-negative number of seconds"));
+  CHECK_THAT(message, Catch::Contains("agent.yaml:8: request_timeout: unknown key (did you mean "
+                                      "'request_timeout_s'?)"));
+}
+
+TEST_CASE("Agent config cross-checks backoff and the default generation length") {
+  const std::string message = ErrorOf(
+      "max_context: 64\n"
+      "default_max_new_tokens: 64\n"
+      "reconnect:\n"
+      "  initial_backoff_s: 5\n"
+      "  max_backoff_s: 1\n");
+  CHECK_THAT(message, Catch::Contains("agent.yaml:2: default_max_new_tokens: 64 leaves no room "
+                                      "for a prompt in max_context (64)"));
+  CHECK_THAT(message, Catch::Contains("agent.yaml:4: reconnect.initial_backoff_s: 5 is more than "
+                                      "reconnect.max_backoff_s (1)"));
+
+  AgentConfig config;
+  config.bundle = "/b";
+  config.reconnect.max_backoff_s = 0.01;
+  CHECK(ValidateAgentConfig(config).message() ==
+        "reconnect.initial_backoff_s: 0.1 is more than reconnect.max_backoff_s (0.01)");
+}
+
+TEST_CASE("A relative agent bundle is resolved against the config file's directory") {
+  testing::TempDir dir;
+  const std::filesystem::path file = dir.path() / "agent.yaml";
+  testing::WriteBytes(file, "bundle: ./bundles/./device/\n");
+  absl::StatusOr<AgentConfig> config = LoadAgentConfig(file);
+  REQUIRE(config.ok());
+  CHECK(config->bundle == (dir.path() / "bundles" / "device" / "").string());
+  CHECK(ValidateAgentConfig(*config).ok());  // existence is the bundle loader's business
+}
+
+}  // namespace
+}  // namespace tophat

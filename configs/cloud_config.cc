@@ -1,0 +1,133 @@
+#include "configs/cloud_config.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "configs/config_checks.h"
+#include "configs/yaml_reader.h"
+#include "models/status_macros.h"
+
+namespace tophat {
+namespace {
+
+// The checks shared by the loader (which reports through the reader, adding file:line) and
+// ValidateCloudConfig. `report(key, message, related_key)` is called once per problem;
+// `related_key` names the other key of a conflict between two ("" for none).
+template <typename Report>
+void CheckCloudConfig(const CloudConfig& config, bool require_bundle, Report&& report) {
+  auto check = [&](std::string_view key, const absl::Status& status) {
+    if (!status.ok()) report(key, std::string(status.message()), "");
+  };
+  if (require_bundle && config.bundle.empty()) {
+    report("bundle", "required (set it in the config or on the command line)", "");
+  }
+  check("listen_address", CheckHostPort(config.listen_address, /*allow_port_zero=*/true));
+  check("dtype", CheckDtype(config.dtype));
+  check("device", CheckDevice(config.device));
+  check("max_context", CheckAtLeast(config.max_context, 1));
+  check("kv_cache.block_size", CheckAtLeast(config.kv_cache.block_size, 1));
+  check("kv_cache.memory_bytes", CheckAtLeast(config.kv_cache.memory_bytes, 1));
+  // The pool is allocated up front (no allocation in the step), so a size the machine
+  // cannot hold would only fail later, at load, or push the host into swap. On a GPU the
+  // real bound is device memory, which only the engine can query; host memory still
+  // catches a misplaced unit ("256GiB" for "256MiB").
+  if (const int64_t physical = PhysicalMemoryBytes();
+      physical > 0 && config.kv_cache.memory_bytes > physical) {
+    report("kv_cache.memory_bytes",
+           absl::StrCat(FormatByteSize(config.kv_cache.memory_bytes),
+                        " is more than this machine's physical memory (", FormatByteSize(physical),
+                        ")"),
+           "");
+  }
+  check("scheduler.max_batch_tokens", CheckAtLeast(config.scheduler.max_batch_tokens, 1));
+  check("scheduler.max_running_sessions", CheckAtLeast(config.scheduler.max_running_sessions, 1));
+  check("scheduler.max_waiting_sessions", CheckAtLeast(config.scheduler.max_waiting_sessions, 0));
+  check("scheduler.prompt_chunk_size", CheckAtLeast(config.scheduler.prompt_chunk_size, 1));
+  check("scheduler.draft_steps", CheckAtLeast(config.scheduler.draft_steps, 0));
+  check("limits.max_message_bytes", CheckAtLeast(config.limits.max_message_bytes, 1));
+  check("limits.max_chunk_tokens", CheckAtLeast(config.limits.max_chunk_tokens, 1));
+  check("limits.session_timeout_s",
+        CheckAtLeast(config.limits.session_timeout_s, 0, /*inclusive=*/false));
+  check("drain_grace_period_s", CheckAtLeast(config.drain_grace_period_s, 0, /*inclusive=*/true));
+  if (!config.metrics_address.empty()) {
+    check("metrics_address", CheckHostPort(config.metrics_address, /*allow_port_zero=*/true));
+  }
+  check("log_level", CheckLogLevel(config.log_level));
+
+  // Agents send prompt chunks of the announced size and verification chunks of
+  // draft_steps + 1 tokens; a limit below either would fail every request.
+  if (config.scheduler.prompt_chunk_size > config.limits.max_chunk_tokens) {
+    report(
+        "scheduler.prompt_chunk_size",
+        absl::StrCat(config.scheduler.prompt_chunk_size, " is more than limits.max_chunk_tokens (",
+                     config.limits.max_chunk_tokens, "): every prompt chunk would be rejected"),
+        "limits.max_chunk_tokens");
+  }
+  if (config.scheduler.draft_steps >= config.limits.max_chunk_tokens) {
+    report("scheduler.draft_steps",
+           absl::StrCat(config.scheduler.draft_steps,
+                        " draft tokens plus one do not fit limits.max_chunk_tokens (",
+                        config.limits.max_chunk_tokens, ")"),
+           "limits.max_chunk_tokens");
+  }
+}
+
+absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
+  CloudConfig config;
+  reader.ReadString("listen_address", &config.listen_address);
+  reader.ReadString("bundle", &config.bundle);
+  reader.ReadString("dtype", &config.dtype);
+  reader.ReadString("device", &config.device);
+  reader.ReadInt("max_context", &config.max_context, Bound::kPositive);
+  reader.ReadInt("kv_cache.block_size", &config.kv_cache.block_size, Bound::kPositive);
+  reader.ReadByteSize("kv_cache.memory_bytes", &config.kv_cache.memory_bytes, Bound::kPositive);
+  reader.ReadInt("scheduler.max_batch_tokens", &config.scheduler.max_batch_tokens,
+                 Bound::kPositive);
+  reader.ReadInt("scheduler.max_running_sessions", &config.scheduler.max_running_sessions,
+                 Bound::kPositive);
+  reader.ReadInt("scheduler.max_waiting_sessions", &config.scheduler.max_waiting_sessions,
+                 Bound::kNonNegative);
+  reader.ReadInt("scheduler.prompt_chunk_size", &config.scheduler.prompt_chunk_size,
+                 Bound::kPositive);
+  reader.ReadInt("scheduler.draft_steps", &config.scheduler.draft_steps, Bound::kNonNegative);
+  reader.ReadByteSize("limits.max_message_bytes", &config.limits.max_message_bytes,
+                      Bound::kPositive);
+  reader.ReadInt("limits.max_chunk_tokens", &config.limits.max_chunk_tokens, Bound::kPositive);
+  reader.ReadSeconds("limits.session_timeout_s", &config.limits.session_timeout_s,
+                     Bound::kPositive);
+  reader.ReadSeconds("drain_grace_period_s", &config.drain_grace_period_s, Bound::kNonNegative);
+  reader.ReadString("metrics_address", &config.metrics_address);
+  reader.ReadString("log_level", &config.log_level);
+
+  CheckCloudConfig(
+      config, /*require_bundle=*/false,
+      [&](std::string_view key, std::string_view message, std::string_view related_key) {
+        reader.AddError(key, message, related_key);
+      });
+  TOPHAT_RETURN_IF_ERROR(reader.Finish());
+  config.bundle = ResolveConfigPath(config.bundle, reader.source_name());
+  return config;
+}
+
+}  // namespace
+
+absl::StatusOr<CloudConfig> LoadCloudConfig(const std::filesystem::path& path) {
+  TOPHAT_ASSIGN_OR_RETURN(YamlReader reader, YamlReader::Load(path));
+  return ReadCloudConfig(reader);
+}
+
+absl::StatusOr<CloudConfig> ParseCloudConfig(std::string_view yaml, std::string_view source_name) {
+  TOPHAT_ASSIGN_OR_RETURN(YamlReader reader, YamlReader::Parse(yaml, std::string(source_name)));
+  return ReadCloudConfig(reader);
+}
+
+absl::Status ValidateCloudConfig(const CloudConfig& config) {
+  ConfigErrors errors;
+  CheckCloudConfig(config, /*require_bundle=*/true,
+                   [&](std::string_view key, std::string_view message, std::string_view) {
+                     errors.Add(key, /*line=*/0, message);
+                   });
+  return errors.ToStatus();
+}
+
+}  // namespace tophat

@@ -1,0 +1,65 @@
+// Config of the cloud daemon (`tophat-cloud`), loaded from YAML. Every key and its meaning
+// is documented in configs/README.md and in the commented template configs/cloud.yaml.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace tophat {
+
+struct CloudConfig {
+  std::string listen_address = "127.0.0.1:7100";  // gRPC address for agents
+  std::string bundle;                             // cloud bundle directory (required)
+  std::string dtype = "float32";                  // float32 | float16 | bfloat16
+  std::string device = "cpu";                     // cpu | cuda | cuda:N
+  int64_t max_context = 4096;                     // longest session, positions
+  struct KvCache {
+    int64_t block_size = 16;             // positions per block
+    int64_t memory_bytes = 256LL << 20;  // size of the block pool ("256MiB")
+    bool operator==(const KvCache&) const = default;
+  } kv_cache;
+  struct Scheduler {
+    int64_t max_batch_tokens = 512;  // token budget per engine step
+    int64_t max_running_sessions = 64;
+    int64_t max_waiting_sessions = 64;  // admission queue bound; beyond it RESOURCE_EXHAUSTED
+    int64_t prompt_chunk_size = 128;    // told to agents (the scheduler may adapt it)
+    int64_t draft_steps = 0;            // told to agents (placeholder until speculative decoding)
+    bool operator==(const Scheduler&) const = default;
+  } scheduler;
+  struct Limits {
+    int64_t max_message_bytes = 64LL << 20;  // gRPC receive limit
+    int64_t max_chunk_tokens = 2048;         // larger hidden-state chunks fail that request
+    double session_timeout_s = 600;          // per-session deadline when the agent sets none
+    bool operator==(const Limits&) const = default;
+  } limits;
+  double drain_grace_period_s = 30;  // SIGTERM: finish in-flight work this long, then cancel
+  std::string metrics_address = "127.0.0.1:9100";  // Prometheus; empty disables
+  std::string log_level = "info";                  // trace|debug|info|warn|error
+
+  bool operator==(const CloudConfig&) const = default;
+};
+
+// Reads and parses the YAML file at `path`. A relative `bundle` is resolved against the
+// file's directory (and made absolute), so a config works from any working directory.
+// Every key is optional; an empty file yields the defaults. A missing `bundle` is accepted
+// here because a command-line flag may still supply it: call ValidateCloudConfig after
+// applying flags. Errors are InvalidArgument (NotFound for a missing file) and name
+// file:line and the dotted key, all errors of the file at once.
+absl::StatusOr<CloudConfig> LoadCloudConfig(const std::filesystem::path& path);
+
+// As LoadCloudConfig, for YAML text; `source_name` stands for the file in messages, and a
+// relative `bundle` is resolved against its directory (the working directory when it has
+// none, e.g. "<test>").
+absl::StatusOr<CloudConfig> ParseCloudConfig(std::string_view yaml, std::string_view source_name);
+
+// The value checks of the loader, without file or line (for a config changed by flags),
+// plus `bundle: required`. Does not touch the file system beyond asking for the machine's
+// physical memory: whether the bundle exists is the bundle loader's error to report.
+absl::Status ValidateCloudConfig(const CloudConfig& config);
+
+}  // namespace tophat

@@ -1,0 +1,264 @@
+#include "configs/cloud_config.h"
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <string>
+
+#include "models/test_util.h"
+
+namespace tophat {
+namespace {
+
+std::string ErrorOf(std::string_view yaml) {
+  absl::StatusOr<CloudConfig> config = ParseCloudConfig(yaml, "cloud.yaml");
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().code() == absl::StatusCode::kInvalidArgument);
+  return std::string(config.status().message());
+}
+
+TEST_CASE("An empty cloud config yields the defaults") {
+  for (std::string_view yaml : {"", "# nothing set\n"}) {
+    absl::StatusOr<CloudConfig> config = ParseCloudConfig(yaml, "cloud.yaml");
+    INFO(config.status().ToString());
+    REQUIRE(config.ok());
+    CHECK(*config == CloudConfig{});
+  }
+  const CloudConfig defaults;
+  CHECK(defaults.listen_address == "127.0.0.1:7100");
+  CHECK(defaults.bundle.empty());
+  CHECK(defaults.kv_cache.memory_bytes == 256LL << 20);
+  CHECK(defaults.limits.max_message_bytes == 64LL << 20);
+  // The defaults are valid except that nobody chose a bundle.
+  const absl::Status status = ValidateCloudConfig(defaults);
+  CHECK(status.message() == "bundle: required (set it in the config or on the command line)");
+}
+
+TEST_CASE("Every cloud config key is parsed") {
+  absl::StatusOr<CloudConfig> config = ParseCloudConfig(R"(
+listen_address: "0.0.0.0:7300"
+bundle: /abs/cloud
+dtype: bfloat16
+device: cuda:1
+max_context: 8192
+kv_cache:
+  block_size: 32
+  memory_bytes: 1GiB
+scheduler:
+  max_batch_tokens: 1024
+  max_running_sessions: 8
+  max_waiting_sessions: 0
+  prompt_chunk_size: 256
+  draft_steps: 4
+limits:
+  max_message_bytes: 16MiB
+  max_chunk_tokens: 4096
+  session_timeout_s: 12.5
+drain_grace_period_s: 0
+metrics_address: ""
+log_level: debug
+)",
+                                                        "cloud.yaml");
+  INFO(config.status().ToString());
+  REQUIRE(config.ok());
+  CHECK(config->listen_address == "0.0.0.0:7300");
+  CHECK(config->bundle == "/abs/cloud");
+  CHECK(config->dtype == "bfloat16");
+  CHECK(config->device == "cuda:1");
+  CHECK(config->max_context == 8192);
+  CHECK(config->kv_cache.block_size == 32);
+  CHECK(config->kv_cache.memory_bytes == 1LL << 30);
+  CHECK(config->scheduler.max_batch_tokens == 1024);
+  CHECK(config->scheduler.max_running_sessions == 8);
+  CHECK(config->scheduler.max_waiting_sessions == 0);
+  CHECK(config->scheduler.prompt_chunk_size == 256);
+  CHECK(config->scheduler.draft_steps == 4);
+  CHECK(config->limits.max_message_bytes == 16LL << 20);
+  CHECK(config->limits.max_chunk_tokens == 4096);
+  CHECK(config->limits.session_timeout_s == 12.5);
+  CHECK(config->drain_grace_period_s == 0);
+  CHECK(config->metrics_address.empty());
+  CHECK(config->log_level == "debug");
+  CHECK(ValidateCloudConfig(*config).ok());
+}
+
+TEST_CASE("A cloud config unknown key is an error naming the dotted key and line") {
+  const std::string message = ErrorOf(
+      "dtype: float16\n"
+      "kv_cache:\n"
+      "  block_size: 8\n"
+      "  memory_byte: 1GiB\n"
+      "shceduler:\n"
+      "  max_batch_tokens: 1\n");
+  CHECK_THAT(message, Catch::Contains("cloud.yaml:4: kv_cache.memory_byte: unknown key (did you "
+                                      "mean 'memory_bytes'?)"));
+  CHECK_THAT(message,
+             Catch::Contains("cloud.yaml:5: shceduler: unknown key (did you mean 'scheduler'?)"));
+}
+
+TEST_CASE("Cloud config wrong types and out-of-range values are errors with key and line") {
+  const std::string message = ErrorOf(
+      "listen_address: 7100\n"
+      "dtype: float64\n"
+      "device: gpu\n"
+      "max_context: 0\n"
+      "kv_cache:\n"
+      "  block_size: abc\n"
+      "  memory_bytes: lots\n"
+      "scheduler:\n"
+      "  max_batch_tokens: -1\n"
+      "  max_waiting_sessions: -1\n"
+      "  draft_steps: 1.5\n"
+      "limits:\n"
+      "  session_timeout_s: 0\n"
+      "drain_grace_period_s: soon\n"
+      "metrics_address: [a]\n"
+      "log_level: verbose\n"
+      "bundle: {a: 1}\n");
+  CHECK_THAT(message, Catch::Contains("cloud.yaml:1: listen_address: expected host:port"));
+  CHECK_THAT(message, Catch::Contains("cloud.yaml:2: dtype: expected one of float32, float16, "
+                                      "bfloat16, got \"float64\""));
+  CHECK_THAT(message, Catch::Contains("cloud.yaml:3: device: expected one of cpu, cuda, cuda:N"));
+  CHECK_THAT(message, Catch::Contains("cloud.yaml:4: max_context: expected a positive integer"));
+  CHECK_THAT(message, Catch::Contains("cloud.yaml:6: kv_cache.block_size: expected a positive "
+                                      "integer, got \"abc\""));
+  CHECK_THAT(message, Catch::Contains("cloud.yaml:7: kv_cache.memory_bytes: expected a byte size"));
+  CHECK_THAT(message, Catch::Contains("cloud.yaml:9: scheduler.max_batch_tokens: expected a "
+                                      "positive integer, got \"-1\""));
+  CHECK_THAT(message, Catch::Contains("cloud.yaml:10: scheduler.max_waiting_sessions: expected a "
+                                      "non-negative integer"));
+  CHECK_THAT(message, Catch::Contains("cloud.yaml:11: scheduler.draft_steps: expected a "
+                                      "non-negative integer, got \"1.5\""));
+  CHECK_THAT(message, Catch::Contains("cloud.yaml:13: limits.session_timeout_s: expected a "
+                                      "positive number of seconds"));
+  CHECK_THAT(message, Catch::Contains("cloud.yaml:14: drain_grace_period_s: expected a "
+                                      "non-negative number of seconds"));
+  CHECK_THAT(message,
+             Catch::Contains("cloud.yaml:15: metrics_address: expected a string, got a sequence"));
+  CHECK_THAT(message, Catch::Contains("cloud.yaml:16: log_level: expected one of trace"));
+  CHECK_THAT(message, Catch::Contains("cloud.yaml:17: bundle: expected a string, got a mapping"));
+}
+
+TEST_CASE("A KV pool larger than physical memory is an error with both sizes") {
+  const std::string message = ErrorOf(
+      "bundle: x\n"
+      "kv_cache:\n"
+      "  memory_bytes: 65536TiB\n");
+  CHECK_THAT(message, Catch::StartsWith("cloud.yaml:3: kv_cache.memory_bytes: 64 PiB is more than "
+                                        "this machine's physical memory ("));
+  CHECK_THAT(message, Catch::Contains("iB)"));
+
+  CloudConfig config;
+  config.bundle = "x";
+  config.kv_cache.memory_bytes = int64_t{1} << 62;
+  CHECK_THAT(std::string(ValidateCloudConfig(config).message()),
+             Catch::StartsWith("kv_cache.memory_bytes: 4 EiB is more than"));
+}
+
+TEST_CASE("Cloud config addresses must be host:port") {
+  for (std::string_view address :
+       {"127.0.0.1:7100", "0.0.0.0:0", "localhost:80", "[::1]:7100", "my-host.example:65535"}) {
+    CloudConfig config;
+    config.bundle = "x";
+    config.listen_address = std::string(address);
+    config.metrics_address = std::string(address);
+    INFO(address);
+    CHECK(ValidateCloudConfig(config).ok());
+  }
+  for (std::string_view address :
+       {"7100", "127.0.0.1", ":7100", "127.0.0.1:", "127.0.0.1:65536", "::1:7100", "[::1:7100",
+        "host name:1", "127.0.0.1:-1", "127.0.0.1:71a"}) {
+    CloudConfig config;
+    config.bundle = "x";
+    config.listen_address = std::string(address);
+    INFO(address);
+    CHECK_THAT(std::string(ValidateCloudConfig(config).message()),
+               Catch::StartsWith("listen_address: expected host:port"));
+  }
+}
+
+TEST_CASE("Cloud config cross-checks the chunk sizes against the chunk limit") {
+  const std::string message = ErrorOf(
+      "scheduler:\n"
+      "  prompt_chunk_size: 512\n"
+      "  draft_steps: 256\n"
+      "limits:\n"
+      "  max_chunk_tokens: 256\n");
+  CHECK_THAT(message, Catch::Contains("cloud.yaml:2: scheduler.prompt_chunk_size: 512 is more "
+                                      "than limits.max_chunk_tokens (256)"));
+  CHECK_THAT(message, Catch::Contains("cloud.yaml:3: scheduler.draft_steps: 256 draft tokens"));
+
+  // A default that conflicts with a key the file sets points at that key's line.
+  CHECK_THAT(ErrorOf("dtype: float32\nlimits:\n  max_chunk_tokens: 64\n"),
+             Catch::StartsWith("cloud.yaml:3: scheduler.prompt_chunk_size: 128 is more than "
+                               "limits.max_chunk_tokens (64)"));
+}
+
+TEST_CASE("ValidateCloudConfig checks values set after loading, without lines") {
+  CloudConfig config;
+  config.bundle = "/b";
+  REQUIRE(ValidateCloudConfig(config).ok());
+  config.kv_cache.block_size = 0;
+  config.scheduler.max_waiting_sessions = -1;
+  config.limits.session_timeout_s = 0;
+  config.drain_grace_period_s = -1;
+  config.dtype = "int8";
+  config.device = "cuda:x";
+  config.metrics_address = "nope";
+  config.log_level = "INFO";
+  const std::string message(ValidateCloudConfig(config).message());
+  CHECK_THAT(message, Catch::Contains("kv_cache.block_size: must be positive, got 0"));
+  CHECK_THAT(message,
+             Catch::Contains("scheduler.max_waiting_sessions: must be non-negative, got -1"));
+  CHECK_THAT(message, Catch::Contains("limits.session_timeout_s: must be positive, got 0"));
+  CHECK_THAT(message, Catch::Contains("drain_grace_period_s: must be non-negative, got -1"));
+  CHECK_THAT(message, Catch::Contains("dtype: expected one of"));
+  CHECK_THAT(message, Catch::Contains("device: expected one of"));
+  CHECK_THAT(message, Catch::Contains("metrics_address: expected host:port"));
+  CHECK_THAT(message, Catch::Contains("log_level: expected one of"));
+  CHECK_THAT(message, !Catch::Contains(".yaml"));
+}
+
+TEST_CASE("A relative cloud bundle is resolved against the config file's directory") {
+  testing::TempDir dir;
+  std::filesystem::create_directories(dir.path() / "etc" / "tophat");
+  const std::filesystem::path file = dir.path() / "etc" / "tophat" / "cloud.yaml";
+
+  testing::WriteBytes(file, "bundle: ../bundles/cloud\n");
+  absl::StatusOr<CloudConfig> config = LoadCloudConfig(file);
+  REQUIRE(config.ok());
+  CHECK(config->bundle == (dir.path() / "etc" / "bundles" / "cloud").string());
+
+  testing::WriteBytes(file, "bundle: /opt/bundles/../cloud\n");
+  config = LoadCloudConfig(file);
+  REQUIRE(config.ok());
+  CHECK(config->bundle == "/opt/bundles/../cloud");  // absolute: kept as written
+
+  testing::WriteBytes(file, "dtype: float16\n");
+  config = LoadCloudConfig(file);
+  REQUIRE(config.ok());
+  CHECK(config->bundle.empty());  // left for --bundle; Validate will insist
+
+  // Parse resolves against the directory of the source name as well.
+  config = ParseCloudConfig("bundle: b\n", (dir.path() / "cloud.yaml").string());
+  REQUIRE(config.ok());
+  CHECK(config->bundle == (dir.path() / "b").string());
+}
+
+TEST_CASE("LoadCloudConfig reports missing files and syntax errors with their line") {
+  testing::TempDir dir;
+  absl::StatusOr<CloudConfig> config = LoadCloudConfig(dir.path() / "absent.yaml");
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().code() == absl::StatusCode::kNotFound);
+  CHECK_THAT(std::string(config.status().message()), Catch::Contains("absent.yaml"));
+
+  const std::filesystem::path file = dir.path() / "cloud.yaml";
+  testing::WriteBytes(file, "dtype: float32\nkv_cache:\n  block_size: 16\n   memory_bytes: 1\n");
+  config = LoadCloudConfig(file);
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(config.status().message()),
+             Catch::StartsWith(file.string() + ":4: invalid YAML"));
+}
+
+}  // namespace
+}  // namespace tophat

@@ -1,0 +1,136 @@
+#include "configs/config_checks.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace tophat {
+namespace {
+
+// Debian builds Abseil with its own string_view type, so std::string_view needs a bridge.
+absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+bool ParseDecimal(std::string_view text, int64_t* out) {
+  if (text.empty() || !std::all_of(text.begin(), text.end(), absl::ascii_isdigit)) return false;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), *out);
+  return ec == std::errc() && end == text.data() + text.size();
+}
+
+absl::Status NotOneOf(std::string_view value, std::string_view choices) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("expected one of ", Sv(choices), ", got \"", Sv(value), "\""));
+}
+
+}  // namespace
+
+absl::Status CheckHostPort(std::string_view address, bool allow_port_zero) {
+  auto invalid = [&](std::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected host:port such as \"127.0.0.1:7100\" or \"[::1]:7100\", got \"",
+                     Sv(address), "\" (", Sv(why), ")"));
+  };
+  const size_t colon = address.rfind(':');
+  if (colon == std::string_view::npos) return invalid("no port");
+  const std::string_view host = address.substr(0, colon);
+  const std::string_view port_text = address.substr(colon + 1);
+  if (host.empty()) return invalid("no host");
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']') return invalid("unclosed '['");
+    // An IPv6 address, optionally with a zone ("fe80::1%eth0").
+    const std::string_view ip6 = host.substr(1, host.size() - 2);
+    const size_t percent = ip6.find('%');
+    const std::string_view zone =
+        percent == std::string_view::npos ? std::string_view() : ip6.substr(percent + 1);
+    if (percent != std::string_view::npos && zone.empty()) return invalid("empty IPv6 zone");
+    for (char c : ip6.substr(0, percent)) {
+      if (!absl::ascii_isxdigit(c) && c != ':' && c != '.') return invalid("bad IPv6 address");
+    }
+    for (char c : zone) {
+      if (!absl::ascii_isalnum(c) && c != '-' && c != '_' && c != '.') {
+        return invalid("bad IPv6 zone");
+      }
+    }
+  } else {
+    for (char c : host) {
+      // An unbracketed ':' would make the port ambiguous (IPv6 needs brackets).
+      if (!absl::ascii_isalnum(c) && c != '.' && c != '-' && c != '_') {
+        return invalid(c == ':' ? "IPv6 addresses need brackets" : "bad host name");
+      }
+    }
+  }
+  int64_t port = 0;
+  if (!ParseDecimal(port_text, &port) || port > 65535) return invalid("port is not 0-65535");
+  if (port == 0 && !allow_port_zero) return invalid("port 0 cannot be connected to");
+  return absl::OkStatus();
+}
+
+absl::Status CheckDtype(std::string_view dtype) {
+  if (dtype == "float32" || dtype == "float16" || dtype == "bfloat16") return absl::OkStatus();
+  return NotOneOf(dtype, "float32, float16, bfloat16");
+}
+
+absl::Status CheckDevice(std::string_view device) {
+  if (device == "cpu" || device == "cuda") return absl::OkStatus();
+  std::string_view index = device;
+  int64_t unused = 0;
+  if (index.starts_with("cuda:") && index.size() <= 9 && ParseDecimal(index.substr(5), &unused)) {
+    return absl::OkStatus();
+  }
+  return NotOneOf(device, "cpu, cuda, cuda:N");
+}
+
+absl::Status CheckLogLevel(std::string_view level) {
+  if (level == "trace" || level == "debug" || level == "info" || level == "warn" ||
+      level == "error") {
+    return absl::OkStatus();
+  }
+  return NotOneOf(level, "trace, debug, info, warn, error");
+}
+
+absl::Status CheckAtLeast(int64_t value, int64_t min) {
+  if (value >= min) return absl::OkStatus();
+  if (min == 1) return absl::InvalidArgumentError(absl::StrCat("must be positive, got ", value));
+  if (min == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("must be non-negative, got ", value));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("must be at least ", min, ", got ", value));
+}
+
+absl::Status CheckAtLeast(double value, double min, bool inclusive) {
+  if (std::isfinite(value) && (inclusive ? value >= min : value > min)) return absl::OkStatus();
+  if (min == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(inclusive ? "must be non-negative" : "must be positive", ", got ", value));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("must be ", inclusive ? "at least " : "more than ", min, ", got ", value));
+}
+
+std::string ResolveConfigPath(std::string_view path, std::string_view source_name) {
+  const std::filesystem::path relative(path);
+  if (path.empty() || relative.is_absolute()) return std::string(path);
+  const std::filesystem::path joined = std::filesystem::path(source_name).parent_path() / relative;
+  std::error_code ec;
+  std::filesystem::path absolute = std::filesystem::absolute(joined, ec);
+  // Without a working directory the relative join is still right for this process.
+  if (ec) absolute = joined;
+  // Lexical, not canonical: the bundle may not exist yet (the demo builds it later), and
+  // its loader reports a missing directory better than we could here.
+  return absolute.lexically_normal().string();
+}
+
+int64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_size <= 0) return 0;
+  return static_cast<int64_t>(pages) * page_size;
+}
+
+}  // namespace tophat

@@ -1,0 +1,41 @@
+// Value checks and path handling shared by the cloud and agent config loaders. Each check
+// returns OK or InvalidArgument whose message says what is wrong with the value; callers
+// attach the key (and, when loading a file, the line).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+
+namespace tophat {
+
+// "host:port" as gRPC takes it: a host name or IPv4 address, or a bracketed IPv6 address
+// ("[::1]:7100"), then a decimal port. Port 0 (the OS picks one) only when `allow_port_zero`:
+// fine for a listening socket, meaningless for an address to connect to.
+absl::Status CheckHostPort(std::string_view address, bool allow_port_zero);
+
+// float32 | float16 | bfloat16.
+absl::Status CheckDtype(std::string_view dtype);
+
+// cpu | cuda | cuda:N.
+absl::Status CheckDevice(std::string_view device);
+
+// trace | debug | info | warn | error.
+absl::Status CheckLogLevel(std::string_view level);
+
+// `value` >= `min` (0 or 1 in practice), phrased as "must be positive" / "non-negative".
+absl::Status CheckAtLeast(int64_t value, int64_t min);
+absl::Status CheckAtLeast(double value, double min, bool inclusive);
+
+// Resolves a relative path in a config against the directory of the config file named by
+// `source_name` (the working directory when it has none) and makes it absolute and
+// lexically normal, so a daemon finds it whatever its working directory. An absolute path
+// is returned unchanged; so is "".
+std::string ResolveConfigPath(std::string_view path, std::string_view source_name);
+
+// This machine's physical memory in bytes, or 0 when the system will not say.
+int64_t PhysicalMemoryBytes();
+
+}  // namespace tophat
