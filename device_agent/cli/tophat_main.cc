@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "device_agent/cli/serving_commands.h"
 #include "models/bench_model.h"
 #include "models/bundle.h"
 #include "models/generate.h"
@@ -154,7 +155,7 @@ int RunGenerate(const GenerateArgs& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"tophat: device-cloud collaborative LLM serving — model tools"};
+  CLI::App app{"tophat: device-cloud collaborative LLM serving — model tools and serving clients"};
   app.require_subcommand(1);
   spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
   spdlog::set_default_logger(spdlog::stderr_color_mt("tophat"));
@@ -229,8 +230,60 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::IsMember({"bench-110m", "tiny"}));
   init_cmd->add_option("--seed", init_seed)->capture_default_str();
 
+  tophat::cli::ChatArgs chat;
+  auto* chat_cmd = app.add_subcommand(
+      "chat", "Talk to a running tophat-agent (one prompt per line, or --prompt once)");
+  chat_cmd->add_option("--agent", chat.agent, "tophat-agent host:port")->capture_default_str();
+  chat_cmd->add_option("--prompt", chat.prompt, "Ask once and exit");
+  chat_cmd->add_option("--max-new-tokens", chat.max_new_tokens)->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  chat_cmd->add_option("--temperature", chat.temperature, "0 means greedy")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  chat_cmd->add_option("--top-k", chat.top_k)->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  chat_cmd->add_option("--top-p", chat.top_p)->capture_default_str()
+      ->check(CLI::Range(1e-9, 1.0));
+  chat_cmd->add_option("--seed", chat.seed)->capture_default_str();
+  chat_cmd->add_flag("--stats", chat.stats, "Print TTFT and mean TBT after each answer");
+
+  tophat::cli::BenchArgs serve_bench;
+  std::string bench_agents = "127.0.0.1:7200";
+  auto* serve_bench_cmd = app.add_subcommand(
+      "bench", "Workload driver: Poisson arrivals across agents; TTFT/TBT percentiles, "
+               "throughput and SLA compliance");
+  serve_bench_cmd->add_option("--agents", bench_agents, "Comma-separated agent host:ports")
+      ->capture_default_str();
+  serve_bench_cmd->add_option("--prompt", serve_bench.prompts,
+                              "Text prompt (repeatable): one request each, sent together, "
+                              "with a per-request table");
+  serve_bench_cmd->add_option("--requests", serve_bench.requests)->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  serve_bench_cmd->add_option("--rate", serve_bench.rate, "Requests/s (Poisson); 0 = all at once")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  serve_bench_cmd->add_option("--prompt-lengths", serve_bench.prompt_lengths,
+                              "specbench (mean 351, P90 891), cnndm (mean 1037, P90 1772), "
+                              "fixed:N, or a file of lengths")
+      ->capture_default_str();
+  serve_bench_cmd->add_option("--output-tokens", serve_bench.output_tokens)
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  serve_bench_cmd->add_option("--sla-ttft", serve_bench.sla_ttft_s, "SLA on TTFT, seconds")
+      ->capture_default_str();
+  serve_bench_cmd->add_option("--sla-tbt", serve_bench.sla_tbt_s, "SLA on mean TBT, seconds")
+      ->capture_default_str();
+  serve_bench_cmd->add_option("--seed", serve_bench.seed)->capture_default_str();
+  serve_bench_cmd->add_option("--json", serve_bench.json_path, "Write the report as JSON here");
+  serve_bench_cmd->add_flag("--per-request", serve_bench.per_request, "Print every request");
+
   CLI11_PARSE(app, argc, argv);
 
+  if (*chat_cmd) return tophat::cli::RunChat(chat);
+  if (*serve_bench_cmd) {
+    serve_bench.agents.clear();
+    for (const auto& part : CLI::detail::split(bench_agents, ',')) {
+      if (!part.empty()) serve_bench.agents.push_back(part);
+    }
+    return tophat::cli::RunBench(serve_bench);
+  }
   if (*toy_cmd) return RunToyModel(toy);
   if (*split_cmd) {
     auto result = tophat::SplitCheckpoint(split);

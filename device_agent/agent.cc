@@ -1,0 +1,580 @@
+#include "device_agent/agent.h"
+
+#include <algorithm>
+
+#include <c10/core/InferenceMode.h>
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "models/status_macros.h"
+#include "models/tokenizer.h"
+#include "proto/hidden_states.h"
+
+namespace tophat {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+double Seconds(SteadyClock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+SteadyClock::duration ToDuration(double seconds) {
+  return std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(seconds));
+}
+
+absl::StatusOr<at::ScalarType> ParseDtype(const std::string& name) {
+  if (name == "float32") return at::kFloat;
+  if (name == "float16") return at::kHalf;
+  if (name == "bfloat16") return at::kBFloat16;
+  return absl::InvalidArgumentError(absl::StrCat("dtype: unknown value \"", name, "\""));
+}
+
+absl::Status CloudError(const v1::SessionError& error) {
+  return absl::Status(static_cast<absl::StatusCode>(error.code()),
+                      absl::StrCat("cloud: ", error.message()));
+}
+
+}  // namespace
+
+// One Generate call. Lives on the calling thread's stack; the agent's cancel map points at it
+// while it runs.
+class Agent::Request {
+ public:
+  Request(Agent& agent, const v1::GenerateRequest& request,
+          const std::function<bool(const TokenEvent&)>& on_tokens)
+      : agent_(agent), request_(request), on_tokens_(on_tokens), arrival_(SteadyClock::now()) {}
+
+  v1::GenerateResponse Run();
+  void Cancel() {
+    cancelled_ = true;
+    if (mailbox_ != nullptr) mailbox_->Interrupt();
+  }
+  const std::string& id() const { return id_; }
+  void set_id(std::string id) { id_ = std::move(id); }
+
+ private:
+  absl::Status Prepare();
+  absl::Status Open(uint64_t after_epoch);
+  absl::Status ComputeShallow(int64_t first, int64_t count);
+  void SendRows(int64_t from, int64_t to, v1::Phase phase);
+  // Handles mailbox events until `consumed_` reaches `target` (block) or the mailbox is
+  // empty (no block).
+  absl::Status Pump(int64_t target, bool block);
+  absl::Status HandleResult(const v1::ForwardResult& result);
+  absl::Status Reconnect(const std::string& why);
+  absl::StatusOr<int32_t> SampleNext();
+  absl::Status Emit(int32_t token);
+  void Finish(v1::GenerateResponse& response, v1::FinishReason reason, const absl::Status& error);
+
+  Agent& agent_;
+  const v1::GenerateRequest& request_;
+  const std::function<bool(const TokenEvent&)>& on_tokens_;
+  const SteadyClock::time_point arrival_;
+  SteadyClock::time_point deadline_;
+  std::string id_;
+  std::atomic<bool> cancelled_{false};
+
+  std::vector<int32_t> tokens_;  // prompt, then generated
+  int64_t prompt_length_ = 0;
+  int64_t max_new_tokens_ = 0;
+  int64_t max_positions_ = 0;
+  int64_t chunk_size_ = 0;
+  int64_t max_chunk_positions_ = 0;
+  std::vector<int32_t> stop_ids_;
+  std::unique_ptr<Sampler> sampler_;
+  std::unique_ptr<StreamingDetokenizer> detokenizer_;
+
+  // Shallow states of every position sent so far: what a replay resends to rebuild the
+  // cloud's KV after a cloud restart.
+  at::Tensor shallow_;
+  std::optional<KvCache> input_cache_;
+  std::optional<KvCache> output_cache_;
+  at::Tensor last_output_;  // output-submodel state of the newest consumed position
+  int64_t sent_ = 0;        // positions whose shallow states went to the cloud
+  int64_t consumed_ = 0;    // positions whose deep states went through the output submodel
+
+  uint64_t session_id_ = 0;
+  uint64_t epoch_ = 0;
+  uint64_t sequence_number_ = 0;
+  std::shared_ptr<SessionMailbox> mailbox_;
+  v1::DType wire_dtype_ = v1::DTYPE_FLOAT32;
+
+  // Stats.
+  std::vector<int32_t> generated_;
+  SteadyClock::time_point last_token_time_;
+  double ttft_ = 0;
+  double itl_sum_ = 0;
+  int64_t itl_count_ = 0;
+  double cloud_queue_ = 0;
+  double cloud_compute_ = 0;
+  uint32_t reconnects_ = 0;
+};
+
+absl::Status Agent::Request::Prepare() {
+  const DeviceBundle& bundle = agent_.bundle_;
+  const AgentConfig& config = agent_.config_;
+  if (request_.has_prompt_ids()) {
+    for (uint32_t id : request_.prompt_ids().ids()) {
+      if (id >= static_cast<uint32_t>(bundle.config.vocab_size)) {
+        return absl::InvalidArgumentError(absl::StrCat("prompt_ids: token id ", id,
+                                                       " is outside the vocabulary of ",
+                                                       bundle.config.vocab_size));
+      }
+      tokens_.push_back(static_cast<int32_t>(id));
+    }
+  } else {
+    if (!request_.skip_bos() && bundle.tokenizer->bos_id()) {
+      tokens_.push_back(*bundle.tokenizer->bos_id());
+    }
+    TOPHAT_ASSIGN_OR_RETURN(std::vector<int32_t> ids, bundle.tokenizer->Encode(request_.prompt()));
+    tokens_.insert(tokens_.end(), ids.begin(), ids.end());
+  }
+  if (tokens_.empty()) return absl::InvalidArgumentError("prompt: empty");
+  prompt_length_ = static_cast<int64_t>(tokens_.size());
+  max_new_tokens_ =
+      request_.max_new_tokens() > 0 ? request_.max_new_tokens() : config.default_max_new_tokens;
+  max_positions_ = prompt_length_ + max_new_tokens_;
+  const int64_t context = bundle.input->max_context();
+  if (max_positions_ > context) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt of ", prompt_length_, " tokens + max_new_tokens ", max_new_tokens_,
+        " exceeds the context of ", context, " positions"));
+  }
+  SamplingParams sampling{.temperature = request_.sampling().temperature(),
+                          .top_k = request_.sampling().top_k(),
+                          .top_p = request_.sampling().top_p() > 0 ? request_.sampling().top_p()
+                                                                   : 1.0,
+                          .seed = request_.sampling().seed()};
+  if (absl::Status valid = sampling.Validate(); !valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling: ", valid.message()));
+  }
+  sampler_ = std::make_unique<Sampler>(sampling);
+  if (!request_.ignore_eos()) {
+    for (int64_t eos : bundle.config.eos_token_ids) stop_ids_.push_back(static_cast<int32_t>(eos));
+    if (bundle.tokenizer->eos_id()) stop_ids_.push_back(*bundle.tokenizer->eos_id());
+  }
+  for (uint32_t id : request_.stop_token_ids()) stop_ids_.push_back(static_cast<int32_t>(id));
+  detokenizer_ = std::make_unique<StreamingDetokenizer>(*bundle.tokenizer);
+  // The prompt goes through the detokenizer first so the answer decodes in context.
+  for (int32_t id : tokens_) {
+    TOPHAT_RETURN_IF_ERROR(detokenizer_->Push(id).status());
+  }
+
+  const ModelConfig& model = bundle.config;
+  shallow_ = at::empty({max_positions_, model.hidden_size},
+                       at::TensorOptions().dtype(bundle.input->options().dtype));
+  input_cache_.emplace(bundle.input->NewCache(max_positions_));
+  output_cache_.emplace(bundle.output->NewCache(max_positions_));
+  return absl::OkStatus();
+}
+
+absl::Status Agent::Request::Open(uint64_t after_epoch) {
+  const SteadyClock::time_point wait_until =
+      std::min(deadline_, SteadyClock::now() + ToDuration(agent_.config_.reconnect.give_up_after_s));
+  TOPHAT_ASSIGN_OR_RETURN(CloudConnection::Connected connected,
+                          agent_.cloud_->WaitConnected(wait_until, after_epoch));
+  epoch_ = connected.epoch;
+  if (max_positions_ > connected.hello.max_positions()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt of ", prompt_length_, " tokens + max_new_tokens ", max_new_tokens_,
+        " exceeds the cloud's context of ", connected.hello.max_positions(), " positions"));
+  }
+  wire_dtype_ = connected.hello.dtype();
+  max_chunk_positions_ = std::max<int64_t>(1, connected.hello.max_chunk_positions());
+  if (chunk_size_ == 0) {
+    chunk_size_ = request_.prompt_chunk_size() > 0 ? request_.prompt_chunk_size()
+                  : agent_.config_.prompt_chunk_size > 0
+                      ? agent_.config_.prompt_chunk_size
+                      : std::max<int64_t>(1, connected.hello.control().prompt_chunk_size());
+  }
+  v1::AgentMessage message;
+  v1::OpenSession* open = message.mutable_open();
+  open->set_session_id(session_id_);
+  open->set_max_positions(static_cast<uint32_t>(max_positions_));
+  const double left = Seconds(deadline_ - SteadyClock::now());
+  open->set_timeout_ms(static_cast<uint32_t>(std::max(1.0, left * 1000)));
+  // A send failure means the stream just broke; the mailbox will say so and we replay.
+  agent_.cloud_->Send(epoch_, message).IgnoreError();
+  return absl::OkStatus();
+}
+
+absl::Status Agent::Request::ComputeShallow(int64_t first, int64_t count) {
+  const DeviceBundle& bundle = agent_.bundle_;
+  at::Tensor ids = at::empty({count}, at::kLong);
+  for (int64_t i = 0; i < count; ++i) ids[i] = tokens_[first + i];
+  TOPHAT_ASSIGN_OR_RETURN(at::Tensor embedded, bundle.input->Embed(ids));
+  TOPHAT_ASSIGN_OR_RETURN(at::Tensor hidden, bundle.input->Forward(embedded, *input_cache_));
+  shallow_.narrow(0, first, count).copy_(hidden);
+  return absl::OkStatus();
+}
+
+void Agent::Request::SendRows(int64_t from, int64_t to, v1::Phase phase) {
+  for (int64_t start = from; start < to; start += max_chunk_positions_) {
+    const int64_t n = std::min(max_chunk_positions_, to - start);
+    v1::AgentMessage message;
+    v1::ForwardChunk* chunk = message.mutable_forward();
+    chunk->set_session_id(session_id_);
+    chunk->set_sequence_number(++sequence_number_);
+    chunk->set_first_position(static_cast<uint32_t>(start));
+    chunk->set_phase(phase);
+    PackHiddenStates(shallow_.narrow(0, start, n), chunk->mutable_states()).IgnoreError();
+    if (agent_.metrics_ != nullptr) {
+      agent_.metrics_->hidden_state_bytes_up.Increment(chunk->states().data().size());
+    }
+    agent_.cloud_->Send(epoch_, message).IgnoreError();
+  }
+}
+
+absl::Status Agent::Request::HandleResult(const v1::ForwardResult& result) {
+  const DeviceBundle& bundle = agent_.bundle_;
+  TOPHAT_RETURN_IF_ERROR(ValidateHiddenStates(result.states(), wire_dtype_,
+                                              bundle.config.hidden_size, max_positions_));
+  if (agent_.metrics_ != nullptr) {
+    agent_.metrics_->hidden_state_bytes_down.Increment(result.states().data().size());
+  }
+  cloud_queue_ += result.queue_seconds();
+  cloud_compute_ += result.compute_seconds();
+  const int64_t first = result.first_position();
+  const int64_t count = result.states().num_positions();
+  if (first > consumed_) {
+    return absl::InternalError(absl::StrCat("the cloud returned positions from ", first,
+                                            " but position ", consumed_, " is still missing"));
+  }
+  if (first + count <= consumed_) return absl::OkStatus();  // a replayed position
+  TOPHAT_ASSIGN_OR_RETURN(at::Tensor deep, UnpackHiddenStates(result.states()));
+  const int64_t skip = consumed_ - first;
+  deep = deep.narrow(0, skip, count - skip);
+  if (deep.scalar_type() != bundle.output->options().dtype) {
+    deep = deep.to(bundle.output->options().dtype);
+  }
+  TOPHAT_ASSIGN_OR_RETURN(at::Tensor out, bundle.output->Forward(deep, *output_cache_));
+  last_output_ = out.narrow(0, out.size(0) - 1, 1);
+  consumed_ += count - skip;
+  return absl::OkStatus();
+}
+
+absl::Status Agent::Request::Reconnect(const std::string& why) {
+  spdlog::warn("request {}: {}; reconnecting and replaying {} position(s)", id_, why, sent_);
+  ++reconnects_;
+  const uint64_t old_epoch = epoch_;
+  TOPHAT_RETURN_IF_ERROR(Open(old_epoch));
+  SendRows(0, sent_, v1::PHASE_PREFILL);
+  return absl::OkStatus();
+}
+
+absl::Status Agent::Request::Pump(int64_t target, bool block) {
+  while (consumed_ < target) {
+    if (cancelled_) return absl::CancelledError("cancelled");
+    std::optional<MailboxEvent> event =
+        mailbox_->Pop(block ? deadline_ : SteadyClock::now());
+    if (!event) {
+      if (!block) return absl::OkStatus();
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the request's deadline passed after ", consumed_, " of ", target, " positions"));
+    }
+    switch (event->kind) {
+      case MailboxEvent::Kind::kInterrupted:
+        continue;  // the cancelled_ check above ends the request
+      case MailboxEvent::Kind::kDisconnected:
+        if (event->epoch < epoch_) continue;  // a stream this session no longer uses
+        TOPHAT_RETURN_IF_ERROR(Reconnect("the cloud stream broke"));
+        continue;
+      case MailboxEvent::Kind::kMessage:
+        break;
+    }
+    const v1::CloudMessage& message = event->message;
+    switch (message.kind_case()) {
+      case v1::CloudMessage::kAdmitted:
+        if (agent_.metrics_ != nullptr) {
+          agent_.metrics_->request_queue_time_seconds.Observe(message.admitted().queue_seconds());
+        }
+        break;
+      case v1::CloudMessage::kResult:
+        TOPHAT_RETURN_IF_ERROR(HandleResult(message.result()));
+        break;
+      case v1::CloudMessage::kError: {
+        const v1::SessionError& error = message.error();
+        if (error.session_alive()) {
+          return CloudError(error);
+        }
+        if (error.code() == static_cast<int32_t>(absl::StatusCode::kUnavailable)) {
+          // The cloud is draining or shutting down: wait for its successor and replay.
+          TOPHAT_RETURN_IF_ERROR(Reconnect(std::string(error.message())));
+          break;
+        }
+        return CloudError(error);
+      }
+      case v1::CloudMessage::kTruncated:
+      case v1::CloudMessage::kHello:
+      case v1::CloudMessage::kControl:
+      case v1::CloudMessage::KIND_NOT_SET:
+        break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int32_t> Agent::Request::SampleNext() {
+  TOPHAT_ASSIGN_OR_RETURN(at::Tensor logits, agent_.bundle_.output->Logits(last_output_));
+  return sampler_->Sample(logits[0]);
+}
+
+absl::Status Agent::Request::Emit(int32_t token) {
+  const SteadyClock::time_point now = SteadyClock::now();
+  AgentMetrics* metrics = agent_.metrics_.get();
+  if (generated_.empty()) {
+    ttft_ = Seconds(now - arrival_);
+    if (metrics != nullptr) metrics->time_to_first_token_seconds.Observe(ttft_);
+  } else {
+    const double gap = Seconds(now - last_token_time_);
+    itl_sum_ += gap;
+    ++itl_count_;
+    if (metrics != nullptr) metrics->inter_token_latency_seconds.Observe(gap);
+  }
+  last_token_time_ = now;
+  generated_.push_back(token);
+  tokens_.push_back(token);
+  if (metrics != nullptr) metrics->generation_tokens.Increment();
+  TokenEvent event;
+  event.token_ids.push_back(token);
+  TOPHAT_ASSIGN_OR_RETURN(event.text, detokenizer_->Push(token));
+  if (!on_tokens_(event)) {
+    cancelled_ = true;
+    return absl::CancelledError("the client went away");
+  }
+  return absl::OkStatus();
+}
+
+void Agent::Request::Finish(v1::GenerateResponse& response, v1::FinishReason reason,
+                            const absl::Status& error) {
+  response.set_request_id(id_);
+  response.set_finish_reason(reason);
+  if (!error.ok()) response.set_error(error.ToString());
+  if (reason != v1::FINISH_REASON_ERROR && detokenizer_ != nullptr) {
+    auto rest = detokenizer_->Flush();
+    if (rest.ok()) response.set_text(*rest);
+  }
+  v1::RequestStats* stats = response.mutable_stats();
+  stats->set_prompt_tokens(static_cast<uint32_t>(prompt_length_));
+  stats->set_generated_tokens(static_cast<uint32_t>(generated_.size()));
+  stats->set_time_to_first_token_seconds(ttft_);
+  stats->set_mean_inter_token_seconds(itl_count_ > 0 ? itl_sum_ / itl_count_ : 0.0);
+  stats->set_cloud_queue_seconds(cloud_queue_);
+  stats->set_cloud_compute_seconds(cloud_compute_);
+  stats->set_reconnects(reconnects_);
+  if (AgentMetrics* metrics = agent_.metrics_.get(); metrics != nullptr) {
+    metrics->e2e_request_latency_seconds.Observe(Seconds(SteadyClock::now() - arrival_));
+    switch (reason) {
+      case v1::FINISH_REASON_STOP:
+        metrics->requests_stop.Increment();
+        break;
+      case v1::FINISH_REASON_LENGTH:
+        metrics->requests_length.Increment();
+        break;
+      case v1::FINISH_REASON_CANCELLED:
+        metrics->requests_cancelled.Increment();
+        break;
+      case v1::FINISH_REASON_ERROR:
+      case v1::FINISH_REASON_UNSPECIFIED:
+      case v1::FinishReason_INT_MIN_SENTINEL_DO_NOT_USE_:
+      case v1::FinishReason_INT_MAX_SENTINEL_DO_NOT_USE_:
+        metrics->requests_error.Increment();
+        break;
+    }
+  }
+}
+
+v1::GenerateResponse Agent::Request::Run() {
+  c10::InferenceMode inference_mode;
+  v1::GenerateResponse response;
+  deadline_ = arrival_ + ToDuration(agent_.config_.request_timeout_s);
+  session_id_ = agent_.next_session_id_++;
+  absl::Status prepared;
+  absl::Status caught = CatchExceptions("preparing the request", [&] { prepared = Prepare(); });
+  if (prepared.ok()) prepared = caught;
+  if (!prepared.ok()) {
+    Finish(response, v1::FINISH_REASON_ERROR, prepared);
+    return response;
+  }
+  if (agent_.metrics_ != nullptr) agent_.metrics_->prompt_tokens.Increment(prompt_length_);
+  mailbox_ = agent_.cloud_->Register(session_id_);
+
+  const auto serve = [&]() -> absl::Status {
+    TOPHAT_RETURN_IF_ERROR(Open(0));
+    // Prefill: upload chunk j while the cloud computes chunk j-1, consuming results as
+    // they arrive.
+    for (int64_t start = 0; start < prompt_length_; start += chunk_size_) {
+      if (cancelled_) return absl::CancelledError("cancelled");
+      const int64_t n = std::min(chunk_size_, prompt_length_ - start);
+      TOPHAT_RETURN_IF_ERROR(ComputeShallow(start, n));
+      sent_ = start + n;
+      SendRows(start, start + n, v1::PHASE_PREFILL);
+      TOPHAT_RETURN_IF_ERROR(Pump(sent_, /*block=*/false));
+    }
+    TOPHAT_RETURN_IF_ERROR(Pump(prompt_length_, /*block=*/true));
+    while (true) {
+      TOPHAT_ASSIGN_OR_RETURN(int32_t token, SampleNext());
+      TOPHAT_RETURN_IF_ERROR(Emit(token));
+      if (std::find(stop_ids_.begin(), stop_ids_.end(), token) != stop_ids_.end()) {
+        return absl::OkStatus();
+      }
+      if (static_cast<int64_t>(generated_.size()) >= max_new_tokens_) return absl::OkStatus();
+      const int64_t position = static_cast<int64_t>(tokens_.size()) - 1;
+      TOPHAT_RETURN_IF_ERROR(ComputeShallow(position, 1));
+      sent_ = position + 1;
+      SendRows(position, position + 1, v1::PHASE_DECODE);
+      TOPHAT_RETURN_IF_ERROR(Pump(sent_, /*block=*/true));
+    }
+  };
+  absl::Status result;
+  absl::Status thrown = CatchExceptions("generating", [&] { result = serve(); });
+  if (result.ok()) result = thrown;
+
+  v1::AgentMessage goodbye;
+  if (result.ok()) {
+    goodbye.mutable_close()->set_session_id(session_id_);
+  } else {
+    goodbye.mutable_cancel()->set_session_id(session_id_);
+  }
+  agent_.cloud_->Send(epoch_, goodbye).IgnoreError();
+  agent_.cloud_->Unregister(session_id_);
+
+  if (result.ok()) {
+    const bool stopped = !generated_.empty() &&
+                         std::find(stop_ids_.begin(), stop_ids_.end(), generated_.back()) !=
+                             stop_ids_.end();
+    Finish(response, stopped ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH, result);
+  } else if (absl::IsCancelled(result) && cancelled_) {
+    Finish(response, v1::FINISH_REASON_CANCELLED, absl::OkStatus());
+  } else {
+    spdlog::warn("request {} failed: {}", id_, result.ToString());
+    Finish(response, v1::FINISH_REASON_ERROR, result);
+  }
+  return response;
+}
+
+absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
+                                                     prometheus::Registry* registry) {
+  TOPHAT_ASSIGN_OR_RETURN(at::ScalarType dtype, ParseDtype(config.dtype));
+  SubmodelOptions options{.dtype = dtype,
+                          .device = at::Device(config.device),
+                          .max_context = config.max_context};
+  TOPHAT_ASSIGN_OR_RETURN(DeviceBundle bundle, DeviceBundle::Load(config.bundle, options));
+  return std::unique_ptr<Agent>(new Agent(config, std::move(bundle), registry));
+}
+
+Agent::Agent(AgentConfig config, DeviceBundle bundle, prometheus::Registry* registry)
+    : config_(std::move(config)), bundle_(std::move(bundle)) {
+  if (registry != nullptr) metrics_ = std::make_unique<AgentMetrics>(*registry);
+  CloudConnectionOptions options{
+      .address = config_.cloud_address,
+      .initial_backoff_s = config_.reconnect.initial_backoff_s,
+      .max_backoff_s = config_.reconnect.max_backoff_s,
+      .check_hello = [this](const v1::Hello& hello) { return CheckHello(hello); },
+      .on_state_change =
+          [this](bool connected) {
+            if (metrics_ == nullptr) return;
+            metrics_->cloud_connected.Set(connected ? 1 : 0);
+            if (connected && cloud_ != nullptr && cloud_->reconnects() > 0) {
+              metrics_->cloud_reconnects.Increment();
+            }
+          }};
+  cloud_ = std::make_unique<CloudConnection>(std::move(options));
+}
+
+Agent::~Agent() { cloud_.reset(); }
+
+absl::Status Agent::CheckHello(const v1::Hello& hello) const {
+  const BundleManifest& manifest = bundle_.manifest;
+  if (hello.hidden_size() != bundle_.config.hidden_size) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the cloud's hidden size is ", hello.hidden_size(), ", the device bundle's is ",
+        bundle_.config.hidden_size, " (different models)"));
+  }
+  if (hello.first_layer() != manifest.input_layers.end ||
+      hello.end_layer() != manifest.output_layers.begin) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the cloud serves layers [", hello.first_layer(), ", ", hello.end_layer(),
+        "); this device holds [0, ", manifest.input_layers.end, ") and [",
+        manifest.output_layers.begin, ", ", manifest.output_layers.end,
+        ") — split the model once and deploy both halves"));
+  }
+  auto wire = ToProtoDType(bundle_.input->options().dtype);
+  if (!wire.ok() || hello.dtype() != *wire) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the cloud exchanges ", v1::DType_Name(hello.dtype()),
+                     " hidden states; this agent computes in ", config_.dtype));
+  }
+  return absl::OkStatus();
+}
+
+v1::GenerateResponse Agent::Generate(const v1::GenerateRequest& request,
+                                     const std::function<bool(const TokenEvent&)>& on_tokens) {
+  Request run(*this, request, on_tokens);
+  std::string id = request.request_id();
+  if (id.empty()) id = absl::StrCat("req-", next_request_number_++);
+  run.set_id(id);
+  {
+    std::lock_guard<std::mutex> lock(requests_mutex_);
+    if (static_cast<int64_t>(running_.size()) >= config_.max_concurrent_requests) {
+      v1::GenerateResponse busy;
+      busy.set_request_id(id);
+      busy.set_finish_reason(v1::FINISH_REASON_ERROR);
+      busy.set_error(absl::ResourceExhaustedError(
+                         absl::StrCat("the agent already runs ", running_.size(),
+                                      " requests (max_concurrent_requests)"))
+                         .ToString());
+      return busy;
+    }
+    if (!running_.emplace(id, &run).second) {
+      v1::GenerateResponse duplicate;
+      duplicate.set_request_id(id);
+      duplicate.set_finish_reason(v1::FINISH_REASON_ERROR);
+      duplicate.set_error(
+          absl::AlreadyExistsError(absl::StrCat("request_id ", id, " is already running"))
+              .ToString());
+      return duplicate;
+    }
+  }
+  if (metrics_ != nullptr) metrics_->requests_running.Increment();
+  v1::GenerateResponse response = run.Run();
+  if (metrics_ != nullptr) metrics_->requests_running.Decrement();
+  std::lock_guard<std::mutex> lock(requests_mutex_);
+  running_.erase(id);
+  return response;
+}
+
+bool Agent::Cancel(const std::string& request_id) {
+  std::lock_guard<std::mutex> lock(requests_mutex_);
+  auto it = running_.find(request_id);
+  if (it == running_.end()) return false;
+  it->second->Cancel();
+  return true;
+}
+
+v1::InfoResponse Agent::Info() const {
+  v1::InfoResponse info;
+  info.set_model_id(bundle_.manifest.source_model);
+  info.set_architecture(bundle_.manifest.source_architecture);
+  info.set_num_layers(static_cast<uint32_t>(bundle_.config.num_hidden_layers));
+  info.set_input_layers(static_cast<uint32_t>(bundle_.manifest.input_layers.size()));
+  info.set_output_layers(static_cast<uint32_t>(bundle_.manifest.output_layers.size()));
+  info.set_hidden_size(static_cast<uint32_t>(bundle_.config.hidden_size));
+  info.set_vocab_size(static_cast<uint32_t>(bundle_.config.vocab_size));
+  info.set_max_context(static_cast<uint32_t>(bundle_.input->max_context()));
+  info.set_cloud_address(config_.cloud_address);
+  info.set_cloud_connected(cloud_->connected());
+  info.set_prompt_chunk_size(static_cast<uint32_t>(config_.prompt_chunk_size));
+  info.set_version(TOPHAT_VERSION);
+  return info;
+}
+
+v1::HealthResponse Agent::Health() const {
+  v1::HealthResponse health;
+  health.set_serving(true);
+  health.set_cloud_connected(cloud_->connected());
+  std::lock_guard<std::mutex> lock(requests_mutex_);
+  health.set_active_requests(static_cast<uint32_t>(running_.size()));
+  return health;
+}
+
+}  // namespace tophat

@@ -1,0 +1,74 @@
+// The device agent's core: the input and output submodels of a device bundle, the tokenizer,
+// and the per-request loop that sends shallow hidden states to the cloud and turns the deep
+// states it returns into tokens. Token ids and text never leave this process.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <prometheus/registry.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "configs/agent_config.h"
+#include "device_agent/agent_metrics.h"
+#include "device_agent/cloud_connection.h"
+#include "models/bundle.h"
+#include "models/sampler.h"
+#include "tophat/v1/agent.pb.h"
+
+namespace tophat {
+
+// What the agent reports back to the app as a request runs.
+struct TokenEvent {
+  std::vector<int32_t> token_ids;
+  std::string text;
+};
+
+class Agent {
+ public:
+  // Loads the device bundle and starts connecting to the cloud in the background.
+  static absl::StatusOr<std::unique_ptr<Agent>> Create(const AgentConfig& config,
+                                                       prometheus::Registry* registry);
+  ~Agent();
+
+  // Runs one request to completion on the calling thread, calling `on_tokens` as tokens
+  // are produced (return false from it to cancel). The final response (finish reason,
+  // stats, error) is returned; it is also what a failure looks like: FINISH_REASON_ERROR with
+  // a message, never a crash.
+  v1::GenerateResponse Generate(const v1::GenerateRequest& request,
+                                const std::function<bool(const TokenEvent&)>& on_tokens);
+
+  // Cancels a running request by id; false if no such request is running.
+  bool Cancel(const std::string& request_id);
+
+  v1::InfoResponse Info() const;
+  v1::HealthResponse Health() const;
+  const AgentConfig& config() const { return config_; }
+
+ private:
+  class Request;
+  friend class Request;
+
+  Agent(AgentConfig config, DeviceBundle bundle, prometheus::Registry* registry);
+  absl::Status CheckHello(const v1::Hello& hello) const;
+
+  const AgentConfig config_;
+  DeviceBundle bundle_;
+  std::unique_ptr<AgentMetrics> metrics_;
+  std::unique_ptr<CloudConnection> cloud_;
+  std::atomic<uint64_t> next_session_id_{1};
+  std::atomic<uint64_t> next_request_number_{1};
+
+  mutable std::mutex requests_mutex_;
+  std::unordered_map<std::string, Request*> running_;  // request id -> request (cancel)
+};
+
+}  // namespace tophat

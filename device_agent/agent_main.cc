@@ -1,0 +1,117 @@
+// tophat-agent: the device agent. Holds the input and output submodels of a device bundle,
+// serves apps on the local AgentService, and keeps one stream to tophat-cloud (reconnecting
+// and replaying when it drops). SIGTERM stops it cleanly.
+#include <csignal>
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <grpcpp/grpcpp.h>
+#include <prometheus/exposer.h>
+#include <prometheus/registry.h>
+#include <pthread.h>
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "configs/agent_config.h"
+#include "device_agent/agent.h"
+#include "device_agent/agent_service.h"
+
+namespace {
+
+int Fail(const absl::Status& status) {
+  spdlog::error("{}", status.ToString());
+  return 1;
+}
+
+int Run(const tophat::AgentConfig& config) {
+  spdlog::set_level(spdlog::level::from_str(config.log_level));
+  auto registry = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (!config.metrics_address.empty()) {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(config.metrics_address);
+      exposer->RegisterCollectable(registry);
+    } catch (const std::exception& e) {
+      return Fail(absl::UnavailableError(absl::StrCat(
+          "metrics_address: cannot listen on ", config.metrics_address, ": ", e.what())));
+    }
+  }
+  spdlog::info("loading device bundle {}", config.bundle);
+  auto agent = tophat::Agent::Create(config, registry.get());
+  if (!agent.ok()) return Fail(agent.status());
+
+  tophat::AgentServiceImpl service(agent->get());
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort(config.listen_address, grpc::InsecureServerCredentials(), &bound_port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || bound_port == 0) {
+    return Fail(absl::UnavailableError(
+        absl::StrCat("listen_address: cannot listen on ", config.listen_address)));
+  }
+  spdlog::info("tophat-agent serving apps on {}, cloud {} (metrics: {})", config.listen_address,
+               config.cloud_address,
+               config.metrics_address.empty() ? "off" : config.metrics_address);
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  spdlog::info("{}: stopping", signal_number == SIGTERM ? "SIGTERM" : "SIGINT");
+  // Running requests get a few seconds to finish; then their streams are cancelled.
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  agent->reset();
+  spdlog::info("tophat-agent stopped");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  CLI::App app{
+      "tophat-agent: the device agent of tophat. Runs the input and output submodels of a "
+      "device bundle, serves apps over gRPC and sends only hidden states to tophat-cloud."};
+  std::string config_path;
+  std::string bundle;
+  std::string listen;
+  std::string cloud;
+  std::string metrics;
+  std::string log_level;
+  int64_t chunk = -1;
+  app.add_option("-c,--config", config_path, "YAML config (see configs/agent.yaml)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--bundle", bundle, "Device bundle directory (overrides `bundle`)");
+  app.add_option("--listen", listen, "host:port for apps (overrides `listen_address`)");
+  app.add_option("--cloud", cloud, "tophat-cloud host:port (overrides `cloud_address`)");
+  app.add_option("--metrics", metrics,
+                 "host:port for Prometheus, or \"\" to disable (overrides `metrics_address`)");
+  app.add_option("--prompt-chunk-size", chunk,
+                 "Prompt positions per chunk; 0 uses the cloud's (overrides `prompt_chunk_size`)");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  CLI11_PARSE(app, argc, argv);
+
+  tophat::AgentConfig config;
+  if (!config_path.empty()) {
+    auto loaded = tophat::LoadAgentConfig(config_path);
+    if (!loaded.ok()) return Fail(loaded.status());
+    config = *std::move(loaded);
+  }
+  if (!bundle.empty()) config.bundle = bundle;
+  if (!listen.empty()) config.listen_address = listen;
+  if (!cloud.empty()) config.cloud_address = cloud;
+  if (app.count("--metrics") > 0) config.metrics_address = metrics;
+  if (chunk >= 0) config.prompt_chunk_size = chunk;
+  if (!log_level.empty()) config.log_level = log_level;
+  if (absl::Status valid = tophat::ValidateAgentConfig(config); !valid.ok()) return Fail(valid);
+  return Run(config);
+}

@@ -1,0 +1,73 @@
+#include "device_agent/agent_metrics.h"
+
+namespace tophat {
+namespace {
+
+prometheus::Histogram& AddHistogram(prometheus::Registry& registry, const std::string& name,
+                                    const std::string& help,
+                                    prometheus::Histogram::BucketBoundaries buckets) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(registry).Add(
+      {}, std::move(buckets));
+}
+
+// vLLM's latency buckets, starting at 1 ms so fast decode steps stay resolved.
+const prometheus::Histogram::BucketBoundaries kLatencyBuckets = {
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+    0.4,   0.5,    0.75,  1.0,  2.5,   5.0,  7.5,   10.0, 20.0, 40.0, 80.0};
+
+}  // namespace
+
+AgentMetrics::AgentMetrics(prometheus::Registry& registry)
+    : time_to_first_token_seconds(AddHistogram(registry, "tophat_time_to_first_token_seconds",
+                                               "Time to first token", kLatencyBuckets)),
+      inter_token_latency_seconds(AddHistogram(registry, "tophat_inter_token_latency_seconds",
+                                               "Time between consecutive tokens",
+                                               kLatencyBuckets)),
+      e2e_request_latency_seconds(AddHistogram(registry, "tophat_e2e_request_latency_seconds",
+                                               "Request latency from arrival to last token",
+                                               kLatencyBuckets)),
+      request_queue_time_seconds(AddHistogram(registry, "tophat_request_queue_time_seconds",
+                                              "Time a request waited for cloud KV admission",
+                                              kLatencyBuckets)),
+      requests_running(prometheus::BuildGauge()
+                           .Name("tophat_num_requests_running")
+                           .Help("Requests being generated")
+                           .Register(registry)
+                           .Add({})),
+      hidden_state_bytes_family(prometheus::BuildCounter()
+                                    .Name("tophat_hidden_state_bytes_total")
+                                    .Help("Hidden-state payload bytes sent up to and received "
+                                          "down from the cloud")
+                                    .Register(registry)),
+      hidden_state_bytes_up(hidden_state_bytes_family.Add({{"direction", "up"}})),
+      hidden_state_bytes_down(hidden_state_bytes_family.Add({{"direction", "down"}})),
+      prompt_tokens(prometheus::BuildCounter()
+                        .Name("tophat_prompt_tokens_total")
+                        .Help("Prompt tokens processed")
+                        .Register(registry)
+                        .Add({})),
+      generation_tokens(prometheus::BuildCounter()
+                            .Name("tophat_generation_tokens_total")
+                            .Help("Tokens generated")
+                            .Register(registry)
+                            .Add({})),
+      requests_finished_family(prometheus::BuildCounter()
+                                   .Name("tophat_request_success_total")
+                                   .Help("Finished requests by finish reason")
+                                   .Register(registry)),
+      requests_stop(requests_finished_family.Add({{"finished_reason", "stop"}})),
+      requests_length(requests_finished_family.Add({{"finished_reason", "length"}})),
+      requests_cancelled(requests_finished_family.Add({{"finished_reason", "cancelled"}})),
+      requests_error(requests_finished_family.Add({{"finished_reason", "error"}})),
+      cloud_connected(prometheus::BuildGauge()
+                          .Name("tophat_cloud_connected")
+                          .Help("1 while the agent holds a stream to the cloud")
+                          .Register(registry)
+                          .Add({})),
+      cloud_reconnects(prometheus::BuildCounter()
+                           .Name("tophat_cloud_reconnects_total")
+                           .Help("Cloud streams re-established after a loss")
+                           .Register(registry)
+                           .Add({})) {}
+
+}  // namespace tophat

@@ -1,0 +1,39 @@
+// `tophat chat` and `tophat bench`: the command-line clients of a running tophat-agent,
+// built on the tophat::Client SDK.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tophat::cli {
+
+struct ChatArgs {
+  std::string agent = "127.0.0.1:7200";
+  std::string prompt;  // one-shot when set; otherwise read prompts from stdin
+  int64_t max_new_tokens = 64;
+  double temperature = 0;
+  int64_t top_k = 0;
+  double top_p = 1;
+  uint64_t seed = 0;
+  bool stats = false;
+};
+int RunChat(const ChatArgs& args);
+
+struct BenchArgs {
+  std::vector<std::string> agents = {"127.0.0.1:7200"};
+  // With prompts: one request per prompt, all at once, and a per-request table.
+  std::vector<std::string> prompts;
+  int64_t requests = 32;
+  double rate = 4;  // requests/s, Poisson; 0 = all at once
+  std::string prompt_lengths = "specbench";
+  int64_t output_tokens = 64;
+  double sla_ttft_s = 1.0;
+  double sla_tbt_s = 0.1;
+  uint64_t seed = 0;
+  std::string json_path;
+  bool per_request = false;
+};
+int RunBench(const BenchArgs& args);
+
+}  // namespace tophat::cli

@@ -1,0 +1,59 @@
+// tophat::Client: the C++ SDK apps use to reach their local tophat-agent. Depends only on
+// gRPC and the generated protocol (no LibTorch), so apps stay small.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tophat/v1/agent.grpc.pb.h"
+
+namespace tophat {
+
+struct GenerateResult {
+  std::string request_id;
+  std::vector<uint32_t> token_ids;
+  std::string text;
+  v1::FinishReason finish_reason = v1::FINISH_REASON_UNSPECIFIED;
+  std::string error;     // with FINISH_REASON_ERROR
+  v1::RequestStats stats;  // measured by the agent
+  // Measured here, from the call's start: when each token arrived.
+  std::vector<double> token_arrival_seconds;
+
+  bool ok() const { return finish_reason != v1::FINISH_REASON_ERROR; }
+  double time_to_first_token_seconds() const {
+    return token_arrival_seconds.empty() ? 0.0 : token_arrival_seconds.front();
+  }
+  double mean_inter_token_seconds() const;
+};
+
+class Client {
+ public:
+  // Connects to the agent at `address`, waiting up to `timeout_s` for it to come up.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& address,
+                                                         double timeout_s = 10);
+
+  // Runs one request. `on_update` sees every streamed message (tokens and text as they come).
+  // Transport failures are an error status; a request the agent failed is a result with
+  // finish_reason FINISH_REASON_ERROR and `error` set.
+  absl::StatusOr<GenerateResult> Generate(
+      const v1::GenerateRequest& request,
+      const std::function<void(const v1::GenerateResponse&)>& on_update = {});
+
+  absl::StatusOr<bool> Cancel(const std::string& request_id);
+  absl::StatusOr<v1::HealthResponse> Health();
+  absl::StatusOr<v1::InfoResponse> Info();
+
+ private:
+  explicit Client(std::shared_ptr<grpc::Channel> channel);
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::AgentService::Stub> stub_;
+};
+
+}  // namespace tophat

@@ -1,0 +1,230 @@
+#include "device_agent/cloud_connection.h"
+
+#include <algorithm>
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace tophat {
+
+void SessionMailbox::Push(MailboxEvent event) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    events_.push_back(std::move(event));
+  }
+  cv_.notify_one();
+}
+
+std::optional<MailboxEvent> SessionMailbox::Pop(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!cv_.wait_until(lock, deadline, [&] { return !events_.empty(); })) return std::nullopt;
+  MailboxEvent event = std::move(events_.front());
+  events_.pop_front();
+  return event;
+}
+
+void SessionMailbox::Interrupt() { Push({.kind = MailboxEvent::Kind::kInterrupted}); }
+
+CloudConnection::CloudConnection(CloudConnectionOptions options) : options_(std::move(options)) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
+  args.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));
+  // Reconnect promptly after a cloud restart; gRPC's own backoff would wait up to 2 minutes.
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+              static_cast<int>(options_.max_backoff_s * 1000));
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+              static_cast<int>(options_.initial_backoff_s * 1000));
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
+              static_cast<int>(options_.initial_backoff_s * 1000));
+  channel_ = grpc::CreateCustomChannel(options_.address, grpc::InsecureChannelCredentials(), args);
+  stub_ = v1::CloudService::NewStub(channel_);
+  thread_ = std::thread([this] { Run(); });
+}
+
+CloudConnection::~CloudConnection() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+    if (context_ != nullptr) context_->TryCancel();
+  }
+  state_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::shared_ptr<SessionMailbox> CloudConnection::Register(uint64_t session_id) {
+  auto mailbox = std::make_shared<SessionMailbox>();
+  std::lock_guard<std::mutex> lock(mutex_);
+  mailboxes_[session_id] = mailbox;
+  return mailbox;
+}
+
+void CloudConnection::Unregister(uint64_t session_id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  mailboxes_.erase(session_id);
+}
+
+absl::StatusOr<CloudConnection::Connected> CloudConnection::WaitConnected(
+    std::chrono::steady_clock::time_point deadline, uint64_t after_epoch) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto ready = [&] { return connected_.load() && epoch_ > after_epoch; };
+  state_cv_.wait_until(lock, deadline, [&] { return ready() || stopping_; });
+  if (!ready()) {
+    return absl::UnavailableError(
+        absl::StrCat("no connection to the cloud at ", options_.address, ": ", last_error_));
+  }
+  return Connected{.epoch = epoch_, .hello = hello_};
+}
+
+absl::Status CloudConnection::Send(uint64_t epoch, const v1::AgentMessage& message) {
+  std::lock_guard<std::mutex> write_lock(write_mutex_);
+  grpc::ClientReaderWriter<v1::AgentMessage, v1::CloudMessage>* stream = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (connected_ && epoch == epoch_) stream = stream_.get();
+  }
+  if (stream == nullptr) {
+    return absl::UnavailableError(absl::StrCat("the cloud stream ", epoch, " is gone"));
+  }
+  if (!stream->Write(message)) {
+    return absl::UnavailableError(absl::StrCat("writing to the cloud stream ", epoch, " failed"));
+  }
+  return absl::OkStatus();
+}
+
+void CloudConnection::Broadcast(MailboxEvent event) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& [id, mailbox] : mailboxes_) mailbox->Push(event);
+}
+
+void CloudConnection::Run() {
+  pthread_setname_np(pthread_self(), "tophat-cloudrx");
+  double backoff = options_.initial_backoff_s;
+  std::string last_logged;
+  while (true) {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->set_wait_for_ready(false);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_) return;
+    }
+    grpc::ClientContext* raw_context = context.get();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      context_ = std::move(context);
+    }
+    std::unique_ptr<grpc::ClientReaderWriter<v1::AgentMessage, v1::CloudMessage>> stream =
+        stub_->Connect(raw_context);
+    v1::CloudMessage first;
+    absl::Status failure;
+    const bool read_ok = stream->Read(&first);
+    if (!read_ok) {
+      grpc::Status status = stream->Finish();
+      failure = absl::UnavailableError(
+          absl::StrCat("cannot reach the cloud at ", options_.address, ": ",
+                       status.error_message().empty() ? "stream closed" : status.error_message()));
+    } else if (!first.has_hello()) {
+      failure = absl::InternalError("the cloud's first message was not a Hello");
+    } else if (options_.check_hello) {
+      failure = options_.check_hello(first.hello());
+    }
+    if (!failure.ok()) {
+      if (read_ok) {
+        raw_context->TryCancel();
+        stream->Finish();
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        last_error_ = std::string(failure.message());
+        context_.reset();
+      }
+      if (last_error_ != last_logged) {
+        spdlog::warn("cloud: {} (retrying with backoff)", failure.ToString());
+        last_logged = last_error_;
+      }
+      std::unique_lock<std::mutex> lock(mutex_);
+      state_cv_.wait_for(lock, std::chrono::duration<double>(backoff), [&] { return stopping_; });
+      backoff = std::min(backoff * 2, options_.max_backoff_s);
+      continue;
+    }
+
+    uint64_t epoch = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stream_ = std::move(stream);
+      hello_ = first.hello();
+      epoch = ++epoch_;
+      connected_ = true;
+    }
+    if (epoch > 1) ++reconnects_;
+    state_cv_.notify_all();
+    spdlog::info("cloud: connected to {} (stream {}, middle layers [{}, {}))", options_.address,
+                 epoch, first.hello().first_layer(), first.hello().end_layer());
+    last_logged.clear();
+    backoff = options_.initial_backoff_s;
+    if (options_.on_state_change) options_.on_state_change(true);
+
+    grpc::ClientReaderWriter<v1::AgentMessage, v1::CloudMessage>* reader = stream_.get();
+    v1::CloudMessage message;
+    while (reader->Read(&message)) {
+      uint64_t session_id = 0;
+      switch (message.kind_case()) {
+        case v1::CloudMessage::kAdmitted:
+          session_id = message.admitted().session_id();
+          break;
+        case v1::CloudMessage::kResult:
+          session_id = message.result().session_id();
+          break;
+        case v1::CloudMessage::kTruncated:
+          session_id = message.truncated().session_id();
+          break;
+        case v1::CloudMessage::kError:
+          session_id = message.error().session_id();
+          break;
+        case v1::CloudMessage::kControl: {
+          std::lock_guard<std::mutex> lock(mutex_);
+          *hello_.mutable_control() = message.control();
+          continue;
+        }
+        case v1::CloudMessage::kHello:
+        case v1::CloudMessage::KIND_NOT_SET:
+          continue;
+      }
+      std::shared_ptr<SessionMailbox> mailbox;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto it = mailboxes_.find(session_id);
+        if (it != mailboxes_.end()) mailbox = it->second;
+      }
+      if (mailbox != nullptr) {
+        mailbox->Push({.kind = MailboxEvent::Kind::kMessage, .message = std::move(message)});
+      } else if (message.has_error()) {
+        spdlog::warn("cloud error for session {}: {}", session_id, message.error().message());
+      }
+      message.Clear();
+    }
+
+    // The stream is over. Take the write lock so no writer is inside Write() on it.
+    grpc::Status status;
+    {
+      std::lock_guard<std::mutex> write_lock(write_mutex_);
+      std::unique_ptr<grpc::ClientReaderWriter<v1::AgentMessage, v1::CloudMessage>> done;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        connected_ = false;
+        done = std::move(stream_);
+      }
+      status = done->Finish();
+      std::lock_guard<std::mutex> lock(mutex_);
+      last_error_ = absl::StrCat("stream ", epoch, " ended: ",
+                                 status.error_message().empty() ? "closed by the cloud"
+                                                                : status.error_message());
+      context_.reset();
+    }
+    spdlog::warn("cloud: {}", last_error_);
+    Broadcast({.kind = MailboxEvent::Kind::kDisconnected, .epoch = epoch});
+    if (options_.on_state_change) options_.on_state_change(false);
+  }
+}
+
+}  // namespace tophat

@@ -1,0 +1,111 @@
+// The agent's one stream to tophat-cloud. A background thread connects (with exponential
+// backoff), checks the cloud's Hello against the device bundle, reads every CloudMessage
+// and routes it to the mailbox of the session it names. When the stream breaks, every
+// mailbox gets a "disconnected" event carrying the stream's epoch, and the thread reconnects;
+// requests then replay their hidden states to rebuild the cloud's KV (device_agent/agent.cc).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tophat/v1/cloud.grpc.pb.h"
+
+namespace tophat {
+
+// What a session's owner receives: a cloud message, or the loss of stream `epoch`.
+struct MailboxEvent {
+  enum class Kind { kMessage, kDisconnected, kInterrupted } kind = Kind::kMessage;
+  v1::CloudMessage message;
+  uint64_t epoch = 0;
+};
+
+// One session's inbox. Written by the connection's reader thread, read by one request thread.
+class SessionMailbox {
+ public:
+  void Push(MailboxEvent event);
+  // Waits for the next event until `deadline`; nullopt on timeout.
+  std::optional<MailboxEvent> Pop(std::chrono::steady_clock::time_point deadline);
+  // Wakes the reader with a kInterrupted event (request cancelled).
+  void Interrupt();
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<MailboxEvent> events_;
+};
+
+struct CloudConnectionOptions {
+  std::string address = "127.0.0.1:7100";
+  double initial_backoff_s = 0.1;
+  double max_backoff_s = 2.0;
+  int64_t max_message_bytes = 64LL << 20;
+  // Checks the cloud's Hello against the device bundle; an error refuses the cloud.
+  std::function<absl::Status(const v1::Hello&)> check_hello;
+  // Called (on the reader thread) on every connect and disconnect.
+  std::function<void(bool connected)> on_state_change;
+};
+
+class CloudConnection {
+ public:
+  explicit CloudConnection(CloudConnectionOptions options);
+  ~CloudConnection();  // stops the reader thread and cancels the stream
+
+  // Registers a session id for routing; events for it queue in the returned mailbox.
+  std::shared_ptr<SessionMailbox> Register(uint64_t session_id);
+  void Unregister(uint64_t session_id);
+
+  struct Connected {
+    uint64_t epoch = 0;
+    v1::Hello hello;
+  };
+  // Waits until a stream newer than `after_epoch` is up (or `deadline`): UNAVAILABLE naming
+  // the last failure if not.
+  absl::StatusOr<Connected> WaitConnected(std::chrono::steady_clock::time_point deadline,
+                                          uint64_t after_epoch = 0);
+
+  // Writes on stream `epoch`. UNAVAILABLE if that stream is gone; the owner then waits for
+  // its mailbox's disconnected event and replays.
+  absl::Status Send(uint64_t epoch, const v1::AgentMessage& message);
+
+  bool connected() const { return connected_; }
+  uint64_t reconnects() const { return reconnects_; }
+
+ private:
+  void Run();
+  void Broadcast(MailboxEvent event);
+
+  const CloudConnectionOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::CloudService::Stub> stub_;
+
+  std::mutex mutex_;  // guards everything below except the atomics
+  std::condition_variable state_cv_;
+  std::unordered_map<uint64_t, std::shared_ptr<SessionMailbox>> mailboxes_;
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::AgentMessage, v1::CloudMessage>> stream_;
+  v1::Hello hello_;
+  uint64_t epoch_ = 0;
+  std::string last_error_ = "not connected yet";
+  bool stopping_ = false;
+
+  std::mutex write_mutex_;  // one writer at a time on the stream
+  std::atomic<bool> connected_{false};
+  std::atomic<uint64_t> reconnects_{0};
+  std::thread thread_;
+};
+
+}  // namespace tophat
