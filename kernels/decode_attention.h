@@ -3,6 +3,9 @@
 // costs more in dispatch than in arithmetic.
 #pragma once
 
+#include <cstdint>
+#include <span>
+
 #include <ATen/ATen.h>
 
 namespace tophat::kernels {
@@ -11,9 +14,19 @@ namespace tophat::kernels {
 // a KV cache, last dimension contiguous); query head h uses KV head h / (heads / kv_heads).
 // Writes softmax(q k^T * scale) v into `out` ([heads * head_dim], contiguous float32).
 // Returns false (and writes nothing) when the inputs are not float32 CPU of that layout, so
-// the caller can take the composite path.
+// the caller can take the composite path. This is PagedDecodeAttention with one block.
 bool DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                      double scale, at::Tensor& out);
+
+// The same over a paged cache. key_blocks, value_blocks: [num_blocks, block_size, kv_heads,
+// head_dim] (one layer of a KvBlockPool, last dimension contiguous). Row j of the sequence
+// (0 <= j < positions) lives in block block_table[j / block_size] at offset j % block_size.
+// Returns false (and writes nothing) when the inputs are not float32 CPU of that layout, or
+// when the table does not cover `positions` rows of valid block ids; the caller then gathers
+// the rows and takes the composite path.
+bool PagedDecodeAttention(const at::Tensor& q, const at::Tensor& key_blocks,
+                          const at::Tensor& value_blocks, std::span<const int32_t> block_table,
+                          int64_t positions, double scale, at::Tensor& out);
 
 // silu(gate) * up for gate_up = [gate | up] along the last dimension, in one pass.
 at::Tensor SwiGlu(const at::Tensor& gate_up);

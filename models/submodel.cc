@@ -130,6 +130,12 @@ KvCache Submodel::NewCache(int64_t capacity) const {
   return KvCache(config_, spec_.layers.size(), capacity, options_.dtype, options_.device);
 }
 
+absl::StatusOr<std::shared_ptr<KvBlockPool>> Submodel::NewPagedPool(int64_t num_blocks,
+                                                                    int64_t block_size) const {
+  return KvBlockPool::Create(config_, spec_.layers.size(), num_blocks, block_size,
+                             options_.dtype, options_.device);
+}
+
 absl::StatusOr<at::Tensor> Submodel::Embed(const at::Tensor& token_ids) const {
   if (!spec_.embedding) {
     return absl::FailedPreconditionError("this submodel holds no token embedding");
@@ -150,18 +156,25 @@ absl::StatusOr<at::Tensor> Submodel::Embed(const at::Tensor& token_ids) const {
   return at::embedding(embedding_, token_ids.to(at::kLong).to(options_.device));
 }
 
-void Submodel::AttendChunk(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
-                           int64_t past, at::Tensor out) const {
+void Submodel::AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t layer,
+                           at::Tensor out) const {
   // q: [n, H, hd] at positions past..past+n-1; keys/values: [past+n, KV, hd].
   const int64_t n = q.size(0);
-  const int64_t total = keys.size(0);
+  const int64_t past = cache.length();
+  const int64_t total = past + n;
   const int64_t kv_heads = config_.num_key_value_heads;
   const int64_t group = config_.num_attention_heads / kv_heads;
   const int64_t hd = config_.head_dim;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   const bool windowed = config_.sliding_window && total > *config_.sliding_window;
-  // One query with every key visible: the fused kernel, no mask needed.
-  if (n == 1 && !windowed && kernels::DecodeAttention(q[0], keys, values, scale, out)) return;
+  // One query with every key visible: the fused kernel reads the blocks in place.
+  if (n == 1 && !windowed &&
+      kernels::PagedDecodeAttention(q[0], cache.pool().keys(layer), cache.pool().values(layer),
+                                    cache.block_table(), total, scale, out)) {
+    return;
+  }
+  const at::Tensor keys = cache.Keys(layer, total);
+  const at::Tensor values = cache.Values(layer, total);
 
   // Query head h uses KV head h / group (grouped-query attention), so fold the group into
   // the query rows and run one batched GEMM per KV head.
@@ -204,6 +217,15 @@ absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden,
       return absl::InvalidArgumentError(
           absl::StrCat("KV cache has ", chunk.cache->num_layers(), " layers, the submodel has ",
                        spec_.layers.size()));
+    }
+    const KvBlockPool& pool = chunk.cache->pool();
+    if (pool.kv_heads() != config_.num_key_value_heads || pool.head_dim() != config_.head_dim ||
+        pool.dtype() != options_.dtype || pool.device() != options_.device) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KV cache holds ", pool.kv_heads(), " heads x ", pool.head_dim(), " ",
+          c10::toString(pool.dtype()), " on ", pool.device().str(), "; the submodel needs ",
+          config_.num_key_value_heads, " x ", config_.head_dim, " ",
+          c10::toString(options_.dtype), " on ", options_.device.str()));
     }
     const int64_t end = chunk.cache->length() + chunk.num_tokens;
     if (end > chunk.cache->capacity() || end > max_context()) {
@@ -256,13 +278,9 @@ absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden,
       for (const SequenceChunk& chunk : chunks) {
         const int64_t n = chunk.num_tokens;
         if (n == 0) continue;
-        const int64_t past = chunk.cache->length();
-        at::Tensor keys = chunk.cache->keys(static_cast<int64_t>(l));
-        at::Tensor values = chunk.cache->values(static_cast<int64_t>(l));
-        keys.narrow(0, past, n).copy_(k.narrow(0, row, n));
-        values.narrow(0, past, n).copy_(v.narrow(0, row, n));
-        AttendChunk(q.narrow(0, row, n), keys.narrow(0, 0, past + n),
-                    values.narrow(0, 0, past + n), past, attention.narrow(0, row, n));
+        const auto layer = static_cast<int64_t>(l);
+        chunk.cache->Write(layer, chunk.cache->length(), k.narrow(0, row, n), v.narrow(0, row, n));
+        AttendChunk(q.narrow(0, row, n), *chunk.cache, layer, attention.narrow(0, row, n));
         row += n;
       }
       x = x + Linear(attention, w.o_proj, w.o_bias);

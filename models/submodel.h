@@ -87,8 +87,12 @@ class Submodel {
   const SubmodelOptions& options() const { return options_; }
   int64_t max_context() const { return rope_.max_positions(); }
 
-  // A KV cache for this submodel's layers; capacity defaults to max_context().
+  // A contiguous KV cache for this submodel's layers; capacity defaults to max_context().
   KvCache NewCache(int64_t capacity = 0) const;
+  // A pool of KV blocks for this submodel's layers, in its dtype and on its device, for
+  // paged caches (KvCache(pool)). Errors as KvBlockPool::Create.
+  absl::StatusOr<std::shared_ptr<KvBlockPool>> NewPagedPool(int64_t num_blocks,
+                                                            int64_t block_size) const;
 
   // token ids [T] (int64) -> hidden states [T, D]. Requires spec().embedding.
   absl::StatusOr<at::Tensor> Embed(const at::Tensor& token_ids) const;
@@ -97,6 +101,8 @@ class Submodel {
   // counts, each chunk attending to its own cache. Appends K/V and advances every cache.
   // A chunk may have any length; this is what chunked prefill and multi-token verification
   // rely on. With no layers, returns `hidden` unchanged (and still advances the caches).
+  // Caches may be contiguous or paged, mixed in one batch; a paged cache must already hold
+  // the blocks for its new positions (else ResourceExhausted, and no cache changes).
   absl::StatusOr<at::Tensor> Forward(const at::Tensor& hidden,
                                      std::span<const SequenceChunk> chunks) const;
   absl::StatusOr<at::Tensor> Forward(const at::Tensor& hidden, KvCache& cache) const;
@@ -116,8 +122,10 @@ class Submodel {
   Submodel(ModelConfig config, SubmodelSpec spec, SubmodelOptions options)
       : config_(std::move(config)), spec_(spec), options_(options) {}
 
-  void AttendChunk(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
-                   int64_t past, at::Tensor out) const;
+  // Attention of the chunk's queries q [n, H, hd] (positions past..past+n-1, past =
+  // cache.length()) against positions [0, past + n) of `layer`, already written.
+  void AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t layer,
+                   at::Tensor out) const;
 
   ModelConfig config_;
   SubmodelSpec spec_;

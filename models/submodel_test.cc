@@ -1,10 +1,14 @@
 #include "models/submodel.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <numeric>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "models/generate.h"
 #include "models/model_init.h"
@@ -289,6 +293,255 @@ TEST_CASE("Forward rejects malformed input with a clear error", "[submodel]") {
   auto bad_id = m.full->Embed(Ids({300}));
   REQUIRE_FALSE(bad_id.ok());
   CHECK_THAT(std::string(bad_id.status().message()), Catch::Contains("300"));
+}
+
+// A stand-in for the cloud's block allocator: hands out a pool's ids in a shuffled order, as
+// a free list does after churn, so a sequence's blocks are neither consecutive nor sorted.
+class ShuffledBlocks {
+ public:
+  ShuffledBlocks(int64_t num_blocks, uint32_t seed) : free_(static_cast<size_t>(num_blocks)) {
+    std::iota(free_.begin(), free_.end(), 0);
+    std::shuffle(free_.begin(), free_.end(), std::mt19937(seed));
+  }
+  // Appends blocks until `cache` can hold `positions` positions.
+  void Grow(KvCache& cache, int64_t positions) {
+    while (cache.capacity() < positions) {
+      REQUIRE_FALSE(free_.empty());
+      cache.AppendBlock(free_.back());
+      free_.pop_back();
+    }
+  }
+  void Free(const std::vector<int32_t>& ids) { free_.insert(free_.end(), ids.begin(), ids.end()); }
+  size_t num_free() const { return free_.size(); }
+
+ private:
+  std::vector<int32_t> free_;
+};
+
+bool Same(const at::Tensor& a, const at::Tensor& b) { return at::allclose(a, b, 1e-6, 1e-6); }
+
+TEST_CASE("Paged and contiguous KV caches give identical hidden states", "[submodel][paged]") {
+  std::mt19937 rng(11);
+  for (const auto& [name, config] : Variants()) {
+    LoadedModel m = MakeModel(config, name);
+    auto tokens = RandomTokens(rng, 30, config.vocab_size);
+    // 1: every position its own block; 64: one block longer than the sequence.
+    for (int64_t block_size : {1, 3, 4, 16, 64}) {
+      auto pool = m.full->NewPagedPool(40, block_size);
+      REQUIRE(pool.ok());
+      ShuffledBlocks blocks(40, static_cast<uint32_t>(block_size));
+      KvCache paged(*pool);
+      KvCache contiguous = m.full->NewCache();
+      size_t begin = 0;
+      // Prompt chunks that start and end inside blocks, then decode steps.
+      for (size_t size : {5, 7, 1, 9, 1, 1, 1, 1, 1, 1, 1, 1}) {
+        std::vector<int32_t> chunk(tokens.begin() + begin, tokens.begin() + begin + size);
+        at::Tensor h = *m.full->Embed(Ids(chunk));
+        auto expected = m.full->Forward(h, contiguous);
+        blocks.Grow(paged, paged.length() + static_cast<int64_t>(size));
+        auto actual = m.full->Forward(h, paged);
+        REQUIRE(expected.ok());
+        REQUIRE(actual.ok());
+        INFO(name << " block_size=" << block_size << " positions " << begin << ".."
+                  << begin + size);
+        CHECK(Same(*actual, *expected));
+        begin += size;
+      }
+      CHECK(paged.length() == 30);
+      CHECK(static_cast<int64_t>(paged.block_table().size()) == (*pool)->BlocksFor(30));
+    }
+  }
+}
+
+TEST_CASE("A batch of paged sequences equals each sequence alone", "[submodel][paged]") {
+  std::mt19937 rng(12);
+  for (const auto& [name, config] : Variants()) {
+    LoadedModel m = MakeModel(config, name);
+    for (int64_t block_size : {1, 4}) {
+      auto pool = m.full->NewPagedPool(100, block_size);
+      REQUIRE(pool.ok());
+      ShuffledBlocks blocks(100, 5);
+      // Different histories, then one batched chunk each (a decode step for two of them).
+      const std::vector<int64_t> history = {0, 3, 9, 17};
+      const std::vector<int64_t> chunk_size = {6, 1, 5, 1};
+      std::vector<KvCache> paged;
+      std::vector<KvCache> alone;
+      std::vector<at::Tensor> inputs;
+      std::vector<at::Tensor> expected;
+      for (size_t i = 0; i < history.size(); ++i) {
+        auto tokens = RandomTokens(rng, history[i] + chunk_size[i], config.vocab_size);
+        at::Tensor h = *m.full->Embed(Ids(tokens));
+        paged.emplace_back(*pool);
+        alone.push_back(m.full->NewCache());
+        auto past = h.narrow(0, 0, history[i]);
+        // Grow the sequences in turn, so that their blocks interleave in the pool.
+        blocks.Grow(paged[i], history[i]);
+        REQUIRE(m.full->Forward(past, paged[i]).ok());
+        REQUIRE(m.full->Forward(past, alone[i]).ok());
+        inputs.push_back(h.narrow(0, history[i], chunk_size[i]));
+        expected.push_back(*m.full->Forward(inputs.back(), alone[i]));
+      }
+      std::vector<SequenceChunk> chunks;
+      for (size_t i = 0; i < paged.size(); ++i) {
+        blocks.Grow(paged[i], history[i] + chunk_size[i]);
+        chunks.push_back({&paged[i], chunk_size[i]});
+      }
+      auto batched = m.full->Forward(at::cat(inputs), chunks);
+      REQUIRE(batched.ok());
+      int64_t row = 0;
+      for (size_t i = 0; i < paged.size(); ++i) {
+        INFO(name << " block_size=" << block_size << " sequence " << i);
+        CHECK(Same(batched->narrow(0, row, chunk_size[i]), expected[i]));
+        CHECK(paged[i].length() == history[i] + chunk_size[i]);
+        row += chunk_size[i];
+      }
+
+      // One decode step for all four, with a contiguous cache in the same batch.
+      std::vector<at::Tensor> step_inputs;
+      std::vector<at::Tensor> step_expected;
+      KvCache mixed = m.full->NewCache();
+      REQUIRE(m.full->Forward(inputs[0], mixed).ok());
+      at::Tensor mixed_input = *m.full->Embed(Ids({7}));
+      chunks.clear();
+      for (size_t i = 0; i < paged.size(); ++i) {
+        step_inputs.push_back(*m.full->Embed(Ids({static_cast<int32_t>(10 + i)})));
+        step_expected.push_back(*m.full->Forward(step_inputs.back(), alone[i]));
+        blocks.Grow(paged[i], paged[i].length() + 1);
+        chunks.push_back({&paged[i], 1});
+      }
+      step_inputs.push_back(mixed_input);
+      chunks.push_back({&mixed, 1});
+      KvCache mixed_alone = m.full->NewCache();
+      REQUIRE(m.full->Forward(inputs[0], mixed_alone).ok());
+      step_expected.push_back(*m.full->Forward(mixed_input, mixed_alone));
+      auto step = m.full->Forward(at::cat(step_inputs), chunks);
+      REQUIRE(step.ok());
+      for (size_t i = 0; i < chunks.size(); ++i) {
+        INFO(name << " block_size=" << block_size << " decode, sequence " << i);
+        CHECK(Same((*step)[static_cast<int64_t>(i)], step_expected[i][0]));
+      }
+    }
+  }
+}
+
+TEST_CASE("A paged cache rolls back and grows again (speculative rejection)",
+          "[submodel][paged]") {
+  std::mt19937 rng(13);
+  for (const auto& [name, config] : Variants()) {
+    LoadedModel m = MakeModel(config, name);
+    auto tokens = RandomTokens(rng, 16, config.vocab_size);
+    at::Tensor full = FullLogits(*m.full, tokens);
+    for (int64_t block_size : {1, 3, 8}) {
+      for (bool release : {false, true}) {
+        auto pool = m.full->NewPagedPool(32, block_size);
+        REQUIRE(pool.ok());
+        ShuffledBlocks blocks(32, 9);
+        KvCache cache(*pool);
+        std::vector<int32_t> head(tokens.begin(), tokens.begin() + 10);
+        blocks.Grow(cache, 10);
+        REQUIRE(m.full->Forward(*m.full->Embed(Ids(head)), cache).ok());
+        // Speculate five wrong tokens (into new blocks), then roll back to 10.
+        blocks.Grow(cache, 15);
+        REQUIRE(m.full->Forward(*m.full->Embed(Ids({5, 6, 7, 8, 9})), cache).ok());
+        REQUIRE(cache.Truncate(10).ok());
+        if (release) {
+          std::vector<int32_t> freed = cache.ReleaseUnusedBlocks();
+          CHECK(static_cast<int64_t>(freed.size()) ==
+                (*pool)->BlocksFor(15) - (*pool)->BlocksFor(10));
+          blocks.Free(freed);
+        }
+        // The accepted continuation: a verification chunk of three, then decode steps.
+        std::vector<int32_t> verify(tokens.begin() + 10, tokens.begin() + 13);
+        blocks.Grow(cache, 13);
+        at::Tensor logits = *m.full->Logits(*m.full->Forward(*m.full->Embed(Ids(verify)), cache));
+        INFO(name << " block_size=" << block_size << " release=" << release);
+        CHECK(MaxDiff(logits, full.narrow(0, 10, 3)) < 1e-5);
+        for (int64_t i = 13; i < 16; ++i) {
+          blocks.Grow(cache, i + 1);
+          at::Tensor step = *m.full->Logits(
+              *m.full->Forward(*m.full->Embed(Ids({tokens[i]})), cache));
+          CHECK(MaxDiff(step[0], full[i]) < 1e-5);
+        }
+        CHECK(blocks.num_free() + cache.block_table().size() == 32);
+      }
+    }
+  }
+}
+
+TEST_CASE("Paged caches outside float32 take the composite path with gathered blocks",
+          "[submodel][paged]") {
+  ModelConfig config = TinyTestConfig();
+  LoadedModel m = MakeModel(config, "paged_double");
+  auto model = Submodel::Load(config, *m.checkpoint, SubmodelSpec::Full(config),
+                              {.dtype = at::kDouble});
+  REQUIRE(model.ok());
+  auto pool = (*model)->NewPagedPool(16, 2);
+  REQUIRE(pool.ok());
+  ShuffledBlocks blocks(16, 3);
+  KvCache paged(*pool);
+  KvCache contiguous = (*model)->NewCache();
+  std::mt19937 rng(14);
+  auto tokens = RandomTokens(rng, 9, config.vocab_size);
+  // A prompt of five (crossing blocks of two), then decode steps.
+  size_t begin = 0;
+  for (size_t n : {5, 1, 1, 1, 1}) {
+    std::vector<int32_t> chunk(tokens.begin() + begin, tokens.begin() + begin + n);
+    begin += n;
+    at::Tensor h = *(*model)->Embed(Ids(chunk));
+    blocks.Grow(paged, paged.length() + static_cast<int64_t>(n));
+    auto a = (*model)->Forward(h, paged);
+    auto b = (*model)->Forward(h, contiguous);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    CHECK(a->scalar_type() == at::kDouble);
+    CHECK(Same(*a, *b));
+  }
+}
+
+TEST_CASE("Forward rejects paged caches without blocks or of another shape",
+          "[submodel][paged]") {
+  ModelConfig config = TinyTestConfig();
+  LoadedModel m = MakeModel(config, "paged_errors");
+  auto pool = m.full->NewPagedPool(4, 4);
+  REQUIRE(pool.ok());
+  KvCache cache(*pool);
+  at::Tensor h = *m.full->Embed(Ids({1, 2, 3, 4, 5}));
+  auto none = m.full->Forward(h, cache);
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(none.status().message()), Catch::Contains("reach 5 positions"));
+  CHECK_THAT(std::string(none.status().message()), Catch::Contains("holds 0"));
+  cache.AppendBlock(2);
+  auto short_by_one = m.full->Forward(h, cache);
+  REQUIRE_FALSE(short_by_one.ok());
+  CHECK_THAT(std::string(short_by_one.status().message()), Catch::Contains("holds 4"));
+  CHECK(cache.length() == 0);
+  cache.AppendBlock(0);
+  REQUIRE(m.full->Forward(h, cache).ok());
+  CHECK(cache.length() == 5);
+
+  // A pool made for another submodel (layer count) or another model (head size, dtype).
+  auto input = Submodel::Load(config, *m.checkpoint, SubmodelSpec::Input(1));
+  REQUIRE(input.ok());
+  auto input_pool = (*input)->NewPagedPool(4, 4);
+  REQUIRE(input_pool.ok());
+  KvCache wrong_layers(*input_pool);
+  wrong_layers.AppendBlock(0);
+  auto layers = m.full->Forward(*m.full->Embed(Ids({1})), wrong_layers);
+  REQUIRE_FALSE(layers.ok());
+  CHECK(layers.status().code() == absl::StatusCode::kInvalidArgument);
+  ModelConfig other = config;
+  other.head_dim = 8;
+  for (auto [cfg, dtype] : {std::pair{other, at::kFloat}, std::pair{config, at::kDouble}}) {
+    auto wrong_pool = KvBlockPool::Create(cfg, config.num_hidden_layers, 4, 4, dtype, at::kCPU);
+    REQUIRE(wrong_pool.ok());
+    KvCache wrong(*wrong_pool);
+    wrong.AppendBlock(0);
+    auto result = m.full->Forward(*m.full->Embed(Ids({1})), wrong);
+    REQUIRE_FALSE(result.ok());
+    CHECK(result.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(wrong.length() == 0);
+  }
 }
 
 TEST_CASE("Loading reports the tensor with the wrong shape", "[submodel]") {
