@@ -7,12 +7,12 @@
 
 #include <CLI/CLI.hpp>
 #include <grpcpp/grpcpp.h>
-#include <prometheus/exposer.h>
 #include <prometheus/registry.h>
 #include <pthread.h>
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "telemetry/metrics_http_server.h"
 #include "configs/agent_config.h"
 #include "device_agent/agent.h"
 #include "device_agent/agent_service.h"
@@ -27,15 +27,14 @@ int Fail(const absl::Status& status) {
 int Run(const tophat::AgentConfig& config) {
   spdlog::set_level(spdlog::level::from_str(config.log_level));
   auto registry = std::make_shared<prometheus::Registry>();
-  std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<tophat::MetricsHttpServer> metrics_server;
   if (!config.metrics_address.empty()) {
-    try {
-      exposer = std::make_unique<prometheus::Exposer>(config.metrics_address);
-      exposer->RegisterCollectable(registry);
-    } catch (const std::exception& e) {
-      return Fail(absl::UnavailableError(absl::StrCat(
-          "metrics_address: cannot listen on ", config.metrics_address, ": ", e.what())));
+    auto started = tophat::MetricsHttpServer::Start(config.metrics_address, registry);
+    if (!started.ok()) {
+      return Fail(absl::Status(started.status().code(),
+                               absl::StrCat("metrics_address: ", started.status().message())));
     }
+    metrics_server = *std::move(started);
   }
   spdlog::info("loading device bundle {}", config.bundle);
   auto agent = tophat::Agent::Create(config, registry.get());

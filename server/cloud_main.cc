@@ -1,0 +1,186 @@
+// tophat-cloud: the cloud daemon. Hosts the middle submodel for every connected device agent,
+// batching their sessions in one engine loop. Runs under systemd (deploy/tophat-cloud.service);
+// SIGTERM drains: no new sessions, in-flight ones get drain_grace_period_s to finish.
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <prometheus/registry.h>
+#include <pthread.h>
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "telemetry/metrics_http_server.h"
+#include "configs/cloud_config.h"
+#include "models/bundle.h"
+#include "models/config.h"
+#include "server/cloud_metrics.h"
+#include "server/cloud_service.h"
+#include "server/engine.h"
+
+namespace {
+
+using tophat::CloudConfig;
+
+int Fail(const absl::Status& status) {
+  spdlog::error("{}", status.ToString());
+  return 1;
+}
+
+absl::StatusOr<at::ScalarType> ParseDtype(const std::string& name) {
+  if (name == "float32") return at::kFloat;
+  if (name == "float16") return at::kHalf;
+  if (name == "bfloat16") return at::kBFloat16;
+  return absl::InvalidArgumentError(absl::StrCat("dtype: unknown value \"", name, "\""));
+}
+
+int Run(const CloudConfig& config) {
+  spdlog::set_level(spdlog::level::from_str(config.log_level));
+  auto dtype = ParseDtype(config.dtype);
+  if (!dtype.ok()) return Fail(dtype.status());
+  tophat::SubmodelOptions submodel_options{.dtype = *dtype,
+                                           .device = at::Device(config.device),
+                                           .max_context = config.max_context};
+  spdlog::info("loading cloud bundle {}", config.bundle);
+  auto bundle = tophat::CloudBundle::Load(config.bundle, submodel_options);
+  if (!bundle.ok()) return Fail(bundle.status());
+  std::shared_ptr<const tophat::Submodel> middle = std::move(bundle->middle);
+  const tophat::LayerRange layers = middle->spec().layers;
+
+  const int64_t block_bytes = tophat::KvBlockPool::BytesPerBlock(
+      middle->config(), layers.size(), config.kv_cache.block_size, *dtype);
+  const int64_t num_blocks = block_bytes == 0 ? 1 : config.kv_cache.memory_bytes / block_bytes;
+  if (num_blocks < 1) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "kv_cache.memory_bytes: ", config.kv_cache.memory_bytes,
+        " bytes hold no KV block; one block of ", config.kv_cache.block_size, " positions needs ",
+        block_bytes, " bytes")));
+  }
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  tophat::CloudMetrics metrics(*registry);
+  std::unique_ptr<tophat::MetricsHttpServer> metrics_server;
+  if (!config.metrics_address.empty()) {
+    auto started = tophat::MetricsHttpServer::Start(config.metrics_address, registry);
+    if (!started.ok()) {
+      return Fail(absl::Status(started.status().code(),
+                               absl::StrCat("metrics_address: ", started.status().message())));
+    }
+    metrics_server = *std::move(started);
+  }
+
+  tophat::EngineOptions engine_options{
+      .model_id = absl::StrCat(bundle->manifest.source_architecture, " ",
+                               bundle->manifest.num_hidden_layers, " layers"),
+      .kv_block_size = config.kv_cache.block_size,
+      .kv_num_blocks = num_blocks,
+      .max_batch_tokens = config.scheduler.max_batch_tokens,
+      .max_running_sessions = config.scheduler.max_running_sessions,
+      .max_waiting_sessions = config.scheduler.max_waiting_sessions,
+      .max_chunk_tokens = config.limits.max_chunk_tokens,
+      .session_timeout_s = config.limits.session_timeout_s};
+  engine_options.control.set_prompt_chunk_size(
+      static_cast<uint32_t>(config.scheduler.prompt_chunk_size));
+  engine_options.control.set_draft_steps(static_cast<uint32_t>(config.scheduler.draft_steps));
+  auto engine = tophat::Engine::Create(engine_options, middle, &metrics);
+  if (!engine.ok()) return Fail(engine.status());
+  spdlog::info("middle layers [{}, {}), KV pool {} blocks x {} positions ({} MiB)", layers.begin,
+               layers.end, num_blocks, config.kv_cache.block_size,
+               num_blocks * block_bytes >> 20);
+
+  tophat::CloudServiceImpl service(engine->get(), {});
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort(config.listen_address, grpc::InsecureServerCredentials(), &bound_port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(config.limits.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(config.limits.max_message_bytes));
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || bound_port == 0) {
+    return Fail(absl::UnavailableError(
+        absl::StrCat("listen_address: cannot listen on ", config.listen_address)));
+  }
+  (*engine)->Start();
+  server->GetHealthCheckService()->SetServingStatus(true);
+  spdlog::info("tophat-cloud serving on {} (metrics: {})", config.listen_address,
+               config.metrics_address.empty() ? "off" : config.metrics_address);
+
+  // Signals were blocked in main() before any thread started, so only this wait sees them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  spdlog::info("{}: draining (grace period {:.0f}s)", signal_number == SIGTERM ? "SIGTERM" : "SIGINT",
+               config.drain_grace_period_s);
+
+  server->GetHealthCheckService()->SetServingStatus(false);
+  (*engine)->BeginDrain();
+  const auto grace_end = std::chrono::steady_clock::now() +
+                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                             std::chrono::duration<double>(config.drain_grace_period_s));
+  while (std::chrono::steady_clock::now() < grace_end) {
+    const tophat::EngineStats stats = (*engine)->stats();
+    if (stats.sessions_running + stats.sessions_waiting == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const tophat::EngineStats left = (*engine)->stats();
+  if (left.sessions_running + left.sessions_waiting > 0) {
+    spdlog::warn("grace period over: cancelling {} session(s)",
+                 left.sessions_running + left.sessions_waiting);
+    (*engine)->CancelAll(absl::UnavailableError("the cloud shut down before the session ended"));
+  }
+  // Give the cancellations a moment to reach the agents, then close every stream.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  (*engine)->Stop();
+  spdlog::info("tophat-cloud stopped");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Block the shutdown signals in every thread; the main thread collects them with sigwait.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  CLI::App app{
+      "tophat-cloud: the cloud daemon of tophat. Hosts the middle submodel and serves device "
+      "agents over gRPC with continuous batching, chunked prefill and a paged KV cache."};
+  std::string config_path;
+  std::string bundle;
+  std::string listen;
+  std::string metrics;
+  std::string log_level;
+  app.add_option("-c,--config", config_path, "YAML config (see configs/cloud.yaml)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--bundle", bundle, "Cloud bundle directory (overrides `bundle`)");
+  app.add_option("--listen", listen, "host:port for agents (overrides `listen_address`)");
+  app.add_option("--metrics", metrics,
+                 "host:port for Prometheus, or \"\" to disable (overrides `metrics_address`)");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  CLI11_PARSE(app, argc, argv);
+
+  CloudConfig config;
+  if (!config_path.empty()) {
+    auto loaded = tophat::LoadCloudConfig(config_path);
+    if (!loaded.ok()) return Fail(loaded.status());
+    config = *std::move(loaded);
+  }
+  if (!bundle.empty()) config.bundle = bundle;
+  if (!listen.empty()) config.listen_address = listen;
+  if (app.count("--metrics") > 0) config.metrics_address = metrics;
+  if (!log_level.empty()) config.log_level = log_level;
+  if (absl::Status valid = tophat::ValidateCloudConfig(config); !valid.ok()) return Fail(valid);
+  return Run(config);
+}

@@ -1,0 +1,68 @@
+#include "server/cloud_metrics.h"
+
+#include <prometheus/family.h>
+
+namespace tophat {
+namespace {
+
+prometheus::Gauge& AddGauge(prometheus::Registry& registry, const std::string& name,
+                            const std::string& help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add({});
+}
+
+prometheus::Counter& AddCounter(prometheus::Registry& registry, const std::string& name,
+                                const std::string& help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(registry).Add({});
+}
+
+prometheus::Histogram& AddHistogram(prometheus::Registry& registry, const std::string& name,
+                                    const std::string& help,
+                                    prometheus::Histogram::BucketBoundaries buckets) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(registry).Add(
+      {}, std::move(buckets));
+}
+
+const prometheus::Histogram::BucketBoundaries kSecondsBuckets = {
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5,
+    0.75,  1.0,    2.5,   5.0,  7.5,   10.0, 20.0,  40.0, 80.0};
+
+}  // namespace
+
+CloudMetrics::CloudMetrics(prometheus::Registry& registry)
+    : sessions_running(AddGauge(registry, "tophat_num_sessions_running",
+                                "Sessions holding KV on the cloud")),
+      sessions_waiting(AddGauge(registry, "tophat_num_sessions_waiting",
+                                "Sessions queued for KV admission")),
+      kv_cache_usage_ratio(AddGauge(registry, "tophat_kv_cache_usage_ratio",
+                                    "Fraction of KV blocks allocated (1 = full)")),
+      kv_cache_blocks_total(
+          AddGauge(registry, "tophat_kv_cache_blocks_total", "KV blocks in the pool")),
+      request_queue_time_seconds(AddHistogram(registry, "tophat_request_queue_time_seconds",
+                                              "Time a session waited for KV admission",
+                                              kSecondsBuckets)),
+      iteration_tokens(AddHistogram(registry, "tophat_iteration_tokens",
+                                    "Positions per engine step",
+                                    {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192})),
+      step_seconds(AddHistogram(registry, "tophat_step_seconds",
+                                "Duration of one engine step (middle submodel forward)",
+                                kSecondsBuckets)),
+      hidden_state_bytes_family(prometheus::BuildCounter()
+                                    .Name("tophat_hidden_state_bytes_total")
+                                    .Help("Hidden-state payload bytes received (in) and sent (out)")
+                                    .Register(registry)),
+      hidden_state_bytes_in(hidden_state_bytes_family.Add({{"direction", "in"}})),
+      hidden_state_bytes_out(hidden_state_bytes_family.Add({{"direction", "out"}})),
+      prompt_tokens(AddCounter(registry, "tophat_prompt_tokens_total",
+                               "Prompt positions computed (prefill chunks)")),
+      generation_tokens(AddCounter(registry, "tophat_generation_tokens_total",
+                                   "Decode and verification positions computed")),
+      sessions_admitted(AddCounter(registry, "tophat_sessions_admitted_total",
+                                   "Sessions given KV")),
+      sessions_rejected(AddCounter(registry, "tophat_sessions_rejected_total",
+                                   "Sessions refused with RESOURCE_EXHAUSTED")),
+      session_errors(AddCounter(registry, "tophat_session_errors_total",
+                                "Per-session errors sent to agents")),
+      streams_connected(AddGauge(registry, "tophat_streams_connected",
+                                 "Agent streams currently connected")) {}
+
+}  // namespace tophat

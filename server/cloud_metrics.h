@@ -1,0 +1,38 @@
+// Prometheus metrics of tophat-cloud. Names follow vLLM's (vllm:num_requests_running ->
+// tophat_num_sessions_running, ...) so existing dashboards transfer. The cloud counts
+// positions: it never sees token ids.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+namespace tophat {
+
+struct CloudMetrics {
+  explicit CloudMetrics(prometheus::Registry& registry);
+
+  prometheus::Gauge& sessions_running;
+  prometheus::Gauge& sessions_waiting;
+  prometheus::Gauge& kv_cache_usage_ratio;
+  prometheus::Gauge& kv_cache_blocks_total;
+  prometheus::Histogram& request_queue_time_seconds;  // admission wait for KV
+  prometheus::Histogram& iteration_tokens;
+  prometheus::Histogram& step_seconds;
+  prometheus::Family<prometheus::Counter>& hidden_state_bytes_family;
+  prometheus::Counter& hidden_state_bytes_in;
+  prometheus::Counter& hidden_state_bytes_out;
+  prometheus::Counter& prompt_tokens;      // positions run in prefill chunks
+  prometheus::Counter& generation_tokens;  // positions run as decode/verification
+  prometheus::Counter& sessions_admitted;
+  prometheus::Counter& sessions_rejected;  // RESOURCE_EXHAUSTED at admission
+  prometheus::Counter& session_errors;     // any SessionError sent
+  prometheus::Gauge& streams_connected;
+};
+
+}  // namespace tophat

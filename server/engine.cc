@@ -1,0 +1,598 @@
+#include "server/engine.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <c10/core/InferenceMode.h>
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "models/status_macros.h"
+#include "proto/hidden_states.h"
+
+namespace tophat {
+namespace {
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// How long the loop sleeps with no work before it checks deadlines again.
+constexpr auto kIdleWait = std::chrono::milliseconds(50);
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
+                                                       std::shared_ptr<const Submodel> middle,
+                                                       CloudMetrics* metrics) {
+  if (middle == nullptr) return absl::InvalidArgumentError("engine needs a middle submodel");
+  if (options.kv_block_size <= 0 || options.kv_num_blocks <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("KV pool needs positive block size and count, got ",
+                                                   options.kv_block_size, " x ",
+                                                   options.kv_num_blocks));
+  }
+  if (options.max_batch_tokens <= 0 || options.max_chunk_tokens <= 0) {
+    return absl::InvalidArgumentError("max_batch_tokens and max_chunk_tokens must be positive");
+  }
+  TOPHAT_ASSIGN_OR_RETURN(
+      std::shared_ptr<KvBlockPool> pool,
+      KvBlockPool::Create(middle->config(), middle->spec().layers.size(), options.kv_num_blocks,
+                          options.kv_block_size, middle->options().dtype,
+                          middle->options().device));
+  return std::unique_ptr<Engine>(
+      new Engine(options, std::move(middle), std::move(pool), metrics));
+}
+
+Engine::Engine(EngineOptions options, std::shared_ptr<const Submodel> middle,
+               std::shared_ptr<KvBlockPool> pool, CloudMetrics* metrics)
+    : options_(std::move(options)),
+      middle_(std::move(middle)),
+      pool_(std::move(pool)),
+      metrics_(metrics),
+      allocator_(static_cast<int32_t>(options_.kv_num_blocks),
+                 static_cast<int32_t>(options_.kv_block_size)) {
+  const ModelConfig& config = middle_->config();
+  wire_dtype_ = ToProtoDType(middle_->options().dtype).value_or(v1::DTYPE_FLOAT32);
+  row_bytes_ = config.hidden_size * ElementBytes(wire_dtype_);
+  hello_.set_model_id(options_.model_id);
+  hello_.set_hidden_size(static_cast<uint32_t>(config.hidden_size));
+  hello_.set_dtype(wire_dtype_);
+  hello_.set_first_layer(static_cast<uint32_t>(middle_->spec().layers.begin));
+  hello_.set_end_layer(static_cast<uint32_t>(middle_->spec().layers.end));
+  hello_.set_max_positions(static_cast<uint32_t>(middle_->max_context()));
+  hello_.set_max_chunk_positions(static_cast<uint32_t>(options_.max_chunk_tokens));
+  *hello_.mutable_control() = options_.control;
+
+  const int64_t rows = std::max(options_.max_batch_tokens, options_.max_chunk_tokens);
+  staging_ = at::empty({rows, config.hidden_size},
+                       at::TensorOptions().dtype(middle_->options().dtype));
+  const size_t max_sessions = options_.max_running_sessions + options_.max_waiting_sessions;
+  pending_.reserve(max_sessions);
+  pending_sessions_.reserve(max_sessions);
+  plan_.reserve(max_sessions);
+  chunks_.reserve(max_sessions);
+  if (metrics_ != nullptr) metrics_->kv_cache_blocks_total.Set(options_.kv_num_blocks);
+  UpdateGauges();
+}
+
+Engine::~Engine() { Stop(); }
+
+void Engine::Post(Event event) {
+  {
+    std::lock_guard<std::mutex> lock(intake_mutex_);
+    intake_.push_back(std::move(event));
+  }
+  intake_cv_.notify_one();
+}
+
+void Engine::AttachStream(StreamId stream, std::shared_ptr<MessageSink> sink) {
+  Post({.kind = Event::Kind::kAttach, .stream = stream, .sink = std::move(sink)});
+}
+
+void Engine::Deliver(StreamId stream, v1::AgentMessage message) {
+  Post({.kind = Event::Kind::kMessage,
+        .stream = stream,
+        .message = std::move(message),
+        .received = Clock::now()});
+}
+
+void Engine::DetachStream(StreamId stream) {
+  Post({.kind = Event::Kind::kDetach, .stream = stream});
+}
+
+void Engine::CancelAll(const absl::Status& status) {
+  Post({.kind = Event::Kind::kCancelAll, .status = status});
+}
+
+void Engine::BeginDrain() { draining_ = true; }
+
+void Engine::Start() {
+  if (thread_.joinable()) return;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Engine::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(intake_mutex_);
+    stopping_ = true;
+  }
+  intake_cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+v1::Hello Engine::hello() const { return hello_; }
+
+EngineStats Engine::stats() const {
+  return {.sessions_running = stat_running_,
+          .sessions_waiting = stat_waiting_,
+          .kv_blocks_allocated = stat_blocks_,
+          .kv_blocks_total = options_.kv_num_blocks,
+          .steps = stat_steps_};
+}
+
+void Engine::Loop() {
+  // Per-thread state lives at the top of the thread (STYLE.md).
+  c10::InferenceMode inference_mode;
+  pthread_setname_np(pthread_self(), "tophat-engine");
+  while (true) {
+    bool has_work = false;
+    for (const auto& [key, session] : sessions_) {
+      if (session->state == SessionState::kRunning && !session->work.empty()) {
+        has_work = true;
+        break;
+      }
+    }
+    if (!DrainIntake(/*wait=*/!has_work)) break;
+    ExpireDeadlines();
+    AdmitWaiting();
+    Step();
+    UpdateGauges();
+  }
+  // Shutdown: whatever is left is cancelled, and its KV freed, before the thread exits.
+  std::vector<SessionKey> keys;
+  for (const auto& [key, session] : sessions_) keys.push_back(key);
+  for (const SessionKey& key : keys) {
+    FailSession(key, 0, absl::UnavailableError("the cloud is shutting down"));
+  }
+  UpdateGauges();
+}
+
+int64_t Engine::RunOnce() {
+  c10::InferenceMode inference_mode;
+  DrainIntake(/*wait=*/false);
+  ExpireDeadlines();
+  AdmitWaiting();
+  const int64_t tokens = Step();
+  UpdateGauges();
+  return tokens;
+}
+
+bool Engine::DrainIntake(bool wait) {
+  {
+    std::unique_lock<std::mutex> lock(intake_mutex_);
+    if (wait && intake_.empty() && !stopping_) {
+      intake_cv_.wait_for(lock, kIdleWait, [&] { return !intake_.empty() || stopping_; });
+    }
+    if (stopping_) return false;
+    events_.swap(intake_);
+  }
+  for (Event& event : events_) HandleEvent(event);
+  events_.clear();
+  return true;
+}
+
+void Engine::HandleEvent(Event& event) {
+  switch (event.kind) {
+    case Event::Kind::kAttach: {
+      streams_[event.stream].sink = event.sink;
+      v1::CloudMessage hello;
+      *hello.mutable_hello() = hello_;
+      Send(event.stream, std::move(hello));
+      if (metrics_ != nullptr) metrics_->streams_connected.Increment();
+      return;
+    }
+    case Event::Kind::kMessage:
+      HandleMessage(event.stream, event.message, event.received);
+      return;
+    case Event::Kind::kDetach: {
+      // The agent is gone: free its sessions' KV now, within this step.
+      auto first = sessions_.lower_bound({event.stream, 0});
+      std::vector<SessionKey> keys;
+      for (auto it = first; it != sessions_.end() && it->first.first == event.stream; ++it) {
+        keys.push_back(it->first);
+      }
+      for (const SessionKey& key : keys) EraseSession(key);
+      if (streams_.erase(event.stream) > 0 && metrics_ != nullptr) {
+        metrics_->streams_connected.Decrement();
+      }
+      if (!keys.empty()) {
+        spdlog::info("stream {} closed; freed {} session(s)", event.stream, keys.size());
+      }
+      return;
+    }
+    case Event::Kind::kCancelAll: {
+      std::vector<SessionKey> keys;
+      for (const auto& [key, session] : sessions_) keys.push_back(key);
+      for (const SessionKey& key : keys) FailSession(key, 0, event.status);
+      return;
+    }
+  }
+}
+
+void Engine::HandleMessage(StreamId stream, v1::AgentMessage& message,
+                           Clock::time_point received) {
+  if (!streams_.contains(stream)) return;  // raced with its detach
+  switch (message.kind_case()) {
+    case v1::AgentMessage::kOpen:
+      Open(stream, message.open());
+      return;
+    case v1::AgentMessage::kForward:
+      AcceptChunk(stream, *message.mutable_forward(), received);
+      return;
+    case v1::AgentMessage::kTruncate:
+      ApplyTruncate(stream, message.truncate());
+      return;
+    case v1::AgentMessage::kCancel:
+    case v1::AgentMessage::kClose: {
+      const uint64_t id = message.kind_case() == v1::AgentMessage::kCancel
+                              ? message.cancel().session_id()
+                              : message.close().session_id();
+      // Closing an unknown session is not an error: it may have failed or expired already.
+      if (Find(stream, id) != nullptr) EraseSession({stream, id});
+      return;
+    }
+    case v1::AgentMessage::kDeviceState:
+      // Recorded by the scheduler issue's state monitor; accepted and ignored until then.
+      return;
+    case v1::AgentMessage::KIND_NOT_SET:
+      SendError(stream, 0, 0, absl::InvalidArgumentError("AgentMessage.kind is not set"), true);
+      return;
+  }
+}
+
+void Engine::Open(StreamId stream, const v1::OpenSession& open) {
+  const uint64_t id = open.session_id();
+  if (draining_) {
+    SendError(stream, id, 0,
+              absl::UnavailableError("the cloud is draining and admits no new sessions"), false);
+    return;
+  }
+  if (Find(stream, id) != nullptr) {
+    SendError(stream, id, 0,
+              absl::AlreadyExistsError(absl::StrCat("open.session_id ", id,
+                                                    " is already open on this stream")),
+              true);
+    return;
+  }
+  const int64_t max_positions = open.max_positions();
+  if (max_positions <= 0 || max_positions > middle_->max_context()) {
+    SendError(stream, id, 0,
+              absl::InvalidArgumentError(absl::StrCat("open.max_positions is ", max_positions,
+                                                      "; it must be in [1, ",
+                                                      middle_->max_context(), "]")),
+              false);
+    return;
+  }
+  const int32_t blocks = allocator_.BlocksFor(max_positions);
+  if (blocks > allocator_.num_blocks()) {
+    SendError(stream, id, 0,
+              absl::ResourceExhaustedError(absl::StrCat(
+                  "a session of ", max_positions, " positions needs ", blocks,
+                  " KV blocks; the whole pool has ", allocator_.num_blocks())),
+              false);
+    if (metrics_ != nullptr) metrics_->sessions_rejected.Increment();
+    return;
+  }
+  if (static_cast<int64_t>(waiting_.size()) >= options_.max_waiting_sessions) {
+    const bool room_now = waiting_.empty() &&
+                          static_cast<int64_t>(stat_running_) < options_.max_running_sessions &&
+                          blocks <= allocator_.num_unreserved();
+    if (!room_now) {
+      SendError(stream, id, 0,
+                absl::ResourceExhaustedError(absl::StrCat(
+                    "no KV for a new session: ", allocator_.num_unreserved(), " of ",
+                    allocator_.num_blocks(), " blocks free, ", waiting_.size(),
+                    " session(s) already waiting (max_waiting_sessions)")),
+                false);
+      if (metrics_ != nullptr) metrics_->sessions_rejected.Increment();
+      return;
+    }
+  }
+  auto session = std::make_unique<Session>(pool_);
+  session->stream = stream;
+  session->id = id;
+  session->max_positions = max_positions;
+  session->opened = Clock::now();
+  const double timeout_s =
+      open.timeout_ms() > 0 ? open.timeout_ms() / 1000.0 : options_.session_timeout_s;
+  session->deadline = session->opened + std::chrono::duration_cast<Clock::duration>(
+                                            std::chrono::duration<double>(timeout_s));
+  sessions_.emplace(SessionKey{stream, id}, std::move(session));
+  waiting_.push_back({stream, id});
+  AdmitWaiting();
+}
+
+void Engine::AdmitWaiting() {
+  // First come, first served: the head waits rather than being overtaken by smaller ones,
+  // so a long session cannot starve.
+  while (!waiting_.empty()) {
+    const SessionKey key = waiting_.front();
+    Session* session = Find(key.first, key.second);
+    if (session == nullptr) {
+      waiting_.pop_front();
+      continue;
+    }
+    int64_t running = 0;
+    for (const auto& [k, s] : sessions_) running += s->state == SessionState::kRunning;
+    if (running >= options_.max_running_sessions) break;
+    const int32_t blocks = allocator_.BlocksFor(session->max_positions);
+    if (!allocator_.Reserve(blocks)) break;
+    waiting_.pop_front();
+    session->reserved_blocks = blocks;
+    session->state = SessionState::kRunning;
+    const double queued = Seconds(Clock::now() - session->opened);
+    if (metrics_ != nullptr) {
+      metrics_->sessions_admitted.Increment();
+      metrics_->request_queue_time_seconds.Observe(queued);
+    }
+    v1::CloudMessage message;
+    message.mutable_admitted()->set_session_id(key.second);
+    message.mutable_admitted()->set_queue_seconds(queued);
+    Send(key.first, std::move(message));
+  }
+}
+
+void Engine::AcceptChunk(StreamId stream, v1::ForwardChunk& chunk, Clock::time_point received) {
+  const uint64_t id = chunk.session_id();
+  // A refused chunk is released at once for the stream's flow control; an accepted one when
+  // its last position has been computed.
+  const auto release = [&] { streams_[stream].sink->Consumed(chunk.states().data().size()); };
+  Session* session = Find(stream, id);
+  if (session == nullptr) {
+    release();
+    SendError(stream, id, chunk.sequence_number(),
+              absl::NotFoundError(absl::StrCat("forward.session_id ", id,
+                                               " is not an open session on this stream")),
+              false);
+    return;
+  }
+  const v1::HiddenStates& states = chunk.states();
+  absl::Status valid = ValidateHiddenStates(states, wire_dtype_, middle_->config().hidden_size,
+                                            options_.max_chunk_tokens);
+  if (valid.ok() && chunk.first_position() != session->next_position) {
+    valid = absl::InvalidArgumentError(absl::StrCat(
+        "forward.first_position is ", chunk.first_position(), "; the session's next position is ",
+        session->next_position, " (chunks must continue the KV without gaps)"));
+  }
+  if (valid.ok() && chunk.first_position() + states.num_positions() > session->max_positions) {
+    valid = absl::OutOfRangeError(absl::StrCat(
+        "forward would reach position ", chunk.first_position() + states.num_positions(),
+        ", beyond the session's open.max_positions ", session->max_positions));
+  }
+  if (valid.ok() && chunk.phase() == v1::PHASE_UNSPECIFIED) {
+    valid = absl::InvalidArgumentError("forward.phase is not set");
+  }
+  if (!valid.ok()) {
+    release();
+    FailSession({stream, id}, chunk.sequence_number(), valid);
+    return;
+  }
+  if (metrics_ != nullptr) metrics_->hidden_state_bytes_in.Increment(states.data().size());
+  WorkItem item;
+  item.sequence_number = chunk.sequence_number();
+  item.first_position = chunk.first_position();
+  item.num_tokens = states.num_positions();
+  item.decode = chunk.phase() == v1::PHASE_DECODE;
+  item.data = std::move(*chunk.mutable_states()->mutable_data());
+  item.received = received;
+  session->next_position += item.num_tokens;
+  session->work.push_back(std::move(item));
+}
+
+void Engine::ApplyTruncate(StreamId stream, const v1::Truncate& truncate) {
+  const uint64_t id = truncate.session_id();
+  Session* session = Find(stream, id);
+  if (session == nullptr) {
+    SendError(stream, id, truncate.sequence_number(),
+              absl::NotFoundError(absl::StrCat("truncate.session_id ", id,
+                                               " is not an open session on this stream")),
+              false);
+    return;
+  }
+  if (!session->work.empty()) {
+    SendError(stream, id, truncate.sequence_number(),
+              absl::FailedPreconditionError(
+                  "truncate arrived while forward chunks are still pending; wait for their "
+                  "results first"),
+              true);
+    return;
+  }
+  absl::Status status = session->cache.Truncate(truncate.length());
+  if (!status.ok()) {
+    SendError(stream, id, truncate.sequence_number(),
+              absl::OutOfRangeError(absl::StrCat("truncate.length: ", status.message())), true);
+    return;
+  }
+  session->next_position = truncate.length();
+  // Blocks past the new end go back to the pool but stay promised to this session.
+  released_blocks_.clear();
+  session->cache.ReleaseUnusedBlocks(released_blocks_);
+  for (int32_t block : released_blocks_) {
+    allocator_.Free(block);
+    allocator_.Reserve(1);
+    ++session->reserved_blocks;
+  }
+  v1::CloudMessage message;
+  message.mutable_truncated()->set_session_id(id);
+  message.mutable_truncated()->set_sequence_number(truncate.sequence_number());
+  message.mutable_truncated()->set_length(truncate.length());
+  Send(stream, std::move(message));
+}
+
+void Engine::ExpireDeadlines() {
+  const Clock::time_point now = Clock::now();
+  std::vector<SessionKey> expired;
+  for (const auto& [key, session] : sessions_) {
+    if (now >= session->deadline) expired.push_back(key);
+  }
+  for (const SessionKey& key : expired) {
+    FailSession(key, 0, absl::DeadlineExceededError("the session's deadline passed"));
+  }
+}
+
+int64_t Engine::Step() {
+  pending_.clear();
+  pending_sessions_.clear();
+  for (auto& [key, session] : sessions_) {
+    if (session->state != SessionState::kRunning || session->work.empty()) continue;
+    const WorkItem& head = session->work.front();
+    pending_.push_back({.num_tokens = head.num_tokens - head.done, .decode = head.decode});
+    pending_sessions_.push_back(session.get());
+  }
+  if (pending_.empty()) return 0;
+  const int64_t total = PlanBatch(
+      pending_,
+      {.max_batch_tokens = options_.max_batch_tokens,
+       .max_sequences = options_.max_running_sessions},
+      plan_);
+  if (total == 0) return 0;
+
+  const Clock::time_point start = Clock::now();
+  chunks_.clear();
+  int64_t row = 0;
+  auto* staging = static_cast<uint8_t*>(staging_.data_ptr());
+  for (const PlannedWork& planned : plan_) {
+    Session* session = pending_sessions_[planned.index];
+    const WorkItem& head = session->work.front();
+    KvCache& cache = session->cache;
+    while (cache.capacity() < cache.length() + planned.num_tokens) {
+      std::optional<int32_t> block = allocator_.AllocateReserved();
+      if (!block || session->reserved_blocks == 0) break;  // cannot happen: admission reserved
+      --session->reserved_blocks;
+      cache.AppendBlock(*block);
+    }
+    std::memcpy(staging + row * row_bytes_, head.data.data() + head.done * row_bytes_,
+                planned.num_tokens * row_bytes_);
+    chunks_.push_back({.cache = &cache, .num_tokens = planned.num_tokens});
+    row += planned.num_tokens;
+  }
+
+  at::Tensor input = staging_.narrow(0, 0, total);
+  if (!middle_->options().device.is_cpu()) input = input.to(middle_->options().device);
+  absl::StatusOr<at::Tensor> output = middle_->Forward(input, chunks_);
+  at::Tensor deep;
+  if (output.ok()) {
+    deep = output->device().is_cpu() ? output->contiguous() : output->to(at::kCPU).contiguous();
+  }
+  const Clock::time_point end = Clock::now();
+  const double compute_seconds = Seconds(end - start);
+  stat_steps_++;
+  if (metrics_ != nullptr) {
+    metrics_->step_seconds.Observe(compute_seconds);
+    metrics_->iteration_tokens.Observe(static_cast<double>(total));
+  }
+
+  row = 0;
+  const auto* deep_bytes = output.ok() ? static_cast<const uint8_t*>(deep.data_ptr()) : nullptr;
+  for (const PlannedWork& planned : plan_) {
+    Session* session = pending_sessions_[planned.index];
+    const SessionKey key{session->stream, session->id};
+    WorkItem& head = session->work.front();
+    if (!output.ok()) {
+      FailSession(key, head.sequence_number,
+                  absl::InternalError(absl::StrCat("middle forward failed: ",
+                                                   output.status().message())));
+      continue;
+    }
+    v1::CloudMessage message;
+    v1::ForwardResult* result = message.mutable_result();
+    result->set_session_id(session->id);
+    result->set_sequence_number(head.sequence_number);
+    result->set_first_position(static_cast<uint32_t>(head.first_position + head.done));
+    result->set_queue_seconds(Seconds(start - head.received));
+    result->set_compute_seconds(compute_seconds);
+    v1::HiddenStates* states = result->mutable_states();
+    states->set_dtype(wire_dtype_);
+    states->set_num_positions(static_cast<uint32_t>(planned.num_tokens));
+    states->set_hidden_size(static_cast<uint32_t>(middle_->config().hidden_size));
+    states->mutable_data()->assign(reinterpret_cast<const char*>(deep_bytes + row * row_bytes_),
+                                   planned.num_tokens * row_bytes_);
+    row += planned.num_tokens;
+    head.done += planned.num_tokens;
+    const bool chunk_done = head.done == head.num_tokens;
+    result->set_chunk_done(chunk_done);
+    if (metrics_ != nullptr) {
+      metrics_->hidden_state_bytes_out.Increment(planned.num_tokens * row_bytes_);
+      (head.decode ? metrics_->generation_tokens : metrics_->prompt_tokens)
+          .Increment(planned.num_tokens);
+    }
+    if (chunk_done) {
+      auto sink = streams_.find(session->stream);
+      if (sink != streams_.end()) sink->second.sink->Consumed(head.data.size());
+      session->work.pop_front();
+    }
+    Send(key.first, std::move(message));
+  }
+  return total;
+}
+
+Engine::Session* Engine::Find(StreamId stream, uint64_t id) {
+  auto it = sessions_.find({stream, id});
+  return it == sessions_.end() ? nullptr : it->second.get();
+}
+
+void Engine::Send(StreamId stream, v1::CloudMessage message) {
+  auto it = streams_.find(stream);
+  if (it != streams_.end()) it->second.sink->Send(std::move(message));
+}
+
+void Engine::SendError(StreamId stream, uint64_t session_id, uint64_t sequence_number,
+                       const absl::Status& status, bool session_alive) {
+  spdlog::warn("stream {} session {}: {}", stream, session_id, status.ToString());
+  if (metrics_ != nullptr) metrics_->session_errors.Increment();
+  v1::CloudMessage message;
+  v1::SessionError* error = message.mutable_error();
+  error->set_session_id(session_id);
+  error->set_sequence_number(sequence_number);
+  error->set_code(static_cast<int32_t>(status.code()));
+  error->set_message(std::string(status.message()));
+  error->set_session_alive(session_alive);
+  Send(stream, std::move(message));
+}
+
+void Engine::EraseSession(const SessionKey& key) {
+  auto it = sessions_.find(key);
+  if (it == sessions_.end()) return;
+  Session& session = *it->second;
+  auto stream = streams_.find(key.first);
+  for (const WorkItem& item : session.work) {
+    if (stream != streams_.end()) stream->second.sink->Consumed(item.data.size());
+  }
+  if (session.state == SessionState::kRunning) {
+    for (int32_t block : session.cache.block_table()) allocator_.Free(block);
+    allocator_.Unreserve(session.reserved_blocks);
+  }
+  sessions_.erase(it);
+  // A freed reservation may let the head of the queue in.
+  AdmitWaiting();
+}
+
+void Engine::FailSession(const SessionKey& key, uint64_t sequence_number,
+                         const absl::Status& status) {
+  if (!sessions_.contains(key)) return;
+  EraseSession(key);
+  SendError(key.first, key.second, sequence_number, status, false);
+}
+
+void Engine::UpdateGauges() {
+  int64_t running = 0;
+  for (const auto& [key, session] : sessions_) running += session->state == SessionState::kRunning;
+  stat_running_ = running;
+  stat_waiting_ = static_cast<int64_t>(sessions_.size()) - running;
+  stat_blocks_ = allocator_.num_allocated();
+  if (metrics_ != nullptr) {
+    metrics_->sessions_running.Set(static_cast<double>(running));
+    metrics_->sessions_waiting.Set(static_cast<double>(stat_waiting_));
+    metrics_->kv_cache_usage_ratio.Set(allocator_.usage());
+  }
+}
+
+}  // namespace tophat

@@ -1,0 +1,188 @@
+// The cloud engine: one thread owns every session and the batch. Reactors hand it inbound
+// messages through a locked intake queue; each step it drains the queue, admits sessions,
+// plans a batch under the token budget (decode first, then prefill chunks), runs the middle
+// submodel once over the batch with each session attending to its own paged KV, and sends
+// each session's deep hidden states back to its stream.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "models/kv_cache.h"
+#include "models/submodel.h"
+#include "scheduler/batch_planner.h"
+#include "scheduler/kv_block_allocator.h"
+#include "server/cloud_metrics.h"
+#include "server/message_sink.h"
+#include "tophat/v1/cloud.pb.h"
+
+namespace tophat {
+
+struct EngineOptions {
+  std::string model_id;
+  int64_t kv_block_size = 16;
+  int64_t kv_num_blocks = 1024;
+  int64_t max_batch_tokens = 512;
+  int64_t max_running_sessions = 64;
+  int64_t max_waiting_sessions = 64;
+  int64_t max_chunk_tokens = 2048;
+  double session_timeout_s = 600;
+  v1::Control control;
+};
+
+using StreamId = uint64_t;
+using Clock = std::chrono::steady_clock;
+
+// Session lifecycle. Legal transitions: kQueued -> kRunning (admitted), and either state ->
+// erased (closed, cancelled, failed, expired, stream gone). Erasing frees the KV.
+enum class SessionState { kQueued, kRunning };
+
+struct EngineStats {
+  int64_t sessions_running = 0;
+  int64_t sessions_waiting = 0;
+  int64_t kv_blocks_allocated = 0;
+  int64_t kv_blocks_total = 0;
+  int64_t steps = 0;
+};
+
+class Engine {
+ public:
+  // `middle` runs on the engine thread only. `metrics` may be null.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options,
+                                                        std::shared_ptr<const Submodel> middle,
+                                                        CloudMetrics* metrics);
+  ~Engine();
+
+  // --- Thread-safe intake, called from gRPC reactors. Never blocks on the step. ---
+  void AttachStream(StreamId stream, std::shared_ptr<MessageSink> sink);
+  void Deliver(StreamId stream, v1::AgentMessage message);
+  void DetachStream(StreamId stream);
+
+  // Starts the engine thread; Stop() joins it (sessions still open are cancelled).
+  void Start();
+  void Stop();
+  // Stops admitting: new sessions get UNAVAILABLE. In-flight sessions continue.
+  void BeginDrain();
+  // Fails every session with `status` (end of the drain grace period).
+  void CancelAll(const absl::Status& status);
+
+  // The first message of every stream.
+  v1::Hello hello() const;
+  EngineStats stats() const;
+
+  // Runs intake + one step on the calling thread (tests and benchmarks, engine not
+  // started). Returns the positions computed.
+  int64_t RunOnce();
+
+ private:
+  struct WorkItem {
+    uint64_t sequence_number = 0;
+    int64_t first_position = 0;
+    int64_t num_tokens = 0;
+    int64_t done = 0;  // positions already computed (a prefill chunk may span steps)
+    bool decode = false;
+    std::string data;  // the chunk's payload, moved out of the message
+    Clock::time_point received;
+  };
+  struct Session {
+    StreamId stream = 0;
+    uint64_t id = 0;
+    SessionState state = SessionState::kQueued;
+    int64_t max_positions = 0;
+    int32_t reserved_blocks = 0;  // reservation not yet turned into blocks
+    KvCache cache;
+    std::deque<WorkItem> work;
+    int64_t next_position = 0;  // where the next chunk must start
+    Clock::time_point opened;
+    Clock::time_point deadline;
+    explicit Session(std::shared_ptr<KvBlockPool> pool) : cache(std::move(pool)) {}
+  };
+  using SessionKey = std::pair<StreamId, uint64_t>;
+  struct StreamState {
+    std::shared_ptr<MessageSink> sink;
+    bool draining_notice_sent = false;
+  };
+  struct Event {
+    enum class Kind { kAttach, kMessage, kDetach, kCancelAll } kind;
+    StreamId stream = 0;
+    std::shared_ptr<MessageSink> sink;
+    v1::AgentMessage message;
+    absl::Status status;
+    Clock::time_point received;
+  };
+
+  Engine(EngineOptions options, std::shared_ptr<const Submodel> middle,
+         std::shared_ptr<KvBlockPool> pool, CloudMetrics* metrics);
+
+  void Post(Event event);
+  void Loop();
+  bool DrainIntake(bool wait);
+  void HandleEvent(Event& event);
+  void HandleMessage(StreamId stream, v1::AgentMessage& message, Clock::time_point received);
+  void Open(StreamId stream, const v1::OpenSession& open);
+  void AcceptChunk(StreamId stream, v1::ForwardChunk& chunk, Clock::time_point received);
+  void ApplyTruncate(StreamId stream, const v1::Truncate& truncate);
+  void AdmitWaiting();
+  void ExpireDeadlines();
+  int64_t Step();
+
+  Session* Find(StreamId stream, uint64_t id);
+  void Send(StreamId stream, v1::CloudMessage message);
+  void SendError(StreamId stream, uint64_t session_id, uint64_t sequence_number,
+                 const absl::Status& status, bool session_alive);
+  void EraseSession(const SessionKey& key);
+  void FailSession(const SessionKey& key, uint64_t sequence_number, const absl::Status& status);
+  void UpdateGauges();
+
+  const EngineOptions options_;
+  const std::shared_ptr<const Submodel> middle_;
+  const std::shared_ptr<KvBlockPool> pool_;
+  CloudMetrics* const metrics_;
+  v1::Hello hello_;
+  v1::DType wire_dtype_;
+  int64_t row_bytes_;
+
+  // Intake: the only state shared with other threads, besides the stats atomics.
+  std::mutex intake_mutex_;
+  std::condition_variable intake_cv_;
+  std::vector<Event> intake_;
+  bool stopping_ = false;
+  std::atomic<bool> draining_{false};
+
+  // Engine-thread state.
+  KvBlockAllocator allocator_;
+  std::map<SessionKey, std::unique_ptr<Session>> sessions_;
+  std::deque<SessionKey> waiting_;
+  std::unordered_map<StreamId, StreamState> streams_;
+  std::vector<Event> events_;  // swapped with intake_ each step
+  // Step buffers, sized once for the worst case.
+  at::Tensor staging_;  // [max_batch_tokens + max_chunk_tokens, D] on the CPU
+  std::vector<PendingWork> pending_;
+  std::vector<Session*> pending_sessions_;
+  std::vector<PlannedWork> plan_;
+  std::vector<SequenceChunk> chunks_;
+  std::vector<int32_t> released_blocks_;
+
+  std::atomic<int64_t> stat_running_{0};
+  std::atomic<int64_t> stat_waiting_{0};
+  std::atomic<int64_t> stat_blocks_{0};
+  std::atomic<int64_t> stat_steps_{0};
+  std::thread thread_;
+};
+
+}  // namespace tophat

@@ -1,0 +1,488 @@
+// End-to-end serving tests: real tophat-cloud and tophat-agent processes on loopback ports,
+// driven through the tophat::Client SDK and, for malformed input, a raw CloudService stream.
+#include <signal.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "device_agent/client.h"
+#include "models/bundle.h"
+#include "models/generate.h"
+#include "models/submodel.h"
+#include "models/test_util.h"
+#include "models/tokenizer.h"
+#include "models/toy_corpus.h"
+#include "tests/process_util.h"
+#include "tophat/v1/cloud.grpc.pb.h"
+
+// Last: LibTorch's glog defines CHECK too, and Catch's must win.
+#include <catch2/catch.hpp>
+
+namespace tophat {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using testing::ChildProcess;
+
+fs::path EnvPath(const char* name) {
+  const char* value = std::getenv(name);
+  REQUIRE(value != nullptr);
+  return value;
+}
+
+fs::path ToyDir() { return EnvPath("TOPHAT_TOY_MODEL_DIR"); }
+fs::path BinDir() { return EnvPath("TOPHAT_BIN_DIR"); }
+
+// The toy model split once per test run: device = embedding + layers [0, 2) + layer 5 + head,
+// cloud = layers [2, 5).
+const fs::path& Bundles() {
+  static const fs::path dir = [] {
+    fs::path out = fs::temp_directory_path() / ("tophat-serving-bundles-" + std::to_string(getpid()));
+    auto split = SplitCheckpoint({.model_dir = ToyDir(), .input_layers = 2, .output_layers = 1,
+                                  .out_dir = out});
+    REQUIRE(split.ok());
+    return out;
+  }();
+  return dir;
+}
+
+// Greedy tokens of the monolithic model: the ground truth every split run must reproduce.
+std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int64_t max_new_tokens,
+                               bool stop_at_eos) {
+  static std::mutex mutex;
+  static std::unique_ptr<Submodel> model;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (model == nullptr) {
+    auto loaded = LoadFullModel(ToyDir());
+    REQUIRE(loaded.ok());
+    model = std::move(*loaded);
+  }
+  auto generator = PipelineGenerator::Create({model.get()});
+  REQUIRE(generator.ok());
+  GenerationOptions options;
+  options.max_new_tokens = max_new_tokens;
+  if (stop_at_eos) {
+    for (int64_t eos : model->config().eos_token_ids) {
+      options.stop_token_ids.push_back(static_cast<int32_t>(eos));
+    }
+  }
+  auto result = generator->Generate(prompt, options);
+  REQUIRE(result.ok());
+  return result->tokens;
+}
+
+std::vector<int32_t> Tokenize(const std::string& text) {
+  static std::unique_ptr<Tokenizer> tokenizer = [] {
+    auto loaded = Tokenizer::Load(ToyDir());
+    REQUIRE(loaded.ok());
+    return std::move(*loaded);
+  }();
+  auto ids = tokenizer->Encode(text);
+  REQUIRE(ids.ok());
+  std::vector<int32_t> out = {*tokenizer->bos_id()};
+  out.insert(out.end(), ids->begin(), ids->end());
+  return out;
+}
+
+struct CloudSettings {
+  int64_t max_batch_tokens = 64;
+  std::string kv_memory = "64MiB";
+  int64_t max_running_sessions = 64;
+  int64_t max_waiting_sessions = 64;
+  int64_t max_chunk_tokens = 2048;
+  std::string max_message_bytes = "64MiB";
+  double drain_grace_period_s = 5;
+};
+
+class CloudProcess {
+ public:
+  CloudProcess(const fs::path& dir, const CloudSettings& settings, int port = 0)
+      : port_(port != 0 ? port : testing::FreePort()), metrics_port_(testing::FreePort()) {
+    config_ = dir / ("cloud-" + std::to_string(port_) + ".yaml");
+    std::ofstream(config_) << "listen_address: \"127.0.0.1:" << port_ << "\"\n"
+                           << "bundle: " << (Bundles() / "cloud").string() << "\n"
+                           << "max_context: 1024\n"
+                           << "kv_cache:\n  block_size: 16\n  memory_bytes: "
+                           << settings.kv_memory << "\n"
+                           << "scheduler:\n  max_batch_tokens: " << settings.max_batch_tokens
+                           << "\n  max_running_sessions: " << settings.max_running_sessions
+                           << "\n  max_waiting_sessions: " << settings.max_waiting_sessions
+                           << "\n  prompt_chunk_size: 16\n"
+                           << "limits:\n  max_chunk_tokens: " << settings.max_chunk_tokens
+                           << "\n  max_message_bytes: " << settings.max_message_bytes << "\n"
+                           << "drain_grace_period_s: " << settings.drain_grace_period_s << "\n"
+                           << "metrics_address: \"127.0.0.1:" << metrics_port_ << "\"\n";
+    Start(dir);
+  }
+
+  void Start(const fs::path& dir) {
+    process_ = std::make_unique<ChildProcess>(
+        std::vector<std::string>{(BinDir() / "tophat-cloud").string(), "--config",
+                                 config_.string()},
+        dir / ("cloud-" + std::to_string(port_) + "-" + std::to_string(starts_++) + ".log"));
+    INFO(process_->Log());
+    REQUIRE(testing::WaitForPort(port_, 60s));
+    REQUIRE(testing::WaitForPort(metrics_port_, 10s));
+  }
+
+  std::string Metrics() const { return testing::HttpGet(metrics_port_, "/metrics"); }
+  double Metric(const std::string& name, const std::string& labels = "") const {
+    return testing::MetricValue(Metrics(), name, labels).value_or(-1);
+  }
+  int port() const { return port_; }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  ChildProcess& process() { return *process_; }
+
+ private:
+  int port_;
+  int metrics_port_;
+  int starts_ = 0;
+  fs::path config_;
+  std::unique_ptr<ChildProcess> process_;
+};
+
+class AgentProcess {
+ public:
+  AgentProcess(const fs::path& dir, const CloudProcess& cloud, int64_t chunk_size)
+      : port_(testing::FreePort()), metrics_port_(testing::FreePort()) {
+    process_ = std::make_unique<ChildProcess>(
+        std::vector<std::string>{(BinDir() / "tophat-agent").string(), "--bundle",
+                                 (Bundles() / "device").string(), "--listen", address(),
+                                 "--cloud", cloud.address(), "--metrics",
+                                 "127.0.0.1:" + std::to_string(metrics_port_),
+                                 "--prompt-chunk-size", std::to_string(chunk_size)},
+        dir / ("agent-" + std::to_string(port_) + ".log"));
+    REQUIRE(testing::WaitForPort(port_, 60s));
+    auto client = Client::Connect(address());
+    REQUIRE(client.ok());
+    client_ = std::move(*client);
+    // Ready once its cloud stream is up.
+    REQUIRE(testing::WaitUntil(
+        [&] {
+          auto health = client_->Health();
+          return health.ok() && health->cloud_connected();
+        },
+        30s));
+  }
+
+  Client& client() { return *client_; }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  ChildProcess& process() { return *process_; }
+
+ private:
+  int port_;
+  int metrics_port_;
+  std::unique_ptr<ChildProcess> process_;
+  std::unique_ptr<Client> client_;
+};
+
+v1::GenerateRequest IdsRequest(const std::vector<int32_t>& prompt, int64_t max_new_tokens,
+                               bool ignore_eos = false) {
+  v1::GenerateRequest request;
+  for (int32_t id : prompt) request.mutable_prompt_ids()->add_ids(static_cast<uint32_t>(id));
+  request.set_max_new_tokens(static_cast<uint32_t>(max_new_tokens));
+  request.set_ignore_eos(ignore_eos);
+  return request;
+}
+
+std::vector<int32_t> Tokens(const GenerateResult& result) {
+  return {result.token_ids.begin(), result.token_ids.end()};
+}
+
+TEST_CASE("Three agents with chunk sizes 1, 16 and 128 reproduce the monolithic greedy tokens",
+          "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {.max_batch_tokens = 48});
+  std::vector<std::unique_ptr<AgentProcess>> agents;
+  for (int64_t chunk : {1, 16, 128}) {
+    agents.push_back(std::make_unique<AgentProcess>(dir.path(), cloud, chunk));
+  }
+
+  // Prompts of different lengths, up to a few hundred tokens (several joined sentences).
+  std::vector<std::string> sentences = ToyPrompts(11, 24);
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t i = 0; i < 6; ++i) {
+    std::string text;
+    for (size_t j = 0; j <= i * 3; ++j) text += sentences[(i + j) % sentences.size()] + " ";
+    prompts.push_back(Tokenize(text));
+  }
+  const int64_t max_new_tokens = 24;
+  std::vector<std::future<absl::StatusOr<GenerateResult>>> futures;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Client& client = agents[i % agents.size()]->client();
+    futures.push_back(std::async(std::launch::async, [&client, request = IdsRequest(
+                                                         prompts[i], max_new_tokens)] {
+      return client.Generate(request);
+    }));
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    absl::StatusOr<GenerateResult> result = futures[i].get();
+    INFO("prompt " << i << " (" << prompts[i].size() << " tokens) on agent " << i % 3);
+    REQUIRE(result.ok());
+    INFO(result->error);
+    REQUIRE(result->ok());
+    CHECK(Tokens(*result) == Reference(prompts[i], max_new_tokens, /*stop_at_eos=*/true));
+    CHECK(result->stats.prompt_tokens() == prompts[i].size());
+    CHECK(result->time_to_first_token_seconds() > 0);
+  }
+  // Every session closed: the cloud's KV is back to empty.
+  REQUIRE(testing::WaitUntil([&] { return cloud.Metric("tophat_kv_cache_usage_ratio") == 0; },
+                             5s));
+  CHECK(cloud.Metric("tophat_prompt_tokens_total") > 0);
+  CHECK(cloud.Metric("tophat_hidden_state_bytes_total", "direction=\"in\"") > 0);
+
+  // SIGTERM drains and exits 0.
+  cloud.process().Signal(SIGTERM);
+  auto code = cloud.process().Wait(20s);
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+}
+
+// A raw agent-side stream, for sending what a real agent never would.
+class RawStream {
+ public:
+  explicit RawStream(const std::string& address) {
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(256 << 20);
+    channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    stub_ = v1::CloudService::NewStub(channel_);
+    stream_ = stub_->Connect(&context_);
+    v1::CloudMessage first;
+    REQUIRE(stream_->Read(&first));
+    REQUIRE(first.has_hello());
+    hello_ = first.hello();
+  }
+  const v1::Hello& hello() const { return hello_; }
+  bool Send(const v1::AgentMessage& message) { return stream_->Write(message); }
+  v1::CloudMessage Read() {
+    v1::CloudMessage message;
+    REQUIRE(stream_->Read(&message));
+    return message;
+  }
+  // Reads until a message of `kind` arrives for `session`.
+  v1::CloudMessage ReadFor(uint64_t session) {
+    while (true) {
+      v1::CloudMessage message = Read();
+      if (message.has_admitted() && message.admitted().session_id() == session) continue;
+      return message;
+    }
+  }
+  grpc::Status Finish() {
+    stream_->WritesDone();
+    v1::CloudMessage ignored;
+    while (stream_->Read(&ignored)) {
+    }
+    return stream_->Finish();
+  }
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::CloudService::Stub> stub_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::AgentMessage, v1::CloudMessage>> stream_;
+  v1::Hello hello_;
+};
+
+v1::AgentMessage OpenMessage(uint64_t session, uint32_t max_positions) {
+  v1::AgentMessage message;
+  message.mutable_open()->set_session_id(session);
+  message.mutable_open()->set_max_positions(max_positions);
+  return message;
+}
+
+v1::AgentMessage ChunkMessage(uint64_t session, uint32_t first, uint32_t positions,
+                              uint32_t hidden, v1::DType dtype, int64_t bytes_delta = 0) {
+  v1::AgentMessage message;
+  v1::ForwardChunk* chunk = message.mutable_forward();
+  chunk->set_session_id(session);
+  chunk->set_sequence_number(7);
+  chunk->set_first_position(first);
+  chunk->set_phase(v1::PHASE_PREFILL);
+  chunk->mutable_states()->set_dtype(dtype);
+  chunk->mutable_states()->set_num_positions(positions);
+  chunk->mutable_states()->set_hidden_size(hidden);
+  const int64_t element = dtype == v1::DTYPE_FLOAT32 ? 4 : 2;
+  chunk->mutable_states()->mutable_data()->assign(positions * hidden * element + bytes_delta,
+                                                  '\0');
+  return message;
+}
+
+TEST_CASE("Malformed hidden-state chunks fail their own session, and the cloud keeps serving",
+          "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {.max_chunk_tokens = 256, .max_message_bytes = "1MiB"});
+  AgentProcess agent(dir.path(), cloud, 16);
+  const std::vector<int32_t> prompt = Tokenize(ToyPrompts(5, 1)[0]);
+  const std::vector<int32_t> expected = Reference(prompt, 16, true);
+
+  RawStream raw(cloud.address());
+  const uint32_t d = raw.hello().hidden_size();
+  struct Case {
+    std::string name;
+    v1::AgentMessage message;
+    absl::StatusCode code;
+    std::string mentions;
+  };
+  uint64_t session = 100;
+  std::vector<Case> cases;
+  cases.push_back({"wrong hidden size", ChunkMessage(session, 0, 4, d + 1, v1::DTYPE_FLOAT32),
+                   absl::StatusCode::kInvalidArgument, "states.hidden_size"});
+  cases.push_back({"wrong dtype", ChunkMessage(++session, 0, 4, d, v1::DTYPE_BFLOAT16),
+                   absl::StatusCode::kInvalidArgument, "states.dtype"});
+  cases.push_back({"wrong byte length", ChunkMessage(++session, 0, 4, d, v1::DTYPE_FLOAT32, -3),
+                   absl::StatusCode::kInvalidArgument, "states.data"});
+  cases.push_back({"position gap", ChunkMessage(++session, 5, 4, d, v1::DTYPE_FLOAT32),
+                   absl::StatusCode::kInvalidArgument, "first_position"});
+  cases.push_back({"too many positions", ChunkMessage(++session, 0, 300, d, v1::DTYPE_FLOAT32),
+                   absl::StatusCode::kInvalidArgument, "num_positions"});
+  for (Case& c : cases) {
+    SECTION(c.name) {
+      const uint64_t id = c.message.forward().session_id();
+      REQUIRE(raw.Send(OpenMessage(id, 64)));
+      REQUIRE(raw.Send(c.message));
+      v1::CloudMessage reply = raw.ReadFor(id);
+      REQUIRE(reply.has_error());
+      CHECK(reply.error().session_id() == id);
+      CHECK(reply.error().code() == static_cast<int>(c.code));
+      INFO(reply.error().message());
+      CHECK(reply.error().message().find(c.mentions) != std::string::npos);
+    }
+  }
+  SECTION("unknown session id") {
+    REQUIRE(raw.Send(ChunkMessage(999, 0, 4, d, v1::DTYPE_FLOAT32)));
+    v1::CloudMessage reply = raw.ReadFor(999);
+    REQUIRE(reply.has_error());
+    CHECK(reply.error().code() == static_cast<int>(absl::StatusCode::kNotFound));
+    CHECK(reply.error().message().find("999") != std::string::npos);
+  }
+  SECTION("a valid chunk on the same stream still works after a bad one") {
+    REQUIRE(raw.Send(OpenMessage(1, 64)));
+    REQUIRE(raw.Send(ChunkMessage(1, 3, 4, d, v1::DTYPE_FLOAT32)));  // gap: fails session 1
+    REQUIRE(raw.ReadFor(1).has_error());
+    REQUIRE(raw.Send(OpenMessage(2, 64)));
+    REQUIRE(raw.Send(ChunkMessage(2, 0, 4, d, v1::DTYPE_FLOAT32)));
+    v1::CloudMessage reply = raw.ReadFor(2);
+    REQUIRE(reply.has_result());
+    CHECK(reply.result().states().num_positions() == 4);
+    CHECK(reply.result().chunk_done());
+  }
+  SECTION("an oversize message ends only its own stream") {
+    // 2 MiB of payload against a 1 MiB limit: the whole call fails with RESOURCE_EXHAUSTED.
+    raw.Send(ChunkMessage(3, 0, (2 << 20) / (4 * d) + 1, d, v1::DTYPE_FLOAT32));
+    grpc::Status status = raw.Finish();
+    CHECK(status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  // Whatever the section did, the daemon still serves a real agent correctly.
+  auto result = agent.client().Generate(IdsRequest(prompt, 16));
+  REQUIRE(result.ok());
+  REQUIRE(result->ok());
+  CHECK(Tokens(*result) == expected);
+  CHECK(cloud.process().running());
+}
+
+TEST_CASE("A malformed YAML config is refused with the file, key and line", "[serving]") {
+  testing::TempDir dir;
+  const fs::path config = dir.path() / "cloud.yaml";
+  std::ofstream(config) << "bundle: /nowhere\nkv_cache:\n  block_size: many\n";
+  ChildProcess cloud({(BinDir() / "tophat-cloud").string(), "--config", config.string()},
+                     dir.path() / "cloud.log");
+  auto code = cloud.Wait(30s);
+  REQUIRE(code.has_value());
+  CHECK(*code == 1);
+  const std::string log = cloud.Log();
+  INFO(log);
+  CHECK(log.find("cloud.yaml:3") != std::string::npos);
+  CHECK(log.find("kv_cache.block_size") != std::string::npos);
+}
+
+TEST_CASE("Killing an agent mid-generation frees its KV on the cloud", "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});
+  REQUIRE(cloud.Metric("tophat_kv_cache_usage_ratio") == 0);
+  auto agent = std::make_unique<AgentProcess>(dir.path(), cloud, 1);
+  const std::vector<int32_t> prompt = Tokenize(ToyPrompts(3, 1)[0]);
+  auto pending = std::async(std::launch::async, [&] {
+    return agent->client().Generate(IdsRequest(prompt, 900, /*ignore_eos=*/true));
+  });
+  REQUIRE(testing::WaitUntil([&] { return cloud.Metric("tophat_kv_cache_usage_ratio") > 0; },
+                             20s));
+  agent->process().Signal(SIGKILL);
+  REQUIRE(agent->process().Wait(5s).has_value());
+  CHECK(testing::WaitUntil([&] { return cloud.Metric("tophat_kv_cache_usage_ratio") == 0; },
+                           5s));
+  CHECK(cloud.Metric("tophat_num_sessions_running") == 0);
+  CHECK_FALSE(pending.get().ok());  // the app saw its agent die
+}
+
+TEST_CASE("A cloud restart mid-generation is survived with the right tokens", "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});
+  AgentProcess agent(dir.path(), cloud, 16);
+  const std::vector<int32_t> prompt = Tokenize(ToyPrompts(9, 1)[0]);
+  const int64_t max_new_tokens = 600;
+  auto pending = std::async(std::launch::async, [&] {
+    return agent.client().Generate(IdsRequest(prompt, max_new_tokens, /*ignore_eos=*/true));
+  });
+  REQUIRE(testing::WaitUntil(
+      [&] { return cloud.Metric("tophat_generation_tokens_total") >= 20; }, 30s));
+  cloud.process().Signal(SIGKILL);
+  REQUIRE(cloud.process().Wait(5s).has_value());
+  cloud.Start(dir.path());  // same port, fresh process, empty KV
+  absl::StatusOr<GenerateResult> result = pending.get();
+  REQUIRE(result.ok());
+  INFO(result->error);
+  REQUIRE(result->ok());
+  CHECK(result->stats.reconnects() >= 1);
+  CHECK(Tokens(*result) == Reference(prompt, max_new_tokens, /*stop_at_eos=*/false));
+}
+
+TEST_CASE("A full KV pool queues or refuses new sessions while running ones finish",
+          "[serving]") {
+  testing::TempDir dir;
+  // Toy middle: 3 layers x 2 KV heads x 32 dims x 16 positions x 4 bytes x (K, V) = 24 KiB a
+  // block. 720 KiB = 30 blocks; a session of 200 positions takes 13, so two fit.
+  CloudProcess cloud(dir.path(), {.kv_memory = "720KiB", .max_waiting_sessions = 1});
+  AgentProcess agent(dir.path(), cloud, 16);
+  const std::vector<int32_t> prompt = Tokenize(ToyPrompts(4, 1)[0]);
+  const int64_t max_new_tokens = 200 - static_cast<int64_t>(prompt.size());
+  REQUIRE(max_new_tokens > 50);
+  const auto start = [&] {
+    return std::async(std::launch::async, [&] {
+      return agent.client().Generate(IdsRequest(prompt, max_new_tokens, true));
+    });
+  };
+  auto first = start();
+  auto second = start();
+  REQUIRE(testing::WaitUntil(
+      [&] { return cloud.Metric("tophat_num_sessions_running") == 2; }, 20s));
+  auto third = start();  // waits in the queue
+  REQUIRE(testing::WaitUntil(
+      [&] { return cloud.Metric("tophat_num_sessions_waiting") == 1; }, 20s));
+  auto fourth = start();  // the queue is full
+  absl::StatusOr<GenerateResult> refused = fourth.get();
+  REQUIRE(refused.ok());
+  CHECK_FALSE(refused->ok());
+  CHECK(refused->error.find("RESOURCE_EXHAUSTED") != std::string::npos);
+  const std::vector<int32_t> expected = Reference(prompt, max_new_tokens, false);
+  for (auto* pending : {&first, &second, &third}) {
+    absl::StatusOr<GenerateResult> result = pending->get();
+    REQUIRE(result.ok());
+    INFO(result->error);
+    REQUIRE(result->ok());
+    CHECK(Tokens(*result) == expected);
+  }
+  CHECK(cloud.Metric("tophat_sessions_rejected_total") == 1);
+}
+
+}  // namespace
+}  // namespace tophat
