@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
-# Every command of `tophat` answers --help with its usage and exits 0.
+# Every binary and every command of `tophat` answers --help with its usage and exits 0.
 set -euo pipefail
 bin="$1"
+bin_dir="$(dirname "$bin")"
 "$bin" --help | grep -q "Subcommands:"
-for cmd in toy-model split generate bench-model init-model; do
+for cmd in toy-model split generate bench-model init-model chat bench; do
   "$bin" "$cmd" --help | grep -q "Usage:" || { echo "no usage for $cmd"; exit 1; }
 done
+for daemon in tophat-cloud tophat-agent; do
+  "$bin_dir/$daemon" --help | grep -q -- "--config" || { echo "no usage for $daemon"; exit 1; }
+done
+# A daemon with a bad flag says so and exits non-zero.
+if "$bin_dir/tophat-cloud" --no-such-flag >/dev/null 2>&1; then
+  echo "tophat-cloud accepted an unknown flag"; exit 1
+fi
 echo "all --help pages print"

@@ -34,14 +34,13 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using testing::ChildProcess;
 
-fs::path EnvPath(const char* name) {
+fs::path EnvPath(const char* name, const char* fallback) {
   const char* value = std::getenv(name);
-  REQUIRE(value != nullptr);
-  return value;
+  return value != nullptr && *value != '\0' ? value : fallback;
 }
 
-fs::path ToyDir() { return EnvPath("TOPHAT_TOY_MODEL_DIR"); }
-fs::path BinDir() { return EnvPath("TOPHAT_BIN_DIR"); }
+fs::path ToyDir() { return EnvPath("TOPHAT_TOY_MODEL_DIR", TOPHAT_DEFAULT_TOY_MODEL_DIR); }
+fs::path BinDir() { return EnvPath("TOPHAT_BIN_DIR", TOPHAT_DEFAULT_BIN_DIR); }
 
 // The toy model split once per test run: device = embedding + layers [0, 2) + layer 5 + head,
 // cloud = layers [2, 5).
