@@ -1,0 +1,257 @@
+// The cloud engine driven directly (no gRPC): admission and the KV pool, decode-first
+// batching, chunk validation, truncation, disconnects and deadlines. Every step runs the real
+// middle submodel of a tiny random model.
+#include "server/engine.h"
+
+#include <deque>
+#include <mutex>
+
+#include "models/checkpoint.h"
+#include "models/model_init.h"
+#include "models/test_util.h"
+#include "proto/hidden_states.h"
+
+#include <catch2/catch.hpp>
+
+namespace tophat {
+namespace {
+
+// Collects what the engine sends to one stream.
+class CollectingSink final : public MessageSink {
+ public:
+  void Send(v1::CloudMessage message) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    messages_.push_back(std::move(message));
+  }
+  void Finish(const absl::Status& status) override { finished_ = true; }
+  void Consumed(int64_t bytes) override { consumed_ += bytes; }
+
+  std::vector<v1::CloudMessage> Take() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<v1::CloudMessage> out(messages_.begin(), messages_.end());
+    messages_.clear();
+    return out;
+  }
+  int64_t consumed() const { return consumed_; }
+
+ private:
+  std::mutex mutex_;
+  std::deque<v1::CloudMessage> messages_;
+  bool finished_ = false;
+  int64_t consumed_ = 0;
+};
+
+std::shared_ptr<const Submodel> TinyMiddle() {
+  static std::shared_ptr<const Submodel> middle = [] {
+    static testing::TempDir dir;
+    const ModelConfig config = TinyTestConfig();
+    REQUIRE(WriteCheckpoint(config, InitWeights(config, 5), dir.path()).ok());
+    auto checkpoint = CheckpointReader::Open(dir.path());
+    REQUIRE(checkpoint.ok());
+    auto loaded = Submodel::Load(config, **checkpoint, SubmodelSpec::Middle(config, 1, 1));
+    REQUIRE(loaded.ok());
+    return std::shared_ptr<const Submodel>(std::move(*loaded));
+  }();
+  return middle;
+}
+
+struct Harness {
+  explicit Harness(EngineOptions options) {
+    auto created = Engine::Create(options, TinyMiddle(), nullptr);
+    REQUIRE(created.ok());
+    engine = std::move(*created);
+    engine->AttachStream(1, sink);
+    engine->RunOnce();
+    auto hello = sink->Take();
+    REQUIRE(hello.size() == 1);
+    REQUIRE(hello[0].has_hello());
+  }
+  void Open(uint64_t id, uint32_t max_positions) {
+    v1::AgentMessage message;
+    message.mutable_open()->set_session_id(id);
+    message.mutable_open()->set_max_positions(max_positions);
+    engine->Deliver(1, message);
+  }
+  void Chunk(uint64_t id, uint32_t first, int64_t positions, v1::Phase phase,
+             at::Tensor* sent = nullptr) {
+    at::Tensor hidden = at::randn({positions, TinyMiddle()->config().hidden_size});
+    if (sent != nullptr) *sent = hidden;
+    v1::AgentMessage message;
+    v1::ForwardChunk* chunk = message.mutable_forward();
+    chunk->set_session_id(id);
+    chunk->set_sequence_number(first + 1);
+    chunk->set_first_position(first);
+    chunk->set_phase(phase);
+    REQUIRE(PackHiddenStates(hidden, chunk->mutable_states()).ok());
+    engine->Deliver(1, message);
+  }
+  std::shared_ptr<CollectingSink> sink = std::make_shared<CollectingSink>();
+  std::unique_ptr<Engine> engine;
+};
+
+EngineOptions SmallOptions() {
+  return {.model_id = "tiny",
+          .kv_block_size = 4,
+          .kv_num_blocks = 8,
+          .max_batch_tokens = 16,
+          .max_running_sessions = 8,
+          .max_waiting_sessions = 1,
+          .max_chunk_tokens = 64,
+          .session_timeout_s = 600};
+}
+
+TEST_CASE("Engine results equal the raw middle forward, split across steps by the budget") {
+  Harness h(SmallOptions());
+  h.Open(7, 32);
+  at::Tensor sent;
+  h.Chunk(7, 0, 20, v1::PHASE_PREFILL, &sent);
+  CHECK(h.engine->RunOnce() == 16);  // the budget cuts the 20-position chunk
+  CHECK(h.engine->RunOnce() == 4);
+  std::vector<at::Tensor> pieces;
+  for (const v1::CloudMessage& message : h.sink->Take()) {
+    if (!message.has_result()) continue;
+    auto deep = UnpackHiddenStates(message.result().states());
+    REQUIRE(deep.ok());
+    pieces.push_back(*deep);
+    CHECK(message.result().chunk_done() == (pieces.size() == 2));
+  }
+  REQUIRE(pieces.size() == 2);
+  KvCache cache = TinyMiddle()->NewCache(32);
+  auto expected = TinyMiddle()->Forward(sent, cache);
+  REQUIRE(expected.ok());
+  CHECK(at::allclose(at::cat(pieces), *expected, 1e-5, 1e-5));
+  CHECK(h.engine->stats().kv_blocks_allocated == 5);  // 20 positions in blocks of 4
+}
+
+TEST_CASE("Decode work runs before waiting prefill") {
+  Harness h(SmallOptions());
+  h.Open(1, 16);
+  h.Open(2, 16);
+  h.Chunk(1, 0, 4, v1::PHASE_PREFILL);
+  h.engine->RunOnce();
+  h.sink->Take();
+  h.Chunk(2, 0, 16, v1::PHASE_PREFILL);  // arrives first
+  h.Chunk(1, 4, 1, v1::PHASE_DECODE);
+  CHECK(h.engine->RunOnce() == 16);  // 1 decode + 15 prefill
+  std::vector<uint64_t> order;
+  for (const v1::CloudMessage& message : h.sink->Take()) {
+    if (message.has_result()) order.push_back(message.result().session_id());
+  }
+  CHECK(order == std::vector<uint64_t>{1, 2});
+}
+
+TEST_CASE("Admission reserves KV, queues one session and refuses the next") {
+  Harness h(SmallOptions());  // 8 blocks of 4 positions
+  h.Open(1, 16);              // 4 blocks
+  h.Open(2, 16);              // 4 blocks: the pool is now fully promised
+  h.Open(3, 4);               // waits
+  h.Open(4, 4);               // queue (1) is full
+  h.engine->RunOnce();
+  int admitted = 0;
+  std::vector<v1::SessionError> errors;
+  for (const v1::CloudMessage& message : h.sink->Take()) {
+    admitted += message.has_admitted();
+    if (message.has_error()) errors.push_back(message.error());
+  }
+  CHECK(admitted == 2);
+  REQUIRE(errors.size() == 1);
+  CHECK(errors[0].session_id() == 4);
+  CHECK(errors[0].code() == static_cast<int>(absl::StatusCode::kResourceExhausted));
+  CHECK(h.engine->stats().sessions_waiting == 1);
+
+  // A session bigger than the whole pool can never run: refused at once.
+  h.Open(5, 100);
+  h.engine->RunOnce();
+  auto refused = h.sink->Take();
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0].error().message().find("whole pool") != std::string::npos);
+
+  // Closing a running session lets the waiting one in.
+  v1::AgentMessage close;
+  close.mutable_close()->set_session_id(1);
+  h.engine->Deliver(1, close);
+  h.engine->RunOnce();
+  auto after = h.sink->Take();
+  REQUIRE(after.size() == 1);
+  CHECK(after[0].has_admitted());
+  CHECK(after[0].admitted().session_id() == 3);
+}
+
+TEST_CASE("Bad chunks fail their session with a named field; others carry on") {
+  Harness h(SmallOptions());
+  h.Open(1, 16);
+  h.Open(2, 16);
+  h.Chunk(1, 3, 2, v1::PHASE_PREFILL);  // gap
+  h.Chunk(2, 0, 2, v1::PHASE_PREFILL);
+  h.Chunk(9, 0, 2, v1::PHASE_PREFILL);  // unknown session
+  h.engine->RunOnce();
+  std::map<uint64_t, v1::CloudMessage> last;
+  for (v1::CloudMessage& message : h.sink->Take()) {
+    if (message.has_error()) last[message.error().session_id()] = message;
+    if (message.has_result()) last[message.result().session_id()] = message;
+  }
+  REQUIRE(last.count(1) == 1);
+  CHECK(last[1].error().message().find("first_position") != std::string::npos);
+  CHECK_FALSE(last[1].error().session_alive());
+  CHECK(last[2].has_result());
+  CHECK(last[9].error().code() == static_cast<int>(absl::StatusCode::kNotFound));
+  CHECK(h.engine->stats().sessions_running == 1);
+  CHECK(h.engine->stats().kv_blocks_allocated == 1);
+}
+
+TEST_CASE("Truncate rolls back KV and returns blocks; detaching frees everything") {
+  Harness h(SmallOptions());
+  h.Open(1, 32);
+  h.Chunk(1, 0, 10, v1::PHASE_PREFILL);
+  h.engine->RunOnce();
+  CHECK(h.engine->stats().kv_blocks_allocated == 3);
+  v1::AgentMessage truncate;
+  truncate.mutable_truncate()->set_session_id(1);
+  truncate.mutable_truncate()->set_length(3);
+  h.engine->Deliver(1, truncate);
+  h.engine->RunOnce();
+  CHECK(h.engine->stats().kv_blocks_allocated == 1);
+  bool done = false;
+  for (const v1::CloudMessage& message : h.sink->Take()) done |= message.has_truncated();
+  CHECK(done);
+  h.Chunk(1, 3, 2, v1::PHASE_DECODE);  // continues at the truncated length
+  h.engine->RunOnce();
+  CHECK(h.sink->Take().back().has_result());
+
+  h.engine->DetachStream(1);
+  h.engine->RunOnce();
+  CHECK(h.engine->stats().kv_blocks_allocated == 0);
+  CHECK(h.engine->stats().sessions_running == 0);
+}
+
+TEST_CASE("An expired session is failed with DEADLINE_EXCEEDED and freed") {
+  Harness h(SmallOptions());
+  v1::AgentMessage open;
+  open.mutable_open()->set_session_id(1);
+  open.mutable_open()->set_max_positions(8);
+  open.mutable_open()->set_timeout_ms(1);
+  h.engine->Deliver(1, open);
+  h.engine->RunOnce();
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  h.engine->RunOnce();
+  bool expired = false;
+  for (const v1::CloudMessage& message : h.sink->Take()) {
+    expired |= message.has_error() &&
+               message.error().code() == static_cast<int>(absl::StatusCode::kDeadlineExceeded);
+  }
+  CHECK(expired);
+  CHECK(h.engine->stats().sessions_running == 0);
+}
+
+TEST_CASE("A draining engine admits nothing new") {
+  Harness h(SmallOptions());
+  h.engine->BeginDrain();
+  h.Open(1, 8);
+  h.engine->RunOnce();
+  auto messages = h.sink->Take();
+  REQUIRE(messages.size() == 1);
+  CHECK(messages[0].error().code() == static_cast<int>(absl::StatusCode::kUnavailable));
+}
+
+}  // namespace
+}  // namespace tophat
