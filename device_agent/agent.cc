@@ -43,6 +43,11 @@ class Agent::Request {
           const std::function<bool(const TokenEvent&)>& on_tokens)
       : agent_(agent), request_(request), on_tokens_(on_tokens), arrival_(SteadyClock::now()) {}
 
+  // Takes a session id and a mailbox; called before the request is visible to Cancel().
+  void Attach() {
+    session_id_ = agent_.next_session_id_++;
+    mailbox_ = agent_.cloud_->Register(session_id_);
+  }
   v1::GenerateResponse Run();
   void Cancel() {
     cancelled_ = true;
@@ -387,16 +392,15 @@ v1::GenerateResponse Agent::Request::Run() {
   c10::InferenceMode inference_mode;
   v1::GenerateResponse response;
   deadline_ = arrival_ + ToDuration(agent_.config_.request_timeout_s);
-  session_id_ = agent_.next_session_id_++;
   absl::Status prepared;
   absl::Status caught = CatchExceptions("preparing the request", [&] { prepared = Prepare(); });
   if (prepared.ok()) prepared = caught;
   if (!prepared.ok()) {
+    agent_.cloud_->Unregister(session_id_);
     Finish(response, v1::FINISH_REASON_ERROR, prepared);
     return response;
   }
   if (agent_.metrics_ != nullptr) agent_.metrics_->prompt_tokens.Increment(prompt_length_);
-  mailbox_ = agent_.cloud_->Register(session_id_);
 
   const auto serve = [&]() -> absl::Status {
     TOPHAT_RETURN_IF_ERROR(Open(0));
@@ -525,7 +529,7 @@ v1::GenerateResponse Agent::Generate(const v1::GenerateRequest& request,
                          .ToString());
       return busy;
     }
-    if (!running_.emplace(id, &run).second) {
+    if (running_.contains(id)) {
       v1::GenerateResponse duplicate;
       duplicate.set_request_id(id);
       duplicate.set_finish_reason(v1::FINISH_REASON_ERROR);
@@ -534,6 +538,8 @@ v1::GenerateResponse Agent::Generate(const v1::GenerateRequest& request,
               .ToString());
       return duplicate;
     }
+    run.Attach();
+    running_.emplace(id, &run);
   }
   if (metrics_ != nullptr) metrics_->requests_running.Increment();
   v1::GenerateResponse response = run.Run();

@@ -423,6 +423,30 @@ TEST_CASE("Killing an agent mid-generation frees its KV on the cloud", "[serving
   CHECK_FALSE(pending.get().ok());  // the app saw its agent die
 }
 
+TEST_CASE("Cancelling a request through the SDK ends it and frees its cloud KV", "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});
+  AgentProcess agent(dir.path(), cloud, 16);
+  const std::vector<int32_t> prompt = Tokenize(ToyPrompts(6, 1)[0]);
+  v1::GenerateRequest request = IdsRequest(prompt, 900, /*ignore_eos=*/true);
+  request.set_request_id("long-1");
+  auto pending = std::async(std::launch::async, [&] { return agent.client().Generate(request); });
+  REQUIRE(testing::WaitUntil([&] { return cloud.Metric("tophat_kv_cache_usage_ratio") > 0; },
+                             20s));
+  auto found = agent.client().Cancel("long-1");
+  REQUIRE(found.ok());
+  CHECK(*found);
+  absl::StatusOr<GenerateResult> result = pending.get();
+  REQUIRE(result.ok());
+  CHECK(result->finish_reason == v1::FINISH_REASON_CANCELLED);
+  CHECK(result->token_ids.size() < 900);
+  CHECK(testing::WaitUntil([&] { return cloud.Metric("tophat_kv_cache_usage_ratio") == 0; },
+                           5s));
+  auto unknown = agent.client().Cancel("no-such-request");
+  REQUIRE(unknown.ok());
+  CHECK_FALSE(*unknown);
+}
+
 TEST_CASE("A cloud restart mid-generation is survived with the right tokens", "[serving]") {
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {});
