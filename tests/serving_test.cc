@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include "device_agent/client.h"
@@ -194,6 +195,42 @@ v1::GenerateRequest IdsRequest(const std::vector<int32_t>& prompt, int64_t max_n
   return request;
 }
 
+// grpc.health.v1.Health/Check for the whole server, through a generic stub (Debian ships the
+// health service but not its generated client). Returns the ServingStatus enum value:
+// 1 = SERVING, 2 = NOT_SERVING; -1 if the call failed.
+int HealthCheck(const std::string& address) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + 5s);
+  // HealthCheckRequest{service: ""}, with the empty field written out explicitly.
+  const std::string encoded("\x0a\x00", 2);
+  grpc::Slice slice(encoded);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  grpc::CompletionQueue queue;
+  auto call = stub.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check", request, &queue);
+  call->StartCall();
+  grpc::Status status;
+  call->Finish(&response, &status, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  if (!queue.Next(&tag, &ok) || !ok || !status.ok()) {
+    UNSCOPED_INFO("health check: " << status.error_code() << " " << status.error_message());
+    return -1;
+  }
+  queue.Shutdown();
+  std::vector<grpc::Slice> slices;
+  if (!response.Dump(&slices).ok()) return -1;
+  std::string bytes;
+  for (const grpc::Slice& slice : slices) {
+    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  // HealthCheckResponse{status = 1}: tag 0x08, then the enum value.
+  if (bytes.size() == 2 && bytes[0] == 0x08) return bytes[1];
+  return bytes.empty() ? 0 : -1;
+}
+
 std::vector<int32_t> Tokens(const GenerateResult& result) {
   return {result.token_ids.begin(), result.token_ids.end()};
 }
@@ -239,6 +276,8 @@ TEST_CASE("Three agents with chunk sizes 1, 16 and 128 reproduce the monolithic 
                              5s));
   CHECK(cloud.Metric("tophat_prompt_tokens_total") > 0);
   CHECK(cloud.Metric("tophat_hidden_state_bytes_total", "direction=\"in\"") > 0);
+
+  CHECK(HealthCheck(cloud.address()) == 1);  // SERVING
 
   // SIGTERM drains and exits 0.
   cloud.process().Signal(SIGTERM);
