@@ -284,6 +284,7 @@ absl::Status Agent::Request::Pump(int64_t target, bool block) {
         TOPHAT_RETURN_IF_ERROR(Reconnect("the cloud stream broke"));
         continue;
       case MailboxEvent::Kind::kMessage:
+        if (event->epoch < epoch_) continue;  // an answer from a stream we left
         break;
     }
     const v1::CloudMessage& message = event->message;
@@ -340,6 +341,7 @@ absl::Status Agent::Request::Emit(int32_t token) {
   tokens_.push_back(token);
   if (metrics != nullptr) metrics->generation_tokens.Increment();
   TokenEvent event;
+  event.request_id = id_;
   event.token_ids.push_back(token);
   TOPHAT_ASSIGN_OR_RETURN(event.text, detokenizer_->Push(token));
   if (!on_tokens_(event)) {

@@ -28,6 +28,7 @@ namespace tophat {
 
 // What the agent reports back to the app as a request runs.
 struct TokenEvent {
+  std::string request_id;  // the app's, or the one the agent made up
   std::vector<int32_t> token_ids;
   std::string text;
 };

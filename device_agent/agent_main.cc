@@ -42,6 +42,9 @@ int Run(const tophat::AgentConfig& config) {
 
   tophat::AgentServiceImpl service(agent->get());
   grpc::ServerBuilder builder;
+  // Without this, gRPC sets SO_REUSEPORT and a second daemon on the same port would start
+  // and share the traffic instead of failing.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int bound_port = 0;
   builder.AddListeningPort(config.listen_address, grpc::InsecureServerCredentials(), &bound_port);
   builder.RegisterService(&service);

@@ -5,12 +5,11 @@ namespace tophat {
 grpc::Status AgentServiceImpl::Generate(grpc::ServerContext* context,
                                         const v1::GenerateRequest* request,
                                         grpc::ServerWriter<v1::GenerateResponse>* writer) {
-  std::string request_id;
   v1::GenerateResponse final_response = agent_->Generate(
       *request, [&](const TokenEvent& event) {
         if (context->IsCancelled()) return false;
         v1::GenerateResponse response;
-        response.set_request_id(request->request_id());
+        response.set_request_id(event.request_id);
         for (int32_t id : event.token_ids) response.add_token_ids(static_cast<uint32_t>(id));
         response.set_text(event.text);
         return writer->Write(response);

@@ -197,7 +197,9 @@ void CloudConnection::Run() {
         if (it != mailboxes_.end()) mailbox = it->second;
       }
       if (mailbox != nullptr) {
-        mailbox->Push({.kind = MailboxEvent::Kind::kMessage, .message = std::move(message)});
+        mailbox->Push({.kind = MailboxEvent::Kind::kMessage,
+                       .message = std::move(message),
+                       .epoch = epoch});
       } else if (message.has_error()) {
         spdlog::warn("cloud error for session {}: {}", session_id, message.error().message());
       }

@@ -26,7 +26,9 @@
 
 namespace tophat {
 
-// What a session's owner receives: a cloud message, or the loss of stream `epoch`.
+// What a session's owner receives: a message that arrived on stream `epoch`, or the loss of
+// stream `epoch`. Owners drop messages from streams older than the one they now use: a cloud
+// that was draining may still answer for a session that has since moved on.
 struct MailboxEvent {
   enum class Kind { kMessage, kDisconnected, kInterrupted } kind = Kind::kMessage;
   v1::CloudMessage message;

@@ -95,6 +95,9 @@ int Run(const CloudConfig& config) {
   tophat::CloudServiceImpl service(engine->get(), {});
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
+  // Without this, gRPC sets SO_REUSEPORT and a second daemon on the same port would start
+  // and share the traffic instead of failing.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int bound_port = 0;
   builder.AddListeningPort(config.listen_address, grpc::InsecureServerCredentials(), &bound_port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.limits.max_message_bytes));

@@ -37,8 +37,27 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
       KvBlockPool::Create(middle->config(), middle->spec().layers.size(), options.kv_num_blocks,
                           options.kv_block_size, middle->options().dtype,
                           middle->options().device));
-  return std::unique_ptr<Engine>(
+  auto engine = std::unique_ptr<Engine>(
       new Engine(options, std::move(middle), std::move(pool), metrics));
+  TOPHAT_RETURN_IF_ERROR(engine->Warmup());
+  return engine;
+}
+
+absl::Status Engine::Warmup() {
+  // One forward at the largest step shape, so the allocator's pools and the BLAS threads are
+  // ready before the first session (STYLE.md: warm up once at the worst case).
+  if (middle_->spec().layers.empty()) return absl::OkStatus();
+  c10::InferenceMode inference_mode;
+  const int64_t rows = std::min<int64_t>(staging_.size(0), middle_->max_context());
+  KvCache cache = middle_->NewCache(rows);
+  at::Tensor input = staging_.narrow(0, 0, rows).zero_();
+  if (!middle_->options().device.is_cpu()) input = input.to(middle_->options().device);
+  absl::StatusOr<at::Tensor> out = middle_->Forward(input, cache);
+  if (!out.ok()) {
+    return absl::Status(out.status().code(),
+                        absl::StrCat("engine warm-up forward: ", out.status().message()));
+  }
+  return absl::OkStatus();
 }
 
 Engine::Engine(EngineOptions options, std::shared_ptr<const Submodel> middle,
@@ -381,6 +400,7 @@ void Engine::AcceptChunk(StreamId stream, v1::ForwardChunk& chunk, Clock::time_p
   item.first_position = chunk.first_position();
   item.num_tokens = states.num_positions();
   item.decode = chunk.phase() == v1::PHASE_DECODE;
+  item.arrival = next_arrival_++;
   item.data = std::move(*chunk.mutable_states()->mutable_data());
   item.received = received;
   session->next_position += item.num_tokens;
@@ -443,9 +463,16 @@ int64_t Engine::Step() {
   pending_sessions_.clear();
   for (auto& [key, session] : sessions_) {
     if (session->state != SessionState::kRunning || session->work.empty()) continue;
+    pending_sessions_.push_back(session.get());
+  }
+  // First come, first served across streams: order by when each head chunk arrived.
+  std::sort(pending_sessions_.begin(), pending_sessions_.end(),
+            [](const Session* a, const Session* b) {
+              return a->work.front().arrival < b->work.front().arrival;
+            });
+  for (const Session* session : pending_sessions_) {
     const WorkItem& head = session->work.front();
     pending_.push_back({.num_tokens = head.num_tokens - head.done, .decode = head.decode});
-    pending_sessions_.push_back(session.get());
   }
   if (pending_.empty()) return 0;
   const int64_t total = PlanBatch(

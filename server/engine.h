@@ -96,6 +96,7 @@ class Engine {
     int64_t num_tokens = 0;
     int64_t done = 0;  // positions already computed (a prefill chunk may span steps)
     bool decode = false;
+    uint64_t arrival = 0;  // engine-wide order of receipt: the batch plan serves FIFO
     std::string data;  // the chunk's payload, moved out of the message
     Clock::time_point received;
   };
@@ -129,6 +130,7 @@ class Engine {
   Engine(EngineOptions options, std::shared_ptr<const Submodel> middle,
          std::shared_ptr<KvBlockPool> pool, CloudMetrics* metrics);
 
+  absl::Status Warmup();
   void Post(Event event);
   void Loop();
   bool DrainIntake(bool wait);
@@ -170,8 +172,9 @@ class Engine {
   std::deque<SessionKey> waiting_;
   std::unordered_map<StreamId, StreamState> streams_;
   std::vector<Event> events_;  // swapped with intake_ each step
+  uint64_t next_arrival_ = 0;
   // Step buffers, sized once for the worst case.
-  at::Tensor staging_;  // [max_batch_tokens + max_chunk_tokens, D] on the CPU
+  at::Tensor staging_;  // [max(max_batch_tokens, max_chunk_tokens), D] on the CPU
   std::vector<PendingWork> pending_;
   std::vector<Session*> pending_sessions_;
   std::vector<PlannedWork> plan_;

@@ -24,6 +24,12 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   auto server = std::unique_ptr<MetricsHttpServer>(new MetricsHttpServer());
   server->registry_ = std::move(registry);
   server->server_ = std::make_unique<httplib::Server>();
+  // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which would let a second
+  // daemon bind the same metrics port silently.
+  server->server_->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof(yes));
+  });
   prometheus::Registry* collectable = server->registry_.get();
   server->server_->Get("/metrics", [collectable](const httplib::Request&, httplib::Response& res) {
     res.set_content(prometheus::TextSerializer().Serialize(collectable->Collect()),

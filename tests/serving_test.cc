@@ -508,16 +508,52 @@ TEST_CASE("A cloud restart mid-generation is survived with the right tokens", "[
   CHECK(Tokens(*result) == Reference(prompt, max_new_tokens, /*stop_at_eos=*/false));
 }
 
+TEST_CASE("A draining cloud finishes in-flight work, and new requests move to its successor",
+          "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {.drain_grace_period_s = 60});
+  AgentProcess agent(dir.path(), cloud, 16);
+  const std::vector<int32_t> long_prompt = Tokenize(ToyPrompts(12, 1)[0]);
+  const std::vector<int32_t> late_prompt = Tokenize(ToyPrompts(13, 1)[0]);
+  auto in_flight = std::async(std::launch::async, [&] {
+    return agent.client().Generate(IdsRequest(long_prompt, 700, /*ignore_eos=*/true));
+  });
+  REQUIRE(testing::WaitUntil(
+      [&] { return cloud.Metric("tophat_generation_tokens_total") >= 20; }, 30s));
+  cloud.process().Signal(SIGTERM);
+  // Arrives during the drain: refused by the old cloud, replayed on the new one.
+  std::this_thread::sleep_for(100ms);
+  auto late = std::async(std::launch::async, [&] {
+    return agent.client().Generate(IdsRequest(late_prompt, 32, /*ignore_eos=*/true));
+  });
+  absl::StatusOr<GenerateResult> first = in_flight.get();
+  REQUIRE(first.ok());
+  INFO(first->error);
+  REQUIRE(first->ok());
+  CHECK(first->stats.reconnects() == 0);  // the drain let it finish where it was
+  CHECK(Tokens(*first) == Reference(long_prompt, 700, false));
+  auto code = cloud.process().Wait(30s);
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+  cloud.Start(dir.path());
+  absl::StatusOr<GenerateResult> second = late.get();
+  REQUIRE(second.ok());
+  INFO(second->error);
+  REQUIRE(second->ok());
+  CHECK(second->stats.reconnects() >= 1);  // it really was turned away by the draining cloud
+  CHECK(Tokens(*second) == Reference(late_prompt, 32, false));
+}
+
 TEST_CASE("A full KV pool queues or refuses new sessions while running ones finish",
           "[serving]") {
   testing::TempDir dir;
   // Toy middle: 3 layers x 2 KV heads x 32 dims x 16 positions x 4 bytes x (K, V) = 24 KiB a
-  // block. 720 KiB = 30 blocks; a session of 200 positions takes 13, so two fit.
-  CloudProcess cloud(dir.path(), {.kv_memory = "720KiB", .max_waiting_sessions = 1});
+  // block. 2880 KiB = 120 blocks; a session of 900 positions takes 57, so two fit. Long
+  // sessions keep the first two running while the third and fourth arrive.
+  CloudProcess cloud(dir.path(), {.kv_memory = "2880KiB", .max_waiting_sessions = 1});
   AgentProcess agent(dir.path(), cloud, 16);
   const std::vector<int32_t> prompt = Tokenize(ToyPrompts(4, 1)[0]);
-  const int64_t max_new_tokens = 200 - static_cast<int64_t>(prompt.size());
-  REQUIRE(max_new_tokens > 50);
+  const int64_t max_new_tokens = 900 - static_cast<int64_t>(prompt.size());
   const auto start = [&] {
     return std::async(std::launch::async, [&] {
       return agent.client().Generate(IdsRequest(prompt, max_new_tokens, true));
