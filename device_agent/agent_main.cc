@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "proto/hidden_states.h"
 #include "telemetry/metrics_http_server.h"
 #include "configs/agent_config.h"
 #include "device_agent/agent.h"
@@ -74,6 +75,7 @@ int Run(const tophat::AgentConfig& config) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tophat::ConfigureAllocatorForPayloads();
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);

@@ -1,5 +1,7 @@
 #include "proto/hidden_states.h"
 
+#include <malloc.h>
+
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -98,6 +100,11 @@ absl::Status ValidateHiddenStates(const v1::HiddenStates& states, v1::DType expe
         states.hidden_size(), " ", v1::DType_Name(states.dtype()), " needs ", expected_bytes));
   }
   return absl::OkStatus();
+}
+
+void ConfigureAllocatorForPayloads() {
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
 }
 
 absl::StatusOr<at::Tensor> UnpackHiddenStates(const v1::HiddenStates& states) {

@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "proto/hidden_states.h"
 #include "telemetry/metrics_http_server.h"
 #include "configs/cloud_config.h"
 #include "models/bundle.h"
@@ -150,6 +151,7 @@ int Run(const CloudConfig& config) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tophat::ConfigureAllocatorForPayloads();
   // Block the shutdown signals in every thread; the main thread collects them with sigwait.
   sigset_t signals;
   sigemptyset(&signals);

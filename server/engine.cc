@@ -496,13 +496,24 @@ int64_t Engine::Step() {
       --session->reserved_blocks;
       cache.AppendBlock(*block);
     }
-    std::memcpy(staging + row * row_bytes_, head.data.data() + head.done * row_bytes_,
-                planned.num_tokens * row_bytes_);
+    if (plan_.size() > 1) {
+      std::memcpy(staging + row * row_bytes_, head.data.data() + head.done * row_bytes_,
+                  planned.num_tokens * row_bytes_);
+    }
     chunks_.push_back({.cache = &cache, .num_tokens = planned.num_tokens});
     row += planned.num_tokens;
   }
 
-  at::Tensor input = staging_.narrow(0, 0, total);
+  // A step of one chunk reads its payload in place (the payload outlives the forward);
+  // batches are gathered into staging.
+  at::Tensor input;
+  if (plan_.size() == 1) {
+    const WorkItem& only = pending_sessions_[plan_[0].index]->work.front();
+    input = at::from_blob(const_cast<char*>(only.data.data()) + only.done * row_bytes_,
+                          {total, middle_->config().hidden_size}, staging_.options());
+  } else {
+    input = staging_.narrow(0, 0, total);
+  }
   if (!middle_->options().device.is_cpu()) input = input.to(middle_->options().device);
   absl::StatusOr<at::Tensor> output = middle_->Forward(input, chunks_);
   at::Tensor deep;

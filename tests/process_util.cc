@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,6 +21,8 @@ ChildProcess::ChildProcess(std::vector<std::string> argv, std::filesystem::path 
     : log_path_(std::move(log_path)) {
   pid_ = fork();
   if (pid_ == 0) {
+    // Die with the test: a crashed or killed test must not leave daemons behind.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     const int fd = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) {
       dup2(fd, STDOUT_FILENO);

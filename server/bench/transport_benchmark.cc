@@ -29,6 +29,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "proto/hidden_states.h"
 #include "absl/strings/str_format.h"
 #include "models/checkpoint.h"
 #include "models/config.h"
@@ -500,6 +501,7 @@ int Run(const Args& args) {
 }  // namespace tophat
 
 int main(int argc, char** argv) {
+  tophat::ConfigureAllocatorForPayloads();
   tophat::Args args;
   CLI::App app{
       "tophat-bench-transport: hidden-state throughput of one agent stream over loopback gRPC "
