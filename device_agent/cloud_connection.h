@@ -54,7 +54,9 @@ struct CloudConnectionOptions {
   std::string address = "127.0.0.1:7100";
   double initial_backoff_s = 0.1;
   double max_backoff_s = 2.0;
-  int64_t max_message_bytes = 64LL << 20;
+  // The cloud's limits.max_message_bytes bounds what it accepts; the agent's own channel
+  // limit must not be the tighter one.
+  int64_t max_message_bytes = 1LL << 30;
   // Checks the cloud's Hello against the device bundle; an error refuses the cloud.
   std::function<absl::Status(const v1::Hello&)> check_hello;
   // Called (on the reader thread) on every connect and disconnect.

@@ -62,6 +62,17 @@ int Run(const CloudConfig& config) {
         block_bytes, " bytes")));
   }
 
+  // The largest chunk the engine accepts must fit in one gRPC message, or agents hit the
+  // transport limit before the engine's clear per-session error.
+  const int64_t row_bytes = middle->config().hidden_size * at::elementSize(*dtype);
+  const int64_t largest_chunk = config.limits.max_chunk_tokens * row_bytes + (64 << 10);
+  if (largest_chunk > config.limits.max_message_bytes) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "limits.max_chunk_tokens: ", config.limits.max_chunk_tokens, " positions x ", row_bytes,
+        " bytes do not fit limits.max_message_bytes (", config.limits.max_message_bytes,
+        "); lower the first or raise the second")));
+  }
+
   auto registry = std::make_shared<prometheus::Registry>();
   tophat::CloudMetrics metrics(*registry);
   std::unique_ptr<tophat::MetricsHttpServer> metrics_server;
