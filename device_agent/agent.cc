@@ -21,13 +21,6 @@ SteadyClock::duration ToDuration(double seconds) {
   return std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(seconds));
 }
 
-absl::StatusOr<at::ScalarType> ParseDtype(const std::string& name) {
-  if (name == "float32") return at::kFloat;
-  if (name == "float16") return at::kHalf;
-  if (name == "bfloat16") return at::kBFloat16;
-  return absl::InvalidArgumentError(absl::StrCat("dtype: unknown value \"", name, "\""));
-}
-
 absl::Status CloudError(const v1::SessionError& error) {
   return absl::Status(static_cast<absl::StatusCode>(error.code()),
                       absl::StrCat("cloud: ", error.message()));
@@ -460,7 +453,7 @@ v1::GenerateResponse Agent::Request::Run() {
 
 absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
                                                      prometheus::Registry* registry) {
-  TOPHAT_ASSIGN_OR_RETURN(at::ScalarType dtype, ParseDtype(config.dtype));
+  TOPHAT_ASSIGN_OR_RETURN(at::ScalarType dtype, ParseTorchDtypeName(config.dtype, "dtype"));
   SubmodelOptions options{.dtype = dtype,
                           .device = at::Device(config.device),
                           .max_context = config.max_context};

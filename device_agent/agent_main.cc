@@ -1,19 +1,18 @@
 // tophat-agent: the device agent. Holds the input and output submodels of a device bundle,
 // serves apps on the local AgentService, and keeps one stream to tophat-cloud (reconnecting
 // and replaying when it drops). SIGTERM stops it cleanly.
-#include <csignal>
 #include <memory>
 #include <string>
 
 #include <CLI/CLI.hpp>
 #include <grpcpp/grpcpp.h>
 #include <prometheus/registry.h>
-#include <pthread.h>
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
 #include "proto/hidden_states.h"
 #include "telemetry/metrics_http_server.h"
+#include "telemetry/shutdown_signals.h"
 #include "configs/agent_config.h"
 #include "device_agent/agent.h"
 #include "device_agent/agent_service.h"
@@ -58,13 +57,8 @@ int Run(const tophat::AgentConfig& config) {
                config.cloud_address,
                config.metrics_address.empty() ? "off" : config.metrics_address);
 
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
-  spdlog::info("{}: stopping", signal_number == SIGTERM ? "SIGTERM" : "SIGINT");
+  const char* signal_name = tophat::WaitForShutdownSignal();
+  spdlog::info("{}: stopping", signal_name);
   // Running requests get a few seconds to finish; then their streams are cancelled.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   agent->reset();
@@ -76,11 +70,7 @@ int Run(const tophat::AgentConfig& config) {
 
 int main(int argc, char** argv) {
   tophat::ConfigureAllocatorForPayloads();
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  tophat::BlockShutdownSignals();
 
   CLI::App app{
       "tophat-agent: the device agent of tophat. Runs the input and output submodels of a "

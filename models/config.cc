@@ -140,6 +140,15 @@ std::string TorchDtypeName(at::ScalarType dtype) {
   return c10::toString(dtype);
 }
 
+absl::StatusOr<at::ScalarType> ParseTorchDtypeName(std::string_view name, std::string_view key) {
+  if (name == "float32") return at::kFloat;
+  if (name == "float16") return at::kHalf;
+  if (name == "bfloat16") return at::kBFloat16;
+  return absl::InvalidArgumentError(absl::StrCat(std::string(key), ": unknown dtype \"",
+                                                 std::string(name),
+                                                 "\" (float32, float16 or bfloat16)"));
+}
+
 absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::string& source) {
   if (!j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": must hold a JSON object"));

@@ -22,6 +22,8 @@ std::string_view ArchitectureName(Architecture architecture);
 // The `torch_dtype` spelling of a tensor dtype ("float32", "float16", "bfloat16"), or
 // LibTorch's own name for any other dtype.
 std::string TorchDtypeName(at::ScalarType dtype);
+// The inverse for the three compute dtypes; `key` names the setting in the error.
+absl::StatusOr<at::ScalarType> ParseTorchDtypeName(std::string_view name, std::string_view key);
 
 // `rope_scaling` of type "llama3" (Llama 3.1+): frequencies below a wavelength band are
 // divided by `factor`, those above are kept, and the band between is interpolated.

@@ -1,7 +1,6 @@
 // tophat-cloud: the cloud daemon. Hosts the middle submodel for every connected device agent,
 // batching their sessions in one engine loop. Runs under systemd (deploy/tophat-cloud.service);
 // SIGTERM drains: no new sessions, in-flight ones get drain_grace_period_s to finish.
-#include <csignal>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -10,12 +9,12 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <prometheus/registry.h>
-#include <pthread.h>
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
 #include "proto/hidden_states.h"
 #include "telemetry/metrics_http_server.h"
+#include "telemetry/shutdown_signals.h"
 #include "configs/cloud_config.h"
 #include "models/bundle.h"
 #include "models/config.h"
@@ -32,16 +31,9 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
-absl::StatusOr<at::ScalarType> ParseDtype(const std::string& name) {
-  if (name == "float32") return at::kFloat;
-  if (name == "float16") return at::kHalf;
-  if (name == "bfloat16") return at::kBFloat16;
-  return absl::InvalidArgumentError(absl::StrCat("dtype: unknown value \"", name, "\""));
-}
-
 int Run(const CloudConfig& config) {
   spdlog::set_level(spdlog::level::from_str(config.log_level));
-  auto dtype = ParseDtype(config.dtype);
+  auto dtype = tophat::ParseTorchDtypeName(config.dtype, "dtype");
   if (!dtype.ok()) return Fail(dtype.status());
   tophat::SubmodelOptions submodel_options{.dtype = *dtype,
                                            .device = at::Device(config.device),
@@ -125,14 +117,8 @@ int Run(const CloudConfig& config) {
   spdlog::info("tophat-cloud serving on {} (metrics: {})", config.listen_address,
                config.metrics_address.empty() ? "off" : config.metrics_address);
 
-  // Signals were blocked in main() before any thread started, so only this wait sees them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
-  spdlog::info("{}: draining (grace period {:.0f}s)", signal_number == SIGTERM ? "SIGTERM" : "SIGINT",
+  const char* signal_name = tophat::WaitForShutdownSignal();
+  spdlog::info("{}: draining (grace period {:.0f}s)", signal_name,
                config.drain_grace_period_s);
 
   server->GetHealthCheckService()->SetServingStatus(false);
@@ -163,12 +149,7 @@ int Run(const CloudConfig& config) {
 
 int main(int argc, char** argv) {
   tophat::ConfigureAllocatorForPayloads();
-  // Block the shutdown signals in every thread; the main thread collects them with sigwait.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  tophat::BlockShutdownSignals();
 
   CLI::App app{
       "tophat-cloud: the cloud daemon of tophat. Hosts the middle submodel and serves device "

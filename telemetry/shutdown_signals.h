@@ -1,0 +1,14 @@
+// SIGTERM/SIGINT handling for the daemons: block the signals in every thread before any is
+// started, then collect them synchronously on the main thread, where shutting down is safe
+// (no async-signal-safety constraints, no handler racing gRPC or the engine).
+#pragma once
+
+namespace tophat {
+
+// Call first thing in main(), before any thread exists: threads inherit the mask.
+void BlockShutdownSignals();
+
+// Waits for SIGTERM or SIGINT and returns its name ("SIGTERM" or "SIGINT").
+const char* WaitForShutdownSignal();
+
+}  // namespace tophat
