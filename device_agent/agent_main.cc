@@ -27,15 +27,8 @@ int Fail(const absl::Status& status) {
 int Run(const tophat::AgentConfig& config) {
   spdlog::set_level(spdlog::level::from_str(config.log_level));
   auto registry = std::make_shared<prometheus::Registry>();
-  std::unique_ptr<tophat::MetricsHttpServer> metrics_server;
-  if (!config.metrics_address.empty()) {
-    auto started = tophat::MetricsHttpServer::Start(config.metrics_address, registry);
-    if (!started.ok()) {
-      return Fail(absl::Status(started.status().code(),
-                               absl::StrCat("metrics_address: ", started.status().message())));
-    }
-    metrics_server = *std::move(started);
-  }
+  auto metrics_server = tophat::StartConfiguredMetricsServer(config.metrics_address, registry);
+  if (!metrics_server.ok()) return Fail(metrics_server.status());
   spdlog::info("loading device bundle {}", config.bundle);
   auto agent = tophat::Agent::Create(config, registry.get());
   if (!agent.ok()) return Fail(agent.status());

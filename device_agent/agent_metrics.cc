@@ -1,14 +1,9 @@
 #include "device_agent/agent_metrics.h"
 
+#include "telemetry/metric_builders.h"
+
 namespace tophat {
 namespace {
-
-prometheus::Histogram& AddHistogram(prometheus::Registry& registry, const std::string& name,
-                                    const std::string& help,
-                                    prometheus::Histogram::BucketBoundaries buckets) {
-  return prometheus::BuildHistogram().Name(name).Help(help).Register(registry).Add(
-      {}, std::move(buckets));
-}
 
 // vLLM's latency buckets, starting at 1 ms so fast decode steps stay resolved.
 const prometheus::Histogram::BucketBoundaries kLatencyBuckets = {
@@ -29,11 +24,7 @@ AgentMetrics::AgentMetrics(prometheus::Registry& registry)
       request_queue_time_seconds(AddHistogram(registry, "tophat_request_queue_time_seconds",
                                               "Time a request waited for cloud KV admission",
                                               kLatencyBuckets)),
-      requests_running(prometheus::BuildGauge()
-                           .Name("tophat_num_requests_running")
-                           .Help("Requests being generated")
-                           .Register(registry)
-                           .Add({})),
+      requests_running(AddGauge(registry, "tophat_num_requests_running", "Requests being generated")),
       hidden_state_bytes_family(prometheus::BuildCounter()
                                     .Name("tophat_hidden_state_bytes_total")
                                     .Help("Hidden-state payload bytes sent up to and received "
@@ -41,16 +32,8 @@ AgentMetrics::AgentMetrics(prometheus::Registry& registry)
                                     .Register(registry)),
       hidden_state_bytes_up(hidden_state_bytes_family.Add({{"direction", "up"}})),
       hidden_state_bytes_down(hidden_state_bytes_family.Add({{"direction", "down"}})),
-      prompt_tokens(prometheus::BuildCounter()
-                        .Name("tophat_prompt_tokens_total")
-                        .Help("Prompt tokens processed")
-                        .Register(registry)
-                        .Add({})),
-      generation_tokens(prometheus::BuildCounter()
-                            .Name("tophat_generation_tokens_total")
-                            .Help("Tokens generated")
-                            .Register(registry)
-                            .Add({})),
+      prompt_tokens(AddCounter(registry, "tophat_prompt_tokens_total", "Prompt tokens processed")),
+      generation_tokens(AddCounter(registry, "tophat_generation_tokens_total", "Tokens generated")),
       requests_finished_family(prometheus::BuildCounter()
                                    .Name("tophat_request_success_total")
                                    .Help("Finished requests by finish reason")
@@ -59,15 +42,7 @@ AgentMetrics::AgentMetrics(prometheus::Registry& registry)
       requests_length(requests_finished_family.Add({{"finished_reason", "length"}})),
       requests_cancelled(requests_finished_family.Add({{"finished_reason", "cancelled"}})),
       requests_error(requests_finished_family.Add({{"finished_reason", "error"}})),
-      cloud_connected(prometheus::BuildGauge()
-                          .Name("tophat_cloud_connected")
-                          .Help("1 while the agent holds a stream to the cloud")
-                          .Register(registry)
-                          .Add({})),
-      cloud_reconnects(prometheus::BuildCounter()
-                           .Name("tophat_cloud_reconnects_total")
-                           .Help("Cloud streams re-established after a loss")
-                           .Register(registry)
-                           .Add({})) {}
+      cloud_connected(AddGauge(registry, "tophat_cloud_connected", "1 while the agent holds a stream to the cloud")),
+      cloud_reconnects(AddCounter(registry, "tophat_cloud_reconnects_total", "Cloud streams re-established after a loss")) {}
 
 }  // namespace tophat

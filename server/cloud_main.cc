@@ -67,15 +67,8 @@ int Run(const CloudConfig& config) {
 
   auto registry = std::make_shared<prometheus::Registry>();
   tophat::CloudMetrics metrics(*registry);
-  std::unique_ptr<tophat::MetricsHttpServer> metrics_server;
-  if (!config.metrics_address.empty()) {
-    auto started = tophat::MetricsHttpServer::Start(config.metrics_address, registry);
-    if (!started.ok()) {
-      return Fail(absl::Status(started.status().code(),
-                               absl::StrCat("metrics_address: ", started.status().message())));
-    }
-    metrics_server = *std::move(started);
-  }
+  auto metrics_server = tophat::StartConfiguredMetricsServer(config.metrics_address, registry);
+  if (!metrics_server.ok()) return Fail(metrics_server.status());
 
   tophat::EngineOptions engine_options{
       .model_id = absl::StrCat(bundle->manifest.source_architecture, " ",

@@ -2,25 +2,10 @@
 
 #include <prometheus/family.h>
 
+#include "telemetry/metric_builders.h"
+
 namespace tophat {
 namespace {
-
-prometheus::Gauge& AddGauge(prometheus::Registry& registry, const std::string& name,
-                            const std::string& help) {
-  return prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add({});
-}
-
-prometheus::Counter& AddCounter(prometheus::Registry& registry, const std::string& name,
-                                const std::string& help) {
-  return prometheus::BuildCounter().Name(name).Help(help).Register(registry).Add({});
-}
-
-prometheus::Histogram& AddHistogram(prometheus::Registry& registry, const std::string& name,
-                                    const std::string& help,
-                                    prometheus::Histogram::BucketBoundaries buckets) {
-  return prometheus::BuildHistogram().Name(name).Help(help).Register(registry).Add(
-      {}, std::move(buckets));
-}
 
 const prometheus::Histogram::BucketBoundaries kSecondsBuckets = {
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5,

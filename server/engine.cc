@@ -160,10 +160,7 @@ void Engine::Loop() {
       }
     }
     if (!DrainIntake(/*wait=*/!has_work)) break;
-    ExpireDeadlines();
-    AdmitWaiting();
-    Step();
-    UpdateGauges();
+    StepAfterIntake();
   }
   // Shutdown: whatever is left is cancelled, and its KV freed, before the thread exits.
   std::vector<SessionKey> keys;
@@ -177,6 +174,10 @@ void Engine::Loop() {
 int64_t Engine::RunOnce() {
   c10::InferenceMode inference_mode;
   DrainIntake(/*wait=*/false);
+  return StepAfterIntake();
+}
+
+int64_t Engine::StepAfterIntake() {
   ExpireDeadlines();
   AdmitWaiting();
   const int64_t tokens = Step();
@@ -302,7 +303,7 @@ void Engine::Open(StreamId stream, const v1::OpenSession& open) {
   }
   if (static_cast<int64_t>(waiting_.size()) >= options_.max_waiting_sessions) {
     const bool room_now = waiting_.empty() &&
-                          static_cast<int64_t>(stat_running_) < options_.max_running_sessions &&
+                          num_running_ < options_.max_running_sessions &&
                           blocks <= allocator_.num_unreserved();
     if (!room_now) {
       SendError(stream, id, 0,
@@ -339,14 +340,13 @@ void Engine::AdmitWaiting() {
       waiting_.pop_front();
       continue;
     }
-    int64_t running = 0;
-    for (const auto& [k, s] : sessions_) running += s->state == SessionState::kRunning;
-    if (running >= options_.max_running_sessions) break;
+    if (num_running_ >= options_.max_running_sessions) break;
     const int32_t blocks = allocator_.BlocksFor(session->max_positions);
     if (!allocator_.Reserve(blocks)) break;
     waiting_.pop_front();
     session->reserved_blocks = blocks;
     session->state = SessionState::kRunning;
+    ++num_running_;
     const double queued = Seconds(Clock::now() - session->opened);
     if (metrics_ != nullptr) {
       metrics_->sessions_admitted.Increment();
@@ -607,6 +607,7 @@ void Engine::EraseSession(const SessionKey& key) {
   if (session.state == SessionState::kRunning) {
     for (int32_t block : session.cache.block_table()) allocator_.Free(block);
     allocator_.Unreserve(session.reserved_blocks);
+    --num_running_;
   }
   sessions_.erase(it);
   // A freed reservation may let the head of the queue in.
@@ -621,13 +622,11 @@ void Engine::FailSession(const SessionKey& key, uint64_t sequence_number,
 }
 
 void Engine::UpdateGauges() {
-  int64_t running = 0;
-  for (const auto& [key, session] : sessions_) running += session->state == SessionState::kRunning;
-  stat_running_ = running;
-  stat_waiting_ = static_cast<int64_t>(sessions_.size()) - running;
+  stat_running_ = num_running_;
+  stat_waiting_ = static_cast<int64_t>(sessions_.size()) - num_running_;
   stat_blocks_ = allocator_.num_allocated();
   if (metrics_ != nullptr) {
-    metrics_->sessions_running.Set(static_cast<double>(running));
+    metrics_->sessions_running.Set(static_cast<double>(num_running_));
     metrics_->sessions_waiting.Set(static_cast<double>(stat_waiting_));
     metrics_->kv_cache_usage_ratio.Set(allocator_.usage());
   }

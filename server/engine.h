@@ -134,6 +134,8 @@ class Engine {
   void Post(Event event);
   void Loop();
   bool DrainIntake(bool wait);
+  // Everything a step does once the intake is drained; returns the positions computed.
+  int64_t StepAfterIntake();
   void HandleEvent(Event& event);
   void HandleMessage(StreamId stream, v1::AgentMessage& message, Clock::time_point received);
   void Open(StreamId stream, const v1::OpenSession& open);
@@ -169,6 +171,7 @@ class Engine {
   // Engine-thread state.
   KvBlockAllocator allocator_;
   std::map<SessionKey, std::unique_ptr<Session>> sessions_;
+  int64_t num_running_ = 0;  // sessions_ in kRunning, kept in step with admit and erase
   std::deque<SessionKey> waiting_;
   std::unordered_map<StreamId, StreamState> streams_;
   std::vector<Event> events_;  // swapped with intake_ each step

@@ -51,6 +51,17 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   return server;
 }
 
+absl::StatusOr<std::unique_ptr<MetricsHttpServer>> StartConfiguredMetricsServer(
+    const std::string& metrics_address, std::shared_ptr<prometheus::Registry> registry) {
+  if (metrics_address.empty()) return std::unique_ptr<MetricsHttpServer>();
+  auto started = MetricsHttpServer::Start(metrics_address, std::move(registry));
+  if (!started.ok()) {
+    return absl::Status(started.status().code(),
+                        absl::StrCat("metrics_address: ", started.status().message()));
+  }
+  return started;
+}
+
 MetricsHttpServer::~MetricsHttpServer() {
   if (server_ != nullptr) server_->stop();
   if (thread_.joinable()) thread_.join();

@@ -35,4 +35,9 @@ class MetricsHttpServer {
   int port_ = 0;
 };
 
+// A daemon's `metrics_address` setting: empty disables metrics (returns nullptr); an error
+// names the key.
+absl::StatusOr<std::unique_ptr<MetricsHttpServer>> StartConfiguredMetricsServer(
+    const std::string& metrics_address, std::shared_ptr<prometheus::Registry> registry);
+
 }  // namespace tophat
