@@ -36,6 +36,18 @@ void CheckAgentConfig(const AgentConfig& config, bool require_bundle, Report&& r
         CheckAtLeast(config.reconnect.max_backoff_s, 0, /*inclusive=*/false));
   check("reconnect.give_up_after_s",
         CheckAtLeast(config.reconnect.give_up_after_s, 0, /*inclusive=*/true));
+  if (!(config.speculative.eta > 0 && config.speculative.eta <= 1)) {
+    report("speculative.eta", absl::StrCat(config.speculative.eta, " is not in (0, 1]"), "");
+  }
+  check("speculative.max_draft_tokens", CheckAtLeast(config.speculative.max_draft_tokens, 1));
+  check("speculative.parallel_top_k", CheckAtLeast(config.speculative.parallel_top_k, 1));
+  check("speculative.parallel_steps", CheckAtLeast(config.speculative.parallel_steps, 0));
+  check("link_emulation.one_way_delay_s",
+        CheckAtLeast(config.link_emulation.one_way_delay_s, 0, /*inclusive=*/true));
+  check("link_emulation.uplink_bytes_per_second",
+        CheckAtLeast(config.link_emulation.uplink_bytes_per_second, 0, /*inclusive=*/true));
+  check("link_emulation.downlink_bytes_per_second",
+        CheckAtLeast(config.link_emulation.downlink_bytes_per_second, 0, /*inclusive=*/true));
   if (!config.metrics_address.empty()) {
     check("metrics_address", CheckHostPort(config.metrics_address, /*allow_port_zero=*/true));
   }
@@ -77,6 +89,21 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
   reader.ReadSeconds("reconnect.max_backoff_s", &config.reconnect.max_backoff_s, Bound::kPositive);
   reader.ReadSeconds("reconnect.give_up_after_s", &config.reconnect.give_up_after_s,
                      Bound::kNonNegative);
+  reader.ReadBool("speculative.enabled", &config.speculative.enabled);
+  reader.ReadDouble("speculative.eta", &config.speculative.eta, Bound::kPositive);
+  reader.ReadInt("speculative.max_draft_tokens", &config.speculative.max_draft_tokens,
+                 Bound::kPositive);
+  reader.ReadBool("speculative.parallel_drafting", &config.speculative.parallel_drafting);
+  reader.ReadInt("speculative.parallel_top_k", &config.speculative.parallel_top_k,
+                 Bound::kPositive);
+  reader.ReadInt("speculative.parallel_steps", &config.speculative.parallel_steps,
+                 Bound::kNonNegative);
+  reader.ReadSeconds("link_emulation.one_way_delay_s", &config.link_emulation.one_way_delay_s,
+                     Bound::kNonNegative);
+  reader.ReadDouble("link_emulation.uplink_bytes_per_second",
+                    &config.link_emulation.uplink_bytes_per_second, Bound::kNonNegative);
+  reader.ReadDouble("link_emulation.downlink_bytes_per_second",
+                    &config.link_emulation.downlink_bytes_per_second, Bound::kNonNegative);
   reader.ReadString("metrics_address", &config.metrics_address);
   reader.ReadString("log_level", &config.log_level);
 

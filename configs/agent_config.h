@@ -29,6 +29,25 @@ struct AgentConfig {
     double give_up_after_s = 60;  // a request fails after this long without a cloud
     bool operator==(const Reconnect&) const = default;
   } reconnect;
+  // Speculative decoding with the bundle's adapter (DESIGN.md request path 4-5). All off is
+  // plain U-shaped inference, the baseline.
+  struct Speculative {
+    bool enabled = true;        // needs an adapter in the device bundle; else off with a warning
+    double eta = 0.6;           // stop drafting below this top probability
+    int64_t max_draft_tokens = 8;
+    bool parallel_drafting = true;
+    int64_t parallel_top_k = 2;  // candidates drafted ahead from
+    int64_t parallel_steps = 4;  // λ: drafts per candidate (the scheduler will set it)
+    bool operator==(const Speculative&) const = default;
+  } speculative;
+  // An emulated edge link in front of the cloud stream, for benchmarks on loopback: every
+  // message waits `one_way_delay_s` plus its bytes over the bandwidth (0: unlimited), in order.
+  struct LinkEmulation {
+    double one_way_delay_s = 0;
+    double uplink_bytes_per_second = 0;
+    double downlink_bytes_per_second = 0;
+    bool operator==(const LinkEmulation&) const = default;
+  } link_emulation;
   std::string metrics_address = "127.0.0.1:9200";  // empty disables
   std::string log_level = "info";
 

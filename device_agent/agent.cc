@@ -1,6 +1,7 @@
 #include "device_agent/agent.h"
 
 #include <algorithm>
+#include <span>
 
 #include <c10/core/InferenceMode.h>
 #include <spdlog/spdlog.h>
@@ -60,7 +61,13 @@ class Agent::Request {
   absl::Status HandleResult(const v1::ForwardResult& result);
   absl::Status Reconnect(const std::string& why);
   absl::StatusOr<int32_t> SampleNext();
-  absl::Status Emit(int32_t token);
+  // Emits `tokens` (one round's) up to a stop token or the length limit; sets done_ when the
+  // request is complete. The round's time is split evenly over its tokens (as SGLang does).
+  absl::Status Emit(std::span<const int32_t> tokens);
+  // One speculative (or, with drafting off, plain) decode round: send, draft ahead while the
+  // cloud verifies, verify, roll back, emit.
+  absl::Status DecodeRound();
+  void RecordRound(const RoundOutcome& outcome, double seconds);
   void Finish(v1::GenerateResponse& response, v1::FinishReason reason, const absl::Status& error);
 
   Agent& agent_;
@@ -86,7 +93,13 @@ class Agent::Request {
   at::Tensor shallow_;
   std::optional<KvCache> input_cache_;
   std::optional<KvCache> output_cache_;
+  std::optional<KvCache> adapter_cache_;
+  std::unique_ptr<SpeculativeDecoder> decoder_;
   at::Tensor last_output_;  // output-submodel state of the newest consumed position
+  std::vector<at::Tensor> round_outputs_;  // output-submodel states of this decode round
+  bool decoding_ = false;
+  bool done_ = false;
+  int32_t next_token_ = 0;  // accepted, not yet in any KV: starts the next round
   int64_t sent_ = 0;        // positions whose shallow states went to the cloud
   int64_t consumed_ = 0;    // positions whose deep states went through the output submodel
 
@@ -105,6 +118,8 @@ class Agent::Request {
   double cloud_queue_ = 0;
   double cloud_compute_ = 0;
   uint32_t reconnects_ = 0;
+  uint32_t cloud_kv_length_ = 0;  // as the last result or truncate reported it
+  v1::RequestStats round_stats_;  // decode-round counters and the trace
 };
 
 absl::Status Agent::Request::Prepare() {
@@ -162,6 +177,21 @@ absl::Status Agent::Request::Prepare() {
                        at::TensorOptions().dtype(bundle.input->options().dtype));
   input_cache_.emplace(bundle.input->NewCache(max_positions_));
   output_cache_.emplace(bundle.output->NewCache(max_positions_));
+  const AgentConfig::Speculative& spec = config.speculative;
+  const bool drafting = spec.enabled && bundle.adapter != nullptr;
+  if (drafting) adapter_cache_.emplace(bundle.adapter->NewCache(max_positions_));
+  decoder_ = std::make_unique<SpeculativeDecoder>(
+      SpeculativeDecoder::Models{.input = bundle.input.get(),
+                                 .adapter = drafting ? bundle.adapter.get() : nullptr,
+                                 .output = bundle.output.get()},
+      *input_cache_, adapter_cache_ ? &*adapter_cache_ : nullptr, *output_cache_,
+      SpeculativeOptions{.enabled = drafting,
+                         .eta = spec.eta,
+                         .max_draft = spec.max_draft_tokens,
+                         .parallel = spec.parallel_drafting,
+                         .parallel_top_k = spec.parallel_top_k,
+                         .parallel_steps = spec.parallel_steps},
+      *sampler_);
   return absl::OkStatus();
 }
 
@@ -205,6 +235,74 @@ absl::Status Agent::Request::ComputeShallow(int64_t first, int64_t count) {
   return absl::OkStatus();
 }
 
+absl::Status Agent::Request::DecodeRound() {
+  const SteadyClock::time_point round_begin = SteadyClock::now();
+  const int64_t start = decoder_->round_start();
+  const at::Tensor rows = decoder_->RoundShallow();
+  const int64_t count = rows.size(0);
+  shallow_.narrow(0, start, count).copy_(rows);
+  sent_ = start + count;
+  round_outputs_.clear();
+  SendRows(start, sent_, v1::PHASE_DECODE);
+  // Draft ahead while the cloud works, a token at a time, so the answer waits at most one
+  // drafter step.
+  while (consumed_ < sent_) {
+    TOPHAT_RETURN_IF_ERROR(Pump(sent_, /*block=*/false));
+    if (consumed_ >= sent_) break;
+    TOPHAT_ASSIGN_OR_RETURN(bool drafted, decoder_->DraftAheadStep());
+    if (!drafted) TOPHAT_RETURN_IF_ERROR(Pump(sent_, /*block=*/true));
+  }
+  const uint32_t cloud_after_verify = cloud_kv_length_;
+  TOPHAT_ASSIGN_OR_RETURN(RoundOutcome outcome, decoder_->FinishRound(at::cat(round_outputs_, 0)));
+  if (outcome.length < sent_) {
+    v1::AgentMessage rollback;
+    v1::Truncate* truncate = rollback.mutable_truncate();
+    truncate->set_session_id(session_id_);
+    truncate->set_sequence_number(++sequence_number_);
+    truncate->set_length(static_cast<uint32_t>(outcome.length));
+    agent_.cloud_->Send(epoch_, rollback).IgnoreError();
+  }
+  sent_ = consumed_ = outcome.length;
+  RecordRound(outcome, Seconds(SteadyClock::now() - round_begin));
+  if (request_.trace()) {
+    v1::DecodeRound* round = round_stats_.add_rounds();
+    round->set_start(static_cast<uint32_t>(start));
+    round->set_drafted(static_cast<uint32_t>(outcome.drafted));
+    round->set_accepted(static_cast<uint32_t>(outcome.accepted));
+    round->set_parallel_hit(decoder_->round_from_parallel());
+    round->set_cloud_kv_after_verify(cloud_after_verify);
+    round->set_kv_length(static_cast<uint32_t>(outcome.length));
+    // Filled in when the cloud confirms its rollback; no rollback, no change.
+    round->set_cloud_kv_length(outcome.length < start + count ? 0 : cloud_after_verify);
+    round->set_input_kv_length(static_cast<uint32_t>(outcome.input_kv_length));
+    round->set_adapter_kv_length(static_cast<uint32_t>(outcome.adapter_kv_length));
+    round->set_output_kv_length(static_cast<uint32_t>(outcome.output_kv_length));
+    round->set_seconds(Seconds(SteadyClock::now() - round_begin));
+  }
+  TOPHAT_RETURN_IF_ERROR(Emit(outcome.tokens));
+  next_token_ = outcome.tokens.back();
+  return absl::OkStatus();
+}
+
+void Agent::Request::RecordRound(const RoundOutcome& outcome, double seconds) {
+  round_stats_.set_decode_rounds(round_stats_.decode_rounds() + 1);
+  round_stats_.set_draft_tokens(round_stats_.draft_tokens() + outcome.drafted);
+  round_stats_.set_accepted_tokens(round_stats_.accepted_tokens() + outcome.accepted);
+  if (decoder_->drafted_ahead()) round_stats_.set_parallel_drafts(round_stats_.parallel_drafts() + 1);
+  if (decoder_->round_from_parallel()) round_stats_.set_parallel_hits(round_stats_.parallel_hits() + 1);
+  AgentMetrics* metrics = agent_.metrics_.get();
+  if (metrics == nullptr) return;
+  metrics->spec_decode_round_seconds.Observe(seconds);
+  if (outcome.drafted > 0) {
+    metrics->spec_decode_num_drafts.Increment();
+    metrics->spec_decode_num_draft_tokens.Increment(static_cast<double>(outcome.drafted));
+    metrics->spec_decode_num_accepted_tokens.Increment(static_cast<double>(outcome.accepted));
+    for (int64_t i = 0; i < outcome.accepted; ++i) metrics->AcceptedAtPosition(i).Increment();
+  }
+  if (decoder_->drafted_ahead()) metrics->spec_decode_parallel_drafts.Increment();
+  if (decoder_->round_from_parallel()) metrics->spec_decode_parallel_hits.Increment();
+}
+
 void Agent::Request::SendRows(int64_t from, int64_t to, v1::Phase phase) {
   for (int64_t start = from; start < to; start += max_chunk_positions_) {
     const int64_t n = std::min(max_chunk_positions_, to - start);
@@ -246,7 +344,9 @@ absl::Status Agent::Request::HandleResult(const v1::ForwardResult& result) {
   }
   TOPHAT_ASSIGN_OR_RETURN(at::Tensor out, bundle.output->Forward(deep, *output_cache_));
   last_output_ = out.narrow(0, out.size(0) - 1, 1);
+  if (decoding_) round_outputs_.push_back(out);
   consumed_ += count - skip;
+  cloud_kv_length_ = result.kv_length();
   return absl::OkStatus();
 }
 
@@ -303,6 +403,12 @@ absl::Status Agent::Request::Pump(int64_t target, bool block) {
         return CloudError(error);
       }
       case v1::CloudMessage::kTruncated:
+        cloud_kv_length_ = message.truncated().length();
+        if (round_stats_.rounds_size() > 0) {
+          round_stats_.mutable_rounds(round_stats_.rounds_size() - 1)
+              ->set_cloud_kv_length(cloud_kv_length_);
+        }
+        break;
       case v1::CloudMessage::kHello:
       case v1::CloudMessage::kControl:
       case v1::CloudMessage::KIND_NOT_SET:
@@ -317,26 +423,38 @@ absl::StatusOr<int32_t> Agent::Request::SampleNext() {
   return sampler_->Sample(logits[0]);
 }
 
-absl::Status Agent::Request::Emit(int32_t token) {
+absl::Status Agent::Request::Emit(std::span<const int32_t> tokens) {
   const SteadyClock::time_point now = SteadyClock::now();
   AgentMetrics* metrics = agent_.metrics_.get();
-  if (generated_.empty()) {
+  TokenEvent event;
+  event.request_id = id_;
+  size_t taken = 0;
+  for (int32_t token : tokens) {
+    ++taken;
+    generated_.push_back(token);
+    tokens_.push_back(token);
+    event.token_ids.push_back(token);
+    TOPHAT_ASSIGN_OR_RETURN(std::string text, detokenizer_->Push(token));
+    event.text += text;
+    if (std::find(stop_ids_.begin(), stop_ids_.end(), token) != stop_ids_.end() ||
+        static_cast<int64_t>(generated_.size()) >= max_new_tokens_) {
+      done_ = true;
+      break;
+    }
+  }
+  if (generated_.size() == taken) {
     ttft_ = Seconds(now - arrival_);
     if (metrics != nullptr) metrics->time_to_first_token_seconds.Observe(ttft_);
   } else {
-    const double gap = Seconds(now - last_token_time_);
-    itl_sum_ += gap;
-    ++itl_count_;
-    if (metrics != nullptr) metrics->inter_token_latency_seconds.Observe(gap);
+    const double gap = Seconds(now - last_token_time_) / static_cast<double>(taken);
+    itl_sum_ += gap * static_cast<double>(taken);
+    itl_count_ += static_cast<int64_t>(taken);
+    if (metrics != nullptr) {
+      for (size_t i = 0; i < taken; ++i) metrics->inter_token_latency_seconds.Observe(gap);
+    }
   }
   last_token_time_ = now;
-  generated_.push_back(token);
-  tokens_.push_back(token);
-  if (metrics != nullptr) metrics->generation_tokens.Increment();
-  TokenEvent event;
-  event.request_id = id_;
-  event.token_ids.push_back(token);
-  TOPHAT_ASSIGN_OR_RETURN(event.text, detokenizer_->Push(token));
+  if (metrics != nullptr) metrics->generation_tokens.Increment(static_cast<double>(taken));
   if (!on_tokens_(event)) {
     cancelled_ = true;
     return absl::CancelledError("the client went away");
@@ -354,6 +472,7 @@ void Agent::Request::Finish(v1::GenerateResponse& response, v1::FinishReason rea
     if (rest.ok()) response.set_text(*rest);
   }
   v1::RequestStats* stats = response.mutable_stats();
+  *stats = round_stats_;
   stats->set_prompt_tokens(static_cast<uint32_t>(prompt_length_));
   stats->set_generated_tokens(static_cast<uint32_t>(generated_.size()));
   stats->set_time_to_first_token_seconds(ttft_);
@@ -407,22 +526,23 @@ v1::GenerateResponse Agent::Request::Run() {
       TOPHAT_RETURN_IF_ERROR(ComputeShallow(start, n));
       sent_ = start + n;
       SendRows(start, start + n, v1::PHASE_PREFILL);
+      // The adapter's KV covers the prompt too; built while the chunk is on the wire.
+      TOPHAT_RETURN_IF_ERROR(decoder_->AbsorbPrompt(shallow_.narrow(0, start, n)));
       TOPHAT_RETURN_IF_ERROR(Pump(sent_, /*block=*/false));
     }
     TOPHAT_RETURN_IF_ERROR(Pump(prompt_length_, /*block=*/true));
-    while (true) {
-      TOPHAT_ASSIGN_OR_RETURN(int32_t token, SampleNext());
-      TOPHAT_RETURN_IF_ERROR(Emit(token));
-      if (std::find(stop_ids_.begin(), stop_ids_.end(), token) != stop_ids_.end()) {
-        return absl::OkStatus();
-      }
-      if (static_cast<int64_t>(generated_.size()) >= max_new_tokens_) return absl::OkStatus();
-      const int64_t position = static_cast<int64_t>(tokens_.size()) - 1;
-      TOPHAT_RETURN_IF_ERROR(ComputeShallow(position, 1));
-      sent_ = position + 1;
-      SendRows(position, position + 1, v1::PHASE_DECODE);
-      TOPHAT_RETURN_IF_ERROR(Pump(sent_, /*block=*/true));
+    TOPHAT_ASSIGN_OR_RETURN(int32_t first, SampleNext());
+    TOPHAT_RETURN_IF_ERROR(Emit(std::span<const int32_t>(&first, 1)));
+    next_token_ = first;
+    decoding_ = true;
+    while (!done_) {
+      if (cancelled_) return absl::CancelledError("cancelled");
+      // A round emits at most drafts + 1 tokens; never draft past the length limit.
+      const int64_t room = max_new_tokens_ - static_cast<int64_t>(generated_.size()) - 1;
+      TOPHAT_RETURN_IF_ERROR(decoder_->BeginRound(next_token_, room));
+      TOPHAT_RETURN_IF_ERROR(DecodeRound());
     }
+    return absl::OkStatus();
   };
   absl::Status result;
   absl::Status thrown = CatchExceptions("generating", [&] { result = serve(); });
@@ -458,6 +578,20 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
                           .device = at::Device(config.device),
                           .max_context = config.max_context};
   TOPHAT_ASSIGN_OR_RETURN(DeviceBundle bundle, DeviceBundle::Load(config.bundle, options));
+  if (config.speculative.enabled && bundle.adapter == nullptr) {
+    spdlog::warn("speculative decoding is on but the device bundle {} has no adapter; decoding "
+                 "without drafts (run `tophat distill --out {}` to make one)",
+                 config.bundle, config.bundle);
+  } else if (config.speculative.enabled) {
+    spdlog::info("speculative decoding: adapter with {} parameters, eta {}, up to {} drafts, "
+                 "parallel drafting {}",
+                 bundle.manifest.adapter->num_parameters, config.speculative.eta,
+                 config.speculative.max_draft_tokens,
+                 config.speculative.parallel_drafting
+                     ? absl::StrCat("top-", config.speculative.parallel_top_k, " x ",
+                                    config.speculative.parallel_steps)
+                     : std::string("off"));
+  }
   return std::unique_ptr<Agent>(new Agent(config, std::move(bundle), registry));
 }
 
@@ -476,7 +610,10 @@ Agent::Agent(AgentConfig config, DeviceBundle bundle, prometheus::Registry* regi
             if (connected && cloud_ != nullptr && cloud_->reconnects() > 0) {
               metrics_->cloud_reconnects.Increment();
             }
-          }};
+          },
+      .one_way_delay_s = config_.link_emulation.one_way_delay_s,
+      .uplink_bytes_per_second = config_.link_emulation.uplink_bytes_per_second,
+      .downlink_bytes_per_second = config_.link_emulation.downlink_bytes_per_second};
   cloud_ = std::make_unique<CloudConnection>(std::move(options));
 }
 

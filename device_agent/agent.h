@@ -20,6 +20,7 @@
 #include "configs/agent_config.h"
 #include "device_agent/agent_metrics.h"
 #include "device_agent/cloud_connection.h"
+#include "device_agent/speculative_decoder.h"
 #include "models/bundle.h"
 #include "models/sampler.h"
 #include "tophat/v1/agent.pb.h"

@@ -43,6 +43,31 @@ AgentMetrics::AgentMetrics(prometheus::Registry& registry)
       requests_cancelled(requests_finished_family.Add({{"finished_reason", "cancelled"}})),
       requests_error(requests_finished_family.Add({{"finished_reason", "error"}})),
       cloud_connected(AddGauge(registry, "tophat_cloud_connected", "1 while the agent holds a stream to the cloud")),
-      cloud_reconnects(AddCounter(registry, "tophat_cloud_reconnects_total", "Cloud streams re-established after a loss")) {}
+      cloud_reconnects(AddCounter(registry, "tophat_cloud_reconnects_total", "Cloud streams re-established after a loss")),
+      spec_decode_num_drafts(AddCounter(registry, "tophat_spec_decode_num_drafts_total",
+                                        "Verification rounds that carried at least one draft")),
+      spec_decode_num_draft_tokens(AddCounter(registry, "tophat_spec_decode_num_draft_tokens_total",
+                                              "Draft tokens sent for verification")),
+      spec_decode_num_accepted_tokens(AddCounter(
+          registry, "tophat_spec_decode_num_accepted_tokens_total", "Draft tokens the target kept")),
+      spec_decode_accepted_per_pos_family(
+          prometheus::BuildCounter()
+              .Name("tophat_spec_decode_num_accepted_tokens_per_pos_total")
+              .Help("Draft tokens the target kept, by position in the draft (0-based)")
+              .Register(registry)),
+      spec_decode_parallel_drafts(AddCounter(
+          registry, "tophat_spec_decode_parallel_drafts_total",
+          "Verification rounds during which the agent drafted ahead from top-k candidates")),
+      spec_decode_parallel_hits(AddCounter(
+          registry, "tophat_spec_decode_parallel_hits_total",
+          "Rounds whose drafts were made ahead (hit rate = hits / parallel_drafts)")),
+      spec_decode_round_seconds(AddHistogram(registry, "tophat_spec_decode_round_seconds",
+                                             "One decode round: drafting, verification trip, "
+                                             "acceptance", kLatencyBuckets)) {}
+
+prometheus::Counter& AgentMetrics::AcceptedAtPosition(int64_t position) {
+  // Family::Add returns the existing counter for known labels; it locks internally.
+  return spec_decode_accepted_per_pos_family.Add({{"position", std::to_string(position)}});
+}
 
 }  // namespace tophat

@@ -7,6 +7,8 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <cstdint>
+
 namespace tophat {
 
 struct AgentMetrics {
@@ -29,6 +31,18 @@ struct AgentMetrics {
   prometheus::Counter& requests_error;
   prometheus::Gauge& cloud_connected;
   prometheus::Counter& cloud_reconnects;
+
+  // Speculative decoding, named after vLLM's spec-decode metrics. A draft is one round's
+  // proposal (rounds that proposed nothing are not drafts).
+  prometheus::Counter& spec_decode_num_drafts;
+  prometheus::Counter& spec_decode_num_draft_tokens;
+  prometheus::Counter& spec_decode_num_accepted_tokens;
+  prometheus::Family<prometheus::Counter>& spec_decode_accepted_per_pos_family;
+  // Accepted drafts at draft position i (0-based), made on first use.
+  prometheus::Counter& AcceptedAtPosition(int64_t position);
+  prometheus::Counter& spec_decode_parallel_drafts;  // rounds that drafted ahead
+  prometheus::Counter& spec_decode_parallel_hits;    // rounds whose drafts were made ahead
+  prometheus::Histogram& spec_decode_round_seconds;  // one verification round, end to end
 };
 
 }  // namespace tophat

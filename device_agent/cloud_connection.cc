@@ -39,6 +39,13 @@ CloudConnection::CloudConnection(CloudConnectionOptions options) : options_(std:
               static_cast<int>(options_.initial_backoff_s * 1000));
   channel_ = grpc::CreateCustomChannel(options_.address, grpc::InsecureChannelCredentials(), args);
   stub_ = v1::CloudService::NewStub(channel_);
+  if (options_.one_way_delay_s > 0 || options_.uplink_bytes_per_second > 0 ||
+      options_.downlink_bytes_per_second > 0) {
+    uplink_ = std::make_unique<DelayLine>(options_.one_way_delay_s,
+                                          options_.uplink_bytes_per_second, "tophat-linkup");
+    downlink_ = std::make_unique<DelayLine>(options_.one_way_delay_s,
+                                            options_.downlink_bytes_per_second, "tophat-linkdn");
+  }
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -50,6 +57,9 @@ CloudConnection::~CloudConnection() {
   }
   state_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  // The lines' threads call back into this object; stop them before anything goes.
+  uplink_.reset();
+  downlink_.reset();
 }
 
 std::shared_ptr<SessionMailbox> CloudConnection::Register(uint64_t session_id) {
@@ -77,6 +87,28 @@ absl::StatusOr<CloudConnection::Connected> CloudConnection::WaitConnected(
 }
 
 absl::Status CloudConnection::Send(uint64_t epoch, const v1::AgentMessage& message) {
+  if (uplink_ == nullptr) return Write(epoch, message);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!connected_ || epoch != epoch_) {
+      return absl::UnavailableError(absl::StrCat("the cloud stream ", epoch, " is gone"));
+    }
+  }
+  uplink_->Push(message.ByteSizeLong(), [this, epoch, message] {
+    Write(epoch, message).IgnoreError();  // a lost stream shows up as a disconnect event
+  });
+  return absl::OkStatus();
+}
+
+void CloudConnection::Downlink(size_t bytes, std::function<void()> deliver) {
+  if (downlink_ == nullptr) {
+    deliver();
+  } else {
+    downlink_->Push(bytes, std::move(deliver));
+  }
+}
+
+absl::Status CloudConnection::Write(uint64_t epoch, const v1::AgentMessage& message) {
   std::lock_guard<std::mutex> write_lock(write_mutex_);
   grpc::ClientReaderWriter<v1::AgentMessage, v1::CloudMessage>* stream = nullptr;
   {
@@ -167,42 +199,10 @@ void CloudConnection::Run() {
     grpc::ClientReaderWriter<v1::AgentMessage, v1::CloudMessage>* reader = stream_.get();
     v1::CloudMessage message;
     while (reader->Read(&message)) {
-      uint64_t session_id = 0;
-      switch (message.kind_case()) {
-        case v1::CloudMessage::kAdmitted:
-          session_id = message.admitted().session_id();
-          break;
-        case v1::CloudMessage::kResult:
-          session_id = message.result().session_id();
-          break;
-        case v1::CloudMessage::kTruncated:
-          session_id = message.truncated().session_id();
-          break;
-        case v1::CloudMessage::kError:
-          session_id = message.error().session_id();
-          break;
-        case v1::CloudMessage::kControl: {
-          std::lock_guard<std::mutex> lock(mutex_);
-          *hello_.mutable_control() = message.control();
-          continue;
-        }
-        case v1::CloudMessage::kHello:
-        case v1::CloudMessage::KIND_NOT_SET:
-          continue;
-      }
-      std::shared_ptr<SessionMailbox> mailbox;
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        auto it = mailboxes_.find(session_id);
-        if (it != mailboxes_.end()) mailbox = it->second;
-      }
-      if (mailbox != nullptr) {
-        mailbox->Push({.kind = MailboxEvent::Kind::kMessage,
-                       .message = std::move(message),
-                       .epoch = epoch});
-      } else if (message.has_error()) {
-        spdlog::warn("cloud error for session {}: {}", session_id, message.error().message());
-      }
+      const size_t bytes = message.ByteSizeLong();
+      Downlink(bytes, [this, epoch, moved = std::move(message)]() mutable {
+        Route(std::move(moved), epoch);
+      });
       message.Clear();
     }
 
@@ -224,8 +224,49 @@ void CloudConnection::Run() {
       context_.reset();
     }
     spdlog::warn("cloud: {}", last_error_);
-    Broadcast({.kind = MailboxEvent::Kind::kDisconnected, .epoch = epoch});
+    // After the messages that were still on the way down.
+    Downlink(0, [this, epoch] {
+      Broadcast({.kind = MailboxEvent::Kind::kDisconnected, .epoch = epoch});
+    });
     if (options_.on_state_change) options_.on_state_change(false);
+  }
+}
+
+void CloudConnection::Route(v1::CloudMessage message, uint64_t epoch) {
+  uint64_t session_id = 0;
+  switch (message.kind_case()) {
+    case v1::CloudMessage::kAdmitted:
+      session_id = message.admitted().session_id();
+      break;
+    case v1::CloudMessage::kResult:
+      session_id = message.result().session_id();
+      break;
+    case v1::CloudMessage::kTruncated:
+      session_id = message.truncated().session_id();
+      break;
+    case v1::CloudMessage::kError:
+      session_id = message.error().session_id();
+      break;
+    case v1::CloudMessage::kControl: {
+      std::lock_guard<std::mutex> lock(mutex_);
+      *hello_.mutable_control() = message.control();
+      return;
+    }
+    case v1::CloudMessage::kHello:
+    case v1::CloudMessage::KIND_NOT_SET:
+      return;
+  }
+  std::shared_ptr<SessionMailbox> mailbox;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = mailboxes_.find(session_id);
+    if (it != mailboxes_.end()) mailbox = it->second;
+  }
+  if (mailbox != nullptr) {
+    mailbox->Push({.kind = MailboxEvent::Kind::kMessage, .message = std::move(message),
+                   .epoch = epoch});
+  } else if (message.has_error()) {
+    spdlog::warn("cloud error for session {}: {}", session_id, message.error().message());
   }
 }
 

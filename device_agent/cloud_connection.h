@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "device_agent/link_emulator.h"
 #include "tophat/v1/cloud.grpc.pb.h"
 
 namespace tophat {
@@ -61,6 +62,10 @@ struct CloudConnectionOptions {
   std::function<absl::Status(const v1::Hello&)> check_hello;
   // Called (on the reader thread) on every connect and disconnect.
   std::function<void(bool connected)> on_state_change;
+  // Emulated link (link_emulator.h); all zero sends and delivers at once.
+  double one_way_delay_s = 0;
+  double uplink_bytes_per_second = 0;
+  double downlink_bytes_per_second = 0;
 };
 
 class CloudConnection {
@@ -82,7 +87,8 @@ class CloudConnection {
                                           uint64_t after_epoch = 0);
 
   // Writes on stream `epoch`. UNAVAILABLE if that stream is gone; the owner then waits for
-  // its mailbox's disconnected event and replays.
+  // its mailbox's disconnected event and replays. Through an emulated link the write happens
+  // later, on the link's thread; a stream lost meanwhile drops it (and the owner replays).
   absl::Status Send(uint64_t epoch, const v1::AgentMessage& message);
 
   bool connected() const { return connected_; }
@@ -91,6 +97,11 @@ class CloudConnection {
  private:
   void Run();
   void Broadcast(MailboxEvent event);
+  absl::Status Write(uint64_t epoch, const v1::AgentMessage& message);
+  // Hands one message from stream `epoch` to its session's mailbox.
+  void Route(v1::CloudMessage message, uint64_t epoch);
+  // Runs `deliver` now, or when the message would arrive over the emulated downlink.
+  void Downlink(size_t bytes, std::function<void()> deliver);
 
   const CloudConnectionOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -109,6 +120,8 @@ class CloudConnection {
   std::mutex write_mutex_;  // one writer at a time on the stream
   std::atomic<bool> connected_{false};
   std::atomic<uint64_t> reconnects_{0};
+  std::unique_ptr<DelayLine> uplink_;    // null without link emulation
+  std::unique_ptr<DelayLine> downlink_;
   std::thread thread_;
 };
 

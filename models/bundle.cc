@@ -1,5 +1,6 @@
 #include "models/bundle.h"
 
+#include <algorithm>
 #include <charconv>
 #include <fstream>
 #include <map>
@@ -102,7 +103,7 @@ absl::StatusOr<ModelConfig> LoadBundleConfig(const fs::path& dir, const BundleMa
 }  // namespace
 
 json BundleManifest::ToJson() const {
-  return {{"format", "tophat-bundle"},
+  json j = {{"format", "tophat-bundle"},
           {"format_version", kFormatVersion},
           {"kind", std::string(KindName(kind))},
           {"source_model", source_model},
@@ -113,6 +114,8 @@ json BundleManifest::ToJson() const {
           {"output_layers", RangeJson(output_layers)},
           {"dtype", dtype},
           {"files", files}};
+  if (adapter) j["adapter"] = adapter->ToJson();
+  return j;
 }
 
 absl::StatusOr<BundleManifest> BundleManifest::FromJson(const json& j, const std::string& source) {
@@ -148,6 +151,9 @@ absl::StatusOr<BundleManifest> BundleManifest::FromJson(const json& j, const std
     for (const auto& name : *f) {
       if (name.is_string()) m.files.push_back(name.get<std::string>());
     }
+  }
+  if (auto a = j.find("adapter"); a != j.end() && !a->is_null()) {
+    TOPHAT_ASSIGN_OR_RETURN(m.adapter, AdapterInfo::FromJson(*a, absl::StrCat(source, ": adapter")));
   }
   TOPHAT_RETURN_IF_ERROR(CheckRangesChain(m, source));
   return m;
@@ -210,6 +216,18 @@ absl::StatusOr<SplitResult> SplitCheckpoint(const SplitOptions& options) {
   }
   base.dtype = dtypes.size() == 1 ? dtypes.begin()->first : std::string("mixed");
 
+  std::optional<AdapterInfo> adapter;
+  if (fs::exists(options.model_dir / kAdapterInfoFile)) {
+    TOPHAT_ASSIGN_OR_RETURN(AdapterInfo info, AdapterInfo::Load(options.model_dir));
+    if (info.input_layers == m) {
+      adapter = info;
+    } else {
+      result.adapter_note = absl::StrCat(
+          "the checkpoint's adapter was distilled for --input-layers ", info.input_layers,
+          ", not ", m, "; the device bundle has none (run `tophat distill` for this split)");
+    }
+  }
+
   const fs::path out = options.out_dir;
   for (BundleKind kind : {BundleKind::kDevice, BundleKind::kCloud}) {
     const bool device = kind == BundleKind::kDevice;
@@ -237,6 +255,14 @@ absl::StatusOr<SplitResult> SplitCheckpoint(const SplitOptions& options) {
           TOPHAT_RETURN_IF_ERROR(CopyFile(options.model_dir / name, staging / name));
           manifest.files.push_back(name);
         }
+      }
+      if (adapter) {
+        TOPHAT_RETURN_IF_ERROR(CopyFile(options.model_dir / adapter->file, staging / adapter->file));
+        TOPHAT_RETURN_IF_ERROR(
+            CopyFile(options.model_dir / kAdapterInfoFile, staging / kAdapterInfoFile));
+        manifest.files.push_back(adapter->file);
+        manifest.files.push_back(kAdapterInfoFile);
+        manifest.adapter = adapter;
       }
     }
     TOPHAT_RETURN_IF_ERROR(WriteManifest(staging, manifest));
@@ -271,6 +297,11 @@ absl::StatusOr<DeviceBundle> DeviceBundle::Load(const fs::path& dir,
       bundle.output, Submodel::Load(bundle.config, *checkpoint,
                                     {.layers = bundle.manifest.output_layers, .head = true},
                                     options));
+  if (bundle.manifest.adapter) {
+    TOPHAT_ASSIGN_OR_RETURN(bundle.adapter,
+                            LoadAdapter(dir, bundle.config, *bundle.manifest.adapter,
+                                        bundle.manifest.input_layers.end, options));
+  }
   TOPHAT_ASSIGN_OR_RETURN(bundle.tokenizer, Tokenizer::Load(dir));
   return bundle;
 }
@@ -297,6 +328,25 @@ absl::StatusOr<CloudBundle> CloudBundle::Load(const fs::path& dir, const Submode
                           Submodel::Load(bundle.config, *checkpoint,
                                          {.layers = bundle.manifest.middle_layers}, options));
   return bundle;
+}
+
+absl::Status AttachAdapterToBundle(const fs::path& dir) {
+  TOPHAT_ASSIGN_OR_RETURN(BundleManifest manifest, BundleManifest::Load(dir));
+  if (manifest.kind != BundleKind::kDevice) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir.string(), ": an adapter belongs in a device bundle, this is a cloud bundle"));
+  }
+  TOPHAT_ASSIGN_OR_RETURN(AdapterInfo info, AdapterInfo::Load(dir));
+  TOPHAT_ASSIGN_OR_RETURN(ModelConfig config, LoadBundleConfig(dir, manifest));
+  TOPHAT_RETURN_IF_ERROR(
+      LoadAdapter(dir, config, info, manifest.input_layers.end, {.huge_pages = false}).status());
+  for (const std::string& name : {info.file, std::string(kAdapterInfoFile)}) {
+    if (std::find(manifest.files.begin(), manifest.files.end(), name) == manifest.files.end()) {
+      manifest.files.push_back(name);
+    }
+  }
+  manifest.adapter = info;
+  return WriteManifest(dir, manifest);
 }
 
 }  // namespace tophat

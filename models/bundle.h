@@ -11,11 +11,13 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "models/adapter.h"
 #include "models/config.h"
 #include "models/submodel.h"
 #include "models/tokenizer.h"
@@ -37,6 +39,8 @@ struct BundleManifest {
   LayerRange output_layers;  // device
   std::string dtype;         // of the stored tensors: float32, float16 or bfloat16
   std::vector<std::string> files;
+  // The drafter's adapter Λ (device bundles only), when one was distilled for this split.
+  std::optional<AdapterInfo> adapter;
 
   nlohmann::json ToJson() const;
   static absl::StatusOr<BundleManifest> FromJson(const nlohmann::json& json,
@@ -56,18 +60,28 @@ struct SplitResult {
   std::filesystem::path cloud_dir;
   BundleManifest device;
   BundleManifest cloud;
+  // Why the source's adapter was not carried into the device bundle ("" if it was, or if
+  // the source has none).
+  std::string adapter_note;
 };
 
 // Writes out_dir/device and out_dir/cloud. Requires 1 <= m and m + k < L, so that the cloud
 // holds at least one layer and the device at least one (HAT keeps shallow layers on device
 // so that what crosses the network is never the raw embedding).
+// A checkpoint directory that holds adapter.json + adapter.safetensors distilled for the
+// same m passes them on to the device bundle.
 absl::StatusOr<SplitResult> SplitCheckpoint(const SplitOptions& options);
+
+// Records the adapter.json + adapter.safetensors that `tophat distill` wrote into the device
+// bundle `dir` in its manifest, after checking that they load against the bundle.
+absl::Status AttachAdapterToBundle(const std::filesystem::path& dir);
 
 struct DeviceBundle {
   BundleManifest manifest;
   ModelConfig config;
   std::unique_ptr<Submodel> input;   // embedding + layers [0, m)
   std::unique_ptr<Submodel> output;  // layers [L-k, L) + norm + head
+  std::unique_ptr<Submodel> adapter; // Λ, or null when the bundle has none
   std::unique_ptr<Tokenizer> tokenizer;
 
   static absl::StatusOr<DeviceBundle> Load(const std::filesystem::path& dir,

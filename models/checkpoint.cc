@@ -87,6 +87,18 @@ absl::StatusOr<std::map<std::string, std::string>> ReadWeightMap(
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::OpenFile(
+    const std::filesystem::path& file) {
+  std::unique_ptr<CheckpointReader> reader(new CheckpointReader());
+  reader->dir_ = file.parent_path();
+  TOPHAT_ASSIGN_OR_RETURN(std::shared_ptr<SafetensorsFile> opened, SafetensorsFile::Open(file));
+  for (const auto& [name, info] : opened->tensors()) {
+    reader->tensor_to_file_.emplace(name, opened.get());
+  }
+  reader->files_.push_back(std::move(opened));
+  return reader;
+}
+
 absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     const std::filesystem::path& dir) {
   std::unique_ptr<CheckpointReader> reader(new CheckpointReader());

@@ -21,6 +21,9 @@ class CheckpointReader {
   // Opens every safetensors file of the checkpoint in `dir`. With an index, each tensor it
   // names must exist in the shard it names. Errors name the file.
   static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(const std::filesystem::path& dir);
+  // One safetensors file on its own (an adapter, a test file).
+  static absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenFile(
+      const std::filesystem::path& file);
 
   const std::filesystem::path& dir() const { return dir_; }
   bool Has(std::string_view name) const;

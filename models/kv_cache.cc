@@ -166,4 +166,39 @@ at::Tensor KvCache::Values(int64_t layer, int64_t positions) const {
   return Rows(pool_->values(layer), positions);
 }
 
+at::Tensor KvCache::ExportPositions(int64_t begin, int64_t count) const {
+  const int64_t layers = num_layers();
+  at::Tensor rows = at::empty({2, layers, count, pool_->kv_heads(), pool_->head_dim()},
+                              at::TensorOptions().dtype(pool_->dtype()).device(pool_->device()));
+  if (count == 0) return rows;
+  for (int64_t l = 0; l < layers; ++l) {
+    rows[0][l].copy_(Keys(l, begin + count).narrow(0, begin, count));
+    rows[1][l].copy_(Values(l, begin + count).narrow(0, begin, count));
+  }
+  return rows;
+}
+
+absl::Status KvCache::ImportPositions(int64_t begin, const at::Tensor& rows) {
+  if (begin < 0 || begin > length_) {
+    return absl::OutOfRangeError(absl::StrCat("cannot import KV rows at position ", begin,
+                                              " into a cache of length ", length_));
+  }
+  if (rows.dim() != 5 || rows.size(0) != 2 || rows.size(1) != num_layers() ||
+      rows.size(3) != pool_->kv_heads() || rows.size(4) != pool_->head_dim()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV rows of shape ", c10::str(rows.sizes()), " do not fit a cache of ", num_layers(),
+        " layers x ", pool_->kv_heads(), " heads x ", pool_->head_dim()));
+  }
+  const int64_t count = rows.size(2);
+  if (begin + count > capacity()) {
+    return absl::ResourceExhaustedError(absl::StrCat("importing ", count, " KV rows at ", begin,
+                                                     " needs ", begin + count,
+                                                     " positions; the cache holds ",
+                                                     capacity()));
+  }
+  for (int64_t l = 0; l < num_layers(); ++l) Write(l, begin, rows[0][l], rows[1][l]);
+  length_ = begin + count;
+  return absl::OkStatus();
+}
+
 }  // namespace tophat

@@ -130,6 +130,15 @@ class KvCache {
   at::Tensor Keys(int64_t layer, int64_t positions) const;
   at::Tensor Values(int64_t layer, int64_t positions) const;
 
+  // Copies of the keys and values of positions [begin, begin + count) in every layer, as
+  // [2, num_layers, count, kv_heads, head_dim]. Parallel drafting drafts several branches
+  // past the same position one after another in one cache; it keeps each branch's rows this
+  // way and puts back the one verification picks. Precondition: begin + count <= length().
+  at::Tensor ExportPositions(int64_t begin, int64_t count) const;
+  // Writes rows made by ExportPositions at `begin` and sets length() to begin + count.
+  // Errors: begin > length(), a shape that does not match this cache, or no room.
+  absl::Status ImportPositions(int64_t begin, const at::Tensor& rows);
+
   // Called by the forward pass after every layer has written `count` new positions.
   void Advance(int64_t count) { length_ += count; }
 

@@ -145,5 +145,41 @@ TEST_CASE("Rows written across blocks read back in sequence order", "[kv_cache]"
   CHECK(cache.Keys(0, 3).data_ptr() == (*pool)->keys(0)[7].data_ptr());
 }
 
+TEST_CASE("Exported KV rows put back after a truncation restore the cache exactly",
+          "[kv_cache]") {
+  const ModelConfig config = TinyTestConfig();
+  for (const bool paged : {false, true}) {
+    INFO("paged " << paged);
+    std::shared_ptr<KvBlockPool> pool =
+        *KvBlockPool::Create(config, 2, 8, 3, at::kFloat, at::kCPU);
+    KvCache cache = paged ? KvCache(pool) : KvCache(config, 2, 24, at::kFloat, at::kCPU);
+    if (paged) {
+      for (int32_t b = 0; b < 8; ++b) cache.AppendBlock(b);
+    }
+    at::manual_seed(3);
+    const at::Tensor k = at::randn({10, config.num_key_value_heads, config.head_dim});
+    const at::Tensor v = at::randn({10, config.num_key_value_heads, config.head_dim});
+    for (int64_t l = 0; l < 2; ++l) cache.Write(l, 0, k, v);
+    cache.Advance(10);
+    const at::Tensor branch = cache.ExportPositions(6, 4);
+    CHECK(branch.sizes() == at::IntArrayRef({2, 2, 4, config.num_key_value_heads,
+                                             config.head_dim}));
+    REQUIRE(cache.Truncate(6).ok());
+    // Another branch overwrites positions 6..8.
+    const at::Tensor other = at::zeros({3, config.num_key_value_heads, config.head_dim});
+    for (int64_t l = 0; l < 2; ++l) cache.Write(l, 6, other, other);
+    cache.Advance(3);
+    REQUIRE(cache.Truncate(6).ok());
+    REQUIRE(cache.ImportPositions(6, branch).ok());
+    CHECK(cache.length() == 10);
+    for (int64_t l = 0; l < 2; ++l) {
+      CHECK(at::equal(cache.Keys(l, 10), k));
+      CHECK(at::equal(cache.Values(l, 10), v));
+    }
+    CHECK_FALSE(cache.ImportPositions(11, branch).ok());  // past the end: a gap
+    CHECK_FALSE(cache.ImportPositions(0, at::zeros({2, 3, 4, 2, 16})).ok());  // wrong layers
+  }
+}
+
 }  // namespace
 }  // namespace tophat

@@ -16,6 +16,8 @@
 #include "models/status_macros.h"
 #include "models/tokenizer.h"
 #include "models/toy_corpus.h"
+#include "models/training_forward.h"
+#include "models/distill.h"
 
 namespace tophat {
 namespace {
@@ -27,41 +29,6 @@ using json = nlohmann::json;
 // cached model from an older generator is not reused.
 constexpr int kGeneratorVersion = 2;
 constexpr char kStampFile[] = "tophat_toy_model.json";
-
-// The batched, cache-free forward used for training: the same layer math as Submodel
-// (models/layers.h), over [B, S] token ids with a causal mask.
-at::Tensor TrainingLogits(const ModelConfig& c, const std::map<std::string, at::Tensor>& w,
-                          const RopeTable& rope, const at::Tensor& ids) {
-  const int64_t batch = ids.size(0);
-  const int64_t seq = ids.size(1);
-  const int64_t hd = c.head_dim;
-  const int64_t group = c.num_attention_heads / c.num_key_value_heads;
-  at::Tensor cos = rope.cos.narrow(0, 0, seq);
-  at::Tensor sin = rope.sin.narrow(0, 0, seq);
-  at::Tensor mask = at::full({seq, seq}, -std::numeric_limits<float>::infinity()).triu(1);
-  at::Tensor x = at::embedding(w.at("model.embed_tokens.weight"), ids);
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    auto p = [&](std::string_view s) -> const at::Tensor& { return w.at(LayerTensorName(i, s)); };
-    at::Tensor h = RmsNorm(x, p("input_layernorm.weight"), c.rms_norm_eps);
-    at::Tensor q = at::linear(h, p("self_attn.q_proj.weight")).view({batch, seq, -1, hd});
-    at::Tensor k = at::linear(h, p("self_attn.k_proj.weight")).view({batch, seq, -1, hd});
-    at::Tensor v = at::linear(h, p("self_attn.v_proj.weight")).view({batch, seq, -1, hd});
-    q = ApplyRope(q, cos, sin).transpose(1, 2);
-    k = ApplyRope(k, cos, sin).repeat_interleave(group, 2).transpose(1, 2);
-    v = v.repeat_interleave(group, 2).transpose(1, 2);
-    at::Tensor scores = at::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(hd));
-    at::Tensor attention = at::matmul(at::softmax(scores + mask, -1), v);
-    attention = attention.transpose(1, 2).reshape({batch, seq, -1});
-    x = x + at::linear(attention, p("self_attn.o_proj.weight"));
-    h = RmsNorm(x, p("post_attention_layernorm.weight"), c.rms_norm_eps);
-    at::Tensor mlp = at::silu(at::linear(h, p("mlp.gate_proj.weight"))) *
-                     at::linear(h, p("mlp.up_proj.weight"));
-    x = x + at::linear(mlp, p("mlp.down_proj.weight"));
-  }
-  x = RmsNorm(x, w.at("model.norm.weight"), c.rms_norm_eps);
-  return at::linear(x, c.tie_word_embeddings ? w.at("model.embed_tokens.weight")
-                                             : w.at("lm_head.weight"));
-}
 
 json ReadJson(const fs::path& path) {
   std::ifstream in(path);
@@ -115,7 +82,9 @@ ModelConfig ToyModelConfig(const ToyModelOptions& o) {
   return c;
 }
 
-absl::StatusOr<ToyModelReport> MakeToyModel(
+namespace {
+
+absl::StatusOr<ToyModelReport> TrainToyModel(
     const ToyModelOptions& options,
     const std::function<void(const TrainingProgress&)>& on_progress) {
   using Clock = std::chrono::steady_clock;
@@ -291,6 +260,31 @@ absl::StatusOr<ToyModelReport> MakeToyModel(
     return absl::InternalError(absl::StrCat("cannot move ", staging.string(), " to ",
                                             options.out_dir.string(), ": ", ec.message()));
   }
+  return report;
+}
+
+}  // namespace
+
+absl::StatusOr<ToyModelReport> MakeToyModel(
+    const ToyModelOptions& options,
+    const std::function<void(const TrainingProgress&)>& on_progress,
+    const std::function<void(const TrainingProgress&)>& on_adapter_progress) {
+  TOPHAT_ASSIGN_OR_RETURN(ToyModelReport report, TrainToyModel(options, on_progress));
+  if (options.adapter_input_layers <= 0) return report;
+  DistillOptions distill;
+  distill.model_dir = options.out_dir;
+  distill.out_dir = options.out_dir;
+  distill.input_layers = options.adapter_input_layers;
+  distill.steps = options.adapter_steps;
+  // Fresh documents from the same grammar, so the held-out estimate is not on training text.
+  distill.seed = options.seed + 1;
+  distill.threads = options.threads;
+  TOPHAT_ASSIGN_OR_RETURN(DistillReport adapter, Distill(distill, on_adapter_progress));
+  report.adapter_reused = adapter.reused;
+  report.adapter_seconds = adapter.seconds;
+  report.adapter_heldout_accept_length = adapter.heldout_accept_length;
+  report.adapter_parameters = adapter.adapter_parameters;
+  report.model_parameters = adapter.model_parameters;
   return report;
 }
 

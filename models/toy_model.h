@@ -33,8 +33,13 @@ struct ToyModelOptions {
   int64_t corpus_documents = 20000;
   // Training threads are pinned so that the result does not depend on the machine's cores.
   int threads = 2;
+  // The drafter adapter shipped with the model (adapter.json + adapter.safetensors), distilled
+  // for this many input layers (the split the demo and tests use); 0 ships none. Changing
+  // the adapter settings re-distills the adapter without retraining the model.
+  int64_t adapter_input_layers = 2;
+  int64_t adapter_steps = 200;
 
-  nlohmann::json ToJson() const;
+  nlohmann::json ToJson() const;  // the model's identity (not the adapter's)
 };
 
 struct ToyModelReport {
@@ -46,6 +51,13 @@ struct ToyModelReport {
   double heldout_top1 = 0.0;     // fraction of held-out next tokens predicted exactly
   double heldout_mean_max_prob = 0.0;
   nlohmann::json ToJson() const;
+
+  // The shipped adapter (when adapter_input_layers > 0).
+  bool adapter_reused = false;
+  double adapter_seconds = 0.0;
+  double adapter_heldout_accept_length = 0.0;
+  int64_t adapter_parameters = 0;
+  int64_t model_parameters = 0;
 };
 
 struct TrainingProgress {
@@ -58,7 +70,8 @@ struct TrainingProgress {
 
 absl::StatusOr<ToyModelReport> MakeToyModel(
     const ToyModelOptions& options,
-    const std::function<void(const TrainingProgress&)>& on_progress = {});
+    const std::function<void(const TrainingProgress&)>& on_progress = {},
+    const std::function<void(const TrainingProgress&)>& on_adapter_progress = {});
 
 // The config the toy model is trained with (before the tokenizer fixes the vocabulary).
 ModelConfig ToyModelConfig(const ToyModelOptions& options);

@@ -547,6 +547,7 @@ int64_t Engine::Step() {
     result->set_first_position(static_cast<uint32_t>(head.first_position + head.done));
     result->set_queue_seconds(Seconds(start - head.received));
     result->set_compute_seconds(compute_seconds);
+    result->set_kv_length(static_cast<uint32_t>(session->cache.length()));
     v1::HiddenStates* states = result->mutable_states();
     states->set_dtype(wire_dtype_);
     states->set_num_positions(static_cast<uint32_t>(planned.num_tokens));

@@ -4,6 +4,8 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -13,6 +15,7 @@
 #include "device_agent/cli/serving_commands.h"
 #include "models/bench_model.h"
 #include "models/bundle.h"
+#include "models/distill.h"
 #include "models/generate.h"
 #include "models/model_init.h"
 #include "models/submodel.h"
@@ -39,17 +42,21 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
+void PrintProgress(const char* what, const tophat::TrainingProgress& p) {
+  const int width = 30;
+  const int filled = static_cast<int>(width * p.step / std::max<int64_t>(1, p.total_steps));
+  std::fprintf(stderr, "\r%s [%.*s%*s] step %lld/%lld  loss %.3f  %.0f tok/s  ETA %.0fs ", what,
+               filled, "##############################", width - filled, "",
+               static_cast<long long>(p.step), static_cast<long long>(p.total_steps), p.loss,
+               p.tokens_per_second, p.eta_seconds);
+  if (p.step == p.total_steps) std::fprintf(stderr, "\n");
+}
+
 int RunToyModel(tophat::ToyModelOptions options) {
   spdlog::info("toy-model: writing to {}", options.out_dir.string());
-  auto report = tophat::MakeToyModel(options, [](const tophat::TrainingProgress& p) {
-    const int width = 30;
-    const int filled = static_cast<int>(width * p.step / std::max<int64_t>(1, p.total_steps));
-    std::fprintf(stderr, "\r[%.*s%*s] step %lld/%lld  loss %.3f  %.0f tok/s  ETA %.0fs ",
-                 filled, "##############################", width - filled, "",
-                 static_cast<long long>(p.step), static_cast<long long>(p.total_steps), p.loss,
-                 p.tokens_per_second, p.eta_seconds);
-    if (p.step == p.total_steps) std::fprintf(stderr, "\n");
-  });
+  auto report = tophat::MakeToyModel(
+      options, [](const tophat::TrainingProgress& p) { PrintProgress("model  ", p); },
+      [](const tophat::TrainingProgress& p) { PrintProgress("adapter", p); });
   if (!report.ok()) return Fail(report.status());
   if (report->reused_cache) {
     spdlog::info("toy-model: reusing the cached model in {}", options.out_dir.string());
@@ -61,7 +68,59 @@ int RunToyModel(tophat::ToyModelOptions options) {
       "mean top probability {:.2f}",
       report->heldout_loss, report->uniform_loss, 100.0 * report->heldout_top1,
       report->heldout_mean_max_prob);
+  if (options.adapter_input_layers > 0) {
+    spdlog::info("toy-model: drafter adapter for m = {} ({}): {} parameters ({:.1f}% of the "
+                 "model's {}), held-out acceptance length {:.2f}",
+                 options.adapter_input_layers,
+                 report->adapter_reused ? "cached" : fmt::format("distilled in {:.1f}s",
+                                                                 report->adapter_seconds),
+                 report->adapter_parameters,
+                 100.0 * static_cast<double>(report->adapter_parameters) /
+                     static_cast<double>(std::max<int64_t>(1, report->model_parameters)),
+                 report->model_parameters, report->adapter_heldout_accept_length);
+  }
   std::cout << options.out_dir.string() << "\n";
+  return 0;
+}
+
+std::atomic<bool> g_interrupted{false};
+
+int RunDistill(tophat::DistillOptions options) {
+  options.interrupt = &g_interrupted;
+  std::signal(SIGINT, [](int) { g_interrupted = true; });
+  std::signal(SIGTERM, [](int) { g_interrupted = true; });
+  spdlog::info("distill: teacher {}, data {}, writing to {}", options.model_dir.string(),
+               options.data, options.out_dir.string());
+  auto report = tophat::Distill(
+      options, [](const tophat::TrainingProgress& p) { PrintProgress("distill", p); });
+  if (!report.ok()) return Fail(report.status());
+  if (!report->finished) {
+    std::fprintf(stderr, "\n");
+    spdlog::warn("distill: stopped at step {}; run the same command again to resume",
+                 report->steps_done);
+    return g_interrupted ? 130 : 0;
+  }
+  if (report->reused) {
+    spdlog::info("distill: {} already holds the adapter these options make; reusing it",
+                 options.out_dir.string());
+  } else {
+    spdlog::info("distill: {} steps in {:.1f}s{}; held-out loss {:.4f} -> {:.4f}",
+                 report->steps_done, report->seconds,
+                 report->resumed_from_step > 0
+                     ? fmt::format(" (resumed at step {})", report->resumed_from_step)
+                     : std::string(),
+                 report->initial_heldout_loss, report->heldout_loss);
+  }
+  spdlog::info("distill: adapter {} parameters = {:.2f}% of the model's {}; held-out drafter "
+               "top-1 agreement {:.1f}%, acceptance length {:.2f} (eta {}, max draft {})",
+               report->adapter_parameters,
+               100.0 * static_cast<double>(report->adapter_parameters) /
+                   static_cast<double>(std::max<int64_t>(1, report->model_parameters)),
+               report->model_parameters, 100.0 * report->heldout_draft_top1,
+               report->heldout_accept_length, options.eta, options.max_draft);
+  if (report->attached_to_bundle) {
+    spdlog::info("distill: recorded in {}/tophat_bundle.json", options.out_dir.string());
+  }
   return 0;
 }
 
@@ -171,6 +230,54 @@ int main(int argc, char** argv) {
   toy_cmd->add_option("--seed", toy.seed, "Seed for corpus, init and batches")
       ->capture_default_str();
   toy_cmd->add_option("--threads", toy.threads, "Training threads (part of the cache key)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+
+  toy_cmd->add_option("--adapter-input-layers", toy.adapter_input_layers,
+                      "Distil the shipped drafter adapter for this m (0: none)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  toy_cmd->add_option("--adapter-steps", toy.adapter_steps, "Adapter distillation steps")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+
+  tophat::DistillOptions distill;
+  auto* distill_cmd = app.add_subcommand(
+      "distill",
+      "Train the drafter's adapter by distillation from the full model (resumable; Ctrl-C "
+      "checkpoints)");
+  distill_cmd->add_option("--model", distill.model_dir, "Full Hugging Face checkpoint (teacher)")
+      ->required()->check(CLI::ExistingDirectory);
+  distill_cmd->add_option("--data", distill.data,
+                          "\"toy\" (synthetic grammar), a text file (one document per line) "
+                          "or a .jsonl file with a \"text\" field")
+      ->capture_default_str();
+  distill_cmd->add_option("--out", distill.out_dir,
+                          "Output directory; a device bundle also gets it in its manifest")
+      ->required();
+  distill_cmd->add_option("--input-layers,-m", distill.input_layers,
+                          "m (0: the device bundle's, else 2)")->capture_default_str();
+  distill_cmd->add_option("--intermediate-size", distill.intermediate_size,
+                          "Adapter MLP width (0: the model's)")->capture_default_str();
+  distill_cmd->add_option("--init-layer", distill.init_layer,
+                          "Teacher layer the adapter starts from (-1: layer m)")
+      ->capture_default_str();
+  distill_cmd->add_option("--steps", distill.steps)->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  distill_cmd->add_option("--batch-size", distill.batch_size)->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  distill_cmd->add_option("--sequence-length", distill.sequence_length)->capture_default_str();
+  distill_cmd->add_option("--lr", distill.learning_rate, "Peak learning rate")
+      ->capture_default_str();
+  distill_cmd->add_option("--ce-weight", distill.ce_weight, "Weight of the cross-entropy term")
+      ->capture_default_str();
+  distill_cmd->add_option("--seed", distill.seed)->capture_default_str();
+  distill_cmd->add_option("--checkpoint-every", distill.checkpoint_every)->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  distill_cmd->add_option("--stop-after", distill.stop_after,
+                          "Stop (resumable) after this many steps in this run; 0: run to the end")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  distill_cmd->add_option("--eta", distill.eta, "Draft confidence threshold for the estimate")
+      ->capture_default_str();
+  distill_cmd->add_option("--max-draft", distill.max_draft)->capture_default_str();
+  distill_cmd->add_option("--threads", distill.threads, "Training threads (part of the run's identity)")
       ->capture_default_str()->check(CLI::PositiveNumber);
 
   tophat::SplitOptions split;
@@ -285,9 +392,16 @@ int main(int argc, char** argv) {
     return tophat::cli::RunBench(serve_bench);
   }
   if (*toy_cmd) return RunToyModel(toy);
+  if (*distill_cmd) return RunDistill(distill);
   if (*split_cmd) {
     auto result = tophat::SplitCheckpoint(split);
     if (!result.ok()) return Fail(result.status());
+    if (result->device.adapter) {
+      spdlog::info("device bundle carries the drafter adapter ({} parameters)",
+                   result->device.adapter->num_parameters);
+    } else if (!result->adapter_note.empty()) {
+      spdlog::warn("{}", result->adapter_note);
+    }
     spdlog::info("device bundle: {} (embedding, layers [0, {}), layers [{}, {}), head)",
                  result->device_dir.string(), result->device.input_layers.end,
                  result->device.output_layers.begin, result->device.output_layers.end);

@@ -1,0 +1,200 @@
+#include "device_agent/speculative_decoder.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "models/speculative_verify.h"
+#include "models/status_macros.h"
+
+namespace tophat {
+
+SpeculativeDecoder::SpeculativeDecoder(Models models, KvCache& input_cache,
+                                       KvCache* adapter_cache, KvCache& output_cache,
+                                       const SpeculativeOptions& options, Sampler& sampler)
+    : models_(models),
+      input_cache_(input_cache),
+      adapter_cache_(adapter_cache),
+      output_cache_(output_cache),
+      options_(options),
+      sampler_(sampler),
+      draft_sampler_(SamplingParams{.temperature = sampler.params().temperature,
+                                    .top_k = sampler.params().top_k,
+                                    .top_p = sampler.params().top_p,
+                                    .seed = sampler.params().seed ^ 0x6a09e667f3bcc908ULL}),
+      verify_rng_(sampler.params().seed ^ 0xbb67ae8584caa73bULL) {
+  drafting_ = options_.enabled && options_.max_draft > 0 && models_.adapter != nullptr &&
+              adapter_cache_ != nullptr;
+}
+
+absl::Status SpeculativeDecoder::AbsorbPrompt(const at::Tensor& shallow) {
+  if (!drafting_) return absl::OkStatus();
+  return models_.adapter->Forward(shallow, *adapter_cache_).status();
+}
+
+absl::Status SpeculativeDecoder::Step(Run& run) {
+  const int64_t position = run.start + run.processed();
+  if (input_cache_.length() != position) {
+    return absl::InternalError(absl::StrCat("drafting at position ", position,
+                                            " but the input KV holds ", input_cache_.length()));
+  }
+  const at::Tensor ids = at::full({1}, run.tokens[run.processed()], at::kLong);
+  TOPHAT_ASSIGN_OR_RETURN(at::Tensor embedded, models_.input->Embed(ids));
+  TOPHAT_ASSIGN_OR_RETURN(at::Tensor shallow, models_.input->Forward(embedded, input_cache_));
+  run.shallow.push_back(shallow);
+  if (drafting_) {
+    TOPHAT_ASSIGN_OR_RETURN(at::Tensor adapted, models_.adapter->Forward(shallow, *adapter_cache_));
+    TOPHAT_ASSIGN_OR_RETURN(at::Tensor logits, models_.output->Logits(adapted));
+    run.next_logits = logits[0];
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> SpeculativeDecoder::Extend(Run& run, int64_t limit, bool one_step) {
+  bool stepped = false;
+  while (true) {
+    if (run.processed() < static_cast<int64_t>(run.tokens.size())) {
+      if (one_step && stepped) return true;
+      TOPHAT_RETURN_IF_ERROR(Step(run));
+      stepped = true;
+      continue;
+    }
+    if (!drafting_ || run.drafts() >= limit || !run.next_logits.defined()) return false;
+    const double confidence = at::softmax(run.next_logits, 0).max().item<double>();
+    if (confidence < options_.eta) return false;
+    int32_t draft = 0;
+    if (sampler_.params().greedy()) {
+      draft = static_cast<int32_t>(run.next_logits.argmax().item<int64_t>());
+    } else {
+      at::Tensor q = sampler_.Distribution(run.next_logits);
+      draft = draft_sampler_.Draw(q);
+      run.draft_probs.push_back(std::move(q));
+    }
+    run.tokens.push_back(draft);
+  }
+}
+
+absl::Status SpeculativeDecoder::TruncateDrafterCaches(int64_t length) {
+  TOPHAT_RETURN_IF_ERROR(input_cache_.Truncate(length));
+  if (drafting_) TOPHAT_RETURN_IF_ERROR(adapter_cache_->Truncate(length));
+  return absl::OkStatus();
+}
+
+absl::Status SpeculativeDecoder::BeginRound(int32_t token, int64_t max_drafts) {
+  branches_.clear();
+  candidates_.clear();
+  branch_.reset();
+  drafted_ahead_ = false;
+  const int64_t start = input_cache_.length();
+  if (next_run_ && next_run_->start == start && next_run_->tokens[0] == token) {
+    run_ = std::move(*next_run_);
+    run_from_parallel_ = true;
+  } else {
+    if (next_run_) TOPHAT_RETURN_IF_ERROR(TruncateDrafterCaches(next_run_->start));
+    run_ = Run{.start = input_cache_.length(), .tokens = {token}};
+    run_from_parallel_ = false;
+  }
+  next_run_.reset();
+  const int64_t limit = drafting_ ? std::clamp<int64_t>(max_drafts, 0, options_.max_draft) : 0;
+  if (run_.drafts() > limit) {
+    // A draft made ahead that no longer fits: cut it, and with it the drafter's state.
+    run_.tokens.resize(limit + 1);
+    if (!run_.draft_probs.empty()) run_.draft_probs.resize(limit);
+    if (run_.processed() > limit + 1) {
+      run_.shallow.resize(limit + 1);
+      TOPHAT_RETURN_IF_ERROR(TruncateDrafterCaches(run_.start + limit + 1));
+    }
+    run_.next_logits = at::Tensor();
+  }
+  TOPHAT_RETURN_IF_ERROR(Extend(run_, limit, /*one_step=*/false).status());
+
+  // Parallel drafting targets the round after this one, which starts at branch_start_ if
+  // every draft is kept; it needs room for that round.
+  branch_start_ = run_.start + static_cast<int64_t>(run_.tokens.size());
+  branch_limit_ = std::min({options_.parallel_steps, options_.max_draft,
+                            max_drafts - run_.drafts() - 1});
+  if (drafting_ && options_.parallel && options_.parallel_top_k > 0 && branch_limit_ >= 0 &&
+      run_.next_logits.defined()) {
+    const int64_t k = std::min<int64_t>(options_.parallel_top_k, run_.next_logits.size(0));
+    const at::Tensor top = std::get<1>(run_.next_logits.topk(k)).contiguous();
+    for (int64_t i = 0; i < k; ++i) candidates_.push_back(static_cast<int32_t>(top[i].item<int64_t>()));
+  }
+  return absl::OkStatus();
+}
+
+at::Tensor SpeculativeDecoder::RoundShallow() const { return at::cat(run_.shallow, 0); }
+
+absl::Status SpeculativeDecoder::SealBranch() {
+  Run& branch = *branch_;
+  const int64_t count = branch.processed();
+  branch.input_rows = input_cache_.ExportPositions(branch.start, count);
+  branch.adapter_rows = adapter_cache_->ExportPositions(branch.start, count);
+  TOPHAT_RETURN_IF_ERROR(TruncateDrafterCaches(branch.start));
+  branches_.push_back(std::move(branch));
+  branch_.reset();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> SpeculativeDecoder::DraftAheadStep() {
+  if (!branch_) {
+    if (candidates_.empty()) return false;
+    branch_ = Run{.start = branch_start_, .tokens = {candidates_.front()}};
+    candidates_.erase(candidates_.begin());
+    drafted_ahead_ = true;
+  }
+  TOPHAT_ASSIGN_OR_RETURN(bool grows, Extend(*branch_, branch_limit_, /*one_step=*/true));
+  if (!grows) TOPHAT_RETURN_IF_ERROR(SealBranch());
+  return true;
+}
+
+absl::StatusOr<RoundOutcome> SpeculativeDecoder::FinishRound(const at::Tensor& output_states) {
+  // A branch cut short by the answer is still a valid (shorter) draft.
+  if (branch_) TOPHAT_RETURN_IF_ERROR(SealBranch());
+  candidates_.clear();
+  const int64_t n = run_.drafts();
+  if (output_states.dim() != 2 || output_states.size(0) != n + 1) {
+    return absl::InternalError(absl::StrCat("verification needs ", n + 1, " output rows, got ",
+                                            output_states.dim() == 2 ? output_states.size(0) : -1));
+  }
+  TOPHAT_ASSIGN_OR_RETURN(at::Tensor logits, models_.output->Logits(output_states));
+  const std::span<const int32_t> drafts(run_.tokens.data() + 1, static_cast<size_t>(n));
+  VerifyResult verdict;
+  if (n == 0) {
+    verdict.next_token = sampler_.Sample(logits[0]);
+  } else if (sampler_.params().greedy()) {
+    verdict = VerifyGreedy(logits, drafts);
+  } else {
+    std::vector<at::Tensor> target(static_cast<size_t>(n + 1));
+    for (int64_t i = 0; i <= n; ++i) target[i] = sampler_.Distribution(logits[i]);
+    verdict = VerifySpeculativeSampling(at::stack(target), at::stack(run_.draft_probs), drafts,
+                                        verify_rng_);
+  }
+
+  RoundOutcome outcome;
+  outcome.drafted = n;
+  outcome.accepted = verdict.accepted;
+  outcome.length = run_.start + verdict.accepted + 1;
+  outcome.tokens.assign(drafts.begin(), drafts.begin() + verdict.accepted);
+  outcome.tokens.push_back(verdict.next_token);
+  TOPHAT_RETURN_IF_ERROR(TruncateDrafterCaches(outcome.length));
+  TOPHAT_RETURN_IF_ERROR(output_cache_.Truncate(outcome.length));
+  outcome.input_kv_length = input_cache_.length();
+  outcome.adapter_kv_length = drafting_ ? adapter_cache_->length() : 0;
+  outcome.output_kv_length = output_cache_.length();
+
+  if (verdict.accepted == n) {
+    for (Run& branch : branches_) {
+      if (branch.tokens[0] != verdict.next_token || branch.start != outcome.length) continue;
+      TOPHAT_RETURN_IF_ERROR(input_cache_.ImportPositions(branch.start, branch.input_rows));
+      TOPHAT_RETURN_IF_ERROR(adapter_cache_->ImportPositions(branch.start, branch.adapter_rows));
+      branch.input_rows = at::Tensor();
+      branch.adapter_rows = at::Tensor();
+      next_run_ = std::move(branch);
+      outcome.parallel_hit = true;
+      break;
+    }
+  }
+  branches_.clear();
+  return outcome;
+}
+
+}  // namespace tophat

@@ -1,0 +1,146 @@
+// The device half of decoding (DESIGN.md, request path steps 4-5), without the transport:
+// drafting with the drafter (input submodel -> adapter Λ -> final norm + LM head), the
+// verification of the cloud's answer, KV rollback on the device, and parallel drafting.
+//
+// A round starts from the last accepted token t at position `start`, which no KV cache holds
+// yet. The drafter proposes d1..dn, stopping when its top probability falls below eta or at
+// the round's limit. The shallow states of [t, d1..dn] — computed while drafting — are what
+// the caller sends to the cloud; the cloud's deep states go through the output submodel
+// (advancing its KV by n + 1), and FinishRound verifies them: greedy longest agreeing prefix,
+// or speculative sampling, plus one token from the target. Every device cache (input, Λ,
+// output) is then rolled back to start + accepted + 1; the caller rolls back the cloud's.
+//
+// With drafting off (or no adapter) a round is one row, the token itself: plain U-shaped
+// decoding through the same code.
+//
+// Parallel drafting (HAT section 3.5): while a verification is in flight the caller calls
+// DraftAheadStep, which drafts up to `parallel_steps` tokens from each of the drafter's
+// top-k candidates for the position after dn. Each branch runs in the same caches past the
+// round's rows; its K/V rows are exported and the caches put back. If verification keeps
+// every draft and its token equals a candidate, that branch's rows are imported and its
+// drafts start the next round without drafting again. Anything else is dropped; tokens are
+// only ever emitted after verification, so speculation never changes the output.
+//
+// Not thread-safe: one request thread owns a decoder and its caches.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <random>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "models/kv_cache.h"
+#include "models/sampler.h"
+#include "models/submodel.h"
+
+namespace tophat {
+
+struct SpeculativeOptions {
+  bool enabled = true;      // draft at all (needs an adapter)
+  double eta = 0.6;         // stop drafting when the drafter's top probability is below this
+  int64_t max_draft = 8;    // drafts per round
+  bool parallel = true;     // draft ahead while a verification is in flight
+  int64_t parallel_top_k = 2;  // candidates drafted ahead from
+  int64_t parallel_steps = 4;  // λ: drafts per candidate
+};
+
+struct RoundOutcome {
+  std::vector<int32_t> tokens;  // the kept drafts, then the target's token
+  int64_t drafted = 0;
+  int64_t accepted = 0;
+  int64_t length = 0;  // KV length after the round, everywhere: start + accepted + 1
+  bool parallel_hit = false;  // the next round's drafts are already made
+  // Device KV lengths right after the rollback (before a parallel hit's rows, which belong
+  // to the next round, went in).
+  int64_t input_kv_length = 0;
+  int64_t adapter_kv_length = 0;
+  int64_t output_kv_length = 0;
+};
+
+class SpeculativeDecoder {
+ public:
+  struct Models {
+    const Submodel* input = nullptr;    // embedding + layers [0, m)
+    const Submodel* adapter = nullptr;  // Λ, or null (no drafting)
+    const Submodel* output = nullptr;   // layers [L-k, L) + norm + head
+  };
+  // The caches belong to the caller and outlive the decoder; adapter_cache may be null when
+  // there is no adapter. `sampler` is the request's target sampler (its parameters decide
+  // greedy vs sampling, and it draws every token that is not a kept draft).
+  SpeculativeDecoder(Models models, KvCache& input_cache, KvCache* adapter_cache,
+                     KvCache& output_cache, const SpeculativeOptions& options, Sampler& sampler);
+
+  bool drafting() const { return drafting_; }
+
+  // Λ takes in prompt rows (shallow states [n, D]) so that its KV covers the prompt.
+  absl::Status AbsorbPrompt(const at::Tensor& shallow);
+
+  // Starts a round from `token`, accepted at position input_cache.length(), drafting at most
+  // `max_drafts` tokens (the room the request has left).
+  absl::Status BeginRound(int32_t token, int64_t max_drafts);
+  int64_t round_start() const { return run_.start; }
+  int64_t round_drafts() const { return run_.drafts(); }
+  bool round_from_parallel() const { return run_from_parallel_; }
+  // Shallow states of [token, d1..dn]: [n + 1, D].
+  at::Tensor RoundShallow() const;
+
+  // One step of parallel drafting (one token through the drafter). False when there is
+  // nothing left to draft ahead this round.
+  absl::StatusOr<bool> DraftAheadStep();
+  bool drafted_ahead() const { return drafted_ahead_; }
+
+  // `output_states`: the output submodel's states for the round's n + 1 rows (the output
+  // cache already holds them). Verifies, rolls the device caches back and prepares a
+  // parallel hit.
+  absl::StatusOr<RoundOutcome> FinishRound(const at::Tensor& output_states);
+
+ private:
+  struct Run {
+    int64_t start = 0;
+    std::vector<int32_t> tokens;      // [x0, d1..dn]
+    std::vector<at::Tensor> shallow;  // one [1, D] row per processed token
+    std::vector<at::Tensor> draft_probs;  // q_i of d_i (sampling only)
+    at::Tensor next_logits;           // drafter logits after the last processed token
+    at::Tensor input_rows;            // exported K/V rows (a finished branch)
+    at::Tensor adapter_rows;
+    int64_t drafts() const { return static_cast<int64_t>(tokens.size()) - 1; }
+    int64_t processed() const { return static_cast<int64_t>(shallow.size()); }
+  };
+
+  // Runs run.tokens[processed] through the input submodel (and Λ + head when drafting).
+  absl::Status Step(Run& run);
+  // Processes pending tokens, then drafts until eta, `limit` drafts, or (`one_step`) one
+  // forward pass has been done. Returns whether the run can still grow.
+  absl::StatusOr<bool> Extend(Run& run, int64_t limit, bool one_step);
+  // Ends the branch being drafted: keeps its K/V rows and puts the caches back.
+  absl::Status SealBranch();
+  absl::Status TruncateDrafterCaches(int64_t length);
+
+  Models models_;
+  KvCache& input_cache_;
+  KvCache* adapter_cache_;
+  KvCache& output_cache_;
+  SpeculativeOptions options_;
+  Sampler& sampler_;
+  Sampler draft_sampler_;       // draws sampled drafts (its own stream)
+  std::mt19937_64 verify_rng_;  // speculative sampling's accept/resample draws
+  bool drafting_ = false;
+
+  Run run_;
+  bool run_from_parallel_ = false;
+  // Parallel drafting for the current round.
+  int64_t branch_start_ = 0;
+  int64_t branch_limit_ = 0;
+  std::vector<int32_t> candidates_;  // not started yet, best first
+  std::optional<Run> branch_;        // being drafted
+  std::vector<Run> branches_;        // sealed
+  bool drafted_ahead_ = false;
+  std::optional<Run> next_run_;      // a hit, for the next BeginRound
+};
+
+}  // namespace tophat
