@@ -84,8 +84,8 @@ absl::Status SpeculativeDecoder::BeginRound(int32_t token, int64_t max_drafts) {
   candidates_.clear();
   branch_.reset();
   drafted_ahead_ = false;
-  const int64_t start = input_cache_.length();
-  if (next_run_ && next_run_->start == start && next_run_->tokens[0] == token) {
+  // After a hit the caches already hold the branch's rows past its start.
+  if (next_run_ && next_run_->tokens[0] == token) {
     run_ = std::move(*next_run_);
     run_from_parallel_ = true;
   } else {

@@ -88,6 +88,7 @@ struct Session {
 
   RoundOutcome Round(int32_t token, int64_t room, bool draft_ahead) {
     REQUIRE(decoder.BeginRound(token, room).ok());
+    reused += decoder.round_from_parallel();
     const at::Tensor rows = decoder.RoundShallow();
     REQUIRE(rows.size(0) == decoder.round_drafts() + 1);
     REQUIRE(middle_cache.length() == decoder.round_start());
@@ -106,6 +107,7 @@ struct Session {
     return *outcome;
   }
 
+  int64_t reused = 0;  // rounds whose drafts were made ahead
   Sampler sampler;
   KvCache input_cache, adapter_cache, output_cache, middle_cache;
   SpeculativeDecoder decoder;
@@ -134,7 +136,7 @@ TEST_CASE("Speculative greedy decoding emits exactly plain greedy decoding and r
           "[speculative]") {
   c10::InferenceMode inference;
   auto split = MakeSplit(/*vocab=*/64, /*logit_scale=*/25.0, /*adapter_noise=*/0.04, 5);
-  int64_t drafted = 0, accepted = 0, hits = 0, rounds = 0, rejections = 0;
+  int64_t drafted = 0, accepted = 0, hits = 0, rounds = 0, rejections = 0, reused = 0;
   for (const bool parallel : {false, true}) {
     for (int p = 0; p < 6; ++p) {
       INFO("parallel " << parallel << " prompt " << p);
@@ -168,6 +170,7 @@ TEST_CASE("Speculative greedy decoding emits exactly plain greedy decoding and r
         CHECK(session.middle_cache.length() == outcome.length);
         generated.insert(generated.end(), outcome.tokens.begin(), outcome.tokens.end());
       }
+      reused += session.reused;
       generated.resize(new_tokens);
       std::vector<double> margins;
       const std::vector<int32_t> reference =
@@ -188,6 +191,8 @@ TEST_CASE("Speculative greedy decoding emits exactly plain greedy decoding and r
   CHECK(accepted > 0);
   CHECK(rejections > 0);
   CHECK(hits > 0);
+  CHECK(reused > 0);
+  CHECK(reused <= hits);
   CHECK(drafted > rounds);
 }
 

@@ -119,8 +119,13 @@ struct Models {
   at::Tensor Loss(const Targets& t, const at::Tensor& student, double ce_weight) const {
     at::Tensor logits = TrainingHead(config, teacher, student);
     at::Tensor l1 = at::smooth_l1_loss(student, t.deep);
-    at::Tensor ce = -(at::softmax(t.logits, -1) * at::log_softmax(logits, -1)).sum(-1).mean();
-    return l1 + ce_weight * ce;
+    // CE(p_L, p_S) minus the teacher's entropy, which does not depend on Λ: the same
+    // gradient as the cross-entropy, but a loss that reaches 0 when the drafter matches.
+    const at::Tensor teacher_log_probs = at::log_softmax(t.logits, -1);
+    at::Tensor kl = (teacher_log_probs.exp() * (teacher_log_probs - at::log_softmax(logits, -1)))
+                        .sum(-1)
+                        .mean();
+    return l1 + ce_weight * kl;
   }
 };
 

@@ -7,7 +7,9 @@
 // to the state after layer m - 1 (the input submodel's output), both at the same position,
 // so both predict the next token, and H is the final norm + LM head. Only Λ trains; the
 // teacher, the input layers and the head are frozen. AdamW, linear warm-up then cosine
-// decay, gradient-norm clipping. Deterministic for a given seed and thread count; state is
+// decay, gradient-norm clipping. The CE term is computed as KL(softmax(H(f_L)) ||
+// softmax(H(f_S))) — the cross-entropy minus the teacher's entropy, which Λ cannot change —
+// so gradients are the cross-entropy's and the reported loss falls to 0 at a perfect match. Deterministic for a given seed and thread count; state is
 // checkpointed every `checkpoint_every` steps and on interruption, and a rerun with the same
 // options resumes where the last one stopped.
 #pragma once

@@ -28,6 +28,8 @@ ToyModelOptions TinyOptions(const fs::path& out) {
   o.steps = 3;
   o.corpus_documents = 400;
   o.vocab_size = 320;
+  o.adapter_input_layers = 1;
+  o.adapter_steps = 3;
   return o;
 }
 
@@ -45,7 +47,10 @@ TEST_CASE("Toy model training is deterministic and cached", "[toy]") {
   REQUIRE(a.ok());
   REQUIRE(b.ok());
   CHECK_FALSE(a->reused_cache);
-  for (const char* file : {"model.safetensors", "tokenizer.model", "config.json"}) {
+  CHECK(fs::exists(base / "a" / "adapter.safetensors"));
+  CHECK(a->adapter_parameters > 0);
+  for (const char* file : {"model.safetensors", "tokenizer.model", "config.json",
+                           "adapter.safetensors"}) {
     INFO(file);
     CHECK(ReadBytes(base / "a" / file) == ReadBytes(base / "b" / file));
   }

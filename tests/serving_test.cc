@@ -153,15 +153,22 @@ class CloudProcess {
 
 class AgentProcess {
  public:
-  AgentProcess(const fs::path& dir, const CloudProcess& cloud, int64_t chunk_size)
+  // `yaml`: extra agent config (e.g. the speculative: section), written to a file.
+  AgentProcess(const fs::path& dir, const CloudProcess& cloud, int64_t chunk_size,
+               const std::string& yaml = "")
       : port_(testing::FreePort()), metrics_port_(testing::FreePort()) {
-    process_ = std::make_unique<ChildProcess>(
-        std::vector<std::string>{(BinDir() / "tophat-agent").string(), "--bundle",
-                                 (Bundles() / "device").string(), "--listen", address(),
-                                 "--cloud", cloud.address(), "--metrics",
-                                 "127.0.0.1:" + std::to_string(metrics_port_),
-                                 "--prompt-chunk-size", std::to_string(chunk_size)},
-        dir / ("agent-" + std::to_string(port_) + ".log"));
+    std::vector<std::string> args = {(BinDir() / "tophat-agent").string(), "--bundle",
+                                     (Bundles() / "device").string(), "--listen", address(),
+                                     "--cloud", cloud.address(), "--metrics",
+                                     "127.0.0.1:" + std::to_string(metrics_port_),
+                                     "--prompt-chunk-size", std::to_string(chunk_size)};
+    if (!yaml.empty()) {
+      const fs::path config = dir / ("agent-" + std::to_string(port_) + ".yaml");
+      std::ofstream(config) << yaml;
+      args.push_back("--config");
+      args.push_back(config.string());
+    }
+    process_ = std::make_unique<ChildProcess>(args, dir / ("agent-" + std::to_string(port_) + ".log"));
     REQUIRE(testing::WaitForPort(port_, 60s));
     auto client = Client::Connect(address());
     REQUIRE(client.ok());
@@ -178,6 +185,10 @@ class AgentProcess {
   Client& client() { return *client_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   ChildProcess& process() { return *process_; }
+  double Metric(const std::string& name, const std::string& labels = "") const {
+    return testing::MetricValue(testing::HttpGet(metrics_port_, "/metrics"), name, labels)
+        .value_or(-1);
+  }
 
  private:
   int port_;
@@ -580,6 +591,127 @@ TEST_CASE("A full KV pool queues or refuses new sessions while running ones fini
     CHECK(Tokens(*result) == expected);
   }
   CHECK(cloud.Metric("tophat_sessions_rejected_total") == 1);
+}
+
+}  // namespace
+}  // namespace tophat
+
+namespace tophat {
+namespace {
+
+// Checks one request's decode-round trace: every round rolls the device's input, adapter and
+// output KV and the cloud's KV back to exactly the accepted length.
+void CheckRollback(const v1::RequestStats& stats, int64_t prompt_length) {
+  REQUIRE(stats.rounds_size() == static_cast<int>(stats.decode_rounds()));
+  int64_t expected_start = prompt_length;  // the first generated token is the first round's
+  for (int i = 0; i < stats.rounds_size(); ++i) {
+    const v1::DecodeRound& round = stats.rounds(i);
+    INFO("round " << i << " start " << round.start() << " drafted " << round.drafted()
+                  << " accepted " << round.accepted());
+    CHECK(round.start() == expected_start);
+    CHECK(round.accepted() <= round.drafted());
+    // The cloud computed every row of the round on top of the accepted prefix.
+    CHECK(round.cloud_kv_after_verify() == round.start() + round.drafted() + 1);
+    CHECK(round.kv_length() == round.start() + round.accepted() + 1);
+    CHECK(round.input_kv_length() == round.kv_length());
+    CHECK(round.adapter_kv_length() == round.kv_length());
+    CHECK(round.output_kv_length() == round.kv_length());
+    // The cloud confirmed its rollback (or had nothing to roll back); the last round's
+    // confirmation may still be on its way when the request ends.
+    if (i + 1 < stats.rounds_size()) CHECK(round.cloud_kv_length() == round.kv_length());
+    expected_start = round.kv_length();
+  }
+}
+
+TEST_CASE("Speculative decoding with parallel drafting reproduces monolithic greedy decoding "
+          "over 50 prompts and rolls every KV back to the accepted length",
+          "[serving][speculative]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {.max_batch_tokens = 64});
+  // Two agents: default speculative settings, and a narrower draft with wider fan-out.
+  AgentProcess wide(dir.path(), cloud, 32);
+  AgentProcess narrow(dir.path(), cloud, 16,
+                      "speculative:\n  max_draft_tokens: 3\n  parallel_top_k: 3\n"
+                      "  parallel_steps: 2\n");
+  std::vector<std::string> sentences = ToyPrompts(23, 80);
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t i = 0; i < 50; ++i) {
+    std::string text = sentences[i];
+    if (i % 3 == 0) text += " " + sentences[i + 50 < sentences.size() ? i + 25 : 0];
+    prompts.push_back(Tokenize(text));
+  }
+  const int64_t max_new_tokens = 32;
+  int64_t rounds = 0, drafted = 0, accepted = 0, hits = 0, ahead = 0, generated = 0;
+  for (size_t begin = 0; begin < prompts.size(); begin += 4) {
+    std::vector<std::future<absl::StatusOr<GenerateResult>>> futures;
+    for (size_t i = begin; i < std::min(prompts.size(), begin + 4); ++i) {
+      Client& client = (i % 2 == 0 ? wide : narrow).client();
+      v1::GenerateRequest request = IdsRequest(prompts[i], max_new_tokens);
+      request.set_trace(true);
+      futures.push_back(std::async(std::launch::async, [&client, request] {
+        return client.Generate(request);
+      }));
+    }
+    for (size_t i = begin; i < std::min(prompts.size(), begin + 4); ++i) {
+      absl::StatusOr<GenerateResult> result = futures[i - begin].get();
+      INFO("prompt " << i << " (" << prompts[i].size() << " tokens)");
+      REQUIRE(result.ok());
+      INFO(result->error);
+      REQUIRE(result->ok());
+      CHECK(Tokens(*result) == Reference(prompts[i], max_new_tokens, /*stop_at_eos=*/true));
+      CheckRollback(result->stats, static_cast<int64_t>(prompts[i].size()));
+      rounds += result->stats.decode_rounds();
+      drafted += result->stats.draft_tokens();
+      accepted += result->stats.accepted_tokens();
+      hits += result->stats.parallel_hits();
+      ahead += result->stats.parallel_drafts();
+      generated += result->stats.generated_tokens();
+    }
+  }
+  const double accept_length = static_cast<double>(generated - 50) / static_cast<double>(rounds);
+  INFO("rounds " << rounds << " drafted " << drafted << " accepted " << accepted
+                 << " drafted ahead in " << ahead << " rounds, parallel hits " << hits << " tokens per round " << accept_length);
+  // Speculation happened and paid off, and both outcomes of verification occurred.
+  CHECK(accepted > 0);
+  CHECK(accepted < drafted);
+  CHECK(hits > 0);
+  CHECK(accept_length > 1.3);
+  const double agent_drafts = wide.Metric("tophat_spec_decode_num_drafts_total") +
+                              narrow.Metric("tophat_spec_decode_num_drafts_total");
+  CHECK(agent_drafts > 0);
+  CHECK(wide.Metric("tophat_spec_decode_num_accepted_tokens_per_pos_total",
+                    "position=\"0\"") > 0);
+  REQUIRE(testing::WaitUntil([&] { return cloud.Metric("tophat_kv_cache_usage_ratio") == 0; },
+                             5s));
+}
+
+TEST_CASE("Sampled speculative decoding is reproducible for a seed and drafting off is plain "
+          "decoding",
+          "[serving][speculative]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});
+  AgentProcess spec(dir.path(), cloud, 32);
+  AgentProcess plain(dir.path(), cloud, 32, "speculative:\n  enabled: false\n");
+  const std::vector<int32_t> prompt = Tokenize(ToyPrompts(5, 1)[0]);
+  v1::GenerateRequest request = IdsRequest(prompt, 24, /*ignore_eos=*/true);
+  request.mutable_sampling()->set_temperature(0.8);
+  request.mutable_sampling()->set_seed(42);
+  auto first = spec.client().Generate(request);
+  auto second = spec.client().Generate(request);
+  REQUIRE(first.ok());
+  REQUIRE(second.ok());
+  REQUIRE(first->ok());
+  CHECK(first->token_ids.size() == 24);
+  CHECK(Tokens(*first) == Tokens(*second));
+  CHECK(first->stats.draft_tokens() > 0);
+
+  auto baseline = plain.client().Generate(IdsRequest(prompt, 24));
+  REQUIRE(baseline.ok());
+  REQUIRE(baseline->ok());
+  CHECK(Tokens(*baseline) == Reference(prompt, 24, /*stop_at_eos=*/true));
+  CHECK(baseline->stats.draft_tokens() == 0);
+  CHECK(baseline->stats.decode_rounds() + 1 == baseline->stats.generated_tokens());
+  CHECK(plain.Metric("tophat_spec_decode_num_drafts_total") == 0);
 }
 
 }  // namespace
