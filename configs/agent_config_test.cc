@@ -43,6 +43,17 @@ reconnect:
   initial_backoff_s: 0.5
   max_backoff_s: 8
   give_up_after_s: 0
+speculative:
+  enabled: false
+  eta: 0.4
+  max_draft_tokens: 5
+  parallel_drafting: false
+  parallel_top_k: 3
+  parallel_steps: 2
+link_emulation:
+  one_way_delay_s: 0.02
+  uplink_bytes_per_second: 5e6
+  downlink_bytes_per_second: 10e6
 metrics_address: ""
 log_level: trace
 )",
@@ -62,9 +73,33 @@ log_level: trace
   CHECK(config->reconnect.initial_backoff_s == 0.5);
   CHECK(config->reconnect.max_backoff_s == 8);
   CHECK(config->reconnect.give_up_after_s == 0);
+  CHECK_FALSE(config->speculative.enabled);
+  CHECK(config->speculative.eta == 0.4);
+  CHECK(config->speculative.max_draft_tokens == 5);
+  CHECK_FALSE(config->speculative.parallel_drafting);
+  CHECK(config->speculative.parallel_top_k == 3);
+  CHECK(config->speculative.parallel_steps == 2);
+  CHECK(config->link_emulation.one_way_delay_s == 0.02);
+  CHECK(config->link_emulation.uplink_bytes_per_second == 5e6);
+  CHECK(config->link_emulation.downlink_bytes_per_second == 10e6);
   CHECK(config->metrics_address.empty());
   CHECK(config->log_level == "trace");
   CHECK(ValidateAgentConfig(*config).ok());
+}
+
+TEST_CASE("Agent speculative settings out of range name their key") {
+  auto eta = ParseAgentConfig("speculative:\n  eta: 1.5\n", "agent.yaml");
+  REQUIRE_FALSE(eta.ok());
+  CHECK_THAT(std::string(eta.status().message()),
+             Catch::Contains("agent.yaml:2") && Catch::Contains("speculative.eta"));
+  auto draft = ParseAgentConfig("speculative:\n  max_draft_tokens: 0\n", "agent.yaml");
+  REQUIRE_FALSE(draft.ok());
+  CHECK_THAT(std::string(draft.status().message()),
+             Catch::Contains("speculative.max_draft_tokens"));
+  auto delay = ParseAgentConfig("link_emulation:\n  one_way_delay_s: -1\n", "agent.yaml");
+  REQUIRE_FALSE(delay.ok());
+  CHECK_THAT(std::string(delay.status().message()),
+             Catch::Contains("link_emulation.one_way_delay_s"));
 }
 
 TEST_CASE("Agent config errors name the dotted key and line") {
