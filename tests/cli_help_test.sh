@@ -10,6 +10,12 @@ done
 for daemon in tophat-cloud tophat-agent; do
   "$bin_dir/$daemon" --help | grep -q -- "--config" || { echo "no usage for $daemon"; exit 1; }
 done
+# Benchmarks built in this tree (bin/ holds whichever were built).
+for bench in tophat-bench-speculative tophat-bench-engine tophat-bench-transport; do
+  if [ -x "$bin_dir/$bench" ]; then
+    "$bin_dir/$bench" --help | grep -q "Usage:" || { echo "no usage for $bench"; exit 1; }
+  fi
+done
 # A daemon with a bad flag says so and exits non-zero.
 if "$bin_dir/tophat-cloud" --no-such-flag >/dev/null 2>&1; then
   echo "tophat-cloud accepted an unknown flag"; exit 1
