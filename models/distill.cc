@@ -385,20 +385,12 @@ absl::StatusOr<DistillReport> Distill(const DistillOptions& given,
     };
 
     const at::Tensor train_tokens = at::tensor(train_stream, at::kLong);
-    const int64_t warmup = std::max<int64_t>(1, options.steps / 20);
     const auto train_start = Clock::now();
     int64_t step = first_step;
     for (; step < options.steps; ++step) {
       if (options.interrupt != nullptr && options.interrupt->load()) break;
       if (options.stop_after > 0 && step - first_step >= options.stop_after) break;
-      double lr = options.learning_rate;
-      if (step < warmup) {
-        lr *= static_cast<double>(step + 1) / static_cast<double>(warmup);
-      } else {
-        const double progress = static_cast<double>(step - warmup) /
-                                static_cast<double>(std::max<int64_t>(1, options.steps - warmup));
-        lr *= 0.1 + 0.9 * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
-      }
+      const double lr = WarmupCosineLearningRate(options.learning_rate, step, options.steps);
       for (auto& group : optimizer.param_groups()) {
         static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
       }

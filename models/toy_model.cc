@@ -175,20 +175,10 @@ absl::StatusOr<ToyModelReport> TrainToyModel(
     std::uniform_int_distribution<int64_t> offset_dist(
         0, static_cast<int64_t>(train_stream.size()) - seq - 2);
     const at::Tensor train_tokens = at::tensor(train_stream, at::kLong);
-
-    const int64_t warmup = std::max<int64_t>(1, options.steps / 20);
     double smoothed = 0.0;
     const auto train_start = Clock::now();
     for (int64_t step = 0; step < options.steps; ++step) {
-      // Linear warm-up, then cosine decay to 10% of the peak rate.
-      double lr = options.learning_rate;
-      if (step < warmup) {
-        lr *= static_cast<double>(step + 1) / static_cast<double>(warmup);
-      } else {
-        const double progress = static_cast<double>(step - warmup) /
-                                static_cast<double>(std::max<int64_t>(1, options.steps - warmup));
-        lr *= 0.1 + 0.9 * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
-      }
+      const double lr = WarmupCosineLearningRate(options.learning_rate, step, options.steps);
       for (auto& group : optimizer.param_groups()) {
         static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
       }

@@ -1,6 +1,8 @@
 #include "models/training_forward.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numbers>
 #include <limits>
 
 namespace tophat {
@@ -46,6 +48,14 @@ at::Tensor TrainingLogits(const ModelConfig& c, const WeightMap& w, const RopeTa
                           const at::Tensor& ids) {
   at::Tensor x = at::embedding(w.at("model.embed_tokens.weight"), ids);
   return TrainingHead(c, w, TrainingLayers(c, w, rope, x, 0, c.num_hidden_layers));
+}
+
+double WarmupCosineLearningRate(double peak, int64_t step, int64_t total_steps) {
+  const int64_t warmup = std::max<int64_t>(1, total_steps / 20);
+  if (step < warmup) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  const double progress = static_cast<double>(step - warmup) /
+                          static_cast<double>(std::max<int64_t>(1, total_steps - warmup));
+  return peak * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(std::numbers::pi * progress)));
 }
 
 }  // namespace tophat

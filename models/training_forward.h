@@ -28,4 +28,8 @@ at::Tensor TrainingHead(const ModelConfig& config, const WeightMap& weights, con
 at::Tensor TrainingLogits(const ModelConfig& config, const WeightMap& weights,
                           const RopeTable& rope, const at::Tensor& ids);
 
+// The learning rate at `step` of `total_steps`: linear warm-up over the first 5% of the
+// steps, then cosine decay to 10% of `peak`.
+double WarmupCosineLearningRate(double peak, int64_t step, int64_t total_steps);
+
 }  // namespace tophat
