@@ -1,0 +1,105 @@
+#include "scheduler/decode_decisions.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace tophat {
+
+int64_t ChooseChunkSize(const ChunkSizeInputs& in, const StepTimePredictor& step_time) {
+  const int64_t min_chunk = std::max<int64_t>(1, in.min_chunk);
+  const int64_t max_chunk = std::max(min_chunk, in.max_chunk);
+  const int64_t prompt = std::max<int64_t>(1, in.prompt_tokens);
+  if (prompt <= min_chunk) return prompt;
+  if (!(in.uplink_bytes_per_second > 0) || !(in.bytes_per_token > 0) || !step_time.has_data()) {
+    return std::min(prompt, max_chunk);
+  }
+  const double stages = static_cast<double>(std::max<int64_t>(1, in.pipeline_stages));
+  // Positive once the upload of x positions outlasts the cloud's share of the overlap.
+  auto gap = [&](int64_t x) {
+    const double upload = static_cast<double>(x) * in.bytes_per_token / in.uplink_bytes_per_second;
+    const double compute = (step_time.Predict(in.mean_batched_tokens) +
+                            step_time.Predict(in.mean_batched_tokens + static_cast<double>(x))) /
+                           stages;
+    return upload - compute;
+  };
+  int64_t chunk = max_chunk;
+  if (gap(min_chunk) >= 0) {
+    chunk = min_chunk;
+  } else if (gap(max_chunk) > 0) {
+    int64_t lo = min_chunk;  // gap < 0
+    int64_t hi = max_chunk;  // gap > 0
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      (gap(mid) < 0 ? lo : hi) = mid;
+    }
+    chunk = hi;
+  }
+  if (in.max_step_seconds > 0 &&
+      step_time.Predict(in.mean_batched_tokens + static_cast<double>(chunk)) > in.max_step_seconds) {
+    // The largest chunk whose step stays within the cap (g never decreases in its size).
+    int64_t lo = min_chunk;
+    int64_t hi = chunk;
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      (step_time.Predict(in.mean_batched_tokens + static_cast<double>(mid)) <= in.max_step_seconds
+           ? lo
+           : hi) = mid;
+    }
+    chunk = lo;
+  }
+  return std::min(prompt, chunk);
+}
+
+int64_t ParallelDraftSteps(const ParallelDraftInputs& in) {
+  if (!(in.draft_step_seconds > 0) || !(in.uplink_bytes_per_second > 0) ||
+      !(in.downlink_bytes_per_second > 0)) {
+    return 0;
+  }
+  const double bytes = std::max(0.0, in.draft_tokens) * in.bytes_per_token;
+  const double trip = bytes / in.uplink_bytes_per_second + std::max(0.0, in.step_seconds) +
+                      bytes / in.downlink_bytes_per_second;
+  const double steps = std::floor(trip / in.draft_step_seconds);
+  return static_cast<int64_t>(std::clamp(steps, 0.0, static_cast<double>(std::max<int64_t>(0, in.max_steps))));
+}
+
+AdaptiveDraftWindow::AdaptiveDraftWindow(const DraftWindowOptions& options) : options_(options) {
+  options_.min_window = std::max<int64_t>(1, options_.min_window);
+  options_.max_window = std::max(options_.min_window, options_.max_window);
+  options_.smoothing = std::clamp(options_.smoothing, 0.0, 1.0);
+  window_ = options_.min_window;
+}
+
+AdaptiveDraftWindow::Prediction AdaptiveDraftWindow::Predict(const DraftWindowSignals& s) const {
+  const double a = std::clamp(s.acceptance_rate, 0.0, 0.999);
+  const double verify = std::max(0.0, s.target_step_seconds) *
+                        (1 + std::clamp(s.queue_utilization, 0.0, 1.0));
+  const double base_round = std::max(1e-9, std::max(0.0, s.rtt_seconds) + verify);
+  const double plain_rate = 1 / base_round;
+  Prediction best;
+  for (int64_t w = options_.min_window; w <= options_.max_window; ++w) {
+    const double tokens = (1 - std::pow(a, static_cast<double>(w + 1))) / (1 - a);
+    const double seconds = static_cast<double>(w) * std::max(0.0, s.draft_step_seconds) + base_round;
+    const double speedup = tokens / seconds / plain_rate;
+    if (speedup > best.speedup + 1e-12 || best.window == 0) best = {static_cast<double>(w), speedup};
+  }
+  return best;
+}
+
+int64_t AdaptiveDraftWindow::Update(const DraftWindowSignals& signals) {
+  const Prediction prediction = Predict(signals);
+  const double target = std::clamp(prediction.window, static_cast<double>(options_.min_window),
+                                   static_cast<double>(options_.max_window));
+  smoothed_ = seen_ ? options_.smoothing * target + (1 - options_.smoothing) * smoothed_ : target;
+  seen_ = true;
+  const bool gain = prediction.speedup >= options_.min_gain;
+  no_gain_streak_ = gain ? 0 : no_gain_streak_ + 1;
+  // Sticky: stop only after several rounds without a gain; resume at the first gain.
+  if (drafting_ && no_gain_streak_ >= options_.hysteresis_steps) drafting_ = false;
+  if (!drafting_ && gain) drafting_ = true;
+  window_ = drafting_ ? std::clamp<int64_t>(std::llround(smoothed_), options_.min_window,
+                                            options_.max_window)
+                      : 0;
+  return window_;
+}
+
+}  // namespace tophat

@@ -1,0 +1,102 @@
+// The per-device decisions of HAT's scheduler (DESIGN.md "The equations"), as pure functions
+// of the state monitor's estimates:
+//   - the prompt chunk size X_i, which balances uploading a chunk against the cloud computing
+//     the previous one: X_i·A / β_i,up = (g(μ) + g(μ + X_i)) / P;
+//   - the parallel-drafting steps λ_i = floor((μ_i·A/β_i,up + g(μ) + μ_i·A/β_i,down) / γ_i):
+//     the drafter steps that fit in one verification trip;
+//   - DSD's adaptive draft window (AdaptiveDraftWindow), as an option.
+#pragma once
+
+#include <cstdint>
+
+#include "scheduler/step_time_predictor.h"
+
+namespace tophat {
+
+struct ChunkSizeInputs {
+  int64_t prompt_tokens = 0;
+  double bytes_per_token = 0;          // A: hidden-state bytes per position on the wire
+  double uplink_bytes_per_second = 0;  // β_i,up (0: unknown)
+  double mean_batched_tokens = 0;      // μ
+  int64_t pipeline_stages = 1;         // P
+  int64_t min_chunk = 16;
+  int64_t max_chunk = 1024;
+  // Optional cap (0: none): a step that carries the chunk should take at most this long, so
+  // that the other devices' decode steps batched with it stay fast (Sarathi's reasoning).
+  // Under load the cap binds first, and chunks shrink as the load grows.
+  double max_step_seconds = 0;
+};
+
+// X_i for one prompt. Prompts of at most `min_chunk` tokens are not chunked (the whole
+// prompt); so are all prompts when the bandwidth or the step curve is not known yet (then
+// `max_chunk`, capped at the prompt). Otherwise the integer X in [min_chunk, max_chunk] where
+// uploading X positions first takes at least as long as the cloud's share of the two steps
+// it overlaps, found by bisection (the upload time grows faster in X than g does); then
+// capped by max_step_seconds (never below min_chunk) and at the prompt.
+//
+// Note that the balance itself moves the other way with load: a busier cloud (larger μ, a
+// slower g) leaves more time to upload a larger chunk behind each step. The step cap is what
+// makes chunks smaller when the cloud is busy.
+int64_t ChooseChunkSize(const ChunkSizeInputs& in, const StepTimePredictor& step_time);
+
+struct ParallelDraftInputs {
+  double draft_tokens = 0;             // μ_i: the device's tokens per verification
+  double bytes_per_token = 0;          // A
+  double uplink_bytes_per_second = 0;  // β_i,up
+  double downlink_bytes_per_second = 0;
+  double step_seconds = 0;             // g(μ): the verification step in the cloud
+  double draft_step_seconds = 0;       // γ_i
+  int64_t max_steps = 8;
+};
+
+// λ_i by HAT's equation 6, clamped to [0, max_steps]; 0 while γ_i or a bandwidth is unknown.
+int64_t ParallelDraftSteps(const ParallelDraftInputs& in);
+
+struct DraftWindowOptions {
+  int64_t min_window = 1;
+  int64_t max_window = 12;
+  double smoothing = 0.4;         // EMA weight on the new prediction (DSD: α = 0.4)
+  int64_t hysteresis_steps = 2;   // consecutive "no gain" predictions before drafting stops
+  double min_gain = 1.05;         // drafting must promise this much more tokens per second
+};
+
+// What the window controller sees each round.
+struct DraftWindowSignals {
+  double acceptance_rate = 0;     // recent fraction of drafts kept, in [0, 1]
+  double rtt_seconds = 0;         // recent verification round trip, network only
+  double target_step_seconds = 0; // recent cloud step (TPOT-like)
+  double queue_utilization = 0;   // recent cloud queue depth / capacity, in [0, 1]
+  double draft_step_seconds = 0;  // γ
+};
+
+// DSD's Adaptive Window Control with an analytic predictor in place of its trained network:
+// the window w maximising expected tokens per second, (1 - a^(w+1)) / (1 - a) tokens per
+// round over w·γ + RTT + t_verify seconds, where a queued cloud stretches t_verify by
+// 1 + utilization. The prediction is clamped, smoothed (EMA) and rounded; when it promises
+// no gain over plain decoding (one token per RTT + t_verify) for `hysteresis_steps` rounds in
+// a row, drafting stops (window 0), and it resumes as soon as a gain is predicted again.
+class AdaptiveDraftWindow {
+ public:
+  explicit AdaptiveDraftWindow(const DraftWindowOptions& options = {});
+  // The window for the next round: 0 (no drafting) or in [min_window, max_window].
+  int64_t Update(const DraftWindowSignals& signals);
+  int64_t window() const { return window_; }
+  double smoothed() const { return smoothed_; }
+
+  // The unsmoothed best window and its predicted speedup over plain decoding.
+  struct Prediction {
+    double window = 0;
+    double speedup = 1;
+  };
+  Prediction Predict(const DraftWindowSignals& signals) const;
+
+ private:
+  DraftWindowOptions options_;
+  double smoothed_ = 0;
+  bool seen_ = false;
+  int64_t window_ = 0;
+  int64_t no_gain_streak_ = 0;
+  bool drafting_ = true;
+};
+
+}  // namespace tophat

@@ -1,0 +1,53 @@
+// The cloud's state monitor (HAT section 3.2, DESIGN.md "State monitor"): moving averages,
+// with weight α = 0.8 on the past, of
+//   - μ, the tokens batched per engine step, and g(μ), the step time as a function of them
+//     (StepTimePredictor);
+//   - per device: γ_i, its draft delay per step, and β_i,up / β_i,down, its link bandwidths,
+//     as the agent measured them from real transfers and reported in DeviceState.
+// Pure bookkeeping: the engine thread calls it; no clock, no I/O, not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <unordered_map>
+
+#include "scheduler/step_time_predictor.h"
+
+namespace tophat {
+
+// One DeviceState report; a value <= 0 (or not finite) means "not measured yet" and leaves
+// the average as it was.
+struct DeviceReport {
+  double uplink_bytes_per_second = 0;
+  double downlink_bytes_per_second = 0;
+  double draft_step_seconds = 0;
+};
+
+// The smoothed view of one device; a field is 0 until its first measurement.
+struct DeviceEstimate {
+  double uplink_bytes_per_second = 0;
+  double downlink_bytes_per_second = 0;
+  double draft_step_seconds = 0;
+};
+
+class StateMonitor {
+ public:
+  explicit StateMonitor(int64_t max_batch_tokens = 8192, double alpha = 0.8);
+
+  void ObserveStep(int64_t batched_tokens, double seconds);
+  void ObserveDevice(uint64_t device, const DeviceReport& report);
+  void ForgetDevice(uint64_t device);
+
+  double mean_batched_tokens() const { return mean_tokens_; }  // μ (0 before any step)
+  const StepTimePredictor& step_time() const { return step_time_; }
+  std::optional<DeviceEstimate> device(uint64_t device) const;
+
+ private:
+  double alpha_;
+  double mean_tokens_ = 0;
+  bool seen_step_ = false;
+  StepTimePredictor step_time_;
+  std::unordered_map<uint64_t, DeviceEstimate> devices_;
+};
+
+}  // namespace tophat

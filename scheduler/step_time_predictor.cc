@@ -1,0 +1,63 @@
+#include "scheduler/step_time_predictor.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+
+namespace tophat {
+
+StepTimePredictor::StepTimePredictor(int64_t max_tokens, double alpha)
+    : alpha_(std::clamp(alpha, 0.0, 0.999)) {
+  const auto top = static_cast<uint64_t>(std::max<int64_t>(1, max_tokens));
+  buckets_.resize(static_cast<size_t>(std::bit_width(top)));
+}
+
+void StepTimePredictor::Observe(int64_t tokens, double seconds) {
+  if (tokens < 1 || !(seconds > 0) || !std::isfinite(seconds)) return;
+  const size_t index = std::min(buckets_.size() - 1,
+                                static_cast<size_t>(std::bit_width(static_cast<uint64_t>(tokens))) - 1);
+  Bucket& bucket = buckets_[index];
+  if (!bucket.seen) {
+    bucket = {.seen = true, .tokens = static_cast<double>(tokens), .seconds = seconds};
+  } else {
+    bucket.tokens = alpha_ * bucket.tokens + (1 - alpha_) * static_cast<double>(tokens);
+    bucket.seconds = alpha_ * bucket.seconds + (1 - alpha_) * seconds;
+  }
+  ++observations_;
+}
+
+bool StepTimePredictor::has_data() const { return observations_ > 0; }
+
+std::vector<StepTimePredictor::Point> StepTimePredictor::Points() const {
+  std::vector<Point> points;
+  for (const Bucket& bucket : buckets_) {
+    if (bucket.seen) points.push_back({bucket.tokens, bucket.seconds});
+  }
+  // Bucket order is token order except when two averages cross at a boundary; keep it sorted.
+  std::sort(points.begin(), points.end(),
+            [](const Point& a, const Point& b) { return a.tokens < b.tokens; });
+  // Noise can make a larger bucket look faster; a step time is not decreasing in its size.
+  for (size_t i = 1; i < points.size(); ++i) {
+    points[i].seconds = std::max(points[i].seconds, points[i - 1].seconds);
+  }
+  return points;
+}
+
+double StepTimePredictor::Predict(double tokens) const {
+  const std::vector<Point> points = Points();
+  if (points.empty()) return 0;
+  if (points.size() == 1) return points[0].seconds;
+  size_t right = 1;
+  while (right + 1 < points.size() && points[right].tokens < tokens) ++right;
+  const Point& a = points[right - 1];
+  const Point& b = points[right];
+  const double span = b.tokens - a.tokens;
+  const double slope = span > 0 ? (b.seconds - a.seconds) / span : 0;
+  double value = a.seconds + slope * (tokens - a.tokens);
+  // Below the first point the curve does not fall under half the smallest step seen: a step
+  // has a fixed cost that extrapolating a steep segment down to zero tokens would miss.
+  if (tokens < points.front().tokens) value = std::max(value, 0.5 * points.front().seconds);
+  return std::max(0.0, value);
+}
+
+}  // namespace tophat
