@@ -9,7 +9,7 @@ namespace tophat {
 StepTimePredictor::StepTimePredictor(int64_t max_tokens, double alpha)
     : alpha_(std::clamp(alpha, 0.0, 0.999)) {
   const auto top = static_cast<uint64_t>(std::max<int64_t>(1, max_tokens));
-  buckets_.resize(static_cast<size_t>(std::bit_width(top)));
+  buckets_.resize(std::min<size_t>(kMaxBuckets, static_cast<size_t>(std::bit_width(top))));
 }
 
 void StepTimePredictor::Observe(int64_t tokens, double seconds) {
@@ -28,27 +28,34 @@ void StepTimePredictor::Observe(int64_t tokens, double seconds) {
 
 bool StepTimePredictor::has_data() const { return observations_ > 0; }
 
-std::vector<StepTimePredictor::Point> StepTimePredictor::Points() const {
-  std::vector<Point> points;
+size_t StepTimePredictor::FillPoints(std::array<Point, kMaxBuckets>& points) const {
+  size_t count = 0;
   for (const Bucket& bucket : buckets_) {
-    if (bucket.seen) points.push_back({bucket.tokens, bucket.seconds});
+    if (bucket.seen) points[count++] = {bucket.tokens, bucket.seconds};
   }
   // Bucket order is token order except when two averages cross at a boundary; keep it sorted.
-  std::sort(points.begin(), points.end(),
+  std::sort(points.begin(), points.begin() + static_cast<ptrdiff_t>(count),
             [](const Point& a, const Point& b) { return a.tokens < b.tokens; });
   // Noise can make a larger bucket look faster; a step time is not decreasing in its size.
-  for (size_t i = 1; i < points.size(); ++i) {
+  for (size_t i = 1; i < count; ++i) {
     points[i].seconds = std::max(points[i].seconds, points[i - 1].seconds);
   }
-  return points;
+  return count;
+}
+
+std::vector<StepTimePredictor::Point> StepTimePredictor::Points() const {
+  std::array<Point, kMaxBuckets> points;
+  const size_t count = FillPoints(points);
+  return {points.begin(), points.begin() + static_cast<ptrdiff_t>(count)};
 }
 
 double StepTimePredictor::Predict(double tokens) const {
-  const std::vector<Point> points = Points();
-  if (points.empty()) return 0;
-  if (points.size() == 1) return points[0].seconds;
+  std::array<Point, kMaxBuckets> points;
+  const size_t count = FillPoints(points);
+  if (count == 0) return 0;
+  if (count == 1) return points[0].seconds;
   size_t right = 1;
-  while (right + 1 < points.size() && points[right].tokens < tokens) ++right;
+  while (right + 1 < count && points[right].tokens < tokens) ++right;
   const Point& a = points[right - 1];
   const Point& b = points[right];
   const double span = b.tokens - a.tokens;
@@ -56,7 +63,7 @@ double StepTimePredictor::Predict(double tokens) const {
   double value = a.seconds + slope * (tokens - a.tokens);
   // Below the first point the curve does not fall under half the smallest step seen: a step
   // has a fixed cost that extrapolating a steep segment down to zero tokens would miss.
-  if (tokens < points.front().tokens) value = std::max(value, 0.5 * points.front().seconds);
+  if (tokens < points[0].tokens) value = std::max(value, 0.5 * points[0].seconds);
   return std::max(0.0, value);
 }
 

@@ -7,6 +7,8 @@
 // no I/O, not thread-safe.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -37,6 +39,10 @@ class StepTimePredictor {
   std::vector<Point> Points() const;
 
  private:
+  static constexpr size_t kMaxBuckets = 64;  // bit widths of int64 token counts
+  // Points() without allocating (Predict runs in the engine's step); returns the count.
+  size_t FillPoints(std::array<Point, kMaxBuckets>& points) const;
+
   struct Bucket {
     bool seen = false;
     double tokens = 0;   // moving average of the batch sizes observed in the bucket

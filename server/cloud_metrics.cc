@@ -48,6 +48,14 @@ CloudMetrics::CloudMetrics(prometheus::Registry& registry)
       session_errors(AddCounter(registry, "tophat_session_errors_total",
                                 "Per-session errors sent to agents")),
       streams_connected(AddGauge(registry, "tophat_streams_connected",
-                                 "Agent streams currently connected")) {}
+                                 "Agent streams currently connected")),
+      mean_batched_tokens(AddGauge(registry, "tophat_scheduler_mean_batched_tokens",
+                                   "Moving average of the tokens batched per step (mu)")),
+      predicted_step_seconds(AddGauge(registry, "tophat_scheduler_predicted_step_seconds",
+                                      "Step time the predictor expects at mu tokens, g(mu)")),
+      step_prediction_error_ratio(AddHistogram(
+          registry, "tophat_scheduler_step_prediction_error_ratio",
+          "|predicted - measured| / measured step time, predicted before each step",
+          {0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0})) {}
 
 }  // namespace tophat

@@ -33,6 +33,10 @@ struct CloudMetrics {
   prometheus::Counter& sessions_rejected;  // RESOURCE_EXHAUSTED at admission
   prometheus::Counter& session_errors;     // any SessionError sent
   prometheus::Gauge& streams_connected;
+  // The scheduler's state monitor.
+  prometheus::Gauge& mean_batched_tokens;        // μ, moving average
+  prometheus::Gauge& predicted_step_seconds;     // g(μ)
+  prometheus::Histogram& step_prediction_error_ratio;  // |g(tokens) - measured| / measured
 };
 
 }  // namespace tophat

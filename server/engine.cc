@@ -1,6 +1,7 @@
 #include "server/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include <c10/core/InferenceMode.h>
@@ -67,7 +68,8 @@ Engine::Engine(EngineOptions options, std::shared_ptr<const Submodel> middle,
       pool_(std::move(pool)),
       metrics_(metrics),
       allocator_(static_cast<int32_t>(options_.kv_num_blocks),
-                 static_cast<int32_t>(options_.kv_block_size)) {
+                 static_cast<int32_t>(options_.kv_block_size)),
+      monitor_(std::max<int64_t>(1, options_.max_batch_tokens)) {
   const ModelConfig& config = middle_->config();
   wire_dtype_ = ToProtoDType(middle_->options().dtype).value_or(v1::DTYPE_FLOAT32);
   row_bytes_ = config.hidden_size * ElementBytes(wire_dtype_);
@@ -220,6 +222,7 @@ void Engine::HandleEvent(Event& event) {
         keys.push_back(it->first);
       }
       for (const SessionKey& key : keys) EraseSession(key);
+      monitor_.ForgetDevice(event.stream);
       if (streams_.erase(event.stream) > 0 && metrics_ != nullptr) {
         metrics_->streams_connected.Decrement();
       }
@@ -259,9 +262,13 @@ void Engine::HandleMessage(StreamId stream, v1::AgentMessage& message,
       if (Find(stream, id) != nullptr) EraseSession({stream, id});
       return;
     }
-    case v1::AgentMessage::kDeviceState:
-      // Recorded by the scheduler issue's state monitor; accepted and ignored until then.
+    case v1::AgentMessage::kDeviceState: {
+      const v1::DeviceState& state = message.device_state();
+      monitor_.ObserveDevice(stream, {.uplink_bytes_per_second = state.uplink_bytes_per_second(),
+                                      .downlink_bytes_per_second = state.downlink_bytes_per_second(),
+                                      .draft_step_seconds = state.draft_step_seconds()});
       return;
+    }
     case v1::AgentMessage::KIND_NOT_SET:
       SendError(stream, 0, 0, absl::InvalidArgumentError("AgentMessage.kind is not set"), true);
       return;
@@ -523,9 +530,20 @@ int64_t Engine::Step() {
   const Clock::time_point end = Clock::now();
   const double compute_seconds = Seconds(end - start);
   stat_steps_++;
+  // What g(μ) predicted for this step, before it learns from it.
+  const double predicted = monitor_.step_time().Predict(static_cast<double>(total));
+  const bool had_prediction = monitor_.step_time().has_data();
+  monitor_.ObserveStep(total, compute_seconds);
   if (metrics_ != nullptr) {
     metrics_->step_seconds.Observe(compute_seconds);
     metrics_->iteration_tokens.Observe(static_cast<double>(total));
+    if (had_prediction && compute_seconds > 0) {
+      metrics_->step_prediction_error_ratio.Observe(std::abs(predicted - compute_seconds) /
+                                                    compute_seconds);
+    }
+    metrics_->mean_batched_tokens.Set(monitor_.mean_batched_tokens());
+    metrics_->predicted_step_seconds.Set(
+        monitor_.step_time().Predict(monitor_.mean_batched_tokens()));
   }
 
   row = 0;

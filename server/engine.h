@@ -27,6 +27,7 @@
 #include "models/submodel.h"
 #include "scheduler/batch_planner.h"
 #include "scheduler/kv_block_allocator.h"
+#include "scheduler/state_monitor.h"
 #include "server/cloud_metrics.h"
 #include "server/message_sink.h"
 #include "tophat/v1/cloud.pb.h"
@@ -88,6 +89,10 @@ class Engine {
   // Runs intake + one step on the calling thread (tests and benchmarks, engine not
   // started). Returns the positions computed.
   int64_t RunOnce();
+
+  // The state monitor (step times vs batch size, per-stream device reports). Engine thread
+  // only: tests that drive RunOnce, or code that runs on the engine thread.
+  const StateMonitor& state_monitor() const { return monitor_; }
 
  private:
   struct WorkItem {
@@ -170,6 +175,7 @@ class Engine {
 
   // Engine-thread state.
   KvBlockAllocator allocator_;
+  StateMonitor monitor_;  // devices keyed by stream id
   std::map<SessionKey, std::unique_ptr<Session>> sessions_;
   int64_t num_running_ = 0;  // sessions_ in kRunning, kept in step with admit and erase
   std::deque<SessionKey> waiting_;

@@ -253,5 +253,31 @@ TEST_CASE("A draining engine admits nothing new") {
   CHECK(messages[0].error().code() == static_cast<int>(absl::StatusCode::kUnavailable));
 }
 
+TEST_CASE("The engine feeds its state monitor with step times and device reports") {
+  Harness h(SmallOptions());
+  CHECK_FALSE(h.engine->state_monitor().step_time().has_data());
+  h.Open(3, 32);
+  h.Chunk(3, 0, 12, v1::PHASE_PREFILL);
+  h.engine->RunOnce();
+  h.Chunk(3, 12, 1, v1::PHASE_DECODE);
+  h.engine->RunOnce();
+  const StateMonitor& monitor = h.engine->state_monitor();
+  CHECK(monitor.step_time().observations() == 2);
+  CHECK(monitor.mean_batched_tokens() == Approx(0.8 * 12 + 0.2 * 1));
+  CHECK(monitor.step_time().Predict(12) > 0);
+
+  v1::AgentMessage report;
+  report.mutable_device_state()->set_uplink_bytes_per_second(5e6);
+  report.mutable_device_state()->set_draft_step_seconds(0.01);
+  h.engine->Deliver(1, report);
+  h.engine->RunOnce();
+  REQUIRE(monitor.device(1).has_value());
+  CHECK(monitor.device(1)->uplink_bytes_per_second == 5e6);
+  CHECK(monitor.device(1)->draft_step_seconds == 0.01);
+  h.engine->DetachStream(1);
+  h.engine->RunOnce();
+  CHECK_FALSE(monitor.device(1).has_value());
+}
+
 }  // namespace
 }  // namespace tophat
