@@ -28,7 +28,7 @@ struct CloudConfig {
     int64_t max_running_sessions = 64;
     int64_t max_waiting_sessions = 64;  // admission queue bound; beyond it RESOURCE_EXHAUSTED
     int64_t prompt_chunk_size = 128;    // told to agents (the scheduler may adapt it)
-    int64_t draft_steps = 0;            // told to agents (placeholder until speculative decoding)
+    int64_t draft_steps = 0;            // λ told to agents (they use their own for now)
     bool operator==(const Scheduler&) const = default;
   } scheduler;
   struct Limits {

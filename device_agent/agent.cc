@@ -281,6 +281,8 @@ absl::Status Agent::Request::DecodeRound() {
   }
   TOPHAT_RETURN_IF_ERROR(Emit(outcome.tokens));
   next_token_ = outcome.tokens.back();
+  agent_.ReportDecodeRound(epoch_, decoder_->draft_step_seconds(),
+                           static_cast<double>(outcome.accepted + 1));
   return absl::OkStatus();
 }
 
@@ -618,6 +620,28 @@ Agent::Agent(AgentConfig config, DeviceBundle bundle, prometheus::Registry* regi
 }
 
 Agent::~Agent() { cloud_.reset(); }
+
+void Agent::ReportDecodeRound(uint64_t epoch, double draft_step_seconds, double tokens) {
+  v1::AgentMessage message;
+  {
+    std::lock_guard<std::mutex> lock(device_state_mutex_);
+    if (draft_step_seconds > 0) {
+      draft_step_seconds_ = draft_step_seconds_ > 0
+                                ? 0.8 * draft_step_seconds_ + 0.2 * draft_step_seconds
+                                : draft_step_seconds;
+    }
+    tokens_per_round_ = tokens_per_round_ > 0 ? 0.8 * tokens_per_round_ + 0.2 * tokens : tokens;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_device_report_ < std::chrono::seconds(1)) return;
+    last_device_report_ = now;
+    // Link bandwidths are not measured yet (0: unknown to the cloud's monitor).
+    v1::DeviceState* state = message.mutable_device_state();
+    state->set_draft_step_seconds(draft_step_seconds_);
+    state->set_mean_round_length(tokens_per_round_);
+  }
+  if (metrics_ != nullptr) metrics_->draft_step_seconds.Set(message.device_state().draft_step_seconds());
+  cloud_->Send(epoch, message).IgnoreError();
+}
 
 absl::Status Agent::CheckHello(const v1::Hello& hello) const {
   const BundleManifest& manifest = bundle_.manifest;

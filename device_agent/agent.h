@@ -61,6 +61,9 @@ class Agent {
 
   Agent(AgentConfig config, DeviceBundle bundle, prometheus::Registry* registry);
   absl::Status CheckHello(const v1::Hello& hello) const;
+  // Folds one decode round's measurements into the device's state and, at most once a
+  // second, reports it to the cloud's state monitor (DeviceState on stream `epoch`).
+  void ReportDecodeRound(uint64_t epoch, double draft_step_seconds, double tokens);
 
   const AgentConfig config_;
   DeviceBundle bundle_;
@@ -68,6 +71,11 @@ class Agent {
   std::unique_ptr<CloudConnection> cloud_;
   std::atomic<uint64_t> next_session_id_{1};
   std::atomic<uint64_t> next_request_number_{1};
+
+  std::mutex device_state_mutex_;  // guards the three below
+  double draft_step_seconds_ = 0;  // γ, moving average over requests
+  double tokens_per_round_ = 0;    // μ_i, moving average
+  std::chrono::steady_clock::time_point last_device_report_{};
 
   mutable std::mutex requests_mutex_;
   std::unordered_map<std::string, Request*> running_;  // request id -> request (cancel)

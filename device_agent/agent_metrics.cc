@@ -63,7 +63,10 @@ AgentMetrics::AgentMetrics(prometheus::Registry& registry)
           "Rounds whose drafts were made ahead (hit rate = hits / parallel_drafts)")),
       spec_decode_round_seconds(AddHistogram(registry, "tophat_spec_decode_round_seconds",
                                              "One decode round: drafting, verification trip, "
-                                             "acceptance", kLatencyBuckets)) {}
+                                             "acceptance", kLatencyBuckets)),
+      draft_step_seconds(AddGauge(registry, "tophat_draft_step_seconds",
+                                  "Drafter step time (gamma), moving average, as reported to "
+                                  "the cloud")) {}
 
 prometheus::Counter& AgentMetrics::AcceptedAtPosition(int64_t position) {
   // Family::Add returns the existing counter for known labels; it locks internally.

@@ -43,6 +43,7 @@ struct AgentMetrics {
   prometheus::Counter& spec_decode_parallel_drafts;  // rounds that drafted ahead
   prometheus::Counter& spec_decode_parallel_hits;    // rounds whose drafts were made ahead
   prometheus::Histogram& spec_decode_round_seconds;  // one verification round, end to end
+  prometheus::Gauge& draft_step_seconds;  // γ as last reported to the cloud
 };
 
 }  // namespace tophat

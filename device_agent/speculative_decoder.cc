@@ -1,6 +1,7 @@
 #include "device_agent/speculative_decoder.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "models/speculative_verify.h"
@@ -37,6 +38,7 @@ absl::Status SpeculativeDecoder::Step(Run& run) {
     return absl::InternalError(absl::StrCat("drafting at position ", position,
                                             " but the input KV holds ", input_cache_.length()));
   }
+  const auto started = std::chrono::steady_clock::now();
   const at::Tensor ids = at::full({1}, run.tokens[run.processed()], at::kLong);
   TOPHAT_ASSIGN_OR_RETURN(at::Tensor embedded, models_.input->Embed(ids));
   TOPHAT_ASSIGN_OR_RETURN(at::Tensor shallow, models_.input->Forward(embedded, input_cache_));
@@ -45,6 +47,10 @@ absl::Status SpeculativeDecoder::Step(Run& run) {
     TOPHAT_ASSIGN_OR_RETURN(at::Tensor adapted, models_.adapter->Forward(shallow, *adapter_cache_));
     TOPHAT_ASSIGN_OR_RETURN(at::Tensor logits, models_.output->Logits(adapted));
     run.next_logits = logits[0];
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    draft_step_seconds_ =
+        draft_step_seconds_ > 0 ? 0.8 * draft_step_seconds_ + 0.2 * seconds : seconds;
   }
   return absl::OkStatus();
 }

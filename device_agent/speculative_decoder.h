@@ -76,6 +76,9 @@ class SpeculativeDecoder {
                      KvCache& output_cache, const SpeculativeOptions& options, Sampler& sampler);
 
   bool drafting() const { return drafting_; }
+  // γ: moving average of one drafter step (input submodel + Λ + head), measured; 0 until
+  // the first.
+  double draft_step_seconds() const { return draft_step_seconds_; }
 
   // Λ takes in prompt rows (shallow states [n, D]) so that its KV covers the prompt.
   absl::Status AbsorbPrompt(const at::Tensor& shallow);
@@ -130,6 +133,7 @@ class SpeculativeDecoder {
   Sampler draft_sampler_;       // draws sampled drafts (its own stream)
   std::mt19937_64 verify_rng_;  // speculative sampling's accept/resample draws
   bool drafting_ = false;
+  double draft_step_seconds_ = 0;
 
   Run run_;
   bool run_from_parallel_ = false;

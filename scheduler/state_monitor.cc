@@ -29,6 +29,7 @@ void StateMonitor::ObserveDevice(uint64_t device, const DeviceReport& report) {
   Smooth(estimate.uplink_bytes_per_second, report.uplink_bytes_per_second, alpha_);
   Smooth(estimate.downlink_bytes_per_second, report.downlink_bytes_per_second, alpha_);
   Smooth(estimate.draft_step_seconds, report.draft_step_seconds, alpha_);
+  Smooth(estimate.draft_tokens_per_round, report.draft_tokens_per_round, alpha_);
 }
 
 void StateMonitor::ForgetDevice(uint64_t device) { devices_.erase(device); }

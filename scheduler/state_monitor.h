@@ -21,6 +21,7 @@ struct DeviceReport {
   double uplink_bytes_per_second = 0;
   double downlink_bytes_per_second = 0;
   double draft_step_seconds = 0;
+  double draft_tokens_per_round = 0;  // μ_i of equation 6
 };
 
 // The smoothed view of one device; a field is 0 until its first measurement.
@@ -28,6 +29,7 @@ struct DeviceEstimate {
   double uplink_bytes_per_second = 0;
   double downlink_bytes_per_second = 0;
   double draft_step_seconds = 0;
+  double draft_tokens_per_round = 0;
 };
 
 class StateMonitor {

@@ -266,7 +266,8 @@ void Engine::HandleMessage(StreamId stream, v1::AgentMessage& message,
       const v1::DeviceState& state = message.device_state();
       monitor_.ObserveDevice(stream, {.uplink_bytes_per_second = state.uplink_bytes_per_second(),
                                       .downlink_bytes_per_second = state.downlink_bytes_per_second(),
-                                      .draft_step_seconds = state.draft_step_seconds()});
+                                      .draft_step_seconds = state.draft_step_seconds(),
+                                      .draft_tokens_per_round = state.mean_round_length()});
       return;
     }
     case v1::AgentMessage::KIND_NOT_SET:

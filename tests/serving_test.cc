@@ -681,6 +681,8 @@ TEST_CASE("Speculative decoding with parallel drafting reproduces monolithic gre
   CHECK(agent_drafts > 0);
   CHECK(wide.Metric("tophat_spec_decode_num_accepted_tokens_per_pos_total",
                     "position=\"0\"") > 0);
+  // The drafter's measured step time went to the cloud's state monitor.
+  CHECK(wide.Metric("tophat_draft_step_seconds") > 0);
   REQUIRE(testing::WaitUntil([&] { return cloud.Metric("tophat_kv_cache_usage_ratio") == 0; },
                              5s));
 }
