@@ -1,6 +1,7 @@
 #include "device_agent/agent.h"
 
 #include <algorithm>
+#include <deque>
 #include <span>
 
 #include <c10/core/InferenceMode.h>
@@ -119,6 +120,14 @@ class Agent::Request {
   double cloud_compute_ = 0;
   uint32_t reconnects_ = 0;
   uint32_t cloud_kv_length_ = 0;  // as the last result or truncate reported it
+  struct SentChunk {
+    uint64_t sequence_number = 0;
+    uint64_t epoch = 0;
+    int64_t positions = 0;
+    size_t bytes = 0;
+    SteadyClock::time_point sent;
+  };
+  std::deque<SentChunk> in_flight_;  // chunks sent, oldest first, for link measurements
   v1::RequestStats round_stats_;  // decode-round counters and the trace
 };
 
@@ -318,6 +327,10 @@ void Agent::Request::SendRows(int64_t from, int64_t to, v1::Phase phase) {
     if (agent_.metrics_ != nullptr) {
       agent_.metrics_->hidden_state_bytes_up.Increment(chunk->states().data().size());
     }
+    in_flight_.push_back({.sequence_number = sequence_number_, .epoch = epoch_, .positions = n,
+                          .bytes = chunk->states().data().size(),
+                          .sent = SteadyClock::now()});
+    if (in_flight_.size() > 256) in_flight_.pop_front();
     agent_.cloud_->Send(epoch_, message).IgnoreError();
   }
 }
@@ -389,9 +402,27 @@ absl::Status Agent::Request::Pump(int64_t target, bool block) {
           agent_.metrics_->request_queue_time_seconds.Observe(message.admitted().queue_seconds());
         }
         break;
-      case v1::CloudMessage::kResult:
-        TOPHAT_RETURN_IF_ERROR(HandleResult(message.result()));
+      case v1::CloudMessage::kResult: {
+        const v1::ForwardResult& result = message.result();
+        if (result.chunk_done()) {
+          // A chunk answered in one piece carried the same bytes both ways: a link sample.
+          while (!in_flight_.empty() && in_flight_.front().sequence_number < result.sequence_number()) {
+            in_flight_.pop_front();
+          }
+          if (!in_flight_.empty() && in_flight_.front().sequence_number == result.sequence_number()) {
+            const SentChunk sent = in_flight_.front();
+            in_flight_.pop_front();
+            if (sent.epoch == event->epoch &&
+                static_cast<int64_t>(result.states().num_positions()) == sent.positions) {
+              agent_.ObserveTransfer(static_cast<double>(sent.bytes),
+                                     Seconds(event->received - sent.sent) -
+                                         result.queue_seconds() - result.compute_seconds());
+            }
+          }
+        }
+        TOPHAT_RETURN_IF_ERROR(HandleResult(result));
         break;
+      }
       case v1::CloudMessage::kError: {
         const v1::SessionError& error = message.error();
         if (error.session_alive()) {
@@ -621,6 +652,11 @@ Agent::Agent(AgentConfig config, DeviceBundle bundle, prometheus::Registry* regi
 
 Agent::~Agent() { cloud_.reset(); }
 
+void Agent::ObserveTransfer(double bytes, double network_seconds) {
+  std::lock_guard<std::mutex> lock(device_state_mutex_);
+  link_.Observe(bytes, network_seconds);
+}
+
 void Agent::ReportDecodeRound(uint64_t epoch, double draft_step_seconds, double tokens) {
   v1::AgentMessage message;
   {
@@ -634,12 +670,18 @@ void Agent::ReportDecodeRound(uint64_t epoch, double draft_step_seconds, double 
     const auto now = std::chrono::steady_clock::now();
     if (now - last_device_report_ < std::chrono::seconds(1)) return;
     last_device_report_ = now;
-    // Link bandwidths are not measured yet (0: unknown to the cloud's monitor).
+    // Both directions get the symmetric estimate (link_estimator.h); 0 while unknown.
+    const double bandwidth = link_.symmetric_bytes_per_second();
     v1::DeviceState* state = message.mutable_device_state();
+    state->set_uplink_bytes_per_second(bandwidth);
+    state->set_downlink_bytes_per_second(bandwidth);
     state->set_draft_step_seconds(draft_step_seconds_);
     state->set_mean_round_length(tokens_per_round_);
   }
-  if (metrics_ != nullptr) metrics_->draft_step_seconds.Set(message.device_state().draft_step_seconds());
+  if (metrics_ != nullptr) {
+    metrics_->draft_step_seconds.Set(message.device_state().draft_step_seconds());
+    metrics_->link_bytes_per_second.Set(message.device_state().uplink_bytes_per_second());
+  }
   cloud_->Send(epoch, message).IgnoreError();
 }
 

@@ -20,6 +20,7 @@
 #include "configs/agent_config.h"
 #include "device_agent/agent_metrics.h"
 #include "device_agent/cloud_connection.h"
+#include "device_agent/link_estimator.h"
 #include "device_agent/speculative_decoder.h"
 #include "models/bundle.h"
 #include "models/sampler.h"
@@ -64,6 +65,9 @@ class Agent {
   // Folds one decode round's measurements into the device's state and, at most once a
   // second, reports it to the cloud's state monitor (DeviceState on stream `epoch`).
   void ReportDecodeRound(uint64_t epoch, double draft_step_seconds, double tokens);
+  // One chunk's round trip: `bytes` of hidden states each way, `network_seconds` of it on
+  // the network (round trip minus the cloud's queue and compute).
+  void ObserveTransfer(double bytes, double network_seconds);
 
   const AgentConfig config_;
   DeviceBundle bundle_;
@@ -75,6 +79,7 @@ class Agent {
   std::mutex device_state_mutex_;  // guards the three below
   double draft_step_seconds_ = 0;  // γ, moving average over requests
   double tokens_per_round_ = 0;    // μ_i, moving average
+  LinkEstimator link_;
   std::chrono::steady_clock::time_point last_device_report_{};
 
   mutable std::mutex requests_mutex_;

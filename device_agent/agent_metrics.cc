@@ -66,7 +66,10 @@ AgentMetrics::AgentMetrics(prometheus::Registry& registry)
                                              "acceptance", kLatencyBuckets)),
       draft_step_seconds(AddGauge(registry, "tophat_draft_step_seconds",
                                   "Drafter step time (gamma), moving average, as reported to "
-                                  "the cloud")) {}
+                                  "the cloud")),
+      link_bytes_per_second(AddGauge(registry, "tophat_link_bytes_per_second",
+                                     "Cloud link bandwidth each way, estimated from chunk round "
+                                     "trips (0 until known), as reported to the cloud")) {}
 
 prometheus::Counter& AgentMetrics::AcceptedAtPosition(int64_t position) {
   // Family::Add returns the existing counter for known labels; it locks internally.

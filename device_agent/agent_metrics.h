@@ -44,6 +44,7 @@ struct AgentMetrics {
   prometheus::Counter& spec_decode_parallel_hits;    // rounds whose drafts were made ahead
   prometheus::Histogram& spec_decode_round_seconds;  // one verification round, end to end
   prometheus::Gauge& draft_step_seconds;  // γ as last reported to the cloud
+  prometheus::Gauge& link_bytes_per_second;  // the measured link, as last reported
 };
 
 }  // namespace tophat

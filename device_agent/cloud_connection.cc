@@ -264,7 +264,7 @@ void CloudConnection::Route(v1::CloudMessage message, uint64_t epoch) {
   }
   if (mailbox != nullptr) {
     mailbox->Push({.kind = MailboxEvent::Kind::kMessage, .message = std::move(message),
-                   .epoch = epoch});
+                   .epoch = epoch, .received = std::chrono::steady_clock::now()});
   } else if (message.has_error()) {
     spdlog::warn("cloud error for session {}: {}", session_id, message.error().message());
   }

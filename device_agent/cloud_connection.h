@@ -34,6 +34,9 @@ struct MailboxEvent {
   enum class Kind { kMessage, kDisconnected, kInterrupted } kind = Kind::kMessage;
   v1::CloudMessage message;
   uint64_t epoch = 0;
+  // When the message arrived (after the emulated link, if any): transfer times are measured
+  // against this, not against when the request thread got round to it.
+  std::chrono::steady_clock::time_point received{};
 };
 
 // One session's inbox. Written by the connection's reader thread, read by one request thread.

@@ -716,5 +716,31 @@ TEST_CASE("Sampled speculative decoding is reproducible for a seed and drafting 
   CHECK(plain.Metric("tophat_spec_decode_num_drafts_total") == 0);
 }
 
+TEST_CASE("An agent measures its emulated link and drafter speed from real transfers",
+          "[serving][speculative]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});
+  // 2 ms each way and 8 MB/s each way: a 32-position chunk (24 KiB) spends 3 ms on the wire
+  // per direction, a decode round well under 1 ms.
+  AgentProcess agent(dir.path(), cloud, 32,
+                     "link_emulation:\n  one_way_delay_s: 0.002\n"
+                     "  uplink_bytes_per_second: 8e6\n  downlink_bytes_per_second: 8e6\n");
+  const std::vector<std::string> sentences = ToyPrompts(31, 40);
+  double measured = 0;
+  for (size_t i = 0; i < sentences.size() && measured <= 0; ++i) {
+    std::string text = sentences[i];
+    for (size_t j = 0; j < i % 4; ++j) text += " " + sentences[(i + j + 1) % sentences.size()];
+    auto result = agent.client().Generate(IdsRequest(Tokenize(text), 24));
+    REQUIRE(result.ok());
+    REQUIRE(result->ok());
+    // Reports go out at most once a second.
+    if (i >= 3) measured = agent.Metric("tophat_link_bytes_per_second");
+  }
+  INFO("estimated " << measured << " B/s for an emulated 8e6 B/s link");
+  CHECK(measured > 0.6 * 8e6);
+  CHECK(measured < 1.4 * 8e6);
+  CHECK(agent.Metric("tophat_draft_step_seconds") > 0);
+}
+
 }  // namespace
 }  // namespace tophat
