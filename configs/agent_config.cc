@@ -98,6 +98,8 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
                  Bound::kPositive);
   reader.ReadInt("speculative.parallel_steps", &config.speculative.parallel_steps,
                  Bound::kNonNegative);
+  reader.ReadBool("speculative.parallel_steps_from_cloud",
+                  &config.speculative.parallel_steps_from_cloud);
   reader.ReadSeconds("link_emulation.one_way_delay_s", &config.link_emulation.one_way_delay_s,
                      Bound::kNonNegative);
   reader.ReadDouble("link_emulation.uplink_bytes_per_second",

@@ -37,7 +37,8 @@ struct AgentConfig {
     int64_t max_draft_tokens = 8;
     bool parallel_drafting = true;
     int64_t parallel_top_k = 2;  // candidates drafted ahead from
-    int64_t parallel_steps = 4;  // λ: drafts per candidate (the scheduler will set it)
+    int64_t parallel_steps = 4;  // λ: drafts per candidate, until the cloud decides
+    bool parallel_steps_from_cloud = true;  // use the cloud's per-device λ once it sends one
     bool operator==(const Speculative&) const = default;
   } speculative;
   // An emulated edge link in front of the cloud stream, for benchmarks on loopback: every

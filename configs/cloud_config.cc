@@ -44,6 +44,10 @@ void CheckCloudConfig(const CloudConfig& config, bool require_bundle, Report&& r
   check("scheduler.max_waiting_sessions", CheckAtLeast(config.scheduler.max_waiting_sessions, 0));
   check("scheduler.prompt_chunk_size", CheckAtLeast(config.scheduler.prompt_chunk_size, 1));
   check("scheduler.draft_steps", CheckAtLeast(config.scheduler.draft_steps, 0));
+  check("scheduler.min_prompt_chunk_size", CheckAtLeast(config.scheduler.min_prompt_chunk_size, 1));
+  check("scheduler.max_step_seconds",
+        CheckAtLeast(config.scheduler.max_step_seconds, 0, /*inclusive=*/true));
+  check("scheduler.max_draft_steps", CheckAtLeast(config.scheduler.max_draft_steps, 0));
   check("limits.max_message_bytes", CheckAtLeast(config.limits.max_message_bytes, 1));
   check("limits.max_chunk_tokens", CheckAtLeast(config.limits.max_chunk_tokens, 1));
   check("limits.session_timeout_s",
@@ -56,6 +60,13 @@ void CheckCloudConfig(const CloudConfig& config, bool require_bundle, Report&& r
 
   // Agents send prompt chunks of the announced size and verification chunks of
   // draft_steps + 1 tokens; a limit below either would fail every request.
+  if (config.scheduler.min_prompt_chunk_size > config.limits.max_chunk_tokens) {
+    report("scheduler.min_prompt_chunk_size",
+           absl::StrCat(config.scheduler.min_prompt_chunk_size,
+                        " is more than limits.max_chunk_tokens (", config.limits.max_chunk_tokens,
+                        ")"),
+           "limits.max_chunk_tokens");
+  }
   if (config.scheduler.prompt_chunk_size > config.limits.max_chunk_tokens) {
     report(
         "scheduler.prompt_chunk_size",
@@ -66,7 +77,7 @@ void CheckCloudConfig(const CloudConfig& config, bool require_bundle, Report&& r
   if (config.scheduler.draft_steps >= config.limits.max_chunk_tokens) {
     report("scheduler.draft_steps",
            absl::StrCat(config.scheduler.draft_steps,
-                        " draft tokens plus one do not fit limits.max_chunk_tokens (",
+                        " drafting steps plus one do not fit limits.max_chunk_tokens (",
                         config.limits.max_chunk_tokens, ")"),
            "limits.max_chunk_tokens");
   }
@@ -90,6 +101,13 @@ absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
   reader.ReadInt("scheduler.prompt_chunk_size", &config.scheduler.prompt_chunk_size,
                  Bound::kPositive);
   reader.ReadInt("scheduler.draft_steps", &config.scheduler.draft_steps, Bound::kNonNegative);
+  reader.ReadBool("scheduler.adaptive", &config.scheduler.adaptive);
+  reader.ReadInt("scheduler.min_prompt_chunk_size", &config.scheduler.min_prompt_chunk_size,
+                 Bound::kPositive);
+  reader.ReadSeconds("scheduler.max_step_seconds", &config.scheduler.max_step_seconds,
+                     Bound::kNonNegative);
+  reader.ReadInt("scheduler.max_draft_steps", &config.scheduler.max_draft_steps,
+                 Bound::kNonNegative);
   reader.ReadByteSize("limits.max_message_bytes", &config.limits.max_message_bytes,
                       Bound::kPositive);
   reader.ReadInt("limits.max_chunk_tokens", &config.limits.max_chunk_tokens, Bound::kPositive);

@@ -28,7 +28,12 @@ struct CloudConfig {
     int64_t max_running_sessions = 64;
     int64_t max_waiting_sessions = 64;  // admission queue bound; beyond it RESOURCE_EXHAUSTED
     int64_t prompt_chunk_size = 128;    // told to agents (the scheduler may adapt it)
-    int64_t draft_steps = 0;            // λ told to agents (they use their own for now)
+    int64_t draft_steps = 0;            // λ told to agents before their device is measured
+    // Per-device chunk size and λ from each agent's DeviceState (HAT's equations).
+    bool adaptive = true;
+    int64_t min_prompt_chunk_size = 16;  // adaptive chunk sizes stay within [this, limits.max_chunk_tokens]
+    double max_step_seconds = 0;         // cap on a step carrying a chunk (0: none)
+    int64_t max_draft_steps = 8;         // cap on adaptive λ
     bool operator==(const Scheduler&) const = default;
   } scheduler;
   struct Limits {

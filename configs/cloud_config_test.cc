@@ -49,6 +49,10 @@ scheduler:
   max_waiting_sessions: 0
   prompt_chunk_size: 256
   draft_steps: 4
+  adaptive: false
+  min_prompt_chunk_size: 32
+  max_step_seconds: 0.05
+  max_draft_steps: 5
 limits:
   max_message_bytes: 16MiB
   max_chunk_tokens: 4096
@@ -72,6 +76,10 @@ log_level: debug
   CHECK(config->scheduler.max_waiting_sessions == 0);
   CHECK(config->scheduler.prompt_chunk_size == 256);
   CHECK(config->scheduler.draft_steps == 4);
+  CHECK_FALSE(config->scheduler.adaptive);
+  CHECK(config->scheduler.min_prompt_chunk_size == 32);
+  CHECK(config->scheduler.max_step_seconds == 0.05);
+  CHECK(config->scheduler.max_draft_steps == 5);
   CHECK(config->limits.max_message_bytes == 16LL << 20);
   CHECK(config->limits.max_chunk_tokens == 4096);
   CHECK(config->limits.session_timeout_s == 12.5);
@@ -185,7 +193,7 @@ TEST_CASE("Cloud config cross-checks the chunk sizes against the chunk limit") {
       "  max_chunk_tokens: 256\n");
   CHECK_THAT(message, Catch::Contains("cloud.yaml:2: scheduler.prompt_chunk_size: 512 is more "
                                       "than limits.max_chunk_tokens (256)"));
-  CHECK_THAT(message, Catch::Contains("cloud.yaml:3: scheduler.draft_steps: 256 draft tokens"));
+  CHECK_THAT(message, Catch::Contains("cloud.yaml:3: scheduler.draft_steps: 256 drafting steps"));
 
   // A default that conflicts with a key the file sets points at that key's line.
   CHECK_THAT(ErrorOf("dtype: float32\nlimits:\n  max_chunk_tokens: 64\n"),

@@ -572,6 +572,10 @@ v1::GenerateResponse Agent::Request::Run() {
       if (cancelled_) return absl::CancelledError("cancelled");
       // A round emits at most drafts + 1 tokens; never draft past the length limit.
       const int64_t room = max_new_tokens_ - static_cast<int64_t>(generated_.size()) - 1;
+      if (agent_.config_.speculative.parallel_steps_from_cloud) {
+        const v1::Control control = agent_.cloud_->control();
+        if (control.per_device()) decoder_->set_parallel_steps(control.draft_steps());
+      }
       TOPHAT_RETURN_IF_ERROR(decoder_->BeginRound(next_token_, room));
       TOPHAT_RETURN_IF_ERROR(DecodeRound());
     }

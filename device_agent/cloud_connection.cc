@@ -124,6 +124,11 @@ absl::Status CloudConnection::Write(uint64_t epoch, const v1::AgentMessage& mess
   return absl::OkStatus();
 }
 
+v1::Control CloudConnection::control() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return hello_.control();
+}
+
 void CloudConnection::Broadcast(MailboxEvent event) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto& [id, mailbox] : mailboxes_) mailbox->Push(event);

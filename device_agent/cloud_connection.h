@@ -94,6 +94,8 @@ class CloudConnection {
   // later, on the link's thread; a stream lost meanwhile drops it (and the owner replays).
   absl::Status Send(uint64_t epoch, const v1::AgentMessage& message);
 
+  // The cloud's latest Control for this device (Hello's, or a later per-device one).
+  v1::Control control();
   bool connected() const { return connected_; }
   uint64_t reconnects() const { return reconnects_; }
 

@@ -24,6 +24,7 @@
 // Not thread-safe: one request thread owns a decoder and its caches.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -76,6 +77,8 @@ class SpeculativeDecoder {
                      KvCache& output_cache, const SpeculativeOptions& options, Sampler& sampler);
 
   bool drafting() const { return drafting_; }
+  // λ for the rounds that follow (the cloud's per-device decision).
+  void set_parallel_steps(int64_t steps) { options_.parallel_steps = std::max<int64_t>(0, steps); }
   // γ: moving average of one drafter step (input submodel + Λ + head), measured; 0 until
   // the first.
   double draft_step_seconds() const { return draft_step_seconds_; }

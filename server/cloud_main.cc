@@ -83,6 +83,10 @@ int Run(const CloudConfig& config) {
   engine_options.control.set_prompt_chunk_size(
       static_cast<uint32_t>(config.scheduler.prompt_chunk_size));
   engine_options.control.set_draft_steps(static_cast<uint32_t>(config.scheduler.draft_steps));
+  engine_options.adaptive = config.scheduler.adaptive;
+  engine_options.min_prompt_chunk = config.scheduler.min_prompt_chunk_size;
+  engine_options.max_step_seconds = config.scheduler.max_step_seconds;
+  engine_options.max_draft_steps = config.scheduler.max_draft_steps;
   auto engine = tophat::Engine::Create(engine_options, middle, &metrics);
   if (!engine.ok()) return Fail(engine.status());
   spdlog::info("middle layers [{}, {}), KV pool {} blocks x {} positions ({} MiB)", layers.begin,

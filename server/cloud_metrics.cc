@@ -56,6 +56,12 @@ CloudMetrics::CloudMetrics(prometheus::Registry& registry)
       step_prediction_error_ratio(AddHistogram(
           registry, "tophat_scheduler_step_prediction_error_ratio",
           "|predicted - measured| / measured step time, predicted before each step",
-          {0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0})) {}
+          {0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0})),
+      scheduler_chunk_size(AddHistogram(registry, "tophat_scheduler_chunk_size",
+                                        "Prompt chunk sizes chosen for devices",
+                                        {8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096})),
+      scheduler_draft_steps(AddHistogram(registry, "tophat_scheduler_draft_steps",
+                                         "Parallel-drafting steps (lambda) chosen for devices",
+                                         {0, 1, 2, 3, 4, 6, 8, 12, 16})) {}
 
 }  // namespace tophat

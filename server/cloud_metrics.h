@@ -37,6 +37,8 @@ struct CloudMetrics {
   prometheus::Gauge& mean_batched_tokens;        // μ, moving average
   prometheus::Gauge& predicted_step_seconds;     // g(μ)
   prometheus::Histogram& step_prediction_error_ratio;  // |g(tokens) - measured| / measured
+  prometheus::Histogram& scheduler_chunk_size;   // per-device chunk sizes sent
+  prometheus::Histogram& scheduler_draft_steps;  // per-device λ sent
 };
 
 }  // namespace tophat

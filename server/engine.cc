@@ -268,6 +268,7 @@ void Engine::HandleMessage(StreamId stream, v1::AgentMessage& message,
                                       .downlink_bytes_per_second = state.downlink_bytes_per_second(),
                                       .draft_step_seconds = state.draft_step_seconds(),
                                       .draft_tokens_per_round = state.mean_round_length()});
+      if (options_.adaptive) DecideForStream(stream);
       return;
     }
     case v1::AgentMessage::KIND_NOT_SET:
@@ -336,6 +337,57 @@ void Engine::Open(StreamId stream, const v1::OpenSession& open) {
   sessions_.emplace(SessionKey{stream, id}, std::move(session));
   waiting_.push_back({stream, id});
   AdmitWaiting();
+}
+
+void Engine::DecideForStream(StreamId stream) {
+  auto it = streams_.find(stream);
+  const std::optional<DeviceEstimate> device = monitor_.device(stream);
+  if (it == streams_.end() || !device) return;
+  const StepTimePredictor& step_time = monitor_.step_time();
+  const double mu = monitor_.mean_batched_tokens();
+  const auto bytes_per_token = static_cast<double>(row_bytes_);
+  v1::Control control = options_.control;
+  bool decided = false;
+  if (device->uplink_bytes_per_second > 0 && step_time.has_data()) {
+    control.set_prompt_chunk_size(static_cast<uint32_t>(ChooseChunkSize(
+        {.prompt_tokens = options_.max_chunk_tokens,
+         .bytes_per_token = bytes_per_token,
+         .uplink_bytes_per_second = device->uplink_bytes_per_second,
+         .mean_batched_tokens = mu,
+         .pipeline_stages = 1,
+         .min_chunk = std::min(options_.min_prompt_chunk, options_.max_chunk_tokens),
+         .max_chunk = options_.max_chunk_tokens,
+         .max_step_seconds = options_.max_step_seconds},
+        step_time)));
+    decided = true;
+  }
+  if (device->draft_step_seconds > 0 && device->uplink_bytes_per_second > 0 &&
+      device->downlink_bytes_per_second > 0 && step_time.has_data()) {
+    control.set_draft_steps(static_cast<uint32_t>(ParallelDraftSteps(
+        {.draft_tokens = device->draft_tokens_per_round,
+         .bytes_per_token = bytes_per_token,
+         .uplink_bytes_per_second = device->uplink_bytes_per_second,
+         .downlink_bytes_per_second = device->downlink_bytes_per_second,
+         .step_seconds = step_time.Predict(mu),
+         .draft_step_seconds = device->draft_step_seconds,
+         .max_steps = options_.max_draft_steps})));
+    decided = true;
+  }
+  if (!decided) return;
+  control.set_per_device(true);
+  StreamState& state = it->second;
+  if (state.control && state.control->prompt_chunk_size() == control.prompt_chunk_size() &&
+      state.control->draft_steps() == control.draft_steps()) {
+    return;
+  }
+  state.control = control;
+  if (metrics_ != nullptr) {
+    metrics_->scheduler_chunk_size.Observe(control.prompt_chunk_size());
+    metrics_->scheduler_draft_steps.Observe(control.draft_steps());
+  }
+  v1::CloudMessage message;
+  *message.mutable_control() = control;
+  Send(stream, std::move(message));
 }
 
 void Engine::AdmitWaiting() {

@@ -12,6 +12,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -27,6 +28,7 @@
 #include "models/submodel.h"
 #include "scheduler/batch_planner.h"
 #include "scheduler/kv_block_allocator.h"
+#include "scheduler/decode_decisions.h"
 #include "scheduler/state_monitor.h"
 #include "server/cloud_metrics.h"
 #include "server/message_sink.h"
@@ -43,7 +45,12 @@ struct EngineOptions {
   int64_t max_waiting_sessions = 64;
   int64_t max_chunk_tokens = 2048;
   double session_timeout_s = 600;
-  v1::Control control;
+  v1::Control control;  // announced in Hello; per-device values replace it when adaptive
+  // Adaptive scheduling: per-device Control from DeviceState (scheduler/decode_decisions.h).
+  bool adaptive = false;
+  int64_t min_prompt_chunk = 16;
+  double max_step_seconds = 0;
+  int64_t max_draft_steps = 8;
 };
 
 using StreamId = uint64_t;
@@ -122,6 +129,7 @@ class Engine {
   struct StreamState {
     std::shared_ptr<MessageSink> sink;
     bool draining_notice_sent = false;
+    std::optional<v1::Control> control;  // the last per-device Control sent
   };
   struct Event {
     enum class Kind { kAttach, kMessage, kDetach, kCancelAll } kind;
@@ -147,6 +155,8 @@ class Engine {
   void AcceptChunk(StreamId stream, v1::ForwardChunk& chunk, Clock::time_point received);
   void ApplyTruncate(StreamId stream, const v1::Truncate& truncate);
   void AdmitWaiting();
+  // Recomputes the stream's per-device Control from the state monitor; sends it if changed.
+  void DecideForStream(StreamId stream);
   void ExpireDeadlines();
   int64_t Step();
 

@@ -279,5 +279,59 @@ TEST_CASE("The engine feeds its state monitor with step times and device reports
   CHECK_FALSE(monitor.device(1).has_value());
 }
 
+TEST_CASE("An adaptive engine sends each device its own chunk size and drafting steps") {
+  EngineOptions options = SmallOptions();
+  options.adaptive = true;
+  options.min_prompt_chunk = 4;
+  options.max_draft_steps = 6;
+  Harness h(options);
+  // Step timings first: no decision without them.
+  h.Open(3, 32);
+  h.Chunk(3, 0, 12, v1::PHASE_PREFILL);
+  h.engine->RunOnce();
+  h.Chunk(3, 12, 1, v1::PHASE_DECODE);
+  h.engine->RunOnce();
+  h.sink->Take();
+
+  v1::AgentMessage report;
+  v1::DeviceState* state = report.mutable_device_state();
+  // A slow link: uploading hidden states costs more than the tiny model's steps, so the
+  // chunk is the smallest allowed, and several draft steps fit in one verification trip.
+  state->set_uplink_bytes_per_second(2e5);
+  state->set_downlink_bytes_per_second(2e5);
+  state->set_draft_step_seconds(0.002);
+  state->set_mean_round_length(3);
+  h.engine->Deliver(1, report);
+  h.engine->RunOnce();
+  std::vector<v1::Control> controls;
+  for (const v1::CloudMessage& message : h.sink->Take()) {
+    if (message.has_control()) controls.push_back(message.control());
+  }
+  REQUIRE(controls.size() == 1);
+  const v1::Control& control = controls[0];
+  CHECK(control.per_device());
+  const StateMonitor& monitor = h.engine->state_monitor();
+  const DeviceEstimate device = *monitor.device(1);
+  const double bytes = static_cast<double>(TinyMiddle()->config().hidden_size * 4);
+  CHECK(control.prompt_chunk_size() ==
+        ChooseChunkSize({.prompt_tokens = options.max_chunk_tokens, .bytes_per_token = bytes,
+                         .uplink_bytes_per_second = device.uplink_bytes_per_second,
+                         .mean_batched_tokens = monitor.mean_batched_tokens(),
+                         .min_chunk = 4, .max_chunk = options.max_chunk_tokens},
+                        monitor.step_time()));
+  CHECK(control.draft_steps() ==
+        ParallelDraftSteps({.draft_tokens = 3, .bytes_per_token = bytes,
+                            .uplink_bytes_per_second = 2e5, .downlink_bytes_per_second = 2e5,
+                            .step_seconds = monitor.step_time().Predict(
+                                monitor.mean_batched_tokens()),
+                            .draft_step_seconds = 0.002, .max_steps = 6}));
+  CHECK(control.draft_steps() > 0);
+
+  // The same state again changes nothing, so nothing is sent.
+  h.engine->Deliver(1, report);
+  h.engine->RunOnce();
+  for (const v1::CloudMessage& message : h.sink->Take()) CHECK_FALSE(message.has_control());
+}
+
 }  // namespace
 }  // namespace tophat
