@@ -126,7 +126,9 @@ class Agent::Request {
     int64_t positions = 0;
     size_t bytes = 0;
     SteadyClock::time_point sent;
+    int trace_index = -1;  // into round_stats_.chunks, with GenerateRequest.trace
   };
+  double pending_device_seconds_ = 0;  // input-submodel time of the chunk being sent
   std::deque<SentChunk> in_flight_;  // chunks sent, oldest first, for link measurements
   v1::RequestStats round_stats_;  // decode-round counters and the trace
 };
@@ -327,9 +329,19 @@ void Agent::Request::SendRows(int64_t from, int64_t to, v1::Phase phase) {
     if (agent_.metrics_ != nullptr) {
       agent_.metrics_->hidden_state_bytes_up.Increment(chunk->states().data().size());
     }
+    int trace_index = -1;
+    if (request_.trace() && phase == v1::PHASE_PREFILL) {
+      v1::ChunkTrace* trace = round_stats_.add_chunks();
+      trace->set_first_position(static_cast<uint32_t>(start));
+      trace->set_positions(static_cast<uint32_t>(n));
+      trace->set_device_seconds(pending_device_seconds_);
+      trace->set_sent_at(Seconds(SteadyClock::now() - arrival_));
+      pending_device_seconds_ = 0;
+      trace_index = round_stats_.chunks_size() - 1;
+    }
     in_flight_.push_back({.sequence_number = sequence_number_, .epoch = epoch_, .positions = n,
                           .bytes = chunk->states().data().size(),
-                          .sent = SteadyClock::now()});
+                          .sent = SteadyClock::now(), .trace_index = trace_index});
     if (in_flight_.size() > 256) in_flight_.pop_front();
     agent_.cloud_->Send(epoch_, message).IgnoreError();
   }
@@ -414,9 +426,16 @@ absl::Status Agent::Request::Pump(int64_t target, bool block) {
             in_flight_.pop_front();
             if (sent.epoch == event->epoch &&
                 static_cast<int64_t>(result.states().num_positions()) == sent.positions) {
-              agent_.ObserveTransfer(static_cast<double>(sent.bytes),
-                                     Seconds(event->received - sent.sent) -
-                                         result.queue_seconds() - result.compute_seconds());
+              const double network = Seconds(event->received - sent.sent) -
+                                     result.queue_seconds() - result.compute_seconds();
+              agent_.ObserveTransfer(static_cast<double>(sent.bytes), network);
+              if (sent.trace_index >= 0 && sent.trace_index < round_stats_.chunks_size()) {
+                v1::ChunkTrace* trace = round_stats_.mutable_chunks(sent.trace_index);
+                trace->set_result_at(Seconds(event->received - arrival_));
+                trace->set_cloud_queue_seconds(result.queue_seconds());
+                trace->set_cloud_compute_seconds(result.compute_seconds());
+                trace->set_network_seconds(network);
+              }
             }
           }
         }
@@ -556,7 +575,9 @@ v1::GenerateResponse Agent::Request::Run() {
     for (int64_t start = 0; start < prompt_length_; start += chunk_size_) {
       if (cancelled_) return absl::CancelledError("cancelled");
       const int64_t n = std::min(chunk_size_, prompt_length_ - start);
+      const SteadyClock::time_point computing = SteadyClock::now();
       TOPHAT_RETURN_IF_ERROR(ComputeShallow(start, n));
+      pending_device_seconds_ = Seconds(SteadyClock::now() - computing);
       sent_ = start + n;
       SendRows(start, start + n, v1::PHASE_PREFILL);
       // The adapter's KV covers the prompt too; built while the chunk is on the wire.

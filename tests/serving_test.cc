@@ -740,6 +740,27 @@ TEST_CASE("An agent measures its emulated link and drafter speed from real trans
   CHECK(measured > 0.6 * 8e6);
   CHECK(measured < 1.4 * 8e6);
   CHECK(agent.Metric("tophat_draft_step_seconds") > 0);
+
+  // The per-request trace shows the prompt's chunks overlapping: chunk j+1 leaves before
+  // chunk j's result is back, and each trip spends the emulated link's time on the wire.
+  std::string text;
+  for (size_t j = 0; j < 20; ++j) text += sentences[j] + " ";
+  v1::GenerateRequest request = IdsRequest(Tokenize(text), 4);
+  request.set_trace(true);
+  auto traced = agent.client().Generate(request);
+  REQUIRE(traced.ok());
+  REQUIRE(traced->ok());
+  const auto& chunks = traced->stats.chunks();
+  REQUIRE(chunks.size() >= 3);
+  for (int j = 0; j < chunks.size(); ++j) {
+    INFO("chunk " << j << " sent at " << chunks[j].sent_at() << " result at "
+                  << chunks[j].result_at() << " network " << chunks[j].network_seconds());
+    CHECK(chunks[j].positions() <= 32);
+    CHECK(chunks[j].device_seconds() > 0);
+    CHECK(chunks[j].result_at() > chunks[j].sent_at());
+    CHECK(chunks[j].network_seconds() > 0.004);  // 2 ms each way plus the bytes
+    if (j + 1 < chunks.size()) CHECK(chunks[j + 1].sent_at() < chunks[j].result_at());
+  }
 }
 
 }  // namespace

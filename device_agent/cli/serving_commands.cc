@@ -1,5 +1,7 @@
 #include "device_agent/cli/serving_commands.h"
 
+#include <google/protobuf/util/json_util.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -52,6 +54,7 @@ v1::GenerateRequest MakeRequest(const ChatArgs& args, const std::string& prompt)
   request.mutable_sampling()->set_top_k(static_cast<uint32_t>(args.top_k));
   request.mutable_sampling()->set_top_p(static_cast<float>(args.top_p));
   request.mutable_sampling()->set_seed(args.seed);
+  request.set_trace(!args.trace_path.empty());
   return request;
 }
 
@@ -68,6 +71,23 @@ int RunChat(const ChatArgs& args) {
     std::cout << "\n";
     if (!result.ok()) return Fail(result.status());
     if (!result->ok()) return Fail(absl::InternalError(result->error));
+    if (!args.trace_path.empty()) {
+      // The request's stats with its per-chunk and per-round trace, as JSON.
+      std::string json;
+      google::protobuf::util::JsonPrintOptions options;
+      options.add_whitespace = true;
+      options.preserve_proto_field_names = true;
+      if (!google::protobuf::util::MessageToJsonString(result->stats, &json, options).ok()) {
+        return Fail(absl::InternalError("cannot print the trace as JSON"));
+      }
+      if (args.trace_path == "-") {
+        std::cerr << json << "\n";
+      } else {
+        std::ofstream out(args.trace_path);
+        out << json << "\n";
+        if (!out) return Fail(absl::InternalError(absl::StrCat(args.trace_path, ": write failed")));
+      }
+    }
     if (args.stats) {
       std::fprintf(stderr, "[%s: %zu tokens, TTFT %.1f ms, mean TBT %.2f ms]\n",
                    FinishName(result->finish_reason), result->token_ids.size(),

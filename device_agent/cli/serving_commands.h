@@ -17,6 +17,7 @@ struct ChatArgs {
   double top_p = 1;
   uint64_t seed = 0;
   bool stats = false;
+  std::string trace_path;  // "-": stderr; else a file (last answer's trace)
 };
 int RunChat(const ChatArgs& args);
 

@@ -352,6 +352,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1e-9, 1.0));
   chat_cmd->add_option("--seed", chat.seed)->capture_default_str();
   chat_cmd->add_flag("--stats", chat.stats, "Print TTFT and mean TBT after each answer");
+  chat_cmd->add_option("--trace", chat.trace_path,
+                       "Write each answer's trace (prompt chunks: device, upload, queue, "
+                       "compute, download times; decode rounds) as JSON to FILE, or - for "
+                       "stderr");
 
   tophat::cli::BenchArgs serve_bench;
   std::string bench_agents = "127.0.0.1:7200";
