@@ -17,14 +17,23 @@ SpeculativeDecoder::SpeculativeDecoder(Models models, KvCache& input_cache,
       adapter_cache_(adapter_cache),
       output_cache_(output_cache),
       options_(options),
-      sampler_(sampler),
-      draft_sampler_(SamplingParams{.temperature = sampler.params().temperature,
-                                    .top_k = sampler.params().top_k,
-                                    .top_p = sampler.params().top_p,
-                                    .seed = sampler.params().seed ^ 0x6a09e667f3bcc908ULL}),
-      verify_rng_(sampler.params().seed ^ 0xbb67ae8584caa73bULL) {
+      sampler_(sampler) {
   drafting_ = options_.enabled && options_.max_draft > 0 && models_.adapter != nullptr &&
               adapter_cache_ != nullptr;
+}
+
+namespace {
+constexpr uint64_t kDraftSalt = 0x6a09e667f3bcc908ULL;
+constexpr uint64_t kVerifySalt = 0xbb67ae8584caa73bULL;
+}  // namespace
+
+uint64_t SpeculativeDecoder::RandomSeed(uint64_t salt, int64_t position) const {
+  // splitmix64 of the request seed, the purpose and the position.
+  uint64_t z = sampler_.params().seed ^ salt;
+  z += 0x9e3779b97f4a7c15ULL * (static_cast<uint64_t>(position) + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
 }
 
 absl::Status SpeculativeDecoder::AbsorbPrompt(const at::Tensor& shallow) {
@@ -72,7 +81,8 @@ absl::StatusOr<bool> SpeculativeDecoder::Extend(Run& run, int64_t limit, bool on
       draft = static_cast<int32_t>(run.next_logits.argmax().item<int64_t>());
     } else {
       at::Tensor q = sampler_.Distribution(run.next_logits);
-      draft = draft_sampler_.Draw(q);
+      std::mt19937_64 rng(RandomSeed(kDraftSalt, run.start + static_cast<int64_t>(run.tokens.size())));
+      draft = DrawIndex(q, rng);
       run.draft_probs.push_back(std::move(q));
     }
     run.tokens.push_back(draft);
@@ -171,8 +181,9 @@ absl::StatusOr<RoundOutcome> SpeculativeDecoder::FinishRound(const at::Tensor& o
   } else {
     std::vector<at::Tensor> target(static_cast<size_t>(n + 1));
     for (int64_t i = 0; i <= n; ++i) target[i] = sampler_.Distribution(logits[i]);
+    std::mt19937_64 rng(RandomSeed(kVerifySalt, run_.start));
     verdict = VerifySpeculativeSampling(at::stack(target), at::stack(run_.draft_probs), drafts,
-                                        verify_rng_);
+                                        rng);
   }
 
   RoundOutcome outcome;

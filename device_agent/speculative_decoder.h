@@ -21,6 +21,10 @@
 // drafts start the next round without drafting again. Anything else is dropped; tokens are
 // only ever emitted after verification, so speculation never changes the output.
 //
+// Sampled requests are reproducible for a seed: every random draw is keyed by the request's
+// seed and the position it decides, so a draft made ahead equals the one drafting would
+// have made, and timing never shows in the output.
+//
 // Not thread-safe: one request thread owns a decoder and its caches.
 #pragma once
 
@@ -133,8 +137,11 @@ class SpeculativeDecoder {
   KvCache& output_cache_;
   SpeculativeOptions options_;
   Sampler& sampler_;
-  Sampler draft_sampler_;       // draws sampled drafts (its own stream)
-  std::mt19937_64 verify_rng_;  // speculative sampling's accept/resample draws
+  // Random draws of sampled drafts and of verification come from generators seeded by
+  // (request seed, position), not from running streams: how far parallel drafting gets
+  // before an answer arrives is a matter of timing, and must not change which tokens a
+  // seed produces.
+  uint64_t RandomSeed(uint64_t salt, int64_t position) const;
   bool drafting_ = false;
   double draft_step_seconds_ = 0;
 

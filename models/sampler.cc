@@ -47,14 +47,16 @@ at::Tensor Sampler::Distribution(const at::Tensor& logits) const {
   return filtered / filtered.sum();
 }
 
-int32_t Sampler::Draw(const at::Tensor& probs) {
+int32_t Sampler::Draw(const at::Tensor& probs) { return DrawIndex(probs, rng_); }
+
+int32_t DrawIndex(const at::Tensor& probs, std::mt19937_64& rng) {
   at::Tensor p = probs.to(at::kFloat).contiguous();
   const float* data = p.data_ptr<float>();
   const int64_t n = p.size(0);
   double total = 0.0;
   for (int64_t i = 0; i < n; ++i) total += data[i];
   std::uniform_real_distribution<double> uniform(0.0, total);
-  const double target = uniform(rng_);
+  const double target = uniform(rng);
   double cumulative = 0.0;
   int64_t last_nonzero = 0;
   for (int64_t i = 0; i < n; ++i) {

@@ -20,6 +20,9 @@ struct SamplingParams {
   bool greedy() const { return temperature <= 0.0; }
 };
 
+// Draws an index from a [V] probability vector (not necessarily normalised) with `rng`.
+int32_t DrawIndex(const at::Tensor& probs, std::mt19937_64& rng);
+
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}

@@ -687,8 +687,8 @@ TEST_CASE("Speculative decoding with parallel drafting reproduces monolithic gre
                              5s));
 }
 
-TEST_CASE("Sampled speculative decoding is reproducible for a seed and drafting off is plain "
-          "decoding",
+TEST_CASE("Sampled speculative decoding is reproducible for a seed with or without parallel "
+          "drafting and drafting off is plain decoding",
           "[serving][speculative]") {
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {});
@@ -706,6 +706,14 @@ TEST_CASE("Sampled speculative decoding is reproducible for a seed and drafting 
   CHECK(first->token_ids.size() == 24);
   CHECK(Tokens(*first) == Tokens(*second));
   CHECK(first->stats.draft_tokens() > 0);
+  // How far parallel drafting got is timing; it must not show in the tokens of a seed.
+  AgentProcess serial(dir.path(), cloud, 32, "speculative:\n  parallel_drafting: false\n");
+  for (int run = 0; run < 2; ++run) {
+    auto again = serial.client().Generate(request);
+    REQUIRE(again.ok());
+    REQUIRE(again->ok());
+    CHECK(Tokens(*again) == Tokens(*first));
+  }
 
   auto baseline = plain.client().Generate(IdsRequest(prompt, 24));
   REQUIRE(baseline.ok());
