@@ -27,12 +27,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr char kStateDir[] = ".distill-state";
 
-json ReadJsonFile(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) return json();
-  return json::parse(in, nullptr, /*allow_exceptions=*/false);
-}
-
 absl::Status WriteJsonFile(const fs::path& path, const json& j) {
   const fs::path tmp = path.string() + ".tmp";
   {
@@ -228,7 +222,7 @@ absl::StatusOr<DistillReport> Distill(const DistillOptions& given,
 
   // A finished adapter from the same run is reused.
   {
-    const json done = ReadJsonFile(options.out_dir / kAdapterInfoFile);
+    const json done = ReadJsonOrNull(options.out_dir / kAdapterInfoFile);
     if (done.is_object() && done.value("distillation", json::object()).value("options", json()) == identity &&
         fs::exists(options.out_dir / kAdapterWeightsFile)) {
       report.reused = true;
@@ -335,7 +329,7 @@ absl::StatusOr<DistillReport> Distill(const DistillOptions& given,
         torch::optim::AdamWOptions(options.learning_rate).weight_decay(options.weight_decay));
     int64_t first_step = 0;
     double smoothed = 0;
-    const json state = ReadJsonFile(state_dir / "state.json");
+    const json state = ReadJsonOrNull(state_dir / "state.json");
     if (state.is_object() && state.value("options", json()) == identity &&
         fs::exists(state_dir / "optimizer.pt") && fs::exists(state_dir / kAdapterWeightsFile)) {
       auto reader = CheckpointReader::OpenFile(state_dir / kAdapterWeightsFile);
@@ -415,14 +409,8 @@ absl::StatusOr<DistillReport> Distill(const DistillOptions& given,
       if ((step + 1) % options.checkpoint_every == 0 && !last) save_state(step + 1);
       if (on_progress && ((step + 1) % 10 == 0 || last)) {
         const double elapsed = std::chrono::duration<double>(Clock::now() - train_start).count();
-        const double done = static_cast<double>(step + 1 - first_step);
-        TrainingProgress progress;
-        progress.step = step + 1;
-        progress.total_steps = options.steps;
-        progress.loss = smoothed;
-        progress.tokens_per_second = done * static_cast<double>(options.batch_size * seq) / elapsed;
-        progress.eta_seconds = elapsed / done * static_cast<double>(options.steps - step - 1);
-        on_progress(progress);
+        on_progress(MakeTrainingProgress(step + 1, options.steps, step + 1 - first_step, smoothed,
+                                         options.batch_size * seq, elapsed));
       }
     }
     report.steps_done = step;

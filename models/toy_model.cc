@@ -30,12 +30,6 @@ using json = nlohmann::json;
 constexpr int kGeneratorVersion = 2;
 constexpr char kStampFile[] = "tophat_toy_model.json";
 
-json ReadJson(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) return json();
-  return json::parse(in, nullptr, /*allow_exceptions=*/false);
-}
-
 }  // namespace
 
 json ToyModelOptions::ToJson() const {
@@ -97,7 +91,7 @@ absl::StatusOr<ToyModelReport> TrainToyModel(
 
   // Reuse a finished model made with the same options.
   const json wanted = options.ToJson();
-  const json stamp = ReadJson(options.out_dir / kStampFile);
+  const json stamp = ReadJsonOrNull(options.out_dir / kStampFile);
   if (stamp.is_object() && stamp.value("options", json()) == wanted &&
       fs::exists(options.out_dir / "model.safetensors") &&
       fs::exists(options.out_dir / "tokenizer.model")) {
@@ -200,15 +194,8 @@ absl::StatusOr<ToyModelReport> TrainToyModel(
       smoothed = step == 0 ? value : 0.9 * smoothed + 0.1 * value;
       if (on_progress && (step % 10 == 0 || step + 1 == options.steps)) {
         const double elapsed = std::chrono::duration<double>(Clock::now() - train_start).count();
-        TrainingProgress progress;
-        progress.step = step + 1;
-        progress.total_steps = options.steps;
-        progress.loss = smoothed;
-        progress.tokens_per_second =
-            static_cast<double>((step + 1) * options.batch_size * seq) / elapsed;
-        progress.eta_seconds =
-            elapsed / static_cast<double>(step + 1) * static_cast<double>(options.steps - step - 1);
-        on_progress(progress);
+        on_progress(MakeTrainingProgress(step + 1, options.steps, step + 1, smoothed,
+                                         options.batch_size * seq, elapsed));
       }
     }
     report.final_train_loss = smoothed;

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "models/config.h"
+#include "models/training_forward.h"
 
 namespace tophat {
 
@@ -58,14 +59,6 @@ struct ToyModelReport {
   double adapter_heldout_accept_length = 0.0;
   int64_t adapter_parameters = 0;
   int64_t model_parameters = 0;
-};
-
-struct TrainingProgress {
-  int64_t step = 0;
-  int64_t total_steps = 0;
-  double loss = 0.0;
-  double tokens_per_second = 0.0;
-  double eta_seconds = 0.0;
 };
 
 absl::StatusOr<ToyModelReport> MakeToyModel(

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <numbers>
 #include <limits>
 
@@ -56,6 +57,25 @@ double WarmupCosineLearningRate(double peak, int64_t step, int64_t total_steps) 
   const double progress = static_cast<double>(step - warmup) /
                           static_cast<double>(std::max<int64_t>(1, total_steps - warmup));
   return peak * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(std::numbers::pi * progress)));
+}
+
+TrainingProgress MakeTrainingProgress(int64_t step, int64_t total_steps, int64_t steps_this_run,
+                                      double loss, int64_t tokens_per_step,
+                                      double elapsed_seconds) {
+  const auto done = static_cast<double>(steps_this_run);
+  TrainingProgress progress;
+  progress.step = step;
+  progress.total_steps = total_steps;
+  progress.loss = loss;
+  progress.tokens_per_second = done * static_cast<double>(tokens_per_step) / elapsed_seconds;
+  progress.eta_seconds = elapsed_seconds / done * static_cast<double>(total_steps - step);
+  return progress;
+}
+
+nlohmann::json ReadJsonOrNull(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) return nlohmann::json();
+  return nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
 }
 
 }  // namespace tophat
