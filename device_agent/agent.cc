@@ -686,12 +686,8 @@ void Agent::ReportDecodeRound(uint64_t epoch, double draft_step_seconds, double 
   v1::AgentMessage message;
   {
     std::lock_guard<std::mutex> lock(device_state_mutex_);
-    if (draft_step_seconds > 0) {
-      draft_step_seconds_ = draft_step_seconds_ > 0
-                                ? 0.8 * draft_step_seconds_ + 0.2 * draft_step_seconds
-                                : draft_step_seconds;
-    }
-    tokens_per_round_ = tokens_per_round_ > 0 ? 0.8 * tokens_per_round_ + 0.2 * tokens : tokens;
+    if (draft_step_seconds > 0) draft_step_seconds_.Add(draft_step_seconds);
+    tokens_per_round_.Add(tokens);
     const auto now = std::chrono::steady_clock::now();
     if (now - last_device_report_ < std::chrono::seconds(1)) return;
     last_device_report_ = now;
@@ -700,8 +696,8 @@ void Agent::ReportDecodeRound(uint64_t epoch, double draft_step_seconds, double 
     v1::DeviceState* state = message.mutable_device_state();
     state->set_uplink_bytes_per_second(bandwidth);
     state->set_downlink_bytes_per_second(bandwidth);
-    state->set_draft_step_seconds(draft_step_seconds_);
-    state->set_mean_round_length(tokens_per_round_);
+    state->set_draft_step_seconds(draft_step_seconds_.value());
+    state->set_mean_round_length(tokens_per_round_.value());
   }
   if (metrics_ != nullptr) {
     metrics_->draft_step_seconds.Set(message.device_state().draft_step_seconds());

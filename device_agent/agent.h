@@ -22,6 +22,7 @@
 #include "device_agent/cloud_connection.h"
 #include "device_agent/link_estimator.h"
 #include "device_agent/speculative_decoder.h"
+#include "scheduler/moving_average.h"
 #include "models/bundle.h"
 #include "models/sampler.h"
 #include "tophat/v1/agent.pb.h"
@@ -77,8 +78,8 @@ class Agent {
   std::atomic<uint64_t> next_request_number_{1};
 
   std::mutex device_state_mutex_;  // guards the three below
-  double draft_step_seconds_ = 0;  // γ, moving average over requests
-  double tokens_per_round_ = 0;    // μ_i, moving average
+  MovingAverage draft_step_seconds_;  // γ, over requests
+  MovingAverage tokens_per_round_;    // μ_i
   LinkEstimator link_;
   std::chrono::steady_clock::time_point last_device_report_{};
 

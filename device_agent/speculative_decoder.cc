@@ -56,10 +56,8 @@ absl::Status SpeculativeDecoder::Step(Run& run) {
     TOPHAT_ASSIGN_OR_RETURN(at::Tensor adapted, models_.adapter->Forward(shallow, *adapter_cache_));
     TOPHAT_ASSIGN_OR_RETURN(at::Tensor logits, models_.output->Logits(adapted));
     run.next_logits = logits[0];
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    draft_step_seconds_ =
-        draft_step_seconds_ > 0 ? 0.8 * draft_step_seconds_ + 0.2 * seconds : seconds;
+    draft_step_seconds_.Add(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   }
   return absl::OkStatus();
 }

@@ -42,6 +42,7 @@
 #include "models/kv_cache.h"
 #include "models/sampler.h"
 #include "models/submodel.h"
+#include "scheduler/moving_average.h"
 
 namespace tophat {
 
@@ -85,7 +86,7 @@ class SpeculativeDecoder {
   void set_parallel_steps(int64_t steps) { options_.parallel_steps = std::max<int64_t>(0, steps); }
   // γ: moving average of one drafter step (input submodel + Λ + head), measured; 0 until
   // the first.
-  double draft_step_seconds() const { return draft_step_seconds_; }
+  double draft_step_seconds() const { return draft_step_seconds_.value(); }
 
   // Λ takes in prompt rows (shallow states [n, D]) so that its KV covers the prompt.
   absl::Status AbsorbPrompt(const at::Tensor& shallow);
@@ -143,7 +144,7 @@ class SpeculativeDecoder {
   // seed produces.
   uint64_t RandomSeed(uint64_t salt, int64_t position) const;
   bool drafting_ = false;
-  double draft_step_seconds_ = 0;
+  MovingAverage draft_step_seconds_;
 
   Run run_;
   bool run_from_parallel_ = false;

@@ -11,6 +11,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "scheduler/moving_average.h"
 #include "scheduler/step_time_predictor.h"
 
 namespace tophat {
@@ -40,16 +41,20 @@ class StateMonitor {
   void ObserveDevice(uint64_t device, const DeviceReport& report);
   void ForgetDevice(uint64_t device);
 
-  double mean_batched_tokens() const { return mean_tokens_; }  // μ (0 before any step)
+  double mean_batched_tokens() const { return mean_tokens_.value(); }  // μ (0 before any step)
   const StepTimePredictor& step_time() const { return step_time_; }
   std::optional<DeviceEstimate> device(uint64_t device) const;
 
  private:
+  struct DeviceAverages {
+    explicit DeviceAverages(double alpha)
+        : uplink(alpha), downlink(alpha), draft_step(alpha), round_length(alpha) {}
+    MovingAverage uplink, downlink, draft_step, round_length;
+  };
   double alpha_;
-  double mean_tokens_ = 0;
-  bool seen_step_ = false;
+  MovingAverage mean_tokens_;
   StepTimePredictor step_time_;
-  std::unordered_map<uint64_t, DeviceEstimate> devices_;
+  std::unordered_map<uint64_t, DeviceAverages> devices_;
 };
 
 }  // namespace tophat

@@ -6,10 +6,10 @@
 
 namespace tophat {
 
-StepTimePredictor::StepTimePredictor(int64_t max_tokens, double alpha)
-    : alpha_(std::clamp(alpha, 0.0, 0.999)) {
+StepTimePredictor::StepTimePredictor(int64_t max_tokens, double alpha) {
   const auto top = static_cast<uint64_t>(std::max<int64_t>(1, max_tokens));
-  buckets_.resize(std::min<size_t>(kMaxBuckets, static_cast<size_t>(std::bit_width(top))));
+  buckets_.assign(std::min<size_t>(kMaxBuckets, static_cast<size_t>(std::bit_width(top))),
+                  Bucket(std::clamp(alpha, 0.0, 0.999)));
 }
 
 void StepTimePredictor::Observe(int64_t tokens, double seconds) {
@@ -17,12 +17,8 @@ void StepTimePredictor::Observe(int64_t tokens, double seconds) {
   const size_t index = std::min(buckets_.size() - 1,
                                 static_cast<size_t>(std::bit_width(static_cast<uint64_t>(tokens))) - 1);
   Bucket& bucket = buckets_[index];
-  if (!bucket.seen) {
-    bucket = {.seen = true, .tokens = static_cast<double>(tokens), .seconds = seconds};
-  } else {
-    bucket.tokens = alpha_ * bucket.tokens + (1 - alpha_) * static_cast<double>(tokens);
-    bucket.seconds = alpha_ * bucket.seconds + (1 - alpha_) * seconds;
-  }
+  bucket.tokens.Add(static_cast<double>(tokens));
+  bucket.seconds.Add(seconds);
   ++observations_;
 }
 
@@ -31,7 +27,7 @@ bool StepTimePredictor::has_data() const { return observations_ > 0; }
 size_t StepTimePredictor::FillPoints(std::array<Point, kMaxBuckets>& points) const {
   size_t count = 0;
   for (const Bucket& bucket : buckets_) {
-    if (bucket.seen) points[count++] = {bucket.tokens, bucket.seconds};
+    if (!bucket.tokens.empty()) points[count++] = {bucket.tokens.value(), bucket.seconds.value()};
   }
   // Bucket order is token order except when two averages cross at a boundary; keep it sorted.
   std::sort(points.begin(), points.begin() + static_cast<ptrdiff_t>(count),

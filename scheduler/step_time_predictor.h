@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "scheduler/moving_average.h"
+
 namespace tophat {
 
 class StepTimePredictor {
@@ -44,11 +46,10 @@ class StepTimePredictor {
   size_t FillPoints(std::array<Point, kMaxBuckets>& points) const;
 
   struct Bucket {
-    bool seen = false;
-    double tokens = 0;   // moving average of the batch sizes observed in the bucket
-    double seconds = 0;  // moving average of their durations
+    explicit Bucket(double alpha) : tokens(alpha), seconds(alpha) {}
+    MovingAverage tokens;   // of the batch sizes observed in the bucket
+    MovingAverage seconds;  // of their durations
   };
-  double alpha_;
   std::vector<Bucket> buckets_;
   int64_t observations_ = 0;
 };
