@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -56,6 +57,16 @@ json ToyModelReport::ToJson() const {
           {"uniform_loss", uniform_loss},
           {"heldout_top1", heldout_top1},
           {"heldout_mean_max_prob", heldout_mean_max_prob}};
+}
+
+fs::path DefaultToyModelDir() {
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
+    return fs::path(xdg) / "tophat" / "toy-model";
+  }
+  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+    return fs::path(home) / ".cache" / "tophat" / "toy-model";
+  }
+  return fs::path(".cache") / "tophat" / "toy-model";
 }
 
 ModelConfig ToyModelConfig(const ToyModelOptions& o) {

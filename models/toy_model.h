@@ -66,6 +66,10 @@ absl::StatusOr<ToyModelReport> MakeToyModel(
     const std::function<void(const TrainingProgress&)>& on_progress = {},
     const std::function<void(const TrainingProgress&)>& on_adapter_progress = {});
 
+// Where `tophat toy-model` caches the model by default: $XDG_CACHE_HOME/tophat/toy-model,
+// else ~/.cache/tophat/toy-model.
+std::filesystem::path DefaultToyModelDir();
+
 // The config the toy model is trained with (before the tokenizer fixes the vocabulary).
 ModelConfig ToyModelConfig(const ToyModelOptions& options);
 

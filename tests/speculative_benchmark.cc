@@ -31,6 +31,7 @@
 #include "models/bundle.h"
 #include "models/tokenizer.h"
 #include "models/toy_corpus.h"
+#include "models/toy_model.h"
 #include "server/bench/bench_util.h"
 #include "server/cloud_service.h"
 #include "server/engine.h"
@@ -66,12 +67,10 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
+// The demo's override (deploy/demo.sh), else where `tophat toy-model` caches it.
 fs::path DefaultToyModel() {
   if (const char* dir = std::getenv("TOPHAT_TOY_MODEL"); dir != nullptr && *dir != '\0') return dir;
-  if (const char* home = std::getenv("HOME"); home != nullptr) {
-    return fs::path(home) / ".cache" / "tophat" / "toy-model";
-  }
-  return ".cache/tophat/toy-model";
+  return DefaultToyModelDir();
 }
 
 double Mean(const std::vector<double>& v) {

@@ -27,16 +27,6 @@ namespace {
 namespace fs = std::filesystem;
 using tophat::SubmodelOptions;
 
-fs::path DefaultToyModelDir() {
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
-    return fs::path(xdg) / "tophat" / "toy-model";
-  }
-  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
-    return fs::path(home) / ".cache" / "tophat" / "toy-model";
-  }
-  return fs::path(".cache") / "tophat" / "toy-model";
-}
-
 int Fail(const absl::Status& status) {
   spdlog::error("{}", status.ToString());
   return 1;
@@ -220,7 +210,7 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("tophat"));
 
   tophat::ToyModelOptions toy;
-  toy.out_dir = DefaultToyModelDir();
+  toy.out_dir = tophat::DefaultToyModelDir();
   auto* toy_cmd = app.add_subcommand(
       "toy-model", "Train (or reuse the cached) small Llama checkpoint on a synthetic grammar");
   toy_cmd->add_option("--out", toy.out_dir, "Output directory (cached: reused if up to date)")
