@@ -81,6 +81,7 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
   reader.ReadString("device", &config.device);
   reader.ReadInt("max_context", &config.max_context, Bound::kPositive);
   reader.ReadInt("prompt_chunk_size", &config.prompt_chunk_size, Bound::kNonNegative);
+  reader.ReadBool("pipeline_prompt_chunks", &config.pipeline_prompt_chunks);
   reader.ReadInt("max_concurrent_requests", &config.max_concurrent_requests, Bound::kPositive);
   reader.ReadInt("default_max_new_tokens", &config.default_max_new_tokens, Bound::kPositive);
   reader.ReadSeconds("request_timeout_s", &config.request_timeout_s, Bound::kPositive);

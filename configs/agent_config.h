@@ -20,6 +20,9 @@ struct AgentConfig {
   std::string device = "cpu";
   int64_t max_context = 4096;
   int64_t prompt_chunk_size = 0;  // 0: use the size the cloud announces
+  // Chunk j+1 is computed and sent while the cloud works on chunk j. Off waits for each
+  // chunk's answer first: the U-Sarathi baseline of the ablation bench.
+  bool pipeline_prompt_chunks = true;
   int64_t max_concurrent_requests = 16;
   int64_t default_max_new_tokens = 128;
   double request_timeout_s = 600;

@@ -36,6 +36,7 @@ dtype: float16
 device: cuda
 max_context: 2048
 prompt_chunk_size: 64
+pipeline_prompt_chunks: false
 max_concurrent_requests: 4
 default_max_new_tokens: 32
 request_timeout_s: 30
@@ -67,6 +68,7 @@ log_level: trace
   CHECK(config->device == "cuda");
   CHECK(config->max_context == 2048);
   CHECK(config->prompt_chunk_size == 64);
+  CHECK_FALSE(config->pipeline_prompt_chunks);
   CHECK(config->max_concurrent_requests == 4);
   CHECK(config->default_max_new_tokens == 32);
   CHECK(config->request_timeout_s == 30);

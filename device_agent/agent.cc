@@ -532,6 +532,7 @@ void Agent::Request::Finish(v1::GenerateResponse& response, v1::FinishReason rea
   stats->set_cloud_queue_seconds(cloud_queue_);
   stats->set_cloud_compute_seconds(cloud_compute_);
   stats->set_reconnects(reconnects_);
+  stats->set_prompt_chunk_size(static_cast<uint32_t>(chunk_size_));
   if (AgentMetrics* metrics = agent_.metrics_.get(); metrics != nullptr) {
     metrics->e2e_request_latency_seconds.Observe(Seconds(SteadyClock::now() - arrival_));
     switch (reason) {
@@ -582,7 +583,7 @@ v1::GenerateResponse Agent::Request::Run() {
       SendRows(start, start + n, v1::PHASE_PREFILL);
       // The adapter's KV covers the prompt too; built while the chunk is on the wire.
       TOPHAT_RETURN_IF_ERROR(decoder_->AbsorbPrompt(shallow_.narrow(0, start, n)));
-      TOPHAT_RETURN_IF_ERROR(Pump(sent_, /*block=*/false));
+      TOPHAT_RETURN_IF_ERROR(Pump(sent_, /*block=*/!agent_.config_.pipeline_prompt_chunks));
     }
     TOPHAT_RETURN_IF_ERROR(Pump(prompt_length_, /*block=*/true));
     TOPHAT_ASSIGN_OR_RETURN(int32_t first, SampleNext());

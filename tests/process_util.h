@@ -1,50 +1,13 @@
-// Helpers for integration tests that start real tophat processes on loopback.
+// The integration tests start real processes with the bench's process control.
 #pragma once
 
-#include <sys/types.h>
-
-#include <chrono>
-#include <functional>
-#include <filesystem>
-#include <optional>
-#include <string>
-#include <vector>
+#include "bench/process_control.h"
 
 namespace tophat::testing {
-
-// A child process with stdout+stderr going to a log file. The destructor kills it.
-class ChildProcess {
- public:
-  ChildProcess(std::vector<std::string> argv, std::filesystem::path log_path);
-  ~ChildProcess();
-  ChildProcess(const ChildProcess&) = delete;
-  ChildProcess& operator=(const ChildProcess&) = delete;
-
-  pid_t pid() const { return pid_; }
-  bool running();
-  void Signal(int signal);
-  // Exit code, or nullopt if still running after `timeout` (then it is left running).
-  std::optional<int> Wait(std::chrono::milliseconds timeout);
-  std::string Log() const;
-  const std::filesystem::path& log_path() const { return log_path_; }
-
- private:
-  pid_t pid_ = -1;
-  std::optional<int> exit_code_;
-  std::filesystem::path log_path_;
-};
-
-// A TCP port on 127.0.0.1 that was free a moment ago.
-int FreePort();
-// Waits until something accepts connections on 127.0.0.1:port.
-bool WaitForPort(int port, std::chrono::milliseconds timeout);
-// GET http://127.0.0.1:port/path; empty on failure.
-std::string HttpGet(int port, const std::string& path);
-// Sum of a Prometheus sample's values over every label set whose text contains `labels`
-// (e.g. name "tophat_hidden_state_bytes_total", labels "direction=\"in\""); nullopt if absent.
-std::optional<double> MetricValue(const std::string& exposition, const std::string& name,
-                                  const std::string& labels = "");
-// Polls `predicate` every 10 ms until it is true or `timeout` passes.
-bool WaitUntil(const std::function<bool()>& predicate, std::chrono::milliseconds timeout);
-
+using bench::ChildProcess;
+using bench::FreePort;
+using bench::HttpGet;
+using bench::MetricValue;
+using bench::WaitForPort;
+using bench::WaitUntil;
 }  // namespace tophat::testing

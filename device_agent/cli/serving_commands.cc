@@ -18,7 +18,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "device_agent/client.h"
-#include "device_agent/workload.h"
+#include "bench/ablation.h"
+#include "bench/workload_runner.h"
+#include "models/bundle.h"
+#include "models/config.h"
+#include "models/toy_model.h"
 
 namespace tophat::cli {
 namespace {
@@ -107,110 +111,29 @@ int RunChat(const ChatArgs& args) {
 }
 
 int RunBench(const BenchArgs& args) {
-  if (args.agents.empty()) return Fail(absl::InvalidArgumentError("--agents: none given"));
-  std::vector<std::unique_ptr<Client>> clients;
-  int64_t max_context = 0;
-  uint32_t vocab = 0;
-  for (const std::string& address : args.agents) {
-    auto client = Client::Connect(address);
-    if (!client.ok()) return Fail(client.status());
-    auto info = (*client)->Info();
-    if (!info.ok()) return Fail(info.status());
-    max_context = max_context == 0 ? info->max_context()
-                                   : std::min<int64_t>(max_context, info->max_context());
-    vocab = info->vocab_size();
-    clients.push_back(*std::move(client));
-  }
+  bench::WorkloadSpec spec{.prompts = args.prompts,
+                           .requests = args.requests,
+                           .rate = args.rate,
+                           .prompt_lengths = args.prompt_lengths,
+                           .output_tokens = args.output_tokens,
+                           .seed = args.seed};
+  auto run = bench::RunWorkload(args.agents, spec);
+  if (!run.ok()) return Fail(run.status());
+  const bench::SlaTargets sla{.ttft_s = args.sla_ttft_s, .tbt_s = args.sla_tbt_s};
+  const bench::WorkloadSummary summary = bench::SummarizeRun(*run, sla);
 
-  std::mt19937_64 rng(args.seed);
-  std::vector<v1::GenerateRequest> requests;
-  std::vector<double> arrivals;
-  if (!args.prompts.empty()) {
-    for (const std::string& prompt : args.prompts) {
-      v1::GenerateRequest request;
-      request.set_prompt(prompt);
-      request.set_max_new_tokens(static_cast<uint32_t>(args.output_tokens));
-      requests.push_back(request);
-      arrivals.push_back(0);
-    }
-  } else {
-    auto lengths = PromptLengthSampler::FromSpec(args.prompt_lengths);
-    if (!lengths.ok()) return Fail(lengths.status());
-    const int64_t max_prompt = max_context - args.output_tokens;
-    if (max_prompt < 1) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(
-          "--output-tokens ", args.output_tokens, " leaves no room for a prompt in the agents' ",
-          max_context, "-position context")));
-    }
-    // Random ids from the ordinary part of the vocabulary: timing does not depend on
-    // content, and the run needs no tokenizer.
-    std::uniform_int_distribution<uint32_t> token(3, std::max<uint32_t>(3, vocab - 1));
-    for (int64_t i = 0; i < args.requests; ++i) {
-      v1::GenerateRequest request;
-      const int64_t length = lengths->Sample(rng, max_prompt);
-      for (int64_t t = 0; t < length; ++t) request.mutable_prompt_ids()->add_ids(token(rng));
-      request.set_max_new_tokens(static_cast<uint32_t>(args.output_tokens));
-      request.set_ignore_eos(true);
-      requests.push_back(request);
-    }
-    arrivals = PoissonArrivals(args.rate, args.requests, rng);
-  }
-
-  struct Outcome {
-    size_t agent = 0;
-    absl::Status status;
-    GenerateResult result;
-    double e2e = 0;
-  };
-  std::vector<Outcome> outcomes(requests.size());
-  std::vector<std::thread> threads;
-  const auto start = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < requests.size(); ++i) {
-    threads.emplace_back([&, i] {
-      std::this_thread::sleep_until(start + std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                std::chrono::duration<double>(arrivals[i])));
-      Outcome& outcome = outcomes[i];
-      outcome.agent = i % clients.size();
-      const auto sent = std::chrono::steady_clock::now();
-      auto result = clients[outcome.agent]->Generate(requests[i]);
-      outcome.e2e = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
-      if (!result.ok()) {
-        outcome.status = result.status();
-      } else {
-        outcome.result = *std::move(result);
-        if (!outcome.result.ok()) outcome.status = absl::InternalError(outcome.result.error);
-      }
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-
-  std::vector<double> ttft;
-  std::vector<double> tbt;
-  std::vector<double> e2e;
-  int64_t tokens = 0;
-  int64_t failed = 0;
-  int64_t within_sla = 0;
+  const bool table = args.per_request || !args.prompts.empty();
   nlohmann::json per_request = nlohmann::json::array();
-  if (args.per_request || !args.prompts.empty()) {
+  if (table) {
     std::printf("%-4s %-16s %7s %7s %10s %14s  %-9s %s\n", "req", "agent", "prompt", "tokens",
                 "TTFT ms", "mean TBT ms", "finish", "text");
   }
-  for (size_t i = 0; i < outcomes.size(); ++i) {
-    const Outcome& o = outcomes[i];
+  for (size_t i = 0; i < run->outcomes.size(); ++i) {
+    const bench::RequestOutcome& o = run->outcomes[i];
     const GenerateResult& r = o.result;
     const double first = r.time_to_first_token_seconds();
     const double gap = r.mean_inter_token_seconds();
-    if (!o.status.ok()) {
-      ++failed;
-    } else {
-      ttft.push_back(first);
-      if (r.token_ids.size() > 1) tbt.push_back(gap);
-      e2e.push_back(o.e2e);
-      tokens += static_cast<int64_t>(r.token_ids.size());
-      if (first <= args.sla_ttft_s && gap <= args.sla_tbt_s) ++within_sla;
-    }
-    if (args.per_request || !args.prompts.empty()) {
+    if (table) {
       std::string text = o.status.ok() ? r.text : std::string(o.status.message());
       std::replace(text.begin(), text.end(), '\n', ' ');
       if (text.size() > 60) text = text.substr(0, 57) + "...";
@@ -220,50 +143,39 @@ int RunBench(const BenchArgs& args) {
                   text.c_str());
     }
     per_request.push_back({{"agent", args.agents[o.agent]},
-                           {"arrival_s", arrivals[i]},
+                           {"arrival_s", o.arrival_s},
                            {"ok", o.status.ok()},
                            {"error", std::string(o.status.message())},
                            {"prompt_tokens", r.stats.prompt_tokens()},
                            {"generated_tokens", r.token_ids.size()},
                            {"ttft_s", first},
                            {"mean_tbt_s", gap},
-                           {"e2e_s", o.e2e},
+                           {"e2e_s", o.e2e_s},
                            {"reconnects", r.stats.reconnects()}});
   }
-  const LatencySummary ttft_summary = Summarize(ttft);
-  const LatencySummary tbt_summary = Summarize(tbt);
-  const LatencySummary e2e_summary = Summarize(e2e);
-  const double compliance =
-      outcomes.empty() ? 0.0 : static_cast<double>(within_sla) / outcomes.size();
   std::printf("\n%-10s %10s %10s %10s %10s\n", "ms", "mean", "p50", "p90", "p99");
-  for (const auto& [name, s] : {std::pair{"TTFT", ttft_summary}, std::pair{"TBT", tbt_summary},
-                                std::pair{"E2E", e2e_summary}}) {
+  for (const auto& [name, s] : {std::pair{"TTFT", summary.ttft}, std::pair{"TBT", summary.tbt},
+                                std::pair{"E2E", summary.e2e}}) {
     std::printf("%-10s %10.1f %10.1f %10.1f %10.1f\n", name, s.mean * 1e3, s.p50 * 1e3,
                 s.p90 * 1e3, s.p99 * 1e3);
   }
-  std::printf("\n%zu requests (%lld failed) in %.2f s: %.1f tokens/s, %.2f requests/s; "
+  std::printf("\n%lld requests (%lld failed) in %.2f s: %.1f tokens/s, %.2f requests/s; "
               "SLA (TTFT <= %.0f ms, TBT <= %.0f ms) met by %.1f%%\n",
-              outcomes.size(), static_cast<long long>(failed), wall, tokens / wall,
-              (outcomes.size() - failed) / wall, args.sla_ttft_s * 1e3, args.sla_tbt_s * 1e3,
-              compliance * 100);
+              static_cast<long long>(summary.requests), static_cast<long long>(summary.failed),
+              run->wall_seconds, summary.output_tokens_per_second,
+              (summary.requests - summary.failed) / run->wall_seconds, args.sla_ttft_s * 1e3,
+              args.sla_tbt_s * 1e3, summary.sla_compliance * 100);
 
-  const auto summary_json = [](const LatencySummary& s) {
-    return nlohmann::json{{"mean", s.mean}, {"p50", s.p50}, {"p90", s.p90}, {"p99", s.p99}};
-  };
-  nlohmann::json report = {
-      {"agents", args.agents},
-      {"requests", outcomes.size()},
-      {"failed", failed},
-      {"rate", args.rate},
-      {"prompt_lengths", args.prompts.empty() ? args.prompt_lengths : "prompts"},
-      {"output_tokens", args.output_tokens},
-      {"wall_seconds", wall},
-      {"output_tokens_per_second", tokens / wall},
-      {"ttft_seconds", summary_json(ttft_summary)},
-      {"tbt_seconds", summary_json(tbt_summary)},
-      {"e2e_seconds", summary_json(e2e_summary)},
-      {"sla", {{"ttft_s", args.sla_ttft_s}, {"tbt_s", args.sla_tbt_s}, {"compliance", compliance}}},
-      {"per_request", per_request}};
+  nlohmann::json report = bench::SummaryJson(summary);
+  report["agents"] = args.agents;
+  report["rate"] = args.rate;
+  report["prompt_lengths"] = args.prompts.empty() ? args.prompt_lengths : "prompts";
+  report["output_tokens"] = args.output_tokens;
+  report["wall_seconds"] = run->wall_seconds;
+  report["sla"] = {{"ttft_s", args.sla_ttft_s},
+                   {"tbt_s", args.sla_tbt_s},
+                   {"compliance", summary.sla_compliance}};
+  report["per_request"] = per_request;
   if (!args.json_path.empty()) {
     std::ofstream out(args.json_path);
     out << report.dump(2) << "\n";
@@ -271,7 +183,68 @@ int RunBench(const BenchArgs& args) {
       return Fail(absl::UnavailableError(absl::StrCat("--json: cannot write ", args.json_path)));
     }
   }
-  return failed == 0 ? 0 : 2;
+  return summary.failed == 0 ? 0 : 2;
+}
+
+int RunAblationCommand(const AblationArgs& args) {
+  namespace fs = std::filesystem;
+  fs::path model = args.model_dir;
+  if (model.empty()) {
+    model = DefaultToyModelDir();
+    spdlog::info("ablation: toy model in {} (trained on first use, then cached)", model.string());
+    ToyModelOptions toy;
+    toy.out_dir = model;
+    auto made = MakeToyModel(toy, nullptr, nullptr);
+    if (!made.ok()) return Fail(made.status());
+  }
+  auto config = ModelConfig::Load(model / "config.json");
+  if (!config.ok()) return Fail(config.status());
+  // m = 2 (the toy adapter's), k = 1: the device keeps the last layer, so whole hidden states
+  // cross the link both ways.
+  const fs::path work_dir = fs::absolute(args.work_dir);
+  auto split = SplitCheckpoint({.model_dir = model,
+                                .input_layers = 2,
+                                .output_layers = 1,
+                                .out_dir = work_dir / "bundles"});
+  if (!split.ok()) return Fail(split.status());
+  if (!split->adapter_note.empty()) spdlog::warn("ablation: {}", split->adapter_note);
+
+  bench::AblationOptions options;
+  auto configs = bench::SelectAblationConfigs(args.configs);
+  if (!configs.ok()) return Fail(configs.status());
+  options.configs = *std::move(configs);
+  options.device_bundle = split->device_dir;
+  options.cloud_bundle = split->cloud_dir;
+  options.bin_dir = fs::read_symlink("/proc/self/exe").parent_path();
+  options.work_dir = work_dir;
+  options.devices = args.devices;
+  options.datasets = args.datasets;
+  options.rates = args.rates;
+  options.requests = args.requests;
+  options.output_tokens = args.output_tokens;
+  options.seed = args.seed;
+  options.max_context = std::min<int64_t>(4096, config->max_position_embeddings);
+  options.sla = {.ttft_s = args.sla_ttft_s, .tbt_s = args.sla_tbt_s};
+  options.links = args.links;
+  options.links_script = args.links_script.empty()
+                             ? fs::path(TOPHAT_SOURCE_DIR) / "deploy" / "edge-links.sh"
+                             : fs::path(args.links_script);
+  options.one_way_delay_s = args.one_way_delay_ms / 1e3;
+  // Hidden states travel as float32 (the cloud's dtype in the ablation).
+  options.bytes_per_token = args.scale_links ? static_cast<double>(config->hidden_size) * 4 : 0;
+  options.link_period_s = args.link_period_s;
+
+  auto report = bench::RunAblation(options);
+  if (!report.ok()) return Fail(report.status());
+  const fs::path json_path =
+      args.json_path.empty() ? work_dir / "ablation.json" : fs::path(args.json_path);
+  std::ofstream out(json_path);
+  out << report->dump(2) << "\n";
+  if (!out) {
+    return Fail(absl::UnavailableError(absl::StrCat("--json: cannot write ", json_path.string())));
+  }
+  std::printf("JSON report: %s\n", json_path.string().c_str());
+  return 0;
 }
 
 }  // namespace tophat::cli

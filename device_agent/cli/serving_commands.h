@@ -37,4 +37,26 @@ struct BenchArgs {
 };
 int RunBench(const BenchArgs& args);
 
+// `tophat bench --ablation`: starts its own cloud and agents per configuration.
+struct AblationArgs {
+  std::string model_dir;  // "": the toy model (made on first use)
+  std::string work_dir = "tophat-ablation";
+  std::string configs = "all";
+  int devices = 2;
+  std::vector<std::string> datasets = {"specbench", "cnndm"};
+  std::vector<double> rates = {1, 2};
+  int64_t requests = 24;
+  int64_t output_tokens = 128;
+  uint64_t seed = 0;
+  double sla_ttft_s = 1.0;
+  double sla_tbt_s = 0.1;
+  std::string links = "auto";
+  std::string links_script;  // "": deploy/edge-links.sh of the source tree
+  double one_way_delay_ms = 10;
+  bool scale_links = true;
+  double link_period_s = 5;
+  std::string json_path;  // "": WORK_DIR/ablation.json
+};
+int RunAblationCommand(const AblationArgs& args);
+
 }  // namespace tophat::cli

@@ -375,9 +375,82 @@ int main(int argc, char** argv) {
   serve_bench_cmd->add_option("--json", serve_bench.json_path, "Write the report as JSON here");
   serve_bench_cmd->add_flag("--per-request", serve_bench.per_request, "Print every request");
 
+  // The ablation starts its own cloud and agents; the options above that it shares are
+  // --requests, --output-tokens, --seed, --sla-* and --json.
+  tophat::cli::AblationArgs ablation;
+  bool run_ablation = false;
+  std::string ablation_datasets = "specbench,cnndm";
+  std::string ablation_rates = "1,2";
+  auto* ablation_flag = serve_bench_cmd->add_flag(
+      "--ablation", run_ablation,
+      "HAT's ablation: for each configuration (U-shape, +spec, +chunk, +spec+chunk, +parallel, "
+      "U-Sarathi-128/256) start a cloud and --devices agents behind emulated edge links, run "
+      "the same seeded workload, print a Table-V-style table, write SLA CDF plots (PNG) and "
+      "JSON into --work-dir");
+  serve_bench_cmd->add_option("--model", ablation.model_dir,
+                              "Ablation: checkpoint (split at m=2, k=1); default: the toy model")
+      ->needs(ablation_flag);
+  serve_bench_cmd->add_option("--work-dir", ablation.work_dir,
+                              "Ablation: configs, logs, plots and JSON go here")
+      ->capture_default_str()->needs(ablation_flag);
+  serve_bench_cmd->add_option("--configs", ablation.configs,
+                              "Ablation: 'all' or comma-separated configuration names")
+      ->capture_default_str()->needs(ablation_flag);
+  serve_bench_cmd->add_option("--devices", ablation.devices, "Ablation: agents (devices)")
+      ->capture_default_str()->check(CLI::Range(1, 32))->needs(ablation_flag);
+  serve_bench_cmd->add_option("--datasets", ablation_datasets,
+                              "Ablation: comma-separated prompt-length distributions")
+      ->capture_default_str()->needs(ablation_flag);
+  serve_bench_cmd->add_option("--rates", ablation_rates,
+                              "Ablation: comma-separated request rates (requests/s)")
+      ->capture_default_str()->needs(ablation_flag);
+  serve_bench_cmd->add_option("--links", ablation.links,
+                              "Ablation: netns (namespaces + tc, needs root), emulated "
+                              "(in-process shaper), or auto (netns when possible)")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "netns", "emulated"}))
+      ->needs(ablation_flag);
+  serve_bench_cmd->add_option("--links-script", ablation.links_script,
+                              "Ablation: the namespace script (default: deploy/edge-links.sh)")
+      ->needs(ablation_flag);
+  serve_bench_cmd->add_option("--one-way-delay-ms", ablation.one_way_delay_ms,
+                              "Ablation: link delay each way")
+      ->capture_default_str()->check(CLI::NonNegativeNumber)->needs(ablation_flag);
+  serve_bench_cmd->add_flag("!--no-link-scaling", ablation.scale_links,
+                            "Ablation: use HAT's 5-10 MB/s up, 10-15 MB/s down as is, instead "
+                            "of scaling them so each token takes Vicuna-7B's time on the wire")
+      ->needs(ablation_flag);
+  serve_bench_cmd->add_option("--link-period", ablation.link_period_s,
+                              "Ablation: seconds between bandwidth changes (netns links)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber)->needs(ablation_flag);
+  auto* output_tokens_option = serve_bench_cmd->get_option("--output-tokens");
+
   CLI11_PARSE(app, argc, argv);
 
   if (*chat_cmd) return tophat::cli::RunChat(chat);
+  if (*serve_bench_cmd && run_ablation) {
+    ablation.datasets.clear();
+    for (const auto& part : CLI::detail::split(ablation_datasets, ',')) {
+      if (!part.empty()) ablation.datasets.push_back(part);
+    }
+    ablation.rates.clear();
+    for (const auto& part : CLI::detail::split(ablation_rates, ',')) {
+      if (part.empty()) continue;
+      double rate = 0;
+      if (!CLI::detail::lexical_cast(part, rate) || rate <= 0) {
+        return Fail(absl::InvalidArgumentError(
+            "--rates: \"" + part + "\" is not a positive number of requests/s"));
+      }
+      ablation.rates.push_back(rate);
+    }
+    ablation.requests = serve_bench.requests;
+    // HAT's evaluation generates 128 tokens per request.
+    ablation.output_tokens = output_tokens_option->count() > 0 ? serve_bench.output_tokens : 128;
+    ablation.seed = serve_bench.seed;
+    ablation.sla_ttft_s = serve_bench.sla_ttft_s;
+    ablation.sla_tbt_s = serve_bench.sla_tbt_s;
+    ablation.json_path = serve_bench.json_path;
+    return tophat::cli::RunAblationCommand(ablation);
+  }
   if (*serve_bench_cmd) {
     serve_bench.agents.clear();
     for (const auto& part : CLI::detail::split(bench_agents, ',')) {

@@ -1,4 +1,4 @@
-#include "tests/process_util.h"
+#include "bench/process_control.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -15,13 +15,12 @@
 
 #include <httplib.h>
 
-namespace tophat::testing {
+namespace tophat::bench {
 
 ChildProcess::ChildProcess(std::vector<std::string> argv, std::filesystem::path log_path)
     : log_path_(std::move(log_path)) {
   pid_ = fork();
   if (pid_ == 0) {
-    // Die with the test: a crashed or killed test must not leave daemons behind.
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     const int fd = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) {
@@ -91,13 +90,16 @@ int FreePort() {
   return ntohs(address.sin_port);
 }
 
-bool WaitForPort(int port, std::chrono::milliseconds timeout) {
+bool WaitForPort(int port, std::chrono::milliseconds timeout, const std::string& host) {
   return WaitUntil(
       [&] {
         const int fd = socket(AF_INET, SOCK_STREAM, 0);
         sockaddr_in address{};
         address.sin_family = AF_INET;
-        address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (inet_pton(AF_INET, host.c_str(), &address.sin_addr) != 1) {
+          close(fd);
+          return false;
+        }
         address.sin_port = htons(static_cast<uint16_t>(port));
         const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
         close(fd);
@@ -106,8 +108,8 @@ bool WaitForPort(int port, std::chrono::milliseconds timeout) {
       timeout);
 }
 
-std::string HttpGet(int port, const std::string& path) {
-  httplib::Client client("127.0.0.1", port);
+std::string HttpGet(int port, const std::string& path, const std::string& host) {
+  httplib::Client client(host, port);
   client.set_connection_timeout(2);
   auto response = client.Get(path.c_str());
   if (!response || response->status != 200) return "";
@@ -140,4 +142,4 @@ bool WaitUntil(const std::function<bool()>& predicate, std::chrono::milliseconds
   return true;
 }
 
-}  // namespace tophat::testing
+}  // namespace tophat::bench

@@ -1,4 +1,4 @@
-#include "device_agent/workload.h"
+#include "bench/workload.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,0 +1,678 @@
+#include "bench/ablation.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "bench/cdf_plot.h"
+#include "bench/edge_links.h"
+#include "bench/process_control.h"
+#include "models/status_macros.h"
+
+namespace tophat::bench {
+namespace fs = std::filesystem;
+
+std::vector<AblationConfig> AblationConfigs() {
+  return {
+      {.name = "U-shape",
+       .description = "device/cloud split, whole prompt in one piece, no drafting"},
+      {.name = "+spec",
+       .description = "speculative decoding with the on-device drafter",
+       .speculative = true},
+      {.name = "+chunk",
+       .description = "pipelined prompt chunks sized per device by the cloud",
+       .chunking = ChunkMode::kAdaptive},
+      {.name = "+spec+chunk",
+       .description = "both, no parallel drafting",
+       .speculative = true,
+       .chunking = ChunkMode::kAdaptive},
+      {.name = "+parallel",
+       .description = "everything on (HAT): both plus parallel drafting",
+       .speculative = true,
+       .parallel_drafting = true,
+       .chunking = ChunkMode::kAdaptive},
+      {.name = "U-Sarathi-128",
+       .description = "fixed 128-token chunks, each answered before the next is sent",
+       .chunking = ChunkMode::kFixed,
+       .fixed_chunk = 128,
+       .pipeline_chunks = false},
+      {.name = "U-Sarathi-256",
+       .description = "fixed 256-token chunks, each answered before the next is sent",
+       .chunking = ChunkMode::kFixed,
+       .fixed_chunk = 256,
+       .pipeline_chunks = false},
+  };
+}
+
+absl::StatusOr<std::vector<AblationConfig>> SelectAblationConfigs(const std::string& names) {
+  const std::vector<AblationConfig> all = AblationConfigs();
+  if (names.empty() || names == "all") return all;
+  std::vector<AblationConfig> chosen;
+  for (absl::string_view name : absl::StrSplit(names, ',', absl::SkipEmpty())) {
+    auto it = std::find_if(all.begin(), all.end(),
+                           [&](const AblationConfig& c) { return c.name == name; });
+    if (it == all.end()) {
+      std::vector<std::string> known;
+      for (const AblationConfig& c : all) known.push_back(c.name);
+      return absl::InvalidArgumentError(absl::StrCat("--configs: unknown configuration \"",
+                                                     std::string(name), "\"; known: ",
+                                                     absl::StrJoin(known, ", ")));
+    }
+    chosen.push_back(*it);
+  }
+  if (chosen.empty()) return absl::InvalidArgumentError("--configs: none given");
+  return chosen;
+}
+
+DeviceLink DeviceLinkAt(int index, int devices, const BandwidthRange& uplink,
+                        const BandwidthRange& downlink, double draw_up, double draw_down,
+                        double scale) {
+  const auto at = [&](const BandwidthRange& range, double draw) {
+    const double slice = (range.max_bytes_per_second - range.min_bytes_per_second) /
+                         std::max(1, devices);
+    return scale * (range.min_bytes_per_second + slice * (index + std::clamp(draw, 0.0, 1.0)));
+  };
+  return {.uplink_bytes_per_second = at(uplink, draw_up),
+          .downlink_bytes_per_second = at(downlink, draw_down)};
+}
+
+std::string AgentYaml(const AblationConfig& config, const AblationOptions& options,
+                      const AgentSlot& slot) {
+  int64_t chunk = 0;
+  switch (config.chunking) {
+    case ChunkMode::kWholePrompt:
+      chunk = options.max_context;
+      break;
+    case ChunkMode::kAdaptive:
+      chunk = 0;
+      break;
+    case ChunkMode::kFixed:
+      chunk = config.fixed_chunk;
+      break;
+  }
+  return absl::StrFormat(
+      "# %s (device %d): %s\n"
+      "listen_address: \"%s\"\n"
+      "cloud_address: \"%s\"\n"
+      "bundle: \"%s\"\n"
+      "max_context: %d\n"
+      "prompt_chunk_size: %d\n"
+      "pipeline_prompt_chunks: %s\n"
+      "max_concurrent_requests: 256\n"
+      "default_max_new_tokens: %d\n"
+      "speculative:\n"
+      "  enabled: %s\n"
+      "  parallel_drafting: %s\n"
+      "link_emulation:\n"
+      "  one_way_delay_s: %.6f\n"
+      "  uplink_bytes_per_second: %.0f\n"
+      "  downlink_bytes_per_second: %.0f\n"
+      "metrics_address: \"%s\"\n",
+      config.name, slot.index, config.description, slot.listen_address, slot.cloud_address,
+      fs::absolute(options.device_bundle).string(), options.max_context, chunk,
+      config.pipeline_chunks ? "true" : "false", std::min<int64_t>(128, options.max_context - 1),
+      config.speculative ? "true" : "false", config.parallel_drafting ? "true" : "false",
+      slot.one_way_delay_s, slot.uplink_bytes_per_second, slot.downlink_bytes_per_second,
+      slot.metrics_address);
+}
+
+std::string CloudYaml(const AblationOptions& options, const std::string& listen_address,
+                      const std::string& metrics_address) {
+  return absl::StrFormat(
+      "listen_address: \"%s\"\n"
+      "bundle: \"%s\"\n"
+      "max_context: %d\n"
+      "kv_cache:\n"
+      "  memory_bytes: 1GiB\n"
+      "scheduler:\n"
+      "  max_running_sessions: 256\n"
+      "  max_waiting_sessions: 256\n"
+      "limits:\n"
+      "  max_chunk_tokens: %d\n"
+      "metrics_address: \"%s\"\n",
+      listen_address, fs::absolute(options.cloud_bundle).string(), options.max_context,
+      options.max_context, metrics_address);
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The ip binary, for running agents inside their namespaces.
+std::string IpBinary() {
+  for (const char* path : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
+    if (fs::exists(path)) return path;
+  }
+  return "ip";
+}
+
+absl::Status WriteFile(const fs::path& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  if (!out) return absl::UnavailableError(absl::StrCat(path.string(), ": cannot write"));
+  return absl::OkStatus();
+}
+
+std::string LogTail(const ChildProcess& process) {
+  std::string log = process.Log();
+  if (log.size() > 2000) log = log.substr(log.size() - 2000);
+  return log;
+}
+
+// The processes of one configuration; the destructor stops them (SIGTERM, then SIGKILL).
+struct Deployment {
+  std::unique_ptr<ChildProcess> cloud;
+  std::vector<std::unique_ptr<ChildProcess>> agents;
+  std::vector<std::string> agent_addresses;
+  int cloud_metrics_port = 0;
+
+  ~Deployment() {
+    for (auto& agent : agents) agent->Signal(SIGTERM);
+    for (auto& agent : agents) agent->Wait(std::chrono::seconds(10));
+    if (cloud) {
+      cloud->Signal(SIGTERM);
+      cloud->Wait(std::chrono::seconds(10));
+    }
+  }
+};
+
+struct LinkPlan {
+  EdgeLinks* edge = nullptr;  // null: in-process shaping on loopback
+  bool kernel_delay = false;
+  double scale = 1;
+};
+
+absl::StatusOr<std::unique_ptr<Deployment>> Deploy(const AblationConfig& config,
+                                                   const AblationOptions& options,
+                                                   const LinkPlan& links, const fs::path& dir) {
+  fs::create_directories(dir);
+  auto deployment = std::make_unique<Deployment>();
+  const int cloud_port = FreePort();
+  deployment->cloud_metrics_port = FreePort();
+  const std::string cloud_listen =
+      absl::StrCat(links.edge != nullptr ? "0.0.0.0" : "127.0.0.1", ":", cloud_port);
+  TOPHAT_RETURN_IF_ERROR(WriteFile(
+      dir / "cloud.yaml",
+      CloudYaml(options, cloud_listen,
+                absl::StrCat("127.0.0.1:", deployment->cloud_metrics_port))));
+  deployment->cloud = std::make_unique<ChildProcess>(
+      std::vector<std::string>{(options.bin_dir / "tophat-cloud").string(), "--config",
+                               (dir / "cloud.yaml").string()},
+      dir / "cloud.log");
+  if (!WaitForPort(cloud_port, std::chrono::seconds(120))) {
+    return absl::UnavailableError(absl::StrCat("tophat-cloud did not start; ",
+                                               (dir / "cloud.log").string(), ":\n",
+                                               LogTail(*deployment->cloud)));
+  }
+  for (int i = 0; i < options.devices; ++i) {
+    AgentSlot slot{.index = i};
+    std::vector<std::string> argv;
+    std::string host = "127.0.0.1";
+    int port = 0;
+    if (links.edge != nullptr) {
+      host = EdgeLinks::DeviceAddress(i);
+      port = 7200;
+      slot.cloud_address = absl::StrCat(EdgeLinks::HostAddress(i), ":", cloud_port);
+      slot.metrics_address = absl::StrCat(host, ":9200");
+      slot.one_way_delay_s = links.kernel_delay ? 0 : options.one_way_delay_s;
+      argv = EdgeLinks::ExecPrefix(i);
+      argv[0] = IpBinary();
+    } else {
+      port = FreePort();
+      slot.cloud_address = absl::StrCat("127.0.0.1:", cloud_port);
+      slot.metrics_address = absl::StrCat("127.0.0.1:", FreePort());
+      slot.one_way_delay_s = options.one_way_delay_s;
+      const DeviceLink link = DeviceLinkAt(i, options.devices, options.uplink, options.downlink,
+                                           0.5, 0.5, links.scale);
+      slot.uplink_bytes_per_second = link.uplink_bytes_per_second;
+      slot.downlink_bytes_per_second = link.downlink_bytes_per_second;
+    }
+    slot.listen_address = absl::StrCat(host, ":", port);
+    const fs::path yaml = dir / absl::StrCat("agent-", i, ".yaml");
+    TOPHAT_RETURN_IF_ERROR(WriteFile(yaml, AgentYaml(config, options, slot)));
+    argv.push_back((options.bin_dir / "tophat-agent").string());
+    argv.push_back("--config");
+    argv.push_back(yaml.string());
+    deployment->agents.push_back(
+        std::make_unique<ChildProcess>(argv, dir / absl::StrCat("agent-", i, ".log")));
+    deployment->agent_addresses.push_back(slot.listen_address);
+    if (!WaitForPort(port, std::chrono::seconds(120), host)) {
+      return absl::UnavailableError(absl::StrCat("tophat-agent ", i, " did not start; ",
+                                                 (dir / absl::StrCat("agent-", i, ".log")).string(),
+                                                 ":\n", LogTail(*deployment->agents.back())));
+    }
+  }
+  return deployment;
+}
+
+// Share of the step-time predictions within `bound` of the measured time, and the
+// interpolated median error, from the cloud's error histogram.
+struct PredictionFit {
+  double observations = 0;
+  double within_15_percent = 0;
+  double median_error = 0;
+};
+PredictionFit ReadPredictionFit(int metrics_port) {
+  PredictionFit fit;
+  const std::string text = HttpGet(metrics_port, "/metrics");
+  const std::string name = "tophat_scheduler_step_prediction_error_ratio_bucket";
+  fit.observations =
+      MetricValue(text, "tophat_scheduler_step_prediction_error_ratio_count").value_or(0);
+  if (fit.observations <= 0) return fit;
+  const std::vector<double> bounds = {0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0};
+  double below = 0;
+  double lower_bound = 0;
+  bool median_found = false;
+  for (double bound : bounds) {
+    const double count =
+        MetricValue(text, name, absl::StrCat("le=\"", absl::StrFormat("%g", bound), "\""))
+            .value_or(0);
+    if (std::abs(bound - 0.15) < 1e-9) fit.within_15_percent = count / fit.observations;
+    if (!median_found && count >= fit.observations / 2) {
+      const double in_bucket = std::max(1e-9, count - below);
+      fit.median_error =
+          lower_bound + (bound - lower_bound) * (fit.observations / 2 - below) / in_bucket;
+      median_found = true;
+    }
+    below = count;
+    lower_bound = bound;
+  }
+  if (!median_found) fit.median_error = bounds.back();
+  return fit;
+}
+
+struct RunRecord {
+  std::string config;
+  std::string dataset;
+  double rate = 0;
+  WorkloadSummary summary;
+  std::vector<double> prefill_ms_per_128;  // TTFT per 128 prompt tokens (HAT's prefill SLA)
+  std::vector<double> decode_ms_per_10;    // delay per 10 generated tokens (decode SLA)
+  std::vector<double> chunk_by_device;     // mean chunk size each device used
+  double tokens_per_round = 0;
+  nlohmann::json per_request = nlohmann::json::array();
+};
+
+RunRecord Record(const AblationConfig& config, const std::string& dataset, double rate,
+                 const WorkloadRun& run, const AblationOptions& options) {
+  RunRecord record{.config = config.name, .dataset = dataset, .rate = rate};
+  record.summary = SummarizeRun(run, options.sla);
+  std::vector<double> chunk_sum(options.devices, 0);
+  std::vector<double> chunk_count(options.devices, 0);
+  double rounds = 0;
+  double decoded = 0;
+  for (const RequestOutcome& outcome : run.outcomes) {
+    const GenerateResult& r = outcome.result;
+    const double ttft = r.time_to_first_token_seconds();
+    const double tbt = r.mean_inter_token_seconds();
+    record.per_request.push_back({{"device", outcome.agent},
+                                  {"arrival_s", outcome.arrival_s},
+                                  {"ok", outcome.status.ok()},
+                                  {"prompt_tokens", r.stats.prompt_tokens()},
+                                  {"generated_tokens", r.token_ids.size()},
+                                  {"prompt_chunk_size", r.stats.prompt_chunk_size()},
+                                  {"ttft_s", ttft},
+                                  {"mean_tbt_s", tbt},
+                                  {"decode_rounds", r.stats.decode_rounds()}});
+    if (!outcome.status.ok()) continue;
+    const double prompt = std::max<uint32_t>(1, r.stats.prompt_tokens());
+    record.prefill_ms_per_128.push_back(ttft * 1e3 * 128.0 / prompt);
+    if (r.token_ids.size() > 1) record.decode_ms_per_10.push_back(tbt * 1e3 * 10.0);
+    if (outcome.agent < chunk_sum.size()) {
+      chunk_sum[outcome.agent] += r.stats.prompt_chunk_size();
+      chunk_count[outcome.agent] += 1;
+    }
+    rounds += r.stats.decode_rounds();
+    decoded += r.token_ids.size() > 0 ? static_cast<double>(r.token_ids.size() - 1) : 0.0;
+  }
+  for (int i = 0; i < options.devices; ++i) {
+    record.chunk_by_device.push_back(chunk_count[i] > 0 ? chunk_sum[i] / chunk_count[i] : 0);
+  }
+  record.tokens_per_round = rounds > 0 ? decoded / rounds : 0;
+  return record;
+}
+
+const RunRecord* Find(const std::vector<RunRecord>& records, const std::string& config,
+                      const std::string& dataset, double rate) {
+  for (const RunRecord& r : records) {
+    if (r.config == config && r.dataset == dataset && r.rate == rate) return &r;
+  }
+  return nullptr;
+}
+
+// Bandwidth that changes over time, as on HAT's testbed: every period each netns link gets a
+// new point in its device's slice of the ranges.
+class LinkVariation {
+ public:
+  LinkVariation(EdgeLinks* edge, const AblationOptions& options, double scale)
+      : edge_(edge), options_(options), scale_(scale), rng_(options.seed ^ 0x11c0ffee) {
+    if (edge_ == nullptr || options_.link_period_s <= 0) return;
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~LinkVariation() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void Run() {
+    std::uniform_real_distribution<double> draw(0, 1);
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!cv_.wait_for(lock, std::chrono::duration<double>(options_.link_period_s),
+                         [&] { return stopping_; })) {
+      for (int i = 0; i < edge_->devices(); ++i) {
+        const DeviceLink link = DeviceLinkAt(i, edge_->devices(), options_.uplink,
+                                             options_.downlink, draw(rng_), draw(rng_), scale_);
+        auto shaped = edge_->Shape(i, link.uplink_bytes_per_second,
+                                   link.downlink_bytes_per_second, options_.one_way_delay_s);
+        if (!shaped.ok()) spdlog::warn("link variation: {}", shaped.status().ToString());
+      }
+    }
+  }
+
+  EdgeLinks* edge_;
+  const AblationOptions& options_;
+  double scale_;
+  std::mt19937_64 rng_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+std::string DatasetLabel(const std::string& dataset) {
+  if (dataset == "specbench") return "SpecBench-like";
+  if (dataset == "cnndm") return "CNN/DM-like";
+  return dataset;
+}
+
+void PrintTable(const std::vector<RunRecord>& records, const AblationOptions& options,
+                const std::string& dataset, double rate) {
+  std::printf("\n%s prompts, %.2f req/s, %lld requests x %lld tokens\n",
+              DatasetLabel(dataset).c_str(), rate, static_cast<long long>(options.requests),
+              static_cast<long long>(options.output_tokens));
+  std::printf("%-14s %27s   %27s %6s %7s %6s  %s\n", "", "TTFT ms (mean / p50 / p90)",
+              "TBT ms (mean / p50 / p90)", "SLA %", "tok/s", "tok/rd", "chunk by device");
+  for (const AblationConfig& config : options.configs) {
+    const RunRecord* r = Find(records, config.name, dataset, rate);
+    if (r == nullptr) continue;
+    const WorkloadSummary& s = r->summary;
+    std::vector<std::string> chunks;
+    for (double c : r->chunk_by_device) chunks.push_back(absl::StrFormat("%.0f", c));
+    std::printf("%-14s %9.1f %8.1f %8.1f   %9.2f %8.2f %8.2f %6.1f %7.1f %6.2f  %s%s\n",
+                config.name.c_str(), s.ttft.mean * 1e3, s.ttft.p50 * 1e3, s.ttft.p90 * 1e3,
+                s.tbt.mean * 1e3, s.tbt.p50 * 1e3, s.tbt.p90 * 1e3, s.sla_compliance * 100,
+                s.output_tokens_per_second, r->tokens_per_round,
+                absl::StrJoin(chunks, " / ").c_str(),
+                s.failed > 0 ? absl::StrCat("  (", s.failed, " failed)").c_str() : "");
+  }
+}
+
+// The issue's goals as same-run ratios against U-shape (and U-Sarathi).
+nlohmann::json Goals(const std::vector<RunRecord>& records, const AblationOptions& options) {
+  nlohmann::json goals = nlohmann::json::array();
+  for (const std::string& dataset : options.datasets) {
+    for (double rate : options.rates) {
+      const RunRecord* base = Find(records, "U-shape", dataset, rate);
+      if (base == nullptr || base->summary.ttft.mean <= 0) continue;
+      nlohmann::json row = {{"dataset", dataset}, {"rate", rate}};
+      const auto reduction = [](double base_value, double value) {
+        return base_value > 0 ? 1.0 - value / base_value : 0.0;
+      };
+      if (const RunRecord* chunk = Find(records, "+chunk", dataset, rate)) {
+        row["ttft_reduction_chunking"] =
+            reduction(base->summary.ttft.mean, chunk->summary.ttft.mean);
+      }
+      if (const RunRecord* all = Find(records, "+parallel", dataset, rate)) {
+        row["ttft_reduction_all_on"] = reduction(base->summary.ttft.mean, all->summary.ttft.mean);
+        row["tbt_reduction_all_on"] = reduction(base->summary.tbt.mean, all->summary.tbt.mean);
+        for (const char* sarathi : {"U-Sarathi-128", "U-Sarathi-256"}) {
+          if (const RunRecord* s = Find(records, sarathi, dataset, rate)) {
+            row[absl::StrCat("ttft_vs_", sarathi)] =
+                reduction(s->summary.ttft.mean, all->summary.ttft.mean);
+          }
+        }
+      }
+      goals.push_back(row);
+    }
+  }
+  return goals;
+}
+
+void PrintGoals(const nlohmann::json& goals) {
+  std::printf("\nSame-run ratios (reduction of the mean; goals: TTFT -41%% with chunking, "
+              "TBT -49.5%% all on, TTFT below U-Sarathi)\n");
+  std::printf("%-16s %6s %14s %14s %14s %14s %14s\n", "dataset", "req/s", "TTFT +chunk",
+              "TTFT all-on", "TBT all-on", "vs Sarathi128", "vs Sarathi256");
+  for (const nlohmann::json& row : goals) {
+    const auto cell = [&](const char* key) {
+      return row.contains(key) ? absl::StrFormat("%+.1f%%", -100.0 * row[key].get<double>())
+                               : std::string("-");
+    };
+    std::printf("%-16s %6.2f %14s %14s %14s %14s %14s\n",
+                DatasetLabel(row["dataset"].get<std::string>()).c_str(),
+                row["rate"].get<double>(), cell("ttft_reduction_chunking").c_str(),
+                cell("ttft_reduction_all_on").c_str(), cell("tbt_reduction_all_on").c_str(),
+                cell("ttft_vs_U-Sarathi-128").c_str(), cell("ttft_vs_U-Sarathi-256").c_str());
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<nlohmann::json> RunAblation(const AblationOptions& options) {
+  if (options.devices < 1 || options.devices > 32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--devices ", options.devices, ": must be in [1, 32]"));
+  }
+  if (options.configs.empty()) return absl::InvalidArgumentError("--configs: none selected");
+  if (options.rates.empty() || options.datasets.empty()) {
+    return absl::InvalidArgumentError("--rates and --datasets need at least one value each");
+  }
+  for (const std::string& dataset : options.datasets) {
+    if (auto sampler = PromptLengthSampler::FromSpec(dataset); !sampler.ok()) {
+      return sampler.status();
+    }
+  }
+  for (const fs::path& binary :
+       {options.bin_dir / "tophat-cloud", options.bin_dir / "tophat-agent"}) {
+    if (!fs::exists(binary)) {
+      return absl::NotFoundError(absl::StrCat(binary.string(), ": not built"));
+    }
+  }
+  fs::create_directories(options.work_dir);
+
+  LinkPlan links;
+  links.scale = options.bytes_per_token > 0
+                    ? options.bytes_per_token / options.reference_bytes_per_token
+                    : 1.0;
+  std::unique_ptr<EdgeLinks> edge;
+  std::string links_note;
+  if (options.links == "netns" || options.links == "auto") {
+    auto made = EdgeLinks::Create(options.links_script, options.devices);
+    if (made.ok()) {
+      edge = *std::move(made);
+      for (int i = 0; i < options.devices; ++i) {
+        const DeviceLink link = DeviceLinkAt(i, options.devices, options.uplink,
+                                             options.downlink, 0.5, 0.5, links.scale);
+        auto kernel_delay = edge->Shape(i, link.uplink_bytes_per_second,
+                                        link.downlink_bytes_per_second, options.one_way_delay_s);
+        if (!kernel_delay.ok()) return kernel_delay.status();
+        links.kernel_delay = *kernel_delay;
+      }
+      links.edge = edge.get();
+      links_note = absl::StrCat(
+          "network namespaces + tc (", options.links_script.string(), "), bandwidth redrawn every ",
+          options.link_period_s, " s; delay ",
+          links.kernel_delay ? "in the kernel (netem)" : "in the agent (this kernel has no netem)");
+    } else if (options.links == "netns") {
+      return made.status();
+    } else {
+      links_note = absl::StrCat("in-process shaper in each agent (no network namespaces: ",
+                                made.status().message(), ")");
+    }
+  } else if (options.links == "emulated") {
+    links_note = "in-process shaper in each agent (--links emulated)";
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--links \"", options.links, "\": expected auto, netns or emulated"));
+  }
+  spdlog::info("ablation: links: {}", links_note);
+  nlohmann::json device_links = nlohmann::json::array();
+  for (int i = 0; i < options.devices; ++i) {
+    const DeviceLink link = DeviceLinkAt(i, options.devices, options.uplink, options.downlink,
+                                         0.5, 0.5, links.scale);
+    device_links.push_back({{"device", i},
+                            {"uplink_bytes_per_second", link.uplink_bytes_per_second},
+                            {"downlink_bytes_per_second", link.downlink_bytes_per_second}});
+    spdlog::info("ablation: device {}: {:.0f} KB/s up, {:.0f} KB/s down{}, {:.0f} ms one way", i,
+                 link.uplink_bytes_per_second / 1e3, link.downlink_bytes_per_second / 1e3,
+                 edge != nullptr ? " (middle of its range)" : "", options.one_way_delay_s * 1e3);
+  }
+  LinkVariation variation(links.edge, options, links.scale);
+
+  std::vector<RunRecord> records;
+  nlohmann::json fits = nlohmann::json::object();
+  const size_t total_runs =
+      options.configs.size() * options.datasets.size() * options.rates.size();
+  size_t done = 0;
+  const Clock::time_point started = Clock::now();
+  for (const AblationConfig& config : options.configs) {
+    const fs::path dir = options.work_dir / config.name;
+    auto deployment = Deploy(config, options, links, dir);
+    if (!deployment.ok()) return deployment.status();
+    // Warm-up: the links and the step-time predictor get measurements, and the cloud sends
+    // per-device chunk sizes, before anything is timed.
+    for (int round = 0; round < 2; ++round) {
+      auto warm = RunWorkload((*deployment)->agent_addresses,
+                              {.requests = 2 * options.devices,
+                               .rate = 0,
+                               .prompt_lengths = "fixed:256",
+                               .output_tokens = 8,
+                               .seed = options.seed + 1000 + round});
+      if (!warm.ok()) return warm.status();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+    }
+    for (const std::string& dataset : options.datasets) {
+      for (double rate : options.rates) {
+        const double elapsed = std::chrono::duration<double>(Clock::now() - started).count();
+        std::fprintf(stderr, "[%zu/%zu] %-14s %-10s %5.2f req/s   elapsed %4.0fs%s\n", done + 1,
+                     total_runs, config.name.c_str(), dataset.c_str(), rate, elapsed,
+                     done > 0 ? absl::StrFormat(", ETA %.0fs", elapsed / done *
+                                                                   (total_runs - done))
+                                    .c_str()
+                              : "");
+        auto run = RunWorkload((*deployment)->agent_addresses,
+                               {.requests = options.requests,
+                                .rate = rate,
+                                .prompt_lengths = dataset,
+                                .output_tokens = options.output_tokens,
+                                .seed = options.seed});
+        if (!run.ok()) return run.status();
+        records.push_back(Record(config, dataset, rate, *run, options));
+        ++done;
+      }
+    }
+    const PredictionFit fit = ReadPredictionFit((*deployment)->cloud_metrics_port);
+    fits[config.name] = {{"predictions", fit.observations},
+                         {"within_15_percent", fit.within_15_percent},
+                         {"median_error", fit.median_error}};
+  }
+
+  for (const std::string& dataset : options.datasets) {
+    for (double rate : options.rates) PrintTable(records, options, dataset, rate);
+  }
+  const nlohmann::json goals = Goals(records, options);
+  PrintGoals(goals);
+  std::printf("\nStep-time predictor (cloud): median |predicted - measured| / measured\n");
+  for (const AblationConfig& config : options.configs) {
+    const nlohmann::json& fit = fits[config.name];
+    std::printf("%-14s %6.0f predictions, median error %5.1f%%, within 15%%: %5.1f%%\n",
+                config.name.c_str(), fit["predictions"].get<double>(),
+                100 * fit["median_error"].get<double>(),
+                100 * fit["within_15_percent"].get<double>());
+  }
+
+  nlohmann::json plots = nlohmann::json::array();
+  for (const std::string& dataset : options.datasets) {
+    for (double rate : options.rates) {
+      std::vector<CdfPanel> panels(2);
+      const std::string where = absl::StrFormat("%s, %.2g req/s", DatasetLabel(dataset), rate);
+      panels[0].title = absl::StrCat("Prefill SLA (", where, ")");
+      panels[0].x_label = "TTFT per 128 prompt tokens (ms)";
+      panels[1].title = absl::StrCat("Decode SLA (", where, ")");
+      panels[1].x_label = "delay per 10 tokens (ms)";
+      for (const AblationConfig& config : options.configs) {
+        const RunRecord* r = Find(records, config.name, dataset, rate);
+        if (r == nullptr) continue;
+        panels[0].series.push_back({.label = config.name, .values = r->prefill_ms_per_128});
+        panels[1].series.push_back({.label = config.name, .values = r->decode_ms_per_10});
+      }
+      const fs::path png =
+          options.work_dir / absl::StrFormat("sla-%s-%grps.png", dataset, rate);
+      if (absl::Status written = WriteCdfPlotPng(png, panels); !written.ok()) {
+        spdlog::warn("ablation: {}", written.ToString());
+      } else {
+        plots.push_back(png.string());
+        std::printf("SLA compliance plot: %s\n", png.string().c_str());
+      }
+    }
+  }
+
+  nlohmann::json runs = nlohmann::json::array();
+  for (const RunRecord& r : records) {
+    runs.push_back({{"config", r.config},
+                    {"dataset", r.dataset},
+                    {"rate", r.rate},
+                    {"summary", SummaryJson(r.summary)},
+                    {"tokens_per_round", r.tokens_per_round},
+                    {"chunk_size_by_device", r.chunk_by_device},
+                    {"prefill_ms_per_128_tokens", r.prefill_ms_per_128},
+                    {"decode_ms_per_10_tokens", r.decode_ms_per_10},
+                    {"per_request", r.per_request}});
+  }
+  nlohmann::json configs = nlohmann::json::array();
+  for (const AblationConfig& c : options.configs) {
+    configs.push_back({{"name", c.name}, {"description", c.description}});
+  }
+  return nlohmann::json{
+      {"devices", options.devices},
+      {"datasets", options.datasets},
+      {"rates", options.rates},
+      {"requests", options.requests},
+      {"output_tokens", options.output_tokens},
+      {"seed", options.seed},
+      {"links", {{"how", links_note},
+                 {"scale", links.scale},
+                 {"bytes_per_token", options.bytes_per_token},
+                 {"one_way_delay_s", options.one_way_delay_s},
+                 {"devices", device_links}}},
+      {"sla", {{"ttft_s", options.sla.ttft_s}, {"tbt_s", options.sla.tbt_s}}},
+      {"configs", configs},
+      {"runs", runs},
+      {"goals", goals},
+      {"step_time_predictor", fits},
+      {"plots", plots}};
+}
+
+}  // namespace tophat::bench

@@ -1,0 +1,55 @@
+// SLA-compliance CDF plots as PNG files, for `tophat bench --ablation`: x is an SLA bound in
+// milliseconds, y is the share of requests that meet it (the empirical CDF), one step line per
+// benchmark configuration. Self-contained (bitmap font, PNG writer) so benchmarks need no
+// plotting stack on the serving machines.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace tophat::bench {
+
+struct CdfSeries {
+  std::string label;
+  std::vector<double> values;  // one per request, e.g. milliseconds; empty: legend entry only
+};
+
+struct CdfPanel {
+  std::string title;    // e.g. "Prefill SLA (SpecBench, 2 req/s)"
+  std::string x_label;  // e.g. "TTFT per 128 prompt tokens (ms)"
+  std::vector<CdfSeries> series;
+};
+
+struct Rgb {
+  uint8_t r = 0;
+  uint8_t g = 0;
+  uint8_t b = 0;
+  friend bool operator==(const Rgb&, const Rgb&) = default;
+};
+
+// Each panel occupies this much of the image; panels sit side by side.
+inline constexpr int kCdfPanelWidth = 560;
+inline constexpr int kCdfPanelHeight = 400;
+
+// The colour of series `index` within its panel (the palette repeats after 9 series). No other
+// plot element uses these colours, so they identify a series' pixels exactly.
+Rgb CdfSeriesColor(size_t index);
+
+// Writes the panels side by side into one RGB PNG at `path`.
+// InvalidArgumentError when there are no panels or a value is NaN, infinite or negative (the
+// message names the panel title and series label); UnavailableError naming `path` when the file
+// cannot be written.
+absl::Status WriteCdfPlotPng(const std::filesystem::path& path, std::span<const CdfPanel> panels);
+
+// A complete 8-bit RGB PNG (colour type 2, no interlace, filter 0 on every row). `rgb` is
+// row-major, 3 bytes per pixel. Empty when a dimension is not positive, `rgb` is not
+// width * height * 3 bytes, or zlib runs out of memory.
+std::vector<uint8_t> EncodePng(int width, int height, std::span<const uint8_t> rgb);
+
+}  // namespace tophat::bench
