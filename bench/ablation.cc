@@ -569,7 +569,8 @@ absl::StatusOr<nlohmann::json> RunAblation(const AblationOptions& options) {
                                .rate = 0,
                                .prompt_lengths = "fixed:256",
                                .output_tokens = 8,
-                               .seed = options.seed + 1000 + round});
+                               .seed = options.seed + 1000 + round,
+                               .text_tokens = options.text_tokens});
       if (!warm.ok()) return warm.status();
       std::this_thread::sleep_for(std::chrono::milliseconds(1100));
     }
@@ -587,7 +588,8 @@ absl::StatusOr<nlohmann::json> RunAblation(const AblationOptions& options) {
                                 .rate = rate,
                                 .prompt_lengths = dataset,
                                 .output_tokens = options.output_tokens,
-                                .seed = options.seed});
+                                .seed = options.seed,
+                                .text_tokens = options.text_tokens});
         if (!run.ok()) return run.status();
         records.push_back(Record(config, dataset, rate, *run, options));
         ++done;
@@ -662,6 +664,10 @@ absl::StatusOr<nlohmann::json> RunAblation(const AblationOptions& options) {
       {"requests", options.requests},
       {"output_tokens", options.output_tokens},
       {"seed", options.seed},
+      {"prompt_text", options.text_tokens.empty()
+                          ? std::string("random token ids")
+                          : absl::StrCat("windows of a ", options.text_tokens.size(),
+                                         "-token text")},
       {"links", {{"how", links_note},
                  {"scale", links.scale},
                  {"bytes_per_token", options.bytes_per_token},

@@ -67,6 +67,7 @@ struct AblationOptions {
   uint64_t seed = 0;
   int64_t max_context = 2048;
   SlaTargets sla;
+  std::vector<int32_t> text_tokens;  // prompt text (WorkloadSpec::text_tokens)
 
   // Links. HAT's testbed: 5-10 MB/s up and 10-15 MB/s down per device for Vicuna-7B, whose
   // hidden state is 8 KB per token at fp16. With `bytes_per_token` (this model's, as sent)

@@ -50,10 +50,19 @@ absl::StatusOr<WorkloadRun> RunWorkload(const std::vector<std::string>& agents,
     // Random ids from the ordinary part of the vocabulary: timing does not depend on
     // content, and the run needs no tokenizer.
     std::uniform_int_distribution<uint32_t> token(3, std::max<uint32_t>(3, vocab - 1));
+    const auto text_size = static_cast<int64_t>(spec.text_tokens.size());
     for (int64_t i = 0; i < spec.requests; ++i) {
       v1::GenerateRequest request;
       const int64_t length = lengths->Sample(rng, max_prompt);
-      for (int64_t t = 0; t < length; ++t) request.mutable_prompt_ids()->add_ids(token(rng));
+      if (text_size >= length) {
+        std::uniform_int_distribution<int64_t> offset(0, text_size - length);
+        const int64_t first = offset(rng);
+        for (int64_t t = 0; t < length; ++t) {
+          request.mutable_prompt_ids()->add_ids(spec.text_tokens[first + t]);
+        }
+      } else {
+        for (int64_t t = 0; t < length; ++t) request.mutable_prompt_ids()->add_ids(token(rng));
+      }
       request.set_max_new_tokens(static_cast<uint32_t>(spec.output_tokens));
       request.set_ignore_eos(true);
       requests.push_back(request);

@@ -25,6 +25,10 @@ struct WorkloadSpec {
   std::string prompt_lengths = "specbench";
   int64_t output_tokens = 64;
   uint64_t seed = 0;
+  // When set, each generated prompt is a window of this token stream at a seeded offset, so
+  // the model sees text like its own (drafting then accepts as it would in use); otherwise
+  // random ids from the vocabulary.
+  std::vector<int32_t> text_tokens;
 };
 
 struct RequestOutcome {

@@ -22,6 +22,8 @@
 #include "bench/workload_runner.h"
 #include "models/bundle.h"
 #include "models/config.h"
+#include "models/tokenizer.h"
+#include "models/toy_corpus.h"
 #include "models/toy_model.h"
 
 namespace tophat::cli {
@@ -234,6 +236,15 @@ int RunAblationCommand(const AblationArgs& args) {
   options.bytes_per_token = args.scale_links ? static_cast<double>(config->hidden_size) * 4 : 0;
   options.link_period_s = args.link_period_s;
 
+  // Prompts are windows of English-like text from the toy grammar (held out from training by
+  // its seed), tokenized by the model's tokenizer.
+  auto tokenizer = Tokenizer::Load(model);
+  if (!tokenizer.ok()) return Fail(tokenizer.status());
+  for (const std::string& document : GenerateToyCorpus(/*seed=*/977, 600)) {
+    auto ids = (*tokenizer)->Encode(document + " ");
+    if (!ids.ok()) return Fail(ids.status());
+    options.text_tokens.insert(options.text_tokens.end(), ids->begin(), ids->end());
+  }
   auto report = bench::RunAblation(options);
   if (!report.ok()) return Fail(report.status());
   const fs::path json_path =
