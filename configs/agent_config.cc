@@ -95,6 +95,7 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
   reader.ReadInt("speculative.max_draft_tokens", &config.speculative.max_draft_tokens,
                  Bound::kPositive);
   reader.ReadBool("speculative.parallel_drafting", &config.speculative.parallel_drafting);
+  reader.ReadBool("speculative.adaptive_window", &config.speculative.adaptive_window);
   reader.ReadInt("speculative.parallel_top_k", &config.speculative.parallel_top_k,
                  Bound::kPositive);
   reader.ReadInt("speculative.parallel_steps", &config.speculative.parallel_steps,

@@ -42,6 +42,9 @@ struct AgentConfig {
     int64_t parallel_top_k = 2;  // candidates drafted ahead from
     int64_t parallel_steps = 4;  // λ: drafts per candidate, until the cloud decides
     bool parallel_steps_from_cloud = true;  // use the cloud's per-device λ once it sends one
+    // DSD-style window: drafts per round follow acceptance, RTT and cloud queueing, and stop
+    // while drafting cannot pay (scheduler/decode_decisions.h AdaptiveDraftWindow).
+    bool adaptive_window = false;
     bool operator==(const Speculative&) const = default;
   } speculative;
   // An emulated edge link in front of the cloud stream, for benchmarks on loopback: every

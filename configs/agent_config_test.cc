@@ -51,6 +51,7 @@ speculative:
   parallel_drafting: false
   parallel_top_k: 3
   parallel_steps: 2
+  adaptive_window: true
 link_emulation:
   one_way_delay_s: 0.02
   uplink_bytes_per_second: 5e6
@@ -81,6 +82,7 @@ log_level: trace
   CHECK_FALSE(config->speculative.parallel_drafting);
   CHECK(config->speculative.parallel_top_k == 3);
   CHECK(config->speculative.parallel_steps == 2);
+  CHECK(config->speculative.adaptive_window);
   CHECK(config->link_emulation.one_way_delay_s == 0.02);
   CHECK(config->link_emulation.uplink_bytes_per_second == 5e6);
   CHECK(config->link_emulation.downlink_bytes_per_second == 10e6);

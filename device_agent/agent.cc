@@ -11,6 +11,8 @@
 #include "models/status_macros.h"
 #include "models/tokenizer.h"
 #include "proto/hidden_states.h"
+#include "scheduler/decode_decisions.h"
+#include "scheduler/moving_average.h"
 
 namespace tophat {
 namespace {
@@ -18,6 +20,7 @@ namespace {
 using SteadyClock = std::chrono::steady_clock;
 
 double Seconds(SteadyClock::duration d) { return std::chrono::duration<double>(d).count(); }
+double SecondsSinceEpoch(SteadyClock::time_point t) { return Seconds(t.time_since_epoch()); }
 
 SteadyClock::duration ToDuration(double seconds) {
   return std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(seconds));
@@ -127,10 +130,23 @@ class Agent::Request {
     size_t bytes = 0;
     SteadyClock::time_point sent;
     int trace_index = -1;  // into round_stats_.chunks, with GenerateRequest.trace
+    // Sent with none of this request's chunks in flight: its round trip has no wait behind
+    // them on the uplink in it, so it can go into the round-trip fit.
+    bool alone = false;
   };
   double pending_device_seconds_ = 0;  // input-submodel time of the chunk being sent
   std::deque<SentChunk> in_flight_;  // chunks sent, oldest first, for link measurements
   v1::RequestStats round_stats_;  // decode-round counters and the trace
+
+  // DSD-style draft window (speculative.adaptive_window): what the last rounds showed.
+  void ObserveRoundForWindow(const RoundOutcome& outcome, double round_seconds,
+                             double cloud_queue_seconds, double cloud_compute_seconds);
+  AdaptiveDraftWindow draft_window_;
+  MovingAverage acceptance_{0.6};
+  MovingAverage round_network_seconds_{0.6};
+  MovingAverage round_cloud_seconds_{0.6};
+  MovingAverage round_queue_share_{0.6};
+  int64_t window_ = -1;  // drafts allowed next round; -1: not decided yet (max_draft_tokens)
 };
 
 absl::Status Agent::Request::Prepare() {
@@ -248,6 +264,8 @@ absl::Status Agent::Request::ComputeShallow(int64_t first, int64_t count) {
 
 absl::Status Agent::Request::DecodeRound() {
   const SteadyClock::time_point round_begin = SteadyClock::now();
+  const double queue_before = cloud_queue_;
+  const double compute_before = cloud_compute_;
   const int64_t start = decoder_->round_start();
   const at::Tensor rows = decoder_->RoundShallow();
   const int64_t count = rows.size(0);
@@ -275,6 +293,10 @@ absl::Status Agent::Request::DecodeRound() {
   }
   sent_ = consumed_ = outcome.length;
   RecordRound(outcome, Seconds(SteadyClock::now() - round_begin));
+  if (agent_.config_.speculative.adaptive_window) {
+    ObserveRoundForWindow(outcome, Seconds(SteadyClock::now() - round_begin),
+                          cloud_queue_ - queue_before, cloud_compute_ - compute_before);
+  }
   if (request_.trace()) {
     v1::DecodeRound* round = round_stats_.add_rounds();
     round->set_start(static_cast<uint32_t>(start));
@@ -295,6 +317,32 @@ absl::Status Agent::Request::DecodeRound() {
   agent_.ReportDecodeRound(epoch_, decoder_->draft_step_seconds(),
                            static_cast<double>(outcome.accepted + 1));
   return absl::OkStatus();
+}
+
+void Agent::Request::ObserveRoundForWindow(const RoundOutcome& outcome, double round_seconds,
+                                           double cloud_queue_seconds,
+                                           double cloud_compute_seconds) {
+  const double gamma = decoder_->draft_step_seconds();
+  // A round with no drafts says nothing about acceptance; keep the last estimate (which
+  // starts optimistic, so a window that closed can reopen).
+  if (outcome.drafted > 0) {
+    acceptance_.Add(static_cast<double>(outcome.accepted) / static_cast<double>(outcome.drafted));
+  } else if (acceptance_.empty()) {
+    acceptance_.Add(0.8);
+  }
+  const double drafting = gamma * static_cast<double>(outcome.drafted);
+  const double cloud = cloud_queue_seconds + cloud_compute_seconds;
+  round_network_seconds_.Add(std::max(0.0, round_seconds - drafting - cloud));
+  round_cloud_seconds_.Add(cloud_compute_seconds);
+  round_queue_share_.Add(cloud > 0 ? cloud_queue_seconds / cloud : 0.0);
+  if (gamma <= 0) return;  // no drafter timing yet: keep drafting up to max_draft_tokens
+  window_ = std::min(agent_.config_.speculative.max_draft_tokens,
+                     draft_window_.Update({.acceptance_rate = acceptance_.value(),
+                                           .rtt_seconds = round_network_seconds_.value(),
+                                           .target_step_seconds = round_cloud_seconds_.value(),
+                                           .queue_utilization = round_queue_share_.value(),
+                                           .draft_step_seconds = gamma}));
+  if (agent_.metrics_ != nullptr) agent_.metrics_->spec_decode_draft_window.Set(window_);
 }
 
 void Agent::Request::RecordRound(const RoundOutcome& outcome, double seconds) {
@@ -339,9 +387,11 @@ void Agent::Request::SendRows(int64_t from, int64_t to, v1::Phase phase) {
       pending_device_seconds_ = 0;
       trace_index = round_stats_.chunks_size() - 1;
     }
+    const bool alone = in_flight_.empty();
     in_flight_.push_back({.sequence_number = sequence_number_, .epoch = epoch_, .positions = n,
                           .bytes = chunk->states().data().size(),
-                          .sent = SteadyClock::now(), .trace_index = trace_index});
+                          .sent = SteadyClock::now(), .trace_index = trace_index,
+                          .alone = alone});
     if (in_flight_.size() > 256) in_flight_.pop_front();
     agent_.cloud_->Send(epoch_, message).IgnoreError();
   }
@@ -416,6 +466,10 @@ absl::Status Agent::Request::Pump(int64_t target, bool block) {
         break;
       case v1::CloudMessage::kResult: {
         const v1::ForwardResult& result = message.result();
+        if (result.sent_at_seconds() > 0) {
+          agent_.ObserveResult(result.sent_at_seconds(), SecondsSinceEpoch(event->received),
+                               static_cast<double>(result.states().data().size()));
+        }
         if (result.chunk_done()) {
           // A chunk answered in one piece carried the same bytes both ways: a link sample.
           while (!in_flight_.empty() && in_flight_.front().sequence_number < result.sequence_number()) {
@@ -428,7 +482,8 @@ absl::Status Agent::Request::Pump(int64_t target, bool block) {
                 static_cast<int64_t>(result.states().num_positions()) == sent.positions) {
               const double network = Seconds(event->received - sent.sent) -
                                      result.queue_seconds() - result.compute_seconds();
-              agent_.ObserveTransfer(static_cast<double>(sent.bytes), network);
+              agent_.ObserveTransfer(static_cast<double>(sent.bytes), sent.alone ? network : 0,
+                                     SecondsSinceEpoch(sent.sent), result.received_at_seconds());
               if (sent.trace_index >= 0 && sent.trace_index < round_stats_.chunks_size()) {
                 v1::ChunkTrace* trace = round_stats_.mutable_chunks(sent.trace_index);
                 trace->set_result_at(Seconds(event->received - arrival_));
@@ -598,7 +653,10 @@ v1::GenerateResponse Agent::Request::Run() {
         const v1::Control control = agent_.cloud_->control();
         if (control.per_device()) decoder_->set_parallel_steps(control.draft_steps());
       }
-      TOPHAT_RETURN_IF_ERROR(decoder_->BeginRound(next_token_, room));
+      const int64_t drafts =
+          agent_.config_.speculative.adaptive_window && window_ >= 0 ? std::min(room, window_)
+                                                                     : room;
+      TOPHAT_RETURN_IF_ERROR(decoder_->BeginRound(next_token_, drafts));
       TOPHAT_RETURN_IF_ERROR(DecodeRound());
     }
     return absl::OkStatus();
@@ -678,9 +736,16 @@ Agent::Agent(AgentConfig config, DeviceBundle bundle, prometheus::Registry* regi
 
 Agent::~Agent() { cloud_.reset(); }
 
-void Agent::ObserveTransfer(double bytes, double network_seconds) {
+void Agent::ObserveTransfer(double bytes, double network_seconds, double sent_seconds,
+                            double cloud_received_at) {
   std::lock_guard<std::mutex> lock(device_state_mutex_);
   link_.Observe(bytes, network_seconds);
+  if (cloud_received_at > 0) link_.ObserveUplink(sent_seconds, cloud_received_at, bytes);
+}
+
+void Agent::ObserveResult(double cloud_sent_at, double received_seconds, double bytes) {
+  std::lock_guard<std::mutex> lock(device_state_mutex_);
+  link_.ObserveDownlink(cloud_sent_at, received_seconds, bytes);
 }
 
 void Agent::ReportDecodeRound(uint64_t epoch, double draft_step_seconds, double tokens) {
@@ -692,17 +757,17 @@ void Agent::ReportDecodeRound(uint64_t epoch, double draft_step_seconds, double 
     const auto now = std::chrono::steady_clock::now();
     if (now - last_device_report_ < std::chrono::seconds(1)) return;
     last_device_report_ = now;
-    // Both directions get the symmetric estimate (link_estimator.h); 0 while unknown.
-    const double bandwidth = link_.symmetric_bytes_per_second();
+    // Per direction (link_estimator.h); 0 while unknown.
     v1::DeviceState* state = message.mutable_device_state();
-    state->set_uplink_bytes_per_second(bandwidth);
-    state->set_downlink_bytes_per_second(bandwidth);
+    state->set_uplink_bytes_per_second(link_.uplink_bytes_per_second());
+    state->set_downlink_bytes_per_second(link_.downlink_bytes_per_second());
     state->set_draft_step_seconds(draft_step_seconds_.value());
     state->set_mean_round_length(tokens_per_round_.value());
   }
   if (metrics_ != nullptr) {
     metrics_->draft_step_seconds.Set(message.device_state().draft_step_seconds());
-    metrics_->link_bytes_per_second.Set(message.device_state().uplink_bytes_per_second());
+    metrics_->link_bytes_per_second_up.Set(message.device_state().uplink_bytes_per_second());
+    metrics_->link_bytes_per_second_down.Set(message.device_state().downlink_bytes_per_second());
   }
   cloud_->Send(epoch, message).IgnoreError();
 }

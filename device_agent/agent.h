@@ -68,7 +68,14 @@ class Agent {
   void ReportDecodeRound(uint64_t epoch, double draft_step_seconds, double tokens);
   // One chunk's round trip: `bytes` of hidden states each way, `network_seconds` of it on
   // the network (round trip minus the cloud's queue and compute).
-  void ObserveTransfer(double bytes, double network_seconds);
+  // `sent_seconds`: when it left (this clock); `cloud_received_at`: when the cloud got it
+  // (the cloud's clock; 0: unknown). `network_seconds` 0: not a clean round trip (it may
+  // have waited behind other chunks), so only the uplink's dispersion learns from it.
+  void ObserveTransfer(double bytes, double network_seconds, double sent_seconds,
+                       double cloud_received_at);
+  // A result of `bytes`, sent by the cloud at `cloud_sent_at` (its clock) and received here
+  // at `received_seconds` (this clock): the downlink's dispersion.
+  void ObserveResult(double cloud_sent_at, double received_seconds, double bytes);
 
   const AgentConfig config_;
   DeviceBundle bundle_;

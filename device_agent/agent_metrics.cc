@@ -64,12 +64,21 @@ AgentMetrics::AgentMetrics(prometheus::Registry& registry)
       spec_decode_round_seconds(AddHistogram(registry, "tophat_spec_decode_round_seconds",
                                              "One decode round: drafting, verification trip, "
                                              "acceptance", kLatencyBuckets)),
+      spec_decode_draft_window(AddGauge(
+          registry, "tophat_spec_decode_draft_window",
+          "Drafts allowed in the next round by the adaptive window (last request to decide)")),
       draft_step_seconds(AddGauge(registry, "tophat_draft_step_seconds",
                                   "Drafter step time (gamma), moving average, as reported to "
                                   "the cloud")),
-      link_bytes_per_second(AddGauge(registry, "tophat_link_bytes_per_second",
-                                     "Cloud link bandwidth each way, estimated from chunk round "
-                                     "trips (0 until known), as reported to the cloud")) {}
+      link_bytes_per_second_family(
+          prometheus::BuildGauge()
+              .Name("tophat_link_bytes_per_second")
+              .Help("Cloud link bandwidth per direction, estimated from real transfers (chunk "
+                    "round trips and arrival dispersion; 0 until known), as reported to the "
+                    "cloud")
+              .Register(registry)),
+      link_bytes_per_second_up(link_bytes_per_second_family.Add({{"direction", "up"}})),
+      link_bytes_per_second_down(link_bytes_per_second_family.Add({{"direction", "down"}})) {}
 
 prometheus::Counter& AgentMetrics::AcceptedAtPosition(int64_t position) {
   // Family::Add returns the existing counter for known labels; it locks internally.

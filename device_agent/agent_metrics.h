@@ -43,8 +43,11 @@ struct AgentMetrics {
   prometheus::Counter& spec_decode_parallel_drafts;  // rounds that drafted ahead
   prometheus::Counter& spec_decode_parallel_hits;    // rounds whose drafts were made ahead
   prometheus::Histogram& spec_decode_round_seconds;  // one verification round, end to end
+  prometheus::Gauge& spec_decode_draft_window;  // drafts allowed per round (adaptive_window)
   prometheus::Gauge& draft_step_seconds;  // γ as last reported to the cloud
-  prometheus::Gauge& link_bytes_per_second;  // the measured link, as last reported
+  prometheus::Family<prometheus::Gauge>& link_bytes_per_second_family;
+  prometheus::Gauge& link_bytes_per_second_up;  // the measured link, as last reported
+  prometheus::Gauge& link_bytes_per_second_down;
 };
 
 }  // namespace tophat

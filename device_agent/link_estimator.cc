@@ -1,9 +1,53 @@
 #include "device_agent/link_estimator.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <iterator>
 
 namespace tophat {
+namespace {
+constexpr size_t kMinRates = 3;
+// Arrival gaps shorter than this are timer and scheduling noise, not transmission.
+constexpr double kMinGapSeconds = 100e-6;
+}  // namespace
+
+void DispersionEstimator::Observe(double sent_seconds, double arrival_seconds, double bytes) {
+  if (!std::isfinite(sent_seconds) || !std::isfinite(arrival_seconds) || !(bytes > 0) ||
+      !std::isfinite(bytes)) {
+    return;
+  }
+  // Reports come late and out of order (results of different sessions); pairs are formed
+  // when asked, from neighbours in arrival order.
+  auto at = messages_.end();
+  while (at != messages_.begin() && std::prev(at)->arrived > arrival_seconds) --at;
+  messages_.insert(at, {sent_seconds, arrival_seconds, bytes});
+  ++samples_seen_;
+  while (messages_.size() > kWindow) messages_.pop_front();
+}
+
+double DispersionEstimator::bytes_per_second() const {
+  std::array<double, kWindow> rates;
+  size_t n = 0;
+  for (size_t i = 1; i < messages_.size(); ++i) {
+    const Message& earlier = messages_[i - 1];
+    const Message& later = messages_[i];
+    const double arrival_gap = later.arrived - earlier.arrived;
+    if (arrival_gap < kMinGapSeconds) continue;
+    // If the later message queued, the rate is later.bytes / arrival_gap, and at that rate
+    // the earlier one was still crossing when the later one was sent. If it found the link
+    // idle, its arrival gap is the send gap plus the difference of the two crossing times,
+    // and the test fails whenever the later message is at least as large; a smaller later
+    // message could pass it, so such pairs are not used.
+    if (later.bytes < earlier.bytes) continue;
+    const double rate = later.bytes / arrival_gap;
+    if (!(later.sent - earlier.sent < 0.8 * earlier.bytes / rate)) continue;
+    rates[n++] = rate;
+  }
+  if (n < kMinRates) return 0;
+  std::nth_element(rates.begin(), rates.begin() + n / 2, rates.begin() + n);
+  return rates[n / 2];
+}
 
 LinkEstimator::LinkEstimator(double forgetting) : forgetting_(std::clamp(forgetting, 1e-3, 1.0)) {}
 
@@ -40,6 +84,42 @@ double LinkEstimator::symmetric_bytes_per_second() const {
   if (!Fit(&slope, &intercept) || !(slope > 0)) return 0;
   // network = 2 L + (2 b) / β for b bytes each way at β each way: slope = 1 / β.
   return 1 / slope;
+}
+
+void LinkEstimator::Directions(double* up, double* down) const {
+  const double up_dispersion = uplink_.bytes_per_second();
+  const double down_dispersion = downlink_.bytes_per_second();
+  double slope = 0;
+  double intercept = 0;
+  // Seconds per byte sent up and back down: 1/β_up + 1/β_down.
+  const double cost = Fit(&slope, &intercept) && slope > 0 ? 2 * slope : 0;
+  const auto other = [&](double known) {
+    const double rest = cost - 1 / known;
+    // The rest of the round trip's cost; meaningless when the known side explains it all.
+    return rest > 0.1 * cost ? 1 / rest : 0.0;
+  };
+  *up = up_dispersion;
+  *down = down_dispersion;
+  if (cost <= 0) return;
+  if (down_dispersion <= 0 && up_dispersion > 0) *down = other(up_dispersion);
+  if (up_dispersion <= 0 && down_dispersion > 0) *up = other(down_dispersion);
+  // Without a split, the symmetric rate: it explains the cost, so it is safe for both.
+  if (*up <= 0) *up = 2 / cost;
+  if (*down <= 0) *down = 2 / cost;
+}
+
+double LinkEstimator::uplink_bytes_per_second() const {
+  double up = 0;
+  double down = 0;
+  Directions(&up, &down);
+  return up;
+}
+
+double LinkEstimator::downlink_bytes_per_second() const {
+  double up = 0;
+  double down = 0;
+  Directions(&up, &down);
+  return down;
 }
 
 double LinkEstimator::one_way_latency_seconds() const {

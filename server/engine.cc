@@ -617,6 +617,10 @@ int64_t Engine::Step() {
     result->set_sequence_number(head.sequence_number);
     result->set_first_position(static_cast<uint32_t>(head.first_position + head.done));
     result->set_queue_seconds(Seconds(start - head.received));
+    result->set_received_at_seconds(
+        std::chrono::duration<double>(head.received.time_since_epoch()).count());
+    result->set_sent_at_seconds(
+        std::chrono::duration<double>(Clock::now().time_since_epoch()).count());
     result->set_compute_seconds(compute_seconds);
     result->set_kv_length(static_cast<uint32_t>(session->cache.length()));
     v1::HiddenStates* states = result->mutable_states();
