@@ -35,11 +35,13 @@ check_rate() {
 
 namespace() { echo "tophat-dev$1"; }
 
-# The kernel's tbf needs a bucket of at least one MTU and about rate/HZ bytes.
+# The kernel's tbf needs a bucket of at least one MTU and about rate/HZ bytes. A bigger
+# bucket lets a message that follows a quiet spell cross at the veth's speed, which the
+# agents would measure as a faster link than it is.
 tbf_args() {
   local rate=$1
   local burst=$((rate / 100))
-  ((burst < 16384)) && burst=16384
+  ((burst < 3200)) && burst=3200
   echo "rate ${rate}bps burst ${burst} latency 2s"
 }
 
