@@ -181,6 +181,7 @@ struct Deployment {
   std::unique_ptr<ChildProcess> cloud;
   std::vector<std::unique_ptr<ChildProcess>> agents;
   std::vector<std::string> agent_addresses;
+  std::vector<std::pair<std::string, int>> agent_metrics;  // host, port
   int cloud_metrics_port = 0;
 
   ~Deployment() {
@@ -245,6 +246,8 @@ absl::StatusOr<std::unique_ptr<Deployment>> Deploy(const AblationConfig& config,
       slot.downlink_bytes_per_second = link.downlink_bytes_per_second;
     }
     slot.listen_address = absl::StrCat(host, ":", port);
+    const int metrics_port = std::stoi(slot.metrics_address.substr(slot.metrics_address.rfind(':') + 1));
+    deployment->agent_metrics.emplace_back(host, metrics_port);
     const fs::path yaml = dir / absl::StrCat("agent-", i, ".yaml");
     TOPHAT_RETURN_IF_ERROR(WriteFile(yaml, AgentYaml(config, options, slot)));
     argv.push_back((options.bin_dir / "tophat-agent").string());
@@ -553,6 +556,7 @@ absl::StatusOr<nlohmann::json> RunAblation(const AblationOptions& options) {
 
   std::vector<RunRecord> records;
   nlohmann::json fits = nlohmann::json::object();
+  nlohmann::json measured_links = nlohmann::json::object();
   const size_t total_runs =
       options.configs.size() * options.datasets.size() * options.rates.size();
   size_t done = 0;
@@ -599,6 +603,18 @@ absl::StatusOr<nlohmann::json> RunAblation(const AblationOptions& options) {
     fits[config.name] = {{"predictions", fit.observations},
                          {"within_15_percent", fit.within_15_percent},
                          {"median_error", fit.median_error}};
+    // What each agent measured of its link by the end (0: not known).
+    nlohmann::json measured = nlohmann::json::array();
+    for (const auto& [host, port] : (*deployment)->agent_metrics) {
+      const std::string text = HttpGet(port, "/metrics", host);
+      measured.push_back(
+          {{"uplink_bytes_per_second",
+            MetricValue(text, "tophat_link_bytes_per_second", "direction=\"up\"").value_or(0)},
+           {"downlink_bytes_per_second",
+            MetricValue(text, "tophat_link_bytes_per_second", "direction=\"down\"")
+                .value_or(0)}});
+    }
+    measured_links[config.name] = measured;
   }
 
   for (const std::string& dataset : options.datasets) {
@@ -613,6 +629,18 @@ absl::StatusOr<nlohmann::json> RunAblation(const AblationOptions& options) {
                 config.name.c_str(), fit["predictions"].get<double>(),
                 100 * fit["median_error"].get<double>(),
                 100 * fit["within_15_percent"].get<double>());
+  }
+
+  std::printf("\nLinks as the agents measured them at the end of each configuration, KB/s "
+              "(shaped: see above)\n");
+  for (const AblationConfig& config : options.configs) {
+    std::vector<std::string> cells;
+    for (const nlohmann::json& device : measured_links[config.name]) {
+      cells.push_back(absl::StrFormat("%.0f up / %.0f down",
+                                      device["uplink_bytes_per_second"].get<double>() / 1e3,
+                                      device["downlink_bytes_per_second"].get<double>() / 1e3));
+    }
+    std::printf("%-14s %s\n", config.name.c_str(), absl::StrJoin(cells, "   ").c_str());
   }
 
   nlohmann::json plots = nlohmann::json::array();
@@ -678,6 +706,7 @@ absl::StatusOr<nlohmann::json> RunAblation(const AblationOptions& options) {
       {"runs", runs},
       {"goals", goals},
       {"step_time_predictor", fits},
+      {"measured_links", measured_links},
       {"plots", plots}};
 }
 

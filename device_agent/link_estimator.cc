@@ -1,52 +1,72 @@
 #include "device_agent/link_estimator.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <iterator>
 
 namespace tophat {
 namespace {
-constexpr size_t kMinRates = 3;
+constexpr size_t kMinPairs = 3;
 // Arrival gaps shorter than this are timer and scheduling noise, not transmission.
 constexpr double kMinGapSeconds = 100e-6;
+// Each queued pair weighs the older ones down by this: about the last 30 pairs count, and
+// they keep counting through phases with no queueing (decoding alone).
+constexpr double kPairForgetting = 0.97;
 }  // namespace
+
+DispersionEstimator::Pair DispersionEstimator::Queued(const Message& earlier,
+                                                      const Message& later) {
+  const double arrival_gap = later.arrived - earlier.arrived;
+  if (arrival_gap < kMinGapSeconds) return {};
+  // If the later message queued, the rate is later.bytes / arrival_gap, and at that rate the
+  // earlier one was still crossing when the later one was sent. If it found the link idle,
+  // its arrival gap is the send gap plus the difference of the two crossing times, and the
+  // test fails whenever the later message is at least as large; a smaller later message
+  // could pass it, so such pairs are not used.
+  if (later.bytes < earlier.bytes) return {};
+  const double rate = later.bytes / arrival_gap;
+  if (!(later.sent - earlier.sent < 0.8 * earlier.bytes / rate)) return {};
+  return {.queued = true, .bytes = later.bytes, .seconds = arrival_gap};
+}
 
 void DispersionEstimator::Observe(double sent_seconds, double arrival_seconds, double bytes) {
   if (!std::isfinite(sent_seconds) || !std::isfinite(arrival_seconds) || !(bytes > 0) ||
       !std::isfinite(bytes)) {
     return;
   }
-  // Reports come late and out of order (results of different sessions); pairs are formed
-  // when asked, from neighbours in arrival order.
+  // Reports come late and out of order (results of different sessions), so messages wait in
+  // a short window sorted by arrival; a pair is judged when its earlier message leaves it,
+  // by then with its true neighbour.
   auto at = messages_.end();
   while (at != messages_.begin() && std::prev(at)->arrived > arrival_seconds) --at;
   messages_.insert(at, {sent_seconds, arrival_seconds, bytes});
   ++samples_seen_;
-  while (messages_.size() > kWindow) messages_.pop_front();
+  while (messages_.size() > kWindow) {
+    const Pair pair = Queued(messages_[0], messages_[1]);
+    messages_.pop_front();
+    if (!pair.queued) continue;
+    settled_bytes_ = kPairForgetting * settled_bytes_ + pair.bytes;
+    settled_seconds_ = kPairForgetting * settled_seconds_ + pair.seconds;
+    settled_weight_ = kPairForgetting * settled_weight_ + 1;
+    ++settled_pairs_;
+  }
 }
 
 double DispersionEstimator::bytes_per_second() const {
-  std::array<double, kWindow> rates;
-  size_t n = 0;
+  // Summed over the queued pairs: a receiver that reads late stretches one gap and shrinks
+  // the next by as much, which a per-pair statistic would see as two wrong rates.
+  double bytes = settled_bytes_;
+  double seconds = settled_seconds_;
+  int64_t pairs = settled_pairs_;
   for (size_t i = 1; i < messages_.size(); ++i) {
-    const Message& earlier = messages_[i - 1];
-    const Message& later = messages_[i];
-    const double arrival_gap = later.arrived - earlier.arrived;
-    if (arrival_gap < kMinGapSeconds) continue;
-    // If the later message queued, the rate is later.bytes / arrival_gap, and at that rate
-    // the earlier one was still crossing when the later one was sent. If it found the link
-    // idle, its arrival gap is the send gap plus the difference of the two crossing times,
-    // and the test fails whenever the later message is at least as large; a smaller later
-    // message could pass it, so such pairs are not used.
-    if (later.bytes < earlier.bytes) continue;
-    const double rate = later.bytes / arrival_gap;
-    if (!(later.sent - earlier.sent < 0.8 * earlier.bytes / rate)) continue;
-    rates[n++] = rate;
+    const Pair pair = Queued(messages_[i - 1], messages_[i]);
+    if (!pair.queued) continue;
+    bytes += pair.bytes;
+    seconds += pair.seconds;
+    ++pairs;
   }
-  if (n < kMinRates) return 0;
-  std::nth_element(rates.begin(), rates.begin() + n / 2, rates.begin() + n);
-  return rates[n / 2];
+  if (pairs < static_cast<int64_t>(kMinPairs) || !(seconds > 0)) return 0;
+  return bytes / seconds;
 }
 
 LinkEstimator::LinkEstimator(double forgetting) : forgetting_(std::clamp(forgetting, 1e-3, 1.0)) {}

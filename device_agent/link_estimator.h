@@ -12,7 +12,7 @@
 //     so no clock sync is needed: the agent's send and
 //     the cloud's receive times for the uplink (ForwardResult.received_at_seconds), the
 //     cloud's send and the agent's receive times for the downlink. The estimate is the
-//     median of the recent queued pairs.
+//     bytes over the time of the queued pairs together, older pairs fading.
 // The direction the workload keeps busy (the uplink, during prompt uploads) gets its rate
 // from dispersion; the other from its own queued pairs, or else from the round-trip cost
 // minus the first. Pure arithmetic; not thread-safe.
@@ -30,12 +30,12 @@ class DispersionEstimator {
   // A message of `bytes` sent at `sent_seconds` (the sender's clock) arrived at
   // `arrival_seconds` (the receiver's clock). Late reports are placed in arrival order.
   void Observe(double sent_seconds, double arrival_seconds, double bytes);
-  // The median rate of the queued pairs among the last kWindow messages; 0 with fewer than
+  // Bytes over arrival time of the queued pairs, older pairs fading; 0 with fewer than
   // three such pairs.
   double bytes_per_second() const;
   int64_t samples() const { return samples_seen_; }
 
-  static constexpr size_t kWindow = 64;
+  static constexpr size_t kWindow = 16;
 
  private:
   struct Message {
@@ -43,7 +43,18 @@ class DispersionEstimator {
     double arrived = 0;
     double bytes = 0;
   };
+  struct Pair {
+    bool queued = false;
+    double bytes = 0;
+    double seconds = 0;
+  };
+  static Pair Queued(const Message& earlier, const Message& later);
+
   std::deque<Message> messages_;  // the last kWindow, sorted by arrival
+  double settled_bytes_ = 0;      // faded sums over the queued pairs that left the window
+  double settled_seconds_ = 0;
+  double settled_weight_ = 0;
+  int64_t settled_pairs_ = 0;
   int64_t samples_seen_ = 0;
 };
 

@@ -56,22 +56,33 @@ std::vector<double> Arrivals(const std::vector<double>& sent, const std::vector<
   return arrived;
 }
 
-TEST_CASE("Dispersion finds the bandwidth from queued pairs and ignores idle gaps", "[link]") {
-  std::mt19937_64 rng(5);
-  std::uniform_real_distribution<double> size(2e3, 3e4);
-  // Back to back (busy link): every arrival gap is exactly bytes over bandwidth. The
-  // receiver's clock is 1000 s off the sender's: only gaps matter.
+// `count` messages of random sizes in [2 KB, max_bytes), sent `spacing` seconds apart.
+struct Sends {
   std::vector<double> sent;
   std::vector<double> bytes;
-  for (int i = 0; i < 40; ++i) {
-    sent.push_back(0.0001 * i);
-    bytes.push_back(size(rng));
+};
+Sends RandomSends(int count, double spacing, double max_bytes, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> size(2e3, max_bytes);
+  Sends sends;
+  for (int i = 0; i < count; ++i) {
+    sends.sent.push_back(spacing * i);
+    sends.bytes.push_back(size(rng));
   }
+  return sends;
+}
+
+TEST_CASE("Dispersion finds the bandwidth from queued pairs and ignores idle gaps", "[link]") {
+  // Back to back (busy link): every arrival gap is exactly bytes over bandwidth. The
+  // receiver's clock is 1000 s off the sender's: only gaps matter.
+  const auto [sent, bytes] = RandomSends(40, 0.0001, 3e4, 5);
   DispersionEstimator busy;
   const std::vector<double> busy_arrivals = Arrivals(sent, bytes, 2e6, 0.01);
-  // Reported out of order, as results of different sessions come back.
-  for (int i = 39; i >= 0; i -= 2) busy.Observe(sent[i], 1000 + busy_arrivals[i], bytes[i]);
-  for (int i = 38; i >= 0; i -= 2) busy.Observe(sent[i], 1000 + busy_arrivals[i], bytes[i]);
+  // Reported a little out of order, as results of different sessions come back.
+  for (int i = 0; i + 1 < 40; i += 2) {
+    busy.Observe(sent[i + 1], 1000 + busy_arrivals[i + 1], bytes[i + 1]);
+    busy.Observe(sent[i], 1000 + busy_arrivals[i], bytes[i]);
+  }
   CHECK(busy.bytes_per_second() == Approx(2e6).epsilon(0.02));
 
   // Far apart (idle link): no message waited, so there is nothing to measure.
@@ -81,6 +92,11 @@ TEST_CASE("Dispersion finds the bandwidth from queued pairs and ignores idle gap
   const std::vector<double> idle_arrivals = Arrivals(spaced, bytes, 2e6, 0.01);
   for (int i = 0; i < 40; ++i) idle.Observe(spaced[i], idle_arrivals[i], bytes[i]);
   CHECK(idle.bytes_per_second() == 0);
+
+  // Decoding alone afterwards (small, spaced messages) queues nothing and leaves the
+  // estimate as the bursts made it.
+  for (int i = 0; i < 100; ++i) busy.Observe(10 + 0.05 * i, 1010.02 + 0.05 * i, 800);
+  CHECK(busy.bytes_per_second() == Approx(2e6).epsilon(0.02));
 
   // Mostly idle, some bursts: the bursts give the rate.
   DispersionEstimator mixed;
@@ -95,14 +111,7 @@ TEST_CASE("The link estimator splits the round-trip cost into uplink and downlin
   const double up = 3e6;
   const double down = 12e6;
   LinkEstimator link;
-  std::mt19937_64 rng(7);
-  std::uniform_real_distribution<double> size(2e3, 5e4);
-  std::vector<double> sent;
-  std::vector<double> bytes;
-  for (int i = 0; i < 60; ++i) {
-    sent.push_back(0.0005 * i);
-    bytes.push_back(size(rng));
-  }
+  const auto [sent, bytes] = RandomSends(60, 0.0005, 5e4, 7);
   // Uploads back to back: they queue on the uplink, whose rate the arrivals show.
   const std::vector<double> at_cloud = Arrivals(sent, bytes, up, 0.005);
   for (size_t i = 0; i < bytes.size(); ++i) {
