@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <deque>
 #include <span>
-#include <thread>
 
 #include <c10/core/InferenceMode.h>
 #include <spdlog/spdlog.h>
@@ -389,7 +388,6 @@ void Agent::Request::SendRows(int64_t from, int64_t to, v1::Phase phase) {
       trace_index = round_stats_.chunks_size() - 1;
     }
     const bool alone = in_flight_.empty();
-    agent_.ReserveUplink(static_cast<size_t>(message.ByteSizeLong()));
     in_flight_.push_back({.sequence_number = sequence_number_, .epoch = epoch_, .positions = n,
                           .bytes = chunk->states().data().size(),
                           .sent = SteadyClock::now(), .trace_index = trace_index,
@@ -636,18 +634,6 @@ v1::GenerateResponse Agent::Request::Run() {
       const SteadyClock::time_point computing = SteadyClock::now();
       TOPHAT_RETURN_IF_ERROR(ComputeShallow(start, n));
       pending_device_seconds_ = Seconds(SteadyClock::now() - computing);
-      if (agent_.config_.pipeline_prompt_chunks) {
-        // Paced: at most one chunk queued ahead on the uplink; results are consumed while
-        // waiting.
-        const size_t bytes = static_cast<size_t>(n * shallow_.size(1) * ElementBytes(wire_dtype_));
-        for (SteadyClock::duration wait = agent_.UplinkWait(bytes); wait.count() > 0;
-             wait = agent_.UplinkWait(bytes)) {
-          if (cancelled_) return absl::CancelledError("cancelled");
-          TOPHAT_RETURN_IF_ERROR(Pump(sent_, /*block=*/false));
-          std::this_thread::sleep_for(std::min<SteadyClock::duration>(
-              wait, std::chrono::milliseconds(1)));
-        }
-      }
       sent_ = start + n;
       SendRows(start, start + n, v1::PHASE_PREFILL);
       // The adapter's KV covers the prompt too; built while the chunk is on the wire.
@@ -755,29 +741,6 @@ void Agent::ObserveTransfer(double bytes, double network_seconds, double sent_se
   std::lock_guard<std::mutex> lock(device_state_mutex_);
   link_.Observe(bytes, network_seconds);
   if (cloud_received_at > 0) link_.ObserveUplink(sent_seconds, cloud_received_at, bytes);
-}
-
-namespace {
-// Pacing reckons with a rate this much above the estimate, so that an estimate on the low
-// side still keeps the link busy (and queued pairs keep correcting it).
-constexpr double kPacingOptimism = 1.25;
-}  // namespace
-
-void Agent::ReserveUplink(size_t bytes) {
-  std::lock_guard<std::mutex> lock(device_state_mutex_);
-  const double rate = kPacingOptimism * link_.uplink_bytes_per_second();
-  if (rate <= 0) return;
-  const SteadyClock::time_point now = SteadyClock::now();
-  uplink_free_at_ = std::max(uplink_free_at_, now) + ToDuration(static_cast<double>(bytes) / rate);
-}
-
-SteadyClock::duration Agent::UplinkWait(size_t bytes) {
-  std::lock_guard<std::mutex> lock(device_state_mutex_);
-  const double rate = kPacingOptimism * link_.uplink_bytes_per_second();
-  if (rate <= 0) return SteadyClock::duration::zero();
-  const SteadyClock::duration queued = uplink_free_at_ - SteadyClock::now();
-  const SteadyClock::duration allowed = ToDuration(static_cast<double>(bytes) / rate);
-  return queued > allowed ? queued - allowed : SteadyClock::duration::zero();
 }
 
 void Agent::ObserveResult(double cloud_sent_at, double received_seconds, double bytes) {

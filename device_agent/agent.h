@@ -84,21 +84,11 @@ class Agent {
   std::atomic<uint64_t> next_session_id_{1};
   std::atomic<uint64_t> next_request_number_{1};
 
-  // Uplink pacing of prompt chunks. Every message sent reserves the uplink for its bytes at
-  // the measured rate; a prompt chunk waits while more than one chunk's worth is queued
-  // ahead of it, so other requests' decode rounds, which are latency-bound and small, wait
-  // behind at most that much instead of a whole prompt.
-  void ReserveUplink(size_t bytes);
-  // How long a prompt chunk of `bytes` should wait before it is sent; zero while the uplink
-  // rate is unknown.
-  std::chrono::steady_clock::duration UplinkWait(size_t bytes);
-
-  std::mutex device_state_mutex_;  // guards the five below
+  std::mutex device_state_mutex_;  // guards the three below
   MovingAverage draft_step_seconds_;  // γ, over requests
   MovingAverage tokens_per_round_;    // μ_i
   LinkEstimator link_;
   std::chrono::steady_clock::time_point last_device_report_{};
-  std::chrono::steady_clock::time_point uplink_free_at_{};  // as the pacing reckons it
 
   mutable std::mutex requests_mutex_;
   std::unordered_map<std::string, Request*> running_;  // request id -> request (cancel)
