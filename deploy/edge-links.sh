@@ -105,10 +105,14 @@ cmd_shape() {
       rate "${up}bps"
     delay="kernel"
   else
+    # `change` keeps the packets queued in a tbf that is already there: `replace` would drop
+    # them, and TCP's retransmission timeouts would stall the link for seconds.
+    local verb=replace
+    tc qdisc show dev "th-c$i" | grep -q "^qdisc tbf" && verb=change
     # shellcheck disable=SC2046
-    tc qdisc replace dev "th-c$i" root tbf $(tbf_args "$down")
+    tc qdisc "$verb" dev "th-c$i" root tbf $(tbf_args "$down")
     # shellcheck disable=SC2046
-    ip netns exec "$ns" tc qdisc replace dev "th-d$i" root tbf $(tbf_args "$up")
+    ip netns exec "$ns" tc qdisc "$verb" dev "th-d$i" root tbf $(tbf_args "$up")
   fi
   echo "delay: $delay"
 }
