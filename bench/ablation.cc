@@ -155,14 +155,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The ip binary, for running agents inside their namespaces.
-std::string IpBinary() {
-  for (const char* path : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
-    if (fs::exists(path)) return path;
-  }
-  return "ip";
-}
-
 absl::Status WriteFile(const fs::path& path, const std::string& text) {
   std::ofstream out(path);
   out << text;
@@ -198,6 +190,7 @@ struct LinkPlan {
   EdgeLinks* edge = nullptr;  // null: in-process shaping on loopback
   bool kernel_delay = false;
   double scale = 1;
+  std::vector<DeviceLink> middle;  // each device's link at the middle of its slice
 };
 
 absl::StatusOr<std::unique_ptr<Deployment>> Deploy(const AblationConfig& config,
@@ -227,26 +220,24 @@ absl::StatusOr<std::unique_ptr<Deployment>> Deploy(const AblationConfig& config,
     std::vector<std::string> argv;
     std::string host = "127.0.0.1";
     int port = 0;
+    int metrics_port = 0;
     if (links.edge != nullptr) {
       host = EdgeLinks::DeviceAddress(i);
       port = 7200;
+      metrics_port = 9200;
       slot.cloud_address = absl::StrCat(EdgeLinks::HostAddress(i), ":", cloud_port);
-      slot.metrics_address = absl::StrCat(host, ":9200");
       slot.one_way_delay_s = links.kernel_delay ? 0 : options.one_way_delay_s;
       argv = EdgeLinks::ExecPrefix(i);
-      argv[0] = IpBinary();
     } else {
       port = FreePort();
+      metrics_port = FreePort();
       slot.cloud_address = absl::StrCat("127.0.0.1:", cloud_port);
-      slot.metrics_address = absl::StrCat("127.0.0.1:", FreePort());
       slot.one_way_delay_s = options.one_way_delay_s;
-      const DeviceLink link = DeviceLinkAt(i, options.devices, options.uplink, options.downlink,
-                                           0.5, 0.5, links.scale);
-      slot.uplink_bytes_per_second = link.uplink_bytes_per_second;
-      slot.downlink_bytes_per_second = link.downlink_bytes_per_second;
+      slot.uplink_bytes_per_second = links.middle[i].uplink_bytes_per_second;
+      slot.downlink_bytes_per_second = links.middle[i].downlink_bytes_per_second;
     }
     slot.listen_address = absl::StrCat(host, ":", port);
-    const int metrics_port = std::stoi(slot.metrics_address.substr(slot.metrics_address.rfind(':') + 1));
+    slot.metrics_address = absl::StrCat(host, ":", metrics_port);
     deployment->agent_metrics.emplace_back(host, metrics_port);
     const fs::path yaml = dir / absl::StrCat("agent-", i, ".yaml");
     TOPHAT_RETURN_IF_ERROR(WriteFile(yaml, AgentYaml(config, options, slot)));
@@ -265,8 +256,8 @@ absl::StatusOr<std::unique_ptr<Deployment>> Deploy(const AblationConfig& config,
   return deployment;
 }
 
-// Share of the step-time predictions within `bound` of the measured time, and the
-// interpolated median error, from the cloud's error histogram.
+// Share of the step-time predictions within 15% of the measured time, and the interpolated
+// median error, from the cloud's error histogram.
 struct PredictionFit {
   double observations = 0;
   double within_15_percent = 0;
@@ -275,18 +266,14 @@ struct PredictionFit {
 PredictionFit ReadPredictionFit(int metrics_port) {
   PredictionFit fit;
   const std::string text = HttpGet(metrics_port, "/metrics");
-  const std::string name = "tophat_scheduler_step_prediction_error_ratio_bucket";
-  fit.observations =
-      MetricValue(text, "tophat_scheduler_step_prediction_error_ratio_count").value_or(0);
-  if (fit.observations <= 0) return fit;
-  const std::vector<double> bounds = {0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0};
+  const std::string name = "tophat_scheduler_step_prediction_error_ratio";
+  fit.observations = MetricValue(text, name + "_count").value_or(0);
+  const std::vector<std::pair<double, double>> buckets = HistogramBuckets(text, name);
+  if (fit.observations <= 0 || buckets.empty()) return fit;
   double below = 0;
   double lower_bound = 0;
   bool median_found = false;
-  for (double bound : bounds) {
-    const double count =
-        MetricValue(text, name, absl::StrCat("le=\"", absl::StrFormat("%g", bound), "\""))
-            .value_or(0);
+  for (const auto& [bound, count] : buckets) {
     if (std::abs(bound - 0.15) < 1e-9) fit.within_15_percent = count / fit.observations;
     if (!median_found && count >= fit.observations / 2) {
       const double in_bucket = std::max(1e-9, count - below);
@@ -297,7 +284,7 @@ PredictionFit ReadPredictionFit(int metrics_port) {
     below = count;
     lower_bound = bound;
   }
-  if (!median_found) fit.median_error = bounds.back();
+  if (!median_found) fit.median_error = buckets.back().first;
   return fit;
 }
 
@@ -326,16 +313,9 @@ RunRecord Record(const AblationConfig& config, const std::string& dataset, doubl
     const GenerateResult& r = outcome.result;
     const double ttft = r.time_to_first_token_seconds();
     const double tbt = r.mean_inter_token_seconds();
-    record.per_request.push_back({{"device", outcome.agent},
-                                  {"arrival_s", outcome.arrival_s},
-                                  {"ok", outcome.status.ok()},
-                                  {"error", std::string(outcome.status.message())},
-                                  {"prompt_tokens", r.stats.prompt_tokens()},
-                                  {"generated_tokens", r.token_ids.size()},
-                                  {"prompt_chunk_size", r.stats.prompt_chunk_size()},
-                                  {"ttft_s", ttft},
-                                  {"mean_tbt_s", tbt},
-                                  {"decode_rounds", r.stats.decode_rounds()}});
+    nlohmann::json request = OutcomeJson(outcome);
+    request["device"] = outcome.agent;
+    record.per_request.push_back(std::move(request));
     if (!outcome.status.ok()) continue;
     // A prompt shorter than 128 tokens counts as one unit of 128: scaled up, its fixed
     // costs (two link latencies) would swamp the plot.
@@ -513,6 +493,10 @@ absl::StatusOr<nlohmann::json> RunAblation(const AblationOptions& options) {
   links.scale = options.bytes_per_token > 0
                     ? options.bytes_per_token / options.reference_bytes_per_token
                     : 1.0;
+  for (int i = 0; i < options.devices; ++i) {
+    links.middle.push_back(DeviceLinkAt(i, options.devices, options.uplink, options.downlink,
+                                        0.5, 0.5, links.scale));
+  }
   std::unique_ptr<EdgeLinks> edge;
   std::string links_note;
   if (options.links == "netns" || options.links == "auto") {
@@ -520,8 +504,7 @@ absl::StatusOr<nlohmann::json> RunAblation(const AblationOptions& options) {
     if (made.ok()) {
       edge = *std::move(made);
       for (int i = 0; i < options.devices; ++i) {
-        const DeviceLink link = DeviceLinkAt(i, options.devices, options.uplink,
-                                             options.downlink, 0.5, 0.5, links.scale);
+        const DeviceLink& link = links.middle[i];
         auto kernel_delay = edge->Shape(i, link.uplink_bytes_per_second,
                                         link.downlink_bytes_per_second, options.one_way_delay_s);
         if (!kernel_delay.ok()) return kernel_delay.status();
@@ -547,8 +530,7 @@ absl::StatusOr<nlohmann::json> RunAblation(const AblationOptions& options) {
   spdlog::info("ablation: links: {}", links_note);
   nlohmann::json device_links = nlohmann::json::array();
   for (int i = 0; i < options.devices; ++i) {
-    const DeviceLink link = DeviceLinkAt(i, options.devices, options.uplink, options.downlink,
-                                         0.5, 0.5, links.scale);
+    const DeviceLink& link = links.middle[i];
     device_links.push_back({{"device", i},
                             {"uplink_bytes_per_second", link.uplink_bytes_per_second},
                             {"downlink_bytes_per_second", link.downlink_bytes_per_second}});

@@ -94,7 +94,15 @@ std::string EdgeLinks::HostAddress(int index) { return absl::StrCat("10.77.", in
 std::string EdgeLinks::DeviceAddress(int index) { return absl::StrCat("10.77.", index, ".2"); }
 
 std::vector<std::string> EdgeLinks::ExecPrefix(int index) {
-  return {"/usr/sbin/ip", "netns", "exec", absl::StrCat("tophat-dev", index)};
+  // The caller execs without a PATH search.
+  std::string ip = "ip";
+  for (const char* path : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
+    if (std::filesystem::exists(path)) {
+      ip = path;
+      break;
+    }
+  }
+  return {ip, "netns", "exec", absl::StrCat("tophat-dev", index)};
 }
 
 }  // namespace tophat::bench

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -131,6 +132,25 @@ std::optional<double> MetricValue(const std::string& exposition, const std::stri
     total = total.value_or(0) + std::stod(line.substr(space + 1));
   }
   return total;
+}
+
+std::vector<std::pair<double, double>> HistogramBuckets(const std::string& exposition,
+                                                        const std::string& name) {
+  std::map<double, double> buckets;
+  std::istringstream lines(exposition);
+  std::string line;
+  const std::string prefix = name + "_bucket{";
+  while (std::getline(lines, line)) {
+    if (line.compare(0, prefix.size(), prefix) != 0) continue;
+    const size_t le = line.find("le=\"", prefix.size());
+    if (le == std::string::npos) continue;
+    const size_t close = line.find('"', le + 4);
+    if (close == std::string::npos) continue;
+    const std::string bound = line.substr(le + 4, close - le - 4);
+    if (bound == "+Inf") continue;
+    buckets[std::stod(bound)] += std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return {buckets.begin(), buckets.end()};
 }
 
 bool WaitUntil(const std::function<bool()>& predicate, std::chrono::milliseconds timeout) {

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tophat::bench {
@@ -47,6 +48,10 @@ std::string HttpGet(int port, const std::string& path, const std::string& host =
 // (e.g. name "tophat_hidden_state_bytes_total", labels "direction=\"in\""); nullopt if absent.
 std::optional<double> MetricValue(const std::string& exposition, const std::string& name,
                                   const std::string& labels = "");
+// A histogram's finite buckets as (upper bound, cumulative count), ascending, summed over
+// label sets; read from the exposition so callers need not repeat the bucket bounds.
+std::vector<std::pair<double, double>> HistogramBuckets(const std::string& exposition,
+                                                        const std::string& name);
 // Polls `predicate` every 10 ms until it is true or `timeout` passes.
 bool WaitUntil(const std::function<bool()>& predicate, std::chrono::milliseconds timeout);
 

@@ -132,6 +132,21 @@ WorkloadSummary SummarizeRun(const WorkloadRun& run, const SlaTargets& sla) {
   return summary;
 }
 
+nlohmann::json OutcomeJson(const RequestOutcome& outcome) {
+  const GenerateResult& r = outcome.result;
+  return nlohmann::json{{"arrival_s", outcome.arrival_s},
+                        {"ok", outcome.status.ok()},
+                        {"error", std::string(outcome.status.message())},
+                        {"prompt_tokens", r.stats.prompt_tokens()},
+                        {"generated_tokens", r.token_ids.size()},
+                        {"prompt_chunk_size", r.stats.prompt_chunk_size()},
+                        {"ttft_s", r.time_to_first_token_seconds()},
+                        {"mean_tbt_s", r.mean_inter_token_seconds()},
+                        {"e2e_s", outcome.e2e_s},
+                        {"decode_rounds", r.stats.decode_rounds()},
+                        {"reconnects", r.stats.reconnects()}};
+}
+
 nlohmann::json LatencyJson(const LatencySummary& s) {
   return nlohmann::json{{"mean", s.mean}, {"p50", s.p50}, {"p90", s.p90}, {"p99", s.p99}};
 }

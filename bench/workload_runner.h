@@ -66,6 +66,9 @@ struct WorkloadSummary {
 };
 WorkloadSummary SummarizeRun(const WorkloadRun& run, const SlaTargets& sla);
 
+// One request's outcome (`tophat bench --json` and the ablation both write these); the
+// caller adds which agent served it.
+nlohmann::json OutcomeJson(const RequestOutcome& outcome);
 nlohmann::json LatencyJson(const LatencySummary& summary);
 nlohmann::json SummaryJson(const WorkloadSummary& summary);
 

@@ -84,7 +84,7 @@ class Agent {
   std::atomic<uint64_t> next_session_id_{1};
   std::atomic<uint64_t> next_request_number_{1};
 
-  std::mutex device_state_mutex_;  // guards the three below
+  std::mutex device_state_mutex_;  // guards the four below
   MovingAverage draft_step_seconds_;  // γ, over requests
   MovingAverage tokens_per_round_;    // μ_i
   LinkEstimator link_;

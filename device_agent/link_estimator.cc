@@ -47,7 +47,6 @@ void DispersionEstimator::Observe(double sent_seconds, double arrival_seconds, d
     if (!pair.queued) continue;
     settled_bytes_ = kPairForgetting * settled_bytes_ + pair.bytes;
     settled_seconds_ = kPairForgetting * settled_seconds_ + pair.seconds;
-    settled_weight_ = kPairForgetting * settled_weight_ + 1;
     ++settled_pairs_;
   }
 }

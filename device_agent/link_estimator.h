@@ -53,7 +53,6 @@ class DispersionEstimator {
   std::deque<Message> messages_;  // the last kWindow, sorted by arrival
   double settled_bytes_ = 0;      // faded sums over the queued pairs that left the window
   double settled_seconds_ = 0;
-  double settled_weight_ = 0;
   int64_t settled_pairs_ = 0;
   int64_t samples_seen_ = 0;
 };

@@ -599,6 +599,9 @@ int64_t Engine::Step() {
         monitor_.step_time().Predict(monitor_.mean_batched_tokens()));
   }
 
+  // Every result of this step leaves now, together: the agents' downlink dispersion pairs
+  // their arrivals against this.
+  const double sent_at_seconds = std::chrono::duration<double>(end.time_since_epoch()).count();
   row = 0;
   const auto* deep_bytes = output.ok() ? static_cast<const uint8_t*>(deep.data_ptr()) : nullptr;
   for (const PlannedWork& planned : plan_) {
@@ -619,8 +622,7 @@ int64_t Engine::Step() {
     result->set_queue_seconds(Seconds(start - head.received));
     result->set_received_at_seconds(
         std::chrono::duration<double>(head.received.time_since_epoch()).count());
-    result->set_sent_at_seconds(
-        std::chrono::duration<double>(Clock::now().time_since_epoch()).count());
+    result->set_sent_at_seconds(sent_at_seconds);
     result->set_compute_seconds(compute_seconds);
     result->set_kv_length(static_cast<uint32_t>(session->cache.length()));
     v1::HiddenStates* states = result->mutable_states();

@@ -144,16 +144,9 @@ int RunBench(const BenchArgs& args) {
                   first * 1e3, gap * 1e3, o.status.ok() ? FinishName(r.finish_reason) : "error",
                   text.c_str());
     }
-    per_request.push_back({{"agent", args.agents[o.agent]},
-                           {"arrival_s", o.arrival_s},
-                           {"ok", o.status.ok()},
-                           {"error", std::string(o.status.message())},
-                           {"prompt_tokens", r.stats.prompt_tokens()},
-                           {"generated_tokens", r.token_ids.size()},
-                           {"ttft_s", first},
-                           {"mean_tbt_s", gap},
-                           {"e2e_s", o.e2e_s},
-                           {"reconnects", r.stats.reconnects()}});
+    nlohmann::json request = bench::OutcomeJson(o);
+    request["agent"] = args.agents[o.agent];
+    per_request.push_back(std::move(request));
   }
   std::printf("\n%-10s %10s %10s %10s %10s\n", "ms", "mean", "p50", "p90", "p99");
   for (const auto& [name, s] : {std::pair{"TTFT", summary.ttft}, std::pair{"TBT", summary.tbt},
