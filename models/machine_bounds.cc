@@ -1,5 +1,7 @@
 #include "models/machine_bounds.h"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <sched.h>
 #include <sys/mman.h>
 
@@ -234,6 +236,59 @@ double MeasureGemmFlops(int64_t m, int64_t n, int64_t k, int reps, bool b_transp
     if (seconds > 0.0 && (best == 0.0 || seconds < best)) best = seconds;
   }
   return best > 0.0 ? flops / best : 0.0;
+}
+
+void SynchronizeDevice(at::Device device) {
+  if (device.is_cpu()) return;
+  c10::impl::VirtualGuardImpl impl(device.type());
+  impl.getStream(device).synchronize();
+}
+
+double MeasureDeviceGemmFlops(at::Device device, at::ScalarType dtype, int64_t m, int64_t n,
+                              int64_t k, int reps) {
+  try {
+    const at::TensorOptions options = at::TensorOptions().dtype(dtype).device(device);
+    at::Tensor a = at::randn({m, k}, options);
+    at::Tensor b = at::randn({n, k}, options).t();  // as at::linear(x, weight) multiplies
+    at::Tensor c = at::empty({m, n}, options);
+    const double flops =
+        2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+    for (int i = 0; i < 3; ++i) at::mm_out(c, a, b);  // handles, kernels, clocks up
+    SynchronizeDevice(device);
+    double best = 0.0;
+    for (int r = 0; r < std::max(1, reps); ++r) {
+      constexpr int kInner = 10;
+      const auto start = Clock::now();
+      for (int i = 0; i < kInner; ++i) at::mm_out(c, a, b);
+      SynchronizeDevice(device);
+      const double seconds = std::chrono::duration<double>(Clock::now() - start).count() / kInner;
+      if (seconds > 0.0 && (best == 0.0 || seconds < best)) best = seconds;
+    }
+    return best > 0.0 ? flops / best : 0.0;
+  } catch (const std::exception&) {
+    return 0.0;
+  }
+}
+
+double MeasureDeviceCopyBandwidth(at::Device device, int64_t bytes, int reps) {
+  try {
+    const at::TensorOptions options = at::TensorOptions().dtype(at::kByte).device(device);
+    at::Tensor src = at::randint(0, 255, {bytes}, options);
+    at::Tensor dst = at::empty({bytes}, options);
+    dst.copy_(src);
+    SynchronizeDevice(device);
+    double best = 0.0;
+    for (int r = 0; r < std::max(1, reps); ++r) {
+      const auto start = Clock::now();
+      dst.copy_(src);
+      SynchronizeDevice(device);
+      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      if (seconds > 0.0 && (best == 0.0 || seconds < best)) best = seconds;
+    }
+    return best > 0.0 ? 2.0 * static_cast<double>(bytes) / best : 0.0;
+  } catch (const std::exception&) {
+    return 0.0;
+  }
 }
 
 }  // namespace tophat

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include <ATen/ATen.h>
+
 namespace tophat {
 
 struct BandwidthOptions {
@@ -30,6 +32,20 @@ double MeasureReadBandwidth(const BandwidthOptions& options = {});
 // `reps` timed runs after a warm-up. With `b_transposed` the right operand is the
 // transpose of a contiguous [n, k] matrix, as in at::linear(x, weight).
 double MeasureGemmFlops(int64_t m, int64_t n, int64_t k, int reps, bool b_transposed = false);
+
+// The same on an accelerator (at::Device, e.g. cuda:0) in `dtype` (bfloat16 for a GPU's
+// matrix units), timed by synchronising the device. Inputs are random, not zeros, which
+// some units multiply faster. Returns 0 when the device cannot be used.
+double MeasureDeviceGemmFlops(at::Device device, at::ScalarType dtype, int64_t m, int64_t n,
+                              int64_t k, int reps);
+
+// Device-memory bandwidth in bytes/s of one large device-to-device copy, counting bytes read
+// plus bytes written (the two together are what HBM moves), best of `reps`.
+double MeasureDeviceCopyBandwidth(at::Device device, int64_t bytes, int reps);
+
+// Waits until every kernel queued on `device`'s current stream has finished (no-op on CPU).
+// Works against any LibTorch, with or without CUDA headers.
+void SynchronizeDevice(at::Device device);
 
 // Size of CPU 0's last-level (L3) cache from sysfs, or 0 when unknown.
 int64_t LastLevelCacheBytes();

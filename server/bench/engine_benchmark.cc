@@ -58,6 +58,14 @@ struct Args {
   double goal = 1.15;
   uint64_t seed = 0;
   std::string json_path;
+  std::string device = "cpu";     // where the middle runs: cpu | cuda | cuda:N
+  std::string dtype = "float32";  // float32 | float16 | bfloat16
+};
+
+// What one run measures of the machine: the bounds each case is compared with.
+struct MachineBounds {
+  double bandwidth = 0;   // bytes/s: device copy (read + write) on a GPU, read bandwidth on CPU
+  double gemm_flops = 0;  // FLOP/s of a large product in the compute dtype
 };
 
 // The stream end the engine writes to. Keeps each step's messages so the benchmark can
@@ -213,14 +221,38 @@ struct CaseResult {
   double ratio = 0;              // engine_ms / raw_ms
   double paired_ratio = 0;       // median over repetitions of engine / raw of the same pair
   double max_abs_diff = 0;       // engine result vs raw output, last repetition
+  double bound_ms = 0;           // the case's floor from the measured machine bounds
+  double bound_fraction = 0;     // bound_ms / engine_ms
   bool pass = false;
 };
 
 double MaxAbsDiff(const v1::ForwardResult& result, const at::Tensor& raw_rows) {
   const std::string& data = result.states().data();
-  at::Tensor engine_rows =
-      at::from_blob(const_cast<char*>(data.data()), raw_rows.sizes(), at::kFloat);
-  return (engine_rows - raw_rows).abs().max().item<double>();
+  at::Tensor engine_rows = at::from_blob(const_cast<char*>(data.data()), raw_rows.sizes(),
+                                         raw_rows.scalar_type());
+  return (engine_rows.to(at::kFloat) - raw_rows.to(at::kCPU, at::kFloat)).abs().max().item<double>();
+}
+
+// Bytes a decode step must read at least: every weight once, and each session's keys and
+// values of every layer.
+double DecodeBytes(const Submodel& middle, int64_t batch, int64_t context) {
+  const ModelConfig& c = middle.config();
+  const double kv = 2.0 * static_cast<double>(middle.spec().layers.size() * c.num_key_value_heads *
+                                              c.head_dim * at::elementSize(middle.options().dtype));
+  return static_cast<double>(middle.WeightBytes()) +
+         kv * static_cast<double>(batch) * static_cast<double>(context);
+}
+
+// FLOPs of a prefill chunk of n positions with no history: 2 per weight per token, plus
+// QK^T and PV over the causal triangle.
+double PrefillFlops(const Submodel& middle, int64_t n) {
+  const ModelConfig& c = middle.config();
+  const double params =
+      static_cast<double>(middle.WeightBytes()) / at::elementSize(middle.options().dtype);
+  const double attention = 2.0 * 2.0 * static_cast<double>(c.q_size()) * static_cast<double>(n) *
+                           static_cast<double>(n + 1) / 2.0 *
+                           static_cast<double>(middle.spec().layers.size());
+  return 2.0 * params * static_cast<double>(n) + attention;
 }
 
 void Finish(CaseResult& r, const std::vector<double>& engine_s,
@@ -252,21 +284,24 @@ absl::StatusOr<CaseResult> RunDecodeCase(const Submodel& middle, EngineDriver& d
   // History: the same random shallow states through both paths.
   TOPHAT_ASSIGN_OR_RETURN(std::vector<uint64_t> ids, driver.Open(batch, max_positions));
   raw.Reset(batch, max_positions);
-  const at::Tensor history = at::randn({batch, args.context, d});
+  const at::ScalarType dtype = middle.options().dtype;
+  const at::Device device = middle.options().device;
+  const at::Tensor history = at::randn({batch, args.context, d}).to(dtype);
   for (int64_t b = 0; b < batch; ++b) {
     TOPHAT_RETURN_IF_ERROR(driver.DeliverChunk(ids[b], history[b], v1::PHASE_PREFILL));
   }
   TOPHAT_RETURN_IF_ERROR(driver.RunUntilIdle("prefilling the history"));
   driver.sink().ClearResults();
   for (int64_t b = 0; b < batch; ++b) {
-    TOPHAT_RETURN_IF_ERROR(middle.Forward(history[b], raw.caches()[b]).status());
+    TOPHAT_RETURN_IF_ERROR(middle.Forward(history[b].to(device), raw.caches()[b]).status());
   }
   std::vector<SequenceChunk> chunks;
   for (KvCache& cache : raw.caches()) chunks.push_back({.cache = &cache, .num_tokens = 1});
 
   std::vector<double> engine_s, compute_s, raw_s;
   for (int step = 0; step < steps; ++step) {
-    const at::Tensor x = at::randn({batch, d});
+    const at::Tensor x = at::randn({batch, d}).to(dtype);
+    const at::Tensor x_device = x.to(device);
     for (int64_t b = 0; b < batch; ++b) {
       TOPHAT_RETURN_IF_ERROR(driver.DeliverChunk(ids[b], x.narrow(0, b, 1), v1::PHASE_DECODE));
     }
@@ -275,8 +310,11 @@ absl::StatusOr<CaseResult> RunDecodeCase(const Submodel& middle, EngineDriver& d
     const BenchClock::time_point e0 = BenchClock::now();
     const int64_t computed = driver.engine().RunOnce();
     const BenchClock::time_point e1 = BenchClock::now();
+    // The raw forward starts from states already on the device and ends when its output is
+    // back on the host, as the engine's step does.
     const BenchClock::time_point r0 = BenchClock::now();
-    absl::StatusOr<at::Tensor> out = middle.Forward(x, chunks);
+    absl::StatusOr<at::Tensor> out = middle.Forward(x_device, chunks);
+    if (out.ok()) *out = out->to(at::kCPU);
     const BenchClock::time_point r1 = BenchClock::now();
 
     TOPHAT_RETURN_IF_ERROR(out.status());
@@ -308,6 +346,8 @@ absl::StatusOr<CaseResult> RunPrefillCase(const Submodel& middle, EngineDriver& 
                                           RawCaches& raw, const Args& args) {
   const int64_t d = middle.config().hidden_size;
   const int64_t n = args.prefill_tokens;
+  const at::ScalarType dtype = middle.options().dtype;
+  const at::Device device = middle.options().device;
   const int warmup = 1;
   const int steps = warmup + args.prefill_repetitions;
   CaseResult r{.name = absl::StrCat("prefill ", n),
@@ -323,7 +363,8 @@ absl::StatusOr<CaseResult> RunPrefillCase(const Submodel& middle, EngineDriver& 
   for (int step = 0; step < steps; ++step) {
     // A fresh session each time, opened (and admitted) before the timed step.
     TOPHAT_ASSIGN_OR_RETURN(std::vector<uint64_t> ids, driver.Open(1, n));
-    const at::Tensor x = at::randn({n, d});
+    const at::Tensor x = at::randn({n, d}).to(dtype);
+    const at::Tensor x_device = x.to(device);
     TOPHAT_RETURN_IF_ERROR(driver.DeliverChunk(ids[0], x, v1::PHASE_PREFILL));
     driver.sink().ClearResults();
     cache.Clear();
@@ -332,7 +373,8 @@ absl::StatusOr<CaseResult> RunPrefillCase(const Submodel& middle, EngineDriver& 
     const int64_t computed = driver.engine().RunOnce();
     const BenchClock::time_point e1 = BenchClock::now();
     const BenchClock::time_point r0 = BenchClock::now();
-    absl::StatusOr<at::Tensor> out = middle.Forward(x, cache);
+    absl::StatusOr<at::Tensor> out = middle.Forward(x_device, cache);
+    if (out.ok()) *out = out->to(at::kCPU);
     const BenchClock::time_point r1 = BenchClock::now();
 
     TOPHAT_RETURN_IF_ERROR(out.status());
@@ -357,17 +399,20 @@ absl::StatusOr<CaseResult> RunPrefillCase(const Submodel& middle, EngineDriver& 
 
 std::string Table(const std::vector<CaseResult>& cases, double goal) {
   std::string out = absl::StrFormat(
-      "%-14s | %6s | %-9s | %10s | %11s | %9s | %6s | %6s | %-6s | %s\n", "case", "tokens",
-      "context", "engine ms", "(compute ms)", "raw ms", "ratio", "paired", "goal", "result");
-  absl::StrAppend(&out, std::string(106, '-'), "\n");
+      "%-14s | %6s | %-9s | %10s | %11s | %9s | %6s | %6s | %-6s | %6s | %8s | %6s | %s\n",
+      "case", "tokens", "context", "engine ms", "(compute ms)", "raw ms", "ratio", "paired",
+      "goal", "result", "bound ms", "of bnd", "tokens/s");
+  absl::StrAppend(&out, std::string(140, '-'), "\n");
   for (const CaseResult& r : cases) {
     absl::StrAppend(
         &out, absl::StrFormat(
-                  "%-14s | %6d | %-9s | %10.3f | %11.3f | %9.3f | %6.3f | %6.3f | <=%-4.2f | %s\n",
+                  "%-14s | %6d | %-9s | %10.3f | %11.3f | %9.3f | %6.3f | %6.3f | <=%-4.2f | "
+                  "%6s | %8.3f | %5.1f%% | %.0f\n",
                   r.name, r.tokens,
                   r.phase == "decode" ? absl::StrCat(r.context_first, "-", r.context_last) : "0",
                   r.engine_ms, r.engine_compute_ms, r.raw_ms, r.ratio, r.paired_ratio, goal,
-                  r.pass ? "PASS" : "FAIL"));
+                  r.pass ? "PASS" : "FAIL", r.bound_ms, 100.0 * r.bound_fraction,
+                  r.engine_ms > 0 ? 1e3 * static_cast<double>(r.tokens) / r.engine_ms : 0.0));
   }
   return out;
 }
@@ -398,7 +443,23 @@ int Run(const Args& args) {
   auto checkpoint = CheckpointReader::Open(model_dir);
   if (!checkpoint.ok()) return Fail(checkpoint.status());
   const SubmodelSpec spec = SubmodelSpec::Middle(*config, args.input_layers, args.output_layers);
-  auto loaded = Submodel::Load(*config, **checkpoint, spec);
+  auto dtype = ParseTorchDtypeName(args.dtype, "--dtype");
+  if (!dtype.ok()) return Fail(dtype.status());
+  at::Device device = at::kCPU;
+  if (absl::Status s = CatchExceptions("--device", [&] { device = at::Device(args.device); });
+      !s.ok()) {
+    return Fail(s);
+  }
+  std::fprintf(stderr, "loading layers [%lld, %lld) as %s on %s ...\n",
+               static_cast<long long>(spec.layers.begin), static_cast<long long>(spec.layers.end),
+               args.dtype.c_str(), device.str().c_str());
+  auto loaded = Submodel::Load(*config, **checkpoint, spec,
+                               {.dtype = *dtype,
+                                .device = device,
+                                .max_context = std::min<int64_t>(
+                                    config->max_position_embeddings,
+                                    std::max<int64_t>(4096, args.context + args.warmup +
+                                                                args.repetitions + 1))});
   if (!loaded.ok()) return Fail(loaded.status());
   std::shared_ptr<const Submodel> middle = *std::move(loaded);
   const int64_t max_batch = *std::max_element(args.batches.begin(), args.batches.end());
@@ -441,17 +502,35 @@ int Run(const Args& args) {
                at::get_num_threads(), UsableCpuCount(), static_cast<long long>(num_blocks),
                static_cast<long long>(args.kv_block_size));
 
+  // This run's own bounds: what the hardware under this process can do right now.
+  MachineBounds bounds;
+  if (device.is_cpu()) {
+    bounds.bandwidth = MeasureReadBandwidth();
+    bounds.gemm_flops = MeasureGemmFlops(1024, 1024, 1024, 3, /*b_transposed=*/true);
+  } else {
+    bounds.bandwidth = MeasureDeviceCopyBandwidth(device, int64_t{2} << 30, 10);
+    bounds.gemm_flops = MeasureDeviceGemmFlops(device, *dtype, 8192, 8192, 8192, 5);
+  }
+  std::fprintf(stderr, "measured bounds: %.1f GB/s memory, %.1f TFLOP/s %s GEMM\n",
+               bounds.bandwidth / 1e9, bounds.gemm_flops / 1e12, args.dtype.c_str());
+
   std::vector<CaseResult> cases;
   for (int64_t batch : args.batches) {
     std::fprintf(stderr, "decode B=%lld ...\n", static_cast<long long>(batch));
     auto r = RunDecodeCase(*middle, driver, *raw, batch, args);
     if (!r.ok()) return Fail(r.status());
+    const double mean_context = 0.5 * static_cast<double>(r->context_first + r->context_last);
+    r->bound_ms = 1e3 * DecodeBytes(*middle, batch, static_cast<int64_t>(mean_context)) /
+                  bounds.bandwidth;
+    r->bound_fraction = r->bound_ms / r->engine_ms;
     cases.push_back(*r);
   }
   if (args.prefill_tokens > 0) {
     std::fprintf(stderr, "prefill %lld ...\n", static_cast<long long>(args.prefill_tokens));
     auto r = RunPrefillCase(*middle, driver, *raw, args);
     if (!r.ok()) return Fail(r.status());
+    r->bound_ms = 1e3 * PrefillFlops(*middle, args.prefill_tokens) / bounds.gemm_flops;
+    r->bound_fraction = r->bound_ms / r->engine_ms;
     cases.push_back(*r);
   }
 
@@ -472,6 +551,11 @@ int Run(const Args& args) {
                           {"ratio", r.ratio},
                           {"paired_ratio", r.paired_ratio},
                           {"max_abs_diff", r.max_abs_diff},
+                          {"bound_ms", r.bound_ms},
+                          {"bound_fraction", r.bound_fraction},
+                          {"tokens_per_second",
+                           r.engine_ms > 0 ? 1e3 * static_cast<double>(r.tokens) / r.engine_ms
+                                           : 0.0},
                           {"pass", r.pass}});
   }
   const nlohmann::json report = {
@@ -484,6 +568,12 @@ int Run(const Args& args) {
                  {"hidden_size", c.hidden_size},
                  {"weight_bytes", middle->WeightBytes()}}},
       {"kv_block_size", args.kv_block_size},
+      {"device", device.str()},
+      {"dtype", args.dtype},
+      {"bounds", {{"memory_bytes_per_second", bounds.bandwidth},
+                  {"memory_method", device.is_cpu() ? "multi-threaded read"
+                                                    : "device-to-device copy, read + write"},
+                  {"gemm_flops", bounds.gemm_flops}}},
       {"raw_caches", "paged, own KvBlockPool"},
       {"aten_threads", at::get_num_threads()},
       {"cpus", UsableCpuCount()},
@@ -533,6 +623,10 @@ int main(int argc, char** argv) {
   app.add_option("--goal", args.goal, "Largest passing engine/raw ratio")->capture_default_str();
   app.add_option("--seed", args.seed)->capture_default_str();
   app.add_option("--json", args.json_path, "Also write the JSON report here");
+  app.add_option("--device", args.device, "Where the middle runs: cpu, cuda or cuda:N")
+      ->capture_default_str();
+  app.add_option("--dtype", args.dtype, "Compute dtype: float32, float16 or bfloat16")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);
   return tophat::Run(args);

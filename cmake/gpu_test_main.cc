@@ -1,0 +1,30 @@
+// The Catch2 main of the GPU test binaries (label `gpu`). Without a usable CUDA device every
+// test case exits with code 77, which CTest reports as skipped (SKIP_RETURN_CODE), never as
+// passed. TOPHAT_REQUIRE_GPU=1 (set by deploy/gpu/check.sh) turns a missing device into a
+// failure, so a GPU machine whose build lost CUDA cannot pass by skipping.
+#define CATCH_CONFIG_RUNNER
+#include <ATen/Context.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <string_view>
+
+int main(int argc, char** argv) {
+  bool listing = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]).starts_with("--list")) listing = true;
+  }
+  if (!listing && !(at::hasCUDA() && at::getNumGPUs() > 0)) {
+    const char* require = std::getenv("TOPHAT_REQUIRE_GPU");
+    if (require != nullptr && std::string_view(require) == "1") {
+      std::fprintf(stderr, "TOPHAT_REQUIRE_GPU=1 but LibTorch sees no CUDA device "
+                           "(hasCUDA=%d)\n", at::hasCUDA() ? 1 : 0);
+      return 1;
+    }
+    std::fprintf(stderr, "skipped: no CUDA device (this build %s CUDA)\n",
+                 at::hasCUDA() ? "has" : "has no");
+    return 77;
+  }
+  return Catch::Session().run(argc, argv);
+}
