@@ -130,9 +130,6 @@ class Agent::Request {
     size_t bytes = 0;
     SteadyClock::time_point sent;
     int trace_index = -1;  // into round_stats_.chunks, with GenerateRequest.trace
-    // Sent with none of this request's chunks in flight: its round trip has no wait behind
-    // them on the uplink in it, so it can go into the round-trip fit.
-    bool alone = false;
   };
   double pending_device_seconds_ = 0;  // input-submodel time of the chunk being sent
   std::deque<SentChunk> in_flight_;  // chunks sent, oldest first, for link measurements
@@ -311,6 +308,8 @@ absl::Status Agent::Request::DecodeRound() {
     round->set_adapter_kv_length(static_cast<uint32_t>(outcome.adapter_kv_length));
     round->set_output_kv_length(static_cast<uint32_t>(outcome.output_kv_length));
     round->set_seconds(Seconds(SteadyClock::now() - round_begin));
+    round->set_draft_limit(static_cast<uint32_t>(decoder_->round_limit()));
+    round->set_parallel_steps(static_cast<uint32_t>(decoder_->parallel_steps()));
   }
   TOPHAT_RETURN_IF_ERROR(Emit(outcome.tokens));
   next_token_ = outcome.tokens.back();
@@ -387,11 +386,9 @@ void Agent::Request::SendRows(int64_t from, int64_t to, v1::Phase phase) {
       pending_device_seconds_ = 0;
       trace_index = round_stats_.chunks_size() - 1;
     }
-    const bool alone = in_flight_.empty();
     in_flight_.push_back({.sequence_number = sequence_number_, .epoch = epoch_, .positions = n,
                           .bytes = chunk->states().data().size(),
-                          .sent = SteadyClock::now(), .trace_index = trace_index,
-                          .alone = alone});
+                          .sent = SteadyClock::now(), .trace_index = trace_index});
     if (in_flight_.size() > 256) in_flight_.pop_front();
     agent_.cloud_->Send(epoch_, message).IgnoreError();
   }
@@ -471,19 +468,22 @@ absl::Status Agent::Request::Pump(int64_t target, bool block) {
                                static_cast<double>(result.states().data().size()));
         }
         if (result.chunk_done()) {
-          // A chunk answered in one piece carried the same bytes both ways: a link sample.
           while (!in_flight_.empty() && in_flight_.front().sequence_number < result.sequence_number()) {
             in_flight_.pop_front();
           }
           if (!in_flight_.empty() && in_flight_.front().sequence_number == result.sequence_number()) {
             const SentChunk sent = in_flight_.front();
             in_flight_.pop_front();
+            // Every piece of a split chunk carries the chunk's arrival; one sample per chunk.
+            if (sent.epoch == event->epoch && result.received_at_seconds() > 0) {
+              agent_.ObserveChunk(SecondsSinceEpoch(sent.sent), result.received_at_seconds(),
+                                  static_cast<double>(sent.bytes));
+            }
+            // Answered in one piece: the round trip is this chunk's alone.
             if (sent.epoch == event->epoch &&
                 static_cast<int64_t>(result.states().num_positions()) == sent.positions) {
               const double network = Seconds(event->received - sent.sent) -
                                      result.queue_seconds() - result.compute_seconds();
-              agent_.ObserveTransfer(static_cast<double>(sent.bytes), sent.alone ? network : 0,
-                                     SecondsSinceEpoch(sent.sent), result.received_at_seconds());
               if (sent.trace_index >= 0 && sent.trace_index < round_stats_.chunks_size()) {
                 v1::ChunkTrace* trace = round_stats_.mutable_chunks(sent.trace_index);
                 trace->set_result_at(Seconds(event->received - arrival_));
@@ -651,7 +651,7 @@ v1::GenerateResponse Agent::Request::Run() {
       const int64_t room = max_new_tokens_ - static_cast<int64_t>(generated_.size()) - 1;
       if (agent_.config_.speculative.parallel_steps_from_cloud) {
         const v1::Control control = agent_.cloud_->control();
-        if (control.per_device()) decoder_->set_parallel_steps(control.draft_steps());
+        if (control.draft_steps_per_device()) decoder_->set_parallel_steps(control.draft_steps());
       }
       const int64_t drafts =
           agent_.config_.speculative.adaptive_window && window_ >= 0 ? std::min(room, window_)
@@ -736,11 +736,9 @@ Agent::Agent(AgentConfig config, DeviceBundle bundle, prometheus::Registry* regi
 
 Agent::~Agent() { cloud_.reset(); }
 
-void Agent::ObserveTransfer(double bytes, double network_seconds, double sent_seconds,
-                            double cloud_received_at) {
+void Agent::ObserveChunk(double sent_seconds, double cloud_received_at, double bytes) {
   std::lock_guard<std::mutex> lock(device_state_mutex_);
-  link_.Observe(bytes, network_seconds);
-  if (cloud_received_at > 0) link_.ObserveUplink(sent_seconds, cloud_received_at, bytes);
+  link_.ObserveUplink(sent_seconds, cloud_received_at, bytes);
 }
 
 void Agent::ObserveResult(double cloud_sent_at, double received_seconds, double bytes) {
@@ -757,7 +755,8 @@ void Agent::ReportDecodeRound(uint64_t epoch, double draft_step_seconds, double 
     const auto now = std::chrono::steady_clock::now();
     if (now - last_device_report_ < std::chrono::seconds(1)) return;
     last_device_report_ = now;
-    // Per direction (link_estimator.h); 0 while unknown.
+    // Per direction (link_estimator.h); 0 while unknown, which the cloud reads as "not
+    // measured" and answers with its configured defaults.
     v1::DeviceState* state = message.mutable_device_state();
     state->set_uplink_bytes_per_second(link_.uplink_bytes_per_second());
     state->set_downlink_bytes_per_second(link_.downlink_bytes_per_second());
@@ -768,6 +767,7 @@ void Agent::ReportDecodeRound(uint64_t epoch, double draft_step_seconds, double 
     metrics_->draft_step_seconds.Set(message.device_state().draft_step_seconds());
     metrics_->link_bytes_per_second_up.Set(message.device_state().uplink_bytes_per_second());
     metrics_->link_bytes_per_second_down.Set(message.device_state().downlink_bytes_per_second());
+    metrics_->device_state_reports.Increment();
   }
   cloud_->Send(epoch, message).IgnoreError();
 }

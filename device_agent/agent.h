@@ -66,13 +66,9 @@ class Agent {
   // Folds one decode round's measurements into the device's state and, at most once a
   // second, reports it to the cloud's state monitor (DeviceState on stream `epoch`).
   void ReportDecodeRound(uint64_t epoch, double draft_step_seconds, double tokens);
-  // One chunk's round trip: `bytes` of hidden states each way, `network_seconds` of it on
-  // the network (round trip minus the cloud's queue and compute).
-  // `sent_seconds`: when it left (this clock); `cloud_received_at`: when the cloud got it
-  // (the cloud's clock; 0: unknown). `network_seconds` 0: not a clean round trip (it may
-  // have waited behind other chunks), so only the uplink's dispersion learns from it.
-  void ObserveTransfer(double bytes, double network_seconds, double sent_seconds,
-                       double cloud_received_at);
+  // A chunk of `bytes` left at `sent_seconds` (this clock) and reached the cloud at
+  // `cloud_received_at` (the cloud's clock): the uplink's dispersion.
+  void ObserveChunk(double sent_seconds, double cloud_received_at, double bytes);
   // A result of `bytes`, sent by the cloud at `cloud_sent_at` (its clock) and received here
   // at `received_seconds` (this clock): the downlink's dispersion.
   void ObserveResult(double cloud_sent_at, double received_seconds, double bytes);

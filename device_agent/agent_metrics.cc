@@ -73,12 +73,15 @@ AgentMetrics::AgentMetrics(prometheus::Registry& registry)
       link_bytes_per_second_family(
           prometheus::BuildGauge()
               .Name("tophat_link_bytes_per_second")
-              .Help("Cloud link bandwidth per direction, estimated from real transfers (chunk "
-                    "round trips and arrival dispersion; 0 until known), as reported to the "
+              .Help("Cloud link bandwidth per direction, measured by the dispersion of runs of "
+                    "queued messages (0: unknown, no such runs seen), as last reported to the "
                     "cloud")
               .Register(registry)),
       link_bytes_per_second_up(link_bytes_per_second_family.Add({{"direction", "up"}})),
-      link_bytes_per_second_down(link_bytes_per_second_family.Add({{"direction", "down"}})) {}
+      link_bytes_per_second_down(link_bytes_per_second_family.Add({{"direction", "down"}})),
+      device_state_reports(AddCounter(registry, "tophat_device_state_reports_total",
+                                      "DeviceState reports sent to the cloud (at most one a "
+                                      "second, while decoding)")) {}
 
 prometheus::Counter& AgentMetrics::AcceptedAtPosition(int64_t position) {
   // Family::Add returns the existing counter for known labels; it locks internally.

@@ -48,6 +48,8 @@ struct AgentMetrics {
   prometheus::Family<prometheus::Gauge>& link_bytes_per_second_family;
   prometheus::Gauge& link_bytes_per_second_up;  // the measured link, as last reported
   prometheus::Gauge& link_bytes_per_second_down;
+  // Counts the reports, so that a reader can tell a fresh one from the gauges' last value.
+  prometheus::Counter& device_state_reports;
 };
 
 }  // namespace tophat

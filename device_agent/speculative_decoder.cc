@@ -109,6 +109,7 @@ absl::Status SpeculativeDecoder::BeginRound(int32_t token, int64_t max_drafts) {
   }
   next_run_.reset();
   const int64_t limit = drafting_ ? std::clamp<int64_t>(max_drafts, 0, options_.max_draft) : 0;
+  round_limit_ = limit;
   if (run_.drafts() > limit) {
     // A draft made ahead that no longer fits: cut it, and with it the drafter's state.
     run_.tokens.resize(limit + 1);

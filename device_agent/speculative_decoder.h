@@ -84,6 +84,7 @@ class SpeculativeDecoder {
   bool drafting() const { return drafting_; }
   // λ for the rounds that follow (the cloud's per-device decision).
   void set_parallel_steps(int64_t steps) { options_.parallel_steps = std::max<int64_t>(0, steps); }
+  int64_t parallel_steps() const { return options_.parallel_steps; }
   // γ: moving average of one drafter step (input submodel + Λ + head), measured; 0 until
   // the first.
   double draft_step_seconds() const { return draft_step_seconds_.value(); }
@@ -96,6 +97,8 @@ class SpeculativeDecoder {
   absl::Status BeginRound(int32_t token, int64_t max_drafts);
   int64_t round_start() const { return run_.start; }
   int64_t round_drafts() const { return run_.drafts(); }
+  // The drafts this round was allowed: `max_drafts` within max_draft (0 without drafting).
+  int64_t round_limit() const { return round_limit_; }
   bool round_from_parallel() const { return run_from_parallel_; }
   // Shallow states of [token, d1..dn]: [n + 1, D].
   at::Tensor RoundShallow() const;
@@ -147,6 +150,7 @@ class SpeculativeDecoder {
   MovingAverage draft_step_seconds_;
 
   Run run_;
+  int64_t round_limit_ = 0;
   bool run_from_parallel_ = false;
   // Parallel drafting for the current round.
   int64_t branch_start_ = 0;

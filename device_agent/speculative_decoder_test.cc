@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -194,6 +195,75 @@ TEST_CASE("Speculative greedy decoding emits exactly plain greedy decoding and r
   CHECK(reused > 0);
   CHECK(reused <= hits);
   CHECK(drafted > rounds);
+}
+
+// How many drafts a greedy drafter makes after `tokens` (the round's first token last) before
+// its top probability falls below `eta` or it reaches `limit`, recomputed from scratch.
+// `closest` gets the smallest |confidence - eta| it met, to skip rounds that a rounding
+// difference between this and the decoder's incremental pass could decide either way.
+int64_t ExpectedDrafts(const Split& split, std::vector<int64_t> tokens, double eta, int64_t limit,
+                       double* closest) {
+  int64_t drafts = 0;
+  while (drafts < limit) {
+    const auto length = static_cast<int64_t>(tokens.size());
+    KvCache input_cache = split.input->NewCache(length);
+    KvCache adapter_cache = split.adapter->NewCache(length);
+    const at::Tensor shallow =
+        *split.input->Forward(*split.input->Embed(at::tensor(tokens)), input_cache);
+    const at::Tensor adapted = *split.adapter->Forward(shallow, adapter_cache);
+    const at::Tensor logits = (*split.output->Logits(adapted.narrow(0, length - 1, 1)))[0];
+    const double confidence = at::softmax(logits, 0).max().item<double>();
+    *closest = std::min(*closest, std::abs(confidence - eta));
+    if (confidence < eta) break;
+    tokens.push_back(logits.argmax().item<int64_t>());
+    ++drafts;
+  }
+  return drafts;
+}
+
+TEST_CASE("Drafting stops where the drafter's top probability falls below eta", "[speculative]") {
+  c10::InferenceMode inference;
+  auto split = MakeSplit(/*vocab=*/64, /*logit_scale=*/25.0, /*adapter_noise=*/0.04, 5);
+  int64_t stopped_by_eta = 0;
+  int64_t stopped_by_limit = 0;
+  std::map<double, int64_t> drafted_at;
+  for (const double eta : {0.3, 0.6, 0.9, 1.01}) {
+    for (int p = 0; p < 3; ++p) {
+      INFO("eta " << eta << " prompt " << p);
+      std::vector<int64_t> prompt;
+      for (int i = 0; i < 5 + p; ++i) prompt.push_back((p * 11 + i * 7) % 64);
+      const int64_t new_tokens = 30;
+      const SpeculativeOptions options{.eta = eta, .max_draft = 6, .parallel = false};
+      Session session(*split, options, SamplingParams{}, 128);
+      std::vector<int32_t> generated = {
+          static_cast<int32_t>(session.Prefill(prompt).argmax().item<int64_t>())};
+      while (static_cast<int64_t>(generated.size()) < new_tokens) {
+        const int64_t room = new_tokens - static_cast<int64_t>(generated.size()) - 1;
+        std::vector<int64_t> context = prompt;
+        context.insert(context.end(), generated.begin(), generated.end());
+        const RoundOutcome outcome = session.Round(generated.back(), room, false);
+        const int64_t limit = std::min<int64_t>(room, options.max_draft);
+        double closest = 1;
+        const int64_t expected = ExpectedDrafts(*split, context, eta, limit, &closest);
+        INFO("round at " << context.size() << ": drafted " << outcome.drafted << ", expected "
+                         << expected << " of " << limit);
+        if (closest > 1e-4) CHECK(outcome.drafted == expected);
+        (expected < limit ? stopped_by_eta : stopped_by_limit) += 1;
+        drafted_at[eta] += outcome.drafted;
+        generated.insert(generated.end(), outcome.tokens.begin(), outcome.tokens.end());
+      }
+    }
+  }
+  INFO("rounds stopped by eta " << stopped_by_eta << ", by the limit " << stopped_by_limit);
+  // Both ways of ending a round happened, a stricter eta drafted less, and no probability
+  // reaches 1.01.
+  CHECK(stopped_by_eta > 0);
+  CHECK(stopped_by_limit > 0);
+  CHECK(drafted_at[0.3] >= drafted_at[0.6]);
+  CHECK(drafted_at[0.6] >= drafted_at[0.9]);
+  CHECK(drafted_at[0.3] > drafted_at[0.9]);
+  CHECK(drafted_at[0.9] > 0);
+  CHECK(drafted_at[1.01] == 0);
 }
 
 // Total-variation distance between two distributions over the same support.

@@ -62,6 +62,40 @@ int64_t ParallelDraftSteps(const ParallelDraftInputs& in) {
   return static_cast<int64_t>(std::clamp(steps, 0.0, static_cast<double>(std::max<int64_t>(0, in.max_steps))));
 }
 
+DeviceControl DecideDeviceControl(const DeviceEstimate& device, double bytes_per_token,
+                                  double mean_batched_tokens, const StepTimePredictor& step_time,
+                                  const DeviceControlOptions& options) {
+  const auto known = [](double value) { return value > 0 && std::isfinite(value); };
+  DeviceControl control{.prompt_chunk_size = options.default_prompt_chunk,
+                        .draft_steps = options.default_draft_steps};
+  if (!step_time.has_data() || !known(bytes_per_token)) return control;
+  if (known(device.uplink_bytes_per_second)) {
+    control.prompt_chunk_size = ChooseChunkSize(
+        {.prompt_tokens = options.max_chunk,
+         .bytes_per_token = bytes_per_token,
+         .uplink_bytes_per_second = device.uplink_bytes_per_second,
+         .mean_batched_tokens = mean_batched_tokens,
+         .pipeline_stages = 1,
+         .min_chunk = std::min(options.min_chunk, options.max_chunk),
+         .max_chunk = options.max_chunk,
+         .max_step_seconds = options.max_step_seconds},
+        step_time);
+    control.chunk_size_measured = true;
+  }
+  if (known(device.draft_step_seconds) && known(device.draft_tokens_per_round) &&
+      known(device.uplink_bytes_per_second) && known(device.downlink_bytes_per_second)) {
+    control.draft_steps = ParallelDraftSteps({.draft_tokens = device.draft_tokens_per_round,
+                                              .bytes_per_token = bytes_per_token,
+                                              .uplink_bytes_per_second = device.uplink_bytes_per_second,
+                                              .downlink_bytes_per_second = device.downlink_bytes_per_second,
+                                              .step_seconds = step_time.Predict(mean_batched_tokens),
+                                              .draft_step_seconds = device.draft_step_seconds,
+                                              .max_steps = options.max_draft_steps});
+    control.draft_steps_measured = true;
+  }
+  return control;
+}
+
 AdaptiveDraftWindow::AdaptiveDraftWindow(const DraftWindowOptions& options) : options_(options) {
   options_.min_window = std::max<int64_t>(1, options_.min_window);
   options_.max_window = std::max(options_.min_window, options_.max_window);

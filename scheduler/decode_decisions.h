@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "scheduler/state_monitor.h"
 #include "scheduler/step_time_predictor.h"
 
 namespace tophat {
@@ -51,6 +52,32 @@ struct ParallelDraftInputs {
 
 // λ_i by HAT's equation 6, clamped to [0, max_steps]; 0 while γ_i or a bandwidth is unknown.
 int64_t ParallelDraftSteps(const ParallelDraftInputs& in);
+
+// The configured defaults and bounds of the per-device decisions (scheduler.* keys).
+struct DeviceControlOptions {
+  int64_t default_prompt_chunk = 128;  // scheduler.prompt_chunk_size
+  int64_t default_draft_steps = 0;     // scheduler.draft_steps
+  int64_t min_chunk = 16;              // scheduler.min_prompt_chunk_size
+  int64_t max_chunk = 2048;            // limits.max_chunk_tokens
+  double max_step_seconds = 0;         // scheduler.max_step_seconds
+  int64_t max_draft_steps = 8;         // scheduler.max_draft_steps
+};
+
+// What the cloud tells one device, and which values came from its measurements.
+struct DeviceControl {
+  int64_t prompt_chunk_size = 0;
+  bool chunk_size_measured = false;
+  int64_t draft_steps = 0;
+  bool draft_steps_measured = false;
+  bool operator==(const DeviceControl&) const = default;
+};
+
+// Each value from the device's measurements when every input it needs is known, else the
+// configured default; an unknown input (0 in DeviceEstimate, no step timings yet) is never
+// replaced by a guess. X_i needs β_up and g; λ_i needs γ_i, μ_i, β_up, β_down and g.
+DeviceControl DecideDeviceControl(const DeviceEstimate& device, double bytes_per_token,
+                                  double mean_batched_tokens, const StepTimePredictor& step_time,
+                                  const DeviceControlOptions& options);
 
 struct DraftWindowOptions {
   int64_t min_window = 1;

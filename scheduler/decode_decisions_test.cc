@@ -158,6 +158,51 @@ TEST_CASE("Parallel-drafting steps follow HAT's equation 6", "[scheduler]") {
   }
 }
 
+TEST_CASE("A device's control uses its measurements only where they are known, else the "
+          "configured defaults",
+          "[scheduler]") {
+  // g(μ) = 4 ms + 0.05 ms per token, μ = 64: g(64) = 7.2 ms. A = 8192 bytes per position.
+  const StepTimePredictor g = AffineCloud();
+  const DeviceControlOptions options{.default_prompt_chunk = 128, .default_draft_steps = 2,
+                                     .min_chunk = 16, .max_chunk = 1024, .max_draft_steps = 8};
+  // X at 40 MB/s up: X·0.2048 ms ≥ g(64) + g(64 + X) = 14.4 ms + 0.05 ms·X, so X ≥ 93.02: 94.
+  // λ at 40 MB/s up, 10 MB/s down, μ_i = 3, γ = 2 ms:
+  //   (3·8192/40e6 + 7.2 ms + 3·8192/10e6) / 2 ms = (0.6144 + 7.2 + 2.4576) / 2 = 5.1: 5.
+  const double nan = std::nan("");
+  struct Row {
+    const char* what;
+    double up, down, gamma, mu_i;
+    bool step_timings;
+    DeviceControl expected;
+  };
+  const std::vector<Row> rows = {
+      {"nothing measured", 0, 0, 0, 0, true, {128, false, 2, false}},
+      {"uplink only", 40e6, 0, 0, 0, true, {94, true, 2, false}},
+      // The issue-11 case: a drafter and an uplink, no downlink evidence. λ needs the
+      // downlink, so it stays the default rather than use a made-up rate.
+      {"downlink unknown", 40e6, 0, 0.002, 3, true, {94, true, 2, false}},
+      {"drafter speed unknown", 40e6, 10e6, 0, 3, true, {94, true, 2, false}},
+      {"round length unknown", 40e6, 10e6, 0.002, 0, true, {94, true, 2, false}},
+      {"uplink unknown", 0, 10e6, 0.002, 3, true, {128, false, 2, false}},
+      {"not a number is unknown", nan, 10e6, 0.002, 3, true, {128, false, 2, false}},
+      {"everything known", 40e6, 10e6, 0.002, 3, true, {94, true, 5, true}},
+      {"no step timings yet", 40e6, 10e6, 0.002, 3, false, {128, false, 2, false}},
+  };
+  for (const Row& r : rows) {
+    INFO(r.what);
+    const DeviceEstimate device{.uplink_bytes_per_second = r.up,
+                                .downlink_bytes_per_second = r.down,
+                                .draft_step_seconds = r.gamma,
+                                .draft_tokens_per_round = r.mu_i};
+    const DeviceControl got = DecideDeviceControl(device, 8192, 64,
+                                                  r.step_timings ? g : StepTimePredictor(), options);
+    CHECK(got.prompt_chunk_size == r.expected.prompt_chunk_size);
+    CHECK(got.chunk_size_measured == r.expected.chunk_size_measured);
+    CHECK(got.draft_steps == r.expected.draft_steps);
+    CHECK(got.draft_steps_measured == r.expected.draft_steps_measured);
+  }
+}
+
 TEST_CASE("The adaptive draft window clamps and smooths its prediction", "[scheduler]") {
   AdaptiveDraftWindow window({.min_window = 1, .max_window = 12, .smoothing = 0.4});
   const DraftWindowSignals good{.acceptance_rate = 0.9, .rtt_seconds = 0.040,

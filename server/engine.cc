@@ -343,47 +343,32 @@ void Engine::DecideForStream(StreamId stream) {
   auto it = streams_.find(stream);
   const std::optional<DeviceEstimate> device = monitor_.device(stream);
   if (it == streams_.end() || !device) return;
-  const StepTimePredictor& step_time = monitor_.step_time();
-  const double mu = monitor_.mean_batched_tokens();
-  const auto bytes_per_token = static_cast<double>(row_bytes_);
+  // Unknown measurements fall back to the configured defaults (scheduler/decode_decisions.h).
+  const DeviceControl decided = DecideDeviceControl(
+      *device, static_cast<double>(row_bytes_), monitor_.mean_batched_tokens(),
+      monitor_.step_time(),
+      {.default_prompt_chunk = options_.control.prompt_chunk_size(),
+       .default_draft_steps = options_.control.draft_steps(),
+       .min_chunk = options_.min_prompt_chunk,
+       .max_chunk = options_.max_chunk_tokens,
+       .max_step_seconds = options_.max_step_seconds,
+       .max_draft_steps = options_.max_draft_steps});
+  if (!decided.chunk_size_measured && !decided.draft_steps_measured) return;
   v1::Control control = options_.control;
-  bool decided = false;
-  if (device->uplink_bytes_per_second > 0 && step_time.has_data()) {
-    control.set_prompt_chunk_size(static_cast<uint32_t>(ChooseChunkSize(
-        {.prompt_tokens = options_.max_chunk_tokens,
-         .bytes_per_token = bytes_per_token,
-         .uplink_bytes_per_second = device->uplink_bytes_per_second,
-         .mean_batched_tokens = mu,
-         .pipeline_stages = 1,
-         .min_chunk = std::min(options_.min_prompt_chunk, options_.max_chunk_tokens),
-         .max_chunk = options_.max_chunk_tokens,
-         .max_step_seconds = options_.max_step_seconds},
-        step_time)));
-    decided = true;
-  }
-  if (device->draft_step_seconds > 0 && device->uplink_bytes_per_second > 0 &&
-      device->downlink_bytes_per_second > 0 && step_time.has_data()) {
-    control.set_draft_steps(static_cast<uint32_t>(ParallelDraftSteps(
-        {.draft_tokens = device->draft_tokens_per_round,
-         .bytes_per_token = bytes_per_token,
-         .uplink_bytes_per_second = device->uplink_bytes_per_second,
-         .downlink_bytes_per_second = device->downlink_bytes_per_second,
-         .step_seconds = step_time.Predict(mu),
-         .draft_step_seconds = device->draft_step_seconds,
-         .max_steps = options_.max_draft_steps})));
-    decided = true;
-  }
-  if (!decided) return;
+  control.set_prompt_chunk_size(static_cast<uint32_t>(decided.prompt_chunk_size));
+  control.set_draft_steps(static_cast<uint32_t>(decided.draft_steps));
   control.set_per_device(true);
+  control.set_draft_steps_per_device(decided.draft_steps_measured);
   StreamState& state = it->second;
   if (state.control && state.control->prompt_chunk_size() == control.prompt_chunk_size() &&
-      state.control->draft_steps() == control.draft_steps()) {
+      state.control->draft_steps() == control.draft_steps() &&
+      state.control->draft_steps_per_device() == control.draft_steps_per_device()) {
     return;
   }
   state.control = control;
   if (metrics_ != nullptr) {
-    metrics_->scheduler_chunk_size.Observe(control.prompt_chunk_size());
-    metrics_->scheduler_draft_steps.Observe(control.draft_steps());
+    if (decided.chunk_size_measured) metrics_->scheduler_chunk_size.Observe(control.prompt_chunk_size());
+    if (decided.draft_steps_measured) metrics_->scheduler_draft_steps.Observe(control.draft_steps());
   }
   v1::CloudMessage message;
   *message.mutable_control() = control;

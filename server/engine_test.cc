@@ -310,6 +310,7 @@ TEST_CASE("An adaptive engine sends each device its own chunk size and drafting 
   REQUIRE(controls.size() == 1);
   const v1::Control& control = controls[0];
   CHECK(control.per_device());
+  CHECK(control.draft_steps_per_device());
   const StateMonitor& monitor = h.engine->state_monitor();
   const DeviceEstimate device = *monitor.device(1);
   const double bytes = static_cast<double>(TinyMiddle()->config().hidden_size * 4);
