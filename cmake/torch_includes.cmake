@@ -70,11 +70,23 @@ function(tophat_put_libstdcxx_first)
   if(TORCH_INSTALL_PREFIX MATCHES "^/usr(/|$)")
     return()
   endif()
-  message(STATUS "tophat: libstdc++ linked first, ahead of LibTorch's exported copies")
-  # A plain flag string, placed before the objects and passed through untouched. (Given to
-  # add_link_options instead, it did not make libstdc++ the first needed library on the GPU
-  # server's CMake 4.4; deploy/gpu/check.sh checks the result.)
-  set(_first "-Wl,--push-state,--no-as-needed -lstdc++ -Wl,--pop-state")
+  # The shared library by its path: a plain -lstdc++ before the objects did not become the
+  # first needed library on the GPU server (its compiler may take the static archive, which
+  # contributes nothing that early, and the references then bind to libtorch.so's exports).
+  execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libstdc++.so.6
+                  OUTPUT_VARIABLE _libstdcxx OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT IS_ABSOLUTE "${_libstdcxx}" OR NOT EXISTS "${_libstdcxx}")
+    find_library(_libstdcxx NAMES libstdc++.so.6
+                 PATHS /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /lib64)
+  endif()
+  if(NOT _libstdcxx)
+    message(WARNING "tophat: no shared libstdc++.so.6 found; LibTorch's exported copies of "
+                    "libstdc++ code may interpose on the system's")
+    return()
+  endif()
+  message(STATUS "tophat: ${_libstdcxx} linked first, ahead of LibTorch's exported copies")
+  # A plain flag string, placed before the objects and passed through untouched.
+  set(_first "-Wl,--push-state,--no-as-needed ${_libstdcxx} -Wl,--pop-state")
   foreach(_kind EXE SHARED MODULE)
     set(CMAKE_${_kind}_LINKER_FLAGS "${_first} ${CMAKE_${_kind}_LINKER_FLAGS}" PARENT_SCOPE)
   endforeach()

@@ -4,6 +4,12 @@
 #include <cmath>
 #include <vector>
 
+#include <c10/util/Exception.h>
+
+#ifdef TOPHAT_HAVE_CUDA
+#include "kernels/paged_attention_cuda.cuh"
+#endif
+
 namespace tophat::kernels {
 
 namespace {
@@ -141,6 +147,68 @@ at::Tensor SwiGlu(const at::Tensor& gate_up) {
     for (int64_t i = 0; i < inner; ++i) y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
   }
   return out;
+}
+
+bool PagedDecodeAttentionBatch(const at::Tensor& q, const at::Tensor& key_blocks,
+                               const at::Tensor& value_blocks, const at::Tensor& block_tables,
+                               const at::Tensor& seq_lens, int64_t window, double scale,
+                               at::Tensor& out) {
+#ifdef TOPHAT_HAVE_CUDA
+  const at::ScalarType dtype = q.scalar_type();
+  CudaDtype cuda_dtype = CudaDtype::kFloat32;
+  if (dtype == at::kHalf) {
+    cuda_dtype = CudaDtype::kFloat16;
+  } else if (dtype == at::kBFloat16) {
+    cuda_dtype = CudaDtype::kBFloat16;
+  } else if (dtype != at::kFloat) {
+    return false;
+  }
+  const bool fits =
+      q.is_cuda() && q.dim() == 3 && q.is_contiguous() && key_blocks.dim() == 4 &&
+      key_blocks.is_contiguous() && value_blocks.is_contiguous() &&
+      value_blocks.sizes() == key_blocks.sizes() && key_blocks.scalar_type() == dtype &&
+      value_blocks.scalar_type() == dtype && key_blocks.device() == q.device() &&
+      value_blocks.device() == q.device() && key_blocks.size(3) == q.size(2) &&
+      block_tables.dim() == 2 && block_tables.scalar_type() == at::kInt &&
+      block_tables.is_contiguous() && block_tables.device() == q.device() &&
+      block_tables.size(0) == q.size(0) && seq_lens.dim() == 1 &&
+      seq_lens.scalar_type() == at::kInt && seq_lens.is_contiguous() &&
+      seq_lens.device() == q.device() && seq_lens.size(0) == q.size(0) &&
+      out.is_contiguous() && out.scalar_type() == dtype && out.device() == q.device() &&
+      out.numel() == q.numel() && !q.requires_grad();
+  if (!fits) return false;
+  const PagedDecodeAttentionArgs args{
+      .dtype = cuda_dtype,
+      .q = q.data_ptr(),
+      .key_blocks = key_blocks.data_ptr(),
+      .value_blocks = value_blocks.data_ptr(),
+      .block_tables = block_tables.data_ptr<int32_t>(),
+      .seq_lens = seq_lens.data_ptr<int32_t>(),
+      .out = out.data_ptr(),
+      .num_seqs = static_cast<int>(q.size(0)),
+      .num_heads = static_cast<int>(q.size(1)),
+      .num_kv_heads = static_cast<int>(key_blocks.size(2)),
+      .head_dim = static_cast<int>(q.size(2)),
+      .block_size = static_cast<int>(key_blocks.size(1)),
+      .max_blocks_per_seq = static_cast<int>(block_tables.size(1)),
+      .window = static_cast<int>(window),
+      .scale = static_cast<float>(scale),
+      // The legacy default stream, which LibTorch uses unless a stream is set; the engine
+      // sets none.
+      .stream = nullptr};
+  std::string error;
+  switch (LaunchPagedDecodeAttention(args, &error)) {
+    case LaunchResult::kLaunched:
+      return true;
+    case LaunchResult::kUnsupported:
+      return false;
+    case LaunchResult::kCudaError:
+      TORCH_CHECK(false, "paged decode attention kernel: ", error);
+  }
+  return false;
+#else
+  return false;
+#endif
 }
 
 }  // namespace tophat::kernels

@@ -28,6 +28,21 @@ bool PagedDecodeAttention(const at::Tensor& q, const at::Tensor& key_blocks,
                           const at::Tensor& value_blocks, std::span<const int32_t> block_table,
                           int64_t positions, double scale, at::Tensor& out);
 
+// A batch of decode queries, one per sequence, over one pool's paged keys and values, in one
+// CUDA launch (kernels/paged_attention.cu). q: [num_seqs, heads, head_dim] contiguous;
+// key_blocks, value_blocks: [num_blocks, block_size, kv_heads, head_dim] contiguous, q's
+// dtype (float32, float16 or bfloat16), on q's CUDA device; block_tables: [num_seqs,
+// max_blocks] int32 and seq_lens: [num_seqs] int32 (positions each sequence attends,
+// including the query's own, already written), both on the device; window > 0 limits
+// attention to each sequence's last `window` positions. Writes out ([num_seqs, heads *
+// head_dim], contiguous, q's dtype). Returns false (nothing launched) when the inputs are
+// not of that form, the shape is one the kernel does not cover, or this build has no CUDA
+// kernels; throws c10::Error when the launch itself fails.
+bool PagedDecodeAttentionBatch(const at::Tensor& q, const at::Tensor& key_blocks,
+                               const at::Tensor& value_blocks, const at::Tensor& block_tables,
+                               const at::Tensor& seq_lens, int64_t window, double scale,
+                               at::Tensor& out);
+
 // silu(gate) * up for gate_up = [gate | up] along the last dimension, in one pass.
 at::Tensor SwiGlu(const at::Tensor& gate_up);
 

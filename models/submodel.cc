@@ -195,6 +195,101 @@ void Submodel::AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t la
       {n, kv_heads * group * hd}));
 }
 
+Submodel::DeviceBatch Submodel::PrepareDeviceBatch(std::span<const SequenceChunk> chunks,
+                                                   int64_t total) const {
+  DeviceBatch batch;
+  if (options_.device.is_cpu() || chunks.empty()) return batch;
+  const KvBlockPool* pool = &chunks.front().cache->pool();
+  for (const SequenceChunk& chunk : chunks) {
+    if (&chunk.cache->pool() != pool) return batch;  // caches of several pools: per chunk
+  }
+  const int64_t block_size = pool->block_size();
+  std::vector<int64_t> slots;
+  slots.reserve(static_cast<size_t>(total));
+  std::vector<int32_t> lens;
+  std::vector<const SequenceChunk*> decode;
+  int64_t max_blocks = 1;
+  int64_t row = 0;
+  batch.decode_first_row = -1;
+  batch.decode_rows_contiguous = true;
+  for (const SequenceChunk& chunk : chunks) {
+    const std::span<const int32_t> table = chunk.cache->block_table();
+    const int64_t past = chunk.cache->length();
+    for (int64_t i = 0; i < chunk.num_tokens; ++i) {
+      const int64_t position = past + i;
+      slots.push_back(int64_t{table[position / block_size]} * block_size + position % block_size);
+    }
+    if (chunk.num_tokens == 1) {
+      if (batch.decode_first_row < 0) batch.decode_first_row = row;
+      if (row != batch.decode_first_row + static_cast<int64_t>(decode.size())) {
+        batch.decode_rows_contiguous = false;
+      }
+      batch.decode_rows.push_back(row);
+      decode.push_back(&chunk);
+      lens.push_back(static_cast<int32_t>(past + 1));
+      max_blocks = std::max<int64_t>(max_blocks, pool->BlocksFor(past + 1));
+    }
+    row += chunk.num_tokens;
+  }
+  std::vector<int32_t> tables(decode.size() * static_cast<size_t>(max_blocks), 0);
+  for (size_t i = 0; i < decode.size(); ++i) {
+    const std::span<const int32_t> table = decode[i]->cache->block_table();
+    const int64_t needed = pool->BlocksFor(decode[i]->cache->length() + 1);
+    std::copy(table.begin(), table.begin() + needed, tables.begin() + i * max_blocks);
+  }
+  // One host-to-device copy per index tensor per step.
+  batch.slots = at::tensor(slots, at::kLong).to(options_.device);
+  if (!decode.empty()) {
+    const auto count = static_cast<int64_t>(decode.size());
+    batch.block_tables = at::tensor(tables, at::kInt).view({count, max_blocks}).to(options_.device);
+    batch.seq_lens = at::tensor(lens, at::kInt).to(options_.device);
+    if (!batch.decode_rows_contiguous) {
+      batch.decode_index = at::tensor(batch.decode_rows, at::kLong).to(options_.device);
+    }
+  }
+  return batch;
+}
+
+void Submodel::AttendDeviceBatch(const DeviceBatch& batch, std::span<const SequenceChunk> chunks,
+                                 int64_t layer, const at::Tensor& q, const at::Tensor& k,
+                                 const at::Tensor& v, at::Tensor& attention) const {
+  const KvBlockPool& pool = chunks.front().cache->pool();
+  const int64_t kv_heads = config_.num_key_value_heads;
+  const int64_t hd = config_.head_dim;
+  // Every new row of every chunk into its slot: [num_blocks * block_size, KV, hd] views.
+  pool.keys(layer).view({-1, kv_heads, hd}).index_copy_(0, batch.slots, k);
+  pool.values(layer).view({-1, kv_heads, hd}).index_copy_(0, batch.slots, v);
+
+  bool decode_done = false;
+  const auto decode_count = static_cast<int64_t>(batch.decode_rows.size());
+  if (decode_count > 0) {
+    const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+    const int64_t window = config_.sliding_window ? *config_.sliding_window : 0;
+    if (batch.decode_rows_contiguous) {
+      const at::Tensor decode_q = q.narrow(0, batch.decode_first_row, decode_count);
+      at::Tensor decode_out = attention.narrow(0, batch.decode_first_row, decode_count);
+      decode_done = kernels::PagedDecodeAttentionBatch(decode_q, pool.keys(layer),
+                                                       pool.values(layer), batch.block_tables,
+                                                       batch.seq_lens, window, scale, decode_out);
+    } else {
+      const at::Tensor decode_q = q.index_select(0, batch.decode_index);
+      at::Tensor decode_out = at::empty({decode_count, attention.size(1)}, attention.options());
+      decode_done = kernels::PagedDecodeAttentionBatch(decode_q, pool.keys(layer),
+                                                       pool.values(layer), batch.block_tables,
+                                                       batch.seq_lens, window, scale, decode_out);
+      if (decode_done) attention.index_copy_(0, batch.decode_index, decode_out);
+    }
+  }
+  int64_t row = 0;
+  for (const SequenceChunk& chunk : chunks) {
+    const int64_t n = chunk.num_tokens;
+    if (n > 0 && !(n == 1 && decode_done)) {
+      AttendChunk(q.narrow(0, row, n), *chunk.cache, layer, attention.narrow(0, row, n));
+    }
+    row += n;
+  }
+}
+
 absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden,
                                              std::span<const SequenceChunk> chunks) const {
   const int64_t d = config_.hidden_size;
@@ -244,6 +339,10 @@ absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden,
   at::Tensor x = hidden;
   absl::Status status = CatchExceptions("forward pass", [&] {
     if (layers_.empty() || total == 0) return;
+    // On a GPU, with every chunk in one pool (the cloud's engine), the step's K/V rows are
+    // written with one scatter per layer and its decode rows attend in one kernel launch;
+    // the index tensors for both are made once here, not per layer.
+    const DeviceBatch device_batch = PrepareDeviceBatch(chunks, total);
     // Rotary rows for every token of the batch, gathered once for all layers.
     at::Tensor cos;
     at::Tensor sin;
@@ -274,14 +373,19 @@ absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden,
       at::Tensor k = ApplyRope(qkv.narrow(1, q_size, kv_size).view({total, kv_heads, hd}), cos,
                                sin);
       at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({total, kv_heads, hd});
-      int64_t row = 0;
-      for (const SequenceChunk& chunk : chunks) {
-        const int64_t n = chunk.num_tokens;
-        if (n == 0) continue;
-        const auto layer = static_cast<int64_t>(l);
-        chunk.cache->Write(layer, chunk.cache->length(), k.narrow(0, row, n), v.narrow(0, row, n));
-        AttendChunk(q.narrow(0, row, n), *chunk.cache, layer, attention.narrow(0, row, n));
-        row += n;
+      const auto layer = static_cast<int64_t>(l);
+      if (device_batch.slots.defined()) {
+        AttendDeviceBatch(device_batch, chunks, layer, q, k, v, attention);
+      } else {
+        int64_t row = 0;
+        for (const SequenceChunk& chunk : chunks) {
+          const int64_t n = chunk.num_tokens;
+          if (n == 0) continue;
+          chunk.cache->Write(layer, chunk.cache->length(), k.narrow(0, row, n),
+                             v.narrow(0, row, n));
+          AttendChunk(q.narrow(0, row, n), *chunk.cache, layer, attention.narrow(0, row, n));
+          row += n;
+        }
       }
       x = x + Linear(attention, w.o_proj, w.o_bias);
       h = RmsNorm(x, w.post_norm, config_.rms_norm_eps);

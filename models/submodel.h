@@ -122,6 +122,24 @@ class Submodel {
   Submodel(ModelConfig config, SubmodelSpec spec, SubmodelOptions options)
       : config_(std::move(config)), spec_(spec), options_(options) {}
 
+  // The per-step index tensors of a GPU forward whose chunks share one KV pool (else
+  // `slots` is undefined and chunks are handled one by one). Made once per Forward.
+  struct DeviceBatch {
+    at::Tensor slots;         // [T] int64: pool row (block * block_size + offset) of each new row
+    std::vector<int64_t> decode_rows;  // batch rows of the one-token chunks, in order
+    int64_t decode_first_row = -1;
+    bool decode_rows_contiguous = true;  // decode_rows == first, first+1, ...
+    at::Tensor decode_index;  // decode_rows on the device, when not contiguous
+    at::Tensor block_tables;  // [decode rows, max blocks] int32
+    at::Tensor seq_lens;      // [decode rows] int32: positions each attends, its own included
+  };
+  DeviceBatch PrepareDeviceBatch(std::span<const SequenceChunk> chunks, int64_t total) const;
+  // One layer of a DeviceBatch: writes every new K/V row with one scatter, attends the decode
+  // rows in one kernel launch, and the longer chunks one by one (AttendChunk).
+  void AttendDeviceBatch(const DeviceBatch& batch, std::span<const SequenceChunk> chunks,
+                         int64_t layer, const at::Tensor& q, const at::Tensor& k,
+                         const at::Tensor& v, at::Tensor& attention) const;
+
   // Attention of the chunk's queries q [n, H, hd] (positions past..past+n-1, past =
   // cache.length()) against positions [0, past + n) of `layer`, already written.
   void AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t layer,

@@ -1,0 +1,39 @@
+// Host launcher for the CUDA paged decode attention; includable from .cc files (no CUDA
+// types exposed). The kernel is in paged_attention.cu.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tophat::kernels {
+
+enum class CudaDtype { kFloat32, kFloat16, kBFloat16 };
+
+struct PagedDecodeAttentionArgs {
+  CudaDtype dtype = CudaDtype::kFloat32;
+  const void* q = nullptr;             // [num_seqs, num_heads, head_dim], contiguous
+  const void* key_blocks = nullptr;    // [num_blocks, block_size, num_kv_heads, head_dim]
+  const void* value_blocks = nullptr;  // same
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq], device memory
+  const int32_t* seq_lens = nullptr;      // [num_seqs]: positions to attend (the new one too)
+  void* out = nullptr;                    // [num_seqs, num_heads * head_dim], q's dtype
+  int num_seqs = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int block_size = 0;
+  int max_blocks_per_seq = 0;
+  int window = 0;  // > 0: only the last `window` positions are visible (sliding window)
+  float scale = 1.0f;
+  void* stream = nullptr;  // cudaStream_t; nullptr is the legacy default stream
+};
+
+enum class LaunchResult { kLaunched, kUnsupported, kCudaError };
+
+// One query token per sequence against its paged keys and values (grouped-query attention:
+// query head h reads KV head h / (num_heads / num_kv_heads)), softmax in float32 whatever
+// the storage dtype. kUnsupported (nothing launched) for a head_dim outside {32, 64, 128,
+// 256} or more than 8 query heads per KV head (4 at head_dim 256); kCudaError fills `error`.
+LaunchResult LaunchPagedDecodeAttention(const PagedDecodeAttentionArgs& args, std::string* error);
+
+}  // namespace tophat::kernels

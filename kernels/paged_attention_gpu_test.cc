@@ -1,0 +1,121 @@
+// The CUDA paged decode attention against a float64 reference on the CPU (label `gpu`).
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kernels/decode_attention.h"
+
+namespace tophat::kernels {
+namespace {
+
+struct Case {
+  at::ScalarType dtype;
+  int64_t head_dim;
+  int64_t kv_heads;
+  int64_t group;
+  int64_t block_size;
+  int64_t window;
+  double tolerance;  // on ||out - ref|| / ||ref||
+};
+
+// softmax(q k^T * scale) v for one sequence, every head, in float64.
+at::Tensor Reference(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                     int64_t window, double scale) {
+  // q [H, hd]; keys/values [len, KV, hd]
+  const int64_t len = keys.size(0);
+  const int64_t start = window > 0 && len > window ? len - window : 0;
+  const int64_t group = q.size(0) / keys.size(1);
+  at::Tensor k = keys.narrow(0, start, len - start).repeat_interleave(group, 1);  // [n, H, hd]
+  at::Tensor v = values.narrow(0, start, len - start).repeat_interleave(group, 1);
+  at::Tensor scores = at::einsum("hd,nhd->hn", {q, k}) * scale;
+  return at::einsum("hn,nhd->hd", {at::softmax(scores, -1), v}).reshape({-1});
+}
+
+TEST_CASE("The CUDA paged decode attention matches a float64 reference", "[gpu][kernels]") {
+  const at::Device cuda(at::kCUDA, 0);
+  std::mt19937 rng(5);
+  const std::vector<Case> cases = {
+      {at::kFloat, 128, 8, 4, 16, 0, 1e-5},   {at::kBFloat16, 128, 8, 4, 16, 0, 1e-2},
+      {at::kHalf, 128, 8, 4, 16, 0, 2e-3},    {at::kFloat, 64, 2, 1, 1, 0, 1e-5},
+      {at::kFloat, 32, 2, 8, 3, 0, 1e-5},     {at::kBFloat16, 256, 2, 4, 16, 0, 1e-2},
+      {at::kFloat, 128, 4, 2, 16, 7, 1e-5},   {at::kBFloat16, 64, 4, 8, 32, 100, 1e-2},
+  };
+  for (const Case& c : cases) {
+    const std::vector<int64_t> lengths = {1, 2, 17, 300, 1500, 64, 5};
+    const int64_t seqs = static_cast<int64_t>(lengths.size());
+    const int64_t heads = c.kv_heads * c.group;
+    int64_t max_blocks = 0;
+    int64_t total_blocks = 0;
+    for (int64_t len : lengths) {
+      const int64_t blocks = (len + c.block_size - 1) / c.block_size;
+      max_blocks = std::max(max_blocks, blocks);
+      total_blocks += blocks;
+    }
+    total_blocks += 3;  // blocks no sequence holds
+    // Blocks handed out in a shuffled order, as a free list does after churn.
+    std::vector<int32_t> ids(static_cast<size_t>(total_blocks));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    const at::Tensor key_blocks =
+        at::randn({total_blocks, c.block_size, c.kv_heads, c.head_dim}, at::kDouble);
+    const at::Tensor value_blocks = at::randn_like(key_blocks);
+    const at::Tensor q = at::randn({seqs, heads, c.head_dim}, at::kDouble);
+    at::Tensor tables = at::zeros({seqs, max_blocks}, at::kInt);
+    std::vector<at::Tensor> refs;
+    size_t next = 0;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+    for (int64_t s = 0; s < seqs; ++s) {
+      const int64_t blocks = (lengths[s] + c.block_size - 1) / c.block_size;
+      std::vector<int64_t> held;
+      for (int64_t b = 0; b < blocks; ++b) {
+        tables[s][b] = ids[next];
+        held.push_back(ids[next++]);
+      }
+      const at::Tensor index = at::tensor(held, at::kLong);
+      const at::Tensor keys = key_blocks.index_select(0, index).reshape(
+          {-1, c.kv_heads, c.head_dim}).narrow(0, 0, lengths[s]);
+      const at::Tensor values = value_blocks.index_select(0, index).reshape(
+          {-1, c.kv_heads, c.head_dim}).narrow(0, 0, lengths[s]);
+      // The reference sees the same rounding of the inputs as the kernel.
+      refs.push_back(Reference(q[s].to(c.dtype).to(at::kDouble), keys.to(c.dtype).to(at::kDouble),
+                               values.to(c.dtype).to(at::kDouble), c.window, scale));
+    }
+    const at::Tensor ref = at::stack(refs);
+    std::vector<int32_t> lens(lengths.begin(), lengths.end());
+    const at::Tensor seq_lens = at::tensor(lens, at::kInt).to(cuda);
+    at::Tensor out = at::full({seqs, heads * c.head_dim}, NAN,
+                              at::TensorOptions().dtype(c.dtype).device(cuda));  // poisoned
+    const bool ran = PagedDecodeAttentionBatch(
+        q.to(cuda, c.dtype), key_blocks.to(cuda, c.dtype), value_blocks.to(cuda, c.dtype),
+        tables.to(cuda), seq_lens, c.window, scale, out);
+    INFO("dtype " << c10::toString(c.dtype) << ", head_dim " << c.head_dim << ", group "
+                  << c.group << ", block " << c.block_size << ", window " << c.window);
+    REQUIRE(ran);
+    const at::Tensor got = out.to(at::kCPU, at::kDouble);
+    REQUIRE(at::isfinite(got).all().item<bool>());  // every element written
+    const double error = (got - ref).norm().item<double>() / ref.norm().item<double>();
+    INFO("relative error " << error);
+    CHECK(error < c.tolerance);
+  }
+}
+
+TEST_CASE("Shapes the CUDA kernel does not cover are declined, not miscomputed",
+          "[gpu][kernels]") {
+  const at::Device cuda(at::kCUDA, 0);
+  const auto options = at::TensorOptions().device(cuda);
+  // head_dim 96 is not a multiple of 32; 16 query heads per KV head exceed the group limit.
+  for (const auto& [head_dim, group] : std::vector<std::pair<int64_t, int64_t>>{{96, 1}, {64, 16}}) {
+    at::Tensor q = at::randn({1, group, head_dim}, options);
+    at::Tensor blocks = at::randn({2, 4, 1, head_dim}, options);
+    at::Tensor tables = at::zeros({1, 1}, options.dtype(at::kInt));
+    at::Tensor lens = at::ones({1}, options.dtype(at::kInt));
+    at::Tensor out = at::empty({1, group * head_dim}, options);
+    CHECK_FALSE(PagedDecodeAttentionBatch(q, blocks, blocks, tables, lens, 0, 1.0, out));
+  }
+}
+
+}  // namespace
+}  // namespace tophat::kernels
