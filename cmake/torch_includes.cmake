@@ -6,6 +6,10 @@
 # include directory on its imported targets with a directory of links to its own entries
 # alone. Debian's CPU LibTorch installs no such headers, so there it does nothing.
 function(tophat_isolate_torch_includes)
+  # Debian's LibTorch lives in /usr, whose include directory is everyone's: nothing to do.
+  if(TORCH_INSTALL_PREFIX MATCHES "^/usr(/|$)")
+    return()
+  endif()
   set(_inc "${TORCH_INSTALL_PREFIX}/include")
   set(_bundled google fmt spdlog nlohmann absl CLI)
   set(_found FALSE)
