@@ -24,7 +24,7 @@
 #include "bench/cdf_plot.h"
 #include "bench/edge_links.h"
 #include "bench/process_control.h"
-#include "models/status_macros.h"
+#include "base/status_macros.h"
 
 namespace tophat::bench {
 namespace fs = std::filesystem;

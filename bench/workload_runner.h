@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "bench/workload.h"
-#include "device_agent/client.h"
+#include "sdk/client.h"
 
 namespace tophat::bench {
 

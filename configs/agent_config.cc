@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "configs/config_checks.h"
 #include "configs/yaml_reader.h"
-#include "models/status_macros.h"
+#include "base/status_macros.h"
 
 namespace tophat {
 namespace {

@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <string>
 
-#include "models/test_util.h"
+#include "base/test_util.h"
 
 namespace tophat {
 namespace {

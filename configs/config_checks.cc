@@ -10,13 +10,12 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "base/strings.h"
 
 namespace tophat {
 namespace {
 
 // Debian builds Abseil with its own string_view type, so std::string_view needs a bridge.
-absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-
 bool ParseDecimal(std::string_view text, int64_t* out) {
   if (text.empty() || !std::all_of(text.begin(), text.end(), absl::ascii_isdigit)) return false;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), *out);

@@ -12,13 +12,12 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/strings.h"
 
 namespace tophat {
 namespace {
 
 // Debian builds Abseil with its own string_view type, so std::string_view needs a bridge.
-absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-
 std::string_view TrimSpaces(std::string_view text) {
   const size_t begin = text.find_first_not_of(" \t");
   if (begin == std::string_view::npos) return {};

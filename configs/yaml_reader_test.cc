@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "models/test_util.h"
+#include "base/test_util.h"
 
 namespace tophat {
 namespace {

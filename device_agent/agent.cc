@@ -8,18 +8,18 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
-#include "models/status_macros.h"
-#include "models/tokenizer.h"
+#include "base/status_macros.h"
+#include "models/tokenizers/tokenizer.h"
 #include "proto/hidden_states.h"
 #include "scheduler/decode_decisions.h"
 #include "scheduler/moving_average.h"
+#include "base/clock.h"
 
 namespace tophat {
 namespace {
 
 using SteadyClock = std::chrono::steady_clock;
 
-double Seconds(SteadyClock::duration d) { return std::chrono::duration<double>(d).count(); }
 double SecondsSinceEpoch(SteadyClock::time_point t) { return Seconds(t.time_since_epoch()); }
 
 SteadyClock::duration ToDuration(double seconds) {

@@ -23,8 +23,8 @@
 #include "device_agent/link_estimator.h"
 #include "device_agent/speculative_decoder.h"
 #include "scheduler/moving_average.h"
-#include "models/bundle.h"
-#include "models/sampler.h"
+#include "models/runtime/bundle.h"
+#include "models/runtime/sampler.h"
 #include "tophat/v1/agent.pb.h"
 
 namespace tophat {

@@ -16,13 +16,11 @@
 #include "configs/agent_config.h"
 #include "device_agent/agent.h"
 #include "device_agent/agent_service.h"
+#include "base/program.h"
+
+using tophat::Fail;
 
 namespace {
-
-int Fail(const absl::Status& status) {
-  spdlog::error("{}", status.ToString());
-  return 1;
-}
 
 int Run(const tophat::AgentConfig& config) {
   spdlog::set_level(spdlog::level::from_str(config.log_level));

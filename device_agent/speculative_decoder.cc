@@ -4,8 +4,8 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "models/speculative_verify.h"
-#include "models/status_macros.h"
+#include "models/runtime/speculative_verify.h"
+#include "base/status_macros.h"
 
 namespace tophat {
 

@@ -39,9 +39,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "models/kv_cache.h"
-#include "models/sampler.h"
-#include "models/submodel.h"
+#include "models/runtime/kv_cache.h"
+#include "models/runtime/sampler.h"
+#include "models/runtime/submodel.h"
 #include "scheduler/moving_average.h"
 
 namespace tophat {

@@ -9,10 +9,10 @@
 #include <memory>
 #include <vector>
 
-#include "models/adapter.h"
-#include "models/checkpoint.h"
-#include "models/model_init.h"
-#include "models/test_util.h"
+#include "models/runtime/adapter.h"
+#include "models/formats/checkpoint.h"
+#include "models/runtime/model_init.h"
+#include "base/test_util.h"
 
 #include <catch2/catch.hpp>
 

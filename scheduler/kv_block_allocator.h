@@ -1,5 +1,5 @@
 // KV block accounting for the cloud's paged KV cache: which block ids are free, and how many
-// are promised to admitted sessions. Pure bookkeeping; the tensors live in models/kv_cache.h.
+// are promised to admitted sessions. Pure bookkeeping; the tensors live in models/runtime/kv_cache.h.
 #pragma once
 
 #include <cstdint>

@@ -16,20 +16,18 @@
 #include "telemetry/metrics_http_server.h"
 #include "telemetry/shutdown_signals.h"
 #include "configs/cloud_config.h"
-#include "models/bundle.h"
-#include "models/config.h"
+#include "models/runtime/bundle.h"
+#include "models/formats/config.h"
 #include "server/cloud_metrics.h"
 #include "server/cloud_service.h"
 #include "server/engine.h"
+#include "base/program.h"
+
+using tophat::Fail;
 
 namespace {
 
 using tophat::CloudConfig;
-
-int Fail(const absl::Status& status) {
-  spdlog::error("{}", status.ToString());
-  return 1;
-}
 
 int Run(const CloudConfig& config) {
   spdlog::set_level(spdlog::level::from_str(config.log_level));

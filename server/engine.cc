@@ -8,13 +8,13 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
-#include "models/status_macros.h"
+#include "base/status_macros.h"
 #include "proto/hidden_states.h"
+#include "base/clock.h"
 
 namespace tophat {
 namespace {
 
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 // How long the loop sleeps with no work before it checks deadlines again.
 constexpr auto kIdleWait = std::chrono::milliseconds(50);

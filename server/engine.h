@@ -24,8 +24,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "models/kv_cache.h"
-#include "models/submodel.h"
+#include "models/runtime/kv_cache.h"
+#include "models/runtime/submodel.h"
 #include "scheduler/batch_planner.h"
 #include "scheduler/kv_block_allocator.h"
 #include "scheduler/decode_decisions.h"

@@ -6,9 +6,9 @@
 #include <deque>
 #include <mutex>
 
-#include "models/checkpoint.h"
-#include "models/model_init.h"
-#include "models/test_util.h"
+#include "models/formats/checkpoint.h"
+#include "models/runtime/model_init.h"
+#include "base/test_util.h"
 #include "proto/hidden_states.h"
 
 #include <catch2/catch.hpp>

@@ -15,13 +15,13 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
-#include "device_agent/client.h"
-#include "models/bundle.h"
-#include "models/generate.h"
-#include "models/submodel.h"
-#include "models/test_util.h"
-#include "models/tokenizer.h"
-#include "models/toy_corpus.h"
+#include "sdk/client.h"
+#include "models/runtime/bundle.h"
+#include "models/runtime/generate.h"
+#include "models/runtime/submodel.h"
+#include "base/test_util.h"
+#include "models/tokenizers/tokenizer.h"
+#include "models/training/toy_corpus.h"
 #include "tests/process_util.h"
 #include "tophat/v1/cloud.grpc.pb.h"
 

@@ -4,11 +4,11 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "models/bundle.h"
-#include "models/generate.h"
-#include "models/submodel.h"
-#include "models/tokenizer.h"
-#include "models/toy_corpus.h"
+#include "models/runtime/bundle.h"
+#include "models/runtime/generate.h"
+#include "models/runtime/submodel.h"
+#include "models/tokenizers/tokenizer.h"
+#include "models/training/toy_corpus.h"
 
 // Last: LibTorch's glog defines CHECK too, and Catch's must win.
 #include <catch2/catch.hpp>

@@ -57,12 +57,16 @@ if [ "$run_bench" -eq 1 ]; then
   # Llama-3-8B's shape with random bf16 weights, split m = 2, k = 1: a 29-layer middle.
   model="${TOPHAT_BENCH_MODEL:-build/gpu-check-model/llama3-8b}"
   echo "== GPU benchmark: engine decode and prefill, Llama-3-8B shape, bf16 =="
-  python3 server/bench/random_checkpoint.py --out "$model" --preset llama3-8b --dtype bf16
+  python3 bench/random_checkpoint.py --out "$model" --preset llama3-8b --dtype bf16
   batches=(1 8 32 64 128)
   reps=30
   if [ "$quick" -eq 1 ]; then batches=(1 64); reps=10; fi
   build/gpu/bin/tophat-bench-engine --model "$model" -m 2 -k 1 --device cuda --dtype bfloat16 \
     --context 1024 --batch "${batches[@]}" --prefill-tokens 2048 --repetitions "$reps" \
     --json "$out/bench-engine-gpu.json" 2>&1 | tee "$out/bench-engine-gpu.log"
+  echo "== the same layers in Hugging Face transformers (eager; static cache + torch.compile) =="
+  python3 bench/hf_compare.py --model "$model" -m 2 -k 1 --context 1024 --batch 1 32 \
+    --repetitions "$reps" --json "$out/hf-compare.json" 2>&1 | tee "$out/hf-compare.log" ||
+    echo "check.sh: the transformers comparison failed (see $out/hf-compare.log)" >&2
 fi
 exit "$status"

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Writes a random Hugging Face checkpoint in a real model's shape, for GPU benchmarks.
+
+    python3 bench/random_checkpoint.py --out DIR [--preset llama3-8b] [--dtype bf16]
+
+Weights are normal(0, 0.02) (norms 1), drawn on the GPU when there is one, and saved as
+safetensors shards (one per layer) with model.safetensors.index.json, so tophat and
+transformers load the very same bytes. Nothing is downloaded. Reuses DIR when its
+config.json already matches.
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+from safetensors.torch import save_file
+
+PRESETS = {
+    # Llama-3-8B's shape (meta-llama/Meta-Llama-3-8B config.json), random weights.
+    "llama3-8b": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 128256,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "bos_token_id": 128000,
+        "eos_token_id": 128001,
+    },
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="checkpoint directory to write")
+    parser.add_argument("--preset", default="llama3-8b", choices=sorted(PRESETS))
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f32"])
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    config = dict(PRESETS[args.preset])
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[args.dtype]
+    config["torch_dtype"] = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}[args.dtype]
+    os.makedirs(args.out, exist_ok=True)
+    config_path = os.path.join(args.out, "config.json")
+    index_path = os.path.join(args.out, "model.safetensors.index.json")
+    if os.path.exists(config_path) and os.path.exists(index_path):
+        with open(config_path) as f:
+            if json.load(f) == config:
+                print(f"random_checkpoint: reusing {args.out}", file=sys.stderr)
+                return 0
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    d, inter = config["hidden_size"], config["intermediate_size"]
+    hd = config["head_dim"]
+    q, kv = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
+
+    def normal(*shape):
+        t = torch.empty(*shape, device=device, dtype=torch.float32)
+        t.normal_(0.0, 0.02, generator=generator)
+        return t.to(dtype).cpu().contiguous()
+
+    def ones(n):
+        return torch.ones(n, dtype=dtype)
+
+    weight_map = {}
+    total = 0
+
+    def save(name, tensors):
+        nonlocal total
+        save_file(tensors, os.path.join(args.out, name), metadata={"format": "pt"})
+        for key, t in tensors.items():
+            weight_map[key] = name
+            total += t.numel() * t.element_size()
+
+    layers = config["num_hidden_layers"]
+    save("embed.safetensors", {"model.embed_tokens.weight": normal(config["vocab_size"], d)})
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        save(f"layer-{i:03d}.safetensors", {
+            p + "input_layernorm.weight": ones(d),
+            p + "self_attn.q_proj.weight": normal(q, d),
+            p + "self_attn.k_proj.weight": normal(kv, d),
+            p + "self_attn.v_proj.weight": normal(kv, d),
+            p + "self_attn.o_proj.weight": normal(d, q),
+            p + "post_attention_layernorm.weight": ones(d),
+            p + "mlp.gate_proj.weight": normal(inter, d),
+            p + "mlp.up_proj.weight": normal(inter, d),
+            p + "mlp.down_proj.weight": normal(d, inter),
+        })
+        print(f"random_checkpoint: layer {i + 1}/{layers}", file=sys.stderr, flush=True)
+    save("head.safetensors", {"model.norm.weight": ones(d),
+                              "lm_head.weight": normal(config["vocab_size"], d)})
+    with open(index_path, "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
+    with open(config_path, "w") as f:
+        json.dump(config, f, indent=1)
+    print(f"random_checkpoint: wrote {total / 1e9:.1f} GB to {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

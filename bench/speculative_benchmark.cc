@@ -1,0 +1,235 @@
+// tophat-bench-speculative: decode speed of speculative decoding against plain U-shaped
+// decoding, on the toy model, through the real pieces: the cloud's CloudService and Engine on
+// a loopback gRPC port in this process, and real Agents (device bundle, adapter, drafter,
+// verification, rollback) whose cloud link has a fixed emulated delay, so that every
+// verification trip costs what a network round trip costs.
+//
+// Three agent configurations run the same greedy prompts, interleaved prompt by prompt so
+// that machine noise falls on all three alike:
+//   u-shape           speculative decoding off (the baseline)
+//   speculative       drafts verified in the cloud, no parallel drafting
+//   spec + parallel   plus drafting ahead while a verification is in flight
+// Reported: mean time between tokens (TBT) and its ratio to the baseline in the same run,
+// tokens per verification round (acceptance length), parallel-draft hit rate, and the
+// adapter's size against the model's.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <grpcpp/grpcpp.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "device_agent/agent.h"
+#include "models/runtime/bundle.h"
+#include "models/tokenizers/tokenizer.h"
+#include "models/training/toy_corpus.h"
+#include "models/training/toy_model.h"
+#include "bench/bench_util.h"
+#include "server/cloud_service.h"
+#include "server/engine.h"
+#include "base/program.h"
+
+using tophat::Fail;
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using namespace tophat;
+
+struct Args {
+  fs::path model;
+  double one_way_delay_ms = 10;
+  int64_t prompts = 12;
+  int64_t new_tokens = 64;
+  int64_t input_layers = 2;
+  int64_t output_layers = 1;
+  std::string json_path;
+};
+
+struct Mode {
+  std::string name;
+  bool speculative = false;
+  bool parallel = false;
+  std::unique_ptr<Agent> agent;
+  std::vector<double> tbt;   // per request
+  std::vector<double> ttft;
+  int64_t tokens = 0, rounds = 0, drafted = 0, accepted = 0, ahead = 0, hits = 0;
+};
+
+// The demo's override (deploy/demo.sh), else where `tophat toy-model` caches it.
+fs::path DefaultToyModel() {
+  if (const char* dir = std::getenv("TOPHAT_TOY_MODEL"); dir != nullptr && *dir != '\0') return dir;
+  return DefaultToyModelDir();
+}
+
+double Mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return v.empty() ? 0 : sum / static_cast<double>(v.size());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app(
+      "Speculative decoding against U-shaped decoding on the toy model, with an emulated link "
+      "delay between agent and cloud; prints a table and JSON");
+  Args args;
+  args.model = DefaultToyModel();
+  app.add_option("--model", args.model,
+                 "Checkpoint with adapter.json (the toy model: tophat toy-model)")
+      ->capture_default_str();
+  app.add_option("--one-way-delay-ms", args.one_way_delay_ms, "Emulated link delay each way")
+      ->capture_default_str();
+  app.add_option("--prompts", args.prompts, "Prompts per configuration")->capture_default_str();
+  app.add_option("--new-tokens", args.new_tokens, "Tokens generated per prompt")
+      ->capture_default_str();
+  app.add_option("--json", args.json_path, "Also write the report here");
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::err);
+
+  auto scratch = bench::ScratchDir::Create("tophat-bench-spec");
+  if (!scratch.ok()) return Fail(scratch.status());
+  auto split = SplitCheckpoint({.model_dir = args.model,
+                                .input_layers = args.input_layers,
+                                .output_layers = args.output_layers,
+                                .out_dir = scratch->path()});
+  if (!split.ok()) return Fail(split.status());
+  if (!split->device.adapter) {
+    return Fail(absl::FailedPreconditionError(absl::StrCat(
+        args.model.string(), " has no adapter for m = ", args.input_layers, ": ",
+        split->adapter_note.empty() ? "run `tophat toy-model` or `tophat distill`"
+                                    : split->adapter_note)));
+  }
+
+  // The cloud, in process.
+  auto cloud = CloudBundle::Load(split->cloud_dir, {.max_context = 1024});
+  if (!cloud.ok()) return Fail(cloud.status());
+  std::shared_ptr<const Submodel> middle = std::move(cloud->middle);
+  EngineOptions engine_options{.model_id = "toy", .kv_block_size = 16, .kv_num_blocks = 1024};
+  engine_options.control.set_prompt_chunk_size(64);
+  auto engine = Engine::Create(engine_options, middle, nullptr);
+  if (!engine.ok()) return Fail(engine.status());
+  CloudServiceImpl service(engine->get(), {});
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) return Fail(absl::UnavailableError("cannot listen"));
+  (*engine)->Start();
+
+  std::vector<Mode> modes;
+  modes.push_back({.name = "u-shape"});
+  modes.push_back({.name = "speculative", .speculative = true});
+  modes.push_back({.name = "spec + parallel", .speculative = true, .parallel = true});
+  for (Mode& mode : modes) {
+    AgentConfig config;
+    config.bundle = split->device_dir.string();
+    config.cloud_address = absl::StrCat("127.0.0.1:", port);
+    config.metrics_address = "";
+    config.max_context = 1024;
+    config.speculative.enabled = mode.speculative;
+    config.speculative.parallel_drafting = mode.parallel;
+    config.link_emulation.one_way_delay_s = args.one_way_delay_ms / 1000.0;
+    auto agent = Agent::Create(config, nullptr);
+    if (!agent.ok()) return Fail(agent.status());
+    mode.agent = *std::move(agent);
+  }
+
+  const std::vector<std::string> prompts = ToyPrompts(2024, args.prompts + 1);
+  // A warm-up request per agent, not measured.
+  for (int64_t p = -1; p < args.prompts; ++p) {
+    for (Mode& mode : modes) {
+      v1::GenerateRequest request;
+      request.set_prompt(prompts[static_cast<size_t>(p + 1)]);
+      request.set_max_new_tokens(static_cast<uint32_t>(args.new_tokens));
+      request.set_ignore_eos(true);
+      v1::GenerateResponse response =
+          mode.agent->Generate(request, [](const TokenEvent&) { return true; });
+      if (response.finish_reason() == v1::FINISH_REASON_ERROR) {
+        return Fail(absl::InternalError(absl::StrCat(mode.name, ": ", response.error())));
+      }
+      if (p < 0) continue;
+      const v1::RequestStats& stats = response.stats();
+      mode.tbt.push_back(stats.mean_inter_token_seconds());
+      mode.ttft.push_back(stats.time_to_first_token_seconds());
+      mode.tokens += stats.generated_tokens();
+      mode.rounds += stats.decode_rounds();
+      mode.drafted += stats.draft_tokens();
+      mode.accepted += stats.accepted_tokens();
+      mode.ahead += stats.parallel_drafts();
+      mode.hits += stats.parallel_hits();
+    }
+  }
+  // Agents first: their streams are calls the server would otherwise wait for.
+  for (Mode& mode : modes) mode.agent.reset();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  (*engine)->Stop();
+
+  const double base_tbt = Mean(modes[0].tbt);
+  const AdapterInfo& adapter = *split->device.adapter;
+  const int64_t model_parameters =
+      adapter.distillation.value("report", json::object()).value("model_parameters", int64_t{0});
+  json report = {{"model", fs::absolute(args.model).string()},
+                 {"one_way_delay_ms", args.one_way_delay_ms},
+                 {"prompts", args.prompts},
+                 {"new_tokens", args.new_tokens},
+                 {"split", {{"input_layers", args.input_layers}, {"output_layers", args.output_layers}}},
+                 {"adapter_parameters", adapter.num_parameters},
+                 {"model_parameters", model_parameters},
+                 {"adapter_fraction", model_parameters > 0 ? static_cast<double>(adapter.num_parameters) /
+                                                                 static_cast<double>(model_parameters)
+                                                           : 0.0},
+                 {"modes", json::array()}};
+  std::printf("%-16s %10s %10s %9s %12s %11s %10s\n", "mode", "TBT ms", "speedup", "TTFT ms",
+              "tokens/round", "acceptance", "par. hits");
+  for (const Mode& mode : modes) {
+    const double tbt = Mean(mode.tbt);
+    const double per_round = mode.rounds > 0 ? static_cast<double>(mode.tokens - args.prompts) /
+                                                   static_cast<double>(mode.rounds)
+                                             : 0;
+    const double acceptance =
+        mode.drafted > 0 ? static_cast<double>(mode.accepted) / static_cast<double>(mode.drafted) : 0;
+    const double hit_rate =
+        mode.ahead > 0 ? static_cast<double>(mode.hits) / static_cast<double>(mode.ahead) : 0;
+    std::printf("%-16s %10.2f %9.2fx %9.1f %12.2f %10.1f%% %9.1f%%\n", mode.name.c_str(),
+                tbt * 1000, base_tbt / tbt, Mean(mode.ttft) * 1000, per_round, 100 * acceptance,
+                100 * hit_rate);
+    report["modes"].push_back({{"name", mode.name},
+                               {"mean_tbt_seconds", tbt},
+                               {"decode_speedup_vs_ushape", base_tbt / tbt},
+                               {"mean_ttft_seconds", Mean(mode.ttft)},
+                               {"tokens", mode.tokens},
+                               {"rounds", mode.rounds},
+                               {"tokens_per_round", per_round},
+                               {"draft_tokens", mode.drafted},
+                               {"accepted_tokens", mode.accepted},
+                               {"draft_acceptance_rate", acceptance},
+                               {"parallel_draft_rounds", mode.ahead},
+                               {"parallel_hits", mode.hits},
+                               {"parallel_hit_rate", hit_rate}});
+  }
+  std::printf("adapter: %lld parameters, %.1f%% of the model's %lld\n",
+              static_cast<long long>(adapter.num_parameters),
+              100.0 * report["adapter_fraction"].get<double>(),
+              static_cast<long long>(model_parameters));
+  const double spec_tbt = Mean(modes[1].tbt);
+  const double parallel_tbt = Mean(modes[2].tbt);
+  report["goals"] = {
+      {"acceptance_length_ge_2", report["modes"][1]["tokens_per_round"].get<double>() >= 2.0},
+      {"decode_speedup_ge_1_65", base_tbt / parallel_tbt >= 1.65},
+      {"parallel_lowers_tbt", parallel_tbt < spec_tbt}};
+  std::printf("%s\n", report.dump(2).c_str());
+  if (!args.json_path.empty()) std::ofstream(args.json_path) << report.dump(2) << "\n";
+  return 0;
+}

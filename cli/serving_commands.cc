@@ -1,0 +1,252 @@
+#include "cli/serving_commands.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "sdk/client.h"
+#include "bench/ablation.h"
+#include "bench/workload_runner.h"
+#include "models/runtime/bundle.h"
+#include "models/formats/config.h"
+#include "models/tokenizers/tokenizer.h"
+#include "models/training/toy_corpus.h"
+#include "models/training/toy_model.h"
+#include "base/program.h"
+
+using tophat::Fail;
+
+namespace tophat::cli {
+namespace {
+
+const char* FinishName(v1::FinishReason reason) {
+  switch (reason) {
+    case v1::FINISH_REASON_STOP:
+      return "stop";
+    case v1::FINISH_REASON_LENGTH:
+      return "length";
+    case v1::FINISH_REASON_CANCELLED:
+      return "cancelled";
+    case v1::FINISH_REASON_ERROR:
+      return "error";
+    case v1::FINISH_REASON_UNSPECIFIED:
+    case v1::FinishReason_INT_MIN_SENTINEL_DO_NOT_USE_:
+    case v1::FinishReason_INT_MAX_SENTINEL_DO_NOT_USE_:
+      break;
+  }
+  return "unspecified";
+}
+
+v1::GenerateRequest MakeRequest(const ChatArgs& args, const std::string& prompt) {
+  v1::GenerateRequest request;
+  request.set_prompt(prompt);
+  request.set_max_new_tokens(static_cast<uint32_t>(args.max_new_tokens));
+  request.mutable_sampling()->set_temperature(static_cast<float>(args.temperature));
+  request.mutable_sampling()->set_top_k(static_cast<uint32_t>(args.top_k));
+  request.mutable_sampling()->set_top_p(static_cast<float>(args.top_p));
+  request.mutable_sampling()->set_seed(args.seed);
+  request.set_trace(!args.trace_path.empty());
+  return request;
+}
+
+}  // namespace
+
+int RunChat(const ChatArgs& args) {
+  auto client = Client::Connect(args.agent);
+  if (!client.ok()) return Fail(client.status());
+  const auto ask = [&](const std::string& prompt) -> int {
+    auto result = (*client)->Generate(MakeRequest(args, prompt),
+                                      [](const v1::GenerateResponse& update) {
+                                        std::cout << update.text() << std::flush;
+                                      });
+    std::cout << "\n";
+    if (!result.ok()) return Fail(result.status());
+    if (!result->ok()) return Fail(absl::InternalError(result->error));
+    if (!args.trace_path.empty()) {
+      // The request's stats with its per-chunk and per-round trace, as JSON.
+      std::string json;
+      google::protobuf::util::JsonPrintOptions options;
+      options.add_whitespace = true;
+      options.preserve_proto_field_names = true;
+      if (!google::protobuf::util::MessageToJsonString(result->stats, &json, options).ok()) {
+        return Fail(absl::InternalError("cannot print the trace as JSON"));
+      }
+      if (args.trace_path == "-") {
+        std::cerr << json << "\n";
+      } else {
+        std::ofstream out(args.trace_path);
+        out << json << "\n";
+        if (!out) return Fail(absl::InternalError(absl::StrCat(args.trace_path, ": write failed")));
+      }
+    }
+    if (args.stats) {
+      std::fprintf(stderr, "[%s: %zu tokens, TTFT %.1f ms, mean TBT %.2f ms]\n",
+                   FinishName(result->finish_reason), result->token_ids.size(),
+                   result->time_to_first_token_seconds() * 1e3,
+                   result->mean_inter_token_seconds() * 1e3);
+    }
+    return 0;
+  };
+  if (!args.prompt.empty()) return ask(args.prompt);
+  std::string line;
+  std::fprintf(stderr, "tophat chat: one prompt per line, Ctrl-D to quit\n");
+  while (std::fprintf(stderr, "> "), std::getline(std::cin, line)) {
+    if (line.empty()) continue;
+    if (int rc = ask(line); rc != 0) return rc;
+  }
+  return 0;
+}
+
+int RunBench(const BenchArgs& args) {
+  bench::WorkloadSpec spec{.prompts = args.prompts,
+                           .requests = args.requests,
+                           .rate = args.rate,
+                           .prompt_lengths = args.prompt_lengths,
+                           .output_tokens = args.output_tokens,
+                           .seed = args.seed};
+  auto run = bench::RunWorkload(args.agents, spec);
+  if (!run.ok()) return Fail(run.status());
+  const bench::SlaTargets sla{.ttft_s = args.sla_ttft_s, .tbt_s = args.sla_tbt_s};
+  const bench::WorkloadSummary summary = bench::SummarizeRun(*run, sla);
+
+  const bool table = args.per_request || !args.prompts.empty();
+  nlohmann::json per_request = nlohmann::json::array();
+  if (table) {
+    std::printf("%-4s %-16s %7s %7s %10s %14s  %-9s %s\n", "req", "agent", "prompt", "tokens",
+                "TTFT ms", "mean TBT ms", "finish", "text");
+  }
+  for (size_t i = 0; i < run->outcomes.size(); ++i) {
+    const bench::RequestOutcome& o = run->outcomes[i];
+    const GenerateResult& r = o.result;
+    const double first = r.time_to_first_token_seconds();
+    const double gap = r.mean_inter_token_seconds();
+    if (table) {
+      std::string text = o.status.ok() ? r.text : std::string(o.status.message());
+      std::replace(text.begin(), text.end(), '\n', ' ');
+      if (text.size() > 60) text = text.substr(0, 57) + "...";
+      std::printf("%-4zu %-16s %7u %7zu %10.1f %14.2f  %-9s %s\n", i,
+                  args.agents[o.agent].c_str(), r.stats.prompt_tokens(), r.token_ids.size(),
+                  first * 1e3, gap * 1e3, o.status.ok() ? FinishName(r.finish_reason) : "error",
+                  text.c_str());
+    }
+    nlohmann::json request = bench::OutcomeJson(o);
+    request["agent"] = args.agents[o.agent];
+    per_request.push_back(std::move(request));
+  }
+  std::printf("\n%-10s %10s %10s %10s %10s\n", "ms", "mean", "p50", "p90", "p99");
+  for (const auto& [name, s] : {std::pair{"TTFT", summary.ttft}, std::pair{"TBT", summary.tbt},
+                                std::pair{"E2E", summary.e2e}}) {
+    std::printf("%-10s %10.1f %10.1f %10.1f %10.1f\n", name, s.mean * 1e3, s.p50 * 1e3,
+                s.p90 * 1e3, s.p99 * 1e3);
+  }
+  std::printf("\n%lld requests (%lld failed) in %.2f s: %.1f tokens/s, %.2f requests/s; "
+              "SLA (TTFT <= %.0f ms, TBT <= %.0f ms) met by %.1f%%\n",
+              static_cast<long long>(summary.requests), static_cast<long long>(summary.failed),
+              run->wall_seconds, summary.output_tokens_per_second,
+              (summary.requests - summary.failed) / run->wall_seconds, args.sla_ttft_s * 1e3,
+              args.sla_tbt_s * 1e3, summary.sla_compliance * 100);
+
+  nlohmann::json report = bench::SummaryJson(summary);
+  report["agents"] = args.agents;
+  report["rate"] = args.rate;
+  report["prompt_lengths"] = args.prompts.empty() ? args.prompt_lengths : "prompts";
+  report["output_tokens"] = args.output_tokens;
+  report["wall_seconds"] = run->wall_seconds;
+  report["sla"] = {{"ttft_s", args.sla_ttft_s},
+                   {"tbt_s", args.sla_tbt_s},
+                   {"compliance", summary.sla_compliance}};
+  report["per_request"] = per_request;
+  if (!args.json_path.empty()) {
+    std::ofstream out(args.json_path);
+    out << report.dump(2) << "\n";
+    if (!out) {
+      return Fail(absl::UnavailableError(absl::StrCat("--json: cannot write ", args.json_path)));
+    }
+  }
+  return summary.failed == 0 ? 0 : 2;
+}
+
+int RunAblationCommand(const AblationArgs& args) {
+  namespace fs = std::filesystem;
+  fs::path model = args.model_dir;
+  if (model.empty()) {
+    model = DefaultToyModelDir();
+    spdlog::info("ablation: toy model in {} (trained on first use, then cached)", model.string());
+    ToyModelOptions toy;
+    toy.out_dir = model;
+    auto made = MakeToyModel(toy, nullptr, nullptr);
+    if (!made.ok()) return Fail(made.status());
+  }
+  auto config = ModelConfig::Load(model / "config.json");
+  if (!config.ok()) return Fail(config.status());
+  // m = 2 (the toy adapter's), k = 1: the device keeps the last layer, so whole hidden states
+  // cross the link both ways.
+  const fs::path work_dir = fs::absolute(args.work_dir);
+  auto split = SplitCheckpoint({.model_dir = model,
+                                .input_layers = 2,
+                                .output_layers = 1,
+                                .out_dir = work_dir / "bundles"});
+  if (!split.ok()) return Fail(split.status());
+  if (!split->adapter_note.empty()) spdlog::warn("ablation: {}", split->adapter_note);
+
+  bench::AblationOptions options;
+  auto configs = bench::SelectAblationConfigs(args.configs);
+  if (!configs.ok()) return Fail(configs.status());
+  options.configs = *std::move(configs);
+  options.device_bundle = split->device_dir;
+  options.cloud_bundle = split->cloud_dir;
+  options.bin_dir = fs::read_symlink("/proc/self/exe").parent_path();
+  options.work_dir = work_dir;
+  options.devices = args.devices;
+  options.datasets = args.datasets;
+  options.rates = args.rates;
+  options.requests = args.requests;
+  options.output_tokens = args.output_tokens;
+  options.seed = args.seed;
+  options.max_context = std::min<int64_t>(4096, config->max_position_embeddings);
+  options.sla = {.ttft_s = args.sla_ttft_s, .tbt_s = args.sla_tbt_s};
+  options.links = args.links;
+  options.links_script = args.links_script.empty()
+                             ? fs::path(TOPHAT_SOURCE_DIR) / "deploy" / "edge-links.sh"
+                             : fs::path(args.links_script);
+  options.one_way_delay_s = args.one_way_delay_ms / 1e3;
+  // Hidden states travel as float32 (the cloud's dtype in the ablation).
+  options.bytes_per_token = args.scale_links ? static_cast<double>(config->hidden_size) * 4 : 0;
+  options.link_period_s = args.link_period_s;
+
+  // Prompts are windows of English-like text from the toy grammar (held out from training by
+  // its seed), tokenized by the model's tokenizer.
+  auto tokenizer = Tokenizer::Load(model);
+  if (!tokenizer.ok()) return Fail(tokenizer.status());
+  for (const std::string& document : GenerateToyCorpus(/*seed=*/977, 600)) {
+    auto ids = (*tokenizer)->Encode(document + " ");
+    if (!ids.ok()) return Fail(ids.status());
+    options.text_tokens.insert(options.text_tokens.end(), ids->begin(), ids->end());
+  }
+  auto report = bench::RunAblation(options);
+  if (!report.ok()) return Fail(report.status());
+  const fs::path json_path =
+      args.json_path.empty() ? work_dir / "ablation.json" : fs::path(args.json_path);
+  std::ofstream out(json_path);
+  out << report->dump(2) << "\n";
+  if (!out) {
+    return Fail(absl::UnavailableError(absl::StrCat("--json: cannot write ", json_path.string())));
+  }
+  std::printf("JSON report: %s\n", json_path.string().c_str());
+  return 0;
+}
+
+}  // namespace tophat::cli

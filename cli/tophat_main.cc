@@ -1,0 +1,502 @@
+// `tophat`: the command line for models: make the toy model, split a checkpoint into device
+// and cloud bundles, generate text, and benchmark a model against this machine's bounds.
+#include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "cli/serving_commands.h"
+#include "bench/model_benchmark.h"
+#include "models/runtime/bundle.h"
+#include "models/training/distill.h"
+#include "models/runtime/generate.h"
+#include "models/runtime/model_init.h"
+#include "models/runtime/submodel.h"
+#include "models/tokenizers/tokenizer.h"
+#include "models/training/toy_model.h"
+#include "base/program.h"
+
+using tophat::Fail;
+
+namespace {
+
+namespace fs = std::filesystem;
+using tophat::SubmodelOptions;
+
+void PrintProgress(const char* what, const tophat::TrainingProgress& p) {
+  const int width = 30;
+  const int filled = static_cast<int>(width * p.step / std::max<int64_t>(1, p.total_steps));
+  std::fprintf(stderr, "\r%s [%.*s%*s] step %lld/%lld  loss %.3f  %.0f tok/s  ETA %.0fs ", what,
+               filled, "##############################", width - filled, "",
+               static_cast<long long>(p.step), static_cast<long long>(p.total_steps), p.loss,
+               p.tokens_per_second, p.eta_seconds);
+  if (p.step == p.total_steps) std::fprintf(stderr, "\n");
+}
+
+int RunToyModel(tophat::ToyModelOptions options) {
+  spdlog::info("toy-model: writing to {}", options.out_dir.string());
+  auto report = tophat::MakeToyModel(
+      options, [](const tophat::TrainingProgress& p) { PrintProgress("model  ", p); },
+      [](const tophat::TrainingProgress& p) { PrintProgress("adapter", p); });
+  if (!report.ok()) return Fail(report.status());
+  if (report->reused_cache) {
+    spdlog::info("toy-model: reusing the cached model in {}", options.out_dir.string());
+  } else {
+    spdlog::info("toy-model: trained in {:.1f}s", report->seconds);
+  }
+  spdlog::info(
+      "toy-model: held-out loss {:.3f} nats (uniform would be {:.3f}), top-1 accuracy {:.1f}%, "
+      "mean top probability {:.2f}",
+      report->heldout_loss, report->uniform_loss, 100.0 * report->heldout_top1,
+      report->heldout_mean_max_prob);
+  if (options.adapter_input_layers > 0) {
+    spdlog::info("toy-model: drafter adapter for m = {} ({}): {} parameters ({:.1f}% of the "
+                 "model's {}), held-out acceptance length {:.2f}",
+                 options.adapter_input_layers,
+                 report->adapter_reused ? "cached" : fmt::format("distilled in {:.1f}s",
+                                                                 report->adapter_seconds),
+                 report->adapter_parameters,
+                 100.0 * static_cast<double>(report->adapter_parameters) /
+                     static_cast<double>(std::max<int64_t>(1, report->model_parameters)),
+                 report->model_parameters, report->adapter_heldout_accept_length);
+  }
+  std::cout << options.out_dir.string() << "\n";
+  return 0;
+}
+
+std::atomic<bool> g_interrupted{false};
+
+int RunDistill(tophat::DistillOptions options) {
+  options.interrupt = &g_interrupted;
+  std::signal(SIGINT, [](int) { g_interrupted = true; });
+  std::signal(SIGTERM, [](int) { g_interrupted = true; });
+  spdlog::info("distill: teacher {}, data {}, writing to {}", options.model_dir.string(),
+               options.data, options.out_dir.string());
+  auto report = tophat::Distill(
+      options, [](const tophat::TrainingProgress& p) { PrintProgress("distill", p); });
+  if (!report.ok()) return Fail(report.status());
+  if (!report->finished) {
+    std::fprintf(stderr, "\n");
+    spdlog::warn("distill: stopped at step {}; run the same command again to resume",
+                 report->steps_done);
+    return g_interrupted ? 130 : 0;
+  }
+  if (report->reused) {
+    spdlog::info("distill: {} already holds the adapter these options make; reusing it",
+                 options.out_dir.string());
+  } else {
+    spdlog::info("distill: {} steps in {:.1f}s{}; held-out loss {:.4f} -> {:.4f}",
+                 report->steps_done, report->seconds,
+                 report->resumed_from_step > 0
+                     ? fmt::format(" (resumed at step {})", report->resumed_from_step)
+                     : std::string(),
+                 report->initial_heldout_loss, report->heldout_loss);
+  }
+  spdlog::info("distill: adapter {} parameters = {:.2f}% of the model's {}; held-out drafter "
+               "top-1 agreement {:.1f}%, acceptance length {:.2f} (eta {}, max draft {})",
+               report->adapter_parameters,
+               100.0 * static_cast<double>(report->adapter_parameters) /
+                   static_cast<double>(std::max<int64_t>(1, report->model_parameters)),
+               report->model_parameters, 100.0 * report->heldout_draft_top1,
+               report->heldout_accept_length, options.eta, options.max_draft);
+  if (report->attached_to_bundle) {
+    spdlog::info("distill: recorded in {}/tophat_bundle.json", options.out_dir.string());
+  }
+  return 0;
+}
+
+struct GenerateArgs {
+  fs::path model;
+  fs::path cloud_bundle;
+  std::string prompt;
+  int64_t max_new_tokens = 64;
+  double temperature = 0.0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  uint64_t seed = 0;
+  int64_t prefill_chunk = 0;
+  bool add_bos = true;
+};
+
+int RunGenerate(const GenerateArgs& args) {
+  // A device bundle runs split (with its cloud bundle, locally); a plain checkpoint runs whole.
+  std::unique_ptr<tophat::Submodel> full;
+  std::optional<tophat::DeviceBundle> device;
+  std::optional<tophat::CloudBundle> cloud;
+  std::unique_ptr<tophat::Tokenizer> tokenizer;
+  std::vector<const tophat::Submodel*> stages;
+  const tophat::ModelConfig* config = nullptr;
+  if (fs::exists(args.model / tophat::kBundleManifestFile)) {
+    if (args.cloud_bundle.empty()) {
+      return Fail(absl::InvalidArgumentError(
+          "--model is a device bundle; pass its cloud half with --cloud-bundle"));
+    }
+    auto d = tophat::DeviceBundle::Load(args.model);
+    if (!d.ok()) return Fail(d.status());
+    auto c = tophat::CloudBundle::Load(args.cloud_bundle);
+    if (!c.ok()) return Fail(c.status());
+    device = std::move(*d);
+    cloud = std::move(*c);
+    stages = {device->input.get(), cloud->middle.get(), device->output.get()};
+    config = &device->config;
+  } else {
+    auto m = tophat::LoadFullModel(args.model);
+    if (!m.ok()) return Fail(m.status());
+    full = std::move(*m);
+    auto t = tophat::Tokenizer::Load(args.model);
+    if (!t.ok()) return Fail(t.status());
+    tokenizer = std::move(*t);
+    stages = {full.get()};
+    config = &full->config();
+  }
+  const tophat::Tokenizer& tok = device ? *device->tokenizer : *tokenizer;
+  auto ids = tok.Encode(args.prompt);
+  if (!ids.ok()) return Fail(ids.status());
+  std::vector<int32_t> prompt;
+  if (args.add_bos && tok.bos_id()) prompt.push_back(*tok.bos_id());
+  prompt.insert(prompt.end(), ids->begin(), ids->end());
+
+  auto generator = tophat::PipelineGenerator::Create(stages);
+  if (!generator.ok()) return Fail(generator.status());
+  tophat::GenerationOptions options;
+  options.max_new_tokens = args.max_new_tokens;
+  options.sampling = {.temperature = args.temperature, .top_k = args.top_k, .top_p = args.top_p,
+                      .seed = args.seed};
+  options.prefill_chunk = args.prefill_chunk;
+  for (int64_t eos : config->eos_token_ids) options.stop_token_ids.push_back(static_cast<int32_t>(eos));
+  if (tok.eos_id()) options.stop_token_ids.push_back(*tok.eos_id());
+
+  // The prompt goes through the same detokenizer as the answer, so the answer's first piece
+  // is decoded in context (SentencePiece drops the leading space of a text's first piece).
+  tophat::StreamingDetokenizer stream(tok);
+  for (int32_t id : prompt) {
+    auto text = stream.Push(id);
+    if (!text.ok()) return Fail(text.status());
+    std::cout << *text;
+  }
+  std::cout << std::flush;
+  auto result = generator->Generate(prompt, options, [&](int32_t token) {
+    auto text = stream.Push(token);
+    if (text.ok()) std::cout << *text << std::flush;
+    return true;
+  });
+  if (!result.ok()) return Fail(result.status());
+  if (auto rest = stream.Flush(); rest.ok()) std::cout << *rest;
+  std::cout << std::endl;
+  const double decode_rate =
+      result->decode_seconds > 0 ? static_cast<double>(result->tokens.size()) / result->decode_seconds
+                                 : 0.0;
+  spdlog::info("{} prompt tokens in {:.1f} ms, {} new tokens at {:.1f} tokens/s ({})",
+               prompt.size(), 1e3 * result->prefill_seconds, result->tokens.size(), decode_rate,
+               result->finish_reason == tophat::FinishReason::kStop ? "stop" : "length");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tophat: device-cloud collaborative LLM serving — model tools and serving clients"};
+  app.require_subcommand(1);
+  spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
+  spdlog::set_default_logger(spdlog::stderr_color_mt("tophat"));
+
+  tophat::ToyModelOptions toy;
+  toy.out_dir = tophat::DefaultToyModelDir();
+  auto* toy_cmd = app.add_subcommand(
+      "toy-model", "Train (or reuse the cached) small Llama checkpoint on a synthetic grammar");
+  toy_cmd->add_option("--out", toy.out_dir, "Output directory (cached: reused if up to date)")
+      ->capture_default_str();
+  toy_cmd->add_option("--steps", toy.steps, "Training steps")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  toy_cmd->add_option("--seed", toy.seed, "Seed for corpus, init and batches")
+      ->capture_default_str();
+  toy_cmd->add_option("--threads", toy.threads, "Training threads (part of the cache key)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+
+  toy_cmd->add_option("--adapter-input-layers", toy.adapter_input_layers,
+                      "Distil the shipped drafter adapter for this m (0: none)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  toy_cmd->add_option("--adapter-steps", toy.adapter_steps, "Adapter distillation steps")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+
+  tophat::DistillOptions distill;
+  auto* distill_cmd = app.add_subcommand(
+      "distill",
+      "Train the drafter's adapter by distillation from the full model (resumable; Ctrl-C "
+      "checkpoints)");
+  distill_cmd->add_option("--model", distill.model_dir, "Full Hugging Face checkpoint (teacher)")
+      ->required()->check(CLI::ExistingDirectory);
+  distill_cmd->add_option("--data", distill.data,
+                          "\"toy\" (synthetic grammar), a text file (one document per line) "
+                          "or a .jsonl file with a \"text\" field")
+      ->capture_default_str();
+  distill_cmd->add_option("--out", distill.out_dir,
+                          "Output directory; a device bundle also gets it in its manifest")
+      ->required();
+  distill_cmd->add_option("--input-layers,-m", distill.input_layers,
+                          "m (0: the device bundle's, else 2)")->capture_default_str();
+  distill_cmd->add_option("--intermediate-size", distill.intermediate_size,
+                          "Adapter MLP width (0: the model's)")->capture_default_str();
+  distill_cmd->add_option("--init-layer", distill.init_layer,
+                          "Teacher layer the adapter starts from (-1: layer m)")
+      ->capture_default_str();
+  distill_cmd->add_option("--steps", distill.steps)->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  distill_cmd->add_option("--batch-size", distill.batch_size)->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  distill_cmd->add_option("--sequence-length", distill.sequence_length)->capture_default_str();
+  distill_cmd->add_option("--lr", distill.learning_rate, "Peak learning rate")
+      ->capture_default_str();
+  distill_cmd->add_option("--ce-weight", distill.ce_weight, "Weight of the cross-entropy term")
+      ->capture_default_str();
+  distill_cmd->add_option("--seed", distill.seed)->capture_default_str();
+  distill_cmd->add_option("--checkpoint-every", distill.checkpoint_every)->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  distill_cmd->add_option("--stop-after", distill.stop_after,
+                          "Stop (resumable) after this many steps in this run; 0: run to the end")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  distill_cmd->add_option("--eta", distill.eta, "Draft confidence threshold for the estimate")
+      ->capture_default_str();
+  distill_cmd->add_option("--max-draft", distill.max_draft)->capture_default_str();
+  distill_cmd->add_option("--threads", distill.threads, "Training threads (part of the run's identity)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+
+  tophat::SplitOptions split;
+  auto* split_cmd = app.add_subcommand(
+      "split", "Split a checkpoint into a device bundle and a cloud bundle");
+  split_cmd->add_option("--model", split.model_dir, "Hugging Face checkpoint directory")
+      ->required()->check(CLI::ExistingDirectory);
+  split_cmd->add_option("--input-layers,-m", split.input_layers,
+                        "Decoder layers on the device before the cloud (m)")
+      ->capture_default_str();
+  split_cmd->add_option("--output-layers,-k", split.output_layers,
+                        "Decoder layers on the device after the cloud (k)")
+      ->capture_default_str();
+  split_cmd->add_option("--out", split.out_dir, "Directory that receives device/ and cloud/")
+      ->required();
+
+  GenerateArgs gen;
+  auto* gen_cmd = app.add_subcommand("generate", "Generate text, streaming it to the terminal");
+  gen_cmd->add_option("--model", gen.model, "Checkpoint directory, or a device bundle")
+      ->required()->check(CLI::ExistingDirectory);
+  gen_cmd->add_option("--cloud-bundle", gen.cloud_bundle,
+                      "With a device bundle: its cloud bundle, run in this process")
+      ->check(CLI::ExistingDirectory);
+  gen_cmd->add_option("--prompt", gen.prompt, "Prompt text")->required();
+  gen_cmd->add_option("--max-new-tokens", gen.max_new_tokens)->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  gen_cmd->add_option("--temperature", gen.temperature, "0 means greedy")->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  gen_cmd->add_option("--top-k", gen.top_k, "0 keeps every token")->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  gen_cmd->add_option("--top-p", gen.top_p)->capture_default_str()->check(CLI::Range(1e-9, 1.0));
+  gen_cmd->add_option("--seed", gen.seed)->capture_default_str();
+  gen_cmd->add_option("--prefill-chunk", gen.prefill_chunk,
+                      "Prompt tokens per forward pass (0: all at once)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  gen_cmd->add_flag("!--no-bos", gen.add_bos, "Do not prepend the BOS token");
+
+  fs::path bench_model_dir;
+  fs::path bench_json;
+  tophat::ModelBenchOptions bench;
+  auto* bench_cmd = app.add_subcommand(
+      "bench-model", "Prefill and decode speed against this machine's GEMM and bandwidth bounds");
+  bench_cmd->add_option("--model", bench_model_dir, "Checkpoint directory")->required()
+      ->check(CLI::ExistingDirectory);
+  bench_cmd->add_option("--prompt-tokens", bench.prompt_tokens)->capture_default_str();
+  bench_cmd->add_option("--decode-tokens", bench.decode_tokens)->capture_default_str();
+  bench_cmd->add_option("--repetitions", bench.repetitions)->capture_default_str();
+  bench_cmd->add_option("--json", bench_json, "Also write the report as JSON here");
+
+  fs::path init_out;
+  std::string init_preset = "bench-110m";
+  uint64_t init_seed = 0;
+  auto* init_cmd = app.add_subcommand(
+      "init-model", "Write a randomly initialised checkpoint (for benchmarks and tests)");
+  init_cmd->add_option("--out", init_out, "Output directory")->required();
+  init_cmd->add_option("--preset", init_preset, "bench-110m (dim 768, 12 layers) or tiny")
+      ->capture_default_str()->check(CLI::IsMember({"bench-110m", "tiny"}));
+  init_cmd->add_option("--seed", init_seed)->capture_default_str();
+
+  tophat::cli::ChatArgs chat;
+  auto* chat_cmd = app.add_subcommand(
+      "chat", "Talk to a running tophat-agent (one prompt per line, or --prompt once)");
+  chat_cmd->add_option("--agent", chat.agent, "tophat-agent host:port")->capture_default_str();
+  chat_cmd->add_option("--prompt", chat.prompt, "Ask once and exit");
+  chat_cmd->add_option("--max-new-tokens", chat.max_new_tokens)->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  chat_cmd->add_option("--temperature", chat.temperature, "0 means greedy")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  chat_cmd->add_option("--top-k", chat.top_k)->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  chat_cmd->add_option("--top-p", chat.top_p)->capture_default_str()
+      ->check(CLI::Range(1e-9, 1.0));
+  chat_cmd->add_option("--seed", chat.seed)->capture_default_str();
+  chat_cmd->add_flag("--stats", chat.stats, "Print TTFT and mean TBT after each answer");
+  chat_cmd->add_option("--trace", chat.trace_path,
+                       "Write each answer's trace (prompt chunks: device, upload, queue, "
+                       "compute, download times; decode rounds) as JSON to FILE, or - for "
+                       "stderr");
+
+  tophat::cli::BenchArgs serve_bench;
+  std::string bench_agents = "127.0.0.1:7200";
+  auto* serve_bench_cmd = app.add_subcommand(
+      "bench", "Workload driver: Poisson arrivals across agents; TTFT/TBT percentiles, "
+               "throughput and SLA compliance");
+  serve_bench_cmd->add_option("--agents", bench_agents, "Comma-separated agent host:ports")
+      ->capture_default_str();
+  serve_bench_cmd->add_option("--prompt", serve_bench.prompts,
+                              "Text prompt (repeatable): one request each, sent together, "
+                              "with a per-request table");
+  serve_bench_cmd->add_option("--requests", serve_bench.requests)->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  serve_bench_cmd->add_option("--rate", serve_bench.rate, "Requests/s (Poisson); 0 = all at once")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  serve_bench_cmd->add_option("--prompt-lengths", serve_bench.prompt_lengths,
+                              "specbench (mean 351, P90 891), cnndm (mean 1037, P90 1772), "
+                              "fixed:N, or a file of lengths")
+      ->capture_default_str();
+  serve_bench_cmd->add_option("--output-tokens", serve_bench.output_tokens)
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  serve_bench_cmd->add_option("--sla-ttft", serve_bench.sla_ttft_s, "SLA on TTFT, seconds")
+      ->capture_default_str();
+  serve_bench_cmd->add_option("--sla-tbt", serve_bench.sla_tbt_s, "SLA on mean TBT, seconds")
+      ->capture_default_str();
+  serve_bench_cmd->add_option("--seed", serve_bench.seed)->capture_default_str();
+  serve_bench_cmd->add_option("--json", serve_bench.json_path, "Write the report as JSON here");
+  serve_bench_cmd->add_flag("--per-request", serve_bench.per_request, "Print every request");
+
+  // The ablation starts its own cloud and agents; the options above that it shares are
+  // --requests, --output-tokens, --seed, --sla-* and --json.
+  tophat::cli::AblationArgs ablation;
+  bool run_ablation = false;
+  std::string ablation_datasets = "specbench,cnndm";
+  std::string ablation_rates = "1,2";
+  auto* ablation_flag = serve_bench_cmd->add_flag(
+      "--ablation", run_ablation,
+      "HAT's ablation: for each configuration (U-shape, +spec, +chunk, +spec+chunk, +parallel, "
+      "U-Sarathi-128/256) start a cloud and --devices agents behind emulated edge links, run "
+      "the same seeded workload, print a Table-V-style table, write SLA CDF plots (PNG) and "
+      "JSON into --work-dir");
+  serve_bench_cmd->add_option("--model", ablation.model_dir,
+                              "Ablation: checkpoint (split at m=2, k=1); default: the toy model")
+      ->needs(ablation_flag);
+  serve_bench_cmd->add_option("--work-dir", ablation.work_dir,
+                              "Ablation: configs, logs, plots and JSON go here")
+      ->capture_default_str()->needs(ablation_flag);
+  serve_bench_cmd->add_option("--configs", ablation.configs,
+                              "Ablation: 'all' or comma-separated configuration names")
+      ->capture_default_str()->needs(ablation_flag);
+  serve_bench_cmd->add_option("--devices", ablation.devices, "Ablation: agents (devices)")
+      ->capture_default_str()->check(CLI::Range(1, 32))->needs(ablation_flag);
+  serve_bench_cmd->add_option("--datasets", ablation_datasets,
+                              "Ablation: comma-separated prompt-length distributions")
+      ->capture_default_str()->needs(ablation_flag);
+  serve_bench_cmd->add_option("--rates", ablation_rates,
+                              "Ablation: comma-separated request rates (requests/s)")
+      ->capture_default_str()->needs(ablation_flag);
+  serve_bench_cmd->add_option("--links", ablation.links,
+                              "Ablation: netns (namespaces + tc, needs root), emulated "
+                              "(in-process shaper), or auto (netns when possible)")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "netns", "emulated"}))
+      ->needs(ablation_flag);
+  serve_bench_cmd->add_option("--links-script", ablation.links_script,
+                              "Ablation: the namespace script (default: deploy/edge-links.sh)")
+      ->needs(ablation_flag);
+  serve_bench_cmd->add_option("--one-way-delay-ms", ablation.one_way_delay_ms,
+                              "Ablation: link delay each way")
+      ->capture_default_str()->check(CLI::NonNegativeNumber)->needs(ablation_flag);
+  serve_bench_cmd->add_flag("!--no-link-scaling", ablation.scale_links,
+                            "Ablation: use HAT's 5-10 MB/s up, 10-15 MB/s down as is, instead "
+                            "of scaling them so each token takes Vicuna-7B's time on the wire")
+      ->needs(ablation_flag);
+  serve_bench_cmd->add_option("--link-period", ablation.link_period_s,
+                              "Ablation: seconds between bandwidth changes (netns links)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber)->needs(ablation_flag);
+  auto* output_tokens_option = serve_bench_cmd->get_option("--output-tokens");
+
+  CLI11_PARSE(app, argc, argv);
+
+  if (*chat_cmd) return tophat::cli::RunChat(chat);
+  if (*serve_bench_cmd && run_ablation) {
+    ablation.datasets.clear();
+    for (const auto& part : CLI::detail::split(ablation_datasets, ',')) {
+      if (!part.empty()) ablation.datasets.push_back(part);
+    }
+    ablation.rates.clear();
+    for (const auto& part : CLI::detail::split(ablation_rates, ',')) {
+      if (part.empty()) continue;
+      double rate = 0;
+      if (!CLI::detail::lexical_cast(part, rate) || rate <= 0) {
+        return Fail(absl::InvalidArgumentError(
+            "--rates: \"" + part + "\" is not a positive number of requests/s"));
+      }
+      ablation.rates.push_back(rate);
+    }
+    ablation.requests = serve_bench.requests;
+    // HAT's evaluation generates 128 tokens per request.
+    ablation.output_tokens = output_tokens_option->count() > 0 ? serve_bench.output_tokens : 128;
+    ablation.seed = serve_bench.seed;
+    ablation.sla_ttft_s = serve_bench.sla_ttft_s;
+    ablation.sla_tbt_s = serve_bench.sla_tbt_s;
+    ablation.json_path = serve_bench.json_path;
+    return tophat::cli::RunAblationCommand(ablation);
+  }
+  if (*serve_bench_cmd) {
+    serve_bench.agents.clear();
+    for (const auto& part : CLI::detail::split(bench_agents, ',')) {
+      if (!part.empty()) serve_bench.agents.push_back(part);
+    }
+    return tophat::cli::RunBench(serve_bench);
+  }
+  if (*toy_cmd) return RunToyModel(toy);
+  if (*distill_cmd) return RunDistill(distill);
+  if (*split_cmd) {
+    auto result = tophat::SplitCheckpoint(split);
+    if (!result.ok()) return Fail(result.status());
+    if (result->device.adapter) {
+      spdlog::info("device bundle carries the drafter adapter ({} parameters)",
+                   result->device.adapter->num_parameters);
+    } else if (!result->adapter_note.empty()) {
+      spdlog::warn("{}", result->adapter_note);
+    }
+    spdlog::info("device bundle: {} (embedding, layers [0, {}), layers [{}, {}), head)",
+                 result->device_dir.string(), result->device.input_layers.end,
+                 result->device.output_layers.begin, result->device.output_layers.end);
+    spdlog::info("cloud bundle:  {} (layers [{}, {}), no embedding, no head)",
+                 result->cloud_dir.string(), result->cloud.middle_layers.begin,
+                 result->cloud.middle_layers.end);
+    return 0;
+  }
+  if (*gen_cmd) return RunGenerate(gen);
+  if (*bench_cmd) {
+    auto report = tophat::RunModelBenchmark(bench_model_dir, bench, [](std::string_view line) {
+      spdlog::info("{}", line);
+    });
+    if (!report.ok()) return Fail(report.status());
+    std::cout << report->ToTable() << "\n" << report->ToJson().dump(2) << "\n";
+    if (!bench_json.empty()) {
+      std::ofstream out(bench_json);
+      out << report->ToJson().dump(2) << "\n";
+    }
+    return 0;
+  }
+  if (*init_cmd) {
+    const tophat::ModelConfig config =
+        init_preset == "tiny" ? tophat::TinyTestConfig() : tophat::Bench110MConfig();
+    spdlog::info("init-model: writing a random {} checkpoint to {}", init_preset,
+                 init_out.string());
+    absl::Status status =
+        tophat::WriteCheckpoint(config, tophat::InitWeights(config, init_seed), init_out);
+    if (!status.ok()) return Fail(status);
+    return 0;
+  }
+  return 0;
+}

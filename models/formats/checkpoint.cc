@@ -1,0 +1,228 @@
+#include "models/formats/checkpoint.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <system_error>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status_macros.h"
+#include "base/strings.h"
+
+namespace tophat {
+namespace {
+
+// Debian builds Abseil with its own absl::string_view (ABSL_OPTION_USE_STD_STRING_VIEW 0),
+// which std::string_view does not convert to implicitly, so StrCat needs this bridge.
+constexpr char kIndexFile[] = "model.safetensors.index.json";
+constexpr char kSingleFile[] = "model.safetensors";
+
+std::string ShapeString(at::IntArrayRef shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+absl::Status MissingTensor(const std::filesystem::path& dir, std::string_view name) {
+  return absl::NotFoundError(
+      absl::StrCat("checkpoint ", dir.string(), ": no tensor '", Sv(name), "'"));
+}
+
+bool IsFile(const std::filesystem::path& path) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(path, ec);
+}
+
+// Reads the index's weight_map: tensor name -> shard file name relative to the directory.
+absl::StatusOr<std::map<std::string, std::string>> ReadWeightMap(
+    const std::filesystem::path& index_path) {
+  const std::string name = index_path.string();
+  std::ifstream in(index_path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(name, ": cannot open"));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) return absl::DataLossError(absl::StrCat(name, ": read failed"));
+
+  std::map<std::string, std::string> weight_map;
+  try {
+    nlohmann::json index;
+    try {
+      index = nlohmann::json::parse(buffer.str());
+    } catch (const nlohmann::json::parse_error& e) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": not valid JSON: ", e.what()));
+    }
+    if (!index.is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": is a JSON ", index.type_name(), ", expected an object"));
+    }
+    auto map_it = index.find("weight_map");
+    if (map_it == index.end() || !map_it->is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": no \"weight_map\" object"));
+    }
+    for (const auto& [tensor, shard] : map_it->items()) {
+      if (!shard.is_string() || shard.get_ref<const std::string&>().empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(name, ": weight_map entry for tensor '",
+                                                       tensor, "' is not a shard file name"));
+      }
+      // Shards must sit in the checkpoint directory: an index is data and must not be able
+      // to point the loader at arbitrary files.
+      const std::filesystem::path shard_path(shard.get<std::string>());
+      if (shard_path.is_absolute() || shard_path.has_parent_path()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, ": weight_map entry for tensor '", tensor, "' names shard '",
+            shard.get<std::string>(), "', which is not a file name inside the checkpoint directory"));
+      }
+      weight_map.emplace(tensor, shard.get<std::string>());
+    }
+  } catch (const std::exception& e) {
+    // Backstop: every access above is type-checked, but no exception may leave the API.
+    return absl::InternalError(absl::StrCat(name, ": cannot read: ", e.what()));
+  }
+  if (weight_map.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": weight_map lists no tensors"));
+  }
+  return weight_map;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::OpenFile(
+    const std::filesystem::path& file) {
+  std::unique_ptr<CheckpointReader> reader(new CheckpointReader());
+  reader->dir_ = file.parent_path();
+  TOPHAT_ASSIGN_OR_RETURN(std::shared_ptr<SafetensorsFile> opened, SafetensorsFile::Open(file));
+  for (const auto& [name, info] : opened->tensors()) {
+    reader->tensor_to_file_.emplace(name, opened.get());
+  }
+  reader->files_.push_back(std::move(opened));
+  return reader;
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
+    const std::filesystem::path& dir) {
+  std::unique_ptr<CheckpointReader> reader(new CheckpointReader());
+  reader->dir_ = dir;
+  const std::filesystem::path index_path = dir / kIndexFile;
+  const std::filesystem::path single_path = dir / kSingleFile;
+
+  if (!IsFile(index_path)) {
+    if (!IsFile(single_path)) {
+      std::error_code ec;
+      const bool is_dir = std::filesystem::is_directory(dir, ec);
+      return absl::NotFoundError(absl::StrCat("checkpoint directory ", dir.string(),
+                                              is_dir ? " has" : " does not exist, so has",
+                                              " neither ", kIndexFile, " nor ", kSingleFile));
+    }
+    TOPHAT_ASSIGN_OR_RETURN(std::shared_ptr<SafetensorsFile> file,
+                            SafetensorsFile::Open(single_path));
+    for (const auto& [name, info] : file->tensors()) {
+      reader->tensor_to_file_.emplace(name, file.get());
+    }
+    reader->files_.push_back(std::move(file));
+    return reader;
+  }
+
+  const std::string index_name = index_path.string();
+  TOPHAT_ASSIGN_OR_RETURN(auto weight_map, ReadWeightMap(index_path));
+  // Shards are opened once each, however many tensors name them; opening validates every
+  // shard header in full before any tensor is handed out.
+  std::map<std::string, std::shared_ptr<SafetensorsFile>> shards;
+  for (const auto& [tensor, shard] : weight_map) {
+    if (shards.contains(shard)) continue;
+    absl::StatusOr<std::shared_ptr<SafetensorsFile>> file = SafetensorsFile::Open(dir / shard);
+    if (!file.ok()) {
+      return absl::Status(file.status().code(),
+                          absl::StrCat(index_name, ": shard '", shard, "' (holding tensor '",
+                                       tensor, "'): ", file.status().message()));
+    }
+    shards.emplace(shard, *std::move(file));
+  }
+
+  // A name in two shards would make the result depend on which one the index happens to
+  // point at, so it is refused even when the index is consistent with one of them.
+  std::map<std::string_view, const SafetensorsFile*> owner;
+  for (const auto& [shard, file] : shards) {
+    for (const auto& [name, info] : file->tensors()) {
+      auto [it, inserted] = owner.emplace(name, file.get());
+      if (!inserted) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(index_name, ": tensor '", name, "' appears in both ",
+                         it->second->path().string(), " and ", file->path().string()));
+      }
+    }
+  }
+
+  for (const auto& [tensor, shard] : weight_map) {
+    const SafetensorsFile* file = shards.at(shard).get();
+    if (!file->tensors().contains(tensor)) {
+      return absl::NotFoundError(absl::StrCat(index_name, ": tensor '", tensor,
+                                              "' is mapped to shard '", shard, "', but ",
+                                              file->path().string(), " has no such tensor"));
+    }
+    reader->tensor_to_file_.emplace(tensor, file);
+  }
+  for (auto& [shard, file] : shards) reader->files_.push_back(std::move(file));
+  return reader;
+}
+
+bool CheckpointReader::Has(std::string_view name) const {
+  return tensor_to_file_.find(name) != tensor_to_file_.end();
+}
+
+std::vector<std::string> CheckpointReader::TensorNames() const {
+  std::vector<std::string> names;
+  names.reserve(tensor_to_file_.size());
+  for (const auto& [name, file] : tensor_to_file_) names.push_back(name);
+  return names;
+}
+
+absl::StatusOr<std::filesystem::path> CheckpointReader::FileOf(std::string_view name) const {
+  auto it = tensor_to_file_.find(name);
+  if (it == tensor_to_file_.end()) {
+    return MissingTensor(dir_, name);
+  }
+  return it->second->path();
+}
+
+absl::StatusOr<SafetensorsDType> CheckpointReader::StoredDType(std::string_view name) const {
+  auto it = tensor_to_file_.find(name);
+  if (it == tensor_to_file_.end()) {
+    return MissingTensor(dir_, name);
+  }
+  return it->second->tensors().at(std::string(name)).dtype;
+}
+
+absl::StatusOr<at::Tensor> CheckpointReader::Load(std::string_view name,
+                                                  at::IntArrayRef expected_shape,
+                                                  at::ScalarType dtype) const {
+  auto it = tensor_to_file_.find(name);
+  if (it == tensor_to_file_.end()) {
+    return MissingTensor(dir_, name);
+  }
+  const SafetensorsFile& file = *it->second;
+  const SafetensorsTensorInfo& info = file.tensors().at(std::string(name));
+  const std::string where = absl::StrCat(file.path().string(), ": tensor '", Sv(name), "'");
+  if (at::IntArrayRef(info.shape) != expected_shape) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " has shape ", ShapeString(info.shape),
+                                                   ", expected ", ShapeString(expected_shape)));
+  }
+  if (info.dtype != SafetensorsDType::kF32 && info.dtype != SafetensorsDType::kF16 &&
+      info.dtype != SafetensorsDType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " has dtype ", Sv(DTypeName(info.dtype)),
+                                                   ", expected a floating type (F32, F16, BF16)"));
+  }
+  TOPHAT_ASSIGN_OR_RETURN(at::Tensor stored, file.Tensor(name));
+  // to() returns `stored` itself when the dtype already matches, so the result keeps
+  // aliasing the read-only mapping; a conversion yields a fresh, writable tensor.
+  at::Tensor result;
+  TOPHAT_RETURN_IF_ERROR(CatchExceptions(where, [&] { result = stored.to(dtype); }));
+  return result;
+}
+
+absl::StatusOr<at::Tensor> CheckpointReader::LoadAsStored(std::string_view name) const {
+  auto it = tensor_to_file_.find(name);
+  if (it == tensor_to_file_.end()) return MissingTensor(dir_, name);
+  return it->second->Tensor(name);
+}
+
+}  // namespace tophat

@@ -1,0 +1,204 @@
+#include "models/runtime/kv_cache.h"
+
+#include <algorithm>
+#include <exception>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include <c10/util/Exception.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace tophat {
+
+KvBlockPool::KvBlockPool(const ModelConfig& config, int64_t num_layers, int64_t num_blocks,
+                         int64_t block_size, at::ScalarType dtype, at::Device device)
+    : num_layers_(num_layers),
+      num_blocks_(num_blocks),
+      block_size_(block_size),
+      kv_heads_(config.num_key_value_heads),
+      head_dim_(config.head_dim),
+      dtype_(dtype),
+      device_(device) {
+  const auto options = at::TensorOptions().dtype(dtype).device(device);
+  // A submodel with no layers (input with m = 0) still gets a valid, empty pool.
+  keys_ = at::zeros({num_layers, num_blocks, block_size, kv_heads_, head_dim_}, options);
+  values_ = at::zeros_like(keys_);
+  layer_keys_.reserve(num_layers);
+  layer_values_.reserve(num_layers);
+  for (int64_t l = 0; l < num_layers; ++l) {
+    layer_keys_.push_back(keys_[l]);
+    layer_values_.push_back(values_[l]);
+  }
+}
+
+absl::StatusOr<std::shared_ptr<KvBlockPool>> KvBlockPool::Create(const ModelConfig& config,
+                                                                 int64_t num_layers,
+                                                                 int64_t num_blocks,
+                                                                 int64_t block_size,
+                                                                 at::ScalarType dtype,
+                                                                 at::Device device) {
+  if (num_layers < 0 || num_blocks < 1 || block_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a KV block pool needs num_layers >= 0, num_blocks >= 1 and block_size >= 1; got ",
+        num_layers, " layers, ", num_blocks, " blocks of ", block_size, " positions"));
+  }
+  if (num_blocks > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(num_blocks, " KV blocks are more than an int32 block id can name"));
+  }
+  if (config.num_key_value_heads < 1 || config.head_dim < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a KV block pool needs num_key_value_heads and head_dim >= 1; the config has ",
+        config.num_key_value_heads, " and ", config.head_dim));
+  }
+  try {
+    return std::shared_ptr<KvBlockPool>(
+        new KvBlockPool(config, num_layers, num_blocks, block_size, dtype, device));
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    // c10::Error appends a C++ backtrace after the first line.
+    if (auto newline = what.find('\n'); newline != std::string::npos) what.resize(newline);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot allocate a KV block pool of ", num_blocks, " blocks x ",
+        BytesPerBlock(config, num_layers, block_size, dtype), " bytes on ", device.str(), ": ",
+        what));
+  }
+}
+
+int64_t KvBlockPool::BytesPerBlock(const ModelConfig& config, int64_t num_layers,
+                                   int64_t block_size, at::ScalarType dtype) {
+  return 2 * num_layers * block_size * config.num_key_value_heads * config.head_dim *
+         static_cast<int64_t>(c10::elementSize(dtype));
+}
+
+namespace {
+
+int64_t CheckedCapacity(int64_t capacity) {
+  TORCH_CHECK(capacity >= 0, "a KV cache cannot have capacity ", capacity);
+  return capacity;
+}
+
+}  // namespace
+
+KvCache::KvCache(const ModelConfig& config, int64_t num_layers, int64_t capacity,
+                 at::ScalarType dtype, at::Device device)
+    // A zero capacity still makes a (one-position) block, but holds none of it.
+    : pool_(new KvBlockPool(config, num_layers, 1,
+                            std::max<int64_t>(CheckedCapacity(capacity), 1), dtype, device)) {
+  if (capacity > 0) block_table_.push_back(0);
+}
+
+KvCache::KvCache(std::shared_ptr<KvBlockPool> pool) : pool_(std::move(pool)), paged_(true) {
+  TORCH_CHECK(pool_ != nullptr, "a paged KV cache needs a pool");
+}
+
+void KvCache::AppendBlock(int32_t block_id) {
+  TORCH_CHECK(paged_, "a contiguous KV cache holds one private block; it takes no others");
+  TORCH_CHECK(block_id >= 0 && block_id < pool_->num_blocks(), "KV block id ", block_id,
+              " is outside the pool's ", pool_->num_blocks(), " blocks");
+  block_table_.push_back(block_id);
+}
+
+int64_t KvCache::ReleaseUnusedBlocks(std::vector<int32_t>& released) {
+  if (!paged_) return 0;
+  const auto keep = static_cast<size_t>(pool_->BlocksFor(length_));
+  if (keep >= block_table_.size()) return 0;
+  const auto count = static_cast<int64_t>(block_table_.size() - keep);
+  released.insert(released.end(), block_table_.begin() + static_cast<ptrdiff_t>(keep),
+                  block_table_.end());
+  block_table_.resize(keep);
+  return count;
+}
+
+std::vector<int32_t> KvCache::ReleaseUnusedBlocks() {
+  std::vector<int32_t> released;
+  ReleaseUnusedBlocks(released);
+  return released;
+}
+
+absl::Status KvCache::Truncate(int64_t length) {
+  if (length < 0 || length > length_) {
+    return absl::OutOfRangeError(absl::StrCat("cannot truncate a KV cache of length ", length_,
+                                              " to ", length));
+  }
+  length_ = length;
+  return absl::OkStatus();
+}
+
+void KvCache::Write(int64_t layer, int64_t position, const at::Tensor& k,
+                    const at::Tensor& v) const {
+  const int64_t block_size = pool_->block_size();
+  const at::Tensor& keys = pool_->keys(layer);
+  const at::Tensor& values = pool_->values(layer);
+  const int64_t n = k.size(0);
+  for (int64_t done = 0; done < n;) {
+    const int64_t pos = position + done;
+    const int32_t block = block_table_[pos / block_size];
+    const int64_t offset = pos % block_size;
+    const int64_t count = std::min(block_size - offset, n - done);
+    keys.select(0, block).narrow(0, offset, count).copy_(k.narrow(0, done, count));
+    values.select(0, block).narrow(0, offset, count).copy_(v.narrow(0, done, count));
+    done += count;
+  }
+}
+
+at::Tensor KvCache::Rows(const at::Tensor& blocks, int64_t positions) const {
+  const int64_t block_size = pool_->block_size();
+  if (positions <= block_size) {
+    return blocks.select(0, block_table_.empty() ? 0 : block_table_[0]).narrow(0, 0, positions);
+  }
+  const int64_t needed = pool_->BlocksFor(positions);
+  // The ids are only read; from_blob does not copy them (on CPU).
+  at::Tensor ids = at::from_blob(const_cast<int32_t*>(block_table_.data()), {needed}, at::kInt);
+  if (!blocks.is_cpu()) ids = ids.to(blocks.device());
+  return blocks.index_select(0, ids)
+      .view({needed * block_size, pool_->kv_heads(), pool_->head_dim()})
+      .narrow(0, 0, positions);
+}
+
+at::Tensor KvCache::Keys(int64_t layer, int64_t positions) const {
+  return Rows(pool_->keys(layer), positions);
+}
+
+at::Tensor KvCache::Values(int64_t layer, int64_t positions) const {
+  return Rows(pool_->values(layer), positions);
+}
+
+at::Tensor KvCache::ExportPositions(int64_t begin, int64_t count) const {
+  const int64_t layers = num_layers();
+  at::Tensor rows = at::empty({2, layers, count, pool_->kv_heads(), pool_->head_dim()},
+                              at::TensorOptions().dtype(pool_->dtype()).device(pool_->device()));
+  if (count == 0) return rows;
+  for (int64_t l = 0; l < layers; ++l) {
+    rows[0][l].copy_(Keys(l, begin + count).narrow(0, begin, count));
+    rows[1][l].copy_(Values(l, begin + count).narrow(0, begin, count));
+  }
+  return rows;
+}
+
+absl::Status KvCache::ImportPositions(int64_t begin, const at::Tensor& rows) {
+  if (begin < 0 || begin > length_) {
+    return absl::OutOfRangeError(absl::StrCat("cannot import KV rows at position ", begin,
+                                              " into a cache of length ", length_));
+  }
+  if (rows.dim() != 5 || rows.size(0) != 2 || rows.size(1) != num_layers() ||
+      rows.size(3) != pool_->kv_heads() || rows.size(4) != pool_->head_dim()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV rows of shape ", c10::str(rows.sizes()), " do not fit a cache of ", num_layers(),
+        " layers x ", pool_->kv_heads(), " heads x ", pool_->head_dim()));
+  }
+  const int64_t count = rows.size(2);
+  if (begin + count > capacity()) {
+    return absl::ResourceExhaustedError(absl::StrCat("importing ", count, " KV rows at ", begin,
+                                                     " needs ", begin + count,
+                                                     " positions; the cache holds ",
+                                                     capacity()));
+  }
+  for (int64_t l = 0; l < num_layers(); ++l) Write(l, begin, rows[0][l], rows[1][l]);
+  length_ = begin + count;
+  return absl::OkStatus();
+}
+
+}  // namespace tophat

@@ -1,0 +1,36 @@
+// The decoder-layer math of the Llama family as plain functions over tensors, shared by
+// inference (Submodel) and training (toy model, adapter distillation) so that both compute
+// exactly the same function.
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/ATen.h>
+
+#include "models/formats/config.h"
+
+namespace tophat {
+
+// y = x / sqrt(mean(x^2) + eps) * weight, over the last dimension, computed in float32.
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// Rotary embedding tables cos/sin of shape [max_positions, head_dim / 2], float32, with the
+// `rope_scaling` of the config applied (llama3 frequency bands).
+struct RopeTable {
+  at::Tensor cos;
+  at::Tensor sin;
+  static RopeTable Create(const ModelConfig& config, int64_t max_positions, at::Device device);
+  int64_t max_positions() const { return cos.size(0); }
+};
+
+// Rotates `x` [..., T, heads, head_dim] in the Hugging Face "rotate_half" layout, where
+// `cos`/`sin` are [T, head_dim/2] rows already gathered for the tokens' positions.
+at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// silu(gate) * up, where gate_up = [gate | up] along the last dimension.
+at::Tensor SwiGlu(const at::Tensor& gate_up);
+
+// The Hugging Face name of a per-layer tensor, e.g. LayerTensorName(3, "mlp.up_proj.weight").
+std::string LayerTensorName(int64_t layer, std::string_view suffix);
+
+}  // namespace tophat

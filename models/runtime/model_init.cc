@@ -1,0 +1,85 @@
+#include "models/runtime/model_init.h"
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "models/runtime/layers.h"
+#include "models/formats/safetensors.h"
+#include "base/status_macros.h"
+
+namespace tophat {
+
+NamedTensors InitWeights(const ModelConfig& c, uint64_t seed) {
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  auto normal = [&gen](std::vector<int64_t> shape) {
+    return at::normal(0.0, 0.02, shape, gen, at::TensorOptions().dtype(at::kFloat));
+  };
+  auto ones = [](int64_t n) { return at::ones({n}, at::kFloat); };
+  const int64_t d = c.hidden_size;
+  NamedTensors w;
+  w.emplace_back("model.embed_tokens.weight", normal({c.vocab_size, d}));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    auto name = [i](std::string_view s) { return LayerTensorName(i, s); };
+    w.emplace_back(name("input_layernorm.weight"), ones(d));
+    w.emplace_back(name("self_attn.q_proj.weight"), normal({c.q_size(), d}));
+    w.emplace_back(name("self_attn.k_proj.weight"), normal({c.kv_size(), d}));
+    w.emplace_back(name("self_attn.v_proj.weight"), normal({c.kv_size(), d}));
+    if (c.attention_bias) {
+      w.emplace_back(name("self_attn.q_proj.bias"), normal({c.q_size()}));
+      w.emplace_back(name("self_attn.k_proj.bias"), normal({c.kv_size()}));
+      w.emplace_back(name("self_attn.v_proj.bias"), normal({c.kv_size()}));
+    }
+    w.emplace_back(name("self_attn.o_proj.weight"), normal({d, c.q_size()}));
+    if (c.attention_bias && c.architecture != Architecture::kQwen2) {
+      w.emplace_back(name("self_attn.o_proj.bias"), normal({d}));
+    }
+    w.emplace_back(name("post_attention_layernorm.weight"), ones(d));
+    w.emplace_back(name("mlp.gate_proj.weight"), normal({c.intermediate_size, d}));
+    w.emplace_back(name("mlp.up_proj.weight"), normal({c.intermediate_size, d}));
+    w.emplace_back(name("mlp.down_proj.weight"), normal({d, c.intermediate_size}));
+  }
+  w.emplace_back("model.norm.weight", ones(d));
+  if (!c.tie_word_embeddings) w.emplace_back("lm_head.weight", normal({c.vocab_size, d}));
+  return w;
+}
+
+absl::Status WriteCheckpoint(const ModelConfig& config, const NamedTensors& weights,
+                             const std::filesystem::path& dir, at::ScalarType dtype) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat(dir.string(), ": cannot create directory: ",
+                                            ec.message()));
+  }
+  ModelConfig stored = config;
+  stored.torch_dtype = TorchDtypeName(dtype);
+  {
+    std::ofstream out(dir / "config.json");
+    out << stored.ToJson().dump(2) << "\n";
+    if (!out) return absl::InternalError(absl::StrCat((dir / "config.json").string(), ": write failed"));
+  }
+  NamedTensors converted;
+  converted.reserve(weights.size());
+  for (const auto& [name, tensor] : weights) converted.emplace_back(name, tensor.to(dtype));
+  return WriteSafetensors(dir / "model.safetensors", converted, {{"format", "pt"}});
+}
+
+ModelConfig TinyTestConfig() {
+  ModelConfig c;
+  c.architecture = Architecture::kLlama;
+  c.vocab_size = 300;
+  c.hidden_size = 64;
+  c.intermediate_size = 160;
+  c.num_hidden_layers = 4;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 16;
+  c.max_position_embeddings = 512;
+  c.rope_theta = 10000.0;
+  c.rms_norm_eps = 1e-5;
+  c.bos_token_id = 1;
+  c.eos_token_ids = {2};
+  return c;
+}
+
+}  // namespace tophat

@@ -1,0 +1,31 @@
+// Freshly initialised Llama-family weights under Hugging Face tensor names, for training
+// the toy model, for tests ("smaller random models made the same way") and for benchmarks.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "absl/status/status.h"
+#include "models/formats/config.h"
+
+namespace tophat {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// Deterministic for a given seed: normal(0, 0.02) matrices (the Llama init) and unit norms.
+NamedTensors InitWeights(const ModelConfig& config, uint64_t seed);
+
+// Writes config.json and model.safetensors (in `dtype`) for `weights` into `dir`.
+absl::Status WriteCheckpoint(const ModelConfig& config, const NamedTensors& weights,
+                             const std::filesystem::path& dir,
+                             at::ScalarType dtype = at::kFloat);
+
+// A small config used across tests: GQA, 4 layers, vocab 300.
+ModelConfig TinyTestConfig();
+
+}  // namespace tophat

@@ -1,0 +1,77 @@
+#include "models/runtime/sampler.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace tophat {
+
+absl::Status SamplingParams::Validate() const {
+  if (temperature < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("temperature must be >= 0, got ", temperature));
+  }
+  if (top_k < 0) return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", top_k));
+  if (!(top_p > 0.0 && top_p <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", top_p));
+  }
+  return absl::OkStatus();
+}
+
+at::Tensor Sampler::Distribution(const at::Tensor& logits) const {
+  at::Tensor l = logits.to(at::kFloat).contiguous();
+  const int64_t vocab = l.size(0);
+  if (params_.greedy()) {
+    at::Tensor probs = at::zeros({vocab}, l.options());
+    probs[l.argmax().item<int64_t>()] = 1.0f;
+    return probs;
+  }
+  at::Tensor probs = at::softmax(l / params_.temperature, 0);
+  const bool use_top_k = params_.top_k > 0 && params_.top_k < vocab;
+  if (!use_top_k && params_.top_p >= 1.0) return probs;
+
+  // Sort once; both filters keep a prefix of the sorted order.
+  auto [sorted, order] = probs.sort(/*dim=*/0, /*descending=*/true);
+  const float* p = sorted.data_ptr<float>();
+  int64_t keep = use_top_k ? params_.top_k : vocab;
+  if (params_.top_p < 1.0) {
+    double mass = 0.0;
+    int64_t nucleus = 0;
+    while (nucleus < keep) {
+      mass += p[nucleus++];
+      if (mass >= params_.top_p) break;
+    }
+    keep = std::max<int64_t>(nucleus, 1);
+  }
+  at::Tensor filtered = at::zeros_like(probs);
+  filtered.index_copy_(0, order.narrow(0, 0, keep), sorted.narrow(0, 0, keep));
+  return filtered / filtered.sum();
+}
+
+int32_t Sampler::Draw(const at::Tensor& probs) { return DrawIndex(probs, rng_); }
+
+int32_t DrawIndex(const at::Tensor& probs, std::mt19937_64& rng) {
+  at::Tensor p = probs.to(at::kFloat).contiguous();
+  const float* data = p.data_ptr<float>();
+  const int64_t n = p.size(0);
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i) total += data[i];
+  std::uniform_real_distribution<double> uniform(0.0, total);
+  const double target = uniform(rng);
+  double cumulative = 0.0;
+  int64_t last_nonzero = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (data[i] <= 0.0f) continue;
+    cumulative += data[i];
+    last_nonzero = i;
+    if (target < cumulative) return static_cast<int32_t>(i);
+  }
+  // Rounding can leave `target` a hair above the running sum.
+  return static_cast<int32_t>(last_nonzero);
+}
+
+int32_t Sampler::Sample(const at::Tensor& logits) {
+  if (params_.greedy()) return static_cast<int32_t>(logits.argmax().item<int64_t>());
+  return Draw(Distribution(logits));
+}
+
+}  // namespace tophat

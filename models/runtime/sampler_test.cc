@@ -1,0 +1,63 @@
+#include "models/runtime/sampler.h"
+
+#include <map>
+
+#include <catch2/catch.hpp>
+
+namespace tophat {
+namespace {
+
+TEST_CASE("Greedy picks the argmax and its distribution is one-hot", "[sampler]") {
+  at::Tensor logits = at::tensor({0.1f, 2.0f, -1.0f, 1.9f});
+  Sampler sampler({});
+  CHECK(sampler.Sample(logits) == 1);
+  at::Tensor p = sampler.Distribution(logits);
+  CHECK(p[1].item<float>() == 1.0f);
+  CHECK(p.sum().item<float>() == 1.0f);
+}
+
+TEST_CASE("Top-k and top-p keep exactly the expected support", "[sampler]") {
+  // Probabilities after softmax at T=1: roughly 0.64, 0.24, 0.09, 0.03.
+  at::Tensor logits = at::tensor({3.0f, 2.0f, 1.0f, 0.0f});
+  Sampler top2({.temperature = 1.0, .top_k = 2});
+  at::Tensor p2 = top2.Distribution(logits);
+  CHECK(p2[2].item<float>() == 0.0f);
+  CHECK(p2[3].item<float>() == 0.0f);
+  CHECK(p2.sum().item<float>() == Approx(1.0));
+  CHECK(p2[0].item<float>() / p2[1].item<float>() == Approx(std::exp(1.0)).epsilon(1e-4));
+
+  Sampler nucleus({.temperature = 1.0, .top_p = 0.8});  // 0.64 < 0.8 <= 0.88: two tokens
+  at::Tensor pn = nucleus.Distribution(logits);
+  CHECK(pn[1].item<float>() > 0.0f);
+  CHECK(pn[2].item<float>() == 0.0f);
+
+  Sampler tiny_p({.temperature = 1.0, .top_p = 0.01});  // always keeps the top token
+  CHECK(tiny_p.Distribution(logits)[0].item<float>() == Approx(1.0));
+}
+
+TEST_CASE("Seeded sampling follows the distribution and repeats per seed", "[sampler]") {
+  at::Tensor logits = at::tensor({1.0f, 0.0f, 2.0f});
+  at::Tensor expected = at::softmax(logits, 0);
+  Sampler sampler({.temperature = 1.0, .seed = 42});
+  std::map<int32_t, int> counts;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) ++counts[sampler.Sample(logits)];
+  for (int32_t id = 0; id < 3; ++id) {
+    CHECK(static_cast<double>(counts[id]) / n ==
+          Approx(expected[id].item<double>()).margin(0.015));
+  }
+  Sampler a({.temperature = 0.7, .seed = 9});
+  Sampler b({.temperature = 0.7, .seed = 9});
+  for (int i = 0; i < 50; ++i) CHECK(a.Sample(logits) == b.Sample(logits));
+}
+
+TEST_CASE("Invalid sampling parameters are rejected by name", "[sampler]") {
+  CHECK_FALSE(SamplingParams{.temperature = -1}.Validate().ok());
+  CHECK_FALSE(SamplingParams{.top_k = -2}.Validate().ok());
+  auto status = SamplingParams{.top_p = 1.5}.Validate();
+  REQUIRE_FALSE(status.ok());
+  CHECK_THAT(std::string(status.message()), Catch::Contains("top_p"));
+}
+
+}  // namespace
+}  // namespace tophat

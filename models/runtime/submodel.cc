@@ -1,0 +1,445 @@
+#include "models/runtime/submodel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/decode_attention.h"
+#include "kernels/gemv.h"
+#include "base/status_macros.h"
+
+namespace tophat {
+namespace {
+
+// One row (a decode step) streams the weights through the GEMV kernel; more rows are a
+// GEMM and go to BLAS.
+at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias = {}) {
+  if (x.size(0) == 1) return kernels::LinearSingleRow(x, w, bias);
+  return bias.defined() ? at::linear(x, w, bias) : at::linear(x, w);
+}
+
+std::string ShapeString(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) absl::StrAppend(&s, i ? ", " : "", t.size(i));
+  return s + "]";
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& config,
+                                                         const CheckpointReader& checkpoint,
+                                                         const SubmodelSpec& spec,
+                                                         const SubmodelOptions& options) {
+  if (spec.layers.begin < 0 || spec.layers.end > config.num_hidden_layers ||
+      spec.layers.begin > spec.layers.end) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer range [", spec.layers.begin, ", ", spec.layers.end,
+                     ") is outside the model's ", config.num_hidden_layers, " layers"));
+  }
+  if (options.max_context < 1) {
+    return absl::InvalidArgumentError("max_context must be >= 1");
+  }
+  auto model = std::unique_ptr<Submodel>(new Submodel(config, spec, options));
+  const int64_t d = config.hidden_size;
+  const at::ScalarType dtype = options.dtype;
+  auto load = [&](const std::string& name, std::vector<int64_t> shape)
+      -> absl::StatusOr<at::Tensor> {
+    TOPHAT_ASSIGN_OR_RETURN(at::Tensor t, checkpoint.Load(name, shape, dtype));
+    return t.to(options.device);
+  };
+
+  absl::Status status = CatchExceptions("loading weights", [&] {
+    model->rope_ = RopeTable::Create(
+        config, std::min(options.max_context, config.max_position_embeddings), options.device);
+  });
+  TOPHAT_RETURN_IF_ERROR(status);
+
+  if (spec.embedding) {
+    TOPHAT_ASSIGN_OR_RETURN(model->embedding_,
+                            load("model.embed_tokens.weight", {config.vocab_size, d}));
+  }
+  const bool o_bias = config.attention_bias && config.architecture != Architecture::kQwen2;
+  for (int64_t i = spec.layers.begin; i < spec.layers.end; ++i) {
+    auto name = [i](std::string_view suffix) { return LayerTensorName(i, suffix); };
+    DecoderLayerWeights w;
+    TOPHAT_ASSIGN_OR_RETURN(w.input_norm, load(name("input_layernorm.weight"), {d}));
+    TOPHAT_ASSIGN_OR_RETURN(at::Tensor q, load(name("self_attn.q_proj.weight"),
+                                               {config.q_size(), d}));
+    TOPHAT_ASSIGN_OR_RETURN(at::Tensor k, load(name("self_attn.k_proj.weight"),
+                                               {config.kv_size(), d}));
+    TOPHAT_ASSIGN_OR_RETURN(at::Tensor v, load(name("self_attn.v_proj.weight"),
+                                               {config.kv_size(), d}));
+    if (config.attention_bias) {
+      TOPHAT_ASSIGN_OR_RETURN(at::Tensor qb, load(name("self_attn.q_proj.bias"),
+                                                  {config.q_size()}));
+      TOPHAT_ASSIGN_OR_RETURN(at::Tensor kb, load(name("self_attn.k_proj.bias"),
+                                                  {config.kv_size()}));
+      TOPHAT_ASSIGN_OR_RETURN(at::Tensor vb, load(name("self_attn.v_proj.bias"),
+                                                  {config.kv_size()}));
+      w.qkv_bias = at::cat({qb, kb, vb});
+    }
+    TOPHAT_ASSIGN_OR_RETURN(w.o_proj, load(name("self_attn.o_proj.weight"),
+                                           {d, config.q_size()}));
+    if (o_bias) {
+      TOPHAT_ASSIGN_OR_RETURN(w.o_bias, load(name("self_attn.o_proj.bias"), {d}));
+    }
+    TOPHAT_ASSIGN_OR_RETURN(w.post_norm, load(name("post_attention_layernorm.weight"), {d}));
+    TOPHAT_ASSIGN_OR_RETURN(at::Tensor gate, load(name("mlp.gate_proj.weight"),
+                                                  {config.intermediate_size, d}));
+    TOPHAT_ASSIGN_OR_RETURN(at::Tensor up, load(name("mlp.up_proj.weight"),
+                                                {config.intermediate_size, d}));
+    TOPHAT_ASSIGN_OR_RETURN(w.down, load(name("mlp.down_proj.weight"),
+                                         {d, config.intermediate_size}));
+    // Copies detach the matrices from the file mapping (no page faults at step time) and,
+    // on CPU, put them on huge pages, which decode streams faster.
+    auto own = [&](const at::Tensor& t) {
+      return options.huge_pages ? kernels::CopyToHugePages(t) : t.clone();
+    };
+    w.qkv = own(at::cat({q, k, v}));
+    w.gate_up = own(at::cat({gate, up}));
+    w.input_norm = w.input_norm.contiguous();
+    w.o_proj = own(w.o_proj);
+    w.post_norm = w.post_norm.contiguous();
+    w.down = own(w.down);
+    model->layers_.push_back(std::move(w));
+  }
+  if (spec.head) {
+    TOPHAT_ASSIGN_OR_RETURN(model->final_norm_, load("model.norm.weight", {d}));
+    if (config.tie_word_embeddings) {
+      if (model->embedding_.defined()) {
+        model->lm_head_ = model->embedding_;
+      } else {
+        TOPHAT_ASSIGN_OR_RETURN(model->lm_head_,
+                                load("model.embed_tokens.weight", {config.vocab_size, d}));
+      }
+    } else {
+      TOPHAT_ASSIGN_OR_RETURN(model->lm_head_, load("lm_head.weight", {config.vocab_size, d}));
+    }
+    if (options.huge_pages) {
+      const bool shared = model->lm_head_.is_same(model->embedding_);
+      model->lm_head_ = kernels::CopyToHugePages(model->lm_head_);
+      if (shared) model->embedding_ = model->lm_head_;
+    }
+  }
+  return model;
+}
+
+KvCache Submodel::NewCache(int64_t capacity) const {
+  if (capacity <= 0) capacity = max_context();
+  return KvCache(config_, spec_.layers.size(), capacity, options_.dtype, options_.device);
+}
+
+absl::StatusOr<std::shared_ptr<KvBlockPool>> Submodel::NewPagedPool(int64_t num_blocks,
+                                                                    int64_t block_size) const {
+  return KvBlockPool::Create(config_, spec_.layers.size(), num_blocks, block_size,
+                             options_.dtype, options_.device);
+}
+
+absl::StatusOr<at::Tensor> Submodel::Embed(const at::Tensor& token_ids) const {
+  if (!spec_.embedding) {
+    return absl::FailedPreconditionError("this submodel holds no token embedding");
+  }
+  if (token_ids.dim() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token ids must be 1-D, got shape ", ShapeString(token_ids)));
+  }
+  if (token_ids.numel() > 0) {
+    const int64_t lo = token_ids.min().item<int64_t>();
+    const int64_t hi = token_ids.max().item<int64_t>();
+    if (lo < 0 || hi >= config_.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", lo < 0 ? lo : hi,
+                                                     " is outside the vocabulary of ",
+                                                     config_.vocab_size));
+    }
+  }
+  return at::embedding(embedding_, token_ids.to(at::kLong).to(options_.device));
+}
+
+void Submodel::AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t layer,
+                           at::Tensor out) const {
+  // q: [n, H, hd] at positions past..past+n-1; keys/values: [past+n, KV, hd].
+  const int64_t n = q.size(0);
+  const int64_t past = cache.length();
+  const int64_t total = past + n;
+  const int64_t kv_heads = config_.num_key_value_heads;
+  const int64_t group = config_.num_attention_heads / kv_heads;
+  const int64_t hd = config_.head_dim;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  const bool windowed = config_.sliding_window && total > *config_.sliding_window;
+  // One query with every key visible: the fused kernel reads the blocks in place.
+  if (n == 1 && !windowed &&
+      kernels::PagedDecodeAttention(q[0], cache.pool().keys(layer), cache.pool().values(layer),
+                                    cache.block_table(), total, scale, out)) {
+    return;
+  }
+  const at::Tensor keys = cache.Keys(layer, total);
+  const at::Tensor values = cache.Values(layer, total);
+
+  // Query head h uses KV head h / group (grouped-query attention), so fold the group into
+  // the query rows and run one batched GEMM per KV head.
+  at::Tensor qh = q.view({n, kv_heads, group, hd}).permute({1, 0, 2, 3}).reshape(
+      {kv_heads, n * group, hd});
+  at::Tensor scores = at::bmm(qh, keys.permute({1, 2, 0})).mul_(scale);  // [KV, n*g, total]
+  if (n > 1 || windowed) {
+    at::Tensor key_pos = at::arange(total, at::TensorOptions().dtype(at::kLong).device(q.device()));
+    at::Tensor query_pos = at::arange(past, past + n, key_pos.options()).unsqueeze(1);
+    at::Tensor hidden = key_pos.unsqueeze(0) > query_pos;  // [n, total]
+    if (windowed) hidden.logical_or_(key_pos.unsqueeze(0) <= query_pos - *config_.sliding_window);
+    scores.view({kv_heads, n, group, total})
+        .masked_fill_(hidden.view({1, n, 1, total}), -std::numeric_limits<float>::infinity());
+  }
+  at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+  at::Tensor context = at::bmm(probs, values.permute({1, 0, 2}));  // [KV, n*g, hd]
+  out.copy_(context.view({kv_heads, n, group, hd}).permute({1, 0, 2, 3}).reshape(
+      {n, kv_heads * group * hd}));
+}
+
+Submodel::DeviceBatch Submodel::PrepareDeviceBatch(std::span<const SequenceChunk> chunks,
+                                                   int64_t total) const {
+  DeviceBatch batch;
+  if (options_.device.is_cpu() || chunks.empty()) return batch;
+  const KvBlockPool* pool = &chunks.front().cache->pool();
+  for (const SequenceChunk& chunk : chunks) {
+    if (&chunk.cache->pool() != pool) return batch;  // caches of several pools: per chunk
+  }
+  const int64_t block_size = pool->block_size();
+  std::vector<int64_t> slots;
+  slots.reserve(static_cast<size_t>(total));
+  std::vector<int32_t> lens;
+  std::vector<const SequenceChunk*> decode;
+  int64_t max_blocks = 1;
+  int64_t row = 0;
+  batch.decode_first_row = -1;
+  batch.decode_rows_contiguous = true;
+  for (const SequenceChunk& chunk : chunks) {
+    const std::span<const int32_t> table = chunk.cache->block_table();
+    const int64_t past = chunk.cache->length();
+    for (int64_t i = 0; i < chunk.num_tokens; ++i) {
+      const int64_t position = past + i;
+      slots.push_back(int64_t{table[position / block_size]} * block_size + position % block_size);
+    }
+    if (chunk.num_tokens == 1) {
+      if (batch.decode_first_row < 0) batch.decode_first_row = row;
+      if (row != batch.decode_first_row + static_cast<int64_t>(decode.size())) {
+        batch.decode_rows_contiguous = false;
+      }
+      batch.decode_rows.push_back(row);
+      decode.push_back(&chunk);
+      lens.push_back(static_cast<int32_t>(past + 1));
+      max_blocks = std::max<int64_t>(max_blocks, pool->BlocksFor(past + 1));
+    }
+    row += chunk.num_tokens;
+  }
+  std::vector<int32_t> tables(decode.size() * static_cast<size_t>(max_blocks), 0);
+  for (size_t i = 0; i < decode.size(); ++i) {
+    const std::span<const int32_t> table = decode[i]->cache->block_table();
+    const int64_t needed = pool->BlocksFor(decode[i]->cache->length() + 1);
+    std::copy(table.begin(), table.begin() + needed, tables.begin() + i * max_blocks);
+  }
+  // One host-to-device copy per index tensor per step.
+  batch.slots = at::tensor(slots, at::kLong).to(options_.device);
+  if (!decode.empty()) {
+    const auto count = static_cast<int64_t>(decode.size());
+    batch.block_tables = at::tensor(tables, at::kInt).view({count, max_blocks}).to(options_.device);
+    batch.seq_lens = at::tensor(lens, at::kInt).to(options_.device);
+    if (!batch.decode_rows_contiguous) {
+      batch.decode_index = at::tensor(batch.decode_rows, at::kLong).to(options_.device);
+    }
+  }
+  return batch;
+}
+
+void Submodel::AttendDeviceBatch(const DeviceBatch& batch, std::span<const SequenceChunk> chunks,
+                                 int64_t layer, const at::Tensor& q, const at::Tensor& k,
+                                 const at::Tensor& v, at::Tensor& attention) const {
+  const KvBlockPool& pool = chunks.front().cache->pool();
+  const int64_t kv_heads = config_.num_key_value_heads;
+  const int64_t hd = config_.head_dim;
+  // Every new row of every chunk into its slot: [num_blocks * block_size, KV, hd] views.
+  pool.keys(layer).view({-1, kv_heads, hd}).index_copy_(0, batch.slots, k);
+  pool.values(layer).view({-1, kv_heads, hd}).index_copy_(0, batch.slots, v);
+
+  bool decode_done = false;
+  const auto decode_count = static_cast<int64_t>(batch.decode_rows.size());
+  if (decode_count > 0) {
+    const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+    const int64_t window = config_.sliding_window ? *config_.sliding_window : 0;
+    if (batch.decode_rows_contiguous) {
+      const at::Tensor decode_q = q.narrow(0, batch.decode_first_row, decode_count);
+      at::Tensor decode_out = attention.narrow(0, batch.decode_first_row, decode_count);
+      decode_done = kernels::PagedDecodeAttentionBatch(decode_q, pool.keys(layer),
+                                                       pool.values(layer), batch.block_tables,
+                                                       batch.seq_lens, window, scale, decode_out);
+    } else {
+      const at::Tensor decode_q = q.index_select(0, batch.decode_index);
+      at::Tensor decode_out = at::empty({decode_count, attention.size(1)}, attention.options());
+      decode_done = kernels::PagedDecodeAttentionBatch(decode_q, pool.keys(layer),
+                                                       pool.values(layer), batch.block_tables,
+                                                       batch.seq_lens, window, scale, decode_out);
+      if (decode_done) attention.index_copy_(0, batch.decode_index, decode_out);
+    }
+  }
+  int64_t row = 0;
+  for (const SequenceChunk& chunk : chunks) {
+    const int64_t n = chunk.num_tokens;
+    if (n > 0 && !(n == 1 && decode_done)) {
+      AttendChunk(q.narrow(0, row, n), *chunk.cache, layer, attention.narrow(0, row, n));
+    }
+    row += n;
+  }
+}
+
+absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden,
+                                             std::span<const SequenceChunk> chunks) const {
+  const int64_t d = config_.hidden_size;
+  if (hidden.dim() != 2 || hidden.size(1) != d) {
+    return absl::InvalidArgumentError(absl::StrCat("hidden states must have shape [T, ", d,
+                                                   "], got ", ShapeString(hidden)));
+  }
+  if (hidden.scalar_type() != options_.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat("hidden states have dtype ",
+                                                   c10::toString(hidden.scalar_type()),
+                                                   ", the model computes in ",
+                                                   c10::toString(options_.dtype)));
+  }
+  int64_t total = 0;
+  for (const SequenceChunk& chunk : chunks) {
+    if (chunk.cache == nullptr || chunk.num_tokens < 0) {
+      return absl::InvalidArgumentError("a sequence chunk has no cache or a negative length");
+    }
+    if (chunk.cache->num_layers() != spec_.layers.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KV cache has ", chunk.cache->num_layers(), " layers, the submodel has ",
+                       spec_.layers.size()));
+    }
+    const KvBlockPool& pool = chunk.cache->pool();
+    if (pool.kv_heads() != config_.num_key_value_heads || pool.head_dim() != config_.head_dim ||
+        pool.dtype() != options_.dtype || pool.device() != options_.device) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KV cache holds ", pool.kv_heads(), " heads x ", pool.head_dim(), " ",
+          c10::toString(pool.dtype()), " on ", pool.device().str(), "; the submodel needs ",
+          config_.num_key_value_heads, " x ", config_.head_dim, " ",
+          c10::toString(options_.dtype), " on ", options_.device.str()));
+    }
+    const int64_t end = chunk.cache->length() + chunk.num_tokens;
+    if (end > chunk.cache->capacity() || end > max_context()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "sequence would reach ", end, " positions; the KV cache holds ",
+          chunk.cache->capacity(), " and the context limit is ", max_context()));
+    }
+    total += chunk.num_tokens;
+  }
+  if (total != hidden.size(0)) {
+    return absl::InvalidArgumentError(absl::StrCat("chunks cover ", total,
+                                                   " tokens but the hidden states hold ",
+                                                   hidden.size(0)));
+  }
+
+  at::Tensor x = hidden;
+  absl::Status status = CatchExceptions("forward pass", [&] {
+    if (layers_.empty() || total == 0) return;
+    // On a GPU, with every chunk in one pool (the cloud's engine), the step's K/V rows are
+    // written with one scatter per layer and its decode rows attend in one kernel launch;
+    // the index tensors for both are made once here, not per layer.
+    const DeviceBatch device_batch = PrepareDeviceBatch(chunks, total);
+    // Rotary rows for every token of the batch, gathered once for all layers.
+    at::Tensor cos;
+    at::Tensor sin;
+    if (chunks.size() == 1) {
+      cos = rope_.cos.narrow(0, chunks[0].cache->length(), total);
+      sin = rope_.sin.narrow(0, chunks[0].cache->length(), total);
+    } else {
+      std::vector<int64_t> positions;
+      positions.reserve(total);
+      for (const SequenceChunk& chunk : chunks) {
+        for (int64_t i = 0; i < chunk.num_tokens; ++i) positions.push_back(chunk.cache->length() + i);
+      }
+      at::Tensor index = at::tensor(positions, at::kLong).to(options_.device);
+      cos = rope_.cos.index_select(0, index);
+      sin = rope_.sin.index_select(0, index);
+    }
+    const int64_t q_size = config_.q_size();
+    const int64_t kv_size = config_.kv_size();
+    const int64_t heads = config_.num_attention_heads;
+    const int64_t kv_heads = config_.num_key_value_heads;
+    const int64_t hd = config_.head_dim;
+    at::Tensor attention = at::empty({total, q_size}, x.options());
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const DecoderLayerWeights& w = layers_[l];
+      at::Tensor h = RmsNorm(x, w.input_norm, config_.rms_norm_eps);
+      at::Tensor qkv = Linear(h, w.qkv, w.qkv_bias);
+      at::Tensor q = ApplyRope(qkv.narrow(1, 0, q_size).view({total, heads, hd}), cos, sin);
+      at::Tensor k = ApplyRope(qkv.narrow(1, q_size, kv_size).view({total, kv_heads, hd}), cos,
+                               sin);
+      at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({total, kv_heads, hd});
+      const auto layer = static_cast<int64_t>(l);
+      if (device_batch.slots.defined()) {
+        AttendDeviceBatch(device_batch, chunks, layer, q, k, v, attention);
+      } else {
+        int64_t row = 0;
+        for (const SequenceChunk& chunk : chunks) {
+          const int64_t n = chunk.num_tokens;
+          if (n == 0) continue;
+          chunk.cache->Write(layer, chunk.cache->length(), k.narrow(0, row, n),
+                             v.narrow(0, row, n));
+          AttendChunk(q.narrow(0, row, n), *chunk.cache, layer, attention.narrow(0, row, n));
+          row += n;
+        }
+      }
+      x = x + Linear(attention, w.o_proj, w.o_bias);
+      h = RmsNorm(x, w.post_norm, config_.rms_norm_eps);
+      x = x + Linear(SwiGlu(Linear(h, w.gate_up)), w.down);
+    }
+  });
+  TOPHAT_RETURN_IF_ERROR(status);
+  for (const SequenceChunk& chunk : chunks) chunk.cache->Advance(chunk.num_tokens);
+  return x;
+}
+
+absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden, KvCache& cache) const {
+  SequenceChunk chunk{.cache = &cache, .num_tokens = hidden.dim() > 0 ? hidden.size(0) : 0};
+  return Forward(hidden, std::span<const SequenceChunk>(&chunk, 1));
+}
+
+absl::StatusOr<at::Tensor> Submodel::Logits(const at::Tensor& hidden) const {
+  if (!spec_.head) return absl::FailedPreconditionError("this submodel holds no LM head");
+  if (hidden.dim() != 2 || hidden.size(1) != config_.hidden_size) {
+    return absl::InvalidArgumentError(absl::StrCat("hidden states must have shape [T, ",
+                                                   config_.hidden_size, "], got ",
+                                                   ShapeString(hidden)));
+  }
+  at::Tensor logits;
+  TOPHAT_RETURN_IF_ERROR(CatchExceptions("LM head", [&] {
+    logits = Linear(RmsNorm(hidden, final_norm_, config_.rms_norm_eps), lm_head_).to(at::kFloat);
+  }));
+  return logits;
+}
+
+int64_t Submodel::WeightBytes() const {
+  int64_t bytes = 0;
+  auto add = [&bytes](const at::Tensor& t) {
+    if (t.defined()) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  };
+  for (const DecoderLayerWeights& w : layers_) {
+    for (const at::Tensor* t : {&w.input_norm, &w.qkv, &w.qkv_bias, &w.o_proj, &w.o_bias,
+                                &w.post_norm, &w.gate_up, &w.down}) {
+      add(*t);
+    }
+  }
+  add(final_norm_);
+  add(lm_head_);
+  // An embedding lookup reads one row per token, not the table.
+  if (embedding_.defined()) bytes += config_.hidden_size * embedding_.element_size();
+  return bytes;
+}
+
+absl::StatusOr<std::unique_ptr<Submodel>> LoadFullModel(const std::filesystem::path& dir,
+                                                        const SubmodelOptions& options) {
+  TOPHAT_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(dir / "config.json"));
+  TOPHAT_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> checkpoint,
+                          CheckpointReader::Open(dir));
+  return Submodel::Load(config, *checkpoint, SubmodelSpec::Full(config), options);
+}
+
+}  // namespace tophat

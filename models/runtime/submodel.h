@@ -1,0 +1,162 @@
+// A contiguous slice of a Llama-family model: optionally the token embedding, a range of
+// decoder layers, and optionally the final norm + LM head. The monolithic model and the
+// three HAT submodels (input, middle, output) are all Submodels.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "absl/status/statusor.h"
+#include "models/formats/checkpoint.h"
+#include "models/formats/config.h"
+#include "models/runtime/kv_cache.h"
+#include "models/runtime/layers.h"
+
+namespace tophat {
+
+// Half-open range [begin, end) of decoder layer indices in the full model.
+struct LayerRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+  bool empty() const { return end <= begin; }
+  bool operator==(const LayerRange&) const = default;
+};
+
+struct SubmodelSpec {
+  bool embedding = false;  // model.embed_tokens
+  LayerRange layers;
+  bool head = false;  // model.norm + lm_head (or the embedding when tied)
+
+  static SubmodelSpec Full(const ModelConfig& config) {
+    return {.embedding = true, .layers = {0, config.num_hidden_layers}, .head = true};
+  }
+  static SubmodelSpec Input(int64_t m) { return {.embedding = true, .layers = {0, m}}; }
+  static SubmodelSpec Middle(const ModelConfig& config, int64_t m, int64_t k) {
+    return {.layers = {m, config.num_hidden_layers - k}};
+  }
+  static SubmodelSpec Output(const ModelConfig& config, int64_t k) {
+    return {.layers = {config.num_hidden_layers - k, config.num_hidden_layers}, .head = true};
+  }
+};
+
+struct SubmodelOptions {
+  at::ScalarType dtype = at::kFloat;  // compute dtype; weights are converted on load
+  at::Device device = at::kCPU;
+  // Longest sequence (prompt + generated) a KV cache of this submodel can hold. Capped at
+  // the config's max_position_embeddings.
+  int64_t max_context = 4096;
+  // Keep weight matrices on transparent huge pages (CPU): decode streams them ~25% faster.
+  bool huge_pages = true;
+};
+
+struct DecoderLayerWeights {
+  at::Tensor input_norm;  // [D]
+  at::Tensor qkv;         // [q + 2kv, D]: q_proj, k_proj, v_proj stacked, one GEMM
+  at::Tensor qkv_bias;    // [q + 2kv] or undefined
+  at::Tensor o_proj;      // [D, q]
+  at::Tensor o_bias;      // [D] or undefined (Llama with attention_bias)
+  at::Tensor post_norm;   // [D]
+  at::Tensor gate_up;     // [2I, D]: gate_proj, up_proj stacked
+  at::Tensor down;        // [D, I]
+};
+
+// One sequence's part of a batched forward: `num_tokens` consecutive rows of the hidden
+// states continue `cache` at position cache->length().
+struct SequenceChunk {
+  KvCache* cache = nullptr;
+  int64_t num_tokens = 0;
+};
+
+class Submodel {
+ public:
+  // Loads the tensors `spec` needs from `checkpoint`, checking every shape against `config`.
+  // Errors name the file and tensor.
+  static absl::StatusOr<std::unique_ptr<Submodel>> Load(const ModelConfig& config,
+                                                        const CheckpointReader& checkpoint,
+                                                        const SubmodelSpec& spec,
+                                                        const SubmodelOptions& options = {});
+
+  const ModelConfig& config() const { return config_; }
+  const SubmodelSpec& spec() const { return spec_; }
+  const SubmodelOptions& options() const { return options_; }
+  int64_t max_context() const { return rope_.max_positions(); }
+
+  // A contiguous KV cache for this submodel's layers; capacity defaults to max_context().
+  KvCache NewCache(int64_t capacity = 0) const;
+  // A pool of KV blocks for this submodel's layers, in its dtype and on its device, for
+  // paged caches (KvCache(pool)). Errors as KvBlockPool::Create.
+  absl::StatusOr<std::shared_ptr<KvBlockPool>> NewPagedPool(int64_t num_blocks,
+                                                            int64_t block_size) const;
+
+  // token ids [T] (int64) -> hidden states [T, D]. Requires spec().embedding.
+  absl::StatusOr<at::Tensor> Embed(const at::Tensor& token_ids) const;
+
+  // Runs the decoder layers over `hidden` [T, D], where T is the sum of the chunks' token
+  // counts, each chunk attending to its own cache. Appends K/V and advances every cache.
+  // A chunk may have any length; this is what chunked prefill and multi-token verification
+  // rely on. With no layers, returns `hidden` unchanged (and still advances the caches).
+  // Caches may be contiguous or paged, mixed in one batch; a paged cache must already hold
+  // the blocks for its new positions (else ResourceExhausted, and no cache changes).
+  absl::StatusOr<at::Tensor> Forward(const at::Tensor& hidden,
+                                     std::span<const SequenceChunk> chunks) const;
+  absl::StatusOr<at::Tensor> Forward(const at::Tensor& hidden, KvCache& cache) const;
+
+  // Final norm + LM head: hidden [T, D] -> logits [T, V] (float32). Requires spec().head.
+  absl::StatusOr<at::Tensor> Logits(const at::Tensor& hidden) const;
+
+  // Bytes of weights this submodel reads per decoded token (for bandwidth bounds).
+  int64_t WeightBytes() const;
+
+  const at::Tensor& embedding() const { return embedding_; }
+  const std::vector<DecoderLayerWeights>& layers() const { return layers_; }
+  const at::Tensor& final_norm() const { return final_norm_; }
+  const at::Tensor& lm_head() const { return lm_head_; }
+
+ private:
+  Submodel(ModelConfig config, SubmodelSpec spec, SubmodelOptions options)
+      : config_(std::move(config)), spec_(spec), options_(options) {}
+
+  // The per-step index tensors of a GPU forward whose chunks share one KV pool (else
+  // `slots` is undefined and chunks are handled one by one). Made once per Forward.
+  struct DeviceBatch {
+    at::Tensor slots;         // [T] int64: pool row (block * block_size + offset) of each new row
+    std::vector<int64_t> decode_rows;  // batch rows of the one-token chunks, in order
+    int64_t decode_first_row = -1;
+    bool decode_rows_contiguous = true;  // decode_rows == first, first+1, ...
+    at::Tensor decode_index;  // decode_rows on the device, when not contiguous
+    at::Tensor block_tables;  // [decode rows, max blocks] int32
+    at::Tensor seq_lens;      // [decode rows] int32: positions each attends, its own included
+  };
+  DeviceBatch PrepareDeviceBatch(std::span<const SequenceChunk> chunks, int64_t total) const;
+  // One layer of a DeviceBatch: writes every new K/V row with one scatter, attends the decode
+  // rows in one kernel launch, and the longer chunks one by one (AttendChunk).
+  void AttendDeviceBatch(const DeviceBatch& batch, std::span<const SequenceChunk> chunks,
+                         int64_t layer, const at::Tensor& q, const at::Tensor& k,
+                         const at::Tensor& v, at::Tensor& attention) const;
+
+  // Attention of the chunk's queries q [n, H, hd] (positions past..past+n-1, past =
+  // cache.length()) against positions [0, past + n) of `layer`, already written.
+  void AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t layer,
+                   at::Tensor out) const;
+
+  ModelConfig config_;
+  SubmodelSpec spec_;
+  SubmodelOptions options_;
+  RopeTable rope_;
+  at::Tensor embedding_;  // [V, D]
+  std::vector<DecoderLayerWeights> layers_;
+  at::Tensor final_norm_;  // [D]
+  at::Tensor lm_head_;     // [V, D]
+};
+
+// Loads config.json + weights of a Hugging Face checkpoint directory as one full model.
+absl::StatusOr<std::unique_ptr<Submodel>> LoadFullModel(const std::filesystem::path& dir,
+                                                        const SubmodelOptions& options = {});
+
+}  // namespace tophat

@@ -1,0 +1,584 @@
+#include "models/runtime/submodel.h"
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <numeric>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "models/runtime/generate.h"
+#include "models/runtime/model_init.h"
+
+namespace tophat {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path TempDir(const std::string& name) {
+  fs::path dir = fs::temp_directory_path() /
+                 ("tophat_submodel_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+struct LoadedModel {
+  ModelConfig config;
+  std::unique_ptr<CheckpointReader> checkpoint;
+  std::unique_ptr<Submodel> full;
+};
+
+LoadedModel MakeModel(const ModelConfig& config, const std::string& name, uint64_t seed = 7) {
+  fs::path dir = TempDir(name);
+  REQUIRE(WriteCheckpoint(config, InitWeights(config, seed), dir).ok());
+  LoadedModel m;
+  m.config = config;
+  auto checkpoint = CheckpointReader::Open(dir);
+  REQUIRE(checkpoint.ok());
+  m.checkpoint = std::move(*checkpoint);
+  auto full = Submodel::Load(config, *m.checkpoint, SubmodelSpec::Full(config));
+  REQUIRE(full.ok());
+  m.full = std::move(*full);
+  return m;
+}
+
+std::vector<int32_t> RandomTokens(std::mt19937& rng, int64_t n, int64_t vocab) {
+  std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(vocab - 1));
+  std::vector<int32_t> out(n);
+  for (auto& t : out) t = dist(rng);
+  return out;
+}
+
+at::Tensor Ids(const std::vector<int32_t>& tokens) {
+  return at::tensor(std::vector<int64_t>(tokens.begin(), tokens.end()), at::kLong);
+}
+
+// A deliberately different formulation of the Llama forward (explicit repeat_kv, rotate_half
+// with duplicated cos/sin, additive mask) to check Submodel against, on a whole sequence.
+at::Tensor ReferenceLogits(const ModelConfig& c, const std::map<std::string, at::Tensor>& w,
+                           const std::vector<int32_t>& tokens) {
+  const int64_t t = static_cast<int64_t>(tokens.size());
+  const int64_t hd = c.head_dim;
+  auto norm = [&](const at::Tensor& x, const at::Tensor& g) {
+    return x / at::sqrt((x * x).mean(-1, true) + c.rms_norm_eps) * g;
+  };
+  RopeTable rope = RopeTable::Create(c, t, at::kCPU);
+  at::Tensor cos = at::cat({rope.cos, rope.cos}, -1).unsqueeze(1);  // [t, 1, hd]
+  at::Tensor sin = at::cat({rope.sin, rope.sin}, -1).unsqueeze(1);
+  auto rotate = [&](const at::Tensor& x) {
+    at::Tensor x1 = x.narrow(-1, 0, hd / 2);
+    at::Tensor x2 = x.narrow(-1, hd / 2, hd / 2);
+    return x * cos + at::cat({-x2, x1}, -1) * sin;
+  };
+  at::Tensor mask = at::full({t, t}, -INFINITY).triu(1);
+  if (c.sliding_window) mask = mask + at::full({t, t}, -INFINITY).tril(-*c.sliding_window);
+  at::Tensor x = w.at("model.embed_tokens.weight").index_select(0, Ids(tokens));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    auto p = [&](const std::string& s) { return w.at(LayerTensorName(i, s)); };
+    auto maybe = [&](const std::string& s) {
+      auto it = w.find(LayerTensorName(i, s));
+      return it == w.end() ? at::Tensor() : it->second;
+    };
+    at::Tensor h = norm(x, p("input_layernorm.weight"));
+    at::Tensor q = at::linear(h, p("self_attn.q_proj.weight"), maybe("self_attn.q_proj.bias"));
+    at::Tensor k = at::linear(h, p("self_attn.k_proj.weight"), maybe("self_attn.k_proj.bias"));
+    at::Tensor v = at::linear(h, p("self_attn.v_proj.weight"), maybe("self_attn.v_proj.bias"));
+    q = rotate(q.view({t, c.num_attention_heads, hd}));
+    k = rotate(k.view({t, c.num_key_value_heads, hd}));
+    v = v.view({t, c.num_key_value_heads, hd});
+    const int64_t group = c.num_attention_heads / c.num_key_value_heads;
+    k = k.repeat_interleave(group, 1);
+    v = v.repeat_interleave(group, 1);
+    at::Tensor scores = at::einsum("thd,shd->hts", {q, k}) / std::sqrt(double(hd)) + mask;
+    at::Tensor out = at::einsum("hts,shd->thd", {at::softmax(scores, -1), v}).reshape({t, -1});
+    x = x + at::linear(out, p("self_attn.o_proj.weight"), maybe("self_attn.o_proj.bias"));
+    h = norm(x, p("post_attention_layernorm.weight"));
+    at::Tensor mlp = at::silu(at::linear(h, p("mlp.gate_proj.weight"))) *
+                     at::linear(h, p("mlp.up_proj.weight"));
+    x = x + at::linear(mlp, p("mlp.down_proj.weight"));
+  }
+  x = norm(x, w.at("model.norm.weight"));
+  const at::Tensor& head = c.tie_word_embeddings ? w.at("model.embed_tokens.weight")
+                                                 : w.at("lm_head.weight");
+  return at::linear(x, head);
+}
+
+at::Tensor FullLogits(const Submodel& model, const std::vector<int32_t>& tokens) {
+  KvCache cache = model.NewCache();
+  auto hidden = model.Embed(Ids(tokens));
+  REQUIRE(hidden.ok());
+  auto out = model.Forward(*hidden, cache);
+  REQUIRE(out.ok());
+  auto logits = model.Logits(*out);
+  REQUIRE(logits.ok());
+  return *logits;
+}
+
+double MaxDiff(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).abs().max().item<double>();
+}
+
+std::vector<std::pair<std::string, ModelConfig>> Variants() {
+  std::vector<std::pair<std::string, ModelConfig>> v;
+  v.emplace_back("llama_gqa", TinyTestConfig());
+  ModelConfig qwen = TinyTestConfig();
+  qwen.architecture = Architecture::kQwen2;
+  qwen.attention_bias = true;
+  qwen.tie_word_embeddings = true;
+  v.emplace_back("qwen2_bias_tied", qwen);
+  ModelConfig llama3 = TinyTestConfig();
+  llama3.rope_theta = 500000.0;
+  llama3.rope_scaling = {.llama3 = true, .factor = 8.0, .low_freq_factor = 1.0,
+                         .high_freq_factor = 4.0, .original_max_position_embeddings = 64};
+  llama3.head_dim = 32;  // head_dim independent of hidden_size / heads
+  v.emplace_back("llama3_rope_scaling", llama3);
+  ModelConfig mistral = TinyTestConfig();
+  mistral.architecture = Architecture::kMistral;
+  mistral.sliding_window = 6;
+  v.emplace_back("mistral_sliding_window", mistral);
+  return v;
+}
+
+TEST_CASE("Full model matches an independent reference formulation", "[submodel]") {
+  std::mt19937 rng(1);
+  for (const auto& [name, config] : Variants()) {
+    SECTION(name) {
+      LoadedModel m = MakeModel(config, name);
+      std::map<std::string, at::Tensor> weights;
+      for (auto& [n, t] : InitWeights(config, 7)) weights.emplace(n, t);
+      auto tokens = RandomTokens(rng, 23, config.vocab_size);
+      at::Tensor ours = FullLogits(*m.full, tokens);
+      at::Tensor ref = ReferenceLogits(config, weights, tokens);
+      CHECK(MaxDiff(ours, ref) < 1e-4);
+    }
+  }
+}
+
+TEST_CASE("Split input -> middle -> output equals the monolithic model", "[submodel][split]") {
+  std::mt19937 rng(2);
+  for (const auto& [name, config] : Variants()) {
+    LoadedModel m = MakeModel(config, name);
+    for (int64_t input_layers : {1, 2}) {
+      for (int64_t output_layers : {0, 1}) {
+        auto input = Submodel::Load(config, *m.checkpoint, SubmodelSpec::Input(input_layers));
+        auto middle = Submodel::Load(
+            config, *m.checkpoint, SubmodelSpec::Middle(config, input_layers, output_layers));
+        auto output =
+            Submodel::Load(config, *m.checkpoint, SubmodelSpec::Output(config, output_layers));
+        REQUIRE(input.ok());
+        REQUIRE(middle.ok());
+        REQUIRE(output.ok());
+        for (int trial = 0; trial < 3; ++trial) {
+          auto tokens = RandomTokens(rng, 5 + trial * 9, config.vocab_size);
+          KvCache ci = (*input)->NewCache();
+          KvCache cm = (*middle)->NewCache();
+          KvCache co = (*output)->NewCache();
+          at::Tensor h = *(*input)->Embed(Ids(tokens));
+          h = *(*input)->Forward(h, ci);
+          h = *(*middle)->Forward(h, cm);
+          h = *(*output)->Forward(h, co);
+          at::Tensor split_logits = *(*output)->Logits(h);
+          at::Tensor full_logits = FullLogits(*m.full, tokens);
+          INFO(name << " m=" << input_layers << " k=" << output_layers);
+          CHECK(MaxDiff(split_logits, full_logits) <= 1e-5);
+        }
+        // The split path's greedy tokens are identical to the monolithic model's.
+        auto split_gen = PipelineGenerator::Create({input->get(), middle->get(), output->get()});
+        auto full_gen = PipelineGenerator::Create({m.full.get()});
+        REQUIRE(split_gen.ok());
+        REQUIRE(full_gen.ok());
+        GenerationOptions options{.max_new_tokens = 24};
+        auto prompt = RandomTokens(rng, 11, config.vocab_size);
+        auto a = split_gen->Generate(prompt, options);
+        auto b = full_gen->Generate(prompt, options);
+        REQUIRE(a.ok());
+        REQUIRE(b.ok());
+        CHECK(a->tokens == b->tokens);
+      }
+    }
+  }
+}
+
+TEST_CASE("Incremental decoding with the KV cache equals full recomputation", "[submodel]") {
+  std::mt19937 rng(3);
+  for (const auto& [name, config] : Variants()) {
+    LoadedModel m = MakeModel(config, name);
+    auto tokens = RandomTokens(rng, 20, config.vocab_size);
+    at::Tensor full = FullLogits(*m.full, tokens);
+    KvCache cache = m.full->NewCache();
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      at::Tensor h = *m.full->Embed(Ids({tokens[i]}));
+      at::Tensor logits = *m.full->Logits(*m.full->Forward(h, cache));
+      INFO(name << " position " << i);
+      CHECK(MaxDiff(logits[0], full[static_cast<int64_t>(i)]) < 1e-5);
+    }
+    CHECK(cache.length() == static_cast<int64_t>(tokens.size()));
+  }
+}
+
+TEST_CASE("Chunked prefill of mixed chunk sizes equals one-shot prefill", "[submodel]") {
+  std::mt19937 rng(4);
+  for (const auto& [name, config] : Variants()) {
+    LoadedModel m = MakeModel(config, name);
+    auto tokens = RandomTokens(rng, 1 + 7 + 64 + 7 + 1, config.vocab_size);
+    at::Tensor full = FullLogits(*m.full, tokens);
+    KvCache cache = m.full->NewCache();
+    std::vector<at::Tensor> pieces;
+    size_t begin = 0;
+    for (size_t size : {1, 7, 64, 7, 1}) {
+      std::vector<int32_t> chunk(tokens.begin() + begin, tokens.begin() + begin + size);
+      at::Tensor h = *m.full->Embed(Ids(chunk));
+      pieces.push_back(*m.full->Logits(*m.full->Forward(h, cache)));
+      begin += size;
+    }
+    INFO(name);
+    CHECK(MaxDiff(at::cat(pieces), full) < 1e-5);
+  }
+}
+
+TEST_CASE("Batched forward of several sequences equals running each alone", "[submodel]") {
+  std::mt19937 rng(5);
+  LoadedModel m = MakeModel(TinyTestConfig(), "batched");
+  auto a = RandomTokens(rng, 9, 300);
+  auto b = RandomTokens(rng, 4, 300);
+  KvCache ca = m.full->NewCache();
+  KvCache cb = m.full->NewCache();
+  // Give the sequences different histories so that positions differ inside the batch.
+  REQUIRE(m.full->Forward(*m.full->Embed(Ids({a[0], a[1], a[2]})), ca).ok());
+  std::vector<int32_t> a_rest(a.begin() + 3, a.end());
+  at::Tensor h = at::cat({*m.full->Embed(Ids(a_rest)), *m.full->Embed(Ids(b))});
+  SequenceChunk chunks[] = {{&ca, static_cast<int64_t>(a_rest.size())},
+                            {&cb, static_cast<int64_t>(b.size())}};
+  at::Tensor batched = *m.full->Logits(*m.full->Forward(h, chunks));
+  at::Tensor ref_a = FullLogits(*m.full, a).narrow(0, 3, a_rest.size());
+  at::Tensor ref_b = FullLogits(*m.full, b);
+  CHECK(MaxDiff(batched.narrow(0, 0, a_rest.size()), ref_a) < 1e-5);
+  CHECK(MaxDiff(batched.narrow(0, a_rest.size(), b.size()), ref_b) < 1e-5);
+  CHECK(ca.length() == 9);
+  CHECK(cb.length() == 4);
+}
+
+TEST_CASE("KV truncation rolls back to an earlier state", "[submodel]") {
+  std::mt19937 rng(6);
+  LoadedModel m = MakeModel(TinyTestConfig(), "truncate");
+  auto tokens = RandomTokens(rng, 12, 300);
+  at::Tensor full = FullLogits(*m.full, tokens);
+  KvCache cache = m.full->NewCache();
+  std::vector<int32_t> head(tokens.begin(), tokens.begin() + 8);
+  REQUIRE(m.full->Forward(*m.full->Embed(Ids(head)), cache).ok());
+  // Speculate three wrong tokens, then roll back and continue with the right ones.
+  REQUIRE(m.full->Forward(*m.full->Embed(Ids({5, 6, 7})), cache).ok());
+  REQUIRE(cache.Truncate(8).ok());
+  std::vector<int32_t> tail(tokens.begin() + 8, tokens.end());
+  at::Tensor logits = *m.full->Logits(*m.full->Forward(*m.full->Embed(Ids(tail)), cache));
+  CHECK(MaxDiff(logits, full.narrow(0, 8, 4)) < 1e-5);
+  CHECK_FALSE(cache.Truncate(13).ok());
+}
+
+TEST_CASE("Forward rejects malformed input with a clear error", "[submodel]") {
+  LoadedModel m = MakeModel(TinyTestConfig(), "errors");
+  KvCache cache = m.full->NewCache(4);
+  auto wrong_width = m.full->Forward(at::zeros({2, 65}), cache);
+  REQUIRE_FALSE(wrong_width.ok());
+  CHECK_THAT(std::string(wrong_width.status().message()), Catch::Contains("[T, 64]"));
+  auto wrong_dtype = m.full->Forward(at::zeros({2, 64}, at::kDouble), cache);
+  REQUIRE_FALSE(wrong_dtype.ok());
+  auto overflow = m.full->Forward(at::zeros({5, 64}), cache);
+  REQUIRE_FALSE(overflow.ok());
+  CHECK(overflow.status().code() == absl::StatusCode::kResourceExhausted);
+  auto bad_id = m.full->Embed(Ids({300}));
+  REQUIRE_FALSE(bad_id.ok());
+  CHECK_THAT(std::string(bad_id.status().message()), Catch::Contains("300"));
+}
+
+// A stand-in for the cloud's block allocator: hands out a pool's ids in a shuffled order, as
+// a free list does after churn, so a sequence's blocks are neither consecutive nor sorted.
+class ShuffledBlocks {
+ public:
+  ShuffledBlocks(int64_t num_blocks, uint32_t seed) : free_(static_cast<size_t>(num_blocks)) {
+    std::iota(free_.begin(), free_.end(), 0);
+    std::shuffle(free_.begin(), free_.end(), std::mt19937(seed));
+  }
+  // Appends blocks until `cache` can hold `positions` positions.
+  void Grow(KvCache& cache, int64_t positions) {
+    while (cache.capacity() < positions) {
+      REQUIRE_FALSE(free_.empty());
+      cache.AppendBlock(free_.back());
+      free_.pop_back();
+    }
+  }
+  void Free(const std::vector<int32_t>& ids) { free_.insert(free_.end(), ids.begin(), ids.end()); }
+  size_t num_free() const { return free_.size(); }
+
+ private:
+  std::vector<int32_t> free_;
+};
+
+bool Same(const at::Tensor& a, const at::Tensor& b) { return at::allclose(a, b, 1e-6, 1e-6); }
+
+TEST_CASE("Paged and contiguous KV caches give identical hidden states", "[submodel][paged]") {
+  std::mt19937 rng(11);
+  for (const auto& [name, config] : Variants()) {
+    LoadedModel m = MakeModel(config, name);
+    auto tokens = RandomTokens(rng, 30, config.vocab_size);
+    // 1: every position its own block; 64: one block longer than the sequence.
+    for (int64_t block_size : {1, 3, 4, 16, 64}) {
+      auto pool = m.full->NewPagedPool(40, block_size);
+      REQUIRE(pool.ok());
+      ShuffledBlocks blocks(40, static_cast<uint32_t>(block_size));
+      KvCache paged(*pool);
+      KvCache contiguous = m.full->NewCache();
+      size_t begin = 0;
+      // Prompt chunks that start and end inside blocks, then decode steps.
+      for (size_t size : {5, 7, 1, 9, 1, 1, 1, 1, 1, 1, 1, 1}) {
+        std::vector<int32_t> chunk(tokens.begin() + begin, tokens.begin() + begin + size);
+        at::Tensor h = *m.full->Embed(Ids(chunk));
+        auto expected = m.full->Forward(h, contiguous);
+        blocks.Grow(paged, paged.length() + static_cast<int64_t>(size));
+        auto actual = m.full->Forward(h, paged);
+        REQUIRE(expected.ok());
+        REQUIRE(actual.ok());
+        INFO(name << " block_size=" << block_size << " positions " << begin << ".."
+                  << begin + size);
+        CHECK(Same(*actual, *expected));
+        begin += size;
+      }
+      CHECK(paged.length() == 30);
+      CHECK(static_cast<int64_t>(paged.block_table().size()) == (*pool)->BlocksFor(30));
+    }
+  }
+}
+
+TEST_CASE("A batch of paged sequences equals each sequence alone", "[submodel][paged]") {
+  std::mt19937 rng(12);
+  for (const auto& [name, config] : Variants()) {
+    LoadedModel m = MakeModel(config, name);
+    for (int64_t block_size : {1, 4}) {
+      auto pool = m.full->NewPagedPool(100, block_size);
+      REQUIRE(pool.ok());
+      ShuffledBlocks blocks(100, 5);
+      // Different histories, then one batched chunk each (a decode step for two of them).
+      const std::vector<int64_t> history = {0, 3, 9, 17};
+      const std::vector<int64_t> chunk_size = {6, 1, 5, 1};
+      std::vector<KvCache> paged;
+      std::vector<KvCache> alone;
+      std::vector<at::Tensor> inputs;
+      std::vector<at::Tensor> expected;
+      for (size_t i = 0; i < history.size(); ++i) {
+        auto tokens = RandomTokens(rng, history[i] + chunk_size[i], config.vocab_size);
+        at::Tensor h = *m.full->Embed(Ids(tokens));
+        paged.emplace_back(*pool);
+        alone.push_back(m.full->NewCache());
+        auto past = h.narrow(0, 0, history[i]);
+        // Grow the sequences in turn, so that their blocks interleave in the pool.
+        blocks.Grow(paged[i], history[i]);
+        REQUIRE(m.full->Forward(past, paged[i]).ok());
+        REQUIRE(m.full->Forward(past, alone[i]).ok());
+        inputs.push_back(h.narrow(0, history[i], chunk_size[i]));
+        expected.push_back(*m.full->Forward(inputs.back(), alone[i]));
+      }
+      std::vector<SequenceChunk> chunks;
+      for (size_t i = 0; i < paged.size(); ++i) {
+        blocks.Grow(paged[i], history[i] + chunk_size[i]);
+        chunks.push_back({&paged[i], chunk_size[i]});
+      }
+      auto batched = m.full->Forward(at::cat(inputs), chunks);
+      REQUIRE(batched.ok());
+      int64_t row = 0;
+      for (size_t i = 0; i < paged.size(); ++i) {
+        INFO(name << " block_size=" << block_size << " sequence " << i);
+        CHECK(Same(batched->narrow(0, row, chunk_size[i]), expected[i]));
+        CHECK(paged[i].length() == history[i] + chunk_size[i]);
+        row += chunk_size[i];
+      }
+
+      // One decode step for all four, with a contiguous cache in the same batch.
+      std::vector<at::Tensor> step_inputs;
+      std::vector<at::Tensor> step_expected;
+      KvCache mixed = m.full->NewCache();
+      REQUIRE(m.full->Forward(inputs[0], mixed).ok());
+      at::Tensor mixed_input = *m.full->Embed(Ids({7}));
+      chunks.clear();
+      for (size_t i = 0; i < paged.size(); ++i) {
+        step_inputs.push_back(*m.full->Embed(Ids({static_cast<int32_t>(10 + i)})));
+        step_expected.push_back(*m.full->Forward(step_inputs.back(), alone[i]));
+        blocks.Grow(paged[i], paged[i].length() + 1);
+        chunks.push_back({&paged[i], 1});
+      }
+      step_inputs.push_back(mixed_input);
+      chunks.push_back({&mixed, 1});
+      KvCache mixed_alone = m.full->NewCache();
+      REQUIRE(m.full->Forward(inputs[0], mixed_alone).ok());
+      step_expected.push_back(*m.full->Forward(mixed_input, mixed_alone));
+      auto step = m.full->Forward(at::cat(step_inputs), chunks);
+      REQUIRE(step.ok());
+      for (size_t i = 0; i < chunks.size(); ++i) {
+        INFO(name << " block_size=" << block_size << " decode, sequence " << i);
+        CHECK(Same((*step)[static_cast<int64_t>(i)], step_expected[i][0]));
+      }
+    }
+  }
+}
+
+TEST_CASE("A paged cache rolls back and grows again (speculative rejection)",
+          "[submodel][paged]") {
+  std::mt19937 rng(13);
+  for (const auto& [name, config] : Variants()) {
+    LoadedModel m = MakeModel(config, name);
+    auto tokens = RandomTokens(rng, 16, config.vocab_size);
+    at::Tensor full = FullLogits(*m.full, tokens);
+    for (int64_t block_size : {1, 3, 8}) {
+      for (bool release : {false, true}) {
+        auto pool = m.full->NewPagedPool(32, block_size);
+        REQUIRE(pool.ok());
+        ShuffledBlocks blocks(32, 9);
+        KvCache cache(*pool);
+        std::vector<int32_t> head(tokens.begin(), tokens.begin() + 10);
+        blocks.Grow(cache, 10);
+        REQUIRE(m.full->Forward(*m.full->Embed(Ids(head)), cache).ok());
+        // Speculate five wrong tokens (into new blocks), then roll back to 10.
+        blocks.Grow(cache, 15);
+        REQUIRE(m.full->Forward(*m.full->Embed(Ids({5, 6, 7, 8, 9})), cache).ok());
+        REQUIRE(cache.Truncate(10).ok());
+        if (release) {
+          std::vector<int32_t> freed = cache.ReleaseUnusedBlocks();
+          CHECK(static_cast<int64_t>(freed.size()) ==
+                (*pool)->BlocksFor(15) - (*pool)->BlocksFor(10));
+          blocks.Free(freed);
+        }
+        // The accepted continuation: a verification chunk of three, then decode steps.
+        std::vector<int32_t> verify(tokens.begin() + 10, tokens.begin() + 13);
+        blocks.Grow(cache, 13);
+        at::Tensor logits = *m.full->Logits(*m.full->Forward(*m.full->Embed(Ids(verify)), cache));
+        INFO(name << " block_size=" << block_size << " release=" << release);
+        CHECK(MaxDiff(logits, full.narrow(0, 10, 3)) < 1e-5);
+        for (int64_t i = 13; i < 16; ++i) {
+          blocks.Grow(cache, i + 1);
+          at::Tensor step = *m.full->Logits(
+              *m.full->Forward(*m.full->Embed(Ids({tokens[i]})), cache));
+          CHECK(MaxDiff(step[0], full[i]) < 1e-5);
+        }
+        CHECK(blocks.num_free() + cache.block_table().size() == 32);
+      }
+    }
+  }
+}
+
+TEST_CASE("Paged caches outside float32 take the composite path with gathered blocks",
+          "[submodel][paged]") {
+  ModelConfig config = TinyTestConfig();
+  LoadedModel m = MakeModel(config, "paged_double");
+  auto model = Submodel::Load(config, *m.checkpoint, SubmodelSpec::Full(config),
+                              {.dtype = at::kDouble});
+  REQUIRE(model.ok());
+  auto pool = (*model)->NewPagedPool(16, 2);
+  REQUIRE(pool.ok());
+  ShuffledBlocks blocks(16, 3);
+  KvCache paged(*pool);
+  KvCache contiguous = (*model)->NewCache();
+  std::mt19937 rng(14);
+  auto tokens = RandomTokens(rng, 9, config.vocab_size);
+  // A prompt of five (crossing blocks of two), then decode steps.
+  size_t begin = 0;
+  for (size_t n : {5, 1, 1, 1, 1}) {
+    std::vector<int32_t> chunk(tokens.begin() + begin, tokens.begin() + begin + n);
+    begin += n;
+    at::Tensor h = *(*model)->Embed(Ids(chunk));
+    blocks.Grow(paged, paged.length() + static_cast<int64_t>(n));
+    auto a = (*model)->Forward(h, paged);
+    auto b = (*model)->Forward(h, contiguous);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    CHECK(a->scalar_type() == at::kDouble);
+    CHECK(Same(*a, *b));
+  }
+}
+
+TEST_CASE("Forward rejects paged caches without blocks or of another shape",
+          "[submodel][paged]") {
+  ModelConfig config = TinyTestConfig();
+  LoadedModel m = MakeModel(config, "paged_errors");
+  auto pool = m.full->NewPagedPool(4, 4);
+  REQUIRE(pool.ok());
+  KvCache cache(*pool);
+  at::Tensor h = *m.full->Embed(Ids({1, 2, 3, 4, 5}));
+  auto none = m.full->Forward(h, cache);
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(none.status().message()), Catch::Contains("reach 5 positions"));
+  CHECK_THAT(std::string(none.status().message()), Catch::Contains("holds 0"));
+  cache.AppendBlock(2);
+  auto short_by_one = m.full->Forward(h, cache);
+  REQUIRE_FALSE(short_by_one.ok());
+  CHECK_THAT(std::string(short_by_one.status().message()), Catch::Contains("holds 4"));
+  CHECK(cache.length() == 0);
+  cache.AppendBlock(0);
+  REQUIRE(m.full->Forward(h, cache).ok());
+  CHECK(cache.length() == 5);
+
+  // A pool made for another submodel (layer count) or another model (head size, dtype).
+  auto input = Submodel::Load(config, *m.checkpoint, SubmodelSpec::Input(1));
+  REQUIRE(input.ok());
+  auto input_pool = (*input)->NewPagedPool(4, 4);
+  REQUIRE(input_pool.ok());
+  KvCache wrong_layers(*input_pool);
+  wrong_layers.AppendBlock(0);
+  auto layers = m.full->Forward(*m.full->Embed(Ids({1})), wrong_layers);
+  REQUIRE_FALSE(layers.ok());
+  CHECK(layers.status().code() == absl::StatusCode::kInvalidArgument);
+  ModelConfig other = config;
+  other.head_dim = 8;
+  for (auto [cfg, dtype] : {std::pair{other, at::kFloat}, std::pair{config, at::kDouble}}) {
+    auto wrong_pool = KvBlockPool::Create(cfg, config.num_hidden_layers, 4, 4, dtype, at::kCPU);
+    REQUIRE(wrong_pool.ok());
+    KvCache wrong(*wrong_pool);
+    wrong.AppendBlock(0);
+    auto result = m.full->Forward(*m.full->Embed(Ids({1})), wrong);
+    REQUIRE_FALSE(result.ok());
+    CHECK(result.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(wrong.length() == 0);
+  }
+}
+
+TEST_CASE("Loading reports the tensor with the wrong shape", "[submodel]") {
+  ModelConfig config = TinyTestConfig();
+  fs::path dir = TempDir("wrong_shape");
+  NamedTensors weights = InitWeights(config, 1);
+  for (auto& [name, t] : weights) {
+    if (name == "model.layers.2.mlp.up_proj.weight") t = at::zeros({config.intermediate_size, 63});
+  }
+  REQUIRE(WriteCheckpoint(config, weights, dir).ok());
+  auto model = LoadFullModel(dir);
+  REQUIRE_FALSE(model.ok());
+  const std::string message(model.status().message());
+  CHECK_THAT(message, Catch::Contains("model.layers.2.mlp.up_proj.weight"));
+  CHECK_THAT(message, Catch::Contains("model.safetensors"));
+}
+
+TEST_CASE("F16 and BF16 checkpoints load and compute in float32", "[submodel]") {
+  ModelConfig config = TinyTestConfig();
+  NamedTensors weights = InitWeights(config, 3);
+  std::vector<int32_t> tokens = {3, 1, 4, 1, 5, 9, 2, 6};
+  for (at::ScalarType dtype : {at::kHalf, at::kBFloat16}) {
+    fs::path dir = TempDir(std::string("dtype_") + c10::toString(dtype));
+    REQUIRE(WriteCheckpoint(config, weights, dir, dtype).ok());
+    auto model = LoadFullModel(dir);
+    REQUIRE(model.ok());
+    CHECK((*model)->layers()[0].qkv.scalar_type() == at::kFloat);
+    // Same weights rounded to 16 bits: the logits stay close to the float32 ones.
+    NamedTensors rounded;
+    for (auto& [n, t] : weights) rounded.emplace_back(n, t.to(dtype).to(at::kFloat));
+    fs::path ref_dir = TempDir(std::string("dtype_ref_") + c10::toString(dtype));
+    REQUIRE(WriteCheckpoint(config, rounded, ref_dir).ok());
+    auto ref = LoadFullModel(ref_dir);
+    REQUIRE(ref.ok());
+    CHECK(MaxDiff(FullLogits(**model, tokens), FullLogits(**ref, tokens)) < 1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace tophat

@@ -1,0 +1,97 @@
+#include "sdk/client.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+
+namespace tophat {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& status, const std::string& what) {
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat(what, ": ", status.error_message()));
+}
+
+}  // namespace
+
+double GenerateResult::mean_inter_token_seconds() const {
+  if (token_arrival_seconds.size() < 2) return 0.0;
+  return (token_arrival_seconds.back() - token_arrival_seconds.front()) /
+         static_cast<double>(token_arrival_seconds.size() - 1);
+}
+
+Client::Client(std::shared_ptr<grpc::Channel> channel)
+    : channel_(std::move(channel)), stub_(v1::AgentService::NewStub(channel_)) {}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& address,
+                                                        double timeout_s) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  const auto deadline = std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  if (!channel->WaitForConnected(deadline)) {
+    return absl::UnavailableError(
+        absl::StrCat("no tophat-agent answered at ", address, " within ", timeout_s, "s"));
+  }
+  return std::unique_ptr<Client>(new Client(std::move(channel)));
+}
+
+absl::StatusOr<GenerateResult> Client::Generate(
+    const v1::GenerateRequest& request,
+    const std::function<void(const v1::GenerateResponse&)>& on_update) {
+  grpc::ClientContext context;
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+      stub_->Generate(&context, request);
+  GenerateResult result;
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+    const double at =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!response.request_id().empty()) result.request_id = response.request_id();
+    for (uint32_t id : response.token_ids()) {
+      result.token_ids.push_back(id);
+      result.token_arrival_seconds.push_back(at);
+    }
+    result.text += response.text();
+    if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      result.finish_reason = response.finish_reason();
+      result.error = response.error();
+      result.stats = response.stats();
+    }
+    if (on_update) on_update(response);
+  }
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) return FromGrpc(status, "Generate");
+  if (result.finish_reason == v1::FINISH_REASON_UNSPECIFIED) {
+    return absl::InternalError("Generate: the agent ended the stream without a finish reason");
+  }
+  return result;
+}
+
+absl::StatusOr<bool> Client::Cancel(const std::string& request_id) {
+  grpc::ClientContext context;
+  v1::CancelRequest request;
+  request.set_request_id(request_id);
+  v1::CancelResponse response;
+  grpc::Status status = stub_->Cancel(&context, request, &response);
+  if (!status.ok()) return FromGrpc(status, "Cancel");
+  return response.found();
+}
+
+absl::StatusOr<v1::HealthResponse> Client::Health() {
+  grpc::ClientContext context;
+  v1::HealthResponse response;
+  grpc::Status status = stub_->Health(&context, v1::HealthRequest(), &response);
+  if (!status.ok()) return FromGrpc(status, "Health");
+  return response;
+}
+
+absl::StatusOr<v1::InfoResponse> Client::Info() {
+  grpc::ClientContext context;
+  v1::InfoResponse response;
+  grpc::Status status = stub_->Info(&context, v1::InfoRequest(), &response);
+  if (!status.ok()) return FromGrpc(status, "Info");
+  return response;
+}
+
+}  // namespace tophat
