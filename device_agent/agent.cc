@@ -1,26 +1,24 @@
 #include "device_agent/agent.h"
 
 #include <algorithm>
-#include <deque>
+#include <optional>
 #include <span>
 
 #include <c10/core/InferenceMode.h>
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "base/clock.h"
 #include "base/status_macros.h"
+#include "device_agent/decode_round.h"
+#include "device_agent/request_stats.h"
 #include "models/tokenizers/tokenizer.h"
 #include "proto/hidden_states.h"
-#include "scheduler/decode_decisions.h"
-#include "scheduler/moving_average.h"
-#include "base/clock.h"
 
 namespace tophat {
 namespace {
 
 using SteadyClock = std::chrono::steady_clock;
-
-double SecondsSinceEpoch(SteadyClock::time_point t) { return Seconds(t.time_since_epoch()); }
 
 SteadyClock::duration ToDuration(double seconds) {
   return std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(seconds));
@@ -34,12 +32,20 @@ absl::Status CloudError(const v1::SessionError& error) {
 }  // namespace
 
 // One Generate call. Lives on the calling thread's stack; the agent's cancel map points at it
-// while it runs.
-class Agent::Request {
+// while it runs. It holds the request's state and runs its protocol loop: prepare, open the
+// session, prefill, decode, replay after a lost stream, emit, finish. The sent chunks and the
+// link samples they give are ChunkTracker's, a decode round's drafting and verification
+// DecodeRounds', the stats and metrics RequestStatsRecorder's.
+class Agent::Request : private CloudSession {
  public:
   Request(Agent& agent, const v1::GenerateRequest& request,
           const std::function<bool(const TokenEvent&)>& on_tokens)
-      : agent_(agent), request_(request), on_tokens_(on_tokens), arrival_(SteadyClock::now()) {}
+      : agent_(agent),
+        request_(request),
+        on_tokens_(on_tokens),
+        arrival_(SteadyClock::now()),
+        stats_(agent.metrics_.get(), arrival_),
+        chunks_(agent, arrival_, request.trace()) {}
 
   // Takes a session id and a mailbox; called before the request is visible to Cancel().
   void Attach() {
@@ -55,34 +61,48 @@ class Agent::Request {
   void set_id(std::string id) { id_ = std::move(id); }
 
  private:
+  // Tokenises, checks the request against the context, and allocates its caches.
   absl::Status Prepare();
   absl::Status Open(uint64_t after_epoch);
+  // Chunk j is computed and uploaded while the cloud works on chunk j-1; results are consumed
+  // as they arrive.
+  absl::Status Prefill();
+  // The first token from the prompt's last position, then decode rounds until a stop id or
+  // the length limit.
+  absl::Status Decode();
   absl::Status ComputeShallow(int64_t first, int64_t count);
-  void SendRows(int64_t from, int64_t to, v1::Phase phase);
+  // Sends positions [from, to) of shallow_, split at the cloud's max_chunk_positions.
+  // `device_seconds` (the input submodel's time on them) goes with the first message.
+  void SendRows(int64_t from, int64_t to, v1::Phase phase, double device_seconds);
   // Handles mailbox events until `consumed_` reaches `target` (block) or the mailbox is
   // empty (no block).
-  absl::Status Pump(int64_t target, bool block);
+  absl::Status Pump(int64_t target, bool block) override;
   absl::Status HandleResult(const v1::ForwardResult& result);
+  // Waits for a newer stream, reopens the session and replays every position sent.
   absl::Status Reconnect(const std::string& why);
   absl::StatusOr<int32_t> SampleNext();
   // Emits `tokens` (one round's) up to a stop token or the length limit; sets done_ when the
-  // request is complete. The round's time is split evenly over its tokens (as SGLang does).
+  // request is complete.
   absl::Status Emit(std::span<const int32_t> tokens);
-  // One speculative (or, with drafting off, plain) decode round: send, draft ahead while the
-  // cloud verifies, verify, roll back, emit.
-  absl::Status DecodeRound();
-  void RecordRound(const RoundOutcome& outcome, double seconds);
   void Finish(v1::GenerateResponse& response, v1::FinishReason reason, const absl::Status& error);
+
+  // CloudSession, for the decode rounds.
+  void SendDecodeRows(int64_t start, const at::Tensor& rows) override;
+  int64_t consumed() const override { return consumed_; }
+  void RollBack(int64_t length) override;
 
   Agent& agent_;
   const v1::GenerateRequest& request_;
   const std::function<bool(const TokenEvent&)>& on_tokens_;
   const SteadyClock::time_point arrival_;
+  RequestStatsRecorder stats_;
+  ChunkTracker chunks_;
   SteadyClock::time_point deadline_;
   std::string id_;
   std::atomic<bool> cancelled_{false};
 
   std::vector<int32_t> tokens_;  // prompt, then generated
+  std::vector<int32_t> generated_;
   int64_t prompt_length_ = 0;
   int64_t max_new_tokens_ = 0;
   int64_t max_positions_ = 0;
@@ -99,8 +119,8 @@ class Agent::Request {
   std::optional<KvCache> output_cache_;
   std::optional<KvCache> adapter_cache_;
   std::unique_ptr<SpeculativeDecoder> decoder_;
+  std::optional<DecodeRounds> rounds_;
   at::Tensor last_output_;  // output-submodel state of the newest consumed position
-  std::vector<at::Tensor> round_outputs_;  // output-submodel states of this decode round
   bool decoding_ = false;
   bool done_ = false;
   int32_t next_token_ = 0;  // accepted, not yet in any KV: starts the next round
@@ -112,39 +132,53 @@ class Agent::Request {
   uint64_t sequence_number_ = 0;
   std::shared_ptr<SessionMailbox> mailbox_;
   v1::DType wire_dtype_ = v1::DTYPE_FLOAT32;
-
-  // Stats.
-  std::vector<int32_t> generated_;
-  SteadyClock::time_point last_token_time_;
-  double ttft_ = 0;
-  double itl_sum_ = 0;
-  int64_t itl_count_ = 0;
-  double cloud_queue_ = 0;
-  double cloud_compute_ = 0;
-  uint32_t reconnects_ = 0;
-  uint32_t cloud_kv_length_ = 0;  // as the last result or truncate reported it
-  struct SentChunk {
-    uint64_t sequence_number = 0;
-    uint64_t epoch = 0;
-    int64_t positions = 0;
-    size_t bytes = 0;
-    SteadyClock::time_point sent;
-    int trace_index = -1;  // into round_stats_.chunks, with GenerateRequest.trace
-  };
-  double pending_device_seconds_ = 0;  // input-submodel time of the chunk being sent
-  std::deque<SentChunk> in_flight_;  // chunks sent, oldest first, for link measurements
-  v1::RequestStats round_stats_;  // decode-round counters and the trace
-
-  // DSD-style draft window (speculative.adaptive_window): what the last rounds showed.
-  void ObserveRoundForWindow(const RoundOutcome& outcome, double round_seconds,
-                             double cloud_queue_seconds, double cloud_compute_seconds);
-  AdaptiveDraftWindow draft_window_;
-  MovingAverage acceptance_{0.6};
-  MovingAverage round_network_seconds_{0.6};
-  MovingAverage round_cloud_seconds_{0.6};
-  MovingAverage round_queue_share_{0.6};
-  int64_t window_ = -1;  // drafts allowed next round; -1: not decided yet (max_draft_tokens)
 };
+
+v1::GenerateResponse Agent::Request::Run() {
+  c10::InferenceMode inference_mode;
+  v1::GenerateResponse response;
+  deadline_ = arrival_ + ToDuration(agent_.config_.request_timeout_s);
+  absl::Status prepared;
+  absl::Status caught = CatchExceptions("preparing the request", [&] { prepared = Prepare(); });
+  if (prepared.ok()) prepared = caught;
+  if (!prepared.ok()) {
+    agent_.cloud_->Unregister(session_id_);
+    Finish(response, v1::FINISH_REASON_ERROR, prepared);
+    return response;
+  }
+  stats_.RecordPrompt(prompt_length_);
+
+  const auto serve = [&]() -> absl::Status {
+    TOPHAT_RETURN_IF_ERROR(Open(0));
+    TOPHAT_RETURN_IF_ERROR(Prefill());
+    return Decode();
+  };
+  absl::Status result;
+  absl::Status thrown = CatchExceptions("generating", [&] { result = serve(); });
+  if (result.ok()) result = thrown;
+
+  v1::AgentMessage goodbye;
+  if (result.ok()) {
+    goodbye.mutable_close()->set_session_id(session_id_);
+  } else {
+    goodbye.mutable_cancel()->set_session_id(session_id_);
+  }
+  agent_.cloud_->Send(epoch_, goodbye).IgnoreError();
+  agent_.cloud_->Unregister(session_id_);
+
+  if (result.ok()) {
+    const bool stopped = !generated_.empty() &&
+                         std::find(stop_ids_.begin(), stop_ids_.end(), generated_.back()) !=
+                             stop_ids_.end();
+    Finish(response, stopped ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH, result);
+  } else if (absl::IsCancelled(result) && cancelled_) {
+    Finish(response, v1::FINISH_REASON_CANCELLED, absl::OkStatus());
+  } else {
+    spdlog::warn("request {} failed: {}", id_, result.ToString());
+    Finish(response, v1::FINISH_REASON_ERROR, result);
+  }
+  return response;
+}
 
 absl::Status Agent::Request::Prepare() {
   const DeviceBundle& bundle = agent_.bundle_;
@@ -216,6 +250,10 @@ absl::Status Agent::Request::Prepare() {
                          .parallel_top_k = spec.parallel_top_k,
                          .parallel_steps = spec.parallel_steps},
       *sampler_);
+  rounds_.emplace(*decoder_, stats_,
+                  DecodeRoundOptions{.adaptive_window = spec.adaptive_window,
+                                     .max_draft_tokens = spec.max_draft_tokens,
+                                     .trace = request_.trace()});
   return absl::OkStatus();
 }
 
@@ -249,6 +287,63 @@ absl::Status Agent::Request::Open(uint64_t after_epoch) {
   return absl::OkStatus();
 }
 
+absl::Status Agent::Request::Prefill() {
+  for (int64_t start = 0; start < prompt_length_; start += chunk_size_) {
+    if (cancelled_) return absl::CancelledError("cancelled");
+    const int64_t n = std::min(chunk_size_, prompt_length_ - start);
+    const SteadyClock::time_point computing = SteadyClock::now();
+    TOPHAT_RETURN_IF_ERROR(ComputeShallow(start, n));
+    const double device_seconds = Seconds(SteadyClock::now() - computing);
+    sent_ = start + n;
+    SendRows(start, start + n, v1::PHASE_PREFILL, device_seconds);
+    // The adapter's KV covers the prompt too; built while the chunk is on the wire.
+    TOPHAT_RETURN_IF_ERROR(decoder_->AbsorbPrompt(shallow_.narrow(0, start, n)));
+    TOPHAT_RETURN_IF_ERROR(Pump(sent_, /*block=*/!agent_.config_.pipeline_prompt_chunks));
+  }
+  return Pump(prompt_length_, /*block=*/true);
+}
+
+absl::Status Agent::Request::Decode() {
+  TOPHAT_ASSIGN_OR_RETURN(int32_t first, SampleNext());
+  TOPHAT_RETURN_IF_ERROR(Emit(std::span<const int32_t>(&first, 1)));
+  next_token_ = first;
+  decoding_ = true;
+  while (!done_) {
+    if (cancelled_) return absl::CancelledError("cancelled");
+    // A round emits at most drafts + 1 tokens; never draft past the length limit.
+    const int64_t room = max_new_tokens_ - static_cast<int64_t>(generated_.size()) - 1;
+    if (agent_.config_.speculative.parallel_steps_from_cloud) {
+      const v1::Control control = agent_.cloud_->control();
+      if (control.draft_steps_per_device()) decoder_->set_parallel_steps(control.draft_steps());
+    }
+    TOPHAT_ASSIGN_OR_RETURN(RoundOutcome outcome, rounds_->Run(next_token_, room, *this));
+    TOPHAT_RETURN_IF_ERROR(Emit(outcome.tokens));
+    next_token_ = outcome.tokens.back();
+    agent_.ReportDecodeRound(epoch_, decoder_->draft_step_seconds(),
+                             static_cast<double>(outcome.accepted + 1));
+  }
+  return absl::OkStatus();
+}
+
+void Agent::Request::SendDecodeRows(int64_t start, const at::Tensor& rows) {
+  const int64_t count = rows.size(0);
+  shallow_.narrow(0, start, count).copy_(rows);
+  sent_ = start + count;
+  SendRows(start, sent_, v1::PHASE_DECODE, /*device_seconds=*/0);
+}
+
+void Agent::Request::RollBack(int64_t length) {
+  if (length < sent_) {
+    v1::AgentMessage rollback;
+    v1::Truncate* truncate = rollback.mutable_truncate();
+    truncate->set_session_id(session_id_);
+    truncate->set_sequence_number(++sequence_number_);
+    truncate->set_length(static_cast<uint32_t>(length));
+    agent_.cloud_->Send(epoch_, rollback).IgnoreError();
+  }
+  sent_ = consumed_ = length;
+}
+
 absl::Status Agent::Request::ComputeShallow(int64_t first, int64_t count) {
   const DeviceBundle& bundle = agent_.bundle_;
   at::Tensor ids = at::empty({count}, at::kLong);
@@ -259,111 +354,7 @@ absl::Status Agent::Request::ComputeShallow(int64_t first, int64_t count) {
   return absl::OkStatus();
 }
 
-absl::Status Agent::Request::DecodeRound() {
-  const SteadyClock::time_point round_begin = SteadyClock::now();
-  const double queue_before = cloud_queue_;
-  const double compute_before = cloud_compute_;
-  const int64_t start = decoder_->round_start();
-  const at::Tensor rows = decoder_->RoundShallow();
-  const int64_t count = rows.size(0);
-  shallow_.narrow(0, start, count).copy_(rows);
-  sent_ = start + count;
-  round_outputs_.clear();
-  SendRows(start, sent_, v1::PHASE_DECODE);
-  // Draft ahead while the cloud works, a token at a time, so the answer waits at most one
-  // drafter step.
-  while (consumed_ < sent_) {
-    TOPHAT_RETURN_IF_ERROR(Pump(sent_, /*block=*/false));
-    if (consumed_ >= sent_) break;
-    TOPHAT_ASSIGN_OR_RETURN(bool drafted, decoder_->DraftAheadStep());
-    if (!drafted) TOPHAT_RETURN_IF_ERROR(Pump(sent_, /*block=*/true));
-  }
-  const uint32_t cloud_after_verify = cloud_kv_length_;
-  TOPHAT_ASSIGN_OR_RETURN(RoundOutcome outcome, decoder_->FinishRound(at::cat(round_outputs_, 0)));
-  if (outcome.length < sent_) {
-    v1::AgentMessage rollback;
-    v1::Truncate* truncate = rollback.mutable_truncate();
-    truncate->set_session_id(session_id_);
-    truncate->set_sequence_number(++sequence_number_);
-    truncate->set_length(static_cast<uint32_t>(outcome.length));
-    agent_.cloud_->Send(epoch_, rollback).IgnoreError();
-  }
-  sent_ = consumed_ = outcome.length;
-  RecordRound(outcome, Seconds(SteadyClock::now() - round_begin));
-  if (agent_.config_.speculative.adaptive_window) {
-    ObserveRoundForWindow(outcome, Seconds(SteadyClock::now() - round_begin),
-                          cloud_queue_ - queue_before, cloud_compute_ - compute_before);
-  }
-  if (request_.trace()) {
-    v1::DecodeRound* round = round_stats_.add_rounds();
-    round->set_start(static_cast<uint32_t>(start));
-    round->set_drafted(static_cast<uint32_t>(outcome.drafted));
-    round->set_accepted(static_cast<uint32_t>(outcome.accepted));
-    round->set_parallel_hit(decoder_->round_from_parallel());
-    round->set_cloud_kv_after_verify(cloud_after_verify);
-    round->set_kv_length(static_cast<uint32_t>(outcome.length));
-    // Filled in when the cloud confirms its rollback; no rollback, no change.
-    round->set_cloud_kv_length(outcome.length < start + count ? 0 : cloud_after_verify);
-    round->set_input_kv_length(static_cast<uint32_t>(outcome.input_kv_length));
-    round->set_adapter_kv_length(static_cast<uint32_t>(outcome.adapter_kv_length));
-    round->set_output_kv_length(static_cast<uint32_t>(outcome.output_kv_length));
-    round->set_seconds(Seconds(SteadyClock::now() - round_begin));
-    round->set_draft_limit(static_cast<uint32_t>(decoder_->round_limit()));
-    round->set_parallel_steps(static_cast<uint32_t>(decoder_->parallel_steps()));
-  }
-  TOPHAT_RETURN_IF_ERROR(Emit(outcome.tokens));
-  next_token_ = outcome.tokens.back();
-  agent_.ReportDecodeRound(epoch_, decoder_->draft_step_seconds(),
-                           static_cast<double>(outcome.accepted + 1));
-  return absl::OkStatus();
-}
-
-void Agent::Request::ObserveRoundForWindow(const RoundOutcome& outcome, double round_seconds,
-                                           double cloud_queue_seconds,
-                                           double cloud_compute_seconds) {
-  const double gamma = decoder_->draft_step_seconds();
-  // A round with no drafts says nothing about acceptance; keep the last estimate (which
-  // starts optimistic, so a window that closed can reopen).
-  if (outcome.drafted > 0) {
-    acceptance_.Add(static_cast<double>(outcome.accepted) / static_cast<double>(outcome.drafted));
-  } else if (acceptance_.empty()) {
-    acceptance_.Add(0.8);
-  }
-  const double drafting = gamma * static_cast<double>(outcome.drafted);
-  const double cloud = cloud_queue_seconds + cloud_compute_seconds;
-  round_network_seconds_.Add(std::max(0.0, round_seconds - drafting - cloud));
-  round_cloud_seconds_.Add(cloud_compute_seconds);
-  round_queue_share_.Add(cloud > 0 ? cloud_queue_seconds / cloud : 0.0);
-  if (gamma <= 0) return;  // no drafter timing yet: keep drafting up to max_draft_tokens
-  window_ = std::min(agent_.config_.speculative.max_draft_tokens,
-                     draft_window_.Update({.acceptance_rate = acceptance_.value(),
-                                           .rtt_seconds = round_network_seconds_.value(),
-                                           .target_step_seconds = round_cloud_seconds_.value(),
-                                           .queue_utilization = round_queue_share_.value(),
-                                           .draft_step_seconds = gamma}));
-  if (agent_.metrics_ != nullptr) agent_.metrics_->spec_decode_draft_window.Set(window_);
-}
-
-void Agent::Request::RecordRound(const RoundOutcome& outcome, double seconds) {
-  round_stats_.set_decode_rounds(round_stats_.decode_rounds() + 1);
-  round_stats_.set_draft_tokens(round_stats_.draft_tokens() + outcome.drafted);
-  round_stats_.set_accepted_tokens(round_stats_.accepted_tokens() + outcome.accepted);
-  if (decoder_->drafted_ahead()) round_stats_.set_parallel_drafts(round_stats_.parallel_drafts() + 1);
-  if (decoder_->round_from_parallel()) round_stats_.set_parallel_hits(round_stats_.parallel_hits() + 1);
-  AgentMetrics* metrics = agent_.metrics_.get();
-  if (metrics == nullptr) return;
-  metrics->spec_decode_round_seconds.Observe(seconds);
-  if (outcome.drafted > 0) {
-    metrics->spec_decode_num_drafts.Increment();
-    metrics->spec_decode_num_draft_tokens.Increment(static_cast<double>(outcome.drafted));
-    metrics->spec_decode_num_accepted_tokens.Increment(static_cast<double>(outcome.accepted));
-    for (int64_t i = 0; i < outcome.accepted; ++i) metrics->AcceptedAtPosition(i).Increment();
-  }
-  if (decoder_->drafted_ahead()) metrics->spec_decode_parallel_drafts.Increment();
-  if (decoder_->round_from_parallel()) metrics->spec_decode_parallel_hits.Increment();
-}
-
-void Agent::Request::SendRows(int64_t from, int64_t to, v1::Phase phase) {
+void Agent::Request::SendRows(int64_t from, int64_t to, v1::Phase phase, double device_seconds) {
   for (int64_t start = from; start < to; start += max_chunk_positions_) {
     const int64_t n = std::min(max_chunk_positions_, to - start);
     v1::AgentMessage message;
@@ -373,64 +364,17 @@ void Agent::Request::SendRows(int64_t from, int64_t to, v1::Phase phase) {
     chunk->set_first_position(static_cast<uint32_t>(start));
     chunk->set_phase(phase);
     PackHiddenStates(shallow_.narrow(0, start, n), chunk->mutable_states()).IgnoreError();
-    if (agent_.metrics_ != nullptr) {
-      agent_.metrics_->hidden_state_bytes_up.Increment(chunk->states().data().size());
-    }
-    int trace_index = -1;
-    if (request_.trace() && phase == v1::PHASE_PREFILL) {
-      v1::ChunkTrace* trace = round_stats_.add_chunks();
-      trace->set_first_position(static_cast<uint32_t>(start));
-      trace->set_positions(static_cast<uint32_t>(n));
-      trace->set_device_seconds(pending_device_seconds_);
-      trace->set_sent_at(Seconds(SteadyClock::now() - arrival_));
-      pending_device_seconds_ = 0;
-      trace_index = round_stats_.chunks_size() - 1;
-    }
-    in_flight_.push_back({.sequence_number = sequence_number_, .epoch = epoch_, .positions = n,
-                          .bytes = chunk->states().data().size(),
-                          .sent = SteadyClock::now(), .trace_index = trace_index});
-    if (in_flight_.size() > 256) in_flight_.pop_front();
+    const size_t bytes = chunk->states().data().size();
+    stats_.RecordUpload(bytes);
+    chunks_.Sent({.sequence_number = sequence_number_,
+                  .epoch = epoch_,
+                  .first_position = start,
+                  .positions = n,
+                  .bytes = bytes,
+                  .phase = phase,
+                  .device_seconds = start == from ? device_seconds : 0});
     agent_.cloud_->Send(epoch_, message).IgnoreError();
   }
-}
-
-absl::Status Agent::Request::HandleResult(const v1::ForwardResult& result) {
-  const DeviceBundle& bundle = agent_.bundle_;
-  TOPHAT_RETURN_IF_ERROR(ValidateHiddenStates(result.states(), wire_dtype_,
-                                              bundle.config.hidden_size, max_positions_));
-  if (agent_.metrics_ != nullptr) {
-    agent_.metrics_->hidden_state_bytes_down.Increment(result.states().data().size());
-  }
-  cloud_queue_ += result.queue_seconds();
-  cloud_compute_ += result.compute_seconds();
-  const int64_t first = result.first_position();
-  const int64_t count = result.states().num_positions();
-  if (first > consumed_) {
-    return absl::InternalError(absl::StrCat("the cloud returned positions from ", first,
-                                            " but position ", consumed_, " is still missing"));
-  }
-  if (first + count <= consumed_) return absl::OkStatus();  // a replayed position
-  TOPHAT_ASSIGN_OR_RETURN(at::Tensor deep, UnpackHiddenStates(result.states()));
-  const int64_t skip = consumed_ - first;
-  deep = deep.narrow(0, skip, count - skip);
-  if (deep.scalar_type() != bundle.output->options().dtype) {
-    deep = deep.to(bundle.output->options().dtype);
-  }
-  TOPHAT_ASSIGN_OR_RETURN(at::Tensor out, bundle.output->Forward(deep, *output_cache_));
-  last_output_ = out.narrow(0, out.size(0) - 1, 1);
-  if (decoding_) round_outputs_.push_back(out);
-  consumed_ += count - skip;
-  cloud_kv_length_ = result.kv_length();
-  return absl::OkStatus();
-}
-
-absl::Status Agent::Request::Reconnect(const std::string& why) {
-  spdlog::warn("request {}: {}; reconnecting and replaying {} position(s)", id_, why, sent_);
-  ++reconnects_;
-  const uint64_t old_epoch = epoch_;
-  TOPHAT_RETURN_IF_ERROR(Open(old_epoch));
-  SendRows(0, sent_, v1::PHASE_PREFILL);
-  return absl::OkStatus();
 }
 
 absl::Status Agent::Request::Pump(int64_t target, bool block) {
@@ -457,46 +401,12 @@ absl::Status Agent::Request::Pump(int64_t target, bool block) {
     const v1::CloudMessage& message = event->message;
     switch (message.kind_case()) {
       case v1::CloudMessage::kAdmitted:
-        if (agent_.metrics_ != nullptr) {
-          agent_.metrics_->request_queue_time_seconds.Observe(message.admitted().queue_seconds());
-        }
+        stats_.RecordAdmitted(message.admitted().queue_seconds());
         break;
-      case v1::CloudMessage::kResult: {
-        const v1::ForwardResult& result = message.result();
-        if (result.sent_at_seconds() > 0) {
-          agent_.ObserveResult(result.sent_at_seconds(), SecondsSinceEpoch(event->received),
-                               static_cast<double>(result.states().data().size()));
-        }
-        if (result.chunk_done()) {
-          while (!in_flight_.empty() && in_flight_.front().sequence_number < result.sequence_number()) {
-            in_flight_.pop_front();
-          }
-          if (!in_flight_.empty() && in_flight_.front().sequence_number == result.sequence_number()) {
-            const SentChunk sent = in_flight_.front();
-            in_flight_.pop_front();
-            // Every piece of a split chunk carries the chunk's arrival; one sample per chunk.
-            if (sent.epoch == event->epoch && result.received_at_seconds() > 0) {
-              agent_.ObserveChunk(SecondsSinceEpoch(sent.sent), result.received_at_seconds(),
-                                  static_cast<double>(sent.bytes));
-            }
-            // Answered in one piece: the round trip is this chunk's alone.
-            if (sent.epoch == event->epoch &&
-                static_cast<int64_t>(result.states().num_positions()) == sent.positions) {
-              const double network = Seconds(event->received - sent.sent) -
-                                     result.queue_seconds() - result.compute_seconds();
-              if (sent.trace_index >= 0 && sent.trace_index < round_stats_.chunks_size()) {
-                v1::ChunkTrace* trace = round_stats_.mutable_chunks(sent.trace_index);
-                trace->set_result_at(Seconds(event->received - arrival_));
-                trace->set_cloud_queue_seconds(result.queue_seconds());
-                trace->set_cloud_compute_seconds(result.compute_seconds());
-                trace->set_network_seconds(network);
-              }
-            }
-          }
-        }
-        TOPHAT_RETURN_IF_ERROR(HandleResult(result));
+      case v1::CloudMessage::kResult:
+        chunks_.Answered(message.result(), event->epoch, event->received);
+        TOPHAT_RETURN_IF_ERROR(HandleResult(message.result()));
         break;
-      }
       case v1::CloudMessage::kError: {
         const v1::SessionError& error = message.error();
         if (error.session_alive()) {
@@ -510,11 +420,7 @@ absl::Status Agent::Request::Pump(int64_t target, bool block) {
         return CloudError(error);
       }
       case v1::CloudMessage::kTruncated:
-        cloud_kv_length_ = message.truncated().length();
-        if (round_stats_.rounds_size() > 0) {
-          round_stats_.mutable_rounds(round_stats_.rounds_size() - 1)
-              ->set_cloud_kv_length(cloud_kv_length_);
-        }
+        stats_.RecordTruncated(message.truncated().length());
         break;
       case v1::CloudMessage::kHello:
       case v1::CloudMessage::kControl:
@@ -525,6 +431,41 @@ absl::Status Agent::Request::Pump(int64_t target, bool block) {
   return absl::OkStatus();
 }
 
+absl::Status Agent::Request::HandleResult(const v1::ForwardResult& result) {
+  const DeviceBundle& bundle = agent_.bundle_;
+  TOPHAT_RETURN_IF_ERROR(ValidateHiddenStates(result.states(), wire_dtype_,
+                                              bundle.config.hidden_size, max_positions_));
+  stats_.RecordResult(result);
+  const int64_t first = result.first_position();
+  const int64_t count = result.states().num_positions();
+  if (first > consumed_) {
+    return absl::InternalError(absl::StrCat("the cloud returned positions from ", first,
+                                            " but position ", consumed_, " is still missing"));
+  }
+  if (first + count <= consumed_) return absl::OkStatus();  // a replayed position
+  TOPHAT_ASSIGN_OR_RETURN(at::Tensor deep, UnpackHiddenStates(result.states()));
+  const int64_t skip = consumed_ - first;
+  deep = deep.narrow(0, skip, count - skip);
+  if (deep.scalar_type() != bundle.output->options().dtype) {
+    deep = deep.to(bundle.output->options().dtype);
+  }
+  TOPHAT_ASSIGN_OR_RETURN(at::Tensor out, bundle.output->Forward(deep, *output_cache_));
+  last_output_ = out.narrow(0, out.size(0) - 1, 1);
+  if (decoding_) rounds_->AddOutputStates(out);
+  consumed_ += count - skip;
+  stats_.RecordCloudKvLength(result.kv_length());
+  return absl::OkStatus();
+}
+
+absl::Status Agent::Request::Reconnect(const std::string& why) {
+  spdlog::warn("request {}: {}; reconnecting and replaying {} position(s)", id_, why, sent_);
+  stats_.RecordReconnect();
+  const uint64_t old_epoch = epoch_;
+  TOPHAT_RETURN_IF_ERROR(Open(old_epoch));
+  SendRows(0, sent_, v1::PHASE_PREFILL, /*device_seconds=*/0);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int32_t> Agent::Request::SampleNext() {
   TOPHAT_ASSIGN_OR_RETURN(at::Tensor logits, agent_.bundle_.output->Logits(last_output_));
   return sampler_->Sample(logits[0]);
@@ -532,7 +473,6 @@ absl::StatusOr<int32_t> Agent::Request::SampleNext() {
 
 absl::Status Agent::Request::Emit(std::span<const int32_t> tokens) {
   const SteadyClock::time_point now = SteadyClock::now();
-  AgentMetrics* metrics = agent_.metrics_.get();
   TokenEvent event;
   event.request_id = id_;
   size_t taken = 0;
@@ -549,19 +489,7 @@ absl::Status Agent::Request::Emit(std::span<const int32_t> tokens) {
       break;
     }
   }
-  if (generated_.size() == taken) {
-    ttft_ = Seconds(now - arrival_);
-    if (metrics != nullptr) metrics->time_to_first_token_seconds.Observe(ttft_);
-  } else {
-    const double gap = Seconds(now - last_token_time_) / static_cast<double>(taken);
-    itl_sum_ += gap * static_cast<double>(taken);
-    itl_count_ += static_cast<int64_t>(taken);
-    if (metrics != nullptr) {
-      for (size_t i = 0; i < taken; ++i) metrics->inter_token_latency_seconds.Observe(gap);
-    }
-  }
-  last_token_time_ = now;
-  if (metrics != nullptr) metrics->generation_tokens.Increment(static_cast<double>(taken));
+  stats_.RecordTokens(now, taken);
   if (!on_tokens_(event)) {
     cancelled_ = true;
     return absl::CancelledError("the client went away");
@@ -579,113 +507,10 @@ void Agent::Request::Finish(v1::GenerateResponse& response, v1::FinishReason rea
     if (rest.ok()) response.set_text(*rest);
   }
   v1::RequestStats* stats = response.mutable_stats();
-  *stats = round_stats_;
-  stats->set_prompt_tokens(static_cast<uint32_t>(prompt_length_));
-  stats->set_generated_tokens(static_cast<uint32_t>(generated_.size()));
-  stats->set_time_to_first_token_seconds(ttft_);
-  stats->set_mean_inter_token_seconds(itl_count_ > 0 ? itl_sum_ / itl_count_ : 0.0);
-  stats->set_cloud_queue_seconds(cloud_queue_);
-  stats->set_cloud_compute_seconds(cloud_compute_);
-  stats->set_reconnects(reconnects_);
-  stats->set_prompt_chunk_size(static_cast<uint32_t>(chunk_size_));
-  if (AgentMetrics* metrics = agent_.metrics_.get(); metrics != nullptr) {
-    metrics->e2e_request_latency_seconds.Observe(Seconds(SteadyClock::now() - arrival_));
-    switch (reason) {
-      case v1::FINISH_REASON_STOP:
-        metrics->requests_stop.Increment();
-        break;
-      case v1::FINISH_REASON_LENGTH:
-        metrics->requests_length.Increment();
-        break;
-      case v1::FINISH_REASON_CANCELLED:
-        metrics->requests_cancelled.Increment();
-        break;
-      case v1::FINISH_REASON_ERROR:
-      case v1::FINISH_REASON_UNSPECIFIED:
-      case v1::FinishReason_INT_MIN_SENTINEL_DO_NOT_USE_:
-      case v1::FinishReason_INT_MAX_SENTINEL_DO_NOT_USE_:
-        metrics->requests_error.Increment();
-        break;
-    }
-  }
-}
-
-v1::GenerateResponse Agent::Request::Run() {
-  c10::InferenceMode inference_mode;
-  v1::GenerateResponse response;
-  deadline_ = arrival_ + ToDuration(agent_.config_.request_timeout_s);
-  absl::Status prepared;
-  absl::Status caught = CatchExceptions("preparing the request", [&] { prepared = Prepare(); });
-  if (prepared.ok()) prepared = caught;
-  if (!prepared.ok()) {
-    agent_.cloud_->Unregister(session_id_);
-    Finish(response, v1::FINISH_REASON_ERROR, prepared);
-    return response;
-  }
-  if (agent_.metrics_ != nullptr) agent_.metrics_->prompt_tokens.Increment(prompt_length_);
-
-  const auto serve = [&]() -> absl::Status {
-    TOPHAT_RETURN_IF_ERROR(Open(0));
-    // Prefill: upload chunk j while the cloud computes chunk j-1, consuming results as
-    // they arrive.
-    for (int64_t start = 0; start < prompt_length_; start += chunk_size_) {
-      if (cancelled_) return absl::CancelledError("cancelled");
-      const int64_t n = std::min(chunk_size_, prompt_length_ - start);
-      const SteadyClock::time_point computing = SteadyClock::now();
-      TOPHAT_RETURN_IF_ERROR(ComputeShallow(start, n));
-      pending_device_seconds_ = Seconds(SteadyClock::now() - computing);
-      sent_ = start + n;
-      SendRows(start, start + n, v1::PHASE_PREFILL);
-      // The adapter's KV covers the prompt too; built while the chunk is on the wire.
-      TOPHAT_RETURN_IF_ERROR(decoder_->AbsorbPrompt(shallow_.narrow(0, start, n)));
-      TOPHAT_RETURN_IF_ERROR(Pump(sent_, /*block=*/!agent_.config_.pipeline_prompt_chunks));
-    }
-    TOPHAT_RETURN_IF_ERROR(Pump(prompt_length_, /*block=*/true));
-    TOPHAT_ASSIGN_OR_RETURN(int32_t first, SampleNext());
-    TOPHAT_RETURN_IF_ERROR(Emit(std::span<const int32_t>(&first, 1)));
-    next_token_ = first;
-    decoding_ = true;
-    while (!done_) {
-      if (cancelled_) return absl::CancelledError("cancelled");
-      // A round emits at most drafts + 1 tokens; never draft past the length limit.
-      const int64_t room = max_new_tokens_ - static_cast<int64_t>(generated_.size()) - 1;
-      if (agent_.config_.speculative.parallel_steps_from_cloud) {
-        const v1::Control control = agent_.cloud_->control();
-        if (control.draft_steps_per_device()) decoder_->set_parallel_steps(control.draft_steps());
-      }
-      const int64_t drafts =
-          agent_.config_.speculative.adaptive_window && window_ >= 0 ? std::min(room, window_)
-                                                                     : room;
-      TOPHAT_RETURN_IF_ERROR(decoder_->BeginRound(next_token_, drafts));
-      TOPHAT_RETURN_IF_ERROR(DecodeRound());
-    }
-    return absl::OkStatus();
-  };
-  absl::Status result;
-  absl::Status thrown = CatchExceptions("generating", [&] { result = serve(); });
-  if (result.ok()) result = thrown;
-
-  v1::AgentMessage goodbye;
-  if (result.ok()) {
-    goodbye.mutable_close()->set_session_id(session_id_);
-  } else {
-    goodbye.mutable_cancel()->set_session_id(session_id_);
-  }
-  agent_.cloud_->Send(epoch_, goodbye).IgnoreError();
-  agent_.cloud_->Unregister(session_id_);
-
-  if (result.ok()) {
-    const bool stopped = !generated_.empty() &&
-                         std::find(stop_ids_.begin(), stop_ids_.end(), generated_.back()) !=
-                             stop_ids_.end();
-    Finish(response, stopped ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH, result);
-  } else if (absl::IsCancelled(result) && cancelled_) {
-    Finish(response, v1::FINISH_REASON_CANCELLED, absl::OkStatus());
-  } else {
-    spdlog::warn("request {} failed: {}", id_, result.ToString());
-    Finish(response, v1::FINISH_REASON_ERROR, result);
-  }
-  return response;
+  *stats = stats_.Finish(reason, {.prompt_tokens = prompt_length_,
+                                  .generated_tokens = static_cast<int64_t>(generated_.size()),
+                                  .prompt_chunk_size = chunk_size_});
+  *stats->mutable_chunks() = chunks_.trace();
 }
 
 absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "configs/agent_config.h"
 #include "device_agent/agent_metrics.h"
+#include "device_agent/chunk_tracker.h"
 #include "device_agent/cloud_connection.h"
 #include "device_agent/link_estimator.h"
 #include "device_agent/speculative_decoder.h"
@@ -36,7 +37,9 @@ struct TokenEvent {
   std::string text;
 };
 
-class Agent {
+// The requests' link samples (ChunkTracker) go to the agent's LinkEstimator, shared by every
+// request, through LinkSampleSink.
+class Agent : private LinkSampleSink {
  public:
   // Loads the device bundle and starts connecting to the cloud in the background.
   static absl::StatusOr<std::unique_ptr<Agent>> Create(const AgentConfig& config,
@@ -66,12 +69,9 @@ class Agent {
   // Folds one decode round's measurements into the device's state and, at most once a
   // second, reports it to the cloud's state monitor (DeviceState on stream `epoch`).
   void ReportDecodeRound(uint64_t epoch, double draft_step_seconds, double tokens);
-  // A chunk of `bytes` left at `sent_seconds` (this clock) and reached the cloud at
-  // `cloud_received_at` (the cloud's clock): the uplink's dispersion.
-  void ObserveChunk(double sent_seconds, double cloud_received_at, double bytes);
-  // A result of `bytes`, sent by the cloud at `cloud_sent_at` (its clock) and received here
-  // at `received_seconds` (this clock): the downlink's dispersion.
-  void ObserveResult(double cloud_sent_at, double received_seconds, double bytes);
+  // LinkSampleSink: into link_, under device_state_mutex_.
+  void ObserveChunk(double sent_seconds, double cloud_received_at, double bytes) override;
+  void ObserveResult(double cloud_sent_at, double received_seconds, double bytes) override;
 
   const AgentConfig config_;
   DeviceBundle bundle_;

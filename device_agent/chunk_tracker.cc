@@ -1,0 +1,73 @@
+#include "device_agent/chunk_tracker.h"
+
+#include "base/clock.h"
+
+namespace tophat {
+namespace {
+
+// The link estimator compares stamps on one clock at a time; steady_clock's epoch is as good
+// as any.
+double SecondsSinceEpoch(ChunkTracker::Clock::time_point t) {
+  return Seconds(t.time_since_epoch());
+}
+
+}  // namespace
+
+ChunkTracker::ChunkTracker(LinkSampleSink& link, Clock::time_point arrival, bool trace)
+    : link_(link), arrival_(arrival), trace_enabled_(trace) {}
+
+void ChunkTracker::Sent(const Chunk& chunk) {
+  const Clock::time_point now = Clock::now();
+  int trace_index = -1;
+  if (trace_enabled_ && chunk.phase == v1::PHASE_PREFILL) {
+    v1::ChunkTrace* trace = trace_.Add();
+    trace->set_first_position(static_cast<uint32_t>(chunk.first_position));
+    trace->set_positions(static_cast<uint32_t>(chunk.positions));
+    trace->set_device_seconds(chunk.device_seconds);
+    trace->set_sent_at(Seconds(now - arrival_));
+    trace_index = trace_.size() - 1;
+  }
+  in_flight_.push_back({.sequence_number = chunk.sequence_number,
+                        .epoch = chunk.epoch,
+                        .positions = chunk.positions,
+                        .bytes = chunk.bytes,
+                        .sent = now,
+                        .trace_index = trace_index});
+  if (in_flight_.size() > kMaxInFlight) in_flight_.pop_front();
+}
+
+void ChunkTracker::Answered(const v1::ForwardResult& result, uint64_t epoch,
+                            Clock::time_point received) {
+  if (result.sent_at_seconds() > 0) {
+    link_.ObserveResult(result.sent_at_seconds(), SecondsSinceEpoch(received),
+                        static_cast<double>(result.states().data().size()));
+  }
+  if (!result.chunk_done()) return;
+  // Results come in sequence order, so anything older was answered or will never be.
+  while (!in_flight_.empty() && in_flight_.front().sequence_number < result.sequence_number()) {
+    in_flight_.pop_front();
+  }
+  if (in_flight_.empty() || in_flight_.front().sequence_number != result.sequence_number()) {
+    return;
+  }
+  const InFlight sent = in_flight_.front();
+  in_flight_.pop_front();
+  if (sent.epoch != epoch) return;
+  // Every piece of a split chunk carries the chunk's arrival; one sample per chunk.
+  if (result.received_at_seconds() > 0) {
+    link_.ObserveChunk(SecondsSinceEpoch(sent.sent), result.received_at_seconds(),
+                       static_cast<double>(sent.bytes));
+  }
+  // Answered in one piece: the round trip is this chunk's alone.
+  if (sent.trace_index >= 0 &&
+      static_cast<int64_t>(result.states().num_positions()) == sent.positions) {
+    v1::ChunkTrace* trace = trace_.Mutable(sent.trace_index);
+    trace->set_result_at(Seconds(received - arrival_));
+    trace->set_cloud_queue_seconds(result.queue_seconds());
+    trace->set_cloud_compute_seconds(result.compute_seconds());
+    trace->set_network_seconds(Seconds(received - sent.sent) - result.queue_seconds() -
+                               result.compute_seconds());
+  }
+}
+
+}  // namespace tophat

@@ -1,0 +1,90 @@
+#include "device_agent/decode_round.h"
+
+#include <algorithm>
+
+#include "base/clock.h"
+#include "base/status_macros.h"
+
+namespace tophat {
+
+DecodeRounds::DecodeRounds(SpeculativeDecoder& decoder, RequestStatsRecorder& stats,
+                           const DecodeRoundOptions& options)
+    : decoder_(decoder), stats_(stats), options_(options) {}
+
+absl::StatusOr<RoundOutcome> DecodeRounds::Run(int32_t token, int64_t room, CloudSession& session) {
+  const int64_t drafts = options_.adaptive_window && window_ >= 0 ? std::min(room, window_) : room;
+  TOPHAT_RETURN_IF_ERROR(decoder_.BeginRound(token, drafts));
+
+  const Clock::time_point begin = Clock::now();
+  const double queue_before = stats_.cloud_queue_seconds();
+  const double compute_before = stats_.cloud_compute_seconds();
+  const int64_t start = decoder_.round_start();
+  const at::Tensor rows = decoder_.RoundShallow();
+  const int64_t end = start + rows.size(0);
+  outputs_.clear();
+  session.SendDecodeRows(start, rows);
+  // Draft ahead while the cloud works, a token at a time, so the answer waits at most one
+  // drafter step.
+  while (session.consumed() < end) {
+    TOPHAT_RETURN_IF_ERROR(session.Pump(end, /*block=*/false));
+    if (session.consumed() >= end) break;
+    TOPHAT_ASSIGN_OR_RETURN(bool drafted, decoder_.DraftAheadStep());
+    if (!drafted) TOPHAT_RETURN_IF_ERROR(session.Pump(end, /*block=*/true));
+  }
+  const uint32_t cloud_after_verify = stats_.cloud_kv_length();
+  TOPHAT_ASSIGN_OR_RETURN(RoundOutcome outcome, decoder_.FinishRound(at::cat(outputs_, 0)));
+  session.RollBack(outcome.length);
+
+  const double seconds = Seconds(Clock::now() - begin);
+  stats_.RecordRound(outcome, seconds, decoder_);
+  if (options_.adaptive_window) {
+    ObserveForWindow(outcome, seconds, stats_.cloud_queue_seconds() - queue_before,
+                     stats_.cloud_compute_seconds() - compute_before);
+  }
+  if (options_.trace) {
+    v1::DecodeRound round;
+    round.set_start(static_cast<uint32_t>(start));
+    round.set_drafted(static_cast<uint32_t>(outcome.drafted));
+    round.set_accepted(static_cast<uint32_t>(outcome.accepted));
+    round.set_parallel_hit(decoder_.round_from_parallel());
+    round.set_cloud_kv_after_verify(cloud_after_verify);
+    round.set_kv_length(static_cast<uint32_t>(outcome.length));
+    // Filled in when the cloud confirms its rollback; no rollback, no change.
+    round.set_cloud_kv_length(outcome.length < end ? 0 : cloud_after_verify);
+    round.set_input_kv_length(static_cast<uint32_t>(outcome.input_kv_length));
+    round.set_adapter_kv_length(static_cast<uint32_t>(outcome.adapter_kv_length));
+    round.set_output_kv_length(static_cast<uint32_t>(outcome.output_kv_length));
+    round.set_seconds(seconds);
+    round.set_draft_limit(static_cast<uint32_t>(decoder_.round_limit()));
+    round.set_parallel_steps(static_cast<uint32_t>(decoder_.parallel_steps()));
+    stats_.AddRoundTrace(round);
+  }
+  return outcome;
+}
+
+void DecodeRounds::ObserveForWindow(const RoundOutcome& outcome, double round_seconds,
+                                    double cloud_queue_seconds, double cloud_compute_seconds) {
+  const double gamma = decoder_.draft_step_seconds();
+  // A round with no drafts says nothing about acceptance; keep the last estimate (which
+  // starts optimistic, so a window that closed can reopen).
+  if (outcome.drafted > 0) {
+    acceptance_.Add(static_cast<double>(outcome.accepted) / static_cast<double>(outcome.drafted));
+  } else if (acceptance_.empty()) {
+    acceptance_.Add(0.8);
+  }
+  const double drafting = gamma * static_cast<double>(outcome.drafted);
+  const double cloud = cloud_queue_seconds + cloud_compute_seconds;
+  round_network_seconds_.Add(std::max(0.0, round_seconds - drafting - cloud));
+  round_cloud_seconds_.Add(cloud_compute_seconds);
+  round_queue_share_.Add(cloud > 0 ? cloud_queue_seconds / cloud : 0.0);
+  if (gamma <= 0) return;  // no drafter timing yet: keep drafting up to max_draft_tokens
+  window_ = std::min(options_.max_draft_tokens,
+                     draft_window_.Update({.acceptance_rate = acceptance_.value(),
+                                           .rtt_seconds = round_network_seconds_.value(),
+                                           .target_step_seconds = round_cloud_seconds_.value(),
+                                           .queue_utilization = round_queue_share_.value(),
+                                           .draft_step_seconds = gamma}));
+  stats_.RecordDraftWindow(window_);
+}
+
+}  // namespace tophat

@@ -1,0 +1,93 @@
+// A request's decode rounds (DESIGN.md request path, steps 4-5; docs/architecture.md
+// "tophat-agent"). One round: the drafter proposes from the last accepted token, [token +
+// drafts] goes to the cloud as one PHASE_DECODE chunk, the drafter works ahead while the
+// cloud verifies, the answer is verified, and every KV cache, the cloud's included, is rolled
+// back to what was kept. With drafting off a round is the token alone: plain decoding.
+//
+// With speculative.adaptive_window, what each round showed (acceptance, network, cloud queue
+// and compute time) feeds DSD's draft window (scheduler/decode_decisions.h), which caps the
+// drafts of the rounds that follow.
+//
+// A round runs inside the request's protocol loop, reached through CloudSession, and emits
+// nothing: the kept tokens go back to the request. Not thread-safe: one request thread owns
+// its rounds.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "device_agent/request_stats.h"
+#include "device_agent/speculative_decoder.h"
+#include "scheduler/decode_decisions.h"
+#include "scheduler/moving_average.h"
+
+namespace tophat {
+
+// The request's session with the cloud, as a decode round uses it (Agent::Request).
+class CloudSession {
+ public:
+  // Keeps `rows`, the shallow states of the positions from `start` on, for replay, and sends
+  // them as one PHASE_DECODE chunk.
+  virtual void SendDecodeRows(int64_t start, const at::Tensor& rows) = 0;
+  // Handles the session's messages until `target` positions have been consumed (`block`) or
+  // none are waiting (not `block`). Their output-submodel states come back through
+  // DecodeRounds::AddOutputStates.
+  virtual absl::Status Pump(int64_t target, bool block) = 0;
+  // Positions whose deep states went through the output submodel.
+  virtual int64_t consumed() const = 0;
+  // The round kept positions [0, length): the cloud drops the rest of its KV (a Truncate right
+  // behind the answer; streams are ordered, so no round trip) and the session goes on from
+  // `length`.
+  virtual void RollBack(int64_t length) = 0;
+
+ protected:
+  ~CloudSession() = default;
+};
+
+struct DecodeRoundOptions {
+  bool adaptive_window = false;  // speculative.adaptive_window
+  int64_t max_draft_tokens = 8;  // speculative.max_draft_tokens: the window's ceiling
+  bool trace = false;            // GenerateRequest.trace: a DecodeRound per round in the stats
+};
+
+class DecodeRounds {
+ public:
+  // `decoder` and `stats` are the request's and outlive the rounds.
+  DecodeRounds(SpeculativeDecoder& decoder, RequestStatsRecorder& stats,
+               const DecodeRoundOptions& options);
+
+  // Runs one round from `token` (accepted, in no KV yet), drafting at most `room` tokens (what
+  // the request's length limit leaves) and, with the adaptive window, at most the window.
+  // Returns the verified outcome; the caller emits its tokens.
+  absl::StatusOr<RoundOutcome> Run(int32_t token, int64_t room, CloudSession& session);
+
+  // The output submodel's states for positions of the round in flight, in order, as the
+  // cloud's results arrive.
+  void AddOutputStates(const at::Tensor& states) { outputs_.push_back(states); }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  // DSD: folds the round into the window's inputs and decides the next rounds' window.
+  void ObserveForWindow(const RoundOutcome& outcome, double round_seconds,
+                        double cloud_queue_seconds, double cloud_compute_seconds);
+
+  SpeculativeDecoder& decoder_;
+  RequestStatsRecorder& stats_;
+  const DecodeRoundOptions options_;
+  std::vector<at::Tensor> outputs_;  // of the round in flight
+
+  AdaptiveDraftWindow draft_window_;
+  MovingAverage acceptance_{0.6};
+  MovingAverage round_network_seconds_{0.6};
+  MovingAverage round_cloud_seconds_{0.6};
+  MovingAverage round_queue_share_{0.6};
+  int64_t window_ = -1;  // drafts allowed next round; -1: not decided yet (max_draft_tokens)
+};
+
+}  // namespace tophat
