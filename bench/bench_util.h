@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -66,6 +67,16 @@ inline absl::Status WriteJson(const nlohmann::json& report, const std::string& p
   out << report.dump(2) << "\n";
   if (!out) return absl::InternalError(absl::StrCat("--json: cannot write ", path));
   return absl::OkStatus();
+}
+
+// A benchmark's ending: the table, then the JSON report on one line (for scripts reading
+// stdout), and the report indented into `json_path` when one is given.
+inline absl::Status PrintReport(const std::string& table, const nlohmann::json& report,
+                                const std::string& json_path) {
+  std::printf("%s", table.c_str());
+  std::printf("%s\n", report.dump().c_str());
+  if (json_path.empty()) return absl::OkStatus();
+  return WriteJson(report, json_path);
 }
 
 }  // namespace tophat::bench

@@ -578,10 +578,8 @@ int Run(const Args& args) {
       {"cases", json_cases},
       {"all_pass", all_pass}};
 
-  std::printf("%s", Table(cases, args.goal).c_str());
-  std::printf("%s\n", report.dump().c_str());
-  if (!args.json_path.empty()) {
-    if (absl::Status s = bench::WriteJson(report, args.json_path); !s.ok()) return Fail(s);
+  if (absl::Status s = bench::PrintReport(Table(cases, args.goal), report, args.json_path); !s.ok()) {
+    return Fail(s);
   }
   return 0;
 }

@@ -1,7 +1,5 @@
 #include "bench/model_benchmark.h"
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -14,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "models/runtime/compute_threads.h"
 #include "models/runtime/kv_cache.h"
 #include "bench/machine_bounds.h"
 #include "models/runtime/model_init.h"
@@ -67,13 +66,6 @@ std::string Si(double value, std::string_view unit) {
     ++p;
   }
   return absl::StrFormat("%.2f %s%s", value, kPrefixes[p], std::string(unit));
-}
-
-// OpenBLAS's own thread count when LibTorch's BLAS is OpenBLAS, else 0.
-int BlasThreads() {
-  using GetThreads = int (*)();
-  auto get = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-  return get != nullptr ? get() : 0;
 }
 
 std::string Percent(double fraction) { return absl::StrFormat("%.1f%%", 100.0 * fraction); }

@@ -487,10 +487,8 @@ int Run(const Args& args) {
       {"cpus", UsableCpuCount()},
       {"results", json_results},
       {"all_pass", all_pass}};
-  std::printf("%s", table.c_str());
-  std::printf("%s\n", report.dump().c_str());
-  if (!args.json_path.empty()) {
-    if (absl::Status s = bench::WriteJson(report, args.json_path); !s.ok()) return Fail(s);
+  if (absl::Status s = bench::PrintReport(table, report, args.json_path); !s.ok()) {
+    return Fail(s);
   }
   return 0;
 }

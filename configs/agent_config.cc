@@ -25,6 +25,7 @@ void CheckAgentConfig(const AgentConfig& config, bool require_bundle, Report&& r
   check("cloud_address", CheckHostPort(config.cloud_address, /*allow_port_zero=*/false));
   check("dtype", CheckDtype(config.dtype));
   check("device", CheckDevice(config.device));
+  check("compute_threads", CheckAtLeast(config.compute_threads, 0));
   check("max_context", CheckAtLeast(config.max_context, 1));
   check("prompt_chunk_size", CheckAtLeast(config.prompt_chunk_size, 0));
   check("max_concurrent_requests", CheckAtLeast(config.max_concurrent_requests, 1));
@@ -79,6 +80,7 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
   reader.ReadString("bundle", &config.bundle);
   reader.ReadString("dtype", &config.dtype);
   reader.ReadString("device", &config.device);
+  reader.ReadInt("compute_threads", &config.compute_threads, Bound::kNonNegative);
   reader.ReadInt("max_context", &config.max_context, Bound::kPositive);
   reader.ReadInt("prompt_chunk_size", &config.prompt_chunk_size, Bound::kNonNegative);
   reader.ReadBool("pipeline_prompt_chunks", &config.pipeline_prompt_chunks);

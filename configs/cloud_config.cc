@@ -24,6 +24,7 @@ void CheckCloudConfig(const CloudConfig& config, bool require_bundle, Report&& r
   check("listen_address", CheckHostPort(config.listen_address, /*allow_port_zero=*/true));
   check("dtype", CheckDtype(config.dtype));
   check("device", CheckDevice(config.device));
+  check("compute_threads", CheckAtLeast(config.compute_threads, 0));
   check("max_context", CheckAtLeast(config.max_context, 1));
   check("kv_cache.block_size", CheckAtLeast(config.kv_cache.block_size, 1));
   check("kv_cache.memory_bytes", CheckAtLeast(config.kv_cache.memory_bytes, 1));
@@ -89,6 +90,7 @@ absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
   reader.ReadString("bundle", &config.bundle);
   reader.ReadString("dtype", &config.dtype);
   reader.ReadString("device", &config.device);
+  reader.ReadInt("compute_threads", &config.compute_threads, Bound::kNonNegative);
   reader.ReadInt("max_context", &config.max_context, Bound::kPositive);
   reader.ReadInt("kv_cache.block_size", &config.kv_cache.block_size, Bound::kPositive);
   reader.ReadByteSize("kv_cache.memory_bytes", &config.kv_cache.memory_bytes, Bound::kPositive);

@@ -16,6 +16,7 @@
 #include "configs/agent_config.h"
 #include "device_agent/agent.h"
 #include "device_agent/agent_service.h"
+#include "models/runtime/compute_threads.h"
 #include "base/program.h"
 
 using tophat::Fail;
@@ -24,6 +25,10 @@ namespace {
 
 int Run(const tophat::AgentConfig& config) {
   spdlog::set_level(spdlog::level::from_str(config.log_level));
+  if (absl::Status threads = tophat::SetComputeThreads(static_cast<int>(config.compute_threads));
+      !threads.ok()) {
+    return Fail(threads);
+  }
   auto registry = std::make_shared<prometheus::Registry>();
   auto metrics_server = tophat::StartConfiguredMetricsServer(config.metrics_address, registry);
   if (!metrics_server.ok()) return Fail(metrics_server.status());

@@ -18,6 +18,7 @@
 #include "configs/cloud_config.h"
 #include "models/runtime/bundle.h"
 #include "models/formats/config.h"
+#include "models/runtime/compute_threads.h"
 #include "server/cloud_metrics.h"
 #include "server/cloud_service.h"
 #include "server/engine.h"
@@ -31,6 +32,10 @@ using tophat::CloudConfig;
 
 int Run(const CloudConfig& config) {
   spdlog::set_level(spdlog::level::from_str(config.log_level));
+  if (absl::Status threads = tophat::SetComputeThreads(static_cast<int>(config.compute_threads));
+      !threads.ok()) {
+    return Fail(threads);
+  }
   auto dtype = tophat::ParseTorchDtypeName(config.dtype, "dtype");
   if (!dtype.ok()) return Fail(dtype.status());
   tophat::SubmodelOptions submodel_options{.dtype = *dtype,

@@ -95,16 +95,12 @@ std::vector<int32_t> Tokenize(const std::string& text) {
   return out;
 }
 
-// argv run with OpenBLAS single-threaded when `one_blas_thread`. Each daemon's OpenBLAS keeps
-// a pool of busy-waiting threads (two on a 2-core machine), and a cloud's and an agent's
-// pools spin against each other: in the link test the cloud's steps (33 positions on
-// average) took 80 ms each on an idle 2-core machine and 126 ms with the other core busy,
-// against 5 ms with one thread each. Tests whose workload needs the cloud to out-run an
-// emulated link start both daemons this way.
-std::vector<std::string> BlasThreads(std::vector<std::string> argv, bool one_blas_thread) {
-  if (one_blas_thread) argv.insert(argv.begin(), {"/usr/bin/env", "OPENBLAS_NUM_THREADS=1"});
-  return argv;
-}
+// Tests whose workload needs the cloud to out-run an emulated link run both daemons with
+// `compute_threads: 1`. Each daemon's OpenBLAS otherwise keeps a pool of busy-waiting
+// threads (two on a 2-core machine), and a cloud's and an agent's pools spin against each
+// other: in the link test the cloud's steps (33 positions on average) took 80 ms each on an
+// idle 2-core machine and 126 ms with the other core busy, against 5 ms with one thread each.
+constexpr int kOneComputeThread = 1;
 
 struct CloudSettings {
   int64_t max_batch_tokens = 64;
@@ -116,15 +112,14 @@ struct CloudSettings {
   double drain_grace_period_s = 5;
   int64_t max_draft_steps = 8;  // scheduler.max_draft_steps: the cap on the cloud's λ
   int64_t min_prompt_chunk_size = 16;  // scheduler.min_prompt_chunk_size
-  bool one_blas_thread = false;  // see BlasThreads
+  int compute_threads = 0;  // see kOneComputeThread
 };
 
 class CloudProcess {
  public:
   CloudProcess(const fs::path& dir, const CloudSettings& settings, int port = 0)
       : port_(port != 0 ? port : testing::FreePort()),
-        metrics_port_(testing::FreePort()),
-        one_blas_thread_(settings.one_blas_thread) {
+        metrics_port_(testing::FreePort()) {
     config_ = dir / ("cloud-" + std::to_string(port_) + ".yaml");
     std::ofstream(config_) << "listen_address: \"127.0.0.1:" << port_ << "\"\n"
                            << "bundle: " << (Bundles() / "cloud").string() << "\n"
@@ -141,14 +136,15 @@ class CloudProcess {
                            << "limits:\n  max_chunk_tokens: " << settings.max_chunk_tokens
                            << "\n  max_message_bytes: " << settings.max_message_bytes << "\n"
                            << "drain_grace_period_s: " << settings.drain_grace_period_s << "\n"
-                           << "metrics_address: \"127.0.0.1:" << metrics_port_ << "\"\n";
+                           << "metrics_address: \"127.0.0.1:" << metrics_port_ << "\"\n"
+                           << "compute_threads: " << settings.compute_threads << "\n";
     Start(dir);
   }
 
   void Start(const fs::path& dir) {
     process_ = std::make_unique<ChildProcess>(
-        BlasThreads({(BinDir() / "tophat-cloud").string(), "--config", config_.string()},
-                    one_blas_thread_),
+        std::vector<std::string>{(BinDir() / "tophat-cloud").string(), "--config",
+                                 config_.string()},
         dir / ("cloud-" + std::to_string(port_) + "-" + std::to_string(starts_++) + ".log"));
     INFO(process_->Log());
     REQUIRE(testing::WaitForPort(port_, 60s));
@@ -166,7 +162,6 @@ class CloudProcess {
  private:
   int port_;
   int metrics_port_;
-  bool one_blas_thread_;
   int starts_ = 0;
   fs::path config_;
   std::unique_ptr<ChildProcess> process_;
@@ -176,20 +171,20 @@ class AgentProcess {
  public:
   // `yaml`: extra agent config (e.g. the speculative: section), written to a file.
   AgentProcess(const fs::path& dir, const CloudProcess& cloud, int64_t chunk_size,
-               const std::string& yaml = "", bool one_blas_thread = false)
+               const std::string& yaml = "", int compute_threads = 0)
       : port_(testing::FreePort()), metrics_port_(testing::FreePort()) {
     std::vector<std::string> args = {(BinDir() / "tophat-agent").string(), "--bundle",
                                      (Bundles() / "device").string(), "--listen", address(),
                                      "--cloud", cloud.address(), "--metrics",
                                      "127.0.0.1:" + std::to_string(metrics_port_),
                                      "--prompt-chunk-size", std::to_string(chunk_size)};
-    if (!yaml.empty()) {
+    if (!yaml.empty() || compute_threads != 0) {
       const fs::path config = dir / ("agent-" + std::to_string(port_) + ".yaml");
-      std::ofstream(config) << yaml;
+      std::ofstream(config) << yaml << "\ncompute_threads: " << compute_threads << "\n";
       args.push_back("--config");
       args.push_back(config.string());
     }
-    process_ = std::make_unique<ChildProcess>(BlasThreads(std::move(args), one_blas_thread),
+    process_ = std::make_unique<ChildProcess>(std::move(args),
                                               dir / ("agent-" + std::to_string(port_) + ".log"));
     REQUIRE(testing::WaitForPort(port_, 60s));
     auto client = Client::Connect(address());
@@ -816,7 +811,8 @@ void MeasureLink(AgentProcess& agent, int requests) {
 TEST_CASE("An agent measures its emulated link and drafter speed from real transfers",
           "[serving][speculative]") {
   testing::TempDir dir;
-  CloudProcess cloud(dir.path(), {.max_batch_tokens = 64, .one_blas_thread = true});
+  CloudProcess cloud(dir.path(), {.max_batch_tokens = 64,
+                                  .compute_threads = kOneComputeThread});
   // 10 ms each way, 0.5 MB/s up and 1 MB/s down. Each direction is measured by the
   // dispersion of runs of messages queued behind each other on it
   // (device_agent/link_estimator.h):
@@ -839,7 +835,7 @@ TEST_CASE("An agent measures its emulated link and drafter speed from real trans
   //     "An agent measures its emulated link and drafter speed from real transfers"
   //     > /tmp/link-$i.log 2>&1 || echo "run $i failed"; done; kill %1
   // (one shell line; `yes` keeps one of the machine's two cores busy).
-  AgentProcess agent(dir.path(), cloud, kMeasuredChunk, kEmulatedLink, /*one_blas_thread=*/true);
+  AgentProcess agent(dir.path(), cloud, kMeasuredChunk, kEmulatedLink, kOneComputeThread);
   MeasureLink(agent, 6);
   const double up = agent.Metric("tophat_link_bytes_per_second", "direction=\"up\"");
   const double down = agent.Metric("tophat_link_bytes_per_second", "direction=\"down\"");
@@ -885,10 +881,10 @@ TEST_CASE("An agent drafts ahead as far as the cloud's λ once the cloud has com
   // link. The cloud caps λ at 1 and the agent's own parallel_steps is 3, so each round's
   // trace shows whose λ it drafted ahead with.
   CloudProcess cloud(dir.path(), {.max_batch_tokens = 64, .max_draft_steps = 1,
-                                  .one_blas_thread = true});
+                                  .compute_threads = kOneComputeThread});
   AgentProcess agent(dir.path(), cloud, kMeasuredChunk,
                      std::string(kEmulatedLink) + "speculative:\n  parallel_steps: 3\n",
-                     /*one_blas_thread=*/true);
+                     kOneComputeThread);
   const std::vector<std::string> sentences = ToyPrompts(37, 40);
   const auto lambdas = [&](size_t first) {
     v1::GenerateRequest request = IdsRequest(PromptOf(sentences, first, 12), 24, true);
@@ -953,15 +949,15 @@ TEST_CASE("The adaptive draft window opens on a long link and narrows on a short
   // of, so that fewer drafts are kept (a lower a) and a longer window costs something. With
   // a 100 ms round trip a draft step (about a millisecond) is still cheap and the window
   // opens wide; on loopback a round costs a few draft steps and it stays short. The daemons
-  // run with one BLAS thread (BlasThreads): spinning pools would stretch the cloud's step,
+  // run with one compute thread (kOneComputeThread): spinning pools would stretch the cloud's step,
   // and with it the loopback round, tenfold.
-  CloudProcess cloud(dir.path(), {.one_blas_thread = true});
+  CloudProcess cloud(dir.path(), {.compute_threads = kOneComputeThread});
   const std::string adaptive =
       "speculative:\n  max_draft_tokens: 12\n  adaptive_window: true\n  eta: 0.01\n";
-  AgentProcess near(dir.path(), cloud, 32, adaptive, /*one_blas_thread=*/true);
+  AgentProcess near(dir.path(), cloud, 32, adaptive, kOneComputeThread);
   AgentProcess far(dir.path(), cloud, 32,
                    adaptive + "link_emulation:\n  one_way_delay_s: 0.05\n",
-                   /*one_blas_thread=*/true);
+                   kOneComputeThread);
   const std::vector<uint32_t> near_limits = DraftLimits(near, 3, 12);
   const std::vector<uint32_t> far_limits = DraftLimits(far, 3, 12);
   const auto mean = [](const std::vector<uint32_t>& v) {
@@ -1011,7 +1007,8 @@ TEST_CASE("A stricter η drafts fewer tokens and decodes the same ones", "[servi
 TEST_CASE("Of two shaped links the slower gets smaller prompt chunks and chunking cuts its TTFT",
           "[serving][scheduler]") {
   testing::TempDir dir;
-  CloudProcess cloud(dir.path(), {.min_prompt_chunk_size = 4, .one_blas_thread = true});
+  CloudProcess cloud(dir.path(), {.min_prompt_chunk_size = 4,
+                                  .compute_threads = kOneComputeThread});
   // Both take the cloud's per-device chunk size (--prompt-chunk-size 0). 300 KB/s puts 2.6 ms
   // per position on the wire each way, far more than a cloud step spends on it; 3 MB/s puts
   // 0.26 ms. The cloud knows a link only once the agent has measured it, by the dispersion of
@@ -1021,8 +1018,8 @@ TEST_CASE("Of two shaped links the slower gets smaller prompt chunks and chunkin
     return std::string("link_emulation:\n  one_way_delay_s: 0.002\n  uplink_bytes_per_second: ") +
            bytes_per_second + "\n  downlink_bytes_per_second: " + bytes_per_second + "\n";
   };
-  AgentProcess slow(dir.path(), cloud, 0, link("3e5"), /*one_blas_thread=*/true);
-  AgentProcess fast(dir.path(), cloud, 0, link("3e6"), /*one_blas_thread=*/true);
+  AgentProcess slow(dir.path(), cloud, 0, link("3e5"), kOneComputeThread);
+  AgentProcess fast(dir.path(), cloud, 0, link("3e6"), kOneComputeThread);
   const std::vector<std::string> sentences = ToyPrompts(31, 40);
   std::string long_text;
   for (size_t j = 0; j < 40; ++j) long_text += sentences[j] + " ";

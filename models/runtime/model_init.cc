@@ -82,4 +82,25 @@ ModelConfig TinyTestConfig() {
   return c;
 }
 
+std::vector<std::pair<std::string, ModelConfig>> TinyTestVariants() {
+  std::vector<std::pair<std::string, ModelConfig>> v;
+  v.emplace_back("llama_gqa", TinyTestConfig());
+  ModelConfig qwen = TinyTestConfig();
+  qwen.architecture = Architecture::kQwen2;
+  qwen.attention_bias = true;
+  qwen.tie_word_embeddings = true;
+  v.emplace_back("qwen2_bias_tied", qwen);
+  ModelConfig llama3 = TinyTestConfig();
+  llama3.rope_theta = 500000.0;
+  llama3.rope_scaling = {.llama3 = true, .factor = 8.0, .low_freq_factor = 1.0,
+                         .high_freq_factor = 4.0, .original_max_position_embeddings = 64};
+  llama3.head_dim = 32;  // head_dim independent of hidden_size / heads
+  v.emplace_back("llama3_rope_scaling", llama3);
+  ModelConfig mistral = TinyTestConfig();
+  mistral.architecture = Architecture::kMistral;
+  mistral.sliding_window = 6;
+  v.emplace_back("mistral_sliding_window", mistral);
+  return v;
+}
+
 }  // namespace tophat

@@ -28,4 +28,9 @@ absl::Status WriteCheckpoint(const ModelConfig& config, const NamedTensors& weig
 // A small config used across tests: GQA, 4 layers, vocab 300.
 ModelConfig TinyTestConfig();
 
+// TinyTestConfig in each architecture feature the loaders and layers handle differently,
+// named for test sections: Llama GQA, Qwen2 (attention biases, tied embeddings), Llama 3
+// rope scaling with a head_dim independent of hidden_size / heads, Mistral sliding window.
+std::vector<std::pair<std::string, ModelConfig>> TinyTestVariants();
+
 }  // namespace tophat

@@ -13,27 +13,6 @@
 namespace tophat {
 namespace {
 
-std::vector<std::pair<std::string, ModelConfig>> Variants() {
-  std::vector<std::pair<std::string, ModelConfig>> v;
-  v.emplace_back("llama_gqa", TinyTestConfig());
-  ModelConfig qwen = TinyTestConfig();
-  qwen.architecture = Architecture::kQwen2;
-  qwen.attention_bias = true;
-  qwen.tie_word_embeddings = true;
-  v.emplace_back("qwen2_bias_tied", qwen);
-  ModelConfig llama3 = TinyTestConfig();
-  llama3.rope_theta = 500000.0;
-  llama3.rope_scaling = {.llama3 = true, .factor = 8.0, .low_freq_factor = 1.0,
-                         .high_freq_factor = 4.0, .original_max_position_embeddings = 64};
-  llama3.head_dim = 32;
-  v.emplace_back("llama3_rope_scaling", llama3);
-  ModelConfig mistral = TinyTestConfig();
-  mistral.architecture = Architecture::kMistral;
-  mistral.sliding_window = 6;
-  v.emplace_back("mistral_sliding_window", mistral);
-  return v;
-}
-
 std::unique_ptr<Submodel> Load(const ModelConfig& config, const CheckpointReader& checkpoint,
                                at::ScalarType dtype, at::Device device) {
   auto model = Submodel::Load(config, checkpoint, SubmodelSpec::Full(config),
@@ -87,19 +66,28 @@ std::vector<int64_t> RandomTokens(std::mt19937& rng, int64_t n, int64_t vocab) {
   return out;
 }
 
+// The reference (float32 on the CPU) and the GPU run of one variant's checkpoint over the
+// same mixed prefill/decode schedule, as CPU float32 logits.
+struct LogitPair {
+  at::Tensor cpu;
+  at::Tensor gpu;
+};
+LogitPair RunOnBoth(const ModelConfig& config, at::ScalarType gpu_dtype, std::mt19937& rng) {
+  testing::TempDir dir;
+  REQUIRE(WriteCheckpoint(config, InitWeights(config, 7), dir.path()).ok());
+  auto checkpoint = CheckpointReader::Open(dir.path());
+  REQUIRE(checkpoint.ok());
+  auto cpu = Load(config, **checkpoint, at::kFloat, at::kCPU);
+  auto gpu = Load(config, **checkpoint, gpu_dtype, at::Device(at::kCUDA, 0));
+  const auto a = RandomTokens(rng, 40, config.vocab_size);
+  const auto b = RandomTokens(rng, 40, config.vocab_size);
+  return {RunSchedule(*cpu, a, b), RunSchedule(*gpu, a, b)};
+}
+
 TEST_CASE("On CUDA in float32 the model matches the CPU within 1e-4", "[gpu][submodel]") {
   std::mt19937 rng(21);
-  for (const auto& [name, config] : Variants()) {
-    testing::TempDir dir;
-    REQUIRE(WriteCheckpoint(config, InitWeights(config, 7), dir.path()).ok());
-    auto checkpoint = CheckpointReader::Open(dir.path());
-    REQUIRE(checkpoint.ok());
-    auto cpu = Load(config, **checkpoint, at::kFloat, at::kCPU);
-    auto gpu = Load(config, **checkpoint, at::kFloat, at::Device(at::kCUDA, 0));
-    const auto a = RandomTokens(rng, 40, config.vocab_size);
-    const auto b = RandomTokens(rng, 40, config.vocab_size);
-    const at::Tensor ref = RunSchedule(*cpu, a, b);
-    const at::Tensor got = RunSchedule(*gpu, a, b);
+  for (const auto& [name, config] : TinyTestVariants()) {
+    const auto [ref, got] = RunOnBoth(config, at::kFloat, rng);
     const double max_error = (got - ref).abs().max().item<double>();
     INFO(name << ": max |logit error| " << max_error);
     CHECK(max_error < 1e-4);
@@ -109,17 +97,8 @@ TEST_CASE("On CUDA in float32 the model matches the CPU within 1e-4", "[gpu][sub
 TEST_CASE("On CUDA in bfloat16 the logits stay close to float32 on the CPU",
           "[gpu][submodel]") {
   std::mt19937 rng(22);
-  for (const auto& [name, config] : Variants()) {
-    testing::TempDir dir;
-    REQUIRE(WriteCheckpoint(config, InitWeights(config, 7), dir.path()).ok());
-    auto checkpoint = CheckpointReader::Open(dir.path());
-    REQUIRE(checkpoint.ok());
-    auto cpu = Load(config, **checkpoint, at::kFloat, at::kCPU);
-    auto gpu = Load(config, **checkpoint, at::kBFloat16, at::Device(at::kCUDA, 0));
-    const auto a = RandomTokens(rng, 40, config.vocab_size);
-    const auto b = RandomTokens(rng, 40, config.vocab_size);
-    const at::Tensor ref = RunSchedule(*cpu, a, b);
-    const at::Tensor got = RunSchedule(*gpu, a, b);
+  for (const auto& [name, config] : TinyTestVariants()) {
+    const auto [ref, got] = RunOnBoth(config, at::kBFloat16, rng);
     const at::Tensor error = (got - ref).abs();
     const double max_error = error.max().item<double>();
     const double mean_error = error.mean().item<double>();

@@ -122,30 +122,9 @@ double MaxDiff(const at::Tensor& a, const at::Tensor& b) {
   return (a - b).abs().max().item<double>();
 }
 
-std::vector<std::pair<std::string, ModelConfig>> Variants() {
-  std::vector<std::pair<std::string, ModelConfig>> v;
-  v.emplace_back("llama_gqa", TinyTestConfig());
-  ModelConfig qwen = TinyTestConfig();
-  qwen.architecture = Architecture::kQwen2;
-  qwen.attention_bias = true;
-  qwen.tie_word_embeddings = true;
-  v.emplace_back("qwen2_bias_tied", qwen);
-  ModelConfig llama3 = TinyTestConfig();
-  llama3.rope_theta = 500000.0;
-  llama3.rope_scaling = {.llama3 = true, .factor = 8.0, .low_freq_factor = 1.0,
-                         .high_freq_factor = 4.0, .original_max_position_embeddings = 64};
-  llama3.head_dim = 32;  // head_dim independent of hidden_size / heads
-  v.emplace_back("llama3_rope_scaling", llama3);
-  ModelConfig mistral = TinyTestConfig();
-  mistral.architecture = Architecture::kMistral;
-  mistral.sliding_window = 6;
-  v.emplace_back("mistral_sliding_window", mistral);
-  return v;
-}
-
 TEST_CASE("Full model matches an independent reference formulation", "[submodel]") {
   std::mt19937 rng(1);
-  for (const auto& [name, config] : Variants()) {
+  for (const auto& [name, config] : TinyTestVariants()) {
     SECTION(name) {
       LoadedModel m = MakeModel(config, name);
       std::map<std::string, at::Tensor> weights;
@@ -160,7 +139,7 @@ TEST_CASE("Full model matches an independent reference formulation", "[submodel]
 
 TEST_CASE("Split input -> middle -> output equals the monolithic model", "[submodel][split]") {
   std::mt19937 rng(2);
-  for (const auto& [name, config] : Variants()) {
+  for (const auto& [name, config] : TinyTestVariants()) {
     LoadedModel m = MakeModel(config, name);
     for (int64_t input_layers : {1, 2}) {
       for (int64_t output_layers : {0, 1}) {
@@ -205,7 +184,7 @@ TEST_CASE("Split input -> middle -> output equals the monolithic model", "[submo
 
 TEST_CASE("Incremental decoding with the KV cache equals full recomputation", "[submodel]") {
   std::mt19937 rng(3);
-  for (const auto& [name, config] : Variants()) {
+  for (const auto& [name, config] : TinyTestVariants()) {
     LoadedModel m = MakeModel(config, name);
     auto tokens = RandomTokens(rng, 20, config.vocab_size);
     at::Tensor full = FullLogits(*m.full, tokens);
@@ -222,7 +201,7 @@ TEST_CASE("Incremental decoding with the KV cache equals full recomputation", "[
 
 TEST_CASE("Chunked prefill of mixed chunk sizes equals one-shot prefill", "[submodel]") {
   std::mt19937 rng(4);
-  for (const auto& [name, config] : Variants()) {
+  for (const auto& [name, config] : TinyTestVariants()) {
     LoadedModel m = MakeModel(config, name);
     auto tokens = RandomTokens(rng, 1 + 7 + 64 + 7 + 1, config.vocab_size);
     at::Tensor full = FullLogits(*m.full, tokens);
@@ -322,7 +301,7 @@ bool Same(const at::Tensor& a, const at::Tensor& b) { return at::allclose(a, b, 
 
 TEST_CASE("Paged and contiguous KV caches give identical hidden states", "[submodel][paged]") {
   std::mt19937 rng(11);
-  for (const auto& [name, config] : Variants()) {
+  for (const auto& [name, config] : TinyTestVariants()) {
     LoadedModel m = MakeModel(config, name);
     auto tokens = RandomTokens(rng, 30, config.vocab_size);
     // 1: every position its own block; 64: one block longer than the sequence.
@@ -355,7 +334,7 @@ TEST_CASE("Paged and contiguous KV caches give identical hidden states", "[submo
 
 TEST_CASE("A batch of paged sequences equals each sequence alone", "[submodel][paged]") {
   std::mt19937 rng(12);
-  for (const auto& [name, config] : Variants()) {
+  for (const auto& [name, config] : TinyTestVariants()) {
     LoadedModel m = MakeModel(config, name);
     for (int64_t block_size : {1, 4}) {
       auto pool = m.full->NewPagedPool(100, block_size);
@@ -427,7 +406,7 @@ TEST_CASE("A batch of paged sequences equals each sequence alone", "[submodel][p
 TEST_CASE("A paged cache rolls back and grows again (speculative rejection)",
           "[submodel][paged]") {
   std::mt19937 rng(13);
-  for (const auto& [name, config] : Variants()) {
+  for (const auto& [name, config] : TinyTestVariants()) {
     LoadedModel m = MakeModel(config, name);
     auto tokens = RandomTokens(rng, 16, config.vocab_size);
     at::Tensor full = FullLogits(*m.full, tokens);
