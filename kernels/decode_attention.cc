@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include <c10/util/Exception.h>
 
 #ifdef TOPHAT_HAVE_CUDA
+#include "kernels/fused_ops_cuda.cuh"
 #include "kernels/paged_attention_cuda.cuh"
 #endif
 
@@ -129,6 +131,24 @@ bool PagedDecodeAttention(const at::Tensor& q, const at::Tensor& key_blocks,
 
 at::Tensor SwiGlu(const at::Tensor& gate_up) {
   const int64_t inner = gate_up.size(-1) / 2;
+#ifdef TOPHAT_HAVE_CUDA
+  if (const auto dtype = ToCudaDtype(gate_up.scalar_type());
+      gate_up.is_cuda() && dtype && gate_up.is_contiguous() && !gate_up.requires_grad()) {
+    std::vector<int64_t> shape(gate_up.sizes().begin(), gate_up.sizes().end());
+    shape.back() = inner;
+    at::Tensor out = at::empty(shape, gate_up.options());
+    const SwiGluArgs args{.dtype = *dtype,
+                          .gate_up = gate_up.data_ptr(),
+                          .out = out.data_ptr(),
+                          .rows = inner == 0 ? 0 : gate_up.numel() / (2 * inner),
+                          .inner = inner,
+                          .stream = nullptr};  // LibTorch's (legacy default) stream
+    std::string error;
+    const LaunchResult result = LaunchSwiGlu(args, &error);
+    TORCH_CHECK(result != LaunchResult::kCudaError, "SwiGLU kernel: ", error);
+    if (result == LaunchResult::kLaunched) return out;
+  }
+#endif
   if (!gate_up.is_cpu() || gate_up.scalar_type() != at::kFloat || !gate_up.is_contiguous() ||
       gate_up.requires_grad()) {
     return at::silu(gate_up.narrow(-1, 0, inner)) * gate_up.narrow(-1, inner, inner);
@@ -155,14 +175,8 @@ bool PagedDecodeAttentionBatch(const at::Tensor& q, const at::Tensor& key_blocks
                                at::Tensor& out) {
 #ifdef TOPHAT_HAVE_CUDA
   const at::ScalarType dtype = q.scalar_type();
-  CudaDtype cuda_dtype = CudaDtype::kFloat32;
-  if (dtype == at::kHalf) {
-    cuda_dtype = CudaDtype::kFloat16;
-  } else if (dtype == at::kBFloat16) {
-    cuda_dtype = CudaDtype::kBFloat16;
-  } else if (dtype != at::kFloat) {
-    return false;
-  }
+  const std::optional<CudaDtype> cuda_dtype = ToCudaDtype(dtype);
+  if (!cuda_dtype) return false;
   const bool fits =
       q.is_cuda() && q.dim() == 3 && q.is_contiguous() && key_blocks.dim() == 4 &&
       key_blocks.is_contiguous() && value_blocks.is_contiguous() &&
@@ -178,7 +192,7 @@ bool PagedDecodeAttentionBatch(const at::Tensor& q, const at::Tensor& key_blocks
       out.numel() == q.numel() && !q.requires_grad();
   if (!fits) return false;
   const PagedDecodeAttentionArgs args{
-      .dtype = cuda_dtype,
+      .dtype = *cuda_dtype,
       .q = q.data_ptr(),
       .key_blocks = key_blocks.data_ptr(),
       .value_blocks = value_blocks.data_ptr(),

@@ -10,6 +10,7 @@
 
 #include <cfloat>
 
+#include "kernels/cuda_numeric.cuh"
 #include "kernels/paged_attention_cuda.cuh"
 
 namespace tophat::kernels {
@@ -18,18 +19,6 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kUnroll = 4;
-
-__device__ inline float ToFloat(float v) { return v; }
-__device__ inline float ToFloat(__half v) { return __half2float(v); }
-__device__ inline float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T>
-__device__ inline T FromFloat(float v);
-template <>
-__device__ inline float FromFloat<float>(float v) { return v; }
-template <>
-__device__ inline __half FromFloat<__half>(float v) { return __float2half(v); }
-template <>
-__device__ inline __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
 
 // E consecutive elements as one aligned vector load (head_dim is a multiple of 32, so every
 // lane's slice is aligned to its size).

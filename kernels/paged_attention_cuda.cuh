@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <string>
 
-namespace tophat::kernels {
+#include "kernels/cuda_launch.h"
 
-enum class CudaDtype { kFloat32, kFloat16, kBFloat16 };
+namespace tophat::kernels {
 
 struct PagedDecodeAttentionArgs {
   CudaDtype dtype = CudaDtype::kFloat32;
@@ -27,8 +27,6 @@ struct PagedDecodeAttentionArgs {
   float scale = 1.0f;
   void* stream = nullptr;  // cudaStream_t; nullptr is the legacy default stream
 };
-
-enum class LaunchResult { kLaunched, kUnsupported, kCudaError };
 
 // One query token per sequence against its paged keys and values (grouped-query attention:
 // query head h reads KV head h / (num_heads / num_kv_heads)), softmax in float32 whatever

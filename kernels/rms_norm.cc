@@ -1,11 +1,13 @@
 #include "kernels/rms_norm.h"
 
 #include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
 
 #include <cmath>
+#include <string>
 
 #ifdef TOPHAT_HAVE_CUDA
-#include "kernels/rms_norm_cuda.cuh"
+#include "kernels/fused_ops_cuda.cuh"
 #endif
 
 namespace tophat::kernels {
@@ -18,13 +20,20 @@ at::Tensor RmsNormComposite(const at::Tensor& x, const at::Tensor& weight, doubl
   return (xw * inv_rms).to(x.scalar_type()) * weight;
 }
 
-void RmsNormRowsCpu(const float* x, const float* w, float* y, int64_t rows, int64_t d,
-                    float eps) {
+// With `residual`: residual[r] += x[r] first and y = norm(residual[r]).
+void RmsNormRowsCpu(const float* x, float* residual, const float* w, float* y, int64_t rows,
+                    int64_t d, float eps) {
   // Rows are independent; small batches stay on one thread to avoid pool wake-ups.
   at::parallel_for(0, rows, /*grain_size=*/16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* xr = x + r * d;
       float* yr = y + r * d;
+      if (residual != nullptr) {
+        float* rr = residual + r * d;
+#pragma omp simd
+        for (int64_t i = 0; i < d; ++i) rr[i] += xr[i];
+        xr = rr;
+      }
       float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
       for (int64_t i = 0; i < d; ++i) sum += xr[i] * xr[i];
@@ -35,33 +44,76 @@ void RmsNormRowsCpu(const float* x, const float* w, float* y, int64_t rows, int6
   });
 }
 
+// Whether the fused paths take these inputs: CPU float32, or CUDA float32/16/bf16 in a
+// build with the kernels, weight of x's dtype and device, nothing for autograd to record.
+bool Fusable(const at::Tensor& x, const at::Tensor& weight) {
+  if (x.requires_grad() || weight.requires_grad() || weight.dim() != 1 || x.dim() == 0 ||
+      x.size(-1) != weight.size(0) || weight.scalar_type() != x.scalar_type() ||
+      weight.device() != x.device()) {
+    return false;
+  }
+  if (x.is_cpu()) return x.scalar_type() == at::kFloat;
+#ifdef TOPHAT_HAVE_CUDA
+  return x.is_cuda() && ToCudaDtype(x.scalar_type()).has_value();
+#else
+  return false;
+#endif
+}
+
+// y = norm(*residual += x) when `residual` is given, else y = norm(x); every tensor
+// contiguous and Fusable.
+void RunFused(const at::Tensor& x, at::Tensor* residual, const at::Tensor& weight, at::Tensor& y,
+              double eps) {
+  const int64_t d = x.size(-1);
+  const int64_t rows = d == 0 ? 0 : x.numel() / d;
+  if (x.is_cpu()) {
+    RmsNormRowsCpu(x.data_ptr<float>(), residual ? residual->data_ptr<float>() : nullptr,
+                   weight.data_ptr<float>(), y.data_ptr<float>(), rows, d,
+                   static_cast<float>(eps));
+    return;
+  }
+#ifdef TOPHAT_HAVE_CUDA
+  const RmsNormArgs args{.dtype = *ToCudaDtype(x.scalar_type()),
+                         .x = x.data_ptr(),
+                         .residual = residual ? residual->data_ptr() : nullptr,
+                         .weight = weight.data_ptr(),
+                         .y = y.data_ptr(),
+                         .rows = rows,
+                         .d = d,
+                         .eps = static_cast<float>(eps),
+                         // The legacy default stream, which LibTorch uses unless a stream is
+                         // set; the engine sets none.
+                         .stream = nullptr};
+  std::string error;
+  TORCH_CHECK(LaunchRmsNorm(args, &error) != LaunchResult::kCudaError, "RMSNorm kernel: ",
+              error);
+#endif
+}
+
 }  // namespace
 
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  const bool fast_dtype = x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat;
-  // Training needs autograd, which only the composite ops record.
-  const bool needs_grad = x.requires_grad() || weight.requires_grad();
-  if (!fast_dtype || needs_grad || weight.dim() != 1 || x.size(-1) != weight.size(0)) {
-    return RmsNormComposite(x, weight, eps);
-  }
-  at::Tensor xc = x.contiguous();
-  at::Tensor wc = weight.contiguous();
+  if (!Fusable(x, weight)) return RmsNormComposite(x, weight, eps);
+  const at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty_like(xc);
-  const int64_t d = xc.size(-1);
-  const int64_t rows = d == 0 ? 0 : xc.numel() / d;
-  if (xc.is_cpu()) {
-    RmsNormRowsCpu(xc.data_ptr<float>(), wc.data_ptr<float>(), y.data_ptr<float>(), rows, d,
-                   static_cast<float>(eps));
-    return y;
+  RunFused(xc, nullptr, weight.contiguous(), y, eps);
+  return y;
+}
+
+at::Tensor AddRmsNorm(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& weight,
+                      double eps) {
+  const bool fusable = Fusable(residual, weight) && residual.is_contiguous() &&
+                       delta.sizes() == residual.sizes() &&
+                       delta.scalar_type() == residual.scalar_type() &&
+                       delta.device() == residual.device() && !delta.requires_grad();
+  if (!fusable) {
+    residual.add_(delta);
+    return RmsNorm(residual, weight, eps);
   }
-#ifdef TOPHAT_HAVE_CUDA
-  if (xc.is_cuda()) {
-    LaunchRmsNormF32(xc.data_ptr<float>(), wc.data_ptr<float>(), y.data_ptr<float>(), rows, d,
-                     static_cast<float>(eps), /*stream=*/nullptr);
-    return y;
-  }
-#endif
-  return RmsNormComposite(x, weight, eps);
+  const at::Tensor dc = delta.contiguous();
+  at::Tensor y = at::empty_like(residual);
+  RunFused(dc, &residual, weight.contiguous(), y, eps);
+  return y;
 }
 
 bool HaveCudaKernels() {

@@ -7,9 +7,17 @@
 
 namespace tophat::kernels {
 
-// x: [..., D] float32 (any device LibTorch supports); weight: [D]. Falls back to the
-// composite LibTorch ops for other dtypes and devices, and when autograd must record it.
+// x: [..., D]; weight: [D]. Fused for float32 on the CPU, and for float32, float16 and
+// bfloat16 on CUDA (weight of x's dtype); the composite LibTorch ops otherwise, and when
+// autograd must record it.
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// The residual add of a decoder layer fused with the norm after it: residual += delta (in
+// place, rounded to residual's dtype), then returns RmsNorm(residual, weight, eps).
+// residual: [..., D] contiguous; delta: residual's shape, dtype and device. Same fused
+// cases as RmsNorm; otherwise residual.add_(delta) and the composite norm.
+at::Tensor AddRmsNorm(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& weight,
+                      double eps);
 
 // True when this build carries the CUDA kernels (a toolkit was found at configure time).
 bool HaveCudaKernels();

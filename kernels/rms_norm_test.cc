@@ -32,5 +32,22 @@ TEST_CASE("RMSNorm handles non-contiguous input and other dtypes", "[kernels]") 
   CHECK(at::allclose(RmsNorm(xd, wd, 1e-6), Reference(xd, wd, 1e-6), 1e-9, 1e-9));
 }
 
+TEST_CASE("AddRmsNorm adds into the residual in place and normalises the sum", "[kernels]") {
+  at::manual_seed(2);
+  for (at::ScalarType dtype : {at::kFloat, at::kDouble}) {  // the fused loop and the composite
+    for (int64_t rows : {1, 5}) {
+      const int64_t d = 96;
+      const at::Tensor start = at::randn({rows, d}, dtype);
+      const at::Tensor delta = at::randn({rows, d}, dtype);
+      const at::Tensor w = at::randn({d}, dtype);
+      at::Tensor residual = start.clone();
+      const at::Tensor got = AddRmsNorm(residual, delta, w, 1e-5);
+      INFO(c10::toString(dtype) << " rows=" << rows);
+      CHECK(at::equal(residual, start + delta));
+      CHECK(at::allclose(got, Reference(start + delta, w, 1e-5), 1e-5, 1e-5));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tophat::kernels

@@ -1,6 +1,59 @@
 #include "kernels/rope.h"
 
+#include <c10/util/Exception.h>
+
+#include <string>
+
+#ifdef TOPHAT_HAVE_CUDA
+#include "kernels/fused_ops_cuda.cuh"
+#endif
+
 namespace tophat::kernels {
+namespace {
+
+bool RotaryTablesFit(const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& x,
+                     int64_t tokens, int64_t head_dim) {
+  return cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.dim() == 2 &&
+         cos.size(0) == tokens && cos.size(1) * 2 == head_dim && sin.sizes() == cos.sizes() &&
+         cos.is_contiguous() && sin.is_contiguous() && cos.device() == x.device() &&
+         sin.device() == x.device();
+}
+
+// The CUDA rotation of x [T, heads, head_dim] into a new contiguous tensor; undefined when
+// the kernel does not take these inputs.
+at::Tensor RotaryCuda(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+#ifdef TOPHAT_HAVE_CUDA
+  const auto dtype = ToCudaDtype(x.scalar_type());
+  if (!x.is_cuda() || !dtype || x.dim() != 3 || x.stride(2) != 1 || x.requires_grad() ||
+      !RotaryTablesFit(cos, sin, x, x.size(0), x.size(2))) {
+    return {};
+  }
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  const RotaryArgs args{.dtype = *dtype,
+                        .x = x.data_ptr(),
+                        .row_stride = x.stride(0),
+                        .head_stride = x.stride(1),
+                        .out = out.data_ptr(),
+                        .cos = cos.data_ptr<float>(),
+                        .sin = sin.data_ptr<float>(),
+                        .tokens = x.size(0),
+                        .heads = static_cast<int>(x.size(1)),
+                        .head_dim = static_cast<int>(x.size(2)),
+                        .stream = nullptr};  // LibTorch's (legacy default) stream
+  std::string error;
+  switch (LaunchRotary(args, &error)) {
+    case LaunchResult::kLaunched:
+      return out;
+    case LaunchResult::kUnsupported:
+      return {};
+    case LaunchResult::kCudaError:
+      TORCH_CHECK(false, "rotary embedding kernel: ", error);
+  }
+#endif
+  return {};
+}
+
+}  // namespace
 
 at::Tensor RotaryEmbedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const bool fast = x.is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 3 &&
@@ -9,6 +62,9 @@ at::Tensor RotaryEmbedding(const at::Tensor& x, const at::Tensor& cos, const at:
                     cos.size(0) == x.size(0) && cos.size(1) * 2 == x.size(2) &&
                     sin.sizes() == cos.sizes() && !x.requires_grad();
   const int64_t half = x.size(-1) / 2;
+  if (x.is_cuda()) {
+    if (at::Tensor out = RotaryCuda(x, cos, sin); out.defined()) return out;
+  }
   if (!fast) {
     at::Tensor c = cos.unsqueeze(-2).to(x.scalar_type());
     at::Tensor s = sin.unsqueeze(-2).to(x.scalar_type());
@@ -39,6 +95,54 @@ at::Tensor RotaryEmbedding(const at::Tensor& x, const at::Tensor& cos, const at:
     }
   }
   return out;
+}
+
+bool RotaryQkvToCache(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                      int64_t heads, int64_t kv_heads, int64_t head_dim, at::Tensor& key_slots,
+                      at::Tensor& value_slots, const at::Tensor& slots, at::Tensor& q_out) {
+#ifdef TOPHAT_HAVE_CUDA
+  const auto dtype = ToCudaDtype(qkv.scalar_type());
+  const int64_t tokens = qkv.dim() == 2 ? qkv.size(0) : -1;
+  const auto same = [&](const at::Tensor& t) {
+    return t.scalar_type() == qkv.scalar_type() && t.device() == qkv.device() &&
+           t.is_contiguous();
+  };
+  const bool fits =
+      qkv.is_cuda() && dtype && tokens >= 0 && qkv.stride(1) == 1 && !qkv.requires_grad() &&
+      heads > 0 && kv_heads > 0 && head_dim % 2 == 0 &&
+      qkv.size(1) == (heads + 2 * kv_heads) * head_dim &&
+      RotaryTablesFit(cos, sin, qkv, tokens, head_dim) && same(key_slots) &&
+      same(value_slots) && key_slots.dim() == 3 && key_slots.size(1) == kv_heads &&
+      key_slots.size(2) == head_dim && value_slots.sizes() == key_slots.sizes() && same(q_out) &&
+      q_out.dim() == 3 && q_out.size(0) == tokens && q_out.size(1) == heads &&
+      q_out.size(2) == head_dim && slots.scalar_type() == at::kLong && slots.dim() == 1 &&
+      slots.size(0) == tokens && slots.is_contiguous() && slots.device() == qkv.device();
+  if (!fits) return false;
+  const RotaryQkvToCacheArgs args{.dtype = *dtype,
+                                  .qkv = qkv.data_ptr(),
+                                  .row_stride = qkv.stride(0),
+                                  .q_out = q_out.data_ptr(),
+                                  .key_slots = key_slots.data_ptr(),
+                                  .value_slots = value_slots.data_ptr(),
+                                  .slots = slots.data_ptr<int64_t>(),
+                                  .cos = cos.data_ptr<float>(),
+                                  .sin = sin.data_ptr<float>(),
+                                  .tokens = tokens,
+                                  .heads = static_cast<int>(heads),
+                                  .kv_heads = static_cast<int>(kv_heads),
+                                  .head_dim = static_cast<int>(head_dim),
+                                  .stream = nullptr};  // LibTorch's (legacy default) stream
+  std::string error;
+  switch (LaunchRotaryQkvToCache(args, &error)) {
+    case LaunchResult::kLaunched:
+      return true;
+    case LaunchResult::kUnsupported:
+      return false;
+    case LaunchResult::kCudaError:
+      TORCH_CHECK(false, "rotary qkv-to-cache kernel: ", error);
+  }
+#endif
+  return false;
 }
 
 }  // namespace tophat::kernels

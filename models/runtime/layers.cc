@@ -15,6 +15,11 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return kernels::RmsNorm(x, weight, eps);
 }
 
+at::Tensor AddRmsNorm(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& weight,
+                      double eps) {
+  return kernels::AddRmsNorm(residual, delta, weight, eps);
+}
+
 RopeTable RopeTable::Create(const ModelConfig& config, int64_t max_positions, at::Device device) {
   const int64_t half = config.head_dim / 2;
   std::vector<double> inv_freq(half);

@@ -13,6 +13,10 @@ namespace tophat {
 
 // y = x / sqrt(mean(x^2) + eps) * weight, over the last dimension, computed in float32.
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
+// residual += delta in place, then RmsNorm(residual): a layer's residual add fused with the
+// norm after it (one kernel on CUDA and for float32 on the CPU).
+at::Tensor AddRmsNorm(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& weight,
+                      double eps);
 
 // Rotary embedding tables cos/sin of shape [max_positions, head_dim / 2], float32, with the
 // `rope_scaling` of the config applied (llama3 frequency bands).

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/decode_attention.h"
 #include "kernels/gemv.h"
+#include "kernels/rope.h"
 #include "base/status_macros.h"
 
 namespace tophat {
@@ -257,8 +258,10 @@ void Submodel::AttendDeviceBatch(const DeviceBatch& batch, std::span<const Seque
   const int64_t kv_heads = config_.num_key_value_heads;
   const int64_t hd = config_.head_dim;
   // Every new row of every chunk into its slot: [num_blocks * block_size, KV, hd] views.
-  pool.keys(layer).view({-1, kv_heads, hd}).index_copy_(0, batch.slots, k);
-  pool.values(layer).view({-1, kv_heads, hd}).index_copy_(0, batch.slots, v);
+  if (k.defined()) {
+    pool.keys(layer).view({-1, kv_heads, hd}).index_copy_(0, batch.slots, k);
+    pool.values(layer).view({-1, kv_heads, hd}).index_copy_(0, batch.slots, v);
+  }
 
   bool decode_done = false;
   const auto decode_count = static_cast<int64_t>(batch.decode_rows.size());
@@ -336,7 +339,8 @@ absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden,
                                                    hidden.size(0)));
   }
 
-  at::Tensor x = hidden;
+  // The residual stream, updated in place (AddRmsNorm): a copy, the caller keeps `hidden`.
+  at::Tensor x = hidden.is_contiguous() ? hidden.clone() : hidden.contiguous();
   absl::Status status = CatchExceptions("forward pass", [&] {
     if (layers_.empty() || total == 0) return;
     // On a GPU, with every chunk in one pool (the cloud's engine), the step's K/V rows are
@@ -364,19 +368,35 @@ absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden,
     const int64_t heads = config_.num_attention_heads;
     const int64_t kv_heads = config_.num_key_value_heads;
     const int64_t hd = config_.head_dim;
+    const double eps = config_.rms_norm_eps;
     at::Tensor attention = at::empty({total, q_size}, x.options());
+    // Rotated queries of the fused path (RotaryQkvToCache), reused by every layer.
+    at::Tensor rotated_q;
+    if (device_batch.slots.defined()) rotated_q = at::empty({total, heads, hd}, x.options());
+    at::Tensor h = RmsNorm(x, layers_.front().input_norm, eps);
     for (size_t l = 0; l < layers_.size(); ++l) {
       const DecoderLayerWeights& w = layers_[l];
-      at::Tensor h = RmsNorm(x, w.input_norm, config_.rms_norm_eps);
       at::Tensor qkv = Linear(h, w.qkv, w.qkv_bias);
-      at::Tensor q = ApplyRope(qkv.narrow(1, 0, q_size).view({total, heads, hd}), cos, sin);
-      at::Tensor k = ApplyRope(qkv.narrow(1, q_size, kv_size).view({total, kv_heads, hd}), cos,
-                               sin);
-      at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({total, kv_heads, hd});
       const auto layer = static_cast<int64_t>(l);
       if (device_batch.slots.defined()) {
-        AttendDeviceBatch(device_batch, chunks, layer, q, k, v, attention);
+        const KvBlockPool& pool = chunks.front().cache->pool();
+        at::Tensor key_slots = pool.keys(layer).view({-1, kv_heads, hd});
+        at::Tensor value_slots = pool.values(layer).view({-1, kv_heads, hd});
+        if (kernels::RotaryQkvToCache(qkv, cos, sin, heads, kv_heads, hd, key_slots,
+                                      value_slots, device_batch.slots, rotated_q)) {
+          AttendDeviceBatch(device_batch, chunks, layer, rotated_q, {}, {}, attention);
+        } else {
+          AttendDeviceBatch(
+              device_batch, chunks, layer,
+              ApplyRope(qkv.narrow(1, 0, q_size).view({total, heads, hd}), cos, sin),
+              ApplyRope(qkv.narrow(1, q_size, kv_size).view({total, kv_heads, hd}), cos, sin),
+              qkv.narrow(1, q_size + kv_size, kv_size).view({total, kv_heads, hd}), attention);
+        }
       } else {
+        at::Tensor q = ApplyRope(qkv.narrow(1, 0, q_size).view({total, heads, hd}), cos, sin);
+        at::Tensor k =
+            ApplyRope(qkv.narrow(1, q_size, kv_size).view({total, kv_heads, hd}), cos, sin);
+        at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({total, kv_heads, hd});
         int64_t row = 0;
         for (const SequenceChunk& chunk : chunks) {
           const int64_t n = chunk.num_tokens;
@@ -387,9 +407,14 @@ absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden,
           row += n;
         }
       }
-      x = x + Linear(attention, w.o_proj, w.o_bias);
-      h = RmsNorm(x, w.post_norm, config_.rms_norm_eps);
-      x = x + Linear(SwiGlu(Linear(h, w.gate_up)), w.down);
+      // Each residual add is fused with the norm that follows it.
+      h = AddRmsNorm(x, Linear(attention, w.o_proj, w.o_bias), w.post_norm, eps);
+      const at::Tensor mlp = Linear(SwiGlu(Linear(h, w.gate_up)), w.down);
+      if (l + 1 < layers_.size()) {
+        h = AddRmsNorm(x, mlp, layers_[l + 1].input_norm, eps);
+      } else {
+        x.add_(mlp);
+      }
     }
   });
   TOPHAT_RETURN_IF_ERROR(status);

@@ -134,8 +134,9 @@ class Submodel {
     at::Tensor seq_lens;      // [decode rows] int32: positions each attends, its own included
   };
   DeviceBatch PrepareDeviceBatch(std::span<const SequenceChunk> chunks, int64_t total) const;
-  // One layer of a DeviceBatch: writes every new K/V row with one scatter, attends the decode
-  // rows in one kernel launch, and the longer chunks one by one (AttendChunk).
+  // One layer of a DeviceBatch: writes every new K/V row with one scatter (unless k is
+  // undefined: RotaryQkvToCache wrote them), attends the decode rows in one kernel launch,
+  // and the longer chunks one by one (AttendChunk).
   void AttendDeviceBatch(const DeviceBatch& batch, std::span<const SequenceChunk> chunks,
                          int64_t layer, const at::Tensor& q, const at::Tensor& k,
                          const at::Tensor& v, at::Tensor& attention) const;

@@ -1,0 +1,221 @@
+// Fused decoder-layer kernels: RMSNorm (optionally with the residual add before it),
+// SwiGLU, rotary embedding, and rotary embedding of a qkv row together with the paged KV
+// write. All compute in float32 and store in the tensors' dtype.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "kernels/cuda_numeric.cuh"
+#include "kernels/fused_ops_cuda.cuh"
+
+namespace tophat::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ inline float BlockSum(float value) {
+  __shared__ float warp_sums[kThreads / 32];
+  for (int offset = 16; offset > 0; offset /= 2) {
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  }
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = value;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
+  return total;
+}
+
+// One block per row. With a residual, the sum is stored first and normalised as stored,
+// so the result is what `residual = residual + x; y = norm(residual)` gives op by op.
+template <typename T, bool kAddResidual>
+__global__ void __launch_bounds__(kThreads)
+    RmsNormKernel(const T* __restrict__ x, T* __restrict__ residual, const T* __restrict__ w,
+                  T* __restrict__ y, int64_t d, float eps) {
+  const int64_t offset = static_cast<int64_t>(blockIdx.x) * d;
+  const T* xr = x + offset;
+  T* yr = y + offset;
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < d; i += kThreads) {
+    float v = ToFloat(xr[i]);
+    if constexpr (kAddResidual) {
+      const T stored = FromFloat<T>(v + ToFloat(residual[offset + i]));
+      residual[offset + i] = stored;
+      v = ToFloat(stored);
+    }
+    sum += v * v;
+  }
+  const float scale = rsqrtf(BlockSum(sum) / static_cast<float>(d) + eps);
+  // Each thread reads back only the elements it wrote itself: no barrier needed.
+  const T* source = kAddResidual ? residual + offset : xr;
+  for (int64_t i = threadIdx.x; i < d; i += kThreads) {
+    yr[i] = FromFloat<T>(ToFloat(source[i]) * scale * ToFloat(w[i]));
+  }
+}
+
+template <typename T>
+__global__ void SwiGluKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows,
+                             int64_t inner) {
+  const int64_t total = rows * inner;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / inner;
+    const int64_t c = i - r * inner;
+    const float g = ToFloat(gate_up[r * 2 * inner + c]);
+    const float u = ToFloat(gate_up[r * 2 * inner + inner + c]);
+    out[i] = FromFloat<T>(g / (1.0f + __expf(-g)) * u);
+  }
+}
+
+template <typename T>
+__device__ inline void Rotate(const T* __restrict__ in, T* __restrict__ out, int i, int half,
+                              float c, float s) {
+  const float x1 = ToFloat(in[i]);
+  const float x2 = ToFloat(in[i + half]);
+  out[i] = FromFloat<T>(x1 * c - x2 * s);
+  out[i + half] = FromFloat<T>(x2 * c + x1 * s);
+}
+
+// One block per token; its threads cover (head, i < half) pairs.
+template <typename T>
+__global__ void RotaryKernel(const T* __restrict__ x, int64_t row_stride, int64_t head_stride,
+                             T* __restrict__ out, const float* __restrict__ cos,
+                             const float* __restrict__ sin, int heads, int head_dim) {
+  const int64_t t = blockIdx.x;
+  const int half = head_dim / 2;
+  for (int j = threadIdx.x; j < heads * half; j += blockDim.x) {
+    const int h = j / half;
+    const int i = j - h * half;
+    Rotate(x + t * row_stride + h * head_stride, out + (t * heads + h) * head_dim, i, half,
+           cos[t * half + i], sin[t * half + i]);
+  }
+}
+
+// One block per token: query pairs, then key pairs (into the cache slot), then value
+// elements (copied into the cache slot).
+template <typename T>
+__global__ void RotaryQkvToCacheKernel(const T* __restrict__ qkv, int64_t row_stride,
+                                       T* __restrict__ q_out, T* __restrict__ key_slots,
+                                       T* __restrict__ value_slots,
+                                       const int64_t* __restrict__ slots,
+                                       const float* __restrict__ cos,
+                                       const float* __restrict__ sin, int heads, int kv_heads,
+                                       int head_dim) {
+  const int64_t t = blockIdx.x;
+  const int half = head_dim / 2;
+  const T* row = qkv + t * row_stride;
+  const int64_t slot = slots[t];
+  const int q_pairs = heads * half;
+  const int k_pairs = kv_heads * half;
+  const int v_elements = kv_heads * head_dim;
+  for (int j = threadIdx.x; j < q_pairs + k_pairs + v_elements; j += blockDim.x) {
+    if (j < q_pairs) {
+      const int h = j / half;
+      const int i = j - h * half;
+      Rotate(row + h * head_dim, q_out + (t * heads + h) * head_dim, i, half, cos[t * half + i],
+             sin[t * half + i]);
+    } else if (j < q_pairs + k_pairs) {
+      const int h = (j - q_pairs) / half;
+      const int i = (j - q_pairs) - h * half;
+      Rotate(row + (heads + h) * head_dim, key_slots + (slot * kv_heads + h) * head_dim, i,
+             half, cos[t * half + i], sin[t * half + i]);
+    } else {
+      const int e = j - q_pairs - k_pairs;
+      value_slots[slot * v_elements + e] = row[(heads + kv_heads) * head_dim + e];
+    }
+  }
+}
+
+LaunchResult Finish(std::string* error) {
+  const cudaError_t status = cudaGetLastError();
+  if (status == cudaSuccess) return LaunchResult::kLaunched;
+  if (error != nullptr) *error = cudaGetErrorString(status);
+  return LaunchResult::kCudaError;
+}
+
+// Calls fn(T{}) with the storage type of `dtype`.
+template <typename Fn>
+void WithType(CudaDtype dtype, Fn&& fn) {
+  switch (dtype) {
+    case CudaDtype::kFloat32:
+      fn(float{});
+      break;
+    case CudaDtype::kFloat16:
+      fn(__half{});
+      break;
+    case CudaDtype::kBFloat16:
+      fn(__nv_bfloat16{});
+      break;
+  }
+}
+
+unsigned ElementwiseBlocks(int64_t total) {
+  // Enough blocks to fill any current GPU; the grid-stride loop covers the rest.
+  return static_cast<unsigned>(std::clamp<int64_t>((total + kThreads - 1) / kThreads, 1, 65535));
+}
+
+}  // namespace
+
+LaunchResult LaunchRmsNorm(const RmsNormArgs& a, std::string* error) {
+  if (a.rows == 0 || a.d == 0) return LaunchResult::kLaunched;
+  if (a.rows > 0x7fffffff) return LaunchResult::kUnsupported;
+  const auto stream = static_cast<cudaStream_t>(a.stream);
+  WithType(a.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const auto* x = static_cast<const T*>(a.x);
+    const auto* w = static_cast<const T*>(a.weight);
+    auto* y = static_cast<T*>(a.y);
+    if (a.residual != nullptr) {
+      RmsNormKernel<T, true><<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(
+          x, static_cast<T*>(a.residual), w, y, a.d, a.eps);
+    } else {
+      RmsNormKernel<T, false><<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(
+          x, nullptr, w, y, a.d, a.eps);
+    }
+  });
+  return Finish(error);
+}
+
+LaunchResult LaunchSwiGlu(const SwiGluArgs& a, std::string* error) {
+  const int64_t total = a.rows * a.inner;
+  if (total == 0) return LaunchResult::kLaunched;
+  WithType(a.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    SwiGluKernel<T><<<ElementwiseBlocks(total), kThreads, 0, static_cast<cudaStream_t>(a.stream)>>>(
+        static_cast<const T*>(a.gate_up), static_cast<T*>(a.out), a.rows, a.inner);
+  });
+  return Finish(error);
+}
+
+LaunchResult LaunchRotary(const RotaryArgs& a, std::string* error) {
+  if (a.tokens == 0 || a.heads == 0) return LaunchResult::kLaunched;
+  if (a.head_dim % 2 != 0 || a.tokens > 0x7fffffff) return LaunchResult::kUnsupported;
+  WithType(a.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    RotaryKernel<T><<<static_cast<unsigned>(a.tokens), kThreads, 0,
+                      static_cast<cudaStream_t>(a.stream)>>>(
+        static_cast<const T*>(a.x), a.row_stride, a.head_stride, static_cast<T*>(a.out), a.cos,
+        a.sin, a.heads, a.head_dim);
+  });
+  return Finish(error);
+}
+
+LaunchResult LaunchRotaryQkvToCache(const RotaryQkvToCacheArgs& a, std::string* error) {
+  if (a.tokens == 0) return LaunchResult::kLaunched;
+  if (a.head_dim % 2 != 0 || a.kv_heads <= 0 || a.tokens > 0x7fffffff) {
+    return LaunchResult::kUnsupported;
+  }
+  WithType(a.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    RotaryQkvToCacheKernel<T><<<static_cast<unsigned>(a.tokens), kThreads, 0,
+                                static_cast<cudaStream_t>(a.stream)>>>(
+        static_cast<const T*>(a.qkv), a.row_stride, static_cast<T*>(a.q_out),
+        static_cast<T*>(a.key_slots), static_cast<T*>(a.value_slots), a.slots, a.cos, a.sin,
+        a.heads, a.kv_heads, a.head_dim);
+  });
+  return Finish(error);
+}
+
+}  // namespace tophat::kernels
