@@ -26,5 +26,9 @@ int main(int argc, char** argv) {
                  at::hasCUDA() ? "has" : "has no");
     return 77;
   }
+#ifdef TOPHAT_GPU_TEST_CLOUD_DEVICE
+  // tophat_serving_cuda_test: the serving cases' cloud daemons run on this device.
+  setenv("TOPHAT_TEST_CLOUD_DEVICE", TOPHAT_GPU_TEST_CLOUD_DEVICE, /*overwrite=*/0);
+#endif
   return Catch::Session().run(argc, argv);
 }

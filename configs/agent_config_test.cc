@@ -34,6 +34,7 @@ cloud_address: cloud.example:7100
 bundle: /abs/device
 dtype: float16
 device: cuda
+compute_threads: 2
 max_context: 2048
 prompt_chunk_size: 64
 pipeline_prompt_chunks: false
@@ -67,6 +68,7 @@ log_level: trace
   CHECK(config->bundle == "/abs/device");
   CHECK(config->dtype == "float16");
   CHECK(config->device == "cuda");
+  CHECK(config->compute_threads == 2);
   CHECK(config->max_context == 2048);
   CHECK(config->prompt_chunk_size == 64);
   CHECK_FALSE(config->pipeline_prompt_chunks);

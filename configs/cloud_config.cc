@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "configs/config_checks.h"
 #include "configs/yaml_reader.h"
@@ -28,6 +29,17 @@ void CheckCloudConfig(const CloudConfig& config, bool require_bundle, Report&& r
   check("max_context", CheckAtLeast(config.max_context, 1));
   check("kv_cache.block_size", CheckAtLeast(config.kv_cache.block_size, 1));
   check("kv_cache.memory_bytes", CheckAtLeast(config.kv_cache.memory_bytes, 1));
+  if (config.kv_cache.memory_fraction < 0 || config.kv_cache.memory_fraction >= 1) {
+    report("kv_cache.memory_fraction",
+           absl::StrCat(config.kv_cache.memory_fraction,
+                        " is outside [0, 1): 0 uses kv_cache.memory_bytes, and the weights' "
+                        "activations need some of the free memory"),
+           "");
+  } else if (config.kv_cache.memory_fraction > 0 && config.device == "cpu") {
+    report("kv_cache.memory_fraction",
+           "sizes the pool from free GPU memory, but device is cpu; set kv_cache.memory_bytes",
+           "device");
+  }
   // The pool is allocated up front (no allocation in the step), so a size the machine
   // cannot hold would only fail later, at load, or push the host into swap. On a GPU the
   // real bound is device memory, which only the engine can query; host memory still
@@ -58,6 +70,39 @@ void CheckCloudConfig(const CloudConfig& config, bool require_bundle, Report&& r
     check("metrics_address", CheckHostPort(config.metrics_address, /*allow_port_zero=*/true));
   }
   check("log_level", CheckLogLevel(config.log_level));
+
+  const CloudConfig::Pipeline& pipeline = config.pipeline;
+  if (!pipeline.layer_boundaries.empty()) {
+    if (pipeline.layer_boundaries.size() < 3) {
+      report("pipeline.layer_boundaries",
+             "needs at least 3 layer numbers (two stages); leave it empty for one stage", "");
+    }
+    for (size_t i = 1; i < pipeline.layer_boundaries.size(); ++i) {
+      if (pipeline.layer_boundaries[i] <= pipeline.layer_boundaries[i - 1]) {
+        report("pipeline.layer_boundaries",
+               absl::StrCat("must increase (stage ", i - 1, " would run layers [",
+                            pipeline.layer_boundaries[i - 1], ", ", pipeline.layer_boundaries[i],
+                            "))"),
+               "");
+        break;
+      }
+    }
+    check("pipeline.rendezvous_address",
+          pipeline.rendezvous_address.empty()
+              ? absl::InvalidArgumentError("required with pipeline.layer_boundaries")
+              : CheckHostPort(pipeline.rendezvous_address, /*allow_port_zero=*/false));
+  }
+  if (!pipeline.devices.empty() &&
+      static_cast<int64_t>(pipeline.devices.size()) != pipeline.stages()) {
+    report("pipeline.devices",
+           absl::StrCat(pipeline.devices.size(), " devices for ", pipeline.stages(),
+                        " stages; give one per stage or none"),
+           "pipeline.layer_boundaries");
+  }
+  for (const std::string& device : pipeline.devices) {
+    check("pipeline.devices", CheckDevice(device));
+  }
+  check("pipeline.timeout_s", CheckAtLeast(pipeline.timeout_s, 0, /*inclusive=*/false));
 
   // Agents send prompt chunks of the announced size and verification chunks of
   // draft_steps + 1 tokens; a limit below either would fail every request.
@@ -94,6 +139,8 @@ absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
   reader.ReadInt("max_context", &config.max_context, Bound::kPositive);
   reader.ReadInt("kv_cache.block_size", &config.kv_cache.block_size, Bound::kPositive);
   reader.ReadByteSize("kv_cache.memory_bytes", &config.kv_cache.memory_bytes, Bound::kPositive);
+  reader.ReadDouble("kv_cache.memory_fraction", &config.kv_cache.memory_fraction,
+                    Bound::kNonNegative);
   reader.ReadInt("scheduler.max_batch_tokens", &config.scheduler.max_batch_tokens,
                  Bound::kPositive);
   reader.ReadInt("scheduler.max_running_sessions", &config.scheduler.max_running_sessions,
@@ -113,6 +160,20 @@ absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
   reader.ReadByteSize("limits.max_message_bytes", &config.limits.max_message_bytes,
                       Bound::kPositive);
   reader.ReadInt("limits.max_chunk_tokens", &config.limits.max_chunk_tokens, Bound::kPositive);
+  std::vector<std::string> boundaries;
+  reader.ReadString("pipeline.rendezvous_address", &config.pipeline.rendezvous_address);
+  reader.ReadStringList("pipeline.layer_boundaries", &boundaries);
+  for (const std::string& text : boundaries) {
+    int64_t layer = 0;
+    if (!absl::SimpleAtoi(text, &layer) || layer < 0) {
+      reader.AddError("pipeline.layer_boundaries",
+                      absl::StrCat("\"", text, "\" is not a layer number"));
+      break;
+    }
+    config.pipeline.layer_boundaries.push_back(layer);
+  }
+  reader.ReadStringList("pipeline.devices", &config.pipeline.devices);
+  reader.ReadSeconds("pipeline.timeout_s", &config.pipeline.timeout_s, Bound::kPositive);
   reader.ReadSeconds("limits.session_timeout_s", &config.limits.session_timeout_s,
                      Bound::kPositive);
   reader.ReadSeconds("drain_grace_period_s", &config.drain_grace_period_s, Bound::kNonNegative);

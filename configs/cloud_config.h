@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -23,6 +24,9 @@ struct CloudConfig {
   struct KvCache {
     int64_t block_size = 16;             // positions per block
     int64_t memory_bytes = 256LL << 20;  // size of the block pool ("256MiB")
+    // On a GPU: the pool takes this fraction of the memory free once the weights are
+    // loaded, instead of memory_bytes (0: use memory_bytes).
+    double memory_fraction = 0;
     bool operator==(const KvCache&) const = default;
   } kv_cache;
   struct Scheduler {
@@ -44,6 +48,20 @@ struct CloudConfig {
     double session_timeout_s = 600;          // per-session deadline when the agent sets none
     bool operator==(const Limits&) const = default;
   } limits;
+  // The middle split into stages, one process each (server/pipeline). Empty
+  // layer_boundaries: one stage, this process.
+  struct Pipeline {
+    std::string rendezvous_address;  // host:port of stage 0's store (required with stages)
+    // P + 1 increasing layer numbers: stage i runs [b_i, b_{i+1}); the first and last are
+    // the bundle's middle. Empty: no pipeline.
+    std::vector<int64_t> layer_boundaries;
+    std::vector<std::string> devices;  // per stage; empty: `device` for every stage
+    double timeout_s = 60;  // to meet at start-up, and for each transfer within a step
+    int64_t stages() const {
+      return layer_boundaries.empty() ? 1 : static_cast<int64_t>(layer_boundaries.size()) - 1;
+    }
+    bool operator==(const Pipeline&) const = default;
+  } pipeline;
   double drain_grace_period_s = 30;  // SIGTERM: finish in-flight work this long, then cancel
   std::string metrics_address = "127.0.0.1:9100";  // Prometheus; empty disables
   std::string log_level = "info";                  // trace|debug|info|warn|error

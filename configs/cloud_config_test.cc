@@ -39,10 +39,12 @@ listen_address: "0.0.0.0:7300"
 bundle: /abs/cloud
 dtype: bfloat16
 device: cuda:1
+compute_threads: 3
 max_context: 8192
 kv_cache:
   block_size: 32
   memory_bytes: 1GiB
+  memory_fraction: 0.85
 scheduler:
   max_batch_tokens: 1024
   max_running_sessions: 8
@@ -70,7 +72,9 @@ log_level: debug
   CHECK(config->device == "cuda:1");
   CHECK(config->max_context == 8192);
   CHECK(config->kv_cache.block_size == 32);
+  CHECK(config->compute_threads == 3);
   CHECK(config->kv_cache.memory_bytes == 1LL << 30);
+  CHECK(config->kv_cache.memory_fraction == 0.85);
   CHECK(config->scheduler.max_batch_tokens == 1024);
   CHECK(config->scheduler.max_running_sessions == 8);
   CHECK(config->scheduler.max_waiting_sessions == 0);
@@ -160,6 +164,19 @@ TEST_CASE("A KV pool larger than physical memory is an error with both sizes") {
   config.kv_cache.memory_bytes = int64_t{1} << 62;
   CHECK_THAT(std::string(ValidateCloudConfig(config).message()),
              Catch::StartsWith("kv_cache.memory_bytes: 4 EiB is more than"));
+}
+
+TEST_CASE("A KV pool fraction is of free GPU memory, below 1, and not for the CPU") {
+  CHECK_THAT(ErrorOf("bundle: x\ndevice: cuda\nkv_cache:\n  memory_fraction: 1.5\n"),
+             Catch::Contains("kv_cache.memory_fraction: 1.5 is outside [0, 1)"));
+  CHECK_THAT(ErrorOf("bundle: x\nkv_cache:\n  memory_fraction: 0.9\n"),
+             Catch::Contains("kv_cache.memory_fraction: sizes the pool from free GPU memory, but "
+                             "device is cpu"));
+  CHECK_THAT(ErrorOf("bundle: x\ncompute_threads: -1\n"), Catch::Contains("compute_threads"));
+  auto config = ParseCloudConfig("bundle: x\ndevice: cuda:0\nkv_cache:\n  memory_fraction: 0.9\n",
+                                 "cloud.yaml");
+  REQUIRE(config.ok());
+  CHECK(ValidateCloudConfig(*config).ok());
 }
 
 TEST_CASE("Cloud config addresses must be host:port") {

@@ -6,6 +6,8 @@ set -euo pipefail
 packages=(
   cmake ninja-build pkg-config g++ git
   libtorch-dev
+  # Headers of the Gloo that LibTorch's c10d ships: the cloud's pipeline stages over CPUs.
+  libgloo-dev
   # Without OpenBLAS LibTorch falls back to the reference BLAS, ~20x slower.
   libopenblas0-pthread
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler

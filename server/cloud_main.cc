@@ -3,6 +3,7 @@
 // SIGTERM drains: no new sessions, in-flight ones get drain_grace_period_s to finish.
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -18,10 +19,13 @@
 #include "configs/cloud_config.h"
 #include "models/runtime/bundle.h"
 #include "models/formats/config.h"
+#include "kernels/cuda_device.h"
 #include "models/runtime/compute_threads.h"
 #include "server/cloud_metrics.h"
 #include "server/cloud_service.h"
 #include "server/engine.h"
+#include "server/cloud_stages.h"
+#include "server/kv_pool_size.h"
 #include "base/program.h"
 
 using tophat::Fail;
@@ -42,19 +46,45 @@ int Run(const CloudConfig& config) {
                                            .device = at::Device(config.device),
                                            .max_context = config.max_context};
   spdlog::info("loading cloud bundle {}", config.bundle);
-  auto bundle = tophat::CloudBundle::Load(config.bundle, submodel_options);
+  // With a pipeline, this process is stage 0 and loads only its own layers.
+  std::optional<tophat::LayerRange> stage_layers;
+  if (config.pipeline.stages() > 1) {
+    auto manifest = tophat::BundleManifest::Load(config.bundle);
+    if (!manifest.ok()) return Fail(manifest.status());
+    auto plan = tophat::PlanStage(config, 0, manifest->middle_layers);
+    if (!plan.ok()) return Fail(plan.status());
+    stage_layers = plan->layers;
+    submodel_options.device = at::Device(plan->device);
+  }
+  auto bundle = tophat::CloudBundle::Load(config.bundle, submodel_options, stage_layers);
   if (!bundle.ok()) return Fail(bundle.status());
   std::shared_ptr<const tophat::Submodel> middle = std::move(bundle->middle);
   const tophat::LayerRange layers = middle->spec().layers;
 
+  // Sized after the weights are loaded, so that on a GPU what they took is not counted free.
+  const at::Device device = submodel_options.device;
+  std::optional<int64_t> device_free_bytes;
+  if (device.is_cuda()) {
+    if (auto memory = tophat::kernels::QueryCudaMemory(device.has_index() ? device.index() : 0)) {
+      device_free_bytes = memory->free_bytes;
+      spdlog::info("{}: {} MiB free of {} MiB after loading the weights", config.device,
+                   memory->free_bytes >> 20, memory->total_bytes >> 20);
+    }
+  }
+  auto pool_bytes = tophat::KvPoolBytes({.memory_bytes = config.kv_cache.memory_bytes,
+                                         .memory_fraction = config.kv_cache.memory_fraction,
+                                         .on_gpu = device.is_cuda(),
+                                         .device_free_bytes = device_free_bytes});
+  if (!pool_bytes.ok()) return Fail(pool_bytes.status());
   const int64_t block_bytes = tophat::KvBlockPool::BytesPerBlock(
       middle->config(), layers.size(), config.kv_cache.block_size, *dtype);
-  const int64_t num_blocks = block_bytes == 0 ? 1 : config.kv_cache.memory_bytes / block_bytes;
+  const int64_t num_blocks = block_bytes == 0 ? 1 : *pool_bytes / block_bytes;
   if (num_blocks < 1) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "kv_cache.memory_bytes: ", config.kv_cache.memory_bytes,
-        " bytes hold no KV block; one block of ", config.kv_cache.block_size, " positions needs ",
-        block_bytes, " bytes")));
+        config.kv_cache.memory_fraction > 0 ? "kv_cache.memory_fraction: "
+                                            : "kv_cache.memory_bytes: ",
+        *pool_bytes, " bytes hold no KV block; one block of ", config.kv_cache.block_size,
+        " positions needs ", block_bytes, " bytes")));
   }
 
   // The largest chunk the engine accepts must fit in one gRPC message, or agents hit the
@@ -90,6 +120,13 @@ int Run(const CloudConfig& config) {
   engine_options.min_prompt_chunk = config.scheduler.min_prompt_chunk_size;
   engine_options.max_step_seconds = config.scheduler.max_step_seconds;
   engine_options.max_draft_steps = config.scheduler.max_draft_steps;
+  std::unique_ptr<tophat::pipeline::Downstream> downstream;
+  if (config.pipeline.stages() > 1) {
+    auto connected = tophat::ConnectStages(config, *bundle, *dtype, num_blocks);
+    if (!connected.ok()) return Fail(connected.status());
+    downstream = std::move(*connected);
+    engine_options.downstream = downstream.get();
+  }
   auto engine = tophat::Engine::Create(engine_options, middle, &metrics);
   if (!engine.ok()) return Fail(engine.status());
   spdlog::info("middle layers [{}, {}), KV pool {} blocks x {} positions ({} MiB)", layers.begin,
@@ -141,6 +178,7 @@ int Run(const CloudConfig& config) {
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   (*engine)->Stop();
+  if (downstream != nullptr) downstream->Shutdown();
   spdlog::info("tophat-cloud stopped");
   return 0;
 }
@@ -149,7 +187,6 @@ int Run(const CloudConfig& config) {
 
 int main(int argc, char** argv) {
   tophat::ConfigureAllocatorForPayloads();
-  tophat::BlockShutdownSignals();
 
   CLI::App app{
       "tophat-cloud: the cloud daemon of tophat. Hosts the middle submodel and serves device "
@@ -166,6 +203,12 @@ int main(int argc, char** argv) {
   app.add_option("--metrics", metrics,
                  "host:port for Prometheus, or \"\" to disable (overrides `metrics_address`)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  int stage = 0;
+  app.add_option("--stage", stage,
+                 "Run as stage N > 0 of the config's pipeline (pipeline.layer_boundaries): a "
+                 "worker that serves its layers for stage 0, which is this program without "
+                 "--stage")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
   CloudConfig config;
@@ -179,5 +222,9 @@ int main(int argc, char** argv) {
   if (app.count("--metrics") > 0) config.metrics_address = metrics;
   if (!log_level.empty()) config.log_level = log_level;
   if (absl::Status valid = tophat::ValidateCloudConfig(config); !valid.ok()) return Fail(valid);
+  // A later stage keeps no sessions and has nothing to drain: SIGTERM simply ends it.
+  if (stage > 0) return tophat::RunLaterStage(config, stage);
+  // No thread exists yet (parsing started none): every thread to come inherits the mask.
+  tophat::BlockShutdownSignals();
   return Run(config);
 }

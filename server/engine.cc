@@ -77,7 +77,9 @@ Engine::Engine(EngineOptions options, std::shared_ptr<const Submodel> middle,
   hello_.set_hidden_size(static_cast<uint32_t>(config.hidden_size));
   hello_.set_dtype(wire_dtype_);
   hello_.set_first_layer(static_cast<uint32_t>(middle_->spec().layers.begin));
-  hello_.set_end_layer(static_cast<uint32_t>(middle_->spec().layers.end));
+  hello_.set_end_layer(static_cast<uint32_t>(options_.downstream != nullptr
+                                                 ? options_.downstream->end_layer()
+                                                 : middle_->spec().layers.end));
   hello_.set_max_positions(static_cast<uint32_t>(middle_->max_context()));
   hello_.set_max_chunk_positions(static_cast<uint32_t>(options_.max_chunk_tokens));
   *hello_.mutable_control() = options_.control;
@@ -561,6 +563,9 @@ int64_t Engine::Step() {
   }
   if (!middle_->options().device.is_cpu()) input = input.to(middle_->options().device);
   absl::StatusOr<at::Tensor> output = middle_->Forward(input, chunks_);
+  if (output.ok() && options_.downstream != nullptr) {
+    output = options_.downstream->Forward(*output, chunks_);
+  }
   at::Tensor deep;
   if (output.ok()) {
     deep = output->device().is_cpu() ? output->contiguous() : output->to(at::kCPU).contiguous();
@@ -594,9 +599,13 @@ int64_t Engine::Step() {
     const SessionKey key{session->stream, session->id};
     WorkItem& head = session->work.front();
     if (!output.ok()) {
+      // A lost pipeline stage is the cloud being unavailable (agents retry and replay);
+      // anything else is a failure of this step.
       FailSession(key, head.sequence_number,
-                  absl::InternalError(absl::StrCat("middle forward failed: ",
-                                                   output.status().message())));
+                  output.status().code() == absl::StatusCode::kUnavailable
+                      ? output.status()
+                      : absl::InternalError(absl::StrCat("middle forward failed: ",
+                                                         output.status().message())));
       continue;
     }
     v1::CloudMessage message;

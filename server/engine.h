@@ -32,6 +32,7 @@
 #include "scheduler/state_monitor.h"
 #include "server/cloud_metrics.h"
 #include "server/message_sink.h"
+#include "server/pipeline/pipeline_stage.h"
 #include "tophat/v1/cloud.pb.h"
 
 namespace tophat {
@@ -51,6 +52,9 @@ struct EngineOptions {
   int64_t min_prompt_chunk = 16;
   double max_step_seconds = 0;
   int64_t max_draft_steps = 8;
+  // The stages after this one when the cloud is a pipeline (null: one stage). Every step's
+  // output goes through them before it is sent; they end where the middle ends.
+  pipeline::Downstream* downstream = nullptr;
 };
 
 using StreamId = uint64_t;

@@ -23,6 +23,7 @@ ROOMS = [
     "telemetry",
     "proto",
     "sdk",
+    "server/pipeline",
     "server",
     "device_agent",
     "bench",

@@ -15,7 +15,7 @@ out="${1:-.gpu-debs}"
 wanted=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev libyaml-cpp-dev libsentencepiece-dev nlohmann-json3-dev
-  libcpp-httplib-dev libcli11-dev libspdlog-dev libpcre2-dev catch2
+  libcpp-httplib-dev libcli11-dev libspdlog-dev libpcre2-dev catch2 libgloo-dev
   pkgconf  # the GPU server may have no pkg-config
 )
 # The runtime the server's own (newer) system provides; a second copy would clash.

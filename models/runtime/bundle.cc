@@ -306,7 +306,8 @@ absl::StatusOr<DeviceBundle> DeviceBundle::Load(const fs::path& dir,
   return bundle;
 }
 
-absl::StatusOr<CloudBundle> CloudBundle::Load(const fs::path& dir, const SubmodelOptions& options) {
+absl::StatusOr<CloudBundle> CloudBundle::Load(const fs::path& dir, const SubmodelOptions& options,
+                                              std::optional<LayerRange> layers) {
   CloudBundle bundle;
   TOPHAT_ASSIGN_OR_RETURN(bundle.manifest, BundleManifest::Load(dir));
   if (bundle.manifest.kind != BundleKind::kCloud) {
@@ -324,9 +325,16 @@ absl::StatusOr<CloudBundle> CloudBundle::Load(const fs::path& dir, const Submode
           "'; a cloud bundle must not contain the embedding or the LM head"));
     }
   }
+  const LayerRange middle = bundle.manifest.middle_layers;
+  if (layers && (layers->begin < middle.begin || layers->end > middle.end ||
+                 layers->begin >= layers->end)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir.string(), ": layers [", layers->begin, ", ", layers->end,
+        ") are not a part of this bundle's middle [", middle.begin, ", ", middle.end, ")"));
+  }
   TOPHAT_ASSIGN_OR_RETURN(bundle.middle,
                           Submodel::Load(bundle.config, *checkpoint,
-                                         {.layers = bundle.manifest.middle_layers}, options));
+                                         {.layers = layers.value_or(middle)}, options));
   return bundle;
 }
 

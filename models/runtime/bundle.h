@@ -91,10 +91,13 @@ struct DeviceBundle {
 struct CloudBundle {
   BundleManifest manifest;
   ModelConfig config;
-  std::unique_ptr<Submodel> middle;  // layers [m, L-k)
+  std::unique_ptr<Submodel> middle;  // layers [m, L-k), or the `layers` asked for
 
+  // `layers`, when given, loads only that part of the middle (one stage of the cloud's
+  // pipeline); it must lie within the bundle's middle layers.
   static absl::StatusOr<CloudBundle> Load(const std::filesystem::path& dir,
-                                          const SubmodelOptions& options = {});
+                                          const SubmodelOptions& options = {},
+                                          std::optional<LayerRange> layers = std::nullopt);
 };
 
 }  // namespace tophat

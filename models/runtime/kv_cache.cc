@@ -101,6 +101,24 @@ void KvCache::AppendBlock(int32_t block_id) {
   block_table_.push_back(block_id);
 }
 
+absl::Status KvCache::Assign(std::span<const int32_t> blocks, int64_t length) {
+  if (!paged_) return absl::FailedPreconditionError("a contiguous KV cache takes no block table");
+  for (int32_t id : blocks) {
+    if (id < 0 || id >= pool_->num_blocks()) {
+      return absl::InvalidArgumentError(absl::StrCat("KV block id ", id, " is outside the pool's ",
+                                                     pool_->num_blocks(), " blocks"));
+    }
+  }
+  if (length < 0 || length > static_cast<int64_t>(blocks.size()) * pool_->block_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(blocks.size(), " blocks of ",
+                                                   pool_->block_size(),
+                                                   " positions cannot hold ", length));
+  }
+  block_table_.assign(blocks.begin(), blocks.end());
+  length_ = length;
+  return absl::OkStatus();
+}
+
 int64_t KvCache::ReleaseUnusedBlocks(std::vector<int32_t>& released) {
   if (!paged_) return 0;
   const auto keep = static_cast<size_t>(pool_->BlocksFor(length_));

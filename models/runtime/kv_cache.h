@@ -108,6 +108,11 @@ class KvCache {
   // 0 <= block_id < pool().num_blocks() (both checked; a violation throws c10::Error), and an
   // id that no other cache holds (the owner's allocator guarantees it; not checked).
   void AppendBlock(int32_t block_id);
+  // Points this paged cache at `blocks` (in position order) holding `length` positions:
+  // how a later stage of the cloud's pipeline follows the block tables stage 0's allocator
+  // keeps. Reuses the table's storage. Errors: a contiguous cache, an id outside the pool,
+  // or a length the blocks cannot hold.
+  absl::Status Assign(std::span<const int32_t> blocks, int64_t length);
   // Drops the trailing blocks that length() does not need and appends their ids to
   // `released` (a vector the caller reuses, so this need not allocate); returns how many.
   // A contiguous cache keeps its one private block and releases nothing.

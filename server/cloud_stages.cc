@@ -1,0 +1,157 @@
+#include "server/cloud_stages.h"
+
+#include <chrono>
+#include <utility>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "base/program.h"
+#include "base/status_macros.h"
+#include "models/formats/config.h"
+#include "models/runtime/compute_threads.h"
+#include "server/pipeline/stage_transport.h"
+
+namespace tophat {
+namespace {
+
+std::chrono::milliseconds Timeout(const CloudConfig& config) {
+  return std::chrono::milliseconds(static_cast<int64_t>(config.pipeline.timeout_s * 1000));
+}
+
+pipeline::RendezvousOptions RendezvousFor(const CloudConfig& config, int rank) {
+  return {.address = config.pipeline.rendezvous_address,
+          .rank = rank,
+          .size = static_cast<int>(config.pipeline.stages()),
+          .timeout = Timeout(config)};
+}
+
+std::string StageKey(int rank) { return absl::StrCat("stage/", rank); }
+std::string VerdictKey(int rank) { return absl::StrCat("verdict/", rank); }
+constexpr char kPoolKey[] = "kv_pool";  // "<num_blocks> <block_size>"
+constexpr char kAccepted[] = "ok";
+
+}  // namespace
+
+absl::StatusOr<StagePlan> PlanStage(const CloudConfig& config, int rank, LayerRange middle) {
+  const std::vector<int64_t>& bounds = config.pipeline.layer_boundaries;
+  const int64_t stages = config.pipeline.stages();
+  if (rank < 0 || rank >= stages) {
+    return absl::InvalidArgumentError(absl::StrCat("--stage ", rank, ": the config's pipeline has ",
+                                                   stages, " stage(s), numbered from 0"));
+  }
+  if (bounds.empty()) {
+    return StagePlan{.rank = 0, .size = 1, .layers = middle, .device = config.device};
+  }
+  if (bounds.front() != middle.begin || bounds.back() != middle.end) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline.layer_boundaries: must start at the bundle's first middle layer and end at its "
+        "end, [",
+        middle.begin, ", ", middle.end, "); got ", bounds.front(), " ... ", bounds.back()));
+  }
+  return StagePlan{.rank = rank,
+                   .size = static_cast<int>(stages),
+                   .layers = {bounds[rank], bounds[rank + 1]},
+                   .device = config.pipeline.devices.empty() ? config.device
+                                                             : config.pipeline.devices[rank]};
+}
+
+std::string DescribeStage(const BundleManifest& manifest, const ModelConfig& model,
+                          const std::string& dtype, LayerRange layers) {
+  return absl::StrCat("model ", manifest.source_architecture, " with ",
+                      manifest.num_hidden_layers, " layers of hidden size ", model.hidden_size,
+                      ", layers [", layers.begin, ", ", layers.end, ") in ", dtype);
+}
+
+absl::StatusOr<std::unique_ptr<pipeline::Downstream>> ConnectStages(
+    const CloudConfig& config, const CloudBundle& bundle, at::ScalarType dtype,
+    int64_t kv_num_blocks) {
+  TOPHAT_ASSIGN_OR_RETURN(std::unique_ptr<pipeline::Rendezvous> rendezvous,
+                          pipeline::Rendezvous::Join(RendezvousFor(config, 0)));
+  const int stages = static_cast<int>(config.pipeline.stages());
+  TOPHAT_RETURN_IF_ERROR(rendezvous->Set(
+      kPoolKey, absl::StrCat(kv_num_blocks, " ", config.kv_cache.block_size)));
+  spdlog::info("pipeline: waiting for stages 1..{} at {}", stages - 1,
+               config.pipeline.rendezvous_address);
+  for (int rank = 1; rank < stages; ++rank) {
+    TOPHAT_ASSIGN_OR_RETURN(StagePlan plan,
+                            PlanStage(config, rank, bundle.manifest.middle_layers));
+    const std::string expected =
+        DescribeStage(bundle.manifest, bundle.config, config.dtype, plan.layers);
+    TOPHAT_ASSIGN_OR_RETURN(std::string described, rendezvous->Get(StageKey(rank)));
+    if (described != expected) {
+      const std::string refusal = absl::StrCat("stage ", rank, " runs ", described,
+                                               "; stage 0 expects ", expected);
+      (void)rendezvous->Set(VerdictKey(rank), refusal);
+      return absl::FailedPreconditionError(absl::StrCat("pipeline: refused ", refusal));
+    }
+    TOPHAT_RETURN_IF_ERROR(rendezvous->Set(VerdictKey(rank), kAccepted));
+  }
+  TOPHAT_ASSIGN_OR_RETURN(std::unique_ptr<pipeline::StageTransport> transport,
+                          pipeline::ConnectGloo(*rendezvous));
+  spdlog::info("pipeline: {} stages joined over Gloo", stages);
+  return std::make_unique<pipeline::Downstream>(
+      std::move(transport), bundle.config.hidden_size, dtype,
+      bundle.manifest.middle_layers.end, Timeout(config));
+}
+
+int RunLaterStage(const CloudConfig& config, int rank) {
+  spdlog::set_level(spdlog::level::from_str(config.log_level));
+  if (absl::Status threads = SetComputeThreads(static_cast<int>(config.compute_threads));
+      !threads.ok()) {
+    return Fail(threads);
+  }
+  auto manifest = BundleManifest::Load(config.bundle);
+  if (!manifest.ok()) return Fail(manifest.status());
+  auto plan = PlanStage(config, rank, manifest->middle_layers);
+  if (!plan.ok()) return Fail(plan.status());
+  if (rank == 0) return Fail(absl::InvalidArgumentError("--stage 0 is the gRPC-facing daemon"));
+  auto dtype = ParseTorchDtypeName(config.dtype, "dtype");
+  if (!dtype.ok()) return Fail(dtype.status());
+  spdlog::info("stage {} of {}: loading layers [{}, {}) of {} on {}", rank, plan->size,
+               plan->layers.begin, plan->layers.end, config.bundle, plan->device);
+  auto bundle = CloudBundle::Load(
+      config.bundle,
+      {.dtype = *dtype, .device = at::Device(plan->device), .max_context = config.max_context},
+      plan->layers);
+  if (!bundle.ok()) return Fail(bundle.status());
+
+  auto rendezvous = pipeline::Rendezvous::Join(RendezvousFor(config, rank));
+  if (!rendezvous.ok()) return Fail(rendezvous.status());
+  const std::string self =
+      DescribeStage(bundle->manifest, bundle->config, config.dtype, plan->layers);
+  if (absl::Status set = (*rendezvous)->Set(StageKey(rank), self); !set.ok()) return Fail(set);
+  auto verdict = (*rendezvous)->Get(VerdictKey(rank));
+  if (!verdict.ok()) return Fail(verdict.status());
+  if (*verdict != kAccepted) {
+    return Fail(absl::FailedPreconditionError(absl::StrCat("pipeline: stage 0 refused this "
+                                                           "stage: ", *verdict)));
+  }
+  auto pool_shape = (*rendezvous)->Get(kPoolKey);
+  if (!pool_shape.ok()) return Fail(pool_shape.status());
+  const std::vector<std::string> parts = absl::StrSplit(*pool_shape, ' ');
+  int64_t num_blocks = 0;
+  int64_t block_size = 0;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &num_blocks) ||
+      !absl::SimpleAtoi(parts[1], &block_size)) {
+    return Fail(absl::InternalError(absl::StrCat("pipeline: malformed KV pool shape '",
+                                                 *pool_shape, "' from stage 0")));
+  }
+  auto pool = KvBlockPool::Create(bundle->config, plan->layers.size(), num_blocks, block_size,
+                                  *dtype, at::Device(plan->device));
+  if (!pool.ok()) return Fail(pool.status());
+  auto transport = pipeline::ConnectGloo(**rendezvous);
+  if (!transport.ok()) return Fail(transport.status());
+  spdlog::info("stage {} of {}: serving layers [{}, {}), KV pool {} blocks x {} positions", rank,
+               plan->size, plan->layers.begin, plan->layers.end, num_blocks, block_size);
+  absl::Status served = pipeline::ServeStage(**transport, *bundle->middle, *pool,
+                                             Timeout(config));
+  if (!served.ok()) return Fail(served);
+  spdlog::info("stage {}: stage 0 shut the pipeline down", rank);
+  return 0;
+}
+
+}  // namespace tophat

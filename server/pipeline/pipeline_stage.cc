@@ -1,0 +1,122 @@
+#include "server/pipeline/pipeline_stage.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+
+namespace tophat::pipeline {
+namespace {
+
+// An idle stage waits for its next step this long per wait: "forever" for a daemon, but
+// finite, so that a wait never overflows the transport's clock arithmetic.
+constexpr std::chrono::milliseconds kIdleWait = std::chrono::hours(24 * 365);
+
+}  // namespace
+
+Downstream::Downstream(std::unique_ptr<StageTransport> transport, int64_t hidden_size,
+                       at::ScalarType dtype, int64_t end_layer,
+                       std::chrono::milliseconds timeout)
+    : transport_(std::move(transport)),
+      hidden_size_(hidden_size),
+      dtype_(dtype),
+      end_layer_(end_layer),
+      timeout_(timeout) {}
+
+absl::StatusOr<at::Tensor> Downstream::Forward(const at::Tensor& hidden,
+                                               std::span<const SequenceChunk> chunks) {
+  if (broken_) {
+    return absl::UnavailableError("the cloud's pipeline lost a stage; restart its stages");
+  }
+  addresses_.clear();
+  int64_t total = 0;
+  for (const SequenceChunk& chunk : chunks) {
+    addresses_.push_back({.past = chunk.cache->length() - chunk.num_tokens,
+                          .num_tokens = chunk.num_tokens,
+                          .blocks = chunk.cache->block_table()});
+    total += chunk.num_tokens;
+  }
+  EncodeAddresses(addresses_, encoded_);
+  const StepHeader header{.op = StageOp::kForward,
+                          .step = step_++,
+                          .total_tokens = total,
+                          .address_length = static_cast<int64_t>(encoded_.size())};
+  // Gloo moves host memory: a GPU stage's states are staged through it.
+  const at::Tensor host_hidden = hidden.to(at::kCPU).contiguous();
+  const at::Tensor addresses =
+      at::from_blob(encoded_.data(), {static_cast<int64_t>(encoded_.size())}, at::kLong);
+  const at::Tensor outgoing[] = {EncodeHeader(header), addresses, host_hidden};
+  absl::Status sent = transport_->Send(outgoing, 1, timeout_);
+  if (!sent.ok()) {
+    broken_ = true;
+    return sent;
+  }
+  at::Tensor result = at::empty({total, hidden_size_}, at::TensorOptions().dtype(dtype_));
+  at::Tensor incoming[] = {result};
+  absl::Status received = transport_->Receive(incoming, transport_->size() - 1, timeout_);
+  if (!received.ok()) {
+    broken_ = true;
+    return received;
+  }
+  return hidden.is_cpu() ? result : result.to(hidden.device());
+}
+
+void Downstream::Shutdown() {
+  if (broken_) return;
+  const at::Tensor outgoing[] = {EncodeHeader({.op = StageOp::kShutdown, .step = step_})};
+  (void)transport_->Send(outgoing, 1, timeout_);
+}
+
+absl::Status ServeStage(StageTransport& transport, const Submodel& layers,
+                        const std::shared_ptr<KvBlockPool>& pool,
+                        std::chrono::milliseconds timeout) {
+  const int rank = transport.rank();
+  const int last = transport.size() - 1;
+  if (rank == 0) return absl::InvalidArgumentError("stage 0 does not serve steps");
+  const int64_t hidden_size = layers.config().hidden_size;
+  const at::ScalarType dtype = layers.options().dtype;
+  std::vector<KvCache> caches;
+  std::vector<SequenceChunk> chunks;
+  for (;;) {
+    at::Tensor header_tensor = at::empty({kHeaderElements}, at::kLong);
+    at::Tensor header_in[] = {header_tensor};
+    TOPHAT_RETURN_IF_ERROR(transport.Receive(header_in, rank - 1, kIdleWait));
+    TOPHAT_ASSIGN_OR_RETURN(StepHeader header, DecodeHeader(header_tensor));
+    if (header.op == StageOp::kShutdown) {
+      if (rank < last) {
+        const at::Tensor forward[] = {header_tensor};
+        (void)transport.Send(forward, rank + 1, timeout);
+      }
+      return absl::OkStatus();
+    }
+    at::Tensor addresses = at::empty({header.address_length}, at::kLong);
+    at::Tensor hidden = at::empty({header.total_tokens, hidden_size}, at::TensorOptions().dtype(dtype));
+    at::Tensor body[] = {addresses, hidden};
+    TOPHAT_RETURN_IF_ERROR(transport.Receive(body, rank - 1, timeout));
+    TOPHAT_ASSIGN_OR_RETURN(
+        std::vector<DecodedChunk> decoded,
+        DecodeAddresses(std::span<const int64_t>(addresses.data_ptr<int64_t>(),
+                                                 static_cast<size_t>(header.address_length)),
+                        header.total_tokens, pool->num_blocks(), pool->block_size()));
+    // One cache object per chunk slot, kept across steps (their tables are reassigned).
+    while (caches.size() < decoded.size()) caches.emplace_back(pool);
+    chunks.clear();
+    for (size_t i = 0; i < decoded.size(); ++i) {
+      TOPHAT_RETURN_IF_ERROR(caches[i].Assign(decoded[i].blocks, decoded[i].past));
+      chunks.push_back({.cache = &caches[i], .num_tokens = decoded[i].num_tokens});
+    }
+    const at::Device device = layers.options().device;
+    at::Tensor input = device.is_cpu() ? hidden : hidden.to(device);
+    TOPHAT_ASSIGN_OR_RETURN(at::Tensor output, layers.Forward(input, chunks));
+    const at::Tensor host_output = output.to(at::kCPU).contiguous();
+    if (rank < last) {
+      const at::Tensor forward[] = {header_tensor, addresses, host_output};
+      TOPHAT_RETURN_IF_ERROR(transport.Send(forward, rank + 1, timeout));
+    } else {
+      const at::Tensor back[] = {host_output};
+      TOPHAT_RETURN_IF_ERROR(transport.Send(back, 0, timeout));
+    }
+  }
+}
+
+}  // namespace tophat::pipeline

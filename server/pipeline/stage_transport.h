@@ -1,0 +1,74 @@
+// How the stages of the cloud's pipeline exchange tensors: an interface over an existing
+// collective library (no hand-rolled sockets for tensors). Gloo (c10d's ProcessGroupGloo,
+// shipped in Debian's LibTorch) links CPU processes on any machine; an NCCL backend for
+// GPU-to-GPU links implements the same interface.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+
+#include <ATen/ATen.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace tophat::pipeline {
+
+class StageTransport {
+ public:
+  virtual ~StageTransport() = default;
+  virtual int rank() const = 0;  // this stage's index
+  virtual int size() const = 0;  // number of stages
+
+  // Sends `tensors` (contiguous) to stage `peer`, in order, and waits until they have left.
+  // Unavailable when the peer is gone or `timeout` passes.
+  virtual absl::Status Send(std::span<const at::Tensor> tensors, int peer,
+                            std::chrono::milliseconds timeout) = 0;
+  // Receives into `tensors` (contiguous, already of the sender's shapes and dtypes) from
+  // stage `peer`, in the order sent. Unavailable when the peer is gone or `timeout` passes.
+  virtual absl::Status Receive(std::span<at::Tensor> tensors, int peer,
+                               std::chrono::milliseconds timeout) = 0;
+};
+
+// Where and how the stages meet. Stage 0 serves a c10d TCPStore at `address` (host:port);
+// the others connect to it. c10d's store rather than a channel of our own: the process
+// group needs one for its own set-up anyway, and its keys carry the stages' descriptions
+// for the checks at rendezvous.
+struct RendezvousOptions {
+  std::string address;  // host:port of stage 0's store
+  int rank = 0;
+  int size = 1;
+  std::chrono::milliseconds timeout{30000};  // for meeting, and for each transfer
+};
+
+// The stages' shared key-value store, joined. Thread-compatible.
+class Rendezvous {
+ public:
+  // Stage 0 starts the store, the others connect (retrying until the timeout:
+  // DeadlineExceeded naming the address when nobody answers).
+  static absl::StatusOr<std::unique_ptr<Rendezvous>> Join(const RendezvousOptions& options);
+  virtual ~Rendezvous() = default;
+
+  const RendezvousOptions& options() const { return options_; }
+  // The store's port: the configured one, or the one stage 0 was given for port 0.
+  virtual int port() const = 0;
+  virtual absl::Status Set(const std::string& key, const std::string& value) = 0;
+  // Waits for `key` up to the timeout (DeadlineExceeded naming the key).
+  virtual absl::StatusOr<std::string> Get(const std::string& key) = 0;
+
+ protected:
+  explicit Rendezvous(RendezvousOptions options) : options_(std::move(options)) {}
+
+ private:
+  RendezvousOptions options_;
+};
+
+// A Gloo process group over the rendezvous's store, all stages joined (blocks until they
+// have, or the timeout passes). The pairs bind to the host part of the store's address.
+absl::StatusOr<std::unique_ptr<StageTransport>> ConnectGloo(Rendezvous& rendezvous);
+
+}  // namespace tophat::pipeline
