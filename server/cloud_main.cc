@@ -1,6 +1,10 @@
 // tophat-cloud: the cloud daemon. Hosts the middle submodel for every connected device agent,
 // batching their sessions in one engine loop. Runs under systemd (deploy/tophat-cloud.service);
 // SIGTERM drains: no new sessions, in-flight ones get drain_grace_period_s to finish.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -33,6 +37,9 @@ using tophat::Fail;
 namespace {
 
 using tophat::CloudConfig;
+
+// Set by the engine thread when a pipeline stage is lost; the exit code tells systemd.
+std::atomic<bool> pipeline_lost{false};
 
 int Run(const CloudConfig& config) {
   spdlog::set_level(spdlog::level::from_str(config.log_level));
@@ -126,6 +133,14 @@ int Run(const CloudConfig& config) {
     if (!connected.ok()) return Fail(connected.status());
     downstream = std::move(*connected);
     engine_options.downstream = downstream.get();
+    // A lost stage leaves the links in an unknown state: stop serving (agents replay on the
+    // successor) and exit non-zero so that the supervisor restarts the pipeline.
+    engine_options.on_pipeline_lost = [](const absl::Status& status) {
+      spdlog::error("pipeline: lost a stage ({}); shutting down for a restart",
+                    status.ToString());
+      pipeline_lost.store(true);
+      kill(getpid(), SIGTERM);  // wakes the main thread's sigwait
+    };
   }
   auto engine = tophat::Engine::Create(engine_options, middle, &metrics);
   if (!engine.ok()) return Fail(engine.status());
@@ -155,14 +170,15 @@ int Run(const CloudConfig& config) {
                config.metrics_address.empty() ? "off" : config.metrics_address);
 
   const char* signal_name = tophat::WaitForShutdownSignal();
-  spdlog::info("{}: draining (grace period {:.0f}s)", signal_name,
-               config.drain_grace_period_s);
+  // Without its stages nothing in flight can finish: no grace period.
+  const double grace_s = pipeline_lost.load() ? 0 : config.drain_grace_period_s;
+  spdlog::info("{}: draining (grace period {:.0f}s)", signal_name, grace_s);
 
   server->GetHealthCheckService()->SetServingStatus(false);
   (*engine)->BeginDrain();
   const auto grace_end = std::chrono::steady_clock::now() +
                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                             std::chrono::duration<double>(config.drain_grace_period_s));
+                             std::chrono::duration<double>(grace_s));
   while (std::chrono::steady_clock::now() < grace_end) {
     const tophat::EngineStats stats = (*engine)->stats();
     if (stats.sessions_running + stats.sessions_waiting == 0) break;
@@ -180,7 +196,7 @@ int Run(const CloudConfig& config) {
   (*engine)->Stop();
   if (downstream != nullptr) downstream->Shutdown();
   spdlog::info("tophat-cloud stopped");
-  return 0;
+  return pipeline_lost.load() ? 1 : 0;
 }
 
 }  // namespace

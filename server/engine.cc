@@ -565,6 +565,10 @@ int64_t Engine::Step() {
   absl::StatusOr<at::Tensor> output = middle_->Forward(input, chunks_);
   if (output.ok() && options_.downstream != nullptr) {
     output = options_.downstream->Forward(*output, chunks_);
+    if (!output.ok() && options_.downstream->broken() && !pipeline_lost_) {
+      pipeline_lost_ = true;
+      if (options_.on_pipeline_lost) options_.on_pipeline_lost(output.status());
+    }
   }
   at::Tensor deep;
   if (output.ok()) {

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -55,6 +56,11 @@ struct EngineOptions {
   // The stages after this one when the cloud is a pipeline (null: one stage). Every step's
   // output goes through them before it is sent; they end where the middle ends.
   pipeline::Downstream* downstream = nullptr;
+  // Called once, on the engine thread, when the downstream stages are lost (a transfer
+  // failed or timed out). The step's sessions have failed with UNAVAILABLE, which agents
+  // answer by replaying on a successor; tophat-cloud then stops serving and exits for its
+  // supervisor to restart the pipeline.
+  std::function<void(const absl::Status&)> on_pipeline_lost;
 };
 
 using StreamId = uint64_t;
@@ -186,6 +192,7 @@ class Engine {
   std::vector<Event> intake_;
   bool stopping_ = false;
   std::atomic<bool> draining_{false};
+  bool pipeline_lost_ = false;  // engine thread: on_pipeline_lost has been called
 
   // Engine-thread state.
   KvBlockAllocator allocator_;

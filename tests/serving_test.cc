@@ -810,6 +810,37 @@ TEST_CASE("Two and three pipeline stages over Gloo reproduce the monolithic gree
   }
 }
 
+TEST_CASE("A pipeline stage killed mid-generation fails over: stage 0 exits, and after a "
+          "restart the request completes with the right tokens",
+          "[serving][pipeline]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {.layer_boundaries = {2, 4, 5}});
+  AgentProcess agent(dir.path(), cloud, 16);
+  const std::vector<int32_t> prompt = Tokenize(ToyPrompts(9, 1)[0]);
+  const int64_t max_new_tokens = 600;
+  auto pending = std::async(std::launch::async, [&] {
+    return agent.client().Generate(IdsRequest(prompt, max_new_tokens, /*ignore_eos=*/true));
+  });
+  REQUIRE(testing::WaitUntil(
+      [&] { return cloud.Metric("tophat_generation_tokens_total") >= 20; }, 30s));
+  cloud.stage(1).Signal(SIGKILL);
+  // Stage 0 sees the lost link at its next transfer, fails the step's sessions with
+  // UNAVAILABLE and exits non-zero for its supervisor; bounded by pipeline.timeout_s (30 s)
+  // even if the loss showed only as silence.
+  const std::optional<int> exit_code = cloud.process().Wait(40s);
+  INFO(cloud.process().Log());
+  REQUIRE(exit_code.has_value());
+  CHECK(*exit_code != 0);
+  CHECK(cloud.process().Log().find("pipeline: lost a stage") != std::string::npos);
+  cloud.Start(dir.path());  // the supervisor's restart: both stages, same ports, empty KV
+  absl::StatusOr<GenerateResult> result = pending.get();
+  REQUIRE(result.ok());
+  INFO(result->error);
+  REQUIRE(result->ok());
+  CHECK(result->stats.reconnects() >= 1);
+  CHECK(Tokens(*result) == Reference(prompt, max_new_tokens, /*stop_at_eos=*/false));
+}
+
 // How often float32 greedy decoding would have chosen the token a run chose, given the run's
 // own earlier tokens (teacher forcing on the reference, so that one early divergence does
 // not count every later token as a disagreement).
