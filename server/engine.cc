@@ -166,7 +166,9 @@ void Engine::Loop() {
     if (!DrainIntake(/*wait=*/!has_work)) break;
     StepAfterIntake();
   }
-  // Shutdown: whatever is left is cancelled, and its KV freed, before the thread exits.
+  // Shutdown: steps in flight are completed (a pipeline's stages answer them), whatever is
+  // left is cancelled, and its KV freed, before the thread exits.
+  while (!in_flight_.empty()) Complete();
   std::vector<SessionKey> keys;
   for (const auto& [key, session] : sessions_) keys.push_back(key);
   for (const SessionKey& key : keys) {
@@ -506,10 +508,25 @@ void Engine::ExpireDeadlines() {
 }
 
 int64_t Engine::Step() {
+  // With a pipeline of P stages up to P micro-batches are in flight, so that every stage
+  // works while the others do; a session is in at most one of them (its next chunk needs
+  // this one's answer, or at least its place in the KV order).
+  const size_t depth =
+      options_.downstream != nullptr ? static_cast<size_t>(options_.downstream->stages()) : 1;
+  int64_t launched = 0;
+  if (in_flight_.size() < depth) launched = Launch();
+  if (!in_flight_.empty() && (launched == 0 || in_flight_.size() >= depth)) Complete();
+  return launched;
+}
+
+int64_t Engine::Launch() {
   pending_.clear();
   pending_sessions_.clear();
   for (auto& [key, session] : sessions_) {
-    if (session->state != SessionState::kRunning || session->work.empty()) continue;
+    if (session->state != SessionState::kRunning || session->work.empty() ||
+        session->in_flight) {
+      continue;
+    }
     pending_sessions_.push_back(session.get());
   }
   // First come, first served across streams: order by when each head chunk arrived.
@@ -529,7 +546,10 @@ int64_t Engine::Step() {
       plan_);
   if (total == 0) return 0;
 
-  const Clock::time_point start = Clock::now();
+  InFlight& batch = in_flight_.emplace_back();
+  batch.start = Clock::now();
+  batch.total = total;
+  batch.parts.clear();
   chunks_.clear();
   int64_t row = 0;
   auto* staging = static_cast<uint8_t*>(staging_.data_ptr());
@@ -548,6 +568,9 @@ int64_t Engine::Step() {
                   planned.num_tokens * row_bytes_);
     }
     chunks_.push_back({.cache = &cache, .num_tokens = planned.num_tokens});
+    batch.parts.push_back({.key = {session->stream, session->id},
+                           .num_tokens = planned.num_tokens});
+    session->in_flight = true;
     row += planned.num_tokens;
   }
 
@@ -564,16 +587,31 @@ int64_t Engine::Step() {
   if (!middle_->options().device.is_cpu()) input = input.to(middle_->options().device);
   absl::StatusOr<at::Tensor> output = middle_->Forward(input, chunks_);
   if (output.ok() && options_.downstream != nullptr) {
-    output = options_.downstream->Forward(*output, chunks_);
-    if (!output.ok() && options_.downstream->broken() && !pipeline_lost_) {
-      pipeline_lost_ = true;
-      if (options_.on_pipeline_lost) options_.on_pipeline_lost(output.status());
-    }
+    // The later stages take it from here; Complete collects their answer.
+    absl::Status submitted = options_.downstream->Submit(*output, chunks_);
+    output = submitted.ok() ? absl::StatusOr<at::Tensor>(at::Tensor()) : submitted;
+    batch.submitted = submitted.ok();
+  }
+  batch.output = std::move(output);
+  return total;
+}
+
+void Engine::Complete() {
+  InFlight batch = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  absl::StatusOr<at::Tensor>& output = batch.output;
+  if (batch.submitted) output = options_.downstream->Collect();
+  if (!output.ok() && options_.downstream != nullptr && options_.downstream->broken() &&
+      !pipeline_lost_) {
+    pipeline_lost_ = true;
+    if (options_.on_pipeline_lost) options_.on_pipeline_lost(output.status());
   }
   at::Tensor deep;
   if (output.ok()) {
     deep = output->device().is_cpu() ? output->contiguous() : output->to(at::kCPU).contiguous();
   }
+  const int64_t total = batch.total;
+  const Clock::time_point start = batch.start;
   const Clock::time_point end = Clock::now();
   const double compute_seconds = Seconds(end - start);
   stat_steps_++;
@@ -596,11 +634,17 @@ int64_t Engine::Step() {
   // Every result of this step leaves now, together: the agents' downlink dispersion pairs
   // their arrivals against this.
   const double sent_at_seconds = std::chrono::duration<double>(end.time_since_epoch()).count();
-  row = 0;
+  int64_t row = 0;
   const auto* deep_bytes = output.ok() ? static_cast<const uint8_t*>(deep.data_ptr()) : nullptr;
-  for (const PlannedWork& planned : plan_) {
-    Session* session = pending_sessions_[planned.index];
-    const SessionKey key{session->stream, session->id};
+  for (const InFlightPart& part : batch.parts) {
+    const SessionKey key = part.key;
+    const int64_t part_row = row;
+    row += part.num_tokens;
+    // A session closed, cancelled or failed while its work was in flight is gone; its rows
+    // are dropped.
+    Session* session = Find(key.first, key.second);
+    if (session == nullptr) continue;
+    session->in_flight = false;
     WorkItem& head = session->work.front();
     if (!output.ok()) {
       // A lost pipeline stage is the cloud being unavailable (agents retry and replay);
@@ -625,18 +669,18 @@ int64_t Engine::Step() {
     result->set_kv_length(static_cast<uint32_t>(session->cache.length()));
     v1::HiddenStates* states = result->mutable_states();
     states->set_dtype(wire_dtype_);
-    states->set_num_positions(static_cast<uint32_t>(planned.num_tokens));
+    states->set_num_positions(static_cast<uint32_t>(part.num_tokens));
     states->set_hidden_size(static_cast<uint32_t>(middle_->config().hidden_size));
-    states->mutable_data()->assign(reinterpret_cast<const char*>(deep_bytes + row * row_bytes_),
-                                   planned.num_tokens * row_bytes_);
-    row += planned.num_tokens;
-    head.done += planned.num_tokens;
+    states->mutable_data()->assign(
+        reinterpret_cast<const char*>(deep_bytes + part_row * row_bytes_),
+        part.num_tokens * row_bytes_);
+    head.done += part.num_tokens;
     const bool chunk_done = head.done == head.num_tokens;
     result->set_chunk_done(chunk_done);
     if (metrics_ != nullptr) {
-      metrics_->hidden_state_bytes_out.Increment(planned.num_tokens * row_bytes_);
+      metrics_->hidden_state_bytes_out.Increment(part.num_tokens * row_bytes_);
       (head.decode ? metrics_->generation_tokens : metrics_->prompt_tokens)
-          .Increment(planned.num_tokens);
+          .Increment(part.num_tokens);
     }
     if (chunk_done) {
       auto sink = streams_.find(session->stream);
@@ -645,7 +689,6 @@ int64_t Engine::Step() {
     }
     Send(key.first, std::move(message));
   }
-  return total;
 }
 
 Engine::Session* Engine::Find(StreamId stream, uint64_t id) {

@@ -131,6 +131,7 @@ class Engine {
     KvCache cache;
     std::deque<WorkItem> work;
     int64_t next_position = 0;  // where the next chunk must start
+    bool in_flight = false;     // its head chunk is in a launched, not completed, step
     Clock::time_point opened;
     Clock::time_point deadline;
     explicit Session(std::shared_ptr<KvBlockPool> pool) : cache(std::move(pool)) {}
@@ -168,7 +169,11 @@ class Engine {
   // Recomputes the stream's per-device Control from the state monitor; sends it if changed.
   void DecideForStream(StreamId stream);
   void ExpireDeadlines();
+  // One turn of the loop: launches a step (plans a batch and runs this stage's layers) and
+  // completes the oldest launched one (sends its results) once `depth` are in flight.
   int64_t Step();
+  int64_t Launch();
+  void Complete();
 
   Session* Find(StreamId stream, uint64_t id);
   void Send(StreamId stream, v1::CloudMessage message);
@@ -210,6 +215,19 @@ class Engine {
   std::vector<PlannedWork> plan_;
   std::vector<SequenceChunk> chunks_;
   std::vector<int32_t> released_blocks_;
+  // Launched steps not yet completed, oldest first (at most one without a pipeline).
+  struct InFlightPart {
+    SessionKey key;
+    int64_t num_tokens = 0;
+  };
+  struct InFlight {
+    Clock::time_point start;
+    int64_t total = 0;
+    std::vector<InFlightPart> parts;  // in row order
+    absl::StatusOr<at::Tensor> output = at::Tensor();  // this stage's, or its error
+    bool submitted = false;  // handed to the downstream stages, whose answer is pending
+  };
+  std::deque<InFlight> in_flight_;
 
   std::atomic<int64_t> stat_running_{0};
   std::atomic<int64_t> stat_waiting_{0};

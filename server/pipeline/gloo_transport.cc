@@ -1,7 +1,9 @@
 // The Gloo backend of StageTransport and the TCPStore behind the rendezvous.
+#include <deque>
 #include <exception>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -96,6 +98,34 @@ class GlooTransport : public StageTransport {
     return absl::OkStatus();
   }
 
+  absl::Status Post(std::span<const at::Tensor> tensors, int peer) override {
+    for (const at::Tensor& tensor : tensors) {
+      std::vector<at::Tensor> one = {tensor};
+      try {
+        posted_.push_back(group_->send(one, peer, /*tag=*/0));  // the work holds the tensor
+      } catch (const std::exception& e) {
+        return absl::UnavailableError(
+            absl::StrCat("pipeline stage ", rank_, " -> ", peer, ": send failed: ", e.what()));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status WaitSent(size_t count, std::chrono::milliseconds timeout) override {
+    for (; count > 0 && !posted_.empty(); --count) {
+      auto work = std::move(posted_.front());
+      posted_.pop_front();
+      try {
+        work->wait(timeout);
+      } catch (const std::exception& e) {
+        posted_.clear();
+        return absl::UnavailableError(
+            absl::StrCat("pipeline stage ", rank_, ": a send did not complete: ", e.what()));
+      }
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Receive(std::span<at::Tensor> tensors, int peer,
                        std::chrono::milliseconds timeout) override {
     for (at::Tensor& tensor : tensors) {
@@ -111,9 +141,12 @@ class GlooTransport : public StageTransport {
   }
 
  private:
+  using WorkPtr = decltype(std::declval<c10d::ProcessGroupGloo&>().send(
+      std::declval<std::vector<at::Tensor>&>(), 0, 0));
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
   int rank_;
   int size_;
+  std::deque<WorkPtr> posted_;
 };
 
 }  // namespace

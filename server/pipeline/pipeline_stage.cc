@@ -11,6 +11,8 @@ namespace {
 // An idle stage waits for its next step this long per wait: "forever" for a daemon, but
 // finite, so that a wait never overflows the transport's clock arithmetic.
 constexpr std::chrono::milliseconds kIdleWait = std::chrono::hours(24 * 365);
+// What Submit posts for each step: header, chunk addresses, hidden states.
+constexpr size_t kTensorsPerStep = 3;
 
 }  // namespace
 
@@ -23,8 +25,8 @@ Downstream::Downstream(std::unique_ptr<StageTransport> transport, int64_t hidden
       end_layer_(end_layer),
       timeout_(timeout) {}
 
-absl::StatusOr<at::Tensor> Downstream::Forward(const at::Tensor& hidden,
-                                               std::span<const SequenceChunk> chunks) {
+absl::Status Downstream::Submit(const at::Tensor& hidden,
+                                std::span<const SequenceChunk> chunks) {
   if (broken_) {
     return absl::UnavailableError("the cloud's pipeline lost a stage; restart its stages");
   }
@@ -41,28 +43,49 @@ absl::StatusOr<at::Tensor> Downstream::Forward(const at::Tensor& hidden,
                           .step = step_++,
                           .total_tokens = total,
                           .address_length = static_cast<int64_t>(encoded_.size())};
-  // Gloo moves host memory: a GPU stage's states are staged through it.
-  const at::Tensor host_hidden = hidden.to(at::kCPU).contiguous();
-  const at::Tensor addresses =
-      at::from_blob(encoded_.data(), {static_cast<int64_t>(encoded_.size())}, at::kLong);
-  const at::Tensor outgoing[] = {EncodeHeader(header), addresses, host_hidden};
-  absl::Status sent = transport_->Send(outgoing, 1, timeout_);
-  if (!sent.ok()) {
+  // Gloo moves host memory: a GPU stage's states are staged through it. Each posted tensor
+  // owns its storage until it has been sent (the caller reuses its buffers).
+  const at::Tensor outgoing[] = {
+      EncodeHeader(header),
+      at::from_blob(encoded_.data(), {static_cast<int64_t>(encoded_.size())}, at::kLong).clone(),
+      hidden.is_cpu() ? hidden.contiguous().clone() : hidden.to(at::kCPU).contiguous()};
+  if (absl::Status posted = transport_->Post(outgoing, 1); !posted.ok()) {
     broken_ = true;
-    return sent;
+    return posted;
   }
-  at::Tensor result = at::empty({total, hidden_size_}, at::TensorOptions().dtype(dtype_));
+  outstanding_.push_back({.total = total, .device = hidden.device()});
+  return absl::OkStatus();
+}
+
+absl::StatusOr<at::Tensor> Downstream::Collect() {
+  if (outstanding_.empty()) return absl::FailedPreconditionError("nothing was submitted");
+  const Outstanding oldest = outstanding_.front();
+  outstanding_.pop_front();
+  if (broken_) {
+    return absl::UnavailableError("the cloud's pipeline lost a stage; restart its stages");
+  }
+  at::Tensor result = at::empty({oldest.total, hidden_size_}, at::TensorOptions().dtype(dtype_));
   at::Tensor incoming[] = {result};
   absl::Status received = transport_->Receive(incoming, transport_->size() - 1, timeout_);
+  // This step's sends (the oldest posted) completed before its answer could come back;
+  // waiting for them releases their buffers. Later steps' sends may still be pending.
+  if (received.ok()) received = transport_->WaitSent(kTensorsPerStep, timeout_);
   if (!received.ok()) {
     broken_ = true;
     return received;
   }
-  return hidden.is_cpu() ? result : result.to(hidden.device());
+  return oldest.device.is_cpu() ? result : result.to(oldest.device);
+}
+
+absl::StatusOr<at::Tensor> Downstream::Forward(const at::Tensor& hidden,
+                                               std::span<const SequenceChunk> chunks) {
+  TOPHAT_RETURN_IF_ERROR(Submit(hidden, chunks));
+  return Collect();
 }
 
 void Downstream::Shutdown() {
   if (broken_) return;
+  (void)transport_->WaitSent(kTensorsPerStep * outstanding_.size(), timeout_);
   const at::Tensor outgoing[] = {EncodeHeader({.op = StageOp::kShutdown, .step = step_})};
   (void)transport_->Send(outgoing, 1, timeout_);
 }

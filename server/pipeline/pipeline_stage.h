@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <vector>
@@ -35,10 +36,15 @@ class Downstream {
   // every later Forward fails at once (a restart of the stages rebuilds them).
   bool broken() const { return broken_; }
 
-  // The rest of the pipeline over stage 0's output `hidden` ([T, hidden_size], this
+  // Starts the rest of the pipeline on stage 0's output `hidden` ([T, hidden_size], this
   // stage's dtype) for `chunks`, whose caches stage 0's forward has already advanced (each
-  // wrote [length - num_tokens, length)). Returns the last stage's output, on hidden's
-  // device. Unavailable when a stage is gone or does not answer within the timeout.
+  // wrote [length - num_tokens, length)), without waiting for it: up to stages()
+  // submissions may be outstanding, answered in order by Collect.
+  absl::Status Submit(const at::Tensor& hidden, std::span<const SequenceChunk> chunks);
+  // The last stage's output for the oldest outstanding submission, on its hidden's device.
+  // Unavailable when a stage is gone or does not answer within the timeout.
+  absl::StatusOr<at::Tensor> Collect();
+  // Submit, then Collect.
   absl::StatusOr<at::Tensor> Forward(const at::Tensor& hidden,
                                      std::span<const SequenceChunk> chunks);
   // Tells the other stages to exit (best effort).
@@ -54,6 +60,11 @@ class Downstream {
   bool broken_ = false;
   std::vector<ChunkAddress> addresses_;  // reused every step
   std::vector<int64_t> encoded_;
+  struct Outstanding {
+    int64_t total = 0;
+    at::Device device = at::kCPU;
+  };
+  std::deque<Outstanding> outstanding_;
 };
 
 // Serves steps for stage transport.rank() > 0 until stage 0 shuts the pipeline down (OK)

@@ -28,6 +28,11 @@ class StageTransport {
   // Unavailable when the peer is gone or `timeout` passes.
   virtual absl::Status Send(std::span<const at::Tensor> tensors, int peer,
                             std::chrono::milliseconds timeout) = 0;
+  // Starts sending `tensors` to `peer` without waiting: they stay alive and are sent in
+  // order with the transport's other sends. WaitSent waits for the oldest `count` tensors
+  // posted and not yet waited for (all of them when fewer are outstanding).
+  virtual absl::Status Post(std::span<const at::Tensor> tensors, int peer) = 0;
+  virtual absl::Status WaitSent(size_t count, std::chrono::milliseconds timeout) = 0;
   // Receives into `tensors` (contiguous, already of the sender's shapes and dtypes) from
   // stage `peer`, in the order sent. Unavailable when the peer is gone or `timeout` passes.
   virtual absl::Status Receive(std::span<at::Tensor> tensors, int peer,
