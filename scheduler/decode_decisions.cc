@@ -75,7 +75,7 @@ DeviceControl DecideDeviceControl(const DeviceEstimate& device, double bytes_per
          .bytes_per_token = bytes_per_token,
          .uplink_bytes_per_second = device.uplink_bytes_per_second,
          .mean_batched_tokens = mean_batched_tokens,
-         .pipeline_stages = 1,
+         .pipeline_stages = options.pipeline_stages,
          .min_chunk = std::min(options.min_chunk, options.max_chunk),
          .max_chunk = options.max_chunk,
          .max_step_seconds = options.max_step_seconds},

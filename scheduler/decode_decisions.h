@@ -61,6 +61,9 @@ struct DeviceControlOptions {
   int64_t max_chunk = 2048;            // limits.max_chunk_tokens
   double max_step_seconds = 0;         // scheduler.max_step_seconds
   int64_t max_draft_steps = 8;         // scheduler.max_draft_steps
+  // P: the cloud's pipeline stages, which work on P micro-batches at once (HAT's Eq. 3
+  // divides the step time the chunk's upload overlaps by P).
+  int64_t pipeline_stages = 1;
 };
 
 // What the cloud tells one device, and which values came from its measurements.

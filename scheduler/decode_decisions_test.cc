@@ -201,6 +201,12 @@ TEST_CASE("A device's control uses its measurements only where they are known, e
     CHECK(got.draft_steps == r.expected.draft_steps);
     CHECK(got.draft_steps_measured == r.expected.draft_steps_measured);
   }
+  // Two pipeline stages work on two micro-batches at once, so the upload need only cover
+  // half of the two steps: X·0.2048 ms ≥ (14.4 ms + 0.05 ms·X) / 2, X ≥ 40.04: 41.
+  DeviceControlOptions piped = options;
+  piped.pipeline_stages = 2;
+  CHECK(DecideDeviceControl({.uplink_bytes_per_second = 40e6}, 8192, 64, g, piped)
+            .prompt_chunk_size == 41);
 }
 
 TEST_CASE("The adaptive draft window clamps and smooths its prediction", "[scheduler]") {

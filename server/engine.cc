@@ -356,7 +356,8 @@ void Engine::DecideForStream(StreamId stream) {
        .min_chunk = options_.min_prompt_chunk,
        .max_chunk = options_.max_chunk_tokens,
        .max_step_seconds = options_.max_step_seconds,
-       .max_draft_steps = options_.max_draft_steps});
+       .max_draft_steps = options_.max_draft_steps,
+       .pipeline_stages = options_.downstream != nullptr ? options_.downstream->stages() : 1});
   if (!decided.chunk_size_measured && !decided.draft_steps_measured) return;
   v1::Control control = options_.control;
   control.set_prompt_chunk_size(static_cast<uint32_t>(decided.prompt_chunk_size));
