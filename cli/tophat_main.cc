@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "cli/plan_command.h"
 #include "cli/serving_commands.h"
 #include "bench/model_benchmark.h"
 #include "models/runtime/bundle.h"
@@ -325,6 +326,34 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::IsMember({"bench-110m", "tiny"}));
   init_cmd->add_option("--seed", init_seed)->capture_default_str();
 
+  tophat::cli::PlanArgs plan;
+  auto* plan_cmd = app.add_subcommand(
+      "plan", "Choose the cloud's pipeline stages: profile each device's layer times, run "
+              "EdgeShard's planner, print the plan against an even split and its config lines");
+  plan_cmd->add_option("--model", plan.model_dir, "Hugging Face checkpoint directory")
+      ->required()->check(CLI::ExistingDirectory);
+  plan_cmd->add_option("--input-layers,-m", plan.input_layers, "The middle starts at layer m")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  plan_cmd->add_option("--output-layers,-k", plan.output_layers,
+                       "... and ends k layers before the last")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  plan_cmd->add_option("--device", plan.devices,
+                       "A stage device, stage 0 first (repeat): cpu, cpu:THREADS, cuda, cuda:N")
+      ->required();
+  plan_cmd->add_option("--memory-gib", plan.memory_gib,
+                       "Memory each device can give the layers, one per --device (default: no "
+                       "limit)");
+  plan_cmd->add_option("--link-mb-s", plan.link_mb_per_s, "Bandwidth between stage devices")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  plan_cmd->add_option("--tokens", plan.tokens, "Positions per profiled step")
+      ->capture_default_str()->check(CLI::Range(1, 65536));
+  plan_cmd->add_option("--repetitions", plan.repetitions, "Timed runs per layer (median)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  plan_cmd->add_option("--objective", plan.objective,
+                       "throughput (micro-batches in flight: the slowest stage) or latency (one "
+                       "step through every stage)")
+      ->capture_default_str()->check(CLI::IsMember({"throughput", "latency"}));
+
   tophat::cli::ChatArgs chat;
   auto* chat_cmd = app.add_subcommand(
       "chat", "Talk to a running tophat-agent (one prompt per line, or --prompt once)");
@@ -425,6 +454,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (*chat_cmd) return tophat::cli::RunChat(chat);
+  if (*plan_cmd) return tophat::cli::RunPlan(plan);
   if (*serve_bench_cmd && run_ablation) {
     ablation.datasets.clear();
     for (const auto& part : CLI::detail::split(ablation_datasets, ',')) {

@@ -24,3 +24,15 @@ for split in "1 0" "2 1"; do
   done
 done
 echo "split generation matches the monolithic model"
+
+# `tophat plan` profiles the toy model's middle [2, 5) on two stage devices and prints a plan
+# that covers it, with the config lines for the cloud; a device with too little memory for
+# any placement is refused by name.
+"$bin" plan --model "$model" --device cpu:1 --device cpu:1 --repetitions 1 > "$work/plan.txt"
+grep -q "^  layer_boundaries: \[2, [34], 5\]$" "$work/plan.txt" || { cat "$work/plan.txt"; exit 1; }
+grep -q "^  devices: \[cpu, cpu\]$" "$work/plan.txt"
+if "$bin" plan --model "$model" --device cpu --memory-gib 0.000001 > "$work/plan.txt" 2>&1; then
+  echo "plan accepted a device too small for the layers"; exit 1
+fi
+grep -q "fits the devices' memory" "$work/plan.txt"
+echo "tophat plan prints a plan for the cloud's config"
