@@ -222,4 +222,57 @@ absl::StatusOr<LayerPlan> PlanLayers(const PlannerInputs& inputs, PlanObjective 
   return plan;
 }
 
+absl::StatusOr<LayerPlan> PlanStagesInOrder(const PlannerInputs& inputs,
+                                            PlanObjective objective) {
+  if (absl::Status valid = CheckInputs(inputs); !valid.ok()) return valid;
+  const size_t stages = inputs.devices.size();
+  const size_t layers = inputs.layer_bytes.size();
+  if (stages > layers) {
+    return absl::ResourceExhaustedError(absl::StrCat(stages, " stages cannot each hold one of ",
+                                                     layers, " layers"));
+  }
+  const Prefix prefix = MakePrefix(inputs);
+  // best[s][m]: the first m layers on stages 0..s, stage s ending at m; cut[s][m] its start.
+  std::vector<std::vector<double>> best(stages, std::vector<double>(layers + 1, kInf));
+  std::vector<std::vector<size_t>> cut(stages, std::vector<size_t>(layers + 1, 0));
+  for (size_t m = 1; m <= layers; ++m) {
+    if (prefix.Bytes(0, m) <= inputs.devices[0].memory_bytes) {
+      best[0][m] = StageCost(objective, prefix.Seconds(0, 0, m), 0);
+    }
+  }
+  for (size_t s = 1; s < stages; ++s) {
+    const double incoming = inputs.transfer_seconds[s - 1][s];
+    for (size_t m = s + 1; m <= layers; ++m) {
+      for (size_t i = s; i < m; ++i) {
+        if (best[s - 1][i] == kInf || prefix.Bytes(i, m) > inputs.devices[s].memory_bytes) {
+          continue;
+        }
+        const double cost = Combine(objective, best[s - 1][i],
+                                    StageCost(objective, prefix.Seconds(s, i, m), incoming));
+        if (cost < best[s][m]) {
+          best[s][m] = cost;
+          cut[s][m] = i;
+        }
+      }
+    }
+  }
+  const double total = best[stages - 1][layers];
+  if (total == kInf) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no split of the ", layers, " layers over the ", stages, " stages fits their memory"));
+  }
+  LayerPlan plan;
+  plan.predicted_seconds =
+      Combine(objective, total, inputs.transfer_seconds[stages - 1][0]);
+  plan.boundaries.assign(stages + 1, 0);
+  plan.boundaries[stages] = static_cast<int64_t>(layers);
+  size_t m = layers;
+  for (size_t s = stages - 1; s > 0; --s) {
+    m = cut[s][m];
+    plan.boundaries[s] = static_cast<int64_t>(m);
+  }
+  for (size_t s = 0; s < stages; ++s) plan.devices.push_back(static_cast<int>(s));
+  return plan;
+}
+
 }  // namespace tophat

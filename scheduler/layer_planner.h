@@ -55,6 +55,12 @@ absl::StatusOr<LayerPlan> PlanLayers(const PlannerInputs& inputs, PlanObjective 
 absl::StatusOr<double> EvaluatePlan(const PlannerInputs& inputs, const LayerPlan& plan,
                                     PlanObjective objective);
 
+// The best split of the layers over every device in the given order (device i is stage i,
+// each gets at least one layer): the plan for processes that are already placed, as
+// tophat-cloud's `pipeline.planned_stages` is. O(P N^2). Errors as PlanLayers, and
+// ResourceExhausted when there are more devices than layers.
+absl::StatusOr<LayerPlan> PlanStagesInOrder(const PlannerInputs& inputs, PlanObjective objective);
+
 // Boundaries that give each of `stages` stages as equal a number of the `layers` as can be.
 std::vector<int64_t> EvenBoundaries(int64_t layers, int64_t stages);
 

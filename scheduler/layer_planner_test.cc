@@ -97,6 +97,49 @@ TEST_CASE("The layer planner's DPs find the brute-force optimum on small cases",
   CHECK(feasible > 60);  // most cases fit, so the comparison is not vacuous
 }
 
+TEST_CASE("Planning stages in a fixed order finds the best split of all of them",
+          "[scheduler]") {
+  std::mt19937 rng(29);
+  for (int trial = 0; trial < 40; ++trial) {
+    const size_t devices = 1 + trial % 3;
+    const size_t layers = devices + trial % 5;
+    PlannerInputs in = RandomInputs(rng, devices, layers);
+    for (auto& device : in.devices) device.memory_bytes = 100;  // fixed order must fit
+    for (PlanObjective objective : {PlanObjective::kLatency, PlanObjective::kThroughput}) {
+      // Every split of the layers into `devices` non-empty ranges, devices in order.
+      double want = std::numeric_limits<double>::infinity();
+      std::vector<int> order(devices);
+      for (size_t d = 0; d < devices; ++d) order[d] = static_cast<int>(d);
+      std::vector<int64_t> cuts;
+      std::function<void(int64_t)> cut = [&](int64_t from) {
+        if (cuts.size() == devices - 1) {
+          LayerPlan plan{.devices = order};
+          plan.boundaries.push_back(0);
+          plan.boundaries.insert(plan.boundaries.end(), cuts.begin(), cuts.end());
+          plan.boundaries.push_back(static_cast<int64_t>(layers));
+          auto cost = EvaluatePlan(in, plan, objective);
+          if (cost.ok()) want = std::min(want, *cost);
+          return;
+        }
+        for (int64_t c = from; c < static_cast<int64_t>(layers); ++c) {
+          cuts.push_back(c);
+          cut(c + 1);
+          cuts.pop_back();
+        }
+      };
+      cut(1);
+      auto plan = PlanStagesInOrder(in, objective);
+      INFO("trial " << trial);
+      REQUIRE(plan.ok());
+      CHECK(plan->devices == order);
+      CHECK(plan->predicted_seconds == Approx(want));
+      auto evaluated = EvaluatePlan(in, *plan, objective);
+      REQUIRE(evaluated.ok());
+      CHECK(*evaluated == Approx(plan->predicted_seconds));
+    }
+  }
+}
+
 TEST_CASE("On a fast and a slow device the planner gives the fast one more layers",
           "[scheduler]") {
   PlannerInputs in;
