@@ -17,6 +17,7 @@
 #include "models/formats/checkpoint.h"
 #include "models/formats/config.h"
 #include "models/runtime/compute_threads.h"
+#include "models/runtime/layer_profile.h"
 #include "models/runtime/submodel.h"
 #include "scheduler/layer_planner.h"
 
@@ -46,11 +47,6 @@ absl::StatusOr<DeviceSpec> ParseDevice(const std::string& text) {
         absl::StrCat("--device ", text, ": expected cpu, cpu:THREADS, cuda or cuda:N"));
   }
   return spec;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 }  // namespace
@@ -94,29 +90,11 @@ int RunPlan(const PlanArgs& args) {
                          .memory_bytes = args.memory_gib.empty()
                                              ? std::numeric_limits<double>::infinity()
                                              : args.memory_gib[d] * double(1 << 30)};
-    for (size_t l = 0; l < layers; ++l) {
-      const int64_t layer = begin + static_cast<int64_t>(l);
-      auto model = Submodel::Load(*config, **checkpoint, {.layers = {layer, layer + 1}},
-                                  {.dtype = at::kFloat, .device = spec->device,
-                                   .max_context = args.tokens, .huge_pages = false});
-      if (!model.ok()) return Fail(model.status());
-      inputs.layer_bytes[l] = static_cast<double>((*model)->WeightBytes());
-      const at::Tensor hidden =
-          at::randn({args.tokens, config->hidden_size}).to(spec->device);
-      std::vector<double> times;
-      for (int r = 0; r <= args.repetitions; ++r) {  // the first is a warm-up
-        KvCache cache = (*model)->NewCache(args.tokens);
-        const auto start = std::chrono::steady_clock::now();
-        auto out = (*model)->Forward(hidden, cache);
-        if (!out.ok()) return Fail(out.status());
-        (void)out->sum().item<double>();  // waits for a GPU's queue
-        if (r > 0) {
-          times.push_back(
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-        }
-      }
-      device.layer_seconds.push_back(Median(times));
-    }
+    auto profile = ProfileLayers(*config, **checkpoint, {begin, end}, spec->device, args.tokens,
+                                 args.repetitions);
+    if (!profile.ok()) return Fail(profile.status());
+    inputs.layer_bytes = profile->bytes;
+    device.layer_seconds = profile->seconds;
     double total = 0;
     for (double t : device.layer_seconds) total += t;
     std::printf("  %-10s %8.2f ms for all %zu layers\n", device.name.c_str(), 1e3 * total,

@@ -72,6 +72,19 @@ void CheckCloudConfig(const CloudConfig& config, bool require_bundle, Report&& r
   check("log_level", CheckLogLevel(config.log_level));
 
   const CloudConfig::Pipeline& pipeline = config.pipeline;
+  if (pipeline.planned_stages == 1) {
+    report("pipeline.planned_stages", "1 is one stage; use 0 (no pipeline) or 2 and more", "");
+  }
+  if (pipeline.planned_stages > 0 && !pipeline.layer_boundaries.empty()) {
+    report("pipeline.planned_stages",
+           "set either planned_stages (the planner chooses the layers) or layer_boundaries, "
+           "not both",
+           "pipeline.layer_boundaries");
+  }
+  if (pipeline.planned_stages > 1 && pipeline.rendezvous_address.empty()) {
+    report("pipeline.rendezvous_address", "required with pipeline.planned_stages",
+           "pipeline.planned_stages");
+  }
   if (!pipeline.layer_boundaries.empty()) {
     if (pipeline.layer_boundaries.size() < 3) {
       report("pipeline.layer_boundaries",
@@ -172,6 +185,8 @@ absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
     }
     config.pipeline.layer_boundaries.push_back(layer);
   }
+  reader.ReadInt("pipeline.planned_stages", &config.pipeline.planned_stages,
+                 Bound::kNonNegative);
   reader.ReadStringList("pipeline.devices", &config.pipeline.devices);
   reader.ReadSeconds("pipeline.timeout_s", &config.pipeline.timeout_s, Bound::kPositive);
   reader.ReadSeconds("limits.session_timeout_s", &config.limits.session_timeout_s,

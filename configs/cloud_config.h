@@ -55,9 +55,13 @@ struct CloudConfig {
     // P + 1 increasing layer numbers: stage i runs [b_i, b_{i+1}); the first and last are
     // the bundle's middle. Empty: no pipeline.
     std::vector<int64_t> layer_boundaries;
+    // Instead of layer_boundaries: this many stages, whose layers the planner chooses at
+    // start-up from each stage's own profile (0: use layer_boundaries).
+    int64_t planned_stages = 0;
     std::vector<std::string> devices;  // per stage; empty: `device` for every stage
     double timeout_s = 60;  // to meet at start-up, and for each transfer within a step
     int64_t stages() const {
+      if (planned_stages > 0) return planned_stages;
       return layer_boundaries.empty() ? 1 : static_cast<int64_t>(layer_boundaries.size()) - 1;
     }
     bool operator==(const Pipeline&) const = default;

@@ -173,6 +173,11 @@ TEST_CASE("A KV pool fraction is of free GPU memory, below 1, and not for the CP
              Catch::Contains("kv_cache.memory_fraction: sizes the pool from free GPU memory, but "
                              "device is cpu"));
   CHECK_THAT(ErrorOf("bundle: x\ncompute_threads: -1\n"), Catch::Contains("compute_threads"));
+  CHECK_THAT(ErrorOf("bundle: x\npipeline:\n  rendezvous_address: \"h:1\"\n  planned_stages: 2\n"
+                     "  layer_boundaries: [2, 3, 5]\n"),
+             Catch::Contains("set either planned_stages"));
+  CHECK_THAT(ErrorOf("bundle: x\npipeline:\n  planned_stages: 2\n"),
+             Catch::Contains("pipeline.rendezvous_address: required with pipeline.planned_stages"));
   auto config = ParseCloudConfig("bundle: x\ndevice: cuda:0\nkv_cache:\n  memory_fraction: 0.9\n",
                                  "cloud.yaml");
   REQUIRE(config.ok());

@@ -41,11 +41,23 @@ using tophat::CloudConfig;
 // Set by the engine thread when a pipeline stage is lost; the exit code tells systemd.
 std::atomic<bool> pipeline_lost{false};
 
-int Run(const CloudConfig& config) {
-  spdlog::set_level(spdlog::level::from_str(config.log_level));
-  if (absl::Status threads = tophat::SetComputeThreads(static_cast<int>(config.compute_threads));
+int Run(const CloudConfig& written) {
+  spdlog::set_level(spdlog::level::from_str(written.log_level));
+  if (absl::Status threads = tophat::SetComputeThreads(static_cast<int>(written.compute_threads));
       !threads.ok()) {
     return Fail(threads);
+  }
+  // With a pipeline, stage 0 serves the stages' rendezvous, where (with planned_stages)
+  // the layer boundaries are decided before anyone loads its layers.
+  std::unique_ptr<tophat::pipeline::Rendezvous> rendezvous;
+  CloudConfig config = written;
+  if (written.pipeline.stages() > 1) {
+    auto joined = tophat::JoinStages(written, 0);
+    if (!joined.ok()) return Fail(joined.status());
+    rendezvous = std::move(*joined);
+    auto decided = tophat::DecideBoundaries(written, 0, *rendezvous);
+    if (!decided.ok()) return Fail(decided.status());
+    config = *std::move(decided);
   }
   auto dtype = tophat::ParseTorchDtypeName(config.dtype, "dtype");
   if (!dtype.ok()) return Fail(dtype.status());
@@ -129,7 +141,7 @@ int Run(const CloudConfig& config) {
   engine_options.max_draft_steps = config.scheduler.max_draft_steps;
   std::unique_ptr<tophat::pipeline::Downstream> downstream;
   if (config.pipeline.stages() > 1) {
-    auto connected = tophat::ConnectStages(config, *bundle, *dtype, num_blocks);
+    auto connected = tophat::ConnectStages(config, *bundle, *dtype, num_blocks, *rendezvous);
     if (!connected.ok()) return Fail(connected.status());
     downstream = std::move(*connected);
     engine_options.downstream = downstream.get();

@@ -1,6 +1,8 @@
 #include "server/cloud_stages.h"
 
 #include <chrono>
+#include <filesystem>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -8,11 +10,15 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/program.h"
 #include "base/status_macros.h"
 #include "models/formats/config.h"
+#include "models/formats/checkpoint.h"
 #include "models/runtime/compute_threads.h"
+#include "models/runtime/layer_profile.h"
+#include "scheduler/layer_planner.h"
 #include "server/pipeline/stage_transport.h"
 
 namespace tophat {
@@ -66,11 +72,80 @@ std::string DescribeStage(const BundleManifest& manifest, const ModelConfig& mod
                       ", layers [", layers.begin, ", ", layers.end, ") in ", dtype);
 }
 
+absl::StatusOr<std::unique_ptr<pipeline::Rendezvous>> JoinStages(const CloudConfig& config,
+                                                                 int rank) {
+  return pipeline::Rendezvous::Join(RendezvousFor(config, rank));
+}
+
+absl::StatusOr<CloudConfig> DecideBoundaries(const CloudConfig& config, int rank,
+                                             pipeline::Rendezvous& rendezvous) {
+  if (config.pipeline.planned_stages == 0) return config;
+  const int stages = static_cast<int>(config.pipeline.stages());
+  TOPHAT_ASSIGN_OR_RETURN(BundleManifest manifest, BundleManifest::Load(config.bundle));
+  TOPHAT_ASSIGN_OR_RETURN(ModelConfig model,
+                          ModelConfig::Load(std::filesystem::path(config.bundle) / "config.json"));
+  TOPHAT_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> checkpoint,
+                          CheckpointReader::Open(config.bundle));
+  const std::string device =
+      config.pipeline.devices.empty() ? config.device : config.pipeline.devices[rank];
+  const LayerRange middle = manifest.middle_layers;
+  spdlog::info("stage {}: profiling layers [{}, {}) on {} for the layer planner", rank,
+               middle.begin, middle.end, device);
+  TOPHAT_ASSIGN_OR_RETURN(LayerProfile profile,
+                          ProfileLayers(model, *checkpoint, middle, at::Device(device),
+                                        /*tokens=*/64, /*repetitions=*/5));
+  CloudConfig decided = config;
+  decided.pipeline.planned_stages = 0;
+  if (rank > 0) {
+    TOPHAT_RETURN_IF_ERROR(
+        rendezvous.Set(absl::StrCat("profile/", rank), absl::StrJoin(profile.seconds, " ")));
+  } else {
+    PlannerInputs inputs;
+    inputs.layer_bytes = profile.bytes;
+    for (int s = 0; s < stages; ++s) {
+      PlannerDevice planned{.name = absl::StrCat("stage ", s),
+                            .memory_bytes = std::numeric_limits<double>::infinity()};
+      if (s == 0) {
+        planned.layer_seconds = profile.seconds;
+      } else {
+        TOPHAT_ASSIGN_OR_RETURN(std::string text, rendezvous.Get(absl::StrCat("profile/", s)));
+        for (absl::string_view part : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+          double seconds = 0;
+          if (!absl::SimpleAtod(part, &seconds)) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("pipeline: stage ", s, " sent a malformed profile"));
+          }
+          planned.layer_seconds.push_back(seconds);
+        }
+      }
+      inputs.devices.push_back(std::move(planned));
+    }
+    // Transfers are left out: on one host (loopback) they are small against a layer, and
+    // across hosts the planner has no measured link yet.
+    inputs.transfer_seconds.assign(stages, std::vector<double>(stages, 0));
+    TOPHAT_ASSIGN_OR_RETURN(LayerPlan plan,
+                            PlanStagesInOrder(inputs, PlanObjective::kThroughput));
+    std::vector<int64_t> boundaries;
+    for (int64_t b : plan.boundaries) boundaries.push_back(middle.begin + b);
+    spdlog::info("pipeline: planned layer boundaries [{}], slowest stage {:.2f} ms",
+                 absl::StrJoin(boundaries, ", "), 1e3 * plan.predicted_seconds);
+    TOPHAT_RETURN_IF_ERROR(rendezvous.Set("boundaries", absl::StrJoin(boundaries, " ")));
+  }
+  TOPHAT_ASSIGN_OR_RETURN(std::string text, rendezvous.Get("boundaries"));
+  for (absl::string_view part : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    int64_t layer = 0;
+    if (!absl::SimpleAtoi(part, &layer)) {
+      return absl::InternalError(absl::StrCat("pipeline: malformed boundaries '", text, "'"));
+    }
+    decided.pipeline.layer_boundaries.push_back(layer);
+  }
+  return decided;
+}
+
 absl::StatusOr<std::unique_ptr<pipeline::Downstream>> ConnectStages(
     const CloudConfig& config, const CloudBundle& bundle, at::ScalarType dtype,
-    int64_t kv_num_blocks) {
-  TOPHAT_ASSIGN_OR_RETURN(std::unique_ptr<pipeline::Rendezvous> rendezvous,
-                          pipeline::Rendezvous::Join(RendezvousFor(config, 0)));
+    int64_t kv_num_blocks, pipeline::Rendezvous& rendezvous_ref) {
+  pipeline::Rendezvous* rendezvous = &rendezvous_ref;
   const int stages = static_cast<int>(config.pipeline.stages());
   TOPHAT_RETURN_IF_ERROR(rendezvous->Set(
       kPoolKey, absl::StrCat(kv_num_blocks, " ", config.kv_cache.block_size)));
@@ -98,12 +173,22 @@ absl::StatusOr<std::unique_ptr<pipeline::Downstream>> ConnectStages(
       bundle.manifest.middle_layers.end, Timeout(config));
 }
 
-int RunLaterStage(const CloudConfig& config, int rank) {
-  spdlog::set_level(spdlog::level::from_str(config.log_level));
-  if (absl::Status threads = SetComputeThreads(static_cast<int>(config.compute_threads));
+int RunLaterStage(const CloudConfig& written, int rank) {
+  spdlog::set_level(spdlog::level::from_str(written.log_level));
+  if (absl::Status threads = SetComputeThreads(static_cast<int>(written.compute_threads));
       !threads.ok()) {
     return Fail(threads);
   }
+  if (rank <= 0 || rank >= written.pipeline.stages()) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--stage ", rank, ": the config's pipeline has stages 1..", written.pipeline.stages() - 1,
+        " besides stage 0 (tophat-cloud without --stage)")));
+  }
+  auto rendezvous = JoinStages(written, rank);
+  if (!rendezvous.ok()) return Fail(rendezvous.status());
+  auto decided = DecideBoundaries(written, rank, **rendezvous);
+  if (!decided.ok()) return Fail(decided.status());
+  const CloudConfig& config = *decided;
   auto manifest = BundleManifest::Load(config.bundle);
   if (!manifest.ok()) return Fail(manifest.status());
   auto plan = PlanStage(config, rank, manifest->middle_layers);
@@ -119,8 +204,6 @@ int RunLaterStage(const CloudConfig& config, int rank) {
       plan->layers);
   if (!bundle.ok()) return Fail(bundle.status());
 
-  auto rendezvous = pipeline::Rendezvous::Join(RendezvousFor(config, rank));
-  if (!rendezvous.ok()) return Fail(rendezvous.status());
   const std::string self =
       DescribeStage(bundle->manifest, bundle->config, config.dtype, plan->layers);
   if (absl::Status set = (*rendezvous)->Set(StageKey(rank), self); !set.ok()) return Fail(set);

@@ -30,11 +30,23 @@ absl::StatusOr<StagePlan> PlanStage(const CloudConfig& config, int rank, LayerRa
 std::string DescribeStage(const BundleManifest& manifest, const ModelConfig& model,
                           const std::string& dtype, LayerRange layers);
 
-// Stage 0: meets the other stages, checks each one's description against what the config
-// gives it, tells them the KV pool's shape, and returns the link to them.
+// Joins the stages' rendezvous as stage `rank` (stage 0 serves it).
+absl::StatusOr<std::unique_ptr<pipeline::Rendezvous>> JoinStages(const CloudConfig& config,
+                                                                 int rank);
+
+// The config with its pipeline's layer boundaries decided: as written, or with
+// `planned_stages`, planned at start-up. Then every stage profiles its own device over the
+// bundle's middle layers (models/runtime/layer_profile.h) and publishes the profile; stage 0
+// runs the layer planner over them (the slowest stage as short as it can be, stages in their
+// order) and publishes the boundaries every stage then loads.
+absl::StatusOr<CloudConfig> DecideBoundaries(const CloudConfig& config, int rank,
+                                             pipeline::Rendezvous& rendezvous);
+
+// Stage 0: checks each other stage's description against what the config gives it, tells
+// them the KV pool's shape, and returns the link to them.
 absl::StatusOr<std::unique_ptr<pipeline::Downstream>> ConnectStages(
     const CloudConfig& config, const CloudBundle& bundle, at::ScalarType dtype,
-    int64_t kv_num_blocks);
+    int64_t kv_num_blocks, pipeline::Rendezvous& rendezvous);
 
 // Stages 1..P-1 (`tophat-cloud --stage N`): loads its layers, meets stage 0 and serves
 // steps until stage 0 shuts the pipeline down. Returns the process's exit code.

@@ -129,6 +129,7 @@ struct CloudSettings {
   // pipeline.layer_boundaries: empty for one stage; e.g. {2, 4, 5} for two stages of the
   // toy model's middle [2, 5), each stage its own process.
   std::vector<int> layer_boundaries;
+  int planned_stages = 0;  // pipeline.planned_stages: the planner chooses the boundaries
 };
 
 class CloudProcess {
@@ -156,15 +157,21 @@ class CloudProcess {
                            << "drain_grace_period_s: " << settings.drain_grace_period_s << "\n"
                            << "metrics_address: \"127.0.0.1:" << metrics_port_ << "\"\n"
                            << "compute_threads: " << settings.compute_threads << "\n";
-    if (!settings.layer_boundaries.empty()) {
+    if (!settings.layer_boundaries.empty() || settings.planned_stages > 0) {
       std::ofstream config(config_, std::ios::app);
       config << "pipeline:\n  rendezvous_address: \"127.0.0.1:" << testing::FreePort()
-             << "\"\n  timeout_s: 30\n  layer_boundaries: [";
-      for (size_t i = 0; i < settings.layer_boundaries.size(); ++i) {
-        config << (i > 0 ? ", " : "") << settings.layer_boundaries[i];
+             << "\"\n  timeout_s: 30\n";
+      if (settings.planned_stages > 0) {
+        config << "  planned_stages: " << settings.planned_stages << "\n";
+        stages_ = settings.planned_stages;
+      } else {
+        config << "  layer_boundaries: [";
+        for (size_t i = 0; i < settings.layer_boundaries.size(); ++i) {
+          config << (i > 0 ? ", " : "") << settings.layer_boundaries[i];
+        }
+        config << "]\n";
+        stages_ = static_cast<int>(settings.layer_boundaries.size()) - 1;
       }
-      config << "]\n";
-      stages_ = static_cast<int>(settings.layer_boundaries.size()) - 1;
     }
     Start(dir);
   }
@@ -773,9 +780,12 @@ TEST_CASE("Speculative decoding with parallel drafting reproduces monolithic gre
 TEST_CASE("Two and three pipeline stages over Gloo reproduce the monolithic greedy tokens",
           "[serving][pipeline]") {
   testing::TempDir dir;
-  // The toy model's middle is layers [2, 5): split after layer 3, and after 2 and 3.
-  for (const std::vector<int>& boundaries : {std::vector<int>{2, 4, 5}, {2, 3, 4, 5}}) {
-    CloudProcess cloud(dir.path(), {.max_batch_tokens = 48, .layer_boundaries = boundaries});
+  // The toy model's middle is layers [2, 5): split after layer 3, after 2 and 3, and where
+  // the planner puts the cut for two stages from their profiles.
+  for (const std::vector<int>& boundaries : {std::vector<int>{2, 4, 5}, {2, 3, 4, 5}, {}}) {
+    CloudProcess cloud(dir.path(), {.max_batch_tokens = 48,
+                                    .layer_boundaries = boundaries,
+                                    .planned_stages = boundaries.empty() ? 2 : 0});
     // Speculative decoding (the default) verifies drafts and rolls KV back on every stage;
     // chunk 8 splits prompts into several prefill chunks batched with decodes.
     AgentProcess agent(dir.path(), cloud, 8);
@@ -794,7 +804,7 @@ TEST_CASE("Two and three pipeline stages over Gloo reproduce the monolithic gree
     int64_t drafted = 0;
     for (size_t i = 0; i < futures.size(); ++i) {
       absl::StatusOr<GenerateResult> result = futures[i].get();
-      INFO(boundaries.size() - 1 << " stages, prompt " << i);
+      INFO((boundaries.empty() ? 2 : boundaries.size() - 1) << " stages, prompt " << i);
       REQUIRE(result.ok());
       INFO(result->error);
       REQUIRE(result->ok());
@@ -807,6 +817,10 @@ TEST_CASE("Two and three pipeline stages over Gloo reproduce the monolithic gree
     CHECK(accepted < drafted);
     REQUIRE(testing::WaitUntil([&] { return cloud.Metric("tophat_kv_cache_usage_ratio") == 0; },
                                5s));
+    if (boundaries.empty()) {
+      CHECK(cloud.process().Log().find("pipeline: planned layer boundaries [2, ") !=
+            std::string::npos);
+    }
   }
 }
 
