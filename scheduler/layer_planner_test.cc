@@ -29,6 +29,27 @@ PlannerInputs RandomInputs(std::mt19937& rng, size_t devices, size_t layers) {
   return in;
 }
 
+// Calls `visit` with the boundaries of every split of `layers` into `stages` non-empty
+// ranges (0, the cuts in increasing order, layers).
+void ForEachSplit(int64_t layers, size_t stages,
+                  const std::function<void(const std::vector<int64_t>&)>& visit) {
+  std::vector<int64_t> boundaries = {0};
+  std::function<void(int64_t)> cut = [&](int64_t from) {
+    if (boundaries.size() == stages) {
+      boundaries.push_back(layers);
+      visit(boundaries);
+      boundaries.pop_back();
+      return;
+    }
+    for (int64_t c = from; c < layers; ++c) {
+      boundaries.push_back(c);
+      cut(c + 1);
+      boundaries.pop_back();
+    }
+  };
+  if (static_cast<int64_t>(stages) <= layers) cut(1);
+}
+
 // Every plan: each ordered choice of distinct devices after device 0, each split of the
 // layers into that many non-empty ranges.
 double BruteForce(const PlannerInputs& in, PlanObjective objective) {
@@ -37,28 +58,10 @@ double BruteForce(const PlannerInputs& in, PlanObjective objective) {
   double best = std::numeric_limits<double>::infinity();
   std::vector<int> order = {0};
   std::function<void()> extend = [&] {
-    const size_t stages = order.size();
-    if (static_cast<int64_t>(stages) <= layers) {
-      // All boundary choices: stages - 1 cut points among 1..layers-1, increasing.
-      std::vector<int64_t> cuts;
-      std::function<void(int64_t)> cut = [&](int64_t from) {
-        if (cuts.size() == stages - 1) {
-          LayerPlan plan{.devices = order};
-          plan.boundaries.push_back(0);
-          plan.boundaries.insert(plan.boundaries.end(), cuts.begin(), cuts.end());
-          plan.boundaries.push_back(layers);
-          auto cost = EvaluatePlan(in, plan, objective);
-          if (cost.ok()) best = std::min(best, *cost);
-          return;
-        }
-        for (int64_t c = from; c < layers; ++c) {
-          cuts.push_back(c);
-          cut(c + 1);
-          cuts.pop_back();
-        }
-      };
-      cut(1);
-    }
+    ForEachSplit(layers, order.size(), [&](const std::vector<int64_t>& boundaries) {
+      auto cost = EvaluatePlan(in, {.devices = order, .boundaries = boundaries}, objective);
+      if (cost.ok()) best = std::min(best, *cost);
+    });
     for (size_t d = 1; d < devices; ++d) {
       if (std::find(order.begin(), order.end(), static_cast<int>(d)) != order.end()) continue;
       order.push_back(static_cast<int>(d));
@@ -110,24 +113,12 @@ TEST_CASE("Planning stages in a fixed order finds the best split of all of them"
       double want = std::numeric_limits<double>::infinity();
       std::vector<int> order(devices);
       for (size_t d = 0; d < devices; ++d) order[d] = static_cast<int>(d);
-      std::vector<int64_t> cuts;
-      std::function<void(int64_t)> cut = [&](int64_t from) {
-        if (cuts.size() == devices - 1) {
-          LayerPlan plan{.devices = order};
-          plan.boundaries.push_back(0);
-          plan.boundaries.insert(plan.boundaries.end(), cuts.begin(), cuts.end());
-          plan.boundaries.push_back(static_cast<int64_t>(layers));
-          auto cost = EvaluatePlan(in, plan, objective);
-          if (cost.ok()) want = std::min(want, *cost);
-          return;
-        }
-        for (int64_t c = from; c < static_cast<int64_t>(layers); ++c) {
-          cuts.push_back(c);
-          cut(c + 1);
-          cuts.pop_back();
-        }
-      };
-      cut(1);
+      ForEachSplit(static_cast<int64_t>(layers), devices,
+                   [&](const std::vector<int64_t>& boundaries) {
+                     auto cost =
+                         EvaluatePlan(in, {.devices = order, .boundaries = boundaries}, objective);
+                     if (cost.ok()) want = std::min(want, *cost);
+                   });
       auto plan = PlanStagesInOrder(in, objective);
       INFO("trial " << trial);
       REQUIRE(plan.ok());

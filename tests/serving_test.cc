@@ -564,26 +564,44 @@ TEST_CASE("Cancelling a request through the SDK ends it and frees its cloud KV",
   CHECK_FALSE(*unknown);
 }
 
+// A 600-token greedy request started through `agent`, under way (20 tokens generated on
+// `cloud`) when the constructor returns: the workload of the fault tests, which break the
+// cloud under it and then check that it finished, after a reconnect, with the right tokens.
+class LongGeneration {
+ public:
+  LongGeneration(AgentProcess& agent, const CloudProcess& cloud)
+      : prompt_(Tokenize(ToyPrompts(9, 1)[0])) {
+    pending_ = std::async(std::launch::async, [this, &agent] {
+      return agent.client().Generate(IdsRequest(prompt_, kMaxNewTokens, /*ignore_eos=*/true));
+    });
+    REQUIRE(testing::WaitUntil(
+        [&] { return cloud.Metric("tophat_generation_tokens_total") >= 20; }, 30s));
+  }
+
+  void CheckSurvived() {
+    absl::StatusOr<GenerateResult> result = pending_.get();
+    REQUIRE(result.ok());
+    INFO(result->error);
+    REQUIRE(result->ok());
+    CHECK(result->stats.reconnects() >= 1);
+    CHECK(Tokens(*result) == Reference(prompt_, kMaxNewTokens, /*stop_at_eos=*/false));
+  }
+
+ private:
+  static constexpr int64_t kMaxNewTokens = 600;
+  std::vector<int32_t> prompt_;
+  std::future<absl::StatusOr<GenerateResult>> pending_;
+};
+
 TEST_CASE("A cloud restart mid-generation is survived with the right tokens", "[serving]") {
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {});
   AgentProcess agent(dir.path(), cloud, 16);
-  const std::vector<int32_t> prompt = Tokenize(ToyPrompts(9, 1)[0]);
-  const int64_t max_new_tokens = 600;
-  auto pending = std::async(std::launch::async, [&] {
-    return agent.client().Generate(IdsRequest(prompt, max_new_tokens, /*ignore_eos=*/true));
-  });
-  REQUIRE(testing::WaitUntil(
-      [&] { return cloud.Metric("tophat_generation_tokens_total") >= 20; }, 30s));
+  LongGeneration generation(agent, cloud);
   cloud.process().Signal(SIGKILL);
   REQUIRE(cloud.process().Wait(5s).has_value());
   cloud.Start(dir.path());  // same port, fresh process, empty KV
-  absl::StatusOr<GenerateResult> result = pending.get();
-  REQUIRE(result.ok());
-  INFO(result->error);
-  REQUIRE(result->ok());
-  CHECK(result->stats.reconnects() >= 1);
-  CHECK(Tokens(*result) == Reference(prompt, max_new_tokens, /*stop_at_eos=*/false));
+  generation.CheckSurvived();
 }
 
 TEST_CASE("A draining cloud finishes in-flight work, and new requests move to its successor",
@@ -830,13 +848,7 @@ TEST_CASE("A pipeline stage killed mid-generation fails over: stage 0 exits, and
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {.layer_boundaries = {2, 4, 5}});
   AgentProcess agent(dir.path(), cloud, 16);
-  const std::vector<int32_t> prompt = Tokenize(ToyPrompts(9, 1)[0]);
-  const int64_t max_new_tokens = 600;
-  auto pending = std::async(std::launch::async, [&] {
-    return agent.client().Generate(IdsRequest(prompt, max_new_tokens, /*ignore_eos=*/true));
-  });
-  REQUIRE(testing::WaitUntil(
-      [&] { return cloud.Metric("tophat_generation_tokens_total") >= 20; }, 30s));
+  LongGeneration generation(agent, cloud);
   cloud.stage(1).Signal(SIGKILL);
   // Stage 0 sees the lost link at its next transfer, fails the step's sessions with
   // UNAVAILABLE and exits non-zero for its supervisor; bounded by pipeline.timeout_s (30 s)
@@ -847,12 +859,7 @@ TEST_CASE("A pipeline stage killed mid-generation fails over: stage 0 exits, and
   CHECK(*exit_code != 0);
   CHECK(cloud.process().Log().find("pipeline: lost a stage") != std::string::npos);
   cloud.Start(dir.path());  // the supervisor's restart: both stages, same ports, empty KV
-  absl::StatusOr<GenerateResult> result = pending.get();
-  REQUIRE(result.ok());
-  INFO(result->error);
-  REQUIRE(result->ok());
-  CHECK(result->stats.reconnects() >= 1);
-  CHECK(Tokens(*result) == Reference(prompt, max_new_tokens, /*stop_at_eos=*/false));
+  generation.CheckSurvived();
 }
 
 // How often float32 greedy decoding would have chosen the token a run chose, given the run's
