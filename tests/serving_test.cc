@@ -48,6 +48,19 @@ fs::path BinDir() { return EnvPath("TOPHAT_BIN_DIR", TOPHAT_DEFAULT_BIN_DIR); }
 // Where the cloud's middle submodel runs: `cpu`, or what tophat_serving_cuda_test sets
 // (cuda) to run the [cuda-cloud] cases with the cloud on a GPU.
 std::string CloudDevice() { return EnvPath("TOPHAT_TEST_CLOUD_DEVICE", "cpu").string(); }
+// The cloud's pipeline.layer_boundaries for cases that do not set their own: none (one
+// stage), or what tophat_serving_staged_test sets ("2,4,5": two stages) to run the [staged]
+// cases with the middle split across two processes.
+std::vector<int> CloudStages() {
+  std::vector<int> boundaries;
+  const std::string text = EnvPath("TOPHAT_TEST_CLOUD_STAGES", "").string();
+  for (size_t at = 0; at < text.size();) {
+    const size_t comma = text.find(',', at);
+    boundaries.push_back(std::stoi(text.substr(at, comma - at)));
+    at = comma == std::string::npos ? text.size() : comma + 1;
+  }
+  return boundaries;
+}
 
 // The toy model split once per test run: device = embedding + layers [0, 2) + layer 5 + head,
 // cloud = layers [2, 5).
@@ -157,7 +170,9 @@ class CloudProcess {
                            << "drain_grace_period_s: " << settings.drain_grace_period_s << "\n"
                            << "metrics_address: \"127.0.0.1:" << metrics_port_ << "\"\n"
                            << "compute_threads: " << settings.compute_threads << "\n";
-    if (!settings.layer_boundaries.empty() || settings.planned_stages > 0) {
+    std::vector<int> layer_boundaries = settings.layer_boundaries;
+    if (layer_boundaries.empty() && settings.planned_stages == 0) layer_boundaries = CloudStages();
+    if (!layer_boundaries.empty() || settings.planned_stages > 0) {
       std::ofstream config(config_, std::ios::app);
       config << "pipeline:\n  rendezvous_address: \"127.0.0.1:" << testing::FreePort()
              << "\"\n  timeout_s: 30\n";
@@ -166,11 +181,11 @@ class CloudProcess {
         stages_ = settings.planned_stages;
       } else {
         config << "  layer_boundaries: [";
-        for (size_t i = 0; i < settings.layer_boundaries.size(); ++i) {
-          config << (i > 0 ? ", " : "") << settings.layer_boundaries[i];
+        for (size_t i = 0; i < layer_boundaries.size(); ++i) {
+          config << (i > 0 ? ", " : "") << layer_boundaries[i];
         }
         config << "]\n";
-        stages_ = static_cast<int>(settings.layer_boundaries.size()) - 1;
+        stages_ = static_cast<int>(layer_boundaries.size()) - 1;
       }
     }
     Start(dir);
@@ -312,7 +327,7 @@ std::vector<int32_t> Tokens(const GenerateResult& result) {
 }
 
 TEST_CASE("Three agents with chunk sizes 1, 16 and 128 reproduce the monolithic greedy tokens",
-          "[serving][cuda-cloud]") {
+          "[serving][cuda-cloud][staged]") {
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {.max_batch_tokens = 48});
   std::vector<std::unique_ptr<AgentProcess>> agents;
@@ -434,7 +449,7 @@ v1::AgentMessage ChunkMessage(uint64_t session, uint32_t first, uint32_t positio
 }
 
 TEST_CASE("Malformed hidden-state chunks fail their own session, and the cloud keeps serving",
-          "[serving][cuda-cloud]") {
+          "[serving][cuda-cloud][staged]") {
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {.max_chunk_tokens = 256, .max_message_bytes = "1MiB"});
   AgentProcess agent(dir.path(), cloud, 16);
@@ -521,7 +536,7 @@ TEST_CASE("A malformed YAML config is refused with the file, key and line", "[se
   CHECK(log.find("kv_cache.block_size") != std::string::npos);
 }
 
-TEST_CASE("Killing an agent mid-generation frees its KV on the cloud", "[serving][cuda-cloud]") {
+TEST_CASE("Killing an agent mid-generation frees its KV on the cloud", "[serving][cuda-cloud][staged]") {
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {});
   REQUIRE(cloud.Metric("tophat_kv_cache_usage_ratio") == 0);
@@ -540,7 +555,7 @@ TEST_CASE("Killing an agent mid-generation frees its KV on the cloud", "[serving
   CHECK_FALSE(pending.get().ok());  // the app saw its agent die
 }
 
-TEST_CASE("Cancelling a request through the SDK ends it and frees its cloud KV", "[serving][cuda-cloud]") {
+TEST_CASE("Cancelling a request through the SDK ends it and frees its cloud KV", "[serving][cuda-cloud][staged]") {
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {});
   AgentProcess agent(dir.path(), cloud, 16);
@@ -605,7 +620,7 @@ TEST_CASE("A cloud restart mid-generation is survived with the right tokens", "[
 }
 
 TEST_CASE("A draining cloud finishes in-flight work, and new requests move to its successor",
-          "[serving][cuda-cloud]") {
+          "[serving][cuda-cloud][staged]") {
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {.drain_grace_period_s = 60});
   AgentProcess agent(dir.path(), cloud, 16);
@@ -660,12 +675,17 @@ TEST_CASE("A draining cloud finishes in-flight work, and new requests move to it
 }
 
 TEST_CASE("A full KV pool queues or refuses new sessions while running ones finish",
-          "[serving][cuda-cloud]") {
+          "[serving][cuda-cloud][staged]") {
   testing::TempDir dir;
   // Toy middle: 3 layers x 2 KV heads x 32 dims x 16 positions x 4 bytes x (K, V) = 24 KiB a
   // block. 2880 KiB = 120 blocks; a session of 900 positions takes 57, so two fit. Long
-  // sessions keep the first two running while the third and fourth arrive.
-  CloudProcess cloud(dir.path(), {.kv_memory = "2880KiB", .max_waiting_sessions = 1});
+  // sessions keep the first two running while the third and fourth arrive. With pipeline
+  // stages, kv_cache sizes stage 0's pool from its own layers (every stage gets as many
+  // blocks), so the same 120 blocks take 8 KiB per layer stage 0 holds.
+  const std::vector<int> stages = CloudStages();
+  const int stage0_layers = stages.empty() ? 3 : stages[1] - stages[0];
+  CloudProcess cloud(dir.path(), {.kv_memory = std::to_string(120 * 8 * stage0_layers) + "KiB",
+                                  .max_waiting_sessions = 1});
   AgentProcess agent(dir.path(), cloud, 16);
   const std::vector<int32_t> prompt = Tokenize(ToyPrompts(4, 1)[0]);
   const int64_t max_new_tokens = 900 - static_cast<int64_t>(prompt.size());
@@ -729,7 +749,7 @@ void CheckRollback(const v1::RequestStats& stats, int64_t prompt_length) {
 
 TEST_CASE("Speculative decoding with parallel drafting reproduces monolithic greedy decoding "
           "over 50 prompts and rolls every KV back to the accepted length",
-          "[serving][speculative][cuda-cloud]") {
+          "[serving][speculative][cuda-cloud][staged]") {
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {.max_batch_tokens = 64});
   // Two agents: default speculative settings, and a narrower draft with wider fan-out whose
