@@ -2,6 +2,8 @@
 
 #include <prometheus/family.h>
 
+#include <string>
+
 #include "telemetry/metric_builders.h"
 
 namespace tophat {
@@ -62,6 +64,21 @@ CloudMetrics::CloudMetrics(prometheus::Registry& registry)
                                         {8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096})),
       scheduler_draft_steps(AddHistogram(registry, "tophat_scheduler_draft_steps",
                                          "Parallel-drafting steps (lambda) chosen for devices",
-                                         {0, 1, 2, 3, 4, 6, 8, 12, 16})) {}
+                                         {0, 1, 2, 3, 4, 6, 8, 12, 16})),
+      pipeline_stage_seconds_family(
+          prometheus::BuildHistogram()
+              .Name("tophat_pipeline_stage_seconds")
+              .Help("Forward time of one pipeline stage's layers in one step, by stage")
+              .Register(registry)) {}
+
+prometheus::Histogram& CloudMetrics::PipelineStageSeconds(int stage) {
+  const auto index = static_cast<size_t>(stage);
+  if (index >= pipeline_stage_seconds_.size()) pipeline_stage_seconds_.resize(index + 1);
+  if (pipeline_stage_seconds_[index] == nullptr) {
+    pipeline_stage_seconds_[index] = &pipeline_stage_seconds_family.Add(
+        {{"stage", std::to_string(stage)}}, kSecondsBuckets);
+  }
+  return *pipeline_stage_seconds_[index];
+}
 
 }  // namespace tophat

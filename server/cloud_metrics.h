@@ -10,6 +10,8 @@
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
+
+#include <vector>
 #include <prometheus/registry.h>
 
 namespace tophat {
@@ -39,6 +41,12 @@ struct CloudMetrics {
   prometheus::Histogram& step_prediction_error_ratio;  // |g(tokens) - measured| / measured
   prometheus::Histogram& scheduler_chunk_size;   // per-device chunk sizes sent
   prometheus::Histogram& scheduler_draft_steps;  // per-device λ sent
+  // With pipeline stages: each stage's own forward time per step, by stage number.
+  prometheus::Family<prometheus::Histogram>& pipeline_stage_seconds_family;
+  prometheus::Histogram& PipelineStageSeconds(int stage);
+
+ private:
+  std::vector<prometheus::Histogram*> pipeline_stage_seconds_;  // by stage, made on first use
 };
 
 }  // namespace tophat

@@ -587,6 +587,7 @@ int64_t Engine::Launch() {
   }
   if (!middle_->options().device.is_cpu()) input = input.to(middle_->options().device);
   absl::StatusOr<at::Tensor> output = middle_->Forward(input, chunks_);
+  batch.own_seconds = Seconds(Clock::now() - batch.start);
   if (output.ok() && options_.downstream != nullptr) {
     // The later stages take it from here; Complete collects their answer.
     absl::Status submitted = options_.downstream->Submit(*output, chunks_);
@@ -622,6 +623,14 @@ void Engine::Complete() {
   monitor_.ObserveStep(total, compute_seconds);
   if (metrics_ != nullptr) {
     metrics_->step_seconds.Observe(compute_seconds);
+    if (batch.submitted && output.ok()) {
+      // Which stage is the bottleneck: each one's own forward in this step.
+      const std::vector<double>& stages = options_.downstream->stage_seconds();
+      metrics_->PipelineStageSeconds(0).Observe(batch.own_seconds);
+      for (size_t s = 1; s < stages.size(); ++s) {
+        metrics_->PipelineStageSeconds(static_cast<int>(s)).Observe(stages[s]);
+      }
+    }
     metrics_->iteration_tokens.Observe(static_cast<double>(total));
     if (had_prediction && compute_seconds > 0) {
       metrics_->step_prediction_error_ratio.Observe(std::abs(predicted - compute_seconds) /

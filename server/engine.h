@@ -226,6 +226,7 @@ class Engine {
     std::vector<InFlightPart> parts;  // in row order
     absl::StatusOr<at::Tensor> output = at::Tensor();  // this stage's, or its error
     bool submitted = false;  // handed to the downstream stages, whose answer is pending
+    double own_seconds = 0;  // this stage's forward
   };
   std::deque<InFlight> in_flight_;
 

@@ -859,6 +859,12 @@ TEST_CASE("Two and three pipeline stages over Gloo reproduce the monolithic gree
       CHECK(cloud.process().Log().find("pipeline: planned layer boundaries [2, ") !=
             std::string::npos);
     }
+    // Each stage's own forward time reaches stage 0's metrics.
+    const int stages = boundaries.empty() ? 2 : static_cast<int>(boundaries.size()) - 1;
+    for (int s = 0; s < stages; ++s) {
+      CHECK(cloud.Metric("tophat_pipeline_stage_seconds_sum",
+                         "stage=\"" + std::to_string(s) + "\"") > 0);
+    }
   }
 }
 

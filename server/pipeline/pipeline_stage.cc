@@ -1,5 +1,6 @@
 #include "server/pipeline/pipeline_stage.h"
 
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -11,8 +12,9 @@ namespace {
 // An idle stage waits for its next step this long per wait: "forever" for a daemon, but
 // finite, so that a wait never overflows the transport's clock arithmetic.
 constexpr std::chrono::milliseconds kIdleWait = std::chrono::hours(24 * 365);
-// What Submit posts for each step: header, chunk addresses, hidden states.
-constexpr size_t kTensorsPerStep = 3;
+// What Submit posts for each step: header, chunk addresses, hidden states, and the stages'
+// forward seconds (float64, one slot per stage, each stage filling its own).
+constexpr size_t kTensorsPerStep = 4;
 
 }  // namespace
 
@@ -48,7 +50,8 @@ absl::Status Downstream::Submit(const at::Tensor& hidden,
   const at::Tensor outgoing[] = {
       EncodeHeader(header),
       at::from_blob(encoded_.data(), {static_cast<int64_t>(encoded_.size())}, at::kLong).clone(),
-      hidden.is_cpu() ? hidden.contiguous().clone() : hidden.to(at::kCPU).contiguous()};
+      hidden.is_cpu() ? hidden.contiguous().clone() : hidden.to(at::kCPU).contiguous(),
+      at::zeros({transport_->size()}, at::kDouble)};
   if (absl::Status posted = transport_->Post(outgoing, 1); !posted.ok()) {
     broken_ = true;
     return posted;
@@ -65,7 +68,8 @@ absl::StatusOr<at::Tensor> Downstream::Collect() {
     return absl::UnavailableError("the cloud's pipeline lost a stage; restart its stages");
   }
   at::Tensor result = at::empty({oldest.total, hidden_size_}, at::TensorOptions().dtype(dtype_));
-  at::Tensor incoming[] = {result};
+  at::Tensor seconds = at::empty({transport_->size()}, at::kDouble);
+  at::Tensor incoming[] = {result, seconds};
   absl::Status received = transport_->Receive(incoming, transport_->size() - 1, timeout_);
   // This step's sends (the oldest posted) completed before its answer could come back;
   // waiting for them releases their buffers. Later steps' sends may still be pending.
@@ -74,6 +78,8 @@ absl::StatusOr<at::Tensor> Downstream::Collect() {
     broken_ = true;
     return received;
   }
+  const double* slots = seconds.data_ptr<double>();
+  stage_seconds_.assign(slots, slots + transport_->size());
   return oldest.device.is_cpu() ? result : result.to(oldest.device);
 }
 
@@ -114,7 +120,8 @@ absl::Status ServeStage(StageTransport& transport, const Submodel& layers,
     }
     at::Tensor addresses = at::empty({header.address_length}, at::kLong);
     at::Tensor hidden = at::empty({header.total_tokens, hidden_size}, at::TensorOptions().dtype(dtype));
-    at::Tensor body[] = {addresses, hidden};
+    at::Tensor seconds = at::empty({transport.size()}, at::kDouble);
+    at::Tensor body[] = {addresses, hidden, seconds};
     TOPHAT_RETURN_IF_ERROR(transport.Receive(body, rank - 1, timeout));
     TOPHAT_ASSIGN_OR_RETURN(
         std::vector<DecodedChunk> decoded,
@@ -129,14 +136,17 @@ absl::Status ServeStage(StageTransport& transport, const Submodel& layers,
       chunks.push_back({.cache = &caches[i], .num_tokens = decoded[i].num_tokens});
     }
     const at::Device device = layers.options().device;
+    const auto start = std::chrono::steady_clock::now();
     at::Tensor input = device.is_cpu() ? hidden : hidden.to(device);
     TOPHAT_ASSIGN_OR_RETURN(at::Tensor output, layers.Forward(input, chunks));
     const at::Tensor host_output = output.to(at::kCPU).contiguous();
+    seconds.data_ptr<double>()[rank] =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (rank < last) {
-      const at::Tensor forward[] = {header_tensor, addresses, host_output};
+      const at::Tensor forward[] = {header_tensor, addresses, host_output, seconds};
       TOPHAT_RETURN_IF_ERROR(transport.Send(forward, rank + 1, timeout));
     } else {
-      const at::Tensor back[] = {host_output};
+      const at::Tensor back[] = {host_output, seconds};
       TOPHAT_RETURN_IF_ERROR(transport.Send(back, 0, timeout));
     }
   }

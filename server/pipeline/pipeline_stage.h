@@ -44,6 +44,9 @@ class Downstream {
   // The last stage's output for the oldest outstanding submission, on its hidden's device.
   // Unavailable when a stage is gone or does not answer within the timeout.
   absl::StatusOr<at::Tensor> Collect();
+  // Each stage's own forward seconds for the step Collect returned last (stage 0's slot is
+  // 0: the engine times its own layers).
+  const std::vector<double>& stage_seconds() const { return stage_seconds_; }
   // Submit, then Collect.
   absl::StatusOr<at::Tensor> Forward(const at::Tensor& hidden,
                                      std::span<const SequenceChunk> chunks);
@@ -65,6 +68,7 @@ class Downstream {
     at::Device device = at::kCPU;
   };
   std::deque<Outstanding> outstanding_;
+  std::vector<double> stage_seconds_;
 };
 
 // Serves steps for stage transport.rank() > 0 until stage 0 shuts the pipeline down (OK)

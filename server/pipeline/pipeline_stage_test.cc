@@ -89,6 +89,8 @@ TEST_CASE("Two stages over Gloo compute what one stage computes, bit for bit", "
     INFO("step " << s);
     REQUIRE(got.ok());
     CHECK(at::equal(*got, *want));
+    REQUIRE(downstream.stage_seconds().size() == 2);
+    CHECK(downstream.stage_seconds()[1] > 0);  // stage 1 timed its own layers
   }
   downstream.Shutdown();
   REQUIRE(served.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
