@@ -1,8 +1,8 @@
 #include "server/cloud_stages.h"
 
 #include <chrono>
-#include <filesystem>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -39,6 +39,28 @@ std::string StageKey(int rank) { return absl::StrCat("stage/", rank); }
 std::string VerdictKey(int rank) { return absl::StrCat("verdict/", rank); }
 constexpr char kPoolKey[] = "kv_pool";  // "<num_blocks> <block_size>"
 constexpr char kAccepted[] = "ok";
+
+// The space-separated numbers of a rendezvous value (profiles, boundaries, the pool shape);
+// `what` names the value in the error.
+template <typename Number>
+absl::StatusOr<std::vector<Number>> ParseNumbers(absl::string_view text, absl::string_view what) {
+  std::vector<Number> numbers;
+  for (absl::string_view part : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    Number number{};
+    bool parsed = false;
+    if constexpr (std::is_floating_point_v<Number>) {
+      parsed = absl::SimpleAtod(part, &number);
+    } else {
+      parsed = absl::SimpleAtoi(part, &number);
+    }
+    if (!parsed) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pipeline: malformed ", what, " '", text, "' at the rendezvous"));
+    }
+    numbers.push_back(number);
+  }
+  return numbers;
+}
 
 }  // namespace
 
@@ -82,8 +104,7 @@ absl::StatusOr<CloudConfig> DecideBoundaries(const CloudConfig& config, int rank
   if (config.pipeline.planned_stages == 0) return config;
   const int stages = static_cast<int>(config.pipeline.stages());
   TOPHAT_ASSIGN_OR_RETURN(BundleManifest manifest, BundleManifest::Load(config.bundle));
-  TOPHAT_ASSIGN_OR_RETURN(ModelConfig model,
-                          ModelConfig::Load(std::filesystem::path(config.bundle) / "config.json"));
+  TOPHAT_ASSIGN_OR_RETURN(ModelConfig model, LoadBundleConfig(config.bundle, manifest));
   TOPHAT_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> checkpoint,
                           CheckpointReader::Open(config.bundle));
   const std::string device =
@@ -109,14 +130,8 @@ absl::StatusOr<CloudConfig> DecideBoundaries(const CloudConfig& config, int rank
         planned.layer_seconds = profile.seconds;
       } else {
         TOPHAT_ASSIGN_OR_RETURN(std::string text, rendezvous.Get(absl::StrCat("profile/", s)));
-        for (absl::string_view part : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
-          double seconds = 0;
-          if (!absl::SimpleAtod(part, &seconds)) {
-            return absl::InvalidArgumentError(
-                absl::StrCat("pipeline: stage ", s, " sent a malformed profile"));
-          }
-          planned.layer_seconds.push_back(seconds);
-        }
+        TOPHAT_ASSIGN_OR_RETURN(planned.layer_seconds,
+                                ParseNumbers<double>(text, absl::StrCat("stage ", s, "'s profile")));
       }
       inputs.devices.push_back(std::move(planned));
     }
@@ -132,22 +147,16 @@ absl::StatusOr<CloudConfig> DecideBoundaries(const CloudConfig& config, int rank
     TOPHAT_RETURN_IF_ERROR(rendezvous.Set("boundaries", absl::StrJoin(boundaries, " ")));
   }
   TOPHAT_ASSIGN_OR_RETURN(std::string text, rendezvous.Get("boundaries"));
-  for (absl::string_view part : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
-    int64_t layer = 0;
-    if (!absl::SimpleAtoi(part, &layer)) {
-      return absl::InternalError(absl::StrCat("pipeline: malformed boundaries '", text, "'"));
-    }
-    decided.pipeline.layer_boundaries.push_back(layer);
-  }
+  TOPHAT_ASSIGN_OR_RETURN(decided.pipeline.layer_boundaries,
+                          ParseNumbers<int64_t>(text, "layer boundaries"));
   return decided;
 }
 
 absl::StatusOr<std::unique_ptr<pipeline::Downstream>> ConnectStages(
     const CloudConfig& config, const CloudBundle& bundle, at::ScalarType dtype,
-    int64_t kv_num_blocks, pipeline::Rendezvous& rendezvous_ref) {
-  pipeline::Rendezvous* rendezvous = &rendezvous_ref;
+    int64_t kv_num_blocks, pipeline::Rendezvous& rendezvous) {
   const int stages = static_cast<int>(config.pipeline.stages());
-  TOPHAT_RETURN_IF_ERROR(rendezvous->Set(
+  TOPHAT_RETURN_IF_ERROR(rendezvous.Set(
       kPoolKey, absl::StrCat(kv_num_blocks, " ", config.kv_cache.block_size)));
   spdlog::info("pipeline: waiting for stages 1..{} at {}", stages - 1,
                config.pipeline.rendezvous_address);
@@ -156,17 +165,17 @@ absl::StatusOr<std::unique_ptr<pipeline::Downstream>> ConnectStages(
                             PlanStage(config, rank, bundle.manifest.middle_layers));
     const std::string expected =
         DescribeStage(bundle.manifest, bundle.config, config.dtype, plan.layers);
-    TOPHAT_ASSIGN_OR_RETURN(std::string described, rendezvous->Get(StageKey(rank)));
+    TOPHAT_ASSIGN_OR_RETURN(std::string described, rendezvous.Get(StageKey(rank)));
     if (described != expected) {
       const std::string refusal = absl::StrCat("stage ", rank, " runs ", described,
                                                "; stage 0 expects ", expected);
-      (void)rendezvous->Set(VerdictKey(rank), refusal);
+      (void)rendezvous.Set(VerdictKey(rank), refusal);
       return absl::FailedPreconditionError(absl::StrCat("pipeline: refused ", refusal));
     }
-    TOPHAT_RETURN_IF_ERROR(rendezvous->Set(VerdictKey(rank), kAccepted));
+    TOPHAT_RETURN_IF_ERROR(rendezvous.Set(VerdictKey(rank), kAccepted));
   }
   TOPHAT_ASSIGN_OR_RETURN(std::unique_ptr<pipeline::StageTransport> transport,
-                          pipeline::ConnectGloo(*rendezvous));
+                          pipeline::ConnectGloo(rendezvous));
   spdlog::info("pipeline: {} stages joined over Gloo", stages);
   return std::make_unique<pipeline::Downstream>(
       std::move(transport), bundle.config.hidden_size, dtype,
@@ -215,14 +224,14 @@ int RunLaterStage(const CloudConfig& written, int rank) {
   }
   auto pool_shape = (*rendezvous)->Get(kPoolKey);
   if (!pool_shape.ok()) return Fail(pool_shape.status());
-  const std::vector<std::string> parts = absl::StrSplit(*pool_shape, ' ');
-  int64_t num_blocks = 0;
-  int64_t block_size = 0;
-  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &num_blocks) ||
-      !absl::SimpleAtoi(parts[1], &block_size)) {
-    return Fail(absl::InternalError(absl::StrCat("pipeline: malformed KV pool shape '",
-                                                 *pool_shape, "' from stage 0")));
+  auto shape = ParseNumbers<int64_t>(*pool_shape, "KV pool shape");
+  if (!shape.ok()) return Fail(shape.status());
+  if (shape->size() != 2) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("pipeline: malformed KV pool shape '",
+                                                        *pool_shape, "' at the rendezvous")));
   }
+  const int64_t num_blocks = (*shape)[0];
+  const int64_t block_size = (*shape)[1];
   auto pool = KvBlockPool::Create(bundle->config, plan->layers.size(), num_blocks, block_size,
                                   *dtype, at::Device(plan->device));
   if (!pool.ok()) return Fail(pool.status());

@@ -92,6 +92,10 @@ Engine::Engine(EngineOptions options, std::shared_ptr<const Submodel> middle,
   pending_sessions_.reserve(max_sessions);
   plan_.reserve(max_sessions);
   chunks_.reserve(max_sessions);
+  pipeline_depth_ =
+      options_.downstream != nullptr ? static_cast<size_t>(options_.downstream->stages()) : 1;
+  in_flight_.resize(pipeline_depth_);
+  for (InFlight& batch : in_flight_) batch.parts.reserve(max_sessions);
   if (metrics_ != nullptr) metrics_->kv_cache_blocks_total.Set(options_.kv_num_blocks);
   UpdateGauges();
 }
@@ -168,7 +172,7 @@ void Engine::Loop() {
   }
   // Shutdown: steps in flight are completed (a pipeline's stages answer them), whatever is
   // left is cancelled, and its KV freed, before the thread exits.
-  while (!in_flight_.empty()) Complete();
+  while (in_flight_count_ > 0) Complete();
   std::vector<SessionKey> keys;
   for (const auto& [key, session] : sessions_) keys.push_back(key);
   for (const SessionKey& key : keys) {
@@ -357,7 +361,7 @@ void Engine::DecideForStream(StreamId stream) {
        .max_chunk = options_.max_chunk_tokens,
        .max_step_seconds = options_.max_step_seconds,
        .max_draft_steps = options_.max_draft_steps,
-       .pipeline_stages = options_.downstream != nullptr ? options_.downstream->stages() : 1});
+       .pipeline_stages = static_cast<int64_t>(pipeline_depth_)});
   if (!decided.chunk_size_measured && !decided.draft_steps_measured) return;
   v1::Control control = options_.control;
   control.set_prompt_chunk_size(static_cast<uint32_t>(decided.prompt_chunk_size));
@@ -512,11 +516,9 @@ int64_t Engine::Step() {
   // With a pipeline of P stages up to P micro-batches are in flight, so that every stage
   // works while the others do; a session is in at most one of them (its next chunk needs
   // this one's answer, or at least its place in the KV order).
-  const size_t depth =
-      options_.downstream != nullptr ? static_cast<size_t>(options_.downstream->stages()) : 1;
   int64_t launched = 0;
-  if (in_flight_.size() < depth) launched = Launch();
-  if (!in_flight_.empty() && (launched == 0 || in_flight_.size() >= depth)) Complete();
+  if (in_flight_count_ < pipeline_depth_) launched = Launch();
+  if (in_flight_count_ > 0 && (launched == 0 || in_flight_count_ == pipeline_depth_)) Complete();
   return launched;
 }
 
@@ -547,7 +549,9 @@ int64_t Engine::Launch() {
       plan_);
   if (total == 0) return 0;
 
-  InFlight& batch = in_flight_.emplace_back();
+  InFlight& batch = in_flight_[(in_flight_oldest_ + in_flight_count_) % pipeline_depth_];
+  ++in_flight_count_;
+  batch.submitted = false;
   batch.start = Clock::now();
   batch.total = total;
   batch.parts.clear();
@@ -599,8 +603,10 @@ int64_t Engine::Launch() {
 }
 
 void Engine::Complete() {
-  InFlight batch = std::move(in_flight_.front());
-  in_flight_.pop_front();
+  // The record stays untouched until the next Launch, which this call cannot reach.
+  InFlight& batch = in_flight_[in_flight_oldest_];
+  in_flight_oldest_ = (in_flight_oldest_ + 1) % pipeline_depth_;
+  --in_flight_count_;
   absl::StatusOr<at::Tensor>& output = batch.output;
   if (batch.submitted) output = options_.downstream->Collect();
   if (!output.ok() && options_.downstream != nullptr && options_.downstream->broken() &&

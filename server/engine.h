@@ -215,7 +215,8 @@ class Engine {
   std::vector<PlannedWork> plan_;
   std::vector<SequenceChunk> chunks_;
   std::vector<int32_t> released_blocks_;
-  // Launched steps not yet completed, oldest first (at most one without a pipeline).
+  // Launched steps not yet completed, oldest first: a ring of one record per pipeline stage
+  // (one without a pipeline), made once so that launching a step allocates no record.
   struct InFlightPart {
     SessionKey key;
     int64_t num_tokens = 0;
@@ -228,7 +229,10 @@ class Engine {
     bool submitted = false;  // handed to the downstream stages, whose answer is pending
     double own_seconds = 0;  // this stage's forward
   };
-  std::deque<InFlight> in_flight_;
+  std::vector<InFlight> in_flight_;  // pipeline_depth_ records
+  size_t in_flight_oldest_ = 0;
+  size_t in_flight_count_ = 0;
+  size_t pipeline_depth_ = 1;  // P: steps that may be in flight
 
   std::atomic<int64_t> stat_running_{0};
   std::atomic<int64_t> stat_waiting_{0};

@@ -90,6 +90,8 @@ absl::Status CheckRangesChain(const BundleManifest& m, const std::string& source
   return absl::OkStatus();
 }
 
+}  // namespace
+
 absl::StatusOr<ModelConfig> LoadBundleConfig(const fs::path& dir, const BundleManifest& manifest) {
   TOPHAT_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(dir / "config.json"));
   if (config.num_hidden_layers != manifest.num_hidden_layers) {
@@ -99,8 +101,6 @@ absl::StatusOr<ModelConfig> LoadBundleConfig(const fs::path& dir, const BundleMa
   }
   return config;
 }
-
-}  // namespace
 
 json BundleManifest::ToJson() const {
   json j = {{"format", "tophat-bundle"},

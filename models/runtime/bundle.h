@@ -88,6 +88,10 @@ struct DeviceBundle {
                                            const SubmodelOptions& options = {});
 };
 
+// The model config a bundle carries (`config.json`), checked against its manifest.
+absl::StatusOr<ModelConfig> LoadBundleConfig(const std::filesystem::path& dir,
+                                             const BundleManifest& manifest);
+
 struct CloudBundle {
   BundleManifest manifest;
   ModelConfig config;
