@@ -30,5 +30,9 @@ int main(int argc, char** argv) {
   // tophat_serving_cuda_test: the serving cases' cloud daemons run on this device.
   setenv("TOPHAT_TEST_CLOUD_DEVICE", TOPHAT_GPU_TEST_CLOUD_DEVICE, /*overwrite=*/0);
 #endif
+#ifdef TOPHAT_GPU_TEST_CLOUD_STAGES
+  // tophat_serving_cuda_staged_test: and split into pipeline stages (serving_staged_main.cc).
+  setenv("TOPHAT_TEST_CLOUD_STAGES", TOPHAT_GPU_TEST_CLOUD_STAGES, /*overwrite=*/0);
+#endif
   return Catch::Session().run(argc, argv);
 }

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "configs/config_checks.h"
@@ -116,6 +117,22 @@ void CheckCloudConfig(const CloudConfig& config, bool require_bundle, Report&& r
     check("pipeline.devices", CheckDevice(device));
   }
   check("pipeline.timeout_s", CheckAtLeast(pipeline.timeout_s, 0, /*inclusive=*/false));
+  if (pipeline.backend != "gloo" && pipeline.backend != "nccl") {
+    report("pipeline.backend", absl::StrCat("\"", pipeline.backend, "\" is not gloo or nccl"), "");
+  } else if (pipeline.backend == "nccl" && pipeline.stages() > 1) {
+    // NCCL moves tensors between GPUs only: every stage's device must be one.
+    for (int64_t stage = 0; stage < pipeline.stages(); ++stage) {
+      const std::string& device =
+          pipeline.devices.empty() ? config.device : pipeline.devices[stage];
+      if (!absl::StartsWith(device, "cuda")) {
+        report("pipeline.backend",
+               absl::StrCat("nccl needs every stage on a CUDA device; stage ", stage, " is on ",
+                            device, " (use gloo)"),
+               pipeline.devices.empty() ? "device" : "pipeline.devices");
+        break;
+      }
+    }
+  }
 
   // Agents send prompt chunks of the announced size and verification chunks of
   // draft_steps + 1 tokens; a limit below either would fail every request.
@@ -188,6 +205,8 @@ absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
   reader.ReadInt("pipeline.planned_stages", &config.pipeline.planned_stages,
                  Bound::kNonNegative);
   reader.ReadStringList("pipeline.devices", &config.pipeline.devices);
+  reader.ReadString("pipeline.backend", &config.pipeline.backend);
+  reader.ReadString("pipeline.interface", &config.pipeline.interface);
   reader.ReadSeconds("pipeline.timeout_s", &config.pipeline.timeout_s, Bound::kPositive);
   reader.ReadSeconds("limits.session_timeout_s", &config.limits.session_timeout_s,
                      Bound::kPositive);

@@ -59,6 +59,12 @@ struct CloudConfig {
     // start-up from each stage's own profile (0: use layer_boundaries).
     int64_t planned_stages = 0;
     std::vector<std::string> devices;  // per stage; empty: `device` for every stage
+    // How tensors move between stages: "gloo" (anywhere; GPU tensors staged through host
+    // memory) or "nccl" (GPU to GPU; every stage on its own CUDA device).
+    std::string backend = "gloo";
+    // Network interface of the stages' links across hosts (e.g. "eth1"); empty: the
+    // store's address on one host, else the interface of the host's name.
+    std::string interface;
     double timeout_s = 60;  // to meet at start-up, and for each transfer within a step
     int64_t stages() const {
       if (planned_stages > 0) return planned_stages;

@@ -184,6 +184,28 @@ TEST_CASE("A KV pool fraction is of free GPU memory, below 1, and not for the CP
   CHECK(ValidateCloudConfig(*config).ok());
 }
 
+TEST_CASE("The pipeline's backend is gloo or nccl, and nccl only between CUDA devices") {
+  const std::string two_stages =
+      "bundle: x\npipeline:\n  rendezvous_address: \"h:1\"\n  layer_boundaries: [2, 3, 5]\n";
+  CHECK_THAT(ErrorOf(two_stages + "  backend: mpi\n"),
+             Catch::Contains("pipeline.backend: \"mpi\" is not gloo or nccl"));
+  CHECK_THAT(ErrorOf(two_stages + "  backend: nccl\n"),
+             Catch::Contains("pipeline.backend: nccl needs every stage on a CUDA device; stage 0 "
+                             "is on cpu"));
+  CHECK_THAT(ErrorOf(two_stages + "  backend: nccl\n  devices: [cuda:0, cpu]\n"),
+             Catch::Contains("stage 1 is on cpu"));
+  auto config = ParseCloudConfig(
+      two_stages + "  backend: nccl\n  devices: [cuda:0, cuda:1]\n  interface: eth1\n",
+      "cloud.yaml");
+  REQUIRE(config.ok());
+  CHECK(ValidateCloudConfig(*config).ok());
+  CHECK(config->pipeline.backend == "nccl");
+  CHECK(config->pipeline.interface == "eth1");
+  auto defaults = ParseCloudConfig(two_stages, "cloud.yaml");
+  REQUIRE(defaults.ok());
+  CHECK(defaults->pipeline.backend == "gloo");
+}
+
 TEST_CASE("Cloud config addresses must be host:port") {
   for (std::string_view address :
        {"127.0.0.1:7100", "0.0.0.0:0", "localhost:80", "[::1]:7100", "my-host.example:65535"}) {

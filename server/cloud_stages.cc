@@ -32,7 +32,16 @@ pipeline::RendezvousOptions RendezvousFor(const CloudConfig& config, int rank) {
   return {.address = config.pipeline.rendezvous_address,
           .rank = rank,
           .size = static_cast<int>(config.pipeline.stages()),
-          .timeout = Timeout(config)};
+          .timeout = Timeout(config),
+          .interface = config.pipeline.interface};
+}
+
+// The stage's links over the configured backend; `device` is where this stage computes.
+absl::StatusOr<std::unique_ptr<pipeline::StageTransport>> ConnectLinks(
+    const CloudConfig& config, pipeline::Rendezvous& rendezvous, const std::string& device) {
+  if (config.pipeline.backend != "nccl") return pipeline::ConnectGloo(rendezvous);
+  const at::Device cuda(device);
+  return pipeline::ConnectNccl(rendezvous, cuda.has_index() ? cuda.index() : 0);
 }
 
 std::string StageKey(int rank) { return absl::StrCat("stage/", rank); }
@@ -96,6 +105,12 @@ std::string DescribeStage(const BundleManifest& manifest, const ModelConfig& mod
 
 absl::StatusOr<std::unique_ptr<pipeline::Rendezvous>> JoinStages(const CloudConfig& config,
                                                                  int rank) {
+  if (config.pipeline.backend == "nccl" && !pipeline::NcclBuilt()) {
+    // Before meeting anyone: the others would otherwise wait out their timeout.
+    return absl::UnimplementedError(
+        "pipeline.backend nccl: this tophat-cloud was built without NCCL (no CUDA toolkit with "
+        "NCCL when it was configured); use gloo");
+  }
   return pipeline::Rendezvous::Join(RendezvousFor(config, rank));
 }
 
@@ -174,9 +189,10 @@ absl::StatusOr<std::unique_ptr<pipeline::Downstream>> ConnectStages(
     }
     TOPHAT_RETURN_IF_ERROR(rendezvous.Set(VerdictKey(rank), kAccepted));
   }
+  TOPHAT_ASSIGN_OR_RETURN(StagePlan own, PlanStage(config, 0, bundle.manifest.middle_layers));
   TOPHAT_ASSIGN_OR_RETURN(std::unique_ptr<pipeline::StageTransport> transport,
-                          pipeline::ConnectGloo(rendezvous));
-  spdlog::info("pipeline: {} stages joined over Gloo", stages);
+                          ConnectLinks(config, rendezvous, own.device));
+  spdlog::info("pipeline: {} stages joined over {}", stages, transport->name());
   return std::make_unique<pipeline::Downstream>(
       std::move(transport), bundle.config.hidden_size, dtype,
       bundle.manifest.middle_layers.end, Timeout(config));
@@ -235,10 +251,11 @@ int RunLaterStage(const CloudConfig& written, int rank) {
   auto pool = KvBlockPool::Create(bundle->config, plan->layers.size(), num_blocks, block_size,
                                   *dtype, at::Device(plan->device));
   if (!pool.ok()) return Fail(pool.status());
-  auto transport = pipeline::ConnectGloo(**rendezvous);
+  auto transport = ConnectLinks(config, **rendezvous, plan->device);
   if (!transport.ok()) return Fail(transport.status());
-  spdlog::info("stage {} of {}: serving layers [{}, {}), KV pool {} blocks x {} positions", rank,
-               plan->size, plan->layers.begin, plan->layers.end, num_blocks, block_size);
+  spdlog::info("stage {} of {}: serving layers [{}, {}) over {}, KV pool {} blocks x {} positions",
+               rank, plan->size, plan->layers.begin, plan->layers.end, (*transport)->name(),
+               num_blocks, block_size);
   absl::Status served = pipeline::ServeStage(**transport, *bundle->middle, *pool,
                                              Timeout(config));
   if (!served.ok()) return Fail(served);

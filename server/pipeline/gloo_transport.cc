@@ -64,6 +64,17 @@ class StoreRendezvous : public Rendezvous {
     }
   }
 
+  absl::Status CheckReachable() override {
+    if (options().rank == 0) return absl::OkStatus();
+    try {
+      store_->check({"gloo/reachable"});  // any key: a store that is gone throws
+      return absl::OkStatus();
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat("pipeline: stage 0's store at ",
+                                                 options().address, " is gone: ", e.what()));
+    }
+  }
+
   int port() const override {
     return static_cast<int>(static_cast<c10d::TCPStore&>(*store_).getPort());
   }
@@ -83,6 +94,8 @@ class GlooTransport : public StageTransport {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  at::Device device() const override { return at::kCPU; }
+  const char* name() const override { return "Gloo"; }
 
   absl::Status Send(std::span<const at::Tensor> tensors, int peer,
                     std::chrono::milliseconds timeout) override {
@@ -181,12 +194,15 @@ absl::StatusOr<std::unique_ptr<StageTransport>> ConnectGloo(Rendezvous& rendezvo
   const RendezvousOptions& options = rendezvous.options();
   try {
     auto gloo_options = c10d::ProcessGroupGloo::Options::create();
-    // Stage 0 binds where its store listens; the others bind the same loopback address on
-    // one machine, or the interface of their own hostname across machines.
+    // A configured interface wins. Otherwise stage 0 binds where its store listens; the
+    // others bind the same loopback address on one machine, or the interface of their own
+    // hostname across machines.
     const bool loopback = joined.host() == "127.0.0.1" || joined.host() == "::1" ||
                           joined.host() == "localhost";
     gloo_options->devices.push_back(
-        options.rank == 0 || loopback
+        !options.interface.empty()
+            ? c10d::ProcessGroupGloo::createDeviceForInterface(options.interface)
+        : options.rank == 0 || loopback
             ? c10d::ProcessGroupGloo::createDeviceForHostname(joined.host())
             : c10d::ProcessGroupGloo::createDefaultDevice());
     gloo_options->timeout = options.timeout;

@@ -45,13 +45,16 @@ absl::Status Downstream::Submit(const at::Tensor& hidden,
                           .step = step_++,
                           .total_tokens = total,
                           .address_length = static_cast<int64_t>(encoded_.size())};
-  // Gloo moves host memory: a GPU stage's states are staged through it. Each posted tensor
-  // owns its storage until it has been sent (the caller reuses its buffers).
+  // The transport moves tensors on its device (host memory for Gloo, so a GPU stage's states
+  // are staged through it). Each posted tensor owns its storage until it has been sent: the
+  // caller reuses its buffers.
+  const at::Device link = transport_->device();
   const at::Tensor outgoing[] = {
-      EncodeHeader(header),
-      at::from_blob(encoded_.data(), {static_cast<int64_t>(encoded_.size())}, at::kLong).clone(),
-      hidden.is_cpu() ? hidden.contiguous().clone() : hidden.to(at::kCPU).contiguous(),
-      at::zeros({transport_->size()}, at::kDouble)};
+      EncodeHeader(header).to(link),
+      at::from_blob(encoded_.data(), {static_cast<int64_t>(encoded_.size())}, at::kLong)
+          .to(link, /*non_blocking=*/false, /*copy=*/true),
+      hidden.to(link, /*non_blocking=*/false, /*copy=*/true).contiguous(),
+      at::zeros({transport_->size()}, at::TensorOptions().dtype(at::kDouble).device(link))};
   if (absl::Status posted = transport_->Post(outgoing, 1); !posted.ok()) {
     broken_ = true;
     return posted;
@@ -67,8 +70,10 @@ absl::StatusOr<at::Tensor> Downstream::Collect() {
   if (broken_) {
     return absl::UnavailableError("the cloud's pipeline lost a stage; restart its stages");
   }
-  at::Tensor result = at::empty({oldest.total, hidden_size_}, at::TensorOptions().dtype(dtype_));
-  at::Tensor seconds = at::empty({transport_->size()}, at::kDouble);
+  const at::Device link = transport_->device();
+  at::Tensor result =
+      at::empty({oldest.total, hidden_size_}, at::TensorOptions().dtype(dtype_).device(link));
+  at::Tensor seconds = at::empty({transport_->size()}, at::TensorOptions().dtype(at::kDouble).device(link));
   at::Tensor incoming[] = {result, seconds};
   absl::Status received = transport_->Receive(incoming, transport_->size() - 1, timeout_);
   // This step's sends (the oldest posted) completed before its answer could come back;
@@ -78,9 +83,10 @@ absl::StatusOr<at::Tensor> Downstream::Collect() {
     broken_ = true;
     return received;
   }
-  const double* slots = seconds.data_ptr<double>();
+  const at::Tensor host_seconds = seconds.to(at::kCPU);
+  const double* slots = host_seconds.data_ptr<double>();
   stage_seconds_.assign(slots, slots + transport_->size());
-  return oldest.device.is_cpu() ? result : result.to(oldest.device);
+  return result.to(oldest.device);
 }
 
 absl::StatusOr<at::Tensor> Downstream::Forward(const at::Tensor& hidden,
@@ -92,7 +98,8 @@ absl::StatusOr<at::Tensor> Downstream::Forward(const at::Tensor& hidden,
 void Downstream::Shutdown() {
   if (broken_) return;
   (void)transport_->WaitSent(kTensorsPerStep * outstanding_.size(), timeout_);
-  const at::Tensor outgoing[] = {EncodeHeader({.op = StageOp::kShutdown, .step = step_})};
+  const at::Tensor outgoing[] = {
+      EncodeHeader({.op = StageOp::kShutdown, .step = step_}).to(transport_->device())};
   (void)transport_->Send(outgoing, 1, timeout_);
 }
 
@@ -106,11 +113,15 @@ absl::Status ServeStage(StageTransport& transport, const Submodel& layers,
   const at::ScalarType dtype = layers.options().dtype;
   std::vector<KvCache> caches;
   std::vector<SequenceChunk> chunks;
+  // Tensors travel on the transport's device; the header, addresses and timings are read
+  // and written on the host (no copy when that is where the transport keeps them).
+  const at::Device link = transport.device();
+  const at::Device device = layers.options().device;
   for (;;) {
-    at::Tensor header_tensor = at::empty({kHeaderElements}, at::kLong);
+    at::Tensor header_tensor = at::empty({kHeaderElements}, at::TensorOptions().dtype(at::kLong).device(link));
     at::Tensor header_in[] = {header_tensor};
     TOPHAT_RETURN_IF_ERROR(transport.Receive(header_in, rank - 1, kIdleWait));
-    TOPHAT_ASSIGN_OR_RETURN(StepHeader header, DecodeHeader(header_tensor));
+    TOPHAT_ASSIGN_OR_RETURN(StepHeader header, DecodeHeader(header_tensor.to(at::kCPU)));
     if (header.op == StageOp::kShutdown) {
       if (rank < last) {
         const at::Tensor forward[] = {header_tensor};
@@ -118,14 +129,15 @@ absl::Status ServeStage(StageTransport& transport, const Submodel& layers,
       }
       return absl::OkStatus();
     }
-    at::Tensor addresses = at::empty({header.address_length}, at::kLong);
-    at::Tensor hidden = at::empty({header.total_tokens, hidden_size}, at::TensorOptions().dtype(dtype));
-    at::Tensor seconds = at::empty({transport.size()}, at::kDouble);
+    at::Tensor addresses = at::empty({header.address_length}, at::TensorOptions().dtype(at::kLong).device(link));
+    at::Tensor hidden = at::empty({header.total_tokens, hidden_size}, at::TensorOptions().dtype(dtype).device(link));
+    at::Tensor seconds = at::empty({transport.size()}, at::TensorOptions().dtype(at::kDouble).device(link));
     at::Tensor body[] = {addresses, hidden, seconds};
     TOPHAT_RETURN_IF_ERROR(transport.Receive(body, rank - 1, timeout));
+    const at::Tensor host_addresses = addresses.to(at::kCPU);
     TOPHAT_ASSIGN_OR_RETURN(
         std::vector<DecodedChunk> decoded,
-        DecodeAddresses(std::span<const int64_t>(addresses.data_ptr<int64_t>(),
+        DecodeAddresses(std::span<const int64_t>(host_addresses.data_ptr<int64_t>(),
                                                  static_cast<size_t>(header.address_length)),
                         header.total_tokens, pool->num_blocks(), pool->block_size()));
     // One cache object per chunk slot, kept across steps (their tables are reassigned).
@@ -135,18 +147,18 @@ absl::Status ServeStage(StageTransport& transport, const Submodel& layers,
       TOPHAT_RETURN_IF_ERROR(caches[i].Assign(decoded[i].blocks, decoded[i].past));
       chunks.push_back({.cache = &caches[i], .num_tokens = decoded[i].num_tokens});
     }
-    const at::Device device = layers.options().device;
     const auto start = std::chrono::steady_clock::now();
-    at::Tensor input = device.is_cpu() ? hidden : hidden.to(device);
-    TOPHAT_ASSIGN_OR_RETURN(at::Tensor output, layers.Forward(input, chunks));
-    const at::Tensor host_output = output.to(at::kCPU).contiguous();
-    seconds.data_ptr<double>()[rank] =
+    TOPHAT_ASSIGN_OR_RETURN(at::Tensor output, layers.Forward(hidden.to(device), chunks));
+    const at::Tensor outgoing = output.to(link).contiguous();
+    at::Tensor host_seconds = seconds.to(at::kCPU);
+    host_seconds.data_ptr<double>()[rank] =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const at::Tensor outgoing_seconds = host_seconds.to(link);
     if (rank < last) {
-      const at::Tensor forward[] = {header_tensor, addresses, host_output, seconds};
+      const at::Tensor forward[] = {header_tensor, addresses, outgoing, outgoing_seconds};
       TOPHAT_RETURN_IF_ERROR(transport.Send(forward, rank + 1, timeout));
     } else {
-      const at::Tensor back[] = {host_output, seconds};
+      const at::Tensor back[] = {outgoing, outgoing_seconds};
       TOPHAT_RETURN_IF_ERROR(transport.Send(back, 0, timeout));
     }
   }

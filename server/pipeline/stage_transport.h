@@ -1,7 +1,7 @@
 // How the stages of the cloud's pipeline exchange tensors: an interface over an existing
 // collective library (no hand-rolled sockets for tensors). Gloo (c10d's ProcessGroupGloo,
-// shipped in Debian's LibTorch) links CPU processes on any machine; an NCCL backend for
-// GPU-to-GPU links implements the same interface.
+// shipped in Debian's LibTorch) links CPU processes on any machine, and GPU stages through
+// host memory; NCCL (ncclSend/ncclRecv on CUDA streams) links GPU stages directly.
 #pragma once
 
 #include <chrono>
@@ -23,6 +23,10 @@ class StageTransport {
   virtual ~StageTransport() = default;
   virtual int rank() const = 0;  // this stage's index
   virtual int size() const = 0;  // number of stages
+  // Where the tensors it moves must live: host memory for Gloo, the stage's GPU for NCCL.
+  virtual at::Device device() const = 0;
+  // "Gloo" or "NCCL", for logs and the checks at rendezvous.
+  virtual const char* name() const = 0;
 
   // Sends `tensors` (contiguous) to stage `peer`, in order, and waits until they have left.
   // Unavailable when the peer is gone or `timeout` passes.
@@ -48,6 +52,10 @@ struct RendezvousOptions {
   int rank = 0;
   int size = 1;
   std::chrono::milliseconds timeout{30000};  // for meeting, and for each transfer
+  // The network interface the stages' links use across hosts (Gloo's pairs, NCCL's
+  // sockets), e.g. "eth1". Empty: the store's address on one host, else the interface of
+  // this host's name.
+  std::string interface;
 };
 
 // The stages' shared key-value store, joined. Thread-compatible.
@@ -64,6 +72,9 @@ class Rendezvous {
   virtual absl::Status Set(const std::string& key, const std::string& value) = 0;
   // Waits for `key` up to the timeout (DeadlineExceeded naming the key).
   virtual absl::StatusOr<std::string> Get(const std::string& key) = 0;
+  // Whether stage 0's store still answers (always OK on stage 0): how a stage whose links
+  // cannot report a dead peer (NCCL's) learns that stage 0 is gone while it waits.
+  virtual absl::Status CheckReachable() = 0;
 
  protected:
   explicit Rendezvous(RendezvousOptions options) : options_(std::move(options)) {}
@@ -75,5 +86,17 @@ class Rendezvous {
 // A Gloo process group over the rendezvous's store, all stages joined (blocks until they
 // have, or the timeout passes). The pairs bind to the host part of the store's address.
 absl::StatusOr<std::unique_ptr<StageTransport>> ConnectGloo(Rendezvous& rendezvous);
+
+// Whether this build has the NCCL backend (a CUDA toolkit with NCCL was found).
+bool NcclBuilt();
+// NCCL communicators between the stages, this one on CUDA device `cuda_index` (all stages
+// joined, or DeadlineExceeded after the rendezvous's timeout: the set-up is non-blocking
+// and aborted then). Two communicators: one down the chain (stage i to i + 1), one from the
+// last stage back to stage 0, each on its own stream, so that stage 0's sends of the next
+// micro-batch never queue behind its wait for the last one's answer. `rendezvous` must
+// outlive the transport (waits ask it whether stage 0 is still there).
+// Unimplemented when !NcclBuilt().
+absl::StatusOr<std::unique_ptr<StageTransport>> ConnectNccl(Rendezvous& rendezvous,
+                                                            int cuda_index);
 
 }  // namespace tophat::pipeline
