@@ -4,6 +4,26 @@
 #include <cmath>
 
 namespace tophat {
+namespace {
+
+// The time between two steps leaving the cloud for a step of `tokens`: the slowest stage's
+// own time when every stage has timings, else g split evenly over the P stages.
+double PipelineBeat(const ChunkSizeInputs& in, const StepTimePredictor& step_time, double tokens) {
+  const bool per_stage =
+      !in.stage_step_times.empty() &&
+      std::all_of(in.stage_step_times.begin(), in.stage_step_times.end(),
+                  [](const StepTimePredictor& stage) { return stage.has_data(); });
+  if (!per_stage) {
+    return step_time.Predict(tokens) / static_cast<double>(std::max<int64_t>(1, in.pipeline_stages));
+  }
+  double slowest = 0;
+  for (const StepTimePredictor& stage : in.stage_step_times) {
+    slowest = std::max(slowest, stage.Predict(tokens));
+  }
+  return slowest;
+}
+
+}  // namespace
 
 int64_t ChooseChunkSize(const ChunkSizeInputs& in, const StepTimePredictor& step_time) {
   const int64_t min_chunk = std::max<int64_t>(1, in.min_chunk);
@@ -13,13 +33,12 @@ int64_t ChooseChunkSize(const ChunkSizeInputs& in, const StepTimePredictor& step
   if (!(in.uplink_bytes_per_second > 0) || !(in.bytes_per_token > 0) || !step_time.has_data()) {
     return std::min(prompt, max_chunk);
   }
-  const double stages = static_cast<double>(std::max<int64_t>(1, in.pipeline_stages));
   // Positive once the upload of x positions outlasts the cloud's share of the overlap.
   auto gap = [&](int64_t x) {
     const double upload = static_cast<double>(x) * in.bytes_per_token / in.uplink_bytes_per_second;
-    const double compute = (step_time.Predict(in.mean_batched_tokens) +
-                            step_time.Predict(in.mean_batched_tokens + static_cast<double>(x))) /
-                           stages;
+    const double compute =
+        PipelineBeat(in, step_time, in.mean_batched_tokens) +
+        PipelineBeat(in, step_time, in.mean_batched_tokens + static_cast<double>(x));
     return upload - compute;
   };
   int64_t chunk = max_chunk;
@@ -76,6 +95,7 @@ DeviceControl DecideDeviceControl(const DeviceEstimate& device, double bytes_per
          .uplink_bytes_per_second = device.uplink_bytes_per_second,
          .mean_batched_tokens = mean_batched_tokens,
          .pipeline_stages = options.pipeline_stages,
+         .stage_step_times = options.stage_step_times,
          .min_chunk = std::min(options.min_chunk, options.max_chunk),
          .max_chunk = options.max_chunk,
          .max_step_seconds = options.max_step_seconds},

@@ -1,13 +1,16 @@
 // The per-device decisions of HAT's scheduler (DESIGN.md "The equations"), as pure functions
 // of the state monitor's estimates:
 //   - the prompt chunk size X_i, which balances uploading a chunk against the cloud computing
-//     the previous one: X_i·A / β_i,up = (g(μ) + g(μ + X_i)) / P;
+//     the previous one: X_i·A / β_i,up = (g(μ) + g(μ + X_i)) / P, where g / P is the
+//     pipeline's beat when its P stages are even; with a step-time model per stage, the beat
+//     is the slowest stage's: X_i·A / β_i,up = max_s g_s(μ) + max_s g_s(μ + X_i);
 //   - the parallel-drafting steps λ_i = floor((μ_i·A/β_i,up + g(μ) + μ_i·A/β_i,down) / γ_i):
 //     the drafter steps that fit in one verification trip;
 //   - DSD's adaptive draft window (AdaptiveDraftWindow), as an option.
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "scheduler/state_monitor.h"
 #include "scheduler/step_time_predictor.h"
@@ -20,6 +23,9 @@ struct ChunkSizeInputs {
   double uplink_bytes_per_second = 0;  // β_i,up (0: unknown)
   double mean_batched_tokens = 0;      // μ
   int64_t pipeline_stages = 1;         // P
+  // g_s per pipeline stage (StateMonitor::stage_step_times); used instead of g / P once
+  // every stage has timings.
+  std::span<const StepTimePredictor> stage_step_times;
   int64_t min_chunk = 16;
   int64_t max_chunk = 1024;
   // Optional cap (0: none): a step that carries the chunk should take at most this long, so
@@ -64,6 +70,7 @@ struct DeviceControlOptions {
   // P: the cloud's pipeline stages, which work on P micro-batches at once (HAT's Eq. 3
   // divides the step time the chunk's upload overlaps by P).
   int64_t pipeline_stages = 1;
+  std::span<const StepTimePredictor> stage_step_times;  // g_s, as in ChunkSizeInputs
 };
 
 // What the cloud tells one device, and which values came from its measurements.

@@ -119,6 +119,46 @@ TEST_CASE("The chunk size balances upload against cloud compute", "[scheduler]")
   CHECK(ChooseChunkSize(four, g) < ChooseChunkSize(one, g));
 }
 
+TEST_CASE("With a model per pipeline stage, the chunk balances against the slowest stage",
+          "[scheduler]") {
+  // The whole pipeline takes 4 ms + 0.05 ms per token; split evenly over two stages the beat
+  // is half of that. Split unevenly (stage 1 three times stage 0's time), the beat is stage
+  // 1's: 3 ms + 0.0375 ms per token, and the upload has longer to run: a larger chunk.
+  const StepTimePredictor g = AffineCloud();
+  const std::vector<StepTimePredictor> even = {AffineCloud(0.002, 0.000025),
+                                               AffineCloud(0.002, 0.000025)};
+  const std::vector<StepTimePredictor> uneven = {AffineCloud(0.001, 0.0000125),
+                                                 AffineCloud(0.003, 0.0000375)};
+  ChunkSizeInputs in{.prompt_tokens = 4000, .bytes_per_token = 8192,
+                     .uplink_bytes_per_second = 10e6, .mean_batched_tokens = 64,
+                     .pipeline_stages = 2, .min_chunk = 8, .max_chunk = 2048};
+  const int64_t by_g = ChooseChunkSize(in, g);
+  in.stage_step_times = even;
+  CHECK(ChooseChunkSize(in, g) == by_g);  // even stages: the same as g / P
+  in.stage_step_times = uneven;
+  const int64_t by_slowest = ChooseChunkSize(in, g);
+  CHECK(by_slowest > by_g);
+  // At the solution the upload just covers the slowest stage's two steps.
+  const double upload = static_cast<double>(by_slowest) * 8192 / 10e6;
+  CHECK(upload >= uneven[1].Predict(64) + uneven[1].Predict(64 + static_cast<double>(by_slowest)));
+  CHECK(static_cast<double>(by_slowest - 1) * 8192 / 10e6 <
+        uneven[1].Predict(64) + uneven[1].Predict(64 + static_cast<double>(by_slowest - 1)));
+  // Until every stage has timings, g / P stands.
+  const std::vector<StepTimePredictor> partial = {AffineCloud(0.001, 0.0000125),
+                                                  StepTimePredictor(8192)};
+  in.stage_step_times = partial;
+  CHECK(ChooseChunkSize(in, g) == by_g);
+
+  // The state monitor keeps the per-stage models the engine feeds.
+  StateMonitor monitor(1024, 0.8, /*pipeline_stages=*/2);
+  REQUIRE(monitor.stage_step_times().size() == 2);
+  monitor.ObserveStageStep(1, 100, 0.03);
+  monitor.ObserveStageStep(5, 100, 0.03);  // no such stage: ignored
+  CHECK_FALSE(monitor.stage_step_times()[0].has_data());
+  CHECK(monitor.stage_step_times()[1].Predict(100) == Approx(0.03));
+  CHECK(StateMonitor(1024, 0.8).stage_step_times().empty());
+}
+
 TEST_CASE("Short prompts and unknown links are not chunked", "[scheduler]") {
   const StepTimePredictor g = AffineCloud();
   ChunkSizeInputs in{.prompt_tokens = 12, .bytes_per_token = 8192, .uplink_bytes_per_second = 1e6,

@@ -12,13 +12,23 @@ void AddMeasured(MovingAverage& average, double sample) {
 
 }  // namespace
 
-StateMonitor::StateMonitor(int64_t max_batch_tokens, double alpha)
-    : alpha_(alpha), mean_tokens_(alpha), step_time_(max_batch_tokens, alpha) {}
+StateMonitor::StateMonitor(int64_t max_batch_tokens, double alpha, int pipeline_stages)
+    : alpha_(alpha), mean_tokens_(alpha), step_time_(max_batch_tokens, alpha) {
+  if (pipeline_stages > 1) {
+    stage_step_times_.assign(static_cast<size_t>(pipeline_stages),
+                             StepTimePredictor(max_batch_tokens, alpha));
+  }
+}
 
 void StateMonitor::ObserveStep(int64_t batched_tokens, double seconds) {
   if (batched_tokens < 1) return;
   mean_tokens_.Add(static_cast<double>(batched_tokens));
   step_time_.Observe(batched_tokens, seconds);
+}
+
+void StateMonitor::ObserveStageStep(int stage, int64_t batched_tokens, double seconds) {
+  if (stage < 0 || static_cast<size_t>(stage) >= stage_step_times_.size()) return;
+  stage_step_times_[static_cast<size_t>(stage)].Observe(batched_tokens, seconds);
 }
 
 void StateMonitor::ObserveDevice(uint64_t device, const DeviceReport& report) {

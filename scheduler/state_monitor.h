@@ -2,6 +2,8 @@
 // with weight α = 0.8 on the past, of
 //   - μ, the tokens batched per engine step, and g(μ), the step time as a function of them
 //     (StepTimePredictor);
+//   - with the middle split into P pipeline stages, g_s(μ) for each stage s: its own forward
+//     time, so the scheduler sees the slowest stage (the pipeline's beat) rather than g / P;
 //   - per device: γ_i, its draft delay per step, and β_i,up / β_i,down, its link bandwidths,
 //     as the agent measured them from real transfers and reported in DeviceState.
 // Pure bookkeeping: the engine thread calls it; no clock, no I/O, not thread-safe.
@@ -9,7 +11,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <unordered_map>
+#include <vector>
 
 #include "scheduler/moving_average.h"
 #include "scheduler/step_time_predictor.h"
@@ -35,14 +39,21 @@ struct DeviceEstimate {
 
 class StateMonitor {
  public:
-  explicit StateMonitor(int64_t max_batch_tokens = 8192, double alpha = 0.8);
+  // `pipeline_stages` > 1 keeps a step-time model per stage.
+  explicit StateMonitor(int64_t max_batch_tokens = 8192, double alpha = 0.8,
+                        int pipeline_stages = 1);
 
   void ObserveStep(int64_t batched_tokens, double seconds);
+  // Stage `stage`'s own forward seconds for a step of `batched_tokens` (ignored without a
+  // pipeline or for a stage out of range).
+  void ObserveStageStep(int stage, int64_t batched_tokens, double seconds);
   void ObserveDevice(uint64_t device, const DeviceReport& report);
   void ForgetDevice(uint64_t device);
 
   double mean_batched_tokens() const { return mean_tokens_.value(); }  // μ (0 before any step)
   const StepTimePredictor& step_time() const { return step_time_; }
+  // g_s of each pipeline stage; empty without a pipeline.
+  std::span<const StepTimePredictor> stage_step_times() const { return stage_step_times_; }
   std::optional<DeviceEstimate> device(uint64_t device) const;
 
  private:
@@ -54,6 +65,7 @@ class StateMonitor {
   double alpha_;
   MovingAverage mean_tokens_;
   StepTimePredictor step_time_;
+  std::vector<StepTimePredictor> stage_step_times_;
   std::unordered_map<uint64_t, DeviceAverages> devices_;
 };
 

@@ -69,7 +69,8 @@ Engine::Engine(EngineOptions options, std::shared_ptr<const Submodel> middle,
       metrics_(metrics),
       allocator_(static_cast<int32_t>(options_.kv_num_blocks),
                  static_cast<int32_t>(options_.kv_block_size)),
-      monitor_(std::max<int64_t>(1, options_.max_batch_tokens)) {
+      monitor_(std::max<int64_t>(1, options_.max_batch_tokens), /*alpha=*/0.8,
+               options_.downstream != nullptr ? options_.downstream->stages() : 1) {
   const ModelConfig& config = middle_->config();
   wire_dtype_ = ToProtoDType(middle_->options().dtype).value_or(v1::DTYPE_FLOAT32);
   row_bytes_ = config.hidden_size * ElementBytes(wire_dtype_);
@@ -361,7 +362,8 @@ void Engine::DecideForStream(StreamId stream) {
        .max_chunk = options_.max_chunk_tokens,
        .max_step_seconds = options_.max_step_seconds,
        .max_draft_steps = options_.max_draft_steps,
-       .pipeline_stages = static_cast<int64_t>(pipeline_depth_)});
+       .pipeline_stages = static_cast<int64_t>(pipeline_depth_),
+       .stage_step_times = monitor_.stage_step_times()});
   if (!decided.chunk_size_measured && !decided.draft_steps_measured) return;
   v1::Control control = options_.control;
   control.set_prompt_chunk_size(static_cast<uint32_t>(decided.prompt_chunk_size));
@@ -627,6 +629,14 @@ void Engine::Complete() {
   const double predicted = monitor_.step_time().Predict(static_cast<double>(total));
   const bool had_prediction = monitor_.step_time().has_data();
   monitor_.ObserveStep(total, compute_seconds);
+  if (batch.submitted && output.ok()) {
+    // Each stage's own forward time: the scheduler's per-stage models see the slowest stage.
+    const std::vector<double>& stages = options_.downstream->stage_seconds();
+    monitor_.ObserveStageStep(0, total, batch.own_seconds);
+    for (size_t s = 1; s < stages.size(); ++s) {
+      monitor_.ObserveStageStep(static_cast<int>(s), total, stages[s]);
+    }
+  }
   if (metrics_ != nullptr) {
     metrics_->step_seconds.Observe(compute_seconds);
     if (batch.submitted && output.ok()) {
