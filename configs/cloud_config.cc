@@ -113,6 +113,13 @@ void CheckCloudConfig(const CloudConfig& config, bool require_bundle, Report&& r
                         " stages; give one per stage or none"),
            "pipeline.layer_boundaries");
   }
+  if (!pipeline.compute_threads.empty() &&
+      static_cast<int64_t>(pipeline.compute_threads.size()) != pipeline.stages()) {
+    report("pipeline.compute_threads",
+           absl::StrCat(pipeline.compute_threads.size(), " thread counts for ", pipeline.stages(),
+                        " stages; give one per stage or none"),
+           "pipeline.layer_boundaries");
+  }
   for (const std::string& device : pipeline.devices) {
     check("pipeline.devices", CheckDevice(device));
   }
@@ -205,6 +212,17 @@ absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
   reader.ReadInt("pipeline.planned_stages", &config.pipeline.planned_stages,
                  Bound::kNonNegative);
   reader.ReadStringList("pipeline.devices", &config.pipeline.devices);
+  std::vector<std::string> stage_threads;
+  reader.ReadStringList("pipeline.compute_threads", &stage_threads);
+  for (const std::string& text : stage_threads) {
+    int64_t threads = 0;
+    if (!absl::SimpleAtoi(text, &threads) || threads < 0) {
+      reader.AddError("pipeline.compute_threads",
+                      absl::StrCat("\"", text, "\" is not a thread count (0: all cores)"));
+      break;
+    }
+    config.pipeline.compute_threads.push_back(threads);
+  }
   reader.ReadString("pipeline.backend", &config.pipeline.backend);
   reader.ReadString("pipeline.interface", &config.pipeline.interface);
   reader.ReadSeconds("pipeline.timeout_s", &config.pipeline.timeout_s, Bound::kPositive);

@@ -59,6 +59,8 @@ struct CloudConfig {
     // start-up from each stage's own profile (0: use layer_boundaries).
     int64_t planned_stages = 0;
     std::vector<std::string> devices;  // per stage; empty: `device` for every stage
+    // Compute threads per stage (0: all cores); empty: `compute_threads` for every stage.
+    std::vector<int64_t> compute_threads;
     // How tensors move between stages: "gloo" (anywhere; GPU tensors staged through host
     // memory) or "nccl" (GPU to GPU; every stage on its own CUDA device).
     std::string backend = "gloo";
@@ -66,6 +68,11 @@ struct CloudConfig {
     // store's address on one host, else the interface of the host's name.
     std::string interface;
     double timeout_s = 60;  // to meet at start-up, and for each transfer within a step
+    // What stage `rank` computes with: its entry of compute_threads, else the default.
+    int64_t StageComputeThreads(int rank, int64_t default_threads) const {
+      return compute_threads.empty() ? default_threads
+                                     : compute_threads[static_cast<size_t>(rank)];
+    }
     int64_t stages() const {
       if (planned_stages > 0) return planned_stages;
       return layer_boundaries.empty() ? 1 : static_cast<int64_t>(layer_boundaries.size()) - 1;

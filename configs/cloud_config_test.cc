@@ -201,9 +201,18 @@ TEST_CASE("The pipeline's backend is gloo or nccl, and nccl only between CUDA de
   CHECK(ValidateCloudConfig(*config).ok());
   CHECK(config->pipeline.backend == "nccl");
   CHECK(config->pipeline.interface == "eth1");
+  CHECK_THAT(ErrorOf(two_stages + "  compute_threads: [1]\n"),
+             Catch::Contains("pipeline.compute_threads: 1 thread counts for 2 stages"));
+  CHECK_THAT(ErrorOf(two_stages + "  compute_threads: [1, x]\n"),
+             Catch::Contains("pipeline.compute_threads: \"x\" is not a thread count"));
+  auto threads = ParseCloudConfig(two_stages + "  compute_threads: [2, 1]\n", "cloud.yaml");
+  REQUIRE(threads.ok());
+  CHECK(threads->pipeline.StageComputeThreads(0, 4) == 2);
+  CHECK(threads->pipeline.StageComputeThreads(1, 4) == 1);
   auto defaults = ParseCloudConfig(two_stages, "cloud.yaml");
   REQUIRE(defaults.ok());
   CHECK(defaults->pipeline.backend == "gloo");
+  CHECK(defaults->pipeline.StageComputeThreads(1, 4) == 4);
 }
 
 TEST_CASE("Cloud config addresses must be host:port") {

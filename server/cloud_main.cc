@@ -43,7 +43,8 @@ std::atomic<bool> pipeline_lost{false};
 
 int Run(const CloudConfig& written) {
   spdlog::set_level(spdlog::level::from_str(written.log_level));
-  if (absl::Status threads = tophat::SetComputeThreads(static_cast<int>(written.compute_threads));
+  if (absl::Status threads = tophat::SetComputeThreads(static_cast<int>(
+          written.pipeline.StageComputeThreads(0, written.compute_threads)));
       !threads.ok()) {
     return Fail(threads);
   }

@@ -200,14 +200,16 @@ absl::StatusOr<std::unique_ptr<pipeline::Downstream>> ConnectStages(
 
 int RunLaterStage(const CloudConfig& written, int rank) {
   spdlog::set_level(spdlog::level::from_str(written.log_level));
-  if (absl::Status threads = SetComputeThreads(static_cast<int>(written.compute_threads));
-      !threads.ok()) {
-    return Fail(threads);
-  }
   if (rank <= 0 || rank >= written.pipeline.stages()) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
         "--stage ", rank, ": the config's pipeline has stages 1..", written.pipeline.stages() - 1,
         " besides stage 0 (tophat-cloud without --stage)")));
+  }
+  // Before the profile of planned_stages: it measures the stage as it will run.
+  if (absl::Status threads = SetComputeThreads(static_cast<int>(
+          written.pipeline.StageComputeThreads(rank, written.compute_threads)));
+      !threads.ok()) {
+    return Fail(threads);
   }
   auto rendezvous = JoinStages(written, rank);
   if (!rendezvous.ok()) return Fail(rendezvous.status());
