@@ -125,6 +125,9 @@ absl::StatusOr<CloudConfig> DecideBoundaries(const CloudConfig& config, int rank
   const std::string device =
       config.pipeline.devices.empty() ? config.device : config.pipeline.devices[rank];
   const LayerRange middle = manifest.middle_layers;
+  // One stage at a time: stages that share a host's cores would otherwise slow each other's
+  // profile (and a stage with more threads would measure its contention, not its speed).
+  if (rank > 0) TOPHAT_RETURN_IF_ERROR(rendezvous.Get(absl::StrCat("profile/", rank - 1)).status());
   spdlog::info("stage {}: profiling layers [{}, {}) on {} for the layer planner", rank,
                middle.begin, middle.end, device);
   TOPHAT_ASSIGN_OR_RETURN(LayerProfile profile,
@@ -132,10 +135,9 @@ absl::StatusOr<CloudConfig> DecideBoundaries(const CloudConfig& config, int rank
                                         /*tokens=*/64, /*repetitions=*/5));
   CloudConfig decided = config;
   decided.pipeline.planned_stages = 0;
-  if (rank > 0) {
-    TOPHAT_RETURN_IF_ERROR(
-        rendezvous.Set(absl::StrCat("profile/", rank), absl::StrJoin(profile.seconds, " ")));
-  } else {
+  TOPHAT_RETURN_IF_ERROR(
+      rendezvous.Set(absl::StrCat("profile/", rank), absl::StrJoin(profile.seconds, " ")));
+  if (rank == 0) {
     PlannerInputs inputs;
     inputs.layer_bytes = profile.bytes;
     for (int s = 0; s < stages; ++s) {
