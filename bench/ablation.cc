@@ -112,6 +112,7 @@ std::string AgentYaml(const AblationConfig& config, const AblationOptions& optio
       "listen_address: \"%s\"\n"
       "cloud_address: \"%s\"\n"
       "bundle: \"%s\"\n"
+      "cloud_tls:\n  insecure: true\n"
       "max_context: %d\n"
       "prompt_chunk_size: %d\n"
       "pipeline_prompt_chunks: %s\n"
@@ -138,6 +139,7 @@ std::string CloudYaml(const AblationOptions& options, const std::string& listen_
   return absl::StrFormat(
       "listen_address: \"%s\"\n"
       "bundle: \"%s\"\n"
+      "tls:\n  insecure: true\n"
       "max_context: %d\n"
       "kv_cache:\n"
       "  memory_bytes: 1GiB\n"

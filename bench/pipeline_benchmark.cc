@@ -265,6 +265,7 @@ absl::StatusOr<double> RunServingCase(const ServingCase& c, const Args& args,
                                             : static_cast<int>(c.boundaries.size()) - 1;
   std::string cloud = absl::StrFormat(
       "listen_address: \"127.0.0.1:%d\"\nbundle: \"%s\"\nmax_context: 1024\n"
+      "tls:\n  insecure: true\n"
       "metrics_address: \"\"\ncompute_threads: %d\nkv_cache:\n  memory_bytes: 512MiB\n"
       "scheduler:\n  max_batch_tokens: 256\n  max_running_sessions: 64\n"
       "  max_waiting_sessions: 64\n",
@@ -281,6 +282,7 @@ absl::StatusOr<double> RunServingCase(const ServingCase& c, const Args& args,
   // A fixed chunk: the comparison is of the cloud, not of the adaptive chunk size.
   const std::string agent = absl::StrFormat(
       "listen_address: \"127.0.0.1:%d\"\ncloud_address: \"127.0.0.1:%d\"\nbundle: \"%s\"\n"
+      "cloud_tls:\n  insecure: true\n"
       "max_context: 1024\nprompt_chunk_size: 128\nmax_concurrent_requests: 256\n"
       "compute_threads: 1\nmetrics_address: \"\"\nspeculative:\n  enabled: false\n",
       agent_port, cloud_port, (bundles / "device").string());

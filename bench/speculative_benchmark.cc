@@ -137,6 +137,7 @@ int main(int argc, char** argv) {
     config.bundle = split->device_dir.string();
     config.cloud_address = absl::StrCat("127.0.0.1:", port);
     config.metrics_address = "";
+    config.cloud_tls.insecure = true;  // an in-process cloud on loopback
     config.max_context = 1024;
     config.speculative.enabled = mode.speculative;
     config.speculative.parallel_drafting = mode.parallel;

@@ -16,6 +16,16 @@ struct AgentConfig {
   std::string listen_address = "127.0.0.1:7200";  // app API (gRPC)
   std::string cloud_address = "127.0.0.1:7100";
   std::string bundle;  // device bundle directory (required)
+  // TLS of the link to the cloud, mutual: the agent presents this device's certificate and
+  // accepts only a cloud whose certificate ca_file signed.
+  struct CloudTls {
+    bool insecure = false;  // plaintext: only on a trusted network
+    std::string certificate_file;  // this device's certificate chain (PEM)
+    std::string private_key_file;
+    std::string ca_file;      // the CA that signs the cloud's certificate
+    std::string server_name;  // the name the cloud's certificate must carry; "": cloud_address's host
+    bool operator==(const CloudTls&) const = default;
+  } cloud_tls;
   std::string dtype = "float32";
   std::string device = "cpu";
   int64_t compute_threads = 0;  // CPU threads for the model math (LibTorch + OpenBLAS); 0: per core

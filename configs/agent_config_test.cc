@@ -24,7 +24,10 @@ TEST_CASE("An empty agent config yields the defaults") {
   CHECK(config->prompt_chunk_size == 0);
   CHECK(config->reconnect.initial_backoff_s == 0.1);
   CHECK(ValidateAgentConfig(*config).message() ==
-        "bundle: required (set it in the config or on the command line)");
+        "bundle: required (set it in the config or on the command line)\n"
+        "cloud_tls: the agent reaches the cloud over mutual TLS: set certificate_file, "
+        "private_key_file, ca_file (or cloud_tls.insecure: true for plaintext on a trusted "
+        "network)");
 }
 
 TEST_CASE("Every agent config key is parsed") {
@@ -32,6 +35,11 @@ TEST_CASE("Every agent config key is parsed") {
 listen_address: "[::1]:7201"
 cloud_address: cloud.example:7100
 bundle: /abs/device
+cloud_tls:
+  certificate_file: /etc/tophat/device.crt
+  private_key_file: /etc/tophat/device.key
+  ca_file: /etc/tophat/ca.crt
+  server_name: cloud.example
 dtype: float16
 device: cuda
 compute_threads: 2
@@ -66,6 +74,11 @@ log_level: trace
   CHECK(config->listen_address == "[::1]:7201");
   CHECK(config->cloud_address == "cloud.example:7100");
   CHECK(config->bundle == "/abs/device");
+  CHECK(config->cloud_tls.certificate_file == "/etc/tophat/device.crt");
+  CHECK(config->cloud_tls.private_key_file == "/etc/tophat/device.key");
+  CHECK(config->cloud_tls.ca_file == "/etc/tophat/ca.crt");
+  CHECK(config->cloud_tls.server_name == "cloud.example");
+  CHECK_FALSE(config->cloud_tls.insecure);
   CHECK(config->dtype == "float16");
   CHECK(config->device == "cuda");
   CHECK(config->compute_threads == 2);
@@ -148,6 +161,7 @@ TEST_CASE("Agent config cross-checks backoff and the default generation length")
 
   AgentConfig config;
   config.bundle = "/b";
+  config.cloud_tls.insecure = true;
   config.reconnect.max_backoff_s = 0.01;
   CHECK(ValidateAgentConfig(config).message() ==
         "reconnect.initial_backoff_s: 0.1 is more than reconnect.max_backoff_s (0.01)");
@@ -156,10 +170,15 @@ TEST_CASE("Agent config cross-checks backoff and the default generation length")
 TEST_CASE("A relative agent bundle is resolved against the config file's directory") {
   testing::TempDir dir;
   const std::filesystem::path file = dir.path() / "agent.yaml";
-  testing::WriteBytes(file, "bundle: ./bundles/./device/\n");
+  testing::WriteBytes(file, "bundle: ./bundles/./device/\ncloud_tls:\n  certificate_file: "
+                            "tls/device.crt\n  private_key_file: tls/device.key\n  ca_file: "
+                            "/etc/ca.crt\n");
   absl::StatusOr<AgentConfig> config = LoadAgentConfig(file);
   REQUIRE(config.ok());
   CHECK(config->bundle == (dir.path() / "bundles" / "device" / "").string());
+  // So are the TLS files.
+  CHECK(config->cloud_tls.certificate_file == (dir.path() / "tls" / "device.crt").string());
+  CHECK(config->cloud_tls.ca_file == "/etc/ca.crt");
   CHECK(ValidateAgentConfig(*config).ok());  // existence is the bundle loader's business
 }
 

@@ -1,10 +1,12 @@
 #include "configs/cloud_config.h"
 
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "configs/config_checks.h"
 #include "configs/yaml_reader.h"
 #include "base/status_macros.h"
@@ -22,6 +24,22 @@ void CheckCloudConfig(const CloudConfig& config, bool require_bundle, Report&& r
   };
   if (require_bundle && config.bundle.empty()) {
     report("bundle", "required (set it in the config or on the command line)", "");
+  }
+  const CloudConfig::Tls& tls = config.tls;
+  const bool tls_files = !tls.certificate_file.empty() || !tls.private_key_file.empty() ||
+                         !tls.client_ca_file.empty();
+  if (tls.insecure && tls_files) {
+    report("tls.insecure", "true, but tls files are set too: choose TLS or plaintext", "");
+  } else if (require_bundle && !tls.insecure) {  // required keys, checked as bundle is
+    std::vector<std::string> missing;
+    if (tls.certificate_file.empty()) missing.push_back("certificate_file");
+    if (tls.private_key_file.empty()) missing.push_back("private_key_file");
+    if (tls.client_ca_file.empty()) missing.push_back("client_ca_file");
+    if (!missing.empty()) {
+      report("tls", absl::StrCat("agents connect to the cloud over mutual TLS: set ", absl::StrJoin(missing, ", "),
+                               " (or tls.insecure: true for plaintext on a trusted network)"),
+             "");
+    }
   }
   check("listen_address", CheckHostPort(config.listen_address, /*allow_port_zero=*/true));
   check("dtype", CheckDtype(config.dtype));
@@ -170,6 +188,10 @@ absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
   CloudConfig config;
   reader.ReadString("listen_address", &config.listen_address);
   reader.ReadString("bundle", &config.bundle);
+  reader.ReadBool("tls.insecure", &config.tls.insecure);
+  reader.ReadString("tls.certificate_file", &config.tls.certificate_file);
+  reader.ReadString("tls.private_key_file", &config.tls.private_key_file);
+  reader.ReadString("tls.client_ca_file", &config.tls.client_ca_file);
   reader.ReadString("dtype", &config.dtype);
   reader.ReadString("device", &config.device);
   reader.ReadInt("compute_threads", &config.compute_threads, Bound::kNonNegative);
@@ -239,6 +261,10 @@ absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
       });
   TOPHAT_RETURN_IF_ERROR(reader.Finish());
   config.bundle = ResolveConfigPath(config.bundle, reader.source_name());
+  for (std::string* path : {&config.tls.certificate_file, &config.tls.private_key_file,
+                            &config.tls.client_ca_file}) {
+    if (!path->empty()) *path = ResolveConfigPath(*path, reader.source_name());
+  }
   return config;
 }
 

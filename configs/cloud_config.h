@@ -21,6 +21,15 @@ struct CloudConfig {
   // CPU threads for the model math (LibTorch and OpenBLAS pools); 0: one per core.
   int64_t compute_threads = 0;
   int64_t max_context = 4096;                     // longest session, positions
+  // TLS of the agents' port, mutual: agents present certificates client_ca_file signed, and
+  // each device is known by the name its certificate gives (proto/channel_security.h).
+  struct Tls {
+    bool insecure = false;  // plaintext, no device identity: only on a trusted network
+    std::string certificate_file;  // the cloud's certificate chain (PEM)
+    std::string private_key_file;
+    std::string client_ca_file;    // the CA that signs the devices' certificates
+    bool operator==(const Tls&) const = default;
+  } tls;
   struct KvCache {
     int64_t block_size = 16;             // positions per block
     int64_t memory_bytes = 256LL << 20;  // size of the block pool ("256MiB")

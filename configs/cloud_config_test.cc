@@ -28,15 +28,23 @@ TEST_CASE("An empty cloud config yields the defaults") {
   CHECK(defaults.bundle.empty());
   CHECK(defaults.kv_cache.memory_bytes == 256LL << 20);
   CHECK(defaults.limits.max_message_bytes == 64LL << 20);
-  // The defaults are valid except that nobody chose a bundle.
+  // The defaults are valid except that nobody chose a bundle or the TLS files.
   const absl::Status status = ValidateCloudConfig(defaults);
-  CHECK(status.message() == "bundle: required (set it in the config or on the command line)");
+  CHECK(status.message() ==
+        "bundle: required (set it in the config or on the command line)\n"
+        "tls: agents connect to the cloud over mutual TLS: set certificate_file, "
+        "private_key_file, client_ca_file (or tls.insecure: true for plaintext on a trusted "
+        "network)");
 }
 
 TEST_CASE("Every cloud config key is parsed") {
   absl::StatusOr<CloudConfig> config = ParseCloudConfig(R"(
 listen_address: "0.0.0.0:7300"
 bundle: /abs/cloud
+tls:
+  certificate_file: /etc/tophat/cloud.crt
+  private_key_file: /etc/tophat/cloud.key
+  client_ca_file: /etc/tophat/devices-ca.crt
 dtype: bfloat16
 device: cuda:1
 compute_threads: 3
@@ -90,6 +98,10 @@ log_level: debug
   CHECK(config->drain_grace_period_s == 0);
   CHECK(config->metrics_address.empty());
   CHECK(config->log_level == "debug");
+  CHECK(config->tls.certificate_file == "/etc/tophat/cloud.crt");
+  CHECK(config->tls.private_key_file == "/etc/tophat/cloud.key");
+  CHECK(config->tls.client_ca_file == "/etc/tophat/devices-ca.crt");
+  CHECK_FALSE(config->tls.insecure);
   CHECK(ValidateCloudConfig(*config).ok());
 }
 
@@ -161,6 +173,7 @@ TEST_CASE("A KV pool larger than physical memory is an error with both sizes") {
 
   CloudConfig config;
   config.bundle = "x";
+  config.tls.insecure = true;
   config.kv_cache.memory_bytes = int64_t{1} << 62;
   CHECK_THAT(std::string(ValidateCloudConfig(config).message()),
              Catch::StartsWith("kv_cache.memory_bytes: 4 EiB is more than"));
@@ -178,7 +191,7 @@ TEST_CASE("A KV pool fraction is of free GPU memory, below 1, and not for the CP
              Catch::Contains("set either planned_stages"));
   CHECK_THAT(ErrorOf("bundle: x\npipeline:\n  planned_stages: 2\n"),
              Catch::Contains("pipeline.rendezvous_address: required with pipeline.planned_stages"));
-  auto config = ParseCloudConfig("bundle: x\ndevice: cuda:0\nkv_cache:\n  memory_fraction: 0.9\n",
+  auto config = ParseCloudConfig("bundle: x\ntls:\n  insecure: true\ndevice: cuda:0\nkv_cache:\n  memory_fraction: 0.9\n",
                                  "cloud.yaml");
   REQUIRE(config.ok());
   CHECK(ValidateCloudConfig(*config).ok());
@@ -186,7 +199,7 @@ TEST_CASE("A KV pool fraction is of free GPU memory, below 1, and not for the CP
 
 TEST_CASE("The pipeline's backend is gloo or nccl, and nccl only between CUDA devices") {
   const std::string two_stages =
-      "bundle: x\npipeline:\n  rendezvous_address: \"h:1\"\n  layer_boundaries: [2, 3, 5]\n";
+      "bundle: x\ntls:\n  insecure: true\npipeline:\n  rendezvous_address: \"h:1\"\n  layer_boundaries: [2, 3, 5]\n";
   CHECK_THAT(ErrorOf(two_stages + "  backend: mpi\n"),
              Catch::Contains("pipeline.backend: \"mpi\" is not gloo or nccl"));
   CHECK_THAT(ErrorOf(two_stages + "  backend: nccl\n"),
@@ -220,6 +233,7 @@ TEST_CASE("Cloud config addresses must be host:port") {
        {"127.0.0.1:7100", "0.0.0.0:0", "localhost:80", "[::1]:7100", "my-host.example:65535"}) {
     CloudConfig config;
     config.bundle = "x";
+    config.tls.insecure = true;
     config.listen_address = std::string(address);
     config.metrics_address = std::string(address);
     INFO(address);
@@ -230,6 +244,7 @@ TEST_CASE("Cloud config addresses must be host:port") {
         "host name:1", "127.0.0.1:-1", "127.0.0.1:71a"}) {
     CloudConfig config;
     config.bundle = "x";
+    config.tls.insecure = true;
     config.listen_address = std::string(address);
     INFO(address);
     CHECK_THAT(std::string(ValidateCloudConfig(config).message()),
@@ -257,6 +272,7 @@ TEST_CASE("Cloud config cross-checks the chunk sizes against the chunk limit") {
 TEST_CASE("ValidateCloudConfig checks values set after loading, without lines") {
   CloudConfig config;
   config.bundle = "/b";
+  config.tls.insecure = true;
   REQUIRE(ValidateCloudConfig(config).ok());
   config.kv_cache.block_size = 0;
   config.scheduler.max_waiting_sessions = -1;

@@ -55,6 +55,9 @@ TEST_CASE("The templates set every key to its default") {
   CHECK_FALSE(cloud->bundle.empty());
   CloudConfig cloud_defaults;
   cloud_defaults.bundle = cloud->bundle;
+  // Paths without a default, like the bundle; plaintext stays off.
+  CHECK_FALSE(cloud->tls.insecure);
+  cloud_defaults.tls = cloud->tls;
   CHECK(*cloud == cloud_defaults);
 
   absl::StatusOr<AgentConfig> agent = LoadAgentConfig(kConfigsDir / "agent.yaml");
@@ -62,6 +65,9 @@ TEST_CASE("The templates set every key to its default") {
   CHECK_FALSE(agent->bundle.empty());
   AgentConfig agent_defaults;
   agent_defaults.bundle = agent->bundle;
+  CHECK_FALSE(agent->cloud_tls.insecure);
+  CHECK(agent->cloud_tls.server_name.empty());
+  agent_defaults.cloud_tls = agent->cloud_tls;
   CHECK(*agent == agent_defaults);
 }
 

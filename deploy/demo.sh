@@ -18,6 +18,9 @@ model="${TOPHAT_TOY_MODEL:-$HOME/.cache/tophat/toy-model}"
 # Device: embedding + layers [0, 2) and layer 5 + head. Cloud: layers [2, 5).
 "$bin/tophat" split --model "$model" --input-layers 2 --output-layers 1 --out build/demo-bundles
 
+# The demo's own CA and certificates (kept across runs): the cloud's, and one per device.
+bash deploy/make-certs.sh build/demo-certs device-1 device-2
+
 logs=build/demo-logs
 mkdir -p "$logs"
 pids=()

@@ -15,6 +15,8 @@ packages=(
   prometheus-cpp-dev libyaml-cpp-dev libsentencepiece-dev nlohmann-json3-dev
   libcpp-httplib-dev libcli11-dev libspdlog-dev libpcre2-dev
   catch2
+  # deploy/make-certs.sh: the CA and certificates of the mutual-TLS links (demo and tests).
+  openssl
 )
 
 missing=()

@@ -13,6 +13,7 @@
 #include "device_agent/decode_round.h"
 #include "device_agent/request_stats.h"
 #include "models/tokenizers/tokenizer.h"
+#include "proto/channel_security.h"
 #include "proto/hidden_states.h"
 
 namespace tophat {
@@ -515,6 +516,20 @@ void Agent::Request::Finish(v1::GenerateResponse& response, v1::FinishReason rea
 
 absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
                                                      prometheus::Registry* registry) {
+  // The link's credentials first: a missing certificate fails before the bundle loads.
+  std::shared_ptr<grpc::ChannelCredentials> cloud_credentials;
+  if (config.cloud_tls.insecure) {
+    spdlog::warn("cloud_tls.insecure: the link to the cloud at {} is plaintext and "
+                 "unauthenticated; use it only on a trusted network",
+                 config.cloud_address);
+    cloud_credentials = grpc::InsecureChannelCredentials();
+  } else {
+    TOPHAT_ASSIGN_OR_RETURN(cloud_credentials,
+                            MutualTlsChannelCredentials({.certificate_file = config.cloud_tls.certificate_file,
+                                                         .private_key_file = config.cloud_tls.private_key_file,
+                                                         .ca_file = config.cloud_tls.ca_file},
+                                                        "cloud_tls"));
+  }
   TOPHAT_ASSIGN_OR_RETURN(at::ScalarType dtype, ParseTorchDtypeName(config.dtype, "dtype"));
   SubmodelOptions options{.dtype = dtype,
                           .device = at::Device(config.device),
@@ -534,14 +549,19 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
                                     config.speculative.parallel_steps)
                      : std::string("off"));
   }
-  return std::unique_ptr<Agent>(new Agent(config, std::move(bundle), registry));
+  return std::unique_ptr<Agent>(
+      new Agent(config, std::move(bundle), std::move(cloud_credentials), registry));
 }
 
-Agent::Agent(AgentConfig config, DeviceBundle bundle, prometheus::Registry* registry)
+Agent::Agent(AgentConfig config, DeviceBundle bundle,
+             std::shared_ptr<grpc::ChannelCredentials> cloud_credentials,
+             prometheus::Registry* registry)
     : config_(std::move(config)), bundle_(std::move(bundle)) {
   if (registry != nullptr) metrics_ = std::make_unique<AgentMetrics>(*registry);
   CloudConnectionOptions options{
       .address = config_.cloud_address,
+      .credentials = std::move(cloud_credentials),
+      .server_name = config_.cloud_tls.server_name,
       .initial_backoff_s = config_.reconnect.initial_backoff_s,
       .max_backoff_s = config_.reconnect.max_backoff_s,
       .check_hello = [this](const v1::Hello& hello) { return CheckHello(hello); },

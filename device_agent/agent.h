@@ -64,7 +64,9 @@ class Agent : private LinkSampleSink {
   class Request;
   friend class Request;
 
-  Agent(AgentConfig config, DeviceBundle bundle, prometheus::Registry* registry);
+  Agent(AgentConfig config, DeviceBundle bundle,
+        std::shared_ptr<grpc::ChannelCredentials> cloud_credentials,
+        prometheus::Registry* registry);
   absl::Status CheckHello(const v1::Hello& hello) const;
   // Folds one decode round's measurements into the device's state and, at most once a
   // second, reports it to the cloud's state monitor (DeviceState on stream `epoch`).

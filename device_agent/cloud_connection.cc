@@ -37,7 +37,13 @@ CloudConnection::CloudConnection(CloudConnectionOptions options) : options_(std:
               static_cast<int>(options_.initial_backoff_s * 1000));
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
               static_cast<int>(options_.initial_backoff_s * 1000));
-  channel_ = grpc::CreateCustomChannel(options_.address, grpc::InsecureChannelCredentials(), args);
+  if (!options_.server_name.empty()) {
+    args.SetString(GRPC_SSL_TARGET_NAME_OVERRIDE_ARG, options_.server_name);
+  }
+  channel_ = grpc::CreateCustomChannel(
+      options_.address,
+      options_.credentials != nullptr ? options_.credentials : grpc::InsecureChannelCredentials(),
+      args);
   stub_ = v1::CloudService::NewStub(channel_);
   if (options_.one_way_delay_s > 0 || options_.uplink_bytes_per_second > 0 ||
       options_.downlink_bytes_per_second > 0) {

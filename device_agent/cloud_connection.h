@@ -56,6 +56,10 @@ class SessionMailbox {
 
 struct CloudConnectionOptions {
   std::string address = "127.0.0.1:7100";
+  // How the link is secured (proto/channel_security.h); null: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // The name the cloud's certificate must carry, when it is not the address's host.
+  std::string server_name;
   double initial_backoff_s = 0.1;
   double max_backoff_s = 2.0;
   // The cloud's limits.max_message_bytes bounds what it accepts; the agent's own channel

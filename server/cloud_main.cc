@@ -17,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "proto/channel_security.h"
 #include "proto/hidden_states.h"
 #include "telemetry/metrics_http_server.h"
 #include "telemetry/shutdown_signals.h"
@@ -47,6 +48,22 @@ int Run(const CloudConfig& written) {
           written.pipeline.StageComputeThreads(0, written.compute_threads)));
       !threads.ok()) {
     return Fail(threads);
+  }
+  // The agents' port: mutual TLS unless the config says plaintext. Its files are checked
+  // before anything loads.
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  if (written.tls.insecure) {
+    spdlog::warn("tls.insecure: agents connect in plaintext, unauthenticated, and devices have "
+                 "no identity; use it only on a trusted network");
+    credentials = grpc::InsecureServerCredentials();
+  } else {
+    auto tls = tophat::MutualTlsServerCredentials(
+        {.certificate_file = written.tls.certificate_file,
+         .private_key_file = written.tls.private_key_file,
+         .ca_file = written.tls.client_ca_file},
+        "tls", "client_ca_file");
+    if (!tls.ok()) return Fail(tls.status());
+    credentials = *std::move(tls);
   }
   // With a pipeline, stage 0 serves the stages' rendezvous, where (with planned_stages)
   // the layer boundaries are decided before anyone loads its layers.
@@ -168,7 +185,7 @@ int Run(const CloudConfig& written) {
   // and share the traffic instead of failing.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int bound_port = 0;
-  builder.AddListeningPort(config.listen_address, grpc::InsecureServerCredentials(), &bound_port);
+  builder.AddListeningPort(config.listen_address, credentials, &bound_port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.limits.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(config.limits.max_message_bytes));
   builder.RegisterService(&service);

@@ -6,6 +6,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "proto/channel_security.h"
+
 namespace tophat {
 namespace {
 
@@ -54,7 +56,12 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1
                  grpc::CallbackServerContext* context)
       : engine_(engine), stream_(stream), context_(context) {
     channel_ = std::make_shared<StreamChannel>(this, options);
-    spdlog::info("stream {} connected from {}", stream_, context_->peer());
+    // The device's identity is the name its client certificate gives (mutual TLS); a
+    // plaintext cloud (tls.insecure) has none.
+    const std::string device = PeerIdentity(*context_->auth_context());
+    spdlog::info("stream {} connected from {} ({})", stream_, context_->peer(),
+                 device.empty() ? std::string("no device identity: plaintext")
+                                : "device " + device);
     engine_->AttachStream(stream_, channel_);
     StartRead(&incoming_);
   }

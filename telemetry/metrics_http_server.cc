@@ -1,5 +1,8 @@
 #include "telemetry/metrics_http_server.h"
 
+#include <chrono>
+#include <thread>
+
 #include <httplib.h>
 #include <prometheus/text_serializer.h>
 
@@ -48,6 +51,13 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   }
   httplib::Server* raw = server->server_.get();
   server->thread_ = std::thread([raw] { raw->listen_after_bind(); });
+  // httplib's stop() does nothing until the listening thread has marked itself running, so a
+  // daemon that failed right after this (a bundle that does not load) would join a thread
+  // that never ends and hang instead of exiting. Wait for it (it takes microseconds).
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!raw->is_running() && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   return server;
 }
 

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -18,6 +19,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_format.h"
+#include "proto/channel_security.h"
 #include "sdk/client.h"
 #include "models/runtime/bundle.h"
 #include "models/runtime/generate.h"
@@ -60,6 +62,32 @@ std::vector<int> CloudStages() {
     at = comma == std::string::npos ? text.size() : comma + 1;
   }
   return boundaries;
+}
+
+// Certificates made once per test run with deploy/make-certs.sh: a CA, the cloud's, and
+// device-1 and device-2. The daemons run over mutual TLS, as deployed.
+const fs::path& Certs() {
+  static const fs::path dir = [] {
+    fs::path out = fs::temp_directory_path() / ("tophat-serving-certs-" + std::to_string(getpid()));
+    const std::string script =
+        (EnvPath("TOPHAT_SOURCE_DIR", TOPHAT_DEFAULT_SOURCE_DIR) / "deploy" / "make-certs.sh").string();
+    REQUIRE(std::system(("bash " + script + " " + out.string() + " device-1 device-2").c_str()) == 0);
+    return out;
+  }();
+  return dir;
+}
+
+TlsFiles DeviceTls(const std::string& device) {
+  return {.certificate_file = (Certs() / (device + ".crt")).string(),
+          .private_key_file = (Certs() / (device + ".key")).string(),
+          .ca_file = (Certs() / "ca.crt").string()};
+}
+
+// A device's channel to the cloud, as an agent would open it.
+std::shared_ptr<grpc::ChannelCredentials> DeviceCredentials(const std::string& device = "device-1") {
+  auto credentials = MutualTlsChannelCredentials(DeviceTls(device), "test");
+  REQUIRE(credentials.ok());
+  return *credentials;
 }
 
 // The toy model split once per test run: device = embedding + layers [0, 2) + layer 5 + head,
@@ -153,6 +181,9 @@ class CloudProcess {
     config_ = dir / ("cloud-" + std::to_string(port_) + ".yaml");
     std::ofstream(config_) << "listen_address: \"127.0.0.1:" << port_ << "\"\n"
                            << "bundle: " << (Bundles() / "cloud").string() << "\n"
+                           << "tls:\n  certificate_file: " << (Certs() / "cloud.crt").string()
+                           << "\n  private_key_file: " << (Certs() / "cloud.key").string()
+                           << "\n  client_ca_file: " << (Certs() / "ca.crt").string() << "\n"
                            << "device: " << CloudDevice() << "\n"
                            << "dtype: " << settings.dtype << "\n"
                            << "max_context: 1024\n"
@@ -241,12 +272,15 @@ class AgentProcess {
                                      "--cloud", cloud.address(), "--metrics",
                                      "127.0.0.1:" + std::to_string(metrics_port_),
                                      "--prompt-chunk-size", std::to_string(chunk_size)};
-    if (!yaml.empty() || compute_threads != 0) {
-      const fs::path config = dir / ("agent-" + std::to_string(port_) + ".yaml");
-      std::ofstream(config) << yaml << "\ncompute_threads: " << compute_threads << "\n";
-      args.push_back("--config");
-      args.push_back(config.string());
-    }
+    // Every agent is device-1 to the cloud, over mutual TLS.
+    const TlsFiles tls = DeviceTls("device-1");
+    const fs::path config = dir / ("agent-" + std::to_string(port_) + ".yaml");
+    std::ofstream(config) << "cloud_tls:\n  certificate_file: " << tls.certificate_file
+                          << "\n  private_key_file: " << tls.private_key_file
+                          << "\n  ca_file: " << tls.ca_file << "\n"
+                          << yaml << "\ncompute_threads: " << compute_threads << "\n";
+    args.push_back("--config");
+    args.push_back(config.string());
     process_ = std::make_unique<ChildProcess>(std::move(args),
                                               dir / ("agent-" + std::to_string(port_) + ".log"));
     REQUIRE(testing::WaitForPort(port_, 60s));
@@ -290,7 +324,7 @@ v1::GenerateRequest IdsRequest(const std::vector<int32_t>& prompt, int64_t max_n
 // health service but not its generated client). Returns the ServingStatus enum value:
 // 1 = SERVING, 2 = NOT_SERVING; -1 if the call failed.
 int HealthCheck(const std::string& address) {
-  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateChannel(address, DeviceCredentials());
   grpc::GenericStub stub(channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + 5s);
@@ -383,7 +417,7 @@ class RawStream {
   explicit RawStream(const std::string& address) {
     grpc::ChannelArguments args;
     args.SetMaxSendMessageSize(256 << 20);
-    channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    channel_ = grpc::CreateCustomChannel(address, DeviceCredentials(), args);
     stub_ = v1::CloudService::NewStub(channel_);
     stream_ = stub_->Connect(&context_);
     v1::CloudMessage first;
@@ -534,6 +568,82 @@ TEST_CASE("A malformed YAML config is refused with the file, key and line", "[se
   INFO(log);
   CHECK(log.find("cloud.yaml:3") != std::string::npos);
   CHECK(log.find("kv_cache.block_size") != std::string::npos);
+}
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+TEST_CASE("The cloud's port takes only devices whose certificate its CA signed", "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});
+  // Opens a stream as a device would; OK once the cloud's Hello arrives.
+  auto open_with = [&](const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
+    auto channel = grpc::CreateChannel(cloud.address(), credentials);
+    auto stub = v1::CloudService::NewStub(channel);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + 20s);
+    auto stream = stub->Connect(&context);
+    v1::CloudMessage first;
+    if (stream->Read(&first) && first.has_hello()) {
+      context.TryCancel();
+      (void)stream->Finish();
+      return grpc::Status::OK;
+    }
+    return stream->Finish();
+  };
+  CHECK(open_with(DeviceCredentials("device-2")).ok());
+  // The cloud knows the device by the name in its certificate.
+  CHECK(testing::WaitUntil(
+      [&] { return cloud.process().Log().find("(device device-2)") != std::string::npos; }, 10s));
+
+  // Plaintext.
+  CHECK(open_with(grpc::InsecureChannelCredentials()).error_code() ==
+        grpc::StatusCode::UNAVAILABLE);
+  // TLS that trusts the cloud but presents no certificate.
+  grpc::SslCredentialsOptions no_certificate;
+  no_certificate.pem_root_certs = ReadFile(Certs() / "ca.crt");
+  CHECK(open_with(grpc::SslCredentials(no_certificate)).error_code() ==
+        grpc::StatusCode::UNAVAILABLE);
+  // A certificate with a device's name from another CA.
+  const fs::path other = dir.path() / "other-ca";
+  REQUIRE(std::system(("bash " +
+                       (EnvPath("TOPHAT_SOURCE_DIR", TOPHAT_DEFAULT_SOURCE_DIR) / "deploy" /
+                        "make-certs.sh").string() +
+                       " " + other.string() + " device-1")
+                          .c_str()) == 0);
+  auto forged = MutualTlsChannelCredentials({.certificate_file = (other / "device-1.crt").string(),
+                                             .private_key_file = (other / "device-1.key").string(),
+                                             .ca_file = (Certs() / "ca.crt").string()},
+                                            "test");
+  REQUIRE(forged.ok());
+  CHECK(open_with(*forged).error_code() == grpc::StatusCode::UNAVAILABLE);
+  // None of it disturbed the daemon.
+  CHECK(open_with(DeviceCredentials("device-1")).ok());
+  CHECK(cloud.process().running());
+}
+
+TEST_CASE("An agent whose certificate file is missing exits at once, naming the key",
+          "[serving]") {
+  testing::TempDir dir;
+  const fs::path config = dir.path() / "agent.yaml";
+  std::ofstream(config) << "bundle: " << (Bundles() / "device").string()
+                        << "\ncloud_tls:\n  certificate_file: " << (dir.path() / "no.crt").string()
+                        << "\n  private_key_file: " << DeviceTls("device-1").private_key_file
+                        << "\n  ca_file: " << DeviceTls("device-1").ca_file
+                        << "\nlisten_address: \"127.0.0.1:" << testing::FreePort()
+                        << "\"\nmetrics_address: \"127.0.0.1:" << testing::FreePort() << "\"\n";
+  // In a loop: the start-up error path must exit, every time (it once hung on the metrics
+  // server's thread).
+  for (int run = 0; run < 5; ++run) {
+    ChildProcess agent({(BinDir() / "tophat-agent").string(), "--config", config.string()},
+                       dir.path() / ("agent-" + std::to_string(run) + ".log"));
+    auto code = agent.Wait(30s);
+    REQUIRE(code.has_value());
+    CHECK(*code == 1);
+    CHECK_THAT(agent.Log(), Catch::Contains("cloud_tls.certificate_file: cannot read"));
+  }
 }
 
 TEST_CASE("Killing an agent mid-generation frees its KV on the cloud", "[serving][cuda-cloud][staged]") {
