@@ -84,6 +84,16 @@ void CheckCloudConfig(const CloudConfig& config, bool require_bundle, Report&& r
   check("limits.max_chunk_tokens", CheckAtLeast(config.limits.max_chunk_tokens, 1));
   check("limits.session_timeout_s",
         CheckAtLeast(config.limits.session_timeout_s, 0, /*inclusive=*/false));
+  check("limits.max_session_timeout_s",
+        CheckAtLeast(config.limits.max_session_timeout_s, 0, /*inclusive=*/true));
+  check("limits.max_sessions_per_device", CheckAtLeast(config.limits.max_sessions_per_device, 0));
+  if (config.limits.max_session_timeout_s > 0 &&
+      config.limits.session_timeout_s > config.limits.max_session_timeout_s) {
+    report("limits.session_timeout_s",
+           absl::StrCat(config.limits.session_timeout_s, " is more than limits.max_session_timeout_s (",
+                        config.limits.max_session_timeout_s, ")"),
+           "limits.max_session_timeout_s");
+  }
   check("drain_grace_period_s", CheckAtLeast(config.drain_grace_period_s, 0, /*inclusive=*/true));
   if (!config.metrics_address.empty()) {
     check("metrics_address", CheckHostPort(config.metrics_address, /*allow_port_zero=*/true));
@@ -250,6 +260,10 @@ absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
   reader.ReadSeconds("pipeline.timeout_s", &config.pipeline.timeout_s, Bound::kPositive);
   reader.ReadSeconds("limits.session_timeout_s", &config.limits.session_timeout_s,
                      Bound::kPositive);
+  reader.ReadSeconds("limits.max_session_timeout_s", &config.limits.max_session_timeout_s,
+                     Bound::kNonNegative);
+  reader.ReadInt("limits.max_sessions_per_device", &config.limits.max_sessions_per_device,
+                 Bound::kNonNegative);
   reader.ReadSeconds("drain_grace_period_s", &config.drain_grace_period_s, Bound::kNonNegative);
   reader.ReadString("metrics_address", &config.metrics_address);
   reader.ReadString("log_level", &config.log_level);

@@ -55,6 +55,8 @@ struct CloudConfig {
     int64_t max_message_bytes = 64LL << 20;  // gRPC receive limit
     int64_t max_chunk_tokens = 2048;         // larger hidden-state chunks fail that request
     double session_timeout_s = 600;          // per-session deadline when the agent sets none
+    double max_session_timeout_s = 3600;     // longest deadline an agent may ask for (0: any)
+    int64_t max_sessions_per_device = 0;     // open sessions per device identity (0: no limit)
     bool operator==(const Limits&) const = default;
   } limits;
   // The middle split into stages, one process each (server/pipeline). Empty

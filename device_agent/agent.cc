@@ -211,10 +211,12 @@ absl::Status Agent::Request::Prepare() {
         "prompt of ", prompt_length_, " tokens + max_new_tokens ", max_new_tokens_,
         " exceeds the context of ", context, " positions"));
   }
+  // top_p 0 is proto3's "not set": keep every token. Anything else, NaN and negatives
+  // included, goes to Validate, which refuses what is not in (0, 1].
   SamplingParams sampling{.temperature = request_.sampling().temperature(),
                           .top_k = request_.sampling().top_k(),
-                          .top_p = request_.sampling().top_p() > 0 ? request_.sampling().top_p()
-                                                                   : 1.0,
+                          .top_p = request_.sampling().top_p() == 0 ? 1.0
+                                                                    : request_.sampling().top_p(),
                           .seed = request_.sampling().seed()};
   if (absl::Status valid = sampling.Validate(); !valid.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("sampling: ", valid.message()));

@@ -149,7 +149,9 @@ int Run(const CloudConfig& written) {
       .max_running_sessions = config.scheduler.max_running_sessions,
       .max_waiting_sessions = config.scheduler.max_waiting_sessions,
       .max_chunk_tokens = config.limits.max_chunk_tokens,
-      .session_timeout_s = config.limits.session_timeout_s};
+      .session_timeout_s = config.limits.session_timeout_s,
+      .max_session_timeout_s = config.limits.max_session_timeout_s,
+      .max_sessions_per_device = config.limits.max_sessions_per_device};
   engine_options.control.set_prompt_chunk_size(
       static_cast<uint32_t>(config.scheduler.prompt_chunk_size));
   engine_options.control.set_draft_steps(static_cast<uint32_t>(config.scheduler.draft_steps));

@@ -58,11 +58,11 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1
     channel_ = std::make_shared<StreamChannel>(this, options);
     // The device's identity is the name its client certificate gives (mutual TLS); a
     // plaintext cloud (tls.insecure) has none.
-    const std::string device = PeerIdentity(*context_->auth_context());
+    device_ = PeerIdentity(*context_->auth_context());
     spdlog::info("stream {} connected from {} ({})", stream_, context_->peer(),
-                 device.empty() ? std::string("no device identity: plaintext")
-                                : "device " + device);
-    engine_->AttachStream(stream_, channel_);
+                 device_.empty() ? std::string("no device identity: plaintext")
+                                 : "device " + device_);
+    engine_->AttachStream(stream_, channel_, device_);
     StartRead(&incoming_);
   }
 
@@ -105,6 +105,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1
 
   Engine* engine_;
   const StreamId stream_;
+  std::string device_;  // from the client certificate; "" for plaintext
   grpc::CallbackServerContext* context_;
   std::shared_ptr<StreamChannel> channel_;
   v1::AgentMessage incoming_;

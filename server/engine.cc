@@ -111,8 +111,11 @@ void Engine::Post(Event event) {
   intake_cv_.notify_one();
 }
 
-void Engine::AttachStream(StreamId stream, std::shared_ptr<MessageSink> sink) {
-  Post({.kind = Event::Kind::kAttach, .stream = stream, .sink = std::move(sink)});
+void Engine::AttachStream(StreamId stream, std::shared_ptr<MessageSink> sink, std::string device) {
+  Post({.kind = Event::Kind::kAttach,
+        .stream = stream,
+        .sink = std::move(sink),
+        .device = std::move(device)});
 }
 
 void Engine::Deliver(StreamId stream, v1::AgentMessage message) {
@@ -213,7 +216,11 @@ bool Engine::DrainIntake(bool wait) {
 void Engine::HandleEvent(Event& event) {
   switch (event.kind) {
     case Event::Kind::kAttach: {
-      streams_[event.stream].sink = event.sink;
+      StreamState& state = streams_[event.stream];
+      state.sink = event.sink;
+      // A plaintext stream has no identity: it is its own device for the limits.
+      state.device = event.device.empty() ? absl::StrCat("stream ", event.stream)
+                                          : absl::StrCat("device ", event.device);
       v1::CloudMessage hello;
       *hello.mutable_hello() = hello_;
       Send(event.stream, std::move(hello));
@@ -309,6 +316,22 @@ void Engine::Open(StreamId stream, const v1::OpenSession& open) {
               false);
     return;
   }
+  const auto stream_state = streams_.find(stream);
+  const std::string device =
+      stream_state != streams_.end() ? stream_state->second.device : absl::StrCat("stream ", stream);
+  if (options_.max_sessions_per_device > 0) {
+    auto open_now = sessions_per_device_.find(device);
+    if (open_now != sessions_per_device_.end() &&
+        open_now->second >= options_.max_sessions_per_device) {
+      SendError(stream, id, 0,
+                absl::ResourceExhaustedError(absl::StrCat(
+                    device, " already has ", open_now->second,
+                    " sessions open (limits.max_sessions_per_device)")),
+                false);
+      if (metrics_ != nullptr) metrics_->sessions_rejected.Increment();
+      return;
+    }
+  }
   const int32_t blocks = allocator_.BlocksFor(max_positions);
   if (blocks > allocator_.num_blocks()) {
     SendError(stream, id, 0,
@@ -339,8 +362,13 @@ void Engine::Open(StreamId stream, const v1::OpenSession& open) {
   session->id = id;
   session->max_positions = max_positions;
   session->opened = Clock::now();
-  const double timeout_s =
+  session->device = device;
+  ++sessions_per_device_[device];
+  double timeout_s =
       open.timeout_ms() > 0 ? open.timeout_ms() / 1000.0 : options_.session_timeout_s;
+  if (options_.max_session_timeout_s > 0) {
+    timeout_s = std::min(timeout_s, options_.max_session_timeout_s);
+  }
   session->deadline = session->opened + std::chrono::duration_cast<Clock::duration>(
                                             std::chrono::duration<double>(timeout_s));
   sessions_.emplace(SessionKey{stream, id}, std::move(session));
@@ -729,7 +757,13 @@ void Engine::Send(StreamId stream, v1::CloudMessage message) {
 
 void Engine::SendError(StreamId stream, uint64_t session_id, uint64_t sequence_number,
                        const absl::Status& status, bool session_alive) {
-  spdlog::warn("stream {} session {}: {}", stream, session_id, status.ToString());
+  int64_t held_back = 0;
+  if (session_error_log_.Allow(Clock::now(), &held_back)) {
+    if (held_back > 0) {
+      spdlog::warn("{} more session errors not logged (at most 20 a second)", held_back);
+    }
+    spdlog::warn("stream {} session {}: {}", stream, session_id, status.ToString());
+  }
   if (metrics_ != nullptr) metrics_->session_errors.Increment();
   v1::CloudMessage message;
   v1::SessionError* error = message.mutable_error();
@@ -753,6 +787,10 @@ void Engine::EraseSession(const SessionKey& key) {
     for (int32_t block : session.cache.block_table()) allocator_.Free(block);
     allocator_.Unreserve(session.reserved_blocks);
     --num_running_;
+  }
+  if (auto count = sessions_per_device_.find(session.device);
+      count != sessions_per_device_.end() && --count->second <= 0) {
+    sessions_per_device_.erase(count);
   }
   sessions_.erase(it);
   // A freed reservation may let the head of the queue in.

@@ -25,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/log_rate.h"
 #include "models/runtime/kv_cache.h"
 #include "models/runtime/submodel.h"
 #include "scheduler/batch_planner.h"
@@ -47,6 +48,12 @@ struct EngineOptions {
   int64_t max_waiting_sessions = 64;
   int64_t max_chunk_tokens = 2048;
   double session_timeout_s = 600;
+  // The longest deadline an agent may ask for (OpenSession.timeout_ms); longer ones are cut
+  // to it. 0: no cap.
+  double max_session_timeout_s = 3600;
+  // Sessions one device may hold open (running and waiting) at once; 0: no limit. A device
+  // is the identity of its certificate (mutual TLS), else its stream (plaintext).
+  int64_t max_sessions_per_device = 0;
   v1::Control control;  // announced in Hello; per-device values replace it when adaptive
   // Adaptive scheduling: per-device Control from DeviceState (scheduler/decode_decisions.h).
   bool adaptive = false;
@@ -87,7 +94,8 @@ class Engine {
   ~Engine();
 
   // --- Thread-safe intake, called from gRPC reactors. Never blocks on the step. ---
-  void AttachStream(StreamId stream, std::shared_ptr<MessageSink> sink);
+  // `device`: the identity the stream's certificate gives ("" for plaintext).
+  void AttachStream(StreamId stream, std::shared_ptr<MessageSink> sink, std::string device = "");
   void Deliver(StreamId stream, v1::AgentMessage message);
   void DetachStream(StreamId stream);
 
@@ -134,6 +142,7 @@ class Engine {
     bool in_flight = false;     // its head chunk is in a launched, not completed, step
     Clock::time_point opened;
     Clock::time_point deadline;
+    std::string device;  // the key of sessions_per_device_ it counts under
     explicit Session(std::shared_ptr<KvBlockPool> pool) : cache(std::move(pool)) {}
   };
   using SessionKey = std::pair<StreamId, uint64_t>;
@@ -141,11 +150,13 @@ class Engine {
     std::shared_ptr<MessageSink> sink;
     bool draining_notice_sent = false;
     std::optional<v1::Control> control;  // the last per-device Control sent
+    std::string device;  // whom the per-device limits count this stream's sessions for
   };
   struct Event {
     enum class Kind { kAttach, kMessage, kDetach, kCancelAll } kind;
     StreamId stream = 0;
     std::shared_ptr<MessageSink> sink;
+    std::string device;  // kAttach
     v1::AgentMessage message;
     absl::Status status;
     Clock::time_point received;
@@ -202,6 +213,8 @@ class Engine {
   // Engine-thread state.
   KvBlockAllocator allocator_;
   StateMonitor monitor_;  // devices keyed by stream id
+  std::unordered_map<std::string, int64_t> sessions_per_device_;  // open sessions
+  LogRate session_error_log_{20};
   std::map<SessionKey, std::unique_ptr<Session>> sessions_;
   int64_t num_running_ = 0;  // sessions_ in kRunning, kept in step with admit and erase
   std::deque<SessionKey> waiting_;

@@ -177,7 +177,7 @@ TEST_CASE("Admission reserves KV, queues one session and refuses the next") {
   CHECK(after[0].admitted().session_id() == 3);
 }
 
-TEST_CASE("Bad chunks fail their session with a named field; others carry on") {
+TEST_CASE("Bad chunks fail their session with a named field, and others carry on") {
   Harness h(SmallOptions());
   h.Open(1, 16);
   h.Open(2, 16);
@@ -199,7 +199,7 @@ TEST_CASE("Bad chunks fail their session with a named field; others carry on") {
   CHECK(h.engine->stats().kv_blocks_allocated == 1);
 }
 
-TEST_CASE("Truncate rolls back KV and returns blocks; detaching frees everything") {
+TEST_CASE("Truncate rolls back KV and returns blocks, and detaching frees everything") {
   Harness h(SmallOptions());
   h.Open(1, 32);
   h.Chunk(1, 0, 10, v1::PHASE_PREFILL);

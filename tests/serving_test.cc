@@ -171,6 +171,7 @@ struct CloudSettings {
   // toy model's middle [2, 5), each stage its own process.
   std::vector<int> layer_boundaries;
   int planned_stages = 0;  // pipeline.planned_stages: the planner chooses the boundaries
+  int64_t max_sessions_per_device = 0;  // limits.max_sessions_per_device
 };
 
 class CloudProcess {
@@ -197,7 +198,9 @@ class CloudProcess {
                            << "  min_prompt_chunk_size: " << settings.min_prompt_chunk_size
                            << "\n"
                            << "limits:\n  max_chunk_tokens: " << settings.max_chunk_tokens
-                           << "\n  max_message_bytes: " << settings.max_message_bytes << "\n"
+                           << "\n  max_message_bytes: " << settings.max_message_bytes
+                           << "\n  max_sessions_per_device: " << settings.max_sessions_per_device
+                           << "\n"
                            << "drain_grace_period_s: " << settings.drain_grace_period_s << "\n"
                            << "metrics_address: \"127.0.0.1:" << metrics_port_ << "\"\n"
                            << "compute_threads: " << settings.compute_threads << "\n";
@@ -414,10 +417,10 @@ TEST_CASE("Three agents with chunk sizes 1, 16 and 128 reproduce the monolithic 
 // A raw agent-side stream, for sending what a real agent never would.
 class RawStream {
  public:
-  explicit RawStream(const std::string& address) {
+  explicit RawStream(const std::string& address, const std::string& device = "device-1") {
     grpc::ChannelArguments args;
     args.SetMaxSendMessageSize(256 << 20);
-    channel_ = grpc::CreateCustomChannel(address, DeviceCredentials(), args);
+    channel_ = grpc::CreateCustomChannel(address, DeviceCredentials(device), args);
     stub_ = v1::CloudService::NewStub(channel_);
     stream_ = stub_->Connect(&context_);
     v1::CloudMessage first;
@@ -644,6 +647,44 @@ TEST_CASE("An agent whose certificate file is missing exits at once, naming the 
     CHECK(*code == 1);
     CHECK_THAT(agent.Log(), Catch::Contains("cloud_tls.certificate_file: cannot read"));
   }
+}
+
+TEST_CASE("A device holds at most its quota of sessions over all its streams, and other devices "
+          "are not affected",
+          "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {.max_sessions_per_device = 2});
+  // What the cloud answers an OpenSession: 0 when admitted, else the error's code.
+  auto open = [](RawStream& stream, uint64_t session) {
+    REQUIRE(stream.Send(OpenMessage(session, 64)));
+    while (true) {
+      v1::CloudMessage reply = stream.Read();
+      if (reply.has_admitted() && reply.admitted().session_id() == session) return 0;
+      if (reply.has_error() && reply.error().session_id() == session) {
+        INFO(reply.error().message());
+        CHECK_THAT(reply.error().message(),
+                   Catch::Contains("device device-1 already has 2 sessions open "
+                                   "(limits.max_sessions_per_device)"));
+        return reply.error().code();
+      }
+    }
+  };
+  RawStream first(cloud.address(), "device-1");
+  RawStream second(cloud.address(), "device-1");  // the same device on another stream
+  RawStream other(cloud.address(), "device-2");
+  CHECK(open(first, 1) == 0);
+  CHECK(open(second, 1) == 0);
+  CHECK(open(first, 2) == static_cast<int>(absl::StatusCode::kResourceExhausted));
+  CHECK(open(second, 2) == static_cast<int>(absl::StatusCode::kResourceExhausted));
+  CHECK(open(other, 1) == 0);  // another device is not counted against device-1
+  CHECK(open(other, 2) == 0);
+  // A closed session gives its place back.
+  v1::AgentMessage close;
+  close.mutable_close()->set_session_id(1);
+  REQUIRE(first.Send(close));
+  CHECK(testing::WaitUntil([&] { return cloud.Metric("tophat_num_sessions_running") == 3; }, 10s));
+  CHECK(open(first, 3) == 0);
+  CHECK(cloud.process().running());
 }
 
 TEST_CASE("Killing an agent mid-generation frees its KV on the cloud", "[serving][cuda-cloud][staged]") {

@@ -1,14 +1,18 @@
 #include "models/runtime/sampler.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 
 namespace tophat {
 
 absl::Status SamplingParams::Validate() const {
-  if (temperature < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("temperature must be >= 0, got ", temperature));
+  // NaN fails every comparison, so each check is written to fail on it: a NaN temperature
+  // would otherwise sample one token forever, an infinite one uniform noise.
+  if (!(temperature >= 0 && std::isfinite(temperature))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("temperature must be finite and >= 0 (0: greedy), got ", temperature));
   }
   if (top_k < 0) return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", top_k));
   if (!(top_p > 0.0 && top_p <= 1.0)) {

@@ -3,6 +3,8 @@
 #include <map>
 
 #include <catch2/catch.hpp>
+#include <cmath>
+#include <limits>
 
 namespace tophat {
 namespace {
@@ -57,6 +59,21 @@ TEST_CASE("Invalid sampling parameters are rejected by name", "[sampler]") {
   auto status = SamplingParams{.top_p = 1.5}.Validate();
   REQUIRE_FALSE(status.ok());
   CHECK_THAT(std::string(status.message()), Catch::Contains("top_p"));
+  // Non-finite values are refused, not turned into a repeated token, noise or "off".
+  const double nan = std::nan("");
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double temperature : {nan, inf, -inf}) {
+    INFO(temperature);
+    auto refused = SamplingParams{.temperature = temperature}.Validate();
+    REQUIRE_FALSE(refused.ok());
+    CHECK_THAT(std::string(refused.message()), Catch::Contains("temperature must be finite"));
+  }
+  for (double top_p : {nan, inf, -0.5, 0.0}) {
+    INFO(top_p);
+    CHECK_THAT(std::string(SamplingParams{.top_p = top_p}.Validate().message()),
+               Catch::Contains("top_p must be in (0, 1]"));
+  }
+  CHECK(SamplingParams{.temperature = 0.7, .top_k = 5, .top_p = 0.9}.Validate().ok());
 }
 
 }  // namespace
