@@ -56,6 +56,15 @@ void CheckAgentConfig(const AgentConfig& config, bool require_bundle, Report&& r
         CheckAtLeast(config.reconnect.max_backoff_s, 0, /*inclusive=*/false));
   check("reconnect.give_up_after_s",
         CheckAtLeast(config.reconnect.give_up_after_s, 0, /*inclusive=*/true));
+  check("reconnect.keepalive_s", CheckAtLeast(config.reconnect.keepalive_s, 0, /*inclusive=*/true));
+  if (config.reconnect.keepalive_s > 0 && config.reconnect.keepalive_s < 1) {
+    // The cloud accepts pings at most once a second (server/cloud_main.cc).
+    report("reconnect.keepalive_s",
+           absl::StrCat(config.reconnect.keepalive_s, " is below the cloud's 1 s ping minimum"),
+           "");
+  }
+  check("reconnect.keepalive_timeout_s",
+        CheckAtLeast(config.reconnect.keepalive_timeout_s, 0, /*inclusive=*/false));
   if (!(config.speculative.eta > 0 && config.speculative.eta <= 1)) {
     report("speculative.eta", absl::StrCat(config.speculative.eta, " is not in (0, 1]"), "");
   }
@@ -116,6 +125,9 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
   reader.ReadSeconds("reconnect.max_backoff_s", &config.reconnect.max_backoff_s, Bound::kPositive);
   reader.ReadSeconds("reconnect.give_up_after_s", &config.reconnect.give_up_after_s,
                      Bound::kNonNegative);
+  reader.ReadSeconds("reconnect.keepalive_s", &config.reconnect.keepalive_s, Bound::kNonNegative);
+  reader.ReadSeconds("reconnect.keepalive_timeout_s", &config.reconnect.keepalive_timeout_s,
+                     Bound::kPositive);
   reader.ReadBool("speculative.enabled", &config.speculative.enabled);
   reader.ReadDouble("speculative.eta", &config.speculative.eta, Bound::kPositive);
   reader.ReadInt("speculative.max_draft_tokens", &config.speculative.max_draft_tokens,

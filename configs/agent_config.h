@@ -41,6 +41,12 @@ struct AgentConfig {
     double initial_backoff_s = 0.1;
     double max_backoff_s = 2.0;
     double give_up_after_s = 60;  // a request fails after this long without a cloud
+    // HTTP/2 pings on the cloud link: one after this long without a frame from the cloud, and
+    // the link counts as lost (and is re-dialled) when no answer comes within
+    // keepalive_timeout_s. So a frozen cloud or a dead route is noticed in seconds, not at
+    // each request's deadline. 0 turns the pings off.
+    double keepalive_s = 10;
+    double keepalive_timeout_s = 5;
     bool operator==(const Reconnect&) const = default;
   } reconnect;
   // Speculative decoding with the bundle's adapter (DESIGN.md request path 4-5). All off is

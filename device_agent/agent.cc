@@ -566,6 +566,8 @@ Agent::Agent(AgentConfig config, DeviceBundle bundle,
       .server_name = config_.cloud_tls.server_name,
       .initial_backoff_s = config_.reconnect.initial_backoff_s,
       .max_backoff_s = config_.reconnect.max_backoff_s,
+      .keepalive_s = config_.reconnect.keepalive_s,
+      .keepalive_timeout_s = config_.reconnect.keepalive_timeout_s,
       .check_hello = [this](const v1::Hello& hello) { return CheckHello(hello); },
       .on_state_change =
           [this](bool connected) {

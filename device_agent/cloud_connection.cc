@@ -37,6 +37,15 @@ CloudConnection::CloudConnection(CloudConnectionOptions options) : options_(std:
               static_cast<int>(options_.initial_backoff_s * 1000));
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
               static_cast<int>(options_.initial_backoff_s * 1000));
+  if (options_.keepalive_s > 0) {
+    // Pings even while no call is active, so that a dead link is found before a request
+    // needs it; the cloud is configured to accept them (server/cloud_main.cc).
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(options_.keepalive_s * 1000));
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                static_cast<int>(options_.keepalive_timeout_s * 1000));
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  }
   if (!options_.server_name.empty()) {
     args.SetString(GRPC_SSL_TARGET_NAME_OVERRIDE_ARG, options_.server_name);
   }

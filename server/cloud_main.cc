@@ -186,6 +186,15 @@ int Run(const CloudConfig& written) {
   // Without this, gRPC sets SO_REUSEPORT and a second daemon on the same port would start
   // and share the traffic instead of failing.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Keepalives: agents ping (reconnect.keepalive_s) to notice a frozen cloud; accept their
+  // pings down to one a second, with or without a call, instead of gRPC's default 5 minutes
+  // (which would answer them with GOAWAY "too_many_pings"). And ping agents too, so that a
+  // vanished device's stream (and its KV) is released in about a minute, not at its
+  // sessions' deadlines.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
   int bound_port = 0;
   builder.AddListeningPort(config.listen_address, credentials, &bound_port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.limits.max_message_bytes));

@@ -687,6 +687,31 @@ TEST_CASE("A device holds at most its quota of sessions over all its streams, an
   CHECK(cloud.process().running());
 }
 
+TEST_CASE("A frozen cloud is noticed by keepalives, and the agent comes back when it thaws",
+          "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});
+  AgentProcess agent(dir.path(), cloud, 16, "reconnect:\n  keepalive_s: 1\n  keepalive_timeout_s: 1\n");
+  auto connected = [&] {
+    auto health = agent.client().Health();
+    return health.ok() && health->cloud_connected();
+  };
+  REQUIRE(connected());
+  cloud.process().Signal(SIGSTOP);
+  // A ping after 1 s of silence, unanswered for 1 s: about 2 s. Without keepalives Health
+  // said connected until the requests' deadlines (600 s).
+  const auto frozen = std::chrono::steady_clock::now();
+  CHECK(testing::WaitUntil([&] { return !connected(); }, 15s));
+  INFO("noticed after " << std::chrono::duration<double>(std::chrono::steady_clock::now() - frozen).count() << " s");
+  cloud.process().Signal(SIGCONT);
+  CHECK(testing::WaitUntil(connected, 30s));
+  const std::vector<int32_t> prompt = Tokenize(ToyPrompts(11, 1)[0]);
+  auto result = agent.client().Generate(IdsRequest(prompt, 12));
+  REQUIRE(result.ok());
+  REQUIRE(result->ok());
+  CHECK(Tokens(*result) == Reference(prompt, 12, /*stop_at_eos=*/true));
+}
+
 TEST_CASE("Killing an agent mid-generation frees its KV on the cloud", "[serving][cuda-cloud][staged]") {
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {});
