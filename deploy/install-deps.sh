@@ -15,8 +15,9 @@ packages=(
   prometheus-cpp-dev libyaml-cpp-dev libsentencepiece-dev nlohmann-json3-dev
   libcpp-httplib-dev libcli11-dev libspdlog-dev libpcre2-dev
   catch2
-  # deploy/make-certs.sh: the CA and certificates of the mutual-TLS links (demo and tests).
-  openssl
+  # deploy/make-certs.sh: the CA and certificates of the mutual-TLS links (demo and tests);
+  # libcrypto's SHA-256 for the model fingerprint of `tophat split`.
+  openssl libssl-dev
 )
 
 missing=()

@@ -15,6 +15,7 @@
 #include "models/tokenizers/tokenizer.h"
 #include "proto/channel_security.h"
 #include "proto/hidden_states.h"
+#include "proto/protocol_version.h"
 
 namespace tophat {
 namespace {
@@ -623,6 +624,22 @@ void Agent::ReportDecodeRound(uint64_t epoch, double draft_step_seconds, double 
 
 absl::Status Agent::CheckHello(const v1::Hello& hello) const {
   const BundleManifest& manifest = bundle_.manifest;
+  if (hello.protocol_version() != kCloudProtocolVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the cloud speaks protocol version ", hello.protocol_version(),
+        hello.protocol_version() == 0 ? " (a build from before versioning)" : "",
+        ", this agent version ", kCloudProtocolVersion,
+        "; run tophat-cloud and tophat-agent of the same release"));
+  }
+  // Two checkpoints of one shape split alike pass every check below and compute garbage
+  // together; their fingerprints differ. Bundles split before fingerprints carry none.
+  if (!hello.model_fingerprint().empty() && !manifest.model_fingerprint.empty() &&
+      hello.model_fingerprint() != manifest.model_fingerprint) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the cloud serves another model (fingerprint ", hello.model_fingerprint().substr(0, 19),
+        "…) than this device bundle was split from (", manifest.model_fingerprint.substr(0, 19),
+        "…, ", manifest.source_model, "); deploy both halves of one `tophat split`"));
+  }
   if (hello.hidden_size() != bundle_.config.hidden_size) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the cloud's hidden size is ", hello.hidden_size(), ", the device bundle's is ",

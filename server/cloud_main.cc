@@ -143,6 +143,7 @@ int Run(const CloudConfig& written) {
   tophat::EngineOptions engine_options{
       .model_id = absl::StrCat(bundle->manifest.source_architecture, " ",
                                bundle->manifest.num_hidden_layers, " layers"),
+      .model_fingerprint = bundle->manifest.model_fingerprint,
       .kv_block_size = config.kv_cache.block_size,
       .kv_num_blocks = num_blocks,
       .max_batch_tokens = config.scheduler.max_batch_tokens,

@@ -100,7 +100,9 @@ std::string DescribeStage(const BundleManifest& manifest, const ModelConfig& mod
                           const std::string& dtype, LayerRange layers) {
   return absl::StrCat("model ", manifest.source_architecture, " with ",
                       manifest.num_hidden_layers, " layers of hidden size ", model.hidden_size,
-                      ", layers [", layers.begin, ", ", layers.end, ") in ", dtype);
+                      " (", manifest.model_fingerprint.empty() ? "no fingerprint"
+                                                               : manifest.model_fingerprint,
+                      "), layers [", layers.begin, ", ", layers.end, ") in ", dtype);
 }
 
 absl::StatusOr<std::unique_ptr<pipeline::Rendezvous>> JoinStages(const CloudConfig& config,

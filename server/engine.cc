@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "proto/hidden_states.h"
+#include "proto/protocol_version.h"
 #include "base/clock.h"
 
 namespace tophat {
@@ -75,6 +76,8 @@ Engine::Engine(EngineOptions options, std::shared_ptr<const Submodel> middle,
   wire_dtype_ = ToProtoDType(middle_->options().dtype).value_or(v1::DTYPE_FLOAT32);
   row_bytes_ = config.hidden_size * ElementBytes(wire_dtype_);
   hello_.set_model_id(options_.model_id);
+  hello_.set_model_fingerprint(options_.model_fingerprint);
+  hello_.set_protocol_version(kCloudProtocolVersion);
   hello_.set_hidden_size(static_cast<uint32_t>(config.hidden_size));
   hello_.set_dtype(wire_dtype_);
   hello_.set_first_layer(static_cast<uint32_t>(middle_->spec().layers.begin));

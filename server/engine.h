@@ -41,6 +41,7 @@ namespace tophat {
 
 struct EngineOptions {
   std::string model_id;
+  std::string model_fingerprint;  // of the checkpoint the bundle was split from (Hello)
   int64_t kv_block_size = 16;
   int64_t kv_num_blocks = 1024;
   int64_t max_batch_tokens = 512;

@@ -3,8 +3,12 @@
 #include <algorithm>
 #include <charconv>
 #include <fstream>
+#include <iterator>
 #include <map>
 
+#include <openssl/evp.h>
+
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "models/formats/checkpoint.h"
 #include "models/formats/safetensors.h"
@@ -113,6 +117,7 @@ json BundleManifest::ToJson() const {
           {"middle_layers", RangeJson(middle_layers)},
           {"output_layers", RangeJson(output_layers)},
           {"dtype", dtype},
+          {"model_fingerprint", model_fingerprint},
           {"files", files}};
   if (adapter) j["adapter"] = adapter->ToJson();
   return j;
@@ -144,6 +149,7 @@ absl::StatusOr<BundleManifest> BundleManifest::FromJson(const json& j, const std
   m.source_architecture = j.value("source_architecture", "");
   m.num_hidden_layers = j.value("num_hidden_layers", int64_t{0});
   m.dtype = j.value("dtype", "");
+  m.model_fingerprint = j.value("model_fingerprint", "");
   TOPHAT_ASSIGN_OR_RETURN(m.input_layers, ParseRange(j, source, "input_layers"));
   TOPHAT_ASSIGN_OR_RETURN(m.middle_layers, ParseRange(j, source, "middle_layers"));
   TOPHAT_ASSIGN_OR_RETURN(m.output_layers, ParseRange(j, source, "output_layers"));
@@ -170,6 +176,52 @@ absl::StatusOr<BundleManifest> BundleManifest::Load(const fs::path& bundle_dir) 
   if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path.string(), ": not valid JSON"));
   return FromJson(j, path.string());
 }
+
+namespace {
+
+// SHA-256 (OpenSSL's EVP) over what identifies a checkpoint's weights.
+class Fingerprint {
+ public:
+  Fingerprint() : context_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(context_, EVP_sha256(), nullptr); }
+  ~Fingerprint() { EVP_MD_CTX_free(context_); }
+  Fingerprint(const Fingerprint&) = delete;
+  Fingerprint& operator=(const Fingerprint&) = delete;
+
+  absl::Status AddFile(const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!in && !in.eof()) return absl::NotFoundError(absl::StrCat(path.string(), ": cannot read"));
+    Add(bytes);
+    return absl::OkStatus();
+  }
+  void AddTensor(const std::string& name, const at::Tensor& tensor) {
+    Add(name);
+    Add(TorchDtypeName(tensor.scalar_type()));
+    for (int64_t size : tensor.sizes()) Add(std::to_string(size));
+    const at::Tensor bytes = tensor.contiguous();
+    EVP_DigestUpdate(context_, bytes.data_ptr(), bytes.nbytes());
+  }
+  absl::StatusOr<std::string> Finish() {
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int length = 0;
+    if (EVP_DigestFinal_ex(context_, digest, &length) != 1) {
+      return absl::InternalError("split: computing the model fingerprint failed");
+    }
+    return absl::StrCat("sha256:", absl::BytesToHexString(absl::string_view(
+                                       reinterpret_cast<const char*>(digest), length)));
+  }
+
+ private:
+  // Each part is length-prefixed, so that no two sequences of parts hash alike.
+  void Add(absl::string_view part) {
+    const uint64_t length = part.size();
+    EVP_DigestUpdate(context_, &length, sizeof(length));
+    EVP_DigestUpdate(context_, part.data(), part.size());
+  }
+  EVP_MD_CTX* context_;
+};
+
+}  // namespace
 
 absl::StatusOr<SplitResult> SplitCheckpoint(const SplitOptions& options) {
   TOPHAT_ASSIGN_OR_RETURN(ModelConfig config,
@@ -198,7 +250,11 @@ absl::StatusOr<SplitResult> SplitCheckpoint(const SplitOptions& options) {
   std::vector<std::pair<std::string, at::Tensor>> device_tensors;
   std::vector<std::pair<std::string, at::Tensor>> cloud_tensors;
   std::map<std::string, int> dtypes;
-  for (const std::string& name : checkpoint->TensorNames()) {
+  Fingerprint fingerprint;
+  TOPHAT_RETURN_IF_ERROR(fingerprint.AddFile(options.model_dir / "config.json"));
+  std::vector<std::string> names = checkpoint->TensorNames();
+  std::sort(names.begin(), names.end());  // the fingerprint must not depend on file order
+  for (const std::string& name : names) {
     const int64_t layer = LayerOf(name);
     std::vector<std::pair<std::string, at::Tensor>>* target = nullptr;
     if (layer >= 0) {
@@ -212,9 +268,11 @@ absl::StatusOr<SplitResult> SplitCheckpoint(const SplitOptions& options) {
     }
     TOPHAT_ASSIGN_OR_RETURN(at::Tensor tensor, checkpoint->LoadAsStored(name));
     ++dtypes[TorchDtypeName(tensor.scalar_type())];
+    fingerprint.AddTensor(name, tensor);
     target->emplace_back(name, tensor);
   }
   base.dtype = dtypes.size() == 1 ? dtypes.begin()->first : std::string("mixed");
+  TOPHAT_ASSIGN_OR_RETURN(base.model_fingerprint, fingerprint.Finish());
 
   std::optional<AdapterInfo> adapter;
   if (fs::exists(options.model_dir / kAdapterInfoFile)) {

@@ -38,6 +38,10 @@ struct BundleManifest {
   LayerRange middle_layers;  // cloud
   LayerRange output_layers;  // device
   std::string dtype;         // of the stored tensors: float32, float16 or bfloat16
+  // "sha256:<hex>" of the checkpoint the bundle was split from (config.json, then every
+  // tensor's name, dtype, shape and bytes in name order): both halves of one split carry
+  // the same, two checkpoints of one shape do not. "" in bundles split before it existed.
+  std::string model_fingerprint;
   std::vector<std::string> files;
   // The drafter's adapter Λ (device bundles only), when one was distilled for this split.
   std::optional<AdapterInfo> adapter;

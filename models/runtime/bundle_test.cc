@@ -1,0 +1,37 @@
+#include "models/runtime/bundle.h"
+
+#include <catch2/catch.hpp>
+
+#include "base/test_util.h"
+#include "models/runtime/model_init.h"
+
+namespace tophat {
+namespace {
+
+TEST_CASE("A split's two bundles carry the fingerprint of the checkpoint's weights", "[bundle]") {
+  const ModelConfig config = TinyTestConfig();
+  testing::TempDir dir;
+  auto split = [&](uint64_t seed, const std::string& name) {
+    const auto model = dir.path() / ("model-" + name);
+    REQUIRE(WriteCheckpoint(config, InitWeights(config, seed), model).ok());
+    auto result = SplitCheckpoint(
+        {.model_dir = model, .input_layers = 1, .output_layers = 1, .out_dir = dir.path() / name});
+    REQUIRE(result.ok());
+    return *result;
+  };
+  const SplitResult first = split(1, "a");
+  const SplitResult again = split(1, "b");     // the same weights, written again
+  const SplitResult other = split(2, "c");     // the same shapes, other weights
+  REQUIRE(first.device.model_fingerprint.starts_with("sha256:"));
+  CHECK(first.device.model_fingerprint.size() == 7 + 64);
+  CHECK(first.cloud.model_fingerprint == first.device.model_fingerprint);
+  CHECK(again.device.model_fingerprint == first.device.model_fingerprint);
+  CHECK(other.device.model_fingerprint != first.device.model_fingerprint);
+  // It survives the manifest's round trip.
+  auto loaded = BundleManifest::Load(first.cloud_dir);
+  REQUIRE(loaded.ok());
+  CHECK(loaded->model_fingerprint == first.cloud.model_fingerprint);
+}
+
+}  // namespace
+}  // namespace tophat
