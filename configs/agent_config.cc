@@ -48,6 +48,7 @@ void CheckAgentConfig(const AgentConfig& config, bool require_bundle, Report&& r
   check("max_context", CheckAtLeast(config.max_context, 1));
   check("prompt_chunk_size", CheckAtLeast(config.prompt_chunk_size, 0));
   check("max_concurrent_requests", CheckAtLeast(config.max_concurrent_requests, 1));
+  check("max_prompt_bytes", CheckAtLeast(config.max_prompt_bytes, 1));
   check("default_max_new_tokens", CheckAtLeast(config.default_max_new_tokens, 1));
   check("request_timeout_s", CheckAtLeast(config.request_timeout_s, 0, /*inclusive=*/false));
   check("reconnect.initial_backoff_s",
@@ -118,6 +119,7 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
   reader.ReadInt("prompt_chunk_size", &config.prompt_chunk_size, Bound::kNonNegative);
   reader.ReadBool("pipeline_prompt_chunks", &config.pipeline_prompt_chunks);
   reader.ReadInt("max_concurrent_requests", &config.max_concurrent_requests, Bound::kPositive);
+  reader.ReadByteSize("max_prompt_bytes", &config.max_prompt_bytes, Bound::kPositive);
   reader.ReadInt("default_max_new_tokens", &config.default_max_new_tokens, Bound::kPositive);
   reader.ReadSeconds("request_timeout_s", &config.request_timeout_s, Bound::kPositive);
   reader.ReadSeconds("reconnect.initial_backoff_s", &config.reconnect.initial_backoff_s,

@@ -35,6 +35,9 @@ struct AgentConfig {
   // chunk's answer first: the U-Sarathi baseline of the ablation bench.
   bool pipeline_prompt_chunks = true;
   int64_t max_concurrent_requests = 16;
+  // Longest prompt text accepted, checked before tokenizing (a 4 MiB prompt took seconds of
+  // CPU to tokenize only to be refused for its length).
+  int64_t max_prompt_bytes = 1LL << 20;
   int64_t default_max_new_tokens = 128;
   double request_timeout_s = 600;
   struct Reconnect {

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/clock.h"
 #include "base/status_macros.h"
 #include "device_agent/decode_round.h"
@@ -197,6 +198,12 @@ absl::Status Agent::Request::Prepare() {
   } else {
     if (!request_.skip_bos() && bundle.tokenizer->bos_id()) {
       tokens_.push_back(*bundle.tokenizer->bos_id());
+    }
+    // Before tokenizing: a huge prompt would cost seconds of CPU only to be refused.
+    if (static_cast<int64_t>(request_.prompt().size()) > config.max_prompt_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt: ", request_.prompt().size(),
+                                                     " bytes is more than max_prompt_bytes (",
+                                                     config.max_prompt_bytes, ")"));
     }
     TOPHAT_ASSIGN_OR_RETURN(std::vector<int32_t> ids, bundle.tokenizer->Encode(request_.prompt()));
     tokens_.insert(tokens_.end(), ids.begin(), ids.end());
@@ -662,11 +669,18 @@ absl::Status Agent::CheckHello(const v1::Hello& hello) const {
   return absl::OkStatus();
 }
 
+std::string Agent::NewRequestId() {
+  // Unguessable: Cancel takes an id, and any local process that can reach the app port could
+  // otherwise cancel another app's request by counting ("req-1", "req-2", ...).
+  std::lock_guard<std::mutex> lock(request_id_mutex_);
+  return absl::StrFormat("req-%016x%016x", request_id_rng_(), request_id_rng_());
+}
+
 v1::GenerateResponse Agent::Generate(const v1::GenerateRequest& request,
                                      const std::function<bool(const TokenEvent&)>& on_tokens) {
   Request run(*this, request, on_tokens);
   std::string id = request.request_id();
-  if (id.empty()) id = absl::StrCat("req-", next_request_number_++);
+  if (id.empty()) id = NewRequestId();
   run.set_id(id);
   {
     std::lock_guard<std::mutex> lock(requests_mutex_);

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -80,7 +81,9 @@ class Agent : private LinkSampleSink {
   std::unique_ptr<AgentMetrics> metrics_;
   std::unique_ptr<CloudConnection> cloud_;
   std::atomic<uint64_t> next_session_id_{1};
-  std::atomic<uint64_t> next_request_number_{1};
+  std::string NewRequestId();
+  std::mutex request_id_mutex_;
+  std::mt19937_64 request_id_rng_{std::random_device{}()};
 
   std::mutex device_state_mutex_;  // guards the four below
   MovingAverage draft_step_seconds_;  // γ, over requests

@@ -751,6 +751,37 @@ TEST_CASE("An agent refuses a cloud split from another checkpoint, naming both",
   CHECK_THAT(agent.Log(), Catch::Contains("than this device bundle was split from (sha256:0000"));
 }
 
+TEST_CASE("The app port refuses an oversized prompt before tokenizing it, and its request ids "
+          "cannot be guessed",
+          "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});
+  AgentProcess agent(dir.path(), cloud, 16, "max_prompt_bytes: 64KiB\n");
+  v1::GenerateRequest huge;
+  huge.set_prompt(std::string(3 << 20, 'a'));  // 3 MiB (gRPC's limit is 4): seconds to tokenize
+  huge.set_max_new_tokens(4);
+  const auto start = std::chrono::steady_clock::now();
+  auto refused = agent.client().Generate(huge);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  REQUIRE(refused.ok());
+  CHECK_FALSE(refused->ok());
+  CHECK_THAT(refused->error, Catch::Contains("3145728 bytes is more than max_prompt_bytes (65536)"));
+  CHECK(seconds < 1.5);
+  // Ids the agent makes up are random, not a counter another app could walk.
+  std::set<std::string> ids;
+  for (int i = 0; i < 2; ++i) {
+    auto result = agent.client().Generate(IdsRequest(Tokenize(ToyPrompts(8, 1)[0]), 2));
+    REQUIRE(result.ok());
+    REQUIRE(result->ok());
+    CHECK(result->request_id.size() == 4 + 32);
+    CHECK(result->request_id.starts_with("req-"));
+    ids.insert(result->request_id);
+  }
+  CHECK(ids.size() == 2);
+  CHECK(ids.count("req-1") + ids.count("req-2") + ids.count("req-3") == 0);
+}
+
 TEST_CASE("Killing an agent mid-generation frees its KV on the cloud", "[serving][cuda-cloud][staged]") {
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {});
