@@ -4,7 +4,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "configs/config_checks.h"
 #include "configs/yaml_reader.h"
 #include "base/status_macros.h"
@@ -23,22 +22,15 @@ void CheckAgentConfig(const AgentConfig& config, bool require_bundle, Report&& r
   if (require_bundle && config.bundle.empty()) {
     report("bundle", "required (set it in the config or on the command line)", "");
   }
-  const AgentConfig::CloudTls& tls = config.cloud_tls;
-  const bool tls_files =
-      !tls.certificate_file.empty() || !tls.private_key_file.empty() || !tls.ca_file.empty();
-  if (tls.insecure && tls_files) {
-    report("cloud_tls.insecure", "true, but cloud_tls files are set too: choose TLS or plaintext",
-           "");
-  } else if (require_bundle && !tls.insecure) {  // required keys, checked as bundle is
-    std::vector<std::string> missing;
-    if (tls.certificate_file.empty()) missing.push_back("certificate_file");
-    if (tls.private_key_file.empty()) missing.push_back("private_key_file");
-    if (tls.ca_file.empty()) missing.push_back("ca_file");
-    if (!missing.empty()) {
-      report("cloud_tls", absl::StrCat("the agent reaches the cloud over mutual TLS: set ", absl::StrJoin(missing, ", "),
-                               " (or cloud_tls.insecure: true for plaintext on a trusted network)"),
-             "");
-    }
+  if (auto problem = TlsSectionProblem({.prefix = "cloud_tls",
+                                         .insecure = config.cloud_tls.insecure,
+                                         .certificate_file = config.cloud_tls.certificate_file,
+                                         .private_key_file = config.cloud_tls.private_key_file,
+                                         .ca_file = config.cloud_tls.ca_file,
+                                         .ca_field = "ca_file",
+                                         .purpose = "the agent reaches the cloud"},
+                                        require_bundle)) {
+    report(problem->first, problem->second, "");
   }
   check("listen_address", CheckHostPort(config.listen_address, /*allow_port_zero=*/true));
   check("cloud_address", CheckHostPort(config.cloud_address, /*allow_port_zero=*/false));

@@ -6,7 +6,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "configs/config_checks.h"
 #include "configs/yaml_reader.h"
 #include "base/status_macros.h"
@@ -25,21 +24,15 @@ void CheckCloudConfig(const CloudConfig& config, bool require_bundle, Report&& r
   if (require_bundle && config.bundle.empty()) {
     report("bundle", "required (set it in the config or on the command line)", "");
   }
-  const CloudConfig::Tls& tls = config.tls;
-  const bool tls_files = !tls.certificate_file.empty() || !tls.private_key_file.empty() ||
-                         !tls.client_ca_file.empty();
-  if (tls.insecure && tls_files) {
-    report("tls.insecure", "true, but tls files are set too: choose TLS or plaintext", "");
-  } else if (require_bundle && !tls.insecure) {  // required keys, checked as bundle is
-    std::vector<std::string> missing;
-    if (tls.certificate_file.empty()) missing.push_back("certificate_file");
-    if (tls.private_key_file.empty()) missing.push_back("private_key_file");
-    if (tls.client_ca_file.empty()) missing.push_back("client_ca_file");
-    if (!missing.empty()) {
-      report("tls", absl::StrCat("agents connect to the cloud over mutual TLS: set ", absl::StrJoin(missing, ", "),
-                               " (or tls.insecure: true for plaintext on a trusted network)"),
-             "");
-    }
+  if (auto problem = TlsSectionProblem({.prefix = "tls",
+                                         .insecure = config.tls.insecure,
+                                         .certificate_file = config.tls.certificate_file,
+                                         .private_key_file = config.tls.private_key_file,
+                                         .ca_file = config.tls.client_ca_file,
+                                         .ca_field = "client_ca_file",
+                                         .purpose = "agents connect to the cloud"},
+                                        require_bundle)) {
+    report(problem->first, problem->second, "");
   }
   check("listen_address", CheckHostPort(config.listen_address, /*allow_port_zero=*/true));
   check("dtype", CheckDtype(config.dtype));

@@ -7,9 +7,11 @@
 #include <cmath>
 #include <filesystem>
 #include <system_error>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/strings.h"
 
 namespace tophat {
@@ -110,6 +112,27 @@ absl::Status CheckAtLeast(double value, double min, bool inclusive) {
   }
   return absl::InvalidArgumentError(
       absl::StrCat("must be ", inclusive ? "at least " : "more than ", min, ", got ", value));
+}
+
+std::optional<std::pair<std::string, std::string>> TlsSectionProblem(const TlsSection& section,
+                                                                     bool require_files) {
+  const bool any_file = !section.certificate_file.empty() || !section.private_key_file.empty() ||
+                        !section.ca_file.empty();
+  if (section.insecure && any_file) {
+    return std::pair{absl::StrCat(std::string(section.prefix), ".insecure"),
+                     absl::StrCat("true, but ", std::string(section.prefix),
+                                  " files are set too: choose TLS or plaintext")};
+  }
+  if (!require_files || section.insecure) return std::nullopt;  // required keys, as bundle is
+  std::vector<std::string> missing;
+  if (section.certificate_file.empty()) missing.push_back("certificate_file");
+  if (section.private_key_file.empty()) missing.push_back("private_key_file");
+  if (section.ca_file.empty()) missing.push_back(std::string(section.ca_field));
+  if (missing.empty()) return std::nullopt;
+  return std::pair{std::string(section.prefix),
+                   absl::StrCat(std::string(section.purpose), " over mutual TLS: set ",
+                                absl::StrJoin(missing, ", "), " (or ", std::string(section.prefix),
+                                ".insecure: true for plaintext on a trusted network)")};
 }
 
 std::string ResolveConfigPath(std::string_view path, std::string_view source_name) {

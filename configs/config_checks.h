@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "absl/status/status.h"
 
@@ -33,6 +35,19 @@ absl::Status CheckAtLeast(double value, double min, bool inclusive);
 // `source_name` (the working directory when it has none) and makes it absolute and
 // lexically normal, so a daemon finds it whatever its working directory. An absolute path
 // is returned unchanged; so is "".
+// The problem with a config's TLS section, if any: `insecure` and certificate files
+// together, or (when `require_files`, i.e. at validation) a file missing without `insecure`.
+// Returns the key to report and the message; `purpose` says what the TLS is for.
+struct TlsSection {
+  std::string_view prefix;  // "tls" or "cloud_tls"
+  bool insecure = false;
+  std::string_view certificate_file, private_key_file, ca_file;
+  std::string_view ca_field;  // the CA file's key: "ca_file" or "client_ca_file"
+  std::string_view purpose;   // e.g. "agents connect to the cloud"
+};
+std::optional<std::pair<std::string, std::string>> TlsSectionProblem(const TlsSection& section,
+                                                                     bool require_files);
+
 std::string ResolveConfigPath(std::string_view path, std::string_view source_name);
 
 // This machine's physical memory in bytes, or 0 when the system will not say.
