@@ -80,6 +80,18 @@ void CheckCloudConfig(const CloudConfig& config, bool require_bundle, Report&& r
   check("limits.max_session_timeout_s",
         CheckAtLeast(config.limits.max_session_timeout_s, 0, /*inclusive=*/true));
   check("limits.max_sessions_per_device", CheckAtLeast(config.limits.max_sessions_per_device, 0));
+  check("limits.max_waiting_sessions_per_device",
+        CheckAtLeast(config.limits.max_waiting_sessions_per_device, 0));
+  if (!(config.limits.max_kv_fraction_per_device > 0 &&
+        config.limits.max_kv_fraction_per_device <= 1)) {
+    report("limits.max_kv_fraction_per_device",
+           absl::StrCat(config.limits.max_kv_fraction_per_device, " is not in (0, 1]"), "");
+  }
+  check("limits.max_messages_per_second_per_device",
+        CheckAtLeast(config.limits.max_messages_per_second_per_device, 0, /*inclusive=*/true));
+  check("limits.max_queued_bytes_per_stream",
+        CheckAtLeast(config.limits.max_queued_bytes_per_stream, 1));
+  check("limits.max_queued_bytes_total", CheckAtLeast(config.limits.max_queued_bytes_total, 1));
   if (config.limits.max_session_timeout_s > 0 &&
       config.limits.session_timeout_s > config.limits.max_session_timeout_s) {
     report("limits.session_timeout_s",
@@ -257,6 +269,16 @@ absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
                      Bound::kNonNegative);
   reader.ReadInt("limits.max_sessions_per_device", &config.limits.max_sessions_per_device,
                  Bound::kNonNegative);
+  reader.ReadInt("limits.max_waiting_sessions_per_device",
+                 &config.limits.max_waiting_sessions_per_device, Bound::kNonNegative);
+  reader.ReadDouble("limits.max_kv_fraction_per_device",
+                    &config.limits.max_kv_fraction_per_device, Bound::kPositive);
+  reader.ReadDouble("limits.max_messages_per_second_per_device",
+                    &config.limits.max_messages_per_second_per_device, Bound::kNonNegative);
+  reader.ReadByteSize("limits.max_queued_bytes_per_stream",
+                      &config.limits.max_queued_bytes_per_stream, Bound::kPositive);
+  reader.ReadByteSize("limits.max_queued_bytes_total", &config.limits.max_queued_bytes_total,
+                      Bound::kPositive);
   reader.ReadSeconds("drain_grace_period_s", &config.drain_grace_period_s, Bound::kNonNegative);
   reader.ReadString("metrics_address", &config.metrics_address);
   reader.ReadString("log_level", &config.log_level);

@@ -56,7 +56,12 @@ struct CloudConfig {
     int64_t max_chunk_tokens = 2048;         // larger hidden-state chunks fail that request
     double session_timeout_s = 600;          // per-session deadline when the agent sets none
     double max_session_timeout_s = 3600;     // longest deadline an agent may ask for (0: any)
-    int64_t max_sessions_per_device = 0;     // open sessions per device identity (0: no limit)
+    int64_t max_sessions_per_device = 32;    // open sessions per device identity (0: no limit)
+    int64_t max_waiting_sessions_per_device = 16;  // of those, waiting for admission (0: no limit)
+    double max_kv_fraction_per_device = 0.5;  // of the KV pool, by max_positions (1: no limit)
+    double max_messages_per_second_per_device = 5000;  // reads paced above it (0: no limit)
+    int64_t max_queued_bytes_per_stream = 64LL << 20;  // unread results before a stream ends
+    int64_t max_queued_bytes_total = 1LL << 30;        // the same over all streams
     bool operator==(const Limits&) const = default;
   } limits;
   // The middle split into stages, one process each (server/pipeline). Empty

@@ -1,4 +1,5 @@
 #include "device_agent/agent.h"
+#include "device_agent/app_request.h"
 
 #include <algorithm>
 #include <optional>
@@ -186,55 +187,20 @@ v1::GenerateResponse Agent::Request::Run() {
 absl::Status Agent::Request::Prepare() {
   const DeviceBundle& bundle = agent_.bundle_;
   const AgentConfig& config = agent_.config_;
-  if (request_.has_prompt_ids()) {
-    for (uint32_t id : request_.prompt_ids().ids()) {
-      if (id >= static_cast<uint32_t>(bundle.config.vocab_size)) {
-        return absl::InvalidArgumentError(absl::StrCat("prompt_ids: token id ", id,
-                                                       " is outside the vocabulary of ",
-                                                       bundle.config.vocab_size));
-      }
-      tokens_.push_back(static_cast<int32_t>(id));
-    }
-  } else {
-    if (!request_.skip_bos() && bundle.tokenizer->bos_id()) {
-      tokens_.push_back(*bundle.tokenizer->bos_id());
-    }
-    // Before tokenizing: a huge prompt would cost seconds of CPU only to be refused.
-    if (static_cast<int64_t>(request_.prompt().size()) > config.max_prompt_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt: ", request_.prompt().size(),
-                                                     " bytes is more than max_prompt_bytes (",
-                                                     config.max_prompt_bytes, ")"));
-    }
-    TOPHAT_ASSIGN_OR_RETURN(std::vector<int32_t> ids, bundle.tokenizer->Encode(request_.prompt()));
-    tokens_.insert(tokens_.end(), ids.begin(), ids.end());
-  }
-  if (tokens_.empty()) return absl::InvalidArgumentError("prompt: empty");
+  TOPHAT_ASSIGN_OR_RETURN(
+      AppRequestPlan plan,
+      PlanAppRequest(request_, *bundle.tokenizer,
+                     {.vocab_size = bundle.config.vocab_size,
+                      .context = bundle.input->max_context(),
+                      .max_prompt_bytes = config.max_prompt_bytes,
+                      .default_max_new_tokens = config.default_max_new_tokens,
+                      .eos_token_ids = bundle.config.eos_token_ids}));
+  tokens_ = std::move(plan.prompt);
   prompt_length_ = static_cast<int64_t>(tokens_.size());
-  max_new_tokens_ =
-      request_.max_new_tokens() > 0 ? request_.max_new_tokens() : config.default_max_new_tokens;
+  max_new_tokens_ = plan.max_new_tokens;
   max_positions_ = prompt_length_ + max_new_tokens_;
-  const int64_t context = bundle.input->max_context();
-  if (max_positions_ > context) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prompt of ", prompt_length_, " tokens + max_new_tokens ", max_new_tokens_,
-        " exceeds the context of ", context, " positions"));
-  }
-  // top_p 0 is proto3's "not set": keep every token. Anything else, NaN and negatives
-  // included, goes to Validate, which refuses what is not in (0, 1].
-  SamplingParams sampling{.temperature = request_.sampling().temperature(),
-                          .top_k = request_.sampling().top_k(),
-                          .top_p = request_.sampling().top_p() == 0 ? 1.0
-                                                                    : request_.sampling().top_p(),
-                          .seed = request_.sampling().seed()};
-  if (absl::Status valid = sampling.Validate(); !valid.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("sampling: ", valid.message()));
-  }
-  sampler_ = std::make_unique<Sampler>(sampling);
-  if (!request_.ignore_eos()) {
-    for (int64_t eos : bundle.config.eos_token_ids) stop_ids_.push_back(static_cast<int32_t>(eos));
-    if (bundle.tokenizer->eos_id()) stop_ids_.push_back(*bundle.tokenizer->eos_id());
-  }
-  for (uint32_t id : request_.stop_token_ids()) stop_ids_.push_back(static_cast<int32_t>(id));
+  sampler_ = std::make_unique<Sampler>(plan.sampling);
+  stop_ids_ = std::move(plan.stop_ids);
   detokenizer_ = std::make_unique<StreamingDetokenizer>(*bundle.tokenizer);
   // The prompt goes through the detokenizer first so the answer decodes in context.
   for (int32_t id : tokens_) {

@@ -152,7 +152,13 @@ int Run(const CloudConfig& written) {
       .max_chunk_tokens = config.limits.max_chunk_tokens,
       .session_timeout_s = config.limits.session_timeout_s,
       .max_session_timeout_s = config.limits.max_session_timeout_s,
-      .max_sessions_per_device = config.limits.max_sessions_per_device};
+      .max_sessions_per_device = config.limits.max_sessions_per_device,
+      .max_waiting_sessions_per_device = config.limits.max_waiting_sessions_per_device,
+      .max_kv_blocks_per_device =
+          config.limits.max_kv_fraction_per_device >= 1
+              ? 0
+              : std::max<int64_t>(1, static_cast<int64_t>(
+                                         config.limits.max_kv_fraction_per_device * num_blocks))};
   engine_options.control.set_prompt_chunk_size(
       static_cast<uint32_t>(config.scheduler.prompt_chunk_size));
   engine_options.control.set_draft_steps(static_cast<uint32_t>(config.scheduler.draft_steps));
@@ -181,7 +187,12 @@ int Run(const CloudConfig& written) {
                layers.end, num_blocks, config.kv_cache.block_size,
                num_blocks * block_bytes >> 20);
 
-  tophat::CloudServiceImpl service(engine->get(), {});
+  tophat::CloudServiceImpl service(
+      engine->get(), {.max_queued_bytes_per_stream = config.limits.max_queued_bytes_per_stream,
+                      .max_queued_bytes_total = config.limits.max_queued_bytes_total,
+                      .max_messages_per_second_per_device =
+                          config.limits.max_messages_per_second_per_device,
+                      .metrics = &metrics});
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   // Without this, gRPC sets SO_REUSEPORT and a second daemon on the same port would start

@@ -35,6 +35,12 @@ struct CloudMetrics {
   prometheus::Counter& sessions_rejected;  // RESOURCE_EXHAUSTED at admission
   prometheus::Counter& session_errors;     // any SessionError sent
   prometheus::Gauge& streams_connected;
+  // Bytes of results queued for agents and not yet handed to gRPC, over all streams.
+  prometheus::Gauge& outgoing_queued_bytes;
+  // Streams ended because their agent did not read its results (the outgoing bounds).
+  prometheus::Counter& streams_not_reading;
+  // Reads of a stream held back by limits.max_messages_per_second_per_device.
+  prometheus::Counter& reads_paced;
   // The scheduler's state monitor.
   prometheus::Gauge& mean_batched_tokens;        // μ, moving average
   prometheus::Gauge& predicted_step_seconds;     // g(μ)

@@ -1,10 +1,15 @@
 #include "server/cloud_service.h"
 
+#include <algorithm>
+#include <chrono>
 #include <deque>
 #include <memory>
 #include <mutex>
 
+#include <grpcpp/alarm.h>
 #include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
 
 #include "proto/channel_security.h"
 
@@ -19,10 +24,27 @@ class ConnectReactor;
 
 // Shared by the reactor and the engine: the engine may outlive the call (it learns of the
 // detach a step later), so it talks to this object, which forgets the reactor in OnDone.
-class StreamChannel final : public MessageSink {
+class StreamChannel final : public MessageSink,
+                            public std::enable_shared_from_this<StreamChannel> {
  public:
-  StreamChannel(ConnectReactor* reactor, const CloudServiceOptions& options)
-      : reactor_(reactor), options_(options) {}
+  StreamChannel(ConnectReactor* reactor, Engine* engine, StreamId stream,
+                const CloudServiceOptions& options, std::shared_ptr<OutgoingTotals> totals,
+                std::shared_ptr<DevicePacer> pacer, std::string device_key)
+      : reactor_(reactor),
+        engine_(engine),
+        stream_(stream),
+        options_(options),
+        totals_(std::move(totals)),
+        pacer_(std::move(pacer)),
+        device_key_(std::move(device_key)) {
+    totals_->streams.fetch_add(1);
+    if (pacer_ != nullptr) pacer_->Register(device_key_);
+  }
+  ~StreamChannel() override {
+    ReleaseQueuedLocked(0);
+    totals_->streams.fetch_sub(1);
+    if (pacer_ != nullptr) pacer_->Unregister(device_key_);
+  }
 
   void Send(v1::CloudMessage message) override;
   void Finish(const absl::Status& status) override;
@@ -35,13 +57,37 @@ class StreamChannel final : public MessageSink {
   void Detach();
 
  private:
+  struct Queued {
+    v1::CloudMessage message;
+    int64_t bytes;
+  };
   void StartNextWriteLocked();
   void FinishLocked(grpc::Status status);
+  // Drops every queued message but the one being written (when one is), and their bytes
+  // from the totals.
+  void DropQueueLocked();
+  // Returns queued bytes to the totals until `keep` remain queued.
+  void ReleaseQueuedLocked(int64_t keep);
+  // The agent does not read: free its sessions, end the stream, cancel it if even that
+  // cannot be written.
+  void EndUnreadLocked(const std::string& why);
+  void CancelCall();
+  // The pacer's wait is over: read again unless backpressure still holds the stream.
+  void OnPaced();
 
   std::recursive_mutex mutex_;
   ConnectReactor* reactor_;  // null once the call is done
+  Engine* const engine_;
+  const StreamId stream_;
   const CloudServiceOptions options_;
-  std::deque<v1::CloudMessage> queue_;  // front() is being written while writing_
+  const std::shared_ptr<OutgoingTotals> totals_;
+  const std::shared_ptr<DevicePacer> pacer_;  // null: no rate limit
+  const std::string device_key_;              // the pacer's key
+  bool paced_ = false;                        // reading waits for pace_alarm_
+  std::unique_ptr<grpc::Alarm> pace_alarm_;
+  std::deque<Queued> queue_;  // front() is being written while writing_
+  int64_t queued_bytes_ = 0;  // of queue_
+  grpc::Alarm cancel_alarm_;
   bool writing_ = false;
   bool finishing_ = false;
   bool finished_ = false;
@@ -53,12 +99,15 @@ class StreamChannel final : public MessageSink {
 class ConnectReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1::CloudMessage> {
  public:
   ConnectReactor(Engine* engine, StreamId stream, const CloudServiceOptions& options,
+                 std::shared_ptr<OutgoingTotals> totals, std::shared_ptr<DevicePacer> pacer,
                  grpc::CallbackServerContext* context)
       : engine_(engine), stream_(stream), context_(context) {
-    channel_ = std::make_shared<StreamChannel>(this, options);
     // The device's identity is the name its client certificate gives (mutual TLS); a
-    // plaintext cloud (tls.insecure) has none.
+    // plaintext cloud (tls.insecure) has none, and each stream counts as its own device.
     device_ = PeerIdentity(*context_->auth_context());
+    channel_ = std::make_shared<StreamChannel>(
+        this, engine, stream, options, std::move(totals), std::move(pacer),
+        device_.empty() ? "stream " + std::to_string(stream) : device_);
     spdlog::info("stream {} connected from {} ({})", stream_, context_->peer(),
                  device_.empty() ? std::string("no device identity: plaintext")
                                  : "device " + device_);
@@ -83,6 +132,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1
   }
 
   void ResumeRead() { StartRead(&incoming_); }
+  void Cancel() { context_->TryCancel(); }
 
   void OnWriteDone(bool ok) override { channel_->OnWriteDone(ok); }
 
@@ -118,20 +168,86 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1
 void StreamChannel::Send(v1::CloudMessage message) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (reactor_ == nullptr || finishing_) return;
-  if (static_cast<int64_t>(queue_.size()) >= options_.max_queued_messages_per_stream) {
-    FinishLocked(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                              "the agent is not reading its stream; too many queued messages"));
+  // Framing and field overhead besides the serialized bytes; a queue of tiny messages
+  // costs memory too.
+  const int64_t bytes = static_cast<int64_t>(message.ByteSizeLong()) + 64;
+  if (queued_bytes_ + bytes > options_.max_queued_bytes_per_stream) {
+    EndUnreadLocked(absl::StrCat("more than limits.max_queued_bytes_per_stream (",
+                                 options_.max_queued_bytes_per_stream,
+                                 " bytes) of results are waiting for the agent to read them"));
     return;
   }
-  queue_.push_back(std::move(message));
+  const int64_t total = totals_->queued_bytes.load() + bytes;
+  if (total > options_.max_queued_bytes_total) {
+    const int64_t share =
+        options_.max_queued_bytes_total / std::max<int64_t>(1, totals_->streams.load());
+    if (queued_bytes_ + bytes > share) {
+      EndUnreadLocked(absl::StrCat(
+          "all streams hold more than limits.max_queued_bytes_total (",
+          options_.max_queued_bytes_total, " bytes) of unread results and this one holds ",
+          queued_bytes_ + bytes, ", more than its share (", share, ")"));
+      return;
+    }
+  }
+  queue_.push_back({std::move(message), bytes});
+  queued_bytes_ += bytes;
+  totals_->queued_bytes.fetch_add(bytes);
+  if (options_.metrics != nullptr) options_.metrics->outgoing_queued_bytes.Increment(bytes);
   StartNextWriteLocked();
+}
+
+void StreamChannel::ReleaseQueuedLocked(int64_t keep) {
+  const int64_t released = queued_bytes_ - keep;
+  if (released <= 0) return;
+  queued_bytes_ = keep;
+  totals_->queued_bytes.fetch_sub(released);
+  if (options_.metrics != nullptr) options_.metrics->outgoing_queued_bytes.Decrement(released);
+}
+
+void StreamChannel::DropQueueLocked() {
+  if (writing_ && !queue_.empty()) {
+    queue_.erase(queue_.begin() + 1, queue_.end());
+    ReleaseQueuedLocked(queue_.front().bytes);
+  } else {
+    queue_.clear();
+    ReleaseQueuedLocked(0);
+  }
+}
+
+void StreamChannel::EndUnreadLocked(const std::string& why) {
+  spdlog::warn("stream {}: ending it: {}", stream_, why);
+  if (options_.metrics != nullptr) options_.metrics->streams_not_reading.Increment();
+  // Its sessions' KV and its place in the batch go now, not when the call is finally done.
+  engine_->DetachStream(stream_);
+  DropQueueLocked();
+  FinishLocked(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                            "the agent is not reading its stream: " + why));
+  if (writing_) {
+    // The status can only follow the message being written, which the agent is not taking.
+    std::weak_ptr<StreamChannel> weak = weak_from_this();
+    cancel_alarm_.Set(std::chrono::system_clock::now() +
+                          std::chrono::milliseconds(
+                              static_cast<int64_t>(options_.unread_cancel_after_s * 1000)),
+                      [weak](bool fired) {
+                        if (!fired) return;
+                        if (auto channel = weak.lock()) channel->CancelCall();
+                      });
+  }
+}
+
+void StreamChannel::CancelCall() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (reactor_ == nullptr || finished_) return;
+  spdlog::warn("stream {}: the agent took nothing for {} s; cancelling the call", stream_,
+               options_.unread_cancel_after_s);
+  reactor_->Cancel();
 }
 
 void StreamChannel::StartNextWriteLocked() {
   if (writing_ || queue_.empty() || reactor_ == nullptr || finished_) return;
   writing_ = true;
   // deque::push_back keeps references valid, so front() stays put while it is written.
-  reactor_->StartWrite(&queue_.front());
+  reactor_->StartWrite(&queue_.front().message);
 }
 
 void StreamChannel::FinishLocked(grpc::Status status) {
@@ -140,6 +256,7 @@ void StreamChannel::FinishLocked(grpc::Status status) {
   final_status_ = std::move(status);
   if (!writing_) {
     queue_.clear();
+    ReleaseQueuedLocked(0);
     finished_ = true;
     reactor_->Finish(final_status_);
   }
@@ -148,8 +265,14 @@ void StreamChannel::FinishLocked(grpc::Status status) {
 void StreamChannel::OnWriteDone(bool ok) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   writing_ = false;
-  if (!queue_.empty()) queue_.pop_front();
-  if (!ok) queue_.clear();  // the client is gone; a failed read or OnCancel finishes the call
+  if (!queue_.empty()) {
+    ReleaseQueuedLocked(queued_bytes_ - queue_.front().bytes);
+    queue_.pop_front();
+  }
+  if (!ok) {  // the client is gone; a failed read or OnCancel finishes the call
+    queue_.clear();
+    ReleaseQueuedLocked(0);
+  }
   if (!queue_.empty() && !finished_) {
     StartNextWriteLocked();
     return;
@@ -173,7 +296,29 @@ bool StreamChannel::OnReadQueued(int64_t bytes) {
     read_paused_ = true;
     return false;
   }
+  if (pacer_ != nullptr) {
+    const auto wait = pacer_->Take(device_key_);
+    if (wait > TokenBucket::Clock::duration::zero()) {
+      paced_ = true;
+      if (options_.metrics != nullptr) options_.metrics->reads_paced.Increment();
+      std::weak_ptr<StreamChannel> weak = weak_from_this();
+      pace_alarm_ = std::make_unique<grpc::Alarm>();
+      pace_alarm_->Set(std::chrono::system_clock::now() +
+                           std::chrono::duration_cast<std::chrono::system_clock::duration>(wait),
+                       [weak](bool fired) {
+                         if (!fired) return;
+                         if (auto channel = weak.lock()) channel->OnPaced();
+                       });
+      return false;
+    }
+  }
   return true;
+}
+
+void StreamChannel::OnPaced() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  paced_ = false;
+  if (!read_paused_ && reactor_ != nullptr && !finishing_) reactor_->ResumeRead();
 }
 
 void StreamChannel::Consumed(int64_t bytes) {
@@ -182,7 +327,7 @@ void StreamChannel::Consumed(int64_t bytes) {
   if (read_paused_ && inflight_bytes_ <= options_.max_inflight_bytes_per_stream / 2 &&
       reactor_ != nullptr && !finishing_) {
     read_paused_ = false;
-    reactor_->ResumeRead();
+    if (!paced_) reactor_->ResumeRead();
   }
 }
 
@@ -190,13 +335,39 @@ void StreamChannel::Detach() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   reactor_ = nullptr;
   queue_.clear();
+  ReleaseQueuedLocked(0);
 }
 
 }  // namespace
 
+void DevicePacer::Register(const std::string& device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = devices_.find(device);
+  if (it == devices_.end()) {
+    it = devices_
+             .emplace(device, Device{TokenBucket(per_second_, std::max(1.0, per_second_),
+                                                 TokenBucket::Clock::now())})
+             .first;
+  }
+  ++it->second.streams;
+}
+
+void DevicePacer::Unregister(const std::string& device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = devices_.find(device);
+  if (it != devices_.end() && --it->second.streams <= 0) devices_.erase(it);
+}
+
+TokenBucket::Clock::duration DevicePacer::Take(const std::string& device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = devices_.find(device);
+  if (it == devices_.end()) return TokenBucket::Clock::duration::zero();
+  return it->second.bucket.Take(TokenBucket::Clock::now());
+}
+
 grpc::ServerBidiReactor<v1::AgentMessage, v1::CloudMessage>* CloudServiceImpl::Connect(
     grpc::CallbackServerContext* context) {
-  return new ConnectReactor(engine_, next_stream_++, options_, context);
+  return new ConnectReactor(engine_, next_stream_++, options_, totals_, pacer_, context);
 }
 
 }  // namespace tophat

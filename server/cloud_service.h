@@ -5,9 +5,15 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
 
 #include <grpcpp/grpcpp.h>
 
+#include "base/token_bucket.h"
+#include "server/cloud_metrics.h"
 #include "server/engine.h"
 #include "tophat/v1/cloud.grpc.pb.h"
 
@@ -17,15 +23,60 @@ struct CloudServiceOptions {
   // Inbound payload bytes a stream may have queued in the engine before the reactor stops
   // reading from it (backpressure on an agent that sends faster than the cloud computes).
   int64_t max_inflight_bytes_per_stream = 256LL << 20;
-  // Outgoing messages a stream may have queued; beyond it the agent is not reading and the
-  // stream ends with RESOURCE_EXHAUSTED.
-  int64_t max_queued_messages_per_stream = 4096;
+  // Bytes of outgoing messages one stream may have queued behind the one gRPC is writing
+  // (limits.max_queued_bytes_per_stream). Beyond it the agent is not reading its results:
+  // the stream's sessions are freed and it ends with RESOURCE_EXHAUSTED.
+  int64_t max_queued_bytes_per_stream = 64LL << 20;
+  // The same over all streams (limits.max_queued_bytes_total). When a message would pass
+  // it, its stream is ended if it holds more than an equal share (total / streams); a
+  // stream that reads what it is sent stays below its share and is never ended by another.
+  int64_t max_queued_bytes_total = 1LL << 30;
+  // An ended stream whose last write the agent still does not take within this time is
+  // cancelled outright (HTTP/2 cannot send the status behind unread data).
+  double unread_cancel_after_s = 10;
+  // Messages one device (all its streams) may send per second, with bursts of as many
+  // (limits.max_messages_per_second_per_device; 0: no limit). Above it the cloud reads its
+  // streams more slowly, so HTTP/2 flow control holds the device back: nothing fails, and
+  // its flood does not crowd the engine's intake.
+  double max_messages_per_second_per_device = 5000;
+  CloudMetrics* metrics = nullptr;  // optional
+};
+
+// Per-device token buckets for max_messages_per_second_per_device. Thread-safe.
+class DevicePacer {
+ public:
+  explicit DevicePacer(double per_second) : per_second_(per_second) {}
+  void Register(const std::string& device);
+  void Unregister(const std::string& device);
+  // How long the device's next message should wait (zero: none).
+  TokenBucket::Clock::duration Take(const std::string& device);
+
+ private:
+  struct Device {
+    TokenBucket bucket;
+    int streams = 0;
+  };
+  const double per_second_;
+  std::mutex mutex_;
+  std::unordered_map<std::string, Device> devices_;
+};
+
+// What all streams have queued together, shared by their channels (which the engine may
+// hold a little longer than the service exists).
+struct OutgoingTotals {
+  std::atomic<int64_t> queued_bytes{0};
+  std::atomic<int64_t> streams{0};
 };
 
 class CloudServiceImpl final : public v1::CloudService::CallbackService {
  public:
   CloudServiceImpl(Engine* engine, CloudServiceOptions options)
-      : engine_(engine), options_(options) {}
+      : engine_(engine),
+        options_(options),
+        totals_(std::make_shared<OutgoingTotals>()),
+        pacer_(options.max_messages_per_second_per_device > 0
+                   ? std::make_shared<DevicePacer>(options.max_messages_per_second_per_device)
+                   : nullptr) {}
 
   grpc::ServerBidiReactor<v1::AgentMessage, v1::CloudMessage>* Connect(
       grpc::CallbackServerContext* context) override;
@@ -33,6 +84,8 @@ class CloudServiceImpl final : public v1::CloudService::CallbackService {
  private:
   Engine* engine_;
   CloudServiceOptions options_;
+  std::shared_ptr<OutgoingTotals> totals_;
+  std::shared_ptr<DevicePacer> pacer_;  // null: no rate limit
   std::atomic<StreamId> next_stream_{1};
 };
 

@@ -322,20 +322,12 @@ void Engine::Open(StreamId stream, const v1::OpenSession& open) {
   const auto stream_state = streams_.find(stream);
   const std::string device =
       stream_state != streams_.end() ? stream_state->second.device : absl::StrCat("stream ", stream);
-  if (options_.max_sessions_per_device > 0) {
-    auto open_now = sessions_per_device_.find(device);
-    if (open_now != sessions_per_device_.end() &&
-        open_now->second >= options_.max_sessions_per_device) {
-      SendError(stream, id, 0,
-                absl::ResourceExhaustedError(absl::StrCat(
-                    device, " already has ", open_now->second,
-                    " sessions open (limits.max_sessions_per_device)")),
-                false);
-      if (metrics_ != nullptr) metrics_->sessions_rejected.Increment();
-      return;
-    }
-  }
   const int32_t blocks = allocator_.BlocksFor(max_positions);
+  if (std::optional<std::string> over = DeviceQuotaProblem(device, blocks)) {
+    SendError(stream, id, 0, absl::ResourceExhaustedError(*over), false);
+    if (metrics_ != nullptr) metrics_->sessions_rejected.Increment();
+    return;
+  }
   if (blocks > allocator_.num_blocks()) {
     SendError(stream, id, 0,
               absl::ResourceExhaustedError(absl::StrCat(
@@ -366,7 +358,21 @@ void Engine::Open(StreamId stream, const v1::OpenSession& open) {
   session->max_positions = max_positions;
   session->opened = Clock::now();
   session->device = device;
-  ++sessions_per_device_[device];
+  session->quota_blocks = blocks;
+  auto [usage_it, new_device] = device_usage_.try_emplace(device);
+  DeviceUsage& usage = usage_it->second;
+  if (new_device) {
+    if (free_device_slots_.empty()) {
+      usage.slot = next_device_slot_++;
+    } else {
+      usage.slot = free_device_slots_.back();
+      free_device_slots_.pop_back();
+    }
+  }
+  session->device_slot = usage.slot;
+  ++usage.sessions;
+  ++usage.waiting;
+  usage.blocks += blocks;
   double timeout_s =
       open.timeout_ms() > 0 ? open.timeout_ms() / 1000.0 : options_.session_timeout_s;
   if (options_.max_session_timeout_s > 0) {
@@ -377,6 +383,28 @@ void Engine::Open(StreamId stream, const v1::OpenSession& open) {
   sessions_.emplace(SessionKey{stream, id}, std::move(session));
   waiting_.push_back({stream, id});
   AdmitWaiting();
+}
+
+std::optional<std::string> Engine::DeviceQuotaProblem(const std::string& device,
+                                                      int32_t blocks) const {
+  DeviceUsage usage;
+  if (auto it = device_usage_.find(device); it != device_usage_.end()) usage = it->second;
+  if (options_.max_sessions_per_device > 0 && usage.sessions >= options_.max_sessions_per_device) {
+    return absl::StrCat(device, " already has ", usage.sessions,
+                        " sessions open (limits.max_sessions_per_device)");
+  }
+  if (options_.max_waiting_sessions_per_device > 0 &&
+      usage.waiting >= options_.max_waiting_sessions_per_device) {
+    return absl::StrCat(device, " already has ", usage.waiting,
+                        " sessions waiting for admission (limits.max_waiting_sessions_per_device)");
+  }
+  if (options_.max_kv_blocks_per_device > 0 &&
+      usage.blocks + blocks > options_.max_kv_blocks_per_device) {
+    return absl::StrCat(device, "'s open sessions hold ", usage.blocks, " KV blocks; ", blocks,
+                        " more would pass its quota of ", options_.max_kv_blocks_per_device,
+                        " (limits.max_kv_fraction_per_device)");
+  }
+  return std::nullopt;
 }
 
 void Engine::DecideForStream(StreamId stream) {
@@ -434,6 +462,9 @@ void Engine::AdmitWaiting() {
     session->reserved_blocks = blocks;
     session->state = SessionState::kRunning;
     ++num_running_;
+    if (auto usage = device_usage_.find(session->device); usage != device_usage_.end()) {
+      --usage->second.waiting;
+    }
     const double queued = Seconds(Clock::now() - session->opened);
     if (metrics_ != nullptr) {
       metrics_->sessions_admitted.Increment();
@@ -565,11 +596,27 @@ int64_t Engine::Launch() {
     }
     pending_sessions_.push_back(session.get());
   }
-  // First come, first served across streams: order by when each head chunk arrived.
+  // First come, first served within a device, round-robin across devices: each device's
+  // oldest pending session comes before any device's second, so that a device with many
+  // sessions in flight cannot keep another's work out of the steps (planning keeps this
+  // order within decode work and within prefill work).
   std::sort(pending_sessions_.begin(), pending_sessions_.end(),
             [](const Session* a, const Session* b) {
               return a->work.front().arrival < b->work.front().arrival;
             });
+  device_rank_scratch_.assign(next_device_slot_, 0);
+  bool ranked = false;
+  for (Session* session : pending_sessions_) {
+    session->fair_rank = device_rank_scratch_[session->device_slot]++;
+    ranked |= session->fair_rank > 0;
+  }
+  if (ranked) {
+    std::sort(pending_sessions_.begin(), pending_sessions_.end(),
+              [](const Session* a, const Session* b) {
+                if (a->fair_rank != b->fair_rank) return a->fair_rank < b->fair_rank;
+                return a->work.front().arrival < b->work.front().arrival;
+              });
+  }
   for (const Session* session : pending_sessions_) {
     const WorkItem& head = session->work.front();
     pending_.push_back({.num_tokens = head.num_tokens - head.done, .decode = head.decode});
@@ -791,9 +838,13 @@ void Engine::EraseSession(const SessionKey& key) {
     allocator_.Unreserve(session.reserved_blocks);
     --num_running_;
   }
-  if (auto count = sessions_per_device_.find(session.device);
-      count != sessions_per_device_.end() && --count->second <= 0) {
-    sessions_per_device_.erase(count);
+  if (auto usage = device_usage_.find(session.device); usage != device_usage_.end()) {
+    if (session.state == SessionState::kQueued) --usage->second.waiting;
+    usage->second.blocks -= session.quota_blocks;
+    if (--usage->second.sessions <= 0) {
+      free_device_slots_.push_back(usage->second.slot);
+      device_usage_.erase(usage);
+    }
   }
   sessions_.erase(it);
   // A freed reservation may let the head of the queue in.

@@ -55,6 +55,12 @@ struct EngineOptions {
   // Sessions one device may hold open (running and waiting) at once; 0: no limit. A device
   // is the identity of its certificate (mutual TLS), else its stream (plaintext).
   int64_t max_sessions_per_device = 0;
+  // Of those, how many may wait for admission at once (0: no limit), so that one device
+  // cannot fill max_waiting_sessions by itself.
+  int64_t max_waiting_sessions_per_device = 0;
+  // KV blocks one device's open sessions may reserve together, counted at OpenSession from
+  // their max_positions (0: no limit), so that one device cannot hold the whole pool.
+  int64_t max_kv_blocks_per_device = 0;
   v1::Control control;  // announced in Hello; per-device values replace it when adaptive
   // Adaptive scheduling: per-device Control from DeviceState (scheduler/decode_decisions.h).
   bool adaptive = false;
@@ -143,7 +149,10 @@ class Engine {
     bool in_flight = false;     // its head chunk is in a launched, not completed, step
     Clock::time_point opened;
     Clock::time_point deadline;
-    std::string device;  // the key of sessions_per_device_ it counts under
+    std::string device;  // the key of device_usage_ it counts under
+    int32_t quota_blocks = 0;  // what it counts against its device's KV quota
+    int32_t device_slot = 0;   // its device's DeviceUsage::slot
+    int32_t fair_rank = 0;     // Launch: how many of its device's pending sessions are older
     explicit Session(std::shared_ptr<KvBlockPool> pool) : cache(std::move(pool)) {}
   };
   using SessionKey = std::pair<StreamId, uint64_t>;
@@ -175,6 +184,8 @@ class Engine {
   void HandleEvent(Event& event);
   void HandleMessage(StreamId stream, v1::AgentMessage& message, Clock::time_point received);
   void Open(StreamId stream, const v1::OpenSession& open);
+  // Why `device` may not open one more session of `blocks` KV blocks; nullopt if it may.
+  std::optional<std::string> DeviceQuotaProblem(const std::string& device, int32_t blocks) const;
   void AcceptChunk(StreamId stream, v1::ForwardChunk& chunk, Clock::time_point received);
   void ApplyTruncate(StreamId stream, const v1::Truncate& truncate);
   void AdmitWaiting();
@@ -214,7 +225,17 @@ class Engine {
   // Engine-thread state.
   KvBlockAllocator allocator_;
   StateMonitor monitor_;  // devices keyed by stream id
-  std::unordered_map<std::string, int64_t> sessions_per_device_;  // open sessions
+  // What each device's open sessions hold, against the per-device limits.
+  struct DeviceUsage {
+    int64_t sessions = 0;  // open, running or waiting
+    int64_t waiting = 0;   // not yet admitted
+    int64_t blocks = 0;    // KV blocks their max_positions need
+    int32_t slot = 0;      // a small number while the device has sessions (fair batching)
+  };
+  std::vector<int32_t> free_device_slots_;
+  int32_t next_device_slot_ = 0;
+  std::vector<int32_t> device_rank_scratch_;  // Launch: per slot, sessions counted so far
+  std::unordered_map<std::string, DeviceUsage> device_usage_;
   LogRate session_error_log_{20};
   std::map<SessionKey, std::unique_ptr<Session>> sessions_;
   int64_t num_running_ = 0;  // sessions_ in kRunning, kept in step with admit and erase

@@ -4,6 +4,7 @@
 #include "server/engine.h"
 
 #include <deque>
+#include <map>
 #include <mutex>
 
 #include "models/formats/checkpoint.h"
@@ -175,6 +176,99 @@ TEST_CASE("Admission reserves KV, queues one session and refuses the next") {
   REQUIRE(after.size() == 1);
   CHECK(after[0].has_admitted());
   CHECK(after[0].admitted().session_id() == 3);
+}
+
+TEST_CASE("Per-device quotas on KV and waiting sessions bind one device, not the others") {
+  EngineOptions options = SmallOptions();  // 8 blocks of 4 positions
+  options.max_waiting_sessions = 8;
+  options.max_kv_blocks_per_device = 5;
+  options.max_waiting_sessions_per_device = 1;
+  Harness h(options);  // stream 1: plaintext, so "stream 1" is its device
+  auto other = std::make_shared<CollectingSink>();
+  h.engine->AttachStream(2, other, "device-b");
+  h.Open(1, 16);  // 4 blocks
+  h.Open(2, 8);   // 2 more: 6 > 5, over the KV quota
+  h.Open(3, 4);   // 1 more: 5, admitted
+  h.engine->RunOnce();
+  std::map<uint64_t, std::string> errors;
+  int admitted = 0;
+  for (const v1::CloudMessage& message : h.sink->Take()) {
+    admitted += message.has_admitted();
+    if (message.has_error()) errors[message.error().session_id()] = message.error().message();
+  }
+  CHECK(admitted == 2);
+  REQUIRE(errors.count(2) == 1);
+  CHECK_THAT(errors[2], Catch::Contains("stream 1's open sessions hold 4 KV blocks; 2 more"));
+  CHECK_THAT(errors[2], Catch::Contains("max_kv_fraction_per_device"));
+
+  // Device b takes the other 3 blocks; its next session waits, and one more is refused by
+  // its waiting quota although the global queue has room.
+  auto open_b = [&](uint64_t id, uint32_t positions) {
+    v1::AgentMessage message;
+    message.mutable_open()->set_session_id(id);
+    message.mutable_open()->set_max_positions(positions);
+    h.engine->Deliver(2, message);
+  };
+  open_b(1, 12);
+  open_b(2, 4);
+  open_b(3, 4);
+  h.engine->RunOnce();
+  errors.clear();
+  admitted = 0;
+  for (const v1::CloudMessage& message : other->Take()) {
+    if (message.has_hello()) continue;
+    admitted += message.has_admitted();
+    if (message.has_error()) errors[message.error().session_id()] = message.error().message();
+  }
+  CHECK(admitted == 1);
+  CHECK(h.engine->stats().sessions_waiting == 1);
+  REQUIRE(errors.count(3) == 1);
+  CHECK_THAT(errors[3], Catch::Contains("device-b already has 1 sessions waiting"));
+
+  // Closing a session gives its blocks back to the device's quota.
+  v1::AgentMessage close;
+  close.mutable_close()->set_session_id(1);
+  h.engine->Deliver(1, close);
+  h.Open(4, 16);
+  h.engine->RunOnce();
+  // Session 4 (4 blocks) fits stream 1's quota again (4 + 1 = 5): not refused. It waits
+  // for the pool, behind device b's waiting session, which the freed blocks let in.
+  for (const v1::CloudMessage& message : h.sink->Take()) CHECK_FALSE(message.has_error());
+  CHECK(h.engine->stats().sessions_waiting == 1);
+}
+
+TEST_CASE("Steps take each device's oldest work before any device's second") {
+  EngineOptions options = SmallOptions();
+  options.max_batch_tokens = 8;  // two 4-position chunks a step
+  options.max_waiting_sessions = 8;
+  Harness h(options);  // stream 1: device "stream 1"
+  auto other = std::make_shared<CollectingSink>();
+  h.engine->AttachStream(2, other, "device-b");
+  for (uint64_t id = 1; id <= 3; ++id) h.Open(id, 4);
+  for (uint64_t id = 1; id <= 3; ++id) h.Chunk(id, 0, 4, v1::PHASE_PREFILL);
+  // Device b's chunk arrives last.
+  v1::AgentMessage open;
+  open.mutable_open()->set_session_id(9);
+  open.mutable_open()->set_max_positions(4);
+  h.engine->Deliver(2, open);
+  v1::AgentMessage chunk;
+  chunk.mutable_forward()->set_session_id(9);
+  chunk.mutable_forward()->set_sequence_number(1);
+  chunk.mutable_forward()->set_phase(v1::PHASE_PREFILL);
+  REQUIRE(PackHiddenStates(at::randn({4, TinyMiddle()->config().hidden_size}),
+                           chunk.mutable_forward()->mutable_states())
+              .ok());
+  h.engine->Deliver(2, chunk);
+  h.engine->RunOnce();
+  // First come, first served alone would run sessions 1 and 2 of the first device.
+  std::vector<uint64_t> first_step;
+  for (const v1::CloudMessage& message : h.sink->Take()) {
+    if (message.has_result()) first_step.push_back(message.result().session_id());
+  }
+  for (const v1::CloudMessage& message : other->Take()) {
+    if (message.has_result()) first_step.push_back(message.result().session_id());
+  }
+  CHECK(first_step == std::vector<uint64_t>{1, 9});
 }
 
 TEST_CASE("Bad chunks fail their session with a named field, and others carry on") {

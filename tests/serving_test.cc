@@ -172,6 +172,7 @@ struct CloudSettings {
   std::vector<int> layer_boundaries;
   int planned_stages = 0;  // pipeline.planned_stages: the planner chooses the boundaries
   int64_t max_sessions_per_device = 0;  // limits.max_sessions_per_device
+  std::string max_queued_bytes_per_stream = "64MiB";  // limits.max_queued_bytes_per_stream
 };
 
 class CloudProcess {
@@ -200,7 +201,8 @@ class CloudProcess {
                            << "limits:\n  max_chunk_tokens: " << settings.max_chunk_tokens
                            << "\n  max_message_bytes: " << settings.max_message_bytes
                            << "\n  max_sessions_per_device: " << settings.max_sessions_per_device
-                           << "\n"
+                           << "\n  max_queued_bytes_per_stream: "
+                           << settings.max_queued_bytes_per_stream << "\n"
                            << "drain_grace_period_s: " << settings.drain_grace_period_s << "\n"
                            << "metrics_address: \"127.0.0.1:" << metrics_port_ << "\"\n"
                            << "compute_threads: " << settings.compute_threads << "\n";
@@ -420,6 +422,9 @@ class RawStream {
   explicit RawStream(const std::string& address, const std::string& device = "device-1") {
     grpc::ChannelArguments args;
     args.SetMaxSendMessageSize(256 << 20);
+    // A hung test fails instead of blocking forever (a write to a cloud that stopped
+    // reading blocks until then).
+    context_.set_deadline(std::chrono::system_clock::now() + 120s);
     channel_ = grpc::CreateCustomChannel(address, DeviceCredentials(device), args);
     stub_ = v1::CloudService::NewStub(channel_);
     stream_ = stub_->Connect(&context_);
@@ -684,6 +689,52 @@ TEST_CASE("A device holds at most its quota of sessions over all its streams, an
   REQUIRE(first.Send(close));
   CHECK(testing::WaitUntil([&] { return cloud.Metric("tophat_num_sessions_running") == 3; }, 10s));
   CHECK(open(first, 3) == 0);
+  CHECK(cloud.process().running());
+}
+
+TEST_CASE("A stream that does not read its results is ended and its KV freed, and other "
+          "devices are served",
+          "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {.max_queued_bytes_per_stream = "256KiB"});
+  AgentProcess agent(dir.path(), cloud, 16);
+  const std::vector<int32_t> prompt = Tokenize(ToyPrompts(13, 1)[0]);
+  const std::vector<int32_t> expected = Reference(prompt, 16, true);
+
+  // A device that sends prompt chunks and never reads what comes back. Loopback's socket
+  // buffers and HTTP/2's windows take a few MB first; then the cloud's own queue grows
+  // until the bound ends the stream.
+  RawStream greedy(cloud.address(), "device-2");
+  const uint32_t d = greedy.hello().hidden_size();
+  const uint32_t positions = 128;
+  int chunks = 0;
+  auto ended = [&] { return cloud.Metric("tophat_streams_not_reading_total") >= 1; };
+  for (uint64_t session = 1; session <= 400 && !ended(); ++session) {
+    REQUIRE(greedy.Send(OpenMessage(session, 1024)));
+    for (uint32_t first = 0; first < 1024 && !ended(); first += positions) {
+      REQUIRE(greedy.Send(ChunkMessage(session, first, positions, d, v1::DTYPE_FLOAT32)));
+      ++chunks;
+    }
+  }
+  INFO(chunks << " chunks of " << positions * d * 4 << " bytes sent");
+  REQUIRE(testing::WaitUntil(ended, 30s));
+  // Its sessions are freed at once, not when the call is finally over.
+  CHECK(testing::WaitUntil(
+      [&] {
+        return cloud.Metric("tophat_num_sessions_running") == 0 &&
+               cloud.Metric("tophat_kv_cache_usage_ratio") == 0;
+      },
+      10s));
+  CHECK(cloud.Metric("tophat_outgoing_queued_bytes") < 256 * 1024);
+  // Another device is served correctly meanwhile.
+  auto result = agent.client().Generate(IdsRequest(prompt, 16));
+  REQUIRE(result.ok());
+  REQUIRE(result->ok());
+  CHECK(Tokens(*result) == expected);
+  // What the greedy device finally reads ends with the reason.
+  const grpc::Status status = greedy.Finish();
+  CHECK(status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK_THAT(status.error_message(), Catch::Contains("limits.max_queued_bytes_per_stream"));
   CHECK(cloud.process().running());
 }
 

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include <c10/util/Exception.h>
+#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -52,6 +53,27 @@ absl::StatusOr<std::shared_ptr<KvBlockPool>> KvBlockPool::Create(const ModelConf
     return absl::InvalidArgumentError(absl::StrCat(
         "a KV block pool needs num_key_value_heads and head_dim >= 1; the config has ",
         config.num_key_value_heads, " and ", config.head_dim));
+  }
+  // Sized by arithmetic before anything is allocated: an impossible size must fail here with
+  // the numbers, not depend on the allocator failing (a machine that overcommits may not
+  // fail at all, and AddressSanitizer aborts instead).
+  const int64_t block_bytes = BytesPerBlock(config, num_layers, block_size, dtype);
+  int64_t total_bytes = 0;
+  const bool overflows = block_bytes < 0 || __builtin_mul_overflow(num_blocks, block_bytes,
+                                                                   &total_bytes);
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  const int64_t host_bytes =
+      pages > 0 && page_size > 0 ? static_cast<int64_t>(pages) * page_size : 0;
+  // On a GPU the bound is its memory, which only the allocator knows; host memory still
+  // catches sizes no device has.
+  if (overflows || (host_bytes > 0 && total_bytes > host_bytes &&
+                    (device.is_cpu() || total_bytes > 64 * host_bytes))) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a KV block pool of ", num_blocks, " blocks x ", block_bytes, " bytes",
+        overflows ? " overflows 64 bits"
+                  : absl::StrCat(" is ", total_bytes, " bytes, more than this machine's ",
+                                 host_bytes, " bytes of memory")));
   }
   try {
     return std::shared_ptr<KvBlockPool>(

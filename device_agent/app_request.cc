@@ -1,0 +1,61 @@
+#include "device_agent/app_request.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+
+namespace tophat {
+
+absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request,
+                                              const Tokenizer& tokenizer,
+                                              const AppRequestLimits& limits) {
+  AppRequestPlan plan;
+  if (request.has_prompt_ids()) {
+    for (uint32_t id : request.prompt_ids().ids()) {
+      if (id >= static_cast<uint64_t>(limits.vocab_size)) {
+        return absl::InvalidArgumentError(absl::StrCat("prompt_ids: token id ", id,
+                                                       " is outside the vocabulary of ",
+                                                       limits.vocab_size));
+      }
+      plan.prompt.push_back(static_cast<int32_t>(id));
+    }
+  } else {
+    if (!request.skip_bos() && tokenizer.bos_id()) plan.prompt.push_back(*tokenizer.bos_id());
+    // Before tokenizing: a huge prompt would cost seconds of CPU only to be refused.
+    if (static_cast<int64_t>(request.prompt().size()) > limits.max_prompt_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt: ", request.prompt().size(),
+                                                     " bytes is more than max_prompt_bytes (",
+                                                     limits.max_prompt_bytes, ")"));
+    }
+    auto ids = tokenizer.Encode(request.prompt());
+    if (!ids.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt: ", ids.status().message()));
+    }
+    plan.prompt.insert(plan.prompt.end(), ids->begin(), ids->end());
+  }
+  if (plan.prompt.empty()) return absl::InvalidArgumentError("prompt: empty");
+  const int64_t prompt_length = static_cast<int64_t>(plan.prompt.size());
+  plan.max_new_tokens =
+      request.max_new_tokens() > 0 ? request.max_new_tokens() : limits.default_max_new_tokens;
+  if (prompt_length + plan.max_new_tokens > limits.context) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt of ", prompt_length, " tokens + max_new_tokens ", plan.max_new_tokens,
+        " exceeds the context of ", limits.context, " positions"));
+  }
+  // top_p 0 is proto3's "not set": keep every token. Anything else, NaN and negatives
+  // included, goes to Validate, which refuses what is not in (0, 1].
+  plan.sampling = {.temperature = request.sampling().temperature(),
+                   .top_k = request.sampling().top_k(),
+                   .top_p = request.sampling().top_p() == 0 ? 1.0 : request.sampling().top_p(),
+                   .seed = request.sampling().seed()};
+  if (absl::Status valid = plan.sampling.Validate(); !valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling: ", valid.message()));
+  }
+  if (!request.ignore_eos()) {
+    for (int64_t eos : limits.eos_token_ids) plan.stop_ids.push_back(static_cast<int32_t>(eos));
+    if (tokenizer.eos_id()) plan.stop_ids.push_back(*tokenizer.eos_id());
+  }
+  for (uint32_t id : request.stop_token_ids()) plan.stop_ids.push_back(static_cast<int32_t>(id));
+  return plan;
+}
+
+}  // namespace tophat

@@ -1,0 +1,38 @@
+// What the agent makes of an app's GenerateRequest before any model runs: the prompt's
+// token ids (text tokenized on the device, or ids checked against the vocabulary), the
+// token budget against the context, the sampling parameters and the stop ids. Pure: the
+// agent's request loop and the app-request fuzz target (fuzz/) share it, so the bytes an
+// app sends meet exactly this code.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "models/runtime/sampler.h"
+#include "models/tokenizers/tokenizer.h"
+#include "tophat/v1/agent.pb.h"
+
+namespace tophat {
+
+struct AppRequestLimits {
+  int64_t vocab_size = 0;              // of the model
+  int64_t context = 0;                 // positions the device's submodels hold
+  int64_t max_prompt_bytes = 1 << 20;  // text longer than this is refused before tokenizing
+  int64_t default_max_new_tokens = 256;
+  std::vector<int64_t> eos_token_ids;  // the model's (config.json)
+};
+
+struct AppRequestPlan {
+  std::vector<int32_t> prompt;  // BOS included where the tokenizer has one
+  int64_t max_new_tokens = 0;   // prompt.size() + this <= context
+  SamplingParams sampling;      // validated
+  std::vector<int32_t> stop_ids;
+};
+
+// Errors are kInvalidArgument and name the request's field.
+absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request,
+                                              const Tokenizer& tokenizer,
+                                              const AppRequestLimits& limits);
+
+}  // namespace tophat
