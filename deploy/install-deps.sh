@@ -18,6 +18,8 @@ packages=(
   # deploy/make-certs.sh: the CA and certificates of the mutual-TLS links (demo and tests);
   # libcrypto's SHA-256 for the model fingerprint of `tophat split`.
   openssl libssl-dev
+  # deploy/fuzz.sh: libFuzzer, AddressSanitizer and UBSan come with Debian's clang.
+  clang libclang-rt-14-dev
 )
 
 missing=()

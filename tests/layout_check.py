@@ -26,6 +26,7 @@ ROOMS = [
     "server/pipeline",
     "server",
     "device_agent",
+    "fuzz",
     "bench",
     "cli",
     "tests",

@@ -173,6 +173,8 @@ struct CloudSettings {
   int planned_stages = 0;  // pipeline.planned_stages: the planner chooses the boundaries
   int64_t max_sessions_per_device = 0;  // limits.max_sessions_per_device
   std::string max_queued_bytes_per_stream = "64MiB";  // limits.max_queued_bytes_per_stream
+  double max_messages_per_second_per_device = 5000;    // limits.max_messages_per_second_per_device
+  double max_kv_fraction_per_device = 0.5;             // limits.max_kv_fraction_per_device
 };
 
 class CloudProcess {
@@ -202,7 +204,11 @@ class CloudProcess {
                            << "\n  max_message_bytes: " << settings.max_message_bytes
                            << "\n  max_sessions_per_device: " << settings.max_sessions_per_device
                            << "\n  max_queued_bytes_per_stream: "
-                           << settings.max_queued_bytes_per_stream << "\n"
+                           << settings.max_queued_bytes_per_stream
+                           << "\n  max_messages_per_second_per_device: "
+                           << settings.max_messages_per_second_per_device
+                           << "\n  max_kv_fraction_per_device: "
+                           << settings.max_kv_fraction_per_device << "\n"
                            << "drain_grace_period_s: " << settings.drain_grace_period_s << "\n"
                            << "metrics_address: \"127.0.0.1:" << metrics_port_ << "\"\n"
                            << "compute_threads: " << settings.compute_threads << "\n";
@@ -738,6 +744,78 @@ TEST_CASE("A stream that does not read its results is ended and its KV freed, an
   CHECK(cloud.process().running());
 }
 
+TEST_CASE("A device above its message rate is slowed to it, and other devices are not",
+          "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {.max_messages_per_second_per_device = 200});
+  RawStream greedy(cloud.address(), "device-2");
+  RawStream other(cloud.address(), "device-1");
+  // How long until the cloud answers an OpenSession sent after everything before it.
+  auto answered_after = [](RawStream& stream, uint64_t session) {
+    const auto sent = std::chrono::steady_clock::now();
+    REQUIRE(stream.Send(OpenMessage(session, 16)));
+    while (true) {
+      v1::CloudMessage reply = stream.Read();
+      if ((reply.has_admitted() && reply.admitted().session_id() == session) ||
+          (reply.has_error() && reply.error().session_id() == session)) {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+      }
+    }
+  };
+  CHECK(answered_after(other, 1) < 1.0);
+  // 800 small messages (measurements; no answers) in a few milliseconds. With bursts of 200
+  // and 200 a second, the cloud reads the last of them no sooner than 3 s later.
+  v1::AgentMessage report;
+  report.mutable_device_state()->set_draft_step_seconds(0.01);
+  const auto flood_start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 800; ++i) REQUIRE(greedy.Send(report));
+  // Another device meanwhile is answered at once.
+  CHECK(answered_after(other, 2) < 1.0);
+  // The greedy device's next message waits behind its own flood.
+  answered_after(greedy, 1);
+  const double paced =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - flood_start).count();
+  CHECK(paced > 2.5);
+  CHECK(cloud.Metric("tophat_stream_reads_paced_total") > 0);
+  CHECK(cloud.process().running());
+}
+
+TEST_CASE("A device cannot reach another device's sessions by naming their ids", "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});
+  RawStream owner(cloud.address(), "device-1");
+  RawStream intruder(cloud.address(), "device-2");
+  const uint32_t d = owner.hello().hidden_size();
+  REQUIRE(owner.Send(OpenMessage(7, 64)));
+  REQUIRE(owner.Send(ChunkMessage(7, 0, 4, d, v1::DTYPE_FLOAT32)));
+  v1::CloudMessage first = owner.ReadFor(7);
+  REQUIRE(first.has_result());
+  // The intruder names session 7 in every message that takes a session id.
+  v1::AgentMessage truncate;
+  truncate.mutable_truncate()->set_session_id(7);
+  truncate.mutable_truncate()->set_length(0);
+  v1::AgentMessage cancel;
+  cancel.mutable_cancel()->set_session_id(7);
+  v1::AgentMessage close;
+  close.mutable_close()->set_session_id(7);
+  for (const v1::AgentMessage& message :
+       {truncate, cancel, close, ChunkMessage(7, 4, 4, d, v1::DTYPE_FLOAT32)}) {
+    REQUIRE(intruder.Send(message));
+  }
+  // Its own stream has no session 7: what comes back (if anything) is NOT_FOUND for it.
+  REQUIRE(intruder.Send(ChunkMessage(7, 0, 4, d, v1::DTYPE_FLOAT32)));
+  v1::CloudMessage refused = intruder.ReadFor(7);
+  REQUIRE(refused.has_error());
+  CHECK(refused.error().code() == static_cast<int>(absl::StatusCode::kNotFound));
+  // The owner's session is untouched: its KV still holds 4 positions, so the next chunk
+  // continues at position 4.
+  REQUIRE(owner.Send(ChunkMessage(7, 4, 4, d, v1::DTYPE_FLOAT32)));
+  v1::CloudMessage next = owner.ReadFor(7);
+  INFO(next.DebugString());
+  REQUIRE(next.has_result());
+  CHECK(next.result().states().num_positions() == 4);
+}
+
 TEST_CASE("A frozen cloud is noticed by keepalives, and the agent comes back when it thaws",
           "[serving]") {
   testing::TempDir dir;
@@ -981,8 +1059,10 @@ TEST_CASE("A full KV pool queues or refuses new sessions while running ones fini
   // blocks), so the same 120 blocks take 8 KiB per layer stage 0 holds.
   const std::vector<int> stages = CloudStages();
   const int stage0_layers = stages.empty() ? 3 : stages[1] - stages[0];
+  // One agent is one device: it may hold the whole pool here.
   CloudProcess cloud(dir.path(), {.kv_memory = std::to_string(120 * 8 * stage0_layers) + "KiB",
-                                  .max_waiting_sessions = 1});
+                                  .max_waiting_sessions = 1,
+                                  .max_kv_fraction_per_device = 1});
   AgentProcess agent(dir.path(), cloud, 16);
   const std::vector<int32_t> prompt = Tokenize(ToyPrompts(4, 1)[0]);
   const int64_t max_new_tokens = 900 - static_cast<int64_t>(prompt.size());

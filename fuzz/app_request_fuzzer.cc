@@ -1,0 +1,57 @@
+// What an app sends its agent: any bytes parsed as a GenerateRequest and planned as the
+// agent plans one (device_agent/app_request.h) with a Llama-3-style tokenizer.json, then the
+// prompt streamed through the detokenizer as the agent does before generating.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "device_agent/app_request.h"
+#include "fuzz/fuzz_util.h"
+#include "models/tokenizers/bpe_tokenizer.h"
+
+namespace {
+
+const tophat::Tokenizer& LoadTokenizer() {
+  static const std::unique_ptr<tophat::BpeTokenizer> tokenizer = [] {
+    const std::string path = std::string(TOPHAT_FUZZ_DATA_DIR) + "/tokenizer_json/llama3.json";
+    auto loaded = tophat::BpeTokenizer::Load(path);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "%s\n", loaded.status().ToString().c_str());
+      std::abort();
+    }
+    return std::move(*loaded);
+  }();
+  return *tokenizer;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const tophat::Tokenizer& tokenizer = LoadTokenizer();
+  tophat::v1::GenerateRequest request;
+  if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
+  const tophat::AppRequestLimits limits{.vocab_size = tokenizer.vocab_size(),
+                                        .context = 512,
+                                        .max_prompt_bytes = 4096,
+                                        .default_max_new_tokens = 16,
+                                        .eos_token_ids = {2}};
+  auto plan = tophat::PlanAppRequest(request, tokenizer, limits);
+  if (!plan.ok()) {
+    TOPHAT_FUZZ_CHECK(plan.status().code() == absl::StatusCode::kInvalidArgument);
+    return 0;
+  }
+  TOPHAT_FUZZ_CHECK(!plan->prompt.empty());
+  TOPHAT_FUZZ_CHECK(static_cast<int64_t>(plan->prompt.size()) + plan->max_new_tokens <=
+                    limits.context);
+  TOPHAT_FUZZ_CHECK(plan->sampling.Validate().ok());
+  tophat::StreamingDetokenizer detokenizer(tokenizer);
+  for (int32_t id : plan->prompt) {
+    TOPHAT_FUZZ_CHECK(id >= 0 && id < limits.vocab_size);
+    (void)detokenizer.Push(id);
+  }
+  (void)detokenizer.Flush();
+  return 0;
+}

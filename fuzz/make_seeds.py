@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Writes the fuzz targets' seed corpora (fuzz/corpus/<target>/). Run once when a format
+changes; the seeds are committed. Standard library only: the protobuf seeds are encoded by
+hand (varints and length-delimited fields).
+
+    python3 fuzz/make_seeds.py [OUT_DIR]
+"""
+import json
+import os
+import struct
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def field_varint(number, value):
+    return varint(number << 3) + varint(value)
+
+
+def field_bytes(number, data):
+    return varint(number << 3 | 2) + varint(len(data)) + data
+
+
+def field_float(number, value):
+    return varint(number << 3 | 5) + struct.pack("<f", value)
+
+
+def byte_symbols():
+    """GPT-2's byte-to-unicode table."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def tokenizer_json(llama3):
+    sym = byte_symbols()
+    vocab = {sym[b]: b for b in range(256)}
+    space_t = sym[ord(" ")] + "t"
+    extra = [space_t, "he", space_t + "he", "ll", "12", "123", "45", "34"]
+    for i, piece in enumerate(extra):
+        vocab[piece] = 256 + i
+    merges = [("3", "4"), (sym[ord(" ")], "t"), ("h", "e"), (space_t, "he"), ("l", "l"),
+              ("1", "2"), ("12", "3"), ("4", "5")]
+    added = [{"id": 264 + i, "content": c, "single_word": False, "lstrip": False,
+              "rstrip": False, "normalized": False, "special": s}
+             for i, (c, s) in enumerate([("<|end_of_text|>", True), ("<|begin_of_text|>", True),
+                                         ("<|eot_id|>", True), ("<tag>", False)])]
+    pattern = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+               r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+    if llama3:
+        pre = {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+    else:
+        pre = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    return {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+        "normalizer": None, "pre_tokenizer": pre, "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                    "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": None if llama3 else "",
+                  "end_of_word_suffix": None if llama3 else "", "fuse_unk": False,
+                  "byte_fallback": False, "ignore_merges": llama3, "vocab": vocab,
+                  "merges": [[a, b] for a, b in merges] if llama3 else [f"{a} {b}" for a, b in merges]},
+    }
+
+
+def safetensors(tensors, metadata=None):
+    header, data = {}, bytearray()
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    if metadata:
+        header["__metadata__"] = metadata
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    return struct.pack("<Q", len(text)) + text + bytes(data)
+
+
+def write(out, target, name, data):
+    os.makedirs(os.path.join(out, target), exist_ok=True)
+    mode = "w" if isinstance(data, str) else "wb"
+    with open(os.path.join(out, target, name), mode) as f:
+        f.write(data)
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "corpus")
+    write(out, "tokenizer_json", "llama3.json", json.dumps(tokenizer_json(True), indent=1))
+    write(out, "tokenizer_json", "gpt2.json", json.dumps(tokenizer_json(False), indent=1))
+
+    hidden = 64
+    for dtype, size in ((1, 4), (2, 2), (3, 2)):
+        for positions in (1, 3):
+            payload = bytes(positions * hidden * size)
+            msg = (field_varint(1, dtype) + field_varint(2, positions) + field_varint(3, hidden)
+                   + field_bytes(4, payload))
+            write(out, "hidden_states", f"dtype{dtype}-{positions}.bin", bytes([dtype]) + msg)
+    write(out, "hidden_states", "short.bin",
+          bytes([1]) + field_varint(1, 1) + field_varint(2, 2) + field_varint(3, hidden)
+          + field_bytes(4, b"\0" * 7))
+
+    f32 = struct.pack("<6f", *[0.5, -1, 2, 0, 3.25, 1e-3])
+    write(out, "safetensors", "f32.safetensors",
+          safetensors({"model.norm.weight": ("F32", [2, 3], f32)}, {"format": "pt"}))
+    write(out, "safetensors", "mixed.safetensors",
+          safetensors({"a": ("BF16", [4], bytes(8)), "b": ("F16", [2, 2], bytes(8)),
+                       "c": ("I64", [1], bytes(8)), "empty": ("F32", [0, 3], b"")}))
+
+    llama = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+             "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 256,
+             "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+             "bos_token_id": 1, "eos_token_id": [2, 3], "torch_dtype": "bfloat16"}
+    write(out, "model_config", "llama.json", json.dumps(llama, indent=1))
+    qwen = dict(llama, architectures=["Qwen2ForCausalLM"], model_type="qwen2",
+                sliding_window=128, use_sliding_window=False, eos_token_id=2)
+    write(out, "model_config", "qwen2.json", json.dumps(qwen, indent=1))
+    mistral = dict(llama, architectures=["MistralForCausalLM"], model_type="mistral",
+                   sliding_window=64, head_dim=16)
+    write(out, "model_config", "mistral.json", json.dumps(mistral, indent=1))
+
+    root = os.path.dirname(HERE)
+    for name in ("cloud.yaml", "agent.yaml"):
+        with open(os.path.join(root, "configs", name)) as f:
+            write(out, "yaml_config", name, f.read())
+    write(out, "yaml_config", "anchors.yaml",
+          "base: &b {block_size: 16}\nkv_cache: *b\nlimits:\n  max_message_bytes: 1MiB\n"
+          "pipeline:\n  layer_boundaries: [2, 4, 5]\n")
+
+    sampling = field_float(1, 0.7) + field_varint(2, 40) + field_float(3, 0.9) + field_varint(4, 7)
+    write(out, "app_request", "text.bin",
+          field_bytes(2, "Hello, world! 123 <|eot_id|> the hell".encode()) + field_varint(4, 8)
+          + field_bytes(5, sampling) + field_varint(6, 2))
+    write(out, "app_request", "ids.bin",
+          field_bytes(3, field_bytes(1, b"".join(varint(i) for i in (1, 258, 263, 40))))
+          + field_varint(4, 4) + field_varint(9, 1))
+    write(out, "app_request", "utf8.bin", field_bytes(2, "été — ü 45 \U0001F600".encode()) + field_varint(8, 1))
+
+    # The engine's structured input: op bytes then fields (see agent_message_fuzzer.cc).
+    write(out, "agent_message", "open-chunk-step.bin",
+          bytes([0x04, 1, 0, 0, 32, 0, 0, 0, 9, 0x04, 1, 1, 1, 0, 0, 1, 1, 4, 1, 1, 1, 1, 0x02, 0x02]))
+    write(out, "agent_message", "raw-open.bin",
+          bytes([0x00, 8]) + field_bytes(1, field_varint(1, 3) + field_varint(2, 16)) + bytes([0x02]))
+    write(out, "agent_message", "two-devices.bin", bytes(range(0, 256, 3)))
+
+
+if __name__ == "__main__":
+    main()
