@@ -110,6 +110,7 @@ std::string AgentYaml(const AblationConfig& config, const AblationOptions& optio
   return absl::StrFormat(
       "# %s (device %d): %s\n"
       "listen_address: \"%s\"\n"
+      "allow_remote_apps: %s\n"
       "cloud_address: \"%s\"\n"
       "bundle: \"%s\"\n"
       "cloud_tls:\n  insecure: true\n"
@@ -126,7 +127,10 @@ std::string AgentYaml(const AblationConfig& config, const AblationOptions& optio
       "  uplink_bytes_per_second: %.0f\n"
       "  downlink_bytes_per_second: %.0f\n"
       "metrics_address: \"%s\"\n",
-      config.name, slot.index, config.description, slot.listen_address, slot.cloud_address,
+      config.name, slot.index, config.description, slot.listen_address,
+      // Over emulated links each agent listens on its namespace's address, where the
+      // benchmark's client reaches it from the host namespace.
+      slot.listen_address.rfind("127.", 0) == 0 ? "false" : "true", slot.cloud_address,
       fs::absolute(options.device_bundle).string(), options.max_context, chunk,
       config.pipeline_chunks ? "true" : "false", std::min<int64_t>(128, options.max_context - 1),
       config.speculative ? "true" : "false", config.parallel_drafting ? "true" : "false",

@@ -90,6 +90,27 @@ TEST_CASE("generated agent configs load with the agent's config loader", "[ablat
   }
 }
 
+TEST_CASE("agents on emulated links may serve the host namespace's client, on loopback not",
+          "[ablation]") {
+  AblationOptions options;
+  options.device_bundle = "/tmp/bundles/device";
+  options.max_context = 2048;
+  AgentSlot slot{.index = 1, .listen_address = "10.200.1.2:7301",
+                 .cloud_address = "10.200.1.1:7300", .metrics_address = "10.200.1.2:9301"};
+  auto netns = ParseAgentConfig(AgentYaml(AblationConfigs()[0], options, slot), "netns");
+  REQUIRE(netns.ok());
+  CHECK(netns->allow_remote_apps);
+  slot.listen_address = "127.0.0.1:7301";
+  auto loopback = ParseAgentConfig(AgentYaml(AblationConfigs()[0], options, slot), "loopback");
+  REQUIRE(loopback.ok());
+  CHECK_FALSE(loopback->allow_remote_apps);
+  // The agent's own check refuses a reachable address without the key.
+  auto refused = ParseAgentConfig("listen_address: \"0.0.0.0:7301\"\ncloud_tls: {insecure: true}\n",
+                                  "agent.yaml");
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(std::string(refused.status().message()), Catch::Contains("allow_remote_apps"));
+}
+
 TEST_CASE("the generated cloud config loads and carries whole prompts", "[ablation]") {
   AblationOptions options;
   options.cloud_bundle = "/tmp/bundles/cloud";

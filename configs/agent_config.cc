@@ -32,7 +32,19 @@ void CheckAgentConfig(const AgentConfig& config, bool require_bundle, Report&& r
                                         require_bundle)) {
     report(problem->first, problem->second, "");
   }
-  check("listen_address", CheckHostPort(config.listen_address, /*allow_port_zero=*/true));
+  if (!IsUnixSocketAddress(config.listen_address)) {
+    check("listen_address", CheckHostPort(config.listen_address, /*allow_port_zero=*/true));
+    if (!config.allow_remote_apps && !IsLoopbackAddress(config.listen_address)) {
+      report("listen_address",
+             absl::StrCat("\"", config.listen_address,
+                          "\" is reachable from other hosts, and the app port has no TLS or "
+                          "authentication yet; bind it to 127.0.0.1, [::1] or a unix:PATH "
+                          "socket, or set allow_remote_apps: true on a network you trust"),
+             "allow_remote_apps");
+    }
+  } else if (config.listen_address.size() <= std::string_view("unix:").size()) {
+    report("listen_address", "unix: needs a socket path, e.g. unix:/run/tophat/agent.sock", "");
+  }
   check("cloud_address", CheckHostPort(config.cloud_address, /*allow_port_zero=*/false));
   check("dtype", CheckDtype(config.dtype));
   check("device", CheckDevice(config.device));
@@ -97,6 +109,7 @@ void CheckAgentConfig(const AgentConfig& config, bool require_bundle, Report&& r
 absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
   AgentConfig config;
   reader.ReadString("listen_address", &config.listen_address);
+  reader.ReadBool("allow_remote_apps", &config.allow_remote_apps);
   reader.ReadString("cloud_address", &config.cloud_address);
   reader.ReadString("bundle", &config.bundle);
   reader.ReadBool("cloud_tls.insecure", &config.cloud_tls.insecure);

@@ -13,7 +13,10 @@
 namespace tophat {
 
 struct AgentConfig {
-  std::string listen_address = "127.0.0.1:7200";  // app API (gRPC)
+  std::string listen_address = "127.0.0.1:7200";  // app API (gRPC): host:port or unix:PATH
+  // The app port has no TLS or authentication yet: an address other hosts can reach is
+  // refused unless this is set (then a warning is logged at start-up).
+  bool allow_remote_apps = false;
   std::string cloud_address = "127.0.0.1:7100";
   std::string bundle;  // device bundle directory (required)
   // TLS of the link to the cloud, mutual: the agent presents this device's certificate and

@@ -31,6 +31,17 @@ absl::Status NotOneOf(std::string_view value, std::string_view choices) {
 
 }  // namespace
 
+bool IsUnixSocketAddress(std::string_view address) {
+  return address.substr(0, 5) == "unix:";
+}
+
+bool IsLoopbackAddress(std::string_view address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string_view::npos) return false;
+  const std::string_view host = address.substr(0, colon);
+  return host == "localhost" || host == "[::1]" || host.substr(0, 4) == "127.";
+}
+
 absl::Status CheckHostPort(std::string_view address, bool allow_port_zero) {
   auto invalid = [&](std::string_view why) {
     return absl::InvalidArgumentError(

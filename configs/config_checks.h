@@ -16,6 +16,11 @@ namespace tophat {
 // "host:port" as gRPC takes it: a host name or IPv4 address, or a bracketed IPv6 address
 // ("[::1]:7100"), then a decimal port. Port 0 (the OS picks one) only when `allow_port_zero`:
 // fine for a listening socket, meaningless for an address to connect to.
+// gRPC's Unix-domain socket address ("unix:/run/tophat/agent.sock").
+bool IsUnixSocketAddress(std::string_view address);
+// Whether host:port names this host only: 127.0.0.0/8, localhost or [::1].
+bool IsLoopbackAddress(std::string_view address);
+
 absl::Status CheckHostPort(std::string_view address, bool allow_port_zero);
 
 // float32 | float16 | bfloat16.

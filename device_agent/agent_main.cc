@@ -1,6 +1,10 @@
 // tophat-agent: the device agent. Holds the input and output submodels of a device bundle,
 // serves apps on the local AgentService, and keeps one stream to tophat-cloud (reconnecting
 // and replaying when it drops). SIGTERM stops it cleanly.
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -14,6 +18,7 @@
 #include "telemetry/metrics_http_server.h"
 #include "telemetry/shutdown_signals.h"
 #include "configs/agent_config.h"
+#include "configs/config_checks.h"
 #include "device_agent/agent.h"
 #include "device_agent/agent_service.h"
 #include "models/runtime/compute_threads.h"
@@ -44,10 +49,29 @@ int Run(const tophat::AgentConfig& config) {
   int bound_port = 0;
   builder.AddListeningPort(config.listen_address, grpc::InsecureServerCredentials(), &bound_port);
   builder.RegisterService(&service);
+  const bool unix_socket = tophat::IsUnixSocketAddress(config.listen_address);
+  // A socket is created 0660 from the start, not opened to everyone until the chmod below.
+  const mode_t umask_before = unix_socket ? umask(0117) : 0;
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || bound_port == 0) {
+  if (unix_socket) umask(umask_before);
+  if (server == nullptr || (bound_port == 0 && !unix_socket)) {
     return Fail(absl::UnavailableError(
         absl::StrCat("listen_address: cannot listen on ", config.listen_address)));
+  }
+  if (unix_socket) {
+    // Only this user and group may talk to the agent (gRPC creates the socket with the
+    // umask's mode).
+    const std::string path = config.listen_address.substr(std::string_view("unix:").size());
+    if (chmod(path.c_str(), 0660) != 0) {
+      return Fail(absl::UnavailableError(absl::StrCat(
+          "listen_address: cannot restrict ", path, " to its user and group: ",
+          std::strerror(errno))));
+    }
+  } else if (!tophat::IsLoopbackAddress(config.listen_address)) {
+    spdlog::warn("listen_address {} is reachable from other hosts and the app port has no TLS "
+                 "or authentication (allow_remote_apps: true); any host that reaches it can "
+                 "send prompts and read answers",
+                 config.listen_address);
   }
   spdlog::info("tophat-agent serving apps on {}, cloud {} (metrics: {})", config.listen_address,
                config.cloud_address,
@@ -81,7 +105,7 @@ int main(int argc, char** argv) {
   app.add_option("-c,--config", config_path, "YAML config (see configs/agent.yaml)")
       ->check(CLI::ExistingFile);
   app.add_option("--bundle", bundle, "Device bundle directory (overrides `bundle`)");
-  app.add_option("--listen", listen, "host:port for apps (overrides `listen_address`)");
+  app.add_option("--listen", listen, "host:port or unix:PATH for apps (overrides `listen_address`)");
   app.add_option("--cloud", cloud, "tophat-cloud host:port (overrides `cloud_address`)");
   app.add_option("--metrics", metrics,
                  "host:port for Prometheus, or \"\" to disable (overrides `metrics_address`)");

@@ -74,6 +74,13 @@ absl::Status PackHiddenStates(const at::Tensor& hidden, v1::HiddenStates* out) {
 
 absl::Status ValidateHiddenStates(const v1::HiddenStates& states, v1::DType expected_dtype,
                                   int64_t expected_hidden_size, int64_t max_positions) {
+  // Found by fuzz/hidden_states_fuzzer: an end that expects no particular dtype must still
+  // refuse one with no element size, which UnpackHiddenStates cannot unpack.
+  if (ElementBytes(states.dtype()) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("states.dtype ",
+                                                   v1::DType_Name(states.dtype()),
+                                                   " is not a hidden-state dtype"));
+  }
   if (states.dtype() != expected_dtype) {
     return absl::InvalidArgumentError(absl::StrCat(
         "states.dtype is ", v1::DType_Name(states.dtype()), ", this end expects ",

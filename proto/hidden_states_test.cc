@@ -38,5 +38,16 @@ TEST_CASE("Validation names the offending field") {
   CHECK_FALSE(UnpackHiddenStates(states).ok());
 }
 
+TEST_CASE("A dtype with no element size is refused even where it is the one expected") {
+  // Found by fuzz/hidden_states_fuzzer (fuzz/regressions/hidden_states/): with no dtype and
+  // no data, 0 bytes matched 2 x 64 x 0 and validation passed what unpacking then refused.
+  v1::HiddenStates states;
+  states.set_num_positions(2);
+  states.set_hidden_size(64);
+  const absl::Status status = ValidateHiddenStates(states, v1::DTYPE_UNSPECIFIED, 64, 16);
+  CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(status.message()).find("not a hidden-state dtype") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace tophat

@@ -1,5 +1,7 @@
 // End-to-end serving tests: real tophat-cloud and tophat-agent processes on loopback ports,
 // driven through the tophat::Client SDK and, for malformed input, a raw CloudService stream.
+#include <sys/stat.h>
+
 #include <signal.h>
 
 #include <cstdio>
@@ -814,6 +816,53 @@ TEST_CASE("A device cannot reach another device's sessions by naming their ids",
   INFO(next.DebugString());
   REQUIRE(next.has_result());
   CHECK(next.result().states().num_positions() == 4);
+}
+
+TEST_CASE("The app port listens on a Unix socket for its user only, and refuses other hosts "
+          "unless told",
+          "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});
+  const TlsFiles tls = DeviceTls("device-1");
+  const fs::path config = dir.path() / "agent.yaml";
+  std::ofstream(config) << "cloud_tls:\n  certificate_file: " << tls.certificate_file
+                        << "\n  private_key_file: " << tls.private_key_file
+                        << "\n  ca_file: " << tls.ca_file << "\n";
+  auto agent_args = [&](const std::string& listen) {
+    return std::vector<std::string>{(BinDir() / "tophat-agent").string(), "--bundle",
+                                    (Bundles() / "device").string(), "--listen", listen,
+                                    "--cloud", cloud.address(), "--metrics", "",
+                                    "--config", config.string()};
+  };
+  SECTION("a unix: socket, mode 0660, served through the SDK") {
+    const fs::path socket = dir.path() / "agent.sock";
+    ChildProcess agent(agent_args("unix:" + socket.string()), dir.path() / "agent-unix.log");
+    REQUIRE(testing::WaitUntil([&] { return fs::exists(socket); }, 60s));
+    struct stat info {};
+    REQUIRE(stat(socket.c_str(), &info) == 0);
+    CHECK((info.st_mode & 0777) == 0660);
+    auto client = Client::Connect("unix:" + socket.string());
+    REQUIRE(client.ok());
+    REQUIRE(testing::WaitUntil(
+        [&] {
+          auto health = (*client)->Health();
+          return health.ok() && health->cloud_connected();
+        },
+        30s));
+    const std::vector<int32_t> prompt = Tokenize(ToyPrompts(17, 1)[0]);
+    auto result = (*client)->Generate(IdsRequest(prompt, 8));
+    REQUIRE(result.ok());
+    REQUIRE(result->ok());
+    CHECK(Tokens(*result) == Reference(prompt, 8, true));
+  }
+  SECTION("an address other hosts can reach is refused, naming the key") {
+    ChildProcess agent(agent_args("0.0.0.0:" + std::to_string(testing::FreePort())),
+                       dir.path() / "agent-remote.log");
+    auto code = agent.Wait(60s);
+    REQUIRE(code.has_value());
+    CHECK(*code == 1);
+    CHECK_THAT(agent.Log(), Catch::Contains("allow_remote_apps"));
+  }
 }
 
 TEST_CASE("A frozen cloud is noticed by keepalives, and the agent comes back when it thaws",
