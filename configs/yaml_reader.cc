@@ -239,6 +239,22 @@ YamlReader::YamlReader(const YAML::Node& root, std::string source_name)
       errors_(std::move(source_name)) {}
 
 absl::StatusOr<YamlReader> YamlReader::Parse(std::string_view yaml, std::string source_name) {
+  // YAML allows no C0 control character but tab, LF and CR (YAML 1.2, section 5.1), and
+  // yaml-cpp 0.7 does not check: a NUL inside an unclosed quoted scalar made it allocate
+  // without end (found by fuzz/yaml_config_fuzzer; fuzz/regressions/yaml_config/).
+  int64_t line = 1;
+  size_t line_start = 0;
+  for (size_t i = 0; i < yaml.size(); ++i) {
+    const auto c = static_cast<unsigned char>(yaml[i]);
+    if (c == '\n') {
+      ++line;
+      line_start = i + 1;
+    } else if ((c < 0x20 && c != '\t' && c != '\r') || c == 0x7f) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s:%d: invalid YAML (column %d): control character 0x%02x is not allowed",
+          source_name, line, i - line_start + 1, c));
+    }
+  }
   std::vector<YAML::Node> documents;
   try {
     documents = YAML::LoadAll(std::string(yaml));
