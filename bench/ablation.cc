@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "bench/cdf_plot.h"
 #include "bench/edge_links.h"
 #include "bench/process_control.h"
@@ -161,13 +162,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-absl::Status WriteFile(const fs::path& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  if (!out) return absl::UnavailableError(absl::StrCat(path.string(), ": cannot write"));
-  return absl::OkStatus();
-}
-
 std::string LogTail(const ChildProcess& process) {
   std::string log = process.Log();
   if (log.size() > 2000) log = log.substr(log.size() - 2000);
@@ -208,7 +202,7 @@ absl::StatusOr<std::unique_ptr<Deployment>> Deploy(const AblationConfig& config,
   deployment->cloud_metrics_port = FreePort();
   const std::string cloud_listen =
       absl::StrCat(links.edge != nullptr ? "0.0.0.0" : "127.0.0.1", ":", cloud_port);
-  TOPHAT_RETURN_IF_ERROR(WriteFile(
+  TOPHAT_RETURN_IF_ERROR(WriteTextFile(
       dir / "cloud.yaml",
       CloudYaml(options, cloud_listen,
                 absl::StrCat("127.0.0.1:", deployment->cloud_metrics_port))));
@@ -246,7 +240,7 @@ absl::StatusOr<std::unique_ptr<Deployment>> Deploy(const AblationConfig& config,
     slot.metrics_address = absl::StrCat(host, ":", metrics_port);
     deployment->agent_metrics.emplace_back(host, metrics_port);
     const fs::path yaml = dir / absl::StrCat("agent-", i, ".yaml");
-    TOPHAT_RETURN_IF_ERROR(WriteFile(yaml, AgentYaml(config, options, slot)));
+    TOPHAT_RETURN_IF_ERROR(WriteTextFile(yaml, AgentYaml(config, options, slot)));
     argv.push_back((options.bin_dir / "tophat-agent").string());
     argv.push_back("--config");
     argv.push_back(yaml.string());

@@ -1,5 +1,5 @@
 // Small helpers shared by the serving benchmarks: medians, a scratch directory that removes
-// itself, and writing the JSON report.
+// itself, writing config files and the JSON report.
 #pragma once
 
 #include <algorithm>
@@ -61,6 +61,14 @@ class ScratchDir {
   explicit ScratchDir(std::filesystem::path path) : path_(std::move(path)) {}
   std::filesystem::path path_;
 };
+
+// Writes `text` to `path` (a config file for a process the benchmark starts).
+inline absl::Status WriteTextFile(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  if (!out) return absl::UnavailableError(absl::StrCat(path.string(), ": cannot write"));
+  return absl::OkStatus();
+}
 
 inline absl::Status WriteJson(const nlohmann::json& report, const std::string& path) {
   std::ofstream out(path);

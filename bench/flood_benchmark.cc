@@ -150,13 +150,6 @@ class Flooder {
   std::thread thread_;
 };
 
-absl::Status WriteText(const fs::path& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  return out ? absl::OkStatus()
-             : absl::UnavailableError(absl::StrCat(path.string(), ": cannot write"));
-}
-
 struct PhaseResult {
   bench::WorkloadSummary summary;
   int64_t flood_admitted = 0;
@@ -205,8 +198,8 @@ absl::StatusOr<CaseResult> RunCase(const std::string& name, bool limits, const A
       "cloud_tls:\n  insecure: true\nmax_context: 1024\ncompute_threads: 1\n"
       "metrics_address: \"\"\n",
       agent_port, cloud_port, (bundles / "device").string());
-  if (absl::Status s = WriteText(dir / "cloud.yaml", cloud); !s.ok()) return s;
-  if (absl::Status s = WriteText(dir / "agent.yaml", agent); !s.ok()) return s;
+  if (absl::Status s = bench::WriteTextFile(dir / "cloud.yaml", cloud); !s.ok()) return s;
+  if (absl::Status s = bench::WriteTextFile(dir / "agent.yaml", agent); !s.ok()) return s;
   ChildProcess cloud_process({(bin / "tophat-cloud").string(), "--config",
                               (dir / "cloud.yaml").string()},
                              dir / "cloud.log");

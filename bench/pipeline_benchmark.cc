@@ -221,13 +221,6 @@ struct ServingResult {
   std::vector<double> cpu_share;     // of the best run: cores each stage, then the agent, used
 };
 
-absl::Status WriteText(const std::filesystem::path& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  return out ? absl::OkStatus()
-             : absl::UnavailableError(absl::StrCat(path.string(), ": cannot write"));
-}
-
 std::string LastLine(const std::string& log, const std::string& marker) {
   const size_t at = log.rfind(marker);
   if (at == std::string::npos) return "";
@@ -286,8 +279,8 @@ absl::StatusOr<double> RunServingCase(const ServingCase& c, const Args& args,
       "max_context: 1024\nprompt_chunk_size: 128\nmax_concurrent_requests: 256\n"
       "compute_threads: 1\nmetrics_address: \"\"\nspeculative:\n  enabled: false\n",
       agent_port, cloud_port, (bundles / "device").string());
-  if (absl::Status s = WriteText(dir / "cloud.yaml", cloud); !s.ok()) return s;
-  if (absl::Status s = WriteText(dir / "agent.yaml", agent); !s.ok()) return s;
+  if (absl::Status s = bench::WriteTextFile(dir / "cloud.yaml", cloud); !s.ok()) return s;
+  if (absl::Status s = bench::WriteTextFile(dir / "agent.yaml", agent); !s.ok()) return s;
 
   std::vector<std::unique_ptr<ChildProcess>> processes;
   processes.push_back(std::make_unique<ChildProcess>(

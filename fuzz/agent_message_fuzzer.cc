@@ -15,7 +15,6 @@
 #include <mutex>
 
 #include "fuzz/fuzz_util.h"
-#include "models/formats/checkpoint.h"
 #include "models/runtime/model_init.h"
 #include "server/engine.h"
 
@@ -31,14 +30,9 @@ class DiscardingSink final : public MessageSink {
 
 std::shared_ptr<const Submodel> TinyMiddle() {
   static std::shared_ptr<const Submodel> middle = [] {
-    const ModelConfig config = TinyTestConfig();
-    const auto dir = fuzz::ScratchDir() / "tiny-model";
-    if (!WriteCheckpoint(config, InitWeights(config, 5), dir).ok()) std::abort();
-    auto checkpoint = CheckpointReader::Open(dir);
-    if (!checkpoint.ok()) std::abort();
-    auto loaded = Submodel::Load(config, **checkpoint, SubmodelSpec::Middle(config, 1, 1));
+    auto loaded = TinyTestMiddle(fuzz::ScratchDir() / "tiny-model");
     if (!loaded.ok()) std::abort();
-    return std::shared_ptr<const Submodel>(std::move(*loaded));
+    return *loaded;
   }();
   return middle;
 }

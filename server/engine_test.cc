@@ -45,13 +45,9 @@ class CollectingSink final : public MessageSink {
 std::shared_ptr<const Submodel> TinyMiddle() {
   static std::shared_ptr<const Submodel> middle = [] {
     static testing::TempDir dir;
-    const ModelConfig config = TinyTestConfig();
-    REQUIRE(WriteCheckpoint(config, InitWeights(config, 5), dir.path()).ok());
-    auto checkpoint = CheckpointReader::Open(dir.path());
-    REQUIRE(checkpoint.ok());
-    auto loaded = Submodel::Load(config, **checkpoint, SubmodelSpec::Middle(config, 1, 1));
+    auto loaded = TinyTestMiddle(dir.path());
     REQUIRE(loaded.ok());
-    return std::shared_ptr<const Submodel>(std::move(*loaded));
+    return *loaded;
   }();
   return middle;
 }

@@ -3,7 +3,9 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "models/formats/checkpoint.h"
 #include "models/runtime/layers.h"
+#include "models/runtime/submodel.h"
 #include "models/formats/safetensors.h"
 #include "base/status_macros.h"
 
@@ -62,6 +64,15 @@ absl::Status WriteCheckpoint(const ModelConfig& config, const NamedTensors& weig
   converted.reserve(weights.size());
   for (const auto& [name, tensor] : weights) converted.emplace_back(name, tensor.to(dtype));
   return WriteSafetensors(dir / "model.safetensors", converted, {{"format", "pt"}});
+}
+
+absl::StatusOr<std::shared_ptr<const Submodel>> TinyTestMiddle(const std::filesystem::path& dir) {
+  const ModelConfig config = TinyTestConfig();
+  TOPHAT_RETURN_IF_ERROR(WriteCheckpoint(config, InitWeights(config, 5), dir));
+  TOPHAT_ASSIGN_OR_RETURN(auto checkpoint, CheckpointReader::Open(dir));
+  TOPHAT_ASSIGN_OR_RETURN(std::unique_ptr<Submodel> middle,
+                          Submodel::Load(config, *checkpoint, SubmodelSpec::Middle(config, 1, 1)));
+  return std::shared_ptr<const Submodel>(std::move(middle));
 }
 
 ModelConfig TinyTestConfig() {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,11 +12,13 @@
 #include <ATen/ATen.h>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "models/formats/config.h"
 
 namespace tophat {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+class Submodel;
 
 // Deterministic for a given seed: normal(0, 0.02) matrices (the Llama init) and unit norms.
 NamedTensors InitWeights(const ModelConfig& config, uint64_t seed);
@@ -27,6 +30,10 @@ absl::Status WriteCheckpoint(const ModelConfig& config, const NamedTensors& weig
 
 // A small config used across tests: GQA, 4 layers, vocab 300.
 ModelConfig TinyTestConfig();
+
+// The middle (layers [1, 3)) of a TinyTestConfig model of seed 5, written to `dir` and
+// loaded back: the cloud's part in the engine's tests and its fuzz target.
+absl::StatusOr<std::shared_ptr<const Submodel>> TinyTestMiddle(const std::filesystem::path& dir);
 
 // TinyTestConfig in each architecture feature the loaders and layers handle differently,
 // named for test sections: Llama GQA, Qwen2 (attention biases, tied embeddings), Llama 3
