@@ -32,14 +32,21 @@ void CheckAgentConfig(const AgentConfig& config, bool require_bundle, Report&& r
                                         require_bundle)) {
     report(problem->first, problem->second, "");
   }
+  const bool app_tls = !config.app_tls.certificate_file.empty();
+  if (app_tls != !config.app_tls.private_key_file.empty()) {
+    report(app_tls ? "app_tls.private_key_file" : "app_tls.certificate_file",
+           "required with the other: TLS on the app port needs both a certificate and its key",
+           app_tls ? "app_tls.certificate_file" : "app_tls.private_key_file");
+  }
   if (!IsUnixSocketAddress(config.listen_address)) {
     check("listen_address", CheckHostPort(config.listen_address, /*allow_port_zero=*/true));
-    if (!config.allow_remote_apps && !IsLoopbackAddress(config.listen_address)) {
+    const bool secured = app_tls && !config.app_tokens.empty();
+    if (!config.allow_remote_apps && !secured && !IsLoopbackAddress(config.listen_address)) {
       report("listen_address",
              absl::StrCat("\"", config.listen_address,
-                          "\" is reachable from other hosts, and the app port has no TLS or "
-                          "authentication yet; bind it to 127.0.0.1, [::1] or a unix:PATH "
-                          "socket, or set allow_remote_apps: true on a network you trust"),
+                          "\" is reachable from other hosts; give the app port app_tls and "
+                          "app_tokens, bind it to 127.0.0.1, [::1] or a unix:PATH socket, or "
+                          "set allow_remote_apps: true on a network you trust"),
              "allow_remote_apps");
     }
   } else if (config.listen_address.size() <= std::string_view("unix:").size()) {
@@ -110,6 +117,15 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
   AgentConfig config;
   reader.ReadString("listen_address", &config.listen_address);
   reader.ReadBool("allow_remote_apps", &config.allow_remote_apps);
+  reader.ReadString("app_tls.certificate_file", &config.app_tls.certificate_file);
+  reader.ReadString("app_tls.private_key_file", &config.app_tls.private_key_file);
+  std::vector<std::string> app_tokens;
+  reader.ReadStringList("app_tokens", &app_tokens);
+  if (auto parsed = ParseBearerTokens(app_tokens, "app_tokens"); parsed.ok()) {
+    config.app_tokens = *std::move(parsed);
+  } else {
+    reader.AddError("app_tokens", std::string(parsed.status().message()));
+  }
   reader.ReadString("cloud_address", &config.cloud_address);
   reader.ReadString("bundle", &config.bundle);
   reader.ReadBool("cloud_tls.insecure", &config.cloud_tls.insecure);
@@ -117,6 +133,7 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
   reader.ReadString("cloud_tls.private_key_file", &config.cloud_tls.private_key_file);
   reader.ReadString("cloud_tls.ca_file", &config.cloud_tls.ca_file);
   reader.ReadString("cloud_tls.server_name", &config.cloud_tls.server_name);
+  reader.ReadString("cloud_tls.token_file", &config.cloud_tls.token_file);
   reader.ReadString("dtype", &config.dtype);
   reader.ReadString("device", &config.device);
   reader.ReadInt("compute_threads", &config.compute_threads, Bound::kNonNegative);
@@ -164,7 +181,9 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
   TOPHAT_RETURN_IF_ERROR(reader.Finish());
   config.bundle = ResolveConfigPath(config.bundle, reader.source_name());
   for (std::string* path : {&config.cloud_tls.certificate_file, &config.cloud_tls.private_key_file,
-                            &config.cloud_tls.ca_file}) {
+                            &config.cloud_tls.ca_file, &config.cloud_tls.token_file,
+                            &config.app_tls.certificate_file,
+                            &config.app_tls.private_key_file}) {
     if (!path->empty()) *path = ResolveConfigPath(*path, reader.source_name());
   }
   return config;

@@ -6,16 +6,27 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "configs/bearer_tokens.h"
 
 namespace tophat {
 
 struct AgentConfig {
   std::string listen_address = "127.0.0.1:7200";  // app API (gRPC): host:port or unix:PATH
-  // The app port has no TLS or authentication yet: an address other hosts can reach is
-  // refused unless this is set (then a warning is logged at start-up).
+  // TLS on the app port (apps check the agent against the CA that signed this certificate).
+  struct AppTls {
+    std::string certificate_file;  // "" (and the key ""): plaintext
+    std::string private_key_file;
+    bool operator==(const AppTls&) const = default;
+  } app_tls;
+  // The apps allowed on the app port, each "NAME:SHA256" of its bearer token. When set, every
+  // call must carry one of these tokens, and an app reaches (cancels) only its own requests.
+  std::vector<BearerToken> app_tokens;
+  // An address other hosts can reach needs app_tls and app_tokens, or this (plaintext and
+  // anonymous, on a network you trust; a warning is logged at start-up).
   bool allow_remote_apps = false;
   std::string cloud_address = "127.0.0.1:7100";
   std::string bundle;  // device bundle directory (required)
@@ -27,6 +38,9 @@ struct AgentConfig {
     std::string private_key_file;
     std::string ca_file;      // the CA that signs the cloud's certificate
     std::string server_name;  // the name the cloud's certificate must carry; "": cloud_address's host
+    // A file holding this device's bearer token (first line), for a cloud with
+    // tls.device_tokens. Read at start-up: restart the agent to rotate it.
+    std::string token_file;
     bool operator==(const CloudTls&) const = default;
   } cloud_tls;
   std::string dtype = "float32";

@@ -92,6 +92,8 @@ void CheckCloudConfig(const CloudConfig& config, bool require_bundle, Report&& r
   check("limits.max_queued_bytes_per_stream",
         CheckAtLeast(config.limits.max_queued_bytes_per_stream, 1));
   check("limits.max_queued_bytes_total", CheckAtLeast(config.limits.max_queued_bytes_total, 1));
+  check("limits.unread_stream_timeout_s",
+        CheckAtLeast(config.limits.unread_stream_timeout_s, 0, /*inclusive=*/false));
   if (config.limits.max_session_timeout_s > 0 &&
       config.limits.session_timeout_s > config.limits.max_session_timeout_s) {
     report("limits.session_timeout_s",
@@ -207,6 +209,13 @@ absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
   reader.ReadString("tls.certificate_file", &config.tls.certificate_file);
   reader.ReadString("tls.private_key_file", &config.tls.private_key_file);
   reader.ReadString("tls.client_ca_file", &config.tls.client_ca_file);
+  std::vector<std::string> device_tokens;
+  reader.ReadStringList("tls.device_tokens", &device_tokens);
+  if (auto parsed = ParseBearerTokens(device_tokens, "tls.device_tokens"); parsed.ok()) {
+    config.tls.device_tokens = *std::move(parsed);
+  } else {
+    reader.AddError("tls.device_tokens", std::string(parsed.status().message()));
+  }
   reader.ReadString("dtype", &config.dtype);
   reader.ReadString("device", &config.device);
   reader.ReadInt("compute_threads", &config.compute_threads, Bound::kNonNegative);
@@ -277,6 +286,8 @@ absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
                     &config.limits.max_messages_per_second_per_device, Bound::kNonNegative);
   reader.ReadByteSize("limits.max_queued_bytes_per_stream",
                       &config.limits.max_queued_bytes_per_stream, Bound::kPositive);
+  reader.ReadSeconds("limits.unread_stream_timeout_s", &config.limits.unread_stream_timeout_s,
+                     Bound::kPositive);
   reader.ReadByteSize("limits.max_queued_bytes_total", &config.limits.max_queued_bytes_total,
                       Bound::kPositive);
   reader.ReadSeconds("drain_grace_period_s", &config.drain_grace_period_s, Bound::kNonNegative);

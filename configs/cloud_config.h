@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "configs/bearer_tokens.h"
 
 namespace tophat {
 
@@ -28,6 +29,10 @@ struct CloudConfig {
     std::string certificate_file;  // the cloud's certificate chain (PEM)
     std::string private_key_file;
     std::string client_ca_file;    // the CA that signs the devices' certificates
+    // Devices' bearer tokens, each "DEVICE:SHA256" of the token. When set, every stream must
+    // carry one; with a certificate too, the token must be that device's. Where TLS ends in
+    // front of the cloud (insecure: true), the token alone names the device.
+    std::vector<BearerToken> device_tokens;
     bool operator==(const Tls&) const = default;
   } tls;
   struct KvCache {
@@ -60,8 +65,11 @@ struct CloudConfig {
     int64_t max_waiting_sessions_per_device = 16;  // of those, waiting for admission (0: no limit)
     double max_kv_fraction_per_device = 0.5;  // of the KV pool, by max_positions (1: no limit)
     double max_messages_per_second_per_device = 5000;  // reads paced above it (0: no limit)
-    int64_t max_queued_bytes_per_stream = 64LL << 20;  // unread results before a stream ends
-    int64_t max_queued_bytes_total = 1LL << 30;        // the same over all streams
+    // Unread results before a stream's work waits for its agent to read them.
+    int64_t max_queued_bytes_per_stream = 64LL << 20;
+    int64_t max_queued_bytes_total = 1LL << 30;  // the same over all streams
+    // A stream held back like that which takes no result for this long is ended.
+    double unread_stream_timeout_s = 10;
     bool operator==(const Limits&) const = default;
   } limits;
   // The middle split into stages, one process each (server/pipeline). Empty

@@ -506,6 +506,11 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
                                                          .ca_file = config.cloud_tls.ca_file},
                                                         "cloud_tls"));
   }
+  std::string cloud_token;
+  if (!config.cloud_tls.token_file.empty()) {
+    TOPHAT_ASSIGN_OR_RETURN(cloud_token,
+                            ReadTokenFile(config.cloud_tls.token_file, "cloud_tls.token_file"));
+  }
   TOPHAT_ASSIGN_OR_RETURN(at::ScalarType dtype, ParseTorchDtypeName(config.dtype, "dtype"));
   SubmodelOptions options{.dtype = dtype,
                           .device = at::Device(config.device),
@@ -526,11 +531,12 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
                      : std::string("off"));
   }
   return std::unique_ptr<Agent>(
-      new Agent(config, std::move(bundle), std::move(cloud_credentials), registry));
+      new Agent(config, std::move(bundle), std::move(cloud_credentials), std::move(cloud_token),
+                registry));
 }
 
 Agent::Agent(AgentConfig config, DeviceBundle bundle,
-             std::shared_ptr<grpc::ChannelCredentials> cloud_credentials,
+             std::shared_ptr<grpc::ChannelCredentials> cloud_credentials, std::string cloud_token,
              prometheus::Registry* registry)
     : config_(std::move(config)), bundle_(std::move(bundle)) {
   if (registry != nullptr) metrics_ = std::make_unique<AgentMetrics>(*registry);
@@ -538,6 +544,7 @@ Agent::Agent(AgentConfig config, DeviceBundle bundle,
       .address = config_.cloud_address,
       .credentials = std::move(cloud_credentials),
       .server_name = config_.cloud_tls.server_name,
+      .token = std::move(cloud_token),
       .initial_backoff_s = config_.reconnect.initial_backoff_s,
       .max_backoff_s = config_.reconnect.max_backoff_s,
       .keepalive_s = config_.reconnect.keepalive_s,
@@ -643,7 +650,8 @@ std::string Agent::NewRequestId() {
 }
 
 v1::GenerateResponse Agent::Generate(const v1::GenerateRequest& request,
-                                     const std::function<bool(const TokenEvent&)>& on_tokens) {
+                                     const std::function<bool(const TokenEvent&)>& on_tokens,
+                                     const std::string& caller) {
   Request run(*this, request, on_tokens);
   std::string id = request.request_id();
   if (id.empty()) id = NewRequestId();
@@ -660,7 +668,7 @@ v1::GenerateResponse Agent::Generate(const v1::GenerateRequest& request,
                          .ToString());
       return busy;
     }
-    if (running_.contains(id)) {
+    if (running_.contains({caller, id})) {
       v1::GenerateResponse duplicate;
       duplicate.set_request_id(id);
       duplicate.set_finish_reason(v1::FINISH_REASON_ERROR);
@@ -670,19 +678,19 @@ v1::GenerateResponse Agent::Generate(const v1::GenerateRequest& request,
       return duplicate;
     }
     run.Attach();
-    running_.emplace(id, &run);
+    running_.emplace(std::pair(caller, id), &run);
   }
   if (metrics_ != nullptr) metrics_->requests_running.Increment();
   v1::GenerateResponse response = run.Run();
   if (metrics_ != nullptr) metrics_->requests_running.Decrement();
   std::lock_guard<std::mutex> lock(requests_mutex_);
-  running_.erase(id);
+  running_.erase({caller, id});
   return response;
 }
 
-bool Agent::Cancel(const std::string& request_id) {
+bool Agent::Cancel(const std::string& request_id, const std::string& caller) {
   std::lock_guard<std::mutex> lock(requests_mutex_);
-  auto it = running_.find(request_id);
+  auto it = running_.find({caller, request_id});
   if (it == running_.end()) return false;
   it->second->Cancel();
   return true;

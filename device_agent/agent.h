@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -50,12 +51,15 @@ class Agent : private LinkSampleSink {
   // Runs one request to completion on the calling thread, calling `on_tokens` as tokens
   // are produced (return false from it to cancel). The final response (finish reason,
   // stats, error) is returned; it is also what a failure looks like: FINISH_REASON_ERROR with
-  // a message, never a crash.
+  // a message, never a crash. `caller` is who asks (an app's token name; "" where the app
+  // port has no tokens): request ids are scoped to it.
   v1::GenerateResponse Generate(const v1::GenerateRequest& request,
-                                const std::function<bool(const TokenEvent&)>& on_tokens);
+                                const std::function<bool(const TokenEvent&)>& on_tokens,
+                                const std::string& caller = "");
 
-  // Cancels a running request by id; false if no such request is running.
-  bool Cancel(const std::string& request_id);
+  // Cancels `caller`'s running request by id; false if that caller runs no such request
+  // (another caller's request of the same id is not touched).
+  bool Cancel(const std::string& request_id, const std::string& caller = "");
 
   v1::InfoResponse Info() const;
   v1::HealthResponse Health() const;
@@ -66,7 +70,7 @@ class Agent : private LinkSampleSink {
   friend class Request;
 
   Agent(AgentConfig config, DeviceBundle bundle,
-        std::shared_ptr<grpc::ChannelCredentials> cloud_credentials,
+        std::shared_ptr<grpc::ChannelCredentials> cloud_credentials, std::string cloud_token,
         prometheus::Registry* registry);
   absl::Status CheckHello(const v1::Hello& hello) const;
   // Folds one decode round's measurements into the device's state and, at most once a
@@ -92,7 +96,8 @@ class Agent : private LinkSampleSink {
   std::chrono::steady_clock::time_point last_device_report_{};
 
   mutable std::mutex requests_mutex_;
-  std::unordered_map<std::string, Request*> running_;  // request id -> request (cancel)
+  // (caller, request id) -> request, for Cancel.
+  std::map<std::pair<std::string, std::string>, Request*> running_;
 };
 
 }  // namespace tophat

@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "proto/channel_security.h"
 #include "proto/hidden_states.h"
 #include "telemetry/metrics_http_server.h"
 #include "telemetry/shutdown_signals.h"
@@ -41,13 +42,22 @@ int Run(const tophat::AgentConfig& config) {
   auto agent = tophat::Agent::Create(config, registry.get());
   if (!agent.ok()) return Fail(agent.status());
 
-  tophat::AgentServiceImpl service(agent->get());
+  tophat::AgentServiceImpl service(agent->get(), config.app_tokens);
+  std::shared_ptr<grpc::ServerCredentials> app_credentials = grpc::InsecureServerCredentials();
+  if (!config.app_tls.certificate_file.empty()) {
+    auto tls = tophat::TlsServerCredentials(
+        {.certificate_file = config.app_tls.certificate_file,
+         .private_key_file = config.app_tls.private_key_file},
+        "app_tls");
+    if (!tls.ok()) return Fail(tls.status());
+    app_credentials = *std::move(tls);
+  }
   grpc::ServerBuilder builder;
   // Without this, gRPC sets SO_REUSEPORT and a second daemon on the same port would start
   // and share the traffic instead of failing.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int bound_port = 0;
-  builder.AddListeningPort(config.listen_address, grpc::InsecureServerCredentials(), &bound_port);
+  builder.AddListeningPort(config.listen_address, app_credentials, &bound_port);
   builder.RegisterService(&service);
   const bool unix_socket = tophat::IsUnixSocketAddress(config.listen_address);
   // A socket is created 0660 from the start, not opened to everyone until the chmod below.
@@ -67,11 +77,14 @@ int Run(const tophat::AgentConfig& config) {
           "listen_address: cannot restrict ", path, " to its user and group: ",
           std::strerror(errno))));
     }
-  } else if (!tophat::IsLoopbackAddress(config.listen_address)) {
-    spdlog::warn("listen_address {} is reachable from other hosts and the app port has no TLS "
-                 "or authentication (allow_remote_apps: true); any host that reaches it can "
-                 "send prompts and read answers",
-                 config.listen_address);
+  } else if (!tophat::IsLoopbackAddress(config.listen_address) &&
+             (config.app_tls.certificate_file.empty() || config.app_tokens.empty())) {
+    spdlog::warn("listen_address {} is reachable from other hosts and the app port lacks {} "
+                 "(allow_remote_apps: true); any host that reaches it can {}",
+                 config.listen_address,
+                 config.app_tokens.empty() ? "app_tokens" : "app_tls",
+                 config.app_tokens.empty() ? "send prompts and read answers"
+                                           : "read the prompts and answers in flight");
   }
   spdlog::info("tophat-agent serving apps on {}, cloud {} (metrics: {})", config.listen_address,
                config.cloud_address,

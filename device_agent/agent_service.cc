@@ -1,41 +1,69 @@
 #include "device_agent/agent_service.h"
 
+#include <spdlog/spdlog.h>
+
+#include "proto/channel_security.h"
+
 namespace tophat {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> AgentServiceImpl::Caller(const grpc::ServerContext& context) const {
+  if (app_tokens_.empty()) return std::string();
+  auto caller = AuthenticateBearer(context, app_tokens_);
+  if (!caller.ok()) spdlog::warn("app call from {} refused: {}", context.peer(), std::string(caller.status().message()));
+  return caller;
+}
 
 grpc::Status AgentServiceImpl::Generate(grpc::ServerContext* context,
                                         const v1::GenerateRequest* request,
                                         grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  auto caller = Caller(*context);
+  if (!caller.ok()) return ToGrpc(caller.status());
   v1::GenerateResponse final_response = agent_->Generate(
-      *request, [&](const TokenEvent& event) {
+      *request,
+      [&](const TokenEvent& event) {
         if (context->IsCancelled()) return false;
         v1::GenerateResponse response;
         response.set_request_id(event.request_id);
         for (int32_t id : event.token_ids) response.add_token_ids(static_cast<uint32_t>(id));
         response.set_text(event.text);
         return writer->Write(response);
-      });
+      },
+      *caller);
   if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
   writer->Write(final_response);
   return grpc::Status::OK;
 }
 
-grpc::Status AgentServiceImpl::Cancel(grpc::ServerContext*, const v1::CancelRequest* request,
+grpc::Status AgentServiceImpl::Cancel(grpc::ServerContext* context, const v1::CancelRequest* request,
                                       v1::CancelResponse* response) {
+  auto caller = Caller(*context);
+  if (!caller.ok()) return ToGrpc(caller.status());
   if (request->request_id().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request_id: empty");
   }
-  response->set_found(agent_->Cancel(request->request_id()));
+  response->set_found(agent_->Cancel(request->request_id(), *caller));
   return grpc::Status::OK;
 }
 
+// Open to every caller: a liveness probe carries no token, and Health tells nothing about
+// any request or file.
 grpc::Status AgentServiceImpl::Health(grpc::ServerContext*, const v1::HealthRequest*,
                                       v1::HealthResponse* response) {
   *response = agent_->Health();
   return grpc::Status::OK;
 }
 
-grpc::Status AgentServiceImpl::Info(grpc::ServerContext*, const v1::InfoRequest*,
+grpc::Status AgentServiceImpl::Info(grpc::ServerContext* context, const v1::InfoRequest*,
                                     v1::InfoResponse* response) {
+  auto caller = Caller(*context);
+  if (!caller.ok()) return ToGrpc(caller.status());
   *response = agent_->Info();
   return grpc::Status::OK;
 }

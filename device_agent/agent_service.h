@@ -3,7 +3,12 @@
 // thread is where the request's device compute happens anyway.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
 
 #include "device_agent/agent.h"
 #include "tophat/v1/agent.grpc.pb.h"
@@ -12,7 +17,10 @@ namespace tophat {
 
 class AgentServiceImpl final : public v1::AgentService::Service {
  public:
-  explicit AgentServiceImpl(Agent* agent) : agent_(agent) {}
+  // With `app_tokens`, every call but Health must carry one of them (proto/channel_security.h)
+  // and each app reaches only its own requests; without, callers are one anonymous app.
+  AgentServiceImpl(Agent* agent, std::vector<BearerToken> app_tokens)
+      : agent_(agent), app_tokens_(std::move(app_tokens)) {}
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;
@@ -24,7 +32,11 @@ class AgentServiceImpl final : public v1::AgentService::Service {
                     v1::InfoResponse* response) override;
 
  private:
+  // The calling app's name, "" without app tokens; Unauthenticated for a missing or wrong token.
+  absl::StatusOr<std::string> Caller(const grpc::ServerContext& context) const;
+
   Agent* agent_;
+  const std::vector<BearerToken> app_tokens_;
 };
 
 }  // namespace tophat

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "proto/channel_security.h"
 
 namespace tophat {
 
@@ -156,6 +157,9 @@ void CloudConnection::Run() {
   while (true) {
     auto context = std::make_unique<grpc::ClientContext>();
     context->set_wait_for_ready(false);
+    if (!options_.token.empty()) {
+      context->AddMetadata(kAuthorizationMetadata, BearerMetadataValue(options_.token));
+    }
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (stopping_) return;

@@ -60,6 +60,8 @@ struct CloudConnectionOptions {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   // The name the cloud's certificate must carry, when it is not the address's host.
   std::string server_name;
+  // This device's bearer token, sent on every stream ("" sends none; proto/channel_security.h).
+  std::string token;
   double initial_backoff_s = 0.1;
   double max_backoff_s = 2.0;
   double keepalive_s = 10;  // HTTP/2 ping interval on the link (0: none)

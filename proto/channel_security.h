@@ -5,14 +5,17 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <grpcpp/security/auth_context.h>
+#include <grpcpp/server_context.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "configs/bearer_tokens.h"
 
 namespace tophat {
 
@@ -43,8 +46,38 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MutualTlsServerCredenti
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MutualTlsChannelCredentials(
     const TlsFiles& files, absl::string_view key_prefix, absl::string_view ca_field = "ca_file");
 
+// A server's credentials without client certificates (the app port: apps prove who they are
+// with bearer tokens). `files.ca_file` is not used.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TlsServerCredentials(
+    const TlsFiles& files, absl::string_view key_prefix);
+
+// A client's credentials that accept only a server whose certificate `ca_file` signed;
+// `ca_key` names the setting in errors.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> TlsChannelCredentials(
+    const std::string& ca_file, absl::string_view ca_key);
+
 // Who the peer of a call is: the first DNS name of its certificate's subject alternative
 // names, else its subject's common name; "" without a verified certificate (plaintext).
 std::string PeerIdentity(const grpc::AuthContext& context);
+
+// Bearer tokens: a caller proves who it is with a secret sent on every call as
+// `authorization: Bearer <token>` metadata (over TLS, or where TLS ends in front of the
+// daemon). Configs hold only each token's SHA-256, so a leaked config grants nothing.
+inline constexpr char kAuthorizationMetadata[] = "authorization";
+
+// Lowercase hex SHA-256 of `data` (what `printf %s TOKEN | sha256sum` prints).
+std::string Sha256Hex(absl::string_view data);
+
+// Reads a token file: its first line, surrounding whitespace removed; never empty. Errors
+// name `key` and the path, never the file's contents.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path, absl::string_view key);
+
+// The name of the token a call carries, compared in constant time against every digest.
+// Unauthenticated (saying what is missing or wrong, never echoing the token) otherwise.
+absl::StatusOr<std::string> AuthenticateBearer(const grpc::ServerContextBase& context,
+                                               const std::vector<BearerToken>& tokens);
+
+// `authorization` metadata's value for `token`.
+std::string BearerMetadataValue(absl::string_view token);
 
 }  // namespace tophat

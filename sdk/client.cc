@@ -1,6 +1,8 @@
 #include "sdk/client.h"
 
 #include <chrono>
+#include <fstream>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 
@@ -20,25 +22,59 @@ double GenerateResult::mean_inter_token_seconds() const {
          static_cast<double>(token_arrival_seconds.size() - 1);
 }
 
-Client::Client(std::shared_ptr<grpc::Channel> channel)
-    : channel_(std::move(channel)), stub_(v1::AgentService::NewStub(channel_)) {}
+Client::Client(std::shared_ptr<grpc::Channel> channel, std::string token)
+    : channel_(std::move(channel)), token_(std::move(token)),
+      stub_(v1::AgentService::NewStub(channel_)) {}
+
+void Client::Prepare(grpc::ClientContext& context) const {
+  // Must match proto/channel_security.h's kAuthorizationMetadata and BearerMetadataValue;
+  // the SDK stays free of the daemons' libraries.
+  if (!token_.empty()) context.AddMetadata("authorization", "Bearer " + token_);
+}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& address,
                                                         double timeout_s) {
-  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-  const auto deadline = std::chrono::system_clock::now() +
-                        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-  if (!channel->WaitForConnected(deadline)) {
-    return absl::UnavailableError(
-        absl::StrCat("no tophat-agent answered at ", address, " within ", timeout_s, "s"));
+  return Connect(address, ClientOptions{.timeout_s = timeout_s});
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& address,
+                                                        const ClientOptions& options) {
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  grpc::ChannelArguments arguments;
+  if (!options.ca_file.empty()) {
+    std::ifstream in(options.ca_file);
+    if (!in) return absl::NotFoundError(absl::StrCat("ca_file: cannot read ", options.ca_file));
+    const std::string pem((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (pem.find("-----BEGIN ") == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ca_file: ", options.ca_file, " is not PEM (no -----BEGIN line)"));
+    }
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = pem;
+    credentials = grpc::SslCredentials(ssl);
+    if (!options.server_name.empty()) {
+      arguments.SetSslTargetNameOverride(options.server_name);
+    }
   }
-  return std::unique_ptr<Client>(new Client(std::move(channel)));
+  auto channel = grpc::CreateCustomChannel(address, credentials, arguments);
+  const auto deadline = std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
+  if (!channel->WaitForConnected(deadline)) {
+    return absl::UnavailableError(absl::StrCat("no tophat-agent answered at ", address, " within ",
+                                               options.timeout_s, "s",
+                                               options.ca_file.empty()
+                                                   ? ""
+                                                   : " (over TLS: is the agent's app_tls set, and "
+                                                     "signed by ca_file?)"));
+  }
+  return std::unique_ptr<Client>(new Client(std::move(channel), options.token));
 }
 
 absl::StatusOr<GenerateResult> Client::Generate(
     const v1::GenerateRequest& request,
     const std::function<void(const v1::GenerateResponse&)>& on_update) {
   grpc::ClientContext context;
+  Prepare(context);
   const auto start = std::chrono::steady_clock::now();
   std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
       stub_->Generate(&context, request);
@@ -70,6 +106,7 @@ absl::StatusOr<GenerateResult> Client::Generate(
 
 absl::StatusOr<bool> Client::Cancel(const std::string& request_id) {
   grpc::ClientContext context;
+  Prepare(context);
   v1::CancelRequest request;
   request.set_request_id(request_id);
   v1::CancelResponse response;
@@ -80,6 +117,7 @@ absl::StatusOr<bool> Client::Cancel(const std::string& request_id) {
 
 absl::StatusOr<v1::HealthResponse> Client::Health() {
   grpc::ClientContext context;
+  Prepare(context);
   v1::HealthResponse response;
   grpc::Status status = stub_->Health(&context, v1::HealthRequest(), &response);
   if (!status.ok()) return FromGrpc(status, "Health");
@@ -88,6 +126,7 @@ absl::StatusOr<v1::HealthResponse> Client::Health() {
 
 absl::StatusOr<v1::InfoResponse> Client::Info() {
   grpc::ClientContext context;
+  Prepare(context);
   v1::InfoResponse response;
   grpc::Status status = stub_->Info(&context, v1::InfoRequest(), &response);
   if (!status.ok()) return FromGrpc(status, "Info");

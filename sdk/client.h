@@ -33,11 +33,22 @@ struct GenerateResult {
   double mean_inter_token_seconds() const;
 };
 
+// How to reach an agent whose app port has TLS and tokens (agent config `app_tls`,
+// `app_tokens`); the defaults suit a local agent on plaintext loopback or a unix: socket.
+struct ClientOptions {
+  double timeout_s = 10;  // how long Connect waits for the agent to come up
+  std::string token;      // this app's bearer token, sent on every call ("" sends none)
+  std::string ca_file;    // PEM of the CA that signed the agent's certificate: TLS when set
+  std::string server_name;  // the name the agent's certificate must carry; "": address's host
+};
+
 class Client {
  public:
   // Connects to the agent at `address`, waiting up to `timeout_s` for it to come up.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& address,
                                                          double timeout_s = 10);
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& address,
+                                                         const ClientOptions& options);
 
   // Runs one request. `on_update` sees every streamed message (tokens and text as they come).
   // Transport failures are an error status; a request the agent failed is a result with
@@ -51,8 +62,11 @@ class Client {
   absl::StatusOr<v1::InfoResponse> Info();
 
  private:
-  explicit Client(std::shared_ptr<grpc::Channel> channel);
+  Client(std::shared_ptr<grpc::Channel> channel, std::string token);
+  // A context carrying the token, if any.
+  void Prepare(grpc::ClientContext& context) const;
   std::shared_ptr<grpc::Channel> channel_;
+  const std::string token_;
   std::unique_ptr<v1::AgentService::Stub> stub_;
 };
 

@@ -52,7 +52,12 @@ int Run(const CloudConfig& written) {
   // The agents' port: mutual TLS unless the config says plaintext. Its files are checked
   // before anything loads.
   std::shared_ptr<grpc::ServerCredentials> credentials;
-  if (written.tls.insecure) {
+  if (written.tls.insecure && !written.tls.device_tokens.empty()) {
+    spdlog::warn("tls.insecure: agents connect in plaintext and are known by their bearer "
+                 "tokens (tls.device_tokens); use it only behind a proxy that ends TLS, or on "
+                 "a trusted network");
+    credentials = grpc::InsecureServerCredentials();
+  } else if (written.tls.insecure) {
     spdlog::warn("tls.insecure: agents connect in plaintext, unauthenticated, and devices have "
                  "no identity; use it only on a trusted network");
     credentials = grpc::InsecureServerCredentials();
@@ -190,8 +195,10 @@ int Run(const CloudConfig& written) {
   tophat::CloudServiceImpl service(
       engine->get(), {.max_queued_bytes_per_stream = config.limits.max_queued_bytes_per_stream,
                       .max_queued_bytes_total = config.limits.max_queued_bytes_total,
+                      .unread_timeout_s = config.limits.unread_stream_timeout_s,
                       .max_messages_per_second_per_device =
                           config.limits.max_messages_per_second_per_device,
+                      .device_tokens = config.tls.device_tokens,
                       .metrics = &metrics});
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;

@@ -55,6 +55,9 @@ CloudMetrics::CloudMetrics(prometheus::Registry& registry)
                                      "Bytes of messages queued for agents, all streams")),
       streams_not_reading(AddCounter(registry, "tophat_streams_not_reading_total",
                                      "Streams ended because the agent did not read its results")),
+      streams_congested(AddCounter(registry, "tophat_streams_congested_total",
+                                   "Times a stream's unread results passed its bound, pausing "
+                                   "its work until the agent read them")),
       reads_paced(AddCounter(registry, "tophat_stream_reads_paced_total",
                              "Reads held back because a device sent above its message rate")),
       mean_batched_tokens(AddGauge(registry, "tophat_scheduler_mean_batched_tokens",

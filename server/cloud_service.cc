@@ -49,6 +49,7 @@ class StreamChannel final : public MessageSink,
   void Send(v1::CloudMessage message) override;
   void Finish(const absl::Status& status) override;
   void Consumed(int64_t bytes) override;
+  bool Congested() const override { return congested_.load(std::memory_order_relaxed); }
 
   // Reactor side.
   void OnWriteDone(bool ok);
@@ -72,6 +73,12 @@ class StreamChannel final : public MessageSink,
   // cannot be written.
   void EndUnreadLocked(const std::string& why);
   void CancelCall();
+  // Whether the unread results pass `fraction` of the stream's bound (or of its share of the
+  // bound over all streams, when that one is passed).
+  bool OverBoundLocked(double fraction) const;
+  // While congested: after limits.unread_stream_timeout_s, a stream that took nothing is ended.
+  void ArmStallCheckLocked();
+  void OnStallCheck(int64_t writes_at_arm);
   // The pacer's wait is over: read again unless backpressure still holds the stream.
   void OnPaced();
 
@@ -94,17 +101,20 @@ class StreamChannel final : public MessageSink,
   grpc::Status final_status_;
   int64_t inflight_bytes_ = 0;
   bool read_paused_ = false;
+  // Congestion (Congested()): set and cleared under mutex_, read by the engine thread.
+  std::atomic<bool> congested_{false};
+  int64_t writes_done_ = 0;  // progress, for the stall check
+  bool stall_check_armed_ = false;
+  std::unique_ptr<grpc::Alarm> stall_alarm_;
 };
 
 class ConnectReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1::CloudMessage> {
  public:
+  // `device`: who the stream is (DeviceIdentity); "" for an anonymous plaintext stream.
   ConnectReactor(Engine* engine, StreamId stream, const CloudServiceOptions& options,
                  std::shared_ptr<OutgoingTotals> totals, std::shared_ptr<DevicePacer> pacer,
-                 grpc::CallbackServerContext* context)
-      : engine_(engine), stream_(stream), context_(context) {
-    // The device's identity is the name its client certificate gives (mutual TLS); a
-    // plaintext cloud (tls.insecure) has none, and each stream counts as its own device.
-    device_ = PeerIdentity(*context_->auth_context());
+                 grpc::CallbackServerContext* context, std::string device)
+      : engine_(engine), stream_(stream), device_(std::move(device)), context_(context) {
     channel_ = std::make_shared<StreamChannel>(
         this, engine, stream, options, std::move(totals), std::move(pacer),
         device_.empty() ? "stream " + std::to_string(stream) : device_);
@@ -155,7 +165,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1
 
   Engine* engine_;
   const StreamId stream_;
-  std::string device_;  // from the client certificate; "" for plaintext
+  std::string device_;  // DeviceIdentity: certificate or token; "" for anonymous plaintext
   grpc::CallbackServerContext* context_;
   std::shared_ptr<StreamChannel> channel_;
   v1::AgentMessage incoming_;
@@ -171,29 +181,71 @@ void StreamChannel::Send(v1::CloudMessage message) {
   // Framing and field overhead besides the serialized bytes; a queue of tiny messages
   // costs memory too.
   const int64_t bytes = static_cast<int64_t>(message.ByteSizeLong()) + 64;
-  if (queued_bytes_ + bytes > options_.max_queued_bytes_per_stream) {
-    EndUnreadLocked(absl::StrCat("more than limits.max_queued_bytes_per_stream (",
+  // Congestion stops the engine from computing more for this stream, so only work already
+  // under way when it began can pass the bound; twice it is something else.
+  if (queued_bytes_ + bytes > 2 * options_.max_queued_bytes_per_stream) {
+    EndUnreadLocked(absl::StrCat("more than twice limits.max_queued_bytes_per_stream (",
                                  options_.max_queued_bytes_per_stream,
                                  " bytes) of results are waiting for the agent to read them"));
     return;
-  }
-  const int64_t total = totals_->queued_bytes.load() + bytes;
-  if (total > options_.max_queued_bytes_total) {
-    const int64_t share =
-        options_.max_queued_bytes_total / std::max<int64_t>(1, totals_->streams.load());
-    if (queued_bytes_ + bytes > share) {
-      EndUnreadLocked(absl::StrCat(
-          "all streams hold more than limits.max_queued_bytes_total (",
-          options_.max_queued_bytes_total, " bytes) of unread results and this one holds ",
-          queued_bytes_ + bytes, ", more than its share (", share, ")"));
-      return;
-    }
   }
   queue_.push_back({std::move(message), bytes});
   queued_bytes_ += bytes;
   totals_->queued_bytes.fetch_add(bytes);
   if (options_.metrics != nullptr) options_.metrics->outgoing_queued_bytes.Increment(bytes);
+  if (!congested_.load(std::memory_order_relaxed) && OverBoundLocked(1.0)) {
+    congested_.store(true, std::memory_order_relaxed);
+    if (options_.metrics != nullptr) options_.metrics->streams_congested.Increment();
+    spdlog::debug("stream {}: {} bytes of results unread; its work waits until they are read",
+                  stream_, queued_bytes_);
+    ArmStallCheckLocked();
+  }
   StartNextWriteLocked();
+}
+
+bool StreamChannel::OverBoundLocked(double fraction) const {
+  if (queued_bytes_ > fraction * static_cast<double>(options_.max_queued_bytes_per_stream)) {
+    return true;
+  }
+  // Past the bound over all streams only those above an equal share are held back, so a
+  // stream that reads what it is sent is never held for another's backlog.
+  const int64_t total = totals_->queued_bytes.load();
+  if (total <= fraction * static_cast<double>(options_.max_queued_bytes_total)) return false;
+  const int64_t share =
+      options_.max_queued_bytes_total / std::max<int64_t>(1, totals_->streams.load());
+  return queued_bytes_ > fraction * static_cast<double>(share);
+}
+
+void StreamChannel::ArmStallCheckLocked() {
+  if (stall_check_armed_) return;
+  stall_check_armed_ = true;
+  const int64_t writes_at_arm = writes_done_;
+  std::weak_ptr<StreamChannel> weak = weak_from_this();
+  // The previous alarm may be the one whose callback is running; gRPC keeps its own
+  // reference to a firing alarm, so replacing ours here is safe.
+  stall_alarm_ = std::make_unique<grpc::Alarm>();
+  stall_alarm_->Set(std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(
+                            static_cast<int64_t>(options_.unread_timeout_s * 1000)),
+                    [weak, writes_at_arm](bool fired) {
+                      if (!fired) return;
+                      if (auto channel = weak.lock()) channel->OnStallCheck(writes_at_arm);
+                    });
+}
+
+void StreamChannel::OnStallCheck(int64_t writes_at_arm) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  stall_check_armed_ = false;
+  if (!congested_.load(std::memory_order_relaxed) || finishing_ || reactor_ == nullptr) return;
+  if (writes_done_ == writes_at_arm) {
+    EndUnreadLocked(absl::StrCat("it took none of its results for ", options_.unread_timeout_s,
+                                 " s (limits.unread_stream_timeout_s) while ", queued_bytes_,
+                                 " bytes waited, more than limits.max_queued_bytes_per_stream (",
+                                 options_.max_queued_bytes_per_stream, ") or its share of ",
+                                 "limits.max_queued_bytes_total"));
+    return;
+  }
+  ArmStallCheckLocked();  // slow, but reading: look again later
 }
 
 void StreamChannel::ReleaseQueuedLocked(int64_t keep) {
@@ -227,7 +279,7 @@ void StreamChannel::EndUnreadLocked(const std::string& why) {
     std::weak_ptr<StreamChannel> weak = weak_from_this();
     cancel_alarm_.Set(std::chrono::system_clock::now() +
                           std::chrono::milliseconds(
-                              static_cast<int64_t>(options_.unread_cancel_after_s * 1000)),
+                              static_cast<int64_t>(options_.unread_timeout_s * 1000)),
                       [weak](bool fired) {
                         if (!fired) return;
                         if (auto channel = weak.lock()) channel->CancelCall();
@@ -239,7 +291,7 @@ void StreamChannel::CancelCall() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (reactor_ == nullptr || finished_) return;
   spdlog::warn("stream {}: the agent took nothing for {} s; cancelling the call", stream_,
-               options_.unread_cancel_after_s);
+               options_.unread_timeout_s);
   reactor_->Cancel();
 }
 
@@ -268,6 +320,10 @@ void StreamChannel::OnWriteDone(bool ok) {
   if (!queue_.empty()) {
     ReleaseQueuedLocked(queued_bytes_ - queue_.front().bytes);
     queue_.pop_front();
+  }
+  ++writes_done_;
+  if (congested_.load(std::memory_order_relaxed) && !OverBoundLocked(0.5)) {
+    congested_.store(false, std::memory_order_relaxed);  // the engine picks its work up again
   }
   if (!ok) {  // the client is gone; a failed read or OnCancel finishes the call
     queue_.clear();
@@ -365,9 +421,45 @@ TokenBucket::Clock::duration DevicePacer::Take(const std::string& device) {
   return it->second.bucket.Take(TokenBucket::Clock::now());
 }
 
+// A stream refused before it reaches the engine: it ends at once with `status`.
+class RefusedReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1::CloudMessage> {
+ public:
+  explicit RefusedReactor(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+// The device a stream is: the name its client certificate gives (mutual TLS), or its bearer
+// token's when tls.device_tokens is set (both, and they must agree, when there are both).
+// A plaintext stream without tokens is anonymous (""): each such stream is its own device.
+absl::StatusOr<std::string> DeviceIdentity(const grpc::CallbackServerContext& context,
+                                           const std::vector<BearerToken>& tokens) {
+  const std::string certified = PeerIdentity(*context.auth_context());
+  if (tokens.empty()) return certified;
+  auto named = AuthenticateBearer(context, tokens);
+  if (!named.ok()) return named.status();
+  if (!certified.empty() && *named != certified) {
+    return absl::UnauthenticatedError(absl::StrCat("the bearer token is ", *named,
+                                                   "'s, the certificate ", certified, "'s"));
+  }
+  return named;
+}
+
 grpc::ServerBidiReactor<v1::AgentMessage, v1::CloudMessage>* CloudServiceImpl::Connect(
     grpc::CallbackServerContext* context) {
-  return new ConnectReactor(engine_, next_stream_++, options_, totals_, pacer_, context);
+  auto device = DeviceIdentity(*context, options_.device_tokens);
+  if (!device.ok()) {
+    // Rate-limited: a client retrying a bad token must not flood the log.
+    std::lock_guard<std::mutex> lock(refusal_log_mutex_);
+    int64_t suppressed = 0;
+    if (refusal_log_.Allow(LogRate::Clock::now(), &suppressed)) {
+      spdlog::warn("stream from {} refused: {}{}", context->peer(), std::string(device.status().message()),
+                   suppressed > 0 ? absl::StrCat(" (", suppressed, " more refused since)") : "");
+    }
+    return new RefusedReactor(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                                           std::string(device.status().message())));
+  }
+  return new ConnectReactor(engine_, next_stream_++, options_, totals_, pacer_, context,
+                            *std::move(device));
 }
 
 }  // namespace tophat

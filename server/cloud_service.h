@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <vector>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -14,6 +15,8 @@
 
 #include "base/token_bucket.h"
 #include "server/cloud_metrics.h"
+#include "base/log_rate.h"
+#include "configs/bearer_tokens.h"
 #include "server/engine.h"
 #include "tophat/v1/cloud.grpc.pb.h"
 
@@ -24,21 +27,28 @@ struct CloudServiceOptions {
   // reading from it (backpressure on an agent that sends faster than the cloud computes).
   int64_t max_inflight_bytes_per_stream = 256LL << 20;
   // Bytes of outgoing messages one stream may have queued behind the one gRPC is writing
-  // (limits.max_queued_bytes_per_stream). Beyond it the agent is not reading its results:
-  // the stream's sessions are freed and it ends with RESOURCE_EXHAUSTED.
+  // (limits.max_queued_bytes_per_stream). Beyond it the stream is congested: the engine
+  // computes none of its work until the agent has read the queue down to half, so a slow
+  // link waits instead of failing. A congested stream that takes nothing for
+  // unread_timeout_s is not reading: its sessions are freed and it ends with
+  // RESOURCE_EXHAUSTED. Twice the bound ends it at once (memory, whatever the cause).
   int64_t max_queued_bytes_per_stream = 64LL << 20;
   // The same over all streams (limits.max_queued_bytes_total). When a message would pass
-  // it, its stream is ended if it holds more than an equal share (total / streams); a
-  // stream that reads what it is sent stays below its share and is never ended by another.
+  // it, its stream is congested if it holds more than an equal share (total / streams); a
+  // stream that reads what it is sent stays below its share and is never held by another.
   int64_t max_queued_bytes_total = 1LL << 30;
-  // An ended stream whose last write the agent still does not take within this time is
-  // cancelled outright (HTTP/2 cannot send the status behind unread data).
-  double unread_cancel_after_s = 10;
+  // limits.unread_stream_timeout_s: how long a congested stream may take no result before it
+  // is ended; and how long an ended stream whose last write the agent still does not take has
+  // before its call is cancelled outright (HTTP/2 cannot send the status behind unread data).
+  double unread_timeout_s = 10;
   // Messages one device (all its streams) may send per second, with bursts of as many
   // (limits.max_messages_per_second_per_device; 0: no limit). Above it the cloud reads its
   // streams more slowly, so HTTP/2 flow control holds the device back: nothing fails, and
   // its flood does not crowd the engine's intake.
   double max_messages_per_second_per_device = 5000;
+  // tls.device_tokens: when set, a stream without one of these bearer tokens is refused with
+  // UNAUTHENTICATED, and the token names the device (it must agree with a certificate's name).
+  std::vector<BearerToken> device_tokens;
   CloudMetrics* metrics = nullptr;  // optional
 };
 
@@ -83,6 +93,8 @@ class CloudServiceImpl final : public v1::CloudService::CallbackService {
 
  private:
   Engine* engine_;
+  std::mutex refusal_log_mutex_;
+  LogRate refusal_log_{5};  // refused streams' warnings
   CloudServiceOptions options_;
   std::shared_ptr<OutgoingTotals> totals_;
   std::shared_ptr<DevicePacer> pacer_;  // null: no rate limit

@@ -594,6 +594,13 @@ int64_t Engine::Launch() {
         session->in_flight) {
       continue;
     }
+    // A stream whose agent has not read its last results gets no more computed until it
+    // has (MessageSink::Congested); the idle wait looks again within kIdleWait.
+    const auto stream = streams_.find(session->stream);
+    if (stream != streams_.end() && stream->second.sink != nullptr &&
+        stream->second.sink->Congested()) {
+      continue;
+    }
     pending_sessions_.push_back(session.get());
   }
   // First come, first served within a device, round-robin across devices: each device's

@@ -16,6 +16,10 @@ class MessageSink {
   virtual void Finish(const absl::Status& status) = 0;
   // The engine finished with an inbound message of `bytes` bytes (flow control).
   virtual void Consumed(int64_t bytes) = 0;
+  // True while the stream holds more unread results than its bound: the engine computes
+  // none of its work until the agent has read them down (flow control toward a slow
+  // reader: its requests wait, they do not fail). Read from the engine thread.
+  virtual bool Congested() const { return false; }
 };
 
 }  // namespace tophat

@@ -1,5 +1,7 @@
 // End-to-end serving tests: real tophat-cloud and tophat-agent processes on loopback ports,
 // driven through the tophat::Client SDK and, for malformed input, a raw CloudService stream.
+// Cases tagged [timing] estimate real link and compute rates, and need daemons as fast as a
+// release build: deploy/sanitize.sh leaves them out under AddressSanitizer.
 #include <sys/stat.h>
 
 #include <signal.h>
@@ -10,6 +12,7 @@
 #include <fstream>
 #include <future>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -21,6 +24,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "proto/channel_security.h"
 #include "sdk/client.h"
 #include "models/runtime/bundle.h"
@@ -175,8 +179,10 @@ struct CloudSettings {
   int planned_stages = 0;  // pipeline.planned_stages: the planner chooses the boundaries
   int64_t max_sessions_per_device = 0;  // limits.max_sessions_per_device
   std::string max_queued_bytes_per_stream = "64MiB";  // limits.max_queued_bytes_per_stream
+  double unread_stream_timeout_s = 10;                 // limits.unread_stream_timeout_s
   double max_messages_per_second_per_device = 5000;    // limits.max_messages_per_second_per_device
   double max_kv_fraction_per_device = 0.5;             // limits.max_kv_fraction_per_device
+  std::vector<std::string> device_tokens;  // tls.device_tokens, each "DEVICE:SHA256"
 };
 
 class CloudProcess {
@@ -190,6 +196,8 @@ class CloudProcess {
                            << "tls:\n  certificate_file: " << (Certs() / "cloud.crt").string()
                            << "\n  private_key_file: " << (Certs() / "cloud.key").string()
                            << "\n  client_ca_file: " << (Certs() / "ca.crt").string() << "\n"
+                           << "  device_tokens: [" << absl::StrJoin(settings.device_tokens, ", ")
+                           << "]\n"
                            << "device: " << CloudDevice() << "\n"
                            << "dtype: " << settings.dtype << "\n"
                            << "max_context: 1024\n"
@@ -207,6 +215,7 @@ class CloudProcess {
                            << "\n  max_sessions_per_device: " << settings.max_sessions_per_device
                            << "\n  max_queued_bytes_per_stream: "
                            << settings.max_queued_bytes_per_stream
+                           << "\n  unread_stream_timeout_s: " << settings.unread_stream_timeout_s
                            << "\n  max_messages_per_second_per_device: "
                            << settings.max_messages_per_second_per_device
                            << "\n  max_kv_fraction_per_device: "
@@ -277,8 +286,10 @@ class CloudProcess {
 class AgentProcess {
  public:
   // `yaml`: extra agent config (e.g. the speculative: section), written to a file.
+  // `cloud_token_file`: cloud_tls.token_file, for a cloud with device tokens.
   AgentProcess(const fs::path& dir, const CloudProcess& cloud, int64_t chunk_size,
-               const std::string& yaml = "", int compute_threads = 0)
+               const std::string& yaml = "", int compute_threads = 0,
+               const std::string& cloud_token_file = "")
       : port_(testing::FreePort()), metrics_port_(testing::FreePort()) {
     std::vector<std::string> args = {(BinDir() / "tophat-agent").string(), "--bundle",
                                      (Bundles() / "device").string(), "--listen", address(),
@@ -291,6 +302,8 @@ class AgentProcess {
     std::ofstream(config) << "cloud_tls:\n  certificate_file: " << tls.certificate_file
                           << "\n  private_key_file: " << tls.private_key_file
                           << "\n  ca_file: " << tls.ca_file << "\n"
+                          << (cloud_token_file.empty() ? ""
+                                                       : "  token_file: " + cloud_token_file + "\n")
                           << yaml << "\ncompute_threads: " << compute_threads << "\n";
     args.push_back("--config");
     args.push_back(config.string());
@@ -640,6 +653,49 @@ TEST_CASE("The cloud's port takes only devices whose certificate its CA signed",
   CHECK(cloud.process().running());
 }
 
+TEST_CASE("With device tokens the cloud takes a stream only with the token of its certificate's "
+          "device, and an agent reaches it with its token file",
+          "[serving]") {
+  testing::TempDir dir;
+  CloudSettings settings;
+  settings.device_tokens = {"\"device-1:" + Sha256Hex("secret-1") + "\"",
+                            "\"device-2:" + Sha256Hex("secret-2") + "\""};
+  CloudProcess cloud(dir.path(), settings);
+  auto open_with = [&](const std::string& token) {
+    auto channel = grpc::CreateChannel(cloud.address(), DeviceCredentials("device-1"));
+    auto stub = v1::CloudService::NewStub(channel);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + 20s);
+    if (!token.empty()) context.AddMetadata(kAuthorizationMetadata, BearerMetadataValue(token));
+    auto stream = stub->Connect(&context);
+    v1::CloudMessage first;
+    if (stream->Read(&first) && first.has_hello()) {
+      context.TryCancel();
+      (void)stream->Finish();
+      return grpc::Status::OK;
+    }
+    return stream->Finish();
+  };
+  CHECK(open_with("").error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  CHECK(open_with("secret-3").error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  // device-2's token on device-1's certificate.
+  const grpc::Status crossed = open_with("secret-2");
+  CHECK(crossed.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  CHECK_THAT(crossed.error_message(), Catch::Contains("device-2's, the certificate device-1's"));
+  CHECK(open_with("secret-1").ok());
+
+  const fs::path token_file = dir.path() / "device-1.token";
+  std::ofstream(token_file) << "secret-1\n";
+  AgentProcess agent(dir.path(), cloud, 16, "", 0, token_file.string());
+  const std::vector<int32_t> prompt = Tokenize(ToyPrompts(11, 1)[0]);
+  auto result = agent.client().Generate(IdsRequest(prompt, 8));
+  REQUIRE(result.ok());
+  INFO(result->error);
+  REQUIRE(result->ok());
+  CHECK(Tokens(*result) == Reference(prompt, 8, true));
+  CHECK(cloud.process().running());
+}
+
 TEST_CASE("An agent whose certificate file is missing exits at once, naming the key",
           "[serving]") {
   testing::TempDir dir;
@@ -704,27 +760,31 @@ TEST_CASE("A stream that does not read its results is ended and its KV freed, an
           "devices are served",
           "[serving]") {
   testing::TempDir dir;
-  CloudProcess cloud(dir.path(), {.max_queued_bytes_per_stream = "256KiB"});
+  CloudProcess cloud(dir.path(),
+                     {.max_queued_bytes_per_stream = "256KiB", .unread_stream_timeout_s = 2});
   AgentProcess agent(dir.path(), cloud, 16);
   const std::vector<int32_t> prompt = Tokenize(ToyPrompts(13, 1)[0]);
   const std::vector<int32_t> expected = Reference(prompt, 16, true);
 
   // A device that sends prompt chunks and never reads what comes back. Loopback's socket
-  // buffers and HTTP/2's windows take a few MB first; then the cloud's own queue grows
-  // until the bound ends the stream.
+  // buffers and HTTP/2's windows take a few MB first; then the cloud's own queue passes the
+  // bound, the engine stops computing for the stream, and 2 s without a result taken end it.
   RawStream greedy(cloud.address(), "device-2");
   const uint32_t d = greedy.hello().hidden_size();
   const uint32_t positions = 128;
   int chunks = 0;
-  auto ended = [&] { return cloud.Metric("tophat_streams_not_reading_total") >= 1; };
-  for (uint64_t session = 1; session <= 400 && !ended(); ++session) {
+  auto congested = [&] { return cloud.Metric("tophat_streams_congested_total") >= 1; };
+  for (uint64_t session = 1; session <= 400 && !congested(); ++session) {
     REQUIRE(greedy.Send(OpenMessage(session, 1024)));
-    for (uint32_t first = 0; first < 1024 && !ended(); first += positions) {
+    for (uint32_t first = 0; first < 1024 && !congested(); first += positions) {
       REQUIRE(greedy.Send(ChunkMessage(session, first, positions, d, v1::DTYPE_FLOAT32)));
       ++chunks;
     }
   }
   INFO(chunks << " chunks of " << positions * d * 4 << " bytes sent");
+  // The engine computes them after they are sent; their results pass the bound then.
+  REQUIRE(testing::WaitUntil(congested, 30s));
+  auto ended = [&] { return cloud.Metric("tophat_streams_not_reading_total") >= 1; };
   REQUIRE(testing::WaitUntil(ended, 30s));
   // Its sessions are freed at once, not when the call is finally over.
   CHECK(testing::WaitUntil(
@@ -742,7 +802,48 @@ TEST_CASE("A stream that does not read its results is ended and its KV freed, an
   // What the greedy device finally reads ends with the reason.
   const grpc::Status status = greedy.Finish();
   CHECK(status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
-  CHECK_THAT(status.error_message(), Catch::Contains("limits.max_queued_bytes_per_stream"));
+  CHECK_THAT(status.error_message(), Catch::Contains("limits.unread_stream_timeout_s"));
+  CHECK(cloud.process().running());
+}
+
+// The fault behind "a saturated link lost 11 requests": a stream whose agent reads its results
+// more slowly than the cloud computes them was ended as if it read nothing. Now its work waits.
+TEST_CASE("A stream that reads its results slowly waits and loses nothing", "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(),
+                     {.max_queued_bytes_per_stream = "256KiB", .unread_stream_timeout_s = 2});
+  RawStream slow(cloud.address(), "device-2");
+  const uint32_t d = slow.hello().hidden_size();
+  // 12 sessions of 1,024 positions: 9 MiB of results, read at about 3 MiB/s (one ~48 KiB
+  // result every 15 ms), well below what the cloud computes, so the stream stays congested
+  // for seconds; each read is progress, so the 2 s stall check never ends it.
+  constexpr int kSessions = 12;
+  constexpr uint32_t kPositions = 1024;
+  constexpr uint32_t kChunk = 128;
+  std::thread sender([&] {
+    for (uint64_t session = 1; session <= kSessions; ++session) {
+      if (!slow.Send(OpenMessage(session, kPositions))) return;
+      for (uint32_t first = 0; first < kPositions; first += kChunk) {
+        if (!slow.Send(ChunkMessage(session, first, kChunk, d, v1::DTYPE_FLOAT32))) return;
+      }
+    }
+  });
+  std::map<uint64_t, uint32_t> computed;  // positions returned per session
+  int done = 0;
+  while (done < kSessions) {
+    v1::CloudMessage message = slow.Read();
+    INFO(message.ShortDebugString().substr(0, 300));
+    REQUIRE_FALSE(message.has_error());
+    if (!message.has_result()) continue;
+    uint32_t& got = computed[message.result().session_id()];
+    CHECK(message.result().first_position() == got);
+    got += message.result().states().num_positions();
+    if (got == kPositions) ++done;
+    std::this_thread::sleep_for(15ms);
+  }
+  sender.join();
+  CHECK(cloud.Metric("tophat_streams_congested_total") >= 1);
+  CHECK(cloud.Metric("tophat_streams_not_reading_total") == 0);
   CHECK(cloud.process().running());
 }
 
@@ -854,6 +955,70 @@ TEST_CASE("The app port listens on a Unix socket for its user only, and refuses 
     REQUIRE(result.ok());
     REQUIRE(result->ok());
     CHECK(Tokens(*result) == Reference(prompt, 8, true));
+  }
+  SECTION("an address other hosts can reach, with TLS and app tokens: each app alone with its "
+          "requests") {
+    const int port = testing::FreePort();
+    const fs::path secured = dir.path() / "agent-secured.yaml";
+    // The device's own certificate (DNS name device-1) serves the app port too.
+    std::ofstream(secured) << ReadFile(config) << "app_tls:\n  certificate_file: "
+                           << tls.certificate_file << "\n  private_key_file: "
+                           << tls.private_key_file << "\napp_tokens:\n  - \"app-a:"
+                           << Sha256Hex("token-a") << "\"\n  - \"app-b:" << Sha256Hex("token-b")
+                           << "\"\n";
+    ChildProcess agent({(BinDir() / "tophat-agent").string(), "--bundle",
+                        (Bundles() / "device").string(), "--listen",
+                        "0.0.0.0:" + std::to_string(port), "--cloud", cloud.address(),
+                        "--metrics", "", "--config", secured.string()},
+                       dir.path() / "agent-secured.log");
+    REQUIRE(testing::WaitForPort(port, 60s));
+    const std::string address = "127.0.0.1:" + std::to_string(port);
+    auto connect = [&](const std::string& token) {
+      return Client::Connect(address, ClientOptions{.timeout_s = 10,
+                                                    .token = token,
+                                                    .ca_file = tls.ca_file,
+                                                    .server_name = "device-1"});
+    };
+    // Plaintext gets no connection at all.
+    CHECK_FALSE(Client::Connect(address, 3.0).ok());
+    auto anonymous = connect("");
+    auto wrong = connect("token-c");
+    auto app_a = connect("token-a");
+    auto app_b = connect("token-b");
+    REQUIRE((anonymous.ok() && wrong.ok() && app_a.ok() && app_b.ok()));
+    // A probe needs no token; everything else does.
+    CHECK((*anonymous)->Health().ok());
+    CHECK(absl::IsUnauthenticated((*anonymous)->Info().status()));
+    CHECK(absl::IsUnauthenticated((*wrong)->Info().status()));
+    CHECK(absl::IsUnauthenticated((*wrong)->Cancel("shared-id").status()));
+    REQUIRE(testing::WaitUntil(
+        [&] {
+          auto info = (*app_a)->Info();
+          return info.ok() && info->cloud_connected();
+        },
+        30s));
+    // App a runs a long request under an id app b also uses: b can neither see nor end it.
+    v1::GenerateRequest request = IdsRequest(Tokenize(ToyPrompts(6, 1)[0]), 900, true);
+    request.set_request_id("shared-id");
+    auto pending = std::async(std::launch::async, [&] { return (*app_a)->Generate(request); });
+    REQUIRE(testing::WaitUntil([&] { return cloud.Metric("tophat_generation_tokens_total") > 0; },
+                               30s));
+    auto by_b = (*app_b)->Cancel("shared-id");
+    REQUIRE(by_b.ok());
+    CHECK_FALSE(*by_b);
+    v1::GenerateRequest short_b = IdsRequest(Tokenize(ToyPrompts(7, 1)[0]), 2);
+    short_b.set_request_id("shared-id");
+    auto b_result = (*app_b)->Generate(short_b);
+    REQUIRE(b_result.ok());
+    CHECK(b_result->ok());
+    CHECK(pending.wait_for(0s) == std::future_status::timeout);
+    auto by_a = (*app_a)->Cancel("shared-id");
+    REQUIRE(by_a.ok());
+    CHECK(*by_a);
+    absl::StatusOr<GenerateResult> a_result = pending.get();
+    REQUIRE(a_result.ok());
+    CHECK(a_result->finish_reason == v1::FINISH_REASON_CANCELLED);
+    CHECK(agent.running());
   }
   SECTION("an address other hosts can reach is refused, naming the key") {
     ChildProcess agent(agent_args("0.0.0.0:" + std::to_string(testing::FreePort())),
@@ -1047,7 +1212,9 @@ TEST_CASE("A draining cloud finishes in-flight work, and new requests move to it
           "[serving][cuda-cloud][staged]") {
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {.drain_grace_period_s = 60});
-  AgentProcess agent(dir.path(), cloud, 16);
+  // The late request waits for the old cloud to finish the long one and for the new one to
+  // load: longer than the default 60 s give-up on a slow machine or under a sanitizer.
+  AgentProcess agent(dir.path(), cloud, 16, "reconnect:\n  give_up_after_s: 600\n");
   const std::vector<int32_t> long_prompt = Tokenize(ToyPrompts(12, 1)[0]);
   const std::vector<int32_t> late_prompt = Tokenize(ToyPrompts(13, 1)[0]);
   auto in_flight = std::async(std::launch::async, [&] {
@@ -1477,7 +1644,7 @@ void MeasureLink(AgentProcess& agent, int requests) {
 }
 
 TEST_CASE("An agent measures its emulated link and drafter speed from real transfers",
-          "[serving][speculative]") {
+          "[serving][speculative][timing]") {
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {.max_batch_tokens = 64,
                                   .compute_threads = kOneComputeThread});
@@ -1543,7 +1710,7 @@ TEST_CASE("An agent measures its emulated link and drafter speed from real trans
 }
 
 TEST_CASE("An agent drafts ahead as far as the cloud's λ once the cloud has computed it",
-          "[serving][speculative][scheduler]") {
+          "[serving][speculative][scheduler][timing]") {
   testing::TempDir dir;
   // Equation 6 needs γ and both link directions; the agent measures them on the link test's
   // link. The cloud caps λ at 1 and the agent's own parallel_steps is 3, so each round's
@@ -1610,7 +1777,7 @@ std::vector<uint32_t> DraftLimits(AgentProcess& agent, int requests, int64_t max
 }
 
 TEST_CASE("The adaptive draft window opens on a long link and narrows on a short one",
-          "[serving][speculative]") {
+          "[serving][speculative][timing]") {
   testing::TempDir dir;
   // DSD's window maximises tokens per second, (1 - a^(w+1)) / (1 - a) tokens per w draft
   // steps plus a round trip. η = 0.01 lets the drafter go on past the tokens it is unsure
@@ -1673,7 +1840,7 @@ TEST_CASE("A stricter η drafts fewer tokens and decodes the same ones", "[servi
 }
 
 TEST_CASE("Of two shaped links the slower gets smaller prompt chunks and chunking cuts its TTFT",
-          "[serving][scheduler]") {
+          "[serving][scheduler][timing]") {
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {.min_prompt_chunk_size = 4,
                                   .compute_threads = kOneComputeThread});

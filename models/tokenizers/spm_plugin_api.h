@@ -3,8 +3,9 @@
 // Why a plugin: Debian's libsentencepiece carries its own copy of protobuf-lite and exports
 // those symbols. Linked into a process that also loads libprotobuf (LibTorch, gRPC), the two
 // copies interpose on each other and the process crashes during static initialisation. The
-// plugin is dlopen()ed with RTLD_LOCAL | RTLD_DEEPBIND so SentencePiece binds to its own copy
-// and nothing else sees it. Only plain C types cross this boundary.
+// plugin is dlopen()ed with RTLD_LOCAL | RTLD_DEEPBIND (under a sanitizer runtime, into a link
+// namespace of its own) so SentencePiece binds to its own copy and nothing else sees it. Only
+// plain C types, and buffers the plugin allocates and frees itself, cross this boundary.
 #pragma once
 
 #include <stddef.h>

@@ -10,14 +10,6 @@
 #include "absl/strings/str_join.h"
 #include "models/tokenizers/spm_plugin_api.h"
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define TOPHAT_SPM_SANITIZER 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define TOPHAT_SPM_SANITIZER 1
-#endif
-#endif
-
 namespace tophat {
 namespace {
 
@@ -55,19 +47,23 @@ std::vector<fs::path> CandidatePaths() {
   return paths;
 }
 
+// AddressSanitizer and ThreadSanitizer abort a process that dlopen()s with RTLD_DEEPBIND
+// (their interceptors must see every call). Under them the plugin goes into a link namespace
+// of its own instead: it and libsentencepiece get their own libstdc++ and libc there, so
+// nothing they bind to is ours. Sanitizer builds compile the plugin uninstrumented for this
+// (a second sanitizer runtime in that namespace would not start). Only plain C types and
+// buffers the plugin frees itself cross the boundary, which both ways need.
+bool UnderSanitizerRuntime() {
+  return dlsym(RTLD_DEFAULT, "__asan_init") != nullptr ||
+         dlsym(RTLD_DEFAULT, "__tsan_init") != nullptr;
+}
+
+void* OpenLibrary(const fs::path& path) {
+  if (UnderSanitizerRuntime()) return dlmopen(LM_ID_NEWLM, path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  return dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+}
+
 absl::StatusOr<Plugin> OpenPlugin() {
-#ifdef TOPHAT_SPM_SANITIZER
-  return absl::UnavailableError(absl::StrCat(
-      "SentencePiece is unavailable in sanitizer builds: ", kPluginName,
-      " must be opened with RTLD_DEEPBIND, which AddressSanitizer/ThreadSanitizer refuse"));
-#else
-  // Also catch a sanitizer runtime that this translation unit was not compiled for.
-  if (dlsym(RTLD_DEFAULT, "__asan_init") != nullptr ||
-      dlsym(RTLD_DEFAULT, "__tsan_init") != nullptr) {
-    return absl::UnavailableError(absl::StrCat(
-        "SentencePiece is unavailable under a sanitizer runtime: ", kPluginName,
-        " must be opened with RTLD_DEEPBIND, which AddressSanitizer/ThreadSanitizer refuse"));
-  }
   const std::vector<fs::path> candidates = CandidatePaths();
   std::vector<std::string> tried;
   void* handle = nullptr;
@@ -78,7 +74,7 @@ absl::StatusOr<Plugin> OpenPlugin() {
       tried.push_back(absl::StrCat(path.string(), " (not found)"));
       continue;
     }
-    handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+    handle = OpenLibrary(path);
     if (handle != nullptr) {
       opened = path;
       break;
@@ -116,7 +112,6 @@ absl::StatusOr<Plugin> OpenPlugin() {
   }
   // The handle stays open for the life of the process.
   return plugin;
-#endif
 }
 
 const absl::StatusOr<Plugin>& GetPlugin() {

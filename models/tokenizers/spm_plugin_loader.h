@@ -3,8 +3,8 @@
 //
 // The plugin is looked for, in order: beside the running executable (the directory of
 // /proc/self/exe), in <exe dir>/../lib/tophat/, then at the path CMake built it to. It is
-// opened with RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND; AddressSanitizer and ThreadSanitizer
-// refuse RTLD_DEEPBIND, so under them every call fails with kUnavailable.
+// opened with RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND, or, under AddressSanitizer or
+// ThreadSanitizer (which refuse RTLD_DEEPBIND), into a link namespace of its own (dlmopen).
 #pragma once
 
 #include <filesystem>

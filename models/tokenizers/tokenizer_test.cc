@@ -228,17 +228,11 @@ std::vector<std::string> MakeCorpus() {
 
 constexpr int kSpmVocabSize = 320;
 
-// SentencePiece comes from a plugin that sanitizer builds cannot load (RTLD_DEEPBIND); the
-// SentencePiece cases then test nothing, and say so in a way CTest reports as skipped.
-bool SpmAvailable() {
+// The plugin loads in every build, sanitizer builds included (spm_plugin_loader.h).
+void RequireSpmPlugin() {
   const absl::Status status = SpmPluginStatus();
-  if (absl::IsUnavailable(status)) {
-    WARN(testing::kSkipped << " " << status.ToString());
-    return false;
-  }
   INFO(status.ToString());
   REQUIRE(status.ok());
-  return true;
 }
 
 // Trains once per process; the model is reused across test cases and removed at exit.
@@ -456,7 +450,7 @@ TEST_CASE("StreamingDetokenizer matches Decode for BPE", "[tokenizer]") {
 }
 
 TEST_CASE("SentencePiece training is deterministic", "[tokenizer]") {
-  if (!SpmAvailable()) return;
+  RequireSpmPlugin();
   TempDir dir;
   const std::vector<std::string> corpus = MakeCorpus();
   REQUIRE(TrainSentencePiece(corpus, kSpmVocabSize, dir.path() / "a.model").ok());
@@ -473,7 +467,7 @@ TEST_CASE("SentencePiece training is deterministic", "[tokenizer]") {
 }
 
 TEST_CASE("SentencePiece round-trips and knows its control tokens", "[tokenizer]") {
-  if (!SpmAvailable()) return;
+  RequireSpmPlugin();
   auto loaded = Tokenizer::Load(SpmModelDir());
   INFO(loaded.status().ToString());
   REQUIRE(loaded.ok());
@@ -512,7 +506,7 @@ TEST_CASE("SentencePiece round-trips and knows its control tokens", "[tokenizer]
 }
 
 TEST_CASE("StreamingDetokenizer matches Decode for SentencePiece", "[tokenizer]") {
-  if (!SpmAvailable()) return;
+  RequireSpmPlugin();
   auto loaded = Tokenizer::Load(SpmModelDir());
   REQUIRE(loaded.ok());
   const Tokenizer& tokenizer = **loaded;
@@ -525,7 +519,7 @@ TEST_CASE("StreamingDetokenizer matches Decode for SentencePiece", "[tokenizer]"
 }
 
 TEST_CASE("Tokenizer::Load errors name the file", "[tokenizer]") {
-  if (!SpmAvailable()) return;
+  RequireSpmPlugin();
   TempDir dir;
   const auto missing = SentencePieceTokenizer::Load(dir.path() / "tokenizer.model");
   REQUIRE_FALSE(missing.ok());
