@@ -440,9 +440,16 @@ TEST_CASE("Three agents with chunk sizes 1, 16 and 128 reproduce the monolithic 
 // A raw agent-side stream, for sending what a real agent never would.
 class RawStream {
  public:
-  explicit RawStream(const std::string& address, const std::string& device = "device-1") {
+  // `receive_window`: HTTP/2's window for what the cloud may send ahead of our reads (0:
+  // gRPC's, which grows to megabytes), so that tests of unread results need not fill it.
+  explicit RawStream(const std::string& address, const std::string& device = "device-1",
+                     int receive_window = 0) {
     grpc::ChannelArguments args;
     args.SetMaxSendMessageSize(256 << 20);
+    if (receive_window > 0) {
+      args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+      args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, receive_window);
+    }
     // A hung test fails instead of blocking forever (a write to a cloud that stopped
     // reading blocks until then).
     context_.set_deadline(std::chrono::system_clock::now() + 120s);
@@ -766,10 +773,10 @@ TEST_CASE("A stream that does not read its results is ended and its KV freed, an
   const std::vector<int32_t> prompt = Tokenize(ToyPrompts(13, 1)[0]);
   const std::vector<int32_t> expected = Reference(prompt, 16, true);
 
-  // A device that sends prompt chunks and never reads what comes back. Loopback's socket
-  // buffers and HTTP/2's windows take a few MB first; then the cloud's own queue passes the
-  // bound, the engine stops computing for the stream, and 2 s without a result taken end it.
-  RawStream greedy(cloud.address(), "device-2");
+  // A device that sends prompt chunks and never reads what comes back. HTTP/2's window
+  // (64 KiB here) takes the first results; then the cloud's own queue passes the bound, the
+  // engine stops computing for the stream, and 2 s without a result taken end it.
+  RawStream greedy(cloud.address(), "device-2", 64 << 10);
   const uint32_t d = greedy.hello().hidden_size();
   const uint32_t positions = 128;
   int chunks = 0;
@@ -811,13 +818,15 @@ TEST_CASE("A stream that does not read its results is ended and its KV freed, an
 TEST_CASE("A stream that reads its results slowly waits and loses nothing", "[serving]") {
   testing::TempDir dir;
   CloudProcess cloud(dir.path(),
-                     {.max_queued_bytes_per_stream = "256KiB", .unread_stream_timeout_s = 2});
-  RawStream slow(cloud.address(), "device-2");
+                     {.max_queued_bytes_per_stream = "256KiB", .unread_stream_timeout_s = 5});
+  RawStream slow(cloud.address(), "device-2", 64 << 10);
   const uint32_t d = slow.hello().hidden_size();
-  // 12 sessions of 1,024 positions: 9 MiB of results, read at about 3 MiB/s (one ~48 KiB
-  // result every 15 ms), well below what the cloud computes, so the stream stays congested
-  // for seconds; each read is progress, so the 2 s stall check never ends it.
-  constexpr int kSessions = 12;
+  // 10 sessions of 1,024 positions: 7.5 MiB of results, far more than HTTP/2's window (64
+  // KiB) and the bound (256 KiB) hold. The agent reads nothing until the cloud's queue has
+  // passed its bound (so the stream is congested however fast this machine computes), then
+  // reads at most one ~48 KiB result every 5 ms: every read is progress, so the stall check
+  // (5 s) must never end the stream.
+  constexpr int kSessions = 10;
   constexpr uint32_t kPositions = 1024;
   constexpr uint32_t kChunk = 128;
   std::thread sender([&] {
@@ -828,6 +837,8 @@ TEST_CASE("A stream that reads its results slowly waits and loses nothing", "[se
       }
     }
   });
+  const bool congested = testing::WaitUntil(
+      [&] { return cloud.Metric("tophat_streams_congested_total") >= 1; }, 60s);
   std::map<uint64_t, uint32_t> computed;  // positions returned per session
   int done = 0;
   while (done < kSessions) {
@@ -839,10 +850,10 @@ TEST_CASE("A stream that reads its results slowly waits and loses nothing", "[se
     CHECK(message.result().first_position() == got);
     got += message.result().states().num_positions();
     if (got == kPositions) ++done;
-    std::this_thread::sleep_for(15ms);
+    std::this_thread::sleep_for(5ms);
   }
   sender.join();
-  CHECK(cloud.Metric("tophat_streams_congested_total") >= 1);
+  CHECK(congested);
   CHECK(cloud.Metric("tophat_streams_not_reading_total") == 0);
   CHECK(cloud.process().running());
 }
