@@ -66,7 +66,11 @@ struct AgentConfig {
     // keepalive_timeout_s. So a frozen cloud or a dead route is noticed in seconds, not at
     // each request's deadline. 0 turns the pings off.
     double keepalive_s = 10;
-    double keepalive_timeout_s = 5;
+    // Also gRPC's TCP_USER_TIMEOUT on the link's socket: data the cloud has not acknowledged
+    // for this long kills the connection. On a saturated uplink, data (and the ping) waits
+    // behind the socket's send buffer, several MB, for buffer / bandwidth seconds; 5 s here
+    // reset streams at 586 KB/s (docs/benchmarks.md). Keep it above that drain time.
+    double keepalive_timeout_s = 20;
     bool operator==(const Reconnect&) const = default;
   } reconnect;
   // Speculative decoding with the bundle's adapter (DESIGN.md request path 4-5). All off is

@@ -2,6 +2,7 @@
 #include "device_agent/app_request.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <optional>
 #include <span>
 
@@ -698,7 +699,11 @@ bool Agent::Cancel(const std::string& request_id, const std::string& caller) {
 
 v1::InfoResponse Agent::Info() const {
   v1::InfoResponse info;
-  info.set_model_id(bundle_.manifest.source_model);
+  // The checkpoint's directory name, not its path: Info tells apps what they talk to, not
+  // where the device keeps its files.
+  std::filesystem::path source(bundle_.manifest.source_model);
+  if (source.filename().empty()) source = source.parent_path();  // "dir/"
+  info.set_model_id(source.filename().string());
   info.set_architecture(bundle_.manifest.source_architecture);
   info.set_num_layers(static_cast<uint32_t>(bundle_.config.num_hidden_layers));
   info.set_input_layers(static_cast<uint32_t>(bundle_.manifest.input_layers.size()));

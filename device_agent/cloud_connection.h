@@ -65,7 +65,7 @@ struct CloudConnectionOptions {
   double initial_backoff_s = 0.1;
   double max_backoff_s = 2.0;
   double keepalive_s = 10;  // HTTP/2 ping interval on the link (0: none)
-  double keepalive_timeout_s = 5;
+  double keepalive_timeout_s = 20;  // see AgentConfig::Reconnect
   // The cloud's limits.max_message_bytes bounds what it accepts; the agent's own channel
   // limit must not be the tighter one.
   int64_t max_message_bytes = 1LL << 30;

@@ -1008,6 +1008,8 @@ TEST_CASE("The app port listens on a Unix socket for its user only, and refuses 
           return info.ok() && info->cloud_connected();
         },
         30s));
+    // Info names the model, not where the device keeps it.
+    CHECK((*app_a)->Info()->model_id() == ToyDir().filename().string());
     // App a runs a long request under an id app b also uses: b can neither see nor end it.
     v1::GenerateRequest request = IdsRequest(Tokenize(ToyPrompts(6, 1)[0]), 900, true);
     request.set_request_id("shared-id");
