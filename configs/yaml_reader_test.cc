@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/test_util.h"
@@ -337,6 +338,29 @@ TEST_CASE("YamlReader refuses control characters, naming line and column") {
         "cloud.yaml:2: invalid YAML (column 6): control character 0x00 is not allowed");
   // Tabs and CRLF line ends are YAML.
   CHECK(YamlReader::Parse("a: 1\r\nb:\t2\r\n", "crlf.yaml").ok());
+}
+
+TEST_CASE("YamlReader refuses a document that starts with a comma, naming line and column") {
+  // Found by fuzz/yaml_config_fuzzer: on a document whose first token is ',', yaml-cpp 0.7
+  // loops allocating until memory runs out (27 s and 4 GB on the fuzzer's input).
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"# a comment\n\n, Every value\nb: 1\n", "agent.yaml:3: invalid YAML (column 1)"},
+      {"  , x\n", "agent.yaml:1: invalid YAML (column 3)"},
+      {"---\n,\n", "agent.yaml:2: invalid YAML (column 1)"},
+      {"%YAML 1.2\n--- , x\n", "agent.yaml:2: invalid YAML (column 5)"},
+      {"a: 1\n---\n# c\n\t, x\n", "agent.yaml:4: invalid YAML (column 2)"},
+  };
+  for (const auto& [yaml, where] : refused) {
+    INFO(yaml);
+    auto parsed = YamlReader::Parse(yaml, "agent.yaml");
+    REQUIRE_FALSE(parsed.ok());
+    CHECK(std::string(parsed.status().message()) == where + ": a document cannot start with ','");
+  }
+  // Commas anywhere else are YAML's business (and yaml-cpp's errors).
+  CHECK(YamlReader::Parse("a: [1, 2]\nb: \"x, y\"\n# , comment\n", "ok.yaml").ok());
+  auto later = YamlReader::Parse("a: 1\n, b\n", "later.yaml");
+  REQUIRE_FALSE(later.ok());
+  CHECK_THAT(std::string(later.status().message()), Catch::Contains("later.yaml:2"));
 }
 
 }  // namespace

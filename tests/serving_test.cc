@@ -611,23 +611,31 @@ std::string ReadFile(const fs::path& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+// Opens a stream to the cloud at `address` as a device would, with `credentials` and, when
+// given, a bearer token: OK once the cloud's Hello arrives, else the status the call ended with.
+grpc::Status OpenCloudStream(const std::string& address,
+                             const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+                             const std::string& token = "") {
+  auto channel = grpc::CreateChannel(address, credentials);
+  auto stub = v1::CloudService::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + 20s);
+  if (!token.empty()) context.AddMetadata(kAuthorizationMetadata, BearerMetadataValue(token));
+  auto stream = stub->Connect(&context);
+  v1::CloudMessage first;
+  if (stream->Read(&first) && first.has_hello()) {
+    context.TryCancel();
+    (void)stream->Finish();
+    return grpc::Status::OK;
+  }
+  return stream->Finish();
+}
+
 TEST_CASE("The cloud's port takes only devices whose certificate its CA signed", "[serving]") {
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {});
-  // Opens a stream as a device would; OK once the cloud's Hello arrives.
   auto open_with = [&](const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
-    auto channel = grpc::CreateChannel(cloud.address(), credentials);
-    auto stub = v1::CloudService::NewStub(channel);
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + 20s);
-    auto stream = stub->Connect(&context);
-    v1::CloudMessage first;
-    if (stream->Read(&first) && first.has_hello()) {
-      context.TryCancel();
-      (void)stream->Finish();
-      return grpc::Status::OK;
-    }
-    return stream->Finish();
+    return OpenCloudStream(cloud.address(), credentials);
   };
   CHECK(open_with(DeviceCredentials("device-2")).ok());
   // The cloud knows the device by the name in its certificate.
@@ -669,19 +677,7 @@ TEST_CASE("With device tokens the cloud takes a stream only with the token of it
                             "\"device-2:" + Sha256Hex("secret-2") + "\""};
   CloudProcess cloud(dir.path(), settings);
   auto open_with = [&](const std::string& token) {
-    auto channel = grpc::CreateChannel(cloud.address(), DeviceCredentials("device-1"));
-    auto stub = v1::CloudService::NewStub(channel);
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + 20s);
-    if (!token.empty()) context.AddMetadata(kAuthorizationMetadata, BearerMetadataValue(token));
-    auto stream = stub->Connect(&context);
-    v1::CloudMessage first;
-    if (stream->Read(&first) && first.has_hello()) {
-      context.TryCancel();
-      (void)stream->Finish();
-      return grpc::Status::OK;
-    }
-    return stream->Finish();
+    return OpenCloudStream(cloud.address(), DeviceCredentials("device-1"), token);
   };
   CHECK(open_with("").error_code() == grpc::StatusCode::UNAUTHENTICATED);
   CHECK(open_with("secret-3").error_code() == grpc::StatusCode::UNAUTHENTICATED);
