@@ -72,19 +72,30 @@ absl::Status PackHiddenStates(const at::Tensor& hidden, v1::HiddenStates* out) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// A dtype as errors name it: its enum name, or the number a peer sent that this build's enum
+// does not know (proto3 keeps unknown values; DType_Name gives "" for them).
+std::string DTypeLabel(v1::DType dtype) {
+  const std::string& name = v1::DType_Name(dtype);
+  if (!name.empty()) return name;
+  return absl::StrCat("(unknown value ", static_cast<int>(dtype), ")");
+}
+
+}  // namespace
+
 absl::Status ValidateHiddenStates(const v1::HiddenStates& states, v1::DType expected_dtype,
                                   int64_t expected_hidden_size, int64_t max_positions) {
   // Found by fuzz/hidden_states_fuzzer: an end that expects no particular dtype must still
   // refuse one with no element size, which UnpackHiddenStates cannot unpack.
   if (ElementBytes(states.dtype()) == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("states.dtype ",
-                                                   v1::DType_Name(states.dtype()),
-                                                   " is not a hidden-state dtype"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("states.dtype ", DTypeLabel(states.dtype()), " is not a hidden-state dtype"));
   }
   if (states.dtype() != expected_dtype) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "states.dtype is ", v1::DType_Name(states.dtype()), ", this end expects ",
-        v1::DType_Name(expected_dtype)));
+        "states.dtype is ", DTypeLabel(states.dtype()), ", this end expects ",
+        DTypeLabel(expected_dtype)));
   }
   if (states.hidden_size() != expected_hidden_size) {
     return absl::InvalidArgumentError(absl::StrCat("states.hidden_size is ", states.hidden_size(),
@@ -104,7 +115,7 @@ absl::Status ValidateHiddenStates(const v1::HiddenStates& states, v1::DType expe
   if (static_cast<int64_t>(states.data().size()) != expected_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "states.data holds ", states.data().size(), " bytes; ", states.num_positions(), " x ",
-        states.hidden_size(), " ", v1::DType_Name(states.dtype()), " needs ", expected_bytes));
+        states.hidden_size(), " ", DTypeLabel(states.dtype()), " needs ", expected_bytes));
   }
   return absl::OkStatus();
 }

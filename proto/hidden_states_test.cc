@@ -49,5 +49,15 @@ TEST_CASE("A dtype with no element size is refused even where it is the one expe
   CHECK(std::string(status.message()).find("not a hidden-state dtype") != std::string::npos);
 }
 
+TEST_CASE("A dtype this build does not know is named by its number") {
+  v1::HiddenStates states;
+  states.set_dtype(static_cast<v1::DType>(77));
+  states.set_num_positions(1);
+  states.set_hidden_size(4);
+  const absl::Status status = ValidateHiddenStates(states, v1::DTYPE_FLOAT32, 4, 16);
+  CHECK(std::string(status.message()) ==
+        "states.dtype (unknown value 77) is not a hidden-state dtype");
+}
+
 }  // namespace
 }  // namespace tophat
