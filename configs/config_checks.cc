@@ -1,10 +1,14 @@
 #include "configs/config_checks.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <system_error>
 #include <vector>
@@ -40,6 +44,40 @@ bool IsLoopbackAddress(std::string_view address) {
   if (colon == std::string_view::npos) return false;
   const std::string_view host = address.substr(0, colon);
   return host == "localhost" || host == "[::1]" || host.substr(0, 4) == "127.";
+}
+
+absl::Status CheckCanListen(std::string_view address, std::string_view key) {
+  if (IsUnixSocketAddress(address)) return absl::OkStatus();
+  const size_t colon = address.rfind(':');
+  if (colon == std::string_view::npos) return absl::OkStatus();  // CheckHostPort's to report
+  std::string host(address.substr(0, colon));
+  const std::string port(address.substr(colon + 1));
+  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0 || found == nullptr) {
+    return absl::OkStatus();  // gRPC resolves it its own way and reports what fails
+  }
+  std::string reason;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    const bool bound = bind(fd, a->ai_addr, a->ai_addrlen) == 0;
+    if (!bound) reason = std::strerror(errno);
+    close(fd);
+    if (bound) {
+      freeaddrinfo(found);
+      return absl::OkStatus();
+    }
+  }
+  freeaddrinfo(found);
+  if (reason.empty()) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat(Sv(key), ": cannot listen on ", Sv(address), ": ", reason));
 }
 
 absl::Status CheckHostPort(std::string_view address, bool allow_port_zero) {

@@ -23,6 +23,12 @@ bool IsLoopbackAddress(std::string_view address);
 
 absl::Status CheckHostPort(std::string_view address, bool allow_port_zero);
 
+// Binds and closes a TCP socket at `address` (host:port, as CheckHostPort takes) the way gRPC
+// will (SO_REUSEADDR, no SO_REUSEPORT), so that a daemon can say why it cannot listen, e.g.
+// "127.0.0.1:7200: Address already in use", before gRPC tries and logs its own dump.
+// Unavailable naming `key`, the address and the system's reason; ok for unix: addresses.
+absl::Status CheckCanListen(std::string_view address, std::string_view key);
+
 // float32 | float16 | bfloat16.
 absl::Status CheckDtype(std::string_view dtype);
 

@@ -1,7 +1,13 @@
 #include "configs/config_checks.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <string>
 
 namespace tophat {
 namespace {
@@ -46,6 +52,34 @@ TEST_CASE("PhysicalMemoryBytes reports this machine's memory") {
   const int64_t bytes = PhysicalMemoryBytes();
   CHECK(bytes > (int64_t{64} << 20));
   CHECK(bytes < (int64_t{1} << 52));
+}
+
+}  // namespace
+}  // namespace tophat
+
+namespace tophat {
+namespace {
+
+TEST_CASE("CheckCanListen names the key, the address and why it cannot be bound") {
+  // A port this test holds: binding it again must fail, and say so.
+  const int held = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(held >= 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(held, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+  REQUIRE(listen(held, 1) == 0);
+  socklen_t length = sizeof(address);
+  REQUIRE(getsockname(held, reinterpret_cast<sockaddr*>(&address), &length) == 0);
+  const std::string in_use = "127.0.0.1:" + std::to_string(ntohs(address.sin_port));
+  const absl::Status status = CheckCanListen(in_use, "listen_address");
+  CHECK(status.code() == absl::StatusCode::kUnavailable);
+  CHECK(std::string(status.message()) ==
+        "listen_address: cannot listen on " + in_use + ": Address already in use");
+  close(held);
+  CHECK(CheckCanListen(in_use, "listen_address").ok());
+  CHECK(CheckCanListen("127.0.0.1:0", "listen_address").ok());
+  CHECK(CheckCanListen("unix:/nonexistent/agent.sock", "listen_address").ok());
 }
 
 }  // namespace

@@ -56,6 +56,10 @@ int Run(const tophat::AgentConfig& config) {
   // Without this, gRPC sets SO_REUSEPORT and a second daemon on the same port would start
   // and share the traffic instead of failing.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  if (absl::Status can = tophat::CheckCanListen(config.listen_address, "listen_address");
+      !can.ok()) {
+    return Fail(can);
+  }
   int bound_port = 0;
   builder.AddListeningPort(config.listen_address, app_credentials, &bound_port);
   builder.RegisterService(&service);

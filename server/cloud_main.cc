@@ -22,6 +22,7 @@
 #include "telemetry/metrics_http_server.h"
 #include "telemetry/shutdown_signals.h"
 #include "configs/cloud_config.h"
+#include "configs/config_checks.h"
 #include "models/runtime/bundle.h"
 #include "models/formats/config.h"
 #include "kernels/cuda_device.h"
@@ -214,6 +215,10 @@ int Run(const CloudConfig& written) {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+  if (absl::Status can = tophat::CheckCanListen(config.listen_address, "listen_address");
+      !can.ok()) {
+    return Fail(can);
+  }
   int bound_port = 0;
   builder.AddListeningPort(config.listen_address, credentials, &bound_port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.limits.max_message_bytes));
