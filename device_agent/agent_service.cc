@@ -3,16 +3,9 @@
 #include <spdlog/spdlog.h>
 
 #include "proto/channel_security.h"
+#include "proto/grpc_status.h"
 
 namespace tophat {
-namespace {
-
-grpc::Status ToGrpc(const absl::Status& status) {
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
-
-}  // namespace
-
 absl::StatusOr<std::string> AgentServiceImpl::Caller(const grpc::ServerContext& context) const {
   if (app_tokens_.empty()) return std::string();
   auto caller = AuthenticateBearer(context, app_tokens_);
@@ -24,7 +17,7 @@ grpc::Status AgentServiceImpl::Generate(grpc::ServerContext* context,
                                         const v1::GenerateRequest* request,
                                         grpc::ServerWriter<v1::GenerateResponse>* writer) {
   auto caller = Caller(*context);
-  if (!caller.ok()) return ToGrpc(caller.status());
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   v1::GenerateResponse final_response = agent_->Generate(
       *request,
       [&](const TokenEvent& event) {
@@ -44,7 +37,7 @@ grpc::Status AgentServiceImpl::Generate(grpc::ServerContext* context,
 grpc::Status AgentServiceImpl::Cancel(grpc::ServerContext* context, const v1::CancelRequest* request,
                                       v1::CancelResponse* response) {
   auto caller = Caller(*context);
-  if (!caller.ok()) return ToGrpc(caller.status());
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   if (request->request_id().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request_id: empty");
   }
@@ -63,7 +56,7 @@ grpc::Status AgentServiceImpl::Health(grpc::ServerContext*, const v1::HealthRequ
 grpc::Status AgentServiceImpl::Info(grpc::ServerContext* context, const v1::InfoRequest*,
                                     v1::InfoResponse* response) {
   auto caller = Caller(*context);
-  if (!caller.ok()) return ToGrpc(caller.status());
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   *response = agent_->Info();
   return grpc::Status::OK;
 }

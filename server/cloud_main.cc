@@ -53,14 +53,13 @@ int Run(const CloudConfig& written) {
   // The agents' port: mutual TLS unless the config says plaintext. Its files are checked
   // before anything loads.
   std::shared_ptr<grpc::ServerCredentials> credentials;
-  if (written.tls.insecure && !written.tls.device_tokens.empty()) {
-    spdlog::warn("tls.insecure: agents connect in plaintext and are known by their bearer "
-                 "tokens (tls.device_tokens); use it only behind a proxy that ends TLS, or on "
-                 "a trusted network");
-    credentials = grpc::InsecureServerCredentials();
-  } else if (written.tls.insecure) {
-    spdlog::warn("tls.insecure: agents connect in plaintext, unauthenticated, and devices have "
-                 "no identity; use it only on a trusted network");
+  if (written.tls.insecure) {
+    spdlog::warn(written.tls.device_tokens.empty()
+                     ? "tls.insecure: agents connect in plaintext, unauthenticated, and devices "
+                       "have no identity; use it only on a trusted network"
+                     : "tls.insecure: agents connect in plaintext and are known by their bearer "
+                       "tokens (tls.device_tokens); use it only behind a proxy that ends TLS, or "
+                       "on a trusted network");
     credentials = grpc::InsecureServerCredentials();
   } else {
     auto tls = tophat::MutualTlsServerCredentials(

@@ -12,13 +12,10 @@
 #include "absl/strings/str_cat.h"
 
 #include "proto/channel_security.h"
+#include "proto/grpc_status.h"
 
 namespace tophat {
 namespace {
-
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
 
 class ConnectReactor;
 
@@ -455,8 +452,7 @@ grpc::ServerBidiReactor<v1::AgentMessage, v1::CloudMessage>* CloudServiceImpl::C
       spdlog::warn("stream from {} refused: {}{}", context->peer(), std::string(device.status().message()),
                    suppressed > 0 ? absl::StrCat(" (", suppressed, " more refused since)") : "");
     }
-    return new RefusedReactor(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                                           std::string(device.status().message())));
+    return new RefusedReactor(ToGrpcStatus(device.status()));
   }
   return new ConnectReactor(engine_, next_stream_++, options_, totals_, pacer_, context,
                             *std::move(device));
