@@ -1,111 +1,319 @@
 #include "kernels/gemv.h"
 
-#include <immintrin.h>
+#include <sched.h>
+
 #include <omp.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <atomic>
 #include <cstring>
+#include <fstream>
+#include <set>
+#include <string>
 
 namespace tophat::kernels {
 namespace {
 
-using RowsFn = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t);
+using RowsFn = void (*)(const float* w, int64_t ldw, const float* x, float* y, int64_t k,
+                        int64_t r0, int64_t r1);
 
-// Four independent accumulators keep the FMA latency off the critical path; one row at a
-// time keeps the weight reads one sequential stream per thread.
-__attribute__((target("avx512f,fma"))) void GemvRowsAvx512(const float* w, const float* x,
-                                                          float* y, int64_t k, int64_t r0,
-                                                          int64_t r1) {
-  for (int64_t r = r0; r < r1; ++r) {
-    const float* p = w + r * k;
-    __m512 a0 = _mm512_setzero_ps();
-    __m512 a1 = a0;
-    __m512 a2 = a0;
-    __m512 a3 = a0;
-    int64_t j = 0;
-    for (; j + 64 <= k; j += 64) {
-      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(p + j), _mm512_loadu_ps(x + j), a0);
-      a1 = _mm512_fmadd_ps(_mm512_loadu_ps(p + j + 16), _mm512_loadu_ps(x + j + 16), a1);
-      a2 = _mm512_fmadd_ps(_mm512_loadu_ps(p + j + 32), _mm512_loadu_ps(x + j + 32), a2);
-      a3 = _mm512_fmadd_ps(_mm512_loadu_ps(p + j + 48), _mm512_loadu_ps(x + j + 48), a3);
+// How far ahead of the multiply each row's stream is prefetched, in floats (2 KiB): a few
+// hundred nanoseconds of reading at one core's share of the bandwidth, so a line asked for
+// now arrives before the loop reaches it. The hardware prefetcher alone kept too few lines in
+// flight per core where memory is fast (issue 15: 36-43% of the bound at 75 GB/s).
+constexpr int64_t kPrefetchAhead = 512;
+
+// GCC warns that 32- and 64-byte vectors change the ABI of functions compiled without AVX;
+// these vectors never cross a call: every helper below is always inlined into the functions
+// compiled for their instruction set.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+typedef float Vec4 __attribute__((vector_size(16)));
+typedef float Vec8 __attribute__((vector_size(32)));
+typedef float Vec16 __attribute__((vector_size(64)));
+
+template <typename V>
+[[gnu::always_inline]] inline V LoadVector(const float* p) {
+  V v;
+  std::memcpy(&v, p, sizeof v);  // an unaligned vector load
+  return v;
+}
+
+template <typename V>
+[[gnu::always_inline]] inline float SumLanes(const V& v) {
+  float s = 0.0f;
+  for (size_t i = 0; i < sizeof(V) / sizeof(float); ++i) s += v[i];
+  return s;
+}
+
+// Four rows at a time: each x chunk is loaded once for four rows, and four independent
+// streams (two accumulators each: eight FMA chains) keep more loads in flight than one row
+// would. Written once with GCC vector types; each instruction set is this body inlined into a
+// function compiled for it, where V becomes zmm (AVX-512), ymm (AVX2) or NEON registers.
+template <typename V>
+[[gnu::always_inline]] inline void GemvRowsVector(const float* w, int64_t ldw, const float* x,
+                                                  float* y, int64_t k, int64_t r0, int64_t r1) {
+  constexpr int64_t kLanes = sizeof(V) / sizeof(float);
+  constexpr int64_t kStep = 2 * kLanes;
+  constexpr int64_t kLine = 64 / sizeof(float);
+  const int64_t kv = k / kStep * kStep;
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    const float* p0 = w + r * ldw;
+    const float* p1 = p0 + ldw;
+    const float* p2 = p1 + ldw;
+    const float* p3 = p2 + ldw;
+    V a00{}, a01{}, a10{}, a11{}, a20{}, a21{}, a30{}, a31{};
+    for (int64_t j = 0; j < kv; j += kStep) {
+      for (int64_t off = 0; off < kStep; off += kLine) {
+        const int64_t ahead = j + kPrefetchAhead + off;
+        if (ahead < k) {
+          __builtin_prefetch(p0 + ahead, 0, 0);
+          __builtin_prefetch(p1 + ahead, 0, 0);
+          __builtin_prefetch(p2 + ahead, 0, 0);
+          __builtin_prefetch(p3 + ahead, 0, 0);
+        }
+      }
+      const V xa = LoadVector<V>(x + j);
+      const V xb = LoadVector<V>(x + j + kLanes);
+      a00 += LoadVector<V>(p0 + j) * xa;
+      a01 += LoadVector<V>(p0 + j + kLanes) * xb;
+      a10 += LoadVector<V>(p1 + j) * xa;
+      a11 += LoadVector<V>(p1 + j + kLanes) * xb;
+      a20 += LoadVector<V>(p2 + j) * xa;
+      a21 += LoadVector<V>(p2 + j + kLanes) * xb;
+      a30 += LoadVector<V>(p3 + j) * xa;
+      a31 += LoadVector<V>(p3 + j + kLanes) * xb;
     }
-    float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-    for (; j < k; ++j) s += p[j] * x[j];
+    float s0 = SumLanes<V>(a00 + a01);
+    float s1 = SumLanes<V>(a10 + a11);
+    float s2 = SumLanes<V>(a20 + a21);
+    float s3 = SumLanes<V>(a30 + a31);
+    for (int64_t j = kv; j < k; ++j) {
+      s0 += p0[j] * x[j];
+      s1 += p1[j] * x[j];
+      s2 += p2[j] * x[j];
+      s3 += p3[j] * x[j];
+    }
+    y[r] = s0;
+    y[r + 1] = s1;
+    y[r + 2] = s2;
+    y[r + 3] = s3;
+  }
+  for (; r < r1; ++r) {  // the last rows of this thread's share, one at a time
+    const float* p = w + r * ldw;
+    V a0{}, a1{};
+    for (int64_t j = 0; j < kv; j += kStep) {
+      a0 += LoadVector<V>(p + j) * LoadVector<V>(x + j);
+      a1 += LoadVector<V>(p + j + kLanes) * LoadVector<V>(x + j + kLanes);
+    }
+    float s = SumLanes<V>(a0 + a1);
+    for (int64_t j = kv; j < k; ++j) s += p[j] * x[j];
     y[r] = s;
   }
 }
 
-__attribute__((target("avx2,fma"))) void GemvRowsAvx2(const float* w, const float* x, float* y,
-                                                     int64_t k, int64_t r0, int64_t r1) {
+// Plain C++ with no vector types: correct on any architecture, and what the compiler makes of
+// it (it may vectorize for the baseline instruction set).
+void GemvRowsScalar(const float* w, int64_t ldw, const float* x, float* y, int64_t k,
+                    int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
-    const float* p = w + r * k;
-    __m256 a0 = _mm256_setzero_ps();
-    __m256 a1 = a0;
-    __m256 a2 = a0;
-    __m256 a3 = a0;
-    int64_t j = 0;
-    for (; j + 32 <= k; j += 32) {
-      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(p + j), _mm256_loadu_ps(x + j), a0);
-      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(p + j + 8), _mm256_loadu_ps(x + j + 8), a1);
-      a2 = _mm256_fmadd_ps(_mm256_loadu_ps(p + j + 16), _mm256_loadu_ps(x + j + 16), a2);
-      a3 = _mm256_fmadd_ps(_mm256_loadu_ps(p + j + 24), _mm256_loadu_ps(x + j + 24), a3);
-    }
-    __m256 sum = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
-    lo = _mm_hadd_ps(lo, lo);
-    lo = _mm_hadd_ps(lo, lo);
-    float s = _mm_cvtss_f32(lo);
-    for (; j < k; ++j) s += p[j] * x[j];
-    y[r] = s;
-  }
-}
-
-void GemvRowsScalar(const float* w, const float* x, float* y, int64_t k, int64_t r0,
-                    int64_t r1) {
-  for (int64_t r = r0; r < r1; ++r) {
-    const float* p = w + r * k;
+    const float* p = w + r * ldw;
     float s = 0.0f;
     for (int64_t j = 0; j < k; ++j) s += p[j] * x[j];
     y[r] = s;
   }
 }
 
-RowsFn PickRows() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) return GemvRowsAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return GemvRowsAvx2;
-  return GemvRowsScalar;
+#if defined(__x86_64__)
+__attribute__((target("avx512f,fma"))) void GemvRowsAvx512(const float* w, int64_t ldw,
+                                                          const float* x, float* y, int64_t k,
+                                                          int64_t r0, int64_t r1) {
+  GemvRowsVector<Vec16>(w, ldw, x, y, k, r0, r1);
 }
 
-}  // namespace
+__attribute__((target("avx2,fma"))) void GemvRowsAvx2(const float* w, int64_t ldw,
+                                                     const float* x, float* y, int64_t k,
+                                                     int64_t r0, int64_t r1) {
+  GemvRowsVector<Vec8>(w, ldw, x, y, k, r0, r1);
+}
+#endif
 
-at::Tensor LinearSingleRow(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  const bool fast = x.is_cpu() && weight.is_cpu() && x.scalar_type() == at::kFloat &&
-                    weight.scalar_type() == at::kFloat && x.dim() == 2 && x.size(0) == 1 &&
-                    weight.dim() == 2 && weight.is_contiguous() && x.size(1) == weight.size(1) &&
-                    (!bias.defined() || (bias.scalar_type() == at::kFloat && bias.is_cpu()));
-  if (!fast) return bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
-  static const RowsFn rows_fn = PickRows();
+#if defined(__aarch64__)
+// Advanced SIMD is part of the aarch64 baseline: 16-byte vectors are NEON registers and the
+// multiply-adds fuse into fmla (the kernels are compiled with -ffp-contract=fast).
+void GemvRowsNeon(const float* w, int64_t ldw, const float* x, float* y, int64_t k, int64_t r0,
+                  int64_t r1) {
+  GemvRowsVector<Vec4>(w, ldw, x, y, k, r0, r1);
+}
+#endif
+#pragma GCC diagnostic pop
+
+RowsFn RowsFor(CpuIsa isa) {
+  switch (isa) {
+#if defined(__x86_64__)
+    case CpuIsa::kAvx512:
+      return GemvRowsAvx512;
+    case CpuIsa::kAvx2:
+      return GemvRowsAvx2;
+#endif
+#if defined(__aarch64__)
+    case CpuIsa::kNeon:
+      return GemvRowsNeon;
+#endif
+    default:
+      return GemvRowsScalar;
+  }
+}
+
+std::vector<CpuIsa> DetectIsas() {
+  std::vector<CpuIsa> isas = {CpuIsa::kScalar};
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  const bool fma = __builtin_cpu_supports("fma");
+  if (fma && __builtin_cpu_supports("avx2")) isas.push_back(CpuIsa::kAvx2);
+  if (fma && __builtin_cpu_supports("avx512f")) isas.push_back(CpuIsa::kAvx512);
+#elif defined(__aarch64__)
+  isas.push_back(CpuIsa::kNeon);
+#endif
+  return isas;
+}
+
+CpuIsa ChooseIsa() {
+  const std::vector<CpuIsa>& isas = SupportedCpuIsas();
+  const char* wanted = std::getenv("TOPHAT_CPU_ISA");
+  if (wanted == nullptr || *wanted == '\0') return isas.back();
+  for (CpuIsa isa : isas) {
+    if (CpuIsaName(isa) == wanted) return isa;
+  }
+  std::string names;
+  for (CpuIsa isa : isas) names += std::string(names.empty() ? "" : ", ") + CpuIsaName(isa).data();
+  std::fprintf(stderr, "TOPHAT_CPU_ISA=%s: this CPU runs %s; using %s\n", wanted, names.c_str(),
+               CpuIsaName(isas.back()).data());
+  return isas.back();
+}
+
+int CountCores() {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (sched_getaffinity(0, sizeof mask, &mask) != 0) return 1;
+  std::set<std::string> cores;  // one entry per core: the list of its SMT siblings
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &mask)) continue;
+    const std::string dir = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+    std::string siblings;
+    // core_cpus_list since Linux 5.4; thread_siblings_list before (the same content).
+    for (const char* name : {"core_cpus_list", "thread_siblings_list"}) {
+      std::ifstream file(dir + name);
+      if (file && std::getline(file, siblings) && !siblings.empty()) break;
+      siblings.clear();
+    }
+    if (siblings.empty()) return std::max(1, CPU_COUNT(&mask));
+    cores.insert(siblings);
+  }
+  return std::max<int>(1, static_cast<int>(cores.size()));
+}
+
+std::atomic<int> single_row_threads{0};  // 0: CoresForCompute()
+
+bool SingleRowFits(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  return x.is_cpu() && weight.is_cpu() && x.scalar_type() == at::kFloat &&
+         weight.scalar_type() == at::kFloat && x.dim() == 2 && x.size(0) == 1 &&
+         weight.dim() == 2 && x.size(1) == weight.size(1) &&
+         (weight.stride(1) == 1 || weight.size(1) == 1) &&
+         weight.stride(0) >= weight.size(1) &&
+         (!bias.defined() || (bias.scalar_type() == at::kFloat && bias.is_cpu() &&
+                              bias.numel() == weight.size(0)));
+}
+
+at::Tensor RunSingleRow(RowsFn rows_fn, const at::Tensor& x, const at::Tensor& weight,
+                        const at::Tensor& bias) {
   const at::Tensor xc = x.contiguous();
   const int64_t n = weight.size(0);
   const int64_t k = weight.size(1);
+  const int64_t ldw = weight.stride(0);
   at::Tensor y = at::empty({1, n}, x.options());
   const float* w = weight.data_ptr<float>();
   const float* xp = xc.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  // Static contiguous row blocks: each thread streams one slice of the matrix.
-  const int threads = n * k < (1 << 16) ? 1 : omp_get_max_threads();
+  // Static contiguous row blocks, a multiple of four rows each: each thread streams one
+  // slice of the matrix through the four-row loop.
+  const int threads = n * k < (1 << 16) ? 1 : SingleRowThreads();
 #pragma omp parallel num_threads(threads)
   {
     const int64_t t = omp_get_thread_num();
     const int64_t count = omp_get_num_threads();
-    const int64_t begin = n * t / count;
-    const int64_t end = n * (t + 1) / count;
-    rows_fn(w, xp, yp, k, begin, end);
+    const int64_t quads = (n + 3) / 4;
+    const int64_t begin = std::min(n, quads * t / count * 4);
+    const int64_t end = std::min(n, quads * (t + 1) / count * 4);
+    rows_fn(w, ldw, xp, yp, k, begin, end);
   }
   if (bias.defined()) y.add_(bias.view({1, n}));
   return y;
+}
+
+}  // namespace
+
+std::string_view CpuIsaName(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kScalar:
+      return "scalar";
+    case CpuIsa::kAvx2:
+      return "avx2";
+    case CpuIsa::kAvx512:
+      return "avx512";
+    case CpuIsa::kNeon:
+      return "neon";
+  }
+  return "unknown";
+}
+
+int CoresForCompute() {
+  static const int cores = CountCores();
+  return cores;
+}
+
+int SingleRowThreads() {
+  const int threads = single_row_threads.load(std::memory_order_relaxed);
+  return threads > 0 ? threads : CoresForCompute();
+}
+
+void SetSingleRowThreads(int threads) {
+  single_row_threads.store(std::max(0, threads), std::memory_order_relaxed);
+}
+
+const std::vector<CpuIsa>& SupportedCpuIsas() {
+  static const std::vector<CpuIsa> isas = DetectIsas();
+  return isas;
+}
+
+CpuIsa SelectedCpuIsa() {
+  static const CpuIsa isa = ChooseIsa();
+  return isa;
+}
+
+at::Tensor LinearSingleRow(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  if (!SingleRowFits(x, weight, bias)) {
+    return bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
+  }
+  static const RowsFn rows_fn = RowsFor(SelectedCpuIsa());
+  return RunSingleRow(rows_fn, x, weight, bias);
+}
+
+at::Tensor LinearSingleRowWithIsa(CpuIsa isa, const at::Tensor& x, const at::Tensor& weight,
+                                  const at::Tensor& bias) {
+  const std::vector<CpuIsa>& isas = SupportedCpuIsas();
+  TORCH_CHECK(std::find(isas.begin(), isas.end(), isa) != isas.end(), "this CPU cannot run ",
+              CpuIsaName(isa));
+  if (!SingleRowFits(x, weight, bias)) {
+    return bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
+  }
+  return RunSingleRow(RowsFor(isa), x, weight, bias);
 }
 
 at::Tensor CopyToHugePages(const at::Tensor& t) {

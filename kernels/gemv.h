@@ -4,16 +4,54 @@
 // before multiplying, which reads it twice and reached 11-17 GB/s of a measured 66 GB/s
 // here (docs/benchmarks.md). Decode is bound by reading the weights once, so this kernel
 // streams each weight row exactly once, in memory order, with rows split across threads.
+//
+// One binary runs on any CPU of its architecture: the instruction set is chosen at run time
+// (AVX-512, AVX2 or plain C++ on x86-64; NEON or plain C++ on aarch64), and
+// TOPHAT_CPU_ISA=scalar|avx2|avx512|neon overrides the choice (for measurements; a set this
+// CPU lacks falls back to the best it has, with a warning).
 #pragma once
+
+#include <string_view>
+#include <vector>
 
 #include <ATen/ATen.h>
 
 namespace tophat::kernels {
 
-// x: [1, K] float32 CPU; weight: [N, K] float32 CPU contiguous; bias: [N] or undefined.
+enum class CpuIsa { kScalar, kAvx2, kAvx512, kNeon };
+
+std::string_view CpuIsaName(CpuIsa isa);
+
+// The instruction sets this CPU and this build can run, plain C++ first.
+const std::vector<CpuIsa>& SupportedCpuIsas();
+
+// The one LinearSingleRow uses: the best supported, unless TOPHAT_CPU_ISA names another.
+CpuIsa SelectedCpuIsa();
+
+// Threads the single-row kernel splits its rows over. Default: one per core this process may
+// run on, as Linux's topology counts them (CoresForCompute). Decode is bound by memory
+// bandwidth, which one core cannot draw alone, so the kernel uses every core even where
+// LibTorch's own pool is smaller: LibTorch counts cores from CPUID's SMT fields, which some
+// hypervisors fill in as if two vCPUs were one core's two threads (a 2-vCPU AMD EPYC VM:
+// LibTorch chose one thread and decode ran at 36-44% of the two-core bandwidth bound, issue
+// 15), while Linux's sysfs topology, which its scheduler uses, said two cores.
+int SingleRowThreads();
+void SetSingleRowThreads(int threads);  // <= 0 restores the default
+
+// The cores this process may run on: CPUs of its affinity mask, counted once per core as
+// Linux's topology groups them (SMT siblings are one core); the affinity mask's CPU count
+// when the topology files cannot be read.
+int CoresForCompute();
+
+// x: [1, K] float32 CPU (any strides); weight: [N, K] float32 CPU whose rows are contiguous
+// (row stride >= K, so a slice of a wider matrix is read in place); bias: [N] or undefined.
 // Returns [1, N]. Other dtypes/devices/shapes fall back to at::linear.
 at::Tensor LinearSingleRow(const at::Tensor& x, const at::Tensor& weight,
                            const at::Tensor& bias = {});
+
+// The same with a named instruction set, which must be in SupportedCpuIsas() (tests).
+at::Tensor LinearSingleRowWithIsa(CpuIsa isa, const at::Tensor& x, const at::Tensor& weight,
+                                  const at::Tensor& bias = {});
 
 // Copies `t` into memory backed by transparent huge pages (2 MiB, MADV_HUGEPAGE), which
 // read ~25% faster than 4 KiB pages when streamed (fewer TLB misses). Returns `t` itself for

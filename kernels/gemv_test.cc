@@ -1,21 +1,99 @@
 #include "kernels/gemv.h"
 
+#include <sched.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <string>
+#include <utility>
+
 #include <catch2/catch.hpp>
 
 namespace tophat::kernels {
 namespace {
 
-TEST_CASE("Single-row GEMV matches at::linear on random inputs", "[kernels]") {
+TEST_CASE("Every instruction set this CPU runs is offered, plain C++ first", "[kernels]") {
+  const std::vector<CpuIsa>& isas = SupportedCpuIsas();
+  REQUIRE(!isas.empty());
+  CHECK(isas.front() == CpuIsa::kScalar);
+  CHECK(std::find(isas.begin(), isas.end(), SelectedCpuIsa()) != isas.end());
+#if defined(__aarch64__)
+  CHECK(std::find(isas.begin(), isas.end(), CpuIsa::kNeon) != isas.end());
+#endif
+  for (CpuIsa isa : isas) UNSCOPED_INFO("runs " << CpuIsaName(isa));
+  UNSCOPED_INFO("selected " << CpuIsaName(SelectedCpuIsa()));
+  SUCCEED();
+}
+
+// Cores counted another way than the code does: distinct (package, core id) pairs.
+int CoresByCoreId() {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  REQUIRE(sched_getaffinity(0, sizeof mask, &mask) == 0);
+  std::set<std::pair<std::string, std::string>> cores;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &mask)) continue;
+    const std::string dir = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+    std::string package;
+    std::string core;
+    std::ifstream(dir + "physical_package_id") >> package;
+    std::ifstream(dir + "core_id") >> core;
+    if (package.empty() || core.empty()) return CPU_COUNT(&mask);
+    cores.emplace(package, core);
+  }
+  return static_cast<int>(cores.size());
+}
+
+TEST_CASE("The single-row kernel uses one thread per core as Linux counts them", "[kernels]") {
+  CHECK(CoresForCompute() == CoresByCoreId());
+  CHECK(SingleRowThreads() == CoresForCompute());
+  SetSingleRowThreads(1);
+  CHECK(SingleRowThreads() == 1);
+  SetSingleRowThreads(0);
+  CHECK(SingleRowThreads() == CoresForCompute());
+}
+
+TEST_CASE("Single-row GEMV matches at::linear on random inputs, every instruction set",
+          "[kernels]") {
   at::manual_seed(0);
-  for (int64_t n : {1, 7, 300, 2304}) {
-    for (int64_t k : {1, 13, 64, 100, 768}) {
-      at::Tensor x = at::randn({1, k});
-      at::Tensor w = at::randn({n, k});
-      at::Tensor b = at::randn({n});
-      INFO("n=" << n << " k=" << k);
-      CHECK(at::allclose(LinearSingleRow(x, w), at::linear(x, w), 1e-4, 1e-4));
-      CHECK(at::allclose(LinearSingleRow(x, w, b), at::linear(x, w, b), 1e-4, 1e-4));
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    // Row counts around the four-row blocks and the thread split; widths around the vector
+    // steps (8, 16, 32 floats) and the prefetch distance.
+    for (int64_t n : {1, 3, 4, 7, 300, 2305}) {
+      for (int64_t k : {1, 13, 31, 64, 100, 768, 1030}) {
+        at::Tensor x = at::randn({1, k});
+        at::Tensor w = at::randn({n, k});
+        at::Tensor b = at::randn({n});
+        INFO(CpuIsaName(isa) << " n=" << n << " k=" << k);
+        CHECK(at::allclose(LinearSingleRowWithIsa(isa, x, w), at::linear(x, w), 1e-4, 1e-4));
+        CHECK(at::allclose(LinearSingleRowWithIsa(isa, x, w, b), at::linear(x, w, b), 1e-4,
+                           1e-4));
+      }
     }
+  }
+}
+
+TEST_CASE("Single-row GEMV reads strided inputs in place, every instruction set",
+          "[kernels]") {
+  at::manual_seed(1);
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    INFO(CpuIsaName(isa));
+    // A weight that is a column slice of a wider matrix: rows contiguous, row stride > K.
+    at::Tensor wide = at::randn({301, 900});
+    at::Tensor w = wide.narrow(1, 7, 777);
+    REQUIRE(w.stride(0) == 900);
+    at::Tensor x = at::randn({1, 777});
+    CHECK(at::allclose(LinearSingleRowWithIsa(isa, x, w), at::linear(x, w), 1e-4, 1e-4));
+    // A strided input row (every other element of a longer one).
+    at::Tensor xs = at::randn({1, 777 * 2}).slice(1, 0, 777 * 2, 2);
+    REQUIRE(xs.stride(1) == 2);
+    CHECK(at::allclose(LinearSingleRowWithIsa(isa, xs, w), at::linear(xs, w), 1e-4, 1e-4));
+    // A row block of a bigger matrix (the fused QKV's K part, say).
+    at::Tensor rows = wide.narrow(0, 100, 50);
+    at::Tensor x900 = at::randn({1, 900});
+    CHECK(at::allclose(LinearSingleRowWithIsa(isa, x900, rows), at::linear(x900, rows), 1e-4,
+                       1e-4));
   }
 }
 
@@ -26,7 +104,7 @@ TEST_CASE("Single-row GEMV falls back for other shapes and dtypes", "[kernels]")
   at::Tensor xd = at::randn({1, 16}, at::kDouble);
   at::Tensor wd = at::randn({8, 16}, at::kDouble);
   CHECK(at::allclose(LinearSingleRow(xd, wd), at::linear(xd, wd)));
-  at::Tensor strided = at::randn({16, 8}).t();  // non-contiguous weight
+  at::Tensor strided = at::randn({16, 8}).t();  // column-major weight: rows not contiguous
   at::Tensor row = at::randn({1, 16});
   CHECK(at::allclose(LinearSingleRow(row, strided), at::linear(row, strided)));
 }

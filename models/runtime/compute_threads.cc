@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/gemv.h"
 
 namespace tophat {
 namespace {
@@ -23,6 +24,7 @@ absl::Status SetComputeThreads(int threads) {
     return absl::InvalidArgumentError(
         absl::StrCat("compute_threads must be 0 (one per core) or positive, got ", threads));
   }
+  kernels::SetSingleRowThreads(threads);  // 0: one per core
   if (threads == 0) return absl::OkStatus();
   at::set_num_threads(threads);
   using SetThreads = void (*)(int);

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Cross-builds tophat for aarch64 (deploy/arm64/toolchain.cmake: Debian's cross g++ and arm64
+# packages) and runs the unit tests under qemu-aarch64 (user-mode emulation).
+#
+#   bash deploy/arm64/test.sh         the kernel and tokenizer unit tests (what CI runs)
+#   bash deploy/arm64/test.sh --all   the agent, the SDK, the tophat CLI, the cloud and every
+#                                     unit test (the whole tree; ~as long as a native build)
+#
+# The first run downloads ~145 MB of arm64 packages (deploy/arm64/sysroot.sh).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+targets=(tophat_kernels_test tophat_tokenizers_test)
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --all) targets=(all); shift ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "arm64/test.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+started=$(date +%s)
+bash deploy/arm64/sysroot.sh
+cmake --preset arm64 >/dev/null
+cmake --build --preset arm64 -j "$(nproc)" --target "${targets[@]}"
+echo "arm64: built ${targets[*]} in $(( $(date +%s) - started )) s"
+# Only the unit tests of the binaries built (the others are registered as NOT_BUILT, with no
+# label). The first case of the kernel tests checks that the NEON path is the one offered.
+ctest --test-dir build/arm64 -L unit -j "$(nproc)" --output-on-failure --no-tests=error
+echo "arm64: done in $(( $(date +%s) - started )) s"
