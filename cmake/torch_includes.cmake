@@ -7,7 +7,9 @@
 # alone. Debian's CPU LibTorch installs no such headers, so there it does nothing.
 function(tophat_isolate_torch_includes)
   # Debian's LibTorch lives in /usr, whose include directory is everyone's: nothing to do.
-  if(TORCH_INSTALL_PREFIX MATCHES "^/usr(/|$)")
+  # The same for the arm64 cross build, where it lives in the unpacked packages' usr/.
+  if(TORCH_INSTALL_PREFIX MATCHES "^/usr(/|$)" OR
+     (CMAKE_CROSSCOMPILING AND TORCH_INSTALL_PREFIX MATCHES "/usr$"))
     return()
   endif()
   set(_inc "${TORCH_INSTALL_PREFIX}/include")

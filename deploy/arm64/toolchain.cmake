@@ -35,8 +35,10 @@ set(_arm64_libdirs "${TOPHAT_ARM64_ROOT}/usr/lib/aarch64-linux-gnu"
                    "${TOPHAT_ARM64_ROOT}/usr/lib")
 # The headers of the unpacked packages; the libraries' own dependencies are resolved at link
 # time through -rpath-link (they are not on the cross linker's default path).
-set(CMAKE_C_FLAGS_INIT "-isystem ${TOPHAT_ARM64_ROOT}/usr/include")
-set(CMAKE_CXX_FLAGS_INIT "-isystem ${TOPHAT_ARM64_ROOT}/usr/include")
+# Debian's multiarch header directory (openssl/opensslconf.h and the like) first.
+set(_arm64_includes "-isystem ${TOPHAT_ARM64_ROOT}/usr/include/aarch64-linux-gnu -isystem ${TOPHAT_ARM64_ROOT}/usr/include")
+set(CMAKE_C_FLAGS_INIT "${_arm64_includes}")
+set(CMAKE_CXX_FLAGS_INIT "${_arm64_includes}")
 set(_rpath_link "")
 foreach(_dir IN LISTS _arm64_libdirs)
   string(APPEND _rpath_link " -Wl,-rpath-link,${_dir}")
