@@ -23,8 +23,9 @@ using RowsFn = void (*)(const float* w, int64_t ldw, const float* x, float* y, i
 
 // How far ahead of the multiply each row's stream is prefetched, in floats (2 KiB): a few
 // hundred nanoseconds of reading at one core's share of the bandwidth, so a line asked for
-// now arrives before the loop reaches it. The hardware prefetcher alone kept too few lines in
-// flight per core where memory is fast (issue 15: 36-43% of the bound at 75 GB/s).
+// now arrives before the loop reaches it. Added for issue 15's fast-memory machine; there the
+// low decode fraction turned out to be the thread count (gemv.h), and this prefetch's own
+// effect has not been measured apart from the four-row loop's.
 constexpr int64_t kPrefetchAhead = 512;
 
 // GCC warns that 32- and 64-byte vectors change the ABI of functions compiled without AVX;
@@ -231,8 +232,12 @@ bool SingleRowFits(const at::Tensor& x, const at::Tensor& weight, const at::Tens
                               bias.numel() == weight.size(0)));
 }
 
+// The kernel where the inputs fit it, at::linear otherwise.
 at::Tensor RunSingleRow(RowsFn rows_fn, const at::Tensor& x, const at::Tensor& weight,
                         const at::Tensor& bias) {
+  if (!SingleRowFits(x, weight, bias)) {
+    return bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
+  }
   const at::Tensor xc = x.contiguous();
   const int64_t n = weight.size(0);
   const int64_t k = weight.size(1);
@@ -298,9 +303,6 @@ CpuIsa SelectedCpuIsa() {
 }
 
 at::Tensor LinearSingleRow(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  if (!SingleRowFits(x, weight, bias)) {
-    return bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
-  }
   static const RowsFn rows_fn = RowsFor(SelectedCpuIsa());
   return RunSingleRow(rows_fn, x, weight, bias);
 }
@@ -310,9 +312,6 @@ at::Tensor LinearSingleRowWithIsa(CpuIsa isa, const at::Tensor& x, const at::Ten
   const std::vector<CpuIsa>& isas = SupportedCpuIsas();
   TORCH_CHECK(std::find(isas.begin(), isas.end(), isa) != isas.end(), "this CPU cannot run ",
               CpuIsaName(isa));
-  if (!SingleRowFits(x, weight, bias)) {
-    return bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
-  }
   return RunSingleRow(RowsFor(isa), x, weight, bias);
 }
 
