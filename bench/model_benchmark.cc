@@ -92,6 +92,26 @@ ModelConfig Bench110MConfig() {
   return c;
 }
 
+ModelConfig Llama1BShapeConfig() {
+  ModelConfig c;
+  c.architecture = Architecture::kLlama;
+  c.vocab_size = 128256;
+  c.hidden_size = 2048;
+  c.intermediate_size = 8192;
+  c.num_hidden_layers = 16;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 8;
+  c.head_dim = 64;
+  c.max_position_embeddings = 8192;
+  c.rope_theta = 500000.0;
+  c.rms_norm_eps = 1e-5;
+  c.tie_word_embeddings = true;
+  c.bos_token_id = 128000;
+  c.eos_token_ids = {128001};
+  c.torch_dtype = "float32";
+  return c;
+}
+
 absl::Status WriteRandomModel(const ModelConfig& config, uint64_t seed,
                               const std::filesystem::path& dir) {
   NamedTensors weights;

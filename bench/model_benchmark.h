@@ -82,6 +82,11 @@ absl::StatusOr<ModelBenchReport> RunModelBenchmark(
 // with the LM head tied to the embedding.
 ModelConfig Bench110MConfig();
 
+// Llama 3.2 1B's shape (1.24B parameters): dim 2048, 16 layers, 32 heads (8 KV heads of 64),
+// intermediate 8192, vocab 128256 (BOS 128000, EOS 128001), LM head tied, rope theta 5e5,
+// context capped at 8192.
+ModelConfig Llama1BShapeConfig();
+
 // Writes a randomly initialised checkpoint of `config` (InitWeights + WriteCheckpoint,
 // float32) into `dir`.
 absl::Status WriteRandomModel(const ModelConfig& config, uint64_t seed,

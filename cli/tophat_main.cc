@@ -12,14 +12,19 @@
 #include <fstream>
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
 #include "cli/plan_command.h"
+#include "configs/config_checks.h"
 #include "cli/serving_commands.h"
+#include "bench/dtype_numerics.h"
 #include "bench/model_benchmark.h"
+#include "models/training/toy_corpus.h"
 #include "models/runtime/bundle.h"
 #include "models/training/distill.h"
 #include "models/runtime/generate.h"
 #include "models/runtime/model_init.h"
 #include "models/runtime/submodel.h"
+#include "models/tokenizers/bpe_tokenizer.h"
 #include "models/tokenizers/tokenizer.h"
 #include "models/training/toy_model.h"
 #include "base/program.h"
@@ -316,14 +321,46 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--repetitions", bench.repetitions)->capture_default_str();
   bench_cmd->add_option("--json", bench_json, "Also write the report as JSON here");
 
+  tophat::DtypeNumericsOptions numerics;
+  std::string numerics_dtype = "bfloat16";
+  std::string numerics_device = "cpu";
+  int64_t numerics_prompts = 100;
+  fs::path numerics_json;
+  auto* numerics_cmd = app.add_subcommand(
+      "bench-dtype",
+      "How far the device's compute dtype moves the split model from float32: input and "
+      "output submodels in --dtype, the middle in float32, hidden states converted where they "
+      "cross (as tophat-agent does with a float32 cloud); max and mean logit error and greedy "
+      "agreement over toy-grammar prompts");
+  numerics_cmd->add_option("--model", numerics.model_dir, "Checkpoint directory (with a tokenizer)")
+      ->required()->check(CLI::ExistingDirectory);
+  numerics_cmd->add_option("-m,--input-layers", numerics.input_layers)->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  numerics_cmd->add_option("-k,--output-layers", numerics.output_layers)->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  numerics_cmd->add_option("--dtype", numerics_dtype, "The device's compute dtype")
+      ->capture_default_str()->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
+  numerics_cmd->add_option("--device", numerics_device, "cpu, cuda or cuda:N")
+      ->capture_default_str();
+  numerics_cmd->add_option("--prompts", numerics_prompts)->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  numerics_cmd->add_option("--new-tokens", numerics.new_tokens, "Greedy tokens per prompt")
+      ->capture_default_str()->check(CLI::Range(1, 100000));
+  numerics_cmd->add_option("--json", numerics_json, "Also write the report as JSON here");
+
   fs::path init_out;
   std::string init_preset = "bench-110m";
   uint64_t init_seed = 0;
   auto* init_cmd = app.add_subcommand(
       "init-model", "Write a randomly initialised checkpoint (for benchmarks and tests)");
   init_cmd->add_option("--out", init_out, "Output directory")->required();
-  init_cmd->add_option("--preset", init_preset, "bench-110m (dim 768, 12 layers) or tiny")
-      ->capture_default_str()->check(CLI::IsMember({"bench-110m", "tiny"}));
+  std::string init_dtype = "float32";
+  init_cmd->add_option("--preset", init_preset,
+                       "bench-110m (dim 768, 12 layers), llama-1b (Llama 3.2 1B's shape, with a "
+                       "placeholder byte-level tokenizer so that it can be served) or tiny")
+      ->capture_default_str()->check(CLI::IsMember({"bench-110m", "llama-1b", "tiny"}));
+  init_cmd->add_option("--dtype", init_dtype, "dtype of the stored weights")
+      ->capture_default_str()->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
   init_cmd->add_option("--seed", init_seed)->capture_default_str();
 
   tophat::cli::PlanArgs plan;
@@ -518,14 +555,58 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  if (*numerics_cmd) {
+    if (absl::Status s = tophat::CheckDevice(numerics_device); !s.ok()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--device: ", s.message())));
+    }
+    if (absl::Status s = tophat::CheckDtypeOnDevice(numerics_dtype, numerics_device); !s.ok()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--dtype: ", s.message())));
+    }
+    auto dtype = tophat::ParseTorchDtypeName(numerics_dtype, "--dtype");
+    if (!dtype.ok()) return Fail(dtype.status());
+    numerics.device_dtype = *dtype;
+    numerics.device = at::Device(numerics_device);
+    auto tokenizer = tophat::Tokenizer::Load(numerics.model_dir);
+    if (!tokenizer.ok()) return Fail(tokenizer.status());
+    std::vector<std::vector<int32_t>> prompts;
+    for (const std::string& text : tophat::ToyPrompts(2024, numerics_prompts)) {
+      auto ids = (*tokenizer)->Encode(text, /*parse_special=*/false);
+      if (!ids.ok()) return Fail(ids.status());
+      if (auto bos = (*tokenizer)->bos_id()) ids->insert(ids->begin(), *bos);
+      prompts.push_back(*std::move(ids));
+    }
+    spdlog::info("bench-dtype: {} prompts, {} greedy tokens each, device dtype {}",
+                 prompts.size(), numerics.new_tokens, numerics_dtype);
+    auto report = tophat::MeasureDeviceDtype(numerics, prompts);
+    if (!report.ok()) return Fail(report.status());
+    std::cout << report->ToTable() << "\n" << report->ToJson().dump(2) << "\n";
+    if (!numerics_json.empty()) {
+      std::ofstream out(numerics_json);
+      out << report->ToJson().dump(2) << "\n";
+    }
+    return 0;
+  }
   if (*init_cmd) {
-    const tophat::ModelConfig config =
-        init_preset == "tiny" ? tophat::TinyTestConfig() : tophat::Bench110MConfig();
-    spdlog::info("init-model: writing a random {} checkpoint to {}", init_preset,
-                 init_out.string());
-    absl::Status status =
-        tophat::WriteCheckpoint(config, tophat::InitWeights(config, init_seed), init_out);
+    const tophat::ModelConfig config = init_preset == "tiny"       ? tophat::TinyTestConfig()
+                                       : init_preset == "llama-1b" ? tophat::Llama1BShapeConfig()
+                                                                   : tophat::Bench110MConfig();
+    auto dtype = tophat::ParseTorchDtypeName(init_dtype, "--dtype");
+    if (!dtype.ok()) return Fail(dtype.status());
+    spdlog::info("init-model: writing a random {} checkpoint ({}) to {}", init_preset,
+                 init_dtype, init_out.string());
+    absl::Status status = tophat::WriteCheckpoint(
+        config, tophat::InitWeights(config, init_seed), init_out, *dtype);
     if (!status.ok()) return Fail(status);
+    if (init_preset == "llama-1b") {
+      std::ofstream out(init_out / "tokenizer.json");
+      out << tophat::PlaceholderByteLevelTokenizerJson(
+          static_cast<int32_t>(config.vocab_size), static_cast<int32_t>(*config.bos_token_id),
+          static_cast<int32_t>(config.eos_token_ids.front()));
+      if (!out) {
+        return Fail(absl::InternalError(
+            absl::StrCat((init_out / "tokenizer.json").string(), ": write failed")));
+      }
+    }
     return 0;
   }
   return 0;

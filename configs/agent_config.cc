@@ -55,6 +55,9 @@ void CheckAgentConfig(const AgentConfig& config, bool require_bundle, Report&& r
   check("cloud_address", CheckHostPort(config.cloud_address, /*allow_port_zero=*/false));
   check("dtype", CheckDtype(config.dtype));
   check("device", CheckDevice(config.device));
+  if (CheckDtype(config.dtype).ok() && CheckDevice(config.device).ok()) {
+    check("dtype", CheckDtypeOnDevice(config.dtype, config.device));
+  }
   check("compute_threads", CheckAtLeast(config.compute_threads, 0));
   check("max_context", CheckAtLeast(config.max_context, 1));
   check("prompt_chunk_size", CheckAtLeast(config.prompt_chunk_size, 0));

@@ -37,6 +37,9 @@ void CheckCloudConfig(const CloudConfig& config, bool require_bundle, Report&& r
   check("listen_address", CheckHostPort(config.listen_address, /*allow_port_zero=*/true));
   check("dtype", CheckDtype(config.dtype));
   check("device", CheckDevice(config.device));
+  if (CheckDtype(config.dtype).ok() && CheckDevice(config.device).ok()) {
+    check("dtype", CheckDtypeOnDevice(config.dtype, config.device));
+  }
   check("compute_threads", CheckAtLeast(config.compute_threads, 0));
   check("max_context", CheckAtLeast(config.max_context, 1));
   check("kv_cache.block_size", CheckAtLeast(config.kv_cache.block_size, 1));

@@ -136,6 +136,15 @@ absl::Status CheckDevice(std::string_view device) {
   return NotOneOf(device, "cpu, cuda, cuda:N");
 }
 
+absl::Status CheckDtypeOnDevice(std::string_view dtype, std::string_view device) {
+  if (dtype == "float16" && device == "cpu") {
+    return absl::InvalidArgumentError(
+        "float16 needs device: cuda (LibTorch's CPU matrix products have no float16); on a "
+        "CPU use bfloat16 or float32");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckLogLevel(std::string_view level) {
   if (level == "trace" || level == "debug" || level == "info" || level == "warn" ||
       level == "error") {

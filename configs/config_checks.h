@@ -35,6 +35,10 @@ absl::Status CheckDtype(std::string_view dtype);
 // cpu | cuda | cuda:N.
 absl::Status CheckDevice(std::string_view device);
 
+// A compute dtype the device can run: float16 needs CUDA (LibTorch 1.13's CPU GEMMs have no
+// float16 kernel: "addmm_impl_cpu_ not implemented for 'Half'"). Both already checked alone.
+absl::Status CheckDtypeOnDevice(std::string_view dtype, std::string_view device);
+
 // trace | debug | info | warn | error.
 absl::Status CheckLogLevel(std::string_view level);
 

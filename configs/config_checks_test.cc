@@ -27,6 +27,10 @@ TEST_CASE("CheckHostPort takes host:port and bracketed IPv6, port 0 only to list
 TEST_CASE("Enumerated values") {
   for (std::string_view dtype : {"float32", "float16", "bfloat16"}) CHECK(CheckDtype(dtype).ok());
   CHECK_FALSE(CheckDtype("fp16").ok());
+  CHECK(CheckDtypeOnDevice("float16", "cuda:1").ok());
+  CHECK(CheckDtypeOnDevice("bfloat16", "cpu").ok());
+  CHECK_THAT(std::string(CheckDtypeOnDevice("float16", "cpu").message()),
+             Catch::Contains("float16 needs device: cuda"));
   for (std::string_view device : {"cpu", "cuda", "cuda:0", "cuda:15"})
     CHECK(CheckDevice(device).ok());
   for (std::string_view device : {"CPU", "cuda:", "cuda:-1", "cuda:1a", "mps", "cuda:99999"}) {

@@ -15,6 +15,7 @@
 #include "base/status_macros.h"
 #include "device_agent/decode_round.h"
 #include "device_agent/request_stats.h"
+#include "kernels/gemv.h"
 #include "models/tokenizers/tokenizer.h"
 #include "proto/channel_security.h"
 #include "proto/hidden_states.h"
@@ -117,8 +118,15 @@ class Agent::Request : private CloudSession {
   std::unique_ptr<Sampler> sampler_;
   std::unique_ptr<StreamingDetokenizer> detokenizer_;
 
+  // Grows shallow_ (as a KV cache grows: at least 1.5x, in kGrowthPositions steps) so it
+  // holds `rows` rows, keeping those it has.
+  void ReserveShallow(int64_t rows);
+
+  // Positions a request's caches and shallow_ grow by at least.
+  static constexpr int64_t kGrowthPositions = 64;
+
   // Shallow states of every position sent so far: what a replay resends to rebuild the
-  // cloud's KV after a cloud restart.
+  // cloud's KV after a cloud restart. Rows [0, sent_) are valid.
   at::Tensor shallow_;
   std::optional<KvCache> input_cache_;
   std::optional<KvCache> output_cache_;
@@ -136,7 +144,10 @@ class Agent::Request : private CloudSession {
   uint64_t epoch_ = 0;
   uint64_t sequence_number_ = 0;
   std::shared_ptr<SessionMailbox> mailbox_;
+  // The cloud's dtype, in which hidden states cross the link both ways (Hello); the agent
+  // converts to and from its own compute dtype at this boundary.
   v1::DType wire_dtype_ = v1::DTYPE_FLOAT32;
+  at::ScalarType wire_scalar_type_ = at::kFloat;
 };
 
 v1::GenerateResponse Agent::Request::Run() {
@@ -208,14 +219,21 @@ absl::Status Agent::Request::Prepare() {
     TOPHAT_RETURN_IF_ERROR(detokenizer_->Push(id).status());
   }
 
-  const ModelConfig& model = bundle.config;
-  shallow_ = at::empty({max_positions_, model.hidden_size},
-                       at::TensorOptions().dtype(bundle.input->options().dtype));
-  input_cache_.emplace(bundle.input->NewCache(max_positions_));
-  output_cache_.emplace(bundle.output->NewCache(max_positions_));
+  // The caches and shallow_ grow with the request (KvCache::Growing, ReserveShallow): a
+  // request that may reach max_positions_ but stops early holds what it used. The prompt's
+  // rows are certain, so they are reserved at once.
+  input_cache_.emplace(bundle.input->NewGrowingCache(max_positions_, kGrowthPositions));
+  output_cache_.emplace(bundle.output->NewGrowingCache(max_positions_, kGrowthPositions));
   const AgentConfig::Speculative& spec = config.speculative;
   const bool drafting = spec.enabled && bundle.adapter != nullptr;
-  if (drafting) adapter_cache_.emplace(bundle.adapter->NewCache(max_positions_));
+  if (drafting) {
+    adapter_cache_.emplace(bundle.adapter->NewGrowingCache(max_positions_, kGrowthPositions));
+  }
+  const int64_t prompt_room = std::min(max_positions_, prompt_length_ + kGrowthPositions);
+  TOPHAT_RETURN_IF_ERROR(input_cache_->Reserve(prompt_room));
+  TOPHAT_RETURN_IF_ERROR(output_cache_->Reserve(prompt_room));
+  if (adapter_cache_) TOPHAT_RETURN_IF_ERROR(adapter_cache_->Reserve(prompt_room));
+  ReserveShallow(prompt_room);
   decoder_ = std::make_unique<SpeculativeDecoder>(
       SpeculativeDecoder::Models{.input = bundle.input.get(),
                                  .adapter = drafting ? bundle.adapter.get() : nullptr,
@@ -247,6 +265,7 @@ absl::Status Agent::Request::Open(uint64_t after_epoch) {
         " exceeds the cloud's context of ", connected.hello.max_positions(), " positions"));
   }
   wire_dtype_ = connected.hello.dtype();
+  TOPHAT_ASSIGN_OR_RETURN(wire_scalar_type_, FromProtoDType(wire_dtype_));  // CheckHello passed it
   max_chunk_positions_ = std::max<int64_t>(1, connected.hello.max_chunk_positions());
   if (chunk_size_ == 0) {
     chunk_size_ = request_.prompt_chunk_size() > 0 ? request_.prompt_chunk_size()
@@ -303,8 +322,21 @@ absl::Status Agent::Request::Decode() {
   return absl::OkStatus();
 }
 
+void Agent::Request::ReserveShallow(int64_t rows) {
+  const int64_t held = shallow_.defined() ? shallow_.size(0) : 0;
+  if (rows <= held) return;
+  const int64_t wanted = std::max(rows, held + held / 2);
+  const int64_t grown = std::min(
+      max_positions_, (wanted + kGrowthPositions - 1) / kGrowthPositions * kGrowthPositions);
+  at::Tensor bigger = at::empty({std::max(grown, rows), agent_.bundle_.config.hidden_size},
+                                at::TensorOptions().dtype(agent_.bundle_.input->options().dtype));
+  if (sent_ > 0) bigger.narrow(0, 0, sent_).copy_(shallow_.narrow(0, 0, sent_));
+  shallow_ = std::move(bigger);
+}
+
 void Agent::Request::SendDecodeRows(int64_t start, const at::Tensor& rows) {
   const int64_t count = rows.size(0);
+  ReserveShallow(start + count);
   shallow_.narrow(0, start, count).copy_(rows);
   sent_ = start + count;
   SendRows(start, sent_, v1::PHASE_DECODE, /*device_seconds=*/0);
@@ -328,6 +360,7 @@ absl::Status Agent::Request::ComputeShallow(int64_t first, int64_t count) {
   for (int64_t i = 0; i < count; ++i) ids[i] = tokens_[first + i];
   TOPHAT_ASSIGN_OR_RETURN(at::Tensor embedded, bundle.input->Embed(ids));
   TOPHAT_ASSIGN_OR_RETURN(at::Tensor hidden, bundle.input->Forward(embedded, *input_cache_));
+  ReserveShallow(first + count);
   shallow_.narrow(0, first, count).copy_(hidden);
   return absl::OkStatus();
 }
@@ -341,7 +374,9 @@ void Agent::Request::SendRows(int64_t from, int64_t to, v1::Phase phase, double 
     chunk->set_sequence_number(++sequence_number_);
     chunk->set_first_position(static_cast<uint32_t>(start));
     chunk->set_phase(phase);
-    PackHiddenStates(shallow_.narrow(0, start, n), chunk->mutable_states()).IgnoreError();
+    at::Tensor rows = shallow_.narrow(0, start, n);
+    if (rows.scalar_type() != wire_scalar_type_) rows = rows.to(wire_scalar_type_);
+    PackHiddenStates(rows, chunk->mutable_states()).IgnoreError();
     const size_t bytes = chunk->states().data().size();
     stats_.RecordUpload(bytes);
     chunks_.Sent({.sequence_number = sequence_number_,
@@ -517,6 +552,11 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
                           .device = at::Device(config.device),
                           .max_context = config.max_context};
   TOPHAT_ASSIGN_OR_RETURN(DeviceBundle bundle, DeviceBundle::Load(config.bundle, options));
+  if (dtype == at::kBFloat16 && options.device.is_cpu() && !kernels::CpuHasBf16Arithmetic()) {
+    spdlog::warn("dtype bfloat16: this CPU has no bfloat16 arithmetic, so LibTorch converts "
+                 "each operation to float32 and back; the weights and KV take half the memory "
+                 "but compute is slower than float32");
+  }
   if (config.speculative.enabled && bundle.adapter == nullptr) {
     spdlog::warn("speculative decoding is on but the device bundle {} has no adapter; decoding "
                  "without drafts (run `tophat distill --out {}` to make one)",
@@ -634,11 +674,11 @@ absl::Status Agent::CheckHello(const v1::Hello& hello) const {
         manifest.output_layers.begin, ", ", manifest.output_layers.end,
         ") — split the model once and deploy both halves"));
   }
-  auto wire = ToProtoDType(bundle_.input->options().dtype);
-  if (!wire.ok() || hello.dtype() != *wire) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the cloud exchanges ", v1::DType_Name(hello.dtype()),
-                     " hidden states; this agent computes in ", config_.dtype));
+  // Any dtype both ends know will do: the agent converts its own at the wire.
+  if (auto wire = FromProtoDType(hello.dtype()); !wire.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the cloud exchanges hidden states as dtype ", static_cast<int>(hello.dtype()),
+        ", which this agent does not know; run tophat-cloud and tophat-agent of one release"));
   }
   return absl::OkStatus();
 }

@@ -4,6 +4,10 @@
 
 #include <omp.h>
 #include <sys/mman.h>
+#if defined(__aarch64__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
 
 #include <algorithm>
 #include <cstdint>
@@ -184,6 +188,21 @@ std::vector<CpuIsa> DetectIsas() {
 #endif
   return isas;
 }
+
+}  // namespace
+
+bool CpuHasBf16Arithmetic() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("amx-bf16");
+#elif defined(__aarch64__)
+  return (getauxval(AT_HWCAP2) & HWCAP2_BF16) != 0;
+#else
+  return false;
+#endif
+}
+
+namespace {
 
 CpuIsa ChooseIsa() {
   const std::vector<CpuIsa>& isas = SupportedCpuIsas();

@@ -28,6 +28,10 @@ const std::vector<CpuIsa>& SupportedCpuIsas();
 // The one LinearSingleRow uses: the best supported, unless TOPHAT_CPU_ISA names another.
 CpuIsa SelectedCpuIsa();
 
+// Whether this CPU has bfloat16 arithmetic instructions (x86-64: AVX512_BF16 or AMX-BF16;
+// aarch64: the BF16 extension). Without them bfloat16 still computes, through conversions.
+bool CpuHasBf16Arithmetic();
+
 // Threads the single-row kernel splits its rows over. Default: one per core this process may
 // run on, as Linux's topology counts them (CoresForCompute). Decode is bound by memory
 // bandwidth, which one core cannot draw alone, so the kernel uses every core even where

@@ -1573,6 +1573,43 @@ TEST_CASE("In bfloat16 the agent and cloud choose float32's greedy token except 
   CHECK(fraction >= 0.98);
 }
 
+TEST_CASE("An agent computing in bfloat16 serves a float32 cloud, converting at the wire",
+          "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});  // float32
+  AgentProcess agent(dir.path(), cloud, 16, "dtype: bfloat16\n");
+  std::vector<std::string> sentences = ToyPrompts(37, 16);
+  const int64_t max_new_tokens = 24;
+  Agreement agreement;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::future<absl::StatusOr<GenerateResult>>> futures;
+  for (const std::string& sentence : sentences) {
+    prompts.push_back(Tokenize(sentence));
+    futures.push_back(std::async(std::launch::async, [&agent, request = IdsRequest(
+                                                       prompts.back(), max_new_tokens)] {
+      return agent.client().Generate(request);
+    }));
+  }
+  for (size_t i = 0; i < futures.size(); ++i) {
+    absl::StatusOr<GenerateResult> result = futures[i].get();
+    REQUIRE(result.ok());
+    INFO(result->error);
+    REQUIRE(result->ok());
+    AddAgreement(prompts[i], Tokens(*result), agreement);
+  }
+  // Every request succeeded, so every chunk passed the cloud's check that it holds float32
+  // (a bfloat16 payload fails its session: "states.dtype"); before the agent converted at
+  // the wire, it refused this cloud at Hello.
+  const double fraction = static_cast<double>(agreement.agreed) / agreement.tokens;
+  std::string margins;
+  for (double m : agreement.disagreement_margins) margins += absl::StrFormat(" %.3f", m);
+  INFO("agreement " << fraction << ", margins:" << margins);
+  CHECK(agreement.tokens >= 16 * max_new_tokens / 2);
+  // As in the all-bfloat16 test: only near ties of the float32 model may flip.
+  for (double margin : agreement.disagreement_margins) CHECK(margin < 0.1);
+  CHECK(fraction >= 0.97);
+}
+
 TEST_CASE("Sampled speculative decoding is reproducible for a seed with or without parallel "
           "drafting and drafting off is plain decoding",
           "[serving][speculative]") {

@@ -15,11 +15,17 @@ namespace tophat {
 
 KvBlockPool::KvBlockPool(const ModelConfig& config, int64_t num_layers, int64_t num_blocks,
                          int64_t block_size, at::ScalarType dtype, at::Device device)
+    : KvBlockPool(num_layers, num_blocks, block_size, config.num_key_value_heads,
+                  config.head_dim, dtype, device) {}
+
+KvBlockPool::KvBlockPool(int64_t num_layers, int64_t num_blocks, int64_t block_size,
+                         int64_t kv_heads, int64_t head_dim, at::ScalarType dtype,
+                         at::Device device)
     : num_layers_(num_layers),
       num_blocks_(num_blocks),
       block_size_(block_size),
-      kv_heads_(config.num_key_value_heads),
-      head_dim_(config.head_dim),
+      kv_heads_(kv_heads),
+      head_dim_(head_dim),
       dtype_(dtype),
       device_(device) {
   const auto options = at::TensorOptions().dtype(dtype).device(device);
@@ -114,6 +120,54 @@ KvCache::KvCache(const ModelConfig& config, int64_t num_layers, int64_t capacity
 
 KvCache::KvCache(std::shared_ptr<KvBlockPool> pool) : pool_(std::move(pool)), paged_(true) {
   TORCH_CHECK(pool_ != nullptr, "a paged KV cache needs a pool");
+}
+
+KvCache KvCache::Growing(const ModelConfig& config, int64_t num_layers, int64_t max_capacity,
+                         int64_t growth_step, at::ScalarType dtype, at::Device device) {
+  TORCH_CHECK(max_capacity >= 1 && growth_step >= 1, "a growing KV cache needs a maximum (",
+              max_capacity, ") and a growth step (", growth_step, ") of at least 1");
+  KvCache cache(config, num_layers, 0, dtype, device);
+  cache.max_capacity_ = max_capacity;
+  cache.growth_step_ = growth_step;
+  return cache;
+}
+
+int64_t KvCache::StorageBytes() const {
+  return static_cast<int64_t>(block_table_.size()) * pool_->block_size() * 2 *
+         pool_->num_layers() * pool_->kv_heads() * pool_->head_dim() *
+         static_cast<int64_t>(c10::elementSize(pool_->dtype()));
+}
+
+absl::Status KvCache::Reserve(int64_t positions) {
+  if (positions <= capacity()) return absl::OkStatus();
+  if (!growing() || positions > max_capacity_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the KV cache needs ", positions, " positions and holds ",
+        growing() ? max_capacity_ : capacity(), growing() ? " at most" : ""));
+  }
+  // 1.5x keeps the copies amortised (each position is copied at most twice on average) and
+  // the slack under a third of what is held.
+  const int64_t wanted = std::max(positions, capacity() + capacity() / 2);
+  const int64_t steps = (wanted + growth_step_ - 1) / growth_step_;
+  const int64_t grown = std::min(max_capacity_, steps * growth_step_);
+  try {
+    auto pool = std::shared_ptr<KvBlockPool>(
+        new KvBlockPool(pool_->num_layers(), 1, grown, pool_->kv_heads(), pool_->head_dim(),
+                        pool_->dtype(), pool_->device()));
+    if (length_ > 0) {
+      // [layers, 1, capacity, kv_heads, head_dim]: one copy each for all layers.
+      pool->keys_.narrow(2, 0, length_).copy_(pool_->keys_.narrow(2, 0, length_));
+      pool->values_.narrow(2, 0, length_).copy_(pool_->values_.narrow(2, 0, length_));
+    }
+    pool_ = std::move(pool);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    if (auto newline = what.find('\n'); newline != std::string::npos) what.resize(newline);
+    return absl::ResourceExhaustedError(absl::StrCat("cannot grow a KV cache to ", grown,
+                                                     " positions: ", what));
+  }
+  block_table_.assign(1, 0);
+  return absl::OkStatus();
 }
 
 void KvCache::AppendBlock(int32_t block_id) {
@@ -230,11 +284,9 @@ absl::Status KvCache::ImportPositions(int64_t begin, const at::Tensor& rows) {
         " layers x ", pool_->kv_heads(), " heads x ", pool_->head_dim()));
   }
   const int64_t count = rows.size(2);
-  if (begin + count > capacity()) {
+  if (absl::Status room = Reserve(begin + count); !room.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat("importing ", count, " KV rows at ", begin,
-                                                     " needs ", begin + count,
-                                                     " positions; the cache holds ",
-                                                     capacity()));
+                                                     ": ", room.message()));
   }
   for (int64_t l = 0; l < num_layers(); ++l) Write(l, begin, rows[0][l], rows[1][l]);
   length_ = begin + count;

@@ -55,6 +55,8 @@ class KvBlockPool {
   friend class KvCache;
   KvBlockPool(const ModelConfig& config, int64_t num_layers, int64_t num_blocks,
               int64_t block_size, at::ScalarType dtype, at::Device device);  // throws
+  KvBlockPool(int64_t num_layers, int64_t num_blocks, int64_t block_size, int64_t kv_heads,
+              int64_t head_dim, at::ScalarType dtype, at::Device device);  // throws
 
   int64_t num_layers_;
   int64_t num_blocks_;
@@ -74,8 +76,11 @@ class KvBlockPool {
 // length() is the number of positions whose K/V are stored: the position of the next token.
 //
 // Two kinds, one code path:
-// - contiguous: a private pool of one block of `capacity` positions, held from the start
-//   (the device, tests, benchmarks);
+// - contiguous: a private pool of one block of `capacity` positions (tests, benchmarks, the
+//   cloud's warm-up). A growing contiguous cache (KvCache::Growing, the device agent's) starts
+//   with no storage and reallocates its block when Reserve needs more, to at least 1.5x and in
+//   whole growth steps, never past its maximum: a device pays for the positions a request
+//   uses, not for the longest it may reach, and attention still reads one contiguous view;
 // - paged: blocks of a shared pool; it starts with none, and the owner appends the ids its
 //   allocator gave it before a forward pass needs them, and frees the ids that
 //   ReleaseUnusedBlocks returns. The cache never frees anything itself.
@@ -88,6 +93,11 @@ class KvCache {
           at::Device device);
   // Paged cache over a shared pool (non-null); holds no blocks yet.
   explicit KvCache(std::shared_ptr<KvBlockPool> pool);
+  // Growing contiguous cache of at most `max_capacity` positions, grown in multiples of
+  // `growth_step` positions (both >= 1; checked, a violation throws c10::Error). Holds no
+  // storage until the first Reserve.
+  static KvCache Growing(const ModelConfig& config, int64_t num_layers, int64_t max_capacity,
+                         int64_t growth_step, at::ScalarType dtype, at::Device device);
 
   KvCache(KvCache&&) = default;
   KvCache& operator=(KvCache&&) = default;
@@ -101,6 +111,15 @@ class KvCache {
   }
   int64_t num_layers() const { return pool_->num_layers(); }
   bool paged() const { return paged_; }
+  bool growing() const { return max_capacity_ > 0; }
+  // Bytes of key/value storage this cache holds now (a paged cache: its blocks).
+  int64_t StorageBytes() const;
+
+  // Makes room for `positions` positions. A growing cache reallocates its block (keeping
+  // positions [0, length())) when it holds fewer; any other cache only checks. Errors
+  // (ResourceExhausted, nothing changed): more than a growing cache's maximum or a fixed
+  // cache's capacity, or the allocation failed.
+  absl::Status Reserve(int64_t positions);
   const KvBlockPool& pool() const { return *pool_; }
   std::span<const int32_t> block_table() const { return block_table_; }
 
@@ -154,6 +173,8 @@ class KvCache {
   std::vector<int32_t> block_table_;
   int64_t length_ = 0;
   bool paged_ = false;
+  int64_t max_capacity_ = 0;  // > 0: a growing contiguous cache
+  int64_t growth_step_ = 0;
 };
 
 }  // namespace tophat

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "models/runtime/model_init.h"
 
 #include <catch2/catch.hpp>
@@ -115,6 +116,80 @@ TEST_CASE("A contiguous KV cache is one private block", "[kv_cache]") {
   KvCache empty(TinyTestConfig(), 2, 0, at::kFloat, at::kCPU);
   CHECK(empty.capacity() == 0);
   CHECK_THROWS(KvCache(TinyTestConfig(), 2, -1, at::kFloat, at::kCPU));
+}
+
+TEST_CASE("A growing KV cache holds nothing until asked, then grows by at least half, keeping "
+          "its rows, up to its maximum",
+          "[kv_cache]") {
+  const ModelConfig config = TinyTestConfig();  // 2 KV heads x 16
+  KvCache cache = KvCache::Growing(config, 2, /*max_capacity=*/100, /*growth_step=*/8,
+                                   at::kFloat, at::kCPU);
+  CHECK(cache.growing());
+  CHECK_FALSE(cache.paged());
+  CHECK(cache.capacity() == 0);
+  CHECK(cache.StorageBytes() == 0);
+  REQUIRE(cache.Reserve(5).ok());
+  CHECK(cache.capacity() == 8);  // one growth step
+  // K + V, 2 layers, 8 positions, 2 heads x 16 floats.
+  CHECK(cache.StorageBytes() == 2 * 2 * 8 * 2 * 16 * 4);
+  at::manual_seed(5);
+  const at::Tensor k = at::randn({30, 2, 16});
+  const at::Tensor v = at::randn({30, 2, 16});
+  for (int64_t l = 0; l < 2; ++l) cache.Write(l, 0, k.narrow(0, 0, 7), v.narrow(0, 0, 7));
+  cache.Advance(7);
+  REQUIRE(cache.Reserve(8).ok());
+  CHECK(cache.capacity() == 8);  // already room
+  // 9 > 8: max(9, 8 + 4) = 12, rounded up to the step: 16.
+  REQUIRE(cache.Reserve(9).ok());
+  CHECK(cache.capacity() == 16);
+  for (int64_t l = 0; l < 2; ++l) {
+    CHECK(at::equal(cache.Keys(l, 7), k.narrow(0, 0, 7)));
+    CHECK(at::equal(cache.Values(l, 7), v.narrow(0, 0, 7)));
+  }
+  // max(30, 16 + 8) = 30, rounded up: 32.
+  REQUIRE(cache.Reserve(30).ok());
+  CHECK(cache.capacity() == 32);
+  for (int64_t l = 0; l < 2; ++l) cache.Write(l, 7, k.narrow(0, 7, 23), v.narrow(0, 7, 23));
+  cache.Advance(23);
+  // max(33, 48) = 48, within the maximum.
+  REQUIRE(cache.Reserve(33).ok());
+  CHECK(cache.capacity() == 48);
+  // max(49, 72) = 72, under the maximum.
+  REQUIRE(cache.Reserve(49).ok());
+  CHECK(cache.capacity() == 72);
+  // max(73, 108) = 108 > 100: capped at 100.
+  REQUIRE(cache.Reserve(73).ok());
+  CHECK(cache.capacity() == 100);
+  for (int64_t l = 0; l < 2; ++l) {
+    CHECK(at::equal(cache.Keys(l, 30), k));
+    CHECK(at::equal(cache.Values(l, 30), v));
+  }
+  const absl::Status too_many = cache.Reserve(101);
+  CHECK(too_many.code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(too_many.message()), Catch::Contains("needs 101 positions"));
+  CHECK(cache.capacity() == 100);
+  CHECK(cache.length() == 30);
+
+  // A fixed contiguous cache only checks.
+  KvCache fixed(config, 2, 10, at::kFloat, at::kCPU);
+  CHECK(fixed.Reserve(10).ok());
+  CHECK(fixed.Reserve(11).code() == absl::StatusCode::kResourceExhausted);
+  CHECK(fixed.capacity() == 10);
+  CHECK_THROWS_AS(KvCache::Growing(config, 2, 0, 8, at::kFloat, at::kCPU), c10::Error);
+}
+
+TEST_CASE("Importing KV rows into a growing cache grows it", "[kv_cache]") {
+  const ModelConfig config = TinyTestConfig();
+  KvCache cache = KvCache::Growing(config, 1, 64, 4, at::kFloat, at::kCPU);
+  at::manual_seed(6);
+  const at::Tensor rows = at::randn({2, 1, 10, 2, 16});
+  REQUIRE(cache.ImportPositions(0, rows).ok());
+  CHECK(cache.length() == 10);
+  CHECK(cache.capacity() == 12);
+  CHECK(at::equal(cache.Keys(0, 10), rows[0][0]));
+  const absl::Status past = cache.ImportPositions(10, at::randn({2, 1, 60, 2, 16}));
+  CHECK(past.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(cache.length() == 10);
 }
 
 TEST_CASE("Rows written across blocks read back in sequence order", "[kv_cache]") {

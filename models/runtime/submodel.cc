@@ -131,6 +131,12 @@ KvCache Submodel::NewCache(int64_t capacity) const {
   return KvCache(config_, spec_.layers.size(), capacity, options_.dtype, options_.device);
 }
 
+KvCache Submodel::NewGrowingCache(int64_t max_capacity, int64_t growth_step) const {
+  if (max_capacity <= 0) max_capacity = max_context();
+  return KvCache::Growing(config_, spec_.layers.size(), max_capacity, growth_step,
+                          options_.dtype, options_.device);
+}
+
 absl::StatusOr<std::shared_ptr<KvBlockPool>> Submodel::NewPagedPool(int64_t num_blocks,
                                                                     int64_t block_size) const {
   return KvBlockPool::Create(config_, spec_.layers.size(), num_blocks, block_size,
@@ -326,6 +332,10 @@ absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden,
           c10::toString(options_.dtype), " on ", options_.device.str()));
     }
     const int64_t end = chunk.cache->length() + chunk.num_tokens;
+    // A growing cache makes room here (its length and contents stay as they were).
+    if (chunk.cache->growing() && end <= max_context()) {
+      TOPHAT_RETURN_IF_ERROR(chunk.cache->Reserve(end));
+    }
     if (end > chunk.cache->capacity() || end > max_context()) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "sequence would reach ", end, " positions; the KV cache holds ",

@@ -89,6 +89,9 @@ class Submodel {
 
   // A contiguous KV cache for this submodel's layers; capacity defaults to max_context().
   KvCache NewCache(int64_t capacity = 0) const;
+  // A growing contiguous KV cache (KvCache::Growing) of at most `max_capacity` positions
+  // (default max_context()); Forward grows it as the sequence does.
+  KvCache NewGrowingCache(int64_t max_capacity = 0, int64_t growth_step = 64) const;
   // A pool of KV blocks for this submodel's layers, in its dtype and on its device, for
   // paged caches (KvCache(pool)). Errors as KvBlockPool::Create.
   absl::StatusOr<std::shared_ptr<KvBlockPool>> NewPagedPool(int64_t num_blocks,
@@ -101,8 +104,9 @@ class Submodel {
   // counts, each chunk attending to its own cache. Appends K/V and advances every cache.
   // A chunk may have any length; this is what chunked prefill and multi-token verification
   // rely on. With no layers, returns `hidden` unchanged (and still advances the caches).
-  // Caches may be contiguous or paged, mixed in one batch; a paged cache must already hold
-  // the blocks for its new positions (else ResourceExhausted, and no cache changes).
+  // Caches may be contiguous or paged, mixed in one batch; a paged or fixed cache must
+  // already hold room for its new positions (else ResourceExhausted, and no cache's length
+  // changes); a growing cache is grown here.
   absl::StatusOr<at::Tensor> Forward(const at::Tensor& hidden,
                                      std::span<const SequenceChunk> chunks) const;
   absl::StatusOr<at::Tensor> Forward(const at::Tensor& hidden, KvCache& cache) const;

@@ -477,6 +477,42 @@ TEST_CASE("Paged caches outside float32 take the composite path with gathered bl
   }
 }
 
+TEST_CASE("A growing cache computes what a full-length one does, growing chunk by chunk",
+          "[submodel]") {
+  ModelConfig config = TinyTestConfig();
+  LoadedModel m = MakeModel(config, "growing");
+  std::mt19937 rng(12);
+  const std::vector<int32_t> tokens = RandomTokens(rng, 90, config.vocab_size);
+  KvCache fixed = m.full->NewCache(90);
+  KvCache growing = m.full->NewGrowingCache(90, /*growth_step=*/4);
+  CHECK(growing.capacity() == 0);
+  std::vector<int64_t> capacities;
+  size_t done = 0;
+  // A prompt in chunks, then one token at a time: the cache grows several times on the way.
+  for (size_t n : {5, 11, 1, 1, 30, 1, 1, 1, 20, 1, 19}) {
+    const std::vector<int32_t> chunk(tokens.begin() + done, tokens.begin() + done + n);
+    at::Tensor h = *m.full->Embed(Ids(chunk));
+    auto a = m.full->Forward(h, fixed);
+    auto b = m.full->Forward(h, growing);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    INFO("after " << done + n << " positions");
+    CHECK(at::allclose(*a, *b, 1e-6, 1e-6));
+    if (capacities.empty() || capacities.back() != growing.capacity()) {
+      capacities.push_back(growing.capacity());
+    }
+    done += n;
+  }
+  CHECK(done == tokens.size());
+  CHECK(growing.length() == 90);
+  CHECK(capacities.size() >= 4);
+  CHECK(capacities.back() <= 90);
+  at::Tensor one = *m.full->Embed(Ids({1}));
+  auto past = m.full->Forward(one, growing);
+  REQUIRE_FALSE(past.ok());
+  CHECK(past.status().code() == absl::StatusCode::kResourceExhausted);
+}
+
 TEST_CASE("Forward rejects paged caches without blocks or of another shape",
           "[submodel][paged]") {
   ModelConfig config = TinyTestConfig();

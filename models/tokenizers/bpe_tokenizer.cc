@@ -56,6 +56,50 @@ const ByteLevelAlphabet& Alphabet() {
   return *alphabet;
 }
 
+}  // namespace
+
+std::string PlaceholderByteLevelTokenizerJson(int32_t vocab_size, int32_t bos, int32_t eos) {
+  using Json = nlohmann::ordered_json;
+  Json vocab = Json::object();
+  for (int b = 0; b < 256 && b < vocab_size; ++b) vocab[Alphabet().byte_to_symbol[b]] = b;
+  Json added = Json::array();
+  for (int32_t id = 256; id < vocab_size; ++id) {
+    if (id == bos || id == eos) {
+      const std::string content = id == bos ? "<|begin_of_text|>" : "<|end_of_text|>";
+      vocab[content] = id;
+      added.push_back({{"id", id}, {"content", content}, {"single_word", false},
+                       {"lstrip", false}, {"rstrip", false}, {"normalized", false},
+                       {"special", true}});
+      continue;
+    }
+    vocab[absl::StrCat("<", id, ">")] = id;  // printable ASCII: its own byte-level spelling
+  }
+  const Json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false},
+                           {"trim_offsets", true}, {"use_regex", true}};
+  const Json tokenizer = {{"version", "1.0"},
+                          {"truncation", nullptr},
+                          {"padding", nullptr},
+                          {"added_tokens", added},
+                          {"normalizer", nullptr},
+                          {"pre_tokenizer", byte_level},
+                          {"post_processor", nullptr},
+                          {"decoder", byte_level},
+                          {"model",
+                           {{"type", "BPE"},
+                            {"dropout", nullptr},
+                            {"unk_token", nullptr},
+                            {"continuing_subword_prefix", nullptr},
+                            {"end_of_word_suffix", nullptr},
+                            {"fuse_unk", false},
+                            {"byte_fallback", false},
+                            {"ignore_merges", false},
+                            {"vocab", vocab},
+                            {"merges", Json::array()}}}};
+  return tokenizer.dump();
+}
+
+namespace {
+
 // Inverse of the byte-level map for one vocabulary symbol. A symbol with characters outside
 // the alphabet (never produced by byte-level training) decodes to its own bytes, as the
 // Hugging Face ByteLevel decoder does.

@@ -66,4 +66,11 @@ class BpeTokenizer : public Tokenizer {
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
 };
 
+// The tokenizer.json of a byte-level BPE tokenizer for random benchmark checkpoints, which
+// have no tokenizer of their own but must be served: ids 0-255 are the bytes, every other id
+// below `vocab_size` a placeholder piece "<id>" (reached by no merge, so text encodes to
+// bytes and any id decodes), and `bos` / `eos` special tokens with those ids (each in
+// [256, vocab_size)).
+std::string PlaceholderByteLevelTokenizerJson(int32_t vocab_size, int32_t bos, int32_t eos);
+
 }  // namespace tophat

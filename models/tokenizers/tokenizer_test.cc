@@ -544,3 +544,26 @@ TEST_CASE("Tokenizer::Load errors name the file", "[tokenizer]") {
 
 }  // namespace
 }  // namespace tophat
+
+namespace tophat {
+namespace {
+
+TEST_CASE("The placeholder byte-level tokenizer encodes text to bytes and decodes every id",
+          "[tokenizer]") {
+  const std::string json = PlaceholderByteLevelTokenizerJson(1000, 900, 901);
+  auto tokenizer = BpeTokenizer::FromJson(json, "placeholder/tokenizer.json");
+  REQUIRE(tokenizer.ok());
+  CHECK((*tokenizer)->vocab_size() == 1000);
+  CHECK((*tokenizer)->bos_id() == 900);
+  CHECK((*tokenizer)->eos_id() == 901);
+  auto ids = (*tokenizer)->Encode("hi é");
+  REQUIRE(ids.ok());
+  // Bytes: 'h', 'i', ' ', then é's two UTF-8 bytes.
+  CHECK(*ids == std::vector<int32_t>{'h', 'i', ' ', 0xC3, 0xA9});
+  auto text = (*tokenizer)->Decode({'o', 'k', 300, 999});
+  REQUIRE(text.ok());
+  CHECK(*text == "ok<300><999>");
+}
+
+}  // namespace
+}  // namespace tophat
