@@ -310,7 +310,7 @@ TEST_CASE("A relative cloud bundle is resolved against the config file's directo
   REQUIRE(config.ok());
   CHECK(config->bundle == "/opt/bundles/../cloud");  // absolute: kept as written
 
-  testing::WriteBytes(file, "dtype: float16\n");
+  testing::WriteBytes(file, "dtype: bfloat16\n");
   config = LoadCloudConfig(file);
   REQUIRE(config.ok());
   CHECK(config->bundle.empty());  // left for --bundle; Validate will insist
