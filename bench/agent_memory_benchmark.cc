@@ -213,6 +213,8 @@ int Run(Args args) {
   if (!split.ok()) return Fail(split.status());
   auto config = ModelConfig::Load(fs::path(args.model_dir) / "config.json");
   if (!config.ok()) return Fail(config.status());
+  // Requests ask for the whole context, which the model's own limit may cap.
+  args.max_context = std::min(args.max_context, config->max_position_embeddings);
   if (args.prompt_tokens + args.tokens >= args.max_context) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
         "--prompt-tokens ", args.prompt_tokens, " + --tokens ", args.tokens,
@@ -232,7 +234,10 @@ int Run(Args args) {
   const std::string cloud = absl::StrFormat(
       "listen_address: \"127.0.0.1:%d\"\nbundle: \"%s\"\nmax_context: %d\ndtype: %s\n"
       "tls:\n  insecure: true\nmetrics_address: \"\"\nkv_cache:\n  memory_bytes: %d\n"
-      "scheduler:\n  max_running_sessions: %d\n",
+      "scheduler:\n  max_running_sessions: %d\n"
+      // One device holds every session here: the per-device shares would refuse most.
+      "limits:\n  max_sessions_per_device: 0\n  max_waiting_sessions_per_device: 0\n"
+      "  max_kv_fraction_per_device: 1\n",
       cloud_port, (bundles / "cloud").string(), args.max_context, args.dtype, kv_bytes,
       std::max<int64_t>(64, most + 1));
   if (absl::Status s = bench::WriteTextFile(scratch->path() / "cloud.yaml", cloud); !s.ok()) {

@@ -347,14 +347,17 @@ absl::StatusOr<DeviceBundle> DeviceBundle::Load(const fs::path& dir,
   TOPHAT_ASSIGN_OR_RETURN(bundle.config, LoadBundleConfig(dir, bundle.manifest));
   TOPHAT_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> checkpoint,
                           CheckpointReader::Open(dir));
-  TOPHAT_ASSIGN_OR_RETURN(
-      bundle.input,
-      Submodel::Load(bundle.config, *checkpoint,
-                     {.embedding = true, .layers = bundle.manifest.input_layers}, options));
+  // The head first: with tied embeddings the input submodel then shares its table (on huge
+  // pages, which the head's decode reads want) instead of holding a second copy.
   TOPHAT_ASSIGN_OR_RETURN(
       bundle.output, Submodel::Load(bundle.config, *checkpoint,
                                     {.layers = bundle.manifest.output_layers, .head = true},
                                     options));
+  TOPHAT_ASSIGN_OR_RETURN(
+      bundle.input,
+      Submodel::Load(bundle.config, *checkpoint,
+                     {.embedding = true, .layers = bundle.manifest.input_layers}, options,
+                     bundle.config.tie_word_embeddings ? bundle.output.get() : nullptr));
   if (bundle.manifest.adapter) {
     TOPHAT_ASSIGN_OR_RETURN(bundle.adapter,
                             LoadAdapter(dir, bundle.config, *bundle.manifest.adapter,

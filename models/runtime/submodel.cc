@@ -31,7 +31,8 @@ std::string ShapeString(const at::Tensor& t) {
 absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& config,
                                                          const CheckpointReader& checkpoint,
                                                          const SubmodelSpec& spec,
-                                                         const SubmodelOptions& options) {
+                                                         const SubmodelOptions& options,
+                                                         const Submodel* shared_embedding) {
   if (spec.layers.begin < 0 || spec.layers.end > config.num_hidden_layers ||
       spec.layers.begin > spec.layers.end) {
     return absl::InvalidArgumentError(
@@ -56,9 +57,27 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
   });
   TOPHAT_RETURN_IF_ERROR(status);
 
+  // The other submodel's table, when it has one: its embedding, or its head if tied.
+  at::Tensor shared_table;
+  if (shared_embedding != nullptr) {
+    if (shared_embedding->options_.dtype != options.dtype ||
+        shared_embedding->options_.device != options.device ||
+        shared_embedding->config_.vocab_size != config.vocab_size ||
+        shared_embedding->config_.hidden_size != d) {
+      return absl::InvalidArgumentError(
+          "a shared embedding must come from a submodel of the same model, dtype and device");
+    }
+    shared_table = shared_embedding->embedding_.defined() ? shared_embedding->embedding_
+                   : config.tie_word_embeddings         ? shared_embedding->lm_head_
+                                                        : at::Tensor();
+  }
   if (spec.embedding) {
-    TOPHAT_ASSIGN_OR_RETURN(model->embedding_,
-                            load("model.embed_tokens.weight", {config.vocab_size, d}));
+    if (shared_table.defined()) {
+      model->embedding_ = shared_table;
+    } else {
+      TOPHAT_ASSIGN_OR_RETURN(model->embedding_,
+                              load("model.embed_tokens.weight", {config.vocab_size, d}));
+    }
   }
   const bool o_bias = config.attention_bias && config.architecture != Architecture::kQwen2;
   for (int64_t i = spec.layers.begin; i < spec.layers.end; ++i) {
@@ -110,6 +129,8 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
     if (config.tie_word_embeddings) {
       if (model->embedding_.defined()) {
         model->lm_head_ = model->embedding_;
+      } else if (shared_table.defined()) {
+        model->lm_head_ = shared_table;
       } else {
         TOPHAT_ASSIGN_OR_RETURN(model->lm_head_,
                                 load("model.embed_tokens.weight", {config.vocab_size, d}));
@@ -117,7 +138,7 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
     } else {
       TOPHAT_ASSIGN_OR_RETURN(model->lm_head_, load("lm_head.weight", {config.vocab_size, d}));
     }
-    if (options.huge_pages) {
+    if (options.huge_pages && !model->lm_head_.is_same(shared_table)) {
       const bool shared = model->lm_head_.is_same(model->embedding_);
       model->lm_head_ = kernels::CopyToHugePages(model->lm_head_);
       if (shared) model->embedding_ = model->lm_head_;

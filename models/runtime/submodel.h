@@ -77,10 +77,15 @@ class Submodel {
  public:
   // Loads the tensors `spec` needs from `checkpoint`, checking every shape against `config`.
   // Errors name the file and tensor.
+  // `shared_embedding` (may be null): a submodel of the same model, config and options whose
+  // token embedding this one's embedding, and its LM head when the model ties them, share
+  // instead of loading a second copy (the device's input and output submodels: a tied
+  // embedding is a large part of a small model, 1 GiB of Llama 3.2 1B in float32).
   static absl::StatusOr<std::unique_ptr<Submodel>> Load(const ModelConfig& config,
                                                         const CheckpointReader& checkpoint,
                                                         const SubmodelSpec& spec,
-                                                        const SubmodelOptions& options = {});
+                                                        const SubmodelOptions& options = {},
+                                                        const Submodel* shared_embedding = nullptr);
 
   const ModelConfig& config() const { return config_; }
   const SubmodelSpec& spec() const { return spec_; }

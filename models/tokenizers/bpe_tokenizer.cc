@@ -59,7 +59,8 @@ const ByteLevelAlphabet& Alphabet() {
 }  // namespace
 
 std::string PlaceholderByteLevelTokenizerJson(int32_t vocab_size, int32_t bos, int32_t eos) {
-  using Json = nlohmann::ordered_json;
+  // Not ordered_json: its object insert searches linearly, quadratic over 128k pieces.
+  using Json = nlohmann::json;
   Json vocab = Json::object();
   for (int b = 0; b < 256 && b < vocab_size; ++b) vocab[Alphabet().byte_to_symbol[b]] = b;
   Json added = Json::array();
