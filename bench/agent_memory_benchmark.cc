@@ -301,7 +301,7 @@ int Run(Args args) {
       const double base = results[0].phases[p].peak_mib - results[0].idle_mib;
       const double other = results[i].phases[p].peak_mib - results[i].idle_mib;
       if (base > 0) {
-        table += absl::StrFormat("\n%s / %s, memory above idle @%d: %.1fx", results[i].label,
+        table += absl::StrFormat("\n%s / %s, memory above idle @%d: %.2fx", results[i].label,
                                  results[0].label, results[0].phases[p].concurrency,
                                  other / base);
       }
