@@ -48,6 +48,9 @@ struct Args {
   // "label=path" or a path; default: this build's tophat-agent.
   std::vector<std::string> agents;
   std::string json_path;
+  // > 0: fail when a phase's memory per request passes this fraction of what reserving the
+  // whole context up front would take (a regression check for growing caches).
+  double max_fraction = 0;
 };
 
 // One line of /proc/PID/status in KiB ("VmRSS", "VmHWM"); -1 when unreadable.
@@ -213,6 +216,8 @@ int Run(Args args) {
   if (!split.ok()) return Fail(split.status());
   auto config = ModelConfig::Load(fs::path(args.model_dir) / "config.json");
   if (!config.ok()) return Fail(config.status());
+  auto manifest = BundleManifest::Load(bundles / "device");
+  if (!manifest.ok()) return Fail(manifest.status());
   // Requests ask for the whole context, which the model's own limit may cap.
   args.max_context = std::min(args.max_context, config->max_position_embeddings);
   if (args.prompt_tokens + args.tokens >= args.max_context) {
@@ -262,7 +267,20 @@ int Run(Args args) {
   cloud_process.Signal(SIGTERM);
   cloud_process.Wait(std::chrono::seconds(30));
 
-  std::string table = "| agent | idle RSS MiB |";
+  // What one request held before its caches grew with it: K and V of every device layer
+  // (input, output, adapter) and one shallow hidden state, for each position of the context.
+  const int64_t device_layers = manifest->input_layers.size() + manifest->output_layers.size() +
+                                (manifest->adapter ? manifest->adapter->num_layers : 0);
+  const double reserved_mib =
+      static_cast<double>((2 * device_layers * config->num_key_value_heads * config->head_dim +
+                           config->hidden_size) *
+                          dtype_bytes * args.max_context) /
+      (1 << 20);
+  std::string table = absl::StrFormat(
+      "%d-token prompts, %d tokens read, requests asking for the context (%d positions): "
+      "reserved up front, a request's KV and shallow states would take %.1f MiB\n\n",
+      args.prompt_tokens, args.tokens, args.max_context, reserved_mib);
+  table += "| agent | idle RSS MiB |";
   std::string rule = "|---|---:|";
   for (int64_t c : args.concurrency) {
     table += absl::StrFormat(" peak @%d MiB | per request MiB |", c);
@@ -309,6 +327,7 @@ int Run(Args args) {
   }
   table += errors + "\n";
   const nlohmann::json report = {{"benchmark", "agent_memory"},
+                                 {"reserved_up_front_mib_per_request", reserved_mib},
                                  {"model", args.model_dir},
                                  {"input_layers", args.input_layers},
                                  {"output_layers", args.output_layers},
@@ -319,12 +338,22 @@ int Run(Args args) {
                                  {"agents", agents_json},
                                  {"cpus", UsableCpuCount()}};
   if (absl::Status s = bench::PrintReport(table, report, args.json_path); !s.ok()) return Fail(s);
+  int status = 0;
   for (const AgentResult& r : results) {
     for (const Phase& p : r.phases) {
-      if (p.failed > 0) return 1;
+      if (p.failed > 0) status = 1;
+      const double per_request = (p.peak_mib - r.idle_mib) / static_cast<double>(p.concurrency);
+      if (args.max_fraction > 0 && per_request > args.max_fraction * reserved_mib) {
+        std::fprintf(stderr,
+                     "%s @%lld: %.2f MiB per request is more than %.2f of the %.2f MiB an "
+                     "up-front reservation takes\n",
+                     r.label.c_str(), static_cast<long long>(p.concurrency), per_request,
+                     args.max_fraction, reserved_mib);
+        status = 1;
+      }
     }
   }
-  return 0;
+  return status;
 }
 
 }  // namespace
@@ -358,6 +387,10 @@ int main(int argc, char** argv) {
   app.add_option("--agent", args.agents,
                  "A tophat-agent binary, LABEL=PATH or PATH (default: this build's)");
   app.add_option("--json", args.json_path, "Also write the report here");
+  app.add_option("--max-fraction", args.max_fraction,
+                 "Fail when memory per request passes this fraction of an up-front "
+                 "reservation of the context (0: no check)")
+      ->capture_default_str()->check(CLI::Range(0.0, 10.0));
   CLI11_PARSE(app, argc, argv);
   return tophat::Run(args);
 }

@@ -4,14 +4,15 @@ set -euo pipefail
 bin="$1"
 bin_dir="$(dirname "$bin")"
 "$bin" --help | grep -q "Subcommands:"
-for cmd in toy-model distill split generate bench-model init-model plan chat bench; do
+for cmd in toy-model distill split generate bench-model bench-dtype init-model plan chat bench; do
   "$bin" "$cmd" --help | grep -q "Usage:" || { echo "no usage for $cmd"; exit 1; }
 done
 for daemon in tophat-cloud tophat-agent; do
   "$bin_dir/$daemon" --help | grep -q -- "--config" || { echo "no usage for $daemon"; exit 1; }
 done
 # Benchmarks built in this tree (bin/ holds whichever were built).
-for bench in tophat-bench-speculative tophat-bench-engine tophat-bench-transport tophat-bench-pipeline; do
+for bench in tophat-bench-speculative tophat-bench-engine tophat-bench-transport tophat-bench-pipeline \
+    tophat-bench-flood tophat-bench-agent-memory; do
   if [ -x "$bin_dir/$bench" ]; then
     "$bin_dir/$bench" --help | grep -q "Usage:" || { echo "no usage for $bench"; exit 1; }
   fi
