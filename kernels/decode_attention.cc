@@ -7,6 +7,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "kernels/gemv.h"
+
 #ifdef TOPHAT_HAVE_CUDA
 #include "kernels/fused_ops_cuda.cuh"
 #include "kernels/paged_attention_cuda.cuh"
@@ -54,9 +56,15 @@ void Attend(const at::Tensor& q, const RowLayout& k, const RowLayout& v, int64_t
   const float scale_f = static_cast<float>(scale);
   const float* qp = q.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  thread_local std::vector<float> scores;
-  scores.resize(positions);
+  // Heads are independent: split them over the decode GEMV's threads once the K/V rows to
+  // read make a fork worth it (a one-thread decode attention left the other core idle for
+  // 11% of a 1,500-token decode, docs/benchmarks.md).
+  const int threads =
+      heads * positions * hd < (1 << 15) ? 1 : std::min<int>(SingleRowThreads(), heads);
+#pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t h = 0; h < heads; ++h) {
+    thread_local std::vector<float> scores;
+    scores.resize(positions);
     const float* qh = qp + h * q.stride(0);
     const int64_t kv = h / group;
     float max_score = -INFINITY;

@@ -1,4 +1,5 @@
 #include "kernels/decode_attention.h"
+#include "kernels/gemv.h"
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -12,13 +13,15 @@ namespace {
 
 TEST_CASE("Decode attention matches the composite form with GQA and cache views", "[kernels]") {
   at::manual_seed(0);
-  for (int64_t positions : {1, 9, 200}) {
+  // Two threads even on a one-core machine: 300 positions x 4 heads x 32 split the heads.
+  SetSingleRowThreads(2);
+  for (int64_t positions : {1, 9, 200, 300}) {
     for (int64_t kv_heads : {1, 2, 4}) {
       const int64_t heads = 4;
       const int64_t hd = 32;
       // Views into a larger cache, as the engine passes them.
-      at::Tensor cache_k = at::randn({256, kv_heads, hd});
-      at::Tensor cache_v = at::randn({256, kv_heads, hd});
+      at::Tensor cache_k = at::randn({512, kv_heads, hd});
+      at::Tensor cache_v = at::randn({512, kv_heads, hd});
       at::Tensor keys = cache_k.narrow(0, 0, positions);
       at::Tensor values = cache_v.narrow(0, 0, positions);
       at::Tensor q = at::randn({heads, hd});
@@ -37,6 +40,7 @@ TEST_CASE("Decode attention matches the composite form with GQA and cache views"
   at::Tensor out = at::empty({8});
   CHECK_FALSE(DecodeAttention(at::randn({2, 4}, at::kDouble), at::randn({3, 1, 4}),
                               at::randn({3, 1, 4}), 0.5, out));
+  SetSingleRowThreads(0);
 }
 
 // Block ids 0..num_blocks-1 in a shuffled order, as a free list hands them out after churn.
