@@ -7,6 +7,8 @@
 #if defined(__aarch64__)
 #include <asm/hwcap.h>
 #include <sys/auxv.h>
+#elif defined(__x86_64__)
+#include <cpuid.h>
 #endif
 
 #include <algorithm>
@@ -193,8 +195,12 @@ std::vector<CpuIsa> DetectIsas() {
 
 bool CpuHasBf16Arithmetic() {
 #if defined(__x86_64__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("amx-bf16");
+  // CPUID directly: GCC and Clang 14 name these features differently (or not at all) in
+  // __builtin_cpu_supports. Leaf 7 subleaf 1 EAX bit 5: AVX512_BF16; subleaf 0 EDX bit 22:
+  // AMX-BF16.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5)) != 0) return true;
+  return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx & (1u << 22)) != 0;
 #elif defined(__aarch64__)
   return (getauxval(AT_HWCAP2) & HWCAP2_BF16) != 0;
 #else

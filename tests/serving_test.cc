@@ -1528,15 +1528,10 @@ void AddAgreement(const std::vector<int32_t>& prompt, const std::vector<int32_t>
   }
 }
 
-TEST_CASE("In bfloat16 the agent and cloud choose float32's greedy token except at near ties",
-          "[serving][cuda-cloud]") {
-  testing::TempDir dir;
-  CloudProcess cloud(dir.path(), {.dtype = "bfloat16"});
-  // The agent computes in bfloat16 too (hidden states cross the wire in the cloud's dtype).
-  AgentProcess agent(dir.path(), cloud, 32, "dtype: bfloat16\n");
-  std::vector<std::string> sentences = ToyPrompts(31, 100);
-  const int64_t max_new_tokens = 24;
-  Agreement agreement;
+// Greedy answers from `agent` for every sentence, eight requests at a time, each added to
+// `agreement` against the float32 reference.
+void AddAgreements(AgentProcess& agent, const std::vector<std::string>& sentences,
+                   int64_t max_new_tokens, Agreement& agreement) {
   for (size_t begin = 0; begin < sentences.size(); begin += 8) {
     std::vector<std::vector<int32_t>> prompts;
     std::vector<std::future<absl::StatusOr<GenerateResult>>> futures;
@@ -1555,6 +1550,17 @@ TEST_CASE("In bfloat16 the agent and cloud choose float32's greedy token except 
       AddAgreement(prompts[i], Tokens(*result), agreement);
     }
   }
+}
+
+TEST_CASE("In bfloat16 the agent and cloud choose float32's greedy token except at near ties",
+          "[serving][cuda-cloud]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {.dtype = "bfloat16"});
+  // The agent computes in bfloat16 too (hidden states cross the wire in the cloud's dtype).
+  AgentProcess agent(dir.path(), cloud, 32, "dtype: bfloat16\n");
+  const int64_t max_new_tokens = 24;
+  Agreement agreement;
+  AddAgreements(agent, ToyPrompts(31, 100), max_new_tokens, agreement);
   const double fraction = static_cast<double>(agreement.agreed) / agreement.tokens;
   std::string margins;
   for (double m : agreement.disagreement_margins) margins += absl::StrFormat(" %.3f", m);
@@ -1578,25 +1584,9 @@ TEST_CASE("An agent computing in bfloat16 serves a float32 cloud, converting at 
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {});  // float32
   AgentProcess agent(dir.path(), cloud, 16, "dtype: bfloat16\n");
-  std::vector<std::string> sentences = ToyPrompts(37, 16);
   const int64_t max_new_tokens = 24;
   Agreement agreement;
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<std::future<absl::StatusOr<GenerateResult>>> futures;
-  for (const std::string& sentence : sentences) {
-    prompts.push_back(Tokenize(sentence));
-    futures.push_back(std::async(std::launch::async, [&agent, request = IdsRequest(
-                                                       prompts.back(), max_new_tokens)] {
-      return agent.client().Generate(request);
-    }));
-  }
-  for (size_t i = 0; i < futures.size(); ++i) {
-    absl::StatusOr<GenerateResult> result = futures[i].get();
-    REQUIRE(result.ok());
-    INFO(result->error);
-    REQUIRE(result->ok());
-    AddAgreement(prompts[i], Tokens(*result), agreement);
-  }
+  AddAgreements(agent, ToyPrompts(37, 16), max_new_tokens, agreement);
   // Every request succeeded, so every chunk passed the cloud's check that it holds float32
   // (a bfloat16 payload fails its session: "states.dtype"); before the agent converted at
   // the wire, it refused this cloud at Hello.
