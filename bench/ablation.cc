@@ -118,6 +118,7 @@ std::string AgentYaml(const AblationConfig& config, const AblationOptions& optio
       "max_context: %d\n"
       "prompt_chunk_size: %d\n"
       "pipeline_prompt_chunks: %s\n"
+      "wire_dtype: %s\n"
       "max_concurrent_requests: 256\n"
       "default_max_new_tokens: %d\n"
       "speculative:\n"
@@ -133,7 +134,7 @@ std::string AgentYaml(const AblationConfig& config, const AblationOptions& optio
       // benchmark's client reaches it from the host namespace.
       slot.listen_address.rfind("127.", 0) == 0 ? "false" : "true", slot.cloud_address,
       fs::absolute(options.device_bundle).string(), options.max_context, chunk,
-      config.pipeline_chunks ? "true" : "false", std::min<int64_t>(128, options.max_context - 1),
+      config.pipeline_chunks ? "true" : "false", options.wire_dtype, std::min<int64_t>(128, options.max_context - 1),
       config.speculative ? "true" : "false", config.parallel_drafting ? "true" : "false",
       slot.one_way_delay_s, slot.uplink_bytes_per_second, slot.downlink_bytes_per_second,
       slot.metrics_address);
@@ -685,6 +686,7 @@ absl::StatusOr<nlohmann::json> RunAblation(const AblationOptions& options) {
       {"links", {{"how", links_note},
                  {"scale", links.scale},
                  {"bytes_per_token", options.bytes_per_token},
+                 {"wire_dtype", options.wire_dtype},
                  {"one_way_delay_s", options.one_way_delay_s},
                  {"devices", device_links}}},
       {"sla", {{"ttft_s", options.sla.ttft_s}, {"tbt_s", options.sla.tbt_s}}},

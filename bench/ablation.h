@@ -81,6 +81,10 @@ struct AblationOptions {
   double bytes_per_token = 0;  // 0: no scaling
   double reference_bytes_per_token = 8192;
   double link_period_s = 5;  // netns links redraw their bandwidth this often
+  // Every agent's wire_dtype (configs/agent.yaml): cloud, float32, float16, bfloat16, int8.
+  // The link scaling above stays at the model's float32 bytes, so a smaller wire shows as
+  // time saved on the same links.
+  std::string wire_dtype = "cloud";
 };
 
 // What an agent of one configuration is told (exposed for tests: it must load with the real

@@ -10,16 +10,29 @@
 #include "models/formats/checkpoint.h"
 #include "models/formats/config.h"
 #include "models/runtime/submodel.h"
+#include "proto/hidden_states.h"
 
 namespace tophat {
 namespace {
 
-// The three submodels of the split, each in its own dtype.
+// The three submodels of the split, each in its own dtype, and the wire between them.
 struct SplitPipeline {
   std::unique_ptr<Submodel> input;
   std::unique_ptr<Submodel> middle;
   std::unique_ptr<Submodel> output;
+  v1::DType wire = v1::DTYPE_FLOAT32;
 };
+
+// Hidden states as the other end receives them: encoded in the wire dtype and decoded into
+// the receiver's, as the agent and the cloud do.
+absl::StatusOr<at::Tensor> AcrossWire(const at::Tensor& hidden, v1::DType wire,
+                                      const Submodel& receiver) {
+  v1::HiddenStates states;
+  TOPHAT_RETURN_IF_ERROR(PackHiddenStates(hidden, wire, &states));
+  TOPHAT_ASSIGN_OR_RETURN(at::Tensor received,
+                          UnpackHiddenStates(states, receiver.options().dtype));
+  return received.to(receiver.options().device);
+}
 
 struct PipelineCaches {
   KvCache input;
@@ -27,14 +40,16 @@ struct PipelineCaches {
   KvCache output;
 };
 
-// ids -> float32 logits of every position, continuing the caches. The hidden states change
-// dtype where the agent converts them: shallow -> cloud's float32, deep -> device dtype.
+// ids -> float32 logits of every position, continuing the caches. The hidden states cross
+// the wire twice: shallow -> cloud's float32, deep -> device dtype.
 absl::StatusOr<at::Tensor> SplitLogits(const SplitPipeline& p, PipelineCaches& caches,
                                        const at::Tensor& ids) {
   TOPHAT_ASSIGN_OR_RETURN(at::Tensor h, p.input->Embed(ids));
   TOPHAT_ASSIGN_OR_RETURN(h, p.input->Forward(h, caches.input));
-  TOPHAT_ASSIGN_OR_RETURN(h, p.middle->Forward(h.to(p.middle->options().dtype), caches.middle));
-  TOPHAT_ASSIGN_OR_RETURN(h, p.output->Forward(h.to(p.output->options().dtype), caches.output));
+  TOPHAT_ASSIGN_OR_RETURN(h, AcrossWire(h, p.wire, *p.middle));
+  TOPHAT_ASSIGN_OR_RETURN(h, p.middle->Forward(h, caches.middle));
+  TOPHAT_ASSIGN_OR_RETURN(h, AcrossWire(h, p.wire, *p.output));
+  TOPHAT_ASSIGN_OR_RETURN(h, p.output->Forward(h, caches.output));
   return p.output->Logits(h);
 }
 
@@ -78,6 +93,8 @@ absl::StatusOr<DtypeNumericsReport> MeasureDeviceDtype(
   TOPHAT_ASSIGN_OR_RETURN(std::unique_ptr<Submodel> full,
                           Submodel::Load(config, *checkpoint, SubmodelSpec::Full(config), float32));
   SplitPipeline split;
+  split.wire = options.wire_dtype != v1::DTYPE_UNSPECIFIED ? options.wire_dtype
+                                                          : v1::DTYPE_FLOAT32;
   TOPHAT_ASSIGN_OR_RETURN(
       split.input,
       Submodel::Load(config, *checkpoint, SubmodelSpec::Input(options.input_layers), device));
@@ -98,6 +115,8 @@ absl::StatusOr<DtypeNumericsReport> MeasureDeviceDtype(
 
   DtypeNumericsReport report;
   report.device_dtype = TorchDtypeName(options.device_dtype);
+  report.wire_dtype = WireDtypeName(split.wire);
+  report.wire_bytes_per_position = WireBytesPerPosition(split.wire, config.hidden_size);
   double error_sum = 0;
   double divergence_sum = 0;
   int64_t diverged = 0;
@@ -165,11 +184,12 @@ absl::StatusOr<DtypeNumericsReport> MeasureDeviceDtype(
 
 std::string DtypeNumericsReport::ToTable() const {
   return absl::StrFormat(
-      "| device dtype | prompts | logit rows | max abs logit error | mean abs logit error | "
+      "| device dtype | wire dtype | wire bytes/position | prompts | logit rows | "
+      "max abs logit error | mean abs logit error | "
       "largest abs logit | greedy agreement (teacher-forced) | identical continuations | "
-      "mean first divergence |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
-      "| %s | %d | %d | %.4f | %.5f | %.2f | %.2f%% (%d/%d) | %d/%d | %s |",
-      device_dtype, prompts, positions, max_abs_logit_error, mean_abs_logit_error, logit_range,
+      "mean first divergence |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+      "| %s | %s | %d | %d | %d | %.4f | %.5f | %.2f | %.2f%% (%d/%d) | %d/%d | %s |",
+      device_dtype, wire_dtype, wire_bytes_per_position, prompts, positions, max_abs_logit_error, mean_abs_logit_error, logit_range,
       greedy_positions > 0 ? 100.0 * static_cast<double>(greedy_agreed) /
                                  static_cast<double>(greedy_positions)
                            : 0.0,
@@ -180,6 +200,8 @@ std::string DtypeNumericsReport::ToTable() const {
 
 nlohmann::json DtypeNumericsReport::ToJson() const {
   return {{"device_dtype", device_dtype},
+          {"wire_dtype", wire_dtype},
+          {"wire_bytes_per_position", wire_bytes_per_position},
           {"prompts", prompts},
           {"logit_rows", positions},
           {"max_abs_logit_error", max_abs_logit_error},

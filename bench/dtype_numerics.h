@@ -1,7 +1,8 @@
-// How far the device's compute dtype moves the split model's output from float32: the input
-// and output submodels in the device's dtype, the middle in float32 (the cloud), and the
-// hidden states converted where they cross, exactly as tophat-agent does against a float32
-// cloud. Compared with the whole model in float32 on the same prompts.
+// How far the device's compute dtype and the wire's dtype move the split model's output from
+// float32: the input and output submodels in the device's dtype, the middle in float32 (the
+// cloud), and the hidden states encoded in the wire dtype and decoded where they cross, with
+// the code tophat-agent and tophat-cloud use (proto/hidden_states.h). Compared with the whole
+// model in float32 on the same prompts.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "tophat/v1/cloud.pb.h"
 
 namespace tophat {
 
@@ -21,12 +23,16 @@ struct DtypeNumericsOptions {
   int64_t input_layers = 2;   // m
   int64_t output_layers = 1;  // k
   at::ScalarType device_dtype = at::kBFloat16;
+  // Both directions; DTYPE_UNSPECIFIED: the cloud's float32, as wire_dtype: cloud does.
+  v1::DType wire_dtype = v1::DTYPE_UNSPECIFIED;
   at::Device device = at::kCPU;
   int64_t new_tokens = 32;  // greedy tokens per prompt
 };
 
 struct DtypeNumericsReport {
   std::string device_dtype;
+  std::string wire_dtype;
+  int64_t wire_bytes_per_position = 0;  // one direction
   int64_t prompts = 0;
   int64_t positions = 0;           // logit rows compared (prompt + continuation)
   double max_abs_logit_error = 0;  // over every row and vocabulary entry

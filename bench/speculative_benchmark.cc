@@ -52,6 +52,7 @@ struct Args {
   int64_t new_tokens = 64;
   int64_t input_layers = 2;
   int64_t output_layers = 1;
+  std::string wire_dtype = "cloud";
   std::string json_path;
 };
 
@@ -93,6 +94,10 @@ int main(int argc, char** argv) {
   app.add_option("--prompts", args.prompts, "Prompts per configuration")->capture_default_str();
   app.add_option("--new-tokens", args.new_tokens, "Tokens generated per prompt")
       ->capture_default_str();
+  app.add_option("--wire-dtype", args.wire_dtype,
+                 "The agents' wire_dtype: hidden states on the link, both ways (cloud: float32)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cloud", "float32", "float16", "bfloat16", "int8"}));
   app.add_option("--json", args.json_path, "Also write the report here");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::err);
@@ -139,6 +144,7 @@ int main(int argc, char** argv) {
     config.metrics_address = "";
     config.cloud_tls.insecure = true;  // an in-process cloud on loopback
     config.max_context = 1024;
+    config.wire_dtype = args.wire_dtype;
     config.speculative.enabled = mode.speculative;
     config.speculative.parallel_drafting = mode.parallel;
     config.link_emulation.one_way_delay_s = args.one_way_delay_ms / 1000.0;
@@ -183,6 +189,7 @@ int main(int argc, char** argv) {
       adapter.distillation.value("report", json::object()).value("model_parameters", int64_t{0});
   json report = {{"model", fs::absolute(args.model).string()},
                  {"one_way_delay_ms", args.one_way_delay_ms},
+                 {"wire_dtype", args.wire_dtype},
                  {"prompts", args.prompts},
                  {"new_tokens", args.new_tokens},
                  {"split", {{"input_layers", args.input_layers}, {"output_layers", args.output_layers}}},

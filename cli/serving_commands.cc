@@ -223,8 +223,10 @@ int RunAblationCommand(const AblationArgs& args) {
                              ? fs::path(TOPHAT_SOURCE_DIR) / "deploy" / "edge-links.sh"
                              : fs::path(args.links_script);
   options.one_way_delay_s = args.one_way_delay_ms / 1e3;
-  // Hidden states travel as float32 (the cloud's dtype in the ablation).
+  // The links are scaled by the model's float32 hidden state (the cloud's dtype in the
+  // ablation), whatever --wire-dtype sends over them.
   options.bytes_per_token = args.scale_links ? static_cast<double>(config->hidden_size) * 4 : 0;
+  options.wire_dtype = args.wire_dtype;
   options.link_period_s = args.link_period_s;
 
   // Prompts are windows of English-like text from the toy grammar (held out from training by

@@ -55,6 +55,7 @@ struct AblationArgs {
   double one_way_delay_ms = 10;
   bool scale_links = true;
   double link_period_s = 5;
+  std::string wire_dtype = "cloud";
   std::string json_path;  // "": WORK_DIR/ablation.json
 };
 int RunAblationCommand(const AblationArgs& args);

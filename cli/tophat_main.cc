@@ -18,6 +18,7 @@
 #include "cli/serving_commands.h"
 #include "bench/dtype_numerics.h"
 #include "bench/model_benchmark.h"
+#include "proto/hidden_states.h"
 #include "models/training/toy_corpus.h"
 #include "models/runtime/bundle.h"
 #include "models/training/distill.h"
@@ -324,14 +325,15 @@ int main(int argc, char** argv) {
   tophat::DtypeNumericsOptions numerics;
   std::string numerics_dtype = "bfloat16";
   std::string numerics_device = "cpu";
+  std::string numerics_wire = "cloud";
   int64_t numerics_prompts = 100;
   fs::path numerics_json;
   auto* numerics_cmd = app.add_subcommand(
       "bench-dtype",
-      "How far the device's compute dtype moves the split model from float32: input and "
-      "output submodels in --dtype, the middle in float32, hidden states converted where they "
-      "cross (as tophat-agent does with a float32 cloud); max and mean logit error and greedy "
-      "agreement over toy-grammar prompts");
+      "How far the device's compute dtype and the wire dtype move the split model from "
+      "float32: input and output submodels in --dtype, the middle in float32, hidden states "
+      "encoded in --wire-dtype where they cross (as tophat-agent and tophat-cloud do); max and "
+      "mean logit error and greedy agreement over toy-grammar prompts");
   numerics_cmd->add_option("--model", numerics.model_dir, "Checkpoint directory (with a tokenizer)")
       ->required()->check(CLI::ExistingDirectory);
   numerics_cmd->add_option("-m,--input-layers", numerics.input_layers)->capture_default_str()
@@ -342,6 +344,10 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
   numerics_cmd->add_option("--device", numerics_device, "cpu, cuda or cuda:N")
       ->capture_default_str();
+  numerics_cmd->add_option("--wire-dtype", numerics_wire,
+                           "The hidden states' dtype on the link, both ways (cloud: float32)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cloud", "float32", "float16", "bfloat16", "int8"}));
   numerics_cmd->add_option("--prompts", numerics_prompts)->capture_default_str()
       ->check(CLI::Range(1, 100000));
   numerics_cmd->add_option("--new-tokens", numerics.new_tokens, "Greedy tokens per prompt")
@@ -483,6 +489,12 @@ int main(int argc, char** argv) {
                             "Ablation: use HAT's 5-10 MB/s up, 10-15 MB/s down as is, instead "
                             "of scaling them so each token takes Vicuna-7B's time on the wire")
       ->needs(ablation_flag);
+  serve_bench_cmd->add_option("--wire-dtype", ablation.wire_dtype,
+                              "Ablation: every agent's wire_dtype (hidden states on the links; "
+                              "the links keep their float32 scaling)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cloud", "float32", "float16", "bfloat16", "int8"}))
+      ->needs(ablation_flag);
   serve_bench_cmd->add_option("--link-period", ablation.link_period_s,
                               "Ablation: seconds between bandwidth changes (netns links)")
       ->capture_default_str()->check(CLI::NonNegativeNumber)->needs(ablation_flag);
@@ -566,6 +578,11 @@ int main(int argc, char** argv) {
     if (!dtype.ok()) return Fail(dtype.status());
     numerics.device_dtype = *dtype;
     numerics.device = at::Device(numerics_device);
+    if (numerics_wire != "cloud") {
+      auto wire = tophat::ParseWireDtypeName(numerics_wire);
+      if (!wire.ok()) return Fail(wire.status());
+      numerics.wire_dtype = *wire;
+    }
     auto tokenizer = tophat::Tokenizer::Load(numerics.model_dir);
     if (!tokenizer.ok()) return Fail(tokenizer.status());
     std::vector<std::vector<int32_t>> prompts;
@@ -575,8 +592,8 @@ int main(int argc, char** argv) {
       if (auto bos = (*tokenizer)->bos_id()) ids->insert(ids->begin(), *bos);
       prompts.push_back(*std::move(ids));
     }
-    spdlog::info("bench-dtype: {} prompts, {} greedy tokens each, device dtype {}",
-                 prompts.size(), numerics.new_tokens, numerics_dtype);
+    spdlog::info("bench-dtype: {} prompts, {} greedy tokens each, device dtype {}, wire {}",
+                 prompts.size(), numerics.new_tokens, numerics_dtype, numerics_wire);
     auto report = tophat::MeasureDeviceDtype(numerics, prompts);
     if (!report.ok()) return Fail(report.status());
     std::cout << report->ToTable() << "\n" << report->ToJson().dump(2) << "\n";

@@ -54,6 +54,7 @@ void CheckAgentConfig(const AgentConfig& config, bool require_bundle, Report&& r
   }
   check("cloud_address", CheckHostPort(config.cloud_address, /*allow_port_zero=*/false));
   check("dtype", CheckDtype(config.dtype));
+  check("wire_dtype", CheckWireDtype(config.wire_dtype));
   check("device", CheckDevice(config.device));
   if (CheckDtype(config.dtype).ok() && CheckDevice(config.device).ok()) {
     check("dtype", CheckDtypeOnDevice(config.dtype, config.device));
@@ -138,6 +139,7 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
   reader.ReadString("cloud_tls.server_name", &config.cloud_tls.server_name);
   reader.ReadString("cloud_tls.token_file", &config.cloud_tls.token_file);
   reader.ReadString("dtype", &config.dtype);
+  reader.ReadString("wire_dtype", &config.wire_dtype);
   reader.ReadString("device", &config.device);
   reader.ReadInt("compute_threads", &config.compute_threads, Bound::kNonNegative);
   reader.ReadInt("max_context", &config.max_context, Bound::kPositive);

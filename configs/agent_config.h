@@ -44,6 +44,10 @@ struct AgentConfig {
     bool operator==(const CloudTls&) const = default;
   } cloud_tls;
   std::string dtype = "float32";
+  // The dtype hidden states cross the link in, both ways: "cloud" (the cloud's compute
+  // dtype, as Hello announces it), float32, float16, bfloat16 or int8 (one scale per
+  // position). A lossy wire changes the model: outputs equal the model run with that wire.
+  std::string wire_dtype = "cloud";
   std::string device = "cpu";
   int64_t compute_threads = 0;  // CPU threads for the model math (LibTorch + OpenBLAS); 0: per core
   int64_t max_context = 4096;

@@ -126,6 +126,11 @@ absl::Status CheckDtype(std::string_view dtype) {
   return NotOneOf(dtype, "float32, float16, bfloat16");
 }
 
+absl::Status CheckWireDtype(std::string_view dtype) {
+  if (dtype == "cloud" || dtype == "int8" || CheckDtype(dtype).ok()) return absl::OkStatus();
+  return NotOneOf(dtype, "cloud, float32, float16, bfloat16, int8");
+}
+
 absl::Status CheckDevice(std::string_view device) {
   if (device == "cpu" || device == "cuda") return absl::OkStatus();
   std::string_view index = device;

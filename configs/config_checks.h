@@ -31,6 +31,8 @@ absl::Status CheckCanListen(std::string_view address, std::string_view key);
 
 // float32 | float16 | bfloat16.
 absl::Status CheckDtype(std::string_view dtype);
+// A hidden-state wire dtype as the agent config names it: cloud, float32, float16, bfloat16, int8.
+absl::Status CheckWireDtype(std::string_view dtype);
 
 // cpu | cuda | cuda:N.
 absl::Status CheckDevice(std::string_view device);

@@ -144,10 +144,11 @@ class Agent::Request : private CloudSession {
   uint64_t epoch_ = 0;
   uint64_t sequence_number_ = 0;
   std::shared_ptr<SessionMailbox> mailbox_;
-  // The cloud's dtype, in which hidden states cross the link both ways (Hello); the agent
-  // converts to and from its own compute dtype at this boundary.
+  // The dtype hidden states cross the link in, both ways: the config's wire_dtype, or the
+  // cloud's compute dtype (Hello). The agent converts to and from its own compute dtype at
+  // this boundary, and asks for its results in it (OpenSession.result_dtype).
   v1::DType wire_dtype_ = v1::DTYPE_FLOAT32;
-  at::ScalarType wire_scalar_type_ = at::kFloat;
+  v1::DType cloud_dtype_ = v1::DTYPE_FLOAT32;
 };
 
 v1::GenerateResponse Agent::Request::Run() {
@@ -264,8 +265,8 @@ absl::Status Agent::Request::Open(uint64_t after_epoch) {
         "prompt of ", prompt_length_, " tokens + max_new_tokens ", max_new_tokens_,
         " exceeds the cloud's context of ", connected.hello.max_positions(), " positions"));
   }
-  wire_dtype_ = connected.hello.dtype();
-  TOPHAT_ASSIGN_OR_RETURN(wire_scalar_type_, FromProtoDType(wire_dtype_));  // CheckHello passed it
+  cloud_dtype_ = connected.hello.dtype();  // CheckHello made sure this build knows it
+  wire_dtype_ = agent_.wire_dtype_ != v1::DTYPE_UNSPECIFIED ? agent_.wire_dtype_ : cloud_dtype_;
   max_chunk_positions_ = std::max<int64_t>(1, connected.hello.max_chunk_positions());
   if (chunk_size_ == 0) {
     chunk_size_ = request_.prompt_chunk_size() > 0 ? request_.prompt_chunk_size()
@@ -279,6 +280,7 @@ absl::Status Agent::Request::Open(uint64_t after_epoch) {
   open->set_max_positions(static_cast<uint32_t>(max_positions_));
   const double left = Seconds(deadline_ - SteadyClock::now());
   open->set_timeout_ms(static_cast<uint32_t>(std::max(1.0, left * 1000)));
+  open->set_result_dtype(wire_dtype_);
   // A send failure means the stream just broke; the mailbox will say so and we replay.
   agent_.cloud_->Send(epoch_, message).IgnoreError();
   return absl::OkStatus();
@@ -374,10 +376,13 @@ void Agent::Request::SendRows(int64_t from, int64_t to, v1::Phase phase, double 
     chunk->set_sequence_number(++sequence_number_);
     chunk->set_first_position(static_cast<uint32_t>(start));
     chunk->set_phase(phase);
-    at::Tensor rows = shallow_.narrow(0, start, n);
-    if (rows.scalar_type() != wire_scalar_type_) rows = rows.to(wire_scalar_type_);
-    PackHiddenStates(rows, chunk->mutable_states()).IgnoreError();
-    const size_t bytes = chunk->states().data().size();
+    const at::Tensor rows = shallow_.narrow(0, start, n);
+    if (!PackHiddenStates(rows, wire_dtype_, chunk->mutable_states()).ok()) {
+      // Only int8 refuses, for a non-finite value no scale can carry: that chunk goes in the
+      // cloud's own dtype, which carries it as it is.
+      PackHiddenStates(rows, cloud_dtype_, chunk->mutable_states()).IgnoreError();
+    }
+    const size_t bytes = chunk->states().data().size() + chunk->states().scales().size();
     stats_.RecordUpload(bytes);
     chunks_.Sent({.sequence_number = sequence_number_,
                   .epoch = epoch_,
@@ -456,12 +461,10 @@ absl::Status Agent::Request::HandleResult(const v1::ForwardResult& result) {
                                             " but position ", consumed_, " is still missing"));
   }
   if (first + count <= consumed_) return absl::OkStatus();  // a replayed position
-  TOPHAT_ASSIGN_OR_RETURN(at::Tensor deep, UnpackHiddenStates(result.states()));
+  TOPHAT_ASSIGN_OR_RETURN(at::Tensor deep,
+                          UnpackHiddenStates(result.states(), bundle.output->options().dtype));
   const int64_t skip = consumed_ - first;
   deep = deep.narrow(0, skip, count - skip);
-  if (deep.scalar_type() != bundle.output->options().dtype) {
-    deep = deep.to(bundle.output->options().dtype);
-  }
   TOPHAT_ASSIGN_OR_RETURN(at::Tensor out, bundle.output->Forward(deep, *output_cache_));
   last_output_ = out.narrow(0, out.size(0) - 1, 1);
   if (decoding_) rounds_->AddOutputStates(out);
@@ -580,6 +583,10 @@ Agent::Agent(AgentConfig config, DeviceBundle bundle,
              std::shared_ptr<grpc::ChannelCredentials> cloud_credentials, std::string cloud_token,
              prometheus::Registry* registry)
     : config_(std::move(config)), bundle_(std::move(bundle)) {
+  if (config_.wire_dtype != "cloud") {
+    // Validated with the config (CheckWireDtype).
+    wire_dtype_ = ParseWireDtypeName(config_.wire_dtype).value_or(v1::DTYPE_UNSPECIFIED);
+  }
   if (registry != nullptr) metrics_ = std::make_unique<AgentMetrics>(*registry);
   CloudConnectionOptions options{
       .address = config_.cloud_address,

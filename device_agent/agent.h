@@ -81,6 +81,8 @@ class Agent : private LinkSampleSink {
   void ObserveResult(double cloud_sent_at, double received_seconds, double bytes) override;
 
   const AgentConfig config_;
+  // config_.wire_dtype parsed; DTYPE_UNSPECIFIED: the cloud's compute dtype (Hello).
+  v1::DType wire_dtype_ = v1::DTYPE_UNSPECIFIED;
   DeviceBundle bundle_;
   std::unique_ptr<AgentMetrics> metrics_;
   std::unique_ptr<CloudConnection> cloud_;

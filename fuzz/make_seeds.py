@@ -115,6 +115,12 @@ def main():
             msg = (field_varint(1, dtype) + field_varint(2, positions) + field_varint(3, hidden)
                    + field_bytes(4, payload))
             write(out, "hidden_states", f"dtype{dtype}-{positions}.bin", bytes([dtype]) + msg)
+    # int8 with one float32 scale per position (field 5).
+    for positions in (1, 3):
+        scales = struct.pack(f"<{positions}f", *[0.5] * positions)
+        msg = (field_varint(1, 4) + field_varint(2, positions) + field_varint(3, hidden)
+               + field_bytes(4, bytes(range(hidden)) * positions) + field_bytes(5, scales))
+        write(out, "hidden_states", f"dtype4-{positions}.bin", bytes([4]) + msg)
     write(out, "hidden_states", "short.bin",
           bytes([1]) + field_varint(1, 1) + field_varint(2, 2) + field_varint(3, hidden)
           + field_bytes(4, b"\0" * 7))

@@ -2,6 +2,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <cstring>
+#include <limits>
+
 namespace tophat {
 namespace {
 
@@ -57,6 +60,87 @@ TEST_CASE("A dtype this build does not know is named by its number") {
   const absl::Status status = ValidateHiddenStates(states, v1::DTYPE_FLOAT32, 4, 16);
   CHECK(std::string(status.message()) ==
         "states.dtype (unknown value 77) is not a hidden-state dtype");
+}
+
+TEST_CASE("Hidden states convert to every wire dtype and back within its precision") {
+  // Rows of very different magnitudes: int8's scale is per position, so a small row keeps
+  // its precision next to a large one.
+  at::Tensor hidden = at::randn({6, 40});
+  hidden[1] *= 1000;
+  hidden[2] *= 1e-3;
+  hidden[3].zero_();
+  for (at::ScalarType source : {at::kFloat, at::kHalf, at::kBFloat16}) {
+    const at::Tensor input = hidden.to(source);
+    for (v1::DType wire : {v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16,
+                           v1::DTYPE_INT8_PER_POSITION}) {
+      INFO(c10::toString(source) << " as " << WireDtypeName(wire));
+      v1::HiddenStates states;
+      REQUIRE(PackHiddenStates(input, wire, &states).ok());
+      CHECK(states.dtype() == wire);
+      CHECK(static_cast<int64_t>(states.data().size() + states.scales().size()) ==
+            6 * WireBytesPerPosition(wire, 40));
+      REQUIRE(ValidateHiddenStates(states, wire, 40, 6).ok());
+      REQUIRE(ValidateHiddenStates(states, v1::DTYPE_UNSPECIFIED, 40, 6).ok());
+      auto back = UnpackHiddenStates(states, at::kFloat);
+      REQUIRE(back.ok());
+      const at::Tensor reference = input.to(at::kFloat);
+      // Per position: the wire's relative step times the position's largest magnitude.
+      const double step = wire == v1::DTYPE_FLOAT32    ? 0
+                          : wire == v1::DTYPE_FLOAT16  ? 1.0 / 1024
+                          : wire == v1::DTYPE_BFLOAT16 ? 1.0 / 128
+                                                       : 1.0 / 127;
+      for (int64_t row = 0; row < 6; ++row) {
+        const double largest = reference[row].abs().max().item<double>();
+        const double error = (*back)[row].sub(reference[row]).abs().max().item<double>();
+        CHECK(error <= step * largest * (0.5 + 1e-5) + 1e-30);  // + float rounding
+      }
+      CHECK((*back)[3].abs().max().item<float>() == 0);
+    }
+  }
+}
+
+TEST_CASE("An int8 wire refuses non-finite hidden states and malformed scales") {
+  at::Tensor hidden = at::randn({3, 8});
+  hidden[1][2] = std::numeric_limits<float>::infinity();
+  v1::HiddenStates states;
+  const absl::Status refused = PackHiddenStates(hidden, v1::DTYPE_INT8_PER_POSITION, &states);
+  CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(refused.message()).find("position 1") != std::string::npos);
+
+  REQUIRE(PackHiddenStates(at::randn({3, 8}), v1::DTYPE_INT8_PER_POSITION, &states).ok());
+  const auto message = [&] {
+    return std::string(ValidateHiddenStates(states, v1::DTYPE_INT8_PER_POSITION, 8, 16).message());
+  };
+  CHECK(message().empty());
+  const std::string good = states.scales();
+  states.mutable_scales()->pop_back();
+  CHECK(message().find("states.scales holds 11 bytes") != std::string::npos);
+  CHECK_FALSE(UnpackHiddenStates(states).ok());
+  *states.mutable_scales() = good;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(states.mutable_scales()->data() + 4, &nan, sizeof(nan));
+  CHECK(message().find("states.scales[1]") != std::string::npos);
+  const float negative = -1;
+  std::memcpy(states.mutable_scales()->data() + 4, &negative, sizeof(negative));
+  CHECK(message().find("states.scales[1]") != std::string::npos);
+
+  // A float payload carries no scales.
+  REQUIRE(PackHiddenStates(at::randn({3, 8}), &states).ok());
+  states.set_scales("abcd");
+  CHECK(std::string(ValidateHiddenStates(states, v1::DTYPE_FLOAT32, 8, 16).message())
+            .find("states.scales") != std::string::npos);
+}
+
+TEST_CASE("Wire dtype names parse and print") {
+  for (const char* name : {"float32", "float16", "bfloat16", "int8"}) {
+    auto dtype = ParseWireDtypeName(name);
+    REQUIRE(dtype.ok());
+    CHECK(WireDtypeName(*dtype) == name);
+  }
+  CHECK(std::string(ParseWireDtypeName("fp8").status().message()).find("\"fp8\"") !=
+        std::string::npos);
+  CHECK(WireBytesPerPosition(v1::DTYPE_INT8_PER_POSITION, 768) == 772);
+  CHECK(WireBytesPerPosition(v1::DTYPE_FLOAT16, 768) == 1536);
 }
 
 }  // namespace

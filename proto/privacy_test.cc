@@ -18,8 +18,10 @@ namespace {
 using google::protobuf::Descriptor;
 using google::protobuf::FieldDescriptor;
 
-// The one field allowed to hold opaque bytes: hidden states, validated for exact size.
-const std::set<std::string> kAllowedBytes = {"tophat.v1.HiddenStates.data"};
+// The fields allowed to hold opaque bytes: hidden states and int8's per-position scales,
+// both validated for exact size (and the scales for finite, non-negative values).
+const std::set<std::string> kAllowedBytes = {"tophat.v1.HiddenStates.data",
+                                             "tophat.v1.HiddenStates.scales"};
 
 void Walk(const Descriptor* message, std::set<std::string>& seen,
           std::vector<std::string>& violations) {

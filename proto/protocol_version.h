@@ -7,6 +7,8 @@
 
 namespace tophat {
 
-inline constexpr uint32_t kCloudProtocolVersion = 1;
+// 2: hidden states travel in any DType both ways (int8 per position added), results in the
+// session's OpenSession.result_dtype.
+inline constexpr uint32_t kCloudProtocolVersion = 2;
 
 }  // namespace tophat

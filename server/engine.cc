@@ -352,9 +352,20 @@ void Engine::Open(StreamId stream, const v1::OpenSession& open) {
       return;
     }
   }
+  v1::DType result_dtype = open.result_dtype();
+  if (result_dtype == v1::DTYPE_UNSPECIFIED) result_dtype = wire_dtype_;
+  if (ElementBytes(result_dtype) == 0) {
+    SendError(stream, id, 0,
+              absl::InvalidArgumentError(absl::StrCat(
+                  "open.result_dtype ", static_cast<int>(open.result_dtype()),
+                  " is not a hidden-state dtype this cloud knows")),
+              false);
+    return;
+  }
   auto session = std::make_unique<Session>(pool_);
   session->stream = stream;
   session->id = id;
+  session->result_dtype = result_dtype;
   session->max_positions = max_positions;
   session->opened = Clock::now();
   session->device = device;
@@ -413,7 +424,10 @@ void Engine::DecideForStream(StreamId stream) {
   if (it == streams_.end() || !device) return;
   // Unknown measurements fall back to the configured defaults (scheduler/decode_decisions.h).
   const DeviceControl decided = DecideDeviceControl(
-      *device, static_cast<double>(row_bytes_), monitor_.mean_batched_tokens(),
+      *device,
+      static_cast<double>(it->second.uplink_row_bytes > 0 ? it->second.uplink_row_bytes
+                                                          : row_bytes_),
+      monitor_.mean_batched_tokens(),
       monitor_.step_time(),
       {.default_prompt_chunk = options_.control.prompt_chunk_size(),
        .default_draft_steps = options_.control.draft_steps(),
@@ -492,7 +506,9 @@ void Engine::AcceptChunk(StreamId stream, v1::ForwardChunk& chunk, Clock::time_p
     return;
   }
   const v1::HiddenStates& states = chunk.states();
-  absl::Status valid = ValidateHiddenStates(states, wire_dtype_, middle_->config().hidden_size,
+  // Any wire dtype: a payload not in the compute dtype is converted once it is accepted.
+  absl::Status valid = ValidateHiddenStates(states, v1::DTYPE_UNSPECIFIED,
+                                            middle_->config().hidden_size,
                                             options_.max_chunk_tokens);
   if (valid.ok() && chunk.first_position() != session->next_position) {
     valid = absl::InvalidArgumentError(absl::StrCat(
@@ -512,14 +528,24 @@ void Engine::AcceptChunk(StreamId stream, v1::ForwardChunk& chunk, Clock::time_p
     FailSession({stream, id}, chunk.sequence_number(), valid);
     return;
   }
-  if (metrics_ != nullptr) metrics_->hidden_state_bytes_in.Increment(states.data().size());
+  if (metrics_ != nullptr) {
+    metrics_->hidden_state_bytes_in.Increment(states.data().size() + states.scales().size());
+  }
+  streams_[stream].uplink_row_bytes =
+      WireBytesPerPosition(states.dtype(), middle_->config().hidden_size);
   WorkItem item;
   item.sequence_number = chunk.sequence_number();
   item.first_position = chunk.first_position();
   item.num_tokens = states.num_positions();
   item.decode = chunk.phase() == v1::PHASE_DECODE;
   item.arrival = next_arrival_++;
-  item.data = std::move(*chunk.mutable_states()->mutable_data());
+  item.wire_bytes = static_cast<int64_t>(states.data().size());
+  if (states.dtype() == wire_dtype_) {
+    item.data = std::move(*chunk.mutable_states()->mutable_data());
+  } else {
+    item.data.resize(item.num_tokens * row_bytes_);
+    DecodeHiddenStates(states, middle_->options().dtype, item.data.data());
+  }
   item.received = received;
   session->next_position += item.num_tokens;
   session->work.push_back(std::move(item));
@@ -779,23 +805,35 @@ void Engine::Complete() {
     result->set_compute_seconds(compute_seconds);
     result->set_kv_length(static_cast<uint32_t>(session->cache.length()));
     v1::HiddenStates* states = result->mutable_states();
-    states->set_dtype(wire_dtype_);
-    states->set_num_positions(static_cast<uint32_t>(part.num_tokens));
-    states->set_hidden_size(static_cast<uint32_t>(middle_->config().hidden_size));
-    states->mutable_data()->assign(
-        reinterpret_cast<const char*>(deep_bytes + part_row * row_bytes_),
-        part.num_tokens * row_bytes_);
+    const uint8_t* part_bytes = deep_bytes + part_row * row_bytes_;
+    if (session->result_dtype == wire_dtype_) {
+      states->set_dtype(wire_dtype_);
+      states->set_num_positions(static_cast<uint32_t>(part.num_tokens));
+      states->set_hidden_size(static_cast<uint32_t>(middle_->config().hidden_size));
+      states->mutable_data()->assign(reinterpret_cast<const char*>(part_bytes),
+                                     part.num_tokens * row_bytes_);
+    } else if (absl::Status encoded = EncodeHiddenStates(
+                   part_bytes, middle_->options().dtype, part.num_tokens,
+                   middle_->config().hidden_size, session->result_dtype, states);
+               !encoded.ok()) {
+      FailSession(key, head.sequence_number,
+                  absl::InternalError(absl::StrCat("the deep states of positions from ",
+                                                   head.first_position + head.done,
+                                                   " cannot travel: ", encoded.message())));
+      continue;
+    }
     head.done += part.num_tokens;
     const bool chunk_done = head.done == head.num_tokens;
     result->set_chunk_done(chunk_done);
     if (metrics_ != nullptr) {
-      metrics_->hidden_state_bytes_out.Increment(part.num_tokens * row_bytes_);
+      metrics_->hidden_state_bytes_out.Increment(states->data().size() +
+                                                  states->scales().size());
       (head.decode ? metrics_->generation_tokens : metrics_->prompt_tokens)
           .Increment(part.num_tokens);
     }
     if (chunk_done) {
       auto sink = streams_.find(session->stream);
-      if (sink != streams_.end()) sink->second.sink->Consumed(head.data.size());
+      if (sink != streams_.end()) sink->second.sink->Consumed(head.wire_bytes);
       session->work.pop_front();
     }
     Send(key.first, std::move(message));
@@ -838,7 +876,7 @@ void Engine::EraseSession(const SessionKey& key) {
   Session& session = *it->second;
   auto stream = streams_.find(key.first);
   for (const WorkItem& item : session.work) {
-    if (stream != streams_.end()) stream->second.sink->Consumed(item.data.size());
+    if (stream != streams_.end()) stream->second.sink->Consumed(item.wire_bytes);
   }
   if (session.state == SessionState::kRunning) {
     for (int32_t block : session.cache.block_table()) allocator_.Free(block);

@@ -134,7 +134,8 @@ class Engine {
     int64_t done = 0;  // positions already computed (a prefill chunk may span steps)
     bool decode = false;
     uint64_t arrival = 0;  // engine-wide order of receipt: the batch plan serves FIFO
-    std::string data;  // the chunk's payload, moved out of the message
+    std::string data;  // the chunk's payload in the compute dtype (converted from the wire's)
+    int64_t wire_bytes = 0;  // what it held on the wire: the stream's flow control counted it
     Clock::time_point received;
   };
   struct Session {
@@ -153,6 +154,7 @@ class Engine {
     int32_t quota_blocks = 0;  // what it counts against its device's KV quota
     int32_t device_slot = 0;   // its device's DeviceUsage::slot
     int32_t fair_rank = 0;     // Launch: how many of its device's pending sessions are older
+    v1::DType result_dtype = v1::DTYPE_FLOAT32;  // OpenSession.result_dtype, resolved
     explicit Session(std::shared_ptr<KvBlockPool> pool) : cache(std::move(pool)) {}
   };
   using SessionKey = std::pair<StreamId, uint64_t>;
@@ -161,6 +163,9 @@ class Engine {
     bool draining_notice_sent = false;
     std::optional<v1::Control> control;  // the last per-device Control sent
     std::string device;  // whom the per-device limits count this stream's sessions for
+    // Bytes of one position as this stream's newest chunk sent it (its wire dtype): what
+    // the scheduler sizes its prompt chunks by. 0 until a chunk arrives: the cloud's own.
+    int64_t uplink_row_bytes = 0;
   };
   struct Event {
     enum class Kind { kAttach, kMessage, kDetach, kCancelAll } kind;
@@ -211,8 +216,8 @@ class Engine {
   const std::shared_ptr<KvBlockPool> pool_;
   CloudMetrics* const metrics_;
   v1::Hello hello_;
-  v1::DType wire_dtype_;
-  int64_t row_bytes_;
+  v1::DType wire_dtype_;  // the compute dtype as the wire names it (Hello.dtype)
+  int64_t row_bytes_;     // bytes of one position in the compute dtype
 
   // Intake: the only state shared with other threads, besides the stats atomics.
   std::mutex intake_mutex_;

@@ -63,23 +63,30 @@ struct Harness {
     REQUIRE(hello.size() == 1);
     REQUIRE(hello[0].has_hello());
   }
-  void Open(uint64_t id, uint32_t max_positions) {
+  void Open(uint64_t id, uint32_t max_positions,
+            v1::DType result_dtype = v1::DTYPE_UNSPECIFIED) {
     v1::AgentMessage message;
     message.mutable_open()->set_session_id(id);
     message.mutable_open()->set_max_positions(max_positions);
+    message.mutable_open()->set_result_dtype(result_dtype);
     engine->Deliver(1, message);
   }
+  // `wire`: the chunk's dtype on the wire; `sent` gets what the cloud decodes from it.
   void Chunk(uint64_t id, uint32_t first, int64_t positions, v1::Phase phase,
-             at::Tensor* sent = nullptr) {
+             at::Tensor* sent = nullptr, v1::DType wire = v1::DTYPE_FLOAT32) {
     at::Tensor hidden = at::randn({positions, TinyMiddle()->config().hidden_size});
-    if (sent != nullptr) *sent = hidden;
     v1::AgentMessage message;
     v1::ForwardChunk* chunk = message.mutable_forward();
     chunk->set_session_id(id);
     chunk->set_sequence_number(first + 1);
     chunk->set_first_position(first);
     chunk->set_phase(phase);
-    REQUIRE(PackHiddenStates(hidden, chunk->mutable_states()).ok());
+    REQUIRE(PackHiddenStates(hidden, wire, chunk->mutable_states()).ok());
+    if (sent != nullptr) {
+      auto decoded = UnpackHiddenStates(chunk->states(), at::kFloat);
+      REQUIRE(decoded.ok());
+      *sent = *decoded;
+    }
     engine->Deliver(1, message);
   }
   std::shared_ptr<CollectingSink> sink = std::make_shared<CollectingSink>();
@@ -118,6 +125,54 @@ TEST_CASE("Engine results equal the raw middle forward, split across steps by th
   REQUIRE(expected.ok());
   CHECK(at::allclose(at::cat(pieces), *expected, 1e-5, 1e-5));
   CHECK(h.engine->stats().kv_blocks_allocated == 5);  // 20 positions in blocks of 4
+}
+
+TEST_CASE("Chunks in any wire dtype are computed as decoded, and results leave in the "
+          "session's dtype") {
+  for (v1::DType wire : {v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16, v1::DTYPE_INT8_PER_POSITION}) {
+    INFO(WireDtypeName(wire));
+    Harness h(SmallOptions());
+    h.Open(7, 32, wire);
+    at::Tensor sent;
+    h.Chunk(7, 0, 12, v1::PHASE_PREFILL, &sent, wire);
+    CHECK(h.engine->RunOnce() == 12);
+    std::vector<v1::CloudMessage> messages = h.sink->Take();
+    const v1::CloudMessage* result = nullptr;
+    for (const v1::CloudMessage& message : messages) {
+      if (message.has_result()) result = &message;
+    }
+    REQUIRE(result != nullptr);
+    CHECK(result->result().states().dtype() == wire);
+    // What the engine computed on: the decoded payload, exactly as float32.
+    KvCache cache = TinyMiddle()->NewCache(32);
+    auto expected = TinyMiddle()->Forward(sent, cache);
+    REQUIRE(expected.ok());
+    auto got = UnpackHiddenStates(result->result().states(), at::kFloat);
+    REQUIRE(got.ok());
+    // Within half the wire's rounding step of each position's largest magnitude (and float
+    // summation noise).
+    const double step = wire == v1::DTYPE_FLOAT16    ? 1.0 / 1024
+                        : wire == v1::DTYPE_BFLOAT16 ? 1.0 / 128
+                                                     : 1.0 / 127;
+    for (int64_t row = 0; row < 12; ++row) {
+      const double largest = (*expected)[row].abs().max().item<double>();
+      const double error = (*got)[row].sub((*expected)[row]).abs().max().item<double>();
+      CHECK(error <= step * largest * 0.5 + 1e-4);
+    }
+    // Flow control is released by what the chunk held on the wire, not its decoded size.
+    CHECK(h.sink->consumed() == 12 * ElementBytes(wire) * TinyMiddle()->config().hidden_size);
+  }
+}
+
+TEST_CASE("A session asking for results in an unknown dtype is refused") {
+  Harness h(SmallOptions());
+  h.Open(3, 16, static_cast<v1::DType>(42));
+  h.engine->RunOnce();
+  std::vector<v1::CloudMessage> messages = h.sink->Take();
+  REQUIRE(messages.size() == 1);
+  REQUIRE(messages[0].has_error());
+  CHECK(messages[0].error().code() == static_cast<int32_t>(absl::StatusCode::kInvalidArgument));
+  CHECK(messages[0].error().message().find("open.result_dtype 42") != std::string::npos);
 }
 
 TEST_CASE("Decode work runs before waiting prefill") {

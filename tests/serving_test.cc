@@ -6,6 +6,7 @@
 
 #include <signal.h>
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -1598,6 +1599,62 @@ TEST_CASE("An agent computing in bfloat16 serves a float32 cloud, converting at 
   // As in the all-bfloat16 test: only near ties of the float32 model may flip.
   for (double margin : agreement.disagreement_margins) CHECK(margin < 0.1);
   CHECK(fraction >= 0.97);
+}
+
+TEST_CASE("A compressed wire carries each position in its own bytes both ways, and speculative "
+          "decoding stays lossless against the model with that wire",
+          "[serving][speculative]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});  // float32
+  const int64_t hidden = ReferenceModel().config().hidden_size;
+  const int64_t max_new_tokens = 16;
+  const std::vector<std::string> sentences = ToyPrompts(41, 8);
+  for (const std::string wire : {"float16", "int8"}) {
+    INFO("wire_dtype " << wire);
+    const int64_t row_bytes = wire == "int8" ? hidden + 4 : 2 * hidden;
+    AgentProcess spec(dir.path(), cloud, 16, "wire_dtype: " + wire + "\n");
+    AgentProcess plain(dir.path(), cloud, 16,
+                       "wire_dtype: " + wire + "\nspeculative:\n  enabled: false\n");
+    // The cloud counts each received and sent payload's bytes and each computed position.
+    const auto totals = [&] {
+      return std::array<double, 3>{
+          cloud.Metric("tophat_hidden_state_bytes_total", "direction=\"in\""),
+          cloud.Metric("tophat_hidden_state_bytes_total", "direction=\"out\""),
+          cloud.Metric("tophat_prompt_tokens_total") +
+              cloud.Metric("tophat_generation_tokens_total")};
+    };
+    const std::array<double, 3> before = totals();
+    Agreement agreement;
+    for (const std::string& sentence : sentences) {
+      const std::vector<int32_t> prompt = Tokenize(sentence);
+      auto drafted = spec.client().Generate(IdsRequest(prompt, max_new_tokens));
+      auto decoded = plain.client().Generate(IdsRequest(prompt, max_new_tokens));
+      REQUIRE(drafted.ok());
+      REQUIRE(decoded.ok());
+      INFO(drafted->error << decoded->error);
+      REQUIRE(drafted->ok());
+      REQUIRE(decoded->ok());
+      CHECK(drafted->stats.draft_tokens() > 0);
+      // Lossless as before, against the model served through this wire: plain decoding
+      // through the same wire chooses the same tokens.
+      CHECK(Tokens(*drafted) == Tokens(*decoded));
+      AddAgreement(prompt, Tokens(*decoded), agreement);
+    }
+    const std::array<double, 3> after = totals();
+    const double positions = after[2] - before[2];
+    REQUIRE(positions > 0);
+    // Every position went up and came back in the wire's bytes (float32 would be 4 x hidden).
+    CHECK(after[0] - before[0] == positions * static_cast<double>(row_bytes));
+    CHECK(after[1] - before[1] == positions * static_cast<double>(row_bytes));
+    // Against the float32 model: only near ties may flip. float16 moves logits by about a
+    // thousandth, int8 (1/254 of each position's largest magnitude) by a few hundredths on
+    // this model (docs/benchmarks.md); a misdecoded payload flips confident choices.
+    std::string margins;
+    for (double m : agreement.disagreement_margins) margins += absl::StrFormat(" %.3f", m);
+    INFO("agreement " << agreement.agreed << "/" << agreement.tokens << ", margins:" << margins);
+    for (double margin : agreement.disagreement_margins) CHECK(margin < 0.25);
+    CHECK(agreement.agreed >= agreement.tokens * 95 / 100);
+  }
 }
 
 TEST_CASE("Sampled speculative decoding is reproducible for a seed with or without parallel "
