@@ -1,7 +1,7 @@
 // SLA-compliance CDF plots as PNG files, for `tophat bench --ablation`: x is an SLA bound in
 // milliseconds, y is the share of requests that meet it (the empirical CDF), one step line per
-// benchmark configuration. Self-contained (bitmap font, PNG writer) so benchmarks need no
-// plotting stack on the serving machines.
+// benchmark configuration. Drawn with cairo (anti-aliased; text in DejaVu Sans through
+// fontconfig, from fonts-dejavu-core, or whatever sans-serif face fontconfig offers instead).
 #pragma once
 
 #include <cstddef>
@@ -37,19 +37,15 @@ struct Rgb {
 inline constexpr int kCdfPanelWidth = 560;
 inline constexpr int kCdfPanelHeight = 400;
 
-// The colour of series `index` within its panel (the palette repeats after 9 series). No other
-// plot element uses these colours, so they identify a series' pixels exactly.
+// The colour of series `index` within its panel (the palette repeats after 9 series). Every
+// other plot element is grey, and the palette's colours lie far apart, so a pixel close to one
+// belongs to that series (anti-aliased edges blend toward the background).
 Rgb CdfSeriesColor(size_t index);
 
-// Writes the panels side by side into one RGB PNG at `path`.
+// Writes the panels side by side into one RGB PNG at `path`, replacing any file there.
 // InvalidArgumentError when there are no panels or a value is NaN, infinite or negative (the
 // message names the panel title and series label); UnavailableError naming `path` when the file
 // cannot be written.
 absl::Status WriteCdfPlotPng(const std::filesystem::path& path, std::span<const CdfPanel> panels);
-
-// A complete 8-bit RGB PNG (colour type 2, no interlace, filter 0 on every row). `rgb` is
-// row-major, 3 bytes per pixel. Empty when a dimension is not positive, `rgb` is not
-// width * height * 3 bytes, or zlib runs out of memory.
-std::vector<uint8_t> EncodePng(int width, int height, std::span<const uint8_t> rgb);
 
 }  // namespace tophat::bench

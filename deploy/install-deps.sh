@@ -15,6 +15,8 @@ packages=(
   prometheus-cpp-dev libyaml-cpp-dev libsentencepiece-dev nlohmann-json3-dev
   libcpp-httplib-dev libcli11-dev libspdlog-dev libpcre2-dev
   catch2
+  # The SLA plots of `tophat bench --ablation` (bench/cdf_plot.cc): cairo, text in DejaVu Sans.
+  libcairo2-dev fonts-dejavu-core
   # deploy/make-certs.sh: the CA and certificates of the mutual-TLS links (demo and tests);
   # libcrypto's SHA-256 for the model fingerprint of `tophat split`.
   openssl libssl-dev
