@@ -378,8 +378,8 @@ void Agent::Request::SendRows(int64_t from, int64_t to, v1::Phase phase, double 
     chunk->set_phase(phase);
     const at::Tensor rows = shallow_.narrow(0, start, n);
     if (!PackHiddenStates(rows, wire_dtype_, chunk->mutable_states()).ok()) {
-      // Only int8 refuses, for a non-finite value no scale can carry: that chunk goes in the
-      // cloud's own dtype, which carries it as it is.
+      // A value the wire cannot carry (not finite for int8, beyond float16's range): that
+      // chunk goes in the cloud's own dtype, which carries it as it is.
       PackHiddenStates(rows, cloud_dtype_, chunk->mutable_states()).IgnoreError();
     }
     const size_t bytes = chunk->states().data().size() + chunk->states().scales().size();
@@ -451,7 +451,9 @@ absl::Status Agent::Request::Pump(int64_t target, bool block) {
 
 absl::Status Agent::Request::HandleResult(const v1::ForwardResult& result) {
   const DeviceBundle& bundle = agent_.bundle_;
-  TOPHAT_RETURN_IF_ERROR(ValidateHiddenStates(result.states(), wire_dtype_,
+  // Any wire dtype: results come in the session's, or in the cloud's where a value does not
+  // fit the session's.
+  TOPHAT_RETURN_IF_ERROR(ValidateHiddenStates(result.states(), v1::DTYPE_UNSPECIFIED,
                                               bundle.config.hidden_size, max_positions_));
   stats_.RecordResult(result);
   const int64_t first = result.first_position();

@@ -102,6 +102,21 @@ float ToFloat(T value) {
   return static_cast<float>(value);
 }
 
+// The first row holding a value float16 cannot carry (beyond its largest finite 65,504, or
+// non-finite), or -1.
+template <typename T>
+int64_t FirstRowBeyondFloat16(const T* src, int64_t rows, int64_t cols) {
+  constexpr float kLargest = 65504.0f;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* row = src + r * cols;
+    float largest = 0;
+    for (int64_t c = 0; c < cols; ++c) largest = std::max(largest, std::fabs(ToFloat(row[c])));
+    // NaN compares false: it is caught by the negation.
+    if (!(largest <= kLargest)) return r;
+  }
+  return -1;
+}
+
 template <typename T>
 absl::Status QuantizeRows(const T* src, int64_t rows, int64_t cols, int8_t* data,
                           float* scales) {
@@ -162,6 +177,17 @@ absl::Status EncodeHiddenStates(const void* src, at::ScalarType src_type, int64_
     if (wire_type == src_type) {
       std::memcpy(data->data(), src, data->size());
       return absl::OkStatus();
+    }
+    if (wire_type == at::kHalf) {
+      const int64_t beyond =
+          src_type == at::kBFloat16
+              ? FirstRowBeyondFloat16(static_cast<const c10::BFloat16*>(src), rows, cols)
+              : FirstRowBeyondFloat16(static_cast<const float*>(src), rows, cols);
+      if (beyond >= 0) {
+        return absl::OutOfRangeError(absl::StrCat(
+            "hidden states at position ", beyond,
+            " hold a value beyond float16's range (65504) or not finite"));
+      }
     }
     const auto cpu = at::TensorOptions().device(at::kCPU);
     at::from_blob(data->data(), {rows, cols}, cpu.dtype(wire_type))

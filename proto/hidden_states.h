@@ -28,7 +28,9 @@ std::string WireDtypeName(v1::DType dtype);
 // capacity.
 absl::Status PackHiddenStates(const at::Tensor& hidden, v1::HiddenStates* out);
 // Same, converted to `wire` (float32, float16, bfloat16 or int8 per position). Fails for an
-// int8 wire if a position holds a non-finite value, which no scale can carry.
+// int8 wire if a position holds a non-finite value, which no scale can carry, and for a
+// float16 wire if one lies beyond float16's range; the caller sends such rows in its own
+// dtype instead (every end accepts any wire dtype).
 absl::Status PackHiddenStates(const at::Tensor& hidden, v1::DType wire, v1::HiddenStates* out);
 // `rows` x `cols` contiguous elements of `src_type` at `src`, encoded as `wire` into `out`
 // without temporaries beyond out's own buffers.

@@ -131,6 +131,26 @@ TEST_CASE("An int8 wire refuses non-finite hidden states and malformed scales") 
             .find("states.scales") != std::string::npos);
 }
 
+TEST_CASE("A float16 wire refuses values beyond its range, which bfloat16 and int8 carry") {
+  at::Tensor hidden = at::randn({3, 8});
+  hidden[2][5] = 70000.0f;
+  v1::HiddenStates states;
+  const absl::Status refused = PackHiddenStates(hidden, v1::DTYPE_FLOAT16, &states);
+  CHECK(refused.code() == absl::StatusCode::kOutOfRange);
+  CHECK(std::string(refused.message()).find("position 2") != std::string::npos);
+  CHECK(PackHiddenStates(hidden.to(at::kBFloat16), v1::DTYPE_FLOAT16, &states).code() ==
+        absl::StatusCode::kOutOfRange);
+  hidden[2][5] = 65504.0f;  // float16's largest finite value passes
+  CHECK(PackHiddenStates(hidden, v1::DTYPE_FLOAT16, &states).ok());
+  hidden[2][5] = 70000.0f;
+  for (v1::DType wire : {v1::DTYPE_BFLOAT16, v1::DTYPE_INT8_PER_POSITION}) {
+    REQUIRE(PackHiddenStates(hidden, wire, &states).ok());
+    auto back = UnpackHiddenStates(states, at::kFloat);
+    REQUIRE(back.ok());
+    CHECK(std::abs((*back)[2][5].item<float>() - 70000.0f) < 70000.0f / 100);
+  }
+}
+
 TEST_CASE("Wire dtype names parse and print") {
   for (const char* name : {"float32", "float16", "bfloat16", "int8"}) {
     auto dtype = ParseWireDtypeName(name);

@@ -812,15 +812,14 @@ void Engine::Complete() {
       states->set_hidden_size(static_cast<uint32_t>(middle_->config().hidden_size));
       states->mutable_data()->assign(reinterpret_cast<const char*>(part_bytes),
                                      part.num_tokens * row_bytes_);
-    } else if (absl::Status encoded = EncodeHiddenStates(
-                   part_bytes, middle_->options().dtype, part.num_tokens,
-                   middle_->config().hidden_size, session->result_dtype, states);
-               !encoded.ok()) {
-      FailSession(key, head.sequence_number,
-                  absl::InternalError(absl::StrCat("the deep states of positions from ",
-                                                   head.first_position + head.done,
-                                                   " cannot travel: ", encoded.message())));
-      continue;
+    } else if (!EncodeHiddenStates(part_bytes, middle_->options().dtype, part.num_tokens,
+                                   middle_->config().hidden_size, session->result_dtype, states)
+                    .ok()) {
+      // A value the session's wire cannot carry (beyond float16's range, or not finite for
+      // int8): these rows go in the compute dtype, which the agent accepts too.
+      EncodeHiddenStates(part_bytes, middle_->options().dtype, part.num_tokens,
+                         middle_->config().hidden_size, wire_dtype_, states)
+          .IgnoreError();
     }
     head.done += part.num_tokens;
     const bool chunk_done = head.done == head.num_tokens;
