@@ -513,7 +513,9 @@ v1::AgentMessage ChunkMessage(uint64_t session, uint32_t first, uint32_t positio
   chunk->mutable_states()->set_dtype(dtype);
   chunk->mutable_states()->set_num_positions(positions);
   chunk->mutable_states()->set_hidden_size(hidden);
-  const int64_t element = dtype == v1::DTYPE_FLOAT32 ? 4 : 2;
+  const int64_t element = dtype == v1::DTYPE_FLOAT32              ? 4
+                          : dtype == v1::DTYPE_INT8_PER_POSITION ? 1
+                                                                 : 2;
   chunk->mutable_states()->mutable_data()->assign(positions * hidden * element + bytes_delta,
                                                   '\0');
   return message;
@@ -539,8 +541,13 @@ TEST_CASE("Malformed hidden-state chunks fail their own session, and the cloud k
   std::vector<Case> cases;
   cases.push_back({"wrong hidden size", ChunkMessage(session, 0, 4, d + 1, v1::DTYPE_FLOAT32),
                    absl::StatusCode::kInvalidArgument, "states.hidden_size"});
-  cases.push_back({"wrong dtype", ChunkMessage(++session, 0, 4, d, v1::DTYPE_BFLOAT16),
+  // Any wire dtype is accepted (protocol version 2); one this build does not know is not.
+  cases.push_back({"unknown dtype", ChunkMessage(++session, 0, 4, d, static_cast<v1::DType>(9)),
                    absl::StatusCode::kInvalidArgument, "states.dtype"});
+  // int8 without its per-position scales.
+  cases.push_back({"int8 without scales",
+                   ChunkMessage(++session, 0, 4, d, v1::DTYPE_INT8_PER_POSITION),
+                   absl::StatusCode::kInvalidArgument, "states.scales"});
   cases.push_back({"wrong byte length", ChunkMessage(++session, 0, 4, d, v1::DTYPE_FLOAT32, -3),
                    absl::StatusCode::kInvalidArgument, "states.data"});
   cases.push_back({"position gap", ChunkMessage(++session, 5, 4, d, v1::DTYPE_FLOAT32),
