@@ -40,30 +40,56 @@ trap 'rm -rf "$scratch"' EXIT
 # Leaks are findings too; a UB report aborts (the preset's -fno-sanitize-recover).
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:symbolize=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
-failed=()
-for target in "${targets[@]}"; do
-  binary="build/fuzz/fuzz/${target}_fuzzer"
-  regressions="fuzz/regressions/${target}"
+# One target: its reproducers, then fuzzing; "clean" or the failure goes to its own report
+# file, so that targets can run side by side.
+fuzz_target() {
+  local target="$1"
+  local binary="build/fuzz/fuzz/${target}_fuzzer"
+  local regressions="fuzz/regressions/${target}"
+  local report="$scratch/$target.report"
   if [ -d "$regressions" ] && [ -n "$(ls -A "$regressions")" ]; then
     if ! "$binary" "$regressions"/* >"$scratch/$target-regressions.log" 2>&1; then
-      echo "fuzz: $target: a reproducer in $regressions fails again:" >&2
-      tail -40 "$scratch/$target-regressions.log" >&2
-      failed+=("$target")
-      continue
+      { echo "fuzz: $target: a reproducer in $regressions fails again:"
+        tail -40 "$scratch/$target-regressions.log"; } >"$report"
+      return 1
     fi
   fi
   mkdir -p "$scratch/$target"
   if "$binary" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=3072 -print_final_stats=1 \
       -artifact_prefix="$artifacts/$target-" "$scratch/$target" "fuzz/corpus/$target" \
       >"$scratch/$target.log" 2>&1; then
+    local runs cov
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$scratch/$target.log" | grep -o '[0-9]*$' || echo "?")
     cov=$(grep -o 'cov: [0-9]*' "$scratch/$target.log" | tail -1 | grep -o '[0-9]*' || echo "?")
-    echo "fuzz: $target: clean, $runs inputs in ${seconds} s, coverage $cov edges"
-  else
-    echo "fuzz: $target: FOUND A CRASH (input kept in $artifacts/):" >&2
-    tail -60 "$scratch/$target.log" >&2
+    echo "fuzz: $target: clean, $runs inputs in ${seconds} s, coverage $cov edges" >"$report"
+    return 0
+  fi
+  { echo "fuzz: $target: FOUND A CRASH (input kept in $artifacts/):"
+    tail -60 "$scratch/$target.log"
     echo "fuzz: reproduce with $binary $artifacts/$target-<file>; once fixed, copy the input" \
-         "into $regressions/ so that it stays fixed" >&2
+         "into $regressions/ so that it stays fixed"; } >"$report"
+  return 1
+}
+
+# Each fuzzer runs on one core for a fixed time: as many side by side as there are cores,
+# so the time budget is spent once per core, not once per target.
+declare -A pids=()
+running=0
+for target in "${targets[@]}"; do
+  if [ "$running" -ge "$(nproc)" ]; then
+    wait -n || true
+    running=$((running - 1))
+  fi
+  fuzz_target "$target" &
+  pids[$target]=$!
+  running=$((running + 1))
+done
+failed=()
+for target in "${targets[@]}"; do
+  if wait "${pids[$target]}"; then
+    cat "$scratch/$target.report"
+  else
+    cat "$scratch/$target.report" >&2
     failed+=("$target")
   fi
 done
