@@ -102,17 +102,25 @@ float ToFloat(T value) {
   return static_cast<float>(value);
 }
 
+// A row's largest magnitude; infinity if any element is not finite. (std::max alone would
+// step over a NaN: every comparison with it is false.)
+template <typename T>
+float LargestMagnitude(const T* row, int64_t cols) {
+  float largest = 0;
+  for (int64_t c = 0; c < cols; ++c) {
+    const float magnitude = std::fabs(ToFloat(row[c]));
+    if (!std::isfinite(magnitude)) return std::numeric_limits<float>::infinity();
+    largest = std::max(largest, magnitude);
+  }
+  return largest;
+}
+
 // The first row holding a value float16 cannot carry (beyond its largest finite 65,504, or
 // non-finite), or -1.
 template <typename T>
 int64_t FirstRowBeyondFloat16(const T* src, int64_t rows, int64_t cols) {
-  constexpr float kLargest = 65504.0f;
   for (int64_t r = 0; r < rows; ++r) {
-    const T* row = src + r * cols;
-    float largest = 0;
-    for (int64_t c = 0; c < cols; ++c) largest = std::max(largest, std::fabs(ToFloat(row[c])));
-    // NaN compares false: it is caught by the negation.
-    if (!(largest <= kLargest)) return r;
+    if (LargestMagnitude(src + r * cols, cols) > 65504.0f) return r;
   }
   return -1;
 }
@@ -122,8 +130,7 @@ absl::Status QuantizeRows(const T* src, int64_t rows, int64_t cols, int8_t* data
                           float* scales) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* row = src + r * cols;
-    float largest = 0;
-    for (int64_t c = 0; c < cols; ++c) largest = std::max(largest, std::fabs(ToFloat(row[c])));
+    const float largest = LargestMagnitude(row, cols);
     if (!std::isfinite(largest)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "hidden states hold a non-finite value at position ", r,

@@ -106,6 +106,15 @@ TEST_CASE("An int8 wire refuses non-finite hidden states and malformed scales") 
   const absl::Status refused = PackHiddenStates(hidden, v1::DTYPE_INT8_PER_POSITION, &states);
   CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
   CHECK(std::string(refused.message()).find("position 1") != std::string::npos);
+  // A NaN too, wherever it sits in its row (a running std::max steps over it).
+  for (int64_t column : {0, 2, 7}) {
+    hidden = at::randn({3, 8});
+    hidden[1][column] = std::numeric_limits<float>::quiet_NaN();
+    CHECK(PackHiddenStates(hidden, v1::DTYPE_INT8_PER_POSITION, &states).code() ==
+          absl::StatusCode::kInvalidArgument);
+    CHECK(PackHiddenStates(hidden, v1::DTYPE_FLOAT16, &states).code() ==
+          absl::StatusCode::kOutOfRange);
+  }
 
   REQUIRE(PackHiddenStates(at::randn({3, 8}), v1::DTYPE_INT8_PER_POSITION, &states).ok());
   const auto message = [&] {
