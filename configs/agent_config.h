@@ -45,8 +45,10 @@ struct AgentConfig {
   } cloud_tls;
   std::string dtype = "float32";
   // The dtype hidden states cross the link in, both ways: "cloud" (the cloud's compute
-  // dtype, as Hello announces it), float32, float16, bfloat16 or int8 (one scale per
-  // position). A lossy wire changes the model: outputs equal the model run with that wire.
+  // dtype, as Hello announces it), "scheduler" (the cloud scheduler's choice for this device
+  // from its measured uplink, among the cloud's scheduler.wire_dtypes), float32, float16,
+  // bfloat16 or int8 (one scale per position). A lossy wire changes the model: outputs equal
+  // the model run with that wire.
   std::string wire_dtype = "cloud";
   std::string device = "cpu";
   int64_t compute_threads = 0;  // CPU threads for the model math (LibTorch + OpenBLAS); 0: per core

@@ -1,5 +1,6 @@
 #include "configs/cloud_config.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -76,6 +77,15 @@ void CheckCloudConfig(const CloudConfig& config, bool require_bundle, Report&& r
   check("scheduler.max_step_seconds",
         CheckAtLeast(config.scheduler.max_step_seconds, 0, /*inclusive=*/true));
   check("scheduler.max_draft_steps", CheckAtLeast(config.scheduler.max_draft_steps, 0));
+  for (size_t i = 0; i < config.scheduler.wire_dtypes.size(); ++i) {
+    const std::string& dtype = config.scheduler.wire_dtypes[i];
+    const std::string key = absl::StrCat("scheduler.wire_dtypes[", i, "]");
+    check(key, CheckWireDtypeChoice(dtype));
+    if (std::find(config.scheduler.wire_dtypes.begin(), config.scheduler.wire_dtypes.begin() + i,
+                  dtype) != config.scheduler.wire_dtypes.begin() + i) {
+      report(key, absl::StrCat("\"", dtype, "\" is listed twice"), "");
+    }
+  }
   check("limits.max_message_bytes", CheckAtLeast(config.limits.max_message_bytes, 1));
   check("limits.max_chunk_tokens", CheckAtLeast(config.limits.max_chunk_tokens, 1));
   check("limits.session_timeout_s",
@@ -243,6 +253,7 @@ absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
                      Bound::kNonNegative);
   reader.ReadInt("scheduler.max_draft_steps", &config.scheduler.max_draft_steps,
                  Bound::kNonNegative);
+  reader.ReadStringList("scheduler.wire_dtypes", &config.scheduler.wire_dtypes);
   reader.ReadByteSize("limits.max_message_bytes", &config.limits.max_message_bytes,
                       Bound::kPositive);
   reader.ReadInt("limits.max_chunk_tokens", &config.limits.max_chunk_tokens, Bound::kPositive);

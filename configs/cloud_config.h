@@ -54,6 +54,9 @@ struct CloudConfig {
     int64_t min_prompt_chunk_size = 16;  // adaptive chunk sizes stay within [this, limits.max_chunk_tokens]
     double max_step_seconds = 0;         // cap on a step carrying a chunk (0: none)
     int64_t max_draft_steps = 8;         // cap on adaptive λ
+    // The wire dtypes the scheduler may choose from, per device, for agents that follow it
+    // (wire_dtype: scheduler): the widest whose upload keeps up with the cloud.
+    std::vector<std::string> wire_dtypes = {"float32", "float16"};
     bool operator==(const Scheduler&) const = default;
   } scheduler;
   struct Limits {

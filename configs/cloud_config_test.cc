@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "base/test_util.h"
 
@@ -63,6 +64,7 @@ scheduler:
   min_prompt_chunk_size: 32
   max_step_seconds: 0.05
   max_draft_steps: 5
+  wire_dtypes: [int8, bfloat16]
 limits:
   max_message_bytes: 16MiB
   max_chunk_tokens: 4096
@@ -92,6 +94,7 @@ log_level: debug
   CHECK(config->scheduler.min_prompt_chunk_size == 32);
   CHECK(config->scheduler.max_step_seconds == 0.05);
   CHECK(config->scheduler.max_draft_steps == 5);
+  CHECK(config->scheduler.wire_dtypes == std::vector<std::string>{"int8", "bfloat16"});
   CHECK(config->limits.max_message_bytes == 16LL << 20);
   CHECK(config->limits.max_chunk_tokens == 4096);
   CHECK(config->limits.session_timeout_s == 12.5);
@@ -160,6 +163,23 @@ TEST_CASE("Cloud config wrong types and out-of-range values are errors with key 
              Catch::Contains("cloud.yaml:15: metrics_address: expected a string, got a sequence"));
   CHECK_THAT(message, Catch::Contains("cloud.yaml:16: log_level: expected one of trace"));
   CHECK_THAT(message, Catch::Contains("cloud.yaml:17: bundle: expected a string, got a mapping"));
+}
+
+TEST_CASE("The scheduler's wire dtypes are known ones, each listed once") {
+  const std::string message = ErrorOf(
+      "scheduler:\n"
+      "  wire_dtypes: [float16, cloud, int4, float16]\n");
+  CHECK_THAT(message, Catch::Contains("scheduler.wire_dtypes[1]: expected one of float32, "
+                                      "float16, bfloat16, int8, got \"cloud\""));
+  CHECK_THAT(message, Catch::Contains("scheduler.wire_dtypes[2]: expected one of float32, "
+                                      "float16, bfloat16, int8, got \"int4\""));
+  CHECK_THAT(message, Catch::Contains("scheduler.wire_dtypes[3]: \"float16\" is listed twice"));
+  CHECK_THAT(ErrorOf("scheduler:\n  wire_dtypes: float16\n"),
+             Catch::Contains("cloud.yaml:2: scheduler.wire_dtypes: expected a list of strings"));
+  // An empty list is allowed: the scheduler then makes no wire choice.
+  auto empty = ParseCloudConfig("scheduler:\n  wire_dtypes: []\n", "cloud.yaml");
+  REQUIRE(empty.ok());
+  CHECK(empty->scheduler.wire_dtypes.empty());
 }
 
 TEST_CASE("A KV pool larger than physical memory is an error with both sizes") {

@@ -127,8 +127,15 @@ absl::Status CheckDtype(std::string_view dtype) {
 }
 
 absl::Status CheckWireDtype(std::string_view dtype) {
-  if (dtype == "cloud" || dtype == "int8" || CheckDtype(dtype).ok()) return absl::OkStatus();
-  return NotOneOf(dtype, "cloud, float32, float16, bfloat16, int8");
+  if (dtype == "cloud" || dtype == "scheduler" || CheckWireDtypeChoice(dtype).ok()) {
+    return absl::OkStatus();
+  }
+  return NotOneOf(dtype, "cloud, scheduler, float32, float16, bfloat16, int8");
+}
+
+absl::Status CheckWireDtypeChoice(std::string_view dtype) {
+  if (dtype == "int8" || CheckDtype(dtype).ok()) return absl::OkStatus();
+  return NotOneOf(dtype, "float32, float16, bfloat16, int8");
 }
 
 absl::Status CheckDevice(std::string_view device) {

@@ -31,8 +31,11 @@ absl::Status CheckCanListen(std::string_view address, std::string_view key);
 
 // float32 | float16 | bfloat16.
 absl::Status CheckDtype(std::string_view dtype);
-// A hidden-state wire dtype as the agent config names it: cloud, float32, float16, bfloat16, int8.
+// A hidden-state wire dtype as the agent config names it: cloud, scheduler, float32, float16,
+// bfloat16, int8.
 absl::Status CheckWireDtype(std::string_view dtype);
+// One wire dtype by name: float32, float16, bfloat16 or int8 (scheduler.wire_dtypes).
+absl::Status CheckWireDtypeChoice(std::string_view dtype);
 
 // cpu | cuda | cuda:N.
 absl::Status CheckDevice(std::string_view device);

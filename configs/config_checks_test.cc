@@ -27,6 +27,15 @@ TEST_CASE("CheckHostPort takes host:port and bracketed IPv6, port 0 only to list
 TEST_CASE("Enumerated values") {
   for (std::string_view dtype : {"float32", "float16", "bfloat16"}) CHECK(CheckDtype(dtype).ok());
   CHECK_FALSE(CheckDtype("fp16").ok());
+  for (std::string_view wire : {"cloud", "scheduler", "float32", "float16", "bfloat16", "int8"}) {
+    CHECK(CheckWireDtype(wire).ok());
+  }
+  CHECK_FALSE(CheckWireDtype("int4").ok());
+  for (std::string_view wire : {"float32", "float16", "bfloat16", "int8"}) {
+    CHECK(CheckWireDtypeChoice(wire).ok());
+  }
+  CHECK_FALSE(CheckWireDtypeChoice("cloud").ok());
+  CHECK_FALSE(CheckWireDtypeChoice("scheduler").ok());
   CHECK(CheckDtypeOnDevice("float16", "cuda:1").ok());
   CHECK(CheckDtypeOnDevice("bfloat16", "cpu").ok());
   CHECK_THAT(std::string(CheckDtypeOnDevice("float16", "cpu").message()),

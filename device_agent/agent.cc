@@ -80,6 +80,9 @@ class Agent::Request : private CloudSession {
   // Sends positions [from, to) of shallow_, split at the cloud's max_chunk_positions.
   // `device_seconds` (the input submodel's time on them) goes with the first message.
   void SendRows(int64_t from, int64_t to, v1::Phase phase, double device_seconds);
+  // The wire dtype by the config: its own, the cloud scheduler's current choice, or the
+  // cloud's compute dtype.
+  v1::DType ChosenWireDtype() const;
   // Handles mailbox events until `consumed_` reaches `target` (block) or the mailbox is
   // empty (no block).
   absl::Status Pump(int64_t target, bool block) override;
@@ -266,7 +269,7 @@ absl::Status Agent::Request::Open(uint64_t after_epoch) {
         " exceeds the cloud's context of ", connected.hello.max_positions(), " positions"));
   }
   cloud_dtype_ = connected.hello.dtype();  // CheckHello made sure this build knows it
-  wire_dtype_ = agent_.wire_dtype_ != v1::DTYPE_UNSPECIFIED ? agent_.wire_dtype_ : cloud_dtype_;
+  wire_dtype_ = ChosenWireDtype();
   max_chunk_positions_ = std::max<int64_t>(1, connected.hello.max_chunk_positions());
   if (chunk_size_ == 0) {
     chunk_size_ = request_.prompt_chunk_size() > 0 ? request_.prompt_chunk_size()
@@ -367,6 +370,16 @@ absl::Status Agent::Request::ComputeShallow(int64_t first, int64_t count) {
   return absl::OkStatus();
 }
 
+v1::DType Agent::Request::ChosenWireDtype() const {
+  if (agent_.wire_dtype_from_scheduler_) {
+    const v1::DType chosen = agent_.cloud_->control().wire_dtype();
+    // A dtype from a newer cloud that this build cannot encode: the compute dtype.
+    if (chosen != v1::DTYPE_UNSPECIFIED && WireBytesPerPosition(chosen, 1) > 0) return chosen;
+    return cloud_dtype_;
+  }
+  return agent_.wire_dtype_ != v1::DTYPE_UNSPECIFIED ? agent_.wire_dtype_ : cloud_dtype_;
+}
+
 void Agent::Request::SendRows(int64_t from, int64_t to, v1::Phase phase, double device_seconds) {
   for (int64_t start = from; start < to; start += max_chunk_positions_) {
     const int64_t n = std::min(max_chunk_positions_, to - start);
@@ -377,7 +390,11 @@ void Agent::Request::SendRows(int64_t from, int64_t to, v1::Phase phase, double 
     chunk->set_first_position(static_cast<uint32_t>(start));
     chunk->set_phase(phase);
     const at::Tensor rows = shallow_.narrow(0, start, n);
-    if (!PackHiddenStates(rows, wire_dtype_, chunk->mutable_states()).ok()) {
+    // The scheduler's choice may change between chunks (the cloud takes any wire dtype);
+    // results keep the session's (OpenSession.result_dtype).
+    const v1::DType uplink_dtype =
+        agent_.wire_dtype_from_scheduler_ ? ChosenWireDtype() : wire_dtype_;
+    if (!PackHiddenStates(rows, uplink_dtype, chunk->mutable_states()).ok()) {
       // A value the wire cannot carry (not finite for int8, beyond float16's range): that
       // chunk goes in the cloud's own dtype, which carries it as it is.
       PackHiddenStates(rows, cloud_dtype_, chunk->mutable_states()).IgnoreError();
@@ -585,7 +602,8 @@ Agent::Agent(AgentConfig config, DeviceBundle bundle,
              std::shared_ptr<grpc::ChannelCredentials> cloud_credentials, std::string cloud_token,
              prometheus::Registry* registry)
     : config_(std::move(config)), bundle_(std::move(bundle)) {
-  if (config_.wire_dtype != "cloud") {
+  wire_dtype_from_scheduler_ = config_.wire_dtype == "scheduler";
+  if (config_.wire_dtype != "cloud" && !wire_dtype_from_scheduler_) {
     // Validated with the config (CheckWireDtype).
     wire_dtype_ = ParseWireDtypeName(config_.wire_dtype).value_or(v1::DTYPE_UNSPECIFIED);
   }

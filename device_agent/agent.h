@@ -83,6 +83,8 @@ class Agent : private LinkSampleSink {
   const AgentConfig config_;
   // config_.wire_dtype parsed; DTYPE_UNSPECIFIED: the cloud's compute dtype (Hello).
   v1::DType wire_dtype_ = v1::DTYPE_UNSPECIFIED;
+  // config_.wire_dtype is "scheduler": the cloud's Control.wire_dtype, chunk by chunk.
+  bool wire_dtype_from_scheduler_ = false;
   DeviceBundle bundle_;
   std::unique_ptr<AgentMetrics> metrics_;
   std::unique_ptr<CloudConnection> cloud_;

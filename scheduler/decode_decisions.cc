@@ -8,16 +8,17 @@ namespace {
 
 // The time between two steps leaving the cloud for a step of `tokens`: the slowest stage's
 // own time when every stage has timings, else g split evenly over the P stages.
-double PipelineBeat(const ChunkSizeInputs& in, const StepTimePredictor& step_time, double tokens) {
+double PipelineBeat(int64_t pipeline_stages, std::span<const StepTimePredictor> stage_step_times,
+                    const StepTimePredictor& step_time, double tokens) {
   const bool per_stage =
-      !in.stage_step_times.empty() &&
-      std::all_of(in.stage_step_times.begin(), in.stage_step_times.end(),
+      !stage_step_times.empty() &&
+      std::all_of(stage_step_times.begin(), stage_step_times.end(),
                   [](const StepTimePredictor& stage) { return stage.has_data(); });
   if (!per_stage) {
-    return step_time.Predict(tokens) / static_cast<double>(std::max<int64_t>(1, in.pipeline_stages));
+    return step_time.Predict(tokens) / static_cast<double>(std::max<int64_t>(1, pipeline_stages));
   }
   double slowest = 0;
-  for (const StepTimePredictor& stage : in.stage_step_times) {
+  for (const StepTimePredictor& stage : stage_step_times) {
     slowest = std::max(slowest, stage.Predict(tokens));
   }
   return slowest;
@@ -37,8 +38,9 @@ int64_t ChooseChunkSize(const ChunkSizeInputs& in, const StepTimePredictor& step
   auto gap = [&](int64_t x) {
     const double upload = static_cast<double>(x) * in.bytes_per_token / in.uplink_bytes_per_second;
     const double compute =
-        PipelineBeat(in, step_time, in.mean_batched_tokens) +
-        PipelineBeat(in, step_time, in.mean_batched_tokens + static_cast<double>(x));
+        PipelineBeat(in.pipeline_stages, in.stage_step_times, step_time, in.mean_batched_tokens) +
+        PipelineBeat(in.pipeline_stages, in.stage_step_times, step_time,
+                     in.mean_batched_tokens + static_cast<double>(x));
     return upload - compute;
   };
   int64_t chunk = max_chunk;
@@ -69,6 +71,23 @@ int64_t ChooseChunkSize(const ChunkSizeInputs& in, const StepTimePredictor& step
   return std::min(prompt, chunk);
 }
 
+int64_t ChooseWireDtype(const WireDtypeInputs& in, const StepTimePredictor& step_time) {
+  const int64_t count = static_cast<int64_t>(in.bytes_per_position.size());
+  if (count == 0 || !(in.uplink_bytes_per_second > 0) || !std::isfinite(in.uplink_bytes_per_second) ||
+      !step_time.has_data()) {
+    return -1;
+  }
+  const double chunk = static_cast<double>(std::max<int64_t>(1, in.max_chunk));
+  const double compute =
+      PipelineBeat(in.pipeline_stages, in.stage_step_times, step_time, in.mean_batched_tokens) +
+      PipelineBeat(in.pipeline_stages, in.stage_step_times, step_time,
+                   in.mean_batched_tokens + chunk);
+  for (int64_t d = 0; d < count; ++d) {
+    if (chunk * in.bytes_per_position[d] / in.uplink_bytes_per_second <= compute) return d;
+  }
+  return count - 1;
+}
+
 int64_t ParallelDraftSteps(const ParallelDraftInputs& in) {
   if (!(in.draft_step_seconds > 0) || !(in.uplink_bytes_per_second > 0) ||
       !(in.downlink_bytes_per_second > 0)) {
@@ -86,7 +105,19 @@ DeviceControl DecideDeviceControl(const DeviceEstimate& device, double bytes_per
                                   const DeviceControlOptions& options) {
   const auto known = [](double value) { return value > 0 && std::isfinite(value); };
   DeviceControl control{.prompt_chunk_size = options.default_prompt_chunk,
-                        .draft_steps = options.default_draft_steps};
+                        .draft_steps = options.default_draft_steps,
+                        .wire_dtype = static_cast<int64_t>(options.wire_bytes_per_position.size()) - 1};
+  if (known(device.uplink_bytes_per_second) && step_time.has_data() &&
+      !options.wire_bytes_per_position.empty()) {
+    control.wire_dtype = ChooseWireDtype({.bytes_per_position = options.wire_bytes_per_position,
+                                          .uplink_bytes_per_second = device.uplink_bytes_per_second,
+                                          .mean_batched_tokens = mean_batched_tokens,
+                                          .max_chunk = options.max_chunk,
+                                          .pipeline_stages = options.pipeline_stages,
+                                          .stage_step_times = options.stage_step_times},
+                                         step_time);
+    control.wire_dtype_measured = true;
+  }
   if (!step_time.has_data() || !known(bytes_per_token)) return control;
   if (known(device.uplink_bytes_per_second)) {
     control.prompt_chunk_size = ChooseChunkSize(

@@ -6,6 +6,10 @@
 //     is the slowest stage's: X_i·A / β_i,up = max_s g_s(μ) + max_s g_s(μ + X_i);
 //   - the parallel-drafting steps λ_i = floor((μ_i·A/β_i,up + g(μ) + μ_i·A/β_i,down) / γ_i):
 //     the drafter steps that fit in one verification trip;
+//   - the wire dtype of the device's hidden states, among those the operator allows: the
+//     widest whose upload keeps up with the cloud, X_max·A_d / β_i,up <= g(μ) + g(μ + X_max)
+//     (the chunk-size balance at the largest chunk: compressing further would not make the
+//     prompt reach the cloud sooner, the cloud would be what it waits for), else the narrowest;
 //   - DSD's adaptive draft window (AdaptiveDraftWindow), as an option.
 #pragma once
 
@@ -59,6 +63,21 @@ struct ParallelDraftInputs {
 // λ_i by HAT's equation 6, clamped to [0, max_steps]; 0 while γ_i or a bandwidth is unknown.
 int64_t ParallelDraftSteps(const ParallelDraftInputs& in);
 
+struct WireDtypeInputs {
+  // The wire dtypes to choose among, as bytes per position (A_d), widest first.
+  std::span<const double> bytes_per_position;
+  double uplink_bytes_per_second = 0;  // β_i,up (0: unknown)
+  double mean_batched_tokens = 0;      // μ
+  int64_t max_chunk = 2048;            // X_max
+  int64_t pipeline_stages = 1;         // P
+  std::span<const StepTimePredictor> stage_step_times;  // g_s, as in ChunkSizeInputs
+};
+
+// The index (into bytes_per_position) of the widest dtype whose upload of a largest chunk
+// takes no longer than the cloud's share of the two steps it overlaps, else of the narrowest;
+// -1 when there is nothing to choose from or β_up or g is not known yet.
+int64_t ChooseWireDtype(const WireDtypeInputs& in, const StepTimePredictor& step_time);
+
 // The configured defaults and bounds of the per-device decisions (scheduler.* keys).
 struct DeviceControlOptions {
   int64_t default_prompt_chunk = 128;  // scheduler.prompt_chunk_size
@@ -71,6 +90,8 @@ struct DeviceControlOptions {
   // divides the step time the chunk's upload overlaps by P).
   int64_t pipeline_stages = 1;
   std::span<const StepTimePredictor> stage_step_times;  // g_s, as in ChunkSizeInputs
+  // scheduler.wire_dtypes as bytes per position, widest first; empty: no wire choice.
+  std::span<const double> wire_bytes_per_position;
 };
 
 // What the cloud tells one device, and which values came from its measurements.
@@ -79,12 +100,18 @@ struct DeviceControl {
   bool chunk_size_measured = false;
   int64_t draft_steps = 0;
   bool draft_steps_measured = false;
+  // Into DeviceControlOptions::wire_bytes_per_position (-1: none to choose from). Until the
+  // uplink and g are known, the narrowest: the slow link is the case it is for, and a fast
+  // one is measured within its first chunks.
+  int64_t wire_dtype = -1;
+  bool wire_dtype_measured = false;
   bool operator==(const DeviceControl&) const = default;
 };
 
 // Each value from the device's measurements when every input it needs is known, else the
 // configured default; an unknown input (0 in DeviceEstimate, no step timings yet) is never
-// replaced by a guess. X_i needs β_up and g; λ_i needs γ_i, μ_i, β_up, β_down and g.
+// replaced by a guess. X_i and the wire dtype need β_up and g; λ_i needs γ_i, μ_i, β_up,
+// β_down and g.
 DeviceControl DecideDeviceControl(const DeviceEstimate& device, double bytes_per_token,
                                   double mean_batched_tokens, const StepTimePredictor& step_time,
                                   const DeviceControlOptions& options);

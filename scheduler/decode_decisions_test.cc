@@ -249,6 +249,53 @@ TEST_CASE("A device's control uses its measurements only where they are known, e
             .prompt_chunk_size == 41);
 }
 
+TEST_CASE("The wire dtype is the widest whose upload keeps up with the cloud, else the narrowest",
+          "[scheduler]") {
+  // g(μ) = 4 ms + 0.05 ms per token, μ = 64, X_max = 1024: the cloud spends
+  // g(64) + g(1088) = 7.2 + 58.4 = 65.6 ms on the two steps a largest chunk's upload overlaps.
+  // A hidden size of 2048: float32 8192, float16 4096, int8 2048 + 4 bytes per position. A
+  // largest chunk keeps up at 1024·A / 65.6 ms: float32 from 127.88 MB/s, float16 from
+  // 63.94 MB/s, int8 from 32.03 MB/s.
+  const StepTimePredictor g = AffineCloud();
+  const std::vector<double> wires = {8192, 4096, 2052};
+  const auto choose = [&](double uplink, int64_t stages = 1) {
+    return ChooseWireDtype({.bytes_per_position = wires, .uplink_bytes_per_second = uplink,
+                            .mean_batched_tokens = 64, .max_chunk = 1024,
+                            .pipeline_stages = stages},
+                           g);
+  };
+  CHECK(choose(1e9) == 0);
+  CHECK(choose(128e6) == 0);
+  CHECK(choose(127.7e6) == 1);
+  CHECK(choose(64e6) == 1);
+  CHECK(choose(63.8e6) == 2);
+  CHECK(choose(32.1e6) == 2);
+  CHECK(choose(1e6) == 2);  // nothing keeps up: the narrowest
+  // Two pipeline stages give the upload half the time: float32 now needs twice the rate.
+  CHECK(choose(128e6, 2) == 1);
+  CHECK(choose(256e6, 2) == 0);
+  // Nothing to go on, or nothing to choose from.
+  CHECK(choose(0) == -1);
+  CHECK(choose(std::nan("")) == -1);
+  CHECK(ChooseWireDtype({.bytes_per_position = wires, .uplink_bytes_per_second = 1e9},
+                        StepTimePredictor()) == -1);
+  CHECK(ChooseWireDtype({.uplink_bytes_per_second = 1e9}, g) == -1);
+
+  // In a device's control: the narrowest until the uplink is measured, then the choice.
+  const DeviceControlOptions options{.max_chunk = 1024, .wire_bytes_per_position = wires};
+  const DeviceControl unmeasured = DecideDeviceControl({}, 8192, 64, g, options);
+  CHECK(unmeasured.wire_dtype == 2);
+  CHECK_FALSE(unmeasured.wire_dtype_measured);
+  const DeviceControl fast =
+      DecideDeviceControl({.uplink_bytes_per_second = 200e6}, 8192, 64, g, options);
+  CHECK(fast.wire_dtype == 0);
+  CHECK(fast.wire_dtype_measured);
+  CHECK(DecideDeviceControl({.uplink_bytes_per_second = 200e6}, 8192, 64, StepTimePredictor(),
+                            options)
+            .wire_dtype_measured == false);
+  CHECK(DecideDeviceControl({.uplink_bytes_per_second = 200e6}, 8192, 64, g, {}).wire_dtype == -1);
+}
+
 TEST_CASE("The adaptive draft window clamps and smooths its prediction", "[scheduler]") {
   AdaptiveDraftWindow window({.min_window = 1, .max_window = 12, .smoothing = 0.4});
   const DraftWindowSignals good{.acceptance_rate = 0.9, .rtt_seconds = 0.040,

@@ -171,6 +171,12 @@ int Run(const CloudConfig& written) {
   engine_options.min_prompt_chunk = config.scheduler.min_prompt_chunk_size;
   engine_options.max_step_seconds = config.scheduler.max_step_seconds;
   engine_options.max_draft_steps = config.scheduler.max_draft_steps;
+  for (const std::string& name : config.scheduler.wire_dtypes) {
+    // Validated with the config (CheckWireDtypeChoice).
+    if (auto dtype = tophat::ParseWireDtypeName(name); dtype.ok()) {
+      engine_options.wire_dtypes.push_back(*dtype);
+    }
+  }
   std::unique_ptr<tophat::pipeline::Downstream> downstream;
   if (config.pipeline.stages() > 1) {
     auto connected = tophat::ConnectStages(config, *bundle, *dtype, num_blocks, *rendezvous);

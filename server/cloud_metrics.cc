@@ -74,6 +74,11 @@ CloudMetrics::CloudMetrics(prometheus::Registry& registry)
       scheduler_draft_steps(AddHistogram(registry, "tophat_scheduler_draft_steps",
                                          "Parallel-drafting steps (lambda) chosen for devices",
                                          {0, 1, 2, 3, 4, 6, 8, 12, 16})),
+      scheduler_wire_choices(
+          prometheus::BuildCounter()
+              .Name("tophat_scheduler_wire_dtype_total")
+              .Help("Wire dtypes chosen for devices from their measured uplink, by dtype")
+              .Register(registry)),
       pipeline_stage_seconds_family(
           prometheus::BuildHistogram()
               .Name("tophat_pipeline_stage_seconds")

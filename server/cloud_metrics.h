@@ -49,6 +49,8 @@ struct CloudMetrics {
   prometheus::Histogram& step_prediction_error_ratio;  // |g(tokens) - measured| / measured
   prometheus::Histogram& scheduler_chunk_size;   // per-device chunk sizes sent
   prometheus::Histogram& scheduler_draft_steps;  // per-device λ sent
+  // Per-device wire dtypes chosen from a measured uplink, by dtype name.
+  prometheus::Family<prometheus::Counter>& scheduler_wire_choices;
   // With pipeline stages: each stage's own forward time per step, by stage number.
   prometheus::Family<prometheus::Histogram>& pipeline_stage_seconds_family;
   prometheus::Histogram& PipelineStageSeconds(int stage);

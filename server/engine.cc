@@ -86,7 +86,15 @@ Engine::Engine(EngineOptions options, std::shared_ptr<const Submodel> middle,
                                                  : middle_->spec().layers.end));
   hello_.set_max_positions(static_cast<uint32_t>(middle_->max_context()));
   hello_.set_max_chunk_positions(static_cast<uint32_t>(options_.max_chunk_tokens));
+  wire_choices_ = options_.wire_dtypes;
+  std::stable_sort(wire_choices_.begin(), wire_choices_.end(), [&](v1::DType a, v1::DType b) {
+    return WireBytesPerPosition(a, config.hidden_size) > WireBytesPerPosition(b, config.hidden_size);
+  });
+  for (v1::DType dtype : wire_choices_) {
+    wire_choice_bytes_.push_back(static_cast<double>(WireBytesPerPosition(dtype, config.hidden_size)));
+  }
   *hello_.mutable_control() = options_.control;
+  if (!wire_choices_.empty()) hello_.mutable_control()->set_wire_dtype(wire_choices_.back());
 
   const int64_t rows = std::max(options_.max_batch_tokens, options_.max_chunk_tokens);
   staging_ = at::empty({rows, config.hidden_size},
@@ -436,23 +444,37 @@ void Engine::DecideForStream(StreamId stream) {
        .max_step_seconds = options_.max_step_seconds,
        .max_draft_steps = options_.max_draft_steps,
        .pipeline_stages = static_cast<int64_t>(pipeline_depth_),
-       .stage_step_times = monitor_.stage_step_times()});
-  if (!decided.chunk_size_measured && !decided.draft_steps_measured) return;
+       .stage_step_times = monitor_.stage_step_times(),
+       .wire_bytes_per_position = wire_choice_bytes_});
+  if (!decided.chunk_size_measured && !decided.draft_steps_measured &&
+      !decided.wire_dtype_measured) {
+    return;
+  }
   v1::Control control = options_.control;
   control.set_prompt_chunk_size(static_cast<uint32_t>(decided.prompt_chunk_size));
   control.set_draft_steps(static_cast<uint32_t>(decided.draft_steps));
   control.set_per_device(true);
   control.set_draft_steps_per_device(decided.draft_steps_measured);
+  if (decided.wire_dtype >= 0) {
+    control.set_wire_dtype(wire_choices_[static_cast<size_t>(decided.wire_dtype)]);
+    control.set_wire_dtype_per_device(decided.wire_dtype_measured);
+  }
   StreamState& state = it->second;
   if (state.control && state.control->prompt_chunk_size() == control.prompt_chunk_size() &&
       state.control->draft_steps() == control.draft_steps() &&
-      state.control->draft_steps_per_device() == control.draft_steps_per_device()) {
+      state.control->draft_steps_per_device() == control.draft_steps_per_device() &&
+      state.control->wire_dtype() == control.wire_dtype() &&
+      state.control->wire_dtype_per_device() == control.wire_dtype_per_device()) {
     return;
   }
   state.control = control;
   if (metrics_ != nullptr) {
     if (decided.chunk_size_measured) metrics_->scheduler_chunk_size.Observe(control.prompt_chunk_size());
     if (decided.draft_steps_measured) metrics_->scheduler_draft_steps.Observe(control.draft_steps());
+    if (decided.wire_dtype_measured) {
+      metrics_->scheduler_wire_choices.Add({{"dtype", WireDtypeName(control.wire_dtype())}})
+          .Increment();
+    }
   }
   v1::CloudMessage message;
   *message.mutable_control() = control;

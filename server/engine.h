@@ -67,6 +67,9 @@ struct EngineOptions {
   int64_t min_prompt_chunk = 16;
   double max_step_seconds = 0;
   int64_t max_draft_steps = 8;
+  // The wire dtypes the scheduler may choose for agents that follow it (Control.wire_dtype;
+  // scheduler.wire_dtypes), in any order; empty: no choice.
+  std::vector<v1::DType> wire_dtypes;
   // The stages after this one when the cloud is a pipeline (null: one stage). Every step's
   // output goes through them before it is sent; they end where the middle ends.
   pipeline::Downstream* downstream = nullptr;
@@ -218,6 +221,9 @@ class Engine {
   v1::Hello hello_;
   v1::DType wire_dtype_;  // the compute dtype as the wire names it (Hello.dtype)
   int64_t row_bytes_;     // bytes of one position in the compute dtype
+  // options_.wire_dtypes widest first, and their bytes per position (the scheduler's A_d).
+  std::vector<v1::DType> wire_choices_;
+  std::vector<double> wire_choice_bytes_;
 
   // Intake: the only state shared with other threads, besides the stats atomics.
   std::mutex intake_mutex_;

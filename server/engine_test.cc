@@ -6,6 +6,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "models/formats/checkpoint.h"
 #include "models/runtime/model_init.h"
@@ -59,9 +60,10 @@ struct Harness {
     engine = std::move(*created);
     engine->AttachStream(1, sink);
     engine->RunOnce();
-    auto hello = sink->Take();
-    REQUIRE(hello.size() == 1);
-    REQUIRE(hello[0].has_hello());
+    auto messages = sink->Take();
+    REQUIRE(messages.size() == 1);
+    REQUIRE(messages[0].has_hello());
+    hello = messages[0].hello();
   }
   void Open(uint64_t id, uint32_t max_positions,
             v1::DType result_dtype = v1::DTYPE_UNSPECIFIED) {
@@ -91,6 +93,7 @@ struct Harness {
   }
   std::shared_ptr<CollectingSink> sink = std::make_shared<CollectingSink>();
   std::unique_ptr<Engine> engine;
+  v1::Hello hello;
 };
 
 EngineOptions SmallOptions() {
@@ -477,6 +480,57 @@ TEST_CASE("An adaptive engine sends each device its own chunk size and drafting 
   h.engine->Deliver(1, report);
   h.engine->RunOnce();
   for (const v1::CloudMessage& message : h.sink->Take()) CHECK_FALSE(message.has_control());
+}
+
+TEST_CASE("An adaptive engine chooses each device's wire dtype from its measured uplink") {
+  EngineOptions options = SmallOptions();
+  options.adaptive = true;
+  // In any order: the engine ranks them by bytes per position.
+  options.wire_dtypes = {v1::DTYPE_FLOAT16, v1::DTYPE_INT8_PER_POSITION, v1::DTYPE_FLOAT32};
+  Harness h(options);
+  // Before any measurement, Hello offers the narrowest.
+  CHECK(h.hello.control().wire_dtype() == v1::DTYPE_INT8_PER_POSITION);
+  CHECK_FALSE(h.hello.control().wire_dtype_per_device());
+  h.Open(3, 32);
+  h.Chunk(3, 0, 12, v1::PHASE_PREFILL);
+  h.engine->RunOnce();
+  h.Chunk(3, 12, 1, v1::PHASE_DECODE);
+  h.engine->RunOnce();
+  h.sink->Take();
+
+  const auto report = [&](double uplink) {
+    v1::AgentMessage message;
+    message.mutable_device_state()->set_uplink_bytes_per_second(uplink);
+    h.engine->Deliver(1, message);
+    h.engine->RunOnce();
+    std::optional<v1::Control> control;
+    for (const v1::CloudMessage& sent : h.sink->Take()) {
+      if (sent.has_control()) control = sent.control();
+    }
+    return control;
+  };
+  // 200 KB/s: no wire keeps up with even the tiny model's steps.
+  std::optional<v1::Control> slow = report(2e5);
+  REQUIRE(slow.has_value());
+  CHECK(slow->wire_dtype() == v1::DTYPE_INT8_PER_POSITION);
+  CHECK(slow->wire_dtype_per_device());
+  // The moving average jumps to ~2e12 B/s: float32 keeps up.
+  std::optional<v1::Control> fast = report(1e13);
+  REQUIRE(fast.has_value());
+  CHECK(fast->wire_dtype() == v1::DTYPE_FLOAT32);
+  // Whatever the estimate, the choice is the scheduler's pure function of it.
+  const StateMonitor& monitor = h.engine->state_monitor();
+  const double hidden = static_cast<double>(TinyMiddle()->config().hidden_size);
+  const std::vector<double> bytes = {hidden * 4, hidden * 2, hidden + 4};
+  const v1::DType ranked[] = {v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT16, v1::DTYPE_INT8_PER_POSITION};
+  const int64_t expected = ChooseWireDtype(
+      {.bytes_per_position = bytes,
+       .uplink_bytes_per_second = monitor.device(1)->uplink_bytes_per_second,
+       .mean_batched_tokens = monitor.mean_batched_tokens(),
+       .max_chunk = options.max_chunk_tokens},
+      monitor.step_time());
+  REQUIRE(expected >= 0);
+  CHECK(fast->wire_dtype() == ranked[expected]);
 }
 
 }  // namespace

@@ -184,6 +184,8 @@ struct CloudSettings {
   double max_messages_per_second_per_device = 5000;    // limits.max_messages_per_second_per_device
   double max_kv_fraction_per_device = 0.5;             // limits.max_kv_fraction_per_device
   std::vector<std::string> device_tokens;  // tls.device_tokens, each "DEVICE:SHA256"
+  bool adaptive = true;                               // scheduler.adaptive
+  std::vector<std::string> wire_dtypes = {"float32", "float16"};  // scheduler.wire_dtypes
 };
 
 class CloudProcess {
@@ -210,7 +212,9 @@ class CloudProcess {
                            << "\n  prompt_chunk_size: 16\n"
                            << "  max_draft_steps: " << settings.max_draft_steps << "\n"
                            << "  min_prompt_chunk_size: " << settings.min_prompt_chunk_size
-                           << "\n"
+                           << "\n  adaptive: " << (settings.adaptive ? "true" : "false")
+                           << "\n  wire_dtypes: [" << absl::StrJoin(settings.wire_dtypes, ", ")
+                           << "]\n"
                            << "limits:\n  max_chunk_tokens: " << settings.max_chunk_tokens
                            << "\n  max_message_bytes: " << settings.max_message_bytes
                            << "\n  max_sessions_per_device: " << settings.max_sessions_per_device
@@ -1663,6 +1667,43 @@ TEST_CASE("A compressed wire carries each position in its own bytes both ways, a
     INFO("agreement " << agreement.agreed << "/" << agreement.tokens << ", margins:" << margins);
     for (double margin : agreement.disagreement_margins) CHECK(margin < 0.25);
     CHECK(agreement.agreed >= agreement.tokens * 95 / 100);
+  }
+}
+
+TEST_CASE("An agent following the scheduler's wire dtype sends and receives in it",
+          "[serving]") {
+  testing::TempDir dir;
+  // Not adaptive: every device keeps Hello's choice, the narrowest listed (the measured
+  // choice is the engine's and the scheduler's unit tests').
+  CloudProcess cloud(dir.path(), {.adaptive = false, .wire_dtypes = {"float32", "int8"}});
+  const int64_t hidden = ReferenceModel().config().hidden_size;
+  AgentProcess following(dir.path(), cloud, 16, "wire_dtype: scheduler\n");
+  AgentProcess int8(dir.path(), cloud, 16, "wire_dtype: int8\n");
+  const auto totals = [&] {
+    return std::array<double, 3>{
+        cloud.Metric("tophat_hidden_state_bytes_total", "direction=\"in\""),
+        cloud.Metric("tophat_hidden_state_bytes_total", "direction=\"out\""),
+        cloud.Metric("tophat_prompt_tokens_total") +
+            cloud.Metric("tophat_generation_tokens_total")};
+  };
+  for (const std::string& sentence : ToyPrompts(43, 4)) {
+    const std::vector<int32_t> prompt = Tokenize(sentence);
+    const std::array<double, 3> before = totals();
+    auto followed = following.client().Generate(IdsRequest(prompt, 12));
+    const std::array<double, 3> after = totals();
+    auto chosen = int8.client().Generate(IdsRequest(prompt, 12));
+    REQUIRE(followed.ok());
+    REQUIRE(chosen.ok());
+    INFO(followed->error << chosen->error);
+    REQUIRE(followed->ok());
+    REQUIRE(chosen->ok());
+    // int8 both ways: hidden + 4 bytes per position (float32 would be 4 x hidden)...
+    const double positions = after[2] - before[2];
+    REQUIRE(positions > 0);
+    CHECK(after[0] - before[0] == positions * static_cast<double>(hidden + 4));
+    CHECK(after[1] - before[1] == positions * static_cast<double>(hidden + 4));
+    // ...and the model served is the int8 wire's.
+    CHECK(Tokens(*followed) == Tokens(*chosen));
   }
 }
 
