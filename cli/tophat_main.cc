@@ -491,9 +491,10 @@ int main(int argc, char** argv) {
       ->needs(ablation_flag);
   serve_bench_cmd->add_option("--wire-dtype", ablation.wire_dtype,
                               "Ablation: every agent's wire_dtype (hidden states on the links; "
-                              "the links keep their float32 scaling)")
+                              "the links keep their float32 scaling; scheduler: the cloud's "
+                              "choice among float32 and float16)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"cloud", "float32", "float16", "bfloat16", "int8"}))
+      ->check(CLI::IsMember({"cloud", "scheduler", "float32", "float16", "bfloat16", "int8"}))
       ->needs(ablation_flag);
   serve_bench_cmd->add_option("--link-period", ablation.link_period_s,
                               "Ablation: seconds between bandwidth changes (netns links)")
