@@ -2,13 +2,13 @@
 // test case exits with code 77, which CTest reports as skipped (SKIP_RETURN_CODE), never as
 // passed. TOPHAT_REQUIRE_GPU=1 (set by deploy/gpu/check.sh) turns a missing device into a
 // failure, so a GPU machine whose build lost CUDA cannot pass by skipping.
-#define CATCH_CONFIG_RUNNER
 #include <ATen/Context.h>
 
-#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <string_view>
+
+#include "cmake/catch_session.h"  // Catch2's implementation: cmake/catch_session.cc
 
 int main(int argc, char** argv) {
   bool listing = false;
@@ -34,5 +34,5 @@ int main(int argc, char** argv) {
   // tophat_serving_cuda_staged_test: and split into pipeline stages (serving_staged_main.cc).
   setenv("TOPHAT_TEST_CLOUD_STAGES", TOPHAT_GPU_TEST_CLOUD_STAGES, /*overwrite=*/0);
 #endif
-  return Catch::Session().run(argc, argv);
+  return tophat::testing::RunCatchSession(argc, argv);
 }

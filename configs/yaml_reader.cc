@@ -237,11 +237,17 @@ absl::Status ConfigErrors::ToStatus() const {
 
 namespace {
 
-// The line and column of a ',' that starts a document, if one does. YAML has no such
-// document, and yaml-cpp 0.7 does not say so: it loops, allocating until memory runs out
-// (found by fuzz/yaml_config_fuzzer; fuzz/regressions/yaml_config/). Comments, blank lines,
-// directives and the `---` / `...` markers come before a document's first token.
+// The line and column of a ',' that starts a document, if one does, alone or after the
+// root node's properties (anchors `&name`, tags `!tag`, `!<uri>`). YAML has no such document,
+// and yaml-cpp 0.7 does not say so: it loops, allocating until memory runs out (found by
+// fuzz/yaml_config_fuzzer, first with the ',' first, then after an anchor;
+// fuzz/regressions/yaml_config/). Comments, blank lines, directives and the `---` / `...`
+// markers come before a document's first token; properties may be followed by a line break.
 std::optional<std::pair<int64_t, int64_t>> LeadingFlowEntry(std::string_view yaml) {
+  const auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\r'; };
+  const auto ends_property = [&](char c) {
+    return is_space(c) || c == ',' || c == '[' || c == ']' || c == '{' || c == '}';
+  };
   bool document_started = false;
   int64_t line = 0;
   for (size_t start = 0; start <= yaml.size();) {
@@ -262,13 +268,23 @@ std::optional<std::pair<int64_t, int64_t>> LeadingFlowEntry(std::string_view yam
     } else if (document_started || (!text.empty() && text[0] == '%')) {
       continue;
     }
-    while (offset < text.size() &&
-           (text[offset] == ' ' || text[offset] == '\t' || text[offset] == '\r')) {
-      ++offset;
+    while (true) {
+      while (offset < text.size() && is_space(text[offset])) ++offset;
+      if (offset == text.size() || text[offset] == '#') break;  // the token is on a later line
+      if (text[offset] == ',') return std::pair<int64_t, int64_t>(line, offset + 1);
+      if (text[offset] != '&' && text[offset] != '!') {
+        document_started = true;
+        break;
+      }
+      // A property: `!<...>` to its '>', else up to a space or a flow indicator.
+      if (text.substr(offset, 2) == "!<") {
+        const size_t close = text.find('>', offset);
+        offset = close == std::string_view::npos ? text.size() : close + 1;
+      } else {
+        ++offset;
+        while (offset < text.size() && !ends_property(text[offset])) ++offset;
+      }
     }
-    if (offset == text.size() || text[offset] == '#') continue;
-    if (text[offset] == ',') return std::pair<int64_t, int64_t>(line, offset + 1);
-    document_started = true;
     if (end == yaml.size()) break;
   }
   return std::nullopt;
@@ -300,7 +316,8 @@ absl::StatusOr<YamlReader> YamlReader::Parse(std::string_view yaml, std::string 
   }
   if (const auto at = LeadingFlowEntry(yaml)) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("%s:%d: invalid YAML (column %d): a document cannot start with ','",
+        absl::StrFormat("%s:%d: invalid YAML (column %d): a document cannot start with ',' "
+                        "(nor its root node's anchor or tag be followed by one)",
                         source_name, at->first, at->second));
   }
   std::vector<YAML::Node> documents;

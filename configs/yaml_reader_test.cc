@@ -349,15 +349,28 @@ TEST_CASE("YamlReader refuses a document that starts with a comma, naming line a
       {"---\n,\n", "agent.yaml:2: invalid YAML (column 1)"},
       {"%YAML 1.2\n--- , x\n", "agent.yaml:2: invalid YAML (column 5)"},
       {"a: 1\n---\n# c\n\t, x\n", "agent.yaml:4: invalid YAML (column 2)"},
+      // The same loop after the root node's properties (the fuzzer's second input began
+      // "&bab2, 4,,"): an anchor, a tag, both, across a line break and a comment.
+      {"&bab2, 4,,x 8, 5@]\n", "agent.yaml:1: invalid YAML (column 6)"},
+      {"&a ,\n", "agent.yaml:1: invalid YAML (column 4)"},
+      {"!t,\n", "agent.yaml:1: invalid YAML (column 3)"},
+      {"!!str ,\n", "agent.yaml:1: invalid YAML (column 7)"},
+      {"!<tag:x,y> ,\n", "agent.yaml:1: invalid YAML (column 12)"},
+      {"--- &a !t ,\n", "agent.yaml:1: invalid YAML (column 11)"},
+      {"&a # c\n\n  , x\n", "agent.yaml:3: invalid YAML (column 3)"},
   };
   for (const auto& [yaml, where] : refused) {
     INFO(yaml);
     auto parsed = YamlReader::Parse(yaml, "agent.yaml");
     REQUIRE_FALSE(parsed.ok());
-    CHECK(std::string(parsed.status().message()) == where + ": a document cannot start with ','");
+    CHECK_THAT(std::string(parsed.status().message()),
+               Catch::StartsWith(where + ": a document cannot start with ','"));
   }
-  // Commas anywhere else are YAML's business (and yaml-cpp's errors).
+  // Commas anywhere else are YAML's business (and yaml-cpp's errors), and properties before
+  // anything but a comma are YAML.
   CHECK(YamlReader::Parse("a: [1, 2]\nb: \"x, y\"\n# , comment\n", "ok.yaml").ok());
+  CHECK(YamlReader::Parse("&root\na: 1\n", "anchored.yaml").ok());
+  CHECK(YamlReader::Parse("--- !!map\na: 1\n", "tagged.yaml").ok());
   auto later = YamlReader::Parse("a: 1\n, b\n", "later.yaml");
   REQUIRE_FALSE(later.ok());
   CHECK_THAT(std::string(later.status().message()), Catch::Contains("later.yaml:2"));

@@ -14,6 +14,7 @@
 #include "base/clock.h"
 #include "base/status_macros.h"
 #include "device_agent/decode_round.h"
+#include "device_agent/link_emulator.h"
 #include "device_agent/request_stats.h"
 #include "kernels/gemv.h"
 #include "models/tokenizers/tokenizer.h"
@@ -406,6 +407,7 @@ void Agent::Request::SendRows(int64_t from, int64_t to, v1::Phase phase, double 
                   .first_position = start,
                   .positions = n,
                   .bytes = bytes,
+                  .wire_bytes = OnWireBytes(message.ByteSizeLong()),
                   .phase = phase,
                   .device_seconds = start == from ? device_seconds : 0});
     agent_.cloud_->Send(epoch_, message).IgnoreError();
@@ -439,7 +441,8 @@ absl::Status Agent::Request::Pump(int64_t target, bool block) {
         stats_.RecordAdmitted(message.admitted().queue_seconds());
         break;
       case v1::CloudMessage::kResult:
-        chunks_.Answered(message.result(), event->epoch, event->received);
+        chunks_.Answered(message.result(), event->epoch, event->received,
+                         OnWireBytes(message.ByteSizeLong()));
         TOPHAT_RETURN_IF_ERROR(HandleResult(message.result()));
         break;
       case v1::CloudMessage::kError: {

@@ -30,17 +30,17 @@ void ChunkTracker::Sent(const Chunk& chunk) {
   in_flight_.push_back({.sequence_number = chunk.sequence_number,
                         .epoch = chunk.epoch,
                         .positions = chunk.positions,
-                        .bytes = chunk.bytes,
+                        .wire_bytes = chunk.wire_bytes,
                         .sent = now,
                         .trace_index = trace_index});
   if (in_flight_.size() > kMaxInFlight) in_flight_.pop_front();
 }
 
 void ChunkTracker::Answered(const v1::ForwardResult& result, uint64_t epoch,
-                            Clock::time_point received) {
+                            Clock::time_point received, size_t wire_bytes) {
   if (result.sent_at_seconds() > 0) {
     link_.ObserveResult(result.sent_at_seconds(), SecondsSinceEpoch(received),
-                        static_cast<double>(result.states().data().size()));
+                        static_cast<double>(wire_bytes));
   }
   if (!result.chunk_done()) return;
   // Results come in sequence order, so anything older was answered or will never be.
@@ -56,7 +56,7 @@ void ChunkTracker::Answered(const v1::ForwardResult& result, uint64_t epoch,
   // Every piece of a split chunk carries the chunk's arrival; one sample per chunk.
   if (result.received_at_seconds() > 0) {
     link_.ObserveChunk(SecondsSinceEpoch(sent.sent), result.received_at_seconds(),
-                       static_cast<double>(sent.bytes));
+                       static_cast<double>(sent.wire_bytes));
   }
   // Answered in one piece: the round trip is this chunk's alone.
   if (sent.trace_index >= 0 &&

@@ -49,7 +49,8 @@ class ChunkTracker {
     uint64_t epoch = 0;  // the stream it goes out on
     int64_t first_position = 0;
     int64_t positions = 0;
-    size_t bytes = 0;  // the packed hidden states
+    size_t bytes = 0;       // the packed hidden states
+    size_t wire_bytes = 0;  // what the whole message occupies on the link (OnWireBytes)
     v1::Phase phase = v1::PHASE_PREFILL;
     // The input submodel's time on it: a prompt chunk's first message carries it, the rest 0.
     double device_seconds = 0;
@@ -60,7 +61,9 @@ class ChunkTracker {
 
   // `result` arrived at `received` on stream `epoch`: feeds the link samples and fills the
   // answered chunk's trace.
-  void Answered(const v1::ForwardResult& result, uint64_t epoch, Clock::time_point received);
+  // `wire_bytes`: what the CloudMessage that carried it occupied on the link (OnWireBytes).
+  void Answered(const v1::ForwardResult& result, uint64_t epoch, Clock::time_point received,
+                size_t wire_bytes);
 
   const google::protobuf::RepeatedPtrField<v1::ChunkTrace>& trace() const { return trace_; }
 
@@ -73,7 +76,7 @@ class ChunkTracker {
     uint64_t sequence_number = 0;
     uint64_t epoch = 0;
     int64_t positions = 0;
-    size_t bytes = 0;
+    size_t wire_bytes = 0;
     Clock::time_point sent;
     int trace_index = -1;  // into trace_; -1 when not traced
   };

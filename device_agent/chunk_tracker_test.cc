@@ -35,6 +35,7 @@ ChunkTracker::Chunk Prefill(uint64_t sequence_number, uint64_t epoch, int64_t fi
           .first_position = first,
           .positions = positions,
           .bytes = static_cast<size_t>(positions) * 100,
+          .wire_bytes = static_cast<size_t>(positions) * 100 + 150,
           .phase = v1::PHASE_PREFILL,
           .device_seconds = 0.25};
 }
@@ -58,15 +59,15 @@ TEST_CASE("A chunk split over results gives one uplink sample and every result a
   RecordingSink sink;
   ChunkTracker tracker(sink, Clock::now(), /*trace=*/false);
   tracker.Sent(Prefill(1, /*epoch=*/1, 0, 8));
-  tracker.Answered(Piece(1, 4, 400, /*done=*/false), 1, Clock::now());
+  tracker.Answered(Piece(1, 4, 400, /*done=*/false), 1, Clock::now(), 520);
   CHECK(sink.uplink.empty());  // the chunk is not done yet
-  tracker.Answered(Piece(1, 4, 400, /*done=*/true), 1, Clock::now());
+  tracker.Answered(Piece(1, 4, 400, /*done=*/true), 1, Clock::now(), 520);
   REQUIRE(sink.uplink.size() == 1);
   CHECK(sink.uplink[0].arrived == 100.0);
-  CHECK(sink.uplink[0].bytes == 800);  // the chunk's bytes, not the piece's
+  CHECK(sink.uplink[0].bytes == 950);  // the chunk's wire bytes, not the piece's
   REQUIRE(sink.downlink.size() == 2);
   CHECK(sink.downlink[1].sent == 100.5);
-  CHECK(sink.downlink[1].bytes == 400);
+  CHECK(sink.downlink[1].bytes == 520);  // the message's wire bytes
 }
 
 TEST_CASE("A chunk answered on a newer stream than it left on gives no uplink sample") {
@@ -75,9 +76,9 @@ TEST_CASE("A chunk answered on a newer stream than it left on gives no uplink sa
   tracker.Sent(Prefill(1, /*epoch=*/1, 0, 4));
   tracker.Sent(Prefill(2, /*epoch=*/1, 4, 4));
   // Negative control: on its own stream the first one counts.
-  tracker.Answered(Piece(1, 4, 400, true), /*epoch=*/1, Clock::now());
+  tracker.Answered(Piece(1, 4, 400, true), /*epoch=*/1, Clock::now(), 520);
   CHECK(sink.uplink.size() == 1);
-  tracker.Answered(Piece(2, 4, 400, true), /*epoch=*/2, Clock::now());
+  tracker.Answered(Piece(2, 4, 400, true), /*epoch=*/2, Clock::now(), 520);
   CHECK(sink.uplink.size() == 1);
   CHECK(sink.downlink.size() == 2);  // the result itself did cross the new stream
 }
@@ -96,11 +97,11 @@ TEST_CASE("The trace covers prefill chunks and times those answered in one piece
   CHECK(tracker.trace().Get(1).first_position() == 4);
   CHECK(tracker.trace().Get(0).sent_at() >= 1.0);
 
-  tracker.Answered(Piece(1, 4, 400, true), 1, Clock::now());
+  tracker.Answered(Piece(1, 4, 400, true), 1, Clock::now(), 520);
   CHECK(tracker.trace().Get(0).result_at() >= tracker.trace().Get(0).sent_at());
   CHECK(tracker.trace().Get(0).cloud_compute_seconds() == 0.02);
   // Chunk 2 ends in a piece of 3 of its 8 positions: its round trip is not its alone.
-  tracker.Answered(Piece(2, 3, 300, true), 1, Clock::now());
+  tracker.Answered(Piece(2, 3, 300, true), 1, Clock::now(), 420);
   CHECK(tracker.trace().Get(1).result_at() == 0);
 }
 

@@ -110,7 +110,7 @@ absl::Status CloudConnection::Send(uint64_t epoch, const v1::AgentMessage& messa
       return absl::UnavailableError(absl::StrCat("the cloud stream ", epoch, " is gone"));
     }
   }
-  uplink_->Push(message.ByteSizeLong(), [this, epoch, message] {
+  uplink_->Push(OnWireBytes(message.ByteSizeLong()), [this, epoch, message] {
     Write(epoch, message).IgnoreError();  // a lost stream shows up as a disconnect event
   });
   return absl::OkStatus();
@@ -223,7 +223,7 @@ void CloudConnection::Run() {
     grpc::ClientReaderWriter<v1::AgentMessage, v1::CloudMessage>* reader = stream_.get();
     v1::CloudMessage message;
     while (reader->Read(&message)) {
-      const size_t bytes = message.ByteSizeLong();
+      const size_t bytes = OnWireBytes(message.ByteSizeLong());
       Downlink(bytes, [this, epoch, moved = std::move(message)]() mutable {
         Route(std::move(moved), epoch);
       });
