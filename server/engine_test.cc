@@ -91,6 +91,16 @@ struct Harness {
     }
     engine->Deliver(1, message);
   }
+  // Session `id` runs a prefill step and a decode step, so the state monitor has step
+  // timings (the scheduler decides nothing without them); their messages are dropped.
+  void TimeTwoSteps(uint64_t id) {
+    Open(id, 32);
+    Chunk(id, 0, 12, v1::PHASE_PREFILL);
+    engine->RunOnce();
+    Chunk(id, 12, 1, v1::PHASE_DECODE);
+    engine->RunOnce();
+    sink->Take();
+  }
   std::shared_ptr<CollectingSink> sink = std::make_shared<CollectingSink>();
   std::unique_ptr<Engine> engine;
   v1::Hello hello;
@@ -434,12 +444,7 @@ TEST_CASE("An adaptive engine sends each device its own chunk size and drafting 
   options.max_draft_steps = 6;
   Harness h(options);
   // Step timings first: no decision without them.
-  h.Open(3, 32);
-  h.Chunk(3, 0, 12, v1::PHASE_PREFILL);
-  h.engine->RunOnce();
-  h.Chunk(3, 12, 1, v1::PHASE_DECODE);
-  h.engine->RunOnce();
-  h.sink->Take();
+  h.TimeTwoSteps(3);
 
   v1::AgentMessage report;
   v1::DeviceState* state = report.mutable_device_state();
@@ -491,12 +496,7 @@ TEST_CASE("An adaptive engine chooses each device's wire dtype from its measured
   // Before any measurement, Hello offers the narrowest.
   CHECK(h.hello.control().wire_dtype() == v1::DTYPE_INT8_PER_POSITION);
   CHECK_FALSE(h.hello.control().wire_dtype_per_device());
-  h.Open(3, 32);
-  h.Chunk(3, 0, 12, v1::PHASE_PREFILL);
-  h.engine->RunOnce();
-  h.Chunk(3, 12, 1, v1::PHASE_DECODE);
-  h.engine->RunOnce();
-  h.sink->Take();
+  h.TimeTwoSteps(3);
 
   const auto report = [&](double uplink) {
     v1::AgentMessage message;

@@ -1654,6 +1654,14 @@ TEST_CASE("An agent computing in bfloat16 serves a float32 cloud, converting at 
   CHECK(fraction >= 0.97);
 }
 
+// What the cloud counts: hidden-state payload bytes received and sent, and positions computed.
+std::array<double, 3> HiddenStateTotals(const CloudProcess& cloud) {
+  return {cloud.Metric("tophat_hidden_state_bytes_total", "direction=\"in\""),
+          cloud.Metric("tophat_hidden_state_bytes_total", "direction=\"out\""),
+          cloud.Metric("tophat_prompt_tokens_total") +
+              cloud.Metric("tophat_generation_tokens_total")};
+}
+
 TEST_CASE("A compressed wire carries each position in its own bytes both ways, and speculative "
           "decoding stays lossless against the model with that wire",
           "[serving][speculative]") {
@@ -1668,15 +1676,7 @@ TEST_CASE("A compressed wire carries each position in its own bytes both ways, a
     AgentProcess spec(dir.path(), cloud, 16, "wire_dtype: " + wire + "\n");
     AgentProcess plain(dir.path(), cloud, 16,
                        "wire_dtype: " + wire + "\nspeculative:\n  enabled: false\n");
-    // The cloud counts each received and sent payload's bytes and each computed position.
-    const auto totals = [&] {
-      return std::array<double, 3>{
-          cloud.Metric("tophat_hidden_state_bytes_total", "direction=\"in\""),
-          cloud.Metric("tophat_hidden_state_bytes_total", "direction=\"out\""),
-          cloud.Metric("tophat_prompt_tokens_total") +
-              cloud.Metric("tophat_generation_tokens_total")};
-    };
-    const std::array<double, 3> before = totals();
+    const std::array<double, 3> before = HiddenStateTotals(cloud);
     Agreement agreement;
     for (const std::string& sentence : sentences) {
       const std::vector<int32_t> prompt = Tokenize(sentence);
@@ -1693,7 +1693,7 @@ TEST_CASE("A compressed wire carries each position in its own bytes both ways, a
       CHECK(Tokens(*drafted) == Tokens(*decoded));
       AddAgreement(prompt, Tokens(*decoded), agreement);
     }
-    const std::array<double, 3> after = totals();
+    const std::array<double, 3> after = HiddenStateTotals(cloud);
     const double positions = after[2] - before[2];
     REQUIRE(positions > 0);
     // Every position went up and came back in the wire's bytes (float32 would be 4 x hidden).
@@ -1719,18 +1719,11 @@ TEST_CASE("An agent following the scheduler's wire dtype sends and receives in i
   const int64_t hidden = ReferenceModel().config().hidden_size;
   AgentProcess following(dir.path(), cloud, 16, "wire_dtype: scheduler\n");
   AgentProcess int8(dir.path(), cloud, 16, "wire_dtype: int8\n");
-  const auto totals = [&] {
-    return std::array<double, 3>{
-        cloud.Metric("tophat_hidden_state_bytes_total", "direction=\"in\""),
-        cloud.Metric("tophat_hidden_state_bytes_total", "direction=\"out\""),
-        cloud.Metric("tophat_prompt_tokens_total") +
-            cloud.Metric("tophat_generation_tokens_total")};
-  };
   for (const std::string& sentence : ToyPrompts(43, 4)) {
     const std::vector<int32_t> prompt = Tokenize(sentence);
-    const std::array<double, 3> before = totals();
+    const std::array<double, 3> before = HiddenStateTotals(cloud);
     auto followed = following.client().Generate(IdsRequest(prompt, 12));
-    const std::array<double, 3> after = totals();
+    const std::array<double, 3> after = HiddenStateTotals(cloud);
     auto chosen = int8.client().Generate(IdsRequest(prompt, 12));
     REQUIRE(followed.ok());
     REQUIRE(chosen.ok());
