@@ -29,9 +29,10 @@ if ! command -v clang++ >/dev/null 2>&1; then
 fi
 
 started=$(date +%s)
-cmake --preset fuzz >/dev/null
-cmake --build --preset fuzz -j "$(nproc)"
-echo "fuzz: built in $(( $(date +%s) - started )) s"
+source deploy/logged.sh
+logged build/fuzz-configure.log "fuzz: configuring" cmake --preset fuzz
+logged build/fuzz-build.log "fuzz: the build" cmake --build --preset fuzz -j "$(nproc)"
+echo "fuzz: built in $(( $(date +%s) - started )) s (log: build/fuzz-build.log)"
 
 artifacts="build/fuzz/artifacts"
 mkdir -p "$artifacts"
@@ -55,7 +56,10 @@ fuzz_target() {
     fi
   fi
   mkdir -p "$scratch/$target"
-  if "$binary" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=3072 -print_final_stats=1 \
+  # -timeout: an input still running after this long is reported as a hang. 25 s, not less:
+  # under CI the fuzzers share 2 cores with the toy model's training, and an ASan build runs
+  # a slow but finite input (a large tensor, a deep YAML document) several times slower.
+  if "$binary" -max_total_time="$seconds" -timeout=25 -rss_limit_mb=3072 -print_final_stats=1 \
       -artifact_prefix="$artifacts/$target-" "$scratch/$target" "fuzz/corpus/$target" \
       >"$scratch/$target.log" 2>&1; then
     local runs cov

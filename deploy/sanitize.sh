@@ -38,10 +38,11 @@ if ! command -v clang++ >/dev/null 2>&1; then
 fi
 
 started=$(date +%s)
-cmake --preset fuzz >/dev/null
-cmake --build --preset fuzz -j "$(nproc)" --target tophat-cloud tophat-agent \
-  tophat_serving_test
-echo "sanitize: built in $(( $(date +%s) - started )) s"
+source deploy/logged.sh
+logged build/sanitize-configure.log "sanitize: configuring" cmake --preset fuzz
+logged build/sanitize-build.log "sanitize: the build" cmake --build --preset fuzz -j "$(nproc)" \
+  --target tophat-cloud tophat-agent tophat_serving_test
+echo "sanitize: built in $(( $(date +%s) - started )) s (log: build/sanitize-build.log)"
 
 reports="$(mktemp -d)"
 trap 'rm -rf "$reports"' EXIT

@@ -22,8 +22,10 @@ done
 
 started=$(date +%s)
 bash deploy/arm64/sysroot.sh
-cmake --preset arm64 >/dev/null
-cmake --build --preset arm64 -j "$(nproc)" --target "${targets[@]}"
+source deploy/logged.sh
+logged build/arm64-configure.log "arm64: configuring" cmake --preset arm64
+logged build/arm64-build.log "arm64: the build" cmake --build --preset arm64 -j "$(nproc)" \
+  --target "${targets[@]}"
 echo "arm64: built ${targets[*]} in $(( $(date +%s) - started )) s"
 # The unit tests of the binaries built here (binaries not built are registered as NOT_BUILT,
 # with no label). The first case of the kernel tests checks that NEON is the path offered.
