@@ -64,6 +64,11 @@ int RunToyModel(tophat::ToyModelOptions options) {
       report->heldout_loss, report->uniform_loss, 100.0 * report->heldout_top1,
       report->heldout_mean_max_prob);
   if (options.adapter_input_layers > 0) {
+    for (const auto& [prompt_length, accept_length] :
+         report->adapter_accept_length_by_prompt_length) {
+      spdlog::info("toy-model: drafter acceptance length after a {}-token held-out prompt: {:.2f}",
+                   prompt_length, accept_length);
+    }
     spdlog::info("toy-model: drafter adapter for m = {} ({}): {} parameters ({:.1f}% of the "
                  "model's {}), held-out acceptance length {:.2f}",
                  options.adapter_input_layers,
@@ -216,12 +221,22 @@ int main(int argc, char** argv) {
 
   tophat::ToyModelOptions toy;
   toy.out_dir = tophat::DefaultToyModelDir();
+  std::string toy_preset = "toy";
   auto* toy_cmd = app.add_subcommand(
       "toy-model", "Train (or reuse the cached) small Llama checkpoint on a synthetic grammar");
-  toy_cmd->add_option("--out", toy.out_dir, "Output directory (cached: reused if up to date)")
+  toy_cmd->add_option("--preset", toy_preset,
+                      "toy: the small model of the tests and demo (64-token windows, dim 192, "
+                      "6 layers; minutes). eval: the ablation's evaluation model (1,024-token "
+                      "windows, dim 512, 8 layers; hours on 2 cores), cached in " +
+                          tophat::DefaultEvalModelDir().string() +
+                          "; --steps, --adapter-steps and --out override it")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"toy", "eval"}));
+  auto* toy_out = toy_cmd->add_option("--out", toy.out_dir,
+                                      "Output directory (cached: reused if up to date)")
       ->capture_default_str();
-  toy_cmd->add_option("--steps", toy.steps, "Training steps")->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  auto* toy_steps = toy_cmd->add_option("--steps", toy.steps, "Training steps")
+      ->capture_default_str()->check(CLI::PositiveNumber);
   toy_cmd->add_option("--seed", toy.seed, "Seed for corpus, init and batches")
       ->capture_default_str();
   toy_cmd->add_option("--threads", toy.threads, "Training threads (part of the cache key)")
@@ -230,8 +245,9 @@ int main(int argc, char** argv) {
   toy_cmd->add_option("--adapter-input-layers", toy.adapter_input_layers,
                       "Distil the shipped drafter adapter for this m (0: none)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
-  toy_cmd->add_option("--adapter-steps", toy.adapter_steps, "Adapter distillation steps")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+  auto* toy_adapter_steps =
+      toy_cmd->add_option("--adapter-steps", toy.adapter_steps, "Adapter distillation steps")
+          ->capture_default_str()->check(CLI::PositiveNumber);
 
   tophat::DistillOptions distill;
   auto* distill_cmd = app.add_subcommand(
@@ -454,6 +470,7 @@ int main(int argc, char** argv) {
   auto* ablation_flag = serve_bench_cmd->add_flag(
       "--ablation", run_ablation,
       "HAT's ablation: for each configuration (U-shape, +spec, +chunk, +spec+chunk, +parallel, "
+      "+pipeinfer, "
       "U-Sarathi-128/256) start a cloud and --devices agents behind emulated edge links, run "
       "the same seeded workload, print a Table-V-style table, write SLA CDF plots (PNG) and "
       "JSON into --work-dir");
@@ -536,7 +553,20 @@ int main(int argc, char** argv) {
     }
     return tophat::cli::RunBench(serve_bench);
   }
-  if (*toy_cmd) return RunToyModel(toy);
+  if (*toy_cmd) {
+    if (toy_preset == "eval") {
+      // The preset's shape and recipe; what was given on the command line still wins.
+      tophat::ToyModelOptions eval = tophat::EvalModelOptions();
+      if (toy_out->count() > 0) eval.out_dir = toy.out_dir;
+      if (toy_steps->count() > 0) eval.steps = toy.steps;
+      if (toy_adapter_steps->count() > 0) eval.adapter_steps = toy.adapter_steps;
+      eval.seed = toy.seed;
+      eval.threads = toy.threads;
+      eval.adapter_input_layers = toy.adapter_input_layers;
+      toy = eval;
+    }
+    return RunToyModel(toy);
+  }
   if (*distill_cmd) return RunDistill(distill);
   if (*split_cmd) {
     auto result = tophat::SplitCheckpoint(split);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fstream>
 #include <numbers>
+#include <optional>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -150,6 +151,7 @@ json DistillOptions::ToJson() const {
           {"max_draft", max_draft},
           {"eval_prompts", eval_prompts},
           {"eval_new_tokens", eval_new_tokens},
+          {"eval_prompt_lengths", eval_prompt_lengths},
           {"threads", threads}};
 }
 
@@ -164,6 +166,7 @@ json DistillReport::ToJson() const {
           {"heldout_loss", heldout_loss},
           {"heldout_draft_top1", heldout_draft_top1},
           {"heldout_accept_length", heldout_accept_length},
+          {"accept_length_by_prompt_length", accept_length_by_prompt_length},
           {"adapter_parameters", adapter_parameters},
           {"model_parameters", model_parameters}};
 }
@@ -179,6 +182,12 @@ absl::StatusOr<DistillReport> Distill(const DistillOptions& given,
     return absl::InvalidArgumentError(
         "distill: --steps, --batch-size, --checkpoint-every, --max-draft and --threads must be "
         ">= 1 and --sequence-length >= 2");
+  }
+  if (options.eval_prompt_lengths.empty() ||
+      *std::min_element(options.eval_prompt_lengths.begin(), options.eval_prompt_lengths.end()) <
+          1) {
+    return absl::InvalidArgumentError(
+        "distill: the acceptance needs at least one prompt length, each >= 1");
   }
   if (!(options.eta > 0 && options.eta <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat("distill: --eta must be in (0, 1], got ", options.eta));
@@ -232,6 +241,15 @@ absl::StatusOr<DistillReport> Distill(const DistillOptions& given,
       report.heldout_loss = r.value("heldout_loss", 0.0);
       report.initial_heldout_loss = r.value("initial_heldout_loss", 0.0);
       report.heldout_accept_length = r.value("heldout_accept_length", 0.0);
+      if (r.contains("accept_length_by_prompt_length") &&
+          r["accept_length_by_prompt_length"].is_array()) {
+        for (const json& pair : r["accept_length_by_prompt_length"]) {
+          if (pair.is_array() && pair.size() == 2 && pair[0].is_number() && pair[1].is_number()) {
+            report.accept_length_by_prompt_length.emplace_back(pair[0].get<int64_t>(),
+                                                               pair[1].get<double>());
+          }
+        }
+      }
       report.heldout_draft_top1 = r.value("heldout_draft_top1", 0.0);
       report.adapter_parameters = r.value("adapter_parameters", int64_t{0});
       report.model_parameters = r.value("model_parameters", int64_t{0});
@@ -296,7 +314,10 @@ absl::StatusOr<DistillReport> Distill(const DistillOptions& given,
   info.intermediate_size = options.intermediate_size;
   info.source_model = identity["model"];
   models.adapter_config = AdapterModelConfig(config, info);
-  models.rope = RopeTable::Create(config, seq + options.eval_new_tokens + 16, at::kCPU);
+  const int64_t longest_prompt =
+      *std::max_element(options.eval_prompt_lengths.begin(), options.eval_prompt_lengths.end());
+  models.rope = RopeTable::Create(
+      config, std::max(seq, longest_prompt) + options.eval_new_tokens + 16, at::kCPU);
 
   // Λ starts as a copy of teacher layer init_layer (its MLP cut to the adapter's width).
   {
@@ -425,58 +446,73 @@ absl::StatusOr<DistillReport> Distill(const DistillOptions& given,
     // Held-out acceptance: the teacher continues held-out prompts greedily; then, over those
     // sequences, rounds of greedy drafting (stop below eta or at max_draft) are scored the way
     // verification scores them: accepted = the leading drafts equal to the target's tokens.
+    // Returns (tokens per round, drafter top-1 agreement), or nullopt when the held-out text
+    // has no prompt that long.
     at::NoGradGuard no_grad;
-    const int64_t prompt_length = 12;
-    std::vector<at::Tensor> prompts;
-    for (int64_t start : heldout_starts) {
-      if (static_cast<int64_t>(prompts.size()) >= options.eval_prompts) break;
-      if (start + prompt_length > heldout.size(0)) break;
-      prompts.push_back(heldout.narrow(0, start, prompt_length));
-    }
-    if (prompts.empty()) return;
-    at::Tensor sequences = at::stack(prompts);
-    for (int64_t g = 0; g < options.eval_new_tokens; ++g) {
-      at::Tensor logits = TrainingLogits(config, models.teacher, models.rope, sequences);
-      sequences = at::cat({sequences, logits.select(1, -1).argmax(-1, true)}, 1);
-    }
-    const Models::Targets final_targets = models.Teacher(sequences);
-    const at::Tensor draft_logits = TrainingHead(config, models.teacher,
-                                                 models.Student(final_targets.shallow));
-    const at::Tensor draft_argmax = draft_logits.argmax(-1);
-    const at::Tensor confidence = at::softmax(draft_logits, -1).amax(-1);
-    const at::Tensor target_argmax = final_targets.logits.argmax(-1);
-    const int64_t total = sequences.size(1);
-    int64_t rounds = 0;
-    int64_t emitted = 0;
-    int64_t agree = 0;
-    int64_t positions = 0;
-    for (int64_t b = 0; b < sequences.size(0); ++b) {
-      const at::Tensor row_tokens = sequences[b].contiguous();
-      const at::Tensor row_draft = draft_argmax[b].contiguous();
-      const at::Tensor row_target = target_argmax[b].contiguous();
-      const at::Tensor row_conf = confidence[b].contiguous();
-      const auto tokens = row_tokens.accessor<int64_t, 1>();
-      const auto draft = row_draft.accessor<int64_t, 1>();
-      const auto target = row_target.accessor<int64_t, 1>();
-      const auto conf = row_conf.accessor<float, 1>();
-      for (int64_t j = prompt_length; j + 1 < total; ++j) {
-        agree += draft[j] == target[j];
-        ++positions;
+    const auto acceptance = [&](int64_t prompt_length) -> std::optional<std::pair<double, double>> {
+      std::vector<at::Tensor> prompts;
+      for (int64_t start : heldout_starts) {
+        if (static_cast<int64_t>(prompts.size()) >= options.eval_prompts) break;
+        if (start + prompt_length > heldout.size(0)) break;
+        prompts.push_back(heldout.narrow(0, start, prompt_length));
       }
-      // Position prompt_length holds the first generated token, which prefill produced.
-      for (int64_t j = prompt_length; j + 1 < total;) {
-        int64_t accepted = 0;
-        while (accepted < options.max_draft && j + accepted + 1 < total &&
-               conf[j + accepted] >= options.eta && draft[j + accepted] == tokens[j + accepted + 1]) {
-          ++accepted;
+      if (prompts.empty()) return std::nullopt;
+      at::Tensor sequences = at::stack(prompts);
+      for (int64_t g = 0; g < options.eval_new_tokens; ++g) {
+        at::Tensor logits = TrainingLogits(config, models.teacher, models.rope, sequences);
+        sequences = at::cat({sequences, logits.select(1, -1).argmax(-1, true)}, 1);
+      }
+      const Models::Targets final_targets = models.Teacher(sequences);
+      const at::Tensor draft_logits = TrainingHead(config, models.teacher,
+                                                   models.Student(final_targets.shallow));
+      const at::Tensor draft_argmax = draft_logits.argmax(-1);
+      const at::Tensor confidence = at::softmax(draft_logits, -1).amax(-1);
+      const at::Tensor target_argmax = final_targets.logits.argmax(-1);
+      const int64_t total = sequences.size(1);
+      int64_t rounds = 0;
+      int64_t emitted = 0;
+      int64_t agree = 0;
+      int64_t positions = 0;
+      for (int64_t b = 0; b < sequences.size(0); ++b) {
+        const at::Tensor row_tokens = sequences[b].contiguous();
+        const at::Tensor row_draft = draft_argmax[b].contiguous();
+        const at::Tensor row_target = target_argmax[b].contiguous();
+        const at::Tensor row_conf = confidence[b].contiguous();
+        const auto tokens = row_tokens.accessor<int64_t, 1>();
+        const auto draft = row_draft.accessor<int64_t, 1>();
+        const auto target = row_target.accessor<int64_t, 1>();
+        const auto conf = row_conf.accessor<float, 1>();
+        for (int64_t j = prompt_length; j + 1 < total; ++j) {
+          agree += draft[j] == target[j];
+          ++positions;
         }
-        ++rounds;
-        emitted += accepted + 1;
-        j += accepted + 1;
+        // Position prompt_length holds the first generated token, which prefill produced.
+        for (int64_t j = prompt_length; j + 1 < total;) {
+          int64_t accepted = 0;
+          while (accepted < options.max_draft && j + accepted + 1 < total &&
+                 conf[j + accepted] >= options.eta &&
+                 draft[j + accepted] == tokens[j + accepted + 1]) {
+            ++accepted;
+          }
+          ++rounds;
+          emitted += accepted + 1;
+          j += accepted + 1;
+        }
+      }
+      return std::make_pair(static_cast<double>(emitted) / static_cast<double>(rounds),
+                            static_cast<double>(agree) / static_cast<double>(positions));
+    };
+    for (size_t i = 0; i < options.eval_prompt_lengths.size(); ++i) {
+      const std::optional<std::pair<double, double>> measured =
+          acceptance(options.eval_prompt_lengths[i]);
+      if (!measured) continue;
+      report.accept_length_by_prompt_length.emplace_back(options.eval_prompt_lengths[i],
+                                                         measured->first);
+      if (i == 0) {
+        report.heldout_accept_length = measured->first;
+        report.heldout_draft_top1 = measured->second;
       }
     }
-    report.heldout_accept_length = static_cast<double>(emitted) / static_cast<double>(rounds);
-    report.heldout_draft_top1 = static_cast<double>(agree) / static_cast<double>(positions);
   });
   at::set_num_threads(previous_threads);
   TOPHAT_RETURN_IF_ERROR(status);

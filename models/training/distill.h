@@ -19,6 +19,8 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -53,6 +55,10 @@ struct DistillOptions {
   int64_t max_draft = 8;
   int64_t eval_prompts = 8;
   int64_t eval_new_tokens = 48;
+  // Held-out prompt lengths the acceptance is measured at (the first is
+  // heldout_accept_length): a drafter trained on short windows may fall apart deep into a
+  // long prompt.
+  std::vector<int64_t> eval_prompt_lengths = {12};
   int threads = 2;
 
   // Not part of a run's identity (a resumed run may change them):
@@ -75,6 +81,8 @@ struct DistillReport {
   double heldout_loss = 0;
   double heldout_draft_top1 = 0;       // drafter argmax == target argmax, held out
   double heldout_accept_length = 0;    // tokens per verification round, greedy
+  // (prompt length, tokens per round) for each of eval_prompt_lengths.
+  std::vector<std::pair<int64_t, double>> accept_length_by_prompt_length;
   int64_t adapter_parameters = 0;
   int64_t model_parameters = 0;
   bool attached_to_bundle = false;

@@ -69,6 +69,29 @@ fs::path DefaultToyModelDir() {
   return fs::path(".cache") / "tophat" / "toy-model";
 }
 
+fs::path DefaultEvalModelDir() { return DefaultToyModelDir().parent_path() / "eval-model"; }
+
+ToyModelOptions EvalModelOptions() {
+  ToyModelOptions o;
+  o.out_dir = DefaultEvalModelDir();
+  o.hidden_size = 512;
+  o.intermediate_size = 1408;
+  o.num_layers = 8;
+  o.num_heads = 8;
+  o.num_kv_heads = 2;
+  o.sequence_length = 1024;
+  o.batch_size = 4;
+  o.steps = 600;
+  o.learning_rate = 1.5e-3;
+  o.corpus_documents = 40000;
+  o.adapter_input_layers = 2;
+  o.adapter_steps = 300;
+  o.adapter_sequence_length = 1024;
+  o.adapter_batch_size = 4;
+  o.acceptance_prompt_lengths = {64, 512, 1024};
+  return o;
+}
+
 ModelConfig ToyModelConfig(const ToyModelOptions& o) {
   ModelConfig c;
   c.architecture = Architecture::kLlama;
@@ -264,6 +287,13 @@ absl::StatusOr<ToyModelReport> MakeToyModel(
   distill.out_dir = options.out_dir;
   distill.input_layers = options.adapter_input_layers;
   distill.steps = options.adapter_steps;
+  distill.sequence_length = options.adapter_sequence_length;
+  distill.batch_size = options.adapter_batch_size;
+  distill.eval_prompt_lengths = options.acceptance_prompt_lengths;
+  // Long prompts: four of each length (the teacher recomputes the whole sequence per token).
+  if (options.acceptance_prompt_lengths.back() > 256) distill.eval_prompts = 4;
+  // Long windows need a longer stream than the default 4,000 documents' ~150 K tokens.
+  if (options.adapter_sequence_length > 256) distill.toy_documents = 20000;
   // Fresh documents from the same grammar, so the held-out estimate is not on training text.
   distill.seed = options.seed + 1;
   distill.threads = options.threads;
@@ -271,6 +301,7 @@ absl::StatusOr<ToyModelReport> MakeToyModel(
   report.adapter_reused = adapter.reused;
   report.adapter_seconds = adapter.seconds;
   report.adapter_heldout_accept_length = adapter.heldout_accept_length;
+  report.adapter_accept_length_by_prompt_length = adapter.accept_length_by_prompt_length;
   report.adapter_parameters = adapter.adapter_parameters;
   report.model_parameters = adapter.model_parameters;
   return report;

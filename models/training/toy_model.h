@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -39,6 +41,10 @@ struct ToyModelOptions {
   // the adapter settings re-distills the adapter without retraining the model.
   int64_t adapter_input_layers = 2;
   int64_t adapter_steps = 200;
+  int64_t adapter_sequence_length = 64;
+  int64_t adapter_batch_size = 16;
+  // Held-out prompt lengths the drafter's acceptance is reported at.
+  std::vector<int64_t> acceptance_prompt_lengths = {12};
 
   nlohmann::json ToJson() const;  // the model's identity (not the adapter's)
 };
@@ -57,6 +63,7 @@ struct ToyModelReport {
   bool adapter_reused = false;
   double adapter_seconds = 0.0;
   double adapter_heldout_accept_length = 0.0;
+  std::vector<std::pair<int64_t, double>> adapter_accept_length_by_prompt_length;
   int64_t adapter_parameters = 0;
   int64_t model_parameters = 0;
 };
@@ -69,6 +76,14 @@ absl::StatusOr<ToyModelReport> MakeToyModel(
 // Where `tophat toy-model` caches the model by default: $XDG_CACHE_HOME/tophat/toy-model,
 // else ~/.cache/tophat/toy-model.
 std::filesystem::path DefaultToyModelDir();
+
+// `tophat toy-model --preset eval`: the evaluation model of the ablation. The same grammar,
+// trained on 1,024-token windows (a prompt of the ablation's length is inside what it was
+// trained on, and so is the drafter's), wide and deep enough (dim 512, 8 layers, ~27 M
+// parameters) that the cloud's share of a step is not negligible next to the link. Hours
+// of training on 2 CPU cores; not built in CI. Cached beside the toy model (eval-model).
+ToyModelOptions EvalModelOptions();
+std::filesystem::path DefaultEvalModelDir();
 
 // The config the toy model is trained with (before the tokenizer fixes the vocabulary).
 ModelConfig ToyModelConfig(const ToyModelOptions& options);
