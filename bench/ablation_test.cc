@@ -10,7 +10,7 @@ namespace {
 
 TEST_CASE("ablation configurations follow HAT's ablation order", "[ablation]") {
   const std::vector<AblationConfig> configs = AblationConfigs();
-  REQUIRE(configs.size() == 7);
+  REQUIRE(configs.size() == 8);
   CHECK(configs[0].name == "U-shape");
   CHECK_FALSE(configs[0].speculative);
   CHECK(configs[0].chunking == ChunkMode::kWholePrompt);
@@ -18,15 +18,18 @@ TEST_CASE("ablation configurations follow HAT's ablation order", "[ablation]") {
   CHECK(configs[4].speculative);
   CHECK(configs[4].parallel_drafting);
   CHECK(configs[4].chunking == ChunkMode::kAdaptive);
-  CHECK(configs[5].chunking == ChunkMode::kFixed);
-  CHECK(configs[5].fixed_chunk == 128);
-  CHECK_FALSE(configs[5].pipeline_chunks);
+  CHECK(configs[4].runs_in_flight == 1);
+  CHECK(configs[5].name == "+pipeinfer");
+  CHECK(configs[5].runs_in_flight == 2);
+  CHECK(configs[6].chunking == ChunkMode::kFixed);
+  CHECK(configs[6].fixed_chunk == 128);
+  CHECK_FALSE(configs[6].pipeline_chunks);
 }
 
 TEST_CASE("configurations are selected by name", "[ablation]") {
   auto all = SelectAblationConfigs("all");
   REQUIRE(all.ok());
-  CHECK(all->size() == 7);
+  CHECK(all->size() == 8);
   auto two = SelectAblationConfigs("U-shape,+chunk");
   REQUIRE(two.ok());
   REQUIRE(two->size() == 2);
@@ -72,6 +75,7 @@ TEST_CASE("generated agent configs load with the agent's config loader", "[ablat
     CHECK(parsed->cloud_address == "127.0.0.1:7300");
     CHECK(parsed->speculative.enabled == config.speculative);
     CHECK(parsed->speculative.parallel_drafting == config.parallel_drafting);
+    CHECK(parsed->speculative.max_runs_in_flight == config.runs_in_flight);
     CHECK(parsed->pipeline_prompt_chunks == config.pipeline_chunks);
     CHECK(parsed->link_emulation.one_way_delay_s == Approx(0.01));
     CHECK(parsed->link_emulation.uplink_bytes_per_second == Approx(500000));

@@ -87,6 +87,16 @@ void CheckAgentConfig(const AgentConfig& config, bool require_bundle, Report&& r
   check("speculative.max_draft_tokens", CheckAtLeast(config.speculative.max_draft_tokens, 1));
   check("speculative.parallel_top_k", CheckAtLeast(config.speculative.parallel_top_k, 1));
   check("speculative.parallel_steps", CheckAtLeast(config.speculative.parallel_steps, 0));
+  if (config.speculative.max_runs_in_flight != 1 && config.speculative.max_runs_in_flight != 2) {
+    report("speculative.max_runs_in_flight",
+           absl::StrCat(config.speculative.max_runs_in_flight,
+                        " is neither 1 (one verification at a time) nor 2 (one run sent ahead "
+                        "of it); deeper pipelines are not implemented"),
+           "");
+  } else if (config.speculative.max_runs_in_flight == 2 && !config.speculative.parallel_drafting) {
+    report("speculative.max_runs_in_flight",
+           "2 sends a branch drafted ahead, which needs speculative.parallel_drafting: true", "");
+  }
   check("link_emulation.one_way_delay_s",
         CheckAtLeast(config.link_emulation.one_way_delay_s, 0, /*inclusive=*/true));
   check("link_emulation.uplink_bytes_per_second",
@@ -169,6 +179,8 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
                  Bound::kNonNegative);
   reader.ReadBool("speculative.parallel_steps_from_cloud",
                   &config.speculative.parallel_steps_from_cloud);
+  reader.ReadInt("speculative.max_runs_in_flight", &config.speculative.max_runs_in_flight,
+                 Bound::kPositive);
   reader.ReadSeconds("link_emulation.one_way_delay_s", &config.link_emulation.one_way_delay_s,
                      Bound::kNonNegative);
   reader.ReadDouble("link_emulation.uplink_bytes_per_second",

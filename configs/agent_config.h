@@ -92,6 +92,11 @@ struct AgentConfig {
     // DSD-style window: drafts per round follow acceptance, RTT and cloud queueing, and stop
     // while drafting cannot pay (scheduler/decode_decisions.h AdaptiveDraftWindow).
     bool adaptive_window = false;
+    // Verification runs a request may have at the cloud at once. 2 (PipeInfer): the branch
+    // drafted ahead from the best candidate goes to the cloud before the verification in
+    // flight returns, and is cancelled (Truncate, results dropped) when that verification
+    // rejects what it was built on. Needs parallel_drafting. Costs cloud compute on misses.
+    int64_t max_runs_in_flight = 1;
     bool operator==(const Speculative&) const = default;
   } speculative;
   // An emulated edge link in front of the cloud stream, for benchmarks on loopback: every

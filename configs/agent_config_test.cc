@@ -115,6 +115,19 @@ TEST_CASE("Agent speculative settings out of range name their key") {
   REQUIRE_FALSE(draft.ok());
   CHECK_THAT(std::string(draft.status().message()),
              Catch::Contains("speculative.max_draft_tokens"));
+  auto runs = ParseAgentConfig("speculative:\n  max_runs_in_flight: 3\n", "agent.yaml");
+  REQUIRE_FALSE(runs.ok());
+  CHECK_THAT(std::string(runs.status().message()),
+             Catch::Contains("agent.yaml:2") && Catch::Contains("speculative.max_runs_in_flight") &&
+                 Catch::Contains("deeper pipelines are not implemented"));
+  auto ahead_alone = ParseAgentConfig(
+      "speculative:\n  parallel_drafting: false\n  max_runs_in_flight: 2\n", "agent.yaml");
+  REQUIRE_FALSE(ahead_alone.ok());
+  CHECK_THAT(std::string(ahead_alone.status().message()),
+             Catch::Contains("needs speculative.parallel_drafting: true"));
+  auto pipelined = ParseAgentConfig("speculative:\n  max_runs_in_flight: 2\n", "agent.yaml");
+  REQUIRE(pipelined.ok());
+  CHECK(pipelined->speculative.max_runs_in_flight == 2);
   auto delay = ParseAgentConfig("link_emulation:\n  one_way_delay_s: -1\n", "agent.yaml");
   REQUIRE_FALSE(delay.ok());
   CHECK_THAT(std::string(delay.status().message()),

@@ -98,6 +98,9 @@ class Agent::Request : private CloudSession {
 
   // CloudSession, for the decode rounds.
   void SendDecodeRows(int64_t start, const at::Tensor& rows) override;
+  void SendAheadRows(int64_t start, const at::Tensor& rows) override;
+  void KeepAheadRows() override { ahead_from_ = -1; }
+  int64_t sent() const override { return sent_; }
   int64_t consumed() const override { return consumed_; }
   void RollBack(int64_t length) override;
 
@@ -143,6 +146,12 @@ class Agent::Request : private CloudSession {
   int32_t next_token_ = 0;  // accepted, not yet in any KV: starts the next round
   int64_t sent_ = 0;        // positions whose shallow states went to the cloud
   int64_t consumed_ = 0;    // positions whose deep states went through the output submodel
+  // Where the run sent ahead of its verification starts (PipeInfer), -1 without one: a
+  // reconnect replays only the positions before it.
+  int64_t ahead_from_ = -1;
+  // Results of chunks numbered below this are stale: a rollback cancelled the positions they
+  // hold (a run sent ahead that the verification rejected).
+  uint64_t stale_below_sequence_ = 0;
 
   uint64_t session_id_ = 0;
   uint64_t epoch_ = 0;
@@ -254,7 +263,8 @@ absl::Status Agent::Request::Prepare() {
   rounds_.emplace(*decoder_, stats_,
                   DecodeRoundOptions{.adaptive_window = spec.adaptive_window,
                                      .max_draft_tokens = spec.max_draft_tokens,
-                                     .trace = request_.trace()});
+                                     .trace = request_.trace(),
+                                     .send_ahead = spec.max_runs_in_flight >= 2});
   return absl::OkStatus();
 }
 
@@ -348,6 +358,11 @@ void Agent::Request::SendDecodeRows(int64_t start, const at::Tensor& rows) {
   SendRows(start, sent_, v1::PHASE_DECODE, /*device_seconds=*/0);
 }
 
+void Agent::Request::SendAheadRows(int64_t start, const at::Tensor& rows) {
+  if (ahead_from_ < 0) ahead_from_ = start;
+  SendDecodeRows(start, rows);
+}
+
 void Agent::Request::RollBack(int64_t length) {
   if (length < sent_) {
     v1::AgentMessage rollback;
@@ -356,8 +371,12 @@ void Agent::Request::RollBack(int64_t length) {
     truncate->set_sequence_number(++sequence_number_);
     truncate->set_length(static_cast<uint32_t>(length));
     agent_.cloud_->Send(epoch_, rollback).IgnoreError();
+    // Every position up to `length` has been consumed, so whatever earlier chunk still
+    // answers holds only positions the truncate cancels.
+    stale_below_sequence_ = sequence_number_;
   }
   sent_ = consumed_ = length;
+  ahead_from_ = -1;
 }
 
 absl::Status Agent::Request::ComputeShallow(int64_t first, int64_t count) {
@@ -475,6 +494,7 @@ absl::Status Agent::Request::HandleResult(const v1::ForwardResult& result) {
   // fit the session's.
   TOPHAT_RETURN_IF_ERROR(ValidateHiddenStates(result.states(), v1::DTYPE_UNSPECIFIED,
                                               bundle.config.hidden_size, max_positions_));
+  if (result.sequence_number() < stale_below_sequence_) return absl::OkStatus();
   stats_.RecordResult(result);
   const int64_t first = result.first_position();
   const int64_t count = result.states().num_positions();
@@ -496,6 +516,12 @@ absl::Status Agent::Request::HandleResult(const v1::ForwardResult& result) {
 }
 
 absl::Status Agent::Request::Reconnect(const std::string& why) {
+  // A run sent ahead of its verification is not replayed: the round that sent it finds it
+  // gone (sent() back at its start) and rolls back as for a miss.
+  if (ahead_from_ >= 0) {
+    sent_ = std::min(sent_, ahead_from_);
+    ahead_from_ = -1;
+  }
   spdlog::warn("request {}: {}; reconnecting and replaying {} position(s)", id_, why, sent_);
   stats_.RecordReconnect();
   const uint64_t old_epoch = epoch_;

@@ -61,6 +61,13 @@ AgentMetrics::AgentMetrics(prometheus::Registry& registry)
       spec_decode_parallel_hits(AddCounter(
           registry, "tophat_spec_decode_parallel_hits_total",
           "Rounds whose drafts were made ahead (hit rate = hits / parallel_drafts)")),
+      spec_decode_ahead_runs_sent(AddCounter(
+          registry, "tophat_spec_decode_ahead_runs_sent_total",
+          "Branches drafted ahead sent to the cloud before their verification returned "
+          "(speculative.max_runs_in_flight 2)")),
+      spec_decode_ahead_runs_kept(AddCounter(
+          registry, "tophat_spec_decode_ahead_runs_kept_total",
+          "Runs sent ahead that were kept as the next round (the rest were cancelled)")),
       spec_decode_round_seconds(AddHistogram(registry, "tophat_spec_decode_round_seconds",
                                              "One decode round: drafting, verification trip, "
                                              "acceptance", kLatencyBuckets)),

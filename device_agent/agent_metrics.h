@@ -42,6 +42,10 @@ struct AgentMetrics {
   prometheus::Counter& AcceptedAtPosition(int64_t position);
   prometheus::Counter& spec_decode_parallel_drafts;  // rounds that drafted ahead
   prometheus::Counter& spec_decode_parallel_hits;    // rounds whose drafts were made ahead
+  // PipeInfer (speculative.max_runs_in_flight 2): branches sent before their verification
+  // returned, and those kept as the next round.
+  prometheus::Counter& spec_decode_ahead_runs_sent;
+  prometheus::Counter& spec_decode_ahead_runs_kept;
   prometheus::Histogram& spec_decode_round_seconds;  // one verification round, end to end
   prometheus::Gauge& spec_decode_draft_window;  // drafts allowed per round (adaptive_window)
   prometheus::Gauge& draft_step_seconds;  // γ as last reported to the cloud

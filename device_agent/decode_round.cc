@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "base/clock.h"
 #include "base/status_macros.h"
 
@@ -12,7 +13,12 @@ DecodeRounds::DecodeRounds(SpeculativeDecoder& decoder, RequestStatsRecorder& st
     : decoder_(decoder), stats_(stats), options_(options) {}
 
 absl::StatusOr<RoundOutcome> DecodeRounds::Run(int32_t token, int64_t room, CloudSession& session) {
-  const int64_t drafts = options_.adaptive_window && window_ >= 0 ? std::min(room, window_) : room;
+  int64_t drafts = options_.adaptive_window && window_ >= 0 ? std::min(room, window_) : room;
+  // A run the previous round kept is this round as it was sent, whatever the window says now
+  // (its drafts were bounded by the room left when it was drafted).
+  std::optional<SpeculativeDecoder::Branch> kept = std::move(kept_ahead_);
+  kept_ahead_.reset();
+  if (kept) drafts = std::max(drafts, kept->drafts);
   TOPHAT_RETURN_IF_ERROR(decoder_.BeginRound(token, drafts));
 
   const Clock::time_point begin = Clock::now();
@@ -22,18 +28,49 @@ absl::StatusOr<RoundOutcome> DecodeRounds::Run(int32_t token, int64_t room, Clou
   const at::Tensor rows = decoder_.RoundShallow();
   const int64_t end = start + rows.size(0);
   outputs_.clear();
-  session.SendDecodeRows(start, rows);
+  // Rows of this round already at the cloud: those of a kept run.
+  const int64_t at_cloud = std::max<int64_t>(0, session.sent() - start);
+  if (at_cloud > rows.size(0) || (at_cloud > 0 && (!kept || !decoder_.round_from_parallel() ||
+                                                   kept->start != start))) {
+    return absl::InternalError(absl::StrCat("decode round at ", start, ": ", at_cloud,
+                                            " positions are at the cloud but the round has ",
+                                            rows.size(0), " rows (a run sent ahead gone astray)"));
+  }
+  if (at_cloud < rows.size(0)) {
+    session.SendDecodeRows(start + at_cloud, rows.narrow(0, at_cloud, rows.size(0) - at_cloud));
+  }
   // Draft ahead while the cloud works, a token at a time, so the answer waits at most one
-  // drafter step.
+  // drafter step; with send_ahead, the best branch goes to the cloud once it is drafted.
+  sent_ahead_.reset();
   while (session.consumed() < end) {
     TOPHAT_RETURN_IF_ERROR(session.Pump(end, /*block=*/false));
     if (session.consumed() >= end) break;
+    if (options_.send_ahead && !sent_ahead_) {
+      if (std::optional<SpeculativeDecoder::Branch> best = decoder_.BestBranch()) {
+        session.SendAheadRows(best->start, best->shallow);
+        sent_ahead_ = std::move(best);
+        stats_.RecordAheadRunSent();
+        continue;
+      }
+    }
     TOPHAT_ASSIGN_OR_RETURN(bool drafted, decoder_.DraftAheadStep());
     if (!drafted) TOPHAT_RETURN_IF_ERROR(session.Pump(end, /*block=*/true));
   }
   const uint32_t cloud_after_verify = stats_.cloud_kv_length();
   TOPHAT_ASSIGN_OR_RETURN(RoundOutcome outcome, decoder_.FinishRound(at::cat(outputs_, 0)));
-  session.RollBack(outcome.length);
+  // The run sent ahead is the next round if the verification kept everything it was built on
+  // and chose its first token (and no reconnect dropped it); otherwise the rollback cancels it.
+  const bool keep_ahead = sent_ahead_ && outcome.parallel_hit &&
+                          outcome.length == sent_ahead_->start &&
+                          outcome.tokens.back() == sent_ahead_->token &&
+                          session.sent() == sent_ahead_->start + sent_ahead_->drafts + 1;
+  if (keep_ahead) {
+    session.KeepAheadRows();
+    stats_.RecordAheadRunKept();
+    kept_ahead_ = std::move(sent_ahead_);
+  } else {
+    session.RollBack(outcome.length);
+  }
 
   const double seconds = Seconds(Clock::now() - begin);
   stats_.RecordRound(outcome, seconds, decoder_);
@@ -57,6 +94,8 @@ absl::StatusOr<RoundOutcome> DecodeRounds::Run(int32_t token, int64_t room, Clou
     round.set_seconds(seconds);
     round.set_draft_limit(static_cast<uint32_t>(decoder_.round_limit()));
     round.set_parallel_steps(static_cast<uint32_t>(decoder_.parallel_steps()));
+    round.set_sent_ahead(sent_ahead_.has_value() || keep_ahead);
+    round.set_rows_at_cloud_before(static_cast<uint32_t>(at_cloud));
     stats_.AddRoundTrace(round);
   }
   return outcome;

@@ -4,6 +4,13 @@
 // cloud verifies, the answer is verified, and every KV cache, the cloud's included, is rolled
 // back to what was kept. With drafting off a round is the token alone: plain decoding.
 //
+// With speculative.max_runs_in_flight 2 (PipeInfer), the branch drafted ahead from the best
+// candidate goes to the cloud as soon as it is drafted, behind the verification in flight. If
+// the verification keeps every draft and its token is that candidate, the branch is the next
+// round and its verification is already under way; otherwise the round's rollback (a Truncate
+// behind it) cancels it: the cloud drops it if no step has started it, and its results are
+// dropped here.
+//
 // With speculative.adaptive_window, what each round showed (acceptance, network, cloud queue
 // and compute time) feeds DSD's draft window (scheduler/decode_decisions.h), which caps the
 // drafts of the rounds that follow.
@@ -14,6 +21,7 @@
 #pragma once
 
 #include <chrono>
+#include <optional>
 #include <cstdint>
 #include <vector>
 
@@ -34,6 +42,13 @@ class CloudSession {
   // Keeps `rows`, the shallow states of the positions from `start` on, for replay, and sends
   // them as one PHASE_DECODE chunk.
   virtual void SendDecodeRows(int64_t start, const at::Tensor& rows) = 0;
+  // As SendDecodeRows, for a run sent ahead of the verification of the positions before
+  // `start` (PipeInfer). A reconnect does not replay it: sent() goes back to `start`.
+  virtual void SendAheadRows(int64_t start, const at::Tensor& rows) = 0;
+  // The run sent ahead was kept: its rows are the next round's.
+  virtual void KeepAheadRows() = 0;
+  // Positions whose shallow states went to the cloud.
+  virtual int64_t sent() const = 0;
   // Handles the session's messages until `target` positions have been consumed (`block`) or
   // none are waiting (not `block`). Their output-submodel states come back through
   // DecodeRounds::AddOutputStates.
@@ -42,7 +57,8 @@ class CloudSession {
   virtual int64_t consumed() const = 0;
   // The round kept positions [0, length): the cloud drops the rest of its KV (a Truncate right
   // behind the answer; streams are ordered, so no round trip) and the session goes on from
-  // `length`.
+  // `length`. Results of chunks sent before it that are still to come (a run sent ahead) are
+  // dropped.
   virtual void RollBack(int64_t length) = 0;
 
  protected:
@@ -53,6 +69,9 @@ struct DecodeRoundOptions {
   bool adaptive_window = false;  // speculative.adaptive_window
   int64_t max_draft_tokens = 8;  // speculative.max_draft_tokens: the window's ceiling
   bool trace = false;            // GenerateRequest.trace: a DecodeRound per round in the stats
+  // speculative.max_runs_in_flight >= 2: send the best branch drafted ahead before the
+  // verification returns.
+  bool send_ahead = false;
 };
 
 class DecodeRounds {
@@ -81,6 +100,10 @@ class DecodeRounds {
   RequestStatsRecorder& stats_;
   const DecodeRoundOptions options_;
   std::vector<at::Tensor> outputs_;  // of the round in flight
+  // The run sent ahead during the round in flight (PipeInfer), and the one the previous round
+  // kept: the rows of this round that were at the cloud before it began.
+  std::optional<SpeculativeDecoder::Branch> sent_ahead_;
+  std::optional<SpeculativeDecoder::Branch> kept_ahead_;
 
   AdaptiveDraftWindow draft_window_;
   MovingAverage acceptance_{0.6};

@@ -74,6 +74,16 @@ void RequestStatsRecorder::RecordRound(const RoundOutcome& outcome, double secon
   if (decoder.round_from_parallel()) metrics_->spec_decode_parallel_hits.Increment();
 }
 
+void RequestStatsRecorder::RecordAheadRunSent() {
+  rounds_.set_ahead_runs_sent(rounds_.ahead_runs_sent() + 1);
+  if (metrics_ != nullptr) metrics_->spec_decode_ahead_runs_sent.Increment();
+}
+
+void RequestStatsRecorder::RecordAheadRunKept() {
+  rounds_.set_ahead_runs_kept(rounds_.ahead_runs_kept() + 1);
+  if (metrics_ != nullptr) metrics_->spec_decode_ahead_runs_kept.Increment();
+}
+
 void RequestStatsRecorder::RecordDraftWindow(int64_t window) {
   if (metrics_ != nullptr) metrics_->spec_decode_draft_window.Set(static_cast<double>(window));
 }

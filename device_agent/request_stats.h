@@ -49,6 +49,9 @@ class RequestStatsRecorder {
   void RecordRound(const RoundOutcome& outcome, double seconds, const SpeculativeDecoder& decoder);
   // Drafts the adaptive window allows per round from now on.
   void RecordDraftWindow(int64_t window);
+  // PipeInfer: a run went to the cloud ahead of a verification; a run sent ahead was kept.
+  void RecordAheadRunSent();
+  void RecordAheadRunKept();
   // With GenerateRequest.trace.
   void AddRoundTrace(const v1::DecodeRound& round);
 

@@ -96,6 +96,7 @@ absl::Status SpeculativeDecoder::TruncateDrafterCaches(int64_t length) {
 absl::Status SpeculativeDecoder::BeginRound(int32_t token, int64_t max_drafts) {
   branches_.clear();
   candidates_.clear();
+  best_candidate_.reset();
   branch_.reset();
   drafted_ahead_ = false;
   // After a hit the caches already hold the branch's rows past its start.
@@ -132,6 +133,7 @@ absl::Status SpeculativeDecoder::BeginRound(int32_t token, int64_t max_drafts) {
     const int64_t k = std::min<int64_t>(options_.parallel_top_k, run_.next_logits.size(0));
     const at::Tensor top = std::get<1>(run_.next_logits.topk(k)).contiguous();
     for (int64_t i = 0; i < k; ++i) candidates_.push_back(static_cast<int32_t>(top[i].item<int64_t>()));
+    if (!candidates_.empty()) best_candidate_ = candidates_.front();
   }
   return absl::OkStatus();
 }
@@ -161,10 +163,23 @@ absl::StatusOr<bool> SpeculativeDecoder::DraftAheadStep() {
   return true;
 }
 
+std::optional<SpeculativeDecoder::Branch> SpeculativeDecoder::BestBranch() const {
+  // Candidates are drafted best first, one at a time: the first sealed branch is the best's.
+  if (!best_candidate_ || branches_.empty() || branches_.front().tokens[0] != *best_candidate_) {
+    return std::nullopt;
+  }
+  const Run& best = branches_.front();
+  return Branch{.start = best.start,
+                .token = best.tokens[0],
+                .drafts = best.drafts(),
+                .shallow = at::cat(best.shallow, 0)};
+}
+
 absl::StatusOr<RoundOutcome> SpeculativeDecoder::FinishRound(const at::Tensor& output_states) {
   // A branch cut short by the answer is still a valid (shorter) draft.
   if (branch_) TOPHAT_RETURN_IF_ERROR(SealBranch());
   candidates_.clear();
+  best_candidate_.reset();
   const int64_t n = run_.drafts();
   if (output_states.dim() != 2 || output_states.size(0) != n + 1) {
     return absl::InternalError(absl::StrCat("verification needs ", n + 1, " output rows, got ",

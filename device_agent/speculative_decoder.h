@@ -21,6 +21,12 @@
 // drafts start the next round without drafting again. Anything else is dropped; tokens are
 // only ever emitted after verification, so speculation never changes the output.
 //
+// Several runs in flight (PipeInfer): once the best candidate's branch is drafted to its end
+// (BestBranch), the caller may send its rows to the cloud before the verification returns.
+// On a hit that branch is the next round, already on its way; on a miss the caller truncates
+// the cloud's KV and drops the branch's results. The branch is the same either way, so the
+// output is too.
+//
 // Sampled requests are reproducible for a seed: every random draw is keyed by the request's
 // seed and the position it decides, so a draft made ahead equals the one drafting would
 // have made, and timing never shows in the output.
@@ -108,6 +114,17 @@ class SpeculativeDecoder {
   absl::StatusOr<bool> DraftAheadStep();
   bool drafted_ahead() const { return drafted_ahead_; }
 
+  // The branch drafted ahead from this round's best candidate, once it is drafted to its end;
+  // nullopt before (or when there is none). On a hit with `token` as the target's token it is
+  // the next round unchanged: rows [start, start + drafts + 1).
+  struct Branch {
+    int64_t start = 0;
+    int32_t token = 0;
+    int64_t drafts = 0;
+    at::Tensor shallow;  // [drafts + 1, D]
+  };
+  std::optional<Branch> BestBranch() const;
+
   // `output_states`: the output submodel's states for the round's n + 1 rows (the output
   // cache already holds them). Verifies, rolls the device caches back and prepares a
   // parallel hit.
@@ -156,6 +173,7 @@ class SpeculativeDecoder {
   int64_t branch_start_ = 0;
   int64_t branch_limit_ = 0;
   std::vector<int32_t> candidates_;  // not started yet, best first
+  std::optional<int32_t> best_candidate_;
   std::optional<Run> branch_;        // being drafted
   std::vector<Run> branches_;        // sealed
   bool drafted_ahead_ = false;

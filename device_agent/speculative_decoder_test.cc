@@ -93,22 +93,47 @@ struct Session {
     const at::Tensor rows = decoder.RoundShallow();
     REQUIRE(rows.size(0) == decoder.round_drafts() + 1);
     REQUIRE(middle_cache.length() == decoder.round_start());
+    // PipeInfer's premise: the best branch sent ahead is, on a hit, the next round's start
+    // as it was sent (same position, same rows).
+    if (sent_ahead) {
+      CHECK(decoder.round_from_parallel());
+      CHECK(decoder.round_start() == sent_ahead->start);
+      REQUIRE(rows.size(0) >= sent_ahead->drafts + 1);
+      CHECK(at::equal(rows.narrow(0, 0, sent_ahead->drafts + 1), sent_ahead->shallow));
+      ++ahead_kept;
+      sent_ahead.reset();
+    }
+    std::optional<SpeculativeDecoder::Branch> best;
     if (draft_ahead) {
       while (true) {
         auto more = decoder.DraftAheadStep();
         REQUIRE(more.ok());
         if (!*more) break;
+        if (!best) best = decoder.BestBranch();
       }
+      if (!best) best = decoder.BestBranch();
+      if (best) {
+        CHECK(best->start == decoder.round_start() + decoder.round_drafts() + 1);
+        CHECK(best->shallow.size(0) == best->drafts + 1);
+      }
+    } else {
+      CHECK_FALSE(decoder.BestBranch().has_value());
     }
     at::Tensor out = *split.output->Forward(*split.middle->Forward(rows, middle_cache),
                                             output_cache);
     auto outcome = decoder.FinishRound(out);
     REQUIRE(outcome.ok());
+    if (best && outcome->parallel_hit && outcome->tokens.back() == best->token &&
+        outcome->length == best->start) {
+      sent_ahead = std::move(best);
+    }
     REQUIRE(middle_cache.Truncate(outcome->length).ok());  // the cloud's rollback
     return *outcome;
   }
 
   int64_t reused = 0;  // rounds whose drafts were made ahead
+  int64_t ahead_kept = 0;  // rounds that began as the best branch, as BestBranch gave it
+  std::optional<SpeculativeDecoder::Branch> sent_ahead;
   Sampler sampler;
   KvCache input_cache, adapter_cache, output_cache, middle_cache;
   SpeculativeDecoder decoder;
@@ -138,6 +163,7 @@ TEST_CASE("Speculative greedy decoding emits exactly plain greedy decoding and r
   c10::InferenceMode inference;
   auto split = MakeSplit(/*vocab=*/64, /*logit_scale=*/25.0, /*adapter_noise=*/0.04, 5);
   int64_t drafted = 0, accepted = 0, hits = 0, rounds = 0, rejections = 0, reused = 0;
+  int64_t ahead_kept = 0;
   for (const bool parallel : {false, true}) {
     for (int p = 0; p < 6; ++p) {
       INFO("parallel " << parallel << " prompt " << p);
@@ -172,6 +198,7 @@ TEST_CASE("Speculative greedy decoding emits exactly plain greedy decoding and r
         generated.insert(generated.end(), outcome.tokens.begin(), outcome.tokens.end());
       }
       reused += session.reused;
+      ahead_kept += session.ahead_kept;
       generated.resize(new_tokens);
       std::vector<double> margins;
       const std::vector<int32_t> reference =
@@ -194,6 +221,8 @@ TEST_CASE("Speculative greedy decoding emits exactly plain greedy decoding and r
   CHECK(hits > 0);
   CHECK(reused > 0);
   CHECK(reused <= hits);
+  CHECK(ahead_kept > 0);
+  CHECK(ahead_kept <= reused);
   CHECK(drafted > rounds);
 }
 

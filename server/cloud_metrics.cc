@@ -49,6 +49,10 @@ CloudMetrics::CloudMetrics(prometheus::Registry& registry)
                                    "Sessions refused with RESOURCE_EXHAUSTED")),
       session_errors(AddCounter(registry, "tophat_session_errors_total",
                                 "Per-session errors sent to agents")),
+      truncated_unstarted_positions(
+          AddCounter(registry, "tophat_truncated_unstarted_positions_total",
+                     "Positions of queued chunks a Truncate dropped before any step computed "
+                     "them (speculative runs given up on)")),
       streams_connected(AddGauge(registry, "tophat_streams_connected",
                                  "Agent streams currently connected")),
       outgoing_queued_bytes(AddGauge(registry, "tophat_outgoing_queued_bytes",

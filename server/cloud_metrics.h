@@ -34,6 +34,9 @@ struct CloudMetrics {
   prometheus::Counter& sessions_admitted;
   prometheus::Counter& sessions_rejected;  // RESOURCE_EXHAUSTED at admission
   prometheus::Counter& session_errors;     // any SessionError sent
+  // Positions of chunks a Truncate dropped before any step computed them (speculative runs
+  // the agent gave up on).
+  prometheus::Counter& truncated_unstarted_positions;
   prometheus::Gauge& streams_connected;
   // Bytes of results queued for agents and not yet handed to gRPC, over all streams.
   prometheus::Gauge& outgoing_queued_bytes;

@@ -583,34 +583,79 @@ void Engine::ApplyTruncate(StreamId stream, const v1::Truncate& truncate) {
               false);
     return;
   }
-  if (!session->work.empty()) {
+  const int64_t length = truncate.length();
+  if (length > session->next_position) {
     SendError(stream, id, truncate.sequence_number(),
-              absl::FailedPreconditionError(
-                  "truncate arrived while forward chunks are still pending; wait for their "
-                  "results first"),
+              absl::OutOfRangeError(absl::StrCat(
+                  "truncate.length is ", length, " but the session's chunks end at position ",
+                  session->next_position)),
               true);
     return;
   }
-  absl::Status status = session->cache.Truncate(truncate.length());
+  // The truncate comes after every chunk queued before it (stream order): positions those
+  // chunks hold at or past `length` would be computed only to be dropped, so chunks not yet
+  // started lose them (a speculative run the agent has given up on costs no compute). A chunk
+  // in a step already launched is finished, and the truncate waits behind it.
+  auto sink = streams_.find(stream);
+  int64_t dropped = 0;
+  while (!session->work.empty()) {
+    WorkItem& last = session->work.back();
+    const bool started = last.done > 0 || (session->in_flight && session->work.size() == 1);
+    if (last.truncate_to >= 0 || started) break;
+    if (last.first_position >= length) {
+      dropped += last.num_tokens;
+      if (sink != streams_.end()) sink->second.sink->Consumed(last.wire_bytes);
+      session->work.pop_back();
+      continue;
+    }
+    if (last.first_position + last.num_tokens > length) {
+      dropped += last.first_position + last.num_tokens - length;
+      last.num_tokens = length - last.first_position;
+    }
+    break;
+  }
+  if (dropped > 0 && metrics_ != nullptr) metrics_->truncated_unstarted_positions.Increment(dropped);
+  session->next_position = length;
+  if (session->work.empty()) {
+    TruncateNow(*session, truncate.sequence_number(), length);
+    return;
+  }
+  WorkItem marker;
+  marker.sequence_number = truncate.sequence_number();
+  marker.first_position = length;
+  marker.arrival = next_arrival_++;
+  marker.truncate_to = length;
+  session->work.push_back(std::move(marker));
+}
+
+void Engine::TruncateNow(Session& session, uint64_t sequence_number, int64_t length) {
+  absl::Status status = session.cache.Truncate(length);
   if (!status.ok()) {
-    SendError(stream, id, truncate.sequence_number(),
+    SendError(session.stream, session.id, sequence_number,
               absl::OutOfRangeError(absl::StrCat("truncate.length: ", status.message())), true);
     return;
   }
-  session->next_position = truncate.length();
   // Blocks past the new end go back to the pool but stay promised to this session.
   released_blocks_.clear();
-  session->cache.ReleaseUnusedBlocks(released_blocks_);
+  session.cache.ReleaseUnusedBlocks(released_blocks_);
   for (int32_t block : released_blocks_) {
     allocator_.Free(block);
     allocator_.Reserve(1);
-    ++session->reserved_blocks;
+    ++session.reserved_blocks;
   }
   v1::CloudMessage message;
-  message.mutable_truncated()->set_session_id(id);
-  message.mutable_truncated()->set_sequence_number(truncate.sequence_number());
-  message.mutable_truncated()->set_length(truncate.length());
-  Send(stream, std::move(message));
+  message.mutable_truncated()->set_session_id(session.id);
+  message.mutable_truncated()->set_sequence_number(sequence_number);
+  message.mutable_truncated()->set_length(static_cast<uint32_t>(length));
+  Send(session.stream, std::move(message));
+}
+
+void Engine::ApplyQueuedTruncates(Session& session) {
+  while (!session.work.empty() && session.work.front().truncate_to >= 0) {
+    const WorkItem marker = std::move(session.work.front());
+    session.work.pop_front();
+    TruncateNow(session, marker.sequence_number, marker.truncate_to);
+  }
 }
 
 void Engine::ExpireDeadlines() {
@@ -858,6 +903,7 @@ void Engine::Complete() {
       session->work.pop_front();
     }
     Send(key.first, std::move(message));
+    if (chunk_done) ApplyQueuedTruncates(*session);
   }
 }
 

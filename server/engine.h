@@ -140,6 +140,9 @@ class Engine {
     std::string data;  // the chunk's payload in the compute dtype (converted from the wire's)
     int64_t wire_bytes = 0;  // what it held on the wire: the stream's flow control counted it
     Clock::time_point received;
+    // >= 0: not a chunk but a Truncate to this length, queued behind chunks that must be
+    // computed first (stream order); applied when it reaches the head of the work.
+    int64_t truncate_to = -1;
   };
   struct Session {
     StreamId stream = 0;
@@ -196,6 +199,10 @@ class Engine {
   std::optional<std::string> DeviceQuotaProblem(const std::string& device, int32_t blocks) const;
   void AcceptChunk(StreamId stream, v1::ForwardChunk& chunk, Clock::time_point received);
   void ApplyTruncate(StreamId stream, const v1::Truncate& truncate);
+  // Truncates the session's KV to `length` now (its work ahead of the truncate is done).
+  void TruncateNow(Session& session, uint64_t sequence_number, int64_t length);
+  // Applies the Truncates at the head of the session's work.
+  void ApplyQueuedTruncates(Session& session);
   void AdmitWaiting();
   // Recomputes the stream's per-device Control from the state monitor; sends it if changed.
   void DecideForStream(StreamId stream);

@@ -382,6 +382,61 @@ TEST_CASE("Truncate rolls back KV and returns blocks, and detaching frees everyt
   CHECK(h.engine->stats().sessions_running == 0);
 }
 
+// PipeInfer's cancelled runs: the agent sends a speculative chunk behind a verification and,
+// when the verification rejects what it was built on, a Truncate right behind it.
+TEST_CASE("A Truncate behind pending chunks applies in stream order and drops what no step started") {
+  Harness h(SmallOptions());
+  h.Open(1, 32);
+  h.engine->RunOnce();
+  h.sink->Take();
+  const int64_t consumed_before = h.sink->consumed();
+  // Positions 0-9, then a speculative run at 10-12, then a truncate to 5: the first chunk is
+  // cut to 5 positions before it starts, the second never runs.
+  h.Chunk(1, 0, 10, v1::PHASE_PREFILL);
+  h.Chunk(1, 10, 3, v1::PHASE_DECODE);
+  v1::AgentMessage truncate;
+  truncate.mutable_truncate()->set_session_id(1);
+  truncate.mutable_truncate()->set_sequence_number(100);
+  truncate.mutable_truncate()->set_length(5);
+  h.engine->Deliver(1, truncate);
+  for (int i = 0; i < 4; ++i) h.engine->RunOnce();
+  std::vector<std::pair<int64_t, int64_t>> computed;  // [first, count) per result
+  std::optional<int64_t> truncated_to;
+  for (const v1::CloudMessage& message : h.sink->Take()) {
+    CHECK_FALSE(message.has_error());
+    if (message.has_result()) {
+      CHECK_FALSE(truncated_to.has_value());  // every result before the truncate's answer
+      computed.emplace_back(message.result().first_position(),
+                            message.result().states().num_positions());
+    }
+    if (message.has_truncated()) truncated_to = message.truncated().length();
+  }
+  CHECK(computed == std::vector<std::pair<int64_t, int64_t>>{{0, 5}});
+  CHECK(truncated_to == 5);
+  CHECK(h.engine->stats().kv_blocks_allocated == 2);
+  // Both chunks were released for the stream's flow control.
+  CHECK(h.sink->consumed() - consumed_before ==
+        (10 + 3) * TinyMiddle()->config().hidden_size * static_cast<int64_t>(sizeof(float)));
+
+  // The session goes on from the truncated length.
+  h.Chunk(1, 5, 2, v1::PHASE_DECODE);
+  h.engine->RunOnce();
+  const auto after = h.sink->Take();
+  REQUIRE(after.size() == 1);
+  REQUIRE(after[0].has_result());
+  CHECK(after[0].result().first_position() == 5);
+  CHECK(after[0].result().kv_length() == 7);
+
+  // A truncate past the chunks sent is refused, and the session lives.
+  truncate.mutable_truncate()->set_length(9);
+  h.engine->Deliver(1, truncate);
+  h.engine->RunOnce();
+  const auto refused = h.sink->Take();
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0].error().code() == static_cast<int>(absl::StatusCode::kOutOfRange));
+  CHECK(refused[0].error().session_alive());
+}
+
 TEST_CASE("An expired session is failed with DEADLINE_EXCEEDED and freed") {
   Harness h(SmallOptions());
   v1::AgentMessage open;

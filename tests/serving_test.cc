@@ -1395,6 +1395,13 @@ void CheckRollback(const v1::RequestStats& stats, int64_t prompt_length) {
     // The cloud confirmed its rollback (or had nothing to roll back); the last round's
     // confirmation may still be on its way when the request ends.
     if (i + 1 < stats.rounds_size()) CHECK(round.cloud_kv_length() == round.kv_length());
+    // A round whose rows went ahead is the branch the round before sent, kept whole.
+    if (round.rows_at_cloud_before() > 0) {
+      CHECK(i > 0);
+      if (i > 0) CHECK(stats.rounds(i - 1).sent_ahead());
+      CHECK(round.parallel_hit());
+      CHECK(round.rows_at_cloud_before() <= round.drafted() + 1);
+    }
     expected_start = round.kv_length();
   }
 }
@@ -1404,9 +1411,10 @@ TEST_CASE("Speculative decoding with parallel drafting reproduces monolithic gre
           "[serving][speculative][cuda-cloud][staged]") {
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {.max_batch_tokens = 64});
-  // Two agents: default speculative settings, and a narrower draft with wider fan-out whose
-  // drafts per round follow the DSD-style adaptive window.
-  AgentProcess wide(dir.path(), cloud, 32);
+  // Two agents: default speculative settings with a run sent ahead of each verification
+  // (PipeInfer), and a narrower draft with wider fan-out whose drafts per round follow the
+  // DSD-style adaptive window.
+  AgentProcess wide(dir.path(), cloud, 32, "speculative:\n  max_runs_in_flight: 2\n");
   AgentProcess narrow(dir.path(), cloud, 16,
                       "speculative:\n  max_draft_tokens: 3\n  parallel_top_k: 3\n"
                       "  parallel_steps: 2\n  adaptive_window: true\n");
@@ -1419,6 +1427,7 @@ TEST_CASE("Speculative decoding with parallel drafting reproduces monolithic gre
   }
   const int64_t max_new_tokens = 32;
   int64_t rounds = 0, drafted = 0, accepted = 0, hits = 0, ahead = 0, generated = 0;
+  int64_t runs_sent = 0, runs_kept = 0;
   for (size_t begin = 0; begin < prompts.size(); begin += 4) {
     std::vector<std::future<absl::StatusOr<GenerateResult>>> futures;
     for (size_t i = begin; i < std::min(prompts.size(), begin + 4); ++i) {
@@ -1443,6 +1452,9 @@ TEST_CASE("Speculative decoding with parallel drafting reproduces monolithic gre
       hits += result->stats.parallel_hits();
       ahead += result->stats.parallel_drafts();
       generated += result->stats.generated_tokens();
+      runs_sent += result->stats.ahead_runs_sent();
+      runs_kept += result->stats.ahead_runs_kept();
+      if (i % 2 == 1) CHECK(result->stats.ahead_runs_sent() == 0);
     }
   }
   const double accept_length =
@@ -1455,6 +1467,12 @@ TEST_CASE("Speculative decoding with parallel drafting reproduces monolithic gre
   CHECK(accepted < drafted);
   CHECK(hits > 0);
   CHECK(accept_length > 1.3);
+  // Runs went ahead of their verification; some became the next round, and the rest were
+  // cancelled without changing a token.
+  INFO("runs sent ahead " << runs_sent << ", kept " << runs_kept);
+  CHECK(runs_kept > 0);
+  CHECK(runs_kept < runs_sent);
+  CHECK(wide.Metric("tophat_spec_decode_ahead_runs_sent_total") == runs_sent);
   const double agent_drafts = wide.Metric("tophat_spec_decode_num_drafts_total") +
                               narrow.Metric("tophat_spec_decode_num_drafts_total");
   CHECK(agent_drafts > 0);
@@ -1767,6 +1785,17 @@ TEST_CASE("Sampled speculative decoding is reproducible for a seed with or witho
     REQUIRE(again->ok());
     CHECK(Tokens(*again) == Tokens(*first));
   }
+  // Nor whether the next run went to the cloud before its verification (PipeInfer).
+  AgentProcess pipelined(dir.path(), cloud, 32, "speculative:\n  max_runs_in_flight: 2\n");
+  int64_t runs_sent = 0;
+  for (int run = 0; run < 3; ++run) {
+    auto again = pipelined.client().Generate(request);
+    REQUIRE(again.ok());
+    REQUIRE(again->ok());
+    CHECK(Tokens(*again) == Tokens(*first));
+    runs_sent += again->stats.ahead_runs_sent();
+  }
+  CHECK(runs_sent > 0);
 
   auto baseline = plain.client().Generate(IdsRequest(prompt, 24));
   REQUIRE(baseline.ok());
