@@ -97,6 +97,11 @@ void CheckAgentConfig(const AgentConfig& config, bool require_bundle, Report&& r
     report("speculative.max_runs_in_flight",
            "2 sends a branch drafted ahead, which needs speculative.parallel_drafting: true", "");
   }
+  if (!(config.speculative.ahead_min_keep_rate >= 0 &&
+        config.speculative.ahead_min_keep_rate <= 1)) {
+    report("speculative.ahead_min_keep_rate",
+           absl::StrCat(config.speculative.ahead_min_keep_rate, " is not in [0, 1]"), "");
+  }
   check("link_emulation.one_way_delay_s",
         CheckAtLeast(config.link_emulation.one_way_delay_s, 0, /*inclusive=*/true));
   check("link_emulation.uplink_bytes_per_second",
@@ -181,6 +186,8 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
                   &config.speculative.parallel_steps_from_cloud);
   reader.ReadInt("speculative.max_runs_in_flight", &config.speculative.max_runs_in_flight,
                  Bound::kPositive);
+  reader.ReadDouble("speculative.ahead_min_keep_rate", &config.speculative.ahead_min_keep_rate,
+                    Bound::kNonNegative);
   reader.ReadSeconds("link_emulation.one_way_delay_s", &config.link_emulation.one_way_delay_s,
                      Bound::kNonNegative);
   reader.ReadDouble("link_emulation.uplink_bytes_per_second",

@@ -97,6 +97,10 @@ struct AgentConfig {
     // flight returns, and is cancelled (Truncate, results dropped) when that verification
     // rejects what it was built on. Needs parallel_drafting. Costs cloud compute on misses.
     int64_t max_runs_in_flight = 1;
+    // With max_runs_in_flight 2, a request sends runs ahead only while at least this share
+    // of its best branches (a moving average, sent or not) became the next round; 0 always
+    // sends. A cancelled run is cloud compute spent for nothing.
+    double ahead_min_keep_rate = 0.5;
     bool operator==(const Speculative&) const = default;
   } speculative;
   // An emulated edge link in front of the cloud stream, for benchmarks on loopback: every

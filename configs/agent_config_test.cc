@@ -125,6 +125,12 @@ TEST_CASE("Agent speculative settings out of range name their key") {
   REQUIRE_FALSE(ahead_alone.ok());
   CHECK_THAT(std::string(ahead_alone.status().message()),
              Catch::Contains("needs speculative.parallel_drafting: true"));
+  auto keep_rate =
+      ParseAgentConfig("speculative:\n  ahead_min_keep_rate: 1.5\n", "agent.yaml");
+  REQUIRE_FALSE(keep_rate.ok());
+  CHECK_THAT(std::string(keep_rate.status().message()),
+             Catch::Contains("agent.yaml:2") && Catch::Contains("speculative.ahead_min_keep_rate") &&
+                 Catch::Contains("not in [0, 1]"));
   auto pipelined = ParseAgentConfig("speculative:\n  max_runs_in_flight: 2\n", "agent.yaml");
   REQUIRE(pipelined.ok());
   CHECK(pipelined->speculative.max_runs_in_flight == 2);

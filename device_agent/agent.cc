@@ -264,7 +264,8 @@ absl::Status Agent::Request::Prepare() {
                   DecodeRoundOptions{.adaptive_window = spec.adaptive_window,
                                      .max_draft_tokens = spec.max_draft_tokens,
                                      .trace = request_.trace(),
-                                     .send_ahead = spec.max_runs_in_flight >= 2});
+                                     .send_ahead = spec.max_runs_in_flight >= 2,
+                                     .ahead_min_keep_rate = spec.ahead_min_keep_rate});
   return absl::OkStatus();
 }
 

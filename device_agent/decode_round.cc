@@ -42,13 +42,18 @@ absl::StatusOr<RoundOutcome> DecodeRounds::Run(int32_t token, int64_t room, Clou
   // Draft ahead while the cloud works, a token at a time, so the answer waits at most one
   // drafter step; with send_ahead, the best branch goes to the cloud once it is drafted.
   sent_ahead_.reset();
+  std::optional<SpeculativeDecoder::Branch> best;  // ready before the answer
+  const bool may_send = options_.send_ahead &&
+                        (best_branch_kept_.empty() ||
+                         best_branch_kept_.value() >= options_.ahead_min_keep_rate);
   while (session.consumed() < end) {
     TOPHAT_RETURN_IF_ERROR(session.Pump(end, /*block=*/false));
     if (session.consumed() >= end) break;
-    if (options_.send_ahead && !sent_ahead_) {
-      if (std::optional<SpeculativeDecoder::Branch> best = decoder_.BestBranch()) {
+    if (options_.send_ahead && !best) {
+      best = decoder_.BestBranch();
+      if (best && may_send) {
         session.SendAheadRows(best->start, best->shallow);
-        sent_ahead_ = std::move(best);
+        sent_ahead_ = best;
         stats_.RecordAheadRunSent();
         continue;
       }
@@ -58,11 +63,16 @@ absl::StatusOr<RoundOutcome> DecodeRounds::Run(int32_t token, int64_t room, Clou
   }
   const uint32_t cloud_after_verify = stats_.cloud_kv_length();
   TOPHAT_ASSIGN_OR_RETURN(RoundOutcome outcome, decoder_.FinishRound(at::cat(outputs_, 0)));
-  // The run sent ahead is the next round if the verification kept everything it was built on
-  // and chose its first token (and no reconnect dropped it); otherwise the rollback cancels it.
-  const bool keep_ahead = sent_ahead_ && outcome.parallel_hit &&
-                          outcome.length == sent_ahead_->start &&
-                          outcome.tokens.back() == sent_ahead_->token &&
+  // Whether the best branch is the next round: the verification kept everything it was built
+  // on and chose its first token.
+  const auto is_next_round = [&](const SpeculativeDecoder::Branch& branch) {
+    return outcome.parallel_hit && outcome.length == branch.start &&
+           outcome.tokens.back() == branch.token;
+  };
+  if (best) best_branch_kept_.Add(is_next_round(*best) ? 1.0 : 0.0);
+  // The run sent ahead is kept as the next round unless the verification rejected what it was
+  // built on (or a reconnect dropped it); otherwise the rollback cancels it.
+  const bool keep_ahead = sent_ahead_ && is_next_round(*sent_ahead_) &&
                           session.sent() == sent_ahead_->start + sent_ahead_->drafts + 1;
   if (keep_ahead) {
     session.KeepAheadRows();

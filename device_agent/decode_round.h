@@ -9,7 +9,11 @@
 // the verification keeps every draft and its token is that candidate, the branch is the next
 // round and its verification is already under way; otherwise the round's rollback (a Truncate
 // behind it) cancels it: the cloud drops it if no step has started it, and its results are
-// dropped here.
+// dropped here. A run is sent only while it pays: every round that had the best branch
+// ready before its answer records whether that branch became the next round (sent or not),
+// and runs go ahead only while the moving average of that keep rate is at least
+// speculative.ahead_min_keep_rate. Where drafts are mostly rejected a run sent ahead is mostly
+// wasted cloud compute, and the request stops sending them until the rate recovers.
 //
 // With speculative.adaptive_window, what each round showed (acceptance, network, cloud queue
 // and compute time) feeds DSD's draft window (scheduler/decode_decisions.h), which caps the
@@ -72,6 +76,8 @@ struct DecodeRoundOptions {
   // speculative.max_runs_in_flight >= 2: send the best branch drafted ahead before the
   // verification returns.
   bool send_ahead = false;
+  // speculative.ahead_min_keep_rate: send only while this share of best branches is kept.
+  double ahead_min_keep_rate = 0.5;
 };
 
 class DecodeRounds {
@@ -104,6 +110,9 @@ class DecodeRounds {
   // kept: the rows of this round that were at the cloud before it began.
   std::optional<SpeculativeDecoder::Branch> sent_ahead_;
   std::optional<SpeculativeDecoder::Branch> kept_ahead_;
+  // Of the rounds whose best branch was ready before the answer, the share whose branch was
+  // the next round (sent ahead or not); no sample yet: send.
+  MovingAverage best_branch_kept_{0.7};
 
   AdaptiveDraftWindow draft_window_;
   MovingAverage acceptance_{0.6};

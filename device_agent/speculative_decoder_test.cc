@@ -1,5 +1,12 @@
 #include "device_agent/speculative_decoder.h"
 
+#include <deque>
+#include <variant>
+
+#include "absl/strings/str_cat.h"
+#include "device_agent/decode_round.h"
+#include "device_agent/request_stats.h"
+
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
@@ -351,6 +358,164 @@ TEST_CASE("Speculative sampling keeps the target's next-token distribution", "[s
   CHECK(tv < 0.06);
   CHECK(kept > 0);
   CHECK(kept < trials);
+}
+
+
+// The cloud as a decode round sees it, in process and deterministic: chunks and truncates
+// queue in stream order, and the cloud answers the head of the queue `answer_after` polls
+// after the round starts waiting (each non-blocking Pump is one poll, and the round drafts
+// ahead between polls), or at once when the round blocks. Results of chunks numbered below
+// the last truncate are dropped, as the agent drops them.
+class InProcessCloud final : public CloudSession {
+ public:
+  InProcessCloud(Session& session, DecodeRounds& rounds, int64_t length, int answer_after)
+      : session_(session), rounds_(rounds), sent_(length), consumed_(length),
+        answer_after_(answer_after) {}
+
+  void SendDecodeRows(int64_t start, const at::Tensor& rows) override {
+    queue_.push_back(Chunk{++sequence_, start, rows.clone()});
+    sent_ = start + rows.size(0);
+  }
+  void SendAheadRows(int64_t start, const at::Tensor& rows) override {
+    SendDecodeRows(start, rows);
+  }
+  void KeepAheadRows() override {}
+  int64_t sent() const override { return sent_; }
+  int64_t consumed() const override { return consumed_; }
+  void RollBack(int64_t length) override {
+    if (length < sent_) {
+      queue_.push_back(Truncate{++sequence_, length});
+      stale_below_ = sequence_;
+    }
+    sent_ = consumed_ = length;
+  }
+  absl::Status Pump(int64_t target, bool block) override {
+    while (consumed_ < target) {
+      if (!block && ++polls_ < answer_after_) return absl::OkStatus();
+      polls_ = 0;
+      if (queue_.empty()) return absl::InternalError("waiting for positions nobody sent");
+      auto item = std::move(queue_.front());
+      queue_.pop_front();
+      if (auto* truncate = std::get_if<Truncate>(&item)) {
+        if (!session_.middle_cache.Truncate(truncate->length).ok()) {
+          return absl::InternalError("truncate past the cloud's KV");
+        }
+        continue;
+      }
+      const Chunk& chunk = std::get<Chunk>(item);
+      if (session_.middle_cache.length() != chunk.start) {
+        return absl::InternalError(absl::StrCat("chunk at ", chunk.start, " but the cloud's KV holds ",
+                                                session_.middle_cache.length()));
+      }
+      auto deep = session_.split.middle->Forward(chunk.rows, session_.middle_cache);
+      if (!deep.ok()) return deep.status();
+      ++computed_chunks_;
+      if (chunk.sequence < stale_below_) continue;  // cancelled: its result is dropped
+      if (chunk.start != consumed_) return absl::InternalError("a result out of order");
+      auto out = session_.split.output->Forward(*deep, session_.output_cache);
+      if (!out.ok()) return out.status();
+      rounds_.AddOutputStates(*out);
+      consumed_ += chunk.rows.size(0);
+    }
+    return absl::OkStatus();
+  }
+  int64_t computed_chunks() const { return computed_chunks_; }
+
+ private:
+  struct Chunk {
+    uint64_t sequence;
+    int64_t start;
+    at::Tensor rows;
+  };
+  struct Truncate {
+    uint64_t sequence;
+    int64_t length;
+  };
+  Session& session_;
+  DecodeRounds& rounds_;
+  std::deque<std::variant<Chunk, Truncate>> queue_;
+  uint64_t sequence_ = 0;
+  uint64_t stale_below_ = 0;
+  int64_t sent_, consumed_;
+  int answer_after_;
+  int polls_ = 0;
+  int64_t computed_chunks_ = 0;
+};
+
+struct PipelinedRun {
+  std::vector<int32_t> tokens;
+  v1::RequestStats stats;
+};
+
+// Greedy decoding through DecodeRounds with runs sent ahead (PipeInfer), against the cloud
+// above; `min_keep_rate` is speculative.ahead_min_keep_rate.
+PipelinedRun DecodeWithRunsAhead(const Split& split, const std::vector<int64_t>& prompt,
+                                 int64_t new_tokens, double min_keep_rate) {
+  SpeculativeOptions options{.eta = 1e-6, .max_draft = 4, .parallel = true,
+                             .parallel_top_k = 2, .parallel_steps = 3};
+  Session session(split, options, SamplingParams{}, 256);
+  std::vector<int32_t> generated = {
+      static_cast<int32_t>(session.Prefill(prompt).argmax().item<int64_t>())};
+  RequestStatsRecorder stats(nullptr, std::chrono::steady_clock::now());
+  DecodeRounds rounds(session.decoder, stats,
+                      {.max_draft_tokens = 4, .trace = true, .send_ahead = true,
+                       .ahead_min_keep_rate = min_keep_rate});
+  InProcessCloud cloud(session, rounds, static_cast<int64_t>(prompt.size()), /*answer_after=*/12);
+  while (static_cast<int64_t>(generated.size()) < new_tokens) {
+    const int64_t room = new_tokens - static_cast<int64_t>(generated.size()) - 1;
+    auto outcome = rounds.Run(generated.back(), room, cloud);
+    INFO(outcome.status().ToString());
+    REQUIRE(outcome.ok());
+    generated.insert(generated.end(), outcome->tokens.begin(), outcome->tokens.end());
+    // Every cache, the cloud's included once its queue is applied, ends at the kept length.
+    CHECK(session.output_cache.length() == outcome->length);
+  }
+  generated.resize(new_tokens);
+  return {generated, stats.Finish(v1::FINISH_REASON_LENGTH, {})};
+}
+
+TEST_CASE("Runs sent ahead of their verification change no token, are kept or cancelled, and "
+          "stop where they do not pay",
+          "[speculative]") {
+  c10::InferenceMode inference;
+  std::vector<int64_t> prompt;
+  for (int i = 0; i < 7; ++i) prompt.push_back((i * 13 + 3) % 64);
+  const int64_t new_tokens = 48;
+  // A drafter that mostly agrees: runs go ahead, most are kept, some are cancelled.
+  {
+    auto split = MakeSplit(/*vocab=*/64, /*logit_scale=*/25.0, /*adapter_noise=*/0.04, 5);
+    std::vector<double> margins;
+    const std::vector<int32_t> reference =
+        ReferenceGreedy(*split->full, prompt, new_tokens, &margins);
+    const PipelinedRun run = DecodeWithRunsAhead(*split, prompt, new_tokens, 0.5);
+    for (int64_t i = 0; i < new_tokens; ++i) {
+      if (run.tokens[i] == reference[i]) continue;
+      INFO("token " << i << ": " << run.tokens[i] << " vs " << reference[i]);
+      CHECK(margins[i] < 1e-3);  // only a near-tie may flip (batched vs one-row rounding)
+      break;
+    }
+    INFO("sent " << run.stats.ahead_runs_sent() << " kept " << run.stats.ahead_runs_kept());
+    CHECK(run.stats.ahead_runs_kept() > 0);
+    CHECK(run.stats.ahead_runs_kept() < run.stats.ahead_runs_sent());
+    int64_t began_at_cloud = 0;
+    for (const v1::DecodeRound& round : run.stats.rounds()) {
+      began_at_cloud += round.rows_at_cloud_before() > 0;
+    }
+    CHECK(began_at_cloud == run.stats.ahead_runs_kept());
+  }
+  // A drafter that mostly disagrees: with a minimum keep rate of one half the request soon
+  // stops sending runs ahead; with none it keeps sending them; the tokens are the same.
+  {
+    auto split = MakeSplit(/*vocab=*/64, /*logit_scale=*/25.0, /*adapter_noise=*/0.5, 9);
+    const PipelinedRun always = DecodeWithRunsAhead(*split, prompt, new_tokens, 0.0);
+    const PipelinedRun gated = DecodeWithRunsAhead(*split, prompt, new_tokens, 0.5);
+    CHECK(gated.tokens == always.tokens);
+    INFO("always: sent " << always.stats.ahead_runs_sent() << " kept "
+                         << always.stats.ahead_runs_kept() << "; gated: sent "
+                         << gated.stats.ahead_runs_sent());
+    CHECK(always.stats.ahead_runs_kept() * 2 < always.stats.ahead_runs_sent());
+    CHECK(gated.stats.ahead_runs_sent() * 2 < always.stats.ahead_runs_sent());
+  }
 }
 
 }  // namespace
