@@ -118,6 +118,10 @@ int RunDistill(tophat::DistillOptions options) {
                    static_cast<double>(std::max<int64_t>(1, report->model_parameters)),
                report->model_parameters, 100.0 * report->heldout_draft_top1,
                report->heldout_accept_length, options.eta, options.max_draft);
+  for (const auto& [prompt_length, accept_length] : report->accept_length_by_prompt_length) {
+    spdlog::info("distill: acceptance length after a {}-token held-out prompt: {:.2f}",
+                 prompt_length, accept_length);
+  }
   if (report->attached_to_bundle) {
     spdlog::info("distill: recorded in {}/tophat_bundle.json", options.out_dir.string());
   }
@@ -288,6 +292,13 @@ int main(int argc, char** argv) {
   distill_cmd->add_option("--eta", distill.eta, "Draft confidence threshold for the estimate")
       ->capture_default_str();
   distill_cmd->add_option("--max-draft", distill.max_draft)->capture_default_str();
+  distill_cmd
+      ->add_option("--eval-prompt-lengths", distill.eval_prompt_lengths,
+                   "Held-out prompt lengths the acceptance is measured after (comma-separated; "
+                   "the first is the reported acceptance length)")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   distill_cmd->add_option("--threads", distill.threads, "Training threads (part of the run's identity)")
       ->capture_default_str()->check(CLI::PositiveNumber);
 
