@@ -41,8 +41,8 @@ absl::StatusOr<RoundOutcome> DecodeRounds::Run(int32_t token, int64_t room, Clou
   }
   // Draft ahead while the cloud works, a token at a time, so the answer waits at most one
   // drafter step; with send_ahead, the best branch goes to the cloud once it is drafted.
-  sent_ahead_.reset();
-  std::optional<SpeculativeDecoder::Branch> best;  // ready before the answer
+  std::optional<SpeculativeDecoder::Branch> best;        // ready before the answer
+  std::optional<SpeculativeDecoder::Branch> sent_ahead;  // sent before the answer
   const bool may_send = options_.send_ahead &&
                         (best_branch_kept_.empty() ||
                          best_branch_kept_.value() >= options_.ahead_min_keep_rate);
@@ -53,7 +53,7 @@ absl::StatusOr<RoundOutcome> DecodeRounds::Run(int32_t token, int64_t room, Clou
       best = decoder_.BestBranch();
       if (best && may_send) {
         session.SendAheadRows(best->start, best->shallow);
-        sent_ahead_ = best;
+        sent_ahead = best;
         stats_.RecordAheadRunSent();
         continue;
       }
@@ -72,12 +72,12 @@ absl::StatusOr<RoundOutcome> DecodeRounds::Run(int32_t token, int64_t room, Clou
   if (best) best_branch_kept_.Add(is_next_round(*best) ? 1.0 : 0.0);
   // The run sent ahead is kept as the next round unless the verification rejected what it was
   // built on (or a reconnect dropped it); otherwise the rollback cancels it.
-  const bool keep_ahead = sent_ahead_ && is_next_round(*sent_ahead_) &&
-                          session.sent() == sent_ahead_->start + sent_ahead_->drafts + 1;
+  const bool keep_ahead = sent_ahead && is_next_round(*sent_ahead) &&
+                          session.sent() == sent_ahead->start + sent_ahead->drafts + 1;
   if (keep_ahead) {
     session.KeepAheadRows();
     stats_.RecordAheadRunKept();
-    kept_ahead_ = std::move(sent_ahead_);
+    kept_ahead_ = sent_ahead;
   } else {
     session.RollBack(outcome.length);
   }
@@ -104,7 +104,7 @@ absl::StatusOr<RoundOutcome> DecodeRounds::Run(int32_t token, int64_t room, Clou
     round.set_seconds(seconds);
     round.set_draft_limit(static_cast<uint32_t>(decoder_.round_limit()));
     round.set_parallel_steps(static_cast<uint32_t>(decoder_.parallel_steps()));
-    round.set_sent_ahead(sent_ahead_.has_value() || keep_ahead);
+    round.set_sent_ahead(sent_ahead.has_value());
     round.set_rows_at_cloud_before(static_cast<uint32_t>(at_cloud));
     stats_.AddRoundTrace(round);
   }

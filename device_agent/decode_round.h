@@ -106,9 +106,8 @@ class DecodeRounds {
   RequestStatsRecorder& stats_;
   const DecodeRoundOptions options_;
   std::vector<at::Tensor> outputs_;  // of the round in flight
-  // The run sent ahead during the round in flight (PipeInfer), and the one the previous round
-  // kept: the rows of this round that were at the cloud before it began.
-  std::optional<SpeculativeDecoder::Branch> sent_ahead_;
+  // The run the previous round sent ahead and kept (PipeInfer): the rows of this round that
+  // were at the cloud before it began.
   std::optional<SpeculativeDecoder::Branch> kept_ahead_;
   // Of the rounds whose best branch was ready before the answer, the share whose branch was
   // the next round (sent ahead or not); no sample yet: send.

@@ -600,7 +600,8 @@ void Engine::ApplyTruncate(StreamId stream, const v1::Truncate& truncate) {
   int64_t dropped = 0;
   while (!session->work.empty()) {
     WorkItem& last = session->work.back();
-    const bool started = last.done > 0 || (session->in_flight && session->work.size() == 1);
+    // in_flight is the head's: a launched step holds it.
+    const bool started = last.done > 0 || (session->in_flight && &last == &session->work.front());
     if (last.truncate_to >= 0 || started) break;
     if (last.first_position >= length) {
       dropped += last.num_tokens;
@@ -620,10 +621,9 @@ void Engine::ApplyTruncate(StreamId stream, const v1::Truncate& truncate) {
     TruncateNow(*session, truncate.sequence_number(), length);
     return;
   }
+  // Only ApplyQueuedTruncates reads a marker: it never reaches Launch at the head.
   WorkItem marker;
   marker.sequence_number = truncate.sequence_number();
-  marker.first_position = length;
-  marker.arrival = next_arrival_++;
   marker.truncate_to = length;
   session->work.push_back(std::move(marker));
 }

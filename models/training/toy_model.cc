@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cmath>
@@ -291,7 +292,11 @@ absl::StatusOr<ToyModelReport> MakeToyModel(
   distill.batch_size = options.adapter_batch_size;
   distill.eval_prompt_lengths = options.acceptance_prompt_lengths;
   // Long prompts: four of each length (the teacher recomputes the whole sequence per token).
-  if (options.acceptance_prompt_lengths.back() > 256) distill.eval_prompts = 4;
+  if (!options.acceptance_prompt_lengths.empty() &&
+      *std::max_element(options.acceptance_prompt_lengths.begin(),
+                        options.acceptance_prompt_lengths.end()) > 256) {
+    distill.eval_prompts = 4;
+  }
   // Long windows need a longer stream than the default 4,000 documents' ~150 K tokens.
   if (options.adapter_sequence_length > 256) distill.toy_documents = 20000;
   // Fresh documents from the same grammar, so the held-out estimate is not on training text.
