@@ -181,13 +181,18 @@ int RunBench(const BenchArgs& args) {
 
 int RunAblationCommand(const AblationArgs& args) {
   namespace fs = std::filesystem;
+  // "eval" (the default) and "toy" name the two synthetic-grammar models, made on first use and
+  // cached; anything else is a checkpoint directory.
   fs::path model = args.model_dir;
-  if (model.empty()) {
-    model = DefaultToyModelDir();
-    spdlog::info("ablation: toy model in {} (trained on first use, then cached)", model.string());
-    ToyModelOptions toy;
-    toy.out_dir = model;
-    auto made = MakeToyModel(toy, nullptr, nullptr);
+  if (args.model_dir.empty() || args.model_dir == "eval" || args.model_dir == "toy") {
+    const bool eval = args.model_dir != "toy";
+    ToyModelOptions options = eval ? EvalModelOptions() : ToyModelOptions{};
+    if (!eval) options.out_dir = DefaultToyModelDir();
+    model = options.out_dir;
+    spdlog::info("ablation: {} model in {} (trained on first use{}, then cached)",
+                 eval ? "evaluation" : "toy", model.string(),
+                 eval ? ": about an hour on 2 cores" : "");
+    auto made = MakeToyModel(options, nullptr, nullptr);
     if (!made.ok()) return Fail(made.status());
   }
   auto config = ModelConfig::Load(model / "config.json");

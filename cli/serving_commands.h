@@ -39,7 +39,7 @@ int RunBench(const BenchArgs& args);
 
 // `tophat bench --ablation`: starts its own cloud and agents per configuration.
 struct AblationArgs {
-  std::string model_dir;  // "": the toy model (made on first use)
+  std::string model_dir = "eval";  // "eval", "toy" (made on first use) or a checkpoint
   std::string work_dir = "tophat-ablation";
   std::string configs = "all";
   int devices = 2;

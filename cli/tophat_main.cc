@@ -231,7 +231,7 @@ int main(int argc, char** argv) {
   toy_cmd->add_option("--preset", toy_preset,
                       "toy: the small model of the tests and demo (64-token windows, dim 192, "
                       "6 layers; minutes). eval: the ablation's evaluation model (1,024-token "
-                      "windows, dim 512, 8 layers; hours on 2 cores), cached in " +
+                      "windows, dim 256, 8 layers; about an hour on 2 cores), cached in " +
                           tophat::DefaultEvalModelDir().string() +
                           "; --steps, --adapter-steps and --out override it")
       ->capture_default_str()
@@ -486,7 +486,10 @@ int main(int argc, char** argv) {
       "the same seeded workload, print a Table-V-style table, write SLA CDF plots (PNG) and "
       "JSON into --work-dir");
   serve_bench_cmd->add_option("--model", ablation.model_dir,
-                              "Ablation: checkpoint (split at m=2, k=1); default: the toy model")
+                              "Ablation: checkpoint directory (split at m=2, k=1), or eval (the "
+                              "evaluation model of `tophat toy-model --preset eval`) or toy (the "
+                              "tests' small model); both are trained on first use and cached")
+      ->capture_default_str()
       ->needs(ablation_flag);
   serve_bench_cmd->add_option("--work-dir", ablation.work_dir,
                               "Ablation: configs, logs, plots and JSON go here")

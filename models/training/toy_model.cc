@@ -75,8 +75,8 @@ fs::path DefaultEvalModelDir() { return DefaultToyModelDir().parent_path() / "ev
 ToyModelOptions EvalModelOptions() {
   ToyModelOptions o;
   o.out_dir = DefaultEvalModelDir();
-  o.hidden_size = 512;
-  o.intermediate_size = 1408;
+  o.hidden_size = 256;
+  o.intermediate_size = 704;
   o.num_layers = 8;
   o.num_heads = 8;
   o.num_kv_heads = 2;

@@ -79,9 +79,12 @@ std::filesystem::path DefaultToyModelDir();
 
 // `tophat toy-model --preset eval`: the evaluation model of the ablation. The same grammar,
 // trained on 1,024-token windows (a prompt of the ablation's length is inside what it was
-// trained on, and so is the drafter's), wide and deep enough (dim 512, 8 layers, ~27 M
-// parameters) that the cloud's share of a step is not negligible next to the link. Hours
-// of training on 2 CPU cores; not built in CI. Cached beside the toy model (eval-model).
+// trained on, and so is the drafter's), 8 layers of dim 256 (~6 M parameters, 2.4x the toy's):
+// the cloud's prefill of a 351-token prompt (~0.1 s on 2 cores) is a fifth of its upload on
+// the ablation's scaled links, not negligible, while cloud, two devices and their drafters
+// still fit on the 2 cores that run the ablation at 2 req/s (dim 512 computes that prompt in
+// ~0.4 s and would saturate them). About an hour on 2 CPU cores; not built in CI. Cached
+// beside the toy model (eval-model).
 ToyModelOptions EvalModelOptions();
 std::filesystem::path DefaultEvalModelDir();
 
