@@ -307,6 +307,11 @@ struct RunRecord {
   std::vector<double> decode_ms_per_10;    // delay per 10 generated tokens (decode SLA)
   std::vector<double> chunk_by_device;     // mean chunk size each device used
   double tokens_per_round = 0;
+  // Decode chunks' time on the links (round trip less the cloud's queue and compute), pooled
+  // over every request, and the median over requests of each one's slowest: far above twice
+  // the one-way delay, decode rounds wait behind prompt chunks on the links.
+  double decode_network_ms_mean = 0;
+  double decode_network_max_ms_p50 = 0;
   nlohmann::json per_request = nlohmann::json::array();
 };
 
@@ -318,6 +323,9 @@ RunRecord Record(const AblationConfig& config, const std::string& dataset, doubl
   std::vector<double> chunk_count(options.devices, 0);
   double rounds = 0;
   double decoded = 0;
+  double network_seconds = 0;
+  double network_chunks = 0;
+  std::vector<double> network_max_ms;
   for (const RequestOutcome& outcome : run.outcomes) {
     const GenerateResult& r = outcome.result;
     const double ttft = r.time_to_first_token_seconds();
@@ -336,12 +344,19 @@ RunRecord Record(const AblationConfig& config, const std::string& dataset, doubl
       chunk_count[outcome.agent] += 1;
     }
     rounds += r.stats.decode_rounds();
+    network_seconds += r.stats.decode_network_seconds();
+    network_chunks += r.stats.decode_network_chunks();
+    if (r.stats.decode_network_chunks() > 0) {
+      network_max_ms.push_back(r.stats.decode_network_max_seconds() * 1e3);
+    }
     decoded += r.token_ids.size() > 0 ? static_cast<double>(r.token_ids.size() - 1) : 0.0;
   }
   for (int i = 0; i < options.devices; ++i) {
     record.chunk_by_device.push_back(chunk_count[i] > 0 ? chunk_sum[i] / chunk_count[i] : 0);
   }
   record.tokens_per_round = rounds > 0 ? decoded / rounds : 0;
+  record.decode_network_ms_mean = network_chunks > 0 ? network_seconds * 1e3 / network_chunks : 0;
+  record.decode_network_max_ms_p50 = Summarize(network_max_ms).p50;
   return record;
 }
 
@@ -408,18 +423,20 @@ void PrintTable(const std::vector<RunRecord>& records, const AblationOptions& op
   std::printf("\n%s prompts, %.2f req/s, %lld requests x %lld tokens\n",
               DatasetLabel(dataset).c_str(), rate, static_cast<long long>(options.requests),
               static_cast<long long>(options.output_tokens));
-  std::printf("%-14s %27s   %27s %6s %7s %6s  %s\n", "", "TTFT ms (mean / p50 / p90)",
-              "TBT ms (mean / p50 / p90)", "SLA %", "tok/s", "tok/rd", "chunk by device");
+  std::printf("%-14s %27s   %27s %6s %7s %6s %13s  %s\n", "", "TTFT ms (mean / p50 / p90)",
+              "TBT ms (mean / p50 / p90)", "SLA %", "tok/s", "tok/rd", "net ms (max)",
+              "chunk by device");
   for (const AblationConfig& config : options.configs) {
     const RunRecord* r = Find(records, config.name, dataset, rate);
     if (r == nullptr) continue;
     const WorkloadSummary& s = r->summary;
     std::vector<std::string> chunks;
     for (double c : r->chunk_by_device) chunks.push_back(absl::StrFormat("%.0f", c));
-    std::printf("%-14s %9.1f %8.1f %8.1f   %9.2f %8.2f %8.2f %6.1f %7.1f %6.2f  %s%s\n",
+    std::printf("%-14s %9.1f %8.1f %8.1f   %9.2f %8.2f %8.2f %6.1f %7.1f %6.2f %6.1f %6.0f  %s%s\n",
                 config.name.c_str(), s.ttft.mean * 1e3, s.ttft.p50 * 1e3, s.ttft.p90 * 1e3,
                 s.tbt.mean * 1e3, s.tbt.p50 * 1e3, s.tbt.p90 * 1e3, s.sla_compliance * 100,
-                s.output_tokens_per_second, r->tokens_per_round,
+                s.output_tokens_per_second, r->tokens_per_round, r->decode_network_ms_mean,
+                r->decode_network_max_ms_p50,
                 absl::StrJoin(chunks, " / ").c_str(),
                 s.failed > 0 ? absl::StrCat("  (", s.failed, " failed)").c_str() : "");
   }
@@ -677,6 +694,8 @@ absl::StatusOr<nlohmann::json> RunAblation(const AblationOptions& options) {
                     {"rate", r.rate},
                     {"summary", SummaryJson(r.summary)},
                     {"tokens_per_round", r.tokens_per_round},
+                    {"decode_network_ms_mean", r.decode_network_ms_mean},
+                    {"decode_network_max_ms_p50", r.decode_network_max_ms_p50},
                     {"chunk_size_by_device", r.chunk_by_device},
                     {"prefill_ms_per_128_tokens", r.prefill_ms_per_128},
                     {"decode_ms_per_10_tokens", r.decode_ms_per_10},

@@ -461,8 +461,10 @@ absl::Status Agent::Request::Pump(int64_t target, bool block) {
         stats_.RecordAdmitted(message.admitted().queue_seconds());
         break;
       case v1::CloudMessage::kResult:
-        chunks_.Answered(message.result(), event->epoch, event->received,
-                         OnWireBytes(message.ByteSizeLong()));
+        if (const std::optional<double> network = chunks_.Answered(
+                message.result(), event->epoch, event->received, OnWireBytes(message.ByteSizeLong()))) {
+          stats_.RecordDecodeNetwork(*network);
+        }
         TOPHAT_RETURN_IF_ERROR(HandleResult(message.result()));
         break;
       case v1::CloudMessage::kError: {

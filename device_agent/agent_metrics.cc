@@ -71,6 +71,11 @@ AgentMetrics::AgentMetrics(prometheus::Registry& registry)
       spec_decode_round_seconds(AddHistogram(registry, "tophat_spec_decode_round_seconds",
                                              "One decode round: drafting, verification trip, "
                                              "acceptance", kLatencyBuckets)),
+      decode_network_seconds(AddHistogram(
+          registry, "tophat_decode_network_seconds",
+          "A decode chunk's round trip less the cloud's queue and compute: both links, and any "
+          "wait behind other messages (prompt chunks) on them",
+          kLatencyBuckets)),
       spec_decode_draft_window(AddGauge(
           registry, "tophat_spec_decode_draft_window",
           "Drafts allowed in the next round by the adaptive window (last request to decide)")),

@@ -47,6 +47,9 @@ struct AgentMetrics {
   prometheus::Counter& spec_decode_ahead_runs_sent;
   prometheus::Counter& spec_decode_ahead_runs_kept;
   prometheus::Histogram& spec_decode_round_seconds;  // one verification round, end to end
+  // A decode chunk's round trip less the cloud's queue and compute: its time on the links,
+  // waits behind other messages included.
+  prometheus::Histogram& decode_network_seconds;
   prometheus::Gauge& spec_decode_draft_window;  // drafts allowed per round (adaptive_window)
   prometheus::Gauge& draft_step_seconds;  // γ as last reported to the cloud
   prometheus::Family<prometheus::Gauge>& link_bytes_per_second_family;

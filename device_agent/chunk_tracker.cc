@@ -31,43 +31,47 @@ void ChunkTracker::Sent(const Chunk& chunk) {
                         .epoch = chunk.epoch,
                         .positions = chunk.positions,
                         .wire_bytes = chunk.wire_bytes,
+                        .phase = chunk.phase,
                         .sent = now,
                         .trace_index = trace_index});
   if (in_flight_.size() > kMaxInFlight) in_flight_.pop_front();
 }
 
-void ChunkTracker::Answered(const v1::ForwardResult& result, uint64_t epoch,
-                            Clock::time_point received, size_t wire_bytes) {
+std::optional<double> ChunkTracker::Answered(const v1::ForwardResult& result, uint64_t epoch,
+                                             Clock::time_point received, size_t wire_bytes) {
   if (result.sent_at_seconds() > 0) {
     link_.ObserveResult(result.sent_at_seconds(), SecondsSinceEpoch(received),
                         static_cast<double>(wire_bytes));
   }
-  if (!result.chunk_done()) return;
+  if (!result.chunk_done()) return std::nullopt;
   // Results come in sequence order, so anything older was answered or will never be.
   while (!in_flight_.empty() && in_flight_.front().sequence_number < result.sequence_number()) {
     in_flight_.pop_front();
   }
   if (in_flight_.empty() || in_flight_.front().sequence_number != result.sequence_number()) {
-    return;
+    return std::nullopt;
   }
   const InFlight sent = in_flight_.front();
   in_flight_.pop_front();
-  if (sent.epoch != epoch) return;
+  if (sent.epoch != epoch) return std::nullopt;
   // Every piece of a split chunk carries the chunk's arrival; one sample per chunk.
   if (result.received_at_seconds() > 0) {
     link_.ObserveChunk(SecondsSinceEpoch(sent.sent), result.received_at_seconds(),
                        static_cast<double>(sent.wire_bytes));
   }
   // Answered in one piece: the round trip is this chunk's alone.
-  if (sent.trace_index >= 0 &&
-      static_cast<int64_t>(result.states().num_positions()) == sent.positions) {
+  if (static_cast<int64_t>(result.states().num_positions()) != sent.positions) return std::nullopt;
+  const double network_seconds =
+      Seconds(received - sent.sent) - result.queue_seconds() - result.compute_seconds();
+  if (sent.trace_index >= 0) {
     v1::ChunkTrace* trace = trace_.Mutable(sent.trace_index);
     trace->set_result_at(Seconds(received - arrival_));
     trace->set_cloud_queue_seconds(result.queue_seconds());
     trace->set_cloud_compute_seconds(result.compute_seconds());
-    trace->set_network_seconds(Seconds(received - sent.sent) - result.queue_seconds() -
-                               result.compute_seconds());
+    trace->set_network_seconds(network_seconds);
   }
+  if (sent.phase != v1::PHASE_DECODE) return std::nullopt;
+  return network_seconds;
 }
 
 }  // namespace tophat

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <optional>
 
 #include "tophat/v1/agent.pb.h"
 #include "tophat/v1/cloud.pb.h"
@@ -62,8 +63,10 @@ class ChunkTracker {
   // `result` arrived at `received` on stream `epoch`: feeds the link samples and fills the
   // answered chunk's trace.
   // `wire_bytes`: what the CloudMessage that carried it occupied on the link (OnWireBytes).
-  void Answered(const v1::ForwardResult& result, uint64_t epoch, Clock::time_point received,
-                size_t wire_bytes);
+  // Returns the network seconds (round trip less the cloud's queue and compute) of a decode
+  // chunk answered in one piece, nothing otherwise.
+  std::optional<double> Answered(const v1::ForwardResult& result, uint64_t epoch,
+                                 Clock::time_point received, size_t wire_bytes);
 
   const google::protobuf::RepeatedPtrField<v1::ChunkTrace>& trace() const { return trace_; }
 
@@ -77,6 +80,7 @@ class ChunkTracker {
     uint64_t epoch = 0;
     int64_t positions = 0;
     size_t wire_bytes = 0;
+    v1::Phase phase = v1::PHASE_PREFILL;
     Clock::time_point sent;
     int trace_index = -1;  // into trace_; -1 when not traced
   };

@@ -1,6 +1,7 @@
 #include "device_agent/chunk_tracker.h"
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,31 @@ TEST_CASE("The trace covers prefill chunks and times those answered in one piece
   // Chunk 2 ends in a piece of 3 of its 8 positions: its round trip is not its alone.
   tracker.Answered(Piece(2, 3, 300, true), 1, Clock::now(), 420);
   CHECK(tracker.trace().Get(1).result_at() == 0);
+}
+
+TEST_CASE("A decode chunk answered in one piece reports its time on the links") {
+  RecordingSink sink;
+  ChunkTracker tracker(sink, Clock::now(), /*trace=*/false);
+  const Clock::time_point sent = Clock::now();
+  tracker.Sent(Prefill(1, 1, 0, 4));
+  ChunkTracker::Chunk decode = Prefill(2, 1, 4, 3);
+  decode.phase = v1::PHASE_DECODE;
+  tracker.Sent(decode);
+  ChunkTracker::Chunk split = Prefill(3, 1, 7, 5);
+  split.phase = v1::PHASE_DECODE;
+  tracker.Sent(split);
+  // A prompt chunk's time is in its trace, not here.
+  CHECK_FALSE(tracker.Answered(Piece(1, 4, 400, true), 1, Clock::now(), 520).has_value());
+  // Round trip (at least 0.2 s: answered 0.2 s after it was sent) less queue 0.01 and
+  // compute 0.02.
+  const Clock::time_point answered = Clock::now() + std::chrono::milliseconds(200);
+  const std::optional<double> network = tracker.Answered(Piece(2, 3, 300, true), 1, answered, 420);
+  REQUIRE(network.has_value());
+  const double round_trip = std::chrono::duration<double>(answered - sent).count();
+  CHECK(*network <= round_trip - 0.03 + 1e-9);
+  CHECK(*network >= 0.2 - 0.03 - 1e-9);
+  // Not answered in one piece: its round trip is not its own.
+  CHECK_FALSE(tracker.Answered(Piece(3, 2, 200, true), 1, answered, 320).has_value());
 }
 
 }  // namespace

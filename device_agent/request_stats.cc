@@ -1,5 +1,7 @@
 #include "device_agent/request_stats.h"
 
+#include <algorithm>
+
 #include "base/clock.h"
 
 namespace tophat {
@@ -55,6 +57,14 @@ void RequestStatsRecorder::RecordTokens(Clock::time_point now, size_t count) {
 
 void RequestStatsRecorder::RecordReconnect() { ++reconnects_; }
 
+void RequestStatsRecorder::RecordDecodeNetwork(double seconds) {
+  seconds = std::max(0.0, seconds);  // the cloud's durations and ours round differently
+  decode_network_sum_ += seconds;
+  decode_network_max_ = std::max(decode_network_max_, seconds);
+  ++decode_network_chunks_;
+  if (metrics_ != nullptr) metrics_->decode_network_seconds.Observe(seconds);
+}
+
 void RequestStatsRecorder::RecordRound(const RoundOutcome& outcome, double seconds,
                                        const SpeculativeDecoder& decoder) {
   rounds_.set_decode_rounds(rounds_.decode_rounds() + 1);
@@ -102,6 +112,9 @@ v1::RequestStats RequestStatsRecorder::Finish(v1::FinishReason reason, const Siz
   stats.set_cloud_queue_seconds(cloud_queue_);
   stats.set_cloud_compute_seconds(cloud_compute_);
   stats.set_reconnects(reconnects_);
+  stats.set_decode_network_seconds(decode_network_sum_);
+  stats.set_decode_network_chunks(decode_network_chunks_);
+  stats.set_decode_network_max_seconds(decode_network_max_);
   stats.set_prompt_chunk_size(static_cast<uint32_t>(sizes.prompt_chunk_size));
   if (metrics_ == nullptr) return stats;
   metrics_->e2e_request_latency_seconds.Observe(Seconds(Clock::now() - arrival_));

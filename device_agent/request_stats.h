@@ -50,6 +50,8 @@ class RequestStatsRecorder {
   // Drafts the adaptive window allows per round from now on.
   void RecordDraftWindow(int64_t window);
   // PipeInfer: a run went to the cloud ahead of a verification; a run sent ahead was kept.
+  // A decode chunk's network seconds (ChunkTracker::Answered).
+  void RecordDecodeNetwork(double seconds);
   void RecordAheadRunSent();
   void RecordAheadRunKept();
   // With GenerateRequest.trace.
@@ -80,6 +82,9 @@ class RequestStatsRecorder {
   int64_t itl_count_ = 0;
   double cloud_queue_ = 0;
   double cloud_compute_ = 0;
+  double decode_network_sum_ = 0;
+  double decode_network_max_ = 0;
+  uint32_t decode_network_chunks_ = 0;
   uint32_t reconnects_ = 0;
   uint32_t cloud_kv_length_ = 0;
   v1::RequestStats rounds_;  // the decode-round counters and trace

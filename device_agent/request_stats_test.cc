@@ -26,6 +26,9 @@ TEST_CASE("Request stats time the first token and split each later round over it
   recorder.RecordResult(result);
   recorder.RecordResult(result);
   recorder.RecordReconnect();
+  recorder.RecordDecodeNetwork(0.03);
+  recorder.RecordDecodeNetwork(0.09);
+  recorder.RecordDecodeNetwork(-0.001);  // rounding: the cloud's durations exceed our round trip
 
   const v1::RequestStats stats =
       recorder.Finish(v1::FINISH_REASON_LENGTH,
@@ -39,6 +42,10 @@ TEST_CASE("Request stats time the first token and split each later round over it
   CHECK(stats.prompt_tokens() == 7);
   CHECK(stats.generated_tokens() == 6);
   CHECK(stats.prompt_chunk_size() == 16);
+  CHECK(stats.decode_network_seconds() == Approx(0.12));
+  CHECK(stats.decode_network_chunks() == 3);
+  CHECK(stats.decode_network_max_seconds() == Approx(0.09));
+  CHECK(metrics.decode_network_seconds.Collect().histogram.sample_count == 3);
   CHECK(metrics.generation_tokens.Value() == 6);
   CHECK(metrics.time_to_first_token_seconds.Collect().histogram.sample_count == 1);
   CHECK(metrics.inter_token_latency_seconds.Collect().histogram.sample_count == 5);
