@@ -18,6 +18,7 @@
 #include "models/tokenizers/sentencepiece_tokenizer.h"
 #include "models/tokenizers/sentencepiece_trainer_util.h"
 #include "models/tokenizers/spm_plugin_loader.h"
+#include "models/tokenizers/test_tokenizer_json.h"
 #include "nlohmann/json.hpp"
 
 namespace tophat {
@@ -28,6 +29,7 @@ namespace fs = std::filesystem;
 using testing::ReadBytes;
 using testing::TempDir;
 using testing::WriteBytes;
+using namespace testing::tokenizer_json;  // NOLINT: the ids and builders below
 
 constexpr const char* kUnicodeText = "héllo wörld 你好 🎩";
 
@@ -38,130 +40,6 @@ std::string ReadFile(const fs::path& path) {
   return contents.str();
 }
 
-// GPT-2's byte-to-unicode map, written independently of the code under test.
-std::string ByteSymbol(int byte) {
-  int code_point = byte;
-  if (!((byte >= 33 && byte <= 126) || (byte >= 161 && byte <= 172) || byte >= 174)) {
-    int extra = 0;
-    for (int b = 0; b < byte; ++b) {
-      if (!((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174)) ++extra;
-    }
-    code_point = 256 + extra;
-  }
-  std::string out;
-  if (code_point < 0x80) {
-    out.push_back(static_cast<char>(code_point));
-  } else {
-    out.push_back(static_cast<char>(0xC0 | (code_point >> 6)));
-    out.push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
-  }
-  return out;
-}
-
-// Ids of the test vocabulary: byte b has id b; merges produce ids from 256 on.
-constexpr int32_t kIdSpaceT = 256;    // "Ġt"
-constexpr int32_t kIdHe = 257;        // "he"
-constexpr int32_t kIdSpaceThe = 258;  // "Ġthe"
-constexpr int32_t kIdLl = 259;        // "ll"
-constexpr int32_t kId12 = 260;        // "12"
-constexpr int32_t kId123 = 261;       // "123"
-constexpr int32_t kId45 = 262;        // "45"
-constexpr int32_t kId34 = 263;        // "34"
-constexpr int32_t kIdAbc = 264;       // "abc", reachable only through ignore_merges
-constexpr int32_t kIdEndOfText = 265;
-constexpr int32_t kIdBeginOfText = 266;
-constexpr int32_t kIdEotId = 267;
-constexpr int32_t kIdUserTag = 268;  // non-special added token "<tag>"
-
-constexpr const char* kLlama3Pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-
-// A tokenizer.json in the shape of GPT-2's (use_regex ByteLevel, "a b" merges) or, with
-// `llama3`, of Llama-3's (Split + ByteLevel, [a, b] merges, ignore_merges).
-Json MakeTokenizerJson(bool llama3 = false) {
-  Json vocab = Json::object();
-  for (int b = 0; b < 256; ++b) vocab[ByteSymbol(b)] = b;
-  const std::string space_t = ByteSymbol(' ') + "t";
-  vocab[space_t] = kIdSpaceT;
-  vocab["he"] = kIdHe;
-  vocab[space_t + "he"] = kIdSpaceThe;
-  vocab["ll"] = kIdLl;
-  vocab["12"] = kId12;
-  vocab["123"] = kId123;
-  vocab["45"] = kId45;
-  vocab["34"] = kId34;
-  vocab["abc"] = kIdAbc;
-  const std::vector<std::pair<std::string, std::string>> merges = {
-      {"3", "4"},  {ByteSymbol(' '), "t"},
-      {"h", "e"},  {space_t, "he"},
-      {"l", "l"},  {"1", "2"},
-      {"12", "3"}, {"4", "5"}};
-  Json merges_json = Json::array();
-  for (const auto& [left, right] : merges) {
-    if (llama3) {
-      merges_json.push_back(Json::array({left, right}));
-    } else {
-      merges_json.push_back(left + " " + right);
-    }
-  }
-  Json added = Json::array();
-  const auto add = [&](int32_t id, const std::string& content, bool special) {
-    added.push_back({{"id", id},
-                     {"content", content},
-                     {"single_word", false},
-                     {"lstrip", false},
-                     {"rstrip", false},
-                     {"normalized", false},
-                     {"special", special}});
-  };
-  add(kIdEndOfText, "<|end_of_text|>", true);
-  add(kIdBeginOfText, "<|begin_of_text|>", true);
-  add(kIdEotId, "<|eot_id|>", true);
-  add(kIdUserTag, "<tag>", false);
-
-  Json tokenizer = {
-      {"version", "1.0"},
-      {"truncation", nullptr},
-      {"padding", nullptr},
-      {"added_tokens", added},
-      {"normalizer", nullptr},
-      {"post_processor", nullptr},
-      {"decoder",
-       {{"type", "ByteLevel"},
-        {"add_prefix_space", true},
-        {"trim_offsets", true},
-        {"use_regex", true}}},
-      {"model",
-       {{"type", "BPE"},
-        {"dropout", nullptr},
-        {"unk_token", nullptr},
-        {"continuing_subword_prefix", llama3 ? Json(nullptr) : Json("")},
-        {"end_of_word_suffix", llama3 ? Json(nullptr) : Json("")},
-        {"fuse_unk", false},
-        {"byte_fallback", false},
-        {"ignore_merges", llama3},
-        {"vocab", vocab},
-        {"merges", merges_json}}},
-  };
-  if (llama3) {
-    tokenizer["pre_tokenizer"] = {
-        {"type", "Sequence"},
-        {"pretokenizers", Json::array({{{"type", "Split"},
-                                        {"pattern", {{"Regex", kLlama3Pattern}}},
-                                        {"behavior", "Isolated"},
-                                        {"invert", false}},
-                                       {{"type", "ByteLevel"},
-                                        {"add_prefix_space", false},
-                                        {"trim_offsets", true},
-                                        {"use_regex", false}}})}};
-  } else {
-    tokenizer["pre_tokenizer"] = {{"type", "ByteLevel"},
-                                  {"add_prefix_space", false},
-                                  {"trim_offsets", true},
-                                  {"use_regex", true}};
-  }
-  return tokenizer;
-}
 
 std::unique_ptr<BpeTokenizer> MakeBpe(const Json& json) {
   auto tokenizer = BpeTokenizer::FromJson(json.dump(), "test/tokenizer.json");
@@ -259,7 +137,7 @@ TEST_CASE("BPE encodes known ids", "[tokenizer]") {
   // Bytes outside printable ASCII go through the byte-level alphabet.
   CHECK(EncodeOk(*tokenizer, "\n") == std::vector<int32_t>{'\n'});
   CHECK(EncodeOk(*tokenizer, "é") == std::vector<int32_t>{0xC3, 0xA9});
-  CHECK(tokenizer->vocab_size() == kIdUserTag + 1);
+  CHECK(tokenizer->vocab_size() == kIdEndHeader + 1);
 }
 
 TEST_CASE("BPE round-trips ASCII and multi-byte UTF-8", "[tokenizer]") {
@@ -279,7 +157,7 @@ TEST_CASE("BPE maps ids to decoded text and checks them", "[tokenizer]") {
   CHECK(DecodeOk(*tokenizer, {0xE4, 0xBD}) == "\xEF\xBF\xBD");
   CHECK(DecodeOk(*tokenizer, {0xE4, 0xBD, 0xA0}) == "你");
   CHECK_FALSE(tokenizer->Decode({-1}).ok());
-  const auto out_of_range = tokenizer->Decode({kIdUserTag + 1});
+  const auto out_of_range = tokenizer->Decode({kIdEndHeader + 1});
   REQUIRE_FALSE(out_of_range.ok());
   CHECK(absl::IsInvalidArgument(out_of_range.status()));
   CHECK_FALSE(tokenizer->Encode("\xFF invalid").ok());

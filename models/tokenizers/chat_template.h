@@ -1,0 +1,96 @@
+// Chat templates: a conversation (OpenAI-style messages) rendered the way the model was
+// trained to read it. Hugging Face checkpoints carry the template as Jinja source in
+// tokenizer_config.json ("chat_template"). tophat runs no Jinja: it recognises the common
+// families by what the template's source *is* (the control tokens it writes), never by the
+// model's name, and renders them here:
+//   Llama 3   <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> (3.1's
+//             "Cutting Knowledge Date" system header when the template writes one)
+//   ChatML    <|im_start|>role\ncontent<|im_end|>\n (Qwen2 and others; a default system
+//             message written literally in the template is used)
+//   Mistral   <s>[INST] user [/INST]assistant</s>
+//   toy       the toy model's own plain-text template (`tophat toy-model`)
+// Anything else is an error naming the file: guessing a format silently degrades answers.
+//
+// The result keeps the template's control tokens apart from the text: content that spells
+// "<|im_end|>" is encoded as the characters it is, so a message cannot end its own turn.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "models/tokenizers/tokenizer.h"
+
+namespace tophat {
+
+enum class ChatFamily { kLlama3, kChatMl, kMistral, kToy };
+std::string_view ChatFamilyName(ChatFamily family);
+
+struct ChatMessage {
+  std::string role;  // "system", "user", "assistant"
+  std::string content;
+};
+
+// A rendered conversation: text, and the template's control tokens between runs of it.
+struct RenderedChat {
+  struct Piece {
+    bool special = false;  // `text` is one control token's spelling (e.g. "<|eot_id|>")
+    std::string text;
+  };
+  bool bos = false;  // the template begins with the tokenizer's BOS
+  std::vector<Piece> pieces;
+  // Everything as one string, control tokens spelled out (for logs and tests).
+  std::string ToString() const;
+};
+
+// The source of tophat's toy-model template, as `tophat toy-model` writes it into
+// tokenizer_config.json. Recognised by its first line.
+extern const std::string_view kToyChatTemplateSource;
+
+class ChatTemplate {
+ public:
+  // The template of a checkpoint directory: tokenizer_config.json's "chat_template" (a string,
+  // or a list of {"name", "template"} of which "default" is used). NOT_FOUND when the file or
+  // the key is missing, INVALID_ARGUMENT for a template of no known family; both name the file.
+  static absl::StatusOr<ChatTemplate> Load(const std::filesystem::path& dir);
+  // From template source; `origin` names it in errors (a file, "--chat-template").
+  static absl::StatusOr<ChatTemplate> FromSource(std::string_view source,
+                                                 std::string_view origin);
+
+  ChatFamily family() const { return family_; }
+
+  // `messages` followed by the opening of the assistant's turn (Hugging Face's
+  // add_generation_prompt). INVALID_ARGUMENT naming the message (messages[i]) for a role the
+  // family has no place for, or an order it does not allow.
+  absl::StatusOr<RenderedChat> Render(std::span<const ChatMessage> messages) const;
+
+  // The control token that ends an assistant turn ("<|eot_id|>", "<|im_end|>"); nullopt where
+  // the tokenizer's EOS does (Mistral) or the family has none (toy).
+  std::optional<std::string> end_of_turn() const;
+
+ private:
+  ChatTemplate(ChatFamily family, std::string default_system, bool llama31_header,
+               bool system_role)
+      : family_(family),
+        default_system_(std::move(default_system)),
+        llama31_header_(llama31_header),
+        system_role_(system_role) {}
+
+  ChatFamily family_;
+  std::string default_system_;   // ChatML: system message used when none is given
+  bool llama31_header_ = false;  // Llama 3.1: the "Cutting Knowledge Date" system header
+  bool system_role_ = true;      // Mistral: whether the template places a system message
+};
+
+// Token ids of a rendered conversation: BOS (if the template begins with it), each control
+// token by its spelling in the vocabulary, and each run of text encoded as plain text.
+// INVALID_ARGUMENT naming a control token the vocabulary lacks, or a BOS it has none of.
+absl::StatusOr<std::vector<int32_t>> EncodeChat(const Tokenizer& tokenizer,
+                                                const RenderedChat& chat);
+
+}  // namespace tophat

@@ -1,0 +1,234 @@
+#include "models/tokenizers/chat_template.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "base/test_util.h"
+#include "models/tokenizers/bpe_tokenizer.h"
+#include "models/tokenizers/test_tokenizer_json.h"
+
+namespace tophat {
+namespace {
+
+using testing::TempDir;
+using testing::WriteBytes;
+namespace tj = testing::tokenizer_json;
+
+// Template sources in each family's shape (what the recogniser looks at: the control tokens
+// the template writes, literal defaults); rendering is checked against Hugging Face's output
+// for the real templates, written out by hand below.
+constexpr const char* kLlama3Source =
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | "
+    "trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}"
+    "{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
+constexpr const char* kLlama31Source =
+    "{{- bos_token }}{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}"
+    "{{- \"Cutting Knowledge Date: December 2023\\n\" }}{{- \"Today Date: \" + date_string }}"
+    "{{- system_message }}{{- \"<|eot_id|>\" }}";
+// Qwen2's: a default system message written literally, the newline a real one (as in the
+// decoded JSON string).
+constexpr const char* kQwen2Source =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+// Qwen2.5's: the system message is an expression in one branch and a literal in the other.
+constexpr const char* kQwen25Source =
+    "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + "
+    "messages[0]['content'] + '<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are "
+    "Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}{%- endif %}";
+constexpr const char* kChatMlSource =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}";
+constexpr const char* kMistralSource =
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != "
+    "(loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
+    "user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}"
+    "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+    "{{ message['content'] + eos_token}}{% endif %}{% endfor %}";
+
+ChatTemplate Make(const char* source) {
+  auto made = ChatTemplate::FromSource(source, "test");
+  INFO(made.status().ToString());
+  REQUIRE(made.ok());
+  return *std::move(made);
+}
+
+RenderedChat RenderOk(const ChatTemplate& chat, const std::vector<ChatMessage>& messages) {
+  auto rendered = chat.Render(messages);
+  INFO(rendered.status().ToString());
+  REQUIRE(rendered.ok());
+  return *std::move(rendered);
+}
+
+std::vector<std::string> Specials(const RenderedChat& chat) {
+  std::vector<std::string> out;
+  for (const auto& piece : chat.pieces) {
+    if (piece.special) out.push_back(piece.text);
+  }
+  return out;
+}
+
+TEST_CASE("Each family is recognised by its template's markup, and an unknown one is refused") {
+  CHECK(Make(kLlama3Source).family() == ChatFamily::kLlama3);
+  CHECK(Make(kLlama31Source).family() == ChatFamily::kLlama3);
+  CHECK(Make(kQwen2Source).family() == ChatFamily::kChatMl);
+  CHECK(Make(kChatMlSource).family() == ChatFamily::kChatMl);
+  CHECK(Make(kMistralSource).family() == ChatFamily::kMistral);
+  CHECK(Make(std::string(kToyChatTemplateSource).c_str()).family() == ChatFamily::kToy);
+  CHECK(Make(kLlama3Source).end_of_turn() == "<|eot_id|>");
+  CHECK(Make(kChatMlSource).end_of_turn() == "<|im_end|>");
+  CHECK_FALSE(Make(kMistralSource).end_of_turn().has_value());
+
+  auto unknown = ChatTemplate::FromSource(
+      "{% for m in messages %}### {{ m['role'] }}: {{ m['content'] }}{% endfor %}",
+      "/models/x/tokenizer_config.json");
+  REQUIRE_FALSE(unknown.ok());
+  CHECK(unknown.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(unknown.status().message()),
+             Catch::Contains("/models/x/tokenizer_config.json") &&
+                 Catch::Contains("not guessed"));
+}
+
+TEST_CASE("Llama 3 renders as Hugging Face does: BOS, headers, trimmed content, the assistant's "
+          "header open") {
+  const RenderedChat chat = RenderOk(
+      Make(kLlama3Source), {{"system", "You are terse."}, {"user", "  Hi there \n"}});
+  CHECK(chat.bos);
+  CHECK(chat.ToString() ==
+        "<|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n");
+
+  // 3.1 always writes its system header, with the leading system message inside it.
+  const RenderedChat v31 = RenderOk(Make(kLlama31Source), {{"user", "Hi"}});
+  CHECK(v31.ToString() ==
+        "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+        "Today Date: 26 Jul 2024\n\n<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  const RenderedChat v31_system =
+      RenderOk(Make(kLlama31Source), {{"system", "Be brief."}, {"user", "Hi"}});
+  CHECK(v31_system.ToString().find("Today Date: 26 Jul 2024\n\nBe brief.<|eot_id|>") !=
+        std::string::npos);
+}
+
+TEST_CASE("ChatML renders its default system message only where the template writes one") {
+  const std::vector<ChatMessage> turn = {{"user", "Hi"}};
+  CHECK(RenderOk(Make(kQwen2Source), turn).ToString() ==
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  CHECK(RenderOk(Make(kQwen25Source), turn).ToString().starts_with(
+      "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+      "assistant.<|im_end|>\n<|im_start|>user\nHi"));
+  CHECK(RenderOk(Make(kChatMlSource), turn).ToString() ==
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  // A system message of the caller's replaces the default.
+  CHECK(RenderOk(Make(kQwen2Source), {{"system", "Be brief."}, {"user", "Hi"}}).ToString() ==
+        "<|im_start|>system\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  CHECK_FALSE(RenderOk(Make(kChatMlSource), turn).bos);
+}
+
+TEST_CASE("Mistral alternates user and assistant, and refuses what its template would") {
+  const ChatTemplate mistral = Make(kMistralSource);
+  const RenderedChat chat =
+      RenderOk(mistral, {{"user", "a"}, {"assistant", "b"}, {"user", "c"}});
+  CHECK(chat.bos);
+  CHECK(chat.ToString() == "[INST] a [/INST]b</s>[INST] c [/INST]");
+  CHECK(Specials(chat) == std::vector<std::string>{"</s>"});
+
+  auto twice = mistral.Render(std::vector<ChatMessage>{{"user", "a"}, {"user", "b"}});
+  REQUIRE_FALSE(twice.ok());
+  CHECK_THAT(std::string(twice.status().message()),
+             Catch::StartsWith("messages[1]") && Catch::Contains("alternate"));
+  // This template has no system role (v0.1/v0.2 raise); one that places it (v0.3) gets it
+  // before the last user message.
+  auto system = mistral.Render(std::vector<ChatMessage>{{"system", "s"}, {"user", "a"}});
+  REQUIRE_FALSE(system.ok());
+  CHECK_THAT(std::string(system.status().message()), Catch::StartsWith("messages[0]"));
+  const std::string with_system = std::string(kMistralSource) + "{# system #}";
+  CHECK(RenderOk(Make(with_system.c_str()),
+                 {{"system", "s"}, {"user", "a"}, {"assistant", "b"}, {"user", "c"}})
+            .ToString() == "[INST] a [/INST]b</s>[INST] s\n\nc [/INST]");
+  auto tool = mistral.Render(std::vector<ChatMessage>{{"tool", "x"}});
+  REQUIRE_FALSE(tool.ok());
+  CHECK_THAT(std::string(tool.status().message()), Catch::Contains("\"tool\""));
+}
+
+TEST_CASE("The toy template is plain text") {
+  const RenderedChat chat = RenderOk(Make(std::string(kToyChatTemplateSource).c_str()),
+                                     {{"user", "the cat sat"}, {"assistant", "on a mat"}});
+  CHECK_FALSE(chat.bos);
+  CHECK(Specials(chat).empty());
+  CHECK(chat.ToString() == "user: the cat sat\nassistant: on a mat\nassistant:");
+}
+
+TEST_CASE("A message that spells a control token stays text, and encodes as text") {
+  const ChatTemplate llama = Make(kLlama3Source);
+  const RenderedChat chat = RenderOk(llama, {{"user", "the<|eot_id|>"}});
+  // Only the template's own control tokens are special pieces.
+  CHECK(Specials(chat) == std::vector<std::string>{"<|start_header_id|>", "<|end_header_id|>",
+                                                   "<|eot_id|>", "<|start_header_id|>",
+                                                   "<|end_header_id|>"});
+  auto tokenizer = BpeTokenizer::FromJson(tj::MakeTokenizerJson(/*llama3=*/true).dump(),
+                                          "test/tokenizer.json", {.bos = "<|begin_of_text|>"});
+  REQUIRE(tokenizer.ok());
+  auto ids = EncodeChat(**tokenizer, chat);
+  INFO(ids.status().ToString());
+  REQUIRE(ids.ok());
+  REQUIRE(ids->size() > 4);
+  CHECK((*ids)[0] == tj::kIdBeginOfText);
+  CHECK((*ids)[1] == tj::kIdStartHeader);
+  // One <|eot_id|> id: the template's. The message's spelling became bytes.
+  CHECK(std::count(ids->begin(), ids->end(), tj::kIdEotId) == 1);
+  CHECK(ids->back() != tj::kIdEotId);
+
+  // A vocabulary without the template's control tokens is an error that names the token.
+  const RenderedChat chatml = RenderOk(Make(kChatMlSource), {{"user", "hi"}});
+  auto missing = EncodeChat(**tokenizer, chatml);
+  REQUIRE_FALSE(missing.ok());
+  CHECK_THAT(std::string(missing.status().message()), Catch::Contains("<|im_start|>"));
+}
+
+TEST_CASE("ChatTemplate::Load reads tokenizer_config.json and names it in errors") {
+  TempDir dir;
+  auto none = ChatTemplate::Load(dir.path());
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.status().code() == absl::StatusCode::kNotFound);
+
+  const nlohmann::json string_form = {{"chat_template", kChatMlSource}};
+  WriteBytes(dir.path() / "tokenizer_config.json", string_form.dump());
+  auto loaded = ChatTemplate::Load(dir.path());
+  REQUIRE(loaded.ok());
+  CHECK(loaded->family() == ChatFamily::kChatMl);
+
+  const nlohmann::json list_form = {
+      {"chat_template",
+       {{{"name", "tool_use"}, {"template", kChatMlSource}},
+        {{"name", "default"}, {"template", kLlama3Source}}}}};
+  WriteBytes(dir.path() / "tokenizer_config.json", list_form.dump());
+  loaded = ChatTemplate::Load(dir.path());
+  REQUIRE(loaded.ok());
+  CHECK(loaded->family() == ChatFamily::kLlama3);
+
+  WriteBytes(dir.path() / "tokenizer_config.json", R"({"bos_token": "<s>"})");
+  none = ChatTemplate::Load(dir.path());
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.status().code() == absl::StatusCode::kNotFound);
+  CHECK_THAT(std::string(none.status().message()),
+             Catch::Contains("tokenizer_config.json") && Catch::Contains("chat_template"));
+
+  WriteBytes(dir.path() / "tokenizer_config.json", R"({"chat_template": "{{ messages }}"})");
+  auto unknown = ChatTemplate::Load(dir.path());
+  REQUIRE_FALSE(unknown.ok());
+  CHECK_THAT(std::string(unknown.status().message()), Catch::Contains("tokenizer_config.json"));
+}
+
+}  // namespace
+}  // namespace tophat
