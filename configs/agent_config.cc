@@ -111,6 +111,18 @@ void CheckAgentConfig(const AgentConfig& config, bool require_bundle, Report&& r
   if (!config.metrics_address.empty()) {
     check("metrics_address", CheckHostPort(config.metrics_address, /*allow_port_zero=*/true));
   }
+  if (!config.openai.address.empty()) {
+    check("openai.address", CheckHostPort(config.openai.address, /*allow_port_zero=*/true));
+    if (CheckHostPort(config.openai.address, true).ok() && !config.allow_remote_apps &&
+        !IsLoopbackAddress(config.openai.address)) {
+      report("openai.address",
+             absl::StrCat("\"", config.openai.address,
+                          "\" is reachable from other hosts over plain HTTP; bind it to "
+                          "127.0.0.1 or [::1], or set allow_remote_apps: true on a network you "
+                          "trust"),
+             "allow_remote_apps");
+    }
+  }
   check("log_level", CheckLogLevel(config.log_level));
 
   // Backoff doubles from the initial value and is capped at the maximum; a cap below the
@@ -194,6 +206,8 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
                     &config.link_emulation.uplink_bytes_per_second, Bound::kNonNegative);
   reader.ReadDouble("link_emulation.downlink_bytes_per_second",
                     &config.link_emulation.downlink_bytes_per_second, Bound::kNonNegative);
+  reader.ReadString("openai.address", &config.openai.address);
+  reader.ReadString("openai.model_name", &config.openai.model_name);
   reader.ReadString("metrics_address", &config.metrics_address);
   reader.ReadString("log_level", &config.log_level);
 

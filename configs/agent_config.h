@@ -111,6 +111,13 @@ struct AgentConfig {
     double downlink_bytes_per_second = 0;
     bool operator==(const LinkEmulation&) const = default;
   } link_emulation;
+  // The local OpenAI-compatible HTTP endpoint (device_agent/openai_server.h); off while
+  // `address` is empty. Plain HTTP: loopback only, unless allow_remote_apps.
+  struct OpenAi {
+    std::string address;     // host:port
+    std::string model_name;  // the name it answers to; "": the bundle's model id
+    bool operator==(const OpenAi&) const = default;
+  } openai;
   std::string metrics_address = "127.0.0.1:9200";  // empty disables
   std::string log_level = "info";
 

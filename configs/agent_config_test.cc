@@ -65,6 +65,9 @@ link_emulation:
   one_way_delay_s: 0.02
   uplink_bytes_per_second: 5e6
   downlink_bytes_per_second: 10e6
+openai:
+  address: "127.0.0.1:8000"
+  model_name: my-model
 metrics_address: ""
 log_level: trace
 )",
@@ -101,9 +104,24 @@ log_level: trace
   CHECK(config->link_emulation.one_way_delay_s == 0.02);
   CHECK(config->link_emulation.uplink_bytes_per_second == 5e6);
   CHECK(config->link_emulation.downlink_bytes_per_second == 10e6);
+  CHECK(config->openai.address == "127.0.0.1:8000");
+  CHECK(config->openai.model_name == "my-model");
   CHECK(config->metrics_address.empty());
   CHECK(config->log_level == "trace");
   CHECK(ValidateAgentConfig(*config).ok());
+}
+
+TEST_CASE("The OpenAI endpoint is plain HTTP: loopback unless remote apps are allowed") {
+  CHECK_THAT(ErrorOf("openai:\n  address: \"0.0.0.0:8000\"\n"),
+             Catch::Contains("openai.address") && Catch::Contains("plain HTTP"));
+  CHECK_THAT(ErrorOf("openai:\n  address: \"localhost\"\n"),
+             Catch::Contains("openai.address"));
+  absl::StatusOr<AgentConfig> remote =
+      ParseAgentConfig("openai:\n  address: \"0.0.0.0:8000\"\nallow_remote_apps: true\n",
+                       "agent.yaml");
+  INFO(remote.status().ToString());
+  CHECK(remote.ok());
+  CHECK(AgentConfig{}.openai.address.empty());  // off by default
 }
 
 TEST_CASE("Agent speculative settings out of range name their key") {

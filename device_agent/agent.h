@@ -64,6 +64,8 @@ class Agent : private LinkSampleSink {
   v1::InfoResponse Info() const;
   v1::HealthResponse Health() const;
   const AgentConfig& config() const { return config_; }
+  // The bundle's tokenizer (thread-safe to encode and decode with).
+  const Tokenizer& tokenizer() const { return *bundle_.tokenizer; }
 
  private:
   class Request;

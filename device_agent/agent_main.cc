@@ -22,6 +22,7 @@
 #include "configs/config_checks.h"
 #include "device_agent/agent.h"
 #include "device_agent/agent_service.h"
+#include "device_agent/openai_server.h"
 #include "models/runtime/compute_threads.h"
 #include "base/program.h"
 
@@ -90,14 +91,26 @@ int Run(const tophat::AgentConfig& config) {
                  config.app_tokens.empty() ? "send prompts and read answers"
                                            : "read the prompts and answers in flight");
   }
-  spdlog::info("tophat-agent serving apps on {}, cloud {} (metrics: {})", config.listen_address,
-               config.cloud_address,
-               config.metrics_address.empty() ? "off" : config.metrics_address);
+  std::unique_ptr<tophat::OpenAiServer> openai;
+  if (!config.openai.address.empty()) {
+    auto started = tophat::OpenAiServer::Start(agent->get(),
+                                               {.address = config.openai.address,
+                                                .model_name = config.openai.model_name,
+                                                .template_dir = config.bundle,
+                                                .app_tokens = config.app_tokens});
+    if (!started.ok()) return Fail(started.status());
+    openai = *std::move(started);
+  }
+  spdlog::info("tophat-agent serving apps on {}, cloud {} (metrics: {}, openai: {})",
+               config.listen_address, config.cloud_address,
+               config.metrics_address.empty() ? "off" : config.metrics_address,
+               openai ? absl::StrCat("http://", config.openai.address, "/v1") : "off");
 
   const char* signal_name = tophat::WaitForShutdownSignal();
   spdlog::info("{}: stopping", signal_name);
   // Running requests get a few seconds to finish; then their streams are cancelled.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  openai.reset();
   agent->reset();
   spdlog::info("tophat-agent stopped");
   return 0;

@@ -153,10 +153,15 @@ absl::StatusOr<std::string> AuthenticateBearer(const grpc::ServerContextBase& co
   if (found == metadata.end()) {
     return absl::UnauthenticatedError("no bearer token (authorization metadata) on the call");
   }
-  const absl::string_view value(found->second.data(), found->second.size());
-  absl::string_view token = value;
+  return AuthenticateBearerValue(absl::string_view(found->second.data(), found->second.size()),
+                                 tokens);
+}
+
+absl::StatusOr<std::string> AuthenticateBearerValue(absl::string_view authorization,
+                                                    const std::vector<BearerToken>& tokens) {
+  absl::string_view token = authorization;
   if (!absl::ConsumePrefix(&token, "Bearer ") || token.empty()) {
-    return absl::UnauthenticatedError("the authorization metadata is not \"Bearer <token>\"");
+    return absl::UnauthenticatedError("the authorization is not \"Bearer <token>\"");
   }
   const std::string digest = Sha256Hex(token);
   const BearerToken* match = nullptr;

@@ -77,6 +77,10 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path, absl::string_
 absl::StatusOr<std::string> AuthenticateBearer(const grpc::ServerContextBase& context,
                                                const std::vector<BearerToken>& tokens);
 
+// The same for an `authorization` value from elsewhere (an HTTP header).
+absl::StatusOr<std::string> AuthenticateBearerValue(absl::string_view authorization,
+                                                    const std::vector<BearerToken>& tokens);
+
 // `authorization` metadata's value for `token`.
 std::string BearerMetadataValue(absl::string_view token);
 

@@ -16,6 +16,7 @@
 #include "models/runtime/model_init.h"
 #include "models/tokenizers/sentencepiece_trainer_util.h"
 #include "base/status_macros.h"
+#include "models/tokenizers/chat_template.h"
 #include "models/tokenizers/tokenizer.h"
 #include "models/training/toy_corpus.h"
 #include "models/training/training_forward.h"
@@ -277,11 +278,29 @@ absl::StatusOr<ToyModelReport> TrainToyModel(
 
 }  // namespace
 
+namespace {
+
+// tokenizer_config.json with the toy chat template (chat_template.h), so that chat front ends
+// (the agent's OpenAI endpoint) can render conversations for the toy models. Not part of the
+// cache key: written beside a reused model too.
+absl::Status WriteToyTokenizerConfig(const fs::path& dir) {
+  const fs::path path = dir / "tokenizer_config.json";
+  const json wanted = {{"chat_template", std::string(kToyChatTemplateSource)}};
+  if (ReadJsonOrNull(path) == wanted) return absl::OkStatus();
+  std::ofstream out(path);
+  out << wanted.dump(2) << "\n";
+  if (!out) return absl::InternalError(absl::StrCat(path.string(), ": cannot write"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<ToyModelReport> MakeToyModel(
     const ToyModelOptions& options,
     const std::function<void(const TrainingProgress&)>& on_progress,
     const std::function<void(const TrainingProgress&)>& on_adapter_progress) {
   TOPHAT_ASSIGN_OR_RETURN(ToyModelReport report, TrainToyModel(options, on_progress));
+  TOPHAT_RETURN_IF_ERROR(WriteToyTokenizerConfig(options.out_dir));
   if (options.adapter_input_layers <= 0) return report;
   DistillOptions distill;
   distill.model_dir = options.out_dir;

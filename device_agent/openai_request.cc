@@ -1,0 +1,259 @@
+#include "device_agent/openai_request.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+
+namespace tophat {
+namespace {
+
+using Json = nlohmann::json;
+
+OpenAiError Invalid(std::string param, std::string message) {
+  return OpenAiError{.http_status = 400, .param = std::move(param), .message = std::move(message)};
+}
+
+// Fields the endpoint does not implement, accepted only at the value that means "off" (what
+// the client sends when the caller did not ask): anything else would be ignored, so it is
+// refused.
+bool IsDefault(std::string_view key, const Json& value) {
+  if (value.is_null()) return true;
+  if (key == "frequency_penalty" || key == "presence_penalty") {
+    return value.is_number() && value.get<double>() == 0.0;
+  }
+  if (key == "logprobs" || key == "echo") return value.is_boolean() && !value.get<bool>();
+  if (key == "best_of") return value.is_number_integer() && value.get<int64_t>() == 1;
+  if (key == "logit_bias" || key == "metadata") return value.is_object() && value.empty();
+  if (key == "tools" || key == "functions") return value.is_array() && value.empty();
+  if (key == "suffix") return value.is_string() && value.get<std::string>().empty();
+  if (key == "response_format") {
+    return value.is_object() && value.value("type", "") == "text" && value.size() == 1;
+  }
+  if (key == "store") return value.is_boolean() && !value.get<bool>();
+  return false;
+}
+
+const std::set<std::string_view>& DefaultOnlyKeys() {
+  static const std::set<std::string_view> keys = {
+      "frequency_penalty", "presence_penalty", "logprobs", "top_logprobs", "echo",
+      "best_of",           "logit_bias",       "tools",    "tool_choice",  "functions",
+      "function_call",     "suffix",           "response_format", "store", "metadata",
+      "parallel_tool_calls"};
+  return keys;
+}
+
+std::variant<std::string, OpenAiError> MessageContent(const Json& content, size_t index) {
+  const std::string param = absl::StrCat("messages[", index, "].content");
+  if (content.is_string()) return content.get<std::string>();
+  // Content parts: text parts are concatenated; anything else (images, audio) is refused.
+  if (content.is_array()) {
+    std::string text;
+    for (const Json& part : content) {
+      if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+          !part["text"].is_string()) {
+        return Invalid(param, absl::StrCat(param, ": only text content parts are supported"));
+      }
+      text += part["text"].get<std::string>();
+    }
+    return text;
+  }
+  return Invalid(param, absl::StrCat(param, " must be a string or an array of text parts"));
+}
+
+std::optional<OpenAiError> ParseMessages(const Json& value, OpenAiRequest& request) {
+  if (!value.is_array() || value.empty()) {
+    return Invalid("messages", "'messages' must be a non-empty array");
+  }
+  for (size_t i = 0; i < value.size(); ++i) {
+    const Json& message = value[i];
+    const std::string where = absl::StrCat("messages[", i, "]");
+    if (!message.is_object()) return Invalid(where, absl::StrCat(where, " must be an object"));
+    for (const auto& [key, field] : message.items()) {
+      if (key != "role" && key != "content" && !(key == "name" && field.is_null())) {
+        return Invalid(absl::StrCat(where, ".", key),
+                       absl::StrCat(where, ".", key, " is not supported by this endpoint"));
+      }
+    }
+    if (!message.contains("role") || !message["role"].is_string()) {
+      return Invalid(absl::StrCat(where, ".role"), absl::StrCat(where, ".role is required"));
+    }
+    std::string role = message["role"].get<std::string>();
+    // OpenAI's newer name for the system role.
+    if (role == "developer") role = "system";
+    if (role != "system" && role != "user" && role != "assistant") {
+      return Invalid(absl::StrCat(where, ".role"),
+                     absl::StrCat(where, ".role \"", role,
+                                  "\" is not supported (system, developer, user, assistant)"));
+    }
+    if (!message.contains("content") || message["content"].is_null()) {
+      return Invalid(absl::StrCat(where, ".content"),
+                     absl::StrCat(where, ".content is required"));
+    }
+    auto content = MessageContent(message["content"], i);
+    if (auto* error = std::get_if<OpenAiError>(&content)) return *error;
+    request.messages.push_back({.role = std::move(role),
+                                .content = std::get<std::string>(std::move(content))});
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Json OpenAiError::ToJson() const {
+  return Json{{"error",
+               {{"message", message},
+                {"type", type},
+                {"param", param.empty() ? Json(nullptr) : Json(param)},
+                {"code", code.empty() ? Json(nullptr) : Json(code)}}}};
+}
+
+std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpoint,
+                                                            std::string_view body,
+                                                            std::string_view served_model) {
+  Json json;
+  try {
+    json = Json::parse(body);
+  } catch (const Json::exception& e) {
+    return Invalid("", absl::StrCat("the request body is not valid JSON: ", e.what()));
+  }
+  if (!json.is_object()) return Invalid("", "the request body must be a JSON object");
+
+  OpenAiRequest request;
+  request.endpoint = endpoint;
+  const bool chat = endpoint == OpenAiEndpoint::kChatCompletions;
+  const char* input_key = chat ? "messages" : "prompt";
+  bool has_input = false;
+  for (const auto& [key, value] : json.items()) {
+    if (value.is_null() && key != input_key && key != "model") continue;  // absent
+    if (key == "model") {
+      if (!value.is_string()) return Invalid("model", "'model' must be a string");
+      request.model = value.get<std::string>();
+    } else if (key == input_key) {
+      has_input = true;
+      if (chat) {
+        if (auto error = ParseMessages(value, request)) return *error;
+      } else if (value.is_string()) {
+        request.prompt = value.get<std::string>();
+      } else if (value.is_array() && value.size() == 1 && value[0].is_string()) {
+        request.prompt = value[0].get<std::string>();
+      } else {
+        return Invalid("prompt", "'prompt' must be a string (or an array of one string)");
+      }
+    } else if (key == "max_tokens" || (chat && key == "max_completion_tokens")) {
+      if (!value.is_number_integer() || value.get<int64_t>() < 1) {
+        return Invalid(key, absl::StrCat("'", key, "' must be an integer of at least 1"));
+      }
+      // max_completion_tokens is the newer name; it wins where both are given.
+      if (key == "max_completion_tokens" || request.max_tokens == 0) {
+        request.max_tokens = value.get<int64_t>();
+      }
+    } else if (key == "temperature") {
+      if (!value.is_number() || !(value.get<double>() >= 0 && value.get<double>() <= 2)) {
+        return Invalid(key, "'temperature' must be a number from 0 to 2");
+      }
+      request.temperature = value.get<double>();
+    } else if (key == "top_p") {
+      if (!value.is_number() || !(value.get<double>() > 0 && value.get<double>() <= 1)) {
+        return Invalid(key, "'top_p' must be a number above 0 and at most 1");
+      }
+      request.top_p = value.get<double>();
+    } else if (key == "seed") {
+      if (!value.is_number_integer()) return Invalid(key, "'seed' must be an integer");
+      request.seed = static_cast<uint64_t>(value.get<int64_t>());
+    } else if (key == "stop") {
+      std::vector<std::string> stops;
+      if (value.is_string()) {
+        stops.push_back(value.get<std::string>());
+      } else if (value.is_array()) {
+        for (const Json& stop : value) {
+          if (!stop.is_string()) return Invalid(key, "'stop' must be a string or strings");
+          stops.push_back(stop.get<std::string>());
+        }
+      } else {
+        return Invalid(key, "'stop' must be a string or an array of strings");
+      }
+      if (stops.size() > 4) return Invalid(key, "'stop' takes at most 4 sequences");
+      for (const std::string& stop : stops) {
+        if (stop.empty()) return Invalid(key, "'stop' sequences must not be empty");
+      }
+      request.stop = std::move(stops);
+    } else if (key == "stream") {
+      if (!value.is_boolean()) return Invalid(key, "'stream' must be a boolean");
+      request.stream = value.get<bool>();
+    } else if (key == "stream_options") {
+      if (!value.is_object()) return Invalid(key, "'stream_options' must be an object");
+      for (const auto& [option, setting] : value.items()) {
+        if (option != "include_usage" || !setting.is_boolean()) {
+          return Invalid(absl::StrCat("stream_options.", option),
+                         absl::StrCat("stream_options.", option, " is not supported"));
+        }
+        request.include_usage = setting.get<bool>();
+      }
+    } else if (key == "n") {
+      if (!value.is_number_integer() || value.get<int64_t>() != 1) {
+        return Invalid(key, "'n' must be 1: one choice per request");
+      }
+    } else if (key == "user") {
+      // An end-user id for the caller's own abuse monitoring: nothing to do on a device.
+      if (!value.is_string()) return Invalid(key, "'user' must be a string");
+    } else if (DefaultOnlyKeys().contains(key)) {
+      if (!IsDefault(key, value)) {
+        return Invalid(key, absl::StrCat("'", key, "' is not supported by this endpoint"));
+      }
+    } else {
+      return Invalid(key, absl::StrCat("Unrecognized request argument supplied: ", key));
+    }
+  }
+  if (request.model.empty()) return Invalid("model", "'model' is required");
+  if (!has_input) {
+    return Invalid(input_key, absl::StrCat("'", input_key, "' is required"));
+  }
+  if (request.include_usage && !request.stream) {
+    return Invalid("stream_options", "'stream_options' is only allowed with 'stream': true");
+  }
+  if (request.model != served_model) {
+    return OpenAiError{.http_status = 404,
+                       .param = "model",
+                       .code = "model_not_found",
+                       .message = absl::StrCat("The model '", request.model,
+                                               "' does not exist; this agent serves '",
+                                               std::string(served_model), "'")};
+  }
+  return request;
+}
+
+std::string StopSequenceFilter::Push(std::string_view text) {
+  if (stopped_) return "";
+  pending_.append(text);
+  size_t first = std::string::npos;
+  for (const std::string& stop : stops_) first = std::min(first, pending_.find(stop));
+  if (first != std::string::npos) {
+    stopped_ = true;
+    std::string out = pending_.substr(0, first);
+    pending_.clear();
+    return out;
+  }
+  // Hold back the longest tail that begins some stop sequence.
+  size_t hold = 0;
+  for (const std::string& stop : stops_) {
+    for (size_t n = std::min(stop.size() - 1, pending_.size()); n > hold; --n) {
+      if (pending_.compare(pending_.size() - n, n, stop, 0, n) == 0) {
+        hold = n;
+        break;
+      }
+    }
+  }
+  std::string out = pending_.substr(0, pending_.size() - hold);
+  pending_.erase(0, pending_.size() - hold);
+  return out;
+}
+
+std::string StopSequenceFilter::Flush() {
+  std::string out = stopped_ ? "" : std::move(pending_);
+  pending_.clear();
+  return out;
+}
+
+}  // namespace tophat

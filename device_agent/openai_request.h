@@ -1,0 +1,71 @@
+// The OpenAI API's request bodies, as the agent's local HTTP endpoint takes them
+// (POST /v1/chat/completions and /v1/completions): parsed and checked here, before any model
+// runs, with errors in OpenAI's shape ({"error": {"message", "type", "param", "code"}}) and
+// its HTTP statuses. A field the agent does not honour is refused by name when set to
+// anything but its default, never silently ignored.
+// Pure: no I/O, no model.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/tokenizers/chat_template.h"
+
+namespace tophat {
+
+enum class OpenAiEndpoint { kChatCompletions, kCompletions };
+
+struct OpenAiError {
+  int http_status = 400;
+  std::string type = "invalid_request_error";
+  std::string param;  // the offending field, "" when none
+  std::string code;   // e.g. "model_not_found"; "" (null) when none
+  std::string message;
+  nlohmann::json ToJson() const;
+};
+
+struct OpenAiRequest {
+  OpenAiEndpoint endpoint = OpenAiEndpoint::kChatCompletions;
+  std::string model;
+  std::vector<ChatMessage> messages;  // chat
+  std::string prompt;                 // completions
+  int64_t max_tokens = 0;             // 0: the agent's default
+  double temperature = 1.0;           // OpenAI's default
+  double top_p = 1.0;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;  // at most 4, none empty
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+};
+
+// `served_model`: the one model name the agent answers to (GET /v1/models lists it); any
+// other is a 404 model_not_found, as OpenAI answers.
+std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpoint,
+                                                            std::string_view body,
+                                                            std::string_view served_model);
+
+// Holds back generated text that could be the start of a stop sequence, so that a stop
+// sequence never reaches the client, even split over tokens. Push each new piece of text;
+// what it returns is safe to send. Once a stop sequence is complete, stopped() is true and
+// the text before it has been returned.
+class StopSequenceFilter {
+ public:
+  explicit StopSequenceFilter(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  std::string Push(std::string_view text);
+  // The text held back at the end of generation (no stop sequence completed).
+  std::string Flush();
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string pending_;
+  bool stopped_ = false;
+};
+
+}  // namespace tophat

@@ -1,0 +1,147 @@
+#include "device_agent/openai_request.h"
+
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+namespace tophat {
+namespace {
+
+constexpr const char* kModel = "toy";
+
+OpenAiRequest ParseOk(OpenAiEndpoint endpoint, const std::string& body) {
+  auto parsed = ParseOpenAiRequest(endpoint, body, kModel);
+  if (auto* error = std::get_if<OpenAiError>(&parsed)) FAIL(error->ToJson().dump());
+  return std::get<OpenAiRequest>(std::move(parsed));
+}
+
+OpenAiError ParseError(OpenAiEndpoint endpoint, const std::string& body) {
+  auto parsed = ParseOpenAiRequest(endpoint, body, kModel);
+  REQUIRE(std::holds_alternative<OpenAiError>(parsed));
+  return std::get<OpenAiError>(std::move(parsed));
+}
+
+TEST_CASE("A chat request's honoured fields are read") {
+  const OpenAiRequest r = ParseOk(OpenAiEndpoint::kChatCompletions, R"({
+      "model": "toy",
+      "messages": [{"role": "developer", "content": "Be brief."},
+                   {"role": "user", "content": [{"type": "text", "text": "the "},
+                                                {"type": "text", "text": "cat"}]}],
+      "max_completion_tokens": 7, "max_tokens": 99, "temperature": 0, "top_p": 0.5,
+      "seed": 42, "stop": ["\n", "mat"], "stream": true,
+      "stream_options": {"include_usage": true}, "n": 1, "user": "u1",
+      "frequency_penalty": 0, "logprobs": false, "tools": null})");
+  REQUIRE(r.messages.size() == 2);
+  CHECK(r.messages[0].role == "system");
+  CHECK(r.messages[1].content == "the cat");
+  CHECK(r.max_tokens == 7);  // the newer name wins
+  CHECK(r.temperature == 0);
+  CHECK(r.top_p == 0.5);
+  CHECK(r.seed == 42u);
+  CHECK(r.stop == std::vector<std::string>{"\n", "mat"});
+  CHECK(r.stream);
+  CHECK(r.include_usage);
+
+  const OpenAiRequest c =
+      ParseOk(OpenAiEndpoint::kCompletions, R"({"model": "toy", "prompt": ["the cat"]})");
+  CHECK(c.prompt == "the cat");
+  CHECK(c.max_tokens == 0);
+  CHECK(c.temperature == 1.0);  // OpenAI's default
+  CHECK_FALSE(c.stream);
+}
+
+TEST_CASE("What the endpoint would ignore is refused by name, with OpenAI's error shape") {
+  struct Case {
+    OpenAiEndpoint endpoint;
+    std::string body;
+    std::string param;
+    int status = 400;
+  };
+  const auto chat = OpenAiEndpoint::kChatCompletions;
+  const auto completions = OpenAiEndpoint::kCompletions;
+  const std::vector<Case> cases = {
+      {chat, R"({"model": "toy"})", "messages"},
+      {chat, R"({"messages": [{"role": "user", "content": "hi"}]})", "model"},
+      {chat, R"({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})", "model",
+       404},
+      {chat, R"({"model": "toy", "messages": []})", "messages"},
+      {chat, R"({"model": "toy", "messages": [{"role": "tool", "content": "x"}]})",
+       "messages[0].role"},
+      {chat, R"({"model": "toy", "messages": [{"role": "user"}]})", "messages[0].content"},
+      {chat,
+       R"({"model": "toy", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]})",
+       "messages[0].content"},
+      {chat, R"({"model": "toy", "messages": [{"role": "user", "content": "a", "name": "x"}]})",
+       "messages[0].name"},
+      {chat, R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "n": 2})", "n"},
+      {chat,
+       R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "presence_penalty": 1})",
+       "presence_penalty"},
+      {chat,
+       R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "logprobs": true})",
+       "logprobs"},
+      {chat,
+       R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "temperature": 3})",
+       "temperature"},
+      {chat, R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "top_p": 0})",
+       "top_p"},
+      {chat,
+       R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "max_tokens": 0})",
+       "max_tokens"},
+      {chat,
+       R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "stop": ["a","b","c","d","e"]})",
+       "stop"},
+      {chat,
+       R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "stream_options": {"include_usage": true}})",
+       "stream_options"},
+      {chat,
+       R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "top_k": 5})",
+       "top_k"},
+      {completions, R"({"model": "toy", "prompt": [1, 2, 3]})", "prompt"},
+      {completions, R"({"model": "toy", "prompt": "a", "echo": true})", "echo"},
+      {completions, R"({"model": "toy", "prompt": "a", "max_completion_tokens": 3})",
+       "max_completion_tokens"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.body);
+    const OpenAiError error = ParseError(c.endpoint, c.body);
+    CHECK(error.param == c.param);
+    CHECK(error.http_status == c.status);
+    const nlohmann::json json = error.ToJson();
+    CHECK(json["error"]["type"] == "invalid_request_error");
+    CHECK(json["error"]["param"] == c.param);
+    CHECK(json["error"]["message"].get<std::string>().size() > 10);
+  }
+  CHECK(ParseError(chat, R"({"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]})")
+            .ToJson()["error"]["code"] == "model_not_found");
+  CHECK(ParseError(chat, "{not json").http_status == 400);
+  CHECK(ParseError(chat, "[1]").param.empty());
+}
+
+TEST_CASE("A stop sequence never reaches the client, even split over tokens") {
+  StopSequenceFilter filter({"cat", "\n\n"});
+  CHECK(filter.Push("the c") == "the ");  // "c" may start "cat"
+  CHECK(filter.Push("a") == "");          // "ca" still may
+  CHECK(filter.Push("r and a") == "car and a");
+  CHECK(filter.Push("\n") == "");
+  CHECK(filter.Push("x ca") == "\nx ");
+  CHECK_FALSE(filter.stopped());
+  CHECK(filter.Push("t sat") == "");
+  CHECK(filter.stopped());
+  CHECK(filter.Push("more") == "");
+  CHECK(filter.Flush() == "");
+
+  // The earliest stop wins; at the end the held-back tail is released.
+  StopSequenceFilter two({"b", "ab"});
+  CHECK(two.Push("xab") == "x");
+  CHECK(two.stopped());
+  StopSequenceFilter tail({"cat"});
+  CHECK(tail.Push("a c") == "a ");
+  CHECK(tail.Flush() == "c");
+  StopSequenceFilter none({});
+  CHECK(none.Push("anything") == "anything");
+}
+
+}  // namespace
+}  // namespace tophat

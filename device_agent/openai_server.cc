@@ -1,0 +1,374 @@
+#include "device_agent/openai_server.h"
+
+#include <atomic>
+#include <chrono>
+#include <random>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "device_agent/openai_request.h"
+#include "proto/channel_security.h"
+
+namespace tophat {
+namespace {
+
+using Json = nlohmann::json;
+
+int64_t UnixSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string NewCompletionId(OpenAiEndpoint endpoint) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return absl::StrFormat("%s-%016x",
+                         endpoint == OpenAiEndpoint::kChatCompletions ? "chatcmpl" : "cmpl",
+                         rng());
+}
+
+void SendError(httplib::Response& res, const OpenAiError& error) {
+  res.status = error.http_status;
+  res.set_content(error.ToJson().dump(), "application/json");
+}
+
+OpenAiError ServerError(int status, std::string message) {
+  return OpenAiError{.http_status = status,
+                     .type = status == 503 ? "service_unavailable" : "server_error",
+                     .message = std::move(message)};
+}
+
+std::string FinishReasonText(v1::FinishReason reason, bool stopped_by_sequence) {
+  if (stopped_by_sequence) return "stop";
+  switch (reason) {
+    case v1::FINISH_REASON_LENGTH:
+      return "length";
+    case v1::FINISH_REASON_STOP:
+    case v1::FINISH_REASON_CANCELLED:
+    case v1::FINISH_REASON_ERROR:
+    case v1::FINISH_REASON_UNSPECIFIED:
+    case v1::FinishReason_INT_MIN_SENTINEL_DO_NOT_USE_:
+    case v1::FinishReason_INT_MAX_SENTINEL_DO_NOT_USE_:
+      return "stop";
+  }
+  return "stop";
+}
+
+Json Usage(const v1::RequestStats& stats) {
+  return Json{{"prompt_tokens", stats.prompt_tokens()},
+              {"completion_tokens", stats.generated_tokens()},
+              {"total_tokens", stats.prompt_tokens() + stats.generated_tokens()}};
+}
+
+// One request's answer, built the same way whether it streams or not.
+struct Completion {
+  OpenAiEndpoint endpoint;
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+
+  Json Chunk(const std::string& text, const Json& finish_reason, bool first) const {
+    Json choice = {{"index", 0}, {"finish_reason", finish_reason}};
+    if (endpoint == OpenAiEndpoint::kChatCompletions) {
+      Json delta = Json::object();
+      if (first) delta["role"] = "assistant";
+      if (!text.empty() || (first && finish_reason.is_null())) delta["content"] = text;
+      choice["delta"] = delta;
+      choice["logprobs"] = nullptr;
+    } else {
+      choice["text"] = text;
+      choice["logprobs"] = nullptr;
+    }
+    return Json{{"id", id},
+                {"object", endpoint == OpenAiEndpoint::kChatCompletions ? "chat.completion.chunk"
+                                                                        : "text_completion"},
+                {"created", created},
+                {"model", model},
+                {"choices", Json::array({choice})}};
+  }
+
+  Json Whole(const std::string& text, const std::string& finish_reason, const Json& usage) const {
+    Json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
+    if (endpoint == OpenAiEndpoint::kChatCompletions) {
+      choice["message"] = {{"role", "assistant"}, {"content", text}};
+    } else {
+      choice["text"] = text;
+    }
+    return Json{{"id", id},
+                {"object", endpoint == OpenAiEndpoint::kChatCompletions ? "chat.completion"
+                                                                        : "text_completion"},
+                {"created", created},
+                {"model", model},
+                {"choices", Json::array({choice})},
+                {"usage", usage}};
+  }
+};
+
+std::string Event(const Json& json) { return absl::StrCat("data: ", json.dump(), "\n\n"); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
+                                                                  OpenAiServerOptions options) {
+  const size_t colon = options.address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(options.address.substr(colon + 1), &port)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("openai.address: \"", options.address, "\" is not host:port"));
+  }
+  std::string host = options.address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (options.model_name.empty()) options.model_name = agent->Info().model_id();
+  auto server = std::unique_ptr<OpenAiServer>(new OpenAiServer(agent, std::move(options)));
+  if (!server->options_.template_dir.empty()) {
+    auto loaded = ChatTemplate::Load(server->options_.template_dir);
+    if (loaded.ok()) {
+      server->chat_template_ = *std::move(loaded);
+    } else if (absl::IsNotFound(loaded.status())) {
+      // A model without a template still serves /v1/completions.
+      server->chat_template_error_ = std::string(loaded.status().message());
+      spdlog::warn("openai: /v1/chat/completions unavailable: {}", server->chat_template_error_);
+    } else {
+      return loaded.status();
+    }
+  } else {
+    server->chat_template_error_ = "no chat template configured";
+  }
+  server->server_ = std::make_unique<httplib::Server>();
+  // SO_REUSEADDR only (httplib's default adds SO_REUSEPORT, which would let a second agent
+  // bind the same port silently).
+  server->server_->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof(yes));
+  });
+  server->Route();
+  if (port == 0) {
+    server->port_ = server->server_->bind_to_any_port(host.c_str());
+  } else if (server->server_->bind_to_port(host.c_str(), port)) {
+    server->port_ = port;
+  } else {
+    server->port_ = -1;
+  }
+  if (server->port_ <= 0) {
+    return absl::UnavailableError(absl::StrCat("openai.address: cannot listen on ",
+                                               server->options_.address,
+                                               " (in use, or not a local address)"));
+  }
+  httplib::Server* raw = server->server_.get();
+  server->thread_ = std::thread([raw] { raw->listen_after_bind(); });
+  // As the metrics server: stop() is a no-op until the listener runs; wait for it.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!raw->is_running() && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  spdlog::info("openai: serving model \"{}\" on http://{}:{}/v1 (chat template: {})",
+               server->options_.model_name, host, server->port_,
+               server->chat_template_ ? ChatFamilyName(server->chat_template_->family())
+                                      : std::string_view("none"));
+  return server;
+}
+
+OpenAiServer::OpenAiServer(Agent* agent, OpenAiServerOptions options)
+    : agent_(agent), options_(std::move(options)) {}
+
+OpenAiServer::~OpenAiServer() {
+  if (server_) server_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+void OpenAiServer::Route() {
+  // The caller's app name, or an error already written to `res`.
+  const auto authenticate = [this](const httplib::Request& req,
+                                   httplib::Response& res) -> std::optional<std::string> {
+    if (options_.app_tokens.empty()) return std::string();
+    auto caller = AuthenticateBearerValue(req.get_header_value("Authorization"),
+                                          options_.app_tokens);
+    if (caller.ok()) return *caller;
+    SendError(res, OpenAiError{.http_status = 401,
+                               .type = "invalid_request_error",
+                               .code = "invalid_api_key",
+                               .message = std::string(caller.status().message())});
+    return std::nullopt;
+  };
+
+  server_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    const v1::HealthResponse health = agent_->Health();
+    res.status = health.cloud_connected() ? 200 : 503;
+    res.set_content(Json{{"status", health.cloud_connected() ? "ok" : "cloud_disconnected"},
+                         {"active_requests", health.active_requests()}}
+                        .dump(),
+                    "application/json");
+  });
+
+  server_->Get("/v1/models", [this, authenticate](const httplib::Request& req,
+                                                  httplib::Response& res) {
+    if (!authenticate(req, res)) return;
+    const Json model = {{"id", options_.model_name},
+                        {"object", "model"},
+                        {"created", 0},
+                        {"owned_by", "tophat"},
+                        {"max_model_len", agent_->Info().max_context()}};
+    res.set_content(Json{{"object", "list"}, {"data", Json::array({model})}}.dump(),
+                    "application/json");
+  });
+
+  const auto complete = [this, authenticate](OpenAiEndpoint endpoint,
+                                             const httplib::Request& req,
+                                             httplib::Response& res) {
+    const std::optional<std::string> caller = authenticate(req, res);
+    if (!caller) return;
+    auto parsed = ParseOpenAiRequest(endpoint, req.body, options_.model_name);
+    if (auto* error = std::get_if<OpenAiError>(&parsed)) return SendError(res, *error);
+    const OpenAiRequest request = std::get<OpenAiRequest>(std::move(parsed));
+
+    // Token ids here, not on the agent: the context check below can then answer 400.
+    const Tokenizer& tokenizer = agent_->tokenizer();
+    std::vector<int32_t> prompt;
+    std::vector<uint32_t> stop_ids;
+    if (endpoint == OpenAiEndpoint::kChatCompletions) {
+      if (!chat_template_) {
+        return SendError(res, OpenAiError{.http_status = 400,
+                                          .param = "messages",
+                                          .message = absl::StrCat(
+                                              "this model has no chat template (",
+                                              chat_template_error_,
+                                              "); use /v1/completions")});
+      }
+      auto rendered = chat_template_->Render(request.messages);
+      if (!rendered.ok()) {
+        return SendError(res, OpenAiError{.param = "messages",
+                                          .message = std::string(rendered.status().message())});
+      }
+      auto ids = EncodeChat(tokenizer, *rendered);
+      if (!ids.ok()) {
+        return SendError(res, ServerError(500, std::string(ids.status().message())));
+      }
+      prompt = *std::move(ids);
+      if (const auto end_of_turn = chat_template_->end_of_turn()) {
+        if (const auto id = tokenizer.PieceToId(*end_of_turn)) {
+          stop_ids.push_back(static_cast<uint32_t>(*id));
+        }
+      }
+    } else {
+      auto ids = tokenizer.Encode(request.prompt);
+      if (!ids.ok()) {
+        return SendError(res, OpenAiError{.param = "prompt",
+                                          .message = std::string(ids.status().message())});
+      }
+      if (const auto bos = tokenizer.bos_id()) prompt.push_back(*bos);
+      prompt.insert(prompt.end(), ids->begin(), ids->end());
+    }
+    const int64_t max_context = agent_->Info().max_context();
+    const int64_t wanted = static_cast<int64_t>(prompt.size()) + std::max<int64_t>(1, request.max_tokens);
+    if (max_context > 0 && wanted > max_context) {
+      return SendError(
+          res, OpenAiError{.param = endpoint == OpenAiEndpoint::kChatCompletions ? "messages"
+                                                                                  : "prompt",
+                           .code = "context_length_exceeded",
+                           .message = absl::StrCat(
+                               "This model's maximum context length is ", max_context,
+                               " tokens; the prompt has ", prompt.size(), " and ",
+                               request.max_tokens, " more were asked for")});
+    }
+
+    v1::GenerateRequest generate;
+    Completion completion{.endpoint = endpoint,
+                          .id = NewCompletionId(endpoint),
+                          .created = UnixSeconds(),
+                          .model = options_.model_name};
+    generate.set_request_id(completion.id);
+    for (int32_t id : prompt) generate.mutable_prompt_ids()->add_ids(static_cast<uint32_t>(id));
+    generate.set_max_new_tokens(static_cast<uint32_t>(request.max_tokens));
+    generate.mutable_sampling()->set_temperature(static_cast<float>(request.temperature));
+    generate.mutable_sampling()->set_top_p(static_cast<float>(request.top_p));
+    if (request.seed) generate.mutable_sampling()->set_seed(*request.seed);
+    for (uint32_t id : stop_ids) generate.add_stop_token_ids(id);
+
+    if (!request.stream) {
+      StopSequenceFilter filter(request.stop);
+      std::string text;
+      const v1::GenerateResponse done = agent_->Generate(
+          generate,
+          [&](const TokenEvent& event) {
+            text += filter.Push(event.text);
+            return !filter.stopped();
+          },
+          *caller);
+      if (done.finish_reason() == v1::FINISH_REASON_ERROR) {
+        return SendError(res, ServerError(agent_->Health().cloud_connected() ? 500 : 503,
+                                          done.error()));
+      }
+      text += filter.Flush();
+      res.set_content(
+          completion.Whole(text, FinishReasonText(done.finish_reason(), filter.stopped()),
+                           Usage(done.stats()))
+              .dump(),
+          "application/json");
+      return;
+    }
+
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, generate, completion, request, caller = *caller](size_t, httplib::DataSink& sink) {
+          StopSequenceFilter filter(request.stop);
+          bool first = true;
+          bool client_gone = false;
+          const auto send = [&](const Json& chunk) {
+            const std::string event = Event(chunk);
+            if (!sink.write(event.data(), event.size())) client_gone = true;
+            return !client_gone;
+          };
+          const v1::GenerateResponse done = agent_->Generate(
+              generate,
+              [&](const TokenEvent& event) {
+                const std::string text = filter.Push(event.text);
+                if (!text.empty() || first) {
+                  if (!send(completion.Chunk(text, nullptr, first))) return false;
+                  first = false;
+                }
+                return !filter.stopped();
+              },
+              caller);
+          if (client_gone) {
+            spdlog::info("openai: {}: the client went away; request cancelled", completion.id);
+            return false;
+          }
+          if (done.finish_reason() == v1::FINISH_REASON_ERROR) {
+            send(ServerError(500, done.error()).ToJson());
+          } else {
+            const std::string tail = filter.Flush();
+            if (!tail.empty()) send(completion.Chunk(tail, nullptr, first));
+            send(completion.Chunk(
+                "", FinishReasonText(done.finish_reason(), filter.stopped()), first));
+            if (request.include_usage) {
+              Json usage = completion.Chunk("", nullptr, false);
+              usage["choices"] = Json::array();
+              usage["usage"] = Usage(done.stats());
+              send(usage);
+            }
+          }
+          const std::string end = "data: [DONE]\n\n";
+          sink.write(end.data(), end.size());
+          sink.done();
+          return true;
+        });
+  };
+  server_->Post("/v1/chat/completions",
+                [complete](const httplib::Request& req, httplib::Response& res) {
+                  complete(OpenAiEndpoint::kChatCompletions, req, res);
+                });
+  server_->Post("/v1/completions", [complete](const httplib::Request& req,
+                                              httplib::Response& res) {
+    complete(OpenAiEndpoint::kCompletions, req, res);
+  });
+}
+
+}  // namespace tophat

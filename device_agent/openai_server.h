@@ -1,0 +1,64 @@
+// tophat-agent's local OpenAI-compatible HTTP endpoint (cpp-httplib), for the apps, scripts
+// and UIs that speak the OpenAI API rather than the SDK:
+//   POST /v1/chat/completions   messages rendered with the model's chat template
+//   POST /v1/completions        a text prompt
+//   GET  /v1/models             the one model this agent serves
+//   GET  /health                200 while the cloud is connected, else 503
+// Streaming answers are server-sent events (`data: {...}` chunks, then `data: [DONE]`).
+// Request bodies are checked by ParseOpenAiRequest (openai_request.h); each request runs
+// through Agent::Generate on its HTTP handler thread, as the gRPC app API does. A client that
+// goes away mid-stream cancels its request (the cloud frees its KV). docs/openai.md.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "configs/bearer_tokens.h"
+#include "device_agent/agent.h"
+#include "models/tokenizers/chat_template.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace tophat {
+
+struct OpenAiServerOptions {
+  std::string address;     // host:port; port 0 picks a free one
+  std::string model_name;  // "" : the agent's model id (Agent::Info)
+  // Where the chat template comes from (tokenizer_config.json); empty: the endpoint serves
+  // /v1/completions only and answers chat requests with an error saying why.
+  std::filesystem::path template_dir;
+  // With tokens, every call but /health needs `Authorization: Bearer <token>` (the app
+  // tokens of the gRPC app port) and runs as that app.
+  std::vector<BearerToken> app_tokens;
+};
+
+class OpenAiServer {
+ public:
+  // `agent` outlives the server. Errors name the address (in use, not local) or the template.
+  static absl::StatusOr<std::unique_ptr<OpenAiServer>> Start(Agent* agent,
+                                                             OpenAiServerOptions options);
+  ~OpenAiServer();  // stops listening; requests in flight finish or see their client gone
+
+  int port() const { return port_; }
+  const std::string& model_name() const { return options_.model_name; }
+
+ private:
+  OpenAiServer(Agent* agent, OpenAiServerOptions options);
+  void Route();
+
+  Agent* agent_;
+  OpenAiServerOptions options_;
+  std::optional<ChatTemplate> chat_template_;
+  std::string chat_template_error_;  // why chat is unavailable, when it is
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+}  // namespace tophat
