@@ -20,6 +20,9 @@ packages=(
   # deploy/make-certs.sh: the CA and certificates of the mutual-TLS links (demo and tests);
   # libcrypto's SHA-256 for the model fingerprint of `tophat split`.
   openssl libssl-dev
+  # tests/openai_client_test.sh probes the agent's HTTP endpoint (the OpenAI client itself
+  # comes from npm, with the machine's Node.js; without them that test is skipped).
+  curl python3
   # deploy/fuzz.sh: libFuzzer, AddressSanitizer and UBSan come with Debian's clang.
   clang libclang-rt-14-dev
 )
