@@ -8,11 +8,11 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "device_agent/openai_request.h"
 #include "proto/channel_security.h"
+#include "telemetry/http_listener.h"
 
 namespace tophat {
 namespace {
@@ -115,16 +115,6 @@ std::string Event(const Json& json) { return absl::StrCat("data: ", json.dump(),
 
 absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
                                                                   OpenAiServerOptions options) {
-  const size_t colon = options.address.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(options.address.substr(colon + 1), &port)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("openai.address: \"", options.address, "\" is not host:port"));
-  }
-  std::string host = options.address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
   if (options.model_name.empty()) options.model_name = agent->Info().model_id();
   auto server = std::unique_ptr<OpenAiServer>(new OpenAiServer(agent, std::move(options)));
   if (!server->options_.template_dir.empty()) {
@@ -142,34 +132,15 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
     server->chat_template_error_ = "no chat template configured";
   }
   server->server_ = std::make_unique<httplib::Server>();
-  // SO_REUSEADDR only (httplib's default adds SO_REUSEPORT, which would let a second agent
-  // bind the same port silently).
-  server->server_->set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof(yes));
-  });
   server->Route();
-  if (port == 0) {
-    server->port_ = server->server_->bind_to_any_port(host.c_str());
-  } else if (server->server_->bind_to_port(host.c_str(), port)) {
-    server->port_ = port;
-  } else {
-    server->port_ = -1;
+  auto port = ListenOnThread(*server->server_, server->options_.address, server->thread_);
+  if (!port.ok()) {
+    return absl::Status(port.status().code(),
+                        absl::StrCat("openai.address: ", port.status().message()));
   }
-  if (server->port_ <= 0) {
-    return absl::UnavailableError(absl::StrCat("openai.address: cannot listen on ",
-                                               server->options_.address,
-                                               " (in use, or not a local address)"));
-  }
-  httplib::Server* raw = server->server_.get();
-  server->thread_ = std::thread([raw] { raw->listen_after_bind(); });
-  // As the metrics server: stop() is a no-op until the listener runs; wait for it.
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!raw->is_running() && std::chrono::steady_clock::now() < give_up) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  spdlog::info("openai: serving model \"{}\" on http://{}:{}/v1 (chat template: {})",
-               server->options_.model_name, host, server->port_,
+  server->port_ = *port;
+  spdlog::info("openai: serving model \"{}\" on {} (port {}; chat template: {})",
+               server->options_.model_name, server->options_.address, server->port_,
                server->chat_template_ ? ChatFamilyName(server->chat_template_->family())
                                       : std::string_view("none"));
   return server;
