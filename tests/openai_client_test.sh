@@ -15,8 +15,11 @@ fi
 # The client is installed once per build tree, pinned to a major version.
 if [ ! -f "$work/node/node_modules/openai/package.json" ]; then
   mkdir -p "$work/node"
-  if ! npm install --prefix "$work/node" --no-audit --no-fund --silent openai@4 >"$work/npm.log" 2>&1; then
+  # Bounded: a registry that does not answer is a skip, not a hung test.
+  if ! timeout 240 npm install --prefix "$work/node" --no-audit --no-fund --silent \
+      --fetch-retries 1 openai@4 >"$work/npm.log" 2>&1; then
     tail -5 "$work/npm.log"
+    rm -rf "$work/node"  # a half-finished install is not reused
     echo "SKIPPED: npm could not install the openai client (no registry?)"; exit 77
   fi
 fi
