@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <set>
 
 #include "absl/strings/str_cat.h"
 
@@ -17,13 +16,15 @@ OpenAiError Invalid(std::string param, std::string message) {
 
 // Fields the endpoint does not implement, accepted only at the value that means "off" (what
 // the client sends when the caller did not ask): anything else would be ignored, so it is
-// refused.
-bool IsDefault(std::string_view key, const Json& value) {
-  if (value.is_null()) return true;
+// refused. Whether `value` is that value; nullopt for a key not among them. (null, which
+// means absent, never reaches here.)
+std::optional<bool> IsOffValue(std::string_view key, const Json& value) {
   if (key == "frequency_penalty" || key == "presence_penalty") {
     return value.is_number() && value.get<double>() == 0.0;
   }
-  if (key == "logprobs" || key == "echo") return value.is_boolean() && !value.get<bool>();
+  if (key == "logprobs" || key == "echo" || key == "store") {
+    return value.is_boolean() && !value.get<bool>();
+  }
   if (key == "best_of") return value.is_number_integer() && value.get<int64_t>() == 1;
   if (key == "logit_bias" || key == "metadata") return value.is_object() && value.empty();
   if (key == "tools" || key == "functions") return value.is_array() && value.empty();
@@ -31,17 +32,12 @@ bool IsDefault(std::string_view key, const Json& value) {
   if (key == "response_format") {
     return value.is_object() && value.value("type", "") == "text" && value.size() == 1;
   }
-  if (key == "store") return value.is_boolean() && !value.get<bool>();
-  return false;
-}
-
-const std::set<std::string_view>& DefaultOnlyKeys() {
-  static const std::set<std::string_view> keys = {
-      "frequency_penalty", "presence_penalty", "logprobs", "top_logprobs", "echo",
-      "best_of",           "logit_bias",       "tools",    "tool_choice",  "functions",
-      "function_call",     "suffix",           "response_format", "store", "metadata",
-      "parallel_tool_calls"};
-  return keys;
+  // No "off" value but absence.
+  if (key == "top_logprobs" || key == "tool_choice" || key == "function_call" ||
+      key == "parallel_tool_calls") {
+    return false;
+  }
+  return std::nullopt;
 }
 
 std::variant<std::string, OpenAiError> MessageContent(const Json& content, size_t index) {
@@ -198,8 +194,8 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
     } else if (key == "user") {
       // An end-user id for the caller's own abuse monitoring: nothing to do on a device.
       if (!value.is_string()) return Invalid(key, "'user' must be a string");
-    } else if (DefaultOnlyKeys().contains(key)) {
-      if (!IsDefault(key, value)) {
+    } else if (const std::optional<bool> off = IsOffValue(key, value)) {
+      if (!*off) {
         return Invalid(key, absl::StrCat("'", key, "' is not supported by this endpoint"));
       }
     } else {

@@ -1,6 +1,5 @@
 #include "device_agent/openai_server.h"
 
-#include <atomic>
 #include <chrono>
 #include <random>
 
@@ -72,40 +71,49 @@ struct Completion {
   int64_t created = 0;
   std::string model;
 
+  bool chat() const { return endpoint == OpenAiEndpoint::kChatCompletions; }
+
+  // The object around the choices, as OpenAI's answers carry it.
+  Json Envelope(bool streamed, Json choices) const {
+    return Json{{"id", id},
+                {"object", !chat() ? "text_completion"
+                           : streamed ? "chat.completion.chunk"
+                                      : "chat.completion"},
+                {"created", created},
+                {"model", model},
+                {"choices", std::move(choices)}};
+  }
+
   Json Chunk(const std::string& text, const Json& finish_reason, bool first) const {
-    Json choice = {{"index", 0}, {"finish_reason", finish_reason}};
-    if (endpoint == OpenAiEndpoint::kChatCompletions) {
+    Json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
+    if (chat()) {
       Json delta = Json::object();
       if (first) delta["role"] = "assistant";
       if (!text.empty() || (first && finish_reason.is_null())) delta["content"] = text;
       choice["delta"] = delta;
-      choice["logprobs"] = nullptr;
     } else {
       choice["text"] = text;
-      choice["logprobs"] = nullptr;
     }
-    return Json{{"id", id},
-                {"object", endpoint == OpenAiEndpoint::kChatCompletions ? "chat.completion.chunk"
-                                                                        : "text_completion"},
-                {"created", created},
-                {"model", model},
-                {"choices", Json::array({choice})}};
+    return Envelope(/*streamed=*/true, Json::array({choice}));
+  }
+
+  // The last event of a stream with stream_options.include_usage: no choices, the usage.
+  Json UsageChunk(const Json& usage) const {
+    Json chunk = Envelope(/*streamed=*/true, Json::array());
+    chunk["usage"] = usage;
+    return chunk;
   }
 
   Json Whole(const std::string& text, const std::string& finish_reason, const Json& usage) const {
     Json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
-    if (endpoint == OpenAiEndpoint::kChatCompletions) {
+    if (chat()) {
       choice["message"] = {{"role", "assistant"}, {"content", text}};
     } else {
       choice["text"] = text;
     }
-    return Json{{"id", id},
-                {"object", endpoint == OpenAiEndpoint::kChatCompletions ? "chat.completion"
-                                                                        : "text_completion"},
-                {"created", created},
-                {"model", model},
-                {"choices", Json::array({choice})},
-                {"usage", usage}};
+    Json whole = Envelope(/*streamed=*/false, Json::array({choice}));
+    whole["usage"] = usage;
+    return whole;
   }
 };
 
@@ -190,7 +198,11 @@ void OpenAiServer::Route() {
                     "application/json");
   });
 
-  const auto complete = [this, authenticate](OpenAiEndpoint endpoint,
+  // A request that failed on the agent: 503 while the cloud is away (worth a retry), else 500.
+  const auto generation_error = [this](const v1::GenerateResponse& done) {
+    return ServerError(agent_->Health().cloud_connected() ? 500 : 503, done.error());
+  };
+  const auto complete = [this, authenticate, generation_error](OpenAiEndpoint endpoint,
                                              const httplib::Request& req,
                                              httplib::Response& res) {
     const std::optional<std::string> caller = authenticate(req, res);
@@ -273,8 +285,7 @@ void OpenAiServer::Route() {
           },
           *caller);
       if (done.finish_reason() == v1::FINISH_REASON_ERROR) {
-        return SendError(res, ServerError(agent_->Health().cloud_connected() ? 500 : 503,
-                                          done.error()));
+        return SendError(res, generation_error(done));
       }
       text += filter.Flush();
       res.set_content(
@@ -288,7 +299,8 @@ void OpenAiServer::Route() {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, generate, completion, request, caller = *caller](size_t, httplib::DataSink& sink) {
+        [this, generate, completion, request, caller = *caller, generation_error](
+            size_t, httplib::DataSink& sink) {
           StopSequenceFilter filter(request.stop);
           bool first = true;
           bool client_gone = false;
@@ -313,18 +325,13 @@ void OpenAiServer::Route() {
             return false;
           }
           if (done.finish_reason() == v1::FINISH_REASON_ERROR) {
-            send(ServerError(500, done.error()).ToJson());
+            send(generation_error(done).ToJson());
           } else {
             const std::string tail = filter.Flush();
             if (!tail.empty()) send(completion.Chunk(tail, nullptr, first));
             send(completion.Chunk(
                 "", FinishReasonText(done.finish_reason(), filter.stopped()), first));
-            if (request.include_usage) {
-              Json usage = completion.Chunk("", nullptr, false);
-              usage["choices"] = Json::array();
-              usage["usage"] = Usage(done.stats());
-              send(usage);
-            }
+            if (request.include_usage) send(completion.UsageChunk(Usage(done.stats())));
           }
           const std::string end = "data: [DONE]\n\n";
           sink.write(end.data(), end.size());

@@ -276,10 +276,6 @@ absl::StatusOr<ToyModelReport> TrainToyModel(
   return report;
 }
 
-}  // namespace
-
-namespace {
-
 // tokenizer_config.json with the toy chat template (chat_template.h), so that chat front ends
 // (the agent's OpenAI endpoint) can render conversations for the toy models. Not part of the
 // cache key: written beside a reused model too.
