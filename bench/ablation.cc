@@ -132,6 +132,8 @@ std::string AgentYaml(const AblationConfig& config, const AblationOptions& optio
       "  enabled: %s\n"
       "  parallel_drafting: %s\n"
       "  max_runs_in_flight: %d\n"
+      "uplink_pacing:\n"
+      "  enabled: %s\n"
       "link_emulation:\n"
       "  one_way_delay_s: %.6f\n"
       "  uplink_bytes_per_second: %.0f\n"
@@ -144,7 +146,7 @@ std::string AgentYaml(const AblationConfig& config, const AblationOptions& optio
       fs::absolute(options.device_bundle).string(), options.max_context, chunk,
       config.pipeline_chunks ? "true" : "false", options.wire_dtype, std::min<int64_t>(128, options.max_context - 1),
       config.speculative ? "true" : "false", config.parallel_drafting ? "true" : "false",
-      config.runs_in_flight, slot.one_way_delay_s, slot.uplink_bytes_per_second, slot.downlink_bytes_per_second,
+      config.runs_in_flight, options.uplink_pacing ? "true" : "false", slot.one_way_delay_s, slot.uplink_bytes_per_second, slot.downlink_bytes_per_second,
       slot.metrics_address);
 }
 
@@ -720,6 +722,7 @@ absl::StatusOr<nlohmann::json> RunAblation(const AblationOptions& options) {
                  {"scale", links.scale},
                  {"bytes_per_token", options.bytes_per_token},
                  {"wire_dtype", options.wire_dtype},
+                 {"uplink_pacing", options.uplink_pacing},
                  {"one_way_delay_s", options.one_way_delay_s},
                  {"devices", device_links}}},
       {"sla", {{"ttft_s", options.sla.ttft_s}, {"tbt_s", options.sla.tbt_s}}},

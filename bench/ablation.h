@@ -86,6 +86,8 @@ struct AblationOptions {
   // The link scaling above stays at the model's float32 bytes, so a smaller wire shows as
   // time saved on the same links.
   std::string wire_dtype = "cloud";
+  // Every agent's uplink_pacing.enabled (device_agent/uplink_pacer.h).
+  bool uplink_pacing = true;
 };
 
 // What an agent of one configuration is told (exposed for tests: it must load with the real

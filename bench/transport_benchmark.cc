@@ -125,6 +125,7 @@ void ReadResults(grpc::ClientReaderWriter<v1::AgentMessage, v1::CloudMessage>* s
         break;
       }
       case v1::CloudMessage::kHello:
+      case v1::CloudMessage::kReceived:
       case v1::CloudMessage::kAdmitted:
       case v1::CloudMessage::kTruncated:
       case v1::CloudMessage::kControl:

@@ -232,6 +232,7 @@ int RunAblationCommand(const AblationArgs& args) {
   // ablation), whatever --wire-dtype sends over them.
   options.bytes_per_token = args.scale_links ? static_cast<double>(config->hidden_size) * 4 : 0;
   options.wire_dtype = args.wire_dtype;
+  options.uplink_pacing = args.uplink_pacing;
   options.link_period_s = args.link_period_s;
 
   // Prompts are windows of English-like text from the toy grammar (held out from training by

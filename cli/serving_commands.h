@@ -56,6 +56,7 @@ struct AblationArgs {
   bool scale_links = true;
   double link_period_s = 5;
   std::string wire_dtype = "cloud";
+  bool uplink_pacing = true;
   std::string json_path;  // "": WORK_DIR/ablation.json
 };
 int RunAblationCommand(const AblationArgs& args);

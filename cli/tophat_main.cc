@@ -527,6 +527,11 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"cloud", "scheduler", "float32", "float16", "bfloat16", "int8"}))
       ->needs(ablation_flag);
+  serve_bench_cmd->add_flag("!--no-uplink-pacing", ablation.uplink_pacing,
+                            "Ablation: agents send prompt chunks as they are computed instead "
+                            "of pacing them by the cloud's receipts (the behaviour before "
+                            "uplink pacing)")
+      ->needs(ablation_flag);
   serve_bench_cmd->add_option("--link-period", ablation.link_period_s,
                               "Ablation: seconds between bandwidth changes (netns links)")
       ->capture_default_str()->check(CLI::NonNegativeNumber)->needs(ablation_flag);

@@ -102,6 +102,13 @@ void CheckAgentConfig(const AgentConfig& config, bool require_bundle, Report&& r
     report("speculative.ahead_min_keep_rate",
            absl::StrCat(config.speculative.ahead_min_keep_rate, " is not in [0, 1]"), "");
   }
+  check("conversation_cache.keep_alive_s",
+        CheckAtLeast(config.conversation_cache.keep_alive_s, 0, /*inclusive=*/true));
+  check("conversation_cache.min_reuse_tokens",
+        CheckAtLeast(static_cast<double>(config.conversation_cache.min_reuse_tokens), 1,
+                     /*inclusive=*/true));
+  check("uplink_pacing.lead_s",
+        CheckAtLeast(config.uplink_pacing.lead_s, 0, /*inclusive=*/true));
   check("link_emulation.one_way_delay_s",
         CheckAtLeast(config.link_emulation.one_way_delay_s, 0, /*inclusive=*/true));
   check("link_emulation.uplink_bytes_per_second",
@@ -200,6 +207,15 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
                  Bound::kPositive);
   reader.ReadDouble("speculative.ahead_min_keep_rate", &config.speculative.ahead_min_keep_rate,
                     Bound::kNonNegative);
+  reader.ReadBool("conversation_cache.enabled", &config.conversation_cache.enabled);
+  reader.ReadByteSize("conversation_cache.max_bytes", &config.conversation_cache.max_bytes,
+                      Bound::kNonNegative);
+  reader.ReadSeconds("conversation_cache.keep_alive_s", &config.conversation_cache.keep_alive_s,
+                     Bound::kNonNegative);
+  reader.ReadInt("conversation_cache.min_reuse_tokens",
+                 &config.conversation_cache.min_reuse_tokens, Bound::kPositive);
+  reader.ReadBool("uplink_pacing.enabled", &config.uplink_pacing.enabled);
+  reader.ReadSeconds("uplink_pacing.lead_s", &config.uplink_pacing.lead_s, Bound::kNonNegative);
   reader.ReadSeconds("link_emulation.one_way_delay_s", &config.link_emulation.one_way_delay_s,
                      Bound::kNonNegative);
   reader.ReadDouble("link_emulation.uplink_bytes_per_second",

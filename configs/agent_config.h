@@ -105,6 +105,26 @@ struct AgentConfig {
   } speculative;
   // An emulated edge link in front of the cloud stream, for benchmarks on loopback: every
   // message waits `one_way_delay_s` plus its bytes over the bandwidth (0: unlimited), in order.
+  // Prompt chunks wait for the cloud's receipts before more of them go (device_agent/
+  // uplink_pacer.h), so a decode round waits on the uplink behind about one chunk, not behind
+  // a whole prompt. Only against a cloud that sends receipts (this release on).
+  // Finished conversations kept for their next turn (device_agent/conversation_cache.h): a
+  // prompt that starts with one's tokens reuses its device KV and its cloud session, and only
+  // the rest is computed and sent. Needs a cloud that parks sessions (Hello.parks_sessions).
+  struct ConversationCache {
+    bool enabled = true;
+    int64_t max_bytes = 512LL << 20;  // device memory the kept conversations may hold
+    double keep_alive_s = 300;        // also asked of the cloud (capped by its own limit)
+    int64_t min_reuse_tokens = 16;    // shorter shared prefixes start afresh
+    bool operator==(const ConversationCache&) const = default;
+  } conversation_cache;
+  struct UplinkPacing {
+    bool enabled = true;
+    // The next chunk goes this long before the ones in flight should have crossed the link
+    // (by its measured bandwidth): the link does not idle while the receipt comes back.
+    double lead_s = 0.02;
+    bool operator==(const UplinkPacing&) const = default;
+  } uplink_pacing;
   struct LinkEmulation {
     double one_way_delay_s = 0;
     double uplink_bytes_per_second = 0;

@@ -61,6 +61,14 @@ speculative:
   parallel_top_k: 3
   parallel_steps: 2
   adaptive_window: true
+conversation_cache:
+  enabled: false
+  max_bytes: 1MiB
+  keep_alive_s: 30
+  min_reuse_tokens: 4
+uplink_pacing:
+  enabled: false
+  lead_s: 0.05
 link_emulation:
   one_way_delay_s: 0.02
   uplink_bytes_per_second: 5e6
@@ -101,6 +109,12 @@ log_level: trace
   CHECK(config->speculative.parallel_top_k == 3);
   CHECK(config->speculative.parallel_steps == 2);
   CHECK(config->speculative.adaptive_window);
+  CHECK_FALSE(config->conversation_cache.enabled);
+  CHECK(config->conversation_cache.max_bytes == 1 << 20);
+  CHECK(config->conversation_cache.keep_alive_s == 30);
+  CHECK(config->conversation_cache.min_reuse_tokens == 4);
+  CHECK_FALSE(config->uplink_pacing.enabled);
+  CHECK(config->uplink_pacing.lead_s == 0.05);
   CHECK(config->link_emulation.one_way_delay_s == 0.02);
   CHECK(config->link_emulation.uplink_bytes_per_second == 5e6);
   CHECK(config->link_emulation.downlink_bytes_per_second == 10e6);

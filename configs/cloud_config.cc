@@ -90,6 +90,8 @@ void CheckCloudConfig(const CloudConfig& config, bool require_bundle, Report&& r
   check("limits.max_chunk_tokens", CheckAtLeast(config.limits.max_chunk_tokens, 1));
   check("limits.session_timeout_s",
         CheckAtLeast(config.limits.session_timeout_s, 0, /*inclusive=*/false));
+  check("limits.max_parked_session_s",
+        CheckAtLeast(config.limits.max_parked_session_s, 0, /*inclusive=*/true));
   check("limits.max_session_timeout_s",
         CheckAtLeast(config.limits.max_session_timeout_s, 0, /*inclusive=*/true));
   check("limits.max_sessions_per_device", CheckAtLeast(config.limits.max_sessions_per_device, 0));
@@ -288,6 +290,8 @@ absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
   reader.ReadSeconds("pipeline.timeout_s", &config.pipeline.timeout_s, Bound::kPositive);
   reader.ReadSeconds("limits.session_timeout_s", &config.limits.session_timeout_s,
                      Bound::kPositive);
+  reader.ReadSeconds("limits.max_parked_session_s", &config.limits.max_parked_session_s,
+                     Bound::kNonNegative);
   reader.ReadSeconds("limits.max_session_timeout_s", &config.limits.max_session_timeout_s,
                      Bound::kNonNegative);
   reader.ReadInt("limits.max_sessions_per_device", &config.limits.max_sessions_per_device,

@@ -64,6 +64,9 @@ struct CloudConfig {
     int64_t max_chunk_tokens = 2048;         // larger hidden-state chunks fail that request
     double session_timeout_s = 600;          // per-session deadline when the agent sets none
     double max_session_timeout_s = 3600;     // longest deadline an agent may ask for (0: any)
+    // Longest a finished conversation's session keeps its KV for the next turn (ParkSession;
+    // evicted sooner when KV is needed). 0: no parking.
+    double max_parked_session_s = 300;
     int64_t max_sessions_per_device = 32;    // open sessions per device identity (0: no limit)
     int64_t max_waiting_sessions_per_device = 16;  // of those, waiting for admission (0: no limit)
     double max_kv_fraction_per_device = 0.5;  // of the KV pool, by max_positions (1: no limit)

@@ -69,6 +69,7 @@ limits:
   max_message_bytes: 16MiB
   max_chunk_tokens: 4096
   session_timeout_s: 12.5
+  max_parked_session_s: 45
 drain_grace_period_s: 0
 metrics_address: ""
 log_level: debug
@@ -98,6 +99,7 @@ log_level: debug
   CHECK(config->limits.max_message_bytes == 16LL << 20);
   CHECK(config->limits.max_chunk_tokens == 4096);
   CHECK(config->limits.session_timeout_s == 12.5);
+  CHECK(config->limits.max_parked_session_s == 45);
   CHECK(config->drain_grace_period_s == 0);
   CHECK(config->metrics_address.empty());
   CHECK(config->log_level == "debug");

@@ -71,6 +71,14 @@ class Agent::Request : private CloudSession {
   // Tokenises, checks the request against the context, and allocates its caches.
   absl::Status Prepare();
   absl::Status Open(uint64_t after_epoch);
+  // Takes the cloud session parked with the adopted conversation; false (and the request
+  // is fresh again) when the cloud no longer holds it or the stream changed.
+  absl::StatusOr<bool> Resume(const CloudConnection::Connected& connected);
+  // Drops an adopted conversation's positions: the request starts from position 0.
+  void ForgetReused();
+  // Parks the cloud session and keeps the caches for the conversation's next turn, when the
+  // session is at rest; false: the caller closes it as before.
+  bool Park();
   // Chunk j is computed and uploaded while the cloud works on chunk j-1; results are consumed
   // as they arrive.
   absl::Status Prefill();
@@ -153,6 +161,16 @@ class Agent::Request : private CloudSession {
   // hold (a run sent ahead that the verification rejected).
   uint64_t stale_below_sequence_ = 0;
 
+  // A conversation's earlier turn taken from the agent's ConversationCache: positions
+  // [0, reused_) of the caches and shallow_ are its, and its cloud session (parked as
+  // parked_session_id_ on stream parked_epoch_, parked_length_ positions long) is resumed
+  // instead of a new one opened. 0: a fresh request (or the resume fell through).
+  int64_t reused_ = 0;
+  uint64_t parked_session_id_ = 0;
+  uint64_t parked_epoch_ = 0;
+  int64_t parked_length_ = 0;
+  bool cloud_parks_ = false;  // the cloud keeps parked sessions (Hello.parks_sessions)
+
   uint64_t session_id_ = 0;
   uint64_t epoch_ = 0;
   uint64_t sequence_number_ = 0;
@@ -172,6 +190,7 @@ v1::GenerateResponse Agent::Request::Run() {
   absl::Status caught = CatchExceptions("preparing the request", [&] { prepared = Prepare(); });
   if (prepared.ok()) prepared = caught;
   if (!prepared.ok()) {
+    ForgetReused();
     agent_.cloud_->Unregister(session_id_);
     Finish(response, v1::FINISH_REASON_ERROR, prepared);
     return response;
@@ -187,13 +206,15 @@ v1::GenerateResponse Agent::Request::Run() {
   absl::Status thrown = CatchExceptions("generating", [&] { result = serve(); });
   if (result.ok()) result = thrown;
 
-  v1::AgentMessage goodbye;
-  if (result.ok()) {
-    goodbye.mutable_close()->set_session_id(session_id_);
-  } else {
-    goodbye.mutable_cancel()->set_session_id(session_id_);
+  if (!result.ok() || !Park()) {
+    v1::AgentMessage goodbye;
+    if (result.ok()) {
+      goodbye.mutable_close()->set_session_id(session_id_);
+    } else {
+      goodbye.mutable_cancel()->set_session_id(session_id_);
+    }
+    agent_.cloud_->Send(epoch_, std::move(goodbye)).IgnoreError();
   }
-  agent_.cloud_->Send(epoch_, goodbye).IgnoreError();
   agent_.cloud_->Unregister(session_id_);
 
   if (result.ok()) {
@@ -236,12 +257,42 @@ absl::Status Agent::Request::Prepare() {
   // The caches and shallow_ grow with the request (KvCache::Growing, ReserveShallow): a
   // request that may reach max_positions_ but stops early holds what it used. The prompt's
   // rows are certain, so they are reserved at once.
-  input_cache_.emplace(bundle.input->NewGrowingCache(max_positions_, kGrowthPositions));
-  output_cache_.emplace(bundle.output->NewGrowingCache(max_positions_, kGrowthPositions));
   const AgentConfig::Speculative& spec = config.speculative;
   const bool drafting = spec.enabled && bundle.adapter != nullptr;
-  if (drafting) {
-    adapter_cache_.emplace(bundle.adapter->NewGrowingCache(max_positions_, kGrowthPositions));
+  // An earlier turn of this conversation, when the agent kept one: its caches carry the
+  // positions this prompt shares with it.
+  std::optional<ConversationCache::Taken> taken;
+  if (config.conversation_cache.enabled) {
+    std::vector<ConversationCache::Closed> closed;
+    taken = agent_.conversations_.Take(tokens_, SteadyClock::now(), closed);
+    if (taken.has_value() && taken->conversation.adapter.has_value() != drafting) {
+      closed.emplace_back(taken->conversation.epoch, taken->conversation.session_id);
+      taken.reset();
+    }
+    agent_.CloseParked(closed);
+  }
+  if (taken.has_value()) {
+    ParkedConversation& kept = taken->conversation;
+    reused_ = taken->reuse;
+    parked_session_id_ = kept.session_id;
+    parked_epoch_ = kept.epoch;
+    parked_length_ = kept.length;
+    input_cache_.emplace(std::move(*kept.input));
+    output_cache_.emplace(std::move(*kept.output));
+    if (drafting) adapter_cache_.emplace(std::move(*kept.adapter));
+    for (std::optional<KvCache>* cache : {&input_cache_, &output_cache_, &adapter_cache_}) {
+      if (!cache->has_value()) continue;
+      (*cache)->RaiseMaxCapacity(max_positions_);
+      TOPHAT_RETURN_IF_ERROR((*cache)->Truncate(reused_));
+    }
+    shallow_ = std::move(kept.shallow);
+    sent_ = consumed_ = reused_;  // ReserveShallow keeps these rows
+  } else {
+    input_cache_.emplace(bundle.input->NewGrowingCache(max_positions_, kGrowthPositions));
+    output_cache_.emplace(bundle.output->NewGrowingCache(max_positions_, kGrowthPositions));
+    if (drafting) {
+      adapter_cache_.emplace(bundle.adapter->NewGrowingCache(max_positions_, kGrowthPositions));
+    }
   }
   const int64_t prompt_room = std::min(max_positions_, prompt_length_ + kGrowthPositions);
   TOPHAT_RETURN_IF_ERROR(input_cache_->Reserve(prompt_room));
@@ -282,12 +333,17 @@ absl::Status Agent::Request::Open(uint64_t after_epoch) {
   }
   cloud_dtype_ = connected.hello.dtype();  // CheckHello made sure this build knows it
   wire_dtype_ = ChosenWireDtype();
+  cloud_parks_ = connected.hello.parks_sessions();
   max_chunk_positions_ = std::max<int64_t>(1, connected.hello.max_chunk_positions());
   if (chunk_size_ == 0) {
     chunk_size_ = request_.prompt_chunk_size() > 0 ? request_.prompt_chunk_size()
                   : agent_.config_.prompt_chunk_size > 0
                       ? agent_.config_.prompt_chunk_size
                       : std::max<int64_t>(1, connected.hello.control().prompt_chunk_size());
+  }
+  if (parked_session_id_ != 0) {  // an earlier turn's session, not yet taken back
+    TOPHAT_ASSIGN_OR_RETURN(bool resumed, Resume(connected));
+    if (resumed) return absl::OkStatus();
   }
   v1::AgentMessage message;
   v1::OpenSession* open = message.mutable_open();
@@ -297,12 +353,110 @@ absl::Status Agent::Request::Open(uint64_t after_epoch) {
   open->set_timeout_ms(static_cast<uint32_t>(std::max(1.0, left * 1000)));
   open->set_result_dtype(wire_dtype_);
   // A send failure means the stream just broke; the mailbox will say so and we replay.
-  agent_.cloud_->Send(epoch_, message).IgnoreError();
+  agent_.cloud_->Send(epoch_, std::move(message)).IgnoreError();
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> Agent::Request::Resume(const CloudConnection::Connected& connected) {
+  if (!cloud_parks_ || parked_epoch_ != connected.epoch) {
+    // A newer stream: the cloud that held the session is gone or has dropped it.
+    ForgetReused();
+    return false;
+  }
+  v1::AgentMessage message;
+  v1::ResumeSession* resume = message.mutable_resume();
+  resume->set_session_id(parked_session_id_);
+  resume->set_new_session_id(session_id_);
+  resume->set_max_positions(static_cast<uint32_t>(max_positions_));
+  const double left = Seconds(deadline_ - SteadyClock::now());
+  resume->set_timeout_ms(static_cast<uint32_t>(std::max(1.0, left * 1000)));
+  agent_.cloud_->Send(epoch_, std::move(message)).IgnoreError();
+  // Nothing else goes until the cloud answers: if it no longer holds the session, the whole
+  // prompt goes to a new one, and no chunk meant for the old one may reach it.
+  while (true) {
+    if (cancelled_) return absl::CancelledError("cancelled");
+    std::optional<MailboxEvent> event = mailbox_->Pop(deadline_);
+    if (!event) {
+      return absl::DeadlineExceededError("the request's deadline passed waiting for the cloud");
+    }
+    if (event->kind == MailboxEvent::Kind::kInterrupted) continue;  // cancelled_ says so
+    if (event->epoch != epoch_) continue;
+    if (event->kind == MailboxEvent::Kind::kDisconnected) {
+      ForgetReused();  // the replay after a reconnect opens a new session
+      return false;
+    }
+    const v1::CloudMessage& answer = event->message;
+    if (answer.has_admitted()) {
+      stats_.RecordAdmitted(answer.admitted().queue_seconds());
+      break;
+    }
+    if (answer.has_error()) {
+      spdlog::debug("request {}: the cloud no longer holds conversation session {} ({}); "
+                    "sending the whole prompt",
+                    id_, parked_session_id_, answer.error().message());
+      ForgetReused();
+      return false;
+    }
+  }
+  parked_session_id_ = 0;  // it is this request's session now
+  if (parked_length_ > reused_) {
+    v1::AgentMessage rollback;
+    v1::Truncate* truncate = rollback.mutable_truncate();
+    truncate->set_session_id(session_id_);
+    truncate->set_sequence_number(++sequence_number_);
+    truncate->set_length(static_cast<uint32_t>(reused_));
+    agent_.cloud_->Send(epoch_, std::move(rollback)).IgnoreError();
+  }
+  return true;
+}
+
+void Agent::Request::ForgetReused() {
+  if (parked_session_id_ != 0) {
+    agent_.CloseParked({{parked_epoch_, parked_session_id_}});
+    parked_session_id_ = 0;
+  }
+  if (reused_ == 0) return;
+  for (std::optional<KvCache>* cache : {&input_cache_, &output_cache_, &adapter_cache_}) {
+    if (cache->has_value()) (*cache)->Clear();
+  }
+  reused_ = 0;
+  sent_ = consumed_ = 0;
+}
+
+bool Agent::Request::Park() {
+  const AgentConfig::ConversationCache& config = agent_.config_.conversation_cache;
+  // At rest: nothing sent ahead or unanswered, so the cloud's KV is exactly [0, sent_).
+  if (!config.enabled || !cloud_parks_ || ahead_from_ >= 0 || sent_ != consumed_ ||
+      !input_cache_.has_value() || !output_cache_.has_value()) {
+    return false;
+  }
+  ParkedConversation kept;
+  kept.length = std::min({sent_, input_cache_->length(), output_cache_->length()});
+  if (adapter_cache_.has_value()) kept.length = std::min(kept.length, adapter_cache_->length());
+  kept.tokens = tokens_;
+  kept.session_id = session_id_;
+  kept.epoch = epoch_;
+  kept.input.emplace(std::move(*input_cache_));
+  kept.output.emplace(std::move(*output_cache_));
+  if (adapter_cache_.has_value()) kept.adapter.emplace(std::move(*adapter_cache_));
+  input_cache_.reset();
+  output_cache_.reset();
+  adapter_cache_.reset();
+  kept.shallow = std::move(shallow_);
+  v1::AgentMessage message;
+  message.mutable_park()->set_session_id(session_id_);
+  message.mutable_park()->set_keep_alive_ms(
+      static_cast<uint32_t>(std::min(config.keep_alive_s * 1000, 4e9)));
+  agent_.cloud_->Send(epoch_, std::move(message)).IgnoreError();
+  std::vector<ConversationCache::Closed> closed;
+  agent_.conversations_.Keep(std::move(kept), SteadyClock::now(), closed);
+  agent_.CloseParked(closed);
+  return true;
+}
+
 absl::Status Agent::Request::Prefill() {
-  for (int64_t start = 0; start < prompt_length_; start += chunk_size_) {
+  // An earlier turn's positions [0, reused_) are in both sides' KV already.
+  for (int64_t start = reused_; start < prompt_length_; start += chunk_size_) {
     if (cancelled_) return absl::CancelledError("cancelled");
     const int64_t n = std::min(chunk_size_, prompt_length_ - start);
     const SteadyClock::time_point computing = SteadyClock::now();
@@ -371,7 +525,7 @@ void Agent::Request::RollBack(int64_t length) {
     truncate->set_session_id(session_id_);
     truncate->set_sequence_number(++sequence_number_);
     truncate->set_length(static_cast<uint32_t>(length));
-    agent_.cloud_->Send(epoch_, rollback).IgnoreError();
+    agent_.cloud_->Send(epoch_, std::move(rollback)).IgnoreError();
     // Every position up to `length` has been consumed, so whatever earlier chunk still
     // answers holds only positions the truncate cancels.
     stale_below_sequence_ = sequence_number_;
@@ -422,6 +576,9 @@ void Agent::Request::SendRows(int64_t from, int64_t to, v1::Phase phase, double 
     }
     const size_t bytes = chunk->states().data().size() + chunk->states().scales().size();
     stats_.RecordUpload(bytes);
+    // Prompt chunks may wait for the uplink pacer; their link samples start when they go.
+    SentStamp sent_stamp =
+        phase == v1::PHASE_PREFILL ? std::make_shared<std::atomic<int64_t>>(0) : nullptr;
     chunks_.Sent({.sequence_number = sequence_number_,
                   .epoch = epoch_,
                   .first_position = start,
@@ -429,8 +586,9 @@ void Agent::Request::SendRows(int64_t from, int64_t to, v1::Phase phase, double 
                   .bytes = bytes,
                   .wire_bytes = OnWireBytes(message.ByteSizeLong()),
                   .phase = phase,
-                  .device_seconds = start == from ? device_seconds : 0});
-    agent_.cloud_->Send(epoch_, message).IgnoreError();
+                  .device_seconds = start == from ? device_seconds : 0,
+                  .sent_stamp = sent_stamp});
+    agent_.cloud_->Send(epoch_, std::move(message), std::move(sent_stamp)).IgnoreError();
   }
 }
 
@@ -484,6 +642,7 @@ absl::Status Agent::Request::Pump(int64_t target, bool block) {
         break;
       case v1::CloudMessage::kHello:
       case v1::CloudMessage::kControl:
+      case v1::CloudMessage::kReceived:  // the connection's, never routed to a session
       case v1::CloudMessage::KIND_NOT_SET:
         break;
     }
@@ -576,7 +735,8 @@ void Agent::Request::Finish(v1::GenerateResponse& response, v1::FinishReason rea
   v1::RequestStats* stats = response.mutable_stats();
   *stats = stats_.Finish(reason, {.prompt_tokens = prompt_length_,
                                   .generated_tokens = static_cast<int64_t>(generated_.size()),
-                                  .prompt_chunk_size = chunk_size_});
+                                  .prompt_chunk_size = chunk_size_,
+                                  .reused_prompt_tokens = reused_});
   *stats->mutable_chunks() = chunks_.trace();
 }
 
@@ -633,7 +793,11 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
 Agent::Agent(AgentConfig config, DeviceBundle bundle,
              std::shared_ptr<grpc::ChannelCredentials> cloud_credentials, std::string cloud_token,
              prometheus::Registry* registry)
-    : config_(std::move(config)), bundle_(std::move(bundle)) {
+    : config_(std::move(config)),
+      bundle_(std::move(bundle)),
+      conversations_({.max_bytes = config_.conversation_cache.max_bytes,
+                      .keep_alive_s = config_.conversation_cache.keep_alive_s,
+                      .min_reuse_tokens = config_.conversation_cache.min_reuse_tokens}) {
   wire_dtype_from_scheduler_ = config_.wire_dtype == "scheduler";
   if (config_.wire_dtype != "cloud" && !wire_dtype_from_scheduler_) {
     // Validated with the config (CheckWireDtype).
@@ -658,6 +822,17 @@ Agent::Agent(AgentConfig config, DeviceBundle bundle,
               metrics_->cloud_reconnects.Increment();
             }
           },
+      .pace_uplink = config_.uplink_pacing.enabled,
+      .pacing_lead_s = config_.uplink_pacing.lead_s,
+      .measured_uplink_bytes_per_second =
+          [this] {
+            std::lock_guard<std::mutex> lock(device_state_mutex_);
+            return link_.uplink_bytes_per_second();
+          },
+      .on_chunk_paced =
+          [this](double seconds) {
+            if (metrics_ != nullptr) metrics_->uplink_pacing_wait_seconds.Observe(seconds);
+          },
       .one_way_delay_s = config_.link_emulation.one_way_delay_s,
       .uplink_bytes_per_second = config_.link_emulation.uplink_bytes_per_second,
       .downlink_bytes_per_second = config_.link_emulation.downlink_bytes_per_second};
@@ -665,6 +840,14 @@ Agent::Agent(AgentConfig config, DeviceBundle bundle,
 }
 
 Agent::~Agent() { cloud_.reset(); }
+
+void Agent::CloseParked(const std::vector<ConversationCache::Closed>& closed) {
+  for (const auto& [epoch, session_id] : closed) {
+    v1::AgentMessage message;
+    message.mutable_close()->set_session_id(session_id);
+    cloud_->Send(epoch, std::move(message)).IgnoreError();  // a gone stream took it along
+  }
+}
 
 void Agent::ObserveChunk(double sent_seconds, double cloud_received_at, double bytes) {
   std::lock_guard<std::mutex> lock(device_state_mutex_);
@@ -699,7 +882,7 @@ void Agent::ReportDecodeRound(uint64_t epoch, double draft_step_seconds, double 
     metrics_->link_bytes_per_second_down.Set(message.device_state().downlink_bytes_per_second());
     metrics_->device_state_reports.Increment();
   }
-  cloud_->Send(epoch, message).IgnoreError();
+  cloud_->Send(epoch, std::move(message)).IgnoreError();
 }
 
 absl::Status Agent::CheckHello(const v1::Hello& hello) const {

@@ -23,6 +23,7 @@
 #include "device_agent/agent_metrics.h"
 #include "device_agent/chunk_tracker.h"
 #include "device_agent/cloud_connection.h"
+#include "device_agent/conversation_cache.h"
 #include "device_agent/link_estimator.h"
 #include "device_agent/speculative_decoder.h"
 #include "scheduler/moving_average.h"
@@ -81,6 +82,9 @@ class Agent : private LinkSampleSink {
   // LinkSampleSink: into link_, under device_state_mutex_.
   void ObserveChunk(double sent_seconds, double cloud_received_at, double bytes) override;
   void ObserveResult(double cloud_sent_at, double received_seconds, double bytes) override;
+  // Closes the cloud sessions of conversations the cache let go (on their streams, if still
+  // up: a newer stream's cloud has lost them anyway).
+  void CloseParked(const std::vector<ConversationCache::Closed>& closed);
 
   const AgentConfig config_;
   // config_.wire_dtype parsed; DTYPE_UNSPECIFIED: the cloud's compute dtype (Hello).
@@ -91,6 +95,7 @@ class Agent : private LinkSampleSink {
   std::unique_ptr<AgentMetrics> metrics_;
   std::unique_ptr<CloudConnection> cloud_;
   std::atomic<uint64_t> next_session_id_{1};
+  ConversationCache conversations_;
   std::string NewRequestId();
   std::mutex request_id_mutex_;
   std::mt19937_64 request_id_rng_{std::random_device{}()};

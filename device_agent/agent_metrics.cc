@@ -71,6 +71,15 @@ AgentMetrics::AgentMetrics(prometheus::Registry& registry)
       spec_decode_round_seconds(AddHistogram(registry, "tophat_spec_decode_round_seconds",
                                              "One decode round: drafting, verification trip, "
                                              "acceptance", kLatencyBuckets)),
+      prompt_positions_reused(AddCounter(
+          registry, "tophat_prompt_positions_reused_total",
+          "Prompt positions an earlier turn of the conversation had computed on the device and "
+          "the cloud, reused instead of computed and sent again")),
+      uplink_pacing_wait_seconds(AddHistogram(
+          registry, "tophat_uplink_pacing_wait_seconds",
+          "A prompt chunk's wait in the agent's outbox until the uplink pacer let it go (the "
+          "cloud's receipt of the chunk before, or that one's expected crossing)",
+          kLatencyBuckets)),
       decode_network_seconds(AddHistogram(
           registry, "tophat_decode_network_seconds",
           "A decode chunk's round trip less the cloud's queue and compute: both links, and any "

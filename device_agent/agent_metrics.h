@@ -47,6 +47,11 @@ struct AgentMetrics {
   prometheus::Counter& spec_decode_ahead_runs_sent;
   prometheus::Counter& spec_decode_ahead_runs_kept;
   prometheus::Histogram& spec_decode_round_seconds;  // one verification round, end to end
+  // Prompt positions a conversation's earlier turn had already computed on both sides
+  // (device_agent/conversation_cache.h), so neither computed nor sent again.
+  prometheus::Counter& prompt_positions_reused;
+  // A prompt chunk's wait in the agent's outbox for the uplink pacer (uplink_pacer.h).
+  prometheus::Histogram& uplink_pacing_wait_seconds;
   // A decode chunk's round trip less the cloud's queue and compute: its time on the links,
   // waits behind other messages included.
   prometheus::Histogram& decode_network_seconds;

@@ -33,6 +33,7 @@ void ChunkTracker::Sent(const Chunk& chunk) {
                         .wire_bytes = chunk.wire_bytes,
                         .phase = chunk.phase,
                         .sent = now,
+                        .sent_stamp = chunk.sent_stamp,
                         .trace_index = trace_index});
   if (in_flight_.size() > kMaxInFlight) in_flight_.pop_front();
 }
@@ -51,9 +52,13 @@ std::optional<double> ChunkTracker::Answered(const v1::ForwardResult& result, ui
   if (in_flight_.empty() || in_flight_.front().sequence_number != result.sequence_number()) {
     return std::nullopt;
   }
-  const InFlight sent = in_flight_.front();
+  InFlight sent = in_flight_.front();
   in_flight_.pop_front();
   if (sent.epoch != epoch) return std::nullopt;
+  if (sent.sent_stamp != nullptr) {
+    const int64_t ticks = sent.sent_stamp->load();
+    if (ticks > 0) sent.sent = Clock::time_point(Clock::duration(ticks));
+  }
   // Every piece of a split chunk carries the chunk's arrival; one sample per chunk.
   if (result.received_at_seconds() > 0) {
     link_.ObserveChunk(SecondsSinceEpoch(sent.sent), result.received_at_seconds(),
@@ -65,6 +70,7 @@ std::optional<double> ChunkTracker::Answered(const v1::ForwardResult& result, ui
       Seconds(received - sent.sent) - result.queue_seconds() - result.compute_seconds();
   if (sent.trace_index >= 0) {
     v1::ChunkTrace* trace = trace_.Mutable(sent.trace_index);
+    trace->set_sent_at(Seconds(sent.sent - arrival_));
     trace->set_result_at(Seconds(received - arrival_));
     trace->set_cloud_queue_seconds(result.queue_seconds());
     trace->set_cloud_compute_seconds(result.compute_seconds());

@@ -17,6 +17,7 @@
 #include <deque>
 #include <optional>
 
+#include "device_agent/uplink_pacer.h"
 #include "tophat/v1/agent.pb.h"
 #include "tophat/v1/cloud.pb.h"
 
@@ -55,6 +56,9 @@ class ChunkTracker {
     v1::Phase phase = v1::PHASE_PREFILL;
     // The input submodel's time on it: a prompt chunk's first message carries it, the rest 0.
     double device_seconds = 0;
+    // Set by the connection when the chunk goes onto the link (it may wait for the uplink
+    // pacer); null or 0: it went when Sent() was called.
+    SentStamp sent_stamp;
   };
   // `chunk` is being sent now. The trace covers prefill messages (the prompt's, and a
   // replay's), not decode rounds, which have their own trace (RequestStats.rounds).
@@ -82,6 +86,7 @@ class ChunkTracker {
     size_t wire_bytes = 0;
     v1::Phase phase = v1::PHASE_PREFILL;
     Clock::time_point sent;
+    SentStamp sent_stamp;
     int trace_index = -1;  // into trace_; -1 when not traced
   };
 

@@ -1,6 +1,7 @@
 #include "device_agent/cloud_connection.h"
 
 #include <algorithm>
+#include <optional>
 
 #include <spdlog/spdlog.h>
 
@@ -27,7 +28,32 @@ std::optional<MailboxEvent> SessionMailbox::Pop(std::chrono::steady_clock::time_
 
 void SessionMailbox::Interrupt() { Push({.kind = MailboxEvent::Kind::kInterrupted}); }
 
-CloudConnection::CloudConnection(CloudConnectionOptions options) : options_(std::move(options)) {
+namespace {
+
+// The session a message belongs to; nullopt for messages of the whole stream.
+std::optional<uint64_t> SessionOf(const v1::AgentMessage& message) {
+  switch (message.kind_case()) {
+    case v1::AgentMessage::kOpen:
+      return message.open().session_id();
+    case v1::AgentMessage::kForward:
+      return message.forward().session_id();
+    case v1::AgentMessage::kTruncate:
+      return message.truncate().session_id();
+    case v1::AgentMessage::kCancel:
+      return message.cancel().session_id();
+    case v1::AgentMessage::kClose:
+      return message.close().session_id();
+    default:
+      return std::nullopt;
+  }
+}
+
+int64_t Ticks(std::chrono::steady_clock::time_point t) { return t.time_since_epoch().count(); }
+
+}  // namespace
+
+CloudConnection::CloudConnection(CloudConnectionOptions options)
+    : options_(std::move(options)), pacer_(options_.pacing_lead_s) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
   args.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));
@@ -62,6 +88,7 @@ CloudConnection::CloudConnection(CloudConnectionOptions options) : options_(std:
     downlink_ = std::make_unique<DelayLine>(options_.one_way_delay_s,
                                             options_.downlink_bytes_per_second, "tophat-linkdn");
   }
+  sender_ = std::thread([this] { SendLoop(); });
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -73,6 +100,12 @@ CloudConnection::~CloudConnection() {
   }
   state_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  {
+    std::lock_guard<std::mutex> lock(outbox_mutex_);
+    outbox_stopping_ = true;
+  }
+  outbox_cv_.notify_all();
+  if (sender_.joinable()) sender_.join();
   // The lines' threads call back into this object; stop them before anything goes.
   uplink_.reset();
   downlink_.reset();
@@ -102,18 +135,118 @@ absl::StatusOr<CloudConnection::Connected> CloudConnection::WaitConnected(
   return Connected{.epoch = epoch_, .hello = hello_};
 }
 
-absl::Status CloudConnection::Send(uint64_t epoch, const v1::AgentMessage& message) {
-  if (uplink_ == nullptr) return Write(epoch, message);
+absl::Status CloudConnection::Send(uint64_t epoch, v1::AgentMessage message, SentStamp sent) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!connected_ || epoch != epoch_) {
       return absl::UnavailableError(absl::StrCat("the cloud stream ", epoch, " is gone"));
     }
   }
-  uplink_->Push(OnWireBytes(message.ByteSizeLong()), [this, epoch, message] {
-    Write(epoch, message).IgnoreError();  // a lost stream shows up as a disconnect event
-  });
+  {
+    std::lock_guard<std::mutex> lock(outbox_mutex_);
+    const std::optional<uint64_t> session = SessionOf(message);
+    bool bulk = pacing_ && message.has_forward() &&
+                message.forward().phase() == v1::PHASE_PREFILL;
+    if (session.has_value() && bulk_per_session_.contains(*session)) {
+      if (message.has_cancel()) {
+        // Its chunks would only be refused by a cloud that has dropped the session.
+        std::erase_if(bulk_, [&](const Outgoing& o) { return o.bulk_session == *session; });
+        bulk_per_session_.erase(*session);
+      } else {
+        bulk = true;  // behind its session's queued chunks
+      }
+    }
+    Outgoing out{.message = std::move(message),
+                 .epoch = epoch,
+                 .sent = std::move(sent),
+                 .queued = std::chrono::steady_clock::now()};
+    if (bulk) {
+      out.bulk_session = *session;
+      ++bulk_per_session_[*session];
+      bulk_.push_back(std::move(out));
+    } else {
+      urgent_.push_back(std::move(out));
+    }
+  }
+  outbox_cv_.notify_one();
   return absl::OkStatus();
+}
+
+void CloudConnection::SendLoop() {
+  pthread_setname_np(pthread_self(), "tophat-uplink");
+  std::unique_lock<std::mutex> lock(outbox_mutex_);
+  while (!outbox_stopping_) {
+    const auto now = std::chrono::steady_clock::now();
+    const double bytes_per_second =
+        options_.measured_uplink_bytes_per_second
+            ? options_.measured_uplink_bytes_per_second()
+            : 0;
+    std::optional<Outgoing> next;
+    if (!urgent_.empty()) {
+      next = std::move(urgent_.front());
+      urgent_.pop_front();
+    } else if (!bulk_.empty() && (!pacing_ || pacer_.MayRelease(now, bytes_per_second))) {
+      next = std::move(bulk_.front());
+      bulk_.pop_front();
+      auto it = bulk_per_session_.find(next->bulk_session);
+      if (it != bulk_per_session_.end() && --it->second <= 0) bulk_per_session_.erase(it);
+    }
+    if (!next.has_value()) {
+      if (bulk_.empty()) {
+        outbox_cv_.wait(lock);
+      } else {
+        // A receipt or a new message wakes it; the estimate may change meanwhile too.
+        auto until = now + std::chrono::milliseconds(100);
+        if (auto at = pacer_.ReleaseAt(bytes_per_second)) until = std::min(until, *at);
+        outbox_cv_.wait_until(lock, until);
+      }
+      continue;
+    }
+    if (next->epoch != outbox_epoch_) continue;  // its stream is gone: the owner replays
+    const size_t bytes = OnWireBytes(next->message.ByteSizeLong());
+    const bool paced = pacing_ && next->message.has_forward() &&
+                       next->message.forward().phase() == v1::PHASE_PREFILL;
+    if (paced) {
+      pacer_.Released(next->message.forward().session_id(),
+                      next->message.forward().sequence_number(), bytes, now, bytes_per_second);
+    }
+    if (next->sent != nullptr) next->sent->store(Ticks(now));
+    lock.unlock();
+    if (paced && options_.on_chunk_paced) {
+      options_.on_chunk_paced(std::chrono::duration<double>(now - next->queued).count());
+    }
+    if (uplink_ == nullptr) {
+      Write(next->epoch, next->message).IgnoreError();  // a lost stream: a disconnect event
+    } else {
+      uplink_->Push(bytes, [this, epoch = next->epoch, message = std::move(next->message)] {
+        Write(epoch, message).IgnoreError();
+      });
+    }
+    lock.lock();
+  }
+}
+
+void CloudConnection::ForgetStream(uint64_t epoch) {
+  {
+    std::lock_guard<std::mutex> lock(outbox_mutex_);
+    if (outbox_epoch_ == epoch) outbox_epoch_ = 0;
+    std::erase_if(urgent_, [&](const Outgoing& o) { return o.epoch == epoch; });
+    std::erase_if(bulk_, [&](const Outgoing& o) { return o.epoch == epoch; });
+    bulk_per_session_.clear();
+    for (const Outgoing& o : bulk_) ++bulk_per_session_[o.bulk_session];
+    pacer_.Reset();
+  }
+  outbox_cv_.notify_all();
+}
+
+void CloudConnection::Acknowledged(const v1::ChunkReceived& received, uint64_t epoch) {
+  {
+    std::lock_guard<std::mutex> lock(outbox_mutex_);
+    if (epoch != outbox_epoch_) return;
+    pacer_.Acknowledged(received.session_id(), received.sequence_number(),
+                        std::chrono::steady_clock::now());
+  }
+  outbox_cv_.notify_all();
 }
 
 void CloudConnection::Downlink(size_t bytes, std::function<void()> deliver) {
@@ -210,6 +343,14 @@ void CloudConnection::Run() {
       stream_ = std::move(stream);
       hello_ = first.hello();
       epoch = ++epoch_;
+      {
+        // Before anyone can Send on the new stream (mutex_, then outbox_mutex_: the only
+        // place both are held).
+        std::lock_guard<std::mutex> outbox_lock(outbox_mutex_);
+        outbox_epoch_ = epoch;
+        pacing_ = options_.pace_uplink && first.hello().acknowledges_chunks();
+        pacer_.Reset();
+      }
       connected_ = true;
     }
     if (epoch > 1) ++reconnects_;
@@ -248,6 +389,7 @@ void CloudConnection::Run() {
       context_.reset();
     }
     spdlog::warn("cloud: {}", last_error_);
+    ForgetStream(epoch);
     // After the messages that were still on the way down.
     Downlink(0, [this, epoch] {
       Broadcast({.kind = MailboxEvent::Kind::kDisconnected, .epoch = epoch});
@@ -276,6 +418,9 @@ void CloudConnection::Route(v1::CloudMessage message, uint64_t epoch) {
       *hello_.mutable_control() = message.control();
       return;
     }
+    case v1::CloudMessage::kReceived:
+      Acknowledged(message.received(), epoch);
+      return;
     case v1::CloudMessage::kHello:
     case v1::CloudMessage::KIND_NOT_SET:
       return;

@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "device_agent/link_emulator.h"
+#include "device_agent/uplink_pacer.h"
 #include "tophat/v1/cloud.grpc.pb.h"
 
 namespace tophat {
@@ -73,6 +74,14 @@ struct CloudConnectionOptions {
   std::function<absl::Status(const v1::Hello&)> check_hello;
   // Called (on the reader thread) on every connect and disconnect.
   std::function<void(bool connected)> on_state_change;
+  // Prompt chunks wait for the cloud's receipts (uplink_pacer.h) when the cloud sends them;
+  // false: every message goes in the order it was sent (transport.pace_uplink).
+  bool pace_uplink = true;
+  double pacing_lead_s = 0.02;
+  // The uplink's measured bytes per second (0: unknown), for the pacer; null: unknown.
+  std::function<double()> measured_uplink_bytes_per_second;
+  // Called (on the sender thread) with each paced prompt chunk's wait in the outbox.
+  std::function<void(double seconds)> on_chunk_paced;
   // Emulated link (link_emulator.h); all zero sends and delivers at once.
   double one_way_delay_s = 0;
   double uplink_bytes_per_second = 0;
@@ -97,10 +106,13 @@ class CloudConnection {
   absl::StatusOr<Connected> WaitConnected(std::chrono::steady_clock::time_point deadline,
                                           uint64_t after_epoch = 0);
 
-  // Writes on stream `epoch`. UNAVAILABLE if that stream is gone; the owner then waits for
-  // its mailbox's disconnected event and replays. Through an emulated link the write happens
-  // later, on the link's thread; a stream lost meanwhile drops it (and the owner replays).
-  absl::Status Send(uint64_t epoch, const v1::AgentMessage& message);
+  // Queues `message` for stream `epoch`; the sender thread writes it. UNAVAILABLE if that
+  // stream is gone; the owner then waits for its mailbox's disconnected event and replays. A
+  // stream lost before the write drops it (and the owner replays). Prompt chunks wait for
+  // the pacer; everything else goes ahead of them, except behind its own session's queued
+  // chunks (a session's messages keep their order; a CancelSession drops them instead).
+  // `sent`, when given, gets the time the message went onto the link.
+  absl::Status Send(uint64_t epoch, v1::AgentMessage message, SentStamp sent = nullptr);
 
   // The cloud's latest Control for this device (Hello's, or a later per-device one).
   v1::Control control();
@@ -115,6 +127,11 @@ class CloudConnection {
   void Route(v1::CloudMessage message, uint64_t epoch);
   // Runs `deliver` now, or when the message would arrive over the emulated downlink.
   void Downlink(size_t bytes, std::function<void()> deliver);
+  // The sender thread: writes the outbox, urgent first, prompt chunks as the pacer allows.
+  void SendLoop();
+  // Drops what is queued for stream `epoch` (gone) and forgets its unacknowledged chunks.
+  void ForgetStream(uint64_t epoch);
+  void Acknowledged(const v1::ChunkReceived& received, uint64_t epoch);
 
   const CloudConnectionOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -135,6 +152,24 @@ class CloudConnection {
   std::atomic<uint64_t> reconnects_{0};
   std::unique_ptr<DelayLine> uplink_;    // null without link emulation
   std::unique_ptr<DelayLine> downlink_;
+
+  struct Outgoing {
+    v1::AgentMessage message;
+    uint64_t epoch = 0;
+    uint64_t bulk_session = 0;  // in bulk_: the session it counts under
+    SentStamp sent;
+    std::chrono::steady_clock::time_point queued;
+  };
+  std::mutex outbox_mutex_;  // guards the outbox and the pacer
+  std::condition_variable outbox_cv_;
+  std::deque<Outgoing> urgent_;
+  std::deque<Outgoing> bulk_;  // prompt chunks, and what must follow them in their session
+  std::unordered_map<uint64_t, int> bulk_per_session_;
+  UplinkPacer pacer_;
+  bool pacing_ = false;  // this stream's cloud acknowledges chunks and pacing is on
+  uint64_t outbox_epoch_ = 0;  // the stream the outbox writes to; 0 while there is none
+  bool outbox_stopping_ = false;
+  std::thread sender_;
   std::thread thread_;
 };
 

@@ -61,7 +61,9 @@ std::string FinishReasonText(v1::FinishReason reason, bool stopped_by_sequence) 
 Json Usage(const v1::RequestStats& stats) {
   return Json{{"prompt_tokens", stats.prompt_tokens()},
               {"completion_tokens", stats.generated_tokens()},
-              {"total_tokens", stats.prompt_tokens() + stats.generated_tokens()}};
+              {"total_tokens", stats.prompt_tokens() + stats.generated_tokens()},
+              // OpenAI's prompt caching field: the positions an earlier turn had computed.
+              {"prompt_tokens_details", {{"cached_tokens", stats.reused_prompt_tokens()}}}};
 }
 
 // One request's answer, built the same way whether it streams or not.

@@ -116,7 +116,9 @@ v1::RequestStats RequestStatsRecorder::Finish(v1::FinishReason reason, const Siz
   stats.set_decode_network_chunks(decode_network_chunks_);
   stats.set_decode_network_max_seconds(decode_network_max_);
   stats.set_prompt_chunk_size(static_cast<uint32_t>(sizes.prompt_chunk_size));
+  stats.set_reused_prompt_tokens(static_cast<uint32_t>(sizes.reused_prompt_tokens));
   if (metrics_ == nullptr) return stats;
+  metrics_->prompt_positions_reused.Increment(static_cast<double>(sizes.reused_prompt_tokens));
   metrics_->e2e_request_latency_seconds.Observe(Seconds(Clock::now() - arrival_));
   switch (reason) {
     case v1::FINISH_REASON_STOP:

@@ -67,6 +67,7 @@ class RequestStatsRecorder {
     int64_t prompt_tokens = 0;
     int64_t generated_tokens = 0;
     int64_t prompt_chunk_size = 0;  // 0 when the request never got as far as opening
+    int64_t reused_prompt_tokens = 0;  // an earlier turn's positions it reused
   };
   // The response's stats (RequestStats.chunks aside); counts the request as finished for
   // `reason` with its end-to-end latency.

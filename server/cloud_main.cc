@@ -157,6 +157,7 @@ int Run(const CloudConfig& written) {
       .max_chunk_tokens = config.limits.max_chunk_tokens,
       .session_timeout_s = config.limits.session_timeout_s,
       .max_session_timeout_s = config.limits.max_session_timeout_s,
+      .max_parked_session_s = config.limits.max_parked_session_s,
       .max_sessions_per_device = config.limits.max_sessions_per_device,
       .max_waiting_sessions_per_device = config.limits.max_waiting_sessions_per_device,
       .max_kv_blocks_per_device =

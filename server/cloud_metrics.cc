@@ -20,6 +20,17 @@ CloudMetrics::CloudMetrics(prometheus::Registry& registry)
                                 "Sessions holding KV on the cloud")),
       sessions_waiting(AddGauge(registry, "tophat_num_sessions_waiting",
                                 "Sessions queued for KV admission")),
+      sessions_parked(AddGauge(registry, "tophat_num_sessions_parked",
+                               "Finished sessions whose KV is kept for the conversation's next "
+                               "turn (ParkSession)")),
+      parked_sessions_resumed(AddCounter(registry, "tophat_parked_sessions_resumed_total",
+                                         "Parked sessions taken back for a next turn")),
+      parked_sessions_evicted(AddCounter(
+          registry, "tophat_parked_sessions_evicted_total",
+          "Parked sessions evicted because another session needed their KV or their device's "
+          "quota")),
+      parked_sessions_expired(AddCounter(registry, "tophat_parked_sessions_expired_total",
+                                         "Parked sessions whose keep-alive ran out")),
       kv_cache_usage_ratio(AddGauge(registry, "tophat_kv_cache_usage_ratio",
                                     "Fraction of KV blocks allocated (1 = full)")),
       kv_cache_blocks_total(

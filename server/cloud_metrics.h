@@ -21,6 +21,11 @@ struct CloudMetrics {
 
   prometheus::Gauge& sessions_running;
   prometheus::Gauge& sessions_waiting;
+  // Conversations' sessions kept between turns (ParkSession), and what became of them.
+  prometheus::Gauge& sessions_parked;
+  prometheus::Counter& parked_sessions_resumed;
+  prometheus::Counter& parked_sessions_evicted;  // for another session's KV or quota
+  prometheus::Counter& parked_sessions_expired;
   prometheus::Gauge& kv_cache_usage_ratio;
   prometheus::Gauge& kv_cache_blocks_total;
   prometheus::Histogram& request_queue_time_seconds;  // admission wait for KV

@@ -5,6 +5,8 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <unordered_map>
 
 #include <grpcpp/alarm.h>
 #include <spdlog/spdlog.h>
@@ -58,7 +60,12 @@ class StreamChannel final : public MessageSink,
   struct Queued {
     v1::CloudMessage message;
     int64_t bytes;
+    uint64_t bulk_session = 0;  // set for messages in bulk_: the session they count under
   };
+  // Queues `message` behind those of its class: prompt results are bulk, and so is anything
+  // of a session with prompt results still queued (a session's messages keep their order);
+  // the rest goes ahead of the bulk.
+  void EnqueueLocked(v1::CloudMessage message, int64_t bytes);
   void StartNextWriteLocked();
   void FinishLocked(grpc::Status status);
   // Drops every queued message but the one being written (when one is), and their bytes
@@ -89,8 +96,14 @@ class StreamChannel final : public MessageSink,
   const std::string device_key_;              // the pacer's key
   bool paced_ = false;                        // reading waits for pace_alarm_
   std::unique_ptr<grpc::Alarm> pace_alarm_;
-  std::deque<Queued> queue_;  // front() is being written while writing_
-  int64_t queued_bytes_ = 0;  // of queue_
+  // Decode results, receipts, admissions, errors and control go before prompt results: a
+  // decode round's answer must not wait on the downlink behind the results of another
+  // request's long prompt. current_ is being written while writing_.
+  std::deque<Queued> urgent_;
+  std::deque<Queued> bulk_;
+  std::unordered_map<uint64_t, int> bulk_per_session_;  // messages of each session in bulk_
+  std::optional<Queued> current_;
+  int64_t queued_bytes_ = 0;  // of current_, urgent_ and bulk_
   grpc::Alarm cancel_alarm_;
   bool writing_ = false;
   bool finishing_ = false;
@@ -128,6 +141,18 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1
       Detach();
       channel_->Finish(absl::OkStatus());
       return;
+    }
+    if (incoming_.has_forward() && incoming_.forward().phase() == v1::PHASE_PREFILL) {
+      // The receipt the agent paces its prompt chunks by (Hello.acknowledges_chunks): now,
+      // not after the engine computed the chunk, so the uplink is never left idle waiting.
+      v1::CloudMessage receipt;
+      v1::ChunkReceived* received = receipt.mutable_received();
+      received->set_session_id(incoming_.forward().session_id());
+      received->set_sequence_number(incoming_.forward().sequence_number());
+      received->set_received_at_seconds(
+          std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+              .count());
+      channel_->Send(std::move(receipt));
     }
     // Only forward payloads are held by the engine until computed; they are what counts.
     const int64_t bytes =
@@ -175,6 +200,8 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1
 void StreamChannel::Send(v1::CloudMessage message) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (reactor_ == nullptr || finishing_) return;
+  // This layer sends the receipts (ConnectReactor::OnReadDone), so it is the one to say so.
+  if (message.has_hello()) message.mutable_hello()->set_acknowledges_chunks(true);
   // Framing and field overhead besides the serialized bytes; a queue of tiny messages
   // costs memory too.
   const int64_t bytes = static_cast<int64_t>(message.ByteSizeLong()) + 64;
@@ -186,7 +213,7 @@ void StreamChannel::Send(v1::CloudMessage message) {
                                  " bytes) of results are waiting for the agent to read them"));
     return;
   }
-  queue_.push_back({std::move(message), bytes});
+  EnqueueLocked(std::move(message), bytes);
   queued_bytes_ += bytes;
   totals_->queued_bytes.fetch_add(bytes);
   if (options_.metrics != nullptr) options_.metrics->outgoing_queued_bytes.Increment(bytes);
@@ -198,6 +225,35 @@ void StreamChannel::Send(v1::CloudMessage message) {
     ArmStallCheckLocked();
   }
   StartNextWriteLocked();
+}
+
+void StreamChannel::EnqueueLocked(v1::CloudMessage message, int64_t bytes) {
+  uint64_t session = 0;
+  bool bulk = false;
+  switch (message.kind_case()) {
+    case v1::CloudMessage::kResult:
+      session = message.result().session_id();
+      bulk = message.result().phase() == v1::PHASE_PREFILL;
+      break;
+    case v1::CloudMessage::kTruncated:
+      session = message.truncated().session_id();
+      break;
+    case v1::CloudMessage::kError:
+      session = message.error().session_id();
+      break;
+    case v1::CloudMessage::kAdmitted:
+      session = message.admitted().session_id();
+      break;
+    default:  // receipts, control, hello: no order to keep with any session's results
+      break;
+  }
+  if (!bulk && session != 0 && bulk_per_session_.contains(session)) bulk = true;
+  if (bulk) {
+    ++bulk_per_session_[session];
+    bulk_.push_back({std::move(message), bytes, session});
+  } else {
+    urgent_.push_back({std::move(message), bytes, 0});
+  }
 }
 
 bool StreamChannel::OverBoundLocked(double fraction) const {
@@ -254,11 +310,13 @@ void StreamChannel::ReleaseQueuedLocked(int64_t keep) {
 }
 
 void StreamChannel::DropQueueLocked() {
-  if (writing_ && !queue_.empty()) {
-    queue_.erase(queue_.begin() + 1, queue_.end());
-    ReleaseQueuedLocked(queue_.front().bytes);
+  urgent_.clear();
+  bulk_.clear();
+  bulk_per_session_.clear();
+  if (writing_ && current_.has_value()) {
+    ReleaseQueuedLocked(current_->bytes);
   } else {
-    queue_.clear();
+    current_.reset();
     ReleaseQueuedLocked(0);
   }
 }
@@ -293,10 +351,20 @@ void StreamChannel::CancelCall() {
 }
 
 void StreamChannel::StartNextWriteLocked() {
-  if (writing_ || queue_.empty() || reactor_ == nullptr || finished_) return;
+  if (writing_ || reactor_ == nullptr || finished_) return;
+  if (!urgent_.empty()) {
+    current_ = std::move(urgent_.front());
+    urgent_.pop_front();
+  } else if (!bulk_.empty()) {
+    current_ = std::move(bulk_.front());
+    bulk_.pop_front();
+    auto it = bulk_per_session_.find(current_->bulk_session);
+    if (it != bulk_per_session_.end() && --it->second <= 0) bulk_per_session_.erase(it);
+  } else {
+    return;
+  }
   writing_ = true;
-  // deque::push_back keeps references valid, so front() stays put while it is written.
-  reactor_->StartWrite(&queue_.front().message);
+  reactor_->StartWrite(&current_->message);
 }
 
 void StreamChannel::FinishLocked(grpc::Status status) {
@@ -304,8 +372,7 @@ void StreamChannel::FinishLocked(grpc::Status status) {
   finishing_ = true;
   final_status_ = std::move(status);
   if (!writing_) {
-    queue_.clear();
-    ReleaseQueuedLocked(0);
+    DropQueueLocked();
     finished_ = true;
     reactor_->Finish(final_status_);
   }
@@ -314,19 +381,18 @@ void StreamChannel::FinishLocked(grpc::Status status) {
 void StreamChannel::OnWriteDone(bool ok) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   writing_ = false;
-  if (!queue_.empty()) {
-    ReleaseQueuedLocked(queued_bytes_ - queue_.front().bytes);
-    queue_.pop_front();
+  if (current_.has_value()) {
+    ReleaseQueuedLocked(queued_bytes_ - current_->bytes);
+    current_.reset();
   }
   ++writes_done_;
   if (congested_.load(std::memory_order_relaxed) && !OverBoundLocked(0.5)) {
     congested_.store(false, std::memory_order_relaxed);  // the engine picks its work up again
   }
   if (!ok) {  // the client is gone; a failed read or OnCancel finishes the call
-    queue_.clear();
-    ReleaseQueuedLocked(0);
+    DropQueueLocked();
   }
-  if (!queue_.empty() && !finished_) {
+  if ((!urgent_.empty() || !bulk_.empty()) && !finished_) {
     StartNextWriteLocked();
     return;
   }
@@ -387,8 +453,8 @@ void StreamChannel::Consumed(int64_t bytes) {
 void StreamChannel::Detach() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   reactor_ = nullptr;
-  queue_.clear();
-  ReleaseQueuedLocked(0);
+  writing_ = false;  // no OnWriteDone comes after OnDone
+  DropQueueLocked();
 }
 
 }  // namespace

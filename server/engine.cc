@@ -78,6 +78,7 @@ Engine::Engine(EngineOptions options, std::shared_ptr<const Submodel> middle,
   hello_.set_model_id(options_.model_id);
   hello_.set_model_fingerprint(options_.model_fingerprint);
   hello_.set_protocol_version(kCloudProtocolVersion);
+  hello_.set_parks_sessions(options_.max_parked_session_s > 0);
   hello_.set_hidden_size(static_cast<uint32_t>(config.hidden_size));
   hello_.set_dtype(wire_dtype_);
   hello_.set_first_layer(static_cast<uint32_t>(middle_->spec().layers.begin));
@@ -167,7 +168,8 @@ EngineStats Engine::stats() const {
           .sessions_waiting = stat_waiting_,
           .kv_blocks_allocated = stat_blocks_,
           .kv_blocks_total = options_.kv_num_blocks,
-          .steps = stat_steps_};
+          .steps = stat_steps_,
+          .sessions_parked = stat_parked_};
 }
 
 void Engine::Loop() {
@@ -289,6 +291,12 @@ void Engine::HandleMessage(StreamId stream, v1::AgentMessage& message,
       if (Find(stream, id) != nullptr) EraseSession({stream, id});
       return;
     }
+    case v1::AgentMessage::kPark:
+      Park(stream, message.park());
+      return;
+    case v1::AgentMessage::kResume:
+      Resume(stream, message.resume());
+      return;
     case v1::AgentMessage::kDeviceState: {
       const v1::DeviceState& state = message.device_state();
       monitor_.ObserveDevice(stream, {.uplink_bytes_per_second = state.uplink_bytes_per_second(),
@@ -331,6 +339,8 @@ void Engine::Open(StreamId stream, const v1::OpenSession& open) {
   const std::string device =
       stream_state != streams_.end() ? stream_state->second.device : absl::StrCat("stream ", stream);
   const int32_t blocks = allocator_.BlocksFor(max_positions);
+  // The device's own parked conversations give way to its new session.
+  EvictParked([&] { return !DeviceQuotaProblem(device, blocks).has_value(); }, &device);
   if (std::optional<std::string> over = DeviceQuotaProblem(device, blocks)) {
     SendError(stream, id, 0, absl::ResourceExhaustedError(*over), false);
     if (metrics_ != nullptr) metrics_->sessions_rejected.Increment();
@@ -346,6 +356,9 @@ void Engine::Open(StreamId stream, const v1::OpenSession& open) {
     return;
   }
   if (static_cast<int64_t>(waiting_.size()) >= options_.max_waiting_sessions) {
+    if (waiting_.empty() && num_running_ < options_.max_running_sessions) {
+      EvictParked([&] { return blocks <= allocator_.num_unreserved(); });
+    }
     const bool room_now = waiting_.empty() &&
                           num_running_ < options_.max_running_sessions &&
                           blocks <= allocator_.num_unreserved();
@@ -492,7 +505,12 @@ void Engine::AdmitWaiting() {
       continue;
     }
     if (num_running_ >= options_.max_running_sessions) break;
-    const int32_t blocks = allocator_.BlocksFor(session->max_positions);
+    // A resumed session already holds the blocks of its positions.
+    const int32_t blocks = std::max<int32_t>(
+        0, allocator_.BlocksFor(session->max_positions) -
+               static_cast<int32_t>(session->cache.block_table().size()));
+    // Parked conversations give way to sessions that would run now.
+    EvictParked([&] { return blocks <= allocator_.num_unreserved(); });
     if (!allocator_.Reserve(blocks)) break;
     waiting_.pop_front();
     session->reserved_blocks = blocks;
@@ -665,8 +683,124 @@ void Engine::ExpireDeadlines() {
     if (now >= session->deadline) expired.push_back(key);
   }
   for (const SessionKey& key : expired) {
+    Session* session = Find(key.first, key.second);
+    if (session != nullptr && session->state == SessionState::kParked) {
+      // Nobody waits on a parked session: it just goes (a later resume finds nothing).
+      if (metrics_ != nullptr) metrics_->parked_sessions_expired.Increment();
+      EraseSession(key);
+      continue;
+    }
     FailSession(key, 0, absl::DeadlineExceededError("the session's deadline passed"));
   }
+}
+
+void Engine::Park(StreamId stream, const v1::ParkSession& park) {
+  const SessionKey key{stream, park.session_id()};
+  Session* session = Find(stream, park.session_id());
+  if (session == nullptr) return;  // failed or expired already: nothing to keep
+  const double keep_s =
+      std::min(park.keep_alive_ms() / 1000.0, options_.max_parked_session_s);
+  // Only a session at rest is kept: one with work left (an agent that parks mid-round) or
+  // not yet admitted is closed, and its next turn starts afresh.
+  if (keep_s <= 0 || session->state != SessionState::kRunning || !session->work.empty() ||
+      session->in_flight) {
+    EraseSession(key);
+    return;
+  }
+  allocator_.Unreserve(session->reserved_blocks);
+  session->reserved_blocks = 0;
+  --num_running_;
+  session->state = SessionState::kParked;
+  session->deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                         std::chrono::duration<double>(keep_s));
+  // Against its device's quota it now counts what it holds, not what it could grow to.
+  const int32_t held = static_cast<int32_t>(session->cache.block_table().size());
+  if (auto usage = device_usage_.find(session->device); usage != device_usage_.end()) {
+    usage->second.blocks += held - session->quota_blocks;
+  }
+  session->quota_blocks = held;
+  session->parked_entry = parked_.insert(parked_.end(), key);
+  AdmitWaiting();  // its reservation is free for others
+}
+
+void Engine::Resume(StreamId stream, const v1::ResumeSession& resume) {
+  const uint64_t old_id = resume.session_id();
+  // Answers go to the id the agent waits on.
+  const uint64_t id = resume.new_session_id() != 0 ? resume.new_session_id() : old_id;
+  Session* session = Find(stream, old_id);
+  if (session == nullptr || session->state != SessionState::kParked) {
+    SendError(stream, id, 0,
+              absl::NotFoundError(absl::StrCat(
+                  "resume.session_id ", old_id,
+                  session == nullptr ? " is not held by this cloud (evicted, expired or never "
+                                       "parked); open a new session"
+                                     : " is not parked")),
+              false);
+    return;
+  }
+  if (id != old_id) {
+    if (Find(stream, id) != nullptr) {
+      SendError(stream, id, 0,
+                absl::AlreadyExistsError(absl::StrCat("resume.new_session_id ", id,
+                                                      " is already open on this stream")),
+                true);
+      return;
+    }
+    // The session goes by the new id from here on.
+    auto node = sessions_.extract(SessionKey{stream, old_id});
+    node.key() = SessionKey{stream, id};
+    node.mapped()->id = id;
+    *node.mapped()->parked_entry = node.key();
+    session = sessions_.insert(std::move(node)).position->second.get();
+  }
+  const SessionKey key{stream, id};
+  if (draining_) {
+    FailSession(key, 0,
+                absl::UnavailableError("the cloud is draining and admits no new sessions"));
+    return;
+  }
+  const int64_t max_positions = resume.max_positions();
+  if (max_positions < session->cache.length() || max_positions > middle_->max_context()) {
+    FailSession(key, 0,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "resume.max_positions is ", max_positions, "; it must be in [",
+                    session->cache.length(), " (the session's length), ",
+                    middle_->max_context(), "]")));
+    return;
+  }
+  parked_.erase(session->parked_entry);
+  session->state = SessionState::kQueued;
+  session->max_positions = max_positions;
+  session->opened = Clock::now();
+  const int32_t blocks = allocator_.BlocksFor(max_positions);
+  if (auto usage = device_usage_.find(session->device); usage != device_usage_.end()) {
+    usage->second.blocks += blocks - session->quota_blocks;
+    ++usage->second.waiting;
+  }
+  session->quota_blocks = blocks;
+  double timeout_s =
+      resume.timeout_ms() > 0 ? resume.timeout_ms() / 1000.0 : options_.session_timeout_s;
+  if (options_.max_session_timeout_s > 0) {
+    timeout_s = std::min(timeout_s, options_.max_session_timeout_s);
+  }
+  session->deadline = session->opened + std::chrono::duration_cast<Clock::duration>(
+                                            std::chrono::duration<double>(timeout_s));
+  if (metrics_ != nullptr) metrics_->parked_sessions_resumed.Increment();
+  waiting_.push_back(key);
+  AdmitWaiting();
+}
+
+bool Engine::EvictParked(const std::function<bool()>& enough, const std::string* device) {
+  auto it = parked_.begin();
+  while (!enough() && it != parked_.end()) {
+    const SessionKey key = *it++;  // EraseSession removes this entry
+    Session* session = Find(key.first, key.second);
+    if (session == nullptr) continue;
+    if (device != nullptr && session->device != *device) continue;
+    if (metrics_ != nullptr) metrics_->parked_sessions_evicted.Increment();
+    EraseSession(key, /*admit_waiting=*/false);  // the caller admits, or is admitting
+  }
+  return enough();
 }
 
 int64_t Engine::Step() {
@@ -860,49 +994,63 @@ void Engine::Complete() {
                                                          output.status().message())));
       continue;
     }
-    v1::CloudMessage message;
-    v1::ForwardResult* result = message.mutable_result();
-    result->set_session_id(session->id);
-    result->set_sequence_number(head.sequence_number);
-    result->set_first_position(static_cast<uint32_t>(head.first_position + head.done));
-    result->set_queue_seconds(Seconds(start - head.received));
-    result->set_received_at_seconds(
-        std::chrono::duration<double>(head.received.time_since_epoch()).count());
-    result->set_sent_at_seconds(sent_at_seconds);
-    result->set_compute_seconds(compute_seconds);
-    result->set_kv_length(static_cast<uint32_t>(session->cache.length()));
-    v1::HiddenStates* states = result->mutable_states();
-    const uint8_t* part_bytes = deep_bytes + part_row * row_bytes_;
-    if (session->result_dtype == wire_dtype_) {
-      states->set_dtype(wire_dtype_);
-      states->set_num_positions(static_cast<uint32_t>(part.num_tokens));
-      states->set_hidden_size(static_cast<uint32_t>(middle_->config().hidden_size));
-      states->mutable_data()->assign(reinterpret_cast<const char*>(part_bytes),
-                                     part.num_tokens * row_bytes_);
-    } else if (!EncodeHiddenStates(part_bytes, middle_->options().dtype, part.num_tokens,
-                                   middle_->config().hidden_size, session->result_dtype, states)
-                    .ok()) {
-      // A value the session's wire cannot carry (beyond float16's range, or not finite for
-      // int8): these rows go in the compute dtype, which the agent accepts too.
-      EncodeHiddenStates(part_bytes, middle_->options().dtype, part.num_tokens,
-                         middle_->config().hidden_size, wire_dtype_, states)
-          .IgnoreError();
-    }
+    // A prompt result leaves in pieces of at most max_result_piece_bytes, so that a decode
+    // result queued behind it (the stream's queue sends those first) waits for one piece on
+    // the downlink, not for the whole chunk's. The last piece carries chunk_done.
+    const int64_t piece_rows =
+        head.decode ? part.num_tokens
+                    : std::max<int64_t>(1, options_.max_result_piece_bytes / row_bytes_);
+    const int64_t part_first = head.first_position + head.done;
     head.done += part.num_tokens;
     const bool chunk_done = head.done == head.num_tokens;
-    result->set_chunk_done(chunk_done);
-    if (metrics_ != nullptr) {
-      metrics_->hidden_state_bytes_out.Increment(states->data().size() +
-                                                  states->scales().size());
-      (head.decode ? metrics_->generation_tokens : metrics_->prompt_tokens)
-          .Increment(part.num_tokens);
-    }
     if (chunk_done) {
       auto sink = streams_.find(session->stream);
       if (sink != streams_.end()) sink->second.sink->Consumed(head.wire_bytes);
-      session->work.pop_front();
     }
-    Send(key.first, std::move(message));
+    for (int64_t piece = 0; piece < part.num_tokens; piece += piece_rows) {
+      const int64_t rows = std::min(piece_rows, part.num_tokens - piece);
+      v1::CloudMessage message;
+      v1::ForwardResult* result = message.mutable_result();
+      result->set_session_id(session->id);
+      result->set_sequence_number(head.sequence_number);
+      result->set_first_position(static_cast<uint32_t>(part_first + piece));
+      result->set_queue_seconds(Seconds(start - head.received));
+      result->set_received_at_seconds(
+          std::chrono::duration<double>(head.received.time_since_epoch()).count());
+      result->set_sent_at_seconds(sent_at_seconds);
+      result->set_phase(head.decode ? v1::PHASE_DECODE : v1::PHASE_PREFILL);
+      result->set_compute_seconds(compute_seconds);
+      result->set_kv_length(static_cast<uint32_t>(session->cache.length()));
+      v1::HiddenStates* states = result->mutable_states();
+      const uint8_t* piece_bytes = deep_bytes + (part_row + piece) * row_bytes_;
+      if (session->result_dtype == wire_dtype_) {
+        states->set_dtype(wire_dtype_);
+        states->set_num_positions(static_cast<uint32_t>(rows));
+        states->set_hidden_size(static_cast<uint32_t>(middle_->config().hidden_size));
+        states->mutable_data()->assign(reinterpret_cast<const char*>(piece_bytes),
+                                       rows * row_bytes_);
+      } else if (!EncodeHiddenStates(piece_bytes, middle_->options().dtype, rows,
+                                     middle_->config().hidden_size, session->result_dtype,
+                                     states)
+                      .ok()) {
+        // A value the session's wire cannot carry (beyond float16's range, or not finite
+        // for int8): these rows go in the compute dtype, which the agent accepts too.
+        EncodeHiddenStates(piece_bytes, middle_->options().dtype, rows,
+                           middle_->config().hidden_size, wire_dtype_, states)
+            .IgnoreError();
+      }
+      result->set_chunk_done(chunk_done && piece + rows == part.num_tokens);
+      if (metrics_ != nullptr) {
+        metrics_->hidden_state_bytes_out.Increment(states->data().size() +
+                                                    states->scales().size());
+      }
+      Send(key.first, std::move(message));
+    }
+    if (metrics_ != nullptr) {
+      (head.decode ? metrics_->generation_tokens : metrics_->prompt_tokens)
+          .Increment(part.num_tokens);
+    }
+    if (chunk_done) session->work.pop_front();
     if (chunk_done) ApplyQueuedTruncates(*session);
   }
 }
@@ -937,7 +1085,7 @@ void Engine::SendError(StreamId stream, uint64_t session_id, uint64_t sequence_n
   Send(stream, std::move(message));
 }
 
-void Engine::EraseSession(const SessionKey& key) {
+void Engine::EraseSession(const SessionKey& key, bool admit_waiting) {
   auto it = sessions_.find(key);
   if (it == sessions_.end()) return;
   Session& session = *it->second;
@@ -945,11 +1093,11 @@ void Engine::EraseSession(const SessionKey& key) {
   for (const WorkItem& item : session.work) {
     if (stream != streams_.end()) stream->second.sink->Consumed(item.wire_bytes);
   }
-  if (session.state == SessionState::kRunning) {
-    for (int32_t block : session.cache.block_table()) allocator_.Free(block);
-    allocator_.Unreserve(session.reserved_blocks);
-    --num_running_;
-  }
+  // A queued session holds no blocks unless it is a resumed one; a parked one no reservation.
+  for (int32_t block : session.cache.block_table()) allocator_.Free(block);
+  allocator_.Unreserve(session.reserved_blocks);
+  if (session.state == SessionState::kRunning) --num_running_;
+  if (session.state == SessionState::kParked) parked_.erase(session.parked_entry);
   if (auto usage = device_usage_.find(session.device); usage != device_usage_.end()) {
     if (session.state == SessionState::kQueued) --usage->second.waiting;
     usage->second.blocks -= session.quota_blocks;
@@ -960,7 +1108,7 @@ void Engine::EraseSession(const SessionKey& key) {
   }
   sessions_.erase(it);
   // A freed reservation may let the head of the queue in.
-  AdmitWaiting();
+  if (admit_waiting) AdmitWaiting();
 }
 
 void Engine::FailSession(const SessionKey& key, uint64_t sequence_number,
@@ -972,11 +1120,14 @@ void Engine::FailSession(const SessionKey& key, uint64_t sequence_number,
 
 void Engine::UpdateGauges() {
   stat_running_ = num_running_;
-  stat_waiting_ = static_cast<int64_t>(sessions_.size()) - num_running_;
+  stat_waiting_ = static_cast<int64_t>(sessions_.size()) - num_running_ -
+                  static_cast<int64_t>(parked_.size());
   stat_blocks_ = allocator_.num_allocated();
+  stat_parked_ = static_cast<int64_t>(parked_.size());
   if (metrics_ != nullptr) {
     metrics_->sessions_running.Set(static_cast<double>(num_running_));
     metrics_->sessions_waiting.Set(static_cast<double>(stat_waiting_));
+    metrics_->sessions_parked.Set(static_cast<double>(parked_.size()));
     metrics_->kv_cache_usage_ratio.Set(allocator_.usage());
   }
 }

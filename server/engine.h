@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -48,10 +49,16 @@ struct EngineOptions {
   int64_t max_running_sessions = 64;
   int64_t max_waiting_sessions = 64;
   int64_t max_chunk_tokens = 2048;
+  // Prompt results leave in messages of at most this many bytes (at least one position each):
+  // a decode result queued behind one waits for a piece, not a whole chunk, on the downlink.
+  int64_t max_result_piece_bytes = 64 << 10;
   double session_timeout_s = 600;
   // The longest deadline an agent may ask for (OpenSession.timeout_ms); longer ones are cut
   // to it. 0: no cap.
   double max_session_timeout_s = 3600;
+  // The longest a parked session keeps its KV (ParkSession.keep_alive_ms is cut to it);
+  // 0: ParkSession closes the session, and Hello says the cloud does not park.
+  double max_parked_session_s = 300;
   // Sessions one device may hold open (running and waiting) at once; 0: no limit. A device
   // is the identity of its certificate (mutual TLS), else its stream (plaintext).
   int64_t max_sessions_per_device = 0;
@@ -83,9 +90,11 @@ struct EngineOptions {
 using StreamId = uint64_t;
 using Clock = std::chrono::steady_clock;
 
-// Session lifecycle. Legal transitions: kQueued -> kRunning (admitted), and either state ->
-// erased (closed, cancelled, failed, expired, stream gone). Erasing frees the KV.
-enum class SessionState { kQueued, kRunning };
+// Session lifecycle. Legal transitions: kQueued -> kRunning (admitted), kRunning -> kParked
+// (ParkSession: its KV kept for the next turn), kParked -> kQueued (ResumeSession, holding
+// its KV while it waits), and any state -> erased (closed, cancelled, failed, expired,
+// evicted, stream gone). Erasing frees the KV.
+enum class SessionState { kQueued, kRunning, kParked };
 
 struct EngineStats {
   int64_t sessions_running = 0;
@@ -93,6 +102,7 @@ struct EngineStats {
   int64_t kv_blocks_allocated = 0;
   int64_t kv_blocks_total = 0;
   int64_t steps = 0;
+  int64_t sessions_parked = 0;
 };
 
 class Engine {
@@ -130,6 +140,7 @@ class Engine {
   const StateMonitor& state_monitor() const { return monitor_; }
 
  private:
+  using SessionKey = std::pair<StreamId, uint64_t>;
   struct WorkItem {
     uint64_t sequence_number = 0;
     int64_t first_position = 0;
@@ -161,9 +172,9 @@ class Engine {
     int32_t device_slot = 0;   // its device's DeviceUsage::slot
     int32_t fair_rank = 0;     // Launch: how many of its device's pending sessions are older
     v1::DType result_dtype = v1::DTYPE_FLOAT32;  // OpenSession.result_dtype, resolved
+    std::list<SessionKey>::iterator parked_entry;  // in parked_, while kParked
     explicit Session(std::shared_ptr<KvBlockPool> pool) : cache(std::move(pool)) {}
   };
-  using SessionKey = std::pair<StreamId, uint64_t>;
   struct StreamState {
     std::shared_ptr<MessageSink> sink;
     bool draining_notice_sent = false;
@@ -195,6 +206,11 @@ class Engine {
   void HandleEvent(Event& event);
   void HandleMessage(StreamId stream, v1::AgentMessage& message, Clock::time_point received);
   void Open(StreamId stream, const v1::OpenSession& open);
+  void Park(StreamId stream, const v1::ParkSession& park);
+  void Resume(StreamId stream, const v1::ResumeSession& resume);
+  // Evicts parked sessions, least recently parked first (only `device`'s when it is set),
+  // until `enough` holds or none is left; returns `enough()`.
+  bool EvictParked(const std::function<bool()>& enough, const std::string* device = nullptr);
   // Why `device` may not open one more session of `blocks` KV blocks; nullopt if it may.
   std::optional<std::string> DeviceQuotaProblem(const std::string& device, int32_t blocks) const;
   void AcceptChunk(StreamId stream, v1::ForwardChunk& chunk, Clock::time_point received);
@@ -217,7 +233,9 @@ class Engine {
   void Send(StreamId stream, v1::CloudMessage message);
   void SendError(StreamId stream, uint64_t session_id, uint64_t sequence_number,
                  const absl::Status& status, bool session_alive);
-  void EraseSession(const SessionKey& key);
+  // `admit_waiting`: then let the waiting sessions have what it freed (not from inside
+  // AdmitWaiting, which is already doing so).
+  void EraseSession(const SessionKey& key, bool admit_waiting = true);
   void FailSession(const SessionKey& key, uint64_t sequence_number, const absl::Status& status);
   void UpdateGauges();
 
@@ -258,6 +276,7 @@ class Engine {
   std::map<SessionKey, std::unique_ptr<Session>> sessions_;
   int64_t num_running_ = 0;  // sessions_ in kRunning, kept in step with admit and erase
   std::deque<SessionKey> waiting_;
+  std::list<SessionKey> parked_;  // kParked sessions, least recently parked first
   std::unordered_map<StreamId, StreamState> streams_;
   std::vector<Event> events_;  // swapped with intake_ each step
   uint64_t next_arrival_ = 0;
@@ -291,6 +310,7 @@ class Engine {
   std::atomic<int64_t> stat_waiting_{0};
   std::atomic<int64_t> stat_blocks_{0};
   std::atomic<int64_t> stat_steps_{0};
+  std::atomic<int64_t> stat_parked_{0};
   std::thread thread_;
 };
 

@@ -13,6 +13,8 @@
 #include "base/test_util.h"
 #include "proto/hidden_states.h"
 
+#include <thread>
+
 #include <catch2/catch.hpp>
 
 namespace tophat {
@@ -91,6 +93,56 @@ struct Harness {
     }
     engine->Deliver(1, message);
   }
+  // A prefill chunk of exactly `hidden` (float32).
+  void ChunkOf(uint64_t id, uint32_t first, const at::Tensor& hidden) {
+    v1::AgentMessage message;
+    v1::ForwardChunk* chunk = message.mutable_forward();
+    chunk->set_session_id(id);
+    chunk->set_sequence_number(first + 1);
+    chunk->set_first_position(first);
+    chunk->set_phase(v1::PHASE_PREFILL);
+    REQUIRE(PackHiddenStates(hidden, v1::DTYPE_FLOAT32, chunk->mutable_states()).ok());
+    engine->Deliver(1, message);
+  }
+  void Park(uint64_t id, uint32_t keep_alive_ms) {
+    v1::AgentMessage message;
+    message.mutable_park()->set_session_id(id);
+    message.mutable_park()->set_keep_alive_ms(keep_alive_ms);
+    engine->Deliver(1, message);
+  }
+  void Resume(uint64_t id, uint32_t max_positions, uint64_t new_id = 0) {
+    v1::AgentMessage message;
+    message.mutable_resume()->set_session_id(id);
+    message.mutable_resume()->set_max_positions(max_positions);
+    message.mutable_resume()->set_new_session_id(new_id);
+    engine->Deliver(1, message);
+  }
+  void Truncate(uint64_t id, uint32_t length) {
+    v1::AgentMessage message;
+    message.mutable_truncate()->set_session_id(id);
+    message.mutable_truncate()->set_sequence_number(1000 + length);
+    message.mutable_truncate()->set_length(length);
+    engine->Deliver(1, message);
+  }
+  // Runs steps until `id`'s chunk results are all in; returns their rows concatenated.
+  at::Tensor Results(uint64_t id) {
+    std::vector<at::Tensor> rows;
+    for (int step = 0; step < 20; ++step) {
+      engine->RunOnce();
+      bool done = false;
+      for (const v1::CloudMessage& message : sink->Take()) {
+        if (message.has_error()) UNSCOPED_INFO(message.error().message());
+        if (!message.has_result() || message.result().session_id() != id) continue;
+        auto deep = UnpackHiddenStates(message.result().states());
+        REQUIRE(deep.ok());
+        rows.push_back(*deep);
+        done = message.result().chunk_done();
+      }
+      if (done) break;
+    }
+    REQUIRE_FALSE(rows.empty());
+    return at::cat(rows);
+  }
   // Session `id` runs a prefill step and a decode step, so the state monitor has step
   // timings (the scheduler decides nothing without them); their messages are dropped.
   void TimeTwoSteps(uint64_t id) {
@@ -138,6 +190,142 @@ TEST_CASE("Engine results equal the raw middle forward, split across steps by th
   REQUIRE(expected.ok());
   CHECK(at::allclose(at::cat(pieces), *expected, 1e-5, 1e-5));
   CHECK(h.engine->stats().kv_blocks_allocated == 5);  // 20 positions in blocks of 4
+}
+
+TEST_CASE("Prompt results leave in pieces of max_result_piece_bytes, decode results whole") {
+  EngineOptions options = SmallOptions();
+  const int64_t row_bytes = TinyMiddle()->config().hidden_size * 4;  // float32
+  options.max_result_piece_bytes = 3 * row_bytes;
+  Harness h(options);
+  h.Open(7, 32);
+  at::Tensor sent;
+  h.Chunk(7, 0, 20, v1::PHASE_PREFILL, &sent);
+  h.engine->RunOnce();  // 16 positions: pieces of 3, 3, 3, 3, 3, 1
+  h.engine->RunOnce();  // 4: pieces of 3, 1
+  std::vector<at::Tensor> pieces;
+  std::vector<int64_t> rows;
+  int64_t next_position = 0;
+  int done = 0;
+  for (const v1::CloudMessage& message : h.sink->Take()) {
+    if (!message.has_result()) continue;
+    const v1::ForwardResult& result = message.result();
+    CHECK(result.phase() == v1::PHASE_PREFILL);
+    CHECK(result.first_position() == next_position);  // in order, no gap
+    next_position += result.states().num_positions();
+    rows.push_back(result.states().num_positions());
+    done += result.chunk_done() ? 1 : 0;
+    auto deep = UnpackHiddenStates(result.states());
+    REQUIRE(deep.ok());
+    pieces.push_back(*deep);
+  }
+  CHECK(rows == std::vector<int64_t>{3, 3, 3, 3, 3, 1, 3, 1});
+  CHECK(done == 1);  // only the last piece of the chunk
+  KvCache cache = TinyMiddle()->NewCache(32);
+  auto expected = TinyMiddle()->Forward(sent, cache);
+  REQUIRE(expected.ok());
+  CHECK(at::allclose(at::cat(pieces), *expected, 1e-5, 1e-5));
+
+  h.Chunk(7, 20, 5, v1::PHASE_DECODE);  // five verification positions: one message
+  h.engine->RunOnce();
+  auto messages = h.sink->Take();
+  REQUIRE(messages.size() == 1);
+  CHECK(messages[0].result().states().num_positions() == 5);
+  CHECK(messages[0].result().phase() == v1::PHASE_DECODE);
+  CHECK(messages[0].result().chunk_done());
+}
+
+TEST_CASE("A parked session keeps its KV: the next turn truncated to the shared prefix "
+          "computes what a fresh session of the whole history does") {
+  Harness h(SmallOptions());  // 8 blocks of 4 positions
+  CHECK(h.hello.parks_sessions());
+  const int64_t d = TinyMiddle()->config().hidden_size;
+  const at::Tensor first_turn = at::randn({14, d});
+  const at::Tensor second_turn = at::randn({6, d});  // replaces positions 10.. of turn one
+  h.Open(7, 16);
+  h.ChunkOf(7, 0, first_turn);
+  h.Results(7);
+  h.Park(7, 60'000);
+  h.engine->RunOnce();
+  CHECK(h.engine->stats().sessions_parked == 1);
+  CHECK(h.engine->stats().sessions_running == 0);
+  CHECK(h.engine->stats().kv_blocks_allocated == 4);  // 14 positions kept, reservation freed
+
+  h.Resume(7, 24, /*new_id=*/9);  // the next turn's request goes by its own id
+  h.engine->RunOnce();
+  bool admitted = false;
+  for (const v1::CloudMessage& message : h.sink->Take()) {
+    admitted |= message.has_admitted() && message.admitted().session_id() == 9;
+  }
+  CHECK(admitted);
+  CHECK(h.engine->stats().sessions_parked == 0);
+  h.Truncate(9, 10);
+  h.ChunkOf(9, 10, second_turn);
+  const at::Tensor reused = h.Results(9);
+
+  // A fresh session fed turn one's first 10 positions and turn two (in 9's KV, freed first).
+  v1::AgentMessage close;
+  close.mutable_close()->set_session_id(9);
+  h.engine->Deliver(1, close);
+  h.Open(8, 16);
+  h.ChunkOf(8, 0, at::cat({first_turn.narrow(0, 0, 10), second_turn}));
+  const at::Tensor fresh = h.Results(8);
+  CHECK(at::allclose(reused, fresh.narrow(0, 10, 6), 1e-5, 1e-5));
+}
+
+TEST_CASE("Parked sessions give way to new ones, least recently parked first, and expire") {
+  Harness h(SmallOptions());  // 8 blocks of 4 positions
+  const int64_t d = TinyMiddle()->config().hidden_size;
+  for (uint64_t id : {1, 2}) {  // 3 blocks each
+    h.Open(id, 12);
+    h.ChunkOf(id, 0, at::randn({12, d}));
+    h.Results(id);
+    h.Park(id, 60'000);
+  }
+  h.engine->RunOnce();
+  CHECK(h.engine->stats().sessions_parked == 2);
+  // 4 blocks needed, 2 unheld: the least recently parked (1) goes, 2 stays.
+  h.Open(3, 16);
+  h.engine->RunOnce();
+  CHECK(h.engine->stats().sessions_parked == 1);
+  CHECK(h.engine->stats().sessions_running == 1);
+  h.sink->Take();
+  h.Resume(1, 16);
+  h.engine->RunOnce();
+  bool not_found = false;
+  for (const v1::CloudMessage& message : h.sink->Take()) {
+    not_found |= message.has_error() && message.error().session_id() == 1 &&
+                 message.error().code() == static_cast<int>(absl::StatusCode::kNotFound);
+  }
+  CHECK(not_found);  // the agent then opens afresh
+  h.Resume(2, 16);  // still held: admitted (it needs 1 block more, and 1 is free)
+  h.engine->RunOnce();
+  bool admitted = false;
+  for (const v1::CloudMessage& message : h.sink->Take()) {
+    admitted |= message.has_admitted() && message.admitted().session_id() == 2;
+  }
+  CHECK(admitted);
+
+  // A keep-alive that runs out frees the KV without a word to the agent.
+  h.Park(2, 1);
+  h.engine->RunOnce();
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));  // past its 1 ms deadline
+  h.engine->RunOnce();
+  CHECK(h.engine->stats().sessions_parked == 0);
+  for (const v1::CloudMessage& message : h.sink->Take()) CHECK_FALSE(message.has_error());
+}
+
+TEST_CASE("Without parking, ParkSession closes the session") {
+  EngineOptions options = SmallOptions();
+  options.max_parked_session_s = 0;
+  Harness h(options);
+  CHECK_FALSE(h.hello.parks_sessions());
+  h.Open(7, 16);
+  h.ChunkOf(7, 0, at::randn({8, TinyMiddle()->config().hidden_size}));
+  h.Results(7);
+  h.Park(7, 60'000);
+  h.engine->RunOnce();
+  CHECK(h.engine->stats().sessions_parked == 0);
+  CHECK(h.engine->stats().kv_blocks_allocated == 0);
 }
 
 TEST_CASE("Chunks in any wire dtype are computed as decoded, and results leave in the "

@@ -330,6 +330,11 @@ class AgentProcess {
                           << "\n  ca_file: " << tls.ca_file << "\n"
                           << (cloud_token_file.empty() ? ""
                                                        : "  token_file: " + cloud_token_file + "\n")
+                          // Finished requests free their cloud KV (tests count it), unless
+                          // the test is about conversations.
+                          << (yaml.find("conversation_cache") == std::string::npos
+                                  ? "conversation_cache:\n  enabled: false\n"
+                                  : "")
                           << yaml << "\ncompute_threads: " << compute_threads << "\n";
     args.push_back("--config");
     args.push_back(config.string());
@@ -494,11 +499,12 @@ class RawStream {
     REQUIRE(stream_->Read(&message));
     return message;
   }
-  // Reads until a message of `kind` arrives for `session`.
+  // Reads past `session`'s admission and every chunk receipt to the next other message.
   v1::CloudMessage ReadFor(uint64_t session) {
     while (true) {
       v1::CloudMessage message = Read();
       if (message.has_admitted() && message.admitted().session_id() == session) continue;
+      if (message.has_received()) continue;
       return message;
     }
   }
@@ -608,6 +614,15 @@ TEST_CASE("Malformed hidden-state chunks fail their own session, and the cloud k
     REQUIRE(raw.ReadFor(1).has_error());
     REQUIRE(raw.Send(OpenMessage(2, 64)));
     REQUIRE(raw.Send(ChunkMessage(2, 0, 4, d, v1::DTYPE_FLOAT32)));
+    // The prompt chunk's receipt comes first, as soon as the cloud read it (the agent's
+    // uplink pacing waits for it), then its result.
+    CHECK(raw.hello().acknowledges_chunks());
+    v1::CloudMessage receipt = raw.Read();
+    while (receipt.has_admitted()) receipt = raw.Read();
+    REQUIRE(receipt.has_received());
+    CHECK(receipt.received().session_id() == 2);
+    CHECK(receipt.received().sequence_number() == 7);
+    CHECK(receipt.received().received_at_seconds() > 0);
     v1::CloudMessage reply = raw.ReadFor(2);
     REQUIRE(reply.has_result());
     CHECK(reply.result().states().num_positions() == 4);
@@ -1319,6 +1334,71 @@ TEST_CASE("A draining cloud finishes in-flight work, and new requests move to it
   REQUIRE(second->ok());
   CHECK(second->stats.reconnects() >= 1);  // it really was turned away by the draining cloud
   CHECK(Tokens(*second) == Reference(late_prompt, 32, false));
+}
+
+TEST_CASE("A conversation's later turns reuse its earlier turns' KV on both sides and decode "
+          "what a fresh request decodes",
+          "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});
+  AgentProcess agent(dir.path(), cloud, 16, "conversation_cache:\n  enabled: true\n");
+  std::vector<int32_t> history = Tokenize(ToyPrompts(6, 1)[0]);
+  int64_t kept = 0;  // positions the previous turn left in both sides' KV
+  for (int turn = 0; turn < 3; ++turn) {
+    INFO("turn " << turn << ", " << history.size() << " prompt tokens");
+    absl::StatusOr<GenerateResult> result = agent.client().Generate(IdsRequest(history, 12, true));
+    REQUIRE(result.ok());
+    INFO(result->error);
+    REQUIRE(result->ok());
+    CHECK(Tokens(*result) == Reference(history, 12, false));
+    // Everything but the answer's last token (which no KV holds yet) comes back.
+    CHECK(result->stats.reused_prompt_tokens() == kept);
+    kept = static_cast<int64_t>(history.size()) + 12 - 1;
+    // The next turn: the answer, then a new message.
+    history.insert(history.end(), result->token_ids.begin(), result->token_ids.end());
+    const std::vector<int32_t> message = Tokenize(ToyPrompts(7 + turn, 1)[0]);
+    history.insert(history.end(), message.begin(), message.end());
+  }
+  CHECK(testing::WaitUntil([&] { return cloud.Metric("tophat_num_sessions_parked") == 1; }, 10s));
+  CHECK(cloud.Metric("tophat_parked_sessions_resumed_total") == 2);
+  CHECK(agent.Metric("tophat_prompt_positions_reused_total") > 0);
+}
+
+TEST_CASE("A conversation whose parked session the cloud evicted for another's KV starts afresh "
+          "and decodes the same tokens",
+          "[serving]") {
+  testing::TempDir dir;
+  // 20 blocks of 16 positions (the toy middle's 3 layers: 24 KiB a block), all for one device.
+  CloudProcess cloud(dir.path(), {.kv_memory = std::to_string(20 * 24) + "KiB",
+                                  .max_kv_fraction_per_device = 1});
+  AgentProcess agent(dir.path(), cloud, 16, "conversation_cache:\n  enabled: true\n");
+  std::vector<int32_t> history = Tokenize(ToyPrompts(6, 1)[0]);
+  absl::StatusOr<GenerateResult> first = agent.client().Generate(IdsRequest(history, 8, true));
+  REQUIRE(first.ok());
+  REQUIRE(first->ok());
+  // The park goes out as the answer ends, and the cloud takes it a moment later.
+  REQUIRE(testing::WaitUntil([&] { return cloud.Metric("tophat_num_sessions_parked") == 1; }, 10s));
+  // Another request that needs all 20 blocks: the parked session gives way.
+  const std::vector<int32_t> other = Tokenize(ToyPrompts(9, 1)[0]);
+  absl::StatusOr<GenerateResult> big = agent.client().Generate(
+      IdsRequest(other, 320 - static_cast<int64_t>(other.size()), true));
+  REQUIRE(big.ok());
+  INFO(big->error);
+  REQUIRE(big->ok());
+  INFO("KV blocks " << cloud.Metric("tophat_kv_cache_blocks_total") << ", parked "
+                    << cloud.Metric("tophat_num_sessions_parked"));
+  CHECK(cloud.Metric("tophat_parked_sessions_evicted_total") == 1);
+  // The next turn of the first conversation: the agent still holds its side, the cloud no
+  // longer does, so the whole prompt is computed and sent again, and the answer is right.
+  history.insert(history.end(), first->token_ids.begin(), first->token_ids.end());
+  const std::vector<int32_t> message = Tokenize(ToyPrompts(7, 1)[0]);
+  history.insert(history.end(), message.begin(), message.end());
+  absl::StatusOr<GenerateResult> second = agent.client().Generate(IdsRequest(history, 12, true));
+  REQUIRE(second.ok());
+  INFO(second->error);
+  REQUIRE(second->ok());
+  CHECK(second->stats.reused_prompt_tokens() == 0);
+  CHECK(Tokens(*second) == Reference(history, 12, false));
 }
 
 TEST_CASE("A full KV pool queues or refuses new sessions while running ones finish",

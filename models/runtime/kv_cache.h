@@ -2,6 +2,8 @@
 // layers of one submodel, which maps the sequence's positions onto blocks of a pool.
 #pragma once
 
+#include <algorithm>
+
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -120,6 +122,12 @@ class KvCache {
   // (ResourceExhausted, nothing changed): more than a growing cache's maximum or a fixed
   // cache's capacity, or the allocation failed.
   absl::Status Reserve(int64_t positions);
+  // A growing cache may grow to `max_capacity` positions from now on (a conversation's next
+  // turn carries its caches past the first turn's limit); never lowers it. No-op for any
+  // other cache.
+  void RaiseMaxCapacity(int64_t max_capacity) {
+    if (growing()) max_capacity_ = std::max(max_capacity_, max_capacity);
+  }
   const KvBlockPool& pool() const { return *pool_; }
   std::span<const int32_t> block_table() const { return block_table_; }
 

@@ -1,0 +1,84 @@
+#include "device_agent/conversation_cache.h"
+
+#include <algorithm>
+
+namespace tophat {
+
+int64_t ConversationCache::BytesOf(const ParkedConversation& conversation) {
+  int64_t bytes = 0;
+  for (const std::optional<KvCache>* cache :
+       {&conversation.input, &conversation.output, &conversation.adapter}) {
+    if (cache->has_value()) bytes += (*cache)->StorageBytes();
+  }
+  if (conversation.shallow.defined()) bytes += conversation.shallow.nbytes();
+  return bytes;
+}
+
+void ConversationCache::DropFrontLocked(std::vector<Closed>& closed) {
+  closed.emplace_back(entries_.front().epoch, entries_.front().session_id);
+  bytes_ -= entries_.front().bytes;
+  entries_.pop_front();
+}
+
+void ConversationCache::ExpireLocked(Clock::time_point now, std::vector<Closed>& closed) {
+  const auto keep_alive = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(options_.keep_alive_s));
+  // Kept in order of keeping, so the expired ones are at the front.
+  while (!entries_.empty() && now - entries_.front().kept_at >= keep_alive) {
+    DropFrontLocked(closed);
+  }
+}
+
+std::optional<ConversationCache::Taken> ConversationCache::Take(std::span<const int32_t> prompt,
+                                                                Clock::time_point now,
+                                                                std::vector<Closed>& closed) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ExpireLocked(now, closed);
+  auto best = entries_.end();
+  int64_t best_reuse = 0;
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    const int64_t limit = std::min<int64_t>(it->length, static_cast<int64_t>(prompt.size()) - 1);
+    int64_t shared = 0;
+    while (shared < limit && it->tokens[shared] == prompt[shared]) ++shared;
+    if (shared > best_reuse) {
+      best_reuse = shared;
+      best = it;
+    }
+  }
+  if (best == entries_.end() || best_reuse < std::max<int64_t>(1, options_.min_reuse_tokens)) {
+    return std::nullopt;
+  }
+  Taken taken{.conversation = std::move(*best), .reuse = best_reuse};
+  bytes_ -= taken.conversation.bytes;
+  entries_.erase(best);
+  return taken;
+}
+
+void ConversationCache::Keep(ParkedConversation conversation, Clock::time_point now,
+                             std::vector<Closed>& closed) {
+  conversation.bytes = BytesOf(conversation);
+  conversation.kept_at = now;
+  std::lock_guard<std::mutex> lock(mutex_);
+  ExpireLocked(now, closed);
+  if (conversation.bytes > options_.max_bytes || options_.max_entries == 0) {
+    closed.emplace_back(conversation.epoch, conversation.session_id);
+    return;
+  }
+  bytes_ += conversation.bytes;
+  entries_.push_back(std::move(conversation));
+  while (bytes_ > options_.max_bytes || entries_.size() > options_.max_entries) {
+    DropFrontLocked(closed);
+  }
+}
+
+size_t ConversationCache::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return entries_.size();
+}
+
+int64_t ConversationCache::bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return bytes_;
+}
+
+}  // namespace tophat

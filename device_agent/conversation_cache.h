@@ -1,0 +1,90 @@
+// Finished conversations kept for their next turn (configs: conversation_cache): the device's
+// KV caches and shallow states of every position, and the id of the cloud session parked with
+// the same positions (ParkSession, docs/protocol.md). A request whose prompt starts with a
+// kept conversation's tokens takes it, truncates both sides to the prefix they share and
+// computes and sends only the rest, as vLLM's automatic prefix caching does for a server; a
+// chat's second turn then does not re-send its first. Matching is by token ids, so it works
+// for the SDK and the OpenAI endpoint alike, and a prompt that only shares a beginning (an
+// edited last message, a regenerated answer) reuses that beginning.
+//
+// Bounded by the bytes the entries hold and by a keep-alive; beyond either, the least
+// recently kept go first. What goes is handed back for the caller to close on the cloud.
+// Lossless: the positions reused are the ones a fresh request would compute from the same
+// tokens (tests/serving_test.cc checks the tokens against a fresh request's).
+// Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "models/runtime/kv_cache.h"
+
+namespace tophat {
+
+struct ParkedConversation {
+  // The conversation so far; positions [0, length) are in every cache below, in `shallow`
+  // and in the parked cloud session's KV.
+  std::vector<int32_t> tokens;
+  int64_t length = 0;
+  uint64_t session_id = 0;  // the cloud session parked with it
+  uint64_t epoch = 0;       // the stream it is parked on (a newer stream has lost it)
+  std::optional<KvCache> input;
+  std::optional<KvCache> output;
+  std::optional<KvCache> adapter;  // when the drafter ran
+  at::Tensor shallow;              // rows [0, length): what a replay re-sends
+  int64_t bytes = 0;               // device memory it holds
+  std::chrono::steady_clock::time_point kept_at{};
+};
+
+struct ConversationCacheOptions {
+  int64_t max_bytes = 512LL << 20;
+  double keep_alive_s = 300;
+  int64_t min_reuse_tokens = 16;  // shorter shared prefixes are not worth a resume
+  size_t max_entries = 256;
+};
+
+class ConversationCache {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit ConversationCache(ConversationCacheOptions options) : options_(options) {}
+
+  struct Taken {
+    ParkedConversation conversation;
+    int64_t reuse = 0;  // positions to keep: the shared prefix, short of the prompt's end
+  };
+  // A cloud session to close: (epoch, session id).
+  using Closed = std::pair<uint64_t, uint64_t>;
+
+  // Removes and returns the kept conversation sharing the longest prefix with `prompt`, if
+  // it shares at least min_reuse_tokens. At least the prompt's last position is left to
+  // compute (its output gives the first new token). Expired entries go to `closed`.
+  std::optional<Taken> Take(std::span<const int32_t> prompt, Clock::time_point now,
+                            std::vector<Closed>& closed);
+  // Keeps `conversation` (its bytes computed here); what that pushes out, or what expired,
+  // goes to `closed`. An entry larger than max_bytes by itself is not kept (and closed).
+  void Keep(ParkedConversation conversation, Clock::time_point now, std::vector<Closed>& closed);
+
+  size_t size() const;
+  int64_t bytes() const;
+
+  // Device bytes `conversation` holds: its caches' storage and its shallow rows.
+  static int64_t BytesOf(const ParkedConversation& conversation);
+
+ private:
+  void ExpireLocked(Clock::time_point now, std::vector<Closed>& closed);
+  void DropFrontLocked(std::vector<Closed>& closed);
+
+  const ConversationCacheOptions options_;
+  mutable std::mutex mutex_;
+  std::list<ParkedConversation> entries_;  // least recently kept first
+  int64_t bytes_ = 0;
+};
+
+}  // namespace tophat
