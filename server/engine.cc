@@ -1007,6 +1007,11 @@ void Engine::Complete() {
       auto sink = streams_.find(session->stream);
       if (sink != streams_.end()) sink->second.sink->Consumed(head.wire_bytes);
     }
+    // Counted before anything is sent: whoever has the result sees it counted.
+    if (metrics_ != nullptr) {
+      (head.decode ? metrics_->generation_tokens : metrics_->prompt_tokens)
+          .Increment(part.num_tokens);
+    }
     for (int64_t piece = 0; piece < part.num_tokens; piece += piece_rows) {
       const int64_t rows = std::min(piece_rows, part.num_tokens - piece);
       v1::CloudMessage message;
@@ -1045,10 +1050,6 @@ void Engine::Complete() {
                                                     states->scales().size());
       }
       Send(key.first, std::move(message));
-    }
-    if (metrics_ != nullptr) {
-      (head.decode ? metrics_->generation_tokens : metrics_->prompt_tokens)
-          .Increment(part.num_tokens);
     }
     if (chunk_done) session->work.pop_front();
     if (chunk_done) ApplyQueuedTruncates(*session);

@@ -28,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "proto/channel_security.h"
 #include "sdk/client.h"
+#include "sdk/conversation.h"
 #include "models/runtime/bundle.h"
 #include "models/runtime/generate.h"
 #include "models/runtime/submodel.h"
@@ -1362,6 +1363,38 @@ TEST_CASE("A conversation's later turns reuse its earlier turns' KV on both side
   CHECK(testing::WaitUntil([&] { return cloud.Metric("tophat_num_sessions_parked") == 1; }, 10s));
   CHECK(cloud.Metric("tophat_parked_sessions_resumed_total") == 2);
   CHECK(agent.Metric("tophat_prompt_positions_reused_total") > 0);
+}
+
+TEST_CASE("An SDK conversation reuses its earlier turns and answers as a fresh request of the "
+          "same text does",
+          "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});
+  // Short toy sentences: any shared prefix of 4 tokens is reused.
+  AgentProcess keeping(dir.path(), cloud, 16,
+                       "conversation_cache:\n  enabled: true\n  min_reuse_tokens: 4\n");
+  AgentProcess fresh(dir.path(), cloud, 16);  // keeps nothing
+  v1::GenerateRequest options;
+  options.set_max_new_tokens(10);
+  options.set_ignore_eos(true);
+  Conversation conversation(keeping.client(), options);
+  const std::vector<std::string> messages = ToyPrompts(11, 3);
+  for (size_t turn = 0; turn < messages.size(); ++turn) {
+    const std::string prompt = conversation.transcript() + messages[turn] + " ";
+    absl::StatusOr<GenerateResult> said = conversation.Say(messages[turn] + " ");
+    REQUIRE(said.ok());
+    INFO("turn " << turn << ": " << said->error);
+    REQUIRE(said->ok());
+    v1::GenerateRequest same = options;
+    same.set_prompt(prompt);
+    absl::StatusOr<GenerateResult> reference = fresh.client().Generate(same);
+    REQUIRE(reference.ok());
+    REQUIRE(reference->ok());
+    CHECK(said->token_ids == reference->token_ids);
+    CHECK(reference->stats.reused_prompt_tokens() == 0);
+    if (turn > 0) CHECK(said->stats.reused_prompt_tokens() > 0);
+    CHECK(conversation.transcript() == prompt + said->text);
+  }
 }
 
 TEST_CASE("A conversation whose parked session the cloud evicted for another's KV starts afresh "

@@ -1,0 +1,94 @@
+#include "device_agent/conversation_cache.h"
+
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+namespace tophat {
+namespace {
+
+using Clock = ConversationCache::Clock;
+
+// A kept conversation of `tokens` (all of them in its "caches") holding `bytes` of shallow
+// rows, parked as cloud session `session`.
+ParkedConversation Kept(std::vector<int32_t> tokens, uint64_t session, int64_t bytes = 1024) {
+  ParkedConversation kept;
+  kept.length = static_cast<int64_t>(tokens.size());
+  kept.tokens = std::move(tokens);
+  kept.session_id = session;
+  kept.epoch = 1;
+  kept.shallow = at::zeros({bytes}, at::kByte);
+  return kept;
+}
+
+std::vector<int32_t> Range(int32_t first, int32_t count) {
+  std::vector<int32_t> ids;
+  for (int32_t i = 0; i < count; ++i) ids.push_back(first + i);
+  return ids;
+}
+
+TEST_CASE("ConversationCache hands out the longest shared prefix, short of the prompt's end") {
+  ConversationCache cache({.min_reuse_tokens = 4});
+  std::vector<ConversationCache::Closed> closed;
+  const Clock::time_point now = Clock::now();
+  cache.Keep(Kept(Range(0, 20), 1), now, closed);
+  std::vector<int32_t> other = Range(0, 6);
+  other.push_back(99);
+  cache.Keep(Kept(other, 2), now, closed);
+  CHECK(cache.size() == 2);
+  CHECK(closed.empty());
+
+  // A prompt extending conversation 1: all 20 of its positions.
+  std::vector<int32_t> next = Range(0, 20);
+  next.push_back(500);
+  auto taken = cache.Take(next, now, closed);
+  REQUIRE(taken.has_value());
+  CHECK(taken->conversation.session_id == 1);
+  CHECK(taken->reuse == 20);
+  CHECK(cache.size() == 1);  // it is the request's now
+
+  // The very same prompt as conversation 2's tokens: all but the last position.
+  taken = cache.Take(other, now, closed);
+  REQUIRE(taken.has_value());
+  CHECK(taken->conversation.session_id == 2);
+  CHECK(taken->reuse == 6);
+  CHECK(cache.size() == 0);
+}
+
+TEST_CASE("ConversationCache: too short a shared prefix starts afresh") {
+  ConversationCache cache({.min_reuse_tokens = 8});
+  std::vector<ConversationCache::Closed> closed;
+  cache.Keep(Kept(Range(0, 20), 1), Clock::now(), closed);
+  std::vector<int32_t> prompt = Range(0, 7);
+  prompt.push_back(1000);
+  prompt.push_back(1001);
+  CHECK_FALSE(cache.Take(prompt, Clock::now(), closed).has_value());
+  CHECK(cache.size() == 1);
+}
+
+TEST_CASE("ConversationCache lets the least recently kept go past its bytes and keep-alive") {
+  ConversationCache cache({.max_bytes = 3000, .keep_alive_s = 10, .min_reuse_tokens = 1});
+  std::vector<ConversationCache::Closed> closed;
+  const Clock::time_point t0 = Clock::now();
+  cache.Keep(Kept(Range(0, 5), 1, 1000), t0, closed);
+  cache.Keep(Kept(Range(100, 5), 2, 1000), t0 + std::chrono::seconds(1), closed);
+  cache.Keep(Kept(Range(200, 5), 3, 1500), t0 + std::chrono::seconds(2), closed);
+  // 3,500 bytes: the oldest goes, and its cloud session is to be closed.
+  REQUIRE(closed.size() == 1);
+  CHECK(closed[0] == ConversationCache::Closed{1, 1});
+  CHECK(cache.bytes() == 2500);
+  // Larger than the whole budget: never kept.
+  closed.clear();
+  cache.Keep(Kept(Range(300, 5), 4, 4000), t0 + std::chrono::seconds(3), closed);
+  REQUIRE(closed.size() == 1);
+  CHECK(closed[0].second == 4);
+  // Past the keep-alive the rest expire on the next look.
+  closed.clear();
+  CHECK_FALSE(cache.Take(Range(100, 6), t0 + std::chrono::seconds(30), closed).has_value());
+  CHECK(closed.size() == 2);
+  CHECK(cache.size() == 0);
+  CHECK(cache.bytes() == 0);
+}
+
+}  // namespace
+}  // namespace tophat
