@@ -635,6 +635,14 @@ absl::StatusOr<nlohmann::json> RunAblation(const AblationOptions& options) {
                 .value_or(0)}});
     }
     measured_links[config.name] = measured;
+    if (links.edge != nullptr) {
+      // The kernel's view of each link (drops, TCP timeouts), for runs whose links misbehaved.
+      std::string stats;
+      for (int i = 0; i < links.edge->devices(); ++i) {
+        absl::StrAppend(&stats, "## device ", i, "\n", links.edge->Stats(i), "\n");
+      }
+      bench::WriteTextFile(dir / "links.txt", stats).IgnoreError();
+    }
   }
 
   for (const std::string& dataset : options.datasets) {

@@ -90,6 +90,13 @@ absl::StatusOr<bool> EdgeLinks::Shape(int index, double uplink_bytes_per_second,
   return output.find("delay: kernel") != std::string::npos;
 }
 
+std::string EdgeLinks::Stats(int index) const {
+  std::string output;
+  absl::Status status = RunScript(script_, {"stats", std::to_string(index)}, &output);
+  if (!status.ok()) return status.ToString();
+  return output;
+}
+
 std::string EdgeLinks::HostAddress(int index) { return absl::StrCat("10.77.", index, ".1"); }
 std::string EdgeLinks::DeviceAddress(int index) { return absl::StrCat("10.77.", index, ".2"); }
 

@@ -28,6 +28,10 @@ class EdgeLinks {
   absl::StatusOr<bool> Shape(int index, double uplink_bytes_per_second,
                              double downlink_bytes_per_second, double one_way_delay_s);
 
+  // Device `index`'s qdisc and TCP counters and link state, as `script stats` prints them (the
+  // file a configuration's run leaves beside its logs, for links that misbehave).
+  std::string Stats(int index) const;
+
   int devices() const { return devices_; }
   // The cloud's address as device `index` sees it, and the device's own address.
   static std::string HostAddress(int index);

@@ -9,6 +9,9 @@
 #                                       device I: UP and DOWN bytes/s (tbf), one-way delay
 #                                       (netem, where the kernel has it); prints
 #                                       "delay: kernel" or "delay: none"
+#   edge-links.sh stats I               device I's qdisc counters both ways (sent, dropped,
+#                                       overlimits, backlog), its TCP retransmission and
+#                                       timeout counters, and its link's state
 #   edge-links.sh down                  removes every namespace and link this script made
 #
 # Uplink (device -> cloud) is shaped on the device end's egress, downlink on the host end's.
@@ -117,6 +120,23 @@ cmd_shape() {
   echo "delay: $delay"
 }
 
+cmd_stats() {
+  local i=$1
+  check_index "$i"
+  local ns
+  ns=$(namespace "$i")
+  ip netns list | grep -qw "$ns" || die "$ns does not exist"
+  echo "# th-c$i (host end: the downlink)"
+  tc -s qdisc show dev "th-c$i"
+  echo "# th-d$i (device end: the uplink)"
+  ip netns exec "$ns" tc -s qdisc show dev "th-d$i"
+  echo "# $ns TCP (since the namespace was made)"
+  ip netns exec "$ns" nstat -asz TcpRetransSegs TcpExtTCPTimeouts TcpExtTCPLossProbes \
+    TcpExtTCPSpuriousRTOs 2>/dev/null || echo "nstat: not available"
+  echo "# th-d$i link"
+  ip -n "$ns" -s link show "th-d$i"
+}
+
 cmd_down() {
   local removed=0
   for ns in $(ip netns list | awk '{print $1}' | grep -E '^tophat-dev[0-9]+$' || true); do
@@ -136,6 +156,7 @@ case "${1:-}" in
   up) (($# == 2)) || die "usage: edge-links.sh up N"; cmd_up "$2" ;;
   shape) (($# == 4 || $# == 5)) || die "usage: edge-links.sh shape I UP DOWN [DELAY_MS]"
     cmd_shape "$2" "$3" "$4" "${5:-0}" ;;
+  stats) (($# == 2)) || die "usage: edge-links.sh stats I"; cmd_stats "$2" ;;
   down) cmd_down ;;
   -h | --help | help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' ;;
   *) die "unknown command '${1:-}'; see edge-links.sh --help" ;;
