@@ -134,6 +134,10 @@ std::string AgentYaml(const AblationConfig& config, const AblationOptions& optio
       "  max_runs_in_flight: %d\n"
       "uplink_pacing:\n"
       "  enabled: %s\n"
+      // Every rate and dataset reuses the seed's prompts: kept conversations would answer
+      // the second run's from the first's KV and measure the cache, not HAT's mechanisms.
+      "conversation_cache:\n"
+      "  enabled: false\n"
       "link_emulation:\n"
       "  one_way_delay_s: %.6f\n"
       "  uplink_bytes_per_second: %.0f\n"

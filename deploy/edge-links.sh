@@ -86,6 +86,13 @@ cmd_up() {
     ip -n "$ns" addr add "10.77.$i.2/30" dev "th-d$i"
     ip -n "$ns" link set "th-d$i" up
     ip -n "$ns" link set lo up
+    # One TCP segment per packet. tbf sends nothing larger than its bucket, and a packet
+    # queued while the bucket was large stays at the head for good once a `shape` shrinks
+    # the bucket below it: with GSO packets of up to 64 KB, a rate change wedged a link
+    # (TCP timeouts with no drop counted; ARP stuck behind it too) until a later change grew
+    # the bucket again. Segments always fit the smallest bucket (3,200 bytes).
+    ip link set dev "th-c$i" gso_max_segs 1
+    ip -n "$ns" link set dev "th-d$i" gso_max_segs 1
   done
   echo "up: $n device namespace(s)"
 }
