@@ -111,6 +111,9 @@ class Agent::Request : private CloudSession {
   int64_t sent() const override { return sent_; }
   int64_t consumed() const override { return consumed_; }
   void RollBack(int64_t length) override;
+  // Rolls the cloud session's KV back to `length` positions (a Truncate; the next sequence
+  // number).
+  void SendTruncate(int64_t length);
 
   Agent& agent_;
   const v1::GenerateRequest& request_;
@@ -399,14 +402,7 @@ absl::StatusOr<bool> Agent::Request::Resume(const CloudConnection::Connected& co
     }
   }
   parked_session_id_ = 0;  // it is this request's session now
-  if (parked_length_ > reused_) {
-    v1::AgentMessage rollback;
-    v1::Truncate* truncate = rollback.mutable_truncate();
-    truncate->set_session_id(session_id_);
-    truncate->set_sequence_number(++sequence_number_);
-    truncate->set_length(static_cast<uint32_t>(reused_));
-    agent_.cloud_->Send(epoch_, std::move(rollback)).IgnoreError();
-  }
+  if (parked_length_ > reused_) SendTruncate(reused_);
   return true;
 }
 
@@ -518,14 +514,18 @@ void Agent::Request::SendAheadRows(int64_t start, const at::Tensor& rows) {
   SendDecodeRows(start, rows);
 }
 
+void Agent::Request::SendTruncate(int64_t length) {
+  v1::AgentMessage rollback;
+  v1::Truncate* truncate = rollback.mutable_truncate();
+  truncate->set_session_id(session_id_);
+  truncate->set_sequence_number(++sequence_number_);
+  truncate->set_length(static_cast<uint32_t>(length));
+  agent_.cloud_->Send(epoch_, std::move(rollback)).IgnoreError();
+}
+
 void Agent::Request::RollBack(int64_t length) {
   if (length < sent_) {
-    v1::AgentMessage rollback;
-    v1::Truncate* truncate = rollback.mutable_truncate();
-    truncate->set_session_id(session_id_);
-    truncate->set_sequence_number(++sequence_number_);
-    truncate->set_length(static_cast<uint32_t>(length));
-    agent_.cloud_->Send(epoch_, std::move(rollback)).IgnoreError();
+    SendTruncate(length);
     // Every position up to `length` has been consumed, so whatever earlier chunk still
     // answers holds only positions the truncate cancels.
     stale_below_sequence_ = sequence_number_;

@@ -405,16 +405,19 @@ void Engine::Open(StreamId stream, const v1::OpenSession& open) {
   ++usage.sessions;
   ++usage.waiting;
   usage.blocks += blocks;
-  double timeout_s =
-      open.timeout_ms() > 0 ? open.timeout_ms() / 1000.0 : options_.session_timeout_s;
-  if (options_.max_session_timeout_s > 0) {
-    timeout_s = std::min(timeout_s, options_.max_session_timeout_s);
-  }
-  session->deadline = session->opened + std::chrono::duration_cast<Clock::duration>(
-                                            std::chrono::duration<double>(timeout_s));
+  session->deadline = Deadline(session->opened, open.timeout_ms());
   sessions_.emplace(SessionKey{stream, id}, std::move(session));
   waiting_.push_back({stream, id});
   AdmitWaiting();
+}
+
+Clock::time_point Engine::Deadline(Clock::time_point from, uint32_t timeout_ms) const {
+  double timeout_s = timeout_ms > 0 ? timeout_ms / 1000.0 : options_.session_timeout_s;
+  if (options_.max_session_timeout_s > 0) {
+    timeout_s = std::min(timeout_s, options_.max_session_timeout_s);
+  }
+  return from + std::chrono::duration_cast<Clock::duration>(
+                    std::chrono::duration<double>(timeout_s));
 }
 
 std::optional<std::string> Engine::DeviceQuotaProblem(const std::string& device,
@@ -778,13 +781,7 @@ void Engine::Resume(StreamId stream, const v1::ResumeSession& resume) {
     ++usage->second.waiting;
   }
   session->quota_blocks = blocks;
-  double timeout_s =
-      resume.timeout_ms() > 0 ? resume.timeout_ms() / 1000.0 : options_.session_timeout_s;
-  if (options_.max_session_timeout_s > 0) {
-    timeout_s = std::min(timeout_s, options_.max_session_timeout_s);
-  }
-  session->deadline = session->opened + std::chrono::duration_cast<Clock::duration>(
-                                            std::chrono::duration<double>(timeout_s));
+  session->deadline = Deadline(session->opened, resume.timeout_ms());
   if (metrics_ != nullptr) metrics_->parked_sessions_resumed.Increment();
   waiting_.push_back(key);
   AdmitWaiting();

@@ -206,6 +206,9 @@ class Engine {
   void HandleEvent(Event& event);
   void HandleMessage(StreamId stream, v1::AgentMessage& message, Clock::time_point received);
   void Open(StreamId stream, const v1::OpenSession& open);
+  // A session's deadline: `timeout_ms` after `from` (0: limits.session_timeout_s), cut to
+  // limits.max_session_timeout_s.
+  Clock::time_point Deadline(Clock::time_point from, uint32_t timeout_ms) const;
   void Park(StreamId stream, const v1::ParkSession& park);
   void Resume(StreamId stream, const v1::ResumeSession& resume);
   // Evicts parked sessions, least recently parked first (only `device`'s when it is set),
