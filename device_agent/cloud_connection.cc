@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/channel_security.h"
+#include "proto/session_of.h"
 
 namespace tophat {
 
@@ -29,24 +30,6 @@ std::optional<MailboxEvent> SessionMailbox::Pop(std::chrono::steady_clock::time_
 void SessionMailbox::Interrupt() { Push({.kind = MailboxEvent::Kind::kInterrupted}); }
 
 namespace {
-
-// The session a message belongs to; nullopt for messages of the whole stream.
-std::optional<uint64_t> SessionOf(const v1::AgentMessage& message) {
-  switch (message.kind_case()) {
-    case v1::AgentMessage::kOpen:
-      return message.open().session_id();
-    case v1::AgentMessage::kForward:
-      return message.forward().session_id();
-    case v1::AgentMessage::kTruncate:
-      return message.truncate().session_id();
-    case v1::AgentMessage::kCancel:
-      return message.cancel().session_id();
-    case v1::AgentMessage::kClose:
-      return message.close().session_id();
-    default:
-      return std::nullopt;
-  }
-}
 
 int64_t Ticks(std::chrono::steady_clock::time_point t) { return t.time_since_epoch().count(); }
 
@@ -399,32 +382,18 @@ void CloudConnection::Run() {
 }
 
 void CloudConnection::Route(v1::CloudMessage message, uint64_t epoch) {
-  uint64_t session_id = 0;
-  switch (message.kind_case()) {
-    case v1::CloudMessage::kAdmitted:
-      session_id = message.admitted().session_id();
-      break;
-    case v1::CloudMessage::kResult:
-      session_id = message.result().session_id();
-      break;
-    case v1::CloudMessage::kTruncated:
-      session_id = message.truncated().session_id();
-      break;
-    case v1::CloudMessage::kError:
-      session_id = message.error().session_id();
-      break;
-    case v1::CloudMessage::kControl: {
-      std::lock_guard<std::mutex> lock(mutex_);
-      *hello_.mutable_control() = message.control();
-      return;
-    }
-    case v1::CloudMessage::kReceived:
-      Acknowledged(message.received(), epoch);
-      return;
-    case v1::CloudMessage::kHello:
-    case v1::CloudMessage::KIND_NOT_SET:
-      return;
+  if (message.has_control()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    *hello_.mutable_control() = message.control();
+    return;
   }
+  if (message.has_received()) {  // the pacer's, not a session's mailbox's
+    Acknowledged(message.received(), epoch);
+    return;
+  }
+  const std::optional<uint64_t> session = SessionOf(message);
+  if (!session.has_value()) return;  // a second Hello, or a kind this build does not know
+  const uint64_t session_id = *session;
   std::shared_ptr<SessionMailbox> mailbox;
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -15,6 +15,7 @@
 
 #include "proto/channel_security.h"
 #include "proto/grpc_status.h"
+#include "proto/session_of.h"
 
 namespace tophat {
 namespace {
@@ -228,25 +229,9 @@ void StreamChannel::Send(v1::CloudMessage message) {
 }
 
 void StreamChannel::EnqueueLocked(v1::CloudMessage message, int64_t bytes) {
-  uint64_t session = 0;
-  bool bulk = false;
-  switch (message.kind_case()) {
-    case v1::CloudMessage::kResult:
-      session = message.result().session_id();
-      bulk = message.result().phase() == v1::PHASE_PREFILL;
-      break;
-    case v1::CloudMessage::kTruncated:
-      session = message.truncated().session_id();
-      break;
-    case v1::CloudMessage::kError:
-      session = message.error().session_id();
-      break;
-    case v1::CloudMessage::kAdmitted:
-      session = message.admitted().session_id();
-      break;
-    default:  // receipts, control, hello: no order to keep with any session's results
-      break;
-  }
+  // Receipts, control and hello keep no order with any session's results.
+  const uint64_t session = message.has_received() ? 0 : SessionOf(message).value_or(0);
+  bool bulk = message.has_result() && message.result().phase() == v1::PHASE_PREFILL;
   if (!bulk && session != 0 && bulk_per_session_.contains(session)) bulk = true;
   if (bulk) {
     ++bulk_per_session_[session];
