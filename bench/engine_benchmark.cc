@@ -172,6 +172,17 @@ class EngineDriver {
     return nullptr;
   }
 
+  // Every result piece for session `id` among the last step's results, in the order sent:
+  // a prompt chunk's result leaves the engine in pieces of at most max_result_piece_bytes,
+  // and only the last one carries chunk_done.
+  std::vector<const v1::ForwardResult*> Pieces(uint64_t id) const {
+    std::vector<const v1::ForwardResult*> pieces;
+    for (const v1::CloudMessage& message : sink_->results()) {
+      if (message.result().session_id() == id) pieces.push_back(&message.result());
+    }
+    return pieces;
+  }
+
  private:
   static constexpr StreamId kStream = 1;
   std::unique_ptr<Engine> engine_;
@@ -224,6 +235,7 @@ struct CaseResult {
   double ratio = 0;              // engine_ms / raw_ms
   double paired_ratio = 0;       // median over repetitions of engine / raw of the same pair
   double max_abs_diff = 0;       // engine result vs raw output, last repetition
+  int64_t result_pieces = 1;     // the pieces one step's result for a session left in
   double bound_ms = 0;           // the case's floor from the measured machine bounds
   double bound_fraction = 0;     // bound_ms / engine_ms
   bool pass = false;
@@ -234,6 +246,35 @@ double MaxAbsDiff(const v1::ForwardResult& result, const at::Tensor& raw_rows) {
   at::Tensor engine_rows = at::from_blob(const_cast<char*>(data.data()), raw_rows.sizes(),
                                          raw_rows.scalar_type());
   return (engine_rows.to(at::kFloat) - raw_rows.to(at::kCPU, at::kFloat)).abs().max().item<double>();
+}
+
+// A chunk's result sent in pieces: they must cover its `n` positions from `first` in order,
+// the last (and only the last) marked chunk_done. Returns the largest difference from the
+// raw forward's rows.
+absl::StatusOr<double> PiecesMaxAbsDiff(const std::vector<const v1::ForwardResult*>& pieces,
+                                        int64_t first, int64_t n, const at::Tensor& raw_rows,
+                                        const std::string& name) {
+  double max_diff = 0;
+  int64_t next = first;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const v1::ForwardResult& piece = *pieces[i];
+    const int64_t rows = piece.states().num_positions();
+    const bool last = i + 1 == pieces.size();
+    if (static_cast<int64_t>(piece.first_position()) != next || rows <= 0 ||
+        piece.chunk_done() != last) {
+      return absl::InternalError(absl::StrCat(
+          name, ": result piece ", i, " of ", pieces.size(), " holds positions [",
+          piece.first_position(), ", ", piece.first_position() + rows, ") with chunk_done ",
+          piece.chunk_done() ? "set" : "unset", "; expected it to start at ", next));
+    }
+    max_diff = std::max(max_diff, MaxAbsDiff(piece, raw_rows.narrow(0, next - first, rows)));
+    next += rows;
+  }
+  if (next != first + n) {
+    return absl::InternalError(absl::StrCat(name, ": the result pieces cover ", next - first,
+                                            " of the chunk's ", n, " positions"));
+  }
+  return max_diff;
 }
 
 // Bytes a decode step must read at least: every weight once, and each session's keys and
@@ -382,18 +423,20 @@ absl::StatusOr<CaseResult> RunPrefillCase(const Submodel& middle, EngineDriver& 
 
     TOPHAT_RETURN_IF_ERROR(out.status());
     TOPHAT_RETURN_IF_ERROR(driver.CheckNoErrors(r.name));
-    const v1::ForwardResult* result = driver.Result(ids[0]);
-    if (computed != n || result == nullptr || !result->chunk_done()) {
+    const std::vector<const v1::ForwardResult*> pieces = driver.Pieces(ids[0]);
+    if (computed != n || pieces.empty()) {
       return absl::InternalError(absl::StrCat(
           r.name, ": the engine step computed ", computed, " positions; expected the whole ", n,
           "-position chunk in one step (max_batch_tokens too small?)"));
     }
+    TOPHAT_ASSIGN_OR_RETURN(const double diff, PiecesMaxAbsDiff(pieces, 0, n, *out, r.name));
+    r.result_pieces = static_cast<int64_t>(pieces.size());
     if (step >= warmup) {
       engine_s.push_back(SecondsBetween(e0, e1));
       raw_s.push_back(SecondsBetween(r0, r1));
-      compute_s.push_back(result->compute_seconds());
+      compute_s.push_back(pieces.front()->compute_seconds());
     }
-    if (step == steps - 1) r.max_abs_diff = MaxAbsDiff(*result, *out);
+    if (step == steps - 1) r.max_abs_diff = diff;
     TOPHAT_RETURN_IF_ERROR(driver.Close(ids));
   }
   Finish(r, engine_s, compute_s, raw_s, args.goal);
@@ -549,6 +592,7 @@ int Run(const Args& args) {
                           {"ratio", r.ratio},
                           {"paired_ratio", r.paired_ratio},
                           {"max_abs_diff", r.max_abs_diff},
+                          {"result_pieces", r.result_pieces},
                           {"bound_ms", r.bound_ms},
                           {"bound_fraction", r.bound_fraction},
                           {"tokens_per_second",

@@ -2,6 +2,9 @@
 // test case exits with code 77, which CTest reports as skipped (SKIP_RETURN_CODE), never as
 // passed. TOPHAT_REQUIRE_GPU=1 (set by deploy/gpu/check.sh) turns a missing device into a
 // failure, so a GPU machine whose build lost CUDA cannot pass by skipping.
+// TOPHAT_GPU_TEST_REHEARSAL=1 runs the cases without a device: only for the serving cases,
+// whose cloud then runs where TOPHAT_TEST_CLOUD_DEVICE says (check.sh --rehearse sets cpu),
+// to show on a CPU machine that a GPU bundle's programs run from it.
 #include <ATen/Context.h>
 
 #include <cstdio>
@@ -15,7 +18,9 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::string_view(argv[i]).starts_with("--list")) listing = true;
   }
-  if (!listing && !(at::hasCUDA() && at::getNumGPUs() > 0)) {
+  const char* rehearsal = std::getenv("TOPHAT_GPU_TEST_REHEARSAL");
+  const bool rehearsing = rehearsal != nullptr && std::string_view(rehearsal) == "1";
+  if (!listing && !rehearsing && !(at::hasCUDA() && at::getNumGPUs() > 0)) {
     const char* require = std::getenv("TOPHAT_REQUIRE_GPU");
     if (require != nullptr && std::string_view(require) == "1") {
       std::fprintf(stderr, "TOPHAT_REQUIRE_GPU=1 but LibTorch sees no CUDA device "

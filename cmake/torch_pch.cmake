@@ -77,8 +77,8 @@ function(tophat_precompile_torch_headers)
     endif()
     # -fopenmp defines _OPENMP, which GCC counts against a header precompiled without it
     # (tophat_kernels: six files, not worth a third precompiled header).
-    get_target_property(_libs ${_target} LINK_LIBRARIES)
-    if("OpenMP::OpenMP_CXX" IN_LIST _libs)
+    get_target_property(_openmp ${_target} TOPHAT_OPENMP)
+    if(_openmp)
       continue()
     endif()
     if(_type STREQUAL "EXECUTABLE")

@@ -53,8 +53,27 @@ fs::path EnvPath(const char* name, const char* fallback) {
   return value != nullptr && *value != '\0' ? value : fallback;
 }
 
-fs::path ToyDir() { return EnvPath("TOPHAT_TOY_MODEL_DIR", TOPHAT_DEFAULT_TOY_MODEL_DIR); }
-fs::path BinDir() { return EnvPath("TOPHAT_BIN_DIR", TOPHAT_DEFAULT_BIN_DIR); }
+// The first folder at or above this test binary's own folder that holds `marker`, joined
+// with `leaf`: in the build tree (build/release/tests, below build/release and the sources)
+// and in an unpacked GPU bundle (deploy/gpu/pack.sh) alike, with no path of the machine
+// that built it compiled in. An environment variable `env` overrides it.
+fs::path FoundAbove(const char* env, const fs::path& marker, const fs::path& leaf) {
+  const char* value = std::getenv(env);
+  if (value != nullptr && *value != '\0') return value;
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  for (fs::path dir = self.parent_path(); !dir.empty(); dir = dir.parent_path()) {
+    if (fs::exists(dir / marker, ec)) return dir / leaf;
+    if (dir == dir.root_path()) break;
+  }
+  return fs::path("(no ") / marker / (") above " + self.string() + "; set " + env + ")");
+}
+
+fs::path ToyDir() { return FoundAbove("TOPHAT_TOY_MODEL_DIR", "toy-model/config.json", "toy-model"); }
+fs::path BinDir() { return FoundAbove("TOPHAT_BIN_DIR", "bin/tophat-cloud", "bin"); }
+fs::path MakeCertsScript() {
+  return FoundAbove("TOPHAT_SOURCE_DIR", "deploy/make-certs.sh", "") / "deploy" / "make-certs.sh";
+}
 // Where the cloud's middle submodel runs: `cpu`, or what tophat_serving_cuda_test sets
 // (cuda) to run the [cuda-cloud] cases with the cloud on a GPU.
 std::string CloudDevice() { return EnvPath("TOPHAT_TEST_CLOUD_DEVICE", "cpu").string(); }
@@ -77,8 +96,7 @@ std::vector<int> CloudStages() {
 const fs::path& Certs() {
   static const fs::path dir = [] {
     fs::path out = fs::temp_directory_path() / ("tophat-serving-certs-" + std::to_string(getpid()));
-    const std::string script =
-        (EnvPath("TOPHAT_SOURCE_DIR", TOPHAT_DEFAULT_SOURCE_DIR) / "deploy" / "make-certs.sh").string();
+    const std::string script = MakeCertsScript().string();
     REQUIRE(std::system(("bash " + script + " " + out.string() + " device-1 device-2").c_str()) == 0);
     return out;
   }();
@@ -711,10 +729,7 @@ TEST_CASE("The cloud's port takes only devices whose certificate its CA signed",
         grpc::StatusCode::UNAVAILABLE);
   // A certificate with a device's name from another CA.
   const fs::path other = dir.path() / "other-ca";
-  REQUIRE(std::system(("bash " +
-                       (EnvPath("TOPHAT_SOURCE_DIR", TOPHAT_DEFAULT_SOURCE_DIR) / "deploy" /
-                        "make-certs.sh").string() +
-                       " " + other.string() + " device-1")
+  REQUIRE(std::system(("bash " + MakeCertsScript().string() + " " + other.string() + " device-1")
                           .c_str()) == 0);
   auto forged = MutualTlsChannelCredentials({.certificate_file = (other / "device-1.crt").string(),
                                              .private_key_file = (other / "device-1.key").string(),

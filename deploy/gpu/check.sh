@@ -1,72 +1,200 @@
 #!/usr/bin/env bash
-# The one command for a GPU server: builds against PyTorch's CUDA LibTorch, runs the GPU
-# tests (label `gpu`, which must run, not skip) and the GPU benchmark, and prints its tables.
+# The GPU check, on a GPU server with PyTorch and nothing else: unpacks a bundle from
+# deploy/gpu/pack.sh, takes LibTorch from the server's own PyTorch, and runs, each phase under
+# its own time limit (a hang costs its phase, not the window):
+#   the libraries   every program finds every library it needs
+#   gpu tests       kernels, runtime (submodel), pipeline (NCCL): every case must run, not skip
+#   cuda-cloud      the serving cases with the cloud's middle on the GPU, then split into two
+#                   pipeline stages on it (cuda-two-stage-cloud; one GPU cannot hold two NCCL
+#                   ranks, so these stages talk Gloo through host memory)
+#   engine bench    tophat-bench-engine on a Llama-3-8B-shaped middle (m = 2, k = 1) in bf16:
+#                   decode at batch 1, 8, 32, 64, 128 over 1,024 positions, a 2,048-position
+#                   prefill chunk, against bounds measured in the same run
+#   hf compare      the same layers in Hugging Face transformers (bench/hf_compare.py)
+# then prints a summary and the tables. The whole check takes at most --budget seconds.
 #
-#   bash deploy/gpu/check.sh [--debs DIR] [--out DIR] [--quick] [--no-bench]
+#   bash check.sh --bundle FILE --out DIR [--work DIR] [--budget S] [--rehearse]
 #
-# --debs DIR: the Debian packages from deploy/gpu/fetch-debs.sh (machines without apt).
-# --out DIR:  where logs and the benchmark's JSON go (default build/gpu-check).
-# --quick:    benchmark at fewer batch sizes and repetitions.
-set -euo pipefail
-cd "$(dirname "$0")/../.."
+# --out DIR gets summary.txt, logs.tar.gz (every phase's log), bench-engine.json and
+#   hf-compare.json: few files, for machines that return only a few.
+# --work DIR: where the bundle is unpacked and the model written (default: a temporary folder).
+# --budget S: seconds for everything (default 470, inside an 8-minute command).
+# --rehearse: on a machine without a GPU, the same bundle runs what it can on the CPU: the GPU
+#   tests must load and report themselves skipped, the serving cases run with a CPU cloud, the
+#   benchmarks at a small size. It shows the bundle is self-contained (deploy/gpu/pack.sh's
+#   test runs it in a folder apart from the build).
+# Exit status: 0 when every phase passed (in a rehearsal: ran or skipped as expected).
+set -uo pipefail
 
-debs=()
-out="build/gpu-check"
-quick=0
-run_bench=1
+bundle=""
+out=""
+work=""
+budget=470
+rehearse=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    --debs) debs=(--debs "$2"); shift 2 ;;
+    --bundle) bundle="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
-    --quick) quick=1; shift ;;
-    --no-bench) run_bench=0; shift ;;
-    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --work) work="$2"; shift 2 ;;
+    --budget) budget="$2"; shift 2 ;;
+    --rehearse) rehearse=1; shift ;;
+    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || {
-  echo "check.sh: nvidia-smi found no GPU" >&2; exit 1; }
-if ! bash deploy/gpu/build.sh "${debs[@]}" >"$out/build.log" 2>&1; then
-  grep -E 'error|FAILED' "$out/build.log" | head -40
-  echo "check.sh: build failed, see $out/build.log" >&2
-  exit 1
+if [ -z "$bundle" ] || [ -z "$out" ]; then
+  echo "check.sh: --bundle FILE and --out DIR are required (see --help)" >&2; exit 2
 fi
-[ -n "${debs[*]}" ] && export TOPHAT_GPU_PREFIX="$PWD/build/gpu-prefix"
-# shellcheck source=env.sh
-source deploy/gpu/env.sh
+[ -f "$bundle" ] || { echo "check.sh: no bundle at $bundle" >&2; exit 2; }
+started=$(date +%s)
+deadline=$(( started + budget ))
+mkdir -p "$out" && out=$(cd "$out" && pwd)
+bundle=$(cd "$(dirname "$bundle")" && pwd)/$(basename "$bundle")
+if [ -z "$work" ]; then work=$(mktemp -d "${TMPDIR:-/tmp}/tophat-gpu-check.XXXXXX"); fi
+mkdir -p "$work" && work=$(cd "$work" && pwd)
+logs="$work/logs"
+rm -rf "$logs" && mkdir -p "$logs"
+summary="$out/summary.txt"
+: >"$summary"
+python="${PYTHON:-python3}"
 
-# LibTorch's exported copies of libstdc++ code must come after the system's (see
-# cmake/torch_includes.cmake): the first library tophat-cloud needs is libstdc++.
-first_needed=$(readelf -d build/gpu/bin/tophat-cloud | awk '/NEEDED/ {print $5; exit}')
-echo "first needed library of tophat-cloud: $first_needed"
-case "$first_needed" in
-  *libstdc++*) ;;
-  *) echo "check.sh: WARNING: libstdc++ is not the first needed library; std::filesystem calls may crash" >&2 ;;
-esac
+say() { echo "$*" | tee -a "$summary"; }
+elapsed() { echo $(( $(date +%s) - started )); }
+failed=0
+# phase NAME LIMIT_S EXPECT COMMAND...: runs COMMAND with its output in logs/NAME.log, killed
+# after LIMIT_S or when the whole budget is spent, whichever is first. EXPECT: pass, or skip
+# (exit 77 is the expected outcome: a GPU program on a machine without one).
+phase() {
+  local name="$1" limit="$2" expect="$3"; shift 3
+  local left=$(( deadline - $(date +%s) ))
+  if [ "$left" -lt 10 ]; then
+    say "$(printf '%-28s %-10s %5s s  (no time left in the %s s budget)' "$name" "NOT RUN" 0 "$budget")"
+    failed=1; return 1
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  local t0 rc verdict
+  t0=$(date +%s)
+  timeout -k 10 "$limit" "$@" >"$logs/$name.log" 2>&1
+  rc=$?
+  case "$rc:$expect" in
+    0:pass) verdict="passed" ;;
+    77:skip) verdict="skipped" ;;
+    124:*|137:*) verdict="TIMED OUT"; failed=1 ;;
+    *) verdict="FAILED"; failed=1 ;;
+  esac
+  say "$(printf '%-28s %-10s %5s s  (exit %s; logs/%s.log)' "$name" "$verdict" $(( $(date +%s) - t0 )) "$rc" "$name")"
+  if [ "$verdict" = "FAILED" ] || [ "$verdict" = "TIMED OUT" ]; then
+    tail -15 "$logs/$name.log" | sed 's/^/    | /' | tee -a "$summary"
+  fi
+  # The logs so far, in case the command around this one is cut off.
+  tar -C "$work" -czf "$out/logs.tar.gz" logs 2>/dev/null
+  [ "$verdict" = "passed" ] || [ "$verdict" = "skipped" ]
+}
 
-echo "== GPU tests (ctest -L gpu) =="
-set +e
-TOPHAT_REQUIRE_GPU=1 ctest --test-dir build/gpu -L gpu --output-on-failure 2>&1 | tee "$out/gpu-tests.log"
-status=${PIPESTATUS[0]}
-set -e
+say "tophat GPU check: $(basename "$bundle"), $(date -u +%Y-%m-%dT%H:%M:%SZ), budget ${budget} s$([ $rehearse = 1 ] && echo ', CPU rehearsal')"
 
-if [ "$run_bench" -eq 1 ]; then
-  # Llama-3-8B's shape with random bf16 weights, split m = 2, k = 1: a 29-layer middle.
-  model="${TOPHAT_BENCH_MODEL:-build/gpu-check-model/llama3-8b}"
-  echo "== GPU benchmark: engine decode and prefill, Llama-3-8B shape, bf16 =="
-  python3 bench/random_checkpoint.py --out "$model" --preset llama3-8b --dtype bf16
-  batches=(1 8 32 64 128)
-  reps=30
-  if [ "$quick" -eq 1 ]; then batches=(1 64); reps=10; fi
-  build/gpu/bin/tophat-bench-engine --model "$model" -m 2 -k 1 --device cuda --dtype bfloat16 \
-    --context 1024 --batch "${batches[@]}" --prefill-tokens 2048 --repetitions "$reps" \
-    --json "$out/bench-engine-gpu.json" 2>&1 | tee "$out/bench-engine-gpu.log"
-  echo "== the same layers in Hugging Face transformers (eager; static cache + torch.compile) =="
-  python3 bench/hf_compare.py --model "$model" -m 2 -k 1 --context 1024 --batch 1 32 \
-    --repetitions "$reps" --json "$out/hf-compare.json" 2>&1 | tee "$out/hf-compare.log" ||
-    echo "check.sh: the transformers comparison failed (see $out/hf-compare.log)" >&2
+# --- Unpack.
+rm -rf "$work/tophat-gpu-bundle"
+if command -v xz >/dev/null; then
+  tar -C "$work" -xJf "$bundle"
+else
+  "$python" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$bundle" "$work"
+fi || { say "check.sh: cannot unpack $bundle"; exit 1; }
+root="$work/tophat-gpu-bundle"
+sed -n '1,3p' "$root/MANIFEST" | sed 's/^/bundle: /' | tee -a "$summary"
+
+# --- LibTorch from this server's PyTorch, and the CUDA libraries its wheel brought.
+torch_info=$("$python" -c '
+import os, torch
+print(os.path.dirname(torch.__file__)); print(torch.__version__.split("+")[0]); print(torch.__version__)
+' 2>"$logs/torch.log") || { say "check.sh: $python cannot import torch: $(tail -1 "$logs/torch.log")"; exit 1; }
+torch_dir=$(echo "$torch_info" | sed -n 1p)
+torch_version=$(echo "$torch_info" | sed -n 2p)
+say "server PyTorch: $(echo "$torch_info" | sed -n 3p) at $torch_dir"
+bundle_torch=$(sed -n 's/^libtorch //p' "$root/MANIFEST")
+if [ "$torch_version" != "$bundle_torch" ]; then
+  say "WARNING: the bundle was built against LibTorch $bundle_torch, this server has $torch_version"
 fi
-exit "$status"
+runtime_dirs="$torch_dir/lib"
+for d in "$(dirname "$torch_dir")"/nvidia/*/lib; do
+  [ -d "$d" ] && runtime_dirs="$runtime_dirs:$d"
+done
+# Only the bundle's programs get these (the server's own python keeps its own libraries).
+tophat_env=(env "LD_LIBRARY_PATH=$runtime_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+            "PATH=$root/bin:$PATH" "OPENSSL_CONF=$root/bin/openssl.cnf")
+
+if [ "$rehearse" = 1 ]; then
+  gpu_expect=skip
+  device=cpu
+else
+  gpu_expect=pass
+  device=cuda
+  if ! nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$logs/gpu.log" 2>&1; then
+    say "check.sh: nvidia-smi found no GPU (--rehearse runs the CPU rehearsal)"; exit 1
+  fi
+  say "GPU: $(cat "$logs/gpu.log")"
+fi
+
+# --- Every program finds every library.
+check_libraries() {
+  local missing=0
+  for f in "$root"/bin/* "$root"/tests/*; do
+    [ "$(head -c 4 "$f" | od -An -c | tr -d ' ')" = "177ELF" ] || continue
+    if "${tophat_env[@]}" ldd "$f" | grep 'not found'; then
+      echo "  ^ needed by $f"; missing=1
+    fi
+  done
+  return $missing
+}
+phase libraries 60 pass check_libraries || { say "check.sh: programs cannot start; nothing else runs"; exit 1; }
+
+# --- The GPU tests: every case must run (TOPHAT_REQUIRE_GPU turns a skip into a failure).
+gpu_tests_env=("${tophat_env[@]}")
+[ "$rehearse" = 1 ] || gpu_tests_env+=(TOPHAT_REQUIRE_GPU=1)
+for t in tophat_kernels_gpu_test tophat_runtime_gpu_test tophat_pipeline_gpu_test; do
+  phase "${t%_test}" 120 "$gpu_expect" "${gpu_tests_env[@]}" "$root/tests/$t"
+done
+
+# --- The serving cases with the cloud on the GPU (in a rehearsal: on the CPU).
+serving_env=("${gpu_tests_env[@]}")
+[ "$rehearse" = 1 ] && serving_env+=(TOPHAT_GPU_TEST_REHEARSAL=1 TOPHAT_TEST_CLOUD_DEVICE=cpu)
+phase cuda-cloud 180 pass "${serving_env[@]}" "$root/tests/tophat_serving_cuda_test" "[cuda-cloud]"
+phase cuda-two-stage-cloud 150 pass "${serving_env[@]}" \
+  "$root/tests/tophat_serving_cuda_staged_test" "[staged][cuda-cloud]"
+
+# --- The engine benchmark.
+bench_args=()
+if [ "$rehearse" = 1 ]; then
+  model="$root/toy-model"
+  bench_args=(--device cpu --dtype float32 --context 64 --batch 1 4 --prefill-tokens 512
+              --repetitions 3 --prefill-repetitions 2 --warmup 1)
+  hf_model="$work/tiny-model"
+  phase checkpoint 60 pass "$python" "$root/bench/random_checkpoint.py" --out "$hf_model" \
+    --preset tiny --dtype f32
+  hf_args=(--device cpu --dtype float32 --modes eager --context 32 --batch 1 2 --repetitions 3)
+else
+  # Llama-3-8B's shape with random bf16 weights; the middle is 29 layers (~13 GB).
+  model="$work/llama3-8b"
+  phase checkpoint 150 pass "$python" "$root/bench/random_checkpoint.py" --out "$model" \
+    --preset llama3-8b --dtype bf16
+  bench_args=(--device cuda --dtype bfloat16 --context 1024 --batch 1 8 32 64 128
+              --prefill-tokens 2048 --repetitions 30)
+  hf_model="$model"
+  hf_args=(--device cuda --dtype bfloat16 --context 1024 --batch 1 32 --repetitions 30)
+fi
+phase engine-bench 150 pass "${tophat_env[@]}" "$root/bin/tophat-bench-engine" --model "$model" \
+  -m 2 -k 1 "${bench_args[@]}" --json "$out/bench-engine.json"
+phase hf-compare 120 pass "$python" "$root/bench/hf_compare.py" --model "$hf_model" -m 2 -k 1 \
+  "${hf_args[@]}" --json "$out/hf-compare.json"
+
+# --- The tables.
+for name in engine-bench hf-compare; do
+  if [ -f "$logs/$name.log" ]; then
+    echo "== $name ==" | tee -a "$summary"
+    # The table: the lines with column bars, and what the benchmark said of the machine.
+    grep -E '\|| bounds:|^-{20,}' "$logs/$name.log" | tee -a "$summary"
+  fi
+done
+say "check.sh: $( [ $failed = 0 ] && echo 'every phase passed' || echo 'SOME PHASES FAILED') in $(elapsed) s; logs in $out/logs.tar.gz"
+tar -C "$work" -czf "$out/logs.tar.gz" logs 2>/dev/null
+exit $failed

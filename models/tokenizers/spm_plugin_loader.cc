@@ -36,14 +36,16 @@ std::vector<fs::path> CandidatePaths() {
   std::vector<fs::path> paths;
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec && !exe.empty()) {
-    const fs::path dir = exe.parent_path();
+  if (ec || exe.empty()) return paths;
+  // Beside the program, then in lib/tophat/ or bin/ of each folder above it: an install
+  // (/usr/bin -> /usr/lib/tophat), the build tree (a unit test in build/release/models/...
+  // -> build/release/bin) and an unpacked GPU bundle alike, with no build path compiled in.
+  for (fs::path dir = exe.parent_path(); !dir.empty(); dir = dir.parent_path()) {
     paths.push_back(dir / kPluginName);
-    paths.push_back((dir / ".." / "lib" / "tophat" / kPluginName).lexically_normal());
+    paths.push_back(dir / "lib" / "tophat" / kPluginName);
+    paths.push_back(dir / "bin" / kPluginName);
+    if (dir == dir.root_path()) break;
   }
-#ifdef TOPHAT_SPM_PLUGIN_BUILD_PATH
-  paths.emplace_back(TOPHAT_SPM_PLUGIN_BUILD_PATH);
-#endif
   return paths;
 }
 
