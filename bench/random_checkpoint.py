@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Writes a random Hugging Face checkpoint in a real model's shape, for GPU benchmarks.
 
-    python3 bench/random_checkpoint.py --out DIR [--preset llama3-8b] [--dtype bf16]
+    python3 bench/random_checkpoint.py --out DIR [--preset llama3-8b|tiny] [--dtype bf16|f16|f32]
 
-Weights are normal(0, 0.02) (norms 1), drawn on the GPU when there is one, and saved as
-safetensors shards (one per layer) with model.safetensors.index.json, so tophat and
-transformers load the very same bytes. Nothing is downloaded. Reuses DIR when its
-config.json already matches.
+Weights are normal(0, initializer_range, else 0.02) (norms 1), drawn on the GPU when there
+is one, else on the CPU, and saved as safetensors shards (one per layer) with
+model.safetensors.index.json, so tophat and transformers load the very same bytes. Nothing
+is downloaded. Reuses DIR when its config.json already matches. "tiny" is a 4-layer model
+for CPU smoke tests of the benchmark scripts (the hf_compare_runs test); its larger
+initializer_range gives attention scores of order 1, so a wrong position or mask changes
+the layers' output measurably.
 """
 import argparse
 import json
@@ -37,6 +40,28 @@ PRESETS = {
         "bos_token_id": 128000,
         "eos_token_id": 128001,
     },
+    # Under 1 MB in float32: hidden 64, 4 query heads of 16 over 2 KV heads (GQA), 4 layers.
+    # Weights normal(0, 0.125) = 1 / sqrt(hidden): query and key entries of order 1.
+    "tiny": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "vocab_size": 256,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "initializer_range": 0.125,
+    },
 }
 
 
@@ -64,11 +89,12 @@ def main() -> int:
     generator = torch.Generator(device=device).manual_seed(args.seed)
     d, inter = config["hidden_size"], config["intermediate_size"]
     hd = config["head_dim"]
+    std = config.get("initializer_range", 0.02)  # transformers' default
     q, kv = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
 
     def normal(*shape):
         t = torch.empty(*shape, device=device, dtype=torch.float32)
-        t.normal_(0.0, 0.02, generator=generator)
+        t.normal_(0.0, std, generator=generator)
         return t.to(dtype).cpu().contiguous()
 
     def ones(n):
@@ -106,7 +132,7 @@ def main() -> int:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
     with open(config_path, "w") as f:
         json.dump(config, f, indent=1)
-    print(f"random_checkpoint: wrote {total / 1e9:.1f} GB to {args.out}", file=sys.stderr)
+    print(f"random_checkpoint: wrote {total / 1e6:,.1f} MB to {args.out}", file=sys.stderr)
     return 0
 
 

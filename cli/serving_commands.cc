@@ -1,5 +1,6 @@
 #include "cli/serving_commands.h"
 
+#include <filesystem>
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
@@ -31,6 +32,20 @@ using tophat::Fail;
 
 namespace tophat::cli {
 namespace {
+
+// deploy/edge-links.sh in the first folder above this program that has it: the source tree
+// of a build tree's program (build/release/bin -> the sources), with no path of the machine
+// that built it compiled in. Elsewhere --links-script names it.
+std::filesystem::path EdgeLinksScriptAboveProgram() {
+  const std::filesystem::path relative = std::filesystem::path("deploy") / "edge-links.sh";
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  for (std::filesystem::path dir = self.parent_path(); !dir.empty(); dir = dir.parent_path()) {
+    if (std::filesystem::exists(dir / relative, ec)) return dir / relative;
+    if (dir == dir.root_path()) break;
+  }
+  return relative;  // relative to the working directory; the ablation says if it is missing
+}
 
 const char* FinishName(v1::FinishReason reason) {
   switch (reason) {
@@ -225,7 +240,7 @@ int RunAblationCommand(const AblationArgs& args) {
   options.sla = {.ttft_s = args.sla_ttft_s, .tbt_s = args.sla_tbt_s};
   options.links = args.links;
   options.links_script = args.links_script.empty()
-                             ? fs::path(TOPHAT_SOURCE_DIR) / "deploy" / "edge-links.sh"
+                             ? EdgeLinksScriptAboveProgram()
                              : fs::path(args.links_script);
   options.one_way_delay_s = args.one_way_delay_ms / 1e3;
   // The links are scaled by the model's float32 hidden state (the cloud's dtype in the

@@ -1,32 +1,25 @@
 #!/usr/bin/env bash
-# The official OpenAI client (npm `openai`, run by this machine's Node.js) against a real
-# tophat-cloud and tophat-agent on loopback, the agent's OpenAI endpoint on: chat (streaming
-# and not), a stop sequence, seeded completions, bad requests, and a client that disconnects
-# mid-stream (its request cancelled, the cloud's KV freed). tests/openai_client_test.mjs.
-# Exit 77 (CTest: skipped) when Node.js is missing or npm cannot fetch the client.
+# The official OpenAI client (the Python `openai` package, from deploy/requirements.txt in the
+# build's virtual environment) against a real tophat-cloud and tophat-agent on loopback, the
+# agent's OpenAI endpoint on: chat (streaming and not), a stop sequence, seeded completions,
+# bad requests, and a client that disconnects mid-stream (its request cancelled, the cloud's
+# KV freed). The cases are tests/openai_client_test.py.
+#   openai_client_test.sh BIN_DIR TOY_MODEL WORK_DIR PYTHON
+# A Python without `openai` is a failure, not a skip: deploy/install-deps.sh installs it.
 set -euo pipefail
-bin_dir="$1"; model="$2"; work="$3"
+bin_dir="$1"; model="$2"; work="$3"; python="$4"
 here="$(cd "$(dirname "$0")" && pwd)"
 rm -rf "$work/run"; mkdir -p "$work/run"
 
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-  echo "SKIPPED: node and npm are needed for the OpenAI client test"; exit 77
-fi
-# The client is installed once per build tree, pinned to a major version.
-if [ ! -f "$work/node/node_modules/openai/package.json" ]; then
-  mkdir -p "$work/node"
-  # Bounded: a registry that does not answer is a skip, not a hung test.
-  if ! timeout 240 npm install --prefix "$work/node" --no-audit --no-fund --silent \
-      --fetch-retries 1 openai@4 >"$work/npm.log" 2>&1; then
-    tail -5 "$work/npm.log"
-    rm -rf "$work/node"  # a half-finished install is not reused
-    echo "SKIPPED: npm could not install the openai client (no registry?)"; exit 77
-  fi
+if ! "$python" -c 'import openai' 2>"$work/run/import.log"; then
+  tail -3 "$work/run/import.log"
+  echo "FAIL: $python cannot import the OpenAI client (\`openai\`); run \`bash deploy/install-deps.sh\`"
+  exit 1
 fi
 
 "$bin_dir/tophat" split --model "$model" --input-layers 2 --output-layers 1 \
   --out "$work/run/bundles" >/dev/null
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+free_port() { "$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 cloud_port=$(free_port); cloud_metrics=$(free_port)
 agent_port=$(free_port); agent_metrics=$(free_port); openai_port=$(free_port)
 cat >"$work/run/cloud.yaml" <<EOF
@@ -70,9 +63,7 @@ curl -sf "http://127.0.0.1:$openai_port/health" >/dev/null || {
   echo "the agent's OpenAI endpoint never became healthy"; tail -20 "$work/run/agent.log"; exit 1; }
 
 status=0
-# ES modules resolve imports from the script's own directory (NODE_PATH does not apply).
-cp "$here/openai_client_test.mjs" "$work/node/"
-node "$work/node/openai_client_test.mjs" \
+"$python" "$here/openai_client_test.py" \
   "http://127.0.0.1:$openai_port/v1" "http://127.0.0.1:$cloud_metrics/metrics" \
   "http://127.0.0.1:$agent_metrics/metrics" || status=$?
 if [ "$status" -ne 0 ]; then

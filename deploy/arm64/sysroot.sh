@@ -47,7 +47,7 @@ if ! dpkg --print-foreign-architectures | grep -qx arm64; then
   $sudo dpkg --add-architecture arm64
   need_update=1
 fi
-if ! apt-cache show --no-all-versions libtorch-dev:arm64 >/dev/null 2>&1; then need_update=1; fi
+if ! apt-cache show --no-all-versions libgrpc++-dev:arm64 >/dev/null 2>&1; then need_update=1; fi
 if [ "$need_update" = 1 ] || [ ${#tools[@]} -gt 0 ]; then $sudo apt-get update -qq; fi
 if [ ${#tools[@]} -gt 0 ]; then
   echo "sysroot.sh: installing ${tools[*]}" >&2
@@ -93,12 +93,6 @@ for f in "${files[@]}"; do dpkg-deb -x "$debs/$f" "$root"; done
 root_abs="$(cd "$root" && pwd)"
 find "$root" -type l -lname '/*' -print0 | while IFS= read -r -d '' link; do
   ln -sfn "$root_abs$(readlink "$link")" "$link"
-done
-# Links that update-alternatives would make on an installed system: LibTorch loads the BLAS
-# and LAPACK by their generic names; OpenBLAS (pthreads) provides both.
-blas_dir="$root/usr/lib/aarch64-linux-gnu"
-for lib in libblas.so.3 liblapack.so.3; do
-  ln -sfn "openblas-pthread/$lib" "$blas_dir/$lib"
 done
 printf '%s\n' "${files[@]}" >"$stamp"
 echo "sysroot.sh: done: $(du -sh "$root" | cut -f1) in $root" >&2

@@ -6,7 +6,8 @@
 #   bash deploy/arm64/test.sh --all   the agent, the SDK, the tophat CLI, the cloud and every
 #                                     unit test (the whole tree; ~as long as a native build)
 #
-# The first run downloads ~145 MB of arm64 packages (deploy/arm64/sysroot.sh).
+# The first run downloads ~xx MB of arm64 packages (deploy/arm64/sysroot.sh) and PyTorch's
+# aarch64 wheel (~430 MB, deploy/arm64/torch.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -22,6 +23,7 @@ done
 
 started=$(date +%s)
 bash deploy/arm64/sysroot.sh
+bash deploy/arm64/torch.sh
 source deploy/logged.sh
 logged build/arm64-configure.log "arm64: configuring" cmake --preset arm64
 logged build/arm64-build.log "arm64: the build" cmake --build --preset arm64 -j "$(nproc)" \

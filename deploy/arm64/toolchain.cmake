@@ -28,11 +28,16 @@ set(CMAKE_FIND_ROOT_PATH_MODE_LIBRARY ONLY)
 set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE ONLY)
 set(CMAKE_FIND_ROOT_PATH_MODE_PACKAGE ONLY)
 
-# A few arm64 packages (gloo, armadillo, hdf4, ogdi) put their libraries in /usr/lib itself.
+# LibTorch: PyTorch's aarch64 wheel, the CPU half, unpacked by deploy/arm64/torch.sh
+# (cmake/find_torch.cmake makes its targets).
+set(TOPHAT_TORCH_ROOT "${TOPHAT_ARM64_ROOT}/opt/torch-aarch64")
+list(APPEND CMAKE_TRY_COMPILE_PLATFORM_VARIABLES TOPHAT_TORCH_ROOT)
+# A few arm64 packages (gloo) put their libraries in /usr/lib itself.
 set(_arm64_libdirs "${TOPHAT_ARM64_ROOT}/usr/lib/aarch64-linux-gnu"
                    "${TOPHAT_ARM64_ROOT}/lib/aarch64-linux-gnu"
-                   "${TOPHAT_ARM64_ROOT}/usr/lib/aarch64-linux-gnu/openblas-pthread"
-                   "${TOPHAT_ARM64_ROOT}/usr/lib")
+                   "${TOPHAT_ARM64_ROOT}/usr/lib"
+                   "${TOPHAT_TORCH_ROOT}/torch/lib"
+                   "${TOPHAT_TORCH_ROOT}/nvidia/cu13/lib")
 # The headers of the unpacked packages; the libraries' own dependencies are resolved at link
 # time through -rpath-link (they are not on the cross linker's default path).
 # Debian's multiarch header directory (openssl/opensslconf.h and the like) first.

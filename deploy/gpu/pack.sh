@@ -60,6 +60,8 @@ cp "$build_dir/bin/libtophat_spm_plugin.so" "$root/bin/"
 for t in "${gpu_tests[@]}"; do cp "$build_dir/$t" "$root/tests/"; done
 cp "$(command -v openssl)" "$root/bin/openssl"
 cp -r "$build_dir/toy-model" "$root/toy-model"
+# The adapter's record of the checkpoint it was distilled from, relative to the bundle.
+sed -i "s|$build_dir/||g" "$root"/toy-model/*.json
 cp deploy/make-certs.sh "$root/deploy/"
 cp deploy/gpu/check.sh "$root/deploy/gpu/"
 cp bench/hf_compare.py bench/random_checkpoint.py "$root/bench/"
@@ -112,12 +114,14 @@ torch_version=$(sed -n 's/.*PACKAGE_VERSION "\(.*\)".*/\1/p' \
 } >"$root/MANIFEST"
 
 # No path of this machine inside: the sources, the build tree, the Python environment.
-leaks=$(grep -rlaF -e "$source_root" -e "$build_dir" ${torch_lib:+-e "$torch_lib"} "$root" || true)
+site=""
+[ -n "$torch_lib" ] && site=$(dirname "$(dirname "$torch_lib")")
+leaks=$(grep -rlaF -e "$source_root" -e "$build_dir" ${site:+-e "$site"} "$root" || true)
 if [ -n "$leaks" ]; then
   echo "pack.sh: these files name a path of this machine:" >&2
   echo "$leaks" | sed "s|$stage/||" >&2
   for f in $leaks; do
-    grep -aoF -e "$source_root" -e "$build_dir" "$f" | sort | uniq -c | head -3 >&2
+    grep -aoE "($source_root|$build_dir${site:+|$site})[^[:space:][:cntrl:]\"]*" "$f" | sort | uniq -c | head -3 >&2
   done
   exit 1
 fi

@@ -1,5 +1,6 @@
 #include "models/formats/config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 
@@ -57,43 +58,127 @@ absl::StatusOr<bool> GetBool(const json& j, const std::string& source, const cha
   return it->get<bool>();
 }
 
-absl::StatusOr<RopeScaling> ParseRopeScaling(const json& j, const std::string& source) {
+// Rotary settings in either spelling: transformers 5 writes one `rope_parameters` object
+// {"rope_type", "rope_theta", and the type's own keys}; 4.x wrote `rope_theta` and
+// `rope_scaling` {"rope_type" or "type", ...} at the top level. Reading only the old keys
+// would take a 5.x Llama 3 config for theta 10000 without scaling.
+struct Rope {
+  double theta = 10000.0;
   RopeScaling scaling;
-  auto it = j.find("rope_scaling");
-  if (it == j.end() || it->is_null()) return scaling;
-  if (!it->is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Where(source, "rope_scaling"), " must be an object or null"));
+};
+
+absl::StatusOr<Rope> ParseRope(const json& j, const std::string& source) {
+  Rope rope;
+  const json* params = nullptr;  // the object holding the rope type and its keys
+  std::string key;               // its name, for errors
+  TOPHAT_ASSIGN_OR_RETURN(rope.theta, GetDouble(j, source, "rope_theta", 10000.0));
+  if (auto it = j.find("rope_parameters"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(source, "rope_parameters"), " must be an object or null"));
+    }
+    params = &*it;
+    key = "rope_parameters";
+    TOPHAT_ASSIGN_OR_RETURN(rope.theta, GetDouble(*it, absl::StrCat(source, " rope_parameters"),
+                                                  "rope_theta", rope.theta));
+  } else if (auto s = j.find("rope_scaling"); s != j.end() && !s->is_null()) {
+    if (!s->is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(source, "rope_scaling"), " must be an object or null"));
+    }
+    params = &*s;
+    key = "rope_scaling";
   }
-  std::string type;
+  if (rope.theta <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(source, key == "rope_parameters" ? "rope_parameters.rope_theta" : "rope_theta"),
+        " must be > 0"));
+  }
+  if (params == nullptr) return rope;
+  const std::string scoped = absl::StrCat(source, " ", key);
+  TOPHAT_ASSIGN_OR_RETURN(double partial, GetDouble(*params, scoped, "partial_rotary_factor", 1.0));
+  if (partial != 1.0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(source, key + ".partial_rotary_factor"), " ", partial,
+                     " is not supported (rotary embeddings over the whole head only)"));
+  }
+  std::string type = "default";
   // Older checkpoints spell it "type", newer ones "rope_type".
-  for (const char* key : {"rope_type", "type"}) {
-    if (auto t = it->find(key); t != it->end() && t->is_string()) {
+  for (const char* name : {"rope_type", "type"}) {
+    if (auto t = params->find(name); t != params->end() && t->is_string()) {
       type = t->get<std::string>();
       break;
     }
   }
-  if (type == "default") return scaling;
+  if (type == "default") return rope;
   if (type != "llama3") {
     return absl::InvalidArgumentError(
-        absl::StrCat(Where(source, "rope_scaling.rope_type"), " '", type,
+        absl::StrCat(Where(source, key + ".rope_type"), " '", type,
                      "' is not supported (supported: llama3, default)"));
   }
+  RopeScaling& scaling = rope.scaling;
   scaling.llama3 = true;
-  const std::string scoped = absl::StrCat(source, " rope_scaling");
-  TOPHAT_ASSIGN_OR_RETURN(scaling.factor, GetDouble(*it, scoped, "factor", 8.0));
-  TOPHAT_ASSIGN_OR_RETURN(scaling.low_freq_factor, GetDouble(*it, scoped, "low_freq_factor", 1.0));
+  TOPHAT_ASSIGN_OR_RETURN(scaling.factor, GetDouble(*params, scoped, "factor", 8.0));
+  TOPHAT_ASSIGN_OR_RETURN(scaling.low_freq_factor,
+                          GetDouble(*params, scoped, "low_freq_factor", 1.0));
   TOPHAT_ASSIGN_OR_RETURN(scaling.high_freq_factor,
-                          GetDouble(*it, scoped, "high_freq_factor", 4.0));
+                          GetDouble(*params, scoped, "high_freq_factor", 4.0));
   TOPHAT_ASSIGN_OR_RETURN(
       scaling.original_max_position_embeddings,
-      GetInt(*it, scoped, "original_max_position_embeddings", int64_t{8192}, 1));
+      GetInt(*params, scoped, "original_max_position_embeddings", int64_t{8192}, 1));
   if (scaling.factor <= 0 || scaling.high_freq_factor <= scaling.low_freq_factor) {
     return absl::InvalidArgumentError(absl::StrCat(
-        Where(source, "rope_scaling"),
-        ": need factor > 0 and high_freq_factor > low_freq_factor"));
+        Where(source, key), ": need factor > 0 and high_freq_factor > low_freq_factor"));
   }
-  return scaling;
+  return rope;
+}
+
+// The sliding window as transformers applies it. Mistral: `sliding_window` on every layer
+// (MistralForCausalLM ignores `layer_types`). Qwen2: only with `use_sliding_window`, and then
+// only on the layers `layer_types` marks "sliding_attention" (when absent, transformers
+// derives it: layers from `max_window_layers` on, default 28). Llama: never. The runtime has
+// one window for all layers, so a mix of sliding and full layers is refused.
+absl::StatusOr<std::optional<int64_t>> ParseSlidingWindow(const json& j, const std::string& source,
+                                                          Architecture architecture,
+                                                          int64_t num_layers) {
+  if (architecture == Architecture::kLlama) return std::nullopt;
+  auto sw = j.find("sliding_window");
+  if (sw == j.end() || sw->is_null()) return std::nullopt;
+  TOPHAT_ASSIGN_OR_RETURN(int64_t window, GetInt(j, source, "sliding_window", std::nullopt, 1));
+  if (architecture == Architecture::kMistral) return window;
+  TOPHAT_ASSIGN_OR_RETURN(bool use, GetBool(j, source, "use_sliding_window", false));
+  if (!use) return std::nullopt;
+
+  std::vector<bool> sliding(static_cast<size_t>(num_layers));
+  std::string key = "layer_types";
+  if (auto types = j.find("layer_types"); types != j.end() && !types->is_null()) {
+    if (!types->is_array() || static_cast<int64_t>(types->size()) != num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(Where(source, "layer_types"),
+                                                     " must be a list of ", num_layers,
+                                                     " (num_hidden_layers) strings"));
+    }
+    for (int64_t i = 0; i < num_layers; ++i) {
+      const json& t = (*types)[static_cast<size_t>(i)];
+      if (t == "sliding_attention") {
+        sliding[static_cast<size_t>(i)] = true;
+      } else if (t != "full_attention") {
+        return absl::InvalidArgumentError(
+            absl::StrCat(Where(source, "layer_types"), " entry ", i, ": ", t.dump(),
+                         " is not supported (full_attention or sliding_attention)"));
+      }
+    }
+  } else {
+    key = "max_window_layers";
+    TOPHAT_ASSIGN_OR_RETURN(int64_t first, GetInt(j, source, "max_window_layers", int64_t{28}, 0));
+    for (int64_t i = first; i < num_layers; ++i) sliding[static_cast<size_t>(i)] = true;
+  }
+  const auto count = std::count(sliding.begin(), sliding.end(), true);
+  if (count == 0) return std::nullopt;
+  if (count == num_layers) return window;
+  return absl::InvalidArgumentError(absl::StrCat(
+      Where(source, key), ": ", count, " of ", num_layers,
+      " layers use sliding-window attention and the others full attention; a window on "
+      "some layers only is not supported (all layers or none)"));
 }
 
 absl::StatusOr<std::vector<int64_t>> ParseTokenIds(const json& j, const std::string& source,
@@ -202,11 +287,9 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::stri
   }
   TOPHAT_ASSIGN_OR_RETURN(c.max_position_embeddings,
                           GetInt(j, source, "max_position_embeddings", int64_t{2048}, 1));
-  TOPHAT_ASSIGN_OR_RETURN(c.rope_theta, GetDouble(j, source, "rope_theta", 10000.0));
-  if (c.rope_theta <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(Where(source, "rope_theta"), " must be > 0"));
-  }
-  TOPHAT_ASSIGN_OR_RETURN(c.rope_scaling, ParseRopeScaling(j, source));
+  TOPHAT_ASSIGN_OR_RETURN(Rope rope, ParseRope(j, source));
+  c.rope_theta = rope.theta;
+  c.rope_scaling = rope.scaling;
   TOPHAT_ASSIGN_OR_RETURN(c.rms_norm_eps, GetDouble(j, source, "rms_norm_eps", 1e-6));
   if (c.rms_norm_eps <= 0) {
     return absl::InvalidArgumentError(
@@ -219,13 +302,18 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::stri
       GetBool(j, source, "attention_bias", c.architecture == Architecture::kQwen2));
   if (c.architecture == Architecture::kQwen2) c.attention_bias = true;
 
-  if (c.architecture == Architecture::kMistral ||
-      (c.architecture == Architecture::kQwen2 && j.value("use_sliding_window", false))) {
-    if (auto sw = j.find("sliding_window"); sw != j.end() && !sw->is_null()) {
-      TOPHAT_ASSIGN_OR_RETURN(c.sliding_window,
-                              GetInt(j, source, "sliding_window", std::nullopt, 1));
-    }
+  // What the runtime does not compute must not load as something else.
+  TOPHAT_ASSIGN_OR_RETURN(bool mlp_bias, GetBool(j, source, "mlp_bias", false));
+  if (mlp_bias) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(source, "mlp_bias"), ": MLP biases are not supported"));
   }
+  if (auto act = j.find("hidden_act"); act != j.end() && !act->is_null() && *act != "silu") {
+    return absl::InvalidArgumentError(absl::StrCat(Where(source, "hidden_act"), " ", act->dump(),
+                                                   " is not supported (silu only)"));
+  }
+  TOPHAT_ASSIGN_OR_RETURN(c.sliding_window,
+                          ParseSlidingWindow(j, source, c.architecture, c.num_hidden_layers));
   TOPHAT_ASSIGN_OR_RETURN(std::vector<int64_t> bos, ParseTokenIds(j, source, "bos_token_id"));
   if (!bos.empty()) c.bos_token_id = bos.front();
   TOPHAT_ASSIGN_OR_RETURN(c.eos_token_ids, ParseTokenIds(j, source, "eos_token_id"));
@@ -235,8 +323,12 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::stri
                                                      " is outside the vocabulary"));
     }
   }
-  if (auto dt = j.find("torch_dtype"); dt != j.end() && dt->is_string()) {
-    c.torch_dtype = dt->get<std::string>();
+  // transformers 5 writes `dtype`, 4.x `torch_dtype`.
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    if (auto dt = j.find(key); dt != j.end() && dt->is_string()) {
+      c.torch_dtype = dt->get<std::string>();
+      break;
+    }
   }
   return c;
 }
@@ -291,7 +383,13 @@ json ModelConfig::ToJson() const {
   j["attention_bias"] = attention_bias;
   if (sliding_window) {
     j["sliding_window"] = *sliding_window;
-    if (architecture == Architecture::kQwen2) j["use_sliding_window"] = true;
+    if (architecture == Architecture::kQwen2) {
+      // Qwen2 slides only the layers from max_window_layers on (default 28): all of them.
+      j["use_sliding_window"] = true;
+      j["max_window_layers"] = 0;
+      j["layer_types"] =
+          std::vector<std::string>(static_cast<size_t>(num_hidden_layers), "sliding_attention");
+    }
   }
   if (bos_token_id) j["bos_token_id"] = *bos_token_id;
   if (eos_token_ids.size() == 1) {

@@ -9,18 +9,25 @@
 namespace tophat {
 namespace {
 
-TEST_CASE("SetComputeThreads caps LibTorch's and OpenBLAS's pools together", "[runtime]") {
+TEST_CASE("SetComputeThreads caps LibTorch's pool and the BLAS's together", "[runtime]") {
   const int torch_before = at::get_num_threads();
-  const int blas_before = BlasThreads();
+  REQUIRE(BlasThreads() > 0);  // MKL (x86-64 wheels) or OpenMP (aarch64): always readable
   REQUIRE(SetComputeThreads(1).ok());
   CHECK(at::get_num_threads() == 1);
-  // Debian's LibTorch runs on OpenBLAS when libopenblas0-pthread is installed (the build
-  // requires it); with another BLAS there is no second pool to cap.
-  if (blas_before != 0) CHECK(BlasThreads() == 1);
+  CHECK(BlasThreads() == 1);
+  // The report LibTorch prints (torch.__config__.parallel_info()): OpenMP's pool and, on
+  // x86-64, MKL's count both follow.
+  const std::string info = at::get_parallel_info();
+  INFO(info);
+  CHECK(info.find("omp_get_max_threads() : 1") != std::string::npos);
+  if (info.find("mkl_get_max_threads()") != std::string::npos) {
+    CHECK(info.find("mkl_get_max_threads() : 1") != std::string::npos);
+  }
   CHECK_FALSE(SetComputeThreads(-2).ok());
 
   REQUIRE(SetComputeThreads(torch_before).ok());
   CHECK(at::get_num_threads() == torch_before);
+  CHECK(BlasThreads() == torch_before);
 }
 
 TEST_CASE("SetComputeThreads sets the single-row kernel's threads, 0 one per core",

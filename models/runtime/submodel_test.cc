@@ -58,7 +58,9 @@ at::Tensor Ids(const std::vector<int32_t>& tokens) {
 }
 
 // A deliberately different formulation of the Llama forward (explicit repeat_kv, rotate_half
-// with duplicated cos/sin, additive mask) to check Submodel against, on a whole sequence.
+// with duplicated cos/sin, additive mask) to check Submodel against, on a whole sequence,
+// in every build (no Python needed). The arbiter is transformers (tests/hf_reference_test.py):
+// this takes its rotary table from RopeTable, so it cannot see a wrong rope.
 at::Tensor ReferenceLogits(const ModelConfig& c, const std::map<std::string, at::Tensor>& w,
                            const std::vector<int32_t>& tokens) {
   const int64_t t = static_cast<int64_t>(tokens.size());

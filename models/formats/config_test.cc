@@ -1,0 +1,204 @@
+#include "models/formats/config.h"
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace tophat {
+namespace {
+
+using json = nlohmann::json;
+
+std::string Message(const absl::Status& status) { return std::string(status.message()); }
+
+// config.json as transformers 5.17 writes it for LlamaForCausalLM with llama3 rope scaling
+// (save_pretrained of LlamaConfig(..., rope_scaling={...}, rope_theta=500000)).
+json Llama3ConfigV5() {
+  return json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 1, "dtype": "bfloat16", "eos_token_id": 2, "head_dim": 24,
+    "hidden_act": "silu", "hidden_size": 64, "initializer_range": 0.02,
+    "intermediate_size": 128, "max_position_embeddings": 128, "mlp_bias": false,
+    "model_type": "llama", "num_attention_heads": 4, "num_hidden_layers": 2,
+    "num_key_value_heads": 2, "pad_token_id": null, "pretraining_tp": 1, "rms_norm_eps": 1e-06,
+    "rope_parameters": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                        "original_max_position_embeddings": 16, "rope_theta": 500000.0,
+                        "rope_type": "llama3"},
+    "tie_word_embeddings": false, "transformers_version": "5.17.0", "use_cache": true,
+    "vocab_size": 256})");
+}
+
+// Qwen2Config(use_sliding_window=False) as transformers 5.17 writes it.
+json Qwen2ConfigV5() {
+  return json::parse(R"({
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": null,
+    "dtype": "float32", "eos_token_id": null, "hidden_act": "silu", "hidden_size": 64,
+    "intermediate_size": 128, "layer_types": ["full_attention", "full_attention"],
+    "max_position_embeddings": 32768, "max_window_layers": 28, "model_type": "qwen2",
+    "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+    "sliding_window": null, "tie_word_embeddings": true, "use_cache": true,
+    "use_sliding_window": false, "vocab_size": 256})");
+}
+
+TEST_CASE("A transformers 5 config reads rope_parameters and dtype", "[config]") {
+  auto c = ModelConfig::FromJson(Llama3ConfigV5(), "llama3/config.json");
+  REQUIRE(c.ok());
+  CHECK(c->rope_theta == 500000.0);
+  CHECK(c->rope_scaling.llama3);
+  CHECK(c->rope_scaling.factor == 8.0);
+  CHECK(c->rope_scaling.original_max_position_embeddings == 16);
+  CHECK(c->head_dim == 24);
+  CHECK(c->torch_dtype == "bfloat16");
+  CHECK_FALSE(c->sliding_window);
+
+  json plain = Llama3ConfigV5();
+  plain["rope_parameters"] = {{"rope_theta", 1e6}, {"rope_type", "default"}};
+  auto d = ModelConfig::FromJson(plain, "plain/config.json");
+  REQUIRE(d.ok());
+  CHECK(d->rope_theta == 1e6);
+  CHECK_FALSE(d->rope_scaling.llama3);
+}
+
+TEST_CASE("A transformers 4 config reads rope_theta, rope_scaling and torch_dtype", "[config]") {
+  json j = Llama3ConfigV5();
+  j.erase("rope_parameters");
+  j.erase("dtype");
+  j["rope_theta"] = 500000.0;
+  j["rope_scaling"] = {{"type", "llama3"},
+                       {"factor", 32.0},
+                       {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 8192}};
+  j["torch_dtype"] = "float16";
+  auto c = ModelConfig::FromJson(j, "v4/config.json");
+  REQUIRE(c.ok());
+  CHECK(c->rope_theta == 500000.0);
+  CHECK(c->rope_scaling.llama3);
+  CHECK(c->rope_scaling.factor == 32.0);
+  CHECK(c->torch_dtype == "float16");
+}
+
+TEST_CASE("Qwen2's sliding window follows use_sliding_window and layer_types", "[config]") {
+  SECTION("use_sliding_window false: no window") {
+    json j = Qwen2ConfigV5();
+    j["sliding_window"] = 8;
+    auto c = ModelConfig::FromJson(j, "q/config.json");
+    REQUIRE(c.ok());
+    CHECK_FALSE(c->sliding_window);
+    CHECK(c->attention_bias);
+    CHECK(c->tie_word_embeddings);
+  }
+  SECTION("every layer sliding: the window") {
+    json j = Qwen2ConfigV5();
+    j["use_sliding_window"] = true;
+    j["sliding_window"] = 8;
+    j["layer_types"] = {"sliding_attention", "sliding_attention"};
+    auto c = ModelConfig::FromJson(j, "q/config.json");
+    REQUIRE(c.ok());
+    CHECK(c->sliding_window == 8);
+  }
+  SECTION("without layer_types, the layers from max_window_layers on slide") {
+    json j = Qwen2ConfigV5();
+    j.erase("layer_types");
+    j["use_sliding_window"] = true;
+    j["sliding_window"] = 8;
+    // The default 28 leaves both layers of this model at full attention, as in transformers.
+    j.erase("max_window_layers");
+    auto none = ModelConfig::FromJson(j, "q/config.json");
+    REQUIRE(none.ok());
+    CHECK_FALSE(none->sliding_window);
+    j["max_window_layers"] = 0;
+    auto all = ModelConfig::FromJson(j, "q/config.json");
+    REQUIRE(all.ok());
+    CHECK(all->sliding_window == 8);
+    j["max_window_layers"] = 1;
+    auto mixed = ModelConfig::FromJson(j, "q/config.json");
+    REQUIRE_FALSE(mixed.ok());
+    CHECK_THAT(Message(mixed.status()), Catch::Contains("q/config.json: key 'max_window_layers'"));
+    CHECK_THAT(Message(mixed.status()), Catch::Contains("1 of 2 layers"));
+  }
+  SECTION("a mix of sliding and full layers is refused, naming layer_types") {
+    json j = Qwen2ConfigV5();
+    j["use_sliding_window"] = true;
+    j["sliding_window"] = 8;
+    j["layer_types"] = {"full_attention", "sliding_attention"};
+    auto c = ModelConfig::FromJson(j, "q/config.json");
+    REQUIRE_FALSE(c.ok());
+    CHECK_THAT(Message(c.status()), Catch::Contains("q/config.json: key 'layer_types'"));
+    CHECK_THAT(Message(c.status()), Catch::Contains("not supported"));
+    j["layer_types"] = {"full_attention"};
+    auto short_list = ModelConfig::FromJson(j, "q/config.json");
+    REQUIRE_FALSE(short_list.ok());
+    CHECK_THAT(Message(short_list.status()), Catch::Contains("list of 2"));
+  }
+}
+
+TEST_CASE("Mistral slides every layer, Llama never", "[config]") {
+  json j = Llama3ConfigV5();
+  j["sliding_window"] = 8;
+  auto llama = ModelConfig::FromJson(j, "l/config.json");
+  REQUIRE(llama.ok());
+  CHECK_FALSE(llama->sliding_window);
+  j["architectures"] = {"MistralForCausalLM"};
+  auto mistral = ModelConfig::FromJson(j, "m/config.json");
+  REQUIRE(mistral.ok());
+  CHECK(mistral->sliding_window == 8);
+}
+
+TEST_CASE("What the runtime does not compute is refused, naming file and key", "[config]") {
+  struct Case {
+    const char* what;
+    json::json_pointer pointer;
+    json value;
+    const char* expected;
+  };
+  const Case cases[] = {
+      {"yarn", json::json_pointer("/rope_parameters/rope_type"), "yarn",
+       "c.json: key 'rope_parameters.rope_type' 'yarn' is not supported"},
+      {"partial rotary", json::json_pointer("/rope_parameters/partial_rotary_factor"), 0.5,
+       "c.json: key 'rope_parameters.partial_rotary_factor' 0.5 is not supported"},
+      {"mlp bias", json::json_pointer("/mlp_bias"), true, "c.json: key 'mlp_bias'"},
+      {"gelu", json::json_pointer("/hidden_act"), "gelu",
+       "c.json: key 'hidden_act' \"gelu\" is not supported"},
+      {"theta", json::json_pointer("/rope_parameters/rope_theta"), -1.0,
+       "c.json: key 'rope_parameters.rope_theta' must be > 0"},
+  };
+  for (const Case& c : cases) {
+    json j = Llama3ConfigV5();
+    j[c.pointer] = c.value;
+    auto config = ModelConfig::FromJson(j, "c.json");
+    INFO(c.what);
+    REQUIRE_FALSE(config.ok());
+    CHECK_THAT(Message(config.status()), Catch::Contains(c.expected));
+  }
+}
+
+TEST_CASE("ToJson reads back, a Qwen2 window on every layer included", "[config]") {
+  auto llama = ModelConfig::FromJson(Llama3ConfigV5(), "l/config.json");
+  REQUIRE(llama.ok());
+  json qwen_json = Qwen2ConfigV5();
+  qwen_json["use_sliding_window"] = true;
+  qwen_json["sliding_window"] = 8;
+  qwen_json["layer_types"] = {"sliding_attention", "sliding_attention"};
+  auto qwen = ModelConfig::FromJson(qwen_json, "q/config.json");
+  REQUIRE(qwen.ok());
+  for (const ModelConfig& original : {*llama, *qwen}) {
+    auto back = ModelConfig::FromJson(original.ToJson(), "written/config.json");
+    REQUIRE(back.ok());
+    CHECK(back->rope_theta == original.rope_theta);
+    CHECK(back->rope_scaling.llama3 == original.rope_scaling.llama3);
+    CHECK(back->rope_scaling.factor == original.rope_scaling.factor);
+    CHECK(back->sliding_window == original.sliding_window);
+    CHECK(back->head_dim == original.head_dim);
+    CHECK(back->tie_word_embeddings == original.tie_word_embeddings);
+    CHECK(back->torch_dtype == original.torch_dtype);
+  }
+  // transformers reads Qwen2's window from max_window_layers (default 28) or layer_types.
+  const json written = qwen->ToJson();
+  CHECK(written["max_window_layers"] == 0);
+  CHECK(written["layer_types"] == json({"sliding_attention", "sliding_attention"}));
+}
+
+}  // namespace
+}  // namespace tophat

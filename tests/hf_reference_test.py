@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""tophat's model runtime against Hugging Face transformers, the field's reference.
+
+    python3 tests/hf_reference_test.py --runtime-logits BIN --work-dir DIR
+
+For each variant below, transformers' own *ForCausalLM class builds a small random model and
+writes it with save_pretrained (safetensors; bfloat16 or sharded where the variant says).
+tophat-runtime-logits (tests/runtime_logits_main.cc) loads that directory and computes, in
+float32 on the CPU, the logits of every position of a token sequence through the full model,
+through the split input -> middle -> output pipeline, and through that pipeline step by step
+with its KV caches, plus greedy continuations. transformers loads the same directory
+(AutoModelForCausalLM.from_pretrained(dir, dtype=torch.float32)) and must agree: every logit
+within 1e-4, and generate(do_sample=False) the same tokens.
+
+A negative control per feature: transformers run with the variant's feature taken away
+(biases zeroed, no sliding window, plain rope) must differ from tophat by over 100x the
+tolerance, so a variant whose feature changed nothing at these shapes cannot pass unseen.
+
+Exits 0 when every variant agrees, 1 otherwise, and 1 when transformers is missing.
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+
+TOLERANCE = 1e-4
+CONTROL_FACTOR = 100  # a control must differ by more than CONTROL_FACTOR * TOLERANCE
+PROMPT_TOKENS = 24
+GREEDY_TOKENS = 12
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+try:
+    import torch
+    import transformers
+    from transformers import (AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM,
+                              MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+except ImportError as error:
+    print(f"hf_reference: cannot import the reference ({error}). It needs torch and "
+          f"transformers from deploy/requirements.txt in {sys.executable}'s environment: run "
+          "`bash deploy/install-deps.sh` (or deploy/python-env.sh), or configure with "
+          "-DTOPHAT_PYTHON=<a python that has them>.", file=sys.stderr)
+    sys.exit(1)
+
+transformers.utils.logging.disable_progress_bar()
+
+# Shared by every variant: 4 layers, hidden 64, GQA 4:2, vocab 256. initializer_range 0.1
+# (not 0.02) so that attention is far from uniform and greedy choices are not near-ties.
+BASE = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+            rms_norm_eps=1e-5, initializer_range=0.1, bos_token_id=1, eos_token_id=2)
+
+
+def zero_biases(model):
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.zero_()
+
+
+def without(**changes):
+    """A control: the reference's config with `changes`, loaded from the same weights."""
+    def control(directory):
+        config = AutoConfig.from_pretrained(directory)
+        for key, value in changes.items():
+            setattr(config, key, value)
+        return load_reference(directory, config=config)
+    return control
+
+
+def with_biases_zeroed(directory):
+    model = load_reference(directory)
+    zero_biases(model)
+    return model
+
+
+# name, class, config, save (dtype, max_shard_size), split (m, k), control (what it removes)
+VARIANTS = [
+    dict(name="llama_gqa", cls=LlamaForCausalLM, config=LlamaConfig(**BASE)),
+    dict(name="llama_attention_bias", cls=LlamaForCausalLM,
+         config=LlamaConfig(**BASE, attention_bias=True),
+         control=("biases zeroed", with_biases_zeroed)),
+    dict(name="qwen2_bias_tied", cls=Qwen2ForCausalLM,
+         config=Qwen2Config(**BASE, tie_word_embeddings=True), split=(1, 0),
+         control=("biases zeroed", with_biases_zeroed)),
+    dict(name="qwen2_sliding_window", cls=Qwen2ForCausalLM,
+         config=Qwen2Config(**BASE, use_sliding_window=True, sliding_window=8,
+                            max_window_layers=0),
+         control=("no window", without(sliding_window=None,
+                                      layer_types=["full_attention"] * 4))),
+    dict(name="llama3_rope_scaling", cls=LlamaForCausalLM,
+         config=LlamaConfig(**BASE, head_dim=24,  # not hidden / heads = 16
+                            rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0,
+                                             "factor": 8.0, "low_freq_factor": 1.0,
+                                             "high_freq_factor": 4.0,
+                                             "original_max_position_embeddings": 64}),
+         control=("plain rope", without(rope_parameters={"rope_type": "default",
+                                                         "rope_theta": 500000.0}))),
+    dict(name="mistral_sliding_window", cls=MistralForCausalLM,
+         config=MistralConfig(**BASE, sliding_window=8), split=(2, 1),
+         control=("no window", without(sliding_window=None))),
+    dict(name="llama_tied", cls=LlamaForCausalLM,
+         config=LlamaConfig(**BASE, tie_word_embeddings=True), split=(2, 1)),
+    dict(name="llama_bf16", cls=LlamaForCausalLM, config=LlamaConfig(**BASE),
+         dtype=torch.bfloat16),
+    dict(name="mistral_sharded", cls=MistralForCausalLM,
+         config=MistralConfig(**BASE, sliding_window=8), max_shard_size="200KB"),
+]
+
+
+def load_reference(directory, config=None):
+    kwargs = {"config": config} if config is not None else {}
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **kwargs)
+    return model.eval()
+
+
+def write_checkpoint(variant, directory, seed):
+    torch.manual_seed(seed)
+    model = variant["cls"](variant["config"]).eval()
+    # transformers starts norms at one and biases at zero: make them count.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.5 * torch.randn_like(p))
+    if "dtype" in variant:
+        model = model.to(variant["dtype"])
+    save = {"safe_serialization": True}
+    if "max_shard_size" in variant:
+        save["max_shard_size"] = variant["max_shard_size"]
+    model.save_pretrained(directory, **save)
+    shards = [f for f in os.listdir(directory) if f.endswith(".safetensors")]
+    if "max_shard_size" in variant and len(shards) < 2:
+        raise RuntimeError(f"{directory}: expected several shards, got {shards}")
+    return shards
+
+
+def reference_outputs(model, tokens):
+    ids = torch.tensor([tokens])
+    with torch.no_grad():
+        logits = model(ids).logits[0].float()
+        model.generation_config.eos_token_id = None  # exactly GREEDY_TOKENS, as tophat
+        model.generation_config.pad_token_id = 0
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=GREEDY_TOKENS)
+    return logits, out[0, len(tokens):].tolist()
+
+
+def run_tophat(runtime_logits, directory, tokens, split, out_path):
+    m, k = split
+    command = [runtime_logits, "--model", directory, "--tokens", ",".join(map(str, tokens)),
+               "-m", str(m), "-k", str(k), "--greedy", str(GREEDY_TOKENS), "--out", out_path]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} exited {result.returncode}:\n"
+                           f"{result.stdout}{result.stderr}")
+    with open(out_path) as f:
+        return json.load(f)
+
+
+def max_diff(ours, reference):
+    return (torch.tensor(ours, dtype=torch.float32) - reference).abs().max().item()
+
+
+def first_mismatch(a, b):
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def check_variant(variant, index, runtime_logits, work_dir):
+    name = variant["name"]
+    directory = os.path.join(work_dir, name)
+    shards = write_checkpoint(variant, directory, seed=1000 + index)
+    rng = random.Random(index)
+    tokens = [rng.randrange(variant["config"].vocab_size) for _ in range(PROMPT_TOKENS)]
+    reference = load_reference(directory)
+    ref_logits, ref_greedy = reference_outputs(reference, tokens)
+    ours = run_tophat(runtime_logits, directory, tokens, variant.get("split", (1, 1)),
+                      os.path.join(work_dir, f"{name}.tophat.json"))
+
+    row = {"variant": name, "files": len(shards), "m_k": f"m={ours['m']} k={ours['k']}",
+           "diff": {}, "failures": []}
+    for path in ("full", "split", "incremental"):
+        diff = max_diff(ours[path], ref_logits)
+        row["diff"][path] = diff
+        if not diff < TOLERANCE:
+            row["failures"].append(f"{path} logits differ by {diff:.3g} (tolerance {TOLERANCE:g})")
+    for path in ("greedy_full", "greedy_split"):
+        at = first_mismatch(ours[path], ref_greedy)
+        if at is not None:
+            row["failures"].append(f"{path} {ours[path]} != transformers {ref_greedy} "
+                                   f"(from token {at})")
+    row["greedy"] = "same" if not any("greedy" in f for f in row["failures"]) else "DIFFER"
+    row["scale"] = ref_logits.abs().max().item()
+
+    row["control"] = ""
+    if "control" in variant:
+        what, make = variant["control"]
+        control_logits, _ = reference_outputs(make(directory), tokens)
+        diff = max_diff(ours["full"], control_logits)
+        row["control"] = f"{what}: {diff:.2g}"
+        if not diff > CONTROL_FACTOR * TOLERANCE:
+            row["failures"].append(
+                f"negative control ({what}) differs by only {diff:.3g}: the variant does not "
+                f"exercise its feature")
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runtime-logits", required=True,
+                        help="the tophat-runtime-logits program (tests/runtime_logits_main.cc)")
+    parser.add_argument("--work-dir", required=True, help="where the checkpoints are written")
+    parser.add_argument("--only", help="comma-separated variant names")
+    args = parser.parse_args()
+
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    shutil.rmtree(args.work_dir, ignore_errors=True)
+    os.makedirs(args.work_dir)
+    print(f"hf_reference: transformers {transformers.__version__}, torch {torch.__version__}; "
+          f"{PROMPT_TOKENS} tokens, {GREEDY_TOKENS} greedy; tolerance {TOLERANCE:g} (float32)")
+    only = set(args.only.split(",")) if args.only else None
+    start = time.monotonic()
+    rows = []
+    for index, variant in enumerate(VARIANTS):
+        if only and variant["name"] not in only:
+            continue
+        try:
+            rows.append(check_variant(variant, index, args.runtime_logits, args.work_dir))
+        except Exception as error:  # one broken variant must not hide the others' results
+            rows.append({"variant": variant["name"], "failures": [f"{type(error).__name__}: "
+                                                                   f"{error}"]})
+
+    header = (f"{'variant':24} {'files':>5} {'split at':>9} {'full':>9} {'split':>9} "
+              f"{'incr.':>9} {'greedy':>6} {'max|logit|':>10}  negative control: max diff")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        if not r.get("diff"):
+            print(f"{r['variant']:24} error")
+            continue
+        d = r["diff"]
+        print(f"{r['variant']:24} {r['files']:>5} {r['m_k']:>9} {d['full']:9.2e} "
+              f"{d['split']:9.2e} {d['incremental']:9.2e} {r['greedy']:>6} {r['scale']:10.2f}  "
+              f"{r['control']}")
+    failures = [(r["variant"], f) for r in rows for f in r["failures"]]
+    for variant, failure in failures:
+        print(f"FAIL {variant}: {failure}")
+    print(f"hf_reference: {len(rows) - len({v for v, _ in failures})} of {len(rows)} variants "
+          f"agree with transformers ({time.monotonic() - start:.1f} s)")
+    return 1 if failures or not rows else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

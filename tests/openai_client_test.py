@@ -1,0 +1,211 @@
+"""The official OpenAI client library (Python `openai`) against tophat-agent's endpoint.
+
+Usage: python3 openai_client_test.py BASE_URL CLOUD_METRICS_URL AGENT_METRICS_URL
+Exits non-zero, saying what differed, on the first failure. tests/openai_client_test.sh
+starts the cloud and the agent and runs it with the build's Python (TOPHAT_PYTHON).
+"""
+
+import json
+import sys
+import time
+import urllib.request
+
+try:
+    import openai
+except ImportError as e:
+    print(f"FAIL: the Python `openai` package is missing from {sys.executable} ({e}); "
+          "run `bash deploy/install-deps.sh`", file=sys.stderr)
+    sys.exit(1)
+
+
+class Mismatch(Exception):
+    pass
+
+
+def check(condition, what):
+    if not condition:
+        raise Mismatch(what)
+
+
+def check_eq(what, got, want):
+    if got != want:
+        raise Mismatch(f"{what}: got {got!r}, want {want!r}")
+
+
+def metric(url, series):
+    """One series' value from a Prometheus endpoint: `series` is the name with its labels as
+    the text format writes them, e.g. 'x_total{reason="a"}'."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    for line in text.split("\n"):
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    raise Mismatch(f"{series} not in {url}")
+
+
+def wait_for(what, condition, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise Mismatch(f"timed out after {seconds} s waiting for {what}")
+
+
+def expect_error(what, call, error_type, status, **fields):
+    try:
+        call()
+    except error_type as e:
+        check_eq(f"{what}: HTTP status", e.status_code, status)
+        for name, want in fields.items():
+            check_eq(f"{what}: error.{name}", getattr(e, name), want)
+        return
+    except openai.APIError as e:
+        raise Mismatch(f"{what}: {type(e).__name__} ({e}), want {error_type.__name__}")
+    raise Mismatch(f"{what}: accepted, want {error_type.__name__}")
+
+
+def run(base_url, cloud_metrics_url, agent_metrics_url):
+    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60)
+
+    models = client.models.list()
+    check_eq("models listed", len(models.data), 1)
+    model = models.data[0].id
+    messages = [
+        {"role": "system", "content": "tell a story"},
+        {"role": "user", "content": "the old farmer saw a little bird"},
+    ]
+
+    # Non-streaming, greedy: the same request twice gives the same answer, and usage counts it.
+    first = client.chat.completions.create(model=model, messages=messages, max_tokens=24,
+                                           temperature=0)
+    text = first.choices[0].message.content
+    check_eq("chat object", first.object, "chat.completion")
+    check_eq("chat role", first.choices[0].message.role, "assistant")
+    check(len(text.split(" ")) >= 8, f"a short answer: {text!r}")
+    check_eq("chat finish_reason", first.choices[0].finish_reason, "length")
+    check_eq("chat completion_tokens", first.usage.completion_tokens, 24)
+    check(first.usage.prompt_tokens > 10, f"prompt_tokens {first.usage.prompt_tokens}")
+    check_eq("chat total_tokens", first.usage.total_tokens, first.usage.prompt_tokens + 24)
+    check_eq("first chat cached_tokens", first.usage.prompt_tokens_details.cached_tokens, 0)
+    # Asked again, the agent reuses the first answer's positions on both sides (all of the
+    # prompt but its last token, which gives the first new one) and answers the same.
+    again = client.chat.completions.create(model=model, messages=messages, max_tokens=24,
+                                           temperature=0)
+    check_eq("the same greedy chat again", again.choices[0].message.content, text)
+    check_eq("repeated chat cached_tokens", again.usage.prompt_tokens_details.cached_tokens,
+             first.usage.prompt_tokens - 1)
+    print(f"chat: {json.dumps(text)}")
+
+    # The conversation's next turn: its history is reused, only the new message is computed.
+    turn2 = messages + [{"role": "assistant", "content": text},
+                        {"role": "user", "content": "and then?"}]
+    second = client.chat.completions.create(model=model, messages=turn2, max_tokens=16,
+                                            temperature=0)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    check(second.usage.prompt_tokens > first.usage.prompt_tokens,
+          f"turn 2 prompt_tokens {second.usage.prompt_tokens} <= {first.usage.prompt_tokens}")
+    check(cached >= first.usage.prompt_tokens,
+          f"turn 2: cached {cached} of {second.usage.prompt_tokens}, want >= "
+          f"{first.usage.prompt_tokens}")
+    print(f"turn 2: {cached} of {second.usage.prompt_tokens} prompt tokens reused")
+
+    # Streaming: the deltas add up to the same text; usage comes last when asked for.
+    stream = client.chat.completions.create(model=model, messages=messages, max_tokens=24,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    streamed = ""
+    finish = None
+    usage = None
+    chunks = 0
+    with stream:
+        for chunk in stream:
+            chunks += 1
+            check_eq("chunk object", chunk.object, "chat.completion.chunk")
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for choice in chunk.choices:
+                streamed += choice.delta.content or ""
+                finish = choice.finish_reason or finish
+    check_eq("streamed text", streamed, text)
+    check_eq("streamed finish_reason", finish, "length")
+    check(chunks > 3, f"{chunks} chunks")
+    check(usage is not None, "no usage chunk with include_usage")
+    check_eq("streamed completion_tokens", usage.completion_tokens, 24)
+    print(f"stream: {chunks} chunks, same text")
+
+    # A stop sequence: the answer ends before it, and the stop sequence is not in it.
+    words = text.strip().split(" ")
+    stop_word = next((w for i, w in enumerate(words) if i >= 3 and len(w) >= 3), words[-1])
+    stop = " " + stop_word
+    stopped = client.chat.completions.create(model=model, messages=messages, max_tokens=24,
+                                             temperature=0, stop=[stop])
+    check_eq(f"stop {stop!r}: finish_reason", stopped.choices[0].finish_reason, "stop")
+    check_eq(f"stop {stop!r}: content", stopped.choices[0].message.content,
+             text[:text.index(stop)])
+    print(f"stop {json.dumps(stop)}: {json.dumps(stopped.choices[0].message.content)}")
+
+    # Completions, seeded sampling: the same seed gives the same text.
+    sampled = []
+    for _ in range(2):
+        c = client.completions.create(model=model, prompt="the brave knight", max_tokens=16,
+                                      temperature=0.8, seed=7)
+        check_eq("completion object", c.object, "text_completion")
+        sampled.append(c.choices[0].text)
+    check_eq("the same seed's completion", sampled[1], sampled[0])
+    check(len(sampled[0]) > 0, "an empty seeded completion")
+    print(f"completion, seed 7: {json.dumps(sampled[0])}")
+
+    # A bad request: OpenAI's error object, the right status, the field named.
+    expect_error("n=2", lambda: client.chat.completions.create(model=model, messages=messages,
+                                                               n=2),
+                 openai.BadRequestError, 400, param="n")
+    expect_error("an unknown model",
+                 lambda: client.chat.completions.create(model="gpt-4o", messages=messages),
+                 openai.NotFoundError, 404, code="model_not_found")
+    print("bad requests refused")
+
+    # A client that goes away mid-stream: the request is cancelled and the cloud frees its KV
+    # (the conversations kept from the requests above hold theirs: no more than that is left).
+    cancelled = 'tophat_request_success_total{finished_reason="cancelled"}'
+    kept_kv = metric(cloud_metrics_url, "tophat_kv_cache_usage_ratio")
+    cancelled_before = metric(agent_metrics_url, cancelled)
+    long = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "a long story about a castle"}],
+        max_tokens=800, temperature=0, stream=True)
+    seen = 0
+    with long:
+        for _ in long:
+            seen += 1
+            if seen == 4:
+                check_eq("cloud sessions running mid-stream",
+                         metric(cloud_metrics_url, "tophat_num_sessions_running"), 1)
+                break
+    # Leaving `with` closes the response mid-body, and with it the connection.
+    check_eq("chunks read before going away", seen, 4)
+    wait_for("the agent to cancel the request",
+             lambda: metric(agent_metrics_url, cancelled) == cancelled_before + 1, 20)
+    wait_for("the cloud to free the session's KV",
+             lambda: (metric(cloud_metrics_url, "tophat_num_sessions_running") == 0 and
+                      metric(cloud_metrics_url, "tophat_kv_cache_usage_ratio") <= kept_kv), 20)
+    print("a client gone mid-stream cancels its request; the cloud's KV is free")
+
+
+def main():
+    if len(sys.argv) != 4:
+        print(__doc__, file=sys.stderr)
+        return 2
+    try:
+        run(*sys.argv[1:])
+    except Mismatch as e:
+        print(f"FAIL: {e}", file=sys.stderr)
+        return 1
+    except openai.APIError as e:
+        print(f"FAIL: the endpoint answered {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    print("PASS")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
