@@ -11,7 +11,7 @@
 #   lib/     the Debian runtime libraries those need that a GPU server lacks (gRPC, protobuf,
 #            Abseil, OpenSSL, ...; not glibc, libstdc++, LibTorch or CUDA's, which the server
 #            has), each finding the others through $ORIGIN
-#   toy-model/, deploy/make-certs.sh, deploy/gpu/check.sh, bench/*.py, MANIFEST
+#   toy-model/, configs/*.yaml, deploy/make-certs.sh, deploy/gpu/check.sh, bench/*.py, MANIFEST
 # LibTorch is not in it: deploy/gpu/check.sh takes the server's own PyTorch (the same
 # version, 2.11.0, whose libraries CI built and tested these binaries against).
 # Nothing in the bundle names a path of the building machine: binaries lose their RUNPATH
@@ -63,6 +63,7 @@ cp -r "$build_dir/toy-model" "$root/toy-model"
 # The adapter's record of the checkpoint it was distilled from, relative to the bundle.
 sed -i "s|$build_dir/||g" "$root"/toy-model/*.json
 cp deploy/make-certs.sh "$root/deploy/"
+mkdir -p "$root/configs" && cp configs/*.yaml "$root/configs/"  # the templates
 cp deploy/gpu/check.sh "$root/deploy/gpu/"
 cp bench/hf_compare.py bench/random_checkpoint.py "$root/bench/"
 # openssl's own configuration may be missing on the server; make-certs.sh needs none of it.
