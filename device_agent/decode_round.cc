@@ -114,12 +114,16 @@ absl::StatusOr<RoundOutcome> DecodeRounds::Run(int32_t token, int64_t room, Clou
 void DecodeRounds::ObserveForWindow(const RoundOutcome& outcome, double round_seconds,
                                     double cloud_queue_seconds, double cloud_compute_seconds) {
   const double gamma = decoder_.draft_step_seconds();
-  // A round with no drafts says nothing about acceptance; keep the last estimate (which
-  // starts optimistic, so a window that closed can reopen).
+  // A round with no drafts says nothing about acceptance. The estimate starts optimistic, and
+  // while the window is closed it drifts back to that prior, round by round: otherwise a few
+  // unlucky rounds (seen: 0 of 12 kept) close the window for the rest of the request, since
+  // no drafts means no new measurement to reopen it. A reopened window is measured again
+  // and closes again if drafting still does not pay.
+  constexpr double kOptimisticAcceptance = 0.8;
   if (outcome.drafted > 0) {
     acceptance_.Add(static_cast<double>(outcome.accepted) / static_cast<double>(outcome.drafted));
-  } else if (acceptance_.empty()) {
-    acceptance_.Add(0.8);
+  } else if (acceptance_.empty() || window_ == 0) {
+    acceptance_.Add(kOptimisticAcceptance);
   }
   const double drafting = gamma * static_cast<double>(outcome.drafted);
   const double cloud = cloud_queue_seconds + cloud_compute_seconds;

@@ -75,6 +75,8 @@ printf '# tophat-gpu-bundle: openssl needs no configuration for deploy/make-cert
 torch_lib=$(readelf -d "$build_dir/bin/tophat-cloud" | sed -n 's/.*R\(UN\)\{0,1\}PATH.*\[\(.*\)\]/\2/p' |
             tr ':' '\n' | grep '/torch/lib$' | head -1 || true)
 provided_by_server='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libresolv\.|libutil\.|libstdc\+\+\.|libgcc_s\.|libgomp\.|libtorch|libc10|libcuda|libcudart|libcublas|libcudnn|libcufft|libcufile|libcurand|libcusolver|libcusparse|libnccl|libnvrtc|libnvJitLink|libnvToolsExt|libnvshmem|libcupti|libcaffe2|libshm)'
+# check.sh reads the same list from the bundle, to see that nothing else came from the machine.
+echo "$provided_by_server" >"$root/deploy/gpu/server-libraries.regex"
 declare -A wanted=()
 for f in "$root"/bin/* "$root"/tests/*; do
   [ "$(head -c 4 "$f" | od -An -c | tr -d ' ')" = "177ELF" ] || continue
