@@ -51,7 +51,7 @@ struct AgentConfig {
   // the model run with that wire.
   std::string wire_dtype = "cloud";
   std::string device = "cpu";
-  int64_t compute_threads = 0;  // CPU threads for the model math (LibTorch + OpenBLAS); 0: per core
+  int64_t compute_threads = 0;  // CPU threads for the model math (LibTorch, MKL); 0: per core
   int64_t max_context = 4096;
   int64_t prompt_chunk_size = 0;  // 0: use the size the cloud announces
   // Chunk j+1 is computed and sent while the cloud works on chunk j. Off waits for each

@@ -19,7 +19,7 @@ struct CloudConfig {
   std::string bundle;                             // cloud bundle directory (required)
   std::string dtype = "float32";                  // float32 | float16 | bfloat16
   std::string device = "cpu";                     // cpu | cuda | cuda:N
-  // CPU threads for the model math (LibTorch and OpenBLAS pools); 0: one per core.
+  // CPU threads for the model math (LibTorch's OpenMP pool, MKL); 0: one per core.
   int64_t compute_threads = 0;
   int64_t max_context = 4096;                     // longest session, positions
   // TLS of the agents' port, mutual: agents present certificates client_ca_file signed, and

@@ -151,8 +151,8 @@ absl::Status CheckDevice(std::string_view device) {
 absl::Status CheckDtypeOnDevice(std::string_view dtype, std::string_view device) {
   if (dtype == "float16" && device == "cpu") {
     return absl::InvalidArgumentError(
-        "float16 needs device: cuda (LibTorch's CPU matrix products have no float16); on a "
-        "CPU use bfloat16 or float32");
+        "float16 needs device: cuda (the CPU paths are not tested in float16); on a CPU use "
+        "bfloat16 or float32");
   }
   return absl::OkStatus();
 }
