@@ -8,7 +8,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${TOPHAT_VENV:-$HOME/.cache/tophat/venv}"
-if [ "${1:-}" = "--print" ]; then echo "$venv"; exit 0; fi
+case "${1:-}" in
+  --print) echo "$venv"; exit 0 ;;
+  -h|--help) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  "") ;;
+  *) echo "python-env.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+esac
 requirements=deploy/requirements.txt
 stamp="$venv/.tophat-requirements"
 if [ -x "$venv/bin/python" ] && cmp -s "$requirements" "$stamp"; then
