@@ -200,7 +200,7 @@ else
 fi
 phase engine-bench 150 pass "${tophat_env[@]}" "$root/bin/tophat-bench-engine" --model "$model" \
   -m 2 -k 1 "${bench_args[@]}" --json "$out/bench-engine.json"
-phase hf-compare 120 pass "$python" "$root/bench/hf_compare.py" --model "$hf_model" -m 2 -k 1 \
+phase hf-compare 180 pass "$python" "$root/bench/hf_compare.py" --model "$hf_model" -m 2 -k 1 \
   "${hf_args[@]}" --json "$out/hf-compare.json"
 
 # --- The tables.
