@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/program_paths.h"
 #include "sdk/client.h"
 #include "bench/ablation.h"
 #include "bench/workload_runner.h"
@@ -39,10 +40,8 @@ namespace {
 std::filesystem::path EdgeLinksScriptAboveProgram() {
   const std::filesystem::path relative = std::filesystem::path("deploy") / "edge-links.sh";
   std::error_code ec;
-  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  for (std::filesystem::path dir = self.parent_path(); !dir.empty(); dir = dir.parent_path()) {
+  for (const std::filesystem::path& dir : FoldersAboveProgram()) {
     if (std::filesystem::exists(dir / relative, ec)) return dir / relative;
-    if (dir == dir.root_path()) break;
   }
   return relative;  // relative to the working directory; the ablation says if it is missing
 }

@@ -26,6 +26,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/program_paths.h"
 #include "proto/channel_security.h"
 #include "sdk/client.h"
 #include "sdk/conversation.h"
@@ -61,12 +62,10 @@ fs::path FoundAbove(const char* env, const fs::path& marker, const fs::path& lea
   const char* value = std::getenv(env);
   if (value != nullptr && *value != '\0') return value;
   std::error_code ec;
-  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  for (fs::path dir = self.parent_path(); !dir.empty(); dir = dir.parent_path()) {
+  for (const fs::path& dir : FoldersAboveProgram()) {
     if (fs::exists(dir / marker, ec)) return dir / leaf;
-    if (dir == dir.root_path()) break;
   }
-  return fs::path("(no ") / marker / (") above " + self.string() + "; set " + env + ")");
+  return fs::path("(no ") / marker / (") above this test program; set " + std::string(env) + ")");
 }
 
 fs::path ToyDir() { return FoundAbove("TOPHAT_TOY_MODEL_DIR", "toy-model/config.json", "toy-model"); }

@@ -77,9 +77,10 @@ torch_lib=$(readelf -d "$build_dir/bin/tophat-cloud" | sed -n 's/.*R\(UN\)\{0,1\
 provided_by_server='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libresolv\.|libutil\.|libstdc\+\+\.|libgcc_s\.|libgomp\.|libtorch|libc10|libcuda|libcudart|libcublas|libcudnn|libcufft|libcufile|libcurand|libcusolver|libcusparse|libnccl|libnvrtc|libnvJitLink|libnvToolsExt|libnvshmem|libcupti|libcaffe2|libshm)'
 # check.sh reads the same list from the bundle, to see that nothing else came from the machine.
 echo "$provided_by_server" >"$root/deploy/gpu/server-libraries.regex"
+is_elf() { [ "$(head -c 4 "$1" | od -An -c | tr -d ' ')" = "177ELF" ]; }
 declare -A wanted=()
 for f in "$root"/bin/* "$root"/tests/*; do
-  [ "$(head -c 4 "$f" | od -An -c | tr -d ' ')" = "177ELF" ] || continue
+  is_elf "$f" || continue
   while read -r name _ path _; do
     [ -n "$name" ] || continue
     if [[ "$name" =~ $provided_by_server ]]; then continue; fi
@@ -96,7 +97,7 @@ done
 # Stripped, their build-machine RUNPATH replaced: the programs find lib/ beside them, and
 # the libraries one another; LibTorch comes from LD_LIBRARY_PATH (check.sh).
 for f in "$root"/bin/* "$root"/tests/* "$root"/lib/*; do
-  [ "$(head -c 4 "$f" | od -An -c | tr -d ' ')" = "177ELF" ] || continue
+  is_elf "$f" || continue
   strip --strip-debug "$f" 2>/dev/null || strip "$f"
   case "$f" in
     "$root"/lib/*) patchelf --set-rpath '$ORIGIN' "$f" ;;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/program_paths.h"
 #include "models/tokenizers/spm_plugin_api.h"
 
 namespace tophat {
@@ -34,17 +35,13 @@ struct Plugin {
 
 std::vector<fs::path> CandidatePaths() {
   std::vector<fs::path> paths;
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (ec || exe.empty()) return paths;
   // Beside the program, then in lib/tophat/ or bin/ of each folder above it: an install
   // (/usr/bin -> /usr/lib/tophat), the build tree (a unit test in build/release/models/...
-  // -> build/release/bin) and an unpacked GPU bundle alike, with no build path compiled in.
-  for (fs::path dir = exe.parent_path(); !dir.empty(); dir = dir.parent_path()) {
+  // -> build/release/bin) and an unpacked GPU bundle alike.
+  for (const fs::path& dir : FoldersAboveProgram()) {
     paths.push_back(dir / kPluginName);
     paths.push_back(dir / "lib" / "tophat" / kPluginName);
     paths.push_back(dir / "bin" / kPluginName);
-    if (dir == dir.root_path()) break;
   }
   return paths;
 }

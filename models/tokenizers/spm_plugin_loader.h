@@ -2,7 +2,7 @@
 // once per process and wraps it in C++. This is the only way tophat reaches libsentencepiece.
 //
 // The plugin is looked for, in order: beside the running executable (the directory of
-// /proc/self/exe), in <exe dir>/../lib/tophat/, then at the path CMake built it to. It is
+// /proc/self/exe), then in lib/tophat/ and bin/ of each folder above it. It is
 // opened with RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND, or, under AddressSanitizer or
 // ThreadSanitizer (which refuse RTLD_DEEPBIND), into a link namespace of its own (dlmopen).
 #pragma once
