@@ -1,10 +1,60 @@
 #include "kernels/cuda_device.h"
 
+#include <c10/util/Exception.h>
+
 #ifdef TOPHAT_HAVE_CUDA
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 #endif
 
 namespace tophat::kernels {
+
+void* CurrentCudaStream() {
+#ifdef TOPHAT_HAVE_CUDA
+  return c10::cuda::getCurrentCUDAStream().stream();
+#else
+  return nullptr;
+#endif
+}
+
+CudaFence::~CudaFence() {
+#ifdef TOPHAT_HAVE_CUDA
+  if (event_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+#endif
+}
+
+CudaFence& CudaFence::operator=(CudaFence&& other) noexcept {
+  if (this != &other) {
+#ifdef TOPHAT_HAVE_CUDA
+    if (event_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+#endif
+    event_ = other.event_;
+    other.event_ = nullptr;
+  }
+  return *this;
+}
+
+void CudaFence::Record() {
+#ifdef TOPHAT_HAVE_CUDA
+  if (event_ == nullptr) {
+    cudaEvent_t event = nullptr;
+    const cudaError_t created = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+    TORCH_CHECK(created == cudaSuccess, "cudaEventCreate: ", cudaGetErrorString(created));
+    event_ = event;
+  }
+  const cudaError_t recorded = cudaEventRecord(static_cast<cudaEvent_t>(event_),
+                                               static_cast<cudaStream_t>(CurrentCudaStream()));
+  TORCH_CHECK(recorded == cudaSuccess, "cudaEventRecord: ", cudaGetErrorString(recorded));
+#endif
+}
+
+void CudaFence::Wait() {
+#ifdef TOPHAT_HAVE_CUDA
+  if (event_ == nullptr) return;
+  const cudaError_t done = cudaEventSynchronize(static_cast<cudaEvent_t>(event_));
+  TORCH_CHECK(done == cudaSuccess, "cudaEventSynchronize: ", cudaGetErrorString(done));
+#endif
+}
 
 std::optional<CudaMemoryInfo> QueryCudaMemory(int index) {
 #ifdef TOPHAT_HAVE_CUDA

@@ -13,6 +13,33 @@ struct CudaMemoryInfo {
   int64_t total_bytes = 0;
 };
 
+// The cudaStream_t LibTorch launches on in this thread (c10::cuda::getCurrentCUDAStream):
+// every kernel here launches on it, so that ordering with LibTorch's own ops holds on any
+// stream and a CUDA graph capture (which runs on a side stream) records them. nullptr (the
+// legacy default stream) in a build without CUDA kernels.
+void* CurrentCudaStream();
+
+// A point in the current stream's work that the host can wait for: Record() marks it (a
+// CUDA event recorded on CurrentCudaStream()), Wait() blocks until the GPU has passed it.
+// What it guards is host memory the GPU reads asynchronously (pinned staging) and must not
+// be overwritten before then. Without CUDA kernels, or before the first Record(), Wait()
+// returns at once. Move-only; not thread-safe.
+class CudaFence {
+ public:
+  CudaFence() = default;
+  ~CudaFence();
+  CudaFence(CudaFence&& other) noexcept : event_(other.event_) { other.event_ = nullptr; }
+  CudaFence& operator=(CudaFence&& other) noexcept;
+  CudaFence(const CudaFence&) = delete;
+  CudaFence& operator=(const CudaFence&) = delete;
+
+  void Record();  // throws c10::Error when the runtime refuses
+  void Wait();    // throws c10::Error when the runtime reports an error
+
+ private:
+  void* event_ = nullptr;  // cudaEvent_t, created on the first Record
+};
+
 // Memory of CUDA device `index`, or nullopt when this build has no CUDA kernels or the
 // runtime cannot reach that device.
 std::optional<CudaMemoryInfo> QueryCudaMemory(int index);

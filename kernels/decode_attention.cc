@@ -10,6 +10,7 @@
 #include "kernels/gemv.h"
 
 #ifdef TOPHAT_HAVE_CUDA
+#include "kernels/cuda_device.h"
 #include "kernels/fused_ops_cuda.cuh"
 #include "kernels/paged_attention_cuda.cuh"
 #endif
@@ -139,32 +140,42 @@ bool PagedDecodeAttention(const at::Tensor& q, const at::Tensor& key_blocks,
 
 at::Tensor SwiGlu(const at::Tensor& gate_up) {
   const int64_t inner = gate_up.size(-1) / 2;
-#ifdef TOPHAT_HAVE_CUDA
-  if (const auto dtype = ToCudaDtype(gate_up.scalar_type());
-      gate_up.is_cuda() && dtype && gate_up.is_contiguous() && !gate_up.requires_grad()) {
-    std::vector<int64_t> shape(gate_up.sizes().begin(), gate_up.sizes().end());
-    shape.back() = inner;
-    at::Tensor out = at::empty(shape, gate_up.options());
-    const SwiGluArgs args{.dtype = *dtype,
-                          .gate_up = gate_up.data_ptr(),
-                          .out = out.data_ptr(),
-                          .rows = inner == 0 ? 0 : gate_up.numel() / (2 * inner),
-                          .inner = inner,
-                          .stream = nullptr};  // LibTorch's (legacy default) stream
-    std::string error;
-    const LaunchResult result = LaunchSwiGlu(args, &error);
-    TORCH_CHECK(result != LaunchResult::kCudaError, "SwiGLU kernel: ", error);
-    if (result == LaunchResult::kLaunched) return out;
-  }
-#endif
-  if (!gate_up.is_cpu() || gate_up.scalar_type() != at::kFloat || !gate_up.is_contiguous() ||
-      gate_up.requires_grad()) {
+  if (gate_up.requires_grad()) {  // training: autograd records the composite ops
     return at::silu(gate_up.narrow(-1, 0, inner)) * gate_up.narrow(-1, inner, inner);
   }
   std::vector<int64_t> shape(gate_up.sizes().begin(), gate_up.sizes().end());
   shape.back() = inner;
-  at::Tensor out = at::empty(shape, gate_up.options());
+  at::Tensor out = at::empty(shape, gate_up.options().memory_format(at::MemoryFormat::Contiguous));
+  SwiGluOut(gate_up, out);
+  return out;
+}
+
+void SwiGluOut(const at::Tensor& gate_up, at::Tensor& out) {
+  const int64_t inner = gate_up.size(-1) / 2;
   const int64_t rows = inner == 0 ? 0 : gate_up.numel() / (2 * inner);
+  const bool out_fits = out.is_contiguous() && out.scalar_type() == gate_up.scalar_type() &&
+                        out.device() == gate_up.device() && out.numel() == rows * inner;
+#ifdef TOPHAT_HAVE_CUDA
+  if (const auto dtype = ToCudaDtype(gate_up.scalar_type());
+      gate_up.is_cuda() && dtype && gate_up.is_contiguous() && !gate_up.requires_grad() &&
+      out_fits) {
+    const SwiGluArgs args{.dtype = *dtype,
+                          .gate_up = gate_up.data_ptr(),
+                          .out = out.data_ptr(),
+                          .rows = rows,
+                          .inner = inner,
+                          .stream = CurrentCudaStream()};
+    std::string error;
+    const LaunchResult result = LaunchSwiGlu(args, &error);
+    TORCH_CHECK(result != LaunchResult::kCudaError, "SwiGLU kernel: ", error);
+    if (result == LaunchResult::kLaunched) return;
+  }
+#endif
+  if (!gate_up.is_cpu() || gate_up.scalar_type() != at::kFloat || !gate_up.is_contiguous() ||
+      gate_up.requires_grad() || !out_fits) {
+    out.copy_(at::silu(gate_up.narrow(-1, 0, inner)) * gate_up.narrow(-1, inner, inner));
+    return;
+  }
   const float* in = gate_up.data_ptr<float>();
   float* o = out.data_ptr<float>();
   for (int64_t r = 0; r < rows; ++r) {
@@ -174,7 +185,6 @@ at::Tensor SwiGlu(const at::Tensor& gate_up) {
 #pragma omp simd
     for (int64_t i = 0; i < inner; ++i) y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
   }
-  return out;
 }
 
 bool PagedDecodeAttentionBatch(const at::Tensor& q, const at::Tensor& key_blocks,
@@ -215,9 +225,7 @@ bool PagedDecodeAttentionBatch(const at::Tensor& q, const at::Tensor& key_blocks
       .max_blocks_per_seq = static_cast<int>(block_tables.size(1)),
       .window = static_cast<int>(window),
       .scale = static_cast<float>(scale),
-      // The legacy default stream, which LibTorch uses unless a stream is set; the engine
-      // sets none.
-      .stream = nullptr};
+      .stream = CurrentCudaStream()};
   std::string error;
   switch (LaunchPagedDecodeAttention(args, &error)) {
     case LaunchResult::kLaunched:

@@ -45,5 +45,8 @@ bool PagedDecodeAttentionBatch(const at::Tensor& q, const at::Tensor& key_blocks
 
 // silu(gate) * up for gate_up = [gate | up] along the last dimension, in one pass.
 at::Tensor SwiGlu(const at::Tensor& gate_up);
+// The same into `out` (gate_up's shape with the last dimension halved, contiguous), allocating
+// nothing on the fused paths.
+void SwiGluOut(const at::Tensor& gate_up, at::Tensor& out);
 
 }  // namespace tophat::kernels

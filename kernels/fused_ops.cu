@@ -108,8 +108,9 @@ __global__ void RotaryQkvToCacheKernel(const T* __restrict__ qkv, int64_t row_st
   const T* row = qkv + t * row_stride;
   const int64_t slot = slots[t];
   const int q_pairs = heads * half;
-  const int k_pairs = kv_heads * half;
-  const int v_elements = kv_heads * head_dim;
+  // A padding row (slot < 0) of a captured graph's bucket rotates its query only.
+  const int k_pairs = slot < 0 ? 0 : kv_heads * half;
+  const int v_elements = slot < 0 ? 0 : kv_heads * head_dim;
   for (int j = threadIdx.x; j < q_pairs + k_pairs + v_elements; j += blockDim.x) {
     if (j < q_pairs) {
       const int h = j / half;

@@ -257,17 +257,19 @@ bool SingleRowFits(const at::Tensor& x, const at::Tensor& weight, const at::Tens
                               bias.numel() == weight.size(0)));
 }
 
-// The kernel where the inputs fit it, at::linear otherwise.
-at::Tensor RunSingleRow(RowsFn rows_fn, const at::Tensor& x, const at::Tensor& weight,
-                        const at::Tensor& bias) {
-  if (!SingleRowFits(x, weight, bias)) {
-    return bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
+// The kernel where the inputs fit it (and `y` is a contiguous float32 [1, N]), at::linear
+// otherwise.
+void RunSingleRow(RowsFn rows_fn, const at::Tensor& x, const at::Tensor& weight,
+                  const at::Tensor& bias, at::Tensor& y) {
+  const int64_t n = weight.size(0);
+  if (!SingleRowFits(x, weight, bias) || !y.is_cpu() || y.scalar_type() != at::kFloat ||
+      !y.is_contiguous() || y.numel() != n) {
+    y.copy_(bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight));
+    return;
   }
   const at::Tensor xc = x.contiguous();
-  const int64_t n = weight.size(0);
   const int64_t k = weight.size(1);
   const int64_t ldw = weight.stride(0);
-  at::Tensor y = at::empty({1, n}, x.options());
   const float* w = weight.data_ptr<float>();
   const float* xp = xc.data_ptr<float>();
   float* yp = y.data_ptr<float>();
@@ -284,7 +286,6 @@ at::Tensor RunSingleRow(RowsFn rows_fn, const at::Tensor& x, const at::Tensor& w
     rows_fn(w, ldw, xp, yp, k, begin, end);
   }
   if (bias.defined()) y.add_(bias.view({1, n}));
-  return y;
 }
 
 }  // namespace
@@ -328,8 +329,18 @@ CpuIsa SelectedCpuIsa() {
 }
 
 at::Tensor LinearSingleRow(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  if (!SingleRowFits(x, weight, bias)) {
+    return bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
+  }
+  at::Tensor y = at::empty({1, weight.size(0)}, x.options());
+  LinearSingleRowOut(x, weight, bias, y);
+  return y;
+}
+
+void LinearSingleRowOut(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                        at::Tensor& out) {
   static const RowsFn rows_fn = RowsFor(SelectedCpuIsa());
-  return RunSingleRow(rows_fn, x, weight, bias);
+  RunSingleRow(rows_fn, x, weight, bias, out);
 }
 
 at::Tensor LinearSingleRowWithIsa(CpuIsa isa, const at::Tensor& x, const at::Tensor& weight,
@@ -337,7 +348,12 @@ at::Tensor LinearSingleRowWithIsa(CpuIsa isa, const at::Tensor& x, const at::Ten
   const std::vector<CpuIsa>& isas = SupportedCpuIsas();
   TORCH_CHECK(std::find(isas.begin(), isas.end(), isa) != isas.end(), "this CPU cannot run ",
               CpuIsaName(isa));
-  return RunSingleRow(RowsFor(isa), x, weight, bias);
+  if (!SingleRowFits(x, weight, bias)) {
+    return bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
+  }
+  at::Tensor y = at::empty({1, weight.size(0)}, x.options());
+  RunSingleRow(RowsFor(isa), x, weight, bias, y);
+  return y;
 }
 
 at::Tensor CopyToHugePages(const at::Tensor& t) {

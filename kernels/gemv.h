@@ -53,6 +53,12 @@ int CoresForCompute();
 at::Tensor LinearSingleRow(const at::Tensor& x, const at::Tensor& weight,
                            const at::Tensor& bias = {});
 
+// The same into `out` ([1, N], x's dtype and device); allocates nothing when the inputs fit
+// the kernel and `out` is contiguous float32 (the decode step's buffers), else copies
+// at::linear's result into it.
+void LinearSingleRowOut(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                        at::Tensor& out);
+
 // The same with a named instruction set, which must be in SupportedCpuIsas() (tests).
 at::Tensor LinearSingleRowWithIsa(CpuIsa isa, const at::Tensor& x, const at::Tensor& weight,
                                   const at::Tensor& bias = {});

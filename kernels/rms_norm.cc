@@ -7,6 +7,7 @@
 #include <string>
 
 #ifdef TOPHAT_HAVE_CUDA
+#include "kernels/cuda_device.h"
 #include "kernels/fused_ops_cuda.cuh"
 #endif
 
@@ -81,9 +82,7 @@ void RunFused(const at::Tensor& x, at::Tensor* residual, const at::Tensor& weigh
                          .rows = rows,
                          .d = d,
                          .eps = static_cast<float>(eps),
-                         // The legacy default stream, which LibTorch uses unless a stream is
-                         // set; the engine sets none.
-                         .stream = nullptr};
+                         .stream = CurrentCudaStream()};
   std::string error;
   TORCH_CHECK(LaunchRmsNorm(args, &error) != LaunchResult::kCudaError, "RMSNorm kernel: ",
               error);
@@ -94,26 +93,43 @@ void RunFused(const at::Tensor& x, at::Tensor* residual, const at::Tensor& weigh
 
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   if (!Fusable(x, weight)) return RmsNormComposite(x, weight, eps);
-  const at::Tensor xc = x.contiguous();
-  at::Tensor y = at::empty_like(xc);
-  RunFused(xc, nullptr, weight.contiguous(), y, eps);
+  at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  RmsNormOut(x, weight, eps, y);
   return y;
+}
+
+void RmsNormOut(const at::Tensor& x, const at::Tensor& weight, double eps, at::Tensor& out) {
+  if (!Fusable(x, weight) || !out.is_contiguous() || out.sizes() != x.sizes() ||
+      out.scalar_type() != x.scalar_type() || out.device() != x.device()) {
+    out.copy_(RmsNormComposite(x, weight, eps));
+    return;
+  }
+  RunFused(x.contiguous(), nullptr, weight.contiguous(), out, eps);
 }
 
 at::Tensor AddRmsNorm(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& weight,
                       double eps) {
+  at::Tensor y = at::empty(residual.sizes(),
+                           residual.options().memory_format(at::MemoryFormat::Contiguous));
+  AddRmsNormOut(residual, delta, weight, eps, y);
+  return y;
+}
+
+void AddRmsNormOut(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& weight,
+                   double eps, at::Tensor& out) {
   const bool fusable = Fusable(residual, weight) && residual.is_contiguous() &&
                        delta.sizes() == residual.sizes() &&
                        delta.scalar_type() == residual.scalar_type() &&
-                       delta.device() == residual.device() && !delta.requires_grad();
+                       delta.device() == residual.device() && !delta.requires_grad() &&
+                       out.is_contiguous() && out.sizes() == residual.sizes() &&
+                       out.scalar_type() == residual.scalar_type() &&
+                       out.device() == residual.device();
   if (!fusable) {
     residual.add_(delta);
-    return RmsNorm(residual, weight, eps);
+    RmsNormOut(residual, weight, eps, out);
+    return;
   }
-  const at::Tensor dc = delta.contiguous();
-  at::Tensor y = at::empty_like(residual);
-  RunFused(dc, &residual, weight.contiguous(), y, eps);
-  return y;
+  RunFused(delta.contiguous(), &residual, weight.contiguous(), out, eps);
 }
 
 bool HaveCudaKernels() {

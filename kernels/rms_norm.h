@@ -19,6 +19,13 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor AddRmsNorm(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& weight,
                       double eps);
 
+// The same into `out` (x's shape, dtype and device, contiguous), allocating nothing on the
+// fused paths; the decode step writes into buffers it allocated once. `out` must not alias
+// x (RmsNormOut) or residual/delta (AddRmsNormOut).
+void RmsNormOut(const at::Tensor& x, const at::Tensor& weight, double eps, at::Tensor& out);
+void AddRmsNormOut(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& weight,
+                   double eps, at::Tensor& out);
+
 // True when this build carries the CUDA kernels (a toolkit was found at configure time).
 bool HaveCudaKernels();
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #ifdef TOPHAT_HAVE_CUDA
+#include "kernels/cuda_device.h"
 #include "kernels/fused_ops_cuda.cuh"
 #endif
 
@@ -19,16 +20,18 @@ bool RotaryTablesFit(const at::Tensor& cos, const at::Tensor& sin, const at::Ten
          sin.device() == x.device();
 }
 
-// The CUDA rotation of x [T, heads, head_dim] into a new contiguous tensor; undefined when
-// the kernel does not take these inputs.
-at::Tensor RotaryCuda(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+// The CUDA rotation of x [T, heads, head_dim] into `out` (contiguous, x's shape); false,
+// launching nothing, when the kernel does not take these inputs.
+bool RotaryCuda(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                at::Tensor& out) {
 #ifdef TOPHAT_HAVE_CUDA
   const auto dtype = ToCudaDtype(x.scalar_type());
   if (!x.is_cuda() || !dtype || x.dim() != 3 || x.stride(2) != 1 || x.requires_grad() ||
-      !RotaryTablesFit(cos, sin, x, x.size(0), x.size(2))) {
-    return {};
+      !RotaryTablesFit(cos, sin, x, x.size(0), x.size(2)) || !out.is_contiguous() ||
+      out.sizes() != x.sizes() || out.scalar_type() != x.scalar_type() ||
+      out.device() != x.device()) {
+    return false;
   }
-  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   const RotaryArgs args{.dtype = *dtype,
                         .x = x.data_ptr(),
                         .row_stride = x.stride(0),
@@ -39,44 +42,60 @@ at::Tensor RotaryCuda(const at::Tensor& x, const at::Tensor& cos, const at::Tens
                         .tokens = x.size(0),
                         .heads = static_cast<int>(x.size(1)),
                         .head_dim = static_cast<int>(x.size(2)),
-                        .stream = nullptr};  // LibTorch's (legacy default) stream
+                        .stream = CurrentCudaStream()};
   std::string error;
   switch (LaunchRotary(args, &error)) {
     case LaunchResult::kLaunched:
-      return out;
+      return true;
     case LaunchResult::kUnsupported:
-      return {};
+      return false;
     case LaunchResult::kCudaError:
       TORCH_CHECK(false, "rotary embedding kernel: ", error);
   }
+#else
+  (void)x, (void)cos, (void)sin, (void)out;
 #endif
-  return {};
+  return false;
+}
+
+at::Tensor RotaryComposite(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  at::Tensor c = cos.unsqueeze(-2).to(x.scalar_type());
+  at::Tensor s = sin.unsqueeze(-2).to(x.scalar_type());
+  at::Tensor x1 = x.narrow(-1, 0, half);
+  at::Tensor x2 = x.narrow(-1, half, half);
+  return at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
 }
 
 }  // namespace
 
 at::Tensor RotaryEmbedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  // Training records autograd through the composite ops, which allocate their own result.
+  if (x.requires_grad()) return RotaryComposite(x, cos, sin);
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  RotaryEmbeddingOut(x, cos, sin, out);
+  return out;
+}
+
+void RotaryEmbeddingOut(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                        at::Tensor& out) {
   const bool fast = x.is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 3 &&
                     x.stride(2) == 1 && cos.scalar_type() == at::kFloat &&
                     sin.scalar_type() == at::kFloat && cos.dim() == 2 &&
                     cos.size(0) == x.size(0) && cos.size(1) * 2 == x.size(2) &&
-                    sin.sizes() == cos.sizes() && !x.requires_grad();
+                    sin.sizes() == cos.sizes() && !x.requires_grad() && out.is_cpu() &&
+                    out.scalar_type() == at::kFloat && out.is_contiguous() &&
+                    out.sizes() == x.sizes();
   const int64_t half = x.size(-1) / 2;
-  if (x.is_cuda()) {
-    if (at::Tensor out = RotaryCuda(x, cos, sin); out.defined()) return out;
-  }
+  if (x.is_cuda() && RotaryCuda(x, cos, sin, out)) return;
   if (!fast) {
-    at::Tensor c = cos.unsqueeze(-2).to(x.scalar_type());
-    at::Tensor s = sin.unsqueeze(-2).to(x.scalar_type());
-    at::Tensor x1 = x.narrow(-1, 0, half);
-    at::Tensor x2 = x.narrow(-1, half, half);
-    return at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
+    out.copy_(RotaryComposite(x, cos, sin));
+    return;
   }
   const at::Tensor cc = cos.contiguous();
   const at::Tensor sc = sin.contiguous();
   const int64_t tokens = x.size(0);
   const int64_t heads = x.size(1);
-  at::Tensor out = at::empty({tokens, heads, 2 * half}, x.options());
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const float* cp = cc.data_ptr<float>();
@@ -94,7 +113,6 @@ at::Tensor RotaryEmbedding(const at::Tensor& x, const at::Tensor& cos, const at:
       }
     }
   }
-  return out;
 }
 
 bool RotaryQkvToCache(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
@@ -131,7 +149,7 @@ bool RotaryQkvToCache(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
                                   .heads = static_cast<int>(heads),
                                   .kv_heads = static_cast<int>(kv_heads),
                                   .head_dim = static_cast<int>(head_dim),
-                                  .stream = nullptr};  // LibTorch's (legacy default) stream
+                                  .stream = CurrentCudaStream()};
   std::string error;
   switch (LaunchRotaryQkvToCache(args, &error)) {
     case LaunchResult::kLaunched:

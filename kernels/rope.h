@@ -11,13 +11,18 @@ namespace tophat::kernels {
 // contiguous rotated copy. Float32 on the CPU takes the fused loop, float32/16/bf16 on CUDA
 // one kernel launch; anything else the composite ops.
 at::Tensor RotaryEmbedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+// The same into `out` (contiguous, x's shape, dtype and device), allocating nothing on the
+// fused paths.
+void RotaryEmbeddingOut(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                        at::Tensor& out);
 
 // A decoder layer's queries and keys rotated and its keys and values written into paged KV
 // slots, in one CUDA launch (instead of two rotations of eight ops each and two scatters).
 // qkv: [T, (heads + 2 * kv_heads) * head_dim], last dimension contiguous; cos/sin: [T,
 // head_dim/2] float32; key_slots, value_slots: [num_slots, kv_heads, head_dim] contiguous
 // (one pool layer viewed by slot), qkv's dtype and device; slots: [T] int64 on the device.
-// Writes q_out ([T, heads, head_dim] contiguous). Returns false, touching nothing, when the
+// Writes q_out ([T, heads, head_dim] contiguous). A negative slot writes no key or value
+// (the padding rows of a captured decode graph). Returns false, touching nothing, when the
 // inputs are not of that form or this build has no CUDA kernels: the caller then rotates
 // with RotaryEmbedding and scatters itself.
 bool RotaryQkvToCache(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,

@@ -50,11 +50,27 @@ absl::Status Engine::Warmup() {
   // ready before the first session (STYLE.md: warm up once at the worst case).
   if (middle_->spec().layers.empty()) return absl::OkStatus();
   c10::InferenceMode inference_mode;
+  const bool gpu = !middle_->options().device.is_cpu();
+  TOPHAT_RETURN_IF_ERROR(CatchExceptions("allocating the engine's step buffers", [&] {
+    step_buffers_.emplace(middle_->NewStepBuffers(staging_.size(0), options_.kv_block_size));
+    if (gpu) {
+      for (InFlight& batch : in_flight_) {
+        batch.host_output = at::empty(staging_.sizes(), staging_.options());
+      }
+    }
+  }));
   const int64_t rows = std::min<int64_t>(staging_.size(0), middle_->max_context());
   KvCache cache = middle_->NewCache(rows);
   at::Tensor input = staging_.narrow(0, 0, rows).zero_();
-  if (!middle_->options().device.is_cpu()) input = input.to(middle_->options().device);
-  absl::StatusOr<at::Tensor> out = middle_->Forward(input, cache);
+  const SequenceChunk chunk{.cache = &cache, .num_tokens = rows};
+  absl::StatusOr<at::Tensor> out =
+      middle_->Forward(input, std::span<const SequenceChunk>(&chunk, 1), *step_buffers_);
+  if (out.ok() && gpu) {
+    // The read-back path too, so that the first step pays for nothing.
+    in_flight_.front().host_output.narrow(0, 0, rows).copy_(*out, /*non_blocking=*/true);
+    in_flight_.front().output_read.Record();
+    in_flight_.front().output_read.Wait();
+  }
   if (!out.ok()) {
     return absl::Status(out.status().code(),
                         absl::StrCat("engine warm-up forward: ", out.status().message()));
@@ -98,8 +114,11 @@ Engine::Engine(EngineOptions options, std::shared_ptr<const Submodel> middle,
   if (!wire_choices_.empty()) hello_.mutable_control()->set_wire_dtype(wire_choices_.back());
 
   const int64_t rows = std::max(options_.max_batch_tokens, options_.max_chunk_tokens);
+  // Pinned on a GPU server: the upload of a step's input is then an asynchronous DMA.
   staging_ = at::empty({rows, config.hidden_size},
-                       at::TensorOptions().dtype(middle_->options().dtype));
+                       at::TensorOptions()
+                           .dtype(middle_->options().dtype)
+                           .pinned_memory(!middle_->options().device.is_cpu()));
   const size_t max_sessions = options_.max_running_sessions + options_.max_waiting_sessions;
   pending_.reserve(max_sessions);
   pending_sessions_.reserve(max_sessions);
@@ -869,6 +888,8 @@ int64_t Engine::Launch() {
   chunks_.clear();
   int64_t row = 0;
   auto* staging = static_cast<uint8_t*>(staging_.data_ptr());
+  // The last upload from staging_ must have been read before it is overwritten.
+  if (plan_.size() > 1) staging_read_.Wait();
   for (const PlannedWork& planned : plan_) {
     Session* session = pending_sessions_[planned.index];
     const WorkItem& head = session->work.front();
@@ -900,8 +921,22 @@ int64_t Engine::Launch() {
   } else {
     input = staging_.narrow(0, 0, total);
   }
-  if (!middle_->options().device.is_cpu()) input = input.to(middle_->options().device);
-  absl::StatusOr<at::Tensor> output = middle_->Forward(input, chunks_);
+  const bool gpu = !middle_->options().device.is_cpu();
+  if (gpu) {
+    // Into the step buffers' rows asynchronously (the forward then copies nothing).
+    at::Tensor device_input = step_buffers_->residual.narrow(0, 0, total);
+    device_input.copy_(input, /*non_blocking=*/true);
+    staging_read_.Record();
+    input = device_input;
+  }
+  absl::StatusOr<at::Tensor> output = middle_->Forward(input, chunks_, *step_buffers_);
+  if (output.ok() && gpu && options_.downstream == nullptr) {
+    // The read-back is queued behind the step's kernels now; Complete waits for it.
+    at::Tensor host = batch.host_output.narrow(0, 0, total);
+    host.copy_(*output, /*non_blocking=*/true);
+    batch.output_read.Record();
+    output = host;
+  }
   batch.own_seconds = Seconds(Clock::now() - batch.start);
   if (output.ok() && options_.downstream != nullptr) {
     // The later stages take it from here; Complete collects their answer.
@@ -927,6 +962,7 @@ void Engine::Complete() {
   }
   at::Tensor deep;
   if (output.ok()) {
+    batch.output_read.Wait();  // a GPU step's read-back into batch.host_output
     deep = output->device().is_cpu() ? output->contiguous() : output->to(at::kCPU).contiguous();
   }
   const int64_t total = batch.total;

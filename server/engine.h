@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "base/log_rate.h"
+#include "kernels/cuda_device.h"
 #include "models/runtime/kv_cache.h"
 #include "models/runtime/submodel.h"
 #include "scheduler/batch_planner.h"
@@ -284,7 +285,12 @@ class Engine {
   std::vector<Event> events_;  // swapped with intake_ each step
   uint64_t next_arrival_ = 0;
   // Step buffers, sized once for the worst case.
-  at::Tensor staging_;  // [max(max_batch_tokens, max_chunk_tokens), D] on the CPU
+  at::Tensor staging_;  // [max(max_batch_tokens, max_chunk_tokens), D] on the CPU (pinned: GPU)
+  // Passed once the GPU has read staging_'s last upload; Launch waits for it before
+  // gathering the next step there.
+  kernels::CudaFence staging_read_;
+  // Every tensor the middle's forward writes (made by Warmup, which runs the largest step).
+  std::optional<StepBuffers> step_buffers_;
   std::vector<PendingWork> pending_;
   std::vector<Session*> pending_sessions_;
   std::vector<PlannedWork> plan_;
@@ -303,6 +309,10 @@ class Engine {
     absl::StatusOr<at::Tensor> output = at::Tensor();  // this stage's, or its error
     bool submitted = false;  // handed to the downstream stages, whose answer is pending
     double own_seconds = 0;  // this stage's forward
+    // A GPU step's output, copied back asynchronously into pinned memory allocated once
+    // ([rows, D]); Complete waits for `output_read` before reading it.
+    at::Tensor host_output;
+    kernels::CudaFence output_read;
   };
   std::vector<InFlight> in_flight_;  // pipeline_depth_ records
   size_t in_flight_oldest_ = 0;

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/decode_attention.h"
 #include "kernels/gemv.h"
+#include "kernels/rms_norm.h"
 #include "kernels/rope.h"
 #include "base/status_macros.h"
 
@@ -18,6 +20,19 @@ namespace {
 at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias = {}) {
   if (x.size(0) == 1) return kernels::LinearSingleRow(x, w, bias);
   return bias.defined() ? at::linear(x, w, bias) : at::linear(x, w);
+}
+
+// The same into `out` ([rows, N] contiguous), allocating nothing: one float32 CPU row takes
+// the GEMV kernel, anything else BLAS (cuBLAS on a GPU) writing into `out` in place.
+void LinearOut(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
+               at::Tensor& out) {
+  if (x.size(0) == 1 && x.is_cpu() && x.scalar_type() == at::kFloat) {
+    kernels::LinearSingleRowOut(x, w, bias, out);
+  } else if (bias.defined()) {
+    at::addmm_out(out, bias, x, w.t());
+  } else {
+    at::mm_out(out, x, w.t());
+  }
 }
 
 std::string ShapeString(const at::Tensor& t) {
@@ -224,7 +239,7 @@ void Submodel::AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t la
 }
 
 Submodel::DeviceBatch Submodel::PrepareDeviceBatch(std::span<const SequenceChunk> chunks,
-                                                   int64_t total) const {
+                                                   int64_t total, StepBuffers& buffers) const {
   DeviceBatch batch;
   if (options_.device.is_cpu() || chunks.empty()) return batch;
   const KvBlockPool* pool = &chunks.front().cache->pool();
@@ -232,11 +247,12 @@ Submodel::DeviceBatch Submodel::PrepareDeviceBatch(std::span<const SequenceChunk
     if (&chunk.cache->pool() != pool) return batch;  // caches of several pools: per chunk
   }
   const int64_t block_size = pool->block_size();
-  std::vector<int64_t> slots;
-  slots.reserve(static_cast<size_t>(total));
-  std::vector<int32_t> lens;
-  std::vector<const SequenceChunk*> decode;
-  int64_t max_blocks = 1;
+  const int64_t width = buffers.max_blocks_per_sequence();
+  int64_t* slots = buffers.host_slots.data_ptr<int64_t>();
+  int32_t* tables = buffers.host_block_tables.data_ptr<int32_t>();
+  int32_t* lens = buffers.host_seq_lens.data_ptr<int32_t>();
+  std::vector<int64_t>& decode_rows = buffers.decode_rows;
+  decode_rows.clear();
   int64_t row = 0;
   batch.decode_first_row = -1;
   batch.decode_rows_contiguous = true;
@@ -245,34 +261,37 @@ Submodel::DeviceBatch Submodel::PrepareDeviceBatch(std::span<const SequenceChunk
     const int64_t past = chunk.cache->length();
     for (int64_t i = 0; i < chunk.num_tokens; ++i) {
       const int64_t position = past + i;
-      slots.push_back(int64_t{table[position / block_size]} * block_size + position % block_size);
+      slots[row + i] = int64_t{table[position / block_size]} * block_size + position % block_size;
     }
     if (chunk.num_tokens == 1) {
+      const auto d = static_cast<int64_t>(decode_rows.size());
+      const int64_t needed = pool->BlocksFor(past + 1);
+      if (needed > width) return DeviceBatch{};  // longer than the buffers were sized for
       if (batch.decode_first_row < 0) batch.decode_first_row = row;
-      if (row != batch.decode_first_row + static_cast<int64_t>(decode.size())) {
-        batch.decode_rows_contiguous = false;
-      }
-      batch.decode_rows.push_back(row);
-      decode.push_back(&chunk);
-      lens.push_back(static_cast<int32_t>(past + 1));
-      max_blocks = std::max<int64_t>(max_blocks, pool->BlocksFor(past + 1));
+      if (row != batch.decode_first_row + d) batch.decode_rows_contiguous = false;
+      decode_rows.push_back(row);
+      lens[d] = static_cast<int32_t>(past + 1);
+      std::copy(table.begin(), table.begin() + needed, tables + d * width);
     }
     row += chunk.num_tokens;
   }
-  std::vector<int32_t> tables(decode.size() * static_cast<size_t>(max_blocks), 0);
-  for (size_t i = 0; i < decode.size(); ++i) {
-    const std::span<const int32_t> table = decode[i]->cache->block_table();
-    const int64_t needed = pool->BlocksFor(decode[i]->cache->length() + 1);
-    std::copy(table.begin(), table.begin() + needed, tables.begin() + i * max_blocks);
-  }
-  // One host-to-device copy per index tensor per step.
-  batch.slots = at::tensor(slots, at::kLong).to(options_.device);
-  if (!decode.empty()) {
-    const auto count = static_cast<int64_t>(decode.size());
-    batch.block_tables = at::tensor(tables, at::kInt).view({count, max_blocks}).to(options_.device);
-    batch.seq_lens = at::tensor(lens, at::kInt).to(options_.device);
+  // One asynchronous host-to-device copy per index tensor per step, from pinned staging.
+  batch.slots = buffers.slots.narrow(0, 0, total);
+  batch.slots.copy_(buffers.host_slots.narrow(0, 0, total), /*non_blocking=*/true);
+  batch.decode_rows = decode_rows;
+  const auto count = static_cast<int64_t>(decode_rows.size());
+  if (count > 0) {
+    batch.block_tables = buffers.block_tables.narrow(0, 0, count);
+    batch.block_tables.copy_(buffers.host_block_tables.narrow(0, 0, count), true);
+    batch.seq_lens = buffers.seq_lens.narrow(0, 0, count);
+    batch.seq_lens.copy_(buffers.host_seq_lens.narrow(0, 0, count), true);
     if (!batch.decode_rows_contiguous) {
-      batch.decode_index = at::tensor(batch.decode_rows, at::kLong).to(options_.device);
+      std::copy(decode_rows.begin(), decode_rows.end(),
+                buffers.host_decode_index.data_ptr<int64_t>());
+      batch.decode_index = buffers.decode_index.narrow(0, 0, count);
+      batch.decode_index.copy_(buffers.host_decode_index.narrow(0, 0, count), true);
+      batch.decode_q = buffers.decode_q.narrow(0, 0, count);
+      batch.decode_out = buffers.decode_out.narrow(0, 0, count);
     }
   }
   return batch;
@@ -302,8 +321,9 @@ void Submodel::AttendDeviceBatch(const DeviceBatch& batch, std::span<const Seque
                                                        pool.values(layer), batch.block_tables,
                                                        batch.seq_lens, window, scale, decode_out);
     } else {
-      const at::Tensor decode_q = q.index_select(0, batch.decode_index);
-      at::Tensor decode_out = at::empty({decode_count, attention.size(1)}, attention.options());
+      at::Tensor decode_q = batch.decode_q;
+      at::index_select_out(decode_q, q, 0, batch.decode_index);
+      at::Tensor decode_out = batch.decode_out;
       decode_done = kernels::PagedDecodeAttentionBatch(decode_q, pool.keys(layer),
                                                        pool.values(layer), batch.block_tables,
                                                        batch.seq_lens, window, scale, decode_out);
@@ -320,8 +340,8 @@ void Submodel::AttendDeviceBatch(const DeviceBatch& batch, std::span<const Seque
   }
 }
 
-absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden,
-                                             std::span<const SequenceChunk> chunks) const {
+absl::StatusOr<int64_t> Submodel::CheckStep(const at::Tensor& hidden,
+                                            std::span<const SequenceChunk> chunks) const {
   const int64_t d = config_.hidden_size;
   if (hidden.dim() != 2 || hidden.size(1) != d) {
     return absl::InvalidArgumentError(absl::StrCat("hidden states must have shape [T, ", d,
@@ -369,15 +389,56 @@ absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden,
                                                    " tokens but the hidden states hold ",
                                                    hidden.size(0)));
   }
+  return total;
+}
 
-  // The residual stream, updated in place (AddRmsNorm): a copy, the caller keeps `hidden`.
-  at::Tensor x = hidden.is_contiguous() ? hidden.clone() : hidden.contiguous();
+StepBuffers Submodel::NewStepBuffers(int64_t max_tokens, int64_t block_size) const {
+  return StepBuffers(config_, options_.dtype, options_.device,
+                     {.max_tokens = max_tokens, .max_context = max_context(),
+                      .block_size = block_size});
+}
+
+absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden,
+                                             std::span<const SequenceChunk> chunks) const {
+  TOPHAT_ASSIGN_OR_RETURN(const int64_t total, CheckStep(hidden, chunks));
+  // Buffers for this step alone: the same code path as a caller's long-lived buffers.
+  std::optional<StepBuffers> buffers;
+  TOPHAT_RETURN_IF_ERROR(CatchExceptions("allocating step buffers", [&] {
+    buffers.emplace(NewStepBuffers(
+        total, chunks.empty() ? 16 : chunks.front().cache->pool().block_size()));
+  }));
+  return Forward(hidden, chunks, *buffers);
+}
+
+absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden,
+                                             std::span<const SequenceChunk> chunks,
+                                             StepBuffers& buffers) const {
+  TOPHAT_ASSIGN_OR_RETURN(const int64_t total, CheckStep(hidden, chunks));
+  if (total > buffers.max_tokens() || buffers.residual.scalar_type() != options_.dtype ||
+      buffers.residual.device() != options_.device ||
+      buffers.residual.size(1) != config_.hidden_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step buffers hold ", buffers.max_tokens(), " rows of ",
+        c10::toString(buffers.residual.scalar_type()), " on ", buffers.residual.device().str(),
+        "; this step needs ", total, " rows of ", c10::toString(options_.dtype), " on ",
+        options_.device.str()));
+  }
+
+  // The residual stream, updated in place: the buffers' rows, which the caller may have
+  // filled already (then nothing is copied).
+  at::Tensor x = buffers.residual.narrow(0, 0, total);
   absl::Status status = CatchExceptions("forward pass", [&] {
+    if (hidden.data_ptr() != x.data_ptr()) x.copy_(hidden, /*non_blocking=*/true);
     if (layers_.empty() || total == 0) return;
     // On a GPU, with every chunk in one pool (the cloud's engine), the step's K/V rows are
     // written with one scatter per layer and its decode rows attend in one kernel launch;
-    // the index tensors for both are made once here, not per layer.
-    const DeviceBatch device_batch = PrepareDeviceBatch(chunks, total);
+    // the index tensors for both are uploaded once here, not per layer.
+    // The host staging of the index uploads (pinned on a GPU) is written again only once the
+    // last step's uploads have read it; they were queued before that step's layers, so this
+    // waits for almost nothing.
+    const bool upload = !options_.device.is_cpu();
+    if (upload) buffers.uploads_read.Wait();
+    const DeviceBatch device_batch = PrepareDeviceBatch(chunks, total, buffers);
     // Rotary rows for every token of the batch, gathered once for all layers.
     at::Tensor cos;
     at::Tensor sin;
@@ -385,49 +446,60 @@ absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden,
       cos = rope_.cos.narrow(0, chunks[0].cache->length(), total);
       sin = rope_.sin.narrow(0, chunks[0].cache->length(), total);
     } else {
-      std::vector<int64_t> positions;
-      positions.reserve(total);
+      int64_t* positions = buffers.host_positions.data_ptr<int64_t>();
+      int64_t row = 0;
       for (const SequenceChunk& chunk : chunks) {
-        for (int64_t i = 0; i < chunk.num_tokens; ++i) positions.push_back(chunk.cache->length() + i);
+        for (int64_t i = 0; i < chunk.num_tokens; ++i) {
+          positions[row++] = chunk.cache->length() + i;
+        }
       }
-      at::Tensor index = at::tensor(positions, at::kLong).to(options_.device);
-      cos = rope_.cos.index_select(0, index);
-      sin = rope_.sin.index_select(0, index);
+      at::Tensor index = buffers.host_positions.narrow(0, 0, total);
+      if (upload) index = buffers.positions.narrow(0, 0, total).copy_(index, /*non_blocking=*/true);
+      cos = buffers.cos.narrow(0, 0, total);
+      sin = buffers.sin.narrow(0, 0, total);
+      at::index_select_out(cos, rope_.cos, 0, index);
+      at::index_select_out(sin, rope_.sin, 0, index);
     }
+    if (upload) buffers.uploads_read.Record();
     const int64_t q_size = config_.q_size();
     const int64_t kv_size = config_.kv_size();
     const int64_t heads = config_.num_attention_heads;
     const int64_t kv_heads = config_.num_key_value_heads;
     const int64_t hd = config_.head_dim;
     const double eps = config_.rms_norm_eps;
-    at::Tensor attention = at::empty({total, q_size}, x.options());
-    // Rotated queries of the fused path (RotaryQkvToCache), reused by every layer.
-    at::Tensor rotated_q;
-    if (device_batch.slots.defined()) rotated_q = at::empty({total, heads, hd}, x.options());
-    at::Tensor h = RmsNorm(x, layers_.front().input_norm, eps);
+    at::Tensor h = buffers.normed.narrow(0, 0, total);
+    at::Tensor qkv = buffers.qkv.narrow(0, 0, total);
+    at::Tensor q = buffers.q.narrow(0, 0, total);
+    at::Tensor k = buffers.k.narrow(0, 0, total);
+    at::Tensor attention = buffers.attention.narrow(0, 0, total);
+    at::Tensor projected = buffers.projected.narrow(0, 0, total);
+    at::Tensor gate_up = buffers.gate_up.narrow(0, 0, total);
+    at::Tensor activated = buffers.activated.narrow(0, 0, total);
+    kernels::RmsNormOut(x, layers_.front().input_norm, eps, h);
     for (size_t l = 0; l < layers_.size(); ++l) {
       const DecoderLayerWeights& w = layers_[l];
-      at::Tensor qkv = Linear(h, w.qkv, w.qkv_bias);
+      LinearOut(h, w.qkv, w.qkv_bias, qkv);
       const auto layer = static_cast<int64_t>(l);
+      const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({total, kv_heads, hd});
       if (device_batch.slots.defined()) {
         const KvBlockPool& pool = chunks.front().cache->pool();
         at::Tensor key_slots = pool.keys(layer).view({-1, kv_heads, hd});
         at::Tensor value_slots = pool.values(layer).view({-1, kv_heads, hd});
         if (kernels::RotaryQkvToCache(qkv, cos, sin, heads, kv_heads, hd, key_slots,
-                                      value_slots, device_batch.slots, rotated_q)) {
-          AttendDeviceBatch(device_batch, chunks, layer, rotated_q, {}, {}, attention);
+                                      value_slots, device_batch.slots, q)) {
+          AttendDeviceBatch(device_batch, chunks, layer, q, {}, {}, attention);
         } else {
-          AttendDeviceBatch(
-              device_batch, chunks, layer,
-              ApplyRope(qkv.narrow(1, 0, q_size).view({total, heads, hd}), cos, sin),
-              ApplyRope(qkv.narrow(1, q_size, kv_size).view({total, kv_heads, hd}), cos, sin),
-              qkv.narrow(1, q_size + kv_size, kv_size).view({total, kv_heads, hd}), attention);
+          kernels::RotaryEmbeddingOut(qkv.narrow(1, 0, q_size).view({total, heads, hd}), cos,
+                                      sin, q);
+          kernels::RotaryEmbeddingOut(qkv.narrow(1, q_size, kv_size).view({total, kv_heads, hd}),
+                                      cos, sin, k);
+          AttendDeviceBatch(device_batch, chunks, layer, q, k, v, attention);
         }
       } else {
-        at::Tensor q = ApplyRope(qkv.narrow(1, 0, q_size).view({total, heads, hd}), cos, sin);
-        at::Tensor k =
-            ApplyRope(qkv.narrow(1, q_size, kv_size).view({total, kv_heads, hd}), cos, sin);
-        at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({total, kv_heads, hd});
+        kernels::RotaryEmbeddingOut(qkv.narrow(1, 0, q_size).view({total, heads, hd}), cos, sin,
+                                    q);
+        kernels::RotaryEmbeddingOut(qkv.narrow(1, q_size, kv_size).view({total, kv_heads, hd}),
+                                    cos, sin, k);
         int64_t row = 0;
         for (const SequenceChunk& chunk : chunks) {
           const int64_t n = chunk.num_tokens;
@@ -439,12 +511,15 @@ absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden,
         }
       }
       // Each residual add is fused with the norm that follows it.
-      h = AddRmsNorm(x, Linear(attention, w.o_proj, w.o_bias), w.post_norm, eps);
-      const at::Tensor mlp = Linear(SwiGlu(Linear(h, w.gate_up)), w.down);
+      LinearOut(attention, w.o_proj, w.o_bias, projected);
+      kernels::AddRmsNormOut(x, projected, w.post_norm, eps, h);
+      LinearOut(h, w.gate_up, {}, gate_up);
+      kernels::SwiGluOut(gate_up, activated);
+      LinearOut(activated, w.down, {}, projected);
       if (l + 1 < layers_.size()) {
-        h = AddRmsNorm(x, mlp, layers_[l + 1].input_norm, eps);
+        kernels::AddRmsNormOut(x, projected, layers_[l + 1].input_norm, eps, h);
       } else {
-        x.add_(mlp);
+        x.add_(projected);
       }
     }
   });

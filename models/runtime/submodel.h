@@ -16,6 +16,7 @@
 #include "models/formats/config.h"
 #include "models/runtime/kv_cache.h"
 #include "models/runtime/layers.h"
+#include "models/runtime/step_buffers.h"
 
 namespace tophat {
 
@@ -115,6 +116,19 @@ class Submodel {
   absl::StatusOr<at::Tensor> Forward(const at::Tensor& hidden,
                                      std::span<const SequenceChunk> chunks) const;
   absl::StatusOr<at::Tensor> Forward(const at::Tensor& hidden, KvCache& cache) const;
+  // The same step computed in `buffers` (NewStepBuffers), which after the first such step
+  // allocates no tensor storage on a CPU (float32) or beyond cuBLAS's workspace on a GPU.
+  // Returns rows [0, T) of buffers.residual: valid until the next step with these buffers.
+  // `hidden` may be those very rows (the caller wrote its input there: nothing is copied)
+  // or any [T, D] tensor, pinned host memory included (copied asynchronously). Errors as
+  // above, and InvalidArgument when the buffers hold fewer than T rows or another dtype or
+  // device.
+  absl::StatusOr<at::Tensor> Forward(const at::Tensor& hidden,
+                                     std::span<const SequenceChunk> chunks,
+                                     StepBuffers& buffers) const;
+  // Buffers for steps of up to `max_tokens` rows over KV pools of `block_size` positions a
+  // block. Throws as a tensor allocation does.
+  StepBuffers NewStepBuffers(int64_t max_tokens, int64_t block_size = 16) const;
 
   // Final norm + LM head: hidden [T, D] -> logits [T, V] (float32). Requires spec().head.
   absl::StatusOr<at::Tensor> Logits(const at::Tensor& hidden) const;
@@ -131,18 +145,26 @@ class Submodel {
   Submodel(ModelConfig config, SubmodelSpec spec, SubmodelOptions options)
       : config_(std::move(config)), spec_(spec), options_(options) {}
 
+  // Checks a step's inputs and makes room in growing caches; returns its token count.
+  absl::StatusOr<int64_t> CheckStep(const at::Tensor& hidden,
+                                    std::span<const SequenceChunk> chunks) const;
+
   // The per-step index tensors of a GPU forward whose chunks share one KV pool (else
-  // `slots` is undefined and chunks are handled one by one). Made once per Forward.
+  // `slots` is undefined and chunks are handled one by one): views of the step buffers,
+  // uploaded once per Forward.
   struct DeviceBatch {
     at::Tensor slots;         // [T] int64: pool row (block * block_size + offset) of each new row
-    std::vector<int64_t> decode_rows;  // batch rows of the one-token chunks, in order
+    std::span<const int64_t> decode_rows;  // batch rows of the one-token chunks, in order
     int64_t decode_first_row = -1;
     bool decode_rows_contiguous = true;  // decode_rows == first, first+1, ...
     at::Tensor decode_index;  // decode_rows on the device, when not contiguous
+    at::Tensor decode_q;      // their gathered queries and attention, when not contiguous
+    at::Tensor decode_out;
     at::Tensor block_tables;  // [decode rows, max blocks] int32
     at::Tensor seq_lens;      // [decode rows] int32: positions each attends, its own included
   };
-  DeviceBatch PrepareDeviceBatch(std::span<const SequenceChunk> chunks, int64_t total) const;
+  DeviceBatch PrepareDeviceBatch(std::span<const SequenceChunk> chunks, int64_t total,
+                                 StepBuffers& buffers) const;
   // One layer of a DeviceBatch: writes every new K/V row with one scatter (unless k is
   // undefined: RotaryQkvToCache wrote them), attends the decode rows in one kernel launch,
   // and the longer chunks one by one (AttendChunk).

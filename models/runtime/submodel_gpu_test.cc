@@ -6,6 +6,10 @@
 #include <string>
 #include <vector>
 
+#ifdef TOPHAT_HAVE_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
 #include "models/runtime/model_init.h"
 #include "models/runtime/submodel.h"
 #include "base/test_util.h"
@@ -114,6 +118,67 @@ TEST_CASE("On CUDA in bfloat16 the logits stay close to float32 on the CPU",
     CHECK(agree > 0.9);
   }
 }
+
+#ifdef TOPHAT_HAVE_CUDA
+// Blocks the caching allocator has handed out on device 0 so far (cache hits included: a
+// hit is still an allocation inside the step).
+int64_t CudaAllocations() {
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+  return stats.allocation[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+      .allocated;
+}
+
+TEST_CASE("On CUDA a decode step in step buffers allocates nothing after warm-up",
+          "[gpu][submodel][step_buffers]") {
+  const ModelConfig config = TinyTestConfig();
+  testing::TempDir dir;
+  REQUIRE(WriteCheckpoint(config, InitWeights(config, 3), dir.path()).ok());
+  auto checkpoint = CheckpointReader::Open(dir.path());
+  REQUIRE(checkpoint.ok());
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    INFO("dtype " << c10::toString(dtype));
+    auto loaded = Submodel::Load(config, **checkpoint, SubmodelSpec::Middle(config, 1, 1),
+                                 {.dtype = dtype, .device = at::Device(at::kCUDA, 0),
+                                  .max_context = 256});
+    REQUIRE(loaded.ok());
+    const Submodel& model = **loaded;
+    const at::TensorOptions options = at::TensorOptions().dtype(dtype).device(at::kCUDA);
+    auto pool = model.NewPagedPool(64, 4);
+    REQUIRE(pool.ok());
+    std::vector<KvCache> caches;
+    int32_t next_block = 0;
+    for (int64_t i = 0; i < 3; ++i) {
+      caches.emplace_back(*pool);
+      for (int b = 0; b < 6; ++b) caches.back().AppendBlock(next_block++);
+      REQUIRE(model.Forward(at::randn({3 + 4 * i, config.hidden_size}, options),
+                            caches.back()).ok());
+    }
+    std::vector<SequenceChunk> chunks;
+    for (KvCache& cache : caches) chunks.push_back({.cache = &cache, .num_tokens = 1});
+    StepBuffers buffers = model.NewStepBuffers(16, 4);
+    at::Tensor input = buffers.residual.narrow(0, 0, 3);
+    input.normal_();
+    REQUIRE(model.Forward(input, chunks, buffers).ok());  // warm-up (cuBLAS's workspace)
+    for (int step = 0; step < 5; ++step) {
+      INFO("step " << step);
+      const at::Tensor step_input = at::randn({3, config.hidden_size}, options);
+      input.copy_(step_input);
+      const int64_t before = CudaAllocations();
+      auto out = model.Forward(input, chunks, buffers);
+      const int64_t allocations = CudaAllocations() - before;
+      REQUIRE(out.ok());
+      CHECK(allocations == 0);
+      const at::Tensor kept = out->clone();
+      for (KvCache& cache : caches) REQUIRE(cache.Truncate(cache.length() - 1).ok());
+      const int64_t one_off_before = CudaAllocations();
+      auto again = model.Forward(step_input, chunks);
+      REQUIRE(again.ok());
+      CHECK(CudaAllocations() - one_off_before > 0);  // the counter sees a step that does
+      CHECK(at::allclose(again->to(at::kFloat), kept.to(at::kFloat), 1e-3, 1e-3));
+    }
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace tophat

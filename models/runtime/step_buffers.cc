@@ -1,0 +1,60 @@
+#include "models/runtime/step_buffers.h"
+
+#include <algorithm>
+
+namespace tophat {
+
+StepBuffers::StepBuffers(const ModelConfig& config, at::ScalarType dtype, at::Device device,
+                         const StepBufferShape& shape) {
+  const int64_t rows = std::max<int64_t>(1, shape.max_tokens);
+  const int64_t d = config.hidden_size;
+  const int64_t hd = config.head_dim;
+  const at::TensorOptions values = at::TensorOptions().dtype(dtype).device(device);
+  residual = at::empty({rows, d}, values);
+  normed = at::empty({rows, d}, values);
+  qkv = at::empty({rows, config.q_size() + 2 * config.kv_size()}, values);
+  q = at::empty({rows, config.num_attention_heads, hd}, values);
+  k = at::empty({rows, config.num_key_value_heads, hd}, values);
+  attention = at::empty({rows, config.q_size()}, values);
+  projected = at::empty({rows, d}, values);
+  gate_up = at::empty({rows, 2 * config.intermediate_size}, values);
+  activated = at::empty({rows, config.intermediate_size}, values);
+  cos = at::empty({rows, hd / 2}, values.dtype(at::kFloat));
+  sin = at::empty({rows, hd / 2}, values.dtype(at::kFloat));
+
+  const int64_t block_size = std::max<int64_t>(1, shape.block_size);
+  const int64_t max_blocks =
+      std::max<int64_t>(1, (std::max<int64_t>(1, shape.max_context) + block_size - 1) / block_size);
+  const at::TensorOptions longs = values.dtype(at::kLong);
+  const at::TensorOptions ints = values.dtype(at::kInt);
+  positions = at::empty({rows}, longs);
+  // The paged-batch tensors serve only a GPU's batched path; a CPU step never reads them.
+  const int64_t index_rows = device.is_cpu() ? 1 : rows;
+  slots = at::empty({index_rows}, longs);
+  block_tables = at::zeros({index_rows, max_blocks}, ints);
+  seq_lens = at::zeros({index_rows}, ints);
+  decode_index = at::empty({index_rows}, longs);
+  decode_q = at::empty({index_rows, config.num_attention_heads, hd}, values);
+  decode_out = at::empty({index_rows, config.q_size()}, values);
+  const at::TensorOptions host =
+      at::TensorOptions().device(at::kCPU).pinned_memory(!device.is_cpu());
+  host_positions = at::empty({rows}, host.dtype(at::kLong));
+  host_slots = at::empty({index_rows}, host.dtype(at::kLong));
+  host_block_tables = at::zeros({index_rows, max_blocks}, host.dtype(at::kInt));
+  host_seq_lens = at::zeros({index_rows}, host.dtype(at::kInt));
+  host_decode_index = at::empty({index_rows}, host.dtype(at::kLong));
+  decode_rows.reserve(static_cast<size_t>(rows));
+}
+
+int64_t StepBuffers::DeviceBytes() const {
+  int64_t bytes = 0;
+  for (const at::Tensor* t :
+       {&residual, &normed, &qkv, &q, &k, &attention, &projected, &gate_up, &activated, &cos,
+        &sin, &positions, &slots, &block_tables, &seq_lens, &decode_index, &decode_q,
+        &decode_out}) {
+    bytes += t->numel() * static_cast<int64_t>(t->element_size());
+  }
+  return bytes;
+}
+
+}  // namespace tophat

@@ -1,0 +1,70 @@
+// The tensors one forward step of a submodel writes, allocated once for the largest step so
+// that a step after warm-up allocates nothing (STYLE.md: "No allocation in the step"): the
+// cloud's engine makes one set at start-up and passes it to every Submodel::Forward.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "kernels/cuda_device.h"
+#include "models/formats/config.h"
+
+namespace tophat {
+
+// Sizes of a StepBuffers: the most rows (tokens of all chunks) and, for the paged decode
+// kernel's block tables on a GPU, the longest context a sequence may reach.
+struct StepBufferShape {
+  int64_t max_tokens = 1;
+  int64_t max_context = 1;
+  int64_t block_size = 16;  // the KV pool's, for the block-table width
+};
+
+// Row r of a step lives at row r of each [max_tokens, ...] tensor; a step of T tokens uses
+// rows [0, T) (narrow), so the storage never moves. Not thread-safe: the thread that runs the
+// forward passes owns it, and a step's output (a view of `residual`) is valid until the next
+// step with the same buffers.
+struct StepBuffers {
+  // Every tensor on `device`; the index staging (host_*) on the CPU, pinned when `device` is
+  // a GPU so that its uploads are asynchronous. Throws as a tensor allocation does.
+  StepBuffers(const ModelConfig& config, at::ScalarType dtype, at::Device device,
+              const StepBufferShape& shape);
+
+  int64_t max_tokens() const { return residual.size(0); }
+  int64_t max_blocks_per_sequence() const { return block_tables.size(1); }
+  // Bytes held on the device, the host staging excluded.
+  int64_t DeviceBytes() const;
+
+  at::Tensor residual;   // [max_tokens, D]: the residual stream and the step's output
+  at::Tensor normed;     // [max_tokens, D]: a norm's output, the next projection's input
+  at::Tensor qkv;        // [max_tokens, q + 2 kv]
+  at::Tensor q;          // [max_tokens, heads, head_dim]: rotated queries
+  at::Tensor k;          // [max_tokens, kv_heads, head_dim]: rotated keys
+  at::Tensor attention;  // [max_tokens, q]
+  at::Tensor projected;  // [max_tokens, D]: o_proj's and down_proj's output
+  at::Tensor gate_up;    // [max_tokens, 2 I]
+  at::Tensor activated;  // [max_tokens, I]
+  at::Tensor cos;        // [max_tokens, head_dim / 2] float32: rotary rows of the step's tokens
+  at::Tensor sin;
+
+  // Index tensors of a step: the device copies and their host staging.
+  at::Tensor positions;     // [max_tokens] int64: each row's position
+  at::Tensor slots;         // [max_tokens] int64: each row's KV pool slot (GPU batches)
+  at::Tensor block_tables;  // [max_tokens, max_blocks] int32: decode rows' tables (GPU)
+  at::Tensor seq_lens;      // [max_tokens] int32: positions each decode row attends (GPU)
+  at::Tensor decode_index;  // [max_tokens] int64: batch rows of the decode rows (GPU)
+  at::Tensor decode_q;      // [max_tokens, heads, head_dim]: gathered decode queries (GPU)
+  at::Tensor decode_out;    // [max_tokens, q]: their attention, before the scatter back
+  at::Tensor host_positions;
+  at::Tensor host_slots;
+  at::Tensor host_block_tables;
+  at::Tensor host_seq_lens;
+  at::Tensor host_decode_index;
+  std::vector<int64_t> decode_rows;  // capacity max_tokens, reserved once
+  // Passed once the GPU has read the host staging of the last upload: the next step waits
+  // for it before writing the staging again (a GPU step's uploads are asynchronous).
+  kernels::CudaFence uploads_read;
+};
+
+}  // namespace tophat

@@ -1,0 +1,178 @@
+#include "models/runtime/step_buffers.h"
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <random>
+#include <vector>
+
+#include <c10/core/CPUAllocator.h>
+
+#include "models/runtime/model_init.h"
+#include "models/runtime/submodel.h"
+
+namespace tophat {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Counts the tensor storages LibTorch allocates on the CPU while installed: every at::empty,
+// every op's result, every temporary an op makes through c10's CPU allocator. Installed with
+// a higher priority than LibTorch's default (c10::SetCPUAllocator), and never uninstalled
+// (storages it handed out are freed through their own deleters, so it only forwards).
+class CountingCpuAllocator final : public c10::Allocator {
+ public:
+  static CountingCpuAllocator& Installed() {
+    static CountingCpuAllocator* const counting = [] {
+      auto* allocator = new CountingCpuAllocator(c10::GetCPUAllocator());
+      c10::SetCPUAllocator(allocator, /*priority=*/100);
+      return allocator;
+    }();
+    return *counting;
+  }
+  int64_t count() const { return count_.load(); }
+
+  c10::DataPtr allocate(size_t bytes) override {
+    if (bytes > 0) count_.fetch_add(1);
+    return base_->allocate(bytes);
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    base_->copy_data(dest, src, count);
+  }
+
+ private:
+  explicit CountingCpuAllocator(c10::Allocator* base) : base_(base) {}
+  c10::Allocator* base_;
+  std::atomic<int64_t> count_{0};
+};
+
+// Storages allocated while `step` runs.
+template <typename Step>
+int64_t AllocationsDuring(Step&& step) {
+  CountingCpuAllocator& counting = CountingCpuAllocator::Installed();
+  const int64_t before = counting.count();
+  step();
+  return counting.count() - before;
+}
+
+struct Fixture {
+  ModelConfig config = TinyTestConfig();
+  std::unique_ptr<CheckpointReader> checkpoint;
+  std::unique_ptr<Submodel> model;
+
+  Fixture() {
+    const fs::path dir = fs::temp_directory_path() /
+                         ("tophat_step_buffers_test_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    REQUIRE(WriteCheckpoint(config, InitWeights(config, 3), dir).ok());
+    auto reader = CheckpointReader::Open(dir);
+    REQUIRE(reader.ok());
+    checkpoint = std::move(*reader);
+    // The middle of the model (no embedding, no head): what the cloud's engine runs.
+    auto loaded = Submodel::Load(config, *checkpoint, SubmodelSpec::Middle(config, 1, 1));
+    REQUIRE(loaded.ok());
+    model = std::move(*loaded);
+  }
+};
+
+TEST_CASE("A decode step into step buffers allocates no tensor storage after warm-up",
+          "[submodel][step_buffers]") {
+  Fixture f;
+  const Submodel& model = *f.model;
+  const int64_t d = f.config.hidden_size;
+  constexpr int64_t kBlockSize = 4;
+  constexpr int64_t kSequences = 3;
+  auto pool = model.NewPagedPool(64, kBlockSize);
+  REQUIRE(pool.ok());
+  // Three paged sequences with different histories (the CPU's paged decode kernel) and one
+  // contiguous cache, as a cloud step mixes them.
+  std::vector<KvCache> caches;
+  int32_t next_block = 0;
+  std::mt19937 rng(5);
+  for (int64_t i = 0; i < kSequences; ++i) {
+    caches.emplace_back(*pool);
+    for (int b = 0; b < 6; ++b) caches.back().AppendBlock(next_block++);
+    REQUIRE(model.Forward(at::randn({3 + 4 * i, d}), caches.back()).ok());
+  }
+  caches.push_back(model.NewCache(32));
+  REQUIRE(model.Forward(at::randn({5, d}), caches.back()).ok());
+
+  std::vector<SequenceChunk> chunks;
+  for (KvCache& cache : caches) chunks.push_back({.cache = &cache, .num_tokens = 1});
+  const auto rows = static_cast<int64_t>(chunks.size());
+  StepBuffers buffers = model.NewStepBuffers(/*max_tokens=*/16, kBlockSize);
+  // The input written straight into the buffers' rows, as the engine stages it.
+  at::Tensor input = buffers.residual.narrow(0, 0, rows);
+
+  // Warm-up: the first step may allocate (thread pools, MKL's buffers).
+  input.normal_();
+  REQUIRE(model.Forward(input, chunks, buffers).ok());
+
+  for (int step = 0; step < 5; ++step) {
+    INFO("decode step " << step);
+    // The reference first, on copies of the caches' state: the one-off path.
+    std::vector<at::Tensor> inputs;
+    for (int64_t r = 0; r < rows; ++r) inputs.push_back(at::randn({1, d}));
+    int64_t allocations = -1;
+    absl::StatusOr<at::Tensor> out;
+    for (int64_t r = 0; r < rows; ++r) input[r].copy_(inputs[static_cast<size_t>(r)][0]);
+    const at::Tensor stacked = at::cat(inputs);
+    allocations = AllocationsDuring([&] { out = model.Forward(input, chunks, buffers); });
+    REQUIRE(out.ok());
+    CHECK(allocations == 0);
+    CHECK(out->data_ptr() == buffers.residual.data_ptr());
+    // Same values as the allocating path gives for the same caches: roll back one position
+    // and recompute without the buffers.
+    const at::Tensor kept = out->clone();
+    for (KvCache& cache : caches) REQUIRE(cache.Truncate(cache.length() - 1).ok());
+    const int64_t one_off_allocations = AllocationsDuring([&] {
+      absl::StatusOr<at::Tensor> again = model.Forward(stacked, chunks);
+      REQUIRE(again.ok());
+      CHECK(at::allclose(*again, kept, 1e-5, 1e-6));
+    });
+    // The negative control: the counter does see a step that allocates.
+    CHECK(one_off_allocations > 0);
+  }
+}
+
+TEST_CASE("Step buffers refuse a step larger than they were made for", "[submodel][step_buffers]") {
+  Fixture f;
+  StepBuffers buffers = f.model->NewStepBuffers(/*max_tokens=*/2);
+  KvCache cache = f.model->NewCache(16);
+  auto out = f.model->Forward(at::randn({3, f.config.hidden_size}),
+                              std::vector<SequenceChunk>{{.cache = &cache, .num_tokens = 3}},
+                              buffers);
+  REQUIRE_FALSE(out.ok());
+  CHECK(out.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(out.status().message()).find("step buffers hold 2 rows") !=
+        std::string::npos);
+  CHECK(cache.length() == 0);
+}
+
+TEST_CASE("A prefill chunk and decode rows in step buffers equal the one-off path",
+          "[submodel][step_buffers]") {
+  Fixture f;
+  const int64_t d = f.config.hidden_size;
+  KvCache a = f.model->NewCache(64);
+  KvCache b = f.model->NewCache(64);
+  KvCache a_ref = f.model->NewCache(64);
+  KvCache b_ref = f.model->NewCache(64);
+  const at::Tensor history = at::randn({6, d});
+  for (KvCache* cache : {&b, &b_ref}) REQUIRE(f.model->Forward(history, *cache).ok());
+  StepBuffers buffers = f.model->NewStepBuffers(16);
+  const at::Tensor step = at::randn({8, d});  // a's 7-token chunk, then b's decode row
+  std::vector<SequenceChunk> chunks = {{.cache = &a, .num_tokens = 7}, {.cache = &b, .num_tokens = 1}};
+  std::vector<SequenceChunk> ref = {{.cache = &a_ref, .num_tokens = 7},
+                                    {.cache = &b_ref, .num_tokens = 1}};
+  auto out = f.model->Forward(step, chunks, buffers);
+  auto expected = f.model->Forward(step, ref);
+  REQUIRE(out.ok());
+  REQUIRE(expected.ok());
+  CHECK(at::allclose(*out, *expected, 1e-5, 1e-6));
+  CHECK(a.length() == 7);
+  CHECK(b.length() == 7);
+}
+
+}  // namespace
+}  // namespace tophat
