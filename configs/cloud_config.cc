@@ -234,6 +234,7 @@ absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
   reader.ReadString("dtype", &config.dtype);
   reader.ReadString("device", &config.device);
   reader.ReadInt("compute_threads", &config.compute_threads, Bound::kNonNegative);
+  reader.ReadInt("cuda_graph_max_batch", &config.cuda_graph_max_batch, Bound::kNonNegative);
   reader.ReadInt("max_context", &config.max_context, Bound::kPositive);
   reader.ReadInt("kv_cache.block_size", &config.kv_cache.block_size, Bound::kPositive);
   reader.ReadByteSize("kv_cache.memory_bytes", &config.kv_cache.memory_bytes, Bound::kPositive);

@@ -21,6 +21,10 @@ struct CloudConfig {
   std::string device = "cpu";                     // cpu | cuda | cuda:N
   // CPU threads for the model math (LibTorch's OpenMP pool, MKL); 0: one per core.
   int64_t compute_threads = 0;
+  // On a GPU: decode steps of up to this many sequences replay CUDA graphs captured at
+  // start-up (models/runtime/decode_graphs.h); 0 runs every step eagerly. Capped at
+  // scheduler.max_running_sessions.
+  int64_t cuda_graph_max_batch = 64;
   int64_t max_context = 4096;                     // longest session, positions
   // TLS of the agents' port, mutual: agents present certificates client_ca_file signed, and
   // each device is known by the name its certificate gives (proto/channel_security.h).

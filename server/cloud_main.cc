@@ -155,6 +155,7 @@ int Run(const CloudConfig& written) {
       .max_running_sessions = config.scheduler.max_running_sessions,
       .max_waiting_sessions = config.scheduler.max_waiting_sessions,
       .max_chunk_tokens = config.limits.max_chunk_tokens,
+      .cuda_graph_max_batch = config.cuda_graph_max_batch,
       .session_timeout_s = config.limits.session_timeout_s,
       .max_session_timeout_s = config.limits.max_session_timeout_s,
       .max_parked_session_s = config.limits.max_parked_session_s,

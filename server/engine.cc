@@ -71,6 +71,21 @@ absl::Status Engine::Warmup() {
     in_flight_.front().output_read.Record();
     in_flight_.front().output_read.Wait();
   }
+  const int64_t graph_batch = std::min({options_.cuda_graph_max_batch,
+                                        options_.max_running_sessions, staging_.size(0)});
+  if (out.ok() && gpu && graph_batch > 0) {
+    const Clock::time_point start = Clock::now();
+    absl::StatusOr<std::unique_ptr<DecodeGraphs>> graphs =
+        DecodeGraphs::Capture(*middle_, *pool_, *step_buffers_, graph_batch);
+    if (graphs.ok()) {
+      decode_graphs_ = std::move(*graphs);
+      spdlog::info("decode steps of up to {} sessions replay CUDA graphs ({} captured in {:.1f} s)",
+                   graph_batch, decode_graphs_->buckets().size(), Seconds(Clock::now() - start));
+    } else {
+      // Slower, not wrong: every step runs eagerly.
+      spdlog::warn("decode steps run eagerly: {}", graphs.status().ToString());
+    }
+  }
   if (!out.ok()) {
     return absl::Status(out.status().code(),
                         absl::StrCat("engine warm-up forward: ", out.status().message()));
@@ -929,7 +944,10 @@ int64_t Engine::Launch() {
     staging_read_.Record();
     input = device_input;
   }
-  absl::StatusOr<at::Tensor> output = middle_->Forward(input, chunks_, *step_buffers_);
+  absl::StatusOr<at::Tensor> output =
+      decode_graphs_ != nullptr && decode_graphs_->Fits(chunks_)
+          ? decode_graphs_->Run(input, chunks_)
+          : middle_->Forward(input, chunks_, *step_buffers_);
   if (output.ok() && gpu && options_.downstream == nullptr) {
     // The read-back is queued behind the step's kernels now; Complete waits for it.
     at::Tensor host = batch.host_output.narrow(0, 0, total);

@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "base/log_rate.h"
 #include "kernels/cuda_device.h"
+#include "models/runtime/decode_graphs.h"
 #include "models/runtime/kv_cache.h"
 #include "models/runtime/submodel.h"
 #include "scheduler/batch_planner.h"
@@ -50,6 +51,9 @@ struct EngineOptions {
   int64_t max_running_sessions = 64;
   int64_t max_waiting_sessions = 64;
   int64_t max_chunk_tokens = 2048;
+  // On a GPU, decode steps of up to this many sessions replay CUDA graphs captured by
+  // Create (capped at max_running_sessions); 0: every step eager. Ignored on a CPU.
+  int64_t cuda_graph_max_batch = 0;
   // Prompt results leave in messages of at most this many bytes (at least one position each):
   // a decode result queued behind one waits for a piece, not a whole chunk, on the downlink.
   int64_t max_result_piece_bytes = 64 << 10;
@@ -291,6 +295,8 @@ class Engine {
   kernels::CudaFence staging_read_;
   // Every tensor the middle's forward writes (made by Warmup, which runs the largest step).
   std::optional<StepBuffers> step_buffers_;
+  // Decode steps as CUDA graphs (null: eager; always on a CPU, or when capture failed).
+  std::unique_ptr<DecodeGraphs> decode_graphs_;
   std::vector<PendingWork> pending_;
   std::vector<Session*> pending_sessions_;
   std::vector<PlannedWork> plan_;

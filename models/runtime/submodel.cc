@@ -218,6 +218,27 @@ void Submodel::AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t la
   }
   const at::Tensor keys = cache.Keys(layer, total);
   const at::Tensor values = cache.Values(layer, total);
+  if (q.is_cuda()) {
+    // Fused attention (flash or memory-efficient kernels, in the compute dtype) over the
+    // chunk and its history, instead of a float32 score matrix. A first chunk with no
+    // window is plainly causal (flash takes it); with history or a window, the mask says
+    // which keys each query sees (query i is at position past + i).
+    std::optional<at::Tensor> mask;
+    if (past > 0 || windowed) {
+      const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong).device(q.device());
+      const at::Tensor key_pos = at::arange(total, longs).unsqueeze(0);
+      const at::Tensor query_pos = at::arange(past, total, longs).unsqueeze(1);
+      at::Tensor visible = key_pos <= query_pos;  // [n, total]
+      if (windowed) visible.logical_and_(key_pos > query_pos - *config_.sliding_window);
+      mask = visible;
+    }
+    const at::Tensor context = at::scaled_dot_product_attention(
+        q.permute({1, 0, 2}).unsqueeze(0), keys.permute({1, 0, 2}).unsqueeze(0),
+        values.permute({1, 0, 2}).unsqueeze(0), mask, /*dropout_p=*/0.0,
+        /*is_causal=*/!mask.has_value(), scale, /*enable_gqa=*/group > 1);  // [1, H, n, hd]
+    out.copy_(context.squeeze(0).permute({1, 0, 2}).reshape({n, kv_heads * group * hd}));
+    return;
+  }
 
   // Query head h uses KV head h / group (grouped-query attention), so fold the group into
   // the query rows and run one batched GEMM per KV head.
@@ -243,6 +264,7 @@ Submodel::DeviceBatch Submodel::PrepareDeviceBatch(std::span<const SequenceChunk
   DeviceBatch batch;
   if (options_.device.is_cpu() || chunks.empty()) return batch;
   const KvBlockPool* pool = &chunks.front().cache->pool();
+  batch.pool = pool;
   for (const SequenceChunk& chunk : chunks) {
     if (&chunk.cache->pool() != pool) return batch;  // caches of several pools: per chunk
   }
@@ -278,8 +300,8 @@ Submodel::DeviceBatch Submodel::PrepareDeviceBatch(std::span<const SequenceChunk
   // One asynchronous host-to-device copy per index tensor per step, from pinned staging.
   batch.slots = buffers.slots.narrow(0, 0, total);
   batch.slots.copy_(buffers.host_slots.narrow(0, 0, total), /*non_blocking=*/true);
-  batch.decode_rows = decode_rows;
   const auto count = static_cast<int64_t>(decode_rows.size());
+  batch.decode_count = count;
   if (count > 0) {
     batch.block_tables = buffers.block_tables.narrow(0, 0, count);
     batch.block_tables.copy_(buffers.host_block_tables.narrow(0, 0, count), true);
@@ -297,10 +319,10 @@ Submodel::DeviceBatch Submodel::PrepareDeviceBatch(std::span<const SequenceChunk
   return batch;
 }
 
-void Submodel::AttendDeviceBatch(const DeviceBatch& batch, std::span<const SequenceChunk> chunks,
+bool Submodel::AttendDeviceBatch(const DeviceBatch& batch, std::span<const SequenceChunk> chunks,
                                  int64_t layer, const at::Tensor& q, const at::Tensor& k,
                                  const at::Tensor& v, at::Tensor& attention) const {
-  const KvBlockPool& pool = chunks.front().cache->pool();
+  const KvBlockPool& pool = *batch.pool;
   const int64_t kv_heads = config_.num_key_value_heads;
   const int64_t hd = config_.head_dim;
   // Every new row of every chunk into its slot: [num_blocks * block_size, KV, hd] views.
@@ -310,7 +332,7 @@ void Submodel::AttendDeviceBatch(const DeviceBatch& batch, std::span<const Seque
   }
 
   bool decode_done = false;
-  const auto decode_count = static_cast<int64_t>(batch.decode_rows.size());
+  const int64_t decode_count = batch.decode_count;
   if (decode_count > 0) {
     const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
     const int64_t window = config_.sliding_window ? *config_.sliding_window : 0;
@@ -338,6 +360,7 @@ void Submodel::AttendDeviceBatch(const DeviceBatch& batch, std::span<const Seque
     }
     row += n;
   }
+  return decode_done || decode_count == 0;
 }
 
 absl::StatusOr<int64_t> Submodel::CheckStep(const at::Tensor& hidden,
@@ -461,71 +484,110 @@ absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden,
       at::index_select_out(sin, rope_.sin, 0, index);
     }
     if (upload) buffers.uploads_read.Record();
-    const int64_t q_size = config_.q_size();
-    const int64_t kv_size = config_.kv_size();
-    const int64_t heads = config_.num_attention_heads;
-    const int64_t kv_heads = config_.num_key_value_heads;
-    const int64_t hd = config_.head_dim;
-    const double eps = config_.rms_norm_eps;
-    at::Tensor h = buffers.normed.narrow(0, 0, total);
-    at::Tensor qkv = buffers.qkv.narrow(0, 0, total);
-    at::Tensor q = buffers.q.narrow(0, 0, total);
-    at::Tensor k = buffers.k.narrow(0, 0, total);
-    at::Tensor attention = buffers.attention.narrow(0, 0, total);
-    at::Tensor projected = buffers.projected.narrow(0, 0, total);
-    at::Tensor gate_up = buffers.gate_up.narrow(0, 0, total);
-    at::Tensor activated = buffers.activated.narrow(0, 0, total);
-    kernels::RmsNormOut(x, layers_.front().input_norm, eps, h);
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      const DecoderLayerWeights& w = layers_[l];
-      LinearOut(h, w.qkv, w.qkv_bias, qkv);
-      const auto layer = static_cast<int64_t>(l);
-      const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({total, kv_heads, hd});
-      if (device_batch.slots.defined()) {
-        const KvBlockPool& pool = chunks.front().cache->pool();
-        at::Tensor key_slots = pool.keys(layer).view({-1, kv_heads, hd});
-        at::Tensor value_slots = pool.values(layer).view({-1, kv_heads, hd});
-        if (kernels::RotaryQkvToCache(qkv, cos, sin, heads, kv_heads, hd, key_slots,
-                                      value_slots, device_batch.slots, q)) {
-          AttendDeviceBatch(device_batch, chunks, layer, q, {}, {}, attention);
-        } else {
-          kernels::RotaryEmbeddingOut(qkv.narrow(1, 0, q_size).view({total, heads, hd}), cos,
-                                      sin, q);
-          kernels::RotaryEmbeddingOut(qkv.narrow(1, q_size, kv_size).view({total, kv_heads, hd}),
-                                      cos, sin, k);
-          AttendDeviceBatch(device_batch, chunks, layer, q, k, v, attention);
-        }
-      } else {
-        kernels::RotaryEmbeddingOut(qkv.narrow(1, 0, q_size).view({total, heads, hd}), cos, sin,
-                                    q);
-        kernels::RotaryEmbeddingOut(qkv.narrow(1, q_size, kv_size).view({total, kv_heads, hd}),
-                                    cos, sin, k);
-        int64_t row = 0;
-        for (const SequenceChunk& chunk : chunks) {
-          const int64_t n = chunk.num_tokens;
-          if (n == 0) continue;
-          chunk.cache->Write(layer, chunk.cache->length(), k.narrow(0, row, n),
-                             v.narrow(0, row, n));
-          AttendChunk(q.narrow(0, row, n), *chunk.cache, layer, attention.narrow(0, row, n));
-          row += n;
-        }
-      }
-      // Each residual add is fused with the norm that follows it.
-      LinearOut(attention, w.o_proj, w.o_bias, projected);
-      kernels::AddRmsNormOut(x, projected, w.post_norm, eps, h);
-      LinearOut(h, w.gate_up, {}, gate_up);
-      kernels::SwiGluOut(gate_up, activated);
-      LinearOut(activated, w.down, {}, projected);
-      if (l + 1 < layers_.size()) {
-        kernels::AddRmsNormOut(x, projected, layers_[l + 1].input_norm, eps, h);
-      } else {
-        x.add_(projected);
-      }
-    }
+    RunLayers(total, cos, sin, device_batch, chunks, buffers, /*graph=*/false);
   });
   TOPHAT_RETURN_IF_ERROR(status);
   for (const SequenceChunk& chunk : chunks) chunk.cache->Advance(chunk.num_tokens);
   return x;
+}
+
+void Submodel::RunLayers(int64_t total, const at::Tensor& cos, const at::Tensor& sin,
+                       const DeviceBatch& device_batch, std::span<const SequenceChunk> chunks,
+                       StepBuffers& buffers, bool graph) const {
+  at::Tensor x = buffers.residual.narrow(0, 0, total);
+  const int64_t q_size = config_.q_size();
+  const int64_t kv_size = config_.kv_size();
+  const int64_t heads = config_.num_attention_heads;
+  const int64_t kv_heads = config_.num_key_value_heads;
+  const int64_t hd = config_.head_dim;
+  const double eps = config_.rms_norm_eps;
+  at::Tensor h = buffers.normed.narrow(0, 0, total);
+  at::Tensor qkv = buffers.qkv.narrow(0, 0, total);
+  at::Tensor q = buffers.q.narrow(0, 0, total);
+  at::Tensor k = buffers.k.narrow(0, 0, total);
+  at::Tensor attention = buffers.attention.narrow(0, 0, total);
+  at::Tensor projected = buffers.projected.narrow(0, 0, total);
+  at::Tensor gate_up = buffers.gate_up.narrow(0, 0, total);
+  at::Tensor activated = buffers.activated.narrow(0, 0, total);
+  kernels::RmsNormOut(x, layers_.front().input_norm, eps, h);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const DecoderLayerWeights& w = layers_[l];
+    LinearOut(h, w.qkv, w.qkv_bias, qkv);
+    const auto layer = static_cast<int64_t>(l);
+    const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({total, kv_heads, hd});
+    if (device_batch.slots.defined()) {
+      const KvBlockPool& pool = *device_batch.pool;
+      at::Tensor key_slots = pool.keys(layer).view({-1, kv_heads, hd});
+      at::Tensor value_slots = pool.values(layer).view({-1, kv_heads, hd});
+      if (kernels::RotaryQkvToCache(qkv, cos, sin, heads, kv_heads, hd, key_slots,
+                                    value_slots, device_batch.slots, q)) {
+        // A captured step has no chunks to fall back on: its decode rows must all have
+        // taken the batched kernel.
+        TORCH_CHECK(AttendDeviceBatch(device_batch, chunks, layer, q, {}, {}, attention) ||
+                        !graph,
+                    "the paged decode kernel does not take this model's shapes");
+      } else {
+        TORCH_CHECK(!graph, "the fused rotary kernel does not take this model's shapes");
+        kernels::RotaryEmbeddingOut(qkv.narrow(1, 0, q_size).view({total, heads, hd}), cos,
+                                    sin, q);
+        kernels::RotaryEmbeddingOut(qkv.narrow(1, q_size, kv_size).view({total, kv_heads, hd}),
+                                    cos, sin, k);
+        AttendDeviceBatch(device_batch, chunks, layer, q, k, v, attention);
+      }
+    } else {
+      kernels::RotaryEmbeddingOut(qkv.narrow(1, 0, q_size).view({total, heads, hd}), cos, sin,
+                                  q);
+      kernels::RotaryEmbeddingOut(qkv.narrow(1, q_size, kv_size).view({total, kv_heads, hd}),
+                                  cos, sin, k);
+      int64_t row = 0;
+      for (const SequenceChunk& chunk : chunks) {
+        const int64_t n = chunk.num_tokens;
+        if (n == 0) continue;
+        chunk.cache->Write(layer, chunk.cache->length(), k.narrow(0, row, n),
+                           v.narrow(0, row, n));
+        AttendChunk(q.narrow(0, row, n), *chunk.cache, layer, attention.narrow(0, row, n));
+        row += n;
+      }
+    }
+    // Each residual add is fused with the norm that follows it.
+    LinearOut(attention, w.o_proj, w.o_bias, projected);
+    kernels::AddRmsNormOut(x, projected, w.post_norm, eps, h);
+    LinearOut(h, w.gate_up, {}, gate_up);
+    kernels::SwiGluOut(gate_up, activated);
+    LinearOut(activated, w.down, {}, projected);
+    if (l + 1 < layers_.size()) {
+      kernels::AddRmsNormOut(x, projected, layers_[l + 1].input_norm, eps, h);
+    } else {
+      x.add_(projected);
+    }
+  }
+}
+
+absl::Status Submodel::DecodeStepInBuffers(const KvBlockPool& pool, int64_t rows,
+                                           StepBuffers& buffers) const {
+  if (options_.device.is_cpu() || layers_.empty()) {
+    return absl::FailedPreconditionError("a captured decode step needs a GPU and layers");
+  }
+  if (rows < 1 || rows > buffers.max_tokens()) {
+    return absl::InvalidArgumentError(absl::StrCat("a decode step of ", rows,
+                                                   " rows in buffers of ", buffers.max_tokens()));
+  }
+  return CatchExceptions("captured decode step", [&] {
+    DeviceBatch batch;
+    batch.pool = &pool;
+    batch.slots = buffers.slots.narrow(0, 0, rows);
+    batch.decode_count = rows;
+    batch.decode_first_row = 0;
+    batch.decode_rows_contiguous = true;
+    batch.block_tables = buffers.block_tables.narrow(0, 0, rows);
+    batch.seq_lens = buffers.seq_lens.narrow(0, 0, rows);
+    const at::Tensor positions = buffers.positions.narrow(0, 0, rows);
+    at::Tensor cos = buffers.cos.narrow(0, 0, rows);
+    at::Tensor sin = buffers.sin.narrow(0, 0, rows);
+    at::index_select_out(cos, rope_.cos, 0, positions);
+    at::index_select_out(sin, rope_.sin, 0, positions);
+    RunLayers(rows, cos, sin, batch, {}, buffers, /*graph=*/true);
+  });
 }
 
 absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden, KvCache& cache) const {

@@ -126,6 +126,15 @@ class Submodel {
   absl::StatusOr<at::Tensor> Forward(const at::Tensor& hidden,
                                      std::span<const SequenceChunk> chunks,
                                      StepBuffers& buffers) const;
+  // The layers of a decode-only step whose every input is already in `buffers`: rows
+  // [0, rows) of residual (the hidden states), positions, slots (a negative slot: a padding
+  // row, whose K/V is not written), block_tables and seq_lens (0 for a padding row), all
+  // over `pool`. Reads nothing from the host, allocates nothing, launches only on the
+  // current stream, and does not advance any cache: what a CUDA graph captures
+  // (models/runtime/decode_graphs.h). Errors: a CPU submodel, or a shape the fused kernels
+  // do not take (FailedPrecondition / Internal).
+  absl::Status DecodeStepInBuffers(const KvBlockPool& pool, int64_t rows,
+                                   StepBuffers& buffers) const;
   // Buffers for steps of up to `max_tokens` rows over KV pools of `block_size` positions a
   // block. Throws as a tensor allocation does.
   StepBuffers NewStepBuffers(int64_t max_tokens, int64_t block_size = 16) const;
@@ -153,8 +162,9 @@ class Submodel {
   // `slots` is undefined and chunks are handled one by one): views of the step buffers,
   // uploaded once per Forward.
   struct DeviceBatch {
+    const KvBlockPool* pool = nullptr;  // every chunk's
     at::Tensor slots;         // [T] int64: pool row (block * block_size + offset) of each new row
-    std::span<const int64_t> decode_rows;  // batch rows of the one-token chunks, in order
+    int64_t decode_count = 0;  // one-token chunks (decode rows)
     int64_t decode_first_row = -1;
     bool decode_rows_contiguous = true;  // decode_rows == first, first+1, ...
     at::Tensor decode_index;  // decode_rows on the device, when not contiguous
@@ -165,10 +175,17 @@ class Submodel {
   };
   DeviceBatch PrepareDeviceBatch(std::span<const SequenceChunk> chunks, int64_t total,
                                  StepBuffers& buffers) const;
+  // Every decoder layer over rows [0, total) of `buffers`, the residual stream in
+  // buffers.residual; throws c10::Error. `graph`: a captured decode step (no chunks), which
+  // throws where an eager step would fall back to per-chunk ops.
+  void RunLayers(int64_t total, const at::Tensor& cos, const at::Tensor& sin,
+                 const DeviceBatch& device_batch, std::span<const SequenceChunk> chunks,
+                 StepBuffers& buffers, bool graph) const;
   // One layer of a DeviceBatch: writes every new K/V row with one scatter (unless k is
   // undefined: RotaryQkvToCache wrote them), attends the decode rows in one kernel launch,
-  // and the longer chunks one by one (AttendChunk).
-  void AttendDeviceBatch(const DeviceBatch& batch, std::span<const SequenceChunk> chunks,
+  // and the longer chunks one by one (AttendChunk). False when the decode rows did not take
+  // the batched kernel and `chunks` is empty (nothing attended them).
+  bool AttendDeviceBatch(const DeviceBatch& batch, std::span<const SequenceChunk> chunks,
                          int64_t layer, const at::Tensor& q, const at::Tensor& k,
                          const at::Tensor& v, at::Tensor& attention) const;
 

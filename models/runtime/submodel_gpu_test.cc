@@ -10,6 +10,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
+#include "models/runtime/decode_graphs.h"
 #include "models/runtime/model_init.h"
 #include "models/runtime/submodel.h"
 #include "base/test_util.h"
@@ -176,6 +177,66 @@ TEST_CASE("On CUDA a decode step in step buffers allocates nothing after warm-up
       CHECK(CudaAllocations() - one_off_before > 0);  // the counter sees a step that does
       CHECK(at::allclose(again->to(at::kFloat), kept.to(at::kFloat), 1e-3, 1e-3));
     }
+  }
+}
+
+TEST_CASE("On CUDA a replayed decode graph computes what the eager step does",
+          "[gpu][submodel][decode_graphs]") {
+  const ModelConfig config = TinyTestConfig();
+  testing::TempDir dir;
+  REQUIRE(WriteCheckpoint(config, InitWeights(config, 4), dir.path()).ok());
+  auto checkpoint = CheckpointReader::Open(dir.path());
+  REQUIRE(checkpoint.ok());
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    INFO("dtype " << c10::toString(dtype));
+    auto loaded = Submodel::Load(config, **checkpoint, SubmodelSpec::Middle(config, 1, 1),
+                                 {.dtype = dtype, .device = at::Device(at::kCUDA, 0),
+                                  .max_context = 256});
+    REQUIRE(loaded.ok());
+    const Submodel& model = **loaded;
+    const at::TensorOptions options = at::TensorOptions().dtype(dtype).device(at::kCUDA);
+    auto pool = model.NewPagedPool(128, 4);
+    REQUIRE(pool.ok());
+    StepBuffers buffers = model.NewStepBuffers(8, 4);
+    auto graphs = DecodeGraphs::Capture(model, **pool, buffers, 8);
+    REQUIRE(graphs.ok());
+    CHECK((*graphs)->buckets() == std::vector<int64_t>{1, 2, 4, 8});
+    // Five sequences (a bucket of 8: three padding rows) with their twins decoded eagerly.
+    std::vector<KvCache> replayed;
+    std::vector<KvCache> eager;
+    int32_t next_block = 0;
+    for (int64_t i = 0; i < 5; ++i) {
+      const at::Tensor history = at::randn({2 + 3 * i, config.hidden_size}, options);
+      for (std::vector<KvCache>* set : {&replayed, &eager}) {
+        set->emplace_back(*pool);
+        for (int b = 0; b < 8; ++b) set->back().AppendBlock(next_block++);
+        REQUIRE(model.Forward(history, set->back()).ok());
+      }
+    }
+    for (int step = 0; step < 4; ++step) {
+      INFO("step " << step);
+      const at::Tensor input = at::randn({5, config.hidden_size}, options);
+      std::vector<SequenceChunk> graph_chunks;
+      std::vector<SequenceChunk> eager_chunks;
+      for (int64_t i = 0; i < 5; ++i) {
+        graph_chunks.push_back({.cache = &replayed[i], .num_tokens = 1});
+        eager_chunks.push_back({.cache = &eager[i], .num_tokens = 1});
+      }
+      REQUIRE((*graphs)->Fits(graph_chunks));
+      auto got = (*graphs)->Run(input, graph_chunks);
+      REQUIRE(got.ok());
+      const at::Tensor got_host = got->to(at::kCPU, at::kFloat);
+      auto expected = model.Forward(input, eager_chunks);
+      REQUIRE(expected.ok());
+      const at::Tensor expected_host = expected->to(at::kCPU, at::kFloat);
+      const double error = (got_host - expected_host).abs().max().item<double>();
+      CHECK(error <= 1e-3 * expected_host.abs().max().item<double>() + 1e-4);
+      CHECK(replayed[0].length() == eager[0].length());
+    }
+    CHECK((*graphs)->replays() == 4);
+    // A prefill chunk does not fit a decode graph.
+    std::vector<SequenceChunk> prefill = {{.cache = &replayed[0], .num_tokens = 2}};
+    CHECK_FALSE((*graphs)->Fits(prefill));
   }
 }
 #endif
