@@ -31,6 +31,7 @@
 #include "models/runtime/kv_cache.h"
 #include "bench/machine_bounds.h"
 #include "base/status_macros.h"
+#include "models/runtime/decode_graphs.h"
 #include "models/runtime/submodel.h"
 #include "proto/hidden_states.h"
 #include "bench/bench_util.h"
@@ -63,6 +64,7 @@ struct Args {
   std::string json_path;
   std::string device = "cpu";     // where the middle runs: cpu | cuda | cuda:N
   std::string dtype = "float32";  // float32 | float16 | bfloat16
+  int64_t cuda_graph_max_batch = 64;  // on a GPU: both paths replay decode graphs (0: eager)
 };
 
 // What one run measures of the machine: the bounds each case is compared with.
@@ -202,6 +204,31 @@ class RawCaches {
     return RawCaches(std::move(pool));
   }
 
+  // The raw path computes in step buffers of its own, as the engine does, and on a GPU
+  // replays decode graphs of its own (unless max_graph_batch is 0 or capture fails).
+  absl::Status PrepareSteps(const Submodel& middle, int64_t max_tokens, int64_t max_graph_batch) {
+    TOPHAT_RETURN_IF_ERROR(CatchExceptions("raw step buffers", [&] {
+      buffers_.emplace(middle.NewStepBuffers(max_tokens, pool_->block_size()));
+    }));
+    if (middle.options().device.is_cpu() || max_graph_batch <= 0) return absl::OkStatus();
+    absl::StatusOr<std::unique_ptr<DecodeGraphs>> graphs = DecodeGraphs::Capture(
+        middle, *pool_, *buffers_, std::min(max_graph_batch, max_tokens));
+    if (!graphs.ok()) {
+      std::fprintf(stderr, "raw decode steps run eagerly: %s\n",
+                   graphs.status().ToString().c_str());
+      return absl::OkStatus();
+    }
+    graphs_ = std::move(*graphs);
+    return absl::OkStatus();
+  }
+  // One raw step, through a graph where one fits.
+  absl::StatusOr<at::Tensor> Step(const Submodel& middle, const at::Tensor& x,
+                                  std::span<const SequenceChunk> chunks) {
+    if (graphs_ != nullptr && graphs_->Fits(chunks)) return graphs_->Run(x, chunks);
+    return middle.Forward(x, chunks, *buffers_);
+  }
+  bool graphs() const { return graphs_ != nullptr; }
+
   // Replaces the caches with `count` empty ones of `positions` positions each.
   void Reset(int64_t count, int64_t positions) {
     caches_.clear();
@@ -219,6 +246,8 @@ class RawCaches {
   explicit RawCaches(std::shared_ptr<KvBlockPool> pool) : pool_(std::move(pool)) {}
   std::shared_ptr<KvBlockPool> pool_;
   std::vector<KvCache> caches_;
+  std::optional<StepBuffers> buffers_;
+  std::unique_ptr<DecodeGraphs> graphs_;
 };
 
 struct CaseResult {
@@ -357,7 +386,7 @@ absl::StatusOr<CaseResult> RunDecodeCase(const Submodel& middle, EngineDriver& d
     // The raw forward starts from states already on the device and ends when its output is
     // back on the host, as the engine's step does.
     const BenchClock::time_point r0 = BenchClock::now();
-    absl::StatusOr<at::Tensor> out = middle.Forward(x_device, chunks);
+    absl::StatusOr<at::Tensor> out = raw.Step(middle, x_device, chunks);
     if (out.ok()) *out = out->to(at::kCPU);
     const BenchClock::time_point r1 = BenchClock::now();
 
@@ -417,7 +446,9 @@ absl::StatusOr<CaseResult> RunPrefillCase(const Submodel& middle, EngineDriver& 
     const int64_t computed = driver.engine().RunOnce();
     const BenchClock::time_point e1 = BenchClock::now();
     const BenchClock::time_point r0 = BenchClock::now();
-    absl::StatusOr<at::Tensor> out = middle.Forward(x_device, cache);
+    const SequenceChunk chunk{.cache = &cache, .num_tokens = n};
+    absl::StatusOr<at::Tensor> out =
+        raw.Step(middle, x_device, std::span<const SequenceChunk>(&chunk, 1));
     if (out.ok()) *out = out->to(at::kCPU);
     const BenchClock::time_point r1 = BenchClock::now();
 
@@ -524,6 +555,7 @@ int Run(const Args& args) {
                         .max_running_sessions = std::max<int64_t>(64, max_batch),
                         .max_waiting_sessions = std::max<int64_t>(64, max_batch),
                         .max_chunk_tokens = std::max(args.prefill_tokens, args.context),
+                        .cuda_graph_max_batch = args.cuda_graph_max_batch,
                         .session_timeout_s = 24 * 3600.0};
   auto engine = Engine::Create(options, middle, nullptr);
   if (!engine.ok()) return Fail(engine.status());
@@ -531,6 +563,12 @@ int Run(const Args& args) {
   driver.engine().RunOnce();  // takes the attach (and sends Hello)
   auto raw = RawCaches::Create(*middle, num_blocks, args.kv_block_size);
   if (!raw.ok()) return Fail(raw.status());
+  if (absl::Status prepared = raw->PrepareSteps(
+          *middle, std::max(batch_tokens, std::max(args.prefill_tokens, args.context)),
+          std::min(args.cuda_graph_max_batch, options.max_running_sessions));
+      !prepared.ok()) {
+    return Fail(prepared);
+  }
 
   const ModelConfig& c = middle->config();
   std::fprintf(stderr,
@@ -611,6 +649,7 @@ int Run(const Args& args) {
                  {"weight_bytes", middle->WeightBytes()}}},
       {"kv_block_size", args.kv_block_size},
       {"device", device.str()},
+      {"cuda_graphs", raw->graphs()},
       {"dtype", args.dtype},
       {"bounds", {{"memory_bytes_per_second", bounds.bandwidth},
                   {"memory_method", device.is_cpu() ? "multi-threaded read"
@@ -656,6 +695,10 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--prefill-repetitions", args.prefill_repetitions, "Timed prefill chunks")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--cuda-graph-max-batch", args.cuda_graph_max_batch,
+                 "On a GPU, decode steps of up to this many sessions replay CUDA graphs, in the "
+                 "engine and the raw path alike (0: both eager)")
+      ->capture_default_str();
   app.add_option("--warmup", args.warmup, "Untimed decode steps first")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--kv-block-size", args.kv_block_size)->capture_default_str()
