@@ -372,7 +372,8 @@ void StreamChannel::OnWriteDone(bool ok) {
   }
   ++writes_done_;
   if (congested_.load(std::memory_order_relaxed) && !OverBoundLocked(0.5)) {
-    congested_.store(false, std::memory_order_relaxed);  // the engine picks its work up again
+    congested_.store(false, std::memory_order_relaxed);
+    engine_->Wake();  // the engine picks its work up again (it sleeps while none is runnable)
   }
   if (!ok) {  // the client is gone; a failed read or OnCancel finishes the call
     DropQueueLocked();

@@ -186,6 +186,14 @@ void Engine::Start() {
   thread_ = std::thread([this] { Loop(); });
 }
 
+void Engine::Wake() {
+  {
+    std::lock_guard<std::mutex> lock(intake_mutex_);
+    wake_ = true;
+  }
+  intake_cv_.notify_one();
+}
+
 void Engine::Stop() {
   {
     std::lock_guard<std::mutex> lock(intake_mutex_);
@@ -211,12 +219,13 @@ void Engine::Loop() {
   c10::InferenceMode inference_mode;
   pthread_setname_np(pthread_self(), "tophat-engine");
   while (true) {
-    bool has_work = false;
+    // Work the step would take now, or a step to complete. Work of congested streams is not
+    // work: the loop then waits for intake, a Wake (a stream drained) or kIdleWait, instead
+    // of spinning over sessions its step skips.
+    bool has_work = in_flight_count_ > 0;
     for (const auto& [key, session] : sessions_) {
-      if (session->state == SessionState::kRunning && !session->work.empty()) {
-        has_work = true;
-        break;
-      }
+      if (has_work) break;
+      has_work = Runnable(*session);
     }
     if (!DrainIntake(/*wait=*/!has_work)) break;
     StepAfterIntake();
@@ -250,8 +259,10 @@ bool Engine::DrainIntake(bool wait) {
   {
     std::unique_lock<std::mutex> lock(intake_mutex_);
     if (wait && intake_.empty() && !stopping_) {
-      intake_cv_.wait_for(lock, kIdleWait, [&] { return !intake_.empty() || stopping_; });
+      intake_cv_.wait_for(lock, kIdleWait,
+                          [&] { return !intake_.empty() || stopping_ || wake_; });
     }
+    wake_ = false;
     if (stopping_) return false;
     events_.swap(intake_);
   }
@@ -844,22 +855,22 @@ int64_t Engine::Step() {
   return launched;
 }
 
+bool Engine::Runnable(const Session& session) const {
+  if (session.state != SessionState::kRunning || session.work.empty() || session.in_flight) {
+    return false;
+  }
+  // A stream whose agent has not read its last results gets no more computed until it has
+  // (MessageSink::Congested); its channel calls Wake when it drains.
+  const auto stream = streams_.find(session.stream);
+  return stream == streams_.end() || stream->second.sink == nullptr ||
+         !stream->second.sink->Congested();
+}
+
 int64_t Engine::Launch() {
   pending_.clear();
   pending_sessions_.clear();
   for (auto& [key, session] : sessions_) {
-    if (session->state != SessionState::kRunning || session->work.empty() ||
-        session->in_flight) {
-      continue;
-    }
-    // A stream whose agent has not read its last results gets no more computed until it
-    // has (MessageSink::Congested); the idle wait looks again within kIdleWait.
-    const auto stream = streams_.find(session->stream);
-    if (stream != streams_.end() && stream->second.sink != nullptr &&
-        stream->second.sink->Congested()) {
-      continue;
-    }
-    pending_sessions_.push_back(session.get());
+    if (Runnable(*session)) pending_sessions_.push_back(session.get());
   }
   // First come, first served within a device, round-robin across devices: each device's
   // oldest pending session comes before any device's second, so that a device with many

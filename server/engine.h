@@ -127,6 +127,10 @@ class Engine {
   // Starts the engine thread; Stop() joins it (sessions still open are cancelled).
   void Start();
   void Stop();
+  // Wakes the engine thread from its idle wait: a stream stopped being congested
+  // (MessageSink::Congested), so work it skipped may run now. Any thread; never blocks on a
+  // step.
+  void Wake();
   // Stops admitting: new sessions get UNAVAILABLE. In-flight sessions continue.
   void BeginDrain();
   // Fails every session with `status` (end of the drain grace period).
@@ -236,6 +240,10 @@ class Engine {
   int64_t Step();
   int64_t Launch();
   void Complete();
+  // Whether Launch would take `session`'s work now: running, with work, none of it in
+  // flight, and its stream not congested. The loop's idea of "has work" (Loop) is this
+  // predicate, so that it never spins over work its step skips.
+  bool Runnable(const Session& session) const;
 
   Session* Find(StreamId stream, uint64_t id);
   void Send(StreamId stream, v1::CloudMessage message);
@@ -263,6 +271,7 @@ class Engine {
   std::condition_variable intake_cv_;
   std::vector<Event> intake_;
   bool stopping_ = false;
+  bool wake_ = false;  // Wake() was called since the last idle wait
   std::atomic<bool> draining_{false};
   bool pipeline_lost_ = false;  // engine thread: on_pipeline_lost has been called
 

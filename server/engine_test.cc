@@ -13,6 +13,10 @@
 #include "base/test_util.h"
 #include "proto/hidden_states.h"
 
+#include <time.h>
+
+#include <atomic>
+#include <chrono>
 #include <thread>
 
 #include <catch2/catch.hpp>
@@ -29,6 +33,12 @@ class CollectingSink final : public MessageSink {
   }
   void Finish(const absl::Status& status) override { finished_ = true; }
   void Consumed(int64_t bytes) override { consumed_ += bytes; }
+  bool Congested() const override { return congested.load(); }
+  std::atomic<bool> congested{false};  // as a stream over its unread-results bound
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return messages_.size();
+  }
 
   std::vector<v1::CloudMessage> Take() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -167,6 +177,48 @@ EngineOptions SmallOptions() {
           .max_waiting_sessions = 1,
           .max_chunk_tokens = 64,
           .session_timeout_s = 600};
+}
+
+double ProcessCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+TEST_CASE("The engine thread sleeps while its only work waits for a congested stream, and "
+          "Wake resumes it") {
+  Harness h(SmallOptions());
+  h.Open(1, 32);
+  h.engine->RunOnce();  // admitted
+  h.sink->Take();
+  h.sink->congested = true;
+  h.Chunk(1, 0, 4, v1::PHASE_PREFILL);
+  h.engine->Start();
+  // A fixed window of wall time in which this process should use (almost) no CPU: the work
+  // is not runnable, so the loop waits (kIdleWait at a time) instead of spinning. Process
+  // CPU time, which other processes' load cannot raise; a spinning loop uses the whole
+  // window (it did: ~100% of a core).
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the chunk taken in
+  const double cpu_before = ProcessCpuSeconds();
+  const auto wall_before = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                    wall_before).count();
+  const double cpu = ProcessCpuSeconds() - cpu_before;
+  INFO("CPU " << cpu << " s over " << wall << " s");
+  CHECK(cpu < 0.05 * wall);  // under 5% of one core
+  CHECK(h.sink->size() == 0);  // nothing computed for the congested stream
+  // The stream drains: its result comes (the wait is for a condition; the bound is slack).
+  h.sink->congested = false;
+  h.engine->Wake();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (h.sink->size() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  h.engine->Stop();
+  bool got_result = false;
+  for (const v1::CloudMessage& message : h.sink->Take()) got_result |= message.has_result();
+  CHECK(got_result);
 }
 
 TEST_CASE("Engine results equal the raw middle forward, split across steps by the budget") {
