@@ -86,7 +86,9 @@ int RunChat(const ChatArgs& args) {
                                       [](const v1::GenerateResponse& update) {
                                         std::cout << update.text() << std::flush;
                                       });
-    std::cout << "\n";
+    // Flushed before anything goes to stderr: where stdout is a pipe it is buffered, and the
+    // statistics line would land inside the answer.
+    std::cout << std::endl;
     if (!result.ok()) return Fail(result.status());
     if (!result->ok()) return Fail(absl::InternalError(result->error));
     if (!args.trace_path.empty()) {

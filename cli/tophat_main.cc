@@ -13,6 +13,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "cli/plan_command.h"
 #include "configs/config_checks.h"
 #include "cli/serving_commands.h"
@@ -537,6 +538,22 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::NonNegativeNumber)->needs(ablation_flag);
   auto* output_tokens_option = serve_bench_cmd->get_option("--output-tokens");
 
+  // CLI11 answers `--help` before it looks at the words before it, so `tophat NOSUCH --help`
+  // would print the top-level help and exit 0: an unknown subcommand is named first.
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string word = argv[1];
+    bool known = false;
+    std::vector<std::string> names;
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+      names.push_back(sub->get_name());
+      known |= sub->check_name(word);
+    }
+    if (!known) {
+      std::fprintf(stderr, "tophat: unknown subcommand '%s'; the subcommands are: %s\n",
+                   word.c_str(), absl::StrJoin(names, ", ").c_str());
+      return 2;
+    }
+  }
   CLI11_PARSE(app, argc, argv);
 
   if (*chat_cmd) return tophat::cli::RunChat(chat);

@@ -10,13 +10,23 @@ done
 for daemon in tophat-cloud tophat-agent; do
   "$bin_dir/$daemon" --help | grep -q -- "--config" || { echo "no usage for $daemon"; exit 1; }
 done
-# Benchmarks built in this tree (bin/ holds whichever were built).
+# Every benchmark the tree builds: a missing one is a failure, not a silent pass.
 for bench in tophat-bench-speculative tophat-bench-engine tophat-bench-transport tophat-bench-pipeline \
-    tophat-bench-flood tophat-bench-agent-memory; do
-  if [ -x "$bin_dir/$bench" ]; then
-    "$bin_dir/$bench" --help | grep -q "Usage:" || { echo "no usage for $bench"; exit 1; }
-  fi
+    tophat-bench-flood tophat-bench-agent-memory tophat-bench-conversation; do
+  [ -x "$bin_dir/$bench" ] || { echo "$bench is missing from $bin_dir"; exit 1; }
+  "$bin_dir/$bench" --help | grep -q "Usage:" || { echo "no usage for $bench"; exit 1; }
 done
+# An unknown subcommand is named and refused, --help or not.
+err=$(mktemp)
+for args in "NOSUCH" "NOSUCH --help"; do
+  # shellcheck disable=SC2086
+  if "$bin" $args >/dev/null 2>"$err"; then
+    echo "tophat $args exited 0"; exit 1
+  fi
+  grep -q "unknown subcommand 'NOSUCH'" "$err" ||
+    { echo "tophat $args did not name the unknown subcommand:"; cat "$err"; exit 1; }
+done
+rm -f "$err"
 # A daemon with a bad flag says so and exits non-zero.
 if "$bin_dir/tophat-cloud" --no-such-flag >/dev/null 2>&1; then
   echo "tophat-cloud accepted an unknown flag"; exit 1
