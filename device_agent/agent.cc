@@ -895,9 +895,21 @@ absl::Status Agent::CheckHello(const v1::Hello& hello) const {
         "; run tophat-cloud and tophat-agent of the same release"));
   }
   // Two checkpoints of one shape split alike pass every check below and compute garbage
-  // together; their fingerprints differ. Bundles split before fingerprints carry none.
-  if (!hello.model_fingerprint().empty() && !manifest.model_fingerprint.empty() &&
-      hello.model_fingerprint() != manifest.model_fingerprint) {
+  // together; their fingerprints differ. Without one on either side nothing says they are
+  // one model, so a missing fingerprint is refused too.
+  if (manifest.model_fingerprint.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this device bundle (", manifest.source_model,
+        ") carries no model fingerprint, so nothing shows the cloud serves the same model; "
+        "split the checkpoint again with `tophat split` and deploy both halves"));
+  }
+  if (hello.model_fingerprint().empty()) {
+    return absl::FailedPreconditionError(
+        "the cloud announces no model fingerprint (its bundle was split before fingerprints, "
+        "or it is an older build), so nothing shows it serves this device's model; split the "
+        "checkpoint again with `tophat split` and deploy both halves");
+  }
+  if (hello.model_fingerprint() != manifest.model_fingerprint) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the cloud serves another model (fingerprint ", hello.model_fingerprint().substr(0, 19),
         "…) than this device bundle was split from (", manifest.model_fingerprint.substr(0, 19),

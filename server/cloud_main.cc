@@ -100,6 +100,12 @@ int Run(const CloudConfig& written) {
   }
   auto bundle = tophat::CloudBundle::Load(config.bundle, submodel_options, stage_layers);
   if (!bundle.ok()) return Fail(bundle.status());
+  if (bundle->manifest.model_fingerprint.empty()) {
+    // Agents refuse a cloud that announces none (nothing would show they serve one model).
+    return Fail(absl::FailedPreconditionError(absl::StrCat(
+        config.bundle, ": the bundle carries no model fingerprint; split the checkpoint again "
+        "with `tophat split` and deploy both halves")));
+  }
   std::shared_ptr<const tophat::Submodel> middle = std::move(bundle->middle);
   const tophat::LayerRange layers = middle->spec().layers;
 

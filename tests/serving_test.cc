@@ -1137,43 +1137,55 @@ TEST_CASE("A frozen cloud is noticed by keepalives, and the agent comes back whe
   CHECK(Tokens(*result) == Reference(prompt, 12, /*stop_at_eos=*/true));
 }
 
-TEST_CASE("An agent refuses a cloud split from another checkpoint, naming both", "[serving]") {
+TEST_CASE("An agent refuses a cloud split from another checkpoint, naming both, and a bundle "
+          "without a fingerprint",
+          "[serving]") {
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {});
   // The device half of another checkpoint of the same shape: the same bundle with another
-  // model's fingerprint (what `tophat split` of other weights writes).
-  const fs::path other = dir.path() / "other-device";
-  fs::copy(Bundles() / "device", other, fs::copy_options::recursive);
-  std::string manifest = ReadFile(other / "tophat_bundle.json");
-  const size_t at = manifest.find("\"sha256:");
-  REQUIRE(at != std::string::npos);
-  manifest.replace(at + 8, 64, std::string(64, '0'));
-  std::ofstream(other / "tophat_bundle.json") << manifest;
-  const TlsFiles tls = DeviceTls("device-1");
-  const int port = testing::FreePort();
-  const fs::path config = dir.path() / "agent.yaml";
-  std::ofstream(config) << "bundle: " << other.string() << "\ncloud_address: \"" << cloud.address()
-                        << "\"\nlisten_address: \"127.0.0.1:" << port
-                        << "\"\nmetrics_address: \"\"\nreconnect:\n  give_up_after_s: 2\n"
-                        << "cloud_tls:\n  certificate_file: " << tls.certificate_file
-                        << "\n  private_key_file: " << tls.private_key_file
-                        << "\n  ca_file: " << tls.ca_file << "\n";
-  ChildProcess agent({(BinDir() / "tophat-agent").string(), "--config", config.string()},
-                     dir.path() / "agent.log");
-  REQUIRE(testing::WaitForPort(port, 60s));
-  auto client = Client::Connect("127.0.0.1:" + std::to_string(port));
-  REQUIRE(client.ok());
-  auto result = (*client)->Generate(IdsRequest(Tokenize(ToyPrompts(5, 1)[0]), 4));
-  REQUIRE(result.ok());
-  CHECK_FALSE(result->ok());  // refused, not answered with another model's tokens
-  INFO(result->error);
-  CHECK(testing::WaitUntil(
-      [&] {
-        return agent.Log().find("the cloud serves another model (fingerprint sha256:") !=
-               std::string::npos;
-      },
-      10s));
-  CHECK_THAT(agent.Log(), Catch::Contains("than this device bundle was split from (sha256:0000"));
+  // model's fingerprint (what `tophat split` of other weights writes); then with none.
+  struct Case {
+    std::string name;
+    std::string fingerprint;  // replaces the manifest's "sha256:..." value
+    std::vector<std::string> log;  // what the agent's log must say
+  };
+  const std::vector<Case> cases = {
+      {"other", "sha256:" + std::string(64, '0'),
+       {"the cloud serves another model (fingerprint sha256:",
+        "than this device bundle was split from (sha256:0000"}},
+      {"none", "", {"carries no model fingerprint"}}};
+  for (const Case& c : cases) {
+    INFO("device bundle with fingerprint: " << c.name);
+    const fs::path other = dir.path() / ("device-" + c.name);
+    fs::copy(Bundles() / "device", other, fs::copy_options::recursive);
+    std::string manifest = ReadFile(other / "tophat_bundle.json");
+    const size_t at = manifest.find("\"sha256:");
+    REQUIRE(at != std::string::npos);
+    manifest.replace(at + 1, 7 + 64, c.fingerprint);
+    std::ofstream(other / "tophat_bundle.json") << manifest;
+    const TlsFiles tls = DeviceTls("device-1");
+    const int port = testing::FreePort();
+    const fs::path config = dir.path() / ("agent-" + c.name + ".yaml");
+    std::ofstream(config) << "bundle: " << other.string() << "\ncloud_address: \""
+                          << cloud.address() << "\"\nlisten_address: \"127.0.0.1:" << port
+                          << "\"\nmetrics_address: \"\"\nreconnect:\n  give_up_after_s: 2\n"
+                          << "cloud_tls:\n  certificate_file: " << tls.certificate_file
+                          << "\n  private_key_file: " << tls.private_key_file
+                          << "\n  ca_file: " << tls.ca_file << "\n";
+    ChildProcess agent({(BinDir() / "tophat-agent").string(), "--config", config.string()},
+                       dir.path() / ("agent-" + c.name + ".log"));
+    REQUIRE(testing::WaitForPort(port, 60s));
+    auto client = Client::Connect("127.0.0.1:" + std::to_string(port));
+    REQUIRE(client.ok());
+    auto result = (*client)->Generate(IdsRequest(Tokenize(ToyPrompts(5, 1)[0]), 4));
+    REQUIRE(result.ok());
+    CHECK_FALSE(result->ok());  // refused, not answered with another model's tokens
+    INFO(result->error);
+    for (const std::string& expected : c.log) {
+      CHECK(testing::WaitUntil(
+          [&] { return agent.Log().find(expected) != std::string::npos; }, 10s));
+    }
+  }
 }
 
 TEST_CASE("The app port refuses an oversized prompt before tokenizing it, and its request ids "
