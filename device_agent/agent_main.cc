@@ -97,7 +97,11 @@ int Run(const tophat::AgentConfig& config) {
                                                {.address = config.openai.address,
                                                 .model_name = config.openai.model_name,
                                                 .template_dir = config.bundle,
-                                                .app_tokens = config.app_tokens});
+                                                .app_tokens = config.app_tokens,
+                                                .max_concurrent_requests =
+                                                    config.max_concurrent_requests,
+                                                .max_body_bytes =
+                                                    2 * config.max_prompt_bytes + (64 << 10)});
     if (!started.ok()) return Fail(started.status());
     openai = *std::move(started);
   }

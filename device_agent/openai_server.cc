@@ -142,6 +142,31 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
     server->chat_template_error_ = "no chat template configured";
   }
   server->server_ = std::make_unique<httplib::Server>();
+  httplib::Server& http = *server->server_;
+  // Workers: one per completion that may run, plus some for the refusals, /health and
+  // /v1/models, so that a full endpoint still answers 429 at once instead of queueing
+  // connections no worker will take for as long as the streams run.
+  const auto workers = static_cast<size_t>(std::max<int64_t>(1, server->options_.max_concurrent_requests)) + 8;
+  http.new_task_queue = [workers] { return new httplib::ThreadPool(workers); };
+  http.set_payload_max_length(static_cast<size_t>(std::max<int64_t>(1, server->options_.max_body_bytes)));
+  http.set_read_timeout(server->options_.idle_timeout_s, 0);
+  http.set_keep_alive_timeout(server->options_.idle_timeout_s);
+  http.set_keep_alive_max_count(100);
+  const int64_t max_body = server->options_.max_body_bytes;
+  // httplib's own refusals (413 past the body limit, 400 for a request it cannot parse)
+  // carry OpenAI's error shape too.
+  http.set_error_handler([max_body](const httplib::Request&, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    if (res.status == 413) {
+      SendError(res, OpenAiError{.http_status = 413,
+                                 .message = absl::StrCat("the request body is larger than this "
+                                                         "endpoint reads (", max_body,
+                                                         " bytes; max_prompt_bytes)")});
+    } else if (res.status >= 400) {
+      SendError(res, OpenAiError{.http_status = res.status,
+                                 .message = absl::StrCat("HTTP ", res.status)});
+    }
+  });
   server->Route();
   auto port = ListenOnThread(*server->server_, server->options_.address, server->thread_);
   if (!port.ok()) {
@@ -209,6 +234,25 @@ void OpenAiServer::Route() {
                                              httplib::Response& res) {
     const std::optional<std::string> caller = authenticate(req, res);
     if (!caller) return;
+    // One of max_concurrent_requests places, held by the handler and, for a stream, by its
+    // content provider, which httplib runs after the handler has returned.
+    struct Slot {
+      std::atomic<int64_t>* running;
+      ~Slot() { running->fetch_sub(1); }
+    };
+    const int64_t running = completions_running_.fetch_add(1) + 1;
+    const std::shared_ptr<Slot> slot(new Slot{&completions_running_});
+    if (running > options_.max_concurrent_requests) {
+      res.set_header("Retry-After", "1");
+      return SendError(res, OpenAiError{.http_status = 429,
+                                        .type = "requests",
+                                        .code = "rate_limit_exceeded",
+                                        .message = absl::StrCat(
+                                            "this agent already runs ",
+                                            options_.max_concurrent_requests,
+                                            " completions (max_concurrent_requests); retry "
+                                            "later")});
+    }
     auto parsed = ParseOpenAiRequest(endpoint, req.body, options_.model_name);
     if (auto* error = std::get_if<OpenAiError>(&parsed)) return SendError(res, *error);
     const OpenAiRequest request = std::get<OpenAiRequest>(std::move(parsed));
@@ -301,7 +345,7 @@ void OpenAiServer::Route() {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, generate, completion, request, caller = *caller, generation_error](
+        [this, generate, completion, request, caller = *caller, generation_error, slot](
             size_t, httplib::DataSink& sink) {
           StopSequenceFilter filter(request.stop);
           bool first = true;

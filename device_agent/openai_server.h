@@ -10,6 +10,7 @@
 // goes away mid-stream cancels its request (the cloud frees its KV). docs/openai.md.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,6 +37,17 @@ struct OpenAiServerOptions {
   // With tokens, every call but /health needs `Authorization: Bearer <token>` (the app
   // tokens of the gRPC app port) and runs as that app.
   std::vector<BearerToken> app_tokens;
+  // Completions running at once through this endpoint; one more is refused at once with 429
+  // (OpenAI's error shape, Retry-After), never queued out of sight. The agent's
+  // max_concurrent_requests.
+  int64_t max_concurrent_requests = 16;
+  // Largest request body read, checked against Content-Length before reading it (and while
+  // reading a chunked body): 413 past it. The agent's max_prompt_bytes x 2 + 64 KiB (JSON
+  // escaping and the messages' framing) by default.
+  int64_t max_body_bytes = (2 << 20) + (64 << 10);
+  // A connection that sends nothing for this long is closed (httplib's per-read timeout);
+  // an idle keep-alive connection likewise.
+  int idle_timeout_s = 5;
 };
 
 class OpenAiServer {
@@ -59,6 +71,7 @@ class OpenAiServer {
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   int port_ = 0;
+  std::atomic<int64_t> completions_running_{0};
 };
 
 }  // namespace tophat

@@ -5,9 +5,13 @@ Exits non-zero, saying what differed, on the first failure. tests/openai_client_
 starts the cloud and the agent and runs it with the build's Python (TOPHAT_PYTHON).
 """
 
+import http.client
 import json
+import socket
 import sys
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 
 try:
@@ -189,6 +193,64 @@ def run(base_url, cloud_metrics_url, agent_metrics_url):
              lambda: (metric(cloud_metrics_url, "tophat_num_sessions_running") == 0 and
                       metric(cloud_metrics_url, "tophat_kv_cache_usage_ratio") <= kept_kv), 20)
     print("a client gone mid-stream cancels its request; the cloud's KV is free")
+
+    limits(client, model, base_url)
+
+
+def limits(client, model, base_url):
+    """The endpoint refuses what it cannot serve at once instead of queueing or reading it:
+    the agent runs with max_concurrent_requests 2 and max_prompt_bytes 64 KiB
+    (openai_client_test.sh)."""
+    url = urllib.parse.urlsplit(base_url)
+
+    # A body past 2 x 64 KiB + 64 KiB: 413 in OpenAI's error shape, answered from the
+    # Content-Length before the body is read (none of it is sent here).
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=20)
+    connection.putrequest("POST", url.path + "/completions")
+    connection.putheader("Content-Type", "application/json")
+    connection.putheader("Content-Length", str(50 << 20))
+    connection.endheaders()
+    response = connection.getresponse()
+    body = json.loads(response.read() or b"{}")
+    check_eq("a 50 MB body: HTTP status", response.status, 413)
+    check("a 50 MB body: the error says why",
+          "larger than this endpoint reads" in body.get("error", {}).get("message", ""))
+    connection.close()
+    print("a body past the limit is refused with 413 before it is read")
+
+    # Two completions streaming (the limit), a third refused at once with 429.
+    streams = [client.completions.create(model=model, prompt="a long story about a castle",
+                                         max_tokens=800, temperature=0, stream=True)
+               for _ in range(2)]
+    for stream in streams:
+        next(iter(stream))  # each is running
+    started = time.monotonic()
+    expect_error("a 3rd completion at once",
+                 lambda: client.completions.create(model=model, prompt="hello", max_tokens=2),
+                 openai.RateLimitError, 429, code="rate_limit_exceeded")
+    check("the 429 came at once, not after the streams", time.monotonic() - started < 10)
+    for stream in streams:
+        stream.close()
+    # Once they are gone a completion runs again (their places are given back).
+    wait_for("a completion to be accepted again", lambda: accepted(client, model), 30)
+    print("a completion past max_concurrent_requests is refused with 429 at once")
+
+    # A connection that sends nothing is closed by the endpoint (5 s per read), not kept.
+    idle = socket.create_connection((url.hostname, url.port), timeout=30)
+    started = time.monotonic()
+    check_eq("an idle connection: what the endpoint sent before closing it", idle.recv(1024), b"")
+    waited = time.monotonic() - started
+    check(f"an idle connection closed within 20 s (after {waited:.1f} s)", waited < 20)
+    idle.close()
+    print(f"an idle connection is closed after {waited:.1f} s")
+
+
+def accepted(client, model):
+    try:
+        client.completions.create(model=model, prompt="hello", max_tokens=2)
+        return True
+    except openai.RateLimitError:
+        return False
 
 
 def main():

@@ -2,8 +2,9 @@
 # The official OpenAI client (the Python `openai` package, from deploy/requirements.txt in the
 # build's virtual environment) against a real tophat-cloud and tophat-agent on loopback, the
 # agent's OpenAI endpoint on: chat (streaming and not), a stop sequence, seeded completions,
-# bad requests, and a client that disconnects mid-stream (its request cancelled, the cloud's
-# KV freed). The cases are tests/openai_client_test.py.
+# bad requests, a client that disconnects mid-stream (its request cancelled, the cloud's
+# KV freed), and the endpoint's limits: a body too large (413, before it is read), a
+# completion past max_concurrent_requests (429 at once), an idle connection (closed). The cases are tests/openai_client_test.py.
 #   openai_client_test.sh BIN_DIR TOY_MODEL WORK_DIR PYTHON
 # A Python without `openai` is a failure, not a skip: deploy/install-deps.sh installs it.
 set -euo pipefail
@@ -40,6 +41,10 @@ cloud_tls:
   insecure: true
 max_context: 1024
 metrics_address: "127.0.0.1:$agent_metrics"
+# Small, so the limits cases can reach them: a 3rd completion at once gets 429, a body
+# past 2 x 64 KiB + 64 KiB gets 413.
+max_concurrent_requests: 2
+max_prompt_bytes: 64KiB
 openai:
   address: "127.0.0.1:$openai_port"
 EOF
