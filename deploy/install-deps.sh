@@ -27,6 +27,8 @@ packages=(
   curl
   # deploy/gpu/pack.sh: the bundle's binaries lose the build machine's library paths.
   patchelf
+  # tests/systemd_test.sh: `systemd-analyze verify` on the shipped units.
+  systemd
   # deploy/fuzz.sh: libFuzzer, AddressSanitizer and UBSan come with Debian's clang.
   clang libclang-rt-14-dev
 )

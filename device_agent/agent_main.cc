@@ -25,6 +25,7 @@
 #include "device_agent/openai_server.h"
 #include "models/runtime/compute_threads.h"
 #include "base/program.h"
+#include "base/service_notify.h"
 
 using tophat::Fail;
 
@@ -110,7 +111,9 @@ int Run(const tophat::AgentConfig& config) {
                config.metrics_address.empty() ? "off" : config.metrics_address,
                openai ? absl::StrCat("http://", config.openai.address, "/v1") : "off");
 
+  tophat::ServiceNotify(absl::StrCat("READY=1\nSTATUS=serving apps on ", config.listen_address));
   const char* signal_name = tophat::WaitForShutdownSignal();
+  tophat::ServiceNotify("STOPPING=1");
   spdlog::info("{}: stopping", signal_name);
   // Running requests get a few seconds to finish; then their streams are cancelled.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));

@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -33,6 +36,7 @@
 #include "server/cloud_stages.h"
 #include "server/kv_pool_size.h"
 #include "base/program.h"
+#include "base/service_notify.h"
 
 using tophat::Fail;
 
@@ -246,8 +250,36 @@ int Run(const CloudConfig& written) {
   server->GetHealthCheckService()->SetServingStatus(true);
   spdlog::info("tophat-cloud serving on {} (metrics: {})", config.listen_address,
                config.metrics_address.empty() ? "off" : config.metrics_address);
+  tophat::ServiceNotify(absl::StrCat("READY=1\nSTATUS=serving on ", config.listen_address));
+  // systemd's watchdog (WatchdogSec=), fed only while the engine loop turns: a wedged engine
+  // (a hung kernel, a deadlock) stops the pings and systemd restarts the service. A step
+  // longer than the interval reads as wedged too: keep WatchdogSec above the longest step.
+  std::mutex watchdog_mutex;
+  std::condition_variable watchdog_cv;
+  bool watchdog_stop = false;  // under watchdog_mutex
+  std::thread watchdog;
+  if (const auto interval = tophat::ServiceWatchdogInterval()) {
+    watchdog = std::thread([&, interval = *interval] {
+      bool warned = false;
+      std::unique_lock<std::mutex> lock(watchdog_mutex);
+      while (!watchdog_stop) {
+        const auto age = std::chrono::steady_clock::now() - (*engine)->last_turn();
+        if (age < interval) {
+          tophat::ServiceNotify("WATCHDOG=1");
+          warned = false;
+        } else if (!warned) {
+          spdlog::error("the engine loop has not turned for {:.1f} s; no longer feeding "
+                        "systemd's watchdog",
+                        std::chrono::duration<double>(age).count());
+          warned = true;
+        }
+        watchdog_cv.wait_for(lock, interval / 4, [&] { return watchdog_stop; });
+      }
+    });
+  }
 
   const char* signal_name = tophat::WaitForShutdownSignal();
+  tophat::ServiceNotify("STOPPING=1\nSTATUS=draining");
   // Without its stages nothing in flight can finish: no grace period.
   const double grace_s = pipeline_lost.load() ? 0 : config.drain_grace_period_s;
   spdlog::info("{}: draining (grace period {:.0f}s)", signal_name, grace_s);
@@ -272,6 +304,12 @@ int Run(const CloudConfig& written) {
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   (*engine)->Stop();
+  {
+    std::lock_guard<std::mutex> lock(watchdog_mutex);
+    watchdog_stop = true;
+  }
+  watchdog_cv.notify_one();
+  if (watchdog.joinable()) watchdog.join();
   if (downstream != nullptr) downstream->Shutdown();
   spdlog::info("tophat-cloud stopped");
   return pipeline_lost.load() ? 1 : 0;

@@ -182,6 +182,8 @@ void Engine::CancelAll(const absl::Status& status) {
 void Engine::BeginDrain() { draining_ = true; }
 
 void Engine::Start() {
+  last_turn_.store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                   std::memory_order_relaxed);
   if (thread_.joinable()) return;
   thread_ = std::thread([this] { Loop(); });
 }
@@ -219,6 +221,8 @@ void Engine::Loop() {
   c10::InferenceMode inference_mode;
   pthread_setname_np(pthread_self(), "tophat-engine");
   while (true) {
+    last_turn_.store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                     std::memory_order_relaxed);
     // Work the step would take now, or a step to complete. Work of congested streams is not
     // work: the loop then waits for intake, a Wake (a stream drained) or kIdleWait, instead
     // of spinning over sessions its step skips.

@@ -127,6 +127,13 @@ class Engine {
   // Starts the engine thread; Stop() joins it (sessions still open are cancelled).
   void Start();
   void Stop();
+  // When the engine thread last began a turn of its loop (it turns at least every 50 ms when
+  // idle; a step holds it for the step's length). The daemon feeds systemd's watchdog only
+  // while this is recent, so a wedged engine gets the service restarted. Any thread.
+  std::chrono::steady_clock::time_point last_turn() const {
+    return std::chrono::steady_clock::time_point(
+        std::chrono::steady_clock::duration(last_turn_.load(std::memory_order_relaxed)));
+  }
   // Wakes the engine thread from its idle wait: a stream stopped being congested
   // (MessageSink::Congested), so work it skipped may run now. Any thread; never blocks on a
   // step.
@@ -272,6 +279,7 @@ class Engine {
   std::vector<Event> intake_;
   bool stopping_ = false;
   bool wake_ = false;  // Wake() was called since the last idle wait
+  std::atomic<int64_t> last_turn_{0};  // steady_clock ticks; see last_turn()
   std::atomic<bool> draining_{false};
   bool pipeline_lost_ = false;  // engine thread: on_pipeline_lost has been called
 

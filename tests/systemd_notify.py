@@ -1,0 +1,123 @@
+"""systemd's side of the notification protocol, for tests/systemd_test.sh.
+
+Usage: python3 systemd_notify.py BIN_DIR WORK_DIR (WORK_DIR/bundles from `tophat split`).
+Binds a datagram socket, starts tophat-cloud and then tophat-agent with NOTIFY_SOCKET set
+(and WATCHDOG_USEC for the cloud), and checks what each sends: READY=1 only once its port
+listens, WATCHDOG=1 at least every watchdog interval, STOPPING=1 on SIGTERM, exit status 0.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+WATCHDOG_USEC = 600_000  # systemd would expect a ping within 0.6 s
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def listening(port):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+class Notifications:
+    def __init__(self, path):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path)
+        self.path = path
+
+    def next(self, seconds):
+        """The next message, or None after `seconds`."""
+        self.sock.settimeout(seconds)
+        try:
+            return self.sock.recv(4096).decode()
+        except socket.timeout:
+            return None
+
+    def wait_for(self, key, seconds, what):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            message = self.next(max(0.01, deadline - time.monotonic()))
+            if message is not None and key in message.split("\n"):
+                return message
+        raise SystemExit(f"FAIL: {what}: no {key} within {seconds} s")
+
+
+def start(binary, config, notify, log, watchdog):
+    env = dict(os.environ, NOTIFY_SOCKET=notify)
+    env.pop("WATCHDOG_USEC", None)
+    env.pop("WATCHDOG_PID", None)
+    if watchdog:
+        env["WATCHDOG_USEC"] = str(WATCHDOG_USEC)
+    return subprocess.Popen([binary, "--config", config], env=env,
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT)
+
+
+def main():
+    bin_dir, work = sys.argv[1], sys.argv[2]
+    cloud_port, agent_port = free_port(), free_port()
+    with open(f"{work}/cloud.yaml", "w") as f:
+        f.write(f'listen_address: "127.0.0.1:{cloud_port}"\nbundle: {work}/bundles/cloud\n'
+                'tls:\n  insecure: true\nmax_context: 512\nkv_cache:\n  memory_bytes: 32MiB\n'
+                'metrics_address: ""\n')
+    with open(f"{work}/agent.yaml", "w") as f:
+        f.write(f'listen_address: "127.0.0.1:{agent_port}"\n'
+                f'cloud_address: "127.0.0.1:{cloud_port}"\nbundle: {work}/bundles/device\n'
+                'cloud_tls:\n  insecure: true\nmax_context: 512\nmetrics_address: ""\n')
+
+    cloud_events = Notifications(f"{work}/cloud.notify")
+    cloud = start(f"{bin_dir}/tophat-cloud", f"{work}/cloud.yaml", cloud_events.path,
+                  f"{work}/cloud.log", watchdog=True)
+    try:
+        ready = cloud_events.wait_for("READY=1", 120, "tophat-cloud")
+        if not listening(cloud_port):
+            raise SystemExit("FAIL: tophat-cloud said READY=1 before its port listened")
+        print(f"tophat-cloud: {ready!r} with its port listening")
+        # Pings keep coming: the daemon sends one every quarter interval (0.15 s) while the
+        # engine loop turns (every 50 ms when idle); 1.2 s without one leaves 8x slack for a
+        # loaded machine's scheduling, and still fails a daemon that stopped pinging.
+        for _ in range(8):
+            cloud_events.wait_for("WATCHDOG=1", 2 * WATCHDOG_USEC / 1e6,
+                                  "tophat-cloud's watchdog")
+        print("tophat-cloud: WATCHDOG=1 kept coming, 8 in a row each within 1.2 s")
+
+        agent_events = Notifications(f"{work}/agent.notify")
+        agent = start(f"{bin_dir}/tophat-agent", f"{work}/agent.yaml", agent_events.path,
+                      f"{work}/agent.log", watchdog=False)
+        try:
+            agent_events.wait_for("READY=1", 120, "tophat-agent")
+            if not listening(agent_port):
+                raise SystemExit("FAIL: tophat-agent said READY=1 before its port listened")
+            print("tophat-agent: READY=1 with its port listening")
+            agent.send_signal(signal.SIGTERM)
+            agent_events.wait_for("STOPPING=1", 30, "tophat-agent on SIGTERM")
+            if agent.wait(timeout=60) != 0:
+                raise SystemExit(f"FAIL: tophat-agent exited {agent.returncode}")
+            print("tophat-agent: STOPPING=1 on SIGTERM, exit 0")
+        finally:
+            if agent.poll() is None:
+                agent.kill()
+
+        cloud.send_signal(signal.SIGTERM)
+        cloud_events.wait_for("STOPPING=1", 30, "tophat-cloud on SIGTERM")
+        if cloud.wait(timeout=60) != 0:
+            raise SystemExit(f"FAIL: tophat-cloud exited {cloud.returncode}")
+        print("tophat-cloud: STOPPING=1 on SIGTERM, exit 0")
+    finally:
+        if cloud.poll() is None:
+            cloud.kill()
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()
