@@ -1342,6 +1342,9 @@ TEST_CASE("A draining cloud finishes in-flight work, and new requests move to it
       },
       10s));
   probe.Cancel();
+  // The daemon marks itself NOT_SERVING before the engine refuses sessions, so a load
+  // balancer's health check already sees the drain.
+  CHECK(HealthCheck(cloud.address()) == 2);
   auto late = std::async(std::launch::async, [&] {
     return agent.client().Generate(IdsRequest(late_prompt, 32, /*ignore_eos=*/true));
   });
