@@ -13,11 +13,6 @@
 
 namespace tophat::testing {
 
-// Printed (Catch2's WARN) by a test case that did not run what it names, e.g. SentencePiece
-// in a sanitizer build. Catch2 v2 cannot skip and counts such a case as passed; CTest matches
-// this marker (SKIP_REGULAR_EXPRESSION in tophat_add_unit_test) and reports it as skipped.
-inline constexpr const char* kSkipped = "TOPHAT_TEST_SKIPPED";
-
 // A fresh directory per use, removed on destruction, so parallel test processes (ctest -j)
 // never share files.
 class TempDir {
