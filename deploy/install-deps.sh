@@ -29,6 +29,9 @@ packages=(
   patchelf
   # tests/systemd_test.sh: `systemd-analyze verify` on the shipped units.
   systemd
+  # tests/dashboard_test.sh: the Grafana dashboard's queries and the alerting rules against
+  # a real Prometheus (and promtool).
+  prometheus
   # deploy/fuzz.sh: libFuzzer, AddressSanitizer and UBSan come with Debian's clang.
   clang libclang-rt-14-dev
 )
