@@ -46,10 +46,12 @@ absl::Status CloudError(const v1::SessionError& error) {
 class Agent::Request : private CloudSession {
  public:
   Request(Agent& agent, const v1::GenerateRequest& request,
-          const std::function<bool(const TokenEvent&)>& on_tokens)
+          const std::function<bool(const TokenEvent&)>& on_tokens,
+          const std::function<bool()>& client_gone)
       : agent_(agent),
         request_(request),
         on_tokens_(on_tokens),
+        client_gone_(client_gone),
         arrival_(SteadyClock::now()),
         stats_(agent.metrics_.get(), arrival_),
         chunks_(agent, arrival_, request.trace()) {}
@@ -118,6 +120,7 @@ class Agent::Request : private CloudSession {
   Agent& agent_;
   const v1::GenerateRequest& request_;
   const std::function<bool(const TokenEvent&)>& on_tokens_;
+  const std::function<bool()>& client_gone_;  // may be empty
   const SteadyClock::time_point arrival_;
   RequestStatsRecorder stats_;
   ChunkTracker chunks_;
@@ -326,8 +329,23 @@ absl::Status Agent::Request::Prepare() {
 absl::Status Agent::Request::Open(uint64_t after_epoch) {
   const SteadyClock::time_point wait_until =
       std::min(deadline_, SteadyClock::now() + ToDuration(agent_.config_.reconnect.give_up_after_s));
-  TOPHAT_ASSIGN_OR_RETURN(CloudConnection::Connected connected,
-                          agent_.cloud_->WaitConnected(wait_until, after_epoch));
+  // Waited for in slices, so that a request cancelled, or whose app went away, while no
+  // cloud is connected ends now rather than at the give-up, and the agent's shutdown is not
+  // held up by it.
+  absl::StatusOr<CloudConnection::Connected> waited;
+  while (true) {
+    const SteadyClock::time_point slice_end =
+        std::min(wait_until, SteadyClock::now() + std::chrono::milliseconds(100));
+    waited = agent_.cloud_->WaitConnected(slice_end, after_epoch);
+    if (waited.ok()) break;
+    if (cancelled_) return absl::CancelledError("cancelled");
+    if (client_gone_ && client_gone_()) {
+      cancelled_ = true;
+      return absl::CancelledError("the client went away while the request waited for a cloud");
+    }
+    if (agent_.cloud_->stopping() || SteadyClock::now() >= wait_until) return waited.status();
+  }
+  CloudConnection::Connected connected = *std::move(waited);
   epoch_ = connected.epoch;
   if (max_positions_ > connected.hello.max_positions()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -946,8 +964,9 @@ std::string Agent::NewRequestId() {
 
 v1::GenerateResponse Agent::Generate(const v1::GenerateRequest& request,
                                      const std::function<bool(const TokenEvent&)>& on_tokens,
-                                     const std::string& caller) {
-  Request run(*this, request, on_tokens);
+                                     const std::string& caller,
+                                     const std::function<bool()>& client_gone) {
+  Request run(*this, request, on_tokens, client_gone);
   std::string id = request.request_id();
   if (id.empty()) id = NewRequestId();
   run.set_id(id);

@@ -54,9 +54,12 @@ class Agent : private LinkSampleSink {
   // stats, error) is returned; it is also what a failure looks like: FINISH_REASON_ERROR with
   // a message, never a crash. `caller` is who asks (an app's token name; "" where the app
   // port has no tokens): request ids are scoped to it.
+  // `client_gone` (optional) says whether the app has gone away: asked while the request
+  // waits for a cloud, when no token is coming for on_tokens to notice it by.
   v1::GenerateResponse Generate(const v1::GenerateRequest& request,
                                 const std::function<bool(const TokenEvent&)>& on_tokens,
-                                const std::string& caller = "");
+                                const std::string& caller = "",
+                                const std::function<bool()>& client_gone = {});
 
   // Cancels `caller`'s running request by id; false if that caller runs no such request
   // (another caller's request of the same id is not touched).

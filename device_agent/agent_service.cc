@@ -28,7 +28,7 @@ grpc::Status AgentServiceImpl::Generate(grpc::ServerContext* context,
         response.set_text(event.text);
         return writer->Write(response);
       },
-      *caller);
+      *caller, [context] { return context->IsCancelled(); });
   if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
   writer->Write(final_response);
   return grpc::Status::OK;

@@ -105,6 +105,11 @@ class CloudConnection {
   // the last failure if not.
   absl::StatusOr<Connected> WaitConnected(std::chrono::steady_clock::time_point deadline,
                                           uint64_t after_epoch = 0);
+  // True once the connection is shutting down (the agent stops): no stream will come.
+  bool stopping() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stopping_;
+  }
 
   // Queues `message` for stream `epoch`; the sender thread writes it. UNAVAILABLE if that
   // stream is gone; the owner then waits for its mailbox's disconnected event and replays. A
@@ -137,7 +142,7 @@ class CloudConnection {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::CloudService::Stub> stub_;
 
-  std::mutex mutex_;  // guards everything below except the atomics
+  mutable std::mutex mutex_;  // guards everything below except the atomics
   std::condition_variable state_cv_;
   std::unordered_map<uint64_t, std::shared_ptr<SessionMailbox>> mailboxes_;
   std::unique_ptr<grpc::ClientContext> context_;

@@ -29,6 +29,7 @@
 #include "base/program_paths.h"
 #include "proto/channel_security.h"
 #include "sdk/client.h"
+#include "tophat/v1/agent.grpc.pb.h"
 #include "sdk/conversation.h"
 #include "models/runtime/bundle.h"
 #include "models/runtime/generate.h"
@@ -1292,6 +1293,49 @@ class LongGeneration {
   std::vector<int32_t> prompt_;
   std::future<absl::StatusOr<GenerateResult>> pending_;
 };
+
+TEST_CASE("A request whose app goes away while it waits for a cloud is cancelled at once, "
+          "and the agent stops promptly",
+          "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});
+  // Without a cloud the agent would wait 120 s for one before failing the request.
+  AgentProcess agent(dir.path(), cloud, 16, "reconnect:\n  give_up_after_s: 120\n");
+  cloud.process().Signal(SIGKILL);
+  REQUIRE(cloud.process().Wait(5s).has_value());
+  REQUIRE(testing::WaitUntil(
+      [&] {
+        auto health = agent.client().Health();
+        return health.ok() && !health->cloud_connected();
+      },
+      30s));
+  const std::string cancelled = "finished_reason=\"cancelled\"";
+  const double cancelled_before = agent.Metric("tophat_request_success_total", cancelled);
+  // The app gives up after 1 s (its deadline), while the request waits for a cloud.
+  auto channel = grpc::CreateChannel(agent.address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::AgentService::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + 1s);
+  const v1::GenerateRequest request = IdsRequest(Tokenize(ToyPrompts(3, 1)[0]), 8);
+  auto reader = stub->Generate(&context, request);
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+  }
+  CHECK(reader->Finish().error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
+  // Cancelled within the wait's 100 ms slices (plus the metric's way out), not at the
+  // give-up 120 s later.
+  CHECK(testing::WaitUntil(
+      [&] {
+        return agent.Metric("tophat_request_success_total", cancelled) == cancelled_before + 1;
+      },
+      20s));
+  CHECK(agent.Metric("tophat_num_requests_running") == 0);
+  // Nothing holds the agent up now: SIGTERM ends it well before any give-up.
+  agent.process().Signal(SIGTERM);
+  const auto code = agent.process().Wait(20s);
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+}
 
 TEST_CASE("A cloud restart mid-generation is survived with the right tokens", "[serving]") {
   testing::TempDir dir;
