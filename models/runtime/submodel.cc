@@ -218,9 +218,10 @@ void Submodel::AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t la
   }
   const at::Tensor keys = cache.Keys(layer, total);
   const at::Tensor values = cache.Values(layer, total);
-  if (q.is_cuda()) {
-    // Fused attention (flash or memory-efficient kernels, in the compute dtype) over the
-    // chunk and its history, instead of a float32 score matrix. A first chunk with no
+  if (q.is_cuda() || q.scalar_type() != at::kFloat) {
+    // Fused attention (on a GPU flash or memory-efficient kernels, in the compute dtype) over
+    // the chunk and its history, instead of a float32 score matrix. CPU dtypes other than
+    // float32 take it too, which is how the CPU tests check the masks below. A first chunk with no
     // window is plainly causal (flash takes it); with history or a window, the mask says
     // which keys each query sees (query i is at position past + i).
     std::optional<at::Tensor> mask;
