@@ -24,7 +24,8 @@ TEST_CASE("Decode graph buckets are the powers of two up to the largest batch",
 }
 
 TEST_CASE("Decode graphs refuse a CPU model", "[decode_graphs]") {
-  const ModelConfig config = TinyTestConfig();
+  // The GPU tests' config, loaded and stepped here too: what they need beyond a GPU works.
+  const ModelConfig config = TinyDecodeKernelConfig();
   const auto dir = std::filesystem::temp_directory_path() /
                    ("tophat_decode_graphs_test_" + std::to_string(::getpid()));
   REQUIRE(WriteCheckpoint(config, InitWeights(config, 3), dir).ok());
@@ -41,6 +42,14 @@ TEST_CASE("Decode graphs refuse a CPU model", "[decode_graphs]") {
   CHECK((graphs.status().code() == absl::StatusCode::kUnimplemented ||
          graphs.status().code() == absl::StatusCode::kFailedPrecondition));
   CHECK_FALSE((*model)->DecodeStepInBuffers(**pool, 1, buffers).ok());
+  // The same model steps eagerly in those buffers.
+  KvCache cache(*pool);
+  cache.AppendBlock(0);
+  const SequenceChunk chunk{.cache = &cache, .num_tokens = 3};
+  auto out = (*model)->Forward(at::randn({3, config.hidden_size}),
+                               std::span<const SequenceChunk>(&chunk, 1), buffers);
+  REQUIRE(out.ok());
+  CHECK(out->size(1) == 128);
   std::filesystem::remove_all(dir);
 }
 

@@ -93,6 +93,13 @@ ModelConfig TinyTestConfig() {
   return c;
 }
 
+ModelConfig TinyDecodeKernelConfig() {
+  ModelConfig c = TinyTestConfig();
+  c.hidden_size = 128;
+  c.head_dim = 32;
+  return c;
+}
+
 std::vector<std::pair<std::string, ModelConfig>> TinyTestVariants() {
   std::vector<std::pair<std::string, ModelConfig>> v;
   v.emplace_back("llama_gqa", TinyTestConfig());

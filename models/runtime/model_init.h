@@ -31,6 +31,11 @@ absl::Status WriteCheckpoint(const ModelConfig& config, const NamedTensors& weig
 // A small config used across tests: GQA, 4 layers, vocab 300.
 ModelConfig TinyTestConfig();
 
+// TinyTestConfig with heads of 32 (hidden size 128): the smallest head the GPU's paged
+// decode kernel takes (kernels/paged_attention.cu), so that a GPU step of it runs the
+// batched kernels, and can be captured as a CUDA graph, as a real model's does.
+ModelConfig TinyDecodeKernelConfig();
+
 // The middle (layers [1, 3)) of a TinyTestConfig model of seed 5, written to `dir` and
 // loaded back: the cloud's part in the engine's tests and its fuzz target.
 absl::StatusOr<std::shared_ptr<const Submodel>> TinyTestMiddle(const std::filesystem::path& dir);

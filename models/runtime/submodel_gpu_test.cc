@@ -131,7 +131,9 @@ int64_t CudaAllocations() {
 
 TEST_CASE("On CUDA a decode step in step buffers allocates nothing after warm-up",
           "[gpu][submodel][step_buffers]") {
-  const ModelConfig config = TinyTestConfig();
+  // Heads the batched decode kernel takes: the composite attention it falls back to
+  // otherwise allocates.
+  const ModelConfig config = TinyDecodeKernelConfig();
   testing::TempDir dir;
   REQUIRE(WriteCheckpoint(config, InitWeights(config, 3), dir.path()).ok());
   auto checkpoint = CheckpointReader::Open(dir.path());
@@ -182,7 +184,7 @@ TEST_CASE("On CUDA a decode step in step buffers allocates nothing after warm-up
 
 TEST_CASE("On CUDA a replayed decode graph computes what the eager step does",
           "[gpu][submodel][decode_graphs]") {
-  const ModelConfig config = TinyTestConfig();
+  const ModelConfig config = TinyDecodeKernelConfig();  // heads the batched kernels take
   testing::TempDir dir;
   REQUIRE(WriteCheckpoint(config, InitWeights(config, 4), dir.path()).ok());
   auto checkpoint = CheckpointReader::Open(dir.path());
