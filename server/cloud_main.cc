@@ -289,11 +289,7 @@ int Run(const CloudConfig& written) {
   const auto grace_end = std::chrono::steady_clock::now() +
                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                              std::chrono::duration<double>(grace_s));
-  while (std::chrono::steady_clock::now() < grace_end) {
-    const tophat::EngineStats stats = (*engine)->stats();
-    if (stats.sessions_running + stats.sessions_waiting == 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  (*engine)->WaitForNoSessions(grace_end);
   const tophat::EngineStats left = (*engine)->stats();
   if (left.sessions_running + left.sessions_waiting > 0) {
     spdlog::warn("grace period over: cancelling {} session(s)",

@@ -188,6 +188,12 @@ void Engine::Start() {
   thread_ = std::thread([this] { Loop(); });
 }
 
+bool Engine::WaitForNoSessions(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(idle_mutex_);
+  return idle_cv_.wait_until(lock, deadline,
+                             [&] { return stat_running_ + stat_waiting_ == 0; });
+}
+
 void Engine::Wake() {
   {
     std::lock_guard<std::mutex> lock(intake_mutex_);
@@ -1186,9 +1192,14 @@ void Engine::FailSession(const SessionKey& key, uint64_t sequence_number,
 }
 
 void Engine::UpdateGauges() {
+  const bool had_sessions = stat_running_ + stat_waiting_ > 0;
   stat_running_ = num_running_;
   stat_waiting_ = static_cast<int64_t>(sessions_.size()) - num_running_ -
                   static_cast<int64_t>(parked_.size());
+  if (had_sessions && stat_running_ + stat_waiting_ == 0) {
+    std::lock_guard<std::mutex> lock(idle_mutex_);
+    idle_cv_.notify_all();
+  }
   stat_blocks_ = allocator_.num_allocated();
   stat_parked_ = static_cast<int64_t>(parked_.size());
   if (metrics_ != nullptr) {

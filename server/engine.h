@@ -134,6 +134,9 @@ class Engine {
     return std::chrono::steady_clock::time_point(
         std::chrono::steady_clock::duration(last_turn_.load(std::memory_order_relaxed)));
   }
+  // Waits until no session runs or waits (a drain is over), or `deadline`; true if none
+  // does. Any thread but the engine's.
+  bool WaitForNoSessions(std::chrono::steady_clock::time_point deadline);
   // Wakes the engine thread from its idle wait: a stream stopped being congested
   // (MessageSink::Congested), so work it skipped may run now. Any thread; never blocks on a
   // step.
@@ -279,6 +282,9 @@ class Engine {
   std::vector<Event> intake_;
   bool stopping_ = false;
   bool wake_ = false;  // Wake() was called since the last idle wait
+  // Notified when the last running or waiting session goes (WaitForNoSessions).
+  std::mutex idle_mutex_;
+  std::condition_variable idle_cv_;
   std::atomic<int64_t> last_turn_{0};  // steady_clock ticks; see last_turn()
   std::atomic<bool> draining_{false};
   bool pipeline_lost_ = false;  // engine thread: on_pipeline_lost has been called
