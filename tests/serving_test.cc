@@ -928,8 +928,9 @@ TEST_CASE("A stream that reads its results slowly waits and loses nothing", "[se
   CHECK(cloud.process().running());
 }
 
+// [timing]: it bounds answer times in wall-clock seconds, which a sanitizer's slowdown moves.
 TEST_CASE("A device above its message rate is slowed to it, and other devices are not",
-          "[serving]") {
+          "[serving][timing]") {
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {.max_messages_per_second_per_device = 200});
   RawStream greedy(cloud.address(), "device-2");
