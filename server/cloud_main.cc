@@ -296,8 +296,13 @@ int Run(const CloudConfig& written) {
                  left.sessions_running + left.sessions_waiting);
     (*engine)->CancelAll(absl::UnavailableError("the cloud shut down before the session ended"));
   }
-  // Give the cancellations a moment to reach the agents, then close every stream.
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // The cancellations reach the agents before the streams close: the engine has sent them
+  // once no session is left, and gRPC has them once nothing is queued (at most 1 s each).
+  const auto flushed_by = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  (*engine)->WaitForNoSessions(flushed_by);
+  while (service.outgoing_queued_bytes() > 0 && std::chrono::steady_clock::now() < flushed_by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   (*engine)->Stop();
   {

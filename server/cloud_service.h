@@ -91,6 +91,9 @@ class CloudServiceImpl final : public v1::CloudService::CallbackService {
   grpc::ServerBidiReactor<v1::AgentMessage, v1::CloudMessage>* Connect(
       grpc::CallbackServerContext* context) override;
 
+  // Bytes of results queued for agents and not yet handed to gRPC, all streams.
+  int64_t outgoing_queued_bytes() const { return totals_->queued_bytes.load(); }
+
  private:
   Engine* engine_;
   std::mutex refusal_log_mutex_;

@@ -1349,6 +1349,28 @@ TEST_CASE("A cloud restart mid-generation is survived with the right tokens", "[
   generation.CheckSurvived();
 }
 
+TEST_CASE("A drain past its grace period cancels what still runs, tells its agent, and exits 0",
+          "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {.drain_grace_period_s = 0.2});
+  RawStream stream(cloud.address());
+  REQUIRE(stream.Send(OpenMessage(7, 16)));
+  v1::CloudMessage admitted = stream.Read();
+  REQUIRE(admitted.has_admitted());
+  // The session stays open (no chunk, no close): the drain's grace period runs out on it.
+  cloud.process().Signal(SIGTERM);
+  v1::CloudMessage message = stream.Read();
+  while (message.has_received()) message = stream.Read();
+  REQUIRE(message.has_error());
+  CHECK(message.error().session_id() == 7);
+  CHECK(message.error().code() == static_cast<int>(absl::StatusCode::kUnavailable));
+  CHECK_THAT(message.error().message(),
+             Catch::Contains("the cloud shut down before the session ended"));
+  const auto code = cloud.process().Wait(20s);
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+}
+
 TEST_CASE("A draining cloud finishes in-flight work, and new requests move to its successor",
           "[serving][cuda-cloud][staged]") {
   testing::TempDir dir;
