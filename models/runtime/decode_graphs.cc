@@ -64,7 +64,6 @@ bool DecodeGraphs::Fits(std::span<const SequenceChunk> chunks) const {
 
 void DecodeGraphs::StageIndices(std::span<const SequenceChunk> chunks, int64_t bucket) {
   buffers_.uploads_read.Wait();  // the last upload has left the pinned staging
-  const int64_t block_size = pool_.block_size();
   const int64_t width = buffers_.max_blocks_per_sequence();
   int64_t* positions = buffers_.host_positions.data_ptr<int64_t>();
   int64_t* slots = buffers_.host_slots.data_ptr<int64_t>();
@@ -77,7 +76,7 @@ void DecodeGraphs::StageIndices(std::span<const SequenceChunk> chunks, int64_t b
       const int64_t position = cache.length();
       const std::span<const int32_t> table = cache.block_table();
       positions[r] = position;
-      slots[r] = int64_t{table[position / block_size]} * block_size + position % block_size;
+      slots[r] = cache.SlotOf(position);
       lens[r] = static_cast<int32_t>(position + 1);
       std::copy(table.begin(), table.begin() + pool_.BlocksFor(position + 1), tables + r * width);
     } else {  // padding: rotates a query at position 0, writes no K/V, attends nothing
@@ -86,12 +85,7 @@ void DecodeGraphs::StageIndices(std::span<const SequenceChunk> chunks, int64_t b
       lens[r] = 0;
     }
   }
-  buffers_.positions.narrow(0, 0, bucket).copy_(buffers_.host_positions.narrow(0, 0, bucket), true);
-  buffers_.slots.narrow(0, 0, bucket).copy_(buffers_.host_slots.narrow(0, 0, bucket), true);
-  buffers_.block_tables.narrow(0, 0, bucket)
-      .copy_(buffers_.host_block_tables.narrow(0, 0, bucket), true);
-  buffers_.seq_lens.narrow(0, 0, bucket).copy_(buffers_.host_seq_lens.narrow(0, 0, bucket), true);
-  buffers_.uploads_read.Record();
+  buffers_.UploadDecodeIndices(bucket);
 }
 
 absl::StatusOr<at::Tensor> DecodeGraphs::Run(const at::Tensor& hidden,
@@ -148,11 +142,7 @@ absl::StatusOr<std::unique_ptr<DecodeGraphs>> DecodeGraphs::Capture(const Submod
       buffers.host_seq_lens[r] = 1;
       buffers.host_block_tables[r][0] = 0;
     }
-    buffers.positions.narrow(0, 0, bucket).copy_(buffers.host_positions.narrow(0, 0, bucket));
-    buffers.slots.narrow(0, 0, bucket).copy_(buffers.host_slots.narrow(0, 0, bucket));
-    buffers.block_tables.narrow(0, 0, bucket)
-        .copy_(buffers.host_block_tables.narrow(0, 0, bucket));
-    buffers.seq_lens.narrow(0, 0, bucket).copy_(buffers.host_seq_lens.narrow(0, 0, bucket));
+    buffers.UploadDecodeIndices(bucket);
   };
   absl::Status status = CatchExceptions("capturing decode graphs", [&] {
     const at::Tensor input = at::randn({buckets.back(), d}, buffers.residual.options());

@@ -130,6 +130,14 @@ class KvCache {
   }
   const KvBlockPool& pool() const { return *pool_; }
   std::span<const int32_t> block_table() const { return block_table_; }
+  // The pool row (block * block_size + offset) that holds `position`, in one layer's
+  // storage viewed as [num_blocks * block_size, kv_heads, head_dim]: where a batched write
+  // puts that position's K/V. Precondition: 0 <= position < capacity().
+  int64_t SlotOf(int64_t position) const {
+    const int64_t block_size = pool_->block_size();
+    return int64_t{block_table_[static_cast<size_t>(position / block_size)]} * block_size +
+           position % block_size;
+  }
 
   // Appends a block to the end of the table. Preconditions: a paged cache and
   // 0 <= block_id < pool().num_blocks() (both checked; a violation throws c10::Error), and an

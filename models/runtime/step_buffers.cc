@@ -46,6 +46,15 @@ StepBuffers::StepBuffers(const ModelConfig& config, at::ScalarType dtype, at::De
   decode_rows.reserve(static_cast<size_t>(rows));
 }
 
+void StepBuffers::UploadDecodeIndices(int64_t rows) {
+  positions.narrow(0, 0, rows).copy_(host_positions.narrow(0, 0, rows), /*non_blocking=*/true);
+  slots.narrow(0, 0, rows).copy_(host_slots.narrow(0, 0, rows), /*non_blocking=*/true);
+  block_tables.narrow(0, 0, rows)
+      .copy_(host_block_tables.narrow(0, 0, rows), /*non_blocking=*/true);
+  seq_lens.narrow(0, 0, rows).copy_(host_seq_lens.narrow(0, 0, rows), /*non_blocking=*/true);
+  uploads_read.Record();
+}
+
 int64_t StepBuffers::DeviceBytes() const {
   int64_t bytes = 0;
   for (const at::Tensor* t :

@@ -32,6 +32,10 @@ struct StepBuffers {
               const StepBufferShape& shape);
 
   int64_t max_tokens() const { return residual.size(0); }
+  // Copies rows [0, rows) of the staged positions, slots, block tables and lengths to the
+  // device asynchronously and records uploads_read behind them: a decode step's indices.
+  // The caller waited for uploads_read before writing that staging.
+  void UploadDecodeIndices(int64_t rows);
   int64_t max_blocks_per_sequence() const { return block_tables.size(1); }
   // Bytes held on the device, the host staging excluded.
   int64_t DeviceBytes() const;

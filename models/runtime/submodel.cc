@@ -269,7 +269,6 @@ Submodel::DeviceBatch Submodel::PrepareDeviceBatch(std::span<const SequenceChunk
   for (const SequenceChunk& chunk : chunks) {
     if (&chunk.cache->pool() != pool) return batch;  // caches of several pools: per chunk
   }
-  const int64_t block_size = pool->block_size();
   const int64_t width = buffers.max_blocks_per_sequence();
   int64_t* slots = buffers.host_slots.data_ptr<int64_t>();
   int32_t* tables = buffers.host_block_tables.data_ptr<int32_t>();
@@ -282,10 +281,7 @@ Submodel::DeviceBatch Submodel::PrepareDeviceBatch(std::span<const SequenceChunk
   for (const SequenceChunk& chunk : chunks) {
     const std::span<const int32_t> table = chunk.cache->block_table();
     const int64_t past = chunk.cache->length();
-    for (int64_t i = 0; i < chunk.num_tokens; ++i) {
-      const int64_t position = past + i;
-      slots[row + i] = int64_t{table[position / block_size]} * block_size + position % block_size;
-    }
+    for (int64_t i = 0; i < chunk.num_tokens; ++i) slots[row + i] = chunk.cache->SlotOf(past + i);
     if (chunk.num_tokens == 1) {
       const auto d = static_cast<int64_t>(decode_rows.size());
       const int64_t needed = pool->BlocksFor(past + 1);

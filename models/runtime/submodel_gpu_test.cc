@@ -18,9 +18,19 @@
 namespace tophat {
 namespace {
 
+// A random checkpoint of `config` (weights of `seed`) written to `dir`, opened.
+std::unique_ptr<CheckpointReader> RandomCheckpoint(const ModelConfig& config, uint64_t seed,
+                                                   const testing::TempDir& dir) {
+  REQUIRE(WriteCheckpoint(config, InitWeights(config, seed), dir.path()).ok());
+  auto checkpoint = CheckpointReader::Open(dir.path());
+  REQUIRE(checkpoint.ok());
+  return std::move(*checkpoint);
+}
+
 std::unique_ptr<Submodel> Load(const ModelConfig& config, const CheckpointReader& checkpoint,
-                               at::ScalarType dtype, at::Device device) {
-  auto model = Submodel::Load(config, checkpoint, SubmodelSpec::Full(config),
+                               at::ScalarType dtype, at::Device device,
+                               const SubmodelSpec& spec) {
+  auto model = Submodel::Load(config, checkpoint, spec,
                               {.dtype = dtype, .device = device, .max_context = 256});
   REQUIRE(model.ok());
   return std::move(*model);
@@ -79,11 +89,10 @@ struct LogitPair {
 };
 LogitPair RunOnBoth(const ModelConfig& config, at::ScalarType gpu_dtype, std::mt19937& rng) {
   testing::TempDir dir;
-  REQUIRE(WriteCheckpoint(config, InitWeights(config, 7), dir.path()).ok());
-  auto checkpoint = CheckpointReader::Open(dir.path());
-  REQUIRE(checkpoint.ok());
-  auto cpu = Load(config, **checkpoint, at::kFloat, at::kCPU);
-  auto gpu = Load(config, **checkpoint, gpu_dtype, at::Device(at::kCUDA, 0));
+  const auto checkpoint = RandomCheckpoint(config, 7, dir);
+  const SubmodelSpec full = SubmodelSpec::Full(config);
+  auto cpu = Load(config, *checkpoint, at::kFloat, at::kCPU, full);
+  auto gpu = Load(config, *checkpoint, gpu_dtype, at::Device(at::kCUDA, 0), full);
   const auto a = RandomTokens(rng, 40, config.vocab_size);
   const auto b = RandomTokens(rng, 40, config.vocab_size);
   return {RunSchedule(*cpu, a, b), RunSchedule(*gpu, a, b)};
@@ -135,16 +144,12 @@ TEST_CASE("On CUDA a decode step in step buffers allocates nothing after warm-up
   // otherwise allocates.
   const ModelConfig config = TinyDecodeKernelConfig();
   testing::TempDir dir;
-  REQUIRE(WriteCheckpoint(config, InitWeights(config, 3), dir.path()).ok());
-  auto checkpoint = CheckpointReader::Open(dir.path());
-  REQUIRE(checkpoint.ok());
+  const auto checkpoint = RandomCheckpoint(config, 3, dir);
   for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
     INFO("dtype " << c10::toString(dtype));
-    auto loaded = Submodel::Load(config, **checkpoint, SubmodelSpec::Middle(config, 1, 1),
-                                 {.dtype = dtype, .device = at::Device(at::kCUDA, 0),
-                                  .max_context = 256});
-    REQUIRE(loaded.ok());
-    const Submodel& model = **loaded;
+    const auto loaded = Load(config, *checkpoint, dtype, at::Device(at::kCUDA, 0),
+                             SubmodelSpec::Middle(config, 1, 1));
+    const Submodel& model = *loaded;
     const at::TensorOptions options = at::TensorOptions().dtype(dtype).device(at::kCUDA);
     auto pool = model.NewPagedPool(64, 4);
     REQUIRE(pool.ok());
@@ -186,16 +191,12 @@ TEST_CASE("On CUDA a replayed decode graph computes what the eager step does",
           "[gpu][submodel][decode_graphs]") {
   const ModelConfig config = TinyDecodeKernelConfig();  // heads the batched kernels take
   testing::TempDir dir;
-  REQUIRE(WriteCheckpoint(config, InitWeights(config, 4), dir.path()).ok());
-  auto checkpoint = CheckpointReader::Open(dir.path());
-  REQUIRE(checkpoint.ok());
+  const auto checkpoint = RandomCheckpoint(config, 4, dir);
   for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
     INFO("dtype " << c10::toString(dtype));
-    auto loaded = Submodel::Load(config, **checkpoint, SubmodelSpec::Middle(config, 1, 1),
-                                 {.dtype = dtype, .device = at::Device(at::kCUDA, 0),
-                                  .max_context = 256});
-    REQUIRE(loaded.ok());
-    const Submodel& model = **loaded;
+    const auto loaded = Load(config, *checkpoint, dtype, at::Device(at::kCUDA, 0),
+                             SubmodelSpec::Middle(config, 1, 1));
+    const Submodel& model = *loaded;
     const at::TensorOptions options = at::TensorOptions().dtype(dtype).device(at::kCUDA);
     auto pool = model.NewPagedPool(128, 4);
     REQUIRE(pool.ok());
