@@ -10,18 +10,13 @@ alert's. A panel query with no series fails, naming the panel and the query.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.parse
 import urllib.request
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from loopback_daemons import free_port, write_configs
 
 
 def wait_for(what, condition, seconds):
@@ -49,15 +44,9 @@ def main():
     bin_dir, work, root = sys.argv[1:4]
     cloud_port, cloud_metrics = free_port(), free_port()
     agent_port, agent_metrics, prometheus_port = free_port(), free_port(), free_port()
-    with open(f"{work}/cloud.yaml", "w") as f:
-        f.write(f'listen_address: "127.0.0.1:{cloud_port}"\nbundle: {work}/bundles/cloud\n'
-                'tls:\n  insecure: true\nmax_context: 1024\nkv_cache:\n  memory_bytes: 64MiB\n'
-                f'metrics_address: "127.0.0.1:{cloud_metrics}"\n')
-    with open(f"{work}/agent.yaml", "w") as f:
-        f.write(f'listen_address: "127.0.0.1:{agent_port}"\n'
-                f'cloud_address: "127.0.0.1:{cloud_port}"\nbundle: {work}/bundles/device\n'
-                'cloud_tls:\n  insecure: true\nmax_context: 1024\n'
-                f'metrics_address: "127.0.0.1:{agent_metrics}"\n')
+    cloud_config, agent_config = write_configs(work, cloud_port, agent_port, max_context=1024,
+                                               kv_memory="64MiB", cloud_metrics=cloud_metrics,
+                                               agent_metrics=agent_metrics)
     with open(f"{work}/prometheus.yml", "w") as f:
         f.write("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
                 f"rule_files:\n  - {root}/deploy/prometheus-alerts.yml\n"
@@ -73,8 +62,8 @@ def main():
                                           stderr=subprocess.STDOUT))
 
     try:
-        start([f"{bin_dir}/tophat-cloud", "--config", f"{work}/cloud.yaml"], "cloud.log")
-        start([f"{bin_dir}/tophat-agent", "--config", f"{work}/agent.yaml"], "agent.log")
+        start([f"{bin_dir}/tophat-cloud", "--config", cloud_config], "cloud.log")
+        start([f"{bin_dir}/tophat-agent", "--config", agent_config], "agent.log")
         start(["prometheus", f"--config.file={work}/prometheus.yml",
                f"--storage.tsdb.path={work}/tsdb",
                f"--web.listen-address=127.0.0.1:{prometheus_port}"], "prometheus.log")

@@ -13,13 +13,9 @@ import subprocess
 import sys
 import time
 
+from loopback_daemons import free_port, write_configs
+
 WATCHDOG_USEC = 600_000  # systemd would expect a ping within 0.6 s
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def listening(port):
@@ -63,20 +59,23 @@ def start(binary, config, notify, log, watchdog):
                             stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
 
+def stop(name, process, events):
+    """SIGTERM: STOPPING=1 first, then exit status 0."""
+    process.send_signal(signal.SIGTERM)
+    events.wait_for("STOPPING=1", 30, f"{name} on SIGTERM")
+    if process.wait(timeout=60) != 0:
+        raise SystemExit(f"FAIL: {name} exited {process.returncode}")
+    print(f"{name}: STOPPING=1 on SIGTERM, exit 0")
+
+
 def main():
     bin_dir, work = sys.argv[1], sys.argv[2]
     cloud_port, agent_port = free_port(), free_port()
-    with open(f"{work}/cloud.yaml", "w") as f:
-        f.write(f'listen_address: "127.0.0.1:{cloud_port}"\nbundle: {work}/bundles/cloud\n'
-                'tls:\n  insecure: true\nmax_context: 512\nkv_cache:\n  memory_bytes: 32MiB\n'
-                'metrics_address: ""\n')
-    with open(f"{work}/agent.yaml", "w") as f:
-        f.write(f'listen_address: "127.0.0.1:{agent_port}"\n'
-                f'cloud_address: "127.0.0.1:{cloud_port}"\nbundle: {work}/bundles/device\n'
-                'cloud_tls:\n  insecure: true\nmax_context: 512\nmetrics_address: ""\n')
+    cloud_config, agent_config = write_configs(work, cloud_port, agent_port, max_context=512,
+                                               kv_memory="32MiB")
 
     cloud_events = Notifications(f"{work}/cloud.notify")
-    cloud = start(f"{bin_dir}/tophat-cloud", f"{work}/cloud.yaml", cloud_events.path,
+    cloud = start(f"{bin_dir}/tophat-cloud", cloud_config, cloud_events.path,
                   f"{work}/cloud.log", watchdog=True)
     try:
         ready = cloud_events.wait_for("READY=1", 120, "tophat-cloud")
@@ -92,27 +91,19 @@ def main():
         print("tophat-cloud: WATCHDOG=1 kept coming, 8 in a row each within 1.2 s")
 
         agent_events = Notifications(f"{work}/agent.notify")
-        agent = start(f"{bin_dir}/tophat-agent", f"{work}/agent.yaml", agent_events.path,
+        agent = start(f"{bin_dir}/tophat-agent", agent_config, agent_events.path,
                       f"{work}/agent.log", watchdog=False)
         try:
             agent_events.wait_for("READY=1", 120, "tophat-agent")
             if not listening(agent_port):
                 raise SystemExit("FAIL: tophat-agent said READY=1 before its port listened")
             print("tophat-agent: READY=1 with its port listening")
-            agent.send_signal(signal.SIGTERM)
-            agent_events.wait_for("STOPPING=1", 30, "tophat-agent on SIGTERM")
-            if agent.wait(timeout=60) != 0:
-                raise SystemExit(f"FAIL: tophat-agent exited {agent.returncode}")
-            print("tophat-agent: STOPPING=1 on SIGTERM, exit 0")
+            stop("tophat-agent", agent, agent_events)
         finally:
             if agent.poll() is None:
                 agent.kill()
 
-        cloud.send_signal(signal.SIGTERM)
-        cloud_events.wait_for("STOPPING=1", 30, "tophat-cloud on SIGTERM")
-        if cloud.wait(timeout=60) != 0:
-            raise SystemExit(f"FAIL: tophat-cloud exited {cloud.returncode}")
-        print("tophat-cloud: STOPPING=1 on SIGTERM, exit 0")
+        stop("tophat-cloud", cloud, cloud_events)
     finally:
         if cloud.poll() is None:
             cloud.kill()
