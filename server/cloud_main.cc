@@ -289,9 +289,8 @@ int Run(const CloudConfig& written) {
   const auto grace_end = std::chrono::steady_clock::now() +
                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                              std::chrono::duration<double>(grace_s));
-  (*engine)->WaitForNoSessions(grace_end);
-  const tophat::EngineStats left = (*engine)->stats();
-  if (left.sessions_running + left.sessions_waiting > 0) {
+  if (!(*engine)->WaitForNoSessions(grace_end)) {
+    const tophat::EngineStats left = (*engine)->stats();
     spdlog::warn("grace period over: cancelling {} session(s)",
                  left.sessions_running + left.sessions_waiting);
     (*engine)->CancelAll(absl::UnavailableError("the cloud shut down before the session ended"));

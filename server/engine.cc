@@ -149,12 +149,15 @@ Engine::Engine(EngineOptions options, std::shared_ptr<const Submodel> middle,
 
 Engine::~Engine() { Stop(); }
 
-void Engine::Post(Event event) {
+uint64_t Engine::Post(Event event) {
+  uint64_t ticket = 0;
   {
     std::lock_guard<std::mutex> lock(intake_mutex_);
+    ticket = event.ticket = ++next_ticket_;
     intake_.push_back(std::move(event));
   }
   intake_cv_.notify_one();
+  return ticket;
 }
 
 void Engine::AttachStream(StreamId stream, std::shared_ptr<MessageSink> sink, std::string device) {
@@ -189,9 +192,14 @@ void Engine::Start() {
 }
 
 bool Engine::WaitForNoSessions(std::chrono::steady_clock::time_point deadline) {
+  idle_waiters_.fetch_add(1);
+  const uint64_t barrier = Post({.kind = Event::Kind::kBarrier});
   std::unique_lock<std::mutex> lock(idle_mutex_);
-  return idle_cv_.wait_until(lock, deadline,
-                             [&] { return stat_running_ + stat_waiting_ == 0; });
+  const bool none = idle_cv_.wait_until(lock, deadline, [&] {
+    return handled_ticket_.load() >= barrier && stat_running_ + stat_waiting_ == 0;
+  });
+  idle_waiters_.fetch_sub(1);
+  return none;
 }
 
 void Engine::Wake() {
@@ -276,7 +284,10 @@ bool Engine::DrainIntake(bool wait) {
     if (stopping_) return false;
     events_.swap(intake_);
   }
-  for (Event& event : events_) HandleEvent(event);
+  for (Event& event : events_) {
+    HandleEvent(event);
+    drained_ticket_ = std::max(drained_ticket_, event.ticket);
+  }
   events_.clear();
   return true;
 }
@@ -321,6 +332,8 @@ void Engine::HandleEvent(Event& event) {
       for (const SessionKey& key : keys) FailSession(key, 0, event.status);
       return;
     }
+    case Event::Kind::kBarrier:
+      return;
   }
 }
 
@@ -1192,11 +1205,11 @@ void Engine::FailSession(const SessionKey& key, uint64_t sequence_number,
 }
 
 void Engine::UpdateGauges() {
-  const bool had_sessions = stat_running_ + stat_waiting_ > 0;
   stat_running_ = num_running_;
   stat_waiting_ = static_cast<int64_t>(sessions_.size()) - num_running_ -
                   static_cast<int64_t>(parked_.size());
-  if (had_sessions && stat_running_ + stat_waiting_ == 0) {
+  handled_ticket_.store(drained_ticket_);
+  if (idle_waiters_.load() > 0) {
     std::lock_guard<std::mutex> lock(idle_mutex_);
     idle_cv_.notify_all();
   }

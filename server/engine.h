@@ -135,7 +135,9 @@ class Engine {
         std::chrono::steady_clock::duration(last_turn_.load(std::memory_order_relaxed)));
   }
   // Waits until no session runs or waits (a drain is over), or `deadline`; true if none
-  // does. Any thread but the engine's.
+  // does. Counts as of after everything posted before the call (CancelAll included): the
+  // engine's gauges of an earlier moment could say "none" just after a session opened. Any
+  // thread but the engine's, while the engine thread runs (Start).
   bool WaitForNoSessions(std::chrono::steady_clock::time_point deadline);
   // Wakes the engine thread from its idle wait: a stream stopped being congested
   // (MessageSink::Congested), so work it skipped may run now. Any thread; never blocks on a
@@ -204,20 +206,24 @@ class Engine {
     int64_t uplink_row_bytes = 0;
   };
   struct Event {
-    enum class Kind { kAttach, kMessage, kDetach, kCancelAll } kind;
+    // kBarrier does nothing: WaitForNoSessions waits until the engine has handled it, so
+    // that the counts it reads are of after everything posted before it.
+    enum class Kind { kAttach, kMessage, kDetach, kCancelAll, kBarrier } kind;
     StreamId stream = 0;
     std::shared_ptr<MessageSink> sink;
     std::string device;  // kAttach
     v1::AgentMessage message;
     absl::Status status;
     Clock::time_point received;
+    uint64_t ticket = 0;  // its place in the intake, set by Post
   };
 
   Engine(EngineOptions options, std::shared_ptr<const Submodel> middle,
          std::shared_ptr<KvBlockPool> pool, CloudMetrics* metrics);
 
   absl::Status Warmup();
-  void Post(Event event);
+  // Queues `event` for the engine thread; returns its ticket (WaitForNoSessions).
+  uint64_t Post(Event event);
   void Loop();
   bool DrainIntake(bool wait);
   // Everything a step does once the intake is drained; returns the positions computed.
@@ -282,9 +288,13 @@ class Engine {
   std::vector<Event> intake_;
   bool stopping_ = false;
   bool wake_ = false;  // Wake() was called since the last idle wait
-  // Notified when the last running or waiting session goes (WaitForNoSessions).
+  // WaitForNoSessions: notified when the gauges are updated after a kBarrier event.
   std::mutex idle_mutex_;
   std::condition_variable idle_cv_;
+  uint64_t next_ticket_ = 0;              // under intake_mutex_
+  uint64_t drained_ticket_ = 0;           // engine thread: the newest event handled
+  std::atomic<uint64_t> handled_ticket_{0};  // drained_ticket_ as of the last UpdateGauges
+  std::atomic<int> idle_waiters_{0};
   std::atomic<int64_t> last_turn_{0};  // steady_clock ticks; see last_turn()
   std::atomic<bool> draining_{false};
   bool pipeline_lost_ = false;  // engine thread: on_pipeline_lost has been called
