@@ -6,6 +6,9 @@
 // with the cloud's per-device limits at their defaults and with all of them off, so the
 // ratios "during / alone" of the agent's TTFT and TBT compare like for like. Prints a table
 // and a JSON report.
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -44,8 +47,31 @@ struct Args {
   int64_t output_tokens = 32;
   int64_t flood_sessions = 256;  // sessions the greedy device tries to hold
   int64_t flood_chunk = 256;     // positions per chunk it sends
+  double decode_step_stretch = 2;  // the cloud's scheduler.decode_step_stretch (fair share)
+  // The agent and the app's requests on CPU 0, the cloud and the greedy device on CPU 1, as
+  // if the device were its own machine. Off by default: on a 2-CPU machine the greedy
+  // device's traffic then competes with the cloud's engine thread for one CPU, which costs
+  // the agent more than sharing two (docs/benchmarks.md).
+  bool pin = false;
   std::string json_path;
 };
+
+// Binds the calling thread (and the threads it starts later) to one CPU.
+void PinThisThread(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
+constexpr char kTaskset[] = "/usr/bin/taskset";  // util-linux, in every Debian
+
+// argv run on one CPU, or as it is when not pinning.
+std::vector<std::string> OnCpu(bool pin, int cpu, std::vector<std::string> argv) {
+  if (!pin) return argv;
+  argv.insert(argv.begin(), {kTaskset, "-c", std::to_string(cpu)});
+  return argv;
+}
 
 // What the greedy device got from the cloud.
 struct FloodStats {
@@ -101,6 +127,8 @@ class Flooder {
   }
 
   void Run() {
+    // The greedy device is another machine: it shares the cloud's core, not the agent's.
+    if (args_.pin) PinThisThread(1);
     stream_ = stub_->Connect(&context_);
     v1::CloudMessage message;
     if (!stream_->Read(&message) || !message.has_hello()) return;
@@ -155,6 +183,9 @@ struct PhaseResult {
   int64_t flood_admitted = 0;
   int64_t flood_refused = 0;
   int64_t flood_chunks = 0;
+  // The greedy device's computed prompt positions a second while the well-behaved agent's
+  // requests ran: what it still gets.
+  double flood_positions_per_second = 0;
   std::string first_error;  // of the well-behaved agent's failed requests, if any
 };
 
@@ -167,12 +198,23 @@ std::string FirstError(const bench::WorkloadRun& run) {
 
 struct CaseResult {
   std::string name;
+  double decode_step_stretch = 0;
   PhaseResult alone;
   PhaseResult flooded;
 };
 
-absl::StatusOr<CaseResult> RunCase(const std::string& name, bool limits, const Args& args,
+// One cloud configuration: the per-device limits on or off, and the fair share's cap on a
+// decoding device's steps (scheduler.decode_step_stretch; 0: off).
+struct CaseSpec {
+  std::string name;
+  bool limits = true;
+  double decode_step_stretch = 2;
+};
+
+absl::StatusOr<CaseResult> RunCase(const CaseSpec& spec_case, const Args& args,
                                    const fs::path& bundles, const fs::path& dir) {
+  const std::string& name = spec_case.name;
+  const bool limits = spec_case.limits;
   using bench::ChildProcess;
   fs::create_directories(dir);
   const fs::path bin = fs::read_symlink("/proc/self/exe").parent_path();
@@ -185,8 +227,8 @@ absl::StatusOr<CaseResult> RunCase(const std::string& name, bool limits, const A
       "tls:\n  insecure: true\nmetrics_address: \"\"\ncompute_threads: 1\n"
       "kv_cache:\n  memory_bytes: 256MiB\n"
       "scheduler:\n  max_batch_tokens: 512\n  max_running_sessions: 64\n"
-      "  max_waiting_sessions: 64\n",
-      cloud_port, (bundles / "cloud").string());
+      "  max_waiting_sessions: 64\n  decode_step_stretch: %g\n",
+      cloud_port, (bundles / "cloud").string(), spec_case.decode_step_stretch);
   if (!limits) {
     cloud +=
         "limits:\n  max_sessions_per_device: 0\n  max_waiting_sessions_per_device: 0\n"
@@ -200,15 +242,15 @@ absl::StatusOr<CaseResult> RunCase(const std::string& name, bool limits, const A
       agent_port, cloud_port, (bundles / "device").string());
   if (absl::Status s = bench::WriteTextFile(dir / "cloud.yaml", cloud); !s.ok()) return s;
   if (absl::Status s = bench::WriteTextFile(dir / "agent.yaml", agent); !s.ok()) return s;
-  ChildProcess cloud_process({(bin / "tophat-cloud").string(), "--config",
-                              (dir / "cloud.yaml").string()},
+  ChildProcess cloud_process(OnCpu(args.pin, 1, {(bin / "tophat-cloud").string(), "--config",
+                                                 (dir / "cloud.yaml").string()}),
                              dir / "cloud.log");
   if (!bench::WaitForPort(cloud_port, std::chrono::seconds(120))) {
     return absl::UnavailableError(
         absl::StrCat("tophat-cloud did not start:\n", cloud_process.Log()));
   }
-  ChildProcess agent_process({(bin / "tophat-agent").string(), "--config",
-                              (dir / "agent.yaml").string()},
+  ChildProcess agent_process(OnCpu(args.pin, 0, {(bin / "tophat-agent").string(), "--config",
+                                                 (dir / "agent.yaml").string()}),
                              dir / "agent.log");
   if (!bench::WaitForPort(agent_port, std::chrono::seconds(120))) {
     return absl::UnavailableError(
@@ -222,7 +264,7 @@ absl::StatusOr<CaseResult> RunCase(const std::string& name, bool limits, const A
                                  .seed = 11};
   (void)bench::RunWorkload(agents, {.requests = 2, .rate = 0, .prompt_lengths = "fixed:16",
                                     .output_tokens = 2, .seed = 1});
-  CaseResult result{.name = name};
+  CaseResult result{.name = name, .decode_step_stretch = spec_case.decode_step_stretch};
   auto alone = bench::RunWorkload(agents, spec);
   if (!alone.ok()) return alone.status();
   result.alone.summary = bench::SummarizeRun(*alone, {});
@@ -237,8 +279,15 @@ absl::StatusOr<CaseResult> RunCase(const std::string& name, bool limits, const A
       return absl::UnavailableError(absl::StrCat(
           name, ": the greedy device got no chunk computed in 60 s (logs in ", dir.string(), ")"));
     }
+    const int64_t chunks_before = stats.chunks_computed.load();
+    const auto started = std::chrono::steady_clock::now();
     auto flooded = bench::RunWorkload(agents, spec);
     if (!flooded.ok()) return flooded.status();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    result.flooded.flood_positions_per_second =
+        static_cast<double>((stats.chunks_computed.load() - chunks_before) * args.flood_chunk) /
+        seconds;
     result.flooded.summary = bench::SummarizeRun(*flooded, {});
     result.flooded.first_error = FirstError(*flooded);
     result.flooded.flood_admitted = stats.admitted.load();
@@ -257,23 +306,28 @@ nlohmann::json PhaseJson(const PhaseResult& phase) {
   out["flood_sessions_admitted"] = phase.flood_admitted;
   out["flood_sessions_refused"] = phase.flood_refused;
   out["flood_chunks_computed"] = phase.flood_chunks;
+  out["flood_positions_per_second"] = phase.flood_positions_per_second;
   out["first_error"] = phase.first_error;
   return out;
 }
 
 int Run(const Args& args) {
+  // The app's requests run where the agent does (threads started from here inherit it).
+  if (args.pin) PinThisThread(0);
   auto scratch = bench::ScratchDir::Create("tophat-bench-flood");
   if (!scratch.ok()) return Fail(scratch.status());
   auto split = SplitCheckpoint({.model_dir = args.model_dir, .input_layers = 2,
                                 .output_layers = 1, .out_dir = scratch->path() / "bundles"});
   if (!split.ok()) return Fail(split.status());
   std::vector<CaseResult> results;
-  for (const auto& [name, limits] :
-       std::vector<std::pair<std::string, bool>>{{"per-device limits (defaults)", true},
-                                                 {"no per-device limits", false}}) {
-    std::fprintf(stderr, "%s\n", name.c_str());
-    auto result = RunCase(name, limits, args, scratch->path() / "bundles",
-                          scratch->path() / (limits ? "limits" : "no-limits"));
+  const std::vector<CaseSpec> specs = {
+      {"limits + fair share (defaults)", true, args.decode_step_stretch},
+      {"limits, no fair share", true, 0},
+      {"no per-device limits", false, args.decode_step_stretch}};
+  for (size_t i = 0; i < specs.size(); ++i) {
+    std::fprintf(stderr, "%s\n", specs[i].name.c_str());
+    auto result = RunCase(specs[i], args, scratch->path() / "bundles",
+                          scratch->path() / absl::StrCat("case-", i));
     if (!result.ok()) return Fail(result.status());
     results.push_back(*result);
   }
@@ -281,7 +335,8 @@ int Run(const Args& args) {
   auto ratio = [](double during, double before) { return before > 0 ? during / before : 0.0; };
   std::string table =
       "| cloud | phase | TTFT p50 ms | TTFT p99 ms | TBT p50 ms | TBT p99 ms | failed | "
-      "greedy: admitted / refused / chunks |\n|---|---|---:|---:|---:|---:|---:|---|\n";
+      "greedy: admitted / refused / chunks | greedy positions/s |\n"
+      "|---|---|---:|---:|---:|---:|---:|---|---:|\n";
   nlohmann::json cases = nlohmann::json::array();
   for (const CaseResult& r : results) {
     for (const auto& [phase, p] : {std::pair<std::string, const PhaseResult*>{"alone", &r.alone},
@@ -290,23 +345,26 @@ int Run(const Args& args) {
           phase == "alone" ? "-"
                            : absl::StrFormat("%d / %d / %d", p->flood_admitted, p->flood_refused,
                                              p->flood_chunks);
+      const std::string rate =
+          phase == "alone" ? "-" : absl::StrFormat("%.0f", p->flood_positions_per_second);
       if (p->summary.failed == p->summary.requests) {
-        table += absl::StrFormat("| %s | %s | - | - | - | - | all %d | %s |\n", r.name, phase,
-                                 p->summary.failed, greedy);
+        table += absl::StrFormat("| %s | %s | - | - | - | - | all %d | %s | %s |\n", r.name,
+                                 phase, p->summary.failed, greedy, rate);
         continue;
       }
-      table += absl::StrFormat("| %s | %s | %.0f | %.0f | %.1f | %.1f | %d | %s |\n", r.name,
-                               phase, p->summary.ttft.p50 * 1e3, p->summary.ttft.p99 * 1e3,
-                               p->summary.tbt.p50 * 1e3, p->summary.tbt.p99 * 1e3,
-                               p->summary.failed, greedy);
+      table += absl::StrFormat("| %s | %s | %.0f | %.0f | %.1f | %.1f | %d | %s | %s |\n",
+                               r.name, phase, p->summary.ttft.p50 * 1e3,
+                               p->summary.ttft.p99 * 1e3, p->summary.tbt.p50 * 1e3,
+                               p->summary.tbt.p99 * 1e3, p->summary.failed, greedy, rate);
     }
     table += absl::StrFormat(
-        "| %s | during / alone | %.2fx | %.2fx | %.2fx | %.2fx | | |\n", r.name,
+        "| %s | during / alone | %.2fx | %.2fx | %.2fx | %.2fx | | | |\n", r.name,
         ratio(r.flooded.summary.ttft.p50, r.alone.summary.ttft.p50),
         ratio(r.flooded.summary.ttft.p99, r.alone.summary.ttft.p99),
         ratio(r.flooded.summary.tbt.p50, r.alone.summary.tbt.p50),
         ratio(r.flooded.summary.tbt.p99, r.alone.summary.tbt.p99));
     cases.push_back({{"cloud", r.name},
+                     {"decode_step_stretch", r.decode_step_stretch},
                      {"alone", PhaseJson(r.alone)},
                      {"flooded", PhaseJson(r.flooded)},
                      {"ttft_p50_ratio", ratio(r.flooded.summary.ttft.p50, r.alone.summary.ttft.p50)},
@@ -327,6 +385,7 @@ int Run(const Args& args) {
                                  {"flood_sessions", args.flood_sessions},
                                  {"flood_chunk", args.flood_chunk},
                                  {"cases", cases},
+                                 {"pinned", args.pin},
                                  {"cpus", UsableCpuCount()}};
   if (absl::Status s = bench::PrintReport(table, report, args.json_path); !s.ok()) return Fail(s);
   return 0;
@@ -358,7 +417,17 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::Range(1, 100000));
   app.add_option("--flood-chunk", args.flood_chunk, "Positions per chunk it sends")
       ->capture_default_str()->check(CLI::Range(1, 1024));
+  app.add_option("--decode-step-stretch", args.decode_step_stretch,
+                 "The fair share's cap where it is on (scheduler.decode_step_stretch)")
+      ->capture_default_str();
+  app.add_flag("--pin", args.pin,
+               "Put the agent and the app on CPU 0, the cloud and the greedy device on CPU 1");
   app.add_option("--json", args.json_path, "Also write the report here");
   CLI11_PARSE(app, argc, argv);
+  // Pinning needs a second CPU to pin to, and taskset.
+  if (args.pin && (tophat::UsableCpuCount() < 2 || !std::filesystem::exists(tophat::kTaskset))) {
+    std::fprintf(stderr, "not pinning: fewer than 2 CPUs or no %s\n", tophat::kTaskset);
+    args.pin = false;
+  }
   return tophat::Run(args);
 }

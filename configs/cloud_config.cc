@@ -1,6 +1,7 @@
 #include "configs/cloud_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -77,6 +78,12 @@ void CheckCloudConfig(const CloudConfig& config, bool require_bundle, Report&& r
   check("scheduler.max_step_seconds",
         CheckAtLeast(config.scheduler.max_step_seconds, 0, /*inclusive=*/true));
   check("scheduler.max_draft_steps", CheckAtLeast(config.scheduler.max_draft_steps, 0));
+  check("scheduler.decode_step_stretch",
+        config.scheduler.decode_step_stretch == 0 || config.scheduler.decode_step_stretch >= 1
+            ? absl::OkStatus()
+            : absl::InvalidArgumentError(absl::StrCat(
+                  "is ", config.scheduler.decode_step_stretch,
+                  "; it must be 0 (no cap) or at least 1 (a step's decode work alone)")));
   for (size_t i = 0; i < config.scheduler.wire_dtypes.size(); ++i) {
     const std::string& dtype = config.scheduler.wire_dtypes[i];
     const std::string key = absl::StrCat("scheduler.wire_dtypes[", i, "]");
@@ -257,6 +264,27 @@ absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
   reader.ReadInt("scheduler.max_draft_steps", &config.scheduler.max_draft_steps,
                  Bound::kNonNegative);
   reader.ReadStringList("scheduler.wire_dtypes", &config.scheduler.wire_dtypes);
+  reader.ReadDouble("scheduler.decode_step_stretch", &config.scheduler.decode_step_stretch,
+                    Bound::kNonNegative);
+  std::vector<std::string> device_weights;
+  reader.ReadStringList("scheduler.device_weights", &device_weights);
+  for (size_t i = 0; i < device_weights.size(); ++i) {
+    const std::string& entry = device_weights[i];
+    const size_t colon = entry.rfind(':');
+    double weight = 0;
+    const std::string key = absl::StrCat("scheduler.device_weights[", i, "]");
+    if (colon == std::string::npos || colon == 0 ||
+        !absl::SimpleAtod(entry.substr(colon + 1), &weight) || !(weight > 0) ||
+        !std::isfinite(weight)) {
+      reader.AddError(key, absl::StrCat("\"", entry,
+                                        "\" is not DEVICE:WEIGHT with a positive weight"));
+      continue;
+    }
+    const std::string device = entry.substr(0, colon);
+    if (!config.scheduler.device_weights.emplace(device, weight).second) {
+      reader.AddError(key, absl::StrCat("device \"", device, "\" is listed twice"));
+    }
+  }
   reader.ReadByteSize("limits.max_message_bytes", &config.limits.max_message_bytes,
                       Bound::kPositive);
   reader.ReadInt("limits.max_chunk_tokens", &config.limits.max_chunk_tokens, Bound::kPositive);

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -61,6 +62,12 @@ struct CloudConfig {
     // The wire dtypes the scheduler may choose from, per device, for agents that follow it
     // (wire_dtype: scheduler): the widest whose upload keeps up with the cloud.
     std::vector<std::string> wire_dtypes = {"float32", "float16"};
+    // Fair share between devices: while a device decodes, the other devices' prompt chunks
+    // may make a step at most this many times as long as its decode work alone (0: no cap).
+    double decode_step_stretch = 2;
+    // Each device's weight in the split of a step's prompt budget ("DEVICE:WEIGHT"; a device
+    // not listed has weight 1), parsed.
+    std::map<std::string, double> device_weights;
     bool operator==(const Scheduler&) const = default;
   } scheduler;
   struct Limits {

@@ -1,5 +1,7 @@
 #include "configs/cloud_config.h"
 
+#include <map>
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <string>
@@ -182,6 +184,23 @@ TEST_CASE("The scheduler's wire dtypes are known ones, each listed once") {
   auto empty = ParseCloudConfig("scheduler:\n  wire_dtypes: []\n", "cloud.yaml");
   REQUIRE(empty.ok());
   CHECK(empty->scheduler.wire_dtypes.empty());
+}
+
+TEST_CASE("The fair share's device weights are DEVICE:WEIGHT and its stretch 0 or at least 1") {
+  auto config = ParseCloudConfig(
+      "scheduler:\n  decode_step_stretch: 1.5\n  device_weights: [\"jetson-7:2\", \"a:b:0.5\"]\n",
+      "cloud.yaml");
+  REQUIRE(config.ok());
+  CHECK(config->scheduler.decode_step_stretch == 1.5);
+  CHECK(config->scheduler.device_weights ==
+        std::map<std::string, double>{{"jetson-7", 2.0}, {"a:b", 0.5}});
+  const std::string message = ErrorOf(
+      "scheduler:\n  decode_step_stretch: 0.5\n"
+      "  device_weights: [\"x\", \"y:0\", \"z:1\", \"z:3\"]\n");
+  CHECK_THAT(message, Catch::Contains("scheduler.decode_step_stretch: is 0.5; it must be 0"));
+  CHECK_THAT(message, Catch::Contains("scheduler.device_weights[0]: \"x\" is not DEVICE:WEIGHT"));
+  CHECK_THAT(message, Catch::Contains("scheduler.device_weights[1]: \"y:0\" is not"));
+  CHECK_THAT(message, Catch::Contains("scheduler.device_weights[3]: device \"z\" is listed twice"));
 }
 
 TEST_CASE("A KV pool larger than physical memory is an error with both sizes") {

@@ -582,6 +582,9 @@ void Agent::Request::SendRows(int64_t from, int64_t to, v1::Phase phase, double 
     chunk->set_sequence_number(++sequence_number_);
     chunk->set_first_position(static_cast<uint32_t>(start));
     chunk->set_phase(phase);
+    // The prompt's last chunk (or a replay's, which reaches it): the session decodes next.
+    chunk->set_decode_follows(phase == v1::PHASE_PREFILL && start + n == to &&
+                           to >= prompt_length_);
     const at::Tensor rows = shallow_.narrow(0, start, n);
     // The scheduler's choice may change between chunks (the cloud takes any wire dtype);
     // results keep the session's (OpenSession.result_dtype).

@@ -1,8 +1,10 @@
 // Token-budget batch planning for one cloud engine step (Sarathi-style chunked prefill):
-// decode and verification work first, whole; then prefill chunks, split to fill the budget.
+// decode and verification work first, whole; then prefill chunks, split to fill the budget,
+// shared fairly between the devices (groups) whose work is waiting.
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -12,6 +14,7 @@ namespace tophat {
 struct PendingWork {
   int64_t num_tokens = 0;  // positions waiting to run
   bool decode = false;     // decode/verification: latency-critical, never split
+  int32_t group = 0;       // whose work it is (the cloud: the device), an index into groups
 };
 
 struct PlannedWork {
@@ -22,14 +25,52 @@ struct PlannedWork {
 struct BatchLimits {
   int64_t max_batch_tokens = 512;
   int64_t max_sequences = 256;
+  // The prefill tokens of all `capped` groups together (the cloud: devices whose prompts
+  // would otherwise stretch the steps another device is decoding in). At least 1 is used,
+  // so that capped work always moves.
+  int64_t capped_prefill_tokens = std::numeric_limits<int64_t>::max();
 };
 
-// Plans one step. `pending` is in arrival order; the plan keeps that order within the
-// decode group and within the prefill group, so waiting work is served first-come
-// first-served. Decode work that does not fit waits for the next step, except that a step
-// never comes out empty: a single item larger than the whole budget runs alone (decode) or
-// is cut to the budget (prefill). `plan` is cleared and reused, so steady state does not
-// allocate. Returns the planned token count.
+// A group's claim on a step's prefill budget.
+struct GroupShare {
+  double weight = 1;    // > 0: its share against the others' while both have work
+  bool capped = false;  // its prefill counts against BatchLimits::capped_prefill_tokens
+};
+
+// Plans steps. `pending` is in arrival order; the plan keeps that order within the decode
+// group and within each group's prefill, so a group's waiting work is served first-come
+// first-served. Decode work comes first; work that does not fit waits for the next step,
+// except that a step never comes out empty: a single item larger than the whole budget runs
+// alone (decode) or is cut to the budget (prefill).
+//
+// The budget left after decode work is split between the groups with prefill waiting by
+// weighted max-min fairness (water-filling): a group that wants less than its weighted share
+// gets all it wants, and what it leaves is shared by the others in proportion to their
+// weights. One group alone gets the whole budget. Tokens that do not divide evenly go one
+// each to the groups in an order that rotates with `rotation` (the caller counts steps), so
+// that over steps no group is favoured: deficit round robin with a quantum of one token.
+//
+// Reuses its scratch and `plan` (cleared), so steady state does not allocate.
+class BatchPlanner {
+ public:
+  // `groups` is indexed by PendingWork::group; a group beyond it has weight 1, uncapped.
+  // Returns the planned token count.
+  int64_t Plan(std::span<const PendingWork> pending, const BatchLimits& limits,
+               std::span<const GroupShare> groups, uint64_t rotation,
+               std::vector<PlannedWork>& plan);
+
+ private:
+  // Splits `budget` over demand_ (weights weight_) into grant_: weighted max-min fair.
+  void WaterFill(int64_t budget, uint64_t rotation);
+
+  std::vector<int64_t> demand_;  // per group: prefill tokens wanted
+  std::vector<double> weight_;
+  std::vector<int64_t> grant_;   // per group: prefill tokens granted this step
+  std::vector<int32_t> order_;   // groups with demand, by demand over weight
+  std::vector<int64_t> capped_;  // scratch: every group's demand while the capped ones share
+};
+
+// One group of weight 1: the plan of BatchPlanner with no fairness to apply (tests, tools).
 int64_t PlanBatch(std::span<const PendingWork> pending, const BatchLimits& limits,
                   std::vector<PlannedWork>& plan);
 

@@ -51,5 +51,82 @@ TEST_CASE("PlanBatch honours the sequence limit and skips empty work") {
   CHECK(Plan({}, {}).empty());
 }
 
+// Tokens planned per group.
+std::vector<int64_t> PerGroup(const std::vector<PendingWork>& pending,
+                              const std::vector<PlannedWork>& plan, size_t groups) {
+  std::vector<int64_t> tokens(groups, 0);
+  for (const PlannedWork& planned : plan) tokens[pending[planned.index].group] += planned.num_tokens;
+  return tokens;
+}
+
+TEST_CASE("Devices with prompts waiting share the step's budget by weight") {
+  BatchPlanner planner;
+  std::vector<PlannedWork> plan;
+  // Device 0 floods (four chunks of 256); device 1 has one 300-token prompt.
+  std::vector<PendingWork> pending = {
+      {256, false, 0}, {256, false, 0}, {300, false, 1}, {256, false, 0}, {256, false, 0}};
+  std::vector<GroupShare> equal = {{1, false}, {1, false}};
+  CHECK(planner.Plan(pending, {.max_batch_tokens = 512}, equal, 0, plan) == 512);
+  CHECK(PerGroup(pending, plan, 2) == std::vector<int64_t>{256, 256});
+  // First come first served within a device: its oldest chunk whole, not a bit of each.
+  REQUIRE(plan.size() == 2);
+  CHECK(plan[0].index == 0);
+  CHECK(plan[1].index == 2);
+
+  std::vector<GroupShare> weighted = {{1, false}, {3, false}};
+  planner.Plan(pending, {.max_batch_tokens = 512}, weighted, 0, plan);
+  CHECK(PerGroup(pending, plan, 2) == std::vector<int64_t>{212, 300});  // 384 > its 300
+
+  pending[2].num_tokens = 100;  // less than its share: it gets all of it, the other the rest
+  planner.Plan(pending, {.max_batch_tokens = 512}, equal, 0, plan);
+  CHECK(PerGroup(pending, plan, 2) == std::vector<int64_t>{412, 100});
+}
+
+TEST_CASE("Decode work runs whole and first and the rest of the budget is shared") {
+  BatchPlanner planner;
+  std::vector<PlannedWork> plan;
+  std::vector<PendingWork> pending = {{1000, false, 0}, {4, true, 1}, {1000, false, 1}};
+  CHECK(planner.Plan(pending, {.max_batch_tokens = 100}, {}, 0, plan) == 100);
+  REQUIRE(plan.size() == 3);
+  CHECK(plan[0].index == 1);
+  CHECK(PerGroup(pending, plan, 2) == std::vector<int64_t>{48, 52});
+}
+
+TEST_CASE("Tokens that do not divide evenly rotate between devices across steps") {
+  BatchPlanner planner;
+  std::vector<PlannedWork> plan;
+  std::vector<PendingWork> pending = {{100, false, 0}, {100, false, 1}, {100, false, 2}};
+  std::vector<int64_t> total(3, 0);
+  for (uint64_t step = 0; step < 3; ++step) {
+    CHECK(planner.Plan(pending, {.max_batch_tokens = 8}, {}, step, plan) == 8);
+    std::vector<int64_t> got = PerGroup(pending, plan, 3);
+    for (size_t g = 0; g < 3; ++g) {
+      CHECK(got[g] >= 2);
+      CHECK(got[g] <= 3);
+      total[g] += got[g];
+    }
+  }
+  CHECK(total == std::vector<int64_t>{8, 8, 8});
+}
+
+TEST_CASE("Capped devices share their allowance and the others take the rest of the step") {
+  BatchPlanner planner;
+  std::vector<PlannedWork> plan;
+  std::vector<PendingWork> pending = {
+      {1, true, 2}, {256, false, 0}, {256, false, 1}, {256, false, 0}, {40, false, 2}};
+  std::vector<GroupShare> groups = {{1, true}, {1, true}, {1, false}};
+  CHECK(planner.Plan(pending, {.max_batch_tokens = 512, .capped_prefill_tokens = 9}, groups, 0,
+                     plan) == 1 + 9 + 40);
+  std::vector<int64_t> got = PerGroup(pending, plan, 3);
+  CHECK(got[0] + got[1] == 9);
+  CHECK(got[0] >= 4);
+  CHECK(got[1] >= 4);
+  CHECK(got[2] == 41);
+  // A capped device alone still moves, a token at a time at the least.
+  pending = {{256, false, 0}};
+  CHECK(planner.Plan(pending, {.max_batch_tokens = 512, .capped_prefill_tokens = 0}, groups, 0,
+                     plan) == 1);
+}
+
 }  // namespace
 }  // namespace tophat

@@ -58,6 +58,20 @@ TEST_CASE("The step-time predictor is flat with one bucket and never decreasing"
   CHECK(g.observations() == 2);
 }
 
+TEST_CASE("The step-time predictor inverts: the most tokens a step may batch within a time",
+          "[scheduler]") {
+  StepTimePredictor g(1024);
+  CHECK(g.MaxTokensWithin(1.0, 512) == 512);  // no data: every step is predicted free
+  // g(mu) = 1 ms + 0.1 ms per token.
+  for (int64_t tokens : {1, 2, 4, 8, 16, 32, 64, 128, 256, 512}) {
+    g.Observe(tokens, 1e-3 + 1e-4 * static_cast<double>(tokens));
+  }
+  CHECK(g.MaxTokensWithin(2.15e-3, 512) == 11);  // 1 + 0.1 * 11 = 2.1 ms; 12 take 2.2
+  CHECK(g.MaxTokensWithin(1.0, 512) == 512);
+  CHECK(g.MaxTokensWithin(0.5e-3, 512) == 0);
+  CHECK(g.MaxTokensWithin(1.0, 0) == 0);
+}
+
 TEST_CASE("The state monitor keeps moving averages of load and of each device", "[scheduler]") {
   StateMonitor monitor(1024, 0.8);
   monitor.ObserveStep(100, 0.01);

@@ -63,4 +63,20 @@ double StepTimePredictor::Predict(double tokens) const {
   return std::max(0.0, value);
 }
 
+int64_t StepTimePredictor::MaxTokensWithin(double seconds, int64_t upper) const {
+  if (upper <= 0) return 0;
+  if (Predict(static_cast<double>(upper)) <= seconds) return upper;
+  int64_t fits = 0;        // Predict(fits) <= seconds, or 0
+  int64_t too_many = upper;  // Predict(too_many) > seconds
+  while (too_many - fits > 1) {
+    const int64_t middle = fits + (too_many - fits) / 2;
+    if (Predict(static_cast<double>(middle)) <= seconds) {
+      fits = middle;
+    } else {
+      too_many = middle;
+    }
+  }
+  return fits;
+}
+
 }  // namespace tophat

@@ -30,6 +30,10 @@ class StepTimePredictor {
   // decreasing in `tokens` (a longer step is not predicted faster).
   double Predict(double tokens) const;
 
+  // The most tokens, at most `upper`, that a step may batch and be predicted to take at
+  // most `seconds` (0 when even one token takes longer): Predict inverted, by bisection.
+  int64_t MaxTokensWithin(double seconds, int64_t upper) const;
+
   bool has_data() const;
   int64_t observations() const { return observations_; }
 

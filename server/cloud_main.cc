@@ -183,6 +183,8 @@ int Run(const CloudConfig& written) {
   engine_options.min_prompt_chunk = config.scheduler.min_prompt_chunk_size;
   engine_options.max_step_seconds = config.scheduler.max_step_seconds;
   engine_options.max_draft_steps = config.scheduler.max_draft_steps;
+  engine_options.decode_step_stretch = config.scheduler.decode_step_stretch;
+  engine_options.device_weights = config.scheduler.device_weights;
   for (const std::string& name : config.scheduler.wire_dtypes) {
     // Validated with the config (CheckWireDtypeChoice).
     if (auto dtype = tophat::ParseWireDtypeName(name); dtype.ok()) {

@@ -7,6 +7,7 @@
 #include <c10/core/InferenceMode.h>
 #include <spdlog/spdlog.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "proto/hidden_states.h"
@@ -470,6 +471,16 @@ void Engine::Open(StreamId stream, const v1::OpenSession& open) {
     }
   }
   session->device_slot = usage.slot;
+  if (new_device) {
+    if (slot_weight_.size() <= static_cast<size_t>(usage.slot)) {
+      slot_weight_.resize(usage.slot + 1, 1.0);
+    }
+    // Weights are keyed by the certificate's identity; a plaintext stream has none.
+    const auto weight = absl::StartsWith(device, "device ")
+                            ? options_.device_weights.find(device.substr(7))
+                            : options_.device_weights.end();
+    slot_weight_[usage.slot] = weight == options_.device_weights.end() ? 1.0 : weight->second;
+  }
   ++usage.sessions;
   ++usage.waiting;
   usage.blocks += blocks;
@@ -649,6 +660,7 @@ void Engine::AcceptChunk(StreamId stream, v1::ForwardChunk& chunk, Clock::time_p
   item.first_position = chunk.first_position();
   item.num_tokens = states.num_positions();
   item.decode = chunk.phase() == v1::PHASE_DECODE;
+  session->decoding = item.decode || chunk.decode_follows();
   item.arrival = next_arrival_++;
   item.wire_bytes = static_cast<int64_t>(states.data().size());
   if (states.dtype() == wire_dtype_) {
@@ -892,8 +904,14 @@ bool Engine::Runnable(const Session& session) const {
 int64_t Engine::Launch() {
   pending_.clear();
   pending_sessions_.clear();
+  slot_decoding_.assign(next_device_slot_, 0);
+  int64_t decoding = 0;  // running sessions past their prompts, whether or not work is here
   for (auto& [key, session] : sessions_) {
     if (Runnable(*session)) pending_sessions_.push_back(session.get());
+    if (session->state == SessionState::kRunning && session->decoding) {
+      ++slot_decoding_[session->device_slot];
+      ++decoding;
+    }
   }
   // First come, first served within a device, round-robin across devices: each device's
   // oldest pending session comes before any device's second, so that a device with many
@@ -918,14 +936,68 @@ int64_t Engine::Launch() {
   }
   for (const Session* session : pending_sessions_) {
     const WorkItem& head = session->work.front();
-    pending_.push_back({.num_tokens = head.num_tokens - head.done, .decode = head.decode});
+    pending_.push_back({.num_tokens = head.num_tokens - head.done,
+                        .decode = head.decode,
+                        .group = session->device_slot});
   }
   if (pending_.empty()) return 0;
-  const int64_t total = PlanBatch(
-      pending_,
-      {.max_batch_tokens = options_.max_batch_tokens,
-       .max_sequences = options_.max_running_sessions},
-      plan_);
+  // Fair share between devices: the prompt budget split by weight, and a device's prompts
+  // kept from stretching the steps of another device that is decoding (its next token may
+  // arrive while a step runs, and waits for it) past decode_step_stretch times what the
+  // decode work alone is predicted to take.
+  slot_shares_.resize(next_device_slot_);
+  BatchLimits limits{.max_batch_tokens = options_.max_batch_tokens,
+                     .max_sequences = options_.max_running_sessions};
+  const StepTimePredictor& step_time = monitor_.step_time();
+  const bool cap = options_.decode_step_stretch > 0 && decoding > 0 && step_time.has_data();
+  for (int32_t slot = 0; slot < next_device_slot_; ++slot) {
+    slot_shares_[slot] = {.weight = slot < static_cast<int32_t>(slot_weight_.size())
+                                        ? slot_weight_[slot]
+                                        : 1.0,
+                          .capped = cap && decoding > slot_decoding_[slot]};
+  }
+  if (cap) {
+    const double decode_seconds = step_time.Predict(static_cast<double>(decoding));
+    limits.capped_prefill_tokens =
+        step_time.MaxTokensWithin(options_.decode_step_stretch * decode_seconds,
+                                  options_.max_batch_tokens) -
+        decoding;
+  }
+  int64_t total = planner_.Plan(pending_, limits, slot_shares_, steps_planned_++, plan_);
+  // Every chunk's KV blocks first. Admission reserved them, so this cannot fail unless that
+  // bookkeeping is wrong; if it is, the session concerned fails alone and leaves the step,
+  // rather than the forward refusing a step that is short of blocks and failing every
+  // session in it.
+  failed_sessions_.clear();
+  std::erase_if(plan_, [&](const PlannedWork& planned) {
+    Session* session = pending_sessions_[planned.index];
+    KvCache& cache = session->cache;
+    while (cache.capacity() < cache.length() + planned.num_tokens) {
+      if (session->reserved_blocks == 0 ||
+          injected_reservation_failures_.erase({session->stream, session->id}) > 0) {
+        failed_sessions_.push_back({session->stream, session->id});
+        total -= planned.num_tokens;
+        return true;
+      }
+      std::optional<int32_t> block = allocator_.AllocateReserved();
+      if (!block) {
+        failed_sessions_.push_back({session->stream, session->id});
+        total -= planned.num_tokens;
+        return true;
+      }
+      --session->reserved_blocks;
+      cache.AppendBlock(*block);
+    }
+    return false;
+  });
+  for (const SessionKey& key : failed_sessions_) {
+    Session* session = Find(key.first, key.second);
+    spdlog::error("session {} of stream {}: its reserved KV blocks ran out (a bookkeeping "
+                  "bug); failing it alone", key.second, key.first);
+    FailSession(key, session->work.front().sequence_number,
+                absl::InternalError("the cloud's KV bookkeeping lost this session's reserved "
+                                    "blocks; the session is failed, the others carry on"));
+  }
   if (total == 0) return 0;
 
   InFlight& batch = in_flight_[(in_flight_oldest_ + in_flight_count_) % pipeline_depth_];
@@ -943,12 +1015,6 @@ int64_t Engine::Launch() {
     Session* session = pending_sessions_[planned.index];
     const WorkItem& head = session->work.front();
     KvCache& cache = session->cache;
-    while (cache.capacity() < cache.length() + planned.num_tokens) {
-      std::optional<int32_t> block = allocator_.AllocateReserved();
-      if (!block || session->reserved_blocks == 0) break;  // cannot happen: admission reserved
-      --session->reserved_blocks;
-      cache.AppendBlock(*block);
-    }
     if (plan_.size() > 1) {
       std::memcpy(staging + row * row_bytes_, head.data.data() + head.done * row_bytes_,
                   planned.num_tokens * row_bytes_);

@@ -13,6 +13,7 @@
 #include <functional>
 #include <list>
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <mutex>
@@ -73,6 +74,13 @@ struct EngineOptions {
   // KV blocks one device's open sessions may reserve together, counted at OpenSession from
   // their max_positions (0: no limit), so that one device cannot hold the whole pool.
   int64_t max_kv_blocks_per_device = 0;
+  // Fair share between devices (scheduler/batch_planner.h): each step's prompt budget is
+  // split between the devices with prompts waiting by these weights (keyed by identity as
+  // in the limits above; 1 for others), and while a device decodes, the other devices'
+  // prompts may make a step at most decode_step_stretch times its decode work's predicted
+  // time (0: no cap).
+  std::map<std::string, double> device_weights;
+  double decode_step_stretch = 2;
   v1::Control control;  // announced in Hello; per-device values replace it when adaptive
   // Adaptive scheduling: per-device Control from DeviceState (scheduler/decode_decisions.h).
   bool adaptive = false;
@@ -160,6 +168,16 @@ class Engine {
   // only: tests that drive RunOnce, or code that runs on the engine thread.
   const StateMonitor& state_monitor() const { return monitor_; }
 
+  // Teaches the step-time model g(mu) a step of `tokens` that took `seconds`, as a measured
+  // step would (tests of what the scheduler derives from it; engine thread only).
+  void ObserveStepForTest(int64_t tokens, double seconds) { monitor_.ObserveStep(tokens, seconds); }
+
+  // Makes the next step that includes this session find its reserved KV blocks gone, as a
+  // bookkeeping bug would (tests of the failure's containment; engine thread only).
+  void InjectReservationFailureForTest(StreamId stream, uint64_t session_id) {
+    injected_reservation_failures_.insert({stream, session_id});
+  }
+
  private:
   using SessionKey = std::pair<StreamId, uint64_t>;
   struct WorkItem {
@@ -192,6 +210,7 @@ class Engine {
     int32_t quota_blocks = 0;  // what it counts against its device's KV quota
     int32_t device_slot = 0;   // its device's DeviceUsage::slot
     int32_t fair_rank = 0;     // Launch: how many of its device's pending sessions are older
+    bool decoding = false;     // its newest chunk was decode work (it is past its prompt)
     v1::DType result_dtype = v1::DTYPE_FLOAT32;  // OpenSession.result_dtype, resolved
     std::list<SessionKey>::iterator parked_entry;  // in parked_, while kParked
     explicit Session(std::shared_ptr<KvBlockPool> pool) : cache(std::move(pool)) {}
@@ -309,6 +328,12 @@ class Engine {
     int64_t blocks = 0;    // KV blocks their max_positions need
     int32_t slot = 0;      // a small number while the device has sessions (fair batching)
   };
+  // Per device slot: its weight, and (Launch) its running sessions that are decoding.
+  std::vector<double> slot_weight_;
+  std::vector<int64_t> slot_decoding_;
+  std::vector<GroupShare> slot_shares_;
+  BatchPlanner planner_;
+  uint64_t steps_planned_ = 0;
   std::vector<int32_t> free_device_slots_;
   int32_t next_device_slot_ = 0;
   std::vector<int32_t> device_rank_scratch_;  // Launch: per slot, sessions counted so far
@@ -333,6 +358,8 @@ class Engine {
   std::vector<PendingWork> pending_;
   std::vector<Session*> pending_sessions_;
   std::vector<PlannedWork> plan_;
+  std::vector<SessionKey> failed_sessions_;  // Launch: those whose KV blocks ran out
+  std::set<SessionKey> injected_reservation_failures_;
   std::vector<SequenceChunk> chunks_;
   std::vector<int32_t> released_blocks_;
   // Launched steps not yet completed, oldest first: a ring of one record per pipeline stage

@@ -575,6 +575,65 @@ TEST_CASE("Steps take each device's oldest work before any device's second") {
   CHECK(first_step == std::vector<uint64_t>{1, 9});
 }
 
+TEST_CASE("While a device decodes another device's prompts may stretch a step only so far") {
+  for (const double stretch : {2.0, 0.0}) {
+    CAPTURE(stretch);
+    EngineOptions options = SmallOptions();
+    options.kv_num_blocks = 64;
+    options.max_batch_tokens = 64;
+    options.decode_step_stretch = stretch;
+    Harness h(options);  // stream 1: the decoding device
+    // g(mu) = 1 s + 0.1 s a token: a decode step of one session is predicted at 1.1 s, so a
+    // step twice as long holds 11 tokens (the real steps of this test, milliseconds, move
+    // their buckets' averages by a fifth each at most).
+    for (int repeat = 0; repeat < 20; ++repeat) {
+      for (int64_t tokens : {1, 2, 4, 8, 16, 32, 64}) {
+        h.engine->ObserveStepForTest(tokens, 1.0 + 0.1 * static_cast<double>(tokens));
+      }
+    }
+    auto other = std::make_shared<CollectingSink>();
+    h.engine->AttachStream(2, other, "flooder");
+    // The decoding device: its prompt's last chunk computed, its next token not here yet.
+    h.Open(1, 32);
+    v1::AgentMessage prompt;
+    v1::ForwardChunk* last = prompt.mutable_forward();
+    last->set_session_id(1);
+    last->set_sequence_number(1);
+    last->set_phase(v1::PHASE_PREFILL);
+    last->set_decode_follows(true);
+    REQUIRE(PackHiddenStates(at::randn({4, TinyMiddle()->config().hidden_size}),
+                             last->mutable_states())
+                .ok());
+    h.engine->Deliver(1, prompt);
+    CHECK(h.engine->RunOnce() == 4);
+    // The other device's prompt: 64 positions waiting.
+    v1::AgentMessage open;
+    open.mutable_open()->set_session_id(9);
+    open.mutable_open()->set_max_positions(128);
+    h.engine->Deliver(2, open);
+    v1::AgentMessage chunk;
+    chunk.mutable_forward()->set_session_id(9);
+    chunk.mutable_forward()->set_sequence_number(1);
+    chunk.mutable_forward()->set_phase(v1::PHASE_PREFILL);
+    REQUIRE(PackHiddenStates(at::randn({64, TinyMiddle()->config().hidden_size}),
+                             chunk.mutable_forward()->mutable_states())
+                .ok());
+    h.engine->Deliver(2, chunk);
+    const int64_t step = h.engine->RunOnce();
+    if (stretch > 0) {
+      CHECK(step >= 8);    // about 11 - 1 (the decode token the step must leave room for)
+      CHECK(step <= 12);
+      // Once the decoding device's session has gone, the prompt gets whole steps again.
+      v1::AgentMessage close;
+      close.mutable_close()->set_session_id(1);
+      h.engine->Deliver(1, close);
+      CHECK(h.engine->RunOnce() == 64 - step);
+    } else {
+      CHECK(step == 64);  // no cap
+    }
+  }
+}
+
 TEST_CASE("Bad chunks fail their session with a named field, and others carry on") {
   Harness h(SmallOptions());
   h.Open(1, 16);
@@ -595,6 +654,37 @@ TEST_CASE("Bad chunks fail their session with a named field, and others carry on
   CHECK(last[9].error().code() == static_cast<int>(absl::StatusCode::kNotFound));
   CHECK(h.engine->stats().sessions_running == 1);
   CHECK(h.engine->stats().kv_blocks_allocated == 1);
+}
+
+TEST_CASE("A session whose KV blocks run out inside a step fails alone and the step "
+          "computes the others") {
+  Harness h(SmallOptions());
+  h.Open(1, 16);
+  h.Open(2, 16);
+  h.sink->Take();
+  at::Tensor sent;
+  h.Chunk(1, 0, 5, v1::PHASE_PREFILL);
+  h.Chunk(2, 0, 6, v1::PHASE_PREFILL, &sent);
+  h.engine->InjectReservationFailureForTest(1, 1);
+  CHECK(h.engine->RunOnce() == 6);  // session 2's chunk only
+  std::map<uint64_t, v1::CloudMessage> last;
+  for (v1::CloudMessage& message : h.sink->Take()) {
+    if (message.has_error()) last[message.error().session_id()] = message;
+    if (message.has_result()) last[message.result().session_id()] = message;
+  }
+  REQUIRE(last.count(1) == 1);
+  CHECK(last[1].error().code() == static_cast<int>(absl::StatusCode::kInternal));
+  CHECK(last[1].error().message().find("reserved blocks") != std::string::npos);
+  CHECK_FALSE(last[1].error().session_alive());
+  REQUIRE(last[2].has_result());
+  auto got = UnpackHiddenStates(last[2].result().states());
+  REQUIRE(got.ok());
+  KvCache cache = TinyMiddle()->NewCache(16);
+  auto expected = TinyMiddle()->Forward(sent, cache);
+  REQUIRE(expected.ok());
+  CHECK(at::allclose(*got, *expected, 1e-5, 1e-5));
+  CHECK(h.engine->stats().sessions_running == 1);
+  CHECK(h.engine->stats().kv_blocks_allocated == 2);  // session 2's 6 positions; 1's freed
 }
 
 TEST_CASE("Truncate rolls back KV and returns blocks, and detaching frees everything") {
