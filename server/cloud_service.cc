@@ -155,10 +155,9 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1
               .count());
       channel_->Send(std::move(receipt));
     }
-    // Only forward payloads are held by the engine until computed; they are what counts.
-    const int64_t bytes =
-        incoming_.has_forward() ? static_cast<int64_t>(incoming_.forward().states().data().size())
-                                : 0;
+    // Every message counts until the engine is done with it: a chunk's payload until it is
+    // computed, and a fixed cost per message of any kind (IntakeBytes).
+    const int64_t bytes = IntakeBytes(incoming_);
     engine_->Deliver(stream_, std::move(incoming_));
     incoming_.Clear();
     if (channel_->OnReadQueued(bytes)) StartRead(&incoming_);

@@ -341,16 +341,19 @@ void Engine::HandleEvent(Event& event) {
 void Engine::HandleMessage(StreamId stream, v1::AgentMessage& message,
                            Clock::time_point received) {
   if (!streams_.contains(stream)) return;  // raced with its detach
+  if (message.kind_case() == v1::AgentMessage::kForward) {
+    // Released for flow control when computed, dropped or refused.
+    AcceptChunk(stream, *message.mutable_forward(), received);
+    return;
+  }
+  bool held = false;  // a Truncate waiting behind chunks keeps its intake cost until applied
   switch (message.kind_case()) {
     case v1::AgentMessage::kOpen:
       Open(stream, message.open());
-      return;
-    case v1::AgentMessage::kForward:
-      AcceptChunk(stream, *message.mutable_forward(), received);
-      return;
+      break;
     case v1::AgentMessage::kTruncate:
-      ApplyTruncate(stream, message.truncate());
-      return;
+      held = ApplyTruncate(stream, message.truncate());
+      break;
     case v1::AgentMessage::kCancel:
     case v1::AgentMessage::kClose: {
       const uint64_t id = message.kind_case() == v1::AgentMessage::kCancel
@@ -358,14 +361,14 @@ void Engine::HandleMessage(StreamId stream, v1::AgentMessage& message,
                               : message.close().session_id();
       // Closing an unknown session is not an error: it may have failed or expired already.
       if (Find(stream, id) != nullptr) EraseSession({stream, id});
-      return;
+      break;
     }
     case v1::AgentMessage::kPark:
       Park(stream, message.park());
-      return;
+      break;
     case v1::AgentMessage::kResume:
       Resume(stream, message.resume());
-      return;
+      break;
     case v1::AgentMessage::kDeviceState: {
       const v1::DeviceState& state = message.device_state();
       monitor_.ObserveDevice(stream, {.uplink_bytes_per_second = state.uplink_bytes_per_second(),
@@ -373,11 +376,16 @@ void Engine::HandleMessage(StreamId stream, v1::AgentMessage& message,
                                       .draft_step_seconds = state.draft_step_seconds(),
                                       .draft_tokens_per_round = state.mean_round_length()});
       if (options_.adaptive) DecideForStream(stream);
-      return;
+      break;
     }
+    case v1::AgentMessage::kForward:
+      break;  // above
     case v1::AgentMessage::KIND_NOT_SET:
       SendError(stream, 0, 0, absl::InvalidArgumentError("AgentMessage.kind is not set"), true);
-      return;
+      break;
+  }
+  if (auto it = streams_.find(stream); !held && it != streams_.end() && it->second.sink) {
+    it->second.sink->Consumed(kIntakeMessageBytes);
   }
 }
 
@@ -617,7 +625,10 @@ void Engine::AcceptChunk(StreamId stream, v1::ForwardChunk& chunk, Clock::time_p
   const uint64_t id = chunk.session_id();
   // A refused chunk is released at once for the stream's flow control; an accepted one when
   // its last position has been computed.
-  const auto release = [&] { streams_[stream].sink->Consumed(chunk.states().data().size()); };
+  const auto release = [&] {
+    streams_[stream].sink->Consumed(kIntakeMessageBytes +
+                                    static_cast<int64_t>(chunk.states().data().size()));
+  };
   Session* session = Find(stream, id);
   if (session == nullptr) {
     release();
@@ -662,7 +673,7 @@ void Engine::AcceptChunk(StreamId stream, v1::ForwardChunk& chunk, Clock::time_p
   item.decode = chunk.phase() == v1::PHASE_DECODE;
   session->decoding = item.decode || chunk.decode_follows();
   item.arrival = next_arrival_++;
-  item.wire_bytes = static_cast<int64_t>(states.data().size());
+  item.wire_bytes = kIntakeMessageBytes + static_cast<int64_t>(states.data().size());
   if (states.dtype() == wire_dtype_) {
     item.data = std::move(*chunk.mutable_states()->mutable_data());
   } else {
@@ -674,7 +685,7 @@ void Engine::AcceptChunk(StreamId stream, v1::ForwardChunk& chunk, Clock::time_p
   session->work.push_back(std::move(item));
 }
 
-void Engine::ApplyTruncate(StreamId stream, const v1::Truncate& truncate) {
+bool Engine::ApplyTruncate(StreamId stream, const v1::Truncate& truncate) {
   const uint64_t id = truncate.session_id();
   Session* session = Find(stream, id);
   if (session == nullptr) {
@@ -682,7 +693,7 @@ void Engine::ApplyTruncate(StreamId stream, const v1::Truncate& truncate) {
               absl::NotFoundError(absl::StrCat("truncate.session_id ", id,
                                                " is not an open session on this stream")),
               false);
-    return;
+    return false;
   }
   const int64_t length = truncate.length();
   if (length > session->next_position) {
@@ -691,7 +702,7 @@ void Engine::ApplyTruncate(StreamId stream, const v1::Truncate& truncate) {
                   "truncate.length is ", length, " but the session's chunks end at position ",
                   session->next_position)),
               true);
-    return;
+    return false;
   }
   // The truncate comes after every chunk queued before it (stream order): positions those
   // chunks hold at or past `length` would be computed only to be dropped, so chunks not yet
@@ -720,13 +731,16 @@ void Engine::ApplyTruncate(StreamId stream, const v1::Truncate& truncate) {
   session->next_position = length;
   if (session->work.empty()) {
     TruncateNow(*session, truncate.sequence_number(), length);
-    return;
+    return false;
   }
-  // Only ApplyQueuedTruncates reads a marker: it never reaches Launch at the head.
+  // Only ApplyQueuedTruncates reads a marker: it never reaches Launch at the head. It holds
+  // its message's intake cost until applied.
   WorkItem marker;
   marker.sequence_number = truncate.sequence_number();
   marker.truncate_to = length;
+  marker.wire_bytes = kIntakeMessageBytes;
   session->work.push_back(std::move(marker));
+  return true;
 }
 
 void Engine::TruncateNow(Session& session, uint64_t sequence_number, int64_t length) {
@@ -755,6 +769,9 @@ void Engine::ApplyQueuedTruncates(Session& session) {
   while (!session.work.empty() && session.work.front().truncate_to >= 0) {
     const WorkItem marker = std::move(session.work.front());
     session.work.pop_front();
+    if (auto stream = streams_.find(session.stream); stream != streams_.end()) {
+      stream->second.sink->Consumed(marker.wire_bytes);
+    }
     TruncateNow(session, marker.sequence_number, marker.truncate_to);
   }
 }

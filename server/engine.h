@@ -261,7 +261,8 @@ class Engine {
   // Why `device` may not open one more session of `blocks` KV blocks; nullopt if it may.
   std::optional<std::string> DeviceQuotaProblem(const std::string& device, int32_t blocks) const;
   void AcceptChunk(StreamId stream, v1::ForwardChunk& chunk, Clock::time_point received);
-  void ApplyTruncate(StreamId stream, const v1::Truncate& truncate);
+  // True when it waits as a marker behind pending chunks (and holds its intake cost).
+  bool ApplyTruncate(StreamId stream, const v1::Truncate& truncate);
   // Truncates the session's KV to `length` now (its work ahead of the truncate is done).
   void TruncateNow(Session& session, uint64_t sequence_number, int64_t length);
   // Applies the Truncates at the head of the session's work.

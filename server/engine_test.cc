@@ -412,9 +412,42 @@ TEST_CASE("Chunks in any wire dtype are computed as decoded, and results leave i
       const double error = (*got)[row].sub((*expected)[row]).abs().max().item<double>();
       CHECK(error <= step * largest * 0.5 + 1e-4);
     }
-    // Flow control is released by what the chunk held on the wire, not its decoded size.
-    CHECK(h.sink->consumed() == 12 * ElementBytes(wire) * TinyMiddle()->config().hidden_size);
+    // Flow control is released by what the chunk held on the wire, not its decoded size
+    // (and a fixed cost for each of the two messages, the open and the chunk).
+    CHECK(h.sink->consumed() == 12 * ElementBytes(wire) * TinyMiddle()->config().hidden_size +
+                                    2 * kIntakeMessageBytes);
   }
+}
+
+TEST_CASE("Every message counts against its stream's intake until the engine is done with it") {
+  Harness h(SmallOptions());
+  const int64_t start = h.sink->consumed();
+  h.Open(1, 32);
+  v1::AgentMessage state;
+  state.mutable_device_state()->set_uplink_bytes_per_second(1e6);
+  h.engine->Deliver(1, state);
+  h.engine->Deliver(1, v1::AgentMessage());  // no kind: refused, and still released
+  h.engine->RunOnce();
+  CHECK(h.sink->consumed() - start == 3 * kIntakeMessageBytes);
+  // A truncate queued behind a chunk keeps its cost until it applies, after the chunk.
+  h.Chunk(1, 0, 6, v1::PHASE_PREFILL);
+  h.Truncate(1, 4);
+  const int64_t chunk_bytes =
+      6 * TinyMiddle()->config().hidden_size * static_cast<int64_t>(sizeof(float));
+  h.engine->Deliver(1, state);
+  h.engine->RunOnce();  // the chunk's step (budget 16): then the truncate
+  CHECK(h.sink->consumed() - start == 6 * kIntakeMessageBytes + chunk_bytes);
+  h.sink->Take();
+  // The marker of a session closed before it applied is released with it.
+  h.Chunk(1, 4, 3, v1::PHASE_PREFILL);
+  h.Truncate(1, 5);
+  v1::AgentMessage close;
+  close.mutable_close()->set_session_id(1);
+  h.engine->Deliver(1, close);
+  h.engine->RunOnce();
+  CHECK(h.sink->consumed() - start ==
+        9 * kIntakeMessageBytes + chunk_bytes +
+            3 * TinyMiddle()->config().hidden_size * static_cast<int64_t>(sizeof(float)));
 }
 
 TEST_CASE("A session asking for results in an unknown dtype is refused") {
@@ -744,9 +777,10 @@ TEST_CASE("A Truncate behind pending chunks applies in stream order and drops wh
   CHECK(computed == std::vector<std::pair<int64_t, int64_t>>{{0, 5}});
   CHECK(truncated_to == 5);
   CHECK(h.engine->stats().kv_blocks_allocated == 2);
-  // Both chunks were released for the stream's flow control.
+  // Both chunks and the truncate were released for the stream's flow control.
   CHECK(h.sink->consumed() - consumed_before ==
-        (10 + 3) * TinyMiddle()->config().hidden_size * static_cast<int64_t>(sizeof(float)));
+        (10 + 3) * TinyMiddle()->config().hidden_size * static_cast<int64_t>(sizeof(float)) +
+            3 * kIntakeMessageBytes);
 
   // The session goes on from the truncated length.
   h.Chunk(1, 5, 2, v1::PHASE_DECODE);
