@@ -181,6 +181,8 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
   reader.ReadBool("pipeline_prompt_chunks", &config.pipeline_prompt_chunks);
   reader.ReadInt("max_concurrent_requests", &config.max_concurrent_requests, Bound::kPositive);
   reader.ReadByteSize("max_prompt_bytes", &config.max_prompt_bytes, Bound::kPositive);
+  reader.ReadByteSize("max_outbox_bytes", &config.max_outbox_bytes, Bound::kNonNegative);
+  reader.ReadInt("max_outbox_messages", &config.max_outbox_messages, Bound::kNonNegative);
   reader.ReadInt("default_max_new_tokens", &config.default_max_new_tokens, Bound::kPositive);
   reader.ReadSeconds("request_timeout_s", &config.request_timeout_s, Bound::kPositive);
   reader.ReadSeconds("reconnect.initial_backoff_s", &config.reconnect.initial_backoff_s,

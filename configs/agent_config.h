@@ -61,6 +61,10 @@ struct AgentConfig {
   // Longest prompt text accepted, checked before tokenizing (a 4 MiB prompt took seconds of
   // CPU to tokenize only to be refused for its length).
   int64_t max_prompt_bytes = 1LL << 20;
+  // What may wait in the outbox to the cloud (sent by requests, not yet written to the
+  // stream); past either, the request that sends fails with RESOURCE_EXHAUSTED. 0: no bound.
+  int64_t max_outbox_bytes = 256LL << 20;
+  int64_t max_outbox_messages = 65536;
   int64_t default_max_new_tokens = 128;
   double request_timeout_s = 600;
   struct Reconnect {

@@ -116,6 +116,11 @@ class Agent::Request : private CloudSession {
   // Rolls the cloud session's KV back to `length` positions (a Truncate; the next sequence
   // number).
   void SendTruncate(int64_t length);
+  // Hands `message` to the cloud connection. UNAVAILABLE (the stream just broke) is left to
+  // the mailbox's disconnect event, which replays; any other refusal (a full outbox) is kept
+  // in send_failure_, which Pump returns: the request cannot complete without the message.
+  void SendToCloud(v1::AgentMessage message, SentStamp sent = nullptr);
+  absl::Status send_failure_;
 
   Agent& agent_;
   const v1::GenerateRequest& request_;
@@ -373,8 +378,7 @@ absl::Status Agent::Request::Open(uint64_t after_epoch) {
   const double left = Seconds(deadline_ - SteadyClock::now());
   open->set_timeout_ms(static_cast<uint32_t>(std::max(1.0, left * 1000)));
   open->set_result_dtype(wire_dtype_);
-  // A send failure means the stream just broke; the mailbox will say so and we replay.
-  agent_.cloud_->Send(epoch_, std::move(message)).IgnoreError();
+  SendToCloud(std::move(message));
   return absl::OkStatus();
 }
 
@@ -391,7 +395,8 @@ absl::StatusOr<bool> Agent::Request::Resume(const CloudConnection::Connected& co
   resume->set_max_positions(static_cast<uint32_t>(max_positions_));
   const double left = Seconds(deadline_ - SteadyClock::now());
   resume->set_timeout_ms(static_cast<uint32_t>(std::max(1.0, left * 1000)));
-  agent_.cloud_->Send(epoch_, std::move(message)).IgnoreError();
+  SendToCloud(std::move(message));
+  if (!send_failure_.ok()) return send_failure_;
   // Nothing else goes until the cloud answers: if it no longer holds the session, the whole
   // prompt goes to a new one, and no chunk meant for the old one may reach it.
   while (true) {
@@ -538,7 +543,7 @@ void Agent::Request::SendTruncate(int64_t length) {
   truncate->set_session_id(session_id_);
   truncate->set_sequence_number(++sequence_number_);
   truncate->set_length(static_cast<uint32_t>(length));
-  agent_.cloud_->Send(epoch_, std::move(rollback)).IgnoreError();
+  SendToCloud(std::move(rollback));
 }
 
 void Agent::Request::RollBack(int64_t length) {
@@ -609,13 +614,21 @@ void Agent::Request::SendRows(int64_t from, int64_t to, v1::Phase phase, double 
                   .phase = phase,
                   .device_seconds = start == from ? device_seconds : 0,
                   .sent_stamp = sent_stamp});
-    agent_.cloud_->Send(epoch_, std::move(message), std::move(sent_stamp)).IgnoreError();
+    SendToCloud(std::move(message), std::move(sent_stamp));
+  }
+}
+
+void Agent::Request::SendToCloud(v1::AgentMessage message, SentStamp sent) {
+  absl::Status status = agent_.cloud_->Send(epoch_, std::move(message), std::move(sent));
+  if (!status.ok() && status.code() != absl::StatusCode::kUnavailable && send_failure_.ok()) {
+    send_failure_ = std::move(status);
   }
 }
 
 absl::Status Agent::Request::Pump(int64_t target, bool block) {
   while (consumed_ < target) {
     if (cancelled_) return absl::CancelledError("cancelled");
+    if (!send_failure_.ok()) return send_failure_;
     std::optional<MailboxEvent> event =
         mailbox_->Pop(block ? deadline_ : SteadyClock::now());
     if (!event) {
@@ -854,6 +867,8 @@ Agent::Agent(AgentConfig config, DeviceBundle bundle,
           [this](double seconds) {
             if (metrics_ != nullptr) metrics_->uplink_pacing_wait_seconds.Observe(seconds);
           },
+      .max_outbox_bytes = config_.max_outbox_bytes,
+      .max_outbox_messages = config_.max_outbox_messages,
       .one_way_delay_s = config_.link_emulation.one_way_delay_s,
       .uplink_bytes_per_second = config_.link_emulation.uplink_bytes_per_second,
       .downlink_bytes_per_second = config_.link_emulation.downlink_bytes_per_second};
@@ -903,6 +918,7 @@ void Agent::ReportDecodeRound(uint64_t epoch, double draft_step_seconds, double 
     metrics_->link_bytes_per_second_down.Set(message.device_state().downlink_bytes_per_second());
     metrics_->device_state_reports.Increment();
   }
+  // Refused only when the outbox is full: this report is then simply skipped.
   cloud_->Send(epoch, std::move(message)).IgnoreError();
 }
 

@@ -127,13 +127,29 @@ absl::Status CloudConnection::Send(uint64_t epoch, v1::AgentMessage message, Sen
   }
   {
     std::lock_guard<std::mutex> lock(outbox_mutex_);
+    const int64_t bytes = static_cast<int64_t>(message.ByteSizeLong());
+    const bool frees_cloud_memory = message.has_close() || message.has_cancel() || message.has_park();
+    if (!frees_cloud_memory &&
+        ((options_.max_outbox_messages > 0 && outbox_messages_ >= options_.max_outbox_messages) ||
+         (options_.max_outbox_bytes > 0 && outbox_messages_ > 0 &&
+          outbox_bytes_ + bytes > options_.max_outbox_bytes))) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the agent's outbox to the cloud is full: ", outbox_messages_, " message(s), ",
+          outbox_bytes_, " bytes not yet written (max_outbox_messages ",
+          options_.max_outbox_messages, ", max_outbox_bytes ", options_.max_outbox_bytes,
+          "); the cloud or the uplink is not keeping up"));
+    }
     const std::optional<uint64_t> session = SessionOf(message);
     bool bulk = pacing_ && message.has_forward() &&
                 message.forward().phase() == v1::PHASE_PREFILL;
     if (session.has_value() && bulk_per_session_.contains(*session)) {
       if (message.has_cancel()) {
         // Its chunks would only be refused by a cloud that has dropped the session.
-        std::erase_if(bulk_, [&](const Outgoing& o) { return o.bulk_session == *session; });
+        std::erase_if(bulk_, [&](const Outgoing& o) {
+          if (o.bulk_session != *session) return false;
+          CountOutboxLocked(o, -1);
+          return true;
+        });
         bulk_per_session_.erase(*session);
       } else {
         bulk = true;  // behind its session's queued chunks
@@ -142,7 +158,9 @@ absl::Status CloudConnection::Send(uint64_t epoch, v1::AgentMessage message, Sen
     Outgoing out{.message = std::move(message),
                  .epoch = epoch,
                  .sent = std::move(sent),
-                 .queued = std::chrono::steady_clock::now()};
+                 .queued = std::chrono::steady_clock::now(),
+                 .bytes = bytes};
+    CountOutboxLocked(out, +1);
     if (bulk) {
       out.bulk_session = *session;
       ++bulk_per_session_[*session];
@@ -153,6 +171,11 @@ absl::Status CloudConnection::Send(uint64_t epoch, v1::AgentMessage message, Sen
   }
   outbox_cv_.notify_one();
   return absl::OkStatus();
+}
+
+void CloudConnection::CountOutboxLocked(const Outgoing& out, int sign) {
+  outbox_bytes_ += sign * out.bytes;
+  outbox_messages_ += sign;
 }
 
 void CloudConnection::SendLoop() {
@@ -174,6 +197,7 @@ void CloudConnection::SendLoop() {
       auto it = bulk_per_session_.find(next->bulk_session);
       if (it != bulk_per_session_.end() && --it->second <= 0) bulk_per_session_.erase(it);
     }
+    if (next.has_value()) CountOutboxLocked(*next, -1);
     if (!next.has_value()) {
       if (bulk_.empty()) {
         outbox_cv_.wait(lock);
@@ -213,8 +237,13 @@ void CloudConnection::ForgetStream(uint64_t epoch) {
   {
     std::lock_guard<std::mutex> lock(outbox_mutex_);
     if (outbox_epoch_ == epoch) outbox_epoch_ = 0;
-    std::erase_if(urgent_, [&](const Outgoing& o) { return o.epoch == epoch; });
-    std::erase_if(bulk_, [&](const Outgoing& o) { return o.epoch == epoch; });
+    const auto gone = [&](const Outgoing& o) {
+      if (o.epoch != epoch) return false;
+      CountOutboxLocked(o, -1);
+      return true;
+    };
+    std::erase_if(urgent_, gone);
+    std::erase_if(bulk_, gone);
     bulk_per_session_.clear();
     for (const Outgoing& o : bulk_) ++bulk_per_session_[o.bulk_session];
     pacer_.Reset();

@@ -82,6 +82,12 @@ struct CloudConnectionOptions {
   std::function<double()> measured_uplink_bytes_per_second;
   // Called (on the sender thread) with each paced prompt chunk's wait in the outbox.
   std::function<void(double seconds)> on_chunk_paced;
+  // The outbox (messages sent but not yet written to the stream) holds at most this many
+  // bytes and messages; past either, Send refuses with RESOURCE_EXHAUSTED (the cloud or the
+  // uplink is not keeping up) and the request that sent fails. Close, Cancel and Park are
+  // always taken: they give the cloud's memory back. 0: no bound.
+  int64_t max_outbox_bytes = 256LL << 20;
+  int64_t max_outbox_messages = 65536;
   // Emulated link (link_emulator.h); all zero sends and delivers at once.
   double one_way_delay_s = 0;
   double uplink_bytes_per_second = 0;
@@ -117,6 +123,8 @@ class CloudConnection {
   // the pacer; everything else goes ahead of them, except behind its own session's queued
   // chunks (a session's messages keep their order; a CancelSession drops them instead).
   // `sent`, when given, gets the time the message went onto the link.
+  // UNAVAILABLE when stream `epoch` is gone (the mailbox says so too, and the request
+  // replays); RESOURCE_EXHAUSTED when the outbox is full (max_outbox_bytes, _messages).
   absl::Status Send(uint64_t epoch, v1::AgentMessage message, SentStamp sent = nullptr);
 
   // The cloud's latest Control for this device (Hello's, or a later per-device one).
@@ -164,7 +172,12 @@ class CloudConnection {
     uint64_t bulk_session = 0;  // in bulk_: the session it counts under
     SentStamp sent;
     std::chrono::steady_clock::time_point queued;
+    int64_t bytes = 0;  // what it counts against max_outbox_bytes
   };
+  // Counts a message into or out of the outbox (outbox_mutex_ held).
+  void CountOutboxLocked(const Outgoing& out, int sign);
+  int64_t outbox_bytes_ = 0;     // of urgent_ and bulk_
+  int64_t outbox_messages_ = 0;
   std::mutex outbox_mutex_;  // guards the outbox and the pacer
   std::condition_variable outbox_cv_;
   std::deque<Outgoing> urgent_;
