@@ -2,13 +2,19 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <numeric>
+#include <thread>
+#include <vector>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <string>
 
 #include "bench/model_benchmark.h"
+#include "models/formats/safetensors.h"
 #include "models/runtime/model_init.h"
 // After every header that pulls in ATen: c10's glog defines its own CHECK, which would
 // otherwise replace Catch's.
@@ -19,40 +25,89 @@ namespace {
 
 namespace fs = std::filesystem;
 
-TEST_CASE("read bandwidth of a small buffer is sane", "[bench]") {
-  BandwidthOptions options;
-  options.bytes = int64_t{64} << 20;
-  options.repetitions = 1;
-  const double bandwidth = MeasureReadBandwidth(options);
-  CHECK(std::isfinite(bandwidth));
-  CHECK(bandwidth > 1e8);
-  CHECK(bandwidth < 1e12);
+// A plain single-threaded sum over `bytes` of memory, timed here: an independent, slower
+// estimate of read bandwidth (bytes/s) that the probe's numbers are checked against.
+double NaiveReadBandwidth(int64_t bytes) {
+  std::vector<uint64_t> buffer(static_cast<size_t>(bytes / 8), 1);
+  uint64_t sum = std::accumulate(buffer.begin(), buffer.end(), uint64_t{0});  // fault pages in
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto start = std::chrono::steady_clock::now();
+    sum += std::accumulate(buffer.begin(), buffer.end(), uint64_t{0});
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best = std::max(best, static_cast<double>(bytes) / seconds);
+  }
+  REQUIRE(sum == 4 * buffer.size());
+  return best;
 }
 
-TEST_CASE("read bandwidth with one thread, an odd size and small pages", "[bench]") {
-  BandwidthOptions options;
-  options.bytes = (int64_t{8} << 20) + 12345;
-  options.repetitions = 2;
-  options.threads = 1;
-  options.huge_pages = false;
-  const double bandwidth = MeasureReadBandwidth(options);
-  CHECK(std::isfinite(bandwidth));
-  CHECK(bandwidth > 1e8);
+// The probe against a naive sum measured in the same test: it uses every core and wide
+// loads, so it is not much slower than one thread's plain loop, and not a unit's worth
+// (1,000x, 8x for bits) faster. A wrong unit or a timer off by a factor fails here, where a
+// plausibility range such as "between 100 MB/s and 1 TB/s" would not.
+TEST_CASE("The read-bandwidth probe agrees with a naive timed sum to within its method",
+          "[bench]") {
+  const int64_t bytes = int64_t{256} << 20;
+  const double naive = NaiveReadBandwidth(bytes);
+  for (const bool huge_pages : {true, false}) {
+    CAPTURE(huge_pages);
+    BandwidthOptions options;
+    options.bytes = bytes + 12345;  // an odd size
+    options.repetitions = 2;
+    options.huge_pages = huge_pages;
+    const double probe = MeasureReadBandwidth(options);
+    INFO("probe " << probe / 1e9 << " GB/s, naive sum " << naive / 1e9 << " GB/s");
+    CHECK(probe >= 0.3 * naive);
+    CHECK(probe <= 8 * naive * std::max(1, UsableCpuCount()));
+  }
+}
+
+// A naive triple loop's rate on a small float32 product, timed here (FLOP/s, 2mnk each).
+double NaiveGemmFlops(int64_t n) {
+  std::vector<float> a(n * n, 1.0f), b(n * n, 0.5f), c(n * n, 0.0f);
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t k = 0; k < n; ++k) {
+        const float x = a[i * n + k];
+        for (int64_t j = 0; j < n; ++j) c[i * n + j] += x * b[k * n + j];
+      }
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best = std::max(best, 2.0 * static_cast<double>(n * n * n) / seconds);
+  }
+  REQUIRE(c[0] > 0);
+  return best;
+}
+
+// The GEMM probe against a naive loop (which the compiler vectorises: the probe's BLAS is
+// faster, but not by a unit's worth, and never slower by much). A FLOP count off by the
+// factor 2 of a multiply-add, or by m, n or k, falls outside.
+TEST_CASE("The GEMM probe's rate agrees with a naive loop to within its method", "[bench]") {
+  const double naive = NaiveGemmFlops(192);
+  const double rate = MeasureGemmFlops(192, 192, 192, 3);
+  const double transposed = MeasureGemmFlops(192, 192, 192, 3, /*b_transposed=*/true);
+  INFO("probe " << rate / 1e9 << " GFLOP/s, transposed " << transposed / 1e9
+                << ", naive loop " << naive / 1e9);
+  for (const double measured : {rate, transposed}) {
+    CHECK(measured >= 0.5 * naive);
+    CHECK(measured <= 200 * naive * std::max(1, UsableCpuCount()));
+  }
+  // The probe counts 2mnk for any shape: a product 4x as long in k takes about 4x as long, so
+  // its rate stays within a factor of the square one's.
+  const double deep = MeasureGemmFlops(192, 192, 768, 3);
+  CHECK(deep >= 0.3 * rate);
+  CHECK(deep <= 3 * rate);
 }
 
 TEST_CASE("machine facts", "[bench]") {
   CHECK(UsableCpuCount() >= 1);
-  CHECK(LastLevelCacheBytes() >= 0);
+  CHECK(UsableCpuCount() <= static_cast<int>(std::thread::hardware_concurrency()));
   CHECK(DefaultBandwidthBytes() >= (int64_t{1} << 30));
   CHECK(DefaultBandwidthBytes() >= 8 * LastLevelCacheBytes());
-}
-
-TEST_CASE("GEMM rate is positive", "[bench]") {
-  const double rate = MeasureGemmFlops(128, 192, 256, 2);
-  CHECK(std::isfinite(rate));
-  CHECK(rate > 0.0);
-  const double transposed = MeasureGemmFlops(64, 96, 128, 1, /*b_transposed=*/true);
-  CHECK(transposed > 0.0);
 }
 
 TEST_CASE("Bench110MConfig has the stories110M shape", "[bench]") {
@@ -83,19 +138,37 @@ TEST_CASE("model benchmark runs on the tiny model", "[bench]") {
   options.bandwidth_bytes = int64_t{16} << 20;
   int progress_lines = 0;
   auto report = RunModelBenchmark(dir, options, [&](std::string_view) { ++progress_lines; });
-  fs::remove_all(dir);
   REQUIRE(report.ok());
   CHECK(progress_lines > 0);
   CHECK(report->layers == 4);
   CHECK(report->prefill_tokens_per_s > 0.0);
   CHECK(report->decode_tokens_per_s > 0.0);
-  CHECK(report->weight_bytes_per_token > 0);
-  CHECK(report->flops_per_prefill_token > 0.0);
-  CHECK(report->decode_bound_tokens_per_s ==
-        Approx(report->read_bandwidth_bytes_per_s /
-               static_cast<double>(report->weight_bytes_per_token)));
-  CHECK(report->prefill_bound_tokens_per_s ==
-        Approx(report->gemm_flops_per_s / report->flops_per_prefill_token));
+  // The bytes a decoded token reads, from the checkpoint on disk rather than the model in
+  // memory: every tensor, except that the embedding table gives one row (and, when the head
+  // is tied to it, is read whole by the head).
+  auto file = SafetensorsFile::Open(dir / "model.safetensors");
+  fs::remove_all(dir);  // the mapping stays readable
+  REQUIRE(file.ok());
+  int64_t file_bytes = 0;
+  int64_t layer_matmul_params = 0;  // of the layers' 2-D weights
+  for (const auto& [name, info] : (*file)->tensors()) {
+    file_bytes += static_cast<int64_t>(info.data_end - info.data_begin);
+    if (name.find(".layers.") != std::string::npos && info.shape.size() == 2) {
+      layer_matmul_params += info.shape[0] * info.shape[1];
+    }
+  }
+  const ModelConfig config = TinyTestConfig();
+  const int64_t row = config.hidden_size * 4;
+  const int64_t embedding_table = config.vocab_size * row;
+  const bool tied = !(*file)->tensors().contains("lm_head.weight");
+  CHECK(report->weight_bytes_per_token == (tied ? file_bytes + row : file_bytes - embedding_table + row));
+  // FLOPs of a prefill token: 2 per multiply-add of the layers' matrices (counted from the
+  // file), attention's and the head's share on top; a missing 2 or layer falls outside.
+  const double matmul_flops = 2.0 * static_cast<double>(layer_matmul_params);
+  CHECK(report->flops_per_prefill_token >= matmul_flops);
+  CHECK(report->flops_per_prefill_token <= 1.5 * matmul_flops +
+                                               2.0 * static_cast<double>(config.vocab_size) *
+                                                   static_cast<double>(config.hidden_size));
   CHECK(report->decode_fraction > 0.0);
   CHECK(report->prefill_fraction > 0.0);
 

@@ -67,13 +67,25 @@ TEST_CASE("Distillation lowers the held-out loss and writes a loadable adapter",
   testing::TempDir dir;
   DistillOptions options = Small(dir.path());
   options.steps = 40;
+  // Draft whatever the confidence: with the default eta (0.6) this small a drafter stops
+  // before its first draft, and every round emits exactly the cloud's one token.
+  options.eta = 1e-6;
   auto report = Distill(options);
   REQUIRE(report.ok());
   CHECK(report->finished);
   CHECK(report->steps_done == 40);
   INFO("held-out loss " << report->initial_heldout_loss << " -> " << report->heldout_loss);
   CHECK(report->heldout_loss < 0.8 * report->initial_heldout_loss);
-  CHECK(report->heldout_accept_length >= 1.0);
+  // Greedy verification emits at least the cloud's own token each round, so 1.0 is what a
+  // drafter that is always wrong gets. A trained one is right often enough that its drafts
+  // are accepted: more tokens per round than that, and in line with how often its argmax
+  // agrees with the target's (if every draft were independently right with probability p,
+  // a round would emit 1 + p + p^2 + ... tokens; the first term alone is 1 + p).
+  INFO("acceptance " << report->heldout_accept_length << " tokens/round, top-1 agreement "
+                     << report->heldout_draft_top1);
+  CHECK(report->heldout_draft_top1 > 0.2);
+  CHECK(report->heldout_accept_length > 1.0 + 0.5 * report->heldout_draft_top1);
+  CHECK(report->heldout_accept_length <= static_cast<double>(options.max_draft) + 1.0);
   CHECK(report->adapter_parameters > 0);
   CHECK(report->adapter_parameters < report->model_parameters);
   CHECK_FALSE(fs::exists(dir.path() / ".distill-state"));
