@@ -113,6 +113,8 @@ void CheckCloudConfig(const CloudConfig& config, bool require_bundle, Report&& r
         CheckAtLeast(config.limits.max_messages_per_second_per_device, 0, /*inclusive=*/true));
   check("limits.max_queued_bytes_per_stream",
         CheckAtLeast(config.limits.max_queued_bytes_per_stream, 1));
+  check("limits.max_inflight_bytes_per_stream",
+        CheckAtLeast(config.limits.max_inflight_bytes_per_stream, 1));
   check("limits.max_queued_bytes_total", CheckAtLeast(config.limits.max_queued_bytes_total, 1));
   check("limits.unread_stream_timeout_s",
         CheckAtLeast(config.limits.unread_stream_timeout_s, 0, /*inclusive=*/false));
@@ -333,6 +335,8 @@ absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
                     &config.limits.max_messages_per_second_per_device, Bound::kNonNegative);
   reader.ReadByteSize("limits.max_queued_bytes_per_stream",
                       &config.limits.max_queued_bytes_per_stream, Bound::kPositive);
+  reader.ReadByteSize("limits.max_inflight_bytes_per_stream",
+                      &config.limits.max_inflight_bytes_per_stream, Bound::kPositive);
   reader.ReadSeconds("limits.unread_stream_timeout_s", &config.limits.unread_stream_timeout_s,
                      Bound::kPositive);
   reader.ReadByteSize("limits.max_queued_bytes_total", &config.limits.max_queued_bytes_total,

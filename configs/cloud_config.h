@@ -84,6 +84,9 @@ struct CloudConfig {
     double max_messages_per_second_per_device = 5000;  // reads paced above it (0: no limit)
     // Unread results before a stream's work waits for its agent to read them.
     int64_t max_queued_bytes_per_stream = 64LL << 20;
+    // What an agent's messages may hold in the engine before its stream is read no further
+    // (each message 1 KiB plus a chunk's payload).
+    int64_t max_inflight_bytes_per_stream = 256LL << 20;
     int64_t max_queued_bytes_total = 1LL << 30;  // the same over all streams
     // A stream held back like that which takes no result for this long is ended.
     double unread_stream_timeout_s = 10;

@@ -213,7 +213,8 @@ int Run(const CloudConfig& written) {
                num_blocks * block_bytes >> 20);
 
   tophat::CloudServiceImpl service(
-      engine->get(), {.max_queued_bytes_per_stream = config.limits.max_queued_bytes_per_stream,
+      engine->get(), {.max_inflight_bytes_per_stream = config.limits.max_inflight_bytes_per_stream,
+                      .max_queued_bytes_per_stream = config.limits.max_queued_bytes_per_stream,
                       .max_queued_bytes_total = config.limits.max_queued_bytes_total,
                       .unread_timeout_s = config.limits.unread_stream_timeout_s,
                       .max_messages_per_second_per_device =

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "base/memory_release.h"
 
 #include "proto/channel_security.h"
 #include "proto/grpc_status.h"
@@ -178,6 +179,9 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1
     channel_->Detach();
     spdlog::info("stream {} done", stream_);
     delete this;
+    // Its queued results, unread chunks and buffers go back to the system (after the
+    // engine's detach, which may run first or later, it does the same).
+    ReleaseFreedMemory();
   }
 
  private:

@@ -23,8 +23,9 @@
 namespace tophat {
 
 struct CloudServiceOptions {
-  // Inbound payload bytes a stream may have queued in the engine before the reactor stops
-  // reading from it (backpressure on an agent that sends faster than the cloud computes).
+  // What a stream's messages may hold in the engine (IntakeBytes) before the reactor stops
+  // reading from it (backpressure on an agent that sends faster than the cloud computes;
+  // limits.max_inflight_bytes_per_stream).
   int64_t max_inflight_bytes_per_stream = 256LL << 20;
   // Bytes of outgoing messages one stream may have queued behind the one gRPC is writing
   // (limits.max_queued_bytes_per_stream). Beyond it the stream is congested: the engine

@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/memory_release.h"
 #include "base/status_macros.h"
 #include "proto/hidden_states.h"
 #include "proto/protocol_version.h"
@@ -49,9 +50,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
 absl::Status Engine::Warmup() {
   // One forward at the largest step shape, so the allocator's pools and the BLAS threads are
   // ready before the first session (STYLE.md: warm up once at the worst case).
-  if (middle_->spec().layers.empty()) return absl::OkStatus();
   c10::InferenceMode inference_mode;
   const bool gpu = !middle_->options().device.is_cpu();
+  // Every step runs in these, a middle without layers too (Launch passes them always).
   TOPHAT_RETURN_IF_ERROR(CatchExceptions("allocating the engine's step buffers", [&] {
     step_buffers_.emplace(middle_->NewStepBuffers(staging_.size(0), options_.kv_block_size));
     if (gpu) {
@@ -60,6 +61,7 @@ absl::Status Engine::Warmup() {
       }
     }
   }));
+  if (middle_->spec().layers.empty()) return absl::OkStatus();
   const int64_t rows = std::min<int64_t>(staging_.size(0), middle_->max_context());
   KvCache cache = middle_->NewCache(rows);
   at::Tensor input = staging_.narrow(0, 0, rows).zero_();
@@ -325,6 +327,8 @@ void Engine::HandleEvent(Event& event) {
       if (!keys.empty()) {
         spdlog::info("stream {} closed; freed {} session(s)", event.stream, keys.size());
       }
+      // The chunks and KV bookkeeping it held go back to the system, not only to malloc.
+      ReleaseFreedMemory();
       return;
     }
     case Event::Kind::kCancelAll: {
