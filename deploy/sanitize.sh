@@ -7,10 +7,11 @@
 #
 #   bash deploy/sanitize.sh --toy-model DIR [CATCH_TEST_SPEC...]
 #
-# The default spec is "[serving]~[timing]~[numerics]": the [timing] cases estimate link and
-# compute rates from real transfers and need release-speed daemons, and the [numerics] case
-# gathers agreement statistics over 100 prompts through code paths shorter cases cover (both
-# run in the release suite).
+# The default spec is "[serving]~[timing]~[numerics]~[memory]": the [timing] cases estimate
+# link and compute rates from real transfers and need release-speed daemons, the [numerics]
+# case gathers agreement statistics over 100 prompts through code paths shorter cases cover,
+# and the [memory] case measures resident memory, which under ASan is its allocator's and its
+# quarantine's (all three run in the release suite).
 #
 # Every process writes its sanitizer reports to a scratch directory; any report fails the
 # run, even one from a daemon the test had already finished with. Exits 77 (CTest's
@@ -31,7 +32,7 @@ if [ -z "$toy_model" ] || [ ! -f "$toy_model/config.json" ]; then
   echo "sanitize: --toy-model DIR must name a trained toy model (tophat toy-model --out DIR)" >&2
   exit 2
 fi
-if [ ${#specs[@]} -eq 0 ]; then specs=("[serving]~[timing]~[numerics]"); fi
+if [ ${#specs[@]} -eq 0 ]; then specs=("[serving]~[timing]~[numerics]~[memory]"); fi
 if ! command -v clang++ >/dev/null 2>&1; then
   echo "sanitize: clang++ not found (deploy/install-deps.sh installs clang); skipped" >&2
   exit 77
@@ -51,7 +52,7 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$reports/ubsan
 export TOPHAT_TOY_MODEL_DIR="$toy_model"
 status=0
 echo "sanitize: running ${specs[*]} (left out here: $(build/fuzz/tests/tophat_serving_test \
-  --list-test-names-only '[timing],[numerics]' | grep -c . ) [timing] and [numerics] cases)"
+  --list-test-names-only '[timing],[numerics],[memory]' | grep -c . ) [timing], [numerics] and [memory] cases)"
 build/fuzz/tests/tophat_serving_test "${specs[@]}" || status=$?
 if [ -n "$(ls -A "$reports")" ]; then
   for report in "$reports"/*; do
