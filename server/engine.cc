@@ -994,13 +994,11 @@ int64_t Engine::Launch() {
     Session* session = pending_sessions_[planned.index];
     KvCache& cache = session->cache;
     while (cache.capacity() < cache.length() + planned.num_tokens) {
-      if (session->reserved_blocks == 0 ||
-          injected_reservation_failures_.erase({session->stream, session->id}) > 0) {
-        failed_sessions_.push_back({session->stream, session->id});
-        total -= planned.num_tokens;
-        return true;
+      std::optional<int32_t> block;
+      if (session->reserved_blocks > 0 &&
+          injected_reservation_failures_.erase({session->stream, session->id}) == 0) {
+        block = allocator_.AllocateReserved();
       }
-      std::optional<int32_t> block = allocator_.AllocateReserved();
       if (!block) {
         failed_sessions_.push_back({session->stream, session->id});
         total -= planned.num_tokens;

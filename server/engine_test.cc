@@ -134,6 +134,26 @@ struct Harness {
     message.mutable_truncate()->set_length(length);
     engine->Deliver(1, message);
   }
+  // On another stream (another device): an open, and a first prompt chunk of `positions`
+  // random rows (the prompt's last when `decode_follows`).
+  void OpenOn(StreamId stream, uint64_t id, uint32_t max_positions) {
+    v1::AgentMessage open;
+    open.mutable_open()->set_session_id(id);
+    open.mutable_open()->set_max_positions(max_positions);
+    engine->Deliver(stream, open);
+  }
+  void PrefillOn(StreamId stream, uint64_t id, int64_t positions, bool decode_follows = false) {
+    v1::AgentMessage message;
+    v1::ForwardChunk* chunk = message.mutable_forward();
+    chunk->set_session_id(id);
+    chunk->set_sequence_number(1);
+    chunk->set_phase(v1::PHASE_PREFILL);
+    chunk->set_decode_follows(decode_follows);
+    REQUIRE(PackHiddenStates(at::randn({positions, TinyMiddle()->config().hidden_size}),
+                             chunk->mutable_states())
+                .ok());
+    engine->Deliver(stream, message);
+  }
   // Runs steps until `id`'s chunk results are all in; returns their rows concatenated.
   at::Tensor Results(uint64_t id) {
     std::vector<at::Tensor> rows;
@@ -584,18 +604,8 @@ TEST_CASE("Steps take each device's oldest work before any device's second") {
   for (uint64_t id = 1; id <= 3; ++id) h.Open(id, 4);
   for (uint64_t id = 1; id <= 3; ++id) h.Chunk(id, 0, 4, v1::PHASE_PREFILL);
   // Device b's chunk arrives last.
-  v1::AgentMessage open;
-  open.mutable_open()->set_session_id(9);
-  open.mutable_open()->set_max_positions(4);
-  h.engine->Deliver(2, open);
-  v1::AgentMessage chunk;
-  chunk.mutable_forward()->set_session_id(9);
-  chunk.mutable_forward()->set_sequence_number(1);
-  chunk.mutable_forward()->set_phase(v1::PHASE_PREFILL);
-  REQUIRE(PackHiddenStates(at::randn({4, TinyMiddle()->config().hidden_size}),
-                           chunk.mutable_forward()->mutable_states())
-              .ok());
-  h.engine->Deliver(2, chunk);
+  h.OpenOn(2, 9, 4);
+  h.PrefillOn(2, 9, 4);
   h.engine->RunOnce();
   // First come, first served alone would run sessions 1 and 2 of the first device.
   std::vector<uint64_t> first_step;
@@ -627,31 +637,12 @@ TEST_CASE("While a device decodes another device's prompts may stretch a step on
     auto other = std::make_shared<CollectingSink>();
     h.engine->AttachStream(2, other, "flooder");
     // The decoding device: its prompt's last chunk computed, its next token not here yet.
-    h.Open(1, 32);
-    v1::AgentMessage prompt;
-    v1::ForwardChunk* last = prompt.mutable_forward();
-    last->set_session_id(1);
-    last->set_sequence_number(1);
-    last->set_phase(v1::PHASE_PREFILL);
-    last->set_decode_follows(true);
-    REQUIRE(PackHiddenStates(at::randn({4, TinyMiddle()->config().hidden_size}),
-                             last->mutable_states())
-                .ok());
-    h.engine->Deliver(1, prompt);
+    h.OpenOn(1, 1, 32);
+    h.PrefillOn(1, 1, 4, /*decode_follows=*/true);
     CHECK(h.engine->RunOnce() == 4);
     // The other device's prompt: 64 positions waiting.
-    v1::AgentMessage open;
-    open.mutable_open()->set_session_id(9);
-    open.mutable_open()->set_max_positions(128);
-    h.engine->Deliver(2, open);
-    v1::AgentMessage chunk;
-    chunk.mutable_forward()->set_session_id(9);
-    chunk.mutable_forward()->set_sequence_number(1);
-    chunk.mutable_forward()->set_phase(v1::PHASE_PREFILL);
-    REQUIRE(PackHiddenStates(at::randn({64, TinyMiddle()->config().hidden_size}),
-                             chunk.mutable_forward()->mutable_states())
-                .ok());
-    h.engine->Deliver(2, chunk);
+    h.OpenOn(2, 9, 128);
+    h.PrefillOn(2, 9, 64);
     const int64_t step = h.engine->RunOnce();
     if (stretch > 0) {
       CHECK(step >= 8);    // about 11 - 1 (the decode token the step must leave room for)
