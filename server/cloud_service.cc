@@ -9,6 +9,8 @@
 #include <unordered_map>
 
 #include <grpcpp/alarm.h>
+#include <grpcpp/support/proto_buffer_reader.h>
+#include <grpcpp/support/proto_buffer_writer.h>
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
@@ -105,6 +107,7 @@ class StreamChannel final : public MessageSink,
   std::deque<Queued> bulk_;
   std::unordered_map<uint64_t, int> bulk_per_session_;  // messages of each session in bulk_
   std::optional<Queued> current_;
+  grpc::ByteBuffer current_bytes_;  // current_'s message, serialized: what gRPC is writing
   int64_t queued_bytes_ = 0;  // of current_, urgent_ and bulk_
   grpc::Alarm cancel_alarm_;
   bool writing_ = false;
@@ -120,7 +123,7 @@ class StreamChannel final : public MessageSink,
   std::unique_ptr<grpc::Alarm> stall_alarm_;
 };
 
-class ConnectReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1::CloudMessage> {
+class ConnectReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   // `device`: who the stream is (DeviceIdentity); "" for an anonymous plaintext stream.
   ConnectReactor(Engine* engine, StreamId stream, const CloudServiceOptions& options,
@@ -134,7 +137,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1
                  device_.empty() ? std::string("no device identity: plaintext")
                                  : "device " + device_);
     engine_->AttachStream(stream_, channel_, device_);
-    StartRead(&incoming_);
+    StartRead(&incoming_bytes_);
   }
 
   void OnReadDone(bool ok) override {
@@ -142,6 +145,21 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1
       // The agent half-closed or the call broke: its sessions are over.
       Detach();
       channel_->Finish(absl::OkStatus());
+      return;
+    }
+    ++messages_read_;
+    const grpc::Status parsed =
+        grpc::GenericDeserialize<grpc::ProtoBufferReader, v1::AgentMessage>(&incoming_bytes_,
+                                                                            &incoming_);
+    if (!parsed.ok()) {
+      // Not one of ours: a client of another protocol or a broken one. The stream ends, with
+      // an error that says why; its sessions go as on any end of the stream.
+      const std::string why = absl::StrCat(
+          "message ", messages_read_, " on the stream is not a tophat.v1.AgentMessage (",
+          parsed.error_message(), "); the stream is ended");
+      spdlog::warn("stream {} ({}): {}", stream_, context_->peer(), why);
+      Detach();
+      channel_->Finish(absl::InvalidArgumentError(why));
       return;
     }
     if (incoming_.has_forward() && incoming_.forward().phase() == v1::PHASE_PREFILL) {
@@ -161,10 +179,10 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1
     const int64_t bytes = IntakeBytes(incoming_);
     engine_->Deliver(stream_, std::move(incoming_));
     incoming_.Clear();
-    if (channel_->OnReadQueued(bytes)) StartRead(&incoming_);
+    if (channel_->OnReadQueued(bytes)) StartRead(&incoming_bytes_);
   }
 
-  void ResumeRead() { StartRead(&incoming_); }
+  void ResumeRead() { StartRead(&incoming_bytes_); }
   void Cancel() { context_->TryCancel(); }
 
   void OnWriteDone(bool ok) override { channel_->OnWriteDone(ok); }
@@ -194,7 +212,9 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1
   std::string device_;  // DeviceIdentity: certificate or token; "" for anonymous plaintext
   grpc::CallbackServerContext* context_;
   std::shared_ptr<StreamChannel> channel_;
-  v1::AgentMessage incoming_;
+  grpc::ByteBuffer incoming_bytes_;  // what the read gets
+  v1::AgentMessage incoming_;        // parsed from it
+  int64_t messages_read_ = 0;
   std::atomic<bool> detached_{false};
 };
 
@@ -351,8 +371,24 @@ void StreamChannel::StartNextWriteLocked() {
   } else {
     return;
   }
+  bool own_buffer = false;
+  const grpc::Status serialized =
+      grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::CloudMessage>(
+          current_->message, &current_bytes_, &own_buffer);
+  if (!serialized.ok()) {
+    // Only a message past protobuf's 2 GiB can fail here; the engine never makes one.
+    spdlog::error("stream {}: a result could not be serialized: {}", stream_,
+                  serialized.error_message());
+    current_.reset();
+    FinishLocked(grpc::Status(grpc::StatusCode::INTERNAL,
+                              "a result could not be serialized: " + serialized.error_message()));
+    return;
+  }
+  // The serialized copy is what is written; the message itself (a result's payload) goes now
+  // rather than when the write is done. Its bytes still count until then.
+  current_->message = v1::CloudMessage();
   writing_ = true;
-  reactor_->StartWrite(&current_->message);
+  reactor_->StartWrite(&current_bytes_);
 }
 
 void StreamChannel::FinishLocked(grpc::Status status) {
@@ -373,6 +409,7 @@ void StreamChannel::OnWriteDone(bool ok) {
     ReleaseQueuedLocked(queued_bytes_ - current_->bytes);
     current_.reset();
   }
+  current_bytes_.Clear();
   ++writes_done_;
   if (congested_.load(std::memory_order_relaxed) && !OverBoundLocked(0.5)) {
     congested_.store(false, std::memory_order_relaxed);
@@ -444,6 +481,7 @@ void StreamChannel::Detach() {
   reactor_ = nullptr;
   writing_ = false;  // no OnWriteDone comes after OnDone
   DropQueueLocked();
+  current_bytes_.Clear();
 }
 
 }  // namespace
@@ -474,7 +512,7 @@ TokenBucket::Clock::duration DevicePacer::Take(const std::string& device) {
 }
 
 // A stream refused before it reaches the engine: it ends at once with `status`.
-class RefusedReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1::CloudMessage> {
+class RefusedReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   explicit RefusedReactor(const grpc::Status& status) { Finish(status); }
   void OnDone() override { delete this; }
@@ -496,7 +534,7 @@ absl::StatusOr<std::string> DeviceIdentity(const grpc::CallbackServerContext& co
   return named;
 }
 
-grpc::ServerBidiReactor<v1::AgentMessage, v1::CloudMessage>* CloudServiceImpl::Connect(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* CloudServiceImpl::Connect(
     grpc::CallbackServerContext* context) {
   auto device = DeviceIdentity(*context, options_.device_tokens);
   if (!device.ok()) {

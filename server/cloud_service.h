@@ -79,7 +79,12 @@ struct OutgoingTotals {
   std::atomic<int64_t> streams{0};
 };
 
-class CloudServiceImpl final : public v1::CloudService::CallbackService {
+// Connect is registered raw (ByteBuffer in and out) so that a message the agent sent that is
+// not an AgentMessage can be told from the agent half-closing its stream: gRPC's typed
+// callback API reports both as a failed read, and would end the stream with OK. The reactor
+// parses and serializes exactly as gRPC's generated code does.
+class CloudServiceImpl final
+    : public v1::CloudService::WithRawCallbackMethod_Connect<v1::CloudService::Service> {
  public:
   CloudServiceImpl(Engine* engine, CloudServiceOptions options)
       : engine_(engine),
@@ -89,7 +94,7 @@ class CloudServiceImpl final : public v1::CloudService::CallbackService {
                    ? std::make_shared<DevicePacer>(options.max_messages_per_second_per_device)
                    : nullptr) {}
 
-  grpc::ServerBidiReactor<v1::AgentMessage, v1::CloudMessage>* Connect(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Connect(
       grpc::CallbackServerContext* context) override;
 
   // Bytes of results queued for agents and not yet handed to gRPC, all streams.

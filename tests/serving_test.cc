@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -669,6 +670,94 @@ TEST_CASE("Malformed hidden-state chunks fail their own session, and the cloud k
   REQUIRE(result.ok());
   REQUIRE(result->ok());
   CHECK(Tokens(*result) == expected);
+  CHECK(cloud.process().running());
+}
+
+// Sends `bytes` as one message of a Connect stream through a generic stub (no typed client
+// can send what is not an AgentMessage), after the cloud's Hello, and returns the status the
+// cloud ends the stream with.
+grpc::Status SendRawBytesOnConnect(const std::string& address, const std::string& bytes) {
+  auto channel = grpc::CreateChannel(address, DeviceCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + 30s);
+  grpc::CompletionQueue queue;
+  auto call = stub.PrepareCall(&context, "/tophat.v1.CloudService/Connect", &queue);
+  // Each step waits for its own tag; the reads after the write drain the stream until the
+  // cloud ends it.
+  auto step = [&queue](intptr_t expected) {
+    void* tag = nullptr;
+    bool ok = false;
+    REQUIRE(queue.Next(&tag, &ok));
+    REQUIRE(reinterpret_cast<intptr_t>(tag) == expected);
+    return ok;
+  };
+  call->StartCall(reinterpret_cast<void*>(1));
+  REQUIRE(step(1));
+  grpc::ByteBuffer hello;
+  call->Read(&hello, reinterpret_cast<void*>(2));
+  REQUIRE(step(2));
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer message(&slice, 1);
+  call->Write(message, reinterpret_cast<void*>(3));
+  step(3);
+  grpc::ByteBuffer ignored;
+  do {
+    call->Read(&ignored, reinterpret_cast<void*>(4));
+  } while (step(4));
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  step(5);
+  queue.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (queue.Next(&tag, &ok)) {
+  }
+  return status;
+}
+
+TEST_CASE("Bytes that are not an AgentMessage end their stream with INVALID_ARGUMENT, and the "
+          "cloud keeps serving",
+          "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});
+  // A length-delimited field 1 that claims 127 bytes and has none; and seeded random bytes,
+  // checked here not to parse (protobuf skips unknown fields, so most random bytes fail but
+  // not all).
+  std::vector<std::string> garbage = {std::string("\x0a\x7f", 2)};
+  std::mt19937 random(7);
+  while (garbage.size() < 3) {
+    std::string bytes(64, '\0');
+    for (char& c : bytes) c = static_cast<char>(random() & 0xff);
+    v1::AgentMessage parsed;
+    if (!parsed.ParseFromString(bytes)) garbage.push_back(bytes);
+  }
+  for (const std::string& bytes : garbage) {
+    const grpc::Status status = SendRawBytesOnConnect(cloud.address(), bytes);
+    INFO(status.error_code() << " " << status.error_message());
+    CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(status.error_message().find("message 1 on the stream is not a tophat.v1.AgentMessage") !=
+          std::string::npos);
+  }
+  CHECK(testing::WaitUntil(
+      [&] {
+        const std::string log = cloud.process().Log();
+        size_t lines = 0;
+        for (size_t at = log.find("is not a tophat.v1.AgentMessage"); at != std::string::npos;
+             at = log.find("is not a tophat.v1.AgentMessage", at + 1)) {
+          ++lines;
+        }
+        return lines == garbage.size();
+      },
+      10s));
+  // The daemon still serves: a stream that speaks the protocol gets its Hello and its results.
+  RawStream raw(cloud.address());
+  const uint32_t d = raw.hello().hidden_size();
+  REQUIRE(raw.Send(OpenMessage(1, 64)));
+  REQUIRE(raw.Send(ChunkMessage(1, 0, 4, d, v1::DTYPE_FLOAT32)));
+  v1::CloudMessage reply = raw.ReadFor(1);
+  REQUIRE(reply.has_result());
+  CHECK(reply.result().states().num_positions() == 4);
   CHECK(cloud.process().running());
 }
 
