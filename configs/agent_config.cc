@@ -226,6 +226,8 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
                     &config.link_emulation.downlink_bytes_per_second, Bound::kNonNegative);
   reader.ReadString("openai.address", &config.openai.address);
   reader.ReadString("openai.model_name", &config.openai.model_name);
+  reader.ReadSeconds("openai.request_deadline_s", &config.openai.request_deadline_s,
+                     Bound::kPositive);
   reader.ReadString("metrics_address", &config.metrics_address);
   reader.ReadString("log_level", &config.log_level);
 

@@ -140,6 +140,8 @@ struct AgentConfig {
   struct OpenAi {
     std::string address;     // host:port
     std::string model_name;  // the name it answers to; "": the bundle's model id
+    // How long a connection has to send a whole request (OpenAiServerOptions).
+    double request_deadline_s = 10;
     bool operator==(const OpenAi&) const = default;
   } openai;
   std::string metrics_address = "127.0.0.1:9200";  // empty disables

@@ -76,6 +76,7 @@ link_emulation:
 openai:
   address: "127.0.0.1:8000"
   model_name: my-model
+  request_deadline_s: 3
 metrics_address: ""
 log_level: trace
 )",
@@ -120,6 +121,7 @@ log_level: trace
   CHECK(config->link_emulation.downlink_bytes_per_second == 10e6);
   CHECK(config->openai.address == "127.0.0.1:8000");
   CHECK(config->openai.model_name == "my-model");
+  CHECK(config->openai.request_deadline_s == 3);
   CHECK(config->metrics_address.empty());
   CHECK(config->log_level == "trace");
   CHECK(ValidateAgentConfig(*config).ok());

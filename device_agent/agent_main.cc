@@ -102,7 +102,9 @@ int Run(const tophat::AgentConfig& config) {
                                                 .max_concurrent_requests =
                                                     config.max_concurrent_requests,
                                                 .max_body_bytes =
-                                                    2 * config.max_prompt_bytes + (64 << 10)});
+                                                    2 * config.max_prompt_bytes + (64 << 10),
+                                                .request_deadline_s =
+                                                    config.openai.request_deadline_s});
     if (!started.ok()) return Fail(started.status());
     openai = *std::move(started);
   }

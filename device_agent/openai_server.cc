@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "device_agent/openai_request.h"
@@ -153,8 +154,8 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
   http.set_keep_alive_timeout(server->options_.idle_timeout_s);
   http.set_keep_alive_max_count(100);
   const int64_t max_body = server->options_.max_body_bytes;
-  // httplib's own refusals (413 past the body limit, 400 for a request it cannot parse)
-  // carry OpenAI's error shape too.
+  // httplib's own refusals (413 past the body limit for a chunked body, 400 for a request it
+  // cannot parse) carry OpenAI's error shape too.
   http.set_error_handler([max_body](const httplib::Request&, httplib::Response& res) {
     if (!res.body.empty()) return;
     if (res.status == 413) {
@@ -167,6 +168,30 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
                                  .message = absl::StrCat("HTTP ", res.status)});
     }
   });
+  server->request_deadline_ = std::make_unique<HttpRequestDeadline>(
+      "openai", std::chrono::duration_cast<HttpRequestDeadline::Clock::duration>(
+                    std::chrono::duration<double>(server->options_.request_deadline_s)),
+      std::chrono::milliseconds(250));
+  // A body past the limit is refused from its Content-Length before any of it is read (httplib's
+  // own check, below, first reads and discards the whole body), and the connection is closed
+  // once the refusal is written: what the client sends after it is that body, not a request.
+  http.set_pre_routing_handler([raw = server.get(), max_body](const httplib::Request& req,
+                                                              httplib::Response& res) {
+    uint64_t length = 0;
+    if (!absl::SimpleAtoi(req.get_header_value("Content-Length"), &length) ||
+        length <= static_cast<uint64_t>(max_body)) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    raw->request_deadline_->RequestRead(req.remote_addr, req.remote_port);
+    raw->request_deadline_->CloseAfterAnswer(req.remote_addr, req.remote_port);
+    SendError(res, OpenAiError{.http_status = 413,
+                               .message = absl::StrCat("the request body (", length,
+                                                       " bytes) is larger than this endpoint "
+                                                       "reads (", max_body,
+                                                       " bytes; max_prompt_bytes)")});
+    res.set_header("Connection", "close");
+    return httplib::Server::HandlerResponse::Handled;
+  });
   server->Route();
   auto port = ListenOnThread(*server->server_, server->options_.address, server->thread_);
   if (!port.ok()) {
@@ -174,6 +199,7 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
                         absl::StrCat("openai.address: ", port.status().message()));
   }
   server->port_ = *port;
+  server->request_deadline_->Watch(server->port_);
   spdlog::info("openai: serving model \"{}\" on {} (port {}; chat template: {})",
                server->options_.model_name, server->options_.address, server->port_,
                server->chat_template_ ? ChatFamilyName(server->chat_template_->family())
@@ -204,7 +230,17 @@ void OpenAiServer::Route() {
     return std::nullopt;
   };
 
-  server_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+  // Every handler starts with it: the request is in, and its connection's deadline for sending
+  // one (openai.request_deadline_s) is off until the answer is written (the logger).
+  const auto answering = [this](const httplib::Request& req) {
+    request_deadline_->RequestRead(req.remote_addr, req.remote_port);
+  };
+  server_->set_logger([this](const httplib::Request& req, const httplib::Response&) {
+    request_deadline_->ResponseDone(req.remote_addr, req.remote_port);
+  });
+
+  server_->Get("/health", [this, answering](const httplib::Request& req, httplib::Response& res) {
+    answering(req);
     const v1::HealthResponse health = agent_->Health();
     res.status = health.cloud_connected() ? 200 : 503;
     res.set_content(Json{{"status", health.cloud_connected() ? "ok" : "cloud_disconnected"},
@@ -213,8 +249,9 @@ void OpenAiServer::Route() {
                     "application/json");
   });
 
-  server_->Get("/v1/models", [this, authenticate](const httplib::Request& req,
-                                                  httplib::Response& res) {
+  server_->Get("/v1/models", [this, authenticate, answering](const httplib::Request& req,
+                                                             httplib::Response& res) {
+    answering(req);
     if (!authenticate(req, res)) return;
     const Json model = {{"id", options_.model_name},
                         {"object", "model"},
@@ -386,11 +423,13 @@ void OpenAiServer::Route() {
         });
   };
   server_->Post("/v1/chat/completions",
-                [complete](const httplib::Request& req, httplib::Response& res) {
+                [complete, answering](const httplib::Request& req, httplib::Response& res) {
+                  answering(req);
                   complete(OpenAiEndpoint::kChatCompletions, req, res);
                 });
-  server_->Post("/v1/completions", [complete](const httplib::Request& req,
-                                              httplib::Response& res) {
+  server_->Post("/v1/completions", [complete, answering](const httplib::Request& req,
+                                                         httplib::Response& res) {
+    answering(req);
     complete(OpenAiEndpoint::kCompletions, req, res);
   });
 }

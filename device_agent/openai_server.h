@@ -21,6 +21,7 @@
 #include "configs/bearer_tokens.h"
 #include "device_agent/agent.h"
 #include "models/tokenizers/chat_template.h"
+#include "telemetry/http_request_deadline.h"
 
 namespace httplib {
 class Server;
@@ -48,6 +49,11 @@ struct OpenAiServerOptions {
   // A connection that sends nothing for this long is closed (httplib's per-read timeout);
   // an idle keep-alive connection likewise.
   int idle_timeout_s = 5;
+  // A connection whose whole request (headers and body) has not arrived this long after it
+  // opened, or after its previous answer, is closed: a client that sends a byte a second
+  // never trips the per-read timeout, and would hold a worker for as long as it liked
+  // (openai.request_deadline_s).
+  double request_deadline_s = 10;
 };
 
 class OpenAiServer {
@@ -68,6 +74,7 @@ class OpenAiServer {
   OpenAiServerOptions options_;
   std::optional<ChatTemplate> chat_template_;
   std::string chat_template_error_;  // why chat is unavailable, when it is
+  std::unique_ptr<HttpRequestDeadline> request_deadline_;  // outlives server_'s handlers
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   int port_ = 0;

@@ -7,8 +7,10 @@ starts the cloud and the agent and runs it with the build's Python (TOPHAT_PYTHO
 
 import http.client
 import json
+import select
 import socket
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -210,9 +212,14 @@ def limits(client, model, base_url):
     connection.putheader("Content-Type", "application/json")
     connection.putheader("Content-Length", str(50 << 20))
     connection.endheaders()
+    started = time.monotonic()
     response = connection.getresponse()
+    refused_s = time.monotonic() - started
     body = json.loads(response.read() or b"{}")
     check_eq("a 50 MB body: HTTP status", response.status, 413)
+    # At once: httplib's own check would first read the body to discard it, and answer only
+    # when the client sent it all or a read timed out (5 s).
+    check(refused_s < 2.5, f"a 50 MB body: refused at once (after {refused_s:.1f} s)")
     check("a 50 MB body: the error says why",
           "larger than this endpoint reads" in body.get("error", {}).get("message", ""))
     connection.close()
@@ -240,9 +247,72 @@ def limits(client, model, base_url):
     started = time.monotonic()
     check_eq("an idle connection: what the endpoint sent before closing it", idle.recv(1024), b"")
     waited = time.monotonic() - started
-    check(f"an idle connection closed within 20 s (after {waited:.1f} s)", waited < 20)
+    check(waited < 20, f"an idle connection closed within 20 s (after {waited:.1f} s)")
     idle.close()
     print(f"an idle connection is closed after {waited:.1f} s")
+
+    slow_clients(client, model, url)
+
+
+def slow_clients(client, model, url):
+    """More clients than the endpoint has workers (max_concurrent_requests 2 + 8 spare) send
+    their requests a byte every half second, which no per-read timeout trips: each is cut
+    off at openai.request_deadline_s (3 s here, openai_client_test.sh), and a completion
+    asked meanwhile is answered once they are. Without the deadline they hold every worker
+    for as long as they dribble (30 s here) and the completion waits that long."""
+    deadline_s = 3
+    slow = []
+    started = time.monotonic()  # no connection can be accepted, and its deadline start, before
+    for _ in range(12):
+        connection = socket.create_connection((url.hostname, url.port), timeout=30)
+        connection.sendall(b"POST " + url.path.encode() + b"/completions HTTP/1.1\r\n"
+                           b"Host: x\r\nX-Slow: ")
+        slow.append(connection)
+    connected_s = time.monotonic() - started
+    closed_after = [None] * len(slow)
+    stop = threading.Event()  # set only when the test fails early
+
+    def dribble():
+        while not stop.is_set() and time.monotonic() - started < 30:
+            for i, connection in enumerate(slow):
+                if closed_after[i] is not None:
+                    continue
+                try:
+                    connection.sendall(b"a")
+                    readable, _, _ = select.select([connection], [], [], 0)
+                    if readable and connection.recv(1024) == b"":
+                        closed_after[i] = time.monotonic() - started
+                except OSError:
+                    closed_after[i] = time.monotonic() - started
+            if all(after is not None for after in closed_after):
+                return
+            time.sleep(0.5)
+
+    dribbler = threading.Thread(target=dribble)
+    dribbler.start()
+    try:
+        time.sleep(0.5)  # the slow connections are in, holding the workers
+        asked = time.monotonic()
+        answer = client.with_options(timeout=60).completions.create(
+            model=model, prompt="hello", max_tokens=2, temperature=0)
+        answered_s = time.monotonic() - asked
+        dribbler.join()  # until every slow client is cut off, or 30 s
+    finally:
+        stop.set()
+        dribbler.join()
+        for connection in slow:
+            connection.close()
+    check(len(answer.choices) == 1, "a completion asked behind slow clients is answered")
+    # The deadline, a check period (0.25 s) and a generous margin for a loaded machine, far
+    # below the 30 s the slow clients would hold the workers without it.
+    check(answered_s < 15, f"answered {answered_s:.1f} s after it was asked, within 15 s")
+    for i, after in enumerate(closed_after):
+        check(after is not None and after < 15, f"slow client {i} was cut off (after {after} s)")
+        check(after >= deadline_s - 0.5,
+              f"slow client {i} was not cut off before the deadline (after {after:.1f} s)")
+    print(f"{len(slow)} clients sending a byte at a time are cut off after "
+          f"{', '.join(f'{after:.1f}' for after in sorted(closed_after))} s; a completion asked "
+          f"behind them took {answered_s:.1f} s (connecting them took {connected_s:.1f} s)")
 
 
 def accepted(client, model):

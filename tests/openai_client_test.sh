@@ -4,7 +4,9 @@
 # agent's OpenAI endpoint on: chat (streaming and not), a stop sequence, seeded completions,
 # bad requests, a client that disconnects mid-stream (its request cancelled, the cloud's
 # KV freed), and the endpoint's limits: a body too large (413, before it is read), a
-# completion past max_concurrent_requests (429 at once), an idle connection (closed). The cases are tests/openai_client_test.py.
+# completion past max_concurrent_requests (429 at once), an idle connection (closed), clients that
+# send their requests a byte at a time (cut off at openai.request_deadline_s). The cases are
+# tests/openai_client_test.py.
 #   openai_client_test.sh BIN_DIR TOY_MODEL WORK_DIR PYTHON
 # A Python without `openai` is a failure, not a skip: deploy/install-deps.sh installs it.
 set -euo pipefail
@@ -47,6 +49,7 @@ max_concurrent_requests: 2
 max_prompt_bytes: 64KiB
 openai:
   address: "127.0.0.1:$openai_port"
+  request_deadline_s: 3
 EOF
 
 pids=()
