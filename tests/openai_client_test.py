@@ -29,6 +29,9 @@ class Mismatch(Exception):
 
 
 def check(condition, what):
+    # A description passed as the condition is truthy and would pass whatever happened.
+    if not isinstance(condition, bool):
+        raise TypeError(f"check({condition!r}, {what!r}): the condition comes first")
     if not condition:
         raise Mismatch(what)
 
@@ -220,8 +223,8 @@ def limits(client, model, base_url):
     # At once: httplib's own check would first read the body to discard it, and answer only
     # when the client sent it all or a read timed out (5 s).
     check(refused_s < 2.5, f"a 50 MB body: refused at once (after {refused_s:.1f} s)")
-    check("a 50 MB body: the error says why",
-          "larger than this endpoint reads" in body.get("error", {}).get("message", ""))
+    check("larger than this endpoint reads" in body.get("error", {}).get("message", ""),
+          "a 50 MB body: the error says why")
     connection.close()
     print("a body past the limit is refused with 413 before it is read")
 
@@ -235,7 +238,7 @@ def limits(client, model, base_url):
     expect_error("a 3rd completion at once",
                  lambda: client.completions.create(model=model, prompt="hello", max_tokens=2),
                  openai.RateLimitError, 429, code="rate_limit_exceeded")
-    check("the 429 came at once, not after the streams", time.monotonic() - started < 10)
+    check(time.monotonic() - started < 10, "the 429 came at once, not after the streams")
     for stream in streams:
         stream.close()
     # Once they are gone a completion runs again (their places are given back).
