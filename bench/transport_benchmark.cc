@@ -129,6 +129,7 @@ void ReadResults(grpc::ClientReaderWriter<v1::AgentMessage, v1::CloudMessage>* s
       case v1::CloudMessage::kAdmitted:
       case v1::CloudMessage::kTruncated:
       case v1::CloudMessage::kControl:
+      case v1::CloudMessage::kLoad:
       case v1::CloudMessage::KIND_NOT_SET:
         break;
     }

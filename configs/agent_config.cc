@@ -53,6 +53,18 @@ void CheckAgentConfig(const AgentConfig& config, bool require_bundle, Report&& r
     report("listen_address", "unix: needs a socket path, e.g. unix:/run/tophat/agent.sock", "");
   }
   check("cloud_address", CheckHostPort(config.cloud_address, /*allow_port_zero=*/false));
+  for (size_t i = 0; i < config.cloud_addresses.size(); ++i) {
+    check(absl::StrCat("cloud_addresses[", i, "]"),
+          CheckHostPort(config.cloud_addresses[i], /*allow_port_zero=*/false));
+    for (size_t j = 0; j < i; ++j) {
+      if (config.cloud_addresses[j] == config.cloud_addresses[i]) {
+        report(absl::StrCat("cloud_addresses[", i, "]"),
+               absl::StrCat("\"", config.cloud_addresses[i], "\" is also cloud_addresses[", j,
+                            "]"),
+               "");
+      }
+    }
+  }
   check("dtype", CheckDtype(config.dtype));
   check("wire_dtype", CheckWireDtype(config.wire_dtype));
   check("device", CheckDevice(config.device));
@@ -165,6 +177,7 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
     reader.AddError("app_tokens", std::string(parsed.status().message()));
   }
   reader.ReadString("cloud_address", &config.cloud_address);
+  reader.ReadStringList("cloud_addresses", &config.cloud_addresses);
   reader.ReadString("bundle", &config.bundle);
   reader.ReadBool("cloud_tls.insecure", &config.cloud_tls.insecure);
   reader.ReadString("cloud_tls.certificate_file", &config.cloud_tls.certificate_file);

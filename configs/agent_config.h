@@ -29,6 +29,14 @@ struct AgentConfig {
   // anonymous, on a network you trust; a warning is logged at start-up).
   bool allow_remote_apps = false;
   std::string cloud_address = "127.0.0.1:7100";
+  // Several clouds serving the same model: when set, cloud_address is not used. The agent
+  // keeps a stream to each and places every new request on the least loaded
+  // (device_agent/cloud_pool.h); a request whose cloud is lost moves to another.
+  std::vector<std::string> cloud_addresses;
+  // The clouds this agent uses: cloud_addresses, or cloud_address alone.
+  std::vector<std::string> clouds() const {
+    return cloud_addresses.empty() ? std::vector<std::string>{cloud_address} : cloud_addresses;
+  }
   std::string bundle;  // device bundle directory (required)
   // TLS of the link to the cloud, mutual: the agent presents this device's certificate and
   // accepts only a cloud whose certificate ca_file signed.

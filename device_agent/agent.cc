@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "base/clock.h"
 #include "base/status_macros.h"
 #include "device_agent/decode_round.h"
@@ -21,6 +22,7 @@
 #include "proto/channel_security.h"
 #include "proto/hidden_states.h"
 #include "proto/protocol_version.h"
+#include "scheduler/cloud_placement.h"
 
 namespace tophat {
 namespace {
@@ -59,7 +61,8 @@ class Agent::Request : private CloudSession {
   // Takes a session id and a mailbox; called before the request is visible to Cancel().
   void Attach() {
     session_id_ = agent_.next_session_id_++;
-    mailbox_ = agent_.cloud_->Register(session_id_);
+    // Registered with a cloud once Open has placed the request on one.
+    mailbox_ = std::make_shared<SessionMailbox>();
   }
   v1::GenerateResponse Run();
   void Cancel() {
@@ -183,6 +186,7 @@ class Agent::Request : private CloudSession {
   bool cloud_parks_ = false;  // the cloud keeps parked sessions (Hello.parks_sessions)
 
   uint64_t session_id_ = 0;
+  CloudConnection* cloud_ = nullptr;  // where Open placed the session; null before
   uint64_t epoch_ = 0;
   uint64_t sequence_number_ = 0;
   std::shared_ptr<SessionMailbox> mailbox_;
@@ -202,7 +206,6 @@ v1::GenerateResponse Agent::Request::Run() {
   if (prepared.ok()) prepared = caught;
   if (!prepared.ok()) {
     ForgetReused();
-    agent_.cloud_->Unregister(session_id_);
     Finish(response, v1::FINISH_REASON_ERROR, prepared);
     return response;
   }
@@ -217,16 +220,16 @@ v1::GenerateResponse Agent::Request::Run() {
   absl::Status thrown = CatchExceptions("generating", [&] { result = serve(); });
   if (result.ok()) result = thrown;
 
-  if (!result.ok() || !Park()) {
+  if (cloud_ != nullptr && (!result.ok() || !Park())) {
     v1::AgentMessage goodbye;
     if (result.ok()) {
       goodbye.mutable_close()->set_session_id(session_id_);
     } else {
       goodbye.mutable_cancel()->set_session_id(session_id_);
     }
-    agent_.cloud_->Send(epoch_, std::move(goodbye)).IgnoreError();
+    cloud_->Send(epoch_, std::move(goodbye)).IgnoreError();
   }
-  agent_.cloud_->Unregister(session_id_);
+  if (cloud_ != nullptr) cloud_->Unregister(session_id_);
 
   if (result.ok()) {
     const bool stopped = !generated_.empty() &&
@@ -337,20 +340,33 @@ absl::Status Agent::Request::Open(uint64_t after_epoch) {
   // Waited for in slices, so that a request cancelled, or whose app went away, while no
   // cloud is connected ends now rather than at the give-up, and the agent's shutdown is not
   // held up by it.
-  absl::StatusOr<CloudConnection::Connected> waited;
+  absl::StatusOr<Placement> placed;
   while (true) {
     const SteadyClock::time_point slice_end =
         std::min(wait_until, SteadyClock::now() + std::chrono::milliseconds(100));
-    waited = agent_.cloud_->WaitConnected(slice_end, after_epoch);
-    if (waited.ok()) break;
+    placed = agent_.PlaceOnCloud(slice_end, after_epoch,
+                                 parked_session_id_ != 0 ? parked_epoch_ : 0);
+    if (placed.ok()) {
+      if (placed->cloud != cloud_) {
+        if (cloud_ != nullptr) cloud_->Unregister(session_id_);
+        placed->cloud->Register(session_id_, mailbox_);
+        cloud_ = placed->cloud;
+      }
+      // Registered before this check: if the stream is still the one placed on, its loss
+      // reaches the mailbox; if it went meanwhile, place again.
+      const CloudConnection::LoadView now = cloud_->load_view();
+      if (now.connected && now.epoch == placed->connected.epoch) break;
+      continue;
+    }
     if (cancelled_) return absl::CancelledError("cancelled");
     if (client_gone_ && client_gone_()) {
       cancelled_ = true;
       return absl::CancelledError("the client went away while the request waited for a cloud");
     }
-    if (agent_.cloud_->stopping() || SteadyClock::now() >= wait_until) return waited.status();
+    if (agent_.stopping() || SteadyClock::now() >= wait_until) return placed.status();
   }
-  CloudConnection::Connected connected = *std::move(waited);
+  cloud_->CountPlacement();
+  CloudConnection::Connected connected = std::move(placed->connected);
   epoch_ = connected.epoch;
   if (max_positions_ > connected.hello.max_positions()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -466,7 +482,7 @@ bool Agent::Request::Park() {
   message.mutable_park()->set_session_id(session_id_);
   message.mutable_park()->set_keep_alive_ms(
       static_cast<uint32_t>(std::min(config.keep_alive_s * 1000, 4e9)));
-  agent_.cloud_->Send(epoch_, std::move(message)).IgnoreError();
+  cloud_->Send(epoch_, std::move(message)).IgnoreError();
   std::vector<ConversationCache::Closed> closed;
   agent_.conversations_.Keep(std::move(kept), SteadyClock::now(), closed);
   agent_.CloseParked(closed);
@@ -500,7 +516,7 @@ absl::Status Agent::Request::Decode() {
     // A round emits at most drafts + 1 tokens; never draft past the length limit.
     const int64_t room = max_new_tokens_ - static_cast<int64_t>(generated_.size()) - 1;
     if (agent_.config_.speculative.parallel_steps_from_cloud) {
-      const v1::Control control = agent_.cloud_->control();
+      const v1::Control control = cloud_->control();
       if (control.draft_steps_per_device()) decoder_->set_parallel_steps(control.draft_steps());
     }
     TOPHAT_ASSIGN_OR_RETURN(RoundOutcome outcome, rounds_->Run(next_token_, room, *this));
@@ -570,7 +586,7 @@ absl::Status Agent::Request::ComputeShallow(int64_t first, int64_t count) {
 
 v1::DType Agent::Request::ChosenWireDtype() const {
   if (agent_.wire_dtype_from_scheduler_) {
-    const v1::DType chosen = agent_.cloud_->control().wire_dtype();
+    const v1::DType chosen = cloud_->control().wire_dtype();
     // A dtype from a newer cloud that this build cannot encode: the compute dtype.
     if (chosen != v1::DTYPE_UNSPECIFIED && WireBytesPerPosition(chosen, 1) > 0) return chosen;
     return cloud_dtype_;
@@ -619,7 +635,7 @@ void Agent::Request::SendRows(int64_t from, int64_t to, v1::Phase phase, double 
 }
 
 void Agent::Request::SendToCloud(v1::AgentMessage message, SentStamp sent) {
-  absl::Status status = agent_.cloud_->Send(epoch_, std::move(message), std::move(sent));
+  absl::Status status = cloud_->Send(epoch_, std::move(message), std::move(sent));
   if (!status.ok() && status.code() != absl::StatusCode::kUnavailable && send_failure_.ok()) {
     send_failure_ = std::move(status);
   }
@@ -677,6 +693,7 @@ absl::Status Agent::Request::Pump(int64_t target, bool block) {
       case v1::CloudMessage::kHello:
       case v1::CloudMessage::kControl:
       case v1::CloudMessage::kReceived:  // the connection's, never routed to a session
+      case v1::CloudMessage::kLoad:
       case v1::CloudMessage::KIND_NOT_SET:
         break;
     }
@@ -781,7 +798,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
   if (config.cloud_tls.insecure) {
     spdlog::warn("cloud_tls.insecure: the link to the cloud at {} is plaintext and "
                  "unauthenticated; use it only on a trusted network",
-                 config.cloud_address);
+                 absl::StrJoin(config.clouds(), ", "));
     cloud_credentials = grpc::InsecureChannelCredentials();
   } else {
     TOPHAT_ASSIGN_OR_RETURN(cloud_credentials,
@@ -838,50 +855,135 @@ Agent::Agent(AgentConfig config, DeviceBundle bundle,
     wire_dtype_ = ParseWireDtypeName(config_.wire_dtype).value_or(v1::DTYPE_UNSPECIFIED);
   }
   if (registry != nullptr) metrics_ = std::make_unique<AgentMetrics>(*registry);
-  CloudConnectionOptions options{
-      .address = config_.cloud_address,
-      .credentials = std::move(cloud_credentials),
-      .server_name = config_.cloud_tls.server_name,
-      .token = std::move(cloud_token),
-      .initial_backoff_s = config_.reconnect.initial_backoff_s,
-      .max_backoff_s = config_.reconnect.max_backoff_s,
-      .keepalive_s = config_.reconnect.keepalive_s,
-      .keepalive_timeout_s = config_.reconnect.keepalive_timeout_s,
-      .check_hello = [this](const v1::Hello& hello) { return CheckHello(hello); },
-      .on_state_change =
-          [this](bool connected) {
-            if (metrics_ == nullptr) return;
-            metrics_->cloud_connected.Set(connected ? 1 : 0);
-            if (connected && cloud_ != nullptr && cloud_->reconnects() > 0) {
-              metrics_->cloud_reconnects.Increment();
-            }
-          },
-      .pace_uplink = config_.uplink_pacing.enabled,
-      .pacing_lead_s = config_.uplink_pacing.lead_s,
-      .measured_uplink_bytes_per_second =
-          [this] {
-            std::lock_guard<std::mutex> lock(device_state_mutex_);
-            return link_.uplink_bytes_per_second();
-          },
-      .on_chunk_paced =
-          [this](double seconds) {
-            if (metrics_ != nullptr) metrics_->uplink_pacing_wait_seconds.Observe(seconds);
-          },
-      .max_outbox_bytes = config_.max_outbox_bytes,
-      .max_outbox_messages = config_.max_outbox_messages,
-      .one_way_delay_s = config_.link_emulation.one_way_delay_s,
-      .uplink_bytes_per_second = config_.link_emulation.uplink_bytes_per_second,
-      .downlink_bytes_per_second = config_.link_emulation.downlink_bytes_per_second};
-  cloud_ = std::make_unique<CloudConnection>(std::move(options));
+  // Epochs from one count over every cloud: an epoch names one stream of one cloud.
+  auto epochs = std::make_shared<std::atomic<uint64_t>>(0);
+  const std::vector<std::string> addresses = config_.clouds();
+  for (size_t index = 0; index < addresses.size(); ++index) {
+    CloudConnectionOptions options{
+        .address = addresses[index],
+        .credentials = cloud_credentials,
+        .server_name = config_.cloud_tls.server_name,
+        .token = cloud_token,
+        .initial_backoff_s = config_.reconnect.initial_backoff_s,
+        .max_backoff_s = config_.reconnect.max_backoff_s,
+        .keepalive_s = config_.reconnect.keepalive_s,
+        .keepalive_timeout_s = config_.reconnect.keepalive_timeout_s,
+        .check_hello = [this](const v1::Hello& hello) { return CheckHello(hello); },
+        .on_state_change =
+            [this, index](bool connected) {
+              std::lock_guard<std::mutex> lock(placement_mutex_);
+              placement_cv_.notify_all();
+              if (metrics_ == nullptr) return;
+              int64_t up = 0;
+              for (const auto& cloud : clouds_) up += cloud->connected() ? 1 : 0;
+              metrics_->cloud_connected.Set(up > 0 ? 1 : 0);
+              if (connected && index < clouds_.size() && clouds_[index]->reconnects() > 0) {
+                metrics_->cloud_reconnects.Increment();
+              }
+            },
+        .pace_uplink = config_.uplink_pacing.enabled,
+        .pacing_lead_s = config_.uplink_pacing.lead_s,
+        .measured_uplink_bytes_per_second =
+            [this] {
+              std::lock_guard<std::mutex> lock(device_state_mutex_);
+              return link_.uplink_bytes_per_second();
+            },
+        .on_chunk_paced =
+            [this](double seconds) {
+              if (metrics_ != nullptr) metrics_->uplink_pacing_wait_seconds.Observe(seconds);
+            },
+        .max_outbox_bytes = config_.max_outbox_bytes,
+        .max_outbox_messages = config_.max_outbox_messages,
+        .epochs = epochs,
+        .one_way_delay_s = config_.link_emulation.one_way_delay_s,
+        .uplink_bytes_per_second = config_.link_emulation.uplink_bytes_per_second,
+        .downlink_bytes_per_second = config_.link_emulation.downlink_bytes_per_second};
+    auto connection = std::make_unique<CloudConnection>(std::move(options));
+    std::lock_guard<std::mutex> lock(placement_mutex_);
+    clouds_.push_back(std::move(connection));
+  }
 }
 
-Agent::~Agent() { cloud_.reset(); }
+Agent::~Agent() {
+  // Emptied under the lock, destroyed outside it: a connection's thread may be in its state
+  // callback, which takes the lock, until the connection stops it.
+  std::vector<std::unique_ptr<CloudConnection>> clouds;
+  {
+    std::lock_guard<std::mutex> lock(placement_mutex_);
+    clouds.swap(clouds_);
+  }
+  clouds.clear();
+}
+
+absl::StatusOr<Agent::Placement> Agent::PlaceOnCloud(SteadyClock::time_point until,
+                                                     uint64_t lost_epoch,
+                                                     uint64_t preferred_epoch) {
+  std::unique_lock<std::mutex> lock(placement_mutex_);
+  while (true) {
+    std::vector<CloudCandidate> candidates;
+    candidates.reserve(clouds_.size());
+    for (const auto& cloud : clouds_) {
+      const CloudConnection::LoadView view = cloud->load_view();
+      candidates.push_back({.connected = view.connected,
+                            .draining = view.load.draining(),
+                            .epoch = view.epoch,
+                            .running_sessions = view.load.running_sessions(),
+                            .waiting_sessions = view.load.waiting_sessions(),
+                            .kv_blocks_free = view.load.kv_blocks_free(),
+                            .kv_blocks_total = view.load.kv_blocks_total(),
+                            .placed_since_report = view.placed_since_report});
+    }
+    const std::optional<size_t> chosen =
+        PlaceRequest(candidates, {.preferred_epoch = preferred_epoch,
+                                  .lost_epoch = lost_epoch,
+                                  .random = placement_random_()});
+    if (chosen.has_value()) {
+      CloudConnection* cloud = clouds_[*chosen].get();
+      // Connected a moment ago; if it went since, look again.
+      auto connected = cloud->WaitConnected(SteadyClock::now());
+      if (connected.ok() && connected->epoch != lost_epoch) {
+        return Placement{.cloud = cloud, .connected = *std::move(connected)};
+      }
+      continue;
+    }
+    if (clouds_.empty() || clouds_.front()->stopping() || SteadyClock::now() >= until) {
+      std::string why;
+      for (const auto& cloud : clouds_) {
+        const absl::Status status = cloud->WaitConnected(SteadyClock::now()).status();
+        if (!why.empty()) why += "; ";
+        why += status.ok() ? absl::StrCat(cloud->address(), ": its stream was just lost")
+                           : std::string(status.message());
+      }
+      return absl::UnavailableError(why.empty() ? "no cloud configured" : why);
+    }
+    placement_cv_.wait_until(lock, until);
+  }
+}
+
+CloudConnection* Agent::CloudOfEpoch(uint64_t epoch) const {
+  for (const auto& cloud : clouds_) {
+    if (cloud->load_view().epoch == epoch) return cloud.get();
+  }
+  return nullptr;
+}
+
+bool Agent::AnyCloudConnected() const {
+  for (const auto& cloud : clouds_) {
+    if (cloud->connected()) return true;
+  }
+  return false;
+}
+
+bool Agent::stopping() const { return clouds_.empty() || clouds_.front()->stopping(); }
 
 void Agent::CloseParked(const std::vector<ConversationCache::Closed>& closed) {
   for (const auto& [epoch, session_id] : closed) {
     v1::AgentMessage message;
     message.mutable_close()->set_session_id(session_id);
-    cloud_->Send(epoch, std::move(message)).IgnoreError();  // a gone stream took it along
+    // A gone stream took the session along.
+    if (CloudConnection* cloud = CloudOfEpoch(epoch)) {
+      cloud->Send(epoch, std::move(message)).IgnoreError();
+    }
   }
 }
 
@@ -918,8 +1020,11 @@ void Agent::ReportDecodeRound(uint64_t epoch, double draft_step_seconds, double 
     metrics_->link_bytes_per_second_down.Set(message.device_state().downlink_bytes_per_second());
     metrics_->device_state_reports.Increment();
   }
-  // Refused only when the outbox is full: this report is then simply skipped.
-  cloud_->Send(epoch, std::move(message)).IgnoreError();
+  // Refused only when the outbox is full: this report is then simply skipped. It goes to the
+  // cloud the reporting request is on (each cloud's scheduler learns from its own requests).
+  if (CloudConnection* cloud = CloudOfEpoch(epoch)) {
+    cloud->Send(epoch, std::move(message)).IgnoreError();
+  }
 }
 
 absl::Status Agent::CheckHello(const v1::Hello& hello) const {
@@ -1043,8 +1148,8 @@ v1::InfoResponse Agent::Info() const {
   info.set_hidden_size(static_cast<uint32_t>(bundle_.config.hidden_size));
   info.set_vocab_size(static_cast<uint32_t>(bundle_.config.vocab_size));
   info.set_max_context(static_cast<uint32_t>(bundle_.input->max_context()));
-  info.set_cloud_address(config_.cloud_address);
-  info.set_cloud_connected(cloud_->connected());
+  info.set_cloud_address(absl::StrJoin(config_.clouds(), ","));
+  info.set_cloud_connected(AnyCloudConnected());
   info.set_prompt_chunk_size(static_cast<uint32_t>(config_.prompt_chunk_size));
   info.set_version(TOPHAT_VERSION);
   return info;
@@ -1053,7 +1158,7 @@ v1::InfoResponse Agent::Info() const {
 v1::HealthResponse Agent::Health() const {
   v1::HealthResponse health;
   health.set_serving(true);
-  health.set_cloud_connected(cloud_->connected());
+  health.set_cloud_connected(AnyCloudConnected());
   std::lock_guard<std::mutex> lock(requests_mutex_);
   health.set_active_requests(static_cast<uint32_t>(running_.size()));
   return health;

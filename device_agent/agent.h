@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -89,6 +90,20 @@ class Agent : private LinkSampleSink {
   // up: a newer stream's cloud has lost them anyway).
   void CloseParked(const std::vector<ConversationCache::Closed>& closed);
 
+  // Where a request goes: the cloud PlaceRequest (scheduler/cloud_placement.h) picks from
+  // the clouds' load, not `lost_epoch`'s stream, the one of `preferred_epoch` while it
+  // admits. Waits until `until` for a cloud to connect; UNAVAILABLE naming each cloud's last
+  // failure if none does.
+  struct Placement {
+    CloudConnection* cloud = nullptr;
+    CloudConnection::Connected connected;
+  };
+  absl::StatusOr<Placement> PlaceOnCloud(std::chrono::steady_clock::time_point until,
+                                         uint64_t lost_epoch, uint64_t preferred_epoch);
+  // The cloud whose current stream is `epoch`; null once that stream is gone.
+  CloudConnection* CloudOfEpoch(uint64_t epoch) const;
+  bool AnyCloudConnected() const;
+  bool stopping() const;
   const AgentConfig config_;
   // config_.wire_dtype parsed; DTYPE_UNSPECIFIED: the cloud's compute dtype (Hello).
   v1::DType wire_dtype_ = v1::DTYPE_UNSPECIFIED;
@@ -96,7 +111,13 @@ class Agent : private LinkSampleSink {
   bool wire_dtype_from_scheduler_ = false;
   DeviceBundle bundle_;
   std::unique_ptr<AgentMetrics> metrics_;
-  std::unique_ptr<CloudConnection> cloud_;
+  // One connection per cloud (config_.clouds()), filled in by the constructor and emptied by
+  // the destructor under placement_mutex_ (their threads' state callbacks read it); fixed in
+  // between.
+  std::vector<std::unique_ptr<CloudConnection>> clouds_;
+  mutable std::mutex placement_mutex_;
+  std::condition_variable placement_cv_;  // a cloud connected or disconnected
+  std::mt19937_64 placement_random_{std::random_device{}()};  // under placement_mutex_
   std::atomic<uint64_t> next_session_id_{1};
   ConversationCache conversations_;
   std::string NewRequestId();

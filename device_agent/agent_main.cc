@@ -14,6 +14,8 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "proto/channel_security.h"
 #include "proto/hidden_states.h"
 #include "telemetry/metrics_http_server.h"
@@ -109,7 +111,7 @@ int Run(const tophat::AgentConfig& config) {
     openai = *std::move(started);
   }
   spdlog::info("tophat-agent serving apps on {}, cloud {} (metrics: {}, openai: {})",
-               config.listen_address, config.cloud_address,
+               config.listen_address, absl::StrJoin(config.clouds(), ","),
                config.metrics_address.empty() ? "off" : config.metrics_address,
                openai ? absl::StrCat("http://", config.openai.address, "/v1") : "off");
 
@@ -145,7 +147,9 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   app.add_option("--bundle", bundle, "Device bundle directory (overrides `bundle`)");
   app.add_option("--listen", listen, "host:port or unix:PATH for apps (overrides `listen_address`)");
-  app.add_option("--cloud", cloud, "tophat-cloud host:port (overrides `cloud_address`)");
+  app.add_option("--cloud", cloud,
+                 "tophat-cloud host:port, or several comma-separated (overrides "
+                 "`cloud_address` and `cloud_addresses`)");
   app.add_option("--metrics", metrics,
                  "host:port for Prometheus, or \"\" to disable (overrides `metrics_address`)");
   app.add_option("--prompt-chunk-size", chunk,
@@ -161,7 +165,11 @@ int main(int argc, char** argv) {
   }
   if (!bundle.empty()) config.bundle = bundle;
   if (!listen.empty()) config.listen_address = listen;
-  if (!cloud.empty()) config.cloud_address = cloud;
+  if (!cloud.empty()) {
+    std::vector<std::string> clouds = absl::StrSplit(cloud, ',');
+    config.cloud_address = clouds.front();
+    config.cloud_addresses = clouds.size() > 1 ? clouds : std::vector<std::string>{};
+  }
   if (app.count("--metrics") > 0) config.metrics_address = metrics;
   if (chunk >= 0) config.prompt_chunk_size = chunk;
   if (!log_level.empty()) config.log_level = log_level;

@@ -101,6 +101,11 @@ std::shared_ptr<SessionMailbox> CloudConnection::Register(uint64_t session_id) {
   return mailbox;
 }
 
+void CloudConnection::Register(uint64_t session_id, std::shared_ptr<SessionMailbox> mailbox) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  mailboxes_[session_id] = std::move(mailbox);
+}
+
 void CloudConnection::Unregister(uint64_t session_id) {
   std::lock_guard<std::mutex> lock(mutex_);
   mailboxes_.erase(session_id);
@@ -354,7 +359,11 @@ void CloudConnection::Run() {
       std::lock_guard<std::mutex> lock(mutex_);
       stream_ = std::move(stream);
       hello_ = first.hello();
-      epoch = ++epoch_;
+      load_ = first.hello().load();
+      placed_since_report_ = 0;
+      epoch = options_.epochs != nullptr ? ++*options_.epochs : epoch_ + 1;
+      epoch_ = epoch;
+      ++streams_opened_;
       {
         // Before anyone can Send on the new stream (mutex_, then outbox_mutex_: the only
         // place both are held).
@@ -365,7 +374,7 @@ void CloudConnection::Run() {
       }
       connected_ = true;
     }
-    if (epoch > 1) ++reconnects_;
+    if (streams_opened_ > 1) ++reconnects_;
     state_cv_.notify_all();
     spdlog::info("cloud: connected to {} (stream {}, middle layers [{}, {}))", options_.address,
                  epoch, first.hello().first_layer(), first.hello().end_layer());
@@ -416,6 +425,14 @@ void CloudConnection::Route(v1::CloudMessage message, uint64_t epoch) {
     *hello_.mutable_control() = message.control();
     return;
   }
+  if (message.has_load()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (epoch == epoch_) {
+      load_ = message.load();
+      placed_since_report_ = 0;
+    }
+    return;
+  }
   if (message.has_received()) {  // the pacer's, not a session's mailbox's
     Acknowledged(message.received(), epoch);
     return;
@@ -435,6 +452,19 @@ void CloudConnection::Route(v1::CloudMessage message, uint64_t epoch) {
   } else if (message.has_error()) {
     spdlog::warn("cloud error for session {}: {}", session_id, message.error().message());
   }
+}
+
+CloudConnection::LoadView CloudConnection::load_view() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {.connected = connected_.load(),
+          .epoch = epoch_,
+          .load = load_,
+          .placed_since_report = placed_since_report_};
+}
+
+void CloudConnection::CountPlacement() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++placed_since_report_;
 }
 
 }  // namespace tophat

@@ -88,6 +88,10 @@ struct CloudConnectionOptions {
   // always taken: they give the cloud's memory back. 0: no bound.
   int64_t max_outbox_bytes = 256LL << 20;
   int64_t max_outbox_messages = 65536;
+  // Where stream epochs come from: shared by the connections to several clouds, so that an
+  // epoch names one stream of one cloud (a parked conversation's, a lost one's). Null: this
+  // connection's own count.
+  std::shared_ptr<std::atomic<uint64_t>> epochs;
   // Emulated link (link_emulator.h); all zero sends and delivers at once.
   double one_way_delay_s = 0;
   double uplink_bytes_per_second = 0;
@@ -101,6 +105,8 @@ class CloudConnection {
 
   // Registers a session id for routing; events for it queue in the returned mailbox.
   std::shared_ptr<SessionMailbox> Register(uint64_t session_id);
+  // The same with a mailbox the session already has (it moved here from another cloud).
+  void Register(uint64_t session_id, std::shared_ptr<SessionMailbox> mailbox);
   void Unregister(uint64_t session_id);
 
   struct Connected {
@@ -131,6 +137,20 @@ class CloudConnection {
   v1::Control control();
   bool connected() const { return connected_; }
   uint64_t reconnects() const { return reconnects_; }
+  const std::string& address() const { return options_.address; }
+
+  // What new requests are placed by (cloud_pool.h): the cloud's latest CloudLoad (Hello's,
+  // then its reports), whether and on which stream it is connected, and the requests placed
+  // on it since that report.
+  struct LoadView {
+    bool connected = false;
+    uint64_t epoch = 0;
+    v1::CloudLoad load;
+    int64_t placed_since_report = 0;
+  };
+  LoadView load_view() const;
+  // A request was placed here; counts until the cloud's next load report.
+  void CountPlacement();
 
  private:
   void Run();
@@ -156,7 +176,10 @@ class CloudConnection {
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::AgentMessage, v1::CloudMessage>> stream_;
   v1::Hello hello_;
+  v1::CloudLoad load_;
+  int64_t placed_since_report_ = 0;
   uint64_t epoch_ = 0;
+  uint64_t streams_opened_ = 0;
   std::string last_error_ = "not connected yet";
   bool stopping_ = false;
 

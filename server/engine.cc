@@ -21,6 +21,12 @@ namespace {
 
 // How long the loop sleeps with no work before it checks deadlines again.
 constexpr auto kIdleWait = std::chrono::milliseconds(50);
+// Load reports: at most this often while the load changes (an agent places a request by a
+// report at most this old, plus its own placements since), and this often regardless, so
+// that an agent can tell a quiet cloud from a lost report. Each is a ~20-byte message per
+// stream.
+constexpr auto kLoadReportInterval = std::chrono::milliseconds(200);
+constexpr auto kLoadReportHeartbeat = std::chrono::seconds(5);
 
 }  // namespace
 
@@ -305,6 +311,7 @@ void Engine::HandleEvent(Event& event) {
                                           : absl::StrCat("device ", event.device);
       v1::CloudMessage hello;
       *hello.mutable_hello() = hello_;
+      *hello.mutable_hello()->mutable_load() = CurrentLoad();
       Send(event.stream, std::move(hello));
       if (metrics_ != nullptr) metrics_->streams_connected.Increment();
       return;
@@ -1111,6 +1118,9 @@ void Engine::Complete() {
   const double predicted = monitor_.step_time().Predict(static_cast<double>(total));
   const bool had_prediction = monitor_.step_time().has_data();
   monitor_.ObserveStep(total, compute_seconds);
+  recent_step_seconds_ = recent_step_seconds_ == 0
+                             ? compute_seconds
+                             : 0.8 * recent_step_seconds_ + 0.2 * compute_seconds;
   if (batch.submitted && output.ok()) {
     // Each stage's own forward time: the scheduler's per-stage models see the slowest stage.
     const std::vector<double>& stages = options_.downstream->stage_seconds();
@@ -1305,6 +1315,40 @@ void Engine::UpdateGauges() {
     metrics_->sessions_waiting.Set(static_cast<double>(stat_waiting_));
     metrics_->sessions_parked.Set(static_cast<double>(parked_.size()));
     metrics_->kv_cache_usage_ratio.Set(allocator_.usage());
+  }
+  ReportLoad();
+}
+
+v1::CloudLoad Engine::CurrentLoad() const {
+  v1::CloudLoad load;
+  load.set_running_sessions(static_cast<uint32_t>(num_running_));
+  load.set_waiting_sessions(static_cast<uint32_t>(std::max<int64_t>(0, stat_waiting_)));
+  load.set_kv_blocks_free(
+      static_cast<uint32_t>(allocator_.num_blocks() - allocator_.num_allocated()));
+  load.set_kv_blocks_total(static_cast<uint32_t>(allocator_.num_blocks()));
+  load.set_step_seconds(recent_step_seconds_);
+  load.set_draining(draining_.load());
+  return load;
+}
+
+void Engine::ReportLoad() {
+  if (streams_.empty()) return;
+  const Clock::time_point now = Clock::now();
+  const Clock::duration since = now - last_load_report_;
+  if (since < kLoadReportInterval) return;
+  v1::CloudLoad load = CurrentLoad();
+  // The step time moves every step: a change in it alone waits for the heartbeat.
+  const bool changed = load.running_sessions() != last_load_.running_sessions() ||
+                       load.waiting_sessions() != last_load_.waiting_sessions() ||
+                       load.kv_blocks_free() != last_load_.kv_blocks_free() ||
+                       load.draining() != last_load_.draining();
+  if (!changed && since < kLoadReportHeartbeat) return;
+  last_load_report_ = now;
+  last_load_ = load;
+  for (const auto& [stream, state] : streams_) {
+    v1::CloudMessage message;
+    *message.mutable_load() = load;
+    Send(stream, std::move(message));
   }
 }
 

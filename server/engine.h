@@ -290,6 +290,11 @@ class Engine {
   void EraseSession(const SessionKey& key, bool admit_waiting = true);
   void FailSession(const SessionKey& key, uint64_t sequence_number, const absl::Status& status);
   void UpdateGauges();
+  // The load agents place new requests by (CloudLoad), as of now.
+  v1::CloudLoad CurrentLoad() const;
+  // Sends CurrentLoad to every stream when it changed and kLoadReportInterval has passed
+  // since the last report, or kLoadReportHeartbeat has, whatever it is.
+  void ReportLoad();
 
   const EngineOptions options_;
   const std::shared_ptr<const Submodel> middle_;
@@ -391,6 +396,10 @@ class Engine {
   std::atomic<int64_t> stat_blocks_{0};
   std::atomic<int64_t> stat_steps_{0};
   std::atomic<int64_t> stat_parked_{0};
+  // Load reports (engine thread).
+  double recent_step_seconds_ = 0;  // exponentially weighted mean of the engine's steps
+  v1::CloudLoad last_load_;
+  Clock::time_point last_load_report_{};
   std::thread thread_;
 };
 

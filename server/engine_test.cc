@@ -29,6 +29,11 @@ class CollectingSink final : public MessageSink {
  public:
   void Send(v1::CloudMessage message) override {
     std::lock_guard<std::mutex> lock(mutex_);
+    // Load reports come on a timer; the tests of a session's messages do not expect them.
+    if (message.has_load()) {
+      loads_.push_back(message.load());
+      return;
+    }
     messages_.push_back(std::move(message));
   }
   void Finish(const absl::Status& status) override { finished_ = true; }
@@ -47,10 +52,15 @@ class CollectingSink final : public MessageSink {
     return out;
   }
   int64_t consumed() const { return consumed_; }
+  std::vector<v1::CloudLoad> loads() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return loads_;
+  }
 
  private:
   std::mutex mutex_;
   std::deque<v1::CloudMessage> messages_;
+  std::vector<v1::CloudLoad> loads_;
   bool finished_ = false;
   int64_t consumed_ = 0;
 };
@@ -239,6 +249,35 @@ TEST_CASE("The engine thread sleeps while its only work waits for a congested st
   bool got_result = false;
   for (const v1::CloudMessage& message : h.sink->Take()) got_result |= message.has_result();
   CHECK(got_result);
+}
+
+TEST_CASE("The engine reports its load in Hello and to every stream as it changes") {
+  Harness h(EngineOptions{.kv_block_size = 4, .kv_num_blocks = 64});
+  CHECK(h.hello.load().kv_blocks_total() == 64);
+  CHECK(h.hello.load().kv_blocks_free() == 64);
+  CHECK(h.hello.load().running_sessions() == 0);
+  CHECK_FALSE(h.hello.load().draining());
+  // A session takes KV: the next report (at most one per 200 ms) says so.
+  h.Open(7, 40);
+  h.Chunk(7, 0, 12, v1::PHASE_PREFILL);
+  const auto reported = [&](const auto& wanted) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < until) {
+      h.engine->RunOnce();
+      for (const v1::CloudLoad& load : h.sink->loads()) {
+        if (wanted(load)) return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  };
+  CHECK(reported([](const v1::CloudLoad& load) {
+    // 12 positions in blocks of 4 (KV is taken as positions arrive, not for max_positions).
+    return load.running_sessions() == 1 && load.kv_blocks_free() == 61 &&
+           load.step_seconds() > 0;
+  }));
+  h.engine->BeginDrain();
+  CHECK(reported([](const v1::CloudLoad& load) { return load.draining(); }));
 }
 
 TEST_CASE("Engine results equal the raw middle forward, split across steps by the budget") {

@@ -340,10 +340,16 @@ class AgentProcess {
   AgentProcess(const fs::path& dir, const CloudProcess& cloud, int64_t chunk_size,
                const std::string& yaml = "", int compute_threads = 0,
                const std::string& cloud_token_file = "")
+      : AgentProcess(dir, cloud.address(), chunk_size, yaml, compute_threads,
+                     cloud_token_file) {}
+  // `clouds`: one cloud's address, or several comma-separated.
+  AgentProcess(const fs::path& dir, const std::string& clouds, int64_t chunk_size,
+               const std::string& yaml = "", int compute_threads = 0,
+               const std::string& cloud_token_file = "")
       : port_(testing::FreePort()), metrics_port_(testing::FreePort()) {
     std::vector<std::string> args = {(BinDir() / "tophat-agent").string(), "--bundle",
                                      (Bundles() / "device").string(), "--listen", address(),
-                                     "--cloud", cloud.address(), "--metrics",
+                                     "--cloud", clouds, "--metrics",
                                      "127.0.0.1:" + std::to_string(metrics_port_),
                                      "--prompt-chunk-size", std::to_string(chunk_size)};
     // Every agent is device-1 to the cloud, over mutual TLS.
@@ -518,9 +524,12 @@ class RawStream {
   }
   const v1::Hello& hello() const { return hello_; }
   bool Send(const v1::AgentMessage& message) { return stream_->Write(message); }
+  // The next message but load reports (which come on the cloud's timer).
   v1::CloudMessage Read() {
     v1::CloudMessage message;
-    REQUIRE(stream_->Read(&message));
+    do {
+      REQUIRE(stream_->Read(&message));
+    } while (message.has_load());
     return message;
   }
   // Reads past `session`'s admission and every chunk receipt to the next other message.
@@ -1510,6 +1519,98 @@ class LongGeneration {
   std::vector<int32_t> prompt_;
   std::future<absl::StatusOr<GenerateResult>> pending_;
 };
+
+// Several clouds behind each agent (cloud_addresses): new requests go to the cloud with the
+// shortest queue by the load the clouds report, and a cloud killed mid-generation loses no
+// request: each moves to another cloud, replays its positions, and ends with the tokens a
+// single cloud gives.
+TEST_CASE("Three clouds share six agents' requests, and a killed cloud's requests finish on "
+          "the others with the same tokens",
+          "[serving][clouds]") {
+  testing::TempDir dir;
+  std::vector<std::unique_ptr<CloudProcess>> clouds;
+  std::vector<std::string> addresses;
+  for (int i = 0; i < 3; ++i) {
+    clouds.push_back(std::make_unique<CloudProcess>(dir.path(), CloudSettings{}));
+    addresses.push_back(clouds.back()->address());
+  }
+  std::vector<std::unique_ptr<AgentProcess>> agents;
+  for (int i = 0; i < 6; ++i) {
+    agents.push_back(std::make_unique<AgentProcess>(dir.path(), absl::StrJoin(addresses, ","), 16));
+  }
+  // Each agent's stream to every cloud is up before the load starts.
+  for (auto& cloud : clouds) {
+    REQUIRE(testing::WaitUntil([&] { return cloud->Metric("tophat_streams_connected") == 6; },
+                               30s));
+  }
+  const std::vector<std::string> sentences = ToyPrompts(41, 12);
+  const auto admitted = [&](size_t i) {
+    return clouds[i]->Metric("tophat_sessions_admitted_total");
+  };
+
+  SECTION("a steady load is spread over the clouds") {
+    // Every agent runs requests back to back, two at a time: 96 in all. (Were they placed
+    // at random, a cloud would pass 1.5x the mean in about one run in 5,000.)
+    std::vector<std::future<bool>> runs;
+    for (auto& agent : agents) {
+      for (int lane = 0; lane < 2; ++lane) {
+        runs.push_back(std::async(std::launch::async, [&, lane] {
+          for (int k = 0; k < 8; ++k) {
+            auto result = agent->client().Generate(
+                IdsRequest(Tokenize(sentences[(lane * 8 + k) % sentences.size()]), 12));
+            if (!result.ok() || !result->ok()) return false;
+          }
+          return true;
+        }));
+      }
+    }
+    for (auto& run : runs) CHECK(run.get());
+    double total = 0;
+    std::vector<double> per_cloud;
+    for (size_t i = 0; i < clouds.size(); ++i) {
+      per_cloud.push_back(admitted(i));
+      total += per_cloud.back();
+    }
+    INFO("sessions per cloud: " << absl::StrJoin(per_cloud, ", "));
+    CHECK(total == 96);
+    for (double sessions : per_cloud) CHECK(sessions <= 1.5 * total / 3);
+  }
+
+  SECTION("a cloud killed mid-generation loses no request") {
+    // Long requests from every agent, spread over the three clouds.
+    constexpr int64_t kMaxNewTokens = 150;
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<std::future<absl::StatusOr<GenerateResult>>> pending;
+    for (size_t i = 0; i < agents.size(); ++i) {
+      prompts.push_back(Tokenize(sentences[i]));
+      pending.push_back(std::async(std::launch::async, [&, i] {
+        return agents[i]->client().Generate(IdsRequest(prompts[i], kMaxNewTokens, true));
+      }));
+    }
+    // Once the first cloud holds some of them mid-generation, it is killed.
+    REQUIRE(testing::WaitUntil(
+        [&] { return clouds[0]->Metric("tophat_generation_tokens_total") >= 20; }, 60s));
+    const double lost = clouds[0]->Metric("tophat_num_sessions_running") +
+                        clouds[0]->Metric("tophat_num_sessions_waiting");
+    clouds[0]->process().Signal(SIGKILL);
+    int64_t moved = 0;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      auto result = pending[i].get();
+      REQUIRE(result.ok());
+      INFO("request " << i << ": " << result->error);
+      REQUIRE(result->ok());
+      moved += result->stats.reconnects() > 0 ? 1 : 0;
+      CHECK(Tokens(*result) == Reference(prompts[i], kMaxNewTokens, /*stop_at_eos=*/false));
+    }
+    INFO(lost << " session(s) were running on the killed cloud");
+    CHECK(moved >= 1);
+    CHECK(moved == static_cast<int64_t>(lost));
+    // New requests go to the clouds left.
+    auto after = agents[0]->client().Generate(IdsRequest(prompts[0], 8));
+    REQUIRE(after.ok());
+    CHECK(after->ok());
+  }
+}
 
 TEST_CASE("A request whose app goes away while it waits for a cloud is cancelled at once, "
           "and the agent stops promptly",
