@@ -656,11 +656,13 @@ absl::Status Agent::Request::Pump(int64_t target, bool block) {
       case MailboxEvent::Kind::kInterrupted:
         continue;  // the cancelled_ check above ends the request
       case MailboxEvent::Kind::kDisconnected:
-        if (event->epoch < epoch_) continue;  // a stream this session no longer uses
+        // A stream this session no longer uses. Epochs name streams, not their order across
+        // clouds: a session that moved may be on a stream older than the one it left.
+        if (event->epoch != epoch_) continue;
         TOPHAT_RETURN_IF_ERROR(Reconnect("the cloud stream broke"));
         continue;
       case MailboxEvent::Kind::kMessage:
-        if (event->epoch < epoch_) continue;  // an answer from a stream we left
+        if (event->epoch != epoch_) continue;  // an answer from a stream we left
         break;
     }
     const v1::CloudMessage& message = event->message;

@@ -1531,7 +1531,9 @@ TEST_CASE("Three clouds share six agents' requests, and a killed cloud's request
   std::vector<std::unique_ptr<CloudProcess>> clouds;
   std::vector<std::string> addresses;
   for (int i = 0; i < 3; ++i) {
-    clouds.push_back(std::make_unique<CloudProcess>(dir.path(), CloudSettings{}));
+    // A long grace period: the drain case holds a cloud in its drain with a session of its own.
+    clouds.push_back(
+        std::make_unique<CloudProcess>(dir.path(), CloudSettings{.drain_grace_period_s = 60}));
     addresses.push_back(clouds.back()->address());
   }
   std::vector<std::unique_ptr<AgentProcess>> agents;
@@ -1609,6 +1611,63 @@ TEST_CASE("Three clouds share six agents' requests, and a killed cloud's request
     auto after = agents[0]->client().Generate(IdsRequest(prompts[0], 8));
     REQUIRE(after.ok());
     CHECK(after->ok());
+  }
+
+  SECTION("a draining cloud gets no new session, and once restarted it takes them again") {
+    const auto run_requests = [&] {
+      std::vector<std::future<bool>> runs;
+      for (auto& agent : agents) {
+        runs.push_back(std::async(std::launch::async, [&] {
+          for (int k = 0; k < 4; ++k) {
+            auto result = agent->client().Generate(IdsRequest(Tokenize(sentences[k]), 8));
+            if (!result.ok() || !result->ok()) {
+              std::fprintf(stderr, "request failed: %s\n", (result.ok() ? result->error : result.status().ToString()).c_str());
+              return false;
+            }
+          }
+          return true;
+        }));
+      }
+      bool all = true;
+      for (auto& run : runs) all = run.get() && all;
+      return all;
+    };
+    // A session of the test's own keeps cloud 1 in its drain until the test closes it.
+    RawStream holder(clouds[1]->address());
+    REQUIRE(holder.Send(OpenMessage(1, 16)));
+    REQUIRE(holder.Read().has_admitted());
+    clouds[1]->process().Signal(SIGTERM);
+    // The drain has begun once the cloud refuses a new session (not after a guessed delay).
+    uint64_t probe = 100;
+    REQUIRE(testing::WaitUntil(
+        [&] {
+          const uint64_t id = ++probe;
+          REQUIRE(holder.Send(OpenMessage(id, 16)));
+          const v1::CloudMessage reply = holder.Read();
+          if (reply.has_error()) {
+            return reply.error().code() == static_cast<int>(absl::StatusCode::kUnavailable);
+          }
+          v1::AgentMessage close;
+          close.mutable_close()->set_session_id(id);
+          REQUIRE(holder.Send(close));
+          return false;
+        },
+        10s));
+    // Every request succeeds, and none is admitted by the draining cloud: the agents learn of
+    // the drain from its load report, and one placed there before that is refused and moves.
+    const double admitted_while_draining = admitted(1);
+    CHECK(run_requests());
+    CHECK(admitted(1) == admitted_while_draining);
+    // Its last session closed, the cloud exits; restarted, it is used again.
+    v1::AgentMessage close;
+    close.mutable_close()->set_session_id(1);
+    REQUIRE(holder.Send(close));
+    REQUIRE(clouds[1]->process().Wait(30s).has_value());
+    clouds[1]->Start(dir.path());
+    REQUIRE(testing::WaitUntil(
+        [&] { return clouds[1]->Metric("tophat_streams_connected") == 6; }, 60s));
+    CHECK(run_requests());
+    CHECK(admitted(1) > 0);
   }
 }
 
