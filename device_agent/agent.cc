@@ -187,6 +187,7 @@ class Agent::Request : private CloudSession {
 
   uint64_t session_id_ = 0;
   CloudConnection* cloud_ = nullptr;  // where Open placed the session; null before
+  size_t cloud_index_ = 0;             // its index in agent_.clouds_
   uint64_t epoch_ = 0;
   uint64_t sequence_number_ = 0;
   std::shared_ptr<SessionMailbox> mailbox_;
@@ -350,7 +351,12 @@ absl::Status Agent::Request::Open(uint64_t after_epoch) {
       if (placed->cloud != cloud_) {
         if (cloud_ != nullptr) cloud_->Unregister(session_id_);
         placed->cloud->Register(session_id_, mailbox_);
+        if (agent_.metrics_ != nullptr) {
+          if (cloud_ != nullptr) agent_.cloud_targets_[cloud_index_].failovers.Increment();
+          agent_.cloud_targets_[placed->index].placed.Increment();
+        }
         cloud_ = placed->cloud;
+        cloud_index_ = placed->index;
       }
       // Registered before this check: if the stream is still the one placed on, its loss
       // reaches the mailbox; if it went meanwhile, place again.
@@ -860,6 +866,11 @@ Agent::Agent(AgentConfig config, DeviceBundle bundle,
   // Epochs from one count over every cloud: an epoch names one stream of one cloud.
   auto epochs = std::make_shared<std::atomic<uint64_t>>(0);
   const std::vector<std::string> addresses = config_.clouds();
+  if (metrics_ != nullptr) {
+    for (const std::string& address : addresses) {
+      cloud_targets_.push_back(metrics_->Target(address));
+    }
+  }
   for (size_t index = 0; index < addresses.size(); ++index) {
     CloudConnectionOptions options{
         .address = addresses[index],
@@ -876,6 +887,7 @@ Agent::Agent(AgentConfig config, DeviceBundle bundle,
               std::lock_guard<std::mutex> lock(placement_mutex_);
               placement_cv_.notify_all();
               if (metrics_ == nullptr) return;
+              cloud_targets_[index].up.Set(connected ? 1 : 0);
               int64_t up = 0;
               for (const auto& cloud : clouds_) up += cloud->connected() ? 1 : 0;
               metrics_->cloud_connected.Set(up > 0 ? 1 : 0);
@@ -944,7 +956,7 @@ absl::StatusOr<Agent::Placement> Agent::PlaceOnCloud(SteadyClock::time_point unt
       // Connected a moment ago; if it went since, look again.
       auto connected = cloud->WaitConnected(SteadyClock::now());
       if (connected.ok() && connected->epoch != lost_epoch) {
-        return Placement{.cloud = cloud, .connected = *std::move(connected)};
+        return Placement{.cloud = cloud, .index = *chosen, .connected = *std::move(connected)};
       }
       continue;
     }

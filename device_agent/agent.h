@@ -96,6 +96,7 @@ class Agent : private LinkSampleSink {
   // failure if none does.
   struct Placement {
     CloudConnection* cloud = nullptr;
+    size_t index = 0;  // in clouds_
     CloudConnection::Connected connected;
   };
   absl::StatusOr<Placement> PlaceOnCloud(std::chrono::steady_clock::time_point until,
@@ -115,6 +116,9 @@ class Agent : private LinkSampleSink {
   // the destructor under placement_mutex_ (their threads' state callbacks read it); fixed in
   // between.
   std::vector<std::unique_ptr<CloudConnection>> clouds_;
+  // Each cloud's metrics, by the same index (empty without a registry); made before the
+  // connections, whose threads set them.
+  std::vector<AgentMetrics::CloudTarget> cloud_targets_;
   mutable std::mutex placement_mutex_;
   std::condition_variable placement_cv_;  // a cloud connected or disconnected
   std::mt19937_64 placement_random_{std::random_device{}()};  // under placement_mutex_

@@ -44,6 +44,18 @@ AgentMetrics::AgentMetrics(prometheus::Registry& registry)
       requests_error(requests_finished_family.Add({{"finished_reason", "error"}})),
       cloud_connected(AddGauge(registry, "tophat_cloud_connected", "1 while the agent holds a stream to the cloud")),
       cloud_reconnects(AddCounter(registry, "tophat_cloud_reconnects_total", "Cloud streams re-established after a loss")),
+      cloud_target_up_family(prometheus::BuildGauge()
+                                 .Name("tophat_cloud_target_up")
+                                 .Help("1 while the agent holds a stream to this cloud")
+                                 .Register(registry)),
+      cloud_requests_placed_family(prometheus::BuildCounter()
+                                       .Name("tophat_cloud_requests_placed_total")
+                                       .Help("Requests placed on this cloud, failovers included")
+                                       .Register(registry)),
+      cloud_failovers_family(prometheus::BuildCounter()
+                                 .Name("tophat_cloud_failovers_total")
+                                 .Help("Requests that lost this cloud and moved to another")
+                                 .Register(registry)),
       spec_decode_num_drafts(AddCounter(registry, "tophat_spec_decode_num_drafts_total",
                                         "Verification rounds that carried at least one draft")),
       spec_decode_num_draft_tokens(AddCounter(registry, "tophat_spec_decode_num_draft_tokens_total",
@@ -103,6 +115,12 @@ AgentMetrics::AgentMetrics(prometheus::Registry& registry)
       device_state_reports(AddCounter(registry, "tophat_device_state_reports_total",
                                       "DeviceState reports sent to the cloud (at most one a "
                                       "second, while decoding)")) {}
+
+AgentMetrics::CloudTarget AgentMetrics::Target(const std::string& address) {
+  return {.up = cloud_target_up_family.Add({{"cloud", address}}),
+          .placed = cloud_requests_placed_family.Add({{"cloud", address}}),
+          .failovers = cloud_failovers_family.Add({{"cloud", address}})};
+}
 
 prometheus::Counter& AgentMetrics::AcceptedAtPosition(int64_t position) {
   // Family::Add returns the existing counter for known labels; it locks internally.

@@ -8,6 +8,7 @@
 #include <prometheus/registry.h>
 
 #include <cstdint>
+#include <string>
 
 namespace tophat {
 
@@ -31,6 +32,17 @@ struct AgentMetrics {
   prometheus::Counter& requests_error;
   prometheus::Gauge& cloud_connected;
   prometheus::Counter& cloud_reconnects;
+  // Per cloud target (agent.yaml cloud_addresses, or the one cloud_address), labelled
+  // cloud="host:port".
+  struct CloudTarget {
+    prometheus::Gauge& up;            // 1 while this cloud's stream is up
+    prometheus::Counter& placed;      // requests placed on it (failovers included)
+    prometheus::Counter& failovers;   // requests that left it for another cloud, having lost it
+  };
+  CloudTarget Target(const std::string& address);
+  prometheus::Family<prometheus::Gauge>& cloud_target_up_family;
+  prometheus::Family<prometheus::Counter>& cloud_requests_placed_family;
+  prometheus::Family<prometheus::Counter>& cloud_failovers_family;
 
   // Speculative decoding, named after vLLM's spec-decode metrics. A draft is one round's
   // proposal (rounds that proposed nothing are not drafts).

@@ -1575,6 +1575,15 @@ TEST_CASE("Three clouds share six agents' requests, and a killed cloud's request
     }
     INFO("sessions per cloud: " << absl::StrJoin(per_cloud, ", "));
     CHECK(total == 96);
+    // Each agent counts what it placed where; over the agents, what each cloud admitted.
+    for (size_t i = 0; i < clouds.size(); ++i) {
+      double placed = 0;
+      for (auto& agent : agents) {
+        placed += agent->Metric("tophat_cloud_requests_placed_total",
+                                "cloud=\"" + addresses[i] + "\"");
+      }
+      CHECK(placed == per_cloud[i]);
+    }
     for (double sessions : per_cloud) CHECK(sessions <= 1.5 * total / 3);
   }
 
@@ -1607,6 +1616,17 @@ TEST_CASE("Three clouds share six agents' requests, and a killed cloud's request
     INFO(lost << " session(s) were running on the killed cloud");
     CHECK(moved >= 1);
     CHECK(moved == static_cast<int64_t>(lost));
+    // The agents' per-cloud metrics say the same: the requests that left the killed cloud,
+    // and that its stream is down.
+    const std::string killed = "cloud=\"" + addresses[0] + "\"";
+    double failovers = 0;
+    for (auto& agent : agents) {
+      failovers += agent->Metric("tophat_cloud_failovers_total", killed);
+      CHECK(testing::WaitUntil(
+          [&] { return agent->Metric("tophat_cloud_target_up", killed) == 0; }, 30s));
+      CHECK(agent->Metric("tophat_cloud_target_up", "cloud=\"" + addresses[1] + "\"") == 1);
+    }
+    CHECK(failovers == moved);
     // New requests go to the clouds left.
     auto after = agents[0]->client().Generate(IdsRequest(prompts[0], 8));
     REQUIRE(after.ok());
