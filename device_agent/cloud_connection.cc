@@ -333,6 +333,11 @@ void CloudConnection::Run() {
       failure = absl::InternalError("the cloud's first message was not a Hello");
     } else if (options_.check_hello) {
       failure = options_.check_hello(first.hello());
+      // Named, so that of several clouds the one refused is known.
+      if (!failure.ok()) {
+        failure = absl::Status(failure.code(), absl::StrCat("the cloud at ", options_.address,
+                                                            ": ", failure.message()));
+      }
     }
     if (!failure.ok()) {
       if (read_ok) {

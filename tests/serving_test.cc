@@ -229,6 +229,7 @@ struct CloudSettings {
   std::vector<std::string> device_tokens;  // tls.device_tokens, each "DEVICE:SHA256"
   bool adaptive = true;                               // scheduler.adaptive
   std::vector<std::string> wire_dtypes = {"float32", "float16"};  // scheduler.wire_dtypes
+  std::string bundle;  // "": the toy model's cloud bundle
 };
 
 class CloudProcess {
@@ -238,7 +239,10 @@ class CloudProcess {
         metrics_port_(testing::FreePort()) {
     config_ = dir / ("cloud-" + std::to_string(port_) + ".yaml");
     std::ofstream(config_) << "listen_address: \"127.0.0.1:" << port_ << "\"\n"
-                           << "bundle: " << (Bundles() / "cloud").string() << "\n"
+                           << "bundle: "
+                           << (settings.bundle.empty() ? (Bundles() / "cloud").string()
+                                                       : settings.bundle)
+                           << "\n"
                            << "tls:\n  certificate_file: " << (Certs() / "cloud.crt").string()
                            << "\n  private_key_file: " << (Certs() / "cloud.key").string()
                            << "\n  client_ca_file: " << (Certs() / "ca.crt").string() << "\n"
@@ -1689,6 +1693,45 @@ TEST_CASE("Three clouds share six agents' requests, and a killed cloud's request
     CHECK(run_requests());
     CHECK(admitted(1) > 0);
   }
+}
+
+TEST_CASE("Of several clouds one serving another model is refused by name, and the others "
+          "serve",
+          "[serving][clouds]") {
+  testing::TempDir dir;
+  // The cloud half of another checkpoint of the same shape: the same bundle with another
+  // model's fingerprint (what `tophat split` of other weights writes).
+  const fs::path other = dir.path() / "cloud-other";
+  fs::copy(Bundles() / "cloud", other, fs::copy_options::recursive);
+  std::string manifest = ReadFile(other / "tophat_bundle.json");
+  const size_t at = manifest.find("\"sha256:");
+  REQUIRE(at != std::string::npos);
+  manifest.replace(at + 1, 7 + 64, "sha256:" + std::string(64, '0'));
+  std::ofstream(other / "tophat_bundle.json") << manifest;
+  CloudProcess good(dir.path(), {});
+  CloudProcess wrong(dir.path(), {.bundle = other.string()});
+  AgentProcess agent(dir.path(), good.address() + "," + wrong.address(), 16);
+  const std::string wrong_label = "cloud=\"" + wrong.address() + "\"";
+  // Named in the agent's log, its stream never up, and no request placed there.
+  CHECK(testing::WaitUntil(
+      [&] {
+        return agent.process().Log().find("the cloud at " + wrong.address() +
+                                          ": the cloud serves another model") !=
+               std::string::npos;
+      },
+      30s));
+  const std::vector<int32_t> prompt = Tokenize(ToyPrompts(5, 1)[0]);
+  for (int i = 0; i < 6; ++i) {
+    auto result = agent.client().Generate(IdsRequest(prompt, 8));
+    REQUIRE(result.ok());
+    INFO(result->error);
+    CHECK(result->ok());
+    CHECK(Tokens(*result) == Reference(prompt, 8, /*stop_at_eos=*/true));
+  }
+  CHECK(agent.Metric("tophat_cloud_target_up", wrong_label) == 0);
+  CHECK(agent.Metric("tophat_cloud_requests_placed_total", wrong_label) == 0);
+  CHECK(wrong.Metric("tophat_sessions_admitted_total") == 0);
+  CHECK(good.Metric("tophat_sessions_admitted_total") == 6);
 }
 
 TEST_CASE("A request whose app goes away while it waits for a cloud is cancelled at once, "
