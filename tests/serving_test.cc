@@ -589,6 +589,29 @@ v1::AgentMessage ChunkMessage(uint64_t session, uint32_t first, uint32_t positio
   return message;
 }
 
+// Waits until the cloud `probe` streams to refuses new sessions with UNAVAILABLE: its drain
+// has begun (the signal takes effect whenever the cloud's main thread gets to it, so this is
+// a condition, not a guessed delay). Probe sessions it still admits are closed at once; their
+// ids count up from `first_id`.
+void WaitUntilDraining(RawStream& probe, uint64_t first_id) {
+  uint64_t id = first_id;
+  REQUIRE(testing::WaitUntil(
+      [&] {
+        ++id;
+        REQUIRE(probe.Send(OpenMessage(id, 16)));
+        const v1::CloudMessage reply = probe.Read();
+        if (reply.has_error()) {
+          return reply.error().code() == static_cast<int>(absl::StatusCode::kUnavailable);
+        }
+        // Admitted: the drain has not begun yet. Close it and ask again.
+        v1::AgentMessage close;
+        close.mutable_close()->set_session_id(id);
+        REQUIRE(probe.Send(close));
+        return false;
+      },
+      10s));
+}
+
 TEST_CASE("Malformed hidden-state chunks fail their own session, and the cloud keeps serving",
           "[serving][cuda-cloud][staged]") {
   testing::TempDir dir;
@@ -1661,22 +1684,7 @@ TEST_CASE("Three clouds share six agents' requests, and a killed cloud's request
     REQUIRE(holder.Send(OpenMessage(1, 16)));
     REQUIRE(holder.Read().has_admitted());
     clouds[1]->process().Signal(SIGTERM);
-    // The drain has begun once the cloud refuses a new session (not after a guessed delay).
-    uint64_t probe = 100;
-    REQUIRE(testing::WaitUntil(
-        [&] {
-          const uint64_t id = ++probe;
-          REQUIRE(holder.Send(OpenMessage(id, 16)));
-          const v1::CloudMessage reply = holder.Read();
-          if (reply.has_error()) {
-            return reply.error().code() == static_cast<int>(absl::StatusCode::kUnavailable);
-          }
-          v1::AgentMessage close;
-          close.mutable_close()->set_session_id(id);
-          REQUIRE(holder.Send(close));
-          return false;
-        },
-        10s));
+    WaitUntilDraining(holder, 100);
     // Every request succeeds, and none is admitted by the draining cloud: the agents learn of
     // the drain from its load report, and one placed there before that is refused and moves.
     const double admitted_while_draining = admitted(1);
@@ -1829,24 +1837,8 @@ TEST_CASE("A draining cloud finishes in-flight work, and new requests move to it
   RawStream probe(cloud.address());
   cloud.process().Signal(SIGTERM);
   // The late request must arrive during the drain, to be refused by the old cloud and
-  // replayed on the new one: it is sent once the cloud refuses a probe's session, not after
-  // a guessed delay (the signal takes effect whenever the cloud's main thread gets to it).
-  uint64_t probe_session = 1000;
-  REQUIRE(testing::WaitUntil(
-      [&] {
-        const uint64_t id = ++probe_session;
-        REQUIRE(probe.Send(OpenMessage(id, 16)));
-        const v1::CloudMessage reply = probe.Read();
-        if (reply.has_error()) {
-          return reply.error().code() == static_cast<int>(absl::StatusCode::kUnavailable);
-        }
-        // Admitted: the drain has not begun yet. Close it and ask again.
-        v1::AgentMessage close;
-        close.mutable_close()->set_session_id(id);
-        REQUIRE(probe.Send(close));
-        return false;
-      },
-      10s));
+  // replayed on the new one: it is sent once the cloud refuses a probe's session.
+  WaitUntilDraining(probe, 1000);
   probe.Cancel();
   // The daemon marks itself NOT_SERVING before the engine refuses sessions, so a load
   // balancer's health check already sees the drain.
