@@ -52,6 +52,23 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using testing::ChildProcess;
 
+// Waits until a daemon accepts connections on `port`, and stops waiting when it exits: a
+// daemon that failed at start-up fails the test at once, with its log in the message (the
+// log as it is after the wait, not the empty one of the moment it was started).
+void RequireListening(ChildProcess& daemon, int port, std::chrono::milliseconds timeout) {
+  bool listening = false;
+  testing::WaitUntil(
+      [&] {
+        listening = testing::WaitForPort(port, 100ms);
+        return listening || !daemon.running();
+      },
+      timeout);
+  INFO(daemon.log_path().filename().string()
+       << (listening ? "" : daemon.running() ? " still not listening" : " exited") << ":\n"
+       << daemon.Log());
+  REQUIRE(listening);
+}
+
 fs::path EnvPath(const char* name, const char* fallback) {
   const char* value = std::getenv(name);
   return value != nullptr && *value != '\0' ? value : fallback;
@@ -312,9 +329,8 @@ class CloudProcess {
                                    config_.string(), "--stage", std::to_string(stage)},
           dir / ("cloud-" + run + "-stage" + std::to_string(stage) + ".log")));
     }
-    INFO(process_->Log());
-    REQUIRE(testing::WaitForPort(port_, 60s));
-    REQUIRE(testing::WaitForPort(metrics_port_, 10s));
+    RequireListening(*process_, port_, 60s);
+    RequireListening(*process_, metrics_port_, 10s);
   }
 
   std::string Metrics() const { return testing::HttpGet(metrics_port_, "/metrics"); }
@@ -374,7 +390,7 @@ class AgentProcess {
     args.push_back(config.string());
     process_ = std::make_unique<ChildProcess>(std::move(args),
                                               dir / ("agent-" + std::to_string(port_) + ".log"));
-    REQUIRE(testing::WaitForPort(port_, 60s));
+    RequireListening(*process_, port_, 60s);
     auto client = Client::Connect(address());
     REQUIRE(client.ok());
     client_ = std::move(*client);
@@ -1305,7 +1321,7 @@ TEST_CASE("The app port listens on a Unix socket for its user only, and refuses 
                         "0.0.0.0:" + std::to_string(port), "--cloud", cloud.address(),
                         "--metrics", "", "--config", secured.string()},
                        dir.path() / "agent-secured.log");
-    REQUIRE(testing::WaitForPort(port, 60s));
+    RequireListening(agent, port, 60s);
     const std::string address = "127.0.0.1:" + std::to_string(port);
     auto connect = [&](const std::string& token) {
       return Client::Connect(address, ClientOptions{.timeout_s = 10,
@@ -1428,7 +1444,7 @@ TEST_CASE("An agent refuses a cloud split from another checkpoint, naming both, 
                           << "\n  ca_file: " << tls.ca_file << "\n";
     ChildProcess agent({(BinDir() / "tophat-agent").string(), "--config", config.string()},
                        dir.path() / ("agent-" + c.name + ".log"));
-    REQUIRE(testing::WaitForPort(port, 60s));
+    RequireListening(agent, port, 60s);
     auto client = Client::Connect("127.0.0.1:" + std::to_string(port));
     REQUIRE(client.ok());
     auto result = (*client)->Generate(IdsRequest(Tokenize(ToyPrompts(5, 1)[0]), 4));

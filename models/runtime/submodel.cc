@@ -46,8 +46,17 @@ std::string ShapeString(const at::Tensor& t) {
 absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& config,
                                                          const CheckpointReader& checkpoint,
                                                          const SubmodelSpec& spec,
-                                                         const SubmodelOptions& options,
+                                                         const SubmodelOptions& requested,
                                                          const Submodel* shared_embedding) {
+  // "cuda" names the current GPU, while every tensor's device carries its index ("cuda:0"):
+  // the options keep the indexed name, so that comparing a tensor's device with them holds.
+  SubmodelOptions options = requested;
+  if (!options.device.has_index() && !options.device.is_cpu()) {
+    absl::Status resolved = CatchExceptions("resolving the device", [&] {
+      options.device = at::empty({0}, at::TensorOptions().device(options.device)).device();
+    });
+    TOPHAT_RETURN_IF_ERROR(resolved);
+  }
   if (spec.layers.begin < 0 || spec.layers.end > config.num_hidden_layers ||
       spec.layers.begin > spec.layers.end) {
     return absl::InvalidArgumentError(

@@ -138,6 +138,31 @@ int64_t CudaAllocations() {
       .allocated;
 }
 
+TEST_CASE("A submodel loaded on \"cuda\" (no index) runs in its own step buffers and paged pool",
+          "[gpu][submodel][step_buffers]") {
+  // Daemons name the device "cuda"; tensors always carry an index ("cuda:0"). The first GPU
+  // run of the engine benchmark refused its warm-up step over exactly that difference.
+  const ModelConfig config = TinyDecodeKernelConfig();
+  testing::TempDir dir;
+  const auto checkpoint = RandomCheckpoint(config, 5, dir);
+  const auto loaded = Load(config, *checkpoint, at::kBFloat16, at::Device(at::kCUDA),
+                           SubmodelSpec::Middle(config, 1, 1));
+  const Submodel& model = *loaded;
+  CHECK(model.options().device.has_index());
+  auto pool = model.NewPagedPool(16, 4);
+  REQUIRE(pool.ok());
+  KvCache cache(*pool);
+  for (int b = 0; b < 4; ++b) cache.AppendBlock(b);
+  const SequenceChunk chunk{.cache = &cache, .num_tokens = 5};
+  StepBuffers buffers = model.NewStepBuffers(8, 4);
+  at::Tensor input = buffers.residual.narrow(0, 0, 5);
+  input.normal_();
+  auto out = model.Forward(input, std::span<const SequenceChunk>(&chunk, 1), buffers);
+  INFO(out.status().ToString());
+  REQUIRE(out.ok());
+  CHECK(out->is_cuda());
+}
+
 TEST_CASE("On CUDA a decode step in step buffers allocates nothing after warm-up",
           "[gpu][submodel][step_buffers]") {
   // Heads the batched decode kernel takes: the composite attention it falls back to
