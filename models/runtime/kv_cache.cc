@@ -32,6 +32,9 @@ KvBlockPool::KvBlockPool(int64_t num_layers, int64_t num_blocks, int64_t block_s
   // A submodel with no layers (input with m = 0) still gets a valid, empty pool.
   keys_ = at::zeros({num_layers, num_blocks, block_size, kv_heads_, head_dim_}, options);
   values_ = at::zeros_like(keys_);
+  // The allocation's own device: "cuda" asked for becomes "cuda:0", as every tensor and
+  // submodel names it, so that comparing the pool's device with theirs holds.
+  device_ = keys_.device();
   layer_keys_.reserve(num_layers);
   layer_values_.reserve(num_layers);
   for (int64_t l = 0; l < num_layers; ++l) {

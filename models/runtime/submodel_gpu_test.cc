@@ -138,7 +138,7 @@ int64_t CudaAllocations() {
       .allocated;
 }
 
-TEST_CASE("A submodel loaded on \"cuda\" (no index) runs in its own step buffers and paged pool",
+TEST_CASE("A submodel and a KV pool made on \"cuda\" (no index) run a step in step buffers",
           "[gpu][submodel][step_buffers]") {
   // Daemons name the device "cuda"; tensors always carry an index ("cuda:0"). The first GPU
   // run of the engine benchmark refused its warm-up step over exactly that difference.
@@ -149,8 +149,11 @@ TEST_CASE("A submodel loaded on \"cuda\" (no index) runs in its own step buffers
                            SubmodelSpec::Middle(config, 1, 1));
   const Submodel& model = *loaded;
   CHECK(model.options().device.has_index());
-  auto pool = model.NewPagedPool(16, 4);
+  // A pipeline stage makes its pool from the config's device name, not from the submodel.
+  auto pool = KvBlockPool::Create(config, model.spec().layers.size(), 16, 4, at::kBFloat16,
+                                  at::Device(at::kCUDA));
   REQUIRE(pool.ok());
+  CHECK((*pool)->device() == model.options().device);
   KvCache cache(*pool);
   for (int b = 0; b < 4; ++b) cache.AppendBlock(b);
   const SequenceChunk chunk{.cache = &cache, .num_tokens = 5};
