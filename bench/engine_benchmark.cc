@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -25,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/kernel_profile.h"
 #include "bench/model_benchmark.h"
 #include "models/formats/checkpoint.h"
 #include "models/formats/config.h"
@@ -65,6 +67,8 @@ struct Args {
   std::string device = "cpu";     // where the middle runs: cpu | cuda | cuda:N
   std::string dtype = "float32";  // float32 | float16 | bfloat16
   int64_t cuda_graph_max_batch = 64;  // on a GPU: both paths replay decode graphs (0: eager)
+  int profile_steps = 0;  // engine steps per case profiled after the timed ones (0: none)
+  size_t profile_top = 15;
 };
 
 // What one run measures of the machine: the bounds each case is compared with.
@@ -268,6 +272,7 @@ struct CaseResult {
   double bound_ms = 0;           // the case's floor from the measured machine bounds
   double bound_fraction = 0;     // bound_ms / engine_ms
   bool pass = false;
+  std::optional<bench::KernelProfile> profile;  // --profile-steps: where a step's time goes
 };
 
 double MaxAbsDiff(const v1::ForwardResult& result, const at::Tensor& raw_rows) {
@@ -342,11 +347,33 @@ void Finish(CaseResult& r, const std::vector<double>& engine_s,
   r.pass = r.ratio <= goal;
 }
 
+// `steps` more engine steps under the kernel profiler; `deliver(step)` hands the engine that
+// step's chunks first. Only the device's work counts (on a GPU the host's delivery is not in
+// it), and the wall time per step is RunOnce's own.
+absl::StatusOr<bench::KernelProfile> ProfileEngineSteps(
+    EngineDriver& driver, at::Device device, size_t steps,
+    const std::function<absl::Status(size_t)>& deliver) {
+  TOPHAT_ASSIGN_OR_RETURN(bench::KernelProfiler window, bench::KernelProfiler::Start(device));
+  double run_ms = 0;
+  for (size_t step = 0; step < steps; ++step) {
+    TOPHAT_RETURN_IF_ERROR(deliver(step));
+    driver.sink().ClearResults();
+    const BenchClock::time_point t0 = BenchClock::now();
+    driver.engine().RunOnce();
+    run_ms += 1e3 * SecondsBetween(t0, BenchClock::now());
+    TOPHAT_RETURN_IF_ERROR(driver.CheckNoErrors("a profiled step"));
+  }
+  SynchronizeDevice(device);
+  TOPHAT_ASSIGN_OR_RETURN(bench::KernelProfile profile, window.Stop(static_cast<int>(steps)));
+  profile.wall_ms = run_ms;
+  return profile;
+}
+
 absl::StatusOr<CaseResult> RunDecodeCase(const Submodel& middle, EngineDriver& driver,
                                          RawCaches& raw, int64_t batch, const Args& args) {
   const int64_t d = middle.config().hidden_size;
   const int steps = args.warmup + args.repetitions;
-  const int64_t max_positions = args.context + steps;
+  const int64_t max_positions = args.context + steps + args.profile_steps;
   CaseResult r{.name = absl::StrCat("decode B=", batch),
                .phase = "decode",
                .sessions = batch,
@@ -410,6 +437,20 @@ absl::StatusOr<CaseResult> RunDecodeCase(const Submodel& middle, EngineDriver& d
       }
     }
   }
+  if (args.profile_steps > 0) {
+    std::vector<at::Tensor> inputs;
+    for (int step = 0; step < args.profile_steps; ++step) {
+      inputs.push_back(at::randn({batch, d}).to(dtype));
+    }
+    TOPHAT_ASSIGN_OR_RETURN(
+        r.profile, ProfileEngineSteps(driver, device, inputs.size(), [&](size_t step) {
+          for (int64_t b = 0; b < batch; ++b) {
+            TOPHAT_RETURN_IF_ERROR(
+                driver.DeliverChunk(ids[b], inputs[step].narrow(0, b, 1), v1::PHASE_DECODE));
+          }
+          return absl::OkStatus();
+        }));
+  }
   TOPHAT_RETURN_IF_ERROR(driver.Close(ids));
   Finish(r, engine_s, compute_s, raw_s, args.goal);
   return r;
@@ -469,6 +510,19 @@ absl::StatusOr<CaseResult> RunPrefillCase(const Submodel& middle, EngineDriver& 
     }
     if (step == steps - 1) r.max_abs_diff = diff;
     TOPHAT_RETURN_IF_ERROR(driver.Close(ids));
+  }
+  if (args.profile_steps > 0) {
+    // A fresh session per chunk, as timed; opened and closed outside the profiled steps.
+    const at::Tensor x = at::randn({n, d}).to(dtype);
+    std::vector<std::vector<uint64_t>> sessions;
+    for (int step = 0; step < args.profile_steps; ++step) {
+      TOPHAT_ASSIGN_OR_RETURN(sessions.emplace_back(), driver.Open(1, n));
+    }
+    TOPHAT_ASSIGN_OR_RETURN(
+        r.profile, ProfileEngineSteps(driver, device, sessions.size(), [&](size_t step) {
+          return driver.DeliverChunk(sessions[step][0], x, v1::PHASE_PREFILL);
+        }));
+    for (const std::vector<uint64_t>& ids : sessions) TOPHAT_RETURN_IF_ERROR(driver.Close(ids));
   }
   Finish(r, engine_s, compute_s, raw_s, args.goal);
   return r;
@@ -637,6 +691,21 @@ int Run(const Args& args) {
                            r.engine_ms > 0 ? 1e3 * static_cast<double>(r.tokens) / r.engine_ms
                                            : 0.0},
                           {"pass", r.pass}});
+    if (r.profile.has_value()) {
+      const double steps = r.profile->steps;
+      nlohmann::json kernels = nlohmann::json::array();
+      for (size_t i = 0; i < std::min<size_t>(30, r.profile->kernels.size()); ++i) {
+        const bench::KernelTime& k = r.profile->kernels[i];
+        kernels.push_back({{"name", k.name.substr(0, 240)},
+                           {"calls_per_step", k.calls / steps},
+                           {"us_per_step", 1e3 * k.total_ms / steps}});
+      }
+      json_cases.back()["kernel_profile"] = {{"steps", r.profile->steps},
+                                             {"busy_ms_per_step", r.profile->busy_ms / steps},
+                                             {"wall_ms_per_step", r.profile->wall_ms / steps},
+                                             {"kinds", r.profile->kernels.size()},
+                                             {"top", kernels}};
+    }
   }
   const nlohmann::json report = {
       {"benchmark", "engine_overhead"},
@@ -661,7 +730,14 @@ int Run(const Args& args) {
       {"cases", json_cases},
       {"all_pass", all_pass}};
 
-  if (absl::Status s = bench::PrintReport(Table(cases, args.goal), report, args.json_path); !s.ok()) {
+  std::string table = Table(cases, args.goal);
+  for (const CaseResult& r : cases) {
+    if (!r.profile.has_value()) continue;
+    absl::StrAppend(&table, "\nkernel profile of ", r.name, " (", r.profile->steps,
+                    " engine steps, ", device.is_cpu() ? "outermost ATen ops" : "device work",
+                    "):\n", bench::KernelTable(*r.profile, args.profile_top));
+  }
+  if (absl::Status s = bench::PrintReport(table, report, args.json_path); !s.ok()) {
     return Fail(s);
   }
   return 0;
@@ -698,6 +774,13 @@ int main(int argc, char** argv) {
   app.add_option("--cuda-graph-max-batch", args.cuda_graph_max_batch,
                  "On a GPU, decode steps of up to this many sessions replay CUDA graphs, in the "
                  "engine and the raw path alike (0: both eager)")
+      ->capture_default_str();
+  app.add_option("--profile-steps", args.profile_steps,
+                 "After each case's timed steps, this many more engine steps under PyTorch's "
+                 "profiler: a table of the kernels (on the CPU, outermost ATen ops) a step "
+                 "spends its time in, and how much of the step they fill")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--profile-top", args.profile_top, "Rows of each kernel profile table")
       ->capture_default_str();
   app.add_option("--warmup", args.warmup, "Untimed decode steps first")
       ->capture_default_str()->check(CLI::NonNegativeNumber);

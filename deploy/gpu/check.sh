@@ -9,7 +9,9 @@
 #                   ranks, so these stages talk Gloo through host memory)
 #   engine bench    tophat-bench-engine on a Llama-3-8B-shaped middle (m = 2, k = 1) in bf16:
 #                   decode at batch 1, 8, 32, 64, 128 over 1,024 positions, a 2,048-position
-#                   prefill chunk, against bounds measured in the same run
+#                   prefill chunk, against bounds measured in the same run; then each case's
+#                   kernel profile (which kernels a step spends its time in, and how much of
+#                   the step the device is idle)
 #   hf compare      the same layers in Hugging Face transformers (bench/hf_compare.py)
 # then prints a summary and the tables. The whole check takes at most --budget seconds.
 #
@@ -183,7 +185,7 @@ bench_args=()
 if [ "$rehearse" = 1 ]; then
   model="$root/toy-model"
   bench_args=(--device cpu --dtype float32 --context 64 --batch 1 4 --prefill-tokens 512
-              --repetitions 3 --prefill-repetitions 2 --warmup 1)
+              --repetitions 3 --prefill-repetitions 2 --warmup 1 --profile-steps 2)
   hf_model="$work/tiny-model"
   phase checkpoint 60 pass "$python" "$root/bench/random_checkpoint.py" --out "$hf_model" \
     --preset tiny --dtype f32
@@ -194,7 +196,7 @@ else
   phase checkpoint 150 pass "$python" "$root/bench/random_checkpoint.py" --out "$model" \
     --preset llama3-8b --dtype bf16
   bench_args=(--device cuda --dtype bfloat16 --context 1024 --batch 1 8 32 64 128
-              --prefill-tokens 2048 --repetitions 30)
+              --prefill-tokens 2048 --repetitions 30 --profile-steps 3 --profile-top 12)
   hf_model="$model"
   hf_args=(--device cuda --dtype bfloat16 --context 1024 --batch 1 32 --repetitions 30)
 fi
@@ -208,7 +210,7 @@ for name in engine-bench hf-compare; do
   if [ -f "$logs/$name.log" ]; then
     echo "== $name ==" | tee -a "$summary"
     # The table: the lines with column bars, and what the benchmark said of the machine.
-    grep -E '\|| bounds:|^-{20,}' "$logs/$name.log" | tee -a "$summary"
+    grep -E '\|| bounds:|^-{20,}|^kernel profile|busy of' "$logs/$name.log" | tee -a "$summary"
   fi
 done
 say "check.sh: $( [ $failed = 0 ] && echo 'every phase passed' || echo 'SOME PHASES FAILED') in $(elapsed) s; logs in $out/logs.tar.gz"
