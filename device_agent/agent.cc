@@ -888,12 +888,18 @@ Agent::Agent(AgentConfig config, DeviceBundle bundle,
               placement_cv_.notify_all();
               if (metrics_ == nullptr) return;
               cloud_targets_[index].up.Set(connected ? 1 : 0);
+              // A lost stream's drain is over: the cloud comes back with a Hello of its own.
+              if (!connected) cloud_targets_[index].draining.Set(0);
               int64_t up = 0;
               for (const auto& cloud : clouds_) up += cloud->connected() ? 1 : 0;
               metrics_->cloud_connected.Set(up > 0 ? 1 : 0);
               if (connected && index < clouds_.size() && clouds_[index]->reconnects() > 0) {
                 metrics_->cloud_reconnects.Increment();
               }
+            },
+        .on_load =
+            [this, index](const v1::CloudLoad& load) {
+              if (metrics_ != nullptr) cloud_targets_[index].draining.Set(load.draining() ? 1 : 0);
             },
         .pace_uplink = config_.uplink_pacing.enabled,
         .pacing_lead_s = config_.uplink_pacing.lead_s,

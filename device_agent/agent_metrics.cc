@@ -48,6 +48,11 @@ AgentMetrics::AgentMetrics(prometheus::Registry& registry)
                                  .Name("tophat_cloud_target_up")
                                  .Help("1 while the agent holds a stream to this cloud")
                                  .Register(registry)),
+      cloud_target_draining_family(
+          prometheus::BuildGauge()
+              .Name("tophat_cloud_target_draining")
+              .Help("1 while this cloud reports that it drains: no new request is placed there")
+              .Register(registry)),
       cloud_requests_placed_family(prometheus::BuildCounter()
                                        .Name("tophat_cloud_requests_placed_total")
                                        .Help("Requests placed on this cloud, failovers included")
@@ -118,6 +123,7 @@ AgentMetrics::AgentMetrics(prometheus::Registry& registry)
 
 AgentMetrics::CloudTarget AgentMetrics::Target(const std::string& address) {
   return {.up = cloud_target_up_family.Add({{"cloud", address}}),
+          .draining = cloud_target_draining_family.Add({{"cloud", address}}),
           .placed = cloud_requests_placed_family.Add({{"cloud", address}}),
           .failovers = cloud_failovers_family.Add({{"cloud", address}})};
 }

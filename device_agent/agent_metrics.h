@@ -36,11 +36,13 @@ struct AgentMetrics {
   // cloud="host:port".
   struct CloudTarget {
     prometheus::Gauge& up;            // 1 while this cloud's stream is up
+    prometheus::Gauge& draining;      // 1 while it reports a drain (no new requests go there)
     prometheus::Counter& placed;      // requests placed on it (failovers included)
     prometheus::Counter& failovers;   // requests that left it for another cloud, having lost it
   };
   CloudTarget Target(const std::string& address);
   prometheus::Family<prometheus::Gauge>& cloud_target_up_family;
+  prometheus::Family<prometheus::Gauge>& cloud_target_draining_family;
   prometheus::Family<prometheus::Counter>& cloud_requests_placed_family;
   prometheus::Family<prometheus::Counter>& cloud_failovers_family;
 

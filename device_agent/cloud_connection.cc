@@ -386,6 +386,7 @@ void CloudConnection::Run() {
     last_logged.clear();
     backoff = options_.initial_backoff_s;
     if (options_.on_state_change) options_.on_state_change(true);
+    if (options_.on_load) options_.on_load(first.hello().load());
 
     grpc::ClientReaderWriter<v1::AgentMessage, v1::CloudMessage>* reader = stream_.get();
     v1::CloudMessage message;
@@ -431,11 +432,13 @@ void CloudConnection::Route(v1::CloudMessage message, uint64_t epoch) {
     return;
   }
   if (message.has_load()) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (epoch == epoch_) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (epoch != epoch_) return;
       load_ = message.load();
       placed_since_report_ = 0;
     }
+    if (options_.on_load) options_.on_load(message.load());
     return;
   }
   if (message.has_received()) {  // the pacer's, not a session's mailbox's

@@ -74,6 +74,8 @@ struct CloudConnectionOptions {
   std::function<absl::Status(const v1::Hello&)> check_hello;
   // Called (on the reader thread) on every connect and disconnect.
   std::function<void(bool connected)> on_state_change;
+  // Called (on the reader thread) with each load the cloud reports, its Hello's included.
+  std::function<void(const v1::CloudLoad&)> on_load;
   // Prompt chunks wait for the cloud's receipts (uplink_pacer.h) when the cloud sends them;
   // false: every message goes in the order it was sent (transport.pace_uplink).
   bool pace_uplink = true;

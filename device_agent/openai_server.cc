@@ -1,6 +1,7 @@
 #include "device_agent/openai_server.h"
 
 #include <chrono>
+#include <optional>
 #include <random>
 
 #include <httplib.h>
@@ -35,6 +36,16 @@ std::string NewCompletionId(OpenAiEndpoint endpoint) {
 void SendError(httplib::Response& res, const OpenAiError& error) {
   res.status = error.http_status;
   res.set_content(error.ToJson().dump(), "application/json");
+}
+
+// 413 for a body past max_body bytes: from its Content-Length when it had one (refused
+// before reading), or from httplib's own count of a chunked body.
+OpenAiError BodyTooLarge(std::optional<uint64_t> length, int64_t max_body) {
+  return OpenAiError{
+      .http_status = 413,
+      .message = absl::StrCat("the request body", length ? absl::StrCat(" (", *length, " bytes)") : "",
+                              " is larger than this endpoint reads (", max_body,
+                              " bytes; max_prompt_bytes)")};
 }
 
 OpenAiError ServerError(int status, std::string message) {
@@ -159,10 +170,7 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
   http.set_error_handler([max_body](const httplib::Request&, httplib::Response& res) {
     if (!res.body.empty()) return;
     if (res.status == 413) {
-      SendError(res, OpenAiError{.http_status = 413,
-                                 .message = absl::StrCat("the request body is larger than this "
-                                                         "endpoint reads (", max_body,
-                                                         " bytes; max_prompt_bytes)")});
+      SendError(res, BodyTooLarge(std::nullopt, max_body));
     } else if (res.status >= 400) {
       SendError(res, OpenAiError{.http_status = res.status,
                                  .message = absl::StrCat("HTTP ", res.status)});
@@ -184,11 +192,7 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
     }
     raw->request_deadline_->RequestRead(req.remote_addr, req.remote_port);
     raw->request_deadline_->CloseAfterAnswer(req.remote_addr, req.remote_port);
-    SendError(res, OpenAiError{.http_status = 413,
-                               .message = absl::StrCat("the request body (", length,
-                                                       " bytes) is larger than this endpoint "
-                                                       "reads (", max_body,
-                                                       " bytes; max_prompt_bytes)")});
+    SendError(res, BodyTooLarge(length, max_body));
     res.set_header("Connection", "close");
     return httplib::Server::HandlerResponse::Handled;
   });

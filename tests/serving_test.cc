@@ -1715,11 +1715,24 @@ TEST_CASE("Three clouds share six agents' requests, and a killed cloud's request
     REQUIRE(holder.Read().has_admitted());
     clouds[1]->process().Signal(SIGTERM);
     WaitUntilDraining(holder, 100);
-    // Every request succeeds, and none is admitted by the draining cloud: the agents learn of
-    // the drain from its load report, and one placed there before that is refused and moves.
+    // The agents learn of the drain from the cloud's load report, and from then on place
+    // nothing there: not refused and moved, never sent (a request placed there before the
+    // report would be refused and move on).
+    const std::string draining = "cloud=\"" + addresses[1] + "\"";
+    double placed_before = 0;
+    for (auto& agent : agents) {
+      REQUIRE(testing::WaitUntil(
+          [&] { return agent->Metric("tophat_cloud_target_draining", draining) == 1; }, 10s));
+      placed_before += agent->Metric("tophat_cloud_requests_placed_total", draining);
+    }
     const double admitted_while_draining = admitted(1);
     CHECK(run_requests());
     CHECK(admitted(1) == admitted_while_draining);
+    double placed_after = 0;
+    for (auto& agent : agents) {
+      placed_after += agent->Metric("tophat_cloud_requests_placed_total", draining);
+    }
+    CHECK(placed_after == placed_before);
     // Its last session closed, the cloud exits; restarted, it is used again.
     v1::AgentMessage close;
     close.mutable_close()->set_session_id(1);
@@ -1728,6 +1741,10 @@ TEST_CASE("Three clouds share six agents' requests, and a killed cloud's request
     clouds[1]->Start(dir.path());
     REQUIRE(testing::WaitUntil(
         [&] { return clouds[1]->Metric("tophat_streams_connected") == 6; }, 60s));
+    for (auto& agent : agents) {
+      CHECK(testing::WaitUntil(
+          [&] { return agent->Metric("tophat_cloud_target_draining", draining) == 0; }, 10s));
+    }
     CHECK(run_requests());
     CHECK(admitted(1) > 0);
   }
