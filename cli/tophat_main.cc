@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cli/plan_command.h"
+#include "cli/simulate_command.h"
 #include "configs/config_checks.h"
 #include "cli/serving_commands.h"
 #include "bench/dtype_numerics.h"
@@ -425,6 +426,9 @@ int main(int argc, char** argv) {
                        "step through every stage)")
       ->capture_default_str()->check(CLI::IsMember({"throughput", "latency"}));
 
+  tophat::cli::SimulateArgs simulate;
+  auto* simulate_cmd = tophat::cli::AddSimulateCommand(app, simulate);
+
   tophat::cli::ChatArgs chat;
   auto* chat_cmd = app.add_subcommand(
       "chat", "Talk to a running tophat-agent (one prompt per line, or --prompt once)");
@@ -558,6 +562,7 @@ int main(int argc, char** argv) {
 
   if (*chat_cmd) return tophat::cli::RunChat(chat);
   if (*plan_cmd) return tophat::cli::RunPlan(plan);
+  if (*simulate_cmd) return tophat::cli::RunSimulate(simulate);
   if (*serve_bench_cmd && run_ablation) {
     ablation.datasets.clear();
     for (const auto& part : CLI::detail::split(ablation_datasets, ',')) {

@@ -28,6 +28,7 @@ ROOMS = [
     "device_agent",
     "fuzz",
     "bench",
+    "sim",
     "cli",
     "tests",
 ]

@@ -1,0 +1,34 @@
+// `tophat simulate`: the discrete-event simulator (sim/simulator.h) from the command line,
+// printing latency percentiles and each cloud's load as a table and JSON.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "sim/simulator.h"
+
+namespace CLI {
+class App;
+}
+
+namespace tophat::cli {
+
+struct SimulateArgs {
+  sim::SimConfig config;
+  double rate_per_minute = 1;           // requests per device per minute
+  std::string step_profile;             // a tophat-bench-engine JSON report
+  std::vector<std::string> step_points; // "TOKENS:MS", instead of a report
+  double uplink_mbit = 10;
+  double downlink_mbit = 40;
+  double delay_ms = 20;
+  double input_ms_per_token = 0.5;
+  double input_decode_ms = 2;
+  double output_ms_per_token = 0.5;
+  double output_decode_ms = 4;
+  std::string json_path;
+};
+
+CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args);
+int RunSimulate(SimulateArgs args);
+
+}  // namespace tophat::cli

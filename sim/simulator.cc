@@ -1,0 +1,521 @@
+#include "sim/simulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <fstream>
+#include <queue>
+#include <random>
+#include <span>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "scheduler/batch_planner.h"
+#include "scheduler/cloud_placement.h"
+#include "scheduler/decode_decisions.h"
+#include "scheduler/step_time_predictor.h"
+
+namespace tophat::sim {
+namespace {
+
+// Percentiles of millions of samples without keeping them: buckets 1% wide on a log scale
+// from 1 µs, so a percentile is within 1% of the exact one.
+class LogHistogram {
+ public:
+  void Add(double seconds) {
+    const double x = std::max(seconds, kMin);
+    const auto bucket = static_cast<size_t>(std::log(x / kMin) / kLogStep);
+    if (bucket >= counts_.size()) counts_.resize(bucket + 1, 0);
+    ++counts_[bucket];
+    ++total_;
+    sum_ += seconds;
+  }
+  LatencySummary Summary() const {
+    LatencySummary s;
+    if (total_ == 0) return s;
+    s.mean = sum_ / static_cast<double>(total_);
+    s.p50 = Quantile(0.5);
+    s.p90 = Quantile(0.9);
+    s.p99 = Quantile(0.99);
+    return s;
+  }
+
+ private:
+  static constexpr double kMin = 1e-6;
+  static constexpr double kLogStep = 0.00995033;  // log(1.01)
+  double Quantile(double q) const {
+    // Nearest rank, as Summarize: the smallest bucket holding ceil(q·n) samples.
+    const auto rank = static_cast<int64_t>(std::ceil(q * static_cast<double>(total_)));
+    int64_t seen = 0;
+    for (size_t b = 0; b < counts_.size(); ++b) {
+      seen += counts_[b];
+      if (seen >= rank) return kMin * std::exp((static_cast<double>(b) + 0.5) * kLogStep);
+    }
+    return 0;
+  }
+  std::vector<int64_t> counts_;
+  int64_t total_ = 0;
+  double sum_ = 0;
+};
+
+enum class EventType : uint8_t {
+  kArrival,         // a request arrives at device `a`
+  kInputDone,       // request `a`'s input submodel finished `b` positions (b = 0: decode)
+  kOpenAtCloud,     // request `a`'s Open reaches its cloud
+  kWorkAtCloud,     // `b` positions of request `a` reach its cloud (b = 0: a decode token)
+  kStepDone,        // cloud `a` finished its step
+  kResultAtDevice,  // `b` positions' results of request `a` reach its device (0: decode)
+  kOutputDone,      // the device's output submodel finished them
+  kCloseAtCloud,    // request `a`'s Close reaches its cloud
+};
+
+struct Event {
+  double time;
+  uint64_t sequence;  // ties in time run in the order scheduled: deterministic
+  EventType type;
+  int64_t a;
+  int64_t b;
+  bool operator>(const Event& other) const {
+    return time != other.time ? time > other.time : sequence > other.sequence;
+  }
+};
+
+struct Request {
+  int64_t device = 0;
+  int64_t cloud = 0;
+  int64_t prompt = 0;
+  int64_t output = 0;
+  double arrival = 0;
+  int64_t kv_blocks = 0;
+  bool admitted = false;
+  int64_t held = 0;              // prompt positions at the cloud before admission
+  int64_t prompt_returned = 0;   // positions whose results the device has processed
+  int64_t generated = 0;
+  double last_token = 0;
+};
+
+struct Device {
+  std::deque<int64_t> queue;  // requests waiting for the one running
+  bool busy = false;
+  double compute_free = 0;
+  double uplink_free = 0;
+  double downlink_free = 0;
+};
+
+struct CloudState {
+  std::vector<PendingWork> pending;   // admitted work in arrival order
+  std::vector<int64_t> pending_request;
+  std::deque<int64_t> waiting;        // requests waiting for KV
+  int64_t kv_free = 0;
+  int64_t running = 0;
+  bool stepping = false;
+  std::vector<PlannedWork> plan;
+  std::vector<std::pair<int64_t, int64_t>> results;  // (request, positions; 0: decode)
+  BatchPlanner planner;
+  // What the agents know of it: its last load report.
+  CloudCandidate reported;
+  double reported_at = -1;
+  uint64_t report_epoch = 1;
+  double recent_tokens = 0;  // moving mean of batched tokens per step (μ)
+  CloudStats stats;
+};
+
+class Simulation {
+ public:
+  explicit Simulation(const SimConfig& config, PromptLengthSampler prompts)
+      : config_(config), prompts_(std::move(prompts)), rng_(config.seed),
+        predictor_(8192, 0.0), devices_(static_cast<size_t>(config.devices)),
+        clouds_(static_cast<size_t>(config.clouds)),
+        placed_(static_cast<size_t>(config.devices * config.clouds), {0, 0}) {
+    for (const StepPoint& p : config.cloud.step_time) {
+      predictor_.Observe(static_cast<int64_t>(std::llround(p.tokens)), p.seconds);
+    }
+    for (CloudState& cloud : clouds_) {
+      cloud.kv_free = config.cloud.kv_blocks;
+      cloud.reported = {.connected = true, .epoch = 1, .kv_blocks_free = config.cloud.kv_blocks,
+                        .kv_blocks_total = config.cloud.kv_blocks};
+    }
+  }
+
+  SimResult Run() {
+    const double rate = config_.workload.requests_per_device_per_second;
+    for (int64_t d = 0; d < config_.devices && rate > 0; ++d) {
+      const double first = Exponential(rate);
+      if (first < config_.duration_s) Schedule(first, EventType::kArrival, d, 0);
+    }
+    const double end = config_.duration_s + config_.drain_limit_s;
+    while (!events_.empty()) {
+      const Event e = events_.top();
+      if (e.time > end) break;
+      events_.pop();
+      now_ = e.time;
+      ++result_.events;
+      Handle(e);
+    }
+    result_.simulated_seconds = now_;
+    result_.ttft_s = ttft_.Summary();
+    result_.tbt_s = tbt_.Summary();
+    result_.e2e_s = e2e_.Summary();
+    for (const CloudState& cloud : clouds_) result_.clouds.push_back(cloud.stats);
+    return result_;
+  }
+
+ private:
+  void Schedule(double time, EventType type, int64_t a, int64_t b) {
+    events_.push({time, sequence_++, type, a, b});
+  }
+  double Exponential(double rate) { return std::exponential_distribution<double>(rate)(rng_); }
+  double Jitter() {
+    const double sigma = config_.device.bandwidth_log_sigma;
+    return sigma > 0 ? std::exp(std::normal_distribution<double>(0, sigma)(rng_)) : 1.0;
+  }
+  // Time on the device's one compute resource, first come first served.
+  double Compute(Device& device, double seconds) {
+    device.compute_free = std::max(now_, device.compute_free) + seconds;
+    return device.compute_free;
+  }
+  // A transfer on a link of `bytes_per_second`, after those before it; when it arrives.
+  double Transfer(double& link_free, double bytes, double bytes_per_second) {
+    link_free = std::max(now_, link_free) + bytes / (bytes_per_second * Jitter());
+    return link_free + config_.device.one_way_delay_s;
+  }
+
+  void Handle(const Event& e) {
+    switch (e.type) {
+      case EventType::kArrival: return OnArrival(e.a);
+      case EventType::kInputDone: return OnInputDone(e.a, e.b);
+      case EventType::kOpenAtCloud: return OnOpen(e.a);
+      case EventType::kWorkAtCloud: return OnWork(e.a, e.b);
+      case EventType::kStepDone: return OnStepDone(e.a);
+      case EventType::kResultAtDevice: return OnResult(e.a, e.b);
+      case EventType::kOutputDone: return OnOutputDone(e.a, e.b);
+      case EventType::kCloseAtCloud: return OnClose(e.a);
+    }
+  }
+
+  void OnArrival(int64_t d) {
+    const double rate = config_.workload.requests_per_device_per_second;
+    const double next = now_ + Exponential(rate);
+    if (next < config_.duration_s) Schedule(next, EventType::kArrival, d, 0);
+    ++result_.requests_arrived;
+    Request r{.device = d,
+              .prompt = prompts_.Sample(rng_, config_.workload.max_prompt_tokens),
+              .output = config_.workload.output_tokens,
+              .arrival = now_};
+    const int64_t block = config_.cloud.kv_block_size;
+    r.kv_blocks = (r.prompt + r.output + block - 1) / block;
+    requests_.push_back(r);
+    const auto id = static_cast<int64_t>(requests_.size() - 1);
+    Device& device = devices_[static_cast<size_t>(d)];
+    if (device.busy) {
+      device.queue.push_back(id);
+    } else {
+      Start(id);
+    }
+  }
+
+  void Start(int64_t id) {
+    Request& r = requests_[static_cast<size_t>(id)];
+    Device& device = devices_[static_cast<size_t>(r.device)];
+    device.busy = true;
+    if (r.kv_blocks > config_.cloud.kv_blocks) {
+      ++result_.requests_rejected;
+      return Finish(id, /*finished=*/false);
+    }
+    r.cloud = Place(r.device);
+    CloudState& cloud = clouds_[static_cast<size_t>(r.cloud)];
+    ++cloud.stats.sessions;
+    Schedule(now_ + config_.device.one_way_delay_s, EventType::kOpenAtCloud, id, 0);
+    // The prompt's chunks through the input submodel, back to back; each goes up when done.
+    const int64_t chunk = ChunkSize(r, cloud);
+    for (int64_t done = 0; done < r.prompt; done += chunk) {
+      const int64_t n = std::min(chunk, r.prompt - done);
+      Schedule(Compute(device, static_cast<double>(n) * config_.device.input_seconds_per_token),
+               EventType::kInputDone, id, n);
+    }
+  }
+
+  int64_t ChunkSize(const Request& r, const CloudState& cloud) const {
+    if (config_.prompt_chunk > 0) return config_.prompt_chunk;
+    const ChunkSizeInputs inputs{.prompt_tokens = r.prompt,
+                                 .bytes_per_token = config_.bytes_per_token,
+                                 .uplink_bytes_per_second = config_.device.uplink_bytes_per_second,
+                                 .mean_batched_tokens = std::max(1.0, cloud.recent_tokens),
+                                 .min_chunk = config_.min_chunk,
+                                 .max_chunk = config_.max_chunk,
+                                 .max_step_seconds = config_.max_step_seconds};
+    return std::max<int64_t>(1, ChooseChunkSize(inputs, predictor_));
+  }
+
+  // The agent's placement (scheduler/cloud_placement.h) over what the clouds last reported
+  // and what this device placed since.
+  int64_t Place(int64_t d) {
+    if (config_.clouds == 1) return 0;
+    candidates_.clear();
+    for (size_t c = 0; c < clouds_.size(); ++c) {
+      CloudState& cloud = clouds_[c];
+      if (now_ - cloud.reported_at >= config_.cloud.load_report_interval_s) {
+        cloud.reported.running_sessions = cloud.running;
+        cloud.reported.waiting_sessions = static_cast<int64_t>(cloud.waiting.size());
+        cloud.reported.kv_blocks_free = cloud.kv_free;
+        cloud.reported_at = now_;
+        ++cloud.report_epoch;
+      }
+      CloudCandidate candidate = cloud.reported;
+      const auto& [epoch, count] = placed_[static_cast<size_t>(d) * clouds_.size() + c];
+      candidate.placed_since_report = epoch == cloud.report_epoch ? count : 0;
+      candidates_.push_back(candidate);
+    }
+    const std::optional<size_t> chosen = PlaceRequest(candidates_, {.random = rng_()});
+    const size_t c = chosen.value_or(0);
+    auto& [epoch, count] = placed_[static_cast<size_t>(d) * clouds_.size() + c];
+    count = epoch == clouds_[c].report_epoch ? count + 1 : 1;
+    epoch = clouds_[c].report_epoch;
+    return static_cast<int64_t>(c);
+  }
+
+  void OnInputDone(int64_t id, int64_t positions) {
+    Request& r = requests_[static_cast<size_t>(id)];
+    Device& device = devices_[static_cast<size_t>(r.device)];
+    const double bytes = static_cast<double>(std::max<int64_t>(positions, 1)) *
+                         config_.bytes_per_token;
+    Schedule(Transfer(device.uplink_free, bytes, config_.device.uplink_bytes_per_second),
+             EventType::kWorkAtCloud, id, positions);
+  }
+
+  void OnOpen(int64_t id) {
+    Request& r = requests_[static_cast<size_t>(id)];
+    CloudState& cloud = clouds_[static_cast<size_t>(r.cloud)];
+    if (cloud.waiting.empty() && cloud.kv_free >= r.kv_blocks) {
+      Admit(id, cloud);
+    } else {
+      cloud.waiting.push_back(id);
+      cloud.stats.max_waiting =
+          std::max(cloud.stats.max_waiting, static_cast<int64_t>(cloud.waiting.size()));
+    }
+  }
+
+  void Admit(int64_t id, CloudState& cloud) {
+    Request& r = requests_[static_cast<size_t>(id)];
+    cloud.kv_free -= r.kv_blocks;
+    ++cloud.running;
+    r.admitted = true;
+    if (r.held > 0) {
+      AddWork(cloud, id, r.held, false);
+      r.held = 0;
+    }
+  }
+
+  void OnWork(int64_t id, int64_t positions) {
+    Request& r = requests_[static_cast<size_t>(id)];
+    CloudState& cloud = clouds_[static_cast<size_t>(r.cloud)];
+    if (!r.admitted) {
+      r.held += positions;  // decode cannot come before admission: the prompt comes first
+      return;
+    }
+    AddWork(cloud, id, positions, positions == 0);
+  }
+
+  void AddWork(CloudState& cloud, int64_t id, int64_t positions, bool decode) {
+    const Request& r = requests_[static_cast<size_t>(id)];
+    cloud.pending.push_back({.num_tokens = decode ? 1 : positions,
+                             .decode = decode,
+                             .group = static_cast<int32_t>(r.device)});
+    cloud.pending_request.push_back(id);
+    if (!cloud.stepping) StartStep(r.cloud);
+  }
+
+  void StartStep(int64_t c) {
+    CloudState& cloud = clouds_[static_cast<size_t>(c)];
+    if (cloud.pending.empty()) {
+      cloud.stepping = false;
+      return;
+    }
+    const BatchLimits limits{.max_batch_tokens = config_.cloud.max_batch_tokens,
+                             .max_sequences = config_.cloud.max_sequences};
+    const int64_t tokens =
+        cloud.planner.Plan(cloud.pending, limits, {}, static_cast<uint64_t>(cloud.stats.steps),
+                           cloud.plan);
+    cloud.results.clear();
+    for (const PlannedWork& work : cloud.plan) {
+      PendingWork& item = cloud.pending[static_cast<size_t>(work.index)];
+      item.num_tokens -= work.num_tokens;
+      cloud.results.emplace_back(cloud.pending_request[static_cast<size_t>(work.index)],
+                                 item.decode ? 0 : work.num_tokens);
+    }
+    // Done items leave; the rest keep their order.
+    size_t kept = 0;
+    for (size_t i = 0; i < cloud.pending.size(); ++i) {
+      if (cloud.pending[i].num_tokens > 0) {
+        cloud.pending[kept] = cloud.pending[i];
+        cloud.pending_request[kept] = cloud.pending_request[i];
+        ++kept;
+      }
+    }
+    cloud.pending.resize(kept);
+    cloud.pending_request.resize(kept);
+    const double seconds = predictor_.Predict(static_cast<double>(tokens));
+    cloud.stepping = true;
+    ++cloud.stats.steps;
+    cloud.stats.busy_seconds += seconds;
+    cloud.stats.batched_tokens += static_cast<double>(tokens);
+    cloud.recent_tokens = cloud.recent_tokens == 0
+                              ? static_cast<double>(tokens)
+                              : 0.8 * cloud.recent_tokens + 0.2 * static_cast<double>(tokens);
+    Schedule(now_ + seconds, EventType::kStepDone, c, 0);
+  }
+
+  void OnStepDone(int64_t c) {
+    CloudState& cloud = clouds_[static_cast<size_t>(c)];
+    for (const auto& [id, positions] : cloud.results) {
+      Request& r = requests_[static_cast<size_t>(id)];
+      Device& device = devices_[static_cast<size_t>(r.device)];
+      const double bytes = static_cast<double>(std::max<int64_t>(positions, 1)) *
+                           config_.bytes_per_token;
+      Schedule(Transfer(device.downlink_free, bytes, config_.device.downlink_bytes_per_second),
+               EventType::kResultAtDevice, id, positions);
+    }
+    cloud.results.clear();
+    StartStep(c);
+  }
+
+  void OnResult(int64_t id, int64_t positions) {
+    Request& r = requests_[static_cast<size_t>(id)];
+    Device& device = devices_[static_cast<size_t>(r.device)];
+    const double seconds =
+        positions == 0 ? config_.device.output_decode_seconds
+                       : static_cast<double>(positions) * config_.device.output_seconds_per_token;
+    Schedule(Compute(device, seconds), EventType::kOutputDone, id, positions);
+  }
+
+  void OnOutputDone(int64_t id, int64_t positions) {
+    Request& r = requests_[static_cast<size_t>(id)];
+    if (positions > 0) {
+      r.prompt_returned += positions;
+      if (r.prompt_returned < r.prompt) return;
+      // The last prompt position's head gives the first token (its time is in the chunk's).
+      ttft_.Add(now_ - r.arrival);
+      r.generated = 1;
+    } else {
+      ++r.generated;
+      tbt_.Add(now_ - r.last_token);
+    }
+    r.last_token = now_;
+    result_.generated_tokens += 1;
+    if (r.generated >= r.output) return Finish(id, /*finished=*/true);
+    // The next decode position: input submodel, then up.
+    Device& device = devices_[static_cast<size_t>(r.device)];
+    Schedule(Compute(device, config_.device.input_decode_seconds), EventType::kInputDone, id, 0);
+  }
+
+  void Finish(int64_t id, bool finished) {
+    Request& r = requests_[static_cast<size_t>(id)];
+    if (finished) {
+      ++result_.requests_finished;
+      e2e_.Add(now_ - r.arrival);
+      Schedule(now_ + config_.device.one_way_delay_s, EventType::kCloseAtCloud, id, 0);
+    }
+    Device& device = devices_[static_cast<size_t>(r.device)];
+    device.busy = false;
+    if (!device.queue.empty()) {
+      const int64_t next = device.queue.front();
+      device.queue.pop_front();
+      Start(next);
+    }
+  }
+
+  void OnClose(int64_t id) {
+    Request& r = requests_[static_cast<size_t>(id)];
+    CloudState& cloud = clouds_[static_cast<size_t>(r.cloud)];
+    cloud.kv_free += r.kv_blocks;
+    --cloud.running;
+    while (!cloud.waiting.empty()) {
+      const int64_t next = cloud.waiting.front();
+      if (requests_[static_cast<size_t>(next)].kv_blocks > cloud.kv_free) break;
+      cloud.waiting.pop_front();
+      Admit(next, cloud);
+    }
+  }
+
+  const SimConfig& config_;
+  PromptLengthSampler prompts_;
+  std::mt19937_64 rng_;
+  StepTimePredictor predictor_;
+  std::vector<Device> devices_;
+  std::vector<CloudState> clouds_;
+  std::vector<std::pair<uint64_t, int64_t>> placed_;  // [device][cloud]: (report epoch, count)
+  std::vector<CloudCandidate> candidates_;
+  std::vector<Request> requests_;
+  std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
+  uint64_t sequence_ = 0;
+  double now_ = 0;
+  LogHistogram ttft_, tbt_, e2e_;
+  SimResult result_;
+};
+
+}  // namespace
+
+absl::StatusOr<SimResult> Simulate(const SimConfig& config) {
+  auto fail = [](absl::string_view field, absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("simulate: ", field, " ", why));
+  };
+  if (config.devices < 1) return fail("devices", "must be at least 1");
+  if (config.clouds < 1) return fail("clouds", "must be at least 1");
+  if (!(config.duration_s > 0)) return fail("duration_s", "must be positive");
+  if (config.cloud.step_time.empty()) return fail("cloud.step_time", "needs at least one point");
+  for (const StepPoint& p : config.cloud.step_time) {
+    if (!(p.tokens >= 1) || !(p.seconds > 0)) {
+      return fail("cloud.step_time", absl::StrCat("has a point of ", p.tokens, " tokens in ",
+                                                   p.seconds, " s; tokens >= 1, seconds > 0"));
+    }
+  }
+  if (config.cloud.max_batch_tokens < 1 || config.cloud.kv_blocks < 1 ||
+      config.cloud.kv_block_size < 1) {
+    return fail("cloud", "max_batch_tokens, kv_blocks and kv_block_size must be positive");
+  }
+  const DeviceProfile& d = config.device;
+  if (!(d.uplink_bytes_per_second > 0) || !(d.downlink_bytes_per_second > 0)) {
+    return fail("device", "link rates must be positive");
+  }
+  if (d.input_seconds_per_token < 0 || d.input_decode_seconds < 0 ||
+      d.output_seconds_per_token < 0 || d.output_decode_seconds < 0 || d.one_way_delay_s < 0 ||
+      d.bandwidth_log_sigma < 0) {
+    return fail("device", "times, delay and jitter cannot be negative");
+  }
+  if (config.workload.output_tokens < 1) return fail("workload.output_tokens", "must be >= 1");
+  if (config.workload.max_prompt_tokens < 1) {
+    return fail("workload.max_prompt_tokens", "must be >= 1");
+  }
+  if (!(config.bytes_per_token > 0)) return fail("bytes_per_token", "must be positive");
+  auto prompts = PromptLengthSampler::FromSpec(config.workload.prompts);
+  if (!prompts.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("simulate: workload.prompts: ", prompts.status().message()));
+  }
+  Simulation simulation(config, std::move(*prompts));
+  return simulation.Run();
+}
+
+absl::StatusOr<std::vector<StepPoint>> StepPointsFromEngineReport(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  const nlohmann::json report = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (report.is_discarded() || !report.contains("cases") || !report["cases"].is_array()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a tophat-bench-engine report (no \"cases\" array)"));
+  }
+  std::vector<StepPoint> points;
+  for (const nlohmann::json& c : report["cases"]) {
+    if (!c.contains("tokens") || !c.contains("engine_ms") || !c["tokens"].is_number() ||
+        !c["engine_ms"].is_number()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": a case without numeric \"tokens\" and \"engine_ms\""));
+    }
+    points.push_back({c["tokens"].get<double>(), c["engine_ms"].get<double>() / 1e3});
+  }
+  if (points.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no cases"));
+  return points;
+}
+
+}  // namespace tophat::sim

@@ -1,0 +1,108 @@
+// A discrete-event simulator of tophat at scale (issue 33, DSD's DSD-Sim): devices that run
+// their input and output submodels, edge links, clouds that batch every device's work under
+// a token budget with KV admission, and the agents' load balancing between clouds. Its
+// decisions are the serving system's own pure code (scheduler/: the batch planner, the step
+// time predictor g(μ), HAT's chunk size, the clouds' placement), and its inputs are measured
+// profiles: the cloud's step times (a tophat-bench-engine report, or points given), the
+// device's compute rates and its links.
+//
+// What it models and what it leaves out (docs/scale.md): one request at a time per device,
+// prompt chunks pipelined through the device, its uplink, the cloud and back (every position's
+// result returns for the output layers' KV); decode one token per round trip. Not yet:
+// speculative decoding, the cloud's pipeline stages, conversations kept between turns.
+// Single-threaded and deterministic for a seed.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "bench/workload.h"
+
+namespace tophat::sim {
+
+// One point of the cloud's step time g(μ): a step of `tokens` positions took `seconds`.
+struct StepPoint {
+  double tokens = 0;
+  double seconds = 0;
+};
+
+struct DeviceProfile {
+  double input_seconds_per_token = 0.0005;   // input submodel over a prompt chunk, per position
+  double input_decode_seconds = 0.002;       // ... over one decode position
+  double output_seconds_per_token = 0.0005;  // output submodel over a returned chunk, per position
+  double output_decode_seconds = 0.004;      // last layers, norm, head and sampling: one token
+  double uplink_bytes_per_second = 1.25e6;   // 10 Mbit/s
+  double downlink_bytes_per_second = 5e6;    // 40 Mbit/s
+  double one_way_delay_s = 0.02;
+  // Each transfer's rate is multiplied by exp(N(0, σ)) with this σ (0: a steady link).
+  double bandwidth_log_sigma = 0;
+};
+
+struct WorkloadSpec {
+  std::string prompts = "specbench";  // PromptLengthSampler: specbench, cnndm, fixed:N, a file
+  int64_t max_prompt_tokens = 2048;
+  int64_t output_tokens = 128;
+  double requests_per_device_per_second = 1.0 / 60;  // Poisson arrivals at each device
+};
+
+struct CloudSpec {
+  std::vector<StepPoint> step_time;  // g(μ); at least one point
+  int64_t max_batch_tokens = 512;
+  int64_t max_sequences = 256;
+  // An 8B-shaped middle's KV (29 layers x 8 heads x 128 x K and V in bf16: 118 KB a
+  // position) in what an H200 has left after its 12.65 GB of weights: about a million
+  // positions, 65,536 blocks of 16.
+  int64_t kv_blocks = 65536;
+  int64_t kv_block_size = 16;
+  double load_report_interval_s = 0.2;  // as the engine's ReportLoad
+};
+
+struct SimConfig {
+  int64_t devices = 8;
+  int64_t clouds = 1;
+  double duration_s = 60;  // requests arrive until then; the run ends when all have finished
+  double drain_limit_s = 600;  // ... or this long after, the rest counted unfinished
+  WorkloadSpec workload;
+  DeviceProfile device;
+  CloudSpec cloud;
+  double bytes_per_token = 8192;  // A: one position's hidden state on the wire
+  // 0: HAT's chunk size for each prompt (ChooseChunkSize, from the device's uplink and g at
+  // the mean batch); else this fixed size.
+  int64_t prompt_chunk = 0;
+  int64_t min_chunk = 16;
+  int64_t max_chunk = 1024;
+  double max_step_seconds = 0;  // scheduler.max_step_seconds
+  uint64_t seed = 1;
+};
+
+struct CloudStats {
+  int64_t sessions = 0;  // requests placed on it
+  int64_t steps = 0;
+  double busy_seconds = 0;
+  double batched_tokens = 0;  // over all steps
+  int64_t max_waiting = 0;    // most sessions ever waiting for KV at once
+};
+
+struct SimResult {
+  int64_t requests_arrived = 0;
+  int64_t requests_finished = 0;
+  int64_t requests_rejected = 0;  // need more KV than a cloud has
+  LatencySummary ttft_s;          // arrival at the device to the first token
+  LatencySummary tbt_s;           // between a request's successive tokens
+  LatencySummary e2e_s;           // arrival to the last token
+  double generated_tokens = 0;
+  double simulated_seconds = 0;   // when the last event happened
+  std::vector<CloudStats> clouds;
+  int64_t events = 0;
+};
+
+// Runs the simulation. Errors name the configuration field that cannot be used.
+absl::StatusOr<SimResult> Simulate(const SimConfig& config);
+
+// The step-time points of a tophat-bench-engine JSON report (each case's tokens and engine
+// milliseconds): the cloud profile of a real run.
+absl::StatusOr<std::vector<StepPoint>> StepPointsFromEngineReport(const std::string& path);
+
+}  // namespace tophat::sim

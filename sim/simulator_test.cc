@@ -1,0 +1,216 @@
+#include "sim/simulator.h"
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+
+namespace tophat::sim {
+namespace {
+
+// One device, one request at a time, a flat step time and steady links: every latency is a
+// sum that can be written down.
+SimConfig Analytic() {
+  SimConfig c;
+  c.devices = 1;
+  c.clouds = 1;
+  c.duration_s = 1;
+  c.drain_limit_s = 1000;
+  c.workload.prompts = "fixed:100";
+  c.workload.output_tokens = 5;
+  c.workload.requests_per_device_per_second = 1.0;  // the first arrives within the second
+  c.cloud.step_time = {{1, 0.010}};                  // 10 ms whatever the batch
+  c.cloud.max_batch_tokens = 512;
+  c.device = {.input_seconds_per_token = 0.001,
+              .input_decode_seconds = 0.002,
+              .output_seconds_per_token = 0.0005,
+              .output_decode_seconds = 0.003,
+              .uplink_bytes_per_second = 1e6,
+              .downlink_bytes_per_second = 4e6,
+              .one_way_delay_s = 0.02};
+  c.bytes_per_token = 1000;
+  c.prompt_chunk = 100;  // the whole prompt in one chunk
+  return c;
+}
+
+// The first seed whose run of `c` has exactly one arrival (with two, the second would queue
+// behind the first and the sums below would not be one request's).
+SimConfig WithOneArrival(SimConfig c) {
+  for (c.seed = 1; c.seed < 100; ++c.seed) {
+    auto r = Simulate(c);
+    REQUIRE(r.ok());
+    if (r->requests_arrived == 1) return c;
+  }
+  FAIL("no seed below 100 gives one arrival");
+  return c;
+}
+
+TEST_CASE("One request's TTFT and TBT are the sums of its stages", "[sim]") {
+  const SimConfig c = WithOneArrival(Analytic());
+  auto r = Simulate(c);
+  REQUIRE(r.ok());
+  REQUIRE(r->requests_arrived == 1);
+  REQUIRE(r->requests_finished == 1);
+  // input 100 x 1 ms, up 100 kB at 1 MB/s + 20 ms, one 10 ms step, down 100 kB at 4 MB/s
+  // + 20 ms, output 100 x 0.5 ms.
+  const double ttft = 0.100 + 0.100 + 0.020 + 0.010 + 0.025 + 0.020 + 0.050;
+  // A decode token: input 2 ms, up 1 kB (1 ms) + 20 ms, step 10 ms, down 0.25 ms + 20 ms,
+  // output 3 ms.
+  const double tbt = 0.002 + 0.001 + 0.020 + 0.010 + 0.00025 + 0.020 + 0.003;
+  // The histogram's percentiles are within 1% (its buckets are 1% wide).
+  CHECK(r->ttft_s.p50 == Approx(ttft).epsilon(0.01));
+  CHECK(r->tbt_s.p50 == Approx(tbt).epsilon(0.01));
+  CHECK(r->tbt_s.mean == Approx(tbt).epsilon(1e-9));  // the mean is exact
+  CHECK(r->e2e_s.mean == Approx(ttft + 4 * tbt).epsilon(1e-9));
+  CHECK(r->generated_tokens == 5);
+  CHECK(r->clouds.at(0).steps == 5);  // the prompt in one step, then four decode steps
+}
+
+TEST_CASE("A prompt in chunks pipelines them through the device, its link and the cloud",
+          "[sim]") {
+  const SimConfig whole = WithOneArrival(Analytic());
+  SimConfig chunked = whole;
+  chunked.prompt_chunk = 25;
+  auto a = Simulate(whole);
+  auto b = Simulate(chunked);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  REQUIRE(b->requests_finished == 1);
+  CHECK(b->clouds.at(0).steps == 4 + 4);
+  // Chunks overlap the input submodel with the upload and the cloud: the first token comes
+  // sooner, though the cloud runs four steps instead of one.
+  CHECK(b->ttft_s.mean < a->ttft_s.mean - 0.05);
+  CHECK(b->tbt_s.mean == Approx(a->tbt_s.mean).epsilon(1e-9));
+}
+
+TEST_CASE("Many devices decoding at once share the cloud's steps", "[sim]") {
+  // The flat step time makes batching free: 50 devices' tokens per step cost one step.
+  SimConfig c = Analytic();
+  c.devices = 50;
+  c.duration_s = 20;
+  c.workload.requests_per_device_per_second = 0.2;
+  auto r = Simulate(c);
+  REQUIRE(r.ok());
+  CHECK(r->requests_finished == r->requests_arrived);
+  CHECK(r->requests_arrived > 100);
+  const CloudStats& cloud = r->clouds.at(0);
+  CHECK(cloud.batched_tokens / static_cast<double>(cloud.steps) > 1.5);
+  // A decode token waits at most for the step in progress: TBT stays within one step of the
+  // lone device's.
+  const double alone = 0.002 + 0.001 + 0.020 + 0.010 + 0.00025 + 0.020 + 0.003;
+  CHECK(r->tbt_s.p50 <= alone + 0.010 + 1e-3);
+  CHECK(r->tbt_s.p50 >= alone * 0.99);
+}
+
+TEST_CASE("A step time that grows with the batch makes TBT grow with the load", "[sim]") {
+  SimConfig light = Analytic();
+  light.cloud.step_time = {{1, 0.005}, {64, 0.010}, {512, 0.060}};
+  light.duration_s = 20;
+  light.workload.requests_per_device_per_second = 0.5;
+  light.devices = 4;
+  SimConfig heavy = light;
+  heavy.devices = 200;
+  auto a = Simulate(light);
+  auto b = Simulate(heavy);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK(b->tbt_s.p50 > a->tbt_s.p50 * 1.1);
+  CHECK(b->clouds[0].batched_tokens / b->clouds[0].steps >
+        a->clouds[0].batched_tokens / a->clouds[0].steps);
+}
+
+TEST_CASE("KV admission holds sessions back instead of losing them", "[sim]") {
+  SimConfig c = Analytic();
+  c.devices = 40;
+  c.duration_s = 10;
+  c.workload.requests_per_device_per_second = 0.5;
+  c.cloud.kv_block_size = 16;
+  c.cloud.kv_blocks = 3 * 7;  // three sessions of 105 positions (7 blocks each)
+  auto tight = Simulate(c);
+  c.cloud.kv_blocks = 4096;
+  auto roomy = Simulate(c);
+  REQUIRE(tight.ok());
+  REQUIRE(roomy.ok());
+  CHECK(tight->requests_finished == tight->requests_arrived);
+  CHECK(tight->clouds[0].max_waiting > 0);
+  CHECK(roomy->clouds[0].max_waiting == 0);
+  CHECK(tight->ttft_s.p90 > roomy->ttft_s.p90);
+  // A request larger than the whole pool is refused, not held forever.
+  c.cloud.kv_blocks = 6;
+  auto too_small = Simulate(c);
+  REQUIRE(too_small.ok());
+  CHECK(too_small->requests_rejected == too_small->requests_arrived);
+  CHECK(too_small->requests_finished == 0);
+}
+
+TEST_CASE("Several clouds share the devices' sessions by the agents' placement", "[sim]") {
+  SimConfig c = Analytic();
+  c.devices = 300;
+  c.clouds = 3;
+  c.duration_s = 30;
+  c.workload.requests_per_device_per_second = 0.2;
+  auto r = Simulate(c);
+  REQUIRE(r.ok());
+  double total = 0;
+  for (const CloudStats& cloud : r->clouds) total += cloud.sessions;
+  CHECK(total == r->requests_arrived);
+  for (const CloudStats& cloud : r->clouds) {
+    CHECK(cloud.sessions <= 1.5 * total / 3);
+    CHECK(cloud.sessions >= 0.5 * total / 3);
+  }
+}
+
+TEST_CASE("Requests arrive at each device's rate, inside the window only", "[sim]") {
+  SimConfig c = Analytic();
+  c.devices = 2000;
+  c.duration_s = 60;
+  c.workload.requests_per_device_per_second = 1.0 / 60;
+  c.workload.prompts = "fixed:16";
+  c.workload.output_tokens = 2;
+  auto r = Simulate(c);
+  REQUIRE(r.ok());
+  // Poisson: 2,000 expected, standard deviation about 45; 5 of them either side.
+  CHECK(r->requests_arrived > 2000 - 225);
+  CHECK(r->requests_arrived < 2000 + 225);
+  // The last finishes shortly after the window: nothing arrives after it.
+  CHECK(r->simulated_seconds < 61);
+}
+
+TEST_CASE("A simulation is the same for the same seed", "[sim]") {
+  SimConfig c = Analytic();
+  c.devices = 30;
+  c.duration_s = 10;
+  c.workload.prompts = "specbench";
+  c.prompt_chunk = 0;  // HAT's chunk size
+  c.device.bandwidth_log_sigma = 0.3;
+  auto a = Simulate(c);
+  auto b = Simulate(c);
+  c.seed = 2;
+  auto other = Simulate(c);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  REQUIRE(other.ok());
+  CHECK(a->events == b->events);
+  CHECK(a->ttft_s.p90 == b->ttft_s.p90);
+  CHECK(a->tbt_s.mean == b->tbt_s.mean);
+  CHECK(a->ttft_s.mean != other->ttft_s.mean);
+}
+
+TEST_CASE("A configuration the simulator cannot use is refused by field", "[sim]") {
+  SimConfig c = Analytic();
+  c.cloud.step_time.clear();
+  CHECK(std::string(Simulate(c).status().message()).find("cloud.step_time") !=
+        std::string::npos);
+  c = Analytic();
+  c.device.uplink_bytes_per_second = 0;
+  CHECK(std::string(Simulate(c).status().message()).find("device") != std::string::npos);
+  c = Analytic();
+  c.workload.prompts = "nosuch";
+  CHECK(std::string(Simulate(c).status().message()).find("workload.prompts") !=
+        std::string::npos);
+  CHECK(StepPointsFromEngineReport("/nonexistent/report.json").status().code() ==
+        absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace tophat::sim
