@@ -4,7 +4,7 @@ set -euo pipefail
 bin="$1"
 bin_dir="$(dirname "$bin")"
 "$bin" --help | grep -q "Subcommands:"
-for cmd in toy-model distill split generate bench-model bench-dtype init-model plan chat bench; do
+for cmd in toy-model distill split generate bench-model bench-dtype init-model plan simulate chat bench; do
   "$bin" "$cmd" --help | grep -q "Usage:" || { echo "no usage for $cmd"; exit 1; }
 done
 for daemon in tophat-cloud tophat-agent; do
