@@ -24,6 +24,71 @@ nlohmann::json SummaryJson(const LatencySummary& s) {
   return {{"mean", s.mean}, {"p50", s.p50}, {"p90", s.p90}, {"p99", s.p99}};
 }
 
+double Percent(double simulated, double measured) {
+  return measured > 0 ? 100 * (simulated - measured) / measured : 0;
+}
+
+// --replay: each recorded run of the chosen configuration, simulated with its own requests.
+int RunReplay(const SimulateArgs& args) {
+  auto recorded = sim::LoadAblationReport(args.replay);
+  if (!recorded.ok()) {
+    std::fprintf(stderr, "tophat simulate: --replay: %s\n",
+                 std::string(recorded.status().message()).c_str());
+    return 2;
+  }
+  std::printf("replaying %s against this simulation (error: simulated vs measured)\n",
+              args.replay.c_str());
+  std::printf("%-12s %-10s %5s %4s | %-23s | %-23s | %-23s | %-23s\n", "config", "dataset",
+              "req/s", "dev", "TTFT p50 ms real/sim", "TTFT p90 ms real/sim",
+              "TBT p50 ms real/sim", "TBT p90 ms real/sim");
+  nlohmann::json cells = nlohmann::json::array();
+  std::string config_name = args.replay_config;
+  for (const sim::RecordedRun& run : recorded->runs) {
+    if (config_name.empty()) config_name = run.config;
+    if (run.config != config_name || run.requests.empty()) continue;
+    sim::SimConfig c = args.config;
+    c.devices = static_cast<int64_t>(recorded->links.size());
+    c.device_links = recorded->links;
+    c.device.one_way_delay_s = recorded->one_way_delay_s;
+    c.bytes_per_token = recorded->bytes_per_token;
+    c.replay = run.requests;
+    if (run.chunk_size > 0) c.prompt_chunk = run.chunk_size;
+    c.duration_s = 1;
+    for (const sim::ReplayRequest& r : run.requests) c.duration_s = std::max(c.duration_s, r.arrival_s + 1);
+    auto simulated = sim::Simulate(c);
+    if (!simulated.ok()) {
+      std::fprintf(stderr, "tophat simulate: %s\n", std::string(simulated.status().message()).c_str());
+      return 2;
+    }
+    const LatencySummary ttft = Summarize(run.ttft_s);
+    const LatencySummary tbt = Summarize(run.mean_tbt_s);
+    const LatencySummary& sim_ttft = simulated->ttft_s;
+    const LatencySummary& sim_tbt = simulated->request_tbt_s;
+    const auto cell = [](double real, double sim) {
+      return absl::StrFormat("%7.1f/%7.1f %+5.0f%%", 1e3 * real, 1e3 * sim, Percent(sim, real));
+    };
+    std::printf("%-12s %-10s %5.2f %4lld | %s | %s | %s | %s\n", run.config.c_str(),
+                run.dataset.c_str(), run.rate, static_cast<long long>(c.devices),
+                cell(ttft.p50, sim_ttft.p50).c_str(), cell(ttft.p90, sim_ttft.p90).c_str(),
+                cell(tbt.p50, sim_tbt.p50).c_str(), cell(tbt.p90, sim_tbt.p90).c_str());
+    cells.push_back({{"config", run.config}, {"dataset", run.dataset}, {"rate", run.rate},
+                     {"devices", c.devices}, {"requests", run.requests.size()},
+                     {"measured", {{"ttft_s", SummaryJson(ttft)}, {"request_tbt_s", SummaryJson(tbt)}}},
+                     {"simulated", {{"ttft_s", SummaryJson(sim_ttft)},
+                                    {"request_tbt_s", SummaryJson(sim_tbt)}}}});
+  }
+  if (cells.empty()) {
+    std::fprintf(stderr, "tophat simulate: --replay: %s has no runs of configuration '%s'\n",
+                 args.replay.c_str(), config_name.c_str());
+    return 2;
+  }
+  const nlohmann::json report = {{"benchmark", "simulate_replay"}, {"report", args.replay},
+                                 {"cells", cells}};
+  std::printf("%s\n", report.dump().c_str());
+  if (!args.json_path.empty()) std::ofstream(args.json_path) << report.dump(2) << "\n";
+  return 0;
+}
+
 }  // namespace
 
 CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
@@ -86,6 +151,17 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
   cmd->add_option("--output-decode-ms", args.output_decode_ms,
                   "Output layers, head and sampling of one token")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--device-concurrency", c.device.concurrent_requests,
+                  "Requests a device runs at once, sharing its compute and links (0: no limit, "
+                  "an agent serving several apps)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--replay", args.replay,
+                  "Replay the runs of a `tophat bench --ablation` JSON report (its requests, "
+                  "devices, links and chunk size) and compare the simulated TTFT and TBT with "
+                  "the measured ones")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--replay-config", args.replay_config,
+                  "The report's configuration to replay (default: its first)");
   cmd->add_option("--seed", c.seed)->capture_default_str();
   cmd->add_option("--json", args.json_path, "Also write the JSON report here");
   return cmd;
@@ -132,6 +208,8 @@ int RunSimulate(SimulateArgs args) {
   } else {
     c.cloud.step_time = kH200Llama8BSteps;
   }
+
+  if (!args.replay.empty()) return RunReplay(args);
 
   const auto t0 = std::chrono::steady_clock::now();
   auto result = sim::Simulate(c);

@@ -26,6 +26,8 @@ struct SimulateArgs {
   double output_ms_per_token = 0.5;
   double output_decode_ms = 4;
   std::string json_path;
+  std::string replay;         // a tophat bench --ablation JSON report
+  std::string replay_config;  // its configuration to replay (default: its first)
 };
 
 CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args);

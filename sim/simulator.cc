@@ -93,11 +93,12 @@ struct Request {
   int64_t prompt_returned = 0;   // positions whose results the device has processed
   int64_t generated = 0;
   double last_token = 0;
+  double first_token = 0;
 };
 
 struct Device {
-  std::deque<int64_t> queue;  // requests waiting for the one running
-  bool busy = false;
+  std::deque<int64_t> queue;  // requests waiting for a free slot
+  int64_t running = 0;
   double compute_free = 0;
   double uplink_free = 0;
   double downlink_free = 0;
@@ -139,7 +140,12 @@ class Simulation {
   }
 
   SimResult Run() {
-    const double rate = config_.workload.requests_per_device_per_second;
+    for (size_t i = 0; i < config_.replay.size(); ++i) {
+      Schedule(config_.replay[i].arrival_s, EventType::kArrival, config_.replay[i].device,
+               static_cast<int64_t>(i) + 1);
+    }
+    const double rate = config_.replay.empty() ? config_.workload.requests_per_device_per_second
+                                               : 0.0;
     for (int64_t d = 0; d < config_.devices && rate > 0; ++d) {
       const double first = Exponential(rate);
       if (first < config_.duration_s) Schedule(first, EventType::kArrival, d, 0);
@@ -157,6 +163,7 @@ class Simulation {
     result_.ttft_s = ttft_.Summary();
     result_.tbt_s = tbt_.Summary();
     result_.e2e_s = e2e_.Summary();
+    result_.request_tbt_s = Summarize(request_tbt_);
     for (const CloudState& cloud : clouds_) result_.clouds.push_back(cloud.stats);
     return result_;
   }
@@ -183,7 +190,7 @@ class Simulation {
 
   void Handle(const Event& e) {
     switch (e.type) {
-      case EventType::kArrival: return OnArrival(e.a);
+      case EventType::kArrival: return OnArrival(e.a, e.b);
       case EventType::kInputDone: return OnInputDone(e.a, e.b);
       case EventType::kOpenAtCloud: return OnOpen(e.a);
       case EventType::kWorkAtCloud: return OnWork(e.a, e.b);
@@ -194,21 +201,28 @@ class Simulation {
     }
   }
 
-  void OnArrival(int64_t d) {
-    const double rate = config_.workload.requests_per_device_per_second;
-    const double next = now_ + Exponential(rate);
-    if (next < config_.duration_s) Schedule(next, EventType::kArrival, d, 0);
+  // `replayed`: 1 + the index of a replayed request, 0 for a Poisson arrival.
+  void OnArrival(int64_t d, int64_t replayed) {
+    Request r{.device = d, .arrival = now_};
+    if (replayed > 0) {
+      const ReplayRequest& recorded = config_.replay[static_cast<size_t>(replayed - 1)];
+      r.prompt = recorded.prompt_tokens;
+      r.output = recorded.output_tokens;
+    } else {
+      const double rate = config_.workload.requests_per_device_per_second;
+      const double next = now_ + Exponential(rate);
+      if (next < config_.duration_s) Schedule(next, EventType::kArrival, d, 0);
+      r.prompt = prompts_.Sample(rng_, config_.workload.max_prompt_tokens);
+      r.output = config_.workload.output_tokens;
+    }
     ++result_.requests_arrived;
-    Request r{.device = d,
-              .prompt = prompts_.Sample(rng_, config_.workload.max_prompt_tokens),
-              .output = config_.workload.output_tokens,
-              .arrival = now_};
     const int64_t block = config_.cloud.kv_block_size;
     r.kv_blocks = (r.prompt + r.output + block - 1) / block;
     requests_.push_back(r);
     const auto id = static_cast<int64_t>(requests_.size() - 1);
     Device& device = devices_[static_cast<size_t>(d)];
-    if (device.busy) {
+    const int64_t limit = config_.device.concurrent_requests;
+    if (limit > 0 && device.running >= limit) {
       device.queue.push_back(id);
     } else {
       Start(id);
@@ -218,7 +232,7 @@ class Simulation {
   void Start(int64_t id) {
     Request& r = requests_[static_cast<size_t>(id)];
     Device& device = devices_[static_cast<size_t>(r.device)];
-    device.busy = true;
+    ++device.running;
     if (r.kv_blocks > config_.cloud.kv_blocks) {
       ++result_.requests_rejected;
       return Finish(id, /*finished=*/false);
@@ -236,11 +250,22 @@ class Simulation {
     }
   }
 
+  double Uplink(int64_t d) const {
+    return config_.device_links.empty()
+               ? config_.device.uplink_bytes_per_second
+               : config_.device_links[static_cast<size_t>(d)].uplink_bytes_per_second;
+  }
+  double Downlink(int64_t d) const {
+    return config_.device_links.empty()
+               ? config_.device.downlink_bytes_per_second
+               : config_.device_links[static_cast<size_t>(d)].downlink_bytes_per_second;
+  }
+
   int64_t ChunkSize(const Request& r, const CloudState& cloud) const {
     if (config_.prompt_chunk > 0) return config_.prompt_chunk;
     const ChunkSizeInputs inputs{.prompt_tokens = r.prompt,
                                  .bytes_per_token = config_.bytes_per_token,
-                                 .uplink_bytes_per_second = config_.device.uplink_bytes_per_second,
+                                 .uplink_bytes_per_second = Uplink(r.device),
                                  .mean_batched_tokens = std::max(1.0, cloud.recent_tokens),
                                  .min_chunk = config_.min_chunk,
                                  .max_chunk = config_.max_chunk,
@@ -280,8 +305,8 @@ class Simulation {
     Device& device = devices_[static_cast<size_t>(r.device)];
     const double bytes = static_cast<double>(std::max<int64_t>(positions, 1)) *
                          config_.bytes_per_token;
-    Schedule(Transfer(device.uplink_free, bytes, config_.device.uplink_bytes_per_second),
-             EventType::kWorkAtCloud, id, positions);
+    Schedule(Transfer(device.uplink_free, bytes, Uplink(r.device)), EventType::kWorkAtCloud, id,
+             positions);
   }
 
   void OnOpen(int64_t id) {
@@ -373,7 +398,7 @@ class Simulation {
       Device& device = devices_[static_cast<size_t>(r.device)];
       const double bytes = static_cast<double>(std::max<int64_t>(positions, 1)) *
                            config_.bytes_per_token;
-      Schedule(Transfer(device.downlink_free, bytes, config_.device.downlink_bytes_per_second),
+      Schedule(Transfer(device.downlink_free, bytes, Downlink(r.device)),
                EventType::kResultAtDevice, id, positions);
     }
     cloud.results.clear();
@@ -396,6 +421,7 @@ class Simulation {
       if (r.prompt_returned < r.prompt) return;
       // The last prompt position's head gives the first token (its time is in the chunk's).
       ttft_.Add(now_ - r.arrival);
+      r.first_token = now_;
       r.generated = 1;
     } else {
       ++r.generated;
@@ -414,10 +440,13 @@ class Simulation {
     if (finished) {
       ++result_.requests_finished;
       e2e_.Add(now_ - r.arrival);
+      if (r.generated > 1) {
+        request_tbt_.push_back((now_ - r.first_token) / static_cast<double>(r.generated - 1));
+      }
       Schedule(now_ + config_.device.one_way_delay_s, EventType::kCloseAtCloud, id, 0);
     }
     Device& device = devices_[static_cast<size_t>(r.device)];
-    device.busy = false;
+    --device.running;
     if (!device.queue.empty()) {
       const int64_t next = device.queue.front();
       device.queue.pop_front();
@@ -451,6 +480,7 @@ class Simulation {
   uint64_t sequence_ = 0;
   double now_ = 0;
   LogHistogram ttft_, tbt_, e2e_;
+  std::vector<double> request_tbt_;
   SimResult result_;
 };
 
@@ -480,7 +510,7 @@ absl::StatusOr<SimResult> Simulate(const SimConfig& config) {
   }
   if (d.input_seconds_per_token < 0 || d.input_decode_seconds < 0 ||
       d.output_seconds_per_token < 0 || d.output_decode_seconds < 0 || d.one_way_delay_s < 0 ||
-      d.bandwidth_log_sigma < 0) {
+      d.bandwidth_log_sigma < 0 || d.concurrent_requests < 0) {
     return fail("device", "times, delay and jitter cannot be negative");
   }
   if (config.workload.output_tokens < 1) return fail("workload.output_tokens", "must be >= 1");
@@ -488,6 +518,26 @@ absl::StatusOr<SimResult> Simulate(const SimConfig& config) {
     return fail("workload.max_prompt_tokens", "must be >= 1");
   }
   if (!(config.bytes_per_token > 0)) return fail("bytes_per_token", "must be positive");
+  for (const ReplayRequest& r : config.replay) {
+    if (r.device < 0 || r.device >= config.devices || r.prompt_tokens < 1 ||
+        r.output_tokens < 1 || !(r.arrival_s >= 0)) {
+      return fail("replay", absl::StrCat("has a request of device ", r.device, " (of ",
+                                         config.devices, "), ", r.prompt_tokens, " prompt and ",
+                                         r.output_tokens, " output tokens at ", r.arrival_s,
+                                         " s"));
+    }
+  }
+  if (!config.device_links.empty()) {
+    if (static_cast<int64_t>(config.device_links.size()) != config.devices) {
+      return fail("device_links", absl::StrCat("has ", config.device_links.size(),
+                                               " entries for ", config.devices, " devices"));
+    }
+    for (const DeviceLinkRates& l : config.device_links) {
+      if (!(l.uplink_bytes_per_second > 0) || !(l.downlink_bytes_per_second > 0)) {
+        return fail("device_links", "rates must be positive");
+      }
+    }
+  }
   auto prompts = PromptLengthSampler::FromSpec(config.workload.prompts);
   if (!prompts.ok()) {
     return absl::InvalidArgumentError(
@@ -516,6 +566,55 @@ absl::StatusOr<std::vector<StepPoint>> StepPointsFromEngineReport(const std::str
   }
   if (points.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no cases"));
   return points;
+}
+
+}  // namespace tophat::sim
+
+namespace tophat::sim {
+
+absl::StatusOr<RecordedAblation> LoadAblationReport(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  const nlohmann::json report = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const auto bad = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a tophat bench --ablation report: ", what));
+  };
+  if (report.is_discarded()) return bad("not JSON");
+  if (!report.contains("runs") || !report["runs"].is_array()) return bad("no \"runs\"");
+  if (!report.contains("links") || !report["links"].contains("devices")) return bad("no links");
+  RecordedAblation out;
+  try {
+    const nlohmann::json& links = report["links"];
+    out.one_way_delay_s = links.at("one_way_delay_s").get<double>();
+    out.bytes_per_token = links.at("bytes_per_token").get<double>();
+    out.output_tokens = report.at("output_tokens").get<int64_t>();
+    for (const nlohmann::json& d : links["devices"]) {
+      out.links.push_back({d.at("uplink_bytes_per_second").get<double>(),
+                           d.at("downlink_bytes_per_second").get<double>()});
+    }
+    for (const nlohmann::json& run : report["runs"]) {
+      RecordedRun r{.config = run.at("config").get<std::string>(),
+                    .dataset = run.at("dataset").get<std::string>(),
+                    .rate = run.at("rate").get<double>()};
+      if (run.contains("chunk_size_by_device") && !run["chunk_size_by_device"].empty()) {
+        r.chunk_size = static_cast<int64_t>(run["chunk_size_by_device"][0].get<double>());
+      }
+      for (const nlohmann::json& q : run.at("per_request")) {
+        if (!q.at("ok").get<bool>()) continue;
+        r.requests.push_back({.arrival_s = q.at("arrival_s").get<double>(),
+                              .device = q.at("device").get<int64_t>(),
+                              .prompt_tokens = q.at("prompt_tokens").get<int64_t>(),
+                              .output_tokens = q.at("generated_tokens").get<int64_t>()});
+        r.ttft_s.push_back(q.at("ttft_s").get<double>());
+        r.mean_tbt_s.push_back(q.at("mean_tbt_s").get<double>());
+      }
+      out.runs.push_back(std::move(r));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return bad(e.what());
+  }
+  return out;
 }
 
 }  // namespace tophat::sim

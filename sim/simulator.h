@@ -6,7 +6,8 @@
 // profiles: the cloud's step times (a tophat-bench-engine report, or points given), the
 // device's compute rates and its links.
 //
-// What it models and what it leaves out (docs/scale.md): one request at a time per device,
+// What it models and what it leaves out (docs/scale.md): a bounded number of requests at a
+// time per device,
 // prompt chunks pipelined through the device, its uplink, the cloud and back (every position's
 // result returns for the output layers' KV); decode one token per round trip. Not yet:
 // speculative decoding, the cloud's pipeline stages, conversations kept between turns.
@@ -38,6 +39,9 @@ struct DeviceProfile {
   double one_way_delay_s = 0.02;
   // Each transfer's rate is multiplied by exp(N(0, σ)) with this σ (0: a steady link).
   double bandwidth_log_sigma = 0;
+  // Requests a device runs at once (they share its compute and links, first come first
+  // served); more wait in its queue. 0: no limit (an agent serving several apps).
+  int64_t concurrent_requests = 1;
 };
 
 struct WorkloadSpec {
@@ -59,6 +63,20 @@ struct CloudSpec {
   double load_report_interval_s = 0.2;  // as the engine's ReportLoad
 };
 
+// A request of a recorded run, replayed instead of drawn (calibration against real runs).
+struct ReplayRequest {
+  double arrival_s = 0;
+  int64_t device = 0;
+  int64_t prompt_tokens = 0;
+  int64_t output_tokens = 0;
+};
+
+// One device's own link rates, where devices differ (bytes per second).
+struct DeviceLinkRates {
+  double uplink_bytes_per_second = 0;
+  double downlink_bytes_per_second = 0;
+};
+
 struct SimConfig {
   int64_t devices = 8;
   int64_t clouds = 1;
@@ -75,6 +93,11 @@ struct SimConfig {
   int64_t max_chunk = 1024;
   double max_step_seconds = 0;  // scheduler.max_step_seconds
   uint64_t seed = 1;
+  // When not empty: exactly these requests (devices must be > every one's device), no
+  // Poisson arrivals and no drawn prompt lengths.
+  std::vector<ReplayRequest> replay;
+  // When not empty: device i's links (one entry per device), instead of `device`'s rates.
+  std::vector<DeviceLinkRates> device_links;
 };
 
 struct CloudStats {
@@ -91,6 +114,7 @@ struct SimResult {
   int64_t requests_rejected = 0;  // need more KV than a cloud has
   LatencySummary ttft_s;          // arrival at the device to the first token
   LatencySummary tbt_s;           // between a request's successive tokens
+  LatencySummary request_tbt_s;   // each request's mean TBT (as `tophat bench` reports it)
   LatencySummary e2e_s;           // arrival to the last token
   double generated_tokens = 0;
   double simulated_seconds = 0;   // when the last event happened
@@ -104,5 +128,25 @@ absl::StatusOr<SimResult> Simulate(const SimConfig& config);
 // The step-time points of a tophat-bench-engine JSON report (each case's tokens and engine
 // milliseconds): the cloud profile of a real run.
 absl::StatusOr<std::vector<StepPoint>> StepPointsFromEngineReport(const std::string& path);
+
+// The requests, devices and links of one configuration's runs in a `tophat bench --ablation`
+// JSON report (each run: its per-request arrivals, devices and prompt lengths), for replay.
+struct RecordedRun {
+  std::string config;
+  std::string dataset;
+  double rate = 0;
+  std::vector<ReplayRequest> requests;
+  std::vector<double> ttft_s;      // as measured, per request
+  std::vector<double> mean_tbt_s;  // as measured, per request
+  int64_t chunk_size = 0;          // the cloud's choice (the first device's)
+};
+struct RecordedAblation {
+  std::vector<RecordedRun> runs;
+  std::vector<DeviceLinkRates> links;
+  double one_way_delay_s = 0;
+  double bytes_per_token = 0;
+  int64_t output_tokens = 0;
+};
+absl::StatusOr<RecordedAblation> LoadAblationReport(const std::string& path);
 
 }  // namespace tophat::sim
