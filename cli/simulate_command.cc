@@ -151,6 +151,10 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
   cmd->add_option("--output-decode-ms", args.output_decode_ms,
                   "Output layers, head and sampling of one token")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--pacing-lead-ms", args.pacing_lead_ms,
+                  "The agents' uplink pacing: a decode message waits behind at most this much "
+                  "of the prompt chunks on the link (negative: one FIFO queue)")
+      ->capture_default_str();
   cmd->add_option("--device-concurrency", c.device.concurrent_requests,
                   "Requests a device runs at once, sharing its compute and links (0: no limit, "
                   "an agent serving several apps)")
@@ -173,6 +177,7 @@ int RunSimulate(SimulateArgs args) {
   c.device.uplink_bytes_per_second = args.uplink_mbit * 1e6 / 8;
   c.device.downlink_bytes_per_second = args.downlink_mbit * 1e6 / 8;
   c.device.one_way_delay_s = args.delay_ms / 1e3;
+  c.device.pacing_lead_s = args.pacing_lead_ms < 0 ? -1 : args.pacing_lead_ms / 1e3;
   c.device.input_seconds_per_token = args.input_ms_per_token / 1e3;
   c.device.input_decode_seconds = args.input_decode_ms / 1e3;
   c.device.output_seconds_per_token = args.output_ms_per_token / 1e3;

@@ -21,6 +21,7 @@ struct SimulateArgs {
   double uplink_mbit = 10;
   double downlink_mbit = 40;
   double delay_ms = 20;
+  double pacing_lead_ms = 20;
   double input_ms_per_token = 0.5;
   double input_decode_ms = 2;
   double output_ms_per_token = 0.5;

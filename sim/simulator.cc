@@ -100,6 +100,7 @@ struct Device {
   std::deque<int64_t> queue;  // requests waiting for a free slot
   int64_t running = 0;
   double compute_free = 0;
+  double decode_compute_free = 0;
   double uplink_free = 0;
   double downlink_free = 0;
 };
@@ -177,10 +178,23 @@ class Simulation {
     const double sigma = config_.device.bandwidth_log_sigma;
     return sigma > 0 ? std::exp(std::normal_distribution<double>(0, sigma)(rng_)) : 1.0;
   }
-  // Time on the device's one compute resource, first come first served.
-  double Compute(Device& device, double seconds) {
-    device.compute_free = std::max(now_, device.compute_free) + seconds;
-    return device.compute_free;
+  // Time on the device's compute, first come first served: prompt chunks on one lane, and
+  // decode positions on another when they run beside them.
+  double Compute(Device& device, double seconds, bool decode) {
+    double& lane = decode && config_.device.decode_beside_prefill ? device.decode_compute_free
+                                                                   : device.compute_free;
+    lane = std::max(now_, lane) + seconds;
+    return lane;
+  }
+  // A decode message on the uplink: past the paced prompt chunks, behind at most lead_s of
+  // them; the chunks behind it move back by its own time on the link.
+  double TransferDecode(double& link_free, double bytes, double bytes_per_second) {
+    const double lead = config_.device.pacing_lead_s;
+    if (lead < 0) return Transfer(link_free, bytes, bytes_per_second);
+    const double seconds = bytes / (bytes_per_second * Jitter());
+    const double start = std::max(now_, std::min(link_free, now_ + lead));
+    link_free = std::max(link_free, start) + seconds;
+    return start + seconds + config_.device.one_way_delay_s;
   }
   // A transfer on a link of `bytes_per_second`, after those before it; when it arrives.
   double Transfer(double& link_free, double bytes, double bytes_per_second) {
@@ -245,7 +259,8 @@ class Simulation {
     const int64_t chunk = ChunkSize(r, cloud);
     for (int64_t done = 0; done < r.prompt; done += chunk) {
       const int64_t n = std::min(chunk, r.prompt - done);
-      Schedule(Compute(device, static_cast<double>(n) * config_.device.input_seconds_per_token),
+      Schedule(Compute(device, static_cast<double>(n) * config_.device.input_seconds_per_token,
+                       /*decode=*/false),
                EventType::kInputDone, id, n);
     }
   }
@@ -305,8 +320,10 @@ class Simulation {
     Device& device = devices_[static_cast<size_t>(r.device)];
     const double bytes = static_cast<double>(std::max<int64_t>(positions, 1)) *
                          config_.bytes_per_token;
-    Schedule(Transfer(device.uplink_free, bytes, Uplink(r.device)), EventType::kWorkAtCloud, id,
-             positions);
+    const double arrives = positions == 0
+                               ? TransferDecode(device.uplink_free, bytes, Uplink(r.device))
+                               : Transfer(device.uplink_free, bytes, Uplink(r.device));
+    Schedule(arrives, EventType::kWorkAtCloud, id, positions);
   }
 
   void OnOpen(int64_t id) {
@@ -411,7 +428,8 @@ class Simulation {
     const double seconds =
         positions == 0 ? config_.device.output_decode_seconds
                        : static_cast<double>(positions) * config_.device.output_seconds_per_token;
-    Schedule(Compute(device, seconds), EventType::kOutputDone, id, positions);
+    Schedule(Compute(device, seconds, /*decode=*/positions == 0), EventType::kOutputDone, id,
+             positions);
   }
 
   void OnOutputDone(int64_t id, int64_t positions) {
@@ -432,7 +450,8 @@ class Simulation {
     if (r.generated >= r.output) return Finish(id, /*finished=*/true);
     // The next decode position: input submodel, then up.
     Device& device = devices_[static_cast<size_t>(r.device)];
-    Schedule(Compute(device, config_.device.input_decode_seconds), EventType::kInputDone, id, 0);
+    Schedule(Compute(device, config_.device.input_decode_seconds, /*decode=*/true),
+             EventType::kInputDone, id, 0);
   }
 
   void Finish(int64_t id, bool finished) {

@@ -42,6 +42,13 @@ struct DeviceProfile {
   // Requests a device runs at once (they share its compute and links, first come first
   // served); more wait in its queue. 0: no limit (an agent serving several apps).
   int64_t concurrent_requests = 1;
+  // The agent's uplink pacing (uplink_pacing.lead_s): prompt chunks are held back so that
+  // at most this much of them is queued on the link, and a decode message goes past them,
+  // waiting for no more than that. < 0: no pacing, one first-come-first-served queue.
+  double pacing_lead_s = 0.02;
+  // Decode positions (input and output submodels) compute beside prompt chunks instead of
+  // queueing behind them (the agent's request threads on a multi-core device).
+  bool decode_beside_prefill = true;
 };
 
 struct WorkloadSpec {

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 
 namespace tophat::sim {
 namespace {
@@ -223,6 +225,68 @@ TEST_CASE("A simulation is the same for the same seed", "[sim]") {
   CHECK(a->ttft_s.p90 == b->ttft_s.p90);
   CHECK(a->tbt_s.mean == b->tbt_s.mean);
   CHECK(a->ttft_s.mean != other->ttft_s.mean);
+}
+
+TEST_CASE("Replayed requests arrive when recorded, on their devices' own links", "[sim]") {
+  SimConfig c = Analytic();
+  c.devices = 2;
+  c.duration_s = 1;
+  c.replay = {{.arrival_s = 0.0, .device = 0, .prompt_tokens = 100, .output_tokens = 5},
+              {.arrival_s = 0.3, .device = 1, .prompt_tokens = 100, .output_tokens = 5}};
+  c.device_links = {{.uplink_bytes_per_second = 1e6, .downlink_bytes_per_second = 4e6},
+                    {.uplink_bytes_per_second = 0.5e6, .downlink_bytes_per_second = 4e6}};
+  auto r = Simulate(c);
+  REQUIRE(r.ok());
+  CHECK(r->requests_arrived == 2);
+  CHECK(r->requests_finished == 2);
+  // Device 0 as in the analytic case; device 1's 100 kB prompt takes 200 ms up, not 100.
+  // The first finishes (at 0.55 s) before the second's prompt reaches the cloud (0.62 s).
+  const double ttft0 = 0.100 + 0.100 + 0.020 + 0.010 + 0.025 + 0.020 + 0.050;
+  CHECK(r->ttft_s.mean == Approx((ttft0 + ttft0 + 0.100) / 2).epsilon(1e-9));
+  CHECK(r->request_tbt_s.mean == Approx(r->tbt_s.mean).epsilon(1e-9));
+
+  c.device_links.pop_back();
+  CHECK(std::string(Simulate(c).status().message()).find("device_links") != std::string::npos);
+  c.device_links.clear();
+  c.replay[1].device = 2;
+  CHECK(std::string(Simulate(c).status().message()).find("replay") != std::string::npos);
+}
+
+TEST_CASE("An ablation report is read for replay, and a file that is not one is named",
+          "[sim]") {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "tophat_sim_test";
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path good = dir / "ablation.json";
+  std::ofstream(good) << R"({"output_tokens": 8,
+    "links": {"one_way_delay_s": 0.01, "bytes_per_token": 768,
+              "devices": [{"uplink_bytes_per_second": 5e5, "downlink_bytes_per_second": 1e6}]},
+    "runs": [{"config": "+chunk", "dataset": "specbench", "rate": 1.0,
+              "chunk_size_by_device": [16.0],
+              "per_request": [
+                {"ok": true, "arrival_s": 0.5, "device": 0, "prompt_tokens": 40,
+                 "generated_tokens": 8, "ttft_s": 0.2, "mean_tbt_s": 0.03},
+                {"ok": false, "arrival_s": 0.7, "device": 0, "prompt_tokens": 40,
+                 "generated_tokens": 0, "ttft_s": 0, "mean_tbt_s": 0}]}]})";
+  auto report = LoadAblationReport(good.string());
+  REQUIRE(report.ok());
+  CHECK(report->one_way_delay_s == 0.01);
+  CHECK(report->bytes_per_token == 768);
+  REQUIRE(report->links.size() == 1);
+  CHECK(report->links[0].uplink_bytes_per_second == 5e5);
+  REQUIRE(report->runs.size() == 1);
+  const RecordedRun& run = report->runs[0];
+  CHECK(run.chunk_size == 16);
+  REQUIRE(run.requests.size() == 1);  // the failed request is not replayed
+  CHECK(run.requests[0].arrival_s == 0.5);
+  CHECK(run.requests[0].prompt_tokens == 40);
+  CHECK(run.ttft_s == std::vector<double>{0.2});
+
+  const std::filesystem::path bad = dir / "engine.json";
+  std::ofstream(bad) << R"({"cases": []})";
+  auto refused = LoadAblationReport(bad.string());
+  CHECK(std::string(refused.status().message()).find("not a tophat bench --ablation report") !=
+        std::string::npos);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("A configuration the simulator cannot use is refused by field", "[sim]") {

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `tophat simulate` at the issue's scale: 10,000 devices for 10 simulated minutes over eight
 # clouds (the built-in H200 profile), in under a minute of one core, every request finished;
-# then a refused configuration names its flag.
+# then the replay of a recorded run (a small report in the shape `tophat bench --ablation`
+# writes) prints the measured and simulated percentiles side by side; a refused
+# configuration names its flag.
 #   simulate_test.sh TOPHAT_BIN WORK_DIR PYTHON
 set -euo pipefail
 bin="$1"; work="$2"; python="$3"
@@ -36,3 +38,28 @@ if "$bin" simulate --step-time 64 >/dev/null 2>"$work/err"; then
 fi
 grep -q -- "--step-time '64': expected TOKENS:MS" "$work/err" ||
   { echo "the refusal did not name --step-time:"; cat "$work/err"; exit 1; }
+# Replay: one recorded request of 40 positions on a 500 KB/s uplink.
+cat >"$work/ablation.json" <<'JSON'
+{"output_tokens": 8,
+ "links": {"one_way_delay_s": 0.01, "bytes_per_token": 768,
+           "devices": [{"uplink_bytes_per_second": 5e5, "downlink_bytes_per_second": 1e6}]},
+ "runs": [{"config": "+chunk", "dataset": "specbench", "rate": 1.0,
+           "chunk_size_by_device": [16.0],
+           "per_request": [{"ok": true, "arrival_s": 0.5, "device": 0, "prompt_tokens": 40,
+                            "generated_tokens": 8, "ttft_s": 0.2, "mean_tbt_s": 0.03}]}]}
+JSON
+"$bin" simulate --replay "$work/ablation.json" --step-time 1:1 --json "$work/replay.json" \
+  >"$work/replay.log"
+grep -q "^+chunk  *specbench" "$work/replay.log" ||
+  { echo "no +chunk row in the replay:"; cat "$work/replay.log"; exit 1; }
+"$python" - "$work/replay.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+cell = r["cells"][0]
+assert cell["requests"] == 1, cell
+assert cell["measured"]["ttft_s"]["p50"] == 0.2, cell
+# Simulated: chunks of 16 up a 500 KB/s link (24.6 ms each), 10 ms each way, 1 ms steps:
+# more than the 40 ms the links alone need, less than a second.
+assert 0.04 < cell["simulated"]["ttft_s"]["p50"] < 1, cell
+print(f"replayed: TTFT measured 200 ms, simulated {1e3 * cell['simulated']['ttft_s']['p50']:.0f} ms")
+PY
