@@ -303,6 +303,23 @@ PredictionFit ReadPredictionFit(int metrics_port) {
   return fit;
 }
 
+// The cloud's step-time curve g(μ) as its metrics export it: (tokens, seconds) per bucket of
+// batch sizes with data, by increasing tokens. `tophat simulate --replay` takes it as the
+// cloud's step times.
+nlohmann::json ReadStepCurve(int metrics_port) {
+  const std::string text = HttpGet(metrics_port, "/metrics");
+  nlohmann::json points = nlohmann::json::array();
+  for (int64_t bucket = 1; bucket <= (int64_t{1} << 20); bucket *= 2) {
+    const std::string label = absl::StrCat("bucket=\"", bucket, "\"");
+    const std::optional<double> tokens =
+        MetricValue(text, "tophat_scheduler_step_curve_tokens", label);
+    const std::optional<double> seconds =
+        MetricValue(text, "tophat_scheduler_step_curve_seconds", label);
+    if (tokens && seconds && *tokens > 0 && *seconds > 0) points.push_back({*tokens, *seconds});
+  }
+  return points;
+}
+
 struct RunRecord {
   std::string config;
   std::string dataset;
@@ -580,6 +597,7 @@ absl::StatusOr<nlohmann::json> RunAblation(const AblationOptions& options) {
 
   std::vector<RunRecord> records;
   nlohmann::json fits = nlohmann::json::object();
+  nlohmann::json step_curves = nlohmann::json::object();  // by configuration
   nlohmann::json measured_links = nlohmann::json::object();
   const size_t total_runs =
       options.configs.size() * options.datasets.size() * options.rates.size();
@@ -627,6 +645,7 @@ absl::StatusOr<nlohmann::json> RunAblation(const AblationOptions& options) {
     fits[config.name] = {{"predictions", fit.observations},
                          {"within_15_percent", fit.within_15_percent},
                          {"median_error", fit.median_error}};
+    step_curves[config.name] = ReadStepCurve((*deployment)->cloud_metrics_port);
     // What each agent measured of its link by the end (0: not known).
     nlohmann::json measured = nlohmann::json::array();
     for (const auto& [host, port] : (*deployment)->agent_metrics) {
@@ -742,6 +761,7 @@ absl::StatusOr<nlohmann::json> RunAblation(const AblationOptions& options) {
       {"runs", runs},
       {"goals", goals},
       {"step_time_predictor", fits},
+      {"step_time_curve", step_curves},
       {"measured_links", measured_links},
       {"plots", plots}};
 }

@@ -29,15 +29,20 @@ double Percent(double simulated, double measured) {
 }
 
 // --replay: each recorded run of the chosen configuration, simulated with its own requests.
-int RunReplay(const SimulateArgs& args) {
+int RunReplay(const SimulateArgs& args, bool steps_given) {
   auto recorded = sim::LoadAblationReport(args.replay);
   if (!recorded.ok()) {
     std::fprintf(stderr, "tophat simulate: --replay: %s\n",
                  std::string(recorded.status().message()).c_str());
     return 2;
   }
-  std::printf("replaying %s against this simulation (error: simulated vs measured)\n",
-              args.replay.c_str());
+  std::printf("replaying %s against this simulation (error: simulated vs measured); cloud "
+              "step times: %s\n",
+              args.replay.c_str(),
+              steps_given ? "from the command line"
+              : recorded->step_curves.empty()
+                  ? "the built-in H200 profile (the report has no curve of its cloud's)"
+                  : "the cloud's own curve from the report");
   std::printf("%-12s %-10s %5s %4s | %-23s | %-23s | %-23s | %-23s\n", "config", "dataset",
               "req/s", "dev", "TTFT p50 ms real/sim", "TTFT p90 ms real/sim",
               "TBT p50 ms real/sim", "TBT p90 ms real/sim");
@@ -47,6 +52,11 @@ int RunReplay(const SimulateArgs& args) {
     if (config_name.empty()) config_name = run.config;
     if (run.config != config_name || run.requests.empty()) continue;
     sim::SimConfig c = args.config;
+    // The cloud's own curve from the run, unless the command line gave step times.
+    if (const auto curve = recorded->step_curves.find(run.config);
+        !steps_given && curve != recorded->step_curves.end() && !curve->second.empty()) {
+      c.cloud.step_time = curve->second;
+    }
     c.devices = static_cast<int64_t>(recorded->links.size());
     c.device_links = recorded->links;
     c.device.one_way_delay_s = recorded->one_way_delay_s;
@@ -214,7 +224,9 @@ int RunSimulate(SimulateArgs args) {
     c.cloud.step_time = kH200Llama8BSteps;
   }
 
-  if (!args.replay.empty()) return RunReplay(args);
+  if (!args.replay.empty()) {
+    return RunReplay(args, !args.step_profile.empty() || !args.step_points.empty());
+  }
 
   const auto t0 = std::chrono::steady_clock::now();
   auto result = sim::Simulate(c);

@@ -44,10 +44,11 @@ class StepTimePredictor {
   // The curve's points, by increasing tokens (buckets with data only).
   std::vector<Point> Points() const;
 
- private:
   static constexpr size_t kMaxBuckets = 64;  // bit widths of int64 token counts
   // Points() without allocating (Predict runs in the engine's step); returns the count.
   size_t FillPoints(std::array<Point, kMaxBuckets>& points) const;
+
+ private:
 
   struct Bucket {
     explicit Bucket(double alpha) : tokens(alpha), seconds(alpha) {}

@@ -2,6 +2,7 @@
 
 #include <prometheus/family.h>
 
+#include <bit>
 #include <string>
 
 #include "telemetry/metric_builders.h"
@@ -98,7 +99,33 @@ CloudMetrics::CloudMetrics(prometheus::Registry& registry)
           prometheus::BuildHistogram()
               .Name("tophat_pipeline_stage_seconds")
               .Help("Forward time of one pipeline stage's layers in one step, by stage")
+              .Register(registry)),
+      step_curve_tokens_family(
+          prometheus::BuildGauge()
+              .Name("tophat_scheduler_step_curve_tokens")
+              .Help("The step-time predictor's curve: mean tokens of the steps in this bucket "
+                    "of batch sizes (bucket = its smallest token count)")
+              .Register(registry)),
+      step_curve_seconds_family(
+          prometheus::BuildGauge()
+              .Name("tophat_scheduler_step_curve_seconds")
+              .Help("The step-time predictor's curve: mean seconds of the steps in this bucket "
+                    "of batch sizes")
               .Register(registry)) {}
+
+void CloudMetrics::SetStepCurvePoint(int64_t bucket_tokens, double tokens, double seconds) {
+  if (bucket_tokens < 1) return;
+  const auto index = static_cast<size_t>(std::bit_width(static_cast<uint64_t>(bucket_tokens)) - 1);
+  if (index >= step_curve_.size()) step_curve_.resize(index + 1, {nullptr, nullptr});
+  if (step_curve_[index].first == nullptr) {
+    // Made once per bucket that ever sees a step: at most 64 series each.
+    const std::string label = std::to_string(int64_t{1} << index);
+    step_curve_[index] = {&step_curve_tokens_family.Add({{"bucket", label}}),
+                          &step_curve_seconds_family.Add({{"bucket", label}})};
+  }
+  step_curve_[index].first->Set(tokens);
+  step_curve_[index].second->Set(seconds);
+}
 
 prometheus::Histogram& CloudMetrics::PipelineStageSeconds(int stage) {
   const auto index = static_cast<size_t>(stage);

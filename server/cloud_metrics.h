@@ -62,8 +62,15 @@ struct CloudMetrics {
   // With pipeline stages: each stage's own forward time per step, by stage number.
   prometheus::Family<prometheus::Histogram>& pipeline_stage_seconds_family;
   prometheus::Histogram& PipelineStageSeconds(int stage);
+  // The step-time predictor's curve g(μ), one point per bucket of batch sizes (labelled by
+  // the bucket's smallest token count, a power of two): the bucket's moving mean of tokens
+  // and of step seconds. What a simulation of this cloud takes as its step times.
+  prometheus::Family<prometheus::Gauge>& step_curve_tokens_family;
+  prometheus::Family<prometheus::Gauge>& step_curve_seconds_family;
+  void SetStepCurvePoint(int64_t bucket_tokens, double tokens, double seconds);
 
  private:
+  std::vector<std::pair<prometheus::Gauge*, prometheus::Gauge*>> step_curve_;  // by log2(bucket)
   std::vector<prometheus::Histogram*> pipeline_stage_seconds_;  // by stage, made on first use
 };
 

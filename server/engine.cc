@@ -1,6 +1,7 @@
 #include "server/engine.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -26,6 +27,8 @@ constexpr auto kIdleWait = std::chrono::milliseconds(50);
 // that an agent can tell a quiet cloud from a lost report. Each is a ~20-byte message per
 // stream.
 constexpr auto kLoadReportInterval = std::chrono::milliseconds(200);
+// The step-time curve changes slowly; its gauges are for scrapes and simulations.
+constexpr auto kCurveExportInterval = std::chrono::seconds(1);
 constexpr auto kLoadReportHeartbeat = std::chrono::seconds(5);
 
 }  // namespace
@@ -1315,6 +1318,16 @@ void Engine::UpdateGauges() {
     metrics_->sessions_waiting.Set(static_cast<double>(stat_waiting_));
     metrics_->sessions_parked.Set(static_cast<double>(parked_.size()));
     metrics_->kv_cache_usage_ratio.Set(allocator_.usage());
+    if (const Clock::time_point now = Clock::now(); now - last_curve_export_ >= kCurveExportInterval) {
+      last_curve_export_ = now;
+      const size_t points = monitor_.step_time().FillPoints(curve_scratch_);
+      for (size_t i = 0; i < points; ++i) {
+        const StepTimePredictor::Point& p = curve_scratch_[i];
+        const auto tokens = static_cast<uint64_t>(std::max(1.0, p.tokens));
+        metrics_->SetStepCurvePoint(static_cast<int64_t>(std::bit_floor(tokens)), p.tokens,
+                                    p.seconds);
+      }
+    }
   }
   ReportLoad();
 }

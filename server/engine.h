@@ -5,6 +5,7 @@
 // each session's deep hidden states back to its stream.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -400,6 +401,9 @@ class Engine {
   double recent_step_seconds_ = 0;  // exponentially weighted mean of the engine's steps
   v1::CloudLoad last_load_;
   Clock::time_point last_load_report_{};
+  // The step-time curve's gauges, refreshed at most once a second (scratch: no allocation).
+  Clock::time_point last_curve_export_{};
+  std::array<StepTimePredictor::Point, StepTimePredictor::kMaxBuckets> curve_scratch_{};
   std::thread thread_;
 };
 

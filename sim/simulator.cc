@@ -630,6 +630,14 @@ absl::StatusOr<RecordedAblation> LoadAblationReport(const std::string& path) {
       }
       out.runs.push_back(std::move(r));
     }
+    if (report.contains("step_time_curve")) {
+      for (const auto& [config, points] : report["step_time_curve"].items()) {
+        std::vector<StepPoint>& curve = out.step_curves[config];
+        for (const nlohmann::json& p : points) {
+          curve.push_back({p.at(0).get<double>(), p.at(1).get<double>()});
+        }
+      }
+    }
   } catch (const nlohmann::json::exception& e) {
     return bad(e.what());
   }

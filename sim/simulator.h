@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -149,6 +150,9 @@ struct RecordedRun {
 };
 struct RecordedAblation {
   std::vector<RecordedRun> runs;
+  // The cloud's own step-time curve at the end of each configuration (its metrics'
+  // tophat_scheduler_step_curve_*), by configuration name; empty in older reports.
+  std::map<std::string, std::vector<StepPoint>> step_curves;
   std::vector<DeviceLinkRates> links;
   double one_way_delay_s = 0;
   double bytes_per_token = 0;

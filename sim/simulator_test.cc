@@ -258,6 +258,7 @@ TEST_CASE("An ablation report is read for replay, and a file that is not one is 
   std::filesystem::create_directories(dir);
   const std::filesystem::path good = dir / "ablation.json";
   std::ofstream(good) << R"({"output_tokens": 8,
+    "step_time_curve": {"+chunk": [[1, 0.001], [21.5, 0.004]]},
     "links": {"one_way_delay_s": 0.01, "bytes_per_token": 768,
               "devices": [{"uplink_bytes_per_second": 5e5, "downlink_bytes_per_second": 1e6}]},
     "runs": [{"config": "+chunk", "dataset": "specbench", "rate": 1.0,
@@ -280,6 +281,11 @@ TEST_CASE("An ablation report is read for replay, and a file that is not one is 
   CHECK(run.requests[0].arrival_s == 0.5);
   CHECK(run.requests[0].prompt_tokens == 40);
   CHECK(run.ttft_s == std::vector<double>{0.2});
+  REQUIRE(report->step_curves.count("+chunk") == 1);
+  const std::vector<StepPoint>& curve = report->step_curves.at("+chunk");
+  REQUIRE(curve.size() == 2);
+  CHECK(curve[1].tokens == 21.5);
+  CHECK(curve[1].seconds == 0.004);
 
   const std::filesystem::path bad = dir / "engine.json";
   std::ofstream(bad) << R"({"cases": []})";

@@ -2786,6 +2786,15 @@ TEST_CASE("Of two shaped links the slower gets smaller prompt chunks and chunkin
   INFO("slow link: chunks of " << slow_chunk << ", fast link: chunks of " << fast_chunk);
   CHECK(slow_chunk < fast_chunk);
   CHECK(cloud.Metric("tophat_scheduler_chunk_size_count") > 0);
+  // The step-time curve the cloud learned, as a simulation of it reads it: one-token decode
+  // steps (bucket 1 holds only steps of exactly 1 token) and prompt chunks' larger steps.
+  CHECK(testing::WaitUntil(
+      [&] { return cloud.Metric("tophat_scheduler_step_curve_tokens", "bucket=\"1\"") == 1; },
+      5s));
+  CHECK(cloud.Metric("tophat_scheduler_step_curve_seconds", "bucket=\"1\"") > 0);
+  CHECK((cloud.Metric("tophat_scheduler_step_curve_seconds", "bucket=\"16\"") > 0 ||
+         cloud.Metric("tophat_scheduler_step_curve_seconds", "bucket=\"32\"") > 0 ||
+         cloud.Metric("tophat_scheduler_step_curve_seconds", "bucket=\"64\"") > 0));
 
   // Same device, same prompt, same run: the cloud's chunks against the whole prompt at once
   // (the request overrides the chunk size). Best of two each, against scheduling noise.
