@@ -88,6 +88,7 @@ struct Request {
   int64_t output = 0;
   double arrival = 0;
   int64_t kv_blocks = 0;
+  int64_t chunk = 0;  // a replayed request's recorded chunk size (0: choose)
   bool admitted = false;
   int64_t held = 0;              // prompt positions at the cloud before admission
   int64_t prompt_returned = 0;   // positions whose results the device has processed
@@ -222,6 +223,7 @@ class Simulation {
       const ReplayRequest& recorded = config_.replay[static_cast<size_t>(replayed - 1)];
       r.prompt = recorded.prompt_tokens;
       r.output = recorded.output_tokens;
+      r.chunk = recorded.prompt_chunk;
     } else {
       const double rate = config_.workload.requests_per_device_per_second;
       const double next = now_ + Exponential(rate);
@@ -277,6 +279,7 @@ class Simulation {
   }
 
   int64_t ChunkSize(const Request& r, const CloudState& cloud) const {
+    if (r.chunk > 0) return r.chunk;
     if (config_.prompt_chunk > 0) return config_.prompt_chunk;
     const ChunkSizeInputs inputs{.prompt_tokens = r.prompt,
                                  .bytes_per_token = config_.bytes_per_token,
@@ -624,7 +627,8 @@ absl::StatusOr<RecordedAblation> LoadAblationReport(const std::string& path) {
         r.requests.push_back({.arrival_s = q.at("arrival_s").get<double>(),
                               .device = q.at("device").get<int64_t>(),
                               .prompt_tokens = q.at("prompt_tokens").get<int64_t>(),
-                              .output_tokens = q.at("generated_tokens").get<int64_t>()});
+                              .output_tokens = q.at("generated_tokens").get<int64_t>(),
+                              .prompt_chunk = q.value("prompt_chunk_size", int64_t{0})});
         r.ttft_s.push_back(q.at("ttft_s").get<double>());
         r.mean_tbt_s.push_back(q.at("mean_tbt_s").get<double>());
       }

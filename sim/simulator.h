@@ -77,6 +77,7 @@ struct ReplayRequest {
   int64_t device = 0;
   int64_t prompt_tokens = 0;
   int64_t output_tokens = 0;
+  int64_t prompt_chunk = 0;  // the chunk size it used (0: the simulation's own choice)
 };
 
 // One device's own link rates, where devices differ (bytes per second).

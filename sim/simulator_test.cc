@@ -265,7 +265,8 @@ TEST_CASE("An ablation report is read for replay, and a file that is not one is 
               "chunk_size_by_device": [16.0],
               "per_request": [
                 {"ok": true, "arrival_s": 0.5, "device": 0, "prompt_tokens": 40,
-                 "generated_tokens": 8, "ttft_s": 0.2, "mean_tbt_s": 0.03},
+                 "generated_tokens": 8, "ttft_s": 0.2, "mean_tbt_s": 0.03,
+                 "prompt_chunk_size": 24},
                 {"ok": false, "arrival_s": 0.7, "device": 0, "prompt_tokens": 40,
                  "generated_tokens": 0, "ttft_s": 0, "mean_tbt_s": 0}]}]})";
   auto report = LoadAblationReport(good.string());
@@ -280,6 +281,7 @@ TEST_CASE("An ablation report is read for replay, and a file that is not one is 
   REQUIRE(run.requests.size() == 1);  // the failed request is not replayed
   CHECK(run.requests[0].arrival_s == 0.5);
   CHECK(run.requests[0].prompt_tokens == 40);
+  CHECK(run.requests[0].prompt_chunk == 24);
   CHECK(run.ttft_s == std::vector<double>{0.2});
   REQUIRE(report->step_curves.count("+chunk") == 1);
   const std::vector<StepPoint>& curve = report->step_curves.at("+chunk");
