@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <functional>
 #include <map>
 #include <set>
 #include <utility>
@@ -11,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 
 namespace tophat::bench {
 namespace {
@@ -29,17 +29,6 @@ int64_t NowNs() {
 std::set<ActivityType> Activities(at::Device device) {
   return device.is_cuda() ? std::set<ActivityType>{ActivityType::CUDA}
                           : std::set<ActivityType>{ActivityType::CPU};
-}
-
-absl::Status Guarded(const char* what, const std::function<void()>& body) {
-  try {
-    body();
-    return absl::OkStatus();
-  } catch (const std::exception& e) {
-    std::string message = e.what();
-    if (auto newline = message.find('\n'); newline != std::string::npos) message.resize(newline);
-    return absl::InternalError(absl::StrCat("kernel profile: ", what, ": ", message));
-  }
 }
 
 }  // namespace
@@ -63,7 +52,7 @@ KernelProfiler::~KernelProfiler() {
 absl::StatusOr<KernelProfiler> KernelProfiler::Start(at::Device device) {
   KernelProfiler window(device);
   const ProfilerConfig config(ProfilerState::KINETO);
-  absl::Status started = Guarded("starting the profiler", [&] {
+  absl::Status started = CatchExceptions("kernel profile: starting the profiler", [&] {
     profiler::prepareProfiler(config, Activities(device));
     profiler::enableProfiler(config, Activities(device));
   });
@@ -81,7 +70,8 @@ absl::StatusOr<KernelProfile> KernelProfiler::Stop(int steps) {
   std::unique_ptr<profiler::ProfilerResult> result;
   active_ = false;
   absl::Status stopped =
-      Guarded("stopping the profiler", [&] { result = profiler::disableProfiler(); });
+      CatchExceptions("kernel profile: stopping the profiler",
+                      [&] { result = profiler::disableProfiler(); });
   if (!stopped.ok()) return stopped;
   if (result == nullptr) return absl::InternalError("kernel profile: the profiler gave no result");
 

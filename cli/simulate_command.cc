@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -10,6 +9,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
+#include "bench/workload_runner.h"
 
 namespace tophat::cli {
 namespace {
@@ -20,8 +21,13 @@ const std::vector<sim::StepPoint> kH200Llama8BSteps = {
     {1, 0.008833}, {8, 0.008952}, {32, 0.009503}, {64, 0.014648}, {128, 0.025525},
     {2048, 0.050578}};
 
-nlohmann::json SummaryJson(const LatencySummary& s) {
-  return {{"mean", s.mean}, {"p50", s.p50}, {"p90", s.p90}, {"p99", s.p99}};
+// The JSON report on one line after the table, and into `json_path` when given.
+int ReportOrFail(const nlohmann::json& report, const std::string& json_path) {
+  if (absl::Status s = bench::PrintReport("", report, json_path); !s.ok()) {
+    std::fprintf(stderr, "tophat simulate: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  return 0;
 }
 
 double Percent(double simulated, double measured) {
@@ -83,9 +89,10 @@ int RunReplay(const SimulateArgs& args, bool steps_given) {
                 cell(tbt.p50, sim_tbt.p50).c_str(), cell(tbt.p90, sim_tbt.p90).c_str());
     cells.push_back({{"config", run.config}, {"dataset", run.dataset}, {"rate", run.rate},
                      {"devices", c.devices}, {"requests", run.requests.size()},
-                     {"measured", {{"ttft_s", SummaryJson(ttft)}, {"request_tbt_s", SummaryJson(tbt)}}},
-                     {"simulated", {{"ttft_s", SummaryJson(sim_ttft)},
-                                    {"request_tbt_s", SummaryJson(sim_tbt)}}}});
+                     {"measured", {{"ttft_s", bench::LatencyJson(ttft)},
+                                   {"request_tbt_s", bench::LatencyJson(tbt)}}},
+                     {"simulated", {{"ttft_s", bench::LatencyJson(sim_ttft)},
+                                    {"request_tbt_s", bench::LatencyJson(sim_tbt)}}}});
   }
   if (cells.empty()) {
     std::fprintf(stderr, "tophat simulate: --replay: %s has no runs of configuration '%s'\n",
@@ -94,9 +101,7 @@ int RunReplay(const SimulateArgs& args, bool steps_given) {
   }
   const nlohmann::json report = {{"benchmark", "simulate_replay"}, {"report", args.replay},
                                  {"cells", cells}};
-  std::printf("%s\n", report.dump().c_str());
-  if (!args.json_path.empty()) std::ofstream(args.json_path) << report.dump(2) << "\n";
-  return 0;
+  return ReportOrFail(report, args.json_path);
 }
 
 }  // namespace
@@ -283,24 +288,15 @@ int RunSimulate(SimulateArgs args) {
       {"step_time_source", step_source},
       {"requests", {{"arrived", r.requests_arrived}, {"finished", r.requests_finished},
                     {"refused", r.requests_rejected}}},
-      {"ttft_s", SummaryJson(r.ttft_s)},
-      {"tbt_s", SummaryJson(r.tbt_s)},
-      {"e2e_s", SummaryJson(r.e2e_s)},
+      {"ttft_s", bench::LatencyJson(r.ttft_s)},
+      {"tbt_s", bench::LatencyJson(r.tbt_s)},
+      {"e2e_s", bench::LatencyJson(r.e2e_s)},
       {"generated_tokens", r.generated_tokens},
       {"simulated_seconds", r.simulated_seconds},
       {"events", r.events},
       {"wall_seconds", wall},
       {"per_cloud", clouds}};
-  std::printf("%s\n", report.dump().c_str());
-  if (!args.json_path.empty()) {
-    std::ofstream out(args.json_path);
-    out << report.dump(2) << "\n";
-    if (!out) {
-      std::fprintf(stderr, "tophat simulate: cannot write %s\n", args.json_path.c_str());
-      return 1;
-    }
-  }
-  return 0;
+  return ReportOrFail(report, args.json_path);
 }
 
 }  // namespace tophat::cli

@@ -14,6 +14,7 @@
 #include "scheduler/batch_planner.h"
 #include "scheduler/cloud_placement.h"
 #include "scheduler/decode_decisions.h"
+#include "scheduler/moving_average.h"
 #include "scheduler/step_time_predictor.h"
 
 namespace tophat::sim {
@@ -120,7 +121,7 @@ struct CloudState {
   CloudCandidate reported;
   double reported_at = -1;
   uint64_t report_epoch = 1;
-  double recent_tokens = 0;  // moving mean of batched tokens per step (μ)
+  MovingAverage recent_tokens{0.8};  // of batched tokens per step (μ)
   CloudStats stats;
 };
 
@@ -281,10 +282,11 @@ class Simulation {
   int64_t ChunkSize(const Request& r, const CloudState& cloud) const {
     if (r.chunk > 0) return r.chunk;
     if (config_.prompt_chunk > 0) return config_.prompt_chunk;
+    const double mean_batched_tokens = std::max(1.0, cloud.recent_tokens.value());
     const ChunkSizeInputs inputs{.prompt_tokens = r.prompt,
                                  .bytes_per_token = config_.bytes_per_token,
                                  .uplink_bytes_per_second = Uplink(r.device),
-                                 .mean_batched_tokens = std::max(1.0, cloud.recent_tokens),
+                                 .mean_batched_tokens = mean_batched_tokens,
                                  .min_chunk = config_.min_chunk,
                                  .max_chunk = config_.max_chunk,
                                  .max_step_seconds = config_.max_step_seconds};
@@ -405,9 +407,7 @@ class Simulation {
     ++cloud.stats.steps;
     cloud.stats.busy_seconds += seconds;
     cloud.stats.batched_tokens += static_cast<double>(tokens);
-    cloud.recent_tokens = cloud.recent_tokens == 0
-                              ? static_cast<double>(tokens)
-                              : 0.8 * cloud.recent_tokens + 0.2 * static_cast<double>(tokens);
+    cloud.recent_tokens.Add(static_cast<double>(tokens));
     Schedule(now_ + seconds, EventType::kStepDone, c, 0);
   }
 
