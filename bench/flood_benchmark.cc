@@ -48,6 +48,11 @@ struct Args {
   int64_t flood_sessions = 256;  // sessions the greedy device tries to hold
   int64_t flood_chunk = 256;     // positions per chunk it sends
   double decode_step_stretch = 2;  // the cloud's scheduler.decode_step_stretch (fair share)
+  // The cloud's limits.max_messages_per_second_per_device where the limits are on (negative:
+  // the cloud's default).
+  double max_messages_per_second = -1;
+  // Its limits.max_refusals_per_second_per_device there (negative: the cloud's default).
+  double max_refusals_per_second = -1;
   // The agent and the app's requests on CPU 0, the cloud and the greedy device on CPU 1, as
   // if the device were its own machine. Off by default: on a 2-CPU machine the greedy
   // device's traffic then competes with the cloud's engine thread for one CPU, which costs
@@ -229,6 +234,18 @@ absl::StatusOr<CaseResult> RunCase(const CaseSpec& spec_case, const Args& args,
       "scheduler:\n  max_batch_tokens: 512\n  max_running_sessions: 64\n"
       "  max_waiting_sessions: 64\n  decode_step_stretch: %g\n",
       cloud_port, (bundles / "cloud").string(), spec_case.decode_step_stretch);
+  if (limits) {
+    std::string overrides;
+    if (args.max_messages_per_second >= 0) {
+      overrides += absl::StrFormat("  max_messages_per_second_per_device: %g\n",
+                                   args.max_messages_per_second);
+    }
+    if (args.max_refusals_per_second >= 0) {
+      overrides += absl::StrFormat("  max_refusals_per_second_per_device: %g\n",
+                                   args.max_refusals_per_second);
+    }
+    if (!overrides.empty()) cloud += "limits:\n" + overrides;
+  }
   if (!limits) {
     cloud +=
         "limits:\n  max_sessions_per_device: 0\n  max_waiting_sessions_per_device: 0\n"
@@ -420,6 +437,12 @@ int main(int argc, char** argv) {
   app.add_option("--decode-step-stretch", args.decode_step_stretch,
                  "The fair share's cap where it is on (scheduler.decode_step_stretch)")
       ->capture_default_str();
+  app.add_option("--max-messages-per-second", args.max_messages_per_second,
+                 "The cloud's limits.max_messages_per_second_per_device where its limits are on "
+                 "(default: the cloud's default)");
+  app.add_option("--max-refusals-per-second", args.max_refusals_per_second,
+                 "The cloud's limits.max_refusals_per_second_per_device where its limits are on "
+                 "(default: the cloud's default)");
   app.add_flag("--pin", args.pin,
                "Put the agent and the app on CPU 0, the cloud and the greedy device on CPU 1");
   app.add_option("--json", args.json_path, "Also write the report here");

@@ -52,8 +52,22 @@ void CheckAgentConfig(const AgentConfig& config, bool require_bundle, Report&& r
   } else if (config.listen_address.size() <= std::string_view("unix:").size()) {
     report("listen_address", "unix: needs a socket path, e.g. unix:/run/tophat/agent.sock", "");
   }
-  check("cloud_address", CheckHostPort(config.cloud_address, /*allow_port_zero=*/false));
+  constexpr std::string_view kDns = "dns:///";
+  if (config.cloud_address.starts_with(kDns)) {
+    // One name for several clouds: HOST:PORT after the scheme.
+    check("cloud_address", CheckHostPort(std::string_view(config.cloud_address).substr(kDns.size()),
+                                         /*allow_port_zero=*/false));
+  } else {
+    check("cloud_address", CheckHostPort(config.cloud_address, /*allow_port_zero=*/false));
+  }
   for (size_t i = 0; i < config.cloud_addresses.size(); ++i) {
+    if (config.cloud_addresses[i].starts_with(kDns)) {
+      report(absl::StrCat("cloud_addresses[", i, "]"),
+             absl::StrCat("\"", config.cloud_addresses[i],
+                          "\": a dns:/// name for several clouds goes in cloud_address, alone"),
+             "");
+      continue;
+    }
     check(absl::StrCat("cloud_addresses[", i, "]"),
           CheckHostPort(config.cloud_addresses[i], /*allow_port_zero=*/false));
     for (size_t j = 0; j < i; ++j) {
@@ -178,6 +192,7 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
   }
   reader.ReadString("cloud_address", &config.cloud_address);
   reader.ReadStringList("cloud_addresses", &config.cloud_addresses);
+  reader.ReadInt("cloud_dns_streams", &config.cloud_dns_streams, Bound::kNonNegative);
   reader.ReadString("bundle", &config.bundle);
   reader.ReadBool("cloud_tls.insecure", &config.cloud_tls.insecure);
   reader.ReadString("cloud_tls.certificate_file", &config.cloud_tls.certificate_file);

@@ -33,6 +33,10 @@ struct AgentConfig {
   // keeps a stream to each and places every new request on the least loaded
   // (device_agent/cloud_pool.h); a request whose cloud is lost moves to another.
   std::vector<std::string> cloud_addresses;
+  // With cloud_address "dns:///HOST:PORT" (one name for several clouds, as a Kubernetes
+  // headless Service's): the streams the agent keeps, each to another of the addresses the
+  // name resolves to (0: as many as it resolves to at start).
+  int64_t cloud_dns_streams = 0;
   // The clouds this agent uses: cloud_addresses, or cloud_address alone.
   std::vector<std::string> clouds() const {
     return cloud_addresses.empty() ? std::vector<std::string>{cloud_address} : cloud_addresses;

@@ -174,6 +174,22 @@ TEST_CASE("Agent speculative settings out of range name their key") {
              Catch::Contains("link_emulation.one_way_delay_s"));
 }
 
+TEST_CASE("An agent's cloud_address may be one dns:/// name for several clouds") {
+  absl::StatusOr<AgentConfig> config = ParseAgentConfig(
+      "cloud_address: \"dns:///tophat-cloud.tophat.svc:7100\"\ncloud_dns_streams: 3\n",
+      "agent.yaml");
+  INFO(config.status().ToString());
+  REQUIRE(config.ok());
+  CHECK(config->cloud_address == "dns:///tophat-cloud.tophat.svc:7100");
+  CHECK(config->cloud_dns_streams == 3);
+  CHECK_THAT(ErrorOf("cloud_address: \"dns:///tophat-cloud\"\n"),
+             Catch::Contains("agent.yaml:1: cloud_address: expected host:port"));
+  CHECK_THAT(ErrorOf("cloud_addresses: [\"10.0.0.5:7100\", \"dns:///clouds:7100\"]\n"),
+             Catch::Contains("cloud_addresses[1]: \"dns:///clouds:7100\": a dns:/// name for "
+                             "several clouds goes in cloud_address, alone"));
+  CHECK_THAT(ErrorOf("cloud_dns_streams: -1\n"), Catch::Contains("cloud_dns_streams"));
+}
+
 TEST_CASE("Agent config errors name the dotted key and line") {
   const std::string message = ErrorOf(
       "cloud_address: 127.0.0.1:0\n"

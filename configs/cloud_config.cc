@@ -111,6 +111,8 @@ void CheckCloudConfig(const CloudConfig& config, bool require_bundle, Report&& r
   }
   check("limits.max_messages_per_second_per_device",
         CheckAtLeast(config.limits.max_messages_per_second_per_device, 0, /*inclusive=*/true));
+  check("limits.max_refusals_per_second_per_device",
+        CheckAtLeast(config.limits.max_refusals_per_second_per_device, 0, /*inclusive=*/true));
   check("limits.max_queued_bytes_per_stream",
         CheckAtLeast(config.limits.max_queued_bytes_per_stream, 1));
   check("limits.max_inflight_bytes_per_stream",
@@ -333,6 +335,8 @@ absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
                     &config.limits.max_kv_fraction_per_device, Bound::kPositive);
   reader.ReadDouble("limits.max_messages_per_second_per_device",
                     &config.limits.max_messages_per_second_per_device, Bound::kNonNegative);
+  reader.ReadDouble("limits.max_refusals_per_second_per_device",
+                    &config.limits.max_refusals_per_second_per_device, Bound::kNonNegative);
   reader.ReadByteSize("limits.max_queued_bytes_per_stream",
                       &config.limits.max_queued_bytes_per_stream, Bound::kPositive);
   reader.ReadByteSize("limits.max_inflight_bytes_per_stream",

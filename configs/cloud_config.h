@@ -82,6 +82,9 @@ struct CloudConfig {
     int64_t max_waiting_sessions_per_device = 16;  // of those, waiting for admission (0: no limit)
     double max_kv_fraction_per_device = 0.5;  // of the KV pool, by max_positions (1: no limit)
     double max_messages_per_second_per_device = 5000;  // reads paced above it (0: no limit)
+    // Refused sessions a device is told of per second; later refusals are sent late (0: no
+    // limit).
+    double max_refusals_per_second_per_device = 20;
     // Unread results before a stream's work waits for its agent to read them.
     int64_t max_queued_bytes_per_stream = 64LL << 20;
     // What an agent's messages may hold in the engine before its stream is read no further

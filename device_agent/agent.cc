@@ -844,14 +844,20 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
                                     config.speculative.parallel_steps)
                      : std::string("off"));
   }
-  return std::unique_ptr<Agent>(
-      new Agent(config, std::move(bundle), std::move(cloud_credentials), std::move(cloud_token),
-                registry));
+  std::shared_ptr<DnsClouds> dns;
+  if (config.cloud_addresses.empty() && IsDnsCloudTarget(config.cloud_address)) {
+    TOPHAT_ASSIGN_OR_RETURN(
+        dns, DnsClouds::Create(config.cloud_address, static_cast<size_t>(config.cloud_dns_streams)));
+    spdlog::info("cloud_address {}: {} stream(s), one to each of its addresses",
+                 config.cloud_address, dns->slots());
+  }
+  return std::unique_ptr<Agent>(new Agent(config, std::move(bundle), std::move(cloud_credentials),
+                                          std::move(cloud_token), std::move(dns), registry));
 }
 
 Agent::Agent(AgentConfig config, DeviceBundle bundle,
              std::shared_ptr<grpc::ChannelCredentials> cloud_credentials, std::string cloud_token,
-             prometheus::Registry* registry)
+             std::shared_ptr<DnsClouds> dns, prometheus::Registry* registry)
     : config_(std::move(config)),
       bundle_(std::move(bundle)),
       conversations_({.max_bytes = config_.conversation_cache.max_bytes,
@@ -865,17 +871,32 @@ Agent::Agent(AgentConfig config, DeviceBundle bundle,
   if (registry != nullptr) metrics_ = std::make_unique<AgentMetrics>(*registry);
   // Epochs from one count over every cloud: an epoch names one stream of one cloud.
   auto epochs = std::make_shared<std::atomic<uint64_t>>(0);
-  const std::vector<std::string> addresses = config_.clouds();
+  // Each cloud's name (for logs, errors and metrics): its address, or for a DNS name's slots
+  // the name and the slot ("dns:///HOST:PORT#1"), which keep their name whatever address
+  // they dial.
+  std::vector<std::string> addresses = config_.clouds();
+  if (dns != nullptr) {
+    addresses.clear();
+    for (size_t slot = 0; slot < dns->slots(); ++slot) {
+      addresses.push_back(absl::StrCat(config_.cloud_address, "#", slot));
+    }
+  }
   if (metrics_ != nullptr) {
     for (const std::string& address : addresses) {
       cloud_targets_.push_back(metrics_->Target(address));
     }
   }
   for (size_t index = 0; index < addresses.size(); ++index) {
+    std::function<absl::StatusOr<std::string>()> resolve;
+    if (dns != nullptr) resolve = [dns, index] { return dns->AddressFor(index); };
     CloudConnectionOptions options{
         .address = addresses[index],
+        .resolve = std::move(resolve),
         .credentials = cloud_credentials,
-        .server_name = config_.cloud_tls.server_name,
+        // A DNS name's clouds are dialled by address; their certificates carry the name.
+        .server_name = !config_.cloud_tls.server_name.empty() || dns == nullptr
+                           ? config_.cloud_tls.server_name
+                           : dns->host(),
         .token = cloud_token,
         .initial_backoff_s = config_.reconnect.initial_backoff_s,
         .max_backoff_s = config_.reconnect.max_backoff_s,

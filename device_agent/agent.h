@@ -25,6 +25,7 @@
 #include "device_agent/chunk_tracker.h"
 #include "device_agent/cloud_connection.h"
 #include "device_agent/conversation_cache.h"
+#include "device_agent/dns_clouds.h"
 #include "device_agent/link_estimator.h"
 #include "device_agent/speculative_decoder.h"
 #include "scheduler/moving_average.h"
@@ -76,9 +77,10 @@ class Agent : private LinkSampleSink {
   class Request;
   friend class Request;
 
+  // `dns`: the slots of a dns:/// cloud_address (null for listed addresses).
   Agent(AgentConfig config, DeviceBundle bundle,
         std::shared_ptr<grpc::ChannelCredentials> cloud_credentials, std::string cloud_token,
-        prometheus::Registry* registry);
+        std::shared_ptr<DnsClouds> dns, prometheus::Registry* registry);
   absl::Status CheckHello(const v1::Hello& hello) const;
   // Folds one decode round's measurements into the device's state and, at most once a
   // second, reports it to the cloud's state monitor (DeviceState on stream `epoch`).

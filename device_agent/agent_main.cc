@@ -148,7 +148,8 @@ int main(int argc, char** argv) {
   app.add_option("--bundle", bundle, "Device bundle directory (overrides `bundle`)");
   app.add_option("--listen", listen, "host:port or unix:PATH for apps (overrides `listen_address`)");
   app.add_option("--cloud", cloud,
-                 "tophat-cloud host:port, or several comma-separated (overrides "
+                 "tophat-cloud host:port, several comma-separated, or dns:///HOST:PORT for "
+                 "every address a name resolves to (overrides "
                  "`cloud_address` and `cloud_addresses`)");
   app.add_option("--metrics", metrics,
                  "host:port for Prometheus, or \"\" to disable (overrides `metrics_address`)");

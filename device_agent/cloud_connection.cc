@@ -37,6 +37,19 @@ int64_t Ticks(std::chrono::steady_clock::time_point t) { return t.time_since_epo
 
 CloudConnection::CloudConnection(CloudConnectionOptions options)
     : options_(std::move(options)), pacer_(options_.pacing_lead_s) {
+  if (!options_.resolve) Dial(options_.address);
+  if (options_.one_way_delay_s > 0 || options_.uplink_bytes_per_second > 0 ||
+      options_.downlink_bytes_per_second > 0) {
+    uplink_ = std::make_unique<DelayLine>(options_.one_way_delay_s,
+                                          options_.uplink_bytes_per_second, "tophat-linkup");
+    downlink_ = std::make_unique<DelayLine>(options_.one_way_delay_s,
+                                            options_.downlink_bytes_per_second, "tophat-linkdn");
+  }
+  sender_ = std::thread([this] { SendLoop(); });
+  thread_ = std::thread([this] { Run(); });
+}
+
+void CloudConnection::Dial(const std::string& address) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
   args.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));
@@ -60,19 +73,11 @@ CloudConnection::CloudConnection(CloudConnectionOptions options)
     args.SetString(GRPC_SSL_TARGET_NAME_OVERRIDE_ARG, options_.server_name);
   }
   channel_ = grpc::CreateCustomChannel(
-      options_.address,
+      address,
       options_.credentials != nullptr ? options_.credentials : grpc::InsecureChannelCredentials(),
       args);
   stub_ = v1::CloudService::NewStub(channel_);
-  if (options_.one_way_delay_s > 0 || options_.uplink_bytes_per_second > 0 ||
-      options_.downlink_bytes_per_second > 0) {
-    uplink_ = std::make_unique<DelayLine>(options_.one_way_delay_s,
-                                          options_.uplink_bytes_per_second, "tophat-linkup");
-    downlink_ = std::make_unique<DelayLine>(options_.one_way_delay_s,
-                                            options_.downlink_bytes_per_second, "tophat-linkdn");
-  }
-  sender_ = std::thread([this] { SendLoop(); });
-  thread_ = std::thread([this] { Run(); });
+  dialed_ = address;
 }
 
 CloudConnection::~CloudConnection() {
@@ -305,38 +310,58 @@ void CloudConnection::Run() {
   double backoff = options_.initial_backoff_s;
   std::string last_logged;
   while (true) {
-    auto context = std::make_unique<grpc::ClientContext>();
-    context->set_wait_for_ready(false);
-    if (!options_.token.empty()) {
-      context->AddMetadata(kAuthorizationMetadata, BearerMetadataValue(options_.token));
-    }
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (stopping_) return;
     }
-    grpc::ClientContext* raw_context = context.get();
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      context_ = std::move(context);
-    }
-    std::unique_ptr<grpc::ClientReaderWriter<v1::AgentMessage, v1::CloudMessage>> stream =
-        stub_->Connect(raw_context);
-    v1::CloudMessage first;
     absl::Status failure;
-    const bool read_ok = stream->Read(&first);
-    if (!read_ok) {
-      grpc::Status status = stream->Finish();
-      failure = absl::UnavailableError(
-          absl::StrCat("cannot reach the cloud at ", options_.address, ": ",
-                       status.error_message().empty() ? "stream closed" : status.error_message()));
-    } else if (!first.has_hello()) {
-      failure = absl::InternalError("the cloud's first message was not a Hello");
-    } else if (options_.check_hello) {
-      failure = options_.check_hello(first.hello());
-      // Named, so that of several clouds the one refused is known.
-      if (!failure.ok()) {
-        failure = absl::Status(failure.code(), absl::StrCat("the cloud at ", options_.address,
-                                                            ": ", failure.message()));
+    if (options_.resolve) {
+      // Again before every attempt: the cloud may be back on another address.
+      absl::StatusOr<std::string> address = options_.resolve();
+      if (!address.ok()) {
+        failure = absl::Status(address.status().code(),
+                               absl::StrCat("the cloud at ", options_.address, ": ",
+                                            address.status().message()));
+      } else if (*address != dialed_) {
+        spdlog::info("cloud {}: dialling {}", options_.address, *address);
+        Dial(*address);
+      }
+    }
+    // How errors name this cloud: its address, and what it resolved to.
+    const std::string name = dialed_.empty() || dialed_ == options_.address
+                                 ? options_.address
+                                 : absl::StrCat(options_.address, " (", dialed_, ")");
+    grpc::ClientContext* raw_context = nullptr;
+    std::unique_ptr<grpc::ClientReaderWriter<v1::AgentMessage, v1::CloudMessage>> stream;
+    v1::CloudMessage first;
+    bool read_ok = false;
+    if (failure.ok()) {
+      auto context = std::make_unique<grpc::ClientContext>();
+      context->set_wait_for_ready(false);
+      if (!options_.token.empty()) {
+        context->AddMetadata(kAuthorizationMetadata, BearerMetadataValue(options_.token));
+      }
+      raw_context = context.get();
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        context_ = std::move(context);
+      }
+      stream = stub_->Connect(raw_context);
+      read_ok = stream->Read(&first);
+      if (!read_ok) {
+        grpc::Status status = stream->Finish();
+        failure = absl::UnavailableError(absl::StrCat(
+            "cannot reach the cloud at ", name, ": ",
+            status.error_message().empty() ? "stream closed" : status.error_message()));
+      } else if (!first.has_hello()) {
+        failure = absl::InternalError("the cloud's first message was not a Hello");
+      } else if (options_.check_hello) {
+        failure = options_.check_hello(first.hello());
+        // Named, so that of several clouds the one refused is known.
+        if (!failure.ok()) {
+          failure = absl::Status(failure.code(),
+                                 absl::StrCat("the cloud at ", name, ": ", failure.message()));
+        }
       }
     }
     if (!failure.ok()) {
@@ -381,7 +406,7 @@ void CloudConnection::Run() {
     }
     if (streams_opened_ > 1) ++reconnects_;
     state_cv_.notify_all();
-    spdlog::info("cloud: connected to {} (stream {}, middle layers [{}, {}))", options_.address,
+    spdlog::info("cloud: connected to {} (stream {}, middle layers [{}, {}))", name,
                  epoch, first.hello().first_layer(), first.hello().end_layer());
     last_logged.clear();
     backoff = options_.initial_backoff_s;

@@ -56,7 +56,12 @@ class SessionMailbox {
 };
 
 struct CloudConnectionOptions {
+  // Where the cloud is; with `resolve`, the name this connection goes by in logs, errors and
+  // metrics.
   std::string address = "127.0.0.1:7100";
+  // When set, asked for the address to dial before every connection attempt (a DNS name's
+  // slot: device_agent/dns_clouds.h); an error counts as a failed attempt.
+  std::function<absl::StatusOr<std::string>()> resolve;
   // How the link is secured (proto/channel_security.h); null: plaintext.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   // The name the cloud's certificate must carry, when it is not the address's host.
@@ -169,8 +174,12 @@ class CloudConnection {
   void Acknowledged(const v1::ChunkReceived& received, uint64_t epoch);
 
   const CloudConnectionOptions options_;
+  // The channel to `dialed_` (options_.address, or what `resolve` last gave); used by the
+  // reader thread only.
+  void Dial(const std::string& address);
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::CloudService::Stub> stub_;
+  std::string dialed_;
 
   mutable std::mutex mutex_;  // guards everything below except the atomics
   std::condition_variable state_cv_;

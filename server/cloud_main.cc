@@ -219,6 +219,8 @@ int Run(const CloudConfig& written) {
                       .unread_timeout_s = config.limits.unread_stream_timeout_s,
                       .max_messages_per_second_per_device =
                           config.limits.max_messages_per_second_per_device,
+                      .max_refusals_per_second_per_device =
+                          config.limits.max_refusals_per_second_per_device,
                       .device_tokens = config.tls.device_tokens,
                       .metrics = &metrics});
   grpc::EnableDefaultHealthCheckService(true);

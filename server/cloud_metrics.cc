@@ -76,6 +76,9 @@ CloudMetrics::CloudMetrics(prometheus::Registry& registry)
                                    "its work until the agent read them")),
       reads_paced(AddCounter(registry, "tophat_stream_reads_paced_total",
                              "Reads held back because a device sent above its message rate")),
+      refusals_paced(AddCounter(registry, "tophat_session_refusals_paced_total",
+                                "Refused sessions whose refusal was sent late because their "
+                                "device was refused above its refusal rate")),
       mean_batched_tokens(AddGauge(registry, "tophat_scheduler_mean_batched_tokens",
                                    "Moving average of the tokens batched per step (mu)")),
       predicted_step_seconds(AddGauge(registry, "tophat_scheduler_predicted_step_seconds",

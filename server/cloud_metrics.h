@@ -51,6 +51,8 @@ struct CloudMetrics {
   prometheus::Counter& streams_congested;
   // Reads of a stream held back by limits.max_messages_per_second_per_device.
   prometheus::Counter& reads_paced;
+  // Refused sessions whose refusal was sent late (limits.max_refusals_per_second_per_device).
+  prometheus::Counter& refusals_paced;
   // The scheduler's state monitor.
   prometheus::Gauge& mean_batched_tokens;        // μ, moving average
   prometheus::Gauge& predicted_step_seconds;     // g(μ)

@@ -89,6 +89,15 @@ class StreamChannel final : public MessageSink,
   void OnStallCheck(int64_t writes_at_arm);
   // The pacer's wait is over: read again unless backpressure still holds the stream.
   void OnPaced();
+  // Holds `message` back when it is a refusal past the device's refusal rate, or a later
+  // message of a session whose refusal is held (a session's messages keep their order).
+  // True when it was held.
+  bool DeferLocked(v1::CloudMessage& message);
+  // Queues the held messages whose time has come, and sets the alarm for the next.
+  void ReleaseDeferredLocked();
+  void ResumeReadLocked();
+  // Queues a message to be written (Send, once it is not held back).
+  void QueueLocked(v1::CloudMessage message);
 
   std::recursive_mutex mutex_;
   ConnectReactor* reactor_;  // null once the call is done
@@ -100,6 +109,18 @@ class StreamChannel final : public MessageSink,
   const std::string device_key_;              // the pacer's key
   bool paced_ = false;                        // reading waits for pace_alarm_
   std::unique_ptr<grpc::Alarm> pace_alarm_;
+  // Refusals past the device's refusal rate, and later messages of their sessions, with the
+  // time each may be sent (in order). While kMaxDeferred are held the stream is read no
+  // further (deferred_full_), so a device cannot make this grow without bound.
+  struct Deferred {
+    v1::CloudMessage message;
+    TokenBucket::Clock::time_point release;
+  };
+  static constexpr size_t kMaxDeferred = 1024;
+  std::deque<Deferred> deferred_;
+  std::unordered_map<uint64_t, int> deferred_per_session_;
+  std::unique_ptr<grpc::Alarm> deferred_alarm_;
+  bool deferred_full_ = false;
   // Decode results, receipts, admissions, errors and control go before prompt results: a
   // decode round's answer must not wait on the downlink behind the results of another
   // request's long prompt. current_ is being written while writing_.
@@ -226,6 +247,11 @@ void StreamChannel::Send(v1::CloudMessage message) {
   if (reactor_ == nullptr || finishing_) return;
   // This layer sends the receipts (ConnectReactor::OnReadDone), so it is the one to say so.
   if (message.has_hello()) message.mutable_hello()->set_acknowledges_chunks(true);
+  if (DeferLocked(message)) return;
+  QueueLocked(std::move(message));
+}
+
+void StreamChannel::QueueLocked(v1::CloudMessage message) {
   // Framing and field overhead besides the serialized bytes; a queue of tiny messages
   // costs memory too.
   const int64_t bytes = static_cast<int64_t>(message.ByteSizeLong()) + 64;
@@ -318,6 +344,8 @@ void StreamChannel::ReleaseQueuedLocked(int64_t keep) {
 }
 
 void StreamChannel::DropQueueLocked() {
+  deferred_.clear();
+  deferred_per_session_.clear();
   urgent_.clear();
   bulk_.clear();
   bulk_per_session_.clear();
@@ -393,6 +421,9 @@ void StreamChannel::StartNextWriteLocked() {
 
 void StreamChannel::FinishLocked(grpc::Status status) {
   if (finishing_ || reactor_ == nullptr) return;
+  // Held refusals are not worth writing: the end of the stream ends their sessions too.
+  deferred_.clear();
+  deferred_per_session_.clear();
   finishing_ = true;
   final_status_ = std::move(status);
   if (!writing_) {
@@ -441,6 +472,10 @@ bool StreamChannel::OnReadQueued(int64_t bytes) {
     read_paused_ = true;
     return false;
   }
+  if (deferred_.size() >= kMaxDeferred) {
+    deferred_full_ = true;
+    return false;
+  }
   if (pacer_ != nullptr) {
     const auto wait = pacer_->Take(device_key_);
     if (wait > TokenBucket::Clock::duration::zero()) {
@@ -463,17 +498,79 @@ bool StreamChannel::OnReadQueued(int64_t bytes) {
 void StreamChannel::OnPaced() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   paced_ = false;
-  if (!read_paused_ && reactor_ != nullptr && !finishing_) reactor_->ResumeRead();
+  ResumeReadLocked();
+}
+
+void StreamChannel::ResumeReadLocked() {
+  if (!read_paused_ && !paced_ && !deferred_full_ && reactor_ != nullptr && !finishing_) {
+    reactor_->ResumeRead();
+  }
 }
 
 void StreamChannel::Consumed(int64_t bytes) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   inflight_bytes_ -= bytes;
-  if (read_paused_ && inflight_bytes_ <= options_.max_inflight_bytes_per_stream / 2 &&
-      reactor_ != nullptr && !finishing_) {
+  if (read_paused_ && inflight_bytes_ <= options_.max_inflight_bytes_per_stream / 2) {
     read_paused_ = false;
-    if (!paced_) reactor_->ResumeRead();
+    ResumeReadLocked();
   }
+}
+
+bool StreamChannel::DeferLocked(v1::CloudMessage& message) {
+  if (pacer_ == nullptr) return false;
+  const std::optional<uint64_t> session = SessionOf(message);
+  if (!session.has_value()) return false;
+  TokenBucket::Clock::time_point release;
+  if (deferred_per_session_.contains(*session)) {
+    release = deferred_.back().release;  // behind its session's held refusal
+  } else {
+    if (!message.has_error() || message.error().session_alive() ||
+        message.error().code() != static_cast<int32_t>(absl::StatusCode::kResourceExhausted)) {
+      return false;
+    }
+    const TokenBucket::Clock::duration wait = pacer_->TakeRefusal(device_key_);
+    if (wait <= TokenBucket::Clock::duration::zero()) return false;
+    release = TokenBucket::Clock::now() + wait;
+    if (!deferred_.empty()) release = std::max(release, deferred_.back().release);
+    if (options_.metrics != nullptr) options_.metrics->refusals_paced.Increment();
+  }
+  ++deferred_per_session_[*session];
+  deferred_.push_back({std::move(message), release});
+  if (deferred_.size() == 1) ReleaseDeferredLocked();  // arms the alarm
+  return true;
+}
+
+void StreamChannel::ReleaseDeferredLocked() {
+  const auto now = TokenBucket::Clock::now();
+  while (!deferred_.empty() && deferred_.front().release <= now) {
+    Deferred& front = deferred_.front();
+    const uint64_t session = SessionOf(front.message).value_or(0);
+    if (--deferred_per_session_[session] == 0) deferred_per_session_.erase(session);
+    v1::CloudMessage message = std::move(front.message);
+    deferred_.pop_front();
+    QueueLocked(std::move(message));
+    if (finishing_) return;  // the stream ended (QueueLocked found it not reading)
+  }
+  if (deferred_full_ && deferred_.size() <= kMaxDeferred / 2) {
+    deferred_full_ = false;
+    ResumeReadLocked();
+  }
+  if (deferred_.empty()) return;
+  std::weak_ptr<StreamChannel> weak = weak_from_this();
+  deferred_alarm_ = std::make_unique<grpc::Alarm>();
+  deferred_alarm_->Set(
+      std::chrono::system_clock::now() +
+          std::chrono::duration_cast<std::chrono::system_clock::duration>(
+              deferred_.front().release - now),
+      [weak](bool fired) {
+        if (!fired) return;
+        if (auto channel = weak.lock()) {
+          std::lock_guard<std::recursive_mutex> lock(channel->mutex_);
+          if (channel->reactor_ != nullptr && !channel->finishing_) {
+            channel->ReleaseDeferredLocked();
+          }
+        }
+      });
 }
 
 void StreamChannel::Detach() {
@@ -491,9 +588,14 @@ void DevicePacer::Register(const std::string& device) {
   auto it = devices_.find(device);
   if (it == devices_.end()) {
     it = devices_
-             .emplace(device, Device{TokenBucket(per_second_, std::max(1.0, per_second_),
-                                                 TokenBucket::Clock::now())})
+             .emplace(device,
+                      Device{.bucket = TokenBucket(per_second_, std::max(1.0, per_second_),
+                                                   TokenBucket::Clock::now())})
              .first;
+    if (refusals_per_second_ > 0) {
+      it->second.refusals.emplace(refusals_per_second_, std::max(1.0, refusals_per_second_),
+                                  TokenBucket::Clock::now());
+    }
   }
   ++it->second.streams;
 }
@@ -502,6 +604,15 @@ void DevicePacer::Unregister(const std::string& device) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = devices_.find(device);
   if (it != devices_.end() && --it->second.streams <= 0) devices_.erase(it);
+}
+
+TokenBucket::Clock::duration DevicePacer::TakeRefusal(const std::string& device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = devices_.find(device);
+  if (it == devices_.end() || !it->second.refusals.has_value()) {
+    return TokenBucket::Clock::duration::zero();
+  }
+  return it->second.refusals->Take(TokenBucket::Clock::now());
 }
 
 TokenBucket::Clock::duration DevicePacer::Take(const std::string& device) {

@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -47,6 +48,14 @@ struct CloudServiceOptions {
   // streams more slowly, so HTTP/2 flow control holds the device back: nothing fails, and
   // its flood does not crowd the engine's intake.
   double max_messages_per_second_per_device = 5000;
+  // Sessions refused for want of room (RESOURCE_EXHAUSTED: a per-device quota, KV, the
+  // waiting list) one device is told of per second, with bursts of as many
+  // (limits.max_refusals_per_second_per_device; 0: no limit, and none with the message limit
+  // at 0). Past it a refusal is sent late, and the session's later messages wait behind it.
+  // A device that asks again the moment it is refused, thousands of times a second, is
+  // slowed to this rate without holding back its admitted sessions' chunks; its refusals no
+  // longer take CPU from the cloud and the other devices.
+  double max_refusals_per_second_per_device = 20;
   // tls.device_tokens: when set, a stream without one of these bearer tokens is refused with
   // UNAUTHENTICATED, and the token names the device (it must agree with a certificate's name).
   std::vector<BearerToken> device_tokens;
@@ -56,18 +65,24 @@ struct CloudServiceOptions {
 // Per-device token buckets for max_messages_per_second_per_device. Thread-safe.
 class DevicePacer {
  public:
-  explicit DevicePacer(double per_second) : per_second_(per_second) {}
+  // `per_second` > 0 messages and `refusals_per_second` (0: no limit) refused sessions.
+  DevicePacer(double per_second, double refusals_per_second)
+      : per_second_(per_second), refusals_per_second_(refusals_per_second) {}
   void Register(const std::string& device);
   void Unregister(const std::string& device);
   // How long the device's next message should wait (zero: none).
   TokenBucket::Clock::duration Take(const std::string& device);
+  // How long the device's next refusal should wait before it is sent (zero: none).
+  TokenBucket::Clock::duration TakeRefusal(const std::string& device);
 
  private:
   struct Device {
     TokenBucket bucket;
+    std::optional<TokenBucket> refusals;  // none: refusals are not paced
     int streams = 0;
   };
   const double per_second_;
+  const double refusals_per_second_;
   std::mutex mutex_;
   std::unordered_map<std::string, Device> devices_;
 };
@@ -91,7 +106,8 @@ class CloudServiceImpl final
         options_(options),
         totals_(std::make_shared<OutgoingTotals>()),
         pacer_(options.max_messages_per_second_per_device > 0
-                   ? std::make_shared<DevicePacer>(options.max_messages_per_second_per_device)
+                   ? std::make_shared<DevicePacer>(options.max_messages_per_second_per_device,
+                                                   options.max_refusals_per_second_per_device)
                    : nullptr) {}
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Connect(

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -55,11 +56,12 @@ using testing::ChildProcess;
 // Waits until a daemon accepts connections on `port`, and stops waiting when it exits: a
 // daemon that failed at start-up fails the test at once, with its log in the message (the
 // log as it is after the wait, not the empty one of the moment it was started).
-void RequireListening(ChildProcess& daemon, int port, std::chrono::milliseconds timeout) {
+void RequireListening(ChildProcess& daemon, int port, std::chrono::milliseconds timeout,
+                      const std::string& host = "127.0.0.1") {
   bool listening = false;
   testing::WaitUntil(
       [&] {
-        listening = testing::WaitForPort(port, 100ms);
+        listening = testing::WaitForPort(port, 100ms, host);
         return listening || !daemon.running();
       },
       timeout);
@@ -110,13 +112,19 @@ std::vector<int> CloudStages() {
   return boundaries;
 }
 
+// The name the DNS-name case gives its clouds (in a hosts file of its own).
+constexpr char kCloudsDnsName[] = "clouds.tophat.test";
+
 // Certificates made once per test run with deploy/make-certs.sh: a CA, the cloud's, and
 // device-1 and device-2. The daemons run over mutual TLS, as deployed.
 const fs::path& Certs() {
   static const fs::path dir = [] {
     fs::path out = fs::temp_directory_path() / ("tophat-serving-certs-" + std::to_string(getpid()));
     const std::string script = MakeCertsScript().string();
-    REQUIRE(std::system(("bash " + script + " " + out.string() + " device-1 device-2").c_str()) == 0);
+    // The cloud's certificate also names the DNS name the DNS-name case resolves.
+    REQUIRE(std::system(("TOPHAT_CLOUD_NAMES=DNS:" + std::string(kCloudsDnsName) + " bash " +
+                         script + " " + out.string() + " device-1 device-2")
+                            .c_str()) == 0);
     return out;
   }();
   return dir;
@@ -242,11 +250,13 @@ struct CloudSettings {
   std::string max_inflight_bytes_per_stream = "256MiB";  // limits.max_inflight_bytes_per_stream
   double unread_stream_timeout_s = 10;                 // limits.unread_stream_timeout_s
   double max_messages_per_second_per_device = 5000;    // limits.max_messages_per_second_per_device
+  double max_refusals_per_second_per_device = 20;      // limits.max_refusals_per_second_per_device
   double max_kv_fraction_per_device = 0.5;             // limits.max_kv_fraction_per_device
   std::vector<std::string> device_tokens;  // tls.device_tokens, each "DEVICE:SHA256"
   bool adaptive = true;                               // scheduler.adaptive
   std::vector<std::string> wire_dtypes = {"float32", "float16"};  // scheduler.wire_dtypes
   std::string bundle;  // "": the toy model's cloud bundle
+  std::string listen_host = "127.0.0.1";  // listen_address's host (any 127.x is loopback)
 };
 
 class CloudProcess {
@@ -255,7 +265,8 @@ class CloudProcess {
       : port_(port != 0 ? port : testing::FreePort()),
         metrics_port_(testing::FreePort()) {
     config_ = dir / ("cloud-" + std::to_string(port_) + ".yaml");
-    std::ofstream(config_) << "listen_address: \"127.0.0.1:" << port_ << "\"\n"
+    host_ = settings.listen_host;
+    std::ofstream(config_) << "listen_address: \"" << host_ << ":" << port_ << "\"\n"
                            << "bundle: "
                            << (settings.bundle.empty() ? (Bundles() / "cloud").string()
                                                        : settings.bundle)
@@ -289,6 +300,8 @@ class CloudProcess {
                            << "\n  unread_stream_timeout_s: " << settings.unread_stream_timeout_s
                            << "\n  max_messages_per_second_per_device: "
                            << settings.max_messages_per_second_per_device
+                           << "\n  max_refusals_per_second_per_device: "
+                           << settings.max_refusals_per_second_per_device
                            << "\n  max_kv_fraction_per_device: "
                            << settings.max_kv_fraction_per_device << "\n"
                            << "drain_grace_period_s: " << settings.drain_grace_period_s << "\n"
@@ -329,7 +342,7 @@ class CloudProcess {
                                    config_.string(), "--stage", std::to_string(stage)},
           dir / ("cloud-" + run + "-stage" + std::to_string(stage) + ".log")));
     }
-    RequireListening(*process_, port_, 60s);
+    RequireListening(*process_, port_, 60s, host_);
     RequireListening(*process_, metrics_port_, 10s);
   }
 
@@ -338,7 +351,7 @@ class CloudProcess {
     return testing::MetricValue(Metrics(), name, labels).value_or(-1);
   }
   int port() const { return port_; }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  std::string address() const { return host_ + ":" + std::to_string(port_); }
   ChildProcess& process() { return *process_; }
   // Stage i >= 1 of a pipeline.
   ChildProcess& stage(int i) { return *stage_processes_.at(static_cast<size_t>(i - 1)); }
@@ -346,6 +359,7 @@ class CloudProcess {
  private:
   int port_;
   int metrics_port_;
+  std::string host_;
   int starts_ = 0;
   int stages_ = 1;
   std::vector<std::unique_ptr<ChildProcess>> stage_processes_;
@@ -362,16 +376,20 @@ class AgentProcess {
                const std::string& cloud_token_file = "")
       : AgentProcess(dir, cloud.address(), chunk_size, yaml, compute_threads,
                      cloud_token_file) {}
-  // `clouds`: one cloud's address, or several comma-separated.
+  // `clouds`: one cloud's address, or several comma-separated. `launcher`: what runs the
+  // agent's command line (empty: run directly).
   AgentProcess(const fs::path& dir, const std::string& clouds, int64_t chunk_size,
                const std::string& yaml = "", int compute_threads = 0,
-               const std::string& cloud_token_file = "")
+               const std::string& cloud_token_file = "",
+               const std::vector<std::string>& launcher = {})
       : port_(testing::FreePort()), metrics_port_(testing::FreePort()) {
-    std::vector<std::string> args = {(BinDir() / "tophat-agent").string(), "--bundle",
-                                     (Bundles() / "device").string(), "--listen", address(),
-                                     "--cloud", clouds, "--metrics",
-                                     "127.0.0.1:" + std::to_string(metrics_port_),
-                                     "--prompt-chunk-size", std::to_string(chunk_size)};
+    std::vector<std::string> args = launcher;
+    const std::vector<std::string> agent_args = {
+        (BinDir() / "tophat-agent").string(), "--bundle", (Bundles() / "device").string(),
+        "--listen", address(), "--cloud", clouds, "--metrics",
+        "127.0.0.1:" + std::to_string(metrics_port_), "--prompt-chunk-size",
+        std::to_string(chunk_size)};
+    args.insert(args.end(), agent_args.begin(), agent_args.end());
     // Every agent is device-1 to the cloud, over mutual TLS.
     const TlsFiles tls = DeviceTls("device-1");
     const fs::path config = dir / ("agent-" + std::to_string(port_) + ".yaml");
@@ -1233,6 +1251,58 @@ TEST_CASE("A device above its message rate is slowed to it, and other devices ar
   CHECK(cloud.process().running());
 }
 
+// Counts and order, not wall-clock bounds: the cloud's clock paces the refusals, and a slower
+// machine only sends fewer of them.
+TEST_CASE("A device refused again and again is told at its refusal rate, without holding back "
+          "its admitted session",
+          "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {.max_sessions_per_device = 1,
+                                  .max_refusals_per_second_per_device = 10});
+  RawStream greedy(cloud.address(), "device-2");
+  const uint32_t d = greedy.hello().hidden_size();
+  REQUIRE(greedy.Send(OpenMessage(1, 64)));  // its one session: admitted
+  // 60 more opens, each past its quota, and a chunk of each right behind it (as an agent
+  // sends a prompt's first chunk without waiting for the admission).
+  constexpr int kRefused = 60;
+  for (uint64_t id = 100; id < 100 + kRefused; ++id) {
+    REQUIRE(greedy.Send(OpenMessage(id, 64)));
+    REQUIRE(greedy.Send(ChunkMessage(id, 0, 4, d, v1::DTYPE_FLOAT32)));
+  }
+  // Then a chunk of the admitted session: its result is not held behind the refusals.
+  REQUIRE(greedy.Send(ChunkMessage(1, 0, 4, d, v1::DTYPE_FLOAT32)));
+  const auto start = std::chrono::steady_clock::now();
+  int refusals_before_result = -1;
+  int refusals = 0;
+  std::set<uint64_t> refused;
+  while (refusals < kRefused || refusals_before_result < 0) {
+    v1::CloudMessage reply = greedy.Read();
+    if (reply.has_result() && reply.result().session_id() == 1) {
+      refusals_before_result = refusals;
+    } else if (reply.has_error() && reply.error().session_id() >= 100) {
+      const uint64_t id = reply.error().session_id();
+      INFO("session " << id << ": " << reply.error().message());
+      // A session's refusal comes before anything else about it (its chunk's NOT_FOUND).
+      if (refused.insert(id).second) {
+        CHECK(reply.error().code() == static_cast<int>(absl::StatusCode::kResourceExhausted));
+        ++refusals;
+      } else {
+        CHECK(reply.error().code() == static_cast<int>(absl::StatusCode::kNotFound));
+      }
+    }
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(refusals_before_result << " refusals before the admitted session's result; all "
+       << kRefused << " in " << seconds << " s");
+  // 10 a second with bursts of 10: the 60th no sooner than 5 s after the first.
+  CHECK(seconds > 4.5);
+  // The admitted session's chunk was computed and answered while most refusals were held.
+  CHECK(refusals_before_result < kRefused / 2);
+  CHECK(cloud.Metric("tophat_session_refusals_paced_total") >= kRefused - 11);
+  CHECK(cloud.process().running());
+}
+
 TEST_CASE("A device cannot reach another device's sessions by naming their ids", "[serving]") {
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {});
@@ -1787,6 +1857,85 @@ TEST_CASE("Of several clouds one serving another model is refused by name, and t
   CHECK(agent.Metric("tophat_cloud_requests_placed_total", wrong_label) == 0);
   CHECK(wrong.Metric("tophat_sessions_admitted_total") == 0);
   CHECK(good.Metric("tophat_sessions_admitted_total") == 6);
+}
+
+// One DNS name for several clouds, as a Kubernetes headless Service's. The agent runs in a
+// mount namespace of its own (unshare, util-linux) whose /etc/hosts gives the name two
+// loopback addresses; the test rewrites that file as a cluster's DNS would change.
+TEST_CASE("One DNS name for two clouds: the agent keeps a stream to each of its addresses, and "
+          "finds a cloud that comes back on a new one",
+          "[serving][clouds]") {
+  testing::TempDir dir;
+  const int port = testing::FreePort();
+  std::stringstream system_hosts;
+  system_hosts << std::ifstream("/etc/hosts").rdbuf();
+  const fs::path hosts = dir.path() / "hosts";
+  // Rewritten in place: the bind mount shows the file's new text, not a new file.
+  const auto name_resolves_to = [&](const std::vector<std::string>& ips) {
+    std::ofstream out(hosts, std::ios::trunc);
+    out << system_hosts.str() << "\n";
+    for (const std::string& ip : ips) out << ip << " " << kCloudsDnsName << "\n";
+  };
+  name_resolves_to({"127.0.0.1", "127.0.0.2"});
+  // Two clouds on one port, as a headless Service's pods are.
+  std::vector<std::unique_ptr<CloudProcess>> clouds;
+  for (const char* host : {"127.0.0.1", "127.0.0.2"}) {
+    clouds.push_back(std::make_unique<CloudProcess>(
+        dir.path(), CloudSettings{.listen_host = host}, port));
+  }
+  const std::string target = absl::StrCat("dns:///", kCloudsDnsName, ":", port);
+  AgentProcess agent(dir.path(), target, 16, "", 0, "",
+                     {"/usr/bin/unshare", "--user", "--map-root-user", "--mount", "/bin/sh", "-c",
+                      "mount --bind \"$0\" /etc/hosts && exec \"$@\"", hosts.string()});
+  const auto slot_up = [&](int slot) {
+    return agent.Metric("tophat_cloud_target_up",
+                        absl::StrCat("cloud=\"", target, "#", slot, "\"")) == 1;
+  };
+  // One stream to each address: each cloud has the agent's stream.
+  REQUIRE(testing::WaitUntil([&] { return slot_up(0) && slot_up(1); }, 30s));
+  for (auto& cloud : clouds) {
+    REQUIRE(testing::WaitUntil([&] { return cloud->Metric("tophat_streams_connected") == 1; },
+                               30s));
+  }
+  const std::vector<std::string> sentences = ToyPrompts(43, 8);
+  // Requests two at a time, so that both clouds' queues are seen busy, until each cloud
+  // admitted some; each answer is the monolithic model's greedy output.
+  const auto serve_until_each_admits = [&](const std::vector<CloudProcess*>& targets) {
+    return testing::WaitUntil(
+        [&] {
+          std::vector<std::future<bool>> runs;
+          for (int lane = 0; lane < 2; ++lane) {
+            runs.push_back(std::async(std::launch::async, [&, lane] {
+              const std::vector<int32_t> prompt = Tokenize(sentences[lane]);
+              auto result = agent.client().Generate(IdsRequest(prompt, 8));
+              return result.ok() && result->ok() &&
+                     Tokens(*result) == Reference(prompt, 8, /*stop_at_eos=*/false);
+            }));
+          }
+          bool all_right = true;
+          for (auto& run : runs) all_right = run.get() && all_right;
+          REQUIRE(all_right);
+          for (CloudProcess* cloud : targets) {
+            if (cloud->Metric("tophat_sessions_admitted_total") < 1) return false;
+          }
+          return true;
+        },
+        60s);
+  };
+  CHECK(serve_until_each_admits({clouds[0].get(), clouds[1].get()}));
+
+  // The cloud at 127.0.0.2 dies, and comes back at 127.0.0.3: the name now says so.
+  clouds[1]->process().Signal(SIGKILL);
+  clouds[1]->process().Wait(10s);
+  name_resolves_to({"127.0.0.1", "127.0.0.3"});
+  CloudProcess moved(dir.path(), CloudSettings{.listen_host = "127.0.0.3"}, port);
+  // The slot that lost its cloud resolves the name again and dials the new address.
+  REQUIRE(testing::WaitUntil([&] { return moved.Metric("tophat_streams_connected") == 1; }, 30s));
+  CHECK(testing::WaitUntil([&] { return slot_up(0) && slot_up(1); }, 30s));
+  CHECK(serve_until_each_admits({&moved}));
+  CHECK(clouds[0]->Metric("tophat_streams_connected") == 1);
+  // Its log says where it went.
+  CHECK_THAT(agent.process().Log(), Catch::Contains("dialling 127.0.0.3:" + std::to_string(port)));
 }
 
 TEST_CASE("A request whose app goes away while it waits for a cloud is cancelled at once, "
