@@ -1,6 +1,7 @@
 #include "cli/simulate_command.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include <CLI/CLI.hpp>
@@ -34,73 +35,204 @@ double Percent(double simulated, double measured) {
   return measured > 0 ? 100 * (simulated - measured) / measured : 0;
 }
 
+// One recorded run to replay, with what was measured.
+struct ReplayCell {
+  const sim::RecordedAblation* recorded = nullptr;
+  const sim::RecordedRun* run = nullptr;
+  LatencySummary ttft;  // measured
+  LatencySummary tbt;   // measured, each request's mean TBT
+  bool held_out = false;  // a validation cell, not used by --calibrate's fit
+};
+
+// The simulation of one recorded run: its own requests, devices, links, delay, chunk size and
+// the cloud's own step curve (unless the command line gave step times), on `device`'s compute.
+absl::StatusOr<sim::SimResult> SimulateCell(const SimulateArgs& args, bool steps_given,
+                                            const ReplayCell& cell,
+                                            const sim::DeviceProfile& device) {
+  const sim::RecordedAblation& recorded = *cell.recorded;
+  const sim::RecordedRun& run = *cell.run;
+  sim::SimConfig c = args.config;
+  c.device = device;
+  if (const auto curve = recorded.step_curves.find(run.config);
+      !steps_given && curve != recorded.step_curves.end() && !curve->second.empty()) {
+    c.cloud.step_time = curve->second;
+  }
+  c.devices = static_cast<int64_t>(recorded.links.size());
+  c.device_links = recorded.links;
+  c.device.one_way_delay_s = recorded.one_way_delay_s;
+  c.bytes_per_token = recorded.bytes_per_token;
+  c.replay = run.requests;
+  if (run.chunk_size > 0) c.prompt_chunk = run.chunk_size;
+  c.duration_s = 1;
+  for (const sim::ReplayRequest& r : run.requests) c.duration_s = std::max(c.duration_s, r.arrival_s + 1);
+  return sim::Simulate(c);
+}
+
+// How far a simulation is from its cell: the mean |ln(sim / real)| over the p50 and p90 of
+// TTFT and of each request's mean TBT (a symmetric relative error).
+double CellError(const ReplayCell& cell, const sim::SimResult& simulated) {
+  double sum = 0;
+  int n = 0;
+  for (const auto& [real, sim] : {std::pair{cell.ttft.p50, simulated.ttft_s.p50},
+                                  std::pair{cell.ttft.p90, simulated.ttft_s.p90},
+                                  std::pair{cell.tbt.p50, simulated.request_tbt_s.p50},
+                                  std::pair{cell.tbt.p90, simulated.request_tbt_s.p90}}) {
+    if (real <= 0 || sim <= 0) return 1e9;
+    sum += std::abs(std::log(sim / real));
+    ++n;
+  }
+  return sum / n;
+}
+
+// --calibrate: the device's compute times that best fit the cells not held out. Two numbers
+// are fitted, by a grid over four decades each: the device's seconds per prompt position
+// (input and output submodels, split evenly) and per decode token (the same). Everything else
+// is measured in the report (links, delay, the cloud's step curve, each request's chunk).
+sim::DeviceProfile Calibrate(const SimulateArgs& args, bool steps_given,
+                             const std::vector<ReplayCell>& cells, double* best_error) {
+  sim::DeviceProfile best = args.config.device;
+  *best_error = 1e18;
+  constexpr int kSteps = 33;  // 8 per decade, over 4 decades
+  for (int i = 0; i < kSteps; ++i) {
+    const double prompt_s = 1e-5 * std::pow(10.0, i / 8.0);  // 0.01 ms ... 100 ms
+    for (int j = 0; j < kSteps; ++j) {
+      const double decode_s = 1e-4 * std::pow(10.0, j / 8.0);  // 0.1 ms ... 1 s
+      sim::DeviceProfile device = args.config.device;
+      device.input_seconds_per_token = device.output_seconds_per_token = prompt_s / 2;
+      device.input_decode_seconds = device.output_decode_seconds = decode_s / 2;
+      double error = 0;
+      int used = 0;
+      for (const ReplayCell& cell : cells) {
+        if (cell.held_out) continue;
+        auto simulated = SimulateCell(args, steps_given, cell, device);
+        error += simulated.ok() ? CellError(cell, *simulated) : 1e9;
+        ++used;
+      }
+      error /= std::max(1, used);
+      if (error < *best_error) {
+        *best_error = error;
+        best = device;
+      }
+    }
+  }
+  return best;
+}
+
 // --replay: each recorded run of the chosen configuration, simulated with its own requests.
 int RunReplay(const SimulateArgs& args, bool steps_given) {
-  auto recorded = sim::LoadAblationReport(args.replay);
-  if (!recorded.ok()) {
-    std::fprintf(stderr, "tophat simulate: --replay: %s\n",
-                 std::string(recorded.status().message()).c_str());
-    return 2;
-  }
-  std::printf("replaying %s against this simulation (error: simulated vs measured); cloud "
-              "step times: %s\n",
-              args.replay.c_str(),
-              steps_given ? "from the command line"
-              : recorded->step_curves.empty()
-                  ? "the built-in H200 profile (the report has no curve of its cloud's)"
-                  : "the cloud's own curve from the report");
-  std::printf("%-12s %-10s %5s %4s | %-23s | %-23s | %-23s | %-23s\n", "config", "dataset",
-              "req/s", "dev", "TTFT p50 ms real/sim", "TTFT p90 ms real/sim",
-              "TBT p50 ms real/sim", "TBT p90 ms real/sim");
-  nlohmann::json cells = nlohmann::json::array();
-  std::string config_name = args.replay_config;
-  for (const sim::RecordedRun& run : recorded->runs) {
-    if (config_name.empty()) config_name = run.config;
-    if (run.config != config_name || run.requests.empty()) continue;
-    sim::SimConfig c = args.config;
-    // The cloud's own curve from the run, unless the command line gave step times.
-    if (const auto curve = recorded->step_curves.find(run.config);
-        !steps_given && curve != recorded->step_curves.end() && !curve->second.empty()) {
-      c.cloud.step_time = curve->second;
-    }
-    c.devices = static_cast<int64_t>(recorded->links.size());
-    c.device_links = recorded->links;
-    c.device.one_way_delay_s = recorded->one_way_delay_s;
-    c.bytes_per_token = recorded->bytes_per_token;
-    c.replay = run.requests;
-    if (run.chunk_size > 0) c.prompt_chunk = run.chunk_size;
-    c.duration_s = 1;
-    for (const sim::ReplayRequest& r : run.requests) c.duration_s = std::max(c.duration_s, r.arrival_s + 1);
-    auto simulated = sim::Simulate(c);
-    if (!simulated.ok()) {
-      std::fprintf(stderr, "tophat simulate: %s\n", std::string(simulated.status().message()).c_str());
+  std::vector<sim::RecordedAblation> reports;
+  const std::vector<std::string> paths = absl::StrSplit(args.replay, ',', absl::SkipEmpty());
+  for (const std::string& path : paths) {
+    auto recorded = sim::LoadAblationReport(path);
+    if (!recorded.ok()) {
+      std::fprintf(stderr, "tophat simulate: --replay: %s\n",
+                   std::string(recorded.status().message()).c_str());
       return 2;
     }
-    const LatencySummary ttft = Summarize(run.ttft_s);
-    const LatencySummary tbt = Summarize(run.mean_tbt_s);
-    const LatencySummary& sim_ttft = simulated->ttft_s;
-    const LatencySummary& sim_tbt = simulated->request_tbt_s;
-    const auto cell = [](double real, double sim) {
-      return absl::StrFormat("%7.1f/%7.1f %+5.0f%%", 1e3 * real, 1e3 * sim, Percent(sim, real));
-    };
-    std::printf("%-12s %-10s %5.2f %4lld | %s | %s | %s | %s\n", run.config.c_str(),
-                run.dataset.c_str(), run.rate, static_cast<long long>(c.devices),
-                cell(ttft.p50, sim_ttft.p50).c_str(), cell(ttft.p90, sim_ttft.p90).c_str(),
-                cell(tbt.p50, sim_tbt.p50).c_str(), cell(tbt.p90, sim_tbt.p90).c_str());
-    cells.push_back({{"config", run.config}, {"dataset", run.dataset}, {"rate", run.rate},
-                     {"devices", c.devices}, {"requests", run.requests.size()},
-                     {"measured", {{"ttft_s", bench::LatencyJson(ttft)},
-                                   {"request_tbt_s", bench::LatencyJson(tbt)}}},
-                     {"simulated", {{"ttft_s", bench::LatencyJson(sim_ttft)},
-                                    {"request_tbt_s", bench::LatencyJson(sim_tbt)}}}});
+    reports.push_back(*std::move(recorded));
+  }
+  std::vector<ReplayCell> cells;
+  std::string config_name = args.replay_config;
+  double highest_rate = 0;
+  for (const sim::RecordedAblation& recorded : reports) {
+    for (const sim::RecordedRun& run : recorded.runs) {
+      if (config_name.empty()) config_name = run.config;
+      if (run.config != config_name || run.requests.empty()) continue;
+      cells.push_back({.recorded = &recorded, .run = &run, .ttft = Summarize(run.ttft_s),
+                       .tbt = Summarize(run.mean_tbt_s)});
+      highest_rate = std::max(highest_rate, run.rate);
+    }
   }
   if (cells.empty()) {
     std::fprintf(stderr, "tophat simulate: --replay: %s has no runs of configuration '%s'\n",
                  args.replay.c_str(), config_name.c_str());
     return 2;
   }
-  const nlohmann::json report = {{"benchmark", "simulate_replay"}, {"report", args.replay},
-                                 {"cells", cells}};
+  sim::DeviceProfile device = args.config.device;
+  nlohmann::json calibration = nullptr;
+  if (args.calibrate) {
+    const double hold_out = args.hold_out_rate < 0 ? highest_rate : args.hold_out_rate;
+    int fitted_on = 0;
+    for (ReplayCell& cell : cells) {
+      cell.held_out = std::abs(cell.run->rate - hold_out) < 1e-9;
+      fitted_on += cell.held_out ? 0 : 1;
+    }
+    if (fitted_on == 0) {
+      std::fprintf(stderr, "tophat simulate: --calibrate: every run is at %g req/s, the rate "
+                   "held out; give --hold-out-rate another (or 0 for none)\n", hold_out);
+      return 2;
+    }
+    double error = 0;
+    device = Calibrate(args, steps_given, cells, &error);
+    const double prompt_ms = 1e3 * (device.input_seconds_per_token + device.output_seconds_per_token);
+    const double decode_ms = 1e3 * (device.input_decode_seconds + device.output_decode_seconds);
+    std::printf("calibrated on %d run(s) (held out: those at %g req/s): the device takes %.3f ms "
+                "per prompt position and %.3f ms per decode token (input and output submodels "
+                "together); mean |ln(sim/real)| %.3f\n",
+                fitted_on, hold_out, prompt_ms, decode_ms, error);
+    calibration = {{"fitted_runs", fitted_on},
+                   {"held_out_rate", hold_out},
+                   {"device_ms_per_prompt_position", prompt_ms},
+                   {"device_ms_per_decode_token", decode_ms},
+                   {"mean_abs_log_error", error}};
+  }
+  std::printf("replaying %s against this simulation (error: simulated vs measured); cloud "
+              "step times: %s\n",
+              args.replay.c_str(),
+              steps_given ? "from the command line"
+              : reports.front().step_curves.empty()
+                  ? "the built-in H200 profile (the report has no curve of its cloud's)"
+                  : "the cloud's own curve from the report");
+  std::printf("%-12s %-10s %5s %4s %-8s | %-23s | %-23s | %-23s | %-23s\n", "config", "dataset",
+              "req/s", "dev", "use", "TTFT p50 ms real/sim", "TTFT p90 ms real/sim",
+              "TBT p50 ms real/sim", "TBT p90 ms real/sim");
+  nlohmann::json out = nlohmann::json::array();
+  // Cells within 10% of the measured value, of all, for fitted and held-out runs.
+  int within[2] = {0, 0};
+  int counted[2] = {0, 0};
+  for (const ReplayCell& cell : cells) {
+    const sim::RecordedRun& run = *cell.run;
+    auto simulated = SimulateCell(args, steps_given, cell, device);
+    if (!simulated.ok()) {
+      std::fprintf(stderr, "tophat simulate: %s\n", std::string(simulated.status().message()).c_str());
+      return 2;
+    }
+    const LatencySummary& sim_ttft = simulated->ttft_s;
+    const LatencySummary& sim_tbt = simulated->request_tbt_s;
+    for (const auto& [real, sim] : {std::pair{cell.ttft.p50, sim_ttft.p50},
+                                    std::pair{cell.ttft.p90, sim_ttft.p90},
+                                    std::pair{cell.tbt.p50, sim_tbt.p50},
+                                    std::pair{cell.tbt.p90, sim_tbt.p90}}) {
+      within[cell.held_out] += std::abs(Percent(sim, real)) <= 10 ? 1 : 0;
+      ++counted[cell.held_out];
+    }
+    const auto show = [](double real, double sim) {
+      return absl::StrFormat("%7.1f/%7.1f %+5.0f%%", 1e3 * real, 1e3 * sim, Percent(sim, real));
+    };
+    const char* use = !args.calibrate ? "-" : cell.held_out ? "held out" : "fitted";
+    std::printf("%-12s %-10s %5.2f %4zu %-8s | %s | %s | %s | %s\n", run.config.c_str(),
+                run.dataset.c_str(), run.rate, cell.recorded->links.size(), use,
+                show(cell.ttft.p50, sim_ttft.p50).c_str(), show(cell.ttft.p90, sim_ttft.p90).c_str(),
+                show(cell.tbt.p50, sim_tbt.p50).c_str(), show(cell.tbt.p90, sim_tbt.p90).c_str());
+    out.push_back({{"config", run.config}, {"dataset", run.dataset}, {"rate", run.rate},
+                   {"devices", cell.recorded->links.size()}, {"requests", run.requests.size()},
+                   {"held_out", cell.held_out},
+                   {"measured", {{"ttft_s", bench::LatencyJson(cell.ttft)},
+                                 {"request_tbt_s", bench::LatencyJson(cell.tbt)}}},
+                   {"simulated", {{"ttft_s", bench::LatencyJson(sim_ttft)},
+                                  {"request_tbt_s", bench::LatencyJson(sim_tbt)}}}});
+  }
+  std::printf("within 10%%: %d of %d percentiles%s", within[0], counted[0],
+              args.calibrate ? " of the fitted runs" : "");
+  if (counted[1] > 0) std::printf(", %d of %d of the held-out runs", within[1], counted[1]);
+  std::printf("\n");
+  const nlohmann::json report = {{"benchmark", "simulate_replay"},
+                                 {"report", args.replay},
+                                 {"calibration", calibration},
+                                 {"within_10_percent",
+                                  {{"fitted", within[0]}, {"fitted_of", counted[0]},
+                                   {"held_out", within[1]}, {"held_out_of", counted[1]}}},
+                                 {"cells", out}};
   return ReportOrFail(report, args.json_path);
 }
 
@@ -175,10 +307,15 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
                   "an agent serving several apps)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--replay", args.replay,
-                  "Replay the runs of a `tophat bench --ablation` JSON report (its requests, "
-                  "devices, links and chunk size) and compare the simulated TTFT and TBT with "
-                  "the measured ones")
-      ->check(CLI::ExistingFile);
+                  "Replay the runs of `tophat bench --ablation` JSON reports (comma-separated; "
+                  "their requests, devices, links and chunk sizes) and compare the simulated "
+                  "TTFT and TBT with the measured ones");
+  cmd->add_flag("--calibrate", args.calibrate,
+                "With --replay: first fit the device's compute times (per prompt position, per "
+                "decode token) to the runs not held out, then replay all with them");
+  cmd->add_option("--hold-out-rate", args.hold_out_rate,
+                  "With --calibrate: the runs at this request rate are validation, left out of "
+                  "the fit (default: the highest rate; 0: none)");
   cmd->add_option("--replay-config", args.replay_config,
                   "The report's configuration to replay (default: its first)");
   cmd->add_option("--seed", c.seed)->capture_default_str();

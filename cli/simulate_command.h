@@ -27,7 +27,9 @@ struct SimulateArgs {
   double output_ms_per_token = 0.5;
   double output_decode_ms = 4;
   std::string json_path;
-  std::string replay;         // a tophat bench --ablation JSON report
+  std::string replay;         // tophat bench --ablation JSON reports, comma-separated
+  bool calibrate = false;     // fit the device's compute times to the runs first
+  double hold_out_rate = -1;  // runs at this rate are validation (-1: the highest; 0: none)
   std::string replay_config;  // its configuration to replay (default: its first)
 };
 

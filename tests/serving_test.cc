@@ -112,6 +112,14 @@ std::vector<int> CloudStages() {
   return boundaries;
 }
 
+// What this test process makes once and shares between its cases (certificates, bundles):
+// a directory of its own, removed when the process exits. A fixed name (by pid) would let a
+// later process with the same pid take a stale copy.
+const fs::path& RunDir() {
+  static const testing::TempDir dir;
+  return dir.path();
+}
+
 // The name the DNS-name case gives its clouds (in a hosts file of its own).
 constexpr char kCloudsDnsName[] = "clouds.tophat.test";
 
@@ -119,7 +127,7 @@ constexpr char kCloudsDnsName[] = "clouds.tophat.test";
 // device-1 and device-2. The daemons run over mutual TLS, as deployed.
 const fs::path& Certs() {
   static const fs::path dir = [] {
-    fs::path out = fs::temp_directory_path() / ("tophat-serving-certs-" + std::to_string(getpid()));
+    fs::path out = RunDir() / "certs";
     const std::string script = MakeCertsScript().string();
     // The cloud's certificate also names the DNS name the DNS-name case resolves.
     REQUIRE(std::system(("TOPHAT_CLOUD_NAMES=DNS:" + std::string(kCloudsDnsName) + " bash " +
@@ -147,7 +155,7 @@ std::shared_ptr<grpc::ChannelCredentials> DeviceCredentials(const std::string& d
 // cloud = layers [2, 5).
 const fs::path& Bundles() {
   static const fs::path dir = [] {
-    fs::path out = fs::temp_directory_path() / ("tophat-serving-bundles-" + std::to_string(getpid()));
+    fs::path out = RunDir() / "bundles";
     auto split = SplitCheckpoint({.model_dir = ToyDir(), .input_layers = 2, .output_layers = 1,
                                   .out_dir = out});
     REQUIRE(split.ok());
@@ -413,12 +421,14 @@ class AgentProcess {
     REQUIRE(client.ok());
     client_ = std::move(*client);
     // Ready once its cloud stream is up.
-    REQUIRE(testing::WaitUntil(
+    const bool connected = testing::WaitUntil(
         [&] {
           auto health = client_->Health();
           return health.ok() && health->cloud_connected();
         },
-        30s));
+        30s);
+    INFO("the agent's log as it is:\n" << process_->Log());
+    REQUIRE(connected);
   }
 
   Client& client() { return *client_; }
