@@ -3,7 +3,7 @@
 # clouds (the built-in H200 profile), in under a minute of one core, every request finished;
 # then the replay of a recorded run (a small report in the shape `tophat bench --ablation`
 # writes) prints the measured and simulated percentiles side by side; a refused
-# configuration names its flag.
+# configuration names its flag; --calibrate finds the device times a run was made with.
 #   simulate_test.sh TOPHAT_BIN WORK_DIR PYTHON
 set -euo pipefail
 bin="$1"; work="$2"; python="$3"
@@ -62,4 +62,59 @@ assert cell["measured"]["ttft_s"]["p50"] == 0.2, cell
 # more than the 40 ms the links alone need, less than a second.
 assert 0.04 < cell["simulated"]["ttft_s"]["p50"] < 1, cell
 print(f"replayed: TTFT measured 200 ms, simulated {1e3 * cell['simulated']['ttft_s']['p50']:.0f} ms")
+PY
+# Calibration recovers the device's compute times that made a run: two runs (a short and a
+# long prompt) are simulated with known times (1 ms a prompt position, 3.162 ms a decode
+# token, both on the fit's grid), their simulated TTFT and TBT are written as if measured,
+# and --calibrate must find those times again, with the replay then exact.
+"$python" - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+def report(requests):
+    return {"output_tokens": 8,
+            "links": {"one_way_delay_s": 0.01, "bytes_per_token": 768,
+                      "devices": [{"uplink_bytes_per_second": 5e5,
+                                   "downlink_bytes_per_second": 1e6}]},
+            "runs": [{"config": "+chunk", "dataset": "specbench", "rate": rate,
+                      "chunk_size_by_device": [16.0],
+                      "per_request": [{"ok": True, "arrival_s": 0.5, "device": 0,
+                                       "prompt_tokens": prompt, "generated_tokens": 8,
+                                       "ttft_s": ttft, "mean_tbt_s": tbt}]}
+                     for rate, prompt, ttft, tbt in requests]}
+json.dump(report([(1.0, 40, 0.2, 0.03), (2.0, 400, 0.2, 0.03)]), open(f"{work}/known.json", "w"))
+PY
+"$bin" simulate --replay "$work/known.json" --step-time 1:1 --step-time 512:20 \
+  --input-ms-per-token 0.5 --output-ms-per-token 0.5 --input-decode-ms 1.5811 \
+  --output-decode-ms 1.5811 --json "$work/known-replay.json" >/dev/null
+"$python" - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+known = json.load(open(f"{work}/known.json"))
+replayed = json.load(open(f"{work}/known-replay.json"))
+for run, cell in zip(known["runs"], replayed["cells"]):
+    run["per_request"][0]["ttft_s"] = cell["simulated"]["ttft_s"]["p50"]
+    run["per_request"][0]["mean_tbt_s"] = cell["simulated"]["request_tbt_s"]["p50"]
+json.dump(known, open(f"{work}/measured.json", "w"))
+PY
+"$bin" simulate --replay "$work/measured.json" --step-time 1:1 --step-time 512:20 --calibrate \
+  --hold-out-rate 0 --json "$work/calibrated.json" >"$work/calibrated.log"
+"$python" - "$work/calibrated.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+fit = r["calibration"]
+problems = []
+if abs(fit["device_ms_per_prompt_position"] - 1.0) > 1e-3:
+    problems.append(f"fitted {fit['device_ms_per_prompt_position']} ms a prompt position, made with 1")
+if abs(fit["device_ms_per_decode_token"] - 3.162) > 1e-2:
+    problems.append(f"fitted {fit['device_ms_per_decode_token']} ms a decode token, made with 3.162")
+# Not 0: the run was made with 1.5811 ms, the grid's point is 1.58114 ms.
+if fit["mean_abs_log_error"] > 1e-4:
+    problems.append(f"error {fit['mean_abs_log_error']} at the fit")
+if r["within_10_percent"]["fitted"] != r["within_10_percent"]["fitted_of"]:
+    problems.append(f"within 10%: {r['within_10_percent']}")
+if problems:
+    print("tophat simulate --calibrate:", *problems, sep="\n  ")
+    sys.exit(1)
+print(f"calibrated: {fit['device_ms_per_prompt_position']:.3f} ms a prompt position, "
+      f"{fit['device_ms_per_decode_token']:.3f} ms a decode token (made with 1 and 3.162)")
 PY
