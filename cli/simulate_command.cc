@@ -166,10 +166,12 @@ int RunReplay(const SimulateArgs& args, bool steps_given) {
     device = Calibrate(args, steps_given, cells, &error);
     const double prompt_ms = 1e3 * (device.input_seconds_per_token + device.output_seconds_per_token);
     const double decode_ms = 1e3 * (device.input_decode_seconds + device.output_decode_seconds);
-    std::printf("calibrated on %d run(s) (held out: those at %g req/s): the device takes %.3f ms "
-                "per prompt position and %.3f ms per decode token (input and output submodels "
-                "together); mean |ln(sim/real)| %.3f\n",
-                fitted_on, hold_out, prompt_ms, decode_ms, error);
+    const std::string held_out =
+        hold_out > 0 ? absl::StrFormat("held out: those at %g req/s", hold_out) : "none held out";
+    std::printf("calibrated on %d run(s) (%s): the device takes %.3f ms per prompt position and "
+                "%.3f ms per decode token (input and output submodels together); mean "
+                "|ln(sim/real)| %.3f\n",
+                fitted_on, held_out.c_str(), prompt_ms, decode_ms, error);
     calibration = {{"fitted_runs", fitted_on},
                    {"held_out_rate", hold_out},
                    {"device_ms_per_prompt_position", prompt_ms},
