@@ -1,6 +1,7 @@
 // SLA-compliance CDF plots as PNG files, for `tophat bench --ablation`: x is an SLA bound in
 // milliseconds, y is the share of requests that meet it (the empirical CDF), one step line per
-// benchmark configuration. Drawn with cairo (anti-aliased; text in DejaVu Sans through
+// benchmark configuration. And line plots of a quantity against a scale (x logarithmic), for
+// `tophat simulate --sweep-devices`. Drawn with cairo (anti-aliased; text in DejaVu Sans through
 // fontconfig, from fonts-dejavu-core, or whatever sans-serif face fontconfig offers instead).
 #pragma once
 
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -47,5 +49,26 @@ Rgb CdfSeriesColor(size_t index);
 // message names the panel title and series label); UnavailableError naming `path` when the file
 // cannot be written.
 absl::Status WriteCdfPlotPng(const std::filesystem::path& path, std::span<const CdfPanel> panels);
+
+// A line through each series' points (sorted by x) against a logarithmic x axis, with a
+// marker at every point; y linear from 0, or logarithmic.
+struct LineSeries {
+  std::string label;
+  std::vector<std::pair<double, double>> points;  // (x, y), x > 0 (and y > 0 with log_y)
+};
+
+struct LinePanel {
+  std::string title;
+  std::string x_label;
+  std::string y_label;
+  bool log_y = false;
+  std::vector<LineSeries> series;
+};
+
+// Writes the panels side by side into one RGB PNG at `path` (each kCdfPanelWidth x
+// kCdfPanelHeight, series coloured as CdfSeriesColor). InvalidArgumentError naming the panel
+// and series when there are no panels, or a point is not finite or not positive where its axis
+// is logarithmic; UnavailableError naming `path` when the file cannot be written.
+absl::Status WriteLinePlotPng(const std::filesystem::path& path, std::span<const LinePanel> panels);
 
 }  // namespace tophat::bench

@@ -271,5 +271,57 @@ TEST_CASE("WriteCdfPlotPng reports bad input and unwritable paths") {
   CHECK(status.message().find("/nonexistent-dir/x.png") != std::string::npos);
 }
 
+TEST_CASE("WriteLinePlotPng puts each point where its logarithmic x and its y say") {
+  const std::filesystem::path path = TempPngPath("line_plot_test");
+  // x at three decades: the first at the plot's left edge, the second in its middle, the third
+  // at its right edge; y 1, 2, 3 on an axis from 0 to 3.
+  const std::vector<LinePanel> panels = {
+      {"TBT by devices", "devices", "ms", false, {{"p50", {{1000, 3}, {10, 1}, {100, 2}}}}},
+      {"TTFT by devices", "devices", "s", true, {{"p90", {{10, 1}, {1000, 100}}}}}};
+  REQUIRE(WriteLinePlotPng(path, panels).ok());
+  const Image image(path);
+  CHECK(image.width() == 2 * kCdfPanelWidth);
+  // The plot area: x from 66 to 540 (474 px), y from 44 to 340 (296 px). (Its left edge is
+  // not found as in the CDF tests: the markers on it break the axis' run of dark pixels.)
+  const int axis = 66;
+  const ColorPixels line = FindColor(image, CdfSeriesColor(0), 0, kCdfPanelWidth);
+  INFO("axis " << axis << ", line x " << line.left << ".." << line.right << ", y " << line.top
+               << ".." << line.bottom);
+  CHECK(std::abs(line.left - axis) <= 6);        // the marker at x = 10, radius 3.5
+  CHECK(std::abs(line.right - (axis + 474)) <= 6);  // x = 1000
+  // y = 3 at the top of the area, y = 1 a third of the way up from its bottom (340).
+  CHECK(std::abs(line.top - 44) <= 6);
+  CHECK(std::abs(line.bottom - (340 - 296 / 3)) <= 6);
+  // The middle point (x = 100, y = 2): the series' colour there, two thirds up.
+  bool middle = false;
+  for (int dx = -3; dx <= 3; ++dx) {
+    for (int dy = -3; dy <= 3; ++dy) {
+      middle = middle || Near(image.At(axis + 237 + dx, 340 - 2 * 296 / 3 + dy), CdfSeriesColor(0));
+    }
+  }
+  CHECK(middle);
+  // The log-y panel: 1 at the bottom, 100 at the top (decades 0 to 2).
+  const ColorPixels logged = FindColor(image, CdfSeriesColor(0), kCdfPanelWidth, 2 * kCdfPanelWidth);
+  CHECK(std::abs(logged.top - 44) <= 6);
+  CHECK(std::abs(logged.bottom - 340) <= 6);
+}
+
+TEST_CASE("WriteLinePlotPng refuses points a logarithmic axis cannot show, by panel and series") {
+  const std::filesystem::path path = TempPngPath("line_plot_error_test");
+  CHECK(WriteLinePlotPng(path, {}).code() == absl::StatusCode::kInvalidArgument);
+  const std::vector<LinePanel> zero_x = {{"By devices", "devices", "s", false,
+                                          {{"p50", {{0, 1}}}}}};
+  absl::Status status = WriteLinePlotPng(path, zero_x);
+  INFO(status.ToString());
+  CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(status.message().find("By devices") != std::string::npos);
+  CHECK(status.message().find("p50") != std::string::npos);
+  const std::vector<LinePanel> zero_log_y = {{"TTFT", "devices", "s", true, {{"p90", {{10, 0}}}}}};
+  CHECK(WriteLinePlotPng(path, zero_log_y).code() == absl::StatusCode::kInvalidArgument);
+  const std::vector<LinePanel> zero_linear_y = {{"TBT", "devices", "ms", false,
+                                                 {{"p90", {{10, 0}}}}}};
+  CHECK(WriteLinePlotPng(path, zero_linear_y).ok());
+}
+
 }  // namespace
 }  // namespace tophat::bench

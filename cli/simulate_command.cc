@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
+#include "bench/cdf_plot.h"
 #include "bench/workload_runner.h"
 
 namespace tophat::cli {
@@ -238,6 +239,70 @@ int RunReplay(const SimulateArgs& args, bool steps_given) {
   return ReportOrFail(report, args.json_path);
 }
 
+// --sweep-devices: the same fleet at each size, one table row and one point of the plot each.
+int RunSweep(const SimulateArgs& args, const std::string& step_source) {
+  std::printf("tophat simulate: %lld cloud(s), %.0f s of arrivals at %.2f/min per device, %s "
+              "prompts, %lld output tokens; cloud step times: %s\n",
+              static_cast<long long>(args.config.clouds), args.config.duration_s,
+              args.rate_per_minute, args.config.workload.prompts.c_str(),
+              static_cast<long long>(args.config.workload.output_tokens), step_source.c_str());
+  std::printf("%8s | %10s | %10s | %10s | %10s | %9s | %17s\n", "devices", "TTFT p50 s",
+              "TTFT p90 s", "TBT p50 ms", "TBT p90 ms", "busiest", "finished/arrived");
+  nlohmann::json rows = nlohmann::json::array();
+  bench::LinePanel ttft{"TTFT by fleet size", "devices", "TTFT (s)", /*log_y=*/true,
+                        {{"p50", {}}, {"p90", {}}}};
+  bench::LinePanel tbt{"TBT by fleet size", "devices", "TBT (ms)", /*log_y=*/false,
+                       {{"p50", {}}, {"p90", {}}}};
+  for (const int64_t devices : args.sweep_devices) {
+    sim::SimConfig c = args.config;
+    c.devices = devices;
+    auto result = sim::Simulate(c);
+    if (!result.ok()) {
+      std::fprintf(stderr, "tophat simulate: %lld devices: %s\n", static_cast<long long>(devices),
+                   std::string(result.status().message()).c_str());
+      return 2;
+    }
+    const sim::SimResult& r = *result;
+    double busiest = 0;
+    for (const sim::CloudStats& cloud : r.clouds) {
+      busiest = std::max(busiest, r.simulated_seconds > 0 ? cloud.busy_seconds / r.simulated_seconds : 0);
+    }
+    std::printf("%8lld | %10.2f | %10.2f | %10.1f | %10.1f | %8.0f%% | %8lld/%-8lld\n",
+                static_cast<long long>(devices), r.ttft_s.p50, r.ttft_s.p90, 1e3 * r.tbt_s.p50,
+                1e3 * r.tbt_s.p90, 100 * busiest, static_cast<long long>(r.requests_finished),
+                static_cast<long long>(r.requests_arrived));
+    const double n = static_cast<double>(devices);
+    if (r.requests_finished > 0) {
+      ttft.series[0].points.push_back({n, r.ttft_s.p50});
+      ttft.series[1].points.push_back({n, r.ttft_s.p90});
+      tbt.series[0].points.push_back({n, 1e3 * r.tbt_s.p50});
+      tbt.series[1].points.push_back({n, 1e3 * r.tbt_s.p90});
+    }
+    rows.push_back({{"devices", devices},
+                    {"ttft_s", bench::LatencyJson(r.ttft_s)},
+                    {"tbt_s", bench::LatencyJson(r.tbt_s)},
+                    {"busiest_cloud_busy_fraction", busiest},
+                    {"requests", {{"arrived", r.requests_arrived},
+                                  {"finished", r.requests_finished}}}});
+  }
+  if (!args.plot_path.empty()) {
+    const std::vector<bench::LinePanel> panels = {ttft, tbt};
+    if (absl::Status s = bench::WriteLinePlotPng(args.plot_path, panels); !s.ok()) {
+      std::fprintf(stderr, "tophat simulate: --plot: %s\n", std::string(s.message()).c_str());
+      return 1;
+    }
+    std::printf("plot: %s\n", args.plot_path.c_str());
+  }
+  const nlohmann::json report = {{"benchmark", "simulate_sweep"},
+                                 {"clouds", args.config.clouds},
+                                 {"duration_s", args.config.duration_s},
+                                 {"rate_per_minute", args.rate_per_minute},
+                                 {"prompts", args.config.workload.prompts},
+                                 {"step_time_source", step_source},
+                                 {"sweep", rows}};
+  return ReportOrFail(report, args.json_path);
+}
+
 }  // namespace
 
 CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
@@ -320,6 +385,11 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
                   "the fit (default: the highest rate; 0: none)");
   cmd->add_option("--replay-config", args.replay_config,
                   "The report's configuration to replay (default: its first)");
+  cmd->add_option("--sweep-devices", args.sweep_devices,
+                  "Simulate the fleet at each of these sizes (comma-separated) instead of "
+                  "--devices: a row each, and with --plot, TTFT and TBT against the size")
+      ->delimiter(',')->check(CLI::PositiveNumber);
+  cmd->add_option("--plot", args.plot_path, "With --sweep-devices: write the plot here (PNG)");
   cmd->add_option("--seed", c.seed)->capture_default_str();
   cmd->add_option("--json", args.json_path, "Also write the JSON report here");
   return cmd;
@@ -371,6 +441,7 @@ int RunSimulate(SimulateArgs args) {
   if (!args.replay.empty()) {
     return RunReplay(args, !args.step_profile.empty() || !args.step_points.empty());
   }
+  if (!args.sweep_devices.empty()) return RunSweep(args, step_source);
 
   const auto t0 = std::chrono::steady_clock::now();
   auto result = sim::Simulate(c);

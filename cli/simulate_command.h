@@ -2,6 +2,7 @@
 // printing latency percentiles and each cloud's load as a table and JSON.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,8 @@ struct SimulateArgs {
   std::string replay;         // tophat bench --ablation JSON reports, comma-separated
   bool calibrate = false;     // fit the device's compute times to the runs first
   double hold_out_rate = -1;  // runs at this rate are validation (-1: the highest; 0: none)
+  std::vector<int64_t> sweep_devices;  // simulate at each fleet size instead of config.devices
+  std::string plot_path;               // with sweep_devices: TTFT and TBT against the size
   std::string replay_config;  // its configuration to replay (default: its first)
 };
 

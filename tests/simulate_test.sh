@@ -118,3 +118,18 @@ if problems:
 print(f"calibrated: {fit['device_ms_per_prompt_position']:.3f} ms a prompt position, "
       f"{fit['device_ms_per_decode_token']:.3f} ms a decode token (made with 1 and 3.162)")
 PY
+# A sweep over fleet sizes: a row each and the plot.
+"$bin" simulate --sweep-devices 10,40 --duration-s 30 --plot "$work/sweep.png" \
+  --json "$work/sweep.json" >"$work/sweep.log"
+"$python" - "$work/sweep.json" "$work/sweep.png" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+rows = r["sweep"]
+assert [row["devices"] for row in rows] == [10, 40], rows
+for row in rows:
+    assert row["requests"]["finished"] == row["requests"]["arrived"] > 0, row
+    assert 0 < row["ttft_s"]["p50"] <= row["ttft_s"]["p90"], row
+png = open(sys.argv[2], "rb").read(8)
+assert png == b"\x89PNG\r\n\x1a\n", png
+print(f"swept 10 and 40 devices: TTFT p50 {rows[0]['ttft_s']['p50']:.2f} and {rows[1]['ttft_s']['p50']:.2f} s")
+PY
