@@ -365,6 +365,15 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
   cmd->add_option("--output-decode-ms", args.output_decode_ms,
                   "Output layers, head and sampling of one token")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--draft-tokens", c.device.draft_tokens,
+                  "Speculative decoding: drafts per decode round (0: off)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--acceptance", c.device.acceptance,
+                  "Speculative decoding: the probability that a draft is accepted (each, up to "
+                  "the first that is not)")
+      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--draft-ms", args.draft_ms, "Speculative decoding: the drafter's time a draft")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--pacing-lead-ms", args.pacing_lead_ms,
                   "The agents' uplink pacing: a decode message waits behind at most this much "
                   "of the prompt chunks on the link (negative: one FIFO queue)")
@@ -406,6 +415,7 @@ int RunSimulate(SimulateArgs args) {
   c.device.input_decode_seconds = args.input_decode_ms / 1e3;
   c.device.output_seconds_per_token = args.output_ms_per_token / 1e3;
   c.device.output_decode_seconds = args.output_decode_ms / 1e3;
+  c.device.draft_step_seconds = args.draft_ms / 1e3;
   std::string step_source = "an 8B-shaped middle in bf16 on an H200 (built in)";
   if (!args.step_profile.empty() && !args.step_points.empty()) {
     std::fprintf(stderr, "tophat simulate: give --step-profile or --step-time, not both\n");

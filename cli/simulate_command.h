@@ -27,6 +27,7 @@ struct SimulateArgs {
   double input_decode_ms = 2;
   double output_ms_per_token = 0.5;
   double output_decode_ms = 4;
+  double draft_ms = 2;  // the drafter's time a draft (with config.device.draft_tokens > 0)
   std::string json_path;
   std::string replay;         // tophat bench --ablation JSON reports, comma-separated
   bool calibrate = false;     // fit the device's compute times to the runs first

@@ -94,6 +94,7 @@ struct Request {
   int64_t held = 0;              // prompt positions at the cloud before admission
   int64_t prompt_returned = 0;   // positions whose results the device has processed
   int64_t generated = 0;
+  int64_t round = 1;  // positions of its current decode round (1 + drafts)
   double last_token = 0;
   double first_token = 0;
 };
@@ -128,7 +129,10 @@ struct CloudState {
 class Simulation {
  public:
   explicit Simulation(const SimConfig& config, PromptLengthSampler prompts)
-      : config_(config), prompts_(std::move(prompts)), rng_(config.seed),
+      : config_(config),
+        prompts_(std::move(prompts)),
+        rng_(config.seed),
+        acceptance_rng_(config.seed ^ 0x5eedacce97a11ceULL),
         predictor_(8192, 0.0), devices_(static_cast<size_t>(config.devices)),
         clouds_(static_cast<size_t>(config.clouds)),
         placed_(static_cast<size_t>(config.devices * config.clouds), {0, 0}) {
@@ -176,6 +180,9 @@ class Simulation {
     events_.push({time, sequence_++, type, a, b});
   }
   double Exponential(double rate) { return std::exponential_distribution<double>(rate)(rng_); }
+  // Acceptance draws have a generator of their own, so that a run with speculation draws the
+  // same arrivals and prompts as one without.
+  double Uniform() { return std::uniform_real_distribution<double>(0, 1)(acceptance_rng_); }
   double Jitter() {
     const double sigma = config_.device.bandwidth_log_sigma;
     return sigma > 0 ? std::exp(std::normal_distribution<double>(0, sigma)(rng_)) : 1.0;
@@ -323,8 +330,8 @@ class Simulation {
   void OnInputDone(int64_t id, int64_t positions) {
     Request& r = requests_[static_cast<size_t>(id)];
     Device& device = devices_[static_cast<size_t>(r.device)];
-    const double bytes = static_cast<double>(std::max<int64_t>(positions, 1)) *
-                         config_.bytes_per_token;
+    const double bytes =
+        static_cast<double>(positions == 0 ? r.round : positions) * config_.bytes_per_token;
     const double arrives = positions == 0
                                ? TransferDecode(device.uplink_free, bytes, Uplink(r.device))
                                : Transfer(device.uplink_free, bytes, Uplink(r.device));
@@ -366,7 +373,7 @@ class Simulation {
 
   void AddWork(CloudState& cloud, int64_t id, int64_t positions, bool decode) {
     const Request& r = requests_[static_cast<size_t>(id)];
-    cloud.pending.push_back({.num_tokens = decode ? 1 : positions,
+    cloud.pending.push_back({.num_tokens = decode ? r.round : positions,
                              .decode = decode,
                              .group = static_cast<int32_t>(r.device)});
     cloud.pending_request.push_back(id);
@@ -416,8 +423,8 @@ class Simulation {
     for (const auto& [id, positions] : cloud.results) {
       Request& r = requests_[static_cast<size_t>(id)];
       Device& device = devices_[static_cast<size_t>(r.device)];
-      const double bytes = static_cast<double>(std::max<int64_t>(positions, 1)) *
-                           config_.bytes_per_token;
+      const double bytes =
+          static_cast<double>(positions == 0 ? r.round : positions) * config_.bytes_per_token;
       Schedule(Transfer(device.downlink_free, bytes, Downlink(r.device)),
                EventType::kResultAtDevice, id, positions);
     }
@@ -429,7 +436,7 @@ class Simulation {
     Request& r = requests_[static_cast<size_t>(id)];
     Device& device = devices_[static_cast<size_t>(r.device)];
     const double seconds =
-        positions == 0 ? config_.device.output_decode_seconds
+        positions == 0 ? static_cast<double>(r.round) * config_.device.output_decode_seconds
                        : static_cast<double>(positions) * config_.device.output_seconds_per_token;
     Schedule(Compute(device, seconds, /*decode=*/positions == 0), EventType::kOutputDone, id,
              positions);
@@ -445,15 +452,28 @@ class Simulation {
       r.first_token = now_;
       r.generated = 1;
     } else {
-      ++r.generated;
-      tbt_.Add(now_ - r.last_token);
+      // The round's tokens: its accepted drafts (each with probability α, up to the first
+      // rejected) and the one the cloud's verification gives; they arrive together, so each
+      // counts an equal share of the round's time.
+      int64_t tokens = 1;
+      while (tokens < r.round && Uniform() < config_.device.acceptance) ++tokens;
+      tokens = std::min(tokens, r.output - r.generated);
+      for (int64_t i = 0; i < tokens; ++i) tbt_.Add((now_ - r.last_token) / tokens);
+      r.generated += tokens;
+      result_.generated_tokens += static_cast<double>(tokens - 1);
     }
     r.last_token = now_;
     result_.generated_tokens += 1;
     if (r.generated >= r.output) return Finish(id, /*finished=*/true);
-    // The next decode position: input submodel, then up.
+    // The next round: its drafts (no more than the tokens still to come need), the input
+    // submodel, then up.
+    const int64_t drafts = std::min(config_.device.draft_tokens, r.output - r.generated - 1);
+    r.round = 1 + std::max<int64_t>(0, drafts);
     Device& device = devices_[static_cast<size_t>(r.device)];
-    Schedule(Compute(device, config_.device.input_decode_seconds, /*decode=*/true),
+    Schedule(Compute(device,
+                     config_.device.input_decode_seconds +
+                         static_cast<double>(r.round - 1) * config_.device.draft_step_seconds,
+                     /*decode=*/true),
              EventType::kInputDone, id, 0);
   }
 
@@ -492,6 +512,7 @@ class Simulation {
   const SimConfig& config_;
   PromptLengthSampler prompts_;
   std::mt19937_64 rng_;
+  std::mt19937_64 acceptance_rng_;
   StepTimePredictor predictor_;
   std::vector<Device> devices_;
   std::vector<CloudState> clouds_;
@@ -534,6 +555,12 @@ absl::StatusOr<SimResult> Simulate(const SimConfig& config) {
       d.output_seconds_per_token < 0 || d.output_decode_seconds < 0 || d.one_way_delay_s < 0 ||
       d.bandwidth_log_sigma < 0 || d.concurrent_requests < 0) {
     return fail("device", "times, delay and jitter cannot be negative");
+  }
+  if (d.draft_tokens < 0 || d.draft_step_seconds < 0) {
+    return fail("device.draft_tokens", "drafts and their time cannot be negative");
+  }
+  if (!(d.acceptance >= 0 && d.acceptance <= 1)) {
+    return fail("device.acceptance", "must be a probability in [0, 1]");
   }
   if (config.workload.output_tokens < 1) return fail("workload.output_tokens", "must be >= 1");
   if (config.workload.max_prompt_tokens < 1) {

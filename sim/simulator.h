@@ -10,7 +10,8 @@
 // time per device,
 // prompt chunks pipelined through the device, its uplink, the cloud and back (every position's
 // result returns for the output layers' KV); decode one token per round trip. Not yet:
-// speculative decoding, the cloud's pipeline stages, conversations kept between turns.
+// the cloud's pipeline stages, conversations kept between turns. Speculative decoding's
+// acceptance is one probability per draft (no drafter in the loop).
 // Single-threaded and deterministic for a seed.
 #pragma once
 
@@ -50,6 +51,14 @@ struct DeviceProfile {
   // Decode positions (input and output submodels) compute beside prompt chunks instead of
   // queueing behind them (the agent's request threads on a multi-core device).
   bool decode_beside_prefill = true;
+  // Speculative decoding (0: off): each decode round the drafter proposes this many tokens
+  // (draft_step_seconds each, on the decode lane), the round carries them with the last token
+  // (draft_tokens + 1 positions up, through the cloud's step and back, and through the output
+  // submodel), and each draft is accepted with probability `acceptance` until the first that
+  // is not; the round yields the accepted drafts and one more token.
+  int64_t draft_tokens = 0;
+  double acceptance = 0.7;
+  double draft_step_seconds = 0.002;
 };
 
 struct WorkloadSpec {

@@ -85,6 +85,49 @@ TEST_CASE("A prompt in chunks pipelines them through the device, its link and th
   CHECK(b->tbt_s.mean == Approx(a->tbt_s.mean).epsilon(1e-9));
 }
 
+TEST_CASE("Speculative rounds yield their accepted drafts and one more token", "[sim]") {
+  SimConfig c = WithOneArrival(Analytic());
+  c.workload.output_tokens = 41;  // the first token, then 40 from decode rounds
+  auto plain = Simulate(c);
+  REQUIRE(plain.ok());
+  REQUIRE(plain->clouds.at(0).steps == 41);
+  c.device.draft_tokens = 4;
+  c.device.draft_step_seconds = 0.001;
+  SECTION("every draft accepted: five tokens a round, a round the plain one's time and more") {
+    c.device.acceptance = 1;
+    auto r = Simulate(c);
+    REQUIRE(r.ok());
+    CHECK(r->generated_tokens == 41);
+    CHECK(r->clouds.at(0).steps == 1 + 8);  // the prompt, then 8 rounds of 5
+    // A round: 4 drafts (4 ms) and the input (2 ms), 5 kB up (5 ms) + 20 ms, the step
+    // (10 ms), 5 kB down (1.25 ms) + 20 ms, the output over 5 positions (15 ms); 5 tokens.
+    const double round = 0.004 + 0.002 + 0.005 + 0.020 + 0.010 + 0.00125 + 0.020 + 0.015;
+    CHECK(r->tbt_s.mean == Approx(round / 5).epsilon(1e-9));
+    CHECK(r->tbt_s.mean < 0.4 * plain->tbt_s.mean);
+  }
+  SECTION("none accepted: one token a round, each dearer than without drafts") {
+    c.device.acceptance = 0;
+    auto r = Simulate(c);
+    REQUIRE(r.ok());
+    CHECK(r->generated_tokens == 41);
+    CHECK(r->clouds.at(0).steps == 41);
+    CHECK(r->tbt_s.mean > plain->tbt_s.mean);
+  }
+  SECTION("some accepted: between the two, and the same for the same seed") {
+    c.device.acceptance = 0.6;
+    auto r = Simulate(c);
+    auto again = Simulate(c);
+    REQUIRE(r.ok());
+    REQUIRE(again.ok());
+    CHECK(r->generated_tokens == 41);
+    CHECK(r->clouds.at(0).steps > 1 + 8);
+    CHECK(r->clouds.at(0).steps < 41);
+    CHECK(again->tbt_s.mean == r->tbt_s.mean);
+  }
+  c.device.acceptance = 1.5;
+  CHECK_FALSE(Simulate(c).ok());
+}
+
 TEST_CASE("Many devices decoding at once share the cloud's steps", "[sim]") {
   // The flat step time makes batching free: 50 devices' tokens per step cost one step.
   SimConfig c = Analytic();
