@@ -334,6 +334,9 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--step-time", args.step_points,
                   "A point of the cloud's step time, TOKENS:MS (repeat), instead of a report");
+  cmd->add_option("--stages", c.cloud.stages,
+                  "Pipeline stages of each cloud (even; up to this many steps in flight)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--max-batch-tokens", c.cloud.max_batch_tokens, "The cloud's token budget")
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--kv-blocks", c.cloud.kv_blocks, "KV blocks per cloud")->capture_default_str()

@@ -65,7 +65,8 @@ enum class EventType : uint8_t {
   kInputDone,       // request `a`'s input submodel finished `b` positions (b = 0: decode)
   kOpenAtCloud,     // request `a`'s Open reaches its cloud
   kWorkAtCloud,     // `b` positions of request `a` reach its cloud (b = 0: a decode token)
-  kStepDone,        // cloud `a` finished its step
+  kStepDone,        // cloud `a` finished its oldest step in flight
+  kStageFree,       // cloud `a`'s first stage can take another step
   kResultAtDevice,  // `b` positions' results of request `a` reach its device (0: decode)
   kOutputDone,      // the device's output submodel finished them
   kCloseAtCloud,    // request `a`'s Close reaches its cloud
@@ -95,6 +96,7 @@ struct Request {
   int64_t prompt_returned = 0;   // positions whose results the device has processed
   int64_t generated = 0;
   int64_t round = 1;  // positions of its current decode round (1 + drafts)
+  bool in_step = false;  // in a cloud step in flight (a session is in at most one)
   double last_token = 0;
   double first_token = 0;
 };
@@ -114,9 +116,15 @@ struct CloudState {
   std::deque<int64_t> waiting;        // requests waiting for KV
   int64_t kv_free = 0;
   int64_t running = 0;
-  bool stepping = false;
+  // Steps in flight through the stages, oldest first: each one's (request, positions; 0:
+  // decode) results. At most `stages` of them, as the engine's Launch/Complete.
+  std::deque<std::vector<std::pair<int64_t, int64_t>>> in_flight;
+  double first_stage_free = 0;  // when stage 0 can take the next step
+  double last_done = 0;         // when the newest step in flight leaves the last stage
+  bool wakeup_scheduled = false;
   std::vector<PlannedWork> plan;
-  std::vector<std::pair<int64_t, int64_t>> results;  // (request, positions; 0: decode)
+  std::vector<PendingWork> plannable;      // pending work of sessions not in flight
+  std::vector<size_t> plannable_index;     // each one's index in `pending`
   BatchPlanner planner;
   // What the agents know of it: its last load report.
   CloudCandidate reported;
@@ -218,6 +226,9 @@ class Simulation {
       case EventType::kOpenAtCloud: return OnOpen(e.a);
       case EventType::kWorkAtCloud: return OnWork(e.a, e.b);
       case EventType::kStepDone: return OnStepDone(e.a);
+      case EventType::kStageFree:
+        clouds_[static_cast<size_t>(e.a)].wakeup_scheduled = false;
+        return StartStep(e.a);
       case EventType::kResultAtDevice: return OnResult(e.a, e.b);
       case EventType::kOutputDone: return OnOutputDone(e.a, e.b);
       case EventType::kCloseAtCloud: return OnClose(e.a);
@@ -377,26 +388,43 @@ class Simulation {
                              .decode = decode,
                              .group = static_cast<int32_t>(r.device)});
     cloud.pending_request.push_back(id);
-    if (!cloud.stepping) StartStep(r.cloud);
+    StartStep(r.cloud);
   }
 
+  // Starts a step if the first stage is free, fewer than `stages` steps are in flight, and
+  // some session not already in one has work. With one stage: a step at a time.
   void StartStep(int64_t c) {
     CloudState& cloud = clouds_[static_cast<size_t>(c)];
-    if (cloud.pending.empty()) {
-      cloud.stepping = false;
+    const int64_t stages = config_.cloud.stages;
+    if (cloud.pending.empty() || static_cast<int64_t>(cloud.in_flight.size()) >= stages) return;
+    if (now_ < cloud.first_stage_free) {
+      if (!cloud.wakeup_scheduled) {
+        cloud.wakeup_scheduled = true;
+        Schedule(cloud.first_stage_free, EventType::kStageFree, c, 0);
+      }
       return;
     }
+    cloud.plannable.clear();
+    cloud.plannable_index.clear();
+    for (size_t i = 0; i < cloud.pending.size(); ++i) {
+      if (requests_[static_cast<size_t>(cloud.pending_request[i])].in_step) continue;
+      cloud.plannable.push_back(cloud.pending[i]);
+      cloud.plannable_index.push_back(i);
+    }
+    if (cloud.plannable.empty()) return;  // a step in flight finishing brings it back
     const BatchLimits limits{.max_batch_tokens = config_.cloud.max_batch_tokens,
                              .max_sequences = config_.cloud.max_sequences};
     const int64_t tokens =
-        cloud.planner.Plan(cloud.pending, limits, {}, static_cast<uint64_t>(cloud.stats.steps),
+        cloud.planner.Plan(cloud.plannable, limits, {}, static_cast<uint64_t>(cloud.stats.steps),
                            cloud.plan);
-    cloud.results.clear();
+    std::vector<std::pair<int64_t, int64_t>>& results = cloud.in_flight.emplace_back();
     for (const PlannedWork& work : cloud.plan) {
-      PendingWork& item = cloud.pending[static_cast<size_t>(work.index)];
+      const size_t index = cloud.plannable_index[static_cast<size_t>(work.index)];
+      PendingWork& item = cloud.pending[index];
       item.num_tokens -= work.num_tokens;
-      cloud.results.emplace_back(cloud.pending_request[static_cast<size_t>(work.index)],
-                                 item.decode ? 0 : work.num_tokens);
+      const int64_t id = cloud.pending_request[index];
+      requests_[static_cast<size_t>(id)].in_step = true;
+      results.emplace_back(id, item.decode ? 0 : work.num_tokens);
     }
     // Done items leave; the rest keep their order.
     size_t kept = 0;
@@ -409,26 +437,33 @@ class Simulation {
     }
     cloud.pending.resize(kept);
     cloud.pending_request.resize(kept);
+    // g(μ) through all stages, even ones: each stage takes its share, and a step leaves the
+    // last stage no sooner than the one before it plus its own share.
     const double seconds = predictor_.Predict(static_cast<double>(tokens));
-    cloud.stepping = true;
+    const double per_stage = seconds / static_cast<double>(stages);
+    cloud.first_stage_free = now_ + per_stage;
+    cloud.last_done = std::max(now_ + seconds, cloud.last_done + per_stage);
     ++cloud.stats.steps;
-    cloud.stats.busy_seconds += seconds;
+    cloud.stats.busy_seconds += per_stage;
     cloud.stats.batched_tokens += static_cast<double>(tokens);
     cloud.recent_tokens.Add(static_cast<double>(tokens));
-    Schedule(now_ + seconds, EventType::kStepDone, c, 0);
+    Schedule(cloud.last_done, EventType::kStepDone, c, 0);
+    StartStep(c);  // with more stages, the next may start when the first stage is free
   }
 
   void OnStepDone(int64_t c) {
     CloudState& cloud = clouds_[static_cast<size_t>(c)];
-    for (const auto& [id, positions] : cloud.results) {
+    const std::vector<std::pair<int64_t, int64_t>> results = std::move(cloud.in_flight.front());
+    cloud.in_flight.pop_front();
+    for (const auto& [id, positions] : results) {
       Request& r = requests_[static_cast<size_t>(id)];
+      r.in_step = false;
       Device& device = devices_[static_cast<size_t>(r.device)];
       const double bytes =
           static_cast<double>(positions == 0 ? r.round : positions) * config_.bytes_per_token;
       Schedule(Transfer(device.downlink_free, bytes, Downlink(r.device)),
                EventType::kResultAtDevice, id, positions);
     }
-    cloud.results.clear();
     StartStep(c);
   }
 
@@ -556,6 +591,7 @@ absl::StatusOr<SimResult> Simulate(const SimConfig& config) {
       d.bandwidth_log_sigma < 0 || d.concurrent_requests < 0) {
     return fail("device", "times, delay and jitter cannot be negative");
   }
+  if (config.cloud.stages < 1) return fail("cloud.stages", "must be >= 1");
   if (d.draft_tokens < 0 || d.draft_step_seconds < 0) {
     return fail("device.draft_tokens", "drafts and their time cannot be negative");
   }

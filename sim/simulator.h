@@ -10,7 +10,7 @@
 // time per device,
 // prompt chunks pipelined through the device, its uplink, the cloud and back (every position's
 // result returns for the output layers' KV); decode one token per round trip. Not yet:
-// the cloud's pipeline stages, conversations kept between turns. Speculative decoding's
+// conversations kept between turns, transfers between the cloud's stages. Speculative decoding's
 // acceptance is one probability per draft (no drafter in the loop).
 // Single-threaded and deterministic for a seed.
 #pragma once
@@ -78,6 +78,10 @@ struct CloudSpec {
   int64_t kv_blocks = 65536;
   int64_t kv_block_size = 16;
   double load_report_interval_s = 0.2;  // as the engine's ReportLoad
+  // Pipeline stages (pipeline.layer_boundaries), even: each runs 1/stages of g(μ), and up to
+  // `stages` steps are in flight, a session in at most one (the engine's Launch/Complete).
+  // Transfers between stages are not modelled.
+  int64_t stages = 1;
 };
 
 // A request of a recorded run, replayed instead of drawn (calibration against real runs).

@@ -128,6 +128,49 @@ TEST_CASE("Speculative rounds yield their accepted drafts and one more token", "
   CHECK_FALSE(Simulate(c).ok());
 }
 
+TEST_CASE("Pipeline stages keep several steps in flight, each session in one", "[sim]") {
+  // Alone, a request sees the same times: a step still takes g(μ) through all stages.
+  SimConfig alone = WithOneArrival(Analytic());
+  auto one_stage = Simulate(alone);
+  alone.cloud.stages = 2;
+  auto two_stages = Simulate(alone);
+  REQUIRE(one_stage.ok());
+  REQUIRE(two_stages.ok());
+  CHECK(two_stages->ttft_s.mean == Approx(one_stage->ttft_s.mean).epsilon(1e-9));
+  CHECK(two_stages->tbt_s.mean == Approx(one_stage->tbt_s.mean).epsilon(1e-9));
+  // Under load, with a budget of 8 tokens for 16 sessions decoding, one stage gives each a
+  // token every other step; two stages start a step every half step.
+  SimConfig load;
+  load.devices = 16;
+  load.duration_s = 1;
+  for (int64_t d = 0; d < 16; ++d) {  // one request on each device, all at once
+    load.replay.push_back({.arrival_s = 0, .device = d, .prompt_tokens = 4, .output_tokens = 40});
+  }
+  load.cloud.step_time = {{1, 0.100}};  // 100 ms a step, links and devices next to free
+  load.cloud.max_batch_tokens = 8;
+  load.device = {.input_seconds_per_token = 0, .input_decode_seconds = 0,
+                 .output_seconds_per_token = 0, .output_decode_seconds = 0,
+                 .uplink_bytes_per_second = 1e12, .downlink_bytes_per_second = 1e12,
+                 .one_way_delay_s = 0};
+  load.bytes_per_token = 1;
+  load.prompt_chunk = 4;
+  auto serial = Simulate(load);
+  load.cloud.stages = 2;
+  auto piped = Simulate(load);
+  REQUIRE(serial.ok());
+  REQUIRE(piped.ok());
+  REQUIRE(serial->requests_finished == 16);
+  REQUIRE(piped->requests_finished == 16);
+  CHECK(piped->generated_tokens == serial->generated_tokens);
+  INFO("TBT mean " << serial->tbt_s.mean << " s on one stage, " << piped->tbt_s.mean
+                   << " s on two");
+  CHECK(serial->tbt_s.mean == Approx(0.2).epsilon(0.05));  // every other 100 ms step
+  CHECK(piped->tbt_s.mean < 0.75 * serial->tbt_s.mean);
+  CHECK(piped->tbt_s.mean >= 0.1 - 1e-9);  // no session is in two steps at once
+  alone.cloud.stages = 0;
+  CHECK_FALSE(Simulate(alone).ok());
+}
+
 TEST_CASE("Many devices decoding at once share the cloud's steps", "[sim]") {
   // The flat step time makes batching free: 50 devices' tokens per step cost one step.
   SimConfig c = Analytic();
