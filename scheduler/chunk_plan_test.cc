@@ -142,7 +142,7 @@ TEST_CASE("The plan's slowest chunk is the best any split into as many chunks ha
   }
 }
 
-TEST_CASE("Where attention dominates, the DP makes later chunks shorter; the plan is never "
+TEST_CASE("Where attention dominates, the DP makes later chunks shorter, and the plan is never "
           "slower than equal chunks",
           "[chunk_plan]") {
   // A cloud stage whose cost is mostly attention over the context: for the slowest chunk to
