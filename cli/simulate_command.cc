@@ -385,6 +385,14 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
                   "Requests a device runs at once, sharing its compute and links (0: no limit, "
                   "an agent serving several apps)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--host-cores", c.host_cores,
+                  "Model a shared host: every device computes on these cores, beside the "
+                  "clouds, sharing them equally (as the agents and the cloud of a test on one "
+                  "machine; 0: each device on a CPU of its own)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--host-cloud-cores", c.host_cloud_cores,
+                  "With --host-cores: the cores a cloud takes while a step of its is in flight")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--replay", args.replay,
                   "Replay the runs of `tophat bench --ablation` JSON reports (comma-separated; "
                   "their requests, devices, links and chunk sizes) and compare the simulated "

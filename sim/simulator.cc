@@ -6,6 +6,7 @@
 #include <fstream>
 #include <queue>
 #include <random>
+#include <set>
 #include <span>
 
 #include <nlohmann/json.hpp>
@@ -70,6 +71,7 @@ enum class EventType : uint8_t {
   kResultAtDevice,  // `b` positions' results of request `a` reach its device (0: decode)
   kOutputDone,      // the device's output submodel finished them
   kCloseAtCloud,    // request `a`'s Close reaches its cloud
+  kHostCheck,       // the shared host's next job may be done (a: the epoch it was planned in)
 };
 
 struct Event {
@@ -101,8 +103,19 @@ struct Request {
   double first_token = 0;
 };
 
+// A device's compute job on a shared host: `work` seconds of one core, then `done` happens.
+struct HostJob {
+  double work = 0;
+  EventType done = EventType::kInputDone;
+  int64_t a = 0;
+  int64_t b = 0;
+};
+
 struct Device {
   std::deque<int64_t> queue;  // requests waiting for a free slot
+  // On a shared host: the jobs of its prompt lane [0] and decode lane [1], first come first
+  // served within a lane; each lane's head is in progress.
+  std::deque<HostJob> host_lanes[2];
   int64_t running = 0;
   double compute_free = 0;
   double decode_compute_free = 0;
@@ -197,11 +210,69 @@ class Simulation {
   }
   // Time on the device's compute, first come first served: prompt chunks on one lane, and
   // decode positions on another when they run beside them.
-  double Compute(Device& device, double seconds, bool decode) {
-    double& lane = decode && config_.device.decode_beside_prefill ? device.decode_compute_free
-                                                                   : device.compute_free;
-    lane = std::max(now_, lane) + seconds;
-    return lane;
+  // Then `type` (a, b) happens when it is done: on the device's own CPU, or on the shared
+  // host's cores.
+  void Compute(int64_t d, double seconds, bool decode, EventType type, int64_t a, int64_t b) {
+    Device& device = devices_[static_cast<size_t>(d)];
+    const bool decode_lane = decode && config_.device.decode_beside_prefill;
+    if (config_.host_cores <= 0) {
+      double& lane = decode_lane ? device.decode_compute_free : device.compute_free;
+      lane = std::max(now_, lane) + seconds;
+      return Schedule(lane, type, a, b);
+    }
+    std::deque<HostJob>& lane = device.host_lanes[decode_lane ? 1 : 0];
+    lane.push_back({.work = seconds, .done = type, .a = a, .b = b});
+    if (lane.size() > 1) return;  // behind the lane's job in progress
+    AdvanceHost();
+    host_active_.insert({host_work_done_ + seconds, d * 2 + (decode_lane ? 1 : 0)});
+    PlanHost();
+  }
+
+  // Processor sharing by virtual time: `host_work_done_` is the work each job in progress
+  // has done since the start (all progress at one rate), so a job started at V with w to do
+  // ends when it reaches V + w.
+  double HostRate() const {
+    if (host_active_.empty()) return 0;
+    const double free_cores = std::max(0.0, config_.host_cores - host_cloud_busy_);
+    return std::min(1.0, free_cores / static_cast<double>(host_active_.size()));
+  }
+  void AdvanceHost() {
+    host_work_done_ += (now_ - host_updated_) * HostRate();
+    host_updated_ = now_;
+  }
+  // After the jobs in progress or the clouds' share changed: when the first job will end.
+  void PlanHost() {
+    ++host_epoch_;
+    const double rate = HostRate();
+    if (host_active_.empty() || rate <= 0) return;
+    const double remaining = std::max(0.0, host_active_.begin()->first - host_work_done_);
+    Schedule(now_ + remaining / rate, EventType::kHostCheck, static_cast<int64_t>(host_epoch_),
+             0);
+  }
+  void OnHostCheck(uint64_t epoch) {
+    if (epoch != host_epoch_) return;  // planned before a change; a later check stands
+    AdvanceHost();
+    while (!host_active_.empty() && host_active_.begin()->first <= host_work_done_ + 1e-12) {
+      const int64_t key = host_active_.begin()->second;
+      host_active_.erase(host_active_.begin());
+      std::deque<HostJob>& lane = devices_[static_cast<size_t>(key / 2)].host_lanes[key % 2];
+      const HostJob job = lane.front();
+      lane.pop_front();
+      Schedule(now_, job.done, job.a, job.b);
+      if (!lane.empty()) host_active_.insert({host_work_done_ + lane.front().work, key});
+    }
+    PlanHost();
+  }
+  // The clouds' share of the host: `host_cloud_cores` for each cloud with a step in flight.
+  void UpdateHostCloudShare() {
+    if (config_.host_cores <= 0) return;
+    double busy = 0;
+    for (const CloudState& cloud : clouds_) busy += cloud.in_flight.empty() ? 0 : 1;
+    busy *= config_.host_cloud_cores;
+    if (busy == host_cloud_busy_) return;
+    AdvanceHost();
+    host_cloud_busy_ = busy;
+    PlanHost();
   }
   // A decode message on the uplink: past the paced prompt chunks, behind at most lead_s of
   // them; the chunks behind it move back by its own time on the link.
@@ -232,6 +303,7 @@ class Simulation {
       case EventType::kResultAtDevice: return OnResult(e.a, e.b);
       case EventType::kOutputDone: return OnOutputDone(e.a, e.b);
       case EventType::kCloseAtCloud: return OnClose(e.a);
+      case EventType::kHostCheck: return OnHostCheck(static_cast<uint64_t>(e.a));
     }
   }
 
@@ -280,9 +352,8 @@ class Simulation {
     const int64_t chunk = ChunkSize(r, cloud);
     for (int64_t done = 0; done < r.prompt; done += chunk) {
       const int64_t n = std::min(chunk, r.prompt - done);
-      Schedule(Compute(device, static_cast<double>(n) * config_.device.input_seconds_per_token,
-                       /*decode=*/false),
-               EventType::kInputDone, id, n);
+      Compute(r.device, static_cast<double>(n) * config_.device.input_seconds_per_token,
+              /*decode=*/false, EventType::kInputDone, id, n);
     }
   }
 
@@ -448,6 +519,7 @@ class Simulation {
     cloud.stats.batched_tokens += static_cast<double>(tokens);
     cloud.recent_tokens.Add(static_cast<double>(tokens));
     Schedule(cloud.last_done, EventType::kStepDone, c, 0);
+    UpdateHostCloudShare();
     StartStep(c);  // with more stages, the next may start when the first stage is free
   }
 
@@ -465,16 +537,15 @@ class Simulation {
                EventType::kResultAtDevice, id, positions);
     }
     StartStep(c);
+    UpdateHostCloudShare();
   }
 
   void OnResult(int64_t id, int64_t positions) {
     Request& r = requests_[static_cast<size_t>(id)];
-    Device& device = devices_[static_cast<size_t>(r.device)];
     const double seconds =
         positions == 0 ? static_cast<double>(r.round) * config_.device.output_decode_seconds
                        : static_cast<double>(positions) * config_.device.output_seconds_per_token;
-    Schedule(Compute(device, seconds, /*decode=*/positions == 0), EventType::kOutputDone, id,
-             positions);
+    Compute(r.device, seconds, /*decode=*/positions == 0, EventType::kOutputDone, id, positions);
   }
 
   void OnOutputDone(int64_t id, int64_t positions) {
@@ -504,12 +575,10 @@ class Simulation {
     // submodel, then up.
     const int64_t drafts = std::min(config_.device.draft_tokens, r.output - r.generated - 1);
     r.round = 1 + std::max<int64_t>(0, drafts);
-    Device& device = devices_[static_cast<size_t>(r.device)];
-    Schedule(Compute(device,
-                     config_.device.input_decode_seconds +
-                         static_cast<double>(r.round - 1) * config_.device.draft_step_seconds,
-                     /*decode=*/true),
-             EventType::kInputDone, id, 0);
+    Compute(r.device,
+            config_.device.input_decode_seconds +
+                static_cast<double>(r.round - 1) * config_.device.draft_step_seconds,
+            /*decode=*/true, EventType::kInputDone, id, 0);
   }
 
   void Finish(int64_t id, bool finished) {
@@ -557,6 +626,13 @@ class Simulation {
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
   uint64_t sequence_ = 0;
   double now_ = 0;
+  // The shared host (config.host_cores > 0): jobs in progress by (virtual end, device*2 +
+  // lane), the work each has done by host_updated_, the clouds' cores, the plan's epoch.
+  std::set<std::pair<double, int64_t>> host_active_;
+  double host_work_done_ = 0;
+  double host_updated_ = 0;
+  double host_cloud_busy_ = 0;
+  uint64_t host_epoch_ = 0;
   LogHistogram ttft_, tbt_, e2e_;
   std::vector<double> request_tbt_;
   SimResult result_;
@@ -592,6 +668,13 @@ absl::StatusOr<SimResult> Simulate(const SimConfig& config) {
     return fail("device", "times, delay and jitter cannot be negative");
   }
   if (config.cloud.stages < 1) return fail("cloud.stages", "must be >= 1");
+  if (config.host_cores < 0) return fail("host_cores", "cannot be negative (0: no shared host)");
+  if (config.host_cores > 0 &&
+      !(config.host_cloud_cores >= 0 && config.host_cloud_cores < config.host_cores)) {
+    return fail("host_cloud_cores", absl::StrCat("must be in [0, host_cores = ",
+                                                 config.host_cores, "): ",
+                                                 config.host_cloud_cores));
+  }
   if (d.draft_tokens < 0 || d.draft_step_seconds < 0) {
     return fail("device.draft_tokens", "drafts and their time cannot be negative");
   }

@@ -120,6 +120,15 @@ struct SimConfig {
   std::vector<ReplayRequest> replay;
   // When not empty: device i's links (one entry per device), instead of `device`'s rates.
   std::vector<DeviceLinkRates> device_links;
+  // A shared host (0: off, each device computes on a CPU of its own, as in a deployment).
+  // Else every device's compute shares this many cores with the clouds, as when the cloud
+  // and the agents of a test run on one machine: the devices' jobs in progress (the head of
+  // each device's prompt and decode lanes) share what the clouds leave equally (processor
+  // sharing), at most one core each, and a cloud takes `host_cloud_cores` of them while a
+  // step of its is in flight. The cloud's own step times are not slowed: its measured curve
+  // already has the contention of the run it came from.
+  double host_cores = 0;
+  double host_cloud_cores = 1;
 };
 
 struct CloudStats {

@@ -383,6 +383,52 @@ TEST_CASE("An ablation report is read for replay, and a file that is not one is 
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("On a shared host the devices' compute shares its cores, and the cloud takes its share",
+          "[sim]") {
+  SimConfig c = Analytic();
+  c.devices = 2;
+  c.device.output_seconds_per_token = 0;
+  c.replay = {{.arrival_s = 0.0, .device = 0, .prompt_tokens = 100, .output_tokens = 5},
+              {.arrival_s = 0.0, .device = 1, .prompt_tokens = 100, .output_tokens = 5}};
+  auto own = Simulate(c);
+  REQUIRE(own.ok());
+  REQUIRE(own->requests_finished == 2);
+  // Each on its own CPU: input 100 ms, up 100 ms + 20 ms, the first one's step (10 ms) and
+  // the second's after it (it arrived while the first ran), down 25 + 20 ms.
+  CHECK(own->ttft_s.mean == Approx(0.100 + 0.120 + 0.015 + 0.045).epsilon(1e-9));
+
+  c.host_cores = 1;
+  c.host_cloud_cores = 0;
+  auto one_core = Simulate(c);
+  REQUIRE(one_core.ok());
+  // Both prompts on one core at once: each input takes 200 ms.
+  CHECK(one_core->ttft_s.mean == Approx(own->ttft_s.mean + 0.100).epsilon(1e-9));
+
+  c.host_cores = 2;
+  auto two_cores = Simulate(c);
+  REQUIRE(two_cores.ok());
+  CHECK(two_cores->ttft_s.mean == Approx(own->ttft_s.mean).epsilon(1e-9));
+  CHECK(two_cores->tbt_s.mean == Approx(own->tbt_s.mean).epsilon(1e-9));
+
+  // The cloud's steps take cores too: with a decode position's input submodel (30 ms) longer
+  // than a step and the devices out of phase, each device's decode work overlaps the other's
+  // steps, and slows.
+  c.device.input_decode_seconds = 0.030;
+  c.replay[1].arrival_s = 0.040;
+  c.host_cores = 1;
+  c.host_cloud_cores = 0;
+  auto cloud_free = Simulate(c);
+  c.host_cloud_cores = 0.9;
+  auto cloud_busy = Simulate(c);
+  REQUIRE(cloud_free.ok());
+  REQUIRE(cloud_busy.ok());
+  CHECK(cloud_busy->e2e_s.mean > cloud_free->e2e_s.mean + 0.001);
+
+  c.host_cloud_cores = 1;
+  CHECK(std::string(Simulate(c).status().message()).find("host_cloud_cores") !=
+        std::string::npos);
+}
+
 TEST_CASE("A configuration the simulator cannot use is refused by field", "[sim]") {
   SimConfig c = Analytic();
   c.cloud.step_time.clear();
