@@ -66,6 +66,11 @@ std::vector<AblationConfig> AblationConfigs() {
        .chunking = ChunkMode::kFixed,
        .fixed_chunk = 256,
        .pipeline_chunks = false},
+      {.name = "+jupiter",
+       .description = "+chunk with chunks of unequal length, planned by Jupiter's DP over each "
+                      "pipeline stage's measured cost (prompt_chunk_plan: jupiter)",
+       .chunking = ChunkMode::kAdaptive,
+       .chunk_plan = "jupiter"},
   };
 }
 
@@ -125,6 +130,7 @@ std::string AgentYaml(const AblationConfig& config, const AblationOptions& optio
       "max_context: %d\n"
       "prompt_chunk_size: %d\n"
       "pipeline_prompt_chunks: %s\n"
+      "prompt_chunk_plan: %s\n"
       "wire_dtype: %s\n"
       "max_concurrent_requests: 256\n"
       "default_max_new_tokens: %d\n"
@@ -148,7 +154,7 @@ std::string AgentYaml(const AblationConfig& config, const AblationOptions& optio
       // benchmark's client reaches it from the host namespace.
       slot.listen_address.rfind("127.", 0) == 0 ? "false" : "true", slot.cloud_address,
       fs::absolute(options.device_bundle).string(), options.max_context, chunk,
-      config.pipeline_chunks ? "true" : "false", options.wire_dtype, std::min<int64_t>(128, options.max_context - 1),
+      config.pipeline_chunks ? "true" : "false", config.chunk_plan, options.wire_dtype, std::min<int64_t>(128, options.max_context - 1),
       config.speculative ? "true" : "false", config.parallel_drafting ? "true" : "false",
       config.runs_in_flight, options.uplink_pacing ? "true" : "false", slot.one_way_delay_s, slot.uplink_bytes_per_second, slot.downlink_bytes_per_second,
       slot.metrics_address);
@@ -480,6 +486,14 @@ nlohmann::json Goals(const std::vector<RunRecord>& records, const AblationOption
         row["ttft_reduction_chunking"] =
             reduction(base->summary.ttft.mean, chunk->summary.ttft.mean);
       }
+      if (const RunRecord* jupiter = Find(records, "+jupiter", dataset, rate)) {
+        row["ttft_reduction_jupiter"] =
+            reduction(base->summary.ttft.mean, jupiter->summary.ttft.mean);
+        if (const RunRecord* chunk = Find(records, "+chunk", dataset, rate)) {
+          row["ttft_jupiter_vs_chunk"] =
+              reduction(chunk->summary.ttft.mean, jupiter->summary.ttft.mean);
+        }
+      }
       if (const RunRecord* all = Find(records, "+parallel", dataset, rate)) {
         row["ttft_reduction_all_on"] = reduction(base->summary.ttft.mean, all->summary.ttft.mean);
         row["tbt_reduction_all_on"] = reduction(base->summary.tbt.mean, all->summary.tbt.mean);
@@ -504,19 +518,21 @@ nlohmann::json Goals(const std::vector<RunRecord>& records, const AblationOption
 void PrintGoals(const nlohmann::json& goals) {
   std::printf("\nSame-run ratios (reduction of the mean; goals: TTFT -41%% with chunking, "
               "TBT -49.5%% all on, TTFT below U-Sarathi)\n");
-  std::printf("%-16s %6s %14s %14s %14s %14s %14s %14s\n", "dataset", "req/s", "TTFT +chunk",
-              "TTFT all-on", "TBT all-on", "vs Sarathi128", "vs Sarathi256", "TBT pipeinfer");
+  std::printf("%-16s %6s %14s %14s %14s %14s %14s %14s %14s %16s\n", "dataset", "req/s",
+              "TTFT +chunk", "TTFT all-on", "TBT all-on", "vs Sarathi128", "vs Sarathi256",
+              "TBT pipeinfer", "TTFT +jupiter", "jupiter vs chunk");
   for (const nlohmann::json& row : goals) {
     const auto cell = [&](const char* key) {
       return row.contains(key) ? absl::StrFormat("%+.1f%%", -100.0 * row[key].get<double>())
                                : std::string("-");
     };
-    std::printf("%-16s %6.2f %14s %14s %14s %14s %14s %14s\n",
+    std::printf("%-16s %6.2f %14s %14s %14s %14s %14s %14s %14s %16s\n",
                 DatasetLabel(row["dataset"].get<std::string>()).c_str(),
                 row["rate"].get<double>(), cell("ttft_reduction_chunking").c_str(),
                 cell("ttft_reduction_all_on").c_str(), cell("tbt_reduction_all_on").c_str(),
                 cell("ttft_vs_U-Sarathi-128").c_str(), cell("ttft_vs_U-Sarathi-256").c_str(),
-                cell("tbt_reduction_pipeinfer").c_str());
+                cell("tbt_reduction_pipeinfer").c_str(), cell("ttft_reduction_jupiter").c_str(),
+                cell("ttft_jupiter_vs_chunk").c_str());
   }
 }
 

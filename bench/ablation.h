@@ -31,10 +31,12 @@ struct AblationConfig {
   int64_t fixed_chunk = 0;       // with kFixed
   bool pipeline_chunks = true;   // false: wait for each chunk's answer (U-Sarathi)
   int64_t runs_in_flight = 1;    // speculative.max_runs_in_flight (2: PipeInfer)
+  std::string chunk_plan = "equal";  // prompt_chunk_plan ("jupiter": Jupiter's DP)
 };
 
 // In table order: U-shape, +spec, +chunk, +spec+chunk, +parallel (everything: HAT),
-// +pipeinfer (HAT plus runs sent ahead of verification), U-Sarathi-128, U-Sarathi-256.
+// +pipeinfer (HAT plus runs sent ahead of verification), U-Sarathi-128, U-Sarathi-256,
+// +jupiter (+chunk with Jupiter's chunks of unequal length).
 std::vector<AblationConfig> AblationConfigs();
 // "all" or a comma-separated list of names; an unknown name is an error that lists the known.
 absl::StatusOr<std::vector<AblationConfig>> SelectAblationConfigs(const std::string& names);

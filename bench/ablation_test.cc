@@ -10,7 +10,7 @@ namespace {
 
 TEST_CASE("ablation configurations follow HAT's ablation order", "[ablation]") {
   const std::vector<AblationConfig> configs = AblationConfigs();
-  REQUIRE(configs.size() == 8);
+  REQUIRE(configs.size() == 9);
   CHECK(configs[0].name == "U-shape");
   CHECK_FALSE(configs[0].speculative);
   CHECK(configs[0].chunking == ChunkMode::kWholePrompt);
@@ -24,12 +24,16 @@ TEST_CASE("ablation configurations follow HAT's ablation order", "[ablation]") {
   CHECK(configs[6].chunking == ChunkMode::kFixed);
   CHECK(configs[6].fixed_chunk == 128);
   CHECK_FALSE(configs[6].pipeline_chunks);
+  CHECK(configs[8].name == "+jupiter");
+  CHECK(configs[8].chunking == ChunkMode::kAdaptive);
+  CHECK(configs[8].chunk_plan == "jupiter");
+  CHECK(configs[2].chunk_plan == "equal");
 }
 
 TEST_CASE("configurations are selected by name", "[ablation]") {
   auto all = SelectAblationConfigs("all");
   REQUIRE(all.ok());
-  CHECK(all->size() == 8);
+  CHECK(all->size() == 9);
   auto two = SelectAblationConfigs("U-shape,+chunk");
   REQUIRE(two.ok());
   REQUIRE(two->size() == 2);
@@ -77,6 +81,7 @@ TEST_CASE("generated agent configs load with the agent's config loader", "[ablat
     CHECK(parsed->speculative.parallel_drafting == config.parallel_drafting);
     CHECK(parsed->speculative.max_runs_in_flight == config.runs_in_flight);
     CHECK(parsed->pipeline_prompt_chunks == config.pipeline_chunks);
+    CHECK(parsed->prompt_chunk_plan == config.chunk_plan);
     CHECK(parsed->link_emulation.one_way_delay_s == Approx(0.01));
     CHECK(parsed->link_emulation.uplink_bytes_per_second == Approx(500000));
     CHECK(parsed->link_emulation.downlink_bytes_per_second == Approx(1000000));

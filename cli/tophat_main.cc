@@ -487,7 +487,7 @@ int main(int argc, char** argv) {
       "--ablation", run_ablation,
       "HAT's ablation: for each configuration (U-shape, +spec, +chunk, +spec+chunk, +parallel, "
       "+pipeinfer, "
-      "U-Sarathi-128/256) start a cloud and --devices agents behind emulated edge links, run "
+      "U-Sarathi-128/256, +jupiter) start a cloud and --devices agents behind emulated edge links, run "
       "the same seeded workload, print a Table-V-style table, write SLA CDF plots (PNG) and "
       "JSON into --work-dir");
   serve_bench_cmd->add_option("--model", ablation.model_dir,

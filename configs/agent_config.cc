@@ -88,6 +88,11 @@ void CheckAgentConfig(const AgentConfig& config, bool require_bundle, Report&& r
   check("compute_threads", CheckAtLeast(config.compute_threads, 0));
   check("max_context", CheckAtLeast(config.max_context, 1));
   check("prompt_chunk_size", CheckAtLeast(config.prompt_chunk_size, 0));
+  if (config.prompt_chunk_plan != "equal" && config.prompt_chunk_plan != "jupiter") {
+    report("prompt_chunk_plan",
+           absl::StrCat("\"", config.prompt_chunk_plan, "\" is neither \"equal\" nor \"jupiter\""),
+           "");
+  }
   check("max_concurrent_requests", CheckAtLeast(config.max_concurrent_requests, 1));
   check("max_prompt_bytes", CheckAtLeast(config.max_prompt_bytes, 1));
   check("default_max_new_tokens", CheckAtLeast(config.default_max_new_tokens, 1));
@@ -207,6 +212,7 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
   reader.ReadInt("max_context", &config.max_context, Bound::kPositive);
   reader.ReadInt("prompt_chunk_size", &config.prompt_chunk_size, Bound::kNonNegative);
   reader.ReadBool("pipeline_prompt_chunks", &config.pipeline_prompt_chunks);
+  reader.ReadString("prompt_chunk_plan", &config.prompt_chunk_plan);
   reader.ReadInt("max_concurrent_requests", &config.max_concurrent_requests, Bound::kPositive);
   reader.ReadByteSize("max_prompt_bytes", &config.max_prompt_bytes, Bound::kPositive);
   reader.ReadByteSize("max_outbox_bytes", &config.max_outbox_bytes, Bound::kNonNegative);

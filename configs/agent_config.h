@@ -69,6 +69,11 @@ struct AgentConfig {
   // Chunk j+1 is computed and sent while the cloud works on chunk j. Off waits for each
   // chunk's answer first: the U-Sarathi baseline of the ablation bench.
   bool pipeline_prompt_chunks = true;
+  // How a prompt is cut when the cloud chooses the size (prompt_chunk_size 0): "equal", HAT's
+  // one size (equation 3, the cloud's Control); "jupiter", chunks of unequal length planned
+  // by Jupiter's DP over each pipeline stage's measured q(x, y) (device_agent/
+  // prompt_chunk_planner.h), equal chunks until those are measured.
+  std::string prompt_chunk_plan = "equal";
   int64_t max_concurrent_requests = 16;
   // Longest prompt text accepted, checked before tokenizing (a 4 MiB prompt took seconds of
   // CPU to tokenize only to be refused for its length).

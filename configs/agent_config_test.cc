@@ -46,6 +46,7 @@ compute_threads: 2
 max_context: 2048
 prompt_chunk_size: 64
 pipeline_prompt_chunks: false
+prompt_chunk_plan: jupiter
 max_concurrent_requests: 4
 default_max_new_tokens: 32
 request_timeout_s: 30
@@ -97,6 +98,7 @@ log_level: trace
   CHECK(config->max_context == 2048);
   CHECK(config->prompt_chunk_size == 64);
   CHECK_FALSE(config->pipeline_prompt_chunks);
+  CHECK(config->prompt_chunk_plan == "jupiter");
   CHECK(config->max_concurrent_requests == 4);
   CHECK(config->default_max_new_tokens == 32);
   CHECK(config->request_timeout_s == 30);
@@ -125,6 +127,12 @@ log_level: trace
   CHECK(config->metrics_address.empty());
   CHECK(config->log_level == "trace");
   CHECK(ValidateAgentConfig(*config).ok());
+}
+
+TEST_CASE("A prompt chunk plan the agent does not know is refused by key") {
+  CHECK(AgentConfig{}.prompt_chunk_plan == "equal");
+  CHECK_THAT(ErrorOf("prompt_chunk_plan: dp\n"),
+             Catch::Contains("prompt_chunk_plan") && Catch::Contains("\"dp\""));
 }
 
 TEST_CASE("The OpenAI endpoint is plain HTTP: loopback unless remote apps are allowed") {

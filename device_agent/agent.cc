@@ -87,6 +87,9 @@ class Agent::Request : private CloudSession {
   // Chunk j is computed and uploaded while the cloud works on chunk j-1; results are consumed
   // as they arrive.
   absl::Status Prefill();
+  // The prompt's chunk lengths from position reused_: Jupiter's plan (prompt_chunk_plan:
+  // jupiter, where the cloud chooses the size and every stage is measured), else chunk_size_.
+  std::vector<int64_t> PromptChunks();
   // The first token from the prompt's last position, then decode rounds until a stop id or
   // the length limit.
   absl::Status Decode();
@@ -495,11 +498,52 @@ bool Agent::Request::Park() {
   return true;
 }
 
+std::vector<int64_t> Agent::Request::PromptChunks() {
+  const AgentConfig& config = agent_.config_;
+  if (config.prompt_chunk_plan == "jupiter" && request_.prompt_chunk_size() == 0 &&
+      config.prompt_chunk_size == 0 && config.pipeline_prompt_chunks) {
+    const int64_t hidden = agent_.bundle_.config.hidden_size;
+    const v1::DType uplink_dtype =
+        agent_.wire_dtype_from_scheduler_ ? ChosenWireDtype() : wire_dtype_;
+    double up = 0;
+    double down = 0;
+    {
+      std::lock_guard<std::mutex> lock(agent_.device_state_mutex_);
+      up = agent_.link_.uplink_bytes_per_second();
+      down = agent_.link_.downlink_bytes_per_second();
+    }
+    const PromptChunkPlanner::LinkRates links{
+        .uplink_seconds_per_position =
+            up > 0 ? static_cast<double>(WireBytesPerPosition(uplink_dtype, hidden)) / up : 0,
+        .downlink_seconds_per_position =
+            down > 0 ? static_cast<double>(WireBytesPerPosition(wire_dtype_, hidden)) / down
+                     : 0};
+    std::optional<ChunkPlan> plan = agent_.chunk_planner_.Plan(reused_, prompt_length_, links);
+    if (agent_.metrics_ != nullptr) {
+      (plan ? agent_.metrics_->prompt_chunk_plans_jupiter
+            : agent_.metrics_->prompt_chunk_plans_unmeasured)
+          .Increment();
+    }
+    if (plan) {
+      spdlog::debug("request {}: {} prompt positions in {} planned chunks ({} first, {} last); "
+                    "{:.1f} ms predicted, {:.1f} ms in equal chunks",
+                    id_, prompt_length_ - reused_, plan->chunks.size(), plan->chunks.front(),
+                    plan->chunks.back(), 1e3 * plan->seconds, 1e3 * plan->equal_chunks_seconds);
+      return std::move(plan->chunks);
+    }
+  }
+  std::vector<int64_t> chunks;
+  for (int64_t start = reused_; start < prompt_length_; start += chunk_size_) {
+    chunks.push_back(std::min(chunk_size_, prompt_length_ - start));
+  }
+  return chunks;
+}
+
 absl::Status Agent::Request::Prefill() {
   // An earlier turn's positions [0, reused_) are in both sides' KV already.
-  for (int64_t start = reused_; start < prompt_length_; start += chunk_size_) {
+  int64_t start = reused_;
+  for (const int64_t n : PromptChunks()) {
     if (cancelled_) return absl::CancelledError("cancelled");
-    const int64_t n = std::min(chunk_size_, prompt_length_ - start);
     const SteadyClock::time_point computing = SteadyClock::now();
     TOPHAT_RETURN_IF_ERROR(ComputeShallow(start, n));
     const double device_seconds = Seconds(SteadyClock::now() - computing);
@@ -507,6 +551,9 @@ absl::Status Agent::Request::Prefill() {
     SendRows(start, start + n, v1::PHASE_PREFILL, device_seconds);
     // The adapter's KV covers the prompt too; built while the chunk is on the wire.
     TOPHAT_RETURN_IF_ERROR(decoder_->AbsorbPrompt(shallow_.narrow(0, start, n)));
+    // The device's input stage for the chunk planner: both, on this thread, less the send.
+    agent_.chunk_planner_.ObserveDeviceInput(n, start, Seconds(SteadyClock::now() - computing));
+    start += n;
     TOPHAT_RETURN_IF_ERROR(Pump(sent_, /*block=*/!agent_.config_.pipeline_prompt_chunks));
   }
   return Pump(prompt_length_, /*block=*/true);
@@ -728,7 +775,15 @@ absl::Status Agent::Request::HandleResult(const v1::ForwardResult& result) {
                           UnpackHiddenStates(result.states(), bundle.output->options().dtype));
   const int64_t skip = consumed_ - first;
   deep = deep.narrow(0, skip, count - skip);
+  const SteadyClock::time_point computing = SteadyClock::now();
   TOPHAT_ASSIGN_OR_RETURN(at::Tensor out, bundle.output->Forward(deep, *output_cache_));
+  if (result.phase() == v1::PHASE_PREFILL && !decoding_) {
+    // The prompt's pipeline stages for the chunk planner: the output submodel here, and the
+    // cloud's step that carried these positions (with the rest of its batch).
+    agent_.chunk_planner_.ObserveDeviceOutput(count - skip, consumed_,
+                                              Seconds(SteadyClock::now() - computing));
+    agent_.chunk_planner_.ObserveCloud(count, first, result.compute_seconds());
+  }
   last_output_ = out.narrow(0, out.size(0) - 1, 1);
   if (decoding_) rounds_->AddOutputStates(out);
   consumed_ += count - skip;

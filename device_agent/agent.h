@@ -27,6 +27,7 @@
 #include "device_agent/conversation_cache.h"
 #include "device_agent/dns_clouds.h"
 #include "device_agent/link_estimator.h"
+#include "device_agent/prompt_chunk_planner.h"
 #include "device_agent/speculative_decoder.h"
 #include "scheduler/moving_average.h"
 #include "models/runtime/bundle.h"
@@ -129,6 +130,9 @@ class Agent : private LinkSampleSink {
   std::string NewRequestId();
   std::mutex request_id_mutex_;
   std::mt19937_64 request_id_rng_{std::random_device{}()};
+
+  // prompt_chunk_plan: jupiter: every request's prompt timings, and their plans.
+  PromptChunkPlanner chunk_planner_;
 
   std::mutex device_state_mutex_;  // guards the four below
   MovingAverage draft_step_seconds_;  // γ, over requests

@@ -92,6 +92,15 @@ AgentMetrics::AgentMetrics(prometheus::Registry& registry)
           registry, "tophat_prompt_positions_reused_total",
           "Prompt positions an earlier turn of the conversation had computed on the device and "
           "the cloud, reused instead of computed and sent again")),
+      prompt_chunk_plans_family(
+          prometheus::BuildCounter()
+              .Name("tophat_prompt_chunk_plans_total")
+              .Help("Prompts cut under prompt_chunk_plan: jupiter: plan=\"jupiter\" in chunks "
+                    "of unequal length, plan=\"equal_unmeasured\" in equal chunks because a "
+                    "pipeline stage or a link was not measured yet")
+              .Register(registry)),
+      prompt_chunk_plans_jupiter(prompt_chunk_plans_family.Add({{"plan", "jupiter"}})),
+      prompt_chunk_plans_unmeasured(prompt_chunk_plans_family.Add({{"plan", "equal_unmeasured"}})),
       uplink_pacing_wait_seconds(AddHistogram(
           registry, "tophat_uplink_pacing_wait_seconds",
           "A prompt chunk's wait in the agent's outbox until the uplink pacer let it go (the "

@@ -64,6 +64,11 @@ struct AgentMetrics {
   // Prompt positions a conversation's earlier turn had already computed on both sides
   // (device_agent/conversation_cache.h), so neither computed nor sent again.
   prometheus::Counter& prompt_positions_reused;
+  // Prompts cut by prompt_chunk_plan: jupiter: planned (unequal chunks), or in HAT's equal
+  // chunks because a stage was not measured yet.
+  prometheus::Family<prometheus::Counter>& prompt_chunk_plans_family;
+  prometheus::Counter& prompt_chunk_plans_jupiter;
+  prometheus::Counter& prompt_chunk_plans_unmeasured;
   // A prompt chunk's wait in the agent's outbox for the uplink pacer (uplink_pacer.h).
   prometheus::Histogram& uplink_pacing_wait_seconds;
   // A decode chunk's round trip less the cloud's queue and compute: its time on the links,

@@ -2902,6 +2902,57 @@ TEST_CASE("A stricter η drafts fewer tokens and decodes the same ones", "[servi
   CHECK(strict_drafts < loose_drafts);
 }
 
+TEST_CASE("With prompt_chunk_plan jupiter an agent plans its prompts once every stage is timed, "
+          "and answers as with equal chunks",
+          "[serving][scheduler]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {.min_prompt_chunk_size = 4,
+                                  .compute_threads = kOneComputeThread});
+  AgentProcess agent(dir.path(), cloud, 0,
+                     std::string(kEmulatedLink) + "prompt_chunk_plan: jupiter\n",
+                     kOneComputeThread);
+  const std::vector<std::string> sentences = ToyPrompts(31, 200);
+  const auto plans = [&](const char* plan) {
+    return agent.Metric("tophat_prompt_chunk_plans_total", std::string("plan=\"") + plan + "\"");
+  };
+  // The first prompts go in equal chunks: no stage is timed and no link measured yet. Their
+  // chunks queue on the emulated link, which measures it.
+  size_t next = 0;
+  REQUIRE(testing::WaitUntil(
+      [&] {
+        auto r = agent.client().Generate(IdsRequest(PromptOf(sentences, 7 * next++, 300), 4));
+        return r.ok() && r->ok() && plans("jupiter") > 0;
+      },
+      90s));
+  CHECK(plans("equal_unmeasured") > 0);
+
+  // A planned prompt and the same prompt in equal chunks (the request's own size, which is
+  // never planned): the same greedy tokens, and the plan covers the prompt exactly once.
+  const std::vector<int32_t> prompt = PromptOf(sentences, 3, 500);
+  v1::GenerateRequest request = IdsRequest(prompt, 12);
+  request.set_trace(true);
+  const double planned_before = plans("jupiter");
+  auto planned = agent.client().Generate(request);
+  request.set_prompt_chunk_size(16);
+  auto equal = agent.client().Generate(request);
+  REQUIRE(planned.ok());
+  REQUIRE(planned->ok());
+  REQUIRE(equal.ok());
+  REQUIRE(equal->ok());
+  CHECK(plans("jupiter") == planned_before + 1);
+  CHECK(Tokens(*planned) == Tokens(*equal));
+  std::string lengths;
+  int64_t covered = 0;
+  for (const v1::ChunkTrace& chunk : planned->stats.chunks()) {
+    if (chunk.first_position() >= prompt.size()) continue;  // decode rounds
+    CHECK(chunk.first_position() == covered);
+    covered += chunk.positions();
+    lengths += absl::StrCat(chunk.positions(), " ");
+  }
+  INFO("planned chunks: " << lengths);
+  CHECK(covered == static_cast<int64_t>(prompt.size()));
+}
+
 TEST_CASE("Of two shaped links the slower gets smaller prompt chunks and chunking cuts its TTFT",
           "[serving][scheduler][timing]") {
   testing::TempDir dir;
