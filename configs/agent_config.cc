@@ -88,6 +88,24 @@ void CheckAgentConfig(const AgentConfig& config, bool require_bundle, Report&& r
   check("compute_threads", CheckAtLeast(config.compute_threads, 0));
   check("max_context", CheckAtLeast(config.max_context, 1));
   check("prompt_chunk_size", CheckAtLeast(config.prompt_chunk_size, 0));
+  if (!config.outline.directive.empty()) {
+    // The rest of the template is needed with a directive: the points cannot be found or
+    // expanded without it.
+    if (config.outline.labels.size() < 2) {
+      report("outline.labels", "needs at least two labels to number an outline's points",
+             "outline.directive");
+    }
+    if (config.outline.stop.empty()) {
+      report("outline.stop", "is required with outline.directive (the token that ends the "
+             "outline and each expansion)", "outline.directive");
+    }
+    if (config.outline.expand.find("{point}") == std::string::npos) {
+      report("outline.expand", absl::StrCat("\"", config.outline.expand,
+                                            "\" has no {point} to name the point it expands"),
+             "outline.directive");
+    }
+  }
+  check("outline.max_points", CheckAtLeast(config.outline.max_points, 2));
   if (config.prompt_chunk_plan != "equal" && config.prompt_chunk_plan != "jupiter") {
     report("prompt_chunk_plan",
            absl::StrCat("\"", config.prompt_chunk_plan, "\" is neither \"equal\" nor \"jupiter\""),
@@ -212,6 +230,14 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
   reader.ReadInt("max_context", &config.max_context, Bound::kPositive);
   reader.ReadInt("prompt_chunk_size", &config.prompt_chunk_size, Bound::kNonNegative);
   reader.ReadBool("pipeline_prompt_chunks", &config.pipeline_prompt_chunks);
+  reader.ReadString("outline.directive", &config.outline.directive);
+  reader.ReadStringList("outline.labels", &config.outline.labels);
+  reader.ReadString("outline.expand", &config.outline.expand);
+  reader.ReadString("outline.stop", &config.outline.stop);
+  reader.ReadInt("outline.max_points", &config.outline.max_points, Bound::kPositive);
+  reader.ReadInt("outline.max_outline_tokens", &config.outline.max_outline_tokens,
+                 Bound::kPositive);
+  reader.ReadInt("outline.max_point_tokens", &config.outline.max_point_tokens, Bound::kPositive);
   reader.ReadString("prompt_chunk_plan", &config.prompt_chunk_plan);
   reader.ReadInt("max_concurrent_requests", &config.max_concurrent_requests, Bound::kPositive);
   reader.ReadByteSize("max_prompt_bytes", &config.max_prompt_bytes, Bound::kPositive);

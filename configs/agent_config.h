@@ -124,6 +124,20 @@ struct AgentConfig {
     double ahead_min_keep_rate = 0.5;
     bool operator==(const Speculative&) const = default;
   } speculative;
+  // Outline-based parallel decoding (GenerateRequest.outline; Jupiter §IV-C): how this
+  // model is asked for an outline and how its points are found and expanded. Per model; the
+  // toy and evaluation models' is in configs/agent.yaml. Empty directive: requests that ask
+  // for an outline fail with FAILED_PRECONDITION.
+  struct Outline {
+    std::string directive;            // appended to the prompt to ask for the outline
+    std::vector<std::string> labels;  // the outline numbers its points with these, in order
+    std::string expand;               // appended after the outline to expand point {label} {point}
+    std::string stop;                 // one token that ends the outline and each expansion
+    int64_t max_points = 8;
+    int64_t max_outline_tokens = 64;
+    int64_t max_point_tokens = 64;
+    bool operator==(const Outline&) const = default;
+  } outline;
   // An emulated edge link in front of the cloud stream, for benchmarks on loopback: every
   // message waits `one_way_delay_s` plus its bytes over the bandwidth (0: unlimited), in order.
   // Prompt chunks wait for the cloud's receipts before more of them go (device_agent/

@@ -1186,6 +1186,7 @@ v1::GenerateResponse Agent::Generate(const v1::GenerateRequest& request,
                                      const std::function<bool(const TokenEvent&)>& on_tokens,
                                      const std::string& caller,
                                      const std::function<bool()>& client_gone) {
+  if (request.outline().enabled()) return GenerateOutline(request, on_tokens, caller, client_gone);
   Request run(*this, request, on_tokens, client_gone);
   std::string id = request.request_id();
   if (id.empty()) id = NewRequestId();
@@ -1224,6 +1225,16 @@ v1::GenerateResponse Agent::Generate(const v1::GenerateRequest& request,
 
 bool Agent::Cancel(const std::string& request_id, const std::string& caller) {
   std::lock_guard<std::mutex> lock(requests_mutex_);
+  if (auto outline = outlines_running_.find({caller, request_id});
+      outline != outlines_running_.end()) {
+    *outline->second = true;  // parts that start later see it before they run
+    // Its parts running now: request ids "<id>/outline" and "<id>/point-<i>".
+    const std::string prefix = request_id + "/";
+    for (auto& [key, running] : running_) {
+      if (key.first == caller && key.second.starts_with(prefix)) running->Cancel();
+    }
+    return true;
+  }
   auto it = running_.find({caller, request_id});
   if (it == running_.end()) return false;
   it->second->Cancel();

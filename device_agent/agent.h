@@ -83,6 +83,14 @@ class Agent : private LinkSampleSink {
         std::shared_ptr<grpc::ChannelCredentials> cloud_credentials, std::string cloud_token,
         std::shared_ptr<DnsClouds> dns, prometheus::Registry* registry);
   absl::Status CheckHello(const v1::Hello& hello) const;
+  // GenerateRequest.outline (Jupiter §IV-C; device_agent/outline.h, outline_request.cc):
+  // the outline as a request of its own, then each of its points expanded as a request of
+  // its own, all decoded together and streamed in point order; the prompt decoded
+  // sequentially when the outline has fewer than two points.
+  v1::GenerateResponse GenerateOutline(const v1::GenerateRequest& request,
+                                       const std::function<bool(const TokenEvent&)>& on_tokens,
+                                       const std::string& caller,
+                                       const std::function<bool()>& client_gone);
   // Folds one decode round's measurements into the device's state and, at most once a
   // second, reports it to the cloud's state monitor (DeviceState on stream `epoch`).
   void ReportDecodeRound(uint64_t epoch, double draft_step_seconds, double tokens);
@@ -143,6 +151,8 @@ class Agent : private LinkSampleSink {
   mutable std::mutex requests_mutex_;
   // (caller, request id) -> request, for Cancel.
   std::map<std::pair<std::string, std::string>, Request*> running_;
+  // The same for outline requests (whose parts run as requests of their own): set to cancel.
+  std::map<std::pair<std::string, std::string>, std::atomic<bool>*> outlines_running_;
 };
 
 }  // namespace tophat

@@ -187,6 +187,23 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
         }
         request.include_usage = setting.get<bool>();
       }
+    } else if (key == "tophat_outline") {
+      if (value.is_boolean()) {
+        request.outline_max_points = value.get<bool>() ? -1 : 0;
+      } else if (value.is_object()) {
+        request.outline_max_points = -1;
+        for (const auto& [option, setting] : value.items()) {
+          if (option != "max_points" || !setting.is_number_integer() ||
+              setting.get<int64_t>() < 2) {
+            return Invalid(absl::StrCat("tophat_outline.", option),
+                           absl::StrCat("tophat_outline takes only max_points, an integer of at "
+                                        "least 2; got ", option));
+          }
+          request.outline_max_points = setting.get<int64_t>();
+        }
+      } else {
+        return Invalid(key, "'tophat_outline' must be a boolean or {\"max_points\": N}");
+      }
     } else if (key == "n") {
       if (!value.is_number_integer() || value.get<int64_t>() != 1) {
         return Invalid(key, "'n' must be 1: one choice per request");

@@ -42,6 +42,11 @@ struct OpenAiRequest {
   std::vector<std::string> stop;  // at most 4, none empty
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // tophat's extension (OpenAI's clients send it with extra_body; OpenAI ignores nothing, so
+  // only a tophat endpoint should get it): "tophat_outline": true or {"max_points": N} asks
+  // for outline-based parallel decoding (GenerateRequest.outline). 0: off; else the points'
+  // bound (-1: the agent's).
+  int64_t outline_max_points = 0;
 };
 
 // `served_model`: the one model name the agent answers to (GET /v1/models lists it); any

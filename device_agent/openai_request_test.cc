@@ -51,6 +51,30 @@ TEST_CASE("A chat request's honoured fields are read") {
   CHECK_FALSE(c.stream);
 }
 
+TEST_CASE("tophat_outline asks for outline-based parallel decoding, and only that") {
+  CHECK(ParseOk(OpenAiEndpoint::kCompletions, R"({"model": "toy", "prompt": "x"})")
+            .outline_max_points == 0);
+  CHECK(ParseOk(OpenAiEndpoint::kCompletions,
+                R"({"model": "toy", "prompt": "x", "tophat_outline": true})")
+            .outline_max_points == -1);
+  CHECK(ParseOk(OpenAiEndpoint::kCompletions,
+                R"({"model": "toy", "prompt": "x", "tophat_outline": false})")
+            .outline_max_points == 0);
+  CHECK(ParseOk(OpenAiEndpoint::kChatCompletions,
+                R"({"model": "toy", "messages": [{"role": "user", "content": "x"}],
+                    "tophat_outline": {"max_points": 3}})")
+            .outline_max_points == 3);
+  CHECK(ParseError(OpenAiEndpoint::kCompletions,
+                   R"({"model": "toy", "prompt": "x", "tophat_outline": {"points": 3}})")
+            .param == "tophat_outline.points");
+  CHECK(ParseError(OpenAiEndpoint::kCompletions,
+                   R"({"model": "toy", "prompt": "x", "tophat_outline": {"max_points": 1}})")
+            .param == "tophat_outline.max_points");
+  CHECK(ParseError(OpenAiEndpoint::kCompletions,
+                   R"({"model": "toy", "prompt": "x", "tophat_outline": "yes"})")
+            .param == "tophat_outline");
+}
+
 TEST_CASE("What the endpoint would ignore is refused by name, with OpenAI's error shape") {
   struct Case {
     OpenAiEndpoint endpoint;

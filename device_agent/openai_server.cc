@@ -360,6 +360,13 @@ void OpenAiServer::Route() {
     generate.mutable_sampling()->set_top_p(static_cast<float>(request.top_p));
     if (request.seed) generate.mutable_sampling()->set_seed(*request.seed);
     for (uint32_t id : stop_ids) generate.add_stop_token_ids(id);
+    if (request.outline_max_points != 0) {
+      generate.mutable_outline()->set_enabled(true);
+      if (request.outline_max_points > 0) {
+        generate.mutable_outline()->set_max_points(
+            static_cast<uint32_t>(request.outline_max_points));
+      }
+    }
 
     if (!request.stream) {
       StopSequenceFilter filter(request.stop);

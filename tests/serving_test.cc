@@ -2902,6 +2902,90 @@ TEST_CASE("A stricter η drafts fewer tokens and decodes the same ones", "[servi
   CHECK(strict_drafts < loose_drafts);
 }
 
+// The toy model's outline template, as configs/agent.yaml has it.
+constexpr const char* kToyOutline =
+    "outline:\n  directive: \" outline :\"\n"
+    "  labels: [one, two, three, four, five, six, seven, eight, nine, ten]\n"
+    "  expand: \" point {label} {point} :\"\n  stop: \" .\"\n";
+
+TEST_CASE("An outline request expands its points as parallel requests and streams them in "
+          "point order",
+          "[serving][outline]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});
+  AgentProcess agent(dir.path(), cloud, 0, kToyOutline);
+  int outlined = 0;
+  for (const std::string& prompt : ToyOutlinePrompts(41, 4)) {
+    v1::GenerateRequest request;
+    request.set_prompt(prompt);
+    request.set_max_new_tokens(40);
+    request.mutable_outline()->set_enabled(true);
+    std::string streamed;
+    auto result = agent.client().Generate(
+        request, [&](const v1::GenerateResponse& update) { streamed += update.text(); });
+    REQUIRE(result.ok());
+    INFO(prompt << " -> " << streamed << " (" << result->error << ")");
+    REQUIRE(result->ok());
+    const v1::RequestStats& stats = result->stats;
+    if (stats.outline_fallback()) continue;  // the model wrote no outline: see the next case
+    ++outlined;
+    REQUIRE(stats.outline_points() >= 2);
+    // The answer: the outline, then each point's marker in the outline's order, each
+    // followed by its expansion, in one stream.
+    const std::vector<std::string> labels = {"one", "two", "three", "four", "five",
+                                             "six", "seven", "eight", "nine", "ten"};
+    const size_t outline_end = streamed.find(" .");
+    REQUIRE(outline_end != std::string::npos);
+    size_t at = outline_end;
+    for (uint32_t i = 0; i < stats.outline_points(); ++i) {
+      const size_t marker = streamed.find(" point " + labels[i] + " ", at);
+      CHECK(marker != std::string::npos);
+      if (marker == std::string::npos) break;
+      at = marker + 1;
+    }
+    CHECK(streamed.find(" point " + labels[stats.outline_points()] + " ") ==
+          std::string::npos);
+    CHECK(stats.prompt_tokens() > 0);
+    CHECK(stats.generated_tokens() > stats.outline_points());
+    CHECK(stats.time_to_first_token_seconds() > 0);
+  }
+  CHECK(outlined >= 2);
+  // Each point ran as a request of its own: the cloud admitted the outline and every point.
+  CHECK(cloud.Metric("tophat_sessions_admitted_total") >= 3 * outlined);
+}
+
+TEST_CASE("An outline that does not parse falls back to sequential decoding, and an agent "
+          "without a template refuses by key",
+          "[serving][outline]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});
+  // Labels the model never writes: no outline parses.
+  AgentProcess agent(dir.path(), cloud, 0,
+                     "outline:\n  directive: \" outline :\"\n  labels: [alpha, beta]\n"
+                     "  expand: \" point {label} {point} :\"\n  stop: \" .\"\n");
+  v1::GenerateRequest request;
+  request.set_prompt(ToyOutlinePrompts(43, 1).front());
+  request.set_max_new_tokens(24);
+  auto sequential = agent.client().Generate(request);
+  request.mutable_outline()->set_enabled(true);
+  auto fallback = agent.client().Generate(request);
+  REQUIRE(sequential.ok());
+  REQUIRE(sequential->ok());
+  REQUIRE(fallback.ok());
+  INFO(fallback->error);
+  REQUIRE(fallback->ok());
+  CHECK(fallback->stats.outline_fallback());
+  CHECK(fallback->stats.outline_points() == 0);
+  CHECK(Tokens(*fallback) == Tokens(*sequential));  // greedy: the same answer
+
+  AgentProcess plain(dir.path(), cloud, 0);
+  auto refused = plain.client().Generate(request);
+  REQUIRE(refused.ok());
+  CHECK_FALSE(refused->ok());
+  CHECK_THAT(refused->error, Catch::Contains("FAILED_PRECONDITION") &&
+                                 Catch::Contains("outline.directive"));
+}
+
 TEST_CASE("With prompt_chunk_plan jupiter an agent plans its prompts once every stage is timed, "
           "and answers as with equal chunks",
           "[serving][scheduler]") {

@@ -1,8 +1,11 @@
 #include "models/training/toy_corpus.h"
 
+#include <algorithm>
 #include <array>
+#include <sstream>
 #include <random>
 #include <string_view>
+#include <vector>
 
 namespace tophat {
 namespace {
@@ -44,6 +47,9 @@ constexpr std::array<std::string_view, 20> kNumbers = {
     "one",     "two",     "three",     "four",     "five",    "six",      "seven",
     "eight",   "nine",    "ten",       "eleven",   "twelve",  "thirteen", "fourteen",
     "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty"};
+
+// Of the corpus's documents, the share that are outline answers.
+constexpr double kOutlineShare = 0.15;
 
 constexpr std::array<std::string_view, 4> kTimes = {"in the morning", "at noon",
                                                     "in the evening", "at night"};
@@ -91,7 +97,47 @@ class Grammar {
     out += " .";
   }
 
+  // An answer made of independent points, for outline-based parallel decoding (Jupiter
+  // §IV-C): the prompt names 2-4 creatures, the outline numbers them, and each point's
+  // expansion is one sentence about its creature, which depends on nothing but the point's
+  // own marker.
+  // "stories of the cat , the robot and the baker . outline : one cat two robot three baker .
+  //  point one cat : the sleepy cat chased the mouse . point two robot : ... end ."
+  std::string OutlineDocument() {
+    std::string doc = OutlinePrompt();
+    doc += " outline :";
+    for (size_t i = 0; i < outline_.size(); ++i) {
+      ((doc += " ") += kNumbers[i]) += " ";
+      doc += kCreatures[outline_[i]].noun;
+    }
+    doc += " .";
+    for (size_t i = 0; i < outline_.size(); ++i) {
+      ((doc += " point ") += kNumbers[i]) += " ";
+      (doc += kCreatures[outline_[i]].noun) += " : ";
+      Action(doc, kCreatures[outline_[i]]);
+    }
+    doc += " end .";
+    return doc;
+  }
+
+  // "stories of the cat , the robot and the baker ." (the creatures in outline_)
+  std::string OutlinePrompt() {
+    outline_.clear();
+    const size_t points = 2 + Pick(3);
+    while (outline_.size() < points) {
+      const size_t c = Pick(kCreatures.size());
+      if (std::find(outline_.begin(), outline_.end(), c) == outline_.end()) outline_.push_back(c);
+    }
+    std::string out = "stories of";
+    for (size_t i = 0; i < outline_.size(); ++i) {
+      if (i > 0) out += i + 1 == outline_.size() ? " and" : " ,";
+      (out += " the ") += kCreatures[outline_[i]].noun;
+    }
+    return out + " .";
+  }
+
   std::string Document() {
+    if (Chance(kOutlineShare)) return OutlineDocument();
     std::string doc;
     const size_t sentences = 2 + Pick(4);
     for (size_t s = 0; s < sentences; ++s) {
@@ -120,9 +166,83 @@ class Grammar {
 
  private:
   std::mt19937_64 rng_;
+  std::vector<size_t> outline_;  // creatures of the last outline prompt
 };
 
+const Creature* CreatureNamed(std::string_view noun) {
+  for (const Creature& c : kCreatures) {
+    if (c.noun == noun) return &c;
+  }
+  return nullptr;
+}
+
+template <size_t N>
+bool OneOf(const std::array<std::string_view, N>& words, std::string_view word) {
+  return std::find(words.begin(), words.end(), word) != words.end();
+}
+
 }  // namespace
+
+std::vector<std::string> ToyOutlinePrompts(uint64_t seed, int64_t count) {
+  Grammar grammar(seed ^ 0x5851f42d4c957f2dULL);
+  std::vector<std::string> prompts;
+  prompts.reserve(count);
+  for (int64_t i = 0; i < count; ++i) prompts.push_back(grammar.OutlinePrompt());
+  return prompts;
+}
+
+bool IsToySentenceAbout(std::string_view sentence, std::string_view noun) {
+  const Creature* c = CreatureNamed(noun);
+  if (c == nullptr) return false;
+  std::vector<std::string> words;
+  std::istringstream in{std::string(sentence)};
+  for (std::string w; in >> w;) words.push_back(w);
+  size_t i = 0;
+  const auto next = [&]() -> std::string_view {
+    return i < words.size() ? std::string_view(words[i]) : std::string_view();
+  };
+  if (next() != "the") return false;
+  ++i;
+  if (OneOf(c->adjectives, next())) ++i;
+  if (next() != c->noun) return false;
+  ++i;
+  if (!OneOf(c->verbs, next())) return false;
+  ++i;
+  if (next() != "the") return false;
+  ++i;
+  if (!OneOf(c->objects, next())) return false;
+  ++i;
+  if (next() == "in" && i + 2 < words.size() && words[i + 1] == "the" &&
+      OneOf(c->places, words[i + 2])) {
+    i += 3;
+  }
+  // What is left: " ." or a time of day and " .".
+  std::string rest;
+  for (size_t j = i; j < words.size(); ++j) (rest += rest.empty() ? "" : " ") += words[j];
+  if (rest == ".") return true;
+  return std::any_of(kTimes.begin(), kTimes.end(),
+                     [&](std::string_view time) { return rest == std::string(time) + " ."; });
+}
+
+ToyOutlineScore ScoreToyOutlineAnswer(std::string_view answer) {
+  std::vector<std::string> words;
+  std::istringstream in{std::string(answer)};
+  for (std::string w; in >> w;) words.push_back(w);
+  ToyOutlineScore score;
+  for (size_t i = 0; i + 3 < words.size(); ++i) {
+    if (words[i] != "point" || !OneOf(kNumbers, words[i + 1]) || words[i + 3] != ":") continue;
+    ++score.points;
+    std::string sentence;
+    size_t j = i + 4;
+    for (; j < words.size(); ++j) {
+      (sentence += sentence.empty() ? "" : " ") += words[j];
+      if (words[j] == ".") break;
+    }
+    if (IsToySentenceAbout(sentence, words[i + 2])) ++score.valid;
+    i = j > i ? j - 1 : i;
+  }
+  return score;
+}
 
 std::vector<std::string> GenerateToyCorpus(uint64_t seed, int64_t count) {
   Grammar grammar(seed);

@@ -30,7 +30,7 @@ using json = nlohmann::json;
 
 // Bumped whenever the corpus, the architecture or the training recipe changes, so that a
 // cached model from an older generator is not reused.
-constexpr int kGeneratorVersion = 2;
+constexpr int kGeneratorVersion = 3;  // 3: outline answers in the corpus
 constexpr char kStampFile[] = "tophat_toy_model.json";
 
 }  // namespace

@@ -33,10 +33,47 @@ ToyModelOptions TinyOptions(const fs::path& out) {
   return o;
 }
 
+TEST_CASE("An outline point's expansion is checked against its creature", "[toy]") {
+  CHECK(IsToySentenceAbout("the sleepy cat chased the mouse in the garden .", "cat"));
+  CHECK(IsToySentenceAbout("the cat caught the ball at night .", "cat"));
+  CHECK(IsToySentenceAbout("the dog fetched the bone in the park in the evening .", "dog"));
+  CHECK_FALSE(IsToySentenceAbout("the sleepy cat chased the mouse in the garden .", "dog"));
+  CHECK_FALSE(IsToySentenceAbout("the cat fetched the mouse .", "cat"));  // a dog's verb
+  CHECK_FALSE(IsToySentenceAbout("the cat chased the mouse", "cat"));     // unfinished
+  CHECK_FALSE(IsToySentenceAbout("the cat chased the mouse . the cat", "cat"));
+  CHECK_FALSE(IsToySentenceAbout("", "cat"));
+  CHECK_FALSE(IsToySentenceAbout("the unicorn chased the mouse .", "unicorn"));
+
+  const ToyOutlineScore score = ScoreToyOutlineAnswer(
+      "one cat two dog . point one cat : the cat chased the mouse . point two dog : the dog "
+      "chased the mouse . end .");
+  CHECK(score.points == 2);
+  CHECK(score.valid == 1);  // a dog does not chase
+  // Every answer of the corpus's own outline documents is valid.
+  for (const std::string& doc : GenerateToyCorpus(11, 300)) {
+    if (!doc.starts_with("stories of")) continue;
+    const ToyOutlineScore s = ScoreToyOutlineAnswer(doc);
+    CHECK(s.points >= 2);
+    CHECK(s.valid == s.points);
+  }
+}
+
 TEST_CASE("The toy corpus is deterministic per seed", "[toy]") {
   CHECK(GenerateToyCorpus(5, 30) == GenerateToyCorpus(5, 30));
   CHECK(GenerateToyCorpus(5, 30) != GenerateToyCorpus(6, 30));
   CHECK(ToyPrompts(1, 4) == ToyPrompts(1, 4));
+  // Outline answers are part of the corpus, and their prompts are drawn the same way.
+  const std::vector<std::string> corpus = GenerateToyCorpus(5, 200);
+  const auto outlines = std::count_if(corpus.begin(), corpus.end(), [](const std::string& d) {
+    return d.starts_with("stories of") && d.find(" outline : one ") != std::string::npos &&
+           d.find(" point two ") != std::string::npos && d.ends_with(" end .");
+  });
+  CHECK(outlines > 10);
+  CHECK(outlines < 60);
+  for (const std::string& prompt : ToyOutlinePrompts(3, 20)) {
+    CHECK(prompt.starts_with("stories of the "));
+    CHECK(prompt.ends_with(" ."));
+  }
 }
 
 TEST_CASE("Toy model training is deterministic and cached", "[toy]") {
