@@ -2,7 +2,8 @@
 // outline) against sequential decoding of the same prompts. A real tophat-cloud and a
 // tophat-agent behind an emulated edge link answer the toy grammar's outline prompts ("stories
 // of the cat , the robot and the baker .") both ways, alternating prompt by prompt: sequentially
-// (the prompt and the outline directive, decoded to the answer's "end"), and as an outline whose
+// (the prompt and the outline directive; its latency and text taken to the end of its N-th
+// point for a prompt of N creatures, since the model may go on or stop early), and as an outline whose
 // points are expanded in parallel. Per number of points: end-to-end latency, tokens per second,
 // time to first token, the cloud's mean batch (tokens per step) while each mode ran, and the
 // quality measure: the fraction of points whose sentence is valid for its creature (the
@@ -46,6 +47,7 @@ struct Args {
   double downlink_bytes_per_second = 12.5e6 / 8;
   double one_way_delay_ms = 10;
   std::string json_path;
+  int64_t max_fallbacks = -1;  // >= 0: fail with more outline answers than this falling back
 };
 
 // The toy model's outline template (configs/agent.yaml has the same).
@@ -62,6 +64,35 @@ struct Run {
   int valid = 0;       // of them, valid for their creature
   double batch_tokens = 0;  // the cloud's tokens per step while it ran
 };
+
+// A sequential answer as far as it answers the prompt: to the end of its `points`-th point's
+// sentence (the model may go on past the creatures it was asked about, or stop early). Its
+// text that far and when its last token arrived.
+struct Answered {
+  std::string text;
+  double seconds = 0;
+  int64_t tokens = 0;
+};
+Answered SequentialAnswer(const GenerateResult& result, int points, const Tokenizer& tokenizer) {
+  std::vector<int32_t> ids;
+  for (size_t k = 0; k < result.token_ids.size(); ++k) {
+    ids.push_back(static_cast<int32_t>(result.token_ids[k]));
+    absl::StatusOr<std::string> text = tokenizer.Decode(ids);
+    if (!text.ok()) continue;
+    int markers = 0;
+    size_t last_marker = 0;
+    for (size_t at = text->find("point "); at != std::string::npos;
+         at = text->find("point ", at + 1)) {
+      ++markers;
+      last_marker = at;
+    }
+    if (markers >= points && text->size() > last_marker && text->ends_with(".")) {
+      return {*text, result.token_arrival_seconds[k], static_cast<int64_t>(k + 1)};
+    }
+  }
+  return {result.text, result.token_arrival_seconds.empty() ? 0 : result.token_arrival_seconds.back(),
+          static_cast<int64_t>(result.token_ids.size())};
+}
 
 struct Iterations {
   double sum = 0;
@@ -134,17 +165,27 @@ int RunBench(const Args& args) {
     if (auto r = (*client)->Generate(warm); !r.ok()) return Fail(r.status());
   }
 
-  const auto timed = [&](const v1::GenerateRequest& request) -> absl::StatusOr<Run> {
+  const auto timed = [&](const v1::GenerateRequest& request,
+                         int creatures) -> absl::StatusOr<Run> {
     const Iterations before = CloudIterations(cloud_metrics);
     absl::StatusOr<GenerateResult> result = (*client)->Generate(request);
     if (!result.ok()) return result.status();
     if (!result->ok()) return absl::InternalError(result->error);
     const Iterations after = CloudIterations(cloud_metrics);
     Run run;
-    run.e2e_s = result->token_arrival_seconds.empty() ? 0 : result->token_arrival_seconds.back();
     run.ttft_s = result->time_to_first_token_seconds();
-    run.tokens = result->stats.generated_tokens();
-    const ToyOutlineScore score = ScoreToyOutlineAnswer(result->text);
+    std::string answer = result->text;
+    if (request.outline().enabled()) {
+      run.e2e_s =
+          result->token_arrival_seconds.empty() ? 0 : result->token_arrival_seconds.back();
+      run.tokens = result->stats.generated_tokens();
+    } else {
+      const Answered answered = SequentialAnswer(*result, creatures, **tokenizer);
+      answer = answered.text;
+      run.e2e_s = answered.seconds;
+      run.tokens = answered.tokens;
+    }
+    const ToyOutlineScore score = ScoreToyOutlineAnswer(answer);
     run.points = score.points;
     run.valid = score.valid;
     run.batch_tokens = after.count > before.count
@@ -173,7 +214,7 @@ int RunBench(const Args& args) {
     // Alternate which goes first, so that neither always meets a cooler machine.
     for (int k = 0; k < 2; ++k) {
       const bool outline_now = (k == 0) == (i % 2 == 0);
-      absl::StatusOr<Run> run = timed(outline_now ? par : seq);
+      absl::StatusOr<Run> run = timed(outline_now ? par : seq, creatures);
       if (!run.ok()) return Fail(run.status());
       if (outline_now && run->points < 0) {
         ++fallbacks;
@@ -196,8 +237,8 @@ int RunBench(const Args& args) {
       "%lld prompts, at most %lld tokens, speculative decoding %s; link %.0f KB/s up, %.0f KB/s "
       "down, %.0f ms each way (emulated in the agent); outline fell back to sequential %d "
       "time(s)\n"
-      "points  n | e2e ms seq / outline (ratio) | tok/s seq / outline | TTFT ms seq / outline "
-      "| batch tok seq / outline | valid points seq / outline\n",
+      "points  n | tokens seq / outline | e2e ms seq / outline (ratio) | tok/s seq / outline | "
+      "TTFT ms seq / outline | batch tok seq / outline | valid points seq / outline\n",
       static_cast<long long>(args.prompts), static_cast<long long>(args.max_tokens),
       args.speculative ? "on" : "off", args.uplink_bytes_per_second / 1e3,
       args.downlink_bytes_per_second / 1e3, args.one_way_delay_ms, fallbacks);
@@ -208,6 +249,7 @@ int RunBench(const Args& args) {
     const auto tps = [](const Run& r) { return r.e2e_s > 0 ? r.tokens / r.e2e_s : 0.0; };
     const auto ttft = [](const Run& r) { return r.ttft_s; };
     const auto batch = [](const Run& r) { return r.batch_tokens; };
+    const auto tokens = [](const Run& r) { return static_cast<double>(r.tokens); };
     const auto valid = [](const std::vector<Run>& runs) {
       double points = 0, good = 0;
       for (const Run& r : runs) {
@@ -218,9 +260,11 @@ int RunBench(const Args& args) {
     };
     const double ratio = mean(par_runs, e2e) > 0 ? mean(seq_runs, e2e) / mean(par_runs, e2e) : 0;
     absl::StrAppendFormat(&table,
-                          "%6d %2zu | %7.0f / %7.0f (%.2fx)   | %6.1f / %6.1f       | %6.0f / "
-                          "%6.0f       | %6.1f / %6.1f         | %.2f / %.2f\n",
-                          creatures, seq_runs.size(), 1e3 * mean(seq_runs, e2e),
+                          "%6d %2zu | %6.1f / %6.1f      | %7.0f / %7.0f (%.2fx)   | %6.1f / "
+                          "%6.1f       | %6.0f / %6.0f       | %6.1f / %6.1f         | %.2f / "
+                          "%.2f\n",
+                          creatures, seq_runs.size(), mean(seq_runs, tokens),
+                          mean(par_runs, tokens), 1e3 * mean(seq_runs, e2e),
                           1e3 * mean(par_runs, e2e), ratio, mean(seq_runs, tps),
                           mean(par_runs, tps), 1e3 * mean(seq_runs, ttft),
                           1e3 * mean(par_runs, ttft), mean(seq_runs, batch),
@@ -228,6 +272,8 @@ int RunBench(const Args& args) {
     rows.push_back({{"points", creatures},
                     {"prompts", seq_runs.size()},
                     {"outline_prompts", par_runs.size()},
+                    {"tokens_sequential", mean(seq_runs, tokens)},
+                    {"tokens_outline", mean(par_runs, tokens)},
                     {"e2e_ms_sequential", 1e3 * mean(seq_runs, e2e)},
                     {"e2e_ms_outline", 1e3 * mean(par_runs, e2e)},
                     {"speedup", ratio},
@@ -257,6 +303,11 @@ int RunBench(const Args& args) {
       return Fail(s);
     }
   }
+  if (args.max_fallbacks >= 0 && fallbacks > args.max_fallbacks) {
+    std::fprintf(stderr, "FAIL: %d outline answers fell back to sequential decoding (at most "
+                 "%lld allowed)\n", fallbacks, static_cast<long long>(args.max_fallbacks));
+    return 1;
+  }
   return 0;
 }
 
@@ -284,6 +335,10 @@ int main(int argc, char** argv) {
   app.add_option("--one-way-delay-ms", args.one_way_delay_ms, "Emulated delay each way")
       ->capture_default_str();
   app.add_option("--json", args.json_path, "Also write the JSON report here");
+  app.add_option("--max-fallbacks", args.max_fallbacks,
+                 "Fail when more outline answers than this fell back to sequential decoding "
+                 "(-1: no check)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   return tophat::RunBench(args);
 }

@@ -88,6 +88,8 @@ TEST_CASE("The demo configs run on loopback with bundles in build/demo-bundles")
         LoadAgentConfig(kConfigsDir / "demo" / ("agent-" + std::to_string(i) + ".yaml"));
     REQUIRE(agent.ok());
     CHECK(agent->listen_address == "127.0.0.1:720" + std::to_string(i));
+    CHECK(agent->outline.directive == " outline :");  // the toy model's outline answers
+    CHECK(agent->outline.labels.size() == 10);
     CHECK(agent->metrics_address == "127.0.0.1:920" + std::to_string(i));
     CHECK(agent->cloud_address == cloud->listen_address);
     CHECK(agent->prompt_chunk_size == 32);
