@@ -1,9 +1,12 @@
 #include "device_agent/prompt_chunk_planner.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace tophat {
 namespace {
+
+constexpr int64_t kMaxPlannedChunks = 256;
 
 // q(x, y + first) as a cost of x after y: the context every chunk of this prompt starts with
 // adds per_pair·first to each position's cost.
@@ -67,11 +70,25 @@ std::optional<std::vector<ChunkCost>> PromptChunkPlanner::Stages(int64_t first,
 }
 
 std::optional<ChunkPlan> PromptChunkPlanner::Plan(int64_t first, int64_t prompt,
-                                                  const LinkRates& links) const {
+                                                  const LinkRates& links,
+                                                  int64_t max_chunk) const {
   if (prompt <= first) return std::nullopt;
   const std::optional<std::vector<ChunkCost>> stages = Stages(first, links);
   if (!stages) return std::nullopt;
-  absl::StatusOr<ChunkPlan> plan = PlanChunks(prompt - first, *stages, options_.plan);
+  ChunkPlanOptions options = options_.plan;
+  const int64_t positions = prompt - first;
+  if (max_chunk > 0) {
+    options.max_chunk = max_chunk;
+    options.granularity = std::clamp<int64_t>(max_chunk / 4, 1, options.granularity);
+    options.min_chunk = std::min(options.min_chunk, std::max<int64_t>(1, max_chunk / 2));
+    // Room to make chunks shorter than the ceiling: twice as many as it needs, within reason
+    // (the DP's cost grows with the chunks tried times the grain's positions).
+    const int64_t needed = (positions + max_chunk - 1) / max_chunk;
+    options.max_chunks = std::min<int64_t>(kMaxPlannedChunks, std::max(options.max_chunks,
+                                                                         2 * needed));
+    if (needed > options.max_chunks) return std::nullopt;  // equal chunks: too many to plan
+  }
+  absl::StatusOr<ChunkPlan> plan = PlanChunks(positions, *stages, options);
   if (!plan.ok()) return std::nullopt;
   return *std::move(plan);
 }

@@ -51,7 +51,11 @@ class PromptChunkPlanner {
   // uplink is unmeasured (0): the caller then uses equal chunks. An unmeasured downlink (0)
   // is left out of the pipeline: the estimator measures it only when results queue on it,
   // which on an edge link, faster down than up, they seldom do.
-  std::optional<ChunkPlan> Plan(int64_t first, int64_t prompt, const LinkRates& links) const;
+  // `max_chunk` > 0: no chunk longer (HAT's size from the cloud, which bounds how long the
+  // chunks hold up other devices' decode steps): the plan shapes the chunks within it, on a
+  // finer grain (a quarter of it).
+  std::optional<ChunkPlan> Plan(int64_t first, int64_t prompt, const LinkRates& links,
+                                int64_t max_chunk = 0) const;
 
   // The stages' cost models as fitted now (device, uplink, cloud, and downlink when
   // measured); nullopt as Plan.

@@ -86,6 +86,14 @@ TEST_CASE("A long prompt's plan shortens the later chunks and beats equal ones",
   // same however the prompt is cut, and only the pipeline's fill and drain change.
   CHECK(plan->seconds < plan->equal_chunks_seconds);
 
+  // Under HAT's size from the cloud: no chunk longer, on a finer grain.
+  const auto capped = planner.Plan(0, 2048, kLinks, /*max_chunk=*/40);
+  REQUIRE(capped.has_value());
+  CHECK(std::accumulate(capped->chunks.begin(), capped->chunks.end(), int64_t{0}) == 2048);
+  for (const int64_t chunk : capped->chunks) CHECK(chunk <= 40);
+  // A ceiling that needs more chunks than the planner plans: no plan (equal chunks).
+  CHECK_FALSE(planner.Plan(0, 2048, kLinks, /*max_chunk=*/4).has_value());
+
   // From a conversation's 1,500th position: the 548 left, no chunk under the floor but the
   // last.
   const auto rest = planner.Plan(1500, 2048, kLinks);

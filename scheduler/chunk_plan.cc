@@ -104,7 +104,7 @@ std::vector<int64_t> EqualChunks(int64_t prompt, int64_t k, int64_t granularity)
 // Moves chunk boundaries one granule at a time while that shortens PipelineSeconds: the DP
 // minimises the slowest chunk, and a chunk that is not the slowest can still shorten the
 // pipeline's start or its tail. Keeps every chunk at least `floor` long.
-void Refine(std::span<const ChunkCost> stages, int64_t unit, int64_t floor,
+void Refine(std::span<const ChunkCost> stages, int64_t unit, int64_t floor, int64_t ceiling,
             std::vector<int64_t>* chunks, double* seconds) {
   for (int round = 0; round < 64; ++round) {
     bool improved = false;
@@ -113,6 +113,7 @@ void Refine(std::span<const ChunkCost> stages, int64_t unit, int64_t floor,
         int64_t& left = (*chunks)[i];
         int64_t& right = (*chunks)[i + 1];
         if (left + shift < floor || right - shift < floor) continue;
+        if (ceiling > 0 && (left + shift > ceiling || right - shift > ceiling)) continue;
         left += shift;
         right -= shift;
         const double candidate = PipelineSeconds(stages, *chunks);
@@ -198,10 +199,14 @@ absl::StatusOr<ChunkPlan> PlanChunks(int64_t prompt, std::span<const ChunkCost> 
   for (int64_t at = 0; at < prompt; at += unit) bounds.push_back(at);
   bounds.push_back(prompt);
   const size_t m = bounds.size() - 1;
+  const int64_t ceiling = options.max_chunk;
   const auto usable = [&](size_t i, size_t j) {
     const int64_t length = bounds[j] - bounds[i];
+    if (ceiling > 0 && length > ceiling) return false;
     return length >= options.min_chunk || (i == 0 && j == m);
   };
+  // With a ceiling, a chunk ending at bounds[j] starts no earlier than this many bounds back.
+  const size_t reach = ceiling > 0 ? static_cast<size_t>(ceiling / unit) + 1 : m;
   const size_t max_k = static_cast<size_t>(std::max<int64_t>(1, options.max_chunks));
   // best[k][j]: the best (beat, sum) of the first bounds[j] positions in k + 1 chunks.
   const ChunkTime unreachable{kInfinity, kInfinity};
@@ -212,7 +217,7 @@ absl::StatusOr<ChunkPlan> PlanChunks(int64_t prompt, std::span<const ChunkCost> 
   }
   for (size_t k = 1; k < max_k; ++k) {
     for (size_t j = 1; j <= m; ++j) {
-      for (size_t i = 1; i < j; ++i) {
+      for (size_t i = j > reach ? j - reach : 1; i < j; ++i) {
         if (best[k - 1][i].slowest == kInfinity || !usable(i, j)) continue;
         const ChunkTime last = TimeOf(stages, bounds[j] - bounds[i], bounds[i]);
         const ChunkTime candidate{std::max(best[k - 1][i].slowest, last.slowest),
@@ -241,7 +246,7 @@ absl::StatusOr<ChunkPlan> PlanChunks(int64_t prompt, std::span<const ChunkCost> 
     if (!options.refine) continue;
     std::vector<int64_t> equal = EqualChunks(prompt, static_cast<int64_t>(k + 1), unit);
     const bool long_enough = std::all_of(equal.begin(), equal.end(), [&](int64_t x) {
-      return x >= options.min_chunk || equal.size() == 1;
+      return (x >= options.min_chunk || equal.size() == 1) && (ceiling <= 0 || x <= ceiling);
     });
     if (long_enough) candidates.emplace_back(PipelineSeconds(stages, equal), std::move(equal));
   }
@@ -252,13 +257,18 @@ absl::StatusOr<ChunkPlan> PlanChunks(int64_t prompt, std::span<const ChunkCost> 
   for (size_t c = 0; c < candidates.size() && (c < kRefined || !options.refine); ++c) {
     auto& [seconds, chunks] = candidates[c];
     if (options.refine) {
-      Refine(stages, unit, std::max<int64_t>(1, options.min_chunk), &chunks, &seconds);
+      Refine(stages, unit, std::max<int64_t>(1, options.min_chunk), ceiling, &chunks, &seconds);
     }
     if (seconds < plan.seconds) {
       plan.chunks = chunks;
       plan.seconds = seconds;
     }
     if (!options.refine) break;  // sorted: the first is the DP's fastest
+  }
+  if (plan.chunks.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "no split of ", prompt, " positions into at most ", max_k, " chunks of ",
+        options.min_chunk, " to ", ceiling > 0 ? absl::StrCat(ceiling) : "any", " positions"));
   }
   int64_t context = 0;
   for (const int64_t positions : plan.chunks) {

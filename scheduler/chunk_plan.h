@@ -51,6 +51,10 @@ struct ChunkPlanOptions {
                              // chunk whatever is left
   int64_t min_chunk = 16;    // Jupiter's floor b: no chunk shorter (but a whole short prompt)
   int64_t max_chunks = 32;   // the k tried: 1 .. this
+  // No chunk longer than this (0: no bound): the cloud's own chunk size, which bounds how long
+  // a step carrying the chunk holds up other devices' decode tokens. The DP then shapes the
+  // chunks within it, and max_chunks must allow prompt / max_chunk of them.
+  int64_t max_chunk = 0;
   // After the DP, also take HAT's equal chunks for each k as candidates, and move the
   // boundaries of the fastest few a granule at a time while the pipeline's latency falls (the
   // DP minimises the slowest chunk only, which is not always the fastest pipeline). false:

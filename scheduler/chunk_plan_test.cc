@@ -175,5 +175,36 @@ TEST_CASE("Where attention dominates, the DP makes later chunks shorter, and the
   CHECK_FALSE(PlanChunks(100, std::span<const ChunkCost>()).ok());
 }
 
+TEST_CASE("A ceiling bounds every chunk of a plan", "[chunk_plan]") {
+  const std::vector<ChunkCost> attention = {{.fixed_s = 0.002, .per_position_s = 5e-5},
+                                            {.fixed_s = 0.001, .per_pair_s = 1e-6}};
+  // Unbounded, the plan takes long chunks; under a ceiling of 64 none is longer.
+  auto free = PlanChunks(2048, attention, {.granularity = 16, .min_chunk = 16});
+  REQUIRE(free.ok());
+  CHECK(*std::max_element(free->chunks.begin(), free->chunks.end()) > 64);
+  auto bounded = PlanChunks(2048, attention, {.granularity = 8, .min_chunk = 16,
+                                              .max_chunks = 96, .max_chunk = 64});
+  REQUIRE(bounded.ok());
+  int64_t total = 0;
+  for (const int64_t chunk : bounded->chunks) {
+    CHECK(chunk <= 64);
+    total += chunk;
+  }
+  CHECK(total == 2048);
+  CHECK(bounded->seconds <= bounded->equal_chunks_seconds);
+  // The DP's own split (unrefined) under the ceiling keeps it too. (Where the cloud's
+  // attention is the bottleneck throughout, as here, the fastest plan is as few chunks as the
+  // ceiling allows: the attention's total is the same however the prompt is cut.)
+  auto dp = PlanChunks(2048, attention, {.granularity = 8, .min_chunk = 16, .max_chunks = 96,
+                                         .max_chunk = 64, .refine = false});
+  REQUIRE(dp.ok());
+  CHECK(*std::max_element(dp->chunks.begin(), dp->chunks.end()) <= 64);
+  // A ceiling no split into max_chunks can meet is an error, named.
+  auto impossible = PlanChunks(2048, attention, {.granularity = 16, .min_chunk = 16,
+                                                 .max_chunks = 8, .max_chunk = 64});
+  REQUIRE_FALSE(impossible.ok());
+  CHECK_THAT(std::string(impossible.status().message()), Catch::Contains("at most 8 chunks"));
+}
+
 }  // namespace
 }  // namespace tophat
