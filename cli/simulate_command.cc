@@ -393,6 +393,12 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
   cmd->add_option("--host-cloud-cores", c.host_cloud_cores,
                   "With --host-cores: the cores a cloud takes while a step of its is in flight")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--cloud-outage", args.outages,
+                  "CLOUD@DOWN_S or CLOUD@DOWN_S-UP_S (repeat): that cloud stops at DOWN_S, its "
+                  "requests replaying on the others, and comes back empty at UP_S");
+  cmd->add_option("--failover-detect-ms", args.failover_detect_ms,
+                  "How long the agents take to notice a cloud is gone (a killed process: 0)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--replay", args.replay,
                   "Replay the runs of `tophat bench --ablation` JSON reports (comma-separated; "
                   "their requests, devices, links and chunk sizes) and compare the simulated "
@@ -459,6 +465,24 @@ int RunSimulate(SimulateArgs args) {
     c.cloud.step_time = kH200Llama8BSteps;
   }
 
+  c.failover_detect_s = args.failover_detect_ms / 1e3;
+  for (const std::string& outage : args.outages) {
+    // CLOUD@DOWN_S or CLOUD@DOWN_S-UP_S
+    const std::vector<std::string> at = absl::StrSplit(outage, '@');
+    sim::CloudOutage o;
+    bool ok = at.size() == 2 && absl::SimpleAtoi(at[0], &o.cloud);
+    if (ok) {
+      const std::vector<std::string> times = absl::StrSplit(at[1], '-');
+      ok = (times.size() == 1 || times.size() == 2) && absl::SimpleAtod(times[0], &o.down_at_s) &&
+           (times.size() == 1 || absl::SimpleAtod(times[1], &o.up_at_s));
+    }
+    if (!ok) {
+      std::fprintf(stderr, "tophat simulate: --cloud-outage '%s': expected CLOUD@DOWN_S or "
+                   "CLOUD@DOWN_S-UP_S\n", outage.c_str());
+      return 2;
+    }
+    c.outages.push_back(o);
+  }
   if (!args.replay.empty()) {
     return RunReplay(args, !args.step_profile.empty() || !args.step_points.empty());
   }
@@ -480,10 +504,11 @@ int RunSimulate(SimulateArgs args) {
               static_cast<long long>(c.workload.output_tokens));
   std::printf("cloud step times: %s; links %.1f/%.1f Mbit/s up/down, %.1f ms one way\n",
               step_source.c_str(), args.uplink_mbit, args.downlink_mbit, args.delay_ms);
-  std::printf("requests: %lld arrived, %lld finished, %lld refused (larger than a cloud's KV)\n",
+  std::printf("requests: %lld arrived, %lld finished, %lld refused (larger than a cloud's KV), "
+              "%lld failed over\n",
               static_cast<long long>(r.requests_arrived),
               static_cast<long long>(r.requests_finished),
-              static_cast<long long>(r.requests_rejected));
+              static_cast<long long>(r.requests_rejected), static_cast<long long>(r.failovers));
   std::printf("%-8s | %9s | %9s | %9s | %9s\n", "latency", "mean", "p50", "p90", "p99");
   const auto row = [](const char* name, const LatencySummary& s, double scale) {
     std::printf("%-8s | %9.3f | %9.3f | %9.3f | %9.3f\n", name, s.mean * scale, s.p50 * scale,
@@ -492,18 +517,20 @@ int RunSimulate(SimulateArgs args) {
   row("TTFT s", r.ttft_s, 1);
   row("TBT ms", r.tbt_s, 1e3);
   row("e2e s", r.e2e_s, 1);
-  std::printf("%-8s | %9s | %9s | %9s | %10s | %11s\n", "cloud", "sessions", "steps", "busy",
-              "mean batch", "max waiting");
+  std::printf("%-8s | %9s | %9s | %9s | %10s | %11s | %11s\n", "cloud", "sessions", "steps",
+              "busy", "mean batch", "max waiting", "failed over");
   nlohmann::json clouds = nlohmann::json::array();
   for (size_t i = 0; i < r.clouds.size(); ++i) {
     const sim::CloudStats& s = r.clouds[i];
     const double busy = r.simulated_seconds > 0 ? s.busy_seconds / r.simulated_seconds : 0;
     const double batch = s.steps > 0 ? s.batched_tokens / static_cast<double>(s.steps) : 0;
-    std::printf("%-8zu | %9lld | %9lld | %8.1f%% | %10.1f | %11lld\n", i,
+    std::printf("%-8zu | %9lld | %9lld | %8.1f%% | %10.1f | %11lld | %11lld\n", i,
                 static_cast<long long>(s.sessions), static_cast<long long>(s.steps), 100 * busy,
-                batch, static_cast<long long>(s.max_waiting));
+                batch, static_cast<long long>(s.max_waiting),
+                static_cast<long long>(s.failed_over));
     clouds.push_back({{"sessions", s.sessions}, {"steps", s.steps}, {"busy_fraction", busy},
-                      {"mean_batch_tokens", batch}, {"max_waiting", s.max_waiting}});
+                      {"mean_batch_tokens", batch}, {"max_waiting", s.max_waiting},
+                      {"failed_over", s.failed_over}});
   }
   std::printf("simulated %.1f s (%lld events) in %.2f s of wall time; %.0f tokens/s generated\n",
               r.simulated_seconds, static_cast<long long>(r.events), wall,
@@ -518,7 +545,7 @@ int RunSimulate(SimulateArgs args) {
       {"output_tokens", c.workload.output_tokens},
       {"step_time_source", step_source},
       {"requests", {{"arrived", r.requests_arrived}, {"finished", r.requests_finished},
-                    {"refused", r.requests_rejected}}},
+                    {"refused", r.requests_rejected}, {"failed_over", r.failovers}}},
       {"ttft_s", bench::LatencyJson(r.ttft_s)},
       {"tbt_s", bench::LatencyJson(r.tbt_s)},
       {"e2e_s", bench::LatencyJson(r.e2e_s)},

@@ -35,6 +35,8 @@ struct SimulateArgs {
   std::vector<int64_t> sweep_devices;  // simulate at each fleet size instead of config.devices
   std::string plot_path;               // with sweep_devices: TTFT and TBT against the size
   std::string replay_config;  // its configuration to replay (default: its first)
+  std::vector<std::string> outages;  // "CLOUD@DOWN_S[-UP_S]"
+  double failover_detect_ms = 0;
 };
 
 CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args);

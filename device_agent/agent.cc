@@ -518,11 +518,11 @@ std::vector<int64_t> Agent::Request::PromptChunks() {
         .downlink_seconds_per_position =
             down > 0 ? static_cast<double>(WireBytesPerPosition(wire_dtype_, hidden)) / down
                      : 0};
-    // HAT's size stays the ceiling: it bounds how long each chunk holds up other devices'
-    // decode steps in the cloud (a plan without it cut CNN/DM-like TTFT by making chunks
-    // three times as long, and raised TBT by half).
-    std::optional<ChunkPlan> plan =
-        agent_.chunk_planner_.Plan(reused_, prompt_length_, links, chunk_size_);
+    // No ceiling, as Jupiter plans: with HAT's size as one (PromptChunkPlanner::Plan's
+    // max_chunk) the DP, whose link stage has no per-message cost, cut prompts into more,
+    // smaller chunks and TTFT rose 36-69% against equal chunks; without one, its chunks were
+    // longer than HAT's, TTFT fell 1-6% and TBT rose up to 48% (docs/benchmarks.md).
+    std::optional<ChunkPlan> plan = agent_.chunk_planner_.Plan(reused_, prompt_length_, links);
     if (agent_.metrics_ != nullptr) {
       (plan ? agent_.metrics_->prompt_chunk_plans_jupiter
             : agent_.metrics_->prompt_chunk_plans_unmeasured)

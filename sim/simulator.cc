@@ -72,6 +72,9 @@ enum class EventType : uint8_t {
   kOutputDone,      // the device's output submodel finished them
   kCloseAtCloud,    // request `a`'s Close reaches its cloud
   kHostCheck,       // the shared host's next job may be done (a: the epoch it was planned in)
+  kCloudDown,       // cloud `a` stops (an outage)
+  kCloudUp,         // cloud `a` is back, empty
+  kFailover,        // request `a` notices its cloud is gone and moves
 };
 
 struct Event {
@@ -80,6 +83,9 @@ struct Event {
   EventType type;
   int64_t a;
   int64_t b;
+  // For a request's events that involve its cloud, and a cloud's own: the request's (or the
+  // cloud's) epoch when scheduled; a later failover (outage) makes them stale.
+  uint32_t epoch;
   bool operator>(const Event& other) const {
     return time != other.time ? time > other.time : sequence > other.sequence;
   }
@@ -95,10 +101,22 @@ struct Request {
   int64_t chunk = 0;  // a replayed request's recorded chunk size (0: choose)
   bool admitted = false;
   int64_t held = 0;              // prompt positions at the cloud before admission
+  int64_t held_replay = 0;       // ... of a failover's replay
   int64_t prompt_returned = 0;   // positions whose results the device has processed
   int64_t generated = 0;
   int64_t round = 1;  // positions of its current decode round (1 + drafts)
   bool in_step = false;  // in a cloud step in flight (a session is in at most one)
+  bool started = false;   // placed on a cloud (its Open sent)
+  bool finished = false;
+  uint32_t epoch = 0;     // failovers so far: events of an earlier cloud are stale
+  int64_t prompt_sent = 0;      // prompt positions put on the uplink
+  int64_t prompt_received = 0;  // prompt positions whose results reached the device
+  bool round_in_flight = false;  // a decode round sent, its result not yet at the device
+  int64_t replay_total = 0;      // positions of the replay in progress (failover)
+  int64_t replay_received = 0;
+  bool replay_carries_round = false;  // the replay holds the decode round that was in flight
+  bool replay_pending = false;   // at the cloud, its replay not yet all in steps: work after
+                                 // it waits (a session's work runs in order)
   double last_token = 0;
   double first_token = 0;
 };
@@ -126,12 +144,20 @@ struct Device {
 struct CloudState {
   std::vector<PendingWork> pending;   // admitted work in arrival order
   std::vector<int64_t> pending_request;
+  std::vector<uint8_t> pending_replay;  // each item: a failover's replay (results skip output)
+  bool alive = true;
+  uint32_t epoch = 0;  // outages so far: its steps' events from before one are stale
   std::deque<int64_t> waiting;        // requests waiting for KV
   int64_t kv_free = 0;
   int64_t running = 0;
   // Steps in flight through the stages, oldest first: each one's (request, positions; 0:
   // decode) results. At most `stages` of them, as the engine's Launch/Complete.
-  std::deque<std::vector<std::pair<int64_t, int64_t>>> in_flight;
+  struct StepResult {
+    int64_t request = 0;
+    int64_t positions = 0;  // 0: decode
+    bool replay = false;
+  };
+  std::deque<std::vector<StepResult>> in_flight;
   double first_stage_free = 0;  // when stage 0 can take the next step
   double last_done = 0;         // when the newest step in flight leaves the last stage
   bool wakeup_scheduled = false;
@@ -154,6 +180,7 @@ class Simulation {
         prompts_(std::move(prompts)),
         rng_(config.seed),
         acceptance_rng_(config.seed ^ 0x5eedacce97a11ceULL),
+        placement_rng_(config.seed ^ 0x91ace3e47d0c1a55ULL),
         predictor_(8192, 0.0), devices_(static_cast<size_t>(config.devices)),
         clouds_(static_cast<size_t>(config.clouds)),
         placed_(static_cast<size_t>(config.devices * config.clouds), {0, 0}) {
@@ -178,6 +205,12 @@ class Simulation {
       const double first = Exponential(rate);
       if (first < config_.duration_s) Schedule(first, EventType::kArrival, d, 0);
     }
+    for (const CloudOutage& outage : config_.outages) {
+      Schedule(outage.down_at_s, EventType::kCloudDown, outage.cloud, 0);
+      if (std::isfinite(outage.up_at_s)) {
+        Schedule(outage.up_at_s, EventType::kCloudUp, outage.cloud, 0);
+      }
+    }
     const double end = config_.duration_s + config_.drain_limit_s;
     while (!events_.empty()) {
       const Event e = events_.top();
@@ -197,8 +230,28 @@ class Simulation {
   }
 
  private:
-  void Schedule(double time, EventType type, int64_t a, int64_t b) {
-    events_.push({time, sequence_++, type, a, b});
+  void Schedule(double time, EventType type, int64_t a, int64_t b, uint32_t epoch = 0) {
+    events_.push({time, sequence_++, type, a, b, epoch});
+  }
+  // A request's event that involves its current cloud: stale after a failover.
+  void ScheduleForRequest(double time, EventType type, int64_t id, int64_t b) {
+    Schedule(time, type, id, b, requests_[static_cast<size_t>(id)].epoch);
+  }
+  bool Stale(const Event& e) const {
+    switch (e.type) {
+      case EventType::kOpenAtCloud:
+      case EventType::kWorkAtCloud:
+      case EventType::kResultAtDevice:
+      case EventType::kFailover:
+        return requests_[static_cast<size_t>(e.a)].epoch != e.epoch;
+      case EventType::kStepDone:
+      case EventType::kStageFree:
+        return clouds_[static_cast<size_t>(e.a)].epoch != e.epoch;
+      case EventType::kCloseAtCloud:  // b: the cloud it closes on
+        return clouds_[static_cast<size_t>(e.b)].epoch != e.epoch;
+      default:
+        return false;
+    }
   }
   double Exponential(double rate) { return std::exponential_distribution<double>(rate)(rng_); }
   // Acceptance draws have a generator of their own, so that a run with speculation draws the
@@ -291,6 +344,7 @@ class Simulation {
   }
 
   void Handle(const Event& e) {
+    if (Stale(e)) return;
     switch (e.type) {
       case EventType::kArrival: return OnArrival(e.a, e.b);
       case EventType::kInputDone: return OnInputDone(e.a, e.b);
@@ -302,8 +356,11 @@ class Simulation {
         return StartStep(e.a);
       case EventType::kResultAtDevice: return OnResult(e.a, e.b);
       case EventType::kOutputDone: return OnOutputDone(e.a, e.b);
-      case EventType::kCloseAtCloud: return OnClose(e.a);
+      case EventType::kCloseAtCloud: return OnClose(e.a, e.b);
       case EventType::kHostCheck: return OnHostCheck(static_cast<uint64_t>(e.a));
+      case EventType::kCloudDown: return OnCloudDown(e.a);
+      case EventType::kCloudUp: return OnCloudUp(e.a);
+      case EventType::kFailover: return Failover(e.a);
     }
   }
 
@@ -344,10 +401,22 @@ class Simulation {
       ++result_.requests_rejected;
       return Finish(id, /*finished=*/false);
     }
+    Begin(id);
+  }
+
+  // Places a request that has not started on a cloud and starts its prompt; with no cloud
+  // alive, it waits for one (as the agent waits to connect).
+  void Begin(int64_t id) {
+    Request& r = requests_[static_cast<size_t>(id)];
     r.cloud = Place(r.device);
+    if (r.cloud < 0) {
+      cloudless_.push_back(id);
+      return;
+    }
+    r.started = true;
     CloudState& cloud = clouds_[static_cast<size_t>(r.cloud)];
     ++cloud.stats.sessions;
-    Schedule(now_ + config_.device.one_way_delay_s, EventType::kOpenAtCloud, id, 0);
+    ScheduleForRequest(now_ + config_.device.one_way_delay_s, EventType::kOpenAtCloud, id, 0);
     // The prompt's chunks through the input submodel, back to back; each goes up when done.
     const int64_t chunk = ChunkSize(r, cloud);
     for (int64_t done = 0; done < r.prompt; done += chunk) {
@@ -385,7 +454,7 @@ class Simulation {
   // The agent's placement (scheduler/cloud_placement.h) over what the clouds last reported
   // and what this device placed since.
   int64_t Place(int64_t d) {
-    if (config_.clouds == 1) return 0;
+    if (config_.clouds == 1) return clouds_[0].alive ? 0 : -1;
     candidates_.clear();
     for (size_t c = 0; c < clouds_.size(); ++c) {
       CloudState& cloud = clouds_[c];
@@ -401,8 +470,10 @@ class Simulation {
       candidate.placed_since_report = epoch == cloud.report_epoch ? count : 0;
       candidates_.push_back(candidate);
     }
-    const std::optional<size_t> chosen = PlaceRequest(candidates_, {.random = rng_()});
-    const size_t c = chosen.value_or(0);
+    const std::optional<size_t> chosen =
+        PlaceRequest(candidates_, {.random = placement_rng_()});
+    if (!chosen) return -1;  // none alive
+    const size_t c = *chosen;
     auto& [epoch, count] = placed_[static_cast<size_t>(d) * clouds_.size() + c];
     count = epoch == clouds_[c].report_epoch ? count + 1 : 1;
     epoch = clouds_[c].report_epoch;
@@ -417,12 +488,19 @@ class Simulation {
     const double arrives = positions == 0
                                ? TransferDecode(device.uplink_free, bytes, Uplink(r.device))
                                : Transfer(device.uplink_free, bytes, Uplink(r.device));
-    Schedule(arrives, EventType::kWorkAtCloud, id, positions);
+    if (positions > 0) {
+      r.prompt_sent += positions;
+    } else {
+      r.round_in_flight = true;
+    }
+    if (!r.started) return;  // no cloud to send to: the replay will carry it
+    ScheduleForRequest(arrives, EventType::kWorkAtCloud, id, positions);
   }
 
   void OnOpen(int64_t id) {
     Request& r = requests_[static_cast<size_t>(id)];
     CloudState& cloud = clouds_[static_cast<size_t>(r.cloud)];
+    if (!cloud.alive) return;  // gone before it arrived: the failover reopens elsewhere
     if (cloud.waiting.empty() && cloud.kv_free >= r.kv_blocks) {
       Admit(id, cloud);
     } else {
@@ -437,28 +515,38 @@ class Simulation {
     cloud.kv_free -= r.kv_blocks;
     ++cloud.running;
     r.admitted = true;
+    if (r.held_replay > 0) {
+      AddWork(cloud, id, r.held_replay, false, /*replay=*/true);
+      r.held_replay = 0;
+    }
     if (r.held > 0) {
       AddWork(cloud, id, r.held, false);
       r.held = 0;
     }
   }
 
+  // `positions` < 0: a failover's replay of -positions positions (a prompt to the cloud).
   void OnWork(int64_t id, int64_t positions) {
     Request& r = requests_[static_cast<size_t>(id)];
     CloudState& cloud = clouds_[static_cast<size_t>(r.cloud)];
+    if (!cloud.alive) return;  // lost with it: the failover's replay carries it
     if (!r.admitted) {
-      r.held += positions;  // decode cannot come before admission: the prompt comes first
+      // Decode cannot come before admission: the prompt (or the replay) comes first.
+      (positions < 0 ? r.held_replay : r.held) += std::abs(positions);
       return;
     }
-    AddWork(cloud, id, positions, positions == 0);
+    AddWork(cloud, id, std::abs(positions), positions == 0, positions < 0);
   }
 
-  void AddWork(CloudState& cloud, int64_t id, int64_t positions, bool decode) {
+  void AddWork(CloudState& cloud, int64_t id, int64_t positions, bool decode,
+               bool replay = false) {
     const Request& r = requests_[static_cast<size_t>(id)];
     cloud.pending.push_back({.num_tokens = decode ? r.round : positions,
                              .decode = decode,
                              .group = static_cast<int32_t>(r.device)});
     cloud.pending_request.push_back(id);
+    cloud.pending_replay.push_back(replay ? 1 : 0);
+    if (replay) requests_[static_cast<size_t>(id)].replay_pending = true;
     StartStep(r.cloud);
   }
 
@@ -467,18 +555,19 @@ class Simulation {
   void StartStep(int64_t c) {
     CloudState& cloud = clouds_[static_cast<size_t>(c)];
     const int64_t stages = config_.cloud.stages;
-    if (cloud.pending.empty() || static_cast<int64_t>(cloud.in_flight.size()) >= stages) return;
+    if (!cloud.alive || cloud.pending.empty() || static_cast<int64_t>(cloud.in_flight.size()) >= stages) return;
     if (now_ < cloud.first_stage_free) {
       if (!cloud.wakeup_scheduled) {
         cloud.wakeup_scheduled = true;
-        Schedule(cloud.first_stage_free, EventType::kStageFree, c, 0);
+        Schedule(cloud.first_stage_free, EventType::kStageFree, c, 0, cloud.epoch);
       }
       return;
     }
     cloud.plannable.clear();
     cloud.plannable_index.clear();
     for (size_t i = 0; i < cloud.pending.size(); ++i) {
-      if (requests_[static_cast<size_t>(cloud.pending_request[i])].in_step) continue;
+      const Request& r = requests_[static_cast<size_t>(cloud.pending_request[i])];
+      if (r.in_step || (r.replay_pending && cloud.pending_replay[i] == 0)) continue;
       cloud.plannable.push_back(cloud.pending[i]);
       cloud.plannable_index.push_back(i);
     }
@@ -488,14 +577,19 @@ class Simulation {
     const int64_t tokens =
         cloud.planner.Plan(cloud.plannable, limits, {}, static_cast<uint64_t>(cloud.stats.steps),
                            cloud.plan);
-    std::vector<std::pair<int64_t, int64_t>>& results = cloud.in_flight.emplace_back();
+    std::vector<CloudState::StepResult>& results = cloud.in_flight.emplace_back();
     for (const PlannedWork& work : cloud.plan) {
       const size_t index = cloud.plannable_index[static_cast<size_t>(work.index)];
       PendingWork& item = cloud.pending[index];
       item.num_tokens -= work.num_tokens;
       const int64_t id = cloud.pending_request[index];
       requests_[static_cast<size_t>(id)].in_step = true;
-      results.emplace_back(id, item.decode ? 0 : work.num_tokens);
+      results.push_back({.request = id,
+                         .positions = item.decode ? 0 : work.num_tokens,
+                         .replay = cloud.pending_replay[index] != 0});
+      if (cloud.pending_replay[index] != 0 && item.num_tokens == 0) {
+        requests_[static_cast<size_t>(id)].replay_pending = false;
+      }
     }
     // Done items leave; the rest keep their order.
     size_t kept = 0;
@@ -503,11 +597,13 @@ class Simulation {
       if (cloud.pending[i].num_tokens > 0) {
         cloud.pending[kept] = cloud.pending[i];
         cloud.pending_request[kept] = cloud.pending_request[i];
+        cloud.pending_replay[kept] = cloud.pending_replay[i];
         ++kept;
       }
     }
     cloud.pending.resize(kept);
     cloud.pending_request.resize(kept);
+    cloud.pending_replay.resize(kept);
     // g(μ) through all stages, even ones: each stage takes its share, and a step leaves the
     // last stage no sooner than the one before it plus its own share.
     const double seconds = predictor_.Predict(static_cast<double>(tokens));
@@ -518,30 +614,36 @@ class Simulation {
     cloud.stats.busy_seconds += per_stage;
     cloud.stats.batched_tokens += static_cast<double>(tokens);
     cloud.recent_tokens.Add(static_cast<double>(tokens));
-    Schedule(cloud.last_done, EventType::kStepDone, c, 0);
+    Schedule(cloud.last_done, EventType::kStepDone, c, 0, cloud.epoch);
     UpdateHostCloudShare();
     StartStep(c);  // with more stages, the next may start when the first stage is free
   }
 
   void OnStepDone(int64_t c) {
     CloudState& cloud = clouds_[static_cast<size_t>(c)];
-    const std::vector<std::pair<int64_t, int64_t>> results = std::move(cloud.in_flight.front());
+    const std::vector<CloudState::StepResult> results = std::move(cloud.in_flight.front());
     cloud.in_flight.pop_front();
-    for (const auto& [id, positions] : results) {
+    for (const CloudState::StepResult& result : results) {
+      const int64_t id = result.request;
+      const int64_t positions = result.positions;
       Request& r = requests_[static_cast<size_t>(id)];
       r.in_step = false;
       Device& device = devices_[static_cast<size_t>(r.device)];
       const double bytes =
           static_cast<double>(positions == 0 ? r.round : positions) * config_.bytes_per_token;
-      Schedule(Transfer(device.downlink_free, bytes, Downlink(r.device)),
-               EventType::kResultAtDevice, id, positions);
+      ScheduleForRequest(Transfer(device.downlink_free, bytes, Downlink(r.device)),
+                         EventType::kResultAtDevice, id, result.replay ? -positions : positions);
     }
     StartStep(c);
     UpdateHostCloudShare();
   }
 
+  // `positions` < 0: a piece of a failover's replay.
   void OnResult(int64_t id, int64_t positions) {
     Request& r = requests_[static_cast<size_t>(id)];
+    if (positions < 0) return OnReplayResult(id, -positions);
+    if (positions > 0) r.prompt_received += positions;
+    if (positions == 0) r.round_in_flight = false;  // its result is here: no replay needs it
     const double seconds =
         positions == 0 ? static_cast<double>(r.round) * config_.device.output_decode_seconds
                        : static_cast<double>(positions) * config_.device.output_seconds_per_token;
@@ -581,15 +683,117 @@ class Simulation {
             /*decode=*/true, EventType::kInputDone, id, 0);
   }
 
+  // The last piece of a failover's replay completes it: the prompt positions it carried
+  // that had not come back before go through the output submodel (those that had are
+  // skipped, as the agent skips replayed positions); a decode round it carried completes.
+  void OnReplayResult(int64_t id, int64_t positions) {
+    Request& r = requests_[static_cast<size_t>(id)];
+    r.replay_received += positions;
+    if (r.replay_received < r.replay_total) return;
+    if (r.generated == 0) {
+      const int64_t fresh = r.replay_total - r.prompt_received;
+      r.prompt_received = r.replay_total;
+      if (fresh > 0) {
+        Compute(r.device, static_cast<double>(fresh) * config_.device.output_seconds_per_token,
+                /*decode=*/false, EventType::kOutputDone, id, fresh);
+      }
+    } else if (r.replay_carries_round) {
+      Compute(r.device, static_cast<double>(r.round) * config_.device.output_decode_seconds,
+              /*decode=*/true, EventType::kOutputDone, id, 0);
+    }
+  }
+
+  void OnCloudDown(int64_t c) {
+    CloudState& cloud = clouds_[static_cast<size_t>(c)];
+    if (!cloud.alive) return;
+    cloud.alive = false;
+    ++cloud.epoch;  // its steps in flight never finish
+    cloud.pending.clear();
+    cloud.pending_request.clear();
+    cloud.pending_replay.clear();
+    cloud.waiting.clear();
+    cloud.in_flight.clear();
+    cloud.wakeup_scheduled = false;
+    cloud.kv_free = config_.cloud.kv_blocks;
+    cloud.running = 0;
+    cloud.reported.connected = false;  // the agents' streams to it break
+    cloud.reported_at = now_;
+    UpdateHostCloudShare();
+    for (size_t id = 0; id < requests_.size(); ++id) {
+      Request& r = requests_[id];
+      if (r.finished || !r.started || r.cloud != c) continue;
+      ++cloud.stats.failed_over;
+      Schedule(now_ + config_.failover_detect_s, EventType::kFailover, static_cast<int64_t>(id),
+               0, r.epoch);
+    }
+  }
+
+  void OnCloudUp(int64_t c) {
+    CloudState& cloud = clouds_[static_cast<size_t>(c)];
+    if (cloud.alive) return;
+    cloud.alive = true;
+    cloud.first_stage_free = now_;
+    cloud.last_done = now_;
+    cloud.reported = {.connected = true, .epoch = ++cloud.report_epoch,
+                      .kv_blocks_free = config_.cloud.kv_blocks,
+                      .kv_blocks_total = config_.cloud.kv_blocks};
+    cloud.reported_at = now_;
+    // Requests that found no cloud alive go now.
+    std::deque<int64_t> waiting;
+    waiting.swap(cloudless_);
+    for (const int64_t id : waiting) {
+      if (requests_[static_cast<size_t>(id)].started) {
+        Failover(id);
+      } else {
+        Begin(id);
+      }
+    }
+  }
+
+  // The request's cloud is gone: on a live one, the replay of every position the lost one
+  // had been sent, then on where it was.
+  void Failover(int64_t id) {
+    Request& r = requests_[static_cast<size_t>(id)];
+    if (r.finished) return;
+    ++r.epoch;  // what the lost cloud would still have sent is gone
+    r.admitted = false;
+    r.held = r.held_replay = 0;
+    r.in_step = false;
+    const int64_t c = Place(r.device);
+    if (c < 0) {
+      cloudless_.push_back(id);
+      return;
+    }
+    r.cloud = c;
+    ++result_.failovers;
+    ++clouds_[static_cast<size_t>(c)].stats.sessions;
+    ScheduleForRequest(now_ + config_.device.one_way_delay_s, EventType::kOpenAtCloud, id, 0);
+    // Prompt: the chunks sent so far. Decoding: the prompt and every token but the newest
+    // (the next round's input), and the round in flight if there is one.
+    r.replay_total = r.generated == 0
+                         ? r.prompt_sent
+                         : r.prompt + r.generated - 1 + (r.round_in_flight ? r.round : 0);
+    r.replay_received = 0;
+    r.replay_carries_round = r.generated > 0 && r.round_in_flight;
+    r.replay_pending = false;
+    if (r.replay_total == 0) return;
+    Device& device = devices_[static_cast<size_t>(r.device)];
+    const double bytes = static_cast<double>(r.replay_total) * config_.bytes_per_token;
+    ScheduleForRequest(Transfer(device.uplink_free, bytes, Uplink(r.device)),
+                       EventType::kWorkAtCloud, id, -r.replay_total);
+  }
+
   void Finish(int64_t id, bool finished) {
     Request& r = requests_[static_cast<size_t>(id)];
+    r.finished = true;
     if (finished) {
       ++result_.requests_finished;
       e2e_.Add(now_ - r.arrival);
       if (r.generated > 1) {
         request_tbt_.push_back((now_ - r.first_token) / static_cast<double>(r.generated - 1));
       }
-      Schedule(now_ + config_.device.one_way_delay_s, EventType::kCloseAtCloud, id, 0);
+      Schedule(now_ + config_.device.one_way_delay_s, EventType::kCloseAtCloud, id, r.cloud,
+               clouds_[static_cast<size_t>(r.cloud)].epoch);
     }
     Device& device = devices_[static_cast<size_t>(r.device)];
     --device.running;
@@ -600,9 +804,9 @@ class Simulation {
     }
   }
 
-  void OnClose(int64_t id) {
+  void OnClose(int64_t id, int64_t c) {
     Request& r = requests_[static_cast<size_t>(id)];
-    CloudState& cloud = clouds_[static_cast<size_t>(r.cloud)];
+    CloudState& cloud = clouds_[static_cast<size_t>(c)];
     cloud.kv_free += r.kv_blocks;
     --cloud.running;
     while (!cloud.waiting.empty()) {
@@ -617,12 +821,16 @@ class Simulation {
   PromptLengthSampler prompts_;
   std::mt19937_64 rng_;
   std::mt19937_64 acceptance_rng_;
+  // Placement draws too: a run with an outage places differently, and must still see the
+  // same arrivals and prompts as one without.
+  std::mt19937_64 placement_rng_;
   StepTimePredictor predictor_;
   std::vector<Device> devices_;
   std::vector<CloudState> clouds_;
   std::vector<std::pair<uint64_t, int64_t>> placed_;  // [device][cloud]: (report epoch, count)
   std::vector<CloudCandidate> candidates_;
   std::vector<Request> requests_;
+  std::deque<int64_t> cloudless_;  // requests waiting for a cloud to be alive
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
   uint64_t sequence_ = 0;
   double now_ = 0;
@@ -669,6 +877,16 @@ absl::StatusOr<SimResult> Simulate(const SimConfig& config) {
   }
   if (config.cloud.stages < 1) return fail("cloud.stages", "must be >= 1");
   if (config.host_cores < 0) return fail("host_cores", "cannot be negative (0: no shared host)");
+  for (const CloudOutage& o : config.outages) {
+    if (o.cloud < 0 || o.cloud >= config.clouds || !(o.down_at_s >= 0) ||
+        !(o.up_at_s > o.down_at_s)) {
+      return fail("outages", absl::StrCat("has cloud ", o.cloud, " (of ", config.clouds,
+                                          ") down at ", o.down_at_s, " s and up at ",
+                                          o.up_at_s, " s; the cloud must exist and come back "
+                                          "after it went down"));
+    }
+  }
+  if (config.failover_detect_s < 0) return fail("failover_detect_s", "cannot be negative");
   if (config.host_cores > 0 &&
       !(config.host_cloud_cores >= 0 && config.host_cloud_cores < config.host_cores)) {
     return fail("host_cloud_cores", absl::StrCat("must be in [0, host_cores = ",

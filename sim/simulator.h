@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -99,6 +100,14 @@ struct DeviceLinkRates {
   double downlink_bytes_per_second = 0;
 };
 
+// A cloud that stops at `down_at_s`, losing its sessions as a killed process does, and
+// comes back empty at `up_at_s` (infinity: never).
+struct CloudOutage {
+  int64_t cloud = 0;
+  double down_at_s = 0;
+  double up_at_s = std::numeric_limits<double>::infinity();
+};
+
 struct SimConfig {
   int64_t devices = 8;
   int64_t clouds = 1;
@@ -129,6 +138,14 @@ struct SimConfig {
   // already has the contention of the run it came from.
   double host_cores = 0;
   double host_cloud_cores = 1;
+  // Failover (the agent's replay path): when a cloud goes down, each of its requests is
+  // placed on a live cloud `failover_detect_s` later (the agent noticing the stream is gone;
+  // a killed process's connection breaks at once) and replays: the device sends again the
+  // hidden states of every position the lost cloud had been sent (it keeps them: no device
+  // compute), the new cloud computes them as a prompt, and their results come back; then the
+  // request goes on where it was. With no cloud alive, requests wait for one to come back.
+  std::vector<CloudOutage> outages;
+  double failover_detect_s = 0;
 };
 
 struct CloudStats {
@@ -137,12 +154,14 @@ struct CloudStats {
   double busy_seconds = 0;
   double batched_tokens = 0;  // over all steps
   int64_t max_waiting = 0;    // most sessions ever waiting for KV at once
+  int64_t failed_over = 0;    // requests that left it when it went down
 };
 
 struct SimResult {
   int64_t requests_arrived = 0;
   int64_t requests_finished = 0;
   int64_t requests_rejected = 0;  // need more KV than a cloud has
+  int64_t failovers = 0;          // requests moved to another cloud (or the same, back up)
   LatencySummary ttft_s;          // arrival at the device to the first token
   LatencySummary tbt_s;           // between a request's successive tokens
   LatencySummary request_tbt_s;   // each request's mean TBT (as `tophat bench` reports it)

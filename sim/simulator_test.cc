@@ -277,6 +277,57 @@ TEST_CASE("Several clouds share the devices' sessions by the agents' placement",
   }
 }
 
+TEST_CASE("A cloud that goes down loses nothing: its requests replay on the others, and it "
+          "takes new ones when it is back",
+          "[sim]") {
+  SimConfig c = Analytic();
+  c.devices = 300;
+  c.clouds = 3;
+  c.duration_s = 30;
+  c.workload.requests_per_device_per_second = 0.2;
+  c.workload.output_tokens = 40;  // long enough that many are mid-decode when it goes
+  auto steady = Simulate(c);
+  REQUIRE(steady.ok());
+
+  c.outages = {{.cloud = 0, .down_at_s = 10, .up_at_s = 20}};
+  c.failover_detect_s = 0.05;
+  auto outage = Simulate(c);
+  REQUIRE(outage.ok());
+  // Every request finishes, the same ones as without the outage (same arrivals).
+  CHECK(outage->requests_arrived == steady->requests_arrived);
+  CHECK(outage->requests_finished == outage->requests_arrived);
+  CHECK(outage->generated_tokens == steady->generated_tokens);
+  CHECK(outage->failovers > 0);
+  CHECK(outage->failovers == outage->clouds[0].failed_over);
+  CHECK(outage->clouds[1].failed_over == 0);
+  // Those requests paid for the replay: the slowest ones are slower than without it.
+  CHECK(outage->e2e_s.p99 > steady->e2e_s.p99);
+  // Cloud 0 took new requests again after it came back: more than the 10 s it ran before
+  // going down would have given it, and fewer than its share of all 30 s.
+  const double per_second = steady->clouds[0].sessions / 30.0;
+  INFO("cloud 0: " << outage->clouds[0].sessions << " sessions, " << per_second
+                   << " a second without the outage");
+  CHECK(outage->clouds[0].sessions > 12 * per_second);
+  CHECK(outage->clouds[0].sessions < steady->clouds[0].sessions);
+
+  // With one cloud and no other to go to, requests wait for it to come back.
+  SimConfig one = Analytic();
+  one.devices = 50;
+  one.duration_s = 10;
+  one.workload.requests_per_device_per_second = 0.5;
+  one.outages = {{.cloud = 0, .down_at_s = 3, .up_at_s = 6}};
+  auto waited = Simulate(one);
+  REQUIRE(waited.ok());
+  CHECK(waited->requests_finished == waited->requests_arrived);
+  CHECK(waited->ttft_s.p99 > 2.0);  // the requests of the outage's start waited ~3 s
+  CHECK(waited->failovers > 0);
+
+  one.outages = {{.cloud = 1, .down_at_s = 3}};
+  CHECK(std::string(Simulate(one).status().message()).find("outages") != std::string::npos);
+  one.outages = {{.cloud = 0, .down_at_s = 3, .up_at_s = 2}};
+  CHECK(std::string(Simulate(one).status().message()).find("outages") != std::string::npos);
+}
+
 TEST_CASE("Requests arrive at each device's rate, inside the window only", "[sim]") {
   SimConfig c = Analytic();
   c.devices = 2000;
