@@ -9,9 +9,10 @@
 // What it models and what it leaves out (docs/scale.md): a bounded number of requests at a
 // time per device,
 // prompt chunks pipelined through the device, its uplink, the cloud and back (every position's
-// result returns for the output layers' KV); decode one token per round trip. Not yet:
-// conversations kept between turns, transfers between the cloud's stages. Speculative decoding's
-// acceptance is one probability per draft (no drafter in the loop).
+// result returns for the output layers' KV); decode one token per round trip; clouds that go
+// down and their requests' failover by replay. Not yet: conversations kept between turns,
+// transfers between the cloud's stages. Speculative decoding's acceptance is one probability
+// per draft (no drafter in the loop).
 // Single-threaded and deterministic for a seed.
 #pragma once
 
