@@ -43,6 +43,8 @@ inline std::optional<uint64_t> SessionOf(const v1::AgentMessage& message) {
       return message.park().session_id();
     case v1::AgentMessage::kResume:
       return message.resume().session_id();
+    case v1::AgentMessage::kFork:
+      return message.fork().new_session_id();  // the session it makes, and answers name
     default:
       return std::nullopt;
   }

@@ -26,6 +26,9 @@ CloudMetrics::CloudMetrics(prometheus::Registry& registry)
                                "turn (ParkSession)")),
       parked_sessions_resumed(AddCounter(registry, "tophat_parked_sessions_resumed_total",
                                          "Parked sessions taken back for a next turn")),
+      parked_sessions_forked(AddCounter(registry, "tophat_parked_sessions_forked_total",
+                                        "Sessions admitted with a copy of a parked session's "
+                                        "KV as their start (ForkSession)")),
       parked_sessions_evicted(AddCounter(
           registry, "tophat_parked_sessions_evicted_total",
           "Parked sessions evicted because another session needed their KV or their device's "

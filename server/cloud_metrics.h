@@ -24,6 +24,7 @@ struct CloudMetrics {
   // Conversations' sessions kept between turns (ParkSession), and what became of them.
   prometheus::Gauge& sessions_parked;
   prometheus::Counter& parked_sessions_resumed;
+  prometheus::Counter& parked_sessions_forked;
   prometheus::Counter& parked_sessions_evicted;  // for another session's KV or quota
   prometheus::Counter& parked_sessions_expired;
   prometheus::Gauge& kv_cache_usage_ratio;

@@ -122,6 +122,7 @@ Engine::Engine(EngineOptions options, std::shared_ptr<const Submodel> middle,
   hello_.set_model_fingerprint(options_.model_fingerprint);
   hello_.set_protocol_version(kCloudProtocolVersion);
   hello_.set_parks_sessions(options_.max_parked_session_s > 0);
+  hello_.set_forks_sessions(options_.max_parked_session_s > 0 && options_.downstream == nullptr);
   hello_.set_hidden_size(static_cast<uint32_t>(config.hidden_size));
   hello_.set_dtype(wire_dtype_);
   hello_.set_first_layer(static_cast<uint32_t>(middle_->spec().layers.begin));
@@ -383,6 +384,9 @@ void Engine::HandleMessage(StreamId stream, v1::AgentMessage& message,
     case v1::AgentMessage::kResume:
       Resume(stream, message.resume());
       break;
+    case v1::AgentMessage::kFork:
+      Fork(stream, message.fork());
+      break;
     case v1::AgentMessage::kDeviceState: {
       const v1::DeviceState& state = message.device_state();
       monitor_.ObserveDevice(stream, {.uplink_bytes_per_second = state.uplink_bytes_per_second(),
@@ -623,6 +627,7 @@ void Engine::AdmitWaiting() {
     if (auto usage = device_usage_.find(session->device); usage != device_usage_.end()) {
       --usage->second.waiting;
     }
+    if (session->fork_source && !CompleteFork(key, *session)) continue;
     const double queued = Seconds(Clock::now() - session->opened);
     if (metrics_ != nullptr) {
       metrics_->sessions_admitted.Increment();
@@ -898,6 +903,109 @@ void Engine::Resume(StreamId stream, const v1::ResumeSession& resume) {
   AdmitWaiting();
 }
 
+void Engine::Fork(StreamId stream, const v1::ForkSession& fork) {
+  const uint64_t id = fork.new_session_id();
+  const SessionKey source_key{stream, fork.session_id()};
+  const Session* source = Find(stream, fork.session_id());
+  if (options_.downstream != nullptr) {
+    SendError(stream, id, 0,
+              absl::UnimplementedError("fork: this cloud is a pipeline of stages, whose later "
+                                       "stages' KV a fork does not copy; open a new session"),
+              false);
+    return;
+  }
+  if (id == 0 || Find(stream, id) != nullptr) {
+    SendError(stream, id, 0,
+              absl::AlreadyExistsError(absl::StrCat("fork.new_session_id ", id,
+                                                    id == 0 ? " is not a session id"
+                                                            : " is already open on this stream")),
+              true);
+    return;
+  }
+  if (source == nullptr || source->state != SessionState::kParked) {
+    SendError(stream, id, 0,
+              absl::NotFoundError(absl::StrCat(
+                  "fork.session_id ", fork.session_id(),
+                  source == nullptr ? " is not held by this cloud (evicted, expired or never "
+                                      "parked); open a new session"
+                                    : " is not parked")),
+              false);
+    return;
+  }
+  const int64_t length = source->cache.length();
+  if (fork.max_positions() < length) {
+    SendError(stream, id, 0,
+              absl::InvalidArgumentError(absl::StrCat(
+                  "fork.max_positions is ", fork.max_positions(),
+                  "; it must be at least the parked session's length, ", length)),
+              false);
+    return;
+  }
+  // Everything else as an OpenSession of the same size: limits, quotas, the waiting line.
+  v1::OpenSession open;
+  open.set_session_id(id);
+  open.set_max_positions(fork.max_positions());
+  open.set_timeout_ms(fork.timeout_ms());
+  open.set_result_dtype(fork.result_dtype());
+  opening_fork_source_ = source_key;  // Open's evictions keep it
+  Open(stream, open);
+  opening_fork_source_.reset();
+  Session* session = Find(stream, id);
+  if (session == nullptr) return;  // refused (answered), or admitted and since failed
+  if (session->state == SessionState::kQueued) {
+    session->fork_source = source_key;
+    session->fork_length = length;
+    return;
+  }
+  // Admitted at once (Open admits what fits): copy now. Its SessionAdmitted is already on
+  // its way, and its chunks cannot overtake it, since this runs on the engine thread first.
+  session->fork_source = source_key;
+  session->fork_length = length;
+  CompleteFork({stream, id}, *session);
+}
+
+bool Engine::ForkPending(const SessionKey& source) const {
+  if (opening_fork_source_ == source) return true;
+  for (const SessionKey& key : waiting_) {
+    const auto it = sessions_.find(key);
+    if (it != sessions_.end() && it->second->fork_source == source) return true;
+  }
+  return false;
+}
+
+bool Engine::CompleteFork(const SessionKey& key, Session& session) {
+  const SessionKey source_key = *session.fork_source;
+  const int64_t length = session.fork_length;
+  session.fork_source.reset();
+  const Session* source = Find(source_key.first, source_key.second);
+  if (source == nullptr || source->state != SessionState::kParked ||
+      source->cache.length() < length) {
+    FailSession(key, 0,
+                absl::NotFoundError(absl::StrCat(
+                    "the parked session ", source_key.second,
+                    " this session forks went before it was admitted; open a new session")));
+    return false;
+  }
+  while (session.cache.capacity() < length) {
+    const std::optional<int32_t> block =
+        session.reserved_blocks > 0 ? allocator_.AllocateReserved() : std::nullopt;
+    if (!block) {
+      FailSession(key, 0, absl::InternalError("the cloud's KV bookkeeping lost a fork's "
+                                              "reserved blocks; open a new session"));
+      return false;
+    }
+    --session.reserved_blocks;
+    session.cache.AppendBlock(*block);
+  }
+  if (absl::Status copied = session.cache.CopyPrefixFrom(source->cache, length); !copied.ok()) {
+    FailSession(key, 0, copied);
+    return false;
+  }
+  session.next_position = length;
+  if (metrics_ != nullptr) metrics_->parked_sessions_forked.Increment();
+  return true;
+}
+
 bool Engine::EvictParked(const std::function<bool()>& enough, const std::string* device) {
   auto it = parked_.begin();
   while (!enough() && it != parked_.end()) {
@@ -905,6 +1013,7 @@ bool Engine::EvictParked(const std::function<bool()>& enough, const std::string*
     Session* session = Find(key.first, key.second);
     if (session == nullptr) continue;
     if (device != nullptr && session->device != *device) continue;
+    if (ForkPending(key)) continue;  // a waiting fork copies from it
     if (metrics_ != nullptr) metrics_->parked_sessions_evicted.Increment();
     EraseSession(key, /*admit_waiting=*/false);  // the caller admits, or is admitting
   }

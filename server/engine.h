@@ -214,6 +214,10 @@ class Engine {
     bool decoding = false;     // its newest chunk was decode work (it is past its prompt)
     v1::DType result_dtype = v1::DTYPE_FLOAT32;  // OpenSession.result_dtype, resolved
     std::list<SessionKey>::iterator parked_entry;  // in parked_, while kParked
+    // A ForkSession waiting for admission: the parked session whose first fork_length
+    // positions its KV starts as a copy of (made when it is admitted).
+    std::optional<SessionKey> fork_source;
+    int64_t fork_length = 0;
     explicit Session(std::shared_ptr<KvBlockPool> pool) : cache(std::move(pool)) {}
   };
   struct StreamState {
@@ -256,6 +260,12 @@ class Engine {
   Clock::time_point Deadline(Clock::time_point from, uint32_t timeout_ms) const;
   void Park(StreamId stream, const v1::ParkSession& park);
   void Resume(StreamId stream, const v1::ResumeSession& resume);
+  void Fork(StreamId stream, const v1::ForkSession& fork);
+  // Whether a waiting fork copies from `source` (which eviction then keeps).
+  bool ForkPending(const SessionKey& source) const;
+  // A forked session admitted: its blocks for the copied prefix and the copy. False (and the
+  // fork failed, NOT_FOUND) when the parked session is gone.
+  bool CompleteFork(const SessionKey& key, Session& session);
   // Evicts parked sessions, least recently parked first (only `device`'s when it is set),
   // until `enough` holds or none is left; returns `enough()`.
   bool EvictParked(const std::function<bool()>& enough, const std::string* device = nullptr);
@@ -350,6 +360,7 @@ class Engine {
   int64_t num_running_ = 0;  // sessions_ in kRunning, kept in step with admit and erase
   std::deque<SessionKey> waiting_;
   std::list<SessionKey> parked_;  // kParked sessions, least recently parked first
+  std::optional<SessionKey> opening_fork_source_;  // while Fork opens its session
   std::unordered_map<StreamId, StreamState> streams_;
   std::vector<Event> events_;  // swapped with intake_ each step
   uint64_t next_arrival_ = 0;

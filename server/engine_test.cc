@@ -137,6 +137,13 @@ struct Harness {
     message.mutable_resume()->set_new_session_id(new_id);
     engine->Deliver(1, message);
   }
+  void Fork(uint64_t id, uint64_t new_id, uint32_t max_positions) {
+    v1::AgentMessage message;
+    message.mutable_fork()->set_session_id(id);
+    message.mutable_fork()->set_new_session_id(new_id);
+    message.mutable_fork()->set_max_positions(max_positions);
+    engine->Deliver(1, message);
+  }
   void Truncate(uint64_t id, uint32_t length) {
     v1::AgentMessage message;
     message.mutable_truncate()->set_session_id(id);
@@ -381,6 +388,71 @@ TEST_CASE("A parked session keeps its KV: the next turn truncated to the shared 
   h.ChunkOf(8, 0, at::cat({first_turn.narrow(0, 0, 10), second_turn}));
   const at::Tensor fresh = h.Results(8);
   CHECK(at::allclose(reused, fresh.narrow(0, 10, 6), 1e-5, 1e-5));
+}
+
+TEST_CASE("A parked session forks: each fork starts with a copy of its KV and computes what a "
+          "fresh session of the same history does, and the parked one stays") {
+  Harness h(SmallOptions());  // 8 blocks of 4 positions
+  CHECK(h.hello.forks_sessions());
+  const int64_t d = TinyMiddle()->config().hidden_size;
+  const at::Tensor shared = at::randn({6, d});  // a prompt and its outline
+  const at::Tensor point_a = at::randn({3, d});
+  const at::Tensor point_b = at::randn({2, d});
+  h.Open(7, 8);
+  h.ChunkOf(7, 0, shared);
+  h.Results(7);
+  h.Park(7, 60'000);
+  h.engine->RunOnce();
+  CHECK(h.engine->stats().kv_blocks_allocated == 2);
+
+  h.Fork(7, 9, 12);
+  h.Fork(7, 10, 8);
+  h.engine->RunOnce();
+  int admitted = 0;
+  for (const v1::CloudMessage& message : h.sink->Take()) {
+    CHECK_FALSE(message.has_error());
+    admitted += message.has_admitted() ? 1 : 0;
+  }
+  CHECK(admitted == 2);
+  CHECK(h.engine->stats().sessions_parked == 1);  // the parked one stays for the others
+  CHECK(h.engine->stats().kv_blocks_allocated == 6);  // two copies of its 2 blocks, its own 2
+  h.ChunkOf(9, 6, point_a);  // each continues from the shared length
+  const at::Tensor forked_a = h.Results(9);
+  h.ChunkOf(10, 6, point_b);
+  const at::Tensor forked_b = h.Results(10);
+
+  // Fresh sessions of the whole histories (the forks closed first for room).
+  for (uint64_t id : {9, 10}) {
+    v1::AgentMessage close;
+    close.mutable_close()->set_session_id(id);
+    h.engine->Deliver(1, close);
+  }
+  h.Open(11, 12);
+  h.ChunkOf(11, 0, at::cat({shared, point_a}));
+  const at::Tensor fresh_a = h.Results(11);
+  CHECK(at::allclose(forked_a, fresh_a.narrow(0, 6, 3), 1e-5, 1e-5));
+  v1::AgentMessage close;
+  close.mutable_close()->set_session_id(11);
+  h.engine->Deliver(1, close);
+  h.Open(12, 8);
+  h.ChunkOf(12, 0, at::cat({shared, point_b}));
+  const at::Tensor fresh_b = h.Results(12);
+  CHECK(at::allclose(forked_b, fresh_b.narrow(0, 6, 2), 1e-5, 1e-5));
+
+  // Refusals name the field: an unknown parked session, a fork too short for it, an id in use.
+  h.sink->Take();
+  h.Fork(99, 13, 12);
+  h.Fork(7, 14, 4);
+  h.Fork(7, 12, 12);
+  h.engine->RunOnce();
+  std::vector<std::string> errors;
+  for (const v1::CloudMessage& message : h.sink->Take()) {
+    if (message.has_error()) errors.push_back(message.error().message());
+  }
+  REQUIRE(errors.size() == 3);
+  CHECK_THAT(errors[0], Catch::Contains("fork.session_id 99"));
+  CHECK_THAT(errors[1], Catch::Contains("fork.max_positions"));
+  CHECK_THAT(errors[2], Catch::Contains("fork.new_session_id 12"));
 }
 
 TEST_CASE("Parked sessions give way to new ones, least recently parked first, and expire") {

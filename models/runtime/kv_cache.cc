@@ -297,3 +297,46 @@ absl::Status KvCache::ImportPositions(int64_t begin, const at::Tensor& rows) {
 }
 
 }  // namespace tophat
+
+namespace tophat {
+
+absl::Status KvCache::CopyPrefixFrom(const KvCache& source, int64_t length) {
+  if (!paged_ || !source.paged_) {
+    return absl::FailedPreconditionError("a KV prefix is copied between paged caches only");
+  }
+  if (pool_ != source.pool_) {
+    return absl::InvalidArgumentError("a KV prefix is copied within one pool");
+  }
+  if (length < 0 || length > source.length_) {
+    return absl::OutOfRangeError(absl::StrCat("cannot copy ", length,
+                                              " KV positions of a cache of length ",
+                                              source.length_));
+  }
+  if (length_ != 0 || capacity() < length) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a KV prefix of ", length, " positions goes into an empty cache with the blocks for it; "
+        "this one holds ", length_, " positions in ", block_table_.size(), " blocks"));
+  }
+  const int64_t blocks = pool_->BlocksFor(length);
+  if (blocks > 0) {
+    // Whole blocks: the last one's tail beyond `length` is never read before it is written.
+    const at::TensorOptions ids = at::TensorOptions().dtype(at::kLong).device(pool_->device());
+    const at::Tensor from =
+        at::tensor(std::vector<int64_t>(source.block_table_.begin(),
+                                        source.block_table_.begin() + blocks),
+                   at::TensorOptions().dtype(at::kLong))
+            .to(ids.device());
+    const at::Tensor to = at::tensor(std::vector<int64_t>(block_table_.begin(),
+                                                          block_table_.begin() + blocks),
+                                     at::TensorOptions().dtype(at::kLong))
+                              .to(ids.device());
+    for (int64_t l = 0; l < num_layers(); ++l) {
+      pool_->layer_keys_[l].index_copy_(0, to, pool_->layer_keys_[l].index_select(0, from));
+      pool_->layer_values_[l].index_copy_(0, to, pool_->layer_values_[l].index_select(0, from));
+    }
+  }
+  length_ = length;
+  return absl::OkStatus();
+}
+
+}  // namespace tophat

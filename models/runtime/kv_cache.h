@@ -179,6 +179,12 @@ class KvCache {
   // Errors: begin > length(), a shape that does not match this cache, or no room.
   absl::Status ImportPositions(int64_t begin, const at::Tensor& rows);
 
+  // Copies positions [0, length) of `source`, a paged cache over the same pool, into this
+  // one's blocks and sets length() to `length`: a forked session's KV (a copy, not shared
+  // blocks). Errors (nothing changed): a contiguous cache on either side, another pool, a
+  // length past the source's, or this cache not empty or without the blocks for it.
+  absl::Status CopyPrefixFrom(const KvCache& source, int64_t length);
+
   // Called by the forward pass after every layer has written `count` new positions.
   void Advance(int64_t count) { length_ += count; }
 

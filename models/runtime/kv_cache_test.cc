@@ -76,6 +76,45 @@ TEST_CASE("A paged KV cache holds the blocks it is given", "[kv_cache]") {
   CHECK(moved.capacity() == 8);
 }
 
+TEST_CASE("A paged cache copies another's prefix into its own blocks (a fork)", "[kv_cache]") {
+  auto pool = KvBlockPool::Create(TinyTestConfig(), 2, 8, 4, at::kFloat, at::kCPU);
+  REQUIRE(pool.ok());
+  const int64_t heads = (*pool)->kv_heads();
+  const int64_t dim = (*pool)->head_dim();
+  KvCache parked(*pool);
+  parked.AppendBlock(3);
+  parked.AppendBlock(1);
+  const at::Tensor k = at::randn({6, heads, dim});
+  const at::Tensor v = at::randn({6, heads, dim});
+  for (int64_t l = 0; l < 2; ++l) parked.Write(l, 0, k, v);
+  parked.Advance(6);
+
+  KvCache fork(*pool);
+  fork.AppendBlock(0);
+  fork.AppendBlock(6);
+  REQUIRE(fork.CopyPrefixFrom(parked, 5).ok());
+  CHECK(fork.length() == 5);
+  for (int64_t l = 0; l < 2; ++l) {
+    CHECK(at::equal(fork.Keys(l, 5), parked.Keys(l, 5)));
+    CHECK(at::equal(fork.Values(l, 5), parked.Values(l, 5)));
+  }
+  // Its own blocks: writing past the prefix leaves the parked cache as it was.
+  fork.Write(0, 5, at::zeros({1, heads, dim}), at::zeros({1, heads, dim}));
+  CHECK(at::equal(parked.Keys(0, 6), k));
+
+  KvCache not_empty(*pool);
+  not_empty.AppendBlock(2);
+  not_empty.AppendBlock(4);
+  not_empty.Advance(1);
+  CHECK(not_empty.CopyPrefixFrom(parked, 4).code() == absl::StatusCode::kFailedPrecondition);
+  KvCache too_small(*pool);
+  too_small.AppendBlock(5);
+  CHECK(too_small.CopyPrefixFrom(parked, 6).code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(too_small.CopyPrefixFrom(parked, 7).code() == absl::StatusCode::kOutOfRange);
+  KvCache contiguous(TinyTestConfig(), 2, 16, at::kFloat, at::kCPU);
+  CHECK(contiguous.CopyPrefixFrom(parked, 4).code() == absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_CASE("ReleaseUnusedBlocks returns the trailing blocks the length does not need",
           "[kv_cache]") {
   auto pool = KvBlockPool::Create(TinyTestConfig(), 1, 16, 4, at::kFloat, at::kCPU);
