@@ -1,6 +1,7 @@
 // tophat-bench-outline: outline-based parallel decoding (Jupiter §IV-C, GenerateRequest.
-// outline) against sequential decoding of the same prompts. A real tophat-cloud and a
-// tophat-agent behind an emulated edge link answer the toy grammar's outline prompts ("stories
+// outline) against sequential decoding of the same prompts. A real tophat-cloud and two
+// tophat-agents behind an emulated edge link (one keeping conversations, so that an outline's
+// points fork its session; one not) answer the toy grammar's outline prompts ("stories
 // of the cat , the robot and the baker .") both ways, alternating prompt by prompt: sequentially
 // (the prompt and the outline directive; its latency and text taken to the end of its N-th
 // point for a prompt of N creatures, since the model may go on or stop early), and as an outline whose
@@ -133,42 +134,54 @@ int RunBench(const Args& args) {
     return Fail(absl::UnavailableError(
         absl::StrCat("tophat-cloud did not start:\n", cloud_process.Log())));
   }
-  const int port = bench::FreePort();
-  const std::string agent_yaml = absl::StrFormat(
-      "listen_address: \"127.0.0.1:%d\"\ncloud_address: \"127.0.0.1:%d\"\nbundle: \"%s\"\n"
-      "cloud_tls:\n  insecure: true\nmetrics_address: \"\"\n"
-      "conversation_cache:\n  enabled: false\nspeculative:\n  enabled: %s\n"
-      "link_emulation:\n  one_way_delay_s: %.6f\n  uplink_bytes_per_second: %.0f\n"
-      "  downlink_bytes_per_second: %.0f\n%s",
-      port, cloud_port, (bundles / "device").string(), args.speculative ? "true" : "false",
-      args.one_way_delay_ms / 1e3, args.uplink_bytes_per_second,
-      args.downlink_bytes_per_second, kOutlineYaml);
-  if (absl::Status s = bench::WriteTextFile(scratch->path() / "agent.yaml", agent_yaml);
-      !s.ok()) {
-    return Fail(s);
+  // Two agents on the cloud: one keeps conversations, so that an outline's points fork its
+  // session (their prefix neither computed nor sent again); one does not, for sequential
+  // answers (which would otherwise reuse an outline's prefix) and for outline answers whose
+  // points compute the whole prefix again.
+  struct AgentRun {
+    std::unique_ptr<bench::ChildProcess> process;
+    std::unique_ptr<Client> client;
+  };
+  AgentRun agents[2];  // [0]: no conversation cache, [1]: the points fork
+  for (int a = 0; a < 2; ++a) {
+    const int port = bench::FreePort();
+    const std::string agent_yaml = absl::StrFormat(
+        "listen_address: \"127.0.0.1:%d\"\ncloud_address: \"127.0.0.1:%d\"\nbundle: \"%s\"\n"
+        "cloud_tls:\n  insecure: true\nmetrics_address: \"\"\n"
+        "conversation_cache:\n  enabled: %s\nspeculative:\n  enabled: %s\n"
+        "link_emulation:\n  one_way_delay_s: %.6f\n  uplink_bytes_per_second: %.0f\n"
+        "  downlink_bytes_per_second: %.0f\n%s",
+        port, cloud_port, (bundles / "device").string(), a == 1 ? "true" : "false",
+        args.speculative ? "true" : "false", args.one_way_delay_ms / 1e3,
+        args.uplink_bytes_per_second, args.downlink_bytes_per_second, kOutlineYaml);
+    const fs::path yaml_path = scratch->path() / absl::StrCat("agent", a, ".yaml");
+    if (absl::Status s = bench::WriteTextFile(yaml_path, agent_yaml); !s.ok()) return Fail(s);
+    agents[a].process = std::make_unique<bench::ChildProcess>(
+        std::vector<std::string>{(bin / "tophat-agent").string(), "--config", yaml_path.string()},
+        scratch->path() / absl::StrCat("agent", a, ".log"));
+    if (!bench::WaitForPort(port, std::chrono::seconds(600))) {
+      return Fail(absl::UnavailableError(
+          absl::StrCat("tophat-agent did not start:\n", agents[a].process->Log())));
+    }
+    auto client = Client::Connect(absl::StrCat("127.0.0.1:", port), 60);
+    if (!client.ok()) return Fail(client.status());
+    agents[a].client = std::move(*client);
   }
-  bench::ChildProcess agent_process(
-      {(bin / "tophat-agent").string(), "--config", (scratch->path() / "agent.yaml").string()},
-      scratch->path() / "agent.log");
-  if (!bench::WaitForPort(port, std::chrono::seconds(600))) {
-    return Fail(absl::UnavailableError(
-        absl::StrCat("tophat-agent did not start:\n", agent_process.Log())));
-  }
-  auto client = Client::Connect(absl::StrCat("127.0.0.1:", port), 60);
-  if (!client.ok()) return Fail(client.status());
 
   // Warm-up: the first requests pay for the link's measurement and the engine's first steps.
-  for (const std::string& prompt : ToyOutlinePrompts(99, 2)) {
-    v1::GenerateRequest warm;
-    warm.set_prompt(prompt + " outline :");
-    warm.set_max_new_tokens(16);
-    if (auto r = (*client)->Generate(warm); !r.ok()) return Fail(r.status());
+  for (AgentRun& agent : agents) {
+    for (const std::string& prompt : ToyOutlinePrompts(99, 2)) {
+      v1::GenerateRequest warm;
+      warm.set_prompt(prompt + " outline :");
+      warm.set_max_new_tokens(16);
+      if (auto r = agent.client->Generate(warm); !r.ok()) return Fail(r.status());
+    }
   }
 
-  const auto timed = [&](const v1::GenerateRequest& request,
+  const auto timed = [&](Client& client, const v1::GenerateRequest& request,
                          int creatures) -> absl::StatusOr<Run> {
     const Iterations before = CloudIterations(cloud_metrics);
-    absl::StatusOr<GenerateResult> result = (*client)->Generate(request);
+    absl::StatusOr<GenerateResult> result = client.Generate(request);
     if (!result.ok()) return result.status();
     if (!result->ok()) return absl::InternalError(result->error);
     const Iterations after = CloudIterations(cloud_metrics);
@@ -195,8 +208,9 @@ int RunBench(const Args& args) {
     return run;
   };
 
-  // By the prompt's number of creatures: sequential and outline runs.
-  std::map<int, std::vector<Run>> sequential, outlined;
+  // By the prompt's number of creatures: sequential runs, outline runs whose points compute
+  // the prefix again, and outline runs whose points fork it.
+  std::map<int, std::vector<Run>> sequential, unshared, outlined;
   int fallbacks = 0;
   const std::vector<std::string> prompts = ToyOutlinePrompts(2027, args.prompts);
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -211,20 +225,23 @@ int RunBench(const Args& args) {
     par.set_prompt(prompts[i]);
     par.set_max_new_tokens(static_cast<uint32_t>(args.max_tokens));
     par.mutable_outline()->set_enabled(true);
-    // Alternate which goes first, so that neither always meets a cooler machine.
-    for (int k = 0; k < 2; ++k) {
-      const bool outline_now = (k == 0) == (i % 2 == 0);
-      absl::StatusOr<Run> run = timed(outline_now ? par : seq, creatures);
+    // Rotate which goes first, so that none always meets a cooler machine.
+    for (int k = 0; k < 3; ++k) {
+      const int mode = static_cast<int>((k + i) % 3);  // 0 sequential, 1 unshared, 2 forked
+      Client& client = *agents[mode == 2 ? 1 : 0].client;
+      absl::StatusOr<Run> run = timed(client, mode == 0 ? seq : par, creatures);
       if (!run.ok()) return Fail(run.status());
-      if (outline_now && run->points < 0) {
+      if (mode > 0 && run->points < 0) {
         ++fallbacks;
         continue;
       }
-      (outline_now ? outlined : sequential)[creatures].push_back(*run);
+      (mode == 0 ? sequential : mode == 1 ? unshared : outlined)[creatures].push_back(*run);
     }
   }
-  agent_process.Signal(SIGTERM);
-  agent_process.Wait(std::chrono::seconds(30));
+  for (AgentRun& agent : agents) {
+    agent.process->Signal(SIGTERM);
+    agent.process->Wait(std::chrono::seconds(30));
+  }
   cloud_process.Signal(SIGTERM);
   cloud_process.Wait(std::chrono::seconds(30));
 
@@ -235,16 +252,20 @@ int RunBench(const Args& args) {
   };
   std::string table = absl::StrFormat(
       "%lld prompts, at most %lld tokens, speculative decoding %s; link %.0f KB/s up, %.0f KB/s "
-      "down, %.0f ms each way (emulated in the agent); outline fell back to sequential %d "
-      "time(s)\n"
-      "points  n | tokens seq / outline | e2e ms seq / outline (ratio) | tok/s seq / outline | "
-      "TTFT ms seq / outline | batch tok seq / outline | valid points seq / outline\n",
+      "down, %.0f ms each way (emulated in the agents); outline answers that fell back to "
+      "sequential: %d\n"
+      "seq: sequential; recomp: outline, each point computes the prefix again; fork: outline, "
+      "each point forks the outline's session\n"
+      "points  n | tokens seq/recomp/fork | e2e ms seq/recomp/fork (speed-up of fork) | "
+      "tok/s seq/recomp/fork | TTFT ms seq/fork | batch tok seq/recomp/fork | valid "
+      "seq/recomp/fork\n",
       static_cast<long long>(args.prompts), static_cast<long long>(args.max_tokens),
       args.speculative ? "on" : "off", args.uplink_bytes_per_second / 1e3,
       args.downlink_bytes_per_second / 1e3, args.one_way_delay_ms, fallbacks);
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& [creatures, seq_runs] : sequential) {
-    const std::vector<Run>& par_runs = outlined[creatures];
+    const std::vector<Run>& re_runs = unshared[creatures];
+    const std::vector<Run>& fork_runs = outlined[creatures];
     const auto e2e = [](const Run& r) { return r.e2e_s; };
     const auto tps = [](const Run& r) { return r.e2e_s > 0 ? r.tokens / r.e2e_s : 0.0; };
     const auto ttft = [](const Run& r) { return r.ttft_s; };
@@ -258,33 +279,32 @@ int RunBench(const Args& args) {
       }
       return points > 0 ? good / points : 0.0;
     };
-    const double ratio = mean(par_runs, e2e) > 0 ? mean(seq_runs, e2e) / mean(par_runs, e2e) : 0;
-    absl::StrAppendFormat(&table,
-                          "%6d %2zu | %6.1f / %6.1f      | %7.0f / %7.0f (%.2fx)   | %6.1f / "
-                          "%6.1f       | %6.0f / %6.0f       | %6.1f / %6.1f         | %.2f / "
-                          "%.2f\n",
-                          creatures, seq_runs.size(), mean(seq_runs, tokens),
-                          mean(par_runs, tokens), 1e3 * mean(seq_runs, e2e),
-                          1e3 * mean(par_runs, e2e), ratio, mean(seq_runs, tps),
-                          mean(par_runs, tps), 1e3 * mean(seq_runs, ttft),
-                          1e3 * mean(par_runs, ttft), mean(seq_runs, batch),
-                          mean(par_runs, batch), valid(seq_runs), valid(par_runs));
+    const double ratio =
+        mean(fork_runs, e2e) > 0 ? mean(seq_runs, e2e) / mean(fork_runs, e2e) : 0;
+    absl::StrAppendFormat(
+        &table,
+        "%6d %2zu | %5.1f / %5.1f / %5.1f  | %5.0f / %5.0f / %5.0f (%.2fx)            | %5.1f / "
+        "%5.1f / %5.1f | %4.0f / %4.0f      | %4.1f / %4.1f / %4.1f       | %.2f / %.2f / %.2f\n",
+        creatures, seq_runs.size(), mean(seq_runs, tokens), mean(re_runs, tokens),
+        mean(fork_runs, tokens), 1e3 * mean(seq_runs, e2e), 1e3 * mean(re_runs, e2e),
+        1e3 * mean(fork_runs, e2e), ratio, mean(seq_runs, tps), mean(re_runs, tps),
+        mean(fork_runs, tps), 1e3 * mean(seq_runs, ttft), 1e3 * mean(fork_runs, ttft),
+        mean(seq_runs, batch), mean(re_runs, batch), mean(fork_runs, batch), valid(seq_runs),
+        valid(re_runs), valid(fork_runs));
+    const auto mode = [&](const std::vector<Run>& runs) {
+      return nlohmann::json{{"prompts", runs.size()},
+                            {"tokens", mean(runs, tokens)},
+                            {"e2e_ms", 1e3 * mean(runs, e2e)},
+                            {"tokens_per_s", mean(runs, tps)},
+                            {"ttft_ms", 1e3 * mean(runs, ttft)},
+                            {"batch_tokens", mean(runs, batch)},
+                            {"valid_points", valid(runs)}};
+    };
     rows.push_back({{"points", creatures},
-                    {"prompts", seq_runs.size()},
-                    {"outline_prompts", par_runs.size()},
-                    {"tokens_sequential", mean(seq_runs, tokens)},
-                    {"tokens_outline", mean(par_runs, tokens)},
-                    {"e2e_ms_sequential", 1e3 * mean(seq_runs, e2e)},
-                    {"e2e_ms_outline", 1e3 * mean(par_runs, e2e)},
-                    {"speedup", ratio},
-                    {"tokens_per_s_sequential", mean(seq_runs, tps)},
-                    {"tokens_per_s_outline", mean(par_runs, tps)},
-                    {"ttft_ms_sequential", 1e3 * mean(seq_runs, ttft)},
-                    {"ttft_ms_outline", 1e3 * mean(par_runs, ttft)},
-                    {"batch_tokens_sequential", mean(seq_runs, batch)},
-                    {"batch_tokens_outline", mean(par_runs, batch)},
-                    {"valid_points_sequential", valid(seq_runs)},
-                    {"valid_points_outline", valid(par_runs)}});
+                    {"sequential", mode(seq_runs)},
+                    {"outline_recomputed", mode(re_runs)},
+                    {"outline_forked", mode(fork_runs)},
+                    {"speedup_forked", ratio}});
   }
   std::printf("%s", table.c_str());
   const nlohmann::json report = {

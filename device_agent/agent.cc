@@ -71,6 +71,9 @@ class Agent::Request : private CloudSession {
   }
   const std::string& id() const { return id_; }
   void set_id(std::string id) { id_ = std::move(id); }
+  // A kept conversation this prompt extends is shared (a copy, its cloud session forked),
+  // not taken: several requests extend it at once (an outline's points).
+  void set_share_conversation(bool share) { share_conversation_ = share; }
 
  private:
   // Tokenises, checks the request against the context, and allocates its caches.
@@ -87,6 +90,9 @@ class Agent::Request : private CloudSession {
   // Chunk j is computed and uploaded while the cloud works on chunk j-1; results are consumed
   // as they arrive.
   absl::Status Prefill();
+  // Takes a copy of a kept conversation (set_share_conversation): its device KV and shallow
+  // rows into this request's own caches, its cloud session to fork.
+  absl::Status AdoptShared(const ConversationCache::Shared& shared, bool drafting);
   // The prompt's chunk lengths from position reused_: Jupiter's plan (prompt_chunk_plan:
   // jupiter, where the cloud chooses the size and every stage is measured), else chunk_size_.
   std::vector<int64_t> PromptChunks();
@@ -187,6 +193,10 @@ class Agent::Request : private CloudSession {
   uint64_t parked_epoch_ = 0;
   int64_t parked_length_ = 0;
   bool cloud_parks_ = false;  // the cloud keeps parked sessions (Hello.parks_sessions)
+  bool share_conversation_ = false;
+  // parked_session_id_ is shared with other requests: forked (ForkSession), never taken over
+  // or closed by this one.
+  bool fork_parked_ = false;
 
   uint64_t session_id_ = 0;
   CloudConnection* cloud_ = nullptr;  // where Open placed the session; null before
@@ -280,7 +290,15 @@ absl::Status Agent::Request::Prepare() {
   // An earlier turn of this conversation, when the agent kept one: its caches carry the
   // positions this prompt shares with it.
   std::optional<ConversationCache::Taken> taken;
-  if (config.conversation_cache.enabled) {
+  if (config.conversation_cache.enabled && share_conversation_) {
+    std::vector<ConversationCache::Closed> closed;
+    std::optional<ConversationCache::Shared> shared =
+        agent_.conversations_.Share(tokens_, SteadyClock::now(), closed);
+    agent_.CloseParked(closed);
+    if (shared.has_value() && shared->adapter.defined() == drafting) {
+      TOPHAT_RETURN_IF_ERROR(AdoptShared(*shared, drafting));
+    }
+  } else if (config.conversation_cache.enabled) {
     std::vector<ConversationCache::Closed> closed;
     taken = agent_.conversations_.Take(tokens_, SteadyClock::now(), closed);
     if (taken.has_value() && taken->conversation.adapter.has_value() != drafting) {
@@ -305,7 +323,7 @@ absl::Status Agent::Request::Prepare() {
     }
     shallow_ = std::move(kept.shallow);
     sent_ = consumed_ = reused_;  // ReserveShallow keeps these rows
-  } else {
+  } else if (!fork_parked_) {
     input_cache_.emplace(bundle.input->NewGrowingCache(max_positions_, kGrowthPositions));
     output_cache_.emplace(bundle.output->NewGrowingCache(max_positions_, kGrowthPositions));
     if (drafting) {
@@ -335,6 +353,30 @@ absl::Status Agent::Request::Prepare() {
                                      .trace = request_.trace(),
                                      .send_ahead = spec.max_runs_in_flight >= 2,
                                      .ahead_min_keep_rate = spec.ahead_min_keep_rate});
+  return absl::OkStatus();
+}
+
+absl::Status Agent::Request::AdoptShared(const ConversationCache::Shared& shared,
+                                         bool drafting) {
+  const DeviceBundle& bundle = agent_.bundle_;
+  input_cache_.emplace(bundle.input->NewGrowingCache(max_positions_, kGrowthPositions));
+  output_cache_.emplace(bundle.output->NewGrowingCache(max_positions_, kGrowthPositions));
+  if (drafting) {
+    adapter_cache_.emplace(bundle.adapter->NewGrowingCache(max_positions_, kGrowthPositions));
+  }
+  TOPHAT_RETURN_IF_ERROR(input_cache_->ImportPositions(0, shared.input));
+  TOPHAT_RETURN_IF_ERROR(output_cache_->ImportPositions(0, shared.output));
+  if (drafting) TOPHAT_RETURN_IF_ERROR(adapter_cache_->ImportPositions(0, shared.adapter));
+  reused_ = shared.reuse;
+  for (std::optional<KvCache>* cache : {&input_cache_, &output_cache_, &adapter_cache_}) {
+    if (cache->has_value()) TOPHAT_RETURN_IF_ERROR((*cache)->Truncate(reused_));
+  }
+  shallow_ = shared.shallow;
+  sent_ = consumed_ = reused_;  // ReserveShallow keeps these rows
+  parked_session_id_ = shared.session_id;
+  parked_epoch_ = shared.epoch;
+  parked_length_ = shared.length;
+  fork_parked_ = true;
   return absl::OkStatus();
 }
 
@@ -408,18 +450,30 @@ absl::Status Agent::Request::Open(uint64_t after_epoch) {
 }
 
 absl::StatusOr<bool> Agent::Request::Resume(const CloudConnection::Connected& connected) {
-  if (!cloud_parks_ || parked_epoch_ != connected.epoch) {
-    // A newer stream: the cloud that held the session is gone or has dropped it.
+  if (!cloud_parks_ || parked_epoch_ != connected.epoch ||
+      (fork_parked_ && !connected.hello.forks_sessions())) {
+    // A newer stream: the cloud that held the session is gone or has dropped it (or it
+    // cannot fork it).
     ForgetReused();
     return false;
   }
   v1::AgentMessage message;
-  v1::ResumeSession* resume = message.mutable_resume();
-  resume->set_session_id(parked_session_id_);
-  resume->set_new_session_id(session_id_);
-  resume->set_max_positions(static_cast<uint32_t>(max_positions_));
   const double left = Seconds(deadline_ - SteadyClock::now());
-  resume->set_timeout_ms(static_cast<uint32_t>(std::max(1.0, left * 1000)));
+  const auto timeout_ms = static_cast<uint32_t>(std::max(1.0, left * 1000));
+  if (fork_parked_) {
+    v1::ForkSession* fork = message.mutable_fork();
+    fork->set_session_id(parked_session_id_);
+    fork->set_new_session_id(session_id_);
+    fork->set_max_positions(static_cast<uint32_t>(max_positions_));
+    fork->set_timeout_ms(timeout_ms);
+    fork->set_result_dtype(wire_dtype_);
+  } else {
+    v1::ResumeSession* resume = message.mutable_resume();
+    resume->set_session_id(parked_session_id_);
+    resume->set_new_session_id(session_id_);
+    resume->set_max_positions(static_cast<uint32_t>(max_positions_));
+    resume->set_timeout_ms(timeout_ms);
+  }
   SendToCloud(std::move(message));
   if (!send_failure_.ok()) return send_failure_;
   // Nothing else goes until the cloud answers: if it no longer holds the session, the whole
@@ -449,16 +503,19 @@ absl::StatusOr<bool> Agent::Request::Resume(const CloudConnection::Connected& co
       return false;
     }
   }
-  parked_session_id_ = 0;  // it is this request's session now
+  parked_session_id_ = 0;  // it is this request's session now (a fork's copy, if forked)
+  fork_parked_ = false;
   if (parked_length_ > reused_) SendTruncate(reused_);
   return true;
 }
 
 void Agent::Request::ForgetReused() {
-  if (parked_session_id_ != 0) {
+  // A shared (forked) session is the conversation cache's, not this request's to close.
+  if (parked_session_id_ != 0 && !fork_parked_) {
     agent_.CloseParked({{parked_epoch_, parked_session_id_}});
-    parked_session_id_ = 0;
   }
+  parked_session_id_ = 0;
+  fork_parked_ = false;
   if (reused_ == 0) return;
   for (std::optional<KvCache>* cache : {&input_cache_, &output_cache_, &adapter_cache_}) {
     if (cache->has_value()) (*cache)->Clear();
@@ -1191,7 +1248,16 @@ v1::GenerateResponse Agent::Generate(const v1::GenerateRequest& request,
                                      const std::string& caller,
                                      const std::function<bool()>& client_gone) {
   if (request.outline().enabled()) return GenerateOutline(request, on_tokens, caller, client_gone);
+  return GenerateWith(request, on_tokens, caller, client_gone, /*share_conversation=*/false);
+}
+
+v1::GenerateResponse Agent::GenerateWith(const v1::GenerateRequest& request,
+                                         const std::function<bool(const TokenEvent&)>& on_tokens,
+                                         const std::string& caller,
+                                         const std::function<bool()>& client_gone,
+                                         bool share_conversation) {
   Request run(*this, request, on_tokens, client_gone);
+  run.set_share_conversation(share_conversation);
   std::string id = request.request_id();
   if (id.empty()) id = NewRequestId();
   run.set_id(id);

@@ -87,6 +87,13 @@ class Agent : private LinkSampleSink {
   // the outline as a request of its own, then each of its points expanded as a request of
   // its own, all decoded together and streamed in point order; the prompt decoded
   // sequentially when the outline has fewer than two points.
+  // Generate's request, sharing (not taking) a kept conversation it extends when
+  // `share_conversation` (an outline's points: each forks the outline's cloud session).
+  v1::GenerateResponse GenerateWith(const v1::GenerateRequest& request,
+                                    const std::function<bool(const TokenEvent&)>& on_tokens,
+                                    const std::string& caller,
+                                    const std::function<bool()>& client_gone,
+                                    bool share_conversation);
   v1::GenerateResponse GenerateOutline(const v1::GenerateRequest& request,
                                        const std::function<bool(const TokenEvent&)>& on_tokens,
                                        const std::string& caller,

@@ -34,6 +34,16 @@ std::optional<ConversationCache::Taken> ConversationCache::Take(std::span<const 
                                                                 std::vector<Closed>& closed) {
   std::lock_guard<std::mutex> lock(mutex_);
   ExpireLocked(now, closed);
+  const auto [best, best_reuse] = BestLocked(prompt);
+  if (best == entries_.end()) return std::nullopt;
+  Taken taken{.conversation = std::move(*best), .reuse = best_reuse};
+  bytes_ -= taken.conversation.bytes;
+  entries_.erase(best);
+  return taken;
+}
+
+std::pair<std::list<ParkedConversation>::iterator, int64_t> ConversationCache::BestLocked(
+    std::span<const int32_t> prompt) {
   auto best = entries_.end();
   int64_t best_reuse = 0;
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
@@ -45,13 +55,27 @@ std::optional<ConversationCache::Taken> ConversationCache::Take(std::span<const 
       best = it;
     }
   }
-  if (best == entries_.end() || best_reuse < std::max<int64_t>(1, options_.min_reuse_tokens)) {
-    return std::nullopt;
-  }
-  Taken taken{.conversation = std::move(*best), .reuse = best_reuse};
-  bytes_ -= taken.conversation.bytes;
-  entries_.erase(best);
-  return taken;
+  if (best_reuse < std::max<int64_t>(1, options_.min_reuse_tokens)) return {entries_.end(), 0};
+  return {best, best_reuse};
+}
+
+std::optional<ConversationCache::Shared> ConversationCache::Share(
+    std::span<const int32_t> prompt, Clock::time_point now, std::vector<Closed>& closed) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ExpireLocked(now, closed);
+  const auto [best, reuse] = BestLocked(prompt);
+  if (best == entries_.end()) return std::nullopt;
+  const ParkedConversation& kept = *best;
+  if (!kept.input.has_value() || !kept.output.has_value()) return std::nullopt;
+  Shared shared{.reuse = reuse,
+                .length = kept.length,
+                .session_id = kept.session_id,
+                .epoch = kept.epoch,
+                .input = kept.input->ExportPositions(0, kept.length),
+                .output = kept.output->ExportPositions(0, kept.length),
+                .shallow = kept.shallow.narrow(0, 0, kept.length).clone()};
+  if (kept.adapter.has_value()) shared.adapter = kept.adapter->ExportPositions(0, kept.length);
+  return shared;
 }
 
 void ConversationCache::Keep(ParkedConversation conversation, Clock::time_point now,

@@ -67,6 +67,22 @@ class ConversationCache {
   // compute (its output gives the first new token). Expired entries go to `closed`.
   std::optional<Taken> Take(std::span<const int32_t> prompt, Clock::time_point now,
                             std::vector<Closed>& closed);
+  // A copy of what Take would hand over, the entry left in place: for several requests that
+  // all extend one kept conversation at once (an outline's points), each forking its cloud
+  // session (ForkSession) instead of taking it. The device's KV of positions [0, length) as
+  // ExportPositions rows, and its shallow rows, copied.
+  struct Shared {
+    int64_t reuse = 0;
+    int64_t length = 0;
+    uint64_t session_id = 0;
+    uint64_t epoch = 0;
+    at::Tensor input;    // [2, layers, length, heads, dim]
+    at::Tensor output;
+    at::Tensor adapter;  // undefined when the drafter did not run
+    at::Tensor shallow;  // rows [0, length)
+  };
+  std::optional<Shared> Share(std::span<const int32_t> prompt, Clock::time_point now,
+                              std::vector<Closed>& closed);
   // Keeps `conversation` (its bytes computed here); what that pushes out, or what expired,
   // goes to `closed`. An entry larger than max_bytes by itself is not kept (and closed).
   void Keep(ParkedConversation conversation, Clock::time_point now, std::vector<Closed>& closed);
@@ -79,6 +95,10 @@ class ConversationCache {
 
  private:
   void ExpireLocked(Clock::time_point now, std::vector<Closed>& closed);
+  // The entry sharing the longest prefix with `prompt` (at least min_reuse_tokens), and how
+  // long that prefix is; entries_.end() when none.
+  std::pair<std::list<ParkedConversation>::iterator, int64_t> BestLocked(
+      std::span<const int32_t> prompt);
   void DropFrontLocked(std::vector<Closed>& closed);
 
   const ConversationCacheOptions options_;

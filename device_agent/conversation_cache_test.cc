@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "models/runtime/model_init.h"
+
 namespace tophat {
 namespace {
 
@@ -53,6 +55,48 @@ TEST_CASE("ConversationCache hands out the longest shared prefix, short of the p
   CHECK(taken->conversation.session_id == 2);
   CHECK(taken->reuse == 6);
   CHECK(cache.size() == 0);
+}
+
+TEST_CASE("ConversationCache shares a copy of a kept conversation and keeps it") {
+  ConversationCache cache({.min_reuse_tokens = 4});
+  std::vector<ConversationCache::Closed> closed;
+  const Clock::time_point now = Clock::now();
+  ParkedConversation kept = Kept(Range(0, 10), 5);
+  const ModelConfig config = TinyTestConfig();
+  kept.input.emplace(config, 2, 16, at::kFloat, at::kCPU);
+  kept.output.emplace(config, 1, 16, at::kFloat, at::kCPU);
+  const int64_t heads = kept.input->pool().kv_heads();
+  const int64_t dim = kept.input->pool().head_dim();
+  for (int64_t l = 0; l < 2; ++l) {
+    kept.input->Write(l, 0, at::randn({10, heads, dim}), at::randn({10, heads, dim}));
+  }
+  kept.input->Advance(10);
+  kept.output->Write(0, 0, at::randn({10, heads, dim}), at::randn({10, heads, dim}));
+  kept.output->Advance(10);
+  kept.shallow = at::randn({16, 8});
+  const at::Tensor input_rows = kept.input->ExportPositions(0, 10);
+  const at::Tensor shallow_rows = kept.shallow.narrow(0, 0, 10).clone();
+  cache.Keep(std::move(kept), now, closed);
+
+  std::vector<int32_t> point = Range(0, 10);
+  point.push_back(77);
+  for (int fork = 0; fork < 3; ++fork) {  // every point gets it; the entry stays
+    auto shared = cache.Share(point, now, closed);
+    REQUIRE(shared.has_value());
+    CHECK(shared->session_id == 5);
+    CHECK(shared->reuse == 10);
+    CHECK(shared->length == 10);
+    CHECK(at::equal(shared->input, input_rows));
+    CHECK(shared->output.size(1) == 1);
+    CHECK_FALSE(shared->adapter.defined());
+    CHECK(at::equal(shared->shallow, shallow_rows));
+    shared->shallow.zero_();  // a copy: the kept rows do not change
+    CHECK(cache.size() == 1);
+  }
+  CHECK_FALSE(cache.Share(Range(50, 10), now, closed).has_value());
+  auto taken = cache.Take(point, now, closed);
+  REQUIRE(taken.has_value());
+  CHECK(at::equal(taken->conversation.shallow.narrow(0, 0, 10), shallow_rows));
 }
 
 TEST_CASE("ConversationCache: too short a shared prefix starts afresh") {

@@ -1,13 +1,14 @@
 // Agent::GenerateOutline: outline-based parallel decoding (Jupiter §IV-C). The pure parts
 // (parsing the outline, the points' markers, streaming in point order) are in outline.h.
 //
-// What is shared between the parts: nothing yet. The outline and every point are requests
-// of their own, each with its own sessions on the device and the cloud, so each point's
-// prompt (the request's prompt, the directive, the outline and its marker) is computed and
-// sent again, on the device and in the cloud; the cloud batches the points' prompts and
-// decode steps together. Forking the outline's KV into the points (copy-on-write blocks in
-// the cloud's paged cache, a copy on the device) is the next step, and what would make the
-// points' prompts free.
+// What is shared between the parts: the outline's KV. The outline runs as a request of its
+// own and, when it finishes, the conversation cache keeps it (its device KV, its shallow
+// rows, its cloud session parked). Each point is a request of its own whose prompt extends
+// the outline's tokens with its marker: it takes a copy of the kept device KV and forks the
+// parked cloud session (ForkSession: a copy of its blocks, not copy-on-write), so it computes
+// and sends only its marker. Without a conversation cache (conversation_cache.enabled
+// false), or with a cloud that does not fork (a pipeline of stages), every point computes
+// and sends the whole prefix again. The points decode together; the cloud batches them.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -213,13 +214,15 @@ v1::GenerateResponse Agent::GenerateOutline(const v1::GenerateRequest& request,
       std::vector<int32_t> prompt = prefix;
       prompt.insert(prompt.end(), outline_ids.begin(), outline_ids.end());
       prompt.insert(prompt.end(), marker_ids->begin(), marker_ids->end());
-      results[i] = Generate(
+      // Each point forks the outline's session (kept by the conversation cache when the
+      // outline finished): its prompt and outline are neither computed nor sent again.
+      results[i] = GenerateWith(
           part(prompt, std::min(outline.max_point_tokens, plan->max_new_tokens),
                absl::StrCat("/point-", i)),
           [&, i](const TokenEvent& event) {
             return !cancelled && stream.Push(i, event.token_ids, event.text);
           },
-          caller, client_gone);
+          caller, client_gone, /*share_conversation=*/true);
       // The detokenizer's last piece comes with the final response.
       if (!results[i].text().empty()) stream.Push(i, {}, results[i].text());
       stream.Finish(i);

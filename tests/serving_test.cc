@@ -2343,8 +2343,10 @@ TEST_CASE("Two and three pipeline stages over Gloo reproduce the monolithic gree
                                     .layer_boundaries = boundaries,
                                     .planned_stages = boundaries.empty() ? 2 : 0});
     // Speculative decoding (the default) verifies drafts and rolls KV back on every stage;
-    // chunk 8 splits prompts into several prefill chunks batched with decodes.
-    AgentProcess agent(dir.path(), cloud, 8);
+    // chunk 8 splits prompts into several prefill chunks batched with decodes. η = 0.05 lets
+    // the drafter go on past the tokens it is unsure of, so that some drafts are rejected
+    // (the 900-step toy model drafts these short prompts without a miss at the default).
+    AgentProcess agent(dir.path(), cloud, 8, "speculative:\n  eta: 0.05\n");
     std::vector<std::string> sentences = ToyPrompts(41, 12);
     const int64_t max_new_tokens = 24;
     std::vector<std::vector<int32_t>> prompts;
@@ -2868,9 +2870,12 @@ TEST_CASE("The adaptive draft window opens on a long link and narrows on a short
                                   << absl::StrJoin(far_limits, " "));
   REQUIRE(near_limits.size() >= 5);
   REQUIRE(far_limits.size() >= 5);
-  // Measured: about 9.4 far and 5.5 near on an idle machine.
+  // Measured: about 9.4 far and 5.5 near on an idle machine with the 300-step toy model;
+  // with the 900-step one (generator 3), whose drafts are kept more often (0.77-0.81), the
+  // window opens wider on both (about 11.9 far and 10.1 near): still narrower near, and not
+  // at the cap of 12 there.
   CHECK(mean(far_limits) > mean(near_limits) + 1.5);
-  CHECK(mean(near_limits) < 9);
+  CHECK(mean(near_limits) < 11);
   // The gauge shows the window decided last (0, its initial value, if none was).
   CHECK(near.Metric("tophat_spec_decode_draft_window") >= 1);
   CHECK(far.Metric("tophat_spec_decode_draft_window") >= 1);
@@ -2913,8 +2918,13 @@ TEST_CASE("An outline request expands its points as parallel requests and stream
           "[serving][outline]") {
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {});
-  AgentProcess agent(dir.path(), cloud, 0, kToyOutline);
+  // The points fork the outline's session: kept by the conversation cache, forked on the cloud.
+  AgentProcess agent(dir.path(), cloud, 0,
+                     std::string(kToyOutline) + "conversation_cache:\n  enabled: true\n");
+  // Every point computing the whole prefix again: the answers must be the same.
+  AgentProcess unshared(dir.path(), cloud, 0, kToyOutline);
   int outlined = 0;
+  int points = 0;
   for (const std::string& prompt : ToyOutlinePrompts(41, 4)) {
     v1::GenerateRequest request;
     request.set_prompt(prompt);
@@ -2924,6 +2934,11 @@ TEST_CASE("An outline request expands its points as parallel requests and stream
     auto result = agent.client().Generate(
         request, [&](const v1::GenerateResponse& update) { streamed += update.text(); });
     REQUIRE(result.ok());
+    std::string recomputed;
+    auto again = unshared.client().Generate(
+        request, [&](const v1::GenerateResponse& update) { recomputed += update.text(); });
+    REQUIRE(again.ok());
+    CHECK(recomputed == streamed);  // forking the prefix changes nothing of the answer
     INFO(prompt << " -> " << streamed << " (" << result->error << ")");
     REQUIRE(result->ok());
     const v1::RequestStats& stats = result->stats;
@@ -2948,10 +2963,15 @@ TEST_CASE("An outline request expands its points as parallel requests and stream
     CHECK(stats.prompt_tokens() > 0);
     CHECK(stats.generated_tokens() > stats.outline_points());
     CHECK(stats.time_to_first_token_seconds() > 0);
+    points += static_cast<int>(stats.outline_points());
   }
   CHECK(outlined >= 2);
-  // Each point ran as a request of its own: the cloud admitted the outline and every point.
+  // Each point ran as a request of its own: the cloud admitted the outline and every point,
+  // and the sharing agent's points forked the outline's parked session, reusing its prefix.
   CHECK(cloud.Metric("tophat_sessions_admitted_total") >= 3 * outlined);
+  CHECK(cloud.Metric("tophat_parked_sessions_forked_total") >= points);
+  CHECK(agent.Metric("tophat_prompt_positions_reused_total") > 0);
+  CHECK(unshared.Metric("tophat_prompt_positions_reused_total") == 0);
 }
 
 TEST_CASE("An outline that does not parse falls back to sequential decoding, and an agent "
