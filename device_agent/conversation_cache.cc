@@ -47,7 +47,10 @@ std::pair<std::list<ParkedConversation>::iterator, int64_t> ConversationCache::B
   auto best = entries_.end();
   int64_t best_reuse = 0;
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-    const int64_t limit = std::min<int64_t>(it->length, static_cast<int64_t>(prompt.size()) - 1);
+    // A conversation's caches may hold positions past its tokens (drafts accepted after a
+    // stop token): only positions with a token can match.
+    const int64_t limit = std::min({it->length, static_cast<int64_t>(it->tokens.size()),
+                                    static_cast<int64_t>(prompt.size()) - 1});
     int64_t shared = 0;
     while (shared < limit && it->tokens[shared] == prompt[shared]) ++shared;
     if (shared > best_reuse) {

@@ -99,6 +99,20 @@ TEST_CASE("ConversationCache shares a copy of a kept conversation and keeps it")
   CHECK(at::equal(taken->conversation.shallow.narrow(0, 0, 10), shallow_rows));
 }
 
+TEST_CASE("ConversationCache matches only positions that have a token") {
+  // Drafts accepted after a stop token are in the caches (length 24) but not in the tokens
+  // (20): a prompt that goes on past the tokens reuses 20, reading nothing beyond them.
+  ConversationCache cache({.min_reuse_tokens = 4});
+  std::vector<ConversationCache::Closed> closed;
+  const Clock::time_point now = Clock::now();
+  ParkedConversation kept = Kept(Range(0, 20), 3);
+  kept.length = 24;
+  cache.Keep(std::move(kept), now, closed);
+  auto taken = cache.Take(Range(0, 30), now, closed);
+  REQUIRE(taken.has_value());
+  CHECK(taken->reuse == 20);
+}
+
 TEST_CASE("ConversationCache: too short a shared prefix starts afresh") {
   ConversationCache cache({.min_reuse_tokens = 8});
   std::vector<ConversationCache::Closed> closed;
