@@ -98,16 +98,9 @@ int Run(const Args& args) {
       "metrics_address: \"\"\nkv_cache:\n  memory_bytes: 256MiB\n"
       "limits:\n  max_kv_fraction_per_device: 1\n",
       cloud_port, (bundles / "cloud").string());
-  if (absl::Status s = bench::WriteTextFile(scratch->path() / "cloud.yaml", cloud); !s.ok()) {
-    return Fail(s);
-  }
-  bench::ChildProcess cloud_process(
-      {(bin / "tophat-cloud").string(), "--config", (scratch->path() / "cloud.yaml").string()},
-      scratch->path() / "cloud.log");
-  if (!bench::WaitForPort(cloud_port, std::chrono::seconds(600))) {
-    return Fail(absl::UnavailableError(
-        absl::StrCat("tophat-cloud did not start:\n", cloud_process.Log())));
-  }
+  auto cloud_process = bench::StartDaemon(bin / "tophat-cloud", cloud, scratch->path(), "cloud",
+                                          cloud_port, std::chrono::seconds(600));
+  if (!cloud_process.ok()) return Fail(cloud_process.status());
 
   struct Agent {
     std::string label;
@@ -134,15 +127,10 @@ int Run(const Args& args) {
         port, cloud_port, (bundles / "device").string(), agent.metrics_port,
         agent.keeps ? "true" : "false", args.one_way_delay_ms / 1e3,
         args.uplink_bytes_per_second, args.downlink_bytes_per_second);
-    const fs::path path = scratch->path() / absl::StrCat("agent", i, ".yaml");
-    if (absl::Status s = bench::WriteTextFile(path, yaml); !s.ok()) return Fail(s);
-    agent.process = std::make_unique<bench::ChildProcess>(
-        std::vector<std::string>{(bin / "tophat-agent").string(), "--config", path.string()},
-        scratch->path() / absl::StrCat("agent", i, ".log"));
-    if (!bench::WaitForPort(port, std::chrono::seconds(600))) {
-      return Fail(absl::UnavailableError(
-          absl::StrCat("tophat-agent did not start:\n", agent.process->Log())));
-    }
+    auto process = bench::StartDaemon(bin / "tophat-agent", yaml, scratch->path(),
+                                      absl::StrCat("agent", i), port, std::chrono::seconds(600));
+    if (!process.ok()) return Fail(process.status());
+    agent.process = *std::move(process);
     auto client = Client::Connect(absl::StrCat("127.0.0.1:", port), 60);
     if (!client.ok()) return Fail(client.status());
     agent.client = std::move(*client);
@@ -176,8 +164,8 @@ int Run(const Args& args) {
     agent.process->Signal(SIGTERM);
     agent.process->Wait(std::chrono::seconds(30));
   }
-  cloud_process.Signal(SIGTERM);
-  cloud_process.Wait(std::chrono::seconds(30));
+  (*cloud_process)->Signal(SIGTERM);
+  (*cloud_process)->Wait(std::chrono::seconds(30));
 
   // Means over the conversations, turn by turn.
   std::string table = absl::StrFormat(

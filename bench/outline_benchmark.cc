@@ -124,16 +124,9 @@ int RunBench(const Args& args) {
       "metrics_address: \"127.0.0.1:%d\"\nkv_cache:\n  memory_bytes: 256MiB\n"
       "limits:\n  max_kv_fraction_per_device: 1\n",
       cloud_port, (bundles / "cloud").string(), cloud_metrics);
-  if (absl::Status s = bench::WriteTextFile(scratch->path() / "cloud.yaml", cloud); !s.ok()) {
-    return Fail(s);
-  }
-  bench::ChildProcess cloud_process(
-      {(bin / "tophat-cloud").string(), "--config", (scratch->path() / "cloud.yaml").string()},
-      scratch->path() / "cloud.log");
-  if (!bench::WaitForPort(cloud_port, std::chrono::seconds(600))) {
-    return Fail(absl::UnavailableError(
-        absl::StrCat("tophat-cloud did not start:\n", cloud_process.Log())));
-  }
+  auto cloud_process = bench::StartDaemon(bin / "tophat-cloud", cloud, scratch->path(), "cloud",
+                                          cloud_port, std::chrono::seconds(600));
+  if (!cloud_process.ok()) return Fail(cloud_process.status());
   // Two agents on the cloud: one keeps conversations, so that an outline's points fork its
   // session (their prefix neither computed nor sent again); one does not, for sequential
   // answers (which would otherwise reuse an outline's prefix) and for outline answers whose
@@ -154,15 +147,10 @@ int RunBench(const Args& args) {
         port, cloud_port, (bundles / "device").string(), a == 1 ? "true" : "false",
         args.speculative ? "true" : "false", args.one_way_delay_ms / 1e3,
         args.uplink_bytes_per_second, args.downlink_bytes_per_second, kOutlineYaml);
-    const fs::path yaml_path = scratch->path() / absl::StrCat("agent", a, ".yaml");
-    if (absl::Status s = bench::WriteTextFile(yaml_path, agent_yaml); !s.ok()) return Fail(s);
-    agents[a].process = std::make_unique<bench::ChildProcess>(
-        std::vector<std::string>{(bin / "tophat-agent").string(), "--config", yaml_path.string()},
-        scratch->path() / absl::StrCat("agent", a, ".log"));
-    if (!bench::WaitForPort(port, std::chrono::seconds(600))) {
-      return Fail(absl::UnavailableError(
-          absl::StrCat("tophat-agent did not start:\n", agents[a].process->Log())));
-    }
+    auto process = bench::StartDaemon(bin / "tophat-agent", agent_yaml, scratch->path(),
+                                      absl::StrCat("agent", a), port, std::chrono::seconds(600));
+    if (!process.ok()) return Fail(process.status());
+    agents[a].process = *std::move(process);
     auto client = Client::Connect(absl::StrCat("127.0.0.1:", port), 60);
     if (!client.ok()) return Fail(client.status());
     agents[a].client = std::move(*client);
@@ -242,8 +230,8 @@ int RunBench(const Args& args) {
     agent.process->Signal(SIGTERM);
     agent.process->Wait(std::chrono::seconds(30));
   }
-  cloud_process.Signal(SIGTERM);
-  cloud_process.Wait(std::chrono::seconds(30));
+  (*cloud_process)->Signal(SIGTERM);
+  (*cloud_process)->Wait(std::chrono::seconds(30));
 
   const auto mean = [](const std::vector<Run>& runs, auto field) {
     double sum = 0;

@@ -16,6 +16,9 @@
 
 #include <httplib.h>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
 namespace tophat::bench {
 
 ChildProcess::ChildProcess(std::vector<std::string> argv, std::filesystem::path log_path)
@@ -89,6 +92,27 @@ int FreePort() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
   close(fd);
   return ntohs(address.sin_port);
+}
+
+absl::StatusOr<std::unique_ptr<ChildProcess>> StartDaemon(const std::filesystem::path& binary,
+                                                          const std::string& config_yaml,
+                                                          const std::filesystem::path& dir,
+                                                          const std::string& name, int port,
+                                                          std::chrono::milliseconds timeout) {
+  const std::filesystem::path config = dir / (name + ".yaml");
+  {
+    std::ofstream out(config);
+    out << config_yaml;
+    if (!out) return absl::UnavailableError(absl::StrCat(config.string(), ": cannot write"));
+  }
+  auto process = std::make_unique<ChildProcess>(
+      std::vector<std::string>{binary.string(), "--config", config.string()},
+      dir / (name + ".log"));
+  if (!WaitForPort(port, timeout)) {
+    return absl::UnavailableError(absl::StrCat(binary.filename().string(), " (", name,
+                                               ") did not start:\n", process->Log()));
+  }
+  return process;
 }
 
 bool WaitForPort(int port, std::chrono::milliseconds timeout, const std::string& host) {

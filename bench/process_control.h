@@ -7,10 +7,13 @@
 #include <chrono>
 #include <functional>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "absl/status/statusor.h"
 
 namespace tophat::bench {
 
@@ -36,6 +39,15 @@ class ChildProcess {
   std::optional<int> exit_code_;
   std::filesystem::path log_path_;
 };
+
+// Starts a tophat daemon: writes `config_yaml` to `dir`/`name`.yaml, runs `binary` with
+// --config on it (its log in `dir`/`name`.log) and waits up to `timeout` for it to listen on
+// 127.0.0.1:`port`. UNAVAILABLE with its log when it does not (the process is then killed).
+absl::StatusOr<std::unique_ptr<ChildProcess>> StartDaemon(const std::filesystem::path& binary,
+                                                          const std::string& config_yaml,
+                                                          const std::filesystem::path& dir,
+                                                          const std::string& name, int port,
+                                                          std::chrono::milliseconds timeout);
 
 // A TCP port on 127.0.0.1 that was free a moment ago.
 int FreePort();
