@@ -137,6 +137,11 @@ struct Harness {
     message.mutable_resume()->set_new_session_id(new_id);
     engine->Deliver(1, message);
   }
+  void Close(uint64_t id) {
+    v1::AgentMessage message;
+    message.mutable_close()->set_session_id(id);
+    engine->Deliver(1, message);
+  }
   void Fork(uint64_t id, uint64_t new_id, uint32_t max_positions) {
     v1::AgentMessage message;
     message.mutable_fork()->set_session_id(id);
@@ -381,9 +386,7 @@ TEST_CASE("A parked session keeps its KV: the next turn truncated to the shared 
   const at::Tensor reused = h.Results(9);
 
   // A fresh session fed turn one's first 10 positions and turn two (in 9's KV, freed first).
-  v1::AgentMessage close;
-  close.mutable_close()->set_session_id(9);
-  h.engine->Deliver(1, close);
+  h.Close(9);
   h.Open(8, 16);
   h.ChunkOf(8, 0, at::cat({first_turn.narrow(0, 0, 10), second_turn}));
   const at::Tensor fresh = h.Results(8);
@@ -422,18 +425,12 @@ TEST_CASE("A parked session forks: each fork starts with a copy of its KV and co
   const at::Tensor forked_b = h.Results(10);
 
   // Fresh sessions of the whole histories (the forks closed first for room).
-  for (uint64_t id : {9, 10}) {
-    v1::AgentMessage close;
-    close.mutable_close()->set_session_id(id);
-    h.engine->Deliver(1, close);
-  }
+  for (uint64_t id : {9, 10}) h.Close(id);
   h.Open(11, 12);
   h.ChunkOf(11, 0, at::cat({shared, point_a}));
   const at::Tensor fresh_a = h.Results(11);
   CHECK(at::allclose(forked_a, fresh_a.narrow(0, 6, 3), 1e-5, 1e-5));
-  v1::AgentMessage close;
-  close.mutable_close()->set_session_id(11);
-  h.engine->Deliver(1, close);
+  h.Close(11);
   h.Open(12, 8);
   h.ChunkOf(12, 0, at::cat({shared, point_b}));
   const at::Tensor fresh_b = h.Results(12);
@@ -572,9 +569,7 @@ TEST_CASE("Every message counts against its stream's intake until the engine is 
   // The marker of a session closed before it applied is released with it.
   h.Chunk(1, 4, 3, v1::PHASE_PREFILL);
   h.Truncate(1, 5);
-  v1::AgentMessage close;
-  close.mutable_close()->set_session_id(1);
-  h.engine->Deliver(1, close);
+  h.Close(1);
   h.engine->RunOnce();
   CHECK(h.sink->consumed() - start ==
         9 * kIntakeMessageBytes + chunk_bytes +
@@ -636,9 +631,7 @@ TEST_CASE("Admission reserves KV, queues one session and refuses the next") {
   CHECK(refused[0].error().message().find("whole pool") != std::string::npos);
 
   // Closing a running session lets the waiting one in.
-  v1::AgentMessage close;
-  close.mutable_close()->set_session_id(1);
-  h.engine->Deliver(1, close);
+  h.Close(1);
   h.engine->RunOnce();
   auto after = h.sink->Take();
   REQUIRE(after.size() == 1);
@@ -694,9 +687,7 @@ TEST_CASE("Per-device quotas on KV and waiting sessions bind one device, not the
   CHECK_THAT(errors[3], Catch::Contains("device-b already has 1 sessions waiting"));
 
   // Closing a session gives its blocks back to the device's quota.
-  v1::AgentMessage close;
-  close.mutable_close()->set_session_id(1);
-  h.engine->Deliver(1, close);
+  h.Close(1);
   h.Open(4, 16);
   h.engine->RunOnce();
   // Session 4 (4 blocks) fits stream 1's quota again (4 + 1 = 5): not refused. It waits
@@ -759,9 +750,7 @@ TEST_CASE("While a device decodes another device's prompts may stretch a step on
       CHECK(step >= 8);    // about 11 - 1 (the decode token the step must leave room for)
       CHECK(step <= 12);
       // Once the decoding device's session has gone, the prompt gets whole steps again.
-      v1::AgentMessage close;
-      close.mutable_close()->set_session_id(1);
-      h.engine->Deliver(1, close);
+      h.Close(1);
       CHECK(h.engine->RunOnce() == 64 - step);
     } else {
       CHECK(step == 64);  // no cap
