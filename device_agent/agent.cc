@@ -460,18 +460,22 @@ absl::StatusOr<bool> Agent::Request::Resume(const CloudConnection::Connected& co
   v1::AgentMessage message;
   const double left = Seconds(deadline_ - SteadyClock::now());
   const auto timeout_ms = static_cast<uint32_t>(std::max(1.0, left * 1000));
+  // The parked session may be longer than this request can grow (an earlier turn that ran
+  // longer than this one's prompt and max_new_tokens): the cloud takes it back at its
+  // length, and the truncate to reused_ that follows gives back what this request will not use.
+  const auto max_positions = static_cast<uint32_t>(std::max(max_positions_, parked_length_));
   if (fork_parked_) {
     v1::ForkSession* fork = message.mutable_fork();
     fork->set_session_id(parked_session_id_);
     fork->set_new_session_id(session_id_);
-    fork->set_max_positions(static_cast<uint32_t>(max_positions_));
+    fork->set_max_positions(max_positions);
     fork->set_timeout_ms(timeout_ms);
     fork->set_result_dtype(wire_dtype_);
   } else {
     v1::ResumeSession* resume = message.mutable_resume();
     resume->set_session_id(parked_session_id_);
     resume->set_new_session_id(session_id_);
-    resume->set_max_positions(static_cast<uint32_t>(max_positions_));
+    resume->set_max_positions(max_positions);
     resume->set_timeout_ms(timeout_ms);
   }
   SendToCloud(std::move(message));

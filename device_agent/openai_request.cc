@@ -204,6 +204,9 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
       } else {
         return Invalid(key, "'tophat_outline' must be a boolean or {\"max_points\": N}");
       }
+    } else if (key == "ignore_eos") {
+      if (!value.is_boolean()) return Invalid(key, "'ignore_eos' must be a boolean");
+      request.ignore_eos = value.get<bool>();
     } else if (key == "n") {
       if (!value.is_number_integer() || value.get<int64_t>() != 1) {
         return Invalid(key, "'n' must be 1: one choice per request");

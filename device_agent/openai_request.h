@@ -47,6 +47,9 @@ struct OpenAiRequest {
   // for outline-based parallel decoding (GenerateRequest.outline). 0: off; else the points'
   // bound (-1: the agent's).
   int64_t outline_max_points = 0;
+  // "ignore_eos": true, as vLLM's OpenAI server takes it: generate max_tokens whatever the
+  // model says (benchmarks and tests that need a request of known length).
+  bool ignore_eos = false;
 };
 
 // `served_model`: the one model name the agent answers to (GET /v1/models lists it); any

@@ -75,6 +75,17 @@ TEST_CASE("tophat_outline asks for outline-based parallel decoding, and only tha
             .param == "tophat_outline");
 }
 
+TEST_CASE("ignore_eos, as vLLM takes it, asks for max_tokens whatever the model says") {
+  CHECK_FALSE(ParseOk(OpenAiEndpoint::kCompletions, R"({"model": "toy", "prompt": "x"})")
+                  .ignore_eos);
+  CHECK(ParseOk(OpenAiEndpoint::kCompletions,
+                R"({"model": "toy", "prompt": "x", "ignore_eos": true})")
+            .ignore_eos);
+  CHECK(ParseError(OpenAiEndpoint::kCompletions,
+                   R"({"model": "toy", "prompt": "x", "ignore_eos": 1})")
+            .param == "ignore_eos");
+}
+
 TEST_CASE("What the endpoint would ignore is refused by name, with OpenAI's error shape") {
   struct Case {
     OpenAiEndpoint endpoint;

@@ -359,6 +359,7 @@ void OpenAiServer::Route() {
     generate.mutable_sampling()->set_temperature(static_cast<float>(request.temperature));
     generate.mutable_sampling()->set_top_p(static_cast<float>(request.top_p));
     if (request.seed) generate.mutable_sampling()->set_seed(*request.seed);
+    generate.set_ignore_eos(request.ignore_eos);
     for (uint32_t id : stop_ids) generate.add_stop_token_ids(id);
     if (request.outline_max_points != 0) {
       generate.mutable_outline()->set_enabled(true);

@@ -181,7 +181,9 @@ def run(base_url, cloud_metrics_url, agent_metrics_url):
     cancelled_before = metric(agent_metrics_url, cancelled)
     long = client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": "a long story about a castle"}],
-        max_tokens=800, temperature=0, stream=True)
+        max_tokens=800, temperature=0, stream=True,
+        # Its length must not depend on what the toy model says: it must still run at chunk 4.
+        extra_body={"ignore_eos": True})
     seen = 0
     with long:
         for _ in long:
@@ -230,7 +232,9 @@ def limits(client, model, base_url):
 
     # Two completions streaming (the limit), a third refused at once with 429.
     streams = [client.completions.create(model=model, prompt="a long story about a castle",
-                                         max_tokens=800, temperature=0, stream=True)
+                                         max_tokens=800, temperature=0, stream=True,
+        # Its length must not depend on what the toy model says: it must still run at chunk 4.
+        extra_body={"ignore_eos": True})
                for _ in range(2)]
     for stream in streams:
         next(iter(stream))  # each is running

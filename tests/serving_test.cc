@@ -2098,6 +2098,30 @@ TEST_CASE("A conversation's later turns reuse its earlier turns' KV on both side
   CHECK(agent.Metric("tophat_prompt_positions_reused_total") > 0);
 }
 
+TEST_CASE("A turn shorter than the parked session it continues resumes it and gives back the "
+          "rest",
+          "[serving]") {
+  // The parked session holds the first turn's answer, 40 positions; the second turn asks the
+  // same prompt again for 2 tokens, so it can grow to fewer positions than the session has.
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});
+  AgentProcess agent(dir.path(), cloud, 16, "conversation_cache:\n  enabled: true\n");
+  const std::vector<std::string> sentences = ToyPrompts(6, 8);  // past min_reuse_tokens
+  const std::vector<int32_t> prompt = Tokenize(absl::StrJoin(sentences, " "));
+  REQUIRE(prompt.size() >= 16);
+  absl::StatusOr<GenerateResult> first = agent.client().Generate(IdsRequest(prompt, 40, true));
+  REQUIRE(first.ok());
+  REQUIRE(first->ok());
+  absl::StatusOr<GenerateResult> again = agent.client().Generate(IdsRequest(prompt, 2, true));
+  REQUIRE(again.ok());
+  INFO(again->error);
+  REQUIRE(again->ok());
+  CHECK(Tokens(*again) == Reference(prompt, 2, false));
+  CHECK(again->stats.reused_prompt_tokens() == static_cast<int64_t>(prompt.size()) - 1);
+  CHECK(cloud.Metric("tophat_parked_sessions_resumed_total") == 1);
+  CHECK(testing::WaitUntil([&] { return cloud.Metric("tophat_num_sessions_parked") == 1; }, 10s));
+}
+
 TEST_CASE("An SDK conversation reuses its earlier turns and answers as a fresh request of the "
           "same text does",
           "[serving]") {
