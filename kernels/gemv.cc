@@ -21,6 +21,8 @@
 #include <set>
 #include <string>
 
+#include "kernels/vector_types.h"
+
 namespace tophat::kernels {
 namespace {
 
@@ -39,24 +41,6 @@ constexpr int64_t kPrefetchAhead = 512;
 // compiled for their instruction set.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
-
-typedef float Vec4 __attribute__((vector_size(16)));
-typedef float Vec8 __attribute__((vector_size(32)));
-typedef float Vec16 __attribute__((vector_size(64)));
-
-template <typename V>
-[[gnu::always_inline]] inline V LoadVector(const float* p) {
-  V v;
-  std::memcpy(&v, p, sizeof v);  // an unaligned vector load
-  return v;
-}
-
-template <typename V>
-[[gnu::always_inline]] inline float SumLanes(const V& v) {
-  float s = 0.0f;
-  for (size_t i = 0; i < sizeof(V) / sizeof(float); ++i) s += v[i];
-  return s;
-}
 
 // Four rows at a time: each x chunk is loaded once for four rows, and four independent
 // streams (two accumulators each: eight FMA chains) keep more loads in flight than one row

@@ -64,6 +64,8 @@ std::optional<at::ScalarType> ToScalarType(SafetensorsDType dtype) {
       return at::kHalf;
     case SafetensorsDType::kBF16:
       return at::kBFloat16;
+    case SafetensorsDType::kI8:  // int8 weights (tophat split --device-weights int8)
+      return at::kChar;
     default:
       return std::nullopt;
   }
@@ -77,6 +79,8 @@ std::optional<SafetensorsDType> FromScalarType(at::ScalarType type) {
       return SafetensorsDType::kF16;
     case at::kBFloat16:
       return SafetensorsDType::kBF16;
+    case at::kChar:
+      return SafetensorsDType::kI8;
     default:
       return std::nullopt;
   }
@@ -388,7 +392,7 @@ absl::StatusOr<at::Tensor> SafetensorsFile::Tensor(std::string_view name) const 
   if (!scalar_type) {
     return absl::InvalidArgumentError(absl::StrCat(path_.string(), ": tensor '", Sv(name),
                                                    "' has dtype ", Sv(DTypeName(info.dtype)),
-                                                   "; only F32, F16 and BF16 are supported"));
+                                                   "; only F32, F16, BF16 and I8 are supported"));
   }
   const uint8_t* data = data_section_ + info.data_begin;
   const size_t nbytes = info.data_end - info.data_begin;
@@ -451,7 +455,7 @@ absl::Status WriteSafetensors(const std::filesystem::path& path,
     if (!dtype) {
       return absl::InvalidArgumentError(absl::StrCat(where(tensor_name), ": dtype ",
                                                      c10::toString(tensor.scalar_type()),
-                                                     " is not supported; use F32, F16 or BF16"));
+                                                     " is not supported; use F32, F16, BF16 or I8"));
     }
     const uint64_t nbytes = static_cast<uint64_t>(tensor.numel()) * DTypeSize(*dtype);
     header[tensor_name] = {{"dtype", std::string(DTypeName(*dtype))},

@@ -52,14 +52,14 @@ TEST_CASE("A device bundle of a model with tied embeddings holds the table once"
     auto bundle = DeviceBundle::Load(split->device_dir);
     INFO(bundle.status().ToString());
     REQUIRE(bundle.ok());
-    const at::Tensor& embedding = bundle->input->embedding();
-    const at::Tensor& head = bundle->output->lm_head();
+    const at::Tensor& embedding = bundle->input->embedding().dense;
+    const at::Tensor& head = bundle->output->lm_head().dense;
     CHECK(embedding.is_same(head) == tied);
     // Either way each holds the checkpoint's values.
     auto full = LoadFullModel(model, {.huge_pages = false});
     REQUIRE(full.ok());
-    CHECK(at::equal(embedding, (*full)->embedding()));
-    CHECK(at::equal(head, (*full)->lm_head()));
+    CHECK(at::equal(embedding, (*full)->embedding().dense));
+    CHECK(at::equal(head, (*full)->lm_head().dense));
   }
 }
 

@@ -16,22 +16,26 @@ namespace tophat {
 namespace {
 
 // One row (a decode step) streams the weights through the GEMV kernel; more rows are a
-// GEMM and go to BLAS.
-at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias = {}) {
-  if (x.size(0) == 1) return kernels::LinearSingleRow(x, w, bias);
-  return bias.defined() ? at::linear(x, w, bias) : at::linear(x, w);
+// GEMM and go to BLAS. int8 matrices take their own kernel (few rows) or are dequantized
+// for BLAS (many).
+at::Tensor Linear(const at::Tensor& x, const WeightMatrix& w, const at::Tensor& bias = {}) {
+  if (w.is_int8()) return kernels::LinearInt8(x, w.int8, bias);
+  if (x.size(0) == 1) return kernels::LinearSingleRow(x, w.dense, bias);
+  return bias.defined() ? at::linear(x, w.dense, bias) : at::linear(x, w.dense);
 }
 
 // The same into `out` ([rows, N] contiguous), allocating nothing: one float32 CPU row takes
 // the GEMV kernel, anything else BLAS (cuBLAS on a GPU) writing into `out` in place.
-void LinearOut(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
+void LinearOut(const at::Tensor& x, const WeightMatrix& w, const at::Tensor& bias,
                at::Tensor& out) {
-  if (x.size(0) == 1 && x.is_cpu() && x.scalar_type() == at::kFloat) {
-    kernels::LinearSingleRowOut(x, w, bias, out);
+  if (w.is_int8()) {
+    kernels::LinearInt8Out(x, w.int8, bias, out);
+  } else if (x.size(0) == 1 && x.is_cpu() && x.scalar_type() == at::kFloat) {
+    kernels::LinearSingleRowOut(x, w.dense, bias, out);
   } else if (bias.defined()) {
-    at::addmm_out(out, bias, x, w.t());
+    at::addmm_out(out, bias, x, w.dense.t());
   } else {
-    at::mm_out(out, x, w.t());
+    at::mm_out(out, x, w.dense.t());
   }
 }
 
@@ -81,8 +85,72 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
   });
   TOPHAT_RETURN_IF_ERROR(status);
 
+  // int8 is computed on a CPU in float32 (kernels/gemv_int8.h); elsewhere an int8 matrix is
+  // dequantized as it loads.
+  const bool int8_compute = options.device.is_cpu() && dtype == at::kFloat;
+  // Copies detach the matrices from the file mapping (no page faults at step time) and,
+  // on CPU, put them on huge pages, which decode streams faster.
+  auto own = [&](const at::Tensor& t) {
+    return options.huge_pages ? kernels::CopyToHugePages(t) : t.clone();
+  };
+  // A weight matrix as the checkpoint stores it: float, or int8 values with a float32
+  // "<name>_scale" of one scale per row. Not yet owned (see `own`).
+  auto load_matrix = [&](const std::string& name,
+                         std::vector<int64_t> shape) -> absl::StatusOr<WeightMatrix> {
+    TOPHAT_ASSIGN_OR_RETURN(SafetensorsDType stored, checkpoint.StoredDType(name));
+    if (stored != SafetensorsDType::kI8) {
+      TOPHAT_ASSIGN_OR_RETURN(at::Tensor dense, load(name, shape));
+      if (options.quantize_int8 && int8_compute) {
+        WeightMatrix matrix;
+        TOPHAT_RETURN_IF_ERROR(CatchExceptions(absl::StrCat("quantizing '", name, "'"), [&] {
+          matrix.int8 = kernels::QuantizeInt8PerRow(dense);
+        }));
+        return matrix;
+      }
+      return WeightMatrix{.dense = dense};
+    }
+    TOPHAT_ASSIGN_OR_RETURN(at::Tensor values, checkpoint.LoadAsStored(name));
+    TOPHAT_ASSIGN_OR_RETURN(const std::filesystem::path file, checkpoint.FileOf(name));
+    if (values.sizes() != at::IntArrayRef(shape)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          file.string(), ": tensor '", name, "' has shape ", ShapeString(values), ", expected ",
+          ShapeString(at::empty(shape, at::kMeta))));
+    }
+    const std::string scale_name = name + "_scale";
+    if (!checkpoint.Has(scale_name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          file.string(), ": tensor '", name, "' is int8 but '", scale_name,
+          "' (its float32 scale per row) is missing"));
+    }
+    TOPHAT_ASSIGN_OR_RETURN(at::Tensor scale, checkpoint.Load(scale_name, {shape[0]}, at::kFloat));
+    WeightMatrix matrix;
+    matrix.int8 = {.values = values, .scale = scale.contiguous()};
+    if (int8_compute) return matrix;
+    TOPHAT_RETURN_IF_ERROR(CatchExceptions(absl::StrCat("dequantizing '", name, "'"), [&] {
+      matrix.dense = matrix.int8.Dequantize().to(options.device, dtype);
+    }));
+    matrix.int8 = {};
+    return matrix;
+  };
+  // Stacked matrices (q, k, v into one; gate and up) in one owned matrix.
+  auto stack = [&](std::vector<WeightMatrix> parts) -> WeightMatrix {
+    const bool all_int8 = std::all_of(parts.begin(), parts.end(),
+                                      [](const WeightMatrix& m) { return m.is_int8(); });
+    if (all_int8) {
+      std::vector<kernels::Int8Matrix> int8;
+      for (WeightMatrix& part : parts) int8.push_back(std::move(part.int8));
+      kernels::Int8Matrix stacked = kernels::ConcatRows(int8);
+      stacked.values = own(stacked.values);
+      return WeightMatrix{.int8 = std::move(stacked)};
+    }
+    // A mix (a checkpoint with some matrices int8): all as float.
+    std::vector<at::Tensor> dense;
+    for (const WeightMatrix& part : parts) dense.push_back(part.Dense().to(options.device, dtype));
+    return WeightMatrix{.dense = own(dense.size() == 1 ? dense[0] : at::cat(dense))};
+  };
+
   // The other submodel's table, when it has one: its embedding, or its head if tied.
-  at::Tensor shared_table;
+  WeightMatrix shared_table;
   if (shared_embedding != nullptr) {
     if (shared_embedding->options_.dtype != options.dtype ||
         shared_embedding->options_.device != options.device ||
@@ -93,14 +161,14 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
     }
     shared_table = shared_embedding->embedding_.defined() ? shared_embedding->embedding_
                    : config.tie_word_embeddings         ? shared_embedding->lm_head_
-                                                        : at::Tensor();
+                                                        : WeightMatrix();
   }
   if (spec.embedding) {
     if (shared_table.defined()) {
       model->embedding_ = shared_table;
     } else {
       TOPHAT_ASSIGN_OR_RETURN(model->embedding_,
-                              load("model.embed_tokens.weight", {config.vocab_size, d}));
+                              load_matrix("model.embed_tokens.weight", {config.vocab_size, d}));
     }
   }
   const bool o_bias = config.attention_bias && config.architecture != Architecture::kQwen2;
@@ -108,12 +176,12 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
     auto name = [i](std::string_view suffix) { return LayerTensorName(i, suffix); };
     DecoderLayerWeights w;
     TOPHAT_ASSIGN_OR_RETURN(w.input_norm, load(name("input_layernorm.weight"), {d}));
-    TOPHAT_ASSIGN_OR_RETURN(at::Tensor q, load(name("self_attn.q_proj.weight"),
-                                               {config.q_size(), d}));
-    TOPHAT_ASSIGN_OR_RETURN(at::Tensor k, load(name("self_attn.k_proj.weight"),
-                                               {config.kv_size(), d}));
-    TOPHAT_ASSIGN_OR_RETURN(at::Tensor v, load(name("self_attn.v_proj.weight"),
-                                               {config.kv_size(), d}));
+    TOPHAT_ASSIGN_OR_RETURN(WeightMatrix q, load_matrix(name("self_attn.q_proj.weight"),
+                                                        {config.q_size(), d}));
+    TOPHAT_ASSIGN_OR_RETURN(WeightMatrix k, load_matrix(name("self_attn.k_proj.weight"),
+                                                        {config.kv_size(), d}));
+    TOPHAT_ASSIGN_OR_RETURN(WeightMatrix v, load_matrix(name("self_attn.v_proj.weight"),
+                                                        {config.kv_size(), d}));
     if (config.attention_bias) {
       TOPHAT_ASSIGN_OR_RETURN(at::Tensor qb, load(name("self_attn.q_proj.bias"),
                                                   {config.q_size()}));
@@ -123,29 +191,24 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
                                                   {config.kv_size()}));
       w.qkv_bias = at::cat({qb, kb, vb});
     }
-    TOPHAT_ASSIGN_OR_RETURN(w.o_proj, load(name("self_attn.o_proj.weight"),
-                                           {d, config.q_size()}));
+    TOPHAT_ASSIGN_OR_RETURN(WeightMatrix o, load_matrix(name("self_attn.o_proj.weight"),
+                                                        {d, config.q_size()}));
     if (o_bias) {
       TOPHAT_ASSIGN_OR_RETURN(w.o_bias, load(name("self_attn.o_proj.bias"), {d}));
     }
     TOPHAT_ASSIGN_OR_RETURN(w.post_norm, load(name("post_attention_layernorm.weight"), {d}));
-    TOPHAT_ASSIGN_OR_RETURN(at::Tensor gate, load(name("mlp.gate_proj.weight"),
-                                                  {config.intermediate_size, d}));
-    TOPHAT_ASSIGN_OR_RETURN(at::Tensor up, load(name("mlp.up_proj.weight"),
-                                                {config.intermediate_size, d}));
-    TOPHAT_ASSIGN_OR_RETURN(w.down, load(name("mlp.down_proj.weight"),
-                                         {d, config.intermediate_size}));
-    // Copies detach the matrices from the file mapping (no page faults at step time) and,
-    // on CPU, put them on huge pages, which decode streams faster.
-    auto own = [&](const at::Tensor& t) {
-      return options.huge_pages ? kernels::CopyToHugePages(t) : t.clone();
-    };
-    w.qkv = own(at::cat({q, k, v}));
-    w.gate_up = own(at::cat({gate, up}));
+    TOPHAT_ASSIGN_OR_RETURN(WeightMatrix gate, load_matrix(name("mlp.gate_proj.weight"),
+                                                           {config.intermediate_size, d}));
+    TOPHAT_ASSIGN_OR_RETURN(WeightMatrix up, load_matrix(name("mlp.up_proj.weight"),
+                                                         {config.intermediate_size, d}));
+    TOPHAT_ASSIGN_OR_RETURN(WeightMatrix down, load_matrix(name("mlp.down_proj.weight"),
+                                                           {d, config.intermediate_size}));
+    w.qkv = stack({std::move(q), std::move(k), std::move(v)});
+    w.gate_up = stack({std::move(gate), std::move(up)});
     w.input_norm = w.input_norm.contiguous();
-    w.o_proj = own(w.o_proj);
+    w.o_proj = stack({std::move(o)});
     w.post_norm = w.post_norm.contiguous();
-    w.down = own(w.down);
+    w.down = stack({std::move(down)});
     model->layers_.push_back(std::move(w));
   }
   if (spec.head) {
@@ -157,15 +220,27 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
         model->lm_head_ = shared_table;
       } else {
         TOPHAT_ASSIGN_OR_RETURN(model->lm_head_,
-                                load("model.embed_tokens.weight", {config.vocab_size, d}));
+                                load_matrix("model.embed_tokens.weight", {config.vocab_size, d}));
       }
     } else {
-      TOPHAT_ASSIGN_OR_RETURN(model->lm_head_, load("lm_head.weight", {config.vocab_size, d}));
+      TOPHAT_ASSIGN_OR_RETURN(model->lm_head_,
+                              load_matrix("lm_head.weight", {config.vocab_size, d}));
     }
-    if (options.huge_pages && !model->lm_head_.is_same(shared_table)) {
-      const bool shared = model->lm_head_.is_same(model->embedding_);
-      model->lm_head_ = kernels::CopyToHugePages(model->lm_head_);
-      if (shared) model->embedding_ = model->lm_head_;
+    // The head is streamed whole every token: it goes on huge pages (the embedding, with it,
+    // when they are one table). A table shared from another submodel is there already.
+    const bool from_other = shared_table.defined() &&
+                            model->lm_head_.dense.is_same(shared_table.dense) &&
+                            model->lm_head_.int8.values.is_same(shared_table.int8.values);
+    if (options.huge_pages && !from_other) {
+      const bool shared = model->lm_head_.dense.is_same(model->embedding_.dense) &&
+                          model->lm_head_.int8.values.is_same(model->embedding_.int8.values);
+      WeightMatrix& head = model->lm_head_;
+      if (head.is_int8()) {
+        head.int8.values = kernels::CopyToHugePages(head.int8.values);
+      } else {
+        head.dense = kernels::CopyToHugePages(head.dense);
+      }
+      if (shared) model->embedding_ = head;
     }
   }
   return model;
@@ -205,7 +280,8 @@ absl::StatusOr<at::Tensor> Submodel::Embed(const at::Tensor& token_ids) const {
                                                      config_.vocab_size));
     }
   }
-  return at::embedding(embedding_, token_ids.to(at::kLong).to(options_.device));
+  if (embedding_.is_int8()) return kernels::GatherRowsInt8(embedding_.int8, token_ids);
+  return at::embedding(embedding_.dense, token_ids.to(at::kLong).to(options_.device));
 }
 
 void Submodel::AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t layer,
@@ -621,17 +697,34 @@ int64_t Submodel::WeightBytes() const {
     if (t.defined()) bytes += t.numel() * static_cast<int64_t>(t.element_size());
   };
   for (const DecoderLayerWeights& w : layers_) {
-    for (const at::Tensor* t : {&w.input_norm, &w.qkv, &w.qkv_bias, &w.o_proj, &w.o_bias,
-                                &w.post_norm, &w.gate_up, &w.down}) {
-      add(*t);
-    }
+    for (const at::Tensor* t : {&w.input_norm, &w.qkv_bias, &w.o_bias, &w.post_norm}) add(*t);
+    for (const WeightMatrix* m : {&w.qkv, &w.o_proj, &w.gate_up, &w.down}) bytes += m->bytes();
   }
   add(final_norm_);
-  add(lm_head_);
+  bytes += lm_head_.bytes();
   // An embedding lookup reads one row per token, not the table.
-  if (embedding_.defined()) bytes += config_.hidden_size * embedding_.element_size();
+  if (embedding_.is_int8()) {
+    bytes += config_.hidden_size * embedding_.int8.values.element_size() +
+             embedding_.int8.scale.element_size();
+  } else if (embedding_.defined()) {
+    bytes += config_.hidden_size * embedding_.dense.element_size();
+  }
   return bytes;
 }
+
+bool Submodel::int8_weights() const {
+  if (!layers_.empty()) return layers_.front().qkv.is_int8();
+  return lm_head_.is_int8() || embedding_.is_int8();
+}
+
+int64_t WeightMatrix::bytes() const {
+  auto size = [](const at::Tensor& t) {
+    return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : int64_t{0};
+  };
+  return size(dense) + size(int8.values) + size(int8.scale);
+}
+
+at::Tensor WeightMatrix::Dense() const { return is_int8() ? int8.Dequantize() : dense; }
 
 absl::StatusOr<std::unique_ptr<Submodel>> LoadFullModel(const std::filesystem::path& dir,
                                                         const SubmodelOptions& options) {

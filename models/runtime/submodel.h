@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 
 #include "absl/status/statusor.h"
+#include "kernels/gemv_int8.h"
 #include "models/formats/checkpoint.h"
 #include "models/formats/config.h"
 #include "models/runtime/kv_cache.h"
@@ -54,17 +55,36 @@ struct SubmodelOptions {
   int64_t max_context = 4096;
   // Keep weight matrices on transparent huge pages (CPU): decode streams them ~25% faster.
   bool huge_pages = true;
+  // Quantize the weight matrices (the layers', the LM head and the embedding) to int8 with
+  // per-row scales as they load (kernels/gemv_int8.h). Matrices a checkpoint stores as int8
+  // (`tophat split --device-weights int8`) load as int8 whatever this says. int8 is computed
+  // on a CPU in float32; any other device or dtype dequantizes them at load.
+  bool quantize_int8 = false;
+};
+
+// A weight matrix in one of the two forms the runtime computes with: `dense` in the compute
+// dtype, or `int8` with per-row scales (CPU float32 submodels; kernels/gemv_int8.h).
+struct WeightMatrix {
+  at::Tensor dense;
+  kernels::Int8Matrix int8;
+
+  bool defined() const { return dense.defined() || int8.defined(); }
+  bool is_int8() const { return int8.defined(); }
+  // Bytes as held: values and scales.
+  int64_t bytes() const;
+  // The matrix as float: `dense` itself, or int8's values times their scales (tests, tools).
+  at::Tensor Dense() const;
 };
 
 struct DecoderLayerWeights {
   at::Tensor input_norm;  // [D]
-  at::Tensor qkv;         // [q + 2kv, D]: q_proj, k_proj, v_proj stacked, one GEMM
+  WeightMatrix qkv;       // [q + 2kv, D]: q_proj, k_proj, v_proj stacked, one GEMM
   at::Tensor qkv_bias;    // [q + 2kv] or undefined
-  at::Tensor o_proj;      // [D, q]
+  WeightMatrix o_proj;    // [D, q]
   at::Tensor o_bias;      // [D] or undefined (Llama with attention_bias)
   at::Tensor post_norm;   // [D]
-  at::Tensor gate_up;     // [2I, D]: gate_proj, up_proj stacked
-  at::Tensor down;        // [D, I]
+  WeightMatrix gate_up;   // [2I, D]: gate_proj, up_proj stacked
+  WeightMatrix down;      // [D, I]
 };
 
 // One sequence's part of a batched forward: `num_tokens` consecutive rows of the hidden
@@ -145,10 +165,12 @@ class Submodel {
   // Bytes of weights this submodel reads per decoded token (for bandwidth bounds).
   int64_t WeightBytes() const;
 
-  const at::Tensor& embedding() const { return embedding_; }
+  const WeightMatrix& embedding() const { return embedding_; }
   const std::vector<DecoderLayerWeights>& layers() const { return layers_; }
   const at::Tensor& final_norm() const { return final_norm_; }
-  const at::Tensor& lm_head() const { return lm_head_; }
+  const WeightMatrix& lm_head() const { return lm_head_; }
+  // Whether the weight matrices are int8 (loaded so, or quantized at load).
+  bool int8_weights() const;
 
  private:
   Submodel(ModelConfig config, SubmodelSpec spec, SubmodelOptions options)
@@ -198,10 +220,10 @@ class Submodel {
   SubmodelSpec spec_;
   SubmodelOptions options_;
   RopeTable rope_;
-  at::Tensor embedding_;  // [V, D]
+  WeightMatrix embedding_;  // [V, D]
   std::vector<DecoderLayerWeights> layers_;
   at::Tensor final_norm_;  // [D]
-  at::Tensor lm_head_;     // [V, D]
+  WeightMatrix lm_head_;    // [V, D]
 };
 
 // Loads config.json + weights of a Hugging Face checkpoint directory as one full model.

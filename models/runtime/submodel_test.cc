@@ -616,7 +616,7 @@ TEST_CASE("F16 and BF16 checkpoints load and compute in float32", "[submodel]") 
     REQUIRE(WriteCheckpoint(config, weights, dir, dtype).ok());
     auto model = LoadFullModel(dir);
     REQUIRE(model.ok());
-    CHECK((*model)->layers()[0].qkv.scalar_type() == at::kFloat);
+    CHECK((*model)->layers()[0].qkv.dense.scalar_type() == at::kFloat);
     // Same weights rounded to 16 bits: the logits stay close to the float32 ones.
     NamedTensors rounded;
     for (auto& [n, t] : weights) rounded.emplace_back(n, t.to(dtype).to(at::kFloat));
@@ -625,6 +625,80 @@ TEST_CASE("F16 and BF16 checkpoints load and compute in float32", "[submodel]") 
     auto ref = LoadFullModel(ref_dir);
     REQUIRE(ref.ok());
     CHECK(MaxDiff(FullLogits(**model, tokens), FullLogits(**ref, tokens)) < 1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace tophat
+
+namespace tophat {
+namespace {
+
+// The weight matrices quantize_int8 turns into int8: every 2-D weight (the layers', the
+// embedding and the LM head); norms and biases stay float.
+bool QuantizedMatrix(const std::string& name, const at::Tensor& t) {
+  return t.dim() == 2 && name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0;
+}
+
+TEST_CASE("int8 weights compute the model as quantized, one row and many, in a quarter of "
+          "the bytes",
+          "[submodel]") {
+  std::mt19937 rng(8);
+  for (const auto& [variant, config] : TinyTestVariants()) {
+    SECTION(variant) {
+      const NamedTensors weights = InitWeights(config, 7);
+      // The model as quantized: each matrix replaced by its dequantized int8 form.
+      NamedTensors dequantized;
+      for (const auto& [name, t] : weights) {
+        dequantized.emplace_back(
+            name, QuantizedMatrix(name, t) ? kernels::QuantizeInt8PerRow(t).Dequantize() : t);
+      }
+      const fs::path dir = TempDir("int8_" + variant);
+      const fs::path ref_dir = TempDir("int8_ref_" + variant);
+      REQUIRE(WriteCheckpoint(config, weights, dir).ok());
+      REQUIRE(WriteCheckpoint(config, dequantized, ref_dir).ok());
+      auto int8 = LoadFullModel(dir, {.quantize_int8 = true});
+      auto reference = LoadFullModel(ref_dir);
+      auto float32 = LoadFullModel(dir);
+      REQUIRE(int8.ok());
+      REQUIRE(reference.ok());
+      REQUIRE(float32.ok());
+      CHECK((*int8)->int8_weights());
+      CHECK_FALSE((*float32)->int8_weights());
+      CHECK((*int8)->layers()[0].gate_up.int8.values.scalar_type() == at::kChar);
+      CHECK((*int8)->lm_head().is_int8());
+      // Matrices are a quarter of float32's bytes; norms, scales and biases add a little.
+      const double ratio = static_cast<double>((*int8)->WeightBytes()) /
+                           static_cast<double>((*float32)->WeightBytes());
+      CHECK(ratio > 0.25);
+      CHECK(ratio < 0.30);
+
+      // A prompt of 23 rows: more than the int8 kernel takes (dequantized blocks, BLAS) for
+      // the layers, and the head over every row.
+      const std::vector<int32_t> tokens = RandomTokens(rng, 23, config.vocab_size);
+      const at::Tensor ours = FullLogits(**int8, tokens);
+      const at::Tensor theirs = FullLogits(**reference, tokens);
+      CHECK(MaxDiff(ours, theirs) < 1e-4);
+      // Then decode rows one at a time and a few at once (the int8 kernel).
+      KvCache cache = (*int8)->NewCache();
+      KvCache ref_cache = (*reference)->NewCache();
+      for (int64_t rows : {1, 1, 3, 16}) {
+        const std::vector<int32_t> step = RandomTokens(rng, rows, config.vocab_size);
+        auto logits = [&](const Submodel& model, KvCache& c) {
+          auto hidden = model.Embed(Ids(step));
+          REQUIRE(hidden.ok());
+          auto out = model.Forward(*hidden, c);
+          REQUIRE(out.ok());
+          auto result = model.Logits(*out);
+          REQUIRE(result.ok());
+          return *result;
+        };
+        INFO(rows << " rows");
+        CHECK(MaxDiff(logits(**int8, cache), logits(**reference, ref_cache)) < 1e-4);
+      }
+      // And it is not the float32 model: quantization moved the logits.
+      CHECK(MaxDiff(ours, FullLogits(**float32, tokens)) > 1e-4);
+    }
   }
 }
 

@@ -1,0 +1,60 @@
+// Linear layers over int8 weights with one float32 scale per output channel (row), for the
+// device's memory: y = x (scale ⊙ W)^T (+ bias), x float32.
+//
+// Weight-only quantization, as TensorRT-LLM's int8 weight-only mode: the activations stay
+// float32, each weight row is stored as round(w / s) in [-127, 127] with s = max|w| / 127.
+// A quarter of float32's bytes, so decode, which streams every weight once per token, reads
+// a quarter as much. The kernel converts each int8 to float32 in registers and multiplies
+// with x's float32 values; the row's scale is applied once to the finished sum. What it
+// computes is exactly the float32 product with the dequantized matrix, up to summation
+// order: "the model as quantized" is that dequantized model.
+//
+// Few rows of x (decode, a speculative round's verification) stream the weights once through
+// the int8 kernel, every x row against each block of weight rows while it is in cache. Many
+// rows (a prompt) dequantize the matrix once and go to BLAS.
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/ATen.h>
+
+#include "kernels/gemv.h"
+
+namespace tophat::kernels {
+
+struct Int8Matrix {
+  at::Tensor values;  // [N, K] int8, rows contiguous
+  at::Tensor scale;   // [N] float32
+
+  bool defined() const { return values.defined(); }
+  int64_t rows() const { return values.size(0); }
+  int64_t cols() const { return values.size(1); }
+  // scale ⊙ values as float32 [N, K] (rows x, for a part of the rows).
+  at::Tensor Dequantize() const;
+};
+
+// Per-row absmax quantization of a floating [N, K] matrix (any float dtype, CPU or not; the
+// result is on the CPU). A row of zeros gets scale 0 and zeros.
+Int8Matrix QuantizeInt8PerRow(const at::Tensor& weight);
+
+// Stacks matrices with the same K along rows (q, k, v into qkv).
+Int8Matrix ConcatRows(const std::vector<Int8Matrix>& parts);
+
+// Rows of x at most this many take the int8 kernel; more dequantize and multiply by BLAS.
+inline constexpr int64_t kInt8KernelMaxRows = 16;
+
+// x: [M, K] float32 CPU; bias: [N] float32 or undefined; out: [M, N] float32 contiguous.
+// Allocates nothing for M <= kInt8KernelMaxRows.
+void LinearInt8Out(const at::Tensor& x, const Int8Matrix& weight, const at::Tensor& bias,
+                   at::Tensor& out);
+at::Tensor LinearInt8(const at::Tensor& x, const Int8Matrix& weight, const at::Tensor& bias = {});
+
+// The kernel with a named instruction set (tests); M <= kInt8KernelMaxRows.
+at::Tensor LinearInt8WithIsa(CpuIsa isa, const at::Tensor& x, const Int8Matrix& weight,
+                             const at::Tensor& bias = {});
+
+// Rows `ids` of a quantized table, dequantized: [ids.numel(), K] float32 (an embedding
+// lookup).
+at::Tensor GatherRowsInt8(const Int8Matrix& table, const at::Tensor& ids);
+
+}  // namespace tophat::kernels
