@@ -140,10 +140,12 @@ absl::StatusOr<ModelBenchReport> RunModelBenchmark(
         config.max_position_embeddings));
   }
 
-  say(absl::StrCat("loading ", model_dir.string(), " (float32)"));
+  say(absl::StrCat("loading ", model_dir.string(),
+                   options.int8_weights ? " (int8 weights, float32 compute)" : " (float32)"));
   SubmodelOptions load_options;
   load_options.dtype = at::kFloat;
   load_options.max_context = context;
+  load_options.quantize_int8 = options.int8_weights;
   TOPHAT_ASSIGN_OR_RETURN(std::unique_ptr<Submodel> model, LoadFullModel(model_dir, load_options));
 
   ModelBenchReport report;
@@ -158,6 +160,7 @@ absl::StatusOr<ModelBenchReport> RunModelBenchmark(
                       config.num_hidden_layers * config.LayerParameterCount() +
                       config.hidden_size +
                       (config.tie_word_embeddings ? 0 : config.vocab_size * config.hidden_size);
+  report.weights = options.int8_weights ? "int8" : "float32";
   report.threads = at::get_num_threads();
   report.blas_threads = BlasThreads();
   report.prompt_tokens = options.prompt_tokens;
@@ -306,7 +309,8 @@ nlohmann::json ModelBenchReport::ToJson() const {
         {"attention_heads", attention_heads},
         {"kv_heads", kv_heads},
         {"vocab_size", vocab_size},
-        {"dtype", dtype}}},
+        {"dtype", dtype},
+        {"weights", weights}}},
       {"threads", threads},
       {"blas_threads", blas_threads},
       {"prompt_tokens", prompt_tokens},
@@ -334,9 +338,9 @@ nlohmann::json ModelBenchReport::ToJson() const {
 std::string ModelBenchReport::ToTable() const {
   std::string out = absl::StrFormat(
       "model %s: %.1fM parameters, %d layers, dim %d, intermediate %d, heads %d/%d, "
-      "vocab %d, %s, %d ATen threads, %d BLAS threads\n",
+      "vocab %d, %s compute, %s weights, %d ATen threads, %d BLAS threads\n",
       model_dir, static_cast<double>(parameters) / 1e6, layers, hidden_size, intermediate_size,
-      attention_heads, kv_heads, vocab_size, dtype, threads, blas_threads);
+      attention_heads, kv_heads, vocab_size, dtype, weights, threads, blas_threads);
   auto row = [&out](const std::string& metric, const std::string& measured,
                     const std::string& bound, const std::string& fraction) {
     absl::StrAppend(&out, absl::StrFormat("%-28s | %-16s | %-16s | %s\n", metric, measured, bound,

@@ -22,6 +22,9 @@ struct ModelBenchOptions {
   int64_t decode_tokens = 64;   // decode: tokens generated one at a time
   int repetitions = 3;          // of each measurement; the report keeps median and best
   int64_t bandwidth_bytes = 0;  // buffer of the bandwidth probe; 0 = auto (>= 1 GiB)
+  // Weight matrices as int8 with per-row scales, quantized at load (kernels/gemv_int8.h);
+  // activations stay float32.
+  bool int8_weights = false;
 };
 
 struct ModelBenchReport {
@@ -35,6 +38,7 @@ struct ModelBenchReport {
   int64_t kv_heads = 0;
   int64_t vocab_size = 0;
   std::string dtype = "float32";
+  std::string weights = "float32";  // or "int8": the matrices' storage
   int threads = 0;       // ATen intra-op threads (at::get_num_threads())
   int blas_threads = 0;  // OpenBLAS threads (prefill GEMMs run on these); 0 = unknown
 

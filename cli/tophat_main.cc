@@ -317,6 +317,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   split_cmd->add_option("--out", split.out_dir, "Directory that receives device/ and cloud/")
       ->required();
+  std::string split_device_weights = "as-stored";
+  split_cmd->add_option("--device-weights", split_device_weights,
+                        "The device bundle's weight matrices: as-stored (the checkpoint's "
+                        "dtype), or int8 with a float32 scale per row (a quarter of float32's "
+                        "bytes; the cloud bundle keeps the checkpoint's dtype)")
+      ->capture_default_str()->check(CLI::IsMember({"as-stored", "int8"}));
 
   GenerateArgs gen;
   auto* gen_cmd = app.add_subcommand("generate", "Generate text, streaming it to the terminal");
@@ -350,6 +356,11 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--decode-tokens", bench.decode_tokens)->capture_default_str();
   bench_cmd->add_option("--repetitions", bench.repetitions)->capture_default_str();
   bench_cmd->add_option("--json", bench_json, "Also write the report as JSON here");
+  std::string bench_weights = "float32";
+  bench_cmd->add_option("--weights", bench_weights,
+                        "The weight matrices' storage: float32, or int8 with per-row scales "
+                        "(quantized at load; activations stay float32)")
+      ->capture_default_str()->check(CLI::IsMember({"float32", "int8"}));
 
   tophat::DtypeNumericsOptions numerics;
   std::string numerics_dtype = "bfloat16";
@@ -610,6 +621,7 @@ int main(int argc, char** argv) {
   }
   if (*distill_cmd) return RunDistill(distill);
   if (*split_cmd) {
+    if (split_device_weights == "int8") split.device_weights = tophat::DeviceWeights::kInt8;
     auto result = tophat::SplitCheckpoint(split);
     if (!result.ok()) return Fail(result.status());
     if (result->device.adapter) {
@@ -618,9 +630,10 @@ int main(int argc, char** argv) {
     } else if (!result->adapter_note.empty()) {
       spdlog::warn("{}", result->adapter_note);
     }
-    spdlog::info("device bundle: {} (embedding, layers [0, {}), layers [{}, {}), head)",
+    spdlog::info("device bundle: {} (embedding, layers [0, {}), layers [{}, {}), head{})",
                  result->device_dir.string(), result->device.input_layers.end,
-                 result->device.output_layers.begin, result->device.output_layers.end);
+                 result->device.output_layers.begin, result->device.output_layers.end,
+                 result->device.weights == "int8" ? "; int8 weights" : "");
     spdlog::info("cloud bundle:  {} (layers [{}, {}), no embedding, no head)",
                  result->cloud_dir.string(), result->cloud.middle_layers.begin,
                  result->cloud.middle_layers.end);
@@ -628,6 +641,7 @@ int main(int argc, char** argv) {
   }
   if (*gen_cmd) return RunGenerate(gen);
   if (*bench_cmd) {
+    bench.int8_weights = bench_weights == "int8";
     auto report = tophat::RunModelBenchmark(bench_model_dir, bench, [](std::string_view line) {
       spdlog::info("{}", line);
     });

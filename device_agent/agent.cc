@@ -945,6 +945,14 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
                           .device = at::Device(config.device),
                           .max_context = config.max_context};
   TOPHAT_ASSIGN_OR_RETURN(DeviceBundle bundle, DeviceBundle::Load(config.bundle, options));
+  if (bundle.manifest.weights == "int8") {
+    if (bundle.input->int8_weights()) {
+      spdlog::info("device weights: int8 with per-row scales, computed in float32");
+    } else {
+      spdlog::info("device weights: int8 in the bundle, dequantized to {} on {} as they loaded",
+                   config.dtype, config.device);
+    }
+  }
   if (dtype == at::kBFloat16 && options.device.is_cpu() && !kernels::CpuHasBf16Arithmetic()) {
     spdlog::warn("dtype bfloat16: this CPU has no bfloat16 arithmetic, so LibTorch converts "
                  "each operation to float32 and back; the weights and KV take half the memory "

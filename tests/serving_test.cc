@@ -164,6 +164,19 @@ const fs::path& Bundles() {
   return dir;
 }
 
+// The same split with the device's matrices in int8 (`--device-weights int8`); its cloud
+// half is the float32 one of Bundles().
+const fs::path& Int8Bundles() {
+  static const fs::path dir = [] {
+    fs::path out = RunDir() / "bundles-int8";
+    auto split = SplitCheckpoint({.model_dir = ToyDir(), .input_layers = 2, .output_layers = 1,
+                                  .out_dir = out, .device_weights = DeviceWeights::kInt8});
+    REQUIRE(split.ok());
+    return out;
+  }();
+  return dir;
+}
+
 std::mutex reference_mutex;
 
 // The monolithic float32 model on the CPU; callers hold reference_mutex.
@@ -389,11 +402,13 @@ class AgentProcess {
   AgentProcess(const fs::path& dir, const std::string& clouds, int64_t chunk_size,
                const std::string& yaml = "", int compute_threads = 0,
                const std::string& cloud_token_file = "",
-               const std::vector<std::string>& launcher = {})
+               const std::vector<std::string>& launcher = {},
+               const fs::path& bundle = {})
       : port_(testing::FreePort()), metrics_port_(testing::FreePort()) {
     std::vector<std::string> args = launcher;
     const std::vector<std::string> agent_args = {
-        (BinDir() / "tophat-agent").string(), "--bundle", (Bundles() / "device").string(),
+        (BinDir() / "tophat-agent").string(), "--bundle",
+        (bundle.empty() ? Bundles() / "device" : bundle).string(),
         "--listen", address(), "--cloud", clouds, "--metrics",
         "127.0.0.1:" + std::to_string(metrics_port_), "--prompt-chunk-size",
         std::to_string(chunk_size)};
@@ -2096,6 +2111,50 @@ TEST_CASE("A conversation's later turns reuse its earlier turns' KV on both side
   CHECK(testing::WaitUntil([&] { return cloud.Metric("tophat_num_sessions_parked") == 1; }, 10s));
   CHECK(cloud.Metric("tophat_parked_sessions_resumed_total") == 2);
   CHECK(agent.Metric("tophat_prompt_positions_reused_total") > 0);
+}
+
+TEST_CASE("An int8 device bundle serves plain and speculative greedy requests with the tokens "
+          "of the model as quantized",
+          "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});  // the float32 cloud half: the same for both splits
+  AgentProcess plain(dir.path(), cloud.address(), 16, "speculative:\n  enabled: false\n", 0, "",
+                     {}, Int8Bundles() / "device");
+  AgentProcess drafting(dir.path(), cloud.address(), 16, "", 0, "", {},
+                        Int8Bundles() / "device");
+  CHECK_THAT(plain.process().Log(), Catch::Contains("device weights: int8"));
+  CHECK_THAT(drafting.process().Log(), Catch::Contains("speculative decoding: adapter"));
+  // The reference: the int8 device submodels around the float32 middle, in this process.
+  auto device = DeviceBundle::Load(Int8Bundles() / "device");
+  auto middle = CloudBundle::Load(Bundles() / "cloud");
+  REQUIRE(device.ok());
+  REQUIRE(middle.ok());
+  REQUIRE(device->input->int8_weights());
+  auto generator = PipelineGenerator::Create(
+      {device->input.get(), middle->middle.get(), device->output.get()});
+  REQUIRE(generator.ok());
+  const std::vector<std::string> sentences = ToyPrompts(13, 12);
+  int64_t drafted = 0;
+  for (size_t i = 0; i < 4; ++i) {
+    const std::vector<int32_t> prompt =
+        Tokenize(sentences[i] + " " + sentences[i + 4] + " " + sentences[i + 8]);
+    GenerationOptions options;
+    options.max_new_tokens = 32;
+    auto expected = generator->Generate(prompt, options);
+    REQUIRE(expected.ok());
+    for (AgentProcess* agent : {&plain, &drafting}) {
+      absl::StatusOr<GenerateResult> result =
+          agent->client().Generate(IdsRequest(prompt, 32, /*ignore_eos=*/true));
+      INFO("prompt " << i << (agent == &plain ? ", plain" : ", speculative"));
+      REQUIRE(result.ok());
+      INFO(result->error);
+      REQUIRE(result->ok());
+      CHECK(Tokens(*result) == expected->tokens);
+      if (agent == &drafting) drafted += result->stats.accepted_tokens();
+    }
+  }
+  // The drafter (its adapter in int8 too) still drafts tokens the model accepts.
+  CHECK(drafted > 0);
 }
 
 TEST_CASE("A turn shorter than the parked session it continues resumes it and gives back the "

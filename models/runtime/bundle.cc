@@ -10,6 +10,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/gemv_int8.h"
 #include "models/formats/checkpoint.h"
 #include "models/formats/safetensors.h"
 #include "base/status_macros.h"
@@ -81,6 +82,32 @@ absl::Status WriteManifest(const fs::path& dir, const BundleManifest& manifest) 
   return absl::OkStatus();
 }
 
+// The weight matrices a device bundle stores as int8: every 2-D "*.weight" (the layers'
+// projections, the embedding, the LM head); norms and biases stay as they are.
+bool IsWeightMatrix(const std::string& name, const at::Tensor& tensor) {
+  return tensor.dim() == 2 && name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0;
+}
+
+// Each weight matrix of `tensors` as int8 values under its name and a float32 scale per row
+// under "<name>_scale" (kernels/gemv_int8.h).
+absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> QuantizeWeightMatrices(
+    const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& [name, tensor] : tensors) {
+    if (!IsWeightMatrix(name, tensor)) {
+      out.emplace_back(name, tensor);
+      continue;
+    }
+    kernels::Int8Matrix quantized;
+    TOPHAT_RETURN_IF_ERROR(CatchExceptions(absl::StrCat("split: quantizing '", name, "'"), [&] {
+      quantized = kernels::QuantizeInt8PerRow(tensor);
+    }));
+    out.emplace_back(name, quantized.values);
+    out.emplace_back(name + "_scale", quantized.scale);
+  }
+  return out;
+}
+
 absl::Status CheckRangesChain(const BundleManifest& m, const std::string& source) {
   if (m.input_layers.begin != 0 || m.input_layers.end != m.middle_layers.begin ||
       m.middle_layers.end != m.output_layers.begin ||
@@ -120,6 +147,7 @@ json BundleManifest::ToJson() const {
           {"model_fingerprint", model_fingerprint},
           {"files", files}};
   if (adapter) j["adapter"] = adapter->ToJson();
+  if (!weights.empty()) j["weights"] = weights;
   return j;
 }
 
@@ -149,6 +177,11 @@ absl::StatusOr<BundleManifest> BundleManifest::FromJson(const json& j, const std
   m.source_architecture = j.value("source_architecture", "");
   m.num_hidden_layers = j.value("num_hidden_layers", int64_t{0});
   m.dtype = j.value("dtype", "");
+  m.weights = j.value("weights", "");
+  if (!m.weights.empty() && m.weights != "int8") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": key 'weights' is \"", m.weights, "\"; this build reads \"int8\" or none"));
+  }
   m.model_fingerprint = j.value("model_fingerprint", "");
   TOPHAT_ASSIGN_OR_RETURN(m.input_layers, ParseRange(j, source, "input_layers"));
   TOPHAT_ASSIGN_OR_RETURN(m.middle_layers, ParseRange(j, source, "middle_layers"));
@@ -286,6 +319,11 @@ absl::StatusOr<SplitResult> SplitCheckpoint(const SplitOptions& options) {
     }
   }
 
+  const bool int8 = options.device_weights == DeviceWeights::kInt8;
+  if (int8) {
+    TOPHAT_ASSIGN_OR_RETURN(device_tensors, QuantizeWeightMatrices(device_tensors));
+  }
+
   const fs::path out = options.out_dir;
   for (BundleKind kind : {BundleKind::kDevice, BundleKind::kCloud}) {
     const bool device = kind == BundleKind::kDevice;
@@ -299,6 +337,7 @@ absl::StatusOr<SplitResult> SplitCheckpoint(const SplitOptions& options) {
     }
     BundleManifest manifest = base;
     manifest.kind = kind;
+    if (device && int8) manifest.weights = "int8";
     TOPHAT_RETURN_IF_ERROR(CopyFile(options.model_dir / "config.json", staging / "config.json"));
     manifest.files.push_back("config.json");
     TOPHAT_RETURN_IF_ERROR(WriteSafetensors(staging / "model.safetensors",
@@ -315,7 +354,22 @@ absl::StatusOr<SplitResult> SplitCheckpoint(const SplitOptions& options) {
         }
       }
       if (adapter) {
-        TOPHAT_RETURN_IF_ERROR(CopyFile(options.model_dir / adapter->file, staging / adapter->file));
+        if (int8) {
+          // The adapter's matrices in int8 too, as the device computes it.
+          TOPHAT_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
+                                  CheckpointReader::OpenFile(options.model_dir / adapter->file));
+          std::vector<std::pair<std::string, at::Tensor>> adapter_tensors;
+          for (const std::string& name : reader->TensorNames()) {
+            TOPHAT_ASSIGN_OR_RETURN(at::Tensor tensor, reader->LoadAsStored(name));
+            adapter_tensors.emplace_back(name, tensor);
+          }
+          TOPHAT_ASSIGN_OR_RETURN(adapter_tensors, QuantizeWeightMatrices(adapter_tensors));
+          TOPHAT_RETURN_IF_ERROR(WriteSafetensors(staging / adapter->file, adapter_tensors,
+                                                  {{"format", "pt"}}));
+        } else {
+          TOPHAT_RETURN_IF_ERROR(
+              CopyFile(options.model_dir / adapter->file, staging / adapter->file));
+        }
         TOPHAT_RETURN_IF_ERROR(
             CopyFile(options.model_dir / kAdapterInfoFile, staging / kAdapterInfoFile));
         manifest.files.push_back(adapter->file);
@@ -337,7 +391,7 @@ absl::StatusOr<SplitResult> SplitCheckpoint(const SplitOptions& options) {
 }
 
 absl::StatusOr<DeviceBundle> DeviceBundle::Load(const fs::path& dir,
-                                                const SubmodelOptions& options) {
+                                                const SubmodelOptions& requested) {
   DeviceBundle bundle;
   TOPHAT_ASSIGN_OR_RETURN(bundle.manifest, BundleManifest::Load(dir));
   if (bundle.manifest.kind != BundleKind::kDevice) {
@@ -347,6 +401,10 @@ absl::StatusOr<DeviceBundle> DeviceBundle::Load(const fs::path& dir,
   TOPHAT_ASSIGN_OR_RETURN(bundle.config, LoadBundleConfig(dir, bundle.manifest));
   TOPHAT_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> checkpoint,
                           CheckpointReader::Open(dir));
+  // An int8 bundle's matrices are int8 on disk; an adapter distilled into it afterwards is
+  // float, and is quantized as it loads, so that the whole device computes one way.
+  SubmodelOptions options = requested;
+  if (bundle.manifest.weights == "int8") options.quantize_int8 = true;
   // The head first: with tied embeddings the input submodel then shares its table (on huge
   // pages, which the head's decode reads want) instead of holding a second copy.
   TOPHAT_ASSIGN_OR_RETURN(

@@ -38,6 +38,11 @@ struct BundleManifest {
   LayerRange middle_layers;  // cloud
   LayerRange output_layers;  // device
   std::string dtype;         // of the stored tensors: float32, float16 or bfloat16
+  // "int8": the device bundle's weight matrices (its layers', the adapter's, the embedding
+  // and the LM head) are stored as int8 with a float32 scale per row ("<name>_scale"), and
+  // whatever else it loads as a matrix is quantized so too (kernels/gemv_int8.h). "": as
+  // `dtype` says.
+  std::string weights;
   // "sha256:<hex>" of the checkpoint the bundle was split from (config.json, then every
   // tensor's name, dtype, shape and bytes in name order): both halves of one split carry
   // the same, two checkpoints of one shape do not. "" in bundles split before it existed.
@@ -52,11 +57,16 @@ struct BundleManifest {
   static absl::StatusOr<BundleManifest> Load(const std::filesystem::path& bundle_dir);
 };
 
+enum class DeviceWeights { kAsStored, kInt8 };
+
 struct SplitOptions {
   std::filesystem::path model_dir;
   int64_t input_layers = 2;   // m
   int64_t output_layers = 0;  // k
   std::filesystem::path out_dir;  // receives device/ and cloud/
+  // kInt8: the device bundle's weight matrices as int8 with per-row scales (the device's
+  // memory: a quarter of float32's bytes). The cloud bundle keeps the checkpoint's dtype.
+  DeviceWeights device_weights = DeviceWeights::kAsStored;
 };
 
 struct SplitResult {
