@@ -45,6 +45,7 @@ struct Args {
   std::vector<int64_t> concurrency = {1, 16};
   int64_t max_context = 2048;
   std::string dtype = "float32";
+  std::string device_weights = "as-stored";  // or "int8" (tophat split --device-weights)
   // "label=path" or a path; default: this build's tophat-agent.
   std::vector<std::string> agents;
   std::string json_path;
@@ -216,8 +217,11 @@ int Run(Args args) {
   std::fprintf(stderr, "splitting %s (m = %lld, k = %lld)\n", args.model_dir.c_str(),
                static_cast<long long>(args.input_layers),
                static_cast<long long>(args.output_layers));
-  auto split = SplitCheckpoint({.model_dir = args.model_dir, .input_layers = args.input_layers,
-                                .output_layers = args.output_layers, .out_dir = bundles});
+  auto split = SplitCheckpoint(
+      {.model_dir = args.model_dir, .input_layers = args.input_layers,
+       .output_layers = args.output_layers, .out_dir = bundles,
+       .device_weights = args.device_weights == "int8" ? DeviceWeights::kInt8
+                                                       : DeviceWeights::kAsStored});
   if (!split.ok()) return Fail(split.status());
   auto config = ModelConfig::Load(fs::path(args.model_dir) / "config.json");
   if (!config.ok()) return Fail(config.status());
@@ -392,6 +396,9 @@ int main(int argc, char** argv) {
   app.add_option("--agent", args.agents,
                  "A tophat-agent binary, LABEL=PATH or PATH (default: this build's)");
   app.add_option("--json", args.json_path, "Also write the report here");
+  app.add_option("--device-weights", args.device_weights,
+                 "The device bundle's matrices: as-stored or int8 (tophat split --device-weights)")
+      ->capture_default_str()->check(CLI::IsMember({"as-stored", "int8"}));
   app.add_option("--max-fraction", args.max_fraction,
                  "Fail when memory per request passes this fraction of an up-front "
                  "reservation of the context (0: no check)")

@@ -90,6 +90,7 @@ absl::StatusOr<DtypeNumericsReport> MeasureDeviceDtype(
                                 .max_context = context, .huge_pages = false};
   SubmodelOptions device = float32;
   device.dtype = options.device_dtype;
+  device.quantize_int8 = options.device_int8_weights;
   TOPHAT_ASSIGN_OR_RETURN(std::unique_ptr<Submodel> full,
                           Submodel::Load(config, *checkpoint, SubmodelSpec::Full(config), float32));
   SplitPipeline split;
@@ -115,6 +116,7 @@ absl::StatusOr<DtypeNumericsReport> MeasureDeviceDtype(
 
   DtypeNumericsReport report;
   report.device_dtype = TorchDtypeName(options.device_dtype);
+  report.device_weights = split.input->int8_weights() ? "int8" : report.device_dtype;
   report.wire_dtype = WireDtypeName(split.wire);
   report.wire_bytes_per_position = WireBytesPerPosition(split.wire, config.hidden_size);
   double error_sum = 0;
@@ -184,12 +186,12 @@ absl::StatusOr<DtypeNumericsReport> MeasureDeviceDtype(
 
 std::string DtypeNumericsReport::ToTable() const {
   return absl::StrFormat(
-      "| device dtype | wire dtype | wire bytes/position | prompts | logit rows | "
+      "| device dtype | device weights | wire dtype | wire bytes/position | prompts | logit rows | "
       "max abs logit error | mean abs logit error | "
       "largest abs logit | greedy agreement (teacher-forced) | identical continuations | "
-      "mean first divergence |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
-      "| %s | %s | %d | %d | %d | %.4f | %.5f | %.2f | %.2f%% (%d/%d) | %d/%d | %s |",
-      device_dtype, wire_dtype, wire_bytes_per_position, prompts, positions, max_abs_logit_error, mean_abs_logit_error, logit_range,
+      "mean first divergence |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+      "| %s | %s | %s | %d | %d | %d | %.4f | %.5f | %.2f | %.2f%% (%d/%d) | %d/%d | %s |",
+      device_dtype, device_weights, wire_dtype, wire_bytes_per_position, prompts, positions, max_abs_logit_error, mean_abs_logit_error, logit_range,
       greedy_positions > 0 ? 100.0 * static_cast<double>(greedy_agreed) /
                                  static_cast<double>(greedy_positions)
                            : 0.0,
@@ -200,6 +202,7 @@ std::string DtypeNumericsReport::ToTable() const {
 
 nlohmann::json DtypeNumericsReport::ToJson() const {
   return {{"device_dtype", device_dtype},
+          {"device_weights", device_weights},
           {"wire_dtype", wire_dtype},
           {"wire_bytes_per_position", wire_bytes_per_position},
           {"prompts", prompts},

@@ -27,10 +27,13 @@ struct DtypeNumericsOptions {
   v1::DType wire_dtype = v1::DTYPE_UNSPECIFIED;
   at::Device device = at::kCPU;
   int64_t new_tokens = 32;  // greedy tokens per prompt
+  // The device submodels' matrices in int8 with per-row scales (`--device-weights int8`).
+  bool device_int8_weights = false;
 };
 
 struct DtypeNumericsReport {
   std::string device_dtype;
+  std::string device_weights;  // "int8", or device_dtype's
   std::string wire_dtype;
   int64_t wire_bytes_per_position = 0;  // one direction
   int64_t prompts = 0;

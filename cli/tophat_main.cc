@@ -393,6 +393,9 @@ int main(int argc, char** argv) {
   numerics_cmd->add_option("--new-tokens", numerics.new_tokens, "Greedy tokens per prompt")
       ->capture_default_str()->check(CLI::Range(1, 100000));
   numerics_cmd->add_option("--json", numerics_json, "Also write the report as JSON here");
+  numerics_cmd->add_flag("--device-int8-weights", numerics.device_int8_weights,
+                         "The device submodels' weight matrices in int8 with per-row scales "
+                         "(as `tophat split --device-weights int8`), computed in --dtype float32");
 
   fs::path init_out;
   std::string init_preset = "bench-110m";
