@@ -140,12 +140,16 @@ absl::StatusOr<ModelBenchReport> RunModelBenchmark(
         config.max_position_embeddings));
   }
 
-  say(absl::StrCat("loading ", model_dir.string(),
-                   options.int8_weights ? " (int8 weights, float32 compute)" : " (float32)"));
+  const std::string weights = options.int8_weights   ? "int8"
+                              : options.bf16_weights ? "bfloat16"
+                                                     : "float32";
+  say(absl::StrCat("loading ", model_dir.string(), " (", weights,
+                   " weights, float32 compute)"));
   SubmodelOptions load_options;
   load_options.dtype = at::kFloat;
   load_options.max_context = context;
   load_options.quantize_int8 = options.int8_weights;
+  load_options.bf16_weights = options.bf16_weights;
   TOPHAT_ASSIGN_OR_RETURN(std::unique_ptr<Submodel> model, LoadFullModel(model_dir, load_options));
 
   ModelBenchReport report;
@@ -160,7 +164,7 @@ absl::StatusOr<ModelBenchReport> RunModelBenchmark(
                       config.num_hidden_layers * config.LayerParameterCount() +
                       config.hidden_size +
                       (config.tie_word_embeddings ? 0 : config.vocab_size * config.hidden_size);
-  report.weights = options.int8_weights ? "int8" : "float32";
+  report.weights = weights;
   report.threads = at::get_num_threads();
   report.blas_threads = BlasThreads();
   report.prompt_tokens = options.prompt_tokens;

@@ -25,6 +25,8 @@ struct ModelBenchOptions {
   // Weight matrices as int8 with per-row scales, quantized at load (kernels/gemv_int8.h);
   // activations stay float32.
   bool int8_weights = false;
+  // Weight matrices in bfloat16, computed in float32 (SubmodelOptions.bf16_weights).
+  bool bf16_weights = false;
 };
 
 struct ModelBenchReport {
@@ -38,7 +40,7 @@ struct ModelBenchReport {
   int64_t kv_heads = 0;
   int64_t vocab_size = 0;
   std::string dtype = "float32";
-  std::string weights = "float32";  // or "int8": the matrices' storage
+  std::string weights = "float32";  // or "int8", "bfloat16": the matrices' storage
   int threads = 0;       // ATen intra-op threads (at::get_num_threads())
   int blas_threads = 0;  // OpenBLAS threads (prefill GEMMs run on these); 0 = unknown
 

@@ -103,6 +103,11 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"cloud", "float32", "float16", "bfloat16", "int8"}));
   app.add_option("--json", args.json_path, "Also write the report here");
+  std::string device_weights = "as-stored";
+  app.add_option("--device-weights", device_weights,
+                 "The device bundle's matrices, drafter's included: as-stored or int8 "
+                 "(tophat split --device-weights)")
+      ->capture_default_str()->check(CLI::IsMember({"as-stored", "int8"}));
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::err);
 
@@ -111,7 +116,10 @@ int main(int argc, char** argv) {
   auto split = SplitCheckpoint({.model_dir = args.model,
                                 .input_layers = args.input_layers,
                                 .output_layers = args.output_layers,
-                                .out_dir = scratch->path()});
+                                .out_dir = scratch->path(),
+                                .device_weights = device_weights == "int8"
+                                                      ? DeviceWeights::kInt8
+                                                      : DeviceWeights::kAsStored});
   if (!split.ok()) return Fail(split.status());
   if (!split->device.adapter) {
     return Fail(absl::FailedPreconditionError(absl::StrCat(

@@ -358,9 +358,9 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--json", bench_json, "Also write the report as JSON here");
   std::string bench_weights = "float32";
   bench_cmd->add_option("--weights", bench_weights,
-                        "The weight matrices' storage: float32, or int8 with per-row scales "
-                        "(quantized at load; activations stay float32)")
-      ->capture_default_str()->check(CLI::IsMember({"float32", "int8"}));
+                        "The weight matrices' storage: float32, bfloat16, or int8 with per-row "
+                        "scales (converted at load; activations stay float32)")
+      ->capture_default_str()->check(CLI::IsMember({"float32", "bfloat16", "int8"}));
 
   tophat::DtypeNumericsOptions numerics;
   std::string numerics_dtype = "bfloat16";
@@ -645,6 +645,7 @@ int main(int argc, char** argv) {
   if (*gen_cmd) return RunGenerate(gen);
   if (*bench_cmd) {
     bench.int8_weights = bench_weights == "int8";
+    bench.bf16_weights = bench_weights == "bfloat16";
     auto report = tophat::RunModelBenchmark(bench_model_dir, bench, [](std::string_view line) {
       spdlog::info("{}", line);
     });

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "kernels/vector_types.h"
 
@@ -26,6 +27,14 @@ using Int8RowsFn = void (*)(const int8_t* w, int64_t ldw, const float* scale, co
 // kernel's (gemv.cc), a few hundred nanoseconds of one core's share of the bandwidth.
 constexpr int64_t kPrefetchAheadBytes = 2048;
 
+[[gnu::always_inline]] inline float ToFloat(int8_t v) { return static_cast<float>(v); }
+[[gnu::always_inline]] inline float ToFloat(uint16_t bf16) {
+  const uint32_t bits = static_cast<uint32_t>(bf16) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
 
@@ -37,6 +46,8 @@ constexpr int64_t kPrefetchAheadBytes = 2048;
 #if defined(__x86_64__)
 struct Avx512Int8 {
   using V = Vec16;
+  using Element = int8_t;
+  static constexpr bool kEvenOdd = false;
   __attribute__((target("avx512f"))) static inline V Load(const int8_t* p) {
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return reinterpret_cast<V>(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)));
@@ -44,15 +55,46 @@ struct Avx512Int8 {
 };
 struct Avx2Int8 {
   using V = Vec8;
+  using Element = int8_t;
+  static constexpr bool kEvenOdd = false;
   __attribute__((target("avx2"))) static inline V Load(const int8_t* p) {
     const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
     return reinterpret_cast<V>(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)));
+  }
+};
+// bfloat16 is float32's upper half. Two vectors' worth are loaded at once and split in place,
+// without a widening shuffle (which Zen 4 runs at half rate on 512 bits, and which held the
+// first version at ~18 G weights/s on two cores): each 32-bit lane holds an even-indexed
+// value in its low half (shifted up, it is that float) and an odd-indexed one in its high
+// half (masked, it is that float). The kernel then multiplies them with x's even and odd
+// elements, which it lays out so (kEvenOdd).
+struct Avx512Bf16 {
+  using V = Vec16;
+  using Element = uint16_t;
+  static constexpr bool kEvenOdd = true;
+  __attribute__((target("avx512f"))) static inline void Load2(const uint16_t* p, V& even,
+                                                              V& odd) {
+    const __m512i pairs = _mm512_loadu_si512(p);
+    even = reinterpret_cast<V>(_mm512_slli_epi32(pairs, 16));
+    odd = reinterpret_cast<V>(_mm512_and_si512(pairs, _mm512_set1_epi32(int32_t(0xFFFF0000u))));
+  }
+};
+struct Avx2Bf16 {
+  using V = Vec8;
+  using Element = uint16_t;
+  static constexpr bool kEvenOdd = true;
+  __attribute__((target("avx2"))) static inline void Load2(const uint16_t* p, V& even, V& odd) {
+    const __m256i pairs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    even = reinterpret_cast<V>(_mm256_slli_epi32(pairs, 16));
+    odd = reinterpret_cast<V>(_mm256_and_si256(pairs, _mm256_set1_epi32(int32_t(0xFFFF0000u))));
   }
 };
 #endif
 #if defined(__aarch64__)
 struct NeonInt8 {
   using V = Vec4;
+  using Element = int8_t;
+  static constexpr bool kEvenOdd = false;
   [[gnu::always_inline]] static inline V Load(const int8_t* p) {
     int32_t word;
     std::memcpy(&word, p, sizeof word);
@@ -60,123 +102,186 @@ struct NeonInt8 {
     return reinterpret_cast<V>(vcvtq_f32_s32(vmovl_s16(vget_low_s16(wide))));
   }
 };
+struct NeonBf16 {
+  using V = Vec4;
+  using Element = uint16_t;
+  static constexpr bool kEvenOdd = false;
+  [[gnu::always_inline]] static inline V Load(const uint16_t* p) {
+    return reinterpret_cast<V>(vshll_n_u16(vld1_u16(p), 16));
+  }
+};
 #endif
+
+// Two vectors of weights from p: for loaders that load one vector at a time, the next
+// kLanes values each; for kEvenOdd loaders, the even- and odd-indexed values of the 2 kLanes.
+template <typename L>
+[[gnu::always_inline]] inline void LoadTwo(const typename L::Element* p, typename L::V& a,
+                                           typename L::V& b) {
+  if constexpr (L::kEvenOdd) {
+    L::Load2(p, a, b);
+  } else {
+    a = L::Load(p);
+    b = L::Load(p + sizeof(typename L::V) / sizeof(float));
+  }
+}
 
 // Four weight rows at a time, as the float32 kernel: each block of x is loaded once for four
 // rows, and eight independent multiply-add chains keep loads in flight. Every x row runs
 // against the four rows while they are in L1/L2, so a few x rows read the weights from memory
-// once. L: one of the loads above, L::V its float vector.
+// once. L: one of the loads above, L::V its float vector, L::Element the stored type.
+// `scale`: one per row (int8), or null (bfloat16: the values are the weights).
 template <typename L>
-[[gnu::always_inline]] inline void Int8RowsVector(const int8_t* w, int64_t ldw,
-                                                  const float* scale, const float* x,
-                                                  int64_t ldx, int64_t m, float* y, int64_t ldy,
-                                                  int64_t k, int64_t r0, int64_t r1) {
+[[gnu::always_inline]] inline void CompactRowsVector(const typename L::Element* w, int64_t ldw,
+                                                     const float* scale, const float* x,
+                                                     int64_t ldx, int64_t m, float* y,
+                                                     int64_t ldy, int64_t k, int64_t r0,
+                                                     int64_t r1) {
   using V = typename L::V;
+  using E = typename L::Element;
   constexpr int64_t kLanes = sizeof(V) / sizeof(float);
   constexpr int64_t kStep = 2 * kLanes;
+  constexpr int64_t kAhead = kPrefetchAheadBytes / static_cast<int64_t>(sizeof(E));
+  constexpr int64_t kLineMask = 64 / static_cast<int64_t>(sizeof(E)) - 1;
   const int64_t kv = k / kStep * kStep;
+  if constexpr (L::kEvenOdd) {
+    // x laid out for the even/odd weight vectors: in each block of kStep values, the even
+    // ones, then the odd ones; the tail past kv as it is. Per thread and call, m * k floats
+    // (the rows of x), in a buffer that grows once.
+    thread_local std::vector<float> laid_out;
+    if (static_cast<int64_t>(laid_out.size()) < m * k) laid_out.resize(m * k);
+    for (int64_t i = 0; i < m; ++i) {
+      const float* from = x + i * ldx;
+      float* to = laid_out.data() + i * k;
+      for (int64_t j = 0; j < kv; j += kStep) {
+        for (int64_t l = 0; l < kLanes; ++l) {
+          to[j + l] = from[j + 2 * l];
+          to[j + kLanes + l] = from[j + 2 * l + 1];
+        }
+      }
+      for (int64_t j = kv; j < k; ++j) to[j] = from[j];
+    }
+    x = laid_out.data();
+    ldx = k;
+  }
   int64_t r = r0;
   for (; r + 4 <= r1; r += 4) {
-    const int8_t* p0 = w + r * ldw;
-    const int8_t* p1 = p0 + ldw;
-    const int8_t* p2 = p1 + ldw;
-    const int8_t* p3 = p2 + ldw;
+    const E* p0 = w + r * ldw;
+    const E* p1 = p0 + ldw;
+    const E* p2 = p1 + ldw;
+    const E* p3 = p2 + ldw;
     for (int64_t i = 0; i < m; ++i) {
       const float* xi = x + i * ldx;
       V a00{}, a01{}, a10{}, a11{}, a20{}, a21{}, a30{}, a31{};
       for (int64_t j = 0; j < kv; j += kStep) {
-        // One 64-byte line of each row per 64 int8 values: prefetch at line boundaries.
-        if (i == 0 && (j & 63) == 0 && j + kPrefetchAheadBytes < k) {
-          __builtin_prefetch(p0 + j + kPrefetchAheadBytes, 0, 0);
-          __builtin_prefetch(p1 + j + kPrefetchAheadBytes, 0, 0);
-          __builtin_prefetch(p2 + j + kPrefetchAheadBytes, 0, 0);
-          __builtin_prefetch(p3 + j + kPrefetchAheadBytes, 0, 0);
+        // Prefetch each row's line kAhead values ahead, once per 64-byte line.
+        if (i == 0 && (j & kLineMask) == 0 && j + kAhead < k) {
+          __builtin_prefetch(p0 + j + kAhead, 0, 0);
+          __builtin_prefetch(p1 + j + kAhead, 0, 0);
+          __builtin_prefetch(p2 + j + kAhead, 0, 0);
+          __builtin_prefetch(p3 + j + kAhead, 0, 0);
         }
         const V xa = LoadVector<V>(xi + j);
         const V xb = LoadVector<V>(xi + j + kLanes);
-        a00 += L::Load(p0 + j) * xa;
-        a01 += L::Load(p0 + j + kLanes) * xb;
-        a10 += L::Load(p1 + j) * xa;
-        a11 += L::Load(p1 + j + kLanes) * xb;
-        a20 += L::Load(p2 + j) * xa;
-        a21 += L::Load(p2 + j + kLanes) * xb;
-        a30 += L::Load(p3 + j) * xa;
-        a31 += L::Load(p3 + j + kLanes) * xb;
+        V w0a, w0b, w1a, w1b, w2a, w2b, w3a, w3b;
+        LoadTwo<L>(p0 + j, w0a, w0b);
+        LoadTwo<L>(p1 + j, w1a, w1b);
+        LoadTwo<L>(p2 + j, w2a, w2b);
+        LoadTwo<L>(p3 + j, w3a, w3b);
+        a00 += w0a * xa;
+        a01 += w0b * xb;
+        a10 += w1a * xa;
+        a11 += w1b * xb;
+        a20 += w2a * xa;
+        a21 += w2b * xb;
+        a30 += w3a * xa;
+        a31 += w3b * xb;
       }
       float s0 = SumLanes<V>(a00 + a01);
       float s1 = SumLanes<V>(a10 + a11);
       float s2 = SumLanes<V>(a20 + a21);
       float s3 = SumLanes<V>(a30 + a31);
       for (int64_t j = kv; j < k; ++j) {
-        s0 += static_cast<float>(p0[j]) * xi[j];
-        s1 += static_cast<float>(p1[j]) * xi[j];
-        s2 += static_cast<float>(p2[j]) * xi[j];
-        s3 += static_cast<float>(p3[j]) * xi[j];
+        s0 += ToFloat(p0[j]) * xi[j];
+        s1 += ToFloat(p1[j]) * xi[j];
+        s2 += ToFloat(p2[j]) * xi[j];
+        s3 += ToFloat(p3[j]) * xi[j];
       }
       float* yi = y + i * ldy;
-      yi[r] = s0 * scale[r];
-      yi[r + 1] = s1 * scale[r + 1];
-      yi[r + 2] = s2 * scale[r + 2];
-      yi[r + 3] = s3 * scale[r + 3];
+      if (scale != nullptr) {
+        s0 *= scale[r];
+        s1 *= scale[r + 1];
+        s2 *= scale[r + 2];
+        s3 *= scale[r + 3];
+      }
+      yi[r] = s0;
+      yi[r + 1] = s1;
+      yi[r + 2] = s2;
+      yi[r + 3] = s3;
     }
   }
   for (; r < r1; ++r) {  // the last rows of this thread's share, one at a time
-    const int8_t* p = w + r * ldw;
+    const E* p = w + r * ldw;
     for (int64_t i = 0; i < m; ++i) {
       const float* xi = x + i * ldx;
       V a0{}, a1{};
       for (int64_t j = 0; j < kv; j += kStep) {
-        a0 += L::Load(p + j) * LoadVector<V>(xi + j);
-        a1 += L::Load(p + j + kLanes) * LoadVector<V>(xi + j + kLanes);
+        V wa, wb;
+        LoadTwo<L>(p + j, wa, wb);
+        a0 += wa * LoadVector<V>(xi + j);
+        a1 += wb * LoadVector<V>(xi + j + kLanes);
       }
       float s = SumLanes<V>(a0 + a1);
-      for (int64_t j = kv; j < k; ++j) s += static_cast<float>(p[j]) * xi[j];
-      y[i * ldy + r] = s * scale[r];
+      for (int64_t j = kv; j < k; ++j) s += ToFloat(p[j]) * xi[j];
+      y[i * ldy + r] = scale != nullptr ? s * scale[r] : s;
     }
   }
 }
 
 // Plain C++: correct on any architecture, and what the compiler makes of it.
-void Int8RowsScalar(const int8_t* w, int64_t ldw, const float* scale, const float* x,
-                    int64_t ldx, int64_t m, float* y, int64_t ldy, int64_t k, int64_t r0,
-                    int64_t r1) {
+template <typename E>
+void CompactRowsScalar(const E* w, int64_t ldw, const float* scale, const float* x,
+                       int64_t ldx, int64_t m, float* y, int64_t ldy, int64_t k, int64_t r0,
+                       int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
-    const int8_t* p = w + r * ldw;
+    const E* p = w + r * ldw;
     for (int64_t i = 0; i < m; ++i) {
       const float* xi = x + i * ldx;
       float s = 0.0f;
-      for (int64_t j = 0; j < k; ++j) s += static_cast<float>(p[j]) * xi[j];
-      y[i * ldy + r] = s * scale[r];
+      for (int64_t j = 0; j < k; ++j) s += ToFloat(p[j]) * xi[j];
+      y[i * ldy + r] = scale != nullptr ? s * scale[r] : s;
     }
   }
 }
 
+// One function per instruction set and stored type, each the template above inlined where
+// the instruction set is its own.
+#define TOPHAT_COMPACT_ROWS(NAME, TARGET, LOAD)                                              \
+  TARGET void NAME(const LOAD::Element* w, int64_t ldw, const float* scale, const float* x,   \
+                   int64_t ldx, int64_t m, float* y, int64_t ldy, int64_t k, int64_t r0,      \
+                   int64_t r1) {                                                              \
+    CompactRowsVector<LOAD>(w, ldw, scale, x, ldx, m, y, ldy, k, r0, r1);                     \
+  }
 #if defined(__x86_64__)
-__attribute__((target("avx512f,avx512bw,fma"), flatten)) void Int8RowsAvx512(
-    const int8_t* w, int64_t ldw, const float* scale, const float* x, int64_t ldx, int64_t m,
-    float* y, int64_t ldy, int64_t k, int64_t r0, int64_t r1) {
-  Int8RowsVector<Avx512Int8>(w, ldw, scale, x, ldx, m, y, ldy, k, r0, r1);
-}
-
-__attribute__((target("avx2,fma"), flatten)) void Int8RowsAvx2(const int8_t* w, int64_t ldw,
-                                                     const float* scale, const float* x,
-                                                     int64_t ldx, int64_t m, float* y,
-                                                     int64_t ldy, int64_t k, int64_t r0,
-                                                     int64_t r1) {
-  Int8RowsVector<Avx2Int8>(w, ldw, scale, x, ldx, m, y, ldy, k, r0, r1);
-}
+TOPHAT_COMPACT_ROWS(Int8RowsAvx512, __attribute__((target("avx512f,avx512bw,fma"), flatten)),
+                    Avx512Int8)
+TOPHAT_COMPACT_ROWS(Int8RowsAvx2, __attribute__((target("avx2,fma"), flatten)), Avx2Int8)
+TOPHAT_COMPACT_ROWS(Bf16RowsAvx512, __attribute__((target("avx512f,avx512bw,fma"), flatten)),
+                    Avx512Bf16)
+TOPHAT_COMPACT_ROWS(Bf16RowsAvx2, __attribute__((target("avx2,fma"), flatten)), Avx2Bf16)
 #endif
-
 #if defined(__aarch64__)
-void Int8RowsNeon(const int8_t* w, int64_t ldw, const float* scale, const float* x,
-                  int64_t ldx, int64_t m, float* y, int64_t ldy, int64_t k, int64_t r0,
-                  int64_t r1) {
-  Int8RowsVector<NeonInt8>(w, ldw, scale, x, ldx, m, y, ldy, k, r0, r1);
-}
+TOPHAT_COMPACT_ROWS(Int8RowsNeon, , NeonInt8)
+TOPHAT_COMPACT_ROWS(Bf16RowsNeon, , NeonBf16)
 #endif
+#undef TOPHAT_COMPACT_ROWS
 #pragma GCC diagnostic pop
 
-Int8RowsFn Int8RowsFor(CpuIsa isa) {
+template <typename E>
+using RowsFn = void (*)(const E* w, int64_t ldw, const float* scale, const float* x,
+                        int64_t ldx, int64_t m, float* y, int64_t ldy, int64_t k, int64_t r0,
+                        int64_t r1);
+
+RowsFn<int8_t> RowsFor(CpuIsa isa, int8_t /*stored type*/) {
   switch (isa) {
 #if defined(__x86_64__)
     case CpuIsa::kAvx512:
@@ -189,32 +294,52 @@ Int8RowsFn Int8RowsFor(CpuIsa isa) {
       return Int8RowsNeon;
 #endif
     default:
-      return Int8RowsScalar;
+      return CompactRowsScalar<int8_t>;
   }
 }
 
-bool KernelFits(const at::Tensor& x, const Int8Matrix& weight, const at::Tensor& bias,
-                const at::Tensor& out) {
-  const at::Tensor& w = weight.values;
-  return x.is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 &&
-         x.size(0) <= kInt8KernelMaxRows && x.size(1) == w.size(1) && x.stride(1) == 1 &&
-         w.is_cpu() && w.scalar_type() == at::kChar && w.dim() == 2 && w.stride(1) == 1 &&
-         weight.scale.scalar_type() == at::kFloat && weight.scale.is_contiguous() &&
-         weight.scale.numel() == w.size(0) && out.is_cpu() &&
-         out.scalar_type() == at::kFloat && out.is_contiguous() && out.dim() == 2 &&
-         out.size(0) == x.size(0) && out.size(1) == w.size(0) &&
-         (!bias.defined() || (bias.is_cpu() && bias.scalar_type() == at::kFloat &&
-                              bias.numel() == w.size(0)));
+RowsFn<uint16_t> RowsFor(CpuIsa isa, uint16_t /*stored type*/) {
+  switch (isa) {
+#if defined(__x86_64__)
+    case CpuIsa::kAvx512:
+      return Bf16RowsAvx512;
+    case CpuIsa::kAvx2:
+      return Bf16RowsAvx2;
+#endif
+#if defined(__aarch64__)
+    case CpuIsa::kNeon:
+      return Bf16RowsNeon;
+#endif
+    default:
+      return CompactRowsScalar<uint16_t>;
+  }
 }
 
-void RunInt8(Int8RowsFn rows_fn, const at::Tensor& x, const Int8Matrix& weight,
-             const at::Tensor& bias, at::Tensor& out) {
-  const int64_t n = weight.rows();
-  const int64_t k = weight.cols();
+// `values`: int8 (with `scale`, one float32 per row) or bfloat16 (no scale).
+bool KernelFits(const at::Tensor& x, const at::Tensor& values, const at::Tensor& scale,
+                const at::Tensor& bias, const at::Tensor& out) {
+  const bool int8 = values.scalar_type() == at::kChar;
+  return x.is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 &&
+         x.size(0) <= kInt8KernelMaxRows && values.dim() == 2 && x.size(1) == values.size(1) &&
+         x.stride(1) == 1 && values.is_cpu() &&
+         (int8 || values.scalar_type() == at::kBFloat16) && values.stride(1) == 1 &&
+         (!int8 || (scale.scalar_type() == at::kFloat && scale.is_contiguous() &&
+                    scale.numel() == values.size(0))) &&
+         out.is_cpu() && out.scalar_type() == at::kFloat && out.is_contiguous() &&
+         out.dim() == 2 && out.size(0) == x.size(0) && out.size(1) == values.size(0) &&
+         (!bias.defined() || (bias.is_cpu() && bias.scalar_type() == at::kFloat &&
+                              bias.numel() == values.size(0)));
+}
+
+template <typename E>
+void RunKernel(RowsFn<E> rows_fn, const at::Tensor& x, const at::Tensor& values,
+               const at::Tensor& scale, const at::Tensor& bias, at::Tensor& out) {
+  const int64_t n = values.size(0);
+  const int64_t k = values.size(1);
   const int64_t m = x.size(0);
-  const int8_t* w = weight.values.data_ptr<int8_t>();
-  const int64_t ldw = weight.values.stride(0);
-  const float* scale = weight.scale.data_ptr<float>();
+  const E* w = static_cast<const E*>(values.data_ptr());
+  const int64_t ldw = values.stride(0);
+  const float* scales = scale.defined() ? scale.data_ptr<float>() : nullptr;
   const float* xp = x.data_ptr<float>();
   const int64_t ldx = x.stride(0);
   float* yp = out.data_ptr<float>();
@@ -227,33 +352,46 @@ void RunInt8(Int8RowsFn rows_fn, const at::Tensor& x, const Int8Matrix& weight,
     const int64_t quads = (n + 3) / 4;
     const int64_t begin = std::min(n, quads * t / count * 4);
     const int64_t end = std::min(n, quads * (t + 1) / count * 4);
-    rows_fn(w, ldw, scale, xp, ldx, m, yp, n, k, begin, end);
+    rows_fn(w, ldw, scales, xp, ldx, m, yp, n, k, begin, end);
   }
   if (bias.defined()) out.add_(bias.view({1, n}));
 }
 
-void Run(Int8RowsFn rows_fn, const at::Tensor& x, const Int8Matrix& weight,
-         const at::Tensor& bias, at::Tensor& out) {
-  if (KernelFits(x, weight, bias, out)) {
-    RunInt8(rows_fn, x, weight, bias, out);
+// Rows [r0, r0 + rows) of the matrix as float32.
+at::Tensor DenseRows(const at::Tensor& values, const at::Tensor& scale, int64_t r0, int64_t rows,
+                     at::Device device) {
+  at::Tensor dense = values.narrow(0, r0, rows).to(device, at::kFloat);
+  if (scale.defined()) dense.mul_(scale.narrow(0, r0, rows).to(device).view({-1, 1}));
+  return dense;
+}
+
+template <typename E>
+void Run(RowsFn<E> rows_fn, const at::Tensor& x, const at::Tensor& values,
+         const at::Tensor& scale, const at::Tensor& bias, at::Tensor& out) {
+  if (KernelFits(x, values, scale, bias, out)) {
+    RunKernel<E>(rows_fn, x, values, scale, bias, out);
     return;
   }
-  // A prompt's many rows (or inputs the kernel does not take): BLAS, on the matrix
-  // dequantized a block of rows at a time, so that a large matrix (a 128k-row LM head) never
-  // needs a float32 copy of itself. This allocates; decode never comes here.
+  // A prompt's many rows (or inputs the kernel does not take): BLAS, on the matrix in float32
+  // a block of rows at a time, so that a large matrix (a 128k-row LM head) never needs a
+  // float32 copy of itself. This allocates; decode never comes here.
   const at::Tensor xf = x.to(at::kFloat);
-  const int64_t n = weight.rows();
-  const int64_t k = weight.cols();
+  const int64_t n = values.size(0);
+  const int64_t k = values.size(1);
   const int64_t block = std::max<int64_t>(64, (int64_t{4} << 20) / std::max<int64_t>(1, 4 * k));
   at::Tensor result = at::empty({x.size(0), n}, xf.options());
   for (int64_t r0 = 0; r0 < n; r0 += block) {
     const int64_t rows = std::min(block, n - r0);
-    const at::Tensor dense = weight.values.narrow(0, r0, rows).to(xf.device(), at::kFloat) *
-                             weight.scale.narrow(0, r0, rows).to(xf.device()).view({-1, 1});
-    result.narrow(1, r0, rows).copy_(at::mm(xf, dense.t()));
+    result.narrow(1, r0, rows).copy_(at::mm(xf, DenseRows(values, scale, r0, rows, xf.device()).t()));
   }
   if (bias.defined()) result.add_(bias.to(result.device(), at::kFloat).view({1, n}));
   out.copy_(result);
+}
+
+void CheckIsa(CpuIsa isa) {
+  const std::vector<CpuIsa>& isas = SupportedCpuIsas();
+  TORCH_CHECK(std::find(isas.begin(), isas.end(), isa) != isas.end(), "this CPU cannot run ",
+              CpuIsaName(isa));
 }
 
 }  // namespace
@@ -287,8 +425,8 @@ Int8Matrix ConcatRows(const std::vector<Int8Matrix>& parts) {
 
 void LinearInt8Out(const at::Tensor& x, const Int8Matrix& weight, const at::Tensor& bias,
                    at::Tensor& out) {
-  static const Int8RowsFn rows_fn = Int8RowsFor(SelectedCpuIsa());
-  Run(rows_fn, x, weight, bias, out);
+  static const RowsFn<int8_t> rows_fn = RowsFor(SelectedCpuIsa(), int8_t{});
+  Run<int8_t>(rows_fn, x, weight.values, weight.scale, bias, out);
 }
 
 at::Tensor LinearInt8(const at::Tensor& x, const Int8Matrix& weight, const at::Tensor& bias) {
@@ -299,12 +437,32 @@ at::Tensor LinearInt8(const at::Tensor& x, const Int8Matrix& weight, const at::T
 
 at::Tensor LinearInt8WithIsa(CpuIsa isa, const at::Tensor& x, const Int8Matrix& weight,
                              const at::Tensor& bias) {
-  const std::vector<CpuIsa>& isas = SupportedCpuIsas();
-  TORCH_CHECK(std::find(isas.begin(), isas.end(), isa) != isas.end(), "this CPU cannot run ",
-              CpuIsaName(isa));
+  CheckIsa(isa);
   at::Tensor out = at::empty({x.size(0), weight.rows()}, x.options());
-  TORCH_CHECK(KernelFits(x, weight, bias, out), "LinearInt8WithIsa: inputs the kernel takes");
-  RunInt8(Int8RowsFor(isa), x, weight, bias, out);
+  TORCH_CHECK(KernelFits(x, weight.values, weight.scale, bias, out),
+              "LinearInt8WithIsa: inputs the kernel takes");
+  RunKernel<int8_t>(RowsFor(isa, int8_t{}), x, weight.values, weight.scale, bias, out);
+  return out;
+}
+
+void LinearBf16Out(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                   at::Tensor& out) {
+  static const RowsFn<uint16_t> rows_fn = RowsFor(SelectedCpuIsa(), uint16_t{});
+  Run<uint16_t>(rows_fn, x, weight, {}, bias, out);
+}
+
+at::Tensor LinearBf16(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  at::Tensor out = at::empty({x.size(0), weight.size(0)}, x.options());
+  LinearBf16Out(x.stride(-1) == 1 ? x : x.contiguous(), weight, bias, out);
+  return out;
+}
+
+at::Tensor LinearBf16WithIsa(CpuIsa isa, const at::Tensor& x, const at::Tensor& weight,
+                             const at::Tensor& bias) {
+  CheckIsa(isa);
+  at::Tensor out = at::empty({x.size(0), weight.size(0)}, x.options());
+  TORCH_CHECK(KernelFits(x, weight, {}, bias, out), "LinearBf16WithIsa: inputs the kernel takes");
+  RunKernel<uint16_t>(RowsFor(isa, uint16_t{}), x, weight, {}, bias, out);
   return out;
 }
 

@@ -53,6 +53,17 @@ at::Tensor LinearInt8(const at::Tensor& x, const Int8Matrix& weight, const at::T
 at::Tensor LinearInt8WithIsa(CpuIsa isa, const at::Tensor& x, const Int8Matrix& weight,
                              const at::Tensor& bias = {});
 
+// bfloat16 weights with float32 activations ("bfloat16 weights, float32 compute"): `weight`
+// [N, K] bfloat16 CPU, rows contiguous; x, bias and out as LinearInt8Out. Each weight widens
+// to float32 exactly (bfloat16 is float32's upper half), so this is the float32 product with
+// the bfloat16 matrix, at half float32's bytes per weight. Few rows take the kernel, many
+// go to BLAS a block of rows at a time, as int8.
+void LinearBf16Out(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                   at::Tensor& out);
+at::Tensor LinearBf16(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
+at::Tensor LinearBf16WithIsa(CpuIsa isa, const at::Tensor& x, const at::Tensor& weight,
+                             const at::Tensor& bias = {});
+
 // Rows `ids` of a quantized table, dequantized: [ids.numel(), K] float32 (an embedding
 // lookup).
 at::Tensor GatherRowsInt8(const Int8Matrix& table, const at::Tensor& ids);

@@ -43,6 +43,9 @@ TEST_CASE("The int8 kernel matches LibTorch on the dequantized matrix, every ins
     for (int64_t n : {1, 3, 4, 7, 300, 2305}) {
       for (int64_t k : {1, 13, 31, 64, 100, 768, 2100}) {
         for (int64_t m : {int64_t{1}, int64_t{3}, kInt8KernelMaxRows}) {
+          // The largest shapes once per x-row count that keeps the plain loops quick (the
+          // aarch64 tests run under an emulator).
+          if (n * k * m > 20'000'000) continue;
           const Int8Matrix w = QuantizeInt8PerRow(at::randn({n, k}));
           const at::Tensor x = at::randn({m, k});
           const at::Tensor b = at::randn({n});
@@ -80,6 +83,31 @@ TEST_CASE("Many rows, strided rows and row blocks of an int8 matrix compute the 
   at::Tensor out = at::empty({1, 301});
   LinearInt8Out(x, w, bias, out);
   CHECK(at::allclose(out, Reference(x, w, bias), 1e-4, 1e-4));
+}
+
+TEST_CASE("The bfloat16-weight kernel is LibTorch's float32 product with the bfloat16 matrix, "
+          "every instruction set, one row to many",
+          "[kernels]") {
+  at::manual_seed(7);
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    for (int64_t n : {1, 5, 300, 2305}) {
+      for (int64_t k : {1, 13, 64, 100, 2100}) {
+        for (int64_t m : {int64_t{1}, int64_t{3}, kInt8KernelMaxRows}) {
+          if (n * k * m > 20'000'000) continue;  // as above
+          const at::Tensor w = at::randn({n, k}).to(at::kBFloat16);
+          const at::Tensor x = at::randn({m, k});
+          const at::Tensor b = at::randn({n});
+          const at::Tensor expected = at::linear(x, w.to(at::kFloat), b);
+          INFO(CpuIsaName(isa) << " n=" << n << " k=" << k << " m=" << m);
+          CHECK(at::allclose(LinearBf16WithIsa(isa, x, w, b), expected, 1e-4, 1e-3));
+        }
+      }
+    }
+  }
+  // More rows than the kernel takes: BLAS on float32 blocks of the matrix.
+  const at::Tensor tall = at::randn({3000, 900}).to(at::kBFloat16);
+  const at::Tensor many = at::randn({kInt8KernelMaxRows + 1, 900});
+  CHECK(at::allclose(LinearBf16(many, tall), at::linear(many, tall.to(at::kFloat)), 1e-4, 1e-3));
 }
 
 TEST_CASE("Stacked int8 matrices and looked-up rows dequantize as their parts do",

@@ -20,6 +20,9 @@ namespace {
 // for BLAS (many).
 at::Tensor Linear(const at::Tensor& x, const WeightMatrix& w, const at::Tensor& bias = {}) {
   if (w.is_int8()) return kernels::LinearInt8(x, w.int8, bias);
+  if (w.dense.scalar_type() == at::kBFloat16 && x.scalar_type() == at::kFloat && x.is_cpu()) {
+    return kernels::LinearBf16(x, w.dense, bias);
+  }
   if (x.size(0) == 1) return kernels::LinearSingleRow(x, w.dense, bias);
   return bias.defined() ? at::linear(x, w.dense, bias) : at::linear(x, w.dense);
 }
@@ -30,6 +33,9 @@ void LinearOut(const at::Tensor& x, const WeightMatrix& w, const at::Tensor& bia
                at::Tensor& out) {
   if (w.is_int8()) {
     kernels::LinearInt8Out(x, w.int8, bias, out);
+  } else if (w.dense.scalar_type() == at::kBFloat16 && x.scalar_type() == at::kFloat &&
+             x.is_cpu()) {
+    kernels::LinearBf16Out(x, w.dense, bias, out);
   } else if (x.size(0) == 1 && x.is_cpu() && x.scalar_type() == at::kFloat) {
     kernels::LinearSingleRowOut(x, w.dense, bias, out);
   } else if (bias.defined()) {
@@ -88,6 +94,9 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
   // int8 is computed on a CPU in float32 (kernels/gemv_int8.h); elsewhere an int8 matrix is
   // dequantized as it loads.
   const bool int8_compute = options.device.is_cpu() && dtype == at::kFloat;
+  // Float matrices are held in this dtype: the compute dtype, or bfloat16 with bf16_weights.
+  const at::ScalarType matrix_dtype =
+      options.bf16_weights && int8_compute ? at::kBFloat16 : dtype;
   // Copies detach the matrices from the file mapping (no page faults at step time) and,
   // on CPU, put them on huge pages, which decode streams faster.
   auto own = [&](const at::Tensor& t) {
@@ -99,7 +108,8 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
                          std::vector<int64_t> shape) -> absl::StatusOr<WeightMatrix> {
     TOPHAT_ASSIGN_OR_RETURN(SafetensorsDType stored, checkpoint.StoredDType(name));
     if (stored != SafetensorsDType::kI8) {
-      TOPHAT_ASSIGN_OR_RETURN(at::Tensor dense, load(name, shape));
+      TOPHAT_ASSIGN_OR_RETURN(at::Tensor dense, checkpoint.Load(name, shape, matrix_dtype));
+      dense = dense.to(options.device);
       if (options.quantize_int8 && int8_compute) {
         WeightMatrix matrix;
         TOPHAT_RETURN_IF_ERROR(CatchExceptions(absl::StrCat("quantizing '", name, "'"), [&] {
@@ -145,7 +155,9 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
     }
     // A mix (a checkpoint with some matrices int8): all as float.
     std::vector<at::Tensor> dense;
-    for (const WeightMatrix& part : parts) dense.push_back(part.Dense().to(options.device, dtype));
+    for (const WeightMatrix& part : parts) {
+      dense.push_back(part.Dense().to(options.device, matrix_dtype));
+    }
     return WeightMatrix{.dense = own(dense.size() == 1 ? dense[0] : at::cat(dense))};
   };
 
@@ -281,7 +293,9 @@ absl::StatusOr<at::Tensor> Submodel::Embed(const at::Tensor& token_ids) const {
     }
   }
   if (embedding_.is_int8()) return kernels::GatherRowsInt8(embedding_.int8, token_ids);
-  return at::embedding(embedding_.dense, token_ids.to(at::kLong).to(options_.device));
+  // A bfloat16 table (bf16_weights) gives rows in the compute dtype.
+  return at::embedding(embedding_.dense, token_ids.to(at::kLong).to(options_.device))
+      .to(options_.dtype);
 }
 
 void Submodel::AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t layer,

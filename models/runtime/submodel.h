@@ -60,10 +60,16 @@ struct SubmodelOptions {
   // (`tophat split --device-weights int8`) load as int8 whatever this says. int8 is computed
   // on a CPU in float32; any other device or dtype dequantizes them at load.
   bool quantize_int8 = false;
+  // Keep float weight matrices in bfloat16 and compute in float32 (CPU float32 submodels):
+  // half float32's bytes per weight, each widened exactly in registers
+  // (kernels::LinearBf16Out). Activations, norms and the KV cache stay float32. Where int8 is
+  // asked for or stored, int8 wins.
+  bool bf16_weights = false;
 };
 
-// A weight matrix in one of the two forms the runtime computes with: `dense` in the compute
-// dtype, or `int8` with per-row scales (CPU float32 submodels; kernels/gemv_int8.h).
+// A weight matrix in one of the forms the runtime computes with: `dense` in the compute
+// dtype (or bfloat16 under a float32 CPU submodel with bf16_weights), or `int8` with per-row
+// scales (CPU float32 submodels; kernels/gemv_int8.h).
 struct WeightMatrix {
   at::Tensor dense;
   kernels::Int8Matrix int8;

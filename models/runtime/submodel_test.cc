@@ -704,3 +704,56 @@ TEST_CASE("int8 weights compute the model as quantized, one row and many, in a q
 
 }  // namespace
 }  // namespace tophat
+
+namespace tophat {
+namespace {
+
+TEST_CASE("bfloat16 weights compute the float32 model of the bfloat16-rounded matrices, in "
+          "half the bytes",
+          "[submodel]") {
+  std::mt19937 rng(9);
+  const ModelConfig config = TinyTestConfig();
+  const NamedTensors weights = InitWeights(config, 5);
+  NamedTensors rounded;
+  for (const auto& [name, t] : weights) {
+    rounded.emplace_back(name, t.dim() == 2 ? t.to(at::kBFloat16).to(at::kFloat) : t);
+  }
+  const fs::path dir = TempDir("bf16w");
+  const fs::path ref_dir = TempDir("bf16w_ref");
+  REQUIRE(WriteCheckpoint(config, weights, dir).ok());
+  REQUIRE(WriteCheckpoint(config, rounded, ref_dir).ok());
+  auto bf16 = LoadFullModel(dir, {.bf16_weights = true});
+  auto reference = LoadFullModel(ref_dir);
+  auto float32 = LoadFullModel(dir);
+  REQUIRE(bf16.ok());
+  REQUIRE(reference.ok());
+  REQUIRE(float32.ok());
+  CHECK((*bf16)->layers()[0].qkv.dense.scalar_type() == at::kBFloat16);
+  CHECK((*bf16)->lm_head().dense.scalar_type() == at::kBFloat16);
+  const double ratio = static_cast<double>((*bf16)->WeightBytes()) /
+                       static_cast<double>((*float32)->WeightBytes());
+  CHECK(ratio > 0.5);
+  CHECK(ratio < 0.55);
+  const std::vector<int32_t> tokens = RandomTokens(rng, 23, config.vocab_size);
+  CHECK(MaxDiff(FullLogits(**bf16, tokens), FullLogits(**reference, tokens)) < 1e-4);
+  KvCache cache = (*bf16)->NewCache();
+  KvCache ref_cache = (*reference)->NewCache();
+  for (int64_t rows : {1, 1, 4}) {
+    const std::vector<int32_t> step = RandomTokens(rng, rows, config.vocab_size);
+    auto logits = [&](const Submodel& model, KvCache& c) {
+      auto hidden = model.Embed(Ids(step));
+      REQUIRE(hidden.ok());
+      CHECK(hidden->scalar_type() == at::kFloat);
+      auto out = model.Forward(*hidden, c);
+      REQUIRE(out.ok());
+      auto result = model.Logits(*out);
+      REQUIRE(result.ok());
+      return *result;
+    };
+    INFO(rows << " rows");
+    CHECK(MaxDiff(logits(**bf16, cache), logits(**reference, ref_cache)) < 1e-4);
+  }
+}
+
+}  // namespace
+}  // namespace tophat
