@@ -133,6 +133,8 @@ int main(int argc, char** argv) {
   if (!cloud.ok()) return Fail(cloud.status());
   std::shared_ptr<const Submodel> middle = std::move(cloud->middle);
   EngineOptions engine_options{.model_id = "toy", .kv_block_size = 16, .kv_num_blocks = 1024};
+  // Agents check that the cloud serves their model.
+  engine_options.model_fingerprint = cloud->manifest.model_fingerprint;
   engine_options.control.set_prompt_chunk_size(64);
   auto engine = Engine::Create(engine_options, middle, nullptr);
   if (!engine.ok()) return Fail(engine.status());
