@@ -38,28 +38,35 @@ constexpr int64_t kPrefetchAheadBytes = 2048;
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
 
-// Loads of as many int8 values as the float vector has lanes, sign-extended and converted to
-// float. Intrinsics, not __builtin_convertvector: GCC 12 turns that conversion into one scalar
-// instruction per lane. They carry their instruction set, so they cannot be always_inline
-// into the kernel template (which has none): the per-set functions below are `flatten`, which
-// inlines them there, where the instruction set is the function's.
+// Loaders: Load2(p, a, b) reads two float vectors' worth of stored values from p (2 kLanes),
+// widened to float: the first kLanes in a and the next in b, or for kEvenOdd loaders the
+// even- and odd-indexed values. Intrinsics, not __builtin_convertvector: GCC 12 turns an
+// int8-to-float conversion into one scalar instruction per lane. They carry their
+// instruction set, so they cannot be always_inline into the kernel template (which has none):
+// the per-set functions below are `flatten`, which inlines them there, where the instruction
+// set is the function's. They write through references rather than return vectors: Clang
+// refuses a vector return from a function with an instruction set into one without it.
 #if defined(__x86_64__)
 struct Avx512Int8 {
   using V = Vec16;
   using Element = int8_t;
   static constexpr bool kEvenOdd = false;
-  __attribute__((target("avx512f"))) static inline V Load(const int8_t* p) {
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return reinterpret_cast<V>(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)));
+  __attribute__((target("avx512f"))) static inline void Load2(const int8_t* p, V& a, V& b) {
+    const __m128i first = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i second = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16));
+    a = reinterpret_cast<V>(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(first)));
+    b = reinterpret_cast<V>(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(second)));
   }
 };
 struct Avx2Int8 {
   using V = Vec8;
   using Element = int8_t;
   static constexpr bool kEvenOdd = false;
-  __attribute__((target("avx2"))) static inline V Load(const int8_t* p) {
-    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-    return reinterpret_cast<V>(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)));
+  __attribute__((target("avx2"))) static inline void Load2(const int8_t* p, V& a, V& b) {
+    const __m128i first = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    const __m128i second = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8));
+    a = reinterpret_cast<V>(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(first)));
+    b = reinterpret_cast<V>(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(second)));
   }
 };
 // bfloat16 is float32's upper half. Two vectors' worth are loaded at once and split in place,
@@ -95,35 +102,23 @@ struct NeonInt8 {
   using V = Vec4;
   using Element = int8_t;
   static constexpr bool kEvenOdd = false;
-  [[gnu::always_inline]] static inline V Load(const int8_t* p) {
-    int32_t word;
-    std::memcpy(&word, p, sizeof word);
-    const int16x8_t wide = vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(word)));
-    return reinterpret_cast<V>(vcvtq_f32_s32(vmovl_s16(vget_low_s16(wide))));
+  [[gnu::always_inline]] static inline void Load2(const int8_t* p, V& a, V& b) {
+    // Eight int8 values widened to int16, then each half to int32 and float.
+    const int16x8_t wide = vmovl_s8(vld1_s8(p));
+    a = reinterpret_cast<V>(vcvtq_f32_s32(vmovl_s16(vget_low_s16(wide))));
+    b = reinterpret_cast<V>(vcvtq_f32_s32(vmovl_s16(vget_high_s16(wide))));
   }
 };
 struct NeonBf16 {
   using V = Vec4;
   using Element = uint16_t;
   static constexpr bool kEvenOdd = false;
-  [[gnu::always_inline]] static inline V Load(const uint16_t* p) {
-    return reinterpret_cast<V>(vshll_n_u16(vld1_u16(p), 16));
+  [[gnu::always_inline]] static inline void Load2(const uint16_t* p, V& a, V& b) {
+    a = reinterpret_cast<V>(vshll_n_u16(vld1_u16(p), 16));
+    b = reinterpret_cast<V>(vshll_n_u16(vld1_u16(p + 4), 16));
   }
 };
 #endif
-
-// Two vectors of weights from p: for loaders that load one vector at a time, the next
-// kLanes values each; for kEvenOdd loaders, the even- and odd-indexed values of the 2 kLanes.
-template <typename L>
-[[gnu::always_inline]] inline void LoadTwo(const typename L::Element* p, typename L::V& a,
-                                           typename L::V& b) {
-  if constexpr (L::kEvenOdd) {
-    L::Load2(p, a, b);
-  } else {
-    a = L::Load(p);
-    b = L::Load(p + sizeof(typename L::V) / sizeof(float));
-  }
-}
 
 // Four weight rows at a time, as the float32 kernel: each block of x is loaded once for four
 // rows, and eight independent multiply-add chains keep loads in flight. Every x row runs
@@ -183,10 +178,10 @@ template <typename L>
         const V xa = LoadVector<V>(xi + j);
         const V xb = LoadVector<V>(xi + j + kLanes);
         V w0a, w0b, w1a, w1b, w2a, w2b, w3a, w3b;
-        LoadTwo<L>(p0 + j, w0a, w0b);
-        LoadTwo<L>(p1 + j, w1a, w1b);
-        LoadTwo<L>(p2 + j, w2a, w2b);
-        LoadTwo<L>(p3 + j, w3a, w3b);
+        L::Load2(p0 + j, w0a, w0b);
+        L::Load2(p1 + j, w1a, w1b);
+        L::Load2(p2 + j, w2a, w2b);
+        L::Load2(p3 + j, w3a, w3b);
         a00 += w0a * xa;
         a01 += w0b * xb;
         a10 += w1a * xa;
@@ -226,7 +221,7 @@ template <typename L>
       V a0{}, a1{};
       for (int64_t j = 0; j < kv; j += kStep) {
         V wa, wb;
-        LoadTwo<L>(p + j, wa, wb);
+        L::Load2(p + j, wa, wb);
         a0 += wa * LoadVector<V>(xi + j);
         a1 += wb * LoadVector<V>(xi + j + kLanes);
       }
