@@ -93,7 +93,10 @@ bool IsWeightMatrix(const std::string& name, const at::Tensor& tensor) {
 absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> QuantizeWeightMatrices(
     const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& [name, tensor] : tensors) {
+  for (const auto& entry : tensors) {
+    // Not a structured binding: Clang 14 cannot capture one in the lambda below.
+    const std::string& name = entry.first;
+    const at::Tensor& tensor = entry.second;
     if (!IsWeightMatrix(name, tensor)) {
       out.emplace_back(name, tensor);
       continue;
