@@ -634,6 +634,19 @@ TEST_CASE("F16 and BF16 checkpoints load and compute in float32", "[submodel]") 
 namespace tophat {
 namespace {
 
+// Logits of `tokens` continuing `cache`: embedding (float32 rows, whatever the weights'
+// storage), layers, head.
+at::Tensor StepLogits(const Submodel& model, KvCache& cache, const std::vector<int32_t>& tokens) {
+  auto hidden = model.Embed(Ids(tokens));
+  REQUIRE(hidden.ok());
+  CHECK(hidden->scalar_type() == at::kFloat);
+  auto out = model.Forward(*hidden, cache);
+  REQUIRE(out.ok());
+  auto result = model.Logits(*out);
+  REQUIRE(result.ok());
+  return *result;
+}
+
 // The weight matrices quantize_int8 turns into int8: every 2-D weight (the layers', the
 // embedding and the LM head); norms and biases stay float.
 bool QuantizedMatrix(const std::string& name, const at::Tensor& t) {
@@ -684,17 +697,9 @@ TEST_CASE("int8 weights compute the model as quantized, one row and many, in a q
       KvCache ref_cache = (*reference)->NewCache();
       for (int64_t rows : {1, 1, 3, 16}) {
         const std::vector<int32_t> step = RandomTokens(rng, rows, config.vocab_size);
-        auto logits = [&](const Submodel& model, KvCache& c) {
-          auto hidden = model.Embed(Ids(step));
-          REQUIRE(hidden.ok());
-          auto out = model.Forward(*hidden, c);
-          REQUIRE(out.ok());
-          auto result = model.Logits(*out);
-          REQUIRE(result.ok());
-          return *result;
-        };
         INFO(rows << " rows");
-        CHECK(MaxDiff(logits(**int8, cache), logits(**reference, ref_cache)) < 1e-4);
+        CHECK(MaxDiff(StepLogits(**int8, cache, step), StepLogits(**reference, ref_cache, step)) <
+              1e-4);
       }
       // And it is not the float32 model: quantization moved the logits.
       CHECK(MaxDiff(ours, FullLogits(**float32, tokens)) > 1e-4);
@@ -740,18 +745,9 @@ TEST_CASE("bfloat16 weights compute the float32 model of the bfloat16-rounded ma
   KvCache ref_cache = (*reference)->NewCache();
   for (int64_t rows : {1, 1, 4}) {
     const std::vector<int32_t> step = RandomTokens(rng, rows, config.vocab_size);
-    auto logits = [&](const Submodel& model, KvCache& c) {
-      auto hidden = model.Embed(Ids(step));
-      REQUIRE(hidden.ok());
-      CHECK(hidden->scalar_type() == at::kFloat);
-      auto out = model.Forward(*hidden, c);
-      REQUIRE(out.ok());
-      auto result = model.Logits(*out);
-      REQUIRE(result.ok());
-      return *result;
-    };
     INFO(rows << " rows");
-    CHECK(MaxDiff(logits(**bf16, cache), logits(**reference, ref_cache)) < 1e-4);
+    CHECK(MaxDiff(StepLogits(**bf16, cache, step), StepLogits(**reference, ref_cache, step)) <
+          1e-4);
   }
 }
 
