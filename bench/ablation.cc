@@ -160,9 +160,18 @@ std::string AgentYaml(const AblationConfig& config, const AblationOptions& optio
       slot.metrics_address);
 }
 
+std::vector<int64_t> EvenStageBoundaries(int64_t begin, int64_t end, int stages) {
+  std::vector<int64_t> boundaries = {begin};
+  const int64_t layers = end - begin;
+  for (int i = 0; i < stages; ++i) {
+    boundaries.push_back(boundaries.back() + layers / stages + (i < layers % stages ? 1 : 0));
+  }
+  return boundaries;
+}
+
 std::string CloudYaml(const AblationOptions& options, const std::string& listen_address,
-                      const std::string& metrics_address) {
-  return absl::StrFormat(
+                      const std::string& metrics_address, const std::string& rendezvous_address) {
+  std::string yaml = absl::StrFormat(
       "listen_address: \"%s\"\n"
       "bundle: \"%s\"\n"
       "tls:\n  insecure: true\n"
@@ -177,6 +186,21 @@ std::string CloudYaml(const AblationOptions& options, const std::string& listen_
       "metrics_address: \"%s\"\n",
       listen_address, fs::absolute(options.cloud_bundle).string(), options.max_context,
       options.max_context, metrics_address);
+  if (options.cloud_stages > 1) {
+    // The stages share this host: each computes on its share of the cores, so that the
+    // pipeline has the one cloud's cores, not more.
+    const int64_t threads = std::max<int64_t>(
+        1, static_cast<int64_t>(std::thread::hardware_concurrency()) / options.cloud_stages);
+    absl::StrAppend(&yaml, "pipeline:\n  rendezvous_address: \"", rendezvous_address,
+                    "\"\n  layer_boundaries: [",
+                    absl::StrJoin(EvenStageBoundaries(options.middle_begin, options.middle_end,
+                                                      options.cloud_stages),
+                                  ", "),
+                    "]\n  compute_threads: [",
+                    absl::StrJoin(std::vector<int64_t>(options.cloud_stages, threads), ", "),
+                    "]\n");
+  }
+  return yaml;
 }
 
 namespace {
@@ -192,6 +216,7 @@ std::string LogTail(const ChildProcess& process) {
 // The processes of one configuration; the destructor stops them (SIGTERM, then SIGKILL).
 struct Deployment {
   std::unique_ptr<ChildProcess> cloud;
+  std::vector<std::unique_ptr<ChildProcess>> cloud_stages;  // stages 1.. of a pipeline
   std::vector<std::unique_ptr<ChildProcess>> agents;
   std::vector<std::string> agent_addresses;
   std::vector<std::pair<std::string, int>> agent_metrics;  // host, port
@@ -204,6 +229,8 @@ struct Deployment {
       cloud->Signal(SIGTERM);
       cloud->Wait(std::chrono::seconds(10));
     }
+    for (auto& stage : cloud_stages) stage->Signal(SIGTERM);
+    for (auto& stage : cloud_stages) stage->Wait(std::chrono::seconds(10));
   }
 };
 
@@ -225,16 +252,26 @@ absl::StatusOr<std::unique_ptr<Deployment>> Deploy(const AblationConfig& config,
       absl::StrCat(links.edge != nullptr ? "0.0.0.0" : "127.0.0.1", ":", cloud_port);
   TOPHAT_RETURN_IF_ERROR(WriteTextFile(
       dir / "cloud.yaml",
-      CloudYaml(options, cloud_listen,
-                absl::StrCat("127.0.0.1:", deployment->cloud_metrics_port))));
+      CloudYaml(options, cloud_listen, absl::StrCat("127.0.0.1:", deployment->cloud_metrics_port),
+                absl::StrCat("127.0.0.1:", FreePort()))));
   deployment->cloud = std::make_unique<ChildProcess>(
       std::vector<std::string>{(options.bin_dir / "tophat-cloud").string(), "--config",
                                (dir / "cloud.yaml").string()},
       dir / "cloud.log");
+  for (int stage = 1; stage < options.cloud_stages; ++stage) {
+    deployment->cloud_stages.push_back(std::make_unique<ChildProcess>(
+        std::vector<std::string>{(options.bin_dir / "tophat-cloud").string(), "--config",
+                                 (dir / "cloud.yaml").string(), "--stage",
+                                 std::to_string(stage)},
+        dir / absl::StrCat("cloud-stage", stage, ".log")));
+  }
   if (!WaitForPort(cloud_port, std::chrono::seconds(120))) {
-    return absl::UnavailableError(absl::StrCat("tophat-cloud did not start; ",
-                                               (dir / "cloud.log").string(), ":\n",
-                                               LogTail(*deployment->cloud)));
+    std::string logs = absl::StrCat((dir / "cloud.log").string(), ":\n", LogTail(*deployment->cloud));
+    for (size_t i = 0; i < deployment->cloud_stages.size(); ++i) {
+      absl::StrAppend(&logs, "\n", (dir / absl::StrCat("cloud-stage", i + 1, ".log")).string(),
+                      ":\n", LogTail(*deployment->cloud_stages[i]));
+    }
+    return absl::UnavailableError(absl::StrCat("tophat-cloud did not start; ", logs));
   }
   for (int i = 0; i < options.devices; ++i) {
     AgentSlot slot{.index = i};
@@ -609,6 +646,12 @@ absl::StatusOr<nlohmann::json> RunAblation(const AblationOptions& options) {
                  link.uplink_bytes_per_second / 1e3, link.downlink_bytes_per_second / 1e3,
                  edge != nullptr ? " (middle of its range)" : "", options.one_way_delay_s * 1e3);
   }
+  if (options.cloud_stages > 1) {
+    spdlog::info("ablation: the cloud in {} pipeline stages (layers {})", options.cloud_stages,
+                 absl::StrJoin(EvenStageBoundaries(options.middle_begin, options.middle_end,
+                                                   options.cloud_stages),
+                               ", "));
+  }
   LinkVariation variation(links.edge, options, links.scale);
 
   std::vector<RunRecord> records;
@@ -773,6 +816,7 @@ absl::StatusOr<nlohmann::json> RunAblation(const AblationOptions& options) {
                  {"one_way_delay_s", options.one_way_delay_s},
                  {"devices", device_links}}},
       {"sla", {{"ttft_s", options.sla.ttft_s}, {"tbt_s", options.sla.tbt_s}}},
+      {"cloud_stages", options.cloud_stages},
       {"configs", configs},
       {"runs", runs},
       {"goals", goals},

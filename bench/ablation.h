@@ -90,6 +90,12 @@ struct AblationOptions {
   std::string wire_dtype = "cloud";
   // Every agent's uplink_pacing.enabled (device_agent/uplink_pacer.h).
   bool uplink_pacing = true;
+  // The cloud's middle layers in this many pipeline stages, one process each on this host,
+  // linked by Gloo (configs/cloud.yaml `pipeline`), the layers split evenly; each stage gets
+  // its share of this machine's cores. 1: one process.
+  int cloud_stages = 1;
+  int64_t middle_begin = 0;  // the cloud bundle's middle layers [begin, end), split among
+  int64_t middle_end = 0;    // the stages
 };
 
 // What an agent of one configuration is told (exposed for tests: it must load with the real
@@ -105,8 +111,13 @@ struct AgentSlot {
 };
 std::string AgentYaml(const AblationConfig& config, const AblationOptions& options,
                       const AgentSlot& slot);
+// `rendezvous_address`: where stage 0 serves the stages' store (unused with one stage).
 std::string CloudYaml(const AblationOptions& options, const std::string& listen_address,
-                      const std::string& metrics_address);
+                      const std::string& metrics_address,
+                      const std::string& rendezvous_address = "");
+// Layer boundaries of `stages` stages over layers [begin, end), as even as whole layers
+// allow (the first stages take the extra layers): stages + 1 numbers from begin to end.
+std::vector<int64_t> EvenStageBoundaries(int64_t begin, int64_t end, int stages);
 
 // Runs everything, printing progress to stderr and the tables to stdout; writes the SLA
 // plots (sla-<dataset>-<rate>rps.png) into work_dir and returns the report.

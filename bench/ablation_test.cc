@@ -133,6 +133,27 @@ TEST_CASE("the generated cloud config loads and carries whole prompts", "[ablati
   CHECK(parsed->limits.max_chunk_tokens == 2048);
   CHECK(parsed->scheduler.adaptive);
   CHECK(ValidateCloudConfig(*parsed).ok());
+  CHECK(parsed->pipeline.layer_boundaries.empty());
+}
+
+TEST_CASE("the generated cloud config splits the middle evenly among pipeline stages",
+          "[ablation]") {
+  CHECK(EvenStageBoundaries(2, 7, 1) == std::vector<int64_t>{2, 7});
+  CHECK(EvenStageBoundaries(2, 7, 2) == std::vector<int64_t>{2, 5, 7});
+  CHECK(EvenStageBoundaries(2, 8, 3) == std::vector<int64_t>{2, 4, 6, 8});
+  AblationOptions options;
+  options.cloud_bundle = "/tmp/bundles/cloud";
+  options.cloud_stages = 2;
+  options.middle_begin = 2;
+  options.middle_end = 7;
+  auto parsed = ParseCloudConfig(
+      CloudYaml(options, "0.0.0.0:7300", "127.0.0.1:9300", "127.0.0.1:7400"), "cloud.yaml");
+  REQUIRE(parsed.ok());
+  CHECK(parsed->pipeline.rendezvous_address == "127.0.0.1:7400");
+  CHECK(parsed->pipeline.layer_boundaries == std::vector<int64_t>{2, 5, 7});
+  REQUIRE(parsed->pipeline.compute_threads.size() == 2);
+  CHECK(parsed->pipeline.compute_threads[0] >= 1);
+  CHECK(ValidateCloudConfig(*parsed).ok());
 }
 
 }  // namespace

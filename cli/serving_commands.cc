@@ -250,6 +250,16 @@ int RunAblationCommand(const AblationArgs& args) {
   options.wire_dtype = args.wire_dtype;
   options.uplink_pacing = args.uplink_pacing;
   options.link_period_s = args.link_period_s;
+  const int64_t middle_layers =
+      split->cloud.middle_layers.end - split->cloud.middle_layers.begin;
+  if (args.cloud_stages > middle_layers) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--cloud-stages ", args.cloud_stages, ": the cloud bundle has ",
+                     middle_layers, " middle layers, fewer than the stages")));
+  }
+  options.cloud_stages = args.cloud_stages;
+  options.middle_begin = split->cloud.middle_layers.begin;
+  options.middle_end = split->cloud.middle_layers.end;
 
   // Prompts are windows of English-like text from the toy grammar (held out from training by
   // its seed), tokenized by the model's tokenizer.

@@ -57,6 +57,7 @@ struct AblationArgs {
   double link_period_s = 5;
   std::string wire_dtype = "cloud";
   bool uplink_pacing = true;
+  int cloud_stages = 1;
   std::string json_path;  // "": WORK_DIR/ablation.json
 };
 int RunAblationCommand(const AblationArgs& args);

@@ -551,6 +551,11 @@ int main(int argc, char** argv) {
                             "of pacing them by the cloud's receipts (the behaviour before "
                             "uplink pacing)")
       ->needs(ablation_flag);
+  serve_bench_cmd->add_option("--cloud-stages", ablation.cloud_stages,
+                              "Ablation: the cloud's middle layers in this many pipeline stages "
+                              "(one tophat-cloud process each on this host, linked by Gloo, the "
+                              "layers split evenly, the cores shared among them)")
+      ->capture_default_str()->check(CLI::Range(1, 16))->needs(ablation_flag);
   serve_bench_cmd->add_option("--link-period", ablation.link_period_s,
                               "Ablation: seconds between bandwidth changes (netns links)")
       ->capture_default_str()->check(CLI::NonNegativeNumber)->needs(ablation_flag);

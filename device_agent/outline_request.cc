@@ -7,7 +7,7 @@
 // the outline's tokens with its marker: it takes a copy of the kept device KV and forks the
 // parked cloud session (ForkSession: a copy of its blocks, not copy-on-write), so it computes
 // and sends only its marker. Without a conversation cache (conversation_cache.enabled
-// false), or with a cloud that does not fork (a pipeline of stages), every point computes
+// false), or with a cloud that does not fork (one that does not park sessions), every point computes
 // and sends the whole prefix again. The points decode together; the cloud batches them.
 #include <algorithm>
 #include <atomic>

@@ -122,7 +122,7 @@ Engine::Engine(EngineOptions options, std::shared_ptr<const Submodel> middle,
   hello_.set_model_fingerprint(options_.model_fingerprint);
   hello_.set_protocol_version(kCloudProtocolVersion);
   hello_.set_parks_sessions(options_.max_parked_session_s > 0);
-  hello_.set_forks_sessions(options_.max_parked_session_s > 0 && options_.downstream == nullptr);
+  hello_.set_forks_sessions(options_.max_parked_session_s > 0);
   hello_.set_hidden_size(static_cast<uint32_t>(config.hidden_size));
   hello_.set_dtype(wire_dtype_);
   hello_.set_first_layer(static_cast<uint32_t>(middle_->spec().layers.begin));
@@ -907,13 +907,6 @@ void Engine::Fork(StreamId stream, const v1::ForkSession& fork) {
   const uint64_t id = fork.new_session_id();
   const SessionKey source_key{stream, fork.session_id()};
   const Session* source = Find(stream, fork.session_id());
-  if (options_.downstream != nullptr) {
-    SendError(stream, id, 0,
-              absl::UnimplementedError("fork: this cloud is a pipeline of stages, whose later "
-                                       "stages' KV a fork does not copy; open a new session"),
-              false);
-    return;
-  }
   if (id == 0 || Find(stream, id) != nullptr) {
     SendError(stream, id, 0,
               absl::AlreadyExistsError(absl::StrCat("fork.new_session_id ", id,
@@ -1000,6 +993,13 @@ bool Engine::CompleteFork(const SessionKey& key, Session& session) {
   if (absl::Status copied = session.cache.CopyPrefixFrom(source->cache, length); !copied.ok()) {
     FailSession(key, 0, copied);
     return false;
+  }
+  if (options_.downstream != nullptr) {
+    // The later stages copy their own layers' blocks before the next step they run: the
+    // fork's first step at the earliest, and before any step that reuses the parent's.
+    const auto blocks = static_cast<size_t>(pool_->BlocksFor(length));
+    options_.downstream->QueueBlockCopies(source->cache.block_table().first(blocks),
+                                          session.cache.block_table().first(blocks));
   }
   session.next_position = length;
   if (metrics_ != nullptr) metrics_->parked_sessions_forked.Increment();

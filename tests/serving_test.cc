@@ -3000,7 +3000,7 @@ constexpr const char* kToyOutline =
 
 TEST_CASE("An outline request expands its points as parallel requests and streams them in "
           "point order",
-          "[serving][outline]") {
+          "[serving][outline][staged]") {
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {});
   // The points fork the outline's session: kept by the conversation cache, forked on the cloud.

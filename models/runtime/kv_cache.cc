@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace tophat {
 
@@ -300,6 +301,34 @@ absl::Status KvCache::ImportPositions(int64_t begin, const at::Tensor& rows) {
 
 namespace tophat {
 
+absl::Status KvBlockPool::CopyBlocks(std::span<const int32_t> from,
+                                     std::span<const int32_t> to) {
+  if (from.size() != to.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("a block copy names ", from.size(),
+                                                   " sources and ", to.size(), " destinations"));
+  }
+  for (const std::span<const int32_t> ids : {from, to}) {
+    for (const int32_t id : ids) {
+      if (id < 0 || id >= num_blocks_) {
+        return absl::InvalidArgumentError(absl::StrCat("a block copy names block ", id,
+                                                       ", outside the pool of ", num_blocks_));
+      }
+    }
+  }
+  if (from.empty() || num_layers_ == 0) return absl::OkStatus();
+  auto ids = [&](std::span<const int32_t> blocks) {
+    return at::tensor(std::vector<int64_t>(blocks.begin(), blocks.end()),
+                      at::TensorOptions().dtype(at::kLong))
+        .to(device_);
+  };
+  const at::Tensor source = ids(from);
+  const at::Tensor destination = ids(to);
+  // Dimension 1 is the block in [num_layers, num_blocks, ...]: every layer in one copy.
+  keys_.index_copy_(1, destination, keys_.index_select(1, source));
+  values_.index_copy_(1, destination, values_.index_select(1, source));
+  return absl::OkStatus();
+}
+
 absl::Status KvCache::CopyPrefixFrom(const KvCache& source, int64_t length) {
   if (!paged_ || !source.paged_) {
     return absl::FailedPreconditionError("a KV prefix is copied between paged caches only");
@@ -317,24 +346,11 @@ absl::Status KvCache::CopyPrefixFrom(const KvCache& source, int64_t length) {
         "a KV prefix of ", length, " positions goes into an empty cache with the blocks for it; "
         "this one holds ", length_, " positions in ", block_table_.size(), " blocks"));
   }
-  const int64_t blocks = pool_->BlocksFor(length);
-  if (blocks > 0) {
-    // Whole blocks: the last one's tail beyond `length` is never read before it is written.
-    const at::TensorOptions ids = at::TensorOptions().dtype(at::kLong).device(pool_->device());
-    const at::Tensor from =
-        at::tensor(std::vector<int64_t>(source.block_table_.begin(),
-                                        source.block_table_.begin() + blocks),
-                   at::TensorOptions().dtype(at::kLong))
-            .to(ids.device());
-    const at::Tensor to = at::tensor(std::vector<int64_t>(block_table_.begin(),
-                                                          block_table_.begin() + blocks),
-                                     at::TensorOptions().dtype(at::kLong))
-                              .to(ids.device());
-    for (int64_t l = 0; l < num_layers(); ++l) {
-      pool_->layer_keys_[l].index_copy_(0, to, pool_->layer_keys_[l].index_select(0, from));
-      pool_->layer_values_[l].index_copy_(0, to, pool_->layer_values_[l].index_select(0, from));
-    }
-  }
+  // Whole blocks: the last one's tail beyond `length` is never read before it is written.
+  const auto blocks = static_cast<size_t>(pool_->BlocksFor(length));
+  TOPHAT_RETURN_IF_ERROR(
+      pool_->CopyBlocks(std::span<const int32_t>(source.block_table_).first(blocks),
+                        std::span<const int32_t>(block_table_).first(blocks)));
   length_ = length;
   return absl::OkStatus();
 }

@@ -53,6 +53,12 @@ class KvBlockPool {
   const at::Tensor& keys(int64_t layer) const { return layer_keys_[layer]; }
   const at::Tensor& values(int64_t layer) const { return layer_values_[layer]; }
 
+  // Block from[i]'s keys and values, every layer, into block to[i] (a forked session's copy
+  // of its parent's KV; a later pipeline stage does the copy stage 0's fork did). The reads
+  // happen before the writes, so a block may be both a source and a destination.
+  // InvalidArgument for lists of different lengths or an id outside the pool.
+  absl::Status CopyBlocks(std::span<const int32_t> from, std::span<const int32_t> to);
+
  private:
   friend class KvCache;
   KvBlockPool(const ModelConfig& config, int64_t num_layers, int64_t num_blocks,

@@ -113,6 +113,21 @@ TEST_CASE("A paged cache copies another's prefix into its own blocks (a fork)", 
   CHECK(too_small.CopyPrefixFrom(parked, 7).code() == absl::StatusCode::kOutOfRange);
   KvCache contiguous(TinyTestConfig(), 2, 16, at::kFloat, at::kCPU);
   CHECK(contiguous.CopyPrefixFrom(parked, 4).code() == absl::StatusCode::kFailedPrecondition);
+
+  // The pool's own block copy (what a pipeline's later stage does for a fork): every layer,
+  // a block that is both source and destination read before it is written.
+  const at::Tensor block3 = (*pool)->keys(1)[3].clone();
+  const at::Tensor block1 = (*pool)->keys(1)[1].clone();
+  const std::vector<int32_t> from = {3, 1};
+  const std::vector<int32_t> to = {1, 7};
+  REQUIRE((*pool)->CopyBlocks(from, to).ok());
+  CHECK(at::equal((*pool)->keys(1)[1], block3));
+  CHECK(at::equal((*pool)->keys(1)[7], block1));
+  CHECK(at::equal((*pool)->values(0)[1], (*pool)->values(0)[3]));
+  const std::vector<int32_t> outside = {8};
+  const std::vector<int32_t> one = {0};
+  CHECK((*pool)->CopyBlocks(outside, one).code() == absl::StatusCode::kInvalidArgument);
+  CHECK((*pool)->CopyBlocks(from, one).code() == absl::StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("ReleaseUnusedBlocks returns the trailing blocks the length does not need",

@@ -1,5 +1,6 @@
 #include "server/pipeline/pipeline_stage.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -40,7 +41,8 @@ absl::Status Downstream::Submit(const at::Tensor& hidden,
                           .blocks = chunk.cache->block_table()});
     total += chunk.num_tokens;
   }
-  EncodeAddresses(addresses_, encoded_);
+  EncodeAddresses(addresses_, pending_copies_, encoded_);
+  pending_copies_.clear();
   const StepHeader header{.op = StageOp::kForward,
                           .step = step_++,
                           .total_tokens = total,
@@ -61,6 +63,12 @@ absl::Status Downstream::Submit(const at::Tensor& hidden,
   }
   outstanding_.push_back({.total = total, .device = hidden.device()});
   return absl::OkStatus();
+}
+
+void Downstream::QueueBlockCopies(std::span<const int32_t> from, std::span<const int32_t> to) {
+  for (size_t i = 0; i < std::min(from.size(), to.size()); ++i) {
+    pending_copies_.push_back({.from = from[i], .to = to[i]});
+  }
 }
 
 absl::StatusOr<at::Tensor> Downstream::Collect() {
@@ -136,16 +144,18 @@ absl::Status ServeStage(StageTransport& transport, const Submodel& layers,
     TOPHAT_RETURN_IF_ERROR(transport.Receive(body, rank - 1, timeout));
     const at::Tensor host_addresses = addresses.to(at::kCPU);
     TOPHAT_ASSIGN_OR_RETURN(
-        std::vector<DecodedChunk> decoded,
+        DecodedStep decoded,
         DecodeAddresses(std::span<const int64_t>(host_addresses.data_ptr<int64_t>(),
                                                  static_cast<size_t>(header.address_length)),
                         header.total_tokens, pool->num_blocks(), pool->block_size()));
+    // Forks' copies first: the step may read them, and a later step may reuse their sources.
+    TOPHAT_RETURN_IF_ERROR(pool->CopyBlocks(decoded.copy_from, decoded.copy_to));
     // One cache object per chunk slot, kept across steps (their tables are reassigned).
-    while (caches.size() < decoded.size()) caches.emplace_back(pool);
+    while (caches.size() < decoded.chunks.size()) caches.emplace_back(pool);
     chunks.clear();
-    for (size_t i = 0; i < decoded.size(); ++i) {
-      TOPHAT_RETURN_IF_ERROR(caches[i].Assign(decoded[i].blocks, decoded[i].past));
-      chunks.push_back({.cache = &caches[i], .num_tokens = decoded[i].num_tokens});
+    for (size_t i = 0; i < decoded.chunks.size(); ++i) {
+      TOPHAT_RETURN_IF_ERROR(caches[i].Assign(decoded.chunks[i].blocks, decoded.chunks[i].past));
+      chunks.push_back({.cache = &caches[i], .num_tokens = decoded.chunks[i].num_tokens});
     }
     const auto start = std::chrono::steady_clock::now();
     TOPHAT_ASSIGN_OR_RETURN(at::Tensor output, layers.Forward(hidden.to(device), chunks));

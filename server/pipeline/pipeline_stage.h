@@ -41,6 +41,10 @@ class Downstream {
   // wrote [length - num_tokens, length)), without waiting for it: up to stages()
   // submissions may be outstanding, answered in order by Collect.
   absl::Status Submit(const at::Tensor& hidden, std::span<const SequenceChunk> chunks);
+  // Block from[i] into block to[i] on every later stage, before the next submitted step's
+  // forward: a forked session's copy of its parent's KV, which stage 0 has just made in its
+  // own pool (KvCache::CopyPrefixFrom). Carried by the next Submit, in step order.
+  void QueueBlockCopies(std::span<const int32_t> from, std::span<const int32_t> to);
   // The last stage's output for the oldest outstanding submission, on its hidden's device.
   // Unavailable when a stage is gone or does not answer within the timeout.
   absl::StatusOr<at::Tensor> Collect();
@@ -63,6 +67,7 @@ class Downstream {
   bool broken_ = false;
   std::vector<ChunkAddress> addresses_;  // reused every step
   std::vector<int64_t> encoded_;
+  std::vector<BlockCopy> pending_copies_;  // for the next Submit
   struct Outstanding {
     int64_t total = 0;
     at::Device device = at::kCPU;

@@ -92,6 +92,31 @@ TEST_CASE("Two stages over Gloo compute what one stage computes, bit for bit", "
     REQUIRE(downstream.stage_seconds().size() == 2);
     CHECK(downstream.stage_seconds()[1] > 0);  // stage 1 timed its own layers
   }
+
+  // A fork of a (ForkSession): stage 0 copies its own layers' blocks, and the next step
+  // carries the copy to stage 1, which makes it in its own pool before the forward. The
+  // fork's next chunk then computes what a one-stage fork's does.
+  KvCache whole_c(whole_pool), first_c(first_pool);
+  for (int32_t id : {11, 3, 12}) {
+    whole_c.AppendBlock(id);
+    first_c.AppendBlock(id);
+  }
+  const int64_t parent = whole_a.length();
+  REQUIRE(whole_c.CopyPrefixFrom(whole_a, parent).ok());
+  REQUIRE(first_c.CopyPrefixFrom(first_a, parent).ok());
+  const auto blocks = static_cast<size_t>(first_pool->BlocksFor(parent));
+  downstream.QueueBlockCopies(first_a.block_table().first(blocks),
+                              first_c.block_table().first(blocks));
+  const at::Tensor hidden = at::randn({3, config.hidden_size});
+  std::vector<SequenceChunk> whole_fork = {{&whole_c, 3}};
+  std::vector<SequenceChunk> first_fork = {{&first_c, 3}};
+  auto want = whole->Forward(hidden, whole_fork);
+  REQUIRE(want.ok());
+  auto mid = first->Forward(hidden, first_fork);
+  REQUIRE(mid.ok());
+  auto got = downstream.Forward(*mid, first_fork);
+  REQUIRE(got.ok());
+  CHECK(at::equal(*got, *want));
   downstream.Shutdown();
   REQUIRE(served.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
   CHECK(served.get().ok());

@@ -1,5 +1,7 @@
 #include "server/pipeline/stage_step.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
@@ -34,7 +36,8 @@ absl::StatusOr<StepHeader> DecodeHeader(const at::Tensor& encoded) {
   return header;
 }
 
-void EncodeAddresses(std::span<const ChunkAddress> chunks, std::vector<int64_t>& out) {
+void EncodeAddresses(std::span<const ChunkAddress> chunks, std::span<const BlockCopy> copies,
+                     std::vector<int64_t>& out) {
   out.clear();
   out.push_back(static_cast<int64_t>(chunks.size()));
   for (const ChunkAddress& chunk : chunks) {
@@ -43,12 +46,16 @@ void EncodeAddresses(std::span<const ChunkAddress> chunks, std::vector<int64_t>&
     out.push_back(static_cast<int64_t>(chunk.blocks.size()));
     out.insert(out.end(), chunk.blocks.begin(), chunk.blocks.end());
   }
+  out.push_back(static_cast<int64_t>(copies.size()));
+  for (const BlockCopy& copy : copies) {
+    out.push_back(copy.from);
+    out.push_back(copy.to);
+  }
 }
 
-absl::StatusOr<std::vector<DecodedChunk>> DecodeAddresses(std::span<const int64_t> encoded,
-                                                          int64_t total_tokens,
-                                                          int64_t num_blocks,
-                                                          int64_t block_size) {
+absl::StatusOr<DecodedStep> DecodeAddresses(std::span<const int64_t> encoded,
+                                            int64_t total_tokens, int64_t num_blocks,
+                                            int64_t block_size) {
   auto malformed = [](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat("pipeline chunk addresses: ", what));
   };
@@ -60,8 +67,9 @@ absl::StatusOr<std::vector<DecodedChunk>> DecodeAddresses(std::span<const int64_
   };
   int64_t count = 0;
   if (!next(&count) || count < 0) return malformed("no chunk count");
-  std::vector<DecodedChunk> chunks;
-  chunks.reserve(static_cast<size_t>(count));
+  DecodedStep step;
+  std::vector<DecodedChunk>& chunks = step.chunks;
+  chunks.reserve(static_cast<size_t>(std::min<int64_t>(count, encoded.size())));
   int64_t tokens = 0;
   for (int64_t c = 0; c < count; ++c) {
     DecodedChunk chunk;
@@ -87,12 +95,25 @@ absl::StatusOr<std::vector<DecodedChunk>> DecodeAddresses(std::span<const int64_
     tokens += chunk.num_tokens;
     chunks.push_back(std::move(chunk));
   }
+  int64_t copies = 0;
+  if (!next(&copies) || copies < 0) return malformed("no block copy count");
+  for (int64_t c = 0; c < copies; ++c) {
+    int64_t from = 0;
+    int64_t to = 0;
+    if (!next(&from) || !next(&to)) return malformed(absl::StrCat("block copy ", c, " is cut short"));
+    if (from < 0 || from >= num_blocks || to < 0 || to >= num_blocks) {
+      return malformed(absl::StrCat("block copy ", c, ": ", from, " -> ", to,
+                                    " outside the pool of ", num_blocks));
+    }
+    step.copy_from.push_back(static_cast<int32_t>(from));
+    step.copy_to.push_back(static_cast<int32_t>(to));
+  }
   if (at != encoded.size()) return malformed("trailing values");
   if (tokens != total_tokens) {
     return malformed(absl::StrCat("chunks hold ", tokens, " tokens, the header says ",
                                   total_tokens));
   }
-  return chunks;
+  return step;
 }
 
 }  // namespace tophat::pipeline

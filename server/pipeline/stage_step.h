@@ -37,19 +37,33 @@ struct ChunkAddress {
   std::span<const int32_t> blocks;
 };
 
-// Flattened as: chunk count, then per chunk past, num_tokens, block count, block ids.
-void EncodeAddresses(std::span<const ChunkAddress> chunks, std::vector<int64_t>& out);
+// A KV block every later stage copies before the step's forward: a forked session's copy of
+// its parent's KV (stage 0 copied its own layers' blocks when it admitted the fork). In step
+// order, so the parent's blocks are read before any later step can reuse them.
+struct BlockCopy {
+  int32_t from = 0;
+  int32_t to = 0;
+};
+
+// Flattened as: chunk count, then per chunk past, num_tokens, block count, block ids; then
+// copy count, then per copy its two block ids.
+void EncodeAddresses(std::span<const ChunkAddress> chunks, std::span<const BlockCopy> copies,
+                     std::vector<int64_t>& out);
 
 struct DecodedChunk {
   int64_t past = 0;
   int64_t num_tokens = 0;
   std::vector<int32_t> blocks;
 };
+struct DecodedStep {
+  std::vector<DecodedChunk> chunks;
+  std::vector<int32_t> copy_from;  // BlockCopy.from of each copy, in order
+  std::vector<int32_t> copy_to;
+};
 // Checks every id against `num_blocks` and that the blocks cover each chunk's positions
 // (block_size each), and that the chunks' tokens sum to `total_tokens`.
-absl::StatusOr<std::vector<DecodedChunk>> DecodeAddresses(std::span<const int64_t> encoded,
-                                                          int64_t total_tokens,
-                                                          int64_t num_blocks,
-                                                          int64_t block_size);
+absl::StatusOr<DecodedStep> DecodeAddresses(std::span<const int64_t> encoded,
+                                            int64_t total_tokens, int64_t num_blocks,
+                                            int64_t block_size);
 
 }  // namespace tophat::pipeline

@@ -21,20 +21,33 @@ TEST_CASE("Step headers and chunk addresses round-trip and are checked", "[pipel
   const std::vector<int32_t> b = {0};
   const ChunkAddress chunks[] = {{.past = 17, .num_tokens = 1, .blocks = a},
                                  {.past = 0, .num_tokens = 4, .blocks = b}};
+  const BlockCopy copies[] = {{.from = 3, .to = 6}, {.from = 2, .to = 7}};
   std::vector<int64_t> encoded;
-  EncodeAddresses(chunks, encoded);
+  EncodeAddresses(chunks, copies, encoded);
   auto back = DecodeAddresses(encoded, 5, /*num_blocks=*/8, /*block_size=*/16);
   REQUIRE(back.ok());
-  REQUIRE(back->size() == 2);
-  CHECK((*back)[0].past == 17);
-  CHECK((*back)[0].blocks == a);
-  CHECK((*back)[1].num_tokens == 4);
+  REQUIRE(back->chunks.size() == 2);
+  CHECK(back->chunks[0].past == 17);
+  CHECK(back->chunks[0].blocks == a);
+  CHECK(back->chunks[1].num_tokens == 4);
+  CHECK(back->copy_from == std::vector<int32_t>{3, 2});
+  CHECK(back->copy_to == std::vector<int32_t>{6, 7});
 
   CHECK_FALSE(DecodeAddresses(encoded, 6, 8, 16).ok());  // token count disagrees
+  CHECK_FALSE(DecodeAddresses(encoded, 5, 7, 16).ok());  // copy to 7 outside a pool of 7
   CHECK_FALSE(DecodeAddresses(encoded, 5, 4, 16).ok());  // id 4 outside a pool of 4
   CHECK_FALSE(DecodeAddresses(encoded, 5, 8, 8).ok());   // 2 blocks of 8 cannot hold 18
   encoded.pop_back();
   CHECK_FALSE(DecodeAddresses(encoded, 5, 8, 16).ok());  // cut short
+  encoded.push_back(7);
+  encoded.push_back(0);
+  CHECK_FALSE(DecodeAddresses(encoded, 5, 8, 16).ok());  // trailing values
+
+  // No copies: the count alone.
+  EncodeAddresses(chunks, {}, encoded);
+  auto plain = DecodeAddresses(encoded, 5, 8, 16);
+  REQUIRE(plain.ok());
+  CHECK(plain->copy_from.empty());
 }
 
 }  // namespace
