@@ -25,6 +25,9 @@ struct ModelBenchOptions {
   // Weight matrices as int8 with per-row scales, quantized at load (kernels/gemv_int8.h);
   // activations stay float32.
   bool int8_weights = false;
+  // With int8_weights: activations rounded to int8 per block of 32 too, multiplied in
+  // integers (SubmodelOptions.int8_activations).
+  bool int8_activations = false;
   // Weight matrices in bfloat16, computed in float32 (SubmodelOptions.bf16_weights).
   bool bf16_weights = false;
 };

@@ -359,8 +359,10 @@ int main(int argc, char** argv) {
   std::string bench_weights = "float32";
   bench_cmd->add_option("--weights", bench_weights,
                         "The weight matrices' storage: float32, bfloat16, or int8 with per-row "
-                        "scales (converted at load; activations stay float32)")
-      ->capture_default_str()->check(CLI::IsMember({"float32", "bfloat16", "int8"}));
+                        "scales (converted at load; activations stay float32); w8a8: int8 "
+                        "weights with activations rounded to int8 per block of 32, multiplied "
+                        "in integers")
+      ->capture_default_str()->check(CLI::IsMember({"float32", "bfloat16", "int8", "w8a8"}));
 
   tophat::DtypeNumericsOptions numerics;
   std::string numerics_dtype = "bfloat16";
@@ -649,7 +651,8 @@ int main(int argc, char** argv) {
   }
   if (*gen_cmd) return RunGenerate(gen);
   if (*bench_cmd) {
-    bench.int8_weights = bench_weights == "int8";
+    bench.int8_weights = bench_weights == "int8" || bench_weights == "w8a8";
+    bench.int8_activations = bench_weights == "w8a8";
     bench.bf16_weights = bench_weights == "bfloat16";
     auto report = tophat::RunModelBenchmark(bench_model_dir, bench, [](std::string_view line) {
       spdlog::info("{}", line);

@@ -85,6 +85,18 @@ void CheckAgentConfig(const AgentConfig& config, bool require_bundle, Report&& r
   if (CheckDtype(config.dtype).ok() && CheckDevice(config.device).ok()) {
     check("dtype", CheckDtypeOnDevice(config.dtype, config.device));
   }
+  if (config.bf16_weights && (config.dtype != "float32" || config.device != "cpu")) {
+    report("bf16_weights",
+           absl::StrCat("keeps weights in bfloat16 under float32 compute on a CPU; this agent "
+                        "computes in ", config.dtype, " on ", config.device),
+           "dtype");
+  }
+  if (config.int8_activations && (config.dtype != "float32" || config.device != "cpu")) {
+    report("int8_activations",
+           absl::StrCat("is for an int8 bundle computed on a CPU in float32; this agent "
+                        "computes in ", config.dtype, " on ", config.device),
+           "dtype");
+  }
   check("compute_threads", CheckAtLeast(config.compute_threads, 0));
   check("max_context", CheckAtLeast(config.max_context, 1));
   check("prompt_chunk_size", CheckAtLeast(config.prompt_chunk_size, 0));
@@ -224,6 +236,8 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
   reader.ReadString("cloud_tls.server_name", &config.cloud_tls.server_name);
   reader.ReadString("cloud_tls.token_file", &config.cloud_tls.token_file);
   reader.ReadString("dtype", &config.dtype);
+  reader.ReadBool("bf16_weights", &config.bf16_weights);
+  reader.ReadBool("int8_activations", &config.int8_activations);
   reader.ReadString("wire_dtype", &config.wire_dtype);
   reader.ReadString("device", &config.device);
   reader.ReadInt("compute_threads", &config.compute_threads, Bound::kNonNegative);

@@ -56,6 +56,12 @@ struct AgentConfig {
     bool operator==(const CloudTls&) const = default;
   } cloud_tls;
   std::string dtype = "float32";
+  // float32 on a CPU: float weight matrices kept in bfloat16, widened in registers
+  // (SubmodelOptions.bf16_weights).
+  bool bf16_weights = false;
+  // An int8 device bundle's activations rounded to int8 per block of 32 too, multiplied in
+  // integers (SubmodelOptions.int8_activations).
+  bool int8_activations = false;
   // The dtype hidden states cross the link in, both ways: "cloud" (the cloud's compute
   // dtype, as Hello announces it), "scheduler" (the cloud scheduler's choice for this device
   // from its measured uplink, among the cloud's scheduler.wire_dtypes), float32, float16,

@@ -135,6 +135,19 @@ TEST_CASE("A prompt chunk plan the agent does not know is refused by key") {
              Catch::Contains("prompt_chunk_plan") && Catch::Contains("\"dp\""));
 }
 
+TEST_CASE("Compact weight settings are read, and refused by key off a float32 CPU") {
+  auto config = ParseAgentConfig("bf16_weights: true\nint8_activations: true\n", "agent.yaml");
+  REQUIRE(config.ok());
+  CHECK(config->bf16_weights);
+  CHECK(config->int8_activations);
+  CHECK_FALSE(AgentConfig{}.bf16_weights);
+  CHECK_FALSE(AgentConfig{}.int8_activations);
+  CHECK_THAT(ErrorOf("dtype: bfloat16\nbf16_weights: true\n"),
+             Catch::Contains("bf16_weights") && Catch::Contains("bfloat16"));
+  CHECK_THAT(ErrorOf("device: cuda\nint8_activations: true\n"),
+             Catch::Contains("int8_activations") && Catch::Contains("cuda"));
+}
+
 TEST_CASE("The OpenAI endpoint is plain HTTP: loopback unless remote apps are allowed") {
   CHECK_THAT(ErrorOf("openai:\n  address: \"0.0.0.0:8000\"\n"),
              Catch::Contains("openai.address") && Catch::Contains("plain HTTP"));

@@ -943,11 +943,24 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
   TOPHAT_ASSIGN_OR_RETURN(at::ScalarType dtype, ParseTorchDtypeName(config.dtype, "dtype"));
   SubmodelOptions options{.dtype = dtype,
                           .device = at::Device(config.device),
-                          .max_context = config.max_context};
+                          .max_context = config.max_context,
+                          .bf16_weights = config.bf16_weights,
+                          .int8_activations = config.int8_activations};
   TOPHAT_ASSIGN_OR_RETURN(DeviceBundle bundle, DeviceBundle::Load(config.bundle, options));
+  if (config.int8_activations && bundle.manifest.weights != "int8") {
+    spdlog::warn("int8_activations: the bundle {} has float weights, so its activations stay "
+                 "float32 (make an int8 bundle with `tophat split --device-weights int8`)",
+                 config.bundle);
+  }
+  if (config.bf16_weights && bundle.manifest.weights != "int8") {
+    spdlog::info("device weights: bfloat16, computed in float32");
+  }
   if (bundle.manifest.weights == "int8") {
     if (bundle.input->int8_weights()) {
-      spdlog::info("device weights: int8 with per-row scales, computed in float32");
+      spdlog::info("device weights: int8 with per-row scales, {}",
+                   config.int8_activations
+                       ? "activations rounded to int8 per block of 32, integer products"
+                       : "computed in float32");
     } else {
       spdlog::info("device weights: int8 in the bundle, dequantized to {} on {} as they loaded",
                    config.dtype, config.device);

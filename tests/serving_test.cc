@@ -2113,19 +2113,21 @@ TEST_CASE("A conversation's later turns reuse its earlier turns' KV on both side
   CHECK(agent.Metric("tophat_prompt_positions_reused_total") > 0);
 }
 
-TEST_CASE("An int8 device bundle serves plain and speculative greedy requests with the tokens "
-          "of the model as quantized",
-          "[serving]") {
+// Plain and speculative greedy requests of agents on the int8 device bundle (with
+// `agent_yaml`) against the model as quantized: the int8 device submodels (loaded with
+// `reference_options`) around the float32 middle, in this process.
+void CheckInt8BundleServes(const std::string& agent_yaml, const SubmodelOptions& reference_options,
+                           const std::string& logged) {
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {});  // the float32 cloud half: the same for both splits
-  AgentProcess plain(dir.path(), cloud.address(), 16, "speculative:\n  enabled: false\n", 0, "",
-                     {}, Int8Bundles() / "device");
-  AgentProcess drafting(dir.path(), cloud.address(), 16, "", 0, "", {},
+  AgentProcess plain(dir.path(), cloud.address(), 16,
+                     agent_yaml + "speculative:\n  enabled: false\n", 0, "", {},
+                     Int8Bundles() / "device");
+  AgentProcess drafting(dir.path(), cloud.address(), 16, agent_yaml, 0, "", {},
                         Int8Bundles() / "device");
-  CHECK_THAT(plain.process().Log(), Catch::Contains("device weights: int8"));
+  CHECK_THAT(plain.process().Log(), Catch::Contains(logged));
   CHECK_THAT(drafting.process().Log(), Catch::Contains("speculative decoding: adapter"));
-  // The reference: the int8 device submodels around the float32 middle, in this process.
-  auto device = DeviceBundle::Load(Int8Bundles() / "device");
+  auto device = DeviceBundle::Load(Int8Bundles() / "device", reference_options);
   auto middle = CloudBundle::Load(Bundles() / "cloud");
   REQUIRE(device.ok());
   REQUIRE(middle.ok());
@@ -2155,6 +2157,19 @@ TEST_CASE("An int8 device bundle serves plain and speculative greedy requests wi
   }
   // The drafter (its adapter in int8 too) still drafts tokens the model accepts.
   CHECK(drafted > 0);
+}
+
+TEST_CASE("An int8 device bundle serves plain and speculative greedy requests with the tokens "
+          "of the model as quantized",
+          "[serving]") {
+  CheckInt8BundleServes("", {}, "device weights: int8 with per-row scales, computed in float32");
+}
+
+TEST_CASE("With int8 activations an int8 device bundle serves greedy requests with the tokens "
+          "of the model as quantized, activations rounded",
+          "[serving]") {
+  CheckInt8BundleServes("int8_activations: true\n", {.int8_activations = true},
+                        "activations rounded to int8 per block of 32");
 }
 
 TEST_CASE("A turn shorter than the parked session it continues resumes it and gives back the "

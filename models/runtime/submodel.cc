@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/decode_attention.h"
 #include "kernels/gemv.h"
+#include "kernels/gemv_w8a8.h"
 #include "kernels/rms_norm.h"
 #include "kernels/rope.h"
 #include "base/status_macros.h"
@@ -19,7 +20,10 @@ namespace {
 // GEMM and go to BLAS. int8 matrices take their own kernel (few rows) or are dequantized
 // for BLAS (many).
 at::Tensor Linear(const at::Tensor& x, const WeightMatrix& w, const at::Tensor& bias = {}) {
-  if (w.is_int8()) return kernels::LinearInt8(x, w.int8, bias);
+  if (w.is_int8()) {
+    return w.int8_activations ? kernels::LinearW8A8(x, w.int8, bias)
+                              : kernels::LinearInt8(x, w.int8, bias);
+  }
   if (w.dense.scalar_type() == at::kBFloat16 && x.scalar_type() == at::kFloat && x.is_cpu()) {
     return kernels::LinearBf16(x, w.dense, bias);
   }
@@ -32,7 +36,11 @@ at::Tensor Linear(const at::Tensor& x, const WeightMatrix& w, const at::Tensor& 
 void LinearOut(const at::Tensor& x, const WeightMatrix& w, const at::Tensor& bias,
                at::Tensor& out) {
   if (w.is_int8()) {
-    kernels::LinearInt8Out(x, w.int8, bias, out);
+    if (w.int8_activations) {
+      kernels::LinearW8A8Out(x, w.int8, bias, out);
+    } else {
+      kernels::LinearInt8Out(x, w.int8, bias, out);
+    }
   } else if (w.dense.scalar_type() == at::kBFloat16 && x.scalar_type() == at::kFloat &&
              x.is_cpu()) {
     kernels::LinearBf16Out(x, w.dense, bias, out);
@@ -254,6 +262,14 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
       }
       if (shared) model->embedding_ = head;
     }
+  }
+  if (options.int8_activations) {
+    for (DecoderLayerWeights& w : model->layers_) {
+      for (WeightMatrix* m : {&w.qkv, &w.o_proj, &w.gate_up, &w.down}) {
+        m->int8_activations = m->is_int8();
+      }
+    }
+    model->lm_head_.int8_activations = model->lm_head_.is_int8();
   }
   return model;
 }

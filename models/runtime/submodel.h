@@ -65,6 +65,11 @@ struct SubmodelOptions {
   // (kernels::LinearBf16Out). Activations, norms and the KV cache stay float32. Where int8 is
   // asked for or stored, int8 wins.
   bool bf16_weights = false;
+  // With int8 matrices: round the activations to int8 too, per block of 32 values, as they
+  // enter each linear layer, and multiply in integers (kernels/gemv_w8a8.h; llama.cpp's Q8_0
+  // does the same). The model as computed is then the dequantized weights times the rounded
+  // activations; without it, the dequantized weights times float32 activations.
+  bool int8_activations = false;
 };
 
 // A weight matrix in one of the forms the runtime computes with: `dense` in the compute
@@ -73,6 +78,7 @@ struct SubmodelOptions {
 struct WeightMatrix {
   at::Tensor dense;
   kernels::Int8Matrix int8;
+  bool int8_activations = false;  // int8: x is rounded to int8 too (kernels/gemv_w8a8.h)
 
   bool defined() const { return dense.defined() || int8.defined(); }
   bool is_int8() const { return int8.defined(); }

@@ -707,6 +707,34 @@ TEST_CASE("int8 weights compute the model as quantized, one row and many, in a q
   }
 }
 
+TEST_CASE("int8 activations round each linear layer's input per block of 32, alike for a "
+          "prompt's many rows and a step's few",
+          "[submodel]") {
+  std::mt19937 rng(10);
+  const ModelConfig config = TinyTestConfig();
+  const fs::path dir = TempDir("w8a8");
+  REQUIRE(WriteCheckpoint(config, InitWeights(config, 7), dir).ok());
+  auto w8a8 = LoadFullModel(dir, {.quantize_int8 = true, .int8_activations = true});
+  auto int8 = LoadFullModel(dir, {.quantize_int8 = true});
+  REQUIRE(w8a8.ok());
+  REQUIRE(int8.ok());
+  CHECK((*w8a8)->layers()[0].qkv.int8_activations);
+  CHECK((*w8a8)->lm_head().int8_activations);
+  CHECK_FALSE((*int8)->layers()[0].down.int8_activations);
+  // 23 prompt rows at once (BLAS over the rounded rows) against the same rows in steps of
+  // 16 and 7 (the integer kernel): the same rounding, so the same logits up to float sums.
+  const std::vector<int32_t> tokens = RandomTokens(rng, 23, config.vocab_size);
+  const at::Tensor whole = FullLogits(**w8a8, tokens);
+  KvCache cache = (*w8a8)->NewCache();
+  const at::Tensor first = StepLogits(**w8a8, cache, {tokens.begin(), tokens.begin() + 16});
+  const at::Tensor rest = StepLogits(**w8a8, cache, {tokens.begin() + 16, tokens.end()});
+  CHECK(MaxDiff(at::cat({first, rest}), whole) < 1e-4);
+  // Rounding the activations moved the logits from the weight-only model's, a little.
+  const double moved = MaxDiff(whole, FullLogits(**int8, tokens));
+  CHECK(moved > 1e-4);
+  CHECK(moved < 0.05 * whole.abs().max().item<double>());
+}
+
 }  // namespace
 }  // namespace tophat
 

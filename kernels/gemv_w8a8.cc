@@ -1,0 +1,428 @@
+#include "kernels/gemv_w8a8.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/gemv.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
+// GCC 12 reports _mm512_cvtepi32_ps's internal _mm512_undefined_ps() as maybe uninitialized.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace tophat::kernels {
+namespace {
+
+// How far ahead each weight row is prefetched: 2 KiB, as the other GEMV kernels.
+constexpr int64_t kPrefetchAheadBytes = 2048;
+
+// Rows of x as the kernels read them: row i's int8 values at q + i * k, its block scales at
+// block_scale + i * blocks, and (AVX-512) each int32 lane's block scale at
+// lane_scale + i * lanes: a 64-value vector holds two blocks, eight int32 lanes each.
+struct RoundedRows {
+  const int8_t* q = nullptr;
+  const float* block_scale = nullptr;
+  const float* lane_scale = nullptr;
+  int64_t blocks = 0;
+  int64_t lanes = 0;
+};
+
+using W8A8RowsFn = void (*)(const int8_t* w, int64_t ldw, const float* scale,
+                            const RoundedRows& x, int64_t m, float* y, int64_t ldy, int64_t k,
+                            int64_t r0, int64_t r1);
+
+// One block of x: scale s = max|x| / 127 and q = round(x / s), through one function so that
+// the kernels and RoundActivationsInt8 round alike.
+inline float RoundBlock(const float* x, int64_t n, int8_t* q) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int64_t j = 0; j < n; ++j) {
+    finite = finite && std::isfinite(x[j]);
+    amax = std::max(amax, std::fabs(x[j]));
+  }
+  if (!finite || !(amax > 0.0f)) {
+    // Zeros stay zeros. A block with an infinity or NaN gets a NaN scale, so that what it
+    // touches is NaN, as in the float kernels, rather than a number.
+    std::fill(q, q + n, int8_t{0});
+    return finite ? 0.0f : std::nanf("");
+  }
+  const float scale = amax / 127.0f;
+  const float inverse = 127.0f / amax;
+  for (int64_t j = 0; j < n; ++j) {
+    const float v = std::nearbyint(x[j] * inverse);
+    q[j] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
+  }
+  return scale;
+}
+
+int64_t BlocksOf(int64_t k) { return (k + kActivationBlock - 1) / kActivationBlock; }
+
+// The integer dot product of blocks [b0, blocks) of one weight row with one row of x.
+inline float DotBlocksScalar(const int8_t* w, const int8_t* q, const float* block_scale,
+                             int64_t k, int64_t b0) {
+  float sum = 0.0f;
+  for (int64_t b = b0; b * kActivationBlock < k; ++b) {
+    const int64_t begin = b * kActivationBlock;
+    const int64_t end = std::min(k, begin + kActivationBlock);
+    int32_t dot = 0;
+    for (int64_t j = begin; j < end; ++j) dot += int32_t{w[j]} * int32_t{q[j]};
+    sum += static_cast<float>(dot) * block_scale[b];
+  }
+  return sum;
+}
+
+void W8A8RowsScalar(const int8_t* w, int64_t ldw, const float* scale, const RoundedRows& x,
+                    int64_t m, float* y, int64_t ldy, int64_t k, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t i = 0; i < m; ++i) {
+      y[i * ldy + r] = scale[r] * DotBlocksScalar(w + r * ldw, x.q + i * k,
+                                                  x.block_scale + i * x.blocks, k, 0);
+    }
+  }
+}
+
+#if defined(__x86_64__)
+// 64 values of x per vector, four weight rows at a time. vpdpbusd multiplies unsigned bytes
+// by signed ones, so x goes in as |x| and each weight takes x's sign (negated where x < 0,
+// one masked subtract). Each int32 lane holds four products of one block; the lanes are
+// scaled by their block's scale into float accumulators.
+__attribute__((target("avx512f,avx512bw,avx512vnni,fma"))) void W8A8RowsAvx512Vnni(
+    const int8_t* w, int64_t ldw, const float* scale, const RoundedRows& x, int64_t m,
+    float* y, int64_t ldy, int64_t k, int64_t r0, int64_t r1) {
+  constexpr int64_t kStep = 64;
+  const int64_t kv = k / kStep * kStep;
+  const int64_t tail_block = kv / kActivationBlock;
+  const __m512i zero = _mm512_setzero_si512();
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    const int8_t* p0 = w + r * ldw;
+    const int8_t* p1 = p0 + ldw;
+    const int8_t* p2 = p1 + ldw;
+    const int8_t* p3 = p2 + ldw;
+    for (int64_t i = 0; i < m; ++i) {
+      const int8_t* q = x.q + i * k;
+      const float* lanes = x.lane_scale + i * x.lanes;
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int64_t j = 0; j < kv; j += kStep) {
+        if (i == 0 && j + kPrefetchAheadBytes < k) {
+          _mm_prefetch(reinterpret_cast<const char*>(p0 + j + kPrefetchAheadBytes), _MM_HINT_NTA);
+          _mm_prefetch(reinterpret_cast<const char*>(p1 + j + kPrefetchAheadBytes), _MM_HINT_NTA);
+          _mm_prefetch(reinterpret_cast<const char*>(p2 + j + kPrefetchAheadBytes), _MM_HINT_NTA);
+          _mm_prefetch(reinterpret_cast<const char*>(p3 + j + kPrefetchAheadBytes), _MM_HINT_NTA);
+        }
+        const __m512i xv = _mm512_loadu_si512(q + j);
+        const __m512i magnitude = _mm512_abs_epi8(xv);
+        const __mmask64 negative = _mm512_movepi8_mask(xv);
+        const __m512 block_scale = _mm512_loadu_ps(lanes + j / 4);
+// One weight row's 64 values against x's (a macro: a lambda would not have this function's
+// instruction set).
+#define TOPHAT_W8A8_STEP(p, acc)                                                          \
+  do {                                                                                    \
+    __m512i wv = _mm512_loadu_si512((p) + j);                                             \
+    wv = _mm512_mask_sub_epi8(wv, negative, zero, wv);                                    \
+    const __m512i dot = _mm512_dpbusd_epi32(zero, magnitude, wv);                         \
+    (acc) = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), block_scale, (acc));                 \
+  } while (false)
+        TOPHAT_W8A8_STEP(p0, a0);
+        TOPHAT_W8A8_STEP(p1, a1);
+        TOPHAT_W8A8_STEP(p2, a2);
+        TOPHAT_W8A8_STEP(p3, a3);
+#undef TOPHAT_W8A8_STEP
+      }
+      const float* block_scales = x.block_scale + i * x.blocks;
+      float* yi = y + i * ldy;
+      yi[r] = scale[r] * (_mm512_reduce_add_ps(a0) +
+                          DotBlocksScalar(p0, q, block_scales, k, tail_block));
+      yi[r + 1] = scale[r + 1] * (_mm512_reduce_add_ps(a1) +
+                                  DotBlocksScalar(p1, q, block_scales, k, tail_block));
+      yi[r + 2] = scale[r + 2] * (_mm512_reduce_add_ps(a2) +
+                                  DotBlocksScalar(p2, q, block_scales, k, tail_block));
+      yi[r + 3] = scale[r + 3] * (_mm512_reduce_add_ps(a3) +
+                                  DotBlocksScalar(p3, q, block_scales, k, tail_block));
+    }
+  }
+  W8A8RowsScalar(w, ldw, scale, x, m, y, ldy, k, r, r1);  // the last rows of this share
+}
+
+__attribute__((target("avx2"), always_inline)) inline float Sum256(__m256 v) {
+  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 pairs = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
+}
+
+// 32 values (one block) per vector: vpmaddubsw multiplies |x| by the signed weights in
+// pairs into int16 (at most 2 * 127 * 127, no saturation), vpmaddwd sums pairs into int32.
+__attribute__((target("avx2,fma"))) void W8A8RowsAvx2(const int8_t* w, int64_t ldw,
+                                                     const float* scale, const RoundedRows& x,
+                                                     int64_t m, float* y, int64_t ldy,
+                                                     int64_t k, int64_t r0, int64_t r1) {
+  constexpr int64_t kStep = kActivationBlock;
+  const int64_t kv = k / kStep * kStep;
+  const int64_t tail_block = kv / kActivationBlock;
+  const __m256i ones = _mm256_set1_epi16(1);
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    const int8_t* p0 = w + r * ldw;
+    const int8_t* p1 = p0 + ldw;
+    const int8_t* p2 = p1 + ldw;
+    const int8_t* p3 = p2 + ldw;
+    for (int64_t i = 0; i < m; ++i) {
+      const int8_t* q = x.q + i * k;
+      const float* block_scales = x.block_scale + i * x.blocks;
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int64_t j = 0; j < kv; j += kStep) {
+        if (i == 0 && (j & 63) == 0 && j + kPrefetchAheadBytes < k) {
+          _mm_prefetch(reinterpret_cast<const char*>(p0 + j + kPrefetchAheadBytes), _MM_HINT_NTA);
+          _mm_prefetch(reinterpret_cast<const char*>(p1 + j + kPrefetchAheadBytes), _MM_HINT_NTA);
+          _mm_prefetch(reinterpret_cast<const char*>(p2 + j + kPrefetchAheadBytes), _MM_HINT_NTA);
+          _mm_prefetch(reinterpret_cast<const char*>(p3 + j + kPrefetchAheadBytes), _MM_HINT_NTA);
+        }
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j));
+        const __m256i magnitude = _mm256_sign_epi8(xv, xv);
+        const __m256 block_scale = _mm256_set1_ps(block_scales[j / kActivationBlock]);
+#define TOPHAT_W8A8_STEP(p, acc)                                                          \
+  do {                                                                                    \
+    const __m256i wv = _mm256_sign_epi8(                                                  \
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>((p) + j)), xv);               \
+    const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, wv), ones);     \
+    (acc) = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), block_scale, (acc));                 \
+  } while (false)
+        TOPHAT_W8A8_STEP(p0, a0);
+        TOPHAT_W8A8_STEP(p1, a1);
+        TOPHAT_W8A8_STEP(p2, a2);
+        TOPHAT_W8A8_STEP(p3, a3);
+#undef TOPHAT_W8A8_STEP
+      }
+      float* yi = y + i * ldy;
+      yi[r] = scale[r] * (Sum256(a0) + DotBlocksScalar(p0, q, block_scales, k, tail_block));
+      yi[r + 1] = scale[r + 1] * (Sum256(a1) + DotBlocksScalar(p1, q, block_scales, k, tail_block));
+      yi[r + 2] = scale[r + 2] * (Sum256(a2) + DotBlocksScalar(p2, q, block_scales, k, tail_block));
+      yi[r + 3] = scale[r + 3] * (Sum256(a3) + DotBlocksScalar(p3, q, block_scales, k, tail_block));
+    }
+  }
+  W8A8RowsScalar(w, ldw, scale, x, m, y, ldy, k, r, r1);
+}
+#endif
+
+#if defined(__aarch64__)
+// One block (32 values) per step: widening multiplies into int16 (two products per lane, at
+// most 2 * 127 * 127), pairwise sums into int32, scaled by the block's scale. Baseline
+// Armv8 NEON: no dot-product extension needed.
+void W8A8RowsNeon(const int8_t* w, int64_t ldw, const float* scale, const RoundedRows& x,
+                  int64_t m, float* y, int64_t ldy, int64_t k, int64_t r0, int64_t r1) {
+  constexpr int64_t kStep = kActivationBlock;
+  const int64_t kv = k / kStep * kStep;
+  const int64_t tail_block = kv / kActivationBlock;
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    const int8_t* p[4] = {w + r * ldw, w + (r + 1) * ldw, w + (r + 2) * ldw, w + (r + 3) * ldw};
+    for (int64_t i = 0; i < m; ++i) {
+      const int8_t* q = x.q + i * k;
+      const float* block_scales = x.block_scale + i * x.blocks;
+      float32x4_t acc[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
+      for (int64_t j = 0; j < kv; j += kStep) {
+        const int8x16_t x0 = vld1q_s8(q + j);
+        const int8x16_t x1 = vld1q_s8(q + j + 16);
+        const float block_scale = block_scales[j / kActivationBlock];
+        for (int row = 0; row < 4; ++row) {
+          const int8x16_t w0 = vld1q_s8(p[row] + j);
+          const int8x16_t w1 = vld1q_s8(p[row] + j + 16);
+          int16x8_t low = vmull_s8(vget_low_s8(x0), vget_low_s8(w0));
+          low = vmlal_s8(low, vget_high_s8(x0), vget_high_s8(w0));
+          int16x8_t high = vmull_s8(vget_low_s8(x1), vget_low_s8(w1));
+          high = vmlal_s8(high, vget_high_s8(x1), vget_high_s8(w1));
+          const int32x4_t dot = vpadalq_s16(vpaddlq_s16(low), high);
+          acc[row] = vfmaq_n_f32(acc[row], vcvtq_f32_s32(dot), block_scale);
+        }
+      }
+      float* yi = y + i * ldy;
+      for (int row = 0; row < 4; ++row) {
+        yi[r + row] = scale[r + row] * (vaddvq_f32(acc[row]) +
+                                        DotBlocksScalar(p[row], q, block_scales, k, tail_block));
+      }
+    }
+  }
+  W8A8RowsScalar(w, ldw, scale, x, m, y, ldy, k, r, r1);
+}
+#endif
+
+std::vector<W8A8Isa> DetectW8A8Isas() {
+  std::vector<W8A8Isa> isas = {W8A8Isa::kScalar};
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  const bool fma = __builtin_cpu_supports("fma");
+  if (fma && __builtin_cpu_supports("avx2")) isas.push_back(W8A8Isa::kAvx2);
+  // AVX512_VNNI by CPUID (leaf 7, subleaf 0, ECX bit 11): GCC 12 and Clang 14 spell it
+  // differently in __builtin_cpu_supports.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool vnni = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 11)) != 0;
+  if (fma && vnni && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
+    isas.push_back(W8A8Isa::kAvx512Vnni);
+  }
+#elif defined(__aarch64__)
+  isas.push_back(W8A8Isa::kNeon);
+#endif
+  return isas;
+}
+
+W8A8RowsFn RowsFor(W8A8Isa isa) {
+  switch (isa) {
+#if defined(__x86_64__)
+    case W8A8Isa::kAvx512Vnni:
+      return W8A8RowsAvx512Vnni;
+    case W8A8Isa::kAvx2:
+      return W8A8RowsAvx2;
+#endif
+#if defined(__aarch64__)
+    case W8A8Isa::kNeon:
+      return W8A8RowsNeon;
+#endif
+    default:
+      return W8A8RowsScalar;
+  }
+}
+
+bool KernelFits(const at::Tensor& x, const Int8Matrix& weight, const at::Tensor& bias,
+                const at::Tensor& out) {
+  const at::Tensor& values = weight.values;
+  return x.is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 &&
+         x.size(0) <= kInt8KernelMaxRows && x.is_contiguous() && values.is_cpu() &&
+         values.dim() == 2 && values.scalar_type() == at::kChar && values.stride(1) == 1 &&
+         x.size(1) == values.size(1) && weight.scale.scalar_type() == at::kFloat &&
+         weight.scale.is_contiguous() && weight.scale.numel() == values.size(0) &&
+         out.is_cpu() && out.scalar_type() == at::kFloat && out.is_contiguous() &&
+         out.dim() == 2 && out.size(0) == x.size(0) && out.size(1) == values.size(0) &&
+         (!bias.defined() || (bias.is_cpu() && bias.scalar_type() == at::kFloat &&
+                              bias.numel() == values.size(0)));
+}
+
+void RunKernel(W8A8RowsFn rows_fn, const at::Tensor& x, const Int8Matrix& weight,
+               const at::Tensor& bias, at::Tensor& out) {
+  const int64_t m = x.size(0);
+  const int64_t k = x.size(1);
+  const int64_t n = weight.rows();
+  // x rounded once, on this thread, into buffers that grow once per thread; every thread of
+  // the parallel region below reads them.
+  thread_local std::vector<int8_t> q;
+  thread_local std::vector<float> block_scale;
+  thread_local std::vector<float> lane_scale;
+  const int64_t blocks = BlocksOf(k);
+  const int64_t lanes = blocks * (kActivationBlock / 4);
+  if (static_cast<int64_t>(q.size()) < m * k) q.resize(m * k);
+  if (static_cast<int64_t>(block_scale.size()) < m * blocks) block_scale.resize(m * blocks);
+  if (static_cast<int64_t>(lane_scale.size()) < m * lanes) lane_scale.resize(m * lanes);
+  const float* xp = x.data_ptr<float>();
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t begin = b * kActivationBlock;
+      const float s = RoundBlock(xp + i * k + begin, std::min(kActivationBlock, k - begin),
+                                 q.data() + i * k + begin);
+      block_scale[i * blocks + b] = s;
+      std::fill_n(lane_scale.data() + i * lanes + b * (kActivationBlock / 4),
+                  kActivationBlock / 4, s);
+    }
+  }
+  const RoundedRows rows{.q = q.data(),
+                         .block_scale = block_scale.data(),
+                         .lane_scale = lane_scale.data(),
+                         .blocks = blocks,
+                         .lanes = lanes};
+  const int8_t* w = weight.values.data_ptr<int8_t>();
+  const int64_t ldw = weight.values.stride(0);
+  const float* scales = weight.scale.data_ptr<float>();
+  float* yp = out.data_ptr<float>();
+  // As the other GEMV kernels: static blocks of a multiple of four rows per thread.
+  const int threads = n * k < (1 << 18) ? 1 : SingleRowThreads();
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t t = omp_get_thread_num();
+    const int64_t count = omp_get_num_threads();
+    const int64_t quads = (n + 3) / 4;
+    const int64_t begin = std::min(n, quads * t / count * 4);
+    const int64_t end = std::min(n, quads * (t + 1) / count * 4);
+    rows_fn(w, ldw, scales, rows, m, yp, n, k, begin, end);
+  }
+  if (bias.defined()) out.add_(bias.view({1, n}));
+}
+
+}  // namespace
+
+std::string_view W8A8IsaName(W8A8Isa isa) {
+  switch (isa) {
+    case W8A8Isa::kScalar:
+      return "scalar";
+    case W8A8Isa::kAvx2:
+      return "avx2";
+    case W8A8Isa::kAvx512Vnni:
+      return "avx512vnni";
+    case W8A8Isa::kNeon:
+      return "neon";
+  }
+  return "unknown";
+}
+
+const std::vector<W8A8Isa>& SupportedW8A8Isas() {
+  static const std::vector<W8A8Isa> isas = DetectW8A8Isas();
+  return isas;
+}
+
+at::Tensor RoundActivationsInt8(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2, "RoundActivationsInt8: x must be [M, K], got ", x.sizes());
+  const at::Tensor xf = x.to(at::kCPU, at::kFloat).contiguous();
+  const int64_t m = xf.size(0);
+  const int64_t k = xf.size(1);
+  at::Tensor rounded = at::empty({m, k}, xf.options());
+  std::vector<int8_t> q(static_cast<size_t>(kActivationBlock));
+  const float* from = xf.data_ptr<float>();
+  float* to = rounded.data_ptr<float>();
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t begin = 0; begin < k; begin += kActivationBlock) {
+      const int64_t n = std::min(kActivationBlock, k - begin);
+      const float s = RoundBlock(from + i * k + begin, n, q.data());
+      for (int64_t j = 0; j < n; ++j) to[i * k + begin + j] = static_cast<float>(q[j]) * s;
+    }
+  }
+  return rounded.to(x.device());
+}
+
+void LinearW8A8Out(const at::Tensor& x, const Int8Matrix& weight, const at::Tensor& bias,
+                   at::Tensor& out) {
+  static const W8A8RowsFn rows_fn = RowsFor(SupportedW8A8Isas().back());
+  if (KernelFits(x, weight, bias, out)) {
+    RunKernel(rows_fn, x, weight, bias, out);
+    return;
+  }
+  // A prompt's many rows (or inputs the kernel does not take): x as rounded, through the
+  // float path over the dequantized weights (BLAS for many rows). This allocates.
+  LinearInt8Out(RoundActivationsInt8(x), weight, bias, out);
+}
+
+at::Tensor LinearW8A8(const at::Tensor& x, const Int8Matrix& weight, const at::Tensor& bias) {
+  at::Tensor out = at::empty({x.size(0), weight.rows()}, x.options());
+  LinearW8A8Out(x.is_contiguous() ? x : x.contiguous(), weight, bias, out);
+  return out;
+}
+
+at::Tensor LinearW8A8WithIsa(W8A8Isa isa, const at::Tensor& x, const Int8Matrix& weight,
+                             const at::Tensor& bias) {
+  const std::vector<W8A8Isa>& isas = SupportedW8A8Isas();
+  TORCH_CHECK(std::find(isas.begin(), isas.end(), isa) != isas.end(), "this CPU cannot run ",
+              W8A8IsaName(isa));
+  at::Tensor out = at::empty({x.size(0), weight.rows()}, x.options());
+  TORCH_CHECK(KernelFits(x, weight, bias, out), "LinearW8A8WithIsa: inputs the kernel takes");
+  RunKernel(RowsFor(isa), x, weight, bias, out);
+  return out;
+}
+
+}  // namespace tophat::kernels
