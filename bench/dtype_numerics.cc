@@ -91,6 +91,7 @@ absl::StatusOr<DtypeNumericsReport> MeasureDeviceDtype(
   SubmodelOptions device = float32;
   device.dtype = options.device_dtype;
   device.quantize_int8 = options.device_int8_weights;
+  device.int8_activations = options.device_int8_activations;
   TOPHAT_ASSIGN_OR_RETURN(std::unique_ptr<Submodel> full,
                           Submodel::Load(config, *checkpoint, SubmodelSpec::Full(config), float32));
   SplitPipeline split;
@@ -116,7 +117,9 @@ absl::StatusOr<DtypeNumericsReport> MeasureDeviceDtype(
 
   DtypeNumericsReport report;
   report.device_dtype = TorchDtypeName(options.device_dtype);
-  report.device_weights = split.input->int8_weights() ? "int8" : report.device_dtype;
+  report.device_weights = !split.input->int8_weights()       ? report.device_dtype
+                          : options.device_int8_activations ? "int8, int8 activations"
+                                                            : "int8";
   report.wire_dtype = WireDtypeName(split.wire);
   report.wire_bytes_per_position = WireBytesPerPosition(split.wire, config.hidden_size);
   double error_sum = 0;

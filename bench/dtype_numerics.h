@@ -29,6 +29,9 @@ struct DtypeNumericsOptions {
   int64_t new_tokens = 32;  // greedy tokens per prompt
   // The device submodels' matrices in int8 with per-row scales (`--device-weights int8`).
   bool device_int8_weights = false;
+  // With device_int8_weights: their activations rounded to int8 per block of 32 too
+  // (SubmodelOptions.int8_activations).
+  bool device_int8_activations = false;
 };
 
 struct DtypeNumericsReport {

@@ -398,6 +398,9 @@ int main(int argc, char** argv) {
   numerics_cmd->add_flag("--device-int8-weights", numerics.device_int8_weights,
                          "The device submodels' weight matrices in int8 with per-row scales "
                          "(as `tophat split --device-weights int8`), computed in --dtype float32");
+  numerics_cmd->add_flag("--device-int8-activations", numerics.device_int8_activations,
+                         "With --device-int8-weights: the device's activations rounded to int8 "
+                         "per block of 32 too, integer products (agent.yaml int8_activations)");
 
   fs::path init_out;
   std::string init_preset = "bench-110m";
@@ -689,6 +692,11 @@ int main(int argc, char** argv) {
       if (!ids.ok()) return Fail(ids.status());
       if (auto bos = (*tokenizer)->bos_id()) ids->insert(ids->begin(), *bos);
       prompts.push_back(*std::move(ids));
+    }
+    if (numerics.device_int8_activations && !numerics.device_int8_weights) {
+      return Fail(absl::InvalidArgumentError(
+          "--device-int8-activations needs --device-int8-weights (activations are rounded for "
+          "int8 matrices only)"));
     }
     spdlog::info("bench-dtype: {} prompts, {} greedy tokens each, device dtype {}, wire {}",
                  prompts.size(), numerics.new_tokens, numerics_dtype, numerics_wire);

@@ -259,16 +259,8 @@ void RunSingleRow(RowsFn rows_fn, const at::Tensor& x, const at::Tensor& weight,
   float* yp = y.data_ptr<float>();
   // Static contiguous row blocks, a multiple of four rows each: each thread streams one
   // slice of the matrix through the four-row loop.
-  const int threads = n * k < (1 << 16) ? 1 : SingleRowThreads();
-#pragma omp parallel num_threads(threads)
-  {
-    const int64_t t = omp_get_thread_num();
-    const int64_t count = omp_get_num_threads();
-    const int64_t quads = (n + 3) / 4;
-    const int64_t begin = std::min(n, quads * t / count * 4);
-    const int64_t end = std::min(n, quads * (t + 1) / count * 4);
-    rows_fn(w, ldw, xp, yp, k, begin, end);
-  }
+  ParallelRowBlocks(n, n * k < (1 << 16) ? 1 : SingleRowThreads(),
+                    [&](int64_t begin, int64_t end) { rows_fn(w, ldw, xp, yp, k, begin, end); });
   if (bias.defined()) y.add_(bias.view({1, n}));
 }
 
@@ -291,6 +283,20 @@ std::string_view CpuIsaName(CpuIsa isa) {
 int CoresForCompute() {
   static const int cores = CountCores();
   return cores;
+}
+
+void ParallelRowBlocks(int64_t n, int threads, absl::FunctionRef<void(int64_t, int64_t)> rows) {
+  if (threads <= 1) {
+    rows(0, n);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t t = omp_get_thread_num();
+    const int64_t count = omp_get_num_threads();
+    const int64_t quads = (n + 3) / 4;
+    rows(std::min(n, quads * t / count * 4), std::min(n, quads * (t + 1) / count * 4));
+  }
 }
 
 int SingleRowThreads() {

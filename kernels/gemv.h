@@ -16,6 +16,8 @@
 
 #include <ATen/ATen.h>
 
+#include "absl/functional/function_ref.h"
+
 namespace tophat::kernels {
 
 enum class CpuIsa { kScalar, kAvx2, kAvx512, kNeon };
@@ -40,6 +42,11 @@ bool CpuHasBf16Arithmetic();
 // LibTorch chose one thread and decode ran at 36-44% of the two-core bandwidth bound, issue
 // 15), while Linux's sysfs topology, which its scheduler uses, said two cores.
 int SingleRowThreads();
+
+// Runs rows(begin, end) on `threads` OpenMP threads (1: on this one), each given a static
+// contiguous block of [0, n), a multiple of four rows (the kernels' row blocks), so that
+// each thread streams its own slice of a matrix.
+void ParallelRowBlocks(int64_t n, int threads, absl::FunctionRef<void(int64_t, int64_t)> rows);
 void SetSingleRowThreads(int threads);  // <= 0 restores the default
 
 // The cores this process may run on: CPUs of its affinity mask, counted once per core as

@@ -1,6 +1,5 @@
 #include "kernels/gemv_int8.h"
 
-#include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -339,16 +338,9 @@ void RunKernel(RowsFn<E> rows_fn, const at::Tensor& x, const at::Tensor& values,
   const int64_t ldx = x.stride(0);
   float* yp = out.data_ptr<float>();
   // As the float32 kernel: static blocks of a multiple of four rows per thread.
-  const int threads = n * k < (1 << 18) ? 1 : SingleRowThreads();
-#pragma omp parallel num_threads(threads)
-  {
-    const int64_t t = omp_get_thread_num();
-    const int64_t count = omp_get_num_threads();
-    const int64_t quads = (n + 3) / 4;
-    const int64_t begin = std::min(n, quads * t / count * 4);
-    const int64_t end = std::min(n, quads * (t + 1) / count * 4);
+  ParallelRowBlocks(n, n * k < (1 << 18) ? 1 : SingleRowThreads(), [&](int64_t begin, int64_t end) {
     rows_fn(w, ldw, scales, xp, ldx, m, yp, n, k, begin, end);
-  }
+  });
   if (bias.defined()) out.add_(bias.view({1, n}));
 }
 
