@@ -383,6 +383,12 @@ void CheckIsa(CpuIsa isa) {
 
 }  // namespace
 
+bool Int8KernelTakes(const at::Tensor& x, const Int8Matrix& weight, const at::Tensor& bias,
+                     const at::Tensor& out) {
+  return weight.values.scalar_type() == at::kChar &&
+         KernelFits(x, weight.values, weight.scale, bias, out);
+}
+
 at::Tensor Int8Matrix::Dequantize() const {
   return values.to(at::kFloat) * scale.to(values.device()).view({-1, 1});
 }
@@ -426,7 +432,7 @@ at::Tensor LinearInt8WithIsa(CpuIsa isa, const at::Tensor& x, const Int8Matrix& 
                              const at::Tensor& bias) {
   CheckIsa(isa);
   at::Tensor out = at::empty({x.size(0), weight.rows()}, x.options());
-  TORCH_CHECK(KernelFits(x, weight.values, weight.scale, bias, out),
+  TORCH_CHECK(Int8KernelTakes(x, weight, bias, out),
               "LinearInt8WithIsa: inputs the kernel takes");
   RunKernel<int8_t>(RowsFor(isa, int8_t{}), x, weight.values, weight.scale, bias, out);
   return out;

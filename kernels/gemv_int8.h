@@ -43,6 +43,12 @@ Int8Matrix ConcatRows(const std::vector<Int8Matrix>& parts);
 // Rows of x at most this many take the int8 kernel; more dequantize and multiply by BLAS.
 inline constexpr int64_t kInt8KernelMaxRows = 16;
 
+// Whether the int8 kernels take these inputs: x [M <= kInt8KernelMaxRows, K] float32 on the
+// CPU with unit column stride, out [M, N] float32 contiguous, bias [N] float32 or undefined.
+// What LinearInt8Out and LinearW8A8Out check before their kernels.
+bool Int8KernelTakes(const at::Tensor& x, const Int8Matrix& weight, const at::Tensor& bias,
+                     const at::Tensor& out);
+
 // x: [M, K] float32 CPU; bias: [N] float32 or undefined; out: [M, N] float32 contiguous.
 // Allocates nothing for M <= kInt8KernelMaxRows.
 void LinearInt8Out(const at::Tensor& x, const Int8Matrix& weight, const at::Tensor& bias,

@@ -1,6 +1,5 @@
 #include "kernels/gemv_w8a8.h"
 
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -15,26 +14,18 @@
 #include <arm_neon.h>
 #endif
 
-// GCC 12 reports _mm512_cvtepi32_ps's internal _mm512_undefined_ps() as maybe uninitialized.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
 namespace tophat::kernels {
 namespace {
 
 // How far ahead each weight row is prefetched: 2 KiB, as the other GEMV kernels.
 constexpr int64_t kPrefetchAheadBytes = 2048;
 
-// Rows of x as the kernels read them: row i's int8 values at q + i * k, its block scales at
-// block_scale + i * blocks, and (AVX-512) each int32 lane's block scale at
-// lane_scale + i * lanes: a 64-value vector holds two blocks, eight int32 lanes each.
+// Rows of x as the kernels read them: row i's int8 values at q + i * k and its block scales
+// at block_scale + i * blocks.
 struct RoundedRows {
   const int8_t* q = nullptr;
   const float* block_scale = nullptr;
-  const float* lane_scale = nullptr;
   int64_t blocks = 0;
-  int64_t lanes = 0;
 };
 
 using W8A8RowsFn = void (*)(const int8_t* w, int64_t ldw, const float* scale,
@@ -67,6 +58,14 @@ inline float RoundBlock(const float* x, int64_t n, int8_t* q) {
 
 int64_t BlocksOf(int64_t k) { return (k + kActivationBlock - 1) / kActivationBlock; }
 
+// One row of k values, block by block: q[0, k) and block_scale[0, BlocksOf(k)).
+void RoundRow(const float* x, int64_t k, int8_t* q, float* block_scale) {
+  for (int64_t b = 0; b * kActivationBlock < k; ++b) {
+    const int64_t begin = b * kActivationBlock;
+    block_scale[b] = RoundBlock(x + begin, std::min(kActivationBlock, k - begin), q + begin);
+  }
+}
+
 // The integer dot product of blocks [b0, blocks) of one weight row with one row of x.
 inline float DotBlocksScalar(const int8_t* w, const int8_t* q, const float* block_scale,
                              int64_t k, int64_t b0) {
@@ -91,7 +90,23 @@ void W8A8RowsScalar(const int8_t* w, int64_t ldw, const float* scale, const Roun
   }
 }
 
+// The four rows r.. of one x row, from the vector kernels' sums of blocks [0, tail_block):
+// each plus its tail blocks, times its row's scale, into yi.
+inline void FinishFourRows(const float (&sums)[4], const int8_t* const (&p)[4], const int8_t* q,
+                           const float* block_scale, int64_t k, int64_t tail_block,
+                           const float* scale, int64_t r, float* yi) {
+  for (int row = 0; row < 4; ++row) {
+    yi[r + row] =
+        scale[r + row] * (sums[row] + DotBlocksScalar(p[row], q, block_scale, k, tail_block));
+  }
+}
+
 #if defined(__x86_64__)
+// The line `offset` bytes into each of four weight rows, ahead of the kernel's reads.
+inline void PrefetchFourRows(const int8_t* const (&p)[4], int64_t offset) {
+  for (const int8_t* row : p) _mm_prefetch(reinterpret_cast<const char*>(row + offset), _MM_HINT_NTA);
+}
+
 // 64 values of x per vector, four weight rows at a time. vpdpbusd multiplies unsigned bytes
 // by signed ones, so x goes in as |x| and each weight takes x's sign (negated where x < 0,
 // one masked subtract). Each int32 lane holds four products of one block; the lanes are
@@ -105,25 +120,21 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,fma"))) void W8A8RowsAvx512Vn
   const __m512i zero = _mm512_setzero_si512();
   int64_t r = r0;
   for (; r + 4 <= r1; r += 4) {
-    const int8_t* p0 = w + r * ldw;
-    const int8_t* p1 = p0 + ldw;
-    const int8_t* p2 = p1 + ldw;
-    const int8_t* p3 = p2 + ldw;
+    const int8_t* const p[4] = {w + r * ldw, w + (r + 1) * ldw, w + (r + 2) * ldw,
+                                w + (r + 3) * ldw};
     for (int64_t i = 0; i < m; ++i) {
       const int8_t* q = x.q + i * k;
-      const float* lanes = x.lane_scale + i * x.lanes;
+      const float* block_scales = x.block_scale + i * x.blocks;
       __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
       for (int64_t j = 0; j < kv; j += kStep) {
-        if (i == 0 && j + kPrefetchAheadBytes < k) {
-          _mm_prefetch(reinterpret_cast<const char*>(p0 + j + kPrefetchAheadBytes), _MM_HINT_NTA);
-          _mm_prefetch(reinterpret_cast<const char*>(p1 + j + kPrefetchAheadBytes), _MM_HINT_NTA);
-          _mm_prefetch(reinterpret_cast<const char*>(p2 + j + kPrefetchAheadBytes), _MM_HINT_NTA);
-          _mm_prefetch(reinterpret_cast<const char*>(p3 + j + kPrefetchAheadBytes), _MM_HINT_NTA);
-        }
+        if (i == 0 && j + kPrefetchAheadBytes < k) PrefetchFourRows(p, j + kPrefetchAheadBytes);
         const __m512i xv = _mm512_loadu_si512(q + j);
         const __m512i magnitude = _mm512_abs_epi8(xv);
         const __mmask64 negative = _mm512_movepi8_mask(xv);
-        const __m512 block_scale = _mm512_loadu_ps(lanes + j / 4);
+        // The vector's two blocks: eight int32 lanes each.
+        const int64_t b = j / kActivationBlock;
+        const __m512 block_scale = _mm512_mask_blend_ps(
+            0xFF00, _mm512_set1_ps(block_scales[b]), _mm512_set1_ps(block_scales[b + 1]));
 // One weight row's 64 values against x's (a macro: a lambda would not have this function's
 // instruction set).
 #define TOPHAT_W8A8_STEP(p, acc)                                                          \
@@ -133,22 +144,15 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,fma"))) void W8A8RowsAvx512Vn
     const __m512i dot = _mm512_dpbusd_epi32(zero, magnitude, wv);                         \
     (acc) = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), block_scale, (acc));                 \
   } while (false)
-        TOPHAT_W8A8_STEP(p0, a0);
-        TOPHAT_W8A8_STEP(p1, a1);
-        TOPHAT_W8A8_STEP(p2, a2);
-        TOPHAT_W8A8_STEP(p3, a3);
+        TOPHAT_W8A8_STEP(p[0], a0);
+        TOPHAT_W8A8_STEP(p[1], a1);
+        TOPHAT_W8A8_STEP(p[2], a2);
+        TOPHAT_W8A8_STEP(p[3], a3);
 #undef TOPHAT_W8A8_STEP
       }
-      const float* block_scales = x.block_scale + i * x.blocks;
-      float* yi = y + i * ldy;
-      yi[r] = scale[r] * (_mm512_reduce_add_ps(a0) +
-                          DotBlocksScalar(p0, q, block_scales, k, tail_block));
-      yi[r + 1] = scale[r + 1] * (_mm512_reduce_add_ps(a1) +
-                                  DotBlocksScalar(p1, q, block_scales, k, tail_block));
-      yi[r + 2] = scale[r + 2] * (_mm512_reduce_add_ps(a2) +
-                                  DotBlocksScalar(p2, q, block_scales, k, tail_block));
-      yi[r + 3] = scale[r + 3] * (_mm512_reduce_add_ps(a3) +
-                                  DotBlocksScalar(p3, q, block_scales, k, tail_block));
+      const float sums[4] = {_mm512_reduce_add_ps(a0), _mm512_reduce_add_ps(a1),
+                             _mm512_reduce_add_ps(a2), _mm512_reduce_add_ps(a3)};
+      FinishFourRows(sums, p, q, block_scales, k, tail_block, scale, r, y + i * ldy);
     }
   }
   W8A8RowsScalar(w, ldw, scale, x, m, y, ldy, k, r, r1);  // the last rows of this share
@@ -172,20 +176,15 @@ __attribute__((target("avx2,fma"))) void W8A8RowsAvx2(const int8_t* w, int64_t l
   const __m256i ones = _mm256_set1_epi16(1);
   int64_t r = r0;
   for (; r + 4 <= r1; r += 4) {
-    const int8_t* p0 = w + r * ldw;
-    const int8_t* p1 = p0 + ldw;
-    const int8_t* p2 = p1 + ldw;
-    const int8_t* p3 = p2 + ldw;
+    const int8_t* const p[4] = {w + r * ldw, w + (r + 1) * ldw, w + (r + 2) * ldw,
+                                w + (r + 3) * ldw};
     for (int64_t i = 0; i < m; ++i) {
       const int8_t* q = x.q + i * k;
       const float* block_scales = x.block_scale + i * x.blocks;
       __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
       for (int64_t j = 0; j < kv; j += kStep) {
         if (i == 0 && (j & 63) == 0 && j + kPrefetchAheadBytes < k) {
-          _mm_prefetch(reinterpret_cast<const char*>(p0 + j + kPrefetchAheadBytes), _MM_HINT_NTA);
-          _mm_prefetch(reinterpret_cast<const char*>(p1 + j + kPrefetchAheadBytes), _MM_HINT_NTA);
-          _mm_prefetch(reinterpret_cast<const char*>(p2 + j + kPrefetchAheadBytes), _MM_HINT_NTA);
-          _mm_prefetch(reinterpret_cast<const char*>(p3 + j + kPrefetchAheadBytes), _MM_HINT_NTA);
+          PrefetchFourRows(p, j + kPrefetchAheadBytes);
         }
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j));
         const __m256i magnitude = _mm256_sign_epi8(xv, xv);
@@ -197,17 +196,14 @@ __attribute__((target("avx2,fma"))) void W8A8RowsAvx2(const int8_t* w, int64_t l
     const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, wv), ones);     \
     (acc) = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), block_scale, (acc));                 \
   } while (false)
-        TOPHAT_W8A8_STEP(p0, a0);
-        TOPHAT_W8A8_STEP(p1, a1);
-        TOPHAT_W8A8_STEP(p2, a2);
-        TOPHAT_W8A8_STEP(p3, a3);
+        TOPHAT_W8A8_STEP(p[0], a0);
+        TOPHAT_W8A8_STEP(p[1], a1);
+        TOPHAT_W8A8_STEP(p[2], a2);
+        TOPHAT_W8A8_STEP(p[3], a3);
 #undef TOPHAT_W8A8_STEP
       }
-      float* yi = y + i * ldy;
-      yi[r] = scale[r] * (Sum256(a0) + DotBlocksScalar(p0, q, block_scales, k, tail_block));
-      yi[r + 1] = scale[r + 1] * (Sum256(a1) + DotBlocksScalar(p1, q, block_scales, k, tail_block));
-      yi[r + 2] = scale[r + 2] * (Sum256(a2) + DotBlocksScalar(p2, q, block_scales, k, tail_block));
-      yi[r + 3] = scale[r + 3] * (Sum256(a3) + DotBlocksScalar(p3, q, block_scales, k, tail_block));
+      const float sums[4] = {Sum256(a0), Sum256(a1), Sum256(a2), Sum256(a3)};
+      FinishFourRows(sums, p, q, block_scales, k, tail_block, scale, r, y + i * ldy);
     }
   }
   W8A8RowsScalar(w, ldw, scale, x, m, y, ldy, k, r, r1);
@@ -225,7 +221,8 @@ void W8A8RowsNeon(const int8_t* w, int64_t ldw, const float* scale, const Rounde
   const int64_t tail_block = kv / kActivationBlock;
   int64_t r = r0;
   for (; r + 4 <= r1; r += 4) {
-    const int8_t* p[4] = {w + r * ldw, w + (r + 1) * ldw, w + (r + 2) * ldw, w + (r + 3) * ldw};
+    const int8_t* const p[4] = {w + r * ldw, w + (r + 1) * ldw, w + (r + 2) * ldw,
+                                w + (r + 3) * ldw};
     for (int64_t i = 0; i < m; ++i) {
       const int8_t* q = x.q + i * k;
       const float* block_scales = x.block_scale + i * x.blocks;
@@ -245,11 +242,9 @@ void W8A8RowsNeon(const int8_t* w, int64_t ldw, const float* scale, const Rounde
           acc[row] = vfmaq_n_f32(acc[row], vcvtq_f32_s32(dot), block_scale);
         }
       }
-      float* yi = y + i * ldy;
-      for (int row = 0; row < 4; ++row) {
-        yi[r + row] = scale[r + row] * (vaddvq_f32(acc[row]) +
-                                        DotBlocksScalar(p[row], q, block_scales, k, tail_block));
-      }
+      const float sums[4] = {vaddvq_f32(acc[0]), vaddvq_f32(acc[1]), vaddvq_f32(acc[2]),
+                             vaddvq_f32(acc[3])};
+      FinishFourRows(sums, p, q, block_scales, k, tail_block, scale, r, y + i * ldy);
     }
   }
   W8A8RowsScalar(w, ldw, scale, x, m, y, ldy, k, r, r1);
@@ -292,20 +287,6 @@ W8A8RowsFn RowsFor(W8A8Isa isa) {
   }
 }
 
-bool KernelFits(const at::Tensor& x, const Int8Matrix& weight, const at::Tensor& bias,
-                const at::Tensor& out) {
-  const at::Tensor& values = weight.values;
-  return x.is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 &&
-         x.size(0) <= kInt8KernelMaxRows && x.is_contiguous() && values.is_cpu() &&
-         values.dim() == 2 && values.scalar_type() == at::kChar && values.stride(1) == 1 &&
-         x.size(1) == values.size(1) && weight.scale.scalar_type() == at::kFloat &&
-         weight.scale.is_contiguous() && weight.scale.numel() == values.size(0) &&
-         out.is_cpu() && out.scalar_type() == at::kFloat && out.is_contiguous() &&
-         out.dim() == 2 && out.size(0) == x.size(0) && out.size(1) == values.size(0) &&
-         (!bias.defined() || (bias.is_cpu() && bias.scalar_type() == at::kFloat &&
-                              bias.numel() == values.size(0)));
-}
-
 void RunKernel(W8A8RowsFn rows_fn, const at::Tensor& x, const Int8Matrix& weight,
                const at::Tensor& bias, at::Tensor& out) {
   const int64_t m = x.size(0);
@@ -315,28 +296,14 @@ void RunKernel(W8A8RowsFn rows_fn, const at::Tensor& x, const Int8Matrix& weight
   // the parallel region below reads them.
   thread_local std::vector<int8_t> q;
   thread_local std::vector<float> block_scale;
-  thread_local std::vector<float> lane_scale;
   const int64_t blocks = BlocksOf(k);
-  const int64_t lanes = blocks * (kActivationBlock / 4);
   if (static_cast<int64_t>(q.size()) < m * k) q.resize(m * k);
   if (static_cast<int64_t>(block_scale.size()) < m * blocks) block_scale.resize(m * blocks);
-  if (static_cast<int64_t>(lane_scale.size()) < m * lanes) lane_scale.resize(m * lanes);
   const float* xp = x.data_ptr<float>();
   for (int64_t i = 0; i < m; ++i) {
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t begin = b * kActivationBlock;
-      const float s = RoundBlock(xp + i * k + begin, std::min(kActivationBlock, k - begin),
-                                 q.data() + i * k + begin);
-      block_scale[i * blocks + b] = s;
-      std::fill_n(lane_scale.data() + i * lanes + b * (kActivationBlock / 4),
-                  kActivationBlock / 4, s);
-    }
+    RoundRow(xp + i * x.stride(0), k, q.data() + i * k, block_scale.data() + i * blocks);
   }
-  const RoundedRows rows{.q = q.data(),
-                         .block_scale = block_scale.data(),
-                         .lane_scale = lane_scale.data(),
-                         .blocks = blocks,
-                         .lanes = lanes};
+  const RoundedRows rows{.q = q.data(), .block_scale = block_scale.data(), .blocks = blocks};
   const int8_t* w = weight.values.data_ptr<int8_t>();
   const int64_t ldw = weight.values.stride(0);
   const float* scales = weight.scale.data_ptr<float>();
@@ -375,14 +342,14 @@ at::Tensor RoundActivationsInt8(const at::Tensor& x) {
   const int64_t m = xf.size(0);
   const int64_t k = xf.size(1);
   at::Tensor rounded = at::empty({m, k}, xf.options());
-  std::vector<int8_t> q(static_cast<size_t>(kActivationBlock));
+  std::vector<int8_t> q(static_cast<size_t>(k));
+  std::vector<float> block_scale(static_cast<size_t>(BlocksOf(k)));
   const float* from = xf.data_ptr<float>();
   float* to = rounded.data_ptr<float>();
   for (int64_t i = 0; i < m; ++i) {
-    for (int64_t begin = 0; begin < k; begin += kActivationBlock) {
-      const int64_t n = std::min(kActivationBlock, k - begin);
-      const float s = RoundBlock(from + i * k + begin, n, q.data());
-      for (int64_t j = 0; j < n; ++j) to[i * k + begin + j] = static_cast<float>(q[j]) * s;
+    RoundRow(from + i * k, k, q.data(), block_scale.data());
+    for (int64_t j = 0; j < k; ++j) {
+      to[i * k + j] = static_cast<float>(q[j]) * block_scale[j / kActivationBlock];
     }
   }
   return rounded.to(x.device());
@@ -391,7 +358,7 @@ at::Tensor RoundActivationsInt8(const at::Tensor& x) {
 void LinearW8A8Out(const at::Tensor& x, const Int8Matrix& weight, const at::Tensor& bias,
                    at::Tensor& out) {
   static const W8A8RowsFn rows_fn = RowsFor(SupportedW8A8Isas().back());
-  if (KernelFits(x, weight, bias, out)) {
+  if (Int8KernelTakes(x, weight, bias, out)) {
     RunKernel(rows_fn, x, weight, bias, out);
     return;
   }
@@ -402,7 +369,7 @@ void LinearW8A8Out(const at::Tensor& x, const Int8Matrix& weight, const at::Tens
 
 at::Tensor LinearW8A8(const at::Tensor& x, const Int8Matrix& weight, const at::Tensor& bias) {
   at::Tensor out = at::empty({x.size(0), weight.rows()}, x.options());
-  LinearW8A8Out(x.is_contiguous() ? x : x.contiguous(), weight, bias, out);
+  LinearW8A8Out(x.stride(-1) == 1 ? x : x.contiguous(), weight, bias, out);
   return out;
 }
 
@@ -412,7 +379,7 @@ at::Tensor LinearW8A8WithIsa(W8A8Isa isa, const at::Tensor& x, const Int8Matrix&
   TORCH_CHECK(std::find(isas.begin(), isas.end(), isa) != isas.end(), "this CPU cannot run ",
               W8A8IsaName(isa));
   at::Tensor out = at::empty({x.size(0), weight.rows()}, x.options());
-  TORCH_CHECK(KernelFits(x, weight, bias, out), "LinearW8A8WithIsa: inputs the kernel takes");
+  TORCH_CHECK(Int8KernelTakes(x, weight, bias, out), "LinearW8A8WithIsa: inputs the kernel takes");
   RunKernel(RowsFor(isa), x, weight, bias, out);
   return out;
 }
