@@ -80,6 +80,11 @@ TEST_CASE("The int8-activation kernel computes each row of x alike however many 
   for (int64_t i : {int64_t{0}, int64_t{5}, kInt8KernelMaxRows - 1}) {
     CHECK(at::equal(LinearW8A8(x.narrow(0, i, 1), w)[0], together[i]));
   }
+  // Rows with a stride (a view into a wider tensor) take the kernel as they are.
+  const at::Tensor wide = at::cat({x, at::randn({kInt8KernelMaxRows, 100})}, 1);
+  const at::Tensor view = wide.narrow(1, 0, 768);
+  REQUIRE(view.stride(0) == 868);
+  CHECK(at::equal(LinearW8A8(view, w), together));
   // More rows than the kernel takes: the same math through BLAS.
   const at::Tensor many = at::randn({40, 768});
   CHECK(at::allclose(LinearW8A8(many, w), Reference(many, w), 1e-4, 1e-3));
