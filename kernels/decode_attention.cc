@@ -190,7 +190,7 @@ void SwiGluOut(const at::Tensor& gate_up, at::Tensor& out) {
 bool PagedDecodeAttentionBatch(const at::Tensor& q, const at::Tensor& key_blocks,
                                const at::Tensor& value_blocks, const at::Tensor& block_tables,
                                const at::Tensor& seq_lens, int64_t window, double scale,
-                               at::Tensor& out) {
+                               at::Tensor& out, const at::Tensor& partials) {
 #ifdef TOPHAT_HAVE_CUDA
   const at::ScalarType dtype = q.scalar_type();
   const std::optional<CudaDtype> cuda_dtype = ToCudaDtype(dtype);
@@ -209,6 +209,11 @@ bool PagedDecodeAttentionBatch(const at::Tensor& q, const at::Tensor& key_blocks
       out.is_contiguous() && out.scalar_type() == dtype && out.device() == q.device() &&
       out.numel() == q.numel() && !q.requires_grad();
   if (!fits) return false;
+  const bool has_partials = partials.defined();
+  if (has_partials && !(partials.scalar_type() == at::kFloat && partials.is_contiguous() &&
+                        partials.device() == q.device())) {
+    return false;
+  }
   const PagedDecodeAttentionArgs args{
       .dtype = *cuda_dtype,
       .q = q.data_ptr(),
@@ -225,7 +230,9 @@ bool PagedDecodeAttentionBatch(const at::Tensor& q, const at::Tensor& key_blocks
       .max_blocks_per_seq = static_cast<int>(block_tables.size(1)),
       .window = static_cast<int>(window),
       .scale = static_cast<float>(scale),
-      .stream = CurrentCudaStream()};
+      .stream = CurrentCudaStream(),
+      .partials = has_partials ? partials.data_ptr<float>() : nullptr,
+      .partial_floats = has_partials ? partials.numel() : 0};
   std::string error;
   switch (LaunchPagedDecodeAttention(args, &error)) {
     case LaunchResult::kLaunched:
@@ -238,6 +245,43 @@ bool PagedDecodeAttentionBatch(const at::Tensor& q, const at::Tensor& key_blocks
   return false;
 #else
   return false;
+#endif
+}
+
+at::Tensor PagedDecodeWorkspace(int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                at::Device device) {
+#ifdef TOPHAT_HAVE_CUDA
+  if (!device.is_cuda() || kv_heads <= 0) return {};
+  return at::empty({PagedDecodePartialFloats(heads, kv_heads, head_dim)},
+                   at::TensorOptions().dtype(at::kFloat).device(device));
+#else
+  (void)heads;
+  (void)kv_heads;
+  (void)head_dim;
+  (void)device;
+  return {};
+#endif
+}
+
+int PagedDecodeSplitCount(int64_t seqs, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                          const at::Tensor& partials) {
+#ifdef TOPHAT_HAVE_CUDA
+  if (!partials.defined()) return 1;
+  PagedDecodeAttentionArgs args;
+  args.num_seqs = static_cast<int>(seqs);
+  args.num_heads = static_cast<int>(heads);
+  args.num_kv_heads = static_cast<int>(kv_heads);
+  args.head_dim = static_cast<int>(head_dim);
+  args.partials = partials.data_ptr<float>();
+  args.partial_floats = partials.numel();
+  return PagedDecodeSplits(args);
+#else
+  (void)seqs;
+  (void)heads;
+  (void)kv_heads;
+  (void)head_dim;
+  (void)partials;
+  return 1;
 #endif
 }
 

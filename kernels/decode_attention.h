@@ -38,10 +38,22 @@ bool PagedDecodeAttention(const at::Tensor& q, const at::Tensor& key_blocks,
 // head_dim], contiguous, q's dtype). Returns false (nothing launched) when the inputs are
 // not of that form, the shape is one the kernel does not cover, or this build has no CUDA
 // kernels; throws c10::Error when the launch itself fails.
+// `partials`: a float32 workspace on q's device (PagedDecodeWorkspace) in which a batch too
+// small to fill the GPU splits each sequence into stretches attended in parallel and then
+// merged; undefined: one thread block per (sequence, KV head), whatever the batch.
 bool PagedDecodeAttentionBatch(const at::Tensor& q, const at::Tensor& key_blocks,
                                const at::Tensor& value_blocks, const at::Tensor& block_tables,
                                const at::Tensor& seq_lens, int64_t window, double scale,
-                               at::Tensor& out);
+                               at::Tensor& out, const at::Tensor& partials = {});
+// A workspace for PagedDecodeAttentionBatch that lets every batch on `device` take its full
+// split (a few MB; undefined on a CPU or in a build without CUDA kernels). Allocate it once:
+// a captured CUDA graph keeps its address.
+at::Tensor PagedDecodeWorkspace(int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                at::Device device);
+// How many stretches PagedDecodeAttentionBatch splits each of `seqs` sequences into with
+// `partials` (1: none); 1 without CUDA kernels.
+int PagedDecodeSplitCount(int64_t seqs, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                          const at::Tensor& partials);
 
 // silu(gate) * up for gate_up = [gate | up] along the last dimension, in one pass.
 at::Tensor SwiGlu(const at::Tensor& gate_up);

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "kernels/cuda_numeric.cuh"
 #include "kernels/fused_ops_cuda.cuh"
@@ -54,6 +55,67 @@ __global__ void __launch_bounds__(kThreads)
     yr[i] = FromFloat<T>(ToFloat(source[i]) * scale * ToFloat(w[i]));
   }
 }
+
+// The same with 16-byte loads, each thread's (at most kMaxVectors) vectors of the row held in
+// registers between the sum and the scaling: one read of x and the residual instead of a
+// read, a write and a read back, and four times fewer loads in flight per byte. A short row
+// (4,096 elements at decode, one block) is latency-bound, and that is what it cuts.
+constexpr int kMaxVectors = 4;
+
+template <typename T>
+struct alignas(16) Vector16 {
+  static constexpr int kElements = 16 / static_cast<int>(sizeof(T));
+  T v[kElements];
+};
+
+template <typename T, bool kAddResidual>
+__global__ void __launch_bounds__(kThreads)
+    RmsNormVectorKernel(const T* __restrict__ x, T* __restrict__ residual,
+                        const T* __restrict__ w, T* __restrict__ y, int64_t d, float eps) {
+  using V = Vector16<T>;
+  constexpr int E = V::kElements;
+  const int64_t vectors = d / E;
+  const int64_t offset = static_cast<int64_t>(blockIdx.x) * d;
+  const V* xr = reinterpret_cast<const V*>(x + offset);
+  V* rr = kAddResidual ? reinterpret_cast<V*>(residual + offset) : nullptr;
+  V* yr = reinterpret_cast<V*>(y + offset);
+  const V* wr = reinterpret_cast<const V*>(w);
+  float held[kMaxVectors][E];
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxVectors; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
+    if (i >= vectors) break;
+    const V xv = xr[i];
+    V stored;
+    if constexpr (kAddResidual) {
+      const V rv = rr[i];
+#pragma unroll
+      for (int e = 0; e < E; ++e) stored.v[e] = FromFloat<T>(ToFloat(xv.v[e]) + ToFloat(rv.v[e]));
+      rr[i] = stored;
+    } else {
+      stored = xv;
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      held[j][e] = ToFloat(stored.v[e]);
+      sum += held[j][e] * held[j][e];
+    }
+  }
+  const float scale = rsqrtf(BlockSum(sum) / static_cast<float>(d) + eps);
+#pragma unroll
+  for (int j = 0; j < kMaxVectors; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
+    if (i >= vectors) break;
+    const V wv = wr[i];
+    V out;
+#pragma unroll
+    for (int e = 0; e < E; ++e) out.v[e] = FromFloat<T>(held[j][e] * scale * ToFloat(wv.v[e]));
+    yr[i] = out;
+  }
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <typename T>
 __global__ void SwiGluKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows,
@@ -168,7 +230,17 @@ LaunchResult LaunchRmsNorm(const RmsNormArgs& a, std::string* error) {
     const auto* x = static_cast<const T*>(a.x);
     const auto* w = static_cast<const T*>(a.weight);
     auto* y = static_cast<T*>(a.y);
-    if (a.residual != nullptr) {
+    constexpr int E = Vector16<T>::kElements;
+    const bool vector = a.d % E == 0 && a.d / E <= static_cast<int64_t>(kThreads) * kMaxVectors &&
+                        Aligned16(x) && Aligned16(w) && Aligned16(y) &&
+                        (a.residual == nullptr || Aligned16(a.residual));
+    if (vector && a.residual != nullptr) {
+      RmsNormVectorKernel<T, true><<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(
+          x, static_cast<T*>(a.residual), w, y, a.d, a.eps);
+    } else if (vector) {
+      RmsNormVectorKernel<T, false><<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(
+          x, nullptr, w, y, a.d, a.eps);
+    } else if (a.residual != nullptr) {
       RmsNormKernel<T, true><<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(
           x, static_cast<T*>(a.residual), w, y, a.d, a.eps);
     } else {

@@ -47,7 +47,9 @@ const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kHalf, at::kBFloat1
 TEST_CASE("CUDA RMSNorm, alone and after a residual add, matches float64", "[gpu][kernels]") {
   at::manual_seed(11);
   for (at::ScalarType dtype : kDtypes) {
-    for (int64_t d : {64, 1000, 4096}) {
+    // 1001 (not whole 16-byte vectors) and float32 8192 (more vectors than the kernel holds
+    // in registers) take the scalar kernel, the others the vector one.
+    for (int64_t d : {64, 1000, 1001, 4096, 8192}) {
       const at::Tensor x = (at::randn({7, d}) * 3).to(kCuda, dtype);
       const at::Tensor w = at::randn({d}).to(kCuda, dtype);
       CheckClose(RmsNorm(x, w, 1e-5), RmsNormReference(x, w, 1e-5), dtype);

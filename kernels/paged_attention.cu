@@ -1,14 +1,23 @@
-// Paged decode attention: one thread block per (sequence, KV head), its warps splitting the
-// sequence's positions and each keeping an online softmax (running max, sum and weighted
-// values) for every query head of the group, merged through shared memory at the end.
-// Lane l holds dimensions [l*E, (l+1)*E) of a head, so a position's key and value are read
-// as one coalesced row per warp; four positions are loaded before any is used, to keep
-// several reads in flight per warp.
+// Paged decode attention, split along the sequence (flash-decoding): thread block (sequence,
+// KV head, split) takes one stretch of the sequence's positions, in tiles that its threads
+// copy from the paged pool into shared memory with 16-byte loads (the next tile's loads in
+// flight while the current one is computed). In shared memory a thread computes whole dot
+// products (query head g, position p), each warp then keeps the online softmax (running max,
+// sum and weighted values) of its own query heads. With one split the block writes the
+// output; with several, each writes its unnormalized partial and a second kernel merges them.
+// Splits are what lets one sequence of 8 KV heads use more than 8 of a GPU's SMs: the count
+// depends only on the batch (seqs x KV heads against the SM count), never on lengths, so a
+// captured CUDA graph stays valid as sequences grow; a split past a short sequence's end
+// writes an empty partial.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <array>
+#include <atomic>
 #include <cfloat>
+#include <cstdint>
 
 #include "kernels/cuda_numeric.cuh"
 #include "kernels/paged_attention_cuda.cuh"
@@ -16,22 +25,30 @@
 namespace tophat::kernels {
 namespace {
 
-constexpr int kWarps = 8;
+constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kUnroll = 4;
+constexpr int kMaxSplits = 64;
 
-// E consecutive elements as one aligned vector load (head_dim is a multiple of 32, so every
-// lane's slice is aligned to its size).
-template <typename T, int E>
-struct alignas(sizeof(T) * E) Pack {
-  T v[E];
+// The tile of one block: kPositions positions of one KV head's keys and values in shared
+// memory, each row padded by 16 bytes so that the 8 lanes of a quarter warp reading 16 bytes
+// of 8 different rows hit distinct banks.
+template <typename T, int kHeadDim>
+struct TileShape {
+  static constexpr int kRowBytes = kHeadDim * static_cast<int>(sizeof(T));
+  static constexpr int kPositions = 16384 / kRowBytes < 64 ? 16384 / kRowBytes : 64;
+  static constexpr int kStrideBytes = kRowBytes + 16;
+  static constexpr int kChunksPerRow = kRowBytes / 16;
+  static constexpr int kChunks = kPositions * kChunksPerRow;
+  static constexpr int kChunksPerThread = kChunks / kThreads;
+  static constexpr int kLaneElements = kHeadDim / 32;  // values each lane accumulates
+  static_assert(kChunks % kThreads == 0, "the tile's 16-byte chunks split evenly");
+  static_assert(kRowBytes % 16 == 0, "rows are whole 16-byte chunks");
 };
 
-template <typename T, int E>
-__device__ inline void LoadRow(const T* p, float (&out)[E]) {
-  const Pack<T, E> pack = *reinterpret_cast<const Pack<T, E>*>(p);
+__device__ inline float WarpMax(float v) {
 #pragma unroll
-  for (int e = 0; e < E; ++e) out[e] = ToFloat(pack.v[e]);
+  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
 }
 
 __device__ inline float WarpSum(float v) {
@@ -40,142 +57,288 @@ __device__ inline float WarpSum(float v) {
   return v;
 }
 
-template <typename T, int E, int kMaxGroup>
+// 16 bytes of T as floats.
+template <typename T>
+struct Chunk {
+  static constexpr int kElements = 16 / static_cast<int>(sizeof(T));
+};
+
+// A lane's kE consecutive values of a row, as one aligned load (rows start on 16 bytes).
+template <typename T, int kE>
+struct alignas(sizeof(T) * kE) LanePack {
+  T v[kE];
+};
+
+template <typename T>
+__device__ inline void ChunkToFloat(const uint4& raw, float (&out)[Chunk<T>::kElements]) {
+  const T* v = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int e = 0; e < Chunk<T>::kElements; ++e) out[e] = ToFloat(v[e]);
+}
+
+template <typename T, int kHeadDim, int kMaxGroup>
 __global__ void __launch_bounds__(kThreads)
     PagedDecodeAttentionKernel(const T* __restrict__ q, const T* __restrict__ key_blocks,
                                const T* __restrict__ value_blocks,
                                const int32_t* __restrict__ block_tables,
                                const int32_t* __restrict__ seq_lens, T* __restrict__ out,
-                               int num_heads, int num_kv_heads, int block_size,
-                               int max_blocks_per_seq, int window, float scale) {
-  constexpr int kHeadDim = 32 * E;
+                               float* __restrict__ partial_values,
+                               float* __restrict__ partial_stats, int num_heads,
+                               int num_kv_heads, int block_size, int max_blocks_per_seq,
+                               int window, float scale) {
+  using Shape = TileShape<T, kHeadDim>;
+  constexpr int P = Shape::kPositions;
+  constexpr int kE = Shape::kLaneElements;
+  constexpr int kChunkElements = Chunk<T>::kElements;
+  constexpr int kGroupsPerWarp = (kMaxGroup + kWarps - 1) / kWarps;
+
+  __shared__ __align__(16) unsigned char key_tile[P * Shape::kStrideBytes];
+  __shared__ __align__(16) unsigned char value_tile[P * Shape::kStrideBytes];
+  __shared__ __align__(16) float q_tile[kMaxGroup][kHeadDim];  // scaled queries
+  __shared__ float scores[kMaxGroup][P];                       // then softmax weights
+
   const int seq = blockIdx.x;
   const int kv_head = blockIdx.y;
+  const int split = blockIdx.z;
+  const int splits = gridDim.z;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int group = num_heads / num_kv_heads;
+
   const int len = seq_lens[seq];
   const int start = window > 0 && len > window ? len - window : 0;
+  const int visible = len - start;
+  // Whole tiles per split, so that only a sequence's last tile is ever partial.
+  const int per_split = ((visible + splits - 1) / splits + P - 1) / P * P;
+  const int begin = start + split * per_split;
+  const int end = min(len, begin + per_split);
+
   const int32_t* table = block_tables + static_cast<int64_t>(seq) * max_blocks_per_seq;
   const int64_t position_stride = static_cast<int64_t>(num_kv_heads) * kHeadDim;
 
-  float qv[kMaxGroup][E];
-  float running_max[kMaxGroup];
-  float running_sum[kMaxGroup];
-  float acc[kMaxGroup][E];
-#pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
-    running_max[g] = -FLT_MAX;
-    running_sum[g] = 0.0f;
-#pragma unroll
-    for (int e = 0; e < E; ++e) acc[g][e] = 0.0f;
-    if (g < group) {
-      const int head = kv_head * group + g;
-      LoadRow<T, E>(q + (static_cast<int64_t>(seq) * num_heads + head) * kHeadDim + lane * E,
-                    qv[g]);
-#pragma unroll
-      for (int e = 0; e < E; ++e) qv[g][e] *= scale;
-    }
-  }
-
-  // Warp w takes positions start + w*kUnroll + [0, kUnroll), then strides by the block.
-  for (int base = start + warp * kUnroll; base < len; base += kWarps * kUnroll) {
-    float k[kUnroll][E];
-    float v[kUnroll][E];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int p = base + u;
-      if (p < len) {
-        const int64_t row = static_cast<int64_t>(table[p / block_size]) * block_size +
-                            p % block_size;
-        const int64_t offset = row * position_stride + kv_head * kHeadDim + lane * E;
-        LoadRow<T, E>(key_blocks + offset, k[u]);
-        LoadRow<T, E>(value_blocks + offset, v[u]);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (base + u >= len) break;
-#pragma unroll
-      for (int g = 0; g < kMaxGroup; ++g) {
-        if (g >= group) break;
-        float s = 0.0f;
-#pragma unroll
-        for (int e = 0; e < E; ++e) s += qv[g][e] * k[u][e];
-        s = WarpSum(s);
-        const float new_max = fmaxf(running_max[g], s);
-        const float correction = __expf(running_max[g] - new_max);
-        const float weight = __expf(s - new_max);
-        running_sum[g] = running_sum[g] * correction + weight;
-#pragma unroll
-        for (int e = 0; e < E; ++e) acc[g][e] = acc[g][e] * correction + weight * v[u][e];
-        running_max[g] = new_max;
-      }
-    }
-  }
-
-  __shared__ float warp_max[kWarps][kMaxGroup];
-  __shared__ float warp_sum[kWarps][kMaxGroup];
-  __shared__ float warp_acc[kWarps][kMaxGroup][kHeadDim];
-#pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
-    if (g >= group) break;
-    if (lane == 0) {
-      warp_max[warp][g] = running_max[g];
-      warp_sum[warp][g] = running_sum[g];
-    }
-#pragma unroll
-    for (int e = 0; e < E; ++e) warp_acc[warp][g][lane * E + e] = acc[g][e];
-  }
-  __syncthreads();
   for (int i = threadIdx.x; i < group * kHeadDim; i += kThreads) {
     const int g = i / kHeadDim;
     const int d = i % kHeadDim;
-    float m = -FLT_MAX;
-    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, warp_max[w][g]);
-    float sum = 0.0f;
-    float value = 0.0f;
-    for (int w = 0; w < kWarps; ++w) {
-      const float f = __expf(warp_max[w][g] - m);  // 0 for a warp that saw no position
-      sum += warp_sum[w][g] * f;
-      value += warp_acc[w][g][d] * f;
+    q_tile[g][d] =
+        ToFloat(q[(static_cast<int64_t>(seq) * num_heads + kv_head * group + g) * kHeadDim + d]) *
+        scale;
+  }
+
+  uint4 key_regs[Shape::kChunksPerThread];
+  uint4 value_regs[Shape::kChunksPerThread];
+  auto load_tile = [&](int tile_begin) {
+#pragma unroll
+    for (int j = 0; j < Shape::kChunksPerThread; ++j) {
+      const int chunk = threadIdx.x + j * kThreads;
+      const int p = chunk / Shape::kChunksPerRow;
+      const int c = chunk % Shape::kChunksPerRow;
+      const int position = tile_begin + p;
+      if (position < end) {
+        const int64_t row =
+            static_cast<int64_t>(table[position / block_size]) * block_size + position % block_size;
+        const int64_t offset = row * position_stride + static_cast<int64_t>(kv_head) * kHeadDim +
+                               c * kChunkElements;
+        key_regs[j] = *reinterpret_cast<const uint4*>(key_blocks + offset);
+        value_regs[j] = *reinterpret_cast<const uint4*>(value_blocks + offset);
+      }
     }
+  };
+  auto store_tile = [&]() {
+#pragma unroll
+    for (int j = 0; j < Shape::kChunksPerThread; ++j) {
+      const int chunk = threadIdx.x + j * kThreads;
+      const int p = chunk / Shape::kChunksPerRow;
+      const int c = chunk % Shape::kChunksPerRow;
+      // Rows past the end hold whatever the registers held: never read (scores below mask
+      // them, the weighted sum stops at the last valid row).
+      *reinterpret_cast<uint4*>(key_tile + p * Shape::kStrideBytes + c * 16) = key_regs[j];
+      *reinterpret_cast<uint4*>(value_tile + p * Shape::kStrideBytes + c * 16) = value_regs[j];
+    }
+  };
+
+  float running_max[kGroupsPerWarp];
+  float running_sum[kGroupsPerWarp];
+  float acc[kGroupsPerWarp][kE];
+#pragma unroll
+  for (int i = 0; i < kGroupsPerWarp; ++i) {
+    running_max[i] = -FLT_MAX;
+    running_sum[i] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < kE; ++e) acc[i][e] = 0.0f;
+  }
+
+  if (begin < end) load_tile(begin);
+  for (int tile_begin = begin; tile_begin < end; tile_begin += P) {
+    store_tile();
+    __syncthreads();  // the tile (and, the first time, q_tile) is in shared memory
+    const int valid = min(P, end - tile_begin);
+    if (tile_begin + P < end) load_tile(tile_begin + P);  // in flight during the compute
+
+    for (int i = threadIdx.x; i < group * P; i += kThreads) {
+      const int g = i / P;
+      const int p = i % P;
+      float s = -INFINITY;
+      if (p < valid) {
+        s = 0.0f;
+        const unsigned char* key_row = key_tile + p * Shape::kStrideBytes;
+#pragma unroll
+        for (int c = 0; c < Shape::kChunksPerRow; ++c) {
+          float k[kChunkElements];
+          ChunkToFloat<T>(*reinterpret_cast<const uint4*>(key_row + c * 16), k);
+          const float4* qg = reinterpret_cast<const float4*>(&q_tile[g][c * kChunkElements]);
+#pragma unroll
+          for (int e4 = 0; e4 < kChunkElements / 4; ++e4) {
+            const float4 qv = qg[e4];
+            s += qv.x * k[4 * e4] + qv.y * k[4 * e4 + 1] + qv.z * k[4 * e4 + 2] +
+                 qv.w * k[4 * e4 + 3];
+          }
+        }
+      }
+      scores[g][p] = s;
+    }
+    __syncthreads();
+
+#pragma unroll
+    for (int i = 0; i < kGroupsPerWarp; ++i) {
+      const int g = warp + i * kWarps;
+      if (g >= group) break;
+      float tile_max = -INFINITY;
+      for (int p = lane; p < valid; p += 32) tile_max = fmaxf(tile_max, scores[g][p]);
+      const float new_max = fmaxf(running_max[i], WarpMax(tile_max));
+      const float correction = __expf(running_max[i] - new_max);
+      float tile_sum = 0.0f;
+      for (int p = lane; p < valid; p += 32) {
+        const float w = __expf(scores[g][p] - new_max);
+        scores[g][p] = w;
+        tile_sum += w;
+      }
+      __syncwarp();
+      running_sum[i] = running_sum[i] * correction + WarpSum(tile_sum);
+      running_max[i] = new_max;
+#pragma unroll
+      for (int e = 0; e < kE; ++e) acc[i][e] *= correction;
+      for (int p = 0; p < valid; ++p) {
+        const float w = scores[g][p];
+        const LanePack<T, kE> v = *reinterpret_cast<const LanePack<T, kE>*>(
+            value_tile + p * Shape::kStrideBytes + lane * kE * static_cast<int>(sizeof(T)));
+#pragma unroll
+        for (int e = 0; e < kE; ++e) acc[i][e] += w * ToFloat(v.v[e]);
+      }
+    }
+    __syncthreads();  // before the next tile overwrites the tiles and the scores
+  }
+
+#pragma unroll
+  for (int i = 0; i < kGroupsPerWarp; ++i) {
+    const int g = warp + i * kWarps;
+    if (g >= group) break;
     const int head = kv_head * group + g;
-    out[(static_cast<int64_t>(seq) * num_heads + head) * kHeadDim + d] =
-        FromFloat<T>(sum > 0.0f ? value / sum : 0.0f);
+    const int64_t head_row = static_cast<int64_t>(seq) * num_heads + head;
+    if (splits == 1) {
+      const float inverse = running_sum[i] > 0.0f ? 1.0f / running_sum[i] : 0.0f;
+#pragma unroll
+      for (int e = 0; e < kE; ++e) {
+        out[head_row * kHeadDim + lane * kE + e] = FromFloat<T>(acc[i][e] * inverse);
+      }
+    } else {
+      const int64_t partial = head_row * splits + split;
+#pragma unroll
+      for (int e = 0; e < kE; ++e) partial_values[partial * kHeadDim + lane * kE + e] = acc[i][e];
+      if (lane == 0) {
+        // An empty split (past a short sequence's end) weighs nothing in the merge.
+        partial_stats[2 * partial] = running_sum[i] > 0.0f ? running_max[i] : -INFINITY;
+        partial_stats[2 * partial + 1] = running_sum[i];
+      }
+    }
   }
 }
 
-template <typename T, int E, int kMaxGroup>
-void Launch(const PagedDecodeAttentionArgs& a) {
-  const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.num_kv_heads));
-  PagedDecodeAttentionKernel<T, E, kMaxGroup>
-      <<<grid, kThreads, 0, static_cast<cudaStream_t>(a.stream)>>>(
-          static_cast<const T*>(a.q), static_cast<const T*>(a.key_blocks),
-          static_cast<const T*>(a.value_blocks), a.block_tables, a.seq_lens,
-          static_cast<T*>(a.out), a.num_heads, a.num_kv_heads, a.block_size,
-          a.max_blocks_per_seq, a.window, a.scale);
+// One block per (sequence, query head), one thread per dimension: the splits' partials
+// rescaled to their common maximum and normalized by the summed weights.
+template <typename T>
+__global__ void MergeSplitsKernel(const float* __restrict__ partial_values,
+                                  const float* __restrict__ partial_stats, T* __restrict__ out,
+                                  int num_heads, int head_dim, int splits) {
+  const int64_t head_row = static_cast<int64_t>(blockIdx.x) * num_heads + blockIdx.y;
+  const float* stats = partial_stats + 2 * head_row * splits;
+  float max_score = -INFINITY;
+  for (int s = 0; s < splits; ++s) max_score = fmaxf(max_score, stats[2 * s]);
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float sum = 0.0f;
+    float value = 0.0f;
+    if (max_score > -INFINITY) {
+      for (int s = 0; s < splits; ++s) {
+        const float f = __expf(stats[2 * s] - max_score);  // 0 for an empty split
+        sum += stats[2 * s + 1] * f;
+        value += partial_values[(head_row * splits + s) * head_dim + d] * f;
+      }
+    }
+    out[head_row * head_dim + d] = FromFloat<T>(sum > 0.0f ? value / sum : 0.0f);
+  }
+}
+
+int StreamDevice() {
+  int device = 0;
+  return cudaGetDevice(&device) == cudaSuccess ? device : 0;
+}
+
+// SMs of the current device, asked once per device.
+int MultiprocessorCount() {
+  static std::array<std::atomic<int>, 64> counts{};
+  const int device = StreamDevice();
+  if (device < 0 || device >= static_cast<int>(counts.size())) return 132;
+  int count = counts[device].load(std::memory_order_relaxed);
+  if (count == 0) {
+    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        count <= 0) {
+      count = 132;
+    }
+    counts[device].store(count, std::memory_order_relaxed);
+  }
+  return count;
+}
+
+template <typename T, int kHeadDim, int kMaxGroup>
+void Launch(const PagedDecodeAttentionArgs& a, int splits) {
+  const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.num_kv_heads),
+                  static_cast<unsigned>(splits));
+  const auto stream = static_cast<cudaStream_t>(a.stream);
+  float* partial_values = a.partials;
+  float* partial_stats =
+      a.partials == nullptr
+          ? nullptr
+          : a.partials + static_cast<int64_t>(a.num_seqs) * a.num_heads * splits * kHeadDim;
+  PagedDecodeAttentionKernel<T, kHeadDim, kMaxGroup><<<grid, kThreads, 0, stream>>>(
+      static_cast<const T*>(a.q), static_cast<const T*>(a.key_blocks),
+      static_cast<const T*>(a.value_blocks), a.block_tables, a.seq_lens, static_cast<T*>(a.out),
+      partial_values, partial_stats, a.num_heads, a.num_kv_heads, a.block_size,
+      a.max_blocks_per_seq, a.window, a.scale);
+  if (splits > 1) {
+    const dim3 merge_grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.num_heads));
+    MergeSplitsKernel<T><<<merge_grid, kHeadDim, 0, stream>>>(
+        partial_values, partial_stats, static_cast<T*>(a.out), a.num_heads, kHeadDim, splits);
+  }
 }
 
 template <typename T>
-bool LaunchForType(const PagedDecodeAttentionArgs& a) {
+bool LaunchForType(const PagedDecodeAttentionArgs& a, int splits) {
   const int group = a.num_heads / a.num_kv_heads;
   switch (a.head_dim) {
     case 32:
       if (group > 8) return false;
-      Launch<T, 1, 8>(a);
+      Launch<T, 32, 8>(a, splits);
       return true;
     case 64:
       if (group > 8) return false;
-      Launch<T, 2, 8>(a);
+      Launch<T, 64, 8>(a, splits);
       return true;
     case 128:
       if (group > 8) return false;
-      Launch<T, 4, 8>(a);
+      Launch<T, 128, 8>(a, splits);
       return true;
     case 256:
       if (group > 4) return false;
-      Launch<T, 8, 4>(a);
+      Launch<T, 256, 4>(a, splits);
       return true;
     default:
       return false;
@@ -184,6 +347,27 @@ bool LaunchForType(const PagedDecodeAttentionArgs& a) {
 
 }  // namespace
 
+int PagedDecodeSplits(const PagedDecodeAttentionArgs& args) {
+  if (args.partials == nullptr || args.num_seqs <= 0 || args.num_kv_heads <= 0) return 1;
+  const int64_t blocks = static_cast<int64_t>(args.num_seqs) * args.num_kv_heads;
+  // Three blocks per SM (a block's tiles take ~41 KB of its shared memory; more resident
+  // blocks keep more loads in flight): a batch that fills them needs no split.
+  const int64_t target = 3 * static_cast<int64_t>(MultiprocessorCount());
+  int64_t splits = std::min<int64_t>(kMaxSplits, (target + blocks - 1) / blocks);
+  const int64_t per_split_floats =
+      static_cast<int64_t>(args.num_seqs) * args.num_heads * (args.head_dim + 2);
+  if (per_split_floats > 0) splits = std::min(splits, args.partial_floats / per_split_floats);
+  return static_cast<int>(std::max<int64_t>(1, splits));
+}
+
+int64_t PagedDecodePartialFloats(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
+  if (num_kv_heads <= 0) return 0;
+  // Splits are only taken while seqs x KV heads < target (3 per SM), and then seqs x KV heads
+  // x splits < 2 x target: room for that many blocks' query heads, on up to 256 SMs.
+  const int64_t blocks = 2 * 3 * std::max(256, MultiprocessorCount());
+  return blocks * (num_heads / num_kv_heads) * (head_dim + 2);
+}
+
 LaunchResult LaunchPagedDecodeAttention(const PagedDecodeAttentionArgs& args,
                                         std::string* error) {
   if (args.num_seqs == 0) return LaunchResult::kLaunched;
@@ -191,16 +375,17 @@ LaunchResult LaunchPagedDecodeAttention(const PagedDecodeAttentionArgs& args,
       args.block_size <= 0) {
     return LaunchResult::kUnsupported;
   }
+  const int splits = PagedDecodeSplits(args);
   bool launched = false;
   switch (args.dtype) {
     case CudaDtype::kFloat32:
-      launched = LaunchForType<float>(args);
+      launched = LaunchForType<float>(args, splits);
       break;
     case CudaDtype::kFloat16:
-      launched = LaunchForType<__half>(args);
+      launched = LaunchForType<__half>(args, splits);
       break;
     case CudaDtype::kBFloat16:
-      launched = LaunchForType<__nv_bfloat16>(args);
+      launched = LaunchForType<__nv_bfloat16>(args, splits);
       break;
   }
   if (!launched) return LaunchResult::kUnsupported;

@@ -26,7 +26,19 @@ struct PagedDecodeAttentionArgs {
   int window = 0;  // > 0: only the last `window` positions are visible (sliding window)
   float scale = 1.0f;
   void* stream = nullptr;  // cudaStream_t; nullptr is the legacy default stream
+  // Device float32 workspace for split sequences' partial results (nullptr: no splits, one
+  // thread block per (sequence, KV head)); its size in floats. PagedDecodePartialFloats is
+  // enough for every batch; a smaller one only limits the splits.
+  float* partials = nullptr;
+  int64_t partial_floats = 0;
 };
+
+// How many stretches each sequence is split into (1: no partials, no merge): enough thread
+// blocks for about three per SM, at most 64, as the workspace allows. Depends on the batch's
+// shape and the device only, never on sequence lengths (a captured graph replays it).
+int PagedDecodeSplits(const PagedDecodeAttentionArgs& args);
+// Workspace floats that let every batch shape on the current device take its full split.
+int64_t PagedDecodePartialFloats(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim);
 
 // One query token per sequence against its paged keys and values (grouped-query attention:
 // query head h reads KV head h / (num_heads / num_kv_heads)), softmax in float32 whatever

@@ -44,7 +44,8 @@ TEST_CASE("The CUDA paged decode attention matches a float64 reference", "[gpu][
       {at::kFloat, 128, 4, 2, 16, 7, 1e-5},   {at::kBFloat16, 64, 4, 8, 32, 100, 1e-2},
   };
   for (const Case& c : cases) {
-    const std::vector<int64_t> lengths = {1, 2, 17, 300, 1500, 64, 5};
+    // 0: a padding row of a captured graph's batch, whose output must be zeros.
+    const std::vector<int64_t> lengths = {1, 2, 17, 300, 1500, 64, 0, 5};
     const int64_t seqs = static_cast<int64_t>(lengths.size());
     const int64_t heads = c.kv_heads * c.group;
     int64_t max_blocks = 0;
@@ -79,6 +80,10 @@ TEST_CASE("The CUDA paged decode attention matches a float64 reference", "[gpu][
           {-1, c.kv_heads, c.head_dim}).narrow(0, 0, lengths[s]);
       const at::Tensor values = value_blocks.index_select(0, index).reshape(
           {-1, c.kv_heads, c.head_dim}).narrow(0, 0, lengths[s]);
+      if (lengths[s] == 0) {
+        refs.push_back(at::zeros({heads * c.head_dim}, at::kDouble));
+        continue;
+      }
       // The reference sees the same rounding of the inputs as the kernel.
       refs.push_back(Reference(q[s].to(c.dtype).to(at::kDouble), keys.to(c.dtype).to(at::kDouble),
                                values.to(c.dtype).to(at::kDouble), c.window, scale));
@@ -86,19 +91,72 @@ TEST_CASE("The CUDA paged decode attention matches a float64 reference", "[gpu][
     const at::Tensor ref = at::stack(refs);
     std::vector<int32_t> lens(lengths.begin(), lengths.end());
     const at::Tensor seq_lens = at::tensor(lens, at::kInt).to(cuda);
-    at::Tensor out = at::full({seqs, heads * c.head_dim}, NAN,
-                              at::TensorOptions().dtype(c.dtype).device(cuda));  // poisoned
-    const bool ran = PagedDecodeAttentionBatch(
-        q.to(cuda, c.dtype), key_blocks.to(cuda, c.dtype), value_blocks.to(cuda, c.dtype),
-        tables.to(cuda), seq_lens, c.window, scale, out);
-    INFO("dtype " << c10::toString(c.dtype) << ", head_dim " << c.head_dim << ", group "
-                  << c.group << ", block " << c.block_size << ", window " << c.window);
-    REQUIRE(ran);
-    const at::Tensor got = out.to(at::kCPU, at::kDouble);
-    REQUIRE(at::isfinite(got).all().item<bool>());  // every element written
-    const double error = (got - ref).norm().item<double>() / ref.norm().item<double>();
-    INFO("relative error " << error);
-    CHECK(error < c.tolerance);
+    const at::Tensor workspace = PagedDecodeWorkspace(heads, c.kv_heads, c.head_dim, cuda);
+    // Without a workspace: one block per (sequence, KV head); with one, this small batch
+    // splits every sequence, and sequences shorter than the splits leave some empty.
+    const int splits = PagedDecodeSplitCount(seqs, heads, c.kv_heads, c.head_dim, workspace);
+    CHECK(splits > 1);
+    for (const bool split : {false, true}) {
+      at::Tensor out = at::full({seqs, heads * c.head_dim}, NAN,
+                                at::TensorOptions().dtype(c.dtype).device(cuda));  // poisoned
+      const at::Tensor partials =
+          split ? at::full_like(workspace, NAN) : at::Tensor();  // poisoned too
+      const bool ran = PagedDecodeAttentionBatch(
+          q.to(cuda, c.dtype), key_blocks.to(cuda, c.dtype), value_blocks.to(cuda, c.dtype),
+          tables.to(cuda), seq_lens, c.window, scale, out, partials);
+      INFO("dtype " << c10::toString(c.dtype) << ", head_dim " << c.head_dim << ", group "
+                    << c.group << ", block " << c.block_size << ", window " << c.window
+                    << ", splits " << (split ? splits : 1));
+      REQUIRE(ran);
+      const at::Tensor got = out.to(at::kCPU, at::kDouble);
+      REQUIRE(at::isfinite(got).all().item<bool>());  // every element written
+      const double error = (got - ref).norm().item<double>() / ref.norm().item<double>();
+      INFO("relative error " << error);
+      CHECK(error < c.tolerance);
+      CHECK(got[6].abs().max().item<double>() == 0.0);  // the empty sequence
+    }
+  }
+}
+
+TEST_CASE("A batch that fills the GPU takes no split, and lengths past a tile's end agree",
+          "[gpu][kernels]") {
+  const at::Device cuda(at::kCUDA, 0);
+  const auto options = at::TensorOptions().device(cuda).dtype(at::kBFloat16);
+  const int64_t seqs = 256;
+  const int64_t kv_heads = 8;
+  const int64_t heads = 32;
+  const int64_t hd = 128;
+  const int64_t block = 16;
+  const at::Tensor workspace = PagedDecodeWorkspace(heads, kv_heads, hd, cuda);
+  CHECK(PagedDecodeSplitCount(seqs, heads, kv_heads, hd, workspace) == 1);
+  CHECK(PagedDecodeSplitCount(1, heads, kv_heads, hd, workspace) > 8);
+  // Each sequence owns 5 blocks (up to 80 positions: one tile and a part of the next).
+  const at::Tensor key_blocks = at::randn({seqs * 5, block, kv_heads, hd}, options);
+  const at::Tensor value_blocks = at::randn_like(key_blocks);
+  const at::Tensor q = at::randn({seqs, heads, hd}, options);
+  const at::Tensor tables =
+      at::arange(seqs * 5, options.dtype(at::kInt)).view({seqs, 5}).flip(0).contiguous();
+  const at::Tensor lens = (at::arange(seqs, options.dtype(at::kInt)) % 80 + 1).to(at::kInt);
+  at::Tensor with = at::empty({seqs, heads * hd}, options);
+  at::Tensor without = at::empty({seqs, heads * hd}, options);
+  REQUIRE(PagedDecodeAttentionBatch(q, key_blocks, value_blocks, tables, lens, 0, 0.1, with,
+                                    workspace));
+  REQUIRE(PagedDecodeAttentionBatch(q, key_blocks, value_blocks, tables, lens, 0, 0.1, without));
+  CHECK(at::equal(with, without));
+  // Against the composite form for a few sequences.
+  for (const int64_t s : {0L, 63L, 64L, 79L, 200L}) {
+    const int64_t len = lens[s].item<int64_t>();
+    const at::Tensor rows = tables[s].to(at::kLong);
+    const at::Tensor k = key_blocks.index_select(0, rows).reshape({-1, kv_heads, hd})
+                             .narrow(0, 0, len).to(at::kDouble).repeat_interleave(4, 1);
+    const at::Tensor v = value_blocks.index_select(0, rows).reshape({-1, kv_heads, hd})
+                             .narrow(0, 0, len).to(at::kDouble).repeat_interleave(4, 1);
+    const at::Tensor scores = at::einsum("hd,nhd->hn", {q[s].to(at::kDouble), k}) * 0.1;
+    const at::Tensor ref = at::einsum("hn,nhd->hd", {at::softmax(scores, -1), v}).reshape({-1});
+    const double error =
+        (with[s].to(at::kDouble) - ref).norm().item<double>() / ref.norm().item<double>();
+    INFO("sequence " << s << ", length " << len << ", relative error " << error);
+    CHECK(error < 1e-2);
   }
 }
 

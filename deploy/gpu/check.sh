@@ -21,6 +21,10 @@
 #   hf-compare.json: few files, for machines that return only a few.
 # --work DIR: where the bundle is unpacked and the model written (default: a temporary folder).
 # --budget S: seconds for everything (default 470, inside an 8-minute command).
+# --only NAMES: run only these phases (comma-separated names as the summary prints them, e.g.
+#   tophat_kernels_gpu,checkpoint,engine-bench; libraries always runs): a rerun after a fix
+#   that spends a short device lease on what the fix touched. The rest are reported as not
+#   selected, and the exit status speaks for the selected ones only.
 # --rehearse: on a machine without a GPU, the same bundle runs what it can on the CPU: the GPU
 #   tests must load and report themselves skipped, the serving cases run with a CPU cloud, the
 #   benchmarks at a small size. It shows the bundle is self-contained (deploy/gpu/pack.sh's
@@ -33,6 +37,7 @@ out=""
 work=""
 budget=470
 rehearse=0
+only=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --bundle) bundle="$2"; shift 2 ;;
@@ -40,7 +45,8 @@ while [ $# -gt 0 ]; do
     --work) work="$2"; shift 2 ;;
     --budget) budget="$2"; shift 2 ;;
     --rehearse) rehearse=1; shift ;;
-    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --only) only=",$2,"; shift 2 ;;
+    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -68,6 +74,10 @@ failed=0
 # (exit 77 is the expected outcome: a GPU program on a machine without one).
 phase() {
   local name="$1" limit="$2" expect="$3"; shift 3
+  if [ -n "$only" ] && [ "$name" != libraries ] && [[ "$only" != *",$name,"* ]]; then
+    say "$(printf '%-28s %-10s' "$name" "not selected (--only)")"
+    return 0
+  fi
   local left=$(( deadline - $(date +%s) ))
   if [ "$left" -lt 10 ]; then
     say "$(printf '%-28s %-10s %5s s  (no time left in the %s s budget)' "$name" "NOT RUN" 0 "$budget")"

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "kernels/decode_attention.h"
+
 namespace tophat {
 
 StepBuffers::StepBuffers(const ModelConfig& config, at::ScalarType dtype, at::Device device,
@@ -36,6 +38,10 @@ StepBuffers::StepBuffers(const ModelConfig& config, at::ScalarType dtype, at::De
   decode_index = at::empty({index_rows}, longs);
   decode_q = at::empty({index_rows, config.num_attention_heads, hd}, values);
   decode_out = at::empty({index_rows, config.q_size()}, values);
+  if (!device.is_cpu()) {
+    decode_partials = kernels::PagedDecodeWorkspace(config.num_attention_heads,
+                                                    config.num_key_value_heads, hd, device);
+  }
   const at::TensorOptions host =
       at::TensorOptions().device(at::kCPU).pinned_memory(!device.is_cpu());
   host_positions = at::empty({rows}, host.dtype(at::kLong));
@@ -60,7 +66,8 @@ int64_t StepBuffers::DeviceBytes() const {
   for (const at::Tensor* t :
        {&residual, &normed, &qkv, &q, &k, &attention, &projected, &gate_up, &activated, &cos,
         &sin, &positions, &slots, &block_tables, &seq_lens, &decode_index, &decode_q,
-        &decode_out}) {
+        &decode_out, &decode_partials}) {
+    if (!t->defined()) continue;
     bytes += t->numel() * static_cast<int64_t>(t->element_size());
   }
   return bytes;

@@ -60,6 +60,9 @@ struct StepBuffers {
   at::Tensor decode_index;  // [max_tokens] int64: batch rows of the decode rows (GPU)
   at::Tensor decode_q;      // [max_tokens, heads, head_dim]: gathered decode queries (GPU)
   at::Tensor decode_out;    // [max_tokens, q]: their attention, before the scatter back
+  // float32 workspace of the paged decode kernel's split sequences (GPU; undefined on a CPU):
+  // allocated here once, so that a captured decode graph keeps its address.
+  at::Tensor decode_partials;
   at::Tensor host_positions;
   at::Tensor host_slots;
   at::Tensor host_block_tables;

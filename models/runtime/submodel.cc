@@ -414,6 +414,7 @@ Submodel::DeviceBatch Submodel::PrepareDeviceBatch(std::span<const SequenceChunk
   batch.slots.copy_(buffers.host_slots.narrow(0, 0, total), /*non_blocking=*/true);
   const auto count = static_cast<int64_t>(decode_rows.size());
   batch.decode_count = count;
+  batch.partials = buffers.decode_partials;
   if (count > 0) {
     batch.block_tables = buffers.block_tables.narrow(0, 0, count);
     batch.block_tables.copy_(buffers.host_block_tables.narrow(0, 0, count), true);
@@ -453,14 +454,16 @@ bool Submodel::AttendDeviceBatch(const DeviceBatch& batch, std::span<const Seque
       at::Tensor decode_out = attention.narrow(0, batch.decode_first_row, decode_count);
       decode_done = kernels::PagedDecodeAttentionBatch(decode_q, pool.keys(layer),
                                                        pool.values(layer), batch.block_tables,
-                                                       batch.seq_lens, window, scale, decode_out);
+                                                       batch.seq_lens, window, scale, decode_out,
+                                                       batch.partials);
     } else {
       at::Tensor decode_q = batch.decode_q;
       at::index_select_out(decode_q, q, 0, batch.decode_index);
       at::Tensor decode_out = batch.decode_out;
       decode_done = kernels::PagedDecodeAttentionBatch(decode_q, pool.keys(layer),
                                                        pool.values(layer), batch.block_tables,
-                                                       batch.seq_lens, window, scale, decode_out);
+                                                       batch.seq_lens, window, scale, decode_out,
+                                                       batch.partials);
       if (decode_done) attention.index_copy_(0, batch.decode_index, decode_out);
     }
   }
@@ -693,6 +696,7 @@ absl::Status Submodel::DecodeStepInBuffers(const KvBlockPool& pool, int64_t rows
     batch.decode_rows_contiguous = true;
     batch.block_tables = buffers.block_tables.narrow(0, 0, rows);
     batch.seq_lens = buffers.seq_lens.narrow(0, 0, rows);
+    batch.partials = buffers.decode_partials;
     const at::Tensor positions = buffers.positions.narrow(0, 0, rows);
     at::Tensor cos = buffers.cos.narrow(0, 0, rows);
     at::Tensor sin = buffers.sin.narrow(0, 0, rows);

@@ -206,6 +206,7 @@ class Submodel {
     at::Tensor decode_out;
     at::Tensor block_tables;  // [decode rows, max blocks] int32
     at::Tensor seq_lens;      // [decode rows] int32: positions each attends, its own included
+    at::Tensor partials;      // the decode kernel's split workspace (StepBuffers)
   };
   DeviceBatch PrepareDeviceBatch(std::span<const SequenceChunk> chunks, int64_t total,
                                  StepBuffers& buffers) const;
