@@ -1,10 +1,8 @@
 // Paged decode attention, split along the sequence (flash-decoding): thread block (sequence,
 // KV head, split) takes one stretch of the sequence's positions, in tiles that its threads
 // copy from the paged pool into shared memory with 16-byte loads (the next tile's loads in
-// flight while the current one is computed). In shared memory a thread computes whole dot
-// products (query head g, position p), each warp then keeps the online softmax (running max,
-// sum and weighted values) of its own query heads. With one split the block writes the
-// output; with several, each writes its unnormalized partial and a second kernel merges them.
+// flight while the current one is computed). With one split the block writes the output;
+// with several, each writes its unnormalized partial and a second kernel merges them.
 // Splits are what lets one sequence of 8 KV heads use more than 8 of a GPU's SMs: the count
 // depends only on the batch (seqs x KV heads against the SM count), never on lengths, so a
 // captured CUDA graph stays valid as sequences grow; a split past a short sequence's end
@@ -28,32 +26,34 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kMaxSplits = 64;
+constexpr int kBlocksPerSm = 4;  // the kernel's __launch_bounds__
 
 // The tile of one block: kPositions positions of one KV head's keys and values in shared
-// memory, each row padded by 16 bytes so that the 8 lanes of a quarter warp reading 16 bytes
-// of 8 different rows hit distinct banks.
+// memory. A position's dot products are computed by kThreadsPerPosition adjacent threads,
+// each taking every kThreadsPerPosition-th 16-byte chunk of the row; rows are padded by
+// 16 bytes per such thread so that a quarter warp's 8 loads fall in distinct banks.
 template <typename T, int kHeadDim>
 struct TileShape {
   static constexpr int kRowBytes = kHeadDim * static_cast<int>(sizeof(T));
   static constexpr int kPositions = 16384 / kRowBytes < 64 ? 16384 / kRowBytes : 64;
-  static constexpr int kStrideBytes = kRowBytes + 16;
+  static constexpr int kThreadsPerPosition = kThreads / kPositions;
+  static constexpr int kStrideBytes = kRowBytes + 16 * kThreadsPerPosition;
   static constexpr int kChunksPerRow = kRowBytes / 16;
+  static constexpr int kChunksPerThreadRow = kChunksPerRow / kThreadsPerPosition;
   static constexpr int kChunks = kPositions * kChunksPerRow;
   static constexpr int kChunksPerThread = kChunks / kThreads;
   static constexpr int kLaneElements = kHeadDim / 32;  // values each lane accumulates
+  static constexpr int kTileBytes = kPositions * kStrideBytes;
   static_assert(kChunks % kThreads == 0, "the tile's 16-byte chunks split evenly");
   static_assert(kRowBytes % 16 == 0, "rows are whole 16-byte chunks");
+  static_assert(kChunksPerRow % kThreadsPerPosition == 0, "a row's chunks split evenly");
+  static_assert(kThreadsPerPosition <= 32 && 32 % kThreadsPerPosition == 0,
+                "a position's threads are adjacent lanes of one warp");
 };
 
 __device__ inline float WarpMax(float v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
-}
-
-__device__ inline float WarpSum(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
 }
 
@@ -76,8 +76,15 @@ __device__ inline void ChunkToFloat(const uint4& raw, float (&out)[Chunk<T>::kEl
   for (int e = 0; e < Chunk<T>::kElements; ++e) out[e] = ToFloat(v[e]);
 }
 
+// Per tile: the threads copy it in (the next tile's loads then go in flight); the adjacent
+// threads of each position compute its dot product with every query head of the group,
+// reading and converting the key row once for all of them; every warp takes the tile's
+// maximum of each head (all warps alike, so their running maxima stay equal) and then
+// accumulates a quarter of the positions for every head, reading and converting each value
+// row once. The warps' partial sums are added at the end.
 template <typename T, int kHeadDim, int kMaxGroup>
-__global__ void __launch_bounds__(kThreads)
+// Four resident blocks an SM (at most 128 registers a thread): more loads in flight.
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     PagedDecodeAttentionKernel(const T* __restrict__ q, const T* __restrict__ key_blocks,
                                const T* __restrict__ value_blocks,
                                const int32_t* __restrict__ block_tables,
@@ -88,14 +95,20 @@ __global__ void __launch_bounds__(kThreads)
                                int window, float scale) {
   using Shape = TileShape<T, kHeadDim>;
   constexpr int P = Shape::kPositions;
+  constexpr int R = Shape::kThreadsPerPosition;
   constexpr int kE = Shape::kLaneElements;
   constexpr int kChunkElements = Chunk<T>::kElements;
-  constexpr int kGroupsPerWarp = (kMaxGroup + kWarps - 1) / kWarps;
+  constexpr int kPositionsPerWarp = P / kWarps;
+  static_assert(kWarps * kMaxGroup * kHeadDim * 4 <= Shape::kTileBytes,
+                "the warps' partial sums fit in the key tile");
 
-  __shared__ __align__(16) unsigned char key_tile[P * Shape::kStrideBytes];
-  __shared__ __align__(16) unsigned char value_tile[P * Shape::kStrideBytes];
+  __shared__ __align__(16) unsigned char key_tile[Shape::kTileBytes];
+  __shared__ __align__(16) unsigned char value_tile[Shape::kTileBytes];
   __shared__ __align__(16) float q_tile[kMaxGroup][kHeadDim];  // scaled queries
-  __shared__ float scores[kMaxGroup][P];                       // then softmax weights
+  __shared__ float scores[kMaxGroup][P];
+  __shared__ float weights[kMaxGroup][P];
+  __shared__ float warp_sums[kWarps][kMaxGroup];
+  __shared__ float head_max[kMaxGroup];
 
   const int seq = blockIdx.x;
   const int kv_head = blockIdx.y;
@@ -149,24 +162,26 @@ __global__ void __launch_bounds__(kThreads)
       const int chunk = threadIdx.x + j * kThreads;
       const int p = chunk / Shape::kChunksPerRow;
       const int c = chunk % Shape::kChunksPerRow;
-      // Rows past the end hold whatever the registers held: never read (scores below mask
-      // them, the weighted sum stops at the last valid row).
+      // Rows past the end hold whatever the registers held: never read (their scores are
+      // masked, the weighted sum skips them).
       *reinterpret_cast<uint4*>(key_tile + p * Shape::kStrideBytes + c * 16) = key_regs[j];
       *reinterpret_cast<uint4*>(value_tile + p * Shape::kStrideBytes + c * 16) = value_regs[j];
     }
   };
 
-  float running_max[kGroupsPerWarp];
-  float running_sum[kGroupsPerWarp];
-  float acc[kGroupsPerWarp][kE];
+  float running_max[kMaxGroup];
+  float running_sum[kMaxGroup];  // this warp's positions only
+  float acc[kMaxGroup][kE];      // the same
 #pragma unroll
-  for (int i = 0; i < kGroupsPerWarp; ++i) {
-    running_max[i] = -FLT_MAX;
-    running_sum[i] = 0.0f;
+  for (int g = 0; g < kMaxGroup; ++g) {
+    running_max[g] = -FLT_MAX;
+    running_sum[g] = 0.0f;
 #pragma unroll
-    for (int e = 0; e < kE; ++e) acc[i][e] = 0.0f;
+    for (int e = 0; e < kE; ++e) acc[g][e] = 0.0f;
   }
 
+  const int score_position = threadIdx.x / R;
+  const int score_part = threadIdx.x % R;
   if (begin < end) load_tile(begin);
   for (int tile_begin = begin; tile_begin < end; tile_begin += P) {
     store_tile();
@@ -174,106 +189,150 @@ __global__ void __launch_bounds__(kThreads)
     const int valid = min(P, end - tile_begin);
     if (tile_begin + P < end) load_tile(tile_begin + P);  // in flight during the compute
 
-    for (int i = threadIdx.x; i < group * P; i += kThreads) {
-      const int g = i / P;
-      const int p = i % P;
-      float s = -INFINITY;
-      if (p < valid) {
-        s = 0.0f;
-        const unsigned char* key_row = key_tile + p * Shape::kStrideBytes;
+    {
+      float dot[kMaxGroup];
 #pragma unroll
-        for (int c = 0; c < Shape::kChunksPerRow; ++c) {
-          float k[kChunkElements];
-          ChunkToFloat<T>(*reinterpret_cast<const uint4*>(key_row + c * 16), k);
+      for (int g = 0; g < kMaxGroup; ++g) dot[g] = 0.0f;
+      const unsigned char* key_row = key_tile + score_position * Shape::kStrideBytes;
+#pragma unroll
+      for (int j = 0; j < Shape::kChunksPerThreadRow; ++j) {
+        const int c = j * R + score_part;
+        float k[kChunkElements];
+        ChunkToFloat<T>(*reinterpret_cast<const uint4*>(key_row + c * 16), k);
+#pragma unroll
+        for (int g = 0; g < kMaxGroup; ++g) {
+          if (g >= group) break;
           const float4* qg = reinterpret_cast<const float4*>(&q_tile[g][c * kChunkElements]);
 #pragma unroll
           for (int e4 = 0; e4 < kChunkElements / 4; ++e4) {
             const float4 qv = qg[e4];
-            s += qv.x * k[4 * e4] + qv.y * k[4 * e4 + 1] + qv.z * k[4 * e4 + 2] +
-                 qv.w * k[4 * e4 + 3];
+            dot[g] += qv.x * k[4 * e4] + qv.y * k[4 * e4 + 1] + qv.z * k[4 * e4 + 2] +
+                      qv.w * k[4 * e4 + 3];
           }
         }
       }
-      scores[g][p] = s;
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g) {
+#pragma unroll
+        for (int offset = R / 2; offset > 0; offset /= 2) {
+          dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], offset);
+        }
+      }
+      if (score_part == 0) {
+#pragma unroll
+        for (int g = 0; g < kMaxGroup; ++g) {
+          if (g >= group) break;
+          scores[g][score_position] = score_position < valid ? dot[g] : -INFINITY;
+        }
+      }
     }
     __syncthreads();
 
+    const int first = warp * kPositionsPerWarp;
+    const int last = min(valid, first + kPositionsPerWarp);
 #pragma unroll
-    for (int i = 0; i < kGroupsPerWarp; ++i) {
-      const int g = warp + i * kWarps;
+    for (int g = 0; g < kMaxGroup; ++g) {
       if (g >= group) break;
       float tile_max = -INFINITY;
       for (int p = lane; p < valid; p += 32) tile_max = fmaxf(tile_max, scores[g][p]);
-      const float new_max = fmaxf(running_max[i], WarpMax(tile_max));
-      const float correction = __expf(running_max[i] - new_max);
-      float tile_sum = 0.0f;
-      for (int p = lane; p < valid; p += 32) {
-        const float w = __expf(scores[g][p] - new_max);
-        scores[g][p] = w;
-        tile_sum += w;
-      }
-      __syncwarp();
-      running_sum[i] = running_sum[i] * correction + WarpSum(tile_sum);
-      running_max[i] = new_max;
+      const float new_max = fmaxf(running_max[g], WarpMax(tile_max));
+      const float correction = __expf(running_max[g] - new_max);
+      running_max[g] = new_max;
+      running_sum[g] *= correction;
 #pragma unroll
-      for (int e = 0; e < kE; ++e) acc[i][e] *= correction;
-      for (int p = 0; p < valid; ++p) {
-        const float w = scores[g][p];
-        const LanePack<T, kE> v = *reinterpret_cast<const LanePack<T, kE>*>(
-            value_tile + p * Shape::kStrideBytes + lane * kE * static_cast<int>(sizeof(T)));
+      for (int e = 0; e < kE; ++e) acc[g][e] *= correction;
+      for (int p = first + lane; p < last; p += 32) weights[g][p] = __expf(scores[g][p] - new_max);
+    }
+    __syncwarp();
+    for (int p = first; p < last; ++p) {
+      const LanePack<T, kE> packed = *reinterpret_cast<const LanePack<T, kE>*>(
+          value_tile + p * Shape::kStrideBytes + lane * kE * static_cast<int>(sizeof(T)));
+      float v[kE];
 #pragma unroll
-        for (int e = 0; e < kE; ++e) acc[i][e] += w * ToFloat(v.v[e]);
+      for (int e = 0; e < kE; ++e) v[e] = ToFloat(packed.v[e]);
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g) {
+        if (g >= group) break;
+        const float w = weights[g][p];
+        running_sum[g] += w;
+#pragma unroll
+        for (int e = 0; e < kE; ++e) acc[g][e] += w * v[e];
       }
     }
-    __syncthreads();  // before the next tile overwrites the tiles and the scores
+    __syncthreads();  // before the next tile overwrites the tiles, scores and weights
   }
 
+  // The warps' partial sums, added through shared memory (the key tile is free now).
+  float* warp_acc = reinterpret_cast<float*>(key_tile);  // [kWarps][group][kHeadDim]
 #pragma unroll
-  for (int i = 0; i < kGroupsPerWarp; ++i) {
-    const int g = warp + i * kWarps;
+  for (int g = 0; g < kMaxGroup; ++g) {
     if (g >= group) break;
-    const int head = kv_head * group + g;
-    const int64_t head_row = static_cast<int64_t>(seq) * num_heads + head;
-    if (splits == 1) {
-      const float inverse = running_sum[i] > 0.0f ? 1.0f / running_sum[i] : 0.0f;
+    if (lane == 0) warp_sums[warp][g] = running_sum[g];
+    if (warp == 0 && lane == 0) head_max[g] = running_max[g];  // every warp's is the same
 #pragma unroll
-      for (int e = 0; e < kE; ++e) {
-        out[head_row * kHeadDim + lane * kE + e] = FromFloat<T>(acc[i][e] * inverse);
-      }
+    for (int e = 0; e < kE; ++e) {
+      warp_acc[(warp * group + g) * kHeadDim + lane * kE + e] = acc[g][e];
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < group * kHeadDim; i += kThreads) {
+    const int g = i / kHeadDim;
+    const int d = i % kHeadDim;
+    float sum = 0.0f;
+    float value = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      sum += warp_sums[w][g];
+      value += warp_acc[(w * group + g) * kHeadDim + d];
+    }
+    const int64_t head_row = static_cast<int64_t>(seq) * num_heads + kv_head * group + g;
+    if (splits == 1) {
+      out[head_row * kHeadDim + d] = FromFloat<T>(sum > 0.0f ? value / sum : 0.0f);
     } else {
       const int64_t partial = head_row * splits + split;
-#pragma unroll
-      for (int e = 0; e < kE; ++e) partial_values[partial * kHeadDim + lane * kE + e] = acc[i][e];
-      if (lane == 0) {
+      partial_values[partial * kHeadDim + d] = value;
+      if (d == 0) {
         // An empty split (past a short sequence's end) weighs nothing in the merge.
-        partial_stats[2 * partial] = running_sum[i] > 0.0f ? running_max[i] : -INFINITY;
-        partial_stats[2 * partial + 1] = running_sum[i];
+        partial_stats[2 * partial] = sum > 0.0f ? head_max[g] : -INFINITY;
+        partial_stats[2 * partial + 1] = sum;
       }
     }
   }
 }
 
 // One block per (sequence, query head), one thread per dimension: the splits' partials
-// rescaled to their common maximum and normalized by the summed weights.
+// rescaled to their common maximum and normalized by the summed weights. The splits' scales
+// are read once into shared memory, in parallel.
 template <typename T>
 __global__ void MergeSplitsKernel(const float* __restrict__ partial_values,
                                   const float* __restrict__ partial_stats, T* __restrict__ out,
                                   int num_heads, int head_dim, int splits) {
+  __shared__ float factor[kMaxSplits];  // exp(max_s - max), 0 for an empty split
+  __shared__ float total;
   const int64_t head_row = static_cast<int64_t>(blockIdx.x) * num_heads + blockIdx.y;
   const float* stats = partial_stats + 2 * head_row * splits;
-  float max_score = -INFINITY;
-  for (int s = 0; s < splits; ++s) max_score = fmaxf(max_score, stats[2 * s]);
-  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+  if (threadIdx.x < 32) {
+    float max_score = -INFINITY;
+    for (int s = threadIdx.x; s < splits; s += 32) max_score = fmaxf(max_score, stats[2 * s]);
+    max_score = WarpMax(max_score);
     float sum = 0.0f;
-    float value = 0.0f;
-    if (max_score > -INFINITY) {
-      for (int s = 0; s < splits; ++s) {
-        const float f = __expf(stats[2 * s] - max_score);  // 0 for an empty split
-        sum += stats[2 * s + 1] * f;
-        value += partial_values[(head_row * splits + s) * head_dim + d] * f;
-      }
+    for (int s = threadIdx.x; s < splits; s += 32) {
+      const float f = max_score > -INFINITY ? __expf(stats[2 * s] - max_score) : 0.0f;
+      factor[s] = f;
+      sum += stats[2 * s + 1] * f;
     }
-    out[head_row * head_dim + d] = FromFloat<T>(sum > 0.0f ? value / sum : 0.0f);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (threadIdx.x == 0) total = sum;
+  }
+  __syncthreads();
+  const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float value = 0.0f;
+    const float* values = partial_values + head_row * splits * head_dim + d;
+#pragma unroll 4
+    for (int s = 0; s < splits; ++s) value += values[static_cast<int64_t>(s) * head_dim] * factor[s];
+    out[head_row * head_dim + d] = FromFloat<T>(value * inverse);
   }
 }
 
@@ -320,21 +379,32 @@ void Launch(const PagedDecodeAttentionArgs& a, int splits) {
   }
 }
 
+// Instantiated for groups of up to 4 query heads per KV head (Llama-3, Mistral, Qwen: fewer
+// registers a thread, more resident blocks) and up to 8.
+template <typename T, int kHeadDim>
+void LaunchForGroup(const PagedDecodeAttentionArgs& a, int splits, int group) {
+  if (group <= 4) {
+    Launch<T, kHeadDim, 4>(a, splits);
+  } else {
+    Launch<T, kHeadDim, 8>(a, splits);
+  }
+}
+
 template <typename T>
 bool LaunchForType(const PagedDecodeAttentionArgs& a, int splits) {
   const int group = a.num_heads / a.num_kv_heads;
   switch (a.head_dim) {
     case 32:
       if (group > 8) return false;
-      Launch<T, 32, 8>(a, splits);
+      LaunchForGroup<T, 32>(a, splits, group);
       return true;
     case 64:
       if (group > 8) return false;
-      Launch<T, 64, 8>(a, splits);
+      LaunchForGroup<T, 64>(a, splits, group);
       return true;
     case 128:
       if (group > 8) return false;
-      Launch<T, 128, 8>(a, splits);
+      LaunchForGroup<T, 128>(a, splits, group);
       return true;
     case 256:
       if (group > 4) return false;
@@ -350,9 +420,9 @@ bool LaunchForType(const PagedDecodeAttentionArgs& a, int splits) {
 int PagedDecodeSplits(const PagedDecodeAttentionArgs& args) {
   if (args.partials == nullptr || args.num_seqs <= 0 || args.num_kv_heads <= 0) return 1;
   const int64_t blocks = static_cast<int64_t>(args.num_seqs) * args.num_kv_heads;
-  // Three blocks per SM (a block's tiles take ~41 KB of its shared memory; more resident
-  // blocks keep more loads in flight): a batch that fills them needs no split.
-  const int64_t target = 3 * static_cast<int64_t>(MultiprocessorCount());
+  // The four blocks an SM holds at once (128 registers a thread, ~41 KB of shared memory a
+  // block): a batch that fills them needs no split.
+  const int64_t target = kBlocksPerSm * static_cast<int64_t>(MultiprocessorCount());
   int64_t splits = std::min<int64_t>(kMaxSplits, (target + blocks - 1) / blocks);
   const int64_t per_split_floats =
       static_cast<int64_t>(args.num_seqs) * args.num_heads * (args.head_dim + 2);
@@ -362,9 +432,10 @@ int PagedDecodeSplits(const PagedDecodeAttentionArgs& args) {
 
 int64_t PagedDecodePartialFloats(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
   if (num_kv_heads <= 0) return 0;
-  // Splits are only taken while seqs x KV heads < target (3 per SM), and then seqs x KV heads
-  // x splits < 2 x target: room for that many blocks' query heads, on up to 256 SMs.
-  const int64_t blocks = 2 * 3 * std::max(256, MultiprocessorCount());
+  // Splits are only taken while seqs x KV heads < target (kBlocksPerSm per SM), and then
+  // seqs x KV heads x splits < 2 x target: room for that many blocks' query heads, on up to
+  // 256 SMs.
+  const int64_t blocks = 2 * kBlocksPerSm * std::max(256, MultiprocessorCount());
   return blocks * (num_heads / num_kv_heads) * (head_dim + 2);
 }
 

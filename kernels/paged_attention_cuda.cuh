@@ -34,7 +34,7 @@ struct PagedDecodeAttentionArgs {
 };
 
 // How many stretches each sequence is split into (1: no partials, no merge): enough thread
-// blocks for about three per SM, at most 64, as the workspace allows. Depends on the batch's
+// blocks for four per SM, at most 64, as the workspace allows. Depends on the batch's
 // shape and the device only, never on sequence lengths (a captured graph replays it).
 int PagedDecodeSplits(const PagedDecodeAttentionArgs& args);
 // Workspace floats that let every batch shape on the current device take its full split.
