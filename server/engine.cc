@@ -66,7 +66,9 @@ absl::Status Engine::Warmup() {
     step_buffers_.emplace(middle_->NewStepBuffers(staging_.size(0), options_.kv_block_size));
     if (gpu) {
       for (InFlight& batch : in_flight_) {
-        batch.host_output = at::empty(staging_.sizes(), staging_.options());
+        // Pinned (a tensor's options() do not carry that): a read-back into pageable memory
+        // is synchronous, and would hold the engine thread until the step's kernels end.
+        batch.host_output = at::empty(staging_.sizes(), staging_.options().pinned_memory(true));
       }
     }
   }));
@@ -1147,13 +1149,17 @@ int64_t Engine::Launch() {
   chunks_.clear();
   int64_t row = 0;
   auto* staging = static_cast<uint8_t*>(staging_.data_ptr());
+  // A CPU step of one chunk reads its payload in place; a GPU one uploads from pinned staging
+  // only (an upload from pageable memory waits for the stream's earlier work to finish).
+  const bool gpu = !middle_->options().device.is_cpu();
+  const bool gathered = plan_.size() > 1 || gpu;
   // The last upload from staging_ must have been read before it is overwritten.
-  if (plan_.size() > 1) staging_read_.Wait();
+  if (gathered) staging_read_.Wait();
   for (const PlannedWork& planned : plan_) {
     Session* session = pending_sessions_[planned.index];
     const WorkItem& head = session->work.front();
     KvCache& cache = session->cache;
-    if (plan_.size() > 1) {
+    if (gathered) {
       std::memcpy(staging + row * row_bytes_, head.data.data() + head.done * row_bytes_,
                   planned.num_tokens * row_bytes_);
     }
@@ -1164,17 +1170,16 @@ int64_t Engine::Launch() {
     row += planned.num_tokens;
   }
 
-  // A step of one chunk reads its payload in place (the payload outlives the forward);
-  // batches are gathered into staging.
+  // A CPU step of one chunk reads its payload in place (the payload outlives the forward);
+  // the rest were gathered into staging.
   at::Tensor input;
-  if (plan_.size() == 1) {
+  if (!gathered) {
     const WorkItem& only = pending_sessions_[plan_[0].index]->work.front();
     input = at::from_blob(const_cast<char*>(only.data.data()) + only.done * row_bytes_,
                           {total, middle_->config().hidden_size}, staging_.options());
   } else {
     input = staging_.narrow(0, 0, total);
   }
-  const bool gpu = !middle_->options().device.is_cpu();
   if (gpu) {
     // Into the step buffers' rows asynchronously (the forward then copies nothing).
     at::Tensor device_input = step_buffers_->residual.narrow(0, 0, total);

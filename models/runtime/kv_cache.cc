@@ -242,15 +242,21 @@ void KvCache::Write(int64_t layer, int64_t position, const at::Tensor& k,
   }
 }
 
-at::Tensor KvCache::Rows(const at::Tensor& blocks, int64_t positions) const {
+at::Tensor KvCache::Rows(const at::Tensor& blocks, int64_t positions,
+                         const at::Tensor& device_ids) const {
   const int64_t block_size = pool_->block_size();
   if (positions <= block_size) {
     return blocks.select(0, block_table_.empty() ? 0 : block_table_[0]).narrow(0, 0, positions);
   }
   const int64_t needed = pool_->BlocksFor(positions);
-  // The ids are only read; from_blob does not copy them (on CPU).
-  at::Tensor ids = at::from_blob(const_cast<int32_t*>(block_table_.data()), {needed}, at::kInt);
-  if (!blocks.is_cpu()) ids = ids.to(blocks.device());
+  at::Tensor ids;
+  if (device_ids.defined() && device_ids.size(0) >= needed) {
+    ids = device_ids.narrow(0, 0, needed);
+  } else {
+    // The ids are only read; from_blob does not copy them (on CPU).
+    ids = at::from_blob(const_cast<int32_t*>(block_table_.data()), {needed}, at::kInt);
+    if (!blocks.is_cpu()) ids = ids.to(blocks.device());
+  }
   return blocks.index_select(0, ids)
       .view({needed * block_size, pool_->kv_heads(), pool_->head_dim()})
       .narrow(0, 0, positions);
@@ -262,6 +268,15 @@ at::Tensor KvCache::Keys(int64_t layer, int64_t positions) const {
 
 at::Tensor KvCache::Values(int64_t layer, int64_t positions) const {
   return Rows(pool_->values(layer), positions);
+}
+
+at::Tensor KvCache::Keys(int64_t layer, int64_t positions, const at::Tensor& device_ids) const {
+  return Rows(pool_->keys(layer), positions, device_ids);
+}
+
+at::Tensor KvCache::Values(int64_t layer, int64_t positions,
+                           const at::Tensor& device_ids) const {
+  return Rows(pool_->values(layer), positions, device_ids);
 }
 
 at::Tensor KvCache::ExportPositions(int64_t begin, int64_t count) const {

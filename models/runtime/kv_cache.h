@@ -175,6 +175,11 @@ class KvCache {
   // cache), else a copy gathered block by block (index_select).
   at::Tensor Keys(int64_t layer, int64_t positions) const;
   at::Tensor Values(int64_t layer, int64_t positions) const;
+  // The same with this cache's block ids already on the pool's device (int32, at least the
+  // blocks `positions` spans, in block-table order): a GPU step uploads them once for every
+  // layer instead of once per call. Undefined `device_ids`: as above.
+  at::Tensor Keys(int64_t layer, int64_t positions, const at::Tensor& device_ids) const;
+  at::Tensor Values(int64_t layer, int64_t positions, const at::Tensor& device_ids) const;
 
   // Copies of the keys and values of positions [begin, begin + count) in every layer, as
   // [2, num_layers, count, kv_heads, head_dim]. Parallel drafting drafts several branches
@@ -195,7 +200,8 @@ class KvCache {
   void Advance(int64_t count) { length_ += count; }
 
  private:
-  at::Tensor Rows(const at::Tensor& blocks, int64_t positions) const;
+  at::Tensor Rows(const at::Tensor& blocks, int64_t positions,
+                  const at::Tensor& device_ids = {}) const;
 
   std::shared_ptr<KvBlockPool> pool_;
   std::vector<int32_t> block_table_;

@@ -270,6 +270,14 @@ TEST_CASE("Rows written across blocks read back in sequence order", "[kv_cache]"
     CHECK(at::equal(cache.Values(layer, 13), v * (layer + 1)));
     CHECK(at::equal(cache.Keys(layer, 2), k.narrow(0, 0, 2) * (layer + 1)));
   }
+  // With the block ids given as a tensor (a GPU step uploads them once for every layer),
+  // the rows are the same; ids that do not span the positions are ignored.
+  const at::Tensor ids = at::tensor(std::vector<int32_t>{7, 1, 4, 8, 2, 0}, at::kInt);
+  for (int64_t layer = 0; layer < 2; ++layer) {
+    CHECK(at::equal(cache.Keys(layer, 13, ids), k * (layer + 1)));
+    CHECK(at::equal(cache.Values(layer, 13, ids), v * (layer + 1)));
+    CHECK(at::equal(cache.Keys(layer, 13, ids.narrow(0, 0, 2)), k * (layer + 1)));
+  }
   // Row 4 lives in the second block (id 1) at offset 1.
   CHECK(at::equal((*pool)->keys(0)[1][1], k[4]));
   // Positions inside the first block are a view of the pool, not a copy.

@@ -50,6 +50,7 @@ StepBuffers::StepBuffers(const ModelConfig& config, at::ScalarType dtype, at::De
   host_seq_lens = at::zeros({index_rows}, host.dtype(at::kInt));
   host_decode_index = at::empty({index_rows}, host.dtype(at::kLong));
   decode_rows.reserve(static_cast<size_t>(rows));
+  chunk_table_rows.reserve(static_cast<size_t>(rows));
 }
 
 void StepBuffers::UploadDecodeIndices(int64_t rows) {

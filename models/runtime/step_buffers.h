@@ -63,6 +63,8 @@ struct StepBuffers {
   // float32 workspace of the paged decode kernel's split sequences (GPU; undefined on a CPU):
   // allocated here once, so that a captured decode graph keeps its address.
   at::Tensor decode_partials;
+  // Which chunks of a GPU step are longer than one row (their indices), staged by the step.
+  std::vector<int64_t> chunk_table_rows;
   at::Tensor host_positions;
   at::Tensor host_slots;
   at::Tensor host_block_tables;

@@ -315,7 +315,7 @@ absl::StatusOr<at::Tensor> Submodel::Embed(const at::Tensor& token_ids) const {
 }
 
 void Submodel::AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t layer,
-                           at::Tensor out) const {
+                           at::Tensor out, const at::Tensor& device_ids) const {
   // q: [n, H, hd] at positions past..past+n-1; keys/values: [past+n, KV, hd].
   const int64_t n = q.size(0);
   const int64_t past = cache.length();
@@ -331,8 +331,8 @@ void Submodel::AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t la
                                     cache.block_table(), total, scale, out)) {
     return;
   }
-  const at::Tensor keys = cache.Keys(layer, total);
-  const at::Tensor values = cache.Values(layer, total);
+  const at::Tensor keys = cache.Keys(layer, total, device_ids);
+  const at::Tensor values = cache.Values(layer, total, device_ids);
   if (q.is_cuda() || q.scalar_type() != at::kFloat) {
     // Fused attention (on a GPU flash or memory-efficient kernels, in the compute dtype) over
     // the chunk and its history, instead of a float32 score matrix. CPU dtypes other than
@@ -393,6 +393,11 @@ Submodel::DeviceBatch Submodel::PrepareDeviceBatch(std::span<const SequenceChunk
   int64_t row = 0;
   batch.decode_first_row = -1;
   batch.decode_rows_contiguous = true;
+  // Longer chunks' block tables go in the rows after the decode rows' (their count is not
+  // known until the loop ends, so they are staged apart and moved there after it).
+  std::vector<int64_t>& chunk_table_rows = buffers.chunk_table_rows;
+  chunk_table_rows.clear();
+  bool chunk_tables_fit = true;
   for (const SequenceChunk& chunk : chunks) {
     const std::span<const int32_t> table = chunk.cache->block_table();
     const int64_t past = chunk.cache->length();
@@ -406,6 +411,10 @@ Submodel::DeviceBatch Submodel::PrepareDeviceBatch(std::span<const SequenceChunk
       decode_rows.push_back(row);
       lens[d] = static_cast<int32_t>(past + 1);
       std::copy(table.begin(), table.begin() + needed, tables + d * width);
+    } else if (chunk.num_tokens > 1) {
+      // Gathered from the pool in every layer (AttendChunk): its ids go up once per step.
+      chunk_table_rows.push_back(static_cast<int64_t>(&chunk - chunks.data()));
+      if (pool->BlocksFor(past + chunk.num_tokens) > width) chunk_tables_fit = false;
     }
     row += chunk.num_tokens;
   }
@@ -415,9 +424,21 @@ Submodel::DeviceBatch Submodel::PrepareDeviceBatch(std::span<const SequenceChunk
   const auto count = static_cast<int64_t>(decode_rows.size());
   batch.decode_count = count;
   batch.partials = buffers.decode_partials;
+  const auto multi = chunk_tables_fit ? static_cast<int64_t>(chunk_table_rows.size()) : 0;
+  for (int64_t m = 0; m < multi; ++m) {
+    const KvCache& cache = *chunks[static_cast<size_t>(chunk_table_rows[m])].cache;
+    const std::span<const int32_t> table = cache.block_table();
+    const int64_t needed = pool->BlocksFor(cache.length() + chunks[chunk_table_rows[m]].num_tokens);
+    std::copy(table.begin(), table.begin() + needed, tables + (count + m) * width);
+  }
+  if (count + multi > 0) {
+    // The decode rows' tables and the longer chunks' in one upload.
+    buffers.block_tables.narrow(0, 0, count + multi)
+        .copy_(buffers.host_block_tables.narrow(0, 0, count + multi), true);
+  }
+  if (multi > 0) batch.chunk_tables = buffers.block_tables.narrow(0, count, multi);
   if (count > 0) {
     batch.block_tables = buffers.block_tables.narrow(0, 0, count);
-    batch.block_tables.copy_(buffers.host_block_tables.narrow(0, 0, count), true);
     batch.seq_lens = buffers.seq_lens.narrow(0, 0, count);
     batch.seq_lens.copy_(buffers.host_seq_lens.narrow(0, 0, count), true);
     if (!batch.decode_rows_contiguous) {
@@ -468,11 +489,15 @@ bool Submodel::AttendDeviceBatch(const DeviceBatch& batch, std::span<const Seque
     }
   }
   int64_t row = 0;
+  int64_t multi = 0;  // the longer chunks in order, as PrepareDeviceBatch staged their tables
   for (const SequenceChunk& chunk : chunks) {
     const int64_t n = chunk.num_tokens;
     if (n > 0 && !(n == 1 && decode_done)) {
-      AttendChunk(q.narrow(0, row, n), *chunk.cache, layer, attention.narrow(0, row, n));
+      const at::Tensor ids =
+          n > 1 && batch.chunk_tables.defined() ? batch.chunk_tables[multi] : at::Tensor();
+      AttendChunk(q.narrow(0, row, n), *chunk.cache, layer, attention.narrow(0, row, n), ids);
     }
+    if (n > 1) ++multi;
     row += n;
   }
   return decode_done || decode_count == 0;

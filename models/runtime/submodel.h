@@ -207,6 +207,9 @@ class Submodel {
     at::Tensor block_tables;  // [decode rows, max blocks] int32
     at::Tensor seq_lens;      // [decode rows] int32: positions each attends, its own included
     at::Tensor partials;      // the decode kernel's split workspace (StepBuffers)
+    // [chunks longer than one row, max blocks] int32: their block tables on the device, in
+    // chunk order, uploaded once for every layer's gather; undefined when one is too long.
+    at::Tensor chunk_tables;
   };
   DeviceBatch PrepareDeviceBatch(std::span<const SequenceChunk> chunks, int64_t total,
                                  StepBuffers& buffers) const;
@@ -226,8 +229,10 @@ class Submodel {
 
   // Attention of the chunk's queries q [n, H, hd] (positions past..past+n-1, past =
   // cache.length()) against positions [0, past + n) of `layer`, already written.
-  void AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t layer,
-                   at::Tensor out) const;
+  // `device_ids`: the cache's block ids on the device (DeviceBatch::chunk_tables), or
+  // undefined.
+  void AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t layer, at::Tensor out,
+                   const at::Tensor& device_ids = {}) const;
 
   ModelConfig config_;
   SubmodelSpec spec_;
