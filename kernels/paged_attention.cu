@@ -53,7 +53,9 @@ struct TileShape {
 
 __device__ inline float WarpMax(float v) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  for (int offset = 16; offset > 0; offset /= 2) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  }
   return v;
 }
 
@@ -331,26 +333,28 @@ __global__ void MergeSplitsKernel(const float* __restrict__ partial_values,
     float value = 0.0f;
     const float* values = partial_values + head_row * splits * head_dim + d;
 #pragma unroll 4
-    for (int s = 0; s < splits; ++s) value += values[static_cast<int64_t>(s) * head_dim] * factor[s];
+    for (int s = 0; s < splits; ++s) {
+      value += values[static_cast<int64_t>(s) * head_dim] * factor[s];
+    }
     out[head_row * head_dim + d] = FromFloat<T>(value * inverse);
   }
 }
 
-int StreamDevice() {
-  int device = 0;
-  return cudaGetDevice(&device) == cudaSuccess ? device : 0;
-}
-
-// SMs of the current device, asked once per device.
+// SMs of the current device, asked once per device (an H100's 132 where the runtime does not
+// say).
 int MultiprocessorCount() {
+  constexpr int kFallback = 132;
   static std::array<std::atomic<int>, 64> counts{};
-  const int device = StreamDevice();
-  if (device < 0 || device >= static_cast<int>(counts.size())) return 132;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 ||
+      device >= static_cast<int>(counts.size())) {
+    return kFallback;
+  }
   int count = counts[device].load(std::memory_order_relaxed);
   if (count == 0) {
     if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
         count <= 0) {
-      count = 132;
+      count = kFallback;
     }
     counts[device].store(count, std::memory_order_relaxed);
   }

@@ -393,11 +393,10 @@ Submodel::DeviceBatch Submodel::PrepareDeviceBatch(std::span<const SequenceChunk
   int64_t row = 0;
   batch.decode_first_row = -1;
   batch.decode_rows_contiguous = true;
-  // Longer chunks' block tables go in the rows after the decode rows' (their count is not
-  // known until the loop ends, so they are staged apart and moved there after it).
+  // Longer chunks' block tables go in the rows after the decode rows' (whose count is known
+  // only after this loop, so it notes which chunks they are, and they are copied after it).
   std::vector<int64_t>& chunk_table_rows = buffers.chunk_table_rows;
   chunk_table_rows.clear();
-  bool chunk_tables_fit = true;
   for (const SequenceChunk& chunk : chunks) {
     const std::span<const int32_t> table = chunk.cache->block_table();
     const int64_t past = chunk.cache->length();
@@ -414,7 +413,6 @@ Submodel::DeviceBatch Submodel::PrepareDeviceBatch(std::span<const SequenceChunk
     } else if (chunk.num_tokens > 1) {
       // Gathered from the pool in every layer (AttendChunk): its ids go up once per step.
       chunk_table_rows.push_back(static_cast<int64_t>(&chunk - chunks.data()));
-      if (pool->BlocksFor(past + chunk.num_tokens) > width) chunk_tables_fit = false;
     }
     row += chunk.num_tokens;
   }
@@ -424,11 +422,15 @@ Submodel::DeviceBatch Submodel::PrepareDeviceBatch(std::span<const SequenceChunk
   const auto count = static_cast<int64_t>(decode_rows.size());
   batch.decode_count = count;
   batch.partials = buffers.decode_partials;
-  const auto multi = chunk_tables_fit ? static_cast<int64_t>(chunk_table_rows.size()) : 0;
+  auto multi = static_cast<int64_t>(chunk_table_rows.size());
   for (int64_t m = 0; m < multi; ++m) {
-    const KvCache& cache = *chunks[static_cast<size_t>(chunk_table_rows[m])].cache;
-    const std::span<const int32_t> table = cache.block_table();
-    const int64_t needed = pool->BlocksFor(cache.length() + chunks[chunk_table_rows[m]].num_tokens);
+    const SequenceChunk& chunk = chunks[static_cast<size_t>(chunk_table_rows[m])];
+    const int64_t needed = pool->BlocksFor(chunk.cache->length() + chunk.num_tokens);
+    if (needed > width) {  // longer than the buffers were sized for: each gather uploads its own
+      multi = 0;
+      break;
+    }
+    const std::span<const int32_t> table = chunk.cache->block_table();
     std::copy(table.begin(), table.begin() + needed, tables + (count + m) * width);
   }
   if (count + multi > 0) {
