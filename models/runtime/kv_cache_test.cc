@@ -278,6 +278,10 @@ TEST_CASE("Rows written across blocks read back in sequence order", "[kv_cache]"
     CHECK(at::equal(cache.Values(layer, 13, ids), v * (layer + 1)));
     CHECK(at::equal(cache.Keys(layer, 13, ids.narrow(0, 0, 2)), k * (layer + 1)));
   }
+  // The given ids are the ones read: with the first two blocks swapped, rows 0-2 come from
+  // block 1 (the sequence's rows 3-5).
+  const at::Tensor swapped = at::tensor(std::vector<int32_t>{1, 7, 4, 8, 2}, at::kInt);
+  CHECK(at::equal(cache.Keys(0, 13, swapped).narrow(0, 0, 3), k.narrow(0, 3, 3)));
   // Row 4 lives in the second block (id 1) at offset 1.
   CHECK(at::equal((*pool)->keys(0)[1][1], k[4]));
   // Positions inside the first block are a view of the pool, not a copy.
