@@ -210,18 +210,32 @@ absl::StatusOr<ModelBenchReport> RunModelBenchmark(
 
   // Decode: after an untimed short prompt, `decode_tokens` single-token steps, each feeding
   // the previous step's argmax.
+  // With compare_layer_by_layer, each repetition times the fused step and then the
+  // layer-by-layer path, so that both see the same state of a machine whose memory rate drifts.
+  report.fused_decode = model->fused_cpu_decode();
   std::vector<double> decode_seconds;
+  std::vector<double> layer_by_layer_seconds;
   for (int r = 0; r < options.repetitions; ++r) {
-    say(absl::StrCat("decode ", options.decode_tokens, " tokens (", r + 1, "/",
-                     options.repetitions, ")"));
-    KvCache cache = model->NewCache(context);
-    TOPHAT_ASSIGN_OR_RETURN(int64_t token,
-                            ForwardStep(*model, RandomIds(rng, decode_prompt, vocab), cache));
-    const auto start = Clock::now();
-    for (int64_t i = 0; i < options.decode_tokens; ++i) {
-      TOPHAT_ASSIGN_OR_RETURN(token, ForwardStep(*model, at::tensor({token}, at::kLong), cache));
+    for (const bool fused : {true, false}) {
+      if (!fused && !options.compare_layer_by_layer) continue;
+      model->SetFusedCpuDecode(fused);
+      say(absl::StrCat("decode ", options.decode_tokens, " tokens", fused ? "" : " layer by layer",
+                       " (", r + 1, "/", options.repetitions, ")"));
+      KvCache cache = model->NewCache(context);
+      TOPHAT_ASSIGN_OR_RETURN(int64_t token,
+                              ForwardStep(*model, RandomIds(rng, decode_prompt, vocab), cache));
+      const auto start = Clock::now();
+      for (int64_t i = 0; i < options.decode_tokens; ++i) {
+        TOPHAT_ASSIGN_OR_RETURN(token,
+                                ForwardStep(*model, at::tensor({token}, at::kLong), cache));
+      }
+      (fused ? decode_seconds : layer_by_layer_seconds).push_back(Seconds(start));
     }
-    decode_seconds.push_back(Seconds(start));
+    model->SetFusedCpuDecode(true);
+  }
+  if (!layer_by_layer_seconds.empty()) {
+    report.decode_layer_by_layer_tokens_per_s =
+        static_cast<double>(options.decode_tokens) / Median(layer_by_layer_seconds);
   }
   const double prompt = static_cast<double>(options.prompt_tokens);
   const double decoded = static_cast<double>(options.decode_tokens);
@@ -329,6 +343,8 @@ nlohmann::json ModelBenchReport::ToJson() const {
       {"prefill_best_tokens_per_s", prefill_best_tokens_per_s},
       {"decode_tokens_per_s", decode_tokens_per_s},
       {"decode_best_tokens_per_s", decode_best_tokens_per_s},
+      {"fused_decode", fused_decode},
+      {"decode_layer_by_layer_tokens_per_s", decode_layer_by_layer_tokens_per_s},
       {"weight_bytes_per_token", weight_bytes_per_token},
       {"kv_bytes_per_token", kv_bytes_per_token},
       {"flops_per_prefill_token", flops_per_prefill_token},
@@ -346,9 +362,10 @@ nlohmann::json ModelBenchReport::ToJson() const {
 std::string ModelBenchReport::ToTable() const {
   std::string out = absl::StrFormat(
       "model %s: %.1fM parameters, %d layers, dim %d, intermediate %d, heads %d/%d, "
-      "vocab %d, %s compute, %s weights, %d ATen threads, %d BLAS threads\n",
+      "vocab %d, %s compute, %s weights, %d ATen threads, %d BLAS threads, decode %s\n",
       model_dir, static_cast<double>(parameters) / 1e6, layers, hidden_size, intermediate_size,
-      attention_heads, kv_heads, vocab_size, dtype, weights, threads, blas_threads);
+      attention_heads, kv_heads, vocab_size, dtype, weights, threads, blas_threads,
+      fused_decode ? "in the fused one-token step" : "layer by layer");
   auto row = [&out](const std::string& metric, const std::string& measured,
                     const std::string& bound, const std::string& fraction) {
     absl::StrAppend(&out, absl::StrFormat("%-28s | %-16s | %-16s | %s\n", metric, measured, bound,
@@ -365,6 +382,12 @@ std::string ModelBenchReport::ToTable() const {
       Si(decode_bound_tokens_per_s, "tok/s"), Percent(decode_fraction));
   row("  best repetition", Si(decode_best_tokens_per_s, "tok/s"), "",
       Percent(decode_best_tokens_per_s / decode_bound_tokens_per_s));
+  if (decode_layer_by_layer_tokens_per_s > 0.0) {
+    row("  layer by layer", Si(decode_layer_by_layer_tokens_per_s, "tok/s"), "",
+        absl::StrFormat("%s (fused step %.2fx)",
+                        Percent(decode_layer_by_layer_tokens_per_s / decode_bound_tokens_per_s),
+                        decode_tokens_per_s / decode_layer_by_layer_tokens_per_s));
+  }
   row("read bandwidth", Si(read_bandwidth_bytes_per_s, "B/s"), "", "");
   row("  with 4 KiB pages", Si(read_bandwidth_small_pages_bytes_per_s, "B/s"), "", "");
   row("GEMM rate (prefill shapes)", Si(gemm_flops_per_s, "FLOP/s"), "", "");

@@ -30,6 +30,9 @@ struct ModelBenchOptions {
   bool int8_activations = false;
   // Weight matrices in bfloat16, computed in float32 (SubmodelOptions.bf16_weights).
   bool bf16_weights = false;
+  // Also time decode on the layer-by-layer path (the fused one-token CPU step off), in
+  // repetitions alternating with the fused path's, and report the ratio.
+  bool compare_layer_by_layer = false;
 };
 
 struct ModelBenchReport {
@@ -58,6 +61,10 @@ struct ModelBenchReport {
   double prefill_best_tokens_per_s = 0.0;
   double decode_tokens_per_s = 0.0;
   double decode_best_tokens_per_s = 0.0;
+  bool fused_decode = false;  // one-token steps took the fused CPU step (kernels/decode_step.h)
+  // compare_layer_by_layer: decode with the fused step off, same runs alternating (0: not
+  // measured).
+  double decode_layer_by_layer_tokens_per_s = 0.0;
 
   // Work per token.
   int64_t weight_bytes_per_token = 0;  // Submodel::WeightBytes()

@@ -364,6 +364,10 @@ int main(int argc, char** argv) {
                         "in integers")
       ->capture_default_str()->check(CLI::IsMember({"float32", "bfloat16", "int8", "w8a8"}));
 
+  bench_cmd->add_flag("--compare-layer-by-layer", bench.compare_layer_by_layer,
+                      "Also time decode with the fused one-token CPU step off (the "
+                      "layer-by-layer path), repetitions alternating, and print the ratio");
+
   tophat::DtypeNumericsOptions numerics;
   std::string numerics_dtype = "bfloat16";
   std::string numerics_device = "cpu";

@@ -55,6 +55,28 @@ at::Tensor PagedDecodeWorkspace(int64_t heads, int64_t kv_heads, int64_t head_di
 int PagedDecodeSplitCount(int64_t seqs, int64_t heads, int64_t kv_heads, int64_t head_dim,
                           const at::Tensor& partials);
 
+// Where one layer's keys or values keep their rows (float32): row r of block b, KV head kv,
+// starts at base + b * block_stride + r * row_stride + kv * head_stride (head_dim floats,
+// contiguous). A contiguous cache is one block.
+struct KvRows {
+  const float* base;
+  int64_t block_stride;
+  int64_t row_stride;
+  int64_t head_stride;
+};
+
+// One query head's decode attention on the calling thread: softmax(q k^T * scale) v over
+// positions [0, positions) of KV head `kv_head`, laid out in blocks as PagedDecodeAttention
+// reads them (block_table covers them). `scores`: room for `positions` floats; `out`:
+// head_dim floats. The arithmetic of DecodeAttention and PagedDecodeAttention, head by head
+// (kernels/decode_step.h gets the same numbers).
+void AttendHead(const float* q, const KvRows& k, const KvRows& v, int64_t kv_head,
+                int64_t head_dim, std::span<const int32_t> block_table, int64_t block_size,
+                int64_t positions, float scale, float* scores, float* out);
+
+// silu(gate[i]) * up[i] for i < n, float32 on the calling thread: SwiGluOut's CPU arithmetic.
+void SwiGluRow(const float* gate, const float* up, int64_t n, float* out);
+
 // silu(gate) * up for gate_up = [gate | up] along the last dimension, in one pass.
 at::Tensor SwiGlu(const at::Tensor& gate_up);
 // The same into `out` (gate_up's shape with the last dimension halved, contiguous), allocating

@@ -333,6 +333,12 @@ void LinearSingleRowOut(const at::Tensor& x, const at::Tensor& weight, const at:
   RunSingleRow(rows_fn, x, weight, bias, out);
 }
 
+void LinearRowsFloat32(const float* w, int64_t ldw, const float* x, float* y, int64_t k,
+                       int64_t r0, int64_t r1) {
+  static const RowsFn rows_fn = RowsFor(SelectedCpuIsa());
+  rows_fn(w, ldw, x, y, k, r0, r1);
+}
+
 at::Tensor LinearSingleRowWithIsa(CpuIsa isa, const at::Tensor& x, const at::Tensor& weight,
                                   const at::Tensor& bias) {
   const std::vector<CpuIsa>& isas = SupportedCpuIsas();

@@ -66,6 +66,14 @@ at::Tensor LinearSingleRow(const at::Tensor& x, const at::Tensor& weight,
 void LinearSingleRowOut(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                         at::Tensor& out);
 
+// Rows [r0, r1) of y = W x for one row x of k floats, on the calling thread (no OpenMP
+// inside): the kernel LinearSingleRow runs on each thread's share, for callers that split
+// the rows over threads of their own (kernels/decode_step.h). w: rows of k floats, ldw
+// apart; y: indexed by row. A row's value does not depend on r0 and r1 when they are
+// multiples of four (the kernel's row blocks).
+void LinearRowsFloat32(const float* w, int64_t ldw, const float* x, float* y, int64_t k,
+                       int64_t r0, int64_t r1);
+
 // The same with a named instruction set, which must be in SupportedCpuIsas() (tests).
 at::Tensor LinearSingleRowWithIsa(CpuIsa isa, const at::Tensor& x, const at::Tensor& weight,
                                   const at::Tensor& bias = {});

@@ -444,6 +444,18 @@ void LinearBf16Out(const at::Tensor& x, const at::Tensor& weight, const at::Tens
   Run<uint16_t>(rows_fn, x, weight, {}, bias, out);
 }
 
+void LinearRowsInt8(const int8_t* w, int64_t ldw, const float* scale, const float* x, float* y,
+                    int64_t k, int64_t r0, int64_t r1) {
+  static const RowsFn<int8_t> rows_fn = RowsFor(SelectedCpuIsa(), int8_t{});
+  rows_fn(w, ldw, scale, x, k, 1, y, 0, k, r0, r1);
+}
+
+void LinearRowsBf16(const uint16_t* w, int64_t ldw, const float* x, float* y, int64_t k,
+                    int64_t r0, int64_t r1) {
+  static const RowsFn<uint16_t> rows_fn = RowsFor(SelectedCpuIsa(), uint16_t{});
+  rows_fn(w, ldw, nullptr, x, k, 1, y, 0, k, r0, r1);
+}
+
 at::Tensor LinearBf16(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   at::Tensor out = at::empty({x.size(0), weight.size(0)}, x.options());
   LinearBf16Out(x.stride(-1) == 1 ? x : x.contiguous(), weight, bias, out);

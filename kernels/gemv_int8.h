@@ -70,6 +70,16 @@ at::Tensor LinearBf16(const at::Tensor& x, const at::Tensor& weight, const at::T
 at::Tensor LinearBf16WithIsa(CpuIsa isa, const at::Tensor& x, const at::Tensor& weight,
                              const at::Tensor& bias = {});
 
+// Rows [r0, r1) of y = (scale ⊙ W) x for one row x of k floats, on the calling thread (no
+// OpenMP inside), as LinearInt8Out computes them: for callers that split the rows over
+// threads of their own (kernels/decode_step.h). w: rows of k int8 values, ldw apart; y:
+// indexed by row. A row's value does not depend on r0 and r1 when they are multiples of four.
+void LinearRowsInt8(const int8_t* w, int64_t ldw, const float* scale, const float* x, float* y,
+                    int64_t k, int64_t r0, int64_t r1);
+// The same for bfloat16 weights (LinearBf16Out's numbers); w: bfloat16 bit patterns.
+void LinearRowsBf16(const uint16_t* w, int64_t ldw, const float* x, float* y, int64_t k,
+                    int64_t r0, int64_t r1);
+
 // Rows `ids` of a quantized table, dequantized: [ids.numel(), K] float32 (an embedding
 // lookup).
 at::Tensor GatherRowsInt8(const Int8Matrix& table, const at::Tensor& ids);

@@ -367,6 +367,17 @@ void LinearW8A8Out(const at::Tensor& x, const Int8Matrix& weight, const at::Tens
   LinearInt8Out(RoundActivationsInt8(x), weight, bias, out);
 }
 
+void RoundActivationRow(const float* x, int64_t k, int8_t* q, float* block_scale) {
+  RoundRow(x, k, q, block_scale);
+}
+
+void LinearRowsW8A8(const int8_t* w, int64_t ldw, const float* scale, const int8_t* q,
+                    const float* block_scale, float* y, int64_t k, int64_t r0, int64_t r1) {
+  static const W8A8RowsFn rows_fn = RowsFor(SupportedW8A8Isas().back());
+  const RoundedRows rows{.q = q, .block_scale = block_scale, .blocks = BlocksOf(k)};
+  rows_fn(w, ldw, scale, rows, 1, y, 0, k, r0, r1);
+}
+
 at::Tensor LinearW8A8(const at::Tensor& x, const Int8Matrix& weight, const at::Tensor& bias) {
   at::Tensor out = at::empty({x.size(0), weight.rows()}, x.options());
   LinearW8A8Out(x.stride(-1) == 1 ? x : x.contiguous(), weight, bias, out);

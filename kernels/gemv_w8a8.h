@@ -47,6 +47,15 @@ void LinearW8A8Out(const at::Tensor& x, const Int8Matrix& weight, const at::Tens
                    at::Tensor& out);
 at::Tensor LinearW8A8(const at::Tensor& x, const Int8Matrix& weight, const at::Tensor& bias = {});
 
+// One row of k floats rounded as the kernels round it: q[0, k) and one scale per block,
+// block_scale[0, ceil(k / kActivationBlock)).
+void RoundActivationRow(const float* x, int64_t k, int8_t* q, float* block_scale);
+// Rows [r0, r1) of y = (scale ⊙ W) x for one row x rounded by RoundActivationRow (q,
+// block_scale), on the calling thread (no OpenMP inside), as LinearW8A8Out computes them:
+// for callers that split the rows over threads of their own (kernels/decode_step.h).
+void LinearRowsW8A8(const int8_t* w, int64_t ldw, const float* scale, const int8_t* q,
+                    const float* block_scale, float* y, int64_t k, int64_t r0, int64_t r1);
+
 // The integer kernel with a named instruction set (tests); M <= kInt8KernelMaxRows.
 at::Tensor LinearW8A8WithIsa(W8A8Isa isa, const at::Tensor& x, const Int8Matrix& weight,
                              const at::Tensor& bias = {});

@@ -35,12 +35,7 @@ void RmsNormRowsCpu(const float* x, float* residual, const float* w, float* y, i
         for (int64_t i = 0; i < d; ++i) rr[i] += xr[i];
         xr = rr;
       }
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t i = 0; i < d; ++i) sum += xr[i] * xr[i];
-      const float scale = 1.0f / std::sqrt(sum / static_cast<float>(d) + eps);
-#pragma omp simd
-      for (int64_t i = 0; i < d; ++i) yr[i] = xr[i] * scale * w[i];
+      RmsNormRow(xr, w, d, eps, yr);
     }
   });
 }
@@ -90,6 +85,15 @@ void RunFused(const at::Tensor& x, at::Tensor* residual, const at::Tensor& weigh
 }
 
 }  // namespace
+
+void RmsNormRow(const float* x, const float* weight, int64_t d, float eps, float* y) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < d; ++i) sum += x[i] * x[i];
+  const float scale = 1.0f / std::sqrt(sum / static_cast<float>(d) + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < d; ++i) y[i] = x[i] * scale * weight[i];
+}
 
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   if (!Fusable(x, weight)) return RmsNormComposite(x, weight, eps);

@@ -26,6 +26,10 @@ void RmsNormOut(const at::Tensor& x, const at::Tensor& weight, double eps, at::T
 void AddRmsNormOut(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& weight,
                    double eps, at::Tensor& out);
 
+// One row of d float32 values: the arithmetic of the CPU paths above, for callers that
+// work row by row (kernels/decode_step.h gets the same numbers as RmsNormOut).
+void RmsNormRow(const float* x, const float* weight, int64_t d, float eps, float* y);
+
 // True when this build carries the CUDA kernels (a toolkit was found at configure time).
 bool HaveCudaKernels();
 

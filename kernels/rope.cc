@@ -69,6 +69,15 @@ at::Tensor RotaryComposite(const at::Tensor& x, const at::Tensor& cos, const at:
 
 }  // namespace
 
+void RotateHeadRow(const float* in, const float* cos, const float* sin, int64_t half,
+                   float* out) {
+#pragma omp simd
+  for (int64_t i = 0; i < half; ++i) {
+    out[i] = in[i] * cos[i] - in[i + half] * sin[i];
+    out[i + half] = in[i + half] * cos[i] + in[i] * sin[i];
+  }
+}
+
 at::Tensor RotaryEmbedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   // Training records autograd through the composite ops, which allocate their own result.
   if (x.requires_grad()) return RotaryComposite(x, cos, sin);
@@ -104,13 +113,8 @@ void RotaryEmbeddingOut(const at::Tensor& x, const at::Tensor& cos, const at::Te
     const float* c = cp + t * half;
     const float* s = sp + t * half;
     for (int64_t h = 0; h < heads; ++h) {
-      const float* in = xp + t * x.stride(0) + h * x.stride(1);
-      float* o = op + (t * heads + h) * 2 * half;
-#pragma omp simd
-      for (int64_t i = 0; i < half; ++i) {
-        o[i] = in[i] * c[i] - in[i + half] * s[i];
-        o[i + half] = in[i + half] * c[i] + in[i] * s[i];
-      }
+      RotateHeadRow(xp + t * x.stride(0) + h * x.stride(1), c, s, half,
+                    op + (t * heads + h) * 2 * half);
     }
   }
 }

@@ -16,6 +16,12 @@ at::Tensor RotaryEmbedding(const at::Tensor& x, const at::Tensor& cos, const at:
 void RotaryEmbeddingOut(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                         at::Tensor& out);
 
+// One head of head_dim = 2 * half float32 values rotated into `out` (not aliasing `in`) with
+// one position's cos/sin rows: the arithmetic of RotaryEmbeddingOut's CPU path, for callers
+// that work head by head (kernels/decode_step.h gets the same numbers).
+void RotateHeadRow(const float* in, const float* cos, const float* sin, int64_t half,
+                   float* out);
+
 // A decoder layer's queries and keys rotated and its keys and values written into paged KV
 // slots, in one CUDA launch (instead of two rotations of eight ops each and two scatters).
 // qkv: [T, (heads + 2 * kv_heads) * head_dim], last dimension contiguous; cos/sin: [T,

@@ -53,6 +53,43 @@ void LinearOut(const at::Tensor& x, const WeightMatrix& w, const at::Tensor& bia
   }
 }
 
+// A matrix as the fused CPU step reads it (kernels/decode_step.h), when it is of a form that
+// step takes: int8 on the CPU, or dense float32 / bfloat16 with contiguous rows.
+std::optional<kernels::RowMatrix> RowMatrixOf(const WeightMatrix& w) {
+  using Kind = kernels::RowMatrix::Kind;
+  if (w.is_int8()) {
+    const at::Tensor& values = w.int8.values;
+    if (!values.is_cpu() || values.dim() != 2 || values.stride(1) != 1 ||
+        !w.int8.scale.is_contiguous()) {
+      return std::nullopt;
+    }
+    return kernels::RowMatrix{.kind = w.int8_activations ? Kind::kInt8Activations : Kind::kInt8,
+                              .values = values.data_ptr(),
+                              .scale = w.int8.scale.data_ptr<float>(),
+                              .rows = values.size(0),
+                              .cols = values.size(1),
+                              .row_stride = values.stride(0)};
+  }
+  const at::Tensor& dense = w.dense;
+  if (!dense.defined() || !dense.is_cpu() || dense.dim() != 2 || dense.stride(1) != 1 ||
+      (dense.scalar_type() != at::kFloat && dense.scalar_type() != at::kBFloat16)) {
+    return std::nullopt;
+  }
+  return kernels::RowMatrix{
+      .kind = dense.scalar_type() == at::kFloat ? Kind::kFloat32 : Kind::kBfloat16,
+      .values = dense.data_ptr(),
+      .rows = dense.size(0),
+      .cols = dense.size(1),
+      .row_stride = dense.stride(0)};
+}
+
+// A float32 CPU vector's data, or null when it is not one (an undefined bias).
+const float* FloatData(const at::Tensor& t) {
+  return t.defined() && t.is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous()
+             ? t.data_ptr<float>()
+             : nullptr;
+}
+
 std::string ShapeString(const at::Tensor& t) {
   std::string s = "[";
   for (int64_t i = 0; i < t.dim(); ++i) absl::StrAppend(&s, i ? ", " : "", t.size(i));
@@ -271,7 +308,100 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
     }
     model->lm_head_.int8_activations = model->lm_head_.is_int8();
   }
+  model->PrepareFusedDecode();
   return model;
+}
+
+void Submodel::PrepareFusedDecode() {
+  if (!options_.device.is_cpu() || options_.dtype != at::kFloat) return;
+  fused_layers_ok_ = !layers_.empty();
+  for (const DecoderLayerWeights& w : layers_) {
+    const auto qkv = RowMatrixOf(w.qkv);
+    const auto o_proj = RowMatrixOf(w.o_proj);
+    const auto gate_up = RowMatrixOf(w.gate_up);
+    const auto down = RowMatrixOf(w.down);
+    const float* input_norm = FloatData(w.input_norm);
+    const float* post_norm = FloatData(w.post_norm);
+    if (!qkv || !o_proj || !gate_up || !down || input_norm == nullptr || post_norm == nullptr ||
+        (w.qkv_bias.defined() && FloatData(w.qkv_bias) == nullptr) ||
+        (w.o_bias.defined() && FloatData(w.o_bias) == nullptr)) {
+      fused_layers_ok_ = false;
+      break;
+    }
+    fused_layers_.push_back({.input_norm = input_norm,
+                             .qkv = *qkv,
+                             .qkv_bias = FloatData(w.qkv_bias),
+                             .o_proj = *o_proj,
+                             .o_bias = FloatData(w.o_bias),
+                             .post_norm = post_norm,
+                             .gate_up = *gate_up,
+                             .down = *down});
+    fused_layer_bytes_ = qkv->bytes() + o_proj->bytes() + gate_up->bytes() + down->bytes();
+  }
+  // Placeholder K/V pointers, so the shape check sees complete layers; each step sets them.
+  static const float kNoStorage = 0.0f;
+  for (kernels::DecodeLayer& layer : fused_layers_) {
+    layer.keys.base = &kNoStorage;
+    layer.values.base = &kNoStorage;
+  }
+  const kernels::DecodeShape shape{.hidden = config_.hidden_size,
+                                   .heads = config_.num_attention_heads,
+                                   .kv_heads = config_.num_key_value_heads,
+                                   .head_dim = config_.head_dim,
+                                   .intermediate = config_.intermediate_size,
+                                   .eps = static_cast<float>(config_.rms_norm_eps)};
+  fused_layers_ok_ = fused_layers_ok_ && kernels::DecodeStepTakes(shape, fused_layers_) &&
+                     rope_.cos.is_contiguous() && rope_.sin.is_contiguous() &&
+                     rope_.cos.scalar_type() == at::kFloat;
+  if (!fused_layers_ok_) fused_layers_.clear();
+  if (spec_.head) {
+    const auto head = RowMatrixOf(lm_head_);
+    fused_head_ok_ = head && head->cols == config_.hidden_size &&
+                     FloatData(final_norm_) != nullptr;
+    if (fused_head_ok_) fused_head_ = *head;
+  }
+}
+
+bool Submodel::FusedDecodeTakes(std::span<const SequenceChunk> chunks) const {
+  if (!fused_layers_ok_ || !options_.fused_cpu_decode || chunks.size() != 1 ||
+      chunks[0].num_tokens != 1) {
+    return false;
+  }
+  const KvCache& cache = *chunks[0].cache;
+  const KvBlockPool& pool = cache.pool();
+  const int64_t position = cache.length();
+  const bool windowed = config_.sliding_window && position + 1 > *config_.sliding_window;
+  return !windowed && pool.dtype() == at::kFloat && pool.device().is_cpu() &&
+         position < rope_.max_positions() && position < cache.capacity();
+}
+
+void Submodel::FusedDecode(const KvCache& cache, float* x) const {
+  // The layers with this cache's storage: a copy per calling thread that grows once.
+  thread_local std::vector<kernels::DecodeLayer> layers;
+  layers.assign(fused_layers_.begin(), fused_layers_.end());
+  const KvBlockPool& pool = cache.pool();
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const at::Tensor& keys = pool.keys(static_cast<int64_t>(l));
+    const at::Tensor& values = pool.values(static_cast<int64_t>(l));
+    layers[l].keys = {keys.data_ptr<float>(), keys.stride(0), keys.stride(1), keys.stride(2)};
+    layers[l].values = {values.data_ptr<float>(), values.stride(0), values.stride(1),
+                        values.stride(2)};
+  }
+  const int64_t position = cache.length();
+  const int64_t half = config_.head_dim / 2;
+  const kernels::DecodePosition at{.block_table = cache.block_table(),
+                                   .block_size = pool.block_size(),
+                                   .position = position,
+                                   .cos = rope_.cos.data_ptr<float>() + position * half,
+                                   .sin = rope_.sin.data_ptr<float>() + position * half};
+  const kernels::DecodeShape shape{.hidden = config_.hidden_size,
+                                   .heads = config_.num_attention_heads,
+                                   .kv_heads = config_.num_key_value_heads,
+                                   .head_dim = config_.head_dim,
+                                   .intermediate = config_.intermediate_size,
+                                   .eps = static_cast<float>(config_.rms_norm_eps)};
+  kernels::DecodeLayersOneToken(shape, layers, at, x,
+                                kernels::DecodeStepThreads(fused_layer_bytes_));
 }
 
 KvCache Submodel::NewCache(int64_t capacity) const {
@@ -566,6 +696,17 @@ StepBuffers Submodel::NewStepBuffers(int64_t max_tokens, int64_t block_size) con
 absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden,
                                              std::span<const SequenceChunk> chunks) const {
   TOPHAT_ASSIGN_OR_RETURN(const int64_t total, CheckStep(hidden, chunks));
+  if (FusedDecodeTakes(chunks)) {
+    // One token on a CPU: a row of its own, no step buffers.
+    at::Tensor x;
+    TOPHAT_RETURN_IF_ERROR(CatchExceptions("forward pass", [&] {
+      x = at::empty({1, config_.hidden_size}, at::TensorOptions().dtype(at::kFloat));
+      x.copy_(hidden);
+    }));
+    FusedDecode(*chunks[0].cache, x.data_ptr<float>());
+    chunks[0].cache->Advance(1);
+    return x;
+  }
   // Buffers for this step alone: the same code path as a caller's long-lived buffers.
   std::optional<StepBuffers> buffers;
   TOPHAT_RETURN_IF_ERROR(CatchExceptions("allocating step buffers", [&] {
@@ -595,6 +736,10 @@ absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden,
   absl::Status status = CatchExceptions("forward pass", [&] {
     if (hidden.data_ptr() != x.data_ptr()) x.copy_(hidden, /*non_blocking=*/true);
     if (layers_.empty() || total == 0) return;
+    if (FusedDecodeTakes(chunks)) {
+      FusedDecode(*chunks[0].cache, x.data_ptr<float>());
+      return;
+    }
     // On a GPU, with every chunk in one pool (the cloud's engine), the step's K/V rows are
     // written with one scatter per layer and its decode rows attend in one kernel launch;
     // the index tensors for both are uploaded once here, not per layer.
@@ -747,6 +892,17 @@ absl::StatusOr<at::Tensor> Submodel::Logits(const at::Tensor& hidden) const {
   }
   at::Tensor logits;
   TOPHAT_RETURN_IF_ERROR(CatchExceptions("LM head", [&] {
+    if (fused_head_ok_ && options_.fused_cpu_decode && hidden.size(0) == 1 && hidden.is_cpu() &&
+        hidden.scalar_type() == at::kFloat) {
+      // One row: the norm and the head in one parallel region (kernels/decode_step.h).
+      const at::Tensor row = hidden.contiguous();
+      logits = at::empty({1, fused_head_.rows}, at::TensorOptions().dtype(at::kFloat));
+      kernels::NormHeadOneToken(row.data_ptr<float>(), final_norm_.data_ptr<float>(),
+                                config_.hidden_size, static_cast<float>(config_.rms_norm_eps),
+                                fused_head_, logits.data_ptr<float>(),
+                                kernels::DecodeStepThreads(fused_head_.bytes()));
+      return;
+    }
     logits = Linear(RmsNorm(hidden, final_norm_, config_.rms_norm_eps), lm_head_).to(at::kFloat);
   }));
   return logits;

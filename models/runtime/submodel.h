@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 
 #include "absl/status/statusor.h"
+#include "kernels/decode_step.h"
 #include "kernels/gemv_int8.h"
 #include "models/formats/checkpoint.h"
 #include "models/formats/config.h"
@@ -70,6 +71,10 @@ struct SubmodelOptions {
   // does the same). The model as computed is then the dequantized weights times the rounded
   // activations; without it, the dequantized weights times float32 activations.
   bool int8_activations = false;
+  // A one-token step on a float32 CPU submodel (the device's decode, a drafter's step) and
+  // its LM head run as one parallel region each (kernels/decode_step.h), with the numbers of
+  // the layer-by-layer path. Off: the layer-by-layer path (benchmarks compare the two).
+  bool fused_cpu_decode = true;
 };
 
 // A weight matrix in one of the forms the runtime computes with: `dense` in the compute
@@ -174,6 +179,12 @@ class Submodel {
   // Final norm + LM head: hidden [T, D] -> logits [T, V] (float32). Requires spec().head.
   absl::StatusOr<at::Tensor> Logits(const at::Tensor& hidden) const;
 
+  // Turns the fused one-token CPU step (SubmodelOptions.fused_cpu_decode) on or off, for a
+  // benchmark that times both paths on one loaded model. Not while a step runs.
+  void SetFusedCpuDecode(bool on) { options_.fused_cpu_decode = on; }
+  // Whether one-token steps of this submodel take the fused CPU step.
+  bool fused_cpu_decode() const { return fused_layers_ok_ && options_.fused_cpu_decode; }
+
   // Bytes of weights this submodel reads per decoded token (for bandwidth bounds).
   int64_t WeightBytes() const;
 
@@ -227,6 +238,15 @@ class Submodel {
                          int64_t layer, const at::Tensor& q, const at::Tensor& k,
                          const at::Tensor& v, at::Tensor& attention) const;
 
+  // Fills fused_layers_ and fused_head_ from the loaded weights (end of Load).
+  void PrepareFusedDecode();
+  // Whether a step of these chunks takes the fused one-token CPU step: one chunk of one
+  // token over a float32 CPU cache, no sliding window in reach, weights it reads.
+  bool FusedDecodeTakes(std::span<const SequenceChunk> chunks) const;
+  // That step over x [hidden] (the residual stream, in place); the cache has room (CheckStep)
+  // and is advanced by the caller.
+  void FusedDecode(const KvCache& cache, float* x) const;
+
   // Attention of the chunk's queries q [n, H, hd] (positions past..past+n-1, past =
   // cache.length()) against positions [0, past + n) of `layer`, already written.
   // `device_ids`: the cache's block ids on the device (DeviceBatch::chunk_tables), or
@@ -242,6 +262,13 @@ class Submodel {
   std::vector<DecoderLayerWeights> layers_;
   at::Tensor final_norm_;  // [D]
   WeightMatrix lm_head_;    // [V, D]
+  // The layers and head as the fused CPU step reads them (FusedDecodeTakes), filled at load
+  // when every matrix is of a form it takes; the layers' K/V pointers are set per step.
+  std::vector<kernels::DecodeLayer> fused_layers_;
+  bool fused_layers_ok_ = false;
+  int64_t fused_layer_bytes_ = 0;  // weight bytes a step reads per layer (thread count)
+  kernels::RowMatrix fused_head_;
+  bool fused_head_ok_ = false;
 };
 
 // Loads config.json + weights of a Hugging Face checkpoint directory as one full model.

@@ -781,3 +781,83 @@ TEST_CASE("bfloat16 weights compute the float32 model of the bfloat16-rounded ma
 
 }  // namespace
 }  // namespace tophat
+
+namespace tophat {
+namespace {
+
+// Decodes `steps` tokens after a prompt of 5 through `model` and returns every step's
+// hidden state and logits, from Forward without buffers, with buffers, or over a paged cache.
+enum class StepPath { kPlain, kBuffers, kPaged };
+
+std::vector<at::Tensor> DecodeOutputs(const Submodel& model, const std::vector<int32_t>& tokens,
+                                      StepPath path) {
+  std::shared_ptr<KvBlockPool> pool;
+  KvCache cache = model.NewGrowingCache(64, 8);
+  if (path == StepPath::kPaged) {
+    pool = *model.NewPagedPool(8, 4);
+    cache = KvCache(pool);
+    for (int32_t block : {5, 2, 7, 0, 3, 1}) cache.AppendBlock(block);  // out of order
+  }
+  StepBuffers buffers = model.NewStepBuffers(8);
+  std::vector<at::Tensor> outputs;
+  auto step = [&](const std::vector<int32_t>& ids) {
+    const at::Tensor embedded = *model.Embed(Ids(ids));
+    absl::StatusOr<at::Tensor> hidden;
+    if (path == StepPath::kBuffers) {
+      SequenceChunk chunk{.cache = &cache, .num_tokens = static_cast<int64_t>(ids.size())};
+      hidden = model.Forward(embedded, std::span<const SequenceChunk>(&chunk, 1), buffers);
+    } else {
+      hidden = model.Forward(embedded, cache);
+    }
+    REQUIRE(hidden.ok());
+    outputs.push_back(hidden->clone());
+    outputs.push_back(*model.Logits(*hidden));
+  };
+  step({tokens.begin(), tokens.begin() + 5});
+  for (size_t i = 5; i < tokens.size(); ++i) step({tokens[i]});
+  return outputs;
+}
+
+TEST_CASE("The fused one-token CPU step gives the layer-by-layer path's numbers, bit for bit",
+          "[submodel][fused_decode]") {
+  std::mt19937 rng(12);
+  // The test variants (biases, rope scaling, a sliding window the decode runs past), and a
+  // model large enough that the step splits over threads (kernels::DecodeStepThreads).
+  std::vector<std::pair<std::string, ModelConfig>> configs = TinyTestVariants();
+  ModelConfig wide = TinyTestConfig();
+  wide.hidden_size = 256;
+  wide.intermediate_size = 512;
+  wide.head_dim = wide.hidden_size / wide.num_attention_heads;
+  configs.emplace_back("wide", wide);
+  for (const auto& [variant, config] : configs) {
+    const fs::path dir = TempDir("fused_" + variant);
+    REQUIRE(WriteCheckpoint(config, InitWeights(config, 3), dir).ok());
+    for (const auto& [form, options] : std::vector<std::pair<std::string, SubmodelOptions>>{
+             {"float32", {}},
+             {"bfloat16", {.bf16_weights = true}},
+             {"int8", {.quantize_int8 = true}},
+             {"int8 activations", {.quantize_int8 = true, .int8_activations = true}}}) {
+      SubmodelOptions unfused_options = options;
+      unfused_options.fused_cpu_decode = false;
+      auto fused = LoadFullModel(dir, options);
+      auto unfused = LoadFullModel(dir, unfused_options);
+      REQUIRE(fused.ok());
+      REQUIRE(unfused.ok());
+      const std::vector<int32_t> tokens = RandomTokens(rng, 17, config.vocab_size);
+      for (StepPath path : {StepPath::kPlain, StepPath::kBuffers, StepPath::kPaged}) {
+        INFO(variant << ", " << form << " weights, path " << static_cast<int>(path));
+        const std::vector<at::Tensor> ours = DecodeOutputs(**fused, tokens, path);
+        const std::vector<at::Tensor> theirs = DecodeOutputs(**unfused, tokens, path);
+        REQUIRE(ours.size() == theirs.size());
+        for (size_t i = 0; i < ours.size(); ++i) {
+          INFO("output " << i);
+          CHECK(at::equal(ours[i], theirs[i]));
+        }
+      }
+    }
+    fs::remove_all(dir);
+  }
+}
+
+}  // namespace
+}  // namespace tophat
