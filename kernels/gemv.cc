@@ -21,6 +21,7 @@
 #include <set>
 #include <string>
 
+#include "kernels/prefetch.h"
 #include "kernels/vector_types.h"
 
 namespace tophat::kernels {
@@ -28,13 +29,6 @@ namespace {
 
 using RowsFn = void (*)(const float* w, int64_t ldw, const float* x, float* y, int64_t k,
                         int64_t r0, int64_t r1);
-
-// How far ahead of the multiply each row's stream is prefetched, in floats (2 KiB): a few
-// hundred nanoseconds of reading at one core's share of the bandwidth, so a line asked for
-// now arrives before the loop reaches it. Added for issue 15's fast-memory machine; there the
-// low decode fraction turned out to be the thread count (gemv.h), and this prefetch's own
-// effect has not been measured apart from the four-row loop's.
-constexpr int64_t kPrefetchAhead = 512;
 
 // GCC warns that 32- and 64-byte vectors change the ABI of functions compiled without AVX;
 // these vectors never cross a call: every helper below is always inlined into the functions
@@ -61,14 +55,14 @@ template <typename V>
     const float* p3 = p2 + ldw;
     V a00{}, a01{}, a10{}, a11{}, a20{}, a21{}, a30{}, a31{};
     for (int64_t j = 0; j < kv; j += kStep) {
-      for (int64_t off = 0; off < kStep; off += kLine) {
-        const int64_t ahead = j + kPrefetchAhead + off;
-        if (ahead < k) {
-          __builtin_prefetch(p0 + ahead, 0, 0);
-          __builtin_prefetch(p1 + ahead, 0, 0);
-          __builtin_prefetch(p2 + ahead, 0, 0);
-          __builtin_prefetch(p3 + ahead, 0, 0);
+      // The next block of rows streams in as this one is read (kernels/prefetch.h): once
+      // per 64 bytes of a row.
+      if constexpr (kStep >= kLine) {
+        for (int64_t off = 0; off < kStep; off += kLine) {
+          PrefetchNextBlock(p0, ldw * 4, (j + off) * 4);
         }
+      } else if (j % kLine == 0) {
+        PrefetchNextBlock(p0, ldw * 4, j * 4);
       }
       const V xa = LoadVector<V>(x + j);
       const V xb = LoadVector<V>(x + j + kLanes);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/prefetch.h"
 #include "kernels/vector_types.h"
 
 #if defined(__x86_64__)
@@ -21,10 +22,6 @@ namespace {
 using Int8RowsFn = void (*)(const int8_t* w, int64_t ldw, const float* scale, const float* x,
                             int64_t ldx, int64_t m, float* y, int64_t ldy, int64_t k, int64_t r0,
                             int64_t r1);
-
-// How far ahead each weight row is prefetched, in bytes: the same 2 KiB as the float32
-// kernel's (gemv.cc), a few hundred nanoseconds of one core's share of the bandwidth.
-constexpr int64_t kPrefetchAheadBytes = 2048;
 
 [[gnu::always_inline]] inline float ToFloat(int8_t v) { return static_cast<float>(v); }
 [[gnu::always_inline]] inline float ToFloat(uint16_t bf16) {
@@ -134,7 +131,6 @@ template <typename L>
   using E = typename L::Element;
   constexpr int64_t kLanes = sizeof(V) / sizeof(float);
   constexpr int64_t kStep = 2 * kLanes;
-  constexpr int64_t kAhead = kPrefetchAheadBytes / static_cast<int64_t>(sizeof(E));
   constexpr int64_t kLineMask = 64 / static_cast<int64_t>(sizeof(E)) - 1;
   const int64_t kv = k / kStep * kStep;
   if constexpr (L::kEvenOdd) {
@@ -167,12 +163,11 @@ template <typename L>
       const float* xi = x + i * ldx;
       V a00{}, a01{}, a10{}, a11{}, a20{}, a21{}, a30{}, a31{};
       for (int64_t j = 0; j < kv; j += kStep) {
-        // Prefetch each row's line kAhead values ahead, once per 64-byte line.
-        if (i == 0 && (j & kLineMask) == 0 && j + kAhead < k) {
-          __builtin_prefetch(p0 + j + kAhead, 0, 0);
-          __builtin_prefetch(p1 + j + kAhead, 0, 0);
-          __builtin_prefetch(p2 + j + kAhead, 0, 0);
-          __builtin_prefetch(p3 + j + kAhead, 0, 0);
+        // The next block of rows streams in as this one is read (kernels/prefetch.h): once
+        // per 64 bytes of a row, for the first x row only.
+        if (i == 0 && (j & kLineMask) == 0) {
+          PrefetchNextBlock(p0, ldw * static_cast<int64_t>(sizeof(E)),
+                            j * static_cast<int64_t>(sizeof(E)));
         }
         const V xa = LoadVector<V>(xi + j);
         const V xb = LoadVector<V>(xi + j + kLanes);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/gemv.h"
+#include "kernels/prefetch.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -17,8 +18,6 @@
 namespace tophat::kernels {
 namespace {
 
-// How far ahead each weight row is prefetched: 2 KiB, as the other GEMV kernels.
-constexpr int64_t kPrefetchAheadBytes = 2048;
 
 // Rows of x as the kernels read them: row i's int8 values at q + i * k and its block scales
 // at block_scale + i * blocks.
@@ -102,11 +101,6 @@ inline void FinishFourRows(const float (&sums)[4], const int8_t* const (&p)[4], 
 }
 
 #if defined(__x86_64__)
-// The line `offset` bytes into each of four weight rows, ahead of the kernel's reads.
-inline void PrefetchFourRows(const int8_t* const (&p)[4], int64_t offset) {
-  for (const int8_t* row : p) _mm_prefetch(reinterpret_cast<const char*>(row + offset), _MM_HINT_NTA);
-}
-
 // 64 values of x per vector, four weight rows at a time. vpdpbusd multiplies unsigned bytes
 // by signed ones, so x goes in as |x| and each weight takes x's sign (negated where x < 0,
 // one masked subtract). Each int32 lane holds four products of one block; the lanes are
@@ -127,7 +121,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,fma"))) void W8A8RowsAvx512Vn
       const float* block_scales = x.block_scale + i * x.blocks;
       __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
       for (int64_t j = 0; j < kv; j += kStep) {
-        if (i == 0 && j + kPrefetchAheadBytes < k) PrefetchFourRows(p, j + kPrefetchAheadBytes);
+        if (i == 0) PrefetchNextBlock(p[0], ldw, j);  // kernels/prefetch.h
         const __m512i xv = _mm512_loadu_si512(q + j);
         const __m512i magnitude = _mm512_abs_epi8(xv);
         const __mmask64 negative = _mm512_movepi8_mask(xv);
@@ -183,9 +177,7 @@ __attribute__((target("avx2,fma"))) void W8A8RowsAvx2(const int8_t* w, int64_t l
       const float* block_scales = x.block_scale + i * x.blocks;
       __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
       for (int64_t j = 0; j < kv; j += kStep) {
-        if (i == 0 && (j & 63) == 0 && j + kPrefetchAheadBytes < k) {
-          PrefetchFourRows(p, j + kPrefetchAheadBytes);
-        }
+        if (i == 0 && (j & 63) == 0) PrefetchNextBlock(p[0], ldw, j);  // kernels/prefetch.h
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j));
         const __m256i magnitude = _mm256_sign_epi8(xv, xv);
         const __m256 block_scale = _mm256_set1_ps(block_scales[j / kActivationBlock]);
@@ -228,6 +220,7 @@ void W8A8RowsNeon(const int8_t* w, int64_t ldw, const float* scale, const Rounde
       const float* block_scales = x.block_scale + i * x.blocks;
       float32x4_t acc[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
       for (int64_t j = 0; j < kv; j += kStep) {
+        if (i == 0 && (j & 63) == 0) PrefetchNextBlock(p[0], ldw, j);  // kernels/prefetch.h
         const int8x16_t x0 = vld1q_s8(q + j);
         const int8x16_t x1 = vld1q_s8(q + j + 16);
         const float block_scale = block_scales[j / kActivationBlock];
