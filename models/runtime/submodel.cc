@@ -344,13 +344,13 @@ void Submodel::PrepareFusedDecode() {
     layer.keys.base = &kNoStorage;
     layer.values.base = &kNoStorage;
   }
-  const kernels::DecodeShape shape{.hidden = config_.hidden_size,
-                                   .heads = config_.num_attention_heads,
-                                   .kv_heads = config_.num_key_value_heads,
-                                   .head_dim = config_.head_dim,
-                                   .intermediate = config_.intermediate_size,
-                                   .eps = static_cast<float>(config_.rms_norm_eps)};
-  fused_layers_ok_ = fused_layers_ok_ && kernels::DecodeStepTakes(shape, fused_layers_) &&
+  fused_shape_ = {.hidden = config_.hidden_size,
+                  .heads = config_.num_attention_heads,
+                  .kv_heads = config_.num_key_value_heads,
+                  .head_dim = config_.head_dim,
+                  .intermediate = config_.intermediate_size,
+                  .eps = static_cast<float>(config_.rms_norm_eps)};
+  fused_layers_ok_ = fused_layers_ok_ && kernels::DecodeStepTakes(fused_shape_, fused_layers_) &&
                      rope_.cos.is_contiguous() && rope_.sin.is_contiguous() &&
                      rope_.cos.scalar_type() == at::kFloat;
   if (!fused_layers_ok_) fused_layers_.clear();
@@ -394,13 +394,7 @@ void Submodel::FusedDecode(const KvCache& cache, float* x) const {
                                    .position = position,
                                    .cos = rope_.cos.data_ptr<float>() + position * half,
                                    .sin = rope_.sin.data_ptr<float>() + position * half};
-  const kernels::DecodeShape shape{.hidden = config_.hidden_size,
-                                   .heads = config_.num_attention_heads,
-                                   .kv_heads = config_.num_key_value_heads,
-                                   .head_dim = config_.head_dim,
-                                   .intermediate = config_.intermediate_size,
-                                   .eps = static_cast<float>(config_.rms_norm_eps)};
-  kernels::DecodeLayersOneToken(shape, layers, at, x,
+  kernels::DecodeLayersOneToken(fused_shape_, layers, at, x,
                                 kernels::DecodeStepThreads(fused_layer_bytes_));
 }
 

@@ -265,6 +265,7 @@ class Submodel {
   // The layers and head as the fused CPU step reads them (FusedDecodeTakes), filled at load
   // when every matrix is of a form it takes; the layers' K/V pointers are set per step.
   std::vector<kernels::DecodeLayer> fused_layers_;
+  kernels::DecodeShape fused_shape_;
   bool fused_layers_ok_ = false;
   int64_t fused_layer_bytes_ = 0;  // weight bytes a step reads per layer (thread count)
   kernels::RowMatrix fused_head_;
