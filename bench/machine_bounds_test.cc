@@ -187,6 +187,46 @@ TEST_CASE("model benchmark runs on the tiny model", "[bench]") {
   const std::string table = report->ToTable();
   CHECK(table.find("decode") != std::string::npos);
   CHECK(table.find("fraction") != std::string::npos);
+  // A float32 CPU model decodes in the fused one-token step; the layer-by-layer path is
+  // timed only when asked for.
+  CHECK(report->fused_decode);
+  CHECK(report->decode_layer_by_layer_tokens_per_s == 0.0);
+  CHECK(table.find("layer by layer") == std::string::npos);
+}
+
+TEST_CASE("model benchmark times the layer-by-layer path beside the fused step when asked",
+          "[bench]") {
+  const fs::path dir =
+      fs::temp_directory_path() / ("tophat_bench_model_lbl_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  REQUIRE(WriteRandomModel(TinyTestConfig(), 3, dir).ok());
+  ModelBenchOptions options;
+  options.prompt_tokens = 16;
+  options.decode_tokens = 4;
+  options.repetitions = 2;
+  options.bandwidth_bytes = int64_t{16} << 20;
+  options.compare_layer_by_layer = true;
+  std::vector<std::string> lines;
+  auto report = RunModelBenchmark(dir, options,
+                                  [&](std::string_view line) { lines.emplace_back(line); });
+  fs::remove_all(dir);
+  REQUIRE(report.ok());
+  CHECK(report->fused_decode);
+  CHECK(report->decode_tokens_per_s > 0.0);
+  CHECK(report->decode_layer_by_layer_tokens_per_s > 0.0);
+  // Repetitions alternate: fused, layer by layer, fused, layer by layer.
+  std::vector<std::string> decodes;
+  for (const std::string& line : lines) {
+    if (line.rfind("decode ", 0) == 0) decodes.push_back(line);
+  }
+  REQUIRE(decodes.size() == 4);
+  CHECK(decodes[0].find("layer by layer") == std::string::npos);
+  CHECK(decodes[1].find("layer by layer") != std::string::npos);
+  CHECK(decodes[2].find("layer by layer") == std::string::npos);
+  CHECK(decodes[3].find("layer by layer") != std::string::npos);
+  CHECK(report->ToJson()["decode_layer_by_layer_tokens_per_s"].get<double>() ==
+        report->decode_layer_by_layer_tokens_per_s);
+  CHECK(report->ToTable().find("fused step") != std::string::npos);
 }
 
 TEST_CASE("model benchmark rejects a context the model lacks", "[bench]") {
