@@ -64,6 +64,10 @@ void Attend(const at::Tensor& q, const KvRows& k, const KvRows& v, int64_t kv_he
 
 }  // namespace
 
+KvRows KvRowsOf(const at::Tensor& blocks) {
+  return {blocks.data_ptr<float>(), blocks.stride(0), blocks.stride(1), blocks.stride(2)};
+}
+
 void AttendHead(const float* q, const KvRows& k, const KvRows& v, int64_t kv_head,
                 int64_t head_dim, std::span<const int32_t> block_table, int64_t block_size,
                 int64_t positions, float scale, float* scores, float* out) {
@@ -131,11 +135,8 @@ bool PagedDecodeAttention(const at::Tensor& q, const at::Tensor& key_blocks,
   for (int64_t b = 0; b < needed; ++b) {
     if (block_table[b] < 0 || block_table[b] >= num_blocks) return false;
   }
-  const KvRows k{key_blocks.data_ptr<float>(), key_blocks.stride(0), key_blocks.stride(1),
-                    key_blocks.stride(2)};
-  const KvRows v{value_blocks.data_ptr<float>(), value_blocks.stride(0),
-                    value_blocks.stride(1), value_blocks.stride(2)};
-  Attend(q, k, v, key_blocks.size(2), block_table, block_size, positions, scale, out);
+  Attend(q, KvRowsOf(key_blocks), KvRowsOf(value_blocks), key_blocks.size(2), block_table,
+         block_size, positions, scale, out);
   return true;
 }
 

@@ -65,6 +65,10 @@ struct KvRows {
   int64_t head_stride;
 };
 
+// The rows of one layer of a KV pool, blocks [num_blocks, block_size, kv_heads, head_dim]
+// float32 with the last dimension contiguous (the caller checked).
+KvRows KvRowsOf(const at::Tensor& blocks);
+
 // One query head's decode attention on the calling thread: softmax(q k^T * scale) v over
 // positions [0, positions) of KV head `kv_head`, laid out in blocks as PagedDecodeAttention
 // reads them (block_table covers them). `scores`: room for `positions` floats; `out`:

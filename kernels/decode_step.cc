@@ -57,16 +57,16 @@ struct SharedScratch {
   }
 };
 
-// Thread t's share of n rows, in blocks of four (the GEMV kernels' row blocks), as
-// ParallelRowBlocks splits them.
-std::pair<int64_t, int64_t> RowShare(int64_t n, int t, int count) {
-  const int64_t quads = (n + 3) / 4;
-  return {std::min(n, quads * t / count * 4), std::min(n, quads * (t + 1) / count * 4)};
-}
-
 // Thread t's share of n units of other work (heads), as evenly as they divide.
 std::pair<int64_t, int64_t> UnitShare(int64_t n, int t, int count) {
   return {n * t / count, n * (t + 1) / count};
+}
+
+// The token's row of KV head `kv` in one layer's keys or values, to write: the cache's
+// storage is writable; KvRows is const for the attention that reads it.
+float* TokenRow(const KvRows& rows, int64_t block, int64_t row, int64_t kv) {
+  return const_cast<float*>(rows.base) + block * rows.block_stride + row * rows.row_stride +
+         kv * rows.head_stride;
 }
 
 // x rounded for an integer matrix, into the thread's scratch; nothing for the others.
@@ -136,11 +136,11 @@ void RunLayers(const DecodeShape& shape, std::span<const DecodeLayer> layers,
   float* gate_up = shared.gate_up.data();
   float* activated = shared.activated.data();
 
-  const auto [d0, d1] = RowShare(d, t, count);
+  const auto [d0, d1] = RowBlockShare(d, t, count);
   const auto [h0, h1] = UnitShare(shape.heads, t, count);
   const auto [u0, u1] = UnitShare(shape.heads + shape.kv_heads, t, count);
-  const auto [g0, g1] = RowShare(inner, t, count);
-  const auto [qkv0, qkv1] = RowShare(q_size + 2 * kv_size, t, count);
+  const auto [g0, g1] = RowBlockShare(inner, t, count);
+  const auto [qkv0, qkv1] = RowBlockShare(q_size + 2 * kv_size, t, count);
 
   for (const DecodeLayer& layer : layers) {
     // Attention's input: every thread norms the row for itself (hidden values: less than a
@@ -156,14 +156,10 @@ void RunLayers(const DecodeShape& shape, std::span<const DecodeLayer> layers,
         continue;
       }
       const int64_t kv = u - shape.heads;
-      // The cache's storage is writable; KvRows is const for the attention that reads it.
-      float* key_row = const_cast<float*>(layer.keys.base) + slot_block * layer.keys.block_stride +
-                       slot_row * layer.keys.row_stride + kv * layer.keys.head_stride;
-      float* value_row = const_cast<float*>(layer.values.base) +
-                         slot_block * layer.values.block_stride +
-                         slot_row * layer.values.row_stride + kv * layer.values.head_stride;
-      RotateHeadRow(qkv + q_size + kv * hd, at.cos, at.sin, half, key_row);
-      std::memcpy(value_row, qkv + q_size + kv_size + kv * hd, sizeof(float) * hd);
+      RotateHeadRow(qkv + q_size + kv * hd, at.cos, at.sin, half,
+                    TokenRow(layer.keys, slot_block, slot_row, kv));
+      std::memcpy(TokenRow(layer.values, slot_block, slot_row, kv),
+                  qkv + q_size + kv_size + kv * hd, sizeof(float) * hd);
     }
 #pragma omp barrier
     for (int64_t h = h0; h < h1; ++h) {
@@ -192,19 +188,6 @@ void RunLayers(const DecodeShape& shape, std::span<const DecodeLayer> layers,
 
 }  // namespace
 
-int64_t RowMatrix::bytes() const {
-  switch (kind) {
-    case Kind::kFloat32:
-      return rows * cols * 4;
-    case Kind::kBfloat16:
-      return rows * cols * 2;
-    case Kind::kInt8:
-    case Kind::kInt8Activations:
-      return rows * cols + rows * 4;
-  }
-  return 0;
-}
-
 bool DecodeStepTakes(const DecodeShape& shape, std::span<const DecodeLayer> layers) {
   if (shape.hidden <= 0 || shape.heads <= 0 || shape.kv_heads <= 0 || shape.head_dim <= 0 ||
       shape.head_dim % 2 != 0 || shape.heads % shape.kv_heads != 0 || shape.intermediate <= 0) {
@@ -214,7 +197,6 @@ bool DecodeStepTakes(const DecodeShape& shape, std::span<const DecodeLayer> laye
   const int64_t kv_size = shape.kv_heads * shape.head_dim;
   for (const DecodeLayer& layer : layers) {
     if (layer.input_norm == nullptr || layer.post_norm == nullptr ||
-        layer.keys.base == nullptr || layer.values.base == nullptr ||
         !MatrixIs(layer.qkv, q_size + 2 * kv_size, shape.hidden) ||
         !MatrixIs(layer.o_proj, shape.hidden, q_size) ||
         !MatrixIs(layer.gate_up, 2 * shape.intermediate, shape.hidden) ||
@@ -245,7 +227,7 @@ void NormHeadOneToken(const float* x, const float* norm, int64_t hidden, float e
     own.Fit(hidden, hidden, 0);
     RmsNormRow(x, norm, hidden, eps, own.normed.data());
     PrepareInput(head, own.normed.data(), own);
-    const auto [r0, r1] = RowShare(head.rows, t, count);
+    const auto [r0, r1] = RowBlockShare(head.rows, t, count);
     MatrixRows(head, own.normed.data(), nullptr, logits, r0, r1, own);
   };
   if (threads <= 1) {

@@ -38,9 +38,6 @@ struct RowMatrix {
   int64_t rows = 0;
   int64_t cols = 0;
   int64_t row_stride = 0;
-
-  // Bytes a step reads from it.
-  int64_t bytes() const;
 };
 
 // One decoder layer's weights (float32 vectors; biases may be null) and its K/V storage.
@@ -54,7 +51,7 @@ struct DecodeLayer {
   RowMatrix gate_up;                  // [2 intermediate, hidden]: gate rows, then up rows
   RowMatrix down;                     // [hidden, intermediate]
   // This layer's keys and values (float32): the token's K/V is written at `position`, and
-  // positions [0, position] are attended.
+  // positions [0, position] are attended. The sequence's, set by the caller for each step.
   KvRows keys;
   KvRows values;
 };
@@ -78,14 +75,15 @@ struct DecodePosition {
   const float* sin = nullptr;
 };
 
-// Whether the step takes these layers: every matrix of the shapes `shape` implies, head_dim
-// even, heads a multiple of kv_heads.
+// Whether the step takes these layers' weights: every norm there and every matrix of the
+// shapes `shape` implies, head_dim even, heads a multiple of kv_heads. The K/V rows are not
+// looked at: a step's caller sets them.
 bool DecodeStepTakes(const DecodeShape& shape, std::span<const DecodeLayer> layers);
 
 // The token's hidden state x [hidden] (the residual stream, updated in place) through
-// `layers` on `threads` threads (1: this thread only, no region). Writes the token's K/V
-// at `at.position` of every layer. Preconditions: DecodeStepTakes, and `at` in range (the
-// caller checked both); nothing here throws or fails.
+// `layers` on `threads` threads (one region, of one thread at least). Writes the token's K/V
+// at `at.position` of every layer. Preconditions: DecodeStepTakes, every layer's K/V rows
+// set, and `at` in range (the caller checked them); nothing here throws or fails.
 void DecodeLayersOneToken(const DecodeShape& shape, std::span<const DecodeLayer> layers,
                           const DecodePosition& at, float* x, int threads);
 

@@ -66,10 +66,6 @@ RowMatrix Int8Rows(const Int8Matrix& w, bool activations) {
           .cols = w.cols(), .row_stride = w.values.stride(0)};
 }
 
-KvRows RowsOf(const at::Tensor& t) {
-  return {t.data_ptr<float>(), t.stride(0), t.stride(1), t.stride(2)};
-}
-
 enum class Form { kFloat32, kBfloat16, kInt8, kInt8Activations };
 
 DecodeLayer LayerOf(LayerTensors& t, Form form) {
@@ -77,8 +73,8 @@ DecodeLayer LayerOf(LayerTensors& t, Form form) {
                     .qkv_bias = t.qkv_bias.data_ptr<float>(),
                     .o_bias = t.o_bias.data_ptr<float>(),
                     .post_norm = t.post_norm.data_ptr<float>(),
-                    .keys = RowsOf(t.keys),
-                    .values = RowsOf(t.values)};
+                    .keys = KvRowsOf(t.keys),
+                    .values = KvRowsOf(t.values)};
   switch (form) {
     case Form::kFloat32:
       layer.qkv = Float32Rows(t.qkv);
@@ -131,10 +127,9 @@ void ReferenceLayer(LayerTensors& t, Form form, std::span<const int32_t> table,
     return v / at::sqrt((v * v).mean() + kShape.eps) * g.to(at::kDouble);
   };
   auto linear = [&](const at::Tensor& w, const at::Tensor& v) {
-    const at::Tensor in = form == Form::kInt8Activations
-                              ? RoundActivationsInt8(v.to(at::kFloat).unsqueeze(0))[0].to(at::kDouble)
-                              : v;
-    return at::mv(w, in);
+    if (form != Form::kInt8Activations) return at::mv(w, v);
+    const at::Tensor rounded = RoundActivationsInt8(v.to(at::kFloat).unsqueeze(0))[0];
+    return at::mv(w, rounded.to(at::kDouble));
   };
   auto rotate = [&](const at::Tensor& head) {
     const at::Tensor a = head.narrow(0, 0, hd / 2);

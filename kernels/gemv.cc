@@ -286,11 +286,14 @@ void ParallelRowBlocks(int64_t n, int threads, absl::FunctionRef<void(int64_t, i
   }
 #pragma omp parallel num_threads(threads)
   {
-    const int64_t t = omp_get_thread_num();
-    const int64_t count = omp_get_num_threads();
-    const int64_t quads = (n + 3) / 4;
-    rows(std::min(n, quads * t / count * 4), std::min(n, quads * (t + 1) / count * 4));
+    const auto [begin, end] = RowBlockShare(n, omp_get_thread_num(), omp_get_num_threads());
+    rows(begin, end);
   }
+}
+
+std::pair<int64_t, int64_t> RowBlockShare(int64_t n, int t, int count) {
+  const int64_t quads = (n + 3) / 4;
+  return {std::min(n, quads * t / count * 4), std::min(n, quads * (t + 1) / count * 4)};
 }
 
 int SingleRowThreads() {

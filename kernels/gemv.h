@@ -12,6 +12,7 @@
 #pragma once
 
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -42,6 +43,11 @@ bool CpuHasBf16Arithmetic();
 // LibTorch chose one thread and decode ran at 36-44% of the two-core bandwidth bound, issue
 // 15), while Linux's sysfs topology, which its scheduler uses, said two cores.
 int SingleRowThreads();
+
+// Thread t's share of n rows among `count` threads: a static contiguous block, a multiple
+// of four rows (the kernels' row blocks) except at the end. ParallelRowBlocks and the decode
+// step (kernels/decode_step.h) split rows so.
+std::pair<int64_t, int64_t> RowBlockShare(int64_t n, int t, int count);
 
 // Runs rows(begin, end) on `threads` OpenMP threads (1: on this one), each given a static
 // contiguous block of [0, n), a multiple of four rows (the kernels' row blocks), so that

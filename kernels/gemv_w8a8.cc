@@ -18,7 +18,6 @@
 namespace tophat::kernels {
 namespace {
 
-
 // Rows of x as the kernels read them: row i's int8 values at q + i * k and its block scales
 // at block_scale + i * blocks.
 struct RoundedRows {

@@ -308,13 +308,13 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
     }
     model->lm_head_.int8_activations = model->lm_head_.is_int8();
   }
-  model->PrepareFusedDecode();
+  model->PrepareFusedLayers();
+  model->PrepareFusedHead();
   return model;
 }
 
-void Submodel::PrepareFusedDecode() {
+void Submodel::PrepareFusedLayers() {
   if (!options_.device.is_cpu() || options_.dtype != at::kFloat) return;
-  fused_layers_ok_ = !layers_.empty();
   for (const DecoderLayerWeights& w : layers_) {
     const auto qkv = RowMatrixOf(w.qkv);
     const auto o_proj = RowMatrixOf(w.o_proj);
@@ -325,8 +325,8 @@ void Submodel::PrepareFusedDecode() {
     if (!qkv || !o_proj || !gate_up || !down || input_norm == nullptr || post_norm == nullptr ||
         (w.qkv_bias.defined() && FloatData(w.qkv_bias) == nullptr) ||
         (w.o_bias.defined() && FloatData(w.o_bias) == nullptr)) {
-      fused_layers_ok_ = false;
-      break;
+      fused_layers_.clear();
+      return;
     }
     fused_layers_.push_back({.input_norm = input_norm,
                              .qkv = *qkv,
@@ -336,13 +336,6 @@ void Submodel::PrepareFusedDecode() {
                              .post_norm = post_norm,
                              .gate_up = *gate_up,
                              .down = *down});
-    fused_layer_bytes_ = qkv->bytes() + o_proj->bytes() + gate_up->bytes() + down->bytes();
-  }
-  // Placeholder K/V pointers, so the shape check sees complete layers; each step sets them.
-  static const float kNoStorage = 0.0f;
-  for (kernels::DecodeLayer& layer : fused_layers_) {
-    layer.keys.base = &kNoStorage;
-    layer.values.base = &kNoStorage;
   }
   fused_shape_ = {.hidden = config_.hidden_size,
                   .heads = config_.num_attention_heads,
@@ -350,20 +343,22 @@ void Submodel::PrepareFusedDecode() {
                   .head_dim = config_.head_dim,
                   .intermediate = config_.intermediate_size,
                   .eps = static_cast<float>(config_.rms_norm_eps)};
-  fused_layers_ok_ = fused_layers_ok_ && kernels::DecodeStepTakes(fused_shape_, fused_layers_) &&
-                     rope_.cos.is_contiguous() && rope_.sin.is_contiguous() &&
-                     rope_.cos.scalar_type() == at::kFloat;
-  if (!fused_layers_ok_) fused_layers_.clear();
-  if (spec_.head) {
-    const auto head = RowMatrixOf(lm_head_);
-    fused_head_ok_ = head && head->cols == config_.hidden_size &&
-                     FloatData(final_norm_) != nullptr;
-    if (fused_head_ok_) fused_head_ = *head;
+  if (!kernels::DecodeStepTakes(fused_shape_, fused_layers_) || !rope_.cos.is_contiguous() ||
+      !rope_.sin.is_contiguous() || rope_.cos.scalar_type() != at::kFloat) {
+    fused_layers_.clear();
+  }
+}
+
+void Submodel::PrepareFusedHead() {
+  if (!spec_.head || !options_.device.is_cpu() || options_.dtype != at::kFloat) return;
+  const auto head = RowMatrixOf(lm_head_);
+  if (head && head->cols == config_.hidden_size && FloatData(final_norm_) != nullptr) {
+    fused_head_ = *head;
   }
 }
 
 bool Submodel::FusedDecodeTakes(std::span<const SequenceChunk> chunks) const {
-  if (!fused_layers_ok_ || !options_.fused_cpu_decode || chunks.size() != 1 ||
+  if (fused_layers_.empty() || !options_.fused_cpu_decode || chunks.size() != 1 ||
       chunks[0].num_tokens != 1) {
     return false;
   }
@@ -381,11 +376,8 @@ void Submodel::FusedDecode(const KvCache& cache, float* x) const {
   layers.assign(fused_layers_.begin(), fused_layers_.end());
   const KvBlockPool& pool = cache.pool();
   for (size_t l = 0; l < layers.size(); ++l) {
-    const at::Tensor& keys = pool.keys(static_cast<int64_t>(l));
-    const at::Tensor& values = pool.values(static_cast<int64_t>(l));
-    layers[l].keys = {keys.data_ptr<float>(), keys.stride(0), keys.stride(1), keys.stride(2)};
-    layers[l].values = {values.data_ptr<float>(), values.stride(0), values.stride(1),
-                        values.stride(2)};
+    layers[l].keys = kernels::KvRowsOf(pool.keys(static_cast<int64_t>(l)));
+    layers[l].values = kernels::KvRowsOf(pool.values(static_cast<int64_t>(l)));
   }
   const int64_t position = cache.length();
   const int64_t half = config_.head_dim / 2;
@@ -394,8 +386,12 @@ void Submodel::FusedDecode(const KvCache& cache, float* x) const {
                                    .position = position,
                                    .cos = rope_.cos.data_ptr<float>() + position * half,
                                    .sin = rope_.sin.data_ptr<float>() + position * half};
+  // Every layer reads as many bytes as the first.
+  const DecoderLayerWeights& w = layers_.front();
+  const int64_t layer_bytes =
+      w.qkv.bytes() + w.o_proj.bytes() + w.gate_up.bytes() + w.down.bytes();
   kernels::DecodeLayersOneToken(fused_shape_, layers, at, x,
-                                kernels::DecodeStepThreads(fused_layer_bytes_));
+                                kernels::DecodeStepThreads(layer_bytes));
 }
 
 KvCache Submodel::NewCache(int64_t capacity) const {
@@ -886,7 +882,8 @@ absl::StatusOr<at::Tensor> Submodel::Logits(const at::Tensor& hidden) const {
   }
   at::Tensor logits;
   TOPHAT_RETURN_IF_ERROR(CatchExceptions("LM head", [&] {
-    if (fused_head_ok_ && options_.fused_cpu_decode && hidden.size(0) == 1 && hidden.is_cpu() &&
+    if (fused_head_.values != nullptr && options_.fused_cpu_decode && hidden.size(0) == 1 &&
+        hidden.is_cpu() &&
         hidden.scalar_type() == at::kFloat) {
       // One row: the norm and the head in one parallel region (kernels/decode_step.h).
       const at::Tensor row = hidden.contiguous();
@@ -894,7 +891,7 @@ absl::StatusOr<at::Tensor> Submodel::Logits(const at::Tensor& hidden) const {
       kernels::NormHeadOneToken(row.data_ptr<float>(), final_norm_.data_ptr<float>(),
                                 config_.hidden_size, static_cast<float>(config_.rms_norm_eps),
                                 fused_head_, logits.data_ptr<float>(),
-                                kernels::DecodeStepThreads(fused_head_.bytes()));
+                                kernels::DecodeStepThreads(lm_head_.bytes()));
       return;
     }
     logits = Linear(RmsNorm(hidden, final_norm_, config_.rms_norm_eps), lm_head_).to(at::kFloat);

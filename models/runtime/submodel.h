@@ -183,7 +183,7 @@ class Submodel {
   // benchmark that times both paths on one loaded model. Not while a step runs.
   void SetFusedCpuDecode(bool on) { options_.fused_cpu_decode = on; }
   // Whether one-token steps of this submodel take the fused CPU step.
-  bool fused_cpu_decode() const { return fused_layers_ok_ && options_.fused_cpu_decode; }
+  bool fused_cpu_decode() const { return !fused_layers_.empty() && options_.fused_cpu_decode; }
 
   // Bytes of weights this submodel reads per decoded token (for bandwidth bounds).
   int64_t WeightBytes() const;
@@ -238,8 +238,9 @@ class Submodel {
                          int64_t layer, const at::Tensor& q, const at::Tensor& k,
                          const at::Tensor& v, at::Tensor& attention) const;
 
-  // Fills fused_layers_ and fused_head_ from the loaded weights (end of Load).
-  void PrepareFusedDecode();
+  // Fill fused_layers_ and fused_head_ from the loaded weights (end of Load).
+  void PrepareFusedLayers();
+  void PrepareFusedHead();
   // Whether a step of these chunks takes the fused one-token CPU step: one chunk of one
   // token over a float32 CPU cache, no sliding window in reach, weights it reads.
   bool FusedDecodeTakes(std::span<const SequenceChunk> chunks) const;
@@ -263,13 +264,11 @@ class Submodel {
   at::Tensor final_norm_;  // [D]
   WeightMatrix lm_head_;    // [V, D]
   // The layers and head as the fused CPU step reads them (FusedDecodeTakes), filled at load
-  // when every matrix is of a form it takes; the layers' K/V pointers are set per step.
+  // when every matrix is of a form it takes (else empty, and the head's values null); the
+  // layers' K/V rows are set per step.
   std::vector<kernels::DecodeLayer> fused_layers_;
   kernels::DecodeShape fused_shape_;
-  bool fused_layers_ok_ = false;
-  int64_t fused_layer_bytes_ = 0;  // weight bytes a step reads per layer (thread count)
   kernels::RowMatrix fused_head_;
-  bool fused_head_ok_ = false;
 };
 
 // Loads config.json + weights of a Hugging Face checkpoint directory as one full model.
