@@ -10,8 +10,8 @@ namespace tophat::kernels {
 // for a prefetch a fixed distance ahead within a row to ever land, and four interleaved
 // streams that restart every block are what the hardware prefetchers follow worst. Out of
 // cache the int8 kernels read 7.5 GB/s on one core that way, where a loop touching one byte
-// per line read 22 GB/s (docs/benchmarks.md). So each block prefetches the next one whole,
-// in step with its own reads: called for every 64 bytes at `offset` into the current
+// per line read 22 GB/s (docs/benchmarks.md; kernels/gemv_stream_test.cc). So each block
+// prefetches the next one whole, in step with its own reads: called for every 64 bytes at `offset` into the current
 // block's rows (row0's, rows `row_bytes` apart), it asks for the four lines at 4 * offset
 // into the next block. With contiguous rows (the usual layout) the next block's bytes follow
 // the current one's, so the whole block arrives as this one is computed. A prefetch past
