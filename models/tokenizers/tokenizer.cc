@@ -79,11 +79,10 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::filesystem
 }
 
 absl::StatusOr<std::string> StreamingDetokenizer::Push(int32_t id) {
-  ids_.push_back(id);
-  auto text = tokenizer_.Decode(ids_);
+  window_.push_back(id);
+  auto text = tokenizer_.Decode(window_);
   if (!text.ok()) {
-    // Keep the state as it was so a caller can skip the bad id and carry on.
-    ids_.pop_back();
+    window_.pop_back();
     return text.status();
   }
   // Text that later ids may still change stays back: a character cut between tokens shows as
@@ -91,14 +90,28 @@ absl::StatusOr<std::string> StreamingDetokenizer::Push(int32_t id) {
   std::string_view stable = *text;
   stable.remove_suffix(utf8::IncompleteSuffixLength(stable));
   while (stable.ends_with(utf8::kReplacement)) stable.remove_suffix(utf8::kReplacement.size());
-  if (stable.size() <= emitted_bytes_) return std::string();
-  std::string fresh(stable.substr(emitted_bytes_));
-  emitted_bytes_ = stable.size();
+  std::string fresh;
+  if (stable.size() > emitted_bytes_) {
+    fresh = stable.substr(emitted_bytes_);
+    emitted_bytes_ = stable.size();
+  }
+  if (stable.size() != text->size()) return fresh;
+  // All of the window's text is final and shown: it ends on a whole character. Past the
+  // window's size, drop the ids before the last such point; what is kept starts on a whole
+  // character too, and its text is all shown (the first piece's leading space, which
+  // SentencePiece drops, belongs to an id already shown).
+  if (window_.size() > kWindowIds && last_whole_ > 0) {
+    window_.erase(window_.begin(), window_.begin() + static_cast<std::ptrdiff_t>(last_whole_));
+    auto kept = tokenizer_.Decode(window_);
+    if (!kept.ok()) return kept.status();  // these ids decoded a moment ago
+    emitted_bytes_ = kept->size();
+  }
+  last_whole_ = window_.size();
   return fresh;
 }
 
 absl::StatusOr<std::string> StreamingDetokenizer::Flush() {
-  auto text = tokenizer_.Decode(ids_);
+  auto text = tokenizer_.Decode(window_);
   if (!text.ok()) return text.status();
   if (text->size() <= emitted_bytes_) return std::string();
   std::string rest = text->substr(emitted_bytes_);

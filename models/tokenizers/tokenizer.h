@@ -40,19 +40,31 @@ class Tokenizer {
 
 // Streams text for a growing list of ids. Decoding ids one at a time is wrong for both
 // tokenizer kinds (a UTF-8 character can span tokens; SentencePiece drops the leading space
-// of the first piece), so this decodes the tail and emits only completed, new text.
+// of the first piece), so each Push decodes a window of the latest ids and emits only
+// completed, new text. The window restarts whenever its text ends on a whole character, so a
+// Push decodes a few ids however long the stream is: decoding every id so far made pushing
+// an n-token prompt O(n^2) (0.2 s before a 1,200-token prompt's first chunk on a 2-vCPU VM).
 class StreamingDetokenizer {
  public:
   explicit StreamingDetokenizer(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
-  // Appends `id` and returns the text that became final, possibly empty.
+  // Appends `id` and returns the text that became final, possibly empty. On an error (an id
+  // the tokenizer cannot decode) the stream is as it was, so a caller can skip the id.
   absl::StatusOr<std::string> Push(int32_t id);
   // Returns whatever text is still held back (e.g. an incomplete UTF-8 sequence).
   absl::StatusOr<std::string> Flush();
 
+  // The window restarts once it holds more than this many ids and ends on a whole character.
+  static constexpr size_t kWindowIds = 8;
+  // Ids decoded by the last Push: the window (for tests of the bound).
+  size_t window_size() const { return window_.size(); }
+
  private:
   const Tokenizer& tokenizer_;
-  std::vector<int32_t> ids_;
-  size_t emitted_bytes_ = 0;
+  // The ids decoded with each new one: those since a point where the text ended on a whole
+  // character, at least the one before the newest (it carries SentencePiece's dropped space).
+  std::vector<int32_t> window_;
+  size_t emitted_bytes_ = 0;  // of Decode(window_), already returned
+  size_t last_whole_ = 0;     // window_'s length at the last Push whose text was all final
 };
 
 }  // namespace tophat

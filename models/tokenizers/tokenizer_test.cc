@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include "base/test_util.h"
 
@@ -394,6 +395,70 @@ TEST_CASE("StreamingDetokenizer matches Decode for SentencePiece", "[tokenizer]"
   ids.insert(ids.end(), body.begin(), body.end());
   ids.push_back(2);
   CheckStreaming(tokenizer, ids);
+}
+
+// A tokenizer that passes everything to another and remembers the longest Decode it was asked.
+class DecodeLengthRecorder : public Tokenizer {
+ public:
+  explicit DecodeLengthRecorder(const Tokenizer& inner) : inner_(inner) {}
+  absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text,
+                                              bool parse_special) const override {
+    return inner_.Encode(text, parse_special);
+  }
+  absl::StatusOr<std::string> Decode(const std::vector<int32_t>& ids) const override {
+    longest_decode = std::max(longest_decode, ids.size());
+    return inner_.Decode(ids);
+  }
+  int32_t vocab_size() const override { return inner_.vocab_size(); }
+  std::optional<int32_t> bos_id() const override { return inner_.bos_id(); }
+  std::optional<int32_t> eos_id() const override { return inner_.eos_id(); }
+  std::optional<int32_t> PieceToId(std::string_view piece) const override {
+    return inner_.PieceToId(piece);
+  }
+  mutable size_t longest_decode = 0;
+
+ private:
+  const Tokenizer& inner_;
+};
+
+// Streams a long text (multi-byte characters cut between tokens throughout) and checks the
+// pieces add up to Decode of it all while no Push decodes more than a short window.
+void CheckLongStreamDecodesAWindow(const Tokenizer& tokenizer, const std::string& sentence) {
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += sentence;
+  const std::vector<int32_t> ids = EncodeOk(tokenizer, text);
+  REQUIRE(ids.size() > 1000);
+  DecodeLengthRecorder recorder(tokenizer);
+  StreamingDetokenizer stream(recorder);
+  std::string streamed;
+  size_t longest_window = 0;
+  for (const int32_t id : ids) {
+    auto piece = stream.Push(id);
+    REQUIRE(piece.ok());
+    streamed += *piece;
+    longest_window = std::max(longest_window, stream.window_size());
+  }
+  streamed += *stream.Flush();
+  CHECK(streamed == DecodeOk(tokenizer, ids));
+  // The window restarts past kWindowIds ids at a whole character: the longest is that plus
+  // the ids of the longest character and the one kept before it.
+  CHECK(longest_window <= StreamingDetokenizer::kWindowIds + 6);
+  CHECK(recorder.longest_decode <= StreamingDetokenizer::kWindowIds + 6);
+}
+
+TEST_CASE("StreamingDetokenizer decodes a short window however long the stream",
+          "[tokenizer]") {
+  const std::string sentence = std::string(kUnicodeText) + " zebra ✓ 🎩 the cat ";
+  SECTION("BPE") {
+    const auto tokenizer = MakeBpe(MakeTokenizerJson(true));
+    CheckLongStreamDecodesAWindow(*tokenizer, sentence);
+  }
+  SECTION("SentencePiece") {
+    RequireSpmPlugin();
+    auto loaded = Tokenizer::Load(SpmModelDir());
+    REQUIRE(loaded.ok());
+    CheckLongStreamDecodesAWindow(**loaded, sentence);
+  }
 }
 
 TEST_CASE("Tokenizer::Load errors name the file", "[tokenizer]") {
