@@ -222,6 +222,15 @@ struct Deployment {
   std::vector<std::pair<std::string, int>> agent_metrics;  // host, port
   int cloud_metrics_port = 0;
 
+  // CPU seconds the cloud's processes and the agents have used so far.
+  std::pair<double, double> CpuSecondsSoFar() const {
+    double cloud_seconds = cloud ? CpuSeconds(cloud->pid()) : 0;
+    for (const auto& stage : cloud_stages) cloud_seconds += CpuSeconds(stage->pid());
+    double agent_seconds = 0;
+    for (const auto& agent : agents) agent_seconds += CpuSeconds(agent->pid());
+    return {cloud_seconds, agent_seconds};
+  }
+
   ~Deployment() {
     for (auto& agent : agents) agent->Signal(SIGTERM);
     for (auto& agent : agents) agent->Wait(std::chrono::seconds(10));
@@ -379,6 +388,12 @@ struct RunRecord {
   double decode_network_ms_mean = 0;
   double decode_network_max_ms_p50 = 0;
   nlohmann::json per_request = nlohmann::json::array();
+  // Cores the cloud (its stages included) and the agents used on average during the run,
+  // and the host's: on a host they share, how loaded it was (the simulator gives each device
+  // a CPU of its own; docs/scale.md).
+  double cloud_cores = 0;
+  double agent_cores = 0;
+  unsigned host_cores = 0;
 };
 
 RunRecord Record(const AblationConfig& config, const std::string& dataset, double rate,
@@ -688,6 +703,7 @@ absl::StatusOr<nlohmann::json> RunAblation(const AblationOptions& options) {
                                                                    (total_runs - done))
                                     .c_str()
                               : "");
+        const auto [cloud_cpu, agent_cpu] = (*deployment)->CpuSecondsSoFar();
         auto run = RunWorkload((*deployment)->agent_addresses,
                                {.requests = options.requests,
                                 .rate = rate,
@@ -697,6 +713,11 @@ absl::StatusOr<nlohmann::json> RunAblation(const AblationOptions& options) {
                                 .text_tokens = options.text_tokens});
         if (!run.ok()) return run.status();
         records.push_back(Record(config, dataset, rate, *run, options));
+        const auto [cloud_cpu_after, agent_cpu_after] = (*deployment)->CpuSecondsSoFar();
+        const double wall = std::max(run->wall_seconds, 1e-9);
+        records.back().cloud_cores = (cloud_cpu_after - cloud_cpu) / wall;
+        records.back().agent_cores = (agent_cpu_after - agent_cpu) / wall;
+        records.back().host_cores = std::thread::hardware_concurrency();
         ++done;
       }
     }
@@ -791,6 +812,9 @@ absl::StatusOr<nlohmann::json> RunAblation(const AblationOptions& options) {
                     {"chunk_size_by_device", r.chunk_by_device},
                     {"prefill_ms_per_128_tokens", r.prefill_ms_per_128},
                     {"decode_ms_per_10_tokens", r.decode_ms_per_10},
+                    {"cloud_cores", r.cloud_cores},
+                    {"agent_cores", r.agent_cores},
+                    {"host_cores", r.host_cores},
                     {"per_request", r.per_request}});
   }
   nlohmann::json configs = nlohmann::json::array();

@@ -88,7 +88,7 @@ struct AblationOptions {
   // The link scaling above stays at the model's float32 bytes, so a smaller wire shows as
   // time saved on the same links.
   std::string wire_dtype = "cloud";
-  // Every agent's uplink_pacing.enabled (device_agent/uplink_pacer.h).
+  // Every agent's uplink_pacing.enabled (scheduler/uplink_pacer.h).
   bool uplink_pacing = true;
   // The cloud's middle layers in this many pipeline stages, one process each on this host,
   // linked by Gloo (configs/cloud.yaml `pipeline`), the layers split evenly; each stage gets

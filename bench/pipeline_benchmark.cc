@@ -47,6 +47,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+using bench::CpuSeconds;
 
 struct Args {
   int64_t layers = 8;
@@ -226,21 +227,6 @@ std::string LastLine(const std::string& log, const std::string& marker) {
   if (at == std::string::npos) return "";
   const size_t end = log.find('\n', at);
   return log.substr(at + marker.size(), end == std::string::npos ? std::string::npos : end - at - marker.size());
-}
-
-// CPU seconds a process has used so far (user + system), from /proc; 0 if unreadable.
-double CpuSeconds(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t close = text.rfind(')');  // the command name may hold spaces
-  if (close == std::string::npos) return 0;
-  std::istringstream fields(text.substr(close + 2));
-  std::string field;
-  double ticks = 0;
-  for (int i = 3; i <= 15 && fields >> field; ++i) {
-    if (i == 14 || i == 15) ticks += std::stod(field);  // utime, stime
-  }
-  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 // One run of `c`: stages and an agent start, a burst of requests runs through them, all stop.

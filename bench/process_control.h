@@ -49,6 +49,9 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> StartDaemon(const std::filesystem:
                                                           const std::string& name, int port,
                                                           std::chrono::milliseconds timeout);
 
+// CPU seconds a process has used so far (user + system), from /proc; 0 if unreadable.
+double CpuSeconds(pid_t pid);
+
 // A TCP port on 127.0.0.1 that was free a moment ago.
 int FreePort();
 // Waits until something accepts connections on host:port (an IPv4 address).

@@ -1,6 +1,11 @@
 #include "bench/process_control.h"
 
+#include <signal.h>
+
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <thread>
 
 namespace tophat::bench {
 namespace {
@@ -25,6 +30,25 @@ TEST_CASE("Histogram buckets are read from the exposition and summed over label 
   CHECK(buckets[1].first == Approx(0.5));
   CHECK(buckets[1].second == 5);
   CHECK(HistogramBuckets(exposition, "missing").empty());
+}
+
+TEST_CASE("CpuSeconds reads the CPU time a busy child has used", "[bench]") {
+  const std::filesystem::path log =
+      std::filesystem::temp_directory_path() / ("cpu_seconds_test-" + std::to_string(getpid()));
+  ChildProcess busy({"/bin/sh", "-c", "while :; do :; done"}, log);
+  REQUIRE(busy.pid() > 0);
+  // Waits for the condition, not a time: a spinning shell uses its CPU as it is given it.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  double used = 0;
+  while ((used = CpuSeconds(busy.pid())) < 0.2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK(used >= 0.2);
+  CHECK(CpuSeconds(busy.pid()) >= used);  // it only grows
+  busy.Signal(SIGKILL);
+  busy.Wait(std::chrono::seconds(10));
+  CHECK(CpuSeconds(-1) == 0);  // no such process
+  std::filesystem::remove(log);
 }
 
 }  // namespace

@@ -86,36 +86,51 @@ double CellError(const ReplayCell& cell, const sim::SimResult& simulated) {
 }
 
 // --calibrate: the device's compute times that best fit the cells not held out. Two numbers
-// are fitted, by a grid over four decades each: the device's seconds per prompt position
-// (input and output submodels, split evenly) and per decode token (the same). Everything else
-// is measured in the report (links, delay, the cloud's step curve, each request's chunk).
+// are fitted: the device's seconds per prompt position (input and output submodels, split
+// evenly) and per decode token (the same). First a grid over four decades each (8 points a
+// decade, steps of 33%), then a finer grid (16 points a coarse step, steps of 1.8%) over the
+// coarse steps on either side of its best: the coarse steps alone moved some cells by more
+// than the 10% the fit is judged by. Everything else is measured in the report (links,
+// delay, the cloud's step curve, each request's chunk).
 sim::DeviceProfile Calibrate(const SimulateArgs& args, bool steps_given,
                              const std::vector<ReplayCell>& cells, double* best_error) {
   sim::DeviceProfile best = args.config.device;
   *best_error = 1e18;
-  constexpr int kSteps = 33;  // 8 per decade, over 4 decades
-  for (int i = 0; i < kSteps; ++i) {
-    const double prompt_s = 1e-5 * std::pow(10.0, i / 8.0);  // 0.01 ms ... 100 ms
-    for (int j = 0; j < kSteps; ++j) {
-      const double decode_s = 1e-4 * std::pow(10.0, j / 8.0);  // 0.1 ms ... 1 s
-      sim::DeviceProfile device = args.config.device;
-      device.input_seconds_per_token = device.output_seconds_per_token = prompt_s / 2;
-      device.input_decode_seconds = device.output_decode_seconds = decode_s / 2;
-      double error = 0;
-      int used = 0;
-      for (const ReplayCell& cell : cells) {
-        if (cell.held_out) continue;
-        auto simulated = SimulateCell(args, steps_given, cell, device);
-        error += simulated.ok() ? CellError(cell, *simulated) : 1e9;
-        ++used;
-      }
-      error /= std::max(1, used);
-      if (error < *best_error) {
-        *best_error = error;
-        best = device;
+  double best_prompt_exponent = 0;  // log10 of the seconds
+  double best_decode_exponent = 0;
+  const auto search = [&](double prompt_from, double decode_from, double step, int steps) {
+    for (int i = 0; i < steps; ++i) {
+      const double prompt_exponent = prompt_from + i * step;
+      for (int j = 0; j < steps; ++j) {
+        const double decode_exponent = decode_from + j * step;
+        sim::DeviceProfile device = args.config.device;
+        device.input_seconds_per_token = device.output_seconds_per_token =
+            std::pow(10.0, prompt_exponent) / 2;
+        device.input_decode_seconds = device.output_decode_seconds =
+            std::pow(10.0, decode_exponent) / 2;
+        double error = 0;
+        int used = 0;
+        for (const ReplayCell& cell : cells) {
+          if (cell.held_out) continue;
+          auto simulated = SimulateCell(args, steps_given, cell, device);
+          error += simulated.ok() ? CellError(cell, *simulated) : 1e9;
+          ++used;
+        }
+        error /= std::max(1, used);
+        if (error < *best_error) {
+          *best_error = error;
+          best = device;
+          best_prompt_exponent = prompt_exponent;
+          best_decode_exponent = decode_exponent;
+        }
       }
     }
-  }
+  };
+  constexpr double kCoarse = 1.0 / 8;
+  search(-5, -4, kCoarse, 33);  // 0.01 ms ... 100 ms a position; 0.1 ms ... 1 s a token
+  constexpr int kFinePerCoarse = 16;
+  search(best_prompt_exponent - kCoarse, best_decode_exponent - kCoarse,
+         kCoarse / kFinePerCoarse, 2 * kFinePerCoarse + 1);
   return best;
 }
 
@@ -186,9 +201,9 @@ int RunReplay(const SimulateArgs& args, bool steps_given) {
               : reports.front().step_curves.empty()
                   ? "the built-in H200 profile (the report has no curve of its cloud's)"
                   : "the cloud's own curve from the report");
-  std::printf("%-12s %-10s %5s %4s %-8s | %-23s | %-23s | %-23s | %-23s\n", "config", "dataset",
-              "req/s", "dev", "use", "TTFT p50 ms real/sim", "TTFT p90 ms real/sim",
-              "TBT p50 ms real/sim", "TBT p90 ms real/sim");
+  std::printf("%-12s %-10s %5s %4s %-8s | %-23s | %-23s | %-23s | %-23s | %s\n", "config",
+              "dataset", "req/s", "dev", "use", "TTFT p50 ms real/sim", "TTFT p90 ms real/sim",
+              "TBT p50 ms real/sim", "TBT p90 ms real/sim", "cores: cloud+agents/host");
   nlohmann::json out = nlohmann::json::array();
   // Cells within 10% of the measured value, of all, for fitted and held-out runs.
   int within[2] = {0, 0};
@@ -213,13 +228,20 @@ int RunReplay(const SimulateArgs& args, bool steps_given) {
       return absl::StrFormat("%7.1f/%7.1f %+5.0f%%", 1e3 * real, 1e3 * sim, Percent(sim, real));
     };
     const char* use = !args.calibrate ? "-" : cell.held_out ? "held out" : "fitted";
-    std::printf("%-12s %-10s %5.2f %4zu %-8s | %s | %s | %s | %s\n", run.config.c_str(),
+    const std::string cores =
+        run.host_cores > 0 ? absl::StrFormat("%.2f+%.2f/%.0f", run.cloud_cores, run.agent_cores,
+                                             run.host_cores)
+                           : "-";
+    std::printf("%-12s %-10s %5.2f %4zu %-8s | %s | %s | %s | %s | %s\n", run.config.c_str(),
                 run.dataset.c_str(), run.rate, cell.recorded->links.size(), use,
                 show(cell.ttft.p50, sim_ttft.p50).c_str(), show(cell.ttft.p90, sim_ttft.p90).c_str(),
-                show(cell.tbt.p50, sim_tbt.p50).c_str(), show(cell.tbt.p90, sim_tbt.p90).c_str());
+                show(cell.tbt.p50, sim_tbt.p50).c_str(), show(cell.tbt.p90, sim_tbt.p90).c_str(),
+                cores.c_str());
     out.push_back({{"config", run.config}, {"dataset", run.dataset}, {"rate", run.rate},
                    {"devices", cell.recorded->links.size()}, {"requests", run.requests.size()},
                    {"held_out", cell.held_out},
+                   {"cores", {{"cloud", run.cloud_cores}, {"agents", run.agent_cores},
+                              {"host", run.host_cores}}},
                    {"measured", {{"ttft_s", bench::LatencyJson(cell.ttft)},
                                  {"request_tbt_s", bench::LatencyJson(cell.tbt)}}},
                    {"simulated", {{"ttft_s", bench::LatencyJson(sim_ttft)},

@@ -146,7 +146,7 @@ struct AgentConfig {
   } outline;
   // An emulated edge link in front of the cloud stream, for benchmarks on loopback: every
   // message waits `one_way_delay_s` plus its bytes over the bandwidth (0: unlimited), in order.
-  // Prompt chunks wait for the cloud's receipts before more of them go (device_agent/
+  // Prompt chunks wait for the cloud's receipts before more of them go (scheduler/
   // uplink_pacer.h), so a decode round waits on the uplink behind about one chunk, not behind
   // a whole prompt. Only against a cloud that sends receipts (this release on).
   // Finished conversations kept for their next turn (device_agent/conversation_cache.h): a

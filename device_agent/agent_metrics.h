@@ -69,7 +69,8 @@ struct AgentMetrics {
   prometheus::Family<prometheus::Counter>& prompt_chunk_plans_family;
   prometheus::Counter& prompt_chunk_plans_jupiter;
   prometheus::Counter& prompt_chunk_plans_unmeasured;
-  // A prompt chunk's wait in the agent's outbox for the uplink pacer (uplink_pacer.h).
+  // A prompt chunk's wait in the agent's outbox for the uplink pacer
+  // (scheduler/uplink_pacer.h).
   prometheus::Histogram& uplink_pacing_wait_seconds;
   // A decode chunk's round trip less the cloud's queue and compute: its time on the links,
   // waits behind other messages included.

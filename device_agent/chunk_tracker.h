@@ -17,7 +17,7 @@
 #include <deque>
 #include <optional>
 
-#include "device_agent/uplink_pacer.h"
+#include "device_agent/sent_stamp.h"
 #include "tophat/v1/agent.pb.h"
 #include "tophat/v1/cloud.pb.h"
 

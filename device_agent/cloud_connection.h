@@ -23,7 +23,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "device_agent/link_emulator.h"
-#include "device_agent/uplink_pacer.h"
+#include "device_agent/sent_stamp.h"
+#include "scheduler/uplink_pacer.h"
 #include "tophat/v1/cloud.grpc.pb.h"
 
 namespace tophat {

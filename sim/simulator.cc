@@ -1,9 +1,12 @@
 #include "sim/simulator.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <deque>
 #include <fstream>
+#include <limits>
+#include <optional>
 #include <queue>
 #include <random>
 #include <set>
@@ -17,6 +20,8 @@
 #include "scheduler/decode_decisions.h"
 #include "scheduler/moving_average.h"
 #include "scheduler/step_time_predictor.h"
+#include "scheduler/uplink_pacer.h"
+#include "scheduler/wire_bytes.h"
 
 namespace tophat::sim {
 namespace {
@@ -75,6 +80,9 @@ enum class EventType : uint8_t {
   kCloudDown,       // cloud `a` stops (an outage)
   kCloudUp,         // cloud `a` is back, empty
   kFailover,        // request `a` notices its cloud is gone and moves
+  kChunkRead,       // device `a`'s prompt chunk `b` (its pacer's sequence) reaches the cloud
+  kChunkReceipt,    // the cloud's receipt of device `a`'s chunk `b` reaches the device
+  kPacerCheck,      // device `a`'s uplink pacer may release a held chunk now
 };
 
 struct Event {
@@ -129,6 +137,12 @@ struct HostJob {
   int64_t b = 0;
 };
 
+// A prompt chunk computed and held for the uplink pacer.
+struct HeldChunk {
+  int64_t request = 0;
+  int64_t positions = 0;
+};
+
 struct Device {
   std::deque<int64_t> queue;  // requests waiting for a free slot
   // On a shared host: the jobs of its prompt lane [0] and decode lane [1], first come first
@@ -139,6 +153,13 @@ struct Device {
   double decode_compute_free = 0;
   double uplink_free = 0;
   double downlink_free = 0;
+  // The agent's uplink pacing (scheduler/uplink_pacer.h, the agent's own code): prompt
+  // chunks wait here until the pacer releases them, on the cloud's receipts. Absent when
+  // pacing is off.
+  std::optional<UplinkPacer> pacer;
+  std::deque<HeldChunk> held;
+  uint64_t next_sequence = 0;
+  double pacer_check_at = -1;  // a kPacerCheck planned for then
 };
 
 struct CloudState {
@@ -184,6 +205,9 @@ class Simulation {
         predictor_(8192, 0.0), devices_(static_cast<size_t>(config.devices)),
         clouds_(static_cast<size_t>(config.clouds)),
         placed_(static_cast<size_t>(config.devices * config.clouds), {0, 0}) {
+    if (config.device.pacing_lead_s >= 0) {
+      for (Device& device : devices_) device.pacer.emplace(config.device.pacing_lead_s);
+    }
     for (const StepPoint& p : config.cloud.step_time) {
       predictor_.Observe(static_cast<int64_t>(std::llround(p.tokens)), p.seconds);
     }
@@ -327,15 +351,14 @@ class Simulation {
     host_cloud_busy_ = busy;
     PlanHost();
   }
-  // A decode message on the uplink: past the paced prompt chunks, behind at most lead_s of
-  // them; the chunks behind it move back by its own time on the link.
-  double TransferDecode(double& link_free, double bytes, double bytes_per_second) {
-    const double lead = config_.device.pacing_lead_s;
-    if (lead < 0) return Transfer(link_free, bytes, bytes_per_second);
-    const double seconds = bytes / (bytes_per_second * Jitter());
-    const double start = std::max(now_, std::min(link_free, now_ + lead));
-    link_free = std::max(link_free, start) + seconds;
-    return start + seconds + config_.device.one_way_delay_s;
+  double MessageBytes(int64_t positions) const {
+    return MessageWireBytes(positions, config_.bytes_per_token);
+  }
+  // Simulated seconds on the pacer's clock, rounded up: at a wake-up planned for the pacer's
+  // own release time, the pacer must see that time reached, not a nanosecond before it.
+  static UplinkPacer::Clock::time_point PacerTime(double seconds) {
+    return UplinkPacer::Clock::time_point(
+        std::chrono::ceil<UplinkPacer::Clock::duration>(std::chrono::duration<double>(seconds)));
   }
   // A transfer on a link of `bytes_per_second`, after those before it; when it arrives.
   double Transfer(double& link_free, double bytes, double bytes_per_second) {
@@ -361,6 +384,11 @@ class Simulation {
       case EventType::kCloudDown: return OnCloudDown(e.a);
       case EventType::kCloudUp: return OnCloudUp(e.a);
       case EventType::kFailover: return Failover(e.a);
+      case EventType::kChunkRead: return OnChunkRead(e.a, e.b);
+      case EventType::kChunkReceipt: return OnChunkReceipt(e.a, e.b);
+      case EventType::kPacerCheck:
+        devices_[static_cast<size_t>(e.a)].pacer_check_at = -1;
+        return ReleaseChunks(e.a);
     }
   }
 
@@ -483,11 +511,14 @@ class Simulation {
   void OnInputDone(int64_t id, int64_t positions) {
     Request& r = requests_[static_cast<size_t>(id)];
     Device& device = devices_[static_cast<size_t>(r.device)];
-    const double bytes =
-        static_cast<double>(positions == 0 ? r.round : positions) * config_.bytes_per_token;
-    const double arrives = positions == 0
-                               ? TransferDecode(device.uplink_free, bytes, Uplink(r.device))
-                               : Transfer(device.uplink_free, bytes, Uplink(r.device));
+    if (positions > 0 && device.pacer.has_value()) {
+      // A prompt chunk waits for the pacer; a decode round goes past the chunks it holds.
+      device.held.push_back({.request = id, .positions = positions});
+      return ReleaseChunks(r.device);
+    }
+    const double arrives = Transfer(device.uplink_free,
+                                    MessageBytes(positions == 0 ? r.round : positions),
+                                    Uplink(r.device));
     if (positions > 0) {
       r.prompt_sent += positions;
     } else {
@@ -495,6 +526,54 @@ class Simulation {
     }
     if (!r.started) return;  // no cloud to send to: the replay will carry it
     ScheduleForRequest(arrives, EventType::kWorkAtCloud, id, positions);
+  }
+
+  // The held prompt chunks the device's pacer lets go now, in order; a wake-up when it will
+  // let the next go without a receipt.
+  void ReleaseChunks(int64_t d) {
+    Device& device = devices_[static_cast<size_t>(d)];
+    const double rate = Uplink(d);
+    while (!device.held.empty()) {
+      if (!device.pacer->MayRelease(PacerTime(now_), rate)) {
+        if (const auto at = device.pacer->ReleaseAt(rate)) {
+          // Never now: a wake-up that finds the pacer still closed would plan itself again.
+          const double when =
+              std::max(std::chrono::duration<double>(at->time_since_epoch()).count(),
+                       std::nextafter(now_, std::numeric_limits<double>::infinity()));
+          if (device.pacer_check_at != when) {
+            device.pacer_check_at = when;
+            Schedule(when, EventType::kPacerCheck, d, 0);
+          }
+        }
+        return;
+      }
+      const HeldChunk chunk = device.held.front();
+      device.held.pop_front();
+      Request& r = requests_[static_cast<size_t>(chunk.request)];
+      r.prompt_sent += chunk.positions;
+      if (!r.started) continue;  // no cloud to send to: the replay will carry it
+      const double bytes = MessageBytes(chunk.positions);
+      const double arrives = Transfer(device.uplink_free, bytes, rate);
+      const uint64_t sequence = device.next_sequence++;
+      device.pacer->Released(0, sequence, static_cast<size_t>(bytes), PacerTime(now_), rate);
+      ScheduleForRequest(arrives, EventType::kWorkAtCloud, chunk.request, chunk.positions);
+      Schedule(arrives, EventType::kChunkRead, d, static_cast<int64_t>(sequence));
+    }
+  }
+  // The cloud read a chunk: its receipt goes down the device's downlink, behind the results
+  // already on it (a cloud that died with the chunk on the link frees the pacer as a broken
+  // stream does).
+  void OnChunkRead(int64_t d, int64_t sequence) {
+    constexpr int64_t kReceiptBytes = 24;  // ChunkReceived: session and sequence
+    Device& device = devices_[static_cast<size_t>(d)];
+    const double arrives = Transfer(device.downlink_free,
+                                    static_cast<double>(OnWireBytes(kReceiptBytes)), Downlink(d));
+    Schedule(arrives, EventType::kChunkReceipt, d, sequence);
+  }
+  void OnChunkReceipt(int64_t d, int64_t sequence) {
+    devices_[static_cast<size_t>(d)].pacer->Acknowledged(0, static_cast<uint64_t>(sequence),
+                                                         PacerTime(now_));
+    ReleaseChunks(d);
   }
 
   void OnOpen(int64_t id) {
@@ -629,8 +708,7 @@ class Simulation {
       Request& r = requests_[static_cast<size_t>(id)];
       r.in_step = false;
       Device& device = devices_[static_cast<size_t>(r.device)];
-      const double bytes =
-          static_cast<double>(positions == 0 ? r.round : positions) * config_.bytes_per_token;
+      const double bytes = MessageBytes(positions == 0 ? r.round : positions);
       ScheduleForRequest(Transfer(device.downlink_free, bytes, Downlink(r.device)),
                          EventType::kResultAtDevice, id, result.replay ? -positions : positions);
     }
@@ -778,7 +856,7 @@ class Simulation {
     r.replay_pending = false;
     if (r.replay_total == 0) return;
     Device& device = devices_[static_cast<size_t>(r.device)];
-    const double bytes = static_cast<double>(r.replay_total) * config_.bytes_per_token;
+    const double bytes = MessageBytes(r.replay_total);
     ScheduleForRequest(Transfer(device.uplink_free, bytes, Uplink(r.device)),
                        EventType::kWorkAtCloud, id, -r.replay_total);
   }
@@ -847,6 +925,13 @@ class Simulation {
 };
 
 }  // namespace
+
+double MessageWireBytes(int64_t positions, double bytes_per_token) {
+  constexpr size_t kMessageFields = 32;  // session, sequence, positions, dtype and shape
+  return static_cast<double>(OnWireBytes(
+      static_cast<size_t>(std::llround(static_cast<double>(positions) * bytes_per_token)) +
+      kMessageFields));
+}
 
 absl::StatusOr<SimResult> Simulate(const SimConfig& config) {
   auto fail = [](absl::string_view field, absl::string_view why) {
@@ -986,6 +1071,9 @@ absl::StatusOr<RecordedAblation> LoadAblationReport(const std::string& path) {
       if (run.contains("chunk_size_by_device") && !run["chunk_size_by_device"].empty()) {
         r.chunk_size = static_cast<int64_t>(run["chunk_size_by_device"][0].get<double>());
       }
+      r.cloud_cores = run.value("cloud_cores", 0.0);
+      r.agent_cores = run.value("agent_cores", 0.0);
+      r.host_cores = run.value("host_cores", 0.0);
       for (const nlohmann::json& q : run.at("per_request")) {
         if (!q.at("ok").get<bool>()) continue;
         r.requests.push_back({.arrival_s = q.at("arrival_s").get<double>(),

@@ -46,9 +46,11 @@ struct DeviceProfile {
   // Requests a device runs at once (they share its compute and links, first come first
   // served); more wait in its queue. 0: no limit (an agent serving several apps).
   int64_t concurrent_requests = 1;
-  // The agent's uplink pacing (uplink_pacing.lead_s): prompt chunks are held back so that
-  // at most this much of them is queued on the link, and a decode message goes past them,
-  // waiting for no more than that. < 0: no pacing, one first-come-first-served queue.
+  // The agent's uplink pacing (uplink_pacing.lead_s), by the agent's own UplinkPacer: prompt
+  // chunks are held on the device until the cloud's receipts release them (at most two
+  // unacknowledged; the second `lead` before the first should have crossed), and a decode
+  // message goes past the held ones, behind those already on the link. < 0: no pacing, one
+  // first-come-first-served queue.
   double pacing_lead_s = 0.02;
   // Decode positions (input and output submodels) compute beside prompt chunks instead of
   // queueing behind them (the agent's request threads on a multi-core device).
@@ -173,6 +175,11 @@ struct SimResult {
   int64_t events = 0;
 };
 
+// What a message carrying `positions` hidden states of `bytes_per_token` each occupies on a
+// link, as the agent counts it (OnWireBytes: gRPC, HTTP/2, TLS and TCP/IP framing, about 5%
+// on a prompt chunk) with the message's other fields: every simulated transfer's size.
+double MessageWireBytes(int64_t positions, double bytes_per_token);
+
 // Runs the simulation. Errors name the configuration field that cannot be used.
 absl::StatusOr<SimResult> Simulate(const SimConfig& config);
 
@@ -190,6 +197,12 @@ struct RecordedRun {
   std::vector<double> ttft_s;      // as measured, per request
   std::vector<double> mean_tbt_s;  // as measured, per request
   int64_t chunk_size = 0;          // the cloud's choice (the first device's)
+  // Cores the cloud and the agents used during the run, of the host's (0: not recorded).
+  // The simulated devices have CPUs of their own, so a run on a busy shared host is not one
+  // the simulator should match.
+  double cloud_cores = 0;
+  double agent_cores = 0;
+  double host_cores = 0;
 };
 struct RecordedAblation {
   std::vector<RecordedRun> runs;

@@ -64,9 +64,10 @@ assert 0.04 < cell["simulated"]["ttft_s"]["p50"] < 1, cell
 print(f"replayed: TTFT measured 200 ms, simulated {1e3 * cell['simulated']['ttft_s']['p50']:.0f} ms")
 PY
 # Calibration recovers the device's compute times that made a run: two runs (a short and a
-# long prompt) are simulated with known times (1 ms a prompt position, 3.162 ms a decode
-# token, both on the fit's grid), their simulated TTFT and TBT are written as if measured,
-# and --calibrate must find those times again, with the replay then exact.
+# long prompt) are simulated with known times (1.0554 ms a prompt position, on the fine grid
+# only, between the coarse grid's 1 and 1.334; 3.162 ms a decode token, on the coarse grid),
+# their simulated TTFT and TBT are written as if measured, and --calibrate must find those
+# times again, with the replay then exact.
 "$python" - "$work" <<'PY'
 import json, sys
 work = sys.argv[1]
@@ -84,7 +85,7 @@ def report(requests):
 json.dump(report([(1.0, 40, 0.2, 0.03), (2.0, 400, 0.2, 0.03)]), open(f"{work}/known.json", "w"))
 PY
 "$bin" simulate --replay "$work/known.json" --step-time 1:1 --step-time 512:20 \
-  --input-ms-per-token 0.5 --output-ms-per-token 0.5 --input-decode-ms 1.5811 \
+  --input-ms-per-token 0.5277248 --output-ms-per-token 0.5277248 --input-decode-ms 1.5811 \
   --output-decode-ms 1.5811 --json "$work/known-replay.json" >/dev/null
 "$python" - "$work" <<'PY'
 import json, sys
@@ -103,8 +104,8 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 fit = r["calibration"]
 problems = []
-if abs(fit["device_ms_per_prompt_position"] - 1.0) > 1e-3:
-    problems.append(f"fitted {fit['device_ms_per_prompt_position']} ms a prompt position, made with 1")
+if abs(fit["device_ms_per_prompt_position"] - 1.0554496) > 1e-4:
+    problems.append(f"fitted {fit['device_ms_per_prompt_position']} ms a prompt position, made with 1.0554")
 if abs(fit["device_ms_per_decode_token"] - 3.162) > 1e-2:
     problems.append(f"fitted {fit['device_ms_per_decode_token']} ms a decode token, made with 3.162")
 # Not 0: the run was made with 1.5811 ms, the grid's point is 1.58114 ms.
@@ -116,7 +117,7 @@ if problems:
     print("tophat simulate --calibrate:", *problems, sep="\n  ")
     sys.exit(1)
 print(f"calibrated: {fit['device_ms_per_prompt_position']:.3f} ms a prompt position, "
-      f"{fit['device_ms_per_decode_token']:.3f} ms a decode token (made with 1 and 3.162)")
+      f"{fit['device_ms_per_decode_token']:.3f} ms a decode token (made with 1.055 and 3.162)")
 PY
 # A sweep over fleet sizes: a row each and the plot.
 "$bin" simulate --sweep-devices 10,40 --duration-s 30 --plot "$work/sweep.png" \

@@ -21,23 +21,17 @@
 // Estimating the link alone, without receipts, is what an earlier version did: its estimates
 // were off by up to 4x and it idled its own link.
 //
-// Pure logic on the caller's clock; not thread-safe (CloudConnection's sender owns one).
+// Pure logic on the caller's clock; not thread-safe (the agent's CloudConnection's sender owns
+// one; `tophat simulate` gives each simulated device one, on simulated time).
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <memory>
 #include <optional>
 
 namespace tophat {
-
-// Where the connection writes when a message it held actually went onto the link
-// (steady_clock ticks since its epoch; 0 until then): a prompt chunk's link samples and trace
-// start there, not when the request handed it over.
-using SentStamp = std::shared_ptr<std::atomic<int64_t>>;
 
 class UplinkPacer {
  public:

@@ -1,4 +1,4 @@
-#include "device_agent/uplink_pacer.h"
+#include "scheduler/uplink_pacer.h"
 
 #include <algorithm>
 
