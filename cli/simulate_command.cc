@@ -400,8 +400,11 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
   cmd->add_option("--draft-ms", args.draft_ms, "Speculative decoding: the drafter's time a draft")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--pacing-lead-ms", args.pacing_lead_ms,
-                  "The agents' uplink pacing: a decode message waits behind at most this much "
-                  "of the prompt chunks on the link (negative: one FIFO queue)")
+                  "The agents' uplink pacing (uplink_pacing.lead_s, the agent's own pacer): "
+                  "prompt chunks wait on the device for the cloud's receipts, at most two "
+                  "unacknowledged, the second going this long before the first should have "
+                  "crossed; decode messages pass the held ones (negative: no pacing, one FIFO "
+                  "queue)")
       ->capture_default_str();
   cmd->add_option("--device-concurrency", c.device.concurrent_requests,
                   "Requests a device runs at once, sharing its compute and links (0: no limit, "
