@@ -134,11 +134,17 @@ TEST_CASE("Bench110MConfig has the stories110M shape", "[bench]") {
   CHECK(params < 120'000'000);
 }
 
-TEST_CASE("model benchmark runs on the tiny model", "[bench]") {
-  const fs::path dir =
-      fs::temp_directory_path() / ("tophat_bench_model_test_" + std::to_string(::getpid()));
+// A random tiny checkpoint in a directory of its own (`name` and this process's id), for a
+// test to run the model benchmark on and remove.
+fs::path WriteTinyModel(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   REQUIRE(WriteRandomModel(TinyTestConfig(), 3, dir).ok());
+  return dir;
+}
+
+TEST_CASE("model benchmark runs on the tiny model", "[bench]") {
+  const fs::path dir = WriteTinyModel("tophat_bench_model_test");
 
   ModelBenchOptions options;
   options.prompt_tokens = 32;
@@ -196,10 +202,7 @@ TEST_CASE("model benchmark runs on the tiny model", "[bench]") {
 
 TEST_CASE("model benchmark times the layer-by-layer path beside the fused step when asked",
           "[bench]") {
-  const fs::path dir =
-      fs::temp_directory_path() / ("tophat_bench_model_lbl_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  REQUIRE(WriteRandomModel(TinyTestConfig(), 3, dir).ok());
+  const fs::path dir = WriteTinyModel("tophat_bench_model_lbl");
   ModelBenchOptions options;
   options.prompt_tokens = 16;
   options.decode_tokens = 4;
@@ -230,10 +233,7 @@ TEST_CASE("model benchmark times the layer-by-layer path beside the fused step w
 }
 
 TEST_CASE("model benchmark rejects a context the model lacks", "[bench]") {
-  const fs::path dir =
-      fs::temp_directory_path() / ("tophat_bench_model_ctx_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  REQUIRE(WriteRandomModel(TinyTestConfig(), 3, dir).ok());
+  const fs::path dir = WriteTinyModel("tophat_bench_model_ctx");
   ModelBenchOptions options;
   options.prompt_tokens = TinyTestConfig().max_position_embeddings + 1;
   auto report = RunModelBenchmark(dir, options);
