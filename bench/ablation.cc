@@ -710,7 +710,8 @@ absl::StatusOr<nlohmann::json> RunAblation(const AblationOptions& options) {
                                 .prompt_lengths = dataset,
                                 .output_tokens = options.output_tokens,
                                 .seed = options.seed,
-                                .text_tokens = options.text_tokens});
+                                .text_tokens = options.text_tokens,
+                                .trace = true});
         if (!run.ok()) return run.status();
         records.push_back(Record(config, dataset, rate, *run, options));
         const auto [cloud_cpu_after, agent_cpu_after] = (*deployment)->CpuSecondsSoFar();

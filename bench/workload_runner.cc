@@ -70,6 +70,8 @@ absl::StatusOr<WorkloadRun> RunWorkload(const std::vector<std::string>& agents,
     arrivals = PoissonArrivals(spec.rate, spec.requests, rng);
   }
 
+  for (v1::GenerateRequest& request : requests) request.set_trace(spec.trace);
+
   WorkloadRun run;
   run.outcomes.resize(requests.size());
   std::vector<std::thread> threads;
@@ -132,9 +134,42 @@ WorkloadSummary SummarizeRun(const WorkloadRun& run, const SlaTargets& sla) {
   return summary;
 }
 
+namespace {
+
+// The prompt's way to the first token from its chunk trace, in seconds since the agent took
+// the request: when its first and last chunks went onto the uplink (the uplink's share is
+// the span between), when the last one's result came back, and the cloud's queue and
+// compute summed over the chunks. What overlapping requests share shows up here: a link
+// or pacer in the span, the cloud in queue and compute.
+nlohmann::json PromptPathJson(const v1::RequestStats& stats) {
+  double device = 0;
+  double queue = 0;
+  double compute = 0;
+  double first_sent = stats.chunks(0).sent_at();
+  double last_sent = 0;
+  double last_result = 0;
+  for (const v1::ChunkTrace& chunk : stats.chunks()) {
+    device += chunk.device_seconds();
+    queue += chunk.cloud_queue_seconds();
+    compute += chunk.cloud_compute_seconds();
+    first_sent = std::min(first_sent, chunk.sent_at());
+    last_sent = std::max(last_sent, chunk.sent_at());
+    last_result = std::max(last_result, chunk.result_at());
+  }
+  return nlohmann::json{{"chunks", stats.chunks_size()},
+                        {"device_s", device},
+                        {"first_sent_at_s", first_sent},
+                        {"last_sent_at_s", last_sent},
+                        {"last_result_at_s", last_result},
+                        {"cloud_queue_s", queue},
+                        {"cloud_compute_s", compute}};
+}
+
+}  // namespace
+
 nlohmann::json OutcomeJson(const RequestOutcome& outcome) {
   const GenerateResult& r = outcome.result;
-  return nlohmann::json{{"arrival_s", outcome.arrival_s},
+  nlohmann::json json{{"arrival_s", outcome.arrival_s},
                         {"ok", outcome.status.ok()},
                         {"error", std::string(outcome.status.message())},
                         {"prompt_tokens", r.stats.prompt_tokens()},
@@ -145,6 +180,8 @@ nlohmann::json OutcomeJson(const RequestOutcome& outcome) {
                         {"e2e_s", outcome.e2e_s},
                         {"decode_rounds", r.stats.decode_rounds()},
                         {"reconnects", r.stats.reconnects()}};
+  if (r.stats.chunks_size() > 0) json["prompt_path"] = PromptPathJson(r.stats);
+  return json;
 }
 
 nlohmann::json LatencyJson(const LatencySummary& s) {

@@ -29,6 +29,9 @@ struct WorkloadSpec {
   // the model sees text like its own (drafting then accepts as it would in use); otherwise
   // random ids from the vocabulary.
   std::vector<int32_t> text_tokens;
+  // Ask each request for its per-chunk trace (GenerateRequest.trace): OutcomeJson then
+  // breaks each TTFT into the prompt's time on the device, the uplink and the cloud.
+  bool trace = false;
 };
 
 struct RequestOutcome {
@@ -67,7 +70,7 @@ struct WorkloadSummary {
 WorkloadSummary SummarizeRun(const WorkloadRun& run, const SlaTargets& sla);
 
 // One request's outcome (`tophat bench --json` and the ablation both write these); the
-// caller adds which agent served it.
+// caller adds which agent served it. With a trace, `prompt_path` says where its TTFT went.
 nlohmann::json OutcomeJson(const RequestOutcome& outcome);
 nlohmann::json LatencyJson(const LatencySummary& summary);
 nlohmann::json SummaryJson(const WorkloadSummary& summary);

@@ -361,6 +361,10 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--max-batch-tokens", c.cloud.max_batch_tokens, "The cloud's token budget")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--decode-step-stretch", c.cloud.decode_step_stretch,
+                  "scheduler.decode_step_stretch: while another device decodes, a device's "
+                  "prompts may make a step at most this many times the decode work's (0: no cap)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--kv-blocks", c.cloud.kv_blocks, "KV blocks per cloud")->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--kv-block-size", c.cloud.kv_block_size)->capture_default_str()

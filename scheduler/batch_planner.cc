@@ -1,5 +1,7 @@
 #include "scheduler/batch_planner.h"
 
+#include "scheduler/step_time_predictor.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -112,6 +114,17 @@ int64_t PlanBatch(std::span<const PendingWork> pending, const BatchLimits& limit
                   std::vector<PlannedWork>& plan) {
   BatchPlanner planner;
   return planner.Plan(pending, limits, {}, 0, plan);
+}
+
+std::optional<int64_t> DecodeStretchPrefillTokens(const StepTimePredictor& step_time,
+                                                  int64_t decoding, double stretch,
+                                                  int64_t min_prefill_tokens,
+                                                  int64_t max_batch_tokens) {
+  if (stretch <= 0 || decoding <= 0 || !step_time.has_data()) return std::nullopt;
+  const double decode_seconds = step_time.Predict(static_cast<double>(decoding));
+  return std::max(min_prefill_tokens,
+                  step_time.MaxTokensWithin(stretch * decode_seconds, max_batch_tokens) -
+                      decoding);
 }
 
 }  // namespace tophat

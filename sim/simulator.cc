@@ -114,6 +114,9 @@ struct Request {
   int64_t generated = 0;
   int64_t round = 1;  // positions of its current decode round (1 + drafts)
   bool in_step = false;  // in a cloud step in flight (a session is in at most one)
+  int64_t prompt_at_cloud = 0;   // prompt positions its cloud has been given as work
+  bool decoding_at_cloud = false;  // past its prompt at its cloud (the engine's `decoding`)
+  uint64_t planned_in = 0;       // the last step planning that saw its head of line
   bool started = false;   // placed on a cloud (its Open sent)
   bool finished = false;
   uint32_t epoch = 0;     // failovers so far: events of an earlier cloud are stale
@@ -160,6 +163,11 @@ struct Device {
   std::deque<HeldChunk> held;
   uint64_t next_sequence = 0;
   double pacer_check_at = -1;  // a kPacerCheck planned for then
+  // While a step is planned (stamped with its number): the device's group in that plan and
+  // how many of its sessions came before (the engine's fair rank).
+  uint64_t planned_in = 0;
+  int32_t plan_group = 0;
+  int32_t plan_rank = 0;
 };
 
 struct CloudState {
@@ -183,8 +191,14 @@ struct CloudState {
   double last_done = 0;         // when the newest step in flight leaves the last stage
   bool wakeup_scheduled = false;
   std::vector<PlannedWork> plan;
-  std::vector<PendingWork> plannable;      // pending work of sessions not in flight
+  std::vector<PendingWork> plannable;      // the heads of line of sessions not in flight
   std::vector<size_t> plannable_index;     // each one's index in `pending`
+  std::vector<int32_t> plannable_rank;     // each one's fair rank (its device's sessions before)
+  std::vector<size_t> plan_order;          // plannable items, in the engine's order
+  std::vector<GroupShare> shares;          // per plan group (a device with work in this step)
+  std::vector<int64_t> plan_group_device;  // each plan group's device
+  int64_t decoding = 0;                    // admitted sessions past their prompts
+  std::vector<int32_t> decoding_by_device; // ... per device (sized on first use)
   BatchPlanner planner;
   // What the agents know of it: its last load report.
   CloudCandidate reported;
@@ -619,7 +633,13 @@ class Simulation {
 
   void AddWork(CloudState& cloud, int64_t id, int64_t positions, bool decode,
                bool replay = false) {
-    const Request& r = requests_[static_cast<size_t>(id)];
+    Request& r = requests_[static_cast<size_t>(id)];
+    // The engine's `decoding`: its last prompt chunk (or a decode round, or a replay of a
+    // request past its prompt) has arrived.
+    if (!decode) r.prompt_at_cloud += positions;
+    if (decode || r.prompt_at_cloud >= r.prompt || (replay && r.generated > 0)) {
+      SetDecoding(cloud, r, true);
+    }
     cloud.pending.push_back({.num_tokens = decode ? r.round : positions,
                              .decode = decode,
                              .group = static_cast<int32_t>(r.device)});
@@ -627,6 +647,17 @@ class Simulation {
     cloud.pending_replay.push_back(replay ? 1 : 0);
     if (replay) requests_[static_cast<size_t>(id)].replay_pending = true;
     StartStep(r.cloud);
+  }
+
+  void SetDecoding(CloudState& cloud, Request& r, bool decoding) {
+    if (r.decoding_at_cloud == decoding) return;
+    r.decoding_at_cloud = decoding;
+    if (cloud.decoding_by_device.empty()) {
+      cloud.decoding_by_device.assign(static_cast<size_t>(config_.devices), 0);
+    }
+    const int32_t change = decoding ? 1 : -1;
+    cloud.decoding += change;
+    cloud.decoding_by_device[static_cast<size_t>(r.device)] += change;
   }
 
   // Starts a step if the first stage is free, fewer than `stages` steps are in flight, and
@@ -642,23 +673,65 @@ class Simulation {
       }
       return;
     }
-    cloud.plannable.clear();
+    // As the engine's Launch: each session's head of line only (its work runs in order),
+    // first come first served within a device and round-robin across devices (a device's
+    // oldest session before any device's second), each device a group of weight 1 whose
+    // prompts are capped while another device decodes (DecodeStretchPrefillTokens).
+    const uint64_t stamp = ++plannings_;
     cloud.plannable_index.clear();
+    cloud.plannable_rank.clear();
+    cloud.plan_group_device.clear();
+    bool ranked = false;
     for (size_t i = 0; i < cloud.pending.size(); ++i) {
-      const Request& r = requests_[static_cast<size_t>(cloud.pending_request[i])];
-      if (r.in_step || (r.replay_pending && cloud.pending_replay[i] == 0)) continue;
-      cloud.plannable.push_back(cloud.pending[i]);
+      Request& r = requests_[static_cast<size_t>(cloud.pending_request[i])];
+      if (r.in_step || r.planned_in == stamp) continue;
+      if (r.replay_pending && cloud.pending_replay[i] == 0) continue;  // behind its replay
+      r.planned_in = stamp;  // later items of the session wait behind this one
+      Device& device = devices_[static_cast<size_t>(r.device)];
+      if (device.planned_in != stamp) {
+        device.planned_in = stamp;
+        device.plan_group = static_cast<int32_t>(cloud.plan_group_device.size());
+        device.plan_rank = 0;
+        cloud.plan_group_device.push_back(r.device);
+      }
       cloud.plannable_index.push_back(i);
+      cloud.plannable_rank.push_back(device.plan_rank);
+      ranked |= device.plan_rank++ > 0;
     }
-    if (cloud.plannable.empty()) return;  // a step in flight finishing brings it back
-    const BatchLimits limits{.max_batch_tokens = config_.cloud.max_batch_tokens,
-                             .max_sequences = config_.cloud.max_sequences};
+    if (cloud.plannable_index.empty()) return;  // a step in flight finishing brings it back
+    cloud.plan_order.resize(cloud.plannable_index.size());
+    for (size_t k = 0; k < cloud.plan_order.size(); ++k) cloud.plan_order[k] = k;
+    if (ranked) {
+      std::stable_sort(cloud.plan_order.begin(), cloud.plan_order.end(),
+                       [&](size_t a, size_t b) {
+                         return cloud.plannable_rank[a] < cloud.plannable_rank[b];
+                       });
+    }
+    cloud.plannable.clear();
+    for (const size_t k : cloud.plan_order) {
+      PendingWork work = cloud.pending[cloud.plannable_index[k]];
+      work.group = devices_[static_cast<size_t>(work.group)].plan_group;
+      cloud.plannable.push_back(work);
+    }
+    BatchLimits limits{.max_batch_tokens = config_.cloud.max_batch_tokens,
+                       .max_sequences = config_.cloud.max_sequences};
+    const std::optional<int64_t> capped_prefill =
+        DecodeStretchPrefillTokens(predictor_, cloud.decoding, config_.cloud.decode_step_stretch,
+                                   config_.min_chunk, config_.cloud.max_batch_tokens);
+    if (capped_prefill) limits.capped_prefill_tokens = *capped_prefill;
+    cloud.shares.resize(cloud.plan_group_device.size());
+    for (size_t g = 0; g < cloud.shares.size(); ++g) {
+      const size_t device = static_cast<size_t>(cloud.plan_group_device[g]);
+      cloud.shares[g] = {.capped = capped_prefill.has_value() &&
+                                   cloud.decoding > cloud.decoding_by_device[device]};
+    }
     const int64_t tokens =
-        cloud.planner.Plan(cloud.plannable, limits, {}, static_cast<uint64_t>(cloud.stats.steps),
-                           cloud.plan);
+        cloud.planner.Plan(cloud.plannable, limits, cloud.shares,
+                           static_cast<uint64_t>(cloud.stats.steps), cloud.plan);
     std::vector<CloudState::StepResult>& results = cloud.in_flight.emplace_back();
     for (const PlannedWork& work : cloud.plan) {
-      const size_t index = cloud.plannable_index[static_cast<size_t>(work.index)];
+      const size_t index =
+          cloud.plannable_index[cloud.plan_order[static_cast<size_t>(work.index)]];
       PendingWork& item = cloud.pending[index];
       item.num_tokens -= work.num_tokens;
       const int64_t id = cloud.pending_request[index];
@@ -794,6 +867,8 @@ class Simulation {
     cloud.wakeup_scheduled = false;
     cloud.kv_free = config_.cloud.kv_blocks;
     cloud.running = 0;
+    cloud.decoding = 0;
+    std::fill(cloud.decoding_by_device.begin(), cloud.decoding_by_device.end(), 0);
     cloud.reported.connected = false;  // the agents' streams to it break
     cloud.reported_at = now_;
     UpdateHostCloudShare();
@@ -835,6 +910,8 @@ class Simulation {
     if (r.finished) return;
     ++r.epoch;  // what the lost cloud would still have sent is gone
     r.admitted = false;
+    r.decoding_at_cloud = false;  // the lost cloud's counts went with it
+    r.prompt_at_cloud = 0;
     r.held = r.held_replay = 0;
     r.in_step = false;
     const int64_t c = Place(r.device);
@@ -887,6 +964,7 @@ class Simulation {
     CloudState& cloud = clouds_[static_cast<size_t>(c)];
     cloud.kv_free += r.kv_blocks;
     --cloud.running;
+    SetDecoding(cloud, r, false);
     while (!cloud.waiting.empty()) {
       const int64_t next = cloud.waiting.front();
       if (requests_[static_cast<size_t>(next)].kv_blocks > cloud.kv_free) break;
@@ -903,6 +981,7 @@ class Simulation {
   // same arrivals and prompts as one without.
   std::mt19937_64 placement_rng_;
   StepTimePredictor predictor_;
+  uint64_t plannings_ = 0;  // steps planned, on every cloud: the stamp of the latest
   std::vector<Device> devices_;
   std::vector<CloudState> clouds_;
   std::vector<std::pair<uint64_t, int64_t>> placed_;  // [device][cloud]: (report epoch, count)

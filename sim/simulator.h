@@ -76,6 +76,10 @@ struct CloudSpec {
   std::vector<StepPoint> step_time;  // g(μ); at least one point
   int64_t max_batch_tokens = 512;
   int64_t max_sequences = 256;
+  // scheduler.decode_step_stretch, as the engine plans (DecodeStretchPrefillTokens): while
+  // another device decodes, a device's prompt work may make a step at most this many times
+  // the decode work's predicted time (0: no cap).
+  double decode_step_stretch = 2;
   // An 8B-shaped middle's KV (29 layers x 8 heads x 128 x K and V in bf16: 118 KB a
   // position) in what an H200 has left after its 12.65 GB of weights: about a million
   // positions, 65,536 blocks of 16.

@@ -181,6 +181,7 @@ TEST_CASE("Pipeline stages keep several steps in flight, each session in one", "
                  .one_way_delay_s = 0};
   load.bytes_per_token = 1;
   load.prompt_chunk = 4;
+  load.cloud.decode_step_stretch = 0;  // the steps are the stages' alone, prompts uncapped
   auto serial = Simulate(load);
   load.cloud.stages = 2;
   auto piped = Simulate(load);
