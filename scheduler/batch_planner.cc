@@ -118,13 +118,10 @@ int64_t PlanBatch(std::span<const PendingWork> pending, const BatchLimits& limit
 
 std::optional<int64_t> DecodeStretchPrefillTokens(const StepTimePredictor& step_time,
                                                   int64_t decoding, double stretch,
-                                                  int64_t min_prefill_tokens,
                                                   int64_t max_batch_tokens) {
   if (stretch <= 0 || decoding <= 0 || !step_time.has_data()) return std::nullopt;
   const double decode_seconds = step_time.Predict(static_cast<double>(decoding));
-  return std::max(min_prefill_tokens,
-                  step_time.MaxTokensWithin(stretch * decode_seconds, max_batch_tokens) -
-                      decoding);
+  return step_time.MaxTokensWithin(stretch * decode_seconds, max_batch_tokens) - decoding;
 }
 
 }  // namespace tophat

@@ -76,17 +76,12 @@ class BatchPlanner {
 // The cloud's rule for prompts while devices decode (EngineOptions::decode_step_stretch):
 // while `decoding` sessions are past their prompts, the prompt work of every device with
 // fewer of them than that (some other device is decoding) may make a step at most
-// `stretch` times what the decode work alone is predicted to take, but always carry
-// `min_prefill_tokens` (the smallest prompt chunk the cloud asks for): where a decode step
-// is far shorter than a chunk's (a small model on a CPU: 1.3 ms for one token, 7 ms for
-// 16), the relative cap alone would let prompts through a token a step, slower than any
-// link delivers them, to save a few milliseconds of a round trip many times longer.
-// Returns the prompt tokens those devices share per step (BatchLimits::
-// capped_prefill_tokens), or nothing when no cap applies: stretch 0, nothing decoding, or
-// no step times measured yet. The engine and the simulator both plan with it.
+// `stretch` times what the decode work alone is predicted to take. Returns the prompt
+// tokens those devices share per step (BatchLimits::capped_prefill_tokens; the planner
+// passes at least one), or nothing when no cap applies: stretch 0, nothing decoding, or no
+// step times measured yet. The engine and the simulator both plan with it.
 std::optional<int64_t> DecodeStretchPrefillTokens(const StepTimePredictor& step_time,
                                                   int64_t decoding, double stretch,
-                                                  int64_t min_prefill_tokens,
                                                   int64_t max_batch_tokens);
 
 // One group of weight 1: the plan of BatchPlanner with no fairness to apply (tests, tools).

@@ -1091,8 +1091,7 @@ int64_t Engine::Launch() {
   BatchLimits limits{.max_batch_tokens = options_.max_batch_tokens,
                      .max_sequences = options_.max_running_sessions};
   const std::optional<int64_t> capped_prefill = DecodeStretchPrefillTokens(
-      monitor_.step_time(), decoding, options_.decode_step_stretch, options_.min_prompt_chunk,
-      options_.max_batch_tokens);
+      monitor_.step_time(), decoding, options_.decode_step_stretch, options_.max_batch_tokens);
   for (int32_t slot = 0; slot < next_device_slot_; ++slot) {
     slot_shares_[slot] = {.weight = slot < static_cast<int32_t>(slot_weight_.size())
                                         ? slot_weight_[slot]

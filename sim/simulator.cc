@@ -717,7 +717,7 @@ class Simulation {
                        .max_sequences = config_.cloud.max_sequences};
     const std::optional<int64_t> capped_prefill =
         DecodeStretchPrefillTokens(predictor_, cloud.decoding, config_.cloud.decode_step_stretch,
-                                   config_.min_chunk, config_.cloud.max_batch_tokens);
+                                   config_.cloud.max_batch_tokens);
     if (capped_prefill) limits.capped_prefill_tokens = *capped_prefill;
     cloud.shares.resize(cloud.plan_group_device.size());
     for (size_t g = 0; g < cloud.shares.size(); ++g) {
