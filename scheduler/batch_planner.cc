@@ -118,10 +118,15 @@ int64_t PlanBatch(std::span<const PendingWork> pending, const BatchLimits& limit
 
 std::optional<int64_t> DecodeStretchPrefillTokens(const StepTimePredictor& step_time,
                                                   int64_t decoding, double stretch,
+                                                  double decode_away_seconds,
                                                   int64_t max_batch_tokens) {
   if (stretch <= 0 || decoding <= 0 || !step_time.has_data()) return std::nullopt;
   const double decode_seconds = step_time.Predict(static_cast<double>(decoding));
-  return step_time.MaxTokensWithin(stretch * decode_seconds, max_batch_tokens) - decoding;
+  const double step_seconds =
+      std::max(stretch * decode_seconds,
+               ((stretch - 1) * std::max(0.0, decode_away_seconds) + stretch * decode_seconds) /
+                   2);
+  return step_time.MaxTokensWithin(step_seconds, max_batch_tokens) - decoding;
 }
 
 }  // namespace tophat

@@ -75,13 +75,23 @@ class BatchPlanner {
 
 // The cloud's rule for prompts while devices decode (EngineOptions::decode_step_stretch):
 // while `decoding` sessions are past their prompts, the prompt work of every device with
-// fewer of them than that (some other device is decoding) may make a step at most
-// `stretch` times what the decode work alone is predicted to take. Returns the prompt
-// tokens those devices share per step (BatchLimits::capped_prefill_tokens; the planner
-// passes at least one), or nothing when no cap applies: stretch 0, nothing decoding, or no
-// step times measured yet. The engine and the simulator both plan with it.
+// fewer of them than that (some other device is decoding) may stretch a step so far that a
+// decoding device's round grows at most `stretch` times. A round is its time away from the
+// cloud (`decode_away_seconds`: links and device, the shortest of the decoding sessions';
+// 0 when not measured) and its step, g(decoding) alone; with steps of S it is at most the
+// time away and 2S (a step in progress when its token arrives, then its own), so
+//   S <= ((stretch - 1) * away + stretch * g) / 2,
+// and never less than stretch * g (the rule with the round unknown, and what holds where
+// the time away is short: on loopback). Over edge links the time away is tens of
+// milliseconds and prompts move in steps of several milliseconds; with stretch * g alone, a
+// small model's decode step (1.3 ms on a CPU) let prompts through a token a step.
+// Returns the prompt tokens those devices share per step (BatchLimits::
+// capped_prefill_tokens; the planner passes at least one), or nothing when no cap applies:
+// stretch 0, nothing decoding, or no step times measured yet. The engine and the simulator
+// both plan with it.
 std::optional<int64_t> DecodeStretchPrefillTokens(const StepTimePredictor& step_time,
                                                   int64_t decoding, double stretch,
+                                                  double decode_away_seconds,
                                                   int64_t max_batch_tokens);
 
 // One group of weight 1: the plan of BatchPlanner with no fairness to apply (tests, tools).

@@ -130,24 +130,31 @@ TEST_CASE("Capped devices share their allowance and the others take the rest of 
                      plan) == 1);
 }
 
-TEST_CASE("While devices decode, others' prompts get what stretches the step so far") {
+TEST_CASE("While devices decode, others' prompts may stretch their rounds so far") {
   StepTimePredictor step_time(1024, 0.0);
   // Nothing measured yet: no cap.
-  CHECK_FALSE(DecodeStretchPrefillTokens(step_time, 1, 2.0, 512).has_value());
+  CHECK_FALSE(DecodeStretchPrefillTokens(step_time, 1, 2.0, 0, 512).has_value());
   for (int64_t tokens = 1; tokens <= 512; tokens *= 2) {
     step_time.Observe(tokens, 1.0 + 0.1 * static_cast<double>(tokens));  // g = 1 s + 0.1 s/token
   }
   // One decoding: its step 1.1 s, twice that holds 12 tokens, 11 besides the decode one.
-  CHECK(DecodeStretchPrefillTokens(step_time, 1, 2.0, 512) == 11);
+  CHECK(DecodeStretchPrefillTokens(step_time, 1, 2.0, 0, 512) == 11);
   // Eight decoding: 1.8 s, twice that holds 26 tokens, 18 besides them.
-  CHECK(DecodeStretchPrefillTokens(step_time, 8, 2.0, 512) == 18);
+  CHECK(DecodeStretchPrefillTokens(step_time, 8, 2.0, 0, 512) == 18);
   // A stretch of 1 leaves nothing besides the decode work (the planner still passes a token).
-  CHECK(DecodeStretchPrefillTokens(step_time, 8, 1.0, 512) == 0);
+  CHECK(DecodeStretchPrefillTokens(step_time, 8, 1.0, 0, 512) == 0);
+  // A round that spends 10.02 s away from the cloud (links, device) may see steps of
+  // (10.02 s + 2 x 1.1 s) / 2 = 6.11 s: 51 tokens, 50 besides the decode one; a round
+  // away 1 s keeps the rule above (1.6 s < 2.2 s).
+  CHECK(DecodeStretchPrefillTokens(step_time, 1, 2.0, 10.02, 512) == 50);
+  CHECK(DecodeStretchPrefillTokens(step_time, 1, 2.0, 1.0, 512) == 11);
+  // With a stretch of 1 nothing may grow, however long the round.
+  CHECK(DecodeStretchPrefillTokens(step_time, 8, 1.0, 10.0, 512) == 0);
   // The whole budget fits: the budget less the decode work.
-  CHECK(DecodeStretchPrefillTokens(step_time, 8, 100.0, 64) == 56);
+  CHECK(DecodeStretchPrefillTokens(step_time, 8, 100.0, 0, 64) == 56);
   // No cap: stretch 0 (off) or nobody decoding.
-  CHECK_FALSE(DecodeStretchPrefillTokens(step_time, 1, 0.0, 512).has_value());
-  CHECK_FALSE(DecodeStretchPrefillTokens(step_time, 0, 2.0, 512).has_value());
+  CHECK_FALSE(DecodeStretchPrefillTokens(step_time, 1, 0.0, 0, 512).has_value());
+  CHECK_FALSE(DecodeStretchPrefillTokens(step_time, 0, 2.0, 0, 512).has_value());
 }
 
 }  // namespace

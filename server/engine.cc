@@ -693,6 +693,14 @@ void Engine::AcceptChunk(StreamId stream, v1::ForwardChunk& chunk, Clock::time_p
   item.num_tokens = states.num_positions();
   item.decode = chunk.phase() == v1::PHASE_DECODE;
   session->decoding = item.decode || chunk.decode_follows();
+  if (item.decode && session->last_decode_done != Clock::time_point{} &&
+      received > session->last_decode_done) {
+    // A run sent ahead (PipeInfer) arrives before the result it follows: no sample.
+    const double away = Seconds(received - session->last_decode_done);
+    session->decode_away_seconds = session->decode_away_seconds == 0
+                                       ? away
+                                       : 0.8 * session->decode_away_seconds + 0.2 * away;
+  }
   item.arrival = next_arrival_++;
   item.wire_bytes = kIntakeMessageBytes + static_cast<int64_t>(states.data().size());
   if (states.dtype() == wire_dtype_) {
@@ -1048,11 +1056,16 @@ int64_t Engine::Launch() {
   pending_sessions_.clear();
   slot_decoding_.assign(next_device_slot_, 0);
   int64_t decoding = 0;  // running sessions past their prompts, whether or not work is here
+  double decode_away = 0;  // the shortest of their rounds' time away from the cloud, if known
   for (auto& [key, session] : sessions_) {
     if (Runnable(*session)) pending_sessions_.push_back(session.get());
     if (session->state == SessionState::kRunning && session->decoding) {
       ++slot_decoding_[session->device_slot];
       ++decoding;
+      if (session->decode_away_seconds > 0 &&
+          (decode_away == 0 || session->decode_away_seconds < decode_away)) {
+        decode_away = session->decode_away_seconds;
+      }
     }
   }
   // First come, first served within a device, round-robin across devices: each device's
@@ -1091,7 +1104,8 @@ int64_t Engine::Launch() {
   BatchLimits limits{.max_batch_tokens = options_.max_batch_tokens,
                      .max_sequences = options_.max_running_sessions};
   const std::optional<int64_t> capped_prefill = DecodeStretchPrefillTokens(
-      monitor_.step_time(), decoding, options_.decode_step_stretch, options_.max_batch_tokens);
+      monitor_.step_time(), decoding, options_.decode_step_stretch, decode_away,
+      options_.max_batch_tokens);
   for (int32_t slot = 0; slot < next_device_slot_; ++slot) {
     slot_shares_[slot] = {.weight = slot < static_cast<int32_t>(slot_weight_.size())
                                         ? slot_weight_[slot]
@@ -1294,6 +1308,7 @@ void Engine::Complete() {
     const int64_t part_first = head.first_position + head.done;
     head.done += part.num_tokens;
     const bool chunk_done = head.done == head.num_tokens;
+    if (chunk_done && head.decode) session->last_decode_done = end;
     if (chunk_done) {
       auto sink = streams_.find(session->stream);
       if (sink != streams_.end()) sink->second.sink->Consumed(head.wire_bytes);

@@ -758,6 +758,39 @@ TEST_CASE("While a device decodes another device's prompts may stretch a step on
   }
 }
 
+TEST_CASE("A decoding device whose rounds spend long away from the cloud lets others' "
+          "prompts stretch the steps further") {
+  EngineOptions options = SmallOptions();
+  options.kv_num_blocks = 64;
+  options.max_batch_tokens = 64;
+  options.decode_step_stretch = 2;
+  Harness h(options);  // stream 1: the decoding device
+  // g(mu) = 1 ms + 0.1 ms a token: twice one decode step holds 11 tokens, fewer than the
+  // 64 of the prompt below. (This test's real steps move the buckets' averages by a few
+  // milliseconds at most.)
+  for (int repeat = 0; repeat < 20; ++repeat) {
+    for (int64_t tokens : {1, 2, 4, 8, 16, 32, 64}) {
+      h.engine->ObserveStepForTest(tokens, 0.001 + 0.0001 * static_cast<double>(tokens));
+    }
+  }
+  auto other = std::make_shared<CollectingSink>();
+  h.engine->AttachStream(2, other, "flooder");
+  h.OpenOn(1, 1, 32);
+  h.PrefillOn(1, 1, 4, /*decode_follows=*/true);
+  CHECK(h.engine->RunOnce() == 4);
+  h.Chunk(1, 4, 1, v1::PHASE_DECODE);
+  CHECK(h.engine->RunOnce() == 1);
+  // Its next token comes at least 300 ms after the last result left (links, device): a
+  // step may take (300 ms + 2 g) / 2, over 150 ms, and the whole budget but the room for
+  // that token fits in one.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  h.Chunk(1, 5, 1, v1::PHASE_DECODE);
+  CHECK(h.engine->RunOnce() == 1);
+  h.OpenOn(2, 9, 128);
+  h.PrefillOn(2, 9, 64);
+  CHECK(h.engine->RunOnce() == 63);
+}
+
 TEST_CASE("Bad chunks fail their session with a named field, and others carry on") {
   Harness h(SmallOptions());
   h.Open(1, 16);

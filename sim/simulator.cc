@@ -116,6 +116,10 @@ struct Request {
   bool in_step = false;  // in a cloud step in flight (a session is in at most one)
   int64_t prompt_at_cloud = 0;   // prompt positions its cloud has been given as work
   bool decoding_at_cloud = false;  // past its prompt at its cloud (the engine's `decoding`)
+  // The engine's Session::decode_away_seconds: from its last decode result's leaving the
+  // cloud to its next decode work's arrival (moving average; 0 until measured).
+  double last_decode_done = -1;
+  double decode_away = 0;
   uint64_t planned_in = 0;       // the last step planning that saw its head of line
   bool started = false;   // placed on a cloud (its Open sent)
   bool finished = false;
@@ -199,6 +203,7 @@ struct CloudState {
   std::vector<int64_t> plan_group_device;  // each plan group's device
   int64_t decoding = 0;                    // admitted sessions past their prompts
   std::vector<int32_t> decoding_by_device; // ... per device (sized on first use)
+  std::multiset<double> decoding_away;     // ... their decode_away, where measured
   BatchPlanner planner;
   // What the agents know of it: its last load report.
   CloudCandidate reported;
@@ -637,6 +642,10 @@ class Simulation {
     // The engine's `decoding`: its last prompt chunk (or a decode round, or a replay of a
     // request past its prompt) has arrived.
     if (!decode) r.prompt_at_cloud += positions;
+    if (decode && r.last_decode_done >= 0 && now_ > r.last_decode_done) {
+      const double away = now_ - r.last_decode_done;
+      SetDecodeAway(cloud, r, r.decode_away == 0 ? away : 0.8 * r.decode_away + 0.2 * away);
+    }
     if (decode || r.prompt_at_cloud >= r.prompt || (replay && r.generated > 0)) {
       SetDecoding(cloud, r, true);
     }
@@ -658,6 +667,20 @@ class Simulation {
     const int32_t change = decoding ? 1 : -1;
     cloud.decoding += change;
     cloud.decoding_by_device[static_cast<size_t>(r.device)] += change;
+    if (r.decode_away > 0) {
+      if (decoding) {
+        cloud.decoding_away.insert(r.decode_away);
+      } else {
+        cloud.decoding_away.erase(cloud.decoding_away.find(r.decode_away));
+      }
+    }
+  }
+  void SetDecodeAway(CloudState& cloud, Request& r, double away) {
+    if (r.decoding_at_cloud && r.decode_away > 0) {
+      cloud.decoding_away.erase(cloud.decoding_away.find(r.decode_away));
+    }
+    r.decode_away = away;
+    if (r.decoding_at_cloud) cloud.decoding_away.insert(away);
   }
 
   // Starts a step if the first stage is free, fewer than `stages` steps are in flight, and
@@ -717,6 +740,8 @@ class Simulation {
                        .max_sequences = config_.cloud.max_sequences};
     const std::optional<int64_t> capped_prefill =
         DecodeStretchPrefillTokens(predictor_, cloud.decoding, config_.cloud.decode_step_stretch,
+                                   cloud.decoding_away.empty() ? 0.0
+                                                               : *cloud.decoding_away.begin(),
                                    config_.cloud.max_batch_tokens);
     if (capped_prefill) limits.capped_prefill_tokens = *capped_prefill;
     cloud.shares.resize(cloud.plan_group_device.size());
@@ -780,6 +805,7 @@ class Simulation {
       const int64_t positions = result.positions;
       Request& r = requests_[static_cast<size_t>(id)];
       r.in_step = false;
+      if (positions == 0) r.last_decode_done = now_;
       Device& device = devices_[static_cast<size_t>(r.device)];
       const double bytes = MessageBytes(positions == 0 ? r.round : positions);
       ScheduleForRequest(Transfer(device.downlink_free, bytes, Downlink(r.device)),
@@ -869,6 +895,7 @@ class Simulation {
     cloud.running = 0;
     cloud.decoding = 0;
     std::fill(cloud.decoding_by_device.begin(), cloud.decoding_by_device.end(), 0);
+    cloud.decoding_away.clear();
     cloud.reported.connected = false;  // the agents' streams to it break
     cloud.reported_at = now_;
     UpdateHostCloudShare();
@@ -912,6 +939,7 @@ class Simulation {
     r.admitted = false;
     r.decoding_at_cloud = false;  // the lost cloud's counts went with it
     r.prompt_at_cloud = 0;
+    r.last_decode_done = -1;
     r.held = r.held_replay = 0;
     r.in_step = false;
     const int64_t c = Place(r.device);
