@@ -695,11 +695,14 @@ void Engine::AcceptChunk(StreamId stream, v1::ForwardChunk& chunk, Clock::time_p
   session->decoding = item.decode || chunk.decode_follows();
   if (item.decode && session->last_decode_done != Clock::time_point{} &&
       received > session->last_decode_done) {
-    // A run sent ahead (PipeInfer) arrives before the result it follows: no sample.
+    // A run sent ahead (PipeInfer) arrives before the result it follows: no sample. The
+    // shortest: what the links and the device take at their best, not what this cloud's
+    // own load adds (its results waiting behind others' to leave, a busy host), which
+    // would otherwise loosen the cap the more the cloud is loaded.
     const double away = Seconds(received - session->last_decode_done);
     session->decode_away_seconds = session->decode_away_seconds == 0
                                        ? away
-                                       : 0.8 * session->decode_away_seconds + 0.2 * away;
+                                       : std::min(session->decode_away_seconds, away);
   }
   item.arrival = next_arrival_++;
   item.wire_bytes = kIntakeMessageBytes + static_cast<int64_t>(states.data().size());

@@ -213,8 +213,8 @@ class Engine {
     int32_t fair_rank = 0;     // Launch: how many of its device's pending sessions are older
     bool decoding = false;     // its newest chunk was decode work (it is past its prompt)
     // Its decode rounds' time away from this cloud: from its last decode result's leaving
-    // (last_decode_done) to its next decode chunk's arrival, the links and the device
-    // (moving average; 0 until measured). What decode_step_stretch holds it to.
+    // (last_decode_done) to its next decode chunk's arrival, the links and the device (the
+    // shortest seen; 0 until measured). What decode_step_stretch's cap counts.
     Clock::time_point last_decode_done{};
     double decode_away_seconds = 0;
     v1::DType result_dtype = v1::DTYPE_FLOAT32;  // OpenSession.result_dtype, resolved

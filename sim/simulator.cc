@@ -117,7 +117,7 @@ struct Request {
   int64_t prompt_at_cloud = 0;   // prompt positions its cloud has been given as work
   bool decoding_at_cloud = false;  // past its prompt at its cloud (the engine's `decoding`)
   // The engine's Session::decode_away_seconds: from its last decode result's leaving the
-  // cloud to its next decode work's arrival (moving average; 0 until measured).
+  // cloud to its next decode work's arrival (the shortest seen; 0 until measured).
   double last_decode_done = -1;
   double decode_away = 0;
   uint64_t planned_in = 0;       // the last step planning that saw its head of line
@@ -644,7 +644,7 @@ class Simulation {
     if (!decode) r.prompt_at_cloud += positions;
     if (decode && r.last_decode_done >= 0 && now_ > r.last_decode_done) {
       const double away = now_ - r.last_decode_done;
-      SetDecodeAway(cloud, r, r.decode_away == 0 ? away : 0.8 * r.decode_away + 0.2 * away);
+      SetDecodeAway(cloud, r, r.decode_away == 0 ? away : std::min(r.decode_away, away));
     }
     if (decode || r.prompt_at_cloud >= r.prompt || (replay && r.generated > 0)) {
       SetDecoding(cloud, r, true);
