@@ -758,6 +758,30 @@ TEST_CASE("While a device decodes another device's prompts may stretch a step on
   }
 }
 
+TEST_CASE("A session whose prompt's last chunk still waits does not cap others' prompts") {
+  EngineOptions options = SmallOptions();
+  options.kv_num_blocks = 64;
+  options.max_batch_tokens = 64;
+  options.decode_step_stretch = 2;
+  Harness h(options);
+  // g(mu) = 1 s + 0.1 s a token: a cap while one session decodes would hold 11 tokens.
+  for (int repeat = 0; repeat < 20; ++repeat) {
+    for (int64_t tokens : {1, 2, 4, 8, 16, 32, 64}) {
+      h.engine->ObserveStepForTest(tokens, 1.0 + 0.1 * static_cast<double>(tokens));
+    }
+  }
+  auto other = std::make_shared<CollectingSink>();
+  h.engine->AttachStream(2, other, "second");
+  // Device 1's whole prompt has arrived but is not computed: it needs no decode step yet.
+  h.OpenOn(1, 1, 32);
+  h.PrefillOn(1, 1, 4, /*decode_follows=*/true);
+  h.OpenOn(2, 9, 128);
+  h.PrefillOn(2, 9, 64);
+  CHECK(h.engine->RunOnce() == 64);  // its 4 and 60 of the other's, uncapped
+  // Now it is past its prompt: the other prompt's rest is capped while its token is away.
+  CHECK(h.engine->RunOnce() <= 12);
+}
+
 TEST_CASE("A decoding device whose rounds spend long away from the cloud lets others' "
           "prompts stretch the steps further") {
   EngineOptions options = SmallOptions();
