@@ -720,22 +720,31 @@ TEST_CASE("Steps take each device's oldest work before any device's second") {
   CHECK(first_step == std::vector<uint64_t>{1, 9});
 }
 
+// The stretch tests: a cloud of 64 blocks and 64-token steps with decode_step_stretch 2,
+// whose step-time model has learnt g(mu) = base + per_token * mu (20 observations a
+// bucket, so that the tests' own steps move it little).
+std::unique_ptr<Harness> StretchHarness(double base, double per_token, double stretch = 2) {
+  EngineOptions options = SmallOptions();
+  options.kv_num_blocks = 64;
+  options.max_batch_tokens = 64;
+  options.decode_step_stretch = stretch;
+  auto h = std::make_unique<Harness>(options);
+  for (int repeat = 0; repeat < 20; ++repeat) {
+    for (int64_t tokens : {1, 2, 4, 8, 16, 32, 64}) {
+      h->engine->ObserveStepForTest(tokens, base + per_token * static_cast<double>(tokens));
+    }
+  }
+  return h;
+}
+
 TEST_CASE("While a device decodes another device's prompts may stretch a step only so far") {
   for (const double stretch : {2.0, 0.0}) {
     CAPTURE(stretch);
-    EngineOptions options = SmallOptions();
-    options.kv_num_blocks = 64;
-    options.max_batch_tokens = 64;
-    options.decode_step_stretch = stretch;
-    Harness h(options);  // stream 1: the decoding device
     // g(mu) = 1 s + 0.1 s a token: a decode step of one session is predicted at 1.1 s, so a
     // step twice as long holds 11 tokens (the real steps of this test, milliseconds, move
     // their buckets' averages by a fifth each at most).
-    for (int repeat = 0; repeat < 20; ++repeat) {
-      for (int64_t tokens : {1, 2, 4, 8, 16, 32, 64}) {
-        h.engine->ObserveStepForTest(tokens, 1.0 + 0.1 * static_cast<double>(tokens));
-      }
-    }
+    auto harness = StretchHarness(1.0, 0.1, stretch);
+    Harness& h = *harness;  // stream 1: the decoding device
     auto other = std::make_shared<CollectingSink>();
     h.engine->AttachStream(2, other, "flooder");
     // The decoding device: its prompt's last chunk computed, its next token not here yet.
@@ -759,17 +768,9 @@ TEST_CASE("While a device decodes another device's prompts may stretch a step on
 }
 
 TEST_CASE("A session whose prompt's last chunk still waits does not cap others' prompts") {
-  EngineOptions options = SmallOptions();
-  options.kv_num_blocks = 64;
-  options.max_batch_tokens = 64;
-  options.decode_step_stretch = 2;
-  Harness h(options);
   // g(mu) = 1 s + 0.1 s a token: a cap while one session decodes would hold 11 tokens.
-  for (int repeat = 0; repeat < 20; ++repeat) {
-    for (int64_t tokens : {1, 2, 4, 8, 16, 32, 64}) {
-      h.engine->ObserveStepForTest(tokens, 1.0 + 0.1 * static_cast<double>(tokens));
-    }
-  }
+  auto harness = StretchHarness(1.0, 0.1);
+  Harness& h = *harness;
   auto other = std::make_shared<CollectingSink>();
   h.engine->AttachStream(2, other, "second");
   // Device 1's whole prompt has arrived but is not computed: it needs no decode step yet.
@@ -784,19 +785,11 @@ TEST_CASE("A session whose prompt's last chunk still waits does not cap others' 
 
 TEST_CASE("A decoding device whose rounds spend long away from the cloud lets others' "
           "prompts stretch the steps further") {
-  EngineOptions options = SmallOptions();
-  options.kv_num_blocks = 64;
-  options.max_batch_tokens = 64;
-  options.decode_step_stretch = 2;
-  Harness h(options);  // stream 1: the decoding device
   // g(mu) = 1 ms + 0.1 ms a token: twice one decode step holds 11 tokens, fewer than the
   // 64 of the prompt below. (This test's real steps move the buckets' averages by a few
   // milliseconds at most.)
-  for (int repeat = 0; repeat < 20; ++repeat) {
-    for (int64_t tokens : {1, 2, 4, 8, 16, 32, 64}) {
-      h.engine->ObserveStepForTest(tokens, 0.001 + 0.0001 * static_cast<double>(tokens));
-    }
-  }
+  auto harness = StretchHarness(0.001, 0.0001);
+  Harness& h = *harness;  // stream 1: the decoding device
   auto other = std::make_shared<CollectingSink>();
   h.engine->AttachStream(2, other, "flooder");
   h.OpenOn(1, 1, 32);
