@@ -264,12 +264,16 @@ int RunReplay(const SimulateArgs& args, bool steps_given) {
 // --sweep-devices: the same fleet at each size, one table row and one point of the plot each.
 int RunSweep(const SimulateArgs& args, const std::string& step_source) {
   std::printf("tophat simulate: %lld cloud(s), %.0f s of arrivals at %.2f/min per device, %s "
-              "prompts, %lld output tokens; cloud step times: %s\n",
+              "prompts, %lld output tokens; cloud step times: %s; each cloud runs %lld "
+              "sessions at once, %lld waiting\n",
               static_cast<long long>(args.config.clouds), args.config.duration_s,
               args.rate_per_minute, args.config.workload.prompts.c_str(),
-              static_cast<long long>(args.config.workload.output_tokens), step_source.c_str());
-  std::printf("%8s | %10s | %10s | %10s | %10s | %9s | %17s\n", "devices", "TTFT p50 s",
-              "TTFT p90 s", "TBT p50 ms", "TBT p90 ms", "busiest", "finished/arrived");
+              static_cast<long long>(args.config.workload.output_tokens), step_source.c_str(),
+              static_cast<long long>(args.config.cloud.max_running_sessions),
+              static_cast<long long>(args.config.cloud.max_waiting_sessions));
+  std::printf("%8s | %10s | %10s | %10s | %10s | %9s | %17s | %8s\n", "devices", "TTFT p50 s",
+              "TTFT p90 s", "TBT p50 ms", "TBT p90 ms", "busiest", "finished/arrived",
+              "refused");
   nlohmann::json rows = nlohmann::json::array();
   bench::LinePanel ttft{"TTFT by fleet size", "devices", "TTFT (s)", /*log_y=*/true,
                         {{"p50", {}}, {"p90", {}}}};
@@ -289,10 +293,11 @@ int RunSweep(const SimulateArgs& args, const std::string& step_source) {
     for (const sim::CloudStats& cloud : r.clouds) {
       busiest = std::max(busiest, r.simulated_seconds > 0 ? cloud.busy_seconds / r.simulated_seconds : 0);
     }
-    std::printf("%8lld | %10.2f | %10.2f | %10.1f | %10.1f | %8.0f%% | %8lld/%-8lld\n",
+    std::printf("%8lld | %10.2f | %10.2f | %10.1f | %10.1f | %8.0f%% | %8lld/%-8lld | %8lld\n",
                 static_cast<long long>(devices), r.ttft_s.p50, r.ttft_s.p90, 1e3 * r.tbt_s.p50,
                 1e3 * r.tbt_s.p90, 100 * busiest, static_cast<long long>(r.requests_finished),
-                static_cast<long long>(r.requests_arrived));
+                static_cast<long long>(r.requests_arrived),
+                static_cast<long long>(r.requests_rejected + r.requests_refused));
     const double n = static_cast<double>(devices);
     if (r.requests_finished > 0) {
       ttft.series[0].points.push_back({n, r.ttft_s.p50});
@@ -305,7 +310,9 @@ int RunSweep(const SimulateArgs& args, const std::string& step_source) {
                     {"tbt_s", bench::LatencyJson(r.tbt_s)},
                     {"busiest_cloud_busy_fraction", busiest},
                     {"requests", {{"arrived", r.requests_arrived},
-                                  {"finished", r.requests_finished}}}});
+                                  {"finished", r.requests_finished},
+                                  {"refused", r.requests_rejected},
+                                  {"refused_waiting_full", r.requests_refused}}}});
   }
   if (!args.plot_path.empty()) {
     const std::vector<bench::LinePanel> panels = {ttft, tbt};
@@ -321,6 +328,8 @@ int RunSweep(const SimulateArgs& args, const std::string& step_source) {
                                  {"rate_per_minute", args.rate_per_minute},
                                  {"prompts", args.config.workload.prompts},
                                  {"step_time_source", step_source},
+                                 {"max_running_sessions", args.config.cloud.max_running_sessions},
+                                 {"max_waiting_sessions", args.config.cloud.max_waiting_sessions},
                                  {"sweep", rows}};
   return ReportOrFail(report, args.json_path);
 }
@@ -361,6 +370,14 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--max-batch-tokens", c.cloud.max_batch_tokens, "The cloud's token budget")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--max-running-sessions", c.cloud.max_running_sessions,
+                  "scheduler.max_running_sessions: sessions a cloud runs at once (and puts into "
+                  "one step); more wait for admission")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--max-waiting-sessions", c.cloud.max_waiting_sessions,
+                  "scheduler.max_waiting_sessions: sessions that may wait for admission; an "
+                  "open beyond them is refused and its request fails")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--decode-step-stretch", c.cloud.decode_step_stretch,
                   "scheduler.decode_step_stretch: while another device decodes, a device's "
                   "prompts may make a step at most this many times the decode work's (0: no cap)")
@@ -531,13 +548,17 @@ int RunSimulate(SimulateArgs args) {
               static_cast<long long>(c.devices), static_cast<long long>(c.clouds), c.duration_s,
               args.rate_per_minute, c.workload.prompts.c_str(),
               static_cast<long long>(c.workload.output_tokens));
-  std::printf("cloud step times: %s; links %.1f/%.1f Mbit/s up/down, %.1f ms one way\n",
-              step_source.c_str(), args.uplink_mbit, args.downlink_mbit, args.delay_ms);
+  std::printf("cloud step times: %s; each cloud runs %lld sessions at once, %lld waiting; "
+              "links %.1f/%.1f Mbit/s up/down, %.1f ms one way\n",
+              step_source.c_str(), static_cast<long long>(c.cloud.max_running_sessions),
+              static_cast<long long>(c.cloud.max_waiting_sessions), args.uplink_mbit,
+              args.downlink_mbit, args.delay_ms);
   std::printf("requests: %lld arrived, %lld finished, %lld refused (larger than a cloud's KV), "
-              "%lld failed over\n",
+              "%lld refused (a cloud's waiting sessions full), %lld failed over\n",
               static_cast<long long>(r.requests_arrived),
               static_cast<long long>(r.requests_finished),
-              static_cast<long long>(r.requests_rejected), static_cast<long long>(r.failovers));
+              static_cast<long long>(r.requests_rejected),
+              static_cast<long long>(r.requests_refused), static_cast<long long>(r.failovers));
   std::printf("%-8s | %9s | %9s | %9s | %9s\n", "latency", "mean", "p50", "p90", "p99");
   const auto row = [](const char* name, const LatencySummary& s, double scale) {
     std::printf("%-8s | %9.3f | %9.3f | %9.3f | %9.3f\n", name, s.mean * scale, s.p50 * scale,
@@ -546,20 +567,20 @@ int RunSimulate(SimulateArgs args) {
   row("TTFT s", r.ttft_s, 1);
   row("TBT ms", r.tbt_s, 1e3);
   row("e2e s", r.e2e_s, 1);
-  std::printf("%-8s | %9s | %9s | %9s | %10s | %11s | %11s\n", "cloud", "sessions", "steps",
-              "busy", "mean batch", "max waiting", "failed over");
+  std::printf("%-8s | %9s | %9s | %9s | %10s | %11s | %9s | %11s\n", "cloud", "sessions",
+              "steps", "busy", "mean batch", "max waiting", "refused", "failed over");
   nlohmann::json clouds = nlohmann::json::array();
   for (size_t i = 0; i < r.clouds.size(); ++i) {
     const sim::CloudStats& s = r.clouds[i];
     const double busy = r.simulated_seconds > 0 ? s.busy_seconds / r.simulated_seconds : 0;
     const double batch = s.steps > 0 ? s.batched_tokens / static_cast<double>(s.steps) : 0;
-    std::printf("%-8zu | %9lld | %9lld | %8.1f%% | %10.1f | %11lld | %11lld\n", i,
+    std::printf("%-8zu | %9lld | %9lld | %8.1f%% | %10.1f | %11lld | %9lld | %11lld\n", i,
                 static_cast<long long>(s.sessions), static_cast<long long>(s.steps), 100 * busy,
-                batch, static_cast<long long>(s.max_waiting),
+                batch, static_cast<long long>(s.max_waiting), static_cast<long long>(s.refused),
                 static_cast<long long>(s.failed_over));
     clouds.push_back({{"sessions", s.sessions}, {"steps", s.steps}, {"busy_fraction", busy},
                       {"mean_batch_tokens", batch}, {"max_waiting", s.max_waiting},
-                      {"failed_over", s.failed_over}});
+                      {"refused", s.refused}, {"failed_over", s.failed_over}});
   }
   std::printf("simulated %.1f s (%lld events) in %.2f s of wall time; %.0f tokens/s generated\n",
               r.simulated_seconds, static_cast<long long>(r.events), wall,
@@ -573,8 +594,11 @@ int RunSimulate(SimulateArgs args) {
       {"prompts", c.workload.prompts},
       {"output_tokens", c.workload.output_tokens},
       {"step_time_source", step_source},
+      {"max_running_sessions", c.cloud.max_running_sessions},
+      {"max_waiting_sessions", c.cloud.max_waiting_sessions},
       {"requests", {{"arrived", r.requests_arrived}, {"finished", r.requests_finished},
-                    {"refused", r.requests_rejected}, {"failed_over", r.failovers}}},
+                    {"refused", r.requests_rejected}, {"refused_waiting_full", r.requests_refused},
+                    {"failed_over", r.failovers}}},
       {"ttft_s", bench::LatencyJson(r.ttft_s)},
       {"tbt_s", bench::LatencyJson(r.tbt_s)},
       {"e2e_s", bench::LatencyJson(r.e2e_s)},

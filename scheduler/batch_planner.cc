@@ -85,12 +85,13 @@ int64_t BatchPlanner::Plan(std::span<const PendingWork> pending, const BatchLimi
   // may ask of the step.
   bool any_capped = false;
   for (size_t g = 0; g < groups.size(); ++g) any_capped |= groups[g].capped && demand_[g] > 0;
-  if (any_capped && limits.capped_prefill_tokens < room) {
+  const int64_t capped_room = std::max<int64_t>(1, limits.capped_step_tokens - used);
+  if (any_capped && capped_room < room) {
     capped_.assign(demand_.begin(), demand_.end());
     for (size_t g = 0; g < num_groups; ++g) {
       if (g >= groups.size() || !groups[g].capped) demand_[g] = 0;
     }
-    WaterFill(std::max<int64_t>(1, limits.capped_prefill_tokens), rotation);
+    WaterFill(capped_room, rotation);
     for (size_t g = 0; g < num_groups; ++g) {
       demand_[g] = g < groups.size() && groups[g].capped ? grant_[g] : capped_[g];
     }
@@ -116,17 +117,17 @@ int64_t PlanBatch(std::span<const PendingWork> pending, const BatchLimits& limit
   return planner.Plan(pending, limits, {}, 0, plan);
 }
 
-std::optional<int64_t> DecodeStretchPrefillTokens(const StepTimePredictor& step_time,
-                                                  int64_t decoding, double stretch,
-                                                  double decode_away_seconds,
-                                                  int64_t max_batch_tokens) {
+std::optional<int64_t> DecodeStretchStepTokens(const StepTimePredictor& step_time,
+                                               int64_t decoding, double stretch,
+                                               double decode_away_seconds,
+                                               int64_t max_batch_tokens) {
   if (stretch <= 0 || decoding <= 0 || !step_time.has_data()) return std::nullopt;
   const double decode_seconds = step_time.Predict(static_cast<double>(decoding));
   const double step_seconds =
       std::max(stretch * decode_seconds,
                ((stretch - 1) * std::max(0.0, decode_away_seconds) + stretch * decode_seconds) /
                    2);
-  return step_time.MaxTokensWithin(step_seconds, max_batch_tokens) - decoding;
+  return step_time.MaxTokensWithin(step_seconds, max_batch_tokens);
 }
 
 }  // namespace tophat

@@ -28,16 +28,19 @@ struct PlannedWork {
 struct BatchLimits {
   int64_t max_batch_tokens = 512;
   int64_t max_sequences = 256;
-  // The prefill tokens of all `capped` groups together (the cloud: devices whose prompts
-  // would otherwise stretch the steps another device is decoding in). At least 1 is used,
-  // so that capped work always moves.
-  int64_t capped_prefill_tokens = std::numeric_limits<int64_t>::max();
+  // How far the prefill of all `capped` groups together may fill the step, in tokens, the
+  // decode work planned in it included (the cloud: devices whose prompts would otherwise
+  // stretch the steps another device is decoding in). Counting the decode work that is in
+  // the step, not every session that decodes, leaves the room of a token that is on its way
+  // to prompts: at load most decoding sessions' tokens are away at any step. At least one
+  // capped prefill token is planned, so that capped work always moves.
+  int64_t capped_step_tokens = std::numeric_limits<int64_t>::max();
 };
 
 // A group's claim on a step's prefill budget.
 struct GroupShare {
   double weight = 1;    // > 0: its share against the others' while both have work
-  bool capped = false;  // its prefill counts against BatchLimits::capped_prefill_tokens
+  bool capped = false;  // its prefill counts against BatchLimits::capped_step_tokens
 };
 
 // Plans steps. `pending` is in arrival order; the plan keeps that order within the decode
@@ -85,14 +88,14 @@ class BatchPlanner {
 // the time away is short: on loopback). Over edge links the time away is tens of
 // milliseconds and prompts move in steps of several milliseconds; with stretch * g alone, a
 // small model's decode step (1.3 ms on a CPU) let prompts through a token a step.
-// Returns the prompt tokens those devices share per step (BatchLimits::
-// capped_prefill_tokens; the planner passes at least one), or nothing when no cap applies:
-// stretch 0, nothing decoding, or no step times measured yet. The engine and the simulator
-// both plan with it.
-std::optional<int64_t> DecodeStretchPrefillTokens(const StepTimePredictor& step_time,
-                                                  int64_t decoding, double stretch,
-                                                  double decode_away_seconds,
-                                                  int64_t max_batch_tokens);
+// Returns the tokens such a step may hold, the decode work in it included (BatchLimits::
+// capped_step_tokens: those devices' prompts fill what the decode work planned leaves, a
+// token at the least), or nothing when no cap applies: stretch 0, nothing decoding, or no
+// step times measured yet. The engine and the simulator both plan with it.
+std::optional<int64_t> DecodeStretchStepTokens(const StepTimePredictor& step_time,
+                                               int64_t decoding, double stretch,
+                                               double decode_away_seconds,
+                                               int64_t max_batch_tokens);
 
 // One group of weight 1: the plan of BatchPlanner with no fairness to apply (tests, tools).
 int64_t PlanBatch(std::span<const PendingWork> pending, const BatchLimits& limits,

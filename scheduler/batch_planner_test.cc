@@ -111,50 +111,62 @@ TEST_CASE("Tokens that do not divide evenly rotate between devices across steps"
   CHECK(total == std::vector<int64_t>{8, 8, 8});
 }
 
-TEST_CASE("Capped devices share their allowance and the others take the rest of the step") {
+TEST_CASE("Capped devices fill the step up to its cap and the others take the rest of it") {
   BatchPlanner planner;
   std::vector<PlannedWork> plan;
   std::vector<PendingWork> pending = {
       {1, true, 2}, {256, false, 0}, {256, false, 1}, {256, false, 0}, {40, false, 2}};
   std::vector<GroupShare> groups = {{1, true}, {1, true}, {1, false}};
-  CHECK(planner.Plan(pending, {.max_batch_tokens = 512, .capped_prefill_tokens = 9}, groups, 0,
+  // A cap of 10 tokens a step: the decode token in it and 9 of the capped prompts.
+  CHECK(planner.Plan(pending, {.max_batch_tokens = 512, .capped_step_tokens = 10}, groups, 0,
                      plan) == 1 + 9 + 40);
   std::vector<int64_t> got = PerGroup(pending, plan, 3);
   CHECK(got[0] + got[1] == 9);
   CHECK(got[0] >= 4);
   CHECK(got[1] >= 4);
   CHECK(got[2] == 41);
-  // A capped device alone still moves, a token at a time at the least.
+  // With the decoding session's token away (not in this step), its room goes to the
+  // capped prompts: the cap is on the step, not on the sessions that decode.
+  pending[0].num_tokens = 0;
+  CHECK(planner.Plan(pending, {.max_batch_tokens = 512, .capped_step_tokens = 10}, groups, 0,
+                     plan) == 10 + 40);
+  got = PerGroup(pending, plan, 3);
+  CHECK(got[0] + got[1] == 10);
+  // A capped device alone still moves, a token at a time at the least, even behind decode
+  // work that fills the cap.
   pending = {{256, false, 0}};
-  CHECK(planner.Plan(pending, {.max_batch_tokens = 512, .capped_prefill_tokens = 0}, groups, 0,
+  CHECK(planner.Plan(pending, {.max_batch_tokens = 512, .capped_step_tokens = 0}, groups, 0,
                      plan) == 1);
+  pending = {{12, true, 2}, {256, false, 0}};
+  CHECK(planner.Plan(pending, {.max_batch_tokens = 512, .capped_step_tokens = 10}, groups, 0,
+                     plan) == 12 + 1);
 }
 
 TEST_CASE("While devices decode, others' prompts may stretch their rounds so far") {
   StepTimePredictor step_time(1024, 0.0);
   // Nothing measured yet: no cap.
-  CHECK_FALSE(DecodeStretchPrefillTokens(step_time, 1, 2.0, 0, 512).has_value());
+  CHECK_FALSE(DecodeStretchStepTokens(step_time, 1, 2.0, 0, 512).has_value());
   for (int64_t tokens = 1; tokens <= 512; tokens *= 2) {
     step_time.Observe(tokens, 1.0 + 0.1 * static_cast<double>(tokens));  // g = 1 s + 0.1 s/token
   }
-  // One decoding: its step 1.1 s, twice that holds 12 tokens, 11 besides the decode one.
-  CHECK(DecodeStretchPrefillTokens(step_time, 1, 2.0, 0, 512) == 11);
-  // Eight decoding: 1.8 s, twice that holds 26 tokens, 18 besides them.
-  CHECK(DecodeStretchPrefillTokens(step_time, 8, 2.0, 0, 512) == 18);
-  // A stretch of 1 leaves nothing besides the decode work (the planner still passes a token).
-  CHECK(DecodeStretchPrefillTokens(step_time, 8, 1.0, 0, 512) == 0);
+  // One decoding: its step 1.1 s, and twice that holds 12 tokens.
+  CHECK(DecodeStretchStepTokens(step_time, 1, 2.0, 0, 512) == 12);
+  // Eight decoding: 1.8 s, and twice that holds 26 tokens.
+  CHECK(DecodeStretchStepTokens(step_time, 8, 2.0, 0, 512) == 26);
+  // A stretch of 1: a step no longer than the decode work's.
+  CHECK(DecodeStretchStepTokens(step_time, 8, 1.0, 0, 512) == 8);
   // A round that spends 10.02 s away from the cloud (links, device) may see steps of
-  // (10.02 s + 2 x 1.1 s) / 2 = 6.11 s: 51 tokens, 50 besides the decode one; a round
-  // away 1 s keeps the rule above (1.6 s < 2.2 s).
-  CHECK(DecodeStretchPrefillTokens(step_time, 1, 2.0, 10.02, 512) == 50);
-  CHECK(DecodeStretchPrefillTokens(step_time, 1, 2.0, 1.0, 512) == 11);
+  // (10.02 s + 2 x 1.1 s) / 2 = 6.11 s: 51 tokens; a round away 1 s keeps the rule above
+  // (1.6 s < 2.2 s).
+  CHECK(DecodeStretchStepTokens(step_time, 1, 2.0, 10.02, 512) == 51);
+  CHECK(DecodeStretchStepTokens(step_time, 1, 2.0, 1.0, 512) == 12);
   // With a stretch of 1 nothing may grow, however long the round.
-  CHECK(DecodeStretchPrefillTokens(step_time, 8, 1.0, 10.0, 512) == 0);
-  // The whole budget fits: the budget less the decode work.
-  CHECK(DecodeStretchPrefillTokens(step_time, 8, 100.0, 0, 64) == 56);
+  CHECK(DecodeStretchStepTokens(step_time, 8, 1.0, 10.0, 512) == 8);
+  // The whole budget fits.
+  CHECK(DecodeStretchStepTokens(step_time, 8, 100.0, 0, 64) == 64);
   // No cap: stretch 0 (off) or nobody decoding.
-  CHECK_FALSE(DecodeStretchPrefillTokens(step_time, 1, 0.0, 0, 512).has_value());
-  CHECK_FALSE(DecodeStretchPrefillTokens(step_time, 0, 2.0, 0, 512).has_value());
+  CHECK_FALSE(DecodeStretchStepTokens(step_time, 1, 0.0, 0, 512).has_value());
+  CHECK_FALSE(DecodeStretchStepTokens(step_time, 0, 2.0, 0, 512).has_value());
 }
 
 }  // namespace

@@ -1107,16 +1107,16 @@ int64_t Engine::Launch() {
   slot_shares_.resize(next_device_slot_);
   BatchLimits limits{.max_batch_tokens = options_.max_batch_tokens,
                      .max_sequences = options_.max_running_sessions};
-  const std::optional<int64_t> capped_prefill = DecodeStretchPrefillTokens(
+  const std::optional<int64_t> capped_step = DecodeStretchStepTokens(
       monitor_.step_time(), decoding, options_.decode_step_stretch, decode_away,
       options_.max_batch_tokens);
   for (int32_t slot = 0; slot < next_device_slot_; ++slot) {
     slot_shares_[slot] = {.weight = slot < static_cast<int32_t>(slot_weight_.size())
                                         ? slot_weight_[slot]
                                         : 1.0,
-                          .capped = capped_prefill && decoding > slot_decoding_[slot]};
+                          .capped = capped_step && decoding > slot_decoding_[slot]};
   }
-  if (capped_prefill) limits.capped_prefill_tokens = *capped_prefill;
+  if (capped_step) limits.capped_step_tokens = *capped_step;
   int64_t total = planner_.Plan(pending_, limits, slot_shares_, steps_planned_++, plan_);
   // Every chunk's KV blocks first. Admission reserved them, so this cannot fail unless that
   // bookkeeping is wrong; if it is, the session concerned fails alone and leaves the step,

@@ -600,13 +600,26 @@ class Simulation {
     Request& r = requests_[static_cast<size_t>(id)];
     CloudState& cloud = clouds_[static_cast<size_t>(r.cloud)];
     if (!cloud.alive) return;  // gone before it arrived: the failover reopens elsewhere
-    if (cloud.waiting.empty() && cloud.kv_free >= r.kv_blocks) {
+    if (cloud.waiting.empty() && CanAdmit(cloud, r)) {
       Admit(id, cloud);
+    } else if (static_cast<int64_t>(cloud.waiting.size()) >=
+               config_.cloud.max_waiting_sessions) {
+      // As the engine: RESOURCE_EXHAUSTED, and the agent fails the request. What the device
+      // still computes or sends for it goes nowhere (the new epoch drops what is on its way).
+      ++cloud.stats.refused;
+      ++result_.requests_refused;
+      ++r.epoch;
+      r.started = false;
+      Finish(id, /*finished=*/false);
     } else {
       cloud.waiting.push_back(id);
       cloud.stats.max_waiting =
           std::max(cloud.stats.max_waiting, static_cast<int64_t>(cloud.waiting.size()));
     }
+  }
+
+  bool CanAdmit(const CloudState& cloud, const Request& r) const {
+    return cloud.running < config_.cloud.max_running_sessions && cloud.kv_free >= r.kv_blocks;
   }
 
   void Admit(int64_t id, CloudState& cloud) {
@@ -697,7 +710,7 @@ class Simulation {
     // As the engine's Launch: each session's head of line only (its work runs in order),
     // first come first served within a device and round-robin across devices (a device's
     // oldest session before any device's second), each device a group of weight 1 whose
-    // prompts are capped while another device decodes (DecodeStretchPrefillTokens).
+    // prompts are capped while another device decodes (DecodeStretchStepTokens).
     const uint64_t stamp = ++plannings_;
     cloud.plannable_index.clear();
     cloud.plannable_rank.clear();
@@ -735,17 +748,16 @@ class Simulation {
       cloud.plannable.push_back(work);
     }
     BatchLimits limits{.max_batch_tokens = config_.cloud.max_batch_tokens,
-                       .max_sequences = config_.cloud.max_sequences};
-    const std::optional<int64_t> capped_prefill =
-        DecodeStretchPrefillTokens(predictor_, cloud.decoding, config_.cloud.decode_step_stretch,
-                                   cloud.decoding_away.empty() ? 0.0
-                                                               : *cloud.decoding_away.begin(),
-                                   config_.cloud.max_batch_tokens);
-    if (capped_prefill) limits.capped_prefill_tokens = *capped_prefill;
+                       .max_sequences = config_.cloud.max_running_sessions};
+    const std::optional<int64_t> capped_step =
+        DecodeStretchStepTokens(predictor_, cloud.decoding, config_.cloud.decode_step_stretch,
+                                cloud.decoding_away.empty() ? 0.0 : *cloud.decoding_away.begin(),
+                                config_.cloud.max_batch_tokens);
+    if (capped_step) limits.capped_step_tokens = *capped_step;
     cloud.shares.resize(cloud.plan_group_device.size());
     for (size_t g = 0; g < cloud.shares.size(); ++g) {
       const size_t device = static_cast<size_t>(cloud.plan_group_device[g]);
-      cloud.shares[g] = {.capped = capped_prefill.has_value() &&
+      cloud.shares[g] = {.capped = capped_step.has_value() &&
                                    cloud.decoding > cloud.decoding_by_device[device]};
     }
     const int64_t tokens =
@@ -1003,7 +1015,7 @@ class Simulation {
     SetDecoding(cloud, r, false);
     while (!cloud.waiting.empty()) {
       const int64_t next = cloud.waiting.front();
-      if (requests_[static_cast<size_t>(next)].kv_blocks > cloud.kv_free) break;
+      if (!CanAdmit(cloud, requests_[static_cast<size_t>(next)])) break;
       cloud.waiting.pop_front();
       Admit(next, cloud);
     }

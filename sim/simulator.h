@@ -75,8 +75,14 @@ struct WorkloadSpec {
 struct CloudSpec {
   std::vector<StepPoint> step_time;  // g(μ); at least one point
   int64_t max_batch_tokens = 512;
-  int64_t max_sequences = 256;
-  // scheduler.decode_step_stretch, as the engine plans (DecodeStretchPrefillTokens): while
+  // scheduler.max_running_sessions and max_waiting_sessions, the engine's defaults: a
+  // session is admitted when fewer than max_running_sessions run and its KV fits (at most
+  // that many go into one step); others wait first come first served, and an open that
+  // finds max_waiting_sessions already waiting is refused (RESOURCE_EXHAUSTED: the agent
+  // fails the request).
+  int64_t max_running_sessions = 64;
+  int64_t max_waiting_sessions = 64;
+  // scheduler.decode_step_stretch, as the engine plans (DecodeStretchStepTokens): while
   // another device decodes, a device's prompt work may make a step at most this many times
   // the decode work's predicted time (0: no cap).
   double decode_step_stretch = 2;
@@ -160,7 +166,8 @@ struct CloudStats {
   int64_t steps = 0;
   double busy_seconds = 0;
   double batched_tokens = 0;  // over all steps
-  int64_t max_waiting = 0;    // most sessions ever waiting for KV at once
+  int64_t max_waiting = 0;    // most sessions ever waiting for admission at once
+  int64_t refused = 0;        // opens refused with max_waiting_sessions waiting
   int64_t failed_over = 0;    // requests that left it when it went down
 };
 
@@ -168,6 +175,7 @@ struct SimResult {
   int64_t requests_arrived = 0;
   int64_t requests_finished = 0;
   int64_t requests_rejected = 0;  // need more KV than a cloud has
+  int64_t requests_refused = 0;   // found a cloud's waiting queue full (CloudStats::refused)
   int64_t failovers = 0;          // requests moved to another cloud (or the same, back up)
   LatencySummary ttft_s;          // arrival at the device to the first token
   LatencySummary tbt_s;           // between a request's successive tokens

@@ -288,6 +288,35 @@ TEST_CASE("KV admission holds sessions back instead of losing them", "[sim]") {
   CHECK(too_small->requests_finished == 0);
 }
 
+TEST_CASE("Running slots hold sessions back, and a full waiting queue refuses them, as the "
+          "engine's", "[sim]") {
+  SimConfig c = Analytic();
+  c.devices = 40;
+  c.duration_s = 10;
+  c.workload.requests_per_device_per_second = 0.5;
+  c.cloud.kv_blocks = 4096;
+  c.cloud.max_waiting_sessions = 1000;
+  auto roomy = Simulate(c);
+  c.cloud.max_running_sessions = 3;
+  auto tight = Simulate(c);
+  REQUIRE(roomy.ok());
+  REQUIRE(tight.ok());
+  CHECK(roomy->clouds[0].max_waiting == 0);
+  CHECK(tight->clouds[0].max_waiting > 0);
+  CHECK(tight->requests_finished == tight->requests_arrived);
+  CHECK(tight->requests_refused == 0);
+  CHECK(tight->ttft_s.p90 > roomy->ttft_s.p90);
+  // With at most two waiting, the rest are refused: they fail, and nothing is left hanging.
+  c.cloud.max_waiting_sessions = 2;
+  auto refusing = Simulate(c);
+  REQUIRE(refusing.ok());
+  CHECK(refusing->clouds[0].max_waiting <= 2);
+  CHECK(refusing->requests_refused > 0);
+  CHECK(refusing->clouds[0].refused == refusing->requests_refused);
+  CHECK(refusing->requests_finished + refusing->requests_refused ==
+        refusing->requests_arrived);
+}
+
 TEST_CASE("Several clouds share the devices' sessions by the agents' placement", "[sim]") {
   SimConfig c = Analytic();
   c.devices = 300;

@@ -8,8 +8,10 @@
 set -euo pipefail
 bin="$1"; work="$2"; python="$3"
 rm -rf "$work"; mkdir -p "$work"
-"$bin" simulate --devices 10000 --clouds 8 --duration-s 600 --json "$work/sim.json" \
-  >"$work/sim.log"
+# Each cloud configured as deploy/kubernetes/tophat-cloud.yaml configures an H200 (the
+# engine's default of 64 running sessions would refuse most of these requests).
+"$bin" simulate --devices 10000 --clouds 8 --duration-s 600 --max-running-sessions 1024 \
+  --max-waiting-sessions 1024 --json "$work/sim.json" >"$work/sim.log"
 "$python" - "$work/sim.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
