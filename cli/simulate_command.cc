@@ -567,19 +567,22 @@ int RunSimulate(SimulateArgs args) {
   row("TTFT s", r.ttft_s, 1);
   row("TBT ms", r.tbt_s, 1e3);
   row("e2e s", r.e2e_s, 1);
-  std::printf("%-8s | %9s | %9s | %9s | %10s | %11s | %9s | %11s\n", "cloud", "sessions",
-              "steps", "busy", "mean batch", "max waiting", "refused", "failed over");
+  std::printf("%-8s | %9s | %9s | %9s | %10s | %11s | %11s | %9s | %11s\n", "cloud",
+              "sessions", "steps", "busy", "mean batch", "max running", "max waiting",
+              "refused", "failed over");
   nlohmann::json clouds = nlohmann::json::array();
   for (size_t i = 0; i < r.clouds.size(); ++i) {
     const sim::CloudStats& s = r.clouds[i];
     const double busy = r.simulated_seconds > 0 ? s.busy_seconds / r.simulated_seconds : 0;
     const double batch = s.steps > 0 ? s.batched_tokens / static_cast<double>(s.steps) : 0;
-    std::printf("%-8zu | %9lld | %9lld | %8.1f%% | %10.1f | %11lld | %9lld | %11lld\n", i,
-                static_cast<long long>(s.sessions), static_cast<long long>(s.steps), 100 * busy,
-                batch, static_cast<long long>(s.max_waiting), static_cast<long long>(s.refused),
+    std::printf("%-8zu | %9lld | %9lld | %8.1f%% | %10.1f | %11lld | %11lld | %9lld | %11lld\n",
+                i, static_cast<long long>(s.sessions), static_cast<long long>(s.steps),
+                100 * busy, batch, static_cast<long long>(s.max_running),
+                static_cast<long long>(s.max_waiting), static_cast<long long>(s.refused),
                 static_cast<long long>(s.failed_over));
     clouds.push_back({{"sessions", s.sessions}, {"steps", s.steps}, {"busy_fraction", busy},
-                      {"mean_batch_tokens", batch}, {"max_waiting", s.max_waiting},
+                      {"mean_batch_tokens", batch}, {"max_running", s.max_running},
+                      {"max_waiting", s.max_waiting},
                       {"refused", s.refused}, {"failed_over", s.failed_over}});
   }
   std::printf("simulated %.1f s (%lld events) in %.2f s of wall time; %.0f tokens/s generated\n",

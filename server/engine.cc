@@ -692,8 +692,8 @@ void Engine::AcceptChunk(StreamId stream, v1::ForwardChunk& chunk, Clock::time_p
   item.first_position = chunk.first_position();
   item.num_tokens = states.num_positions();
   item.decode = chunk.phase() == v1::PHASE_DECODE;
-  session->decoding = item.decode;
-  item.decode_follows = !item.decode && chunk.decode_follows();
+  // Its next result is a token from here on (Session::decoding).
+  session->decoding = item.decode || chunk.decode_follows();
   if (item.decode && session->last_decode_done != Clock::time_point{} &&
       received > session->last_decode_done) {
     // A run sent ahead (PipeInfer) arrives before the result it follows: no sample. The
@@ -1313,7 +1313,6 @@ void Engine::Complete() {
     head.done += part.num_tokens;
     const bool chunk_done = head.done == head.num_tokens;
     if (chunk_done && head.decode) session->last_decode_done = end;
-    if (chunk_done && head.decode_follows) session->decoding = true;
     if (chunk_done) {
       auto sink = streams_.find(session->stream);
       if (sink != streams_.end()) sink->second.sink->Consumed(head.wire_bytes);

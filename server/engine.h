@@ -187,7 +187,6 @@ class Engine {
     int64_t num_tokens = 0;
     int64_t done = 0;  // positions already computed (a prefill chunk may span steps)
     bool decode = false;
-    bool decode_follows = false;  // a prompt's last chunk: its session decodes once it is done
     uint64_t arrival = 0;  // engine-wide order of receipt: the batch plan serves FIFO
     std::string data;  // the chunk's payload in the compute dtype (converted from the wire's)
     int64_t wire_bytes = 0;  // what it held on the wire: the stream's flow control counted it
@@ -212,9 +211,13 @@ class Engine {
     int32_t quota_blocks = 0;  // what it counts against its device's KV quota
     int32_t device_slot = 0;   // its device's DeviceUsage::slot
     int32_t fair_rank = 0;     // Launch: how many of its device's pending sessions are older
-    // Past its prompt: its prompt's last chunk computed, or decode work since (not while
-    // that chunk still waits here: a session whose prompt is queued needs no decode steps,
-    // and counting it capped every other prompt once more sessions waited than a step holds).
+    // Its next result is a token: its prompt's last chunk is here (ForwardChunk.
+    // decode_follows), or decode work since; a prompt chunk of a new turn ends it. While it
+    // is, other devices' prompts are capped (decode_step_stretch), so that they delay its
+    // first token no more than its later ones. (Counting it only once that chunk was
+    // computed let a flooding device's prompts double another's TTFT; the cap's going
+    // negative when many prompts were queued, which that was for, is gone since the cap
+    // limits the step rather than the step less every decoding session.)
     bool decoding = false;
     // Its decode rounds' time away from this cloud: from its last decode result's leaving
     // (last_decode_done) to its next decode chunk's arrival, the links and the device (the

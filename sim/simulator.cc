@@ -114,8 +114,7 @@ struct Request {
   int64_t generated = 0;
   int64_t round = 1;  // positions of its current decode round (1 + drafts)
   bool in_step = false;  // in a cloud step in flight (a session is in at most one)
-  int64_t prompt_computed = 0;   // prompt positions its cloud has computed
-  int64_t replay_computed = 0;   // positions of the replay in progress computed
+  int64_t prompt_arrived = 0;    // prompt positions at its cloud (a replay's included)
   bool decoding_at_cloud = false;  // past its prompt at its cloud (the engine's `decoding`)
   // The engine's Session::decode_away_seconds: from its last decode result's leaving the
   // cloud to its next decode work's arrival (the shortest seen; 0 until measured).
@@ -626,6 +625,7 @@ class Simulation {
     Request& r = requests_[static_cast<size_t>(id)];
     cloud.kv_free -= r.kv_blocks;
     ++cloud.running;
+    cloud.stats.max_running = std::max(cloud.stats.max_running, cloud.running);
     r.admitted = true;
     if (r.held_replay > 0) {
       AddWork(cloud, id, r.held_replay, false, /*replay=*/true);
@@ -657,9 +657,12 @@ class Simulation {
       const double away = now_ - r.last_decode_done;
       SetDecodeAway(cloud, r, r.decode_away == 0 ? away : std::min(r.decode_away, away));
     }
-    // The engine's `decoding` from a decode round's arrival; from a prompt's (or a replay's)
-    // last piece once its step is done (OnStepDone).
-    if (decode) SetDecoding(cloud, r, true);
+    // The engine's `decoding`: from the arrival of a decode round, of the prompt's last
+    // chunk, or of a replay past the prompt (whose step gives the next token).
+    if (!decode && (!replay || r.generated == 0)) r.prompt_arrived += positions;
+    if (decode || (replay && r.generated > 0) || r.prompt_arrived >= r.prompt) {
+      SetDecoding(cloud, r, true);
+    }
     cloud.pending.push_back({.num_tokens = decode ? r.round : positions,
                              .decode = decode,
                              .group = static_cast<int32_t>(r.device)});
@@ -816,15 +819,6 @@ class Simulation {
       Request& r = requests_[static_cast<size_t>(id)];
       r.in_step = false;
       if (positions == 0) r.last_decode_done = now_;
-      // The prompt's (or a replay's, past the prompt) last position computed: it decodes.
-      if (positions > 0) {
-        int64_t& computed = result.replay ? r.replay_computed : r.prompt_computed;
-        computed += positions;
-        if (result.replay ? (r.generated > 0 && computed >= r.replay_total)
-                          : computed >= r.prompt) {
-          SetDecoding(cloud, r, true);
-        }
-      }
       Device& device = devices_[static_cast<size_t>(r.device)];
       const double bytes = MessageBytes(positions == 0 ? r.round : positions);
       ScheduleForRequest(Transfer(device.downlink_free, bytes, Downlink(r.device)),
@@ -957,8 +951,7 @@ class Simulation {
     ++r.epoch;  // what the lost cloud would still have sent is gone
     r.admitted = false;
     r.decoding_at_cloud = false;  // the lost cloud's counts went with it
-    r.prompt_computed = 0;
-    r.replay_computed = 0;
+    r.prompt_arrived = 0;
     r.last_decode_done = -1;
     r.held = r.held_replay = 0;
     r.in_step = false;

@@ -166,6 +166,7 @@ struct CloudStats {
   int64_t steps = 0;
   double busy_seconds = 0;
   double batched_tokens = 0;  // over all steps
+  int64_t max_running = 0;    // most sessions ever admitted at once
   int64_t max_waiting = 0;    // most sessions ever waiting for admission at once
   int64_t refused = 0;        // opens refused with max_waiting_sessions waiting
   int64_t failed_over = 0;    // requests that left it when it went down

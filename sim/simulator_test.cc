@@ -302,6 +302,8 @@ TEST_CASE("Running slots hold sessions back, and a full waiting queue refuses th
   REQUIRE(roomy.ok());
   REQUIRE(tight.ok());
   CHECK(roomy->clouds[0].max_waiting == 0);
+  CHECK(roomy->clouds[0].max_running > 3);
+  CHECK(tight->clouds[0].max_running == 3);
   CHECK(tight->clouds[0].max_waiting > 0);
   CHECK(tight->requests_finished == tight->requests_arrived);
   CHECK(tight->requests_refused == 0);
