@@ -722,7 +722,8 @@ TEST_CASE("Steps take each device's oldest work before any device's second") {
 
 // The stretch tests: a cloud of 64 blocks and 64-token steps with decode_step_stretch 2,
 // whose step-time model has learnt g(mu) = base + per_token * mu (20 observations a
-// bucket, so that the tests' own steps move it little).
+// bucket, so that the tests' own steps move it little). Stream 1 is one device, stream 2
+// another.
 std::unique_ptr<Harness> StretchHarness(double base, double per_token, double stretch = 2) {
   EngineOptions options = SmallOptions();
   options.kv_num_blocks = 64;
@@ -734,6 +735,7 @@ std::unique_ptr<Harness> StretchHarness(double base, double per_token, double st
       h->engine->ObserveStepForTest(tokens, base + per_token * static_cast<double>(tokens));
     }
   }
+  h->engine->AttachStream(2, std::make_shared<CollectingSink>(), "second device");
   return h;
 }
 
@@ -745,8 +747,6 @@ TEST_CASE("While a device decodes another device's prompts may stretch a step on
     // their buckets' averages by a fifth each at most).
     auto harness = StretchHarness(1.0, 0.1, stretch);
     Harness& h = *harness;  // stream 1: the decoding device
-    auto other = std::make_shared<CollectingSink>();
-    h.engine->AttachStream(2, other, "flooder");
     // The decoding device: its prompt's last chunk computed, its next token not here yet.
     h.OpenOn(1, 1, 32);
     h.PrefillOn(1, 1, 4, /*decode_follows=*/true);
@@ -774,8 +774,6 @@ TEST_CASE("A session whose prompt's last chunk is here caps others' prompts, so 
     // g(mu) = 1 s + 0.1 s a token: with one session decoding a step may hold 12 tokens.
     auto harness = StretchHarness(1.0, 0.1, stretch);
     Harness& h = *harness;
-    auto other = std::make_shared<CollectingSink>();
-    h.engine->AttachStream(2, other, "second");
     // Device 1's whole prompt has arrived: the step that computes it gives its first token.
     h.OpenOn(1, 1, 32);
     h.PrefillOn(1, 1, 4, /*decode_follows=*/true);
@@ -798,8 +796,6 @@ TEST_CASE("A decoding device whose rounds spend long away from the cloud lets ot
   // milliseconds at most.)
   auto harness = StretchHarness(0.001, 0.0001);
   Harness& h = *harness;  // stream 1: the decoding device
-  auto other = std::make_shared<CollectingSink>();
-  h.engine->AttachStream(2, other, "flooder");
   h.OpenOn(1, 1, 32);
   h.PrefillOn(1, 1, 4, /*decode_follows=*/true);
   CHECK(h.engine->RunOnce() == 4);
@@ -823,8 +819,6 @@ TEST_CASE("The cap on others' prompts leaves them the room of decoding sessions'
   // load, with most tokens away at any step, left prompts a token a step.
   auto harness = StretchHarness(1.0, 0.1);
   Harness& h = *harness;  // stream 1: the decoding device
-  auto other = std::make_shared<CollectingSink>();
-  h.engine->AttachStream(2, other, "prompter");
   for (uint64_t id = 1; id <= 6; ++id) {
     h.OpenOn(1, id, 8);
     h.PrefillOn(1, id, 4, /*decode_follows=*/true);
