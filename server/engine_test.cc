@@ -743,7 +743,7 @@ TEST_CASE("While a device decodes another device's prompts may stretch a step on
   for (const double stretch : {2.0, 0.0}) {
     CAPTURE(stretch);
     // g(mu) = 1 s + 0.1 s a token: a decode step of one session is predicted at 1.1 s, so a
-    // step twice as long holds 11 tokens (the real steps of this test, milliseconds, move
+    // step twice as long holds 12 tokens (the real steps of this test, milliseconds, move
     // their buckets' averages by a fifth each at most).
     auto harness = StretchHarness(1.0, 0.1, stretch);
     Harness& h = *harness;  // stream 1: the decoding device
@@ -791,7 +791,7 @@ TEST_CASE("A session whose prompt's last chunk is here caps others' prompts, so 
 
 TEST_CASE("A decoding device whose rounds spend long away from the cloud lets others' "
           "prompts stretch the steps further") {
-  // g(mu) = 1 ms + 0.1 ms a token: twice one decode step holds 11 tokens, fewer than the
+  // g(mu) = 1 ms + 0.1 ms a token: twice one decode step holds 12 tokens, fewer than the
   // 64 of the prompt below. (This test's real steps move the buckets' averages by a few
   // milliseconds at most.)
   auto harness = StretchHarness(0.001, 0.0001);

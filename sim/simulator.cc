@@ -114,7 +114,7 @@ struct Request {
   int64_t generated = 0;
   int64_t round = 1;  // positions of its current decode round (1 + drafts)
   bool in_step = false;  // in a cloud step in flight (a session is in at most one)
-  int64_t prompt_arrived = 0;    // prompt positions at its cloud (a replay's included)
+  int64_t prompt_at_cloud = 0;   // prompt positions its cloud has been given as work
   bool decoding_at_cloud = false;  // past its prompt at its cloud (the engine's `decoding`)
   // The engine's Session::decode_away_seconds: from its last decode result's leaving the
   // cloud to its next decode work's arrival (the shortest seen; 0 until measured).
@@ -653,14 +653,14 @@ class Simulation {
   void AddWork(CloudState& cloud, int64_t id, int64_t positions, bool decode,
                bool replay = false) {
     Request& r = requests_[static_cast<size_t>(id)];
+    // The engine's `decoding`: its last prompt chunk (or a decode round, or a replay of a
+    // request past its prompt) has arrived.
+    if (!decode) r.prompt_at_cloud += positions;
     if (decode && r.last_decode_done >= 0 && now_ > r.last_decode_done) {
       const double away = now_ - r.last_decode_done;
       SetDecodeAway(cloud, r, r.decode_away == 0 ? away : std::min(r.decode_away, away));
     }
-    // The engine's `decoding`: from the arrival of a decode round, of the prompt's last
-    // chunk, or of a replay past the prompt (whose step gives the next token).
-    if (!decode && (!replay || r.generated == 0)) r.prompt_arrived += positions;
-    if (decode || (replay && r.generated > 0) || r.prompt_arrived >= r.prompt) {
+    if (decode || r.prompt_at_cloud >= r.prompt || (replay && r.generated > 0)) {
       SetDecoding(cloud, r, true);
     }
     cloud.pending.push_back({.num_tokens = decode ? r.round : positions,
@@ -951,7 +951,7 @@ class Simulation {
     ++r.epoch;  // what the lost cloud would still have sent is gone
     r.admitted = false;
     r.decoding_at_cloud = false;  // the lost cloud's counts went with it
-    r.prompt_arrived = 0;
+    r.prompt_at_cloud = 0;
     r.last_decode_done = -1;
     r.held = r.held_replay = 0;
     r.in_step = false;

@@ -264,11 +264,18 @@ TEST_CASE("Requests a device runs at once share its compute and links", "[sim]")
   CHECK(both->ttft_s.mean > lone_ttft + 0.04);
 }
 
-TEST_CASE("KV admission holds sessions back instead of losing them", "[sim]") {
+// Forty devices at a request every two seconds each, for 10 s: more sessions at once than
+// the admission tests' small clouds hold.
+SimConfig AdmissionLoad() {
   SimConfig c = Analytic();
   c.devices = 40;
   c.duration_s = 10;
   c.workload.requests_per_device_per_second = 0.5;
+  return c;
+}
+
+TEST_CASE("KV admission holds sessions back instead of losing them", "[sim]") {
+  SimConfig c = AdmissionLoad();
   c.cloud.kv_block_size = 16;
   c.cloud.kv_blocks = 3 * 7;  // three sessions of 105 positions (7 blocks each)
   auto tight = Simulate(c);
@@ -290,10 +297,7 @@ TEST_CASE("KV admission holds sessions back instead of losing them", "[sim]") {
 
 TEST_CASE("Running slots hold sessions back, and a full waiting queue refuses them, as the "
           "engine's", "[sim]") {
-  SimConfig c = Analytic();
-  c.devices = 40;
-  c.duration_s = 10;
-  c.workload.requests_per_device_per_second = 0.5;
+  SimConfig c = AdmissionLoad();
   c.cloud.kv_blocks = 4096;
   c.cloud.max_waiting_sessions = 1000;
   auto roomy = Simulate(c);
