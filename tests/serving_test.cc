@@ -2589,14 +2589,14 @@ TEST_CASE("In bfloat16 the agent and cloud choose float32's greedy token except 
   INFO("agreement " << fraction << ", margins:" << margins);
   CHECK(agreement.tokens >= 100 * max_new_tokens / 2);
   // Every disagreement must be a near tie of the float32 model: bfloat16 keeps 8 mantissa
-  // bits, so its logits differ from float32's by a few hundredths here, and only choices that
-  // close can flip. A real fault (a wrong layer, a stale KV row) flips confident choices too.
-  for (double margin : agreement.disagreement_margins) CHECK(margin < 0.1);
-  // Issue 12's goal is 99%: met on the CPU with LibTorch 1.13 (99.17%), not with 2.11's
-  // bfloat16 kernels (97.88%, every disagreement a near tie, margins 0.002-0.049: a different
-  // rounding of the same math, which the check above would catch if it were not). The floor
-  // leaves room for a GPU's other summation order to flip a few more near ties.
-  CHECK(fraction >= 0.97);
+  // bits, so its hidden states move the logits by a hundredth or so here, and only choices
+  // that close can flip. A real fault (a wrong layer, a stale KV row) flips confident choices
+  // too. Before the head computed float32 logits, rounding them to bfloat16 (a step of 1/16
+  // near the top logits) flipped margins up to 0.053.
+  for (double margin : agreement.disagreement_margins) CHECK(margin < 0.05);
+  // Issue 31's goal. On the CPU: 2,382 of 2,400 (99.25%, margins 0.000-0.015); 98.12% with
+  // bfloat16 logits, 98.92% with the normed state rounded before the head (a GPU agent's form).
+  CHECK(fraction >= 0.99);
 }
 
 TEST_CASE("An agent computing in bfloat16 serves a float32 cloud, converting at the wire",
@@ -2613,11 +2613,15 @@ TEST_CASE("An agent computing in bfloat16 serves a float32 cloud, converting at 
   const double fraction = static_cast<double>(agreement.agreed) / agreement.tokens;
   std::string margins;
   for (double m : agreement.disagreement_margins) margins += absl::StrFormat(" %.3f", m);
+  std::printf("bfloat16 agent, float32 cloud vs float32 greedy: %lld of %lld tokens agree "
+              "(%.2f%%); margins at the disagreements:%s\n",
+              static_cast<long long>(agreement.agreed), static_cast<long long>(agreement.tokens),
+              100 * fraction, margins.c_str());
   INFO("agreement " << fraction << ", margins:" << margins);
   CHECK(agreement.tokens >= 16 * max_new_tokens / 2);
   // As in the all-bfloat16 test: only near ties of the float32 model may flip.
-  for (double margin : agreement.disagreement_margins) CHECK(margin < 0.1);
-  CHECK(fraction >= 0.97);
+  for (double margin : agreement.disagreement_margins) CHECK(margin < 0.05);
+  CHECK(fraction >= 0.99);  // 383 of 384 (99.74%) on the CPU
 }
 
 // What the cloud counts: hidden-state payload bytes received and sent, and positions computed.

@@ -779,6 +779,43 @@ TEST_CASE("bfloat16 weights compute the float32 model of the bfloat16-rounded ma
   }
 }
 
+TEST_CASE("In bfloat16 on the CPU the logits are float32: the final norm and the head's "
+          "products of the bfloat16 states and weights, none rounded to bfloat16",
+          "[submodel]") {
+  // Rounded to bfloat16, a logit or a normed state keeps 8 bits: greedy choices within a few
+  // hundredths of each other tie or swap (issue 31's agreement goal).
+  const ModelConfig config = TinyTestConfig();
+  LoadedModel m = MakeModel(config, "bf16_head");
+  auto model = Submodel::Load(config, *m.checkpoint, SubmodelSpec::Full(config),
+                              {.dtype = at::kBFloat16});
+  REQUIRE(model.ok());
+  REQUIRE((*model)->lm_head().dense.scalar_type() == at::kBFloat16);
+  const at::Tensor head = (*model)->lm_head().dense.to(at::kDouble);
+  const at::Tensor norm = (*model)->final_norm().to(at::kDouble);
+  at::manual_seed(3);
+  for (int64_t rows : {1, 5}) {
+    INFO(rows << " rows");
+    const at::Tensor hidden = at::randn({rows, config.hidden_size}).to(at::kBFloat16);
+    auto logits = (*model)->Logits(hidden);
+    REQUIRE(logits.ok());
+    REQUIRE(logits->scalar_type() == at::kFloat);
+    // float64 from the same bfloat16 states and weights.
+    const at::Tensor x = hidden.to(at::kDouble);
+    const at::Tensor normed = x * at::rsqrt((x * x).mean(-1, true) + config.rms_norm_eps) * norm;
+    const at::Tensor exact = at::linear(normed, head);
+    const double scale = exact.abs().max().item<double>();
+    INFO("largest logit " << scale);
+    REQUIRE(scale > 0.1);
+    CHECK((logits->to(at::kDouble) - exact).abs().max().item<double>() < 1e-5 * scale);
+    // What rounding would have lost, each far past that bound: the logits rounded (up to half
+    // of bfloat16's step, 2^-9 of the value), or the normed state rounded before the head.
+    CHECK((exact.to(at::kBFloat16).to(at::kDouble) - exact).abs().max().item<double>() >
+          1e-3 * scale);
+    const at::Tensor from_rounded = at::linear(normed.to(at::kBFloat16).to(at::kDouble), head);
+    CHECK((from_rounded - exact).abs().max().item<double>() > 1e-4 * scale);
+  }
+}
+
 }  // namespace
 }  // namespace tophat
 
