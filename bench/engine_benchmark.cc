@@ -69,7 +69,26 @@ struct Args {
   int64_t cuda_graph_max_batch = 64;  // on a GPU: both paths replay decode graphs (0: eager)
   int profile_steps = 0;  // engine steps per case profiled after the timed ones (0: none)
   size_t profile_top = 15;
+  std::string small_batch_gemm = "measured";  // measured | always | never
 };
+
+// The row counts (1-8) at which each layer matrix's GEMM takes the small-batch kernel
+// (SubmodelOptions::small_batch_gemm), from the first layer: every layer has its choice.
+nlohmann::json SmallBatchGemmRows(const Submodel& middle) {
+  nlohmann::json rows = nlohmann::json::object();
+  if (middle.layers().empty()) return rows;
+  const DecoderLayerWeights& w = middle.layers().front();
+  for (const auto& [name, matrix] : {std::pair<const char*, const WeightMatrix*>{"qkv", &w.qkv},
+                                     {"o_proj", &w.o_proj},
+                                     {"gate_up", &w.gate_up},
+                                     {"down", &w.down}}) {
+    rows[name] = nlohmann::json::array();
+    for (int r = 1; r < 32; ++r) {
+      if ((matrix->small_batch_rows >> r) & 1u) rows[name].push_back(r);
+    }
+  }
+  return rows;
+}
 
 // What one run measures of the machine: the bounds each case is compared with.
 struct MachineBounds {
@@ -582,15 +601,24 @@ int Run(const Args& args) {
   std::fprintf(stderr, "loading layers [%lld, %lld) as %s on %s ...\n",
                static_cast<long long>(spec.layers.begin), static_cast<long long>(spec.layers.end),
                args.dtype.c_str(), device.str().c_str());
+  using SmallBatchGemm = SubmodelOptions::SmallBatchGemm;
+  const SmallBatchGemm small_batch_gemm = args.small_batch_gemm == "always" ? SmallBatchGemm::kAlways
+                                          : args.small_batch_gemm == "never"
+                                              ? SmallBatchGemm::kNever
+                                              : SmallBatchGemm::kMeasured;
   auto loaded = Submodel::Load(*config, **checkpoint, spec,
                                {.dtype = *dtype,
                                 .device = device,
                                 .max_context = std::min<int64_t>(
                                     config->max_position_embeddings,
                                     std::max<int64_t>(4096, args.context + args.warmup +
-                                                                args.repetitions + 1))});
+                                                                args.repetitions + 1)),
+                                .small_batch_gemm = small_batch_gemm});
   if (!loaded.ok()) return Fail(loaded.status());
   std::shared_ptr<const Submodel> middle = *std::move(loaded);
+  const nlohmann::json small_batch_rows = SmallBatchGemmRows(*middle);
+  std::printf("small-batch GEMM (%s): row counts taking the kernel, the rest cuBLAS: %s\n",
+              args.small_batch_gemm.c_str(), small_batch_rows.dump().c_str());
   const int64_t max_batch = *std::max_element(args.batches.begin(), args.batches.end());
   const int64_t decode_positions = args.context + args.warmup + args.repetitions;
   if (decode_positions > middle->max_context() || args.prefill_tokens > middle->max_context()) {
@@ -722,6 +750,7 @@ int Run(const Args& args) {
       {"kv_block_size", args.kv_block_size},
       {"device", device.str()},
       {"cuda_graphs", raw->graphs()},
+      {"small_batch_gemm", {{"mode", args.small_batch_gemm}, {"rows", small_batch_rows}}},
       {"dtype", args.dtype},
       {"bounds", {{"memory_bytes_per_second", bounds.bandwidth},
                   {"memory_method", device.is_cpu() ? "multi-threaded read"
@@ -795,6 +824,11 @@ int main(int argc, char** argv) {
   app.add_option("--device", args.device, "Where the middle runs: cpu, cuda or cuda:N")
       ->capture_default_str();
   app.add_option("--dtype", args.dtype, "Compute dtype: float32, float16 or bfloat16")
+      ->capture_default_str();
+  app.add_option("--small-batch-gemm", args.small_batch_gemm,
+                 "GPU steps of 1-8 rows: the small-batch GEMM kernel where it measured faster "
+                 "at load (measured), for every matrix (always), or cuBLAS only (never)")
+      ->check(CLI::IsMember({"measured", "always", "never"}))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);

@@ -13,12 +13,15 @@
 #                   kernel profile (which kernels a step spends its time in, and how much of
 #                   the step the device is idle)
 #   hf compare      the same layers in Hugging Face transformers (bench/hf_compare.py)
+#   engine bench    decode at batch 1 and 8 again with every few-row GEMM on cuBLAS
+#     (cuBLAS)      (--small-batch-gemm never): the same-run measure of the small-batch
+#                   kernel, which the first engine bench takes where it measured faster at load
 # then prints a summary and the tables. The whole check takes at most --budget seconds.
 #
 #   bash check.sh --bundle FILE --out DIR [--work DIR] [--budget S] [--rehearse]
 #
-# --out DIR gets summary.txt, logs.tar.gz (every phase's log), bench-engine.json and
-#   hf-compare.json: few files, for machines that return only a few.
+# --out DIR gets summary.txt, logs.tar.gz (every phase's log), bench-engine.json,
+#   hf-compare.json and bench-engine-cublas.json: few files, for machines that return few.
 # --work DIR: where the bundle is unpacked and the model written (default: a temporary folder).
 # --budget S: seconds for everything (default 470, inside an 8-minute command).
 # --only NAMES: run only these phases (comma-separated names as the summary prints them, e.g.
@@ -200,6 +203,8 @@ if [ "$rehearse" = 1 ]; then
   phase checkpoint 60 pass "$python" "$root/bench/random_checkpoint.py" --out "$hf_model" \
     --preset tiny --dtype f32
   hf_args=(--device cpu --dtype float32 --modes eager --context 32 --batch 1 2 --repetitions 3)
+  cublas_args=(--device cpu --dtype float32 --context 64 --batch 1 --prefill-tokens 0
+               --repetitions 3 --warmup 1)
 else
   # Llama-3-8B's shape with random bf16 weights; the middle is 29 layers (~13 GB).
   model="$work/llama3-8b"
@@ -209,18 +214,24 @@ else
               --prefill-tokens 2048 --repetitions 30 --profile-steps 3 --profile-top 12)
   hf_model="$model"
   hf_args=(--device cuda --dtype bfloat16 --context 1024 --batch 1 32 --repetitions 30)
+  cublas_args=(--device cuda --dtype bfloat16 --context 1024 --batch 1 8 --prefill-tokens 0
+               --repetitions 30)
 fi
 phase engine-bench 150 pass "${tophat_env[@]}" "$root/bin/tophat-bench-engine" --model "$model" \
   -m 2 -k 1 "${bench_args[@]}" --json "$out/bench-engine.json"
 phase hf-compare 180 pass "$python" "$root/bench/hf_compare.py" --model "$hf_model" -m 2 -k 1 \
   "${hf_args[@]}" --json "$out/hf-compare.json"
+phase engine-bench-cublas 90 pass "${tophat_env[@]}" "$root/bin/tophat-bench-engine" \
+  --model "$model" -m 2 -k 1 "${cublas_args[@]}" --small-batch-gemm never \
+  --json "$out/bench-engine-cublas.json"
 
 # --- The tables.
-for name in engine-bench hf-compare; do
+for name in engine-bench hf-compare engine-bench-cublas; do
   if [ -f "$logs/$name.log" ]; then
     echo "== $name ==" | tee -a "$summary"
     # The table: the lines with column bars, and what the benchmark said of the machine.
-    grep -E '\|| bounds:|^-{20,}|^kernel profile|busy of' "$logs/$name.log" | tee -a "$summary"
+    grep -E '\|| bounds:|^-{20,}|^kernel profile|busy of|^small-batch GEMM' "$logs/$name.log" |
+      tee -a "$summary"
   fi
 done
 say "check.sh: $( [ $failed = 0 ] && echo 'every phase passed' || echo 'SOME PHASES FAILED') in $(elapsed) s; logs in $out/logs.tar.gz"

@@ -6,12 +6,16 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "kernels/decode_attention.h"
 #include "kernels/gemv.h"
 #include "kernels/gemv_w8a8.h"
 #include "kernels/rms_norm.h"
 #include "kernels/rope.h"
+#include "kernels/small_batch_gemm.h"
 #include "base/status_macros.h"
+#include "models/runtime/gemm_tactics.h"
+#include "spdlog/spdlog.h"
 
 namespace tophat {
 namespace {
@@ -46,6 +50,10 @@ void LinearOut(const at::Tensor& x, const WeightMatrix& w, const at::Tensor& bia
     kernels::LinearBf16Out(x, w.dense, bias, out);
   } else if (x.size(0) == 1 && x.is_cpu() && x.scalar_type() == at::kFloat) {
     kernels::LinearSingleRowOut(x, w.dense, bias, out);
+  } else if (x.size(0) <= kernels::kSmallBatchGemmMaxRows &&
+             ((w.small_batch_rows >> x.size(0)) & 1u) != 0 &&
+             kernels::SmallBatchGemmOut(x, w.dense, bias, out)) {
+    // Measured faster than cuBLAS for this shape and row count (ChooseSmallBatchGemms).
   } else if (bias.defined()) {
     at::addmm_out(out, bias, x, w.dense.t());
   } else {
@@ -336,7 +344,61 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
   }
   model->PrepareFusedLayers();
   model->PrepareFusedHead();
+  model->ChooseSmallBatchGemms();
   return model;
+}
+
+void Submodel::ChooseSmallBatchGemms() {
+  using Mode = SubmodelOptions::SmallBatchGemm;
+  const at::ScalarType dtype = options_.dtype;
+  if (!options_.device.is_cuda() || (dtype != at::kBFloat16 && dtype != at::kHalf) ||
+      layers_.empty() || options_.small_batch_gemm == Mode::kNever) {
+    return;
+  }
+  constexpr int64_t kMaxRows = kernels::kSmallBatchGemmMaxRows;
+  constexpr uint32_t kEveryRow = ((1u << (kMaxRows + 1)) - 1) & ~1u;  // bits 1..8
+  struct Role {
+    const char* name;
+    WeightMatrix DecoderLayerWeights::*matrix;
+    at::Tensor DecoderLayerWeights::*bias;
+  };
+  static constexpr Role kRoles[] = {
+      {"qkv", &DecoderLayerWeights::qkv, &DecoderLayerWeights::qkv_bias},
+      {"o_proj", &DecoderLayerWeights::o_proj, &DecoderLayerWeights::o_bias},
+      {"gate_up", &DecoderLayerWeights::gate_up, nullptr},
+      {"down", &DecoderLayerWeights::down, nullptr}};
+  std::string summary;
+  for (const Role& role : kRoles) {
+    // Every layer's matrix of a role has the first layer's shape: timed once, on that one.
+    const DecoderLayerWeights& first = layers_.front();
+    const WeightMatrix& matrix = first.*role.matrix;
+    if (matrix.is_int8() || !matrix.dense.defined()) continue;
+    uint32_t rows = kEveryRow;
+    if (options_.small_batch_gemm == Mode::kMeasured) {
+      const at::Tensor bias = role.bias != nullptr ? first.*role.bias : at::Tensor();
+      const absl::StatusOr<SmallBatchTimings> timings =
+          TimeSmallBatchGemm(matrix.dense, bias, kMaxRows);
+      if (!timings.ok()) {
+        spdlog::warn("{}: steps of every size take cuBLAS: {}", role.name,
+                     timings.status().ToString());
+        continue;
+      }
+      rows = SmallBatchRowsMask(timings->kernel_seconds, timings->blas_seconds);
+      absl::StrAppendFormat(&summary, " %s [%d x %d] %.1f/%.1f us at 1 row, %.1f/%.1f at %d,",
+                            role.name, matrix.dense.size(0), matrix.dense.size(1),
+                            1e6 * timings->kernel_seconds.front(),
+                            1e6 * timings->blas_seconds.front(),
+                            1e6 * timings->kernel_seconds.back(),
+                            1e6 * timings->blas_seconds.back(), kMaxRows);
+    }
+    std::string taken;
+    for (int64_t r = 1; r <= kMaxRows; ++r) {
+      if ((rows >> r) & 1u) absl::StrAppend(&taken, taken.empty() ? "" : ",", r);
+    }
+    absl::StrAppend(&summary, " ", role.name, " takes the kernel at rows {", taken, "};");
+    for (DecoderLayerWeights& w : layers_) (w.*role.matrix).small_batch_rows = rows;
+  }
+  spdlog::info("small-batch GEMM (kernel/cuBLAS per launch):{}", summary);
 }
 
 void Submodel::PrepareFusedLayers() {

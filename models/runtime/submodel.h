@@ -75,6 +75,13 @@ struct SubmodelOptions {
   // its LM head run as one parallel region each (kernels/decode_step.h), with the numbers of
   // the layer-by-layer path. Off: the layer-by-layer path (benchmarks compare the two).
   bool fused_cpu_decode = true;
+  // Steps of 1-8 rows on a GPU in float16/bfloat16: whether a weight matrix's GEMM takes the
+  // small-batch kernel (kernels/small_batch_gemm.h) or cuBLAS. kMeasured times both per
+  // matrix shape and row count at load (models/runtime/gemm_tactics.h, well under a second)
+  // and takes the kernel where it is faster; kAlways and kNever are for tests and for
+  // benchmarks that compare the two in one run.
+  enum class SmallBatchGemm { kMeasured, kAlways, kNever };
+  SmallBatchGemm small_batch_gemm = SmallBatchGemm::kMeasured;
 };
 
 // A weight matrix in one of the forms the runtime computes with: `dense` in the compute
@@ -84,6 +91,9 @@ struct WeightMatrix {
   at::Tensor dense;
   kernels::Int8Matrix int8;
   bool int8_activations = false;  // int8: x is rounded to int8 too (kernels/gemv_w8a8.h)
+  // Bit r (1 <= r <= 8): a step of r rows takes the small-batch GEMM kernel instead of BLAS
+  // (SubmodelOptions::small_batch_gemm; set at load on a GPU).
+  uint32_t small_batch_rows = 0;
 
   bool defined() const { return dense.defined() || int8.defined(); }
   bool is_int8() const { return int8.defined(); }
@@ -241,6 +251,9 @@ class Submodel {
   // Fill fused_layers_ and fused_head_ from the loaded weights (end of Load).
   void PrepareFusedLayers();
   void PrepareFusedHead();
+  // Sets each layer matrix's small_batch_rows from SubmodelOptions::small_batch_gemm (a GPU
+  // submodel in float16/bfloat16; nothing elsewhere). A timing that fails leaves cuBLAS.
+  void ChooseSmallBatchGemms();
   // Whether a step of these chunks takes the fused one-token CPU step: one chunk of one
   // token over a float32 CPU cache, no sliding window in reach, weights it reads.
   bool FusedDecodeTakes(std::span<const SequenceChunk> chunks) const;

@@ -27,11 +27,17 @@ std::unique_ptr<CheckpointReader> RandomCheckpoint(const ModelConfig& config, ui
   return std::move(*checkpoint);
 }
 
+using SmallBatchGemm = SubmodelOptions::SmallBatchGemm;
+
 std::unique_ptr<Submodel> Load(const ModelConfig& config, const CheckpointReader& checkpoint,
                                at::ScalarType dtype, at::Device device,
-                               const SubmodelSpec& spec) {
+                               const SubmodelSpec& spec,
+                               SmallBatchGemm small_batch_gemm = SmallBatchGemm::kMeasured) {
   auto model = Submodel::Load(config, checkpoint, spec,
-                              {.dtype = dtype, .device = device, .max_context = 256});
+                              {.dtype = dtype,
+                               .device = device,
+                               .max_context = 256,
+                               .small_batch_gemm = small_batch_gemm});
   REQUIRE(model.ok());
   return std::move(*model);
 }
@@ -136,6 +142,39 @@ TEST_CASE("On CUDA in bfloat16 the logits stay close to float32 on the CPU",
   }
 }
 
+TEST_CASE("On CUDA in bfloat16 steps through the small-batch GEMM compute what cuBLAS's do, "
+          "and a measured choice holds for every layer",
+          "[gpu][submodel]") {
+  std::mt19937 rng(23);
+  const ModelConfig config = TinyDecodeKernelConfig();
+  testing::TempDir dir;
+  const auto checkpoint = RandomCheckpoint(config, 9, dir);
+  const SubmodelSpec full = SubmodelSpec::Full(config);
+  const at::Device cuda(at::kCUDA, 0);
+  const auto kernel =
+      Load(config, *checkpoint, at::kBFloat16, cuda, full, SmallBatchGemm::kAlways);
+  const auto blas = Load(config, *checkpoint, at::kBFloat16, cuda, full, SmallBatchGemm::kNever);
+  const auto measured = Load(config, *checkpoint, at::kBFloat16, cuda, full);
+  CHECK(kernel->layers()[0].o_proj.small_batch_rows == 0x1feu);  // rows 1..8
+  CHECK(blas->layers()[0].o_proj.small_batch_rows == 0u);
+  for (const DecoderLayerWeights& w : measured->layers()) {
+    CHECK(w.qkv.small_batch_rows == measured->layers()[0].qkv.small_batch_rows);
+    CHECK(w.down.small_batch_rows == measured->layers()[0].down.small_batch_rows);
+  }
+  // The schedule's decode steps have 1-2 rows (the kernel's), its prompt chunks more (BLAS).
+  const auto a = RandomTokens(rng, 40, config.vocab_size);
+  const auto b = RandomTokens(rng, 40, config.vocab_size);
+  const at::Tensor want = RunSchedule(*blas, a, b);
+  const at::Tensor got = RunSchedule(*kernel, a, b);
+  const double error = (got - want).abs().max().item<double>();
+  const double scale = want.abs().max().item<double>();
+  INFO("max |logit difference| " << error << " of " << scale);
+  // Both sum in float32 and round each output once; only the order of the sums differs, and
+  // bfloat16 rounding of a layer's output can then differ by a step.
+  CHECK(error <= 0.02 * scale);
+  CHECK(got.argmax(-1).eq(want.argmax(-1)).to(at::kFloat).mean().item<double>() > 0.95);
+}
+
 #ifdef TOPHAT_HAVE_CUDA
 // Blocks the caching allocator has handed out on device 0 so far (cache hits included: a
 // hit is still an allocation inside the step).
@@ -227,10 +266,15 @@ TEST_CASE("On CUDA a replayed decode graph computes what the eager step does",
   const ModelConfig config = TinyDecodeKernelConfig();  // heads the batched kernels take
   testing::TempDir dir;
   const auto checkpoint = RandomCheckpoint(config, 4, dir);
-  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
-    INFO("dtype " << c10::toString(dtype));
+  // bfloat16 twice: its few-row GEMMs through the small-batch kernel and through cuBLAS.
+  for (const auto& [dtype, small_batch_gemm] :
+       {std::pair{at::kFloat, SmallBatchGemm::kMeasured},
+        std::pair{at::kBFloat16, SmallBatchGemm::kAlways},
+        std::pair{at::kBFloat16, SmallBatchGemm::kNever}}) {
+    INFO("dtype " << c10::toString(dtype) << ", small-batch GEMM "
+                  << (small_batch_gemm == SmallBatchGemm::kAlways ? "always" : "measured/never"));
     const auto loaded = Load(config, *checkpoint, dtype, at::Device(at::kCUDA, 0),
-                             SubmodelSpec::Middle(config, 1, 1));
+                             SubmodelSpec::Middle(config, 1, 1), small_batch_gemm);
     const Submodel& model = *loaded;
     const at::TensorOptions options = at::TensorOptions().dtype(dtype).device(at::kCUDA);
     auto pool = model.NewPagedPool(128, 4);

@@ -1,0 +1,44 @@
+// Host launcher for the small-batch GEMM on CUDA (kernels/small_batch_gemm.cu); includable
+// from .cc files (no CUDA types exposed).
+//
+// A decode step of a few rows multiplies each weight matrix by 1-8 activation rows: it is a
+// read of the weights, and its time is their bytes over the memory rate. cuBLAS picks its
+// kernel per shape; on an H100 at batch 1 it read Llama-3-8B's o_proj (4,096 x 4,096) at
+// 1.6 TB/s against 2.9 for the other matrices (docs/benchmarks.md). This kernel streams
+// every matrix the same way: one warp a weight row, 16-byte loads four deep that skip L1 so
+// that the activation rows, read by every warp, stay there, products and sums in float32,
+// and each output rounded once to the storage dtype (what cuBLAS gives too). Which row counts
+// of which matrices take it is measured at load (models/runtime/gemm_tactics.h), not assumed.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda_launch.h"
+
+namespace tophat::kernels {
+
+// Most activation rows the kernel takes: past this a step is a GEMM that tensor cores win.
+inline constexpr int64_t kSmallBatchGemmMaxRows = 8;
+
+// out[r, j] = sum_i x[r, i] * weight[j, i] (+ bias[j]) for r < rows, j < n, i < k.
+// x: rows of k values, ldx apart; weight: [n, k] contiguous; bias: [n] or nullptr; out: rows
+// of n values, ldo apart; all of `dtype` (float16 or bfloat16). kUnsupported (nothing
+// launched) for float32, rows outside [1, kSmallBatchGemmMaxRows], k or ldx not a multiple
+// of 8, or x / weight not 16-byte aligned.
+struct SmallBatchGemmArgs {
+  CudaDtype dtype = CudaDtype::kBFloat16;
+  const void* x = nullptr;
+  int64_t ldx = 0;
+  const void* weight = nullptr;
+  const void* bias = nullptr;
+  void* out = nullptr;
+  int64_t ldo = 0;
+  int64_t rows = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  void* stream = nullptr;  // cudaStream_t; nullptr is the legacy default stream
+};
+LaunchResult LaunchSmallBatchGemm(const SmallBatchGemmArgs& args, std::string* error);
+
+}  // namespace tophat::kernels

@@ -1,0 +1,72 @@
+// The small-batch GEMM (kernels/small_batch_gemm.h) against float64 (label `gpu`; skipped
+// without a device).
+#include "kernels/small_batch_gemm.h"
+
+#include <catch2/catch.hpp>
+
+#include "kernels/small_batch_gemm_cuda.cuh"
+
+namespace tophat::kernels {
+namespace {
+
+const at::Device kCuda(at::kCUDA, 0);
+
+// One rounding of a float32 result to the storage dtype, relative to the output's scale,
+// plus float32 summation over K terms.
+double Tolerance(at::ScalarType dtype) { return dtype == at::kHalf ? 2e-3 : 1.6e-2; }
+
+TEST_CASE("The small-batch GEMM computes x times the weights' transpose for 1-8 rows",
+          "[gpu][kernels]") {
+  at::manual_seed(5);
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    // Shapes: a row count that is not a multiple of the block's 8 rows, K that is not a
+    // multiple of a warp's 256 elements a pass, and a Llama-3-8B o_proj.
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{13, 8}, {1000, 200}, {4096, 4096}}) {
+      for (int64_t rows = 1; rows <= kSmallBatchGemmMaxRows; ++rows) {
+        INFO(c10::toString(dtype) << " n " << n << " k " << k << " rows " << rows);
+        const at::Tensor weight = at::randn({n, k}).to(kCuda, dtype);
+        const at::Tensor bias = at::randn({n}).to(kCuda, dtype);
+        // x as rows of a wider buffer (a step buffer's leading rows), out likewise.
+        const at::Tensor x_buffer = at::randn({rows, k + 8}).to(kCuda, dtype);
+        const at::Tensor x = x_buffer.narrow(1, 0, k);
+        at::Tensor out_buffer = at::full({rows, n + 3}, 7.0, x.options());
+        at::Tensor out = out_buffer.narrow(1, 0, n);
+        for (const bool with_bias : {false, true}) {
+          INFO("bias " << with_bias);
+          REQUIRE(SmallBatchGemmOut(x, weight, with_bias ? bias : at::Tensor(), out));
+          at::Tensor want = at::mm(x.to(at::kDouble), weight.to(at::kDouble).t());
+          if (with_bias) want += bias.to(at::kDouble);
+          const double error = (out.to(at::kDouble) - want).abs().max().item<double>();
+          const double scale = want.abs().max().item<double>();
+          INFO("max |error| " << error << " of " << scale);
+          CHECK(error <= Tolerance(dtype) * scale);
+          // Nothing written past the output's columns.
+          CHECK(out_buffer.narrow(1, n, 3).eq(7.0).all().item<bool>());
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("The small-batch GEMM leaves what it does not take to BLAS", "[gpu][kernels]") {
+  const at::Tensor x = at::randn({2, 64}).to(kCuda, at::kBFloat16);
+  const at::Tensor weight = at::randn({32, 64}).to(kCuda, at::kBFloat16);
+  at::Tensor out = at::empty({2, 32}, x.options());
+  CHECK(SmallBatchGemmOut(x, weight, {}, out));
+  // float32, too many rows, K not a multiple of 8, a transposed weight, CPU tensors.
+  at::Tensor out32 = at::empty({2, 32}, x.options().dtype(at::kFloat));
+  CHECK_FALSE(SmallBatchGemmOut(x.to(at::kFloat), weight.to(at::kFloat), {}, out32));
+  const at::Tensor many = at::randn({9, 64}).to(kCuda, at::kBFloat16);
+  at::Tensor out_many = at::empty({9, 32}, x.options());
+  CHECK_FALSE(SmallBatchGemmOut(many, weight, {}, out_many));
+  const at::Tensor odd = at::randn({2, 60}).to(kCuda, at::kBFloat16);
+  const at::Tensor odd_weight = at::randn({32, 60}).to(kCuda, at::kBFloat16);
+  CHECK_FALSE(SmallBatchGemmOut(odd, odd_weight, {}, out));
+  const at::Tensor transposed = at::randn({64, 32}).to(kCuda, at::kBFloat16).t();
+  CHECK_FALSE(SmallBatchGemmOut(x, transposed, {}, out));
+  at::Tensor out_cpu = at::empty({2, 32}, at::kBFloat16);
+  CHECK_FALSE(SmallBatchGemmOut(x.cpu(), weight.cpu(), {}, out_cpu));
+}
+
+}  // namespace
+}  // namespace tophat::kernels

@@ -1,0 +1,40 @@
+// Which few-row steps of a weight matrix take the small-batch GEMM kernel
+// (kernels/small_batch_gemm.h) instead of BLAS. Neither wins everywhere: the kernel streams
+// any shape's weights at the same rate, while cuBLAS's choice for a shape can be much faster
+// or much slower (on an H100 at batch 1 it read o_proj at 1.6 TB/s and the larger matrices
+// at 2.9), and the balance moves with the card and the row count. So it is measured once a
+// submodel is on its GPU, per matrix shape and row count, as a decode step runs them: a
+// CUDA graph of back-to-back launches (no host dispatch between them), the kernel taken only
+// where it is faster by a margin (a near tie stays with BLAS, which every other path uses).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "absl/status/statusor.h"
+
+namespace tophat {
+
+// Seconds per launch of each path for rows 1, 2, ... (index rows - 1).
+struct SmallBatchTimings {
+  std::vector<double> kernel_seconds;
+  std::vector<double> blas_seconds;
+};
+
+// Bit r set (1 <= r <= the timings' length) where the kernel took at most (1 - margin) of
+// BLAS's time for r rows. Pure: tested on any host.
+uint32_t SmallBatchRowsMask(std::span<const double> kernel_seconds,
+                            std::span<const double> blas_seconds, double margin = 0.03);
+
+// Times both paths on `weight` [N, K] (and `bias` [N] when defined) for rows 1..max_rows
+// (at most kernels::kSmallBatchGemmMaxRows), on its CUDA device, best of three replays of a
+// graph of 20 launches each. Errors: a CPU tensor or a build without CUDA kernels
+// (Unimplemented), a shape or dtype the kernel does not take (FailedPrecondition), a capture
+// or launch the runtime refuses (Internal).
+absl::StatusOr<SmallBatchTimings> TimeSmallBatchGemm(const at::Tensor& weight,
+                                                     const at::Tensor& bias, int64_t max_rows);
+
+}  // namespace tophat

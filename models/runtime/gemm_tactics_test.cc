@@ -1,0 +1,55 @@
+#include "models/runtime/gemm_tactics.h"
+
+#include <catch2/catch.hpp>
+#include <vector>
+
+#include "kernels/small_batch_gemm.h"
+#include "models/runtime/model_init.h"
+#include "models/runtime/submodel.h"
+#include "base/test_util.h"
+
+namespace tophat {
+namespace {
+
+TEST_CASE("The small-batch kernel is taken only for row counts where it was faster by the "
+          "margin",
+          "[gemm_tactics]") {
+  // Rows 1..5: clearly faster, a near tie inside the margin, a tie, slower, not taken (-1).
+  const std::vector<double> kernel = {5e-6, 9.8e-6, 10e-6, 12e-6, -1};
+  const std::vector<double> blas = {10e-6, 10e-6, 10e-6, 10e-6, 10e-6};
+  CHECK(SmallBatchRowsMask(kernel, blas) == 0b10u);
+  CHECK(SmallBatchRowsMask(kernel, blas, /*margin=*/0.0) == 0b1110u);  // "at most": the tie too
+  CHECK(SmallBatchRowsMask(kernel, blas, /*margin=*/0.5) == 0b10u);
+  // Unequal lengths: only rows both have.
+  CHECK(SmallBatchRowsMask(std::vector<double>{1e-6, 1e-6}, std::vector<double>{2e-6}) == 0b10u);
+  CHECK(SmallBatchRowsMask({}, {}) == 0u);
+}
+
+TEST_CASE("Off a GPU nothing takes the small-batch kernel, whatever the option says",
+          "[gemm_tactics]") {
+  const at::Tensor x = at::randn({2, 64}).to(at::kBFloat16);
+  const at::Tensor weight = at::randn({32, 64}).to(at::kBFloat16);
+  at::Tensor out = at::empty({2, 32}, at::kBFloat16);
+  CHECK_FALSE(kernels::SmallBatchGemmOut(x, weight, {}, out));
+  const absl::StatusOr<SmallBatchTimings> timings = TimeSmallBatchGemm(weight, {}, 4);
+  REQUIRE_FALSE(timings.ok());
+  CHECK(timings.status().code() == absl::StatusCode::kUnimplemented);
+
+  const ModelConfig config = TinyTestConfig();
+  testing::TempDir dir;
+  REQUIRE(WriteCheckpoint(config, InitWeights(config, 3), dir.path()).ok());
+  auto checkpoint = CheckpointReader::Open(dir.path());
+  REQUIRE(checkpoint.ok());
+  auto model = Submodel::Load(config, **checkpoint, SubmodelSpec::Full(config),
+                              {.dtype = at::kBFloat16,
+                               .small_batch_gemm = SubmodelOptions::SmallBatchGemm::kAlways});
+  REQUIRE(model.ok());
+  for (const DecoderLayerWeights& w : (*model)->layers()) {
+    for (const WeightMatrix* m : {&w.qkv, &w.o_proj, &w.gate_up, &w.down}) {
+      CHECK(m->small_batch_rows == 0u);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tophat
