@@ -601,11 +601,8 @@ int Run(const Args& args) {
   std::fprintf(stderr, "loading layers [%lld, %lld) as %s on %s ...\n",
                static_cast<long long>(spec.layers.begin), static_cast<long long>(spec.layers.end),
                args.dtype.c_str(), device.str().c_str());
-  using SmallBatchGemm = SubmodelOptions::SmallBatchGemm;
-  const SmallBatchGemm small_batch_gemm = args.small_batch_gemm == "always" ? SmallBatchGemm::kAlways
-                                          : args.small_batch_gemm == "never"
-                                              ? SmallBatchGemm::kNever
-                                              : SmallBatchGemm::kMeasured;
+  auto small_batch_gemm = ParseSmallBatchGemm(args.small_batch_gemm, "--small-batch-gemm");
+  if (!small_batch_gemm.ok()) return Fail(small_batch_gemm.status());
   auto loaded = Submodel::Load(*config, **checkpoint, spec,
                                {.dtype = *dtype,
                                 .device = device,
@@ -613,7 +610,7 @@ int Run(const Args& args) {
                                     config->max_position_embeddings,
                                     std::max<int64_t>(4096, args.context + args.warmup +
                                                                 args.repetitions + 1)),
-                                .small_batch_gemm = small_batch_gemm});
+                                .small_batch_gemm = *small_batch_gemm});
   if (!loaded.ok()) return Fail(loaded.status());
   std::shared_ptr<const Submodel> middle = *std::move(loaded);
   const nlohmann::json small_batch_rows = SmallBatchGemmRows(*middle);

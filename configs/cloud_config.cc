@@ -43,6 +43,13 @@ void CheckCloudConfig(const CloudConfig& config, bool require_bundle, Report&& r
     check("dtype", CheckDtypeOnDevice(config.dtype, config.device));
   }
   check("compute_threads", CheckAtLeast(config.compute_threads, 0));
+  if (config.small_batch_gemm != "measured" && config.small_batch_gemm != "always" &&
+      config.small_batch_gemm != "never") {
+    report("small_batch_gemm",
+           absl::StrCat("\"", config.small_batch_gemm,
+                        "\" is none of \"measured\", \"always\", \"never\""),
+           "");
+  }
   check("max_context", CheckAtLeast(config.max_context, 1));
   check("kv_cache.block_size", CheckAtLeast(config.kv_cache.block_size, 1));
   check("kv_cache.memory_bytes", CheckAtLeast(config.kv_cache.memory_bytes, 1));
@@ -246,6 +253,7 @@ absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
   reader.ReadString("device", &config.device);
   reader.ReadInt("compute_threads", &config.compute_threads, Bound::kNonNegative);
   reader.ReadInt("cuda_graph_max_batch", &config.cuda_graph_max_batch, Bound::kNonNegative);
+  reader.ReadString("small_batch_gemm", &config.small_batch_gemm);
   reader.ReadInt("max_context", &config.max_context, Bound::kPositive);
   reader.ReadInt("kv_cache.block_size", &config.kv_cache.block_size, Bound::kPositive);
   reader.ReadByteSize("kv_cache.memory_bytes", &config.kv_cache.memory_bytes, Bound::kPositive);

@@ -26,6 +26,10 @@ struct CloudConfig {
   // start-up (models/runtime/decode_graphs.h); 0 runs every step eagerly. Capped at
   // scheduler.max_running_sessions.
   int64_t cuda_graph_max_batch = 64;
+  // On a GPU in float16/bfloat16: which GEMMs of decode steps of 1-8 sessions take the
+  // small-batch kernel instead of cuBLAS (kernels/small_batch_gemm.h): "measured" where it
+  // was faster at start-up, "always", or "never".
+  std::string small_batch_gemm = "measured";
   int64_t max_context = 4096;                     // longest session, positions
   // TLS of the agents' port, mutual: agents present certificates client_ca_file signed, and
   // each device is known by the name its certificate gives (proto/channel_security.h).

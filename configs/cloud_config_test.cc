@@ -51,6 +51,7 @@ tls:
 dtype: bfloat16
 device: cuda:1
 compute_threads: 3
+small_batch_gemm: never
 max_context: 8192
 kv_cache:
   block_size: 32
@@ -86,6 +87,7 @@ log_level: debug
   CHECK(config->max_context == 8192);
   CHECK(config->kv_cache.block_size == 32);
   CHECK(config->compute_threads == 3);
+  CHECK(config->small_batch_gemm == "never");
   CHECK(config->kv_cache.memory_bytes == 1LL << 30);
   CHECK(config->kv_cache.memory_fraction == 0.85);
   CHECK(config->scheduler.max_batch_tokens == 1024);
@@ -227,6 +229,9 @@ TEST_CASE("A KV pool fraction is of free GPU memory, below 1, and not for the CP
              Catch::Contains("kv_cache.memory_fraction: sizes the pool from free GPU memory, but "
                              "device is cpu"));
   CHECK_THAT(ErrorOf("bundle: x\ncompute_threads: -1\n"), Catch::Contains("compute_threads"));
+  CHECK_THAT(ErrorOf("bundle: x\nsmall_batch_gemm: fastest\n"),
+             Catch::Contains("small_batch_gemm: \"fastest\" is none of \"measured\", "
+                             "\"always\", \"never\""));
   CHECK_THAT(ErrorOf("bundle: x\npipeline:\n  rendezvous_address: \"h:1\"\n  planned_stages: 2\n"
                      "  layer_boundaries: [2, 3, 5]\n"),
              Catch::Contains("set either planned_stages"));

@@ -88,9 +88,12 @@ int Run(const CloudConfig& written) {
   }
   auto dtype = tophat::ParseTorchDtypeName(config.dtype, "dtype");
   if (!dtype.ok()) return Fail(dtype.status());
+  auto small_batch_gemm = tophat::ParseSmallBatchGemm(config.small_batch_gemm, "small_batch_gemm");
+  if (!small_batch_gemm.ok()) return Fail(small_batch_gemm.status());
   tophat::SubmodelOptions submodel_options{.dtype = *dtype,
                                            .device = at::Device(config.device),
-                                           .max_context = config.max_context};
+                                           .max_context = config.max_context,
+                                           .small_batch_gemm = *small_batch_gemm};
   spdlog::info("loading cloud bundle {}", config.bundle);
   // With a pipeline, this process is stage 0 and loads only its own layers.
   std::optional<tophat::LayerRange> stage_layers;

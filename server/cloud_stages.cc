@@ -227,11 +227,16 @@ int RunLaterStage(const CloudConfig& written, int rank) {
   if (rank == 0) return Fail(absl::InvalidArgumentError("--stage 0 is the gRPC-facing daemon"));
   auto dtype = ParseTorchDtypeName(config.dtype, "dtype");
   if (!dtype.ok()) return Fail(dtype.status());
+  auto small_batch_gemm = ParseSmallBatchGemm(config.small_batch_gemm, "small_batch_gemm");
+  if (!small_batch_gemm.ok()) return Fail(small_batch_gemm.status());
   spdlog::info("stage {} of {}: loading layers [{}, {}) of {} on {}", rank, plan->size,
                plan->layers.begin, plan->layers.end, config.bundle, plan->device);
   auto bundle = CloudBundle::Load(
       config.bundle,
-      {.dtype = *dtype, .device = at::Device(plan->device), .max_context = config.max_context},
+      {.dtype = *dtype,
+       .device = at::Device(plan->device),
+       .max_context = config.max_context,
+       .small_batch_gemm = *small_batch_gemm},
       plan->layers);
   if (!bundle.ok()) return Fail(bundle.status());
 

@@ -25,6 +25,17 @@ TEST_CASE("The small-batch kernel is taken only for row counts where it was fast
   CHECK(SmallBatchRowsMask({}, {}) == 0u);
 }
 
+TEST_CASE("The small-batch GEMM's setting is measured, always or never", "[gemm_tactics]") {
+  using Mode = SubmodelOptions::SmallBatchGemm;
+  CHECK(*ParseSmallBatchGemm("measured", "k") == Mode::kMeasured);
+  CHECK(*ParseSmallBatchGemm("always", "k") == Mode::kAlways);
+  CHECK(*ParseSmallBatchGemm("never", "k") == Mode::kNever);
+  const auto bad = ParseSmallBatchGemm("Never", "small_batch_gemm");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message() ==
+        "small_batch_gemm: \"Never\" is none of \"measured\", \"always\", \"never\"");
+}
+
 TEST_CASE("Off a GPU nothing takes the small-batch kernel, whatever the option says",
           "[gemm_tactics]") {
   const at::Tensor x = at::randn({2, 64}).to(at::kBFloat16);

@@ -348,6 +348,17 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
   return model;
 }
 
+absl::StatusOr<SubmodelOptions::SmallBatchGemm> ParseSmallBatchGemm(std::string_view name,
+                                                                    std::string_view key) {
+  using Mode = SubmodelOptions::SmallBatchGemm;
+  if (name == "measured") return Mode::kMeasured;
+  if (name == "always") return Mode::kAlways;
+  if (name == "never") return Mode::kNever;
+  return absl::InvalidArgumentError(absl::StrCat(std::string(key), ": \"", std::string(name),
+                                                 "\" is none of \"measured\", \"always\", "
+                                                 "\"never\""));
+}
+
 void Submodel::ChooseSmallBatchGemms() {
   using Mode = SubmodelOptions::SmallBatchGemm;
   const at::ScalarType dtype = options_.dtype;

@@ -7,6 +7,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -83,6 +84,11 @@ struct SubmodelOptions {
   enum class SmallBatchGemm { kMeasured, kAlways, kNever };
   SmallBatchGemm small_batch_gemm = SmallBatchGemm::kMeasured;
 };
+
+// "measured", "always" or "never" as SubmodelOptions::SmallBatchGemm; anything else is
+// InvalidArgument naming `key` (the config key or flag it came from).
+absl::StatusOr<SubmodelOptions::SmallBatchGemm> ParseSmallBatchGemm(std::string_view name,
+                                                                    std::string_view key);
 
 // A weight matrix in one of the forms the runtime computes with: `dense` in the compute
 // dtype (or bfloat16 under a float32 CPU submodel with bf16_weights), or `int8` with per-row
