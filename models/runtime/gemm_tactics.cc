@@ -67,7 +67,17 @@ absl::StatusOr<SmallBatchTimings> TimeSmallBatchGemm(const at::Tensor& weight,
       if (!run(kernel, rows)) return -1;  // eager first: cuBLAS's workspace, the module load
       at::cuda::CUDAGraph graph;
       graph.capture_begin();
-      for (int i = 0; i < kLaunches; ++i) run(kernel, rows);
+      try {
+        for (int i = 0; i < kLaunches; ++i) run(kernel, rows);
+      } catch (...) {
+        // End the capture before the error leaves: a pool stream left capturing would fail
+        // whoever is handed it next.
+        try {
+          graph.capture_end();
+        } catch (...) {
+        }
+        throw;
+      }
       graph.capture_end();
       graph.replay();
       side.synchronize();
