@@ -29,17 +29,29 @@ uint32_t SmallBatchRowsMask(std::span<const double> kernel_seconds,
   return mask;
 }
 
-absl::StatusOr<SmallBatchTimings> TimeSmallBatchGemm(const at::Tensor& weight,
-                                                     const at::Tensor& bias, int64_t max_rows) {
+absl::StatusOr<SmallBatchTimings> TimeSmallBatchGemm(std::span<const at::Tensor> weights,
+                                                     std::span<const at::Tensor> biases,
+                                                     int64_t max_rows) {
+  if (weights.empty() || (!biases.empty() && biases.size() != weights.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("small-batch GEMM timings: ", weights.size(),
+                                                   " weights and ", biases.size(), " biases"));
+  }
 #ifdef TOPHAT_HAVE_CUDA
+  const at::Tensor& weight = weights.front();
   if (!weight.is_cuda()) {
     return absl::UnimplementedError("small-batch GEMM timings need a CUDA tensor");
+  }
+  for (const at::Tensor& w : weights) {
+    if (w.sizes() != weight.sizes() || w.device() != weight.device() ||
+        w.scalar_type() != weight.scalar_type()) {
+      return absl::InvalidArgumentError("small-batch GEMM timings: weights of several shapes");
+    }
   }
   if (max_rows < 1 || max_rows > kernels::kSmallBatchGemmMaxRows) {
     return absl::InvalidArgumentError(absl::StrCat("max_rows ", max_rows, " outside [1, ",
                                                    kernels::kSmallBatchGemmMaxRows, "]"));
   }
-  constexpr int kLaunches = 20;
+  constexpr size_t kLaunches = 20;
   constexpr int kReplays = 3;
   SmallBatchTimings timings;
   absl::Status status = CatchExceptions("timing the small-batch GEMM", [&] {
@@ -50,25 +62,28 @@ absl::StatusOr<SmallBatchTimings> TimeSmallBatchGemm(const at::Tensor& weight,
     c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
     c10::cuda::getCurrentCUDAStream().synchronize();
     c10::cuda::CUDAStreamGuard guard(side);
-    // One launch of a path on `rows` rows; false when the kernel does not take them.
-    auto run = [&](bool kernel, int64_t rows) {
+    // One launch of a path on `rows` rows with the i-th weight (cycling); false when the
+    // kernel does not take them.
+    auto run = [&](bool kernel, int64_t rows, size_t i) {
+      const at::Tensor& w = weights[i % weights.size()];
+      const at::Tensor bias = biases.empty() ? at::Tensor() : biases[i % biases.size()];
       const at::Tensor xr = x.narrow(0, 0, rows);
       at::Tensor o = out.narrow(0, 0, rows);
-      if (kernel) return kernels::SmallBatchGemmOut(xr, weight, bias, o);
+      if (kernel) return kernels::SmallBatchGemmOut(xr, w, bias, o);
       if (bias.defined()) {
-        at::addmm_out(o, bias, xr, weight.t());
+        at::addmm_out(o, bias, xr, w.t());
       } else {
-        at::mm_out(o, xr, weight.t());
+        at::mm_out(o, xr, w.t());
       }
       return true;
     };
     // Seconds per launch: the best of kReplays replays of a graph of kLaunches launches.
     auto time = [&](bool kernel, int64_t rows) -> double {
-      if (!run(kernel, rows)) return -1;  // eager first: cuBLAS's workspace, the module load
+      if (!run(kernel, rows, 0)) return -1;  // eager first: cuBLAS's workspace, module load
       at::cuda::CUDAGraph graph;
       graph.capture_begin();
       try {
-        for (int i = 0; i < kLaunches; ++i) run(kernel, rows);
+        for (size_t i = 0; i < kLaunches; ++i) run(kernel, rows, i);
       } catch (...) {
         // End the capture before the error leaves: a pool stream left capturing would fail
         // whoever is handed it next.
@@ -99,13 +114,12 @@ absl::StatusOr<SmallBatchTimings> TimeSmallBatchGemm(const at::Tensor& weight,
   if (!status.ok()) return absl::InternalError(status.message());
   if (!timings.kernel_seconds.empty() && timings.kernel_seconds.front() < 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("the small-batch GEMM does not take a ", c10::toString(weight.scalar_type()), " [",
-                     weight.size(0), ", ", weight.size(1), "] weight"));
+        absl::StrCat("the small-batch GEMM does not take a ",
+                     c10::toString(weight.scalar_type()), " [", weight.size(0), ", ",
+                     weight.size(1), "] weight"));
   }
   return timings;
 #else
-  (void)weight;
-  (void)bias;
   (void)max_rows;
   return absl::UnimplementedError("this build has no CUDA kernels");
 #endif

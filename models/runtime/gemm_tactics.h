@@ -29,12 +29,17 @@ struct SmallBatchTimings {
 uint32_t SmallBatchRowsMask(std::span<const double> kernel_seconds,
                             std::span<const double> blas_seconds, double margin = 0.03);
 
-// Times both paths on `weight` [N, K] (and `bias` [N] when defined) for rows 1..max_rows
-// (at most kernels::kSmallBatchGemmMaxRows), on its CUDA device, best of three replays of a
-// graph of 20 launches each. Errors: a CPU tensor or a build without CUDA kernels
-// (Unimplemented), a shape or dtype the kernel does not take (FailedPrecondition), a capture
-// or launch the runtime refuses (Internal).
-absl::StatusOr<SmallBatchTimings> TimeSmallBatchGemm(const at::Tensor& weight,
-                                                     const at::Tensor& bias, int64_t max_rows);
+// Times both paths for rows 1..max_rows (at most kernels::kSmallBatchGemmMaxRows) on
+// `weights`, matrices [N, K] of one shape on one CUDA device (every layer's matrix of one
+// role), with `biases` ([N] each, one per weight) or none: best of three replays of a graph
+// of 20 launches, each launch on the next of the weights. A step reads each layer's matrix
+// once between the others, from memory, not from L2 (50 MB on an H100, which one o_proj of
+// Llama-3-8B fits): 20 launches on one matrix would time L2. Errors: a CPU tensor or a
+// build without CUDA kernels (Unimplemented), no weights, or weights and biases that do not
+// pair (InvalidArgument), a shape or dtype the kernel does not take (FailedPrecondition), a
+// capture or launch the runtime refuses (Internal).
+absl::StatusOr<SmallBatchTimings> TimeSmallBatchGemm(std::span<const at::Tensor> weights,
+                                                     std::span<const at::Tensor> biases,
+                                                     int64_t max_rows);
 
 }  // namespace tophat

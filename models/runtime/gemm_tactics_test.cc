@@ -42,9 +42,15 @@ TEST_CASE("Off a GPU nothing takes the small-batch kernel, whatever the option s
   const at::Tensor weight = at::randn({32, 64}).to(at::kBFloat16);
   at::Tensor out = at::empty({2, 32}, at::kBFloat16);
   CHECK_FALSE(kernels::SmallBatchGemmOut(x, weight, {}, out));
-  const absl::StatusOr<SmallBatchTimings> timings = TimeSmallBatchGemm(weight, {}, 4);
+  const std::vector<at::Tensor> weights = {weight};
+  const absl::StatusOr<SmallBatchTimings> timings = TimeSmallBatchGemm(weights, {}, 4);
   REQUIRE_FALSE(timings.ok());
   CHECK(timings.status().code() == absl::StatusCode::kUnimplemented);
+  // Weights and biases that do not pair are refused before anything runs.
+  const std::vector<at::Tensor> two_biases = {at::zeros({32}), at::zeros({32})};
+  CHECK(TimeSmallBatchGemm(weights, two_biases, 4).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(TimeSmallBatchGemm({}, {}, 4).status().code() == absl::StatusCode::kInvalidArgument);
 
   const ModelConfig config = TinyTestConfig();
   testing::TempDir dir;

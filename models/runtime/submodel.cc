@@ -380,15 +380,21 @@ void Submodel::ChooseSmallBatchGemms() {
       {"down", &DecoderLayerWeights::down, nullptr}};
   std::string summary;
   for (const Role& role : kRoles) {
-    // Every layer's matrix of a role has the first layer's shape: timed once, on that one.
+    // Every layer's matrix of a role has the first layer's shape: one choice for all, timed
+    // across them (TimeSmallBatchGemm says why).
     const DecoderLayerWeights& first = layers_.front();
     const WeightMatrix& matrix = first.*role.matrix;
     if (matrix.is_int8() || !matrix.dense.defined()) continue;
     uint32_t rows = kEveryRow;
     if (options_.small_batch_gemm == Mode::kMeasured) {
-      const at::Tensor bias = role.bias != nullptr ? first.*role.bias : at::Tensor();
+      std::vector<at::Tensor> weights;
+      std::vector<at::Tensor> biases;
+      for (const DecoderLayerWeights& w : layers_) {
+        weights.push_back((w.*role.matrix).dense);
+        if (role.bias != nullptr && (w.*role.bias).defined()) biases.push_back(w.*role.bias);
+      }
       const absl::StatusOr<SmallBatchTimings> timings =
-          TimeSmallBatchGemm(matrix.dense, bias, kMaxRows);
+          TimeSmallBatchGemm(weights, biases, kMaxRows);
       if (!timings.ok()) {
         spdlog::warn("{}: steps of every size take cuBLAS: {}", role.name,
                      timings.status().ToString());
