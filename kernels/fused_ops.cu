@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda_launch_status.cuh"
 #include "kernels/cuda_numeric.cuh"
 #include "kernels/fused_ops_cuda.cuh"
 
@@ -191,13 +192,6 @@ __global__ void RotaryQkvToCacheKernel(const T* __restrict__ qkv, int64_t row_st
   }
 }
 
-LaunchResult Finish(std::string* error) {
-  const cudaError_t status = cudaGetLastError();
-  if (status == cudaSuccess) return LaunchResult::kLaunched;
-  if (error != nullptr) *error = cudaGetErrorString(status);
-  return LaunchResult::kCudaError;
-}
-
 // Calls fn(T{}) with the storage type of `dtype`.
 template <typename Fn>
 void WithType(CudaDtype dtype, Fn&& fn) {
@@ -248,7 +242,7 @@ LaunchResult LaunchRmsNorm(const RmsNormArgs& a, std::string* error) {
           x, nullptr, w, y, a.d, a.eps);
     }
   });
-  return Finish(error);
+  return LaunchStatus(error);
 }
 
 LaunchResult LaunchSwiGlu(const SwiGluArgs& a, std::string* error) {
@@ -259,7 +253,7 @@ LaunchResult LaunchSwiGlu(const SwiGluArgs& a, std::string* error) {
     SwiGluKernel<T><<<ElementwiseBlocks(total), kThreads, 0, static_cast<cudaStream_t>(a.stream)>>>(
         static_cast<const T*>(a.gate_up), static_cast<T*>(a.out), a.rows, a.inner);
   });
-  return Finish(error);
+  return LaunchStatus(error);
 }
 
 LaunchResult LaunchRotary(const RotaryArgs& a, std::string* error) {
@@ -272,7 +266,7 @@ LaunchResult LaunchRotary(const RotaryArgs& a, std::string* error) {
         static_cast<const T*>(a.x), a.row_stride, a.head_stride, static_cast<T*>(a.out), a.cos,
         a.sin, a.heads, a.head_dim);
   });
-  return Finish(error);
+  return LaunchStatus(error);
 }
 
 LaunchResult LaunchRotaryQkvToCache(const RotaryQkvToCacheArgs& a, std::string* error) {
@@ -288,7 +282,7 @@ LaunchResult LaunchRotaryQkvToCache(const RotaryQkvToCacheArgs& a, std::string* 
         static_cast<T*>(a.key_slots), static_cast<T*>(a.value_slots), a.slots, a.cos, a.sin,
         a.heads, a.kv_heads, a.head_dim);
   });
-  return Finish(error);
+  return LaunchStatus(error);
 }
 
 }  // namespace tophat::kernels

@@ -17,6 +17,7 @@
 #include <cfloat>
 #include <cstdint>
 
+#include "kernels/cuda_launch_status.cuh"
 #include "kernels/cuda_numeric.cuh"
 #include "kernels/paged_attention_cuda.cuh"
 
@@ -464,12 +465,7 @@ LaunchResult LaunchPagedDecodeAttention(const PagedDecodeAttentionArgs& args,
       break;
   }
   if (!launched) return LaunchResult::kUnsupported;
-  const cudaError_t status = cudaGetLastError();
-  if (status != cudaSuccess) {
-    if (error != nullptr) *error = cudaGetErrorString(status);
-    return LaunchResult::kCudaError;
-  }
-  return LaunchResult::kLaunched;
+  return LaunchStatus(error);
 }
 
 }  // namespace tophat::kernels

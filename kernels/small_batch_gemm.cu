@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cuda_launch_status.cuh"
 #include "kernels/cuda_numeric.cuh"
 #include "kernels/small_batch_gemm_cuda.cuh"
 
@@ -143,12 +144,7 @@ LaunchResult LaunchSmallBatchGemm(const SmallBatchGemmArgs& a, std::string* erro
   } else {
     LaunchRows<__half>(a, stream);
   }
-  const cudaError_t status = cudaGetLastError();
-  if (status != cudaSuccess) {
-    if (error != nullptr) *error = cudaGetErrorString(status);
-    return LaunchResult::kCudaError;
-  }
-  return LaunchResult::kLaunched;
+  return LaunchStatus(error);
 }
 
 }  // namespace tophat::kernels
