@@ -34,6 +34,7 @@
 #include "bench/machine_bounds.h"
 #include "base/status_macros.h"
 #include "models/runtime/decode_graphs.h"
+#include "models/runtime/gemm_tactics.h"
 #include "models/runtime/submodel.h"
 #include "proto/hidden_states.h"
 #include "bench/bench_util.h"
@@ -82,10 +83,7 @@ nlohmann::json SmallBatchGemmRows(const Submodel& middle) {
                                      {"o_proj", &w.o_proj},
                                      {"gate_up", &w.gate_up},
                                      {"down", &w.down}}) {
-    rows[name] = nlohmann::json::array();
-    for (int r = 1; r < 32; ++r) {
-      if ((matrix->small_batch_rows >> r) & 1u) rows[name].push_back(r);
-    }
+    rows[name] = SmallBatchRows(matrix->small_batch_rows);
   }
   return rows;
 }

@@ -29,6 +29,14 @@ uint32_t SmallBatchRowsMask(std::span<const double> kernel_seconds,
   return mask;
 }
 
+std::vector<int64_t> SmallBatchRows(uint32_t mask) {
+  std::vector<int64_t> rows;
+  for (int64_t r = 1; r < 32; ++r) {
+    if ((mask >> r) & 1u) rows.push_back(r);
+  }
+  return rows;
+}
+
 absl::StatusOr<SmallBatchTimings> TimeSmallBatchGemm(std::span<const at::Tensor> weights,
                                                      std::span<const at::Tensor> biases,
                                                      int64_t max_rows) {

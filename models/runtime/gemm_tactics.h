@@ -29,6 +29,10 @@ struct SmallBatchTimings {
 uint32_t SmallBatchRowsMask(std::span<const double> kernel_seconds,
                             std::span<const double> blas_seconds, double margin = 0.03);
 
+// The row counts whose bits a mask of SmallBatchRowsMask (WeightMatrix::small_batch_rows)
+// sets, ascending. Pure.
+std::vector<int64_t> SmallBatchRows(uint32_t mask);
+
 // Times both paths for rows 1..max_rows (at most kernels::kSmallBatchGemmMaxRows) on
 // `weights`, matrices [N, K] of one shape on one CUDA device (every layer's matrix of one
 // role), with `biases` ([N] each, one per weight) or none: best of three replays of a graph

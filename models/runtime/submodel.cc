@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "kernels/decode_attention.h"
 #include "kernels/gemv.h"
 #include "kernels/gemv_w8a8.h"
@@ -408,11 +409,8 @@ void Submodel::ChooseSmallBatchGemms() {
                             1e6 * timings->kernel_seconds.back(),
                             1e6 * timings->blas_seconds.back(), kMaxRows);
     }
-    std::string taken;
-    for (int64_t r = 1; r <= kMaxRows; ++r) {
-      if ((rows >> r) & 1u) absl::StrAppend(&taken, taken.empty() ? "" : ",", r);
-    }
-    absl::StrAppend(&summary, " ", role.name, " takes the kernel at rows {", taken, "};");
+    absl::StrAppend(&summary, " ", role.name, " takes the kernel at rows {",
+                    absl::StrJoin(SmallBatchRows(rows), ","), "};");
     for (DecoderLayerWeights& w : layers_) (w.*role.matrix).small_batch_rows = rows;
   }
   spdlog::info("small-batch GEMM (kernel/cuBLAS per launch):{}", summary);
