@@ -23,6 +23,9 @@ TEST_CASE("The small-batch kernel is taken only for row counts where it was fast
   // Unequal lengths: only rows both have.
   CHECK(SmallBatchRowsMask(std::vector<double>{1e-6, 1e-6}, std::vector<double>{2e-6}) == 0b10u);
   CHECK(SmallBatchRowsMask({}, {}) == 0u);
+  CHECK(SmallBatchRows(0b1010u) == std::vector<int64_t>{1, 3});
+  CHECK(SmallBatchRows(0x1feu) == std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8});
+  CHECK(SmallBatchRows(0u).empty());
 }
 
 TEST_CASE("The small-batch GEMM's setting is measured, always or never", "[gemm_tactics]") {
