@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/kernel_profile.h"
+#include "kernels/cuda_device.h"
 #include "bench/model_benchmark.h"
 #include "models/formats/checkpoint.h"
 #include "models/formats/config.h"
@@ -71,6 +72,7 @@ struct Args {
   int profile_steps = 0;  // engine steps per case profiled after the timed ones (0: none)
   size_t profile_top = 15;
   std::string small_batch_gemm = "measured";  // measured | always | never
+  bool overlap_launches = true;  // kernels::SetOverlapKernelLaunches
 };
 
 // The row counts (1-8) at which each layer matrix's GEMM takes the small-batch kernel
@@ -601,6 +603,8 @@ int Run(const Args& args) {
                args.dtype.c_str(), device.str().c_str());
   auto small_batch_gemm = ParseSmallBatchGemm(args.small_batch_gemm, "--small-batch-gemm");
   if (!small_batch_gemm.ok()) return Fail(small_batch_gemm.status());
+  // Before the load, whose GEMM timings launch the kernels as steps will.
+  kernels::SetOverlapKernelLaunches(args.overlap_launches);
   auto loaded = Submodel::Load(*config, **checkpoint, spec,
                                {.dtype = *dtype,
                                 .device = device,
@@ -614,6 +618,11 @@ int Run(const Args& args) {
   const nlohmann::json small_batch_rows = SmallBatchGemmRows(*middle);
   std::printf("small-batch GEMM (%s): row counts taking the kernel, the rest cuBLAS: %s\n",
               args.small_batch_gemm.c_str(), small_batch_rows.dump().c_str());
+  const bool overlapped = kernels::OverlapKernelLaunches();
+  std::printf("kernel launches: %s\n",
+              overlapped ? "overlapped (programmatic dependent launch)"
+                         : (args.overlap_launches ? "serialized (not a GPU of compute capability 9.0+)"
+                                                  : "serialized (--overlap-launches off)"));
   const int64_t max_batch = *std::max_element(args.batches.begin(), args.batches.end());
   const int64_t decode_positions = args.context + args.warmup + args.repetitions;
   if (decode_positions > middle->max_context() || args.prefill_tokens > middle->max_context()) {
@@ -746,6 +755,7 @@ int Run(const Args& args) {
       {"device", device.str()},
       {"cuda_graphs", raw->graphs()},
       {"small_batch_gemm", {{"mode", args.small_batch_gemm}, {"rows", small_batch_rows}}},
+      {"overlapped_launches", overlapped},
       {"dtype", args.dtype},
       {"bounds", {{"memory_bytes_per_second", bounds.bandwidth},
                   {"memory_method", device.is_cpu() ? "multi-threaded read"
@@ -825,7 +835,14 @@ int main(int argc, char** argv) {
                  "at load (measured), for every matrix (always), or cuBLAS only (never)")
       ->check(CLI::IsMember({"measured", "always", "never"}))
       ->capture_default_str();
+  std::string overlap = "on";
+  app.add_option("--overlap-launches", overlap,
+                 "On a GPU of compute capability 9.0+: tophat's kernels overlap the kernel before "
+                 "them (on) or are serialized (off)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  args.overlap_launches = overlap == "on";
   spdlog::set_level(spdlog::level::warn);
   return tophat::Run(args);
 }

@@ -30,6 +30,10 @@ struct CloudConfig {
   // small-batch kernel instead of cuBLAS (kernels/small_batch_gemm.h): "measured" where it
   // was faster at start-up, "always", or "never".
   std::string small_batch_gemm = "measured";
+  // On a GPU of compute capability 9.0 or later: tophat's kernels launch overlapped with the
+  // kernel before them (programmatic dependent launch, kernels/cuda_overlap.cuh); false
+  // serializes them as a plain stream does.
+  bool overlap_kernel_launches = true;
   int64_t max_context = 4096;                     // longest session, positions
   // TLS of the agents' port, mutual: agents present certificates client_ca_file signed, and
   // each device is known by the name its certificate gives (proto/channel_security.h).

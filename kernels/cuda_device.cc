@@ -2,6 +2,9 @@
 
 #include <c10/util/Exception.h>
 
+#include <array>
+#include <atomic>
+
 #ifdef TOPHAT_HAVE_CUDA
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
@@ -14,6 +17,41 @@ void* CurrentCudaStream() {
   return c10::cuda::getCurrentCUDAStream().stream();
 #else
   return nullptr;
+#endif
+}
+
+namespace {
+std::atomic<bool> overlap_setting{true};
+}  // namespace
+
+void SetOverlapKernelLaunches(bool enabled) {
+  overlap_setting.store(enabled, std::memory_order_relaxed);
+}
+
+bool OverlapKernelLaunches() {
+#ifdef TOPHAT_HAVE_CUDA
+  if (!overlap_setting.load(std::memory_order_relaxed)) return false;
+  // Compute capability per device, asked once: 1 where it is 9.0 or later, -1 where not.
+  static std::array<std::atomic<int>, 64> capable{};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 ||
+      device >= static_cast<int>(capable.size())) {
+    cudaGetLastError();
+    return false;
+  }
+  int known = capable[device].load(std::memory_order_relaxed);
+  if (known == 0) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    known = major >= 9 ? 1 : -1;
+    capable[device].store(known, std::memory_order_relaxed);
+  }
+  return known > 0;
+#else
+  return false;
 #endif
 }
 

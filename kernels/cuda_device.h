@@ -19,6 +19,15 @@ struct CudaMemoryInfo {
 // legacy default stream) in a build without CUDA kernels.
 void* CurrentCudaStream();
 
+// Whether the kernels here launch overlapped with the kernel before them in the stream
+// (programmatic dependent launch, kernels/cuda_overlap.cuh says how they stay exact): the
+// process-wide setting (on unless set off) and a current CUDA device of compute capability
+// 9.0 or later. Off in a build without CUDA kernels. The setting is for operators and
+// benchmarks (config key `overlap_kernel_launches`, `tophat-bench-engine
+// --overlap-launches`); set it before the first step, not while kernels are being queued.
+bool OverlapKernelLaunches();
+void SetOverlapKernelLaunches(bool enabled);
+
 // A point in the current stream's work that the host can wait for: Record() marks it (a
 // CUDA event recorded on CurrentCudaStream()), Wait() blocks until the GPU has passed it.
 // What it guards is host memory the GPU reads asynchronously (pinned staging) and must not

@@ -166,7 +166,8 @@ void SwiGluOut(const at::Tensor& gate_up, at::Tensor& out) {
                           .out = out.data_ptr(),
                           .rows = rows,
                           .inner = inner,
-                          .stream = CurrentCudaStream()};
+                          .stream = CurrentCudaStream(),
+                                .overlap = OverlapKernelLaunches()};
     std::string error;
     const LaunchResult result = LaunchSwiGlu(args, &error);
     TORCH_CHECK(result != LaunchResult::kCudaError, "SwiGLU kernel: ", error);
@@ -230,7 +231,8 @@ bool PagedDecodeAttentionBatch(const at::Tensor& q, const at::Tensor& key_blocks
       .scale = static_cast<float>(scale),
       .stream = CurrentCudaStream(),
       .partials = has_partials ? partials.data_ptr<float>() : nullptr,
-      .partial_floats = has_partials ? partials.numel() : 0};
+      .partial_floats = has_partials ? partials.numel() : 0,
+      .overlap = OverlapKernelLaunches()};
   std::string error;
   switch (LaunchPagedDecodeAttention(args, &error)) {
     case LaunchResult::kLaunched:

@@ -10,6 +10,7 @@
 
 #include "kernels/cuda_launch_status.cuh"
 #include "kernels/cuda_numeric.cuh"
+#include "kernels/cuda_overlap.cuh"
 #include "kernels/fused_ops_cuda.cuh"
 
 namespace tophat::kernels {
@@ -36,6 +37,8 @@ template <typename T, bool kAddResidual>
 __global__ void __launch_bounds__(kThreads)
     RmsNormKernel(const T* __restrict__ x, T* __restrict__ residual, const T* __restrict__ w,
                   T* __restrict__ y, int64_t d, float eps) {
+  WaitForPrecedingKernel();
+  AllowNextKernelToStart();
   const int64_t offset = static_cast<int64_t>(blockIdx.x) * d;
   const T* xr = x + offset;
   T* yr = y + offset;
@@ -73,6 +76,8 @@ template <typename T, bool kAddResidual>
 __global__ void __launch_bounds__(kThreads)
     RmsNormVectorKernel(const T* __restrict__ x, T* __restrict__ residual,
                         const T* __restrict__ w, T* __restrict__ y, int64_t d, float eps) {
+  WaitForPrecedingKernel();
+  AllowNextKernelToStart();
   using V = Vector16<T>;
   constexpr int E = V::kElements;
   const int64_t vectors = d / E;
@@ -121,6 +126,8 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 template <typename T>
 __global__ void SwiGluKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows,
                              int64_t inner) {
+  WaitForPrecedingKernel();
+  AllowNextKernelToStart();
   const int64_t total = rows * inner;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -146,6 +153,8 @@ template <typename T>
 __global__ void RotaryKernel(const T* __restrict__ x, int64_t row_stride, int64_t head_stride,
                              T* __restrict__ out, const float* __restrict__ cos,
                              const float* __restrict__ sin, int heads, int head_dim) {
+  WaitForPrecedingKernel();
+  AllowNextKernelToStart();
   const int64_t t = blockIdx.x;
   const int half = head_dim / 2;
   for (int j = threadIdx.x; j < heads * half; j += blockDim.x) {
@@ -156,8 +165,11 @@ __global__ void RotaryKernel(const T* __restrict__ x, int64_t row_stride, int64_
   }
 }
 
-// One block per token: query pairs, then key pairs (into the cache slot), then value
-// elements (copied into the cache slot).
+// Blocks (token, part): a token's items are its query pairs, then its key pairs (into the
+// cache slot), then its value elements (copied into the cache slot), and its gridDim.y
+// blocks take every gridDim.y-th stretch of blockDim.x of them. A decode step's few tokens
+// then spread over more than a few SMs: one block a token looped 14 times at batch 1
+// (Llama-3's 3,584 items a token), each pass a round of dependent loads.
 template <typename T>
 __global__ void RotaryQkvToCacheKernel(const T* __restrict__ qkv, int64_t row_stride,
                                        T* __restrict__ q_out, T* __restrict__ key_slots,
@@ -166,6 +178,8 @@ __global__ void RotaryQkvToCacheKernel(const T* __restrict__ qkv, int64_t row_st
                                        const float* __restrict__ cos,
                                        const float* __restrict__ sin, int heads, int kv_heads,
                                        int head_dim) {
+  WaitForPrecedingKernel();
+  AllowNextKernelToStart();
   const int64_t t = blockIdx.x;
   const int half = head_dim / 2;
   const T* row = qkv + t * row_stride;
@@ -174,7 +188,8 @@ __global__ void RotaryQkvToCacheKernel(const T* __restrict__ qkv, int64_t row_st
   // A padding row (slot < 0) of a captured graph's bucket rotates its query only.
   const int k_pairs = slot < 0 ? 0 : kv_heads * half;
   const int v_elements = slot < 0 ? 0 : kv_heads * head_dim;
-  for (int j = threadIdx.x; j < q_pairs + k_pairs + v_elements; j += blockDim.x) {
+  for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < q_pairs + k_pairs + v_elements;
+       j += gridDim.y * blockDim.x) {
     if (j < q_pairs) {
       const int h = j / half;
       const int i = j - h * half;
@@ -228,18 +243,20 @@ LaunchResult LaunchRmsNorm(const RmsNormArgs& a, std::string* error) {
     const bool vector = a.d % E == 0 && a.d / E <= static_cast<int64_t>(kThreads) * kMaxVectors &&
                         Aligned16(x) && Aligned16(w) && Aligned16(y) &&
                         (a.residual == nullptr || Aligned16(a.residual));
+    const dim3 grid(static_cast<unsigned>(a.rows));
+    T* residual = static_cast<T*>(a.residual);
     if (vector && a.residual != nullptr) {
-      RmsNormVectorKernel<T, true><<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(
-          x, static_cast<T*>(a.residual), w, y, a.d, a.eps);
+      LaunchKernel(a.overlap, RmsNormVectorKernel<T, true>, grid, kThreads, stream, x, residual,
+                   w, y, a.d, a.eps);
     } else if (vector) {
-      RmsNormVectorKernel<T, false><<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(
-          x, nullptr, w, y, a.d, a.eps);
+      LaunchKernel(a.overlap, RmsNormVectorKernel<T, false>, grid, kThreads, stream, x, residual,
+                   w, y, a.d, a.eps);
     } else if (a.residual != nullptr) {
-      RmsNormKernel<T, true><<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(
-          x, static_cast<T*>(a.residual), w, y, a.d, a.eps);
+      LaunchKernel(a.overlap, RmsNormKernel<T, true>, grid, kThreads, stream, x, residual, w, y,
+                   a.d, a.eps);
     } else {
-      RmsNormKernel<T, false><<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(
-          x, nullptr, w, y, a.d, a.eps);
+      LaunchKernel(a.overlap, RmsNormKernel<T, false>, grid, kThreads, stream, x, residual, w, y,
+                   a.d, a.eps);
     }
   });
   return LaunchStatus(error);
@@ -250,8 +267,9 @@ LaunchResult LaunchSwiGlu(const SwiGluArgs& a, std::string* error) {
   if (total == 0) return LaunchResult::kLaunched;
   WithType(a.dtype, [&](auto zero) {
     using T = decltype(zero);
-    SwiGluKernel<T><<<ElementwiseBlocks(total), kThreads, 0, static_cast<cudaStream_t>(a.stream)>>>(
-        static_cast<const T*>(a.gate_up), static_cast<T*>(a.out), a.rows, a.inner);
+    LaunchKernel(a.overlap, SwiGluKernel<T>, ElementwiseBlocks(total), kThreads,
+                 static_cast<cudaStream_t>(a.stream), static_cast<const T*>(a.gate_up),
+                 static_cast<T*>(a.out), a.rows, a.inner);
   });
   return LaunchStatus(error);
 }
@@ -261,10 +279,9 @@ LaunchResult LaunchRotary(const RotaryArgs& a, std::string* error) {
   if (a.head_dim % 2 != 0 || a.tokens > 0x7fffffff) return LaunchResult::kUnsupported;
   WithType(a.dtype, [&](auto zero) {
     using T = decltype(zero);
-    RotaryKernel<T><<<static_cast<unsigned>(a.tokens), kThreads, 0,
-                      static_cast<cudaStream_t>(a.stream)>>>(
-        static_cast<const T*>(a.x), a.row_stride, a.head_stride, static_cast<T*>(a.out), a.cos,
-        a.sin, a.heads, a.head_dim);
+    LaunchKernel(a.overlap, RotaryKernel<T>, static_cast<unsigned>(a.tokens), kThreads,
+                 static_cast<cudaStream_t>(a.stream), static_cast<const T*>(a.x), a.row_stride,
+                 a.head_stride, static_cast<T*>(a.out), a.cos, a.sin, a.heads, a.head_dim);
   });
   return LaunchStatus(error);
 }
@@ -276,11 +293,17 @@ LaunchResult LaunchRotaryQkvToCache(const RotaryQkvToCacheArgs& a, std::string* 
   }
   WithType(a.dtype, [&](auto zero) {
     using T = decltype(zero);
-    RotaryQkvToCacheKernel<T><<<static_cast<unsigned>(a.tokens), kThreads, 0,
-                                static_cast<cudaStream_t>(a.stream)>>>(
-        static_cast<const T*>(a.qkv), a.row_stride, static_cast<T*>(a.q_out),
-        static_cast<T*>(a.key_slots), static_cast<T*>(a.value_slots), a.slots, a.cos, a.sin,
-        a.heads, a.kv_heads, a.head_dim);
+    const int64_t items =
+        static_cast<int64_t>(a.heads + a.kv_heads) * (a.head_dim / 2) +
+        static_cast<int64_t>(a.kv_heads) * a.head_dim;
+    const dim3 grid(static_cast<unsigned>(a.tokens),
+                    static_cast<unsigned>(std::clamp<int64_t>((items + kThreads - 1) / kThreads,
+                                                              1, 65535)));
+    LaunchKernel(a.overlap, RotaryQkvToCacheKernel<T>, grid, kThreads,
+                 static_cast<cudaStream_t>(a.stream), static_cast<const T*>(a.qkv), a.row_stride,
+                 static_cast<T*>(a.q_out), static_cast<T*>(a.key_slots),
+                 static_cast<T*>(a.value_slots), a.slots, a.cos, a.sin, a.heads, a.kv_heads,
+                 a.head_dim);
   });
   return LaunchStatus(error);
 }

@@ -26,6 +26,9 @@ struct RmsNormArgs {
   int64_t d = 0;
   float eps = 1e-6f;
   void* stream = nullptr;  // cudaStream_t; nullptr is the legacy default stream
+  // Launched overlapped with the preceding kernel (kernels/cuda_overlap.cuh); the callers
+  // pass OverlapKernelLaunches().
+  bool overlap = false;
 };
 LaunchResult LaunchRmsNorm(const RmsNormArgs& args, std::string* error);
 
@@ -38,6 +41,7 @@ struct SwiGluArgs {
   int64_t rows = 0;
   int64_t inner = 0;
   void* stream = nullptr;
+  bool overlap = false;  // kernels/cuda_overlap.cuh
 };
 LaunchResult LaunchSwiGlu(const SwiGluArgs& args, std::string* error);
 
@@ -56,6 +60,7 @@ struct RotaryArgs {
   int heads = 0;
   int head_dim = 0;
   void* stream = nullptr;
+  bool overlap = false;  // kernels/cuda_overlap.cuh
 };
 LaunchResult LaunchRotary(const RotaryArgs& args, std::string* error);
 
@@ -79,6 +84,7 @@ struct RotaryQkvToCacheArgs {
   int kv_heads = 0;
   int head_dim = 0;
   void* stream = nullptr;
+  bool overlap = false;  // kernels/cuda_overlap.cuh
 };
 LaunchResult LaunchRotaryQkvToCache(const RotaryQkvToCacheArgs& args, std::string* error);
 

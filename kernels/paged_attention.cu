@@ -6,7 +6,7 @@
 // Splits are what lets one sequence of 8 KV heads use more than 8 of a GPU's SMs: the count
 // depends only on the batch (seqs x KV heads against the SM count), never on lengths, so a
 // captured CUDA graph stays valid as sequences grow; a split past a short sequence's end
-// writes an empty partial.
+// returns at once, and the merge reads only the splits with positions.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -19,6 +19,7 @@
 
 #include "kernels/cuda_launch_status.cuh"
 #include "kernels/cuda_numeric.cuh"
+#include "kernels/cuda_overlap.cuh"
 #include "kernels/paged_attention_cuda.cuh"
 
 namespace tophat::kernels {
@@ -58,6 +59,32 @@ __device__ inline float WarpMax(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
   }
   return v;
+}
+
+// The positions [begin, end) that split `split` of `splits` takes of a sequence of `len`
+// (the last `window` of them when window > 0): whole tiles of `tile` positions a split, so
+// that only a sequence's last tile is ever partial. The splits with positions come first.
+struct SplitRange {
+  int begin;
+  int end;
+};
+__device__ inline int PositionsPerSplit(int visible, int splits, int tile) {
+  return ((visible + splits - 1) / splits + tile - 1) / tile * tile;
+}
+__device__ inline SplitRange SplitPositions(int len, int window, int splits, int split,
+                                            int tile) {
+  const int start = window > 0 && len > window ? len - window : 0;
+  const int per_split = PositionsPerSplit(len - start, splits, tile);
+  const int begin = start + split * per_split;
+  return {begin, min(len, begin + per_split)};
+}
+// How many of a sequence's splits have positions (a prefix of them).
+__device__ inline int UsedSplits(int len, int window, int splits, int tile) {
+  const int start = window > 0 && len > window ? len - window : 0;
+  const int visible = len - start;
+  if (visible <= 0) return 0;
+  const int per_split = PositionsPerSplit(visible, splits, tile);
+  return min(splits, (visible + per_split - 1) / per_split);
 }
 
 // 16 bytes of T as floats.
@@ -113,6 +140,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   __shared__ float warp_sums[kWarps][kMaxGroup];
   __shared__ float head_max[kMaxGroup];
 
+  WaitForPrecedingKernel();
+  AllowNextKernelToStart();
   const int seq = blockIdx.x;
   const int kv_head = blockIdx.y;
   const int split = blockIdx.z;
@@ -122,12 +151,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int group = num_heads / num_kv_heads;
 
   const int len = seq_lens[seq];
-  const int start = window > 0 && len > window ? len - window : 0;
-  const int visible = len - start;
-  // Whole tiles per split, so that only a sequence's last tile is ever partial.
-  const int per_split = ((visible + splits - 1) / splits + P - 1) / P * P;
-  const int begin = start + split * per_split;
-  const int end = min(len, begin + per_split);
+  const SplitRange range = SplitPositions(len, window, splits, split, P);
+  const int begin = range.begin;
+  const int end = range.end;
+  // A split past a short sequence's end: the merge reads only the splits with positions
+  // (UsedSplits), so there is nothing to write.
+  if (splits > 1 && begin >= end) return;
 
   const int32_t* table = block_tables + static_cast<int64_t>(seq) * max_blocks_per_seq;
   const int64_t position_stride = static_cast<int64_t>(num_kv_heads) * kHeadDim;
@@ -305,21 +334,27 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 
 // One block per (sequence, query head), one thread per dimension: the splits' partials
 // rescaled to their common maximum and normalized by the summed weights. The splits' scales
-// are read once into shared memory, in parallel.
+// are read once into shared memory, in parallel. Only the splits with positions are read
+// (at batch 1 over 1,024 positions, 16 of 64): the others wrote nothing.
 template <typename T>
 __global__ void MergeSplitsKernel(const float* __restrict__ partial_values,
-                                  const float* __restrict__ partial_stats, T* __restrict__ out,
-                                  int num_heads, int head_dim, int splits) {
+                                  const float* __restrict__ partial_stats,
+                                  const int32_t* __restrict__ seq_lens, T* __restrict__ out,
+                                  int num_heads, int head_dim, int splits, int window,
+                                  int tile_positions) {
   __shared__ float factor[kMaxSplits];  // exp(max_s - max), 0 for an empty split
   __shared__ float total;
+  WaitForPrecedingKernel();
+  AllowNextKernelToStart();
   const int64_t head_row = static_cast<int64_t>(blockIdx.x) * num_heads + blockIdx.y;
   const float* stats = partial_stats + 2 * head_row * splits;
+  const int used = UsedSplits(seq_lens[blockIdx.x], window, splits, tile_positions);
   if (threadIdx.x < 32) {
     float max_score = -INFINITY;
-    for (int s = threadIdx.x; s < splits; s += 32) max_score = fmaxf(max_score, stats[2 * s]);
+    for (int s = threadIdx.x; s < used; s += 32) max_score = fmaxf(max_score, stats[2 * s]);
     max_score = WarpMax(max_score);
     float sum = 0.0f;
-    for (int s = threadIdx.x; s < splits; s += 32) {
+    for (int s = threadIdx.x; s < used; s += 32) {
       const float f = max_score > -INFINITY ? __expf(stats[2 * s] - max_score) : 0.0f;
       factor[s] = f;
       sum += stats[2 * s + 1] * f;
@@ -334,7 +369,7 @@ __global__ void MergeSplitsKernel(const float* __restrict__ partial_values,
     float value = 0.0f;
     const float* values = partial_values + head_row * splits * head_dim + d;
 #pragma unroll 4
-    for (int s = 0; s < splits; ++s) {
+    for (int s = 0; s < used; ++s) {
       value += values[static_cast<int64_t>(s) * head_dim] * factor[s];
     }
     out[head_row * head_dim + d] = FromFloat<T>(value * inverse);
@@ -372,15 +407,17 @@ void Launch(const PagedDecodeAttentionArgs& a, int splits) {
       a.partials == nullptr
           ? nullptr
           : a.partials + static_cast<int64_t>(a.num_seqs) * a.num_heads * splits * kHeadDim;
-  PagedDecodeAttentionKernel<T, kHeadDim, kMaxGroup><<<grid, kThreads, 0, stream>>>(
-      static_cast<const T*>(a.q), static_cast<const T*>(a.key_blocks),
-      static_cast<const T*>(a.value_blocks), a.block_tables, a.seq_lens, static_cast<T*>(a.out),
-      partial_values, partial_stats, a.num_heads, a.num_kv_heads, a.block_size,
-      a.max_blocks_per_seq, a.window, a.scale);
+  LaunchKernel(a.overlap, PagedDecodeAttentionKernel<T, kHeadDim, kMaxGroup>, grid, kThreads,
+               stream, static_cast<const T*>(a.q), static_cast<const T*>(a.key_blocks),
+               static_cast<const T*>(a.value_blocks), a.block_tables, a.seq_lens,
+               static_cast<T*>(a.out), partial_values, partial_stats, a.num_heads,
+               a.num_kv_heads, a.block_size, a.max_blocks_per_seq, a.window, a.scale);
   if (splits > 1) {
     const dim3 merge_grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.num_heads));
-    MergeSplitsKernel<T><<<merge_grid, kHeadDim, 0, stream>>>(
-        partial_values, partial_stats, static_cast<T*>(a.out), a.num_heads, kHeadDim, splits);
+    LaunchKernel(a.overlap, MergeSplitsKernel<T>, merge_grid, kHeadDim, stream,
+                 static_cast<const float*>(partial_values), static_cast<const float*>(partial_stats),
+                 a.seq_lens, static_cast<T*>(a.out), a.num_heads, kHeadDim, splits, a.window,
+                 TileShape<T, kHeadDim>::kPositions);
   }
 }
 

@@ -31,6 +31,7 @@ struct PagedDecodeAttentionArgs {
   // enough for every batch; a smaller one only limits the splits.
   float* partials = nullptr;
   int64_t partial_floats = 0;
+  bool overlap = false;  // kernels/cuda_overlap.cuh
 };
 
 // How many stretches each sequence is split into (1: no partials, no merge): enough thread

@@ -77,7 +77,8 @@ void RunFused(const at::Tensor& x, at::Tensor* residual, const at::Tensor& weigh
                          .rows = rows,
                          .d = d,
                          .eps = static_cast<float>(eps),
-                         .stream = CurrentCudaStream()};
+                         .stream = CurrentCudaStream(),
+                                .overlap = OverlapKernelLaunches()};
   std::string error;
   TORCH_CHECK(LaunchRmsNorm(args, &error) != LaunchResult::kCudaError, "RMSNorm kernel: ",
               error);

@@ -42,7 +42,8 @@ bool RotaryCuda(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
                         .tokens = x.size(0),
                         .heads = static_cast<int>(x.size(1)),
                         .head_dim = static_cast<int>(x.size(2)),
-                        .stream = CurrentCudaStream()};
+                        .stream = CurrentCudaStream(),
+                                .overlap = OverlapKernelLaunches()};
   std::string error;
   switch (LaunchRotary(args, &error)) {
     case LaunchResult::kLaunched:
@@ -153,7 +154,8 @@ bool RotaryQkvToCache(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
                                   .heads = static_cast<int>(heads),
                                   .kv_heads = static_cast<int>(kv_heads),
                                   .head_dim = static_cast<int>(head_dim),
-                                  .stream = CurrentCudaStream()};
+                                  .stream = CurrentCudaStream(),
+                                .overlap = OverlapKernelLaunches()};
   std::string error;
   switch (LaunchRotaryQkvToCache(args, &error)) {
     case LaunchResult::kLaunched:

@@ -35,7 +35,8 @@ bool SmallBatchGemmOut(const at::Tensor& x, const at::Tensor& weight, const at::
                                 .rows = x.size(0),
                                 .n = weight.size(0),
                                 .k = weight.size(1),
-                                .stream = CurrentCudaStream()};
+                                .stream = CurrentCudaStream(),
+                                .overlap = OverlapKernelLaunches()};
   std::string error;
   const LaunchResult result = LaunchSmallBatchGemm(args, &error);
   TORCH_CHECK(result != LaunchResult::kCudaError, "small-batch GEMM kernel: ", error);

@@ -8,6 +8,7 @@
 
 #include "kernels/cuda_launch_status.cuh"
 #include "kernels/cuda_numeric.cuh"
+#include "kernels/cuda_overlap.cuh"
 #include "kernels/small_batch_gemm_cuda.cuh"
 
 namespace tophat::kernels {
@@ -65,9 +66,16 @@ __global__ void __launch_bounds__(kThreads)
                          int64_t n, int64_t k) {
   const int lane = threadIdx.x % 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (row >= n) return;  // the whole warp: row is the same for its lanes
   const int64_t vectors = k / kVector;
   const uint4* wr = reinterpret_cast<const uint4*>(w + row * k);
+  // While the preceding kernel finishes (an overlapped launch), the first pass's weights on
+  // their way to L2: 128-byte lines, a lane each, kUnroll x 32 vectors a row.
+  constexpr int kVectorsPerLine = 128 / 16;
+  const int64_t first_pass = vectors < kUnroll * 32 ? vectors : kUnroll * 32;
+  if (row < n && lane * kVectorsPerLine < first_pass) PrefetchToL2(wr + lane * kVectorsPerLine);
+  WaitForPrecedingKernel();
+  AllowNextKernelToStart();
+  if (row >= n) return;  // the whole warp: row is the same for its lanes
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.0f;
@@ -107,9 +115,9 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, int M>
 void Launch(const SmallBatchGemmArgs& a, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>((a.n + kWarps - 1) / kWarps);
-  SmallBatchGemmKernel<T, M><<<blocks, kThreads, 0, stream>>>(
-      static_cast<const T*>(a.x), a.ldx, static_cast<const T*>(a.weight),
-      static_cast<const T*>(a.bias), static_cast<T*>(a.out), a.ldo, a.n, a.k);
+  LaunchKernel(a.overlap, SmallBatchGemmKernel<T, M>, blocks, kThreads, stream,
+               static_cast<const T*>(a.x), a.ldx, static_cast<const T*>(a.weight),
+               static_cast<const T*>(a.bias), static_cast<T*>(a.out), a.ldo, a.n, a.k);
 }
 
 template <typename T>

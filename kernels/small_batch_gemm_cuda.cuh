@@ -38,6 +38,7 @@ struct SmallBatchGemmArgs {
   int64_t n = 0;
   int64_t k = 0;
   void* stream = nullptr;  // cudaStream_t; nullptr is the legacy default stream
+  bool overlap = false;  // kernels/cuda_overlap.cuh
 };
 LaunchResult LaunchSmallBatchGemm(const SmallBatchGemmArgs& args, std::string* error);
 

@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "base/program.h"
 #include "base/status_macros.h"
+#include "kernels/cuda_device.h"
 #include "models/formats/config.h"
 #include "models/formats/checkpoint.h"
 #include "models/runtime/compute_threads.h"
@@ -229,6 +230,7 @@ int RunLaterStage(const CloudConfig& written, int rank) {
   if (!dtype.ok()) return Fail(dtype.status());
   auto small_batch_gemm = ParseSmallBatchGemm(config.small_batch_gemm, "small_batch_gemm");
   if (!small_batch_gemm.ok()) return Fail(small_batch_gemm.status());
+  kernels::SetOverlapKernelLaunches(config.overlap_kernel_launches);
   spdlog::info("stage {} of {}: loading layers [{}, {}) of {} on {}", rank, plan->size,
                plan->layers.begin, plan->layers.end, config.bundle, plan->device);
   auto bundle = CloudBundle::Load(

@@ -16,12 +16,15 @@
 #   engine bench    decode at batch 1 and 8 again with every few-row GEMM on cuBLAS
 #     (cuBLAS)      (--small-batch-gemm never): the same-run measure of the small-batch
 #                   kernel, which the first engine bench takes where it measured faster at load
+#   engine bench    decode at batch 1 and 8 again with tophat's kernels serialized
+#     (serial)      (--overlap-launches off): the same-run measure of overlapped launches
 # then prints a summary and the tables. The whole check takes at most --budget seconds.
 #
 #   bash check.sh --bundle FILE --out DIR [--work DIR] [--budget S] [--rehearse]
 #
 # --out DIR gets summary.txt, logs.tar.gz (every phase's log), bench-engine.json,
-#   hf-compare.json and bench-engine-cublas.json: few files, for machines that return few.
+#   hf-compare.json, bench-engine-cublas.json and bench-engine-serial.json: few files, for
+#   machines that return few.
 # --work DIR: where the bundle is unpacked and the model written (default: a temporary folder).
 # --budget S: seconds for everything (default 470, inside an 8-minute command).
 # --only NAMES: run only these phases (comma-separated names as the summary prints them, e.g.
@@ -224,13 +227,16 @@ phase hf-compare 180 pass "$python" "$root/bench/hf_compare.py" --model "$hf_mod
 phase engine-bench-cublas 90 pass "${tophat_env[@]}" "$root/bin/tophat-bench-engine" \
   --model "$model" -m 2 -k 1 "${cublas_args[@]}" --small-batch-gemm never \
   --json "$out/bench-engine-cublas.json"
+phase engine-bench-serial 90 pass "${tophat_env[@]}" "$root/bin/tophat-bench-engine" \
+  --model "$model" -m 2 -k 1 "${cublas_args[@]}" --overlap-launches off \
+  --json "$out/bench-engine-serial.json"
 
 # --- The tables.
-for name in engine-bench hf-compare engine-bench-cublas; do
+for name in engine-bench hf-compare engine-bench-cublas engine-bench-serial; do
   if [ -f "$logs/$name.log" ]; then
     echo "== $name ==" | tee -a "$summary"
     # The table: the lines with column bars, and what the benchmark said of the machine.
-    grep -E '\|| bounds:|^-{20,}|^kernel profile|busy of|^small-batch GEMM' "$logs/$name.log" |
+    grep -E '\|| bounds:|^-{20,}|^kernel profile|busy of|^small-batch GEMM|^kernel launches' "$logs/$name.log" |
       tee -a "$summary"
   fi
 done

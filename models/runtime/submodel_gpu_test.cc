@@ -8,8 +8,10 @@
 
 #ifdef TOPHAT_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime.h>
 #endif
 
+#include "kernels/cuda_device.h"
 #include "models/runtime/decode_graphs.h"
 #include "models/runtime/model_init.h"
 #include "models/runtime/submodel.h"
@@ -319,6 +321,93 @@ TEST_CASE("On CUDA a replayed decode graph computes what the eager step does",
     // A prefill chunk does not fit a decode graph.
     std::vector<SequenceChunk> prefill = {{.cache = &replayed[0], .num_tokens = 2}};
     CHECK_FALSE((*graphs)->Fits(prefill));
+  }
+}
+
+// Runs `body` with tophat's kernels launched overlapped (programmatic dependent launch) or
+// serialized, and puts the process-wide setting back after.
+template <typename Fn>
+auto WithOverlap(bool overlap, Fn&& body) {
+  struct Restore {
+    ~Restore() { kernels::SetOverlapKernelLaunches(true); }
+  } restore;
+  kernels::SetOverlapKernelLaunches(overlap);
+  return body();
+}
+
+bool ComputeCapabilityAtLeast9() {
+  int major = 0;
+  REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess);
+  return major >= 9;
+}
+
+TEST_CASE("On CUDA overlapped kernel launches compute exactly what serialized ones do, eager "
+          "and in replayed decode graphs",
+          "[gpu][submodel][overlap]") {
+  // On an H100/H200 the setting takes effect; before compute capability 9.0 it must not.
+  CHECK(WithOverlap(true, [] { return kernels::OverlapKernelLaunches(); }) ==
+        ComputeCapabilityAtLeast9());
+  CHECK_FALSE(WithOverlap(false, [] { return kernels::OverlapKernelLaunches(); }));
+  std::mt19937 rng(31);
+  const ModelConfig config = TinyDecodeKernelConfig();
+  testing::TempDir dir;
+  const auto checkpoint = RandomCheckpoint(config, 12, dir);
+  const at::Device cuda(at::kCUDA, 0);
+  // Every few-row GEMM through the small-batch kernel: a decode step is then tophat's
+  // kernels only, each overlapping the one before.
+  const auto model = Load(config, *checkpoint, at::kBFloat16, cuda, SubmodelSpec::Full(config),
+                          SmallBatchGemm::kAlways);
+  const auto a = RandomTokens(rng, 40, config.vocab_size);
+  const auto b = RandomTokens(rng, 40, config.vocab_size);
+  const at::Tensor serialized = WithOverlap(false, [&] { return RunSchedule(*model, a, b); });
+  // Same kernels, same arithmetic order: equal to the bit, every time (a read before the
+  // predecessor's write would show as a difference in some run).
+  for (int run = 0; run < 5; ++run) {
+    INFO("eager run " << run);
+    const at::Tensor overlapped = WithOverlap(true, [&] { return RunSchedule(*model, a, b); });
+    CHECK(at::equal(overlapped, serialized));
+  }
+
+  // Replayed graphs, captured with each setting, over the same caches' twins.
+  const auto middle = Load(config, *checkpoint, at::kBFloat16, cuda,
+                           SubmodelSpec::Middle(config, 1, 1), SmallBatchGemm::kAlways);
+  const at::TensorOptions options = at::TensorOptions().dtype(at::kBFloat16).device(cuda);
+  auto decode = [&](bool overlap, const std::vector<at::Tensor>& histories,
+                    const std::vector<at::Tensor>& inputs) {
+    return WithOverlap(overlap, [&] {
+      auto pool = middle->NewPagedPool(128, 4);
+      REQUIRE(pool.ok());
+      StepBuffers buffers = middle->NewStepBuffers(8, 4);
+      auto graphs = DecodeGraphs::Capture(*middle, **pool, buffers, 8);
+      REQUIRE(graphs.ok());
+      std::vector<KvCache> caches;
+      int32_t next_block = 0;
+      for (const at::Tensor& history : histories) {
+        caches.emplace_back(*pool);
+        for (int block = 0; block < 8; ++block) caches.back().AppendBlock(next_block++);
+        REQUIRE(middle->Forward(history, caches.back()).ok());
+      }
+      std::vector<at::Tensor> outputs;
+      for (const at::Tensor& input : inputs) {
+        std::vector<SequenceChunk> chunks;
+        for (KvCache& cache : caches) chunks.push_back({.cache = &cache, .num_tokens = 1});
+        REQUIRE((*graphs)->Fits(chunks));
+        auto out = (*graphs)->Run(input, chunks);
+        REQUIRE(out.ok());
+        outputs.push_back(out->to(at::kCPU, at::kFloat));
+      }
+      CHECK((*graphs)->replays() == static_cast<int64_t>(inputs.size()));
+      return at::cat(outputs);
+    });
+  };
+  std::vector<at::Tensor> histories;
+  for (int64_t i = 0; i < 3; ++i) histories.push_back(at::randn({5 + 7 * i, config.hidden_size}, options));
+  std::vector<at::Tensor> inputs;
+  for (int step = 0; step < 6; ++step) inputs.push_back(at::randn({3, config.hidden_size}, options));
+  const at::Tensor want = decode(false, histories, inputs);
+  for (int run = 0; run < 3; ++run) {
+    INFO("graph run " << run);
+    CHECK(at::equal(decode(true, histories, inputs), want));
   }
 }
 #endif
