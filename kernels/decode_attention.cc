@@ -167,7 +167,7 @@ void SwiGluOut(const at::Tensor& gate_up, at::Tensor& out) {
                           .rows = rows,
                           .inner = inner,
                           .stream = CurrentCudaStream(),
-                                .overlap = OverlapKernelLaunches()};
+                          .overlap = OverlapKernelLaunches()};
     std::string error;
     const LaunchResult result = LaunchSwiGlu(args, &error);
     TORCH_CHECK(result != LaunchResult::kCudaError, "SwiGLU kernel: ", error);

@@ -78,7 +78,7 @@ void RunFused(const at::Tensor& x, at::Tensor* residual, const at::Tensor& weigh
                          .d = d,
                          .eps = static_cast<float>(eps),
                          .stream = CurrentCudaStream(),
-                                .overlap = OverlapKernelLaunches()};
+                         .overlap = OverlapKernelLaunches()};
   std::string error;
   TORCH_CHECK(LaunchRmsNorm(args, &error) != LaunchResult::kCudaError, "RMSNorm kernel: ",
               error);

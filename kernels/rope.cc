@@ -43,7 +43,7 @@ bool RotaryCuda(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
                         .heads = static_cast<int>(x.size(1)),
                         .head_dim = static_cast<int>(x.size(2)),
                         .stream = CurrentCudaStream(),
-                                .overlap = OverlapKernelLaunches()};
+                        .overlap = OverlapKernelLaunches()};
   std::string error;
   switch (LaunchRotary(args, &error)) {
     case LaunchResult::kLaunched:
@@ -155,7 +155,7 @@ bool RotaryQkvToCache(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
                                   .kv_heads = static_cast<int>(kv_heads),
                                   .head_dim = static_cast<int>(head_dim),
                                   .stream = CurrentCudaStream(),
-                                .overlap = OverlapKernelLaunches()};
+                                  .overlap = OverlapKernelLaunches()};
   std::string error;
   switch (LaunchRotaryQkvToCache(args, &error)) {
     case LaunchResult::kLaunched:
