@@ -16,3 +16,7 @@ bash "$here/deploy/gpu/pack.sh" --build-dir "$build_dir" --out "$work/tophat-gpu
 tar -C "$work" -xJf "$work/tophat-gpu-bundle.tar.xz" tophat-gpu-bundle/deploy/gpu/check.sh
 PYTHON="$python" bash "$work/tophat-gpu-bundle/deploy/gpu/check.sh" --rehearse \
   --bundle "$work/tophat-gpu-bundle.tar.xz" --work "$work/check" --out "$work/out" --budget 1200
+# The same-run comparison the check ends with: a row for each case the later benches rerun.
+grep -A3 '^== same run:' "$work/out/summary.txt" |
+  grep -E '^decode B=1 +[0-9.]+ +[0-9.]+% +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$' ||
+  { echo "gpu_bundle_test: check.sh printed no same-run comparison for decode B=1" >&2; exit 1; }

@@ -18,7 +18,8 @@
 #                   kernel, which the first engine bench takes where it measured faster at load
 #   engine bench    decode at batch 1 and 8 again with tophat's kernels serialized
 #     (serial)      (--overlap-launches off): the same-run measure of overlapped launches
-# then prints a summary and the tables. The whole check takes at most --budget seconds.
+# then prints a summary, the tables, and the same-run ratios of the last two engine benches
+# against the first, case by case. The whole check takes at most --budget seconds.
 #
 #   bash check.sh --bundle FILE --out DIR [--work DIR] [--budget S] [--rehearse]
 #
@@ -240,6 +241,30 @@ for name in engine-bench hf-compare engine-bench-cublas engine-bench-serial; do
       tee -a "$summary"
   fi
 done
+# The same-run ratios the two later engine benches exist for, case by case.
+if [ -f "$out/bench-engine.json" ]; then
+  "$python" - "$out/bench-engine.json" "$out/bench-engine-cublas.json" \
+    "$out/bench-engine-serial.json" <<'PY' 2>&1 | tee -a "$summary"
+import json, os, sys
+def cases(path):
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return {c["case"]: c for c in json.load(f).get("cases", [])}
+main, cublas, serial = (cases(p) for p in sys.argv[1:4])
+print("== same run: engine ms of the main bench against cuBLAS-only and serialized launches "
+      "(x: their time over the main bench's) ==")
+print(f"{'case':<14}{'main ms':>9}{'of bound':>10}{'cuBLAS ms':>11}{'x':>7}{'serial ms':>11}{'x':>7}")
+for name, c in main.items():
+    if name not in cublas and name not in serial:
+        continue
+    row = f"{name:<14}{c['engine_ms']:>9.3f}{100 * c['bound_fraction']:>9.1f}%"
+    for other in (cublas, serial):
+        o = other.get(name)
+        row += f"{o['engine_ms']:>11.3f}{o['engine_ms'] / c['engine_ms']:>7.3f}" if o else f"{'-':>11}{'-':>7}"
+    print(row)
+PY
+fi
 say "check.sh: $( [ $failed = 0 ] && echo 'every phase passed' || echo 'SOME PHASES FAILED') in $(elapsed) s; logs in $out/logs.tar.gz"
 tar -C "$work" -czf "$out/logs.tar.gz" logs 2>/dev/null
 exit $failed
