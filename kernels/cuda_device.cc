@@ -2,12 +2,13 @@
 
 #include <c10/util/Exception.h>
 
-#include <array>
 #include <atomic>
 
 #ifdef TOPHAT_HAVE_CUDA
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
+
+#include "kernels/cuda_device_attribute.cuh"
 #endif
 
 namespace tophat::kernels {
@@ -31,25 +32,9 @@ void SetOverlapKernelLaunches(bool enabled) {
 bool OverlapKernelLaunches() {
 #ifdef TOPHAT_HAVE_CUDA
   if (!overlap_setting.load(std::memory_order_relaxed)) return false;
-  // Compute capability per device, asked once: 1 where it is 9.0 or later, -1 where not.
-  static std::array<std::atomic<int>, 64> capable{};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 ||
-      device >= static_cast<int>(capable.size())) {
-    cudaGetLastError();
-    return false;
-  }
-  int known = capable[device].load(std::memory_order_relaxed);
-  if (known == 0) {
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    known = major >= 9 ? 1 : -1;
-    capable[device].store(known, std::memory_order_relaxed);
-  }
-  return known > 0;
+  const std::optional<int> major =
+      CurrentDeviceAttribute<cudaDevAttrComputeCapabilityMajor>();
+  return major.has_value() && *major >= 9;
 #else
   return false;
 #endif

@@ -12,11 +12,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <array>
-#include <atomic>
 #include <cfloat>
 #include <cstdint>
 
+#include "kernels/cuda_device_attribute.cuh"
 #include "kernels/cuda_launch_status.cuh"
 #include "kernels/cuda_numeric.cuh"
 #include "kernels/cuda_overlap.cuh"
@@ -376,25 +375,9 @@ __global__ void MergeSplitsKernel(const float* __restrict__ partial_values,
   }
 }
 
-// SMs of the current device, asked once per device (an H100's 132 where the runtime does not
-// say).
+// SMs of the current device (an H100's 132 where the runtime does not say).
 int MultiprocessorCount() {
-  constexpr int kFallback = 132;
-  static std::array<std::atomic<int>, 64> counts{};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 ||
-      device >= static_cast<int>(counts.size())) {
-    return kFallback;
-  }
-  int count = counts[device].load(std::memory_order_relaxed);
-  if (count == 0) {
-    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        count <= 0) {
-      count = kFallback;
-    }
-    counts[device].store(count, std::memory_order_relaxed);
-  }
-  return count;
+  return CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>().value_or(132);
 }
 
 template <typename T, int kHeadDim, int kMaxGroup>
