@@ -189,7 +189,8 @@ void SwiGluOut(const at::Tensor& gate_up, at::Tensor& out) {
 bool PagedDecodeAttentionBatch(const at::Tensor& q, const at::Tensor& key_blocks,
                                const at::Tensor& value_blocks, const at::Tensor& block_tables,
                                const at::Tensor& seq_lens, int64_t window, double scale,
-                               at::Tensor& out, const at::Tensor& partials) {
+                               at::Tensor& out, const at::Tensor& partials,
+                               const at::Tensor& split_counters) {
 #ifdef TOPHAT_HAVE_CUDA
   const at::ScalarType dtype = q.scalar_type();
   const std::optional<CudaDtype> cuda_dtype = ToCudaDtype(dtype);
@@ -213,6 +214,11 @@ bool PagedDecodeAttentionBatch(const at::Tensor& q, const at::Tensor& key_blocks
                         partials.device() == q.device())) {
     return false;
   }
+  const bool has_counters = has_partials && split_counters.defined();
+  if (has_counters && !(split_counters.scalar_type() == at::kInt &&
+                        split_counters.is_contiguous() && split_counters.device() == q.device())) {
+    return false;
+  }
   const PagedDecodeAttentionArgs args{
       .dtype = *cuda_dtype,
       .q = q.data_ptr(),
@@ -232,6 +238,8 @@ bool PagedDecodeAttentionBatch(const at::Tensor& q, const at::Tensor& key_blocks
       .stream = CurrentCudaStream(),
       .partials = has_partials ? partials.data_ptr<float>() : nullptr,
       .partial_floats = has_partials ? partials.numel() : 0,
+      .split_counters = has_counters ? split_counters.data_ptr<int32_t>() : nullptr,
+      .split_counter_count = has_counters ? split_counters.numel() : 0,
       .overlap = OverlapKernelLaunches()};
   std::string error;
   switch (LaunchPagedDecodeAttention(args, &error)) {
@@ -258,6 +266,17 @@ at::Tensor PagedDecodeWorkspace(int64_t heads, int64_t kv_heads, int64_t head_di
   (void)heads;
   (void)kv_heads;
   (void)head_dim;
+  (void)device;
+  return {};
+#endif
+}
+
+at::Tensor PagedDecodeSplitCounters(at::Device device) {
+#ifdef TOPHAT_HAVE_CUDA
+  if (!device.is_cuda()) return {};
+  return at::zeros({PagedDecodeSplitCounterCount()},
+                   at::TensorOptions().dtype(at::kInt).device(device));
+#else
   (void)device;
   return {};
 #endif

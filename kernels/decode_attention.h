@@ -41,15 +41,24 @@ bool PagedDecodeAttention(const at::Tensor& q, const at::Tensor& key_blocks,
 // `partials`: a float32 workspace on q's device (PagedDecodeWorkspace) in which a batch too
 // small to fill the GPU splits each sequence into stretches attended in parallel and then
 // merged; undefined: one thread block per (sequence, KV head), whatever the batch.
+// `split_counters` (PagedDecodeSplitCounters): with them the attention kernel merges the
+// splits itself (the last block of each sequence to finish); undefined: a second kernel
+// merges. Both give the same output to the bit. One stream's: two launches in flight at once
+// on different streams must not share them.
 bool PagedDecodeAttentionBatch(const at::Tensor& q, const at::Tensor& key_blocks,
                                const at::Tensor& value_blocks, const at::Tensor& block_tables,
                                const at::Tensor& seq_lens, int64_t window, double scale,
-                               at::Tensor& out, const at::Tensor& partials = {});
+                               at::Tensor& out, const at::Tensor& partials = {},
+                               const at::Tensor& split_counters = {});
 // A workspace for PagedDecodeAttentionBatch that lets every batch on `device` take its full
 // split (a few MB; undefined on a CPU or in a build without CUDA kernels). Allocate it once:
 // a captured CUDA graph keeps its address.
 at::Tensor PagedDecodeWorkspace(int64_t heads, int64_t kv_heads, int64_t head_dim,
                                 at::Device device);
+// Split counters for PagedDecodeAttentionBatch on `device`: int32 zeros, which every launch
+// leaves zeros (a few KB; undefined on a CPU or in a build without CUDA kernels). Allocate
+// them once, as the workspace.
+at::Tensor PagedDecodeSplitCounters(at::Device device);
 // How many stretches PagedDecodeAttentionBatch splits each of `seqs` sequences into with
 // `partials` (1: none); 1 without CUDA kernels.
 int PagedDecodeSplitCount(int64_t seqs, int64_t heads, int64_t kv_heads, int64_t head_dim,

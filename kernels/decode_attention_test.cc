@@ -118,6 +118,22 @@ TEST_CASE("Paged decode attention declines what it cannot read", "[kernels][page
   CHECK(out.abs().sum().item<float>() == 0.0f);
 }
 
+TEST_CASE("Off a GPU the batched paged decode kernel has no workspace and declines",
+          "[kernels]") {
+  // The CPU path attends chunk by chunk; nothing here may claim the CUDA kernel's buffers.
+  CHECK_FALSE(PagedDecodeWorkspace(32, 8, 128, at::kCPU).defined());
+  CHECK_FALSE(PagedDecodeSplitCounters(at::kCPU).defined());
+  CHECK(PagedDecodeSplitCount(1, 32, 8, 128, at::Tensor()) == 1);
+  const at::Tensor q = at::randn({1, 4, 32});
+  const at::Tensor blocks = at::randn({2, 4, 2, 32});
+  const at::Tensor tables = at::zeros({1, 2}, at::kInt);
+  const at::Tensor lens = at::full({1}, 5, at::kInt);
+  at::Tensor out = at::zeros({1, 4 * 32});
+  CHECK_FALSE(PagedDecodeAttentionBatch(q, blocks, blocks, tables, lens, 0, 0.2, out,
+                                        at::zeros({1024}), at::zeros({64}, at::kInt)));
+  CHECK(out.abs().sum().item<float>() == 0.0f);
+}
+
 TEST_CASE("Fused SwiGLU matches silu(gate) * up", "[kernels]") {
   at::manual_seed(1);
   at::Tensor gate_up = at::randn({3, 2 * 50}) * 4;

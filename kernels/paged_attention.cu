@@ -2,7 +2,9 @@
 // KV head, split) takes one stretch of the sequence's positions, in tiles that its threads
 // copy from the paged pool into shared memory with 16-byte loads (the next tile's loads in
 // flight while the current one is computed). With one split the block writes the output;
-// with several, each writes its unnormalized partial and a second kernel merges them.
+// with several, each writes its unnormalized partial, and the partials are merged either by
+// the last of the sequence's blocks to finish (counted in a workspace of split counters) or,
+// without that workspace, by a second kernel.
 // Splits are what lets one sequence of 8 KV heads use more than 8 of a GPU's SMs: the count
 // depends only on the batch (seqs x KV heads against the SM count), never on lengths, so a
 // captured CUDA graph stays valid as sequences grow; a split past a short sequence's end
@@ -105,12 +107,54 @@ __device__ inline void ChunkToFloat(const uint4& raw, float (&out)[Chunk<T>::kEl
   for (int e = 0; e < Chunk<T>::kElements; ++e) out[e] = ToFloat(v[e]);
 }
 
+// The merge of one query head's splits, by every thread of the block (all must call it): the
+// first `used` splits' partials (the others wrote nothing) rescaled to their common maximum
+// and normalized by the summed weights. The splits' scales are computed once by the first
+// warp into `factor` (shared, kMaxSplits) and `total` (shared). Partials are read through L2
+// (ld.global.cg): in the fused form other blocks of this grid wrote them, and L1 is not
+// coherent with their writes. The same code in both forms, so they agree to the bit.
+template <typename T>
+__device__ inline void MergeHeadSplits(const float* partial_values, const float* partial_stats,
+                                       int64_t head_row, int splits, int used, int head_dim,
+                                       T* out, float* factor, float* total) {
+  const float* stats = partial_stats + 2 * head_row * splits;
+  if (threadIdx.x < 32) {
+    float max_score = -INFINITY;
+    for (int s = threadIdx.x; s < used; s += 32) max_score = fmaxf(max_score, __ldcg(stats + 2 * s));
+    max_score = WarpMax(max_score);
+    float sum = 0.0f;
+    for (int s = threadIdx.x; s < used; s += 32) {
+      const float f = max_score > -INFINITY ? __expf(__ldcg(stats + 2 * s) - max_score) : 0.0f;
+      factor[s] = f;
+      sum += __ldcg(stats + 2 * s + 1) * f;
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (threadIdx.x == 0) *total = sum;
+  }
+  __syncthreads();
+  const float inverse = *total > 0.0f ? 1.0f / *total : 0.0f;
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float value = 0.0f;
+    const float* values = partial_values + head_row * splits * head_dim + d;
+#pragma unroll 4
+    for (int s = 0; s < used; ++s) {
+      value += __ldcg(values + static_cast<int64_t>(s) * head_dim) * factor[s];
+    }
+    out[head_row * head_dim + d] = FromFloat<T>(value * inverse);
+  }
+}
+
 // Per tile: the threads copy it in (the next tile's loads then go in flight); the adjacent
 // threads of each position compute its dot product with every query head of the group,
 // reading and converting the key row once for all of them; every warp takes the tile's
 // maximum of each head (all warps alike, so their running maxima stay equal) and then
 // accumulates a quarter of the positions for every head, reading and converting each value
-// row once. The warps' partial sums are added at the end.
+// row once. The warps' partial sums are added at the end. With `split_counters` (zeros, one
+// per (sequence, KV head); each launch leaves them zeros) each block with positions counts
+// itself in once its partials are visible device-wide, and the one that completes the count
+// merges the sequence's splits for the group's query heads: no second kernel, whose launch
+// and ramp cost more than the merge at small batches.
 template <typename T, int kHeadDim, int kMaxGroup>
 // Four resident blocks an SM (at most 128 registers a thread): more loads in flight.
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
@@ -119,7 +163,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
                                const int32_t* __restrict__ block_tables,
                                const int32_t* __restrict__ seq_lens, T* __restrict__ out,
                                float* __restrict__ partial_values,
-                               float* __restrict__ partial_stats, int num_heads,
+                               float* __restrict__ partial_stats,
+                               int* __restrict__ split_counters, int num_heads,
                                int num_kv_heads, int block_size, int max_blocks_per_seq,
                                int window, float scale) {
   using Shape = TileShape<T, kHeadDim>;
@@ -138,6 +183,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   __shared__ float weights[kMaxGroup][P];
   __shared__ float warp_sums[kWarps][kMaxGroup];
   __shared__ float head_max[kMaxGroup];
+  __shared__ float merge_factor[kMaxSplits];
+  __shared__ float merge_total;
+  __shared__ bool merges_splits;
 
   WaitForPrecedingKernel();
   AllowNextKernelToStart();
@@ -154,8 +202,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int begin = range.begin;
   const int end = range.end;
   // A split past a short sequence's end: the merge reads only the splits with positions
-  // (UsedSplits), so there is nothing to write.
-  if (splits > 1 && begin >= end) return;
+  // (UsedSplits), so there is nothing to write. Split 0 of a sequence without positions (a
+  // padding row) carries on with an empty range: it writes the zero output (fused merge) or
+  // a partial nobody reads.
+  if (splits > 1 && begin >= end && split > 0) return;
 
   const int32_t* table = block_tables + static_cast<int64_t>(seq) * max_blocks_per_seq;
   const int64_t position_stride = static_cast<int64_t>(num_kv_heads) * kHeadDim;
@@ -329,12 +379,36 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       }
     }
   }
+  if (splits == 1 || split_counters == nullptr) return;
+
+  // The fused merge. Release: every thread's partials are made visible device-wide before
+  // the block counts itself in; acquire: the block that completes the count fences before
+  // it reads the others' partials. That block also resets the counter, for the next launch
+  // (which, on the same stream, starts reading it only after this grid has completed).
+  const int used = UsedSplits(len, window, splits, P);
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* counter = split_counters + static_cast<int64_t>(seq) * num_kv_heads + kv_head;
+    const bool last = atomicAdd(counter, 1) == max(used, 1) - 1;
+    if (last) {
+      atomicExch(counter, 0);
+      __threadfence();
+    }
+    merges_splits = last;
+  }
+  __syncthreads();
+  if (!merges_splits) return;
+  for (int g = 0; g < group; ++g) {
+    MergeHeadSplits<T>(partial_values, partial_stats,
+                       static_cast<int64_t>(seq) * num_heads + kv_head * group + g, splits, used,
+                       kHeadDim, out, merge_factor, &merge_total);
+    __syncthreads();  // before the next head's scales overwrite these
+  }
 }
 
-// One block per (sequence, query head), one thread per dimension: the splits' partials
-// rescaled to their common maximum and normalized by the summed weights. The splits' scales
-// are read once into shared memory, in parallel. Only the splits with positions are read
-// (at batch 1 over 1,024 positions, 16 of 64): the others wrote nothing.
+// The merge as its own kernel, for a launch without split counters: one block per
+// (sequence, query head), one thread per dimension.
 template <typename T>
 __global__ void MergeSplitsKernel(const float* __restrict__ partial_values,
                                   const float* __restrict__ partial_stats,
@@ -346,33 +420,9 @@ __global__ void MergeSplitsKernel(const float* __restrict__ partial_values,
   WaitForPrecedingKernel();
   AllowNextKernelToStart();
   const int64_t head_row = static_cast<int64_t>(blockIdx.x) * num_heads + blockIdx.y;
-  const float* stats = partial_stats + 2 * head_row * splits;
   const int used = UsedSplits(seq_lens[blockIdx.x], window, splits, tile_positions);
-  if (threadIdx.x < 32) {
-    float max_score = -INFINITY;
-    for (int s = threadIdx.x; s < used; s += 32) max_score = fmaxf(max_score, stats[2 * s]);
-    max_score = WarpMax(max_score);
-    float sum = 0.0f;
-    for (int s = threadIdx.x; s < used; s += 32) {
-      const float f = max_score > -INFINITY ? __expf(stats[2 * s] - max_score) : 0.0f;
-      factor[s] = f;
-      sum += stats[2 * s + 1] * f;
-    }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (threadIdx.x == 0) total = sum;
-  }
-  __syncthreads();
-  const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
-  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-    float value = 0.0f;
-    const float* values = partial_values + head_row * splits * head_dim + d;
-#pragma unroll 4
-    for (int s = 0; s < used; ++s) {
-      value += values[static_cast<int64_t>(s) * head_dim] * factor[s];
-    }
-    out[head_row * head_dim + d] = FromFloat<T>(value * inverse);
-  }
+  MergeHeadSplits<T>(partial_values, partial_stats, head_row, splits, used, head_dim, out, factor,
+                     &total);
 }
 
 // SMs of the current device (an H100's 132 where the runtime does not say).
@@ -390,12 +440,17 @@ void Launch(const PagedDecodeAttentionArgs& a, int splits) {
       a.partials == nullptr
           ? nullptr
           : a.partials + static_cast<int64_t>(a.num_seqs) * a.num_heads * splits * kHeadDim;
+  // The fused merge needs a counter for each (sequence, KV head) of the batch.
+  int* split_counters =
+      splits > 1 && static_cast<int64_t>(a.num_seqs) * a.num_kv_heads <= a.split_counter_count
+          ? a.split_counters
+          : nullptr;
   LaunchKernel(a.overlap, PagedDecodeAttentionKernel<T, kHeadDim, kMaxGroup>, grid, kThreads,
                stream, static_cast<const T*>(a.q), static_cast<const T*>(a.key_blocks),
                static_cast<const T*>(a.value_blocks), a.block_tables, a.seq_lens,
-               static_cast<T*>(a.out), partial_values, partial_stats, a.num_heads,
+               static_cast<T*>(a.out), partial_values, partial_stats, split_counters, a.num_heads,
                a.num_kv_heads, a.block_size, a.max_blocks_per_seq, a.window, a.scale);
-  if (splits > 1) {
+  if (splits > 1 && split_counters == nullptr) {
     const dim3 merge_grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.num_heads));
     LaunchKernel(a.overlap, MergeSplitsKernel<T>, merge_grid, kHeadDim, stream,
                  static_cast<const float*>(partial_values), static_cast<const float*>(partial_stats),
@@ -462,6 +517,12 @@ int64_t PagedDecodePartialFloats(int64_t num_heads, int64_t num_kv_heads, int64_
   // 256 SMs.
   const int64_t blocks = 2 * kBlocksPerSm * std::max(256, MultiprocessorCount());
   return blocks * (num_heads / num_kv_heads) * (head_dim + 2);
+}
+
+int64_t PagedDecodeSplitCounterCount() {
+  // Splits are only taken while seqs x KV heads < target (kBlocksPerSm per SM), on up to 256
+  // SMs as for the partials.
+  return static_cast<int64_t>(kBlocksPerSm) * std::max(256, MultiprocessorCount());
 }
 
 LaunchResult LaunchPagedDecodeAttention(const PagedDecodeAttentionArgs& args,

@@ -31,6 +31,13 @@ struct PagedDecodeAttentionArgs {
   // enough for every batch; a smaller one only limits the splits.
   float* partials = nullptr;
   int64_t partial_floats = 0;
+  // Device int32 counters, zeros, one for each (sequence, KV head) of a split batch
+  // (PagedDecodeSplitCounterCount is enough for every batch): the last block of a split
+  // sequence to finish merges its partials, and each launch leaves the counters zeros. Without
+  // them (nullptr, or fewer than the batch needs) a second kernel merges. A workspace serves
+  // one stream: launches on two streams at once must not share it.
+  int* split_counters = nullptr;
+  int64_t split_counter_count = 0;
   bool overlap = false;  // kernels/cuda_overlap.cuh
 };
 
@@ -40,6 +47,9 @@ struct PagedDecodeAttentionArgs {
 int PagedDecodeSplits(const PagedDecodeAttentionArgs& args);
 // Workspace floats that let every batch shape on the current device take its full split.
 int64_t PagedDecodePartialFloats(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim);
+// Split counters that let every batch shape on the current device merge in the attention
+// kernel itself.
+int64_t PagedDecodeSplitCounterCount();
 
 // One query token per sequence against its paged keys and values (grouped-query attention:
 // query head h reads KV head h / (num_heads / num_kv_heads)), softmax in float32 whatever

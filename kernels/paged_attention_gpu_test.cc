@@ -96,17 +96,27 @@ TEST_CASE("The CUDA paged decode attention matches a float64 reference", "[gpu][
     // splits every sequence, and sequences shorter than the splits leave some empty.
     const int splits = PagedDecodeSplitCount(seqs, heads, c.kv_heads, c.head_dim, workspace);
     CHECK(splits > 1);
-    for (const bool split : {false, true}) {
+    // Split counters poisoned where no launch of this batch reads them: the batch's own
+    // must start zeros and be left zeros.
+    const at::Tensor counters = PagedDecodeSplitCounters(cuda);
+    REQUIRE(counters.numel() >= seqs * c.kv_heads);
+    counters.narrow(0, seqs * c.kv_heads, counters.numel() - seqs * c.kv_heads).fill_(77);
+    enum class Merge { kNoSplit, kKernel, kFused };
+    at::Tensor merged_by_kernel;
+    for (const Merge merge : {Merge::kNoSplit, Merge::kKernel, Merge::kFused, Merge::kFused}) {
       at::Tensor out = at::full({seqs, heads * c.head_dim}, NAN,
                                 at::TensorOptions().dtype(c.dtype).device(cuda));  // poisoned
-      const at::Tensor partials =
-          split ? at::full_like(workspace, NAN) : at::Tensor();  // poisoned too
+      const at::Tensor partials = merge == Merge::kNoSplit
+                                      ? at::Tensor()
+                                      : at::full_like(workspace, NAN);  // poisoned too
       const bool ran = PagedDecodeAttentionBatch(
           q.to(cuda, c.dtype), key_blocks.to(cuda, c.dtype), value_blocks.to(cuda, c.dtype),
-          tables.to(cuda), seq_lens, c.window, scale, out, partials);
+          tables.to(cuda), seq_lens, c.window, scale, out, partials,
+          merge == Merge::kFused ? counters : at::Tensor());
       INFO("dtype " << c10::toString(c.dtype) << ", head_dim " << c.head_dim << ", group "
                     << c.group << ", block " << c.block_size << ", window " << c.window
-                    << ", splits " << (split ? splits : 1));
+                    << ", splits " << (merge == Merge::kNoSplit ? 1 : splits) << ", merged "
+                    << (merge == Merge::kFused ? "in the attention kernel" : "by a kernel"));
       REQUIRE(ran);
       const at::Tensor got = out.to(at::kCPU, at::kDouble);
       REQUIRE(at::isfinite(got).all().item<bool>());  // every element written
@@ -114,7 +124,65 @@ TEST_CASE("The CUDA paged decode attention matches a float64 reference", "[gpu][
       INFO("relative error " << error);
       CHECK(error < c.tolerance);
       CHECK(got[6].abs().max().item<double>() == 0.0);  // the empty sequence
+      if (merge == Merge::kKernel) merged_by_kernel = out;
+      if (merge == Merge::kFused) {
+        // The same merge arithmetic in both forms, and the counters left for the next launch
+        // (the second fused run reuses them).
+        CHECK(at::equal(out, merged_by_kernel));
+        const at::Tensor left = counters.cpu();
+        CHECK(left.narrow(0, 0, seqs * c.kv_heads).eq(0).all().item<bool>());
+        CHECK(left.narrow(0, seqs * c.kv_heads, left.numel() - seqs * c.kv_heads)
+                  .eq(77)
+                  .all()
+                  .item<bool>());
+      }
     }
+  }
+}
+
+TEST_CASE("The split merge in the attention kernel agrees to the bit over many launches in a row",
+          "[gpu][kernels]") {
+  // A race in the counting (a block merging before another's partials are visible, a counter
+  // not left at zero) would show as an output that differs in some launch: 200 launches are
+  // queued back to back, as the layers of replayed steps queue them, overlapped where the
+  // GPU can, at batch 1 (Llama-3's shapes, 1,024 positions) and at a batch of 4 whose
+  // lengths leave some splits empty.
+  const at::Device cuda(at::kCUDA, 0);
+  const auto options = at::TensorOptions().device(cuda).dtype(at::kBFloat16);
+  const int64_t kv_heads = 8;
+  const int64_t heads = 32;
+  const int64_t hd = 128;
+  const int64_t block = 16;
+  const int64_t launches = 200;
+  const at::Tensor workspace = PagedDecodeWorkspace(heads, kv_heads, hd, cuda);
+  const at::Tensor counters = PagedDecodeSplitCounters(cuda);
+  for (const std::vector<int32_t>& lengths :
+       {std::vector<int32_t>{1024}, std::vector<int32_t>{1024, 1, 300, 65}}) {
+    const auto seqs = static_cast<int64_t>(lengths.size());
+    INFO(seqs << " sequences, splits "
+              << PagedDecodeSplitCount(seqs, heads, kv_heads, hd, workspace));
+    REQUIRE(PagedDecodeSplitCount(seqs, heads, kv_heads, hd, workspace) > 1);
+    const int64_t blocks_per_seq = 1024 / block;
+    const at::Tensor key_blocks = at::randn({seqs * blocks_per_seq, block, kv_heads, hd}, options);
+    const at::Tensor value_blocks = at::randn_like(key_blocks);
+    const at::Tensor tables = at::arange(seqs * blocks_per_seq, options.dtype(at::kInt))
+                                  .view({seqs, blocks_per_seq})
+                                  .contiguous();
+    const at::Tensor lens = at::tensor(lengths, at::kInt).to(cuda);
+    const at::Tensor q = at::randn({seqs, heads, hd}, options);
+    at::Tensor expected = at::empty({seqs, heads * hd}, options);
+    REQUIRE(PagedDecodeAttentionBatch(q, key_blocks, value_blocks, tables, lens, 0, 0.088,
+                                      expected, workspace));  // merged by a kernel
+    at::Tensor outs = at::full({launches, seqs, heads * hd}, NAN, options);
+    for (int64_t i = 0; i < launches; ++i) {
+      at::Tensor out = outs[i];
+      REQUIRE(PagedDecodeAttentionBatch(q, key_blocks, value_blocks, tables, lens, 0, 0.088,
+                                        out, workspace, counters));
+    }
+    const at::Tensor differs = outs.ne(expected.unsqueeze(0)).flatten(1).any(1).cpu();
+    INFO("launches that differ: " << differs.nonzero().flatten());
+    CHECK(differs.sum().item<int64_t>() == 0);
+    CHECK(counters.eq(0).all().item<bool>());
   }
 }
 

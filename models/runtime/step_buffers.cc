@@ -41,6 +41,7 @@ StepBuffers::StepBuffers(const ModelConfig& config, at::ScalarType dtype, at::De
   if (!device.is_cpu()) {
     decode_partials = kernels::PagedDecodeWorkspace(config.num_attention_heads,
                                                     config.num_key_value_heads, hd, device);
+    decode_split_counters = kernels::PagedDecodeSplitCounters(device);
   }
   const at::TensorOptions host =
       at::TensorOptions().device(at::kCPU).pinned_memory(!device.is_cpu());
@@ -67,7 +68,7 @@ int64_t StepBuffers::DeviceBytes() const {
   for (const at::Tensor* t :
        {&residual, &normed, &qkv, &q, &k, &attention, &projected, &gate_up, &activated, &cos,
         &sin, &positions, &slots, &block_tables, &seq_lens, &decode_index, &decode_q,
-        &decode_out, &decode_partials}) {
+        &decode_out, &decode_partials, &decode_split_counters}) {
     if (!t->defined()) continue;
     bytes += t->numel() * static_cast<int64_t>(t->element_size());
   }

@@ -63,6 +63,9 @@ struct StepBuffers {
   // float32 workspace of the paged decode kernel's split sequences (GPU; undefined on a CPU):
   // allocated here once, so that a captured decode graph keeps its address.
   at::Tensor decode_partials;
+  // int32 zeros, the kernel's split counters (kernels::PagedDecodeSplitCounters), with which
+  // it merges a split sequence in the attention kernel itself; allocated once, as above.
+  at::Tensor decode_split_counters;
   // Which chunks of a GPU step are longer than one row (their indices), staged by the step.
   std::vector<int64_t> chunk_table_rows;
   at::Tensor host_positions;

@@ -645,6 +645,7 @@ Submodel::DeviceBatch Submodel::PrepareDeviceBatch(std::span<const SequenceChunk
   const auto count = static_cast<int64_t>(decode_rows.size());
   batch.decode_count = count;
   batch.partials = buffers.decode_partials;
+  batch.split_counters = buffers.decode_split_counters;
   auto multi = static_cast<int64_t>(chunk_table_rows.size());
   for (int64_t m = 0; m < multi; ++m) {
     const SequenceChunk& chunk = chunks[static_cast<size_t>(chunk_table_rows[m])];
@@ -701,7 +702,7 @@ bool Submodel::AttendDeviceBatch(const DeviceBatch& batch, std::span<const Seque
       decode_done = kernels::PagedDecodeAttentionBatch(decode_q, pool.keys(layer),
                                                        pool.values(layer), batch.block_tables,
                                                        batch.seq_lens, window, scale, decode_out,
-                                                       batch.partials);
+                                                       batch.partials, batch.split_counters);
     } else {
       at::Tensor decode_q = batch.decode_q;
       at::index_select_out(decode_q, q, 0, batch.decode_index);
@@ -709,7 +710,7 @@ bool Submodel::AttendDeviceBatch(const DeviceBatch& batch, std::span<const Seque
       decode_done = kernels::PagedDecodeAttentionBatch(decode_q, pool.keys(layer),
                                                        pool.values(layer), batch.block_tables,
                                                        batch.seq_lens, window, scale, decode_out,
-                                                       batch.partials);
+                                                       batch.partials, batch.split_counters);
       if (decode_done) attention.index_copy_(0, batch.decode_index, decode_out);
     }
   }
@@ -962,6 +963,7 @@ absl::Status Submodel::DecodeStepInBuffers(const KvBlockPool& pool, int64_t rows
     batch.block_tables = buffers.block_tables.narrow(0, 0, rows);
     batch.seq_lens = buffers.seq_lens.narrow(0, 0, rows);
     batch.partials = buffers.decode_partials;
+    batch.split_counters = buffers.decode_split_counters;
     const at::Tensor positions = buffers.positions.narrow(0, 0, rows);
     at::Tensor cos = buffers.cos.narrow(0, 0, rows);
     at::Tensor sin = buffers.sin.narrow(0, 0, rows);

@@ -234,6 +234,7 @@ class Submodel {
     at::Tensor block_tables;  // [decode rows, max blocks] int32
     at::Tensor seq_lens;      // [decode rows] int32: positions each attends, its own included
     at::Tensor partials;      // the decode kernel's split workspace (StepBuffers)
+    at::Tensor split_counters;  // and its split counters (the same)
     // [chunks longer than one row, max blocks] int32: their block tables on the device, in
     // chunk order, uploaded once for every layer's gather; undefined when one is too long.
     at::Tensor chunk_tables;
