@@ -20,4 +20,11 @@ __device__ inline __half FromFloat<__half>(float v) { return __float2half(v); }
 template <>
 __device__ inline __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
 
+// SwiGLU of one gate and up value, silu(gate) * up: one expression for every kernel that
+// computes it (the SwiGLU kernel, the small-batch GEMM's fused form), so that they agree to
+// the bit.
+__device__ inline float SwiGluOf(float gate, float up) {
+  return gate / (1.0f + __expf(-gate)) * up;
+}
+
 }  // namespace tophat::kernels

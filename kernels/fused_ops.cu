@@ -135,7 +135,7 @@ __global__ void SwiGluKernel(const T* __restrict__ gate_up, T* __restrict__ out,
     const int64_t c = i - r * inner;
     const float g = ToFloat(gate_up[r * 2 * inner + c]);
     const float u = ToFloat(gate_up[r * 2 * inner + inner + c]);
-    out[i] = FromFloat<T>(g / (1.0f + __expf(-g)) * u);
+    out[i] = FromFloat<T>(SwiGluOf(g, u));
   }
 }
 

@@ -115,12 +115,14 @@ __device__ inline void ChunkToFloat(const uint4& raw, float (&out)[Chunk<T>::kEl
 // coherent with their writes. The same code in both forms, so they agree to the bit.
 template <typename T>
 __device__ inline void MergeHeadSplits(const float* partial_values, const float* partial_stats,
-                                       int64_t head_row, int splits, int used, int head_dim,
-                                       T* out, float* factor, float* total) {
+                                       int64_t head_row, int splits, int used, int head_dim, T* out,
+                                       float* factor, float* total) {
   const float* stats = partial_stats + 2 * head_row * splits;
   if (threadIdx.x < 32) {
     float max_score = -INFINITY;
-    for (int s = threadIdx.x; s < used; s += 32) max_score = fmaxf(max_score, __ldcg(stats + 2 * s));
+    for (int s = threadIdx.x; s < used; s += 32) {
+      max_score = fmaxf(max_score, __ldcg(stats + 2 * s));
+    }
     max_score = WarpMax(max_score);
     float sum = 0.0f;
     for (int s = threadIdx.x; s < used; s += 32) {
@@ -163,10 +165,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
                                const int32_t* __restrict__ block_tables,
                                const int32_t* __restrict__ seq_lens, T* __restrict__ out,
                                float* __restrict__ partial_values,
-                               float* __restrict__ partial_stats,
-                               int* __restrict__ split_counters, int num_heads,
-                               int num_kv_heads, int block_size, int max_blocks_per_seq,
-                               int window, float scale) {
+                               float* __restrict__ partial_stats, int* __restrict__ split_counters,
+                               int num_heads, int num_kv_heads, int block_size,
+                               int max_blocks_per_seq, int window, float scale) {
   using Shape = TileShape<T, kHeadDim>;
   constexpr int P = Shape::kPositions;
   constexpr int R = Shape::kThreadsPerPosition;
@@ -453,9 +454,9 @@ void Launch(const PagedDecodeAttentionArgs& a, int splits) {
   if (splits > 1 && split_counters == nullptr) {
     const dim3 merge_grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.num_heads));
     LaunchKernel(a.overlap, MergeSplitsKernel<T>, merge_grid, kHeadDim, stream,
-                 static_cast<const float*>(partial_values), static_cast<const float*>(partial_stats),
-                 a.seq_lens, static_cast<T*>(a.out), a.num_heads, kHeadDim, splits, a.window,
-                 TileShape<T, kHeadDim>::kPositions);
+                 static_cast<const float*>(partial_values),
+                 static_cast<const float*>(partial_stats), a.seq_lens, static_cast<T*>(a.out),
+                 a.num_heads, kHeadDim, splits, a.window, TileShape<T, kHeadDim>::kPositions);
   }
 }
 

@@ -57,34 +57,50 @@ __device__ inline float Dot8(const uint4& w, const uint4& x, float acc) {
   return acc;
 }
 
-// One warp per weight row: each lane takes every 32nd 16-byte vector of the row, for all M
-// activation rows at once, so each weight is read once whatever M.
-template <typename T, int M>
+// One warp per output column: each lane takes every 32nd 16-byte vector of the weight row,
+// for all M activation rows at once, so each weight is read once whatever M. kRows weight
+// rows a column: 1, or 2 for the SwiGLU form (gate row j and up row n + j, streamed
+// together, twice the loads in flight).
+template <typename T, int M, bool kSwiGlu>
 __global__ void __launch_bounds__(kThreads)
     SmallBatchGemmKernel(const T* __restrict__ x, int64_t ldx, const T* __restrict__ w,
                          const T* __restrict__ bias, T* __restrict__ out, int64_t ldo,
                          int64_t n, int64_t k) {
+  constexpr int kRows = kSwiGlu ? 2 : 1;
   const int lane = threadIdx.x % 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int64_t vectors = k / kVector;
-  const uint4* wr = reinterpret_cast<const uint4*>(w + row * k);
+  const uint4* wr[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    wr[r] = reinterpret_cast<const uint4*>(w + (row + r * n) * k);
+  }
   // While the preceding kernel finishes (an overlapped launch), the first pass's weights on
   // their way to L2: 128-byte lines, a lane each, kUnroll x 32 vectors a row.
   constexpr int kVectorsPerLine = 128 / 16;
   const int64_t first_pass = vectors < kUnroll * 32 ? vectors : kUnroll * 32;
-  if (row < n && lane * kVectorsPerLine < first_pass) PrefetchToL2(wr + lane * kVectorsPerLine);
+  if (row < n && lane * kVectorsPerLine < first_pass) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) PrefetchToL2(wr[r] + lane * kVectorsPerLine);
+  }
   WaitForPrecedingKernel();
   AllowNextKernelToStart();
   if (row >= n) return;  // the whole warp: row is the same for its lanes
-  float acc[M];
+  float acc[kRows][M];
 #pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
+  }
   for (int64_t base = lane; base < vectors; base += 32 * kUnroll) {
-    uint4 wv[kUnroll];
+    uint4 wv[kRows][kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = base + u * 32;
-      wv[u] = i < vectors ? LoadStreaming(wr + i) : make_uint4(0, 0, 0, 0);
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = base + u * 32;
+        wv[r][u] = i < vectors ? LoadStreaming(wr[r] + i) : make_uint4(0, 0, 0, 0);
+      }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -93,31 +109,47 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int m = 0; m < M; ++m) {
           const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + m * ldx) + i);
-          acc[m] = Dot8<T>(wv[u], xv, acc[m]);
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) acc[r][m] = Dot8<T>(wv[r][u], xv, acc[r][m]);
         }
       }
     }
   }
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
+  for (int r = 0; r < kRows; ++r) {
 #pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) {
-      acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], offset);
+    for (int m = 0; m < M; ++m) {
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) {
+        acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], offset);
+      }
     }
   }
   if (lane == 0) {
-    const float b = bias != nullptr ? ToFloat(bias[row]) : 0.0f;
+    if constexpr (kSwiGlu) {
+      // Gate and up rounded as the plain form writes them (its `acc + 0.0f` included), then
+      // the SwiGLU kernel's expression.
 #pragma unroll
-    for (int m = 0; m < M; ++m) out[m * ldo + row] = FromFloat<T>(acc[m] + b);
+      for (int m = 0; m < M; ++m) {
+        const float gate = ToFloat(FromFloat<T>(acc[0][m] + 0.0f));
+        const float up = ToFloat(FromFloat<T>(acc[1][m] + 0.0f));
+        out[m * ldo + row] = FromFloat<T>(SwiGluOf(gate, up));
+      }
+    } else {
+      const float b = bias != nullptr ? ToFloat(bias[row]) : 0.0f;
+#pragma unroll
+      for (int m = 0; m < M; ++m) out[m * ldo + row] = FromFloat<T>(acc[0][m] + b);
+    }
   }
 }
 
 template <typename T, int M>
 void Launch(const SmallBatchGemmArgs& a, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>((a.n + kWarps - 1) / kWarps);
-  LaunchKernel(a.overlap, SmallBatchGemmKernel<T, M>, blocks, kThreads, stream,
-               static_cast<const T*>(a.x), a.ldx, static_cast<const T*>(a.weight),
-               static_cast<const T*>(a.bias), static_cast<T*>(a.out), a.ldo, a.n, a.k);
+  auto* kernel = a.swiglu ? SmallBatchGemmKernel<T, M, true> : SmallBatchGemmKernel<T, M, false>;
+  LaunchKernel(a.overlap, kernel, blocks, kThreads, stream, static_cast<const T*>(a.x), a.ldx,
+               static_cast<const T*>(a.weight), static_cast<const T*>(a.bias),
+               static_cast<T*>(a.out), a.ldo, a.n, a.k);
 }
 
 template <typename T>
@@ -143,6 +175,7 @@ LaunchResult LaunchSmallBatchGemm(const SmallBatchGemmArgs& a, std::string* erro
   if (a.dtype == CudaDtype::kFloat32 || a.rows < 1 || a.rows > kSmallBatchGemmMaxRows ||
       a.n < 1 || a.k < kVector || a.k % kVector != 0 || a.ldx % kVector != 0 ||
       a.ldx < a.k || a.ldo < a.n || !Aligned16(a.x) || !Aligned16(a.weight) ||
+      (a.swiglu && a.bias != nullptr) ||
       (a.n + kWarps - 1) / kWarps > 0x7fffffff) {
     return LaunchResult::kUnsupported;
   }

@@ -17,4 +17,10 @@ namespace tophat::kernels {
 bool SmallBatchGemmOut(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                        at::Tensor& out);
 
+// out [rows, N] = silu(x · gateᵀ) * (x · upᵀ) for gate_up = [gate; up] ([2N, K], the gate
+// rows first), in one launch of the same kernel: to the bit what SmallBatchGemmOut into a
+// [rows, 2N] buffer followed by SwiGluOut gives, without the intermediate. The same
+// conditions, and false in the same cases.
+bool SmallBatchGemmSwiGluOut(const at::Tensor& x, const at::Tensor& gate_up, at::Tensor& out);
+
 }  // namespace tophat::kernels

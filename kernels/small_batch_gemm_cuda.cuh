@@ -26,6 +26,10 @@ inline constexpr int64_t kSmallBatchGemmMaxRows = 8;
 // of n values, ldo apart; all of `dtype` (float16 or bfloat16). kUnsupported (nothing
 // launched) for float32, rows outside [1, kSmallBatchGemmMaxRows], k or ldx not a multiple
 // of 8, or x / weight not 16-byte aligned.
+// With `swiglu` the weight is a gate and up projection stacked, [2n, k] (gate rows first),
+// and out[r, j] = silu(g) * u of g = x[r] · weight[j] and u = x[r] · weight[n + j], each
+// rounded to the storage dtype first: what this GEMM into a [rows, 2n] buffer followed by the
+// SwiGLU kernel computes, to the bit, in one launch and without the intermediate. No bias.
 struct SmallBatchGemmArgs {
   CudaDtype dtype = CudaDtype::kBFloat16;
   const void* x = nullptr;
@@ -37,6 +41,7 @@ struct SmallBatchGemmArgs {
   int64_t rows = 0;
   int64_t n = 0;
   int64_t k = 0;
+  bool swiglu = false;
   void* stream = nullptr;  // cudaStream_t; nullptr is the legacy default stream
   bool overlap = false;  // kernels/cuda_overlap.cuh
 };

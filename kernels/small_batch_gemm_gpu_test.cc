@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "kernels/decode_attention.h"  // SwiGluOut
 #include "kernels/small_batch_gemm_cuda.cuh"
 
 namespace tophat::kernels {
@@ -66,6 +67,43 @@ TEST_CASE("The small-batch GEMM leaves what it does not take to BLAS", "[gpu][ke
   CHECK_FALSE(SmallBatchGemmOut(x, transposed, {}, out));
   at::Tensor out_cpu = at::empty({2, 32}, at::kBFloat16);
   CHECK_FALSE(SmallBatchGemmOut(x.cpu(), weight.cpu(), {}, out_cpu));
+  // The SwiGLU form: a weight that is not twice the output's columns.
+  at::Tensor half = at::empty({2, 16}, x.options());
+  CHECK(SmallBatchGemmSwiGluOut(x, weight, half));
+  CHECK_FALSE(SmallBatchGemmSwiGluOut(x, weight, out));
+}
+
+TEST_CASE("The small-batch GEMM's SwiGLU form is the GEMM followed by SwiGLU, to the bit",
+          "[gpu][kernels]") {
+  at::manual_seed(9);
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    // Columns not a multiple of the block's 8, K not a multiple of a pass, Llama-3-8B's MLP.
+    for (auto [inner, k] : {std::pair<int64_t, int64_t>{13, 8}, {500, 200}, {14336, 4096}}) {
+      for (int64_t rows = 1; rows <= kSmallBatchGemmMaxRows; ++rows) {
+        INFO(c10::toString(dtype) << " inner " << inner << " k " << k << " rows " << rows);
+        const at::Tensor gate_up = (at::randn({2 * inner, k}) / 8).to(kCuda, dtype);
+        const at::Tensor x_buffer = at::randn({rows, k + 8}).to(kCuda, dtype);
+        const at::Tensor x = x_buffer.narrow(1, 0, k);
+        at::Tensor both = at::empty({rows, 2 * inner}, x.options());
+        REQUIRE(SmallBatchGemmOut(x, gate_up, {}, both));
+        at::Tensor want = at::empty({rows, inner}, x.options());
+        SwiGluOut(both, want);
+        at::Tensor out_buffer = at::full({rows, inner + 3}, 7.0, x.options());
+        at::Tensor out = out_buffer.narrow(1, 0, inner);
+        REQUIRE(SmallBatchGemmSwiGluOut(x, gate_up, out));
+        CHECK(at::equal(out, want));
+        CHECK(out_buffer.narrow(1, inner, 3).eq(7.0).all().item<bool>());
+        // And against float64, as a check of the reference itself.
+        const at::Tensor products = at::mm(x.to(at::kDouble), gate_up.to(at::kDouble).t());
+        const at::Tensor exact = at::silu(products.narrow(1, 0, inner)) *
+                                 products.narrow(1, inner, inner);
+        const double error = (out.to(at::kDouble) - exact).abs().max().item<double>();
+        const double scale = exact.abs().max().item<double>();
+        INFO("max |error| " << error << " of " << scale);
+        CHECK(error <= 2 * Tolerance(dtype) * scale);
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -45,6 +45,9 @@ TEST_CASE("Off a GPU nothing takes the small-batch kernel, whatever the option s
   const at::Tensor weight = at::randn({32, 64}).to(at::kBFloat16);
   at::Tensor out = at::empty({2, 32}, at::kBFloat16);
   CHECK_FALSE(kernels::SmallBatchGemmOut(x, weight, {}, out));
+  at::Tensor activated = at::zeros({2, 16}, at::kBFloat16);
+  CHECK_FALSE(kernels::SmallBatchGemmSwiGluOut(x, weight, activated));
+  CHECK(activated.eq(0).all().item<bool>());
   const std::vector<at::Tensor> weights = {weight};
   const absl::StatusOr<SmallBatchTimings> timings = TimeSmallBatchGemm(weights, {}, 4);
   REQUIRE_FALSE(timings.ok());

@@ -36,6 +36,13 @@ at::Tensor Linear(const at::Tensor& x, const WeightMatrix& w, const at::Tensor& 
   return bias.defined() ? at::linear(x, w.dense, bias) : at::linear(x, w.dense);
 }
 
+// Whether `rows` activation rows through `w` take the small-batch kernel
+// (ChooseSmallBatchGemms measured it faster than cuBLAS for them).
+bool UsesSmallBatchGemm(const WeightMatrix& w, int64_t rows) {
+  return !w.is_int8() && rows >= 1 && rows <= kernels::kSmallBatchGemmMaxRows &&
+         ((w.small_batch_rows >> rows) & 1u) != 0;
+}
+
 // The same into `out` ([rows, N] contiguous), allocating nothing: one float32 CPU row takes
 // the GEMV kernel, anything else BLAS (cuBLAS on a GPU) writing into `out` in place.
 void LinearOut(const at::Tensor& x, const WeightMatrix& w, const at::Tensor& bias,
@@ -51,8 +58,7 @@ void LinearOut(const at::Tensor& x, const WeightMatrix& w, const at::Tensor& bia
     kernels::LinearBf16Out(x, w.dense, bias, out);
   } else if (x.size(0) == 1 && x.is_cpu() && x.scalar_type() == at::kFloat) {
     kernels::LinearSingleRowOut(x, w.dense, bias, out);
-  } else if (x.size(0) <= kernels::kSmallBatchGemmMaxRows &&
-             ((w.small_batch_rows >> x.size(0)) & 1u) != 0 &&
+  } else if (UsesSmallBatchGemm(w, x.size(0)) &&
              kernels::SmallBatchGemmOut(x, w.dense, bias, out)) {
     // Measured faster than cuBLAS for this shape and row count (ChooseSmallBatchGemms).
   } else if (bias.defined()) {
@@ -933,8 +939,13 @@ void Submodel::RunLayers(int64_t total, const at::Tensor& cos, const at::Tensor&
     // Each residual add is fused with the norm that follows it.
     LinearOut(attention, w.o_proj, w.o_bias, projected);
     kernels::AddRmsNormOut(x, projected, w.post_norm, eps, h);
-    LinearOut(h, w.gate_up, {}, gate_up);
-    kernels::SwiGluOut(gate_up, activated);
+    // Where the small-batch kernel was measured faster for gate_up at this row count, its
+    // SwiGLU form computes the same bits in one launch.
+    if (!(UsesSmallBatchGemm(w.gate_up, total) &&
+          kernels::SmallBatchGemmSwiGluOut(h, w.gate_up.dense, activated))) {
+      LinearOut(h, w.gate_up, {}, gate_up);
+      kernels::SwiGluOut(gate_up, activated);
+    }
     LinearOut(activated, w.down, {}, projected);
     if (l + 1 < layers_.size()) {
       kernels::AddRmsNormOut(x, projected, layers_[l + 1].input_norm, eps, h);
