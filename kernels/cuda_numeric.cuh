@@ -27,4 +27,16 @@ __device__ inline float SwiGluOf(float gate, float up) {
   return gate / (1.0f + __expf(-gate)) * up;
 }
 
+// Rotary embedding of one pair (x1 at i, x2 at i + head_dim / 2; rotate-half layout):
+// x1 c - x2 s and x2 c + x1 s. Each product is rounded before the sum (no fused
+// multiply-add, which the compiler would otherwise choose per call site), so that every
+// kernel that rotates (the rotary kernels, the small-batch GEMM's rotary form) gets the same
+// bits.
+__device__ inline float RotatedFirst(float x1, float x2, float c, float s) {
+  return __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+}
+__device__ inline float RotatedSecond(float x1, float x2, float c, float s) {
+  return __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+}
+
 }  // namespace tophat::kernels

@@ -144,8 +144,8 @@ __device__ inline void Rotate(const T* __restrict__ in, T* __restrict__ out, int
                               float c, float s) {
   const float x1 = ToFloat(in[i]);
   const float x2 = ToFloat(in[i + half]);
-  out[i] = FromFloat<T>(x1 * c - x2 * s);
-  out[i + half] = FromFloat<T>(x2 * c + x1 * s);
+  out[i] = FromFloat<T>(RotatedFirst(x1, x2, c, s));
+  out[i + half] = FromFloat<T>(RotatedSecond(x1, x2, c, s));
 }
 
 // One block per token; its threads cover (head, i < half) pairs.

@@ -57,35 +57,73 @@ __device__ inline float Dot8(const uint4& w, const uint4& x, float acc) {
   return acc;
 }
 
-// One warp per output column: each lane takes every 32nd 16-byte vector of the weight row,
-// for all M activation rows at once, so each weight is read once whatever M. kRows weight
-// rows a column: 1, or 2 for the SwiGLU form (gate row j and up row n + j, streamed
-// together, twice the loads in flight).
-template <typename T, int M, bool kSwiGlu>
+// The weight rows a warp streams (one item of work) and where the rotary form's pair goes.
+struct Item {
+  int64_t rows[2];
+  int kind;  // rotary form: 0 a query pair, 1 a key pair, 2 two value columns
+  int head;  // a query or key pair's head
+  int i;     // its index in the head's first half; a value pair's first column
+};
+
+// Rotary form, item w: the (heads + kv_heads) * half query and key pairs (i, i + half) in
+// head order, then kv_heads * head_dim / 2 pairs of adjacent value columns.
+__device__ inline Item RotaryItem(int64_t w, const SmallBatchGemmRotary& r) {
+  const int half = r.head_dim / 2;
+  const int64_t q_pairs = static_cast<int64_t>(r.heads) * half;
+  const int64_t k_pairs = static_cast<int64_t>(r.kv_heads) * half;
+  Item item{};
+  if (w < q_pairs + k_pairs) {
+    const bool key = w >= q_pairs;
+    const int64_t p = key ? w - q_pairs : w;
+    item.kind = key ? 1 : 0;
+    item.head = static_cast<int>(p / half);
+    item.i = static_cast<int>(p % half);
+    item.rows[0] = (static_cast<int64_t>(key ? r.heads : 0) + item.head) * r.head_dim + item.i;
+    item.rows[1] = item.rows[0] + half;
+  } else {
+    item.kind = 2;
+    item.i = static_cast<int>(2 * (w - q_pairs - k_pairs));
+    item.rows[0] = static_cast<int64_t>(r.heads + r.kv_heads) * r.head_dim + item.i;
+    item.rows[1] = item.rows[0] + 1;
+  }
+  return item;
+}
+
+// One warp per item of work: each lane takes every 32nd 16-byte vector of the item's weight
+// rows, for all M activation rows at once, so each weight is read once whatever M. An item
+// is one weight row in the plain form (out column `item`), and two in the others, streamed
+// together (twice the loads in flight): gate row j and up row n + j (kSwiGlu), a query or key
+// pair (i, i + half) or two adjacent value columns (kRotaryQkv). `items`: how many.
+template <typename T, int M, SmallBatchGemmForm kForm>
 __global__ void __launch_bounds__(kThreads)
     SmallBatchGemmKernel(const T* __restrict__ x, int64_t ldx, const T* __restrict__ w,
                          const T* __restrict__ bias, T* __restrict__ out, int64_t ldo,
-                         int64_t n, int64_t k) {
-  constexpr int kRows = kSwiGlu ? 2 : 1;
+                         int64_t items, int64_t k, SmallBatchGemmRotary rotary) {
+  constexpr int kRows = kForm == SmallBatchGemmForm::kPlain ? 1 : 2;
   const int lane = threadIdx.x % 32;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const int64_t index = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int64_t vectors = k / kVector;
+  Item item{};
+  if constexpr (kForm == SmallBatchGemmForm::kRotaryQkv) {
+    item = RotaryItem(index, rotary);
+  } else {
+    item.rows[0] = index;
+    item.rows[1] = index + items;  // kSwiGlu: the up row
+  }
   const uint4* wr[kRows];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    wr[r] = reinterpret_cast<const uint4*>(w + (row + r * n) * k);
-  }
+  for (int r = 0; r < kRows; ++r) wr[r] = reinterpret_cast<const uint4*>(w + item.rows[r] * k);
   // While the preceding kernel finishes (an overlapped launch), the first pass's weights on
   // their way to L2: 128-byte lines, a lane each, kUnroll x 32 vectors a row.
   constexpr int kVectorsPerLine = 128 / 16;
   const int64_t first_pass = vectors < kUnroll * 32 ? vectors : kUnroll * 32;
-  if (row < n && lane * kVectorsPerLine < first_pass) {
+  if (index < items && lane * kVectorsPerLine < first_pass) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) PrefetchToL2(wr[r] + lane * kVectorsPerLine);
   }
   WaitForPrecedingKernel();
   AllowNextKernelToStart();
-  if (row >= n) return;  // the whole warp: row is the same for its lanes
+  if (index >= items) return;  // the whole warp: index is the same for its lanes
   float acc[kRows][M];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -125,31 +163,72 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  if (lane == 0) {
-    if constexpr (kSwiGlu) {
-      // Gate and up rounded as the plain form writes them (its `acc + 0.0f` included), then
-      // the SwiGLU kernel's expression.
+  if (lane != 0) return;
+  // Each product as the plain form writes it: its sum plus the bias (0.0f without one),
+  // rounded once to T.
+  T product[kRows][M];
 #pragma unroll
-      for (int m = 0; m < M; ++m) {
-        const float gate = ToFloat(FromFloat<T>(acc[0][m] + 0.0f));
-        const float up = ToFloat(FromFloat<T>(acc[1][m] + 0.0f));
-        out[m * ldo + row] = FromFloat<T>(SwiGluOf(gate, up));
+  for (int r = 0; r < kRows; ++r) {
+    const float b = bias != nullptr ? ToFloat(bias[item.rows[r]]) : 0.0f;
+#pragma unroll
+    for (int m = 0; m < M; ++m) product[r][m] = FromFloat<T>(acc[r][m] + b);
+  }
+  if constexpr (kForm == SmallBatchGemmForm::kPlain) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) out[m * ldo + index] = product[0][m];
+  } else if constexpr (kForm == SmallBatchGemmForm::kSwiGlu) {
+    // The SwiGLU kernel's expression on the rounded gate and up.
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      out[m * ldo + index] = FromFloat<T>(SwiGluOf(ToFloat(product[0][m]), ToFloat(product[1][m])));
+    }
+  } else {
+    // The rotary + KV-write kernel's stores, row m being token m.
+    const int half = rotary.head_dim / 2;
+    T* q_out = static_cast<T*>(rotary.q_out);
+    T* key_slots = static_cast<T*>(rotary.key_slots);
+    T* value_slots = static_cast<T*>(rotary.value_slots);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const int64_t slot = item.kind == 0 ? 0 : rotary.slots[m];
+      if (slot < 0) continue;  // a padding row: its query only
+      if (item.kind == 2) {
+        T* v = value_slots + slot * rotary.kv_heads * rotary.head_dim + item.i;
+        v[0] = product[0][m];
+        v[1] = product[1][m];
+        continue;
       }
-    } else {
-      const float b = bias != nullptr ? ToFloat(bias[row]) : 0.0f;
-#pragma unroll
-      for (int m = 0; m < M; ++m) out[m * ldo + row] = FromFloat<T>(acc[0][m] + b);
+      const float x1 = ToFloat(product[0][m]);
+      const float x2 = ToFloat(product[1][m]);
+      const float c = rotary.cos[m * half + item.i];
+      const float s = rotary.sin[m * half + item.i];
+      T* head = item.kind == 0
+                    ? q_out + (static_cast<int64_t>(m) * rotary.heads + item.head) * rotary.head_dim
+                    : key_slots + (slot * rotary.kv_heads + item.head) * rotary.head_dim;
+      head[item.i] = FromFloat<T>(RotatedFirst(x1, x2, c, s));
+      head[item.i + half] = FromFloat<T>(RotatedSecond(x1, x2, c, s));
     }
   }
 }
 
 template <typename T, int M>
 void Launch(const SmallBatchGemmArgs& a, cudaStream_t stream) {
-  const auto blocks = static_cast<unsigned>((a.n + kWarps - 1) / kWarps);
-  auto* kernel = a.swiglu ? SmallBatchGemmKernel<T, M, true> : SmallBatchGemmKernel<T, M, false>;
+  int64_t items = a.n;
+  if (a.form == SmallBatchGemmForm::kRotaryQkv) {
+    const SmallBatchGemmRotary& r = a.rotary;
+    items = static_cast<int64_t>(r.heads + r.kv_heads) * (r.head_dim / 2) +
+            static_cast<int64_t>(r.kv_heads) * r.head_dim / 2;
+  }
+  const auto blocks = static_cast<unsigned>((items + kWarps - 1) / kWarps);
+  auto* kernel = SmallBatchGemmKernel<T, M, SmallBatchGemmForm::kPlain>;
+  if (a.form == SmallBatchGemmForm::kSwiGlu) {
+    kernel = SmallBatchGemmKernel<T, M, SmallBatchGemmForm::kSwiGlu>;
+  } else if (a.form == SmallBatchGemmForm::kRotaryQkv) {
+    kernel = SmallBatchGemmKernel<T, M, SmallBatchGemmForm::kRotaryQkv>;
+  }
   LaunchKernel(a.overlap, kernel, blocks, kThreads, stream, static_cast<const T*>(a.x), a.ldx,
                static_cast<const T*>(a.weight), static_cast<const T*>(a.bias),
-               static_cast<T*>(a.out), a.ldo, a.n, a.k);
+               static_cast<T*>(a.out), a.ldo, items, a.k, a.rotary);
 }
 
 template <typename T>
@@ -172,10 +251,19 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 LaunchResult LaunchSmallBatchGemm(const SmallBatchGemmArgs& a, std::string* error) {
   static_assert(kSmallBatchGemmMaxRows == 8, "LaunchRows instantiates rows 1..8");
-  if (a.dtype == CudaDtype::kFloat32 || a.rows < 1 || a.rows > kSmallBatchGemmMaxRows ||
-      a.n < 1 || a.k < kVector || a.k % kVector != 0 || a.ldx % kVector != 0 ||
-      a.ldx < a.k || a.ldo < a.n || !Aligned16(a.x) || !Aligned16(a.weight) ||
-      (a.swiglu && a.bias != nullptr) ||
+  const SmallBatchGemmRotary& r = a.rotary;
+  const bool rotary = a.form == SmallBatchGemmForm::kRotaryQkv;
+  // The rotary form writes no `out`: its n is the weight's rows, (heads + 2 kv_heads) x
+  // head_dim.
+  const bool rotary_fits = r.heads > 0 && r.kv_heads > 0 && r.head_dim > 0 && r.head_dim % 2 == 0 &&
+                           a.n == static_cast<int64_t>(r.heads + 2 * r.kv_heads) * r.head_dim &&
+                           r.q_out != nullptr && r.key_slots != nullptr &&
+                           r.value_slots != nullptr && r.slots != nullptr && r.cos != nullptr &&
+                           r.sin != nullptr;
+  if (a.dtype == CudaDtype::kFloat32 || a.rows < 1 || a.rows > kSmallBatchGemmMaxRows || a.n < 1 ||
+      a.k < kVector || a.k % kVector != 0 || a.ldx % kVector != 0 || a.ldx < a.k ||
+      (!rotary && a.ldo < a.n) || !Aligned16(a.x) || !Aligned16(a.weight) ||
+      (a.form == SmallBatchGemmForm::kSwiGlu && a.bias != nullptr) || (rotary && !rotary_fits) ||
       (a.n + kWarps - 1) / kWarps > 0x7fffffff) {
     return LaunchResult::kUnsupported;
   }

@@ -26,10 +26,32 @@ inline constexpr int64_t kSmallBatchGemmMaxRows = 8;
 // of n values, ldo apart; all of `dtype` (float16 or bfloat16). kUnsupported (nothing
 // launched) for float32, rows outside [1, kSmallBatchGemmMaxRows], k or ldx not a multiple
 // of 8, or x / weight not 16-byte aligned.
-// With `swiglu` the weight is a gate and up projection stacked, [2n, k] (gate rows first),
-// and out[r, j] = silu(g) * u of g = x[r] · weight[j] and u = x[r] · weight[n + j], each
-// rounded to the storage dtype first: what this GEMM into a [rows, 2n] buffer followed by the
-// SwiGLU kernel computes, to the bit, in one launch and without the intermediate. No bias.
+// Two more forms write what this GEMM followed by another kernel would, to the bit, in one
+// launch and without the intermediate (each product rounded to the storage dtype first, as
+// the plain form writes it):
+// - kSwiGlu: the weight is a gate and up projection stacked, [2n, k] (gate rows first), and
+//   out[r, j] = silu(g) * u of g = x[r] · weight[j] and u = x[r] · weight[n + j] (the SwiGLU
+//   kernel after the GEMM). No bias.
+// - kRotaryQkv: the weight is a stacked q, k, v projection, [(heads + 2 kv_heads) head_dim,
+//   k] (bias optional), and the products go where the rotary + KV-write kernel
+//   (LaunchRotaryQkvToCache) would put them: rotated queries into rotary.q_out, rotated
+//   keys and the values into the cache slots of rotary.slots (none for a negative slot).
+//   n is the weight's rows; out and ldo are unused.
+enum class SmallBatchGemmForm { kPlain, kSwiGlu, kRotaryQkv };
+
+// Where the rotary form's products go (RotaryQkvToCacheArgs's fields of the same names).
+struct SmallBatchGemmRotary {
+  void* q_out = nullptr;        // [rows, heads, head_dim] contiguous
+  void* key_slots = nullptr;    // [num_slots, kv_heads, head_dim] contiguous
+  void* value_slots = nullptr;  // the same
+  const int64_t* slots = nullptr;  // [rows]
+  const float* cos = nullptr;      // [rows, head_dim / 2]
+  const float* sin = nullptr;
+  int heads = 0;
+  int kv_heads = 0;
+  int head_dim = 0;
+};
+
 struct SmallBatchGemmArgs {
   CudaDtype dtype = CudaDtype::kBFloat16;
   const void* x = nullptr;
@@ -41,7 +63,8 @@ struct SmallBatchGemmArgs {
   int64_t rows = 0;
   int64_t n = 0;
   int64_t k = 0;
-  bool swiglu = false;
+  SmallBatchGemmForm form = SmallBatchGemmForm::kPlain;
+  SmallBatchGemmRotary rotary;  // kRotaryQkv
   void* stream = nullptr;  // cudaStream_t; nullptr is the legacy default stream
   bool overlap = false;  // kernels/cuda_overlap.cuh
 };

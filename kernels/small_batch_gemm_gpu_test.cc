@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "kernels/decode_attention.h"  // SwiGluOut
+#include "kernels/rope.h"              // RotaryQkvToCache
 #include "kernels/small_batch_gemm_cuda.cuh"
 
 namespace tophat::kernels {
@@ -104,6 +105,70 @@ TEST_CASE("The small-batch GEMM's SwiGLU form is the GEMM followed by SwiGLU, to
       }
     }
   }
+}
+
+TEST_CASE("The small-batch GEMM's rotary form is the qkv GEMM followed by the rotary cache "
+          "write, to the bit",
+          "[gpu][kernels]") {
+  at::manual_seed(11);
+  struct Shape {
+    int64_t heads, kv_heads, head_dim, k;
+  };
+  // An odd small shape (3 pairs a head, one block of 8 items a warp count does not divide)
+  // and Llama-3-8B's.
+  for (const Shape& shape : {Shape{3, 1, 6, 24}, Shape{32, 8, 128, 4096}}) {
+    for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+      for (const bool with_bias : {false, true}) {
+        for (int64_t rows = 1; rows <= kSmallBatchGemmMaxRows; ++rows) {
+          const auto [heads, kv_heads, hd, k] = shape;
+          INFO(c10::toString(dtype) << " heads " << heads << "/" << kv_heads << " head_dim "
+                                    << hd << " k " << k << " rows " << rows << " bias "
+                                    << with_bias);
+          const int64_t n = (heads + 2 * kv_heads) * hd;
+          const auto options = at::TensorOptions().device(kCuda).dtype(dtype);
+          const at::Tensor weight = (at::randn({n, k}) / 8).to(kCuda, dtype);
+          const at::Tensor bias = with_bias ? at::randn({n}).to(kCuda, dtype) : at::Tensor();
+          const at::Tensor x = at::randn({rows, k}).to(kCuda, dtype);
+          const at::Tensor angles = at::rand({rows, hd / 2}) * 6.28;
+          const at::Tensor cos = angles.cos().to(kCuda);
+          const at::Tensor sin = angles.sin().to(kCuda);
+          // Slots in no order, the last row a padding row (no key or value written).
+          const int64_t num_slots = 3 * rows + 2;
+          at::Tensor slots = at::randperm(num_slots, at::kLong).narrow(0, 0, rows).clone();
+          if (rows > 1) slots[rows - 1] = -1;
+          slots = slots.to(kCuda);
+          at::Tensor keys_want = at::full({num_slots, kv_heads, hd}, 5.0, options);
+          at::Tensor values_want = keys_want.clone();
+          at::Tensor q_want = at::full({rows, heads, hd}, 5.0, options);
+          at::Tensor qkv = at::empty({rows, n}, options);
+          REQUIRE(SmallBatchGemmOut(x, weight, bias, qkv));
+          REQUIRE(RotaryQkvToCache(qkv, cos, sin, heads, kv_heads, hd, keys_want, values_want,
+                                   slots, q_want));
+          at::Tensor keys = at::full_like(keys_want, 5.0);
+          at::Tensor values = at::full_like(values_want, 5.0);
+          at::Tensor q = at::full_like(q_want, 5.0);
+          REQUIRE(SmallBatchGemmRotaryQkvToCache(x, weight, bias, cos, sin, heads, kv_heads, hd,
+                                                 keys, values, slots, q));
+          CHECK(at::equal(q, q_want));
+          CHECK(at::equal(keys, keys_want));  // the untouched slots too
+          CHECK(at::equal(values, values_want));
+        }
+      }
+    }
+  }
+  // What it declines: a head_dim that is odd, a weight of the wrong height.
+  const at::Tensor x = at::randn({2, 64}).to(kCuda, at::kBFloat16);
+  const at::Tensor weight = at::randn({(4 + 2 * 2) * 8, 64}).to(kCuda, at::kBFloat16);
+  const at::Tensor cos = at::ones({2, 4}, at::TensorOptions().device(kCuda));
+  at::Tensor keys = at::zeros({6, 2, 8}, x.options());
+  at::Tensor values = at::zeros({6, 2, 8}, x.options());
+  at::Tensor q = at::zeros({2, 4, 8}, x.options());
+  const at::Tensor slots = at::arange(2, at::TensorOptions().device(kCuda).dtype(at::kLong));
+  CHECK(SmallBatchGemmRotaryQkvToCache(x, weight, {}, cos, cos, 4, 2, 8, keys, values, slots, q));
+  CHECK_FALSE(SmallBatchGemmRotaryQkvToCache(x, weight.narrow(0, 0, 56), {}, cos, cos, 4, 2, 8,
+                                             keys, values, slots, q));
+  CHECK_FALSE(
+      SmallBatchGemmRotaryQkvToCache(x, weight, {}, cos, cos, 4, 2, 7, keys, values, slots, q));
 }
 
 }  // namespace

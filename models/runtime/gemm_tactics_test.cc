@@ -48,6 +48,13 @@ TEST_CASE("Off a GPU nothing takes the small-batch kernel, whatever the option s
   at::Tensor activated = at::zeros({2, 16}, at::kBFloat16);
   CHECK_FALSE(kernels::SmallBatchGemmSwiGluOut(x, weight, activated));
   CHECK(activated.eq(0).all().item<bool>());
+  at::Tensor keys = at::zeros({4, 1, 8}, at::kBFloat16);
+  at::Tensor values = at::zeros({4, 1, 8}, at::kBFloat16);
+  at::Tensor q = at::zeros({2, 2, 8}, at::kBFloat16);
+  CHECK_FALSE(kernels::SmallBatchGemmRotaryQkvToCache(
+      x, weight, {}, at::ones({2, 4}), at::zeros({2, 4}), 2, 1, 8, keys, values,
+      at::arange(2, at::kLong), q));
+  CHECK(q.eq(0).all().item<bool>());
   const std::vector<at::Tensor> weights = {weight};
   const absl::StatusOr<SmallBatchTimings> timings = TimeSmallBatchGemm(weights, {}, 4);
   REQUIRE_FALSE(timings.ok());
