@@ -120,26 +120,33 @@ void RotaryEmbeddingOut(const at::Tensor& x, const at::Tensor& cos, const at::Te
   }
 }
 
+bool RotaryCacheWriteFits(const at::Tensor& like, int64_t tokens, const at::Tensor& cos,
+                          const at::Tensor& sin, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                          const at::Tensor& key_slots, const at::Tensor& value_slots,
+                          const at::Tensor& slots, const at::Tensor& q_out) {
+  const auto same = [&](const at::Tensor& t) {
+    return t.scalar_type() == like.scalar_type() && t.device() == like.device() &&
+           t.is_contiguous();
+  };
+  return tokens >= 0 && heads > 0 && kv_heads > 0 && head_dim > 0 && head_dim % 2 == 0 &&
+         RotaryTablesFit(cos, sin, like, tokens, head_dim) && same(key_slots) &&
+         same(value_slots) && key_slots.dim() == 3 && key_slots.size(1) == kv_heads &&
+         key_slots.size(2) == head_dim && value_slots.sizes() == key_slots.sizes() && same(q_out) &&
+         q_out.dim() == 3 && q_out.size(0) == tokens && q_out.size(1) == heads &&
+         q_out.size(2) == head_dim && slots.scalar_type() == at::kLong && slots.dim() == 1 &&
+         slots.size(0) == tokens && slots.is_contiguous() && slots.device() == like.device();
+}
+
 bool RotaryQkvToCache(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
                       int64_t heads, int64_t kv_heads, int64_t head_dim, at::Tensor& key_slots,
                       at::Tensor& value_slots, const at::Tensor& slots, at::Tensor& q_out) {
 #ifdef TOPHAT_HAVE_CUDA
   const auto dtype = ToCudaDtype(qkv.scalar_type());
   const int64_t tokens = qkv.dim() == 2 ? qkv.size(0) : -1;
-  const auto same = [&](const at::Tensor& t) {
-    return t.scalar_type() == qkv.scalar_type() && t.device() == qkv.device() &&
-           t.is_contiguous();
-  };
-  const bool fits =
-      qkv.is_cuda() && dtype && tokens >= 0 && qkv.stride(1) == 1 && !qkv.requires_grad() &&
-      heads > 0 && kv_heads > 0 && head_dim % 2 == 0 &&
-      qkv.size(1) == (heads + 2 * kv_heads) * head_dim &&
-      RotaryTablesFit(cos, sin, qkv, tokens, head_dim) && same(key_slots) &&
-      same(value_slots) && key_slots.dim() == 3 && key_slots.size(1) == kv_heads &&
-      key_slots.size(2) == head_dim && value_slots.sizes() == key_slots.sizes() && same(q_out) &&
-      q_out.dim() == 3 && q_out.size(0) == tokens && q_out.size(1) == heads &&
-      q_out.size(2) == head_dim && slots.scalar_type() == at::kLong && slots.dim() == 1 &&
-      slots.size(0) == tokens && slots.is_contiguous() && slots.device() == qkv.device();
+  const bool fits = qkv.is_cuda() && dtype && tokens >= 0 && qkv.stride(1) == 1 &&
+                    !qkv.requires_grad() && qkv.size(1) == (heads + 2 * kv_heads) * head_dim &&
+                    RotaryCacheWriteFits(qkv, tokens, cos, sin, heads, kv_heads, head_dim,
+                                         key_slots, value_slots, slots, q_out);
   if (!fits) return false;
   const RotaryQkvToCacheArgs args{.dtype = *dtype,
                                   .qkv = qkv.data_ptr(),

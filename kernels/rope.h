@@ -34,5 +34,13 @@ void RotateHeadRow(const float* in, const float* cos, const float* sin, int64_t 
 bool RotaryQkvToCache(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
                       int64_t heads, int64_t kv_heads, int64_t head_dim, at::Tensor& key_slots,
                       at::Tensor& value_slots, const at::Tensor& slots, at::Tensor& q_out);
+// Whether RotaryQkvToCache's destinations and tables take `tokens` rows of `like`'s dtype and
+// device (the qkv rows' or, for the small-batch GEMM's rotary form, the activations'): cos
+// and sin [tokens, head_dim / 2] float32, key_slots and value_slots [num_slots, kv_heads,
+// head_dim], q_out [tokens, heads, head_dim], slots [tokens] int64, all contiguous there.
+bool RotaryCacheWriteFits(const at::Tensor& like, int64_t tokens, const at::Tensor& cos,
+                          const at::Tensor& sin, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                          const at::Tensor& key_slots, const at::Tensor& value_slots,
+                          const at::Tensor& slots, const at::Tensor& q_out);
 
 }  // namespace tophat::kernels

@@ -5,6 +5,7 @@
 
 #ifdef TOPHAT_HAVE_CUDA
 #include "kernels/cuda_device.h"
+#include "kernels/rope.h"
 #include "kernels/small_batch_gemm_cuda.cuh"
 #endif
 
@@ -99,22 +100,11 @@ bool SmallBatchGemmRotaryQkvToCache(const at::Tensor& x, const at::Tensor& qkv_w
                                     at::Tensor& value_slots, const at::Tensor& slots,
                                     at::Tensor& q_out) {
 #ifdef TOPHAT_HAVE_CUDA
-  if (heads <= 0 || kv_heads <= 0 || head_dim <= 0 || head_dim % 2 != 0) return false;
   const int64_t tokens = x.dim() == 2 ? x.size(0) : -1;
-  const auto same = [&](const at::Tensor& t) {
-    return t.scalar_type() == x.scalar_type() && t.device() == x.device() && t.is_contiguous();
-  };
-  const bool fits =
-      tokens >= 1 && cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat &&
-      cos.dim() == 2 && cos.size(0) == tokens && cos.size(1) * 2 == head_dim &&
-      sin.sizes() == cos.sizes() && cos.is_contiguous() && sin.is_contiguous() &&
-      cos.device() == x.device() && sin.device() == x.device() && same(key_slots) &&
-      same(value_slots) && key_slots.dim() == 3 && key_slots.size(1) == kv_heads &&
-      key_slots.size(2) == head_dim && value_slots.sizes() == key_slots.sizes() && same(q_out) &&
-      q_out.dim() == 3 && q_out.size(0) == tokens && q_out.size(1) == heads &&
-      q_out.size(2) == head_dim && slots.scalar_type() == at::kLong && slots.dim() == 1 &&
-      slots.size(0) == tokens && slots.is_contiguous() && slots.device() == x.device();
-  if (!fits) return false;
+  if (tokens < 1 || !RotaryCacheWriteFits(x, tokens, cos, sin, heads, kv_heads, head_dim, key_slots,
+                                          value_slots, slots, q_out)) {
+    return false;
+  }
   std::optional<SmallBatchGemmArgs> args =
       GemmArgs(x, qkv_weight, qkv_bias, (heads + 2 * kv_heads) * head_dim);
   if (!args) return false;
