@@ -28,6 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/kernel_profile.h"
 #include "kernels/cuda_device.h"
+#include "kernels/decode_attention.h"
 #include "bench/model_benchmark.h"
 #include "models/formats/checkpoint.h"
 #include "models/formats/config.h"
@@ -73,6 +74,7 @@ struct Args {
   size_t profile_top = 15;
   std::string small_batch_gemm = "measured";  // measured | always | never
   bool overlap_launches = true;  // kernels::SetOverlapKernelLaunches
+  bool fused_split_merge = true;  // kernels::SetFusedSplitMerge
 };
 
 // The row counts (1-8) at which each layer matrix's GEMM takes the small-batch kernel
@@ -605,6 +607,7 @@ int Run(const Args& args) {
   if (!small_batch_gemm.ok()) return Fail(small_batch_gemm.status());
   // Before the load, whose GEMM timings launch the kernels as steps will.
   kernels::SetOverlapKernelLaunches(args.overlap_launches);
+  kernels::SetFusedSplitMerge(args.fused_split_merge);
   auto loaded = Submodel::Load(*config, **checkpoint, spec,
                                {.dtype = *dtype,
                                 .device = device,
@@ -623,6 +626,9 @@ int Run(const Args& args) {
               overlapped ? "overlapped (programmatic dependent launch)"
                          : (args.overlap_launches ? "serialized (not a GPU of compute capability 9.0+)"
                                                   : "serialized (--overlap-launches off)"));
+  std::printf("split decode attention merged: %s\n",
+              args.fused_split_merge ? "in the attention kernel"
+                                     : "by a second kernel (--fused-split-merge off)");
   const int64_t max_batch = *std::max_element(args.batches.begin(), args.batches.end());
   const int64_t decode_positions = args.context + args.warmup + args.repetitions;
   if (decode_positions > middle->max_context() || args.prefill_tokens > middle->max_context()) {
@@ -756,6 +762,7 @@ int Run(const Args& args) {
       {"cuda_graphs", raw->graphs()},
       {"small_batch_gemm", {{"mode", args.small_batch_gemm}, {"rows", small_batch_rows}}},
       {"overlapped_launches", overlapped},
+      {"fused_split_merge", args.fused_split_merge},
       {"dtype", args.dtype},
       {"bounds", {{"memory_bytes_per_second", bounds.bandwidth},
                   {"memory_method", device.is_cpu() ? "multi-threaded read"
@@ -841,8 +848,15 @@ int main(int argc, char** argv) {
                  "them (on) or are serialized (off)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  std::string fused_split_merge = "on";
+  app.add_option("--fused-split-merge", fused_split_merge,
+                 "On a GPU: split decode attention merges in the attention kernel (on) or in a "
+                 "second kernel (off)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   args.overlap_launches = overlap == "on";
+  args.fused_split_merge = fused_split_merge == "on";
   spdlog::set_level(spdlog::level::warn);
   return tophat::Run(args);
 }

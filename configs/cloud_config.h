@@ -34,6 +34,9 @@ struct CloudConfig {
   // kernel before them (programmatic dependent launch, kernels/cuda_overlap.cuh); false
   // serializes them as a plain stream does.
   bool overlap_kernel_launches = true;
+  // On a GPU: the paged decode attention merges a split sequence's partials in the attention
+  // kernel itself (the last block to finish); false merges them with a second kernel.
+  bool fused_split_merge = true;
   int64_t max_context = 4096;                     // longest session, positions
   // TLS of the agents' port, mutual: agents present certificates client_ca_file signed, and
   // each device is known by the name its certificate gives (proto/channel_security.h).

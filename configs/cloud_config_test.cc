@@ -32,6 +32,7 @@ TEST_CASE("An empty cloud config yields the defaults") {
   CHECK(defaults.kv_cache.memory_bytes == 256LL << 20);
   CHECK(defaults.limits.max_message_bytes == 64LL << 20);
   CHECK(defaults.overlap_kernel_launches);
+  CHECK(defaults.fused_split_merge);
   // The defaults are valid except that nobody chose a bundle or the TLS files.
   const absl::Status status = ValidateCloudConfig(defaults);
   CHECK(status.message() ==
@@ -54,6 +55,7 @@ device: cuda:1
 compute_threads: 3
 small_batch_gemm: never
 overlap_kernel_launches: false
+fused_split_merge: false
 max_context: 8192
 kv_cache:
   block_size: 32
@@ -91,6 +93,7 @@ log_level: debug
   CHECK(config->compute_threads == 3);
   CHECK(config->small_batch_gemm == "never");
   CHECK_FALSE(config->overlap_kernel_launches);
+  CHECK_FALSE(config->fused_split_merge);
   CHECK(config->kv_cache.memory_bytes == 1LL << 30);
   CHECK(config->kv_cache.memory_fraction == 0.85);
   CHECK(config->scheduler.max_batch_tokens == 1024);

@@ -1,5 +1,6 @@
 #include "kernels/decode_attention.h"
 
+#include <atomic>
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -214,7 +215,7 @@ bool PagedDecodeAttentionBatch(const at::Tensor& q, const at::Tensor& key_blocks
                         partials.device() == q.device())) {
     return false;
   }
-  const bool has_counters = has_partials && split_counters.defined();
+  const bool has_counters = has_partials && split_counters.defined() && FusedSplitMerge();
   if (has_counters && !(split_counters.scalar_type() == at::kInt &&
                         split_counters.is_contiguous() && split_counters.device() == q.device())) {
     return false;
@@ -269,6 +270,16 @@ at::Tensor PagedDecodeWorkspace(int64_t heads, int64_t kv_heads, int64_t head_di
   (void)device;
   return {};
 #endif
+}
+
+namespace {
+std::atomic<bool> fused_split_merge{true};
+}  // namespace
+
+bool FusedSplitMerge() { return fused_split_merge.load(std::memory_order_relaxed); }
+
+void SetFusedSplitMerge(bool enabled) {
+  fused_split_merge.store(enabled, std::memory_order_relaxed);
 }
 
 at::Tensor PagedDecodeSplitCounters(at::Device device) {

@@ -55,6 +55,12 @@ bool PagedDecodeAttentionBatch(const at::Tensor& q, const at::Tensor& key_blocks
 // a captured CUDA graph keeps its address.
 at::Tensor PagedDecodeWorkspace(int64_t heads, int64_t kv_heads, int64_t head_dim,
                                 at::Device device);
+// Whether PagedDecodeAttentionBatch merges split sequences in the attention kernel when it
+// is given split counters (on unless set off), or always with a second kernel. Process-wide,
+// for operators and benchmarks (config key `fused_split_merge`, `tophat-bench-engine
+// --fused-split-merge`); set it before the first step (a captured graph keeps what it saw).
+bool FusedSplitMerge();
+void SetFusedSplitMerge(bool enabled);
 // Split counters for PagedDecodeAttentionBatch on `device`: int32 zeros, which every launch
 // leaves zeros (a few KB; undefined on a CPU or in a build without CUDA kernels). Allocate
 // them once, as the workspace.

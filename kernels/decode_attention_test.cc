@@ -134,6 +134,17 @@ TEST_CASE("Off a GPU the batched paged decode kernel has no workspace and declin
   CHECK(out.abs().sum().item<float>() == 0.0f);
 }
 
+TEST_CASE("The fused split merge is on unless operators turn it off", "[kernels]") {
+  struct Restore {
+    ~Restore() { SetFusedSplitMerge(true); }
+  } restore;
+  CHECK(FusedSplitMerge());
+  SetFusedSplitMerge(false);
+  CHECK_FALSE(FusedSplitMerge());
+  SetFusedSplitMerge(true);
+  CHECK(FusedSplitMerge());
+}
+
 TEST_CASE("Fused SwiGLU matches silu(gate) * up", "[kernels]") {
   at::manual_seed(1);
   at::Tensor gate_up = at::randn({3, 2 * 50}) * 4;

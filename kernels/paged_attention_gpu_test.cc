@@ -127,7 +127,7 @@ TEST_CASE("The CUDA paged decode attention matches a float64 reference", "[gpu][
       if (merge == Merge::kKernel) merged_by_kernel = out;
       if (merge == Merge::kFused) {
         // The same merge arithmetic in both forms, and the counters left for the next launch
-        // (the second fused run reuses them).
+        // (the second fused run reuses them). Then (below) the operators' switch.
         CHECK(at::equal(out, merged_by_kernel));
         const at::Tensor left = counters.cpu();
         CHECK(left.narrow(0, 0, seqs * c.kv_heads).eq(0).all().item<bool>());
@@ -136,6 +136,23 @@ TEST_CASE("The CUDA paged decode attention matches a float64 reference", "[gpu][
                   .all()
                   .item<bool>());
       }
+    }
+    {
+      // fused_split_merge: false: counters given, and poisoned, are not read; a second kernel
+      // merges, to the same bits.
+      struct Restore {
+        ~Restore() { SetFusedSplitMerge(true); }
+      } restore;
+      SetFusedSplitMerge(false);
+      const at::Tensor poisoned = at::full_like(counters, 77);
+      at::Tensor out = at::full({seqs, heads * c.head_dim}, NAN,
+                                at::TensorOptions().dtype(c.dtype).device(cuda));
+      REQUIRE(PagedDecodeAttentionBatch(q.to(cuda, c.dtype), key_blocks.to(cuda, c.dtype),
+                                        value_blocks.to(cuda, c.dtype), tables.to(cuda), seq_lens,
+                                        c.window, scale, out, at::full_like(workspace, NAN),
+                                        poisoned));
+      CHECK(at::equal(out, merged_by_kernel));
+      CHECK(poisoned.eq(77).all().item<bool>());
     }
   }
 }

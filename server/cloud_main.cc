@@ -29,6 +29,7 @@
 #include "models/runtime/bundle.h"
 #include "models/formats/config.h"
 #include "kernels/cuda_device.h"
+#include "kernels/decode_attention.h"
 #include "models/runtime/compute_threads.h"
 #include "server/cloud_metrics.h"
 #include "server/cloud_service.h"
@@ -97,6 +98,7 @@ int Run(const CloudConfig& written) {
   // Before the load: the small-batch GEMM's timings and the decode graphs' capture launch
   // the kernels as steps will.
   tophat::kernels::SetOverlapKernelLaunches(config.overlap_kernel_launches);
+  tophat::kernels::SetFusedSplitMerge(config.fused_split_merge);
   spdlog::info("loading cloud bundle {}", config.bundle);
   // With a pipeline, this process is stage 0 and loads only its own layers.
   std::optional<tophat::LayerRange> stage_layers;
@@ -132,6 +134,9 @@ int Run(const CloudConfig& written) {
                      ? "true (tophat's kernels overlap their predecessors on GPUs of compute "
                        "capability 9.0 or later)"
                      : "false (tophat's kernels are serialized)");
+    spdlog::info("fused_split_merge: {}", config.fused_split_merge
+                     ? "true (split decode attention merges in the attention kernel)"
+                     : "false (split decode attention merges in a second kernel)");
   }
   auto pool_bytes = tophat::KvPoolBytes({.memory_bytes = config.kv_cache.memory_bytes,
                                          .memory_fraction = config.kv_cache.memory_fraction,

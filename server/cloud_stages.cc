@@ -15,6 +15,7 @@
 #include "base/program.h"
 #include "base/status_macros.h"
 #include "kernels/cuda_device.h"
+#include "kernels/decode_attention.h"
 #include "models/formats/config.h"
 #include "models/formats/checkpoint.h"
 #include "models/runtime/compute_threads.h"
@@ -231,6 +232,7 @@ int RunLaterStage(const CloudConfig& written, int rank) {
   auto small_batch_gemm = ParseSmallBatchGemm(config.small_batch_gemm, "small_batch_gemm");
   if (!small_batch_gemm.ok()) return Fail(small_batch_gemm.status());
   kernels::SetOverlapKernelLaunches(config.overlap_kernel_launches);
+  kernels::SetFusedSplitMerge(config.fused_split_merge);
   spdlog::info("stage {} of {}: loading layers [{}, {}) of {} on {}", rank, plan->size,
                plan->layers.begin, plan->layers.end, config.bundle, plan->device);
   auto bundle = CloudBundle::Load(

@@ -16,8 +16,9 @@
 #   engine bench    decode at batch 1 and 8 again with every few-row GEMM on cuBLAS
 #     (cuBLAS)      (--small-batch-gemm never): the same-run measure of the small-batch
 #                   kernel, which the first engine bench takes where it measured faster at load
-#   engine bench    decode at batch 1 and 8 again with tophat's kernels serialized
-#     (serial)      (--overlap-launches off): the same-run measure of overlapped launches
+#   engine bench    decode at batch 1 and 8 again with tophat's kernels serialized and the
+#     (serial)      split attention merged by a kernel of its own (--overlap-launches off
+#                   --fused-split-merge off): the same-run measure of both
 # then prints a summary, the tables, and the same-run ratios of the last two engine benches
 # against the first, case by case. The whole check takes at most --budget seconds.
 #
@@ -230,14 +231,14 @@ phase engine-bench-cublas 90 pass "${tophat_env[@]}" "$root/bin/tophat-bench-eng
   --json "$out/bench-engine-cublas.json"
 phase engine-bench-serial 90 pass "${tophat_env[@]}" "$root/bin/tophat-bench-engine" \
   --model "$model" -m 2 -k 1 "${cublas_args[@]}" --overlap-launches off \
-  --json "$out/bench-engine-serial.json"
+  --fused-split-merge off --json "$out/bench-engine-serial.json"
 
 # --- The tables.
 for name in engine-bench hf-compare engine-bench-cublas engine-bench-serial; do
   if [ -f "$logs/$name.log" ]; then
     echo "== $name ==" | tee -a "$summary"
     # The table: the lines with column bars, and what the benchmark said of the machine.
-    grep -E '\|| bounds:|^-{20,}|^kernel profile|busy of|^small-batch GEMM|^kernel launches' "$logs/$name.log" |
+    grep -E '\|| bounds:|^-{20,}|^kernel profile|busy of|^small-batch GEMM|^kernel launches|^split decode attention' "$logs/$name.log" |
       tee -a "$summary"
   fi
 done
@@ -252,8 +253,9 @@ def cases(path):
     with open(path) as f:
         return {c["case"]: c for c in json.load(f).get("cases", [])}
 main, cublas, serial = (cases(p) for p in sys.argv[1:4])
-print("== same run: engine ms of the main bench against cuBLAS-only and serialized launches "
-      "(x: their time over the main bench's) ==")
+print("== same run: engine ms of the main bench against cuBLAS-only, and against serialized "
+      "launches with the split attention merged by a second kernel (x: their time over the "
+      "main bench's) ==")
 print(f"{'case':<14}{'main ms':>9}{'of bound':>10}{'cuBLAS ms':>11}{'x':>7}{'serial ms':>11}{'x':>7}")
 for name, c in main.items():
     if name not in cublas and name not in serial:
