@@ -903,21 +903,20 @@ void Submodel::RunLayers(int64_t total, const at::Tensor& cos, const at::Tensor&
     // Where the small-batch kernel was measured faster for qkv at this row count, its rotary
     // form writes the rotated queries and the cache's keys and values itself, the same bits
     // as the projection into `qkv` followed by RotaryQkvToCache, in one launch.
-    bool projected_to_cache = false;
-    if (device_batch.slots.defined() && UsesSmallBatchGemm(w.qkv, total)) {
-      const KvBlockPool& pool = *device_batch.pool;
-      at::Tensor key_slots = pool.keys(layer).view({-1, kv_heads, hd});
-      at::Tensor value_slots = pool.values(layer).view({-1, kv_heads, hd});
-      projected_to_cache = kernels::SmallBatchGemmRotaryQkvToCache(
-          h, w.qkv.dense, w.qkv_bias, cos, sin, heads, kv_heads, hd, key_slots, value_slots,
-          device_batch.slots, q);
+    at::Tensor key_slots;  // a GPU batch's pool layer, viewed by slot
+    at::Tensor value_slots;
+    if (device_batch.slots.defined()) {
+      key_slots = device_batch.pool->keys(layer).view({-1, kv_heads, hd});
+      value_slots = device_batch.pool->values(layer).view({-1, kv_heads, hd});
     }
+    const bool projected_to_cache =
+        key_slots.defined() && UsesSmallBatchGemm(w.qkv, total) &&
+        kernels::SmallBatchGemmRotaryQkvToCache(h, w.qkv.dense, w.qkv_bias, cos, sin, heads,
+                                                kv_heads, hd, key_slots, value_slots,
+                                                device_batch.slots, q);
     if (!projected_to_cache) LinearOut(h, w.qkv, w.qkv_bias, qkv);
     const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({total, kv_heads, hd});
-    if (device_batch.slots.defined()) {
-      const KvBlockPool& pool = *device_batch.pool;
-      at::Tensor key_slots = pool.keys(layer).view({-1, kv_heads, hd});
-      at::Tensor value_slots = pool.values(layer).view({-1, kv_heads, hd});
+    if (key_slots.defined()) {
       if (projected_to_cache ||
           kernels::RotaryQkvToCache(qkv, cos, sin, heads, kv_heads, hd, key_slots, value_slots,
                                     device_batch.slots, q)) {
