@@ -1,8 +1,8 @@
 // Overlapped launches (programmatic dependent launch, compute capability 9.0 and later):
 // a kernel launched with `overlap` may be scheduled while the kernel before it in the
 // stream is still finishing, so that the gap between two kernels (a decode step at batch 1
-// is ~250 of them, each a few microseconds long) is spent on the next one's start-up rather
-// than on an idle GPU. For .cu files only.
+// is over 200 of them, each a few microseconds long) is spent on the next one's start-up
+// rather than on an idle GPU. For .cu files only.
 //
 // The contract every kernel here keeps, so that an overlapped launch computes exactly what
 // a serialized one does:
@@ -11,9 +11,10 @@
 //   returns once the preceding kernel has completed and its writes are visible; a kernel
 //   all of whose blocks waited has therefore completed only after its predecessor did, so
 //   the ordering chains through a run of overlapped kernels.
-// - Before the wait a kernel may only hint: prefetch.global.L2 of its weights, which reads
-//   no value into the computation (L2 is the point of coherence, so even a weight written
-//   by the preceding kernel could not be read stale through it).
+// - Before the wait a kernel may read only weights: a model's parameters, written when it
+//   loads and by no kernel of a step, so that no predecessor can still be writing them
+//   (the small-batch GEMM loads its first pass of them there). Anything else a kernel reads
+//   (activations, caches, tables, counters) may be its predecessor's output.
 // - AllowNextKernelToStart() comes after the wait, so that at most two kernels are resident
 //   at once: the next one's blocks may take free SM slots only once this one's have all
 //   passed their wait, i.e. once the kernel before this one has finished.
@@ -35,11 +36,6 @@ __device__ inline void AllowNextKernelToStart() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-}
-
-// A hint that the 128-byte line at `p` will be read soon: fetched into L2, nothing returned.
-__device__ inline void PrefetchToL2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" : : "l"(p));
 }
 
 // Queues kernel<<<grid, block, 0, stream>>>(args...), overlapped with the preceding kernel

@@ -76,8 +76,6 @@ template <typename T, bool kAddResidual>
 __global__ void __launch_bounds__(kThreads)
     RmsNormVectorKernel(const T* __restrict__ x, T* __restrict__ residual,
                         const T* __restrict__ w, T* __restrict__ y, int64_t d, float eps) {
-  WaitForPrecedingKernel();
-  AllowNextKernelToStart();
   using V = Vector16<T>;
   constexpr int E = V::kElements;
   const int64_t vectors = d / E;
@@ -85,7 +83,18 @@ __global__ void __launch_bounds__(kThreads)
   const V* xr = reinterpret_cast<const V*>(x + offset);
   V* rr = kAddResidual ? reinterpret_cast<V*>(residual + offset) : nullptr;
   V* yr = reinterpret_cast<V*>(y + offset);
+  // The norm's weights, loaded while the preceding kernel finishes (an overlapped launch:
+  // weights are what a kernel may read before the wait, kernels/cuda_overlap.cuh).
   const V* wr = reinterpret_cast<const V*>(w);
+  V weights[kMaxVectors];
+#pragma unroll
+  for (int j = 0; j < kMaxVectors; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
+    if (i >= vectors) break;
+    weights[j] = wr[i];
+  }
+  WaitForPrecedingKernel();
+  AllowNextKernelToStart();
   float held[kMaxVectors][E];
   float sum = 0.0f;
 #pragma unroll
@@ -113,7 +122,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < kMaxVectors; ++j) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
     if (i >= vectors) break;
-    const V wv = wr[i];
+    const V& wv = weights[j];
     V out;
 #pragma unroll
     for (int e = 0; e < E; ++e) out.v[e] = FromFloat<T>(held[j][e] * scale * ToFloat(wv.v[e]));

@@ -113,14 +113,22 @@ __global__ void __launch_bounds__(kThreads)
   const uint4* wr[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) wr[r] = reinterpret_cast<const uint4*>(w + item.rows[r] * k);
-  // While the preceding kernel finishes (an overlapped launch), the first pass's weights on
-  // their way to L2: 128-byte lines, a lane each, kUnroll x 32 vectors a row.
-  constexpr int kVectorsPerLine = 128 / 16;
-  const int64_t first_pass = vectors < kUnroll * 32 ? vectors : kUnroll * 32;
-  if (index < items && lane * kVectorsPerLine < first_pass) {
+  // A pass: kUnroll 16-byte vectors of each row a lane, 32 apart.
+  uint4 wv[kRows][kUnroll];
+  auto load_pass = [&](int64_t base) {
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) PrefetchToL2(wr[r] + lane * kVectorsPerLine);
-  }
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = base + u * 32;
+        wv[r][u] = i < vectors ? LoadStreaming(wr[r] + i) : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  // The first pass is loaded while the preceding kernel finishes (an overlapped launch):
+  // weights, which no kernel of a step writes (kernels/cuda_overlap.cuh), so that the loads
+  // are in flight, not just the wait.
+  if (index < items) load_pass(lane);
   WaitForPrecedingKernel();
   AllowNextKernelToStart();
   if (index >= items) return;  // the whole warp: index is the same for its lanes
@@ -131,15 +139,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
   }
   for (int64_t base = lane; base < vectors; base += 32 * kUnroll) {
-    uint4 wv[kRows][kUnroll];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t i = base + u * 32;
-        wv[r][u] = i < vectors ? LoadStreaming(wr[r] + i) : make_uint4(0, 0, 0, 0);
-      }
-    }
+    if (base != lane) load_pass(base);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t i = base + u * 32;
