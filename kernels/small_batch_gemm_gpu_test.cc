@@ -80,9 +80,11 @@ TEST_CASE("The small-batch GEMM's SwiGLU form is the GEMM followed by SwiGLU, to
   for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
     // Columns not a multiple of the block's 8, K not a multiple of a pass, Llama-3-8B's MLP.
     for (auto [inner, k] : {std::pair<int64_t, int64_t>{13, 8}, {500, 200}, {14336, 4096}}) {
+      // Made on the GPU, once for every row count: Llama-3-8B's is 117M values.
+      const at::Tensor gate_up =
+          (at::randn({2 * inner, k}, at::TensorOptions().device(kCuda)) / 8).to(dtype);
       for (int64_t rows = 1; rows <= kSmallBatchGemmMaxRows; ++rows) {
         INFO(c10::toString(dtype) << " inner " << inner << " k " << k << " rows " << rows);
-        const at::Tensor gate_up = (at::randn({2 * inner, k}) / 8).to(kCuda, dtype);
         const at::Tensor x_buffer = at::randn({rows, k + 8}).to(kCuda, dtype);
         const at::Tensor x = x_buffer.narrow(1, 0, k);
         at::Tensor both = at::empty({rows, 2 * inner}, x.options());
@@ -117,16 +119,18 @@ TEST_CASE("The small-batch GEMM's rotary form is the qkv GEMM followed by the ro
   // An odd small shape (3 pairs a head, one block of 8 items a warp count does not divide)
   // and Llama-3-8B's.
   for (const Shape& shape : {Shape{3, 1, 6, 24}, Shape{32, 8, 128, 4096}}) {
+    const auto [heads, kv_heads, hd, k] = shape;
+    const int64_t n = (heads + 2 * kv_heads) * hd;
     for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+      const auto options = at::TensorOptions().device(kCuda).dtype(dtype);
+      // Made on the GPU, once for every row count.
+      const at::Tensor weight =
+          (at::randn({n, k}, at::TensorOptions().device(kCuda)) / 8).to(dtype);
       for (const bool with_bias : {false, true}) {
         for (int64_t rows = 1; rows <= kSmallBatchGemmMaxRows; ++rows) {
-          const auto [heads, kv_heads, hd, k] = shape;
           INFO(c10::toString(dtype) << " heads " << heads << "/" << kv_heads << " head_dim "
                                     << hd << " k " << k << " rows " << rows << " bias "
                                     << with_bias);
-          const int64_t n = (heads + 2 * kv_heads) * hd;
-          const auto options = at::TensorOptions().device(kCuda).dtype(dtype);
-          const at::Tensor weight = (at::randn({n, k}) / 8).to(kCuda, dtype);
           const at::Tensor bias = with_bias ? at::randn({n}).to(kCuda, dtype) : at::Tensor();
           const at::Tensor x = at::randn({rows, k}).to(kCuda, dtype);
           const at::Tensor angles = at::rand({rows, hd / 2}) * 6.28;
