@@ -1,7 +1,7 @@
 #include "kernels/decode_attention.h"
 
-#include <atomic>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
 #include <vector>

@@ -91,6 +91,11 @@ TEST_CASE("The CUDA paged decode attention matches a float64 reference", "[gpu][
     const at::Tensor ref = at::stack(refs);
     std::vector<int32_t> lens(lengths.begin(), lengths.end());
     const at::Tensor seq_lens = at::tensor(lens, at::kInt).to(cuda);
+    // The inputs on the device, once for every form launched below.
+    const at::Tensor q_cuda = q.to(cuda, c.dtype);
+    const at::Tensor key_blocks_cuda = key_blocks.to(cuda, c.dtype);
+    const at::Tensor value_blocks_cuda = value_blocks.to(cuda, c.dtype);
+    const at::Tensor tables_cuda = tables.to(cuda);
     const at::Tensor workspace = PagedDecodeWorkspace(heads, c.kv_heads, c.head_dim, cuda);
     // Without a workspace: one block per (sequence, KV head); with one, this small batch
     // splits every sequence, and sequences shorter than the splits leave some empty.
@@ -110,9 +115,8 @@ TEST_CASE("The CUDA paged decode attention matches a float64 reference", "[gpu][
                                       ? at::Tensor()
                                       : at::full_like(workspace, NAN);  // poisoned too
       const bool ran = PagedDecodeAttentionBatch(
-          q.to(cuda, c.dtype), key_blocks.to(cuda, c.dtype), value_blocks.to(cuda, c.dtype),
-          tables.to(cuda), seq_lens, c.window, scale, out, partials,
-          merge == Merge::kFused ? counters : at::Tensor());
+          q_cuda, key_blocks_cuda, value_blocks_cuda, tables_cuda, seq_lens, c.window, scale, out,
+          partials, merge == Merge::kFused ? counters : at::Tensor());
       INFO("dtype " << c10::toString(c.dtype) << ", head_dim " << c.head_dim << ", group "
                     << c.group << ", block " << c.block_size << ", window " << c.window
                     << ", splits " << (merge == Merge::kNoSplit ? 1 : splits) << ", merged "
@@ -147,10 +151,9 @@ TEST_CASE("The CUDA paged decode attention matches a float64 reference", "[gpu][
       const at::Tensor poisoned = at::full_like(counters, 77);
       at::Tensor out = at::full({seqs, heads * c.head_dim}, NAN,
                                 at::TensorOptions().dtype(c.dtype).device(cuda));
-      REQUIRE(PagedDecodeAttentionBatch(q.to(cuda, c.dtype), key_blocks.to(cuda, c.dtype),
-                                        value_blocks.to(cuda, c.dtype), tables.to(cuda), seq_lens,
-                                        c.window, scale, out, at::full_like(workspace, NAN),
-                                        poisoned));
+      REQUIRE(PagedDecodeAttentionBatch(q_cuda, key_blocks_cuda, value_blocks_cuda, tables_cuda,
+                                        seq_lens, c.window, scale, out,
+                                        at::full_like(workspace, NAN), poisoned));
       CHECK(at::equal(out, merged_by_kernel));
       CHECK(poisoned.eq(77).all().item<bool>());
     }
