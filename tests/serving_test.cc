@@ -2595,7 +2595,8 @@ TEST_CASE("In bfloat16 the agent and cloud choose float32's greedy token except 
   // near the top logits) flipped margins up to 0.053.
   for (double margin : agreement.disagreement_margins) CHECK(margin < 0.05);
   // Issue 31's goal. On the CPU: 2,382 of 2,400 (99.25%, margins 0.000-0.015); 98.12% with
-  // bfloat16 logits, 98.92% with the normed state rounded before the head (a GPU agent's form).
+  // bfloat16 logits, 98.92% with the normed state rounded before the head (a GPU agent's form
+  // until its head took the remainder of that rounding too: SplitForHalfProducts).
   CHECK(fraction >= 0.99);
 }
 

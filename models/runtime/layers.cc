@@ -20,6 +20,17 @@ at::Tensor AddRmsNorm(at::Tensor& residual, const at::Tensor& delta, const at::T
   return kernels::AddRmsNorm(residual, delta, weight, eps);
 }
 
+at::Tensor SplitForHalfProducts(const at::Tensor& x, at::ScalarType dtype) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat,
+              "SplitForHalfProducts takes float32 rows [T, C]");
+  const int64_t rows = x.size(0);
+  at::Tensor halves = at::empty({2 * rows, x.size(1)}, x.options().dtype(dtype));
+  at::Tensor rounded = halves.narrow(0, 0, rows);
+  rounded.copy_(x);
+  halves.narrow(0, rows, rows).copy_(x - rounded.to(at::kFloat));
+  return halves;
+}
+
 RopeTable RopeTable::Create(const ModelConfig& config, int64_t max_positions, at::Device device) {
   const int64_t half = config.head_dim / 2;
   std::vector<double> inv_freq(half);

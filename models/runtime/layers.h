@@ -18,6 +18,12 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor AddRmsNorm(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& weight,
                       double eps);
 
+// `x` ([T, C], float32) as [2T, C] rows of `dtype` (bfloat16 or float16): rows 0..T-1 are x
+// rounded, rows T..2T-1 what that rounding left, rounded. A matrix's products with the two
+// halves, summed in float32, are its products with x to 16 mantissa bits (bfloat16) instead of
+// 8: how a GPU, whose GEMMs take only half-precision operands, multiplies a float32 activation.
+at::Tensor SplitForHalfProducts(const at::Tensor& x, at::ScalarType dtype);
+
 // Rotary embedding tables cos/sin of shape [max_positions, head_dim / 2], float32, with the
 // `rope_scaling` of the config applied (llama3 frequency bands).
 struct RopeTable {

@@ -71,21 +71,29 @@ void LinearOut(const at::Tensor& x, const WeightMatrix& w, const at::Tensor& bia
 // The final norm and the LM head, with float32 logits whatever the compute dtype. Rounded to
 // bfloat16, a logit near 14 (the toy model's top logits) is a multiple of 1/16, so greedy
 // choices whose float32 margin is under a few hundredths tie or swap. Here the head keeps the
-// bfloat16 weights but multiplies and sums in float32, and on the CPU the normed state stays
-// float32 too: LinearBf16 takes float32 activations as they are, widening each weight exactly
-// as it streams it. cuBLAS multiplies bfloat16/float16 operands into float32 in place, so on a
-// GPU the normed state is rounded once to the compute dtype. Either way the cost is the [T, V]
-// output in float32, not the weights. The all-bfloat16 serving test's agreement with float32
-// greedy (toy model, 2,400 tokens): 98.12% with bfloat16 logits, 98.92% with float32 products
-// of the rounded normed state, 99.25% as here on the CPU. float16 on the CPU has no such
-// kernel and keeps float16 logits (ten mantissa bits, eight times finer).
+// bfloat16 weights but multiplies and sums in float32, and the normed state stays float32
+// too. On the CPU LinearBf16 takes float32 activations as they are, widening each weight
+// exactly as it streams it. cuBLAS multiplies only bfloat16/float16 operands (into float32),
+// so on a GPU the normed state goes in as two rows of the compute dtype, its rounding and
+// what that rounding left (SplitForHalfProducts), whose products are summed: 16 mantissa bits
+// of the normed state instead of 8, at the cost of twice the rows of a GEMM that reads the
+// same weights (a decode step's head is bound by reading them). The all-bfloat16 serving
+// test's agreement with float32 greedy (toy model, 2,400 tokens): 98.12% with bfloat16
+// logits, 98.92% with float32 products of the normed state rounded once, 99.25% as here.
+// float16 on the CPU has no such kernel and keeps float16 logits (ten mantissa bits, eight
+// times finer).
 at::Tensor NormHeadLogits(const at::Tensor& hidden, const at::Tensor& norm, double eps,
                           const WeightMatrix& head) {
   const at::ScalarType dtype = hidden.scalar_type();
   const bool dense_half = !head.is_int8() && head.dense.scalar_type() == dtype &&
                           (dtype == at::kBFloat16 || dtype == at::kHalf);
   if (dense_half && hidden.is_cuda()) {
-    return at::mm(RmsNorm(hidden, norm, eps), head.dense.t(), at::kFloat);
+    const int64_t rows = hidden.size(0);
+    const at::Tensor products =
+        at::mm(SplitForHalfProducts(RmsNorm(hidden.to(at::kFloat), norm.to(at::kFloat), eps),
+                                    dtype),
+               head.dense.t(), at::kFloat);
+    return products.narrow(0, 0, rows).add_(products.narrow(0, rows, rows));
   }
   if (dense_half && dtype == at::kBFloat16 && hidden.is_cpu()) {
     return kernels::LinearBf16(RmsNorm(hidden.to(at::kFloat), norm.to(at::kFloat), eps),

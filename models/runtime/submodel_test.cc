@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "models/runtime/generate.h"
+#include "models/runtime/layers.h"
 #include "models/runtime/model_init.h"
 
 namespace tophat {
@@ -814,6 +815,37 @@ TEST_CASE("In bfloat16 on the CPU the logits are float32: the final norm and the
     const at::Tensor from_rounded = at::linear(normed.to(at::kBFloat16).to(at::kDouble), head);
     CHECK((from_rounded - exact).abs().max().item<double>() > 1e-4 * scale);
   }
+}
+
+TEST_CASE("A float32 row split into two half-precision rows keeps 16 of its mantissa bits, "
+          "and so do a matrix's products with them, summed",
+          "[submodel]") {
+  // How a GPU's head multiplies the float32 normed state (cuBLAS takes half operands only).
+  at::manual_seed(5);
+  const at::Tensor x = at::randn({3, 96}) * at::exp(at::randn({3, 96}));  // varied magnitudes
+  const at::Tensor weight = at::randn({40, 96}).to(at::kBFloat16).to(at::kDouble);
+  const at::Tensor exact = at::linear(x.to(at::kDouble), weight);
+  const double scale = exact.abs().max().item<double>();
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    INFO(c10::toString(dtype));
+    const at::Tensor halves = SplitForHalfProducts(x, dtype);
+    REQUIRE(halves.scalar_type() == dtype);
+    REQUIRE(halves.sizes() == at::IntArrayRef({6, 96}));
+    const at::Tensor rounded = halves.narrow(0, 0, 3).to(at::kDouble);
+    const at::Tensor left = halves.narrow(0, 3, 3).to(at::kDouble);
+    CHECK(rounded.equal(x.to(dtype).to(at::kDouble)));
+    const at::Tensor products = at::linear(rounded, weight) + at::linear(left, weight);
+    CHECK((products - exact).abs().max().item<double>() < 1e-5 * scale);
+    if (dtype == at::kBFloat16) {
+      // The remainder is itself rounded: at most 2^-9 of 2^-9 of each value (bfloat16 has
+      // float32's exponents; float16's remainders of tiny values fall below its range).
+      const at::Tensor error = (rounded + left - x.to(at::kDouble)).abs();
+      CHECK((error <= x.to(at::kDouble).abs() * std::ldexp(1.0, -17)).all().item<bool>());
+      // The rounded row alone is 2^-9 off and moves the products far past the bound above.
+      CHECK((at::linear(rounded, weight) - exact).abs().max().item<double>() > 1e-4 * scale);
+    }
+  }
+  CHECK_THROWS(SplitForHalfProducts(x.to(at::kBFloat16), at::kBFloat16));
 }
 
 }  // namespace
