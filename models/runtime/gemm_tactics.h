@@ -33,6 +33,21 @@ uint32_t SmallBatchRowsMask(std::span<const double> kernel_seconds,
 // sets, ascending. Pure.
 std::vector<int64_t> SmallBatchRows(uint32_t mask);
 
+// What a decode step does with a role's products besides storing them, and so what the
+// timing compares: the kernel's form that does it in the same launch (kernels/small_batch_gemm.h)
+// against cuBLAS followed by the kernel that does it. For gate_up the SwiGLU form against
+// GEMM + SwiGluOut; for qkv the rotary form against GEMM + RotaryQkvToCache (rows written to
+// a scratch cache of max_rows slots; heads, kv_heads and head_dim give the layout). A launch
+// at batch 1 costs a few microseconds against a matrix read of 10 to 80, so timing the plain
+// product alone could hand the step cuBLAS and the extra kernel where the fused form wins.
+struct SmallBatchEpilogue {
+  enum class Kind { kNone, kSwiGlu, kRotaryQkv };
+  Kind kind = Kind::kNone;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+};
+
 // Times both paths for rows 1..max_rows (at most kernels::kSmallBatchGemmMaxRows) on
 // `weights`, matrices [N, K] of one shape on one CUDA device (every layer's matrix of one
 // role), with `biases` ([N] each, one per weight) or none: best of three replays of a graph
@@ -40,10 +55,12 @@ std::vector<int64_t> SmallBatchRows(uint32_t mask);
 // once between the others, from memory, not from L2 (50 MB on an H100, which one o_proj of
 // Llama-3-8B fits): 20 launches on one matrix would time L2. Errors: a CPU tensor or a
 // build without CUDA kernels (Unimplemented), no weights, or weights and biases that do not
-// pair (InvalidArgument), a shape or dtype the kernel does not take (FailedPrecondition), a
-// capture or launch the runtime refuses (Internal).
+// pair, an epilogue whose layout does not match the weights (InvalidArgument), a shape or
+// dtype the kernel or the epilogue's kernels do not take (FailedPrecondition), a capture or
+// launch the runtime refuses (Internal).
 absl::StatusOr<SmallBatchTimings> TimeSmallBatchGemm(std::span<const at::Tensor> weights,
                                                      std::span<const at::Tensor> biases,
-                                                     int64_t max_rows);
+                                                     int64_t max_rows,
+                                                     const SmallBatchEpilogue& epilogue = {});
 
 }  // namespace tophat

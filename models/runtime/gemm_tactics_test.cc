@@ -1,6 +1,7 @@
 #include "models/runtime/gemm_tactics.h"
 
 #include <catch2/catch.hpp>
+#include <string_view>
 #include <vector>
 
 #include "kernels/small_batch_gemm.h"
@@ -64,6 +65,30 @@ TEST_CASE("Off a GPU nothing takes the small-batch kernel, whatever the option s
   CHECK(TimeSmallBatchGemm(weights, two_biases, 4).status().code() ==
         absl::StatusCode::kInvalidArgument);
   CHECK(TimeSmallBatchGemm({}, {}, 4).status().code() == absl::StatusCode::kInvalidArgument);
+  // So is a fused form whose layout the weights do not have: 32 rows are 2 heads and 1 KV
+  // head of 8 ((2 + 2) x 8), not 2 heads and 2 KV heads; SwiGLU takes no bias.
+  using Epilogue = SmallBatchEpilogue;
+  const Epilogue rotary{.kind = Epilogue::Kind::kRotaryQkv, .heads = 2, .kv_heads = 1,
+                        .head_dim = 8};
+  CHECK(TimeSmallBatchGemm(weights, {}, 4, rotary).status().code() ==
+        absl::StatusCode::kUnimplemented);
+  Epilogue wrong = rotary;
+  wrong.kv_heads = 2;
+  const absl::Status refused = TimeSmallBatchGemm(weights, {}, 4, wrong).status();
+  CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(refused.message().find("do not lay out 32 qkv rows") != std::string_view::npos);
+  wrong = {.kind = Epilogue::Kind::kRotaryQkv, .heads = 4, .kv_heads = 0, .head_dim = 8};
+  CHECK(TimeSmallBatchGemm(weights, {}, 4, wrong).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  const Epilogue swiglu{.kind = Epilogue::Kind::kSwiGlu};
+  CHECK(TimeSmallBatchGemm(weights, {}, 4, swiglu).status().code() ==
+        absl::StatusCode::kUnimplemented);
+  const std::vector<at::Tensor> one_bias = {at::zeros({32})};
+  CHECK(TimeSmallBatchGemm(weights, one_bias, 4, swiglu).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  const std::vector<at::Tensor> odd = {at::randn({33, 64}).to(at::kBFloat16)};
+  CHECK(TimeSmallBatchGemm(odd, {}, 4, swiglu).status().code() ==
+        absl::StatusCode::kInvalidArgument);
 
   const ModelConfig config = TinyTestConfig();
   testing::TempDir dir;

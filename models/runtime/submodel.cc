@@ -383,16 +383,20 @@ void Submodel::ChooseSmallBatchGemms() {
   }
   constexpr int64_t kMaxRows = kernels::kSmallBatchGemmMaxRows;
   constexpr uint32_t kEveryRow = ((1u << (kMaxRows + 1)) - 1) & ~1u;  // bits 1..8
+  using Epilogue = SmallBatchEpilogue::Kind;
   struct Role {
     const char* name;
     WeightMatrix DecoderLayerWeights::*matrix;
     at::Tensor DecoderLayerWeights::*bias;
+    // What a decode step does with the products (RunLayers): the kernel's fused form is
+    // timed against cuBLAS and the kernel it replaces.
+    Epilogue epilogue;
   };
   static constexpr Role kRoles[] = {
-      {"qkv", &DecoderLayerWeights::qkv, &DecoderLayerWeights::qkv_bias},
-      {"o_proj", &DecoderLayerWeights::o_proj, &DecoderLayerWeights::o_bias},
-      {"gate_up", &DecoderLayerWeights::gate_up, nullptr},
-      {"down", &DecoderLayerWeights::down, nullptr}};
+      {"qkv", &DecoderLayerWeights::qkv, &DecoderLayerWeights::qkv_bias, Epilogue::kRotaryQkv},
+      {"o_proj", &DecoderLayerWeights::o_proj, &DecoderLayerWeights::o_bias, Epilogue::kNone},
+      {"gate_up", &DecoderLayerWeights::gate_up, nullptr, Epilogue::kSwiGlu},
+      {"down", &DecoderLayerWeights::down, nullptr, Epilogue::kNone}};
   std::string summary;
   for (const Role& role : kRoles) {
     // Every layer's matrix of a role has the first layer's shape: one choice for all, timed
@@ -408,16 +412,30 @@ void Submodel::ChooseSmallBatchGemms() {
         weights.push_back((w.*role.matrix).dense);
         if (role.bias != nullptr && (w.*role.bias).defined()) biases.push_back(w.*role.bias);
       }
-      const absl::StatusOr<SmallBatchTimings> timings =
-          TimeSmallBatchGemm(weights, biases, kMaxRows);
+      const SmallBatchEpilogue epilogue{.kind = role.epilogue,
+                                        .heads = config_.num_attention_heads,
+                                        .kv_heads = config_.num_key_value_heads,
+                                        .head_dim = config_.head_dim};
+      absl::StatusOr<SmallBatchTimings> timings =
+          TimeSmallBatchGemm(weights, biases, kMaxRows, epilogue);
+      const char* form = role.epilogue == Epilogue::kRotaryQkv ? "+rotary"
+                         : role.epilogue == Epilogue::kSwiGlu  ? "+swiglu"
+                                                               : "";
+      if (!timings.ok() && role.epilogue != Epilogue::kNone) {
+        // The step still takes the plain kernel where the fused form cannot run.
+        spdlog::warn("{}: timing the fused form failed ({}); timing the plain product",
+                     role.name, timings.status().ToString());
+        timings = TimeSmallBatchGemm(weights, biases, kMaxRows);
+        form = "";
+      }
       if (!timings.ok()) {
         spdlog::warn("{}: steps of every size take cuBLAS: {}", role.name,
                      timings.status().ToString());
         continue;
       }
       rows = SmallBatchRowsMask(timings->kernel_seconds, timings->blas_seconds);
-      absl::StrAppendFormat(&summary, " %s [%d x %d] %.1f/%.1f us at 1 row, %.1f/%.1f at %d,",
-                            role.name, matrix.dense.size(0), matrix.dense.size(1),
+      absl::StrAppendFormat(&summary, " %s%s [%d x %d] %.1f/%.1f us at 1 row, %.1f/%.1f at %d,",
+                            role.name, form, matrix.dense.size(0), matrix.dense.size(1),
                             1e6 * timings->kernel_seconds.front(),
                             1e6 * timings->blas_seconds.front(),
                             1e6 * timings->kernel_seconds.back(),
@@ -427,7 +445,9 @@ void Submodel::ChooseSmallBatchGemms() {
                     absl::StrJoin(SmallBatchRows(rows), ","), "};");
     for (DecoderLayerWeights& w : layers_) (w.*role.matrix).small_batch_rows = rows;
   }
-  spdlog::info("small-batch GEMM (kernel/cuBLAS per launch):{}", summary);
+  spdlog::info("small-batch GEMM (kernel/cuBLAS per launch; +rotary and +swiglu: with the "
+               "kernel each form replaces):{}",
+               summary);
 }
 
 void Submodel::PrepareFusedLayers() {

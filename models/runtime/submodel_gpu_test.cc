@@ -12,7 +12,9 @@
 #endif
 
 #include "kernels/cuda_device.h"
+#include "kernels/small_batch_gemm.h"
 #include "models/runtime/decode_graphs.h"
+#include "models/runtime/gemm_tactics.h"
 #include "models/runtime/model_init.h"
 #include "models/runtime/submodel.h"
 #include "base/test_util.h"
@@ -208,6 +210,48 @@ TEST_CASE("On CUDA in bfloat16 steps through the small-batch GEMM compute what c
   // bfloat16 rounding of a layer's output can then differ by a step.
   CHECK(error <= 0.02 * scale);
   CHECK(got.argmax(-1).eq(want.argmax(-1)).to(at::kFloat).mean().item<double>() > 0.95);
+}
+
+TEST_CASE("On CUDA the small-batch timings of qkv and gate_up time the fused forms against "
+          "cuBLAS and the kernel each replaces, at every row count",
+          "[gpu][submodel]") {
+  const ModelConfig config = TinyDecodeKernelConfig();
+  const at::TensorOptions options =
+      at::TensorOptions().dtype(at::kBFloat16).device(at::Device(at::kCUDA, 0));
+  const int64_t k = config.hidden_size;
+  const int64_t qkv_rows = config.q_size() + 2 * config.kv_size();
+  const std::vector<at::Tensor> qkv = {at::randn({qkv_rows, k}, options),
+                                       at::randn({qkv_rows, k}, options)};
+  const std::vector<at::Tensor> qkv_bias = {at::randn({qkv_rows}, options),
+                                            at::randn({qkv_rows}, options)};
+  const std::vector<at::Tensor> gate_up = {at::randn({2 * config.intermediate_size, k}, options)};
+  const SmallBatchEpilogue rotary{.kind = SmallBatchEpilogue::Kind::kRotaryQkv,
+                                  .heads = config.num_attention_heads,
+                                  .kv_heads = config.num_key_value_heads,
+                                  .head_dim = config.head_dim};
+  const SmallBatchEpilogue swiglu{.kind = SmallBatchEpilogue::Kind::kSwiGlu};
+  struct Case {
+    const char* name;
+    const std::vector<at::Tensor>& weights;
+    std::vector<at::Tensor> biases;
+    SmallBatchEpilogue epilogue;
+  };
+  for (const Case& c : {Case{"qkv+rotary", qkv, {}, rotary},
+                        Case{"qkv+rotary with bias", qkv, qkv_bias, rotary},
+                        Case{"gate_up+swiglu", gate_up, {}, swiglu}}) {
+    INFO(c.name);
+    const absl::StatusOr<SmallBatchTimings> timings =
+        TimeSmallBatchGemm(c.weights, c.biases, kernels::kSmallBatchGemmMaxRows, c.epilogue);
+    INFO(timings.status().ToString());
+    REQUIRE(timings.ok());
+    REQUIRE(timings->kernel_seconds.size() ==
+            static_cast<size_t>(kernels::kSmallBatchGemmMaxRows));
+    for (size_t r = 0; r < timings->kernel_seconds.size(); ++r) {
+      INFO(r + 1 << " rows");
+      CHECK(timings->kernel_seconds[r] > 0);
+      CHECK(timings->blas_seconds[r] > 0);
+    }
+  }
 }
 
 #ifdef TOPHAT_HAVE_CUDA
