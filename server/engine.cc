@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/memory_release.h"
 #include "base/status_macros.h"
+#include "kernels/host_copy.h"
 #include "proto/hidden_states.h"
 #include "proto/protocol_version.h"
 #include "base/clock.h"
@@ -1167,13 +1168,15 @@ int64_t Engine::Launch() {
   const bool gathered = plan_.size() > 1 || gpu;
   // The last upload from staging_ must have been read before it is overwritten.
   if (gathered) staging_read_.Wait();
+  gather_copies_.clear();
   for (const PlannedWork& planned : plan_) {
     Session* session = pending_sessions_[planned.index];
     const WorkItem& head = session->work.front();
     KvCache& cache = session->cache;
     if (gathered) {
-      std::memcpy(staging + row * row_bytes_, head.data.data() + head.done * row_bytes_,
-                  planned.num_tokens * row_bytes_);
+      gather_copies_.push_back({.to = staging + row * row_bytes_,
+                                .from = head.data.data() + head.done * row_bytes_,
+                                .bytes = planned.num_tokens * row_bytes_});
     }
     chunks_.push_back({.cache = &cache, .num_tokens = planned.num_tokens});
     batch.parts.push_back({.key = {session->stream, session->id},
@@ -1181,6 +1184,8 @@ int64_t Engine::Launch() {
     session->in_flight = true;
     row += planned.num_tokens;
   }
+  // A prompt chunk's megabytes across threads (host_copy.h); a decode step's rows here.
+  kernels::CopyAll(gather_copies_, copy_slices_);
 
   // A CPU step of one chunk reads its payload in place (the payload outlives the forward);
   // the rest were gathered into staging.
@@ -1322,10 +1327,16 @@ void Engine::Complete() {
       (head.decode ? metrics_->generation_tokens : metrics_->prompt_tokens)
           .Increment(part.num_tokens);
     }
+    // Each piece's message first, its states' bytes reserved here (so that the threads below
+    // allocate nothing); then the states, spread over threads for a prompt chunk's pieces
+    // (host_copy.h); then the sends, in order.
+    result_messages_.clear();
+    result_messages_.reserve(
+        static_cast<size_t>((part.num_tokens + piece_rows - 1) / piece_rows));
+    const bool same_dtype = session->result_dtype == wire_dtype_;
     for (int64_t piece = 0; piece < part.num_tokens; piece += piece_rows) {
       const int64_t rows = std::min(piece_rows, part.num_tokens - piece);
-      v1::CloudMessage message;
-      v1::ForwardResult* result = message.mutable_result();
+      v1::ForwardResult* result = result_messages_.emplace_back().mutable_result();
       result->set_session_id(session->id);
       result->set_sequence_number(head.sequence_number);
       result->set_first_position(static_cast<uint32_t>(part_first + piece));
@@ -1336,17 +1347,25 @@ void Engine::Complete() {
       result->set_phase(head.decode ? v1::PHASE_DECODE : v1::PHASE_PREFILL);
       result->set_compute_seconds(compute_seconds);
       result->set_kv_length(static_cast<uint32_t>(session->cache.length()));
-      v1::HiddenStates* states = result->mutable_states();
-      const uint8_t* piece_bytes = deep_bytes + (part_row + piece) * row_bytes_;
-      if (session->result_dtype == wire_dtype_) {
+      result->set_chunk_done(chunk_done && piece + rows == part.num_tokens);
+      if (same_dtype) result->mutable_states()->mutable_data()->reserve(rows * row_bytes_);
+    }
+    const uint8_t* part_bytes = deep_bytes + part_row * row_bytes_;
+    const v1::DType result_dtype = session->result_dtype;
+    auto fill_piece = [&](int64_t i) {
+      const int64_t piece = i * piece_rows;
+      const int64_t rows = std::min(piece_rows, part.num_tokens - piece);
+      const uint8_t* piece_bytes = part_bytes + piece * row_bytes_;
+      v1::HiddenStates* states =
+          result_messages_[static_cast<size_t>(i)].mutable_result()->mutable_states();
+      if (same_dtype) {
         states->set_dtype(wire_dtype_);
         states->set_num_positions(static_cast<uint32_t>(rows));
         states->set_hidden_size(static_cast<uint32_t>(middle_->config().hidden_size));
-        states->mutable_data()->assign(reinterpret_cast<const char*>(piece_bytes),
+        states->mutable_data()->append(reinterpret_cast<const char*>(piece_bytes),
                                        rows * row_bytes_);
       } else if (!EncodeHiddenStates(piece_bytes, middle_->options().dtype, rows,
-                                     middle_->config().hidden_size, session->result_dtype,
-                                     states)
+                                     middle_->config().hidden_size, result_dtype, states)
                       .ok()) {
         // A value the session's wire cannot carry (beyond float16's range, or not finite
         // for int8): these rows go in the compute dtype, which the agent accepts too.
@@ -1354,10 +1373,14 @@ void Engine::Complete() {
                            middle_->config().hidden_size, wire_dtype_, states)
             .IgnoreError();
       }
-      result->set_chunk_done(chunk_done && piece + rows == part.num_tokens);
+    };
+    kernels::ForEachHostCopy(static_cast<int64_t>(result_messages_.size()),
+                             piece_rows * row_bytes_, fill_piece);
+    for (v1::CloudMessage& message : result_messages_) {
       if (metrics_ != nullptr) {
-        metrics_->hidden_state_bytes_out.Increment(states->data().size() +
-                                                    states->scales().size());
+        const v1::HiddenStates& states = message.result().states();
+        metrics_->hidden_state_bytes_out.Increment(states.data().size() +
+                                                    states.scales().size());
       }
       Send(key.first, std::move(message));
     }

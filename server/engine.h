@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "base/log_rate.h"
 #include "kernels/cuda_device.h"
+#include "kernels/host_copy.h"
 #include "models/runtime/decode_graphs.h"
 #include "models/runtime/kv_cache.h"
 #include "models/runtime/submodel.h"
@@ -391,6 +392,12 @@ class Engine {
   std::vector<SessionKey> failed_sessions_;  // Launch: those whose KV blocks ran out
   std::set<SessionKey> injected_reservation_failures_;
   std::vector<SequenceChunk> chunks_;
+  // The step's input rows gathered into staging_, and CopyAll's slices of them (scratch).
+  std::vector<kernels::HostCopy> gather_copies_;
+  std::vector<kernels::HostCopy> copy_slices_;
+  // One part's result messages before they are filled (in parallel for a prompt chunk's
+  // pieces) and sent, in order (scratch).
+  std::vector<v1::CloudMessage> result_messages_;
   std::vector<int32_t> released_blocks_;
   // Launched steps not yet completed, oldest first: a ring of one record per pipeline stage
   // (one without a pipeline), made once so that launching a step allocates no record.

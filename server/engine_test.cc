@@ -8,6 +8,7 @@
 #include <mutex>
 #include <optional>
 
+#include "kernels/host_copy.h"
 #include "models/formats/checkpoint.h"
 #include "models/runtime/model_init.h"
 #include "base/test_util.h"
@@ -355,6 +356,91 @@ TEST_CASE("Prompt results leave in pieces of max_result_piece_bytes, decode resu
   CHECK(messages[0].result().states().num_positions() == 5);
   CHECK(messages[0].result().phase() == v1::PHASE_DECODE);
   CHECK(messages[0].result().chunk_done());
+}
+
+// A middle whose rows are 4 KiB (hidden 1,024 in float32), so that a prompt step of a few
+// hundred positions moves megabytes: the sizes at which the engine gathers its input and
+// fills its result pieces across threads (kernels/host_copy.h).
+std::shared_ptr<const Submodel> WideMiddle() {
+  static std::shared_ptr<const Submodel> middle = [] {
+    static testing::TempDir dir;
+    ModelConfig config = TinyTestConfig();
+    config.hidden_size = 1024;
+    config.num_attention_heads = 8;
+    config.num_key_value_heads = 2;
+    config.head_dim = 128;
+    config.intermediate_size = 256;
+    config.num_hidden_layers = 3;
+    REQUIRE(WriteCheckpoint(config, InitWeights(config, 13), dir.path()).ok());
+    auto checkpoint = CheckpointReader::Open(dir.path());
+    REQUIRE(checkpoint.ok());
+    auto loaded = Submodel::Load(config, **checkpoint, SubmodelSpec::Middle(config, 1, 1));
+    REQUIRE(loaded.ok());
+    return std::shared_ptr<const Submodel>(std::move(*loaded));
+  }();
+  return middle;
+}
+
+TEST_CASE("A step of megabytes, gathered and sent back in pieces across threads, computes and "
+          "returns each session's rows in order") {
+  const std::shared_ptr<const Submodel> middle = WideMiddle();
+  const int64_t d = middle->config().hidden_size;
+  const int64_t row_bytes = d * 4;
+  // Two prompts of 300 positions in one step: 2.3 MiB gathered, and each prompt's 1.2 MiB
+  // back in pieces of 8 rows (32 KiB).
+  EngineOptions options{.model_id = "wide",
+                        .kv_block_size = 16,
+                        .kv_num_blocks = 40,
+                        .max_batch_tokens = 600,
+                        .max_running_sessions = 2,
+                        .max_waiting_sessions = 1,
+                        .max_chunk_tokens = 300,
+                        .session_timeout_s = 600};
+  options.max_result_piece_bytes = 8 * row_bytes;
+  REQUIRE(2 * 300 * row_bytes >= kernels::kParallelCopyBytes);
+  auto created = Engine::Create(options, middle, nullptr);
+  REQUIRE(created.ok());
+  Engine& engine = **created;
+  auto sink = std::make_shared<CollectingSink>();
+  engine.AttachStream(1, sink);
+  std::map<uint64_t, at::Tensor> sent;
+  for (uint64_t id : {1, 2}) {
+    v1::AgentMessage open;
+    open.mutable_open()->set_session_id(id);
+    open.mutable_open()->set_max_positions(300);
+    engine.Deliver(1, open);
+    sent[id] = at::randn({300, d});
+    v1::AgentMessage message;
+    v1::ForwardChunk* chunk = message.mutable_forward();
+    chunk->set_session_id(id);
+    chunk->set_sequence_number(1);
+    chunk->set_phase(v1::PHASE_PREFILL);
+    REQUIRE(PackHiddenStates(sent[id], v1::DTYPE_FLOAT32, chunk->mutable_states()).ok());
+    engine.Deliver(1, message);
+  }
+  CHECK(engine.RunOnce() == 600);  // both whole, in one step
+  std::map<uint64_t, std::vector<at::Tensor>> pieces;
+  std::map<uint64_t, int64_t> next_position;
+  for (const v1::CloudMessage& message : sink->Take()) {
+    if (message.has_error()) FAIL(message.error().message());
+    if (!message.has_result()) continue;
+    const v1::ForwardResult& result = message.result();
+    const uint64_t id = result.session_id();
+    CHECK(result.first_position() == next_position[id]);  // in order, no gap
+    next_position[id] += result.states().num_positions();
+    CHECK(result.chunk_done() == (next_position[id] == 300));
+    auto deep = UnpackHiddenStates(result.states());
+    REQUIRE(deep.ok());
+    pieces[id].push_back(*deep);
+  }
+  for (uint64_t id : {1, 2}) {
+    INFO("session " << id);
+    REQUIRE(pieces[id].size() == 38u);  // 37 pieces of 8 rows and one of 4
+    KvCache cache = middle->NewCache(300);
+    auto expected = middle->Forward(sent[id], cache);
+    REQUIRE(expected.ok());
+    CHECK(at::allclose(at::cat(pieces[id]), *expected, 1e-4, 1e-4));
+  }
 }
 
 TEST_CASE("A parked session keeps its KV: the next turn truncated to the shared prefix "
