@@ -59,6 +59,10 @@ struct Args {
   int64_t output_layers = 1;  // k: and ends k layers before the last
   int64_t context = 128;
   std::vector<int64_t> batches = {1, 8, 32};
+  // Speculative verification cases: these batch sizes, each session sending verify_tokens
+  // positions a step (none by default).
+  std::vector<int64_t> verify_batches;
+  int64_t verify_tokens = 5;
   int64_t prefill_tokens = 512;
   int repetitions = 30;
   int prefill_repetitions = 7;
@@ -75,6 +79,7 @@ struct Args {
   std::string small_batch_gemm = "measured";  // measured | always | never
   bool overlap_launches = true;  // kernels::SetOverlapKernelLaunches
   bool fused_split_merge = true;  // kernels::SetFusedSplitMerge
+  bool verification_as_decode_rows = true;  // SubmodelOptions::verification_as_decode_rows
 };
 
 // The row counts (1-8) at which each layer matrix's GEMM takes the small-batch kernel
@@ -393,17 +398,21 @@ absl::StatusOr<bench::KernelProfile> ProfileEngineSteps(
   return profile;
 }
 
+// `batch` sessions, each sending `per_session` positions a step: 1 for decode, the draft and
+// one more for a speculative verification chunk (PHASE_DECODE either way).
 absl::StatusOr<CaseResult> RunDecodeCase(const Submodel& middle, EngineDriver& driver,
-                                         RawCaches& raw, int64_t batch, const Args& args) {
+                                         RawCaches& raw, int64_t batch, int64_t per_session,
+                                         const Args& args) {
   const int64_t d = middle.config().hidden_size;
   const int steps = args.warmup + args.repetitions;
-  const int64_t max_positions = args.context + steps + args.profile_steps;
-  CaseResult r{.name = absl::StrCat("decode B=", batch),
+  const int64_t max_positions = args.context + (steps + args.profile_steps) * per_session;
+  CaseResult r{.name = per_session == 1 ? absl::StrCat("decode B=", batch)
+                                        : absl::StrCat("verify B=", batch, "x", per_session),
                .phase = "decode",
                .sessions = batch,
-               .tokens = batch,
-               .context_first = args.context + args.warmup,
-               .context_last = args.context + steps - 1};
+               .tokens = batch * per_session,
+               .context_first = args.context + args.warmup * per_session,
+               .context_last = args.context + (steps - 1) * per_session};
 
   // History: the same random shallow states through both paths.
   TOPHAT_ASSIGN_OR_RETURN(std::vector<uint64_t> ids, driver.Open(batch, max_positions));
@@ -420,14 +429,17 @@ absl::StatusOr<CaseResult> RunDecodeCase(const Submodel& middle, EngineDriver& d
     TOPHAT_RETURN_IF_ERROR(middle.Forward(history[b].to(device), raw.caches()[b]).status());
   }
   std::vector<SequenceChunk> chunks;
-  for (KvCache& cache : raw.caches()) chunks.push_back({.cache = &cache, .num_tokens = 1});
+  for (KvCache& cache : raw.caches()) {
+    chunks.push_back({.cache = &cache, .num_tokens = per_session});
+  }
 
   std::vector<double> engine_s, compute_s, raw_s;
   for (int step = 0; step < steps; ++step) {
-    const at::Tensor x = at::randn({batch, d}).to(dtype);
+    const at::Tensor x = at::randn({batch * per_session, d}).to(dtype);
     const at::Tensor x_device = x.to(device);
     for (int64_t b = 0; b < batch; ++b) {
-      TOPHAT_RETURN_IF_ERROR(driver.DeliverChunk(ids[b], x.narrow(0, b, 1), v1::PHASE_DECODE));
+      TOPHAT_RETURN_IF_ERROR(driver.DeliverChunk(
+          ids[b], x.narrow(0, b * per_session, per_session), v1::PHASE_DECODE));
     }
     driver.sink().ClearResults();
 
@@ -443,11 +455,12 @@ absl::StatusOr<CaseResult> RunDecodeCase(const Submodel& middle, EngineDriver& d
 
     TOPHAT_RETURN_IF_ERROR(out.status());
     TOPHAT_RETURN_IF_ERROR(driver.CheckNoErrors(r.name));
-    if (computed != batch || static_cast<int64_t>(driver.sink().results().size()) != batch) {
-      return absl::InternalError(absl::StrCat(r.name, ": the engine step computed ", computed,
-                                              " positions and sent ",
-                                              driver.sink().results().size(),
-                                              " results; expected ", batch));
+    if (computed != batch * per_session ||
+        static_cast<int64_t>(driver.sink().results().size()) != batch) {
+      return absl::InternalError(absl::StrCat(
+          r.name, ": the engine step computed ", computed, " positions and sent ",
+          driver.sink().results().size(), " results; expected ", batch * per_session, " and ",
+          batch));
     }
     if (step < args.warmup) continue;
     engine_s.push_back(SecondsBetween(e0, e1));
@@ -457,20 +470,22 @@ absl::StatusOr<CaseResult> RunDecodeCase(const Submodel& middle, EngineDriver& d
       for (int64_t b = 0; b < batch; ++b) {
         const v1::ForwardResult* result = driver.Result(ids[b]);
         if (result == nullptr) return absl::InternalError("a session got no result");
-        r.max_abs_diff = std::max(r.max_abs_diff, MaxAbsDiff(*result, out->narrow(0, b, 1)));
+        r.max_abs_diff = std::max(
+            r.max_abs_diff, MaxAbsDiff(*result, out->narrow(0, b * per_session, per_session)));
       }
     }
   }
   if (args.profile_steps > 0) {
     std::vector<at::Tensor> inputs;
     for (int step = 0; step < args.profile_steps; ++step) {
-      inputs.push_back(at::randn({batch, d}).to(dtype));
+      inputs.push_back(at::randn({batch * per_session, d}).to(dtype));
     }
     TOPHAT_ASSIGN_OR_RETURN(
         r.profile, ProfileEngineSteps(driver, device, inputs.size(), [&](size_t step) {
           for (int64_t b = 0; b < batch; ++b) {
             TOPHAT_RETURN_IF_ERROR(
-                driver.DeliverChunk(ids[b], inputs[step].narrow(0, b, 1), v1::PHASE_DECODE));
+                driver.DeliverChunk(ids[b], inputs[step].narrow(0, b * per_session, per_session),
+                                    v1::PHASE_DECODE));
           }
           return absl::OkStatus();
         }));
@@ -613,9 +628,14 @@ int Run(const Args& args) {
                                 .device = device,
                                 .max_context = std::min<int64_t>(
                                     config->max_position_embeddings,
-                                    std::max<int64_t>(4096, args.context + args.warmup +
-                                                                args.repetitions + 1)),
-                                .small_batch_gemm = *small_batch_gemm});
+                                    std::max<int64_t>(
+                                        4096, args.context + 1 +
+                                                  (args.warmup + args.repetitions +
+                                                   args.profile_steps) *
+                                                      std::max<int64_t>(1, args.verify_tokens))),
+                                .small_batch_gemm = *small_batch_gemm,
+                                .verification_as_decode_rows =
+                                    args.verification_as_decode_rows});
   if (!loaded.ok()) return Fail(loaded.status());
   std::shared_ptr<const Submodel> middle = *std::move(loaded);
   const nlohmann::json small_batch_rows = SmallBatchGemmRows(*middle);
@@ -629,26 +649,49 @@ int Run(const Args& args) {
   std::printf("split decode attention merged: %s\n",
               args.fused_split_merge ? "in the attention kernel"
                                      : "by a second kernel (--fused-split-merge off)");
+  if (!args.verify_batches.empty()) {
+    std::printf("verification chunks attend as: %s\n",
+                device.is_cpu() ? "chunks, one by one (a CPU step has no batched kernel)"
+                : args.verification_as_decode_rows
+                    ? "decode rows (batched kernel, decode graphs)"
+                    : "prompt chunks (--verification-as-decode-rows off)");
+  }
   const int64_t max_batch = *std::max_element(args.batches.begin(), args.batches.end());
-  const int64_t decode_positions = args.context + args.warmup + args.repetitions;
-  if (decode_positions > middle->max_context() || args.prefill_tokens > middle->max_context()) {
+  // Positions a session reaches: the history, then a step's positions for every warm-up,
+  // timed and profiled step.
+  const int64_t steps = args.warmup + args.repetitions + args.profile_steps;
+  const int64_t decode_positions = args.context + steps;
+  const int64_t verify_positions = args.context + steps * args.verify_tokens;
+  const int64_t max_verify_batch =
+      args.verify_batches.empty()
+          ? 0
+          : *std::max_element(args.verify_batches.begin(), args.verify_batches.end());
+  const int64_t longest = max_verify_batch > 0 ? verify_positions : decode_positions;
+  if (longest > middle->max_context() || args.prefill_tokens > middle->max_context()) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--context + --warmup + --repetitions (", decode_positions, ") and --prefill-tokens (",
-        args.prefill_tokens, ") must fit the model's context of ", middle->max_context())));
+        "--context + (--warmup + --repetitions + --profile-steps) x the positions a step (",
+        longest, ") and --prefill-tokens (", args.prefill_tokens,
+        ") must fit the model's context of ", middle->max_context())));
   }
 
-  // KV for the largest decode case plus the prefill session, in each of the two pools.
-  const int64_t blocks_per_session =
-      (decode_positions + args.kv_block_size - 1) / args.kv_block_size;
-  const int64_t prefill_blocks = (args.prefill_tokens + args.kv_block_size - 1) / args.kv_block_size;
-  const int64_t num_blocks = std::max(max_batch * blocks_per_session, prefill_blocks) + 1;
-  const int64_t batch_tokens = std::max<int64_t>({512, args.prefill_tokens, max_batch});
+  // KV for the largest decode or verification case, or the prefill session, in each of the
+  // two pools.
+  auto blocks_for = [&](int64_t positions) {
+    return (positions + args.kv_block_size - 1) / args.kv_block_size;
+  };
+  const int64_t num_blocks =
+      std::max({max_batch * blocks_for(decode_positions),
+                max_verify_batch * blocks_for(verify_positions),
+                blocks_for(args.prefill_tokens)}) +
+      1;
+  const int64_t max_step_rows = std::max(max_batch, max_verify_batch * args.verify_tokens);
+  const int64_t batch_tokens = std::max<int64_t>({512, args.prefill_tokens, max_step_rows});
   EngineOptions options{.model_id = "bench",
                         .kv_block_size = args.kv_block_size,
                         .kv_num_blocks = num_blocks,
                         .max_batch_tokens = batch_tokens,
-                        .max_running_sessions = std::max<int64_t>(64, max_batch),
-                        .max_waiting_sessions = std::max<int64_t>(64, max_batch),
+                        .max_running_sessions = std::max<int64_t>({64, max_batch, max_verify_batch}),
+                        .max_waiting_sessions = std::max<int64_t>({64, max_batch, max_verify_batch}),
                         .max_chunk_tokens = std::max(args.prefill_tokens, args.context),
                         .cuda_graph_max_batch = args.cuda_graph_max_batch,
                         .session_timeout_s = 24 * 3600.0};
@@ -691,8 +734,21 @@ int Run(const Args& args) {
   std::vector<CaseResult> cases;
   for (int64_t batch : args.batches) {
     std::fprintf(stderr, "decode B=%lld ...\n", static_cast<long long>(batch));
-    auto r = RunDecodeCase(*middle, driver, *raw, batch, args);
+    auto r = RunDecodeCase(*middle, driver, *raw, batch, 1, args);
     if (!r.ok()) return Fail(r.status());
+    const double mean_context = 0.5 * static_cast<double>(r->context_first + r->context_last);
+    r->bound_ms = 1e3 * DecodeBytes(*middle, batch, static_cast<int64_t>(mean_context)) /
+                  bounds.bandwidth;
+    r->bound_fraction = r->bound_ms / r->engine_ms;
+    cases.push_back(*r);
+  }
+  for (int64_t batch : args.verify_batches) {
+    std::fprintf(stderr, "verify B=%lld x%lld ...\n", static_cast<long long>(batch),
+                 static_cast<long long>(args.verify_tokens));
+    auto r = RunDecodeCase(*middle, driver, *raw, batch, args.verify_tokens, args);
+    if (!r.ok()) return Fail(r.status());
+    // The same bound as a decode step's: every weight and each session's history read once
+    // (a chunk's positions share them).
     const double mean_context = 0.5 * static_cast<double>(r->context_first + r->context_last);
     r->bound_ms = 1e3 * DecodeBytes(*middle, batch, static_cast<int64_t>(mean_context)) /
                   bounds.bandwidth;
@@ -763,6 +819,7 @@ int Run(const Args& args) {
       {"small_batch_gemm", {{"mode", args.small_batch_gemm}, {"rows", small_batch_rows}}},
       {"overlapped_launches", overlapped},
       {"fused_split_merge", args.fused_split_merge},
+      {"verification_as_decode_rows", args.verification_as_decode_rows},
       {"dtype", args.dtype},
       {"bounds", {{"memory_bytes_per_second", bounds.bandwidth},
                   {"memory_method", device.is_cpu() ? "multi-threaded read"
@@ -807,6 +864,13 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--context", args.context, "Positions of history per decode session")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--verify-batch", args.verify_batches,
+                 "Speculative verification cases: batch sizes (sessions, each sending "
+                 "--verify-tokens positions a step); none by default")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--verify-tokens", args.verify_tokens,
+                 "Positions a session sends a verification step (the draft and one more)")
+      ->check(CLI::Range(int64_t{2}, int64_t{64}));
   app.add_option("--batch", args.batches, "Decode batch sizes (sessions, one token each)")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--prefill-tokens", args.prefill_tokens, "Prefill chunk size; 0 skips it")
@@ -854,7 +918,14 @@ int main(int argc, char** argv) {
                  "second kernel (off)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  std::string verification_as_decode_rows = "on";
+  app.add_option("--verification-as-decode-rows", verification_as_decode_rows,
+                 "On a GPU: the --verify-batch cases' chunks attend as decode rows (on) or as "
+                 "prompt chunks (off)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  args.verification_as_decode_rows = verification_as_decode_rows == "on";
   args.overlap_launches = overlap == "on";
   args.fused_split_merge = fused_split_merge == "on";
   spdlog::set_level(spdlog::level::warn);

@@ -256,6 +256,7 @@ absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
   reader.ReadString("small_batch_gemm", &config.small_batch_gemm);
   reader.ReadBool("overlap_kernel_launches", &config.overlap_kernel_launches);
   reader.ReadBool("fused_split_merge", &config.fused_split_merge);
+  reader.ReadBool("verification_as_decode_rows", &config.verification_as_decode_rows);
   reader.ReadInt("max_context", &config.max_context, Bound::kPositive);
   reader.ReadInt("kv_cache.block_size", &config.kv_cache.block_size, Bound::kPositive);
   reader.ReadByteSize("kv_cache.memory_bytes", &config.kv_cache.memory_bytes, Bound::kPositive);

@@ -33,6 +33,7 @@ TEST_CASE("An empty cloud config yields the defaults") {
   CHECK(defaults.limits.max_message_bytes == 64LL << 20);
   CHECK(defaults.overlap_kernel_launches);
   CHECK(defaults.fused_split_merge);
+  CHECK(defaults.verification_as_decode_rows);
   // The defaults are valid except that nobody chose a bundle or the TLS files.
   const absl::Status status = ValidateCloudConfig(defaults);
   CHECK(status.message() ==
@@ -56,6 +57,7 @@ compute_threads: 3
 small_batch_gemm: never
 overlap_kernel_launches: false
 fused_split_merge: false
+verification_as_decode_rows: false
 max_context: 8192
 kv_cache:
   block_size: 32
@@ -94,6 +96,7 @@ log_level: debug
   CHECK(config->small_batch_gemm == "never");
   CHECK_FALSE(config->overlap_kernel_launches);
   CHECK_FALSE(config->fused_split_merge);
+  CHECK_FALSE(config->verification_as_decode_rows);
   CHECK(config->kv_cache.memory_bytes == 1LL << 30);
   CHECK(config->kv_cache.memory_fraction == 0.85);
   CHECK(config->scheduler.max_batch_tokens == 1024);

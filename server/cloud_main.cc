@@ -94,7 +94,9 @@ int Run(const CloudConfig& written) {
   tophat::SubmodelOptions submodel_options{.dtype = *dtype,
                                            .device = at::Device(config.device),
                                            .max_context = config.max_context,
-                                           .small_batch_gemm = *small_batch_gemm};
+                                           .small_batch_gemm = *small_batch_gemm,
+                                           .verification_as_decode_rows =
+                                               config.verification_as_decode_rows};
   // Before the load: the small-batch GEMM's timings and the decode graphs' capture launch
   // the kernels as steps will.
   tophat::kernels::SetOverlapKernelLaunches(config.overlap_kernel_launches);
@@ -137,6 +139,10 @@ int Run(const CloudConfig& written) {
     spdlog::info("fused_split_merge: {}", config.fused_split_merge
                      ? "true (split decode attention merges in the attention kernel)"
                      : "false (split decode attention merges in a second kernel)");
+    spdlog::info("verification_as_decode_rows: {}",
+                 config.verification_as_decode_rows
+                     ? "true (verification chunks attend as decode rows, in decode graphs too)"
+                     : "false (verification chunks attend as prompt chunks)");
   }
   auto pool_bytes = tophat::KvPoolBytes({.memory_bytes = config.kv_cache.memory_bytes,
                                          .memory_fraction = config.kv_cache.memory_fraction,

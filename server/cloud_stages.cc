@@ -240,7 +240,8 @@ int RunLaterStage(const CloudConfig& written, int rank) {
       {.dtype = *dtype,
        .device = at::Device(plan->device),
        .max_context = config.max_context,
-       .small_batch_gemm = *small_batch_gemm},
+       .small_batch_gemm = *small_batch_gemm,
+       .verification_as_decode_rows = config.verification_as_decode_rows},
       plan->layers);
   if (!bundle.ok()) return Fail(bundle.status());
 

@@ -8,8 +8,10 @@
 #                   pipeline stages on it (cuda-two-stage-cloud; one GPU cannot hold two NCCL
 #                   ranks, so these stages talk Gloo through host memory)
 #   engine bench    tophat-bench-engine on a Llama-3-8B-shaped middle (m = 2, k = 1) in bf16:
-#                   decode at batch 1, 8, 32, 64, 128 over 1,024 positions, a 2,048-position
-#                   prefill chunk, against bounds measured in the same run; then each case's
+#                   decode at batch 1, 8, 32, 64, 128 over 1,024 positions, speculative
+#                   verification at batch 1 and 8 (five positions a session a step), a
+#                   2,048-position prefill chunk, against bounds measured in the same run;
+#                   then each case's
 #                   kernel profile (which kernels a step spends its time in, and how much of
 #                   the step the device is idle)
 #   hf compare      the same layers in Hugging Face transformers (bench/hf_compare.py)
@@ -18,7 +20,9 @@
 #                   kernel, which the first engine bench takes where it measured faster at load
 #   engine bench    decode at batch 1 and 8 again with tophat's kernels serialized and the
 #     (serial)      split attention merged by a kernel of its own (--overlap-launches off
-#                   --fused-split-merge off): the same-run measure of both
+#                   --fused-split-merge off), and the verification cases (batch 1 and 8, five
+#                   positions a session) with their chunks attended as prompt chunks
+#                   (--verification-as-decode-rows off): the same-run measure of all three
 # then prints a summary, the tables, and the same-run ratios of the last two engine benches
 # against the first, case by case. The whole check takes at most --budget seconds.
 #
@@ -54,7 +58,7 @@ while [ $# -gt 0 ]; do
     --budget) budget="$2"; shift 2 ;;
     --rehearse) rehearse=1; shift ;;
     --only) only=",$2,"; shift 2 ;;
-    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -203,24 +207,28 @@ bench_args=()
 if [ "$rehearse" = 1 ]; then
   model="$root/toy-model"
   bench_args=(--device cpu --dtype float32 --context 64 --batch 1 4 --prefill-tokens 512
-              --repetitions 3 --prefill-repetitions 2 --warmup 1 --profile-steps 2)
+              --repetitions 3 --prefill-repetitions 2 --warmup 1 --profile-steps 2
+              --verify-batch 2)
   hf_model="$work/tiny-model"
   phase checkpoint 60 pass "$python" "$root/bench/random_checkpoint.py" --out "$hf_model" \
     --preset tiny --dtype f32
   hf_args=(--device cpu --dtype float32 --modes eager --context 32 --batch 1 2 --repetitions 3)
   cublas_args=(--device cpu --dtype float32 --context 64 --batch 1 --prefill-tokens 0
                --repetitions 3 --warmup 1)
+  verify_args=(--verify-batch 2)
 else
   # Llama-3-8B's shape with random bf16 weights; the middle is 29 layers (~13 GB).
   model="$work/llama3-8b"
   phase checkpoint 150 pass "$python" "$root/bench/random_checkpoint.py" --out "$model" \
     --preset llama3-8b --dtype bf16
   bench_args=(--device cuda --dtype bfloat16 --context 1024 --batch 1 8 32 64 128
-              --prefill-tokens 2048 --repetitions 30 --profile-steps 3 --profile-top 12)
+              --prefill-tokens 2048 --repetitions 30 --profile-steps 3 --profile-top 12
+              --verify-batch 1 8 --verify-tokens 5)
   hf_model="$model"
   hf_args=(--device cuda --dtype bfloat16 --context 1024 --batch 1 32 --repetitions 30)
   cublas_args=(--device cuda --dtype bfloat16 --context 1024 --batch 1 8 --prefill-tokens 0
                --repetitions 30)
+  verify_args=(--verify-batch 1 8 --verify-tokens 5)
 fi
 phase engine-bench 150 pass "${tophat_env[@]}" "$root/bin/tophat-bench-engine" --model "$model" \
   -m 2 -k 1 "${bench_args[@]}" --json "$out/bench-engine.json"
@@ -230,15 +238,16 @@ phase engine-bench-cublas 90 pass "${tophat_env[@]}" "$root/bin/tophat-bench-eng
   --model "$model" -m 2 -k 1 "${cublas_args[@]}" --small-batch-gemm never \
   --json "$out/bench-engine-cublas.json"
 phase engine-bench-serial 90 pass "${tophat_env[@]}" "$root/bin/tophat-bench-engine" \
-  --model "$model" -m 2 -k 1 "${cublas_args[@]}" --overlap-launches off \
-  --fused-split-merge off --json "$out/bench-engine-serial.json"
+  --model "$model" -m 2 -k 1 "${cublas_args[@]}" "${verify_args[@]}" --overlap-launches off \
+  --fused-split-merge off --verification-as-decode-rows off \
+  --json "$out/bench-engine-serial.json"
 
 # --- The tables.
 for name in engine-bench hf-compare engine-bench-cublas engine-bench-serial; do
   if [ -f "$logs/$name.log" ]; then
     echo "== $name ==" | tee -a "$summary"
     # The table: the lines with column bars, and what the benchmark said of the machine.
-    grep -E '\|| bounds:|^-{20,}|^kernel profile|busy of|^small-batch GEMM|^kernel launches|^split decode attention' "$logs/$name.log" |
+    grep -E '\|| bounds:|^-{20,}|^kernel profile|busy of|^small-batch GEMM|^kernel launches|^split decode attention|^verification chunks' "$logs/$name.log" |
       tee -a "$summary"
   fi
 done
@@ -254,8 +263,8 @@ def cases(path):
         return {c["case"]: c for c in json.load(f).get("cases", [])}
 main, cublas, serial = (cases(p) for p in sys.argv[1:4])
 print("== same run: engine ms of the main bench against cuBLAS-only, and against serialized "
-      "launches with the split attention merged by a second kernel (x: their time over the "
-      "main bench's) ==")
+      "launches with the split attention merged by a second kernel and verification chunks "
+      "attended as prompt chunks (x: their time over the main bench's) ==")
 print(f"{'case':<14}{'main ms':>9}{'of bound':>10}{'cuBLAS ms':>11}{'x':>7}{'serial ms':>11}{'x':>7}")
 for name, c in main.items():
     if name not in cublas and name not in serial:

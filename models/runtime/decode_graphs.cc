@@ -46,14 +46,20 @@ DecodeGraphs::DecodeGraphs(const Submodel& model, const KvBlockPool& pool, StepB
 
 DecodeGraphs::~DecodeGraphs() = default;
 
+int64_t DecodeGraphs::RowsOf(std::span<const SequenceChunk> chunks) {
+  int64_t rows = 0;
+  for (const SequenceChunk& chunk : chunks) rows += chunk.num_tokens;
+  return rows;
+}
+
 bool DecodeGraphs::Fits(std::span<const SequenceChunk> chunks) const {
-  if (chunks.empty() || static_cast<int64_t>(chunks.size()) > buckets_.back()) return false;
+  if (chunks.empty() || RowsOf(chunks) > buckets_.back()) return false;
   for (const SequenceChunk& chunk : chunks) {
-    if (chunk.num_tokens != 1 || chunk.cache == nullptr || &chunk.cache->pool() != &pool_ ||
-        !chunk.cache->paged()) {
+    if (chunk.num_tokens < 1 || chunk.num_tokens > model_.decode_row_chunk_tokens() ||
+        chunk.cache == nullptr || &chunk.cache->pool() != &pool_ || !chunk.cache->paged()) {
       return false;
     }
-    const int64_t end = chunk.cache->length() + 1;
+    const int64_t end = chunk.cache->length() + chunk.num_tokens;
     if (end > chunk.cache->capacity() || end > model_.max_context() ||
         pool_.BlocksFor(end) > buffers_.max_blocks_per_sequence()) {
       return false;
@@ -69,21 +75,25 @@ void DecodeGraphs::StageIndices(std::span<const SequenceChunk> chunks, int64_t b
   int64_t* slots = buffers_.host_slots.data_ptr<int64_t>();
   int32_t* tables = buffers_.host_block_tables.data_ptr<int32_t>();
   int32_t* lens = buffers_.host_seq_lens.data_ptr<int32_t>();
-  const auto rows = static_cast<int64_t>(chunks.size());
-  for (int64_t r = 0; r < bucket; ++r) {
-    if (r < rows) {
-      const KvCache& cache = *chunks[static_cast<size_t>(r)].cache;
-      const int64_t position = cache.length();
-      const std::span<const int32_t> table = cache.block_table();
+  // A row per token, token i of a chunk seeing positions [0, past + i]
+  // (kDecodeRowsMaxChunkTokens).
+  int64_t r = 0;
+  for (const SequenceChunk& chunk : chunks) {
+    const KvCache& cache = *chunk.cache;
+    const std::span<const int32_t> table = cache.block_table();
+    for (int64_t i = 0; i < chunk.num_tokens; ++i, ++r) {
+      const int64_t position = cache.length() + i;
       positions[r] = position;
       slots[r] = cache.SlotOf(position);
       lens[r] = static_cast<int32_t>(position + 1);
       std::copy(table.begin(), table.begin() + pool_.BlocksFor(position + 1), tables + r * width);
-    } else {  // padding: rotates a query at position 0, writes no K/V, attends nothing
-      positions[r] = 0;
-      slots[r] = -1;
-      lens[r] = 0;
     }
+  }
+  // Padding: rotates a query at position 0, writes no K/V, attends nothing.
+  for (; r < bucket; ++r) {
+    positions[r] = 0;
+    slots[r] = -1;
+    lens[r] = 0;
   }
   buffers_.UploadDecodeIndices(bucket);
 }
@@ -91,11 +101,12 @@ void DecodeGraphs::StageIndices(std::span<const SequenceChunk> chunks, int64_t b
 absl::StatusOr<at::Tensor> DecodeGraphs::Run(const at::Tensor& hidden,
                                              std::span<const SequenceChunk> chunks) {
 #ifdef TOPHAT_HAVE_CUDA
-  const auto rows = static_cast<int64_t>(chunks.size());
+  const int64_t rows = RowsOf(chunks);
   const int64_t bucket = BucketFor(buckets_, rows);
   if (!Fits(chunks) || bucket < 0 || hidden.dim() != 2 || hidden.size(0) != rows) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a step of ", rows, " chunks does not fit the captured decode graphs"));
+    return absl::InvalidArgumentError(absl::StrCat("a step of ", chunks.size(), " chunks (",
+                                                   rows, " rows) does not fit the captured "
+                                                   "decode graphs"));
   }
   const size_t index = static_cast<size_t>(
       std::find(buckets_.begin(), buckets_.end(), bucket) - buckets_.begin());
@@ -105,7 +116,7 @@ absl::StatusOr<at::Tensor> DecodeGraphs::Run(const at::Tensor& hidden,
     if (hidden.data_ptr() != x.data_ptr()) x.copy_(hidden, /*non_blocking=*/true);
     graphs_->by_bucket[index]->replay();
   }));
-  for (const SequenceChunk& chunk : chunks) chunk.cache->Advance(1);
+  for (const SequenceChunk& chunk : chunks) chunk.cache->Advance(chunk.num_tokens);
   ++replays_;
   return x;
 #else

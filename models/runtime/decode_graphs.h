@@ -46,18 +46,23 @@ class DecodeGraphs {
                                                                int64_t max_batch);
   ~DecodeGraphs();
 
-  // Whether a step of these chunks can be replayed: every chunk one token, every cache
-  // paged in the captured pool, within the largest bucket and the buffers' block tables.
+  // Whether a step of these chunks can be replayed: every chunk of 1 to
+  // model.decode_row_chunk_tokens() tokens (a decode row per token: a speculative
+  // verification chunk replays as its tokens' rows), every cache paged in the captured
+  // pool, the rows within the largest bucket and each sequence within the buffers' block
+  // tables.
   bool Fits(std::span<const SequenceChunk> chunks) const;
-  // Runs the step (Fits must hold): stages its indices, copies `hidden` [B, D] into the
-  // buffers' rows unless it is those rows, replays the bucket's graph, advances the caches.
-  // Returns rows [0, B) of the buffers' residual (valid until the next step).
+  // Runs the step (Fits must hold): stages its indices, copies `hidden` [B, D] (B: the
+  // chunks' tokens) into the buffers' rows unless it is those rows, replays the bucket's
+  // graph, advances the caches. Returns rows [0, B) of the buffers' residual (valid until
+  // the next step).
   absl::StatusOr<at::Tensor> Run(const at::Tensor& hidden, std::span<const SequenceChunk> chunks);
 
   const std::vector<int64_t>& buckets() const { return buckets_; }
   int64_t replays() const { return replays_; }
 
  private:
+  static int64_t RowsOf(std::span<const SequenceChunk> chunks);  // the chunks' tokens
   struct Graphs;  // the captured graphs (CUDA types stay out of this header)
   DecodeGraphs(const Submodel& model, const KvBlockPool& pool, StepBuffers& buffers,
                std::vector<int64_t> buckets);

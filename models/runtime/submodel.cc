@@ -658,16 +658,20 @@ Submodel::DeviceBatch Submodel::PrepareDeviceBatch(std::span<const SequenceChunk
     const std::span<const int32_t> table = chunk.cache->block_table();
     const int64_t past = chunk.cache->length();
     for (int64_t i = 0; i < chunk.num_tokens; ++i) slots[row + i] = chunk.cache->SlotOf(past + i);
-    if (chunk.num_tokens == 1) {
-      const auto d = static_cast<int64_t>(decode_rows.size());
-      const int64_t needed = pool->BlocksFor(past + 1);
-      if (needed > width) return DeviceBatch{};  // longer than the buffers were sized for
-      if (batch.decode_first_row < 0) batch.decode_first_row = row;
-      if (row != batch.decode_first_row + d) batch.decode_rows_contiguous = false;
-      decode_rows.push_back(row);
-      lens[d] = static_cast<int32_t>(past + 1);
-      std::copy(table.begin(), table.begin() + needed, tables + d * width);
-    } else if (chunk.num_tokens > 1) {
+    if (chunk.num_tokens >= 1 && chunk.num_tokens <= decode_row_chunk_tokens()) {
+      // A row per token, token i seeing positions [0, past + i].
+      if (pool->BlocksFor(past + chunk.num_tokens) > width) {
+        return DeviceBatch{};  // longer than the buffers were sized for
+      }
+      for (int64_t i = 0; i < chunk.num_tokens; ++i) {
+        const auto d = static_cast<int64_t>(decode_rows.size());
+        if (batch.decode_first_row < 0) batch.decode_first_row = row + i;
+        if (row + i != batch.decode_first_row + d) batch.decode_rows_contiguous = false;
+        decode_rows.push_back(row + i);
+        lens[d] = static_cast<int32_t>(past + i + 1);
+        std::copy(table.begin(), table.begin() + pool->BlocksFor(past + i + 1), tables + d * width);
+      }
+    } else if (chunk.num_tokens > decode_row_chunk_tokens()) {
       // Gathered from the pool in every layer (AttendChunk): its ids go up once per step.
       chunk_table_rows.push_back(static_cast<int64_t>(&chunk - chunks.data()));
     }
@@ -752,12 +756,13 @@ bool Submodel::AttendDeviceBatch(const DeviceBatch& batch, std::span<const Seque
   int64_t multi = 0;  // the longer chunks in order, as PrepareDeviceBatch staged their tables
   for (const SequenceChunk& chunk : chunks) {
     const int64_t n = chunk.num_tokens;
-    if (n > 0 && !(n == 1 && decode_done)) {
+    const bool longer = n > decode_row_chunk_tokens();  // not among the decode rows
+    if (n > 0 && (longer || !decode_done)) {
       const at::Tensor ids =
-          n > 1 && batch.chunk_tables.defined() ? batch.chunk_tables[multi] : at::Tensor();
+          longer && batch.chunk_tables.defined() ? batch.chunk_tables[multi] : at::Tensor();
       AttendChunk(q.narrow(0, row, n), *chunk.cache, layer, attention.narrow(0, row, n), ids);
     }
-    if (n > 1) ++multi;
+    if (longer) ++multi;
     row += n;
   }
   return decode_done || decode_count == 0;

@@ -83,6 +83,11 @@ struct SubmodelOptions {
   // benchmarks that compare the two in one run.
   enum class SmallBatchGemm { kMeasured, kAlways, kNever };
   SmallBatchGemm small_batch_gemm = SmallBatchGemm::kMeasured;
+  // On a GPU: chunks of 2 to kDecodeRowsMaxChunkTokens tokens (speculative verification)
+  // attend as decode rows, in the batched kernel and the decode graphs. Off: they attend as
+  // prompt chunks do, a gather and an attention call each (benchmarks compare the two; the
+  // cloud's `verification_as_decode_rows` rules it out).
+  bool verification_as_decode_rows = true;
 };
 
 // "measured", "always" or "never" as SubmodelOptions::SmallBatchGemm; anything else is
@@ -127,6 +132,15 @@ struct SequenceChunk {
   int64_t num_tokens = 0;
 };
 
+// On a GPU, with every cache in one paged pool (the cloud's steps), a chunk of up to this many
+// tokens attends as decode rows: a row per token, each seeing its own position and those
+// before it (the K/V of the whole chunk is written first), in the batched paged-attention
+// kernel and in the replayed decode graphs. A speculative verification chunk (the draft and
+// one more, HAT's lambda + 1 <= 9 by default) is such a chunk; the alternative, a gather of
+// its history and a masked attention call per chunk and layer, is ten or more launches and
+// allocations each. Longer chunks (prompts) read their history once through that path.
+inline constexpr int64_t kDecodeRowsMaxChunkTokens = 16;
+
 class Submodel {
  public:
   // Loads the tensors `spec` needs from `checkpoint`, checking every shape against `config`.
@@ -144,6 +158,11 @@ class Submodel {
   const ModelConfig& config() const { return config_; }
   const SubmodelSpec& spec() const { return spec_; }
   const SubmodelOptions& options() const { return options_; }
+  // The longest chunk that attends as decode rows in a batched GPU step:
+  // kDecodeRowsMaxChunkTokens, or 1 with SubmodelOptions::verification_as_decode_rows off.
+  int64_t decode_row_chunk_tokens() const {
+    return options_.verification_as_decode_rows ? kDecodeRowsMaxChunkTokens : 1;
+  }
   int64_t max_context() const { return rope_.max_positions(); }
 
   // A contiguous KV cache for this submodel's layers; capacity defaults to max_context().

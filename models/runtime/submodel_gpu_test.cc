@@ -374,14 +374,20 @@ TEST_CASE("On CUDA a replayed decode graph computes what the eager step does",
         REQUIRE(model.Forward(history, set->back()).ok());
       }
     }
+    // Decode steps, and steps with speculative verification chunks (a decode row per token:
+    // 8 and 7 rows, replayed in the bucket of 8).
+    const std::vector<std::vector<int64_t>> tokens = {
+        {1, 1, 1, 1, 1}, {1, 3, 2, 1, 1}, {2, 1, 1, 1, 2}, {1, 1, 1, 1, 1}};
     for (int step = 0; step < 4; ++step) {
       INFO("step " << step);
-      const at::Tensor input = at::randn({5, config.hidden_size}, options);
+      int64_t rows = 0;
+      for (int64_t n : tokens[step]) rows += n;
+      const at::Tensor input = at::randn({rows, config.hidden_size}, options);
       std::vector<SequenceChunk> graph_chunks;
       std::vector<SequenceChunk> eager_chunks;
       for (int64_t i = 0; i < 5; ++i) {
-        graph_chunks.push_back({.cache = &replayed[i], .num_tokens = 1});
-        eager_chunks.push_back({.cache = &eager[i], .num_tokens = 1});
+        graph_chunks.push_back({.cache = &replayed[i], .num_tokens = tokens[step][i]});
+        eager_chunks.push_back({.cache = &eager[i], .num_tokens = tokens[step][i]});
       }
       REQUIRE((*graphs)->Fits(graph_chunks));
       auto got = (*graphs)->Run(input, graph_chunks);
@@ -395,9 +401,14 @@ TEST_CASE("On CUDA a replayed decode graph computes what the eager step does",
       CHECK(replayed[0].length() == eager[0].length());
     }
     CHECK((*graphs)->replays() == 4);
-    // A prefill chunk does not fit a decode graph.
-    std::vector<SequenceChunk> prefill = {{.cache = &replayed[0], .num_tokens = 2}};
+    // A prompt chunk longer than a verification chunk does not fit a decode graph, nor do
+    // more rows than the largest bucket.
+    std::vector<SequenceChunk> prefill = {
+        {.cache = &replayed[0], .num_tokens = kDecodeRowsMaxChunkTokens + 1}};
     CHECK_FALSE((*graphs)->Fits(prefill));
+    std::vector<SequenceChunk> too_many = {{.cache = &replayed[0], .num_tokens = 5},
+                                           {.cache = &replayed[1], .num_tokens = 4}};
+    CHECK_FALSE((*graphs)->Fits(too_many));
   }
 }
 
