@@ -337,6 +337,24 @@ TEST_CASE("On CUDA a decode step in step buffers allocates nothing after warm-up
       CHECK(CudaAllocations() - one_off_before > 0);  // the counter sees a step that does
       CHECK(at::allclose(again->to(at::kFloat), kept.to(at::kFloat), 1e-3, 1e-3));
     }
+    // Speculative verification chunks (decode rows, kDecodeRowsMaxChunkTokens) allocate
+    // nothing either.
+    std::vector<SequenceChunk> verify = chunks;
+    verify[0].num_tokens = 2;
+    verify[1].num_tokens = 3;
+    at::Tensor verify_input = buffers.residual.narrow(0, 0, 6);
+    for (int step = 0; step < 3; ++step) {
+      INFO("verification step " << step);
+      verify_input.normal_();
+      const int64_t before = CudaAllocations();
+      auto out = model.Forward(verify_input, verify, buffers);
+      const int64_t allocations = CudaAllocations() - before;
+      REQUIRE(out.ok());
+      CHECK(allocations == 0);
+      for (size_t i = 0; i < caches.size(); ++i) {
+        REQUIRE(caches[i].Truncate(caches[i].length() - verify[i].num_tokens).ok());
+      }
+    }
   }
 }
 
