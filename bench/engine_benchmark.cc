@@ -732,23 +732,19 @@ int Run(const Args& args) {
                bounds.bandwidth / 1e9, bounds.gemm_flops / 1e12, args.dtype.c_str());
 
   std::vector<CaseResult> cases;
-  for (int64_t batch : args.batches) {
-    std::fprintf(stderr, "decode B=%lld ...\n", static_cast<long long>(batch));
-    auto r = RunDecodeCase(*middle, driver, *raw, batch, 1, args);
+  // Decode cases, then verification cases: (batch, positions a session a step).
+  std::vector<std::pair<int64_t, int64_t>> decode_cases;
+  for (int64_t batch : args.batches) decode_cases.emplace_back(batch, 1);
+  for (int64_t batch : args.verify_batches) decode_cases.emplace_back(batch, args.verify_tokens);
+  for (const auto& [batch, per_session] : decode_cases) {
+    std::fprintf(stderr, "%s ...\n",
+                 (per_session == 1 ? absl::StrCat("decode B=", batch)
+                                   : absl::StrCat("verify B=", batch, "x", per_session))
+                     .c_str());
+    auto r = RunDecodeCase(*middle, driver, *raw, batch, per_session, args);
     if (!r.ok()) return Fail(r.status());
-    const double mean_context = 0.5 * static_cast<double>(r->context_first + r->context_last);
-    r->bound_ms = 1e3 * DecodeBytes(*middle, batch, static_cast<int64_t>(mean_context)) /
-                  bounds.bandwidth;
-    r->bound_fraction = r->bound_ms / r->engine_ms;
-    cases.push_back(*r);
-  }
-  for (int64_t batch : args.verify_batches) {
-    std::fprintf(stderr, "verify B=%lld x%lld ...\n", static_cast<long long>(batch),
-                 static_cast<long long>(args.verify_tokens));
-    auto r = RunDecodeCase(*middle, driver, *raw, batch, args.verify_tokens, args);
-    if (!r.ok()) return Fail(r.status());
-    // The same bound as a decode step's: every weight and each session's history read once
-    // (a chunk's positions share them).
+    // Every weight and each session's history read once (a verification chunk's positions
+    // share them), whatever the positions a step.
     const double mean_context = 0.5 * static_cast<double>(r->context_first + r->context_last);
     r->bound_ms = 1e3 * DecodeBytes(*middle, batch, static_cast<int64_t>(mean_context)) /
                   bounds.bandwidth;
