@@ -244,7 +244,8 @@ class Submodel {
   struct DeviceBatch {
     const KvBlockPool* pool = nullptr;  // every chunk's
     at::Tensor slots;         // [T] int64: pool row (block * block_size + offset) of each new row
-    int64_t decode_count = 0;  // one-token chunks (decode rows)
+    int64_t decode_count = 0;  // decode rows: a row per token of the chunks of up to
+                               // decode_row_chunk_tokens() tokens
     int64_t decode_first_row = -1;
     bool decode_rows_contiguous = true;  // decode_rows == first, first+1, ...
     at::Tensor decode_index;  // decode_rows on the device, when not contiguous
