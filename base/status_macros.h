@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 #define TOPHAT_CONCAT_INNER(a, b) a##b
 #define TOPHAT_CONCAT(a, b) TOPHAT_CONCAT_INNER(a, b)
@@ -36,8 +37,9 @@ namespace tophat {
 
 // Runs `fn`, turning any exception (c10::Error included) into an internal error that
 // starts with `context`, so a Torch failure surfaces as a status naming what was being done.
+// `context` is a view, built into a message only on failure: a step's calls allocate nothing.
 template <typename Fn>
-absl::Status CatchExceptions(const std::string& context, Fn&& fn) {
+absl::Status CatchExceptions(absl::string_view context, Fn&& fn) {
   try {
     std::forward<Fn>(fn)();
     return absl::OkStatus();

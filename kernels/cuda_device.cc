@@ -79,6 +79,31 @@ void CudaFence::Wait() {
 #endif
 }
 
+std::optional<std::string> CudaContextFault(int index) {
+#ifdef TOPHAT_HAVE_CUDA
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+  if (index >= 0 && index != previous) {
+    if (const cudaError_t set = cudaSetDevice(index); set != cudaSuccess) {
+      return std::string(cudaGetErrorName(set)) + ": " + cudaGetErrorString(set);
+    }
+  }
+  cudaError_t synced = cudaDeviceSynchronize();
+  if (synced != cudaSuccess) {
+    // A sticky error stays; anything else the first synchronize (or an earlier launch) left
+    // is cleared here and does not come back.
+    cudaGetLastError();
+    synced = cudaDeviceSynchronize();
+  }
+  if (index >= 0 && previous >= 0 && index != previous) cudaSetDevice(previous);
+  if (synced == cudaSuccess) return std::nullopt;
+  return std::string(cudaGetErrorName(synced)) + ": " + cudaGetErrorString(synced);
+#else
+  (void)index;
+  return std::nullopt;
+#endif
+}
+
 std::optional<CudaMemoryInfo> QueryCudaMemory(int index) {
 #ifdef TOPHAT_HAVE_CUDA
   int previous = 0;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 namespace tophat::kernels {
 
@@ -48,6 +49,15 @@ class CudaFence {
  private:
   void* event_ = nullptr;  // cudaEvent_t, created on the first Record
 };
+
+// Whether CUDA device `index` (-1: this thread's current one) has lost its context: after
+// an error that no later call recovers from (a device-side assert, an illegal address, an
+// uncorrectable ECC error, the GPU gone from the bus), every call on it fails, and only a
+// new process gets a working one. Returns that error's name and text, or nullopt when the
+// device still computes (or this build has no CUDA kernels). Waits for the device's queued
+// work: ask after a failure, not on the hot path. An error a first synchronize reports but
+// a second does not (one a launch returned, not the context's) is cleared, not reported.
+std::optional<std::string> CudaContextFault(int index);
 
 // Memory of CUDA device `index`, or nullopt when this build has no CUDA kernels or the
 // runtime cannot reach that device.

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,8 +46,12 @@ namespace {
 
 using tophat::CloudConfig;
 
-// Set by the engine thread when a pipeline stage is lost; the exit code tells systemd.
-std::atomic<bool> pipeline_lost{false};
+// Set by the engine thread when a pipeline stage or the GPU is lost: the daemon stops at
+// once (nothing in flight can finish) and its exit code tells systemd to restart it.
+std::atomic<bool> serving_lost{false};
+// And when it was the GPU: nothing may touch it on the way out (frees on a lost context fail,
+// some by throwing from destructors), so the daemon exits without releasing it.
+std::atomic<bool> device_lost{false};
 
 int Run(const CloudConfig& written) {
   spdlog::set_level(spdlog::level::from_str(written.log_level));
@@ -223,10 +228,22 @@ int Run(const CloudConfig& written) {
     engine_options.on_pipeline_lost = [](const absl::Status& status) {
       spdlog::error("pipeline: lost a stage ({}); shutting down for a restart",
                     status.ToString());
-      pipeline_lost.store(true);
+      tophat::ServiceNotify(absl::StrCat("STATUS=lost a pipeline stage: ", status.message()));
+      serving_lost.store(true);
       kill(getpid(), SIGTERM);  // wakes the main thread's sigwait
     };
   }
+  // A lost GPU context fails every later call on it: stop serving (the engine has failed
+  // every session with UNAVAILABLE, and agents replay them on another cloud) and exit
+  // non-zero, so that systemd restarts the service on a working device, or its start-up
+  // fails naming the device that is gone.
+  engine_options.on_device_lost = [](const absl::Status& status) {
+    spdlog::error("{}; shutting down for a restart", std::string(status.message()));
+    tophat::ServiceNotify(absl::StrCat("STATUS=", status.message()));
+    device_lost.store(true);
+    serving_lost.store(true);
+    kill(getpid(), SIGTERM);  // wakes the main thread's sigwait
+  };
   auto engine = tophat::Engine::Create(engine_options, middle, &metrics);
   if (!engine.ok()) return Fail(engine.status());
   spdlog::info("middle layers [{}, {}), KV pool {} blocks x {} positions ({} MiB)", layers.begin,
@@ -305,9 +322,10 @@ int Run(const CloudConfig& written) {
   }
 
   const char* signal_name = tophat::WaitForShutdownSignal();
-  tophat::ServiceNotify("STOPPING=1\nSTATUS=draining");
-  // Without its stages nothing in flight can finish: no grace period.
-  const double grace_s = pipeline_lost.load() ? 0 : config.drain_grace_period_s;
+  // After a loss, STATUS keeps saying what was lost (systemctl status shows it).
+  tophat::ServiceNotify(serving_lost.load() ? "STOPPING=1" : "STOPPING=1\nSTATUS=draining");
+  // Without its stages or its GPU nothing in flight can finish: no grace period.
+  const double grace_s = serving_lost.load() ? 0 : config.drain_grace_period_s;
   spdlog::info("{}: draining (grace period {:.0f}s)", signal_name, grace_s);
 
   server->GetHealthCheckService()->SetServingStatus(false);
@@ -336,9 +354,16 @@ int Run(const CloudConfig& written) {
   }
   watchdog_cv.notify_one();
   if (watchdog.joinable()) watchdog.join();
+  if (device_lost.load()) {
+    // The driver reclaims the process's GPU memory when it exits. The later stages, if
+    // any, find the pipeline broken and exit too.
+    spdlog::error("tophat-cloud stopped after losing its GPU; exiting without releasing it");
+    spdlog::shutdown();
+    std::_Exit(1);
+  }
   if (downstream != nullptr) downstream->Shutdown();
   spdlog::info("tophat-cloud stopped");
-  return pipeline_lost.load() ? 1 : 0;
+  return serving_lost.load() ? 1 : 0;
 }
 
 }  // namespace

@@ -272,8 +272,13 @@ int RunLaterStage(const CloudConfig& written, int rank) {
   spdlog::info("stage {} of {}: serving layers [{}, {}) over {}, KV pool {} blocks x {} positions",
                rank, plan->size, plan->layers.begin, plan->layers.end, (*transport)->name(),
                num_blocks, block_size);
-  absl::Status served = pipeline::ServeStage(**transport, *bundle->middle, *pool,
-                                             Timeout(config));
+  // A CUDA error thrown by a copy on a lost GPU ends the stage with a message, not a
+  // std::terminate; stage 0 finds the pipeline broken and shuts it down for a restart.
+  absl::Status served;
+  absl::Status thrown = CatchExceptions(absl::StrCat("stage ", rank, " serving steps"), [&] {
+    served = pipeline::ServeStage(**transport, *bundle->middle, *pool, Timeout(config));
+  });
+  if (!thrown.ok()) served = thrown;
   if (!served.ok()) return Fail(served);
   spdlog::info("stage {}: stage 0 shut the pipeline down", rank);
   return 0;

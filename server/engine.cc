@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/memory_release.h"
 #include "base/status_macros.h"
+#include "kernels/cuda_device.h"
 #include "kernels/host_copy.h"
 #include "proto/hidden_states.h"
 #include "proto/protocol_version.h"
@@ -51,8 +52,19 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
       KvBlockPool::Create(middle->config(), middle->spec().layers.size(), options.kv_num_blocks,
                           options.kv_block_size, middle->options().dtype,
                           middle->options().device));
+  EngineOptions resolved = options;
+  if (!resolved.device_check && middle->options().device.is_cuda()) {
+    const int index = middle->options().device.has_index() ? middle->options().device.index() : -1;
+    resolved.device_check = [index]() -> absl::Status {
+      const std::optional<std::string> fault = kernels::CudaContextFault(index);
+      if (!fault) return absl::OkStatus();
+      return absl::UnavailableError(absl::StrCat(
+          "the cloud's GPU (CUDA device ", index < 0 ? std::string("current") : std::to_string(index),
+          ") is lost: ", *fault));
+    };
+  }
   auto engine = std::unique_ptr<Engine>(
-      new Engine(options, std::move(middle), std::move(pool), metrics));
+      new Engine(std::move(resolved), std::move(middle), std::move(pool), metrics));
   TOPHAT_RETURN_IF_ERROR(engine->Warmup());
   return engine;
 }
@@ -82,9 +94,12 @@ absl::Status Engine::Warmup() {
       middle_->Forward(input, std::span<const SequenceChunk>(&chunk, 1), *step_buffers_);
   if (out.ok() && gpu) {
     // The read-back path too, so that the first step pays for nothing.
-    in_flight_.front().host_output.narrow(0, 0, rows).copy_(*out, /*non_blocking=*/true);
-    in_flight_.front().output_read.Record();
-    in_flight_.front().output_read.Wait();
+    absl::Status read = CatchExceptions("reading back the warm-up forward", [&] {
+      in_flight_.front().host_output.narrow(0, 0, rows).copy_(*out, /*non_blocking=*/true);
+      in_flight_.front().output_read.Record();
+      in_flight_.front().output_read.Wait();
+    });
+    if (!read.ok()) out = read;
   }
   const int64_t graph_batch = std::min({options_.cuda_graph_max_batch,
                                         options_.max_running_sessions, staging_.size(0)});
@@ -1166,8 +1181,13 @@ int64_t Engine::Launch() {
   // only (an upload from pageable memory waits for the stream's earlier work to finish).
   const bool gpu = !middle_->options().device.is_cpu();
   const bool gathered = plan_.size() > 1 || gpu;
+  // Nothing touches a lost device: the step fails as it would have (Complete).
+  absl::Status ready = device_lost_;
+  if (ready.ok() && !injected_step_failure_.ok()) ready = std::exchange(injected_step_failure_, {});
   // The last upload from staging_ must have been read before it is overwritten.
-  if (gathered) staging_read_.Wait();
+  if (ready.ok() && gathered) {
+    ready = CatchExceptions("waiting for the last upload", [&] { staging_read_.Wait(); });
+  }
   gather_copies_.clear();
   for (const PlannedWork& planned : plan_) {
     Session* session = pending_sessions_[planned.index];
@@ -1184,9 +1204,36 @@ int64_t Engine::Launch() {
     session->in_flight = true;
     row += planned.num_tokens;
   }
-  // A prompt chunk's megabytes across threads (host_copy.h); a decode step's rows here.
-  kernels::CopyAll(gather_copies_, copy_slices_);
+  absl::StatusOr<at::Tensor> output = at::Tensor();
+  if (!ready.ok()) {
+    output = ready;
+  } else {
+    // A prompt chunk's megabytes across threads (host_copy.h); a decode step's rows here.
+    kernels::CopyAll(gather_copies_, copy_slices_);
+    // The forward reports its own failures; the copies and fences around it throw theirs
+    // (a CUDA error), which fail this step like any other instead of ending the process.
+    absl::Status thrown = CatchExceptions("the step's device copies", [&] {
+      output = ComputeStep(batch, gathered, gpu, total);
+    });
+    if (!thrown.ok()) output = thrown;
+  }
+  batch.own_seconds = Seconds(Clock::now() - batch.start);
+  if (output.ok() && options_.downstream != nullptr) {
+    // The later stages take it from here; Complete collects their answer.
+    absl::Status submitted;
+    absl::Status thrown = CatchExceptions("submitting the step to the pipeline", [&] {
+      submitted = options_.downstream->Submit(*output, chunks_);
+    });
+    if (!thrown.ok()) submitted = thrown;
+    output = submitted.ok() ? absl::StatusOr<at::Tensor>(at::Tensor()) : submitted;
+    batch.submitted = submitted.ok();
+  }
+  batch.output = std::move(output);
+  return total;
+}
 
+absl::StatusOr<at::Tensor> Engine::ComputeStep(InFlight& batch, bool gathered, bool gpu,
+                                               int64_t total) {
   // A CPU step of one chunk reads its payload in place (the payload outlives the forward);
   // the rest were gathered into staging.
   at::Tensor input;
@@ -1215,15 +1262,7 @@ int64_t Engine::Launch() {
     batch.output_read.Record();
     output = host;
   }
-  batch.own_seconds = Seconds(Clock::now() - batch.start);
-  if (output.ok() && options_.downstream != nullptr) {
-    // The later stages take it from here; Complete collects their answer.
-    absl::Status submitted = options_.downstream->Submit(*output, chunks_);
-    output = submitted.ok() ? absl::StatusOr<at::Tensor>(at::Tensor()) : submitted;
-    batch.submitted = submitted.ok();
-  }
-  batch.output = std::move(output);
-  return total;
+  return output;
 }
 
 void Engine::Complete() {
@@ -1240,9 +1279,29 @@ void Engine::Complete() {
   }
   at::Tensor deep;
   if (output.ok()) {
-    batch.output_read.Wait();  // a GPU step's read-back into batch.host_output
-    deep = output->device().is_cpu() ? output->contiguous() : output->to(at::kCPU).contiguous();
+    absl::Status read = CatchExceptions("reading back the step's output", [&] {
+      batch.output_read.Wait();  // a GPU step's read-back into batch.host_output
+      deep = output->device().is_cpu() ? output->contiguous() : output->to(at::kCPU).contiguous();
+    });
+    if (!read.ok()) output = read;
   }
+  bool just_lost = false;
+  if (!output.ok() && device_lost_.ok() && options_.device_check) {
+    // Whether the step failed alone (a bad shape, memory short for once) or took the device
+    // with it: then nothing later can compute, and staying up would fail every request while
+    // health says SERVING.
+    absl::Status check = options_.device_check();
+    if (!check.ok()) {
+      just_lost = true;
+      device_lost_ = absl::UnavailableError(check.message());
+      draining_ = true;
+      spdlog::error("{} (the step failed with: {}); failing every session with UNAVAILABLE "
+                    "and admitting none",
+                    std::string(device_lost_.message()), output.status().ToString());
+      if (options_.on_device_lost) options_.on_device_lost(device_lost_);
+    }
+  }
+  if (!output.ok() && !device_lost_.ok()) output = device_lost_;
   const int64_t total = batch.total;
   const Clock::time_point start = batch.start;
   const Clock::time_point end = Clock::now();
@@ -1386,6 +1445,13 @@ void Engine::Complete() {
     }
     if (chunk_done) session->work.pop_front();
     if (chunk_done) ApplyQueuedTruncates(*session);
+  }
+  if (just_lost) {
+    // The sessions not in this step too (waiting, parked, between chunks): their agents
+    // learn now, not at their next chunk, and replay elsewhere.
+    std::vector<SessionKey> keys;
+    for (const auto& [key, session] : sessions_) keys.push_back(key);
+    for (const SessionKey& key : keys) FailSession(key, 0, device_lost_);
   }
 }
 

@@ -100,6 +100,18 @@ struct EngineOptions {
   // answer by replaying on a successor; tophat-cloud then stops serving and exits for its
   // supervisor to restart the pipeline.
   std::function<void(const absl::Status&)> on_pipeline_lost;
+  // Asked on the engine thread after a step fails: whether the device the middle runs on
+  // can still compute (OK), or its context is lost (a CUDA error no later call recovers
+  // from: a device-side assert, an illegal address, an uncorrectable ECC error, a GPU gone
+  // from the bus), as UNAVAILABLE naming the error. Empty: for a middle on a CUDA device,
+  // kernels::CudaContextFault's answer for that device; on the CPU nothing is asked.
+  std::function<absl::Status()> device_check;
+  // Called once, on the engine thread, when device_check finds the device lost. From then
+  // on the engine computes nothing: the failed step's sessions, and every later step's,
+  // fail with UNAVAILABLE (agents replay them on another cloud), and it admits nothing new.
+  // tophat-cloud then stops serving and exits for its supervisor to restart it, on a
+  // device that works again or not at all (its start-up then fails naming the device).
+  std::function<void(const absl::Status&)> on_device_lost;
 };
 
 using StreamId = uint64_t;
@@ -179,6 +191,11 @@ class Engine {
   void InjectReservationFailureForTest(StreamId stream, uint64_t session_id) {
     injected_reservation_failures_.insert({stream, session_id});
   }
+  // Makes the next step's forward fail with `status` instead of running, as a fault of the
+  // device would (tests of what the engine does then; engine thread only).
+  void InjectStepFailureForTest(absl::Status status) { injected_step_failure_ = std::move(status); }
+  // Why the device is lost (device_check's answer), or OK while it computes. Engine thread.
+  const absl::Status& device_lost() const { return device_lost_; }
 
  private:
   using SessionKey = std::pair<StreamId, uint64_t>;
@@ -299,6 +316,10 @@ class Engine {
   // completes the oldest launched one (sends its results) once `depth` are in flight.
   int64_t Step();
   int64_t Launch();
+  struct InFlight;
+  // Launch's part on the device: the input's upload, the forward and the read-back queued
+  // (a CUDA error in a copy or a fence throws; Launch turns that into the step's status).
+  absl::StatusOr<at::Tensor> ComputeStep(InFlight& batch, bool gathered, bool gpu, int64_t total);
   void Complete();
   // Whether Launch would take `session`'s work now: running, with work, none of it in
   // flight, and its stream not congested. The loop's idea of "has work" (Loop) is this
@@ -391,6 +412,10 @@ class Engine {
   std::vector<PlannedWork> plan_;
   std::vector<SessionKey> failed_sessions_;  // Launch: those whose KV blocks ran out
   std::set<SessionKey> injected_reservation_failures_;
+  absl::Status injected_step_failure_;  // InjectStepFailureForTest
+  // Engine thread: not OK once device_check has found the device lost (on_device_lost has
+  // been called); every later step fails with it without touching the device.
+  absl::Status device_lost_;
   std::vector<SequenceChunk> chunks_;
   // The step's input rows gathered into staging_, and CopyAll's slices of them (scratch).
   std::vector<kernels::HostCopy> gather_copies_;

@@ -975,6 +975,95 @@ TEST_CASE("A session whose KV blocks run out inside a step fails alone and the s
   CHECK(h.engine->stats().kv_blocks_allocated == 2);  // session 2's 6 positions; 1's freed
 }
 
+// The last message each session got, by session id.
+std::map<uint64_t, v1::CloudMessage> LastBySession(std::vector<v1::CloudMessage> messages) {
+  std::map<uint64_t, v1::CloudMessage> last;
+  for (v1::CloudMessage& message : messages) {
+    if (message.has_error()) last[message.error().session_id()] = message;
+    if (message.has_result()) last[message.result().session_id()] = message;
+  }
+  return last;
+}
+
+TEST_CASE("A step that fails while the device still computes fails its sessions with "
+          "INTERNAL, and the engine serves on") {
+  int checks = 0;
+  int lost = 0;
+  EngineOptions options = SmallOptions();
+  options.device_check = [&] {
+    ++checks;
+    return absl::OkStatus();
+  };
+  options.on_device_lost = [&](const absl::Status&) { ++lost; };
+  Harness h(options);
+  h.Open(1, 16);
+  h.Open(2, 16);
+  h.Chunk(1, 0, 3, v1::PHASE_PREFILL);
+  h.Chunk(2, 0, 4, v1::PHASE_PREFILL);
+  h.engine->InjectStepFailureForTest(absl::ResourceExhaustedError("out of memory (injected)"));
+  h.engine->RunOnce();
+  auto last = LastBySession(h.sink->Take());
+  for (uint64_t id : {1, 2}) {
+    REQUIRE(last[id].has_error());
+    CHECK(last[id].error().code() == static_cast<int>(absl::StatusCode::kInternal));
+    CHECK(last[id].error().message().find("out of memory (injected)") != std::string::npos);
+  }
+  CHECK(checks == 1);  // asked once, after the failed step
+  CHECK(lost == 0);
+  CHECK(h.engine->device_lost().ok());
+  // The next session is admitted and computed, and a good step asks nothing.
+  h.Open(3, 16);
+  h.Chunk(3, 0, 2, v1::PHASE_PREFILL);
+  CHECK(h.engine->RunOnce() == 2);
+  last = LastBySession(h.sink->Take());
+  CHECK(last[3].has_result());
+  CHECK(checks == 1);
+}
+
+TEST_CASE("A step that takes the device with it fails every session with UNAVAILABLE, once, "
+          "and the engine admits and computes nothing more") {
+  std::vector<std::string> lost;
+  EngineOptions options = SmallOptions();
+  options.device_check = [] {
+    return absl::UnavailableError(
+        "the cloud's GPU (CUDA device 0) is lost: cudaErrorAssert: device-side assert "
+        "triggered");
+  };
+  options.on_device_lost = [&](const absl::Status& status) {
+    CHECK(status.code() == absl::StatusCode::kUnavailable);
+    lost.emplace_back(status.message());
+  };
+  Harness h(options);
+  h.Open(1, 16);
+  h.Open(2, 16);
+  h.Open(3, 16);  // open, its next chunk not yet here
+  h.Chunk(1, 0, 3, v1::PHASE_PREFILL);
+  h.Chunk(2, 0, 4, v1::PHASE_PREFILL);
+  h.engine->InjectStepFailureForTest(
+      absl::InternalError("forward pass: CUDA error: device-side assert triggered"));
+  h.engine->RunOnce();
+  auto last = LastBySession(h.sink->Take());
+  for (uint64_t id : {1, 2, 3}) {
+    INFO("session " << id);
+    REQUIRE(last[id].has_error());
+    CHECK(last[id].error().code() == static_cast<int>(absl::StatusCode::kUnavailable));
+    CHECK(last[id].error().message().find("is lost: cudaErrorAssert") != std::string::npos);
+    CHECK_FALSE(last[id].error().session_alive());
+  }
+  REQUIRE(lost.size() == 1);
+  CHECK(lost[0].find("CUDA device 0") != std::string::npos);
+  CHECK(h.engine->device_lost().code() == absl::StatusCode::kUnavailable);
+  CHECK(h.engine->stats().sessions_running == 0);
+  CHECK(h.engine->stats().kv_blocks_allocated == 0);
+  // Nothing new is admitted, and the callback is not called again.
+  h.Open(4, 16);
+  CHECK(h.engine->RunOnce() == 0);
+  last = LastBySession(h.sink->Take());
+  REQUIRE(last[4].has_error());
+  CHECK(last[4].error().code() == static_cast<int>(absl::StatusCode::kUnavailable));
+  CHECK(lost.size() == 1);
+}
+
 TEST_CASE("Truncate rolls back KV and returns blocks, and detaching frees everything") {
   Harness h(SmallOptions());
   h.Open(1, 32);

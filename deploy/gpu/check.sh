@@ -3,7 +3,9 @@
 # deploy/gpu/pack.sh, takes LibTorch from the server's own PyTorch, and runs, each phase under
 # its own time limit (a hang costs its phase, not the window):
 #   the libraries   every program finds every library it needs
-#   gpu tests       kernels, runtime (submodel), pipeline (NCCL): every case must run, not skip
+#   gpu tests       kernels, runtime (submodel), pipeline (NCCL): every case must run, not skip;
+#                   then the engine losing its GPU context (a device-side assert) in a process
+#                   of its own: its sessions fail with UNAVAILABLE and it admits nothing more
 #   cuda-cloud      the serving cases with the cloud's middle on the GPU, then split into two
 #                   pipeline stages on it (cuda-two-stage-cloud; one GPU cannot hold two NCCL
 #                   ranks, so these stages talk Gloo through host memory)
@@ -194,6 +196,10 @@ gpu_tests_env=("${tophat_env[@]}")
 for t in tophat_kernels_gpu_test tophat_runtime_gpu_test tophat_pipeline_gpu_test; do
   phase "${t%_test}" 120 "$gpu_expect" "${gpu_tests_env[@]}" "$root/tests/$t"
 done
+# The engine losing its GPU context (a device-side assert), which no later call recovers
+# from: alone in its process.
+phase tophat_server_gpu 60 "$gpu_expect" "${gpu_tests_env[@]}" "$root/tests/tophat_server_gpu_test"
+
 
 # --- The serving cases with the cloud on the GPU (in a rehearsal: on the CPU).
 serving_env=("${gpu_tests_env[@]}")

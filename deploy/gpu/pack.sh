@@ -39,7 +39,8 @@ done
 
 programs=(tophat tophat-cloud tophat-agent tophat-bench-engine)
 gpu_tests=(kernels/tophat_kernels_gpu_test models/runtime/tophat_runtime_gpu_test
-           server/pipeline/tophat_pipeline_gpu_test tests/tophat_serving_cuda_test
+           server/pipeline/tophat_pipeline_gpu_test server/tophat_server_gpu_test
+           tests/tophat_serving_cuda_test
            tests/tophat_serving_cuda_staged_test)
 for p in "${programs[@]}"; do
   [ -x "$build_dir/bin/$p" ] || { echo "pack.sh: $build_dir/bin/$p is not built" >&2; exit 1; }
