@@ -360,12 +360,9 @@ void Engine::HandleEvent(Event& event) {
       ReleaseFreedMemory();
       return;
     }
-    case Event::Kind::kCancelAll: {
-      std::vector<SessionKey> keys;
-      for (const auto& [key, session] : sessions_) keys.push_back(key);
-      for (const SessionKey& key : keys) FailSession(key, 0, event.status);
+    case Event::Kind::kCancelAll:
+      FailAllSessions(event.status);
       return;
-    }
     case Event::Kind::kBarrier:
       return;
   }
@@ -1271,7 +1268,12 @@ void Engine::Complete() {
   in_flight_oldest_ = (in_flight_oldest_ + 1) % pipeline_depth_;
   --in_flight_count_;
   absl::StatusOr<at::Tensor>& output = batch.output;
-  if (batch.submitted) output = options_.downstream->Collect();
+  if (batch.submitted) {
+    absl::Status thrown = CatchExceptions("collecting the step from the pipeline", [&] {
+      output = options_.downstream->Collect();
+    });
+    if (!thrown.ok()) output = thrown;
+  }
   if (!output.ok() && options_.downstream != nullptr && options_.downstream->broken() &&
       !pipeline_lost_) {
     pipeline_lost_ = true;
@@ -1446,13 +1448,16 @@ void Engine::Complete() {
     if (chunk_done) session->work.pop_front();
     if (chunk_done) ApplyQueuedTruncates(*session);
   }
-  if (just_lost) {
-    // The sessions not in this step too (waiting, parked, between chunks): their agents
-    // learn now, not at their next chunk, and replay elsewhere.
-    std::vector<SessionKey> keys;
-    for (const auto& [key, session] : sessions_) keys.push_back(key);
-    for (const SessionKey& key : keys) FailSession(key, 0, device_lost_);
-  }
+  // The sessions not in this step too (waiting, parked, between chunks): their agents learn
+  // now, not at their next chunk, and replay elsewhere.
+  if (just_lost) FailAllSessions(device_lost_);
+}
+
+void Engine::FailAllSessions(const absl::Status& status) {
+  std::vector<SessionKey> keys;
+  keys.reserve(sessions_.size());
+  for (const auto& [key, session] : sessions_) keys.push_back(key);
+  for (const SessionKey& key : keys) FailSession(key, 0, status);
 }
 
 Engine::Session* Engine::Find(StreamId stream, uint64_t id) {

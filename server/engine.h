@@ -321,6 +321,8 @@ class Engine {
   // (a CUDA error in a copy or a fence throws; Launch turns that into the step's status).
   absl::StatusOr<at::Tensor> ComputeStep(InFlight& batch, bool gathered, bool gpu, int64_t total);
   void Complete();
+  // Fails every session, running, waiting or parked, with `status` (CancelAll, a lost device).
+  void FailAllSessions(const absl::Status& status);
   // Whether Launch would take `session`'s work now: running, with work, none of it in
   // flight, and its stream not congested. The loop's idea of "has work" (Loop) is this
   // predicate, so that it never spins over work its step skips.
