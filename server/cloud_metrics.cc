@@ -64,6 +64,8 @@ CloudMetrics::CloudMetrics(prometheus::Registry& registry)
                                    "Sessions refused with RESOURCE_EXHAUSTED")),
       session_errors(AddCounter(registry, "tophat_session_errors_total",
                                 "Per-session errors sent to agents")),
+      steps_failed(AddCounter(registry, "tophat_steps_failed_total",
+                              "Engine steps whose forward failed; each failed its sessions")),
       truncated_unstarted_positions(
           AddCounter(registry, "tophat_truncated_unstarted_positions_total",
                      "Positions of queued chunks a Truncate dropped before any step computed "

@@ -40,6 +40,7 @@ struct CloudMetrics {
   prometheus::Counter& sessions_admitted;
   prometheus::Counter& sessions_rejected;  // RESOURCE_EXHAUSTED at admission
   prometheus::Counter& session_errors;     // any SessionError sent
+  prometheus::Counter& steps_failed;       // steps whose forward failed (each fails its sessions)
   // Positions of chunks a Truncate dropped before any step computed them (speculative runs
   // the agent gave up on).
   prometheus::Counter& truncated_unstarted_positions;

@@ -1304,6 +1304,7 @@ void Engine::Complete() {
     }
   }
   if (!output.ok() && !device_lost_.ok()) output = device_lost_;
+  if (!output.ok() && metrics_ != nullptr) metrics_->steps_failed.Increment();
   const int64_t total = batch.total;
   const Clock::time_point start = batch.start;
   const Clock::time_point end = Clock::now();

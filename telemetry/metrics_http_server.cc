@@ -4,11 +4,21 @@
 #include <httplib.h>
 #include <prometheus/text_serializer.h>
 
+#include <chrono>
+
 #include "telemetry/http_listener.h"
+#include "telemetry/metric_builders.h"
 
 #include "absl/strings/str_cat.h"
 
 namespace tophat {
+namespace {
+
+// When this process started (its static initialization, before main).
+const double process_start_seconds =
+    std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     const std::string& address, std::shared_ptr<prometheus::Registry> registry) {
@@ -29,6 +39,11 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> StartConfiguredMetricsServer(
     const std::string& metrics_address, std::shared_ptr<prometheus::Registry> registry) {
   if (metrics_address.empty()) return std::unique_ptr<MetricsHttpServer>();
+  // The name Prometheus's client libraries give it: an alert counts a daemon's restarts by
+  // its changes (deploy/prometheus-alerts.yml), which a scrape interval could miss in `up`.
+  AddGauge(*registry, "process_start_time_seconds",
+           "Start time of the process since the Unix epoch, in seconds")
+      .Set(process_start_seconds);
   auto started = MetricsHttpServer::Start(metrics_address, std::move(registry));
   if (!started.ok()) {
     return absl::Status(started.status().code(),

@@ -36,7 +36,7 @@ class MetricsHttpServer {
 };
 
 // A daemon's `metrics_address` setting: empty disables metrics (returns nullptr); an error
-// names the key.
+// names the key. Adds process_start_time_seconds to `registry`.
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> StartConfiguredMetricsServer(
     const std::string& metrics_address, std::shared_ptr<prometheus::Registry> registry);
 
