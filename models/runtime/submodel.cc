@@ -155,11 +155,27 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
   // "cuda" names the current GPU, while every tensor's device carries its index ("cuda:0"):
   // the options keep the indexed name, so that comparing a tensor's device with them holds.
   SubmodelOptions options = requested;
-  if (!options.device.has_index() && !options.device.is_cpu()) {
-    absl::Status resolved = CatchExceptions("resolving the device", [&] {
-      options.device = at::empty({0}, at::TensorOptions().device(options.device)).device();
-    });
-    TOPHAT_RETURN_IF_ERROR(resolved);
+  if (!options.device.is_cpu()) {
+    // Before anything loads, and naming the device: a GPU gone after a crash (the restart
+    // after "is lost"), a driver missing, an index past the host's GPUs.
+    const std::string name = options.device.str();
+    const int64_t count =
+        options.device.is_cuda() && at::hasCUDA() ? static_cast<int64_t>(at::getNumGPUs()) : 0;
+    if (options.device.is_cuda() && options.device.has_index() && count > 0 &&
+        options.device.index() >= count) {
+      return absl::UnavailableError(absl::StrCat("device ", name, " is not on this host: its ",
+                                                 "driver shows ", count, " CUDA device(s), cuda:0",
+                                                 count > 1 ? absl::StrCat(" to cuda:", count - 1)
+                                                           : std::string()));
+    }
+    absl::Status resolved =
+        CatchExceptions(absl::StrCat("device ", name, " is not usable"), [&] {
+          options.device = at::empty({0}, at::TensorOptions().device(options.device)).device();
+        });
+    if (!resolved.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat(resolved.message(), " (nvidia-smi shows what the driver sees)"));
+    }
   }
   if (spec.layers.begin < 0 || spec.layers.end > config.num_hidden_layers ||
       spec.layers.begin > spec.layers.end) {

@@ -125,6 +125,27 @@ double MaxDiff(const at::Tensor& a, const at::Tensor& b) {
   return (a - b).abs().max().item<double>();
 }
 
+TEST_CASE("A device that is not there fails the load with UNAVAILABLE naming it, before any "
+          "weight loads", "[submodel]") {
+  LoadedModel m = MakeModel(TinyTestConfig(), "absent_device");
+  // No host has a 100th GPU: on a GPU server the index is past the driver's count, on a
+  // CPU machine the driver is missing; either way the message names the device.
+  auto loaded = Submodel::Load(m.config, *m.checkpoint, SubmodelSpec::Middle(m.config, 1, 1),
+                               {.device = at::Device("cuda:99")});
+  REQUIRE_FALSE(loaded.ok());
+  CHECK(loaded.status().code() == absl::StatusCode::kUnavailable);
+  INFO(loaded.status().ToString());
+  CHECK(loaded.status().message().find("device cuda:99 is not") != std::string::npos);
+  if (!at::hasCUDA()) {
+    // And the device of no index, on a machine without a driver, the same way.
+    auto current = Submodel::Load(m.config, *m.checkpoint, SubmodelSpec::Middle(m.config, 1, 1),
+                                  {.device = at::Device("cuda")});
+    REQUIRE_FALSE(current.ok());
+    CHECK(current.status().code() == absl::StatusCode::kUnavailable);
+    CHECK(current.status().message().find("device cuda is not usable") != std::string::npos);
+  }
+}
+
 TEST_CASE("Full model matches an independent reference formulation", "[submodel]") {
   std::mt19937 rng(1);
   for (const auto& [name, config] : TinyTestVariants()) {
