@@ -220,7 +220,7 @@ v1::GenerateResponse Agent::Request::Run() {
   if (prepared.ok()) prepared = caught;
   if (!prepared.ok()) {
     ForgetReused();
-    Finish(response, v1::FINISH_REASON_ERROR, prepared);
+    Finish(response, v1::FINISH_REASON_ERROR, agent_.AfterRequestFailure(prepared));
     return response;
   }
   stats_.RecordPrompt(prompt_length_);
@@ -254,7 +254,7 @@ v1::GenerateResponse Agent::Request::Run() {
     Finish(response, v1::FINISH_REASON_CANCELLED, absl::OkStatus());
   } else {
     spdlog::warn("request {} failed: {}", id_, result.ToString());
-    Finish(response, v1::FINISH_REASON_ERROR, result);
+    Finish(response, v1::FINISH_REASON_ERROR, agent_.AfterRequestFailure(result));
   }
   return response;
 }
@@ -1000,6 +1000,7 @@ Agent::Agent(AgentConfig config, DeviceBundle bundle,
              std::shared_ptr<grpc::ChannelCredentials> cloud_credentials, std::string cloud_token,
              std::shared_ptr<DnsClouds> dns, prometheus::Registry* registry)
     : config_(std::move(config)),
+      device_watch_(c10::Device(config_.device), "the agent's"),
       bundle_(std::move(bundle)),
       conversations_({.max_bytes = config_.conversation_cache.max_bytes,
                       .keep_alive_s = config_.conversation_cache.keep_alive_s,
@@ -1286,6 +1287,13 @@ v1::GenerateResponse Agent::GenerateWith(const v1::GenerateRequest& request,
   std::string id = request.request_id();
   if (id.empty()) id = NewRequestId();
   run.set_id(id);
+  if (absl::Status lost = device_watch_.lost(); !lost.ok()) {
+    v1::GenerateResponse refused;
+    refused.set_request_id(id);
+    refused.set_finish_reason(v1::FINISH_REASON_ERROR);
+    refused.set_error(lost.ToString());
+    return refused;
+  }
   {
     std::lock_guard<std::mutex> lock(requests_mutex_);
     if (static_cast<int64_t>(running_.size()) >= config_.max_concurrent_requests) {
@@ -1357,9 +1365,20 @@ v1::InfoResponse Agent::Info() const {
   return info;
 }
 
+absl::Status Agent::AfterRequestFailure(const absl::Status& failure) {
+  bool found = false;
+  absl::Status lost = device_watch_.CheckAfterFailure(&found);
+  if (found) {
+    spdlog::error("{} (a request failed with: {}); failing every request with UNAVAILABLE",
+                  std::string(lost.message()), failure.ToString());
+    if (on_device_lost_) on_device_lost_(lost);
+  }
+  return lost.ok() ? failure : lost;
+}
+
 v1::HealthResponse Agent::Health() const {
   v1::HealthResponse health;
-  health.set_serving(true);
+  health.set_serving(device_watch_.lost().ok());
   health.set_cloud_connected(AnyCloudConnected());
   std::lock_guard<std::mutex> lock(requests_mutex_);
   health.set_active_requests(static_cast<uint32_t>(running_.size()));

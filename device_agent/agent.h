@@ -31,6 +31,7 @@
 #include "device_agent/speculative_decoder.h"
 #include "scheduler/moving_average.h"
 #include "models/runtime/bundle.h"
+#include "models/runtime/device_watch.h"
 #include "models/runtime/sampler.h"
 #include "tophat/v1/agent.pb.h"
 
@@ -69,7 +70,15 @@ class Agent : private LinkSampleSink {
   bool Cancel(const std::string& request_id, const std::string& caller = "");
 
   v1::InfoResponse Info() const;
+  // Not serving once its GPU is lost.
   v1::HealthResponse Health() const;
+  // Called once, on the thread of the request that found it, when the device's GPU is
+  // lost (models/runtime/device_watch.h): requests running then fail, and later ones fail at
+  // once, with UNAVAILABLE naming the CUDA error; tophat-agent then exits for systemd to
+  // restart it. Set before serving.
+  void OnDeviceLost(std::function<void(const absl::Status&)> handler) {
+    on_device_lost_ = std::move(handler);
+  }
   const AgentConfig& config() const { return config_; }
   // The bundle's tokenizer (thread-safe to encode and decode with).
   const Tokenizer& tokenizer() const { return *bundle_.tokenizer; }
@@ -83,6 +92,9 @@ class Agent : private LinkSampleSink {
         std::shared_ptr<grpc::ChannelCredentials> cloud_credentials, std::string cloud_token,
         std::shared_ptr<DnsClouds> dns, prometheus::Registry* registry);
   absl::Status CheckHello(const v1::Hello& hello) const;
+  // After a request failed with `failure`: asks the device (device_watch_), and returns the
+  // loss if it is lost (calling on_device_lost_ the first time), else `failure`.
+  absl::Status AfterRequestFailure(const absl::Status& failure);
   // GenerateRequest.outline (Jupiter §IV-C; device_agent/outline.h, outline_request.cc):
   // the outline as a request of its own, then each of its points expanded as a request of
   // its own, all decoded together and streamed in point order; the prompt decoded
@@ -124,6 +136,9 @@ class Agent : private LinkSampleSink {
   bool AnyCloudConnected() const;
   bool stopping() const;
   const AgentConfig config_;
+  // Asked after a request fails: whether config_.device still computes (device_watch.h).
+  DeviceWatch device_watch_;
+  std::function<void(const absl::Status&)> on_device_lost_;  // set before serving
   // config_.wire_dtype parsed; DTYPE_UNSPECIFIED: the cloud's compute dtype (Hello).
   v1::DType wire_dtype_ = v1::DTYPE_UNSPECIFIED;
   // config_.wire_dtype is "scheduler": the cloud's Control.wire_dtype, chunk by chunk.

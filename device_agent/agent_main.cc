@@ -1,9 +1,13 @@
 // tophat-agent: the device agent. Holds the input and output submodels of a device bundle,
 // serves apps on the local AgentService, and keeps one stream to tophat-cloud (reconnecting
 // and replaying when it drops). SIGTERM stops it cleanly.
+#include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -33,6 +37,11 @@ using tophat::Fail;
 
 namespace {
 
+// Set when the agent's GPU is lost (Agent::OnDeviceLost): it stops at once, exits 1 for
+// systemd to restart it, and touches the GPU no more on the way out (frees on a lost context
+// fail, some by throwing from destructors; the driver reclaims the memory at exit).
+std::atomic<bool> device_lost{false};
+
 int Run(const tophat::AgentConfig& config) {
   spdlog::set_level(spdlog::level::from_str(config.log_level));
   if (absl::Status threads = tophat::SetComputeThreads(static_cast<int>(config.compute_threads));
@@ -45,6 +54,12 @@ int Run(const tophat::AgentConfig& config) {
   spdlog::info("loading device bundle {}", config.bundle);
   auto agent = tophat::Agent::Create(config, registry.get());
   if (!agent.ok()) return Fail(agent.status());
+  (*agent)->OnDeviceLost([](const absl::Status& status) {
+    spdlog::error("{}; shutting down for a restart", std::string(status.message()));
+    tophat::ServiceNotify(absl::StrCat("STATUS=", status.message()));
+    device_lost.store(true);
+    kill(getpid(), SIGTERM);  // wakes the main thread's sigwait
+  });
 
   tophat::AgentServiceImpl service(agent->get(), config.app_tokens);
   std::shared_ptr<grpc::ServerCredentials> app_credentials = grpc::InsecureServerCredentials();
@@ -120,8 +135,14 @@ int Run(const tophat::AgentConfig& config) {
   tophat::ServiceNotify("STOPPING=1");
   spdlog::info("{}: stopping", signal_name);
   // Running requests get a few seconds to finish; then their streams are cancelled.
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  server->Shutdown(std::chrono::system_clock::now() +
+                   std::chrono::seconds(device_lost.load() ? 0 : 5));
   openai.reset();
+  if (device_lost.load()) {
+    spdlog::error("tophat-agent stopped after losing its GPU; exiting without releasing it");
+    spdlog::shutdown();
+    std::_Exit(1);
+  }
   agent->reset();
   spdlog::info("tophat-agent stopped");
   return 0;

@@ -12,7 +12,6 @@
 #include "absl/strings/str_cat.h"
 #include "base/memory_release.h"
 #include "base/status_macros.h"
-#include "kernels/cuda_device.h"
 #include "kernels/host_copy.h"
 #include "proto/hidden_states.h"
 #include "proto/protocol_version.h"
@@ -52,19 +51,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
       KvBlockPool::Create(middle->config(), middle->spec().layers.size(), options.kv_num_blocks,
                           options.kv_block_size, middle->options().dtype,
                           middle->options().device));
-  EngineOptions resolved = options;
-  if (!resolved.device_check && middle->options().device.is_cuda()) {
-    const int index = middle->options().device.has_index() ? middle->options().device.index() : -1;
-    resolved.device_check = [index]() -> absl::Status {
-      const std::optional<std::string> fault = kernels::CudaContextFault(index);
-      if (!fault) return absl::OkStatus();
-      return absl::UnavailableError(absl::StrCat(
-          "the cloud's GPU (CUDA device ", index < 0 ? std::string("current") : std::to_string(index),
-          ") is lost: ", *fault));
-    };
-  }
   auto engine = std::unique_ptr<Engine>(
-      new Engine(std::move(resolved), std::move(middle), std::move(pool), metrics));
+      new Engine(options, std::move(middle), std::move(pool), metrics));
   TOPHAT_RETURN_IF_ERROR(engine->Warmup());
   return engine;
 }
@@ -127,6 +115,7 @@ Engine::Engine(EngineOptions options, std::shared_ptr<const Submodel> middle,
                std::shared_ptr<KvBlockPool> pool, CloudMetrics* metrics)
     : options_(std::move(options)),
       middle_(std::move(middle)),
+      device_watch_(middle_->options().device, "the cloud's", options_.device_check),
       pool_(std::move(pool)),
       metrics_(metrics),
       allocator_(static_cast<int32_t>(options_.kv_num_blocks),
@@ -1288,14 +1277,12 @@ void Engine::Complete() {
     if (!read.ok()) output = read;
   }
   bool just_lost = false;
-  if (!output.ok() && device_lost_.ok() && options_.device_check) {
+  if (!output.ok() && device_lost_.ok()) {
     // Whether the step failed alone (a bad shape, memory short for once) or took the device
     // with it: then nothing later can compute, and staying up would fail every request while
     // health says SERVING.
-    absl::Status check = options_.device_check();
-    if (!check.ok()) {
-      just_lost = true;
-      device_lost_ = absl::UnavailableError(check.message());
+    device_lost_ = device_watch_.CheckAfterFailure(&just_lost);
+    if (just_lost) {
       draining_ = true;
       spdlog::error("{} (the step failed with: {}); failing every session with UNAVAILABLE "
                     "and admitting none",

@@ -32,6 +32,7 @@
 #include "kernels/cuda_device.h"
 #include "kernels/host_copy.h"
 #include "models/runtime/decode_graphs.h"
+#include "models/runtime/device_watch.h"
 #include "models/runtime/kv_cache.h"
 #include "models/runtime/submodel.h"
 #include "scheduler/batch_planner.h"
@@ -101,11 +102,10 @@ struct EngineOptions {
   // supervisor to restart the pipeline.
   std::function<void(const absl::Status&)> on_pipeline_lost;
   // Asked on the engine thread after a step fails: whether the device the middle runs on
-  // can still compute (OK), or its context is lost (a CUDA error no later call recovers
-  // from: a device-side assert, an illegal address, an uncorrectable ECC error, a GPU gone
-  // from the bus), as UNAVAILABLE naming the error. Empty: for a middle on a CUDA device,
-  // kernels::CudaContextFault's answer for that device; on the CPU nothing is asked.
-  std::function<absl::Status()> device_check;
+  // can still compute (OK), or its context is lost (models/runtime/device_watch.h), as
+  // UNAVAILABLE naming the error. Empty: DeviceWatch's own (CUDA's answer for a middle on a
+  // GPU; on the CPU nothing is asked).
+  DeviceWatch::Check device_check;
   // Called once, on the engine thread, when device_check finds the device lost. From then
   // on the engine computes nothing: the failed step's sessions, and every later step's,
   // fail with UNAVAILABLE (agents replay them on another cloud), and it admits nothing new.
@@ -345,6 +345,7 @@ class Engine {
 
   const EngineOptions options_;
   const std::shared_ptr<const Submodel> middle_;
+  DeviceWatch device_watch_;  // asked after a failed step
   const std::shared_ptr<KvBlockPool> pool_;
   CloudMetrics* const metrics_;
   v1::Hello hello_;

@@ -127,7 +127,7 @@ TEST_CASE("On CUDA a device-side assert loses the context: the next step's sessi
     INFO("session " << id);
     REQUIRE(last[id].has_error());
     CHECK(last[id].error().code() == static_cast<int>(absl::StatusCode::kUnavailable));
-    CHECK(last[id].error().message().find("CUDA device 0) is lost") != std::string::npos);
+    CHECK(last[id].error().message().find("the cloud's GPU (cuda:0) is lost") != std::string::npos);
     CHECK_FALSE(last[id].error().session_alive());
   }
   REQUIRE(lost.size() == 1);

@@ -1026,7 +1026,7 @@ TEST_CASE("A step that takes the device with it fails every session with UNAVAIL
   EngineOptions options = SmallOptions();
   options.device_check = [] {
     return absl::UnavailableError(
-        "the cloud's GPU (CUDA device 0) is lost: cudaErrorAssert: device-side assert "
+        "the cloud's GPU (cuda:0) is lost: cudaErrorAssert: device-side assert "
         "triggered");
   };
   options.on_device_lost = [&](const absl::Status& status) {
@@ -1051,7 +1051,7 @@ TEST_CASE("A step that takes the device with it fails every session with UNAVAIL
     CHECK_FALSE(last[id].error().session_alive());
   }
   REQUIRE(lost.size() == 1);
-  CHECK(lost[0].find("CUDA device 0") != std::string::npos);
+  CHECK(lost[0].find("the cloud's GPU (cuda:0) is lost") != std::string::npos);
   CHECK(h.engine->device_lost().code() == absl::StatusCode::kUnavailable);
   CHECK(h.engine->stats().sessions_running == 0);
   CHECK(h.engine->stats().kv_blocks_allocated == 0);
