@@ -1366,6 +1366,10 @@ v1::InfoResponse Agent::Info() const {
 }
 
 absl::Status Agent::AfterRequestFailure(const absl::Status& failure) {
+  // A refusal (a bad prompt, a full cloud, a deadline, no cloud) says nothing of the device;
+  // an exception from a computation (CatchExceptions: INTERNAL) may be the GPU's. Asking
+  // waits for the device's queued work, other requests' included.
+  if (failure.code() != absl::StatusCode::kInternal) return failure;
   bool found = false;
   absl::Status lost = device_watch_.CheckAfterFailure(&found);
   if (found) {

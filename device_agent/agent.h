@@ -92,8 +92,9 @@ class Agent : private LinkSampleSink {
         std::shared_ptr<grpc::ChannelCredentials> cloud_credentials, std::string cloud_token,
         std::shared_ptr<DnsClouds> dns, prometheus::Registry* registry);
   absl::Status CheckHello(const v1::Hello& hello) const;
-  // After a request failed with `failure`: asks the device (device_watch_), and returns the
-  // loss if it is lost (calling on_device_lost_ the first time), else `failure`.
+  // After a request failed with `failure`: if it is INTERNAL (a computation threw), asks the
+  // device (device_watch_), and returns the loss if it is lost (calling on_device_lost_ the
+  // first time); else `failure`.
   absl::Status AfterRequestFailure(const absl::Status& failure);
   // GenerateRequest.outline (Jupiter §IV-C; device_agent/outline.h, outline_request.cc):
   // the outline as a request of its own, then each of its points expanded as a request of
