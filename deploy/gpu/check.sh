@@ -3,9 +3,7 @@
 # deploy/gpu/pack.sh, takes LibTorch from the server's own PyTorch, and runs, each phase under
 # its own time limit (a hang costs its phase, not the window):
 #   the libraries   every program finds every library it needs
-#   gpu tests       kernels, runtime (submodel), pipeline (NCCL): every case must run, not skip;
-#                   then the engine losing its GPU context (a device-side assert) in a process
-#                   of its own: its sessions fail with UNAVAILABLE and it admits nothing more
+#   gpu tests       kernels, runtime (submodel), pipeline (NCCL): every case must run, not skip
 #   cuda-cloud      the serving cases with the cloud's middle on the GPU, then split into two
 #                   pipeline stages on it (cuda-two-stage-cloud; one GPU cannot hold two NCCL
 #                   ranks, so these stages talk Gloo through host memory)
@@ -25,6 +23,8 @@
 #                   --fused-split-merge off), and the verification cases (batch 1 and 8, five
 #                   positions a session) with their chunks attended as prompt chunks
 #                   (--verification-as-decode-rows off): the same-run measure of all three
+#   device loss     last, in a process of its own: the engine losing its GPU context (a
+#                   device-side assert) fails its sessions with UNAVAILABLE, admits nothing more
 # then prints a summary, the tables, and the same-run ratios of the last two engine benches
 # against the first, case by case. The whole check takes at most --budget seconds.
 #
@@ -60,7 +60,7 @@ while [ $# -gt 0 ]; do
     --budget) budget="$2"; shift 2 ;;
     --rehearse) rehearse=1; shift ;;
     --only) only=",$2,"; shift 2 ;;
-    -h|--help) sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -196,9 +196,6 @@ gpu_tests_env=("${tophat_env[@]}")
 for t in tophat_kernels_gpu_test tophat_runtime_gpu_test tophat_pipeline_gpu_test; do
   phase "${t%_test}" 120 "$gpu_expect" "${gpu_tests_env[@]}" "$root/tests/$t"
 done
-# The engine losing its GPU context (a device-side assert), which no later call recovers
-# from: alone in its process.
-phase tophat_server_gpu 60 "$gpu_expect" "${gpu_tests_env[@]}" "$root/tests/tophat_server_gpu_test"
 
 
 # --- The serving cases with the cloud on the GPU (in a rehearsal: on the CPU).
@@ -247,6 +244,10 @@ phase engine-bench-serial 90 pass "${tophat_env[@]}" "$root/bin/tophat-bench-eng
   --model "$model" -m 2 -k 1 "${cublas_args[@]}" "${verify_args[@]}" --overlap-launches off \
   --fused-split-merge off --verification-as-decode-rows off \
   --json "$out/bench-engine-serial.json"
+
+# --- The engine losing its GPU context (a device-side assert), which no later call recovers
+# from: alone in its process, and last, so that a hang in it costs no benchmark its time.
+phase tophat_server_gpu 45 "$gpu_expect" "${gpu_tests_env[@]}" "$root/tests/tophat_server_gpu_test"
 
 # --- The tables.
 for name in engine-bench hf-compare engine-bench-cublas engine-bench-serial; do
