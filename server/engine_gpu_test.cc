@@ -3,9 +3,7 @@
 // case: deploy/gpu/check.sh runs it alone.
 #include <catch2/catch.hpp>
 
-#include <deque>
-#include <map>
-#include <mutex>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -13,57 +11,11 @@
 #include "kernels/cuda_device.h"
 #include "models/formats/checkpoint.h"
 #include "models/runtime/model_init.h"
-#include "proto/hidden_states.h"
 #include "server/engine.h"
+#include "server/engine_test_harness.h"
 
 namespace tophat {
 namespace {
-
-class CollectingSink final : public MessageSink {
- public:
-  void Send(v1::CloudMessage message) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!message.has_load()) messages_.push_back(std::move(message));
-  }
-  void Finish(const absl::Status&) override {}
-  void Consumed(int64_t) override {}
-  // The last result or error of each session since the previous call.
-  std::map<uint64_t, v1::CloudMessage> TakeLast() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    std::map<uint64_t, v1::CloudMessage> last;
-    for (v1::CloudMessage& message : messages_) {
-      if (message.has_error()) last[message.error().session_id()] = message;
-      if (message.has_result()) last[message.result().session_id()] = message;
-    }
-    messages_.clear();
-    return last;
-  }
-
- private:
-  std::mutex mutex_;
-  std::deque<v1::CloudMessage> messages_;
-};
-
-v1::AgentMessage OpenMessage(uint64_t id) {
-  v1::AgentMessage message;
-  message.mutable_open()->set_session_id(id);
-  message.mutable_open()->set_max_positions(64);
-  return message;
-}
-
-v1::AgentMessage ChunkMessage(uint64_t id, uint32_t first, int64_t positions, v1::Phase phase,
-                              int64_t hidden_size) {
-  v1::AgentMessage message;
-  v1::ForwardChunk* chunk = message.mutable_forward();
-  chunk->set_session_id(id);
-  chunk->set_sequence_number(first + 1);
-  chunk->set_first_position(first);
-  chunk->set_phase(phase);
-  REQUIRE(PackHiddenStates(at::randn({positions, hidden_size}), v1::DTYPE_BFLOAT16,
-                           chunk->mutable_states())
-              .ok());
-  return message;
-}
 
 TEST_CASE("On CUDA a device-side assert loses the context: the next step's sessions and the "
           "others fail with UNAVAILABLE naming the CUDA error, once, and nothing is admitted",
@@ -93,21 +45,22 @@ TEST_CASE("On CUDA a device-side assert loses the context: the next step's sessi
     CHECK(status.code() == absl::StatusCode::kUnavailable);
     lost.emplace_back(status.message());
   };
-  auto created = Engine::Create(options, middle, nullptr);
-  REQUIRE(created.ok());
-  // Neither is freed: a lost context fails the frees too (some by throwing, from
-  // destructors), which is why tophat-cloud exits without them after a loss.
-  Engine& engine = *created->release();
+  testing::EngineHarness h(options, middle);
+  // Neither the engine nor the middle is freed, whatever the outcome: a lost context fails
+  // the frees too (some by throwing, from destructors), which is why tophat-cloud exits
+  // without them after a loss.
+  struct Leak {
+    testing::EngineHarness& h;
+    ~Leak() { (void)h.engine.release(); }
+  } leak{h};
   new std::shared_ptr<const Submodel>(middle);
+  Engine& engine = *h.engine;
 
-  auto sink = std::make_shared<CollectingSink>();
-  engine.AttachStream(1, sink);
-  const int64_t hidden = config.hidden_size;
-  for (uint64_t id : {1, 2, 3}) engine.Deliver(1, OpenMessage(id));
-  engine.Deliver(1, ChunkMessage(1, 0, 5, v1::PHASE_PREFILL, hidden));
-  engine.Deliver(1, ChunkMessage(2, 0, 7, v1::PHASE_PREFILL, hidden));
+  for (uint64_t id : {1, 2, 3}) h.Open(id, 64);
+  h.Chunk(1, 0, 5, v1::PHASE_PREFILL);
+  h.Chunk(2, 0, 7, v1::PHASE_PREFILL);
   CHECK(engine.RunOnce() == 12);
-  auto last = sink->TakeLast();
+  auto last = testing::LastBySession(h.sink->Take());
   REQUIRE(last[1].has_result());
   REQUIRE(last[2].has_result());
   REQUIRE_FALSE(kernels::CudaContextFault(0).has_value());
@@ -121,10 +74,10 @@ TEST_CASE("On CUDA a device-side assert loses the context: the next step's sessi
       at::full({1}, int64_t{1} << 30, at::TensorOptions().dtype(at::kLong).device(table.device()));
   (void)at::embedding(table, index);
 
-  engine.Deliver(1, ChunkMessage(1, 5, 1, v1::PHASE_DECODE, hidden));
-  engine.Deliver(1, ChunkMessage(2, 7, 1, v1::PHASE_DECODE, hidden));
+  h.Chunk(1, 5, 1, v1::PHASE_DECODE);
+  h.Chunk(2, 7, 1, v1::PHASE_DECODE);
   engine.RunOnce();
-  last = sink->TakeLast();
+  last = testing::LastBySession(h.sink->Take());
   for (uint64_t id : {1, 2, 3}) {
     INFO("session " << id);
     REQUIRE(last[id].has_error());
@@ -138,9 +91,9 @@ TEST_CASE("On CUDA a device-side assert loses the context: the next step's sessi
   CHECK_FALSE(engine.device_lost().ok());
 
   // Nothing new is admitted, and nothing touches the device again.
-  engine.Deliver(1, OpenMessage(4));
+  h.Open(4, 64);
   CHECK(engine.RunOnce() == 0);
-  last = sink->TakeLast();
+  last = testing::LastBySession(h.sink->Take());
   REQUIRE(last[4].has_error());
   CHECK(last[4].error().code() == static_cast<int>(absl::StatusCode::kUnavailable));
   CHECK(lost.size() == 1);
