@@ -1,9 +1,7 @@
 // tophat-agent: the device agent. Holds the input and output submodels of a device bundle,
 // serves apps on the local AgentService, and keeps one stream to tophat-cloud (reconnecting
 // and replaying when it drops). SIGTERM stops it cleanly.
-#include <signal.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
@@ -58,7 +56,7 @@ int Run(const tophat::AgentConfig& config) {
     spdlog::error("{}; shutting down for a restart", std::string(status.message()));
     tophat::ServiceNotify(absl::StrCat("STATUS=", status.message()));
     device_lost.store(true);
-    kill(getpid(), SIGTERM);  // wakes the main thread's sigwait
+    tophat::RequestShutdown();
   });
 
   tophat::AgentServiceImpl service(agent->get(), config.app_tokens);

@@ -1,8 +1,6 @@
 // tophat-cloud: the cloud daemon. Hosts the middle submodel for every connected device agent,
 // batching their sessions in one engine loop. Runs under systemd (deploy/tophat-cloud.service);
 // SIGTERM drains: no new sessions, in-flight ones get drain_grace_period_s to finish.
-#include <signal.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -230,7 +228,7 @@ int Run(const CloudConfig& written) {
                     status.ToString());
       tophat::ServiceNotify(absl::StrCat("STATUS=lost a pipeline stage: ", status.message()));
       serving_lost.store(true);
-      kill(getpid(), SIGTERM);  // wakes the main thread's sigwait
+      tophat::RequestShutdown();
     };
   }
   // A lost GPU context fails every later call on it: stop serving (the engine has failed
@@ -242,7 +240,7 @@ int Run(const CloudConfig& written) {
     tophat::ServiceNotify(absl::StrCat("STATUS=", status.message()));
     device_lost.store(true);
     serving_lost.store(true);
-    kill(getpid(), SIGTERM);  // wakes the main thread's sigwait
+    tophat::RequestShutdown();
   };
   auto engine = tophat::Engine::Create(engine_options, middle, &metrics);
   if (!engine.ok()) return Fail(engine.status());

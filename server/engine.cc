@@ -1168,7 +1168,7 @@ int64_t Engine::Launch() {
   const bool gpu = !middle_->options().device.is_cpu();
   const bool gathered = plan_.size() > 1 || gpu;
   // Nothing touches a lost device: the step fails as it would have (Complete).
-  absl::Status ready = device_lost_;
+  absl::Status ready = device_watch_.lost();
   if (ready.ok() && !injected_step_failure_.ok()) ready = std::exchange(injected_step_failure_, {});
   // The last upload from staging_ must have been read before it is overwritten.
   if (ready.ok() && gathered) {
@@ -1277,20 +1277,21 @@ void Engine::Complete() {
     if (!read.ok()) output = read;
   }
   bool just_lost = false;
-  if (!output.ok() && device_lost_.ok()) {
+  absl::Status lost;  // the device's loss, found now or before
+  if (!output.ok()) {
     // Whether the step failed alone (a bad shape, memory short for once) or took the device
     // with it: then nothing later can compute, and staying up would fail every request while
     // health says SERVING.
-    device_lost_ = device_watch_.CheckAfterFailure(&just_lost);
+    lost = device_watch_.CheckAfterFailure(&just_lost);
     if (just_lost) {
       draining_ = true;
       spdlog::error("{} (the step failed with: {}); failing every session with UNAVAILABLE "
                     "and admitting none",
-                    std::string(device_lost_.message()), output.status().ToString());
-      if (options_.on_device_lost) options_.on_device_lost(device_lost_);
+                    std::string(lost.message()), output.status().ToString());
+      if (options_.on_device_lost) options_.on_device_lost(lost);
     }
+    if (!lost.ok()) output = lost;
   }
-  if (!output.ok() && !device_lost_.ok()) output = device_lost_;
   if (!output.ok() && metrics_ != nullptr) metrics_->steps_failed.Increment();
   const int64_t total = batch.total;
   const Clock::time_point start = batch.start;
@@ -1438,7 +1439,7 @@ void Engine::Complete() {
   }
   // The sessions not in this step too (waiting, parked, between chunks): their agents learn
   // now, not at their next chunk, and replay elsewhere.
-  if (just_lost) FailAllSessions(device_lost_);
+  if (just_lost) FailAllSessions(lost);
 }
 
 void Engine::FailAllSessions(const absl::Status& status) {

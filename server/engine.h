@@ -194,8 +194,8 @@ class Engine {
   // Makes the next step's forward fail with `status` instead of running, as a fault of the
   // device would (tests of what the engine does then; engine thread only).
   void InjectStepFailureForTest(absl::Status status) { injected_step_failure_ = std::move(status); }
-  // Why the device is lost (device_check's answer), or OK while it computes. Engine thread.
-  const absl::Status& device_lost() const { return device_lost_; }
+  // Why the device is lost (device_check's answer), or OK while it computes. Any thread.
+  absl::Status device_lost() const { return device_watch_.lost(); }
 
  private:
   using SessionKey = std::pair<StreamId, uint64_t>;
@@ -345,7 +345,9 @@ class Engine {
 
   const EngineOptions options_;
   const std::shared_ptr<const Submodel> middle_;
-  DeviceWatch device_watch_;  // asked after a failed step
+  // Asked after a failed step; once it has found the device lost, every later step fails
+  // with that loss without touching the device.
+  DeviceWatch device_watch_;
   const std::shared_ptr<KvBlockPool> pool_;
   CloudMetrics* const metrics_;
   v1::Hello hello_;
@@ -416,9 +418,6 @@ class Engine {
   std::vector<SessionKey> failed_sessions_;  // Launch: those whose KV blocks ran out
   std::set<SessionKey> injected_reservation_failures_;
   absl::Status injected_step_failure_;  // InjectStepFailureForTest
-  // Engine thread: not OK once device_check has found the device lost (on_device_lost has
-  // been called); every later step fails with it without touching the device.
-  absl::Status device_lost_;
   std::vector<SequenceChunk> chunks_;
   // The step's input rows gathered into staging_, and CopyAll's slices of them (scratch).
   std::vector<kernels::HostCopy> gather_copies_;

@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 namespace tophat {
 namespace {
@@ -27,5 +28,7 @@ const char* WaitForShutdownSignal() {
   sigwait(&signals, &signal_number);
   return signal_number == SIGTERM ? "SIGTERM" : "SIGINT";
 }
+
+void RequestShutdown() { kill(getpid(), SIGTERM); }
 
 }  // namespace tophat

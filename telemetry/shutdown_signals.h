@@ -11,4 +11,8 @@ void BlockShutdownSignals();
 // Waits for SIGTERM or SIGINT and returns its name ("SIGTERM" or "SIGINT").
 const char* WaitForShutdownSignal();
 
+// Shuts the daemon down from within, from any thread: sends this process the SIGTERM that
+// WaitForShutdownSignal returns (a lost pipeline stage or GPU).
+void RequestShutdown();
+
 }  // namespace tophat
