@@ -30,6 +30,7 @@
 #include "models/tokenizers/bpe_tokenizer.h"
 #include "models/tokenizers/tokenizer.h"
 #include "models/training/toy_model.h"
+#include "base/cli_checks.h"
 #include "base/program.h"
 
 using tophat::Fail;
@@ -242,18 +243,18 @@ int main(int argc, char** argv) {
                                       "Output directory (cached: reused if up to date)")
       ->capture_default_str();
   auto* toy_steps = toy_cmd->add_option("--steps", toy.steps, "Training steps")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(tophat::PositiveNumber());
   toy_cmd->add_option("--seed", toy.seed, "Seed for corpus, init and batches")
       ->capture_default_str();
   toy_cmd->add_option("--threads", toy.threads, "Training threads (part of the cache key)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(tophat::PositiveNumber());
 
   toy_cmd->add_option("--adapter-input-layers", toy.adapter_input_layers,
                       "Distil the shipped drafter adapter for this m (0: none)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   auto* toy_adapter_steps =
       toy_cmd->add_option("--adapter-steps", toy.adapter_steps, "Adapter distillation steps")
-          ->capture_default_str()->check(CLI::PositiveNumber);
+          ->capture_default_str()->check(tophat::PositiveNumber());
 
   tophat::DistillOptions distill;
   auto* distill_cmd = app.add_subcommand(
@@ -277,9 +278,9 @@ int main(int argc, char** argv) {
                           "Teacher layer the adapter starts from (-1: layer m)")
       ->capture_default_str();
   distill_cmd->add_option("--steps", distill.steps)->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(tophat::PositiveNumber());
   distill_cmd->add_option("--batch-size", distill.batch_size)->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(tophat::PositiveNumber());
   distill_cmd->add_option("--sequence-length", distill.sequence_length)->capture_default_str();
   distill_cmd->add_option("--lr", distill.learning_rate, "Peak learning rate")
       ->capture_default_str();
@@ -287,7 +288,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   distill_cmd->add_option("--seed", distill.seed)->capture_default_str();
   distill_cmd->add_option("--checkpoint-every", distill.checkpoint_every)->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(tophat::PositiveNumber());
   distill_cmd->add_option("--stop-after", distill.stop_after,
                           "Stop (resumable) after this many steps in this run; 0: run to the end")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
@@ -300,9 +301,9 @@ int main(int argc, char** argv) {
                    "the first is the reported acceptance length)")
       ->delimiter(',')
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(tophat::PositiveNumber());
   distill_cmd->add_option("--threads", distill.threads, "Training threads (part of the run's identity)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(tophat::PositiveNumber());
 
   tophat::SplitOptions split;
   auto* split_cmd = app.add_subcommand(
@@ -439,11 +440,11 @@ int main(int argc, char** argv) {
                        "Memory each device can give the layers, one per --device (default: no "
                        "limit)");
   plan_cmd->add_option("--link-mb-s", plan.link_mb_per_s, "Bandwidth between stage devices")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(tophat::PositiveNumber());
   plan_cmd->add_option("--tokens", plan.tokens, "Positions per profiled step")
       ->capture_default_str()->check(CLI::Range(1, 65536));
   plan_cmd->add_option("--repetitions", plan.repetitions, "Timed runs per layer (median)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(tophat::PositiveNumber());
   plan_cmd->add_option("--objective", plan.objective,
                        "throughput (micro-batches in flight: the slowest stage) or latency (one "
                        "step through every stage)")
@@ -458,7 +459,7 @@ int main(int argc, char** argv) {
   chat_cmd->add_option("--agent", chat.agent, "tophat-agent host:port")->capture_default_str();
   chat_cmd->add_option("--prompt", chat.prompt, "Ask once and exit");
   chat_cmd->add_option("--max-new-tokens", chat.max_new_tokens)->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(tophat::PositiveNumber());
   chat_cmd->add_option("--temperature", chat.temperature, "0 means greedy")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   chat_cmd->add_option("--top-k", chat.top_k)->capture_default_str()
@@ -483,7 +484,7 @@ int main(int argc, char** argv) {
                               "Text prompt (repeatable): one request each, sent together, "
                               "with a per-request table");
   serve_bench_cmd->add_option("--requests", serve_bench.requests)->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(tophat::PositiveNumber());
   serve_bench_cmd->add_option("--rate", serve_bench.rate, "Requests/s (Poisson); 0 = all at once")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   serve_bench_cmd->add_option("--prompt-lengths", serve_bench.prompt_lengths,
@@ -491,7 +492,7 @@ int main(int argc, char** argv) {
                               "fixed:N, or a file of lengths")
       ->capture_default_str();
   serve_bench_cmd->add_option("--output-tokens", serve_bench.output_tokens)
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(tophat::PositiveNumber());
   serve_bench_cmd->add_option("--sla-ttft", serve_bench.sla_ttft_s, "SLA on TTFT, seconds")
       ->capture_default_str();
   serve_bench_cmd->add_option("--sla-tbt", serve_bench.sla_tbt_s, "SLA on mean TBT, seconds")

@@ -30,8 +30,8 @@ struct AgentConfig {
   bool allow_remote_apps = false;
   std::string cloud_address = "127.0.0.1:7100";
   // Several clouds serving the same model: when set, cloud_address is not used. The agent
-  // keeps a stream to each and places every new request on the least loaded
-  // (device_agent/cloud_pool.h); a request whose cloud is lost moves to another.
+  // keeps a stream to each and places every new request on the less loaded of two drawn at
+  // random (scheduler/cloud_placement.h); a request whose cloud is lost moves to another.
   std::vector<std::string> cloud_addresses;
   // With cloud_address "dns:///HOST:PORT" (one name for several clouds, as a Kubernetes
   // headless Service's): the streams the agent keeps, each to another of the addresses the

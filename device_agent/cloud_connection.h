@@ -147,7 +147,7 @@ class CloudConnection {
   uint64_t reconnects() const { return reconnects_; }
   const std::string& address() const { return options_.address; }
 
-  // What new requests are placed by (cloud_pool.h): the cloud's latest CloudLoad (Hello's,
+  // What new requests are placed by (scheduler/cloud_placement.h): the cloud's latest CloudLoad (Hello's,
   // then its reports), whether and on which stream it is connected, and the requests placed
   // on it since that report.
   struct LoadView {

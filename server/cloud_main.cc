@@ -35,6 +35,7 @@
 #include "server/engine.h"
 #include "server/cloud_stages.h"
 #include "server/kv_pool_size.h"
+#include "base/cli_checks.h"
 #include "base/program.h"
 #include "base/service_notify.h"
 
@@ -51,7 +52,8 @@ std::atomic<bool> serving_lost{false};
 // some by throwing from destructors), so the daemon exits without releasing it.
 std::atomic<bool> device_lost{false};
 
-int Run(const CloudConfig& written) {
+// `drill_device_loss_after_steps`: --drill-device-loss-after-steps (0: no drill).
+int Run(const CloudConfig& written, int64_t drill_device_loss_after_steps) {
   spdlog::set_level(spdlog::level::from_str(written.log_level));
   if (absl::Status threads = tophat::SetComputeThreads(static_cast<int>(
           written.pipeline.StageComputeThreads(0, written.compute_threads)));
@@ -242,6 +244,12 @@ int Run(const CloudConfig& written) {
     serving_lost.store(true);
     tophat::RequestShutdown();
   };
+  engine_options.drill_device_loss_after_steps = drill_device_loss_after_steps;
+  if (drill_device_loss_after_steps > 0) {
+    spdlog::warn("failover drill: after {} step(s) this cloud acts as if its device were lost, "
+                 "fails every session with UNAVAILABLE and exits 1",
+                 drill_device_loss_after_steps);
+  }
   auto engine = tophat::Engine::Create(engine_options, middle, &metrics);
   if (!engine.ok()) return Fail(engine.status());
   spdlog::info("middle layers [{}, {}), KV pool {} blocks x {} positions ({} MiB)", layers.begin,
@@ -390,6 +398,14 @@ int main(int argc, char** argv) {
                  "worker that serves its layers for stage 0, which is this program without "
                  "--stage")
       ->check(CLI::NonNegativeNumber);
+  int64_t drill_device_loss_after_steps = 0;
+  app.add_option("--drill-device-loss-after-steps", drill_device_loss_after_steps,
+                 "A failover drill: serve N engine steps, then act exactly as on a lost GPU "
+                 "(every session fails with UNAVAILABLE and its agent replays it on another "
+                 "cloud; the daemon exits 1). Nothing is broken. Run it outside the systemd "
+                 "unit, whose Restart= would restart the drill (docs/operations.md)")
+      ->check(tophat::PositiveNumber())
+      ->group("Drills");
   CLI11_PARSE(app, argc, argv);
 
   CloudConfig config;
@@ -404,8 +420,14 @@ int main(int argc, char** argv) {
   if (!log_level.empty()) config.log_level = log_level;
   if (absl::Status valid = tophat::ValidateCloudConfig(config); !valid.ok()) return Fail(valid);
   // A later stage keeps no sessions and has nothing to drain: SIGTERM simply ends it.
-  if (stage > 0) return tophat::RunLaterStage(config, stage);
+  if (stage > 0) {
+    if (drill_device_loss_after_steps > 0) {
+      return Fail(absl::InvalidArgumentError(
+          "--drill-device-loss-after-steps: a drill runs on stage 0, not on a later stage"));
+    }
+    return tophat::RunLaterStage(config, stage);
+  }
   // No thread exists yet (parsing started none): every thread to come inherits the mask.
   tophat::BlockShutdownSignals();
-  return Run(config);
+  return Run(config, drill_device_loss_after_steps);
 }

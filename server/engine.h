@@ -112,6 +112,11 @@ struct EngineOptions {
   // tophat-cloud then stops serving and exits for its supervisor to restart it, on a
   // device that works again or not at all (its start-up then fails naming the device).
   std::function<void(const absl::Status&)> on_device_lost;
+  // A failover drill (tophat-cloud --drill-device-loss-after-steps): after this many steps
+  // (0: never) the next one fails and the device is found lost, so that a lost GPU's whole
+  // path runs (every session fails with UNAVAILABLE, on_device_lost, the daemon's exit) on a
+  // device that is fine. A step that fails for real before then is asked about as usual.
+  int64_t drill_device_loss_after_steps = 0;
 };
 
 using StreamId = uint64_t;
@@ -321,6 +326,9 @@ class Engine {
   // (a CUDA error in a copy or a fence throws; Launch turns that into the step's status).
   absl::StatusOr<at::Tensor> ComputeStep(InFlight& batch, bool gathered, bool gpu, int64_t total);
   void Complete();
+  // The check device_watch_ makes: options_.device_check (or the device's own), and with a
+  // drill, the drill's loss once its step has failed.
+  DeviceWatch::Check DeviceCheck();
   // Fails every session, running, waiting or parked, with `status` (CancelAll, a lost device).
   void FailAllSessions(const absl::Status& status);
   // Whether Launch would take `session`'s work now: running, with work, none of it in
@@ -418,6 +426,8 @@ class Engine {
   std::vector<SessionKey> failed_sessions_;  // Launch: those whose KV blocks ran out
   std::set<SessionKey> injected_reservation_failures_;
   absl::Status injected_step_failure_;  // InjectStepFailureForTest
+  int64_t steps_launched_ = 0;
+  bool drill_step_failed_ = false;  // the drill's step has failed (drill_device_loss_after_steps)
   std::vector<SequenceChunk> chunks_;
   // The step's input rows gathered into staging_, and CopyAll's slices of them (scratch).
   std::vector<kernels::HostCopy> gather_copies_;

@@ -887,6 +887,58 @@ TEST_CASE("A step that takes the device with it fails every session with UNAVAIL
   CHECK(lost.size() == 1);
 }
 
+TEST_CASE("A failover drill serves its steps, then fails the next as a lost device would; a "
+          "real failure before it is asked about as usual") {
+  int checks = 0;
+  std::vector<std::string> lost;
+  EngineOptions options = SmallOptions();
+  options.drill_device_loss_after_steps = 2;
+  options.device_check = [&] {
+    ++checks;
+    return absl::OkStatus();
+  };
+  options.on_device_lost = [&](const absl::Status& status) {
+    lost.emplace_back(status.message());
+  };
+  Harness h(options);
+  h.Open(1, 16);
+  h.Open(2, 16);
+  // Step 1 fails for a reason of its own: the device's own check answers, and it is fine.
+  h.Chunk(1, 0, 3, v1::PHASE_PREFILL);
+  h.engine->InjectStepFailureForTest(absl::ResourceExhaustedError("out of memory (injected)"));
+  h.engine->RunOnce();
+  auto last = LastBySession(h.sink->Take());
+  REQUIRE(last[1].has_error());
+  CHECK(last[1].error().code() == static_cast<int>(absl::StatusCode::kInternal));
+  CHECK(checks == 1);
+  CHECK(lost.empty());
+  // Step 2 is served.
+  h.Chunk(2, 0, 4, v1::PHASE_PREFILL);
+  CHECK(h.engine->RunOnce() == 4);
+  last = LastBySession(h.sink->Take());
+  CHECK(last[2].has_result());
+  // Step 3 is the drill's: its session and the one waiting fail with UNAVAILABLE.
+  h.Open(3, 16);
+  h.Chunk(2, 4, 1, v1::PHASE_DECODE);
+  h.engine->RunOnce();
+  last = LastBySession(h.sink->Take());
+  for (uint64_t id : {2, 3}) {
+    INFO("session " << id);
+    REQUIRE(last[id].has_error());
+    CHECK(last[id].error().code() == static_cast<int>(absl::StatusCode::kUnavailable));
+    CHECK(last[id].error().message().find("is lost: a failover drill") != std::string::npos);
+  }
+  CHECK(checks == 1);  // the drill's loss is the drill's, not the device's answer
+  REQUIRE(lost.size() == 1);
+  CHECK(lost[0].find("the cloud's device (cpu) is lost: a failover drill") != std::string::npos);
+  CHECK(h.engine->stats().kv_blocks_allocated == 0);
+  h.Open(4, 16);
+  CHECK(h.engine->RunOnce() == 0);
+  last = LastBySession(h.sink->Take());
+  REQUIRE(last[4].has_error());
+  CHECK(last[4].error().code() == static_cast<int>(absl::StatusCode::kUnavailable));
+}
+
 TEST_CASE("Truncate rolls back KV and returns blocks, and detaching frees everything") {
   Harness h(SmallOptions());
   h.Open(1, 32);

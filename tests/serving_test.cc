@@ -278,6 +278,7 @@ struct CloudSettings {
   std::vector<std::string> wire_dtypes = {"float32", "float16"};  // scheduler.wire_dtypes
   std::string bundle;  // "": the toy model's cloud bundle
   std::string listen_host = "127.0.0.1";  // listen_address's host (any 127.x is loopback)
+  std::vector<std::string> extra_args;  // on stage 0's command line (e.g. a drill)
 };
 
 class CloudProcess {
@@ -346,16 +347,17 @@ class CloudProcess {
         stages_ = static_cast<int>(layer_boundaries.size()) - 1;
       }
     }
+    extra_args_ = settings.extra_args;
     Start(dir);
   }
 
   // Starts stage 0 (the gRPC-facing daemon) and, with a pipeline, its later stages.
   void Start(const fs::path& dir) {
     const std::string run = std::to_string(port_) + "-" + std::to_string(starts_++);
-    process_ = std::make_unique<ChildProcess>(
-        std::vector<std::string>{(BinDir() / "tophat-cloud").string(), "--config",
-                                 config_.string()},
-        dir / ("cloud-" + run + ".log"));
+    std::vector<std::string> args = {(BinDir() / "tophat-cloud").string(), "--config",
+                                     config_.string()};
+    args.insert(args.end(), extra_args_.begin(), extra_args_.end());
+    process_ = std::make_unique<ChildProcess>(std::move(args), dir / ("cloud-" + run + ".log"));
     stage_processes_.clear();
     for (int stage = 1; stage < stages_; ++stage) {
       stage_processes_.push_back(std::make_unique<ChildProcess>(
@@ -374,6 +376,7 @@ class CloudProcess {
   int port() const { return port_; }
   std::string address() const { return host_ + ":" + std::to_string(port_); }
   ChildProcess& process() { return *process_; }
+  int stages() const { return stages_; }
   // Stage i >= 1 of a pipeline.
   ChildProcess& stage(int i) { return *stage_processes_.at(static_cast<size_t>(i - 1)); }
 
@@ -385,6 +388,7 @@ class CloudProcess {
   int stages_ = 1;
   std::vector<std::unique_ptr<ChildProcess>> stage_processes_;
   fs::path config_;
+  std::vector<std::string> extra_args_;
   std::unique_ptr<ChildProcess> process_;
 };
 
@@ -1843,6 +1847,65 @@ TEST_CASE("Three clouds share six agents' requests, and a killed cloud's request
     CHECK(run_requests());
     CHECK(admitted(1) > 0);
   }
+}
+
+TEST_CASE("A cloud whose device is lost (a failover drill) fails its sessions, exits 1 without "
+          "a grace period, and its request finishes on the other cloud with the same tokens",
+          "[serving][clouds][staged]") {
+  testing::TempDir dir;
+  // The drill's cloud serves 5 steps; a request there takes about 18 (its prompt, then one
+  // step a token), so the request placed there first is mid-generation when the device is
+  // "lost". A long grace period, which a lost device must not wait for.
+  constexpr int kDrillSteps = 5;
+  CloudProcess lost(dir.path(),
+                    CloudSettings{.drain_grace_period_s = 600,
+                                  .extra_args = {"--drill-device-loss-after-steps",
+                                                 std::to_string(kDrillSteps)}});
+  CloudProcess other(dir.path(), CloudSettings{});
+  AgentProcess agent(dir.path(), lost.address() + "," + other.address(), 16);
+  for (CloudProcess* cloud : {&lost, &other}) {
+    REQUIRE(testing::WaitUntil([&] { return cloud->Metric("tophat_streams_connected") == 1; },
+                               30s));
+  }
+  // Requests one after another until one is placed on the drill's cloud (each is placed on
+  // either idle cloud at random: 40 all elsewhere would happen once in 2^40).
+  const std::vector<std::string> sentences = ToyPrompts(43, 40);
+  constexpr int64_t kMaxNewTokens = 16;
+  int moved = 0;
+  for (size_t i = 0; i < sentences.size() && moved == 0; ++i) {
+    const std::vector<int32_t> prompt = Tokenize(sentences[i]);
+    auto result = agent.client().Generate(IdsRequest(prompt, kMaxNewTokens, true));
+    REQUIRE(result.ok());
+    INFO("request " << i << ": " << result->error);
+    REQUIRE(result->ok());
+    CHECK(Tokens(*result) == Reference(prompt, kMaxNewTokens, /*stop_at_eos=*/false));
+    moved += result->stats.reconnects() > 0 ? 1 : 0;
+  }
+  REQUIRE(moved == 1);
+  // The cloud exits 1 at once: no grace period (600 s here), and no free on the device.
+  const auto code = lost.process().Wait(30s);
+  INFO("the drill's cloud's log:\n" << lost.process().Log());
+  REQUIRE(code.has_value());
+  CHECK(*code == 1);
+  const std::string log = lost.process().Log();
+  CHECK_THAT(log, Catch::Contains("is lost: a failover drill"));
+  CHECK_THAT(log, Catch::Contains("grace period 0s"));
+  CHECK_THAT(log, Catch::Contains("exiting without releasing it"));
+  // A pipeline's later stages find stage 0 gone and end too.
+  for (int stage = 1; stage < lost.stages(); ++stage) {
+    INFO("stage " << stage << "'s log:\n" << lost.stage(stage).Log());
+    CHECK(lost.stage(stage).Wait(30s).has_value());
+  }
+  const std::string labels = "cloud=\"" + lost.address() + "\"";
+  CHECK(agent.Metric("tophat_cloud_failovers_total", labels) == 1);
+  REQUIRE(testing::WaitUntil([&] { return agent.Metric("tophat_cloud_target_up", labels) == 0; },
+                             30s));
+  // What comes next goes to the cloud left.
+  const std::vector<int32_t> prompt = Tokenize(sentences[0]);
+  auto after = agent.client().Generate(IdsRequest(prompt, 8));
+  REQUIRE(after.ok());
+  CHECK(after->ok());
+  CHECK(after->stats.reconnects() == 0);
 }
 
 TEST_CASE("Of several clouds one serving another model is refused by name, and the others "

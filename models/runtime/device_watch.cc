@@ -10,10 +10,12 @@
 namespace tophat {
 
 DeviceWatch::DeviceWatch(c10::Device device, std::string whose, Check check)
-    : check_(std::move(check)) {
-  if (check_ || !device.is_cuda()) return;
+    : check_(check ? std::move(check) : DefaultCheck(device, std::move(whose))) {}
+
+DeviceWatch::Check DeviceWatch::DefaultCheck(c10::Device device, std::string whose) {
+  if (!device.is_cuda()) return {};
   const int index = device.has_index() ? device.index() : -1;
-  check_ = [index, whose = std::move(whose), name = device.str()]() -> absl::Status {
+  return [index, whose = std::move(whose), name = device.str()]() -> absl::Status {
     const std::optional<std::string> fault = kernels::CudaContextFault(index);
     if (!fault) return absl::OkStatus();
     return absl::UnavailableError(absl::StrCat(whose, " GPU (", name, ") is lost: ", *fault));

@@ -26,6 +26,10 @@ class DeviceWatch {
   // agent's"); a CPU is never lost.
   DeviceWatch(c10::Device device, std::string whose, Check check = {});
 
+  // The check a watch makes when given none: for a CUDA device, kernels::CudaContextFault of
+  // it; for a CPU, none (empty).
+  static Check DefaultCheck(c10::Device device, std::string whose);
+
   // After a failure on the device: asks it (unless already lost) and returns the loss, or OK.
   // `found` (optional) is set true for the one call that found the loss. Thread-safe; waits
   // for the device's queued work, so it is for failure paths, not every step.
