@@ -1000,7 +1000,8 @@ Agent::Agent(AgentConfig config, DeviceBundle bundle,
              std::shared_ptr<grpc::ChannelCredentials> cloud_credentials, std::string cloud_token,
              std::shared_ptr<DnsClouds> dns, prometheus::Registry* registry)
     : config_(std::move(config)),
-      device_watch_(c10::Device(config_.device), "the agent's"),
+      device_watch_(c10::Device(config_.device), "the agent's", [this] { return CheckDevice(); }),
+      device_check_(DeviceWatch::DefaultCheck(c10::Device(config_.device), "the agent's")),
       bundle_(std::move(bundle)),
       conversations_({.max_bytes = config_.conversation_cache.max_bytes,
                       .keep_alive_s = config_.conversation_cache.keep_alive_s,
@@ -1287,7 +1288,13 @@ v1::GenerateResponse Agent::GenerateWith(const v1::GenerateRequest& request,
   std::string id = request.request_id();
   if (id.empty()) id = NewRequestId();
   run.set_id(id);
-  if (absl::Status lost = device_watch_.lost(); !lost.ok()) {
+  absl::Status lost = device_watch_.lost();
+  if (lost.ok() && drill_after_requests_ > 0 &&
+      requests_started_.fetch_add(1) >= drill_after_requests_) {
+    drill_fired_.store(true);
+    lost = AfterRequestFailure(absl::InternalError("the request failed for a failover drill"));
+  }
+  if (!lost.ok()) {
     v1::GenerateResponse refused;
     refused.set_request_id(id);
     refused.set_finish_reason(v1::FINISH_REASON_ERROR);
@@ -1363,6 +1370,16 @@ v1::InfoResponse Agent::Info() const {
   info.set_prompt_chunk_size(static_cast<uint32_t>(config_.prompt_chunk_size));
   info.set_version(TOPHAT_VERSION);
   return info;
+}
+
+absl::Status Agent::CheckDevice() const {
+  if (drill_fired_.load()) {
+    return absl::UnavailableError(
+        absl::StrCat("the agent's device (", config_.device,
+                     ") is lost: a failover drill (drill_device_loss_after_requests ",
+                     drill_after_requests_, "); the device itself is fine"));
+  }
+  return device_check_ ? device_check_() : absl::OkStatus();
 }
 
 absl::Status Agent::AfterRequestFailure(const absl::Status& failure) {

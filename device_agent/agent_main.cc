@@ -28,6 +28,7 @@
 #include "device_agent/agent_service.h"
 #include "device_agent/openai_server.h"
 #include "models/runtime/compute_threads.h"
+#include "base/cli_checks.h"
 #include "base/program.h"
 #include "base/service_notify.h"
 
@@ -40,7 +41,8 @@ namespace {
 // fail, some by throwing from destructors; the driver reclaims the memory at exit).
 std::atomic<bool> device_lost{false};
 
-int Run(const tophat::AgentConfig& config) {
+// `drill_device_loss_after_requests`: --drill-device-loss-after-requests (0: no drill).
+int Run(const tophat::AgentConfig& config, int64_t drill_device_loss_after_requests) {
   spdlog::set_level(spdlog::level::from_str(config.log_level));
   if (absl::Status threads = tophat::SetComputeThreads(static_cast<int>(config.compute_threads));
       !threads.ok()) {
@@ -58,6 +60,12 @@ int Run(const tophat::AgentConfig& config) {
     device_lost.store(true);
     tophat::RequestShutdown();
   });
+  if (drill_device_loss_after_requests > 0) {
+    spdlog::warn("failover drill: after {} request(s) this agent acts as if its device were "
+                 "lost, fails every later request with UNAVAILABLE and exits 1",
+                 drill_device_loss_after_requests);
+    (*agent)->DrillDeviceLoss(drill_device_loss_after_requests);
+  }
 
   tophat::AgentServiceImpl service(agent->get(), config.app_tokens);
   std::shared_ptr<grpc::ServerCredentials> app_credentials = grpc::InsecureServerCredentials();
@@ -175,6 +183,14 @@ int main(int argc, char** argv) {
   app.add_option("--prompt-chunk-size", chunk,
                  "Prompt positions per chunk; 0 uses the cloud's (overrides `prompt_chunk_size`)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  int64_t drill_device_loss_after_requests = 0;
+  app.add_option("--drill-device-loss-after-requests", drill_device_loss_after_requests,
+                 "A failover drill: serve N requests, then act exactly as on a lost GPU (that "
+                 "request and every later one fail with UNAVAILABLE, Health reports not "
+                 "serving, the daemon exits 1). Nothing is broken. Run it outside the systemd "
+                 "unit, whose Restart= would restart the drill (docs/operations.md)")
+      ->check(tophat::PositiveNumber())
+      ->group("Drills");
   CLI11_PARSE(app, argc, argv);
 
   tophat::AgentConfig config;
@@ -194,5 +210,5 @@ int main(int argc, char** argv) {
   if (chunk >= 0) config.prompt_chunk_size = chunk;
   if (!log_level.empty()) config.log_level = log_level;
   if (absl::Status valid = tophat::ValidateAgentConfig(config); !valid.ok()) return Fail(valid);
-  return Run(config);
+  return Run(config, drill_device_loss_after_requests);
 }

@@ -407,7 +407,7 @@ class AgentProcess {
                const std::string& yaml = "", int compute_threads = 0,
                const std::string& cloud_token_file = "",
                const std::vector<std::string>& launcher = {},
-               const fs::path& bundle = {})
+               const fs::path& bundle = {}, const std::vector<std::string>& extra_args = {})
       : port_(testing::FreePort()), metrics_port_(testing::FreePort()) {
     std::vector<std::string> args = launcher;
     const std::vector<std::string> agent_args = {
@@ -433,6 +433,7 @@ class AgentProcess {
                           << yaml << "\ncompute_threads: " << compute_threads << "\n";
     args.push_back("--config");
     args.push_back(config.string());
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
     process_ = std::make_unique<ChildProcess>(std::move(args),
                                               dir / ("agent-" + std::to_string(port_) + ".log"));
     RequireListening(*process_, port_, 60s);
@@ -1906,6 +1907,35 @@ TEST_CASE("A cloud whose device is lost (a failover drill) fails its sessions, e
   REQUIRE(after.ok());
   CHECK(after->ok());
   CHECK(after->stats.reconnects() == 0);
+}
+
+TEST_CASE("An agent whose device is lost (a failover drill) fails that request and every later "
+          "one with UNAVAILABLE and exits 1, and the cloud frees its stream",
+          "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), CloudSettings{});
+  AgentProcess agent(dir.path(), cloud.address(), 16, "", 0, "", {}, {},
+                     {"--drill-device-loss-after-requests", "2"});
+  const std::vector<std::string> sentences = ToyPrompts(47, 3);
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<int32_t> prompt = Tokenize(sentences[i]);
+    auto result = agent.client().Generate(IdsRequest(prompt, 8, true));
+    REQUIRE(result.ok());
+    INFO("request " << i << ": " << result->error);
+    REQUIRE(result->ok());
+    CHECK(Tokens(*result) == Reference(prompt, 8, /*stop_at_eos=*/false));
+  }
+  auto lost = agent.client().Generate(IdsRequest(Tokenize(sentences[2]), 8, true));
+  REQUIRE(lost.ok());
+  CHECK_FALSE(lost->ok());
+  CHECK_THAT(lost->error, Catch::Contains("UNAVAILABLE: the agent's device (cpu) is lost: a "
+                                          "failover drill"));
+  const auto code = agent.process().Wait(30s);
+  INFO("the agent's log:\n" << agent.process().Log());
+  REQUIRE(code.has_value());
+  CHECK(*code == 1);
+  CHECK_THAT(agent.process().Log(), Catch::Contains("exiting without releasing it"));
+  CHECK(testing::WaitUntil([&] { return cloud.Metric("tophat_streams_connected") == 0; }, 30s));
 }
 
 TEST_CASE("Of several clouds one serving another model is refused by name, and the others "
