@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "proto/certificate_expiry.h"
 #include "proto/channel_security.h"
 #include "proto/hidden_states.h"
 #include "telemetry/metrics_http_server.h"
@@ -51,6 +52,15 @@ int Run(const tophat::AgentConfig& config, int64_t drill_device_loss_after_reque
   auto registry = std::make_shared<prometheus::Registry>();
   auto metrics_server = tophat::StartConfiguredMetricsServer(config.metrics_address, registry);
   if (!metrics_server.ok()) return Fail(metrics_server.status());
+  // When its certificates end (alerts TophatCertificateExpires*), re-read as they rotate.
+  std::vector<tophat::CertificateExpiryMetrics::File> certificates = {
+      {.key = "app_tls.certificate_file", .path = config.app_tls.certificate_file}};
+  if (!config.cloud_tls.insecure) {
+    certificates.push_back(
+        {.key = "cloud_tls.certificate_file", .path = config.cloud_tls.certificate_file});
+    certificates.push_back({.key = "cloud_tls.ca_file", .path = config.cloud_tls.ca_file});
+  }
+  tophat::CertificateExpiryMetrics certificate_expiry(*registry, std::move(certificates));
   spdlog::info("loading device bundle {}", config.bundle);
   auto agent = tophat::Agent::Create(config, registry.get());
   if (!agent.ok()) return Fail(agent.status());

@@ -1,20 +1,30 @@
 #include "proto/channel_security.h"
 
+#include <algorithm>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <tuple>
 #include <iterator>
 #include <utility>
 
+#include <openssl/asn1.h>
+#include <openssl/bio.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 
 #include <grpcpp/security/tls_certificate_provider.h>
+#include <spdlog/spdlog.h>
 #include <grpcpp/security/tls_credentials_options.h>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace tophat {
 namespace {
@@ -33,12 +43,127 @@ absl::Status CheckPem(const std::string& path, absl::string_view key, absl::stri
   return absl::OkStatus();
 }
 
+struct BioFree {
+  void operator()(BIO* bio) const { BIO_free(bio); }
+};
+struct X509Free {
+  void operator()(X509* certificate) const { X509_free(certificate); }
+};
+struct PkeyFree {
+  void operator()(EVP_PKEY* key) const { EVP_PKEY_free(key); }
+};
+using BioPtr = std::unique_ptr<BIO, BioFree>;
+using X509Ptr = std::unique_ptr<X509, X509Free>;
+using PkeyPtr = std::unique_ptr<EVP_PKEY, PkeyFree>;
+
+BioPtr OpenFile(const std::string& path) { return BioPtr(BIO_new_file(path.c_str(), "r")); }
+
+// Seconds since 1970 of an ASN.1 time (OpenSSL's own arithmetic: no time zone involved).
+std::optional<int64_t> UnixSeconds(const ASN1_TIME* time) {
+  ASN1_TIME* epoch = ASN1_TIME_set(nullptr, 0);
+  if (epoch == nullptr) return std::nullopt;
+  int days = 0;
+  int seconds = 0;
+  const bool ok = ASN1_TIME_diff(&days, &seconds, epoch, time) == 1;
+  ASN1_TIME_free(epoch);
+  if (!ok) return std::nullopt;
+  return int64_t{days} * 86400 + seconds;
+}
+
+std::string Utc(int64_t unix_seconds) {
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixSeconds(unix_seconds),
+                          absl::UTCTimeZone());
+}
+
+// At start-up, a certificate in use that has ended, has not begun, or ends within
+// kCertificateWarningDays is logged: peers refuse it, or soon will. Not refused here: a
+// device's clock (a Jetson without a battery-backed clock) may be wrong, and the peer's is
+// the one that decides.
+void WarnOfValidity(const std::string& path, const std::string& key) {
+  auto validity = ReadCertificateValidity(path, key);
+  if (!validity.ok()) return;  // gRPC's own reading reports it
+  const int64_t now = absl::ToUnixSeconds(absl::Now());
+  if (validity->not_after_s <= now) {
+    spdlog::error("{}: {} expired at {} (this host's clock says {}); peers refuse it until it "
+                  "is renewed", key, path, Utc(validity->not_after_s), Utc(now));
+  } else if (validity->not_before_s > now) {
+    spdlog::error("{}: {} is valid only from {} (this host's clock says {}: is it wrong?)", key,
+                  path, Utc(validity->not_before_s), Utc(now));
+  } else if (validity->not_after_s - now < kCertificateWarningDays * 86400) {
+    spdlog::warn("{}: {} expires at {}, in {:.1f} days; renew it (the new file is picked up "
+                 "without a restart)", key, path, Utc(validity->not_after_s),
+                 static_cast<double>(validity->not_after_s - now) / 86400);
+  }
+}
+
 std::shared_ptr<grpc::experimental::FileWatcherCertificateProvider> Provider(const TlsFiles& files) {
   return std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
       files.private_key_file, files.certificate_file, files.ca_file, kCertificateRefreshSeconds);
 }
 
 }  // namespace
+
+absl::StatusOr<CertificateValidity> ReadCertificateValidity(const std::string& path,
+                                                            absl::string_view key) {
+  BioPtr file = OpenFile(path);
+  if (file == nullptr) return absl::NotFoundError(absl::StrCat(key, ": cannot read ", path));
+  CertificateValidity validity;
+  while (X509Ptr certificate{PEM_read_bio_X509(file.get(), nullptr, nullptr, nullptr)}) {
+    const std::optional<int64_t> begins = UnixSeconds(X509_get0_notBefore(certificate.get()));
+    const std::optional<int64_t> ends = UnixSeconds(X509_get0_notAfter(certificate.get()));
+    if (!begins || !ends) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          key, ": ", path, ": certificate ", validity.certificates + 1,
+          " has a validity period OpenSSL cannot read"));
+    }
+    validity.not_before_s =
+        validity.certificates == 0 ? *begins : std::max(validity.not_before_s, *begins);
+    validity.not_after_s =
+        validity.certificates == 0 ? *ends : std::min(validity.not_after_s, *ends);
+    ++validity.certificates;
+  }
+  if (validity.certificates == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(key, ": ", path, " holds no certificate (PEM \"CERTIFICATE\" block)"));
+  }
+  return validity;
+}
+
+absl::Status CheckKeyMatchesCertificate(const TlsFiles& files, absl::string_view key_prefix) {
+  const std::string certificate_key = absl::StrCat(key_prefix, ".certificate_file");
+  const std::string private_key_key = absl::StrCat(key_prefix, ".private_key_file");
+  BioPtr certificate_file = OpenFile(files.certificate_file);
+  if (certificate_file == nullptr) {
+    return absl::NotFoundError(absl::StrCat(certificate_key, ": cannot read ",
+                                            files.certificate_file));
+  }
+  X509Ptr certificate{PEM_read_bio_X509(certificate_file.get(), nullptr, nullptr, nullptr)};
+  if (certificate == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        certificate_key, ": ", files.certificate_file,
+        " holds no certificate (PEM \"CERTIFICATE\" block)"));
+  }
+  BioPtr key_file = OpenFile(files.private_key_file);
+  if (key_file == nullptr) {
+    return absl::NotFoundError(absl::StrCat(private_key_key, ": cannot read ",
+                                            files.private_key_file));
+  }
+  // No passphrase callback: gRPC reads keys unencrypted too.
+  PkeyPtr key{PEM_read_bio_PrivateKey(key_file.get(), nullptr,
+                                      [](char*, int, int, void*) { return 0; }, nullptr)};
+  if (key == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        private_key_key, ": ", files.private_key_file,
+        " holds no unencrypted private key OpenSSL can read"));
+  }
+  if (X509_check_private_key(certificate.get(), key.get()) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        private_key_key, ": ", files.private_key_file, " is not the key of ", certificate_key,
+        " (", files.certificate_file, "): every TLS handshake would fail; deploy the key the "
+        "certificate was issued for"));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status CheckTlsFiles(const TlsFiles& files, absl::string_view key_prefix,
                            absl::string_view ca_field) {
@@ -60,6 +185,10 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MutualTlsServerCredenti
   if (absl::Status checked = CheckTlsFiles(files, key_prefix, ca_field); !checked.ok()) {
     return checked;
   }
+  if (absl::Status checked = CheckKeyMatchesCertificate(files, key_prefix); !checked.ok()) {
+    return checked;
+  }
+  WarnOfValidity(files.certificate_file, absl::StrCat(key_prefix, ".certificate_file"));
   grpc::experimental::TlsServerCredentialsOptions options(Provider(files));
   options.watch_root_certs();
   options.watch_identity_key_cert_pairs();
@@ -72,6 +201,10 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MutualTlsChannelCreden
   if (absl::Status checked = CheckTlsFiles(files, key_prefix, ca_field); !checked.ok()) {
     return checked;
   }
+  if (absl::Status checked = CheckKeyMatchesCertificate(files, key_prefix); !checked.ok()) {
+    return checked;
+  }
+  WarnOfValidity(files.certificate_file, absl::StrCat(key_prefix, ".certificate_file"));
   grpc::experimental::TlsChannelCredentialsOptions options;
   options.set_certificate_provider(Provider(files));
   options.watch_root_certs();
@@ -92,6 +225,10 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TlsServerCredentials(
       return checked;
     }
   }
+  if (absl::Status checked = CheckKeyMatchesCertificate(files, key_prefix); !checked.ok()) {
+    return checked;
+  }
+  WarnOfValidity(files.certificate_file, absl::StrCat(key_prefix, ".certificate_file"));
   auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
       files.private_key_file, files.certificate_file, kCertificateRefreshSeconds);
   grpc::experimental::TlsServerCredentialsOptions options(provider);

@@ -3,6 +3,7 @@
 // without a restart), mutual on the cloud link, and the identity a peer's certificate names.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,26 @@ inline constexpr unsigned kCertificateRefreshSeconds = 10;
 // (the CA's field as `ca_field`), and the path.
 absl::Status CheckTlsFiles(const TlsFiles& files, absl::string_view key_prefix,
                            absl::string_view ca_field = "ca_file");
+
+// When the certificates of a PEM file are valid, in seconds since 1970: a chain only while all
+// of it is, so the latest notBefore and the earliest notAfter over its certificates.
+struct CertificateValidity {
+  int64_t not_before_s = 0;
+  int64_t not_after_s = 0;
+  int certificates = 0;
+};
+// Errors name `key` and the path: unreadable, or holding no certificate OpenSSL can parse.
+absl::StatusOr<CertificateValidity> ReadCertificateValidity(const std::string& path,
+                                                            absl::string_view key);
+
+// That `files.private_key_file` is the key of `files.certificate_file`'s first certificate.
+// A mismatched pair (a renewed certificate beside the old key) would otherwise fail every
+// handshake, with nothing in the daemon's own log; the error names both keys and paths.
+absl::Status CheckKeyMatchesCertificate(const TlsFiles& files, absl::string_view key_prefix);
+
+// Days before its end from which a certificate in use is warned of at start-up (and the
+// alert TophatCertificateExpiresSoon fires, deploy/prometheus-alerts.yml).
+inline constexpr int64_t kCertificateWarningDays = 14;
 
 // A server's credentials: its certificate, and clients must present a certificate that
 // `ca_file` signed (mutual TLS; the handshake fails otherwise).

@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "proto/certificate_expiry.h"
 #include "proto/channel_security.h"
 #include "proto/hidden_states.h"
 #include "telemetry/metrics_http_server.h"
@@ -180,6 +181,14 @@ int Run(const CloudConfig& written, int64_t drill_device_loss_after_steps) {
   tophat::CloudMetrics metrics(*registry);
   auto metrics_server = tophat::StartConfiguredMetricsServer(config.metrics_address, registry);
   if (!metrics_server.ok()) return Fail(metrics_server.status());
+  // When the agents' port's certificates end (alerts TophatCertificateExpires*), re-read as
+  // they rotate.
+  std::vector<tophat::CertificateExpiryMetrics::File> certificates;
+  if (!config.tls.insecure) {
+    certificates = {{.key = "tls.certificate_file", .path = config.tls.certificate_file},
+                    {.key = "tls.client_ca_file", .path = config.tls.client_ca_file}};
+  }
+  tophat::CertificateExpiryMetrics certificate_expiry(*registry, std::move(certificates));
 
   tophat::EngineOptions engine_options{
       .model_id = absl::StrCat(bundle->manifest.source_architecture, " ",

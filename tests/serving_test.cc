@@ -556,6 +556,17 @@ TEST_CASE("Three agents with chunk sizes 1, 16 and 128 reproduce the monolithic 
                              5s));
   CHECK(cloud.Metric("tophat_prompt_tokens_total") > 0);
   CHECK(cloud.Metric("tophat_hidden_state_bytes_total", "direction=\"in\"") > 0);
+  // When the certificates end, for the expiry alerts: make-certs.sh's run at the start of the
+  // tests made them for 825 days.
+  const double days_from_now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() +
+      800 * 86400.0;
+  CHECK(cloud.Metric("tophat_tls_certificate_expiry_timestamp_seconds",
+                     "key=\"tls.certificate_file\"") > days_from_now);
+  CHECK(cloud.Metric("tophat_tls_certificate_expiry_timestamp_seconds",
+                     "key=\"tls.client_ca_file\"") > days_from_now);
+  CHECK(agents[0]->Metric("tophat_tls_certificate_expiry_timestamp_seconds",
+                          "key=\"cloud_tls.certificate_file\"") > days_from_now);
 
   CHECK(HealthCheck(cloud.address()) == 1);  // SERVING
 
@@ -986,6 +997,29 @@ TEST_CASE("An agent whose certificate file is missing exits at once, naming the 
     CHECK(*code == 1);
     CHECK_THAT(agent.Log(), Catch::Contains("cloud_tls.certificate_file: cannot read"));
   }
+}
+
+TEST_CASE("A daemon whose private key is not its certificate's exits at once, naming both",
+          "[serving]") {
+  testing::TempDir dir;
+  // device-1's certificate beside device-2's key: a renewal that forgot one of the two files.
+  const fs::path config = dir.path() / "agent.yaml";
+  std::ofstream(config) << "bundle: " << (Bundles() / "device").string()
+                        << "\ncloud_tls:\n  certificate_file: "
+                        << DeviceTls("device-1").certificate_file
+                        << "\n  private_key_file: " << DeviceTls("device-2").private_key_file
+                        << "\n  ca_file: " << DeviceTls("device-1").ca_file
+                        << "\nlisten_address: \"127.0.0.1:" << testing::FreePort()
+                        << "\"\nmetrics_address: \"127.0.0.1:" << testing::FreePort() << "\"\n";
+  ChildProcess agent({(BinDir() / "tophat-agent").string(), "--config", config.string()},
+                     dir.path() / "agent.log");
+  auto code = agent.Wait(30s);
+  REQUIRE(code.has_value());
+  CHECK(*code == 1);
+  CHECK_THAT(agent.Log(), Catch::Contains("cloud_tls.private_key_file: ") &&
+                              Catch::Contains("device-2.key is not the key of "
+                                              "cloud_tls.certificate_file") &&
+                              Catch::Contains("device-1.crt"));
 }
 
 TEST_CASE("A device holds at most its quota of sessions over all its streams, and other devices "
