@@ -919,27 +919,51 @@ void Agent::Request::Finish(v1::GenerateResponse& response, v1::FinishReason rea
   *stats->mutable_chunks() = chunks_.trace();
 }
 
-absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
-                                                     prometheus::Registry* registry) {
-  // The link's credentials first: a missing certificate fails before the bundle loads.
-  std::shared_ptr<grpc::ChannelCredentials> cloud_credentials;
+namespace {
+
+struct CloudLink {
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  std::string token;  // "": none
+};
+
+// The link's credentials and token: checked first, so that a missing certificate fails
+// before the bundle loads.
+absl::StatusOr<CloudLink> CloudLinkOf(const AgentConfig& config) {
+  CloudLink link;
   if (config.cloud_tls.insecure) {
     spdlog::warn("cloud_tls.insecure: the link to the cloud at {} is plaintext and "
                  "unauthenticated; use it only on a trusted network",
                  absl::StrJoin(config.clouds(), ", "));
-    cloud_credentials = grpc::InsecureChannelCredentials();
+    link.credentials = grpc::InsecureChannelCredentials();
   } else {
-    TOPHAT_ASSIGN_OR_RETURN(cloud_credentials,
+    TOPHAT_ASSIGN_OR_RETURN(link.credentials,
                             MutualTlsChannelCredentials({.certificate_file = config.cloud_tls.certificate_file,
                                                          .private_key_file = config.cloud_tls.private_key_file,
                                                          .ca_file = config.cloud_tls.ca_file},
                                                         "cloud_tls"));
   }
-  std::string cloud_token;
   if (!config.cloud_tls.token_file.empty()) {
-    TOPHAT_ASSIGN_OR_RETURN(cloud_token,
+    TOPHAT_ASSIGN_OR_RETURN(link.token,
                             ReadTokenFile(config.cloud_tls.token_file, "cloud_tls.token_file"));
   }
+  return link;
+}
+
+}  // namespace
+
+absl::StatusOr<BundleContents> Agent::CheckConfig(const AgentConfig& config) {
+  TOPHAT_RETURN_IF_ERROR(CloudLinkOf(config).status());
+  TOPHAT_RETURN_IF_ERROR(ParseTorchDtypeName(config.dtype, "dtype").status());
+  TOPHAT_ASSIGN_OR_RETURN(BundleContents bundle, InspectBundle(config.bundle, BundleKind::kDevice));
+  TOPHAT_RETURN_IF_ERROR(CheckDeviceOnHost(at::Device(config.device)));
+  return bundle;
+}
+
+absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
+                                                     prometheus::Registry* registry) {
+  TOPHAT_ASSIGN_OR_RETURN(CloudLink link, CloudLinkOf(config));
+  std::shared_ptr<grpc::ChannelCredentials> cloud_credentials = std::move(link.credentials);
+  std::string cloud_token = std::move(link.token);
   TOPHAT_ASSIGN_OR_RETURN(at::ScalarType dtype, ParseTorchDtypeName(config.dtype, "dtype"));
   SubmodelOptions options{.dtype = dtype,
                           .device = at::Device(config.device),

@@ -51,6 +51,10 @@ class Agent : private LinkSampleSink {
   // Loads the device bundle and starts connecting to the cloud in the background.
   static absl::StatusOr<std::unique_ptr<Agent>> Create(const AgentConfig& config,
                                                        prometheus::Registry* registry);
+  // What Create checks before it loads the bundle's weights (tophat-agent --check-config):
+  // the cloud link's certificate, key, CA and token file, the dtype, the bundle's manifest,
+  // config and checkpoint headers, and the device. Returns the bundle as inspected.
+  static absl::StatusOr<BundleContents> CheckConfig(const AgentConfig& config);
   ~Agent();
 
   // Runs one request to completion on the calling thread, calling `on_tokens` as tokens

@@ -5,10 +5,12 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include <CLI/CLI.hpp>
 #include <grpcpp/grpcpp.h>
@@ -41,6 +43,57 @@ namespace {
 // systemd to restart it, and touches the GPU no more on the way out (frees on a lost context
 // fail, some by throwing from destructors; the driver reclaims the memory at exit).
 std::atomic<bool> device_lost{false};
+
+// The app port: TLS with app_tls's certificate, else plaintext.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> AppPortCredentials(
+    const tophat::AgentConfig& config) {
+  if (config.app_tls.certificate_file.empty()) return grpc::InsecureServerCredentials();
+  return tophat::TlsServerCredentials({.certificate_file = config.app_tls.certificate_file,
+                                       .private_key_file = config.app_tls.private_key_file},
+                                      "app_tls");
+}
+
+// --check-config: what a start checks before it loads the bundle's weights or binds a port,
+// printed; the exit code says whether a start would get past it.
+int CheckConfig(const tophat::AgentConfig& config, const std::string& config_path) {
+  std::printf("tophat-agent --check-config %s\n", config_path.c_str());
+  auto bundle = tophat::Agent::CheckConfig(config);
+  if (!bundle.ok()) return Fail(bundle.status());
+  if (auto app_port = AppPortCredentials(config); !app_port.ok()) return Fail(app_port.status());
+  std::printf("  cloud link: %s, to %s\n",
+              config.cloud_tls.insecure ? "plaintext (cloud_tls.insecure)"
+                                        : "mutual TLS; certificate and key are a pair",
+              absl::StrJoin(config.clouds(), ", ").c_str());
+  std::printf("  app port: %s\n", config.app_tls.certificate_file.empty()
+                                       ? "plaintext"
+                                       : "TLS; certificate and key are a pair");
+  const tophat::BundleManifest& manifest = bundle->manifest;
+  std::printf("  bundle: %s: %s, layers [%lld, %lld) and [%lld, %lld) of %lld on %s, weights "
+              "%s, %s, fingerprint %s\n",
+              config.bundle.c_str(), manifest.source_architecture.c_str(),
+              static_cast<long long>(manifest.input_layers.begin),
+              static_cast<long long>(manifest.input_layers.end),
+              static_cast<long long>(manifest.output_layers.begin),
+              static_cast<long long>(manifest.output_layers.end),
+              static_cast<long long>(manifest.num_hidden_layers), config.device.c_str(),
+              manifest.weights.empty() ? manifest.dtype.c_str() : manifest.weights.c_str(),
+              manifest.adapter ? "an adapter (speculative decoding)" : "no adapter",
+              manifest.model_fingerprint.empty() ? "none (clouds will refuse it)"
+                                                 : manifest.model_fingerprint.c_str());
+  // The ports: in use is what a running agent's look like, so it is said, not refused.
+  for (const auto& [key, address] :
+       {std::pair<std::string, std::string>{"listen_address", config.listen_address},
+        {"metrics_address", config.metrics_address},
+        {"openai.address", config.openai.address}}) {
+    if (address.empty() || tophat::IsUnixSocketAddress(address)) continue;
+    const absl::Status can = tophat::CheckCanListen(address, key);
+    std::printf("  %s %s: %s\n", key.c_str(), address.c_str(),
+                can.ok() ? "free"
+                         : absl::StrCat(can.message(), " (a running tophat-agent's?)").c_str());
+  }
+  std::printf("ok: a start would load the weights next (not loaded, no port bound)\n");
+  return 0;
+}
 
 // `drill_device_loss_after_requests`: --drill-device-loss-after-requests (0: no drill).
 int Run(const tophat::AgentConfig& config, int64_t drill_device_loss_after_requests) {
@@ -78,15 +131,9 @@ int Run(const tophat::AgentConfig& config, int64_t drill_device_loss_after_reque
   }
 
   tophat::AgentServiceImpl service(agent->get(), config.app_tokens);
-  std::shared_ptr<grpc::ServerCredentials> app_credentials = grpc::InsecureServerCredentials();
-  if (!config.app_tls.certificate_file.empty()) {
-    auto tls = tophat::TlsServerCredentials(
-        {.certificate_file = config.app_tls.certificate_file,
-         .private_key_file = config.app_tls.private_key_file},
-        "app_tls");
-    if (!tls.ok()) return Fail(tls.status());
-    app_credentials = *std::move(tls);
-  }
+  auto app_port = AppPortCredentials(config);
+  if (!app_port.ok()) return Fail(app_port.status());
+  std::shared_ptr<grpc::ServerCredentials> app_credentials = *std::move(app_port);
   grpc::ServerBuilder builder;
   // Without this, gRPC sets SO_REUSEPORT and a second daemon on the same port would start
   // and share the traffic instead of failing.
@@ -193,6 +240,11 @@ int main(int argc, char** argv) {
   app.add_option("--prompt-chunk-size", chunk,
                  "Prompt positions per chunk; 0 uses the cloud's (overrides `prompt_chunk_size`)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  bool check_config = false;
+  app.add_flag("--check-config", check_config,
+               "Check the config and what it names (TLS files, token file, bundle, device, "
+               "ports) as far as a start gets before it loads the weights, print what it found, "
+               "and exit: 0 when a start would get that far. Run it before a restart");
   int64_t drill_device_loss_after_requests = 0;
   app.add_option("--drill-device-loss-after-requests", drill_device_loss_after_requests,
                  "A failover drill: serve N requests, then act exactly as on a lost GPU (that "
@@ -220,5 +272,6 @@ int main(int argc, char** argv) {
   if (chunk >= 0) config.prompt_chunk_size = chunk;
   if (!log_level.empty()) config.log_level = log_level;
   if (absl::Status valid = tophat::ValidateAgentConfig(config); !valid.ok()) return Fail(valid);
+  if (check_config) return CheckConfig(config, config_path.empty() ? "(no --config)" : config_path);
   return Run(config, drill_device_loss_after_requests);
 }

@@ -11,6 +11,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <grpcpp/grpcpp.h>
@@ -19,6 +21,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "proto/certificate_expiry.h"
 #include "proto/channel_security.h"
 #include "proto/hidden_states.h"
@@ -31,6 +34,7 @@
 #include "kernels/cuda_device.h"
 #include "kernels/decode_attention.h"
 #include "models/runtime/compute_threads.h"
+#include "models/runtime/submodel.h"
 #include "server/cloud_metrics.h"
 #include "server/cloud_service.h"
 #include "server/engine.h"
@@ -53,6 +57,163 @@ std::atomic<bool> serving_lost{false};
 // some by throwing from destructors), so the daemon exits without releasing it.
 std::atomic<bool> device_lost{false};
 
+// What start-up checks before it loads weights or binds a port, shared by Run and
+// --check-config (CheckConfig), so that a check passes where a start would get that far.
+
+// The agents' port: mutual TLS unless the config says plaintext.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> AgentsPortCredentials(
+    const CloudConfig& config) {
+  if (config.tls.insecure) {
+    spdlog::warn(config.tls.device_tokens.empty()
+                     ? "tls.insecure: agents connect in plaintext, unauthenticated, and devices "
+                       "have no identity; use it only on a trusted network"
+                     : "tls.insecure: agents connect in plaintext and are known by their bearer "
+                       "tokens (tls.device_tokens); use it only behind a proxy that ends TLS, or "
+                       "on a trusted network");
+    return grpc::InsecureServerCredentials();
+  }
+  return tophat::MutualTlsServerCredentials({.certificate_file = config.tls.certificate_file,
+                                             .private_key_file = config.tls.private_key_file,
+                                             .ca_file = config.tls.client_ca_file},
+                                            "tls", "client_ca_file");
+}
+
+// Agents refuse a cloud that announces no fingerprint (nothing would show they serve one
+// model).
+absl::Status CheckFingerprint(const CloudConfig& config, const tophat::BundleManifest& manifest) {
+  if (!manifest.model_fingerprint.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      config.bundle, ": the bundle carries no model fingerprint; split the checkpoint again "
+      "with `tophat split` and deploy both halves"));
+}
+
+// The KV pool's blocks of `block_bytes`: kv_cache.memory_bytes, or a fraction of what the
+// GPU has free after the weights (`device_free_bytes`, unknown before they load).
+absl::StatusOr<int64_t> KvBlocks(const CloudConfig& config, int64_t block_bytes, bool on_gpu,
+                                 std::optional<int64_t> device_free_bytes) {
+  auto pool_bytes = tophat::KvPoolBytes({.memory_bytes = config.kv_cache.memory_bytes,
+                                         .memory_fraction = config.kv_cache.memory_fraction,
+                                         .on_gpu = on_gpu,
+                                         .device_free_bytes = device_free_bytes});
+  if (!pool_bytes.ok()) return pool_bytes.status();
+  const int64_t num_blocks = block_bytes == 0 ? 1 : *pool_bytes / block_bytes;
+  if (num_blocks < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.kv_cache.memory_fraction > 0 ? "kv_cache.memory_fraction: "
+                                            : "kv_cache.memory_bytes: ",
+        *pool_bytes, " bytes hold no KV block; one block of ", config.kv_cache.block_size,
+        " positions needs ", block_bytes, " bytes"));
+  }
+  return num_blocks;
+}
+
+// The largest chunk the engine accepts must fit in one gRPC message, or agents hit the
+// transport limit before the engine's clear per-session error.
+absl::Status CheckChunkFitsMessage(const CloudConfig& config, const tophat::ModelConfig& model,
+                                   at::ScalarType dtype) {
+  const int64_t row_bytes = model.hidden_size * static_cast<int64_t>(at::elementSize(dtype));
+  const int64_t largest_chunk = config.limits.max_chunk_tokens * row_bytes + (64 << 10);
+  if (largest_chunk <= config.limits.max_message_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "limits.max_chunk_tokens: ", config.limits.max_chunk_tokens, " positions x ", row_bytes,
+      " bytes do not fit limits.max_message_bytes (", config.limits.max_message_bytes,
+      "); lower the first or raise the second"));
+}
+
+// --check-config: everything Run checks before it loads weights, binds a port or meets its
+// pipeline's stages, printed; the exit code says whether a start would get past it.
+int CheckConfig(const CloudConfig& config, const std::string& config_path) {
+  std::printf("tophat-cloud --check-config %s\n", config_path.c_str());
+  auto credentials = AgentsPortCredentials(config);
+  if (!credentials.ok()) return Fail(credentials.status());
+  if (config.tls.insecure) {
+    std::printf("  tls: plaintext (tls.insecure)\n");
+  } else {
+    auto validity =
+        tophat::ReadCertificateValidity(config.tls.certificate_file, "tls.certificate_file");
+    if (!validity.ok()) return Fail(validity.status());
+    std::printf("  tls: mutual; %s and its key are a pair, valid until %s\n",
+                config.tls.certificate_file.c_str(),
+                absl::FormatTime("%Y-%m-%d %H:%M UTC", absl::FromUnixSeconds(validity->not_after_s),
+                                 absl::UTCTimeZone())
+                    .c_str());
+  }
+  auto dtype = tophat::ParseTorchDtypeName(config.dtype, "dtype");
+  if (!dtype.ok()) return Fail(dtype.status());
+  if (auto gemm = tophat::ParseSmallBatchGemm(config.small_batch_gemm, "small_batch_gemm");
+      !gemm.ok()) {
+    return Fail(gemm.status());
+  }
+  auto bundle = tophat::InspectBundle(config.bundle, tophat::BundleKind::kCloud);
+  if (!bundle.ok()) return Fail(bundle.status());
+  if (absl::Status fingerprint = CheckFingerprint(config, bundle->manifest); !fingerprint.ok()) {
+    return Fail(fingerprint);
+  }
+  const tophat::LayerRange middle = bundle->manifest.middle_layers;
+  std::printf("  bundle: %s: %s, middle layers [%lld, %lld) of %lld, fingerprint %s\n",
+              config.bundle.c_str(), bundle->manifest.source_architecture.c_str(),
+              static_cast<long long>(middle.begin), static_cast<long long>(middle.end),
+              static_cast<long long>(bundle->manifest.num_hidden_layers),
+              bundle->manifest.model_fingerprint.c_str());
+  // Each stage's layers and device, where the config fixes them (planned_stages decides
+  // them at start-up from timings).
+  struct Stage {
+    tophat::LayerRange layers;
+    std::string device;
+  };
+  std::vector<Stage> stages;
+  if (config.pipeline.stages() > 1 && config.pipeline.planned_stages == 0) {
+    for (int rank = 0; rank < config.pipeline.stages(); ++rank) {
+      auto plan = tophat::PlanStage(config, rank, middle);
+      if (!plan.ok()) return Fail(plan.status());
+      stages.push_back({plan->layers, plan->device});
+    }
+  } else if (config.pipeline.stages() <= 1) {
+    stages.push_back({middle, config.device});
+  } else {
+    std::printf("  pipeline: %d stages, their layers planned at start-up (planned_stages)\n",
+                config.pipeline.stages());
+  }
+  for (size_t rank = 0; rank < stages.size(); ++rank) {
+    const Stage& stage = stages[rank];
+    if (absl::Status on_host = tophat::CheckDeviceOnHost(at::Device(stage.device));
+        !on_host.ok()) {
+      return Fail(on_host);
+    }
+    const int64_t block_bytes = tophat::KvBlockPool::BytesPerBlock(
+        bundle->config, stage.layers.size(), config.kv_cache.block_size, *dtype);
+    std::string kv;
+    if (config.kv_cache.memory_fraction > 0 && at::Device(stage.device).is_cuda()) {
+      kv = absl::StrCat("KV pool ", config.kv_cache.memory_fraction,
+                        " of the memory free after the weights load (sized at start-up), ",
+                        block_bytes, " bytes a block");
+    } else {
+      auto blocks = KvBlocks(config, block_bytes, at::Device(stage.device).is_cuda(),
+                             std::nullopt);
+      if (!blocks.ok()) return Fail(blocks.status());
+      kv = absl::StrCat("KV pool ", *blocks, " blocks x ", config.kv_cache.block_size,
+                        " positions");
+    }
+    std::printf("  stage %zu: layers [%lld, %lld) on %s, %s\n", rank,
+                static_cast<long long>(stage.layers.begin),
+                static_cast<long long>(stage.layers.end), stage.device.c_str(), kv.c_str());
+  }
+  if (absl::Status fits = CheckChunkFitsMessage(config, bundle->config, *dtype); !fits.ok()) {
+    return Fail(fits);
+  }
+  // The ports: in use is what a running daemon's look like, so it is said, not refused.
+  for (const auto& [key, address] : {std::pair<std::string, std::string>{"listen_address",
+                                                                          config.listen_address},
+                                     {"metrics_address", config.metrics_address}}) {
+    if (address.empty()) continue;
+    const absl::Status can = tophat::CheckCanListen(address, key);
+    std::printf("  %s %s: %s\n", key.c_str(), address.c_str(),
+                can.ok() ? "free" : absl::StrCat(can.message(), " (a running tophat-cloud's?)").c_str());
+  }
+  std::printf("ok: a start would load the weights next (not loaded, no port bound)\n");
+  return 0;
+}
+
 // `drill_device_loss_after_steps`: --drill-device-loss-after-steps (0: no drill).
 int Run(const CloudConfig& written, int64_t drill_device_loss_after_steps) {
   spdlog::set_level(spdlog::level::from_str(written.log_level));
@@ -61,26 +222,10 @@ int Run(const CloudConfig& written, int64_t drill_device_loss_after_steps) {
       !threads.ok()) {
     return Fail(threads);
   }
-  // The agents' port: mutual TLS unless the config says plaintext. Its files are checked
-  // before anything loads.
-  std::shared_ptr<grpc::ServerCredentials> credentials;
-  if (written.tls.insecure) {
-    spdlog::warn(written.tls.device_tokens.empty()
-                     ? "tls.insecure: agents connect in plaintext, unauthenticated, and devices "
-                       "have no identity; use it only on a trusted network"
-                     : "tls.insecure: agents connect in plaintext and are known by their bearer "
-                       "tokens (tls.device_tokens); use it only behind a proxy that ends TLS, or "
-                       "on a trusted network");
-    credentials = grpc::InsecureServerCredentials();
-  } else {
-    auto tls = tophat::MutualTlsServerCredentials(
-        {.certificate_file = written.tls.certificate_file,
-         .private_key_file = written.tls.private_key_file,
-         .ca_file = written.tls.client_ca_file},
-        "tls", "client_ca_file");
-    if (!tls.ok()) return Fail(tls.status());
-    credentials = *std::move(tls);
-  }
+  // The agents' port's files are checked before anything loads.
+  auto agents_port = AgentsPortCredentials(written);
+  if (!agents_port.ok()) return Fail(agents_port.status());
+  std::shared_ptr<grpc::ServerCredentials> credentials = *std::move(agents_port);
   // With a pipeline, stage 0 serves the stages' rendezvous, where (with planned_stages)
   // the layer boundaries are decided before anyone loads its layers.
   std::unique_ptr<tophat::pipeline::Rendezvous> rendezvous;
@@ -120,11 +265,8 @@ int Run(const CloudConfig& written, int64_t drill_device_loss_after_steps) {
   }
   auto bundle = tophat::CloudBundle::Load(config.bundle, submodel_options, stage_layers);
   if (!bundle.ok()) return Fail(bundle.status());
-  if (bundle->manifest.model_fingerprint.empty()) {
-    // Agents refuse a cloud that announces none (nothing would show they serve one model).
-    return Fail(absl::FailedPreconditionError(absl::StrCat(
-        config.bundle, ": the bundle carries no model fingerprint; split the checkpoint again "
-        "with `tophat split` and deploy both halves")));
+  if (absl::Status fingerprint = CheckFingerprint(config, bundle->manifest); !fingerprint.ok()) {
+    return Fail(fingerprint);
   }
   std::shared_ptr<const tophat::Submodel> middle = std::move(bundle->middle);
   const tophat::LayerRange layers = middle->spec().layers;
@@ -150,31 +292,13 @@ int Run(const CloudConfig& written, int64_t drill_device_loss_after_steps) {
                      ? "true (verification chunks attend as decode rows, in decode graphs too)"
                      : "false (verification chunks attend as prompt chunks)");
   }
-  auto pool_bytes = tophat::KvPoolBytes({.memory_bytes = config.kv_cache.memory_bytes,
-                                         .memory_fraction = config.kv_cache.memory_fraction,
-                                         .on_gpu = device.is_cuda(),
-                                         .device_free_bytes = device_free_bytes});
-  if (!pool_bytes.ok()) return Fail(pool_bytes.status());
   const int64_t block_bytes = tophat::KvBlockPool::BytesPerBlock(
       middle->config(), layers.size(), config.kv_cache.block_size, *dtype);
-  const int64_t num_blocks = block_bytes == 0 ? 1 : *pool_bytes / block_bytes;
-  if (num_blocks < 1) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        config.kv_cache.memory_fraction > 0 ? "kv_cache.memory_fraction: "
-                                            : "kv_cache.memory_bytes: ",
-        *pool_bytes, " bytes hold no KV block; one block of ", config.kv_cache.block_size,
-        " positions needs ", block_bytes, " bytes")));
-  }
-
-  // The largest chunk the engine accepts must fit in one gRPC message, or agents hit the
-  // transport limit before the engine's clear per-session error.
-  const int64_t row_bytes = middle->config().hidden_size * at::elementSize(*dtype);
-  const int64_t largest_chunk = config.limits.max_chunk_tokens * row_bytes + (64 << 10);
-  if (largest_chunk > config.limits.max_message_bytes) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "limits.max_chunk_tokens: ", config.limits.max_chunk_tokens, " positions x ", row_bytes,
-        " bytes do not fit limits.max_message_bytes (", config.limits.max_message_bytes,
-        "); lower the first or raise the second")));
+  auto kv_blocks = KvBlocks(config, block_bytes, device.is_cuda(), device_free_bytes);
+  if (!kv_blocks.ok()) return Fail(kv_blocks.status());
+  const int64_t num_blocks = *kv_blocks;
+  if (absl::Status fits = CheckChunkFitsMessage(config, middle->config(), *dtype); !fits.ok()) {
+    return Fail(fits);
   }
 
   auto registry = std::make_shared<prometheus::Registry>();
@@ -407,6 +531,11 @@ int main(int argc, char** argv) {
                  "worker that serves its layers for stage 0, which is this program without "
                  "--stage")
       ->check(CLI::NonNegativeNumber);
+  bool check_config = false;
+  app.add_flag("--check-config", check_config,
+               "Check the config and what it names (TLS files, bundle, devices, KV pool, "
+               "ports) as far as a start gets before it loads the weights, print what it found, "
+               "and exit: 0 when a start would get that far. Run it before a restart");
   int64_t drill_device_loss_after_steps = 0;
   app.add_option("--drill-device-loss-after-steps", drill_device_loss_after_steps,
                  "A failover drill: serve N engine steps, then act exactly as on a lost GPU "
@@ -428,6 +557,7 @@ int main(int argc, char** argv) {
   if (app.count("--metrics") > 0) config.metrics_address = metrics;
   if (!log_level.empty()) config.log_level = log_level;
   if (absl::Status valid = tophat::ValidateCloudConfig(config); !valid.ok()) return Fail(valid);
+  if (check_config) return CheckConfig(config, config_path.empty() ? "(no --config)" : config_path);
   // A later stage keeps no sessions and has nothing to drain: SIGTERM simply ends it.
   if (stage > 0) {
     if (drill_device_loss_after_steps > 0) {

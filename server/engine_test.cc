@@ -887,8 +887,8 @@ TEST_CASE("A step that takes the device with it fails every session with UNAVAIL
   CHECK(lost.size() == 1);
 }
 
-TEST_CASE("A failover drill serves its steps, then fails the next as a lost device would; a "
-          "real failure before it is asked about as usual") {
+TEST_CASE("A failover drill serves its steps, then fails the next as a lost device would, and "
+          "a real failure before it is asked about as usual") {
   int checks = 0;
   std::vector<std::string> lost;
   EngineOptions options = SmallOptions();

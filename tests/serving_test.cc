@@ -21,6 +21,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <thread>
 #include <vector>
 
@@ -279,6 +280,8 @@ struct CloudSettings {
   std::string bundle;  // "": the toy model's cloud bundle
   std::string listen_host = "127.0.0.1";  // listen_address's host (any 127.x is loopback)
   std::vector<std::string> extra_args;  // on stage 0's command line (e.g. a drill)
+  std::string device;  // "": CloudDevice()
+  bool start = true;   // false: the config is written, nothing started (--check-config)
 };
 
 class CloudProcess {
@@ -298,7 +301,7 @@ class CloudProcess {
                            << "\n  client_ca_file: " << (Certs() / "ca.crt").string() << "\n"
                            << "  device_tokens: [" << absl::StrJoin(settings.device_tokens, ", ")
                            << "]\n"
-                           << "device: " << CloudDevice() << "\n"
+                           << "device: " << (settings.device.empty() ? CloudDevice() : settings.device) << "\n"
                            << "dtype: " << settings.dtype << "\n"
                            << "max_context: 1024\n"
                            << "kv_cache:\n  block_size: 16\n  memory_bytes: "
@@ -348,7 +351,7 @@ class CloudProcess {
       }
     }
     extra_args_ = settings.extra_args;
-    Start(dir);
+    if (settings.start) Start(dir);
   }
 
   // Starts stage 0 (the gRPC-facing daemon) and, with a pipeline, its later stages.
@@ -374,6 +377,7 @@ class CloudProcess {
     return testing::MetricValue(Metrics(), name, labels).value_or(-1);
   }
   int port() const { return port_; }
+  const fs::path& config() const { return config_; }
   std::string address() const { return host_ + ":" + std::to_string(port_); }
   ChildProcess& process() { return *process_; }
   int stages() const { return stages_; }
@@ -1020,6 +1024,95 @@ TEST_CASE("A daemon whose private key is not its certificate's exits at once, na
                               Catch::Contains("device-2.key is not the key of "
                                               "cloud_tls.certificate_file") &&
                               Catch::Contains("device-1.crt"));
+}
+
+TEST_CASE("tophat-cloud --check-config checks a config as far as a start gets before the "
+          "weights, and names what would stop it",
+          "[serving]") {
+  testing::TempDir dir;
+  const auto check = [&](const CloudProcess& cloud, const std::string& name) {
+    ChildProcess checked({(BinDir() / "tophat-cloud").string(), "--config",
+                          cloud.config().string(), "--check-config"},
+                         dir.path() / (name + ".log"));
+    const auto code = checked.Wait(60s);
+    REQUIRE(code.has_value());
+    return std::pair<int, std::string>(*code, checked.Log());
+  };
+  SECTION("a good config passes; ports in use are said, not refused") {
+    CloudProcess cloud(dir.path(), CloudSettings{.start = false});
+    auto [code, log] = check(cloud, "good");
+    INFO(log);
+    CHECK(code == 0);
+    CHECK_THAT(log, Catch::Contains("cloud.crt and its key are a pair, valid until"));
+    CHECK_THAT(log, Catch::Contains("fingerprint sha256:"));
+    CHECK_THAT(log, Catch::Contains("KV pool ") && Catch::Contains(" blocks x 16 positions"));
+    CHECK_THAT(log, Catch::Contains("listen_address " + cloud.address() + ": free"));
+    CHECK_THAT(log, Catch::Contains("ok: a start would load the weights next"));
+    // The same config, its daemon running: still a pass, the port said to be in use.
+    cloud.Start(dir.path());
+    auto [running_code, running_log] = check(cloud, "running");
+    INFO(running_log);
+    CHECK(running_code == 0);
+    CHECK_THAT(running_log, Catch::Contains("(a running tophat-cloud's?)"));
+  }
+  SECTION("the device bundle in the cloud's place") {
+    CloudProcess cloud(dir.path(), CloudSettings{.bundle = (Bundles() / "device").string(),
+                                                 .start = false});
+    auto [code, log] = check(cloud, "device-bundle");
+    CHECK(code == 1);
+    CHECK_THAT(log, Catch::Contains("is a device bundle; the cloud daemon needs the cloud bundle"));
+  }
+  SECTION("a KV pool too small for one block") {
+    CloudProcess cloud(dir.path(), CloudSettings{.kv_memory = "1KiB", .start = false});
+    auto [code, log] = check(cloud, "kv");
+    CHECK(code == 1);
+    CHECK_THAT(log, Catch::Contains("kv_cache.memory_bytes: 1024 bytes hold no KV block"));
+  }
+  SECTION("a GPU that is not there") {
+    CloudProcess cloud(dir.path(), CloudSettings{.device = "cuda:99", .start = false});
+    auto [code, log] = check(cloud, "device");
+    CHECK(code == 1);
+    CHECK_THAT(log, Catch::Contains("device cuda:99 is not"));
+  }
+}
+
+TEST_CASE("tophat-agent --check-config checks a config as far as a start gets before the "
+          "weights, and names what would stop it",
+          "[serving]") {
+  testing::TempDir dir;
+  const auto check = [&](const fs::path& bundle, const std::string& name) {
+    const fs::path config = dir.path() / (name + ".yaml");
+    const int port = testing::FreePort();
+    std::ofstream(config) << "bundle: " << bundle.string()
+                          << "\ncloud_address: \"127.0.0.1:" << testing::FreePort() << "\""
+                          << "\ncloud_tls:\n  certificate_file: "
+                          << DeviceTls("device-1").certificate_file
+                          << "\n  private_key_file: " << DeviceTls("device-1").private_key_file
+                          << "\n  ca_file: " << DeviceTls("device-1").ca_file
+                          << "\nlisten_address: \"127.0.0.1:" << port
+                          << "\"\nmetrics_address: \"127.0.0.1:" << testing::FreePort()
+                          << "\"\n";
+    ChildProcess checked(
+        {(BinDir() / "tophat-agent").string(), "--config", config.string(), "--check-config"},
+        dir.path() / (name + ".log"));
+    const auto code = checked.Wait(60s);
+    REQUIRE(code.has_value());
+    return std::tuple<int, std::string, int>(*code, checked.Log(), port);
+  };
+  {
+    auto [code, log, port] = check(Bundles() / "device", "good");
+    INFO(log);
+    CHECK(code == 0);
+    CHECK_THAT(log, Catch::Contains("cloud link: mutual TLS; certificate and key are a pair"));
+    CHECK_THAT(log, Catch::Contains("fingerprint sha256:"));
+    CHECK_THAT(log, Catch::Contains("listen_address 127.0.0.1:" + std::to_string(port) + ": free"));
+    CHECK_THAT(log, Catch::Contains("ok: a start would load the weights next"));
+  }
+  {
+    auto [code, log, port] = check(Bundles() / "cloud", "cloud-bundle");
+    CHECK(code == 1);
+    CHECK_THAT(log, Catch::Contains("is a cloud bundle; the device agent needs the device bundle"));
+  }
 }
 
 TEST_CASE("A device holds at most its quota of sessions over all its streams, and other devices "

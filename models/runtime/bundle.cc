@@ -393,17 +393,38 @@ absl::StatusOr<SplitResult> SplitCheckpoint(const SplitOptions& options) {
   return result;
 }
 
+absl::StatusOr<BundleContents> InspectBundle(const fs::path& dir, BundleKind kind) {
+  BundleContents contents;
+  TOPHAT_ASSIGN_OR_RETURN(contents.manifest, BundleManifest::Load(dir));
+  if (contents.manifest.kind != kind) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir.string(),
+        kind == BundleKind::kCloud
+            ? ": is a device bundle; the cloud daemon needs the cloud bundle"
+            : ": is a cloud bundle; the device agent needs the device bundle"));
+  }
+  TOPHAT_ASSIGN_OR_RETURN(contents.config, LoadBundleConfig(dir, contents.manifest));
+  TOPHAT_ASSIGN_OR_RETURN(contents.checkpoint, CheckpointReader::Open(dir));
+  if (kind == BundleKind::kCloud) {
+    // The cloud must never hold what maps between tokens and hidden states.
+    for (const char* forbidden : {"model.embed_tokens.weight", "lm_head.weight"}) {
+      if (contents.checkpoint->Has(forbidden)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            dir.string(), ": cloud bundle holds '", forbidden,
+            "'; a cloud bundle must not contain the embedding or the LM head"));
+      }
+    }
+  }
+  return contents;
+}
+
 absl::StatusOr<DeviceBundle> DeviceBundle::Load(const fs::path& dir,
                                                 const SubmodelOptions& requested) {
   DeviceBundle bundle;
-  TOPHAT_ASSIGN_OR_RETURN(bundle.manifest, BundleManifest::Load(dir));
-  if (bundle.manifest.kind != BundleKind::kDevice) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        dir.string(), ": is a cloud bundle; the device agent needs the device bundle"));
-  }
-  TOPHAT_ASSIGN_OR_RETURN(bundle.config, LoadBundleConfig(dir, bundle.manifest));
-  TOPHAT_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> checkpoint,
-                          CheckpointReader::Open(dir));
+  TOPHAT_ASSIGN_OR_RETURN(BundleContents contents, InspectBundle(dir, BundleKind::kDevice));
+  bundle.manifest = std::move(contents.manifest);
+  bundle.config = std::move(contents.config);
+  const std::unique_ptr<CheckpointReader> checkpoint = std::move(contents.checkpoint);
   // An int8 bundle's matrices are int8 on disk; an adapter distilled into it afterwards is
   // float, and is quantized as it loads, so that the whole device computes one way.
   SubmodelOptions options = requested;
@@ -431,22 +452,10 @@ absl::StatusOr<DeviceBundle> DeviceBundle::Load(const fs::path& dir,
 absl::StatusOr<CloudBundle> CloudBundle::Load(const fs::path& dir, const SubmodelOptions& options,
                                               std::optional<LayerRange> layers) {
   CloudBundle bundle;
-  TOPHAT_ASSIGN_OR_RETURN(bundle.manifest, BundleManifest::Load(dir));
-  if (bundle.manifest.kind != BundleKind::kCloud) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        dir.string(), ": is a device bundle; the cloud daemon needs the cloud bundle"));
-  }
-  TOPHAT_ASSIGN_OR_RETURN(bundle.config, LoadBundleConfig(dir, bundle.manifest));
-  TOPHAT_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> checkpoint,
-                          CheckpointReader::Open(dir));
-  // The cloud must never hold what maps between tokens and hidden states.
-  for (const char* forbidden : {"model.embed_tokens.weight", "lm_head.weight"}) {
-    if (checkpoint->Has(forbidden)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          dir.string(), ": cloud bundle holds '", forbidden,
-          "'; a cloud bundle must not contain the embedding or the LM head"));
-    }
-  }
+  TOPHAT_ASSIGN_OR_RETURN(BundleContents contents, InspectBundle(dir, BundleKind::kCloud));
+  bundle.manifest = std::move(contents.manifest);
+  bundle.config = std::move(contents.config);
+  const std::unique_ptr<CheckpointReader> checkpoint = std::move(contents.checkpoint);
   const LayerRange middle = bundle.manifest.middle_layers;
   if (layers && (layers->begin < middle.begin || layers->end > middle.end ||
                  layers->begin >= layers->end)) {

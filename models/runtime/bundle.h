@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "models/runtime/adapter.h"
+#include "models/formats/checkpoint.h"
 #include "models/formats/config.h"
 #include "models/runtime/submodel.h"
 #include "models/tokenizers/tokenizer.h"
@@ -89,6 +90,17 @@ absl::StatusOr<SplitResult> SplitCheckpoint(const SplitOptions& options);
 // Records the adapter.json + adapter.safetensors that `tophat distill` wrote into the device
 // bundle `dir` in its manifest, after checking that they load against the bundle.
 absl::Status AttachAdapterToBundle(const std::filesystem::path& dir);
+
+// A bundle read as far as it can be without loading weights: its manifest, checked to be
+// of `kind`; its model config; and its checkpoint's headers (a cloud bundle that holds the
+// embedding or the LM head is refused). The loaders below start with this; `tophat-cloud
+// --check-config` stops after it.
+struct BundleContents {
+  BundleManifest manifest;
+  ModelConfig config;
+  std::unique_ptr<CheckpointReader> checkpoint;
+};
+absl::StatusOr<BundleContents> InspectBundle(const std::filesystem::path& dir, BundleKind kind);
 
 struct DeviceBundle {
   BundleManifest manifest;

@@ -147,6 +147,25 @@ std::string ShapeString(const at::Tensor& t) {
 
 }  // namespace
 
+absl::Status CheckDeviceOnHost(c10::Device device) {
+  if (!device.is_cuda()) return absl::OkStatus();
+  const std::string name = device.str();
+  // at::hasCUDA(): a LibTorch built with CUDA that finds a GPU (no context is made).
+  const int64_t count = at::hasCUDA() ? static_cast<int64_t>(at::getNumGPUs()) : 0;
+  if (count == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "device ", name, " is not usable: this process sees no CUDA device (no NVIDIA driver "
+        "or GPU, or CUDA_VISIBLE_DEVICES hides them; nvidia-smi shows what the driver sees)"));
+  }
+  if (device.has_index() && device.index() >= count) {
+    return absl::UnavailableError(absl::StrCat("device ", name, " is not on this host: its ",
+                                               "driver shows ", count, " CUDA device(s), cuda:0",
+                                               count > 1 ? absl::StrCat(" to cuda:", count - 1)
+                                                         : std::string()));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& config,
                                                          const CheckpointReader& checkpoint,
                                                          const SubmodelSpec& spec,
@@ -158,16 +177,8 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
   if (!options.device.is_cpu()) {
     // Before anything loads, and naming the device: a GPU gone after a crash (the restart
     // after "is lost"), a driver missing, an index past the host's GPUs.
+    TOPHAT_RETURN_IF_ERROR(CheckDeviceOnHost(options.device));
     const std::string name = options.device.str();
-    const int64_t count =
-        options.device.is_cuda() && at::hasCUDA() ? static_cast<int64_t>(at::getNumGPUs()) : 0;
-    if (options.device.is_cuda() && options.device.has_index() && count > 0 &&
-        options.device.index() >= count) {
-      return absl::UnavailableError(absl::StrCat("device ", name, " is not on this host: its ",
-                                                 "driver shows ", count, " CUDA device(s), cuda:0",
-                                                 count > 1 ? absl::StrCat(" to cuda:", count - 1)
-                                                           : std::string()));
-    }
     absl::Status resolved =
         CatchExceptions(absl::StrCat("device ", name, " is not usable"), [&] {
           options.device = at::empty({0}, at::TensorOptions().device(options.device)).device();

@@ -49,6 +49,11 @@ struct SubmodelSpec {
   }
 };
 
+// Whether `device` is on this host, asked without starting a CUDA context (which loading
+// then does, and which may still fail): a CPU always is; a CUDA device needs LibTorch with
+// CUDA and a GPU of its index visible. UNAVAILABLE naming the device and why otherwise.
+absl::Status CheckDeviceOnHost(c10::Device device);
+
 struct SubmodelOptions {
   at::ScalarType dtype = at::kFloat;  // compute dtype; weights are converted on load
   at::Device device = at::kCPU;
