@@ -441,7 +441,14 @@ class AgentProcess {
     process_ = std::make_unique<ChildProcess>(std::move(args),
                                               dir / ("agent-" + std::to_string(port_) + ".log"));
     RequireListening(*process_, port_, 60s);
-    auto client = Client::Connect(address());
+    // 30 s, as the wait for its cloud below: in one sanitized CI run (2 cores) an agent that
+    // listened did not complete the SDK's connection within its default 10 s (not
+    // reproduced in 8 runs under ASan with the cores loaded). A failure now says whether the
+    // agent still runs, and shows its log.
+    auto client = Client::Connect(address(), 30);
+    INFO("Client::Connect: " << client.status() << "; the agent "
+                             << (process_->running() ? "runs" : "has exited") << "; its log:\n"
+                             << process_->Log());
     REQUIRE(client.ok());
     client_ = std::move(*client);
     // Ready once its cloud stream is up.
