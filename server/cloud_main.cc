@@ -171,29 +171,32 @@ int CheckConfig(const CloudConfig& config, const std::string& config_path) {
   } else if (config.pipeline.stages() <= 1) {
     stages.push_back({middle, config.device});
   } else {
-    std::printf("  pipeline: %d stages, their layers planned at start-up (planned_stages)\n",
-                config.pipeline.stages());
+    std::printf("  pipeline: %lld stages, their layers planned at start-up (planned_stages)\n",
+                static_cast<long long>(config.pipeline.stages()));
   }
+  // Stage 0 sizes the pool, in blocks, from its own layers; the later stages take its
+  // number of blocks (cloud_stages.cc), each over its own layers.
+  std::optional<int64_t> num_blocks;
   for (size_t rank = 0; rank < stages.size(); ++rank) {
     const Stage& stage = stages[rank];
-    if (absl::Status on_host = tophat::CheckDeviceOnHost(at::Device(stage.device));
-        !on_host.ok()) {
+    const at::Device device(stage.device);
+    if (absl::Status on_host = tophat::CheckDeviceOnHost(device); !on_host.ok()) {
       return Fail(on_host);
     }
     const int64_t block_bytes = tophat::KvBlockPool::BytesPerBlock(
         bundle->config, stage.layers.size(), config.kv_cache.block_size, *dtype);
-    std::string kv;
-    if (config.kv_cache.memory_fraction > 0 && at::Device(stage.device).is_cuda()) {
-      kv = absl::StrCat("KV pool ", config.kv_cache.memory_fraction,
-                        " of the memory free after the weights load (sized at start-up), ",
-                        block_bytes, " bytes a block");
-    } else {
-      auto blocks = KvBlocks(config, block_bytes, at::Device(stage.device).is_cuda(),
-                             std::nullopt);
+    if (rank == 0 && !(config.kv_cache.memory_fraction > 0 && device.is_cuda())) {
+      auto blocks = KvBlocks(config, block_bytes, device.is_cuda(), std::nullopt);
       if (!blocks.ok()) return Fail(blocks.status());
-      kv = absl::StrCat("KV pool ", *blocks, " blocks x ", config.kv_cache.block_size,
-                        " positions");
+      num_blocks = *blocks;
     }
+    const std::string kv =
+        num_blocks ? absl::StrCat("KV pool ", *num_blocks, " blocks x ",
+                                  config.kv_cache.block_size, " positions (",
+                                  (*num_blocks * block_bytes) >> 20, " MiB here)")
+                   : absl::StrCat("KV pool ", config.kv_cache.memory_fraction,
+                                  " of stage 0's memory free after its weights load (sized at "
+                                  "start-up), ", block_bytes, " bytes a block here");
     std::printf("  stage %zu: layers [%lld, %lld) on %s, %s\n", rank,
                 static_cast<long long>(stage.layers.begin),
                 static_cast<long long>(stage.layers.end), stage.device.c_str(), kv.c_str());
