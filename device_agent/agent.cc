@@ -1024,8 +1024,7 @@ Agent::Agent(AgentConfig config, DeviceBundle bundle,
              std::shared_ptr<grpc::ChannelCredentials> cloud_credentials, std::string cloud_token,
              std::shared_ptr<DnsClouds> dns, prometheus::Registry* registry)
     : config_(std::move(config)),
-      device_watch_(c10::Device(config_.device), "the agent's", [this] { return CheckDevice(); }),
-      device_check_(DeviceWatch::DefaultCheck(c10::Device(config_.device), "the agent's")),
+      device_watch_(c10::Device(config_.device), "the agent's"),
       bundle_(std::move(bundle)),
       conversations_({.max_bytes = config_.conversation_cache.max_bytes,
                       .keep_alive_s = config_.conversation_cache.keep_alive_s,
@@ -1315,7 +1314,10 @@ v1::GenerateResponse Agent::GenerateWith(const v1::GenerateRequest& request,
   absl::Status lost = device_watch_.lost();
   if (lost.ok() && drill_after_requests_ > 0 &&
       requests_started_.fetch_add(1) >= drill_after_requests_) {
-    drill_fired_.store(true);
+    device_watch_.StartDrill(
+        absl::StrCat("the agent's device (", config_.device,
+                     ") is lost: a failover drill (drill_device_loss_after_requests ",
+                     drill_after_requests_, "); the device itself is fine"));
     lost = AfterRequestFailure(absl::InternalError("the request failed for a failover drill"));
   }
   if (!lost.ok()) {
@@ -1394,16 +1396,6 @@ v1::InfoResponse Agent::Info() const {
   info.set_prompt_chunk_size(static_cast<uint32_t>(config_.prompt_chunk_size));
   info.set_version(TOPHAT_VERSION);
   return info;
-}
-
-absl::Status Agent::CheckDevice() const {
-  if (drill_fired_.load()) {
-    return absl::UnavailableError(
-        absl::StrCat("the agent's device (", config_.device,
-                     ") is lost: a failover drill (drill_device_loss_after_requests ",
-                     drill_after_requests_, "); the device itself is fine"));
-  }
-  return device_check_ ? device_check_() : absl::OkStatus();
 }
 
 absl::Status Agent::AfterRequestFailure(const absl::Status& failure) {

@@ -148,14 +148,9 @@ class Agent : private LinkSampleSink {
   const AgentConfig config_;
   // Asked after a request fails: whether config_.device still computes (device_watch.h).
   DeviceWatch device_watch_;
-  // What device_watch_ asks: the device's own check (none on a CPU), unless a drill has
-  // fired (drill_fired_).
-  absl::Status CheckDevice() const;
-  DeviceWatch::Check device_check_;
   std::function<void(const absl::Status&)> on_device_lost_;  // set before serving
   int64_t drill_after_requests_ = 0;  // DrillDeviceLoss; 0: no drill
   std::atomic<int64_t> requests_started_{0};  // counted only in a drill
-  std::atomic<bool> drill_fired_{false};
   // config_.wire_dtype parsed; DTYPE_UNSPECIFIED: the cloud's compute dtype (Hello).
   v1::DType wire_dtype_ = v1::DTYPE_UNSPECIFIED;
   // config_.wire_dtype is "scheduler": the cloud's Control.wire_dtype, chunk by chunk.

@@ -115,7 +115,7 @@ Engine::Engine(EngineOptions options, std::shared_ptr<const Submodel> middle,
                std::shared_ptr<KvBlockPool> pool, CloudMetrics* metrics)
     : options_(std::move(options)),
       middle_(std::move(middle)),
-      device_watch_(middle_->options().device, "the cloud's", DeviceCheck()),
+      device_watch_(middle_->options().device, "the cloud's", options_.device_check),
       pool_(std::move(pool)),
       metrics_(metrics),
       allocator_(static_cast<int32_t>(options_.kv_num_blocks),
@@ -1172,7 +1172,10 @@ int64_t Engine::Launch() {
   if (ready.ok() && !injected_step_failure_.ok()) ready = std::exchange(injected_step_failure_, {});
   if (ready.ok() && options_.drill_device_loss_after_steps > 0 &&
       steps_launched_ >= options_.drill_device_loss_after_steps) {
-    drill_step_failed_ = true;
+    device_watch_.StartDrill(absl::StrCat(
+        "the cloud's device (", middle_->options().device.str(),
+        ") is lost: a failover drill (drill_device_loss_after_steps ",
+        options_.drill_device_loss_after_steps, "); the device itself is fine"));
     ready = absl::InternalError("the step failed for a failover drill");
   }
   ++steps_launched_;
@@ -1222,24 +1225,6 @@ int64_t Engine::Launch() {
   }
   batch.output = std::move(output);
   return total;
-}
-
-DeviceWatch::Check Engine::DeviceCheck() {
-  DeviceWatch::Check device = options_.device_check
-                                  ? options_.device_check
-                                  : DeviceWatch::DefaultCheck(middle_->options().device,
-                                                              "the cloud's");
-  if (options_.drill_device_loss_after_steps <= 0) return device;
-  // Called on the engine thread (Complete), as drill_step_failed_ is written.
-  return [this, device = std::move(device)]() -> absl::Status {
-    if (drill_step_failed_) {
-      return absl::UnavailableError(absl::StrCat(
-          "the cloud's device (", middle_->options().device.str(),
-          ") is lost: a failover drill (drill_device_loss_after_steps ",
-          options_.drill_device_loss_after_steps, "); the device itself is fine"));
-    }
-    return device ? device() : absl::OkStatus();
-  };
 }
 
 absl::StatusOr<at::Tensor> Engine::ComputeStep(InFlight& batch, bool gathered, bool gpu,

@@ -326,9 +326,6 @@ class Engine {
   // (a CUDA error in a copy or a fence throws; Launch turns that into the step's status).
   absl::StatusOr<at::Tensor> ComputeStep(InFlight& batch, bool gathered, bool gpu, int64_t total);
   void Complete();
-  // The check device_watch_ makes: options_.device_check (or the device's own), and with a
-  // drill, the drill's loss once its step has failed.
-  DeviceWatch::Check DeviceCheck();
   // Fails every session, running, waiting or parked, with `status` (CancelAll, a lost device).
   void FailAllSessions(const absl::Status& status);
   // Whether Launch would take `session`'s work now: running, with work, none of it in
@@ -427,7 +424,6 @@ class Engine {
   std::set<SessionKey> injected_reservation_failures_;
   absl::Status injected_step_failure_;  // InjectStepFailureForTest
   int64_t steps_launched_ = 0;
-  bool drill_step_failed_ = false;  // the drill's step has failed (drill_device_loss_after_steps)
   std::vector<SequenceChunk> chunks_;
   // The step's input rows gathered into staging_, and CopyAll's slices of them (scratch).
   std::vector<kernels::HostCopy> gather_copies_;

@@ -10,23 +10,26 @@
 namespace tophat {
 
 DeviceWatch::DeviceWatch(c10::Device device, std::string whose, Check check)
-    : check_(check ? std::move(check) : DefaultCheck(device, std::move(whose))) {}
-
-DeviceWatch::Check DeviceWatch::DefaultCheck(c10::Device device, std::string whose) {
-  if (!device.is_cuda()) return {};
+    : check_(std::move(check)) {
+  if (check_ || !device.is_cuda()) return;
   const int index = device.has_index() ? device.index() : -1;
-  return [index, whose = std::move(whose), name = device.str()]() -> absl::Status {
+  check_ = [index, whose = std::move(whose), name = device.str()]() -> absl::Status {
     const std::optional<std::string> fault = kernels::CudaContextFault(index);
     if (!fault) return absl::OkStatus();
     return absl::UnavailableError(absl::StrCat(whose, " GPU (", name, ") is lost: ", *fault));
   };
 }
 
+void DeviceWatch::StartDrill(std::string loss) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  drill_ = std::move(loss);
+}
+
 absl::Status DeviceWatch::CheckAfterFailure(bool* found) {
   if (found != nullptr) *found = false;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!lost_.ok() || !check_) return lost_;
-  absl::Status checked = check_();
+  if (!lost_.ok() || (!check_ && drill_.empty())) return lost_;
+  absl::Status checked = drill_.empty() ? check_() : absl::UnavailableError(drill_);
   if (checked.ok()) return checked;
   // Whatever code the check used, a lost device is the server being unavailable: agents
   // replay elsewhere, apps retry.

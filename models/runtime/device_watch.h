@@ -26,9 +26,10 @@ class DeviceWatch {
   // agent's"); a CPU is never lost.
   DeviceWatch(c10::Device device, std::string whose, Check check = {});
 
-  // The check a watch makes when given none: for a CUDA device, kernels::CudaContextFault of
-  // it; for a CPU, none (empty).
-  static Check DefaultCheck(c10::Device device, std::string whose);
+  // A failover drill (the daemons' --drill-device-loss-after-*): the next CheckAfterFailure
+  // finds the device lost, with `loss` as the UNAVAILABLE message, without asking it, so
+  // that a lost device's whole path runs on one that is fine. Thread-safe.
+  void StartDrill(std::string loss);
 
   // After a failure on the device: asks it (unless already lost) and returns the loss, or OK.
   // `found` (optional) is set true for the one call that found the loss. Thread-safe; waits
@@ -42,6 +43,7 @@ class DeviceWatch {
   Check check_;
   mutable std::mutex mutex_;
   absl::Status lost_;  // under mutex_
+  std::string drill_;  // under mutex_: StartDrill's loss, "" without a drill
 };
 
 }  // namespace tophat

@@ -17,6 +17,30 @@ TEST_CASE("A CPU is never lost, and nothing is asked of it") {
   CHECK(watch.lost().ok());
 }
 
+TEST_CASE("A drill is found lost at the next failure without asking the device, once") {
+  int asked = 0;
+  DeviceWatch watch(c10::Device("cuda:0"), "the test's", [&] {
+    ++asked;
+    return absl::OkStatus();
+  });
+  CHECK(watch.CheckAfterFailure().ok());
+  CHECK(asked == 1);
+  watch.StartDrill("the test's device (cuda:0) is lost: a failover drill");
+  CHECK(watch.lost().ok());  // not before a failure asks
+  bool found = false;
+  const absl::Status lost = watch.CheckAfterFailure(&found);
+  CHECK(found);
+  CHECK(lost.code() == absl::StatusCode::kUnavailable);
+  CHECK(lost.message() == "the test's device (cuda:0) is lost: a failover drill");
+  CHECK(asked == 1);
+  CHECK_FALSE(watch.CheckAfterFailure(&found).ok());
+  CHECK_FALSE(found);
+  // A CPU, which has no check, is lost to a drill too.
+  DeviceWatch cpu(c10::Device("cpu"), "the test's");
+  cpu.StartDrill("drill");
+  CHECK(cpu.CheckAfterFailure().code() == absl::StatusCode::kUnavailable);
+}
+
 TEST_CASE("A device is asked after each failure until it is found lost, then never again, and "
           "the loss is UNAVAILABLE whatever the check said") {
   int asked = 0;
