@@ -197,9 +197,12 @@ int Run(const tophat::AgentConfig& config, int64_t drill_device_loss_after_reque
   const char* signal_name = tophat::WaitForShutdownSignal();
   tophat::ServiceNotify("STOPPING=1");
   spdlog::info("{}: stopping", signal_name);
-  // Running requests get a few seconds to finish; then their streams are cancelled.
+  // Running requests get a few seconds to finish; then their streams are cancelled. After a
+  // lost device nothing can finish, but the requests failed by it still send their error
+  // (UNAVAILABLE naming the loss) within a second; with no time at all the app got
+  // CANCELLED instead, now and then, for the very request that found the loss.
   server->Shutdown(std::chrono::system_clock::now() +
-                   std::chrono::seconds(device_lost.load() ? 0 : 5));
+                   std::chrono::seconds(device_lost.load() ? 1 : 5));
   openai.reset();
   if (device_lost.load()) {
     spdlog::error("tophat-agent stopped after losing its GPU; exiting without releasing it");
