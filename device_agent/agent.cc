@@ -112,10 +112,10 @@ class Agent::Request : private CloudSession {
   absl::Status HandleResult(const v1::ForwardResult& result);
   // Waits for a newer stream, reopens the session and replays every position sent.
   absl::Status Reconnect(const std::string& why);
-  absl::StatusOr<int32_t> SampleNext();
   // Emits `tokens` (one round's) up to a stop token or the length limit; sets done_ when the
-  // request is complete.
-  absl::Status Emit(std::span<const int32_t> tokens);
+  // request is complete. `logits`: the rows that decided them, row i tokens[i] (for the
+  // log-probabilities an app may ask for).
+  absl::Status Emit(std::span<const int32_t> tokens, const at::Tensor& logits);
   void Finish(v1::GenerateResponse& response, v1::FinishReason reason, const absl::Status& error);
 
   // CloudSession, for the decode rounds.
@@ -153,6 +153,7 @@ class Agent::Request : private CloudSession {
   int64_t chunk_size_ = 0;
   int64_t max_chunk_positions_ = 0;
   std::vector<int32_t> stop_ids_;
+  int64_t top_logprobs_ = -1;  // AppRequestPlan's: -1, no log-probabilities
   std::unique_ptr<Sampler> sampler_;
   std::unique_ptr<StreamingDetokenizer> detokenizer_;
 
@@ -276,6 +277,7 @@ absl::Status Agent::Request::Prepare() {
   max_positions_ = prompt_length_ + max_new_tokens_;
   sampler_ = std::make_unique<Sampler>(plan.sampling);
   stop_ids_ = std::move(plan.stop_ids);
+  top_logprobs_ = plan.top_logprobs;
   detokenizer_ = std::make_unique<StreamingDetokenizer>(*bundle.tokenizer);
   // The prompt goes through the detokenizer first so the answer decodes in context.
   for (int32_t id : tokens_) {
@@ -625,8 +627,10 @@ absl::Status Agent::Request::Prefill() {
 }
 
 absl::Status Agent::Request::Decode() {
-  TOPHAT_ASSIGN_OR_RETURN(int32_t first, SampleNext());
-  TOPHAT_RETURN_IF_ERROR(Emit(std::span<const int32_t>(&first, 1)));
+  // The first token, from the prompt's last position.
+  TOPHAT_ASSIGN_OR_RETURN(at::Tensor logits, agent_.bundle_.output->Logits(last_output_));
+  const int32_t first = sampler_->Sample(logits[0]);
+  TOPHAT_RETURN_IF_ERROR(Emit(std::span<const int32_t>(&first, 1), logits));
   next_token_ = first;
   decoding_ = true;
   while (!done_) {
@@ -638,7 +642,7 @@ absl::Status Agent::Request::Decode() {
       if (control.draft_steps_per_device()) decoder_->set_parallel_steps(control.draft_steps());
     }
     TOPHAT_ASSIGN_OR_RETURN(RoundOutcome outcome, rounds_->Run(next_token_, room, *this));
-    TOPHAT_RETURN_IF_ERROR(Emit(outcome.tokens));
+    TOPHAT_RETURN_IF_ERROR(Emit(outcome.tokens, outcome.logits));
     next_token_ = outcome.tokens.back();
     agent_.ReportDecodeRound(epoch_, decoder_->draft_step_seconds(),
                              static_cast<double>(outcome.accepted + 1));
@@ -871,23 +875,22 @@ absl::Status Agent::Request::Reconnect(const std::string& why) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int32_t> Agent::Request::SampleNext() {
-  TOPHAT_ASSIGN_OR_RETURN(at::Tensor logits, agent_.bundle_.output->Logits(last_output_));
-  return sampler_->Sample(logits[0]);
-}
-
-absl::Status Agent::Request::Emit(std::span<const int32_t> tokens) {
+absl::Status Agent::Request::Emit(std::span<const int32_t> tokens, const at::Tensor& logits) {
   const SteadyClock::time_point now = SteadyClock::now();
   TokenEvent event;
   event.request_id = id_;
+  std::vector<TokenLogprob> logprobs;
+  if (top_logprobs_ >= 0) logprobs = TokenLogprobs(logits, tokens, top_logprobs_);
   size_t taken = 0;
   for (int32_t token : tokens) {
+    if (!logprobs.empty()) event.logprobs.push_back(std::move(logprobs[taken]));
     ++taken;
     generated_.push_back(token);
     tokens_.push_back(token);
     event.token_ids.push_back(token);
     TOPHAT_ASSIGN_OR_RETURN(std::string text, detokenizer_->Push(token));
     event.text += text;
+    event.token_texts.push_back(std::move(text));
     if (std::find(stop_ids_.begin(), stop_ids_.end(), token) != stop_ids_.end() ||
         static_cast<int64_t>(generated_.size()) >= max_new_tokens_) {
       done_ = true;

@@ -42,6 +42,11 @@ struct TokenEvent {
   std::string request_id;  // the app's, or the one the agent made up
   std::vector<int32_t> token_ids;
   std::string text;
+  // The text each token made final, one per token_ids entry (together `text`), where the
+  // agent decoded them one by one; empty otherwise (an outline's parts).
+  std::vector<std::string> token_texts;
+  // With GenerateRequest.logprobs: one per token_ids entry.
+  std::vector<TokenLogprob> logprobs;
 };
 
 // The requests' link samples (ChunkTracker) go to the agent's LinkEstimator, shared by every

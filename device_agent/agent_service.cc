@@ -26,6 +26,12 @@ grpc::Status AgentServiceImpl::Generate(grpc::ServerContext* context,
         response.set_request_id(event.request_id);
         for (int32_t id : event.token_ids) response.add_token_ids(static_cast<uint32_t>(id));
         response.set_text(event.text);
+        for (const TokenLogprob& logprob : event.logprobs) {
+          v1::TokenLogprobs& entry = *response.add_logprobs();
+          entry.set_logprob(logprob.logprob);
+          for (int32_t id : logprob.top_ids) entry.add_top_ids(static_cast<uint32_t>(id));
+          for (float value : logprob.top_logprobs) entry.add_top_logprobs(value);
+        }
         return writer->Write(response);
       },
       *caller, [context] { return context->IsCancelled(); });

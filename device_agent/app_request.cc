@@ -55,6 +55,21 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
     if (tokenizer.eos_id()) plan.stop_ids.push_back(*tokenizer.eos_id());
   }
   for (uint32_t id : request.stop_token_ids()) plan.stop_ids.push_back(static_cast<int32_t>(id));
+  if (request.top_logprobs() > 0 && !request.logprobs()) {
+    return absl::InvalidArgumentError("top_logprobs: needs logprobs");
+  }
+  if (request.top_logprobs() > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("top_logprobs: ", request.top_logprobs(),
+                                                   " is more than ", kMaxTopLogprobs));
+  }
+  if (request.logprobs()) {
+    // An outline's answer is text the model wrote in several requests, after a directive the
+    // app never sent: there is no one distribution its tokens were drawn from.
+    if (request.outline().enabled()) {
+      return absl::InvalidArgumentError("logprobs: not with an outline");
+    }
+    plan.top_logprobs = request.top_logprobs();
+  }
   return plan;
 }
 

@@ -28,7 +28,13 @@ struct AppRequestPlan {
   int64_t max_new_tokens = 0;   // prompt.size() + this <= context
   SamplingParams sampling;      // validated
   std::vector<int32_t> stop_ids;
+  // GenerateRequest.logprobs: how many alternatives each token's log-probability comes with;
+  // -1: no log-probabilities.
+  int64_t top_logprobs = -1;
 };
+
+// The most alternatives a token's log-probability comes with (OpenAI's limit for chat).
+inline constexpr int64_t kMaxTopLogprobs = 20;
 
 // Errors are kInvalidArgument and name the request's field.
 absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request,

@@ -22,7 +22,7 @@ std::optional<bool> IsOffValue(std::string_view key, const Json& value) {
   if (key == "frequency_penalty" || key == "presence_penalty") {
     return value.is_number() && value.get<double>() == 0.0;
   }
-  if (key == "logprobs" || key == "echo" || key == "store") {
+  if (key == "echo" || key == "store") {
     return value.is_boolean() && !value.get<bool>();
   }
   if (key == "best_of") return value.is_number_integer() && value.get<int64_t>() == 1;
@@ -33,11 +33,23 @@ std::optional<bool> IsOffValue(std::string_view key, const Json& value) {
     return value.is_object() && value.value("type", "") == "text" && value.size() == 1;
   }
   // No "off" value but absence.
-  if (key == "top_logprobs" || key == "tool_choice" || key == "function_call" ||
+  if (key == "tool_choice" || key == "function_call" ||
       key == "parallel_tool_calls") {
     return false;
   }
   return std::nullopt;
+}
+
+// A completions prompt as token ids: [1, 2, 3] or [[1, 2, 3]]; nullopt for anything else.
+std::optional<std::vector<int64_t>> PromptIds(const Json& value) {
+  const Json& ids = value.is_array() && value.size() == 1 && value[0].is_array() ? value[0] : value;
+  if (!ids.is_array() || ids.empty()) return std::nullopt;
+  std::vector<int64_t> out;
+  for (const Json& id : ids) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0) return std::nullopt;
+    out.push_back(id.get<int64_t>());
+  }
+  return out;
 }
 
 std::variant<std::string, OpenAiError> MessageContent(const Json& content, size_t index) {
@@ -121,6 +133,8 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
   const bool chat = endpoint == OpenAiEndpoint::kChatCompletions;
   const char* input_key = chat ? "messages" : "prompt";
   bool has_input = false;
+  bool chat_logprobs = false;
+  std::optional<int64_t> top_logprobs;
   for (const auto& [key, value] : json.items()) {
     if (value.is_null() && key != input_key && key != "model") continue;  // absent
     if (key == "model") {
@@ -134,8 +148,12 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
         request.prompt = value.get<std::string>();
       } else if (value.is_array() && value.size() == 1 && value[0].is_string()) {
         request.prompt = value[0].get<std::string>();
+      } else if (auto ids = PromptIds(value)) {
+        request.prompt_ids = *std::move(ids);
       } else {
-        return Invalid("prompt", "'prompt' must be a string (or an array of one string)");
+        return Invalid("prompt",
+                       "'prompt' must be a string, token ids (an array of integers of at least "
+                       "0), or an array of one of those");
       }
     } else if (key == "max_tokens" || (chat && key == "max_completion_tokens")) {
       if (!value.is_number_integer() || value.get<int64_t>() < 1) {
@@ -204,6 +222,26 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
       } else {
         return Invalid(key, "'tophat_outline' must be a boolean or {\"max_points\": N}");
       }
+    } else if (key == "logprobs" && chat) {
+      if (!value.is_boolean()) return Invalid(key, "'logprobs' must be a boolean");
+      chat_logprobs = value.get<bool>();
+    } else if (key == "top_logprobs" && chat) {
+      if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
+          value.get<int64_t>() > kMaxOpenAiLogprobs) {
+        return Invalid(key, absl::StrCat("'top_logprobs' must be an integer from 0 to ",
+                                         kMaxOpenAiLogprobs));
+      }
+      top_logprobs = value.get<int64_t>();
+    } else if (key == "logprobs") {
+      if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
+          value.get<int64_t>() > kMaxOpenAiLogprobs) {
+        return Invalid(key, absl::StrCat("'logprobs' must be an integer from 0 to ",
+                                         kMaxOpenAiLogprobs));
+      }
+      request.logprobs = value.get<int64_t>();
+    } else if (key == "return_tokens_as_token_ids") {
+      if (!value.is_boolean()) return Invalid(key, "'return_tokens_as_token_ids' must be a boolean");
+      request.return_tokens_as_token_ids = value.get<bool>();
     } else if (key == "ignore_eos") {
       if (!value.is_boolean()) return Invalid(key, "'ignore_eos' must be a boolean");
       request.ignore_eos = value.get<bool>();
@@ -225,6 +263,14 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
   if (request.model.empty()) return Invalid("model", "'model' is required");
   if (!has_input) {
     return Invalid(input_key, absl::StrCat("'", input_key, "' is required"));
+  }
+  if (chat_logprobs) {
+    request.logprobs = top_logprobs.value_or(0);
+  } else if (top_logprobs.value_or(0) > 0) {
+    return Invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  }
+  if (request.logprobs >= 0 && request.outline_max_points != 0) {
+    return Invalid("logprobs", "'logprobs' cannot be combined with 'tophat_outline'");
   }
   if (request.include_usage && !request.stream) {
     return Invalid("stream_options", "'stream_options' is only allowed with 'stream': true");

@@ -35,6 +35,9 @@ struct OpenAiRequest {
   std::string model;
   std::vector<ChatMessage> messages;  // chat
   std::string prompt;                 // completions
+  // completions: a prompt given as token ids (an array of integers, or of one such array),
+  // used as it is: no BOS is added.
+  std::optional<std::vector<int64_t>> prompt_ids;
   int64_t max_tokens = 0;             // 0: the agent's default
   double temperature = 1.0;           // OpenAI's default
   double top_p = 1.0;
@@ -50,7 +53,16 @@ struct OpenAiRequest {
   // "ignore_eos": true, as vLLM's OpenAI server takes it: generate max_tokens whatever the
   // model says (benchmarks and tests that need a request of known length).
   bool ignore_eos = false;
+  // Log-probabilities of the generated tokens, with this many alternatives each; -1: none.
+  // Chat: "logprobs": true and "top_logprobs": N; completions: "logprobs": N.
+  int64_t logprobs = -1;
+  // vLLM's extension: tokens in log-probabilities as "token_id:N" instead of their text.
+  bool return_tokens_as_token_ids = false;
 };
+
+// The most alternatives a token's log-probability may come with (OpenAI's chat limit, which
+// the completions endpoint here shares; OpenAI's own completions stop at 5).
+inline constexpr int64_t kMaxOpenAiLogprobs = 20;
 
 // `served_model`: the one model name the agent answers to (GET /v1/models lists it); any
 // other is a 404 model_not_found, as OpenAI answers.

@@ -75,6 +75,33 @@ TEST_CASE("tophat_outline asks for outline-based parallel decoding, and only tha
             .param == "tophat_outline");
 }
 
+TEST_CASE("Log-probabilities are asked for in each endpoint's own way") {
+  const auto chat = OpenAiEndpoint::kChatCompletions;
+  const auto completions = OpenAiEndpoint::kCompletions;
+  const std::string messages = R"("model": "toy", "messages": [{"role": "user", "content": "a"}])";
+  CHECK(ParseOk(chat, "{" + messages + "}").logprobs == -1);
+  CHECK(ParseOk(chat, "{" + messages + R"(, "logprobs": false, "top_logprobs": 0})").logprobs == -1);
+  CHECK(ParseOk(chat, "{" + messages + R"(, "logprobs": true})").logprobs == 0);
+  CHECK(ParseOk(chat, "{" + messages + R"(, "logprobs": true, "top_logprobs": 20})").logprobs ==
+        20);
+  CHECK(ParseOk(completions, R"({"model": "toy", "prompt": "a", "logprobs": 3})").logprobs == 3);
+  CHECK(ParseOk(completions, R"({"model": "toy", "prompt": "a", "logprobs": null})").logprobs ==
+        -1);
+  CHECK(ParseOk(completions, R"({"model": "toy", "prompt": "a", "logprobs": 0,
+                                  "return_tokens_as_token_ids": true})")
+            .return_tokens_as_token_ids);
+}
+
+TEST_CASE("A completions prompt may be token ids, used as they are") {
+  const auto completions = OpenAiEndpoint::kCompletions;
+  const OpenAiRequest flat = ParseOk(completions, R"({"model": "toy", "prompt": [1, 20, 7]})");
+  REQUIRE(flat.prompt_ids.has_value());
+  CHECK(*flat.prompt_ids == std::vector<int64_t>{1, 20, 7});
+  CHECK(ParseOk(completions, R"({"model": "toy", "prompt": [[5, 6]]})").prompt_ids ==
+        std::vector<int64_t>{5, 6});
+  CHECK_FALSE(ParseOk(completions, R"({"model": "toy", "prompt": "5 6"})").prompt_ids.has_value());
+}
+
 TEST_CASE("ignore_eos, as vLLM takes it, asks for max_tokens whatever the model says") {
   CHECK_FALSE(ParseOk(OpenAiEndpoint::kCompletions, R"({"model": "toy", "prompt": "x"})")
                   .ignore_eos);
@@ -114,7 +141,16 @@ TEST_CASE("What the endpoint would ignore is refused by name, with OpenAI's erro
        R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "presence_penalty": 1})",
        "presence_penalty"},
       {chat,
-       R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "logprobs": true})",
+       R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "logprobs": 2})",
+       "logprobs"},
+      {chat,
+       R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "top_logprobs": 2})",
+       "top_logprobs"},
+      {chat,
+       R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "logprobs": true, "top_logprobs": 21})",
+       "top_logprobs"},
+      {chat,
+       R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "logprobs": true, "tophat_outline": true})",
        "logprobs"},
       {chat,
        R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "temperature": 3})",
@@ -133,7 +169,14 @@ TEST_CASE("What the endpoint would ignore is refused by name, with OpenAI's erro
       {chat,
        R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "top_k": 5})",
        "top_k"},
-      {completions, R"({"model": "toy", "prompt": [1, 2, 3]})", "prompt"},
+      {completions, R"({"model": "toy", "prompt": [1, -2, 3]})", "prompt"},
+      {completions, R"({"model": "toy", "prompt": []})", "prompt"},
+      {completions, R"({"model": "toy", "prompt": [[1], [2]]})", "prompt"},
+      {completions, R"({"model": "toy", "prompt": [1, "a"]})", "prompt"},
+      {completions, R"({"model": "toy", "prompt": "a", "logprobs": true})", "logprobs"},
+      {completions, R"({"model": "toy", "prompt": "a", "logprobs": 21})", "logprobs"},
+      {completions, R"({"model": "toy", "prompt": "a", "return_tokens_as_token_ids": 1})",
+       "return_tokens_as_token_ids"},
       {completions, R"({"model": "toy", "prompt": "a", "echo": true})", "echo"},
       {completions, R"({"model": "toy", "prompt": "a", "max_completion_tokens": 3})",
        "max_completion_tokens"},

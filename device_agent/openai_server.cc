@@ -1,6 +1,7 @@
 #include "device_agent/openai_server.h"
 
 #include <chrono>
+#include <cmath>
 #include <optional>
 #include <random>
 
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "device_agent/openai_request.h"
+#include "models/tokenizers/tokenizer.h"
 #include "proto/channel_security.h"
 #include "telemetry/http_listener.h"
 
@@ -78,6 +80,112 @@ Json Usage(const v1::RequestStats& stats) {
               {"prompt_tokens_details", {{"cached_tokens", stats.reused_prompt_tokens()}}}};
 }
 
+// The log-probabilities of a request's tokens, in the endpoint's shape: chat's
+// {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}, or
+// completions' {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}.
+// Tokens are named by TokenText (the text each adds after the token before it), or as
+// "token_id:N" with return_tokens_as_token_ids.
+class LogprobsRenderer {
+ public:
+  LogprobsRenderer(const Tokenizer& tokenizer, bool chat, bool as_ids,
+                   std::optional<int32_t> last_prompt_token)
+      : tokenizer_(tokenizer), chat_(chat), as_ids_(as_ids), previous_(last_prompt_token) {
+    Clear();
+  }
+
+  // Adds the token `id`, generated with `logprob`.
+  void Add(int32_t id, const TokenLogprob& logprob) {
+    const std::string text = Name(id);
+    if (chat_) {
+      Json top = Json::array();
+      for (size_t i = 0; i < logprob.top_ids.size(); ++i) {
+        const std::string alternative = Name(logprob.top_ids[i]);
+        top.push_back({{"token", alternative},
+                       {"logprob", Finite(logprob.top_logprobs[i])},
+                       {"bytes", Bytes(alternative)}});
+      }
+      pending_["content"].push_back({{"token", text},
+                                     {"logprob", Finite(logprob.logprob)},
+                                     {"bytes", Bytes(text)},
+                                     {"top_logprobs", std::move(top)}});
+    } else {
+      Json top = Json::object();
+      for (size_t i = 0; i < logprob.top_ids.size(); ++i) {
+        top[Name(logprob.top_ids[i])] = Finite(logprob.top_logprobs[i]);
+      }
+      pending_["tokens"].push_back(text);
+      pending_["token_logprobs"].push_back(Finite(logprob.logprob));
+      pending_["top_logprobs"].push_back(std::move(top));
+      pending_["text_offset"].push_back(text_offset_);
+      text_offset_ += static_cast<int64_t>(text.size());
+    }
+    previous_ = id;
+  }
+
+  bool empty() const { return pending_[chat_ ? "content" : "tokens"].empty(); }
+
+  // What was added since the last Take.
+  Json Take() {
+    Json taken = std::move(pending_);
+    Clear();
+    return taken;
+  }
+
+ private:
+  void Clear() {
+    pending_ = chat_ ? Json{{"content", Json::array()}}
+                     : Json{{"tokens", Json::array()},
+                            {"token_logprobs", Json::array()},
+                            {"top_logprobs", Json::array()},
+                            {"text_offset", Json::array()}};
+  }
+  // Alternatives are named after the same previous token as the one generated.
+  std::string Name(int32_t id) const {
+    if (as_ids_) return absl::StrCat("token_id:", id);
+    return TokenText(tokenizer_, previous_, id);
+  }
+  static Json Bytes(const std::string& text) {
+    Json bytes = Json::array();
+    for (const char c : text) bytes.push_back(static_cast<int>(static_cast<unsigned char>(c)));
+    return bytes;
+  }
+  // JSON has no -infinity: OpenAI writes -9999.0 for a token the model rules out.
+  static double Finite(float logprob) {
+    return std::isfinite(logprob) ? static_cast<double>(logprob) : -9999.0;
+  }
+
+  const Tokenizer& tokenizer_;
+  const bool chat_;
+  const bool as_ids_;
+  std::optional<int32_t> previous_;
+  int64_t text_offset_ = 0;
+  Json pending_;
+};
+
+// Feeds a request's tokens to its stop-sequence filter one token's text at a time, so that
+// log-probabilities end with the token that completed a stop sequence, and collects what is
+// safe to send.
+struct TokenSink {
+  StopSequenceFilter& filter;
+  LogprobsRenderer* logprobs;  // null: none asked for
+
+  // The text `event` released; false once a stop sequence completed.
+  std::string Push(const TokenEvent& event) {
+    if (event.token_texts.size() != event.token_ids.size()) {
+      // Not decoded token by token (an outline's parts, which have no log-probabilities).
+      return filter.Push(event.text);
+    }
+    std::string released;
+    for (size_t i = 0; i < event.token_ids.size() && !filter.stopped(); ++i) {
+      released += filter.Push(event.token_texts[i]);
+      if (logprobs != nullptr && i < event.logprobs.size()) {
+        logprobs->Add(event.token_ids[i], event.logprobs[i]);
+      }
+    }
+    return released;
+  }
+};
+
 // One request's answer, built the same way whether it streams or not.
 struct Completion {
   OpenAiEndpoint endpoint;
@@ -98,8 +206,9 @@ struct Completion {
                 {"choices", std::move(choices)}};
   }
 
-  Json Chunk(const std::string& text, const Json& finish_reason, bool first) const {
-    Json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
+  Json Chunk(const std::string& text, const Json& finish_reason, bool first,
+             Json logprobs = nullptr) const {
+    Json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", std::move(logprobs)}};
     if (chat()) {
       Json delta = Json::object();
       if (first) delta["role"] = "assistant";
@@ -118,8 +227,9 @@ struct Completion {
     return chunk;
   }
 
-  Json Whole(const std::string& text, const std::string& finish_reason, const Json& usage) const {
-    Json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
+  Json Whole(const std::string& text, const std::string& finish_reason, const Json& usage,
+             Json logprobs) const {
+    Json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", std::move(logprobs)}};
     if (chat()) {
       choice["message"] = {{"role", "assistant"}, {"content", text}};
     } else {
@@ -326,6 +436,17 @@ void OpenAiServer::Route() {
           stop_ids.push_back(static_cast<uint32_t>(*id));
         }
       }
+    } else if (request.prompt_ids) {
+      for (const int64_t id : *request.prompt_ids) {
+        if (id >= tokenizer.vocab_size()) {
+          return SendError(res, OpenAiError{.param = "prompt",
+                                            .message = absl::StrCat(
+                                                "prompt: token id ", id,
+                                                " is outside the vocabulary of ",
+                                                tokenizer.vocab_size())});
+        }
+        prompt.push_back(static_cast<int32_t>(id));
+      }
     } else {
       auto ids = tokenizer.Encode(request.prompt);
       if (!ids.ok()) {
@@ -360,6 +481,10 @@ void OpenAiServer::Route() {
     generate.mutable_sampling()->set_top_p(static_cast<float>(request.top_p));
     if (request.seed) generate.mutable_sampling()->set_seed(*request.seed);
     generate.set_ignore_eos(request.ignore_eos);
+    if (request.logprobs >= 0) {
+      generate.set_logprobs(true);
+      generate.set_top_logprobs(static_cast<uint32_t>(request.logprobs));
+    }
     for (uint32_t id : stop_ids) generate.add_stop_token_ids(id);
     if (request.outline_max_points != 0) {
       generate.mutable_outline()->set_enabled(true);
@@ -369,23 +494,37 @@ void OpenAiServer::Route() {
       }
     }
 
+    // The renderer names the first generated token after the prompt's last.
+    const std::optional<int32_t> last_prompt_token =
+        prompt.empty() ? std::nullopt : std::optional<int32_t>(prompt.back());
+    const auto make_logprobs = [&tokenizer, request, endpoint, last = last_prompt_token] {
+      return request.logprobs < 0
+                 ? std::optional<LogprobsRenderer>()
+                 : std::optional<LogprobsRenderer>(std::in_place, tokenizer,
+                                                   endpoint == OpenAiEndpoint::kChatCompletions,
+                                                   request.return_tokens_as_token_ids, last);
+    };
     if (!request.stream) {
       StopSequenceFilter filter(request.stop);
+      std::optional<LogprobsRenderer> logprobs = make_logprobs();
+      TokenSink tokens{filter, logprobs ? &*logprobs : nullptr};
       std::string text;
       const v1::GenerateResponse done = agent_->Generate(
           generate,
           [&](const TokenEvent& event) {
-            text += filter.Push(event.text);
+            text += tokens.Push(event);
             return !filter.stopped();
           },
           *caller);
       if (done.finish_reason() == v1::FINISH_REASON_ERROR) {
         return SendError(res, generation_error(done));
       }
+      // The last message's text: what the detokenizer held back (a character cut short).
+      text += filter.Push(done.text());
       text += filter.Flush();
       res.set_content(
           completion.Whole(text, FinishReasonText(done.finish_reason(), filter.stopped()),
-                           Usage(done.stats()))
+                           Usage(done.stats()), logprobs ? logprobs->Take() : Json(nullptr))
               .dump(),
           "application/json");
       return;
@@ -394,9 +533,11 @@ void OpenAiServer::Route() {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, generate, completion, request, caller = *caller, generation_error, slot](
-            size_t, httplib::DataSink& sink) {
+        [this, generate, completion, request, caller = *caller, generation_error, slot,
+         make_logprobs](size_t, httplib::DataSink& sink) {
           StopSequenceFilter filter(request.stop);
+          std::optional<LogprobsRenderer> logprobs = make_logprobs();
+          TokenSink tokens{filter, logprobs ? &*logprobs : nullptr};
           bool first = true;
           bool client_gone = false;
           const auto send = [&](const Json& chunk) {
@@ -407,9 +548,15 @@ void OpenAiServer::Route() {
           const v1::GenerateResponse done = agent_->Generate(
               generate,
               [&](const TokenEvent& event) {
-                const std::string text = filter.Push(event.text);
-                if (!text.empty() || first) {
-                  if (!send(completion.Chunk(text, nullptr, first))) return false;
+                const std::string text = tokens.Push(event);
+                // A token whose text is held back (it may begin a stop sequence) still sends
+                // its log-probability.
+                const bool has_logprobs = logprobs && !logprobs->empty();
+                if (!text.empty() || first || has_logprobs) {
+                  if (!send(completion.Chunk(text, nullptr, first,
+                                             has_logprobs ? logprobs->Take() : Json(nullptr)))) {
+                    return false;
+                  }
                   first = false;
                 }
                 return !filter.stopped();
@@ -422,7 +569,8 @@ void OpenAiServer::Route() {
           if (done.finish_reason() == v1::FINISH_REASON_ERROR) {
             send(generation_error(done).ToJson());
           } else {
-            const std::string tail = filter.Flush();
+            std::string tail = filter.Push(done.text());
+            tail += filter.Flush();
             if (!tail.empty()) send(completion.Chunk(tail, nullptr, first));
             send(completion.Chunk(
                 "", FinishReasonText(done.finish_reason(), filter.stopped()), first));

@@ -206,6 +206,7 @@ absl::StatusOr<RoundOutcome> SpeculativeDecoder::FinishRound(const at::Tensor& o
   outcome.length = run_.start + verdict.accepted + 1;
   outcome.tokens.assign(drafts.begin(), drafts.begin() + verdict.accepted);
   outcome.tokens.push_back(verdict.next_token);
+  outcome.logits = logits;
   TOPHAT_RETURN_IF_ERROR(TruncateDrafterCaches(outcome.length));
   TOPHAT_RETURN_IF_ERROR(output_cache_.Truncate(outcome.length));
   outcome.input_kv_length = input_cache_.length();

@@ -63,6 +63,9 @@ struct SpeculativeOptions {
 
 struct RoundOutcome {
   std::vector<int32_t> tokens;  // the kept drafts, then the target's token
+  // The target's logits of the round's rows, [drafted + 1, V]: row i decided tokens[i] (the
+  // rows past the last token are those of rejected drafts).
+  at::Tensor logits;
   int64_t drafted = 0;
   int64_t accepted = 0;
   int64_t length = 0;  // KV length after the round, everywhere: start + accepted + 1

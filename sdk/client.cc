@@ -89,6 +89,8 @@ absl::StatusOr<GenerateResult> Client::Generate(
       result.token_arrival_seconds.push_back(at);
     }
     result.text += response.text();
+    result.logprobs.insert(result.logprobs.end(), response.logprobs().begin(),
+                           response.logprobs().end());
     if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
       result.finish_reason = response.finish_reason();
       result.error = response.error();

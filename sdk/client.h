@@ -20,6 +20,8 @@ struct GenerateResult {
   std::string request_id;
   std::vector<uint32_t> token_ids;
   std::string text;
+  // With GenerateRequest.logprobs: one per token_ids entry.
+  std::vector<v1::TokenLogprobs> logprobs;
   v1::FinishReason finish_reason = v1::FINISH_REASON_UNSPECIFIED;
   std::string error;     // with FINISH_REASON_ERROR
   v1::RequestStats stats;  // measured by the agent

@@ -73,6 +73,34 @@ int32_t DrawIndex(const at::Tensor& probs, std::mt19937_64& rng) {
   return static_cast<int32_t>(last_nonzero);
 }
 
+std::vector<TokenLogprob> TokenLogprobs(const at::Tensor& logits, std::span<const int32_t> tokens,
+                                        int64_t top) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  std::vector<TokenLogprob> out(static_cast<size_t>(n));
+  if (n == 0) return out;
+  const at::Tensor rows =
+      at::log_softmax(logits.narrow(0, 0, n).to(at::kCPU, at::kFloat), /*dim=*/1).contiguous();
+  const int64_t vocab = rows.size(1);
+  const int64_t k = std::clamp<int64_t>(top, 0, vocab);
+  at::Tensor top_values;
+  at::Tensor top_indices;
+  if (k > 0) {
+    std::tie(top_values, top_indices) = rows.topk(k, /*dim=*/1, /*largest=*/true, /*sorted=*/true);
+    top_values = top_values.contiguous();
+    top_indices = top_indices.contiguous();
+  }
+  const float* values = rows.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    TokenLogprob& entry = out[static_cast<size_t>(i)];
+    entry.logprob = values[i * vocab + tokens[static_cast<size_t>(i)]];
+    for (int64_t j = 0; j < k; ++j) {
+      entry.top_ids.push_back(static_cast<int32_t>(top_indices.data_ptr<int64_t>()[i * k + j]));
+      entry.top_logprobs.push_back(top_values.data_ptr<float>()[i * k + j]);
+    }
+  }
+  return out;
+}
+
 int32_t Sampler::Sample(const at::Tensor& logits) {
   if (params_.greedy()) return static_cast<int32_t>(logits.argmax().item<int64_t>());
   return Draw(Distribution(logits));

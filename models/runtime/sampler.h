@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <random>
+#include <span>
+#include <vector>
 
 #include <ATen/ATen.h>
 
@@ -22,6 +24,20 @@ struct SamplingParams {
 
 // Draws an index from a [V] probability vector (not necessarily normalised) with `rng`.
 int32_t DrawIndex(const at::Tensor& probs, std::mt19937_64& rng);
+
+// A generated token's log-probability, and the likeliest tokens at its position.
+struct TokenLogprob {
+  float logprob = 0;
+  std::vector<int32_t> top_ids;     // likeliest first
+  std::vector<float> top_logprobs;  // one per top_ids entry
+};
+
+// The log-probabilities of `tokens` under the model's own distribution: the log-softmax of
+// the logits, before temperature, top-k and top-p (what OpenAI's `logprobs` report, and
+// vLLM's by default), each with the `top` likeliest tokens of its row. logits: [n, V], row
+// i the one that decided tokens[i]. Computed in float32 whatever the logits' dtype.
+std::vector<TokenLogprob> TokenLogprobs(const at::Tensor& logits, std::span<const int32_t> tokens,
+                                        int64_t top);
 
 class Sampler {
  public:

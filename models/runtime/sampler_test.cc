@@ -18,6 +18,35 @@ TEST_CASE("Greedy picks the argmax and its distribution is one-hot", "[sampler]"
   CHECK(p.sum().item<float>() == 1.0f);
 }
 
+TEST_CASE("Token log-probabilities are the logits' log-softmax, with the likeliest tokens",
+          "[sampler]") {
+  // Row 0 decided token 2, row 1 token 0. bf16 logits are read in float32.
+  const at::Tensor logits =
+      at::tensor({1.0f, 3.0f, 2.0f, 0.0f, 0.5f, -1.0f, 0.5f, 4.0f}).reshape({2, 4});
+  const std::vector<int32_t> tokens = {2, 0};
+  const std::vector<TokenLogprob> got = TokenLogprobs(logits.to(at::kBFloat16), tokens, 3);
+  REQUIRE(got.size() == 2);
+  const auto log_softmax = [](std::vector<double> row, size_t i) {
+    double sum = 0;
+    for (double x : row) sum += std::exp(x);
+    return row[i] - std::log(sum);
+  };
+  CHECK(got[0].logprob == Approx(log_softmax({1, 3, 2, 0}, 2)).margin(1e-5));
+  CHECK(got[1].logprob == Approx(log_softmax({0.5, -1, 0.5, 4}, 0)).margin(1e-5));
+  CHECK(got[0].top_ids == std::vector<int32_t>{1, 2, 0});
+  REQUIRE(got[0].top_logprobs.size() == 3);
+  CHECK(got[0].top_logprobs[0] == Approx(log_softmax({1, 3, 2, 0}, 1)).margin(1e-5));
+  CHECK(got[0].top_logprobs[1] == Approx(got[0].logprob).margin(1e-6));
+  CHECK(got[1].top_ids[0] == 3);
+  // No alternatives asked for; fewer rows' tokens than rows (a round cut at a stop).
+  const std::vector<TokenLogprob> bare = TokenLogprobs(logits, std::span(tokens).first(1), 0);
+  REQUIRE(bare.size() == 1);
+  CHECK(bare[0].top_ids.empty());
+  CHECK(bare[0].logprob == Approx(got[0].logprob).margin(1e-5));
+  // More alternatives than the vocabulary: all of it.
+  CHECK(TokenLogprobs(logits, tokens, 99)[1].top_ids.size() == 4);
+}
+
 TEST_CASE("Top-k and top-p keep exactly the expected support", "[sampler]") {
   // Probabilities after softmax at T=1: roughly 0.64, 0.24, 0.09, 0.03.
   at::Tensor logits = at::tensor({3.0f, 2.0f, 1.0f, 0.0f});

@@ -603,6 +603,7 @@ struct BpeTokenizer::Model {
   // Per id: what Decode emits and whether to skip it.
   std::vector<TokenKind> kinds;
   std::vector<std::string> decoded;
+  std::unordered_map<int32_t, std::string> special_text;  // special added tokens' content
   std::optional<int32_t> bos;
   std::optional<int32_t> eos;
 };
@@ -680,6 +681,7 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJson(
   for (const AddedToken& token : model->added_tokens) {
     model->kinds[token.id] = token.special ? TokenKind::kSpecial : TokenKind::kAdded;
     model->decoded[token.id] = token.special ? "" : token.content;
+    if (token.special) model->special_text[token.id] = token.content;
   }
 
   const auto find = [&](const std::string& piece) -> std::optional<int32_t> {
@@ -883,6 +885,13 @@ absl::StatusOr<std::string> BpeTokenizer::Decode(const std::vector<int32_t>& ids
 int32_t BpeTokenizer::vocab_size() const { return static_cast<int32_t>(model_->kinds.size()); }
 std::optional<int32_t> BpeTokenizer::bos_id() const { return model_->bos; }
 std::optional<int32_t> BpeTokenizer::eos_id() const { return model_->eos; }
+
+std::optional<std::string> BpeTokenizer::SpecialText(int32_t id) const {
+  if (const auto it = model_->special_text.find(id); it != model_->special_text.end()) {
+    return it->second;
+  }
+  return std::nullopt;
+}
 
 std::optional<int32_t> BpeTokenizer::PieceToId(std::string_view piece) const {
   const std::string key(piece);

@@ -113,6 +113,11 @@ int32_t SentencePieceTokenizer::vocab_size() const { return vocab_size_; }
 std::optional<int32_t> SentencePieceTokenizer::bos_id() const { return bos_id_; }
 std::optional<int32_t> SentencePieceTokenizer::eos_id() const { return eos_id_; }
 
+std::optional<std::string> SentencePieceTokenizer::SpecialText(int32_t id) const {
+  if (!model_->IsControl(id)) return std::nullopt;
+  return std::string(model_->IdToPiece(id));
+}
+
 std::optional<int32_t> SentencePieceTokenizer::PieceToId(std::string_view piece) const {
   const auto id = model_->PieceToId(piece);
   if (!id) return std::nullopt;

@@ -119,4 +119,20 @@ absl::StatusOr<std::string> StreamingDetokenizer::Flush() {
   return rest;
 }
 
+std::string TokenText(const Tokenizer& tokenizer, std::optional<int32_t> previous, int32_t id) {
+  if (std::optional<std::string> special = tokenizer.SpecialText(id)) return *std::move(special);
+  absl::StatusOr<std::string> alone = tokenizer.Decode({id});
+  if (!alone.ok()) return "";
+  if (!previous) return *std::move(alone);
+  const absl::StatusOr<std::string> before = tokenizer.Decode({*previous});
+  absl::StatusOr<std::string> both = tokenizer.Decode({*previous, id});
+  // The previous text must be whole: one that ends in U+FFFD may be a character this token
+  // completes, and the pair's text then does not start with it.
+  if (before.ok() && both.ok() && both->starts_with(*before) &&
+      !before->ends_with(utf8::kReplacement)) {
+    return both->substr(before->size());
+  }
+  return *std::move(alone);
+}
+
 }  // namespace tophat

@@ -36,7 +36,17 @@ class Tokenizer {
   virtual std::optional<int32_t> eos_id() const = 0;
   // Returns the id of a token spelled exactly `piece`, if the vocabulary has it.
   virtual std::optional<int32_t> PieceToId(std::string_view piece) const = 0;
+  // The spelling of a special token, which Decode skips (e.g. "</s>", "<|eot_id|>"): where a
+  // token must be shown on its own (a log-probability's token). nullopt for any other id.
+  virtual std::optional<std::string> SpecialText(int32_t /*id*/) const { return std::nullopt; }
 };
+
+// The text of `id` shown on its own, as OpenAI's log-probabilities name tokens: what it adds
+// to the text after `previous` (the token before it, which SentencePiece needs to tell
+// whether a leading space shows), or its decoding alone where that is not a clean suffix (a
+// character split between the two tokens); a special token's spelling. "" for an id the
+// tokenizer cannot decode.
+std::string TokenText(const Tokenizer& tokenizer, std::optional<int32_t> previous, int32_t id);
 
 // Streams text for a growing list of ids. Decoding ids one at a time is wrong for both
 // tokenizer kinds (a UTF-8 character can span tokens; SentencePiece drops the leading space

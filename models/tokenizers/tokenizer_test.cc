@@ -328,6 +328,20 @@ TEST_CASE("StreamingDetokenizer matches Decode for BPE", "[tokenizer]") {
   CHECK_FALSE(stream.Push(-5).ok());
 }
 
+TEST_CASE("TokenText names a BPE token on its own", "[tokenizer]") {
+  const auto tokenizer = MakeBpe(MakeTokenizerJson());
+  CHECK(TokenText(*tokenizer, std::nullopt, kIdSpaceThe) == " the");
+  CHECK(TokenText(*tokenizer, kIdHe, kIdSpaceThe) == " the");
+  // Specials, which Decode skips, by their spelling; an unknown id is "".
+  CHECK(TokenText(*tokenizer, kIdSpaceThe, kIdEotId) == "<|eot_id|>");
+  CHECK(tokenizer->SpecialText(kIdSpaceThe) == std::nullopt);
+  CHECK(TokenText(*tokenizer, std::nullopt, -3).empty());
+  // A character split between tokens: each part on its own is U+FFFD, never half a
+  // character (not UTF-8) nor the whole one twice.
+  CHECK(TokenText(*tokenizer, 'a', 0xE4) == "\xEF\xBF\xBD");
+  CHECK(TokenText(*tokenizer, 0xE4, 0xBD) == "\xEF\xBF\xBD");
+}
+
 TEST_CASE("SentencePiece training is deterministic", "[tokenizer]") {
   RequireSpmPlugin();
   TempDir dir;
@@ -382,6 +396,21 @@ TEST_CASE("SentencePiece round-trips and knows its control tokens", "[tokenizer]
 
   CHECK_FALSE(tokenizer.Decode({kSpmVocabSize}).ok());
   CHECK_FALSE(tokenizer.Decode({-1}).ok());
+
+  // A token shown on its own keeps the space it adds after the one before it, which Decode
+  // drops at the start of a text.
+  const std::vector<int32_t> words = EncodeOk(tokenizer, "the cat");
+  REQUIRE(words.size() >= 2);
+  // "▁cat" is one piece: "cat" decoded alone, " cat" after "e".
+  CHECK(DecodeOk(tokenizer, {words.back()}) == "cat");
+  CHECK(TokenText(tokenizer, words[words.size() - 2], words.back()) == " cat");
+  std::string joined;
+  for (size_t i = 0; i < words.size(); ++i) {
+    joined += TokenText(tokenizer, i == 0 ? std::optional<int32_t>(1) : words[i - 1], words[i]);
+  }
+  CHECK(joined == "the cat");
+  CHECK(TokenText(tokenizer, words.back(), 2) == "</s>");
+  CHECK(tokenizer.SpecialText(0) == std::nullopt);  // <unk> decodes to text of its own
 }
 
 TEST_CASE("StreamingDetokenizer matches Decode for SentencePiece", "[tokenizer]") {
