@@ -1,5 +1,6 @@
 #include "device_agent/openai_server.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -20,7 +21,9 @@
 namespace tophat {
 namespace {
 
-using Json = nlohmann::json;
+// Ordered: keys as written, so that a completions token's alternatives stay likeliest first
+// (and every answer reads in OpenAI's order).
+using Json = nlohmann::ordered_json;
 
 int64_t UnixSeconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(
@@ -117,7 +120,10 @@ class LogprobsRenderer {
       pending_["token_logprobs"].push_back(Finite(logprob.logprob));
       pending_["top_logprobs"].push_back(std::move(top));
       pending_["text_offset"].push_back(text_offset_);
-      text_offset_ += static_cast<int64_t>(text.size());
+      // In characters, as OpenAI counts them: every byte that does not continue one.
+      text_offset_ += std::count_if(text.begin(), text.end(), [](char c) {
+        return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+      });
     }
     previous_ = id;
   }
@@ -567,7 +573,7 @@ void OpenAiServer::Route() {
             return false;
           }
           if (done.finish_reason() == v1::FINISH_REASON_ERROR) {
-            send(generation_error(done).ToJson());
+            send(Json(generation_error(done).ToJson()));
           } else {
             std::string tail = filter.Push(done.text());
             tail += filter.Flush();

@@ -1,6 +1,8 @@
 """The official OpenAI client library (Python `openai`) against tophat-agent's endpoint.
 
-Usage: python3 openai_client_test.py BASE_URL CLOUD_METRICS_URL AGENT_METRICS_URL
+Usage: python3 openai_client_test.py BASE_URL CLOUD_METRICS_URL AGENT_METRICS_URL MODEL_DIR
+MODEL_DIR is the checkpoint the agent and cloud were split from: transformers loads it to check
+the endpoint's log-probabilities.
 Exits non-zero, saying what differed, on the first failure. tests/openai_client_test.sh
 starts the cloud and the agent and runs it with the build's Python (TOPHAT_PYTHON).
 """
@@ -74,7 +76,7 @@ def expect_error(what, call, error_type, status, **fields):
     raise Mismatch(f"{what}: accepted, want {error_type.__name__}")
 
 
-def run(base_url, cloud_metrics_url, agent_metrics_url):
+def run(base_url, cloud_metrics_url, agent_metrics_url, model_dir):
     client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60)
 
     models = client.models.list()
@@ -201,6 +203,7 @@ def run(base_url, cloud_metrics_url, agent_metrics_url):
                       metric(cloud_metrics_url, "tophat_kv_cache_usage_ratio") <= kept_kv), 20)
     print("a client gone mid-stream cancels its request; the cloud's KV is free")
 
+    logprobs(client, model, messages, text, stop, model_dir)
     limits(client, model, base_url)
 
 
@@ -322,6 +325,113 @@ def slow_clients(client, model, url):
           f"behind them took {answered_s:.1f} s (connecting them took {connected_s:.1f} s)")
 
 
+# Log-probabilities: the endpoint's against transformers' full model on the same checkpoint,
+# in float32 both; the split pipeline's logits agree with it to 1e-4 (hf_reference_test.py).
+LOGPROB_TOLERANCE = 1e-4
+
+
+def logprobs(client, model, messages, text, stop, model_dir):
+    # Chat, greedy: each token's entry names the token its text adds; greedy took the likeliest.
+    asked = client.chat.completions.create(model=model, messages=messages, max_tokens=24,
+                                           temperature=0, logprobs=True, top_logprobs=3)
+    content = asked.choices[0].logprobs.content
+    check_eq("chat with logprobs: the same answer", asked.choices[0].message.content, text)
+    check_eq("chat logprobs: one per token", len(content), 24)
+    check_eq("chat logprobs: the tokens spell the answer", "".join(e.token for e in content), text)
+    for i, entry in enumerate(content):
+        check(entry.logprob <= 0, f"token {i}: logprob {entry.logprob} > 0")
+        check_eq(f"token {i}: bytes", bytes(entry.bytes), entry.token.encode())
+        top = entry.top_logprobs
+        check_eq(f"token {i}: alternatives", len(top), 3)
+        check(all(top[j].logprob >= top[j + 1].logprob for j in range(2)),
+              f"token {i}: alternatives not likeliest first: {top}")
+        check_eq(f"token {i}: greedy took the likeliest", top[0].token, entry.token)
+        check(abs(top[0].logprob - entry.logprob) < 1e-6,
+              f"token {i}: {entry.logprob} but its alternative says {top[0].logprob}")
+
+    # Streamed: the same entries, spread over the chunks.
+    stream = client.chat.completions.create(model=model, messages=messages, max_tokens=24,
+                                            temperature=0, logprobs=True, top_logprobs=3,
+                                            stream=True)
+    streamed = []
+    with stream:
+        for chunk in stream:
+            for choice in chunk.choices:
+                if choice.logprobs is not None:
+                    streamed.extend(choice.logprobs.content or [])
+    check_eq("streamed logprobs: tokens", [e.token for e in streamed], [e.token for e in content])
+    # Not to the bit: how the positions were computed differs (the first answer's prompt
+    # whole, this one's taken from the conversation it left; rounds of other lengths).
+    drift = max(abs(a.logprob - b.logprob) for a, b in zip(streamed, content))
+    check(drift < LOGPROB_TOLERANCE, f"streamed logprobs differ from the whole answer's by {drift}")
+
+    # A stop sequence: the entries end with the token that completed it.
+    stopped = client.chat.completions.create(model=model, messages=messages, max_tokens=24,
+                                             temperature=0, stop=[stop], logprobs=True)
+    kept = stopped.choices[0].logprobs.content
+    spelled = "".join(e.token for e in kept)
+    check(spelled.startswith(stopped.choices[0].message.content + stop) and
+          not "".join(e.token for e in kept[:-1]).startswith(
+              stopped.choices[0].message.content + stop),
+          f"stop {stop!r}: the logprobs spell {spelled!r}, want them to end with the token "
+          "that completed it")
+    check_eq("stop: the entries are the answer's first", [e.token for e in kept],
+             [e.token for e in content[:len(kept)]])
+    print(f"chat logprobs: {len(content)} tokens, 3 alternatives each; "
+          f"{len(kept)} up to stop {json.dumps(stop)}")
+
+    # Completions from token ids, greedy and sampled, against transformers.
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        raise Mismatch(f"transformers is missing from {sys.executable} ({e}); run "
+                       "`bash deploy/install-deps.sh`")
+    transformers.utils.logging.set_verbosity_error()
+    reference = transformers.AutoModelForCausalLM.from_pretrained(model_dir,
+                                                                  dtype=torch.float32)
+    reference.eval()
+    prompt = [1, 100, 37, 250, 12, 77, 300, 45, 9, 181]
+    worst = 0.0
+    for temperature, seed in ((0, None), (0.9, 11)):
+        what = "greedy" if temperature == 0 else f"sampled at temperature {temperature}"
+        c = client.completions.create(model=model, prompt=prompt, max_tokens=20,
+                                      temperature=temperature, seed=seed, logprobs=5,
+                                      extra_body={"ignore_eos": True,
+                                                  "return_tokens_as_token_ids": True})
+        got = c.choices[0].logprobs
+        check_eq(f"{what}: tokens", len(got.tokens), 20)
+        ids = [int(t.removeprefix("token_id:")) for t in got.tokens]
+        with torch.no_grad():
+            logits = reference(torch.tensor([prompt + ids])).logits[0]
+        rows = torch.log_softmax(logits[len(prompt) - 1:-1].double(), dim=-1)
+        offset = 0
+        for i, (token, logprob, top) in enumerate(zip(ids, got.token_logprobs, got.top_logprobs)):
+            row = rows[i]
+            want = row[token].item()
+            worst = max(worst, abs(logprob - want))
+            check(abs(logprob - want) < LOGPROB_TOLERANCE,
+                  f"{what}, token {i} ({token}): logprob {logprob}, transformers {want}")
+            if temperature == 0:
+                check_eq(f"{what}, token {i}: transformers' likeliest", token, row.argmax().item())
+            check_eq(f"{what}, token {i}: alternatives", len(top), 5)
+            values = list(top.values())
+            check(values == sorted(values, reverse=True), f"{what}, token {i}: {top} unsorted")
+            for name, value in top.items():
+                alternative = int(name.removeprefix("token_id:"))
+                check(abs(value - row[alternative].item()) < LOGPROB_TOLERANCE,
+                      f"{what}, token {i}: alternative {alternative} at {value}, transformers "
+                      f"{row[alternative].item()}")
+            sixth = row.topk(6).values[5].item()
+            check(values[-1] >= sixth - LOGPROB_TOLERANCE,
+                  f"{what}, token {i}: the 5th alternative {values[-1]} is below transformers' "
+                  f"6th likeliest {sixth}")
+            check_eq(f"{what}, token {i}: text_offset", got.text_offset[i], offset)
+            offset += len(got.tokens[i])
+    print(f"completion logprobs from token ids, greedy and sampled: within "
+          f"{worst:.1e} of transformers")
+
+
 def accepted(client, model):
     try:
         client.completions.create(model=model, prompt="hello", max_tokens=2)
@@ -331,7 +441,7 @@ def accepted(client, model):
 
 
 def main():
-    if len(sys.argv) != 4:
+    if len(sys.argv) != 5:
         print(__doc__, file=sys.stderr)
         return 2
     try:

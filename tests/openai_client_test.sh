@@ -73,7 +73,7 @@ curl -sf "http://127.0.0.1:$openai_port/health" >/dev/null || {
 status=0
 "$python" "$here/openai_client_test.py" \
   "http://127.0.0.1:$openai_port/v1" "http://127.0.0.1:$cloud_metrics/metrics" \
-  "http://127.0.0.1:$agent_metrics/metrics" || status=$?
+  "http://127.0.0.1:$agent_metrics/metrics" "$model" || status=$?
 if [ "$status" -ne 0 ]; then
   echo "--- agent log"; tail -20 "$work/run/agent.log"
   echo "--- cloud log"; tail -20 "$work/run/cloud.log"

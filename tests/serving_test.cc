@@ -210,6 +210,26 @@ std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int64_t max_n
   return result->tokens;
 }
 
+// The monolithic model's log-softmax at each generated token's position: row i scores
+// generated[i] ([generated, V]).
+at::Tensor ReferenceLogprobs(const std::vector<int32_t>& prompt,
+                             const std::vector<int32_t>& generated) {
+  std::lock_guard<std::mutex> lock(reference_mutex);
+  Submodel& model = ReferenceModel();
+  std::vector<int64_t> ids(prompt.begin(), prompt.end());
+  ids.insert(ids.end(), generated.begin(), generated.end());
+  KvCache cache = model.NewCache(static_cast<int64_t>(ids.size()));
+  auto embedded = model.Embed(at::tensor(ids, at::kLong));
+  REQUIRE(embedded.ok());
+  auto hidden = model.Forward(*embedded, cache);
+  REQUIRE(hidden.ok());
+  auto logits = model.Logits(
+      hidden->narrow(0, static_cast<int64_t>(prompt.size()) - 1,
+                     static_cast<int64_t>(generated.size())));
+  REQUIRE(logits.ok());
+  return at::log_softmax(logits->to(at::kFloat), 1);
+}
+
 std::vector<int32_t> Tokenize(const std::string& text) {
   static std::unique_ptr<Tokenizer> tokenizer = [] {
     auto loaded = Tokenizer::Load(ToyDir());
@@ -547,8 +567,13 @@ TEST_CASE("Three agents with chunk sizes 1, 16 and 128 reproduce the monolithic 
   std::vector<std::future<absl::StatusOr<GenerateResult>>> futures;
   for (size_t i = 0; i < prompts.size(); ++i) {
     Client& client = agents[i % agents.size()]->client();
-    futures.push_back(std::async(std::launch::async, [&client, request = IdsRequest(
-                                                         prompts[i], max_new_tokens)] {
+    v1::GenerateRequest request = IdsRequest(prompts[i], max_new_tokens);
+    // Half of them with their tokens' log-probabilities and two alternatives.
+    if (i % 2 == 0) {
+      request.set_logprobs(true);
+      request.set_top_logprobs(2);
+    }
+    futures.push_back(std::async(std::launch::async, [&client, request] {
       return client.Generate(request);
     }));
   }
@@ -560,6 +585,26 @@ TEST_CASE("Three agents with chunk sizes 1, 16 and 128 reproduce the monolithic 
     REQUIRE(result->ok());
     CHECK(Tokens(*result) == Reference(prompts[i], max_new_tokens, /*stop_at_eos=*/true));
     CHECK(result->stats.prompt_tokens() == prompts[i].size());
+    if (i % 2 == 0) {
+      // The monolithic model's, to float32's rounding over different chunkings and rounds
+      // (7.5e-6 at most measured on the CPU; a GPU's kernels sum in other orders still).
+      const double margin = CloudDevice() == "cpu" ? 1e-4 : 1e-3;
+      REQUIRE(result->logprobs.size() == result->token_ids.size());
+      const at::Tensor want = ReferenceLogprobs(prompts[i], Tokens(*result));
+      for (size_t t = 0; t < result->logprobs.size(); ++t) {
+        const v1::TokenLogprobs& got = result->logprobs[t];
+        INFO("token " << t);
+        CHECK(got.logprob() ==
+              Approx(want[t][result->token_ids[t]].item<float>()).margin(margin));
+        REQUIRE(got.top_ids_size() == 2);
+        CHECK(got.top_ids(0) == result->token_ids[t]);  // greedy
+        CHECK(got.top_logprobs(1) ==
+              Approx(want[t][got.top_ids(1)].item<float>()).margin(margin));
+        CHECK(got.top_logprobs(0) >= got.top_logprobs(1));
+      }
+    } else {
+      CHECK(result->logprobs.empty());
+    }
     CHECK(result->time_to_first_token_seconds() > 0);
   }
   // Every session closed: the cloud's KV is back to empty.
@@ -3255,6 +3300,17 @@ TEST_CASE("An outline request expands its points as parallel requests and stream
                      std::string(kToyOutline) + "conversation_cache:\n  enabled: true\n");
   // Every point computing the whole prefix again: the answers must be the same.
   AgentProcess unshared(dir.path(), cloud, 0, kToyOutline);
+  {
+    // An outline's tokens come from several requests and a directive: no log-probabilities.
+    v1::GenerateRequest request;
+    request.set_prompt("the cat");
+    request.mutable_outline()->set_enabled(true);
+    request.set_logprobs(true);
+    auto refused = agent.client().Generate(request);
+    REQUIRE(refused.ok());
+    CHECK(refused->finish_reason == v1::FINISH_REASON_ERROR);
+    CHECK_THAT(refused->error, Catch::Contains("logprobs: not with an outline"));
+  }
   int outlined = 0;
   int points = 0;
   for (const std::string& prompt : ToyOutlinePrompts(41, 4)) {
