@@ -32,7 +32,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(agent_message hidden_states safetensors model_config tokenizer_json yaml_config app_request)
+  targets=(agent_message hidden_states safetensors model_config tokenizer_json yaml_config app_request
+           openai_request)
 fi
 if ! command -v clang++ >/dev/null 2>&1; then
   echo "fuzz: clang++ not found (deploy/install-deps.sh installs clang); skipped" >&2

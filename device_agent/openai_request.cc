@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "models/tokenizers/tokenizer_utf8.h"
 
 namespace tophat {
 namespace {
@@ -124,7 +125,10 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
   try {
     json = Json::parse(body);
   } catch (const Json::exception& e) {
-    return Invalid("", absl::StrCat("the request body is not valid JSON: ", e.what()));
+    // The parser's message quotes the bytes it stopped at, which need not be UTF-8; the
+    // error object it goes into must be.
+    return Invalid("", absl::StrCat("the request body is not valid JSON: ",
+                                    utf8::ToValidLossy(e.what())));
   }
   if (!json.is_object()) return Invalid("", "the request body must be a JSON object");
 

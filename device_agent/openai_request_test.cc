@@ -194,6 +194,11 @@ TEST_CASE("What the endpoint would ignore is refused by name, with OpenAI's erro
   CHECK(ParseError(chat, R"({"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]})")
             .ToJson()["error"]["code"] == "model_not_found");
   CHECK(ParseError(chat, "{not json").http_status == 400);
+  // A body that is not UTF-8: the parser's message quotes its bytes, and the error object must
+  // still serialise (it threw, and the client got httplib's 500 instead of this 400).
+  const OpenAiError not_utf8 = ParseError(chat, "{\"model\xff\xfe\": 1}");
+  CHECK(not_utf8.http_status == 400);
+  CHECK_NOTHROW(not_utf8.ToJson().dump());
   CHECK(ParseError(chat, "[1]").param.empty());
 }
 

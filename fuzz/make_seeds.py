@@ -161,6 +161,26 @@ def main():
           field_bytes(3, field_bytes(1, b"".join(varint(i) for i in (1, 258, 263, 40))))
           + field_varint(4, 4) + field_varint(9, 1))
     write(out, "app_request", "utf8.bin", field_bytes(2, "été — ü 45 \U0001F600".encode()) + field_varint(8, 1))
+    write(out, "app_request", "logprobs.bin",
+          field_bytes(2, b"the cat") + field_varint(12, 1) + field_varint(13, 5))
+
+    # The OpenAI endpoint's bodies: the first byte chooses the endpoint (even: chat).
+    chat = {"model": "toy", "messages": [{"role": "system", "content": "be brief"},
+                                         {"role": "user", "content": [
+                                             {"type": "text", "text": "the cat sat"}]}],
+            "max_completion_tokens": 8, "temperature": 0.5, "top_p": 0.9, "seed": 3,
+            "stop": ["at", "\n\n"], "stream": True, "stream_options": {"include_usage": True},
+            "logprobs": True, "top_logprobs": 3}
+    write(out, "openai_request", "chat.bin", b"\x00" + json.dumps(chat).encode())
+    completion = {"model": "toy", "prompt": "été the cat", "max_tokens": 4, "logprobs": 2,
+                  "stop": "t", "ignore_eos": True, "tophat_outline": False,
+                  "return_tokens_as_token_ids": True}
+    write(out, "openai_request", "completion.bin", b"\x01" + json.dumps(completion).encode())
+    write(out, "openai_request", "ids.bin", b"\x01" + json.dumps(
+        {"model": "toy", "prompt": [[1, 20, 7]], "n": 1, "echo": False}).encode())
+    write(out, "openai_request", "outline.bin", b"\x00" + json.dumps(
+        {"model": "toy", "messages": [{"role": "user", "content": "x"}],
+         "tophat_outline": {"max_points": 3}}).encode())
 
     # The engine's structured input: op bytes then fields (see agent_message_fuzzer.cc).
     write(out, "agent_message", "open-chunk-step.bin",

@@ -1,0 +1,58 @@
+// What an app sends the agent's OpenAI endpoint: any bytes as the body of
+// POST /v1/chat/completions or /v1/completions (the first byte chooses), parsed as the
+// endpoint parses it (device_agent/openai_request.h). A refusal must be a 400 or 404 whose
+// error object serialises (it is what the client gets); a request that parses has its
+// checked limits, and its stop sequences are run over its own text, cut where the input's
+// bytes say, through StopSequenceFilter: what comes out never holds a stop sequence and is
+// exactly the text before the first one (all of it when there is none).
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "device_agent/openai_request.h"
+#include "fuzz/fuzz_util.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  const auto endpoint = (data[0] & 1) != 0 ? tophat::OpenAiEndpoint::kCompletions
+                                           : tophat::OpenAiEndpoint::kChatCompletions;
+  const std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
+  auto parsed = tophat::ParseOpenAiRequest(endpoint, body, "toy");
+  if (const auto* error = std::get_if<tophat::OpenAiError>(&parsed)) {
+    TOPHAT_FUZZ_CHECK(error->http_status == 400 || error->http_status == 404);
+    TOPHAT_FUZZ_CHECK(!error->message.empty());
+    (void)error->ToJson().dump();  // throws on text that is not UTF-8
+    return 0;
+  }
+  const tophat::OpenAiRequest& request = std::get<tophat::OpenAiRequest>(parsed);
+  TOPHAT_FUZZ_CHECK(request.model == "toy");
+  TOPHAT_FUZZ_CHECK(request.stop.size() <= 4);
+  TOPHAT_FUZZ_CHECK(request.logprobs >= -1 && request.logprobs <= tophat::kMaxOpenAiLogprobs);
+  TOPHAT_FUZZ_CHECK(request.temperature >= 0 && request.temperature <= 2);
+  TOPHAT_FUZZ_CHECK(request.top_p > 0 && request.top_p <= 1);
+  TOPHAT_FUZZ_CHECK(request.max_tokens >= 0);
+  TOPHAT_FUZZ_CHECK(!request.include_usage || request.stream);
+  TOPHAT_FUZZ_CHECK(request.logprobs < 0 || request.outline_max_points == 0);
+
+  std::string text = request.prompt;
+  for (const tophat::ChatMessage& message : request.messages) text += message.content;
+  size_t first_stop = std::string::npos;
+  for (const std::string& stop : request.stop) {
+    TOPHAT_FUZZ_CHECK(!stop.empty());
+    first_stop = std::min(first_stop, text.find(stop));
+  }
+  tophat::StopSequenceFilter filter(request.stop);
+  std::string released;
+  for (size_t at = 0, i = 0; at < text.size(); ++i) {
+    // Pieces of 1 to 8 bytes, their lengths from the input.
+    const size_t piece = 1 + (data[i % size] & 7);
+    released += filter.Push(std::string_view(text).substr(at, piece));
+    at += piece;
+  }
+  released += filter.Flush();
+  TOPHAT_FUZZ_CHECK(filter.stopped() == (first_stop != std::string::npos));
+  TOPHAT_FUZZ_CHECK(released == text.substr(0, first_stop));
+  return 0;
+}
