@@ -80,6 +80,21 @@ absl::Status CheckCanListen(std::string_view address, std::string_view key) {
       absl::StrCat(Sv(key), ": cannot listen on ", Sv(address), ": ", reason));
 }
 
+std::vector<std::string> DescribeListenPorts(
+    std::initializer_list<std::pair<std::string_view, std::string_view>> ports,
+    std::string_view daemon) {
+  std::vector<std::string> lines;
+  for (const auto& [key, address] : ports) {
+    if (address.empty() || IsUnixSocketAddress(address)) continue;
+    const absl::Status can = CheckCanListen(address, key);
+    lines.push_back(absl::StrCat(Sv(key), " ", Sv(address), ": ",
+                                 can.ok() ? "free"
+                                          : absl::StrCat(can.message(), " (a running ",
+                                                         Sv(daemon), "'s?)")));
+  }
+  return lines;
+}
+
 absl::Status CheckHostPort(std::string_view address, bool allow_port_zero) {
   auto invalid = [&](std::string_view why) {
     return absl::InvalidArgumentError(

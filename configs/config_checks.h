@@ -4,10 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -28,6 +30,14 @@ absl::Status CheckHostPort(std::string_view address, bool allow_port_zero);
 // "127.0.0.1:7200: Address already in use", before gRPC tries and logs its own dump.
 // Unavailable naming `key`, the address and the system's reason; ok for unix: addresses.
 absl::Status CheckCanListen(std::string_view address, std::string_view key);
+
+// --check-config's report on the ports a daemon would bind, a line each: "key address: free",
+// or CheckCanListen's reason followed by " (a running `daemon`'s?)": a port in use is what a
+// running daemon's look like, so it is said, not refused. Empty addresses and Unix sockets
+// are left out. Pairs of (key, address).
+std::vector<std::string> DescribeListenPorts(
+    std::initializer_list<std::pair<std::string_view, std::string_view>> ports,
+    std::string_view daemon);
 
 // float32 | float16 | bfloat16.
 absl::Status CheckDtype(std::string_view dtype);

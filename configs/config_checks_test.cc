@@ -89,6 +89,16 @@ TEST_CASE("CheckCanListen names the key, the address and why it cannot be bound"
   CHECK(status.code() == absl::StatusCode::kUnavailable);
   CHECK(std::string(status.message()) ==
         "listen_address: cannot listen on " + in_use + ": Address already in use");
+  // --check-config's report: the port in use said with whose it may be; a free one, empty
+  // addresses and Unix sockets as they should be.
+  CHECK(DescribeListenPorts({{"listen_address", in_use},
+                             {"metrics_address", ""},
+                             {"openai.address", "127.0.0.1:0"},
+                             {"app", "unix:/nonexistent/agent.sock"}},
+                            "tophat-agent") ==
+        std::vector<std::string>{"listen_address " + in_use + ": listen_address: cannot listen on " +
+                                     in_use + ": Address already in use (a running tophat-agent's?)",
+                                 "openai.address 127.0.0.1:0: free"});
   close(held);
   CHECK(CheckCanListen(in_use, "listen_address").ok());
   CHECK(CheckCanListen("127.0.0.1:0", "listen_address").ok());

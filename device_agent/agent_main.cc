@@ -80,16 +80,12 @@ int CheckConfig(const tophat::AgentConfig& config, const std::string& config_pat
               manifest.adapter ? "an adapter (speculative decoding)" : "no adapter",
               manifest.model_fingerprint.empty() ? "none (clouds will refuse it)"
                                                  : manifest.model_fingerprint.c_str());
-  // The ports: in use is what a running agent's look like, so it is said, not refused.
-  for (const auto& [key, address] :
-       {std::pair<std::string, std::string>{"listen_address", config.listen_address},
-        {"metrics_address", config.metrics_address},
-        {"openai.address", config.openai.address}}) {
-    if (address.empty() || tophat::IsUnixSocketAddress(address)) continue;
-    const absl::Status can = tophat::CheckCanListen(address, key);
-    std::printf("  %s %s: %s\n", key.c_str(), address.c_str(),
-                can.ok() ? "free"
-                         : absl::StrCat(can.message(), " (a running tophat-agent's?)").c_str());
+  for (const std::string& line :
+       tophat::DescribeListenPorts({{"listen_address", config.listen_address},
+                                    {"metrics_address", config.metrics_address},
+                                    {"openai.address", config.openai.address}},
+                                   "tophat-agent")) {
+    std::printf("  %s\n", line.c_str());
   }
   std::printf("ok: a start would load the weights next (not loaded, no port bound)\n");
   return 0;

@@ -204,14 +204,11 @@ int CheckConfig(const CloudConfig& config, const std::string& config_path) {
   if (absl::Status fits = CheckChunkFitsMessage(config, bundle->config, *dtype); !fits.ok()) {
     return Fail(fits);
   }
-  // The ports: in use is what a running daemon's look like, so it is said, not refused.
-  for (const auto& [key, address] : {std::pair<std::string, std::string>{"listen_address",
-                                                                          config.listen_address},
-                                     {"metrics_address", config.metrics_address}}) {
-    if (address.empty()) continue;
-    const absl::Status can = tophat::CheckCanListen(address, key);
-    std::printf("  %s %s: %s\n", key.c_str(), address.c_str(),
-                can.ok() ? "free" : absl::StrCat(can.message(), " (a running tophat-cloud's?)").c_str());
+  for (const std::string& line :
+       tophat::DescribeListenPorts({{"listen_address", config.listen_address},
+                                    {"metrics_address", config.metrics_address}},
+                                   "tophat-cloud")) {
+    std::printf("  %s\n", line.c_str());
   }
   std::printf("ok: a start would load the weights next (not loaded, no port bound)\n");
   return 0;
