@@ -154,6 +154,11 @@ class Agent::Request : private CloudSession {
   int64_t max_chunk_positions_ = 0;
   std::vector<int32_t> stop_ids_;
   int64_t top_logprobs_ = -1;  // AppRequestPlan's: -1, no log-probabilities
+  bool want_prompt_logprobs_ = false;
+  bool prompt_only_ = false;
+  // The prompt's, as its results arrive (with want_prompt_logprobs_); sent with the first
+  // event.
+  std::vector<TokenLogprob> prompt_logprobs_;
   std::unique_ptr<Sampler> sampler_;
   std::unique_ptr<StreamingDetokenizer> detokenizer_;
 
@@ -229,6 +234,7 @@ v1::GenerateResponse Agent::Request::Run() {
   const auto serve = [&]() -> absl::Status {
     TOPHAT_RETURN_IF_ERROR(Open(0));
     TOPHAT_RETURN_IF_ERROR(Prefill());
+    if (prompt_only_) return Emit({}, at::Tensor());  // the prompt's log-probabilities alone
     return Decode();
   };
   absl::Status result;
@@ -278,6 +284,8 @@ absl::Status Agent::Request::Prepare() {
   sampler_ = std::make_unique<Sampler>(plan.sampling);
   stop_ids_ = std::move(plan.stop_ids);
   top_logprobs_ = plan.top_logprobs;
+  want_prompt_logprobs_ = plan.prompt_logprobs;
+  prompt_only_ = plan.prompt_only;
   detokenizer_ = std::make_unique<StreamingDetokenizer>(*bundle.tokenizer);
   // The prompt goes through the detokenizer first so the answer decodes in context.
   for (int32_t id : tokens_) {
@@ -292,7 +300,9 @@ absl::Status Agent::Request::Prepare() {
   // An earlier turn of this conversation, when the agent kept one: its caches carry the
   // positions this prompt shares with it.
   std::optional<ConversationCache::Taken> taken;
-  if (config.conversation_cache.enabled && share_conversation_) {
+  // Prompt log-probabilities need every prompt position's result: nothing is taken.
+  const bool reuse = config.conversation_cache.enabled && !want_prompt_logprobs_;
+  if (reuse && share_conversation_) {
     std::vector<ConversationCache::Closed> closed;
     std::optional<ConversationCache::Shared> shared =
         agent_.conversations_.Share(tokens_, SteadyClock::now(), closed);
@@ -300,7 +310,7 @@ absl::Status Agent::Request::Prepare() {
     if (shared.has_value() && shared->adapter.defined() == drafting) {
       TOPHAT_RETURN_IF_ERROR(AdoptShared(*shared, drafting));
     }
-  } else if (config.conversation_cache.enabled) {
+  } else if (reuse) {
     std::vector<ConversationCache::Closed> closed;
     taken = agent_.conversations_.Take(tokens_, SteadyClock::now(), closed);
     if (taken.has_value() && taken->conversation.adapter.has_value() != drafting) {
@@ -853,6 +863,20 @@ absl::Status Agent::Request::HandleResult(const v1::ForwardResult& result) {
                                               Seconds(SteadyClock::now() - computing));
     agent_.chunk_planner_.ObserveCloud(count, first, result.compute_seconds());
   }
+  if (want_prompt_logprobs_ && !decoding_) {
+    // Row j, position consumed_ + j, scores the prompt's next token; the last position's
+    // row scores the first generated one instead.
+    const int64_t scored = std::min(out.size(0), prompt_length_ - 1 - consumed_);
+    if (scored > 0) {
+      TOPHAT_ASSIGN_OR_RETURN(at::Tensor logits,
+                              bundle.output->Logits(out.narrow(0, 0, scored)));
+      std::vector<TokenLogprob> rows = TokenLogprobs(
+          logits, std::span<const int32_t>(tokens_).subspan(consumed_ + 1, scored),
+          top_logprobs_);
+      prompt_logprobs_.insert(prompt_logprobs_.end(), std::make_move_iterator(rows.begin()),
+                              std::make_move_iterator(rows.end()));
+    }
+  }
   last_output_ = out.narrow(0, out.size(0) - 1, 1);
   if (decoding_) rounds_->AddOutputStates(out);
   consumed_ += count - skip;
@@ -879,8 +903,10 @@ absl::Status Agent::Request::Emit(std::span<const int32_t> tokens, const at::Ten
   const SteadyClock::time_point now = SteadyClock::now();
   TokenEvent event;
   event.request_id = id_;
+  event.prompt_logprobs = std::move(prompt_logprobs_);  // the first event's
+  prompt_logprobs_.clear();
   std::vector<TokenLogprob> logprobs;
-  if (top_logprobs_ >= 0) logprobs = TokenLogprobs(logits, tokens, top_logprobs_);
+  if (top_logprobs_ >= 0 && !tokens.empty()) logprobs = TokenLogprobs(logits, tokens, top_logprobs_);
   size_t taken = 0;
   for (int32_t token : tokens) {
     if (!logprobs.empty()) event.logprobs.push_back(std::move(logprobs[taken]));
@@ -897,7 +923,7 @@ absl::Status Agent::Request::Emit(std::span<const int32_t> tokens, const at::Ten
       break;
     }
   }
-  stats_.RecordTokens(now, taken);
+  if (taken > 0) stats_.RecordTokens(now, taken);  // a prompt-only answer has no first token
   if (!on_tokens_(event)) {
     cancelled_ = true;
     return absl::CancelledError("the client went away");

@@ -47,6 +47,9 @@ struct TokenEvent {
   std::vector<std::string> token_texts;
   // With GenerateRequest.logprobs: one per token_ids entry.
   std::vector<TokenLogprob> logprobs;
+  // With GenerateRequest.prompt_logprobs, in the first event: one per prompt token after the
+  // first.
+  std::vector<TokenLogprob> prompt_logprobs;
 };
 
 // The requests' link samples (ChunkTracker) go to the agent's LinkEstimator, shared by every

@@ -6,6 +6,16 @@
 #include "proto/grpc_status.h"
 
 namespace tophat {
+namespace {
+
+void ToProto(const TokenLogprob& logprob, v1::TokenLogprobs& entry) {
+  entry.set_logprob(logprob.logprob);
+  for (int32_t id : logprob.top_ids) entry.add_top_ids(static_cast<uint32_t>(id));
+  for (float value : logprob.top_logprobs) entry.add_top_logprobs(value);
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> AgentServiceImpl::Caller(const grpc::ServerContext& context) const {
   if (app_tokens_.empty()) return std::string();
   auto caller = AuthenticateBearer(context, app_tokens_);
@@ -27,10 +37,10 @@ grpc::Status AgentServiceImpl::Generate(grpc::ServerContext* context,
         for (int32_t id : event.token_ids) response.add_token_ids(static_cast<uint32_t>(id));
         response.set_text(event.text);
         for (const TokenLogprob& logprob : event.logprobs) {
-          v1::TokenLogprobs& entry = *response.add_logprobs();
-          entry.set_logprob(logprob.logprob);
-          for (int32_t id : logprob.top_ids) entry.add_top_ids(static_cast<uint32_t>(id));
-          for (float value : logprob.top_logprobs) entry.add_top_logprobs(value);
+          ToProto(logprob, *response.add_logprobs());
+        }
+        for (const TokenLogprob& logprob : event.prompt_logprobs) {
+          ToProto(logprob, *response.add_prompt_logprobs());
         }
         return writer->Write(response);
       },

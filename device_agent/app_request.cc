@@ -34,8 +34,17 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
   }
   if (plan.prompt.empty()) return absl::InvalidArgumentError("prompt: empty");
   const int64_t prompt_length = static_cast<int64_t>(plan.prompt.size());
-  plan.max_new_tokens =
-      request.max_new_tokens() > 0 ? request.max_new_tokens() : limits.default_max_new_tokens;
+  if (request.prompt_only() && !request.prompt_logprobs()) {
+    return absl::InvalidArgumentError("prompt_only: needs prompt_logprobs");
+  }
+  if (request.prompt_logprobs() && !request.logprobs()) {
+    return absl::InvalidArgumentError("prompt_logprobs: needs logprobs");
+  }
+  plan.prompt_logprobs = request.prompt_logprobs();
+  plan.prompt_only = request.prompt_only();
+  plan.max_new_tokens = request.prompt_only()              ? 0
+                        : request.max_new_tokens() > 0 ? request.max_new_tokens()
+                                                       : limits.default_max_new_tokens;
   if (prompt_length + plan.max_new_tokens > limits.context) {
     return absl::InvalidArgumentError(absl::StrCat(
         "prompt of ", prompt_length, " tokens + max_new_tokens ", plan.max_new_tokens,

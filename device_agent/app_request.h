@@ -31,6 +31,8 @@ struct AppRequestPlan {
   // GenerateRequest.logprobs: how many alternatives each token's log-probability comes with;
   // -1: no log-probabilities.
   int64_t top_logprobs = -1;
+  bool prompt_logprobs = false;  // GenerateRequest.prompt_logprobs (needs top_logprobs >= 0)
+  bool prompt_only = false;      // GenerateRequest.prompt_only: max_new_tokens is 0
 };
 
 // The most alternatives a token's log-probability comes with (OpenAI's limit for chat).

@@ -138,6 +138,7 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
   const char* input_key = chat ? "messages" : "prompt";
   bool has_input = false;
   bool chat_logprobs = false;
+  bool max_tokens_zero = false;
   std::optional<int64_t> top_logprobs;
   for (const auto& [key, value] : json.items()) {
     if (value.is_null() && key != input_key && key != "model") continue;  // absent
@@ -159,9 +160,13 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
                        "'prompt' must be a string, token ids (an array of integers of at least "
                        "0), or an array of one of those");
       }
+    } else if (key == "max_tokens" && !chat && value.is_number_integer() &&
+               value.get<int64_t>() == 0) {
+      max_tokens_zero = true;  // scoring: needs echo, checked below
     } else if (key == "max_tokens" || (chat && key == "max_completion_tokens")) {
       if (!value.is_number_integer() || value.get<int64_t>() < 1) {
-        return Invalid(key, absl::StrCat("'", key, "' must be an integer of at least 1"));
+        return Invalid(key, absl::StrCat("'", key, "' must be an integer of at least 1",
+                                         chat ? "" : " (0 with 'echo': true)"));
       }
       // max_completion_tokens is the newer name; it wins where both are given.
       if (key == "max_completion_tokens" || request.max_tokens == 0) {
@@ -243,6 +248,9 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
                                          kMaxOpenAiLogprobs));
       }
       request.logprobs = value.get<int64_t>();
+    } else if (key == "echo" && !chat) {
+      if (!value.is_boolean()) return Invalid(key, "'echo' must be a boolean");
+      request.echo = value.get<bool>();
     } else if (key == "return_tokens_as_token_ids") {
       if (!value.is_boolean()) return Invalid(key, "'return_tokens_as_token_ids' must be a boolean");
       request.return_tokens_as_token_ids = value.get<bool>();
@@ -272,6 +280,15 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
     request.logprobs = top_logprobs.value_or(0);
   } else if (top_logprobs.value_or(0) > 0) {
     return Invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  }
+  if (max_tokens_zero) {
+    if (!request.echo) {
+      return Invalid("max_tokens", "'max_tokens' 0 needs 'echo': true (scoring the prompt)");
+    }
+    request.prompt_only = true;
+  }
+  if (request.echo && request.outline_max_points != 0) {
+    return Invalid("echo", "'echo' cannot be combined with 'tophat_outline'");
   }
   if (request.logprobs >= 0 && request.outline_max_points != 0) {
     return Invalid("logprobs", "'logprobs' cannot be combined with 'tophat_outline'");

@@ -58,6 +58,12 @@ struct OpenAiRequest {
   int64_t logprobs = -1;
   // vLLM's extension: tokens in log-probabilities as "token_id:N" instead of their text.
   bool return_tokens_as_token_ids = false;
+  // completions: the answer starts with the prompt, and with logprobs so do its
+  // log-probabilities (the prompt's tokens', the first one's null).
+  bool echo = false;
+  // completions: "max_tokens": 0, with echo: read the prompt and generate nothing (scoring a
+  // text, as lm-evaluation-harness does).
+  bool prompt_only = false;
 };
 
 // The most alternatives a token's log-probability may come with (OpenAI's chat limit, which

@@ -92,6 +92,19 @@ TEST_CASE("Log-probabilities are asked for in each endpoint's own way") {
             .return_tokens_as_token_ids);
 }
 
+TEST_CASE("echo starts a completion with its prompt; with max_tokens 0 it only scores it") {
+  const auto completions = OpenAiEndpoint::kCompletions;
+  const OpenAiRequest echoed =
+      ParseOk(completions, R"({"model": "toy", "prompt": "a", "echo": true, "logprobs": 1})");
+  CHECK(echoed.echo);
+  CHECK_FALSE(echoed.prompt_only);
+  const OpenAiRequest scored = ParseOk(
+      completions, R"({"model": "toy", "prompt": [1, 2], "max_tokens": 0, "echo": true})");
+  CHECK(scored.prompt_only);
+  CHECK(scored.logprobs == -1);
+  CHECK_FALSE(ParseOk(completions, R"({"model": "toy", "prompt": "a", "echo": false})").echo);
+}
+
 TEST_CASE("A completions prompt may be token ids, used as they are") {
   const auto completions = OpenAiEndpoint::kCompletions;
   const OpenAiRequest flat = ParseOk(completions, R"({"model": "toy", "prompt": [1, 20, 7]})");
@@ -177,7 +190,12 @@ TEST_CASE("What the endpoint would ignore is refused by name, with OpenAI's erro
       {completions, R"({"model": "toy", "prompt": "a", "logprobs": 21})", "logprobs"},
       {completions, R"({"model": "toy", "prompt": "a", "return_tokens_as_token_ids": 1})",
        "return_tokens_as_token_ids"},
-      {completions, R"({"model": "toy", "prompt": "a", "echo": true})", "echo"},
+      {completions, R"({"model": "toy", "prompt": "a", "echo": 1})", "echo"},
+      {chat, R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "echo": true})",
+       "echo"},
+      {completions, R"({"model": "toy", "prompt": "a", "max_tokens": 0})", "max_tokens"},
+      {completions, R"({"model": "toy", "prompt": "a", "echo": true, "tophat_outline": true})",
+       "echo"},
       {completions, R"({"model": "toy", "prompt": "a", "max_completion_tokens": 3})",
        "max_completion_tokens"},
   };

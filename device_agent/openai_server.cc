@@ -5,6 +5,7 @@
 #include <cmath>
 #include <optional>
 #include <random>
+#include <span>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -97,8 +98,38 @@ class LogprobsRenderer {
   }
 
   // Adds the token `id`, generated with `logprob`.
-  void Add(int32_t id, const TokenLogprob& logprob) {
+  void Add(int32_t id, const TokenLogprob& logprob) { Add(id, &logprob); }
+
+  // Adds an echoed prompt (completions): its first token has no log-probability (null), each
+  // later one the entry before it in `logprobs`, which has one per token after the first.
+  void AddPrompt(std::span<const int32_t> prompt, std::span<const TokenLogprob> logprobs) {
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      Add(prompt[i], i > 0 && i - 1 < logprobs.size() ? &logprobs[i - 1] : nullptr);
+    }
+  }
+
+  bool empty() const { return pending_[chat_ ? "content" : "tokens"].empty(); }
+
+  // What was added since the last Take.
+  Json Take() {
+    Json taken = std::move(pending_);
+    Clear();
+    return taken;
+  }
+
+ private:
+  // `logprob`: null for a prompt's first token (completions only).
+  void Add(int32_t id, const TokenLogprob* entry) {
     const std::string text = Name(id);
+    if (entry == nullptr) {
+      pending_["tokens"].push_back(text);
+      pending_["token_logprobs"].push_back(nullptr);
+      pending_["top_logprobs"].push_back(nullptr);
+      AddOffset(text);
+      previous_ = id;
+      return;
+    }
+    const TokenLogprob& logprob = *entry;
     if (chat_) {
       Json top = Json::array();
       for (size_t i = 0; i < logprob.top_ids.size(); ++i) {
@@ -119,25 +150,19 @@ class LogprobsRenderer {
       pending_["tokens"].push_back(text);
       pending_["token_logprobs"].push_back(Finite(logprob.logprob));
       pending_["top_logprobs"].push_back(std::move(top));
-      pending_["text_offset"].push_back(text_offset_);
-      // In characters, as OpenAI counts them: every byte that does not continue one.
-      text_offset_ += std::count_if(text.begin(), text.end(), [](char c) {
-        return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
-      });
+      AddOffset(text);
     }
     previous_ = id;
   }
 
-  bool empty() const { return pending_[chat_ ? "content" : "tokens"].empty(); }
-
-  // What was added since the last Take.
-  Json Take() {
-    Json taken = std::move(pending_);
-    Clear();
-    return taken;
+  void AddOffset(const std::string& text) {
+    pending_["text_offset"].push_back(text_offset_);
+    // In characters, as OpenAI counts them: every byte that does not continue one.
+    text_offset_ += std::count_if(text.begin(), text.end(), [](char c) {
+      return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+    });
   }
 
- private:
   void Clear() {
     pending_ = chat_ ? Json{{"content", Json::array()}}
                      : Json{{"tokens", Json::array()},
@@ -174,14 +199,23 @@ class LogprobsRenderer {
 struct TokenSink {
   StopSequenceFilter& filter;
   LogprobsRenderer* logprobs;  // null: none asked for
+  // With echo: the prompt, which starts the answer, before the first event's tokens (and not
+  // through the stop sequences, which end only generated text).
+  std::optional<std::string> echo_text;
+  std::span<const int32_t> prompt;
 
   // The text `event` released; false once a stop sequence completed.
   std::string Push(const TokenEvent& event) {
+    std::string released;
+    if (echo_text) {
+      released = *std::move(echo_text);
+      echo_text.reset();
+      if (logprobs != nullptr) logprobs->AddPrompt(prompt, event.prompt_logprobs);
+    }
     if (event.token_texts.size() != event.token_ids.size()) {
       // Not decoded token by token (an outline's parts, which have no log-probabilities).
-      return filter.Push(event.text);
+      return released + filter.Push(event.text);
     }
-    std::string released;
     for (size_t i = 0; i < event.token_ids.size() && !filter.stopped(); ++i) {
       released += filter.Push(event.token_texts[i]);
       if (logprobs != nullptr && i < event.logprobs.size()) {
@@ -418,6 +452,7 @@ void OpenAiServer::Route() {
     const Tokenizer& tokenizer = agent_->tokenizer();
     std::vector<int32_t> prompt;
     std::vector<uint32_t> stop_ids;
+    std::optional<std::string> echo_text;  // with echo: the prompt as the answer starts with it
     if (endpoint == OpenAiEndpoint::kChatCompletions) {
       if (!chat_template_) {
         return SendError(res, OpenAiError{.http_status = 400,
@@ -443,6 +478,13 @@ void OpenAiServer::Route() {
         }
       }
     } else if (request.prompt_ids) {
+      if (request.echo) {
+        std::vector<int32_t> ids(request.prompt_ids->begin(), request.prompt_ids->end());
+        for (const int64_t id : *request.prompt_ids) {
+          if (id >= tokenizer.vocab_size()) ids.clear();  // refused below
+        }
+        echo_text = tokenizer.Decode(ids).value_or("");
+      }
       for (const int64_t id : *request.prompt_ids) {
         if (id >= tokenizer.vocab_size()) {
           return SendError(res, OpenAiError{.param = "prompt",
@@ -454,6 +496,7 @@ void OpenAiServer::Route() {
         prompt.push_back(static_cast<int32_t>(id));
       }
     } else {
+      if (request.echo) echo_text = request.prompt;
       auto ids = tokenizer.Encode(request.prompt);
       if (!ids.ok()) {
         return SendError(res, OpenAiError{.param = "prompt",
@@ -463,7 +506,8 @@ void OpenAiServer::Route() {
       prompt.insert(prompt.end(), ids->begin(), ids->end());
     }
     const int64_t max_context = agent_->Info().max_context();
-    const int64_t wanted = static_cast<int64_t>(prompt.size()) + std::max<int64_t>(1, request.max_tokens);
+    const int64_t wanted = static_cast<int64_t>(prompt.size()) +
+                           (request.prompt_only ? 0 : std::max<int64_t>(1, request.max_tokens));
     if (max_context > 0 && wanted > max_context) {
       return SendError(
           res, OpenAiError{.param = endpoint == OpenAiEndpoint::kChatCompletions ? "messages"
@@ -487,9 +531,12 @@ void OpenAiServer::Route() {
     generate.mutable_sampling()->set_top_p(static_cast<float>(request.top_p));
     if (request.seed) generate.mutable_sampling()->set_seed(*request.seed);
     generate.set_ignore_eos(request.ignore_eos);
-    if (request.logprobs >= 0) {
+    if (request.logprobs >= 0 || request.prompt_only) {
       generate.set_logprobs(true);
-      generate.set_top_logprobs(static_cast<uint32_t>(request.logprobs));
+      generate.set_top_logprobs(static_cast<uint32_t>(std::max<int64_t>(0, request.logprobs)));
+      // Scoring without log-probabilities asked for still reads the prompt alone.
+      generate.set_prompt_logprobs(request.echo);
+      generate.set_prompt_only(request.prompt_only);
     }
     for (uint32_t id : stop_ids) generate.add_stop_token_ids(id);
     if (request.outline_max_points != 0) {
@@ -503,7 +550,9 @@ void OpenAiServer::Route() {
     // The renderer names the first generated token after the prompt's last.
     const std::optional<int32_t> last_prompt_token =
         prompt.empty() ? std::nullopt : std::optional<int32_t>(prompt.back());
-    const auto make_logprobs = [&tokenizer, request, endpoint, last = last_prompt_token] {
+    // With echo, the prompt's own tokens come first, the first named on its own.
+    const auto make_logprobs = [&tokenizer, request, endpoint,
+                                last = request.echo ? std::nullopt : last_prompt_token] {
       return request.logprobs < 0
                  ? std::optional<LogprobsRenderer>()
                  : std::optional<LogprobsRenderer>(std::in_place, tokenizer,
@@ -513,7 +562,7 @@ void OpenAiServer::Route() {
     if (!request.stream) {
       StopSequenceFilter filter(request.stop);
       std::optional<LogprobsRenderer> logprobs = make_logprobs();
-      TokenSink tokens{filter, logprobs ? &*logprobs : nullptr};
+      TokenSink tokens{filter, logprobs ? &*logprobs : nullptr, echo_text, prompt};
       std::string text;
       const v1::GenerateResponse done = agent_->Generate(
           generate,
@@ -540,10 +589,10 @@ void OpenAiServer::Route() {
     res.set_chunked_content_provider(
         "text/event-stream",
         [this, generate, completion, request, caller = *caller, generation_error, slot,
-         make_logprobs](size_t, httplib::DataSink& sink) {
+         make_logprobs, echo_text, prompt](size_t, httplib::DataSink& sink) {
           StopSequenceFilter filter(request.stop);
           std::optional<LogprobsRenderer> logprobs = make_logprobs();
-          TokenSink tokens{filter, logprobs ? &*logprobs : nullptr};
+          TokenSink tokens{filter, logprobs ? &*logprobs : nullptr, echo_text, prompt};
           bool first = true;
           bool client_gone = false;
           const auto send = [&](const Json& chunk) {

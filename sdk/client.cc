@@ -91,6 +91,9 @@ absl::StatusOr<GenerateResult> Client::Generate(
     result.text += response.text();
     result.logprobs.insert(result.logprobs.end(), response.logprobs().begin(),
                            response.logprobs().end());
+    result.prompt_logprobs.insert(result.prompt_logprobs.end(),
+                                  response.prompt_logprobs().begin(),
+                                  response.prompt_logprobs().end());
     if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
       result.finish_reason = response.finish_reason();
       result.error = response.error();

@@ -22,6 +22,8 @@ struct GenerateResult {
   std::string text;
   // With GenerateRequest.logprobs: one per token_ids entry.
   std::vector<v1::TokenLogprobs> logprobs;
+  // With GenerateRequest.prompt_logprobs: one per prompt token after the first.
+  std::vector<v1::TokenLogprobs> prompt_logprobs;
   v1::FinishReason finish_reason = v1::FINISH_REASON_UNSPECIFIED;
   std::string error;     // with FINISH_REASON_ERROR
   v1::RequestStats stats;  // measured by the agent

@@ -431,6 +431,47 @@ def logprobs(client, model, messages, text, stop, model_dir):
     print(f"completion logprobs from token ids, greedy and sampled: within "
           f"{worst:.1e} of transformers")
 
+    # Scoring, as lm-evaluation-harness asks: echo, max_tokens 0, the prompt as token ids.
+    text_prompt = [1] + [(7 * i + 3) % 500 + 3 for i in range(40)]
+    scored = client.completions.create(model=model, prompt=text_prompt, max_tokens=0, echo=True,
+                                       logprobs=2,
+                                       extra_body={"return_tokens_as_token_ids": True})
+    got = scored.choices[0].logprobs
+    check_eq("scored: the prompt's tokens", [int(t.removeprefix("token_id:")) for t in got.tokens],
+             text_prompt)
+    check_eq("scored: the first token's logprob", got.token_logprobs[0], None)
+    check_eq("scored: the first token's alternatives", got.top_logprobs[0], None)
+    check_eq("scored: finish_reason", scored.choices[0].finish_reason, "length")
+    check_eq("scored: completion_tokens", scored.usage.completion_tokens, 0)
+    with torch.no_grad():
+        logits = reference(torch.tensor([text_prompt])).logits[0]
+    rows = torch.log_softmax(logits[:-1].double(), dim=-1)
+    scored_worst = 0.0
+    for i in range(1, len(text_prompt)):
+        want = rows[i - 1][text_prompt[i]].item()
+        scored_worst = max(scored_worst, abs(got.token_logprobs[i] - want))
+        check(abs(got.token_logprobs[i] - want) < LOGPROB_TOLERANCE,
+              f"scored, prompt token {i}: {got.token_logprobs[i]}, transformers {want}")
+        best = int(next(iter(got.top_logprobs[i])).removeprefix("token_id:"))
+        check_eq(f"scored, prompt token {i}: the likeliest", best, rows[i - 1].argmax().item())
+    # With tokens generated after it, the same prompt's scores, then the generated ones'.
+    echoed = client.completions.create(model=model, prompt=text_prompt, max_tokens=3, echo=True,
+                                       temperature=0, logprobs=0, extra_body={
+                                           "ignore_eos": True,
+                                           "return_tokens_as_token_ids": True})
+    both = echoed.choices[0].logprobs
+    check_eq("echoed: tokens", len(both.tokens), len(text_prompt) + 3)
+    check(all(abs(a - b) < LOGPROB_TOLERANCE for a, b in
+              zip(both.token_logprobs[1:len(text_prompt)], got.token_logprobs[1:])),
+          "echoed: the prompt's scores differ from scoring alone")
+    # Text: the answer starts with the prompt.
+    plain = client.completions.create(model=model, prompt="the brave knight", max_tokens=4,
+                                      temperature=0, echo=True)
+    check(plain.choices[0].text.startswith("the brave knight"),
+          f"echo: {plain.choices[0].text!r} does not start with the prompt")
+    print(f"scoring (echo, max_tokens 0): {len(text_prompt) - 1} prompt tokens within "
+          f"{scored_worst:.1e} of transformers")
+
 
 def accepted(client, model):
     try:

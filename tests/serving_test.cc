@@ -211,9 +211,10 @@ std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int64_t max_n
 }
 
 // The monolithic model's log-softmax at each generated token's position: row i scores
-// generated[i] ([generated, V]).
+// generated[i] ([generated, V]); with `whole`, every position's but the last: row i scores
+// token i + 1 of prompt + generated.
 at::Tensor ReferenceLogprobs(const std::vector<int32_t>& prompt,
-                             const std::vector<int32_t>& generated) {
+                             const std::vector<int32_t>& generated, bool whole = false) {
   std::lock_guard<std::mutex> lock(reference_mutex);
   Submodel& model = ReferenceModel();
   std::vector<int64_t> ids(prompt.begin(), prompt.end());
@@ -223,9 +224,8 @@ at::Tensor ReferenceLogprobs(const std::vector<int32_t>& prompt,
   REQUIRE(embedded.ok());
   auto hidden = model.Forward(*embedded, cache);
   REQUIRE(hidden.ok());
-  auto logits = model.Logits(
-      hidden->narrow(0, static_cast<int64_t>(prompt.size()) - 1,
-                     static_cast<int64_t>(generated.size())));
+  const int64_t first = whole ? 0 : static_cast<int64_t>(prompt.size()) - 1;
+  auto logits = model.Logits(hidden->narrow(0, first, static_cast<int64_t>(ids.size()) - 1 - first));
   REQUIRE(logits.ok());
   return at::log_softmax(logits->to(at::kFloat), 1);
 }
@@ -572,6 +572,7 @@ TEST_CASE("Three agents with chunk sizes 1, 16 and 128 reproduce the monolithic 
     if (i % 2 == 0) {
       request.set_logprobs(true);
       request.set_top_logprobs(2);
+      request.set_prompt_logprobs(true);  // its rows come back chunk by chunk
     }
     futures.push_back(std::async(std::launch::async, [&client, request] {
       return client.Generate(request);
@@ -602,8 +603,16 @@ TEST_CASE("Three agents with chunk sizes 1, 16 and 128 reproduce the monolithic 
               Approx(want[t][got.top_ids(1)].item<float>()).margin(margin));
         CHECK(got.top_logprobs(0) >= got.top_logprobs(1));
       }
+      REQUIRE(result->prompt_logprobs.size() == prompts[i].size() - 1);
+      const at::Tensor whole = ReferenceLogprobs(prompts[i], Tokens(*result), /*whole=*/true);
+      for (size_t t = 0; t + 1 < prompts[i].size(); ++t) {
+        INFO("prompt token " << t + 1);
+        CHECK(result->prompt_logprobs[t].logprob() ==
+              Approx(whole[t][prompts[i][t + 1]].item<float>()).margin(margin));
+      }
     } else {
       CHECK(result->logprobs.empty());
+      CHECK(result->prompt_logprobs.empty());
     }
     CHECK(result->time_to_first_token_seconds() > 0);
   }
