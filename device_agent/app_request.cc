@@ -1,5 +1,7 @@
 #include "device_agent/app_request.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 
@@ -56,6 +58,21 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
                    .top_k = request.sampling().top_k(),
                    .top_p = request.sampling().top_p() == 0 ? 1.0 : request.sampling().top_p(),
                    .seed = request.sampling().seed()};
+  if (request.sampling().logit_bias_size() > kMaxLogitBias) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.logit_bias: ",
+                                                   request.sampling().logit_bias_size(),
+                                                   " entries, more than ", kMaxLogitBias));
+  }
+  for (const auto& [id, bias] : request.sampling().logit_bias()) {
+    if (id >= static_cast<uint64_t>(limits.vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrCat("sampling.logit_bias: token id ", id,
+                                                     " is outside the vocabulary of ",
+                                                     limits.vocab_size));
+    }
+    plan.sampling.logit_bias.emplace_back(static_cast<int32_t>(id), bias);
+  }
+  // A map's order is the implementation's: sorted, a request's bias is the same every time.
+  std::sort(plan.sampling.logit_bias.begin(), plan.sampling.logit_bias.end());
   if (absl::Status valid = plan.sampling.Validate(); !valid.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("sampling: ", valid.message()));
   }

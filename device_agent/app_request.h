@@ -37,6 +37,8 @@ struct AppRequestPlan {
 
 // The most alternatives a token's log-probability comes with (OpenAI's limit for chat).
 inline constexpr int64_t kMaxTopLogprobs = 20;
+// The most logit_bias entries a request may carry.
+inline constexpr int64_t kMaxLogitBias = 1024;
 
 // Errors are kInvalidArgument and name the request's field.
 absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "models/tokenizers/tokenizer_utf8.h"
 
@@ -27,7 +28,7 @@ std::optional<bool> IsOffValue(std::string_view key, const Json& value) {
     return value.is_boolean() && !value.get<bool>();
   }
   if (key == "best_of") return value.is_number_integer() && value.get<int64_t>() == 1;
-  if (key == "logit_bias" || key == "metadata") return value.is_object() && value.empty();
+  if (key == "metadata") return value.is_object() && value.empty();
   if (key == "tools" || key == "functions") return value.is_array() && value.empty();
   if (key == "suffix") return value.is_string() && value.get<std::string>().empty();
   if (key == "response_format") {
@@ -248,6 +249,26 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
                                          kMaxOpenAiLogprobs));
       }
       request.logprobs = value.get<int64_t>();
+    } else if (key == "logit_bias") {
+      if (!value.is_object()) {
+        return Invalid(key, "'logit_bias' must be an object of token ids to biases");
+      }
+      if (value.size() > kMaxOpenAiLogitBias) {
+        return Invalid(key, absl::StrCat("'logit_bias' takes at most ", kMaxOpenAiLogitBias,
+                                         " tokens"));
+      }
+      for (const auto& [id_text, bias] : value.items()) {
+        int64_t id = 0;
+        if (!absl::SimpleAtoi(id_text, &id) || id < 0) {
+          return Invalid(key, absl::StrCat("'logit_bias' keys are token ids; got \"",
+                                           utf8::ToValidLossy(id_text), "\""));
+        }
+        if (!bias.is_number() || !(bias.get<double>() >= -100 && bias.get<double>() <= 100)) {
+          return Invalid(key, absl::StrCat("'logit_bias' of token ", id,
+                                           " must be a number from -100 to 100"));
+        }
+        request.logit_bias.emplace_back(id, bias.get<double>());
+      }
     } else if (key == "echo" && !chat) {
       if (!value.is_boolean()) return Invalid(key, "'echo' must be a boolean");
       request.echo = value.get<bool>();

@@ -42,6 +42,9 @@ struct OpenAiRequest {
   double temperature = 1.0;           // OpenAI's default
   double top_p = 1.0;
   std::optional<uint64_t> seed;
+  // Token id -> bias added to its logit, each in [-100, 100] ("logit_bias"; ids are checked
+  // against the vocabulary by the server).
+  std::vector<std::pair<int64_t, double>> logit_bias;
   std::vector<std::string> stop;  // at most 4, none empty
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
@@ -69,6 +72,8 @@ struct OpenAiRequest {
 // The most alternatives a token's log-probability may come with (OpenAI's chat limit, which
 // the completions endpoint here shares; OpenAI's own completions stop at 5).
 inline constexpr int64_t kMaxOpenAiLogprobs = 20;
+// The most logit_bias entries a request may carry (the agent's own limit, kMaxLogitBias).
+inline constexpr size_t kMaxOpenAiLogitBias = 1024;
 
 // `served_model`: the one model name the agent answers to (GET /v1/models lists it); any
 // other is a 404 model_not_found, as OpenAI answers.

@@ -92,6 +92,17 @@ TEST_CASE("Log-probabilities are asked for in each endpoint's own way") {
             .return_tokens_as_token_ids);
 }
 
+TEST_CASE("logit_bias maps token ids to biases") {
+  const OpenAiRequest r = ParseOk(
+      OpenAiEndpoint::kChatCompletions,
+      R"({"model": "toy", "messages": [{"role": "user", "content": "a"}],
+          "logit_bias": {"17": -100, "3": 2.5}})");
+  CHECK(r.logit_bias == std::vector<std::pair<int64_t, double>>{{17, -100.0}, {3, 2.5}});
+  CHECK(ParseOk(OpenAiEndpoint::kCompletions,
+                R"({"model": "toy", "prompt": "a", "logit_bias": {}})")
+            .logit_bias.empty());
+}
+
 TEST_CASE("echo starts a completion with its prompt; with max_tokens 0 it only scores it") {
   const auto completions = OpenAiEndpoint::kCompletions;
   const OpenAiRequest echoed =
@@ -191,6 +202,10 @@ TEST_CASE("What the endpoint would ignore is refused by name, with OpenAI's erro
       {completions, R"({"model": "toy", "prompt": "a", "return_tokens_as_token_ids": 1})",
        "return_tokens_as_token_ids"},
       {completions, R"({"model": "toy", "prompt": "a", "echo": 1})", "echo"},
+      {completions, R"({"model": "toy", "prompt": "a", "logit_bias": {"x": 1}})", "logit_bias"},
+      {completions, R"({"model": "toy", "prompt": "a", "logit_bias": {"5": 101}})", "logit_bias"},
+      {completions, R"({"model": "toy", "prompt": "a", "logit_bias": {"-5": 1}})", "logit_bias"},
+      {completions, R"({"model": "toy", "prompt": "a", "logit_bias": [5]})", "logit_bias"},
       {chat, R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "echo": true})",
        "echo"},
       {completions, R"({"model": "toy", "prompt": "a", "max_tokens": 0})", "max_tokens"},

@@ -505,6 +505,15 @@ void OpenAiServer::Route() {
       if (const auto bos = tokenizer.bos_id()) prompt.push_back(*bos);
       prompt.insert(prompt.end(), ids->begin(), ids->end());
     }
+    for (const auto& [id, bias] : request.logit_bias) {
+      if (id >= tokenizer.vocab_size()) {
+        return SendError(res, OpenAiError{.param = "logit_bias",
+                                          .message = absl::StrCat(
+                                              "logit_bias: token id ", id,
+                                              " is outside the vocabulary of ",
+                                              tokenizer.vocab_size())});
+      }
+    }
     const int64_t max_context = agent_->Info().max_context();
     const int64_t wanted = static_cast<int64_t>(prompt.size()) +
                            (request.prompt_only ? 0 : std::max<int64_t>(1, request.max_tokens));
@@ -530,6 +539,10 @@ void OpenAiServer::Route() {
     generate.mutable_sampling()->set_temperature(static_cast<float>(request.temperature));
     generate.mutable_sampling()->set_top_p(static_cast<float>(request.top_p));
     if (request.seed) generate.mutable_sampling()->set_seed(*request.seed);
+    for (const auto& [id, bias] : request.logit_bias) {
+      (*generate.mutable_sampling()->mutable_logit_bias())[static_cast<uint32_t>(id)] =
+          static_cast<float>(bias);
+    }
     generate.set_ignore_eos(request.ignore_eos);
     if (request.logprobs >= 0 || request.prompt_only) {
       generate.set_logprobs(true);

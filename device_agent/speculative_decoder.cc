@@ -72,11 +72,13 @@ absl::StatusOr<bool> SpeculativeDecoder::Extend(Run& run, int64_t limit, bool on
       continue;
     }
     if (!drafting_ || run.drafts() >= limit || !run.next_logits.defined()) return false;
-    const double confidence = at::softmax(run.next_logits, 0).max().item<double>();
+    // The request's logit_bias shapes the drafts as it shapes the target's choices.
+    const at::Tensor biased = sampler_.Biased(run.next_logits);
+    const double confidence = at::softmax(biased, 0).max().item<double>();
     if (confidence < options_.eta) return false;
     int32_t draft = 0;
     if (sampler_.params().greedy()) {
-      draft = static_cast<int32_t>(run.next_logits.argmax().item<int64_t>());
+      draft = static_cast<int32_t>(biased.argmax().item<int64_t>());
     } else {
       at::Tensor q = sampler_.Distribution(run.next_logits);
       std::mt19937_64 rng(RandomSeed(kDraftSalt, run.start + static_cast<int64_t>(run.tokens.size())));
@@ -131,7 +133,7 @@ absl::Status SpeculativeDecoder::BeginRound(int32_t token, int64_t max_drafts) {
   if (drafting_ && options_.parallel && options_.parallel_top_k > 0 && branch_limit_ >= 0 &&
       run_.next_logits.defined()) {
     const int64_t k = std::min<int64_t>(options_.parallel_top_k, run_.next_logits.size(0));
-    const at::Tensor top = std::get<1>(run_.next_logits.topk(k)).contiguous();
+    const at::Tensor top = std::get<1>(sampler_.Biased(run_.next_logits).topk(k)).contiguous();
     for (int64_t i = 0; i < k; ++i) candidates_.push_back(static_cast<int32_t>(top[i].item<int64_t>()));
     if (!candidates_.empty()) best_candidate_ = candidates_.front();
   }
@@ -191,7 +193,7 @@ absl::StatusOr<RoundOutcome> SpeculativeDecoder::FinishRound(const at::Tensor& o
   if (n == 0) {
     verdict.next_token = sampler_.Sample(logits[0]);
   } else if (sampler_.params().greedy()) {
-    verdict = VerifyGreedy(logits, drafts);
+    verdict = VerifyGreedy(sampler_.Biased(logits), drafts);
   } else {
     std::vector<at::Tensor> target(static_cast<size_t>(n + 1));
     for (int64_t i = 0; i <= n; ++i) target[i] = sampler_.Distribution(logits[i]);

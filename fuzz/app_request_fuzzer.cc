@@ -47,6 +47,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   TOPHAT_FUZZ_CHECK(static_cast<int64_t>(plan->prompt.size()) + plan->max_new_tokens <=
                     limits.context);
   TOPHAT_FUZZ_CHECK(plan->sampling.Validate().ok());
+  TOPHAT_FUZZ_CHECK(plan->top_logprobs >= -1 && plan->top_logprobs <= tophat::kMaxTopLogprobs);
+  TOPHAT_FUZZ_CHECK(!plan->prompt_logprobs || plan->top_logprobs >= 0);
+  TOPHAT_FUZZ_CHECK(!plan->prompt_only || (plan->prompt_logprobs && plan->max_new_tokens == 0));
   tophat::StreamingDetokenizer detokenizer(tokenizer);
   for (int32_t id : plan->prompt) {
     TOPHAT_FUZZ_CHECK(id >= 0 && id < limits.vocab_size);

@@ -163,6 +163,9 @@ def main():
     write(out, "app_request", "utf8.bin", field_bytes(2, "été — ü 45 \U0001F600".encode()) + field_varint(8, 1))
     write(out, "app_request", "logprobs.bin",
           field_bytes(2, b"the cat") + field_varint(12, 1) + field_varint(13, 5))
+    write(out, "app_request", "scoring.bin",
+          field_bytes(3, field_bytes(1, b"".join(varint(i) for i in (1, 258, 263, 40))))
+          + field_varint(12, 1) + field_varint(14, 1) + field_varint(15, 1))
 
     # The OpenAI endpoint's bodies: the first byte chooses the endpoint (even: chat).
     chat = {"model": "toy", "messages": [{"role": "system", "content": "be brief"},
@@ -178,6 +181,9 @@ def main():
     write(out, "openai_request", "completion.bin", b"\x01" + json.dumps(completion).encode())
     write(out, "openai_request", "ids.bin", b"\x01" + json.dumps(
         {"model": "toy", "prompt": [[1, 20, 7]], "n": 1, "echo": False}).encode())
+    write(out, "openai_request", "scoring.bin", b"\x01" + json.dumps(
+        {"model": "toy", "prompt": [1, 20, 7], "echo": True, "max_tokens": 0,
+         "logprobs": 1}).encode())
     write(out, "openai_request", "outline.bin", b"\x00" + json.dumps(
         {"model": "toy", "messages": [{"role": "user", "content": "x"}],
          "tophat_outline": {"max_points": 3}}).encode())

@@ -35,6 +35,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   TOPHAT_FUZZ_CHECK(request.max_tokens >= 0);
   TOPHAT_FUZZ_CHECK(!request.include_usage || request.stream);
   TOPHAT_FUZZ_CHECK(request.logprobs < 0 || request.outline_max_points == 0);
+  TOPHAT_FUZZ_CHECK(!request.prompt_only || request.echo);
+  TOPHAT_FUZZ_CHECK(!request.echo || request.endpoint == tophat::OpenAiEndpoint::kCompletions);
 
   std::string text = request.prompt;
   for (const tophat::ChatMessage& message : request.messages) text += message.content;

@@ -431,6 +431,31 @@ def logprobs(client, model, messages, text, stop, model_dir):
     print(f"completion logprobs from token ids, greedy and sampled: within "
           f"{worst:.1e} of transformers")
 
+    # logit_bias: the same greedy answer as transformers with the same biases (its
+    # sequence_bias), drafts and verification both biased. The bias bans the unbiased
+    # answer's first two distinct tokens and favours a third token.
+    plain_ids = [int(t.removeprefix("token_id:")) for t in client.completions.create(
+        model=model, prompt=prompt, max_tokens=12, temperature=0, logprobs=0,
+        extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True}
+    ).choices[0].logprobs.tokens]
+    banned = list(dict.fromkeys(plain_ids))[:2]
+    favoured = next(i for i in range(3, 500) if i not in plain_ids)
+    bias = {**{str(t): -100 for t in banned}, str(favoured): 4}
+    biased = client.completions.create(
+        model=model, prompt=prompt, max_tokens=12, temperature=0, logprobs=0, logit_bias=bias,
+        extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})
+    biased_ids = [int(t.removeprefix("token_id:")) for t in biased.choices[0].logprobs.tokens]
+    with torch.no_grad():
+        want = reference.generate(
+            torch.tensor([prompt]), max_new_tokens=12, do_sample=False, min_new_tokens=12,
+            sequence_bias={(int(t),): float(b) for t, b in bias.items()},
+            pad_token_id=0)[0][len(prompt):].tolist()
+    check_eq("logit_bias: the greedy answer, as transformers' with sequence_bias", biased_ids,
+             want)
+    check(not set(banned) & set(biased_ids), f"banned tokens {banned} in {biased_ids}")
+    check(biased_ids != plain_ids, "logit_bias changed nothing")
+    print(f"logit_bias: {len(bias)} tokens biased, the answer as transformers'")
+
     # Scoring, as lm-evaluation-harness asks: echo, max_tokens 0, the prompt as token ids.
     text_prompt = [1] + [(7 * i + 3) % 500 + 3 for i in range(40)]
     scored = client.completions.create(model=model, prompt=text_prompt, max_tokens=0, echo=True,

@@ -18,11 +18,39 @@ absl::Status SamplingParams::Validate() const {
   if (!(top_p > 0.0 && top_p <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", top_p));
   }
+  for (const auto& [id, bias] : logit_bias) {
+    if (id < 0) return absl::InvalidArgumentError(absl::StrCat("logit_bias: token id ", id));
+    if (!(bias >= -100 && bias <= 100)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logit_bias of token ", id, " must be in [-100, 100], got ", bias));
+    }
+  }
   return absl::OkStatus();
 }
 
+Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
+  if (params_.logit_bias.empty()) return;
+  std::vector<int64_t> ids;
+  std::vector<float> values;
+  for (const auto& [id, bias] : params_.logit_bias) {
+    ids.push_back(id);
+    values.push_back(bias);
+  }
+  bias_ids_ = at::tensor(ids, at::kLong);
+  bias_values_ = at::tensor(values, at::kFloat);
+}
+
+at::Tensor Sampler::Biased(const at::Tensor& logits) const {
+  if (params_.logit_bias.empty()) return logits;
+  at::Tensor biased = logits.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+  const at::Tensor ids = bias_ids_.to(biased.device());
+  const at::Tensor values = bias_values_.to(biased.device());
+  if (biased.dim() == 1) return biased.index_add_(0, ids, values);
+  return biased.index_add_(biased.dim() - 1, ids, values.expand({biased.size(0), values.size(0)}));
+}
+
 at::Tensor Sampler::Distribution(const at::Tensor& logits) const {
-  at::Tensor l = logits.to(at::kFloat).contiguous();
+  at::Tensor l = Biased(logits).to(at::kFloat).contiguous();
   const int64_t vocab = l.size(0);
   if (params_.greedy()) {
     at::Tensor probs = at::zeros({vocab}, l.options());
@@ -102,7 +130,7 @@ std::vector<TokenLogprob> TokenLogprobs(const at::Tensor& logits, std::span<cons
 }
 
 int32_t Sampler::Sample(const at::Tensor& logits) {
-  if (params_.greedy()) return static_cast<int32_t>(logits.argmax().item<int64_t>());
+  if (params_.greedy()) return static_cast<int32_t>(Biased(logits).argmax().item<int64_t>());
   return Draw(Distribution(logits));
 }
 

@@ -47,6 +47,29 @@ TEST_CASE("Token log-probabilities are the logits' log-softmax, with the likelie
   CHECK(TokenLogprobs(logits, tokens, 99)[1].top_ids.size() == 4);
 }
 
+TEST_CASE("logit_bias shifts every choice: greedy, the distribution, and [n, V] rows",
+          "[sampler]") {
+  const at::Tensor logits = at::tensor({3.0f, 2.0f, 1.0f, 0.0f});
+  Sampler banned({.logit_bias = {{0, -100.0f}, {3, 1.5f}}});
+  CHECK(banned.Sample(logits) == 1);  // 3 - 100 < 2 > 0 + 1.5
+  CHECK(Sampler({.logit_bias = {{3, 3.5f}}}).Sample(logits) == 3);
+  Sampler sampled({.temperature = 1.0, .logit_bias = {{0, -100.0f}}});
+  const at::Tensor p = sampled.Distribution(logits);
+  CHECK(p[0].item<float>() < 1e-30f);
+  CHECK(p[1].item<float>() / p[2].item<float>() == Approx(std::exp(1.0)).epsilon(1e-4));
+  // Rows: each gets the bias; the input is left as it was.
+  const at::Tensor rows = at::stack({logits, logits});
+  const at::Tensor biased = banned.Biased(rows);
+  CHECK(biased[1][0].item<float>() == Approx(-97.0f));
+  CHECK(biased[0][3].item<float>() == Approx(1.5f));
+  CHECK(rows[0][0].item<float>() == 3.0f);
+  // Without a bias, the same tensor.
+  CHECK(Sampler({}).Biased(rows).is_same(rows));
+  CHECK_FALSE(SamplingParams{.logit_bias = {{1, 101.0f}}}.Validate().ok());
+  CHECK_FALSE(SamplingParams{.logit_bias = {{1, std::nanf("")}}}.Validate().ok());
+  CHECK_FALSE(SamplingParams{.logit_bias = {{-1, 1.0f}}}.Validate().ok());
+}
+
 TEST_CASE("Top-k and top-p keep exactly the expected support", "[sampler]") {
   // Probabilities after softmax at T=1: roughly 0.64, 0.24, 0.09, 0.03.
   at::Tensor logits = at::tensor({3.0f, 2.0f, 1.0f, 0.0f});
