@@ -906,7 +906,9 @@ absl::Status Agent::Request::Emit(std::span<const int32_t> tokens, const at::Ten
   event.prompt_logprobs = std::move(prompt_logprobs_);  // the first event's
   prompt_logprobs_.clear();
   std::vector<TokenLogprob> logprobs;
-  if (top_logprobs_ >= 0 && !tokens.empty()) logprobs = TokenLogprobs(logits, tokens, top_logprobs_);
+  if (top_logprobs_ >= 0 && !tokens.empty()) {
+    logprobs = TokenLogprobs(logits, tokens, top_logprobs_);
+  }
   size_t taken = 0;
   for (int32_t token : tokens) {
     if (!logprobs.empty()) event.logprobs.push_back(std::move(logprobs[taken]));
