@@ -103,7 +103,7 @@ TEST_CASE("logit_bias maps token ids to biases") {
             .logit_bias.empty());
 }
 
-TEST_CASE("echo starts a completion with its prompt; with max_tokens 0 it only scores it") {
+TEST_CASE("echo starts a completion with its prompt, and with max_tokens 0 only scores it") {
   const auto completions = OpenAiEndpoint::kCompletions;
   const OpenAiRequest echoed =
       ParseOk(completions, R"({"model": "toy", "prompt": "a", "echo": true, "logprobs": 1})");
