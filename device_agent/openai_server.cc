@@ -453,6 +453,12 @@ void OpenAiServer::Route() {
     std::vector<int32_t> prompt;
     std::vector<uint32_t> stop_ids;
     std::optional<std::string> echo_text;  // with echo: the prompt as the answer starts with it
+    // A token id a field names that the tokenizer cannot decode.
+    const auto outside_vocabulary = [&tokenizer](std::string param, int64_t id) {
+      std::string message = absl::StrCat(param, ": token id ", id,
+                                         " is outside the vocabulary of ", tokenizer.vocab_size());
+      return OpenAiError{.param = std::move(param), .message = std::move(message)};
+    };
     if (endpoint == OpenAiEndpoint::kChatCompletions) {
       if (!chat_template_) {
         return SendError(res, OpenAiError{.http_status = 400,
@@ -478,23 +484,11 @@ void OpenAiServer::Route() {
         }
       }
     } else if (request.prompt_ids) {
-      if (request.echo) {
-        std::vector<int32_t> ids(request.prompt_ids->begin(), request.prompt_ids->end());
-        for (const int64_t id : *request.prompt_ids) {
-          if (id >= tokenizer.vocab_size()) ids.clear();  // refused below
-        }
-        echo_text = tokenizer.Decode(ids).value_or("");
-      }
       for (const int64_t id : *request.prompt_ids) {
-        if (id >= tokenizer.vocab_size()) {
-          return SendError(res, OpenAiError{.param = "prompt",
-                                            .message = absl::StrCat(
-                                                "prompt: token id ", id,
-                                                " is outside the vocabulary of ",
-                                                tokenizer.vocab_size())});
-        }
+        if (id >= tokenizer.vocab_size()) return SendError(res, outside_vocabulary("prompt", id));
         prompt.push_back(static_cast<int32_t>(id));
       }
+      if (request.echo) echo_text = tokenizer.Decode(prompt).value_or("");
     } else {
       if (request.echo) echo_text = request.prompt;
       auto ids = tokenizer.Encode(request.prompt);
@@ -507,11 +501,7 @@ void OpenAiServer::Route() {
     }
     for (const auto& [id, bias] : request.logit_bias) {
       if (id >= tokenizer.vocab_size()) {
-        return SendError(res, OpenAiError{.param = "logit_bias",
-                                          .message = absl::StrCat(
-                                              "logit_bias: token id ", id,
-                                              " is outside the vocabulary of ",
-                                              tokenizer.vocab_size())});
+        return SendError(res, outside_vocabulary("logit_bias", id));
       }
     }
     const int64_t max_context = agent_->Info().max_context();
