@@ -282,6 +282,7 @@ absl::Status Agent::Request::Prepare() {
   max_new_tokens_ = plan.max_new_tokens;
   max_positions_ = prompt_length_ + max_new_tokens_;
   sampler_ = std::make_unique<Sampler>(plan.sampling);
+  sampler_->SetPrompt(tokens_);
   stop_ids_ = std::move(plan.stop_ids);
   top_logprobs_ = plan.top_logprobs;
   want_prompt_logprobs_ = plan.prompt_logprobs;
@@ -640,6 +641,7 @@ absl::Status Agent::Request::Decode() {
   // The first token, from the prompt's last position.
   TOPHAT_ASSIGN_OR_RETURN(at::Tensor logits, agent_.bundle_.output->Logits(last_output_));
   const int32_t first = sampler_->Sample(logits[0]);
+  sampler_->Commit(std::span<const int32_t>(&first, 1));
   TOPHAT_RETURN_IF_ERROR(Emit(std::span<const int32_t>(&first, 1), logits));
   next_token_ = first;
   decoding_ = true;
@@ -652,6 +654,7 @@ absl::Status Agent::Request::Decode() {
       if (control.draft_steps_per_device()) decoder_->set_parallel_steps(control.draft_steps());
     }
     TOPHAT_ASSIGN_OR_RETURN(RoundOutcome outcome, rounds_->Run(next_token_, room, *this));
+    sampler_->Commit(outcome.tokens);  // before the next round drafts past them
     TOPHAT_RETURN_IF_ERROR(Emit(outcome.tokens, outcome.logits));
     next_token_ = outcome.tokens.back();
     agent_.ReportDecodeRound(epoch_, decoder_->draft_step_seconds(),

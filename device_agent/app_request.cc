@@ -57,7 +57,12 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
   plan.sampling = {.temperature = request.sampling().temperature(),
                    .top_k = request.sampling().top_k(),
                    .top_p = request.sampling().top_p() == 0 ? 1.0 : request.sampling().top_p(),
-                   .seed = request.sampling().seed()};
+                   .seed = request.sampling().seed(),
+                   .presence_penalty = request.sampling().presence_penalty(),
+                   .frequency_penalty = request.sampling().frequency_penalty(),
+                   .repetition_penalty = request.sampling().repetition_penalty() == 0
+                                             ? 1.0
+                                             : request.sampling().repetition_penalty()};
   if (request.sampling().logit_bias_size() > kMaxLogitBias) {
     return absl::InvalidArgumentError(absl::StrCat("sampling.logit_bias: ",
                                                    request.sampling().logit_bias_size(),

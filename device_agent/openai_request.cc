@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -21,9 +22,6 @@ OpenAiError Invalid(std::string param, std::string message) {
 // refused. Whether `value` is that value; nullopt for a key not among them. (null, which
 // means absent, never reaches here.)
 std::optional<bool> IsOffValue(std::string_view key, const Json& value) {
-  if (key == "frequency_penalty" || key == "presence_penalty") {
-    return value.is_number() && value.get<double>() == 0.0;
-  }
   if (key == "echo" || key == "store") {
     return value.is_boolean() && !value.get<bool>();
   }
@@ -183,6 +181,24 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
         return Invalid(key, "'top_p' must be a number above 0 and at most 1");
       }
       request.top_p = value.get<double>();
+    } else if (key == "presence_penalty" || key == "frequency_penalty") {
+      if (!value.is_number() || !(value.get<double>() >= -2 && value.get<double>() <= 2)) {
+        return Invalid(key, absl::StrCat("'", key, "' must be a number from -2 to 2"));
+      }
+      (key == "presence_penalty" ? request.presence_penalty : request.frequency_penalty) =
+          value.get<double>();
+    } else if (key == "repetition_penalty") {
+      if (!value.is_number() || !(value.get<double>() > 0 && value.get<double>() <= 100)) {
+        return Invalid(key, "'repetition_penalty' must be a number above 0 and at most 100 "
+                            "(1: off)");
+      }
+      request.repetition_penalty = value.get<double>();
+    } else if (key == "top_k") {
+      if (!value.is_number_integer() || value.get<int64_t>() < -1 ||
+          value.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+        return Invalid(key, "'top_k' must be an integer, at least 1 (0 or -1: off)");
+      }
+      request.top_k = std::max<int64_t>(0, value.get<int64_t>());
     } else if (key == "seed") {
       if (!value.is_number_integer()) return Invalid(key, "'seed' must be an integer");
       request.seed = static_cast<uint64_t>(value.get<int64_t>());

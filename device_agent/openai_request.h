@@ -42,6 +42,13 @@ struct OpenAiRequest {
   double temperature = 1.0;           // OpenAI's default
   double top_p = 1.0;
   std::optional<uint64_t> seed;
+  // Penalties on repetition (SamplingParams): OpenAI's presence_penalty and
+  // frequency_penalty, in [-2, 2], and vLLM's repetition_penalty (> 0; 1: off).
+  double presence_penalty = 0.0;
+  double frequency_penalty = 0.0;
+  double repetition_penalty = 1.0;
+  // vLLM's top_k: the k likeliest tokens only; 0 (or -1, vLLM's "off"): all.
+  int64_t top_k = 0;
   // Token id -> bias added to its logit, each in [-100, 100] ("logit_bias"; ids are checked
   // against the vocabulary by the server).
   std::vector<std::pair<int64_t, double>> logit_bias;

@@ -42,6 +42,20 @@ TEST_CASE("A chat request's honoured fields are read") {
   CHECK(r.stop == std::vector<std::string>{"\n", "mat"});
   CHECK(r.stream);
   CHECK(r.include_usage);
+  CHECK(r.frequency_penalty == 0);
+  CHECK(r.repetition_penalty == 1);
+  CHECK(r.top_k == 0);
+  // Penalties (OpenAI's two, vLLM's repetition_penalty) and vLLM's top_k.
+  const OpenAiRequest penalized = ParseOk(OpenAiEndpoint::kChatCompletions, R"({
+      "model": "toy", "messages": [{"role": "user", "content": "a"}],
+      "presence_penalty": -0.5, "frequency_penalty": 1.25, "repetition_penalty": 1.1,
+      "top_k": 40})");
+  CHECK(penalized.presence_penalty == -0.5);
+  CHECK(penalized.frequency_penalty == 1.25);
+  CHECK(penalized.repetition_penalty == 1.1);
+  CHECK(penalized.top_k == 40);
+  CHECK(ParseOk(OpenAiEndpoint::kCompletions, R"({"model": "toy", "prompt": "a", "top_k": -1})")
+            .top_k == 0);
 
   const OpenAiRequest c =
       ParseOk(OpenAiEndpoint::kCompletions, R"({"model": "toy", "prompt": ["the cat"]})");
@@ -162,8 +176,14 @@ TEST_CASE("What the endpoint would ignore is refused by name, with OpenAI's erro
        "messages[0].name"},
       {chat, R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "n": 2})", "n"},
       {chat,
-       R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "presence_penalty": 1})",
+       R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "presence_penalty": 2.5})",
        "presence_penalty"},
+      {chat,
+       R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "frequency_penalty": "1"})",
+       "frequency_penalty"},
+      {chat,
+       R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "repetition_penalty": 0})",
+       "repetition_penalty"},
       {chat,
        R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "logprobs": 2})",
        "logprobs"},
@@ -191,7 +211,10 @@ TEST_CASE("What the endpoint would ignore is refused by name, with OpenAI's erro
        R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "stream_options": {"include_usage": true}})",
        "stream_options"},
       {chat,
-       R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "top_k": 5})",
+       R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "top_k": 1.5})",
+       "top_k"},
+      {chat,
+       R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "top_k": -2})",
        "top_k"},
       {completions, R"({"model": "toy", "prompt": [1, -2, 3]})", "prompt"},
       {completions, R"({"model": "toy", "prompt": []})", "prompt"},

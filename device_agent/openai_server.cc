@@ -529,6 +529,12 @@ void OpenAiServer::Route() {
     generate.mutable_sampling()->set_temperature(static_cast<float>(request.temperature));
     generate.mutable_sampling()->set_top_p(static_cast<float>(request.top_p));
     if (request.seed) generate.mutable_sampling()->set_seed(*request.seed);
+    generate.mutable_sampling()->set_top_k(static_cast<uint32_t>(request.top_k));
+    generate.mutable_sampling()->set_presence_penalty(static_cast<float>(request.presence_penalty));
+    generate.mutable_sampling()->set_frequency_penalty(
+        static_cast<float>(request.frequency_penalty));
+    generate.mutable_sampling()->set_repetition_penalty(
+        static_cast<float>(request.repetition_penalty));
     for (const auto& [id, bias] : request.logit_bias) {
       (*generate.mutable_sampling()->mutable_logit_bias())[static_cast<uint32_t>(id)] =
           static_cast<float>(bias);

@@ -62,6 +62,14 @@ absl::Status SpeculativeDecoder::Step(Run& run) {
   return absl::OkStatus();
 }
 
+std::vector<int32_t> SpeculativeDecoder::Pending(const Run& run) const {
+  if (!sampler_.params().penalized()) return {};
+  std::vector<int32_t> pending = run.pending_before;
+  pending.insert(pending.end(), run.tokens.begin() + (run.first_committed ? 1 : 0),
+                 run.tokens.end());
+  return pending;
+}
+
 absl::StatusOr<bool> SpeculativeDecoder::Extend(Run& run, int64_t limit, bool one_step) {
   bool stepped = false;
   while (true) {
@@ -72,15 +80,17 @@ absl::StatusOr<bool> SpeculativeDecoder::Extend(Run& run, int64_t limit, bool on
       continue;
     }
     if (!drafting_ || run.drafts() >= limit || !run.next_logits.defined()) return false;
-    // The request's logit_bias shapes the drafts as it shapes the target's choices.
-    const at::Tensor biased = sampler_.Biased(run.next_logits);
+    // The request's logit_bias and penalties shape the drafts as they shape the target's
+    // choices.
+    const std::vector<int32_t> pending = Pending(run);
+    const at::Tensor biased = sampler_.Adjusted(run.next_logits, pending);
     const double confidence = at::softmax(biased, 0).max().item<double>();
     if (confidence < options_.eta) return false;
     int32_t draft = 0;
     if (sampler_.params().greedy()) {
       draft = static_cast<int32_t>(biased.argmax().item<int64_t>());
     } else {
-      at::Tensor q = sampler_.Distribution(run.next_logits);
+      at::Tensor q = sampler_.Distribution(run.next_logits, pending);
       std::mt19937_64 rng(RandomSeed(kDraftSalt, run.start + static_cast<int64_t>(run.tokens.size())));
       draft = DrawIndex(q, rng);
       run.draft_probs.push_back(std::move(q));
@@ -104,6 +114,8 @@ absl::Status SpeculativeDecoder::BeginRound(int32_t token, int64_t max_drafts) {
   // After a hit the caches already hold the branch's rows past its start.
   if (next_run_ && next_run_->tokens[0] == token) {
     run_ = std::move(*next_run_);
+    run_.first_committed = true;  // the caller committed the verification's tokens
+    run_.pending_before.clear();
     run_from_parallel_ = true;
   } else {
     if (next_run_) TOPHAT_RETURN_IF_ERROR(TruncateDrafterCaches(next_run_->start));
@@ -133,7 +145,8 @@ absl::Status SpeculativeDecoder::BeginRound(int32_t token, int64_t max_drafts) {
   if (drafting_ && options_.parallel && options_.parallel_top_k > 0 && branch_limit_ >= 0 &&
       run_.next_logits.defined()) {
     const int64_t k = std::min<int64_t>(options_.parallel_top_k, run_.next_logits.size(0));
-    const at::Tensor top = std::get<1>(sampler_.Biased(run_.next_logits).topk(k)).contiguous();
+    const at::Tensor top =
+        std::get<1>(sampler_.Adjusted(run_.next_logits, Pending(run_)).topk(k)).contiguous();
     for (int64_t i = 0; i < k; ++i) candidates_.push_back(static_cast<int32_t>(top[i].item<int64_t>()));
     if (!candidates_.empty()) best_candidate_ = candidates_.front();
   }
@@ -157,6 +170,8 @@ absl::StatusOr<bool> SpeculativeDecoder::DraftAheadStep() {
   if (!branch_) {
     if (candidates_.empty()) return false;
     branch_ = Run{.start = branch_start_, .tokens = {candidates_.front()}};
+    branch_->first_committed = false;
+    if (sampler_.params().penalized()) branch_->pending_before = Pending(run_);
     candidates_.erase(candidates_.begin());
     drafted_ahead_ = true;
   }
@@ -193,10 +208,12 @@ absl::StatusOr<RoundOutcome> SpeculativeDecoder::FinishRound(const at::Tensor& o
   if (n == 0) {
     verdict.next_token = sampler_.Sample(logits[0]);
   } else if (sampler_.params().greedy()) {
-    verdict = VerifyGreedy(sampler_.Biased(logits), drafts);
+    verdict = VerifyGreedy(sampler_.AdjustedRows(logits, drafts), drafts);
   } else {
     std::vector<at::Tensor> target(static_cast<size_t>(n + 1));
-    for (int64_t i = 0; i <= n; ++i) target[i] = sampler_.Distribution(logits[i]);
+    for (int64_t i = 0; i <= n; ++i) {
+      target[i] = sampler_.Distribution(logits[i], drafts.first(static_cast<size_t>(i)));
+    }
     std::mt19937_64 rng(RandomSeed(kVerifySalt, run_.start));
     verdict = VerifySpeculativeSampling(at::stack(target), at::stack(run_.draft_probs), drafts,
                                         rng);

@@ -27,6 +27,10 @@
 // the cloud's KV and drops the branch's results. The branch is the same either way, so the
 // output is too.
 //
+// Penalties on repetition (SamplingParams) count the drafts before a position as generated:
+// a draft, its verification row and plain decoding see the same history, so speculative
+// decoding stays exact with them.
+//
 // Sampled requests are reproducible for a seed: every random draw is keyed by the request's
 // seed and the position it decides, so a draft made ahead equals the one drafting would
 // have made, and timing never shows in the output.
@@ -142,10 +146,17 @@ class SpeculativeDecoder {
     at::Tensor next_logits;           // drafter logits after the last processed token
     at::Tensor input_rows;            // exported K/V rows (a finished branch)
     at::Tensor adapter_rows;
+    // Penalties count the tokens before a position (Sampler): a round's x0 is committed when
+    // it begins, a branch's candidate is not, and the round's drafts come before it.
+    bool first_committed = true;
+    std::vector<int32_t> pending_before;  // a branch's: the round's drafts
     int64_t drafts() const { return static_cast<int64_t>(tokens.size()) - 1; }
     int64_t processed() const { return static_cast<int64_t>(shallow.size()); }
   };
 
+  // The tokens between the committed history and run's next draft (empty without penalties,
+  // which alone look at them).
+  std::vector<int32_t> Pending(const Run& run) const;
   // Runs run.tokens[processed] through the input submodel (and Λ + head when drafting).
   absl::Status Step(Run& run);
   // Processes pending tokens, then drafts until eta, `limit` drafts, or (`one_step`) one

@@ -147,21 +147,112 @@ struct Session {
   const Split& split;
 };
 
-// Plain greedy decoding with the monolithic model; also returns each step's top-2 margin.
+// Plain greedy decoding with the monolithic model, with `penalties`' presence, frequency and
+// repetition penalties written out here (vLLM's formulas) rather than taken from Sampler;
+// also returns each step's top-2 margin after them.
 std::vector<int32_t> ReferenceGreedy(const Submodel& full, const std::vector<int64_t>& prompt,
-                                     int64_t count, std::vector<double>* margins) {
+                                     int64_t count, const SamplingParams& penalties,
+                                     std::vector<double>* margins) {
   KvCache cache = full.NewCache(static_cast<int64_t>(prompt.size()) + count + 1);
   at::Tensor hidden = *full.Forward(*full.Embed(at::tensor(prompt)), cache);
   std::vector<int32_t> out;
+  std::map<int64_t, int64_t> generated;  // token -> times
   for (int64_t i = 0; i < count; ++i) {
-    at::Tensor logits = (*full.Logits(hidden.narrow(0, hidden.size(0) - 1, 1)))[0];
+    at::Tensor logits = (*full.Logits(hidden.narrow(0, hidden.size(0) - 1, 1)))[0].clone();
+    for (int64_t token = 0; token < logits.size(0); ++token) {
+      const bool in_prompt = std::find(prompt.begin(), prompt.end(), token) != prompt.end();
+      const int64_t times = generated.count(token) ? generated.at(token) : 0;
+      double value = logits[token].item<double>();
+      if (in_prompt || times > 0) {
+        value = value > 0 ? value / penalties.repetition_penalty
+                          : value * penalties.repetition_penalty;
+      }
+      if (times > 0) {
+        value -= penalties.frequency_penalty * static_cast<double>(times) +
+                 penalties.presence_penalty;
+      }
+      logits[token] = value;
+    }
     auto top = logits.topk(2);
     margins->push_back((std::get<0>(top)[0] - std::get<0>(top)[1]).item<double>());
     const auto token = static_cast<int32_t>(logits.argmax().item<int64_t>());
     out.push_back(token);
+    ++generated[token];
     hidden = *full.Forward(*full.Embed(at::full({1}, token, at::kLong)), cache);
   }
   return out;
+}
+
+// Counts of what a speculative decode exercised.
+struct DecodeCounts {
+  int64_t drafted = 0, accepted = 0, hits = 0, rounds = 0, rejections = 0, reused = 0;
+  int64_t ahead_kept = 0;
+};
+
+// Greedy speculative decoding of `new_tokens` tokens after `prompt` in `session`, checking
+// every round's KV lengths; the sampler is told of each round's tokens, as the agent does.
+std::vector<int32_t> DecodeGreedy(Session& session, const std::vector<int64_t>& prompt,
+                                  int64_t new_tokens, bool parallel, int64_t max_draft,
+                                  DecodeCounts& counts) {
+  session.sampler.SetPrompt(std::vector<int32_t>(prompt.begin(), prompt.end()));
+  std::vector<int32_t> generated = {session.sampler.Sample(session.Prefill(prompt))};
+  session.sampler.Commit(generated);
+  while (static_cast<int64_t>(generated.size()) < new_tokens) {
+    const int64_t room = new_tokens - static_cast<int64_t>(generated.size()) - 1;
+    const int64_t start = static_cast<int64_t>(prompt.size() + generated.size()) - 1;
+    const RoundOutcome outcome = session.Round(generated.back(), room, parallel);
+    session.sampler.Commit(outcome.tokens);
+    ++counts.rounds;
+    counts.drafted += outcome.drafted;
+    counts.accepted += outcome.accepted;
+    counts.rejections += outcome.accepted < outcome.drafted;
+    counts.hits += outcome.parallel_hit;
+    CHECK(outcome.drafted <= std::min<int64_t>(room, max_draft));
+    CHECK(outcome.length == start + outcome.accepted + 1);
+    CHECK(outcome.input_kv_length == outcome.length);
+    CHECK(outcome.adapter_kv_length == outcome.length);
+    CHECK(outcome.output_kv_length == outcome.length);
+    // A parallel hit already holds the next round's rows past the accepted length.
+    CHECK(session.input_cache.length() >= outcome.length);
+    CHECK(session.adapter_cache.length() == session.input_cache.length());
+    if (!outcome.parallel_hit) CHECK(session.input_cache.length() == outcome.length);
+    CHECK(session.output_cache.length() == outcome.length);
+    CHECK(session.middle_cache.length() == outcome.length);
+    generated.insert(generated.end(), outcome.tokens.begin(), outcome.tokens.end());
+  }
+  counts.reused += session.reused;
+  counts.ahead_kept += session.ahead_kept;
+  generated.resize(new_tokens);
+  return generated;
+}
+
+// Checks `generated` against `reference` up to where a near tie (top-2 margin under 1e-3)
+// may part them: batched verification and one-row decoding round differently.
+void CheckAgainstReference(const std::vector<int32_t>& generated,
+                           const std::vector<int32_t>& reference,
+                           const std::vector<double>& margins) {
+  REQUIRE(generated.size() == reference.size());
+  for (size_t i = 0; i < generated.size(); ++i) {
+    if (generated[i] == reference[i]) continue;
+    INFO("token " << i << ": " << generated[i] << " vs " << reference[i]);
+    CHECK(margins[i] < 1e-3);
+    break;
+  }
+}
+
+// The counts show that every path ran: drafts kept and rejected, parallel hits, rounds
+// begun from a branch drafted ahead, and best branches that were the next round.
+void CheckEveryPath(const DecodeCounts& c) {
+  INFO("rounds " << c.rounds << " drafted " << c.drafted << " accepted " << c.accepted
+                 << " rejections " << c.rejections << " hits " << c.hits);
+  CHECK(c.accepted > 0);
+  CHECK(c.rejections > 0);
+  CHECK(c.hits > 0);
+  CHECK(c.reused > 0);
+  CHECK(c.reused <= c.hits);
+  CHECK(c.ahead_kept > 0);
+  CHECK(c.ahead_kept <= c.reused);
+  CHECK(c.drafted > c.rounds);
 }
 
 TEST_CASE("Speculative greedy decoding emits exactly plain greedy decoding and rolls every "
@@ -169,8 +260,7 @@ TEST_CASE("Speculative greedy decoding emits exactly plain greedy decoding and r
           "[speculative]") {
   c10::InferenceMode inference;
   auto split = MakeSplit(/*vocab=*/64, /*logit_scale=*/25.0, /*adapter_noise=*/0.04, 5);
-  int64_t drafted = 0, accepted = 0, hits = 0, rounds = 0, rejections = 0, reused = 0;
-  int64_t ahead_kept = 0;
+  DecodeCounts counts;
   for (const bool parallel : {false, true}) {
     for (int p = 0; p < 6; ++p) {
       INFO("parallel " << parallel << " prompt " << p);
@@ -180,57 +270,46 @@ TEST_CASE("Speculative greedy decoding emits exactly plain greedy decoding and r
       SpeculativeOptions options{.eta = 1e-6, .max_draft = 4 + p % 3, .parallel = parallel,
                                  .parallel_top_k = 3, .parallel_steps = 3};
       Session session(*split, options, SamplingParams{}, 128);
-      std::vector<int32_t> generated = {
-          static_cast<int32_t>(session.Prefill(prompt).argmax().item<int64_t>())};
-      while (static_cast<int64_t>(generated.size()) < new_tokens) {
-        const int64_t room = new_tokens - static_cast<int64_t>(generated.size()) - 1;
-        const int64_t start = static_cast<int64_t>(prompt.size() + generated.size()) - 1;
-        const RoundOutcome outcome = session.Round(generated.back(), room, parallel);
-        ++rounds;
-        drafted += outcome.drafted;
-        accepted += outcome.accepted;
-        rejections += outcome.accepted < outcome.drafted;
-        hits += outcome.parallel_hit;
-        CHECK(outcome.drafted <= std::min<int64_t>(room, options.max_draft));
-        CHECK(outcome.length == start + outcome.accepted + 1);
-        CHECK(outcome.input_kv_length == outcome.length);
-        CHECK(outcome.adapter_kv_length == outcome.length);
-        CHECK(outcome.output_kv_length == outcome.length);
-        // A parallel hit already holds the next round's rows past the accepted length.
-        CHECK(session.input_cache.length() >= outcome.length);
-        CHECK(session.adapter_cache.length() == session.input_cache.length());
-        if (!outcome.parallel_hit) CHECK(session.input_cache.length() == outcome.length);
-        CHECK(session.output_cache.length() == outcome.length);
-        CHECK(session.middle_cache.length() == outcome.length);
-        generated.insert(generated.end(), outcome.tokens.begin(), outcome.tokens.end());
-      }
-      reused += session.reused;
-      ahead_kept += session.ahead_kept;
-      generated.resize(new_tokens);
+      const std::vector<int32_t> generated =
+          DecodeGreedy(session, prompt, new_tokens, parallel, options.max_draft, counts);
       std::vector<double> margins;
-      const std::vector<int32_t> reference =
-          ReferenceGreedy(*split->full, prompt, new_tokens, &margins);
-      for (int64_t i = 0; i < new_tokens; ++i) {
-        if (generated[i] == reference[i]) continue;
-        // Batched verification and one-row decoding round differently; only a near-tie may
-        // flip, and the sequences part ways there.
-        INFO("token " << i << ": " << generated[i] << " vs " << reference[i]);
-        CHECK(margins[i] < 1e-3);
-        break;
-      }
+      CheckAgainstReference(generated,
+                            ReferenceGreedy(*split->full, prompt, new_tokens, {}, &margins),
+                            margins);
     }
   }
-  // The cases above must have exercised every path.
-  INFO("rounds " << rounds << " drafted " << drafted << " accepted " << accepted
-                 << " rejections " << rejections << " hits " << hits);
-  CHECK(accepted > 0);
-  CHECK(rejections > 0);
-  CHECK(hits > 0);
-  CHECK(reused > 0);
-  CHECK(reused <= hits);
-  CHECK(ahead_kept > 0);
-  CHECK(ahead_kept <= reused);
-  CHECK(drafted > rounds);
+  CheckEveryPath(counts);
+}
+
+TEST_CASE("With penalties on repetition, speculative greedy decoding is still plain greedy "
+          "decoding with them",
+          "[speculative]") {
+  c10::InferenceMode inference;
+  auto split = MakeSplit(/*vocab=*/64, /*logit_scale=*/25.0, /*adapter_noise=*/0.04, 5);
+  // Strong enough to change what is generated (checked below), so that a verification row
+  // penalised for the wrong history would show.
+  const SamplingParams penalties{
+      .presence_penalty = 1.5, .frequency_penalty = 1.0, .repetition_penalty = 1.5};
+  DecodeCounts counts;
+  int64_t changed = 0;
+  for (int p = 0; p < 6; ++p) {
+    INFO("prompt " << p);
+    std::vector<int64_t> prompt;
+    for (int i = 0; i < 5 + p; ++i) prompt.push_back((p * 7 + i * 13) % 64);
+    const int64_t new_tokens = 40;
+    SpeculativeOptions options{.eta = 1e-6, .max_draft = 4 + p % 3, .parallel = true,
+                               .parallel_top_k = 3, .parallel_steps = 3};
+    Session session(*split, options, penalties, 128);
+    const std::vector<int32_t> generated =
+        DecodeGreedy(session, prompt, new_tokens, /*parallel=*/true, options.max_draft, counts);
+    std::vector<double> margins, plain_margins;
+    const std::vector<int32_t> reference =
+        ReferenceGreedy(*split->full, prompt, new_tokens, penalties, &margins);
+    CheckAgainstReference(generated, reference, margins);
+    changed += reference != ReferenceGreedy(*split->full, prompt, new_tokens, {}, &plain_margins);
+  }
+  CHECK(changed == 6);
+  CheckEveryPath(counts);
 }
 
 // How many drafts a greedy drafter makes after `tokens` (the round's first token last) before
@@ -486,7 +565,7 @@ TEST_CASE("Runs sent ahead of their verification change no token, are kept or ca
     auto split = MakeSplit(/*vocab=*/64, /*logit_scale=*/25.0, /*adapter_noise=*/0.04, 5);
     std::vector<double> margins;
     const std::vector<int32_t> reference =
-        ReferenceGreedy(*split->full, prompt, new_tokens, &margins);
+        ReferenceGreedy(*split->full, prompt, new_tokens, {}, &margins);
     const PipelinedRun run = DecodeWithRunsAhead(*split, prompt, new_tokens, 0.5);
     for (int64_t i = 0; i < new_tokens; ++i) {
       if (run.tokens[i] == reference[i]) continue;

@@ -69,6 +69,7 @@ absl::StatusOr<GenerationResult> PipelineGenerator::Generate(const std::vector<i
   Reset();
   GenerationResult result;
   Sampler sampler(options.sampling);
+  sampler.SetPrompt(prompt);
   using Clock = std::chrono::steady_clock;
 
   const auto prefill_start = Clock::now();
@@ -89,6 +90,7 @@ absl::StatusOr<GenerationResult> PipelineGenerator::Generate(const std::vector<i
       TOPHAT_ASSIGN_OR_RETURN(logits, Step({result.tokens.back()}));
     }
     const int32_t token = sampler.Sample(logits[logits.size(0) - 1]);
+    sampler.Commit(std::span<const int32_t>(&token, 1));
     result.tokens.push_back(token);
     if (on_token && !on_token(token)) {
       result.finish_reason = FinishReason::kCancelled;

@@ -25,6 +25,18 @@ absl::Status SamplingParams::Validate() const {
           absl::StrCat("logit_bias of token ", id, " must be in [-100, 100], got ", bias));
     }
   }
+  if (!(presence_penalty >= -2 && presence_penalty <= 2)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("presence_penalty must be in [-2, 2] (0: off), got ", presence_penalty));
+  }
+  if (!(frequency_penalty >= -2 && frequency_penalty <= 2)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("frequency_penalty must be in [-2, 2] (0: off), got ", frequency_penalty));
+  }
+  if (!(repetition_penalty > 0 && std::isfinite(repetition_penalty))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "repetition_penalty must be finite and > 0 (1: off), got ", repetition_penalty));
+  }
   return absl::OkStatus();
 }
 
@@ -40,6 +52,66 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
   bias_values_ = at::tensor(values, at::kFloat);
 }
 
+void Sampler::SetPrompt(std::span<const int32_t> prompt) {
+  if (params_.repetition_penalty == 1.0) return;
+  prompt_tokens_.assign(prompt.begin(), prompt.end());
+  std::sort(prompt_tokens_.begin(), prompt_tokens_.end());
+  prompt_tokens_.erase(std::unique(prompt_tokens_.begin(), prompt_tokens_.end()),
+                       prompt_tokens_.end());
+}
+
+void Sampler::Commit(std::span<const int32_t> tokens) {
+  if (!params_.penalized()) return;
+  for (const int32_t token : tokens) ++generated_counts_[token];
+}
+
+at::Tensor Sampler::Adjusted(const at::Tensor& logits, std::span<const int32_t> pending) const {
+  if (!params_.penalized()) return Biased(logits);
+  at::Tensor biased = Biased(logits);
+  at::Tensor row = biased.is_same(logits)
+                       ? logits.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true)
+                       : biased;
+  // The tokens the penalties touch, with how often each was generated (0: only in the
+  // prompt). A few hundred at most against a vocabulary of 10^5: they are gathered, changed
+  // on the host and scattered back, rather than the whole row changed on its device.
+  absl::flat_hash_map<int32_t, int64_t> counts = generated_counts_;
+  for (const int32_t token : pending) ++counts[token];
+  for (const int32_t token : prompt_tokens_) counts.try_emplace(token, 0);
+  if (counts.empty()) return row;
+  std::vector<int64_t> ids;
+  ids.reserve(counts.size());
+  for (const auto& [token, count] : counts) ids.push_back(token);
+  const int64_t vocab = row.size(0);
+  std::erase_if(ids, [vocab](int64_t id) { return id < 0 || id >= vocab; });
+  if (ids.empty()) return row;
+  const at::Tensor index = at::tensor(ids, at::kLong).to(row.device());
+  at::Tensor values = row.index_select(0, index).to(at::kCPU).contiguous();
+  float* value = values.data_ptr<float>();
+  const bool repetition = params_.repetition_penalty != 1.0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int64_t count = counts.at(static_cast<int32_t>(ids[i]));
+    double v = value[i];
+    // Every counted token was seen (in the prompt or generated), as repetition_penalty asks.
+    if (repetition) v = v > 0 ? v / params_.repetition_penalty : v * params_.repetition_penalty;
+    if (count > 0) {
+      v -= params_.frequency_penalty * static_cast<double>(count) + params_.presence_penalty;
+    }
+    value[i] = static_cast<float>(v);
+  }
+  return row.index_copy_(0, index, values.to(row.device()));
+}
+
+at::Tensor Sampler::AdjustedRows(const at::Tensor& logits, std::span<const int32_t> drafts) const {
+  if (!params_.penalized()) return Biased(logits);
+  std::vector<at::Tensor> rows;
+  rows.reserve(static_cast<size_t>(logits.size(0)));
+  for (int64_t i = 0; i < logits.size(0); ++i) {
+    rows.push_back(Adjusted(logits[i], drafts.first(std::min<size_t>(
+                                           static_cast<size_t>(i), drafts.size()))));
+  }
+  return at::stack(rows);
+}
+
 at::Tensor Sampler::Biased(const at::Tensor& logits) const {
   if (params_.logit_bias.empty()) return logits;
   at::Tensor biased = logits.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
@@ -49,8 +121,9 @@ at::Tensor Sampler::Biased(const at::Tensor& logits) const {
   return biased.index_add_(biased.dim() - 1, ids, values.expand({biased.size(0), values.size(0)}));
 }
 
-at::Tensor Sampler::Distribution(const at::Tensor& logits) const {
-  at::Tensor l = Biased(logits).to(at::kFloat).contiguous();
+at::Tensor Sampler::Distribution(const at::Tensor& logits,
+                                 std::span<const int32_t> pending) const {
+  at::Tensor l = Adjusted(logits, pending).to(at::kFloat).contiguous();
   const int64_t vocab = l.size(0);
   if (params_.greedy()) {
     at::Tensor probs = at::zeros({vocab}, l.options());
@@ -129,9 +202,11 @@ std::vector<TokenLogprob> TokenLogprobs(const at::Tensor& logits, std::span<cons
   return out;
 }
 
-int32_t Sampler::Sample(const at::Tensor& logits) {
-  if (params_.greedy()) return static_cast<int32_t>(Biased(logits).argmax().item<int64_t>());
-  return Draw(Distribution(logits));
+int32_t Sampler::Sample(const at::Tensor& logits, std::span<const int32_t> pending) {
+  if (params_.greedy()) {
+    return static_cast<int32_t>(Adjusted(logits, pending).argmax().item<int64_t>());
+  }
+  return Draw(Distribution(logits, pending));
 }
 
 }  // namespace tophat

@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 
 namespace tophat {
@@ -22,9 +23,20 @@ struct SamplingParams {
   // [-100, 100]: -100 bans a token, 100 all but forces it). The ids are the caller's to check
   // against the vocabulary.
   std::vector<std::pair<int32_t, float>> logit_bias;
+  // Penalties on repetition, as OpenAI's and vLLM's servers apply them: each logit of a
+  // token generated c > 0 times so far loses frequency_penalty * c + presence_penalty
+  // (each in [-2, 2]; 0 is off), and a token in the prompt or generated so far has its logit
+  // divided by repetition_penalty when positive, multiplied when not (> 0; 1 is off;
+  // Hugging Face's and vLLM's repetition_penalty). Applied after logit_bias.
+  double presence_penalty = 0.0;
+  double frequency_penalty = 0.0;
+  double repetition_penalty = 1.0;
 
   absl::Status Validate() const;
   bool greedy() const { return temperature <= 0.0; }
+  bool penalized() const {
+    return presence_penalty != 0.0 || frequency_penalty != 0.0 || repetition_penalty != 1.0;
+  }
 };
 
 // Draws an index from a [V] probability vector (not necessarily normalised) with `rng`.
@@ -44,21 +56,33 @@ struct TokenLogprob {
 std::vector<TokenLogprob> TokenLogprobs(const at::Tensor& logits, std::span<const int32_t> tokens,
                                         int64_t top);
 
+// Token choice for one request. With penalties it keeps what they count: the prompt
+// (SetPrompt) and the tokens generated so far (Commit). A choice at a position past tokens
+// not yet committed (the drafts before it in a speculative round) names them as `pending`,
+// so that a draft, its verification and plain decoding all see the same history.
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
 
+  // The prompt, which repetition_penalty counts as seen. Only kept when it applies.
+  void SetPrompt(std::span<const int32_t> prompt);
+  // Tokens generated (emitted) since the last Commit, in order.
+  void Commit(std::span<const int32_t> tokens);
+
   // logits: [V] float32, the model's. Greedy takes the lowest index among equal maxima of
-  // the biased logits.
-  int32_t Sample(const at::Tensor& logits);
+  // the adjusted logits.
+  int32_t Sample(const at::Tensor& logits, std::span<const int32_t> pending = {});
 
-  // The distribution Sample() draws from, [V] float32 summing to 1: softmax(biased logits /
+  // The distribution Sample() draws from, [V] float32 summing to 1: softmax(adjusted logits /
   // T) restricted to the top-k and top-p set and renormalised. Speculative sampling needs it.
-  at::Tensor Distribution(const at::Tensor& logits) const;
+  at::Tensor Distribution(const at::Tensor& logits, std::span<const int32_t> pending = {}) const;
 
-  // The logits with logit_bias added ([V] or [n, V], the vocabulary last): what greedy
-  // choices compare. The same tensor, not a copy, without a bias.
-  at::Tensor Biased(const at::Tensor& logits) const;
+  // The logits a choice compares, [V]: logit_bias added, then the penalties for the committed
+  // tokens followed by `pending`. The same tensor, not a copy, when neither applies.
+  at::Tensor Adjusted(const at::Tensor& logits, std::span<const int32_t> pending = {}) const;
+  // A verification's rows, [n, V]: row i as Adjusted(logits[i], drafts[0, i)), the drafts
+  // before the position it decides (drafts may be longer than n - 1).
+  at::Tensor AdjustedRows(const at::Tensor& logits, std::span<const int32_t> drafts) const;
 
   // Draws an index from a [V] probability vector with this sampler's generator.
   int32_t Draw(const at::Tensor& probs);
@@ -66,11 +90,18 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
 
  private:
+  // logits + logit_bias, [V] or [n, V]; the same tensor without a bias.
+  at::Tensor Biased(const at::Tensor& logits) const;
+
   SamplingParams params_;
   std::mt19937_64 rng_;
   // logit_bias as tensors, for one index_add.
   at::Tensor bias_ids_;     // [k] int64
   at::Tensor bias_values_;  // [k] float32
+  // What the penalties count (empty without them): times each token was generated, and the
+  // prompt's distinct tokens (with repetition_penalty only).
+  absl::flat_hash_map<int32_t, int64_t> generated_counts_;
+  std::vector<int32_t> prompt_tokens_;  // sorted, unique
 };
 
 }  // namespace tophat

@@ -59,15 +59,64 @@ TEST_CASE("logit_bias shifts every choice: greedy, the distribution, and [n, V] 
   CHECK(p[1].item<float>() / p[2].item<float>() == Approx(std::exp(1.0)).epsilon(1e-4));
   // Rows: each gets the bias; the input is left as it was.
   const at::Tensor rows = at::stack({logits, logits});
-  const at::Tensor biased = banned.Biased(rows);
+  const at::Tensor biased = banned.AdjustedRows(rows, {});
   CHECK(biased[1][0].item<float>() == Approx(-97.0f));
   CHECK(biased[0][3].item<float>() == Approx(1.5f));
   CHECK(rows[0][0].item<float>() == 3.0f);
   // Without a bias, the same tensor.
-  CHECK(Sampler({}).Biased(rows).is_same(rows));
+  CHECK(Sampler({}).AdjustedRows(rows, {}).is_same(rows));
   CHECK_FALSE(SamplingParams{.logit_bias = {{1, 101.0f}}}.Validate().ok());
   CHECK_FALSE(SamplingParams{.logit_bias = {{1, std::nanf("")}}}.Validate().ok());
   CHECK_FALSE(SamplingParams{.logit_bias = {{-1, 1.0f}}}.Validate().ok());
+}
+
+TEST_CASE("Penalties count the prompt, the committed tokens and the pending ones, after the "
+          "bias",
+          "[sampler]") {
+  const at::Tensor logits = at::tensor({3.0f, 2.0f, -1.0f, 0.5f});
+  const at::Tensor untouched = logits.clone();
+  Sampler sampler({.logit_bias = {{3, 1.0f}},
+                   .presence_penalty = 0.5,
+                   .frequency_penalty = 0.25,
+                   .repetition_penalty = 2.0});
+  sampler.SetPrompt(std::vector<int32_t>{3, 3});
+  // Nothing generated: the prompt's token 3 only, by repetition, after its bias: 1.5 / 2.
+  at::Tensor adjusted = sampler.Adjusted(logits);
+  CHECK(adjusted[3].item<float>() == Approx(0.75f));
+  CHECK(adjusted[0].item<float>() == 3.0f);
+  sampler.Commit(std::vector<int32_t>{0, 0});
+  adjusted = sampler.Adjusted(logits);
+  CHECK(adjusted[0].item<float>() == Approx(3.0f / 2 - 0.25f * 2 - 0.5f));  // 0.5
+  CHECK(adjusted[2].item<float>() == -1.0f);
+  CHECK(sampler.Sample(logits) == 1);  // [0.5, 2, -1, 0.75]
+  // Pending tokens count as generated: a negative logit is multiplied by the repetition
+  // penalty; token 1 drops below token 3.
+  const std::vector<int32_t> drafts = {2, 1};
+  at::Tensor with_pending = sampler.Adjusted(logits, drafts);
+  CHECK(with_pending[2].item<float>() == Approx(-1.0f * 2 - 0.25f - 0.5f));
+  CHECK(with_pending[1].item<float>() == Approx(2.0f / 2 - 0.25f - 0.5f));
+  CHECK(sampler.Sample(logits, drafts) == 3);
+  // A verification's rows: row i sees the drafts before it.
+  const at::Tensor rows = sampler.AdjustedRows(at::stack({logits, logits, logits}), drafts);
+  CHECK(at::equal(rows[0], sampler.Adjusted(logits)));
+  CHECK(at::equal(rows[1], sampler.Adjusted(logits, std::span(drafts).first(1))));
+  CHECK(at::equal(rows[2], with_pending));
+  Sampler sampled({.temperature = 0.7, .presence_penalty = 1.0});
+  sampled.Commit(std::vector<int32_t>{1});
+  CHECK(at::allclose(sampled.Distribution(logits, std::vector<int32_t>{0}),
+                     at::softmax(at::tensor({2.0f, 1.0f, -1.0f, 0.5f}) / 0.7, 0)));
+  CHECK(at::equal(logits, untouched));
+  // Without penalties nothing is kept or changed.
+  Sampler plain({});
+  plain.SetPrompt(std::vector<int32_t>{0});
+  plain.Commit(std::vector<int32_t>{0});
+  CHECK(plain.Adjusted(logits, drafts).is_same(logits));
+  CHECK_FALSE(SamplingParams{.presence_penalty = 2.5}.Validate().ok());
+  CHECK_FALSE(SamplingParams{.frequency_penalty = std::nan("")}.Validate().ok());
+  CHECK_FALSE(SamplingParams{.repetition_penalty = 0}.Validate().ok());
+  CHECK(SamplingParams{.presence_penalty = -2, .frequency_penalty = 2, .repetition_penalty = 1.3}
+            .Validate()
+            .ok());
 }
 
 TEST_CASE("Top-k and top-p keep exactly the expected support", "[sampler]") {
