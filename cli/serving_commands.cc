@@ -13,6 +13,7 @@
 #include <random>
 #include <thread>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -72,11 +73,35 @@ v1::GenerateRequest MakeRequest(const ChatArgs& args, const std::string& prompt)
   request.mutable_sampling()->set_top_k(static_cast<uint32_t>(args.top_k));
   request.mutable_sampling()->set_top_p(static_cast<float>(args.top_p));
   request.mutable_sampling()->set_seed(args.seed);
+  request.mutable_sampling()->set_presence_penalty(static_cast<float>(args.penalties.presence));
+  request.mutable_sampling()->set_frequency_penalty(static_cast<float>(args.penalties.frequency));
+  request.mutable_sampling()->set_repetition_penalty(static_cast<float>(args.penalties.repetition));
   request.set_trace(!args.trace_path.empty());
   return request;
 }
 
 }  // namespace
+
+void AddPenaltyOptions(CLI::App& command, Penalties& penalties) {
+  command
+      .add_option("--presence-penalty", penalties.presence,
+                  "Taken from the logit of every token already generated (OpenAI's "
+                  "presence_penalty; 0: off)")
+      ->capture_default_str()
+      ->check(CLI::Range(-2.0, 2.0));
+  command
+      .add_option("--frequency-penalty", penalties.frequency,
+                  "Taken from a token's logit once per time it was generated (OpenAI's "
+                  "frequency_penalty; 0: off)")
+      ->capture_default_str()
+      ->check(CLI::Range(-2.0, 2.0));
+  command
+      .add_option("--repetition-penalty", penalties.repetition,
+                  "Divides the positive logits of the prompt's and the generated tokens, "
+                  "multiplies the others (Hugging Face's; 1: off)")
+      ->capture_default_str()
+      ->check(CLI::Range(1e-6, 100.0));
+}
 
 int RunChat(const ChatArgs& args) {
   auto client = Client::Connect(args.agent);

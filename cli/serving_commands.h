@@ -6,7 +6,20 @@
 #include <string>
 #include <vector>
 
+namespace CLI {
+class App;
+}  // namespace CLI
+
 namespace tophat::cli {
+
+// Penalties on repetition (SamplingParams), as --presence-penalty, --frequency-penalty and
+// --repetition-penalty.
+struct Penalties {
+  double presence = 0;
+  double frequency = 0;
+  double repetition = 1;
+};
+void AddPenaltyOptions(CLI::App& command, Penalties& penalties);
 
 struct ChatArgs {
   std::string agent = "127.0.0.1:7200";
@@ -16,6 +29,7 @@ struct ChatArgs {
   int64_t top_k = 0;
   double top_p = 1;
   uint64_t seed = 0;
+  Penalties penalties;
   bool stats = false;
   std::string trace_path;  // "-": stderr; else a file (last answer's trace)
 };

@@ -140,6 +140,7 @@ struct GenerateArgs {
   int64_t top_k = 0;
   double top_p = 1.0;
   uint64_t seed = 0;
+  tophat::cli::Penalties penalties;
   int64_t prefill_chunk = 0;
   bool add_bos = true;
 };
@@ -186,8 +187,13 @@ int RunGenerate(const GenerateArgs& args) {
   if (!generator.ok()) return Fail(generator.status());
   tophat::GenerationOptions options;
   options.max_new_tokens = args.max_new_tokens;
-  options.sampling = {.temperature = args.temperature, .top_k = args.top_k, .top_p = args.top_p,
-                      .seed = args.seed};
+  options.sampling = {.temperature = args.temperature,
+                      .top_k = args.top_k,
+                      .top_p = args.top_p,
+                      .seed = args.seed,
+                      .presence_penalty = args.penalties.presence,
+                      .frequency_penalty = args.penalties.frequency,
+                      .repetition_penalty = args.penalties.repetition};
   options.prefill_chunk = args.prefill_chunk;
   for (int64_t eos : config->eos_token_ids) options.stop_token_ids.push_back(static_cast<int32_t>(eos));
   if (tok.eos_id()) options.stop_token_ids.push_back(*tok.eos_id());
@@ -341,6 +347,7 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   gen_cmd->add_option("--top-p", gen.top_p)->capture_default_str()->check(CLI::Range(1e-9, 1.0));
   gen_cmd->add_option("--seed", gen.seed)->capture_default_str();
+  tophat::cli::AddPenaltyOptions(*gen_cmd, gen.penalties);
   gen_cmd->add_option("--prefill-chunk", gen.prefill_chunk,
                       "Prompt tokens per forward pass (0: all at once)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
@@ -467,6 +474,7 @@ int main(int argc, char** argv) {
   chat_cmd->add_option("--top-p", chat.top_p)->capture_default_str()
       ->check(CLI::Range(1e-9, 1.0));
   chat_cmd->add_option("--seed", chat.seed)->capture_default_str();
+  tophat::cli::AddPenaltyOptions(*chat_cmd, chat.penalties);
   chat_cmd->add_flag("--stats", chat.stats, "Print TTFT and mean TBT after each answer");
   chat_cmd->add_option("--trace", chat.trace_path,
                        "Write each answer's trace (prompt chunks: device, upload, queue, "

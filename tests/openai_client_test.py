@@ -456,6 +456,46 @@ def logprobs(client, model, messages, text, stop, model_dir):
     check(biased_ids != plain_ids, "logit_bias changed nothing")
     print(f"logit_bias: {len(bias)} tokens biased, the answer as transformers'")
 
+    # Penalties on repetition: OpenAI's presence and frequency penalties (written out here,
+    # as OpenAI and vLLM define them: over the generated tokens) after transformers' own
+    # repetition_penalty (over the prompt and the generated tokens), as vLLM orders them.
+    # The prompt ends with the model's own greedy answer, so that what it would say next is
+    # in the prompt and the repetition penalty has prompt tokens to act on.
+    presence, frequency, repetition = 1.0, 0.8, 1.5
+    echoing = prompt + plain_ids
+
+    class GeneratedTokenPenalties(transformers.LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            for row in range(scores.shape[0]):
+                counts = torch.bincount(input_ids[row, len(echoing):],
+                                        minlength=scores.shape[1]).to(scores.dtype)
+                scores[row] -= frequency * counts + presence * (counts > 0).to(scores.dtype)
+            return scores
+
+    penalized = client.completions.create(
+        model=model, prompt=echoing, max_tokens=24, temperature=0, logprobs=0,
+        presence_penalty=presence, frequency_penalty=frequency,
+        # transformers' min_new_tokens bans the end-of-sequence token; so does this.
+        logit_bias={str(reference.config.eos_token_id): -100},
+        extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True,
+                    "repetition_penalty": repetition})
+    penalized_ids = [int(t.removeprefix("token_id:"))
+                     for t in penalized.choices[0].logprobs.tokens]
+    with torch.no_grad():
+        want = reference.generate(
+            torch.tensor([echoing]), max_new_tokens=24, do_sample=False, min_new_tokens=24,
+            repetition_penalty=repetition,
+            logits_processor=transformers.LogitsProcessorList([GeneratedTokenPenalties()]),
+            pad_token_id=0)[0][len(echoing):].tolist()
+        unpenalized = reference.generate(
+            torch.tensor([echoing]), max_new_tokens=24, do_sample=False, min_new_tokens=24,
+            pad_token_id=0)[0][len(echoing):].tolist()
+    check_eq("penalties: the greedy answer, as transformers' with them", penalized_ids, want)
+    check(want != unpenalized, "the penalties changed nothing in transformers' answer")
+    print(f"penalties (presence {presence}, frequency {frequency}, repetition {repetition}): "
+          f"the answer as transformers', {len(set(unpenalized))} distinct tokens of 24 "
+          f"without them, {len(set(want))} with")
+
     # Scoring, as lm-evaluation-harness asks: echo, max_tokens 0, the prompt as token ids.
     text_prompt = [1] + [(7 * i + 3) % 500 + 3 for i in range(40)]
     scored = client.completions.create(model=model, prompt=text_prompt, max_tokens=0, echo=True,
