@@ -1,11 +1,22 @@
 #include "device_agent/app_request.h"
 
 #include <algorithm>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 
 namespace tophat {
+namespace {
+
+// A request's seed when it names none: from the OS's entropy, so that two unseeded sampled
+// requests differ.
+uint64_t FreshSeed() {
+  std::random_device entropy;
+  return (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
+}
+
+}  // namespace
 
 absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request,
                                               const Tokenizer& tokenizer,
@@ -57,7 +68,8 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
   plan.sampling = {.temperature = request.sampling().temperature(),
                    .top_k = request.sampling().top_k(),
                    .top_p = request.sampling().top_p() == 0 ? 1.0 : request.sampling().top_p(),
-                   .seed = request.sampling().seed(),
+                   .seed = request.sampling().has_seed() ? request.sampling().seed()
+                                                         : FreshSeed(),
                    .presence_penalty = request.sampling().presence_penalty(),
                    .frequency_penalty = request.sampling().frequency_penalty(),
                    .repetition_penalty = request.sampling().repetition_penalty() == 0

@@ -295,9 +295,11 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
       if (!value.is_boolean()) return Invalid(key, "'ignore_eos' must be a boolean");
       request.ignore_eos = value.get<bool>();
     } else if (key == "n") {
-      if (!value.is_number_integer() || value.get<int64_t>() != 1) {
-        return Invalid(key, "'n' must be 1: one choice per request");
+      if (!value.is_number_integer() || value.get<int64_t>() < 1 ||
+          value.get<int64_t>() > kMaxOpenAiChoices) {
+        return Invalid(key, absl::StrCat("'n' must be an integer from 1 to ", kMaxOpenAiChoices));
       }
+      request.n = value.get<int64_t>();
     } else if (key == "user") {
       // An end-user id for the caller's own abuse monitoring: nothing to do on a device.
       if (!value.is_string()) return Invalid(key, "'user' must be a string");
@@ -329,6 +331,9 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
   }
   if (request.logprobs >= 0 && request.outline_max_points != 0) {
     return Invalid("logprobs", "'logprobs' cannot be combined with 'tophat_outline'");
+  }
+  if (request.n > 1 && request.outline_max_points != 0) {
+    return Invalid("n", "'n' above 1 cannot be combined with 'tophat_outline'");
   }
   if (request.include_usage && !request.stream) {
     return Invalid("stream_options", "'stream_options' is only allowed with 'stream': true");

@@ -74,11 +74,17 @@ struct OpenAiRequest {
   // completions: "max_tokens": 0, with echo: read the prompt and generate nothing (scoring a
   // text, as lm-evaluation-harness does).
   bool prompt_only = false;
+  // "n": this many choices, each its own request (the cloud batches them); choice i samples
+  // with seed + i when a seed is given.
+  int64_t n = 1;
 };
 
 // The most alternatives a token's log-probability may come with (OpenAI's chat limit, which
 // the completions endpoint here shares; OpenAI's own completions stop at 5).
 inline constexpr int64_t kMaxOpenAiLogprobs = 20;
+// The most choices ("n") a request may ask for; each also takes one of the agent's
+// max_concurrent_requests places.
+inline constexpr int64_t kMaxOpenAiChoices = 16;
 // The most logit_bias entries a request may carry (the agent's own limit, kMaxLogitBias).
 inline constexpr size_t kMaxOpenAiLogitBias = 1024;
 

@@ -54,6 +54,9 @@ TEST_CASE("A chat request's honoured fields are read") {
   CHECK(penalized.frequency_penalty == 1.25);
   CHECK(penalized.repetition_penalty == 1.1);
   CHECK(penalized.top_k == 40);
+  CHECK(penalized.n == 1);
+  CHECK(ParseOk(OpenAiEndpoint::kCompletions, R"({"model": "toy", "prompt": "a", "n": 16})").n ==
+        16);
   CHECK(ParseOk(OpenAiEndpoint::kCompletions, R"({"model": "toy", "prompt": "a", "top_k": -1})")
             .top_k == 0);
 
@@ -174,7 +177,11 @@ TEST_CASE("What the endpoint would ignore is refused by name, with OpenAI's erro
        "messages[0].content"},
       {chat, R"({"model": "toy", "messages": [{"role": "user", "content": "a", "name": "x"}]})",
        "messages[0].name"},
-      {chat, R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "n": 2})", "n"},
+      {chat, R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "n": 0})", "n"},
+      {chat, R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "n": 17})", "n"},
+      {chat,
+       R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "n": 2, "tophat_outline": true})",
+       "n"},
       {chat,
        R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "presence_penalty": 2.5})",
        "presence_penalty"},

@@ -1,11 +1,15 @@
 #include "device_agent/openai_server.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <functional>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <span>
+#include <thread>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -76,12 +80,26 @@ std::string FinishReasonText(v1::FinishReason reason, bool stopped_by_sequence) 
   return "stop";
 }
 
-Json Usage(const v1::RequestStats& stats) {
-  return Json{{"prompt_tokens", stats.prompt_tokens()},
-              {"completion_tokens", stats.generated_tokens()},
-              {"total_tokens", stats.prompt_tokens() + stats.generated_tokens()},
+// The usage of a request's choices: the prompt counted once, as OpenAI counts it, and every
+// choice's generated tokens.
+Json Usage(std::span<const v1::GenerateResponse> choices) {
+  const v1::RequestStats& first = choices.front().stats();
+  int64_t generated = 0;
+  for (const v1::GenerateResponse& choice : choices) generated += choice.stats().generated_tokens();
+  return Json{{"prompt_tokens", first.prompt_tokens()},
+              {"completion_tokens", generated},
+              {"total_tokens", first.prompt_tokens() + generated},
               // OpenAI's prompt caching field: the positions an earlier turn had computed.
-              {"prompt_tokens_details", {{"cached_tokens", stats.reused_prompt_tokens()}}}};
+              {"prompt_tokens_details", {{"cached_tokens", first.reused_prompt_tokens()}}}};
+}
+
+// Runs each(0) .. each(n - 1) at once, each(0) on this thread: a request's choices, which
+// the cloud then batches.
+void RunEach(int64_t n, const std::function<void(int64_t)>& each) {
+  std::vector<std::thread> others;
+  for (int64_t i = 1; i < n; ++i) others.emplace_back(each, i);
+  each(0);
+  for (std::thread& other : others) other.join();
 }
 
 // The log-probabilities of a request's tokens, in the endpoint's shape: chat's
@@ -246,9 +264,10 @@ struct Completion {
                 {"choices", std::move(choices)}};
   }
 
-  Json Chunk(const std::string& text, const Json& finish_reason, bool first,
+  Json Chunk(int64_t index, const std::string& text, const Json& finish_reason, bool first,
              Json logprobs = nullptr) const {
-    Json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", std::move(logprobs)}};
+    Json choice = {
+        {"index", index}, {"finish_reason", finish_reason}, {"logprobs", std::move(logprobs)}};
     if (chat()) {
       Json delta = Json::object();
       if (first) delta["role"] = "assistant";
@@ -267,15 +286,21 @@ struct Completion {
     return chunk;
   }
 
-  Json Whole(const std::string& text, const std::string& finish_reason, const Json& usage,
-             Json logprobs) const {
-    Json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", std::move(logprobs)}};
+  // One choice of a whole (not streamed) answer.
+  Json Choice(int64_t index, const std::string& text, const std::string& finish_reason,
+              Json logprobs) const {
+    Json choice = {
+        {"index", index}, {"finish_reason", finish_reason}, {"logprobs", std::move(logprobs)}};
     if (chat()) {
       choice["message"] = {{"role", "assistant"}, {"content", text}};
     } else {
       choice["text"] = text;
     }
-    Json whole = Envelope(/*streamed=*/false, Json::array({choice}));
+    return choice;
+  }
+
+  Json Whole(Json choices, const Json& usage) const {
+    Json whole = Envelope(/*streamed=*/false, std::move(choices));
     whole["usage"] = usage;
     return whole;
   }
@@ -425,14 +450,26 @@ void OpenAiServer::Route() {
                                              httplib::Response& res) {
     const std::optional<std::string> caller = authenticate(req, res);
     if (!caller) return;
-    // One of max_concurrent_requests places, held by the handler and, for a stream, by its
-    // content provider, which httplib runs after the handler has returned.
+    auto parsed = ParseOpenAiRequest(endpoint, req.body, options_.model_name);
+    if (auto* error = std::get_if<OpenAiError>(&parsed)) return SendError(res, *error);
+    const OpenAiRequest request = std::get<OpenAiRequest>(std::move(parsed));
+    if (request.n > options_.max_concurrent_requests) {
+      return SendError(res, OpenAiError{.param = "n",
+                                        .message = absl::StrCat(
+                                            "'n' of ", request.n, " is more than this agent's ",
+                                            options_.max_concurrent_requests,
+                                            " concurrent completions "
+                                            "(max_concurrent_requests)")});
+    }
+    // One of max_concurrent_requests places per choice, held by the handler and, for a
+    // stream, by its content provider, which httplib runs after the handler has returned.
     struct Slot {
       std::atomic<int64_t>* running;
-      ~Slot() { running->fetch_sub(1); }
+      int64_t places;
+      ~Slot() { running->fetch_sub(places); }
     };
-    const int64_t running = completions_running_.fetch_add(1) + 1;
-    const std::shared_ptr<Slot> slot(new Slot{&completions_running_});
+    const int64_t running = completions_running_.fetch_add(request.n) + request.n;
+    const std::shared_ptr<Slot> slot(new Slot{&completions_running_, request.n});
     if (running > options_.max_concurrent_requests) {
       res.set_header("Retry-After", "1");
       return SendError(res, OpenAiError{.http_status = 429,
@@ -444,9 +481,6 @@ void OpenAiServer::Route() {
                                             " completions (max_concurrent_requests); retry "
                                             "later")});
     }
-    auto parsed = ParseOpenAiRequest(endpoint, req.body, options_.model_name);
-    if (auto* error = std::get_if<OpenAiError>(&parsed)) return SendError(res, *error);
-    const OpenAiRequest request = std::get<OpenAiRequest>(std::move(parsed));
 
     // Token ids here, not on the agent: the context check below can then answer 400.
     const Tokenizer& tokenizer = agent_->tokenizer();
@@ -568,77 +602,100 @@ void OpenAiServer::Route() {
                                                    endpoint == OpenAiEndpoint::kChatCompletions,
                                                    request.return_tokens_as_token_ids, last);
     };
+    // Each choice its own request: its own id (for Cancel) and, with a seed, seed + index.
+    std::vector<v1::GenerateRequest> choices(static_cast<size_t>(request.n), generate);
+    for (int64_t i = 0; i < request.n && request.n > 1; ++i) {
+      choices[i].set_request_id(absl::StrCat(completion.id, "-", i));
+      if (request.seed) choices[i].mutable_sampling()->set_seed(*request.seed + i);
+    }
+    const auto failed = [](const v1::GenerateResponse& done) {
+      return done.finish_reason() == v1::FINISH_REASON_ERROR;
+    };
     if (!request.stream) {
-      StopSequenceFilter filter(request.stop);
-      std::optional<LogprobsRenderer> logprobs = make_logprobs();
-      TokenSink tokens{filter, logprobs ? &*logprobs : nullptr, echo_text, prompt};
-      std::string text;
-      const v1::GenerateResponse done = agent_->Generate(
-          generate,
-          [&](const TokenEvent& event) {
-            text += tokens.Push(event);
-            return !filter.stopped();
-          },
-          *caller);
-      if (done.finish_reason() == v1::FINISH_REASON_ERROR) {
-        return SendError(res, generation_error(done));
+      std::vector<v1::GenerateResponse> done(choices.size());
+      std::vector<Json> rendered(choices.size());
+      RunEach(request.n, [&](int64_t i) {
+        StopSequenceFilter filter(request.stop);
+        std::optional<LogprobsRenderer> logprobs = make_logprobs();
+        TokenSink tokens{filter, logprobs ? &*logprobs : nullptr, echo_text, prompt};
+        std::string text;
+        done[i] = agent_->Generate(
+            choices[i],
+            [&](const TokenEvent& event) {
+              text += tokens.Push(event);
+              return !filter.stopped();
+            },
+            *caller);
+        // The last message's text: what the detokenizer held back (a character cut short).
+        text += filter.Push(done[i].text());
+        text += filter.Flush();
+        rendered[i] = completion.Choice(
+            i, text, FinishReasonText(done[i].finish_reason(), filter.stopped()),
+            logprobs ? logprobs->Take() : Json(nullptr));
+      });
+      for (const v1::GenerateResponse& answer : done) {
+        if (failed(answer)) return SendError(res, generation_error(answer));
       }
-      // The last message's text: what the detokenizer held back (a character cut short).
-      text += filter.Push(done.text());
-      text += filter.Flush();
-      res.set_content(
-          completion.Whole(text, FinishReasonText(done.finish_reason(), filter.stopped()),
-                           Usage(done.stats()), logprobs ? logprobs->Take() : Json(nullptr))
-              .dump(),
-          "application/json");
+      res.set_content(completion.Whole(Json(std::move(rendered)), Usage(done)).dump(),
+                      "application/json");
       return;
     }
 
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, generate, completion, request, caller = *caller, generation_error, slot,
+        [this, choices, completion, request, caller = *caller, generation_error, failed, slot,
          make_logprobs, echo_text, prompt](size_t, httplib::DataSink& sink) {
-          StopSequenceFilter filter(request.stop);
-          std::optional<LogprobsRenderer> logprobs = make_logprobs();
-          TokenSink tokens{filter, logprobs ? &*logprobs : nullptr, echo_text, prompt};
-          bool first = true;
-          bool client_gone = false;
+          // The choices stream at once, each chunk whole under the lock.
+          std::mutex sink_mutex;
+          std::atomic<bool> client_gone = false;
           const auto send = [&](const Json& chunk) {
             const std::string event = Event(chunk);
-            if (!sink.write(event.data(), event.size())) client_gone = true;
+            std::lock_guard<std::mutex> lock(sink_mutex);
+            if (client_gone || !sink.write(event.data(), event.size())) client_gone = true;
             return !client_gone;
           };
-          const v1::GenerateResponse done = agent_->Generate(
-              generate,
-              [&](const TokenEvent& event) {
-                const std::string text = tokens.Push(event);
-                // A token whose text is held back (it may begin a stop sequence) still sends
-                // its log-probability.
-                const bool has_logprobs = logprobs && !logprobs->empty();
-                if (!text.empty() || first || has_logprobs) {
-                  if (!send(completion.Chunk(text, nullptr, first,
-                                             has_logprobs ? logprobs->Take() : Json(nullptr)))) {
-                    return false;
+          std::vector<v1::GenerateResponse> done(choices.size());
+          RunEach(request.n, [&](int64_t i) {
+            StopSequenceFilter filter(request.stop);
+            std::optional<LogprobsRenderer> logprobs = make_logprobs();
+            TokenSink tokens{filter, logprobs ? &*logprobs : nullptr, echo_text, prompt};
+            bool first = true;
+            done[i] = agent_->Generate(
+                choices[i],
+                [&](const TokenEvent& event) {
+                  const std::string text = tokens.Push(event);
+                  // A token whose text is held back (it may begin a stop sequence) still
+                  // sends its log-probability.
+                  const bool has_logprobs = logprobs && !logprobs->empty();
+                  if (!text.empty() || first || has_logprobs) {
+                    if (!send(completion.Chunk(i, text, nullptr, first,
+                                               has_logprobs ? logprobs->Take()
+                                                            : Json(nullptr)))) {
+                      return false;
+                    }
+                    first = false;
                   }
-                  first = false;
-                }
-                return !filter.stopped();
-              },
-              caller);
+                  return !filter.stopped();
+                },
+                caller);
+            if (client_gone) return;
+            if (failed(done[i])) {
+              send(Json(generation_error(done[i]).ToJson()));
+              return;
+            }
+            std::string tail = filter.Push(done[i].text());
+            tail += filter.Flush();
+            if (!tail.empty()) send(completion.Chunk(i, tail, nullptr, first));
+            send(completion.Chunk(
+                i, "", FinishReasonText(done[i].finish_reason(), filter.stopped()), first));
+          });
           if (client_gone) {
             spdlog::info("openai: {}: the client went away; request cancelled", completion.id);
             return false;
           }
-          if (done.finish_reason() == v1::FINISH_REASON_ERROR) {
-            send(Json(generation_error(done).ToJson()));
-          } else {
-            std::string tail = filter.Push(done.text());
-            tail += filter.Flush();
-            if (!tail.empty()) send(completion.Chunk(tail, nullptr, first));
-            send(completion.Chunk(
-                "", FinishReasonText(done.finish_reason(), filter.stopped()), first));
-            if (request.include_usage) send(completion.UsageChunk(Usage(done.stats())));
+          if (request.include_usage && std::none_of(done.begin(), done.end(), failed)) {
+            send(completion.UsageChunk(Usage(done)));
           }
           const std::string end = "data: [DONE]\n\n";
           sink.write(end.data(), end.size());

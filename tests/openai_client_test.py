@@ -166,10 +166,11 @@ def run(base_url, cloud_metrics_url, agent_metrics_url, model_dir):
     check_eq("the same seed's completion", sampled[1], sampled[0])
     check(len(sampled[0]) > 0, "an empty seeded completion")
     print(f"completion, seed 7: {json.dumps(sampled[0])}")
+    choices(client, model, messages)
 
     # A bad request: OpenAI's error object, the right status, the field named.
-    expect_error("n=2", lambda: client.chat.completions.create(model=model, messages=messages,
-                                                               n=2),
+    expect_error("n=3", lambda: client.chat.completions.create(model=model, messages=messages,
+                                                               n=3),
                  openai.BadRequestError, 400, param="n")
     expect_error("an unknown model",
                  lambda: client.chat.completions.create(model="gpt-4o", messages=messages),
@@ -205,6 +206,61 @@ def run(base_url, cloud_metrics_url, agent_metrics_url, model_dir):
 
     logprobs(client, model, messages, text, stop, model_dir)
     limits(client, model, base_url)
+
+
+def choices(client, model, messages):
+    """n: every choice is its own request, choice i sampled with seed + i; without a seed,
+    every request samples with a fresh one. The agent runs at most 2 completions at once
+    (openai_client_test.sh), so n is at most 2 here."""
+    many = client.completions.create(model=model, prompt="the brave knight", max_tokens=16,
+                                     temperature=0.8, seed=7, n=2)
+    check_eq("n=2: the choices' indices", [c.index for c in many.choices], [0, 1])
+    generated = 0
+    for i, choice in enumerate(many.choices):
+        one = client.completions.create(model=model, prompt="the brave knight", max_tokens=16,
+                                        temperature=0.8, seed=7 + i)
+        check_eq(f"n=2: choice {i} is seed {7 + i}'s answer", choice.text, one.choices[0].text)
+        check_eq(f"n=2: choice {i}'s finish_reason", choice.finish_reason,
+                 one.choices[0].finish_reason)
+        generated += one.usage.completion_tokens
+    check(many.choices[0].text != many.choices[1].text,
+          f"n=2: both choices say {many.choices[0].text!r}")
+    check_eq("n=2: usage counts the prompt once", many.usage.prompt_tokens, one.usage.prompt_tokens)
+    check_eq("n=2: usage counts both choices' tokens", many.usage.completion_tokens, generated)
+
+    # Streamed: the chunks carry their choice's index; put together, each is the whole answer's.
+    whole = client.chat.completions.create(model=model, messages=messages, max_tokens=16,
+                                           temperature=0.9, seed=3, n=2)
+    stream = client.chat.completions.create(model=model, messages=messages, max_tokens=16,
+                                            temperature=0.9, seed=3, n=2, stream=True,
+                                            stream_options={"include_usage": True})
+    parts, finished, usage = ["", ""], [None, None], None
+    with stream:
+        for chunk in stream:
+            for choice in chunk.choices:
+                parts[choice.index] += choice.delta.content or ""
+                finished[choice.index] = choice.finish_reason or finished[choice.index]
+            usage = chunk.usage or usage
+    for i in range(2):
+        check_eq(f"streamed n=2: choice {i}", parts[i], whole.choices[i].message.content)
+        check_eq(f"streamed n=2: choice {i}'s finish_reason", finished[i],
+                 whole.choices[i].finish_reason)
+    check(usage is not None and usage.completion_tokens == whole.usage.completion_tokens,
+          f"streamed n=2: usage {usage}, the whole answer's {whole.usage}")
+
+    # Unseeded sampling differs from request to request. At temperature 2 after a prompt of
+    # arbitrary ids, 16 tokens (the chance of two equal answers is printed).
+    prompt = [1, 100, 37, 250, 12, 77, 300, 45]
+    answers = [client.completions.create(model=model, prompt=prompt, max_tokens=16,
+                                         temperature=2, logprobs=0,
+                                         extra_body={"ignore_eos": True,
+                                                     "return_tokens_as_token_ids": True})
+               for _ in range(2)]
+    tokens = [a.choices[0].logprobs.tokens for a in answers]
+    check(tokens[0] != tokens[1], f"two unseeded answers are the same: {tokens[0]}")
+    print(f"n=2: each choice its seed's answer, streamed too; unseeded answers differ (the "
+          f"first's log-probability at temperature 1: "
+          f"{sum(answers[0].choices[0].logprobs.token_logprobs):.1f})")
 
 
 def limits(client, model, base_url):
@@ -246,6 +302,12 @@ def limits(client, model, base_url):
                  lambda: client.completions.create(model=model, prompt="hello", max_tokens=2),
                  openai.RateLimitError, 429, code="rate_limit_exceeded")
     check(time.monotonic() - started < 10, "the 429 came at once, not after the streams")
+    streams.pop().close()
+    # Each choice takes a place: with one stream running, two choices do not fit.
+    expect_error("2 choices beside a stream",
+                 lambda: client.completions.create(model=model, prompt="hello", max_tokens=2,
+                                                   n=2),
+                 openai.RateLimitError, 429, code="rate_limit_exceeded")
     for stream in streams:
         stream.close()
     # Once they are gone a completion runs again (their places are given back).
