@@ -33,6 +33,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   TOPHAT_FUZZ_CHECK(request.temperature >= 0 && request.temperature <= 2);
   TOPHAT_FUZZ_CHECK(request.top_p > 0 && request.top_p <= 1);
   TOPHAT_FUZZ_CHECK(request.max_tokens >= 0);
+  TOPHAT_FUZZ_CHECK(request.presence_penalty >= -2 && request.presence_penalty <= 2);
+  TOPHAT_FUZZ_CHECK(request.frequency_penalty >= -2 && request.frequency_penalty <= 2);
+  TOPHAT_FUZZ_CHECK(request.repetition_penalty > 0 && request.repetition_penalty <= 100);
+  TOPHAT_FUZZ_CHECK(request.top_k >= 0);
+  TOPHAT_FUZZ_CHECK(request.n >= 1 && request.n <= tophat::kMaxOpenAiChoices);
+  TOPHAT_FUZZ_CHECK(request.n == 1 || request.outline_max_points == 0);
   TOPHAT_FUZZ_CHECK(!request.include_usage || request.stream);
   TOPHAT_FUZZ_CHECK(request.logprobs < 0 || request.outline_max_points == 0);
   TOPHAT_FUZZ_CHECK(!request.prompt_only || request.echo);
