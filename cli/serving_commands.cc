@@ -72,6 +72,7 @@ v1::GenerateRequest MakeRequest(const ChatArgs& args, const std::string& prompt)
   request.mutable_sampling()->set_temperature(static_cast<float>(args.temperature));
   request.mutable_sampling()->set_top_k(static_cast<uint32_t>(args.top_k));
   request.mutable_sampling()->set_top_p(static_cast<float>(args.top_p));
+  request.mutable_sampling()->set_min_p(static_cast<float>(args.min_p));
   request.mutable_sampling()->set_seed(args.seed);
   request.mutable_sampling()->set_presence_penalty(static_cast<float>(args.penalties.presence));
   request.mutable_sampling()->set_frequency_penalty(static_cast<float>(args.penalties.frequency));

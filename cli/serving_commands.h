@@ -28,6 +28,7 @@ struct ChatArgs {
   double temperature = 0;
   int64_t top_k = 0;
   double top_p = 1;
+  double min_p = 0;
   uint64_t seed = 0;
   Penalties penalties;
   bool stats = false;

@@ -140,6 +140,7 @@ struct GenerateArgs {
   int64_t top_k = 0;
   double top_p = 1.0;
   uint64_t seed = 0;
+  double min_p = 0.0;
   tophat::cli::Penalties penalties;
   int64_t prefill_chunk = 0;
   bool add_bos = true;
@@ -190,6 +191,7 @@ int RunGenerate(const GenerateArgs& args) {
   options.sampling = {.temperature = args.temperature,
                       .top_k = args.top_k,
                       .top_p = args.top_p,
+                      .min_p = args.min_p,
                       .seed = args.seed,
                       .presence_penalty = args.penalties.presence,
                       .frequency_penalty = args.penalties.frequency,
@@ -347,6 +349,8 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   gen_cmd->add_option("--top-p", gen.top_p)->capture_default_str()->check(CLI::Range(1e-9, 1.0));
   gen_cmd->add_option("--seed", gen.seed)->capture_default_str();
+  gen_cmd->add_option("--min-p", gen.min_p, "Keeps tokens at least this times as likely as the "
+                      "likeliest (0: off)")->capture_default_str()->check(CLI::Range(0.0, 1.0));
   tophat::cli::AddPenaltyOptions(*gen_cmd, gen.penalties);
   gen_cmd->add_option("--prefill-chunk", gen.prefill_chunk,
                       "Prompt tokens per forward pass (0: all at once)")
@@ -474,6 +478,8 @@ int main(int argc, char** argv) {
   chat_cmd->add_option("--top-p", chat.top_p)->capture_default_str()
       ->check(CLI::Range(1e-9, 1.0));
   chat_cmd->add_option("--seed", chat.seed)->capture_default_str();
+  chat_cmd->add_option("--min-p", chat.min_p, "Keeps tokens at least this times as likely as "
+                       "the likeliest (0: off)")->capture_default_str()->check(CLI::Range(0.0, 1.0));
   tophat::cli::AddPenaltyOptions(*chat_cmd, chat.penalties);
   chat_cmd->add_flag("--stats", chat.stats, "Print TTFT and mean TBT after each answer");
   chat_cmd->add_option("--trace", chat.trace_path,

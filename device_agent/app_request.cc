@@ -68,6 +68,7 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
   plan.sampling = {.temperature = request.sampling().temperature(),
                    .top_k = request.sampling().top_k(),
                    .top_p = request.sampling().top_p() == 0 ? 1.0 : request.sampling().top_p(),
+                   .min_p = request.sampling().min_p(),
                    .seed = request.sampling().has_seed() ? request.sampling().seed()
                                                          : FreshSeed(),
                    .presence_penalty = request.sampling().presence_penalty(),

@@ -193,6 +193,11 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
                             "(1: off)");
       }
       request.repetition_penalty = value.get<double>();
+    } else if (key == "min_p") {
+      if (!value.is_number() || !(value.get<double>() >= 0 && value.get<double>() <= 1)) {
+        return Invalid(key, "'min_p' must be a number from 0 to 1");
+      }
+      request.min_p = value.get<double>();
     } else if (key == "top_k") {
       if (!value.is_number_integer() || value.get<int64_t>() < -1 ||
           value.get<int64_t>() > std::numeric_limits<int32_t>::max()) {

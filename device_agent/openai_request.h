@@ -49,6 +49,8 @@ struct OpenAiRequest {
   double repetition_penalty = 1.0;
   // vLLM's top_k: the k likeliest tokens only; 0 (or -1, vLLM's "off"): all.
   int64_t top_k = 0;
+  // vLLM's min_p, in [0, 1]: the tokens at least min_p times as likely as the likeliest.
+  double min_p = 0.0;
   // Token id -> bias added to its logit, each in [-100, 100] ("logit_bias"; ids are checked
   // against the vocabulary by the server).
   std::vector<std::pair<int64_t, double>> logit_bias;

@@ -49,11 +49,12 @@ TEST_CASE("A chat request's honoured fields are read") {
   const OpenAiRequest penalized = ParseOk(OpenAiEndpoint::kChatCompletions, R"({
       "model": "toy", "messages": [{"role": "user", "content": "a"}],
       "presence_penalty": -0.5, "frequency_penalty": 1.25, "repetition_penalty": 1.1,
-      "top_k": 40})");
+      "top_k": 40, "min_p": 0.05})");
   CHECK(penalized.presence_penalty == -0.5);
   CHECK(penalized.frequency_penalty == 1.25);
   CHECK(penalized.repetition_penalty == 1.1);
   CHECK(penalized.top_k == 40);
+  CHECK(penalized.min_p == 0.05);
   CHECK(penalized.n == 1);
   CHECK(ParseOk(OpenAiEndpoint::kCompletions, R"({"model": "toy", "prompt": "a", "n": 16})").n ==
         16);
@@ -223,6 +224,9 @@ TEST_CASE("What the endpoint would ignore is refused by name, with OpenAI's erro
       {chat,
        R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "top_k": -2})",
        "top_k"},
+      {chat,
+       R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "min_p": 1.5})",
+       "min_p"},
       {completions, R"({"model": "toy", "prompt": [1, -2, 3]})", "prompt"},
       {completions, R"({"model": "toy", "prompt": []})", "prompt"},
       {completions, R"({"model": "toy", "prompt": [[1], [2]]})", "prompt"},

@@ -564,6 +564,7 @@ void OpenAiServer::Route() {
     generate.mutable_sampling()->set_top_p(static_cast<float>(request.top_p));
     if (request.seed) generate.mutable_sampling()->set_seed(*request.seed);
     generate.mutable_sampling()->set_top_k(static_cast<uint32_t>(request.top_k));
+    generate.mutable_sampling()->set_min_p(static_cast<float>(request.min_p));
     generate.mutable_sampling()->set_presence_penalty(static_cast<float>(request.presence_penalty));
     generate.mutable_sampling()->set_frequency_penalty(
         static_cast<float>(request.frequency_penalty));

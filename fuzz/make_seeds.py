@@ -154,7 +154,8 @@ def main():
           "pipeline:\n  layer_boundaries: [2, 4, 5]\n")
 
     sampling = (field_float(1, 0.7) + field_varint(2, 40) + field_float(3, 0.9) + field_varint(4, 7)
-                + field_float(6, 0.5) + field_float(7, -0.25) + field_float(8, 1.2))
+                + field_float(6, 0.5) + field_float(7, -0.25) + field_float(8, 1.2)
+                + field_float(9, 0.05))
     write(out, "app_request", "text.bin",
           field_bytes(2, "Hello, world! 123 <|eot_id|> the hell".encode()) + field_varint(4, 8)
           + field_bytes(5, sampling) + field_varint(6, 2))
@@ -175,7 +176,7 @@ def main():
             "max_completion_tokens": 8, "temperature": 0.5, "top_p": 0.9, "seed": 3,
             "stop": ["at", "\n\n"], "stream": True, "stream_options": {"include_usage": True},
             "logprobs": True, "top_logprobs": 3, "presence_penalty": 0.5,
-            "frequency_penalty": -0.25, "repetition_penalty": 1.2, "top_k": 40}
+            "frequency_penalty": -0.25, "repetition_penalty": 1.2, "top_k": 40, "min_p": 0.05}
     write(out, "openai_request", "chat.bin", b"\x00" + json.dumps(chat).encode())
     completion = {"model": "toy", "prompt": "été the cat", "max_tokens": 4, "logprobs": 2,
                   "stop": "t", "ignore_eos": True, "tophat_outline": False,

@@ -37,6 +37,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   TOPHAT_FUZZ_CHECK(request.frequency_penalty >= -2 && request.frequency_penalty <= 2);
   TOPHAT_FUZZ_CHECK(request.repetition_penalty > 0 && request.repetition_penalty <= 100);
   TOPHAT_FUZZ_CHECK(request.top_k >= 0);
+  TOPHAT_FUZZ_CHECK(request.min_p >= 0 && request.min_p <= 1);
   TOPHAT_FUZZ_CHECK(request.n >= 1 && request.n <= tophat::kMaxOpenAiChoices);
   TOPHAT_FUZZ_CHECK(request.n == 1 || request.outline_max_points == 0);
   TOPHAT_FUZZ_CHECK(!request.include_usage || request.stream);

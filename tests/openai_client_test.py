@@ -518,6 +518,15 @@ def logprobs(client, model, messages, text, stop, model_dir):
     check(biased_ids != plain_ids, "logit_bias changed nothing")
     print(f"logit_bias: {len(bias)} tokens biased, the answer as transformers'")
 
+    # min_p 1 keeps the likeliest token alone: sampled at any temperature (unseeded), the
+    # greedy answer.
+    only_likeliest = client.completions.create(
+        model=model, prompt=prompt, max_tokens=12, temperature=1.5, logprobs=0,
+        extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True, "min_p": 1.0})
+    check_eq("min_p 1 at temperature 1.5: the greedy answer",
+             [int(t.removeprefix("token_id:")) for t in only_likeliest.choices[0].logprobs.tokens],
+             plain_ids)
+
     # Penalties on repetition: OpenAI's presence and frequency penalties (written out here,
     # as OpenAI and vLLM define them: over the generated tokens) after transformers' own
     # repetition_penalty (over the prompt and the generated tokens), as vLLM orders them.

@@ -18,6 +18,9 @@ absl::Status SamplingParams::Validate() const {
   if (!(top_p > 0.0 && top_p <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", top_p));
   }
+  if (!(min_p >= 0.0 && min_p <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("min_p must be in [0, 1], got ", min_p));
+  }
   for (const auto& [id, bias] : logit_bias) {
     if (id < 0) return absl::InvalidArgumentError(absl::StrCat("logit_bias: token id ", id));
     if (!(bias >= -100 && bias <= 100)) {
@@ -132,18 +135,29 @@ at::Tensor Sampler::Distribution(const at::Tensor& logits,
   }
   at::Tensor probs = at::softmax(l / params_.temperature, 0);
   const bool use_top_k = params_.top_k > 0 && params_.top_k < vocab;
-  if (!use_top_k && params_.top_p >= 1.0) return probs;
+  if (!use_top_k && params_.top_p >= 1.0 && params_.min_p <= 0.0) return probs;
 
-  // Sort once; both filters keep a prefix of the sorted order.
+  // Sort once; every filter keeps a prefix of the sorted order.
   auto [sorted, order] = probs.sort(/*dim=*/0, /*descending=*/true);
   const float* p = sorted.data_ptr<float>();
   int64_t keep = use_top_k ? params_.top_k : vocab;
+  if (params_.min_p > 0.0) {
+    // Relative to the likeliest, so the same whichever filter goes first.
+    const double threshold = params_.min_p * p[0];
+    int64_t kept = 1;
+    while (kept < keep && p[kept] >= threshold) ++kept;
+    keep = kept;
+  }
   if (params_.top_p < 1.0) {
+    // The nucleus of what the filters before left, renormalised (vLLM's and Hugging Face's
+    // top-p after top-k).
+    double left = 0.0;
+    for (int64_t i = 0; i < keep; ++i) left += p[i];
     double mass = 0.0;
     int64_t nucleus = 0;
     while (nucleus < keep) {
       mass += p[nucleus++];
-      if (mass >= params_.top_p) break;
+      if (mass >= params_.top_p * left) break;
     }
     keep = std::max<int64_t>(nucleus, 1);
   }

@@ -18,6 +18,9 @@ struct SamplingParams {
   double temperature = 0.0;  // 0 means greedy
   int64_t top_k = 0;         // 0 keeps every token
   double top_p = 1.0;        // nucleus mass kept, in (0, 1]
+  // Keeps the tokens at least min_p times as likely as the likeliest (vLLM's and llama.cpp's
+  // min_p), in [0, 1]; 0 keeps every token.
+  double min_p = 0.0;
   uint64_t seed = 0;
   // Added to the logits of these token ids before any choice (OpenAI's logit_bias, each in
   // [-100, 100]: -100 bans a token, 100 all but forces it). The ids are the caller's to check
@@ -74,7 +77,9 @@ class Sampler {
   int32_t Sample(const at::Tensor& logits, std::span<const int32_t> pending = {});
 
   // The distribution Sample() draws from, [V] float32 summing to 1: softmax(adjusted logits /
-  // T) restricted to the top-k and top-p set and renormalised. Speculative sampling needs it.
+  // T) restricted, as vLLM does it, to the tokens min_p keeps, then the top k of them, then
+  // the nucleus of what is left renormalised, and renormalised. Speculative sampling needs
+  // it.
   at::Tensor Distribution(const at::Tensor& logits, std::span<const int32_t> pending = {}) const;
 
   // The logits a choice compares, [V]: logit_bias added, then the penalties for the committed

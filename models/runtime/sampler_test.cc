@@ -136,6 +136,29 @@ TEST_CASE("Top-k and top-p keep exactly the expected support", "[sampler]") {
 
   Sampler tiny_p({.temperature = 1.0, .top_p = 0.01});  // always keeps the top token
   CHECK(tiny_p.Distribution(logits)[0].item<float>() == Approx(1.0));
+
+  // Top-p after top-k is the nucleus of the top k renormalised (vLLM's and Hugging Face's):
+  // of 0.64 and 0.24, 0.727 >= 0.7 alone.
+  CHECK(Sampler({.temperature = 1.0, .top_k = 2, .top_p = 0.7}).Distribution(logits)[1]
+            .item<float>() == 0.0f);
+
+  // min_p keeps what is at least min_p times the likeliest: 0.24 / 0.64 = 0.37 and
+  // 0.09 / 0.64 = 0.135.
+  const at::Tensor pm = Sampler({.temperature = 1.0, .min_p = 0.3}).Distribution(logits);
+  CHECK(pm[1].item<float>() > 0.0f);
+  CHECK(pm[2].item<float>() == 0.0f);
+  CHECK(pm.sum().item<float>() == Approx(1.0));
+  CHECK(pm[0].item<float>() / pm[1].item<float>() == Approx(std::exp(1.0)).epsilon(1e-4));
+  // ... after temperature: at T = 2 the ratios are 0.61 and 0.37.
+  CHECK(Sampler({.temperature = 2.0, .min_p = 0.3}).Distribution(logits)[2].item<float>() > 0.0f);
+  // min_p 1 is greedy (the likeliest alone), whatever the temperature.
+  CHECK(Sampler({.temperature = 1.5, .min_p = 1.0}).Distribution(logits)[0].item<float>() ==
+        Approx(1.0));
+  // With top-p, the nucleus is taken of what min_p left: 0.64 / 0.88 = 0.727 >= 0.7.
+  CHECK(Sampler({.temperature = 1.0, .top_p = 0.7, .min_p = 0.3}).Distribution(logits)[1]
+            .item<float>() == 0.0f);
+  CHECK_FALSE(SamplingParams{.min_p = 1.5}.Validate().ok());
+  CHECK_FALSE(SamplingParams{.min_p = -0.1}.Validate().ok());
 }
 
 TEST_CASE("Seeded sampling follows the distribution and repeats per seed", "[sampler]") {
