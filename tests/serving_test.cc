@@ -1087,17 +1087,22 @@ TEST_CASE("A daemon whose private key is not its certificate's exits at once, na
                               Catch::Contains("device-1.crt"));
 }
 
+// Runs `daemon --config config --check-config`, its output to `log`: its exit code and output.
+std::pair<int, std::string> CheckConfig(const std::string& daemon, const fs::path& config,
+                                        const fs::path& log) {
+  ChildProcess checked({(BinDir() / daemon).string(), "--config", config.string(), "--check-config"},
+                       log);
+  const auto code = checked.Wait(60s);
+  REQUIRE(code.has_value());
+  return {*code, checked.Log()};
+}
+
 TEST_CASE("tophat-cloud --check-config checks a config as far as a start gets before the "
           "weights, and names what would stop it",
           "[serving]") {
   testing::TempDir dir;
   const auto check = [&](const CloudProcess& cloud, const std::string& name) {
-    ChildProcess checked({(BinDir() / "tophat-cloud").string(), "--config",
-                          cloud.config().string(), "--check-config"},
-                         dir.path() / (name + ".log"));
-    const auto code = checked.Wait(60s);
-    REQUIRE(code.has_value());
-    return std::pair<int, std::string>(*code, checked.Log());
+    return CheckConfig("tophat-cloud", cloud.config(), dir.path() / (name + ".log"));
   };
   SECTION("a good config passes; ports in use are said, not refused") {
     CloudProcess cloud(dir.path(), CloudSettings{.start = false});
@@ -1153,12 +1158,8 @@ TEST_CASE("tophat-agent --check-config checks a config as far as a start gets be
                           << "\nlisten_address: \"127.0.0.1:" << port
                           << "\"\nmetrics_address: \"127.0.0.1:" << testing::FreePort()
                           << "\"\n";
-    ChildProcess checked(
-        {(BinDir() / "tophat-agent").string(), "--config", config.string(), "--check-config"},
-        dir.path() / (name + ".log"));
-    const auto code = checked.Wait(60s);
-    REQUIRE(code.has_value());
-    return std::tuple<int, std::string, int>(*code, checked.Log(), port);
+    auto [code, log] = CheckConfig("tophat-agent", config, dir.path() / (name + ".log"));
+    return std::tuple<int, std::string, int>(code, std::move(log), port);
   };
   {
     auto [code, log, port] = check(Bundles() / "device", "good");
