@@ -40,9 +40,8 @@ std::optional<bool> IsOffValue(std::string_view key, const Json& value) {
   return std::nullopt;
 }
 
-// A completions prompt as token ids: [1, 2, 3] or [[1, 2, 3]]; nullopt for anything else.
-std::optional<std::vector<int64_t>> PromptIds(const Json& value) {
-  const Json& ids = value.is_array() && value.size() == 1 && value[0].is_array() ? value[0] : value;
+// A completions prompt as token ids: [1, 2, 3]; nullopt for anything else.
+std::optional<std::vector<int64_t>> PromptIds(const Json& ids) {
   if (!ids.is_array() || ids.empty()) return std::nullopt;
   std::vector<int64_t> out;
   for (const Json& id : ids) {
@@ -50,6 +49,25 @@ std::optional<std::vector<int64_t>> PromptIds(const Json& value) {
     out.push_back(id.get<int64_t>());
   }
   return out;
+}
+
+// A completions "prompt": a string, token ids, or an array of either (a batch); nullopt
+// for anything else.
+std::optional<std::vector<CompletionPrompt>> CompletionPrompts(const Json& value) {
+  if (value.is_string()) return std::vector<CompletionPrompt>{{.text = value.get<std::string>()}};
+  if (auto ids = PromptIds(value)) return std::vector<CompletionPrompt>{{.ids = std::move(ids)}};
+  if (!value.is_array() || value.empty()) return std::nullopt;
+  std::vector<CompletionPrompt> prompts;
+  for (const Json& item : value) {
+    if (item.is_string()) {
+      prompts.push_back({.text = item.get<std::string>()});
+    } else if (auto ids = PromptIds(item)) {
+      prompts.push_back({.ids = std::move(ids)});
+    } else {
+      return std::nullopt;
+    }
+  }
+  return prompts;
 }
 
 std::variant<std::string, OpenAiError> MessageContent(const Json& content, size_t index) {
@@ -148,16 +166,12 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
       has_input = true;
       if (chat) {
         if (auto error = ParseMessages(value, request)) return *error;
-      } else if (value.is_string()) {
-        request.prompt = value.get<std::string>();
-      } else if (value.is_array() && value.size() == 1 && value[0].is_string()) {
-        request.prompt = value[0].get<std::string>();
-      } else if (auto ids = PromptIds(value)) {
-        request.prompt_ids = *std::move(ids);
+      } else if (auto prompts = CompletionPrompts(value)) {
+        request.prompts = *std::move(prompts);
       } else {
         return Invalid("prompt",
                        "'prompt' must be a string, token ids (an array of integers of at least "
-                       "0), or an array of one of those");
+                       "0), or a non-empty array of either");
       }
     } else if (key == "max_tokens" && !chat && value.is_number_integer() &&
                value.get<int64_t>() == 0) {
@@ -339,6 +353,14 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
   }
   if (request.n > 1 && request.outline_max_points != 0) {
     return Invalid("n", "'n' above 1 cannot be combined with 'tophat_outline'");
+  }
+  if (request.prompts.size() > 1 && request.outline_max_points != 0) {
+    return Invalid("prompt", "several prompts cannot be combined with 'tophat_outline'");
+  }
+  if (request.choices() > kMaxOpenAiBatch) {
+    return Invalid(request.n > 1 ? "n" : "prompt",
+                   absl::StrCat(request.prompts.size(), " prompts x 'n' ", request.n, " are ",
+                                request.choices(), " choices, more than ", kMaxOpenAiBatch));
   }
   if (request.include_usage && !request.stream) {
     return Invalid("stream_options", "'stream_options' is only allowed with 'stream': true");

@@ -6,6 +6,7 @@
 // Pure: no I/O, no model.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -30,14 +31,19 @@ struct OpenAiError {
   nlohmann::json ToJson() const;
 };
 
+// One prompt of a completions request: text, or token ids used as they are (no BOS added).
+struct CompletionPrompt {
+  std::string text;
+  std::optional<std::vector<int64_t>> ids;
+};
+
 struct OpenAiRequest {
   OpenAiEndpoint endpoint = OpenAiEndpoint::kChatCompletions;
   std::string model;
   std::vector<ChatMessage> messages;  // chat
-  std::string prompt;                 // completions
-  // completions: a prompt given as token ids (an array of integers, or of one such array),
-  // used as it is: no BOS is added.
-  std::optional<std::vector<int64_t>> prompt_ids;
+  // completions: one prompt (a string, or token ids: an array of integers), or several (an
+  // array of strings, or of arrays of integers), each answered with its own n choices.
+  std::vector<CompletionPrompt> prompts;
   int64_t max_tokens = 0;             // 0: the agent's default
   double temperature = 1.0;           // OpenAI's default
   double top_p = 1.0;
@@ -76,9 +82,13 @@ struct OpenAiRequest {
   // completions: "max_tokens": 0, with echo: read the prompt and generate nothing (scoring a
   // text, as lm-evaluation-harness does).
   bool prompt_only = false;
-  // "n": this many choices, each its own request (the cloud batches them); choice i samples
-  // with seed + i when a seed is given.
+  // "n": this many choices per prompt, each its own request (the cloud batches them); choice
+  // j of a prompt samples with seed + j when a seed is given.
   int64_t n = 1;
+  // The choices in all: prompts x n (chat: n).
+  int64_t choices() const {
+    return n * std::max<int64_t>(1, static_cast<int64_t>(prompts.size()));
+  }
 };
 
 // The most alternatives a token's log-probability may come with (OpenAI's chat limit, which
@@ -87,6 +97,8 @@ inline constexpr int64_t kMaxOpenAiLogprobs = 20;
 // The most choices ("n") a request may ask for; each also takes one of the agent's
 // max_concurrent_requests places.
 inline constexpr int64_t kMaxOpenAiChoices = 16;
+// The most choices a request may ask for in all (prompts x n).
+inline constexpr int64_t kMaxOpenAiBatch = 256;
 // The most logit_bias entries a request may carry (the agent's own limit, kMaxLogitBias).
 inline constexpr size_t kMaxOpenAiLogitBias = 1024;
 

@@ -63,7 +63,8 @@ TEST_CASE("A chat request's honoured fields are read") {
 
   const OpenAiRequest c =
       ParseOk(OpenAiEndpoint::kCompletions, R"({"model": "toy", "prompt": ["the cat"]})");
-  CHECK(c.prompt == "the cat");
+  REQUIRE(c.prompts.size() == 1);
+  CHECK(c.prompts[0].text == "the cat");
   CHECK(c.max_tokens == 0);
   CHECK(c.temperature == 1.0);  // OpenAI's default
   CHECK_FALSE(c.stream);
@@ -134,14 +135,36 @@ TEST_CASE("echo starts a completion with its prompt, and with max_tokens 0 only 
   CHECK_FALSE(ParseOk(completions, R"({"model": "toy", "prompt": "a", "echo": false})").echo);
 }
 
-TEST_CASE("A completions prompt may be token ids, used as they are") {
+TEST_CASE("A completions prompt may be token ids, used as they are, and there may be several") {
   const auto completions = OpenAiEndpoint::kCompletions;
   const OpenAiRequest flat = ParseOk(completions, R"({"model": "toy", "prompt": [1, 20, 7]})");
-  REQUIRE(flat.prompt_ids.has_value());
-  CHECK(*flat.prompt_ids == std::vector<int64_t>{1, 20, 7});
-  CHECK(ParseOk(completions, R"({"model": "toy", "prompt": [[5, 6]]})").prompt_ids ==
-        std::vector<int64_t>{5, 6});
-  CHECK_FALSE(ParseOk(completions, R"({"model": "toy", "prompt": "5 6"})").prompt_ids.has_value());
+  REQUIRE(flat.prompts.size() == 1);
+  CHECK(flat.prompts[0].ids == std::vector<int64_t>{1, 20, 7});
+  const OpenAiRequest nested = ParseOk(completions, R"({"model": "toy", "prompt": [[5, 6]]})");
+  REQUIRE(nested.prompts.size() == 1);
+  CHECK(nested.prompts[0].ids == std::vector<int64_t>{5, 6});
+  CHECK_FALSE(ParseOk(completions, R"({"model": "toy", "prompt": "5 6"})").prompts[0].ids);
+  // A batch: strings and token ids mixed, each answered with its own n choices.
+  const OpenAiRequest batch =
+      ParseOk(completions, R"({"model": "toy", "prompt": ["a b", [1, 2], [3]], "n": 2})");
+  REQUIRE(batch.prompts.size() == 3);
+  CHECK(batch.prompts[0].text == "a b");
+  CHECK_FALSE(batch.prompts[0].ids);
+  CHECK(batch.prompts[1].ids == std::vector<int64_t>{1, 2});
+  CHECK(batch.prompts[2].ids == std::vector<int64_t>{3});
+  CHECK(batch.choices() == 6);
+  // At most 256 choices in all: 17 prompts x 16 are refused, naming n.
+  std::string prompts = "[[1]";
+  for (int i = 1; i < 17; ++i) prompts += ", [1]";
+  prompts += "]";
+  CHECK(ParseError(completions, R"({"model": "toy", "n": 16, "prompt": )" + prompts + "}").param ==
+        "n");
+  CHECK(ParseOk(completions, R"({"model": "toy", "n": 15, "prompt": )" + prompts + "}")
+            .choices() == 255);
+  // Chat has its messages and no prompts; its choices are n.
+  CHECK(ParseOk(OpenAiEndpoint::kChatCompletions,
+                R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "n": 3})")
+            .choices() == 3);
 }
 
 TEST_CASE("ignore_eos, as vLLM takes it, asks for max_tokens whatever the model says") {
@@ -229,7 +252,9 @@ TEST_CASE("What the endpoint would ignore is refused by name, with OpenAI's erro
        "min_p"},
       {completions, R"({"model": "toy", "prompt": [1, -2, 3]})", "prompt"},
       {completions, R"({"model": "toy", "prompt": []})", "prompt"},
-      {completions, R"({"model": "toy", "prompt": [[1], [2]]})", "prompt"},
+      {completions, R"({"model": "toy", "prompt": [[1], []]})", "prompt"},
+      {completions, R"({"model": "toy", "prompt": [[1], [2]], "tophat_outline": true})",
+       "prompt"},
       {completions, R"({"model": "toy", "prompt": [1, "a"]})", "prompt"},
       {completions, R"({"model": "toy", "prompt": "a", "logprobs": true})", "logprobs"},
       {completions, R"({"model": "toy", "prompt": "a", "logprobs": 21})", "logprobs"},

@@ -80,27 +80,50 @@ std::string FinishReasonText(v1::FinishReason reason, bool stopped_by_sequence) 
   return "stop";
 }
 
-// The usage of a request's choices: the prompt counted once, as OpenAI counts it, and every
-// choice's generated tokens.
-Json Usage(std::span<const v1::GenerateResponse> choices) {
-  const v1::RequestStats& first = choices.front().stats();
-  int64_t generated = 0;
-  for (const v1::GenerateResponse& choice : choices) generated += choice.stats().generated_tokens();
-  return Json{{"prompt_tokens", first.prompt_tokens()},
+// The usage of a request's choices, `n` a prompt: each prompt counted once (its first
+// choice's), as OpenAI counts them, and every choice's generated tokens.
+Json Usage(std::span<const v1::GenerateResponse> choices, int64_t n) {
+  int64_t prompt = 0, cached = 0, generated = 0;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const v1::RequestStats& stats = choices[i].stats();
+    if (i % static_cast<size_t>(n) == 0) {
+      prompt += stats.prompt_tokens();
+      // OpenAI's prompt caching field: the positions an earlier turn had computed.
+      cached += stats.reused_prompt_tokens();
+    }
+    generated += stats.generated_tokens();
+  }
+  return Json{{"prompt_tokens", prompt},
               {"completion_tokens", generated},
-              {"total_tokens", first.prompt_tokens() + generated},
-              // OpenAI's prompt caching field: the positions an earlier turn had computed.
-              {"prompt_tokens_details", {{"cached_tokens", first.reused_prompt_tokens()}}}};
+              {"total_tokens", prompt + generated},
+              {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
-// Runs each(0) .. each(n - 1) at once, each(0) on this thread: a request's choices, which
-// the cloud then batches.
-void RunEach(int64_t n, const std::function<void(int64_t)>& each) {
+// Runs each(0) .. each(n - 1), `at_once` of them at a time (this thread one of the
+// workers), in order of index: a request's choices, which the cloud then batches.
+void RunEach(int64_t n, int64_t at_once, const std::function<void(int64_t)>& each) {
+  std::atomic<int64_t> next = 0;
+  const auto work = [&] {
+    for (int64_t i = next++; i < n; i = next++) each(i);
+  };
   std::vector<std::thread> others;
-  for (int64_t i = 1; i < n; ++i) others.emplace_back(each, i);
-  each(0);
+  for (int64_t w = 1; w < std::min(n, at_once); ++w) others.emplace_back(work);
+  work();
   for (std::thread& other : others) other.join();
 }
+
+// One prompt of a request, as token ids, and with echo the text its answers start with.
+struct PromptPlan {
+  std::vector<int32_t> ids;
+  std::optional<std::string> echo_text;
+};
+
+// One choice: its request to the agent and the prompt (an index into the request's) it
+// answers.
+struct ChoicePlan {
+  v1::GenerateRequest generate;
+  size_t prompt = 0;
+};
 
 // The log-probabilities of a request's tokens, in the endpoint's shape: chat's
 // {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}, or
@@ -453,23 +476,18 @@ void OpenAiServer::Route() {
     auto parsed = ParseOpenAiRequest(endpoint, req.body, options_.model_name);
     if (auto* error = std::get_if<OpenAiError>(&parsed)) return SendError(res, *error);
     const OpenAiRequest request = std::get<OpenAiRequest>(std::move(parsed));
-    if (request.n > options_.max_concurrent_requests) {
-      return SendError(res, OpenAiError{.param = "n",
-                                        .message = absl::StrCat(
-                                            "'n' of ", request.n, " is more than this agent's ",
-                                            options_.max_concurrent_requests,
-                                            " concurrent completions "
-                                            "(max_concurrent_requests)")});
-    }
-    // One of max_concurrent_requests places per choice, held by the handler and, for a
-    // stream, by its content provider, which httplib runs after the handler has returned.
+    // One of max_concurrent_requests places per choice running at once, held by the handler
+    // and, for a stream, by its content provider, which httplib runs after the handler has
+    // returned. A request of more choices than there are places runs them that many at a
+    // time.
+    const int64_t places = std::min(request.choices(), options_.max_concurrent_requests);
     struct Slot {
       std::atomic<int64_t>* running;
       int64_t places;
       ~Slot() { running->fetch_sub(places); }
     };
-    const int64_t running = completions_running_.fetch_add(request.n) + request.n;
-    const std::shared_ptr<Slot> slot(new Slot{&completions_running_, request.n});
+    const int64_t running = completions_running_.fetch_add(places) + places;
+    const std::shared_ptr<Slot> slot(new Slot{&completions_running_, places});
     if (running > options_.max_concurrent_requests) {
       res.set_header("Retry-After", "1");
       return SendError(res, OpenAiError{.http_status = 429,
@@ -484,9 +502,8 @@ void OpenAiServer::Route() {
 
     // Token ids here, not on the agent: the context check below can then answer 400.
     const Tokenizer& tokenizer = agent_->tokenizer();
-    std::vector<int32_t> prompt;
+    std::vector<PromptPlan> prompts;
     std::vector<uint32_t> stop_ids;
-    std::optional<std::string> echo_text;  // with echo: the prompt as the answer starts with it
     // A token id a field names that the tokenizer cannot decode.
     const auto outside_vocabulary = [&tokenizer](std::string param, int64_t id) {
       std::string message = absl::StrCat(param, ": token id ", id,
@@ -511,27 +528,31 @@ void OpenAiServer::Route() {
       if (!ids.ok()) {
         return SendError(res, ServerError(500, std::string(ids.status().message())));
       }
-      prompt = *std::move(ids);
+      prompts.push_back({.ids = *std::move(ids)});
       if (const auto end_of_turn = chat_template_->end_of_turn()) {
         if (const auto id = tokenizer.PieceToId(*end_of_turn)) {
           stop_ids.push_back(static_cast<uint32_t>(*id));
         }
       }
-    } else if (request.prompt_ids) {
-      for (const int64_t id : *request.prompt_ids) {
-        if (id >= tokenizer.vocab_size()) return SendError(res, outside_vocabulary("prompt", id));
-        prompt.push_back(static_cast<int32_t>(id));
+    }
+    for (const CompletionPrompt& given : request.prompts) {
+      PromptPlan& plan = prompts.emplace_back();
+      if (given.ids) {
+        for (const int64_t id : *given.ids) {
+          if (id >= tokenizer.vocab_size()) return SendError(res, outside_vocabulary("prompt", id));
+          plan.ids.push_back(static_cast<int32_t>(id));
+        }
+        if (request.echo) plan.echo_text = tokenizer.Decode(plan.ids).value_or("");
+        continue;
       }
-      if (request.echo) echo_text = tokenizer.Decode(prompt).value_or("");
-    } else {
-      if (request.echo) echo_text = request.prompt;
-      auto ids = tokenizer.Encode(request.prompt);
+      if (request.echo) plan.echo_text = given.text;
+      auto ids = tokenizer.Encode(given.text);
       if (!ids.ok()) {
         return SendError(res, OpenAiError{.param = "prompt",
                                           .message = std::string(ids.status().message())});
       }
-      if (const auto bos = tokenizer.bos_id()) prompt.push_back(*bos);
-      prompt.insert(prompt.end(), ids->begin(), ids->end());
+      if (const auto bos = tokenizer.bos_id()) plan.ids.push_back(*bos);
+      plan.ids.insert(plan.ids.end(), ids->begin(), ids->end());
     }
     for (const auto& [id, bias] : request.logit_bias) {
       if (id >= tokenizer.vocab_size()) {
@@ -539,17 +560,21 @@ void OpenAiServer::Route() {
       }
     }
     const int64_t max_context = agent_->Info().max_context();
-    const int64_t wanted = static_cast<int64_t>(prompt.size()) +
-                           (request.prompt_only ? 0 : std::max<int64_t>(1, request.max_tokens));
-    if (max_context > 0 && wanted > max_context) {
-      return SendError(
-          res, OpenAiError{.param = endpoint == OpenAiEndpoint::kChatCompletions ? "messages"
-                                                                                  : "prompt",
-                           .code = "context_length_exceeded",
-                           .message = absl::StrCat(
-                               "This model's maximum context length is ", max_context,
-                               " tokens; the prompt has ", prompt.size(), " and ",
-                               request.max_tokens, " more were asked for")});
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      const int64_t length = static_cast<int64_t>(prompts[p].ids.size());
+      const int64_t wanted =
+          length + (request.prompt_only ? 0 : std::max<int64_t>(1, request.max_tokens));
+      if (max_context > 0 && wanted > max_context) {
+        return SendError(
+            res, OpenAiError{.param = endpoint == OpenAiEndpoint::kChatCompletions ? "messages"
+                                                                                    : "prompt",
+                             .code = "context_length_exceeded",
+                             .message = absl::StrCat(
+                                 "This model's maximum context length is ", max_context,
+                                 " tokens; the prompt",
+                                 prompts.size() > 1 ? absl::StrCat(" ", p) : "", " has ", length,
+                                 " and ", request.max_tokens, " more were asked for")});
+      }
     }
 
     v1::GenerateRequest generate;
@@ -558,7 +583,6 @@ void OpenAiServer::Route() {
                           .created = UnixSeconds(),
                           .model = options_.model_name};
     generate.set_request_id(completion.id);
-    for (int32_t id : prompt) generate.mutable_prompt_ids()->add_ids(static_cast<uint32_t>(id));
     generate.set_max_new_tokens(static_cast<uint32_t>(request.max_tokens));
     generate.mutable_sampling()->set_temperature(static_cast<float>(request.temperature));
     generate.mutable_sampling()->set_top_p(static_cast<float>(request.top_p));
@@ -591,23 +615,32 @@ void OpenAiServer::Route() {
       }
     }
 
-    // The renderer names the first generated token after the prompt's last.
-    const std::optional<int32_t> last_prompt_token =
-        prompt.empty() ? std::nullopt : std::optional<int32_t>(prompt.back());
-    // With echo, the prompt's own tokens come first, the first named on its own.
-    const auto make_logprobs = [&tokenizer, request, endpoint,
-                                last = request.echo ? std::nullopt : last_prompt_token] {
+    // The renderer names the first generated token after the prompt's last; with echo, the
+    // prompt's own tokens come first, the first named on its own.
+    const auto make_logprobs = [&tokenizer, request, endpoint](const PromptPlan& prompt) {
+      const std::optional<int32_t> last =
+          request.echo || prompt.ids.empty() ? std::nullopt
+                                             : std::optional<int32_t>(prompt.ids.back());
       return request.logprobs < 0
                  ? std::optional<LogprobsRenderer>()
                  : std::optional<LogprobsRenderer>(std::in_place, tokenizer,
                                                    endpoint == OpenAiEndpoint::kChatCompletions,
                                                    request.return_tokens_as_token_ids, last);
     };
-    // Each choice its own request: its own id (for Cancel) and, with a seed, seed + index.
-    std::vector<v1::GenerateRequest> choices(static_cast<size_t>(request.n), generate);
-    for (int64_t i = 0; i < request.n && request.n > 1; ++i) {
-      choices[i].set_request_id(absl::StrCat(completion.id, "-", i));
-      if (request.seed) choices[i].mutable_sampling()->set_seed(*request.seed + i);
+    // Each choice its own request: prompt p's choice j is choice p * n + j (OpenAI's order),
+    // with its own id (for Cancel) and, with a seed, seed + j.
+    std::vector<ChoicePlan> choices;
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      for (int64_t j = 0; j < request.n; ++j) {
+        ChoicePlan& choice = choices.emplace_back(ChoicePlan{.generate = generate, .prompt = p});
+        for (int32_t id : prompts[p].ids) {
+          choice.generate.mutable_prompt_ids()->add_ids(static_cast<uint32_t>(id));
+        }
+        if (request.choices() > 1) {
+          choice.generate.set_request_id(absl::StrCat(completion.id, "-", choices.size() - 1));
+        }
+        if (request.seed) choice.generate.mutable_sampling()->set_seed(*request.seed + j);
+      }
     }
     const auto failed = [](const v1::GenerateResponse& done) {
       return done.finish_reason() == v1::FINISH_REASON_ERROR;
@@ -615,13 +648,14 @@ void OpenAiServer::Route() {
     if (!request.stream) {
       std::vector<v1::GenerateResponse> done(choices.size());
       std::vector<Json> rendered(choices.size());
-      RunEach(request.n, [&](int64_t i) {
+      RunEach(static_cast<int64_t>(choices.size()), places, [&](int64_t i) {
+        const PromptPlan& prompt = prompts[choices[i].prompt];
         StopSequenceFilter filter(request.stop);
-        std::optional<LogprobsRenderer> logprobs = make_logprobs();
-        TokenSink tokens{filter, logprobs ? &*logprobs : nullptr, echo_text, prompt};
+        std::optional<LogprobsRenderer> logprobs = make_logprobs(prompt);
+        TokenSink tokens{filter, logprobs ? &*logprobs : nullptr, prompt.echo_text, prompt.ids};
         std::string text;
         done[i] = agent_->Generate(
-            choices[i],
+            choices[i].generate,
             [&](const TokenEvent& event) {
               text += tokens.Push(event);
               return !filter.stopped();
@@ -637,7 +671,7 @@ void OpenAiServer::Route() {
       for (const v1::GenerateResponse& answer : done) {
         if (failed(answer)) return SendError(res, generation_error(answer));
       }
-      res.set_content(completion.Whole(Json(std::move(rendered)), Usage(done)).dump(),
+      res.set_content(completion.Whole(Json(std::move(rendered)), Usage(done, request.n)).dump(),
                       "application/json");
       return;
     }
@@ -646,7 +680,7 @@ void OpenAiServer::Route() {
     res.set_chunked_content_provider(
         "text/event-stream",
         [this, choices, completion, request, caller = *caller, generation_error, failed, slot,
-         make_logprobs, echo_text, prompt](size_t, httplib::DataSink& sink) {
+         places, make_logprobs, prompts](size_t, httplib::DataSink& sink) {
           // The choices stream at once, each chunk whole under the lock.
           std::mutex sink_mutex;
           std::atomic<bool> client_gone = false;
@@ -657,13 +691,16 @@ void OpenAiServer::Route() {
             return !client_gone;
           };
           std::vector<v1::GenerateResponse> done(choices.size());
-          RunEach(request.n, [&](int64_t i) {
+          RunEach(static_cast<int64_t>(choices.size()), places, [&](int64_t i) {
+            if (client_gone) return;  // a choice not yet begun when the client went
+            const PromptPlan& prompt = prompts[choices[i].prompt];
             StopSequenceFilter filter(request.stop);
-            std::optional<LogprobsRenderer> logprobs = make_logprobs();
-            TokenSink tokens{filter, logprobs ? &*logprobs : nullptr, echo_text, prompt};
+            std::optional<LogprobsRenderer> logprobs = make_logprobs(prompt);
+            TokenSink tokens{filter, logprobs ? &*logprobs : nullptr, prompt.echo_text,
+                             prompt.ids};
             bool first = true;
             done[i] = agent_->Generate(
-                choices[i],
+                choices[i].generate,
                 [&](const TokenEvent& event) {
                   const std::string text = tokens.Push(event);
                   // A token whose text is held back (it may begin a stop sequence) still
@@ -696,7 +733,7 @@ void OpenAiServer::Route() {
             return false;
           }
           if (request.include_usage && std::none_of(done.begin(), done.end(), failed)) {
-            send(completion.UsageChunk(Usage(done)));
+            send(completion.UsageChunk(Usage(done, request.n)));
           }
           const std::string end = "data: [DONE]\n\n";
           sink.write(end.data(), end.size());

@@ -187,6 +187,9 @@ def main():
     write(out, "openai_request", "scoring.bin", b"\x01" + json.dumps(
         {"model": "toy", "prompt": [1, 20, 7], "echo": True, "max_tokens": 0,
          "logprobs": 1}).encode())
+    write(out, "openai_request", "batch.bin", b"\x01" + json.dumps(
+        {"model": "toy", "prompt": ["the cat", [1, 20, 7], "x"], "n": 2,
+         "echo": True, "logprobs": 1}).encode())
     write(out, "openai_request", "outline.bin", b"\x00" + json.dumps(
         {"model": "toy", "messages": [{"role": "user", "content": "x"}],
          "tophat_outline": {"max_points": 3}}).encode())

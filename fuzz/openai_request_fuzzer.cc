@@ -40,12 +40,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   TOPHAT_FUZZ_CHECK(request.min_p >= 0 && request.min_p <= 1);
   TOPHAT_FUZZ_CHECK(request.n >= 1 && request.n <= tophat::kMaxOpenAiChoices);
   TOPHAT_FUZZ_CHECK(request.n == 1 || request.outline_max_points == 0);
+  TOPHAT_FUZZ_CHECK(request.choices() <= tophat::kMaxOpenAiBatch);
+  // Completions have their prompts, chat its messages.
+  TOPHAT_FUZZ_CHECK(request.prompts.empty() ==
+                    (request.endpoint == tophat::OpenAiEndpoint::kChatCompletions));
+  TOPHAT_FUZZ_CHECK(request.prompts.size() <= 1 || request.outline_max_points == 0);
   TOPHAT_FUZZ_CHECK(!request.include_usage || request.stream);
   TOPHAT_FUZZ_CHECK(request.logprobs < 0 || request.outline_max_points == 0);
   TOPHAT_FUZZ_CHECK(!request.prompt_only || request.echo);
   TOPHAT_FUZZ_CHECK(!request.echo || request.endpoint == tophat::OpenAiEndpoint::kCompletions);
 
-  std::string text = request.prompt;
+  std::string text;
+  for (const tophat::CompletionPrompt& prompt : request.prompts) {
+    TOPHAT_FUZZ_CHECK(!prompt.ids || (!prompt.ids->empty() && prompt.text.empty()));
+    text += prompt.text;
+  }
   for (const tophat::ChatMessage& message : request.messages) text += message.content;
   size_t first_stop = std::string::npos;
   for (const std::string& stop : request.stop) {

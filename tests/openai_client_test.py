@@ -169,8 +169,8 @@ def run(base_url, cloud_metrics_url, agent_metrics_url, model_dir):
     choices(client, model, messages)
 
     # A bad request: OpenAI's error object, the right status, the field named.
-    expect_error("n=3", lambda: client.chat.completions.create(model=model, messages=messages,
-                                                               n=3),
+    expect_error("n=17", lambda: client.chat.completions.create(model=model, messages=messages,
+                                                                n=17),
                  openai.BadRequestError, 400, param="n")
     expect_error("an unknown model",
                  lambda: client.chat.completions.create(model="gpt-4o", messages=messages),
@@ -209,9 +209,9 @@ def run(base_url, cloud_metrics_url, agent_metrics_url, model_dir):
 
 
 def choices(client, model, messages):
-    """n: every choice is its own request, choice i sampled with seed + i; without a seed,
-    every request samples with a fresh one. The agent runs at most 2 completions at once
-    (openai_client_test.sh), so n is at most 2 here."""
+    """n: every choice is its own request, choice i sampled with seed + i; several prompts;
+    without a seed, every request samples with a fresh one. The agent runs at most 2
+    completions at once (openai_client_test.sh): more choices run 2 at a time."""
     many = client.completions.create(model=model, prompt="the brave knight", max_tokens=16,
                                      temperature=0.8, seed=7, n=2)
     check_eq("n=2: the choices' indices", [c.index for c in many.choices], [0, 1])
@@ -248,6 +248,23 @@ def choices(client, model, messages):
     check(usage is not None and usage.completion_tokens == whole.usage.completion_tokens,
           f"streamed n=2: usage {usage}, the whole answer's {whole.usage}")
 
+    # Several prompts, 3 choices each (9 choices, run 2 at a time): prompt p's choice j is
+    # choices[3p + j], OpenAI's order, and is the answer that prompt alone gets with seed + j.
+    texts = ["the brave knight", "a long story", "the cat"]
+    batch = client.completions.create(model=model, prompt=texts, max_tokens=8,
+                                      temperature=0.8, seed=11, n=3)
+    check_eq("3 prompts x n=3: the choices' indices", [c.index for c in batch.choices],
+             list(range(9)))
+    prompt_tokens = 0
+    for p, text in enumerate(texts):
+        for j in range(3):
+            one = client.completions.create(model=model, prompt=text, max_tokens=8,
+                                            temperature=0.8, seed=11 + j)
+            check_eq(f"prompt {p}, choice {j}: the prompt's own answer with seed {11 + j}",
+                     batch.choices[3 * p + j].text, one.choices[0].text)
+        prompt_tokens += one.usage.prompt_tokens
+    check_eq("3 prompts: usage counts each prompt once", batch.usage.prompt_tokens, prompt_tokens)
+
     # Unseeded sampling differs from request to request. At temperature 2 after a prompt of
     # arbitrary ids, 16 tokens (the chance of two equal answers is printed).
     prompt = [1, 100, 37, 250, 12, 77, 300, 45]
@@ -258,7 +275,8 @@ def choices(client, model, messages):
                for _ in range(2)]
     tokens = [a.choices[0].logprobs.tokens for a in answers]
     check(tokens[0] != tokens[1], f"two unseeded answers are the same: {tokens[0]}")
-    print(f"n=2: each choice its seed's answer, streamed too; unseeded answers differ (the "
+    print(f"n=2: each choice its seed's answer, streamed too; 3 prompts x 3 choices each "
+          f"their prompt's; unseeded answers differ (the "
           f"first's log-probability at temperature 1: "
           f"{sum(answers[0].choices[0].logprobs.token_logprobs):.1f})")
 
