@@ -618,6 +618,22 @@ def logprobs(client, model, messages, text, stop, model_dir):
     check(all(abs(a - b) < LOGPROB_TOLERANCE for a, b in
               zip(both.token_logprobs[1:len(text_prompt)], got.token_logprobs[1:])),
           "echoed: the prompt's scores differ from scoring alone")
+    # A batch, as lm-eval sends with batch_size 2: each prompt scored as it is alone.
+    shorter = text_prompt[:20]
+    batch = client.completions.create(model=model, prompt=[text_prompt, shorter], max_tokens=0,
+                                      echo=True, logprobs=1,
+                                      extra_body={"return_tokens_as_token_ids": True})
+    check_eq("a batch scored: choices", len(batch.choices), 2)
+    for i, (ids, alone) in enumerate(((text_prompt, got.token_logprobs),
+                                      (shorter, got.token_logprobs[:20]))):
+        entries = batch.choices[i].logprobs
+        check_eq(f"a batch scored, prompt {i}: tokens",
+                 [int(t.removeprefix("token_id:")) for t in entries.tokens], ids)
+        check(all(abs(a - b) < LOGPROB_TOLERANCE
+                  for a, b in zip(entries.token_logprobs[1:], alone[1:])),
+              f"a batch scored, prompt {i}: scores differ from scoring it alone")
+    check_eq("a batch scored: usage", batch.usage.prompt_tokens,
+             len(text_prompt) + len(shorter))
     # Text: the answer starts with the prompt.
     plain = client.completions.create(model=model, prompt="the brave knight", max_tokens=4,
                                       temperature=0, echo=True)
