@@ -88,7 +88,7 @@ std::variant<std::string, OpenAiError> MessageContent(const Json& content, size_
   return Invalid(param, absl::StrCat(param, " must be a string or an array of text parts"));
 }
 
-std::optional<OpenAiError> ParseMessages(const Json& value, OpenAiRequest& request) {
+std::optional<OpenAiError> ParseMessages(const Json& value, std::vector<ChatMessage>& messages) {
   if (!value.is_array() || value.empty()) {
     return Invalid("messages", "'messages' must be a non-empty array");
   }
@@ -119,10 +119,35 @@ std::optional<OpenAiError> ParseMessages(const Json& value, OpenAiRequest& reque
     }
     auto content = MessageContent(message["content"], i);
     if (auto* error = std::get_if<OpenAiError>(&content)) return *error;
-    request.messages.push_back({.role = std::move(role),
-                                .content = std::get<std::string>(std::move(content))});
+    messages.push_back({.role = std::move(role),
+                        .content = std::get<std::string>(std::move(content))});
   }
   return std::nullopt;
+}
+
+// A request body: a JSON object, or the 400 saying why not.
+std::variant<Json, OpenAiError> ParseObject(std::string_view body) {
+  Json json;
+  try {
+    json = Json::parse(body);
+  } catch (const Json::exception& e) {
+    // The parser's message quotes the bytes it stopped at, which need not be UTF-8; the
+    // error object it goes into must be.
+    return Invalid("", absl::StrCat("the request body is not valid JSON: ",
+                                    utf8::ToValidLossy(e.what())));
+  }
+  if (!json.is_object()) return Invalid("", "the request body must be a JSON object");
+  return json;
+}
+
+// The 404 OpenAI answers for a model the agent does not serve.
+OpenAiError ModelNotFound(std::string_view model, std::string_view served_model) {
+  return OpenAiError{.http_status = 404,
+                     .param = "model",
+                     .code = "model_not_found",
+                     .message = absl::StrCat("The model '", std::string(model),
+                                             "' does not exist; this agent serves '",
+                                             std::string(served_model), "'")};
 }
 
 }  // namespace
@@ -138,16 +163,9 @@ Json OpenAiError::ToJson() const {
 std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpoint,
                                                             std::string_view body,
                                                             std::string_view served_model) {
-  Json json;
-  try {
-    json = Json::parse(body);
-  } catch (const Json::exception& e) {
-    // The parser's message quotes the bytes it stopped at, which need not be UTF-8; the
-    // error object it goes into must be.
-    return Invalid("", absl::StrCat("the request body is not valid JSON: ",
-                                    utf8::ToValidLossy(e.what())));
-  }
-  if (!json.is_object()) return Invalid("", "the request body must be a JSON object");
+  auto object = ParseObject(body);
+  if (auto* error = std::get_if<OpenAiError>(&object)) return *error;
+  const Json& json = std::get<Json>(object);
 
   OpenAiRequest request;
   request.endpoint = endpoint;
@@ -165,7 +183,7 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
     } else if (key == input_key) {
       has_input = true;
       if (chat) {
-        if (auto error = ParseMessages(value, request)) return *error;
+        if (auto error = ParseMessages(value, request.messages)) return *error;
       } else if (auto prompts = CompletionPrompts(value)) {
         request.prompts = *std::move(prompts);
       } else {
@@ -365,14 +383,7 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
   if (request.include_usage && !request.stream) {
     return Invalid("stream_options", "'stream_options' is only allowed with 'stream': true");
   }
-  if (request.model != served_model) {
-    return OpenAiError{.http_status = 404,
-                       .param = "model",
-                       .code = "model_not_found",
-                       .message = absl::StrCat("The model '", request.model,
-                                               "' does not exist; this agent serves '",
-                                               std::string(served_model), "'")};
-  }
+  if (request.model != served_model) return ModelNotFound(request.model, served_model);
   return request;
 }
 
@@ -406,6 +417,72 @@ std::string StopSequenceFilter::Flush() {
   std::string out = stopped_ ? "" : std::move(pending_);
   pending_.clear();
   return out;
+}
+
+std::variant<TokenizeRequest, OpenAiError> ParseTokenizeRequest(std::string_view body,
+                                                                std::string_view served_model) {
+  auto object = ParseObject(body);
+  if (auto* error = std::get_if<OpenAiError>(&object)) return *error;
+  TokenizeRequest request;
+  bool has_input = false;
+  for (const auto& [key, value] : std::get<Json>(object).items()) {
+    if (key == "model") {
+      if (!value.is_string()) return Invalid(key, "'model' must be a string");
+      if (value.get<std::string>() != served_model) {
+        return ModelNotFound(value.get<std::string>(), served_model);
+      }
+    } else if (key == "prompt" && !has_input) {
+      if (!value.is_string()) return Invalid(key, "'prompt' must be a string");
+      request.prompt = value.get<std::string>();
+      has_input = true;
+    } else if (key == "messages" && !has_input) {
+      if (auto error = ParseMessages(value, request.messages)) return *error;
+      has_input = true;
+    } else if (key == "add_special_tokens") {
+      if (!value.is_boolean()) return Invalid(key, "'add_special_tokens' must be a boolean");
+      request.add_special_tokens = value.get<bool>();
+    } else if (key == "add_generation_prompt") {
+      // The chat template's rendering always ends with the assistant's header.
+      if (!value.is_boolean() || !value.get<bool>()) {
+        return Invalid(key, "'add_generation_prompt' can only be true here");
+      }
+    } else if (key == "prompt" || key == "messages") {
+      return Invalid(key, "give 'prompt' or 'messages', not both");
+    } else {
+      return Invalid(key, absl::StrCat("Unrecognized request argument supplied: ", key));
+    }
+  }
+  if (!has_input) return Invalid("prompt", "'prompt' or 'messages' is required");
+  return request;
+}
+
+std::variant<DetokenizeRequest, OpenAiError> ParseDetokenizeRequest(
+    std::string_view body, std::string_view served_model) {
+  auto object = ParseObject(body);
+  if (auto* error = std::get_if<OpenAiError>(&object)) return *error;
+  DetokenizeRequest request;
+  bool has_tokens = false;
+  for (const auto& [key, value] : std::get<Json>(object).items()) {
+    if (key == "model") {
+      if (!value.is_string()) return Invalid(key, "'model' must be a string");
+      if (value.get<std::string>() != served_model) {
+        return ModelNotFound(value.get<std::string>(), served_model);
+      }
+    } else if (key == "tokens") {
+      if (!value.is_array()) return Invalid(key, "'tokens' must be an array of token ids");
+      for (const Json& id : value) {
+        if (!id.is_number_integer() || id.get<int64_t>() < 0) {
+          return Invalid(key, "'tokens' must be an array of token ids (integers of at least 0)");
+        }
+        request.tokens.push_back(id.get<int64_t>());
+      }
+      has_tokens = true;
+    } else {
+      return Invalid(key, absl::StrCat("Unrecognized request argument supplied: ", key));
+    }
+  }
+  if (!has_tokens) return Invalid("tokens", "'tokens' is required");
+  return request;
 }
 
 }  // namespace tophat

@@ -102,6 +102,24 @@ inline constexpr int64_t kMaxOpenAiBatch = 256;
 // The most logit_bias entries a request may carry (the agent's own limit, kMaxLogitBias).
 inline constexpr size_t kMaxOpenAiLogitBias = 1024;
 
+// vLLM's POST /tokenize: a completions `prompt` (a string; add_special_tokens: with the
+// tokenizer's BOS, true by default) or chat `messages` (rendered with the chat template, as a
+// chat completion's prompt), counted and listed as token ids, on the device.
+struct TokenizeRequest {
+  std::string prompt;
+  std::vector<ChatMessage> messages;  // non-empty: a chat's
+  bool add_special_tokens = true;
+};
+// vLLM's POST /detokenize: token ids back to text.
+struct DetokenizeRequest {
+  std::vector<int64_t> tokens;
+};
+// `model` may be left out; given, it must be `served_model` (else 404).
+std::variant<TokenizeRequest, OpenAiError> ParseTokenizeRequest(std::string_view body,
+                                                                std::string_view served_model);
+std::variant<DetokenizeRequest, OpenAiError> ParseDetokenizeRequest(
+    std::string_view body, std::string_view served_model);
+
 // `served_model`: the one model name the agent answers to (GET /v1/models lists it); any
 // other is a 404 model_not_found, as OpenAI answers.
 std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpoint,

@@ -318,5 +318,49 @@ TEST_CASE("A stop sequence never reaches the client, even split over tokens") {
   CHECK(none.Push("anything") == "anything");
 }
 
+TEST_CASE("/tokenize and /detokenize requests are read as vLLM's, and refused by name") {
+  const auto tokenize = [](const std::string& body) {
+    return ParseTokenizeRequest(body, kModel);
+  };
+  const auto prompt = tokenize(R"({"model": "toy", "prompt": "the cat"})");
+  REQUIRE(std::holds_alternative<TokenizeRequest>(prompt));
+  CHECK(std::get<TokenizeRequest>(prompt).prompt == "the cat");
+  CHECK(std::get<TokenizeRequest>(prompt).add_special_tokens);
+  const auto chat = tokenize(
+      R"({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": true,
+          "add_special_tokens": false})");
+  REQUIRE(std::holds_alternative<TokenizeRequest>(chat));
+  CHECK(std::get<TokenizeRequest>(chat).messages.size() == 1);
+  CHECK_FALSE(std::get<TokenizeRequest>(chat).add_special_tokens);
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {R"({"model": "toy"})", "prompt"},
+      {R"({"prompt": 5})", "prompt"},
+      // Both: the later key is refused (keys are read in sorted order).
+      {R"({"prompt": "a", "messages": [{"role": "user", "content": "b"}]})", "prompt"},
+      {R"({"messages": [{"role": "user", "content": "b"}], "add_generation_prompt": false})",
+       "add_generation_prompt"},
+      {R"({"prompt": "a", "suffix": "b"})", "suffix"},
+  };
+  for (const auto& [body, param] : refused) {
+    INFO(body);
+    const auto parsed = tokenize(body);
+    REQUIRE(std::holds_alternative<OpenAiError>(parsed));
+    CHECK(std::get<OpenAiError>(parsed).param == param);
+  }
+  const auto other_model = tokenize(R"({"model": "gpt-4o", "prompt": "a"})");
+  REQUIRE(std::holds_alternative<OpenAiError>(other_model));
+  CHECK(std::get<OpenAiError>(other_model).http_status == 404);
+
+  const auto ids = ParseDetokenizeRequest(R"({"model": "toy", "tokens": [1, 20, 7]})", kModel);
+  REQUIRE(std::holds_alternative<DetokenizeRequest>(ids));
+  CHECK(std::get<DetokenizeRequest>(ids).tokens == std::vector<int64_t>{1, 20, 7});
+  for (const std::string body : {R"({"tokens": [1, -2]})", R"({"tokens": "1 2"})", R"({})"}) {
+    INFO(body);
+    const auto parsed = ParseDetokenizeRequest(body, kModel);
+    REQUIRE(std::holds_alternative<OpenAiError>(parsed));
+    CHECK(std::get<OpenAiError>(parsed).param == "tokens");
+  }
+}
+
 }  // namespace
 }  // namespace tophat

@@ -329,6 +329,13 @@ struct Completion {
   }
 };
 
+// A token id a field names that the tokenizer cannot decode.
+OpenAiError OutsideVocabulary(const Tokenizer& tokenizer, std::string param, int64_t id) {
+  std::string message = absl::StrCat(param, ": token id ", id, " is outside the vocabulary of ",
+                                     tokenizer.vocab_size());
+  return OpenAiError{.param = std::move(param), .message = std::move(message)};
+}
+
 std::string Event(const Json& json) { return absl::StrCat("data: ", json.dump(), "\n\n"); }
 
 }  // namespace
@@ -504,11 +511,8 @@ void OpenAiServer::Route() {
     const Tokenizer& tokenizer = agent_->tokenizer();
     std::vector<PromptPlan> prompts;
     std::vector<uint32_t> stop_ids;
-    // A token id a field names that the tokenizer cannot decode.
     const auto outside_vocabulary = [&tokenizer](std::string param, int64_t id) {
-      std::string message = absl::StrCat(param, ": token id ", id,
-                                         " is outside the vocabulary of ", tokenizer.vocab_size());
-      return OpenAiError{.param = std::move(param), .message = std::move(message)};
+      return OutsideVocabulary(tokenizer, std::move(param), id);
     };
     if (endpoint == OpenAiEndpoint::kChatCompletions) {
       if (!chat_template_) {
@@ -741,6 +745,73 @@ void OpenAiServer::Route() {
           return true;
         });
   };
+  // vLLM's /tokenize and /detokenize, on the device's own tokenizer: an app can count a
+  // prompt's tokens against the context (a chat's as its completion would render it) without
+  // the text leaving the device.
+  server_->Post("/tokenize", [this, authenticate, answering](const httplib::Request& req,
+                                                             httplib::Response& res) {
+    answering(req);
+    if (!authenticate(req, res)) return;
+    auto parsed = ParseTokenizeRequest(req.body, options_.model_name);
+    if (auto* error = std::get_if<OpenAiError>(&parsed)) return SendError(res, *error);
+    const TokenizeRequest& request = std::get<TokenizeRequest>(parsed);
+    const Tokenizer& tokenizer = agent_->tokenizer();
+    std::vector<int32_t> ids;
+    if (!request.messages.empty()) {
+      if (!chat_template_) {
+        return SendError(res, OpenAiError{.param = "messages",
+                                          .message = absl::StrCat("this model has no chat "
+                                                                  "template (",
+                                                                  chat_template_error_, ")")});
+      }
+      auto rendered = chat_template_->Render(request.messages);
+      if (!rendered.ok()) {
+        return SendError(res, OpenAiError{.param = "messages",
+                                          .message = std::string(rendered.status().message())});
+      }
+      auto encoded = EncodeChat(tokenizer, *rendered);
+      if (!encoded.ok()) {
+        return SendError(res, ServerError(500, std::string(encoded.status().message())));
+      }
+      ids = *std::move(encoded);
+    } else {
+      auto encoded = tokenizer.Encode(request.prompt);
+      if (!encoded.ok()) {
+        return SendError(res, OpenAiError{.param = "prompt",
+                                          .message = std::string(encoded.status().message())});
+      }
+      if (const auto bos = tokenizer.bos_id(); bos && request.add_special_tokens) {
+        ids.push_back(*bos);
+      }
+      ids.insert(ids.end(), encoded->begin(), encoded->end());
+    }
+    res.set_content(Json{{"count", ids.size()},
+                         {"max_model_len", agent_->Info().max_context()},
+                         {"tokens", ids}}
+                        .dump(),
+                    "application/json");
+  });
+  server_->Post("/detokenize", [this, authenticate, answering](const httplib::Request& req,
+                                                               httplib::Response& res) {
+    answering(req);
+    if (!authenticate(req, res)) return;
+    auto parsed = ParseDetokenizeRequest(req.body, options_.model_name);
+    if (auto* error = std::get_if<OpenAiError>(&parsed)) return SendError(res, *error);
+    const Tokenizer& tokenizer = agent_->tokenizer();
+    std::vector<int32_t> ids;
+    for (const int64_t id : std::get<DetokenizeRequest>(parsed).tokens) {
+      if (id >= tokenizer.vocab_size()) {
+        return SendError(res, OutsideVocabulary(tokenizer, "tokens", id));
+      }
+      ids.push_back(static_cast<int32_t>(id));
+    }
+    auto text = tokenizer.Decode(ids);
+    if (!text.ok()) {
+      return SendError(res, OpenAiError{.param = "tokens",
+                                        .message = std::string(text.status().message())});
+    }
+    res.set_content(Json{{"prompt", *text}}.dump(), "application/json");
+  });
   server_->Post("/v1/chat/completions",
                 [complete, answering](const httplib::Request& req, httplib::Response& res) {
                   answering(req);

@@ -190,6 +190,11 @@ def main():
     write(out, "openai_request", "batch.bin", b"\x01" + json.dumps(
         {"model": "toy", "prompt": ["the cat", [1, 20, 7], "x"], "n": 2,
          "echo": True, "logprobs": 1}).encode())
+    write(out, "openai_request", "tokenize.bin", b"\x02" + json.dumps(
+        {"model": "toy", "messages": [{"role": "user", "content": "the cat"}],
+         "add_generation_prompt": True}).encode())
+    write(out, "openai_request", "detokenize.bin", b"\x03" + json.dumps(
+        {"model": "toy", "tokens": [1, 20, 7]}).encode())
     write(out, "openai_request", "outline.bin", b"\x00" + json.dumps(
         {"model": "toy", "messages": [{"role": "user", "content": "x"}],
          "tophat_outline": {"max_points": 3}}).encode())

@@ -1,8 +1,8 @@
 // What an app sends the agent's OpenAI endpoint: any bytes as the body of
-// POST /v1/chat/completions or /v1/completions (the first byte chooses), parsed as the
-// endpoint parses it (device_agent/openai_request.h). A refusal must be a 400 or 404 whose
-// error object serialises (it is what the client gets); a request that parses has its
-// checked limits, and its stop sequences are run over its own text, cut where the input's
+// POST /v1/chat/completions, /v1/completions, /tokenize or /detokenize (the first byte
+// chooses), parsed as the endpoint parses it (device_agent/openai_request.h). A refusal
+// must be a 400 or 404 whose error object serialises (it is what the client gets); a
+// completion that parses has its checked limits, and its stop sequences are run over its own text, cut where the input's
 // bytes say, through StopSequenceFilter: what comes out never holds a stop sequence and is
 // exactly the text before the first one (all of it when there is none).
 #include <algorithm>
@@ -14,16 +14,48 @@
 #include "device_agent/openai_request.h"
 #include "fuzz/fuzz_util.h"
 
+namespace {
+
+// What a refusal must be: a 400 or 404 whose error object serialises.
+void CheckRefusal(const tophat::OpenAiError& error) {
+  TOPHAT_FUZZ_CHECK(error.http_status == 400 || error.http_status == 404);
+  TOPHAT_FUZZ_CHECK(!error.message.empty());
+  (void)error.ToJson().dump();  // throws on text that is not UTF-8
+}
+
+// POST /tokenize and /detokenize: a refusal, or a request with its input.
+void CheckTokenizerRoutes(bool tokenize, std::string_view body) {
+  if (tokenize) {
+    auto parsed = tophat::ParseTokenizeRequest(body, "toy");
+    if (const auto* error = std::get_if<tophat::OpenAiError>(&parsed)) return CheckRefusal(*error);
+    const auto& request = std::get<tophat::TokenizeRequest>(parsed);
+    for (const tophat::ChatMessage& message : request.messages) {
+      TOPHAT_FUZZ_CHECK(!message.role.empty());
+    }
+    return;
+  }
+  auto parsed = tophat::ParseDetokenizeRequest(body, "toy");
+  if (const auto* error = std::get_if<tophat::OpenAiError>(&parsed)) return CheckRefusal(*error);
+  for (const int64_t id : std::get<tophat::DetokenizeRequest>(parsed).tokens) {
+    TOPHAT_FUZZ_CHECK(id >= 0);
+  }
+}
+
+}  // namespace
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
+  // The first byte chooses the route: 0 chat, 1 completions, 2 /tokenize, 3 /detokenize.
+  const std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
+  if ((data[0] & 3) >= 2) {
+    CheckTokenizerRoutes((data[0] & 3) == 2, body);
+    return 0;
+  }
   const auto endpoint = (data[0] & 1) != 0 ? tophat::OpenAiEndpoint::kCompletions
                                            : tophat::OpenAiEndpoint::kChatCompletions;
-  const std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
   auto parsed = tophat::ParseOpenAiRequest(endpoint, body, "toy");
   if (const auto* error = std::get_if<tophat::OpenAiError>(&parsed)) {
-    TOPHAT_FUZZ_CHECK(error->http_status == 400 || error->http_status == 404);
-    TOPHAT_FUZZ_CHECK(!error->message.empty());
-    (void)error->ToJson().dump();  // throws on text that is not UTF-8
+    CheckRefusal(*error);
     return 0;
   }
   const tophat::OpenAiRequest& request = std::get<tophat::OpenAiRequest>(parsed);

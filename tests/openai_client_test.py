@@ -107,6 +107,7 @@ def run(base_url, cloud_metrics_url, agent_metrics_url, model_dir):
     check_eq("repeated chat cached_tokens", again.usage.prompt_tokens_details.cached_tokens,
              first.usage.prompt_tokens - 1)
     print(f"chat: {json.dumps(text)}")
+    tokenizer_routes(client, model, base_url, messages, first.usage.prompt_tokens)
 
     # The conversation's next turn: its history is reused, only the new message is computed.
     turn2 = messages + [{"role": "assistant", "content": text},
@@ -206,6 +207,47 @@ def run(base_url, cloud_metrics_url, agent_metrics_url, model_dir):
 
     logprobs(client, model, messages, text, stop, model_dir)
     limits(client, model, base_url)
+
+
+def post_json(url, body):
+    """POSTs `body` as JSON: the HTTP status and the JSON answer, an error's included."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=20) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def tokenizer_routes(client, model, base_url, messages, chat_prompt_tokens):
+    """vLLM's /tokenize and /detokenize (at the root, as vLLM serves them): the counts are the
+    ones the completions then report."""
+    root = base_url.removesuffix("/v1")
+    status, chat = post_json(root + "/tokenize", {"model": model, "messages": messages})
+    check_eq("/tokenize messages: status", status, 200)
+    check_eq("/tokenize messages: the chat completion's prompt_tokens", chat["count"],
+             chat_prompt_tokens)
+    check_eq("/tokenize: max_model_len", chat["max_model_len"], 1024)
+    status, text = post_json(root + "/tokenize", {"model": model, "prompt": "the brave knight"})
+    check_eq("/tokenize prompt: status", status, 200)
+    completion = client.completions.create(model=model, prompt="the brave knight", max_tokens=1,
+                                           temperature=0)
+    check_eq("/tokenize prompt: the completion's prompt_tokens", text["count"],
+             completion.usage.prompt_tokens)
+    check_eq("/tokenize prompt: count", text["count"], len(text["tokens"]))
+    status, bare = post_json(root + "/tokenize", {"prompt": "the brave knight",
+                                                  "add_special_tokens": False})
+    check_eq("/tokenize without special tokens: all but the BOS", bare["tokens"],
+             text["tokens"][1:])
+    status, back = post_json(root + "/detokenize", {"model": model, "tokens": bare["tokens"]})
+    check_eq("/detokenize: status", status, 200)
+    check_eq("/detokenize: the text", back["prompt"], "the brave knight")
+    status, error = post_json(root + "/detokenize", {"tokens": [10 ** 6]})
+    check_eq("/detokenize outside the vocabulary: status", status, 400)
+    check_eq("/detokenize outside the vocabulary: param", error["error"]["param"], "tokens")
+    print(f"/tokenize: the chat's {chat['count']} tokens and the prompt's {text['count']}, as "
+          "the completions count them; /detokenize gives the text back")
 
 
 def choices(client, model, messages):
