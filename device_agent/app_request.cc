@@ -99,6 +99,13 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
     if (tokenizer.eos_id()) plan.stop_ids.push_back(*tokenizer.eos_id());
   }
   for (uint32_t id : request.stop_token_ids()) plan.stop_ids.push_back(static_cast<int32_t>(id));
+  if (request.min_new_tokens() > plan.max_new_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("min_new_tokens ", request.min_new_tokens(),
+                                                   " is more than max_new_tokens ",
+                                                   plan.max_new_tokens));
+  }
+  plan.sampling.min_tokens = request.min_new_tokens();
+  if (plan.sampling.min_tokens > 0) plan.sampling.stop_ids = plan.stop_ids;
   if (request.top_logprobs() > 0 && !request.logprobs()) {
     return absl::InvalidArgumentError("top_logprobs: needs logprobs");
   }

@@ -225,6 +225,22 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
                             "(1: off)");
       }
       request.repetition_penalty = value.get<double>();
+    } else if (key == "min_tokens") {
+      if (!value.is_number_integer() || value.get<int64_t>() < 0) {
+        return Invalid(key, "'min_tokens' must be an integer of at least 0");
+      }
+      request.min_tokens = value.get<int64_t>();
+    } else if (key == "stop_token_ids") {
+      if (!value.is_array() || value.size() > kMaxOpenAiStopIds) {
+        return Invalid(key, absl::StrCat("'stop_token_ids' must be an array of at most ",
+                                         kMaxOpenAiStopIds, " token ids"));
+      }
+      for (const Json& id : value) {
+        if (!id.is_number_integer() || id.get<int64_t>() < 0) {
+          return Invalid(key, "'stop_token_ids' must be token ids (integers of at least 0)");
+        }
+        request.stop_token_ids.push_back(id.get<int64_t>());
+      }
     } else if (key == "min_p") {
       if (!value.is_number() || !(value.get<double>() >= 0 && value.get<double>() <= 1)) {
         return Invalid(key, "'min_p' must be a number from 0 to 1");
@@ -368,6 +384,10 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
   }
   if (request.logprobs >= 0 && request.outline_max_points != 0) {
     return Invalid("logprobs", "'logprobs' cannot be combined with 'tophat_outline'");
+  }
+  if (request.min_tokens > 0 && request.max_tokens > 0 && request.min_tokens > request.max_tokens) {
+    return Invalid("min_tokens", absl::StrCat("'min_tokens' ", request.min_tokens,
+                                              " is more than 'max_tokens' ", request.max_tokens));
   }
   if (request.n > 1 && request.outline_max_points != 0) {
     return Invalid("n", "'n' above 1 cannot be combined with 'tophat_outline'");

@@ -55,6 +55,11 @@ struct OpenAiRequest {
   double repetition_penalty = 1.0;
   // vLLM's top_k: the k likeliest tokens only; 0 (or -1, vLLM's "off"): all.
   int64_t top_k = 0;
+  // vLLM's min_tokens: the end-of-sequence and stop_token_ids are not chosen before this
+  // many tokens (stop strings still end an answer).
+  int64_t min_tokens = 0;
+  // vLLM's stop_token_ids: these token ids end the answer too (at most kMaxOpenAiStopIds).
+  std::vector<int64_t> stop_token_ids;
   // vLLM's min_p, in [0, 1]: the tokens at least min_p times as likely as the likeliest.
   double min_p = 0.0;
   // Token id -> bias added to its logit, each in [-100, 100] ("logit_bias"; ids are checked
@@ -97,6 +102,8 @@ inline constexpr int64_t kMaxOpenAiLogprobs = 20;
 // The most choices ("n") a request may ask for; each also takes one of the agent's
 // max_concurrent_requests places.
 inline constexpr int64_t kMaxOpenAiChoices = 16;
+// The most stop_token_ids a request may name.
+inline constexpr size_t kMaxOpenAiStopIds = 64;
 // The most choices a request may ask for in all (prompts x n).
 inline constexpr int64_t kMaxOpenAiBatch = 256;
 // The most logit_bias entries a request may carry (the agent's own limit, kMaxLogitBias).

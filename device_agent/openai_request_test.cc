@@ -55,6 +55,11 @@ TEST_CASE("A chat request's honoured fields are read") {
   CHECK(penalized.repetition_penalty == 1.1);
   CHECK(penalized.top_k == 40);
   CHECK(penalized.min_p == 0.05);
+  const OpenAiRequest bounded = ParseOk(
+      OpenAiEndpoint::kCompletions,
+      R"({"model": "toy", "prompt": "a", "min_tokens": 3, "max_tokens": 5, "stop_token_ids": [7]})");
+  CHECK(bounded.min_tokens == 3);
+  CHECK(bounded.stop_token_ids == std::vector<int64_t>{7});
   CHECK(penalized.n == 1);
   CHECK(ParseOk(OpenAiEndpoint::kCompletions, R"({"model": "toy", "prompt": "a", "n": 16})").n ==
         16);
@@ -250,6 +255,10 @@ TEST_CASE("What the endpoint would ignore is refused by name, with OpenAI's erro
       {chat,
        R"({"model": "toy", "messages": [{"role": "user", "content": "a"}], "min_p": 1.5})",
        "min_p"},
+      {completions, R"({"model": "toy", "prompt": "a", "min_tokens": 6, "max_tokens": 5})",
+       "min_tokens"},
+      {completions, R"({"model": "toy", "prompt": "a", "stop_token_ids": [1, -1]})",
+       "stop_token_ids"},
       {completions, R"({"model": "toy", "prompt": [1, -2, 3]})", "prompt"},
       {completions, R"({"model": "toy", "prompt": []})", "prompt"},
       {completions, R"({"model": "toy", "prompt": [[1], []]})", "prompt"},

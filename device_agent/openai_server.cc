@@ -563,6 +563,10 @@ void OpenAiServer::Route() {
         return SendError(res, outside_vocabulary("logit_bias", id));
       }
     }
+    for (const int64_t id : request.stop_token_ids) {
+      if (id >= tokenizer.vocab_size()) return SendError(res, outside_vocabulary("stop_token_ids", id));
+      stop_ids.push_back(static_cast<uint32_t>(id));
+    }
     const int64_t max_context = agent_->Info().max_context();
     for (size_t p = 0; p < prompts.size(); ++p) {
       const int64_t length = static_cast<int64_t>(prompts[p].ids.size());
@@ -603,6 +607,7 @@ void OpenAiServer::Route() {
           static_cast<float>(bias);
     }
     generate.set_ignore_eos(request.ignore_eos);
+    generate.set_min_new_tokens(static_cast<uint32_t>(request.min_tokens));
     if (request.logprobs >= 0 || request.prompt_only) {
       generate.set_logprobs(true);
       generate.set_top_logprobs(static_cast<uint32_t>(std::max<int64_t>(0, request.logprobs)));

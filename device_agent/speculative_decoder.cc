@@ -63,7 +63,7 @@ absl::Status SpeculativeDecoder::Step(Run& run) {
 }
 
 std::vector<int32_t> SpeculativeDecoder::Pending(const Run& run) const {
-  if (!sampler_.params().penalized()) return {};
+  if (!sampler_.params().history_dependent()) return {};
   std::vector<int32_t> pending = run.pending_before;
   pending.insert(pending.end(), run.tokens.begin() + (run.first_committed ? 1 : 0),
                  run.tokens.end());
@@ -171,7 +171,7 @@ absl::StatusOr<bool> SpeculativeDecoder::DraftAheadStep() {
     if (candidates_.empty()) return false;
     branch_ = Run{.start = branch_start_, .tokens = {candidates_.front()}};
     branch_->first_committed = false;
-    if (sampler_.params().penalized()) branch_->pending_before = Pending(run_);
+    if (sampler_.params().history_dependent()) branch_->pending_before = Pending(run_);
     candidates_.erase(candidates_.begin());
     drafted_ahead_ = true;
   }

@@ -154,8 +154,8 @@ class SpeculativeDecoder {
     int64_t processed() const { return static_cast<int64_t>(shallow.size()); }
   };
 
-  // The tokens between the committed history and run's next draft (empty without penalties,
-  // which alone look at them).
+  // The tokens between the committed history and run's next draft (empty without penalties
+  // or a minimum length, which alone look at them).
   std::vector<int32_t> Pending(const Run& run) const;
   // Runs run.tokens[processed] through the input submodel (and Λ + head when drafting).
   absl::Status Step(Run& run);

@@ -183,7 +183,8 @@ def main():
                   "return_tokens_as_token_ids": True}
     write(out, "openai_request", "completion.bin", b"\x01" + json.dumps(completion).encode())
     write(out, "openai_request", "ids.bin", b"\x01" + json.dumps(
-        {"model": "toy", "prompt": [[1, 20, 7]], "n": 3, "echo": False}).encode())
+        {"model": "toy", "prompt": [[1, 20, 7]], "n": 3, "echo": False, "min_tokens": 2,
+         "stop_token_ids": [7, 9], "max_tokens": 4}).encode())
     write(out, "openai_request", "scoring.bin", b"\x01" + json.dumps(
         {"model": "toy", "prompt": [1, 20, 7], "echo": True, "max_tokens": 0,
          "logprobs": 1}).encode())

@@ -70,6 +70,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   TOPHAT_FUZZ_CHECK(request.repetition_penalty > 0 && request.repetition_penalty <= 100);
   TOPHAT_FUZZ_CHECK(request.top_k >= 0);
   TOPHAT_FUZZ_CHECK(request.min_p >= 0 && request.min_p <= 1);
+  TOPHAT_FUZZ_CHECK(request.min_tokens >= 0);
+  TOPHAT_FUZZ_CHECK(request.max_tokens == 0 || request.min_tokens <= request.max_tokens);
+  TOPHAT_FUZZ_CHECK(request.stop_token_ids.size() <= tophat::kMaxOpenAiStopIds);
   TOPHAT_FUZZ_CHECK(request.n >= 1 && request.n <= tophat::kMaxOpenAiChoices);
   TOPHAT_FUZZ_CHECK(request.n == 1 || request.outline_max_points == 0);
   TOPHAT_FUZZ_CHECK(request.choices() <= tophat::kMaxOpenAiBatch);

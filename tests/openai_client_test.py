@@ -578,6 +578,33 @@ def logprobs(client, model, messages, text, stop, model_dir):
     check(biased_ids != plain_ids, "logit_bias changed nothing")
     print(f"logit_bias: {len(bias)} tokens biased, the answer as transformers'")
 
+    # stop_token_ids ends the answer at a token of the greedy answer; with min_tokens that
+    # token cannot be chosen before 6 tokens (drafts and verification alike), and the answer
+    # is transformers' with min_new_tokens 6 and that token as its end of sequence.
+    stop_at = next(i for i in range(2, len(plain_ids)) if plain_ids[i] not in plain_ids[:i])
+    stop_id = plain_ids[stop_at]
+
+    def stopped_ids(**extra):
+        answer = client.completions.create(
+            model=model, prompt=prompt, max_tokens=12, temperature=0, logprobs=0,
+            extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True,
+                        "stop_token_ids": [stop_id], **extra})
+        return ([int(t.removeprefix("token_id:")) for t in answer.choices[0].logprobs.tokens],
+                answer.choices[0].finish_reason)
+
+    check_eq("stop_token_ids: the answer up to it", stopped_ids(),
+             (plain_ids[:stop_at + 1], "stop"))
+    with torch.no_grad():
+        want = reference.generate(
+            torch.tensor([prompt]), max_new_tokens=12, do_sample=False, min_new_tokens=6,
+            eos_token_id=[stop_id], pad_token_id=0)[0][len(prompt):].tolist()
+    while want and want[-1] == 0 and stop_id != 0:
+        want.pop()  # transformers pads after its end of sequence
+    got_ids, finish = stopped_ids(min_tokens=6)
+    check_eq("min_tokens 6: as transformers' min_new_tokens", got_ids, want)
+    check(len(got_ids) > 6 and stop_id not in got_ids[:6],
+          f"min_tokens 6: {got_ids} (stop token {stop_id})")
+
     # min_p 1 keeps the likeliest token alone: sampled at any temperature (unseeded), the
     # greedy answer.
     only_likeliest = client.completions.create(

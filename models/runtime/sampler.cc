@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -36,6 +37,9 @@ absl::Status SamplingParams::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("frequency_penalty must be in [-2, 2] (0: off), got ", frequency_penalty));
   }
+  if (min_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("min_tokens must be >= 0, got ", min_tokens));
+  }
   if (!(repetition_penalty > 0 && std::isfinite(repetition_penalty))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "repetition_penalty must be finite and > 0 (1: off), got ", repetition_penalty));
@@ -64,16 +68,31 @@ void Sampler::SetPrompt(std::span<const int32_t> prompt) {
 }
 
 void Sampler::Commit(std::span<const int32_t> tokens) {
+  generated_ += static_cast<int64_t>(tokens.size());
   if (!params_.penalized()) return;
   for (const int32_t token : tokens) ++generated_counts_[token];
 }
 
 at::Tensor Sampler::Adjusted(const at::Tensor& logits, std::span<const int32_t> pending) const {
-  if (!params_.penalized()) return Biased(logits);
+  const bool too_short = generated_ + static_cast<int64_t>(pending.size()) < params_.min_tokens &&
+                         !params_.stop_ids.empty();
+  if (!params_.penalized() && !too_short) return Biased(logits);
   at::Tensor biased = Biased(logits);
   at::Tensor row = biased.is_same(logits)
                        ? logits.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true)
                        : biased;
+  if (too_short) {
+    // Not yet: the end-of-sequence and stop ids cannot be chosen (those in the vocabulary).
+    std::vector<int64_t> banned;
+    for (const int32_t id : params_.stop_ids) {
+      if (id >= 0 && id < row.size(0)) banned.push_back(id);
+    }
+    if (!banned.empty()) {
+      row.index_fill_(0, at::tensor(banned, at::kLong).to(row.device()),
+                      -std::numeric_limits<float>::infinity());
+    }
+  }
+  if (!params_.penalized()) return row;
   // The tokens the penalties touch, with how often each was generated (0: only in the
   // prompt). A few hundred at most against a vocabulary of 10^5: they are gathered, changed
   // on the host and scattered back, rather than the whole row changed on its device.
@@ -105,7 +124,7 @@ at::Tensor Sampler::Adjusted(const at::Tensor& logits, std::span<const int32_t> 
 }
 
 at::Tensor Sampler::AdjustedRows(const at::Tensor& logits, std::span<const int32_t> drafts) const {
-  if (!params_.penalized()) return Biased(logits);
+  if (!params_.history_dependent()) return Biased(logits);
   std::vector<at::Tensor> rows;
   rows.reserve(static_cast<size_t>(logits.size(0)));
   for (int64_t i = 0; i < logits.size(0); ++i) {

@@ -34,12 +34,18 @@ struct SamplingParams {
   double presence_penalty = 0.0;
   double frequency_penalty = 0.0;
   double repetition_penalty = 1.0;
+  // Until min_tokens tokens are generated, these (the request's end-of-sequence and stop
+  // ids) cannot be chosen (vLLM's min_tokens); 0: no minimum.
+  int64_t min_tokens = 0;
+  std::vector<int32_t> stop_ids;
 
   absl::Status Validate() const;
   bool greedy() const { return temperature <= 0.0; }
   bool penalized() const {
     return presence_penalty != 0.0 || frequency_penalty != 0.0 || repetition_penalty != 1.0;
   }
+  // Whether a choice depends on the tokens before it (penalties, a minimum length).
+  bool history_dependent() const { return penalized() || min_tokens > 0; }
 };
 
 // Draws an index from a [V] probability vector (not necessarily normalised) with `rng`.
@@ -83,7 +89,8 @@ class Sampler {
   at::Tensor Distribution(const at::Tensor& logits, std::span<const int32_t> pending = {}) const;
 
   // The logits a choice compares, [V]: logit_bias added, then the penalties for the committed
-  // tokens followed by `pending`. The same tensor, not a copy, when neither applies.
+  // tokens followed by `pending`, and the stop ids at -inf while min_tokens are not yet
+  // generated. The same tensor, not a copy, when none of that applies.
   at::Tensor Adjusted(const at::Tensor& logits, std::span<const int32_t> pending = {}) const;
   // A verification's rows, [n, V]: row i as Adjusted(logits[i], drafts[0, i)), the drafts
   // before the position it decides (drafts may be longer than n - 1).
@@ -106,6 +113,7 @@ class Sampler {
   // What the penalties count (empty without them): times each token was generated, and the
   // prompt's distinct tokens (with repetition_penalty only).
   absl::flat_hash_map<int32_t, int64_t> generated_counts_;
+  int64_t generated_ = 0;  // tokens committed, with min_tokens
   std::vector<int32_t> prompt_tokens_;  // sorted, unique
 };
 

@@ -119,6 +119,28 @@ TEST_CASE("Penalties count the prompt, the committed tokens and the pending ones
             .ok());
 }
 
+TEST_CASE("min_tokens keeps the stop ids from being chosen until enough tokens, pending "
+          "ones included",
+          "[sampler]") {
+  const at::Tensor logits = at::tensor({3.0f, 2.0f, 1.0f, 0.0f});
+  Sampler sampler({.min_tokens = 3, .stop_ids = {0, 7}});  // 7: outside the vocabulary
+  CHECK(sampler.Sample(logits) == 1);
+  CHECK(std::isinf(sampler.Adjusted(logits)[0].item<float>()));
+  sampler.Commit(std::vector<int32_t>{1, 1});
+  CHECK(sampler.Sample(logits) == 1);                            // 2 generated
+  CHECK(sampler.Sample(logits, std::vector<int32_t>{2}) == 0);  // 2 + 1 pending
+  // A verification's rows: the row after two drafts may stop, the first may not.
+  const at::Tensor rows =
+      sampler.AdjustedRows(at::stack({logits, logits}), std::vector<int32_t>{1});
+  CHECK(rows[0].argmax().item<int64_t>() == 1);
+  CHECK(rows[1].argmax().item<int64_t>() == 0);
+  CHECK(at::equal(logits, at::tensor({3.0f, 2.0f, 1.0f, 0.0f})));
+  // Sampled: no probability on the stop id.
+  Sampler sampled({.temperature = 1.0, .min_tokens = 1, .stop_ids = {0}});
+  CHECK(sampled.Distribution(logits)[0].item<float>() == 0.0f);
+  CHECK_FALSE(SamplingParams{.min_tokens = -1}.Validate().ok());
+}
+
 TEST_CASE("Top-k and top-p keep exactly the expected support", "[sampler]") {
   // Probabilities after softmax at T=1: roughly 0.64, 0.24, 0.09, 0.03.
   at::Tensor logits = at::tensor({3.0f, 2.0f, 1.0f, 0.0f});
