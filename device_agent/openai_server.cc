@@ -458,17 +458,36 @@ void OpenAiServer::Route() {
                     "application/json");
   });
 
-  server_->Get("/v1/models", [this, authenticate, answering](const httplib::Request& req,
-                                                             httplib::Response& res) {
+  const auto model_object = [this] {
+    return Json{{"id", options_.model_name},
+                {"object", "model"},
+                {"created", 0},
+                {"owned_by", "tophat"},
+                {"max_model_len", agent_->Info().max_context()}};
+  };
+  server_->Get("/v1/models", [authenticate, answering, model_object](
+                                 const httplib::Request& req, httplib::Response& res) {
     answering(req);
     if (!authenticate(req, res)) return;
-    const Json model = {{"id", options_.model_name},
-                        {"object", "model"},
-                        {"created", 0},
-                        {"owned_by", "tophat"},
-                        {"max_model_len", agent_->Info().max_context()}};
-    res.set_content(Json{{"object", "list"}, {"data", Json::array({model})}}.dump(),
+    res.set_content(Json{{"object", "list"}, {"data", Json::array({model_object()})}}.dump(),
                     "application/json");
+  });
+  // OpenAI's models.retrieve: the one model, or 404 for any other name.
+  server_->Get("/v1/models/(.+)", [this, authenticate, answering, model_object](
+                                      const httplib::Request& req, httplib::Response& res) {
+    answering(req);
+    if (!authenticate(req, res)) return;
+    const std::string name = req.matches[1];
+    if (name != options_.model_name) {
+      return SendError(res, OpenAiError{.http_status = 404,
+                                        .param = "model",
+                                        .code = "model_not_found",
+                                        .message = absl::StrCat("The model '", name,
+                                                                "' does not exist; this agent "
+                                                                "serves '",
+                                                                options_.model_name, "'")});
+    }
+    res.set_content(model_object().dump(), "application/json");
   });
 
   // A request that failed on the agent: 503 while the cloud is away (worth a retry), else 500.

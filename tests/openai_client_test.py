@@ -82,6 +82,9 @@ def run(base_url, cloud_metrics_url, agent_metrics_url, model_dir):
     models = client.models.list()
     check_eq("models listed", len(models.data), 1)
     model = models.data[0].id
+    check_eq("models.retrieve", client.models.retrieve(model).id, model)
+    expect_error("models.retrieve of another model", lambda: client.models.retrieve("gpt-4o"),
+                 openai.NotFoundError, 404, code="model_not_found")
     messages = [
         {"role": "system", "content": "tell a story"},
         {"role": "user", "content": "the old farmer saw a little bird"},
