@@ -140,6 +140,8 @@ std::variant<Json, OpenAiError> ParseObject(std::string_view body) {
   return json;
 }
 
+}  // namespace
+
 // The 404 OpenAI answers for a model the agent does not serve.
 OpenAiError ModelNotFound(std::string_view model, std::string_view served_model) {
   return OpenAiError{.http_status = 404,
@@ -149,8 +151,6 @@ OpenAiError ModelNotFound(std::string_view model, std::string_view served_model)
                                              "' does not exist; this agent serves '",
                                              std::string(served_model), "'")};
 }
-
-}  // namespace
 
 Json OpenAiError::ToJson() const {
   return Json{{"error",

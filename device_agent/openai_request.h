@@ -127,6 +127,9 @@ std::variant<TokenizeRequest, OpenAiError> ParseTokenizeRequest(std::string_view
 std::variant<DetokenizeRequest, OpenAiError> ParseDetokenizeRequest(
     std::string_view body, std::string_view served_model);
 
+// The 404 OpenAI answers for a model the agent does not serve (`served_model`).
+OpenAiError ModelNotFound(std::string_view model, std::string_view served_model);
+
 // `served_model`: the one model name the agent answers to (GET /v1/models lists it); any
 // other is a 404 model_not_found, as OpenAI answers.
 std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpoint,

@@ -479,13 +479,7 @@ void OpenAiServer::Route() {
     if (!authenticate(req, res)) return;
     const std::string name = req.matches[1];
     if (name != options_.model_name) {
-      return SendError(res, OpenAiError{.http_status = 404,
-                                        .param = "model",
-                                        .code = "model_not_found",
-                                        .message = absl::StrCat("The model '", name,
-                                                                "' does not exist; this agent "
-                                                                "serves '",
-                                                                options_.model_name, "'")});
+      return SendError(res, ModelNotFound(name, options_.model_name));
     }
     res.set_content(model_object().dump(), "application/json");
   });
