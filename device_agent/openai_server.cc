@@ -424,6 +424,22 @@ OpenAiServer::~OpenAiServer() {
   if (thread_.joinable()) thread_.join();
 }
 
+std::variant<std::vector<int32_t>, OpenAiError> OpenAiServer::ChatPromptIds(
+    const std::vector<ChatMessage>& messages) const {
+  if (!chat_template_) {
+    return OpenAiError{.param = "messages",
+                       .message = absl::StrCat("this model has no chat template (",
+                                               chat_template_error_, "); use /v1/completions")};
+  }
+  auto rendered = chat_template_->Render(messages);
+  if (!rendered.ok()) {
+    return OpenAiError{.param = "messages", .message = std::string(rendered.status().message())};
+  }
+  auto ids = EncodeChat(agent_->tokenizer(), *rendered);
+  if (!ids.ok()) return ServerError(500, std::string(ids.status().message()));
+  return *std::move(ids);
+}
+
 void OpenAiServer::Route() {
   // The caller's app name, or an error already written to `res`.
   const auto authenticate = [this](const httplib::Request& req,
@@ -528,24 +544,9 @@ void OpenAiServer::Route() {
       return OutsideVocabulary(tokenizer, std::move(param), id);
     };
     if (endpoint == OpenAiEndpoint::kChatCompletions) {
-      if (!chat_template_) {
-        return SendError(res, OpenAiError{.http_status = 400,
-                                          .param = "messages",
-                                          .message = absl::StrCat(
-                                              "this model has no chat template (",
-                                              chat_template_error_,
-                                              "); use /v1/completions")});
-      }
-      auto rendered = chat_template_->Render(request.messages);
-      if (!rendered.ok()) {
-        return SendError(res, OpenAiError{.param = "messages",
-                                          .message = std::string(rendered.status().message())});
-      }
-      auto ids = EncodeChat(tokenizer, *rendered);
-      if (!ids.ok()) {
-        return SendError(res, ServerError(500, std::string(ids.status().message())));
-      }
-      prompts.push_back({.ids = *std::move(ids)});
+      auto ids = ChatPromptIds(request.messages);
+      if (auto* error = std::get_if<OpenAiError>(&ids)) return SendError(res, *error);
+      prompts.push_back({.ids = std::get<std::vector<int32_t>>(std::move(ids))});
       if (const auto end_of_turn = chat_template_->end_of_turn()) {
         if (const auto id = tokenizer.PieceToId(*end_of_turn)) {
           stop_ids.push_back(static_cast<uint32_t>(*id));
@@ -776,22 +777,9 @@ void OpenAiServer::Route() {
     const Tokenizer& tokenizer = agent_->tokenizer();
     std::vector<int32_t> ids;
     if (!request.messages.empty()) {
-      if (!chat_template_) {
-        return SendError(res, OpenAiError{.param = "messages",
-                                          .message = absl::StrCat("this model has no chat "
-                                                                  "template (",
-                                                                  chat_template_error_, ")")});
-      }
-      auto rendered = chat_template_->Render(request.messages);
-      if (!rendered.ok()) {
-        return SendError(res, OpenAiError{.param = "messages",
-                                          .message = std::string(rendered.status().message())});
-      }
-      auto encoded = EncodeChat(tokenizer, *rendered);
-      if (!encoded.ok()) {
-        return SendError(res, ServerError(500, std::string(encoded.status().message())));
-      }
-      ids = *std::move(encoded);
+      auto encoded = ChatPromptIds(request.messages);
+      if (auto* error = std::get_if<OpenAiError>(&encoded)) return SendError(res, *error);
+      ids = std::get<std::vector<int32_t>>(std::move(encoded));
     } else {
       auto encoded = tokenizer.Encode(request.prompt);
       if (!encoded.ok()) {

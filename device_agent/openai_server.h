@@ -15,11 +15,13 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "configs/bearer_tokens.h"
 #include "device_agent/agent.h"
+#include "device_agent/openai_request.h"
 #include "models/tokenizers/chat_template.h"
 #include "telemetry/http_request_deadline.h"
 
@@ -69,6 +71,10 @@ class OpenAiServer {
  private:
   OpenAiServer(Agent* agent, OpenAiServerOptions options);
   void Route();
+  // A chat's messages rendered with the model's template and encoded: a chat completion's
+  // prompt; or the error object (400 without a template or for messages it refuses).
+  std::variant<std::vector<int32_t>, OpenAiError> ChatPromptIds(
+      const std::vector<ChatMessage>& messages) const;
 
   Agent* agent_;
   OpenAiServerOptions options_;
