@@ -186,9 +186,10 @@ def run(base_url, cloud_metrics_url, agent_metrics_url, model_dir):
     cancelled = 'tophat_request_success_total{finished_reason="cancelled"}'
     kept_kv = metric(cloud_metrics_url, "tophat_kv_cache_usage_ratio")
     cancelled_before = metric(agent_metrics_url, cancelled)
+    # Two choices: both are cancelled.
     long = client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": "a long story about a castle"}],
-        max_tokens=800, temperature=0, stream=True,
+        max_tokens=800, temperature=0, stream=True, n=2,
         # Its length must not depend on what the toy model says: it must still run at chunk 4.
         extra_body={"ignore_eos": True})
     seen = 0
@@ -196,13 +197,14 @@ def run(base_url, cloud_metrics_url, agent_metrics_url, model_dir):
         for _ in long:
             seen += 1
             if seen == 4:
-                check_eq("cloud sessions running mid-stream",
-                         metric(cloud_metrics_url, "tophat_num_sessions_running"), 1)
+                wait_for("both choices' cloud sessions running mid-stream",
+                         lambda: metric(cloud_metrics_url, "tophat_num_sessions_running") == 2,
+                         20)
                 break
     # Leaving `with` closes the response mid-body, and with it the connection.
     check_eq("chunks read before going away", seen, 4)
-    wait_for("the agent to cancel the request",
-             lambda: metric(agent_metrics_url, cancelled) == cancelled_before + 1, 20)
+    wait_for("the agent to cancel both choices",
+             lambda: metric(agent_metrics_url, cancelled) == cancelled_before + 2, 20)
     wait_for("the cloud to free the session's KV",
              lambda: (metric(cloud_metrics_url, "tophat_num_sessions_running") == 0 and
                       metric(cloud_metrics_url, "tophat_kv_cache_usage_ratio") <= kept_kv), 20)
