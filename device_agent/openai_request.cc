@@ -230,6 +230,9 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
         return Invalid(key, "'min_tokens' must be an integer of at least 0");
       }
       request.min_tokens = value.get<int64_t>();
+    } else if (key == "include_stop_str_in_output") {
+      if (!value.is_boolean()) return Invalid(key, "'include_stop_str_in_output' must be a boolean");
+      request.include_stop_str_in_output = value.get<bool>();
     } else if (key == "stop_token_ids") {
       if (!value.is_array() || value.size() > kMaxOpenAiStopIds) {
         return Invalid(key, absl::StrCat("'stop_token_ids' must be an array of at most ",
@@ -411,10 +414,17 @@ std::string StopSequenceFilter::Push(std::string_view text) {
   if (stopped_) return "";
   pending_.append(text);
   size_t first = std::string::npos;
-  for (const std::string& stop : stops_) first = std::min(first, pending_.find(stop));
+  size_t stop_length = 0;  // of the earliest stop sequence (the first listed, at a tie)
+  for (const std::string& stop : stops_) {
+    const size_t at = pending_.find(stop);
+    if (at < first) {
+      first = at;
+      stop_length = stop.size();
+    }
+  }
   if (first != std::string::npos) {
     stopped_ = true;
-    std::string out = pending_.substr(0, first);
+    std::string out = pending_.substr(0, first + (include_stop_ ? stop_length : 0));
     pending_.clear();
     return out;
   }

@@ -58,6 +58,8 @@ struct OpenAiRequest {
   // vLLM's min_tokens: the end-of-sequence and stop_token_ids are not chosen before this
   // many tokens (stop strings still end an answer).
   int64_t min_tokens = 0;
+  // vLLM's include_stop_str_in_output: the stop string that ended the answer ends its text.
+  bool include_stop_str_in_output = false;
   // vLLM's stop_token_ids: these token ids end the answer too (at most kMaxOpenAiStopIds).
   std::vector<int64_t> stop_token_ids;
   // vLLM's min_p, in [0, 1]: the tokens at least min_p times as likely as the likeliest.
@@ -142,7 +144,10 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
 // the text before it has been returned.
 class StopSequenceFilter {
  public:
-  explicit StopSequenceFilter(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  // include_stop: the stop sequence that ends the text is released with it (vLLM's
+  // include_stop_str_in_output).
+  explicit StopSequenceFilter(std::vector<std::string> stops, bool include_stop = false)
+      : stops_(std::move(stops)), include_stop_(include_stop) {}
   std::string Push(std::string_view text);
   // The text held back at the end of generation (no stop sequence completed).
   std::string Flush();
@@ -150,6 +155,7 @@ class StopSequenceFilter {
 
  private:
   std::vector<std::string> stops_;
+  bool include_stop_ = false;
   std::string pending_;
   bool stopped_ = false;
 };

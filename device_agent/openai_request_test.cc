@@ -325,6 +325,18 @@ TEST_CASE("A stop sequence never reaches the client, even split over tokens") {
   CHECK(tail.Flush() == "c");
   StopSequenceFilter none({});
   CHECK(none.Push("anything") == "anything");
+
+  // include_stop_str_in_output: the stop sequence ends the text; the earliest one's, the
+  // first listed at a tie.
+  StopSequenceFilter included({"cat", "ca", "\n\n"}, /*include_stop=*/true);
+  CHECK(included.Push("the c") == "the ");
+  CHECK(included.Push("at sat") == "cat");
+  CHECK(included.stopped());
+  StopSequenceFilter shorter({"ab", "b"}, /*include_stop=*/true);
+  CHECK(shorter.Push("xab") == "xab");
+  CHECK(ParseOk(OpenAiEndpoint::kCompletions,
+                R"({"model": "toy", "prompt": "a", "include_stop_str_in_output": true})")
+            .include_stop_str_in_output);
 }
 
 TEST_CASE("/tokenize and /detokenize requests are read as vLLM's, and refused by name") {

@@ -673,7 +673,7 @@ void OpenAiServer::Route() {
       std::vector<Json> rendered(choices.size());
       RunEach(static_cast<int64_t>(choices.size()), places, [&](int64_t i) {
         const PromptPlan& prompt = prompts[choices[i].prompt];
-        StopSequenceFilter filter(request.stop);
+        StopSequenceFilter filter(request.stop, request.include_stop_str_in_output);
         std::optional<LogprobsRenderer> logprobs = make_logprobs(prompt);
         TokenSink tokens{filter, logprobs ? &*logprobs : nullptr, prompt.echo_text, prompt.ids};
         std::string text;
@@ -717,7 +717,7 @@ void OpenAiServer::Route() {
           RunEach(static_cast<int64_t>(choices.size()), places, [&](int64_t i) {
             if (client_gone) return;  // a choice not yet begun when the client went
             const PromptPlan& prompt = prompts[choices[i].prompt];
-            StopSequenceFilter filter(request.stop);
+            StopSequenceFilter filter(request.stop, request.include_stop_str_in_output);
             std::optional<LogprobsRenderer> logprobs = make_logprobs(prompt);
             TokenSink tokens{filter, logprobs ? &*logprobs : nullptr, prompt.echo_text,
                              prompt.ids};

@@ -179,6 +179,7 @@ def main():
             "frequency_penalty": -0.25, "repetition_penalty": 1.2, "top_k": 40, "min_p": 0.05}
     write(out, "openai_request", "chat.bin", b"\x00" + json.dumps(chat).encode())
     completion = {"model": "toy", "prompt": "été the cat", "max_tokens": 4, "logprobs": 2,
+                  "include_stop_str_in_output": True,
                   "stop": "t", "ignore_eos": True, "tophat_outline": False,
                   "return_tokens_as_token_ids": True}
     write(out, "openai_request", "completion.bin", b"\x01" + json.dumps(completion).encode())

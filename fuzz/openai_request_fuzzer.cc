@@ -3,8 +3,8 @@
 // chooses), parsed as the endpoint parses it (device_agent/openai_request.h). A refusal
 // must be a 400 or 404 whose error object serialises (it is what the client gets); a
 // completion that parses has its checked limits, and its stop sequences are run over its own text, cut where the input's
-// bytes say, through StopSequenceFilter: what comes out never holds a stop sequence and is
-// exactly the text before the first one (all of it when there is none).
+// bytes say, through StopSequenceFilter: what comes out is exactly the text before the first
+// one (all of it when there is none), or through its end with include_stop_str_in_output.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -92,11 +92,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   for (const tophat::ChatMessage& message : request.messages) text += message.content;
   size_t first_stop = std::string::npos;
+  size_t stop_length = 0;  // the earliest stop's, the first listed at a tie
   for (const std::string& stop : request.stop) {
     TOPHAT_FUZZ_CHECK(!stop.empty());
-    first_stop = std::min(first_stop, text.find(stop));
+    if (const size_t at = text.find(stop); at < first_stop) {
+      first_stop = at;
+      stop_length = stop.size();
+    }
   }
-  tophat::StopSequenceFilter filter(request.stop);
+  const bool include = request.include_stop_str_in_output;
+  tophat::StopSequenceFilter filter(request.stop, include);
   std::string released;
   for (size_t at = 0, i = 0; at < text.size(); ++i) {
     // Pieces of 1 to 8 bytes, their lengths from the input.
@@ -106,6 +111,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   released += filter.Flush();
   TOPHAT_FUZZ_CHECK(filter.stopped() == (first_stop != std::string::npos));
-  TOPHAT_FUZZ_CHECK(released == text.substr(0, first_stop));
+  TOPHAT_FUZZ_CHECK(released == text.substr(0, first_stop == std::string::npos
+                                                   ? first_stop
+                                                   : first_stop + (include ? stop_length : 0)));
   return 0;
 }

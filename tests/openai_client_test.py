@@ -159,6 +159,11 @@ def run(base_url, cloud_metrics_url, agent_metrics_url, model_dir):
     check_eq(f"stop {stop!r}: content", stopped.choices[0].message.content,
              text[:text.index(stop)])
     print(f"stop {json.dumps(stop)}: {json.dumps(stopped.choices[0].message.content)}")
+    included = client.chat.completions.create(model=model, messages=messages, max_tokens=24,
+                                              temperature=0, stop=[stop],
+                                              extra_body={"include_stop_str_in_output": True})
+    check_eq(f"stop {stop!r} with include_stop_str_in_output: content",
+             included.choices[0].message.content, text[:text.index(stop) + len(stop)])
 
     # Completions, seeded sampling: the same seed gives the same text.
     sampled = []
