@@ -501,7 +501,13 @@ void OpenAiServer::Route() {
   });
 
   // A request that failed on the agent: 503 while the cloud is away (worth a retry), else 500.
+  // A request the agent's planner refused (INVALID_ARGUMENT: what the parser here cannot
+  // check, such as min_tokens above the agent's default max_tokens) is the client's: 400.
   const auto generation_error = [this](const v1::GenerateResponse& done) {
+    constexpr std::string_view kInvalid = "INVALID_ARGUMENT: ";
+    if (done.error().rfind(kInvalid, 0) == 0) {
+      return OpenAiError{.message = done.error().substr(kInvalid.size())};
+    }
     return ServerError(agent_->Health().cloud_connected() ? 500 : 503, done.error());
   };
   const auto complete = [this, authenticate, generation_error](OpenAiEndpoint endpoint,

@@ -612,6 +612,11 @@ def logprobs(client, model, messages, text, stop, model_dir):
         want.pop()  # transformers pads after its end of sequence
     got_ids, finish = stopped_ids(min_tokens=6)
     check_eq("min_tokens 6: as transformers' min_new_tokens", got_ids, want)
+    # More than the agent's default max_tokens: the agent's planner refuses it, a 400.
+    expect_error("min_tokens above the default max_tokens",
+                 lambda: client.completions.create(model=model, prompt=prompt,
+                                                   extra_body={"min_tokens": 100000}),
+                 openai.BadRequestError, 400)
     check(len(got_ids) > 6 and stop_id not in got_ids[:6],
           f"min_tokens 6: {got_ids} (stop token {stop_id})")
 
