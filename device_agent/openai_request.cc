@@ -40,15 +40,32 @@ std::optional<bool> IsOffValue(std::string_view key, const Json& value) {
   return std::nullopt;
 }
 
-// A completions prompt as token ids: [1, 2, 3]; nullopt for anything else.
-std::optional<std::vector<int64_t>> PromptIds(const Json& ids) {
-  if (!ids.is_array() || ids.empty()) return std::nullopt;
+// Token ids: an array of integers of at least 0 (checked against the vocabulary by the
+// server); nullopt for anything else.
+std::optional<std::vector<int64_t>> TokenIds(const Json& ids) {
+  if (!ids.is_array()) return std::nullopt;
   std::vector<int64_t> out;
   for (const Json& id : ids) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0) return std::nullopt;
     out.push_back(id.get<int64_t>());
   }
   return out;
+}
+
+// A completions prompt as token ids: [1, 2, 3], not empty; nullopt for anything else.
+std::optional<std::vector<int64_t>> PromptIds(const Json& ids) {
+  auto out = TokenIds(ids);
+  if (!out || out->empty()) return std::nullopt;
+  return out;
+}
+
+// A "model" field: the 400 or 404 when it is not `served_model`, else nullopt.
+std::optional<OpenAiError> CheckServedModel(const Json& value, std::string_view served_model) {
+  if (!value.is_string()) return Invalid("model", "'model' must be a string");
+  if (value.get<std::string>() != served_model) {
+    return ModelNotFound(value.get<std::string>(), served_model);
+  }
+  return std::nullopt;
 }
 
 // A completions "prompt": a string, token ids, or an array of either (a batch); nullopt
@@ -234,16 +251,13 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
       if (!value.is_boolean()) return Invalid(key, "'include_stop_str_in_output' must be a boolean");
       request.include_stop_str_in_output = value.get<bool>();
     } else if (key == "stop_token_ids") {
-      if (!value.is_array() || value.size() > kMaxOpenAiStopIds) {
+      auto ids = TokenIds(value);
+      if (!ids || ids->size() > kMaxOpenAiStopIds) {
         return Invalid(key, absl::StrCat("'stop_token_ids' must be an array of at most ",
-                                         kMaxOpenAiStopIds, " token ids"));
+                                         kMaxOpenAiStopIds,
+                                         " token ids (integers of at least 0)"));
       }
-      for (const Json& id : value) {
-        if (!id.is_number_integer() || id.get<int64_t>() < 0) {
-          return Invalid(key, "'stop_token_ids' must be token ids (integers of at least 0)");
-        }
-        request.stop_token_ids.push_back(id.get<int64_t>());
-      }
+      request.stop_token_ids = *std::move(ids);
     } else if (key == "min_p") {
       if (!value.is_number() || !(value.get<double>() >= 0 && value.get<double>() <= 1)) {
         return Invalid(key, "'min_p' must be a number from 0 to 1");
@@ -457,10 +471,7 @@ std::variant<TokenizeRequest, OpenAiError> ParseTokenizeRequest(std::string_view
   bool has_input = false;
   for (const auto& [key, value] : std::get<Json>(object).items()) {
     if (key == "model") {
-      if (!value.is_string()) return Invalid(key, "'model' must be a string");
-      if (value.get<std::string>() != served_model) {
-        return ModelNotFound(value.get<std::string>(), served_model);
-      }
+      if (auto error = CheckServedModel(value, served_model)) return *error;
     } else if (key == "prompt" && !has_input) {
       if (!value.is_string()) return Invalid(key, "'prompt' must be a string");
       request.prompt = value.get<std::string>();
@@ -494,18 +505,13 @@ std::variant<DetokenizeRequest, OpenAiError> ParseDetokenizeRequest(
   bool has_tokens = false;
   for (const auto& [key, value] : std::get<Json>(object).items()) {
     if (key == "model") {
-      if (!value.is_string()) return Invalid(key, "'model' must be a string");
-      if (value.get<std::string>() != served_model) {
-        return ModelNotFound(value.get<std::string>(), served_model);
-      }
+      if (auto error = CheckServedModel(value, served_model)) return *error;
     } else if (key == "tokens") {
-      if (!value.is_array()) return Invalid(key, "'tokens' must be an array of token ids");
-      for (const Json& id : value) {
-        if (!id.is_number_integer() || id.get<int64_t>() < 0) {
-          return Invalid(key, "'tokens' must be an array of token ids (integers of at least 0)");
-        }
-        request.tokens.push_back(id.get<int64_t>());
+      auto ids = TokenIds(value);
+      if (!ids) {
+        return Invalid(key, "'tokens' must be an array of token ids (integers of at least 0)");
       }
+      request.tokens = *std::move(ids);
       has_tokens = true;
     } else {
       return Invalid(key, absl::StrCat("Unrecognized request argument supplied: ", key));

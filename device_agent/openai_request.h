@@ -101,8 +101,8 @@ struct OpenAiRequest {
 // The most alternatives a token's log-probability may come with (OpenAI's chat limit, which
 // the completions endpoint here shares; OpenAI's own completions stop at 5).
 inline constexpr int64_t kMaxOpenAiLogprobs = 20;
-// The most choices ("n") a request may ask for; each also takes one of the agent's
-// max_concurrent_requests places.
+// The most choices ("n") a request may ask for a prompt; each running choice takes one of
+// the agent's max_concurrent_requests places.
 inline constexpr int64_t kMaxOpenAiChoices = 16;
 // The most stop_token_ids a request may name.
 inline constexpr size_t kMaxOpenAiStopIds = 64;

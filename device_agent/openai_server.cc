@@ -10,6 +10,7 @@
 #include <random>
 #include <span>
 #include <thread>
+#include <variant>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -336,6 +337,21 @@ OpenAiError OutsideVocabulary(const Tokenizer& tokenizer, std::string param, int
   return OpenAiError{.param = std::move(param), .message = std::move(message)};
 }
 
+// A text prompt's token ids: the tokenizer's BOS (with `add_bos`) and the text encoded; or
+// the 400 naming `prompt`.
+std::variant<std::vector<int32_t>, OpenAiError> TextPromptIds(const Tokenizer& tokenizer,
+                                                              const std::string& text,
+                                                              bool add_bos) {
+  auto encoded = tokenizer.Encode(text);
+  if (!encoded.ok()) {
+    return OpenAiError{.param = "prompt", .message = std::string(encoded.status().message())};
+  }
+  std::vector<int32_t> ids;
+  if (const auto bos = tokenizer.bos_id(); bos && add_bos) ids.push_back(*bos);
+  ids.insert(ids.end(), encoded->begin(), encoded->end());
+  return ids;
+}
+
 std::string Event(const Json& json) { return absl::StrCat("data: ", json.dump(), "\n\n"); }
 
 }  // namespace
@@ -546,9 +562,6 @@ void OpenAiServer::Route() {
     const Tokenizer& tokenizer = agent_->tokenizer();
     std::vector<PromptPlan> prompts;
     std::vector<uint32_t> stop_ids;
-    const auto outside_vocabulary = [&tokenizer](std::string param, int64_t id) {
-      return OutsideVocabulary(tokenizer, std::move(param), id);
-    };
     if (endpoint == OpenAiEndpoint::kChatCompletions) {
       auto ids = ChatPromptIds(request.messages);
       if (auto* error = std::get_if<OpenAiError>(&ids)) return SendError(res, *error);
@@ -563,28 +576,28 @@ void OpenAiServer::Route() {
       PromptPlan& plan = prompts.emplace_back();
       if (given.ids) {
         for (const int64_t id : *given.ids) {
-          if (id >= tokenizer.vocab_size()) return SendError(res, outside_vocabulary("prompt", id));
+          if (id >= tokenizer.vocab_size()) {
+            return SendError(res, OutsideVocabulary(tokenizer, "prompt", id));
+          }
           plan.ids.push_back(static_cast<int32_t>(id));
         }
         if (request.echo) plan.echo_text = tokenizer.Decode(plan.ids).value_or("");
         continue;
       }
       if (request.echo) plan.echo_text = given.text;
-      auto ids = tokenizer.Encode(given.text);
-      if (!ids.ok()) {
-        return SendError(res, OpenAiError{.param = "prompt",
-                                          .message = std::string(ids.status().message())});
-      }
-      if (const auto bos = tokenizer.bos_id()) plan.ids.push_back(*bos);
-      plan.ids.insert(plan.ids.end(), ids->begin(), ids->end());
+      auto ids = TextPromptIds(tokenizer, given.text, /*add_bos=*/true);
+      if (auto* error = std::get_if<OpenAiError>(&ids)) return SendError(res, *error);
+      plan.ids = std::get<std::vector<int32_t>>(std::move(ids));
     }
     for (const auto& [id, bias] : request.logit_bias) {
       if (id >= tokenizer.vocab_size()) {
-        return SendError(res, outside_vocabulary("logit_bias", id));
+        return SendError(res, OutsideVocabulary(tokenizer, "logit_bias", id));
       }
     }
     for (const int64_t id : request.stop_token_ids) {
-      if (id >= tokenizer.vocab_size()) return SendError(res, outside_vocabulary("stop_token_ids", id));
+      if (id >= tokenizer.vocab_size()) {
+        return SendError(res, OutsideVocabulary(tokenizer, "stop_token_ids", id));
+      }
       stop_ids.push_back(static_cast<uint32_t>(id));
     }
     const int64_t max_context = agent_->Info().max_context();
@@ -780,23 +793,12 @@ void OpenAiServer::Route() {
     auto parsed = ParseTokenizeRequest(req.body, options_.model_name);
     if (auto* error = std::get_if<OpenAiError>(&parsed)) return SendError(res, *error);
     const TokenizeRequest& request = std::get<TokenizeRequest>(parsed);
-    const Tokenizer& tokenizer = agent_->tokenizer();
-    std::vector<int32_t> ids;
-    if (!request.messages.empty()) {
-      auto encoded = ChatPromptIds(request.messages);
-      if (auto* error = std::get_if<OpenAiError>(&encoded)) return SendError(res, *error);
-      ids = std::get<std::vector<int32_t>>(std::move(encoded));
-    } else {
-      auto encoded = tokenizer.Encode(request.prompt);
-      if (!encoded.ok()) {
-        return SendError(res, OpenAiError{.param = "prompt",
-                                          .message = std::string(encoded.status().message())});
-      }
-      if (const auto bos = tokenizer.bos_id(); bos && request.add_special_tokens) {
-        ids.push_back(*bos);
-      }
-      ids.insert(ids.end(), encoded->begin(), encoded->end());
-    }
+    auto encoded =
+        request.messages.empty()
+            ? TextPromptIds(agent_->tokenizer(), request.prompt, request.add_special_tokens)
+            : ChatPromptIds(request.messages);
+    if (auto* error = std::get_if<OpenAiError>(&encoded)) return SendError(res, *error);
+    const std::vector<int32_t>& ids = std::get<std::vector<int32_t>>(encoded);
     res.set_content(Json{{"count", ids.size()},
                          {"max_model_len", agent_->Info().max_context()},
                          {"tokens", ids}}

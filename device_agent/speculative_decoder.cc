@@ -169,9 +169,10 @@ absl::Status SpeculativeDecoder::SealBranch() {
 absl::StatusOr<bool> SpeculativeDecoder::DraftAheadStep() {
   if (!branch_) {
     if (candidates_.empty()) return false;
-    branch_ = Run{.start = branch_start_, .tokens = {candidates_.front()}};
-    branch_->first_committed = false;
-    if (sampler_.params().history_dependent()) branch_->pending_before = Pending(run_);
+    branch_ = Run{.start = branch_start_,
+                  .tokens = {candidates_.front()},
+                  .first_committed = false,
+                  .pending_before = Pending(run_)};
     candidates_.erase(candidates_.begin());
     drafted_ahead_ = true;
   }

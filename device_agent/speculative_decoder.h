@@ -146,8 +146,9 @@ class SpeculativeDecoder {
     at::Tensor next_logits;           // drafter logits after the last processed token
     at::Tensor input_rows;            // exported K/V rows (a finished branch)
     at::Tensor adapter_rows;
-    // Penalties count the tokens before a position (Sampler): a round's x0 is committed when
-    // it begins, a branch's candidate is not, and the round's drafts come before it.
+    // Penalties and min_tokens count the tokens before a position (Sampler): a round's x0 is
+    // committed when it begins, a branch's candidate is not, and the round's drafts come
+    // before it.
     bool first_committed = true;
     std::vector<int32_t> pending_before;  // a branch's: the round's drafts
     int64_t drafts() const { return static_cast<int64_t>(tokens.size()) - 1; }
