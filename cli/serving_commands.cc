@@ -77,6 +77,8 @@ v1::GenerateRequest MakeRequest(const ChatArgs& args, const std::string& prompt)
   request.mutable_sampling()->set_presence_penalty(static_cast<float>(args.penalties.presence));
   request.mutable_sampling()->set_frequency_penalty(static_cast<float>(args.penalties.frequency));
   request.mutable_sampling()->set_repetition_penalty(static_cast<float>(args.penalties.repetition));
+  request.set_response_format(args.json ? v1::RESPONSE_FORMAT_JSON_OBJECT
+                                         : v1::RESPONSE_FORMAT_TEXT);
   request.set_trace(!args.trace_path.empty());
   return request;
 }

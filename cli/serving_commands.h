@@ -31,6 +31,7 @@ struct ChatArgs {
   double min_p = 0;
   uint64_t seed = 0;
   Penalties penalties;
+  bool json = false;  // answers are JSON objects (GenerateRequest.response_format)
   bool stats = false;
   std::string trace_path;  // "-": stderr; else a file (last answer's trace)
 };

@@ -481,6 +481,9 @@ int main(int argc, char** argv) {
   chat_cmd->add_option("--min-p", chat.min_p, "Keeps tokens at least this times as likely as "
                        "the likeliest (0: off)")->capture_default_str()->check(CLI::Range(0.0, 1.0));
   tophat::cli::AddPenaltyOptions(*chat_cmd, chat.penalties);
+  chat_cmd->add_flag("--json", chat.json,
+                     "Answer with a JSON object: each token is chosen to keep it one, and the "
+                     "answer ends when it closes (docs/openai.md, \"JSON answers\")");
   chat_cmd->add_flag("--stats", chat.stats, "Print TTFT and mean TBT after each answer");
   chat_cmd->add_option("--trace", chat.trace_path,
                        "Write each answer's trace (prompt chunks: device, upload, queue, "

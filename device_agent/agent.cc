@@ -281,7 +281,7 @@ absl::Status Agent::Request::Prepare() {
   prompt_length_ = static_cast<int64_t>(tokens_.size());
   max_new_tokens_ = plan.max_new_tokens;
   max_positions_ = prompt_length_ + max_new_tokens_;
-  sampler_ = std::make_unique<Sampler>(plan.sampling);
+  sampler_ = std::make_unique<Sampler>(plan.sampling, agent_.token_vocabulary_);
   sampler_->SetPrompt(tokens_);
   stop_ids_ = std::move(plan.stop_ids);
   top_logprobs_ = plan.top_logprobs;
@@ -1060,6 +1060,7 @@ Agent::Agent(AgentConfig config, DeviceBundle bundle,
     : config_(std::move(config)),
       device_watch_(c10::Device(config_.device), "the agent's"),
       bundle_(std::move(bundle)),
+      token_vocabulary_(TokenVocabulary::FromTokenizer(*bundle_.tokenizer)),
       conversations_({.max_bytes = config_.conversation_cache.max_bytes,
                       .keep_alive_s = config_.conversation_cache.keep_alive_s,
                       .min_reuse_tokens = config_.conversation_cache.min_reuse_tokens}) {

@@ -164,6 +164,8 @@ class Agent : private LinkSampleSink {
   // config_.wire_dtype is "scheduler": the cloud's Control.wire_dtype, chunk by chunk.
   bool wire_dtype_from_scheduler_ = false;
   DeviceBundle bundle_;
+  // The tokenizer's tokens as bytes, for answers in a format (JSON); built once.
+  std::shared_ptr<const TokenVocabulary> token_vocabulary_;
   std::unique_ptr<AgentMetrics> metrics_;
   // One connection per cloud (config_.clouds()), filled in by the constructor and emptied by
   // the destructor under placement_mutex_ (their threads' state callbacks read it); fixed in

@@ -91,9 +91,6 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
   }
   // A map's order is the implementation's: sorted, a request's bias is the same every time.
   std::sort(plan.sampling.logit_bias.begin(), plan.sampling.logit_bias.end());
-  if (absl::Status valid = plan.sampling.Validate(); !valid.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("sampling: ", valid.message()));
-  }
   if (!request.ignore_eos()) {
     for (int64_t eos : limits.eos_token_ids) plan.stop_ids.push_back(static_cast<int32_t>(eos));
     if (tokenizer.eos_id()) plan.stop_ids.push_back(*tokenizer.eos_id());
@@ -105,7 +102,23 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
                                                    plan.max_new_tokens));
   }
   plan.sampling.min_tokens = request.min_new_tokens();
-  if (plan.sampling.min_tokens > 0) plan.sampling.stop_ids = plan.stop_ids;
+  switch (request.response_format()) {
+    case v1::RESPONSE_FORMAT_TEXT:
+      break;
+    case v1::RESPONSE_FORMAT_JSON_OBJECT:
+      if (request.outline().enabled()) {
+        return absl::InvalidArgumentError("response_format: not with outline");
+      }
+      plan.sampling.response_format = ResponseFormat::kJsonObject;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("response_format: unknown value ", request.response_format()));
+  }
+  if (plan.sampling.history_dependent()) plan.sampling.stop_ids = plan.stop_ids;
+  if (absl::Status valid = plan.sampling.Validate(); !valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling: ", valid.message()));
+  }
   if (request.top_logprobs() > 0 && !request.logprobs()) {
     return absl::InvalidArgumentError("top_logprobs: needs logprobs");
   }

@@ -289,6 +289,20 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
         if (stop.empty()) return Invalid(key, "'stop' sequences must not be empty");
       }
       request.stop = std::move(stops);
+    } else if (key == "response_format") {
+      const char* const kShape =
+          "'response_format' must be an object with a 'type': \"text\" or \"json_object\"";
+      if (!value.is_object() || !value.contains("type") || !value["type"].is_string()) {
+        return Invalid(key, kShape);
+      }
+      const std::string type = value["type"].get<std::string>();
+      if (type == "json_schema") {
+        return Invalid(key,
+                       "'response_format' type \"json_schema\" is not supported: use "
+                       "\"json_object\" (any JSON object) and give the schema in the prompt");
+      }
+      if (type != "text" && type != "json_object") return Invalid(key, kShape);
+      request.json_object = type == "json_object";
     } else if (key == "stream") {
       if (!value.is_boolean()) return Invalid(key, "'stream' must be a boolean");
       request.stream = value.get<bool>();
@@ -405,6 +419,14 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
   if (request.min_tokens > 0 && request.max_tokens > 0 && request.min_tokens > request.max_tokens) {
     return Invalid("min_tokens", absl::StrCat("'min_tokens' ", request.min_tokens,
                                               " is more than 'max_tokens' ", request.max_tokens));
+  }
+  if (request.json_object && request.outline_max_points != 0) {
+    return Invalid("response_format", "a JSON 'response_format' cannot be combined with "
+                                      "'tophat_outline'");
+  }
+  if (request.json_object && request.min_tokens > 0) {
+    return Invalid("min_tokens", "'min_tokens' cannot be combined with a JSON "
+                                 "'response_format': the object could be complete before it");
   }
   if (request.n > 1 && request.outline_max_points != 0) {
     return Invalid("n", "'n' above 1 cannot be combined with 'tophat_outline'");

@@ -68,6 +68,9 @@ struct OpenAiRequest {
   // against the vocabulary by the server).
   std::vector<std::pair<int64_t, double>> logit_bias;
   std::vector<std::string> stop;  // at most 4, none empty
+  // "response_format": {"type": "json_object"}: the answer is a JSON object
+  // (GenerateRequest.response_format); {"type": "text"}: anything. "json_schema" is refused.
+  bool json_object = false;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   // tophat's extension (OpenAI's clients send it with extra_body; OpenAI ignores nothing, so

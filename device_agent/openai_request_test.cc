@@ -172,6 +172,25 @@ TEST_CASE("A completions prompt may be token ids, used as they are, and there ma
             .choices() == 3);
 }
 
+TEST_CASE("response_format asks for a JSON object, or for any text") {
+  CHECK_FALSE(ParseOk(OpenAiEndpoint::kCompletions, R"({"model": "toy", "prompt": "x"})")
+                  .json_object);
+  CHECK(ParseOk(OpenAiEndpoint::kChatCompletions,
+                R"({"model": "toy", "messages": [{"role": "user", "content": "a"}],
+                    "response_format": {"type": "json_object"}})")
+            .json_object);
+  CHECK(ParseOk(OpenAiEndpoint::kCompletions,
+                R"({"model": "toy", "prompt": "x", "response_format": {"type": "json_object"}})")
+            .json_object);
+  CHECK_FALSE(ParseOk(OpenAiEndpoint::kCompletions,
+                      R"({"model": "toy", "prompt": "x", "response_format": {"type": "text"}})")
+                  .json_object);
+  // What a client should do instead is in the message.
+  CHECK(ParseError(OpenAiEndpoint::kCompletions,
+                   R"({"model": "toy", "prompt": "x", "response_format": {"type": "json_schema"}})")
+            .message.find("json_object") != std::string::npos);
+}
+
 TEST_CASE("ignore_eos, as vLLM takes it, asks for max_tokens whatever the model says") {
   CHECK_FALSE(ParseOk(OpenAiEndpoint::kCompletions, R"({"model": "toy", "prompt": "x"})")
                   .ignore_eos);
@@ -281,6 +300,24 @@ TEST_CASE("What the endpoint would ignore is refused by name, with OpenAI's erro
        "echo"},
       {completions, R"({"model": "toy", "prompt": "a", "max_completion_tokens": 3})",
        "max_completion_tokens"},
+      {completions, R"({"model": "toy", "prompt": "a", "response_format": "json_object"})",
+       "response_format"},
+      {completions, R"({"model": "toy", "prompt": "a", "response_format": {"type": "xml"}})",
+       "response_format"},
+      {completions, R"({"model": "toy", "prompt": "a", "response_format": {}})",
+       "response_format"},
+      {completions,
+       R"({"model": "toy", "prompt": "a", "response_format": {"type": "json_schema",
+           "json_schema": {"name": "x", "schema": {"type": "object"}}}})",
+       "response_format"},
+      {completions,
+       R"({"model": "toy", "prompt": "a", "response_format": {"type": "json_object"},
+           "tophat_outline": true})",
+       "response_format"},
+      {completions,
+       R"({"model": "toy", "prompt": "a", "response_format": {"type": "json_object"},
+           "min_tokens": 2})",
+       "min_tokens"},
   };
   for (const Case& c : cases) {
     INFO(c.body);

@@ -12,10 +12,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
+#include "models/grammar/json_grammar.h"
 #include "models/runtime/adapter.h"
 #include "models/formats/checkpoint.h"
 #include "models/runtime/model_init.h"
@@ -74,8 +78,8 @@ std::unique_ptr<Split> MakeSplit(int64_t vocab, double logit_scale, double adapt
 // The device and an in-process stand-in for the cloud (the middle submodel and its KV).
 struct Session {
   Session(const Split& split, const SpeculativeOptions& options, const SamplingParams& params,
-          int64_t capacity)
-      : sampler(params),
+          int64_t capacity, std::shared_ptr<const TokenVocabulary> vocabulary = nullptr)
+      : sampler(params, std::move(vocabulary)),
         input_cache(split.input->NewCache(capacity)),
         adapter_cache(split.adapter->NewCache(capacity)),
         output_cache(split.output->NewCache(capacity)),
@@ -307,6 +311,94 @@ TEST_CASE("With penalties on repetition, speculative greedy decoding is still pl
         ReferenceGreedy(*split->full, prompt, new_tokens, penalties, &margins);
     CheckAgainstReference(generated, reference, margins);
     changed += reference != ReferenceGreedy(*split->full, prompt, new_tokens, {}, &plain_margins);
+  }
+  CHECK(changed == 6);
+  CheckEveryPath(counts);
+}
+
+// A vocabulary for the 64-token test model: ids 0-2 special (2 ends an answer), the rest
+// pieces of JSON, some crossing its token boundaries.
+std::shared_ptr<const TokenVocabulary> JsonTestVocabulary() {
+  std::vector<std::optional<std::string>> tokens = {std::nullopt, std::nullopt, std::nullopt};
+  for (const char* piece :
+       {"{", "}", "[", "]", "\"", ":", ",", " ", "a", "b", "1", "2", "0", "-", ".", "e", "true",
+        "false", "null", "{\"", "\":", "\",", "\"}", "ab", "12", "},", "]}", "[1", "\\", "n",
+        "u", "\\n", "tr", "ue", "x", "y", "z", "\n", "key", "\"a\"", "c", "d", "f", "g", "h",
+        "i", "j", "k", "l", "m", "o", "p", "q", "r", "s", "t", "v", "w", "E", "+", "9"}) {
+    tokens.emplace_back(piece);
+  }
+  REQUIRE(tokens.size() == 64);
+  return std::make_shared<const TokenVocabulary>(std::move(tokens));
+}
+
+// Plain greedy decoding with the monolithic model, each choice among the tokens that keep a
+// JSON object possible, found by trying every token's bytes on JsonGrammar (not through
+// JsonConstraint); once the object is complete, or a token was refused, only `end`.
+std::vector<int32_t> ReferenceJsonGreedy(const Submodel& full, const std::vector<int64_t>& prompt,
+                                         int64_t count, const TokenVocabulary& vocabulary,
+                                         int32_t end, std::vector<double>* margins) {
+  KvCache cache = full.NewCache(static_cast<int64_t>(prompt.size()) + count + 1);
+  at::Tensor hidden = *full.Forward(*full.Embed(at::tensor(prompt)), cache);
+  std::vector<int32_t> out;
+  std::optional<JsonGrammar> state = JsonGrammar();
+  for (int64_t i = 0; i < count; ++i) {
+    at::Tensor logits = (*full.Logits(hidden.narrow(0, hidden.size(0) - 1, 1)))[0].clone();
+    for (int32_t token = 0; token < logits.size(0); ++token) {
+      bool allowed = token == end;
+      if (state.has_value() && !state->complete()) {
+        JsonGrammar next = *state;
+        const std::string* bytes = vocabulary.bytes(token);
+        allowed = bytes != nullptr && !bytes->empty() && next.Feed(*bytes);
+      }
+      if (!allowed) logits[token] = -std::numeric_limits<float>::infinity();
+    }
+    auto top = logits.topk(2);
+    margins->push_back((std::get<0>(top)[0] - std::get<0>(top)[1]).item<double>());
+    const auto token = static_cast<int32_t>(logits.argmax().item<int64_t>());
+    out.push_back(token);
+    const std::string* bytes = vocabulary.bytes(token);
+    if (state.has_value() && (bytes == nullptr || !state->Feed(*bytes))) state.reset();
+    hidden = *full.Forward(*full.Embed(at::full({1}, token, at::kLong)), cache);
+  }
+  return out;
+}
+
+TEST_CASE("Constrained to a JSON object, speculative greedy decoding is still plain greedy "
+          "decoding under the same constraint",
+          "[speculative]") {
+  c10::InferenceMode inference;
+  auto split = MakeSplit(/*vocab=*/64, /*logit_scale=*/25.0, /*adapter_noise=*/0.04, 5);
+  const auto vocabulary = JsonTestVocabulary();
+  constexpr int32_t kEnd = 2;
+  const SamplingParams json{.stop_ids = {kEnd}, .response_format = ResponseFormat::kJsonObject};
+  DecodeCounts counts;
+  int64_t changed = 0;
+  for (int p = 0; p < 6; ++p) {
+    INFO("prompt " << p);
+    std::vector<int64_t> prompt;
+    for (int i = 0; i < 5 + p; ++i) prompt.push_back((p * 7 + i * 13) % 64);
+    const int64_t new_tokens = 40;
+    SpeculativeOptions options{.eta = 1e-6, .max_draft = 4 + p % 3, .parallel = true,
+                               .parallel_top_k = 3, .parallel_steps = 3};
+    Session session(*split, options, json, 128, vocabulary);
+    const std::vector<int32_t> generated =
+        DecodeGreedy(session, prompt, new_tokens, /*parallel=*/true, options.max_draft, counts);
+    std::vector<double> margins, plain_margins;
+    const std::vector<int32_t> reference =
+        ReferenceJsonGreedy(*split->full, prompt, new_tokens, *vocabulary, kEnd, &margins);
+    CheckAgainstReference(generated, reference, margins);
+    changed += reference != ReferenceGreedy(*split->full, prompt, new_tokens, {}, &plain_margins);
+    // What was generated is the start of an object (up to the end, if it came).
+    JsonGrammar grammar;
+    for (const int32_t token : generated) {
+      if (token == kEnd) {
+        CHECK(grammar.complete());
+        break;
+      }
+      INFO("token " << token);
+      REQUIRE(vocabulary->bytes(token) != nullptr);
+      CHECK(grammar.Feed(*vocabulary->bytes(token)));
+    }
   }
   CHECK(changed == 6);
   CheckEveryPath(counts);

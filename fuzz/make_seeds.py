@@ -168,6 +168,8 @@ def main():
     write(out, "app_request", "scoring.bin",
           field_bytes(3, field_bytes(1, b"".join(varint(i) for i in (1, 258, 263, 40))))
           + field_varint(12, 1) + field_varint(14, 1) + field_varint(15, 1))
+    write(out, "app_request", "json.bin",
+          field_bytes(2, b"the cat") + field_varint(6, 7) + field_varint(17, 1))
 
     # The OpenAI endpoint's bodies: the first byte chooses the endpoint (even: chat).
     chat = {"model": "toy", "messages": [{"role": "system", "content": "be brief"},
@@ -197,9 +199,19 @@ def main():
          "add_generation_prompt": True}).encode())
     write(out, "openai_request", "detokenize.bin", b"\x03" + json.dumps(
         {"model": "toy", "tokens": [1, 20, 7]}).encode())
+    write(out, "openai_request", "json.bin", b"\x00" + json.dumps(
+        {"model": "toy", "messages": [{"role": "user", "content": "x"}],
+         "response_format": {"type": "json_object"}}).encode())
     write(out, "openai_request", "outline.bin", b"\x00" + json.dumps(
         {"model": "toy", "messages": [{"role": "user", "content": "x"}],
          "tophat_outline": {"max_points": 3}}).encode())
+
+    # Answers in JSON: objects that take every branch of the automaton, and near misses.
+    write(out, "json_grammar", "object.json",
+          '{"a": [1, -2.5e+3, 0, true, false, null], "b": {"c": "\\u00e9\\uD83C\\uDFA9\\n"}}')
+    write(out, "json_grammar", "pretty.json", '{\n  "k": [\n    {}\n  ]\n}')
+    write(out, "json_grammar", "utf8.json", '{"\u00e9t\u00e9": "\U0001F3A9"}'.encode())
+    write(out, "json_grammar", "broken.json", '{"a": [1,], "b": 01}')
 
     # The engine's structured input: op bytes then fields (see agent_message_fuzzer.cc).
     write(out, "agent_message", "open-chunk-step.bin",

@@ -176,6 +176,7 @@ def run(base_url, cloud_metrics_url, agent_metrics_url, model_dir):
     check(len(sampled[0]) > 0, "an empty seeded completion")
     print(f"completion, seed 7: {json.dumps(sampled[0])}")
     choices(client, model, messages)
+    json_answers(client, model, base_url, messages)
 
     # A bad request: OpenAI's error object, the right status, the field named.
     expect_error("n=17", lambda: client.chat.completions.create(model=model, messages=messages,
@@ -258,6 +259,72 @@ def tokenizer_routes(client, model, base_url, messages, chat_prompt_tokens):
     check_eq("/detokenize outside the vocabulary: param", error["error"]["param"], "tokens")
     print(f"/tokenize: the chat's {chat['count']} tokens and the prompt's {text['count']}, as "
           "the completions count them; /detokenize gives the text back")
+
+
+def json_answers(client, model, base_url, messages):
+    """response_format json_object: every answer is a JSON object and ends with it."""
+    # The toy model never saw JSON: biased towards '"' and '}' (their byte-fallback pieces,
+    # 3 + the byte: <unk>, <s> and </s> come first), its strings and objects end within the
+    # budget. The same bias without the format gives no JSON at all (below), so what makes
+    # the answers objects is the constraint.
+    quote, close = 3 + ord('"'), 3 + ord('}')
+    for token_id, byte in ((quote, '"'), (close, '}')):
+        status, answer = post_json(base_url.removesuffix("/v1") + "/detokenize",
+                                   {"model": model, "tokens": [token_id]})
+        check_eq(f"token {token_id} spells {byte!r}", (status, answer.get("prompt")), (200, byte))
+    bias = {str(quote): 8, str(close): 8}
+    fmt = {"type": "json_object"}
+
+    def is_object(text):
+        try:
+            return isinstance(json.loads(text), dict)
+        except ValueError:
+            return False
+
+    answers = []
+    for seed in range(6):
+        answer = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=160, temperature=1.0, seed=seed,
+            logit_bias=bias, response_format=fmt)
+        content = answer.choices[0].message.content
+        check(is_object(content), f"seed {seed}: not a JSON object: {content!r}")
+        check_eq(f"seed {seed}: finish_reason", answer.choices[0].finish_reason, "stop")
+        answers.append(content)
+        unconstrained = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=160, temperature=1.0, seed=seed,
+            logit_bias=bias)
+        check(not is_object(unconstrained.choices[0].message.content),
+              f"seed {seed}: an object without the format: "
+              f"{unconstrained.choices[0].message.content!r}")
+    check(len(set(answers)) > 3, f"the seeds' objects are alike: {answers}")
+    check(any(len(json.loads(a)) > 0 for a in answers), f"only empty objects: {answers}")
+
+    # Streamed, the same object; completions too.
+    stream = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=160, temperature=1.0, seed=0,
+        logit_bias=bias, response_format=fmt, stream=True)
+    with stream:
+        streamed = "".join(choice.delta.content or "" for chunk in stream
+                           for choice in chunk.choices)
+    check_eq("the streamed JSON answer", streamed, answers[0])
+    completion = client.completions.create(
+        model=model, prompt="the old farmer", max_tokens=160, temperature=0.7, seed=3,
+        logit_bias=bias, extra_body={"response_format": fmt})
+    check(is_object(completion.choices[0].text),
+          f"a completion that is not a JSON object: {completion.choices[0].text!r}")
+    # Cut short by max_tokens, the object is not complete, and the answer says so.
+    short = client.chat.completions.create(model=model, messages=messages, max_tokens=2,
+                                           temperature=0, response_format=fmt)
+    check_eq("a JSON answer cut short: finish_reason", short.choices[0].finish_reason, "length")
+    check(short.choices[0].message.content.lstrip().startswith("{"),
+          f"a cut JSON answer: {short.choices[0].message.content!r}")
+    expect_error("response_format json_schema",
+                 lambda: client.chat.completions.create(
+                     model=model, messages=messages,
+                     response_format={"type": "json_schema",
+                                      "json_schema": {"name": "x", "schema": {"type": "object"}}}),
+                 openai.BadRequestError, 400, param="response_format")
+    print(f"response_format json_object: {json.dumps(answers[:3])}")
 
 
 def choices(client, model, messages):

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -44,10 +46,35 @@ absl::Status SamplingParams::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "repetition_penalty must be finite and > 0 (1: off), got ", repetition_penalty));
   }
+  if (response_format == ResponseFormat::kJsonObject) {
+    if (min_tokens > 0) {
+      return absl::InvalidArgumentError(
+          "min_tokens cannot be combined with a JSON response format: the object could be "
+          "complete before the minimum");
+    }
+    if (stop_ids.empty()) {
+      return absl::InvalidArgumentError(
+          "a JSON response format needs an end of sequence to end the object with (not with "
+          "ignore_eos and no stop ids)");
+    }
+  }
   return absl::OkStatus();
 }
 
-Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
+Sampler::Sampler(const SamplingParams& params, std::shared_ptr<const TokenVocabulary> vocabulary)
+    : params_(params), rng_(params.seed) {
+  switch (params_.response_format) {
+    case ResponseFormat::kText:
+      break;
+    case ResponseFormat::kJsonObject:
+      // A caller's bug, not a request's: answering unconstrained would break the promise.
+      if (vocabulary == nullptr) {
+        std::fputs("Sampler: a JSON response format needs the tokenizer's vocabulary\n", stderr);
+        std::abort();
+      }
+      json_ = std::make_unique<JsonConstraint>(std::move(vocabulary), params_.stop_ids);
+      break;
+  }
   if (params_.logit_bias.empty()) return;
   std::vector<int64_t> ids;
   std::vector<float> values;
@@ -69,6 +96,7 @@ void Sampler::SetPrompt(std::span<const int32_t> prompt) {
 
 void Sampler::Commit(std::span<const int32_t> tokens) {
   generated_ += static_cast<int64_t>(tokens.size());
+  if (json_ != nullptr) json_->Commit(tokens);
   if (!params_.penalized()) return;
   for (const int32_t token : tokens) ++generated_counts_[token];
 }
@@ -76,7 +104,7 @@ void Sampler::Commit(std::span<const int32_t> tokens) {
 at::Tensor Sampler::Adjusted(const at::Tensor& logits, std::span<const int32_t> pending) const {
   const bool too_short = generated_ + static_cast<int64_t>(pending.size()) < params_.min_tokens &&
                          !params_.stop_ids.empty();
-  if (!params_.penalized() && !too_short) return Biased(logits);
+  if (!params_.penalized() && !too_short && json_ == nullptr) return Biased(logits);
   at::Tensor biased = Biased(logits);
   at::Tensor row = biased.is_same(logits)
                        ? logits.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true)
@@ -92,20 +120,35 @@ at::Tensor Sampler::Adjusted(const at::Tensor& logits, std::span<const int32_t> 
                       -std::numeric_limits<float>::infinity());
     }
   }
-  if (!params_.penalized()) return row;
+  if (params_.penalized()) Penalize(row, pending);
+  if (json_ != nullptr) {
+    // The tokens the format refuses; the logits may have more rows than the tokenizer has
+    // tokens (padded vocabularies), which no answer can use.
+    const std::shared_ptr<const std::vector<uint8_t>> allowed = json_->Allowed(pending);
+    const int64_t known = std::min<int64_t>(row.size(0), static_cast<int64_t>(allowed->size()));
+    at::Tensor refused = at::ones({row.size(0)}, at::kBool);
+    refused.narrow(0, 0, known)
+        .copy_(at::from_blob(const_cast<uint8_t*>(allowed->data()), {known}, at::kBool)
+                   .logical_not());
+    row.masked_fill_(refused.to(row.device()), -std::numeric_limits<float>::infinity());
+  }
+  return row;
+}
+
+void Sampler::Penalize(at::Tensor& row, std::span<const int32_t> pending) const {
   // The tokens the penalties touch, with how often each was generated (0: only in the
   // prompt). A few hundred at most against a vocabulary of 10^5: they are gathered, changed
   // on the host and scattered back, rather than the whole row changed on its device.
   absl::flat_hash_map<int32_t, int64_t> counts = generated_counts_;
   for (const int32_t token : pending) ++counts[token];
   for (const int32_t token : prompt_tokens_) counts.try_emplace(token, 0);
-  if (counts.empty()) return row;
+  if (counts.empty()) return;
   std::vector<int64_t> ids;
   ids.reserve(counts.size());
   for (const auto& [token, count] : counts) ids.push_back(token);
   const int64_t vocab = row.size(0);
   std::erase_if(ids, [vocab](int64_t id) { return id < 0 || id >= vocab; });
-  if (ids.empty()) return row;
+  if (ids.empty()) return;
   const at::Tensor index = at::tensor(ids, at::kLong).to(row.device());
   at::Tensor values = row.index_select(0, index).to(at::kCPU).contiguous();
   float* value = values.data_ptr<float>();
@@ -120,7 +163,7 @@ at::Tensor Sampler::Adjusted(const at::Tensor& logits, std::span<const int32_t> 
     }
     value[i] = static_cast<float>(v);
   }
-  return row.index_copy_(0, index, values.to(row.device()));
+  row.index_copy_(0, index, values.to(row.device()));
 }
 
 at::Tensor Sampler::AdjustedRows(const at::Tensor& logits, std::span<const int32_t> drafts) const {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <utility>
 #include <span>
@@ -11,8 +12,15 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "models/grammar/json_constraint.h"
 
 namespace tophat {
+
+// What an answer must be (OpenAI's response_format).
+enum class ResponseFormat : uint8_t {
+  kText,        // anything
+  kJsonObject,  // a JSON object, then the end (JsonConstraint)
+};
 
 struct SamplingParams {
   double temperature = 0.0;  // 0 means greedy
@@ -38,14 +46,22 @@ struct SamplingParams {
   // ids) cannot be chosen (vLLM's min_tokens); 0: no minimum.
   int64_t min_tokens = 0;
   std::vector<int32_t> stop_ids;
+  // kJsonObject: every choice keeps the answer a JSON object that can still be completed,
+  // and once it is complete only stop_ids may follow, which it then needs (the Sampler needs
+  // the tokenizer's TokenVocabulary). Not with min_tokens: the object could be complete
+  // before the minimum, leaving nothing to choose.
+  ResponseFormat response_format = ResponseFormat::kText;
 
   absl::Status Validate() const;
   bool greedy() const { return temperature <= 0.0; }
   bool penalized() const {
     return presence_penalty != 0.0 || frequency_penalty != 0.0 || repetition_penalty != 1.0;
   }
-  // Whether a choice depends on the tokens before it (penalties, a minimum length).
-  bool history_dependent() const { return penalized() || min_tokens > 0; }
+  // Whether a choice depends on the tokens before it (penalties, a minimum length, a
+  // format).
+  bool history_dependent() const {
+    return penalized() || min_tokens > 0 || response_format != ResponseFormat::kText;
+  }
 };
 
 // Draws an index from a [V] probability vector (not necessarily normalised) with `rng`.
@@ -66,12 +82,15 @@ std::vector<TokenLogprob> TokenLogprobs(const at::Tensor& logits, std::span<cons
                                         int64_t top);
 
 // Token choice for one request. With penalties it keeps what they count: the prompt
-// (SetPrompt) and the tokens generated so far (Commit). A choice at a position past tokens
+// (SetPrompt) and the tokens generated so far (Commit); with a format, the answer so far. A choice at a position past tokens
 // not yet committed (the drafts before it in a speculative round) names them as `pending`,
 // so that a draft, its verification and plain decoding all see the same history.
 class Sampler {
  public:
-  explicit Sampler(const SamplingParams& params);
+  // `vocabulary` (the tokenizer's) is required with ResponseFormat::kJsonObject and unused
+  // otherwise.
+  explicit Sampler(const SamplingParams& params,
+                   std::shared_ptr<const TokenVocabulary> vocabulary = nullptr);
 
   // The prompt, which repetition_penalty counts as seen. Only kept when it applies.
   void SetPrompt(std::span<const int32_t> prompt);
@@ -89,8 +108,9 @@ class Sampler {
   at::Tensor Distribution(const at::Tensor& logits, std::span<const int32_t> pending = {}) const;
 
   // The logits a choice compares, [V]: logit_bias added, then the penalties for the committed
-  // tokens followed by `pending`, and the stop ids at -inf while min_tokens are not yet
-  // generated. The same tensor, not a copy, when none of that applies.
+  // tokens followed by `pending`, the stop ids at -inf while min_tokens are not yet
+  // generated, and every token the format refuses after them at -inf. The same tensor, not a
+  // copy, when none of that applies.
   at::Tensor Adjusted(const at::Tensor& logits, std::span<const int32_t> pending = {}) const;
   // A verification's rows, [n, V]: row i as Adjusted(logits[i], drafts[0, i)), the drafts
   // before the position it decides (drafts may be longer than n - 1).
@@ -104,6 +124,8 @@ class Sampler {
  private:
   // logits + logit_bias, [V] or [n, V]; the same tensor without a bias.
   at::Tensor Biased(const at::Tensor& logits) const;
+  // Applies the penalties for the committed tokens and `pending` to a [V] float32 row.
+  void Penalize(at::Tensor& row, std::span<const int32_t> pending) const;
 
   SamplingParams params_;
   std::mt19937_64 rng_;
@@ -115,6 +137,7 @@ class Sampler {
   absl::flat_hash_map<int32_t, int64_t> generated_counts_;
   int64_t generated_ = 0;  // tokens committed, with min_tokens
   std::vector<int32_t> prompt_tokens_;  // sorted, unique
+  std::unique_ptr<JsonConstraint> json_;  // with ResponseFormat::kJsonObject
 };
 
 }  // namespace tophat

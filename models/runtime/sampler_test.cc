@@ -1,6 +1,10 @@
 #include "models/runtime/sampler.h"
 
 #include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -139,6 +143,45 @@ TEST_CASE("min_tokens keeps the stop ids from being chosen until enough tokens, 
   Sampler sampled({.temperature = 1.0, .min_tokens = 1, .stop_ids = {0}});
   CHECK(sampled.Distribution(logits)[0].item<float>() == 0.0f);
   CHECK_FALSE(SamplingParams{.min_tokens = -1}.Validate().ok());
+}
+
+TEST_CASE("A JSON response format refuses what cannot start or continue an object, pending "
+          "tokens and verification rows included",
+          "[sampler]") {
+  // Ids: 0 ends the answer (special), 1 "{", 2 "}", 3 "x", 4 "\"", 5 "{}"; the logits are one
+  // longer than the vocabulary (a padded head), and the last, likeliest, row is no token.
+  const auto vocabulary = std::make_shared<const TokenVocabulary>(
+      std::vector<std::optional<std::string>>{std::nullopt, "{", "}", "x", "\"", "{}"});
+  const at::Tensor logits = at::tensor({5.0f, 1.0f, 4.0f, 3.0f, 2.0f, 0.0f, 9.0f});
+  const SamplingParams json{.stop_ids = {0}, .response_format = ResponseFormat::kJsonObject};
+  Sampler sampler(json, vocabulary);
+  const float inf = std::numeric_limits<float>::infinity();
+  // Only "{" and "{}" can start an object.
+  CHECK(at::equal(sampler.Adjusted(logits),
+                  at::tensor({-inf, 1.0f, -inf, -inf, -inf, 0.0f, -inf})));
+  CHECK(sampler.Sample(logits) == 1);
+  // After "{": a key's quote or the close; after "{}": only the end.
+  CHECK(sampler.Sample(logits, std::vector<int32_t>{1}) == 2);
+  CHECK(sampler.Sample(logits, std::vector<int32_t>{5}) == 0);
+  const at::Tensor rows =
+      sampler.AdjustedRows(at::stack({logits, logits, logits}), std::vector<int32_t>{1, 4});
+  CHECK(at::equal(rows[1], sampler.Adjusted(logits, std::vector<int32_t>{1})));
+  // In the key every token with bytes may come, not the end nor the padded row.
+  CHECK(at::equal(rows[2], at::tensor({-inf, 1.0f, 4.0f, 3.0f, 2.0f, 0.0f, -inf})));
+  sampler.Commit(std::vector<int32_t>{1, 4, 3});
+  CHECK(sampler.Sample(logits) == 2);
+  // Sampled: no probability off the object.
+  Sampler sampled({.temperature = 1.0, .stop_ids = {0}, .response_format = ResponseFormat::kJsonObject},
+                  vocabulary);
+  const at::Tensor p = sampled.Distribution(logits);
+  CHECK(p[1].item<float>() + p[5].item<float>() == Approx(1.0));
+
+  CHECK_FALSE(SamplingParams{.min_tokens = 1, .stop_ids = {0},
+                             .response_format = ResponseFormat::kJsonObject}
+                  .Validate()
+                  .ok());
+  CHECK_FALSE(SamplingParams{.response_format = ResponseFormat::kJsonObject}.Validate().ok());
+  CHECK(json.Validate().ok());
 }
 
 TEST_CASE("Top-k and top-p keep exactly the expected support", "[sampler]") {

@@ -893,6 +893,19 @@ std::optional<std::string> BpeTokenizer::SpecialText(int32_t id) const {
   return std::nullopt;
 }
 
+std::optional<std::string> BpeTokenizer::TokenBytes(int32_t id) const {
+  if (id < 0 || static_cast<size_t>(id) >= model_->kinds.size()) return std::nullopt;
+  switch (model_->kinds[id]) {
+    case TokenKind::kVocab:
+    case TokenKind::kAdded:
+      return model_->decoded[id];
+    case TokenKind::kNone:
+    case TokenKind::kSpecial:
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
 std::optional<int32_t> BpeTokenizer::PieceToId(std::string_view piece) const {
   const std::string key(piece);
   if (const auto it = model_->added_ids.find(key); it != model_->added_ids.end()) {

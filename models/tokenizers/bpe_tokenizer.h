@@ -52,6 +52,7 @@ class BpeTokenizer : public Tokenizer {
   std::optional<int32_t> eos_id() const override;
   std::optional<int32_t> PieceToId(std::string_view piece) const override;
   std::optional<std::string> SpecialText(int32_t id) const override;
+  std::optional<std::string> TokenBytes(int32_t id) const override;
 
  private:
   struct Model;

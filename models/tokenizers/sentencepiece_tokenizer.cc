@@ -118,6 +118,36 @@ std::optional<std::string> SentencePieceTokenizer::SpecialText(int32_t id) const
   return std::string(model_->IdToPiece(id));
 }
 
+std::optional<std::string> SentencePieceTokenizer::TokenBytes(int32_t id) const {
+  if (id < 0 || id >= vocab_size_ || model_->IsControl(id)) return std::nullopt;
+  const std::string_view piece = model_->IdToPiece(id);
+  // <unk> decodes to " ⁇ ", which no text the model read contained.
+  if (piece == "<unk>") return std::nullopt;
+  // A byte-fallback piece, "<0x0A>": that one byte.
+  if (piece.size() == 6 && piece.starts_with("<0x") && piece.ends_with(">")) {
+    int value = 0;
+    bool hex = true;
+    for (const char c : piece.substr(3, 2)) {
+      const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+      hex = hex && digit >= 0;
+      value = value * 16 + digit;
+    }
+    if (hex) return std::string(1, static_cast<char>(value));
+  }
+  // "▁" (U+2581) stands for a space.
+  constexpr std::string_view kSpace = "\xE2\x96\x81";
+  std::string bytes;
+  for (size_t at = 0; at < piece.size();) {
+    if (piece.substr(at).starts_with(kSpace)) {
+      bytes += ' ';
+      at += kSpace.size();
+    } else {
+      bytes += piece[at++];
+    }
+  }
+  return bytes;
+}
+
 std::optional<int32_t> SentencePieceTokenizer::PieceToId(std::string_view piece) const {
   const auto id = model_->PieceToId(piece);
   if (!id) return std::nullopt;

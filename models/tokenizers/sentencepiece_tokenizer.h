@@ -42,6 +42,7 @@ class SentencePieceTokenizer : public Tokenizer {
   std::optional<int32_t> eos_id() const override;
   std::optional<int32_t> PieceToId(std::string_view piece) const override;
   std::optional<std::string> SpecialText(int32_t id) const override;
+  std::optional<std::string> TokenBytes(int32_t id) const override;
 
  private:
   SentencePieceTokenizer(std::unique_ptr<SpmModel> model, std::string source);

@@ -39,6 +39,11 @@ class Tokenizer {
   // The spelling of a special token, which Decode skips (e.g. "</s>", "<|eot_id|>"): where a
   // token must be shown on its own (a log-probability's token). nullopt for any other id.
   virtual std::optional<std::string> SpecialText(int32_t /*id*/) const { return std::nullopt; }
+  // The bytes token `id` adds to a text, raw: SentencePiece's "▁" as a space, a byte piece
+  // as its one byte, part of a character where a token holds part of one. nullopt for
+  // special and unknown tokens and ids outside the vocabulary. Decoding may drop a leading
+  // space (SentencePiece's first piece); it is still here. For constrained decoding.
+  virtual std::optional<std::string> TokenBytes(int32_t id) const = 0;
 };
 
 // The text of `id` shown on its own, as OpenAI's log-probabilities name tokens: what it adds

@@ -444,6 +444,9 @@ class DecodeLengthRecorder : public Tokenizer {
   std::optional<int32_t> PieceToId(std::string_view piece) const override {
     return inner_.PieceToId(piece);
   }
+  std::optional<std::string> TokenBytes(int32_t id) const override {
+    return inner_.TokenBytes(id);
+  }
   mutable size_t longest_decode = 0;
 
  private:
@@ -535,6 +538,52 @@ TEST_CASE("The placeholder byte-level tokenizer encodes text to bytes and decode
   auto text = (*tokenizer)->Decode({'o', 'k', 300, 999});
   REQUIRE(text.ok());
   CHECK(*text == "ok<300><999>");
+}
+
+// The bytes of a text's tokens, concatenated, are the text (SentencePiece: after its dummy
+// prefix space): what constrained decoding walks.
+std::string ConcatenatedTokenBytes(const Tokenizer& tokenizer, const std::vector<int32_t>& ids) {
+  std::string bytes;
+  for (const int32_t id : ids) {
+    const std::optional<std::string> token = tokenizer.TokenBytes(id);
+    INFO("token " << id);
+    REQUIRE(token.has_value());
+    bytes += *token;
+  }
+  return bytes;
+}
+
+TEST_CASE("TokenBytes spells each token raw, and nothing for special tokens", "[tokenizer]") {
+  SECTION("BPE") {
+    const auto tokenizer = MakeBpe(MakeTokenizerJson());
+    for (const std::string& text : {std::string("Hello, the world!\n\t12345 it's"),
+                                    std::string(kUnicodeText)}) {
+      CHECK(ConcatenatedTokenBytes(*tokenizer, EncodeOk(*tokenizer, text)) == text);
+    }
+    // Half a character is its byte, not a replacement character.
+    CHECK(tokenizer->TokenBytes(0xE4) == std::string("\xE4"));
+    CHECK(tokenizer->TokenBytes(kIdSpaceThe) == " the");
+    CHECK(tokenizer->TokenBytes(*tokenizer->eos_id()) == std::nullopt);
+    CHECK(tokenizer->TokenBytes(-1) == std::nullopt);
+    CHECK(tokenizer->TokenBytes(tokenizer->vocab_size()) == std::nullopt);
+  }
+  SECTION("SentencePiece") {
+    RequireSpmPlugin();
+    auto loaded = Tokenizer::Load(SpmModelDir());
+    REQUIRE(loaded.ok());
+    const Tokenizer& tokenizer = **loaded;
+    // "✓ 🎩" goes through byte fallback: each byte piece is its byte.
+    for (const std::string& text : {std::string("the cat sat on the mat"),
+                                    std::string(kUnicodeText), std::string("zebra ✓ 🎩 {\"a\": 1}")}) {
+      CHECK(ConcatenatedTokenBytes(tokenizer, EncodeOk(tokenizer, text)) == " " + text);
+    }
+    CHECK(tokenizer.TokenBytes(*tokenizer.PieceToId("<0x0A>")) == "\n");
+    CHECK(tokenizer.TokenBytes(*tokenizer.PieceToId("<0xE4>")) == std::string("\xE4"));
+    CHECK(tokenizer.TokenBytes(0) == std::nullopt);  // <unk>
+    CHECK(tokenizer.TokenBytes(1) == std::nullopt);  // <s>
+    CHECK(tokenizer.TokenBytes(2) == std::nullopt);  // </s>
+    CHECK(tokenizer.TokenBytes(kSpmVocabSize) == std::nullopt);
+  }
 }
 
 }  // namespace

@@ -1,0 +1,245 @@
+// tophat-bench-json-mask: what an answer constrained to JSON costs the device per token. For
+// states a JSON answer passes through (the start, a key, a value, a string, a number, deep
+// in structure), the time JsonConstraint takes to find the allowed tokens of a whole
+// vocabulary (a cold cache: a fresh constraint per run), and the time when the state's mask
+// is kept (inside a string, every token after the first). The bound beside them is one pass
+// over the vocabulary's bytes, measured in the same run: the walk reads each token at least
+// once less what it shares with the token before. The vocabulary is a tokenizer's
+// (--tokenizer DIR: tokenizer.json or tokenizer.model) or a synthetic byte-level one of
+// --vocab tokens shaped like a BPE vocabulary (words with and without a leading space,
+// digits, punctuation runs such as `":` and `},`, multi-byte characters). With --verify,
+// each mask is checked against trying every token on its own, and a difference fails the
+// run (the CTest smoke test).
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <random>
+#include <unordered_set>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "base/program.h"
+#include "bench/bench_util.h"
+#include "models/grammar/json_constraint.h"
+#include "models/tokenizers/tokenizer.h"
+
+namespace tophat {
+namespace {
+
+struct Args {
+  std::string tokenizer_dir;
+  int64_t vocab = 128256;  // Llama-3's
+  uint64_t seed = 1;
+  int64_t repeats = 5;
+  bool verify = false;
+  std::string json_path;
+};
+
+// A byte-level vocabulary of `size` tokens: the 256 bytes, then pieces drawn the way BPE
+// merges look (most a word or part of one, some with a leading space, some digits or JSON
+// punctuation runs, some with multi-byte characters), all distinct.
+std::vector<std::optional<std::string>> SyntheticVocabulary(int64_t size, uint64_t seed) {
+  std::vector<std::optional<std::string>> tokens;
+  for (int byte = 0; byte < 256; ++byte) tokens.emplace_back(std::string(1, static_cast<char>(byte)));
+  std::mt19937_64 rng(seed);
+  static const char* const kSyllables[] = {"th", "e", "in", "er", "an", "re", "on", "at", "en",
+                                           "nd", "ti", "es", "or", "te", "of", "ed", "is", "it",
+                                           "al", "ar", "st", "to", "nt", "ng", "se", "ha", "as",
+                                           "ou", "io", "le", "ve", "co", "me", "de", "hi", "ri"};
+  static const char* const kPunctuation[] = {"\":", "\",", "},", "\": \"", "{\"", "\"}", "],",
+                                             "\n", "  ", "    ", "\n  ", ".", ",", "(", ")",
+                                             "://", "\\n", "\\\"", "==", "->"};
+  static const char* const kCharacters[] = {"é", "ü", "你", "好", "ß", "—", "’", "🎩"};
+  std::unordered_set<std::string> unique;
+  while (static_cast<int64_t>(tokens.size()) < size) {
+    std::string piece;
+    const uint64_t kind = rng() % 100;
+    if (kind < 70) {
+      if (rng() % 2 == 0) piece += ' ';
+      if (rng() % 8 == 0) piece += static_cast<char>('A' + rng() % 26);
+      for (uint64_t n = 1 + rng() % 4; n > 0; --n) piece += kSyllables[rng() % std::size(kSyllables)];
+    } else if (kind < 80) {
+      for (uint64_t n = 1 + rng() % 3; n > 0; --n) piece += static_cast<char>('0' + rng() % 10);
+    } else if (kind < 92) {
+      piece += kPunctuation[rng() % std::size(kPunctuation)];
+      if (rng() % 2 == 0) piece += kSyllables[rng() % std::size(kSyllables)];
+    } else {
+      if (rng() % 2 == 0) piece += ' ';
+      piece += kCharacters[rng() % std::size(kCharacters)];
+      if (rng() % 2 == 0) piece += kSyllables[rng() % std::size(kSyllables)];
+    }
+    if (piece.size() > 1 && unique.insert(piece).second) tokens.emplace_back(std::move(piece));
+  }
+  return tokens;
+}
+
+struct State {
+  const char* name;
+  const char* text;  // the answer so far
+};
+
+int Run(const Args& args) {
+  std::vector<std::optional<std::string>> tokens;
+  std::string source = absl::StrFormat("synthetic byte-level, %d tokens, seed %d", args.vocab,
+                                       args.seed);
+  std::vector<int32_t> end_ids;
+  if (!args.tokenizer_dir.empty()) {
+    auto tokenizer = Tokenizer::Load(args.tokenizer_dir);
+    if (!tokenizer.ok()) return Fail(tokenizer.status());
+    for (int32_t id = 0; id < (*tokenizer)->vocab_size(); ++id) {
+      tokens.push_back((*tokenizer)->TokenBytes(id));
+    }
+    if ((*tokenizer)->eos_id()) end_ids.push_back(*(*tokenizer)->eos_id());
+    source = args.tokenizer_dir;
+  } else {
+    tokens = SyntheticVocabulary(args.vocab, args.seed);
+    tokens.emplace_back(std::nullopt);  // the end of sequence
+    end_ids.push_back(static_cast<int32_t>(tokens.size() - 1));
+  }
+  int64_t total_bytes = 0;
+  for (const auto& token : tokens) total_bytes += token ? static_cast<int64_t>(token->size()) : 0;
+  const bench::BenchClock::time_point build_start = bench::BenchClock::now();
+  const auto vocabulary = std::make_shared<const TokenVocabulary>(tokens);
+  const double build_s = bench::SecondsBetween(build_start, bench::BenchClock::now());
+  // A token for each single byte (byte-level BPE has them all, SentencePiece its byte
+  // pieces), to write the states' answers with.
+  std::vector<int32_t> byte_token(256, -1);
+  for (int32_t id = vocabulary->size() - 1; id >= 0; --id) {
+    const std::string* bytes = vocabulary->bytes(id);
+    if (bytes != nullptr && bytes->size() == 1) byte_token[static_cast<unsigned char>((*bytes)[0])] = id;
+  }
+
+  // The bound: one pass over every token's bytes (summed, so the pass is not optimised away).
+  std::vector<double> pass_s;
+  uint64_t checksum = 0;
+  for (int64_t r = 0; r < std::max<int64_t>(args.repeats, 3); ++r) {
+    const auto start = bench::BenchClock::now();
+    for (int32_t id = 0; id < vocabulary->size(); ++id) {
+      if (const std::string* bytes = vocabulary->bytes(id)) {
+        for (const char c : *bytes) checksum += static_cast<unsigned char>(c);
+      }
+    }
+    pass_s.push_back(bench::SecondsBetween(start, bench::BenchClock::now()));
+  }
+  const double pass = bench::Median(pass_s);
+
+  const std::vector<State> states = {
+      {"start", ""},
+      {"key", "{\""},
+      {"after key", "{\"name\""},
+      {"value", "{\"name\": "},
+      {"string value", "{\"name\": \"Jo"},
+      {"number", "{\"n\": 12"},
+      {"array", "{\"a\": [1, 2"},
+      {"literal", "{\"a\": {\"b\": tr"},
+      {"escape", "{\"s\": \"\\u00"},
+  };
+  std::string table = absl::StrFormat(
+      "JSON masks over %s (%d tokens, %d bytes; vocabulary sorted in %.1f ms)\n"
+      "one pass over the bytes (bound): %.3f ms\n"
+      "%-14s %12s %12s %10s %14s\n",
+      source, vocabulary->size(), total_bytes, build_s * 1e3, pass * 1e3, "state",
+      "allowed", "walk ms", "x bound", "kept mask us");
+  nlohmann::json rows = nlohmann::json::array();
+  bool verified = true;
+  for (const State& state : states) {
+    // The answer's tokens: its text byte by byte.
+    std::vector<int32_t> answer;
+    for (const char c : std::string(state.text)) {
+      const int32_t id = byte_token[static_cast<unsigned char>(c)];
+      if (id < 0) {
+        return Fail(absl::FailedPreconditionError(
+            absl::StrFormat("%s has no token of the single byte '%c'", source, c)));
+      }
+      answer.push_back(id);
+    }
+    std::vector<double> walk_s;
+    std::vector<double> kept_s;
+    int64_t allowed = 0;
+    for (int64_t r = 0; r < args.repeats; ++r) {
+      JsonConstraint constraint(vocabulary, end_ids);
+      constraint.Commit(answer);
+      auto start = bench::BenchClock::now();
+      const auto mask = constraint.Allowed({});
+      walk_s.push_back(bench::SecondsBetween(start, bench::BenchClock::now()));
+      start = bench::BenchClock::now();
+      const auto again = constraint.Allowed({});
+      kept_s.push_back(bench::SecondsBetween(start, bench::BenchClock::now()));
+      allowed = 0;
+      for (const uint8_t a : *mask) allowed += a;
+      if (args.verify && r == 0) {
+        JsonGrammar grammar;
+        grammar.Feed(state.text);
+        for (int32_t id = 0; id < vocabulary->size(); ++id) {
+          const std::string* bytes = vocabulary->bytes(id);
+          JsonGrammar next = grammar;
+          const bool expected = bytes != nullptr && !bytes->empty() && next.Feed(*bytes);
+          if (expected != ((*mask)[id] != 0)) {
+            std::fprintf(stderr, "--verify: state %s: token %d is %s but should %s\n",
+                         state.name, id, (*mask)[id] ? "allowed" : "refused",
+                         expected ? "be allowed" : "not be");
+            verified = false;
+            break;
+          }
+        }
+        if (again != mask) {
+          std::fprintf(stderr, "--verify: state %s: the mask was not kept\n", state.name);
+          verified = false;
+        }
+      }
+    }
+    const double walk = bench::Median(walk_s);
+    const double kept = bench::Median(kept_s);
+    absl::StrAppendFormat(&table, "%-14s %12d %12.3f %10.1f %14.2f\n", state.name, allowed,
+                          walk * 1e3, walk / pass, kept * 1e6);
+    rows.push_back({{"state", state.name},
+                    {"text", state.text},
+                    {"allowed", allowed},
+                    {"walk_s", walk},
+                    {"walk_over_bound", walk / pass},
+                    {"kept_mask_s", kept}});
+  }
+  const nlohmann::json report = {{"benchmark", "json_mask"},
+                                 {"vocabulary", source},
+                                 {"tokens", vocabulary->size()},
+                                 {"bytes", total_bytes},
+                                 {"sort_s", build_s},
+                                 {"byte_pass_s", pass},
+                                 {"checksum", checksum},
+                                 {"states", rows},
+                                 {"verified", args.verify ? nlohmann::json(verified) : nullptr}};
+  if (absl::Status status = bench::PrintReport(table, report, args.json_path); !status.ok()) {
+    return Fail(status);
+  }
+  if (!verified) return 1;
+  return 0;
+}
+
+}  // namespace
+}  // namespace tophat
+
+int main(int argc, char** argv) {
+  tophat::Args args;
+  CLI::App app{"What an answer constrained to JSON costs per token: the allowed tokens of a "
+               "whole vocabulary in states a JSON answer passes through, against one pass over "
+               "the vocabulary's bytes"};
+  app.add_option("--tokenizer", args.tokenizer_dir,
+                 "A checkpoint directory whose tokenizer to use (default: a synthetic one)");
+  app.add_option("--vocab", args.vocab, "Tokens in the synthetic vocabulary")
+      ->capture_default_str()
+      ->check(CLI::Range(300, 1 << 22));
+  app.add_option("--seed", args.seed, "Seed of the synthetic vocabulary")->capture_default_str();
+  app.add_option("--repeats", args.repeats, "Runs per state (the median is reported)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  app.add_flag("--verify", args.verify,
+               "Check every mask against trying each token on its own; fail on a difference");
+  app.add_option("--json", args.json_path, "Also write the JSON report here");
+  CLI11_PARSE(app, argc, argv);
+  return tophat::Run(args);
+}

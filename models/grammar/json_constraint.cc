@@ -1,0 +1,146 @@
+#include "models/grammar/json_constraint.h"
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+
+#include "models/tokenizers/tokenizer_utf8.h"
+
+namespace tophat {
+
+TokenVocabulary::TokenVocabulary(std::vector<std::optional<std::string>> tokens)
+    : tokens_(std::move(tokens)) {
+  std::vector<int32_t> all;
+  std::vector<int32_t> others;
+  for (size_t i = 0; i < tokens_.size(); ++i) {
+    const auto id = static_cast<int32_t>(i);
+    // A token that adds nothing would let an answer grow without end: never allowed.
+    if (!tokens_[i].has_value() || tokens_[i]->empty()) continue;
+    const std::string& bytes = *tokens_[i];
+    longest_ = std::max(longest_, bytes.size());
+    all.push_back(id);
+    const bool plain = utf8::IsValid(bytes) && std::none_of(bytes.begin(), bytes.end(), [](char c) {
+                         return c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20;
+                       });
+    (plain ? plain_in_string_ : others).push_back(id);
+  }
+  all_ = Sorted(tokens_, std::move(all));
+  others_in_string_ = Sorted(tokens_, std::move(others));
+}
+
+TokenVocabulary::Walk TokenVocabulary::Sorted(
+    const std::vector<std::optional<std::string>>& tokens, std::vector<int32_t> ids) {
+  std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return *tokens[a] < *tokens[b]; });
+  Walk walk{.sorted = std::move(ids), .shared = {}};
+  walk.shared.resize(walk.sorted.size(), 0);
+  for (size_t i = 1; i < walk.sorted.size(); ++i) {
+    const std::string& token = *tokens[walk.sorted[i]];
+    const std::string& before = *tokens[walk.sorted[i - 1]];
+    const auto [mismatch, unused] =
+        std::mismatch(token.begin(), token.end(), before.begin(), before.end());
+    walk.shared[i] = static_cast<uint32_t>(mismatch - token.begin());
+  }
+  return walk;
+}
+
+std::shared_ptr<const TokenVocabulary> TokenVocabulary::FromTokenizer(const Tokenizer& tokenizer) {
+  std::vector<std::optional<std::string>> tokens(static_cast<size_t>(tokenizer.vocab_size()));
+  for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) tokens[id] = tokenizer.TokenBytes(id);
+  return std::make_shared<const TokenVocabulary>(std::move(tokens));
+}
+
+const std::string* TokenVocabulary::bytes(int32_t id) const {
+  if (id < 0 || id >= size() || !tokens_[id].has_value()) return nullptr;
+  return &*tokens_[id];
+}
+
+JsonConstraint::JsonConstraint(std::shared_ptr<const TokenVocabulary> vocabulary,
+                               std::vector<int32_t> end_ids)
+    : vocabulary_(std::move(vocabulary)), end_ids_(std::move(end_ids)), state_(JsonGrammar()) {}
+
+void JsonConstraint::Commit(std::span<const int32_t> tokens) {
+  for (const int32_t token : tokens) {
+    if (!state_.has_value()) return;
+    const std::string* bytes = vocabulary_->bytes(token);
+    if (bytes == nullptr || bytes->empty() || !state_->Feed(*bytes)) state_.reset();
+  }
+}
+
+std::shared_ptr<const std::vector<uint8_t>> JsonConstraint::Allowed(
+    std::span<const int32_t> pending) const {
+  if (!state_.has_value()) return EndsOnly();
+  JsonGrammar state = *state_;
+  for (const int32_t token : pending) {
+    const std::string* bytes = vocabulary_->bytes(token);
+    if (bytes == nullptr || bytes->empty() || !state.Feed(*bytes)) return EndsOnly();
+  }
+  if (state.complete()) return EndsOnly();
+  if (const auto it = cache_.find(state); it != cache_.end()) return it->second;
+  std::shared_ptr<const std::vector<uint8_t>> mask = Compute(state);
+  if (cache_.size() >= kCachedMasks) cache_.clear();
+  cache_.emplace(state, mask);
+  return mask;
+}
+
+std::shared_ptr<const std::vector<uint8_t>> JsonConstraint::Compute(
+    const JsonGrammar& state) const {
+  ++computed_;
+  const TokenVocabulary& vocabulary = *vocabulary_;
+  auto allowed = std::make_shared<std::vector<uint8_t>>(vocabulary.tokens_.size(), 0);
+  bool any = false;
+  if (state.in_string()) {
+    for (const int32_t id : vocabulary.plain_in_string_) (*allowed)[id] = 1;
+    any = !vocabulary.plain_in_string_.empty();
+    any = WalkTokens(state, vocabulary.others_in_string_, *allowed) || any;
+  } else {
+    any = WalkTokens(state, vocabulary.all_, *allowed);
+  }
+  if (!any) return EndsOnly();
+  return allowed;
+}
+
+bool JsonConstraint::WalkTokens(const JsonGrammar& state, const TokenVocabulary::Walk& walk,
+                                std::vector<uint8_t>& allowed) const {
+  // Walks the sorted tokens keeping the automaton after each prefix of the one before:
+  // states[i] has read its first i bytes. A token re-reads only what it does not share with
+  // the one before, and tokens sharing a refused prefix are refused without reading.
+  std::vector<JsonGrammar> states(vocabulary_->longest_ + 1);
+  states[0] = state;
+  constexpr size_t kNone = std::numeric_limits<size_t>::max();
+  size_t refused_at = kNone;  // the byte the last token read was refused at
+  bool any = false;
+  for (size_t i = 0; i < walk.sorted.size(); ++i) {
+    const int32_t id = walk.sorted[i];
+    const std::string& bytes = *vocabulary_->tokens_[id];
+    const size_t shared = walk.shared[i];
+    // The refused byte is in the shared prefix: refused too. Otherwise states[0..shared] are
+    // this token's (the token before was read at least that far).
+    if (refused_at < shared) continue;
+    refused_at = kNone;
+    for (size_t at = shared; at < bytes.size(); ++at) {
+      states[at + 1] = states[at];
+      if (!states[at + 1].Feed(static_cast<unsigned char>(bytes[at]))) {
+        refused_at = at;
+        break;
+      }
+    }
+    if (refused_at == kNone) {
+      allowed[id] = 1;
+      any = true;
+    }
+  }
+  return any;
+}
+
+std::shared_ptr<const std::vector<uint8_t>> JsonConstraint::EndsOnly() const {
+  if (ends_only_ == nullptr) {
+    auto mask = std::make_shared<std::vector<uint8_t>>(vocabulary_->tokens_.size(), 0);
+    for (const int32_t id : end_ids_) {
+      if (id >= 0 && id < vocabulary_->size()) (*mask)[id] = 1;
+    }
+    ends_only_ = std::move(mask);
+  }
+  return ends_only_;
+}
+
+}  // namespace tophat
