@@ -4,6 +4,7 @@
 // of the automaton's two documented limits (nesting depth, whitespace runs) or ends in
 // whitespace (nothing may follow an answer's object). A number too large for the parser
 // (1e999) is JSON all the same, and such inputs are not judged.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>

@@ -272,7 +272,7 @@ def json_answers(client, model, base_url, messages):
         status, answer = post_json(base_url.removesuffix("/v1") + "/detokenize",
                                    {"model": model, "tokens": [token_id]})
         check_eq(f"token {token_id} spells {byte!r}", (status, answer.get("prompt")), (200, byte))
-    bias = {str(quote): 8, str(close): 8}
+    bias = {str(quote): 12, str(close): 12}
     fmt = {"type": "json_object"}
 
     def is_object(text):
