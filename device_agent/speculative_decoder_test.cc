@@ -259,6 +259,18 @@ void CheckEveryPath(const DecodeCounts& c) {
   CHECK(c.drafted > c.rounds);
 }
 
+// The greedy tests' prompts (p in [0, 6): 5 + p tokens of the 64-token model) and options
+// (eta low enough to draft every round, 4-6 drafts a round, 3 candidates drafted 3 ahead).
+std::vector<int64_t> TestPrompt(int p) {
+  std::vector<int64_t> prompt;
+  for (int i = 0; i < 5 + p; ++i) prompt.push_back((p * 7 + i * 13) % 64);
+  return prompt;
+}
+SpeculativeOptions TestOptions(int p, bool parallel) {
+  return {.eta = 1e-6, .max_draft = 4 + p % 3, .parallel = parallel, .parallel_top_k = 3,
+          .parallel_steps = 3};
+}
+
 TEST_CASE("Speculative greedy decoding emits exactly plain greedy decoding and rolls every "
           "KV back to the accepted length",
           "[speculative]") {
@@ -268,11 +280,9 @@ TEST_CASE("Speculative greedy decoding emits exactly plain greedy decoding and r
   for (const bool parallel : {false, true}) {
     for (int p = 0; p < 6; ++p) {
       INFO("parallel " << parallel << " prompt " << p);
-      std::vector<int64_t> prompt;
-      for (int i = 0; i < 5 + p; ++i) prompt.push_back((p * 7 + i * 13) % 64);
+      const std::vector<int64_t> prompt = TestPrompt(p);
       const int64_t new_tokens = 40;
-      SpeculativeOptions options{.eta = 1e-6, .max_draft = 4 + p % 3, .parallel = parallel,
-                                 .parallel_top_k = 3, .parallel_steps = 3};
+      const SpeculativeOptions options = TestOptions(p, parallel);
       Session session(*split, options, SamplingParams{}, 128);
       const std::vector<int32_t> generated =
           DecodeGreedy(session, prompt, new_tokens, parallel, options.max_draft, counts);
@@ -298,11 +308,9 @@ TEST_CASE("With penalties on repetition, speculative greedy decoding is still pl
   int64_t changed = 0;
   for (int p = 0; p < 6; ++p) {
     INFO("prompt " << p);
-    std::vector<int64_t> prompt;
-    for (int i = 0; i < 5 + p; ++i) prompt.push_back((p * 7 + i * 13) % 64);
+    const std::vector<int64_t> prompt = TestPrompt(p);
     const int64_t new_tokens = 40;
-    SpeculativeOptions options{.eta = 1e-6, .max_draft = 4 + p % 3, .parallel = true,
-                               .parallel_top_k = 3, .parallel_steps = 3};
+    const SpeculativeOptions options = TestOptions(p, /*parallel=*/true);
     Session session(*split, options, penalties, 128);
     const std::vector<int32_t> generated =
         DecodeGreedy(session, prompt, new_tokens, /*parallel=*/true, options.max_draft, counts);
@@ -375,11 +383,9 @@ TEST_CASE("Constrained to a JSON object, speculative greedy decoding is still pl
   int64_t changed = 0;
   for (int p = 0; p < 6; ++p) {
     INFO("prompt " << p);
-    std::vector<int64_t> prompt;
-    for (int i = 0; i < 5 + p; ++i) prompt.push_back((p * 7 + i * 13) % 64);
+    const std::vector<int64_t> prompt = TestPrompt(p);
     const int64_t new_tokens = 40;
-    SpeculativeOptions options{.eta = 1e-6, .max_draft = 4 + p % 3, .parallel = true,
-                               .parallel_top_k = 3, .parallel_steps = 3};
+    const SpeculativeOptions options = TestOptions(p, /*parallel=*/true);
     Session session(*split, options, json, 128, vocabulary);
     const std::vector<int32_t> generated =
         DecodeGreedy(session, prompt, new_tokens, /*parallel=*/true, options.max_draft, counts);

@@ -16,6 +16,7 @@ ROOMS = [
     "kernels",
     "models/formats",
     "models/tokenizers",
+    "models/grammar",
     "models/runtime",
     "models/training",
     "scheduler",

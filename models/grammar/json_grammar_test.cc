@@ -1,5 +1,7 @@
 #include "models/grammar/json_grammar.h"
 
+#include "models/grammar/json_reference.h"
+
 #include <catch2/catch.hpp>
 #include <optional>
 #include <random>
@@ -42,46 +44,8 @@ void CheckValid(const std::string& text) {
   CHECK_FALSE(after.Feed(' '));
 }
 
-// What a strict parser accepts, within the automaton's documented limits; nullopt for a
-// number the parser cannot hold (1e999), which the grammar allows.
 std::optional<bool> StrictlyValid(const std::string& text) {
-  Json value;
-  try {
-    value = Json::parse(text);
-  } catch (const Json::out_of_range&) {
-    return std::nullopt;
-  } catch (const Json::parse_error&) {
-    return false;
-  }
-  if (!value.is_object()) return false;
-  // No whitespace after the object, none in runs past the limit, nesting within the limit.
-  if (!text.empty() && (text.back() == ' ' || text.back() == '\n' || text.back() == '\t' ||
-                        text.back() == '\r')) {
-    return false;
-  }
-  int run = 0;
-  int depth = 0;
-  int deepest = 0;
-  bool in_string = false;
-  bool escaped = false;
-  for (const char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    run = c == ' ' || c == '\n' || c == '\t' || c == '\r' ? run + 1 : 0;
-    if (run > JsonGrammar::kMaxWhitespaceRun) return false;
-    if (c == '"') in_string = true;
-    if (c == '{' || c == '[') deepest = std::max(deepest, ++depth);
-    if (c == '}' || c == ']') --depth;
-  }
-  return deepest <= JsonGrammar::kMaxDepth;
+  return StrictObjectWithinLimits(text);
 }
 
 Json RandomValue(std::mt19937_64& rng, int depth) {
