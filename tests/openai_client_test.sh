@@ -6,7 +6,7 @@
 # KV freed), and the endpoint's limits: a body too large (413, before it is read), a
 # completion past max_concurrent_requests (429 at once), an idle connection (closed), clients that
 # send their requests a byte at a time (cut off at openai.request_deadline_s). The cases are
-# tests/openai_client_test.py.
+# tests/openai_client_test.py; after them `tophat chat --json` asks the same agent over gRPC.
 #   openai_client_test.sh BIN_DIR TOY_MODEL WORK_DIR PYTHON
 # A Python without `openai` is a failure, not a skip: deploy/install-deps.sh installs it.
 set -euo pipefail
@@ -74,6 +74,22 @@ status=0
 "$python" "$here/openai_client_test.py" \
   "http://127.0.0.1:$openai_port/v1" "http://127.0.0.1:$cloud_metrics/metrics" \
   "http://127.0.0.1:$agent_metrics/metrics" "$model" || status=$?
+# `tophat chat --json` against the same agent over gRPC: greedy, the answer begins an object,
+# where the same request without the flag begins with the toy model's words.
+if [ "$status" -eq 0 ]; then
+  chat=("$bin_dir/tophat" chat --agent "127.0.0.1:$agent_port" --prompt "the old farmer"
+        --max-new-tokens 12)
+  plain=$("${chat[@]}" 2>"$work/run/chat.log") || status=$?
+  json=$("${chat[@]}" --json 2>>"$work/run/chat.log") || status=$?
+  if [ "$status" -ne 0 ]; then
+    echo "FAIL: tophat chat failed"; tail -5 "$work/run/chat.log"
+  elif [[ "$(printf '%s' "$json" | tr -d ' \t\r\n')" != "{"* ]] ||
+       [[ "$(printf '%s' "$plain" | tr -d ' \t\r\n')" == "{"* ]]; then
+    echo "FAIL: tophat chat --json: $json (without --json: $plain)"; status=1
+  else
+    echo "tophat chat --json: $json"
+  fi
+fi
 if [ "$status" -ne 0 ]; then
   echo "--- agent log"; tail -20 "$work/run/agent.log"
   echo "--- cloud log"; tail -20 "$work/run/cloud.log"
