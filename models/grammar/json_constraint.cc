@@ -2,11 +2,20 @@
 
 #include <algorithm>
 #include <limits>
-#include <numeric>
 
 #include "models/tokenizers/tokenizer_utf8.h"
 
 namespace tophat {
+namespace {
+
+// Feeds token `id`'s bytes to `state`; false for a token the grammar refuses, and for a
+// special token or one that adds nothing, which no answer may hold.
+bool FeedToken(const TokenVocabulary& vocabulary, int32_t id, JsonGrammar& state) {
+  const std::string* bytes = vocabulary.bytes(id);
+  return bytes != nullptr && !bytes->empty() && state.Feed(*bytes);
+}
+
+}  // namespace
 
 TokenVocabulary::TokenVocabulary(std::vector<std::optional<std::string>> tokens)
     : tokens_(std::move(tokens)) {
@@ -61,8 +70,7 @@ JsonConstraint::JsonConstraint(std::shared_ptr<const TokenVocabulary> vocabulary
 void JsonConstraint::Commit(std::span<const int32_t> tokens) {
   for (const int32_t token : tokens) {
     if (!state_.has_value()) return;
-    const std::string* bytes = vocabulary_->bytes(token);
-    if (bytes == nullptr || bytes->empty() || !state_->Feed(*bytes)) state_.reset();
+    if (!FeedToken(*vocabulary_, token, *state_)) state_.reset();
   }
 }
 
@@ -71,8 +79,7 @@ std::shared_ptr<const std::vector<uint8_t>> JsonConstraint::Allowed(
   if (!state_.has_value()) return EndsOnly();
   JsonGrammar state = *state_;
   for (const int32_t token : pending) {
-    const std::string* bytes = vocabulary_->bytes(token);
-    if (bytes == nullptr || bytes->empty() || !state.Feed(*bytes)) return EndsOnly();
+    if (!FeedToken(*vocabulary_, token, state)) return EndsOnly();
   }
   if (state.complete()) return EndsOnly();
   if (const auto it = cache_.find(state); it != cache_.end()) return it->second;

@@ -26,7 +26,7 @@ bool JsonGrammar::Feed(std::string_view bytes) {
 }
 
 bool JsonGrammar::Feed(unsigned char byte) {
-  // Whitespace between tokens, in the modes that allow it; a number ends at it.
+  // A number goes on while its bytes fit; any other byte ends it and is read after it.
   switch (mode_) {
     case Mode::kNumberZero:
     case Mode::kNumberInteger:
@@ -41,13 +41,12 @@ bool JsonGrammar::Feed(unsigned char byte) {
         mode_ = Mode::kNumberE;
         return true;
       }
-      // Anything else ends the number and is read after it.
       mode_ = Mode::kAfterValue;
-      whitespace_ = 0;
       break;
     default:
       break;
   }
+  // Whitespace between tokens, in the modes that allow it, up to the run's limit.
   switch (mode_) {
     case Mode::kStart:
     case Mode::kKeyOrClose:
