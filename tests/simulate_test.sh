@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # `tophat simulate` at the issue's scale: 10,000 devices for 10 simulated minutes over eight
-# clouds (the built-in H200 profile), in under a minute of one core, every request finished;
+# clouds (the built-in H200 profile), in under a minute of one core (its CPU time: CI runs
+# other tests beside it, and the wall time of a shared core measured those), every request
+# finished;
 # then the replay of a recorded run (a small report in the shape `tophat bench --ablation`
 # writes) prints the measured and simulated percentiles side by side; a refused
 # configuration names its flag; --calibrate finds the device times a run was made with.
@@ -16,8 +18,8 @@ rm -rf "$work"; mkdir -p "$work"
 import json, sys
 r = json.load(open(sys.argv[1]))
 problems = []
-if r["wall_seconds"] >= 60:
-    problems.append(f"{r['wall_seconds']:.1f} s of wall time for 10,000 devices (goal: < 60)")
+if r["cpu_seconds"] >= 60:
+    problems.append(f"{r['cpu_seconds']:.1f} s of CPU time for 10,000 devices (goal: < 60)")
 req = r["requests"]
 # Poisson arrivals at 1 a minute for 10 minutes: about 100,000.
 if not 97000 < req["arrived"] < 103000:
@@ -32,7 +34,8 @@ if max(sessions) > 1.5 * sum(sessions) / len(sessions):
 if problems:
     print("tophat simulate:", *problems, sep="\n  ")
     sys.exit(1)
-print(f"simulated 10,000 devices in {r['wall_seconds']:.1f} s; TTFT p50 "
+print(f"simulated 10,000 devices in {r['cpu_seconds']:.1f} s of CPU "
+      f"({r['wall_seconds']:.1f} s of wall time); TTFT p50 "
       f"{r['ttft_s']['p50']:.2f} s, TBT p50 {1e3 * r['tbt_s']['p50']:.1f} ms")
 PY
 if "$bin" simulate --step-time 64 >/dev/null 2>"$work/err"; then
