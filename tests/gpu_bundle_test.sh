@@ -3,7 +3,8 @@
 # deploy/gpu/check.sh --rehearse unpacks it in a temporary folder apart from the build and runs
 # what a CPU can of the GPU check: every program must find its libraries from the bundle and
 # the Python environment's PyTorch alone, the GPU tests must load and report themselves
-# skipped, the serving cases run with a CPU cloud, the benchmarks at a small size.
+# skipped, one serving case of each serving binary runs with a CPU cloud, the benchmarks at a
+# small size.
 #   gpu_bundle_test.sh BUILD_DIR PYTHON
 set -euo pipefail
 build_dir="$1"; python="$2"

@@ -33,6 +33,9 @@ const fs::path& Teacher() {
     o.corpus_documents = 600;
     o.vocab_size = 320;
     o.adapter_input_layers = 0;
+  // One training thread here and in Small(): CTest runs these cases beside others, where two
+  // OpenMP threads that spin waiting for each other cost many times their work.
+  o.threads = 1;
     auto made = MakeToyModel(o);
     REQUIRE(made.ok());
     return out;
@@ -52,6 +55,7 @@ DistillOptions Small(const fs::path& out) {
   o.checkpoint_every = 4;
   o.eval_prompts = 2;
   o.eval_new_tokens = 8;
+  o.threads = 1;
   return o;
 }
 
