@@ -41,8 +41,8 @@
 #   selected, and the exit status speaks for the selected ones only.
 # --rehearse: on a machine without a GPU, the same bundle runs what it can on the CPU: the GPU
 #   tests must load and report themselves skipped, one serving case of each serving binary
-#   runs with a CPU cloud, the benchmarks at a small size. It shows the bundle is self-contained (deploy/gpu/pack.sh's
-#   test runs it in a folder apart from the build).
+#   runs with a CPU cloud, the benchmarks at a small size. It shows the bundle is
+#   self-contained (deploy/gpu/pack.sh's test runs it in a folder apart from the build).
 # Exit status: 0 when every phase passed (in a rehearsal: ran or skipped as expected).
 set -uo pipefail
 

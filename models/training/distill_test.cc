@@ -33,9 +33,9 @@ const fs::path& Teacher() {
     o.corpus_documents = 600;
     o.vocab_size = 320;
     o.adapter_input_layers = 0;
-  // One training thread here and in Small(): CTest runs these cases beside others, where two
-  // OpenMP threads that spin waiting for each other cost many times their work.
-  o.threads = 1;
+    // One training thread here and in Small(): CTest runs these cases beside others, where
+    // two OpenMP threads that spin waiting for each other cost many times their work.
+    o.threads = 1;
     auto made = MakeToyModel(o);
     REQUIRE(made.ok());
     return out;
