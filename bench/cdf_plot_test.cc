@@ -15,6 +15,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "base/test_util.h"
+
 namespace tophat::bench {
 namespace {
 
@@ -272,7 +274,8 @@ TEST_CASE("WriteCdfPlotPng reports bad input and unwritable paths") {
 }
 
 TEST_CASE("WriteLinePlotPng puts each point where its logarithmic x and its y say") {
-  const std::filesystem::path path = TempPngPath("line_plot_test");
+  const testing::TempDir scratch;
+  const std::filesystem::path path = scratch.path() / "line_plot_test.png";
   // x at three decades: the first at the plot's left edge, the second in its middle, the third
   // at its right edge; y 1, 2, 3 on an axis from 0 to 3.
   const std::vector<LinePanel> panels = {
@@ -307,7 +310,8 @@ TEST_CASE("WriteLinePlotPng puts each point where its logarithmic x and its y sa
 }
 
 TEST_CASE("WriteLinePlotPng refuses points a logarithmic axis cannot show, by panel and series") {
-  const std::filesystem::path path = TempPngPath("line_plot_error_test");
+  const testing::TempDir scratch;
+  const std::filesystem::path path = scratch.path() / "line_plot_error_test.png";
   CHECK(WriteLinePlotPng(path, {}).code() == absl::StatusCode::kInvalidArgument);
   const std::vector<LinePanel> zero_x = {{"By devices", "devices", "s", false,
                                           {{"p50", {{0, 1}}}}}};

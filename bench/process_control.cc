@@ -6,12 +6,17 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstddef>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <mutex>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -96,17 +101,59 @@ double CpuSeconds(pid_t pid) {
   return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+namespace {
+
+// Claims `port` for this process: binds an abstract Unix socket named after it, which the
+// kernel frees when the process exits (no file is left behind) and no child inherits. Other
+// tophat processes, of any user on this network namespace, skip a claimed port.
+bool ClaimPort(int port) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  const std::string name = absl::StrCat("tophat-port-", port);
+  // A leading NUL byte puts the name in the abstract namespace.
+  std::memcpy(address.sun_path + 1, name.data(), name.size());
+  const auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), length) != 0) {
+    close(fd);
+    return false;
+  }
+  return true;  // the socket stays open: the claim lasts as long as the process
+}
+
+bool Bindable(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  socklen_t length = sizeof(address);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  const bool bound = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
   close(fd);
-  return ntohs(address.sin_port);
+  return bound;
+}
+
+}  // namespace
+
+int FreePort() {
+  // Not bind(0)'s choice: that comes from the kernel's ephemeral range (32768 and up by
+  // default), where every outgoing connection and every other process's bind(0) also take
+  // theirs, and a port only checked free is up for grabs until the daemon it is meant for
+  // binds it, seconds later. Test processes running side by side (CTest -j) handed out the
+  // same port that way. Ports here lie below the ephemeral range, and each is claimed for the
+  // life of the process that asked (ClaimPort), so two tophat processes never hand out the
+  // same one.
+  constexpr int kFirst = 20000, kLast = 32767;
+  static std::mutex mutex;
+  static std::mt19937 random(std::random_device{}());
+  std::lock_guard<std::mutex> lock(mutex);
+  const int start = std::uniform_int_distribution<int>(kFirst, kLast)(random);
+  for (int i = 0; i <= kLast - kFirst; ++i) {
+    const int port = kFirst + (start - kFirst + i) % (kLast - kFirst + 1);
+    if (Bindable(port) && ClaimPort(port)) return port;
+  }
+  return 0;  // every port in the range taken: the daemon's bind fails and says so
 }
 
 absl::StatusOr<std::unique_ptr<ChildProcess>> StartDaemon(const std::filesystem::path& binary,

@@ -52,7 +52,9 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> StartDaemon(const std::filesystem:
 // CPU seconds a process has used so far (user + system), from /proc; 0 if unreadable.
 double CpuSeconds(pid_t pid);
 
-// A TCP port on 127.0.0.1 that was free a moment ago.
+// A TCP port on 127.0.0.1 that was free a moment ago and that no other tophat process (test
+// or benchmark) will hand out while this one lives; below the ephemeral range, so no bind(0)
+// or outgoing connection takes it either.
 int FreePort();
 // Waits until something accepts connections on host:port (an IPv4 address).
 bool WaitForPort(int port, std::chrono::milliseconds timeout,

@@ -1,11 +1,15 @@
 #include "bench/process_control.h"
 
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
+#include <set>
 #include <thread>
+#include <vector>
 
 namespace tophat::bench {
 namespace {
@@ -49,6 +53,48 @@ TEST_CASE("CpuSeconds reads the CPU time a busy child has used", "[bench]") {
   busy.Wait(std::chrono::seconds(10));
   CHECK(CpuSeconds(-1) == 0);  // no such process
   std::filesystem::remove(log);
+}
+
+TEST_CASE("FreePort never hands out a port another live process holds, and each binds",
+          "[bench]") {
+  // The parent holds its ports first; a child process then asks for as many while they are
+  // held. Nothing listens on the parent's ports, so they all stay bindable: only the claims
+  // keep the child off them. 400 of about 12,800 ports each: without the claims the two sets
+  // would overlap in all but about 4 runs in a million (exp(-400 * 400 / 12,768)).
+  constexpr int kPorts = 400;
+  std::set<int> held;
+  for (int i = 0; i < kPorts; ++i) held.insert(FreePort());
+  REQUIRE(held.size() == kPorts);  // distinct within one process too
+  for (const int port : held) {
+    CHECK(port >= 20000);
+    CHECK(port < 32768);  // below the kernel's default ephemeral range
+  }
+  int pipe_fds[2];
+  REQUIRE(pipe(pipe_fds) == 0);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    close(pipe_fds[0]);
+    for (int i = 0; i < kPorts; ++i) {
+      const int port = FreePort();
+      if (write(pipe_fds[1], &port, sizeof(port)) != sizeof(port)) _exit(1);
+    }
+    _exit(0);
+  }
+  close(pipe_fds[1]);
+  std::vector<int> theirs;
+  int port = 0;
+  while (read(pipe_fds[0], &port, sizeof(port)) == sizeof(port)) theirs.push_back(port);
+  close(pipe_fds[0]);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  REQUIRE(theirs.size() == kPorts);
+  for (const int other : theirs) {
+    INFO("the child was given " << other);
+    CHECK(held.count(other) == 0);
+    CHECK(other > 0);
+  }
 }
 
 }  // namespace

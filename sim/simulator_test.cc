@@ -2,6 +2,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "base/test_util.h"
+
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -456,8 +458,8 @@ TEST_CASE("Replayed requests arrive when recorded, on their devices' own links",
 
 TEST_CASE("An ablation report is read for replay, and a file that is not one is named",
           "[sim]") {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "tophat_sim_test";
-  std::filesystem::create_directories(dir);
+  const testing::TempDir scratch;  // one per process: CTest runs cases side by side
+  const std::filesystem::path& dir = scratch.path();
   const std::filesystem::path good = dir / "ablation.json";
   std::ofstream(good) << R"({"output_tokens": 8,
     "step_time_curve": {"+chunk": [[1, 0.001], [21.5, 0.004]]},
@@ -500,7 +502,6 @@ TEST_CASE("An ablation report is read for replay, and a file that is not one is 
   auto refused = LoadAblationReport(bad.string());
   CHECK(std::string(refused.status().message()).find("not a tophat bench --ablation report") !=
         std::string::npos);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("On a shared host the devices' compute shares its cores, and the cloud takes its share",

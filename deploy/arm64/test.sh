@@ -6,7 +6,7 @@
 #   bash deploy/arm64/test.sh --all   the agent, the SDK, the tophat CLI, the cloud and every
 #                                     unit test (the whole tree; ~as long as a native build)
 #
-# The first run downloads ~xx MB of arm64 packages (deploy/arm64/sysroot.sh) and PyTorch's
+# The first run downloads ~27 MB of arm64 packages (deploy/arm64/sysroot.sh) and PyTorch's
 # aarch64 wheel (~430 MB, deploy/arm64/torch.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -8,6 +8,7 @@
 
 #include <c10/core/CPUAllocator.h>
 
+#include "base/test_util.h"
 #include "models/runtime/model_init.h"
 #include "models/runtime/submodel.h"
 
@@ -57,14 +58,13 @@ int64_t AllocationsDuring(Step&& step) {
 }
 
 struct Fixture {
+  testing::TempDir scratch;  // declared first: removed after the model that reads it
   ModelConfig config = TinyTestConfig();
   std::unique_ptr<CheckpointReader> checkpoint;
   std::unique_ptr<Submodel> model;
 
   Fixture() {
-    const fs::path dir = fs::temp_directory_path() /
-                         ("tophat_step_buffers_test_" + std::to_string(::getpid()));
-    fs::remove_all(dir);
+    const fs::path dir = scratch.path() / "checkpoint";
     REQUIRE(WriteCheckpoint(config, InitWeights(config, 3), dir).ok());
     auto reader = CheckpointReader::Open(dir);
     REQUIRE(reader.ok());

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <numeric>
@@ -10,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/test_util.h"
 #include "models/runtime/generate.h"
 #include "models/runtime/layers.h"
 #include "models/runtime/model_init.h"
@@ -19,12 +21,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// A fresh directory for this process's case, removed when the process exits (each CTest
+// case is its own process, so nothing piles up in the temp directory across runs).
 fs::path TempDir(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() /
-                 ("tophat_submodel_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
+  static std::deque<testing::TempDir> dirs;
+  return dirs.emplace_back().path() / name;
 }
 
 struct LoadedModel {

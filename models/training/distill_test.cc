@@ -18,8 +18,10 @@ namespace fs = std::filesystem;
 
 // A small toy model (3 layers) to distil from, made once per test binary.
 const fs::path& Teacher() {
+  // Removed when the test process exits.
+  static const testing::TempDir scratch;
   static const fs::path dir = [] {
-    fs::path out = fs::temp_directory_path() / ("tophat_distill_teacher_" + std::to_string(::getpid()));
+    fs::path out = scratch.path() / "teacher";
     ToyModelOptions o;
     o.out_dir = out;
     o.hidden_size = 32;
