@@ -140,10 +140,10 @@ int FreePort() {
   // Not bind(0)'s choice: that comes from the kernel's ephemeral range (32768 and up by
   // default), where every outgoing connection and every other process's bind(0) also take
   // theirs, and a port only checked free is up for grabs until the daemon it is meant for
-  // binds it, seconds later. Test processes running side by side (CTest -j) handed out the
-  // same port that way. Ports here lie below the ephemeral range, and each is claimed for the
-  // life of the process that asked (ClaimPort), so two tophat processes never hand out the
-  // same one.
+  // binds it, seconds later: test processes running side by side (CTest -j) could hand out
+  // the same port. Ports here lie below the ephemeral range, and each is claimed for the life
+  // of the process that asked (ClaimPort), so two tophat processes never hand out the same
+  // one.
   constexpr int kFirst = 20000, kLast = 32767;
   static std::mutex mutex;
   static std::mt19937 random(std::random_device{}());
@@ -153,7 +153,8 @@ int FreePort() {
     const int port = kFirst + (start - kFirst + i) % (kLast - kFirst + 1);
     if (Bindable(port) && ClaimPort(port)) return port;
   }
-  return 0;  // every port in the range taken: the daemon's bind fails and says so
+  return 0;  // every port in the range taken: no daemon is reachable on port 0, so the
+             // caller's wait for its daemon fails
 }
 
 absl::StatusOr<std::unique_ptr<ChildProcess>> StartDaemon(const std::filesystem::path& binary,

@@ -2,13 +2,36 @@
 a free port, and the two daemons' configs over the bundles `tophat split` wrote to
 WORK/bundles (plaintext links; metrics off unless a port is given)."""
 
+import random
 import socket
+
+# Held for the life of this process: see free_port.
+_claims = []
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port on 127.0.0.1 that is free and that no other tophat process hands out while this
+    one lives: the same scheme as bench::FreePort (bench/process_control.cc), whose claims
+    these share. Below the kernel's ephemeral range (where bind(0) and outgoing connections
+    take theirs), each port claimed with an abstract Unix socket named after it."""
+    first, last = 20000, 32767
+    start = random.randint(first, last)
+    for i in range(last - first + 1):
+        port = first + (start - first + i) % (last - first + 1)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            claim.bind(f"\0tophat-port-{port}")
+        except OSError:
+            claim.close()
+            continue
+        _claims.append(claim)
+        return port
+    raise RuntimeError(f"no free port in {first}-{last}")
 
 
 def write_configs(work, cloud_port, agent_port, max_context, kv_memory,
