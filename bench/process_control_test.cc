@@ -1,6 +1,9 @@
 #include "bench/process_control.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -66,8 +69,18 @@ TEST_CASE("FreePort never hands out a port another live process holds, and each 
   for (int i = 0; i < kPorts; ++i) held.insert(FreePort());
   REQUIRE(held.size() == kPorts);  // distinct within one process too
   for (const int port : held) {
+    INFO("port " << port);
     CHECK(port >= 20000);
     CHECK(port < 32768);  // below the kernel's default ephemeral range
+    // Free for the daemon it is meant for: a listener can bind it.
+    const int listener = socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(listener >= 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    CHECK(bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+    close(listener);
   }
   int pipe_fds[2];
   REQUIRE(pipe(pipe_fds) == 0);

@@ -2,12 +2,12 @@
 
 #include <catch2/catch.hpp>
 
-#include "base/test_util.h"
-
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+
+#include "base/test_util.h"
 
 namespace tophat::sim {
 namespace {
