@@ -314,12 +314,22 @@ def json_answers(client, model, base_url, messages):
         logit_bias=bias, extra_body={"response_format": fmt})
     check(is_object(completion.choices[0].text),
           f"a completion that is not a JSON object: {completion.choices[0].text!r}")
-    # Cut short by max_tokens, the object is not complete, and the answer says so.
-    short = client.chat.completions.create(model=model, messages=messages, max_tokens=2,
-                                           temperature=0, response_format=fmt)
+    # Cut short by max_tokens, the object is not complete, and the answer says so. The cut is
+    # the greedy answer's last piece of text: the usage counts the end-of-sequence token too,
+    # which writes none. (How much white space the toy model writes before its '{' depends on
+    # the CPU it was trained on: one wrote 16 lines of it.)
+    whole = client.chat.completions.create(model=model, messages=messages, max_tokens=400,
+                                           temperature=0, logit_bias=bias, response_format=fmt)
+    whole_text, whole_tokens = whole.choices[0].message.content, whole.usage.completion_tokens
+    check(is_object(whole_text) and whole_tokens >= 3,
+          f"the greedy JSON answer: {whole_text!r} in {whole_tokens} tokens")
+    short = client.chat.completions.create(model=model, messages=messages,
+                                           max_tokens=whole_tokens - 2, temperature=0,
+                                           logit_bias=bias, response_format=fmt)
+    cut = short.choices[0].message.content
     check_eq("a JSON answer cut short: finish_reason", short.choices[0].finish_reason, "length")
-    check(short.choices[0].message.content.lstrip().startswith("{"),
-          f"a cut JSON answer: {short.choices[0].message.content!r}")
+    check(whole_text.startswith(cut) and len(cut) < len(whole_text) and not is_object(cut),
+          f"a cut JSON answer: {cut!r}, of {whole_text!r}")
     expect_error("response_format json_schema",
                  lambda: client.chat.completions.create(
                      model=model, messages=messages,
@@ -634,7 +644,10 @@ def logprobs(client, model, messages, text, stop, model_dir):
 
     # logit_bias: the same greedy answer as transformers with the same biases (its
     # sequence_bias), drafts and verification both biased. The bias bans the unbiased
-    # answer's first two distinct tokens and favours a third token.
+    # answer's first two distinct tokens and favours a third token. transformers'
+    # min_new_tokens bans the end-of-sequence token, and min_tokens does so here; ignore_eos
+    # would go on past an end-of-sequence token the model chooses (one toy model chose it
+    # third under this bias), and with it, as in vLLM, min_tokens bans only stop_token_ids.
     plain_ids = [int(t.removeprefix("token_id:")) for t in client.completions.create(
         model=model, prompt=prompt, max_tokens=12, temperature=0, logprobs=0,
         extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True}
@@ -644,7 +657,7 @@ def logprobs(client, model, messages, text, stop, model_dir):
     bias = {**{str(t): -100 for t in banned}, str(favoured): 4}
     biased = client.completions.create(
         model=model, prompt=prompt, max_tokens=12, temperature=0, logprobs=0, logit_bias=bias,
-        extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})
+        extra_body={"return_tokens_as_token_ids": True, "min_tokens": 12})
     biased_ids = [int(t.removeprefix("token_id:")) for t in biased.choices[0].logprobs.tokens]
     with torch.no_grad():
         want = reference.generate(

@@ -2878,12 +2878,20 @@ TEST_CASE("In bfloat16 the agent and cloud choose float32's greedy token except 
   // bits, so its hidden states move the logits by a hundredth or so here, and only choices
   // that close can flip. A real fault (a wrong layer, a stale KV row) flips confident choices
   // too. Before the head computed float32 logits, rounding them to bfloat16 (a step of 1/16
-  // near the top logits) flipped margins up to 0.053.
-  for (double margin : agreement.disagreement_margins) CHECK(margin < 0.05);
-  // Issue 31's goal. On the CPU: 2,382 of 2,400 (99.25%, margins 0.000-0.015); 98.12% with
-  // bfloat16 logits, 98.92% with the normed state rounded before the head (a GPU agent's form
-  // until its head took the remainder of that rounding too: SplitForHalfProducts).
-  CHECK(fraction >= 0.99);
+  // near the top logits, so up to 1/32 each way) flipped margins up to 0.053; with float32
+  // logits the largest seen is 0.015.
+  for (double margin : agreement.disagreement_margins) CHECK(margin < 0.03);
+  // How many choices are near ties is the trained toy model's, and the toy model is trained
+  // on the machine that runs the tests, whose floating point differs: on a 2-core AMD EPYC
+  // 2,382 of 2,400 agreed (99.25%, margins 0.000-0.015), on an Intel Xeon with AMX 2,374
+  // (98.92%, margins 0.003-0.013), each with the float32 head. So the near ties are asserted
+  // above, and the count here guards against a fault that flips many near ties at once. The
+  // head rounding its logits to bfloat16 fails one check or the other: on the AMD machine the
+  // margins (98.12% agreed, margins up to 0.053), on the Xeon the count (97.88%, 2,349 of
+  // 2,400, margins up to 0.026). On a GPU it is issue 31's goal, which the GPU check measures
+  // on the bundle's toy model.
+  const double least_fraction = CloudDevice() == "cpu" ? 0.98 : 0.99;
+  CHECK(fraction >= least_fraction);
 }
 
 TEST_CASE("An agent computing in bfloat16 serves a float32 cloud, converting at the wire",
