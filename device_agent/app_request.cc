@@ -91,10 +91,10 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
   }
   // A map's order is the implementation's: sorted, a request's bias is the same every time.
   std::sort(plan.sampling.logit_bias.begin(), plan.sampling.logit_bias.end());
-  if (!request.ignore_eos()) {
-    for (int64_t eos : limits.eos_token_ids) plan.stop_ids.push_back(static_cast<int32_t>(eos));
-    if (tokenizer.eos_id()) plan.stop_ids.push_back(*tokenizer.eos_id());
-  }
+  std::vector<int32_t> eos_ids;
+  for (int64_t eos : limits.eos_token_ids) eos_ids.push_back(static_cast<int32_t>(eos));
+  if (tokenizer.eos_id()) eos_ids.push_back(*tokenizer.eos_id());
+  if (!request.ignore_eos()) plan.stop_ids = eos_ids;
   for (uint32_t id : request.stop_token_ids()) plan.stop_ids.push_back(static_cast<int32_t>(id));
   if (request.min_new_tokens() > plan.max_new_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("min_new_tokens ", request.min_new_tokens(),
@@ -115,7 +115,16 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
       return absl::InvalidArgumentError(
           absl::StrCat("response_format: unknown value ", request.response_format()));
   }
-  if (plan.sampling.history_dependent()) plan.sampling.stop_ids = plan.stop_ids;
+  if (plan.sampling.history_dependent()) {
+    plan.sampling.stop_ids = plan.stop_ids;
+    // min_tokens holds the end of sequence back under ignore_eos too, as vLLM does (its
+    // _all_stop_token_ids): ignore_eos keeps it from ending the answer, and a minimum keeps
+    // it from being chosen. (Not with a JSON format, which refuses min_tokens and whose
+    // stop_ids are what may end its object.)
+    if (request.ignore_eos() && plan.sampling.min_tokens > 0) {
+      plan.sampling.stop_ids.insert(plan.sampling.stop_ids.end(), eos_ids.begin(), eos_ids.end());
+    }
+  }
   if (absl::Status valid = plan.sampling.Validate(); !valid.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("sampling: ", valid.message()));
   }

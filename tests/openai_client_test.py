@@ -645,9 +645,9 @@ def logprobs(client, model, messages, text, stop, model_dir):
     # logit_bias: the same greedy answer as transformers with the same biases (its
     # sequence_bias), drafts and verification both biased. The bias bans the unbiased
     # answer's first two distinct tokens and favours a third token. transformers'
-    # min_new_tokens bans the end-of-sequence token, and min_tokens does so here; ignore_eos
-    # would go on past an end-of-sequence token the model chooses (one toy model chose it
-    # third under this bias), and with it, as in vLLM, min_tokens bans only stop_token_ids.
+    # min_new_tokens bans the end-of-sequence token, and min_tokens does so here, ignore_eos
+    # or not, as in vLLM: ignore_eos alone goes on past an end-of-sequence token the model
+    # chooses (one toy model chose it third under this bias).
     plain_ids = [int(t.removeprefix("token_id:")) for t in client.completions.create(
         model=model, prompt=prompt, max_tokens=12, temperature=0, logprobs=0,
         extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True}
@@ -657,7 +657,7 @@ def logprobs(client, model, messages, text, stop, model_dir):
     bias = {**{str(t): -100 for t in banned}, str(favoured): 4}
     biased = client.completions.create(
         model=model, prompt=prompt, max_tokens=12, temperature=0, logprobs=0, logit_bias=bias,
-        extra_body={"return_tokens_as_token_ids": True, "min_tokens": 12})
+        extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True, "min_tokens": 12})
     biased_ids = [int(t.removeprefix("token_id:")) for t in biased.choices[0].logprobs.tokens]
     with torch.no_grad():
         want = reference.generate(
