@@ -111,6 +111,33 @@ int64_t BatchPlanner::Plan(std::span<const PendingWork> pending, const BatchLimi
   return used;
 }
 
+void RoundRobinOrder::Reserve(size_t items, size_t groups) {
+  seen_.reserve(groups);
+  rank_.reserve(items);
+  order_.reserve(items);
+}
+
+std::span<const int32_t> RoundRobinOrder::Order(std::span<const int32_t> groups,
+                                                int32_t num_groups) {
+  seen_.assign(static_cast<size_t>(num_groups), 0);
+  rank_.resize(groups.size());
+  order_.resize(groups.size());
+  bool ranked = false;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    rank_[i] = seen_[static_cast<size_t>(groups[i])]++;
+    ranked |= rank_[i] > 0;
+    order_[i] = static_cast<int32_t>(i);
+  }
+  // One item per group (the common case): arrival order already is the order. Ties in rank
+  // go by index, which is arrival (std::stable_sort would allocate its buffer every step).
+  if (ranked) {
+    std::sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) {
+      return rank_[a] != rank_[b] ? rank_[a] < rank_[b] : a < b;
+    });
+  }
+  return order_;
+}
+
 int64_t PlanBatch(std::span<const PendingWork> pending, const BatchLimits& limits,
                   std::vector<PlannedWork>& plan) {
   BatchPlanner planner;

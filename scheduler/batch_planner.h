@@ -97,6 +97,28 @@ std::optional<int64_t> DecodeStretchStepTokens(const StepTimePredictor& step_tim
                                                double decode_away_seconds,
                                                int64_t max_batch_tokens);
 
+// The order a step plans pending work in: first come first served within a group (the cloud:
+// a device) and round-robin across groups, every group's oldest item before any group's
+// second, so that a group with many sessions in flight cannot keep another's work out of the
+// steps (BatchPlanner keeps this order within decode work and within prefill work). Within a
+// rank (how many of its group's items came before) items keep their arrival order. The
+// engine and the simulator both order with it. Reuses its scratch: steady state does not
+// allocate.
+class RoundRobinOrder {
+ public:
+  // `groups[i]`: item i's group, in [0, num_groups), items in arrival order. Returns the
+  // items' indices in planning order, valid until the next call.
+  std::span<const int32_t> Order(std::span<const int32_t> groups, int32_t num_groups);
+  // Makes room for calls of up to `items` items and `groups` groups (at load, so that the
+  // step allocates nothing).
+  void Reserve(size_t items, size_t groups);
+
+ private:
+  std::vector<int32_t> seen_;   // per group: its items counted so far
+  std::vector<int32_t> rank_;   // per item
+  std::vector<int32_t> order_;
+};
+
 // One group of weight 1: the plan of BatchPlanner with no fairness to apply (tests, tools).
 int64_t PlanBatch(std::span<const PendingWork> pending, const BatchLimits& limits,
                   std::vector<PlannedWork>& plan);

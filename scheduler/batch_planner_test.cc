@@ -171,3 +171,49 @@ TEST_CASE("While devices decode, others' prompts may stretch their rounds so far
 
 }  // namespace
 }  // namespace tophat
+
+namespace tophat {
+namespace {
+
+std::vector<int32_t> OrderOf(RoundRobinOrder& order, std::vector<int32_t> groups,
+                             int32_t num_groups) {
+  const std::span<const int32_t> out = order.Order(groups, num_groups);
+  return {out.begin(), out.end()};
+}
+
+TEST_CASE("Round-robin order: each group's oldest item before any group's second") {
+  RoundRobinOrder order;
+  // Items in arrival order, by group: A A A B C B.
+  // Ranks (how many of its group's came before): 0 1 2 0 0 1.
+  // Rank 0 by arrival: items 0 (A), 3 (B), 4 (C); rank 1: 1 (A), 5 (B); rank 2: 2 (A).
+  CHECK(OrderOf(order, {0, 0, 0, 1, 2, 1}, 3) == std::vector<int32_t>{0, 3, 4, 1, 5, 2});
+  // One item a group: arrival order stands.
+  CHECK(OrderOf(order, {2, 0, 1}, 3) == std::vector<int32_t>{0, 1, 2});
+  // One group: first come, first served.
+  CHECK(OrderOf(order, {1, 1, 1, 1}, 2) == std::vector<int32_t>{0, 1, 2, 3});
+  CHECK(OrderOf(order, {}, 4).empty());
+  // Scratch from a longer call does not leak into a shorter one: B B A, ranks 0 1 0.
+  CHECK(OrderOf(order, {1, 1, 0}, 2) == std::vector<int32_t>{0, 2, 1});
+}
+
+TEST_CASE("Round-robin order keeps arrival order within a rank however many items") {
+  RoundRobinOrder order;
+  // 200 items over 7 groups, group i % 7: item i has rank i / 7, so the order is arrival.
+  std::vector<int32_t> groups;
+  for (int32_t i = 0; i < 200; ++i) groups.push_back(i % 7);
+  std::vector<int32_t> expected(200);
+  for (int32_t i = 0; i < 200; ++i) expected[i] = i;
+  CHECK(OrderOf(order, groups, 7) == expected);
+  // Reversed groups in blocks: the first 100 items group 0, the next 100 group 1. Rank r
+  // holds items r and 100 + r, in that order.
+  for (int32_t i = 0; i < 200; ++i) groups[i] = i < 100 ? 0 : 1;
+  std::vector<int32_t> interleaved;
+  for (int32_t r = 0; r < 100; ++r) {
+    interleaved.push_back(r);
+    interleaved.push_back(100 + r);
+  }
+  CHECK(OrderOf(order, groups, 2) == interleaved);
+}
+
+}  // namespace
+}  // namespace tophat

@@ -8,7 +8,6 @@
 #include <c10/core/InferenceMode.h>
 #include <spdlog/spdlog.h>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/memory_release.h"
 #include "base/status_macros.h"
@@ -121,10 +120,18 @@ Engine::Engine(EngineOptions options, std::shared_ptr<const Submodel> middle,
       allocator_(static_cast<int32_t>(options_.kv_num_blocks),
                  static_cast<int32_t>(options_.kv_block_size)),
       monitor_(std::max<int64_t>(1, options_.max_batch_tokens), /*alpha=*/0.8,
-               options_.downstream != nullptr ? options_.downstream->stages() : 1) {
+               options_.downstream != nullptr ? options_.downstream->stages() : 1),
+      device_ledger_({.max_sessions = options_.max_sessions_per_device,
+                      .max_waiting = options_.max_waiting_sessions_per_device,
+                      .max_kv_blocks = options_.max_kv_blocks_per_device,
+                      .weights = options_.device_weights}) {
   const ModelConfig& config = middle_->config();
   wire_dtype_ = ToProtoDType(middle_->options().dtype).value_or(v1::DTYPE_FLOAT32);
   row_bytes_ = config.hidden_size * ElementBytes(wire_dtype_);
+  result_format_ = {.compute_dtype = middle_->options().dtype,
+                    .compute_wire_dtype = wire_dtype_,
+                    .hidden_size = config.hidden_size,
+                    .max_piece_bytes = options_.max_result_piece_bytes};
   hello_.set_model_id(options_.model_id);
   hello_.set_model_fingerprint(options_.model_fingerprint);
   hello_.set_protocol_version(kCloudProtocolVersion);
@@ -157,6 +164,10 @@ Engine::Engine(EngineOptions options, std::shared_ptr<const Submodel> middle,
   const size_t max_sessions = options_.max_running_sessions + options_.max_waiting_sessions;
   pending_.reserve(max_sessions);
   pending_sessions_.reserve(max_sessions);
+  arrival_sessions_.reserve(max_sessions);
+  pending_groups_.reserve(max_sessions);
+  // Slots: at most one a device with a session open.
+  fair_order_.Reserve(max_sessions, max_sessions);
   plan_.reserve(max_sessions);
   chunks_.reserve(max_sessions);
   pipeline_depth_ =
@@ -439,8 +450,8 @@ void Engine::Open(StreamId stream, const v1::OpenSession& open) {
       stream_state != streams_.end() ? stream_state->second.device : absl::StrCat("stream ", stream);
   const int32_t blocks = allocator_.BlocksFor(max_positions);
   // The device's own parked conversations give way to its new session.
-  EvictParked([&] { return !DeviceQuotaProblem(device, blocks).has_value(); }, &device);
-  if (std::optional<std::string> over = DeviceQuotaProblem(device, blocks)) {
+  EvictParked([&] { return !device_ledger_.QuotaProblem(device, blocks).has_value(); }, &device);
+  if (std::optional<std::string> over = device_ledger_.QuotaProblem(device, blocks)) {
     SendError(stream, id, 0, absl::ResourceExhaustedError(*over), false);
     if (metrics_ != nullptr) metrics_->sessions_rejected.Increment();
     return;
@@ -490,30 +501,7 @@ void Engine::Open(StreamId stream, const v1::OpenSession& open) {
   session->opened = Clock::now();
   session->device = device;
   session->quota_blocks = blocks;
-  auto [usage_it, new_device] = device_usage_.try_emplace(device);
-  DeviceUsage& usage = usage_it->second;
-  if (new_device) {
-    if (free_device_slots_.empty()) {
-      usage.slot = next_device_slot_++;
-    } else {
-      usage.slot = free_device_slots_.back();
-      free_device_slots_.pop_back();
-    }
-  }
-  session->device_slot = usage.slot;
-  if (new_device) {
-    if (slot_weight_.size() <= static_cast<size_t>(usage.slot)) {
-      slot_weight_.resize(usage.slot + 1, 1.0);
-    }
-    // Weights are keyed by the certificate's identity; a plaintext stream has none.
-    const auto weight = absl::StartsWith(device, "device ")
-                            ? options_.device_weights.find(device.substr(7))
-                            : options_.device_weights.end();
-    slot_weight_[usage.slot] = weight == options_.device_weights.end() ? 1.0 : weight->second;
-  }
-  ++usage.sessions;
-  ++usage.waiting;
-  usage.blocks += blocks;
+  session->device_slot = device_ledger_.Open(device, blocks);
   session->deadline = Deadline(session->opened, open.timeout_ms());
   sessions_.emplace(SessionKey{stream, id}, std::move(session));
   waiting_.push_back({stream, id});
@@ -527,28 +515,6 @@ Clock::time_point Engine::Deadline(Clock::time_point from, uint32_t timeout_ms) 
   }
   return from + std::chrono::duration_cast<Clock::duration>(
                     std::chrono::duration<double>(timeout_s));
-}
-
-std::optional<std::string> Engine::DeviceQuotaProblem(const std::string& device,
-                                                      int32_t blocks) const {
-  DeviceUsage usage;
-  if (auto it = device_usage_.find(device); it != device_usage_.end()) usage = it->second;
-  if (options_.max_sessions_per_device > 0 && usage.sessions >= options_.max_sessions_per_device) {
-    return absl::StrCat(device, " already has ", usage.sessions,
-                        " sessions open (limits.max_sessions_per_device)");
-  }
-  if (options_.max_waiting_sessions_per_device > 0 &&
-      usage.waiting >= options_.max_waiting_sessions_per_device) {
-    return absl::StrCat(device, " already has ", usage.waiting,
-                        " sessions waiting for admission (limits.max_waiting_sessions_per_device)");
-  }
-  if (options_.max_kv_blocks_per_device > 0 &&
-      usage.blocks + blocks > options_.max_kv_blocks_per_device) {
-    return absl::StrCat(device, "'s open sessions hold ", usage.blocks, " KV blocks; ", blocks,
-                        " more would pass its quota of ", options_.max_kv_blocks_per_device,
-                        " (limits.max_kv_fraction_per_device)");
-  }
-  return std::nullopt;
 }
 
 void Engine::DecideForStream(StreamId stream) {
@@ -628,9 +594,7 @@ void Engine::AdmitWaiting() {
     session->reserved_blocks = blocks;
     session->state = SessionState::kRunning;
     ++num_running_;
-    if (auto usage = device_usage_.find(session->device); usage != device_usage_.end()) {
-      --usage->second.waiting;
-    }
+    device_ledger_.Admit(session->device);
     if (session->fork_source && !CompleteFork(key, *session)) continue;
     const double queued = Seconds(Clock::now() - session->opened);
     if (metrics_ != nullptr) {
@@ -850,9 +814,7 @@ void Engine::Park(StreamId stream, const v1::ParkSession& park) {
                                          std::chrono::duration<double>(keep_s));
   // Against its device's quota it now counts what it holds, not what it could grow to.
   const int32_t held = static_cast<int32_t>(session->cache.block_table().size());
-  if (auto usage = device_usage_.find(session->device); usage != device_usage_.end()) {
-    usage->second.blocks += held - session->quota_blocks;
-  }
+  device_ledger_.Recount(session->device, session->quota_blocks, held);
   session->quota_blocks = held;
   session->parked_entry = parked_.insert(parked_.end(), key);
   AdmitWaiting();  // its reservation is free for others
@@ -908,10 +870,7 @@ void Engine::Resume(StreamId stream, const v1::ResumeSession& resume) {
   session->max_positions = max_positions;
   session->opened = Clock::now();
   const int32_t blocks = allocator_.BlocksFor(max_positions);
-  if (auto usage = device_usage_.find(session->device); usage != device_usage_.end()) {
-    usage->second.blocks += blocks - session->quota_blocks;
-    ++usage->second.waiting;
-  }
+  device_ledger_.Recount(session->device, session->quota_blocks, blocks, /*waiting=*/true);
   session->quota_blocks = blocks;
   session->deadline = Deadline(session->opened, resume.timeout_ms());
   if (metrics_ != nullptr) metrics_->parked_sessions_resumed.Increment();
@@ -1060,7 +1019,7 @@ bool Engine::Runnable(const Session& session) const {
 int64_t Engine::Launch() {
   pending_.clear();
   pending_sessions_.clear();
-  slot_decoding_.assign(next_device_slot_, 0);
+  slot_decoding_.assign(device_ledger_.num_slots(), 0);
   int64_t decoding = 0;  // running sessions past their prompts, whether or not work is here
   double decode_away = 0;  // the shortest of their rounds' time away from the cloud, if known
   for (auto& [key, session] : sessions_) {
@@ -1074,29 +1033,20 @@ int64_t Engine::Launch() {
       }
     }
   }
-  // First come, first served within a device, round-robin across devices: each device's
-  // oldest pending session comes before any device's second, so that a device with many
-  // sessions in flight cannot keep another's work out of the steps (planning keeps this
-  // order within decode work and within prefill work).
+  // First come, first served within a device, round-robin across devices
+  // (RoundRobinOrder): pending_ and pending_sessions_ in the order the step plans them.
   std::sort(pending_sessions_.begin(), pending_sessions_.end(),
             [](const Session* a, const Session* b) {
               return a->work.front().arrival < b->work.front().arrival;
             });
-  device_rank_scratch_.assign(next_device_slot_, 0);
-  bool ranked = false;
-  for (Session* session : pending_sessions_) {
-    session->fair_rank = device_rank_scratch_[session->device_slot]++;
-    ranked |= session->fair_rank > 0;
-  }
-  if (ranked) {
-    std::sort(pending_sessions_.begin(), pending_sessions_.end(),
-              [](const Session* a, const Session* b) {
-                if (a->fair_rank != b->fair_rank) return a->fair_rank < b->fair_rank;
-                return a->work.front().arrival < b->work.front().arrival;
-              });
-  }
-  for (const Session* session : pending_sessions_) {
+  pending_groups_.clear();
+  for (const Session* session : pending_sessions_) pending_groups_.push_back(session->device_slot);
+  arrival_sessions_.swap(pending_sessions_);
+  pending_sessions_.clear();
+  for (const int32_t index : fair_order_.Order(pending_groups_, device_ledger_.num_slots())) {
+    Session* session = arrival_sessions_[static_cast<size_t>(index)];
     const WorkItem& head = session->work.front();
+    pending_sessions_.push_back(session);
     pending_.push_back({.num_tokens = head.num_tokens - head.done,
                         .decode = head.decode,
                         .group = session->device_slot});
@@ -1106,16 +1056,14 @@ int64_t Engine::Launch() {
   // kept from stretching the steps of another device that is decoding (its next token may
   // arrive while a step runs, and waits for it) past decode_step_stretch times what the
   // decode work alone is predicted to take.
-  slot_shares_.resize(next_device_slot_);
+  slot_shares_.resize(device_ledger_.num_slots());
   BatchLimits limits{.max_batch_tokens = options_.max_batch_tokens,
                      .max_sequences = options_.max_running_sessions};
   const std::optional<int64_t> capped_step = DecodeStretchStepTokens(
       monitor_.step_time(), decoding, options_.decode_step_stretch, decode_away,
       options_.max_batch_tokens);
-  for (int32_t slot = 0; slot < next_device_slot_; ++slot) {
-    slot_shares_[slot] = {.weight = slot < static_cast<int32_t>(slot_weight_.size())
-                                        ? slot_weight_[slot]
-                                        : 1.0,
+  for (int32_t slot = 0; slot < device_ledger_.num_slots(); ++slot) {
+    slot_shares_[slot] = {.weight = device_ledger_.slot_weight(slot),
                           .capped = capped_step && decoding > slot_decoding_[slot]};
   }
   if (capped_step) limits.capped_step_tokens = *capped_step;
@@ -1367,12 +1315,6 @@ void Engine::Complete() {
                                                          output.status().message())));
       continue;
     }
-    // A prompt result leaves in pieces of at most max_result_piece_bytes, so that a decode
-    // result queued behind it (the stream's queue sends those first) waits for one piece on
-    // the downlink, not for the whole chunk's. The last piece carries chunk_done.
-    const int64_t piece_rows =
-        head.decode ? part.num_tokens
-                    : std::max<int64_t>(1, options_.max_result_piece_bytes / row_bytes_);
     const int64_t part_first = head.first_position + head.done;
     head.done += part.num_tokens;
     const bool chunk_done = head.done == head.num_tokens;
@@ -1386,55 +1328,22 @@ void Engine::Complete() {
       (head.decode ? metrics_->generation_tokens : metrics_->prompt_tokens)
           .Increment(part.num_tokens);
     }
-    // Each piece's message first, its states' bytes reserved here (so that the threads below
-    // allocate nothing); then the states, spread over threads for a prompt chunk's pieces
-    // (host_copy.h); then the sends, in order.
-    result_messages_.clear();
-    result_messages_.reserve(
-        static_cast<size_t>((part.num_tokens + piece_rows - 1) / piece_rows));
-    const bool same_dtype = session->result_dtype == wire_dtype_;
-    for (int64_t piece = 0; piece < part.num_tokens; piece += piece_rows) {
-      const int64_t rows = std::min(piece_rows, part.num_tokens - piece);
-      v1::ForwardResult* result = result_messages_.emplace_back().mutable_result();
-      result->set_session_id(session->id);
-      result->set_sequence_number(head.sequence_number);
-      result->set_first_position(static_cast<uint32_t>(part_first + piece));
-      result->set_queue_seconds(Seconds(start - head.received));
-      result->set_received_at_seconds(
-          std::chrono::duration<double>(head.received.time_since_epoch()).count());
-      result->set_sent_at_seconds(sent_at_seconds);
-      result->set_phase(head.decode ? v1::PHASE_DECODE : v1::PHASE_PREFILL);
-      result->set_compute_seconds(compute_seconds);
-      result->set_kv_length(static_cast<uint32_t>(session->cache.length()));
-      result->set_chunk_done(chunk_done && piece + rows == part.num_tokens);
-      if (same_dtype) result->mutable_states()->mutable_data()->reserve(rows * row_bytes_);
-    }
-    const uint8_t* part_bytes = deep_bytes + part_row * row_bytes_;
-    const v1::DType result_dtype = session->result_dtype;
-    auto fill_piece = [&](int64_t i) {
-      const int64_t piece = i * piece_rows;
-      const int64_t rows = std::min(piece_rows, part.num_tokens - piece);
-      const uint8_t* piece_bytes = part_bytes + piece * row_bytes_;
-      v1::HiddenStates* states =
-          result_messages_[static_cast<size_t>(i)].mutable_result()->mutable_states();
-      if (same_dtype) {
-        states->set_dtype(wire_dtype_);
-        states->set_num_positions(static_cast<uint32_t>(rows));
-        states->set_hidden_size(static_cast<uint32_t>(middle_->config().hidden_size));
-        states->mutable_data()->append(reinterpret_cast<const char*>(piece_bytes),
-                                       rows * row_bytes_);
-      } else if (!EncodeHiddenStates(piece_bytes, middle_->options().dtype, rows,
-                                     middle_->config().hidden_size, result_dtype, states)
-                      .ok()) {
-        // A value the session's wire cannot carry (beyond float16's range, or not finite
-        // for int8): these rows go in the compute dtype, which the agent accepts too.
-        EncodeHiddenStates(piece_bytes, middle_->options().dtype, rows,
-                           middle_->config().hidden_size, wire_dtype_, states)
-            .IgnoreError();
-      }
-    };
-    kernels::ForEachHostCopy(static_cast<int64_t>(result_messages_.size()),
-                             piece_rows * row_bytes_, fill_piece);
+    BuildResultPieces(
+        result_format_,
+        {.session_id = session->id,
+         .sequence_number = head.sequence_number,
+         .first_position = part_first,
+         .num_rows = part.num_tokens,
+         .decode = head.decode,
+         .chunk_done = chunk_done,
+         .dtype = session->result_dtype,
+         .queue_seconds = Seconds(start - head.received),
+         .received_at_seconds =
+             std::chrono::duration<double>(head.received.time_since_epoch()).count(),
+         .sent_at_seconds = sent_at_seconds,
+         .compute_seconds = compute_seconds,
+         .kv_length = session->cache.length()},
+        deep_bytes + part_row * row_bytes_, result_messages_);
     for (v1::CloudMessage& message : result_messages_) {
       if (metrics_ != nullptr) {
         const v1::HiddenStates& states = message.result().states();
@@ -1501,14 +1410,8 @@ void Engine::EraseSession(const SessionKey& key, bool admit_waiting) {
   allocator_.Unreserve(session.reserved_blocks);
   if (session.state == SessionState::kRunning) --num_running_;
   if (session.state == SessionState::kParked) parked_.erase(session.parked_entry);
-  if (auto usage = device_usage_.find(session.device); usage != device_usage_.end()) {
-    if (session.state == SessionState::kQueued) --usage->second.waiting;
-    usage->second.blocks -= session.quota_blocks;
-    if (--usage->second.sessions <= 0) {
-      free_device_slots_.push_back(usage->second.slot);
-      device_usage_.erase(usage);
-    }
-  }
+  device_ledger_.Close(session.device, session.quota_blocks,
+                       session.state == SessionState::kQueued);
   sessions_.erase(it);
   // A freed reservation may let the head of the queue in.
   if (admit_waiting) AdmitWaiting();

@@ -38,9 +38,11 @@
 #include "scheduler/batch_planner.h"
 #include "scheduler/kv_block_allocator.h"
 #include "scheduler/decode_decisions.h"
+#include "scheduler/device_ledger.h"
 #include "scheduler/state_monitor.h"
 #include "server/cloud_metrics.h"
 #include "server/message_sink.h"
+#include "server/result_pieces.h"
 #include "server/pipeline/pipeline_stage.h"
 #include "tophat/v1/cloud.pb.h"
 
@@ -230,10 +232,9 @@ class Engine {
     bool in_flight = false;     // its head chunk is in a launched, not completed, step
     Clock::time_point opened;
     Clock::time_point deadline;
-    std::string device;  // the key of device_usage_ it counts under
+    std::string device;  // the key it counts under in device_ledger_
     int32_t quota_blocks = 0;  // what it counts against its device's KV quota
-    int32_t device_slot = 0;   // its device's DeviceUsage::slot
-    int32_t fair_rank = 0;     // Launch: how many of its device's pending sessions are older
+    int32_t device_slot = 0;   // its device's slot in device_ledger_
     // Its next result is a token: its prompt's last chunk is here (ForwardChunk.
     // decode_follows), or decode work since; a prompt chunk of a new turn ends it. While it
     // is, other devices' prompts are capped (decode_step_stretch), so that they delay its
@@ -304,8 +305,6 @@ class Engine {
   // Evicts parked sessions, least recently parked first (only `device`'s when it is set),
   // until `enough` holds or none is left; returns `enough()`.
   bool EvictParked(const std::function<bool()>& enough, const std::string* device = nullptr);
-  // Why `device` may not open one more session of `blocks` KV blocks; nullopt if it may.
-  std::optional<std::string> DeviceQuotaProblem(const std::string& device, int32_t blocks) const;
   void AcceptChunk(StreamId stream, v1::ForwardChunk& chunk, Clock::time_point received);
   // True when it waits as a marker behind pending chunks (and holds its intake cost).
   bool ApplyTruncate(StreamId stream, const v1::Truncate& truncate);
@@ -358,6 +357,7 @@ class Engine {
   v1::Hello hello_;
   v1::DType wire_dtype_;  // the compute dtype as the wire names it (Hello.dtype)
   int64_t row_bytes_;     // bytes of one position in the compute dtype
+  ResultFormat result_format_;  // how a step's rows go back (BuildResultPieces)
   // options_.wire_dtypes widest first, and their bytes per position (the scheduler's A_d).
   std::vector<v1::DType> wire_choices_;
   std::vector<double> wire_choice_bytes_;
@@ -382,23 +382,15 @@ class Engine {
   // Engine-thread state.
   KvBlockAllocator allocator_;
   StateMonitor monitor_;  // devices keyed by stream id
-  // What each device's open sessions hold, against the per-device limits.
-  struct DeviceUsage {
-    int64_t sessions = 0;  // open, running or waiting
-    int64_t waiting = 0;   // not yet admitted
-    int64_t blocks = 0;    // KV blocks their max_positions need
-    int32_t slot = 0;      // a small number while the device has sessions (fair batching)
-  };
-  // Per device slot: its weight, and (Launch) its running sessions that are decoding.
-  std::vector<double> slot_weight_;
+  // What each device's open sessions hold, against the per-device limits, and its slot
+  // (a small number while it has sessions: its group in fair batching).
+  DeviceLedger device_ledger_;
+  // Per device slot (Launch): its running sessions that are decoding.
   std::vector<int64_t> slot_decoding_;
   std::vector<GroupShare> slot_shares_;
   BatchPlanner planner_;
   uint64_t steps_planned_ = 0;
-  std::vector<int32_t> free_device_slots_;
-  int32_t next_device_slot_ = 0;
-  std::vector<int32_t> device_rank_scratch_;  // Launch: per slot, sessions counted so far
-  std::unordered_map<std::string, DeviceUsage> device_usage_;
+  RoundRobinOrder fair_order_;  // Launch: the order pending work is planned in
   LogRate session_error_log_{20};
   std::map<SessionKey, std::unique_ptr<Session>> sessions_;
   int64_t num_running_ = 0;  // sessions_ in kRunning, kept in step with admit and erase
@@ -418,7 +410,11 @@ class Engine {
   // Decode steps as CUDA graphs (null: eager; always on a CPU, or when capture failed).
   std::unique_ptr<DecodeGraphs> decode_graphs_;
   std::vector<PendingWork> pending_;
+  // Launch: the sessions with work this step, in the order planned (pending_'s), and in
+  // arrival order with their device slots (scratch for fair_order_).
   std::vector<Session*> pending_sessions_;
+  std::vector<Session*> arrival_sessions_;
+  std::vector<int32_t> pending_groups_;
   std::vector<PlannedWork> plan_;
   std::vector<SessionKey> failed_sessions_;  // Launch: those whose KV blocks ran out
   std::set<SessionKey> injected_reservation_failures_;
@@ -428,8 +424,7 @@ class Engine {
   // The step's input rows gathered into staging_, and CopyAll's slices of them (scratch).
   std::vector<kernels::HostCopy> gather_copies_;
   std::vector<kernels::HostCopy> copy_slices_;
-  // One part's result messages before they are filled (in parallel for a prompt chunk's
-  // pieces) and sent, in order (scratch).
+  // One part's result messages (BuildResultPieces) before they are sent, in order (scratch).
   std::vector<v1::CloudMessage> result_messages_;
   std::vector<int32_t> released_blocks_;
   // Launched steps not yet completed, oldest first: a ring of one record per pipeline stage

@@ -167,11 +167,9 @@ struct Device {
   std::deque<HeldChunk> held;
   uint64_t next_sequence = 0;
   double pacer_check_at = -1;  // a kPacerCheck planned for then
-  // While a step is planned (stamped with its number): the device's group in that plan and
-  // how many of its sessions came before (the engine's fair rank).
+  // While a step is planned (stamped with its number): the device's group in that plan.
   uint64_t planned_in = 0;
   int32_t plan_group = 0;
-  int32_t plan_rank = 0;
 };
 
 struct CloudState {
@@ -197,8 +195,8 @@ struct CloudState {
   std::vector<PlannedWork> plan;
   std::vector<PendingWork> plannable;      // the heads of line of sessions not in flight
   std::vector<size_t> plannable_index;     // each one's index in `pending`
-  std::vector<int32_t> plannable_rank;     // each one's fair rank (its device's sessions before)
-  std::vector<size_t> plan_order;          // plannable items, in the engine's order
+  std::vector<int32_t> plannable_group;    // each one's plan group (its device's)
+  RoundRobinOrder plan_order;              // plannable items in the engine's order
   std::vector<GroupShare> shares;          // per plan group (a device with work in this step)
   std::vector<int64_t> plan_group_device;  // each plan group's device
   int64_t decoding = 0;                    // admitted sessions past their prompts
@@ -716,9 +714,8 @@ class Simulation {
     // prompts are capped while another device decodes (DecodeStretchStepTokens).
     const uint64_t stamp = ++plannings_;
     cloud.plannable_index.clear();
-    cloud.plannable_rank.clear();
+    cloud.plannable_group.clear();
     cloud.plan_group_device.clear();
-    bool ranked = false;
     for (size_t i = 0; i < cloud.pending.size(); ++i) {
       Request& r = requests_[static_cast<size_t>(cloud.pending_request[i])];
       if (r.in_step || r.planned_in == stamp) continue;
@@ -728,24 +725,16 @@ class Simulation {
       if (device.planned_in != stamp) {
         device.planned_in = stamp;
         device.plan_group = static_cast<int32_t>(cloud.plan_group_device.size());
-        device.plan_rank = 0;
         cloud.plan_group_device.push_back(r.device);
       }
       cloud.plannable_index.push_back(i);
-      cloud.plannable_rank.push_back(device.plan_rank);
-      ranked |= device.plan_rank++ > 0;
+      cloud.plannable_group.push_back(device.plan_group);
     }
     if (cloud.plannable_index.empty()) return;  // a step in flight finishing brings it back
-    cloud.plan_order.resize(cloud.plannable_index.size());
-    for (size_t k = 0; k < cloud.plan_order.size(); ++k) cloud.plan_order[k] = k;
-    if (ranked) {
-      std::stable_sort(cloud.plan_order.begin(), cloud.plan_order.end(),
-                       [&](size_t a, size_t b) {
-                         return cloud.plannable_rank[a] < cloud.plannable_rank[b];
-                       });
-    }
+    const std::span<const int32_t> ordered = cloud.plan_order.Order(
+        cloud.plannable_group, static_cast<int32_t>(cloud.plan_group_device.size()));
     cloud.plannable.clear();
-    for (const size_t k : cloud.plan_order) {
+    for (const int32_t k : ordered) {
       PendingWork work = cloud.pending[cloud.plannable_index[k]];
       work.group = devices_[static_cast<size_t>(work.group)].plan_group;
       cloud.plannable.push_back(work);
@@ -769,7 +758,7 @@ class Simulation {
     std::vector<CloudState::StepResult>& results = cloud.in_flight.emplace_back();
     for (const PlannedWork& work : cloud.plan) {
       const size_t index =
-          cloud.plannable_index[cloud.plan_order[static_cast<size_t>(work.index)]];
+          cloud.plannable_index[static_cast<size_t>(ordered[static_cast<size_t>(work.index)])];
       PendingWork& item = cloud.pending[index];
       item.num_tokens -= work.num_tokens;
       const int64_t id = cloud.pending_request[index];
