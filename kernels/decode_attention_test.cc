@@ -93,6 +93,95 @@ TEST_CASE("Paged decode attention matches the composite form over shuffled block
   }
 }
 
+TEST_CASE("Paged chunk attention is causal attention over the history and the chunk",
+          "[kernels][paged]") {
+  at::manual_seed(3);
+  const int64_t heads = 4;
+  const int64_t hd = 32;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  // Two threads even on a one-core machine, so that the parallel region splits its items.
+  SetSingleRowThreads(2);
+  for (int64_t block_size : {1, 4, 16}) {
+    for (int64_t past : {0, 7, 150}) {
+      for (int64_t n : {2, 5, 16}) {
+        for (int64_t kv_heads : {1, 4}) {
+          const int64_t positions = past + n;
+          const int64_t needed = (positions + block_size - 1) / block_size;
+          const int64_t num_blocks = needed + 3;
+          at::Tensor key_blocks = at::randn({num_blocks, block_size, kv_heads, hd});
+          at::Tensor value_blocks = at::randn({num_blocks, block_size, kv_heads, hd});
+          std::vector<int32_t> table =
+              ShuffledIds(num_blocks, static_cast<uint32_t>(positions * 7 + n));
+          table.resize(needed);
+          // The queries as a view with a row stride of its own, as q in a wider buffer.
+          at::Tensor wide = at::randn({n, heads + 2, hd});
+          at::Tensor q = wide.narrow(1, 0, heads);
+          at::Tensor out = at::empty({n, heads * hd});
+          REQUIRE(PagedChunkAttention(q, key_blocks, value_blocks, table, past, scale, out));
+
+          at::Tensor ids =
+              at::tensor(std::vector<int64_t>(table.begin(), table.end()), at::kLong);
+          at::Tensor keys = key_blocks.index_select(0, ids).reshape({-1, kv_heads, hd}).narrow(
+              0, 0, positions);
+          at::Tensor values = value_blocks.index_select(0, ids)
+                                  .reshape({-1, kv_heads, hd})
+                                  .narrow(0, 0, positions);
+          const int64_t group = heads / kv_heads;
+          at::Tensor k = keys.repeat_interleave(group, 1);  // [P, H, hd]
+          at::Tensor v = values.repeat_interleave(group, 1);
+          // Query i (position past + i) sees keys [0, past + i].
+          at::Tensor scores = at::einsum("nhd,phd->nhp", {q, k}) * scale;
+          at::Tensor key_pos = at::arange(positions).view({1, 1, positions});
+          at::Tensor query_pos = at::arange(past, positions).view({n, 1, 1});
+          scores.masked_fill_(key_pos > query_pos, -INFINITY);
+          at::Tensor expected =
+              at::einsum("nhp,phd->nhd", {at::softmax(scores, -1), v}).reshape({n, -1});
+          INFO("block_size=" << block_size << " past=" << past << " n=" << n
+                             << " kv_heads=" << kv_heads);
+          CHECK(at::allclose(out, expected, 1e-5, 1e-5));
+          // Each query is the decode query of its length, to the bit.
+          for (int64_t i = 0; i < n; ++i) {
+            at::Tensor one = at::empty({heads * hd});
+            REQUIRE(PagedDecodeAttention(q[i], key_blocks, value_blocks, table, past + i + 1,
+                                         scale, one));
+            CHECK(at::equal(out[i], one));
+          }
+        }
+      }
+    }
+  }
+  SetSingleRowThreads(0);
+}
+
+TEST_CASE("Paged chunk attention declines what it cannot read", "[kernels][paged]") {
+  at::Tensor key_blocks = at::randn({4, 8, 2, 16});
+  at::Tensor value_blocks = at::randn({4, 8, 2, 16});
+  at::Tensor q = at::randn({3, 4, 16});
+  at::Tensor out = at::zeros({3, 4 * 16});
+  const std::vector<int32_t> two = {3, 1};
+  CHECK(PagedChunkAttention(q, key_blocks, value_blocks, two, 13, 0.25, out));  // 16 rows
+  out.zero_();
+  // The table covers 16 positions, not 14 + 3.
+  CHECK_FALSE(PagedChunkAttention(q, key_blocks, value_blocks, two, 14, 0.25, out));
+  const std::vector<int32_t> bad = {3, 4};
+  CHECK_FALSE(PagedChunkAttention(q, key_blocks, value_blocks, bad, 6, 0.25, out));
+  CHECK_FALSE(PagedChunkAttention(q, key_blocks, value_blocks, two, -1, 0.25, out));
+  // Not float32; q not [n, heads, head_dim] with its last dimension contiguous; out too small.
+  CHECK_FALSE(PagedChunkAttention(q.to(at::kDouble), key_blocks, value_blocks, two, 5, 0.25,
+                                  out));
+  CHECK_FALSE(PagedChunkAttention(q[0], key_blocks, value_blocks, two, 5, 0.25, out));
+  CHECK_FALSE(PagedChunkAttention(q.transpose(1, 2), key_blocks, value_blocks, two, 5, 0.25,
+                                  out));
+  at::Tensor small = at::zeros({2, 4 * 16});
+  CHECK_FALSE(PagedChunkAttention(q, key_blocks, value_blocks, two, 5, 0.25, small));
+  at::Tensor no_rows = at::randn({0, 4, 16});
+  at::Tensor no_out = at::zeros({0, 4 * 16});
+  CHECK_FALSE(PagedChunkAttention(no_rows, key_blocks, value_blocks, two, 5, 0.25, no_out));
+  // Nothing was written by the refusals.
+  CHECK(out.abs().sum().item<float>() == 0.0f);
+  CHECK(small.abs().sum().item<float>() == 0.0f);
+}
+
 TEST_CASE("Paged decode attention declines what it cannot read", "[kernels][paged]") {
   at::Tensor key_blocks = at::randn({4, 8, 2, 16});
   at::Tensor value_blocks = at::randn({4, 8, 2, 16});

@@ -1016,7 +1016,7 @@ bool Engine::Runnable(const Session& session) const {
          !stream->second.sink->Congested();
 }
 
-int64_t Engine::Launch() {
+int64_t Engine::PlanStep() {
   pending_.clear();
   pending_sessions_.clear();
   slot_decoding_.assign(device_ledger_.num_slots(), 0);
@@ -1067,7 +1067,10 @@ int64_t Engine::Launch() {
                           .capped = capped_step && decoding > slot_decoding_[slot]};
   }
   if (capped_step) limits.capped_step_tokens = *capped_step;
-  int64_t total = planner_.Plan(pending_, limits, slot_shares_, steps_planned_++, plan_);
+  return planner_.Plan(pending_, limits, slot_shares_, steps_planned_++, plan_);
+}
+
+int64_t Engine::TakePlannedBlocks(int64_t total) {
   // Every chunk's KV blocks first. Admission reserved them, so this cannot fail unless that
   // bookkeeping is wrong; if it is, the session concerned fails alone and leaves the step,
   // rather than the forward refusing a step that is short of blocks and failing every
@@ -1100,6 +1103,13 @@ int64_t Engine::Launch() {
                 absl::InternalError("the cloud's KV bookkeeping lost this session's reserved "
                                     "blocks; the session is failed, the others carry on"));
   }
+  return total;
+}
+
+int64_t Engine::Launch() {
+  int64_t total = PlanStep();
+  if (total == 0) return 0;
+  total = TakePlannedBlocks(total);
   if (total == 0) return 0;
 
   InFlight& batch = in_flight_[(in_flight_oldest_ + in_flight_count_) % pipeline_depth_];
@@ -1208,6 +1218,45 @@ absl::StatusOr<at::Tensor> Engine::ComputeStep(InFlight& batch, bool gathered, b
   return output;
 }
 
+void Engine::ObserveStep(const InFlight& batch, double compute_seconds, bool stages_timed) {
+  const int64_t total = batch.total;
+  stat_steps_++;
+  // What g(μ) predicted for this step, before it learns from it.
+  const double predicted = monitor_.step_time().Predict(static_cast<double>(total));
+  const bool had_prediction = monitor_.step_time().has_data();
+  monitor_.ObserveStep(total, compute_seconds);
+  recent_step_seconds_ = recent_step_seconds_ == 0
+                             ? compute_seconds
+                             : 0.8 * recent_step_seconds_ + 0.2 * compute_seconds;
+  if (stages_timed) {
+    // Each stage's own forward time: the scheduler's per-stage models see the slowest stage.
+    const std::vector<double>& stages = options_.downstream->stage_seconds();
+    monitor_.ObserveStageStep(0, total, batch.own_seconds);
+    for (size_t s = 1; s < stages.size(); ++s) {
+      monitor_.ObserveStageStep(static_cast<int>(s), total, stages[s]);
+    }
+  }
+  if (metrics_ != nullptr) {
+    metrics_->step_seconds.Observe(compute_seconds);
+    if (stages_timed) {
+      // Which stage is the bottleneck: each one's own forward in this step.
+      const std::vector<double>& stages = options_.downstream->stage_seconds();
+      metrics_->PipelineStageSeconds(0).Observe(batch.own_seconds);
+      for (size_t s = 1; s < stages.size(); ++s) {
+        metrics_->PipelineStageSeconds(static_cast<int>(s)).Observe(stages[s]);
+      }
+    }
+    metrics_->iteration_tokens.Observe(static_cast<double>(total));
+    if (had_prediction && compute_seconds > 0) {
+      metrics_->step_prediction_error_ratio.Observe(std::abs(predicted - compute_seconds) /
+                                                    compute_seconds);
+    }
+    metrics_->mean_batched_tokens.Set(monitor_.mean_batched_tokens());
+    metrics_->predicted_step_seconds.Set(
+        monitor_.step_time().Predict(monitor_.mean_batched_tokens()));
+  }
+}
+
 void Engine::Complete() {
   // The record stays untouched until the next Launch, which this call cannot reach.
   InFlight& batch = in_flight_[in_flight_oldest_];
@@ -1250,45 +1299,10 @@ void Engine::Complete() {
     if (!lost.ok()) output = lost;
   }
   if (!output.ok() && metrics_ != nullptr) metrics_->steps_failed.Increment();
-  const int64_t total = batch.total;
   const Clock::time_point start = batch.start;
   const Clock::time_point end = Clock::now();
   const double compute_seconds = Seconds(end - start);
-  stat_steps_++;
-  // What g(μ) predicted for this step, before it learns from it.
-  const double predicted = monitor_.step_time().Predict(static_cast<double>(total));
-  const bool had_prediction = monitor_.step_time().has_data();
-  monitor_.ObserveStep(total, compute_seconds);
-  recent_step_seconds_ = recent_step_seconds_ == 0
-                             ? compute_seconds
-                             : 0.8 * recent_step_seconds_ + 0.2 * compute_seconds;
-  if (batch.submitted && output.ok()) {
-    // Each stage's own forward time: the scheduler's per-stage models see the slowest stage.
-    const std::vector<double>& stages = options_.downstream->stage_seconds();
-    monitor_.ObserveStageStep(0, total, batch.own_seconds);
-    for (size_t s = 1; s < stages.size(); ++s) {
-      monitor_.ObserveStageStep(static_cast<int>(s), total, stages[s]);
-    }
-  }
-  if (metrics_ != nullptr) {
-    metrics_->step_seconds.Observe(compute_seconds);
-    if (batch.submitted && output.ok()) {
-      // Which stage is the bottleneck: each one's own forward in this step.
-      const std::vector<double>& stages = options_.downstream->stage_seconds();
-      metrics_->PipelineStageSeconds(0).Observe(batch.own_seconds);
-      for (size_t s = 1; s < stages.size(); ++s) {
-        metrics_->PipelineStageSeconds(static_cast<int>(s)).Observe(stages[s]);
-      }
-    }
-    metrics_->iteration_tokens.Observe(static_cast<double>(total));
-    if (had_prediction && compute_seconds > 0) {
-      metrics_->step_prediction_error_ratio.Observe(std::abs(predicted - compute_seconds) /
-                                                    compute_seconds);
-    }
-    metrics_->mean_batched_tokens.Set(monitor_.mean_batched_tokens());
-    metrics_->predicted_step_seconds.Set(
-        monitor_.step_time().Predict(monitor_.mean_batched_tokens()));
-  }
+  ObserveStep(batch, compute_seconds, batch.submitted && output.ok());
 
   // Every result of this step leaves now, together: the agents' downlink dispersion pairs
   // their arrivals against this.

@@ -320,11 +320,23 @@ class Engine {
   // completes the oldest launched one (sends its results) once `depth` are in flight.
   int64_t Step();
   int64_t Launch();
+  // Launch's planning: the runnable sessions' head work (pending_sessions_, pending_) in
+  // RoundRobinOrder, planned into plan_ under the token budget and the devices' shares.
+  // Returns the planned positions (0: nothing to run).
+  int64_t PlanStep();
+  // Takes each planned session's KV blocks for its positions from its reservation; a
+  // session whose reservation ran out (a bookkeeping bug) fails alone and leaves plan_.
+  // Returns `total` less what left.
+  int64_t TakePlannedBlocks(int64_t total);
   struct InFlight;
   // Launch's part on the device: the input's upload, the forward and the read-back queued
   // (a CUDA error in a copy or a fence throws; Launch turns that into the step's status).
   absl::StatusOr<at::Tensor> ComputeStep(InFlight& batch, bool gathered, bool gpu, int64_t total);
   void Complete();
+  // Complete's accounting of a step that took `compute_seconds` (launch to results read):
+  // the step-time model g(mu), the load reports' mean, the step metrics; `stages_timed`: and
+  // each pipeline stage's own forward time.
+  void ObserveStep(const InFlight& batch, double compute_seconds, bool stages_timed);
   // Fails every session, running, waiting or parked, with `status` (CancelAll, a lost device).
   void FailAllSessions(const absl::Status& status);
   // Whether Launch would take `session`'s work now: running, with work, none of it in

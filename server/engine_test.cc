@@ -11,6 +11,7 @@
 
 #include "kernels/host_copy.h"
 #include "models/formats/checkpoint.h"
+#include "models/runtime/counting_cpu_allocator.h"
 #include "models/runtime/model_init.h"
 #include "base/test_util.h"
 #include "proto/hidden_states.h"
@@ -189,6 +190,53 @@ TEST_CASE("Prompt results leave in pieces of max_result_piece_bytes, decode resu
   CHECK(messages[0].result().states().num_positions() == 5);
   CHECK(messages[0].result().phase() == v1::PHASE_DECODE);
   CHECK(messages[0].result().chunk_done());
+}
+
+// Issue 31's "nothing allocates inside a step after warm-up", for the CPU engine: a whole
+// RunOnce (intake, planning, staging, the middle's forward in the step buffers, results)
+// allocates no tensor storage once warm. What it measures is storages through c10's CPU
+// allocator (counting_cpu_allocator.h), not every heap allocation: result messages are
+// built per step, as gRPC takes them.
+TEST_CASE("An engine step on the CPU allocates no tensor storage after warm-up") {
+  EngineOptions options = SmallOptions();
+  options.kv_num_blocks = 64;
+  options.max_batch_tokens = 64;
+  Harness h(options);
+  constexpr int kSessions = 3;
+  for (uint64_t id = 1; id <= kSessions; ++id) h.Open(id, 48);
+  h.engine->RunOnce();  // admitted
+  // Warm-up: the first prompt and decode steps (thread pools, BLAS's buffers).
+  for (uint64_t id = 1; id <= kSessions; ++id) h.Chunk(id, 0, 6, v1::PHASE_PREFILL);
+  h.engine->RunOnce();
+  for (uint64_t id = 1; id <= kSessions; ++id) h.Chunk(id, 6, 1, v1::PHASE_DECODE);
+  h.engine->RunOnce();
+  h.sink->Take();
+
+  for (int step = 0; step < 5; ++step) {
+    INFO("decode step " << step);
+    for (uint64_t id = 1; id <= kSessions; ++id) h.Chunk(id, 7 + step, 1, v1::PHASE_DECODE);
+    int64_t computed = 0;
+    const int64_t allocations =
+        testing::AllocationsDuring([&] { computed = h.engine->RunOnce(); });
+    CHECK(computed == kSessions);
+    CHECK(allocations == 0);
+    CHECK(h.sink->Take().size() == kSessions);
+  }
+  // A batch of one (the one-chunk step reads its payload in place, not through staging).
+  h.Chunk(2, 12, 1, v1::PHASE_DECODE);
+  CHECK(testing::AllocationsDuring([&] { CHECK(h.engine->RunOnce() == 1); }) == 0);
+  h.sink->Take();
+  // Speculative verification chunks (a draft of 3 and one more position), a step of them.
+  for (uint64_t id = 1; id <= kSessions; ++id) {
+    h.Chunk(id, id == 2 ? 13 : 12, 4, v1::PHASE_DECODE);
+  }
+  CHECK(testing::AllocationsDuring([&] { CHECK(h.engine->RunOnce() == 4 * kSessions); }) == 0);
+  CHECK(h.sink->Take().size() == kSessions);
+  // The negative control: the counter sees the one-off forward, which allocates its results.
+  KvCache cache = TinyMiddle()->NewCache(8);
+  const at::Tensor input = at::randn({2, TinyMiddle()->config().hidden_size});
+  CHECK(testing::AllocationsDuring([&] { REQUIRE(TinyMiddle()->Forward(input, cache).ok()); }) >
+        0);
 }
 
 // A middle whose rows are 4 KiB (hidden 1,024 in float32), so that a prompt step of a few

@@ -1,14 +1,12 @@
 #include "models/runtime/step_buffers.h"
 
-#include <atomic>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <random>
 #include <vector>
 
-#include <c10/core/CPUAllocator.h>
-
 #include "base/test_util.h"
+#include "models/runtime/counting_cpu_allocator.h"
 #include "models/runtime/model_init.h"
 #include "models/runtime/submodel.h"
 
@@ -17,45 +15,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Counts the tensor storages LibTorch allocates on the CPU while installed: every at::empty,
-// every op's result, every temporary an op makes through c10's CPU allocator. Installed with
-// a higher priority than LibTorch's default (c10::SetCPUAllocator), and never uninstalled
-// (storages it handed out are freed through their own deleters, so it only forwards).
-class CountingCpuAllocator final : public c10::Allocator {
- public:
-  static CountingCpuAllocator& Installed() {
-    static CountingCpuAllocator* const counting = [] {
-      auto* allocator = new CountingCpuAllocator(c10::GetCPUAllocator());
-      c10::SetCPUAllocator(allocator, /*priority=*/100);
-      return allocator;
-    }();
-    return *counting;
-  }
-  int64_t count() const { return count_.load(); }
-
-  c10::DataPtr allocate(size_t bytes) override {
-    if (bytes > 0) count_.fetch_add(1);
-    return base_->allocate(bytes);
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    base_->copy_data(dest, src, count);
-  }
-
- private:
-  explicit CountingCpuAllocator(c10::Allocator* base) : base_(base) {}
-  c10::Allocator* base_;
-  std::atomic<int64_t> count_{0};
-};
-
-// Storages allocated while `step` runs.
-template <typename Step>
-int64_t AllocationsDuring(Step&& step) {
-  CountingCpuAllocator& counting = CountingCpuAllocator::Installed();
-  const int64_t before = counting.count();
-  step();
-  return counting.count() - before;
-}
+using testing::AllocationsDuring;
 
 struct Fixture {
   testing::TempDir scratch;  // declared first: removed after the model that reads it
@@ -172,6 +132,75 @@ TEST_CASE("A prefill chunk and decode rows in step buffers equal the one-off pat
   CHECK(at::allclose(*out, *expected, 1e-5, 1e-6));
   CHECK(a.length() == 7);
   CHECK(b.length() == 7);
+}
+
+TEST_CASE("Verification chunks in step buffers allocate nothing and equal the prompt path",
+          "[submodel][step_buffers]") {
+  // Speculative verification chunks (2 to kDecodeRowsMaxChunkTokens positions of a decoding
+  // session) attend as a decode query a position on the CPU (kernels::PagedChunkAttention);
+  // with verification_as_decode_rows off they take the prompt path (a gather of the history
+  // and a masked attention call, which allocate).
+  Fixture f;
+  const int64_t d = f.config.hidden_size;
+  auto prompt_path = Submodel::Load(f.config, *f.checkpoint, SubmodelSpec::Middle(f.config, 1, 1),
+                                    {.verification_as_decode_rows = false});
+  REQUIRE(prompt_path.ok());
+  const Submodel& model = *f.model;
+  constexpr int64_t kBlockSize = 4;
+  auto pool = model.NewPagedPool(64, kBlockSize);
+  auto ref_pool = (*prompt_path)->NewPagedPool(64, kBlockSize);
+  REQUIRE(pool.ok());
+  REQUIRE(ref_pool.ok());
+  // Three sequences with histories of 5, 9 and 13 positions, in shuffled blocks of one pool,
+  // and the same in the other model's pool.
+  std::vector<KvCache> caches;
+  std::vector<KvCache> ref_caches;
+  const std::vector<int32_t> blocks = {7, 2, 11, 0, 5, 9, 14, 3, 1, 12, 6, 10, 8, 4, 13, 15,
+                                       20, 17, 22, 19, 16, 21, 18, 23};
+  for (int64_t i = 0; i < 3; ++i) {
+    caches.emplace_back(*pool);
+    ref_caches.emplace_back(*ref_pool);
+    for (int b = 0; b < 8; ++b) {
+      caches.back().AppendBlock(blocks[static_cast<size_t>(8 * i + b)]);
+      ref_caches.back().AppendBlock(blocks[static_cast<size_t>(8 * i + b)]);
+    }
+    const at::Tensor history = at::randn({5 + 4 * i, d});
+    REQUIRE(model.Forward(history, caches.back()).ok());
+    REQUIRE((*prompt_path)->Forward(history, ref_caches.back()).ok());
+  }
+  // A step of chunks of 5, 1 and 3 positions (two verification chunks and a decode row).
+  const std::vector<int64_t> sizes = {5, 1, 3};
+  std::vector<SequenceChunk> chunks;
+  std::vector<SequenceChunk> ref_chunks;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    chunks.push_back({.cache = &caches[i], .num_tokens = sizes[i]});
+    ref_chunks.push_back({.cache = &ref_caches[i], .num_tokens = sizes[i]});
+  }
+  StepBuffers buffers = model.NewStepBuffers(/*max_tokens=*/16, kBlockSize);
+  StepBuffers ref_buffers = (*prompt_path)->NewStepBuffers(16, kBlockSize);
+  at::Tensor input = buffers.residual.narrow(0, 0, 9);
+  at::Tensor ref_input = ref_buffers.residual.narrow(0, 0, 9);
+  for (int step = 0; step < 4; ++step) {
+    INFO("step " << step << " (the first warms up)");
+    input.normal_();
+    ref_input.copy_(input);
+    absl::StatusOr<at::Tensor> out;
+    absl::StatusOr<at::Tensor> expected;
+    const int64_t allocations =
+        AllocationsDuring([&] { out = model.Forward(input, chunks, buffers); });
+    const int64_t prompt_path_allocations = AllocationsDuring(
+        [&] { expected = (*prompt_path)->Forward(ref_input, ref_chunks, ref_buffers); });
+    REQUIRE(out.ok());
+    REQUIRE(expected.ok());
+    CHECK(at::allclose(*out, *expected, 1e-5, 1e-5));
+    if (step > 0) CHECK(allocations == 0);
+    CHECK(prompt_path_allocations > 0);  // the counter sees the path that allocates
+    // Roll every sequence back, so that each step verifies at the same positions.
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      REQUIRE(caches[i].Truncate(caches[i].length() - sizes[i]).ok());
+      REQUIRE(ref_caches[i].Truncate(ref_caches[i].length() - sizes[i]).ok());
+    }
+  }
 }
 
 }  // namespace
