@@ -651,11 +651,10 @@ int Run(const Args& args) {
                                      : "by a second kernel (--fused-split-merge off)");
   if (!args.verify_batches.empty()) {
     std::printf("verification chunks attend as: %s\n",
-                !args.verification_as_decode_rows
-                    ? "prompt chunks (--verification-as-decode-rows off)"
-                : device.is_cpu()
-                    ? "a decode query a position, a chunk at a time (the CPU's chunk kernel)"
-                    : "decode rows (batched kernel, decode graphs)");
+                device.is_cpu() ? "chunks, one by one (a CPU step has no batched kernel)"
+                : args.verification_as_decode_rows
+                    ? "decode rows (batched kernel, decode graphs)"
+                    : "prompt chunks (--verification-as-decode-rows off)");
   }
   const int64_t max_batch = *std::max_element(args.batches.begin(), args.batches.end());
   // Positions a session reaches: the history, then a step's positions for every warm-up,
@@ -917,9 +916,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   std::string verification_as_decode_rows = "on";
   app.add_option("--verification-as-decode-rows", verification_as_decode_rows,
-                 "The --verify-batch cases' chunks attend as decode rows (on: on a GPU in the "
-                 "batched kernel, on the CPU a decode query a position) or as prompt chunks "
-                 "(off)")
+                 "On a GPU: the --verify-batch cases' chunks attend as decode rows (on) or as "
+                 "prompt chunks (off)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);

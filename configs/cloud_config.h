@@ -37,10 +37,9 @@ struct CloudConfig {
   // On a GPU: the paged decode attention merges a split sequence's partials in the attention
   // kernel itself (the last block to finish); false merges them with a second kernel.
   bool fused_split_merge = true;
-  // A speculative verification chunk (2-16 positions) attends as a decode row per position
-  // (on a GPU in the batched attention kernel and the decode graphs, on a CPU a decode query
-  // a position); false attends it as a prompt chunk
-  // (SubmodelOptions::verification_as_decode_rows).
+  // On a GPU: a speculative verification chunk (2-16 positions) attends as a decode row per
+  // position, in the batched attention kernel and the decode graphs; false attends it as a
+  // prompt chunk (SubmodelOptions::verification_as_decode_rows).
   bool verification_as_decode_rows = true;
   int64_t max_context = 4096;                     // longest session, positions
   // TLS of the agents' port, mutual: agents present certificates client_ca_file signed, and

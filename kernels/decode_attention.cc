@@ -141,52 +141,6 @@ bool PagedDecodeAttention(const at::Tensor& q, const at::Tensor& key_blocks,
   return true;
 }
 
-bool PagedChunkAttention(const at::Tensor& q, const at::Tensor& key_blocks,
-                         const at::Tensor& value_blocks, std::span<const int32_t> block_table,
-                         int64_t past, double scale, at::Tensor& out) {
-  if (!q.is_cpu() || q.scalar_type() != at::kFloat || q.dim() != 3 || q.stride(2) != 1 ||
-      q.requires_grad() || !out.is_cpu() || !out.is_contiguous() ||
-      out.scalar_type() != at::kFloat || out.numel() != q.numel() || past < 0) {
-    return false;
-  }
-  // KvFits reads only a query's [heads, head_dim] shape.
-  if (q.size(0) == 0 || !KvFits(q[0], key_blocks, value_blocks, 4)) return false;
-  const int64_t n = q.size(0);
-  const int64_t num_blocks = key_blocks.size(0);
-  const int64_t block_size = key_blocks.size(1);
-  const int64_t positions = past + n;
-  if (block_size < 1) return false;
-  const int64_t needed = (positions + block_size - 1) / block_size;
-  if (needed > static_cast<int64_t>(block_table.size())) return false;
-  for (int64_t b = 0; b < needed; ++b) {
-    if (block_table[b] < 0 || block_table[b] >= num_blocks) return false;
-  }
-  const KvRows k = KvRowsOf(key_blocks);
-  const KvRows v = KvRowsOf(value_blocks);
-  const int64_t heads = q.size(1);
-  const int64_t hd = q.size(2);
-  const int64_t group = heads / key_blocks.size(2);
-  const float scale_f = static_cast<float>(scale);
-  const float* qp = q.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  // Every (query, head) pair is independent: one parallel region for the chunk, on the
-  // decode kernel's threads and by the same rule of rows read.
-  const int64_t items = n * heads;
-  const int threads = items * positions * hd < (1 << 15)
-                          ? 1
-                          : static_cast<int>(std::min<int64_t>(SingleRowThreads(), items));
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t item = 0; item < items; ++item) {
-    const int64_t i = item / heads;
-    const int64_t h = item % heads;
-    thread_local std::vector<float> scores;
-    scores.resize(static_cast<size_t>(positions));
-    AttendHead(qp + i * q.stride(0) + h * q.stride(1), k, v, h / group, hd, block_table,
-               block_size, past + i + 1, scale_f, scores.data(), op + (i * heads + h) * hd);
-  }
-  return true;
-}
-
 at::Tensor SwiGlu(const at::Tensor& gate_up) {
   const int64_t inner = gate_up.size(-1) / 2;
   if (gate_up.requires_grad()) {  // training: autograd records the composite ops

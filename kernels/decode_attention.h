@@ -28,18 +28,6 @@ bool PagedDecodeAttention(const at::Tensor& q, const at::Tensor& key_blocks,
                           const at::Tensor& value_blocks, std::span<const int32_t> block_table,
                           int64_t positions, double scale, at::Tensor& out);
 
-// A chunk of n queries at positions past .. past + n - 1 of one paged sequence, causally:
-// query i attends rows [0, past + i], its own and the chunk's earlier rows included (their
-// keys and values already written). q: [n, heads, head_dim] (last dimension contiguous);
-// out: [n, heads * head_dim] contiguous float32; the rest as PagedDecodeAttention, each query
-// computed exactly as a decode query of that length. What a speculative verification chunk
-// (a few positions over a long history) takes on the CPU, in place of a gather of the
-// history and a masked attention call, which allocate. Returns false (and writes nothing)
-// where PagedDecodeAttention would for past + n positions.
-bool PagedChunkAttention(const at::Tensor& q, const at::Tensor& key_blocks,
-                         const at::Tensor& value_blocks, std::span<const int32_t> block_table,
-                         int64_t past, double scale, at::Tensor& out);
-
 // A batch of decode queries, one per sequence, over one pool's paged keys and values, in one
 // CUDA launch (kernels/paged_attention.cu). q: [num_seqs, heads, head_dim] contiguous;
 // key_blocks, value_blocks: [num_blocks, block_size, kv_heads, head_dim] contiguous, q's

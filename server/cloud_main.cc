@@ -287,13 +287,11 @@ int Run(const CloudConfig& written, int64_t drill_device_loss_after_steps) {
     spdlog::info("fused_split_merge: {}", config.fused_split_merge
                      ? "true (split decode attention merges in the attention kernel)"
                      : "false (split decode attention merges in a second kernel)");
+    spdlog::info("verification_as_decode_rows: {}",
+                 config.verification_as_decode_rows
+                     ? "true (verification chunks attend as decode rows, in decode graphs too)"
+                     : "false (verification chunks attend as prompt chunks)");
   }
-  spdlog::info("verification_as_decode_rows: {}",
-               !config.verification_as_decode_rows
-                   ? "false (verification chunks attend as prompt chunks)"
-               : device.is_cuda()
-                   ? "true (verification chunks attend as decode rows, in decode graphs too)"
-                   : "true (verification chunks attend as a decode query a position)");
   const int64_t block_bytes = tophat::KvBlockPool::BytesPerBlock(
       middle->config(), layers.size(), config.kv_cache.block_size, *dtype);
   auto kv_blocks = KvBlocks(config, block_bytes, device.is_cuda(), device_free_bytes);

@@ -193,11 +193,14 @@ TEST_CASE("Prompt results leave in pieces of max_result_piece_bytes, decode resu
 }
 
 // Issue 31's "nothing allocates inside a step after warm-up", for the CPU engine: a whole
-// RunOnce (intake, planning, staging, the middle's forward in the step buffers, results)
-// allocates no tensor storage once warm. What it measures is storages through c10's CPU
-// allocator (counting_cpu_allocator.h), not every heap allocation: result messages are
-// built per step, as gRPC takes them.
-TEST_CASE("An engine step on the CPU allocates no tensor storage after warm-up") {
+// RunOnce of decode rows (intake, planning, staging, the middle's forward in the step
+// buffers, results) allocates no tensor storage once warm. What it measures is storages
+// through c10's CPU allocator (counting_cpu_allocator.h), not every heap allocation: result
+// messages are built per step, as gRPC takes them. On the CPU a chunk of more than one
+// position (a prompt, a speculative verification) gathers its history and allocates; only
+// a GPU attends verification chunks as decode rows (docs/benchmarks.md: per-position decode
+// queries on the CPU were measured slower than the gather).
+TEST_CASE("An engine decode step on the CPU allocates no tensor storage after warm-up") {
   EngineOptions options = SmallOptions();
   options.kv_num_blocks = 64;
   options.max_batch_tokens = 64;
@@ -225,13 +228,7 @@ TEST_CASE("An engine step on the CPU allocates no tensor storage after warm-up")
   // A batch of one (the one-chunk step reads its payload in place, not through staging).
   h.Chunk(2, 12, 1, v1::PHASE_DECODE);
   CHECK(testing::AllocationsDuring([&] { CHECK(h.engine->RunOnce() == 1); }) == 0);
-  h.sink->Take();
-  // Speculative verification chunks (a draft of 3 and one more position), a step of them.
-  for (uint64_t id = 1; id <= kSessions; ++id) {
-    h.Chunk(id, id == 2 ? 13 : 12, 4, v1::PHASE_DECODE);
-  }
-  CHECK(testing::AllocationsDuring([&] { CHECK(h.engine->RunOnce() == 4 * kSessions); }) == 0);
-  CHECK(h.sink->Take().size() == kSessions);
+
   // The negative control: the counter sees the one-off forward, which allocates its results.
   KvCache cache = TinyMiddle()->NewCache(8);
   const at::Tensor input = at::randn({2, TinyMiddle()->config().hidden_size});

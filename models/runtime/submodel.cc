@@ -615,14 +615,6 @@ void Submodel::AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t la
                                     cache.block_table(), total, scale, out)) {
     return;
   }
-  // A few queries (a speculative verification chunk), none of them windowed: each one a
-  // decode query over the blocks in place, on the CPU (on a GPU such chunks are decode rows
-  // of the batched kernel, PrepareDeviceBatch, and do not come here).
-  if (n > 1 && n <= decode_row_chunk_tokens() && !windowed &&
-      kernels::PagedChunkAttention(q, cache.pool().keys(layer), cache.pool().values(layer),
-                                   cache.block_table(), past, scale, out)) {
-    return;
-  }
   const at::Tensor keys = cache.Keys(layer, total, device_ids);
   const at::Tensor values = cache.Values(layer, total, device_ids);
   if (q.is_cuda() || q.scalar_type() != at::kFloat) {

@@ -88,11 +88,10 @@ struct SubmodelOptions {
   // benchmarks that compare the two in one run.
   enum class SmallBatchGemm { kMeasured, kAlways, kNever };
   SmallBatchGemm small_batch_gemm = SmallBatchGemm::kMeasured;
-  // Chunks of 2 to kDecodeRowsMaxChunkTokens tokens (speculative verification) attend as
-  // decode rows: on a GPU in the batched kernel and the decode graphs, on the CPU each
-  // position a decode query over the blocks in place (kernels::PagedChunkAttention, float32).
-  // Off: they attend as prompt chunks do, a gather and an attention call each (benchmarks
-  // compare the two; the cloud's `verification_as_decode_rows` rules it out).
+  // On a GPU: chunks of 2 to kDecodeRowsMaxChunkTokens tokens (speculative verification)
+  // attend as decode rows, in the batched kernel and the decode graphs. Off: they attend as
+  // prompt chunks do, a gather and an attention call each (benchmarks compare the two; the
+  // cloud's `verification_as_decode_rows` rules it out).
   bool verification_as_decode_rows = true;
 };
 
@@ -141,8 +140,7 @@ struct SequenceChunk {
 // On a GPU, with every cache in one paged pool (the cloud's steps), a chunk of up to this many
 // tokens attends as decode rows: a row per token, each seeing its own position and those
 // before it (the K/V of the whole chunk is written first), in the batched paged-attention
-// kernel and in the replayed decode graphs; on the CPU (float32, no sliding window in reach)
-// each of its positions as a decode query, in one parallel region a chunk. A speculative verification chunk (the draft and
+// kernel and in the replayed decode graphs. A speculative verification chunk (the draft and
 // one more, HAT's lambda + 1 <= 9 by default) is such a chunk; the alternative, a gather of
 // its history and a masked attention call per chunk and layer, is ten or more launches and
 // allocations each. Longer chunks (prompts) read their history once through that path.
@@ -165,7 +163,7 @@ class Submodel {
   const ModelConfig& config() const { return config_; }
   const SubmodelSpec& spec() const { return spec_; }
   const SubmodelOptions& options() const { return options_; }
-  // The longest chunk that attends as decode rows (a batched GPU step; the CPU's chunks):
+  // The longest chunk that attends as decode rows in a batched GPU step:
   // kDecodeRowsMaxChunkTokens, or 1 with SubmodelOptions::verification_as_decode_rows off.
   int64_t decode_row_chunk_tokens() const {
     return options_.verification_as_decode_rows ? kDecodeRowsMaxChunkTokens : 1;
