@@ -69,6 +69,12 @@ KvRows KvRowsOf(const at::Tensor& blocks) {
   return {blocks.data_ptr<float>(), blocks.stride(0), blocks.stride(1), blocks.stride(2)};
 }
 
+// Compiled for AVX-512 and AVX2 as well as the baseline, the best chosen at load: the
+// baseline's 4-wide loops read an out-of-cache KV at a third of the machine's memory rate
+// (the `[.attention_stream]` case in decode_attention_stream_test.cc, docs/benchmarks.md).
+#if defined(__x86_64__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 void AttendHead(const float* q, const KvRows& k, const KvRows& v, int64_t kv_head,
                 int64_t head_dim, std::span<const int32_t> block_table, int64_t block_size,
                 int64_t positions, float scale, float* scores, float* out) {
