@@ -7,16 +7,21 @@
 
 namespace tophat {
 
-int64_t ResultPieceRows(const ResultFormat& format, const ResultPart& part) {
+namespace {
+
+// Rows a piece of `part` holds: a decode part's all, a prompt part's what fits in
+// max_piece_bytes (at least one).
+int64_t PieceRows(const ResultFormat& format, const ResultPart& part, int64_t row_bytes) {
   if (part.decode) return std::max<int64_t>(1, part.num_rows);
-  const int64_t row_bytes = format.hidden_size * c10::elementSize(format.compute_dtype);
   return std::max<int64_t>(1, format.max_piece_bytes / std::max<int64_t>(1, row_bytes));
 }
+
+}  // namespace
 
 void BuildResultPieces(const ResultFormat& format, const ResultPart& part, const uint8_t* rows,
                        std::vector<v1::CloudMessage>& messages) {
   const int64_t row_bytes = format.hidden_size * c10::elementSize(format.compute_dtype);
-  const int64_t piece_rows = ResultPieceRows(format, part);
+  const int64_t piece_rows = PieceRows(format, part, row_bytes);
   const bool same_dtype = part.dtype == format.compute_wire_dtype;
   // Each piece's message first, its states' bytes reserved here (so that the threads below
   // allocate nothing); then the states, spread over threads for a prompt chunk's pieces.

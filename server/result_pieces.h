@@ -37,9 +37,6 @@ struct ResultPart {
   int64_t kv_length = 0;
 };
 
-// Rows a piece of `part` holds under `format`.
-int64_t ResultPieceRows(const ResultFormat& format, const ResultPart& part);
-
 // Writes `part`'s messages, in order, into `messages` (cleared; the vector's capacity is
 // reused). `rows` holds the part's num_rows rows in the compute dtype. Rows are encoded in
 // the session's dtype; a piece whose values that dtype cannot carry (beyond float16's
