@@ -6,6 +6,7 @@
 #include <optional>
 #include <span>
 
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/InferenceMode.h>
 #include <spdlog/spdlog.h>
 
@@ -219,6 +220,9 @@ class Agent::Request : private CloudSession {
 
 v1::GenerateResponse Agent::Request::Run() {
   c10::InferenceMode inference_mode;
+  // The request's own tensors on the device's GPU, not the thread's default one (the
+  // submodels guard their own calls: submodel.h).
+  const c10::DeviceGuard device_guard(agent_.bundle_.input->options().device);
   v1::GenerateResponse response;
   deadline_ = arrival_ + ToDuration(agent_.config_.request_timeout_s);
   absl::Status prepared;

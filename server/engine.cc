@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/InferenceMode.h>
 #include <spdlog/spdlog.h>
 
@@ -60,6 +61,8 @@ absl::Status Engine::Warmup() {
   // One forward at the largest step shape, so the allocator's pools and the BLAS threads are
   // ready before the first session (STYLE.md: warm up once at the worst case).
   c10::InferenceMode inference_mode;
+  // The caller's thread: its current device may be another GPU than the middle's.
+  const c10::DeviceGuard device_guard(middle_->options().device);
   const bool gpu = !middle_->options().device.is_cpu();
   // Every step runs in these, a middle without layers too (Launch passes them always).
   TOPHAT_RETURN_IF_ERROR(CatchExceptions("allocating the engine's step buffers", [&] {
@@ -264,6 +267,9 @@ EngineStats Engine::stats() const {
 void Engine::Loop() {
   // Per-thread state lives at the top of the thread (STYLE.md).
   c10::InferenceMode inference_mode;
+  // The step's own CUDA work (pinned read-backs, their events, a pipeline's transfers) goes to
+  // the current device's stream: the middle's, not the thread's default cuda:0.
+  const c10::DeviceGuard device_guard(middle_->options().device);
   pthread_setname_np(pthread_self(), "tophat-engine");
   while (true) {
     last_turn_.store(std::chrono::steady_clock::now().time_since_epoch().count(),
@@ -292,6 +298,7 @@ void Engine::Loop() {
 
 int64_t Engine::RunOnce() {
   c10::InferenceMode inference_mode;
+  const c10::DeviceGuard device_guard(middle_->options().device);  // as Loop
   DrainIntake(/*wait=*/false);
   return StepAfterIntake();
 }

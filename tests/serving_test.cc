@@ -30,6 +30,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "base/program_paths.h"
 #include "proto/channel_security.h"
 #include "sdk/client.h"
@@ -99,6 +100,12 @@ fs::path MakeCertsScript() {
 // Where the cloud's middle submodel runs: `cpu`, or what tophat_serving_cuda_test sets
 // (cuda) to run the [cuda-cloud] cases with the cloud on a GPU.
 std::string CloudDevice() { return EnvPath("TOPHAT_TEST_CLOUD_DEVICE", "cpu").string(); }
+// Where the default pipeline's stages run, and over what: empty (every stage on
+// CloudDevice(), over Gloo), or a list such as "cuda:0,cuda:1" (deploy/gpu/check.sh on a
+// server with two GPUs), one device a stage, over NCCL.
+std::string CloudStageDevices() {
+  return EnvPath("TOPHAT_TEST_CLOUD_STAGE_DEVICES", "").string();
+}
 // The cloud's pipeline.layer_boundaries for cases that do not set their own: none (one
 // stage), or what tophat_serving_staged_test sets ("2,4,5": two stages) to run the [staged]
 // cases with the middle split across two processes.
@@ -368,6 +375,10 @@ class CloudProcess {
         }
         config << "]\n";
         stages_ = static_cast<int>(layer_boundaries.size()) - 1;
+        if (settings.layer_boundaries.empty() && !CloudStageDevices().empty()) {
+          config << "  backend: nccl\n  devices: ["
+                 << absl::StrJoin(absl::StrSplit(CloudStageDevices(), ','), ", ") << "]\n";
+        }
       }
     }
     extra_args_ = settings.extra_args;

@@ -7,6 +7,8 @@
 #   cuda-cloud      the serving cases with the cloud's middle on the GPU, then split into two
 #                   pipeline stages on it (cuda-two-stage-cloud; one GPU cannot hold two NCCL
 #                   ranks, so these stages talk Gloo through host memory)
+#   two GPUs        on a server with two or more: one serving case with the cloud on cuda:1,
+#                   and one with two stages on cuda:0 and cuda:1 over NCCL (else: not run)
 #   engine bench    tophat-bench-engine on a Llama-3-8B-shaped middle (m = 2, k = 1) in bf16:
 #                   decode at batch 1, 8, 32, 64, 128 over 1,024 positions, speculative
 #                   verification at batch 1 and 8 (five positions a session a step), a
@@ -212,6 +214,28 @@ fi
 phase cuda-cloud 180 pass "${serving_env[@]}" "$root/tests/tophat_serving_cuda_test" "$serving_spec"
 phase cuda-two-stage-cloud 150 pass "${serving_env[@]}" \
   "$root/tests/tophat_serving_cuda_staged_test" "$staged_spec"
+
+# --- With two GPUs or more: the cloud's middle on the second (the daemon's threads start on
+# cuda:0, so every one that computes must take the middle's device), then two pipeline stages
+# on two GPUs over NCCL. The servers lent so far have one GPU: there both are reported not
+# run, which is not a failure, and the summary says so.
+gpus=0
+[ "$rehearse" = 1 ] || gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+two_gpu_spec="Three agents with chunk sizes 1, 16 and 128 reproduce the monolithic greedy tokens"
+for name in cuda-cloud-second-gpu nccl-two-gpu-cloud; do
+  if [ "$gpus" -lt 2 ]; then
+    if [ -z "$only" ] || [[ "$only" == *",$name,"* ]]; then
+      say "$(printf '%-28s %-10s' "$name" "not run ($gpus GPU here, it needs two)")"
+    fi
+  elif [ $name = cuda-cloud-second-gpu ]; then
+    phase $name 120 pass "${serving_env[@]}" TOPHAT_TEST_CLOUD_DEVICE=cuda:1 \
+      "$root/tests/tophat_serving_cuda_test" "$two_gpu_spec"
+  else
+    phase $name 120 pass "${serving_env[@]}" TOPHAT_TEST_CLOUD_DEVICE=cuda:0 \
+      TOPHAT_TEST_CLOUD_STAGE_DEVICES=cuda:0,cuda:1 \
+      "$root/tests/tophat_serving_cuda_staged_test" "$two_gpu_spec"
+  fi
+done
 
 # --- The engine benchmark.
 bench_args=()

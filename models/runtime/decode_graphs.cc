@@ -112,6 +112,7 @@ absl::StatusOr<at::Tensor> DecodeGraphs::Run(const at::Tensor& hidden,
       std::find(buckets_.begin(), buckets_.end(), bucket) - buckets_.begin());
   at::Tensor x = buffers_.residual.narrow(0, 0, rows);
   TOPHAT_RETURN_IF_ERROR(CatchExceptions("decode graph replay", [&] {
+    const c10::cuda::CUDAGuard device_guard(x.device());  // the copy's stream and the replay's
     StageIndices(chunks, bucket);
     if (hidden.data_ptr() != x.data_ptr()) x.copy_(hidden, /*non_blocking=*/true);
     graphs_->by_bucket[index]->replay();
@@ -156,6 +157,8 @@ absl::StatusOr<std::unique_ptr<DecodeGraphs>> DecodeGraphs::Capture(const Submod
     buffers.UploadDecodeIndices(bucket);
   };
   absl::Status status = CatchExceptions("capturing decode graphs", [&] {
+    // The pool stream and the capture are the current device's: the model's, from any thread.
+    const c10::cuda::CUDAGuard device_guard(buffers.residual.device());
     const at::Tensor input = at::randn({buckets.back(), d}, buffers.residual.options());
     // Capture runs on a side stream (the legacy default stream cannot be captured); its
     // cuBLAS workspace is made by an eager step there first.

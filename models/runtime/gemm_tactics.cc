@@ -82,6 +82,8 @@ absl::StatusOr<SmallBatchTimings> TimeSmallBatchGemm(std::span<const at::Tensor>
   constexpr int kReplays = 3;
   SmallBatchTimings timings;
   absl::Status status = CatchExceptions("timing the small-batch GEMM", [&] {
+    // The pool stream, the capture and the kernels' launches are the current device's.
+    const c10::cuda::CUDAGuard device_guard(weight.device());
     const int64_t n = weight.size(0);
     const int64_t k = weight.size(1);
     const at::Tensor x = at::randn({max_rows, k}, weight.options());

@@ -5,6 +5,8 @@
 #include <limits>
 #include <optional>
 
+#include <c10/core/DeviceGuard.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -188,6 +190,9 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
           absl::StrCat(resolved.message(), " (nvidia-smi shows what the driver sees)"));
     }
   }
+  // What loading computes and captures on the device (the small-batch GEMM timings among
+  // it) runs there whatever this thread's current device is (submodel.h, class comment).
+  const c10::DeviceGuard device_guard(options.device);
   if (spec.layers.begin < 0 || spec.layers.end > config.num_hidden_layers ||
       spec.layers.begin > spec.layers.end) {
     return absl::InvalidArgumentError(
@@ -576,6 +581,7 @@ absl::StatusOr<std::shared_ptr<KvBlockPool>> Submodel::NewPagedPool(int64_t num_
 }
 
 absl::StatusOr<at::Tensor> Submodel::Embed(const at::Tensor& token_ids) const {
+  const c10::DeviceGuard device_guard(options_.device);
   if (!spec_.embedding) {
     return absl::FailedPreconditionError("this submodel holds no token embedding");
   }
@@ -879,6 +885,7 @@ absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden,
 absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden,
                                              std::span<const SequenceChunk> chunks,
                                              StepBuffers& buffers) const {
+  const c10::DeviceGuard device_guard(options_.device);
   TOPHAT_ASSIGN_OR_RETURN(const int64_t total, CheckStep(hidden, chunks));
   if (total > buffers.max_tokens() || buffers.residual.scalar_type() != options_.dtype ||
       buffers.residual.device() != options_.device ||
@@ -1029,6 +1036,7 @@ void Submodel::RunLayers(int64_t total, const at::Tensor& cos, const at::Tensor&
 
 absl::Status Submodel::DecodeStepInBuffers(const KvBlockPool& pool, int64_t rows,
                                            StepBuffers& buffers) const {
+  const c10::DeviceGuard device_guard(options_.device);
   if (options_.device.is_cpu() || layers_.empty()) {
     return absl::FailedPreconditionError("a captured decode step needs a GPU and layers");
   }
@@ -1063,6 +1071,7 @@ absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden, KvCache& 
 
 absl::StatusOr<at::Tensor> Submodel::Logits(const at::Tensor& hidden) const {
   if (!spec_.head) return absl::FailedPreconditionError("this submodel holds no LM head");
+  const c10::DeviceGuard device_guard(options_.device);
   if (hidden.dim() != 2 || hidden.size(1) != config_.hidden_size) {
     return absl::InvalidArgumentError(absl::StrCat("hidden states must have shape [T, ",
                                                    config_.hidden_size, "], got ",

@@ -146,6 +146,12 @@ struct SequenceChunk {
 // allocations each. Longer chunks (prompts) read their history once through that path.
 inline constexpr int64_t kDecodeRowsMaxChunkTokens = 16;
 
+// Every method that computes (Load's start-up work included) runs on options().device
+// whatever the calling thread's current CUDA device is: each takes a device guard, as ATen's
+// ops do, so that a middle on cuda:1 computes there from any thread (the custom kernels
+// launch on the current device's current stream). A caller queuing its own work around these
+// calls (copies into pinned staging, events, NCCL transfers) holds a c10::DeviceGuard for the
+// submodel's device at the top of its thread.
 class Submodel {
  public:
   // Loads the tensors `spec` needs from `checkpoint`, checking every shape against `config`.

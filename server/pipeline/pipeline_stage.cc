@@ -4,6 +4,9 @@
 #include <chrono>
 #include <utility>
 
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/InferenceMode.h>
+
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 
@@ -117,6 +120,10 @@ absl::Status ServeStage(StageTransport& transport, const Submodel& layers,
   const int rank = transport.rank();
   const int last = transport.size() - 1;
   if (rank == 0) return absl::InvalidArgumentError("stage 0 does not serve steps");
+  // Per-thread state at the top (STYLE.md): the stage's own copies and transfers go to its
+  // device's streams, whatever GPU the thread started on (stage 1 on cuda:1).
+  c10::InferenceMode inference_mode;
+  const c10::DeviceGuard device_guard(layers.options().device);
   const int64_t hidden_size = layers.config().hidden_size;
   const at::ScalarType dtype = layers.options().dtype;
   std::vector<KvCache> caches;
