@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
+#include "kernels/test_inputs.h"
+
 namespace tophat::kernels {
 namespace {
 
@@ -47,22 +49,26 @@ TEST_CASE("The int8-activation kernel matches LibTorch on the rounded x and the 
           "matrix, every instruction set, for one row and a few",
           "[kernels]") {
   at::manual_seed(12);
-  for (W8A8Isa isa : SupportedW8A8Isas()) {
-    // Rows around the four-row blocks and the thread split; widths around the 32- and
-    // 64-value steps (a tail of a whole block, of part of one) and the prefetch distance.
-    for (int64_t n : {1, 3, 4, 7, 300, 2305}) {
-      for (int64_t k : {1, 13, 32, 64, 96, 100, 768, 2100}) {
-        for (int64_t m : {int64_t{1}, int64_t{3}, kInt8KernelMaxRows}) {
-          if (n * k * m > 20'000'000) continue;  // quick under the aarch64 emulator
-          const Int8Matrix w = QuantizeInt8PerRow(at::randn({n, k}));
-          const at::Tensor x = at::randn({m, k});
-          const at::Tensor b = at::randn({n});
+  // Rows around the four-row blocks and the thread split; widths around the 32- and
+  // 64-value steps (a tail of a whole block, of part of one) and the prefetch distance.
+  // Each shape's inputs and reference are made once for every instruction set: under the
+  // aarch64 emulator they cost more than the kernels.
+  for (int64_t n : {1, 3, 4, 7, 300, 2305}) {
+    for (int64_t k : {1, 13, 32, 64, 96, 100, 768, 2100}) {
+      for (int64_t m : {int64_t{1}, int64_t{3}, kInt8KernelMaxRows}) {
+        if (n * k * m > 20'000'000) continue;  // quick under the aarch64 emulator
+        const Int8Matrix w = QuantizeInt8PerRow(testing::UniformInputs({n, k}));
+        const at::Tensor x = testing::UniformInputs({m, k});
+        const at::Tensor b = testing::UniformInputs({n});
+        const at::Tensor expected = Reference(x, w);
+        const at::Tensor expected_with_bias = expected + b;
+        for (W8A8Isa isa : SupportedW8A8Isas()) {
           INFO(W8A8IsaName(isa) << " n=" << n << " k=" << k << " m=" << m);
           // Integer block sums are exact; what differs from BLAS is the order of the float
           // sums of blocks (k / 32 of them): an absolute 1e-3 on results of magnitude
           // ~sqrt(k). A wrong sign, block scale or row scale is off by far more.
-          CHECK(at::allclose(LinearW8A8WithIsa(isa, x, w), Reference(x, w), 1e-4, 1e-3));
-          CHECK(at::allclose(LinearW8A8WithIsa(isa, x, w, b), Reference(x, w, b), 1e-4, 1e-3));
+          CHECK(at::allclose(LinearW8A8WithIsa(isa, x, w), expected, 1e-4, 1e-3));
+          CHECK(at::allclose(LinearW8A8WithIsa(isa, x, w, b), expected_with_bias, 1e-4, 1e-3));
         }
       }
     }
