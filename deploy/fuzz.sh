@@ -8,6 +8,9 @@
 #   bash deploy/fuzz.sh [--seconds N] [TARGET...]   explore: N s each (30), a random seed
 #   bash deploy/fuzz.sh --replay [TARGET...]        the test suite's run: a fixed seed and a
 #                                                   fixed number of inputs per target
+#   --prebuilt                                      run the targets build/fuzz already holds
+#                                                   (deploy/fuzz-tree.sh built them) instead of
+#                                                   building them first
 #
 # --replay takes the luck out of the test suite's run as far as libFuzzer allows: the same
 # seed and number of inputs whatever the machine's speed (stop 26's CI failed on an input no
@@ -22,12 +25,14 @@ cd "$(dirname "$0")/.."
 
 seconds=30
 replay=0
+prebuilt=0
 targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds="$2"; shift 2 ;;
     --replay) replay=1; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    --prebuilt) prebuilt=1; shift ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) targets+=("$1"); shift ;;
   esac
 done
@@ -41,10 +46,18 @@ if ! command -v clang++ >/dev/null 2>&1; then
 fi
 
 started=$(date +%s)
-source deploy/logged.sh
-logged build/fuzz-configure.log "fuzz: configuring" cmake --preset fuzz
-logged build/fuzz-build.log "fuzz: the build" cmake --build --preset fuzz -j "$(nproc)"
-echo "fuzz: built in $(( $(date +%s) - started )) s (log: build/fuzz-build.log)"
+if [ "$prebuilt" = 1 ]; then
+  for target in "${targets[@]}"; do
+    [ -x "build/fuzz/fuzz/${target}_fuzzer" ] || {
+      echo "fuzz: --prebuilt, but build/fuzz/fuzz/${target}_fuzzer is not built" \
+           "(bash deploy/fuzz-tree.sh builds it)" >&2; exit 1; }
+  done
+else
+  source deploy/logged.sh
+  logged build/fuzz-configure.log "fuzz: configuring" cmake --preset fuzz
+  logged build/fuzz-build.log "fuzz: the build" cmake --build --preset fuzz -j "$(nproc)"
+  echo "fuzz: built in $(( $(date +%s) - started )) s (log: build/fuzz-build.log)"
+fi
 
 artifacts="build/fuzz/artifacts"
 mkdir -p "$artifacts"
