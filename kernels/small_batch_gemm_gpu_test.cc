@@ -116,9 +116,11 @@ TEST_CASE("The small-batch GEMM's rotary form is the qkv GEMM followed by the ro
   struct Shape {
     int64_t heads, kv_heads, head_dim, k;
   };
-  // An odd small shape (3 pairs a head, one block of 8 items a warp count does not divide)
+  // An odd small shape (3 pairs a head, one block of 8 items a warp count does not divide),
+  // as many KV heads as query heads (no grouping), a head of 80 (Phi's, not a power of two)
   // and Llama-3-8B's.
-  for (const Shape& shape : {Shape{3, 1, 6, 24}, Shape{32, 8, 128, 4096}}) {
+  for (const Shape& shape : {Shape{3, 1, 6, 24}, Shape{4, 4, 64, 256}, Shape{5, 1, 80, 160},
+                             Shape{32, 8, 128, 4096}}) {
     const auto [heads, kv_heads, hd, k] = shape;
     const int64_t n = (heads + 2 * kv_heads) * hd;
     for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
@@ -132,7 +134,10 @@ TEST_CASE("The small-batch GEMM's rotary form is the qkv GEMM followed by the ro
                                     << hd << " k " << k << " rows " << rows << " bias "
                                     << with_bias);
           const at::Tensor bias = with_bias ? at::randn({n}).to(kCuda, dtype) : at::Tensor();
-          const at::Tensor x = at::randn({rows, k}).to(kCuda, dtype);
+          // Odd row counts read x as rows of a wider buffer (a row stride of k + 8).
+          const at::Tensor x = rows % 2 == 1
+                                   ? at::randn({rows, k + 8}).to(kCuda, dtype).narrow(1, 0, k)
+                                   : at::randn({rows, k}).to(kCuda, dtype);
           const at::Tensor angles = at::rand({rows, hd / 2}) * 6.28;
           const at::Tensor cos = angles.cos().to(kCuda);
           const at::Tensor sin = angles.sin().to(kCuda);
@@ -140,6 +145,7 @@ TEST_CASE("The small-batch GEMM's rotary form is the qkv GEMM followed by the ro
           const int64_t num_slots = 3 * rows + 2;
           at::Tensor slots = at::randperm(num_slots, at::kLong).narrow(0, 0, rows).clone();
           if (rows > 1) slots[rows - 1] = -1;
+          if (rows == 3) slots.fill_(-1);  // every row a padding row: no slot written
           slots = slots.to(kCuda);
           at::Tensor keys_want = at::full({num_slots, kv_heads, hd}, 5.0, options);
           at::Tensor values_want = keys_want.clone();
