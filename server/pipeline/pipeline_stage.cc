@@ -45,25 +45,31 @@ absl::Status Downstream::Submit(const at::Tensor& hidden,
     total += chunk.num_tokens;
   }
   EncodeAddresses(addresses_, pending_copies_, encoded_);
-  pending_copies_.clear();
   const StepHeader header{.op = StageOp::kForward,
-                          .step = step_++,
+                          .step = step_,
                           .total_tokens = total,
                           .address_length = static_cast<int64_t>(encoded_.size())};
   // The transport moves tensors on its device (host memory for Gloo, so a GPU stage's states
   // are staged through it). Each posted tensor owns its storage until it has been sent: the
-  // caller reuses its buffers.
+  // caller reuses its buffers. Made before anything is posted or any state changes, so that
+  // a copy that fails (memory short) fails this step alone: the queued block copies wait for
+  // the next one, and the stages see no gap.
   const at::Device link = transport_->device();
-  const at::Tensor outgoing[] = {
-      EncodeHeader(header).to(link),
-      at::from_blob(encoded_.data(), {static_cast<int64_t>(encoded_.size())}, at::kLong)
-          .to(link, /*non_blocking=*/false, /*copy=*/true),
-      hidden.to(link, /*non_blocking=*/false, /*copy=*/true).contiguous(),
-      at::zeros({transport_->size()}, at::TensorOptions().dtype(at::kDouble).device(link))};
+  std::vector<at::Tensor> outgoing;
+  absl::Status made = CatchExceptions("staging a pipeline step", [&] {
+    outgoing = {EncodeHeader(header).to(link),
+                at::from_blob(encoded_.data(), {static_cast<int64_t>(encoded_.size())}, at::kLong)
+                    .to(link, /*non_blocking=*/false, /*copy=*/true),
+                hidden.to(link, /*non_blocking=*/false, /*copy=*/true).contiguous(),
+                at::zeros({transport_->size()}, at::TensorOptions().dtype(at::kDouble).device(link))};
+  });
+  if (!made.ok()) return made;
   if (absl::Status posted = transport_->Post(outgoing, 1); !posted.ok()) {
     broken_ = true;
     return posted;
   }
+  ++step_;
+  pending_copies_.clear();
   outstanding_.push_back({.total = total, .device = hidden.device()});
   return absl::OkStatus();
 }
@@ -81,12 +87,20 @@ absl::StatusOr<at::Tensor> Downstream::Collect() {
   if (broken_) {
     return absl::UnavailableError("the cloud's pipeline lost a stage; restart its stages");
   }
+  // The oldest step's answer is in flight whatever happens here: if it is not taken now, the
+  // next Collect would take it for the step after. A receive that fails or throws (its
+  // buffers' allocation, memory short) leaves the links out of step, so it breaks them.
   const at::Device link = transport_->device();
-  at::Tensor result =
-      at::empty({oldest.total, hidden_size_}, at::TensorOptions().dtype(dtype_).device(link));
-  at::Tensor seconds = at::empty({transport_->size()}, at::TensorOptions().dtype(at::kDouble).device(link));
-  at::Tensor incoming[] = {result, seconds};
-  absl::Status received = transport_->Receive(incoming, transport_->size() - 1, timeout_);
+  at::Tensor result;
+  at::Tensor seconds;
+  absl::Status received;
+  absl::Status thrown = CatchExceptions("receiving a pipeline step", [&] {
+    result = at::empty({oldest.total, hidden_size_}, at::TensorOptions().dtype(dtype_).device(link));
+    seconds = at::empty({transport_->size()}, at::TensorOptions().dtype(at::kDouble).device(link));
+    at::Tensor incoming[] = {result, seconds};
+    received = transport_->Receive(incoming, transport_->size() - 1, timeout_);
+  });
+  if (!thrown.ok()) received = thrown;
   // This step's sends (the oldest posted) completed before its answer could come back;
   // waiting for them releases their buffers. Later steps' sends may still be pending.
   if (received.ok()) received = transport_->WaitSent(kTensorsPerStep, timeout_);
@@ -94,10 +108,14 @@ absl::StatusOr<at::Tensor> Downstream::Collect() {
     broken_ = true;
     return received;
   }
-  const at::Tensor host_seconds = seconds.to(at::kCPU);
-  const double* slots = host_seconds.data_ptr<double>();
-  stage_seconds_.assign(slots, slots + transport_->size());
-  return result.to(oldest.device);
+  at::Tensor on_device;
+  TOPHAT_RETURN_IF_ERROR(CatchExceptions("reading a pipeline step's answer", [&] {
+    const at::Tensor host_seconds = seconds.to(at::kCPU);
+    const double* slots = host_seconds.data_ptr<double>();
+    stage_seconds_.assign(slots, slots + transport_->size());
+    on_device = result.to(oldest.device);
+  }));
+  return on_device;
 }
 
 absl::StatusOr<at::Tensor> Downstream::Forward(const at::Tensor& hidden,

@@ -114,6 +114,13 @@ TEST_CASE("Two stages over Gloo compute what one stage computes, bit for bit", "
   REQUIRE(want.ok());
   auto mid = first->Forward(hidden, first_fork);
   REQUIRE(mid.ok());
+  // A step that fails before anything is posted (here no hidden states to stage; on a GPU,
+  // memory short for the copy) fails alone: the links stay up, and the queued copies go with
+  // the next step.
+  const absl::Status failed = downstream.Submit(at::Tensor(), first_fork);
+  INFO(failed.ToString());
+  CHECK_FALSE(failed.ok());
+  CHECK_FALSE(downstream.broken());
   auto got = downstream.Forward(*mid, first_fork);
   REQUIRE(got.ok());
   CHECK(at::equal(*got, *want));
