@@ -11,6 +11,7 @@
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -141,6 +142,7 @@ class NcclTransport : public StageTransport {
         error != cudaSuccess) {
       return absl::UnavailableError(absl::StrCat("pipeline stage ", rank_, ": ", CudaError(error)));
     }
+    if (size_ > 1) return Connect(deadline);
     return absl::OkStatus();
   }
 
@@ -152,17 +154,32 @@ class NcclTransport : public StageTransport {
 
   absl::Status Post(std::span<const at::Tensor> tensors, int peer) override {
     if (absl::Status usable = Usable(); !usable.ok()) return usable;
-    Link& link = LinkFor(rank_, peer);
-    // The send reads what the default stream (LibTorch's) wrote.
-    cudaEventRecord(ready_, cudaStreamLegacy);
-    cudaStreamWaitEvent(link.stream, ready_, 0);
     for (const at::Tensor& tensor : tensors) {
       if (absl::Status checked = Check(tensor, "send"); !checked.ok()) return checked;
-      const ncclResult_t result = ncclSend(tensor.data_ptr(), tensor.nbytes(), ncclUint8, peer,
-                                           link.comm, link.stream);
-      if (absl::Status issued = Issued(result, link.comm, "send"); !issued.ok()) return issued;
+    }
+    Link& link = LinkFor(rank_, peer);
+    // The sends read what the default stream (LibTorch's) wrote.
+    if (absl::Status ordered = AfterCompute(link, "send"); !ordered.ok()) return ordered;
+    // One group for the step's tensors: on a non-blocking communicator each call outside a
+    // group is an enqueue of its own on NCCL's group thread, polled until it settles.
+    ncclGroupStart();
+    ncclResult_t result = ncclSuccess;
+    for (const at::Tensor& tensor : tensors) {
+      result = ncclSend(tensor.data_ptr(), tensor.nbytes(), ncclUint8, peer, link.comm,
+                        link.stream);
+      if (result != ncclSuccess) break;
+    }
+    const ncclResult_t ended = ncclGroupEnd();
+    if (absl::Status issued = Issued(result != ncclSuccess ? result : ended, link.comm, "send");
+        !issued.ok()) {
+      return issued;
+    }
+    for (const at::Tensor& tensor : tensors) {
       cudaEvent_t done = TakeEvent();
-      cudaEventRecord(done, link.stream);
+      if (const cudaError_t error = cudaEventRecord(done, link.stream); error != cudaSuccess) {
+        free_events_.push_back(done);
+        return CudaFailed(error, "a send's completion event");
+      }
       posted_.push_back({.tensor = tensor, .done = done, .comm = link.comm});
     }
     return absl::OkStatus();
@@ -188,18 +205,31 @@ class NcclTransport : public StageTransport {
   absl::Status Receive(std::span<at::Tensor> tensors, int peer,
                        std::chrono::milliseconds timeout) override {
     if (absl::Status usable = Usable(); !usable.ok()) return usable;
+    for (const at::Tensor& tensor : tensors) {
+      if (absl::Status checked = Check(tensor, "receive"); !checked.ok()) return checked;
+    }
     const Clock::time_point deadline = Clock::now() + timeout;
     Link& link = LinkFor(peer, rank_);
-    cudaEventRecord(ready_, cudaStreamLegacy);  // the buffers were allocated there
-    cudaStreamWaitEvent(link.stream, ready_, 0);
+    // The buffers were allocated on the default stream.
+    if (absl::Status ordered = AfterCompute(link, "receive"); !ordered.ok()) return ordered;
+    ncclGroupStart();
+    ncclResult_t result = ncclSuccess;
     for (at::Tensor& tensor : tensors) {
-      if (absl::Status checked = Check(tensor, "receive"); !checked.ok()) return checked;
-      const ncclResult_t result = ncclRecv(tensor.data_ptr(), tensor.nbytes(), ncclUint8, peer,
-                                           link.comm, link.stream);
-      if (absl::Status issued = Issued(result, link.comm, "receive"); !issued.ok()) return issued;
+      result = ncclRecv(tensor.data_ptr(), tensor.nbytes(), ncclUint8, peer, link.comm,
+                        link.stream);
+      if (result != ncclSuccess) break;
+    }
+    const ncclResult_t ended = ncclGroupEnd();
+    if (absl::Status issued = Issued(result != ncclSuccess ? result : ended, link.comm,
+                                     "receive");
+        !issued.ok()) {
+      return issued;
     }
     cudaEvent_t done = TakeEvent();
-    cudaEventRecord(done, link.stream);
+    if (const cudaError_t error = cudaEventRecord(done, link.stream); error != cudaSuccess) {
+      free_events_.push_back(done);
+      return CudaFailed(error, "a receive's completion event");
+    }
     absl::Status received =
         WaitEvent(done, link.comm, deadline, absl::StrCat("a receive from stage ", peer));
     free_events_.push_back(done);
@@ -253,17 +283,89 @@ class NcclTransport : public StageTransport {
   }
 
   // A non-blocking communicator may answer a call with ncclInProgress: it must settle before
-  // the next call.
-  absl::Status Issued(ncclResult_t result, ncclComm_t comm, const std::string& what) {
+  // the next call (by `deadline`; by default the rendezvous's timeout from now). An error
+  // aborts the links.
+  absl::Status Issued(ncclResult_t result, ncclComm_t comm, const std::string& what,
+                      std::optional<Clock::time_point> deadline = std::nullopt) {
     if (result == ncclSuccess) return absl::OkStatus();
-    if (result != ncclInProgress) return Failed(result, comm, what);
-    return WaitComm(comm, Clock::now() + rendezvous_.options().timeout, what);
+    if (result != ncclInProgress) return Abort(result, comm, what);
+    return WaitComm(comm, deadline.value_or(Clock::now() + rendezvous_.options().timeout), what);
+  }
+
+  // Makes `link`'s stream wait for what LibTorch's stream (the legacy default one) has queued.
+  absl::Status AfterCompute(Link& link, const char* what) {
+    cudaError_t error = cudaEventRecord(ready_, cudaStreamLegacy);
+    if (error == cudaSuccess) error = cudaStreamWaitEvent(link.stream, ready_, 0);
+    if (error != cudaSuccess) return CudaFailed(error, absl::StrCat("ordering a ", what));
+    return absl::OkStatus();
+  }
+
+  // A CUDA call of the transport failed: the links are aborted, as after an NCCL error.
+  absl::Status CudaFailed(cudaError_t error, const std::string& what) {
+    AbortLinks();
+    return absl::UnavailableError(
+        absl::StrCat("pipeline stage ", rank_, ": ", what, ": ", CudaError(error)));
+  }
+
+  // NCCL connects two ranks at their first transfer, and waits for the peer with no timeout
+  // of its own (on a non-blocking communicator, as a call that stays in progress). So every
+  // link a step uses carries one byte now, by the set-up's deadline: down the chain (each
+  // stage from the one before, to the one after) and back (the last stage to stage 0).
+  // Without it a later stage's wait for its first step was a wait for a connection, cut off
+  // at the rendezvous's timeout: an idle cloud lost its pipeline that long after it started.
+  absl::Status Connect(Clock::time_point deadline) {
+    void* probe = nullptr;
+    if (const cudaError_t error = cudaMalloc(&probe, 2); error != cudaSuccess) {
+      return CudaFailed(error, "connecting the stages");
+    }
+    char* bytes = static_cast<char*>(probe);
+    absl::Status status = [&]() -> absl::Status {
+      ncclGroupStart();
+      ncclResult_t result = ncclSuccess;
+      if (rank_ > 0) result = ncclRecv(bytes, 1, ncclUint8, rank_ - 1, down_.comm, down_.stream);
+      if (result == ncclSuccess && rank_ < size_ - 1) {
+        result = ncclSend(bytes + 1, 1, ncclUint8, rank_ + 1, down_.comm, down_.stream);
+      }
+      const ncclResult_t ended = ncclGroupEnd();
+      if (absl::Status issued = Issued(result != ncclSuccess ? result : ended, down_.comm,
+                                       "connecting down the chain", deadline);
+          !issued.ok()) {
+        return issued;
+      }
+      if (rank_ == 0 || rank_ == size_ - 1) {
+        result = rank_ == 0 ? ncclRecv(bytes, 1, ncclUint8, size_ - 1, back_.comm, back_.stream)
+                            : ncclSend(bytes, 1, ncclUint8, 0, back_.comm, back_.stream);
+        if (absl::Status issued = Issued(result, back_.comm, "connecting back to stage 0",
+                                         deadline);
+            !issued.ok()) {
+          return issued;
+        }
+      }
+      for (Link* link : {&down_, &back_}) {
+        cudaEvent_t done = TakeEvent();
+        const cudaError_t recorded = cudaEventRecord(done, link->stream);
+        absl::Status connected =
+            recorded != cudaSuccess
+                ? CudaFailed(recorded, "connecting the stages")
+                : WaitEvent(done, link->comm, deadline, "connecting the stages");
+        free_events_.push_back(done);
+        if (!connected.ok()) return connected;
+      }
+      return absl::OkStatus();
+    }();
+    cudaFree(probe);
+    if (!status.ok()) {
+      return absl::Status(status.code(),
+                          absl::StrCat(status.message(), " (are all ", size_,
+                                       " stages started, each on its own GPU?)"));
+    }
+    return absl::OkStatus();
   }
 
   // Polls a communicator until it is no longer in progress; aborts it (and every later
   // call fails) on an error or at `deadline`.
   absl::Status WaitComm(ncclComm_t comm, Clock::time_point deadline, const std::string& what) {
-    for (;;) {
+    for (int polls = 0;; ++polls) {
       ncclResult_t state = ncclSuccess;
       const ncclResult_t asked = ncclCommGetAsyncError(comm, &state);
       if (asked != ncclSuccess) return Abort(asked, comm, what);
@@ -275,16 +377,31 @@ class NcclTransport : public StageTransport {
             "pipeline stage ", rank_, ": NCCL ", what, " did not complete within ",
             rendezvous_.options().timeout.count(), " ms; aborted"));
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      // Spin briefly (an enqueue settles in microseconds), then let the core go.
+      if (polls < 1000) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
     }
   }
 
   absl::Status Abort(ncclResult_t result, ncclComm_t comm, const std::string& what) {
     absl::Status failed = Failed(result, comm, what);
-    ncclCommAbort(comm);
-    if (comm == down_.comm) down_.comm = nullptr;
-    if (comm == back_.comm) back_.comm = nullptr;
+    AbortLinks();
     return failed;
+  }
+
+  // Both links, whichever failed: every later call fails anyway, and a transfer still queued
+  // on the other (a send to a stage that is gone) would spin on the GPU for ever, holding
+  // whoever then waits for the device (the engine's check of it after a failed step).
+  // NCCL's abort ends its kernels.
+  void AbortLinks() {
+    broken_ = true;
+    for (Link* link : {&down_, &back_}) {
+      if (link->comm != nullptr) ncclCommAbort(link->comm);
+      link->comm = nullptr;
+    }
   }
 
   // Waits for `event` (the end of a transfer on `comm`) until `deadline`, watching the
