@@ -1,8 +1,10 @@
 // tophat-bench-json-mask: what an answer constrained to JSON costs the device per token. For
 // states a JSON answer passes through (the start, a key, a value, a string, a number, deep
-// in structure), the time JsonConstraint takes to find the allowed tokens of a whole
+// in structure), the time the constraint takes to find the allowed tokens of a whole
 // vocabulary (a cold cache: a fresh constraint per run), and the time when the state's mask
-// is kept (inside a string, every token after the first). The bound beside them is one pass
+// is kept (inside a string, every token after the first): for any JSON object
+// (JsonConstraint) and for a JSON Schema's values (SchemaConstraint, a schema of every kind
+// of value with no undeclared keys). The bound beside them is one pass
 // over the vocabulary's bytes, measured in the same run: the walk reads each token at least
 // once less what it shares with the token before. The vocabulary is a tokenizer's
 // (--tokenizer DIR: tokenizer.json or tokenizer.model) or a synthetic byte-level one of
@@ -128,7 +130,7 @@ int Run(const Args& args) {
   }
   const double pass = bench::Median(pass_s);
 
-  const std::vector<State> states = {
+  const std::vector<State> object_states = {
       {"start", ""},
       {"key", "{\""},
       {"after key", "{\"name\""},
@@ -139,71 +141,112 @@ int Run(const Args& args) {
       {"literal", "{\"a\": {\"b\": tr"},
       {"escape", "{\"s\": \"\\u00"},
   };
+  // The same places in an answer to a schema (every key declared, none other), and an enum.
+  const auto schema = CompiledSchema::Compile(nlohmann::json::parse(R"({
+      "type": "object",
+      "properties": {"name": {"type": "string"}, "n": {"type": "integer"},
+                     "a": {"type": "array", "items": {"type": "integer"}},
+                     "o": {"type": "object", "properties": {"b": {"type": "boolean"}},
+                           "additionalProperties": false},
+                     "s": {"type": "string"},
+                     "kind": {"enum": ["adult", "child", "other"]}},
+      "required": ["name"], "additionalProperties": false})"));
+  if (!schema.ok()) return Fail(schema.status());
+  const std::vector<State> schema_states = {
+      {"start", ""},
+      {"key", "{\""},
+      {"after key", "{\"name\""},
+      {"value", "{\"name\": "},
+      {"string value", "{\"name\": \"Jo"},
+      {"number", "{\"n\": 12"},
+      {"array", "{\"a\": [1, 2"},
+      {"literal", "{\"o\": {\"b\": tr"},
+      {"escape", "{\"s\": \"\\u00"},
+      {"enum", "{\"kind\": \"ch"},
+  };
   std::string table = absl::StrFormat(
-      "JSON masks over %s (%d tokens, %d bytes; vocabulary sorted in %.1f ms)\n"
+      "masks over %s (%d tokens, %d bytes; vocabulary sorted in %.1f ms)\n"
       "one pass over the bytes (bound): %.3f ms\n"
-      "%-14s %12s %12s %10s %14s\n",
-      source, vocabulary->size(), total_bytes, build_s * 1e3, pass * 1e3, "state",
+      "%-8s %-14s %12s %12s %10s %14s\n",
+      source, vocabulary->size(), total_bytes, build_s * 1e3, pass * 1e3, "format", "state",
       "allowed", "walk ms", "x bound", "kept mask us");
   nlohmann::json rows = nlohmann::json::array();
   bool verified = true;
-  for (const State& state : states) {
-    // The answer's tokens: its text byte by byte.
-    std::vector<int32_t> answer;
-    for (const char c : std::string(state.text)) {
-      const int32_t id = byte_token[static_cast<unsigned char>(c)];
-      if (id < 0) {
-        return Fail(absl::FailedPreconditionError(
-            absl::StrFormat("%s has no token of the single byte '%c'", source, c)));
+  // Each state of `states` under the constraint `make` makes, checked (--verify) against
+  // trying each token on `start` fed the state's text.
+  const auto measure = [&](const char* format, const std::vector<State>& states,
+                           const auto& make, const auto& start) -> absl::Status {
+    for (const State& state : states) {
+      // The answer's tokens: its text byte by byte.
+      std::vector<int32_t> answer;
+      for (const char c : std::string(state.text)) {
+        const int32_t id = byte_token[static_cast<unsigned char>(c)];
+        if (id < 0) {
+          return absl::FailedPreconditionError(
+              absl::StrFormat("%s has no token of the single byte '%c'", source, c));
+        }
+        answer.push_back(id);
       }
-      answer.push_back(id);
-    }
-    std::vector<double> walk_s;
-    std::vector<double> kept_s;
-    int64_t allowed = 0;
-    for (int64_t r = 0; r < args.repeats; ++r) {
-      JsonConstraint constraint(vocabulary, end_ids);
-      constraint.Commit(answer);
-      auto start = bench::BenchClock::now();
-      const auto mask = constraint.Allowed({});
-      walk_s.push_back(bench::SecondsBetween(start, bench::BenchClock::now()));
-      start = bench::BenchClock::now();
-      const auto again = constraint.Allowed({});
-      kept_s.push_back(bench::SecondsBetween(start, bench::BenchClock::now()));
-      allowed = 0;
-      for (const uint8_t a : *mask) allowed += a;
-      if (args.verify && r == 0) {
-        JsonGrammar grammar;
-        grammar.Feed(state.text);
-        for (int32_t id = 0; id < vocabulary->size(); ++id) {
-          const std::string* bytes = vocabulary->bytes(id);
-          JsonGrammar next = grammar;
-          const bool expected = bytes != nullptr && !bytes->empty() && next.Feed(*bytes);
-          if (expected != ((*mask)[id] != 0)) {
-            std::fprintf(stderr, "--verify: state %s: token %d is %s but should %s\n",
-                         state.name, id, (*mask)[id] ? "allowed" : "refused",
-                         expected ? "be allowed" : "not be");
+      std::vector<double> walk_s;
+      std::vector<double> kept_s;
+      int64_t allowed = 0;
+      for (int64_t r = 0; r < args.repeats; ++r) {
+        const std::unique_ptr<TokenConstraint> constraint = make();
+        constraint->Commit(answer);
+        auto begin = bench::BenchClock::now();
+        const auto mask = constraint->Allowed({});
+        walk_s.push_back(bench::SecondsBetween(begin, bench::BenchClock::now()));
+        begin = bench::BenchClock::now();
+        const auto again = constraint->Allowed({});
+        kept_s.push_back(bench::SecondsBetween(begin, bench::BenchClock::now()));
+        allowed = 0;
+        for (const uint8_t a : *mask) allowed += a;
+        if (args.verify && r == 0) {
+          auto grammar = start;
+          grammar.Feed(state.text);
+          for (int32_t id = 0; id < vocabulary->size(); ++id) {
+            const std::string* bytes = vocabulary->bytes(id);
+            auto next = grammar;
+            const bool expected = bytes != nullptr && !bytes->empty() && next.Feed(*bytes);
+            if (expected != ((*mask)[id] != 0)) {
+              std::fprintf(stderr, "--verify: %s state %s: token %d is %s but should %s\n",
+                           format, state.name, id, (*mask)[id] ? "allowed" : "refused",
+                           expected ? "be allowed" : "not be");
+              verified = false;
+              break;
+            }
+          }
+          if (again != mask) {
+            std::fprintf(stderr, "--verify: %s state %s: the mask was not kept\n", format,
+                         state.name);
             verified = false;
-            break;
           }
         }
-        if (again != mask) {
-          std::fprintf(stderr, "--verify: state %s: the mask was not kept\n", state.name);
-          verified = false;
-        }
       }
+      const double walk = bench::Median(walk_s);
+      const double kept = bench::Median(kept_s);
+      absl::StrAppendFormat(&table, "%-8s %-14s %12d %12.3f %10.1f %14.2f\n", format,
+                            state.name, allowed, walk * 1e3, walk / pass, kept * 1e6);
+      rows.push_back({{"format", format},
+                      {"state", state.name},
+                      {"text", state.text},
+                      {"allowed", allowed},
+                      {"walk_s", walk},
+                      {"walk_over_bound", walk / pass},
+                      {"kept_mask_s", kept}});
     }
-    const double walk = bench::Median(walk_s);
-    const double kept = bench::Median(kept_s);
-    absl::StrAppendFormat(&table, "%-14s %12d %12.3f %10.1f %14.2f\n", state.name, allowed,
-                          walk * 1e3, walk / pass, kept * 1e6);
-    rows.push_back({{"state", state.name},
-                    {"text", state.text},
-                    {"allowed", allowed},
-                    {"walk_s", walk},
-                    {"walk_over_bound", walk / pass},
-                    {"kept_mask_s", kept}});
+    return absl::OkStatus();
+  };
+  absl::Status measured = measure(
+      "object", object_states,
+      [&] { return std::make_unique<JsonConstraint>(vocabulary, end_ids); }, JsonGrammar());
+  if (measured.ok()) {
+    measured = measure(
+        "schema", schema_states,
+        [&] { return MakeSchemaConstraint(vocabulary, end_ids, *schema); },
+        SchemaGrammar(schema->get()));
   }
+  if (!measured.ok()) return Fail(measured);
   const nlohmann::json report = {{"benchmark", "json_mask"},
                                  {"vocabulary", source},
                                  {"tokens", vocabulary->size()},

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -65,7 +66,8 @@ const char* FinishName(v1::FinishReason reason) {
   return "unspecified";
 }
 
-v1::GenerateRequest MakeRequest(const ChatArgs& args, const std::string& prompt) {
+v1::GenerateRequest MakeRequest(const ChatArgs& args, const std::string& json_schema,
+                                const std::string& prompt) {
   v1::GenerateRequest request;
   request.set_prompt(prompt);
   request.set_max_new_tokens(static_cast<uint32_t>(args.max_new_tokens));
@@ -77,8 +79,10 @@ v1::GenerateRequest MakeRequest(const ChatArgs& args, const std::string& prompt)
   request.mutable_sampling()->set_presence_penalty(static_cast<float>(args.penalties.presence));
   request.mutable_sampling()->set_frequency_penalty(static_cast<float>(args.penalties.frequency));
   request.mutable_sampling()->set_repetition_penalty(static_cast<float>(args.penalties.repetition));
-  request.set_response_format(args.json ? v1::RESPONSE_FORMAT_JSON_OBJECT
-                                         : v1::RESPONSE_FORMAT_TEXT);
+  request.set_response_format(!json_schema.empty() ? v1::RESPONSE_FORMAT_JSON_SCHEMA
+                              : args.json           ? v1::RESPONSE_FORMAT_JSON_OBJECT
+                                                    : v1::RESPONSE_FORMAT_TEXT);
+  request.set_json_schema(json_schema);
   request.set_trace(!args.trace_path.empty());
   return request;
 }
@@ -107,10 +111,23 @@ void AddPenaltyOptions(CLI::App& command, Penalties& penalties) {
 }
 
 int RunChat(const ChatArgs& args) {
+  std::string json_schema;
+  if (!args.json_schema_path.empty()) {
+    std::ifstream in(args.json_schema_path);
+    if (!in) {
+      return Fail(absl::NotFoundError(
+          absl::StrCat("--json-schema: cannot read ", args.json_schema_path)));
+    }
+    json_schema.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    if (json_schema.empty()) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--json-schema: ", args.json_schema_path, " is empty")));
+    }
+  }
   auto client = Client::Connect(args.agent);
   if (!client.ok()) return Fail(client.status());
   const auto ask = [&](const std::string& prompt) -> int {
-    auto result = (*client)->Generate(MakeRequest(args, prompt),
+    auto result = (*client)->Generate(MakeRequest(args, json_schema, prompt),
                                       [](const v1::GenerateResponse& update) {
                                         std::cout << update.text() << std::flush;
                                       });

@@ -32,6 +32,7 @@ struct ChatArgs {
   uint64_t seed = 0;
   Penalties penalties;
   bool json = false;  // answers are JSON objects (GenerateRequest.response_format)
+  std::string json_schema_path;  // answers are values of this file's JSON Schema
   bool stats = false;
   std::string trace_path;  // "-": stderr; else a file (last answer's trace)
 };

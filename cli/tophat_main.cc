@@ -484,6 +484,10 @@ int main(int argc, char** argv) {
   chat_cmd->add_flag("--json", chat.json,
                      "Answer with a JSON object: each token is chosen to keep it one, and the "
                      "answer ends when it closes (docs/openai.md, \"JSON answers\")");
+  chat_cmd->add_option("--json-schema", chat.json_schema_path,
+                       "Answer with a value of the JSON Schema in FILE, each token chosen to "
+                       "keep it one (docs/openai.md, \"JSON answers\")")
+      ->excludes("--json");
   chat_cmd->add_flag("--stats", chat.stats, "Print TTFT and mean TBT after each answer");
   chat_cmd->add_option("--trace", chat.trace_path,
                        "Write each answer's trace (prompt chunks: device, upload, queue, "

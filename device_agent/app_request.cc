@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "nlohmann/json.hpp"
 
 namespace tophat {
 namespace {
@@ -17,6 +18,21 @@ uint64_t FreshSeed() {
 }
 
 }  // namespace
+
+absl::StatusOr<std::shared_ptr<const CompiledSchema>> CompileJsonSchema(std::string_view text) {
+  if (static_cast<int64_t>(text.size()) > kMaxJsonSchemaBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("json_schema: ", text.size(),
+                                                   " bytes is more than ", kMaxJsonSchemaBytes));
+  }
+  if (text.empty()) return absl::InvalidArgumentError("json_schema: empty (give the schema)");
+  const nlohmann::json schema = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (schema.is_discarded()) return absl::InvalidArgumentError("json_schema: not JSON");
+  absl::StatusOr<std::shared_ptr<const CompiledSchema>> compiled = CompiledSchema::Compile(schema);
+  if (!compiled.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("json_schema: ", compiled.status().message()));
+  }
+  return compiled;
+}
 
 absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request,
                                               const Tokenizer& tokenizer,
@@ -102,6 +118,11 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
                                                    plan.max_new_tokens));
   }
   plan.sampling.min_tokens = request.min_new_tokens();
+  if (!request.json_schema().empty() &&
+      request.response_format() != v1::RESPONSE_FORMAT_JSON_SCHEMA) {
+    return absl::InvalidArgumentError(
+        "json_schema: given, but response_format is not RESPONSE_FORMAT_JSON_SCHEMA");
+  }
   switch (request.response_format()) {
     case v1::RESPONSE_FORMAT_TEXT:
       break;
@@ -111,6 +132,14 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
       }
       plan.sampling.response_format = ResponseFormat::kJsonObject;
       break;
+    case v1::RESPONSE_FORMAT_JSON_SCHEMA: {
+      if (request.outline().enabled()) {
+        return absl::InvalidArgumentError("response_format: not with outline");
+      }
+      TOPHAT_ASSIGN_OR_RETURN(plan.sampling.json_schema, CompileJsonSchema(request.json_schema()));
+      plan.sampling.response_format = ResponseFormat::kJsonSchema;
+      break;
+    }
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("response_format: unknown value ", request.response_format()));

@@ -6,9 +6,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "models/grammar/json_schema.h"
 #include "models/runtime/sampler.h"
 #include "models/tokenizers/tokenizer.h"
 #include "tophat/v1/agent.pb.h"
@@ -39,6 +42,11 @@ struct AppRequestPlan {
 inline constexpr int64_t kMaxTopLogprobs = 20;
 // The most logit_bias entries a request may carry.
 inline constexpr int64_t kMaxLogitBias = 1024;
+
+
+// A request's JSON Schema (GenerateRequest.json_schema), compiled; InvalidArgument naming
+// the field and the place in the schema ("json_schema: at /properties/age: ...").
+absl::StatusOr<std::shared_ptr<const CompiledSchema>> CompileJsonSchema(std::string_view text);
 
 // Errors are kInvalidArgument and name the request's field.
 absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request,

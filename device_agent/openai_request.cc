@@ -1,11 +1,13 @@
 #include "device_agent/openai_request.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "models/grammar/json_schema.h"
 #include "models/tokenizers/tokenizer_utf8.h"
 
 namespace tophat {
@@ -29,9 +31,6 @@ std::optional<bool> IsOffValue(std::string_view key, const Json& value) {
   if (key == "metadata") return value.is_object() && value.empty();
   if (key == "tools" || key == "functions") return value.is_array() && value.empty();
   if (key == "suffix") return value.is_string() && value.get<std::string>().empty();
-  if (key == "response_format") {
-    return value.is_object() && value.value("type", "") == "text" && value.size() == 1;
-  }
   // No "off" value but absence.
   if (key == "tool_choice" || key == "function_call" ||
       key == "parallel_tool_calls") {
@@ -155,6 +154,59 @@ std::variant<Json, OpenAiError> ParseObject(std::string_view body) {
   }
   if (!json.is_object()) return Invalid("", "the request body must be a JSON object");
   return json;
+}
+
+// response_format {"type": "json_schema", "json_schema": {"name", "schema", "description",
+// "strict"}}: the schema as JSON text, once it compiles (the agent compiles it again from
+// that text, as it does a GenerateRequest's from any app; here its errors become the 400 a
+// client expects before any answer starts, naming the place in the schema).
+std::variant<std::string, OpenAiError> ParseJsonSchemaFormat(const Json& format) {
+  constexpr char kKey[] = "response_format";
+  if (!format.contains("json_schema") || !format["json_schema"].is_object()) {
+    return Invalid(kKey, "'response_format' of type \"json_schema\" needs a 'json_schema' "
+                         "object with a 'name' and a 'schema'");
+  }
+  const Json& spec = format["json_schema"];
+  for (const auto& [field, value] : spec.items()) {
+    if (field == "name") {
+      const std::string name = value.is_string() ? value.get<std::string>() : "";
+      const bool good = !name.empty() && name.size() <= 64 &&
+                        std::all_of(name.begin(), name.end(), [](char c) {
+                          return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+                        });
+      if (!good) {
+        return Invalid(kKey, "'response_format.json_schema.name' must be 1 to 64 letters, "
+                             "digits, '_' or '-'");
+      }
+    } else if (field == "description") {
+      if (!value.is_string() && !value.is_null()) {
+        return Invalid(kKey, "'response_format.json_schema.description' must be a string");
+      }
+    } else if (field == "strict") {
+      // Strict or not, the answer is held to the schema: decoding is constrained.
+      if (!value.is_boolean() && !value.is_null()) {
+        return Invalid(kKey, "'response_format.json_schema.strict' must be a boolean");
+      }
+    } else if (field != "schema") {
+      return Invalid(kKey, absl::StrCat("'response_format.json_schema' has no field '", field, "'"));
+    }
+  }
+  if (!spec.contains("name")) return Invalid(kKey, "'response_format.json_schema.name' is required");
+  if (!spec.contains("schema") || !(spec["schema"].is_object() || spec["schema"].is_boolean())) {
+    return Invalid(kKey, "'response_format.json_schema.schema' (a JSON Schema) is required");
+  }
+  std::string text = spec["schema"].dump();
+  if (static_cast<int64_t>(text.size()) > kMaxJsonSchemaBytes) {
+    return Invalid(kKey, absl::StrCat("'response_format.json_schema.schema' is ", text.size(),
+                                      " bytes, more than ", kMaxJsonSchemaBytes));
+  }
+  absl::StatusOr<std::shared_ptr<const CompiledSchema>> compiled =
+      CompiledSchema::Compile(spec["schema"]);
+  if (!compiled.ok()) {
+    return Invalid(kKey, absl::StrCat("'response_format.json_schema.schema' ",
+                                      compiled.status().message()));
+  }
+  return text;
 }
 
 }  // namespace
@@ -291,18 +343,27 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
       request.stop = std::move(stops);
     } else if (key == "response_format") {
       const char* const kShape =
-          "'response_format' must be an object with a 'type': \"text\" or \"json_object\"";
+          "'response_format' must be an object with a 'type': \"text\", \"json_object\" or "
+          "\"json_schema\"";
       if (!value.is_object() || !value.contains("type") || !value["type"].is_string()) {
         return Invalid(key, kShape);
       }
       const std::string type = value["type"].get<std::string>();
-      if (type == "json_schema") {
-        return Invalid(key,
-                       "'response_format' type \"json_schema\" is not supported: use "
-                       "\"json_object\" (any JSON object) and give the schema in the prompt");
+      if (type != "text" && type != "json_object" && type != "json_schema") {
+        return Invalid(key, kShape);
       }
-      if (type != "text" && type != "json_object") return Invalid(key, kShape);
+      for (const auto& [field, unused] : value.items()) {
+        if (field != "type" && !(type == "json_schema" && field == "json_schema")) {
+          return Invalid(key, absl::StrCat("'response_format' of type \"", type,
+                                           "\" has no field '", field, "'"));
+        }
+      }
       request.json_object = type == "json_object";
+      if (type == "json_schema") {
+        std::variant<std::string, OpenAiError> schema = ParseJsonSchemaFormat(value);
+        if (auto* error = std::get_if<OpenAiError>(&schema)) return *error;
+        request.json_schema = std::get<std::string>(std::move(schema));
+      }
     } else if (key == "stream") {
       if (!value.is_boolean()) return Invalid(key, "'stream' must be a boolean");
       request.stream = value.get<bool>();
@@ -420,11 +481,12 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
     return Invalid("min_tokens", absl::StrCat("'min_tokens' ", request.min_tokens,
                                               " is more than 'max_tokens' ", request.max_tokens));
   }
-  if (request.json_object && request.outline_max_points != 0) {
+  const bool json_format = request.json_object || !request.json_schema.empty();
+  if (json_format && request.outline_max_points != 0) {
     return Invalid("response_format", "a JSON 'response_format' cannot be combined with "
                                       "'tophat_outline'");
   }
-  if (request.json_object && request.min_tokens > 0) {
+  if (json_format && request.min_tokens > 0) {
     return Invalid("min_tokens", "'min_tokens' cannot be combined with a JSON "
                                  "'response_format': the object could be complete before it");
   }

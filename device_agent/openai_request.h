@@ -69,8 +69,12 @@ struct OpenAiRequest {
   std::vector<std::pair<int64_t, double>> logit_bias;
   std::vector<std::string> stop;  // at most 4, none empty
   // "response_format": {"type": "json_object"}: the answer is a JSON object
-  // (GenerateRequest.response_format); {"type": "text"}: anything. "json_schema" is refused.
+  // (GenerateRequest.response_format); {"type": "json_schema"}: a value of json_schema;
+  // {"type": "text"}: anything.
   bool json_object = false;
+  // With {"type": "json_schema"}: its "schema", as JSON text (it compiles: ParseOpenAiRequest
+  // refuses one that does not); empty otherwise.
+  std::string json_schema;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   // tophat's extension (OpenAI's clients send it with extra_body; OpenAI ignores nothing, so

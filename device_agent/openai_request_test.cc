@@ -5,6 +5,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "absl/strings/str_cat.h"
+
 namespace tophat {
 namespace {
 
@@ -172,7 +174,7 @@ TEST_CASE("A completions prompt may be token ids, used as they are, and there ma
             .choices() == 3);
 }
 
-TEST_CASE("response_format asks for a JSON object, or for any text") {
+TEST_CASE("response_format asks for a JSON object, a value of a JSON Schema, or any text") {
   CHECK_FALSE(ParseOk(OpenAiEndpoint::kCompletions, R"({"model": "toy", "prompt": "x"})")
                   .json_object);
   CHECK(ParseOk(OpenAiEndpoint::kChatCompletions,
@@ -185,10 +187,40 @@ TEST_CASE("response_format asks for a JSON object, or for any text") {
   CHECK_FALSE(ParseOk(OpenAiEndpoint::kCompletions,
                       R"({"model": "toy", "prompt": "x", "response_format": {"type": "text"}})")
                   .json_object);
-  // What a client should do instead is in the message.
-  CHECK(ParseError(OpenAiEndpoint::kCompletions,
-                   R"({"model": "toy", "prompt": "x", "response_format": {"type": "json_schema"}})")
-            .message.find("json_object") != std::string::npos);
+  // A schema, as OpenAI's clients send it (strict or not: decoding holds to it either way),
+  // kept as JSON text for the agent.
+  const OpenAiRequest schema = ParseOk(OpenAiEndpoint::kChatCompletions,
+                                       R"({"model": "toy", "messages": [{"role": "user", "content": "a"}],
+                                           "response_format": {"type": "json_schema", "json_schema": {
+                                             "name": "person-1", "description": "who", "strict": true,
+                                             "schema": {"type": "object", "properties": {"name": {"type": "string"}},
+                                                        "required": ["name"], "additionalProperties": false}}}})");
+  CHECK_FALSE(schema.json_object);
+  CHECK(nlohmann::json::parse(schema.json_schema) ==
+        nlohmann::json::parse(R"({"type": "object", "properties": {"name": {"type": "string"}},
+                                  "required": ["name"], "additionalProperties": false})"));
+  // A schema the agent cannot hold an answer to is refused before any answer, naming its
+  // place.
+  const OpenAiError refused = ParseError(
+      OpenAiEndpoint::kCompletions,
+      R"({"model": "toy", "prompt": "x", "response_format": {"type": "json_schema", "json_schema": {
+          "name": "n", "schema": {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}}}})");
+  CHECK(refused.param == "response_format");
+  CHECK_THAT(refused.message, Catch::Contains("at /properties/age: \"minimum\" is not supported"));
+  for (const char* format : {
+           R"({"type": "json_schema"})",
+           R"({"type": "json_schema", "json_schema": {"schema": {}}})",
+           R"({"type": "json_schema", "json_schema": {"name": "a b", "schema": {}}})",
+           R"({"type": "json_schema", "json_schema": {"name": "n"}})",
+           R"({"type": "json_schema", "json_schema": {"name": "n", "schema": {}, "extra": 1}})",
+           R"({"type": "json_schema", "json_schema": {"name": "n", "schema": {}, "strict": "yes"}})",
+           R"({"type": "json_object", "json_schema": {"name": "n", "schema": {}}})",
+       }) {
+    INFO(format);
+    CHECK(ParseError(OpenAiEndpoint::kCompletions,
+                     absl::StrCat(R"({"model": "toy", "prompt": "x", "response_format": )", format, "}"))
+              .param == "response_format");
+  }
 }
 
 TEST_CASE("ignore_eos, as vLLM takes it, asks for max_tokens whatever the model says") {
@@ -308,8 +340,8 @@ TEST_CASE("What the endpoint would ignore is refused by name, with OpenAI's erro
        "response_format"},
       {completions,
        R"({"model": "toy", "prompt": "a", "response_format": {"type": "json_schema",
-           "json_schema": {"name": "x", "schema": {"type": "object"}}}})",
-       "response_format"},
+           "json_schema": {"name": "x", "schema": {"type": "object"}}}, "min_tokens": 2})",
+       "min_tokens"},
       {completions,
        R"({"model": "toy", "prompt": "a", "response_format": {"type": "json_object"},
            "tophat_outline": true})",

@@ -641,8 +641,10 @@ void OpenAiServer::Route() {
     }
     generate.set_ignore_eos(request.ignore_eos);
     generate.set_min_new_tokens(static_cast<uint32_t>(request.min_tokens));
-    generate.set_response_format(request.json_object ? v1::RESPONSE_FORMAT_JSON_OBJECT
-                                                     : v1::RESPONSE_FORMAT_TEXT);
+    generate.set_response_format(!request.json_schema.empty() ? v1::RESPONSE_FORMAT_JSON_SCHEMA
+                                 : request.json_object           ? v1::RESPONSE_FORMAT_JSON_OBJECT
+                                                                 : v1::RESPONSE_FORMAT_TEXT);
+    generate.set_json_schema(request.json_schema);
     if (request.logprobs >= 0 || request.prompt_only) {
       generate.set_logprobs(true);
       generate.set_top_logprobs(static_cast<uint32_t>(std::max<int64_t>(0, request.logprobs)));

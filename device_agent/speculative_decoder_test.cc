@@ -20,6 +20,9 @@
 #include <vector>
 
 #include "models/grammar/json_grammar.h"
+#include "models/grammar/json_schema.h"
+#include "models/grammar/schema_grammar.h"
+#include "nlohmann/json.hpp"
 #include "models/runtime/adapter.h"
 #include "models/formats/checkpoint.h"
 #include "models/runtime/model_init.h"
@@ -339,22 +342,25 @@ std::shared_ptr<const TokenVocabulary> JsonTestVocabulary() {
   return std::make_shared<const TokenVocabulary>(std::move(tokens));
 }
 
-// Plain greedy decoding with the monolithic model, each choice among the tokens that keep a
-// JSON object possible, found by trying every token's bytes on JsonGrammar (not through
-// JsonConstraint); once the object is complete, or a token was refused, only `end`.
+// Plain greedy decoding with the monolithic model, each choice among the tokens that keep
+// the answer possible, found by trying every token's bytes on `start`, a JsonGrammar or a
+// SchemaGrammar (not through their constraint); `end` where the grammar may end, and once it
+// is complete, or a token was refused, only `end`.
+template <typename Grammar>
 std::vector<int32_t> ReferenceJsonGreedy(const Submodel& full, const std::vector<int64_t>& prompt,
                                          int64_t count, const TokenVocabulary& vocabulary,
-                                         int32_t end, std::vector<double>* margins) {
+                                         int32_t end, std::vector<double>* margins,
+                                         const Grammar& start) {
   KvCache cache = full.NewCache(static_cast<int64_t>(prompt.size()) + count + 1);
   at::Tensor hidden = *full.Forward(*full.Embed(at::tensor(prompt)), cache);
   std::vector<int32_t> out;
-  std::optional<JsonGrammar> state = JsonGrammar();
+  std::optional<Grammar> state = start;
   for (int64_t i = 0; i < count; ++i) {
     at::Tensor logits = (*full.Logits(hidden.narrow(0, hidden.size(0) - 1, 1)))[0].clone();
     for (int32_t token = 0; token < logits.size(0); ++token) {
-      bool allowed = token == end;
-      if (state.has_value() && !state->complete()) {
-        JsonGrammar next = *state;
+      bool allowed = token == end && (!state.has_value() || state->can_end());
+      if (state.has_value() && !state->complete() && token != end) {
+        Grammar next = *state;
         const std::string* bytes = vocabulary.bytes(token);
         allowed = bytes != nullptr && !bytes->empty() && next.Feed(*bytes);
       }
@@ -390,8 +396,8 @@ TEST_CASE("Constrained to a JSON object, speculative greedy decoding is still pl
     const std::vector<int32_t> generated =
         DecodeGreedy(session, prompt, new_tokens, /*parallel=*/true, options.max_draft, counts);
     std::vector<double> margins, plain_margins;
-    const std::vector<int32_t> reference =
-        ReferenceJsonGreedy(*split->full, prompt, new_tokens, *vocabulary, kEnd, &margins);
+    const std::vector<int32_t> reference = ReferenceJsonGreedy(
+        *split->full, prompt, new_tokens, *vocabulary, kEnd, &margins, JsonGrammar());
     CheckAgainstReference(generated, reference, margins);
     changed += reference != ReferenceGreedy(*split->full, prompt, new_tokens, {}, &plain_margins);
     // What was generated is the start of an object (up to the end, if it came).
@@ -399,6 +405,56 @@ TEST_CASE("Constrained to a JSON object, speculative greedy decoding is still pl
     for (const int32_t token : generated) {
       if (token == kEnd) {
         CHECK(grammar.complete());
+        break;
+      }
+      INFO("token " << token);
+      REQUIRE(vocabulary->bytes(token) != nullptr);
+      CHECK(grammar.Feed(*vocabulary->bytes(token)));
+    }
+  }
+  CHECK(changed == 6);
+  CheckEveryPath(counts);
+}
+
+TEST_CASE("Constrained to a JSON Schema, speculative greedy decoding is still plain greedy "
+          "decoding under the same constraint",
+          "[speculative]") {
+  c10::InferenceMode inference;
+  auto split = MakeSplit(/*vocab=*/64, /*logit_scale=*/25.0, /*adapter_noise=*/0.04, 5);
+  const auto vocabulary = JsonTestVocabulary();
+  constexpr int32_t kEnd = 2;
+  // Keys the vocabulary spells, an integer, an array of booleans, and a nullable string.
+  auto schema = CompiledSchema::Compile(nlohmann::json::parse(R"({
+      "type": "object",
+      "properties": {"a": {"type": "integer"},
+                     "b": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3},
+                     "key": {"type": ["string", "null"]}},
+      "required": ["a", "b"], "additionalProperties": false})"));
+  REQUIRE(schema.ok());
+  const SamplingParams params{.stop_ids = {kEnd},
+                              .response_format = ResponseFormat::kJsonSchema,
+                              .json_schema = *schema};
+  DecodeCounts counts;
+  int64_t changed = 0;
+  for (int p = 0; p < 6; ++p) {
+    INFO("prompt " << p);
+    const std::vector<int64_t> prompt = TestPrompt(p);
+    const int64_t new_tokens = 40;
+    const SpeculativeOptions options = TestOptions(p, /*parallel=*/true);
+    Session session(*split, options, params, 128, vocabulary);
+    const std::vector<int32_t> generated =
+        DecodeGreedy(session, prompt, new_tokens, /*parallel=*/true, options.max_draft, counts);
+    std::vector<double> margins, plain_margins;
+    const std::vector<int32_t> reference =
+        ReferenceJsonGreedy(*split->full, prompt, new_tokens, *vocabulary, kEnd, &margins,
+                            SchemaGrammar(schema->get()));
+    CheckAgainstReference(generated, reference, margins);
+    changed += reference != ReferenceGreedy(*split->full, prompt, new_tokens, {}, &plain_margins);
+    // What was generated is the start of a value of the schema (up to the end, if it came).
+    SchemaGrammar grammar(schema->get());
+    for (const int32_t token : generated) {
+      if (token == kEnd) {
+        CHECK(grammar.can_end());
         break;
       }
       INFO("token " << token);

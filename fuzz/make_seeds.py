@@ -12,6 +12,23 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+# A schema with every kind of node the agent compiles (models/grammar/json_schema.h).
+PERSON_SCHEMA = {
+    "$defs": {"Person": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "age": {"type": "integer"},
+            "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2},
+            "kind": {"enum": ["adult", "child", 7, None]},
+            "spouse": {"anyOf": [{"$ref": "#/$defs/Person"}, {"type": "null"}]},
+        },
+        "required": ["name", "age"],
+        "additionalProperties": True,
+    }},
+    "$ref": "#/$defs/Person",
+}
+
 
 def varint(n):
     out = bytearray()
@@ -165,6 +182,8 @@ def main():
     write(out, "app_request", "utf8.bin", field_bytes(2, "été — ü 45 \U0001F600".encode()) + field_varint(8, 1))
     write(out, "app_request", "logprobs.bin",
           field_bytes(2, b"the cat") + field_varint(12, 1) + field_varint(13, 5))
+    write(out, "app_request", "json_schema.bin",
+          field_bytes(2, b"x") + field_varint(17, 2) + field_bytes(18, json.dumps(PERSON_SCHEMA).encode()))
     write(out, "app_request", "scoring.bin",
           field_bytes(3, field_bytes(1, b"".join(varint(i) for i in (1, 258, 263, 40))))
           + field_varint(12, 1) + field_varint(14, 1) + field_varint(15, 1))
@@ -202,6 +221,10 @@ def main():
     write(out, "openai_request", "json.bin", b"\x00" + json.dumps(
         {"model": "toy", "messages": [{"role": "user", "content": "x"}],
          "response_format": {"type": "json_object"}}).encode())
+    write(out, "openai_request", "json_schema.bin", b"\x00" + json.dumps(
+        {"model": "toy", "messages": [{"role": "user", "content": "x"}],
+         "response_format": {"type": "json_schema", "json_schema": {
+             "name": "person", "strict": True, "schema": PERSON_SCHEMA}}}).encode())
     write(out, "openai_request", "outline.bin", b"\x00" + json.dumps(
         {"model": "toy", "messages": [{"role": "user", "content": "x"}],
          "tophat_outline": {"max_points": 3}}).encode())
@@ -212,6 +235,17 @@ def main():
     write(out, "json_grammar", "pretty.json", '{\n  "k": [\n    {}\n  ]\n}')
     write(out, "json_grammar", "utf8.json", '{"\u00e9t\u00e9": "\U0001F3A9"}'.encode())
     write(out, "json_grammar", "broken.json", '{"a": [1,], "b": 01}')
+
+    # A schema, NUL, an answer: values of every kind of node, and near misses.
+    schema = json.dumps(PERSON_SCHEMA).encode()
+    write(out, "json_schema", "person.bin", schema + b"\0" + json.dumps(
+        {"name": "Ann", "age": 31, "tags": ["a"], "kind": "child",
+         "spouse": {"name": "Bo", "age": 2, "spouse": None}, "extra": [1, {"x": True}]}).encode())
+    write(out, "json_schema", "missing.bin", schema + b'\0{"name": "Ann", "kind": "teen"}')
+    write(out, "json_schema", "scalars.bin", json.dumps(
+        {"type": "array", "items": {"anyOf": [{"type": "integer"}, {"enum": ["x", 1.5, None]},
+                                              {"type": "boolean"}]},
+         "minItems": 1, "maxItems": 4}).encode() + b"\0[1, \"x\", true, null]")
 
     # The engine's structured input: op bytes then fields (see agent_message_fuzzer.cc).
     write(out, "agent_message", "open-chunk-step.bin",

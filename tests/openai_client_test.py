@@ -7,6 +7,7 @@ Exits non-zero, saying what differed, on the first failure. tests/openai_client_
 starts the cloud and the agent and runs it with the build's Python (TOPHAT_PYTHON).
 """
 
+import enum
 import http.client
 import json
 import select
@@ -14,14 +15,17 @@ import socket
 import sys
 import threading
 import time
+import typing
 import urllib.error
 import urllib.parse
 import urllib.request
 
 try:
+    import jsonschema
     import openai
+    import pydantic
 except ImportError as e:
-    print(f"FAIL: the Python `openai` package is missing from {sys.executable} ({e}); "
+    print(f"FAIL: a Python package is missing from {sys.executable} ({e}); "
           "run `bash deploy/install-deps.sh`", file=sys.stderr)
     sys.exit(1)
 
@@ -177,6 +181,7 @@ def run(base_url, cloud_metrics_url, agent_metrics_url, model_dir):
     print(f"completion, seed 7: {json.dumps(sampled[0])}")
     choices(client, model, messages)
     json_answers(client, model, base_url, messages)
+    json_schema_answers(client, model, messages)
 
     # A bad request: OpenAI's error object, the right status, the field named.
     expect_error("n=17", lambda: client.chat.completions.create(model=model, messages=messages,
@@ -330,13 +335,105 @@ def json_answers(client, model, base_url, messages):
     check_eq("a JSON answer cut short: finish_reason", short.choices[0].finish_reason, "length")
     check(whole_text.startswith(cut) and len(cut) < len(whole_text) and not is_object(cut),
           f"a cut JSON answer: {cut!r}, of {whole_text!r}")
-    expect_error("response_format json_schema",
+    print(f"response_format json_object: {json.dumps(answers[:3])}")
+
+
+def json_schema_answers(client, model, messages):
+    """response_format json_schema: every answer is a value of the schema, as the
+    `jsonschema` package judges it, and a Pydantic model's schema through the client's own
+    parse()."""
+    # Biased towards '"', '}' and ']' as above, so that the toy model's strings and
+    # containers end within the budget; the keys, the enum values and the types are the
+    # constraint's doing.
+    quote, close, bracket = 3 + ord('"'), 3 + ord('}'), 3 + ord(']')
+    bias = {str(quote): 12, str(close): 12, str(bracket): 8}
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "description": "annotations constrain nothing"},
+            "age": {"type": "integer"},
+            "tags": {"type": "array", "items": {"enum": ["red", "green"]}, "maxItems": 2},
+            "pet": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/Pet"}]},
+        },
+        "required": ["name", "age", "tags", "pet"],
+        "additionalProperties": False,
+        "$defs": {"Pet": {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}},
+                          "required": ["kind"], "additionalProperties": False}},
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema,
+                                                  "strict": True}}
+
+    def conforms(text):
+        try:
+            jsonschema.validate(json.loads(text), schema)
+            return True
+        except (ValueError, jsonschema.ValidationError):
+            return False
+
+    answers = []
+    for seed in range(6):
+        answer = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=400, temperature=1.0, seed=seed,
+            logit_bias=bias, response_format=fmt)
+        content = answer.choices[0].message.content
+        check(conforms(content), f"seed {seed}: not a value of the schema: {content!r}")
+        check_eq(f"seed {seed}: finish_reason", answer.choices[0].finish_reason, "stop")
+        answers.append(content)
+        unconstrained = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=400, temperature=1.0, seed=seed,
+            logit_bias=bias)
+        check(not conforms(unconstrained.choices[0].message.content),
+              f"seed {seed}: a value of the schema without the format: "
+              f"{unconstrained.choices[0].message.content!r}")
+    check(len(set(answers)) > 3, f"the seeds' values are alike: {answers}")
+    # Streamed, the same value; and the completions endpoint takes the format too.
+    stream = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=400, temperature=1.0, seed=0,
+        logit_bias=bias, response_format=fmt, stream=True)
+    with stream:
+        streamed = "".join(choice.delta.content or "" for chunk in stream
+                           for choice in chunk.choices)
+    check_eq("the streamed schema answer", streamed, answers[0])
+    completion = client.completions.create(
+        model=model, prompt="the old farmer", max_tokens=400, temperature=0.7, seed=3,
+        logit_bias=bias, extra_body={"response_format": fmt})
+    check(conforms(completion.choices[0].text),
+          f"a completion that is not a value of the schema: {completion.choices[0].text!r}")
+
+    # A Pydantic model, as an application writes it: the client makes its strict schema
+    # ($defs, a nullable reference to the model itself, an enum) and parses the answer.
+    class Kind(str, enum.Enum):
+        cat = "cat"
+        dog = "dog"
+
+    class Pet(pydantic.BaseModel):
+        kind: Kind
+        legs: int
+
+    class Person(pydantic.BaseModel):
+        name: str
+        age: int
+        pets: list[Pet]
+        friend: typing.Optional["Person"]
+
+    Person.model_rebuild()  # the reference to itself, resolved now that it is defined
+    parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
+    for seed in range(3):
+        parsed = parse(model=model, messages=messages, max_tokens=400, temperature=1.0,
+                       seed=seed, logit_bias=bias, response_format=Person)
+        person = parsed.choices[0].message.parsed
+        check(isinstance(person, Person),
+              f"seed {seed}: parse() gave {person!r} for {parsed.choices[0].message.content!r}")
+
+    # What the agent cannot hold an answer to is refused before any answer, naming the place.
+    expect_error("response_format json_schema with minimum",
                  lambda: client.chat.completions.create(
                      model=model, messages=messages,
-                     response_format={"type": "json_schema",
-                                      "json_schema": {"name": "x", "schema": {"type": "object"}}}),
+                     response_format={"type": "json_schema", "json_schema": {
+                         "name": "x", "schema": {"type": "object", "properties": {
+                             "age": {"type": "integer", "minimum": 0}}}}}),
                  openai.BadRequestError, 400, param="response_format")
-    print(f"response_format json_object: {json.dumps(answers[:3])}")
+    print(f"response_format json_schema: {json.dumps(answers[:3])}")
 
 
 def choices(client, model, messages):

@@ -10,7 +10,8 @@ namespace {
 
 // Feeds token `id`'s bytes to `state`; false for a token the grammar refuses, and for a
 // special token or one that adds nothing, which no answer may hold.
-bool FeedToken(const TokenVocabulary& vocabulary, int32_t id, JsonGrammar& state) {
+template <typename Grammar>
+bool FeedToken(const TokenVocabulary& vocabulary, int32_t id, Grammar& state) {
   const std::string* bytes = vocabulary.bytes(id);
   return bytes != nullptr && !bytes->empty() && state.Feed(*bytes);
 }
@@ -63,21 +64,28 @@ const std::string* TokenVocabulary::bytes(int32_t id) const {
   return &*tokens_[id];
 }
 
-JsonConstraint::JsonConstraint(std::shared_ptr<const TokenVocabulary> vocabulary,
-                               std::vector<int32_t> end_ids)
-    : vocabulary_(std::move(vocabulary)), end_ids_(std::move(end_ids)), state_(JsonGrammar()) {}
+template <typename Grammar>
+GrammarConstraint<Grammar>::GrammarConstraint(std::shared_ptr<const TokenVocabulary> vocabulary,
+                                              std::vector<int32_t> end_ids, Grammar start,
+                                              std::shared_ptr<const void> owner)
+    : vocabulary_(std::move(vocabulary)),
+      end_ids_(std::move(end_ids)),
+      owner_(std::move(owner)),
+      state_(std::move(start)) {}
 
-void JsonConstraint::Commit(std::span<const int32_t> tokens) {
+template <typename Grammar>
+void GrammarConstraint<Grammar>::Commit(std::span<const int32_t> tokens) {
   for (const int32_t token : tokens) {
     if (!state_.has_value()) return;
     if (!FeedToken(*vocabulary_, token, *state_)) state_.reset();
   }
 }
 
-std::shared_ptr<const std::vector<uint8_t>> JsonConstraint::Allowed(
+template <typename Grammar>
+std::shared_ptr<const std::vector<uint8_t>> GrammarConstraint<Grammar>::Allowed(
     std::span<const int32_t> pending) const {
   if (!state_.has_value()) return EndsOnly();
-  JsonGrammar state = *state_;
+  Grammar state = *state_;
   for (const int32_t token : pending) {
     if (!FeedToken(*vocabulary_, token, state)) return EndsOnly();
   }
@@ -89,8 +97,9 @@ std::shared_ptr<const std::vector<uint8_t>> JsonConstraint::Allowed(
   return mask;
 }
 
-std::shared_ptr<const std::vector<uint8_t>> JsonConstraint::Compute(
-    const JsonGrammar& state) const {
+template <typename Grammar>
+std::shared_ptr<const std::vector<uint8_t>> GrammarConstraint<Grammar>::Compute(
+    const Grammar& state) const {
   ++computed_;
   const TokenVocabulary& vocabulary = *vocabulary_;
   auto allowed = std::make_shared<std::vector<uint8_t>>(vocabulary.tokens_.size(), 0);
@@ -103,16 +112,23 @@ std::shared_ptr<const std::vector<uint8_t>> JsonConstraint::Compute(
     any = WalkTokens(state, vocabulary.all_, *allowed);
   }
   if (!any) return EndsOnly();
+  // A value that may end here or go on (a top-level number): the end ids besides.
+  if (state.can_end()) {
+    for (const int32_t id : end_ids_) {
+      if (id >= 0 && id < vocabulary.size()) (*allowed)[static_cast<size_t>(id)] = 1;
+    }
+  }
   return allowed;
 }
 
-bool JsonConstraint::WalkTokens(const JsonGrammar& state, const TokenVocabulary::Walk& walk,
-                                std::vector<uint8_t>& allowed) const {
+template <typename Grammar>
+bool GrammarConstraint<Grammar>::WalkTokens(const Grammar& state,
+                                            const TokenVocabulary::Walk& walk,
+                                            std::vector<uint8_t>& allowed) const {
   // Walks the sorted tokens keeping the automaton after each prefix of the one before:
   // states[i] has read its first i bytes. A token re-reads only what it does not share with
   // the one before, and tokens sharing a refused prefix are refused without reading.
-  std::vector<JsonGrammar> states(vocabulary_->longest_ + 1);
-  states[0] = state;
+  std::vector<Grammar> states(vocabulary_->longest_ + 1, state);
   constexpr size_t kNone = std::numeric_limits<size_t>::max();
   size_t refused_at = kNone;  // the byte the last token read was refused at
   bool any = false;
@@ -139,7 +155,8 @@ bool JsonConstraint::WalkTokens(const JsonGrammar& state, const TokenVocabulary:
   return any;
 }
 
-std::shared_ptr<const std::vector<uint8_t>> JsonConstraint::EndsOnly() const {
+template <typename Grammar>
+std::shared_ptr<const std::vector<uint8_t>> GrammarConstraint<Grammar>::EndsOnly() const {
   if (ends_only_ == nullptr) {
     auto mask = std::make_shared<std::vector<uint8_t>>(vocabulary_->tokens_.size(), 0);
     for (const int32_t id : end_ids_) {
@@ -148,6 +165,17 @@ std::shared_ptr<const std::vector<uint8_t>> JsonConstraint::EndsOnly() const {
     ends_only_ = std::move(mask);
   }
   return ends_only_;
+}
+
+template class GrammarConstraint<JsonGrammar>;
+template class GrammarConstraint<SchemaGrammar>;
+
+std::unique_ptr<TokenConstraint> MakeSchemaConstraint(
+    std::shared_ptr<const TokenVocabulary> vocabulary, std::vector<int32_t> end_ids,
+    std::shared_ptr<const CompiledSchema> schema) {
+  SchemaGrammar start(schema.get());
+  return std::make_unique<SchemaConstraint>(std::move(vocabulary), std::move(end_ids),
+                                            std::move(start), std::move(schema));
 }
 
 }  // namespace tophat

@@ -1,6 +1,7 @@
-// Decoding constrained to a JSON object (OpenAI's response_format {"type": "json_object"}):
-// which tokens of the vocabulary may come next so that the answer can still be completed
-// into a JSON object (JsonGrammar), and, once it is complete, only the end of sequence.
+// Decoding constrained to a JSON object (OpenAI's response_format {"type": "json_object"},
+// JsonGrammar) or to a JSON Schema ({"type": "json_schema"}, SchemaGrammar): which tokens of
+// the vocabulary may come next so that the answer can still be completed, and, once it is
+// complete, only the end of sequence.
 // Everything happens on the device, where the token ids are: the cloud never learns that a
 // request is constrained.
 #pragma once
@@ -14,6 +15,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "models/grammar/json_grammar.h"
+#include "models/grammar/json_schema.h"
+#include "models/grammar/schema_grammar.h"
 #include "models/tokenizers/tokenizer.h"
 
 namespace tophat {
@@ -34,7 +37,8 @@ class TokenVocabulary {
   const std::string* bytes(int32_t id) const;
 
  private:
-  friend class JsonConstraint;
+  template <typename Grammar>
+  friend class GrammarConstraint;
   // Tokens in the order a walk reads them.
   struct Walk {
     std::vector<int32_t> sorted;   // by their bytes
@@ -54,35 +58,51 @@ class TokenVocabulary {
   size_t longest_ = 0;
 };
 
-// One request's constraint: the answer so far (Commit) and, for a choice past tokens not yet
-// committed (a speculative round's drafts), those too. Not thread-safe; one request's
-// thread owns it.
-class JsonConstraint {
+// What a sampler asks of the constraint of an answer's format.
+class TokenConstraint {
  public:
-  // end_ids: the tokens that end the answer (end of sequence, stop ids), allowed only once
-  // the object is complete, and then the only ones allowed.
-  JsonConstraint(std::shared_ptr<const TokenVocabulary> vocabulary, std::vector<int32_t> end_ids);
-
+  virtual ~TokenConstraint() = default;
   // Tokens generated since the last Commit, in order. A token the grammar refuses leaves
   // the answer invalid: every later choice may only end it.
-  void Commit(std::span<const int32_t> tokens);
-
+  virtual void Commit(std::span<const int32_t> tokens) = 0;
   // allowed[id] is 1 where token id may follow the committed tokens and then `pending`,
-  // [vocabulary size]. When no token can (the vocabulary cannot continue the object, or
+  // [vocabulary size]. When no token can (the vocabulary cannot continue the answer, or
   // `pending` holds a refused token), only the end ids are allowed, so the answer ends
   // rather than goes on unconstrained.
-  std::shared_ptr<const std::vector<uint8_t>> Allowed(std::span<const int32_t> pending) const;
+  virtual std::shared_ptr<const std::vector<uint8_t>> Allowed(
+      std::span<const int32_t> pending) const = 0;
+  // The committed answer is complete.
+  virtual bool complete() const = 0;
+};
 
-  // The committed answer is a complete object.
-  bool complete() const { return state_.has_value() && state_->complete(); }
+// One request's constraint by a byte automaton `Grammar` (JsonGrammar: any JSON object;
+// SchemaGrammar: a value of a JSON Schema): the answer so far (Commit) and, for a choice past
+// tokens not yet committed (a speculative round's drafts), those too. Not thread-safe; one
+// request's thread owns it. Grammar is a value type with Feed(byte), Feed(bytes),
+// complete(), can_end() (the answer may end here), in_string(), == and AbslHashValue.
+template <typename Grammar>
+class GrammarConstraint final : public TokenConstraint {
+ public:
+  // end_ids: the tokens that end the answer (end of sequence, stop ids), allowed only where
+  // the grammar may end, and once it is complete the only ones allowed. `start`: the
+  // grammar before the answer's first byte; `owner` keeps alive what it points to (a
+  // SchemaGrammar's schema).
+  GrammarConstraint(std::shared_ptr<const TokenVocabulary> vocabulary,
+                    std::vector<int32_t> end_ids, Grammar start = Grammar(),
+                    std::shared_ptr<const void> owner = nullptr);
+
+  void Commit(std::span<const int32_t> tokens) override;
+  std::shared_ptr<const std::vector<uint8_t>> Allowed(
+      std::span<const int32_t> pending) const override;
+  bool complete() const override { return state_.has_value() && state_->complete(); }
 
   // Masks computed, and those found in the cache (for tests of the cache).
   int64_t masks_computed() const { return computed_; }
 
  private:
-  std::shared_ptr<const std::vector<uint8_t>> Compute(const JsonGrammar& state) const;
+  std::shared_ptr<const std::vector<uint8_t>> Compute(const Grammar& state) const;
   // Sets allowed[id] for the tokens of `walk` that `state` takes; returns whether any.
-  bool WalkTokens(const JsonGrammar& state, const TokenVocabulary::Walk& walk,
+  bool WalkTokens(const Grammar& state, const TokenVocabulary::Walk& walk,
                   std::vector<uint8_t>& allowed) const;
   std::shared_ptr<const std::vector<uint8_t>> EndsOnly() const;
 
@@ -92,10 +112,21 @@ class JsonConstraint {
 
   std::shared_ptr<const TokenVocabulary> vocabulary_;
   std::vector<int32_t> end_ids_;
-  std::optional<JsonGrammar> state_;  // nullopt once a refused token was committed
-  mutable absl::flat_hash_map<JsonGrammar, std::shared_ptr<const std::vector<uint8_t>>> cache_;
+  std::shared_ptr<const void> owner_;
+  std::optional<Grammar> state_;  // nullopt once a refused token was committed
+  mutable absl::flat_hash_map<Grammar, std::shared_ptr<const std::vector<uint8_t>>> cache_;
   mutable std::shared_ptr<const std::vector<uint8_t>> ends_only_;
   mutable int64_t computed_ = 0;
 };
+
+// Decoding constrained to a JSON object (response_format {"type": "json_object"}).
+using JsonConstraint = GrammarConstraint<JsonGrammar>;
+// Decoding constrained to a JSON Schema's values (response_format {"type": "json_schema"}).
+using SchemaConstraint = GrammarConstraint<SchemaGrammar>;
+
+// A constraint to `schema` (which it keeps alive).
+std::unique_ptr<TokenConstraint> MakeSchemaConstraint(
+    std::shared_ptr<const TokenVocabulary> vocabulary, std::vector<int32_t> end_ids,
+    std::shared_ptr<const CompiledSchema> schema);
 
 }  // namespace tophat

@@ -25,6 +25,20 @@ bool JsonGrammar::Feed(std::string_view bytes) {
   return true;
 }
 
+bool JsonGrammar::NumberContinues(unsigned char byte) const {
+  switch (mode_) {
+    case Mode::kNumberZero:
+    case Mode::kNumberInteger:
+    case Mode::kNumberFraction:
+    case Mode::kNumberExponent:
+      return (IsDigit(byte) && mode_ != Mode::kNumberZero) ||
+             (byte == '.' && (mode_ == Mode::kNumberZero || mode_ == Mode::kNumberInteger)) ||
+             ((byte == 'e' || byte == 'E') && mode_ != Mode::kNumberExponent);
+    default:
+      return false;
+  }
+}
+
 bool JsonGrammar::Feed(unsigned char byte) {
   // A number goes on while its bytes fit; any other byte ends it and is read after it.
   switch (mode_) {
@@ -32,17 +46,16 @@ bool JsonGrammar::Feed(unsigned char byte) {
     case Mode::kNumberInteger:
     case Mode::kNumberFraction:
     case Mode::kNumberExponent:
-      if (IsDigit(byte) && mode_ != Mode::kNumberZero) return true;
-      if (byte == '.' && (mode_ == Mode::kNumberZero || mode_ == Mode::kNumberInteger)) {
+      if (!NumberContinues(byte)) {
+        mode_ = Mode::kAfterValue;
+        break;
+      }
+      if (byte == '.') {
         mode_ = Mode::kNumberPoint;
-        return true;
-      }
-      if ((byte == 'e' || byte == 'E') && mode_ != Mode::kNumberExponent) {
+      } else if (byte == 'e' || byte == 'E') {
         mode_ = Mode::kNumberE;
-        return true;
       }
-      mode_ = Mode::kAfterValue;
-      break;
+      return true;
     default:
       break;
   }

@@ -22,6 +22,16 @@ class JsonGrammar {
   static constexpr int kMaxDepth = 64;  // one bit per level of stack_
   static constexpr int kMaxWhitespaceRun = 32;
 
+  // An automaton for one JSON value of any type, not only an object: what SchemaGrammar
+  // lexes a value with where its schema leaves it free (a string, a number, a literal, or
+  // any value at all). complete() once the value is; a top-level number has no byte of its
+  // own that ends it (number_could_end).
+  static JsonGrammar AnyValue() {
+    JsonGrammar grammar;
+    grammar.mode_ = Mode::kValue;
+    return grammar;
+  }
+
   // Takes one byte. Returns false, leaving the automaton in an unspecified state (copy it
   // first to try a byte), when no JSON object starts with the bytes so far and this one.
   bool Feed(unsigned char byte);
@@ -30,9 +40,20 @@ class JsonGrammar {
 
   // The top-level object is closed: nothing more may follow.
   bool complete() const { return mode_ == Mode::kDone; }
+  // The answer may end here (GrammarConstraint): only once complete.
+  bool can_end() const { return complete(); }
   // Inside a string, between characters: whole characters other than '"', '\\' and the
   // control characters leave the automaton as it is.
   bool in_string() const { return mode_ == Mode::kString; }
+  // A top-level value (AnyValue) that is a number which may end here: the byte after it
+  // decides (one that does not continue it, NumberContinues, ends it).
+  bool number_could_end() const {
+    return depth_ == 0 && (mode_ == Mode::kNumberZero || mode_ == Mode::kNumberInteger ||
+                           mode_ == Mode::kNumberFraction || mode_ == Mode::kNumberExponent);
+  }
+  // Inside a number: whether `byte` goes on with it (a digit, the point, the exponent's e)
+  // rather than ending it.
+  bool NumberContinues(unsigned char byte) const;
 
   bool operator==(const JsonGrammar&) const = default;
   template <typename H>

@@ -46,7 +46,10 @@ absl::Status SamplingParams::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "repetition_penalty must be finite and > 0 (1: off), got ", repetition_penalty));
   }
-  if (response_format == ResponseFormat::kJsonObject) {
+  if (response_format == ResponseFormat::kJsonSchema && json_schema == nullptr) {
+    return absl::InvalidArgumentError("a JSON Schema response format without a schema");
+  }
+  if (response_format != ResponseFormat::kText) {
     if (min_tokens > 0) {
       return absl::InvalidArgumentError(
           "min_tokens cannot be combined with a JSON response format: the object could be "
@@ -67,12 +70,20 @@ Sampler::Sampler(const SamplingParams& params, std::shared_ptr<const TokenVocabu
     case ResponseFormat::kText:
       break;
     case ResponseFormat::kJsonObject:
+    case ResponseFormat::kJsonSchema:
       // A caller's bug, not a request's: answering unconstrained would break the promise.
-      if (vocabulary == nullptr) {
-        std::fputs("Sampler: a JSON response format needs the tokenizer's vocabulary\n", stderr);
+      if (vocabulary == nullptr ||
+          (params_.response_format == ResponseFormat::kJsonSchema && params_.json_schema == nullptr)) {
+        std::fputs("Sampler: a JSON response format needs the tokenizer's vocabulary (and a "
+                   "schema its schema)\n",
+                   stderr);
         std::abort();
       }
-      json_ = std::make_unique<JsonConstraint>(std::move(vocabulary), params_.stop_ids);
+      if (params_.response_format == ResponseFormat::kJsonObject) {
+        format_ = std::make_unique<JsonConstraint>(std::move(vocabulary), params_.stop_ids);
+      } else {
+        format_ = MakeSchemaConstraint(std::move(vocabulary), params_.stop_ids, params_.json_schema);
+      }
       break;
   }
   if (params_.logit_bias.empty()) return;
@@ -96,7 +107,7 @@ void Sampler::SetPrompt(std::span<const int32_t> prompt) {
 
 void Sampler::Commit(std::span<const int32_t> tokens) {
   generated_ += static_cast<int64_t>(tokens.size());
-  if (json_ != nullptr) json_->Commit(tokens);
+  if (format_ != nullptr) format_->Commit(tokens);
   if (!params_.penalized()) return;
   for (const int32_t token : tokens) ++generated_counts_[token];
 }
@@ -104,7 +115,7 @@ void Sampler::Commit(std::span<const int32_t> tokens) {
 at::Tensor Sampler::Adjusted(const at::Tensor& logits, std::span<const int32_t> pending) const {
   const bool too_short = generated_ + static_cast<int64_t>(pending.size()) < params_.min_tokens &&
                          !params_.stop_ids.empty();
-  if (!params_.penalized() && !too_short && json_ == nullptr) return Biased(logits);
+  if (!params_.penalized() && !too_short && format_ == nullptr) return Biased(logits);
   at::Tensor biased = Biased(logits);
   at::Tensor row = biased.is_same(logits)
                        ? logits.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true)
@@ -121,10 +132,10 @@ at::Tensor Sampler::Adjusted(const at::Tensor& logits, std::span<const int32_t> 
     }
   }
   if (params_.penalized()) Penalize(row, pending);
-  if (json_ != nullptr) {
+  if (format_ != nullptr) {
     // The tokens the format refuses; the logits may have more rows than the tokenizer has
     // tokens (padded vocabularies), which no answer can use.
-    const std::shared_ptr<const std::vector<uint8_t>> allowed = json_->Allowed(pending);
+    const std::shared_ptr<const std::vector<uint8_t>> allowed = format_->Allowed(pending);
     const int64_t known = std::min<int64_t>(row.size(0), static_cast<int64_t>(allowed->size()));
     at::Tensor refused = at::ones({row.size(0)}, at::kBool);
     refused.narrow(0, 0, known)

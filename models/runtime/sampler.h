@@ -20,6 +20,7 @@ namespace tophat {
 enum class ResponseFormat : uint8_t {
   kText,        // anything
   kJsonObject,  // a JSON object, then the end (JsonConstraint)
+  kJsonSchema,  // a value of SamplingParams::json_schema, then the end (SchemaConstraint)
 };
 
 struct SamplingParams {
@@ -49,8 +50,10 @@ struct SamplingParams {
   // kJsonObject: every choice keeps the answer a JSON object that can still be completed,
   // and once it is complete only stop_ids may follow, which it then needs (the Sampler needs
   // the tokenizer's TokenVocabulary). Not with min_tokens: the object could be complete
-  // before the minimum, leaving nothing to choose.
+  // before the minimum, leaving nothing to choose. kJsonSchema: the same for a value of
+  // json_schema.
   ResponseFormat response_format = ResponseFormat::kText;
+  std::shared_ptr<const CompiledSchema> json_schema;  // with kJsonSchema
 
   absl::Status Validate() const;
   bool greedy() const { return temperature <= 0.0; }
@@ -87,7 +90,7 @@ std::vector<TokenLogprob> TokenLogprobs(const at::Tensor& logits, std::span<cons
 // so that a draft, its verification and plain decoding all see the same history.
 class Sampler {
  public:
-  // `vocabulary` (the tokenizer's) is required with ResponseFormat::kJsonObject and unused
+  // `vocabulary` (the tokenizer's) is required with a JSON response format and unused
   // otherwise.
   explicit Sampler(const SamplingParams& params,
                    std::shared_ptr<const TokenVocabulary> vocabulary = nullptr);
@@ -137,7 +140,7 @@ class Sampler {
   absl::flat_hash_map<int32_t, int64_t> generated_counts_;
   int64_t generated_ = 0;  // tokens committed, with min_tokens
   std::vector<int32_t> prompt_tokens_;  // sorted, unique
-  std::unique_ptr<JsonConstraint> json_;  // with ResponseFormat::kJsonObject
+  std::unique_ptr<TokenConstraint> format_;  // with a JSON response format
 };
 
 }  // namespace tophat

@@ -1,0 +1,54 @@
+// A JSON Schema and an answer constrained to it (models/grammar/json_schema.h,
+// schema_grammar.h): the input is the schema's JSON, a NUL byte, then the answer's bytes.
+// The schema compiles or is refused with a status, never a crash. When it compiles, the
+// grammar fed the answer's bytes may end only where the answer is a value the schema takes
+// (SchemaAccepts, the plain recursive check of the same rules), and where it stops (a byte
+// refused, or the answer's end) some byte must still be taken unless it may end there: every
+// prefix it takes can be completed. A number too large for the parser (1e999) is JSON all
+// the same, and such an answer is not judged.
+#include <cstddef>
+#include <cstdint>
+#include <regex>
+#include <string_view>
+
+#include "fuzz/fuzz_util.h"
+#include "models/grammar/json_schema.h"
+#include "models/grammar/schema_grammar.h"
+#include "nlohmann/json.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string_view input(reinterpret_cast<const char*>(data), size);
+  const size_t nul = input.find('\0');
+  if (nul == std::string_view::npos) return 0;
+  const nlohmann::json schema =
+      nlohmann::json::parse(input.substr(0, nul), nullptr, /*allow_exceptions=*/false);
+  if (schema.is_discarded()) return 0;
+  const auto compiled = tophat::CompiledSchema::Compile(schema);
+  if (!compiled.ok()) return 0;
+  const std::string_view answer = input.substr(nul + 1);
+  tophat::SchemaGrammar grammar(compiled->get());
+  size_t taken = 0;
+  for (; taken < answer.size(); ++taken) {
+    tophat::SchemaGrammar next = grammar;
+    if (!next.Feed(static_cast<unsigned char>(answer[taken]))) break;
+    grammar = next;
+  }
+  if (!grammar.can_end()) {
+    bool any = false;
+    for (int byte = 0; byte < 256 && !any; ++byte) {
+      tophat::SchemaGrammar next = grammar;
+      any = next.Feed(static_cast<unsigned char>(byte));
+    }
+    TOPHAT_FUZZ_CHECK(any);
+  }
+  if (taken == answer.size() && grammar.can_end()) {
+    const nlohmann::json value = nlohmann::json::parse(answer, nullptr, /*allow_exceptions=*/false);
+    if (value.is_discarded()) {
+      static const std::regex huge_exponent("[eE][-+]?[0-9]{3,}");
+      TOPHAT_FUZZ_CHECK(std::regex_search(answer.begin(), answer.end(), huge_exponent));
+    } else {
+      TOPHAT_FUZZ_CHECK(tophat::SchemaAccepts(**compiled, (*compiled)->root(), value));
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,617 @@
+#include "models/grammar/json_schema.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace tophat {
+namespace {
+
+using nlohmann::json;
+
+// Keywords that describe and constrain nothing.
+constexpr std::string_view kAnnotations[] = {
+    "title",    "description", "default",  "examples",  "format",   "$schema",
+    "$id",      "$comment",    "deprecated", "readOnly", "writeOnly", "$defs",
+    "definitions"};
+// Keywords that constrain, and are compiled.
+constexpr std::string_view kSupported[] = {
+    "type",  "enum",     "const",    "properties", "required", "additionalProperties",
+    "items", "minItems", "maxItems", "anyOf",      "oneOf",    "allOf",
+    "$ref"};
+
+template <size_t N>
+bool OneOf(std::string_view key, const std::string_view (&set)[N]) {
+  return std::find(std::begin(set), std::end(set), key) != std::end(set);
+}
+
+// The value classes a first byte tells apart: a number is one class whether or not it is an
+// integer.
+uint8_t ClassesOf(uint8_t types) {
+  uint8_t classes = types & ~(kTypeInteger | kTypeNumber);
+  if ((types & (kTypeInteger | kTypeNumber)) != 0) classes |= kTypeNumber;
+  return classes;
+}
+
+bool IsIntegral(const json& value) {
+  if (value.is_number_integer() || value.is_number_unsigned()) return true;
+  if (!value.is_number_float()) return false;
+  const double v = value.get<double>();
+  return std::isfinite(v) && std::floor(v) == v;
+}
+
+// The JSON Schema types `value` is of: a whole number is an integer and a number.
+uint8_t TypesOfValue(const json& value) {
+  switch (value.type()) {
+    case json::value_t::object:
+      return kTypeObject;
+    case json::value_t::array:
+      return kTypeArray;
+    case json::value_t::string:
+      return kTypeString;
+    case json::value_t::boolean:
+      return kTypeBoolean;
+    case json::value_t::null:
+      return kTypeNull;
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned:
+    case json::value_t::number_float:
+      return IsIntegral(value) ? kTypeInteger | kTypeNumber : kTypeNumber;
+    case json::value_t::binary:
+    case json::value_t::discarded:
+      return 0;
+  }
+  return 0;
+}
+
+std::string TypeNames(uint8_t classes) {
+  std::string names;
+  for (const auto& [bit, name] : {std::pair{kTypeObject, "objects"}, {kTypeArray, "arrays"},
+                                  {kTypeString, "strings"}, {kTypeNumber, "numbers"},
+                                  {kTypeBoolean, "booleans"}, {kTypeNull, "null"}}) {
+    if ((classes & bit) != 0) absl::StrAppend(&names, names.empty() ? "" : ", ", name);
+  }
+  return names;
+}
+
+}  // namespace
+
+uint8_t JsonTypeOfFirstByte(unsigned char byte) {
+  switch (byte) {
+    case '{':
+      return kTypeObject;
+    case '[':
+      return kTypeArray;
+    case '"':
+      return kTypeString;
+    case 't':
+    case 'f':
+      return kTypeBoolean;
+    case 'n':
+      return kTypeNull;
+    case '-':
+      return kTypeNumber;
+    default:
+      return byte >= '0' && byte <= '9' ? kTypeNumber : 0;
+  }
+}
+
+int32_t ByteTrie::Child(int32_t node, unsigned char byte) const {
+  const auto& edges = nodes[static_cast<size_t>(node)].edges;
+  const auto it = std::lower_bound(edges.begin(), edges.end(), byte,
+                                   [](const auto& edge, unsigned char b) { return edge.first < b; });
+  return it != edges.end() && it->first == byte ? it->second : -1;
+}
+
+void ByteTrie::Insert(std::string_view bytes, int32_t value) {
+  const uint64_t bit = value >= 0 && value < 64 ? uint64_t{1} << value : 0;
+  int32_t node = 0;
+  nodes[0].below |= bit;
+  for (const char c : bytes) {
+    const auto byte = static_cast<unsigned char>(c);
+    int32_t child = Child(node, byte);
+    if (child < 0) {
+      child = static_cast<int32_t>(nodes.size());
+      nodes.emplace_back();
+      auto& edges = nodes[static_cast<size_t>(node)].edges;
+      edges.insert(std::lower_bound(edges.begin(), edges.end(), std::pair{byte, child}),
+                   {byte, child});
+    }
+    node = child;
+    nodes[static_cast<size_t>(node)].below |= bit;
+  }
+  nodes[static_cast<size_t>(node)].terminal = value;
+}
+
+int32_t CompiledSchema::ForType(int32_t node, uint8_t type) const {
+  // A union's branches take pairwise different types, and Compile refused unions that lead
+  // back to themselves: this ends.
+  while (node != SchemaNode::kNone) {
+    const SchemaNode& n = nodes_[static_cast<size_t>(node)];
+    if (n.any) return node;
+    if (n.branches.empty()) return (ClassesOf(n.types) & type) != 0 ? node : SchemaNode::kNone;
+    int32_t next = SchemaNode::kNone;
+    for (const int32_t branch : n.branches) {
+      if ((ClassesOf(nodes_[static_cast<size_t>(branch)].types) & type) != 0 ||
+          nodes_[static_cast<size_t>(branch)].any) {
+        next = branch;
+        break;
+      }
+    }
+    node = next;
+  }
+  return SchemaNode::kNone;
+}
+
+class SchemaCompiler {
+ public:
+  explicit SchemaCompiler(const json& root) : root_(root) {}
+
+  absl::StatusOr<int32_t> Compile(const json& schema, const std::string& pointer) {
+    const int32_t index = NewNode(pointer);
+    if (absl::Status filled = Fill(index, schema, pointer); !filled.ok()) return filled;
+    return index;
+  }
+
+  absl::Status Finish(int32_t root);
+
+  std::shared_ptr<CompiledSchema> out = std::make_shared<CompiledSchema>();
+
+ private:
+  static absl::Status Invalid(const std::string& pointer, const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("at ", pointer.empty() ? "/" : pointer, ": ", what));
+  }
+  int32_t NewNode(const std::string& pointer) {
+    out->nodes_.emplace_back();
+    pointers_.push_back(pointer);
+    return static_cast<int32_t>(out->nodes_.size() - 1);
+  }
+  SchemaNode& At(int32_t index) { return out->nodes_[static_cast<size_t>(index)]; }
+  int32_t AnyNode() {
+    if (any_ == SchemaNode::kNone) {
+      any_ = NewNode("(any value)");
+      At(any_).any = true;
+      At(any_).types = kAllJsonTypes;
+    }
+    return any_;
+  }
+  static constexpr int kMaxNesting = 64;
+  static constexpr size_t kMaxNodes = 10000;
+
+  absl::Status Fill(int32_t index, const json& schema, const std::string& pointer);
+  absl::Status FillNested(int32_t index, const json& schema, const std::string& pointer);
+  absl::StatusOr<int32_t> Reference(const std::string& ref, const std::string& pointer);
+  absl::Status FillObject(int32_t index, const json& schema, const std::string& pointer);
+  absl::Status FillArray(int32_t index, const json& schema, const std::string& pointer);
+  absl::Status FillEnum(int32_t index, const json& schema, const std::string& pointer,
+                        bool typed);
+  absl::Status UnionTypes(int32_t node, std::vector<uint8_t>& state);
+
+  const json& root_;
+  std::vector<std::string> pointers_;  // each node's place, for errors
+  absl::flat_hash_map<std::string, int32_t> by_reference_;
+  int32_t any_ = SchemaNode::kNone;
+  int nesting_ = 0;  // Fill calls in progress
+};
+
+absl::StatusOr<int32_t> SchemaCompiler::Reference(const std::string& ref,
+                                                  const std::string& pointer) {
+  std::string target;
+  if (ref == "#") {
+    target = "";
+  } else if (ref.starts_with("#/$defs/") || ref.starts_with("#/definitions/")) {
+    target = ref.substr(1);
+  } else {
+    return Invalid(pointer, absl::StrCat("$ref \"", ref,
+                                         "\" is not supported: only \"#\", \"#/$defs/NAME\" and "
+                                         "\"#/definitions/NAME\" in this schema"));
+  }
+  if (const auto it = by_reference_.find(target); it != by_reference_.end()) return it->second;
+  const json* found = nullptr;
+  try {
+    found = &root_.at(json::json_pointer(target));
+  } catch (const json::exception&) {
+    return Invalid(pointer, absl::StrCat("$ref \"", ref, "\": no such schema"));
+  }
+  // Registered before it is compiled, so that a reference back to it (recursion) finds it.
+  const int32_t index = NewNode(target);
+  by_reference_[target] = index;
+  if (absl::Status filled = Fill(index, *found, target); !filled.ok()) return filled;
+  return index;
+}
+
+absl::Status SchemaCompiler::Fill(int32_t index, const json& schema, const std::string& pointer) {
+  // Compiling recurses into a schema's parts: bounded, as the nodes' count is.
+  if (nesting_ >= kMaxNesting) {
+    return Invalid(pointer, absl::StrCat("nested more than ", kMaxNesting, " schemas deep"));
+  }
+  if (out->nodes_.size() > kMaxNodes) {
+    return Invalid(pointer, absl::StrCat("more than ", kMaxNodes, " schemas in all"));
+  }
+  ++nesting_;
+  absl::Status filled = FillNested(index, schema, pointer);
+  --nesting_;
+  return filled;
+}
+
+absl::Status SchemaCompiler::FillNested(int32_t index, const json& schema,
+                                        const std::string& pointer) {
+  if (schema.is_boolean()) {
+    if (!schema.get<bool>()) return Invalid(pointer, "the schema false admits no value");
+    At(index).any = true;
+    At(index).types = kAllJsonTypes;
+    return absl::OkStatus();
+  }
+  if (!schema.is_object()) return Invalid(pointer, "a schema must be an object or a boolean");
+  bool constrains = false;
+  for (const auto& [key, value] : schema.items()) {
+    if (OneOf(key, kAnnotations)) continue;
+    if (!OneOf(key, kSupported)) {
+      return Invalid(pointer,
+                     absl::StrCat("\"", key,
+                                  "\" is not supported (supported: type, enum, const, properties, "
+                                  "required, additionalProperties, items, minItems, maxItems, "
+                                  "anyOf and oneOf of different types, allOf of one schema, "
+                                  "$ref, and annotations)"));
+    }
+    constrains = true;
+  }
+  // A reference, a union or a one-schema allOf stands alone (annotations aside).
+  for (const char* alone : {"$ref", "anyOf", "oneOf", "allOf"}) {
+    if (!schema.contains(alone)) continue;
+    for (const auto& [key, value] : schema.items()) {
+      if (key != alone && OneOf(key, kSupported)) {
+        return Invalid(pointer, absl::StrCat("\"", alone, "\" beside \"", key,
+                                             "\" is not supported: put the constraints in "
+                                             "one place"));
+      }
+    }
+    const std::string here = absl::StrCat(pointer, "/", alone);
+    if (std::string_view(alone) == "$ref") {
+      if (!schema["$ref"].is_string()) return Invalid(here, "$ref must be a string");
+      absl::StatusOr<int32_t> target = Reference(schema["$ref"].get<std::string>(), here);
+      if (!target.ok()) return target.status();
+      At(index).branches = {*target};
+      return absl::OkStatus();
+    }
+    const json& list = schema[alone];
+    if (!list.is_array() || list.empty()) return Invalid(here, "must be a non-empty array");
+    if (std::string_view(alone) == "allOf" && list.size() != 1) {
+      return Invalid(here, "an allOf of more than one schema is not supported");
+    }
+    std::vector<int32_t> branches;
+    for (size_t i = 0; i < list.size(); ++i) {
+      absl::StatusOr<int32_t> branch = Compile(list[i], absl::StrCat(here, "/", i));
+      if (!branch.ok()) return branch.status();
+      branches.push_back(*branch);
+    }
+    At(index).branches = std::move(branches);
+    return absl::OkStatus();
+  }
+  if (!constrains) {
+    At(index).any = true;
+    At(index).types = kAllJsonTypes;
+    return absl::OkStatus();
+  }
+
+  uint8_t types = 0;
+  const bool typed = schema.contains("type");
+  if (typed) {
+    const json& type = schema["type"];
+    std::vector<json> names = type.is_array() ? type.get<std::vector<json>>() : std::vector<json>{type};
+    if (names.empty()) return Invalid(pointer + "/type", "must name at least one type");
+    for (const json& name : names) {
+      const std::string text = name.is_string() ? name.get<std::string>() : "";
+      const uint8_t bit = text == "object"    ? kTypeObject
+                          : text == "array"   ? kTypeArray
+                          : text == "string"  ? kTypeString
+                          : text == "integer" ? kTypeInteger
+                          : text == "number"  ? kTypeNumber
+                          : text == "boolean" ? kTypeBoolean
+                          : text == "null"    ? kTypeNull
+                                              : 0;
+      if (bit == 0) {
+        return Invalid(pointer + "/type",
+                       absl::StrCat(name.dump(), " is not a JSON Schema type (object, array, "
+                                                 "string, integer, number, boolean, null)"));
+      }
+      types |= bit;
+    }
+  } else {
+    // No "type": the types its keywords are for (a schema with "properties" describes an
+    // object), all of them when it has none of those.
+    for (const char* key : {"properties", "required", "additionalProperties"}) {
+      if (schema.contains(key)) types |= kTypeObject;
+    }
+    for (const char* key : {"items", "minItems", "maxItems"}) {
+      if (schema.contains(key)) types |= kTypeArray;
+    }
+    if (types == 0) types = kAllJsonTypes;
+  }
+  At(index).types = types;
+  if (schema.contains("enum") || schema.contains("const")) {
+    return FillEnum(index, schema, pointer, typed);
+  }
+  if ((types & kTypeObject) != 0) {
+    if (absl::Status filled = FillObject(index, schema, pointer); !filled.ok()) return filled;
+  }
+  if ((types & kTypeArray) != 0) {
+    if (absl::Status filled = FillArray(index, schema, pointer); !filled.ok()) return filled;
+  }
+  for (const char* key : {"properties", "required", "additionalProperties"}) {
+    if ((types & kTypeObject) == 0 && schema.contains(key)) {
+      return Invalid(pointer, absl::StrCat("\"", key, "\" on a schema whose type has no object"));
+    }
+  }
+  for (const char* key : {"items", "minItems", "maxItems"}) {
+    if ((types & kTypeArray) == 0 && schema.contains(key)) {
+      return Invalid(pointer, absl::StrCat("\"", key, "\" on a schema whose type has no array"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SchemaCompiler::FillObject(int32_t index, const json& schema,
+                                        const std::string& pointer) {
+  if (schema.contains("properties")) {
+    const json& properties = schema["properties"];
+    if (!properties.is_object()) return Invalid(pointer + "/properties", "must be an object");
+    if (properties.size() > 64) {
+      return Invalid(pointer + "/properties",
+                     absl::StrCat(properties.size(), " properties: at most 64 an object"));
+    }
+    for (const auto& [name, property] : properties.items()) {
+      // The key's place as a JSON pointer escapes '~' and '/'.
+      std::string escaped;
+      for (const char c : name) {
+        escaped += c == '~' ? std::string("~0") : c == '/' ? std::string("~1") : std::string(1, c);
+      }
+      absl::StatusOr<int32_t> node =
+          Compile(property, absl::StrCat(pointer, "/properties/", escaped));
+      if (!node.ok()) return node.status();
+      SchemaNode& n = At(index);
+      const auto i = static_cast<int32_t>(n.property_names.size());
+      n.property_names.push_back(name);
+      n.property_nodes.push_back(*node);
+      // As JSON writes the name, without its quotes: what a key's bytes are matched to.
+      const std::string written = json(name).dump();
+      n.keys.Insert(std::string_view(written).substr(1, written.size() - 2), i);
+    }
+  }
+  if (schema.contains("required")) {
+    const json& required = schema["required"];
+    if (!required.is_array()) return Invalid(pointer + "/required", "must be an array of names");
+    for (const json& name : required) {
+      SchemaNode& n = At(index);
+      const auto it = name.is_string()
+                          ? std::find(n.property_names.begin(), n.property_names.end(),
+                                      name.get<std::string>())
+                          : n.property_names.end();
+      if (it == n.property_names.end()) {
+        return Invalid(pointer + "/required",
+                       absl::StrCat(name.dump(), " is not one of the declared properties"));
+      }
+      n.required |= uint64_t{1} << (it - n.property_names.begin());
+    }
+  }
+  if (!schema.contains("additionalProperties") || schema["additionalProperties"] == json(true)) {
+    const int32_t any = AnyNode();
+    At(index).additional = any;
+  } else if (schema["additionalProperties"] != json(false)) {
+    absl::StatusOr<int32_t> node =
+        Compile(schema["additionalProperties"], pointer + "/additionalProperties");
+    if (!node.ok()) return node.status();
+    At(index).additional = *node;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SchemaCompiler::FillArray(int32_t index, const json& schema,
+                                       const std::string& pointer) {
+  if (schema.contains("items")) {
+    if (schema["items"].is_array()) {
+      return Invalid(pointer + "/items", "an array of schemas (tuples) is not supported");
+    }
+    absl::StatusOr<int32_t> node = Compile(schema["items"], pointer + "/items");
+    if (!node.ok()) return node.status();
+    At(index).items = *node;
+  } else {
+    const int32_t any = AnyNode();
+    At(index).items = any;
+  }
+  for (const char* key : {"minItems", "maxItems"}) {
+    if (!schema.contains(key)) continue;
+    const json& value = schema[key];
+    if (!value.is_number_unsigned() && !(value.is_number_integer() && value.get<int64_t>() >= 0)) {
+      return Invalid(absl::StrCat(pointer, "/", key), "must be a whole number >= 0");
+    }
+    (std::string_view(key) == "minItems" ? At(index).min_items : At(index).max_items) =
+        value.get<int64_t>();
+  }
+  const SchemaNode& n = At(index);
+  if (n.max_items >= 0 && n.min_items > n.max_items) {
+    return Invalid(pointer, absl::StrCat("minItems ", n.min_items, " > maxItems ", n.max_items));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SchemaCompiler::FillEnum(int32_t index, const json& schema,
+                                      const std::string& pointer, bool typed) {
+  if (schema.contains("enum") && schema.contains("const")) {
+    return Invalid(pointer, "\"enum\" beside \"const\": give one");
+  }
+  const std::string key = schema.contains("enum") ? "enum" : "const";
+  std::vector<json> values;
+  if (key == "enum") {
+    if (!schema["enum"].is_array() || schema["enum"].empty()) {
+      return Invalid(pointer + "/enum", "must be a non-empty array");
+    }
+    values = schema["enum"].get<std::vector<json>>();
+  } else {
+    values = {schema["const"]};
+  }
+  SchemaNode& n = At(index);
+  const uint8_t declared = typed ? n.types : kAllJsonTypes;
+  n.types = 0;
+  for (const json& value : values) {
+    if ((TypesOfValue(value) & declared) == 0) continue;  // of another type: never valid
+    const std::string text = value.dump();
+    if (std::find(n.enum_texts.begin(), n.enum_texts.end(), text) != n.enum_texts.end()) continue;
+    n.types |= ClassesOf(TypesOfValue(value));
+    n.enum_trie.Insert(text, static_cast<int32_t>(n.enum_texts.size()));
+    n.enum_texts.push_back(text);
+  }
+  if (n.enum_texts.empty()) {
+    return Invalid(absl::StrCat(pointer, "/", key), "no value is of the schema's type");
+  }
+  n.enum_types = n.types;
+  for (const char* other : {"properties", "required", "additionalProperties", "items",
+                            "minItems", "maxItems"}) {
+    if (schema.contains(other)) {
+      return Invalid(pointer, absl::StrCat("\"", other, "\" beside \"", key,
+                                           "\" is not supported"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A union's types are its branches'; state: 0 unvisited, 1 in progress, 2 done.
+absl::Status SchemaCompiler::UnionTypes(int32_t node, std::vector<uint8_t>& state) {
+  if (state[static_cast<size_t>(node)] == 2 || At(node).branches.empty()) return absl::OkStatus();
+  if (state[static_cast<size_t>(node)] == 1) {
+    return Invalid(pointers_[static_cast<size_t>(node)],
+                   "refers back to itself with no object or array in between");
+  }
+  state[static_cast<size_t>(node)] = 1;
+  uint8_t seen = 0;
+  const std::vector<int32_t> branches = At(node).branches;
+  for (size_t i = 0; i < branches.size(); ++i) {
+    if (absl::Status done = UnionTypes(branches[i], state); !done.ok()) return done;
+    const SchemaNode& branch = At(branches[i]);
+    const uint8_t classes = branch.any ? ClassesOf(kAllJsonTypes) : ClassesOf(branch.types);
+    if ((classes & seen) != 0 || (branch.any && branches.size() > 1)) {
+      return Invalid(pointers_[static_cast<size_t>(node)],
+                     absl::StrCat("branches take the same JSON type (",
+                                  TypeNames(classes & (seen | (branch.any ? kAllJsonTypes : 0))),
+                                  "): only branches of different types are supported, "
+                                  "told apart by a value's first character"));
+    }
+    seen |= classes;
+    At(node).types |= branch.any ? kAllJsonTypes : branch.types;
+  }
+  state[static_cast<size_t>(node)] = 2;
+  return absl::OkStatus();
+}
+
+absl::Status SchemaCompiler::Finish(int32_t root) {
+  std::vector<uint8_t> state(out->nodes_.size(), 0);
+  for (size_t i = 0; i < out->nodes_.size(); ++i) {
+    if (absl::Status done = UnionTypes(static_cast<int32_t>(i), state); !done.ok()) return done;
+  }
+  // The fewest nested objects and arrays each node's values need: relaxed until nothing
+  // changes (each pass can only lower a depth, and none goes below 0).
+  constexpr int32_t kInf = SchemaNode::kUnreachable;
+  const auto depth_of = [&](int32_t node) { return At(node).min_depth; };
+  for (bool changed = true; changed;) {
+    changed = false;
+    // Last first: a schema's parts are compiled after it, so one pass settles a tree.
+    for (size_t i = out->nodes_.size(); i-- > 0;) {
+      SchemaNode& n = out->nodes_[i];
+      int32_t depth = kInf;
+      if (n.any || !n.enum_texts.empty() ||
+          (n.branches.empty() &&
+           (n.types & (kTypeString | kTypeInteger | kTypeNumber | kTypeBoolean | kTypeNull)) != 0)) {
+        depth = 0;  // a scalar (or an enum's value, which is written whole)
+      }
+      if (!n.branches.empty()) {
+        for (const int32_t branch : n.branches) depth = std::min(depth, depth_of(branch));
+      } else if (n.enum_texts.empty()) {
+        if ((n.types & kTypeObject) != 0) {
+          int32_t object = 1;
+          for (size_t p = 0; p < n.property_nodes.size(); ++p) {
+            if ((n.required >> p & 1u) != 0) {
+              object = std::max(object, std::min(kInf, 1 + depth_of(n.property_nodes[p])));
+            }
+          }
+          n.object_depth = object;
+          depth = std::min(depth, object);
+        }
+        if ((n.types & kTypeArray) != 0) {
+          const int32_t array = n.min_items == 0         ? 1
+                                : n.items == SchemaNode::kNone ? kInf
+                                                         : std::min(kInf, 1 + depth_of(n.items));
+          n.array_depth = array;
+          depth = std::min(depth, array);
+        }
+      }
+      if (depth < n.min_depth) {
+        n.min_depth = depth;
+        changed = true;
+      }
+    }
+  }
+  const int32_t needed = depth_of(root);
+  if (needed > CompiledSchema::kMaxDepth) {
+    return Invalid("", needed >= kInf
+                           ? "no finite JSON value satisfies the schema (a required property, "
+                             "an array's minItems or a union has no value that ends)"
+                           : absl::StrCat("its smallest value nests ", needed,
+                                          " objects and arrays, more than the ",
+                                          CompiledSchema::kMaxDepth, " supported"));
+  }
+  out->root_ = root;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const CompiledSchema>> CompiledSchema::Compile(const json& schema) {
+  SchemaCompiler compiler(schema);
+  absl::StatusOr<int32_t> root = compiler.Compile(schema, "");
+  if (!root.ok()) return root.status();
+  if (absl::Status finished = compiler.Finish(*root); !finished.ok()) return finished;
+  return std::shared_ptr<const CompiledSchema>(std::move(compiler.out));
+}
+
+bool SchemaAccepts(const CompiledSchema& schema, int32_t node, const json& value) {
+  uint8_t type = TypesOfValue(value);
+  if (type == 0) return false;
+  node = schema.ForType(node, ClassesOf(type));
+  if (node == SchemaNode::kNone) return false;
+  const SchemaNode& n = schema.node(node);
+  if (n.any) return true;
+  if (!n.enum_texts.empty()) {
+    return std::any_of(n.enum_texts.begin(), n.enum_texts.end(),
+                       [&](const std::string& text) { return json::parse(text) == value; });
+  }
+  if ((type & kTypeNumber) != 0 && (n.types & kTypeNumber) == 0 && (type & kTypeInteger) == 0) {
+    return false;  // an integer is wanted, and this has a fraction
+  }
+  if (value.is_object()) {
+    uint64_t seen = 0;
+    for (const auto& [key, item] : value.items()) {
+      const auto it = std::find(n.property_names.begin(), n.property_names.end(), key);
+      if (it != n.property_names.end()) {
+        const auto i = it - n.property_names.begin();
+        seen |= uint64_t{1} << i;
+        if (!SchemaAccepts(schema, n.property_nodes[static_cast<size_t>(i)], item)) return false;
+      } else if (n.additional == SchemaNode::kNone ||
+                 !SchemaAccepts(schema, n.additional, item)) {
+        return false;
+      }
+    }
+    return (n.required & ~seen) == 0;
+  }
+  if (value.is_array()) {
+    const auto size = static_cast<int64_t>(value.size());
+    if (size < n.min_items || (n.max_items >= 0 && size > n.max_items)) return false;
+    return std::all_of(value.begin(), value.end(), [&](const json& item) {
+      return n.items != SchemaNode::kNone && SchemaAccepts(schema, n.items, item);
+    });
+  }
+  return true;
+}
+
+}  // namespace tophat

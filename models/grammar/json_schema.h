@@ -1,0 +1,133 @@
+// A JSON Schema compiled for decoding constrained to it (OpenAI's response_format
+// {"type": "json_schema"}): the graph SchemaGrammar walks.
+//
+// What compiles is the part of JSON Schema that structured outputs use (OpenAI's strict
+// mode, and what Pydantic writes for its models):
+//   type (one, or a list), enum, const, properties, required, additionalProperties (false,
+//   true, or a schema; absent: true), items, minItems, maxItems, anyOf and oneOf whose
+//   branches take different JSON types (a nullable field: anyOf [X, {"type": "null"}]), an
+//   allOf of one schema, $ref to "#", "#/$defs/NAME" or "#/definitions/NAME" (recursion
+//   included), and the annotations (title, description, default, examples, format, $schema,
+//   $id, $comment, deprecated, readOnly, writeOnly), which constrain nothing: `format` too,
+//   so a "date-time" is any string.
+// Anything else (pattern, minLength, minimum, multipleOf, patternProperties, anyOf branches
+// of one type, ...) is refused naming its place, rather than ignored: an answer would not
+// hold to it. So is a schema that no finite value satisfies, or none within kMaxDepth nested
+// objects and arrays.
+//
+// Limits: 64 declared properties an object; keys match as written (a key spelled with \u
+// escapes is not the property it names); an enum value matches as nlohmann::json writes it
+// compactly (strings in UTF-8, no whitespace); an integer is written without a fraction or
+// an exponent.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json_fwd.hpp"
+
+namespace tophat {
+
+// The longest JSON Schema a request may carry, in bytes (its text as JSON).
+inline constexpr int64_t kMaxJsonSchemaBytes = 256 << 10;
+
+// The JSON types, as a node's bit set. A value that kNumber takes may be an integer too.
+enum JsonTypeBit : uint8_t {
+  kTypeObject = 1,
+  kTypeArray = 2,
+  kTypeString = 4,
+  kTypeInteger = 8,
+  kTypeNumber = 16,
+  kTypeBoolean = 32,
+  kTypeNull = 64,
+};
+inline constexpr uint8_t kAllJsonTypes = 127;
+
+// The type a value's first byte says it is: one bit of JsonTypeBit (kTypeNumber for a
+// number, whether or not it will be an integer), or 0 when no value starts with it.
+uint8_t JsonTypeOfFirstByte(unsigned char byte);
+
+// A trie over byte strings (property names, enum values). Node 0 is the root.
+struct ByteTrie {
+  struct Node {
+    std::vector<std::pair<unsigned char, int32_t>> edges;  // sorted by byte
+    int32_t terminal = -1;  // >= 0: a string ends here (its value)
+    uint64_t below = 0;     // bit i: a string of value i < 64 ends here or below
+  };
+  std::vector<Node> nodes{Node{}};
+
+  // The child of `node` by `byte`, or -1.
+  int32_t Child(int32_t node, unsigned char byte) const;
+  void Insert(std::string_view bytes, int32_t value);
+};
+
+struct SchemaNode {
+  static constexpr int32_t kNone = -1;
+  static constexpr int32_t kUnreachable = 1 << 20;  // min_depth of what cannot be written
+
+  // No constraint: any JSON value (true, {}, or a schema of annotations only).
+  bool any = false;
+  // A union (anyOf / oneOf): the branches, of pairwise different types; a value goes to the
+  // one of its type (SchemaGrammar dispatches on its first byte). The fields below are
+  // then unused.
+  std::vector<int32_t> branches;
+  uint8_t types = 0;  // JsonTypeBit set; a union's is its branches'
+
+  // Objects.
+  std::vector<std::string> property_names;  // as declared
+  std::vector<int32_t> property_nodes;
+  uint64_t required = 0;  // bit i: property i
+  int32_t additional = kNone;  // node of undeclared properties' values; kNone: refused
+  ByteTrie keys;               // the names as JSON writes them, terminals their indices
+
+  // Arrays.
+  int32_t items = kNone;  // kNone: only an empty array
+  int64_t min_items = 0;
+  int64_t max_items = -1;  // -1: no limit
+
+  // enum / const: a value of one of enum_types is one of enum_texts, compact JSON.
+  uint8_t enum_types = 0;
+  std::vector<std::string> enum_texts;
+  ByteTrie enum_trie;  // over enum_texts
+
+  // The fewest nested objects and arrays a value of this node needs (0: a scalar will do),
+  // and an object's and an array's of its own; kUnreachable when none can be written.
+  int32_t min_depth = kUnreachable;
+  int32_t object_depth = kUnreachable;
+  int32_t array_depth = kUnreachable;
+};
+
+class CompiledSchema {
+ public:
+  // Nested objects and arrays a constrained value may have (SchemaGrammar's stack); a free
+  // value inside them (`any`) has JsonGrammar's own limit.
+  static constexpr int32_t kMaxDepth = 32;
+
+  // Errors are InvalidArgument naming the place in the schema as a JSON pointer, e.g.
+  // `at /properties/age: "minimum" is not supported (...)`.
+  static absl::StatusOr<std::shared_ptr<const CompiledSchema>> Compile(const nlohmann::json& schema);
+
+  const SchemaNode& node(int32_t index) const { return nodes_[static_cast<size_t>(index)]; }
+  int32_t root() const { return root_; }
+  size_t size() const { return nodes_.size(); }
+  // The node that takes a value of `type` (one JsonTypeBit, kTypeNumber for any number)
+  // where `node` is expected: itself, or its union's branch of that type; kNone if none.
+  int32_t ForType(int32_t node, uint8_t type) const;
+
+ private:
+  friend class SchemaCompiler;
+  std::vector<SchemaNode> nodes_;
+  int32_t root_ = 0;
+};
+
+// Whether `value` satisfies node `node` of `schema`: a plain recursive check of the same
+// rules (the tests and the fuzz target hold SchemaGrammar to it). Enum values compare as
+// JSON values (1 and 1.0 alike), so it takes a little more than the grammar writes.
+bool SchemaAccepts(const CompiledSchema& schema, int32_t node, const nlohmann::json& value);
+
+}  // namespace tophat

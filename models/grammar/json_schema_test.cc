@@ -1,0 +1,509 @@
+#include "models/grammar/json_schema.h"
+
+#include <catch2/catch.hpp>
+#include <optional>
+#include <random>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "models/grammar/json_constraint.h"
+#include "models/grammar/schema_grammar.h"
+#include "nlohmann/json.hpp"
+
+namespace tophat {
+namespace {
+
+using nlohmann::json;
+
+std::shared_ptr<const CompiledSchema> Compiled(const std::string& schema) {
+  absl::StatusOr<std::shared_ptr<const CompiledSchema>> compiled =
+      CompiledSchema::Compile(json::parse(schema));
+  INFO(schema << ": " << compiled.status().ToString());
+  REQUIRE(compiled.ok());
+  return *compiled;
+}
+
+std::string Refusal(const std::string& schema) {
+  absl::StatusOr<std::shared_ptr<const CompiledSchema>> compiled =
+      CompiledSchema::Compile(json::parse(schema));
+  INFO(schema);
+  REQUIRE_FALSE(compiled.ok());
+  CHECK(compiled.status().code() == absl::StatusCode::kInvalidArgument);
+  return std::string(compiled.status().message());
+}
+
+// Whether the grammar takes every byte of `text` and may end after it.
+bool Takes(const CompiledSchema& schema, const std::string& text) {
+  SchemaGrammar grammar(&schema);
+  return grammar.Feed(text) && grammar.can_end();
+}
+
+// A person: what Pydantic writes for a model with a nested, optional copy of itself.
+constexpr char kPerson[] = R"({
+  "$defs": {"Person": {
+    "type": "object",
+    "title": "Person",
+    "properties": {
+      "name": {"type": "string", "description": "the given name"},
+      "age": {"type": "integer"},
+      "height": {"type": "number"},
+      "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2},
+      "kind": {"enum": ["adult", "child", 7, null]},
+      "spouse": {"anyOf": [{"$ref": "#/$defs/Person"}, {"type": "null"}]},
+      "born": {"type": "string", "format": "date-time"}
+    },
+    "required": ["name", "age"],
+    "additionalProperties": false
+  }},
+  "$ref": "#/$defs/Person"
+})";
+
+TEST_CASE("A JSON Schema's values are taken byte by byte and nothing else is", "[grammar]") {
+  const auto person = Compiled(kPerson);
+  for (const char* good : {
+           R"({"name":"Ann","age":31})",
+           R"({"age":31,"name":"Ann"})",
+           "{\n  \"name\": \"Ann\",\n  \"age\": -3,\n  \"height\": 1.75e0\n}",
+           R"( {"name":"\u00e9\"x","age":0,"tags":[],"kind":"child","born":"2024-01-01"})",
+           R"({"name":"A","age":1,"tags":["a","b"],"kind":7,"spouse":null})",
+           R"({"name":"A","age":1,"kind":null,"spouse":{"name":"B","age":2,"spouse":null}})",
+       }) {
+    INFO(good);
+    CHECK(Takes(*person, good));
+    CHECK(SchemaAccepts(*person, person->root(), json::parse(good)));
+  }
+  for (const char* bad : {
+           R"({"name":"Ann"})",                           // age is required
+           R"({"name":"Ann","age":31,"x":1})",            // no undeclared properties
+           R"({"name":"Ann","age":31.5})",                // an integer
+           R"({"name":"Ann","age":"31"})",                // not a string
+           R"({"name":"Ann","age":31,"name":"Bo"})",      // a property twice
+           R"({"name":"A","age":1,"tags":["a","b","c"]})",  // maxItems
+           R"({"name":"A","age":1,"kind":"teen"})",       // not in the enum
+           R"({"name":"A","age":1,"kind":7.0})",          // written otherwise than the enum
+           R"({"name":"A","age":1,"spouse":{"name":"B"}})",  // the nested one's age
+           R"({"name":"A","age":1} )",                    // nothing after the value
+           R"(["name"])",
+       }) {
+    INFO(bad);
+    CHECK_FALSE(Takes(*person, bad));
+  }
+  // Every prefix of a value is taken, and the value is complete only at its end.
+  const std::string value = R"({"name":"A","age":12,"spouse":{"name":"B","age":2},"kind":"adult"})";
+  SchemaGrammar grammar(person.get());
+  for (size_t i = 0; i < value.size(); ++i) {
+    INFO("at " << i);
+    CHECK_FALSE(grammar.complete());
+    REQUIRE(grammar.Feed(static_cast<unsigned char>(value[i])));
+  }
+  CHECK(grammar.complete());
+}
+
+TEST_CASE("A schema's top-level value may be a scalar, and a number may end or go on", "[grammar]") {
+  const auto integer = Compiled(R"({"type": "integer"})");
+  CHECK(Takes(*integer, "12"));
+  CHECK(Takes(*integer, "-0"));
+  CHECK_FALSE(Takes(*integer, "1.5"));
+  CHECK_FALSE(Takes(*integer, "1e3"));
+  CHECK_FALSE(Takes(*integer, "01"));
+  SchemaGrammar twelve(integer.get());
+  REQUIRE(twelve.Feed("1"));
+  CHECK(twelve.can_end());
+  CHECK_FALSE(twelve.complete());  // a digit may follow
+  REQUIRE(twelve.Feed("2"));
+  CHECK(twelve.can_end());
+
+  const auto numbers = Compiled(R"({"enum": [1, 12, "x", true]})");
+  CHECK(Takes(*numbers, "1"));
+  CHECK(Takes(*numbers, "12"));
+  CHECK(Takes(*numbers, "\"x\""));
+  CHECK(Takes(*numbers, "true"));
+  CHECK_FALSE(Takes(*numbers, "123"));
+  CHECK_FALSE(Takes(*numbers, "2"));
+  SchemaGrammar x(numbers.get());
+  REQUIRE(x.Feed("\"x\""));
+  CHECK(x.complete());  // a string has its own end
+
+  // Nullable, and free values where the schema says nothing.
+  const auto nullable = Compiled(R"({"type": ["string", "null"]})");
+  CHECK(Takes(*nullable, "null"));
+  CHECK(Takes(*nullable, "\"\""));
+  CHECK_FALSE(Takes(*nullable, "0"));
+  const auto free = Compiled(R"({"type": "object", "properties": {"a": {"type": "boolean"}}})");
+  CHECK(Takes(*free, R"({"z":[1,{"y":null}],"a":false,"b":"\ud83c\udfa9"})"));
+  CHECK_FALSE(Takes(*free, R"({"a":1})"));
+  CHECK(Takes(*Compiled("true"), R"([1, "two", {"three": 3.0}])"));
+}
+
+TEST_CASE("An object takes a key only where a property is left to write", "[grammar]") {
+  // No undeclared keys and one property: after it, no ',' (nothing could follow it), and a
+  // key's bytes only along a name not yet written.
+  const auto one = Compiled(
+      R"({"type":"object","properties":{"ab":{"type":"null"},"ac":{"type":"null"}},
+          "additionalProperties":false})");
+  SchemaGrammar grammar(one.get());
+  REQUIRE(grammar.Feed(R"({"ab":null,)"));
+  SchemaGrammar key = grammar;
+  CHECK(key.Feed("\"a"));
+  CHECK_FALSE(SchemaGrammar(key).Feed("b"));  // "ab" is written already
+  CHECK(SchemaGrammar(key).Feed("c\":null}"));
+  REQUIRE(grammar.Feed(R"("ac":null)"));
+  CHECK_FALSE(SchemaGrammar(grammar).Feed(","));
+  CHECK(SchemaGrammar(grammar).Feed("}"));
+  // Where undeclared keys may come, a declared name is not taken twice either.
+  const auto open = Compiled(R"({"type":"object","properties":{"ab":{"type":"null"}}})");
+  SchemaGrammar again(open.get());
+  REQUIRE(again.Feed(R"({"ab":null,"ab)"));
+  CHECK_FALSE(SchemaGrammar(again).Feed("\""));
+  CHECK(SchemaGrammar(again).Feed("c\":1}"));
+}
+
+TEST_CASE("Schemas that cannot be held to are refused, naming their place", "[grammar]") {
+  CHECK_THAT(Refusal(R"({"type": "string", "minLength": 3})"),
+             Catch::StartsWith("at /: \"minLength\" is not supported"));
+  CHECK_THAT(Refusal(R"({"type":"object","properties":{"a/b":{"type":"integer","minimum":0}}})"),
+             Catch::StartsWith("at /properties/a~1b: \"minimum\" is not supported"));
+  CHECK_THAT(Refusal(R"({"anyOf": [{"type": "object"}, {"properties": {}}]})"),
+             Catch::StartsWith("at /: branches take the same JSON type (objects)"));
+  CHECK_THAT(Refusal(R"({"anyOf": [{"type": "integer"}, {"type": "number"}]})"),
+             Catch::Contains("(numbers)"));
+  CHECK_THAT(Refusal(R"({"$ref": "#/$defs/Missing"})"),
+             Catch::Contains("$ref \"#/$defs/Missing\": no such schema"));
+  CHECK_THAT(Refusal(R"({"$ref": "https://example.com/schema"})"),
+             Catch::Contains("is not supported"));
+  CHECK_THAT(Refusal(R"({"type":"object","properties":{"next":{"$ref":"#"}},"required":["next"]})"),
+             Catch::Contains("no finite JSON value"));
+  CHECK_THAT(Refusal(R"({"type": "object", "required": ["a"]})"),
+             Catch::Contains("\"a\" is not one of the declared properties"));
+  CHECK_THAT(Refusal(R"({"type": "text"})"), Catch::Contains("is not a JSON Schema type"));
+  CHECK_THAT(Refusal("false"), Catch::Contains("admits no value"));
+  CHECK_THAT(Refusal(R"({"type": "string", "enum": [1, 2]})"),
+             Catch::Contains("at /enum: no value is of the schema's type"));
+  CHECK_THAT(Refusal(R"({"allOf": [{"type": "string"}, {"type": "string"}]})"),
+             Catch::Contains("more than one"));
+  CHECK_THAT(Refusal(R"({"type": "object", "anyOf": [{"type": "object"}]})"),
+             Catch::Contains("\"anyOf\" beside \"type\""));
+  CHECK_THAT(Refusal(R"({"$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}},
+                         "$ref": "#/$defs/A"})"),
+             Catch::Contains("refers back to itself"));
+  // Deeper than the stack: a value needing 40 nested arrays.
+  json deep = {{"type", "integer"}};
+  for (int i = 0; i < 40; ++i) deep = {{"type", "array"}, {"items", deep}, {"minItems", 1}};
+  CHECK_THAT(Refusal(deep.dump()), Catch::Contains("nests 40 objects and arrays"));
+}
+
+// A random value of node `node`, as the schema's smallest values allow at `depth`.
+json RandomValue(const CompiledSchema& schema, int32_t node, int depth, std::mt19937_64& rng) {
+  auto chance = [&](double p) { return std::bernoulli_distribution(p)(rng); };
+  const SchemaNode* n = &schema.node(node);
+  while (!n->branches.empty()) {
+    std::vector<int32_t> fitting;
+    for (const int32_t b : n->branches) {
+      if (depth + schema.node(b).min_depth <= CompiledSchema::kMaxDepth) fitting.push_back(b);
+    }
+    node = fitting[std::uniform_int_distribution<size_t>(0, fitting.size() - 1)(rng)];
+    n = &schema.node(node);
+  }
+  if (!n->enum_texts.empty()) {
+    return json::parse(
+        n->enum_texts[std::uniform_int_distribution<size_t>(0, n->enum_texts.size() - 1)(rng)]);
+  }
+  std::vector<uint8_t> types;
+  const uint8_t all = n->any ? kAllJsonTypes : n->types;
+  for (const uint8_t t : {kTypeString, kTypeInteger, kTypeNumber, kTypeBoolean, kTypeNull}) {
+    if ((all & t) != 0) types.push_back(t);
+  }
+  // Containers less often deeper down (keeps free values from growing without end), unless
+  // nothing else is of the node's types.
+  const bool deeper = depth < 6 || chance(0.3) || types.empty();
+  if ((all & kTypeObject) != 0 && deeper &&
+      depth + (n->any ? 1 : n->object_depth) <= CompiledSchema::kMaxDepth) {
+    types.push_back(kTypeObject);
+  }
+  if ((all & kTypeArray) != 0 && deeper &&
+      depth + (n->any ? 1 : n->array_depth) <= CompiledSchema::kMaxDepth) {
+    types.push_back(kTypeArray);
+  }
+  REQUIRE(!types.empty());
+  const uint8_t type = types[std::uniform_int_distribution<size_t>(0, types.size() - 1)(rng)];
+  switch (type) {
+    case kTypeString: {
+      std::string s;
+      for (int i = std::uniform_int_distribution<int>(0, 5)(rng); i > 0; --i) {
+        static const std::vector<std::string> pieces = {"a", "Z", " ", "\"", "\\", "\n", "\xC3\xA9",
+                                                        "\xF0\x9F\x8E\xA9", "/", "\x01"};
+        s += pieces[std::uniform_int_distribution<size_t>(0, pieces.size() - 1)(rng)];
+      }
+      return s;
+    }
+    case kTypeInteger:
+      return std::uniform_int_distribution<int64_t>(-1000000, 1000000)(rng);
+    case kTypeNumber:
+      return chance(0.5) ? json(std::uniform_int_distribution<int>(-50, 50)(rng))
+                         : json(std::uniform_real_distribution<double>(-1e6, 1e6)(rng));
+    case kTypeBoolean:
+      return chance(0.5);
+    case kTypeNull:
+      return nullptr;
+    case kTypeObject: {
+      json object = json::object();
+      if (n->any) {
+        for (int i = std::uniform_int_distribution<int>(0, 2)(rng); i > 0; --i) {
+          object["k" + std::to_string(i)] = RandomValue(schema, node, depth + 1, rng);
+        }
+        return object;
+      }
+      for (size_t p = 0; p < n->property_nodes.size(); ++p) {
+        const bool required = (n->required >> p & 1u) != 0;
+        const int32_t value = n->property_nodes[p];
+        if (required || (chance(0.5) && depth + 1 + schema.node(value).min_depth <=
+                                            CompiledSchema::kMaxDepth)) {
+          object[n->property_names[p]] = RandomValue(schema, value, depth + 1, rng);
+        }
+      }
+      if (n->additional != SchemaNode::kNone && chance(0.3) &&
+          depth + 1 + schema.node(n->additional).min_depth <= CompiledSchema::kMaxDepth) {
+        object["extra\xC3\xA9"] = RandomValue(schema, n->additional, depth + 1, rng);
+      }
+      return object;
+    }
+    case kTypeArray: {
+      json array = json::array();
+      if (n->any) {
+        for (int i = std::uniform_int_distribution<int>(0, 2)(rng); i > 0; --i) {
+          array.push_back(RandomValue(schema, node, depth + 1, rng));
+        }
+        return array;
+      }
+      const int64_t most = n->max_items >= 0 ? n->max_items : n->min_items + 3;
+      const int64_t count = std::uniform_int_distribution<int64_t>(n->min_items, most)(rng);
+      for (int64_t i = 0; i < count; ++i) {
+        if (depth + 1 + schema.node(n->items).min_depth > CompiledSchema::kMaxDepth) break;
+        array.push_back(RandomValue(schema, n->items, depth + 1, rng));
+      }
+      return array;
+    }
+    default:
+      FAIL("unexpected type");
+  }
+  return nullptr;
+}
+
+// A value that parses, or nullopt for one a strict parser cannot hold though it is JSON (a
+// number past double's range, 1e999): such a text is not judged.
+std::optional<json> Parsed(const std::string& text) {
+  json parsed = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!parsed.is_discarded()) return parsed;
+  static const std::regex huge_exponent("[eE][-+]?[0-9]{3,}");
+  REQUIRE(std::regex_search(text, huge_exponent));
+  return std::nullopt;
+}
+
+// The schemas of the random tests. The second has an enum value that is an array: written
+// indented it is not the compact text an enum matches (json_schema.h, "Limits").
+const char* const kSchemas[] = {
+    kPerson,
+    R"({"type": "array", "items": {"anyOf": [{"type": "integer"}, {"type": "string"},
+        {"type": "object", "properties": {"x": {"type": "number"}, "y": {"const": [1, 2]}},
+         "required": ["x"], "additionalProperties": {"type": "boolean"}}]},
+        "minItems": 1, "maxItems": 5})",
+    R"({"definitions": {"Tree": {"type": "object", "properties": {
+          "value": {"type": "integer"},
+          "children": {"type": "array", "items": {"$ref": "#/definitions/Tree"}}},
+        "required": ["value", "children"], "additionalProperties": false}},
+        "allOf": [{"$ref": "#/definitions/Tree"}]})",
+    R"({"type": "object", "properties": {"any": {}, "nothing": {"type": "array", "maxItems": 0},
+        "n": {"type": ["number", "null", "boolean"]}}, "required": ["any", "nothing"]})",
+    R"({"type": "string"})",
+    R"({"type": ["integer", "array"], "items": {"type": "integer"}})",
+    // What the OpenAI client writes for a Pydantic model (openai.lib._pydantic.
+    // to_strict_json_schema): the root a copy of the model, which $defs holds too.
+    R"({"$defs": {"Kind": {"enum": ["cat", "dog"], "title": "Kind", "type": "string"},
+        "Pet": {"properties": {"kind": {"$ref": "#/$defs/Kind"},
+                               "legs": {"title": "Legs", "type": "integer"}},
+                "required": ["kind", "legs"], "title": "Pet", "type": "object",
+                "additionalProperties": false},
+        "Person": {"properties": {"name": {"title": "Name", "type": "string"},
+                                  "pets": {"items": {"$ref": "#/$defs/Pet"}, "title": "Pets",
+                                           "type": "array"},
+                                  "friend": {"anyOf": [{"$ref": "#/$defs/Person"},
+                                                       {"type": "null"}]}},
+                   "required": ["name", "pets", "friend"], "title": "Person", "type": "object",
+                   "additionalProperties": false}},
+        "properties": {"name": {"title": "Name", "type": "string"},
+                       "pets": {"items": {"$ref": "#/$defs/Pet"}, "title": "Pets", "type": "array"},
+                       "friend": {"anyOf": [{"$ref": "#/$defs/Person"}, {"type": "null"}]}},
+        "required": ["name", "pets", "friend"], "title": "Person", "type": "object",
+        "additionalProperties": false})",
+};
+
+TEST_CASE("Random values of a schema are taken, compact or indented, and what the grammar "
+          "completes the schema accepts",
+          "[grammar]") {
+  std::mt19937_64 rng(17);
+  for (const char* text : kSchemas) {
+    const auto schema = Compiled(text);
+    INFO(text);
+    for (int trial = 0; trial < 300; ++trial) {
+      const json value = RandomValue(*schema, schema->root(), 0, rng);
+      REQUIRE(SchemaAccepts(*schema, schema->root(), value));
+      const std::string compact = value.dump();
+      INFO(compact);
+      CHECK(Takes(*schema, compact));
+      // Indented (whitespace runs stay short at these depths).
+      const std::string indented = value.dump(1);
+      if (text != kSchemas[1] &&
+          indented.find(std::string(SchemaGrammar::kMaxWhitespaceRun, ' ')) == std::string::npos) {
+        CHECK(Takes(*schema, indented));
+      }
+      // One byte changed: if the grammar still takes the whole text, it is a value of the
+      // schema (never the other way round: a strict parser takes more ways of writing).
+      std::string mutated = compact;
+      const size_t at = std::uniform_int_distribution<size_t>(0, mutated.size() - 1)(rng);
+      static const std::string bytes = "{}[]\",:01-.eatrufnl x\\";
+      mutated[at] = bytes[std::uniform_int_distribution<size_t>(0, bytes.size() - 1)(rng)];
+      if (Takes(*schema, mutated)) {
+        INFO(mutated);
+        const std::optional<json> parsed = Parsed(mutated);
+        if (parsed.has_value()) CHECK(SchemaAccepts(*schema, schema->root(), *parsed));
+      }
+    }
+  }
+}
+
+TEST_CASE("Every prefix the grammar takes can be completed", "[grammar]") {
+  // Random walks over the printable bytes, choosing among those taken: a walk never finds a
+  // state that takes none of them before it may end (the bytes any value needs are there).
+  std::mt19937_64 rng(5);
+  std::string alphabet = "\n\t";
+  for (int c = 0x20; c < 0x7F; ++c) alphabet += static_cast<char>(c);
+  for (const char* text : kSchemas) {
+    const auto schema = Compiled(text);
+    INFO(text);
+    for (int walk = 0; walk < 60; ++walk) {
+      SchemaGrammar grammar(schema.get());
+      std::string written;
+      for (int step = 0; step < 400 && !grammar.complete(); ++step) {
+        std::vector<char> taken;
+        for (const char c : alphabet) {
+          SchemaGrammar next = grammar;
+          if (next.Feed(static_cast<unsigned char>(c))) taken.push_back(c);
+        }
+        INFO(written);
+        REQUIRE((!taken.empty() || grammar.can_end()));
+        if (taken.empty()) break;
+        // Closing bytes more often as the walk goes on, so that values end.
+        char next = taken[std::uniform_int_distribution<size_t>(0, taken.size() - 1)(rng)];
+        for (const char close : {'}', ']', '"'}) {
+          if (std::find(taken.begin(), taken.end(), close) != taken.end() &&
+              std::bernoulli_distribution(std::min(0.9, step / 200.0))(rng)) {
+            next = close;
+          }
+        }
+        REQUIRE(grammar.Feed(static_cast<unsigned char>(next)));
+        written += next;
+      }
+      if (grammar.complete()) {
+        INFO(written);
+        const std::optional<json> parsed = Parsed(written);
+        if (parsed.has_value()) CHECK(SchemaAccepts(*schema, schema->root(), *parsed));
+      }
+    }
+  }
+}
+
+TEST_CASE("A schema constraint's masks are each token tried on its own, along random answers",
+          "[grammar]") {
+  // Pieces that cross JSON's token boundaries, as real vocabularies' do.
+  constexpr int32_t kEnd = 2;
+  std::vector<std::optional<std::string>> tokens = {std::nullopt, std::nullopt, std::nullopt};
+  for (const char* piece :
+       {"{", "}", "[", "]", "\"", ":", ",", " ", "\n", "{\"", "\":", "\",", "\"}", "},", "]}",
+        "a", "e", "n", "name", "\"name\"", "age", "pets", "kind", "legs", "friend", "tags",
+        "spouse", "cat", "dog", "\"cat\"", "adult", "child", "1", "12", "0", "-", ".", "5", "E",
+        "true", "false", "null", "nu", "ll", "\\", "\\n", "\\u00e9", "\xC3\xA9", "x", "y",
+        "extra", "red", "green", "value", "children", "any", "nothing"}) {
+    tokens.emplace_back(piece);
+  }
+  const auto vocabulary = std::make_shared<const TokenVocabulary>(std::move(tokens));
+  std::mt19937_64 rng(9);
+  for (const char* text : kSchemas) {
+    const auto schema = Compiled(text);
+    INFO(text);
+    auto constraint = MakeSchemaConstraint(vocabulary, {kEnd}, schema);
+    for (int walk = 0; walk < 20; ++walk) {
+      std::vector<int32_t> pending;
+      SchemaGrammar state(schema.get());
+      for (int step = 0; step < 60; ++step) {
+        const auto mask = constraint->Allowed(pending);
+        std::vector<int32_t> expected;
+        for (int32_t id = 0; id < vocabulary->size(); ++id) {
+          const std::string* bytes = vocabulary->bytes(id);
+          SchemaGrammar next = state;
+          const bool allowed = id == kEnd ? state.can_end()
+                                          : !state.complete() && bytes != nullptr &&
+                                                !bytes->empty() && next.Feed(*bytes);
+          if (allowed) expected.push_back(id);
+        }
+        std::vector<int32_t> got;
+        for (int32_t id = 0; id < vocabulary->size(); ++id) {
+          if ((*mask)[static_cast<size_t>(id)] != 0) got.push_back(id);
+        }
+        INFO("after " << pending.size() << " tokens");
+        // A state no token continues ends the answer: the mask is the end alone.
+        if (expected.empty()) expected = {kEnd};
+        REQUIRE(got == expected);
+        const int32_t next = got[std::uniform_int_distribution<size_t>(0, got.size() - 1)(rng)];
+        if (next == kEnd) break;
+        REQUIRE(state.Feed(*vocabulary->bytes(next)));
+        pending.push_back(next);
+      }
+    }
+  }
+}
+
+TEST_CASE("A schema constraint allows the tokens that keep a value possible, and the end "
+          "where the value may end",
+          "[grammar]") {
+  constexpr int32_t kEnd = 2;
+  std::vector<std::optional<std::string>> tokens = {std::nullopt, std::nullopt, std::nullopt};
+  for (const char* piece : {"{", "}", "\"", "\"a\"", ":", "1", "12", "x", "\"b\":", ",", " "}) {
+    tokens.emplace_back(piece);
+  }
+  const auto vocabulary = std::make_shared<const TokenVocabulary>(std::move(tokens));
+  auto id = [&](const std::string& piece) {
+    for (int32_t i = 3; i < vocabulary->size(); ++i) {
+      if (*vocabulary->bytes(i) == piece) return i;
+    }
+    FAIL(piece);
+    return -1;
+  };
+  auto allowed = [&](const TokenConstraint& constraint, std::vector<int32_t> pending) {
+    std::vector<std::string> out;
+    const auto mask = constraint.Allowed(pending);
+    for (int32_t i = 0; i < vocabulary->size(); ++i) {
+      if ((*mask)[static_cast<size_t>(i)] != 0) out.push_back(i == kEnd ? "<end>" : *vocabulary->bytes(i));
+    }
+    return out;
+  };
+  const auto object = Compiled(R"({"type": "object", "properties": {"a": {"type": "integer"}},
+                                   "required": ["a"], "additionalProperties": false})");
+  auto constraint = MakeSchemaConstraint(vocabulary, {kEnd}, object);
+  CHECK(allowed(*constraint, {}) == std::vector<std::string>{"{", " "});
+  CHECK(allowed(*constraint, {id("{")}) == std::vector<std::string>{"\"", "\"a\"", " "});
+  CHECK(allowed(*constraint, {id("{"), id("\"a\""), id(":")}) ==
+        std::vector<std::string>{"1", "12", " "});
+  CHECK(allowed(*constraint, {id("{"), id("\"a\""), id(":"), id("12")}) ==
+        std::vector<std::string>{"}", "1", "12", " "});
+  constraint->Commit(std::vector<int32_t>{id("{"), id("\"a\""), id(":"), id("1"), id("}")});
+  CHECK(constraint->complete());
+  CHECK(allowed(*constraint, {}) == std::vector<std::string>{"<end>"});
+  // A top-level number: the end where it may end, digits where it may go on.
+  auto number = MakeSchemaConstraint(vocabulary, {kEnd}, Compiled(R"({"type": "integer"})"));
+  CHECK(allowed(*number, {}) == std::vector<std::string>{"1", "12", " "});
+  CHECK(allowed(*number, {id("1")}) == std::vector<std::string>{"<end>", "1", "12"});
+}
+
+}  // namespace
+}  // namespace tophat

@@ -1,0 +1,277 @@
+#include "models/grammar/schema_grammar.h"
+
+#include <algorithm>
+
+namespace tophat {
+namespace {
+
+bool IsWhitespace(unsigned char byte) {
+  return byte == ' ' || byte == '\t' || byte == '\n' || byte == '\r';
+}
+
+}  // namespace
+
+SchemaGrammar::SchemaGrammar(const CompiledSchema* schema)
+    : schema_(schema), expected_(schema->root()) {}
+
+SchemaGrammar& SchemaGrammar::operator=(const SchemaGrammar& other) {
+  schema_ = other.schema_;
+  phase_ = other.phase_;
+  depth_ = other.depth_;
+  whitespace_ = other.whitespace_;
+  integer_ = other.integer_;
+  expected_ = other.expected_;
+  trie_ = other.trie_;
+  leaf_ = other.leaf_;
+  // Only the frames in use: the frames above them are never read (and compare as unused).
+  std::copy_n(other.frames_.begin(), other.depth_, frames_.begin());
+  return *this;
+}
+
+bool SchemaGrammar::operator==(const SchemaGrammar& other) const {
+  return schema_ == other.schema_ && phase_ == other.phase_ && depth_ == other.depth_ &&
+         whitespace_ == other.whitespace_ && integer_ == other.integer_ &&
+         expected_ == other.expected_ && trie_ == other.trie_ && leaf_ == other.leaf_ &&
+         std::equal(frames_.begin(), frames_.begin() + depth_, other.frames_.begin());
+}
+
+bool SchemaGrammar::can_end() const {
+  if (complete()) return true;
+  if (depth_ != 0) return false;
+  if (phase_ == Phase::kLeaf) return leaf_.number_could_end();
+  return phase_ == Phase::kEnum && Node(expected_).enum_trie.nodes[static_cast<size_t>(trie_)]
+                                           .terminal >= 0;
+}
+
+bool SchemaGrammar::in_string() const {
+  switch (phase_) {
+    case Phase::kLeaf:
+      return leaf_.in_string();
+    case Phase::kKeyString:
+      // Off the declared names, any undeclared key takes any character.
+      return trie_ < 0 && top().additional && leaf_.in_string();
+    default:
+      return false;
+  }
+}
+
+bool SchemaGrammar::Fits(int32_t node) const {
+  return node != SchemaNode::kNone && depth_ + Node(node).min_depth <= kMaxDepth;
+}
+
+bool SchemaGrammar::KeyMayCome(const Frame& frame) const {
+  return (frame.open & ~frame.seen) != 0 || frame.additional;
+}
+
+bool SchemaGrammar::ItemMayCome(const Frame& frame) const {
+  const SchemaNode& node = Node(frame.node);
+  return (node.max_items < 0 || frame.count < node.max_items) && Fits(node.items);
+}
+
+bool SchemaGrammar::Feed(std::string_view bytes) {
+  for (const char c : bytes) {
+    if (!Feed(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
+
+bool SchemaGrammar::Feed(unsigned char byte) {
+  // Inside a value. A number, or a numeric enum value, has no byte of its own that ends it:
+  // a byte that cannot go on with it ends it and is read after it (the loop's second turn).
+  switch (phase_) {
+    case Phase::kLeaf:
+      if (leaf_.number_could_end() && !leaf_.NumberContinues(byte)) {
+        EndValue();
+        break;
+      }
+      if (integer_ && (byte == '.' || byte == 'e' || byte == 'E')) return false;
+      if (!leaf_.Feed(byte)) return false;
+      if (leaf_.complete()) EndValue();
+      return true;
+    case Phase::kEnum: {
+      const ByteTrie& trie = Node(expected_).enum_trie;
+      const int32_t child = trie.Child(trie_, byte);
+      if (child >= 0) {
+        trie_ = child;
+        if (trie.nodes[static_cast<size_t>(child)].edges.empty()) EndValue();
+        return true;
+      }
+      if (trie.nodes[static_cast<size_t>(trie_)].terminal < 0) return false;
+      EndValue();
+      break;
+    }
+    case Phase::kKeyString:
+      return KeyByte(byte);
+    case Phase::kDone:
+      return false;
+    default:
+      break;
+  }
+  if (phase_ == Phase::kDone) return false;
+  // Between tokens.
+  if (IsWhitespace(byte)) return ++whitespace_ <= kMaxWhitespaceRun;
+  whitespace_ = 0;
+  switch (phase_) {
+    case Phase::kValue:
+      return StartValue(byte);
+    case Phase::kValueOrClose:
+      if (byte == ']') return Close(/*object=*/false);
+      return ItemMayCome(top()) && StartValue(byte);
+    case Phase::kKeyOrClose:
+      if (byte == '}') return Close(/*object=*/true);
+      return StartKey(byte);
+    case Phase::kKey:
+      return StartKey(byte);
+    case Phase::kColon: {
+      if (byte != ':') return false;
+      const Frame& frame = top();
+      const SchemaNode& node = Node(frame.node);
+      expected_ = frame.property == kUndeclared
+                      ? node.additional
+                      : node.property_nodes[static_cast<size_t>(frame.property)];
+      phase_ = Phase::kValue;
+      return true;
+    }
+    case Phase::kAfterValue:
+      return AfterValue(byte);
+    case Phase::kKeyString:
+    case Phase::kLeaf:
+    case Phase::kEnum:
+    case Phase::kDone:
+      break;  // handled above
+  }
+  return false;
+}
+
+bool SchemaGrammar::StartValue(unsigned char byte) {
+  const uint8_t type = JsonTypeOfFirstByte(byte);
+  if (type == 0) return false;
+  const int32_t index = schema_->ForType(expected_, type);
+  if (index == SchemaNode::kNone) return false;
+  const SchemaNode& node = Node(index);
+  expected_ = index;
+  if (!node.any && !node.enum_texts.empty()) {
+    const int32_t child = node.enum_trie.Child(0, byte);
+    if (child < 0) return false;
+    phase_ = Phase::kEnum;
+    trie_ = child;
+    if (node.enum_trie.nodes[static_cast<size_t>(child)].edges.empty()) EndValue();
+    return true;
+  }
+  if (!node.any && type == kTypeObject) return OpenObject(index);
+  if (!node.any && type == kTypeArray) return OpenArray(index);
+  // A scalar, or any value at all: JsonGrammar reads it.
+  leaf_ = JsonGrammar::AnyValue();
+  if (!leaf_.Feed(byte)) return false;
+  integer_ = !node.any && type == kTypeNumber && (node.types & kTypeNumber) == 0;
+  phase_ = Phase::kLeaf;
+  return true;
+}
+
+bool SchemaGrammar::OpenObject(int32_t index) {
+  const SchemaNode& node = Node(index);
+  if (depth_ + node.object_depth > kMaxDepth) return false;
+  Frame& frame = frames_[depth_++];
+  frame = Frame{.node = index, .object = true};
+  // Properties whose smallest value fits below this object (the required ones all do: the
+  // object's own depth counts them).
+  for (size_t i = 0; i < node.property_nodes.size(); ++i) {
+    if (Fits(node.property_nodes[i])) frame.open |= uint64_t{1} << i;
+  }
+  frame.additional = Fits(node.additional);
+  phase_ = Phase::kKeyOrClose;
+  return true;
+}
+
+bool SchemaGrammar::OpenArray(int32_t index) {
+  const SchemaNode& node = Node(index);
+  if (depth_ + node.array_depth > kMaxDepth) return false;
+  frames_[depth_++] = Frame{.node = index, .object = false};
+  expected_ = node.items;
+  phase_ = Phase::kValueOrClose;
+  return true;
+}
+
+bool SchemaGrammar::StartKey(unsigned char byte) {
+  if (byte != '"' || !KeyMayCome(top())) return false;
+  leaf_ = JsonGrammar::AnyValue();
+  leaf_.Feed(byte);
+  trie_ = 0;
+  phase_ = Phase::kKeyString;
+  return true;
+}
+
+bool SchemaGrammar::KeyByte(unsigned char byte) {
+  Frame& frame = top();
+  const ByteTrie& names = Node(frame.node).keys;
+  const uint64_t left = frame.open & ~frame.seen;
+  if (byte == '"' && leaf_.in_string()) {
+    // The key ends: a declared name not yet written, else an undeclared key where one may
+    // come (never a declared name again: JSON would keep one of the two values).
+    const int32_t name = trie_ >= 0 ? names.nodes[static_cast<size_t>(trie_)].terminal : -1;
+    if (name >= 0) {
+      if ((left >> name & 1u) == 0) return false;
+      frame.property = name;
+      frame.seen |= uint64_t{1} << name;
+    } else if (frame.additional) {
+      frame.property = kUndeclared;
+    } else {
+      return false;
+    }
+    leaf_ = JsonGrammar();
+    trie_ = 0;
+    whitespace_ = 0;
+    phase_ = Phase::kColon;
+    return true;
+  }
+  if (!leaf_.Feed(byte)) return false;
+  if (trie_ >= 0) trie_ = names.Child(trie_, byte);
+  // Still the start of a name left to write, or of an undeclared key.
+  return (trie_ >= 0 && (names.nodes[static_cast<size_t>(trie_)].below & left) != 0) ||
+         frame.additional;
+}
+
+bool SchemaGrammar::AfterValue(unsigned char byte) {
+  const Frame& frame = top();
+  if (byte == ',') {
+    if (frame.object) {
+      if (!KeyMayCome(frame)) return false;
+      phase_ = Phase::kKey;
+    } else {
+      if (!ItemMayCome(frame)) return false;
+      expected_ = Node(frame.node).items;
+      phase_ = Phase::kValue;
+    }
+    return true;
+  }
+  if (byte == '}' || byte == ']') return Close(/*object=*/byte == '}');
+  return false;
+}
+
+bool SchemaGrammar::Close(bool object) {
+  const Frame& frame = top();
+  if (frame.object != object) return false;
+  const SchemaNode& node = Node(frame.node);
+  if (object ? (node.required & ~frame.seen) != 0 : frame.count < node.min_items) return false;
+  frames_[--depth_] = Frame{};
+  EndValue();
+  return true;
+}
+
+void SchemaGrammar::EndValue() {
+  whitespace_ = 0;
+  // What read the value is cleared, so that equal positions compare equal.
+  leaf_ = JsonGrammar();
+  trie_ = 0;
+  integer_ = false;
+  expected_ = SchemaNode::kNone;
+  if (depth_ == 0) {
+    phase_ = Phase::kDone;
+    return;
+  }
+  Frame& frame = top();
+  if (!frame.object) ++frame.count;
+  phase_ = Phase::kAfterValue;
+}
+
+}  // namespace tophat

@@ -1,0 +1,126 @@
+// A JSON value that satisfies a compiled JSON Schema (models/grammar/json_schema.h), as a byte
+// automaton, for decoding constrained to it (OpenAI's response_format {"type":
+// "json_schema"}): fed the answer's bytes one at a time, it says whether each can still lead
+// to a value the schema takes, and when the value is complete. Every prefix it takes can be
+// completed: a key only where a property is left to write, a ',' only where another item or
+// property may follow, an object or array only where its smallest value still fits within
+// CompiledSchema::kMaxDepth.
+//
+// Objects and arrays the schema describes are frames on its own stack; a scalar, or a value
+// the schema leaves free, is lexed by a JsonGrammar (AnyValue); an enum's value by a walk of
+// the enum's trie; a key by the trie of the object's property names beside a JsonGrammar that
+// keeps it a valid string. Whitespace as JsonGrammar takes it (runs of at most
+// kMaxWhitespaceRun), none after the top-level value.
+//
+// A value type: JsonConstraint's vocabulary walk copies it for every byte, so a copy moves
+// only the frames in use. It points at the schema, which must outlive it.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string_view>
+#include <utility>
+
+#include "models/grammar/json_grammar.h"
+#include "models/grammar/json_schema.h"
+
+namespace tophat {
+
+class SchemaGrammar {
+ public:
+  static constexpr int kMaxWhitespaceRun = JsonGrammar::kMaxWhitespaceRun;
+
+  // At the start of a value of `schema`'s root.
+  explicit SchemaGrammar(const CompiledSchema* schema);
+  SchemaGrammar(const SchemaGrammar& other) { *this = other; }
+  SchemaGrammar& operator=(const SchemaGrammar& other);
+
+  // Takes one byte. Returns false, leaving the automaton in an unspecified state (copy it
+  // first to try a byte), when no value the schema takes starts with the bytes so far and
+  // this one.
+  bool Feed(unsigned char byte);
+  // Feeds every byte; false at the first that fails.
+  bool Feed(std::string_view bytes);
+
+  // The top-level value is complete and nothing may follow.
+  bool complete() const { return phase_ == Phase::kDone; }
+  // The answer may end here: complete, or a top-level number (or numeric enum value) that
+  // may also go on.
+  bool can_end() const;
+  // Inside a string that takes any character, between characters: whole characters other
+  // than '"', '\\' and the control characters leave the automaton as it is.
+  bool in_string() const;
+
+  bool operator==(const SchemaGrammar& other) const;
+  template <typename H>
+  friend H AbslHashValue(H h, const SchemaGrammar& g) {
+    h = H::combine(std::move(h), g.schema_, g.phase_, g.depth_, g.whitespace_, g.expected_,
+                   g.integer_, g.trie_, g.leaf_);
+    for (int i = 0; i < g.depth_; ++i) {
+      const Frame& f = g.frames_[static_cast<size_t>(i)];
+      h = H::combine(std::move(h), f.node, f.seen, f.open, f.count, f.property, f.object,
+                     f.additional);
+    }
+    return h;
+  }
+
+ private:
+  static constexpr int kMaxDepth = CompiledSchema::kMaxDepth;
+  static constexpr int32_t kUndeclared = -2;  // Frame::property of an undeclared key
+
+  enum class Phase : uint8_t {
+    kValue,         // a value of expected_ comes next
+    kValueOrClose,  // after '[': a value of expected_ (the items) or ']'
+    kKeyOrClose,    // after '{': a key or '}'
+    kKey,           // after ',' in an object: a key
+    kColon,         // after a key
+    kAfterValue,    // ',' or the container's close
+    kKeyString,     // inside a key: trie_ over the object's names (-1: off them), leaf_
+    kLeaf,          // inside a scalar or free value: leaf_ (integer_: no fraction, exponent)
+    kEnum,          // inside an enum's value: trie_ over expected_'s enum_trie
+    kDone,          // the top-level value is complete
+  };
+  // An object or array the schema describes.
+  struct Frame {
+    int32_t node = 0;       // the schema node (not a union) it is a value of
+    uint64_t seen = 0;      // object: declared properties written
+    uint64_t open = 0;      // object: declared properties whose smallest value fits here
+    int32_t count = 0;      // array: items written
+    int32_t property = -1;  // object: the key just written (kUndeclared: not a declared one)
+    bool object = false;
+    bool additional = false;  // object: an undeclared key may come (and its value fits)
+    bool operator==(const Frame&) const = default;
+  };
+
+  const SchemaNode& Node(int32_t index) const { return schema_->node(index); }
+  Frame& top() { return frames_[static_cast<size_t>(depth_ - 1)]; }
+  const Frame& top() const { return frames_[static_cast<size_t>(depth_ - 1)]; }
+  // Whether a value of node `node` may start at the current depth (its smallest fits).
+  bool Fits(int32_t node) const;
+  // An object's next key may come: a declared property not yet written, or an undeclared one.
+  bool KeyMayCome(const Frame& frame) const;
+  // An array's next item may come.
+  bool ItemMayCome(const Frame& frame) const;
+
+  bool StartValue(unsigned char byte);
+  bool OpenObject(int32_t node);
+  bool OpenArray(int32_t node);
+  bool StartKey(unsigned char byte);
+  bool KeyByte(unsigned char byte);
+  bool AfterValue(unsigned char byte);
+  bool Close(bool object);
+  // A value ended: back to its container, or done at the top level.
+  void EndValue();
+
+  const CompiledSchema* schema_;
+  Phase phase_ = Phase::kValue;
+  uint8_t depth_ = 0;
+  uint8_t whitespace_ = 0;  // whitespace bytes in a row
+  bool integer_ = false;
+  int32_t expected_ = 0;  // the node of the value to come or being read
+  int32_t trie_ = 0;
+  JsonGrammar leaf_;
+  std::array<Frame, kMaxDepth> frames_{};
+};
+
+}  // namespace tophat
