@@ -246,6 +246,12 @@ def main():
         {"type": "array", "items": {"anyOf": [{"type": "integer"}, {"enum": ["x", 1.5, None]},
                                               {"type": "boolean"}]},
          "minItems": 1, "maxItems": 4}).encode() + b"\0[1, \"x\", true, null]")
+    write(out, "json_schema", "bounds.bin", json.dumps(
+        {"type": "object", "properties": {
+            "code": {"type": "string", "minLength": 2, "maxLength": 3},
+            "rating": {"type": "integer", "minimum": 1, "exclusiveMaximum": 6},
+            "depth": {"type": ["integer", "null"], "maximum": -40}},
+         "required": ["code", "rating"]}).encode() + b'\0{"code": "\\u00e9b", "rating": 5, "depth": -41}')
 
     # The engine's structured input: op bytes then fields (see agent_message_fuzzer.cc).
     write(out, "agent_message", "open-chunk-step.bin",

@@ -350,8 +350,9 @@ def json_schema_answers(client, model, messages):
     schema = {
         "type": "object",
         "properties": {
-            "name": {"type": "string", "description": "annotations constrain nothing"},
-            "age": {"type": "integer"},
+            "name": {"type": "string", "description": "annotations constrain nothing",
+                     "minLength": 2, "maxLength": 6},
+            "age": {"type": "integer", "minimum": 18, "exclusiveMaximum": 120},
             "tags": {"type": "array", "items": {"enum": ["red", "green"]}, "maxItems": 2},
             "pet": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/Pet"}]},
         },
@@ -408,10 +409,10 @@ def json_schema_answers(client, model, messages):
 
     class Pet(pydantic.BaseModel):
         kind: Kind
-        legs: int
+        legs: int = pydantic.Field(ge=0, le=8)
 
     class Person(pydantic.BaseModel):
-        name: str
+        name: str = pydantic.Field(min_length=1, max_length=10)
         age: int
         pets: list[Pet]
         friend: typing.Optional["Person"]
@@ -426,12 +427,12 @@ def json_schema_answers(client, model, messages):
               f"seed {seed}: parse() gave {person!r} for {parsed.choices[0].message.content!r}")
 
     # What the agent cannot hold an answer to is refused before any answer, naming the place.
-    expect_error("response_format json_schema with minimum",
+    expect_error("response_format json_schema with a number's minimum",
                  lambda: client.chat.completions.create(
                      model=model, messages=messages,
                      response_format={"type": "json_schema", "json_schema": {
                          "name": "x", "schema": {"type": "object", "properties": {
-                             "age": {"type": "integer", "minimum": 0}}}}}),
+                             "price": {"type": "number", "minimum": 0}}}}}),
                  openai.BadRequestError, 400, param="response_format")
     print(f"response_format json_schema: {json.dumps(answers[:3])}")
 

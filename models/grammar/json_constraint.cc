@@ -34,6 +34,17 @@ TokenVocabulary::TokenVocabulary(std::vector<std::optional<std::string>> tokens)
                        });
     (plain ? plain_in_string_ : others).push_back(id);
   }
+  // Characters: the bytes that begin one (the token is valid UTF-8).
+  const auto characters = [&](int32_t id) {
+    const std::string& bytes = *tokens_[static_cast<size_t>(id)];
+    return static_cast<uint32_t>(std::count_if(bytes.begin(), bytes.end(), [](char c) {
+      return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+    }));
+  };
+  std::stable_sort(plain_in_string_.begin(), plain_in_string_.end(),
+                   [&](int32_t a, int32_t b) { return characters(a) < characters(b); });
+  plain_chars_.reserve(plain_in_string_.size());
+  for (const int32_t id : plain_in_string_) plain_chars_.push_back(characters(id));
   all_ = Sorted(tokens_, std::move(all));
   others_in_string_ = Sorted(tokens_, std::move(others));
 }
@@ -105,8 +116,14 @@ std::shared_ptr<const std::vector<uint8_t>> GrammarConstraint<Grammar>::Compute(
   auto allowed = std::make_shared<std::vector<uint8_t>>(vocabulary.tokens_.size(), 0);
   bool any = false;
   if (state.in_string()) {
-    for (const int32_t id : vocabulary.plain_in_string_) (*allowed)[id] = 1;
-    any = !vocabulary.plain_in_string_.empty();
+    // The plain tokens that fit the string's room, without a walk.
+    const int64_t room = state.string_room();
+    const auto fitting = static_cast<size_t>(
+        std::upper_bound(vocabulary.plain_chars_.begin(), vocabulary.plain_chars_.end(), room,
+                         [](int64_t r, uint32_t chars) { return r < int64_t{chars}; }) -
+        vocabulary.plain_chars_.begin());
+    for (size_t i = 0; i < fitting; ++i) (*allowed)[vocabulary.plain_in_string_[i]] = 1;
+    any = fitting > 0;
     any = WalkTokens(state, vocabulary.others_in_string_, *allowed) || any;
   } else {
     any = WalkTokens(state, vocabulary.all_, *allowed);

@@ -53,7 +53,10 @@ class TokenVocabulary {
   // characters, which a string takes as they are (JsonGrammar::in_string): they are allowed
   // without a walk, and only the others are walked (0.16 ms instead of 21 ms on a 128k-token
   // vocabulary: docs/benchmarks.md, "JSON answers").
+  // Sorted by their length in characters, which plain_chars_ holds: a string with room
+  // for n more characters takes those up to the last of length n.
   std::vector<int32_t> plain_in_string_;
+  std::vector<uint32_t> plain_chars_;
   Walk others_in_string_;
   size_t longest_ = 0;
 };
@@ -79,7 +82,8 @@ class TokenConstraint {
 // SchemaGrammar: a value of a JSON Schema): the answer so far (Commit) and, for a choice past
 // tokens not yet committed (a speculative round's drafts), those too. Not thread-safe; one
 // request's thread owns it. Grammar is a value type with Feed(byte), Feed(bytes),
-// complete(), can_end() (the answer may end here), in_string(), == and AbslHashValue.
+// complete(), can_end() (the answer may end here), in_string() and string_room(), == and
+// AbslHashValue.
 template <typename Grammar>
 class GrammarConstraint final : public TokenConstraint {
  public:

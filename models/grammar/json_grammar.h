@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string_view>
 #include <utility>
 
@@ -45,6 +46,8 @@ class JsonGrammar {
   // Inside a string, between characters: whole characters other than '"', '\\' and the
   // control characters leave the automaton as it is.
   bool in_string() const { return mode_ == Mode::kString; }
+  // In a string, the most characters it may still take: no limit.
+  int64_t string_room() const { return std::numeric_limits<int64_t>::max(); }
   // A top-level value (AnyValue) that is a number which may end here: the byte after it
   // decides (one that does not continue it, NumberContinues, ends it).
   bool number_could_end() const {

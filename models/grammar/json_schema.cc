@@ -19,9 +19,15 @@ constexpr std::string_view kAnnotations[] = {
     "definitions"};
 // Keywords that constrain, and are compiled.
 constexpr std::string_view kSupported[] = {
-    "type",  "enum",     "const",    "properties", "required", "additionalProperties",
-    "items", "minItems", "maxItems", "anyOf",      "oneOf",    "allOf",
+    "type",      "enum",      "const",   "properties",       "required",
+    "additionalProperties",   "items",   "minItems",         "maxItems",
+    "minLength", "maxLength", "minimum", "maximum",          "exclusiveMinimum",
+    "exclusiveMaximum",       "anyOf",   "oneOf",            "allOf",
     "$ref"};
+// Keywords of strings and of numbers.
+constexpr std::string_view kStringKeywords[] = {"minLength", "maxLength"};
+constexpr std::string_view kBoundKeywords[] = {"minimum", "maximum", "exclusiveMinimum",
+                                               "exclusiveMaximum"};
 
 template <size_t N>
 bool OneOf(std::string_view key, const std::string_view (&set)[N]) {
@@ -187,6 +193,8 @@ class SchemaCompiler {
   absl::StatusOr<int32_t> Reference(const std::string& ref, const std::string& pointer);
   absl::Status FillObject(int32_t index, const json& schema, const std::string& pointer);
   absl::Status FillArray(int32_t index, const json& schema, const std::string& pointer);
+  absl::Status FillLength(int32_t index, const json& schema, const std::string& pointer);
+  absl::Status FillBounds(int32_t index, const json& schema, const std::string& pointer);
   absl::Status FillEnum(int32_t index, const json& schema, const std::string& pointer,
                         bool typed);
   absl::Status UnionTypes(int32_t node, std::vector<uint8_t>& state);
@@ -255,8 +263,9 @@ absl::Status SchemaCompiler::FillNested(int32_t index, const json& schema,
                      absl::StrCat("\"", key,
                                   "\" is not supported (supported: type, enum, const, properties, "
                                   "required, additionalProperties, items, minItems, maxItems, "
-                                  "anyOf and oneOf of different types, allOf of one schema, "
-                                  "$ref, and annotations)"));
+                                  "minLength, maxLength, minimum, maximum, exclusiveMinimum and "
+                                  "exclusiveMaximum of integers, anyOf and oneOf of different "
+                                  "types, allOf of one schema, $ref, and annotations)"));
     }
     constrains = true;
   }
@@ -330,6 +339,12 @@ absl::Status SchemaCompiler::FillNested(int32_t index, const json& schema,
     for (const char* key : {"items", "minItems", "maxItems"}) {
       if (schema.contains(key)) types |= kTypeArray;
     }
+    for (const std::string_view key : kStringKeywords) {
+      if (schema.contains(key)) types |= kTypeString;
+    }
+    for (const std::string_view key : kBoundKeywords) {
+      if (schema.contains(key)) types |= kTypeInteger | kTypeNumber;
+    }
     if (types == 0) types = kAllJsonTypes;
   }
   At(index).types = types;
@@ -342,6 +357,8 @@ absl::Status SchemaCompiler::FillNested(int32_t index, const json& schema,
   if ((types & kTypeArray) != 0) {
     if (absl::Status filled = FillArray(index, schema, pointer); !filled.ok()) return filled;
   }
+  if (absl::Status filled = FillLength(index, schema, pointer); !filled.ok()) return filled;
+  if (absl::Status filled = FillBounds(index, schema, pointer); !filled.ok()) return filled;
   for (const char* key : {"properties", "required", "additionalProperties"}) {
     if ((types & kTypeObject) == 0 && schema.contains(key)) {
       return Invalid(pointer, absl::StrCat("\"", key, "\" on a schema whose type has no object"));
@@ -427,7 +444,7 @@ absl::Status SchemaCompiler::FillArray(int32_t index, const json& schema,
     if (!schema.contains(key)) continue;
     const json& value = schema[key];
     if (!value.is_number_unsigned() && !(value.is_number_integer() && value.get<int64_t>() >= 0)) {
-      return Invalid(absl::StrCat(pointer, "/", key), "must be a whole number >= 0");
+      return Invalid(absl::StrCat(pointer, "/", std::string(key)), "must be a whole number >= 0");
     }
     (std::string_view(key) == "minItems" ? At(index).min_items : At(index).max_items) =
         value.get<int64_t>();
@@ -435,6 +452,89 @@ absl::Status SchemaCompiler::FillArray(int32_t index, const json& schema,
   const SchemaNode& n = At(index);
   if (n.max_items >= 0 && n.min_items > n.max_items) {
     return Invalid(pointer, absl::StrCat("minItems ", n.min_items, " > maxItems ", n.max_items));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SchemaCompiler::FillLength(int32_t index, const json& schema,
+                                        const std::string& pointer) {
+  SchemaNode& n = At(index);
+  for (const std::string_view key : kStringKeywords) {
+    if (!schema.contains(key)) continue;
+    const std::string here = absl::StrCat(pointer, "/", std::string(key));
+    if ((n.types & kTypeString) == 0) {
+      return Invalid(pointer, absl::StrCat("\"", std::string(key), "\" on a schema whose type has no string"));
+    }
+    const json& value = schema[std::string(key)];
+    // The grammar counts characters in 32 bits.
+    constexpr int64_t kMost = int64_t{1} << 31;
+    const bool whole = value.is_number_unsigned()
+                           ? value.get<uint64_t>() <= uint64_t{kMost}
+                           : value.is_number_integer() && value.get<int64_t>() >= 0 &&
+                                 value.get<int64_t>() <= kMost;
+    if (!whole) {
+      return Invalid(here, absl::StrCat("must be a whole number from 0 to ", kMost));
+    }
+    (key == "minLength" ? n.min_length : n.max_length) = value.get<int64_t>();
+  }
+  if (n.max_length >= 0 && n.min_length > n.max_length) {
+    return Invalid(pointer,
+                   absl::StrCat("minLength ", n.min_length, " > maxLength ", n.max_length));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SchemaCompiler::FillBounds(int32_t index, const json& schema,
+                                        const std::string& pointer) {
+  SchemaNode& n = At(index);
+  for (const std::string_view key : kBoundKeywords) {
+    if (!schema.contains(key)) continue;
+    const std::string here = absl::StrCat(pointer, "/", std::string(key));
+    if ((n.types & kTypeNumber) != 0) {
+      return Invalid(here, "bounds are supported for \"type\": \"integer\" only, not for a "
+                           "\"number\" (the grammar cannot hold a fraction to them)");
+    }
+    if ((n.types & kTypeInteger) == 0) {
+      return Invalid(pointer, absl::StrCat("\"", std::string(key), "\" on a schema whose type has no integer"));
+    }
+    const json& value = schema[std::string(key)];
+    if (!value.is_number()) return Invalid(here, "must be a number");
+    // The integer next to the bound inside, as a double first: every integer a double can
+    // be that lies within int64 is exact, and beyond it no bound is supported.
+    const bool lower = key == "minimum" || key == "exclusiveMinimum";
+    const bool exclusive = key.starts_with("exclusive");
+    int64_t bound = 0;
+    if (value.is_number_unsigned() && value.get<uint64_t>() > uint64_t{INT64_MAX}) {
+      return Invalid(here, "must lie within 64-bit integers");
+    }
+    if (value.is_number_integer()) {
+      bound = value.get<int64_t>();
+      if (exclusive && bound == (lower ? INT64_MAX : INT64_MIN)) {
+        return Invalid(here, "no 64-bit integer lies beyond it");
+      }
+      if (exclusive) bound += lower ? 1 : -1;
+    } else {
+      const double v = value.get<double>();
+      const double inside = lower ? (exclusive ? std::floor(v) + 1 : std::ceil(v))
+                                  : (exclusive ? std::ceil(v) - 1 : std::floor(v));
+      // 2^63 is the first double past INT64_MAX.
+      if (!std::isfinite(inside) || inside < -9223372036854775808.0 ||
+          inside >= 9223372036854775808.0) {
+        return Invalid(here, "must lie within 64-bit integers");
+      }
+      bound = static_cast<int64_t>(inside);
+    }
+    if (lower) {
+      n.minimum = n.has_minimum ? std::max(n.minimum, bound) : bound;
+      n.has_minimum = true;
+    } else {
+      n.maximum = n.has_maximum ? std::min(n.maximum, bound) : bound;
+      n.has_maximum = true;
+    }
+  }
+  if (n.has_minimum && n.has_maximum && n.minimum > n.maximum) {
+    return Invalid(pointer, absl::StrCat("no integer is at least ", n.minimum, " and at most ",
+                                         n.maximum));
   }
   return absl::OkStatus();
 }
@@ -466,11 +566,12 @@ absl::Status SchemaCompiler::FillEnum(int32_t index, const json& schema,
     n.enum_texts.push_back(text);
   }
   if (n.enum_texts.empty()) {
-    return Invalid(absl::StrCat(pointer, "/", key), "no value is of the schema's type");
+    return Invalid(absl::StrCat(pointer, "/", std::string(key)), "no value is of the schema's type");
   }
   n.enum_types = n.types;
   for (const char* other : {"properties", "required", "additionalProperties", "items",
-                            "minItems", "maxItems"}) {
+                            "minItems", "maxItems", "minLength", "maxLength", "minimum",
+                            "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
     if (schema.contains(other)) {
       return Invalid(pointer, absl::StrCat("\"", other, "\" beside \"", key,
                                            "\" is not supported"));
@@ -588,6 +689,28 @@ bool SchemaAccepts(const CompiledSchema& schema, int32_t node, const json& value
   }
   if ((type & kTypeNumber) != 0 && (n.types & kTypeNumber) == 0 && (type & kTypeInteger) == 0) {
     return false;  // an integer is wanted, and this has a fraction
+  }
+  if ((type & kTypeInteger) != 0 && n.bounds_integers()) {
+    // Exactly where the value was written as an integer (nlohmann keeps it in 64 bits, signed
+    // or not), else as a double (1e3 is an integer too).
+    if (value.is_number_integer()) {
+      const __int128 v = value.is_number_unsigned() ? __int128{value.get<uint64_t>()}
+                                                    : __int128{value.get<int64_t>()};
+      if ((n.has_minimum && v < n.minimum) || (n.has_maximum && v > n.maximum)) return false;
+    } else {
+      const double v = value.get<double>();
+      if ((n.has_minimum && v < static_cast<double>(n.minimum)) ||
+          (n.has_maximum && v > static_cast<double>(n.maximum))) {
+        return false;
+      }
+    }
+  }
+  if (value.is_string() && n.limits_length()) {
+    const std::string& text = value.get_ref<const std::string&>();
+    // Code points: the bytes that begin a UTF-8 sequence.
+    const auto length = static_cast<int64_t>(std::count_if(
+        text.begin(), text.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+    if (length < n.min_length || (n.max_length >= 0 && length > n.max_length)) return false;
   }
   if (value.is_object()) {
     uint64_t seen = 0;

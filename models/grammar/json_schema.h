@@ -4,15 +4,17 @@
 // What compiles is the part of JSON Schema that structured outputs use (OpenAI's strict
 // mode, and what Pydantic writes for its models):
 //   type (one, or a list), enum, const, properties, required, additionalProperties (false,
-//   true, or a schema; absent: true), items, minItems, maxItems, anyOf and oneOf whose
+//   true, or a schema; absent: true), items, minItems, maxItems, minLength and maxLength (in
+//   characters), minimum, maximum, exclusiveMinimum and exclusiveMaximum (for "type":
+//   "integer", within 64-bit integers), anyOf and oneOf whose
 //   branches take different JSON types (a nullable field: anyOf [X, {"type": "null"}]), an
 //   allOf of one schema, $ref to "#", "#/$defs/NAME" or "#/definitions/NAME" (recursion
 //   included), and the annotations (title, description, default, examples, format, $schema,
 //   $id, $comment, deprecated, readOnly, writeOnly), which constrain nothing: `format` too,
 //   so a "date-time" is any string.
-// Anything else (pattern, minLength, minimum, multipleOf, patternProperties, anyOf branches
-// of one type, ...) is refused naming its place, rather than ignored: an answer would not
-// hold to it. So is a schema that no finite value satisfies, or none within kMaxDepth nested
+// Anything else (pattern, multipleOf, bounds on a "number", patternProperties, anyOf
+// branches of one type, ...) is refused naming its place, rather than ignored: an answer
+// would not hold to it. So is a schema that no finite value satisfies, or none within kMaxDepth nested
 // objects and arrays.
 //
 // Limits: 64 declared properties an object; keys match as written (a key spelled with \u
@@ -89,6 +91,20 @@ struct SchemaNode {
   int32_t items = kNone;  // kNone: only an empty array
   int64_t min_items = 0;
   int64_t max_items = -1;  // -1: no limit
+
+  // Strings (not an enum's values): length in characters, as JSON Schema counts them (code
+  // points; an escape is the one character it stands for).
+  int64_t min_length = 0;
+  int64_t max_length = -1;  // -1: no limit
+  bool limits_length() const { return min_length > 0 || max_length >= 0; }
+
+  // Integers (a node whose numbers are "integer" only): bounds, inclusive; an exclusive
+  // bound compiles to the integer next to it inside.
+  bool has_minimum = false;
+  bool has_maximum = false;
+  int64_t minimum = 0;
+  int64_t maximum = 0;
+  bool bounds_integers() const { return has_minimum || has_maximum; }
 
   // enum / const: a value of one of enum_types is one of enum_texts, compact JSON.
   uint8_t enum_types = 0;

@@ -1,12 +1,35 @@
 #include "models/grammar/schema_grammar.h"
 
 #include <algorithm>
+#include <limits>
+#include <optional>
 
 namespace tophat {
 namespace {
 
 bool IsWhitespace(unsigned char byte) {
   return byte == ' ' || byte == '\t' || byte == '\n' || byte == '\r';
+}
+
+// A magnitude past every 64-bit bound (|INT64_MIN| < 10^19).
+constexpr uint64_t kHugeMagnitude = 10'000'000'000'000'000'000u;
+
+// The magnitudes an integer of `negative` sign may have within [minimum, maximum] of `node`:
+// [*low, *high] (high nullopt: no limit); false when there are none.
+bool MagnitudeRange(const SchemaNode& node, bool negative, __int128* low,
+                    std::optional<__int128>* high) {
+  // value = magnitude (or -magnitude): lo <= value <= hi.
+  std::optional<__int128> lo, hi;
+  if (node.has_minimum) lo = node.minimum;
+  if (node.has_maximum) hi = node.maximum;
+  if (negative) {
+    *low = hi ? std::max<__int128>(-*hi, 0) : 0;
+    *high = lo ? std::optional<__int128>(-*lo) : std::nullopt;
+  } else {
+    *low = lo ? std::max<__int128>(*lo, 0) : 0;
+    *high = hi;
+  }
+  return !*high || *low <= **high;
 }
 
 }  // namespace
@@ -23,6 +46,10 @@ SchemaGrammar& SchemaGrammar::operator=(const SchemaGrammar& other) {
   expected_ = other.expected_;
   trie_ = other.trie_;
   leaf_ = other.leaf_;
+  chars_ = other.chars_;
+  negative_ = other.negative_;
+  digits_ = other.digits_;
+  magnitude_ = other.magnitude_;
   // Only the frames in use: the frames above them are never read (and compare as unused).
   std::copy_n(other.frames_.begin(), other.depth_, frames_.begin());
   return *this;
@@ -32,13 +59,15 @@ bool SchemaGrammar::operator==(const SchemaGrammar& other) const {
   return schema_ == other.schema_ && phase_ == other.phase_ && depth_ == other.depth_ &&
          whitespace_ == other.whitespace_ && integer_ == other.integer_ &&
          expected_ == other.expected_ && trie_ == other.trie_ && leaf_ == other.leaf_ &&
+         chars_ == other.chars_ && negative_ == other.negative_ && digits_ == other.digits_ &&
+         magnitude_ == other.magnitude_ &&
          std::equal(frames_.begin(), frames_.begin() + depth_, other.frames_.begin());
 }
 
 bool SchemaGrammar::can_end() const {
   if (complete()) return true;
   if (depth_ != 0) return false;
-  if (phase_ == Phase::kLeaf) return leaf_.number_could_end();
+  if (phase_ == Phase::kLeaf) return leaf_.number_could_end() && IntegerWithinBounds();
   return phase_ == Phase::kEnum && Node(expected_).enum_trie.nodes[static_cast<size_t>(trie_)]
                                            .terminal >= 0;
 }
@@ -53,6 +82,54 @@ bool SchemaGrammar::in_string() const {
     default:
       return false;
   }
+}
+
+int64_t SchemaGrammar::string_room() const {
+  if (phase_ == Phase::kLeaf && expected_ != SchemaNode::kNone) {
+    const SchemaNode& node = Node(expected_);
+    if (node.max_length >= 0) return node.max_length - chars_;
+  }
+  return std::numeric_limits<int64_t>::max();
+}
+
+bool SchemaGrammar::IntegerMayReachBounds() const {
+  const SchemaNode& node = Node(expected_);
+  if (!integer_ || !node.bounds_integers()) return true;
+  __int128 low = 0;
+  std::optional<__int128> high;
+  if (!MagnitudeRange(node, negative_, &low, &high)) return false;
+  if (digits_ == 0) return true;  // a lone '-': any magnitude may follow
+  if (magnitude_ == 0) return low == 0;  // a leading 0 is the whole number
+  // Written digits v reach the magnitudes [v 10^k, (v + 1) 10^k - 1] for every k >= 0.
+  // Past 10^19 no bound is left (a huge magnitude is past every finite one).
+  if (magnitude_ >= kHugeMagnitude) return !high.has_value();
+  for (__int128 scale = 1; scale <= __int128{kHugeMagnitude}; scale *= 10) {
+    const __int128 first = __int128{magnitude_} * scale;
+    const __int128 last = (__int128{magnitude_} + 1) * scale - 1;
+    if (high && first > *high) return false;
+    if (last >= low) return true;
+  }
+  return !high.has_value();
+}
+
+bool SchemaGrammar::IntegerWithinBounds() const {
+  if (!integer_ || expected_ == SchemaNode::kNone || !Node(expected_).bounds_integers()) return true;
+  if (digits_ == 0) return false;  // a lone '-' is no number
+  __int128 low = 0;
+  std::optional<__int128> high;
+  if (!MagnitudeRange(Node(expected_), negative_, &low, &high)) return false;
+  if (magnitude_ >= kHugeMagnitude) return !high.has_value();
+  return magnitude_ >= low && (!high || __int128{magnitude_} <= *high);
+}
+
+void SchemaGrammar::CountIntegerByte(unsigned char byte) {
+  if (byte == '-') {
+    negative_ = true;
+    return;
+  }
+  if (digits_ < 255) ++digits_;  // only whether there are any is read
+  const unsigned __int128 next = static_cast<unsigned __int128>(magnitude_) * 10 + (byte - '0');
+  magnitude_ = next >= kHugeMagnitude ? kHugeMagnitude : static_cast<uint64_t>(next);
 }
 
 bool SchemaGrammar::Fits(int32_t node) const {
@@ -79,15 +156,35 @@ bool SchemaGrammar::Feed(unsigned char byte) {
   // Inside a value. A number, or a numeric enum value, has no byte of its own that ends it:
   // a byte that cannot go on with it ends it and is read after it (the loop's second turn).
   switch (phase_) {
-    case Phase::kLeaf:
+    case Phase::kLeaf: {
       if (leaf_.number_could_end() && !leaf_.NumberContinues(byte)) {
+        if (!IntegerWithinBounds()) return false;
         EndValue();
         break;
       }
       if (integer_ && (byte == '.' || byte == 'e' || byte == 'E')) return false;
+      const SchemaNode& node = Node(expected_);
+      const bool counted = node.limits_length() && leaf_.in_string();
+      if (counted) {
+        // Between characters: the close, or the next character.
+        if (byte == '"' ? chars_ < node.min_length
+                        : node.max_length >= 0 && chars_ >= node.max_length) {
+          return false;
+        }
+      }
       if (!leaf_.Feed(byte)) return false;
+      // Back between characters: one more written (a byte that starts a character leaves
+      // the string's state until the character is whole).
+      if (node.limits_length() && leaf_.in_string()) {
+        if (node.max_length >= 0 || chars_ < node.min_length) ++chars_;
+      }
+      if (integer_ && node.bounds_integers()) {
+        CountIntegerByte(byte);
+        if (!IntegerMayReachBounds()) return false;
+      }
       if (leaf_.complete()) EndValue();
       return true;
+    }
     case Phase::kEnum: {
       const ByteTrie& trie = Node(expected_).enum_trie;
       const int32_t child = trie.Child(trie_, byte);
@@ -165,6 +262,10 @@ bool SchemaGrammar::StartValue(unsigned char byte) {
   if (!leaf_.Feed(byte)) return false;
   integer_ = !node.any && type == kTypeNumber && (node.types & kTypeNumber) == 0;
   phase_ = Phase::kLeaf;
+  if (integer_ && node.bounds_integers()) {
+    CountIntegerByte(byte);
+    if (!IntegerMayReachBounds()) return false;
+  }
   return true;
 }
 
@@ -264,6 +365,10 @@ void SchemaGrammar::EndValue() {
   leaf_ = JsonGrammar();
   trie_ = 0;
   integer_ = false;
+  chars_ = 0;
+  negative_ = false;
+  digits_ = 0;
+  magnitude_ = 0;
   expected_ = SchemaNode::kNone;
   if (depth_ == 0) {
     phase_ = Phase::kDone;

@@ -47,15 +47,19 @@ class SchemaGrammar {
   // The answer may end here: complete, or a top-level number (or numeric enum value) that
   // may also go on.
   bool can_end() const;
-  // Inside a string that takes any character, between characters: whole characters other
-  // than '"', '\\' and the control characters leave the automaton as it is.
+  // Inside a string, between characters: whole characters other than '"', '\\' and the
+  // control characters are taken, up to string_room() of them (a string with a maxLength
+  // counts them; the automaton is then not left as it was).
   bool in_string() const;
+  // In a string (in_string), the most characters it may still take.
+  int64_t string_room() const;
 
   bool operator==(const SchemaGrammar& other) const;
   template <typename H>
   friend H AbslHashValue(H h, const SchemaGrammar& g) {
     h = H::combine(std::move(h), g.schema_, g.phase_, g.depth_, g.whitespace_, g.expected_,
-                   g.integer_, g.trie_, g.leaf_);
+                   g.integer_, g.trie_, g.leaf_, g.chars_, g.negative_, g.digits_,
+                   g.magnitude_);
     for (int i = 0; i < g.depth_; ++i) {
       const Frame& f = g.frames_[static_cast<size_t>(i)];
       h = H::combine(std::move(h), f.node, f.seen, f.open, f.count, f.property, f.object,
@@ -102,6 +106,13 @@ class SchemaGrammar {
   // An array's next item may come.
   bool ItemMayCome(const Frame& frame) const;
 
+  // A bounded integer's digits so far (digits_, magnitude_, negative_) lead to a value
+  // within its node's bounds / are one.
+  bool IntegerMayReachBounds() const;
+  bool IntegerWithinBounds() const;
+  // Takes a bounded integer's sign or digit into digits_ and magnitude_.
+  void CountIntegerByte(unsigned char byte);
+
   bool StartValue(unsigned char byte);
   bool OpenObject(int32_t node);
   bool OpenArray(int32_t node);
@@ -120,6 +131,14 @@ class SchemaGrammar {
   int32_t expected_ = 0;  // the node of the value to come or being read
   int32_t trie_ = 0;
   JsonGrammar leaf_;
+  // A string with a length limit: characters so far (without a maxLength, counted only up
+  // to its minLength, so that longer strings are one state).
+  uint32_t chars_ = 0;
+  // An integer with bounds: its sign, digits so far, and their value (kHugeMagnitude past
+  // any 64-bit bound). Zero for any other value, so that equal positions compare equal.
+  bool negative_ = false;
+  uint8_t digits_ = 0;
+  uint64_t magnitude_ = 0;
   std::array<Frame, kMaxDepth> frames_{};
 };
 
