@@ -250,8 +250,10 @@ def main():
         {"type": "object", "properties": {
             "code": {"type": "string", "minLength": 2, "maxLength": 3},
             "rating": {"type": "integer", "minimum": 1, "exclusiveMaximum": 6},
-            "depth": {"type": ["integer", "null"], "maximum": -40}},
-         "required": ["code", "rating"]}).encode() + b'\0{"code": "\\u00e9b", "rating": 5, "depth": -41}')
+            "depth": {"type": ["integer", "null"], "maximum": -40},
+            "score": {"type": "number", "exclusiveMinimum": -2.5, "maximum": 700.25}},
+         "required": ["code", "rating"]}).encode() +
+          b'\0{"code": "\\u00e9b", "rating": 5, "depth": -41, "score": -2.49}')
 
     # The engine's structured input: op bytes then fields (see agent_message_fuzzer.cc).
     write(out, "agent_message", "open-chunk-step.bin",

@@ -353,10 +353,11 @@ def json_schema_answers(client, model, messages):
             "name": {"type": "string", "description": "annotations constrain nothing",
                      "minLength": 2, "maxLength": 6},
             "age": {"type": "integer", "minimum": 18, "exclusiveMaximum": 120},
+            "score": {"type": "number", "minimum": 0.5, "maximum": 9.75},
             "tags": {"type": "array", "items": {"enum": ["red", "green"]}, "maxItems": 2},
             "pet": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/Pet"}]},
         },
-        "required": ["name", "age", "tags", "pet"],
+        "required": ["name", "age", "score", "tags", "pet"],
         "additionalProperties": False,
         "$defs": {"Pet": {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}},
                           "required": ["kind"], "additionalProperties": False}},
@@ -414,6 +415,7 @@ def json_schema_answers(client, model, messages):
     class Person(pydantic.BaseModel):
         name: str = pydantic.Field(min_length=1, max_length=10)
         age: int
+        confidence: float = pydantic.Field(ge=0, le=1)
         pets: list[Pet]
         friend: typing.Optional["Person"]
 
@@ -427,12 +429,12 @@ def json_schema_answers(client, model, messages):
               f"seed {seed}: parse() gave {person!r} for {parsed.choices[0].message.content!r}")
 
     # What the agent cannot hold an answer to is refused before any answer, naming the place.
-    expect_error("response_format json_schema with a number's minimum",
+    expect_error("response_format json_schema with a pattern",
                  lambda: client.chat.completions.create(
                      model=model, messages=messages,
                      response_format={"type": "json_schema", "json_schema": {
                          "name": "x", "schema": {"type": "object", "properties": {
-                             "price": {"type": "number", "minimum": 0}}}}}),
+                             "code": {"type": "string", "pattern": "^[A-Z]{3}$"}}}}}),
                  openai.BadRequestError, 400, param="response_format")
     print(f"response_format json_schema: {json.dumps(answers[:3])}")
 

@@ -1,6 +1,7 @@
 #include "models/grammar/json_schema.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 
 #include "absl/container/flat_hash_map.h"
@@ -195,6 +196,7 @@ class SchemaCompiler {
   absl::Status FillArray(int32_t index, const json& schema, const std::string& pointer);
   absl::Status FillLength(int32_t index, const json& schema, const std::string& pointer);
   absl::Status FillBounds(int32_t index, const json& schema, const std::string& pointer);
+  absl::Status FillNumberBounds(int32_t index, const json& schema, const std::string& pointer);
   absl::Status FillEnum(int32_t index, const json& schema, const std::string& pointer,
                         bool typed);
   absl::Status UnionTypes(int32_t node, std::vector<uint8_t>& state);
@@ -487,13 +489,10 @@ absl::Status SchemaCompiler::FillLength(int32_t index, const json& schema,
 absl::Status SchemaCompiler::FillBounds(int32_t index, const json& schema,
                                         const std::string& pointer) {
   SchemaNode& n = At(index);
+  if ((n.types & kTypeNumber) != 0) return FillNumberBounds(index, schema, pointer);
   for (const std::string_view key : kBoundKeywords) {
     if (!schema.contains(key)) continue;
     const std::string here = absl::StrCat(pointer, "/", std::string(key));
-    if ((n.types & kTypeNumber) != 0) {
-      return Invalid(here, "bounds are supported for \"type\": \"integer\" only, not for a "
-                           "\"number\" (the grammar cannot hold a fraction to them)");
-    }
     if ((n.types & kTypeInteger) == 0) {
       return Invalid(pointer, absl::StrCat("\"", std::string(key), "\" on a schema whose type has no integer"));
     }
@@ -535,6 +534,60 @@ absl::Status SchemaCompiler::FillBounds(int32_t index, const json& schema,
   if (n.has_minimum && n.has_maximum && n.minimum > n.maximum) {
     return Invalid(pointer, absl::StrCat("no integer is at least ", n.minimum, " and at most ",
                                          n.maximum));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SchemaCompiler::FillNumberBounds(int32_t index, const json& schema,
+                                              const std::string& pointer) {
+  SchemaNode& n = At(index);
+  for (const std::string_view key : kBoundKeywords) {
+    if (!schema.contains(key)) continue;
+    const std::string here = absl::StrCat(pointer, "/", std::string(key));
+    const json& given = schema[std::string(key)];
+    if (!given.is_number()) return Invalid(here, "must be a number");
+    const double value = given.get<double>();
+    // Beyond it the fixed-point decimals grow long, and a number with an exponent is not
+    // taken where bounds apply.
+    constexpr double kLargest = 1e300;
+    if (!std::isfinite(value) || std::abs(value) > kLargest) {
+      return Invalid(here, "must lie within +-1e300");
+    }
+    const bool lower = key == "minimum" || key == "exclusiveMinimum";
+    double inside = value;
+    if (key.starts_with("exclusive")) {
+      inside = std::nextafter(value, lower ? HUGE_VAL : -HUGE_VAL);
+    }
+    SchemaNode::DecimalBound& bound = lower ? n.number_minimum : n.number_maximum;
+    if (bound.set && (lower ? inside <= bound.value : inside >= bound.value)) continue;
+    // The shortest fixed-point decimal that reads back as this double: every decimal at
+    // or past it reads as a double at or past it (rounding keeps order), and so does every
+    // double's own shortest decimal.
+    char text[400];
+    const auto written = std::to_chars(text, text + sizeof(text), inside, std::chars_format::fixed);
+    if (written.ec != std::errc()) return Invalid(here, "cannot be written as a decimal");
+    std::string_view digits(text, static_cast<size_t>(written.ptr - text));
+    bound = SchemaNode::DecimalBound{.set = true, .value = inside};
+    if (digits.starts_with('-')) {
+      bound.negative = true;
+      digits.remove_prefix(1);
+    }
+    const size_t point = digits.find('.');
+    bound.integer = std::string(digits.substr(0, point));
+    if (point != std::string_view::npos) bound.fraction = std::string(digits.substr(point + 1));
+    while (!bound.fraction.empty() && bound.fraction.back() == '0') bound.fraction.pop_back();
+    if (bound.integer.empty()) bound.integer = "0";
+    // -0 is 0.
+    if (bound.integer == "0" && bound.fraction.empty()) bound.negative = false;
+  }
+  if (n.number_minimum.set && n.number_maximum.set &&
+      n.number_minimum.value > n.number_maximum.value) {
+    const auto text = [](const SchemaNode::DecimalBound& bound) {
+      return absl::StrCat(bound.negative ? "-" : "", bound.integer,
+                          bound.fraction.empty() ? "" : ".", bound.fraction);
+    };
+    return Invalid(pointer, absl::StrCat("no number is at least ", text(n.number_minimum),
+                                         " and at most ", text(n.number_maximum)));
   }
   return absl::OkStatus();
 }
@@ -703,6 +756,13 @@ bool SchemaAccepts(const CompiledSchema& schema, int32_t node, const json& value
           (n.has_maximum && v > static_cast<double>(n.maximum))) {
         return false;
       }
+    }
+  }
+  if ((type & kTypeNumber) != 0 && n.bounds_numbers()) {
+    const double v = value.get<double>();
+    if ((n.number_minimum.set && v < n.number_minimum.value) ||
+        (n.number_maximum.set && v > n.number_maximum.value)) {
+      return false;
     }
   }
   if (value.is_string() && n.limits_length()) {

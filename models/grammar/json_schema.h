@@ -5,15 +5,15 @@
 // mode, and what Pydantic writes for its models):
 //   type (one, or a list), enum, const, properties, required, additionalProperties (false,
 //   true, or a schema; absent: true), items, minItems, maxItems, minLength and maxLength (in
-//   characters), minimum, maximum, exclusiveMinimum and exclusiveMaximum (for "type":
-//   "integer", within 64-bit integers), anyOf and oneOf whose
+//   characters), minimum, maximum, exclusiveMinimum and exclusiveMaximum (of an "integer"
+//   within 64-bit integers; of a "number" within +-1e300, which is then written without an
+//   exponent), anyOf and oneOf whose
 //   branches take different JSON types (a nullable field: anyOf [X, {"type": "null"}]), an
 //   allOf of one schema, $ref to "#", "#/$defs/NAME" or "#/definitions/NAME" (recursion
 //   included), and the annotations (title, description, default, examples, format, $schema,
 //   $id, $comment, deprecated, readOnly, writeOnly), which constrain nothing: `format` too,
 //   so a "date-time" is any string.
-// Anything else (pattern, multipleOf, bounds on a "number", patternProperties, anyOf
-// branches of one type, ...) is refused naming its place, rather than ignored: an answer
+// Anything else (pattern, multipleOf, patternProperties, anyOf branches of one type, ...) is refused naming its place, rather than ignored: an answer
 // would not hold to it. So is a schema that no finite value satisfies, or none within kMaxDepth nested
 // objects and arrays.
 //
@@ -105,6 +105,21 @@ struct SchemaNode {
   int64_t minimum = 0;
   int64_t maximum = 0;
   bool bounds_integers() const { return has_minimum || has_maximum; }
+
+  // Numbers (a node whose numbers may have a fraction): bounds, inclusive, as doubles (an
+  // exclusive bound compiles to the next double inside, so that "greater than" holds for
+  // the value a parser reads) and as their shortest decimals, which the grammar compares a
+  // number's digits with exactly.
+  struct DecimalBound {
+    bool set = false;
+    double value = 0;
+    bool negative = false;
+    std::string integer;   // the magnitude's integer digits: "0" below 1, no leading zeros
+    std::string fraction;  // its fraction digits, no trailing zeros
+  };
+  DecimalBound number_minimum;
+  DecimalBound number_maximum;
+  bool bounds_numbers() const { return number_minimum.set || number_maximum.set; }
 
   // enum / const: a value of one of enum_types is one of enum_texts, compact JSON.
   uint8_t enum_types = 0;

@@ -212,6 +212,85 @@ TEST_CASE("A string's length in characters and an integer's bounds are held to",
   CHECK(SchemaAccepts(*name, name->root(), json("\xF0\x9F\x8E\xA9\xC3\xA9")));
 }
 
+TEST_CASE("A number's bounds are held to, its digits compared with theirs place by place",
+          "[grammar]") {
+  const auto unit = Compiled(R"({"type": "number", "minimum": 0, "maximum": 1})");
+  for (const char* ok : {"0", "1", "0.5", "0.999", "1.0", "1.000", "-0", "-0.0", "0.0001"}) {
+    INFO(ok);
+    CHECK(Takes(*unit, ok));
+  }
+  for (const char* refused : {"2", "1.01", "1.0001", "-0.5", "10", "-1", "0.5e0", "1e-3"}) {
+    INFO(refused);
+    CHECK_FALSE(Takes(*unit, refused));
+  }
+  SchemaGrammar one(unit.get());
+  REQUIRE(one.Feed("1"));
+  CHECK_FALSE(SchemaGrammar(one).Feed("0"));  // 10 and past
+  REQUIRE(one.Feed(".0"));
+  CHECK_FALSE(SchemaGrammar(one).Feed("1"));  // 1.01
+  CHECK(one.can_end());
+
+  // Exclusive bounds are the next double inside: 0.1 is out, the shortest decimal of the
+  // double after it is in, and so is every decimal past that.
+  const auto open = Compiled(R"({"type": "number", "exclusiveMinimum": 0.1,
+                                 "exclusiveMaximum": 2.5})");
+  for (const char* ok : {"0.10000000000000002", "0.2", "1", "2.4999", "0.100000000000001"}) {
+    INFO(ok);
+    CHECK(Takes(*open, ok));
+  }
+  for (const char* refused : {"0.1", "0.10000000000000001", "2.5", "0", "3", "-1", "0.09"}) {
+    INFO(refused);
+    CHECK_FALSE(Takes(*open, refused));
+  }
+  // Negative ranges: the magnitude's bounds swap.
+  const auto cold = Compiled(R"({"type": "number", "minimum": -273.15, "maximum": -40.5})");
+  for (const char* ok : {"-273.15", "-100", "-40.5", "-41", "-273.149"}) {
+    INFO(ok);
+    CHECK(Takes(*cold, ok));
+  }
+  for (const char* refused : {"-273.151", "-40.4", "-40", "0", "-0", "-1000", "-4", "5"}) {
+    INFO(refused);
+    CHECK_FALSE(Takes(*cold, refused));
+  }
+  SchemaGrammar minus(cold.get());
+  CHECK_FALSE(SchemaGrammar(minus).Feed("1"));  // no positive number
+  REQUIRE(minus.Feed("-4"));
+  CHECK_FALSE(minus.can_end());  // -4 is above -40.5, but -4x is not
+  REQUIRE(minus.Feed("1"));
+  CHECK(minus.can_end());
+  // A first digit below the low bound's reaches it only with more digits than the high
+  // bound has.
+  const auto hundreds = Compiled(R"({"type": "number", "minimum": 500, "maximum": 700.5})");
+  for (const char* refused : {"4", "8", "0", "-"}) {
+    INFO(refused);
+    CHECK_FALSE(SchemaGrammar(hundreds.get()).Feed(refused));
+  }
+  CHECK(Takes(*hundreds, "500"));
+  CHECK(Takes(*hundreds, "699.99"));
+  CHECK(Takes(*hundreds, "700.5"));
+  CHECK_FALSE(Takes(*hundreds, "700.51"));
+  CHECK_FALSE(Takes(*hundreds, "70"));
+  CHECK_FALSE(SchemaGrammar(hundreds.get()).Feed("71"));
+  // Large and small bounds, a lower bound only, a leading 0 that cannot reach it.
+  const auto big = Compiled(R"({"type": "number", "exclusiveMinimum": 1e20})");
+  CHECK(Takes(*big, "100000000000000030000"));
+  CHECK_FALSE(Takes(*big, "100000000000000000000"));
+  CHECK_FALSE(SchemaGrammar(big.get()).Feed("0"));
+  CHECK(Takes(*big, "1000000000000000000000.5"));
+  const auto small = Compiled(R"({"type": ["number", "null"], "minimum": 0.00025,
+                                   "maximum": 0.0003})");
+  CHECK(Takes(*small, "0.00025"));
+  CHECK(Takes(*small, "0.0003"));
+  CHECK(Takes(*small, "null"));
+  CHECK_FALSE(Takes(*small, "0.00024999"));
+  CHECK_FALSE(Takes(*small, "0.00031"));
+  CHECK_FALSE(SchemaGrammar(small.get()).Feed("0.001"));
+  // What a parser reads as the bound's double is within it.
+  CHECK(SchemaAccepts(*open, open->root(), json(0.2)));
+  CHECK_FALSE(SchemaAccepts(*open, open->root(), json(0.1)));
+  CHECK_FALSE(SchemaAccepts(*cold, cold->root(), json(-40)));
+}
+
 TEST_CASE("An object takes a key only where a property is left to write", "[grammar]") {
   // No undeclared keys and one property: after it, no ',' (nothing could follow it), and a
   // key's bytes only along a name not yet written.
@@ -238,10 +317,12 @@ TEST_CASE("An object takes a key only where a property is left to write", "[gram
 TEST_CASE("Schemas that cannot be held to are refused, naming their place", "[grammar]") {
   CHECK_THAT(Refusal(R"({"type": "string", "pattern": "^a+$"})"),
              Catch::StartsWith("at /: \"pattern\" is not supported"));
-  CHECK_THAT(Refusal(R"({"type":"object","properties":{"a/b":{"type":"number","minimum":0}}})"),
-             Catch::StartsWith("at /properties/a~1b/minimum: bounds are supported for \"type\": "
-                               "\"integer\" only"));
-  CHECK_THAT(Refusal(R"({"minimum": 0})"), Catch::Contains("for \"type\": \"integer\" only"));
+  CHECK_THAT(Refusal(R"({"type":"object","properties":{"a/b":{"type":"number","minimum":1e301}}})"),
+             Catch::StartsWith("at /properties/a~1b/minimum: must lie within +-1e300"));
+  CHECK_THAT(Refusal(R"({"minimum": 0.5, "exclusiveMaximum": 0.5})"),
+             Catch::Contains("no number is at least 0.5 and at most 0.49999"));
+  CHECK_THAT(Refusal(R"({"type": "number", "maximum": "7"})"),
+             Catch::Contains("at /maximum: must be a number"));
   CHECK_THAT(Refusal(R"({"type": "integer", "minimum": 2.5, "exclusiveMaximum": 3})"),
              Catch::Contains("no integer is at least 3 and at most 2"));
   CHECK(Takes(*Compiled(R"({"type": "integer", "minimum": 3, "exclusiveMaximum": 3.5})"), "3"));
@@ -344,9 +425,20 @@ json RandomValue(const CompiledSchema& schema, int32_t node, int depth, std::mt1
       const int64_t high = n->has_maximum && n->maximum - low <= 1000000 ? n->maximum : low + 1000;
       return std::uniform_int_distribution<int64_t>(low, high)(rng);
     }
-    case kTypeNumber:
-      return chance(0.5) ? json(std::uniform_int_distribution<int>(-50, 50)(rng))
-                         : json(std::uniform_real_distribution<double>(-1e6, 1e6)(rng));
+    case kTypeNumber: {
+      if (n->any || !n->bounds_numbers()) {
+        return chance(0.5) ? json(std::uniform_int_distribution<int>(-50, 50)(rng))
+                           : json(std::uniform_real_distribution<double>(-1e6, 1e6)(rng));
+      }
+      // Within the bounds (the tests' bounds keep values clear of exponents); a bound itself
+      // at times.
+      const double low = n->number_minimum.set ? n->number_minimum.value
+                                               : n->number_maximum.value - 100;
+      const double high = n->number_maximum.set ? n->number_maximum.value : low + 100;
+      if (chance(0.1)) return json(chance(0.5) ? low : high);
+      const double value = std::uniform_real_distribution<double>(low, high)(rng);
+      return chance(0.3) ? json(std::round(value)) : json(value);
+    }
     case kTypeBoolean:
       return chance(0.5);
     case kTypeNull:
@@ -450,7 +542,11 @@ const char* const kSchemas[] = {
           "rating": {"type": "integer", "minimum": 1, "maximum": 5},
           "year": {"type": "integer", "minimum": 1900, "exclusiveMaximum": 2100},
           "depth": {"type": "integer", "maximum": -40},
-          "count": {"type": "integer", "minimum": 10}},
+          "count": {"type": "integer", "minimum": 10},
+          "score": {"type": "number", "minimum": 0, "maximum": 1},
+          "delta": {"type": ["number", "null"], "exclusiveMinimum": -2.5, "maximum": 40},
+          "cold": {"type": "number", "maximum": -10.25},
+          "hundreds": {"type": "number", "minimum": 500, "exclusiveMaximum": 700}},
         "required": ["code", "rating", "year", "depth"], "additionalProperties": false})",
 };
 
@@ -540,7 +636,8 @@ TEST_CASE("A schema constraint's masks are each token tried on its own, along ra
         "spouse", "cat", "dog", "\"cat\"", "adult", "child", "1", "12", "0", "-", ".", "5", "E",
         "true", "false", "null", "nu", "ll", "\\", "\\n", "\\u00e9", "\xC3\xA9", "x", "y",
         "extra", "red", "green", "value", "children", "any", "nothing", "code", "note",
-        "short", "rating", "year", "depth", "count", "19", "20", "2", "-4", "abc", "ab",
+        "short", "rating", "year", "depth", "count", "score", "delta", "cold", "0.", ".2",
+        "25", "-10", "19", "20", "2", "-4", "abc", "ab",
         "\xF0\x9F\x8E\xA9", "a\xC3\xA9bc", "\"ab\"", "ok\""}) {
     tokens.emplace_back(piece);
   }

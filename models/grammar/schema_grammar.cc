@@ -32,6 +32,47 @@ bool MagnitudeRange(const SchemaNode& node, bool negative, __int128* low,
   return !*high || *low <= **high;
 }
 
+// The bounds of a number's magnitude given its sign: nullptr where there is none; possible
+// false when no number of that sign is within the bounds.
+struct DecimalMagnitudes {
+  const SchemaNode::DecimalBound* low = nullptr;
+  const SchemaNode::DecimalBound* high = nullptr;
+  bool possible = true;
+};
+
+bool IsZero(const SchemaNode::DecimalBound& bound) {
+  return bound.integer == "0" && bound.fraction.empty();
+}
+
+DecimalMagnitudes MagnitudesOf(const SchemaNode& node, bool negative) {
+  const SchemaNode::DecimalBound& lo = node.number_minimum;
+  const SchemaNode::DecimalBound& hi = node.number_maximum;
+  DecimalMagnitudes m;
+  if (!negative) {  // lo <= value <= hi, value >= 0
+    if (lo.set && !lo.negative && !IsZero(lo)) m.low = &lo;
+    if (hi.set) {
+      m.possible = !hi.negative;
+      m.high = &hi;
+    }
+  } else {  // lo <= -magnitude <= hi: |hi| <= magnitude (hi < 0), magnitude <= |lo| (lo <= 0)
+    if (hi.set && hi.negative) m.low = &hi;
+    if (lo.set) {
+      m.possible = lo.negative || IsZero(lo);
+      m.high = &lo;
+    }
+  }
+  return m;
+}
+
+int8_t Order(unsigned char a, unsigned char b) { return a < b ? -1 : a > b ? 1 : 0; }
+
+// The order of an integer part of `digits` digits whose digits compare as `cmp` with the
+// bound's first ones, against the bound's whole integer part (neither has leading zeros).
+int8_t IntegerOrder(size_t digits, int8_t cmp, const SchemaNode::DecimalBound& bound) {
+  if (digits != bound.integer.size()) return digits < bound.integer.size() ? -1 : 1;
+  return cmp;
+}
+
 }  // namespace
 
 SchemaGrammar::SchemaGrammar(const CompiledSchema* schema)
@@ -50,6 +91,12 @@ SchemaGrammar& SchemaGrammar::operator=(const SchemaGrammar& other) {
   negative_ = other.negative_;
   digits_ = other.digits_;
   magnitude_ = other.magnitude_;
+  bounded_number_ = other.bounded_number_;
+  point_ = other.point_;
+  leading_zero_ = other.leading_zero_;
+  fraction_digits_ = other.fraction_digits_;
+  cmp_low_ = other.cmp_low_;
+  cmp_high_ = other.cmp_high_;
   // Only the frames in use: the frames above them are never read (and compare as unused).
   std::copy_n(other.frames_.begin(), other.depth_, frames_.begin());
   return *this;
@@ -60,14 +107,19 @@ bool SchemaGrammar::operator==(const SchemaGrammar& other) const {
          whitespace_ == other.whitespace_ && integer_ == other.integer_ &&
          expected_ == other.expected_ && trie_ == other.trie_ && leaf_ == other.leaf_ &&
          chars_ == other.chars_ && negative_ == other.negative_ && digits_ == other.digits_ &&
-         magnitude_ == other.magnitude_ &&
+         magnitude_ == other.magnitude_ && bounded_number_ == other.bounded_number_ &&
+         point_ == other.point_ && leading_zero_ == other.leading_zero_ &&
+         fraction_digits_ == other.fraction_digits_ && cmp_low_ == other.cmp_low_ &&
+         cmp_high_ == other.cmp_high_ &&
          std::equal(frames_.begin(), frames_.begin() + depth_, other.frames_.begin());
 }
 
 bool SchemaGrammar::can_end() const {
   if (complete()) return true;
   if (depth_ != 0) return false;
-  if (phase_ == Phase::kLeaf) return leaf_.number_could_end() && IntegerWithinBounds();
+  if (phase_ == Phase::kLeaf) {
+    return leaf_.number_could_end() && IntegerWithinBounds() && DecimalWithinBounds();
+  }
   return phase_ == Phase::kEnum && Node(expected_).enum_trie.nodes[static_cast<size_t>(trie_)]
                                            .terminal >= 0;
 }
@@ -122,12 +174,87 @@ bool SchemaGrammar::IntegerWithinBounds() const {
   return magnitude_ >= low && (!high || __int128{magnitude_} <= *high);
 }
 
+bool SchemaGrammar::DecimalMayReachBounds() const {
+  if (!bounded_number_) return true;
+  const DecimalMagnitudes m = MagnitudesOf(Node(expected_), negative_);
+  if (!m.possible) return false;
+  if (digits_ == 0) return true;  // a lone '-': the magnitudes of that sign are not empty
+  if (point_) {
+    // Digits so far x with f fraction digits reach [x, x + 10^-f): some of it is within
+    // [low, high] when x <= high and x + 10^-f > low.
+    return (m.high == nullptr || cmp_high_ <= 0) && (m.low == nullptr || cmp_low_ >= 0);
+  }
+  // Integer digits v (n of them) reach [v 10^k, (v + 1) 10^k) with an integer part of
+  // N = n + k digits, for every k >= 0 (only k = 0 after a leading 0). The smallest N whose
+  // range ends past low, if its range starts at or below high (a larger N starts higher).
+  const size_t n = digits_;
+  size_t first = n;
+  if (m.low != nullptr) {
+    const size_t low_digits = m.low->integer.size();
+    if (n < low_digits) first = cmp_low_ >= 0 ? low_digits : low_digits + 1;
+    if (n == low_digits && cmp_low_ < 0) first = n + 1;
+  }
+  if (leading_zero_ && first != n) return false;
+  if (m.high == nullptr) return true;
+  const size_t high_digits = m.high->integer.size();
+  return first < high_digits || (first == high_digits && cmp_high_ <= 0);
+}
+
+bool SchemaGrammar::DecimalWithinBounds() const {
+  if (!bounded_number_) return true;
+  if (digits_ == 0) return false;  // a lone '-' is no number
+  const DecimalMagnitudes m = MagnitudesOf(Node(expected_), negative_);
+  if (!m.possible) return false;
+  if (m.low != nullptr) {
+    const int8_t order = point_ ? cmp_low_ : IntegerOrder(digits_, cmp_low_, *m.low);
+    // Equal so far: below low if low has more (nonzero) fraction digits.
+    if (order < 0 || (order == 0 && m.low->fraction.size() > fraction_digits_)) return false;
+  }
+  if (m.high != nullptr) {
+    const int8_t order = point_ ? cmp_high_ : IntegerOrder(digits_, cmp_high_, *m.high);
+    if (order > 0) return false;
+  }
+  return true;
+}
+
+void SchemaGrammar::CountDecimalByte(unsigned char byte) {
+  const DecimalMagnitudes m = MagnitudesOf(Node(expected_), negative_);
+  if (byte == '-') {
+    negative_ = true;
+    return;
+  }
+  if (byte == '.') {
+    point_ = true;
+    if (m.low != nullptr) cmp_low_ = IntegerOrder(digits_, cmp_low_, *m.low);
+    if (m.high != nullptr) cmp_high_ = IntegerOrder(digits_, cmp_high_, *m.high);
+    return;
+  }
+  if (point_) {
+    // A fraction digit against the bounds' digit at its place (0 past their last).
+    const auto place = [&](const SchemaNode::DecimalBound& bound) -> unsigned char {
+      return fraction_digits_ < bound.fraction.size() ? bound.fraction[fraction_digits_] : '0';
+    };
+    if (m.low != nullptr && cmp_low_ == 0) cmp_low_ = Order(byte, place(*m.low));
+    if (m.high != nullptr && cmp_high_ == 0) cmp_high_ = Order(byte, place(*m.high));
+    if (fraction_digits_ < UINT16_MAX) ++fraction_digits_;
+    return;
+  }
+  if (digits_ == 0 && byte == '0') leading_zero_ = true;
+  if (m.low != nullptr && cmp_low_ == 0 && digits_ < m.low->integer.size()) {
+    cmp_low_ = Order(byte, m.low->integer[digits_]);
+  }
+  if (m.high != nullptr && cmp_high_ == 0 && digits_ < m.high->integer.size()) {
+    cmp_high_ = Order(byte, m.high->integer[digits_]);
+  }
+  if (digits_ < UINT16_MAX) ++digits_;
+}
+
 void SchemaGrammar::CountIntegerByte(unsigned char byte) {
   if (byte == '-') {
     negative_ = true;
     return;
   }
-  if (digits_ < 255) ++digits_;  // only whether there are any is read
+  if (digits_ < UINT16_MAX) ++digits_;  // only whether there are any is read
   const unsigned __int128 next = static_cast<unsigned __int128>(magnitude_) * 10 + (byte - '0');
   magnitude_ = next >= kHugeMagnitude ? kHugeMagnitude : static_cast<uint64_t>(next);
 }
@@ -158,11 +285,14 @@ bool SchemaGrammar::Feed(unsigned char byte) {
   switch (phase_) {
     case Phase::kLeaf: {
       if (leaf_.number_could_end() && !leaf_.NumberContinues(byte)) {
-        if (!IntegerWithinBounds()) return false;
+        if (!IntegerWithinBounds() || !DecimalWithinBounds()) return false;
         EndValue();
         break;
       }
       if (integer_ && (byte == '.' || byte == 'e' || byte == 'E')) return false;
+      // A number with bounds is written without an exponent: its digits are compared with
+      // the bounds' place by place.
+      if (bounded_number_ && (byte == 'e' || byte == 'E')) return false;
       const SchemaNode& node = Node(expected_);
       const bool counted = node.limits_length() && leaf_.in_string();
       if (counted) {
@@ -181,6 +311,10 @@ bool SchemaGrammar::Feed(unsigned char byte) {
       if (integer_ && node.bounds_integers()) {
         CountIntegerByte(byte);
         if (!IntegerMayReachBounds()) return false;
+      }
+      if (bounded_number_) {
+        CountDecimalByte(byte);
+        if (!DecimalMayReachBounds()) return false;
       }
       if (leaf_.complete()) EndValue();
       return true;
@@ -265,6 +399,11 @@ bool SchemaGrammar::StartValue(unsigned char byte) {
   if (integer_ && node.bounds_integers()) {
     CountIntegerByte(byte);
     if (!IntegerMayReachBounds()) return false;
+  }
+  bounded_number_ = !node.any && type == kTypeNumber && !integer_ && node.bounds_numbers();
+  if (bounded_number_) {
+    CountDecimalByte(byte);
+    if (!DecimalMayReachBounds()) return false;
   }
   return true;
 }
@@ -369,6 +508,12 @@ void SchemaGrammar::EndValue() {
   negative_ = false;
   digits_ = 0;
   magnitude_ = 0;
+  bounded_number_ = false;
+  point_ = false;
+  leading_zero_ = false;
+  fraction_digits_ = 0;
+  cmp_low_ = 0;
+  cmp_high_ = 0;
   expected_ = SchemaNode::kNone;
   if (depth_ == 0) {
     phase_ = Phase::kDone;

@@ -59,7 +59,8 @@ class SchemaGrammar {
   friend H AbslHashValue(H h, const SchemaGrammar& g) {
     h = H::combine(std::move(h), g.schema_, g.phase_, g.depth_, g.whitespace_, g.expected_,
                    g.integer_, g.trie_, g.leaf_, g.chars_, g.negative_, g.digits_,
-                   g.magnitude_);
+                   g.magnitude_, g.bounded_number_, g.point_, g.leading_zero_,
+                   g.fraction_digits_, g.cmp_low_, g.cmp_high_);
     for (int i = 0; i < g.depth_; ++i) {
       const Frame& f = g.frames_[static_cast<size_t>(i)];
       h = H::combine(std::move(h), f.node, f.seen, f.open, f.count, f.property, f.object,
@@ -112,6 +113,11 @@ class SchemaGrammar {
   bool IntegerWithinBounds() const;
   // Takes a bounded integer's sign or digit into digits_ and magnitude_.
   void CountIntegerByte(unsigned char byte);
+  // The same for a number with bounds (bounded_number_), whose digits are compared with the
+  // bounds' decimals place by place.
+  bool DecimalMayReachBounds() const;
+  bool DecimalWithinBounds() const;
+  void CountDecimalByte(unsigned char byte);
 
   bool StartValue(unsigned char byte);
   bool OpenObject(int32_t node);
@@ -134,11 +140,22 @@ class SchemaGrammar {
   // A string with a length limit: characters so far (without a maxLength, counted only up
   // to its minLength, so that longer strings are one state).
   uint32_t chars_ = 0;
-  // An integer with bounds: its sign, digits so far, and their value (kHugeMagnitude past
-  // any 64-bit bound). Zero for any other value, so that equal positions compare equal.
+  // An integer or a number with bounds: its sign and integer digits so far. Zero for any
+  // other value, so that equal positions compare equal.
   bool negative_ = false;
-  uint8_t digits_ = 0;
+  uint16_t digits_ = 0;
+  // An integer's digits' value (kHugeMagnitude past any 64-bit bound).
   uint64_t magnitude_ = 0;
+  // A number with bounds: whether the point was read, the integer part is a lone 0, the
+  // fraction digits so far, and the digits' order against the low and the high bound of
+  // the magnitude (DecimalMagnitudes) at the same places: -1, 0 (equal so far) or 1; once the
+  // point is read, against the whole of each bound's integer part.
+  bool bounded_number_ = false;
+  bool point_ = false;
+  bool leading_zero_ = false;
+  uint16_t fraction_digits_ = 0;
+  int8_t cmp_low_ = 0;
+  int8_t cmp_high_ = 0;
   std::array<Frame, kMaxDepth> frames_{};
 };
 
