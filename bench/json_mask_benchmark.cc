@@ -5,7 +5,7 @@
 // is kept (inside a string, every token after the first): for any JSON object
 // (JsonConstraint) and for a JSON Schema's values (SchemaConstraint, a schema of every kind
 // of value with no undeclared keys, a string with a maxLength, whose masks are never kept from
-// one character to the next, and an integer with bounds). The bound beside them is one pass
+// one character to the next, and an integer and a number with bounds). The bound beside them is one pass
 // over the vocabulary's bytes, measured in the same run: the walk reads each token at least
 // once less what it shares with the token before. The vocabulary is a tokenizer's
 // (--tokenizer DIR: tokenizer.json or tokenizer.model) or a synthetic byte-level one of
@@ -152,7 +152,8 @@ int Run(const Args& args) {
                      "s": {"type": "string"},
                      "kind": {"enum": ["adult", "child", "other"]},
                      "code": {"type": "string", "maxLength": 8},
-                     "year": {"type": "integer", "minimum": 1900, "maximum": 2100}},
+                     "year": {"type": "integer", "minimum": 1900, "maximum": 2100},
+                     "score": {"type": "number", "minimum": 0, "maximum": 1}},
       "required": ["name"], "additionalProperties": false})"));
   if (!schema.ok()) return Fail(schema.status());
   const std::vector<State> schema_states = {
@@ -168,6 +169,7 @@ int Run(const Args& args) {
       {"enum", "{\"kind\": \"ch"},
       {"maxLength", "{\"code\": \"ab"},
       {"bounds", "{\"year\": 19"},
+      {"number bounds", "{\"score\": 0.2"},
   };
   std::string table = absl::StrFormat(
       "masks over %s (%d tokens, %d bytes; vocabulary sorted in %.1f ms)\n"
