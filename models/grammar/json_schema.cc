@@ -74,6 +74,23 @@ uint8_t TypesOfValue(const json& value) {
   return 0;
 }
 
+// A bound from its decimal text ("-12.50", "7"): the sign, and the magnitude's integer digits
+// ("0" below 1) and fraction digits without trailing zeros.
+SchemaNode::DecimalBound DecimalOf(std::string_view text, double value) {
+  SchemaNode::DecimalBound bound{.set = true, .value = value};
+  if (text.starts_with('-')) {
+    bound.negative = true;
+    text.remove_prefix(1);
+  }
+  const size_t point = text.find('.');
+  bound.integer = std::string(text.substr(0, point));
+  if (point != std::string_view::npos) bound.fraction = std::string(text.substr(point + 1));
+  while (!bound.fraction.empty() && bound.fraction.back() == '0') bound.fraction.pop_back();
+  if (bound.integer.empty()) bound.integer = "0";
+  if (bound.integer == "0" && bound.fraction.empty()) bound.negative = false;  // -0 is 0
+  return bound;
+}
+
 std::string TypeNames(uint8_t classes) {
   std::string names;
   for (const auto& [bit, name] : {std::pair{kTypeObject, "objects"}, {kTypeArray, "arrays"},
@@ -535,6 +552,13 @@ absl::Status SchemaCompiler::FillBounds(int32_t index, const json& schema,
     return Invalid(pointer, absl::StrCat("no integer is at least ", n.minimum, " and at most ",
                                          n.maximum));
   }
+  // The grammar compares an integer's digits with these, exactly.
+  if (n.has_minimum) {
+    n.number_minimum = DecimalOf(absl::StrCat(n.minimum), static_cast<double>(n.minimum));
+  }
+  if (n.has_maximum) {
+    n.number_maximum = DecimalOf(absl::StrCat(n.maximum), static_cast<double>(n.maximum));
+  }
   return absl::OkStatus();
 }
 
@@ -566,19 +590,7 @@ absl::Status SchemaCompiler::FillNumberBounds(int32_t index, const json& schema,
     char text[400];
     const auto written = std::to_chars(text, text + sizeof(text), inside, std::chars_format::fixed);
     if (written.ec != std::errc()) return Invalid(here, "cannot be written as a decimal");
-    std::string_view digits(text, static_cast<size_t>(written.ptr - text));
-    bound = SchemaNode::DecimalBound{.set = true, .value = inside};
-    if (digits.starts_with('-')) {
-      bound.negative = true;
-      digits.remove_prefix(1);
-    }
-    const size_t point = digits.find('.');
-    bound.integer = std::string(digits.substr(0, point));
-    if (point != std::string_view::npos) bound.fraction = std::string(digits.substr(point + 1));
-    while (!bound.fraction.empty() && bound.fraction.back() == '0') bound.fraction.pop_back();
-    if (bound.integer.empty()) bound.integer = "0";
-    // -0 is 0.
-    if (bound.integer == "0" && bound.fraction.empty()) bound.negative = false;
+    bound = DecimalOf(std::string_view(text, static_cast<size_t>(written.ptr - text)), inside);
   }
   if (n.number_minimum.set && n.number_maximum.set &&
       n.number_minimum.value > n.number_maximum.value) {
@@ -758,7 +770,7 @@ bool SchemaAccepts(const CompiledSchema& schema, int32_t node, const json& value
       }
     }
   }
-  if ((type & kTypeNumber) != 0 && n.bounds_numbers()) {
+  if ((type & kTypeNumber) != 0 && (n.types & kTypeNumber) != 0 && n.bounds_numbers()) {
     const double v = value.get<double>();
     if ((n.number_minimum.set && v < n.number_minimum.value) ||
         (n.number_maximum.set && v > n.number_maximum.value)) {

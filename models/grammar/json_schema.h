@@ -99,17 +99,19 @@ struct SchemaNode {
   bool limits_length() const { return min_length > 0 || max_length >= 0; }
 
   // Integers (a node whose numbers are "integer" only): bounds, inclusive; an exclusive
-  // bound compiles to the integer next to it inside.
+  // bound compiles to the integer next to it inside. SchemaAccepts compares with these; the
+  // grammar with their decimals (number_minimum, number_maximum).
   bool has_minimum = false;
   bool has_maximum = false;
   int64_t minimum = 0;
   int64_t maximum = 0;
   bool bounds_integers() const { return has_minimum || has_maximum; }
 
-  // Numbers (a node whose numbers may have a fraction): bounds, inclusive, as doubles (an
-  // exclusive bound compiles to the next double inside, so that "greater than" holds for
-  // the value a parser reads) and as their shortest decimals, which the grammar compares a
-  // number's digits with exactly.
+  // Numbers: bounds, inclusive, as decimals the grammar compares a number's digits with
+  // exactly. Of a node whose numbers may have a fraction, also as doubles (an exclusive
+  // bound compiles to the next double inside, so that "greater than" holds for the value a
+  // parser reads), and the decimals are the doubles' shortest; of an integer's, its bounds'
+  // digits.
   struct DecimalBound {
     bool set = false;
     double value = 0;

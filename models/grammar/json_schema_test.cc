@@ -38,6 +38,19 @@ bool Takes(const CompiledSchema& schema, const std::string& text) {
   return grammar.Feed(text) && grammar.can_end();
 }
 
+// The grammar takes each of `taken` whole and may end after it, and none of `refused`.
+void CheckTexts(const CompiledSchema& schema, std::initializer_list<const char*> taken,
+                std::initializer_list<const char*> refused) {
+  for (const char* text : taken) {
+    INFO(text);
+    CHECK(Takes(schema, text));
+  }
+  for (const char* text : refused) {
+    INFO(text);
+    CHECK_FALSE(Takes(schema, text));
+  }
+}
+
 // A person: what Pydantic writes for a model with a nested, optional copy of itself.
 constexpr char kPerson[] = R"({
   "$defs": {"Person": {
@@ -165,11 +178,8 @@ TEST_CASE("A string's length in characters and an integer's bounds are held to",
   CHECK(Takes(*Compiled(R"({"type": "string", "maxLength": 0})"), R"("")"));
 
   const auto rating = Compiled(R"({"type": "integer", "minimum": 1, "maximum": 5})");
-  for (const char* ok : {"1", "3", "5"}) CHECK(Takes(*rating, ok));
-  for (const char* refused : {"0", "6", "-1", "10", "-0", "15"}) {
-    INFO(refused);
-    CHECK_FALSE(Takes(*rating, refused));
-  }
+  CheckTexts(*rating, {"1", "3", "5"},
+             {"0", "6", "-1", "10", "-0", "15"});
   SchemaGrammar digit(rating.get());
   CHECK_FALSE(SchemaGrammar(digit).Feed("-"));  // no negative rating
   CHECK_FALSE(SchemaGrammar(digit).Feed("0"));  // nor 0, and 0 takes no digit after it
@@ -180,11 +190,8 @@ TEST_CASE("A string's length in characters and an integer's bounds are held to",
   // Exclusive bounds, negative ranges, and numbers of many digits.
   const auto range = Compiled(R"({"type": "integer", "exclusiveMinimum": -120.5,
                                   "exclusiveMaximum": -99})");
-  for (const char* ok : {"-100", "-120", "-115"}) CHECK(Takes(*range, ok));
-  for (const char* refused : {"-99", "-121", "-1", "-12", "100", "-1000"}) {
-    INFO(refused);
-    CHECK_FALSE(Takes(*range, refused));
-  }
+  CheckTexts(*range, {"-100", "-120", "-115"},
+             {"-99", "-121", "-1", "-12", "100", "-1000"});
   SchemaGrammar minus(range.get());
   REQUIRE(minus.Feed("-1"));
   CHECK_FALSE(minus.can_end());  // -1 is not in range, but -1xx is
@@ -215,14 +222,8 @@ TEST_CASE("A string's length in characters and an integer's bounds are held to",
 TEST_CASE("A number's bounds are held to, its digits compared with theirs place by place",
           "[grammar]") {
   const auto unit = Compiled(R"({"type": "number", "minimum": 0, "maximum": 1})");
-  for (const char* ok : {"0", "1", "0.5", "0.999", "1.0", "1.000", "-0", "-0.0", "0.0001"}) {
-    INFO(ok);
-    CHECK(Takes(*unit, ok));
-  }
-  for (const char* refused : {"2", "1.01", "1.0001", "-0.5", "10", "-1", "0.5e0", "1e-3"}) {
-    INFO(refused);
-    CHECK_FALSE(Takes(*unit, refused));
-  }
+  CheckTexts(*unit, {"0", "1", "0.5", "0.999", "1.0", "1.000", "-0", "-0.0", "0.0001"},
+             {"2", "1.01", "1.0001", "-0.5", "10", "-1", "0.5e0", "1e-3"});
   SchemaGrammar one(unit.get());
   REQUIRE(one.Feed("1"));
   CHECK_FALSE(SchemaGrammar(one).Feed("0"));  // 10 and past
@@ -234,24 +235,12 @@ TEST_CASE("A number's bounds are held to, its digits compared with theirs place 
   // double after it is in, and so is every decimal past that.
   const auto open = Compiled(R"({"type": "number", "exclusiveMinimum": 0.1,
                                  "exclusiveMaximum": 2.5})");
-  for (const char* ok : {"0.10000000000000002", "0.2", "1", "2.4999", "0.100000000000001"}) {
-    INFO(ok);
-    CHECK(Takes(*open, ok));
-  }
-  for (const char* refused : {"0.1", "0.10000000000000001", "2.5", "0", "3", "-1", "0.09"}) {
-    INFO(refused);
-    CHECK_FALSE(Takes(*open, refused));
-  }
+  CheckTexts(*open, {"0.10000000000000002", "0.2", "1", "2.4999", "0.100000000000001"},
+             {"0.1", "0.10000000000000001", "2.5", "0", "3", "-1", "0.09"});
   // Negative ranges: the magnitude's bounds swap.
   const auto cold = Compiled(R"({"type": "number", "minimum": -273.15, "maximum": -40.5})");
-  for (const char* ok : {"-273.15", "-100", "-40.5", "-41", "-273.149"}) {
-    INFO(ok);
-    CHECK(Takes(*cold, ok));
-  }
-  for (const char* refused : {"-273.151", "-40.4", "-40", "0", "-0", "-1000", "-4", "5"}) {
-    INFO(refused);
-    CHECK_FALSE(Takes(*cold, refused));
-  }
+  CheckTexts(*cold, {"-273.15", "-100", "-40.5", "-41", "-273.149"},
+             {"-273.151", "-40.4", "-40", "0", "-0", "-1000", "-4", "5"});
   SchemaGrammar minus(cold.get());
   CHECK_FALSE(SchemaGrammar(minus).Feed("1"));  // no positive number
   REQUIRE(minus.Feed("-4"));

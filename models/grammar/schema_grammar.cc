@@ -11,27 +11,6 @@ bool IsWhitespace(unsigned char byte) {
   return byte == ' ' || byte == '\t' || byte == '\n' || byte == '\r';
 }
 
-// A magnitude past every 64-bit bound (|INT64_MIN| < 10^19).
-constexpr uint64_t kHugeMagnitude = 10'000'000'000'000'000'000u;
-
-// The magnitudes an integer of `negative` sign may have within [minimum, maximum] of `node`:
-// [*low, *high] (high nullopt: no limit); false when there are none.
-bool MagnitudeRange(const SchemaNode& node, bool negative, __int128* low,
-                    std::optional<__int128>* high) {
-  // value = magnitude (or -magnitude): lo <= value <= hi.
-  std::optional<__int128> lo, hi;
-  if (node.has_minimum) lo = node.minimum;
-  if (node.has_maximum) hi = node.maximum;
-  if (negative) {
-    *low = hi ? std::max<__int128>(-*hi, 0) : 0;
-    *high = lo ? std::optional<__int128>(-*lo) : std::nullopt;
-  } else {
-    *low = lo ? std::max<__int128>(*lo, 0) : 0;
-    *high = hi;
-  }
-  return !*high || *low <= **high;
-}
-
 // The bounds of a number's magnitude given its sign: nullptr where there is none; possible
 // false when no number of that sign is within the bounds.
 struct DecimalMagnitudes {
@@ -90,7 +69,6 @@ SchemaGrammar& SchemaGrammar::operator=(const SchemaGrammar& other) {
   chars_ = other.chars_;
   negative_ = other.negative_;
   digits_ = other.digits_;
-  magnitude_ = other.magnitude_;
   bounded_number_ = other.bounded_number_;
   point_ = other.point_;
   leading_zero_ = other.leading_zero_;
@@ -107,7 +85,7 @@ bool SchemaGrammar::operator==(const SchemaGrammar& other) const {
          whitespace_ == other.whitespace_ && integer_ == other.integer_ &&
          expected_ == other.expected_ && trie_ == other.trie_ && leaf_ == other.leaf_ &&
          chars_ == other.chars_ && negative_ == other.negative_ && digits_ == other.digits_ &&
-         magnitude_ == other.magnitude_ && bounded_number_ == other.bounded_number_ &&
+         bounded_number_ == other.bounded_number_ &&
          point_ == other.point_ && leading_zero_ == other.leading_zero_ &&
          fraction_digits_ == other.fraction_digits_ && cmp_low_ == other.cmp_low_ &&
          cmp_high_ == other.cmp_high_ &&
@@ -118,7 +96,7 @@ bool SchemaGrammar::can_end() const {
   if (complete()) return true;
   if (depth_ != 0) return false;
   if (phase_ == Phase::kLeaf) {
-    return leaf_.number_could_end() && IntegerWithinBounds() && DecimalWithinBounds();
+    return leaf_.number_could_end() && DecimalWithinBounds();
   }
   return phase_ == Phase::kEnum && Node(expected_).enum_trie.nodes[static_cast<size_t>(trie_)]
                                            .terminal >= 0;
@@ -142,36 +120,6 @@ int64_t SchemaGrammar::string_room() const {
     if (node.max_length >= 0) return node.max_length - chars_;
   }
   return std::numeric_limits<int64_t>::max();
-}
-
-bool SchemaGrammar::IntegerMayReachBounds() const {
-  const SchemaNode& node = Node(expected_);
-  if (!integer_ || !node.bounds_integers()) return true;
-  __int128 low = 0;
-  std::optional<__int128> high;
-  if (!MagnitudeRange(node, negative_, &low, &high)) return false;
-  if (digits_ == 0) return true;  // a lone '-': any magnitude may follow
-  if (magnitude_ == 0) return low == 0;  // a leading 0 is the whole number
-  // Written digits v reach the magnitudes [v 10^k, (v + 1) 10^k - 1] for every k >= 0.
-  // Past 10^19 no bound is left (a huge magnitude is past every finite one).
-  if (magnitude_ >= kHugeMagnitude) return !high.has_value();
-  for (__int128 scale = 1; scale <= __int128{kHugeMagnitude}; scale *= 10) {
-    const __int128 first = __int128{magnitude_} * scale;
-    const __int128 last = (__int128{magnitude_} + 1) * scale - 1;
-    if (high && first > *high) return false;
-    if (last >= low) return true;
-  }
-  return !high.has_value();
-}
-
-bool SchemaGrammar::IntegerWithinBounds() const {
-  if (!integer_ || expected_ == SchemaNode::kNone || !Node(expected_).bounds_integers()) return true;
-  if (digits_ == 0) return false;  // a lone '-' is no number
-  __int128 low = 0;
-  std::optional<__int128> high;
-  if (!MagnitudeRange(Node(expected_), negative_, &low, &high)) return false;
-  if (magnitude_ >= kHugeMagnitude) return !high.has_value();
-  return magnitude_ >= low && (!high || __int128{magnitude_} <= *high);
 }
 
 bool SchemaGrammar::DecimalMayReachBounds() const {
@@ -249,16 +197,6 @@ void SchemaGrammar::CountDecimalByte(unsigned char byte) {
   if (digits_ < UINT16_MAX) ++digits_;
 }
 
-void SchemaGrammar::CountIntegerByte(unsigned char byte) {
-  if (byte == '-') {
-    negative_ = true;
-    return;
-  }
-  if (digits_ < UINT16_MAX) ++digits_;  // only whether there are any is read
-  const unsigned __int128 next = static_cast<unsigned __int128>(magnitude_) * 10 + (byte - '0');
-  magnitude_ = next >= kHugeMagnitude ? kHugeMagnitude : static_cast<uint64_t>(next);
-}
-
 bool SchemaGrammar::Fits(int32_t node) const {
   return node != SchemaNode::kNone && depth_ + Node(node).min_depth <= kMaxDepth;
 }
@@ -285,13 +223,13 @@ bool SchemaGrammar::Feed(unsigned char byte) {
   switch (phase_) {
     case Phase::kLeaf: {
       if (leaf_.number_could_end() && !leaf_.NumberContinues(byte)) {
-        if (!IntegerWithinBounds() || !DecimalWithinBounds()) return false;
+        if (!DecimalWithinBounds()) return false;
         EndValue();
         break;
       }
       if (integer_ && (byte == '.' || byte == 'e' || byte == 'E')) return false;
       // A number with bounds is written without an exponent: its digits are compared with
-      // the bounds' place by place.
+      // the bounds' place by place (an integer's have no fraction either, above).
       if (bounded_number_ && (byte == 'e' || byte == 'E')) return false;
       const SchemaNode& node = Node(expected_);
       const bool counted = node.limits_length() && leaf_.in_string();
@@ -307,10 +245,6 @@ bool SchemaGrammar::Feed(unsigned char byte) {
       // the string's state until the character is whole).
       if (node.limits_length() && leaf_.in_string()) {
         if (node.max_length >= 0 || chars_ < node.min_length) ++chars_;
-      }
-      if (integer_ && node.bounds_integers()) {
-        CountIntegerByte(byte);
-        if (!IntegerMayReachBounds()) return false;
       }
       if (bounded_number_) {
         CountDecimalByte(byte);
@@ -396,11 +330,7 @@ bool SchemaGrammar::StartValue(unsigned char byte) {
   if (!leaf_.Feed(byte)) return false;
   integer_ = !node.any && type == kTypeNumber && (node.types & kTypeNumber) == 0;
   phase_ = Phase::kLeaf;
-  if (integer_ && node.bounds_integers()) {
-    CountIntegerByte(byte);
-    if (!IntegerMayReachBounds()) return false;
-  }
-  bounded_number_ = !node.any && type == kTypeNumber && !integer_ && node.bounds_numbers();
+  bounded_number_ = !node.any && type == kTypeNumber && node.bounds_numbers();
   if (bounded_number_) {
     CountDecimalByte(byte);
     if (!DecimalMayReachBounds()) return false;
@@ -507,7 +437,6 @@ void SchemaGrammar::EndValue() {
   chars_ = 0;
   negative_ = false;
   digits_ = 0;
-  magnitude_ = 0;
   bounded_number_ = false;
   point_ = false;
   leading_zero_ = false;

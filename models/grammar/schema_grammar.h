@@ -59,7 +59,7 @@ class SchemaGrammar {
   friend H AbslHashValue(H h, const SchemaGrammar& g) {
     h = H::combine(std::move(h), g.schema_, g.phase_, g.depth_, g.whitespace_, g.expected_,
                    g.integer_, g.trie_, g.leaf_, g.chars_, g.negative_, g.digits_,
-                   g.magnitude_, g.bounded_number_, g.point_, g.leading_zero_,
+                   g.bounded_number_, g.point_, g.leading_zero_,
                    g.fraction_digits_, g.cmp_low_, g.cmp_high_);
     for (int i = 0; i < g.depth_; ++i) {
       const Frame& f = g.frames_[static_cast<size_t>(i)];
@@ -107,14 +107,9 @@ class SchemaGrammar {
   // An array's next item may come.
   bool ItemMayCome(const Frame& frame) const;
 
-  // A bounded integer's digits so far (digits_, magnitude_, negative_) lead to a value
-  // within its node's bounds / are one.
-  bool IntegerMayReachBounds() const;
-  bool IntegerWithinBounds() const;
-  // Takes a bounded integer's sign or digit into digits_ and magnitude_.
-  void CountIntegerByte(unsigned char byte);
-  // The same for a number with bounds (bounded_number_), whose digits are compared with the
-  // bounds' decimals place by place.
+  // Whether the digits so far of a number with bounds (bounded_number_: an integer or not)
+  // lead to a value within them / are one; takes its sign, digits and point. Its digits are
+  // compared with the bounds' decimals place by place.
   bool DecimalMayReachBounds() const;
   bool DecimalWithinBounds() const;
   void CountDecimalByte(unsigned char byte);
@@ -140,17 +135,15 @@ class SchemaGrammar {
   // A string with a length limit: characters so far (without a maxLength, counted only up
   // to its minLength, so that longer strings are one state).
   uint32_t chars_ = 0;
-  // An integer or a number with bounds: its sign and integer digits so far. Zero for any
-  // other value, so that equal positions compare equal.
+  // A number with bounds (an integer or not): its sign, its integer digits so far, whether
+  // the point was read, whether the integer part is a lone 0, the fraction digits so far,
+  // and the digits' order against the low and the high bound of the magnitude
+  // (DecimalMagnitudes) at the same places: -1, 0 (equal so far) or 1; once the point is
+  // read, against the whole of each bound's integer part. Zero for any other value, so that
+  // equal positions compare equal.
+  bool bounded_number_ = false;
   bool negative_ = false;
   uint16_t digits_ = 0;
-  // An integer's digits' value (kHugeMagnitude past any 64-bit bound).
-  uint64_t magnitude_ = 0;
-  // A number with bounds: whether the point was read, the integer part is a lone 0, the
-  // fraction digits so far, and the digits' order against the low and the high bound of
-  // the magnitude (DecimalMagnitudes) at the same places: -1, 0 (equal so far) or 1; once the
-  // point is read, against the whole of each bound's integer part.
-  bool bounded_number_ = false;
   bool point_ = false;
   bool leading_zero_ = false;
   uint16_t fraction_digits_ = 0;
