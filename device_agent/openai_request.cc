@@ -7,6 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/json_depth.h"
 #include "models/grammar/json_schema.h"
 #include "models/tokenizers/tokenizer_utf8.h"
 
@@ -153,6 +154,10 @@ std::variant<Json, OpenAiError> ParseObject(std::string_view body) {
                                     utf8::ToValidLossy(e.what())));
   }
   if (!json.is_object()) return Invalid("", "the request body must be a JSON object");
+  if (NestedDeeperThan(json, kMaxRequestNesting)) {
+    return Invalid("", absl::StrCat("the request body nests arrays and objects more than ",
+                                    kMaxRequestNesting, " deep"));
+  }
   return json;
 }
 

@@ -111,6 +111,9 @@ inline constexpr int64_t kMaxOpenAiLogprobs = 20;
 // The most choices ("n") a request may ask for a prompt; each running choice takes one of
 // the agent's max_concurrent_requests places.
 inline constexpr int64_t kMaxOpenAiChoices = 16;
+// The deepest a request body may nest arrays and objects (a JSON Schema in it included):
+// deeper bodies are refused before anything copies or writes them, which recurses.
+inline constexpr int kMaxRequestNesting = 256;
 // The most stop_token_ids a request may name.
 inline constexpr size_t kMaxOpenAiStopIds = 64;
 // The most choices a request may ask for in all (prompts x n).

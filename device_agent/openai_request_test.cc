@@ -24,6 +24,26 @@ OpenAiError ParseError(OpenAiEndpoint endpoint, const std::string& body) {
   return std::get<OpenAiError>(std::move(parsed));
 }
 
+TEST_CASE("A body nested deeper than the agent walks is a 400, not a stack overflow") {
+  // 100,000 nested arrays (200 KB): parsed and freed without recursion, and refused before
+  // anything copies or writes them (which recurses once a level).
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  for (const std::string& body :
+       {absl::StrCat(R"({"model": "toy", "prompt": "x", "user": )", deep, "}"),
+        absl::StrCat(R"({"model": "toy", "prompt": "x", "response_format": {"type": "json_schema",
+             "json_schema": {"name": "n", "schema": {"const": )", deep, "}}}}")}) {
+    const OpenAiError error = ParseError(OpenAiEndpoint::kCompletions, body);
+    CHECK(error.http_status == 400);
+    CHECK_THAT(error.message, Catch::Contains("nests arrays and objects more than 256 deep"));
+  }
+  // 250 deep is a body like any other (here refused for the field, not for its depth).
+  const OpenAiError shallow = ParseError(
+      OpenAiEndpoint::kCompletions,
+      absl::StrCat(R"({"model": "toy", "prompt": "x", "user": )", std::string(250, '['),
+                   std::string(250, ']'), "}"));
+  CHECK_THAT(shallow.message, !Catch::Contains("deep"));
+}
+
 TEST_CASE("A chat request's honoured fields are read") {
   const OpenAiRequest r = ParseOk(OpenAiEndpoint::kChatCompletions, R"({
       "model": "toy",

@@ -6,6 +6,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "base/json_depth.h"
 #include "nlohmann/json.hpp"
 
 namespace tophat {
@@ -130,6 +131,15 @@ int32_t ByteTrie::Child(int32_t node, unsigned char byte) const {
   return it != edges.end() && it->first == byte ? it->second : -1;
 }
 
+int32_t ByteTrie::Find(std::string_view bytes) const {
+  int32_t node = 0;
+  for (const char c : bytes) {
+    node = Child(node, static_cast<unsigned char>(c));
+    if (node < 0) return -1;
+  }
+  return nodes[static_cast<size_t>(node)].terminal;
+}
+
 void ByteTrie::Insert(std::string_view bytes, int32_t value) {
   const uint64_t bit = value >= 0 && value < 64 ? uint64_t{1} << value : 0;
   int32_t node = 0;
@@ -176,6 +186,7 @@ class SchemaCompiler {
 
   absl::StatusOr<int32_t> Compile(const json& schema, const std::string& pointer) {
     const int32_t index = NewNode(pointer);
+    if (absl::Status bounded = PlacesWithinBounds(pointer); !bounded.ok()) return bounded;
     if (absl::Status filled = Fill(index, schema, pointer); !filled.ok()) return filled;
     return index;
   }
@@ -192,7 +203,16 @@ class SchemaCompiler {
   int32_t NewNode(const std::string& pointer) {
     out->nodes_.emplace_back();
     pointers_.push_back(pointer);
+    pointer_bytes_ += pointer.size();
     return static_cast<int32_t>(out->nodes_.size() - 1);
+  }
+  // Each node keeps its place for errors: long names deep down would make that quadratic
+  // (a 220 KB name above 10,000 schemas: 2 GB), so the places are bounded in all.
+  static constexpr size_t kMaxPointerBytes = 16 << 20;
+  absl::Status PlacesWithinBounds(const std::string& pointer) const {
+    if (pointer_bytes_ <= kMaxPointerBytes) return absl::OkStatus();
+    return Invalid(pointer, "the schema's places (JSON pointers) add up to more than 16 MiB: "
+                            "names too long, nested too deep");
   }
   SchemaNode& At(int32_t index) { return out->nodes_[static_cast<size_t>(index)]; }
   int32_t AnyNode() {
@@ -211,6 +231,17 @@ class SchemaCompiler {
   absl::StatusOr<int32_t> Reference(const std::string& ref, const std::string& pointer);
   absl::Status FillObject(int32_t index, const json& schema, const std::string& pointer);
   absl::Status FillArray(int32_t index, const json& schema, const std::string& pointer);
+  // A count (minItems, maxLength, ...): a whole number from 0 to 2^31, which the grammar
+  // counts in 32 bits.
+  static absl::StatusOr<int64_t> Count(const json& value, const std::string& pointer) {
+    constexpr int64_t kMost = int64_t{1} << 31;
+    const bool whole = value.is_number_unsigned()
+                           ? value.get<uint64_t>() <= uint64_t{kMost}
+                           : value.is_number_integer() && value.get<int64_t>() >= 0 &&
+                                 value.get<int64_t>() <= kMost;
+    if (!whole) return Invalid(pointer, absl::StrCat("must be a whole number from 0 to ", kMost));
+    return value.get<int64_t>();
+  }
   absl::Status FillLength(int32_t index, const json& schema, const std::string& pointer);
   absl::Status FillBounds(int32_t index, const json& schema, const std::string& pointer);
   absl::Status FillNumberBounds(int32_t index, const json& schema, const std::string& pointer);
@@ -223,6 +254,7 @@ class SchemaCompiler {
   absl::flat_hash_map<std::string, int32_t> by_reference_;
   int32_t any_ = SchemaNode::kNone;
   int nesting_ = 0;  // Fill calls in progress
+  size_t pointer_bytes_ = 0;
 };
 
 absl::StatusOr<int32_t> SchemaCompiler::Reference(const std::string& ref,
@@ -461,12 +493,9 @@ absl::Status SchemaCompiler::FillArray(int32_t index, const json& schema,
   }
   for (const char* key : {"minItems", "maxItems"}) {
     if (!schema.contains(key)) continue;
-    const json& value = schema[key];
-    if (!value.is_number_unsigned() && !(value.is_number_integer() && value.get<int64_t>() >= 0)) {
-      return Invalid(absl::StrCat(pointer, "/", std::string(key)), "must be a whole number >= 0");
-    }
-    (std::string_view(key) == "minItems" ? At(index).min_items : At(index).max_items) =
-        value.get<int64_t>();
+    absl::StatusOr<int64_t> count = Count(schema[key], absl::StrCat(pointer, "/", key));
+    if (!count.ok()) return count.status();
+    (std::string_view(key) == "minItems" ? At(index).min_items : At(index).max_items) = *count;
   }
   const SchemaNode& n = At(index);
   if (n.max_items >= 0 && n.min_items > n.max_items) {
@@ -484,17 +513,9 @@ absl::Status SchemaCompiler::FillLength(int32_t index, const json& schema,
     if ((n.types & kTypeString) == 0) {
       return Invalid(pointer, absl::StrCat("\"", std::string(key), "\" on a schema whose type has no string"));
     }
-    const json& value = schema[std::string(key)];
-    // The grammar counts characters in 32 bits.
-    constexpr int64_t kMost = int64_t{1} << 31;
-    const bool whole = value.is_number_unsigned()
-                           ? value.get<uint64_t>() <= uint64_t{kMost}
-                           : value.is_number_integer() && value.get<int64_t>() >= 0 &&
-                                 value.get<int64_t>() <= kMost;
-    if (!whole) {
-      return Invalid(here, absl::StrCat("must be a whole number from 0 to ", kMost));
-    }
-    (key == "minLength" ? n.min_length : n.max_length) = value.get<int64_t>();
+    absl::StatusOr<int64_t> count = Count(schema[std::string(key)], here);
+    if (!count.ok()) return count.status();
+    (key == "minLength" ? n.min_length : n.max_length) = *count;
   }
   if (n.max_length >= 0 && n.min_length > n.max_length) {
     return Invalid(pointer,
@@ -625,7 +646,7 @@ absl::Status SchemaCompiler::FillEnum(int32_t index, const json& schema,
   for (const json& value : values) {
     if ((TypesOfValue(value) & declared) == 0) continue;  // of another type: never valid
     const std::string text = value.dump();
-    if (std::find(n.enum_texts.begin(), n.enum_texts.end(), text) != n.enum_texts.end()) continue;
+    if (n.enum_trie.Find(text) >= 0) continue;  // written twice
     n.types |= ClassesOf(TypesOfValue(value));
     n.enum_trie.Insert(text, static_cast<int32_t>(n.enum_texts.size()));
     n.enum_texts.push_back(text);
@@ -734,6 +755,11 @@ absl::Status SchemaCompiler::Finish(int32_t root) {
 }
 
 absl::StatusOr<std::shared_ptr<const CompiledSchema>> CompiledSchema::Compile(const json& schema) {
+  // Before anything walks it recursively (an enum's values are copied and written).
+  if (NestedDeeperThan(schema, kMaxJsonNesting)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "at /: nests arrays and objects more than ", kMaxJsonNesting, " deep"));
+  }
   SchemaCompiler compiler(schema);
   absl::StatusOr<int32_t> root = compiler.Compile(schema, "");
   if (!root.ok()) return root.status();

@@ -17,10 +17,11 @@
 // would not hold to it. So is a schema that no finite value satisfies, or none within kMaxDepth nested
 // objects and arrays.
 //
-// Limits: 64 declared properties an object; keys match as written (a key spelled with \u
-// escapes is not the property it names); an enum value matches as nlohmann::json writes it
-// compactly (strings in UTF-8, no whitespace); an integer is written without a fraction or
-// an exponent.
+// Limits: 64 declared properties an object; a key is spelled as nlohmann::json writes it
+// (SchemaGrammar refuses "\u0061" for "a", which would alias it); an enum value matches as
+// nlohmann::json writes it compactly (strings in UTF-8, no whitespace); an integer is written
+// without a fraction or an exponent; a schema nests at most kMaxJsonNesting deep, and counts
+// (minItems, maxLength, ...) are at most 2^31.
 #pragma once
 
 #include <cstdint>
@@ -35,8 +36,10 @@
 
 namespace tophat {
 
-// The longest JSON Schema a request may carry, in bytes (its text as JSON).
+// The longest JSON Schema a request may carry, in bytes (its text as JSON), and the deepest
+// it may nest arrays and objects (Compile refuses deeper ones before walking them).
 inline constexpr int64_t kMaxJsonSchemaBytes = 256 << 10;
+inline constexpr int kMaxJsonNesting = 256;
 
 // The JSON types, as a node's bit set. A value that kNumber takes may be an integer too.
 enum JsonTypeBit : uint8_t {
@@ -65,6 +68,8 @@ struct ByteTrie {
 
   // The child of `node` by `byte`, or -1.
   int32_t Child(int32_t node, unsigned char byte) const;
+  // The value of the string `bytes`, or -1.
+  int32_t Find(std::string_view bytes) const;
   void Insert(std::string_view bytes, int32_t value);
 };
 

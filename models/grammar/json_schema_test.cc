@@ -126,7 +126,8 @@ TEST_CASE("A schema's top-level value may be a scalar, and a number may end or g
   REQUIRE(twelve.Feed("2"));
   CHECK(twelve.can_end());
 
-  const auto numbers = Compiled(R"({"enum": [1, 12, "x", true]})");
+  const auto numbers = Compiled(R"({"enum": [1, 12, "x", true, 12, "x"]})");
+  CHECK(numbers->node(numbers->root()).enum_texts.size() == 4);  // each value once
   CHECK(Takes(*numbers, "1"));
   CHECK(Takes(*numbers, "12"));
   CHECK(Takes(*numbers, "\"x\""));
@@ -280,6 +281,26 @@ TEST_CASE("A number's bounds are held to, its digits compared with theirs place 
   CHECK_FALSE(SchemaAccepts(*cold, cold->root(), json(-40)));
 }
 
+TEST_CASE("Keys are spelled as JSON writes them, so that one cannot alias another", "[grammar]") {
+  const auto object = Compiled(R"({"type": "object", "properties": {"a": {"type": "integer"}},
+                                   "required": ["a"], "additionalProperties": {"type": "string"}})");
+  // "\u0061" is "a": after "a" it would be a second "a" holding a string, before it an "a"
+  // holding a string; both break the schema, and a parser keeps one of the two.
+  CHECK_FALSE(Takes(*object, R"({"a":1,"\u0061":"x"})"));
+  CHECK_FALSE(Takes(*object, R"({"\u0061":"x","a":1})"));
+  CHECK_FALSE(SchemaAccepts(*object, object->root(), json::parse(R"({"a":1,"\u0061":"x"})")));
+  CHECK_FALSE(Takes(*object, R"({"a":1,"\/":"x"})"));
+  CHECK_FALSE(Takes(*object, R"({"a":1,"\u00e9":"x"})"));
+  CHECK_FALSE(Takes(*object, R"({"a":1,"\u000a":"x"})"));  // \n is how it is written
+  CHECK_FALSE(Takes(*object, R"({"a":1,"\u001F":"x"})"));  // lowercase hex
+  // The spellings nlohmann::json (and Python's json with ensure_ascii=False) write.
+  for (const std::string key : {"\x01", "\n", "\"", "\\", "\x1f", "\xC3\xA9", "/", "\x7f"}) {
+    json value = {{"a", 1}, {key, "x"}};
+    INFO(value.dump());
+    CHECK(Takes(*object, value.dump()));
+  }
+}
+
 TEST_CASE("An object takes a key only where a property is left to write", "[grammar]") {
   // No undeclared keys and one property: after it, no ',' (nothing could follow it), and a
   // key's bytes only along a name not yet written.
@@ -352,6 +373,22 @@ TEST_CASE("Schemas that cannot be held to are refused, naming their place", "[gr
   CHECK_THAT(Refusal(R"({"$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}},
                          "$ref": "#/$defs/A"})"),
              Catch::Contains("refers back to itself"));
+  // Counts past what the grammar counts (they were read as negative numbers, and
+  // minItems > maxItems went unseen).
+  CHECK_THAT(Refusal(R"({"type": "array", "minItems": 18446744073709551615, "maxItems": 3})"),
+             Catch::Contains("at /minItems: must be a whole number from 0 to 2147483648"));
+  CHECK_THAT(Refusal(R"({"type": "array", "maxItems": 9223372036854775808})"),
+             Catch::Contains("at /maxItems: must be a whole number from 0 to 2147483648"));
+  // A value too deep to walk recursively (an enum's is copied and written), refused first.
+  const std::string deep_const =
+      "{\"const\": " + std::string(50000, '[') + std::string(50000, ']') + "}";
+  CHECK_THAT(Refusal(deep_const), Catch::Contains("at /: nests arrays and objects more than 256"));
+  // Places that add up: a 200 KB name above 100 schemas.
+  json long_name = {{"type", "object"}, {"properties", json::object()}};
+  json branches = json::array();
+  for (int i = 0; i < 100; ++i) branches.push_back({{"type", "array"}});
+  long_name["properties"][std::string(200000, 'k')] = {{"anyOf", branches}};
+  CHECK_THAT(Refusal(long_name.dump()), Catch::Contains("add up to more than 16 MiB"));
   // Deeper than the stack: a value needing 40 nested arrays.
   json deep = {{"type", "integer"}};
   for (int i = 0; i < 40; ++i) deep = {{"type", "array"}, {"items", deep}, {"minItems", 1}};

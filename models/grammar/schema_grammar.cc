@@ -67,6 +67,7 @@ SchemaGrammar& SchemaGrammar::operator=(const SchemaGrammar& other) {
   trie_ = other.trie_;
   leaf_ = other.leaf_;
   chars_ = other.chars_;
+  key_escape_ = other.key_escape_;
   negative_ = other.negative_;
   digits_ = other.digits_;
   bounded_number_ = other.bounded_number_;
@@ -84,7 +85,8 @@ bool SchemaGrammar::operator==(const SchemaGrammar& other) const {
   return schema_ == other.schema_ && phase_ == other.phase_ && depth_ == other.depth_ &&
          whitespace_ == other.whitespace_ && integer_ == other.integer_ &&
          expected_ == other.expected_ && trie_ == other.trie_ && leaf_ == other.leaf_ &&
-         chars_ == other.chars_ && negative_ == other.negative_ && digits_ == other.digits_ &&
+         chars_ == other.chars_ && key_escape_ == other.key_escape_ &&
+         negative_ == other.negative_ && digits_ == other.digits_ &&
          bounded_number_ == other.bounded_number_ &&
          point_ == other.point_ && leading_zero_ == other.leading_zero_ &&
          fraction_digits_ == other.fraction_digits_ && cmp_low_ == other.cmp_low_ &&
@@ -394,11 +396,37 @@ bool SchemaGrammar::KeyByte(unsigned char byte) {
     phase_ = Phase::kColon;
     return true;
   }
-  if (!leaf_.Feed(byte)) return false;
+  if (!KeyEscapeByte(byte) || !leaf_.Feed(byte)) return false;
   if (trie_ >= 0) trie_ = names.Child(trie_, byte);
   // Still the start of a name left to write, or of an undeclared key.
   return (trie_ >= 0 && (names.nodes[static_cast<size_t>(trie_)].below & left) != 0) ||
          frame.additional;
+}
+
+bool SchemaGrammar::KeyEscapeByte(unsigned char byte) {
+  const auto hex = [](unsigned char b) { return (b >= '0' && b <= '9') || (b >= 'a' && b <= 'f'); };
+  switch (key_escape_) {
+    case 0:
+      if (byte == '\\') key_escape_ = 1;
+      return true;
+    case 1:
+      key_escape_ = byte == 'u' ? 2 : 0;
+      return byte == 'u' || byte == '"' || byte == '\\' || byte == 'b' || byte == 'f' ||
+             byte == 'n' || byte == 'r' || byte == 't';
+    case 2:
+    case 3:
+      ++key_escape_;
+      return byte == '0';
+    case 4:
+      key_escape_ = byte == '0' ? 5 : 6;
+      return byte == '0' || byte == '1';
+    case 5:  // \u000X: not the five with short escapes (\b \t \n \f \r)
+      key_escape_ = 0;
+      return hex(byte) && byte != '8' && byte != '9' && byte != 'a' && byte != 'c' && byte != 'd';
+    default:  // \u001X
+      key_escape_ = 0;
+      return hex(byte);
+  }
 }
 
 bool SchemaGrammar::AfterValue(unsigned char byte) {

@@ -59,7 +59,7 @@ class SchemaGrammar {
   friend H AbslHashValue(H h, const SchemaGrammar& g) {
     h = H::combine(std::move(h), g.schema_, g.phase_, g.depth_, g.whitespace_, g.expected_,
                    g.integer_, g.trie_, g.leaf_, g.chars_, g.negative_, g.digits_,
-                   g.bounded_number_, g.point_, g.leading_zero_,
+                   g.key_escape_, g.bounded_number_, g.point_, g.leading_zero_,
                    g.fraction_digits_, g.cmp_low_, g.cmp_high_);
     for (int i = 0; i < g.depth_; ++i) {
       const Frame& f = g.frames_[static_cast<size_t>(i)];
@@ -119,6 +119,11 @@ class SchemaGrammar {
   bool OpenArray(int32_t node);
   bool StartKey(unsigned char byte);
   bool KeyByte(unsigned char byte);
+  // Keys are spelled as JSON writes them (nlohmann's dump: the short escapes, \u00XX for the
+  // other control characters, everything else as it is), so that equal keys are equal bytes:
+  // "\u0061" would be the declared name "a" unseen, or a key written before. Tracks a key's
+  // escape (key_escape_) and refuses any other spelling.
+  bool KeyEscapeByte(unsigned char byte);
   bool AfterValue(unsigned char byte);
   bool Close(bool object);
   // A value ended: back to its container, or done at the top level.
@@ -132,6 +137,9 @@ class SchemaGrammar {
   int32_t expected_ = 0;  // the node of the value to come or being read
   int32_t trie_ = 0;
   JsonGrammar leaf_;
+  // In a key: 0, or where in an escape (1: after '\\', 2-4: after \\u, \\u0, \\u00, 5 and 6:
+  // after \\u000 and \\u001).
+  uint8_t key_escape_ = 0;
   // A string with a length limit: characters so far (without a maxLength, counted only up
   // to its minLength, so that longer strings are one state).
   uint32_t chars_ = 0;
