@@ -377,6 +377,22 @@ std::vector<int32_t> ReferenceJsonGreedy(const Submodel& full, const std::vector
   return out;
 }
 
+// `generated` is the start of a value `grammar` takes, which may end where `end` came (the
+// grammar's can_end: a JSON object's is complete()).
+template <typename Grammar>
+void CheckStartOfValue(const std::vector<int32_t>& generated, const TokenVocabulary& vocabulary,
+                       int32_t end, Grammar grammar) {
+  for (const int32_t token : generated) {
+    if (token == end) {
+      CHECK(grammar.can_end());
+      return;
+    }
+    INFO("token " << token);
+    REQUIRE(vocabulary.bytes(token) != nullptr);
+    CHECK(grammar.Feed(*vocabulary.bytes(token)));
+  }
+}
+
 TEST_CASE("Constrained to a JSON object, speculative greedy decoding is still plain greedy "
           "decoding under the same constraint",
           "[speculative]") {
@@ -401,16 +417,7 @@ TEST_CASE("Constrained to a JSON object, speculative greedy decoding is still pl
     CheckAgainstReference(generated, reference, margins);
     changed += reference != ReferenceGreedy(*split->full, prompt, new_tokens, {}, &plain_margins);
     // What was generated is the start of an object (up to the end, if it came).
-    JsonGrammar grammar;
-    for (const int32_t token : generated) {
-      if (token == kEnd) {
-        CHECK(grammar.complete());
-        break;
-      }
-      INFO("token " << token);
-      REQUIRE(vocabulary->bytes(token) != nullptr);
-      CHECK(grammar.Feed(*vocabulary->bytes(token)));
-    }
+    CheckStartOfValue(generated, *vocabulary, kEnd, JsonGrammar());
   }
   CHECK(changed == 6);
   CheckEveryPath(counts);
@@ -451,16 +458,7 @@ TEST_CASE("Constrained to a JSON Schema, speculative greedy decoding is still pl
     CheckAgainstReference(generated, reference, margins);
     changed += reference != ReferenceGreedy(*split->full, prompt, new_tokens, {}, &plain_margins);
     // What was generated is the start of a value of the schema (up to the end, if it came).
-    SchemaGrammar grammar(schema->get());
-    for (const int32_t token : generated) {
-      if (token == kEnd) {
-        CHECK(grammar.can_end());
-        break;
-      }
-      INFO("token " << token);
-      REQUIRE(vocabulary->bytes(token) != nullptr);
-      CHECK(grammar.Feed(*vocabulary->bytes(token)));
-    }
+    CheckStartOfValue(generated, *vocabulary, kEnd, SchemaGrammar(schema->get()));
   }
   CHECK(changed == 6);
   CheckEveryPath(counts);

@@ -266,6 +266,29 @@ def tokenizer_routes(client, model, base_url, messages, chat_prompt_tokens):
           "the completions count them; /detokenize gives the text back")
 
 
+def formatted_answers(client, model, messages, bias, fmt, holds, what):
+    """Six seeds' chat answers under response_format `fmt`: each `holds` (is `what`) and ends
+    with "stop", while the same seed's answer without the format does not hold, and the
+    answers differ. Returns them."""
+    answers = []
+    for seed in range(6):
+        answer = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=400, temperature=1.0, seed=seed,
+            logit_bias=bias, response_format=fmt)
+        content = answer.choices[0].message.content
+        check(holds(content), f"seed {seed}: not {what}: {content!r}")
+        check_eq(f"seed {seed}: finish_reason", answer.choices[0].finish_reason, "stop")
+        answers.append(content)
+        unconstrained = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=400, temperature=1.0, seed=seed,
+            logit_bias=bias)
+        check(not holds(unconstrained.choices[0].message.content),
+              f"seed {seed}: {what} without the format: "
+              f"{unconstrained.choices[0].message.content!r}")
+    check(len(set(answers)) > 3, f"the seeds' answers are alike: {answers}")
+    return answers
+
+
 def json_answers(client, model, base_url, messages):
     """response_format json_object: every answer is a JSON object and ends with it."""
     # The toy model never saw JSON: biased towards '"' and '}' (their byte-fallback pieces,
@@ -288,22 +311,7 @@ def json_answers(client, model, base_url, messages):
         except ValueError:
             return False
 
-    answers = []
-    for seed in range(6):
-        answer = client.chat.completions.create(
-            model=model, messages=messages, max_tokens=400, temperature=1.0, seed=seed,
-            logit_bias=bias, response_format=fmt)
-        content = answer.choices[0].message.content
-        check(is_object(content), f"seed {seed}: not a JSON object: {content!r}")
-        check_eq(f"seed {seed}: finish_reason", answer.choices[0].finish_reason, "stop")
-        answers.append(content)
-        unconstrained = client.chat.completions.create(
-            model=model, messages=messages, max_tokens=400, temperature=1.0, seed=seed,
-            logit_bias=bias)
-        check(not is_object(unconstrained.choices[0].message.content),
-              f"seed {seed}: an object without the format: "
-              f"{unconstrained.choices[0].message.content!r}")
-    check(len(set(answers)) > 3, f"the seeds' objects are alike: {answers}")
+    answers = formatted_answers(client, model, messages, bias, fmt, is_object, "a JSON object")
     check(any(len(json.loads(a)) > 0 for a in answers), f"only empty objects: {answers}")
 
     # Streamed, the same object; completions too.
@@ -372,22 +380,8 @@ def json_schema_answers(client, model, messages):
         except (ValueError, jsonschema.ValidationError):
             return False
 
-    answers = []
-    for seed in range(6):
-        answer = client.chat.completions.create(
-            model=model, messages=messages, max_tokens=400, temperature=1.0, seed=seed,
-            logit_bias=bias, response_format=fmt)
-        content = answer.choices[0].message.content
-        check(conforms(content), f"seed {seed}: not a value of the schema: {content!r}")
-        check_eq(f"seed {seed}: finish_reason", answer.choices[0].finish_reason, "stop")
-        answers.append(content)
-        unconstrained = client.chat.completions.create(
-            model=model, messages=messages, max_tokens=400, temperature=1.0, seed=seed,
-            logit_bias=bias)
-        check(not conforms(unconstrained.choices[0].message.content),
-              f"seed {seed}: a value of the schema without the format: "
-              f"{unconstrained.choices[0].message.content!r}")
-    check(len(set(answers)) > 3, f"the seeds' values are alike: {answers}")
+    answers = formatted_answers(client, model, messages, bias, fmt, conforms,
+                                "a value of the schema")
     # Streamed, the same value; and the completions endpoint takes the format too.
     stream = client.chat.completions.create(
         model=model, messages=messages, max_tokens=400, temperature=1.0, seed=0,
