@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "models/grammar/tool_call_grammar.h"
 #include "models/tokenizers/tokenizer_utf8.h"
 
 namespace tophat {
@@ -186,6 +187,7 @@ std::shared_ptr<const std::vector<uint8_t>> GrammarConstraint<Grammar>::EndsOnly
 
 template class GrammarConstraint<JsonGrammar>;
 template class GrammarConstraint<SchemaGrammar>;
+template class GrammarConstraint<ToolCallGrammar>;
 
 std::unique_ptr<TokenConstraint> MakeSchemaConstraint(
     std::shared_ptr<const TokenVocabulary> vocabulary, std::vector<int32_t> end_ids,

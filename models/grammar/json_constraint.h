@@ -79,11 +79,11 @@ class TokenConstraint {
 };
 
 // One request's constraint by a byte automaton `Grammar` (JsonGrammar: any JSON object;
-// SchemaGrammar: a value of a JSON Schema): the answer so far (Commit) and, for a choice past
-// tokens not yet committed (a speculative round's drafts), those too. Not thread-safe; one
-// request's thread owns it. Grammar is a value type with Feed(byte), Feed(bytes),
-// complete(), can_end() (the answer may end here), in_string() and string_room(), == and
-// AbslHashValue.
+// SchemaGrammar: a value of a JSON Schema; ToolCallGrammar, tool_call_grammar.h: tool
+// calls): the answer so far (Commit) and, for a choice past tokens not yet committed (a
+// speculative round's drafts), those too. Not thread-safe; one request's thread owns it.
+// Grammar is a value type with Feed(byte), Feed(bytes), complete(), can_end() (the answer
+// may end here), in_string() and string_room(), == and AbslHashValue.
 template <typename Grammar>
 class GrammarConstraint final : public TokenConstraint {
  public:

@@ -49,16 +49,19 @@ absl::Status SamplingParams::Validate() const {
   if (response_format == ResponseFormat::kJsonSchema && json_schema == nullptr) {
     return absl::InvalidArgumentError("a JSON Schema response format without a schema");
   }
+  if (response_format == ResponseFormat::kToolCalls && tool_calls == nullptr) {
+    return absl::InvalidArgumentError("a tool-call response format without its tools");
+  }
   if (response_format != ResponseFormat::kText) {
     if (min_tokens > 0) {
       return absl::InvalidArgumentError(
-          "min_tokens cannot be combined with a JSON response format: the object could be "
-          "complete before the minimum");
+          "min_tokens cannot be combined with a JSON response format or required tool calls: "
+          "the answer could be complete before the minimum");
     }
     if (stop_ids.empty()) {
       return absl::InvalidArgumentError(
-          "a JSON response format needs an end of sequence to end the object with (not with "
-          "ignore_eos and no stop ids)");
+          "a JSON response format or required tool calls need an end of sequence to end the "
+          "answer with (not with ignore_eos and no stop ids)");
     }
   }
   return absl::OkStatus();
@@ -66,24 +69,28 @@ absl::Status SamplingParams::Validate() const {
 
 Sampler::Sampler(const SamplingParams& params, std::shared_ptr<const TokenVocabulary> vocabulary)
     : params_(params), rng_(params.seed) {
+  // A caller's bug, not a request's: answering unconstrained would break the promise.
+  const auto require = [](bool given) {
+    if (given) return;
+    std::fputs("Sampler: a response format needs the tokenizer's vocabulary (and kJsonSchema "
+               "its schema, kToolCalls its tools)\n",
+               stderr);
+    std::abort();
+  };
   switch (params_.response_format) {
     case ResponseFormat::kText:
       break;
     case ResponseFormat::kJsonObject:
+      require(vocabulary != nullptr);
+      format_ = std::make_unique<JsonConstraint>(std::move(vocabulary), params_.stop_ids);
+      break;
     case ResponseFormat::kJsonSchema:
-      // A caller's bug, not a request's: answering unconstrained would break the promise.
-      if (vocabulary == nullptr ||
-          (params_.response_format == ResponseFormat::kJsonSchema && params_.json_schema == nullptr)) {
-        std::fputs("Sampler: a JSON response format needs the tokenizer's vocabulary (and a "
-                   "schema its schema)\n",
-                   stderr);
-        std::abort();
-      }
-      if (params_.response_format == ResponseFormat::kJsonObject) {
-        format_ = std::make_unique<JsonConstraint>(std::move(vocabulary), params_.stop_ids);
-      } else {
-        format_ = MakeSchemaConstraint(std::move(vocabulary), params_.stop_ids, params_.json_schema);
-      }
+      require(vocabulary != nullptr && params_.json_schema != nullptr);
+      format_ = MakeSchemaConstraint(std::move(vocabulary), params_.stop_ids, params_.json_schema);
+      break;
+    case ResponseFormat::kToolCalls:
+      require(vocabulary != nullptr && params_.tool_calls != nullptr);
+      format_ = MakeToolCallConstraint(std::move(vocabulary), params_.stop_ids, params_.tool_calls);
       break;
   }
   if (params_.logit_bias.empty()) return;

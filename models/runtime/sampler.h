@@ -13,6 +13,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "models/grammar/json_constraint.h"
+#include "models/grammar/tool_call_grammar.h"
 
 namespace tophat {
 
@@ -21,6 +22,7 @@ enum class ResponseFormat : uint8_t {
   kText,        // anything
   kJsonObject,  // a JSON object, then the end (JsonConstraint)
   kJsonSchema,  // a value of SamplingParams::json_schema, then the end (SchemaConstraint)
+  kToolCalls,   // tool calls of SamplingParams::tool_calls, then the end (ToolCallConstraint)
 };
 
 struct SamplingParams {
@@ -51,9 +53,11 @@ struct SamplingParams {
   // and once it is complete only stop_ids may follow, which it then needs (the Sampler needs
   // the tokenizer's TokenVocabulary). Not with min_tokens: the object could be complete
   // before the minimum, leaving nothing to choose. kJsonSchema: the same for a value of
-  // json_schema.
+  // json_schema; kToolCalls, for tool_calls' calls (tool_choice "required" or a named
+  // function).
   ResponseFormat response_format = ResponseFormat::kText;
   std::shared_ptr<const CompiledSchema> json_schema;  // with kJsonSchema
+  std::shared_ptr<const ToolCallSpec> tool_calls;     // with kToolCalls
 
   absl::Status Validate() const;
   bool greedy() const { return temperature <= 0.0; }
@@ -90,8 +94,8 @@ std::vector<TokenLogprob> TokenLogprobs(const at::Tensor& logits, std::span<cons
 // so that a draft, its verification and plain decoding all see the same history.
 class Sampler {
  public:
-  // `vocabulary` (the tokenizer's) is required with a JSON response format and unused
-  // otherwise.
+  // `vocabulary` (the tokenizer's) is required with a response format other than kText and
+  // unused otherwise.
   explicit Sampler(const SamplingParams& params,
                    std::shared_ptr<const TokenVocabulary> vocabulary = nullptr);
 
@@ -140,7 +144,7 @@ class Sampler {
   absl::flat_hash_map<int32_t, int64_t> generated_counts_;
   int64_t generated_ = 0;  // tokens committed, with min_tokens
   std::vector<int32_t> prompt_tokens_;  // sorted, unique
-  std::unique_ptr<TokenConstraint> format_;  // with a JSON response format
+  std::unique_ptr<TokenConstraint> format_;  // with a response format other than kText
 };
 
 }  // namespace tophat

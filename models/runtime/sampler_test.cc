@@ -3,12 +3,16 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
+
+#include "nlohmann/json.hpp"
 
 namespace tophat {
 namespace {
@@ -182,6 +186,78 @@ TEST_CASE("A JSON response format refuses what cannot start or continue an objec
                   .ok());
   CHECK_FALSE(SamplingParams{.response_format = ResponseFormat::kJsonObject}.Validate().ok());
   CHECK(json.Validate().ok());
+}
+
+TEST_CASE("Required tool calls: greedy choices from random logits write calls the grammar "
+          "takes, then the end",
+          "[sampler]") {
+  // Id 0 ends the answer; the others are pieces of Qwen's and Llama's call syntax and of the
+  // arguments, cut across their boundaries, and enough smaller ones that every piece is
+  // followed by another (else the constraint ends the answer where the vocabulary stops).
+  std::vector<std::optional<std::string>> tokens = {std::nullopt};
+  for (const char* piece :
+       {"<tool_call>\n", "<tool_call>", "\n", "{\"name\": \"", "{", "}", "\"", "name", ":",
+        " ", "get", "_weather", "get_weather", "\", \"arguments\": ", "\", \"parameters\": ",
+        "\", ", ",", "arguments", "parameters", "city", "\"city\"", "days", "\"days\": ",
+        "Paris", "x", "1", "2", "0", "\\n", "\xC3\xA9", "}}", "}\n</tool_call>",
+        "\n</tool_call>", "</tool_call>"}) {
+    tokens.emplace_back(piece);
+  }
+  const auto vocabulary = std::make_shared<const TokenVocabulary>(std::move(tokens));
+  auto weather = CompiledSchema::Compile(nlohmann::json::parse(R"({"type": "object",
+      "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
+      "required": ["city"], "additionalProperties": false})"));
+  auto get = CompiledSchema::Compile(nlohmann::json::parse(R"({"type": "object",
+      "properties": {"days": {"type": "integer", "maximum": 9}}, "additionalProperties": false})"));
+  REQUIRE(weather.ok());
+  REQUIRE(get.ok());
+  const std::vector<ToolCallTool> tools = {{.name = "get_weather", .parameters = *weather},
+                                           {.name = "get", .parameters = *get}};
+  const ToolCallSyntax hermes{.open = "<tool_call>\n{\"name\": \"",
+                              .between = "\", \"arguments\": ",
+                              .close = "}\n</tool_call>",
+                              .separator = "\n"};
+  const ToolCallSyntax llama{
+      .open = "{\"name\": \"", .between = "\", \"parameters\": ", .close = "}"};
+  std::mt19937_64 rng(21);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (const auto& [syntax, max_calls] : {std::pair{hermes, 2}, {llama, 1}}) {
+    auto spec = ToolCallSpec::Create(syntax, tools, max_calls);
+    REQUIRE(spec.ok());
+    const SamplingParams params{
+        .stop_ids = {0}, .response_format = ResponseFormat::kToolCalls, .tool_calls = *spec};
+    REQUIRE(params.Validate().ok());
+    std::set<std::string> answers;
+    for (int answer = 0; answer < 20; ++answer) {
+      Sampler sampler(params, vocabulary);
+      std::string text;
+      bool ended = false;
+      for (int step = 0; step < 400 && !ended; ++step) {
+        std::vector<float> logits(static_cast<size_t>(vocabulary->size()));
+        for (float& logit : logits) logit = normal(rng);
+        const int32_t token = sampler.Sample(at::tensor(logits));
+        if (token == 0) {
+          ended = true;
+          break;
+        }
+        REQUIRE(vocabulary->bytes(token) != nullptr);
+        text += *vocabulary->bytes(token);
+        sampler.Commit(std::vector<int32_t>{token});
+      }
+      INFO(text);
+      REQUIRE(ended);
+      ToolCallGrammar grammar(spec->get());
+      CHECK(grammar.Feed(text));
+      CHECK(grammar.can_end());
+      CHECK(grammar.complete() == (grammar.calls() == max_calls));
+      answers.insert(text);
+    }
+    CHECK(answers.size() > 10);
+  }
+  const auto refused =
+      SamplingParams{.stop_ids = {0}, .response_format = ResponseFormat::kToolCalls}.Validate();
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(std::string(refused.message()), Catch::Contains("tool-call response format"));
 }
 
 TEST_CASE("Top-k and top-p keep exactly the expected support", "[sampler]") {
