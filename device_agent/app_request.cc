@@ -34,6 +34,40 @@ absl::StatusOr<std::shared_ptr<const CompiledSchema>> CompileJsonSchema(std::str
   return compiled;
 }
 
+absl::StatusOr<std::shared_ptr<const ToolCallSpec>> CompileToolCalls(
+    const v1::ToolCallFormat& format) {
+  std::vector<ToolCallTool> tools;
+  int64_t bytes = 0;
+  for (int t = 0; t < format.tools_size(); ++t) {
+    const v1::ToolCallFormat::Tool& tool = format.tools(t);
+    bytes += static_cast<int64_t>(tool.parameters().size());
+    if (bytes > kMaxJsonSchemaBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tool_calls.tools: their parameters hold more than ", kMaxJsonSchemaBytes, " bytes"));
+    }
+    absl::StatusOr<std::shared_ptr<const CompiledSchema>> parameters =
+        CompileJsonSchema(tool.parameters());
+    if (!parameters.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("tool_calls.tools[", t, "].parameters: ",
+                                                     parameters.status().message()));
+    }
+    tools.push_back({.name = tool.name(), .parameters = *std::move(parameters)});
+  }
+  ToolCallSyntax syntax{.open = format.open(),
+                        .between = format.between(),
+                        .close = format.close(),
+                        .separator = format.has_separator()
+                                         ? std::optional<std::string>(format.separator())
+                                         : std::nullopt};
+  absl::StatusOr<std::shared_ptr<const ToolCallSpec>> spec = ToolCallSpec::Create(
+      std::move(syntax), std::move(tools),
+      static_cast<int32_t>(std::min<uint32_t>(format.max_calls(), 1u << 20)));
+  if (!spec.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("tool_calls: ", spec.status().message()));
+  }
+  return spec;
+}
+
 absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request,
                                               const Tokenizer& tokenizer,
                                               const AppRequestLimits& limits) {
@@ -123,6 +157,10 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
     return absl::InvalidArgumentError(
         "json_schema: given, but response_format is not RESPONSE_FORMAT_JSON_SCHEMA");
   }
+  if (request.has_tool_calls() && request.response_format() != v1::RESPONSE_FORMAT_TOOL_CALLS) {
+    return absl::InvalidArgumentError(
+        "tool_calls: given, but response_format is not RESPONSE_FORMAT_TOOL_CALLS");
+  }
   switch (request.response_format()) {
     case v1::RESPONSE_FORMAT_TEXT:
       break;
@@ -138,6 +176,14 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
       }
       TOPHAT_ASSIGN_OR_RETURN(plan.sampling.json_schema, CompileJsonSchema(request.json_schema()));
       plan.sampling.response_format = ResponseFormat::kJsonSchema;
+      break;
+    }
+    case v1::RESPONSE_FORMAT_TOOL_CALLS: {
+      if (request.outline().enabled()) {
+        return absl::InvalidArgumentError("response_format: not with outline");
+      }
+      TOPHAT_ASSIGN_OR_RETURN(plan.sampling.tool_calls, CompileToolCalls(request.tool_calls()));
+      plan.sampling.response_format = ResponseFormat::kToolCalls;
       break;
     }
     default:

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "models/grammar/json_schema.h"
+#include "models/grammar/tool_call_grammar.h"
 #include "models/runtime/sampler.h"
 #include "models/tokenizers/tokenizer.h"
 #include "tophat/v1/agent.pb.h"
@@ -47,6 +48,11 @@ inline constexpr int64_t kMaxLogitBias = 1024;
 // A request's JSON Schema (GenerateRequest.json_schema), compiled; InvalidArgument naming
 // the field and the place in the schema ("json_schema: at /properties/age: ...").
 absl::StatusOr<std::shared_ptr<const CompiledSchema>> CompileJsonSchema(std::string_view text);
+
+// A request's tool-call format (GenerateRequest.tool_calls), compiled; InvalidArgument naming
+// the field ("tool_calls.tools[1].parameters: at /properties/x: ...").
+absl::StatusOr<std::shared_ptr<const ToolCallSpec>> CompileToolCalls(
+    const v1::ToolCallFormat& format);
 
 // Errors are kInvalidArgument and name the request's field.
 absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request,

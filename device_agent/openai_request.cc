@@ -30,13 +30,10 @@ std::optional<bool> IsOffValue(std::string_view key, const Json& value) {
   }
   if (key == "best_of") return value.is_number_integer() && value.get<int64_t>() == 1;
   if (key == "metadata") return value.is_object() && value.empty();
-  if (key == "tools" || key == "functions") return value.is_array() && value.empty();
+  if (key == "functions") return value.is_array() && value.empty();
   if (key == "suffix") return value.is_string() && value.get<std::string>().empty();
   // No "off" value but absence.
-  if (key == "tool_choice" || key == "function_call" ||
-      key == "parallel_tool_calls") {
-    return false;
-  }
+  if (key == "function_call") return false;
   return std::nullopt;
 }
 
@@ -105,6 +102,49 @@ std::variant<std::string, OpenAiError> MessageContent(const Json& content, size_
   return Invalid(param, absl::StrCat(param, " must be a string or an array of text parts"));
 }
 
+// A tool's name, as OpenAI takes it: 1 to 64 of [A-Za-z0-9_-].
+bool IsToolName(const Json& name) {
+  if (!name.is_string()) return false;
+  const std::string& text = name.get_ref<const std::string&>();
+  return !text.empty() && text.size() <= 64 && std::all_of(text.begin(), text.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+  });
+}
+
+// An assistant message's tool_calls: [{"id", "type": "function", "function": {"name",
+// "arguments": a JSON object as text}}].
+std::optional<OpenAiError> ParseToolCalls(const Json& value, const std::string& where,
+                                          std::vector<ToolCall>& calls) {
+  const std::string param = absl::StrCat(where, ".tool_calls");
+  if (!value.is_array()) return Invalid(param, absl::StrCat(param, " must be an array"));
+  for (size_t j = 0; j < value.size(); ++j) {
+    const Json& call = value[j];
+    const std::string at = absl::StrCat(param, "[", j, "]");
+    if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
+        call.value("type", "function") != "function") {
+      return Invalid(at, absl::StrCat(at, " must be {\"id\", \"type\": \"function\", "
+                                          "\"function\": {\"name\", \"arguments\"}}"));
+    }
+    const Json& function = call["function"];
+    if (!IsToolName(function.value("name", Json()))) {
+      return Invalid(at + ".function.name",
+                     absl::StrCat(at, ".function.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -"));
+    }
+    const Json arguments_text = function.value("arguments", Json());
+    const Json arguments = arguments_text.is_string()
+                               ? Json::parse(arguments_text.get<std::string>(), nullptr, false)
+                               : Json();
+    if (!arguments.is_object()) {
+      return Invalid(at + ".function.arguments",
+                     absl::StrCat(at, ".function.arguments must be a JSON object, as text"));
+    }
+    calls.push_back({.id = call.value("id", Json("")).is_string() ? call.value("id", "") : "",
+                     .name = function["name"].get<std::string>(),
+                     .arguments = arguments_text.get<std::string>()});
+  }
+  return std::nullopt;
+}
+
 std::optional<OpenAiError> ParseMessages(const Json& value, std::vector<ChatMessage>& messages) {
   if (!value.is_array() || value.empty()) {
     return Invalid("messages", "'messages' must be a non-empty array");
@@ -113,33 +153,150 @@ std::optional<OpenAiError> ParseMessages(const Json& value, std::vector<ChatMess
     const Json& message = value[i];
     const std::string where = absl::StrCat("messages[", i, "]");
     if (!message.is_object()) return Invalid(where, absl::StrCat(where, " must be an object"));
-    for (const auto& [key, field] : message.items()) {
-      if (key != "role" && key != "content" && !(key == "name" && field.is_null())) {
-        return Invalid(absl::StrCat(where, ".", key),
-                       absl::StrCat(where, ".", key, " is not supported by this endpoint"));
-      }
-    }
     if (!message.contains("role") || !message["role"].is_string()) {
       return Invalid(absl::StrCat(where, ".role"), absl::StrCat(where, ".role is required"));
     }
     std::string role = message["role"].get<std::string>();
     // OpenAI's newer name for the system role.
     if (role == "developer") role = "system";
-    if (role != "system" && role != "user" && role != "assistant") {
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
       return Invalid(absl::StrCat(where, ".role"),
                      absl::StrCat(where, ".role \"", role,
-                                  "\" is not supported (system, developer, user, assistant)"));
+                                  "\" is not supported (system, developer, user, assistant, "
+                                  "tool)"));
     }
-    if (!message.contains("content") || message["content"].is_null()) {
+    // A field set to null is absent (clients send back an answer's message whole, with its
+    // refusal, audio and function_call null).
+    for (const auto& [key, field] : message.items()) {
+      const bool known = key == "role" || key == "content" ||
+                         (key == "tool_calls" && role == "assistant") ||
+                         (key == "tool_call_id" && role == "tool");
+      if (!known && !field.is_null() && !(key == "annotations" && field == Json::array())) {
+        return Invalid(absl::StrCat(where, ".", key),
+                       absl::StrCat(where, ".", key, " is not supported by this endpoint"));
+      }
+    }
+    ChatMessage parsed{.role = std::move(role)};
+    if (message.contains("tool_calls") && !message["tool_calls"].is_null()) {
+      if (auto error = ParseToolCalls(message["tool_calls"], where, parsed.tool_calls)) {
+        return error;
+      }
+    }
+    if (parsed.role == "tool") {
+      if (!message.contains("tool_call_id") || !message["tool_call_id"].is_string()) {
+        return Invalid(absl::StrCat(where, ".tool_call_id"),
+                       absl::StrCat(where, ".tool_call_id (the call answered) is required"));
+      }
+      parsed.tool_call_id = message["tool_call_id"].get<std::string>();
+    }
+    const bool content_given = message.contains("content") && !message["content"].is_null();
+    if (content_given) {
+      auto content = MessageContent(message["content"], i);
+      if (auto* error = std::get_if<OpenAiError>(&content)) return *error;
+      parsed.content = std::get<std::string>(std::move(content));
+    } else if (parsed.tool_calls.empty()) {
+      // Only an assistant's calls stand without content.
       return Invalid(absl::StrCat(where, ".content"),
                      absl::StrCat(where, ".content is required"));
     }
-    auto content = MessageContent(message["content"], i);
-    if (auto* error = std::get_if<OpenAiError>(&content)) return *error;
-    messages.push_back({.role = std::move(role),
-                        .content = std::get<std::string>(std::move(content))});
+    messages.push_back(std::move(parsed));
   }
   return std::nullopt;
+}
+
+// "tools": [{"type": "function", "function": {"name", "description", "parameters",
+// "strict"}}], each kept as the app wrote it (`ordered`: the same array, keys in order).
+std::optional<OpenAiError> ParseTools(const Json& value, const nlohmann::ordered_json& ordered,
+                                      std::vector<OpenAiTool>& tools) {
+  if (!value.is_array() || value.size() > kMaxOpenAiTools) {
+    return Invalid("tools", absl::StrCat("'tools' must be an array of at most ",
+                                         kMaxOpenAiTools, " tools"));
+  }
+  // The two parses differ only for a body that repeats a key.
+  if (!ordered.is_array() || ordered.size() != value.size()) {
+    return Invalid("tools", "'tools' is given twice, or repeats a key");
+  }
+  size_t bytes = 0;
+  for (size_t t = 0; t < value.size(); ++t) {
+    const Json& tool = value[t];
+    const std::string at = absl::StrCat("tools[", t, "]");
+    if (!tool.is_object() || tool.value("type", "") != "function" || !tool.contains("function") ||
+        !tool["function"].is_object()) {
+      return Invalid(at, absl::StrCat(at, " must be {\"type\": \"function\", \"function\": "
+                                          "{\"name\", \"description\", \"parameters\"}}"));
+    }
+    for (const auto& [key, unused] : tool.items()) {
+      if (key != "type" && key != "function") {
+        return Invalid(at, absl::StrCat(at, " has no field '", key, "'"));
+      }
+    }
+    const Json& function = tool["function"];
+    for (const auto& [key, field] : function.items()) {
+      const bool known = (key == "name") || (key == "description" && field.is_string()) ||
+                         (key == "parameters" && field.is_object()) ||
+                         (key == "strict" && field.is_boolean()) || field.is_null();
+      if (!known) {
+        return Invalid(absl::StrCat(at, ".function.", key),
+                       absl::StrCat(at, ".function.", key,
+                                    " is not supported (name, description: a string, "
+                                    "parameters: a JSON Schema, strict: a boolean)"));
+      }
+    }
+    if (!IsToolName(function.value("name", Json()))) {
+      return Invalid(at + ".function.name",
+                     absl::StrCat(at, ".function.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -"));
+    }
+    const std::string name = function["name"].get<std::string>();
+    for (const OpenAiTool& before : tools) {
+      if (before.name == name) {
+        return Invalid(at + ".function.name",
+                       absl::StrCat(at, ".function.name \"", name, "\" is given twice"));
+      }
+    }
+    const Json parameters = function.contains("parameters") && function["parameters"].is_object()
+                                ? function["parameters"]
+                                : Json{{"type", "object"}, {"properties", Json::object()}};
+    const std::string param = at + ".function.parameters";
+    auto compiled = CompiledSchema::Compile(parameters);
+    if (!compiled.ok()) {
+      return Invalid(param, absl::StrCat(param, ": ", compiled.status().message()));
+    }
+    const SchemaNode& root = (*compiled)->node((*compiled)->root());
+    if (root.any || root.types != kTypeObject) {
+      return Invalid(param, absl::StrCat(param, " must describe an object (\"type\": "
+                                                "\"object\"): a call's arguments are one"));
+    }
+    OpenAiTool parsed{.name = name,
+                      .json = ordered[t].dump(-1, ' ', false,
+                                              nlohmann::ordered_json::error_handler_t::replace),
+                      .parameters = parameters.dump()};
+    bytes += parsed.json.size();
+    if (bytes > kMaxOpenAiToolBytes) {
+      return Invalid("tools", absl::StrCat("'tools' hold more than ", kMaxOpenAiToolBytes,
+                                           " bytes of JSON"));
+    }
+    tools.push_back(std::move(parsed));
+  }
+  return std::nullopt;
+}
+
+// "tool_choice": "none", "auto", "required" or {"type": "function", "function": {"name"}}.
+std::optional<OpenAiError> ParseToolChoice(const Json& value, OpenAiRequest& request) {
+  if (value == "none" || value == "auto" || value == "required") {
+    request.tool_choice = value == "none"   ? ToolChoice::kNone
+                          : value == "auto" ? ToolChoice::kAuto
+                                            : ToolChoice::kRequired;
+    return std::nullopt;
+  }
+  if (value.is_object() && value.value("type", "") == "function" && value.size() == 2 &&
+      value.contains("function") && value["function"].is_object() &&
+      value["function"].size() == 1 && IsToolName(value["function"].value("name", Json()))) {
+    request.tool_choice = ToolChoice::kFunction;
+    request.tool_choice_function = value["function"]["name"].get<std::string>();
+    return std::nullopt;
+  }
+  return Invalid("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                                "{\"type\": \"function\", \"function\": {\"name\": ...}}");
 }
 
 // A request body: a JSON object, or the 400 saying why not.
@@ -248,6 +405,7 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
   bool has_input = false;
   bool chat_logprobs = false;
   bool max_tokens_zero = false;
+  bool tool_choice_given = false;
   std::optional<int64_t> top_logprobs;
   for (const auto& [key, value] : json.items()) {
     if (value.is_null() && key != input_key && key != "model") continue;  // absent
@@ -369,6 +527,16 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
         if (auto* error = std::get_if<OpenAiError>(&schema)) return *error;
         request.json_schema = std::get<std::string>(std::move(schema));
       }
+    } else if (key == "tools" && chat) {
+      // Parsed again keeping each tool's key order, which the chat template writes.
+      const auto ordered = nlohmann::ordered_json::parse(body)["tools"];
+      if (auto error = ParseTools(value, ordered, request.tools)) return *error;
+    } else if (key == "tool_choice" && chat) {
+      if (auto error = ParseToolChoice(value, request)) return *error;
+      tool_choice_given = true;
+    } else if (key == "parallel_tool_calls" && chat) {
+      if (!value.is_boolean()) return Invalid(key, "'parallel_tool_calls' must be a boolean");
+      request.parallel_tool_calls = value.get<bool>();
     } else if (key == "stream") {
       if (!value.is_boolean()) return Invalid(key, "'stream' must be a boolean");
       request.stream = value.get<bool>();
@@ -486,7 +654,35 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
     return Invalid("min_tokens", absl::StrCat("'min_tokens' ", request.min_tokens,
                                               " is more than 'max_tokens' ", request.max_tokens));
   }
+  if (request.tools.empty() && request.tool_choice != ToolChoice::kNone) {
+    return Invalid("tool_choice", "'tool_choice' needs 'tools' to choose from");
+  }
+  if (!request.tools.empty() && !tool_choice_given) request.tool_choice = ToolChoice::kAuto;
+  if (request.tool_choice == ToolChoice::kFunction &&
+      std::none_of(request.tools.begin(), request.tools.end(), [&](const OpenAiTool& tool) {
+        return tool.name == request.tool_choice_function;
+      })) {
+    return Invalid("tool_choice", absl::StrCat("'tool_choice' names \"",
+                                               request.tool_choice_function,
+                                               "\", which is not among 'tools'"));
+  }
   const bool json_format = request.json_object || !request.json_schema.empty();
+  if (request.tool_choice != ToolChoice::kNone) {
+    if (json_format) {
+      return Invalid("response_format", "a JSON 'response_format' cannot be combined with "
+                                        "calling 'tools' (a call's arguments follow its "
+                                        "parameters; set 'tool_choice': \"none\")");
+    }
+    if (request.outline_max_points != 0) {
+      return Invalid("tophat_outline", "'tophat_outline' cannot be combined with calling 'tools'");
+    }
+  }
+  if ((request.tool_choice == ToolChoice::kRequired ||
+       request.tool_choice == ToolChoice::kFunction) &&
+      request.min_tokens > 0) {
+    return Invalid("min_tokens", "'min_tokens' cannot be combined with a required tool call: "
+                                 "the call could be complete before it");
+  }
   if (json_format && request.outline_max_points != 0) {
     return Invalid("response_format", "a JSON 'response_format' cannot be combined with "
                                       "'tophat_outline'");
@@ -511,6 +707,78 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
   }
   if (request.model != served_model) return ModelNotFound(request.model, served_model);
   return request;
+}
+
+absl::StatusOr<ToolCallReader> ToolCallReader::Create(const OpenAiRequest& request,
+                                                      ToolCallSyntax syntax) {
+  ToolCallReader reader;
+  reader.syntax_ = std::move(syntax);
+  reader.parallel_ = request.parallel_tool_calls;
+  for (size_t t = 0; t < request.tools.size(); ++t) {
+    const OpenAiTool& tool = request.tools[t];
+    // A named function is the only one its answer may call.
+    if (request.tool_choice == ToolChoice::kFunction && tool.name != request.tool_choice_function) {
+      continue;
+    }
+    absl::StatusOr<std::shared_ptr<const CompiledSchema>> compiled =
+        CompiledSchema::Compile(Json::parse(tool.parameters, nullptr, false));
+    if (!compiled.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tools[", t, "].function.parameters: ", compiled.status().message()));
+    }
+    reader.names_.push_back(tool.name);
+    reader.parameters_.push_back(*std::move(compiled));
+  }
+  return reader;
+}
+
+ToolCallReading ToolCallReader::Read(std::string_view text) const {
+  ToolCallReading reading = ReadToolCalls(text, syntax_, names_);
+  for (const ToolCall& call : reading.calls) {
+    const size_t index = static_cast<size_t>(
+        std::find(names_.begin(), names_.end(), call.name) - names_.begin());
+    const Json arguments = Json::parse(call.arguments, nullptr, false);
+    if (index == names_.size() ||
+        !SchemaAccepts(*parameters_[index], parameters_[index]->root(), arguments)) {
+      return ToolCallReading{.content = std::string(text), .calls = {}};
+    }
+  }
+  if (!parallel_ && reading.calls.size() > 1) reading.calls.resize(1);
+  return reading;
+}
+
+std::string ToolCallHoldback::Push(std::string_view text) {
+  text_.append(text);
+  if (hold_all_ || holding_) return "";
+  size_t end = text_.size();  // what may go out: [sent_, end)
+  if (syntax_.start_tag.empty()) {
+    // A call is the whole answer: hold while only whitespace came, and all once a '{' did.
+    const size_t first = text_.find_first_not_of(" \t\r\n");
+    if (first == std::string::npos) return "";
+    if (text_[first] == '{') {
+      holding_ = true;
+      return "";
+    }
+  } else {
+    const size_t tag = text_.find(syntax_.start_tag, sent_);
+    if (tag != std::string::npos) {
+      holding_ = true;
+      end = tag;
+    } else {
+      // Hold a tail that may begin the tag.
+      for (size_t keep = std::min(syntax_.start_tag.size() - 1, text_.size() - sent_); keep > 0;
+           --keep) {
+        if (std::string_view(text_).substr(text_.size() - keep) ==
+            std::string_view(syntax_.start_tag).substr(0, keep)) {
+          end = text_.size() - keep;
+          break;
+        }
+      }
+    }
+  }
+  std::string out = text_.substr(sent_, end - sent_);
+  sent_ = end;
+  return out;
 }
 
 std::string StopSequenceFilter::Push(std::string_view text) {

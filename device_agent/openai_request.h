@@ -16,11 +16,30 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/grammar/json_schema.h"
 #include "models/tokenizers/chat_template.h"
 
 namespace tophat {
 
 enum class OpenAiEndpoint { kChatCompletions, kCompletions };
+
+// One of a chat request's tools (OpenAI's {"type": "function", "function": {...}}).
+struct OpenAiTool {
+  std::string name;
+  // The tool as the app sent it, keys in its order: the chat template writes it so.
+  std::string json;
+  // Its function's parameters, a JSON Schema as JSON text that compiles and takes only
+  // objects ({"type": "object", "properties": {}} when not given).
+  std::string parameters;
+};
+
+// Whether and how the answer calls tools (OpenAI's tool_choice).
+enum class ToolChoice : uint8_t {
+  kNone,      // it does not (the tools are still shown to the model, as OpenAI does)
+  kAuto,      // the model chooses; its calls are read from what it wrote
+  kRequired,  // at least one call (decoding constrained to calls)
+  kFunction,  // one call of tool_choice_function (constrained)
+};
 
 struct OpenAiError {
   int http_status = 400;
@@ -75,6 +94,12 @@ struct OpenAiRequest {
   // With {"type": "json_schema"}: its "schema", as JSON text (it compiles: ParseOpenAiRequest
   // refuses one that does not); empty otherwise.
   std::string json_schema;
+  // chat: "tools", "tool_choice" (kAuto by default when there are tools) and
+  // "parallel_tool_calls" (whether an answer may hold several calls).
+  std::vector<OpenAiTool> tools;
+  ToolChoice tool_choice = ToolChoice::kNone;
+  std::string tool_choice_function;  // kFunction: the tool's name
+  bool parallel_tool_calls = true;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   // tophat's extension (OpenAI's clients send it with extra_body; OpenAI ignores nothing, so
@@ -118,6 +143,10 @@ inline constexpr int kMaxRequestNesting = 256;
 inline constexpr size_t kMaxOpenAiStopIds = 64;
 // The most choices a request may ask for in all (prompts x n).
 inline constexpr int64_t kMaxOpenAiBatch = 256;
+// The most tools a request may offer (OpenAI's limit).
+inline constexpr size_t kMaxOpenAiTools = 128;
+// The most bytes of JSON a request's tools may hold in all, as their schemas' limit.
+inline constexpr size_t kMaxOpenAiToolBytes = 256 << 10;
 // The most logit_bias entries a request may carry (the agent's own limit, kMaxLogitBias).
 inline constexpr size_t kMaxOpenAiLogitBias = 1024;
 
@@ -168,6 +197,55 @@ class StopSequenceFilter {
   bool include_stop_ = false;
   std::string pending_;
   bool stopped_ = false;
+};
+
+// The most calls one answer may make under tool_choice "required" with parallel_tool_calls.
+inline constexpr int32_t kMaxOpenAiToolCalls = 16;
+
+// Reads the tool calls out of an answer of a request that may call tools (tool_choice not
+// "none"), in the model's layout. A call is returned only if its arguments satisfy its tool's
+// parameters, so tool_calls always do, whether decoding was constrained or not: an answer
+// whose calls do not read, or break a schema, is content, as the model's text. With
+// parallel_tool_calls false, only the first call is kept.
+class ToolCallReader {
+ public:
+  // INVALID_ARGUMENT (naming the tool) for parameters that do not compile, which
+  // ParseOpenAiRequest has already refused.
+  static absl::StatusOr<ToolCallReader> Create(const OpenAiRequest& request,
+                                               ToolCallSyntax syntax);
+  ToolCallReading Read(std::string_view text) const;
+  const ToolCallSyntax& syntax() const { return syntax_; }
+
+ private:
+  ToolCallReader() = default;
+  ToolCallSyntax syntax_;
+  std::vector<std::string> names_;
+  std::vector<std::shared_ptr<const CompiledSchema>> parameters_;  // by names_ index
+  bool parallel_ = true;
+};
+
+// Streams an answer that may hold tool calls: the text before a call goes out as it comes,
+// and from a call's start on (a tag, or for a layout without tags an answer that starts with
+// '{'; under a required call, everything) it is held back until the answer ends, when the
+// reader decides whether it was calls. Text that may be the start of a tag is held back until
+// it is known not to be one.
+class ToolCallHoldback {
+ public:
+  ToolCallHoldback(ToolCallSyntax syntax, bool hold_all)
+      : syntax_(std::move(syntax)), hold_all_(hold_all) {}
+  // Appends text; returns what may be sent now.
+  std::string Push(std::string_view text);
+  // The answer so far, whole (sent and held).
+  const std::string& text() const { return text_; }
+  // What has not been sent.
+  std::string_view held() const { return std::string_view(text_).substr(sent_); }
+
+ private:
+  ToolCallSyntax syntax_;
+  bool hold_all_;
+  bool holding_ = false;  // a call started: hold the rest
+  std::string text_;
+  size_t sent_ = 0;
 };
 
 }  // namespace tophat

@@ -243,6 +243,187 @@ TEST_CASE("response_format asks for a JSON object, a value of a JSON Schema, or 
   }
 }
 
+// A chat body with `extra` fields after one user message.
+std::string ChatWith(const std::string& extra) {
+  return absl::StrCat(R"({"model": "toy", "messages": [{"role": "user", "content": "hi"}], )",
+                      extra, "}");
+}
+constexpr const char* kTools = R"("tools": [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather",
+     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                    "required": ["city"]}, "strict": true}},
+    {"type": "function", "function": {"name": "now"}}])";
+
+TEST_CASE("Tools are read with their key order, and tool_choice defaults to auto") {
+  OpenAiRequest r = ParseOk(OpenAiEndpoint::kChatCompletions, ChatWith(kTools));
+  REQUIRE(r.tools.size() == 2);
+  CHECK(r.tool_choice == ToolChoice::kAuto);
+  CHECK(r.parallel_tool_calls);
+  CHECK(r.tools[0].name == "get_weather");
+  // As the app wrote it ("type" before "function", "name" before "description"), not sorted.
+  CHECK(r.tools[0].json.starts_with(
+      R"({"type":"function","function":{"name":"get_weather","description":"Weather","parameters":)"));
+  CHECK(nlohmann::json::parse(r.tools[0].parameters)["required"][0] == "city");
+  // No parameters: a function of none.
+  CHECK(nlohmann::json::parse(r.tools[1].parameters) ==
+        nlohmann::json::parse(R"({"type": "object", "properties": {}})"));
+
+  r = ParseOk(OpenAiEndpoint::kChatCompletions,
+              ChatWith(absl::StrCat(kTools, R"(, "tool_choice": "required", "parallel_tool_calls": false)")));
+  CHECK(r.tool_choice == ToolChoice::kRequired);
+  CHECK_FALSE(r.parallel_tool_calls);
+  r = ParseOk(OpenAiEndpoint::kChatCompletions,
+              ChatWith(absl::StrCat(kTools, R"(, "tool_choice": {"type": "function", "function": {"name": "now"}})")));
+  CHECK(r.tool_choice == ToolChoice::kFunction);
+  CHECK(r.tool_choice_function == "now");
+  r = ParseOk(OpenAiEndpoint::kChatCompletions,
+              ChatWith(absl::StrCat(kTools, R"(, "tool_choice": "none")")));
+  CHECK(r.tool_choice == ToolChoice::kNone);
+  CHECK(r.tools.size() == 2);  // still shown to the model
+  // No tools: none, and "tools": [] is no tools.
+  CHECK(ParseOk(OpenAiEndpoint::kChatCompletions, ChatWith(R"("tools": [])")).tool_choice ==
+        ToolChoice::kNone);
+}
+
+TEST_CASE("A conversation's calls and their answers are read back") {
+  // An answer's message sent back whole, as the official client does (nulls included).
+  const OpenAiRequest r = ParseOk(OpenAiEndpoint::kChatCompletions, absl::StrCat(R"({
+      "model": "toy", )", kTools, R"(,
+      "messages": [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": null, "refusal": null, "function_call": null,
+         "audio": null, "annotations": [],
+         "tool_calls": [{"id": "call_1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "cold"}]}]})"));
+  REQUIRE(r.messages.size() == 3);
+  REQUIRE(r.messages[1].tool_calls.size() == 1);
+  CHECK(r.messages[1].content.empty());
+  CHECK(r.messages[1].tool_calls[0].id == "call_1");
+  CHECK(r.messages[1].tool_calls[0].name == "get_weather");
+  CHECK(r.messages[1].tool_calls[0].arguments == R"({"city": "Oslo"})");
+  CHECK(r.messages[2].role == "tool");
+  CHECK(r.messages[2].tool_call_id == "call_1");
+  CHECK(r.messages[2].content == "cold");
+}
+
+TEST_CASE("Tools, tool_choice and calls that could not be honoured are refused by name") {
+  const auto chat = OpenAiEndpoint::kChatCompletions;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {ChatWith(R"("tools": {})"), "tools"},
+      {ChatWith(R"("tools": [{"type": "retrieval"}])"), "tools[0]"},
+      {ChatWith(R"("tools": [{"type": "function", "function": {"name": "a b"}}])"),
+       "tools[0].function.name"},
+      {ChatWith(R"("tools": [{"type": "function", "function": {"name": "a"}},
+                             {"type": "function", "function": {"name": "a"}}])"),
+       "tools[1].function.name"},
+      {ChatWith(R"("tools": [{"type": "function", "function": {"name": "a", "parameters": {"type": "string"}}}])"),
+       "tools[0].function.parameters"},
+      {ChatWith(R"("tools": [{"type": "function", "function": {"name": "a", "parameters": {"type": "object", "properties": {"x": {"type": "string", "pattern": "a+"}}}}}])"),
+       "tools[0].function.parameters"},
+      {ChatWith(R"("tools": [{"type": "function", "function": {"name": "a", "returns": {}}}])"),
+       "tools[0].function.returns"},
+      {ChatWith(R"("tool_choice": "auto")"), "tool_choice"},
+      {ChatWith(absl::StrCat(kTools, R"(, "tool_choice": "always")")), "tool_choice"},
+      {ChatWith(absl::StrCat(kTools, R"(, "tool_choice": {"type": "function", "function": {"name": "launch"}})")),
+       "tool_choice"},
+      {ChatWith(absl::StrCat(kTools, R"(, "parallel_tool_calls": "yes")")), "parallel_tool_calls"},
+      {ChatWith(absl::StrCat(kTools, R"(, "response_format": {"type": "json_object"})")),
+       "response_format"},
+      {ChatWith(absl::StrCat(kTools, R"(, "tool_choice": "required", "min_tokens": 2)")),
+       "min_tokens"},
+      {ChatWith(absl::StrCat(kTools, R"(, "tophat_outline": true)")), "tophat_outline"},
+      {R"({"model": "toy", "messages": [{"role": "assistant", "tool_calls": [{"type": "function",
+           "function": {"name": "a", "arguments": "{\"x\":"}}]}]})",
+       "messages[0].tool_calls[0].function.arguments"},
+      {R"({"model": "toy", "messages": [{"role": "assistant", "tool_calls": [{"type": "function",
+           "function": {"name": "a", "arguments": "[1]"}}]}]})",
+       "messages[0].tool_calls[0].function.arguments"},
+      {R"({"model": "toy", "messages": [{"role": "user", "content": "a", "tool_calls": []}]})",
+       "messages[0].tool_calls"},
+      {R"({"model": "toy", "messages": [{"role": "assistant", "content": null}]})",
+       "messages[0].content"},
+  };
+  for (const auto& [body, param] : cases) {
+    INFO(body);
+    const OpenAiError error = ParseError(chat, body);
+    CHECK(error.param == param);
+    CHECK(error.http_status == 400);
+  }
+  // The completions endpoint has no tools.
+  CHECK(ParseError(OpenAiEndpoint::kCompletions, R"({"model": "toy", "prompt": "a", "tools": []})")
+            .param == "tools");
+}
+
+TEST_CASE("An answer's calls are returned only when they read and satisfy their tool's schema") {
+  const OpenAiRequest request = ParseOk(OpenAiEndpoint::kChatCompletions, ChatWith(kTools));
+  const ToolCallSyntax syntax{.open = "<tool_call>{\"name\": \"",
+                              .between = "\", \"arguments\": ",
+                              .close = "}</tool_call>",
+                              .separator = " ",
+                              .start_tag = "<tool_call>",
+                              .end_tag = "</tool_call>",
+                              .arguments_key = "arguments"};
+  auto reader = ToolCallReader::Create(request, syntax);
+  REQUIRE(reader.ok());
+  const std::string good =
+      R"(Sure. <tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call> )"
+      R"(<tool_call>{"name": "now", "arguments": {}}</tool_call>)";
+  ToolCallReading read = reader->Read(good);
+  CHECK(read.content == "Sure.");
+  REQUIRE(read.calls.size() == 2);
+  CHECK(read.calls[0].arguments == R"({"city":"Oslo"})");
+  // A call that breaks its schema (no city) leaves the whole answer text.
+  const std::string broken =
+      R"(<tool_call>{"name": "get_weather", "arguments": {"town": "Oslo"}}</tool_call>)";
+  read = reader->Read(broken);
+  CHECK(read.calls.empty());
+  CHECK(read.content == broken);
+
+  // parallel_tool_calls false keeps the first call; a named function is the only one read.
+  OpenAiRequest single = request;
+  single.parallel_tool_calls = false;
+  CHECK(ToolCallReader::Create(single, syntax)->Read(good).calls.size() == 1);
+  OpenAiRequest named = request;
+  named.tool_choice = ToolChoice::kFunction;
+  named.tool_choice_function = "now";
+  CHECK(ToolCallReader::Create(named, syntax)->Read(good).calls.empty());
+}
+
+TEST_CASE("A streamed answer holds back what may be a call until it ends") {
+  const ToolCallSyntax tagged{.open = "<tool_call>\n{\"name\": \"", .between = "", .close = "",
+                              .separator = "\n", .start_tag = "<tool_call>",
+                              .end_tag = "</tool_call>", .arguments_key = "arguments"};
+  ToolCallHoldback holdback(tagged, /*hold_all=*/false);
+  std::string sent;
+  for (const char* piece : {"Let me ", "check.<", "tool", "_call>\n{\"name\"", ": \"x\"}"}) {
+    sent += holdback.Push(piece);
+  }
+  CHECK(sent == "Let me check.");
+  CHECK(holdback.held() == "<tool_call>\n{\"name\": \"x\"}");
+  // A '<' that turns out not to start a tag goes out once that is known.
+  ToolCallHoldback text(tagged, false);
+  CHECK(text.Push("a <") == "a ");
+  CHECK(text.Push("b") == "<b");
+  CHECK(text.held().empty());
+
+  // Llama 3.1's layout has no tags: an answer that starts with '{' is held whole.
+  const ToolCallSyntax bare{.open = "{\"name\": \"", .between = "", .close = "}",
+                            .separator = std::nullopt, .start_tag = "", .end_tag = "",
+                            .arguments_key = "parameters"};
+  ToolCallHoldback json(bare, false);
+  CHECK(json.Push("  ").empty());
+  CHECK(json.Push("{\"name\"").empty());
+  CHECK(json.held() == "  {\"name\"");
+  ToolCallHoldback prose(bare, false);
+  CHECK(prose.Push(" ").empty());
+  CHECK(prose.Push("It is") == " It is");
+  // Under a required call, everything waits.
+  ToolCallHoldback all(tagged, /*hold_all=*/true);
+  CHECK(all.Push("anything").empty());
+  CHECK(all.held() == "anything");
+}
+
 TEST_CASE("ignore_eos, as vLLM takes it, asks for max_tokens whatever the model says") {
   CHECK_FALSE(ParseOk(OpenAiEndpoint::kCompletions, R"({"model": "toy", "prompt": "x"})")
                   .ignore_eos);
@@ -270,6 +451,8 @@ TEST_CASE("What the endpoint would ignore is refused by name, with OpenAI's erro
        404},
       {chat, R"({"model": "toy", "messages": []})", "messages"},
       {chat, R"({"model": "toy", "messages": [{"role": "tool", "content": "x"}]})",
+       "messages[0].tool_call_id"},
+      {chat, R"({"model": "toy", "messages": [{"role": "function", "content": "x"}]})",
        "messages[0].role"},
       {chat, R"({"model": "toy", "messages": [{"role": "user"}]})", "messages[0].content"},
       {chat,

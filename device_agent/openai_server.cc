@@ -44,6 +44,29 @@ std::string NewCompletionId(OpenAiEndpoint endpoint) {
                          rng());
 }
 
+// A tool call's id, as OpenAI's look: "call_" and 24 letters and digits.
+std::string NewToolCallId() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  constexpr std::string_view kAlphabet =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  std::string id = "call_";
+  for (int i = 0; i < 24; ++i) id += kAlphabet[rng() % kAlphabet.size()];
+  return id;
+}
+
+// An answer's calls as OpenAI lists them (message.tool_calls; a stream's delta adds "index").
+Json ToolCallsJson(const std::vector<ToolCall>& calls, bool streamed) {
+  Json out = Json::array();
+  for (size_t k = 0; k < calls.size(); ++k) {
+    Json call = {{"id", NewToolCallId()},
+                 {"type", "function"},
+                 {"function", {{"name", calls[k].name}, {"arguments", calls[k].arguments}}}};
+    if (streamed) call["index"] = k;
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
 void SendError(httplib::Response& res, const OpenAiError& error) {
   res.status = error.http_status;
   res.set_content(error.ToJson().dump(), "application/json");
@@ -289,13 +312,16 @@ struct Completion {
   }
 
   Json Chunk(int64_t index, const std::string& text, const Json& finish_reason, bool first,
-             Json logprobs = nullptr) const {
+             Json logprobs = nullptr, Json tool_calls = nullptr) const {
     Json choice = {
         {"index", index}, {"finish_reason", finish_reason}, {"logprobs", std::move(logprobs)}};
     if (chat()) {
       Json delta = Json::object();
       if (first) delta["role"] = "assistant";
-      if (!text.empty() || (first && finish_reason.is_null())) delta["content"] = text;
+      if (!text.empty() || (first && finish_reason.is_null() && tool_calls.is_null())) {
+        delta["content"] = text;
+      }
+      if (!tool_calls.is_null()) delta["tool_calls"] = std::move(tool_calls);
       choice["delta"] = delta;
     } else {
       choice["text"] = text;
@@ -312,10 +338,15 @@ struct Completion {
 
   // One choice of a whole (not streamed) answer.
   Json Choice(int64_t index, const std::string& text, const std::string& finish_reason,
-              Json logprobs) const {
+              Json logprobs, Json tool_calls = nullptr) const {
     Json choice = {
         {"index", index}, {"finish_reason", finish_reason}, {"logprobs", std::move(logprobs)}};
-    if (chat()) {
+    if (chat() && !tool_calls.is_null()) {
+      // OpenAI's content is null beside calls with nothing to say.
+      choice["message"] = {{"role", "assistant"},
+                           {"content", text.empty() ? Json(nullptr) : Json(text)},
+                           {"tool_calls", std::move(tool_calls)}};
+    } else if (chat()) {
       choice["message"] = {{"role", "assistant"}, {"content", text}};
     } else {
       choice["text"] = text;
@@ -441,15 +472,17 @@ OpenAiServer::~OpenAiServer() {
 }
 
 std::variant<std::vector<int32_t>, OpenAiError> OpenAiServer::ChatPromptIds(
-    const std::vector<ChatMessage>& messages) const {
+    const std::vector<ChatMessage>& messages, std::span<const std::string> tools) const {
   if (!chat_template_) {
     return OpenAiError{.param = "messages",
                        .message = absl::StrCat("this model has no chat template (",
                                                chat_template_error_, "); use /v1/completions")};
   }
-  auto rendered = chat_template_->Render(messages);
+  auto rendered = chat_template_->Render(messages, tools);
   if (!rendered.ok()) {
-    return OpenAiError{.param = "messages", .message = std::string(rendered.status().message())};
+    const std::string message(rendered.status().message());
+    return OpenAiError{.param = message.starts_with("tools:") ? "tools" : "messages",
+                       .message = message};
   }
   auto ids = EncodeChat(agent_->tokenizer(), *rendered);
   if (!ids.ok()) return ServerError(500, std::string(ids.status().message()));
@@ -562,9 +595,23 @@ void OpenAiServer::Route() {
     const Tokenizer& tokenizer = agent_->tokenizer();
     std::vector<PromptPlan> prompts;
     std::vector<uint32_t> stop_ids;
+    // Under tool_choice "auto", "required" or a function: how the answer's calls are read.
+    std::optional<ToolCallReader> tool_reader;
     if (endpoint == OpenAiEndpoint::kChatCompletions) {
-      auto ids = ChatPromptIds(request.messages);
+      std::vector<std::string> tools;
+      for (const OpenAiTool& tool : request.tools) tools.push_back(tool.json);
+      auto ids = ChatPromptIds(request.messages, tools);
       if (auto* error = std::get_if<OpenAiError>(&ids)) return SendError(res, *error);
+      // The template rendered the tools, so it has a layout for calls.
+      const std::optional<ToolCallSyntax> syntax = chat_template_->tool_call_syntax();
+      if (request.tool_choice != ToolChoice::kNone && syntax) {
+        absl::StatusOr<ToolCallReader> reader = ToolCallReader::Create(request, *syntax);
+        if (!reader.ok()) {
+          return SendError(res, OpenAiError{.param = "tools",
+                                            .message = std::string(reader.status().message())});
+        }
+        tool_reader = *std::move(reader);
+      }
       prompts.push_back({.ids = std::get<std::vector<int32_t>>(std::move(ids))});
       if (const auto end_of_turn = chat_template_->end_of_turn()) {
         if (const auto id = tokenizer.PieceToId(*end_of_turn)) {
@@ -645,6 +692,31 @@ void OpenAiServer::Route() {
                                  : request.json_object           ? v1::RESPONSE_FORMAT_JSON_OBJECT
                                                                  : v1::RESPONSE_FORMAT_TEXT);
     generate.set_json_schema(request.json_schema);
+    // A required call: decoding constrained to calls in the model's own layout, of the named
+    // function or of any tool.
+    const bool call_required = tool_reader && (request.tool_choice == ToolChoice::kRequired ||
+                                               request.tool_choice == ToolChoice::kFunction);
+    if (call_required) {
+      generate.set_response_format(v1::RESPONSE_FORMAT_TOOL_CALLS);
+      const ToolCallSyntax& syntax = tool_reader->syntax();
+      v1::ToolCallFormat& format = *generate.mutable_tool_calls();
+      format.set_open(syntax.open);
+      format.set_between(syntax.between);
+      format.set_close(syntax.close);
+      if (syntax.separator) format.set_separator(*syntax.separator);
+      for (const OpenAiTool& tool : request.tools) {
+        if (request.tool_choice == ToolChoice::kFunction &&
+            tool.name != request.tool_choice_function) {
+          continue;
+        }
+        v1::ToolCallFormat::Tool& added = *format.add_tools();
+        added.set_name(tool.name);
+        added.set_parameters(tool.parameters);
+      }
+      const bool several = request.tool_choice == ToolChoice::kRequired &&
+                           request.parallel_tool_calls && syntax.separator.has_value();
+      format.set_max_calls(several ? kMaxOpenAiToolCalls : 1);
+    }
     if (request.logprobs >= 0 || request.prompt_only) {
       generate.set_logprobs(true);
       generate.set_top_logprobs(static_cast<uint32_t>(std::max<int64_t>(0, request.logprobs)));
@@ -710,9 +782,19 @@ void OpenAiServer::Route() {
         // The last message's text: what the detokenizer held back (a character cut short).
         text += filter.Push(done[i].text());
         text += filter.Flush();
-        rendered[i] = completion.Choice(
-            i, text, FinishReasonText(done[i].finish_reason(), filter.stopped()),
-            logprobs ? logprobs->Take() : Json(nullptr));
+        std::string finish_reason = FinishReasonText(done[i].finish_reason(), filter.stopped());
+        Json tool_calls = nullptr;
+        if (tool_reader) {
+          ToolCallReading reading = tool_reader->Read(text);
+          if (!reading.calls.empty()) {
+            text = std::move(reading.content);
+            tool_calls = ToolCallsJson(reading.calls, /*streamed=*/false);
+            if (finish_reason == "stop") finish_reason = "tool_calls";
+          }
+        }
+        rendered[i] = completion.Choice(i, text, finish_reason,
+                                        logprobs ? logprobs->Take() : Json(nullptr),
+                                        std::move(tool_calls));
       });
       for (const v1::GenerateResponse& answer : done) {
         if (failed(answer)) return SendError(res, generation_error(answer));
@@ -726,7 +808,8 @@ void OpenAiServer::Route() {
     res.set_chunked_content_provider(
         "text/event-stream",
         [this, choices, completion, request, caller = *caller, generation_error, failed, slot,
-         places, make_logprobs, prompts](size_t, httplib::DataSink& sink) {
+         places, make_logprobs, prompts, tool_reader,
+         call_required](size_t, httplib::DataSink& sink) {
           // The choices stream at once, each chunk whole under the lock.
           std::mutex sink_mutex;
           std::atomic<bool> client_gone = false;
@@ -744,11 +827,17 @@ void OpenAiServer::Route() {
             std::optional<LogprobsRenderer> logprobs = make_logprobs(prompt);
             TokenSink tokens{filter, logprobs ? &*logprobs : nullptr, prompt.echo_text,
                              prompt.ids};
+            // Text that may be a tool call is held back until the answer ends.
+            std::optional<ToolCallHoldback> holdback;
+            if (tool_reader) holdback.emplace(tool_reader->syntax(), call_required);
+            const auto release = [&](const std::string& text) {
+              return holdback ? holdback->Push(text) : text;
+            };
             bool first = true;
             done[i] = agent_->Generate(
                 choices[i].generate,
                 [&](const TokenEvent& event) {
-                  const std::string text = tokens.Push(event);
+                  const std::string text = release(tokens.Push(event));
                   // A token whose text is held back (it may begin a stop sequence) still
                   // sends its log-probability.
                   const bool has_logprobs = logprobs && !logprobs->empty();
@@ -770,9 +859,24 @@ void OpenAiServer::Route() {
             }
             std::string tail = filter.Push(done[i].text());
             tail += filter.Flush();
-            if (!tail.empty()) send(completion.Chunk(i, tail, nullptr, first));
-            send(completion.Chunk(
-                i, "", FinishReasonText(done[i].finish_reason(), filter.stopped()), first));
+            tail = release(tail);
+            std::string finish_reason =
+                FinishReasonText(done[i].finish_reason(), filter.stopped());
+            Json tool_calls = nullptr;
+            if (holdback) {
+              ToolCallReading reading = tool_reader->Read(holdback->text());
+              if (reading.calls.empty()) {
+                tail += holdback->held();  // not calls: the model's text
+              } else {
+                tool_calls = ToolCallsJson(reading.calls, /*streamed=*/true);
+                if (finish_reason == "stop") finish_reason = "tool_calls";
+              }
+            }
+            if (!tail.empty() || !tool_calls.is_null()) {
+              send(completion.Chunk(i, tail, nullptr, first, nullptr, std::move(tool_calls)));
+              first = false;
+            }
+            send(completion.Chunk(i, "", finish_reason, first));
           });
           if (client_gone) {
             spdlog::info("openai: {}: the client went away; request cancelled", completion.id);

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <variant>
@@ -73,8 +74,9 @@ class OpenAiServer {
   void Route();
   // A chat's messages rendered with the model's template and encoded: a chat completion's
   // prompt; or the error object (400 without a template or for messages it refuses).
+  // `tools`: each tool's JSON as the app sent it.
   std::variant<std::vector<int32_t>, OpenAiError> ChatPromptIds(
-      const std::vector<ChatMessage>& messages) const;
+      const std::vector<ChatMessage>& messages, std::span<const std::string> tools = {}) const;
 
   Agent* agent_;
   OpenAiServerOptions options_;

@@ -182,6 +182,7 @@ def run(base_url, cloud_metrics_url, agent_metrics_url, model_dir):
     choices(client, model, messages)
     json_answers(client, model, base_url, messages)
     json_schema_answers(client, model, messages)
+    tool_calls(client, model, messages)
 
     # A bad request: OpenAI's error object, the right status, the field named.
     expect_error("n=17", lambda: client.chat.completions.create(model=model, messages=messages,
@@ -431,6 +432,118 @@ def json_schema_answers(client, model, messages):
                              "code": {"type": "string", "pattern": "^[A-Z]{3}$"}}}}}),
                  openai.BadRequestError, 400, param="response_format")
     print(f"response_format json_schema: {json.dumps(answers[:3])}")
+
+
+def tool_calls(client, model, messages):
+    """tools: under tool_choice "required" or a named function every answer is calls whose
+    arguments satisfy their tool's parameters (as `jsonschema` judges them), while the same
+    seed's answer under "auto" is the toy model's text: it never saw a tool, so the calls are
+    the constraint's doing. Streamed, the same calls; sent back with their answers, the next
+    turn reads them; a Pydantic model's tool through the client's own parse()."""
+    # Biased as for JSON answers, and towards the end of sequence (</s>, id 2), which the
+    # constraint allows only after a whole call: one call, then the end.
+    quote, close = 3 + ord('"'), 3 + ord('}')
+    bias = {str(quote): 12, str(close): 12, "2": 8}
+    weather = {"type": "object",
+               "properties": {"city": {"type": "string", "maxLength": 12},
+                              "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+               "required": ["city", "days"], "additionalProperties": False}
+    clock = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
+             "required": ["zone"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+                                               "parameters": weather, "strict": True}},
+             {"type": "function", "function": {"name": "get_time", "parameters": clock}}]
+    schemas = {"get_weather": weather, "get_time": clock}
+
+    def check_calls(what, message):
+        check(message.tool_calls, f"{what}: no tool calls: {message!r}")
+        for call in message.tool_calls:
+            check_eq(f"{what}: call type", call.type, "function")
+            check(call.id.startswith("call_") and len(call.id) == 29, f"{what}: id {call.id!r}")
+            check(call.function.name in schemas, f"{what}: called {call.function.name!r}")
+            try:
+                jsonschema.validate(json.loads(call.function.arguments),
+                                    schemas[call.function.name])
+            except (ValueError, jsonschema.ValidationError) as e:
+                raise Mismatch(f"{what}: arguments {call.function.arguments!r}: {e}")
+        return [(c.function.name, c.function.arguments) for c in message.tool_calls]
+
+    required = []
+    for seed in range(4):
+        answer = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=400, temperature=1.0, seed=seed,
+            logit_bias=bias, tools=tools, tool_choice="required")
+        choice = answer.choices[0]
+        check_eq(f"seed {seed}: finish_reason", choice.finish_reason, "tool_calls")
+        required.append(check_calls(f"seed {seed}", choice.message))
+        free = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=400, temperature=1.0, seed=seed,
+            logit_bias=bias, tools=tools)
+        check(not free.choices[0].message.tool_calls and free.choices[0].message.content,
+              f"seed {seed}: the toy model called a tool unconstrained: {free.choices[0]!r}")
+    check(len(set(map(tuple, required))) > 2, f"the seeds' calls are alike: {required}")
+
+    # A named function: one call, of it; parallel_tool_calls false: one call.
+    named = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=400, temperature=1.0, seed=1,
+        logit_bias=bias, tools=tools,
+        tool_choice={"type": "function", "function": {"name": "get_time"}})
+    calls = check_calls("named function", named.choices[0].message)
+    check_eq("named function: calls", [name for name, _ in calls], ["get_time"])
+    single = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=400, temperature=1.0, seed=2,
+        logit_bias={str(quote): 12, str(close): 12}, tools=tools, tool_choice="required",
+        parallel_tool_calls=False)
+    check_eq("parallel_tool_calls false: calls",
+             len(check_calls("parallel_tool_calls false", single.choices[0].message)), 1)
+
+    # Streamed: the same calls, in a delta of their own.
+    stream = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=400, temperature=1.0, seed=0,
+        logit_bias=bias, tools=tools, tool_choice="required", stream=True)
+    streamed, finish = {}, None
+    with stream:
+        for chunk in stream:
+            for choice in chunk.choices:
+                for delta in choice.delta.tool_calls or []:
+                    name, arguments = streamed.get(delta.index, ("", ""))
+                    streamed[delta.index] = (name + (delta.function.name or ""),
+                                             arguments + (delta.function.arguments or ""))
+                finish = choice.finish_reason or finish
+    check_eq("streamed calls", [streamed[k] for k in sorted(streamed)], required[0])
+    check_eq("streamed finish_reason", finish, "tool_calls")
+
+    # The next turn: the answer's message as the client returned it, and each call's answer.
+    first = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=400, temperature=1.0, seed=0,
+        logit_bias=bias, tools=tools, tool_choice="required")
+    turn2 = messages + [first.choices[0].message] + [
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}
+        for call in first.choices[0].message.tool_calls]
+    second = client.chat.completions.create(model=model, messages=turn2, max_tokens=8,
+                                            temperature=0, tools=tools)
+    check(second.usage.prompt_tokens > first.usage.prompt_tokens + 5,
+          f"turn 2 prompt_tokens {second.usage.prompt_tokens}, turn 1 "
+          f"{first.usage.prompt_tokens}")
+
+    # A Pydantic model as the tool, strict, through parse(): its arguments come back parsed.
+    class GetForecast(pydantic.BaseModel):
+        city: str = pydantic.Field(max_length=12)
+        days: int = pydantic.Field(ge=1, le=7)
+
+    parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
+    parsed = parse(model=model, messages=messages, max_tokens=400, temperature=1.0, seed=5,
+                   logit_bias=bias, tools=[openai.pydantic_function_tool(GetForecast)],
+                   tool_choice="required")
+    arguments = parsed.choices[0].message.tool_calls[0].function.parsed_arguments
+    check(isinstance(arguments, GetForecast), f"parse() gave {arguments!r}")
+
+    expect_error("tool_choice naming no tool",
+                 lambda: client.chat.completions.create(
+                     model=model, messages=messages, tools=tools,
+                     tool_choice={"type": "function", "function": {"name": "launch"}}),
+                 openai.BadRequestError, 400, param="tool_choice")
+    print(f"tool calls: {json.dumps(required[:2])}")
 
 
 def choices(client, model, messages):

@@ -1,5 +1,6 @@
 #include "models/tokenizers/chat_template.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <system_error>
@@ -7,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 
 namespace tophat {
@@ -76,6 +78,116 @@ bool Contains(std::string_view text, std::string_view part) {
   return text.find(part) != std::string_view::npos;
 }
 
+// Python's json.dumps(value, ensure_ascii=False, indent=indent) (transformers' tojson filter):
+// ", " and ": " between items when compact (indent < 0), a newline and `indent` spaces a
+// level otherwise. Scalars are written as nlohmann writes them, which for the values a
+// request holds is how Python writes them. Request bodies nest at most 256 deep
+// (kMaxRequestNesting), so the recursion is bounded.
+void AppendPythonJson(const nlohmann::ordered_json& value, int indent, int level,
+                      std::string& out) {
+  const bool object = value.is_object();
+  if (!object && !value.is_array()) {
+    out += value.dump(-1, ' ', /*ensure_ascii=*/false,
+                      nlohmann::ordered_json::error_handler_t::replace);
+    return;
+  }
+  if (value.empty()) {
+    out += object ? "{}" : "[]";
+    return;
+  }
+  const std::string inner =
+      indent < 0 ? "" : "\n" + std::string(static_cast<size_t>(indent * (level + 1)), ' ');
+  out += object ? '{' : '[';
+  bool first = true;
+  for (auto it = value.begin(); it != value.end(); ++it) {
+    if (!first) out += indent < 0 ? ", " : ",";
+    first = false;
+    out += inner;
+    if (object) {
+      out += nlohmann::ordered_json(it.key()).dump(-1, ' ', false,
+                                                  nlohmann::ordered_json::error_handler_t::replace);
+      out += ": ";
+    }
+    AppendPythonJson(*it, indent, level + 1, out);
+  }
+  if (indent >= 0) out += "\n" + std::string(static_cast<size_t>(indent * level), ' ');
+  out += object ? '}' : ']';
+}
+
+std::string PythonJson(const nlohmann::ordered_json& value, int indent = -1) {
+  std::string out;
+  AppendPythonJson(value, indent, 0, out);
+  return out;
+}
+
+// A JSON text of the request's (a tool, a call's arguments) as the template writes it; the
+// text was checked when the request was read, so a failure here names `what` for the log.
+absl::StatusOr<std::string> PythonJsonText(std::string_view text, int indent,
+                                           std::string_view what) {
+  const auto value = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded()) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(what), " is not JSON"));
+  }
+  return PythonJson(value, indent);
+}
+
+// Each family's call layout, as its template renders a past call (the model was trained to
+// write the same).
+ToolCallSyntax HermesSyntax() {
+  return {.open = "<tool_call>\n{\"name\": \"",
+          .between = "\", \"arguments\": ",
+          .close = "}\n</tool_call>",
+          .separator = "\n",
+          .start_tag = "<tool_call>",
+          .end_tag = "</tool_call>",
+          .arguments_key = "arguments"};
+}
+ToolCallSyntax Llama31Syntax() {
+  return {.open = "{\"name\": \"",
+          .between = "\", \"parameters\": ",
+          .close = "}",
+          .separator = std::nullopt,
+          .start_tag = "",
+          .end_tag = "",
+          .arguments_key = "parameters"};
+}
+ToolCallSyntax ToySyntax() {
+  return {.open = "<tool_call>{\"name\": \"",
+          .between = "\", \"arguments\": ",
+          .close = "}</tool_call>",
+          .separator = " ",
+          .start_tag = "<tool_call>",
+          .end_tag = "</tool_call>",
+          .arguments_key = "arguments"};
+}
+
+// One call in `syntax`, its arguments as the template writes them (tojson).
+absl::StatusOr<std::string> RenderCall(const ToolCallSyntax& syntax, const ToolCall& call,
+                                       size_t message, size_t index) {
+  auto arguments = PythonJsonText(
+      call.arguments, -1, absl::StrCat("messages[", message, "].tool_calls[", index, "].function.arguments"));
+  if (!arguments.ok()) return arguments.status();
+  return absl::StrCat(syntax.open, call.name, syntax.between, *arguments, syntax.close);
+}
+
+// Llama 3.1's and Qwen2.5's instructions, as their templates write them; also how they are
+// recognised.
+constexpr std::string_view kLlama31ToolPrompt =
+    "Given the following functions, please respond with a JSON for a function call with its "
+    "proper arguments that best answers the given prompt.\n\nRespond in the format "
+    "{\"name\": function name, \"parameters\": dictionary of argument name and its "
+    "value}.Do not use variables.\n\n";
+constexpr std::string_view kLlama31ToolMarker = "Given the following functions, please respond";
+constexpr std::string_view kHermesToolHeader =
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
+constexpr std::string_view kHermesToolFooter =
+    "\n</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+    "<function-name>, \"arguments\": <args-json-object>}\n</tool_call>";
+constexpr std::string_view kHermesToolMarker =
+    "You may call one or more functions to assist with the user query.";
+
 absl::Status BadMessage(size_t index, std::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("messages[", index, "]: ", std::string(what)));
 }
@@ -143,18 +255,21 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Load(const std::filesystem::path& dir
 absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
                                                       std::string_view origin) {
   if (Contains(source, kToyMarker)) {
-    return ChatTemplate(ChatFamily::kToy, "", false, true);
+    return ChatTemplate(ChatFamily::kToy, "", false, true, /*tools=*/true);
   }
   if (Contains(source, "<|start_header_id|>") &&
       Contains(source, "<|end_header_id|>") && Contains(source, "<|eot_id|>")) {
-    return ChatTemplate(ChatFamily::kLlama3, "",
-                        Contains(source, "Cutting Knowledge Date"), true);
+    const bool llama31 = Contains(source, "Cutting Knowledge Date");
+    return ChatTemplate(ChatFamily::kLlama3, "", llama31, true,
+                        llama31 && Contains(source, kLlama31ToolMarker));
   }
   if (Contains(source, "<|im_start|>") && Contains(source, "<|im_end|>")) {
-    return ChatTemplate(ChatFamily::kChatMl, ChatMlDefaultSystem(source), false, true);
+    // Qwen3's template writes the same instructions in another layout (and thinks).
+    return ChatTemplate(ChatFamily::kChatMl, ChatMlDefaultSystem(source), false, true,
+                        Contains(source, kHermesToolMarker) && !Contains(source, "<think>"));
   }
   if (Contains(source, "[INST]") && Contains(source, "[/INST]")) {
-    return ChatTemplate(ChatFamily::kMistral, "", false, Contains(source, "system"));
+    return ChatTemplate(ChatFamily::kMistral, "", false, Contains(source, "system"), false);
   }
   return absl::InvalidArgumentError(absl::StrCat(
       std::string(origin),
@@ -176,11 +291,54 @@ std::optional<std::string> ChatTemplate::end_of_turn() const {
   return std::nullopt;
 }
 
-absl::StatusOr<RenderedChat> ChatTemplate::Render(std::span<const ChatMessage> messages) const {
+std::optional<ToolCallSyntax> ChatTemplate::tool_call_syntax() const {
+  if (!tools_) return std::nullopt;
+  switch (family_) {
+    case ChatFamily::kLlama3:
+      return Llama31Syntax();
+    case ChatFamily::kChatMl:
+      return HermesSyntax();
+    case ChatFamily::kToy:
+      return ToySyntax();
+    case ChatFamily::kMistral:
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<RenderedChat> ChatTemplate::Render(std::span<const ChatMessage> messages,
+                                                  std::span<const std::string> tools) const {
   RenderedChat chat;
+  bool any_tool = !tools.empty();
   for (size_t i = 0; i < messages.size(); ++i) {
     if (messages[i].role.empty()) return BadMessage(i, "role is empty");
+    any_tool = any_tool || !messages[i].tool_calls.empty() || messages[i].role == "tool";
   }
+  const std::optional<ToolCallSyntax> syntax = tool_call_syntax();
+  if (any_tool && !syntax) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tools: this model's chat template (", std::string(ChatFamilyName(family_)),
+        ") has no tool-call layout tophat renders (Llama 3.1's and Qwen2.5's do); tools, "
+        "tool calls and tool messages are refused rather than written in a guessed layout"));
+  }
+  std::vector<std::string> tool_texts;
+  for (size_t t = 0; t < tools.size(); ++t) {
+    // Llama 3.1 writes each tool indented by 4, the others compact.
+    auto text = PythonJsonText(tools[t], family_ == ChatFamily::kLlama3 ? 4 : -1,
+                               absl::StrCat("tools[", t, "]"));
+    if (!text.ok()) return text.status();
+    tool_texts.push_back(*std::move(text));
+  }
+  // An assistant's calls, joined as the family joins them.
+  const auto calls_text = [&](size_t i, std::string_view before) -> absl::StatusOr<std::string> {
+    std::string out;
+    for (size_t c = 0; c < messages[i].tool_calls.size(); ++c) {
+      auto call = RenderCall(*syntax, messages[i].tool_calls[c], i, c);
+      if (!call.ok()) return call.status();
+      absl::StrAppend(&out, c == 0 ? std::string(before) : *syntax->separator, *call);
+    }
+    return out;
+  };
   switch (family_) {
     case ChatFamily::kLlama3: {
       chat.bos = true;
@@ -195,14 +353,45 @@ absl::StatusOr<RenderedChat> ChatTemplate::Render(std::span<const ChatMessage> m
         AddSpecial(chat, "<|start_header_id|>");
         AddText(chat, "system");
         AddSpecial(chat, "<|end_header_id|>");
-        AddText(chat, absl::StrCat("\n\n", std::string(kLlama31Preamble), system));
+        AddText(chat, absl::StrCat("\n\n", tools.empty() ? "" : "Environment: ipython\n",
+                                   std::string(kLlama31Preamble), system));
         AddSpecial(chat, "<|eot_id|>");
       }
-      for (size_t i = first; i < messages.size(); ++i) {
+      if (!tools.empty()) {
+        // The tools go into the first message after the system's, under a user header.
+        if (first == messages.size()) {
+          return absl::InvalidArgumentError(
+              "tools: Llama 3.1's template puts them in the first user message, and there is "
+              "none");
+        }
+        std::string text(kLlama31ToolPrompt);
+        for (const std::string& tool : tool_texts) absl::StrAppend(&text, tool, "\n\n");
         AddSpecial(chat, "<|start_header_id|>");
-        AddText(chat, messages[i].role);
+        AddText(chat, "user");
         AddSpecial(chat, "<|end_header_id|>");
-        AddText(chat, absl::StrCat("\n\n", Trim(messages[i].content)));
+        AddText(chat, absl::StrCat("\n\n", text, Trim(messages[first].content)));
+        AddSpecial(chat, "<|eot_id|>");
+        ++first;
+      }
+      for (size_t i = first; i < messages.size(); ++i) {
+        std::string role = messages[i].role;
+        std::string content = absl::StrCat("\n\n", Trim(messages[i].content));
+        if (!messages[i].tool_calls.empty()) {
+          if (messages[i].tool_calls.size() != 1) {
+            return BadMessage(i, "Llama 3.1's template takes one tool call a message");
+          }
+          auto call = calls_text(i, "");
+          if (!call.ok()) return call.status();
+          content = absl::StrCat("\n\n", *call);
+        } else if (role == "tool") {
+          // The template writes a string answer with tojson, quoted.
+          role = "ipython";
+          content = absl::StrCat("\n\n", PythonJson(nlohmann::ordered_json(messages[i].content)));
+        }
+        AddSpecial(chat, "<|start_header_id|>");
+        AddText(chat, role);
+        AddSpecial(chat, "<|end_header_id|>");
+        AddText(chat, content);
         AddSpecial(chat, "<|eot_id|>");
       }
       AddSpecial(chat, "<|start_header_id|>");
@@ -212,15 +401,48 @@ absl::StatusOr<RenderedChat> ChatTemplate::Render(std::span<const ChatMessage> m
       return chat;
     }
     case ChatFamily::kChatMl: {
-      if (!default_system_.empty() && (messages.empty() || messages[0].role != "system")) {
+      const bool leading_system = !messages.empty() && messages[0].role == "system";
+      if (!tools.empty()) {
+        // Qwen2.5: the tools follow the system message (or the default) in one turn.
+        std::string text = absl::StrCat(
+            "system\n", leading_system ? messages[0].content : default_system_,
+            std::string(kHermesToolHeader));
+        for (const std::string& tool : tool_texts) absl::StrAppend(&text, "\n", tool);
+        text += std::string(kHermesToolFooter);
+        AddSpecial(chat, "<|im_start|>");
+        AddText(chat, text);
+        AddSpecial(chat, "<|im_end|>");
+        AddText(chat, "\n");
+      } else if (!default_system_.empty() && !leading_system) {
         AddSpecial(chat, "<|im_start|>");
         AddText(chat, absl::StrCat("system\n", default_system_));
         AddSpecial(chat, "<|im_end|>");
         AddText(chat, "\n");
       }
-      for (const ChatMessage& message : messages) {
+      for (size_t i = !tools.empty() && leading_system ? 1 : 0; i < messages.size(); ++i) {
+        const ChatMessage& message = messages[i];
+        if (message.role == "tool") {
+          // A run of answers shares one user turn.
+          if (i == 0 || messages[i - 1].role != "tool") {
+            AddSpecial(chat, "<|im_start|>");
+            AddText(chat, "user");
+          }
+          AddText(chat, absl::StrCat("\n<tool_response>\n", message.content, "\n</tool_response>"));
+          if (i + 1 == messages.size() || messages[i + 1].role != "tool") {
+            AddSpecial(chat, "<|im_end|>");
+            AddText(chat, "\n");
+          }
+          continue;
+        }
         AddSpecial(chat, "<|im_start|>");
-        AddText(chat, absl::StrCat(message.role, "\n", message.content));
+        if (message.tool_calls.empty()) {
+          AddText(chat, absl::StrCat(message.role, "\n", message.content));
+        } else {
+          auto calls = calls_text(i, "\n");
+          if (!calls.ok()) return calls.status();
+          AddText(chat, absl::StrCat(message.role, message.content.empty() ? "" : "\n",
+                                     message.content, *calls));
+        }
         AddSpecial(chat, "<|im_end|>");
         AddText(chat, "\n");
       }
@@ -269,8 +491,14 @@ absl::StatusOr<RenderedChat> ChatTemplate::Render(std::span<const ChatMessage> m
       return chat;
     }
     case ChatFamily::kToy: {
-      for (const ChatMessage& message : messages) {
-        AddText(chat, absl::StrCat(message.role, ": ", message.content, "\n"));
+      // tophat's own layout: the tools on a line of their own, calls in the toy's syntax.
+      if (!tools.empty()) {
+        AddText(chat, absl::StrCat("tools: [", absl::StrJoin(tool_texts, ", "), "]\n"));
+      }
+      for (size_t i = 0; i < messages.size(); ++i) {
+        auto calls = calls_text(i, messages[i].content.empty() ? "" : " ");
+        if (!calls.ok()) return calls.status();
+        AddText(chat, absl::StrCat(messages[i].role, ": ", messages[i].content, *calls, "\n"));
       }
       AddText(chat, "assistant:");
       return chat;
@@ -305,6 +533,57 @@ absl::StatusOr<std::vector<int32_t>> EncodeChat(const Tokenizer& tokenizer,
     ids.insert(ids.end(), text->begin(), text->end());
   }
   return ids;
+}
+
+namespace {
+
+// One call's JSON object: {"name": one of `names`, arguments_key (or "arguments"): {...}}.
+std::optional<ToolCall> ReadOneCall(std::string_view text, const ToolCallSyntax& syntax,
+                                    std::span<const std::string> names) {
+  const auto value = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!value.is_object() || !value.contains("name") || !value["name"].is_string()) {
+    return std::nullopt;
+  }
+  const std::string name = value["name"].get<std::string>();
+  if (std::find(names.begin(), names.end(), name) == names.end()) return std::nullopt;
+  auto arguments = value.find(syntax.arguments_key);
+  if (arguments == value.end()) arguments = value.find("arguments");
+  if (arguments == value.end() || !arguments->is_object()) return std::nullopt;
+  return ToolCall{.id = "",
+                  .name = name,
+                  .arguments = arguments->dump(-1, ' ', false,
+                                               nlohmann::ordered_json::error_handler_t::replace)};
+}
+
+}  // namespace
+
+ToolCallReading ReadToolCalls(std::string_view text, const ToolCallSyntax& syntax,
+                              std::span<const std::string> names) {
+  ToolCallReading none{.content = std::string(text), .calls = {}};
+  if (syntax.start_tag.empty()) {
+    // The whole answer is one call, or none.
+    std::optional<ToolCall> call = ReadOneCall(Trim(text), syntax, names);
+    if (!call) return none;
+    return ToolCallReading{.content = "", .calls = {*std::move(call)}};
+  }
+  size_t at = text.find(syntax.start_tag);
+  if (at == std::string_view::npos) return none;
+  ToolCallReading reading{.content = Trim(text.substr(0, at)), .calls = {}};
+  while (at != std::string_view::npos) {
+    const size_t body = at + syntax.start_tag.size();
+    const size_t end = text.find(syntax.end_tag, body);
+    if (end == std::string_view::npos) return none;
+    std::optional<ToolCall> call = ReadOneCall(text.substr(body, end - body), syntax, names);
+    if (!call) return none;
+    reading.calls.push_back(*std::move(call));
+    const size_t after = end + syntax.end_tag.size();
+    at = text.find(syntax.start_tag, after);
+    // Between and after the calls only whitespace: anything else is not a list of calls.
+    const std::string_view rest =
+        text.substr(after, at == std::string_view::npos ? std::string_view::npos : at - after);
+    if (!Trim(rest).empty()) return none;
+  }
+  return reading;
 }
 
 }  // namespace tophat

@@ -9,6 +9,11 @@
 //             message written literally in the template is used)
 //   Mistral   <s>[INST] user [/INST]assistant</s>
 //   toy       the toy model's own plain-text template (`tophat toy-model`)
+// Tools (OpenAI's tools, an assistant's tool_calls, "tool" messages) in the layouts of the two
+// templates that define one, recognised by the instructions they write: Llama 3.1's JSON
+// calls (tools in the first user message, one call a turn, answers as "ipython") and
+// Qwen2.5's <tool_call> tags (tools in the system message, several calls a turn); and the
+// toy model's. Other templates refuse tools rather than guess a layout.
 // Anything else is an error naming the file: guessing a format silently degrades answers.
 //
 // The result keeps the template's control tokens apart from the text: content that spells
@@ -31,9 +36,35 @@ namespace tophat {
 enum class ChatFamily { kLlama3, kChatMl, kMistral, kToy };
 std::string_view ChatFamilyName(ChatFamily family);
 
+// A call the assistant made to one of the request's tools (OpenAI's tool_calls[i]).
+struct ToolCall {
+  std::string id;         // "call_..."; the tool's answer names it (tool_call_id)
+  std::string name;       // the function's
+  std::string arguments;  // a JSON object, as text
+};
+
 struct ChatMessage {
-  std::string role;  // "system", "user", "assistant"
+  std::string role;  // "system", "user", "assistant", "tool"
   std::string content;
+  std::vector<ToolCall> tool_calls;  // an assistant's calls (content may then be empty)
+  std::string tool_call_id;          // a tool's answer: the call it answers
+};
+
+// How a family's model writes a tool call, as its template renders past calls: one call is
+// `open + name + between + arguments (a JSON object) + close`, and several calls in one
+// answer are joined by `separator` (nullopt: one call an answer). A tool's name is 1 to 64
+// of [A-Za-z0-9_-], so it needs no escaping. For reading what a model wrote freely
+// (tool_choice "auto"): a call starts at `start_tag` and ends at `end_tag` in the answer's
+// text (both empty: the whole answer is one call, a JSON object), and its arguments are
+// under `arguments_key`.
+struct ToolCallSyntax {
+  std::string open;
+  std::string between;
+  std::string close;
+  std::optional<std::string> separator;
+  std::string start_tag;
+  std::string end_tag;
+  std::string arguments_key;
 };
 
 // A rendered conversation: text, and the template's control tokens between runs of it.
@@ -65,9 +96,17 @@ class ChatTemplate {
   ChatFamily family() const { return family_; }
 
   // `messages` followed by the opening of the assistant's turn (Hugging Face's
-  // add_generation_prompt). INVALID_ARGUMENT naming the message (messages[i]) for a role the
-  // family has no place for, or an order it does not allow.
-  absl::StatusOr<RenderedChat> Render(std::span<const ChatMessage> messages) const;
+  // add_generation_prompt), with `tools` (each an OpenAI tool, {"type": "function",
+  // "function": {...}}, as JSON text whose key order is kept: the template writes it as
+  // Python's json.dumps would, as transformers' tojson does). INVALID_ARGUMENT naming the
+  // message (messages[i]) for a role the family has no place for, or an order it does not
+  // allow; naming tools for a family without a tool layout.
+  absl::StatusOr<RenderedChat> Render(std::span<const ChatMessage> messages,
+                                      std::span<const std::string> tools = {}) const;
+
+  // How this model writes a tool call; nullopt where its template has no tool layout tophat
+  // renders.
+  std::optional<ToolCallSyntax> tool_call_syntax() const;
 
   // The control token that ends an assistant turn ("<|eot_id|>", "<|im_end|>"); nullopt where
   // the tokenizer's EOS does (Mistral) or the family has none (toy).
@@ -75,17 +114,33 @@ class ChatTemplate {
 
  private:
   ChatTemplate(ChatFamily family, std::string default_system, bool llama31_header,
-               bool system_role)
+               bool system_role, bool tools)
       : family_(family),
         default_system_(std::move(default_system)),
         llama31_header_(llama31_header),
-        system_role_(system_role) {}
+        system_role_(system_role),
+        tools_(tools) {}
 
   ChatFamily family_;
   std::string default_system_;   // ChatML: system message used when none is given
   bool llama31_header_ = false;  // Llama 3.1: the "Cutting Knowledge Date" system header
   bool system_role_ = true;      // Mistral: whether the template places a system message
+  bool tools_ = false;           // the template has a tool layout tophat renders
 };
+
+// What an answer says once its tool calls are read out (OpenAI's message.content and
+// message.tool_calls).
+struct ToolCallReading {
+  std::string content;  // the text outside the calls
+  std::vector<ToolCall> calls;  // ids left empty: the caller names them
+};
+// Reads the calls a model wrote in `syntax` from its answer's `text` (tool_choice "auto":
+// the model chose freely). Each call must be a JSON object naming one of `names` with an
+// object of arguments; if any fails to read, the whole text is content and there are no
+// calls (the model wrote something else), as vLLM's parsers do. Arguments come back as
+// compact JSON, their key order kept.
+ToolCallReading ReadToolCalls(std::string_view text, const ToolCallSyntax& syntax,
+                              std::span<const std::string> names);
 
 // Token ids of a rendered conversation: BOS (if the template begins with it), each control
 // token by its spelling in the vocabulary, and each run of text encoded as plain text.

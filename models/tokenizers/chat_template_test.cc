@@ -158,7 +158,7 @@ TEST_CASE("Mistral alternates user and assistant, and refuses what its template 
             .ToString() == "[INST] a [/INST]b</s>[INST] s\n\nc [/INST]");
   auto tool = mistral.Render(std::vector<ChatMessage>{{"tool", "x"}});
   REQUIRE_FALSE(tool.ok());
-  CHECK_THAT(std::string(tool.status().message()), Catch::Contains("\"tool\""));
+  CHECK_THAT(std::string(tool.status().message()), Catch::Contains("tool messages"));
 }
 
 TEST_CASE("The toy template is plain text") {
@@ -228,6 +228,193 @@ TEST_CASE("ChatTemplate::Load reads tokenizer_config.json and names it in errors
   auto unknown = ChatTemplate::Load(dir.path());
   REQUIRE_FALSE(unknown.ok());
   CHECK_THAT(std::string(unknown.status().message()), Catch::Contains("tokenizer_config.json"));
+}
+
+// The instructions by which the tool layouts are recognised, as the real templates write them
+// (each inside one Jinja string there).
+const std::string kLlama31ToolsSource =
+    std::string(kLlama31Source) +
+    "{{- \"Given the following functions, please respond with a JSON for a function call \" }}";
+const std::string kQwen25ToolsSource =
+    std::string(kQwen25Source) +
+    "{{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user "
+    "query.\\n\\n\" }}";
+
+// A tool as an app sends it, keys in its order (not sorted), and a call to it.
+const std::string kWeatherTool =
+    R"({"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", )"
+    R"("parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}})";
+ChatMessage Calls(std::vector<std::string> cities) {
+  ChatMessage message{.role = "assistant", .content = ""};
+  for (const std::string& city : cities) {
+    message.tool_calls.push_back({.id = "call_" + city,
+                                  .name = "get_weather",
+                                  .arguments = R"({"city":")" + city + "\"}"});
+  }
+  return message;
+}
+ChatMessage Answer(std::string content, std::string id) {
+  return {.role = "tool", .content = std::move(content), .tool_call_id = std::move(id)};
+}
+
+TEST_CASE("Only the templates with a tool layout tophat renders take tools") {
+  CHECK(Make(kLlama31ToolsSource.c_str()).tool_call_syntax().has_value());
+  CHECK(Make(kQwen25ToolsSource.c_str()).tool_call_syntax().has_value());
+  CHECK(Make(std::string(kToyChatTemplateSource).c_str()).tool_call_syntax().has_value());
+  // Llama 3.1 without its instructions, Llama 3, Qwen2, Qwen3 (the same instructions, another
+  // layout) and Mistral have none.
+  CHECK_FALSE(Make(kLlama31Source).tool_call_syntax().has_value());
+  CHECK_FALSE(Make(kLlama3Source).tool_call_syntax().has_value());
+  CHECK_FALSE(Make(kQwen2Source).tool_call_syntax().has_value());
+  CHECK_FALSE(Make((kQwen25ToolsSource + "{{- '<think>' }}").c_str()).tool_call_syntax().has_value());
+  CHECK_FALSE(Make(kMistralSource).tool_call_syntax().has_value());
+
+  const std::vector<std::string> tools = {kWeatherTool};
+  for (const char* source : {kLlama3Source, kQwen2Source, kMistralSource}) {
+    auto refused = Make(source).Render(std::vector<ChatMessage>{{"user", "hi"}}, tools);
+    REQUIRE_FALSE(refused.ok());
+    CHECK_THAT(std::string(refused.status().message()),
+               Catch::StartsWith("tools:") && Catch::Contains("no tool-call layout"));
+    // A conversation that holds a call or an answer is refused the same way.
+    auto answer = Make(source).Render(std::vector<ChatMessage>{{"user", "hi"}, Calls({"Oslo"})});
+    CHECK_FALSE(answer.ok());
+  }
+}
+
+TEST_CASE("Llama 3.1 writes tools into the first user message, a call as JSON and an answer as "
+          "ipython, as its template does") {
+  const ChatTemplate llama = Make(kLlama31ToolsSource.c_str());
+  const std::vector<std::string> tools = {kWeatherTool};
+  auto rendered = llama.Render(
+      std::vector<ChatMessage>{{"system", "Be brief."}, {"user", " Weather in Paris? "},
+                               Calls({"Paris"}), Answer("22 \"C\"", "call_Paris")},
+      tools);
+  INFO(rendered.status().ToString());
+  REQUIRE(rendered.ok());
+  // tojson(indent=4) of the tool, keys in the app's order; the answer a JSON string.
+  CHECK(rendered->ToString() ==
+        "<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n"
+        "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\nBe brief.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please "
+        "respond with a JSON for a function call with its proper arguments that best answers "
+        "the given prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": "
+        "dictionary of argument name and its value}.Do not use variables.\n\n"
+        "{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"get_weather\",\n"
+        "        \"description\": \"Weather in a city\",\n        \"parameters\": {\n"
+        "            \"type\": \"object\",\n            \"properties\": {\n"
+        "                \"city\": {\n                    \"type\": \"string\"\n"
+        "                }\n            },\n            \"required\": [\n"
+        "                \"city\"\n            ]\n        }\n    }\n}\n\n"
+        "Weather in Paris?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+        "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}<|eot_id|>"
+        "<|start_header_id|>ipython<|end_header_id|>\n\n\"22 \\\"C\\\"\"<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  CHECK(Specials(*rendered).size() == 14);  // 3 per turn, 2 opening the answer
+
+  // One call a message; a call's arguments must be JSON.
+  auto two = llama.Render(std::vector<ChatMessage>{{"user", "x"}, Calls({"Oslo", "Rome"})});
+  REQUIRE_FALSE(two.ok());
+  CHECK_THAT(std::string(two.status().message()),
+             Catch::StartsWith("messages[1]") && Catch::Contains("one tool call"));
+  ChatMessage broken = Calls({"Oslo"});
+  broken.tool_calls[0].arguments = "{\"city\":";
+  auto bad = llama.Render(std::vector<ChatMessage>{{"user", "x"}, broken});
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(std::string(bad.status().message()),
+             Catch::Contains("messages[1].tool_calls[0].function.arguments"));
+  // Tools need a first user message to go into.
+  auto alone = llama.Render(std::vector<ChatMessage>{{"system", "s"}}, tools);
+  CHECK_FALSE(alone.ok());
+}
+
+TEST_CASE("Qwen2.5 writes tools into the system turn, calls in <tool_call> tags and a run of "
+          "answers as one user turn, as its template does") {
+  const ChatTemplate qwen = Make(kQwen25ToolsSource.c_str());
+  const std::vector<std::string> tools = {kWeatherTool};
+  auto rendered = qwen.Render(
+      std::vector<ChatMessage>{{"user", "Weather in Paris and Rome?"},
+                               Calls({"Paris", "Rome"}), Answer("22 C", "call_Paris"),
+                               Answer("25 C", "call_Rome")},
+      tools);
+  INFO(rendered.status().ToString());
+  REQUIRE(rendered.ok());
+  CHECK(rendered->ToString() ==
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+        "assistant.\n\n# Tools\n\nYou may call one or more functions to assist with the user "
+        "query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n"
+        "<tools>\n" + kWeatherTool +
+        "\n</tools>\n\nFor each function call, return a json object with function name and "
+        "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+        "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
+        "<|im_start|>user\nWeather in Paris and Rome?<|im_end|>\n"
+        "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+        "{\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", "
+        "\"arguments\": {\"city\": \"Rome\"}}\n</tool_call><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n22 C\n</tool_response>\n<tool_response>\n25 C\n"
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n");
+  // A system message of the caller's replaces the default, before the tools.
+  auto system = qwen.Render(std::vector<ChatMessage>{{"system", "Be brief."}, {"user", "x"}}, tools);
+  REQUIRE(system.ok());
+  CHECK(system->ToString().starts_with("<|im_start|>system\nBe brief.\n\n# Tools\n"));
+  CHECK(system->ToString().find("Be brief.", 30) == std::string::npos);
+
+  // What the model writes for a call is what the template renders for one.
+  const ToolCallSyntax syntax = *qwen.tool_call_syntax();
+  CHECK(rendered->ToString().find("assistant\n" + syntax.open + "get_weather" + syntax.between +
+                                  "{\"city\": \"Paris\"}" + syntax.close + *syntax.separator +
+                                  syntax.open) != std::string::npos);
+}
+
+TEST_CASE("Tool calls are read back from what a model wrote, or the whole text is content") {
+  const std::vector<std::string> names = {"get_weather", "get_time"};
+  const ToolCallSyntax hermes = *Make(kQwen25ToolsSource.c_str()).tool_call_syntax();
+  ToolCallReading read = ReadToolCalls(
+      "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Paris\", \"days\": 2}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", "
+      "\"arguments\": {}}\n</tool_call>\n",
+      hermes, names);
+  CHECK(read.content == "Let me look.");
+  REQUIRE(read.calls.size() == 2);
+  CHECK(read.calls[0].name == "get_weather");
+  CHECK(read.calls[0].arguments == R"({"city":"Paris","days":2})");  // key order kept
+  CHECK(read.calls[1].arguments == "{}");
+
+  for (const char* text : {
+           "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}\n"
+           "</tool_call>",                                                     // not JSON
+           "<tool_call>\n{\"name\": \"launch\", \"arguments\": {}}\n</tool_call>",  // no such tool
+           "<tool_call>\n{\"name\": \"get_time\", \"arguments\": []}\n</tool_call>",  // not an object
+           "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n",            // unclosed
+           "<tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call> and then text",
+       }) {
+    INFO(text);
+    read = ReadToolCalls(text, hermes, names);
+    CHECK(read.calls.empty());
+    CHECK(read.content == text);
+  }
+  CHECK(ReadToolCalls("It is sunny.", hermes, names).content == "It is sunny.");
+
+  const ToolCallSyntax llama = *Make(kLlama31ToolsSource.c_str()).tool_call_syntax();
+  read = ReadToolCalls(" {\"name\": \"get_time\", \"parameters\": {\"zone\": \"UTC\"}}\n",
+                       llama, names);
+  REQUIRE(read.calls.size() == 1);
+  CHECK(read.content.empty());
+  CHECK(read.calls[0].arguments == R"({"zone":"UTC"})");
+  CHECK(ReadToolCalls("{\"a\": 1}", llama, names).calls.empty());
+  CHECK(ReadToolCalls("It is {\"name\": \"get_time\"}", llama, names).calls.empty());
+}
+
+TEST_CASE("The toy template writes tools and calls in plain text, in its own syntax") {
+  const ChatTemplate toy = Make(std::string(kToyChatTemplateSource).c_str());
+  auto rendered = toy.Render(
+      std::vector<ChatMessage>{{"user", "weather?"}, Calls({"Oslo"}), Answer("cold", "call_Oslo")},
+      std::vector<std::string>{R"({"type": "function", "function": {"name": "get_weather"}})"});
+  REQUIRE(rendered.ok());
+  CHECK(rendered->ToString() ==
+        "tools: [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\"}}]\n"
+        "user: weather?\nassistant: <tool_call>{\"name\": \"get_weather\", \"arguments\": "
+        "{\"city\": \"Oslo\"}}</tool_call>\ntool: cold\nassistant:");
 }
 
 }  // namespace
