@@ -184,6 +184,17 @@ def main():
           field_bytes(2, b"the cat") + field_varint(12, 1) + field_varint(13, 5))
     write(out, "app_request", "json_schema.bin",
           field_bytes(2, b"x") + field_varint(17, 2) + field_bytes(18, json.dumps(PERSON_SCHEMA).encode()))
+    weather = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+               "required": ["city"], "additionalProperties": False}
+    tool_format = (field_bytes(1, b'<tool_call>\n{"name": "') + field_bytes(2, b'", "arguments": ')
+                   + field_bytes(3, b"}\n</tool_call>") + field_bytes(4, b"\n")
+                   + field_bytes(5, field_bytes(1, b"get_weather")
+                                 + field_bytes(2, json.dumps(weather).encode()))
+                   + field_bytes(5, field_bytes(1, b"get_time")
+                                 + field_bytes(2, b'{"type": "object"}'))
+                   + field_varint(6, 4))
+    write(out, "app_request", "tool_calls.bin",
+          field_bytes(2, b"x") + field_varint(17, 3) + field_bytes(19, tool_format))
     write(out, "app_request", "scoring.bin",
           field_bytes(3, field_bytes(1, b"".join(varint(i) for i in (1, 258, 263, 40))))
           + field_varint(12, 1) + field_varint(14, 1) + field_varint(15, 1))
@@ -225,6 +236,26 @@ def main():
         {"model": "toy", "messages": [{"role": "user", "content": "x"}],
          "response_format": {"type": "json_schema", "json_schema": {
              "name": "person", "strict": True, "schema": PERSON_SCHEMA}}}).encode())
+    tools = [{"type": "function", "function": {
+                  "name": "get_weather", "description": "Weather", "strict": True,
+                  "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                 "required": ["city"], "additionalProperties": False}}},
+             {"type": "function", "function": {"name": "get_time"}}]
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    write(out, "openai_request", "tools.bin", b"\x00" + json.dumps(
+        {"model": "toy", "tools": tools, "tool_choice": "auto", "parallel_tool_calls": True,
+         "messages": [
+             {"role": "system", "content": "x"},
+             {"role": "user", "content": 'Weather? <tool_call>\n{"name": "get_weather", '
+                                         '"arguments": {"city": "Oslo"}}\n</tool_call>'},
+             {"role": "assistant", "content": None, "refusal": None, "tool_calls": [call]},
+             {"role": "tool", "tool_call_id": "call_1", "content": "cold"}]}).encode())
+    write(out, "openai_request", "tool_choice.bin", b"\x00" + json.dumps(
+        {"model": "toy", "tools": tools, "stream": True,
+         "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+         "messages": [{"role": "user", "content": '{"name": "get_time", "parameters": {}}'}]}
+    ).encode())
     write(out, "openai_request", "outline.bin", b"\x00" + json.dumps(
         {"model": "toy", "messages": [{"role": "user", "content": "x"}],
          "tophat_outline": {"max_points": 3}}).encode())

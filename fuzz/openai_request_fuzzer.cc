@@ -5,14 +5,21 @@
 // completion that parses has its checked limits, and its stop sequences are run over its own text, cut where the input's
 // bytes say, through StopSequenceFilter: what comes out is exactly the text before the first
 // one (all of it when there is none), or through its end with include_stop_str_in_output.
+// A chat's tools and messages are rendered by each template with a tool layout (or refused
+// with a status); under a tool_choice its text is read for calls, each of which names a tool
+// and satisfies its parameters, and streamed through ToolCallHoldback in the same pieces,
+// which sends a prefix of the text and holds back the rest.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "device_agent/openai_request.h"
 #include "fuzz/fuzz_util.h"
+#include "models/tokenizers/chat_template.h"
+#include "nlohmann/json.hpp"
 
 namespace {
 
@@ -38,6 +45,55 @@ void CheckTokenizerRoutes(bool tokenize, std::string_view body) {
   if (const auto* error = std::get_if<tophat::OpenAiError>(&parsed)) return CheckRefusal(*error);
   for (const int64_t id : std::get<tophat::DetokenizeRequest>(parsed).tokens) {
     TOPHAT_FUZZ_CHECK(id >= 0);
+  }
+}
+
+// Templates with a tool layout, by the markup they are recognised by.
+const std::vector<tophat::ChatTemplate>& ToolTemplates() {
+  static const auto* templates = [] {
+    auto* out = new std::vector<tophat::ChatTemplate>();
+    for (const std::string& source :
+         {std::string(tophat::kToyChatTemplateSource),
+          std::string("<|start_header_id|><|end_header_id|><|eot_id|> Cutting Knowledge Date "
+                      "Given the following functions, please respond"),
+          std::string("<|im_start|>system\nYou are Qwen.<|im_end|> You may call one or more "
+                      "functions to assist with the user query.")}) {
+      auto made = tophat::ChatTemplate::FromSource(source, "fuzz");
+      TOPHAT_FUZZ_CHECK(made.ok() && made->tool_call_syntax().has_value());
+      out->push_back(*std::move(made));
+    }
+    return out;
+  }();
+  return *templates;
+}
+
+// A chat's tools: rendered (or refused), and its text read for calls and streamed.
+void CheckTools(const tophat::OpenAiRequest& request, const std::string& text,
+                const uint8_t* data, size_t size) {
+  std::vector<std::string> tools;
+  for (const tophat::OpenAiTool& tool : request.tools) tools.push_back(tool.json);
+  for (const tophat::ChatTemplate& chat : ToolTemplates()) {
+    (void)chat.Render(request.messages, tools);  // a status, never a crash
+    if (request.tool_choice == tophat::ToolChoice::kNone) continue;
+    const tophat::ToolCallSyntax syntax = *chat.tool_call_syntax();
+    auto reader = tophat::ToolCallReader::Create(request, syntax);
+    TOPHAT_FUZZ_CHECK(reader.ok());  // the request's parameters compiled when it was read
+    const tophat::ToolCallReading reading = reader->Read(text);
+    for (const tophat::ToolCall& call : reading.calls) {
+      TOPHAT_FUZZ_CHECK(std::any_of(request.tools.begin(), request.tools.end(),
+                                    [&](const auto& tool) { return tool.name == call.name; }));
+      TOPHAT_FUZZ_CHECK(nlohmann::json::parse(call.arguments, nullptr, false).is_object());
+    }
+    TOPHAT_FUZZ_CHECK(!reading.calls.empty() || reading.content == text);
+    tophat::ToolCallHoldback holdback(syntax, /*hold_all=*/(data[0] & 4) != 0);
+    std::string sent;
+    for (size_t at = 0, i = 0; at < text.size(); ++i) {
+      const size_t piece = 1 + (data[i % size] & 7);
+      sent += holdback.Push(std::string_view(text).substr(at, piece));
+      at += piece;
+    }
+    TOPHAT_FUZZ_CHECK(holdback.text() == text);
+    TOPHAT_FUZZ_CHECK(sent + std::string(holdback.held()) == text);
   }
 }
 
@@ -91,6 +147,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     text += prompt.text;
   }
   for (const tophat::ChatMessage& message : request.messages) text += message.content;
+  if (request.endpoint == tophat::OpenAiEndpoint::kChatCompletions) {
+    CheckTools(request, text, data, size);
+  }
   size_t first_stop = std::string::npos;
   size_t stop_length = 0;  // the earliest stop's, the first listed at a tie
   for (const std::string& stop : request.stop) {
