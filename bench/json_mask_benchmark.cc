@@ -5,7 +5,9 @@
 // is kept (inside a string, every token after the first): for any JSON object
 // (JsonConstraint) and for a JSON Schema's values (SchemaConstraint, a schema of every kind
 // of value with no undeclared keys, a string with a maxLength, whose masks are never kept from
-// one character to the next, and an integer and a number with bounds). The bound beside them is one pass
+// one character to the next, and an integer and a number with bounds), and for tool calls in
+// Qwen2.5's layout (ToolCallConstraint: its literals, a name along the tools' names, the
+// arguments under their tool's schema). The bound beside them is one pass
 // over the vocabulary's bytes, measured in the same run: the walk reads each token at least
 // once less what it shares with the token before. The vocabulary is a tokenizer's
 // (--tokenizer DIR: tokenizer.json or tokenizer.model) or a synthetic byte-level one of
@@ -13,6 +15,7 @@
 // digits, punctuation runs such as `":` and `},`, multi-byte characters). With --verify,
 // each mask is checked against trying every token on its own, and a difference fails the
 // run (the CTest smoke test).
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -29,6 +32,7 @@
 #include "base/program.h"
 #include "bench/bench_util.h"
 #include "models/grammar/json_constraint.h"
+#include "models/grammar/tool_call_grammar.h"
 #include "models/tokenizers/tokenizer.h"
 
 namespace tophat {
@@ -171,6 +175,31 @@ int Run(const Args& args) {
       {"bounds", "{\"year\": 19"},
       {"number bounds", "{\"score\": 0.2"},
   };
+  // Tool calls: where a required call's answer is in its literals, its name and its arguments.
+  const auto weather = CompiledSchema::Compile(nlohmann::json::parse(R"({
+      "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+      "required": ["city", "days"], "additionalProperties": false})"));
+  const auto clock = CompiledSchema::Compile(nlohmann::json::parse(R"({
+      "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
+      "additionalProperties": false})"));
+  if (!weather.ok()) return Fail(weather.status());
+  if (!clock.ok()) return Fail(clock.status());
+  const auto tool_calls = ToolCallSpec::Create(
+      ToolCallSyntax{.open = "<tool_call>\n{\"name\": \"",
+                     .between = "\", \"arguments\": ",
+                     .close = "}\n</tool_call>",
+                     .separator = "\n"},
+      {{.name = "get_weather", .parameters = *weather}, {.name = "get_time", .parameters = *clock}},
+      4);
+  if (!tool_calls.ok()) return Fail(tool_calls.status());
+  const std::vector<State> tool_states = {
+      {"start", ""},
+      {"open", "<tool_call>\n{\"na"},
+      {"name", "<tool_call>\n{\"name\": \"get_"},
+      {"between", "<tool_call>\n{\"name\": \"get_time\", \"arg"},
+      {"arguments", "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Os"},
+      {"after call", "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>"},
+  };
   std::string table = absl::StrFormat(
       "masks over %s (%d tokens, %d bytes; vocabulary sorted in %.1f ms)\n"
       "one pass over the bytes (bound): %.3f ms\n"
@@ -214,7 +243,11 @@ int Run(const Args& args) {
           for (int32_t id = 0; id < vocabulary->size(); ++id) {
             const std::string* bytes = vocabulary->bytes(id);
             auto next = grammar;
-            const bool expected = bytes != nullptr && !bytes->empty() && next.Feed(*bytes);
+            // An end id where the answer may end (after a whole tool call), else a token the
+            // grammar takes.
+            const bool end = std::find(end_ids.begin(), end_ids.end(), id) != end_ids.end();
+            const bool expected = end ? grammar.can_end()
+                                      : bytes != nullptr && !bytes->empty() && next.Feed(*bytes);
             if (expected != ((*mask)[id] != 0)) {
               std::fprintf(stderr, "--verify: %s state %s: token %d is %s but should %s\n",
                            format, state.name, id, (*mask)[id] ? "allowed" : "refused",
@@ -252,6 +285,12 @@ int Run(const Args& args) {
         "schema", schema_states,
         [&] { return MakeSchemaConstraint(vocabulary, end_ids, *schema); },
         SchemaGrammar(schema->get()));
+  }
+  if (measured.ok()) {
+    measured = measure(
+        "tools", tool_states,
+        [&] { return MakeToolCallConstraint(vocabulary, end_ids, *tool_calls); },
+        ToolCallGrammar(tool_calls->get()));
   }
   if (!measured.ok()) return Fail(measured);
   const nlohmann::json report = {{"benchmark", "json_mask"},
