@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
 namespace tophat {
@@ -10,6 +11,10 @@ namespace {
 bool IsNameByte(unsigned char byte) {
   return (byte >= 'A' && byte <= 'Z') || (byte >= 'a' && byte <= 'z') ||
          (byte >= '0' && byte <= '9') || byte == '_' || byte == '-';
+}
+
+bool IsWhitespace(unsigned char byte) {
+  return byte == ' ' || byte == '\t' || byte == '\r' || byte == '\n';
 }
 
 bool IsName(std::string_view name) {
@@ -28,10 +33,40 @@ bool TakesObjectsOnly(const CompiledSchema& schema) {
          schema.node(object).types == kTypeObject;
 }
 
+// KMP's failure function: borders[k] for k in [0, text.size()] (ToolCallSpec::tag_borders_).
+std::vector<uint32_t> Borders(std::string_view text) {
+  std::vector<uint32_t> borders(text.size() + 1, 0);
+  uint32_t border = 0;
+  for (size_t i = 1; i < text.size(); ++i) {
+    while (border > 0 && text[i] != text[border]) border = borders[border];
+    if (text[i] == text[border]) ++border;
+    borders[i + 1] = border;
+  }
+  return borders;
+}
+
 }  // namespace
 
+ToolCallSpec::ToolCallSpec(ToolCallSyntax syntax, std::vector<ToolCallTool> tools,
+                           int32_t max_calls, bool text_first, ByteTrie names)
+    : syntax_(std::move(syntax)),
+      tools_(std::move(tools)),
+      max_calls_(max_calls),
+      text_first_(text_first),
+      names_(std::move(names)),
+      tag_borders_(Borders(syntax_.start_tag)) {}
+
+uint32_t ToolCallSpec::TagMatch(uint32_t matched, unsigned char byte) const {
+  const std::string& tag = syntax_.start_tag;
+  while (static_cast<unsigned char>(tag[matched]) != byte) {
+    if (matched == 0) return 0;
+    matched = tag_borders_[matched];
+  }
+  return matched + 1;
+}
+
 absl::StatusOr<std::shared_ptr<const ToolCallSpec>> ToolCallSpec::Create(
-    ToolCallSyntax syntax, std::vector<ToolCallTool> tools, int32_t max_calls) {
+    ToolCallSyntax syntax, std::vector<ToolCallTool> tools, int32_t max_calls, bool text_first) {
   if (tools.empty()) return absl::InvalidArgumentError("tools: none given (at least one)");
   if (tools.size() > kMaxTools) {
     return absl::InvalidArgumentError(
@@ -81,8 +116,46 @@ absl::StatusOr<std::shared_ptr<const ToolCallSpec>> ToolCallSpec::Create(
                      "\" starts with a character a name may have: where a name ends would be "
                      "ambiguous"));
   }
-  return std::shared_ptr<const ToolCallSpec>(
-      new ToolCallSpec(std::move(syntax), std::move(tools), max_calls, std::move(names)));
+  if (text_first && syntax.start_tag.empty() &&
+      IsWhitespace(static_cast<unsigned char>(syntax.open[0]))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("syntax: open \"", absl::CEscape(syntax.open),
+                     "\" starts with whitespace: with text first and no start_tag, the first "
+                     "byte past the answer's leading whitespace says whether it is a call"));
+  }
+  if (text_first && !syntax.start_tag.empty() && !syntax.open.starts_with(syntax.start_tag)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("syntax: open \"", absl::CEscape(syntax.open),
+                     "\" does not start with start_tag \"", absl::CEscape(syntax.start_tag),
+                     "\": with text first, a call begins where the text writes start_tag"));
+  }
+  return std::shared_ptr<const ToolCallSpec>(new ToolCallSpec(
+      std::move(syntax), std::move(tools), max_calls, text_first, std::move(names)));
+}
+
+ToolCallGrammar::ToolCallGrammar(const ToolCallSpec* spec) : spec_(spec) {
+  if (!spec->text_first()) return;
+  phase_ = spec->syntax().start_tag.empty() ? Phase::kLeadingSpace : Phase::kText;
+}
+
+bool ToolCallGrammar::can_end() const {
+  switch (phase_) {
+    case Phase::kText:
+    case Phase::kLeadingSpace:
+    case Phase::kFreeText:
+    case Phase::kAfterCall:
+    case Phase::kDone:
+      return true;
+    case Phase::kOpen:
+    case Phase::kName:
+    case Phase::kBetween:
+    case Phase::kArgumentsOpen:
+    case Phase::kArguments:
+    case Phase::kClose:
+    case Phase::kSeparator:
+      return false;
+  }
+  return false;
 }
 
 bool ToolCallGrammar::Feed(std::string_view bytes) {
@@ -95,6 +168,29 @@ bool ToolCallGrammar::Feed(std::string_view bytes) {
 bool ToolCallGrammar::Feed(unsigned char byte) {
   const ToolCallSyntax& syntax = spec_->syntax();
   switch (phase_) {
+    case Phase::kText:
+      // Create made sure open starts with start_tag: once the text ends with it, a call is
+      // under way.
+      at_ = spec_->TagMatch(at_, byte);
+      if (at_ == syntax.start_tag.size()) EnterOpenAt(at_);
+      return true;
+    case Phase::kLeadingSpace:
+      if (IsWhitespace(byte)) {
+        if (at_ < kMaxLeadingWhitespace) {
+          ++at_;
+        } else {
+          Enter(Phase::kFreeText);
+        }
+        return true;
+      }
+      if (byte == static_cast<unsigned char>(syntax.open[0])) {
+        EnterOpenAt(1);
+      } else {
+        Enter(Phase::kFreeText);
+      }
+      return true;
+    case Phase::kFreeText:
+      return true;
     case Phase::kOpen:
       return LiteralByte(syntax.open, byte, Phase::kName);
     case Phase::kName: {
@@ -146,10 +242,19 @@ bool ToolCallGrammar::LiteralByte(std::string_view literal, unsigned char byte, 
   return true;
 }
 
+void ToolCallGrammar::EnterOpenAt(uint32_t at) {
+  Enter(Phase::kOpen);
+  at_ = at;
+  if (at_ == spec_->syntax().open.size()) Enter(Phase::kName);
+}
+
 void ToolCallGrammar::Enter(Phase phase) {
   at_ = 0;
   node_ = 0;
   switch (phase) {
+    case Phase::kText:
+    case Phase::kLeadingSpace:
+    case Phase::kFreeText:
     case Phase::kOpen:
     case Phase::kName:
     case Phase::kBetween:

@@ -5,6 +5,12 @@
 // takes (a SchemaGrammar). The literals are exact: no whitespace outside the arguments, and
 // none before their '{'. Every prefix it takes can be completed: a name only along the names'
 // trie, the arguments as SchemaGrammar takes them.
+//
+// With text first (tool_choice "auto") the answer may be text instead, but a call it starts
+// is held to the same: with a start_tag, text is any bytes until they end with start_tag,
+// which begins the calls (and nothing but calls follows them); without one (the whole answer
+// is one call), the first byte past leading whitespace decides: open's first begins the
+// call, any other makes the answer text.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "models/grammar/json_constraint.h"
+#include "models/grammar/json_grammar.h"
 #include "models/grammar/json_schema.h"
 #include "models/grammar/schema_grammar.h"
 #include "models/tokenizers/chat_template.h"
@@ -39,37 +46,50 @@ class ToolCallSpec {
   // tools or more than kMaxTools, a name off the pattern or given twice, parameters whose root
   // may be anything but an object, max_calls < 1 or > 1 without a separator, an empty open,
   // between or close, or a between that starts with a name's character (where a name ends
-  // would be ambiguous).
+  // would be ambiguous); with text_first, an open that does not start with start_tag, or,
+  // without a start_tag, one that starts with whitespace (which the text's leading
+  // whitespace would take).
   static absl::StatusOr<std::shared_ptr<const ToolCallSpec>> Create(ToolCallSyntax syntax,
                                                                     std::vector<ToolCallTool> tools,
-                                                                    int32_t max_calls);
+                                                                    int32_t max_calls,
+                                                                    bool text_first = false);
 
   const ToolCallSyntax& syntax() const { return syntax_; }
   const std::vector<ToolCallTool>& tools() const { return tools_; }
   int32_t max_calls() const { return max_calls_; }
+  // The answer may be text instead of calls (tool_choice "auto").
+  bool text_first() const { return text_first_; }
   // The tools' names; a terminal is the tool's index.
   const ByteTrie& names() const { return names_; }
 
+  // Text first with a start_tag: how much of start_tag the text's tail matches after `byte`,
+  // when before it the tail matched `matched` (< start_tag's size) of it.
+  uint32_t TagMatch(uint32_t matched, unsigned char byte) const;
+
  private:
   ToolCallSpec(ToolCallSyntax syntax, std::vector<ToolCallTool> tools, int32_t max_calls,
-               ByteTrie names)
-      : syntax_(std::move(syntax)),
-        tools_(std::move(tools)),
-        max_calls_(max_calls),
-        names_(std::move(names)) {}
+               bool text_first, ByteTrie names);
 
   ToolCallSyntax syntax_;
   std::vector<ToolCallTool> tools_;
   int32_t max_calls_;
+  bool text_first_;
   ByteTrie names_;
+  // tag_borders_[k]: the longest proper suffix of start_tag's first k bytes that is also a
+  // prefix of it (KMP's failure function), so that a mismatch keeps what still matches.
+  std::vector<uint32_t> tag_borders_;
 };
 
 // The automaton (GrammarConstraint's Grammar). A value type that points at the spec, which
 // must outlive it; outside the arguments it is a few integers.
 class ToolCallGrammar {
  public:
-  // Before the first call's open.
-  explicit ToolCallGrammar(const ToolCallSpec* spec) : spec_(spec) {}
+  // Text first without a start_tag: the leading whitespace's bound, past which a whitespace
+  // byte is text (so that the states before the first call are few).
+  static constexpr int kMaxLeadingWhitespace = JsonGrammar::kMaxWhitespaceRun;
+
+  // Before the answer's first byte: the first call's open, or with text first its text.
+  explicit ToolCallGrammar(const ToolCallSpec* spec);
 
   // Takes one byte. Returns false, leaving the automaton in an unspecified state (copy it
   // first to try a byte), when no calls start with the bytes so far and this one.
@@ -79,8 +99,9 @@ class ToolCallGrammar {
 
   // max_calls calls are written: nothing may follow.
   bool complete() const { return phase_ == Phase::kDone; }
-  // Right after a call's close: the answer may end (or, below max_calls, a separator come).
-  bool can_end() const { return phase_ == Phase::kAfterCall || phase_ == Phase::kDone; }
+  // In text before any call, or right after a call's close: the answer may end (or, below
+  // max_calls, a separator come).
+  bool can_end() const;
   // The arguments' SchemaGrammar's, inside them; false and 0 elsewhere.
   bool in_string() const { return phase_ == Phase::kArguments && arguments_->in_string(); }
   int64_t string_room() const {
@@ -100,6 +121,9 @@ class ToolCallGrammar {
 
  private:
   enum class Phase : uint8_t {
+    kText,           // text first, with a start_tag: text; its tail matches at_ of the tag
+    kLeadingSpace,   // text first, without one: at_ bytes of whitespace
+    kFreeText,       // text first, without one: text, to the end
     kOpen,           // in the open literal
     kName,           // in the name: node_ of the names' trie
     kBetween,        // in the between literal; tool_ named
@@ -115,17 +139,20 @@ class ToolCallGrammar {
   bool LiteralByte(std::string_view literal, unsigned char byte, Phase next);
   // Starts `phase`, resetting what it does not use, so that equal positions compare equal.
   void Enter(Phase phase);
+  // The open literal, its first `at` bytes read.
+  void EnterOpenAt(uint32_t at);
 
   const ToolCallSpec* spec_;
   Phase phase_ = Phase::kOpen;
-  uint32_t at_ = 0;    // in a literal: its bytes read
+  uint32_t at_ = 0;    // in a literal: its bytes read; in text: as Phase says
   int32_t node_ = 0;   // in the name: the names' trie node
   int32_t tool_ = -1;  // from the name's end to the arguments' end: the tool named
   int32_t calls_ = 0;  // calls written whole
   std::optional<SchemaGrammar> arguments_;  // in the arguments only
 };
 
-// Decoding constrained to tool calls (tool_choice "required" or a named function).
+// Decoding constrained to tool calls (tool_choice "required" or a named function; "auto"
+// with text first).
 using ToolCallConstraint = GrammarConstraint<ToolCallGrammar>;
 
 // A constraint to `spec`'s calls (which it keeps alive, and with it the tools' schemas).

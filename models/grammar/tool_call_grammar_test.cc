@@ -20,10 +20,16 @@ ToolCallSyntax Hermes() {
   return {.open = "<tool_call>\n{\"name\": \"",
           .between = "\", \"arguments\": ",
           .close = "}\n</tool_call>",
-          .separator = "\n"};
+          .separator = "\n",
+          .start_tag = "<tool_call>",
+          .end_tag = "</tool_call>",
+          .arguments_key = "arguments"};
 }
 ToolCallSyntax Llama() {
-  return {.open = "{\"name\": \"", .between = "\", \"parameters\": ", .close = "}"};
+  return {.open = "{\"name\": \"",
+          .between = "\", \"parameters\": ",
+          .close = "}",
+          .arguments_key = "parameters"};
 }
 
 std::shared_ptr<const CompiledSchema> Compiled(const std::string& schema) {
@@ -47,9 +53,9 @@ std::vector<ToolCallTool> WeatherTools() {
 }
 
 std::shared_ptr<const ToolCallSpec> Spec(ToolCallSyntax syntax, std::vector<ToolCallTool> tools,
-                                         int32_t max_calls) {
+                                         int32_t max_calls, bool text_first = false) {
   absl::StatusOr<std::shared_ptr<const ToolCallSpec>> spec =
-      ToolCallSpec::Create(std::move(syntax), std::move(tools), max_calls);
+      ToolCallSpec::Create(std::move(syntax), std::move(tools), max_calls, text_first);
   INFO(spec.status().ToString());
   REQUIRE(spec.ok());
   return *spec;
@@ -196,9 +202,188 @@ TEST_CASE("Equal positions are equal states, whatever led to them", "[grammar][t
   CHECK_FALSE(c == d);
 }
 
-std::string Refusal(ToolCallSyntax syntax, std::vector<ToolCallTool> tools, int32_t max_calls) {
+TEST_CASE("Text first with a start tag: any text, or text and then whole calls from the tag on",
+          "[grammar][tool_calls]") {
+  const ToolCallSyntax syntax = Hermes();
+  const auto spec = Spec(syntax, WeatherTools(), /*max_calls=*/2, /*text_first=*/true);
+  REQUIRE(spec->text_first());
+  const std::string paris = Call(syntax, "get_weather", R"({"city": "Paris"})");
+  const std::string get = Call(syntax, "get", "{}");
+  // Text alone may end, a tag's start or an end tag in it included; any byte.
+  for (const std::string& text : std::vector<std::string>{
+           "", "It is sunny in Paris.", "I would call <tool", "<tool_x", "<<tool_call",
+           "a </tool_call> {", std::string("\xFF\x80 \0 \n", 6)}) {
+    INFO(text);
+    ToolCallGrammar grammar(spec.get());
+    REQUIRE(grammar.Feed(text));
+    CHECK(grammar.can_end());
+    CHECK_FALSE(grammar.complete());
+    CHECK_FALSE(grammar.in_string());
+    CHECK(grammar.string_room() == 0);
+    CHECK(grammar.calls() == 0);
+  }
+  // The tag, wherever the text writes it, begins a call; a partial tag that does not go on
+  // is text, and its last byte may begin the tag anew.
+  for (const auto& [text, calls] : {std::pair{paris, 1},
+                                    {"Let me look.\n" + paris, 1},
+                                    {"<tool_x" + paris, 1},
+                                    {"<" + paris, 1},
+                                    {"<tool_call" + paris, 1},
+                                    {"<tool_" + get, 1},
+                                    {"Two: " + paris + "\n" + get, 2}}) {
+    INFO(text);
+    ToolCallGrammar grammar(spec.get());
+    REQUIRE(grammar.Feed(text));
+    CHECK(grammar.can_end());
+    CHECK(grammar.calls() == calls);
+    CHECK(grammar.complete() == (calls == 2));
+  }
+  // Each refused at the byte the comment names: everything before it is taken.
+  const std::string text = "Checking. ";
+  const size_t name = text.size() + syntax.open.size();
+  const size_t args = name + std::string("get_weather").size() + syntax.between.size();
+  const struct {
+    std::string text;
+    size_t refused_at;
+  } bad[] = {
+      {text + Call(syntax, "set", "{}"), name},                           // no such tool
+      {text + Call(syntax, "get_weather", R"({"city": 3})"), args + 9},   // not a string
+      {text + Call(syntax, "get_weather", R"({"days": 3})"), args + 10},  // city is required
+      {text + Call(syntax, "get_weather", R"( {"city": "P"})"), args},    // before the arguments
+      {"<tool_call> {", 11},  // past the tag only open's rest
+      {"<<tool_call>{", 12},  // the tag matched from its second '<'
+      {"<tool_x<tool_call>x", 18},
+      {paris + " Done.", paris.size()},       // no text after a call
+      {paris + "\nDone.", paris.size() + 1},  // after the separator, only a call
+      {paris + "\n\n" + get, paris.size() + 1},
+      {paris + "\n" + get + "\n", paris.size() + 1 + get.size()},  // max_calls 2
+  };
+  for (const auto& [text, refused_at] : bad) {
+    INFO(text);
+    CHECK(Taken(*spec, text) == refused_at);
+  }
+
+  // The answer may end in the text and after each call, not inside one.
+  const std::string answer = "Hi " + paris + "\n" + get;
+  const size_t tag_end = 3 + syntax.start_tag.size();
+  ToolCallGrammar grammar(spec.get());
+  for (size_t i = 0; i < answer.size(); ++i) {
+    INFO("after " << i + 1 << " bytes: " << answer.substr(0, i + 1));
+    REQUIRE(grammar.Feed(static_cast<unsigned char>(answer[i])));
+    const bool in_text = i + 1 < tag_end;
+    const bool after_call = i + 1 == 3 + paris.size() || i + 1 == answer.size();
+    CHECK(grammar.can_end() == (in_text || after_call));
+    CHECK(grammar.complete() == (i + 1 == answer.size()));
+  }
+  CHECK_FALSE(Takes(*spec, "Hi <tool_call>"));
+}
+
+TEST_CASE("Text first: a self-overlapping start tag is matched wherever the text's tail has it",
+          "[grammar][tool_calls]") {
+  // "<<t>" after "<" ("<<<t>") and "<a<b>" after "<a" ("<a<a<b>"): a mismatch keeps the
+  // tag's part that still matches (a restart from the mismatching byte alone misses both).
+  for (const std::string& tag : std::vector<std::string>{"<<t>", "<a<b>"}) {
+    const ToolCallSyntax syntax = {.open = tag + "{\"name\": \"",
+                                   .between = "\", \"arguments\": ",
+                                   .close = "}</t>",
+                                   .separator = " ",
+                                   .start_tag = tag};
+    const auto spec = Spec(syntax, WeatherTools(), /*max_calls=*/2, /*text_first=*/true);
+    const std::string call = Call(syntax, "get", "{}");
+    for (const std::string& text : {tag.substr(0, 2) + call, tag.substr(0, 3) + call,
+                                    "x" + tag.substr(0, 1) + call, call + " " + call}) {
+      INFO(text);
+      ToolCallGrammar grammar(spec.get());
+      REQUIRE(grammar.Feed(text));
+      CHECK(grammar.can_end());
+      CHECK(grammar.calls() == (text.ends_with(" " + call) ? 2 : 1));
+    }
+    // Near misses are text.
+    for (const std::string& text :
+         {tag.substr(0, 2) + "x" + tag.substr(2) + "{", tag.substr(0, tag.size() - 1) + "<{"}) {
+      INFO(text);
+      ToolCallGrammar grammar(spec.get());
+      REQUIRE(grammar.Feed(text));
+      CHECK(grammar.can_end());
+      CHECK(grammar.calls() == 0);
+    }
+  }
+}
+
+TEST_CASE("Text first without a start tag: '{' past leading whitespace is a call, else text",
+          "[grammar][tool_calls]") {
+  const ToolCallSyntax syntax = Llama();
+  const auto spec = Spec(syntax, WeatherTools(), /*max_calls=*/1, /*text_first=*/true);
+  const std::string call = Call(syntax, "get_weather", R"({"city": "Paris"})");
+  const std::string spaces(ToolCallGrammar::kMaxLeadingWhitespace, ' ');
+  // Text, which may end; a call after text, or after too long a run of whitespace, is text.
+  for (const std::string& text :
+       std::vector<std::string>{"", " \n\t\r", "The weather is fine.", "Here: " + call, "x{",
+                                spaces + " " + call, spaces + "\n{"}) {
+    INFO(text);
+    ToolCallGrammar grammar(spec.get());
+    REQUIRE(grammar.Feed(text));
+    CHECK(grammar.can_end());
+    CHECK_FALSE(grammar.complete());
+    CHECK(grammar.calls() == 0);
+  }
+  for (const std::string& text : {call, " \n" + call, spaces + call}) {
+    INFO(text);
+    ToolCallGrammar grammar(spec.get());
+    REQUIRE(grammar.Feed(text));
+    CHECK(grammar.complete());
+    CHECK(grammar.calls() == 1);
+  }
+  const size_t name = syntax.open.size();
+  const size_t args = name + std::string("get").size() + syntax.between.size();
+  const struct {
+    std::string text;
+    size_t refused_at;
+  } bad[] = {
+      {"\n{x", 2},                                          // '{' began a call
+      {" " + Call(syntax, "set", "{}"), 1 + name},          // no such tool
+      {Call(syntax, "get", "[]"), args},                    // arguments are an object
+      {Call(syntax, "get", R"({"city": "P"})"), args + 1},  // get takes no properties
+      {call + " ", call.size()},                            // nothing after the call
+      {call + "Done.", call.size()},
+  };
+  for (const auto& [text, refused_at] : bad) {
+    INFO(text);
+    CHECK(Taken(*spec, text) == refused_at);
+  }
+  CHECK_FALSE(Takes(*spec, "  {"));
+  // Free text is one state, however it began.
+  ToolCallGrammar a(spec.get());
+  ToolCallGrammar b(spec.get());
+  REQUIRE(a.Feed("  Sunny, {\"name\": \"x\"}"));
+  REQUIRE(b.Feed(spaces + " "));
+  CHECK(a == b);
+  CHECK(absl::Hash<ToolCallGrammar>{}(a) == absl::Hash<ToolCallGrammar>{}(b));
+}
+
+TEST_CASE("Text first: equal places in the text are equal states", "[grammar][tool_calls]") {
+  const auto spec = Spec(Hermes(), WeatherTools(), /*max_calls=*/2, /*text_first=*/true);
+  const auto state = [&](std::string_view text) {
+    ToolCallGrammar grammar(spec.get());
+    REQUIRE(grammar.Feed(text));
+    return grammar;
+  };
+  for (const auto& [one, other] : {std::pair{"", "Some text."},
+                                   {"<tool", "Hi <tool_x <tool"},
+                                   {"<", "<<"},
+                                   {"<tool_call>\n", "a<tool_call>\n"}}) {
+    INFO(one << " | " << other);
+    CHECK(state(one) == state(other));
+    CHECK(absl::Hash<ToolCallGrammar>{}(state(one)) == absl::Hash<ToolCallGrammar>{}(state(other)));
+  }
+  CHECK_FALSE(state("<tool") == state("<too"));
+  CHECK_FALSE(state("") == state("<"));
+}
+
+std::string Refusal(ToolCallSyntax syntax, std::vector<ToolCallTool> tools, int32_t max_calls,
+                    bool text_first = false) {
   absl::StatusOr<std::shared_ptr<const ToolCallSpec>> spec =
-      ToolCallSpec::Create(std::move(syntax), std::move(tools), max_calls);
+      ToolCallSpec::Create(std::move(syntax), std::move(tools), max_calls, text_first);
   REQUIRE_FALSE(spec.ok());
   CHECK(spec.status().code() == absl::StatusCode::kInvalidArgument);
   return std::string(spec.status().message());
@@ -274,6 +459,31 @@ TEST_CASE("Tool call specs that cannot be held to are refused, naming the tool",
   }
   CHECK_THAT(Refusal({.open = "<", .between = "_args>", .close = ">"}, tools({"a"}), 1),
              Catch::Contains("starts with a character a name may have"));
+
+  // Text first: a call begins where the text writes start_tag, so open must begin with it;
+  // without one, leading whitespace is the text's, so open may not begin with any. Each
+  // syntax is fine for calls alone.
+  ToolCallSyntax other_tag = Hermes();
+  other_tag.start_tag = "<call>";
+  ToolCallSyntax spaced = Llama();
+  spaced.open = "\n" + spaced.open;
+  for (const auto& [syntax, refusal] :
+       {std::pair{other_tag, R"(does not start with start_tag "<call>")"},
+        {spaced, "starts with whitespace"}}) {
+    CHECK_THAT(Refusal(syntax, tools({"a"}), 1, /*text_first=*/true),
+               Catch::Contains("syntax: open \"") && Catch::Contains(refusal) &&
+                   Catch::Contains("\\n{"));  // open's newline escaped
+    const auto calls_only = ToolCallSpec::Create(syntax, tools({"a"}), 1);
+    REQUIRE(calls_only.ok());
+    CHECK_FALSE((*calls_only)->text_first());
+  }
+  CHECK_THAT(Refusal({.between = "\"", .close = "}"}, tools({"a"}), 1, /*text_first=*/true),
+             Catch::Contains("syntax: open is empty"));
+  for (const ToolCallSyntax& syntax : {Hermes(), Llama()}) {
+    const auto text_first = ToolCallSpec::Create(syntax, tools({"a"}), 1, /*text_first=*/true);
+    REQUIRE(text_first.ok());
+    CHECK((*text_first)->text_first());
+  }
 }
 
 // The schemas of the random tests: no free values and no number that may have an exponent,
@@ -334,69 +544,129 @@ std::vector<std::pair<const ToolCallTool*, json>> SplitCalls(const ToolCallSpec&
   }
 }
 
+// Where the calls begin in an answer a text-first grammar took (text.size(): none), as the
+// grammar decides it: at the first start_tag, or without one at a first open[0] past at most
+// kMaxLeadingWhitespace whitespace bytes.
+size_t CallsStart(const ToolCallSyntax& syntax, std::string_view text) {
+  if (!syntax.start_tag.empty()) return std::min(text.find(syntax.start_tag), text.size());
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string_view::npos || first > ToolCallGrammar::kMaxLeadingWhitespace ||
+      text[first] != syntax.open[0]) {
+    return text.size();
+  }
+  return first;
+}
+
 TEST_CASE(
     "Every prefix the tool call grammar takes can be completed, and what it completes "
-    "are calls of the tools with arguments their schemas take",
+    "are calls of the tools with arguments their schemas take, after text with text first",
     "[grammar][tool_calls]") {
   // Random walks over the printable bytes, choosing among those taken: a walk never finds a
   // state that takes none of them before it may end.
-  std::mt19937_64 rng(11);
   std::string alphabet = "\n\t";
   for (int c = 0x20; c < 0x7F; ++c) alphabet += static_cast<char>(c);
-  int ended = 0;
-  int many_calls = 0;
-  for (const ToolCallSyntax& syntax : {Hermes(), Llama()}) {
-    const int32_t max_calls = syntax.separator.has_value() ? 3 : 1;
-    const auto spec = Spec(syntax, RandomTestTools(), max_calls);
-    for (int walk = 0; walk < 150; ++walk) {
-      ToolCallGrammar grammar(spec.get());
-      std::string written;
-      bool end = false;
-      size_t call_start = 0;  // where the call being written starts
-      for (int step = 0; step < 1500 && !end; ++step) {
-        std::vector<char> taken;
-        for (const char c : alphabet) {
-          ToolCallGrammar next = grammar;
-          if (next.Feed(static_cast<unsigned char>(c))) taken.push_back(c);
-        }
-        INFO(written);
-        REQUIRE((!taken.empty() || grammar.can_end()));
-        // The end where it may come, sometimes; closing bytes more often as a call goes on,
-        // so that values end.
-        if (taken.empty() || (grammar.can_end() && std::bernoulli_distribution(0.4)(rng))) {
-          end = true;
-          break;
-        }
-        char next = taken[std::uniform_int_distribution<size_t>(0, taken.size() - 1)(rng)];
-        const size_t since_call = written.size() - call_start;
-        for (const char close : {'}', ']', '"'}) {
-          if (std::find(taken.begin(), taken.end(), close) != taken.end() &&
-              std::bernoulli_distribution(std::min(0.9, static_cast<double>(since_call) / 150))(
-                  rng)) {
-            next = close;
+  for (const bool text_first : {false, true}) {
+    INFO("text first: " << text_first);
+    std::mt19937_64 rng(11);
+    int ended = 0;
+    int many_calls = 0;
+    int text_only = 0;
+    int text_then_calls = 0;
+    for (const ToolCallSyntax& syntax : {Hermes(), Llama()}) {
+      const int32_t max_calls = syntax.separator.has_value() ? 3 : 1;
+      const auto spec = Spec(syntax, RandomTestTools(), max_calls, text_first);
+      std::vector<std::string> names;
+      for (const ToolCallTool& tool : spec->tools()) names.push_back(tool.name);
+      // What begins a call in text: its tag, or open's first byte.
+      const std::string_view lead =
+          syntax.start_tag.empty() ? std::string_view(syntax.open).substr(0, 1) : syntax.start_tag;
+      for (int walk = 0; walk < 150; ++walk) {
+        ToolCallGrammar grammar(spec.get());
+        std::string written;
+        bool end = false;
+        size_t call_start = 0;  // where the call being written starts
+        for (int step = 0; step < 1500 && !end; ++step) {
+          std::vector<char> taken;
+          for (const char c : alphabet) {
+            ToolCallGrammar next = grammar;
+            if (next.Feed(static_cast<unsigned char>(c))) taken.push_back(c);
+          }
+          INFO(written);
+          REQUIRE((!taken.empty() || grammar.can_end()));
+          // In text (no call yet, and the answer may end) it ends seldom, so that text gets
+          // long; elsewhere the end where it may come, sometimes.
+          const bool in_text = grammar.calls() == 0 && grammar.can_end();
+          if (taken.empty() ||
+              (grammar.can_end() && std::bernoulli_distribution(in_text ? 0.02 : 0.4)(rng))) {
+            end = true;
+            break;
+          }
+          char next = taken[std::uniform_int_distribution<size_t>(0, taken.size() - 1)(rng)];
+          if (in_text) {
+            // The next byte of what begins a call, often once it is begun.
+            size_t matched = std::min(lead.size() - 1, written.size());
+            while (matched > 0 && !written.ends_with(lead.substr(0, matched))) --matched;
+            const double p = matched > 0 ? 0.9 : written.empty() ? 0.3 : 0.05;
+            if (std::bernoulli_distribution(p)(rng)) next = lead[matched];
+          } else {
+            // Closing bytes more often as a call goes on, so that values end.
+            const size_t since_call = written.size() - call_start;
+            for (const char close : {'}', ']', '"'}) {
+              if (std::find(taken.begin(), taken.end(), close) != taken.end() &&
+                  std::bernoulli_distribution(std::min(0.9, static_cast<double>(since_call) / 150))(
+                      rng)) {
+                next = close;
+              }
+            }
+          }
+          const int32_t calls = grammar.calls();
+          const bool was_in_text = in_text;
+          REQUIRE(grammar.Feed(static_cast<unsigned char>(next)));
+          written += next;
+          if (grammar.calls() != calls || (was_in_text && !grammar.can_end())) {
+            call_start = written.size();
           }
         }
-        const int32_t calls = grammar.calls();
-        REQUIRE(grammar.Feed(static_cast<unsigned char>(next)));
-        written += next;
-        if (grammar.calls() != calls) call_start = written.size();
-      }
-      if (!end) continue;
-      ++ended;
-      INFO(written);
-      const auto calls = SplitCalls(*spec, written);
-      CHECK(static_cast<int32_t>(calls.size()) == grammar.calls());
-      many_calls += calls.size() > 1 ? 1 : 0;
-      for (const auto& [tool, arguments] : calls) {
-        INFO(tool->name << ": " << arguments.dump());
-        CHECK(arguments.is_object());
-        CHECK(SchemaAccepts(*tool->parameters, tool->parameters->root(), arguments));
+        if (!end) continue;
+        ++ended;
+        INFO(written);
+        // Split by the syntax, and read as the server reads a free answer.
+        const size_t calls_start = text_first ? CallsStart(syntax, written) : 0;
+        const ToolCallReading reading = ReadToolCalls(written, syntax, names);
+        if (calls_start == written.size()) {
+          ++text_only;
+          CHECK(grammar.calls() == 0);
+          CHECK(reading.calls.empty());
+          CHECK(reading.content == written);
+          continue;
+        }
+        const auto calls = SplitCalls(*spec, std::string_view(written).substr(calls_start));
+        CHECK(static_cast<int32_t>(calls.size()) == grammar.calls());
+        many_calls += calls.size() > 1 ? 1 : 0;
+        text_then_calls += written.find_first_not_of(" \t\r\n") < calls_start ? 1 : 0;
+        REQUIRE(reading.calls.size() == calls.size());
+        for (size_t i = 0; i < calls.size(); ++i) {
+          const auto& [tool, arguments] = calls[i];
+          INFO(tool->name << ": " << arguments.dump());
+          CHECK(arguments.is_object());
+          CHECK(SchemaAccepts(*tool->parameters, tool->parameters->root(), arguments));
+          CHECK(reading.calls[i].name == tool->name);
+          CHECK(json::parse(reading.calls[i].arguments) == arguments);
+        }
       }
     }
+    // Most walks end, some with several calls; with text first, some as text alone and
+    // some as text and then calls.
+    CHECK(ended > 250);
+    CHECK(many_calls > 20);
+    if (text_first) {
+      CHECK(text_only > 30);
+      CHECK(text_then_calls > 20);
+    } else {
+      CHECK(text_only == 0);
+      CHECK(text_then_calls == 0);
+    }
   }
-  // Most walks end, some with several calls.
-  CHECK(ended > 250);
-  CHECK(many_calls > 20);
 }
 
 // A small vocabulary with pieces across the literals' and the arguments' boundaries, and the
@@ -456,7 +726,7 @@ std::vector<int32_t> Ids(const std::vector<uint8_t>& mask) {
 
 TEST_CASE(
     "A tool call constraint's masks are each token fed on its own, and once the calls "
-    "are complete only the end",
+    "are complete only the end; with text first, any token in the text",
     "[grammar][tool_calls]") {
   const auto vocabulary = ToolVocabulary();
   const auto id = [&](std::string_view piece) {
@@ -467,11 +737,14 @@ TEST_CASE(
     return -1;
   };
   std::mt19937_64 rng(13);
-  for (const ToolCallSyntax& syntax : {Hermes(), Llama()}) {
+  for (const auto& [syntax, text_first] :
+       {std::pair{Hermes(), false}, {Llama(), false}, {Hermes(), true}, {Llama(), true}}) {
+    INFO("text first: " << text_first << ", start_tag " << syntax.start_tag);
     const int32_t max_calls = syntax.separator.has_value() ? 2 : 1;
-    const auto spec = Spec(syntax, WeatherTools(), max_calls);
+    const auto spec = Spec(syntax, WeatherTools(), max_calls, text_first);
     auto constraint = MakeToolCallConstraint(vocabulary, {kEnd}, spec);
     int ended = 0;
+    int ended_in_text = 0;
     for (int walk = 0; walk < 40; ++walk) {
       std::vector<int32_t> pending;
       ToolCallGrammar state(spec.get());
@@ -493,17 +766,29 @@ TEST_CASE(
         if (state.complete()) CHECK(got == std::vector<int32_t>{kEnd});
         // Tokens that go on with a call more often, so that walks reach their ends.
         int32_t next = got[std::uniform_int_distribution<size_t>(0, got.size() - 1)(rng)];
-        for (const char* piece : {"<tool_call>\n", "{\"name\": \"", "get_weather",
-                                  "\", \"arguments\": ", "\", \"parameters\": ", "\"city\"", ": ",
-                                  "\"Paris\"", "\"", "}", "}\n</tool_call>"}) {
-          if (std::find(got.begin(), got.end(), id(piece)) != got.end() &&
-              std::bernoulli_distribution(0.3)(rng)) {
-            next = id(piece);
+        if (state.calls() == 0 && state.can_end()) {
+          // In text, where every piece goes on: a call's start, sometimes (more often first:
+          // without a start_tag only the first piece may begin a call).
+          if (std::bernoulli_distribution(pending.empty() ? 0.4 : 0.15)(rng)) {
+            next = id(syntax.start_tag.empty() ? "{\"name\": \"" : "<tool_call>\n");
+          }
+        } else {
+          for (const char* piece : {"<tool_call>\n", "{\"name\": \"", "get_weather",
+                                    "\", \"arguments\": ", "\", \"parameters\": ", "\"city\"", ": ",
+                                    "\"Paris\"", "\"", "}", "}\n</tool_call>"}) {
+            if (std::find(got.begin(), got.end(), id(piece)) != got.end() &&
+                std::bernoulli_distribution(0.3)(rng)) {
+              next = id(piece);
+            }
           }
         }
-        if (state.can_end() && std::bernoulli_distribution(0.5)(rng)) next = kEnd;
+        // In text, the end less often, so that calls begin.
+        if (state.can_end() && std::bernoulli_distribution(state.calls() == 0 ? 0.15 : 0.5)(rng)) {
+          next = kEnd;
+        }
         if (next == kEnd) {
           ended += state.can_end() ? 1 : 0;
+          ended_in_text += state.can_end() && state.calls() == 0 ? 1 : 0;
           break;
         }
         REQUIRE(state.Feed(*vocabulary->bytes(next)));
@@ -511,6 +796,12 @@ TEST_CASE(
       }
     }
     CHECK(ended > 30);
+    if (text_first) {
+      CHECK(ended_in_text > 5);
+      CHECK(ended - ended_in_text > 5);
+    } else {
+      CHECK(ended_in_text == 0);
+    }
   }
 
   SECTION("Exactly the pieces that continue a call, and the end only after a close") {
@@ -545,6 +836,37 @@ TEST_CASE(
     constraint->Commit(call);
     CHECK(constraint->complete());
     CHECK(pieces({}) == Pieces{"<end>"});
+  }
+
+  SECTION("With text first, every piece in the text, and each text state's mask computed once") {
+    const auto spec = Spec(Hermes(), WeatherTools(), /*max_calls=*/2, /*text_first=*/true);
+    ToolCallConstraint constraint(vocabulary, {kEnd}, ToolCallGrammar(spec.get()), spec);
+    using Pieces = std::set<std::string>;
+    const auto pieces = [&](std::vector<int32_t> pending) {
+      Pieces out;
+      for (const int32_t i : Ids(*constraint.Allowed(pending))) {
+        out.insert(i == kEnd ? "<end>" : *vocabulary->bytes(i));
+      }
+      return out;
+    };
+    Pieces every = {"<end>"};
+    for (int32_t i = 0; i < vocabulary->size(); ++i) {
+      if (vocabulary->bytes(i) != nullptr && !vocabulary->bytes(i)->empty()) {
+        every.insert(*vocabulary->bytes(i));
+      }
+    }
+    CHECK(pieces({}) == every);
+    CHECK(pieces({id("<"), id("tool")}) == every);  // a partial tag is text
+    // The tag commits the answer to a call.
+    CHECK(pieces({id("<tool_call>")}) == Pieces{"\n"});
+    CHECK(pieces({id("a"), id("<tool_call>\n")}) == Pieces{"{", "{\"name\": \"", "{\"name\":"});
+    // Text that does not begin the tag is one state, whatever it says: one mask.
+    const int64_t computed = constraint.masks_computed();
+    for (const char* piece : {"Paris", " ", "city", "12", "}}", "\n", "get_weather", ">", "/"}) {
+      constraint.Commit(std::vector<int32_t>{id(piece)});
+      CHECK(pieces({}) == every);
+    }
+    CHECK(constraint.masks_computed() == computed);
   }
 }
 
