@@ -58,10 +58,11 @@ absl::StatusOr<std::shared_ptr<const ToolCallSpec>> CompileToolCalls(
                         .close = format.close(),
                         .separator = format.has_separator()
                                          ? std::optional<std::string>(format.separator())
-                                         : std::nullopt};
+                                         : std::nullopt,
+                        .start_tag = format.start_tag()};
   absl::StatusOr<std::shared_ptr<const ToolCallSpec>> spec = ToolCallSpec::Create(
       std::move(syntax), std::move(tools),
-      static_cast<int32_t>(std::min<uint32_t>(format.max_calls(), 1u << 20)));
+      static_cast<int32_t>(std::min<uint32_t>(format.max_calls(), 1u << 20)), format.text_first());
   if (!spec.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("tool_calls: ", spec.status().message()));
   }

@@ -677,11 +677,10 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
       return Invalid("tophat_outline", "'tophat_outline' cannot be combined with calling 'tools'");
     }
   }
-  if ((request.tool_choice == ToolChoice::kRequired ||
-       request.tool_choice == ToolChoice::kFunction) &&
-      request.min_tokens > 0) {
-    return Invalid("min_tokens", "'min_tokens' cannot be combined with a required tool call: "
-                                 "the call could be complete before it");
+  if (request.tool_choice != ToolChoice::kNone && request.min_tokens > 0) {
+    return Invalid("min_tokens", "'min_tokens' cannot be combined with calling 'tools' (a "
+                                 "call could be complete before it; set 'tool_choice': "
+                                 "\"none\")");
   }
   if (json_format && request.outline_max_points != 0) {
     return Invalid("response_format", "a JSON 'response_format' cannot be combined with "

@@ -332,6 +332,7 @@ TEST_CASE("Tools, tool_choice and calls that could not be honoured are refused b
        "response_format"},
       {ChatWith(absl::StrCat(kTools, R"(, "tool_choice": "required", "min_tokens": 2)")),
        "min_tokens"},
+      {ChatWith(absl::StrCat(kTools, R"(, "min_tokens": 2)")), "min_tokens"},
       {ChatWith(absl::StrCat(kTools, R"(, "tophat_outline": true)")), "tophat_outline"},
       {R"({"model": "toy", "messages": [{"role": "assistant", "tool_calls": [{"type": "function",
            "function": {"name": "a", "arguments": "{\"x\":"}}]}]})",

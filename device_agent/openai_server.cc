@@ -692,11 +692,11 @@ void OpenAiServer::Route() {
                                  : request.json_object           ? v1::RESPONSE_FORMAT_JSON_OBJECT
                                                                  : v1::RESPONSE_FORMAT_TEXT);
     generate.set_json_schema(request.json_schema);
-    // A required call: decoding constrained to calls in the model's own layout, of the named
-    // function or of any tool.
+    // Decoding constrained to calls in the model's own layout: of the named function or any
+    // tool; under "auto", text first, and a call the model starts is a whole, valid one.
     const bool call_required = tool_reader && (request.tool_choice == ToolChoice::kRequired ||
                                                request.tool_choice == ToolChoice::kFunction);
-    if (call_required) {
+    if (tool_reader) {
       generate.set_response_format(v1::RESPONSE_FORMAT_TOOL_CALLS);
       const ToolCallSyntax& syntax = tool_reader->syntax();
       v1::ToolCallFormat& format = *generate.mutable_tool_calls();
@@ -713,9 +713,11 @@ void OpenAiServer::Route() {
         added.set_name(tool.name);
         added.set_parameters(tool.parameters);
       }
-      const bool several = request.tool_choice == ToolChoice::kRequired &&
+      const bool several = request.tool_choice != ToolChoice::kFunction &&
                            request.parallel_tool_calls && syntax.separator.has_value();
       format.set_max_calls(several ? kMaxOpenAiToolCalls : 1);
+      format.set_text_first(!call_required);
+      format.set_start_tag(syntax.start_tag);
     }
     if (request.logprobs >= 0 || request.prompt_only) {
       generate.set_logprobs(true);
