@@ -358,13 +358,9 @@ TEST_CASE("Tools, tool_choice and calls that could not be honoured are refused b
 
 TEST_CASE("An answer's calls are returned only when they read and satisfy their tool's schema") {
   const OpenAiRequest request = ParseOk(OpenAiEndpoint::kChatCompletions, ChatWith(kTools));
-  const ToolCallSyntax syntax{.open = "<tool_call>{\"name\": \"",
-                              .between = "\", \"arguments\": ",
-                              .close = "}</tool_call>",
-                              .separator = " ",
-                              .start_tag = "<tool_call>",
-                              .end_tag = "</tool_call>",
-                              .arguments_key = "arguments"};
+  // The toy model's layout.
+  const ToolCallSyntax syntax =
+      *ChatTemplate::FromSource(kToyChatTemplateSource, "toy")->tool_call_syntax();
   auto reader = ToolCallReader::Create(request, syntax);
   REQUIRE(reader.ok());
   const std::string good =

@@ -15,21 +15,21 @@ namespace {
 
 using nlohmann::json;
 
-// Qwen2.5's (hermes) and Llama 3.1's, as chat_template.h describes them.
+// Qwen2.5's (hermes) and Llama 3.1's layouts, as their chat templates give them (recognised
+// by the instructions the real templates write).
+ToolCallSyntax SyntaxOf(const char* source) {
+  absl::StatusOr<ChatTemplate> chat = ChatTemplate::FromSource(source, "test");
+  REQUIRE(chat.ok());
+  REQUIRE(chat->tool_call_syntax().has_value());
+  return *chat->tool_call_syntax();
+}
 ToolCallSyntax Hermes() {
-  return {.open = "<tool_call>\n{\"name\": \"",
-          .between = "\", \"arguments\": ",
-          .close = "}\n</tool_call>",
-          .separator = "\n",
-          .start_tag = "<tool_call>",
-          .end_tag = "</tool_call>",
-          .arguments_key = "arguments"};
+  return SyntaxOf("<|im_start|>system\n<|im_end|> You may call one or more functions to assist "
+                  "with the user query.");
 }
 ToolCallSyntax Llama() {
-  return {.open = "{\"name\": \"",
-          .between = "\", \"parameters\": ",
-          .close = "}",
-          .arguments_key = "parameters"};
+  return SyntaxOf("<|start_header_id|><|end_header_id|><|eot_id|> Cutting Knowledge Date "
+                  "Given the following functions, please respond");
 }
 
 std::shared_ptr<const CompiledSchema> Compiled(const std::string& schema) {
