@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "models/grammar/grammar_test_util.h"
 #include "nlohmann/json.hpp"
 
 namespace tophat {
@@ -45,14 +46,6 @@ std::vector<uint8_t> BruteForce(const TokenVocabulary& vocabulary, const std::st
   return allowed;
 }
 
-std::vector<int32_t> Ids(const std::vector<uint8_t>& mask) {
-  std::vector<int32_t> ids;
-  for (size_t i = 0; i < mask.size(); ++i) {
-    if (mask[i] != 0) ids.push_back(static_cast<int32_t>(i));
-  }
-  return ids;
-}
-
 TEST_CASE("JsonConstraint allows exactly the tokens that keep a JSON object possible, and "
           "every answer it allows ends as one",
           "[grammar]") {
@@ -69,8 +62,8 @@ TEST_CASE("JsonConstraint allows exactly the tokens that keep a JSON object poss
     for (int step = 0; step < 400 && !ended; ++step) {
       const auto allowed = constraint.Allowed({});
       INFO("walk " << walk << " after: " << text);
-      REQUIRE(Ids(*allowed) == Ids(BruteForce(*vocabulary, text)));
-      const std::vector<int32_t> ids = Ids(*allowed);
+      REQUIRE(testing::Ids(*allowed) == testing::Ids(BruteForce(*vocabulary, text)));
+      const std::vector<int32_t> ids = testing::Ids(*allowed);
       REQUIRE_FALSE(ids.empty());
       int32_t next = ids[rng() % ids.size()];
       if (step >= kWander) {
@@ -109,13 +102,7 @@ TEST_CASE("JsonConstraint allows exactly the tokens that keep a JSON object poss
 TEST_CASE("JsonConstraint counts pending tokens as committed ones, and keeps masks by state",
           "[grammar]") {
   const auto vocabulary = MakeVocabulary();
-  const auto id = [&](std::string_view piece) {
-    for (int32_t i = 0; i < vocabulary->size(); ++i) {
-      if (vocabulary->bytes(i) != nullptr && *vocabulary->bytes(i) == piece) return i;
-    }
-    FAIL("no piece " << piece);
-    return -1;
-  };
+  const auto id = [&](std::string_view piece) { return testing::PieceId(*vocabulary, piece); };
   const std::vector<int32_t> drafts = {id("{\""), id("ab"), id("\": "), id("[]"), id(",")};
   JsonConstraint committed(vocabulary, {kEnd});
   JsonConstraint pending(vocabulary, {kEnd});
@@ -138,17 +125,17 @@ TEST_CASE("JsonConstraint counts pending tokens as committed ones, and keeps mas
   SECTION("A refused token, committed or pending, leaves only the end") {
     JsonConstraint refused(vocabulary, {kEnd});
     const std::vector<int32_t> end_only = {kEnd};
-    CHECK(Ids(*refused.Allowed(std::vector<int32_t>{id("}")})) == end_only);
-    CHECK(Ids(*refused.Allowed(std::vector<int32_t>{0})) == end_only);  // a special token
+    CHECK(testing::Ids(*refused.Allowed(std::vector<int32_t>{id("}")})) == end_only);
+    CHECK(testing::Ids(*refused.Allowed(std::vector<int32_t>{0})) == end_only);  // a special token
     refused.Commit(std::vector<int32_t>{id("[]")});
-    CHECK(Ids(*refused.Allowed({})) == end_only);
+    CHECK(testing::Ids(*refused.Allowed({})) == end_only);
     CHECK_FALSE(refused.complete());
   }
   SECTION("A complete object allows only the end ids") {
     JsonConstraint complete(vocabulary, {kEnd, 1});
     complete.Commit(std::vector<int32_t>{id("{}")});
     CHECK(complete.complete());
-    CHECK(Ids(*complete.Allowed({})) == std::vector<int32_t>{1, kEnd});
+    CHECK(testing::Ids(*complete.Allowed({})) == std::vector<int32_t>{1, kEnd});
   }
   SECTION("A vocabulary that cannot go on ends the answer") {
     const auto small = std::make_shared<const TokenVocabulary>(
@@ -156,7 +143,7 @@ TEST_CASE("JsonConstraint counts pending tokens as committed ones, and keeps mas
                                                 "\"", "a"});
     JsonConstraint stuck(small, {kEnd});
     stuck.Commit(std::vector<int32_t>{3, 4, 5, 4});  // {"a" and no ':' to follow
-    CHECK(Ids(*stuck.Allowed({})) == std::vector<int32_t>{kEnd});
+    CHECK(testing::Ids(*stuck.Allowed({})) == std::vector<int32_t>{kEnd});
   }
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "models/grammar/grammar_test_util.h"
 #include "models/grammar/json_constraint.h"
 #include "models/grammar/schema_grammar.h"
 #include "nlohmann/json.hpp"
@@ -679,23 +680,9 @@ TEST_CASE("A schema constraint's masks are each token tried on its own, along ra
       SchemaGrammar state(schema.get());
       for (int step = 0; step < 60; ++step) {
         const auto mask = constraint->Allowed(pending);
-        std::vector<int32_t> expected;
-        for (int32_t id = 0; id < vocabulary->size(); ++id) {
-          const std::string* bytes = vocabulary->bytes(id);
-          SchemaGrammar next = state;
-          const bool allowed = id == kEnd ? state.can_end()
-                                          : !state.complete() && bytes != nullptr &&
-                                                !bytes->empty() && next.Feed(*bytes);
-          if (allowed) expected.push_back(id);
-        }
-        std::vector<int32_t> got;
-        for (int32_t id = 0; id < vocabulary->size(); ++id) {
-          if ((*mask)[static_cast<size_t>(id)] != 0) got.push_back(id);
-        }
+        const std::vector<int32_t> got = testing::Ids(*mask);
         INFO("after " << pending.size() << " tokens");
-        // A state no token continues ends the answer: the mask is the end alone.
-        if (expected.empty()) expected = {kEnd};
-        REQUIRE(got == expected);
+        REQUIRE(got == testing::TokensTaken(state, *vocabulary, kEnd));
         const int32_t next = got[std::uniform_int_distribution<size_t>(0, got.size() - 1)(rng)];
         if (next == kEnd) break;
         REQUIRE(state.Feed(*vocabulary->bytes(next)));

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/hash/hash.h"
+#include "models/grammar/grammar_test_util.h"
 #include "nlohmann/json.hpp"
 
 namespace tophat {
@@ -716,26 +717,12 @@ std::shared_ptr<const TokenVocabulary> ToolVocabulary() {
   return std::make_shared<const TokenVocabulary>(std::move(tokens));
 }
 
-std::vector<int32_t> Ids(const std::vector<uint8_t>& mask) {
-  std::vector<int32_t> ids;
-  for (size_t i = 0; i < mask.size(); ++i) {
-    if (mask[i] != 0) ids.push_back(static_cast<int32_t>(i));
-  }
-  return ids;
-}
-
 TEST_CASE(
     "A tool call constraint's masks are each token fed on its own, and once the calls "
     "are complete only the end; with text first, any token in the text",
     "[grammar][tool_calls]") {
   const auto vocabulary = ToolVocabulary();
-  const auto id = [&](std::string_view piece) {
-    for (int32_t i = 0; i < vocabulary->size(); ++i) {
-      if (vocabulary->bytes(i) != nullptr && *vocabulary->bytes(i) == piece) return i;
-    }
-    FAIL("no piece " << piece);
-    return -1;
-  };
+  const auto id = [&](std::string_view piece) { return testing::PieceId(*vocabulary, piece); };
   std::mt19937_64 rng(13);
   for (const auto& [syntax, text_first] :
        {std::pair{Hermes(), false}, {Llama(), false}, {Hermes(), true}, {Llama(), true}}) {
@@ -750,18 +737,9 @@ TEST_CASE(
       ToolCallGrammar state(spec.get());
       for (int step = 0; step < 150; ++step) {
         const auto mask = constraint->Allowed(pending);
-        std::vector<int32_t> expected;
-        for (int32_t i = 0; i < vocabulary->size(); ++i) {
-          const std::string* bytes = vocabulary->bytes(i);
-          ToolCallGrammar next = state;
-          const bool allowed = i == kEnd ? state.can_end()
-                                         : !state.complete() && bytes != nullptr &&
-                                               !bytes->empty() && next.Feed(*bytes);
-          if (allowed) expected.push_back(i);
-        }
-        if (expected.empty()) expected = {kEnd};
+        const std::vector<int32_t> expected = testing::TokensTaken(state, *vocabulary, kEnd);
         INFO("after " << pending.size() << " tokens");
-        const std::vector<int32_t> got = Ids(*mask);
+        const std::vector<int32_t> got = testing::Ids(*mask);
         REQUIRE(got == expected);
         if (state.complete()) CHECK(got == std::vector<int32_t>{kEnd});
         // Tokens that go on with a call more often, so that walks reach their ends.
@@ -810,7 +788,7 @@ TEST_CASE(
     using Pieces = std::set<std::string>;
     const auto pieces = [&](std::vector<int32_t> pending) {
       Pieces out;
-      for (const int32_t i : Ids(*constraint->Allowed(pending))) {
+      for (const int32_t i : testing::Ids(*constraint->Allowed(pending))) {
         out.insert(i == kEnd ? "<end>" : *vocabulary->bytes(i));
       }
       return out;
@@ -844,7 +822,7 @@ TEST_CASE(
     using Pieces = std::set<std::string>;
     const auto pieces = [&](std::vector<int32_t> pending) {
       Pieces out;
-      for (const int32_t i : Ids(*constraint.Allowed(pending))) {
+      for (const int32_t i : testing::Ids(*constraint.Allowed(pending))) {
         out.insert(i == kEnd ? "<end>" : *vocabulary->bytes(i));
       }
       return out;
