@@ -260,6 +260,26 @@ def main():
         {"model": "toy", "messages": [{"role": "user", "content": "x"}],
          "tophat_outline": {"max_points": 3}}).encode())
 
+    # Tool calls: Qwen2.5's layout (several calls, text first) and Llama 3.1's (one call).
+    weather = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                                "days": {"type": "integer", "minimum": 1}},
+               "required": ["city"], "additionalProperties": False}
+    tools = [{"name": "get_weather", "parameters": weather},
+             {"name": "get", "parameters": {"type": "object"}}]
+    hermes = {"open": '<tool_call>\n{"name": "', "between": '", "arguments": ',
+              "close": "}\n</tool_call>", "separator": "\n", "start_tag": "<tool_call>",
+              "max_calls": 3, "tools": tools}
+    write(out, "tool_calls", "hermes.bin", json.dumps(hermes).encode() + b"\0"
+          + b'<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}'
+          + b'\n</tool_call>\n<tool_call>\n{"name": "get", "arguments": {}}\n</tool_call>')
+    write(out, "tool_calls", "text_first.bin",
+          json.dumps(dict(hermes, text_first=True)).encode() + b"\0"
+          + b'Let me see. <tool<tool_call>\n{"name": "get", "arguments": {"a": [1]}}\n</tool_call>')
+    llama = {"open": '{"name": "', "between": '", "parameters": ', "close": "}",
+             "text_first": True, "tools": tools}
+    write(out, "tool_calls", "llama.bin", json.dumps(llama).encode() + b"\0"
+          + b'  {"name": "get_weather", "parameters": {"city": "Rome"}}')
+
     # Answers in JSON: objects that take every branch of the automaton, and near misses.
     write(out, "json_grammar", "object.json",
           '{"a": [1, -2.5e+3, 0, true, false, null], "b": {"c": "\\u00e9\\uD83C\\uDFA9\\n"}}')
