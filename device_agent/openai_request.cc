@@ -91,7 +91,7 @@ std::variant<std::string, OpenAiError> MessageContent(const Json& content, size_
   if (content.is_array()) {
     std::string text;
     for (const Json& part : content) {
-      if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+      if (!part.is_object() || part.value("type", Json()) != "text" || !part.contains("text") ||
           !part["text"].is_string()) {
         return Invalid(param, absl::StrCat(param, ": only text content parts are supported"));
       }
@@ -121,7 +121,7 @@ std::optional<OpenAiError> ParseToolCalls(const Json& value, const std::string& 
     const Json& call = value[j];
     const std::string at = absl::StrCat(param, "[", j, "]");
     if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
-        call.value("type", "function") != "function") {
+        call.value("type", Json("function")) != "function") {
       return Invalid(at, absl::StrCat(at, " must be {\"id\", \"type\": \"function\", "
                                           "\"function\": {\"name\", \"arguments\"}}"));
     }
@@ -220,7 +220,7 @@ std::optional<OpenAiError> ParseTools(const Json& value, const nlohmann::ordered
   for (size_t t = 0; t < value.size(); ++t) {
     const Json& tool = value[t];
     const std::string at = absl::StrCat("tools[", t, "]");
-    if (!tool.is_object() || tool.value("type", "") != "function" || !tool.contains("function") ||
+    if (!tool.is_object() || tool.value("type", Json()) != "function" || !tool.contains("function") ||
         !tool["function"].is_object()) {
       return Invalid(at, absl::StrCat(at, " must be {\"type\": \"function\", \"function\": "
                                           "{\"name\", \"description\", \"parameters\"}}"));
@@ -288,7 +288,7 @@ std::optional<OpenAiError> ParseToolChoice(const Json& value, OpenAiRequest& req
                                             : ToolChoice::kRequired;
     return std::nullopt;
   }
-  if (value.is_object() && value.value("type", "") == "function" && value.size() == 2 &&
+  if (value.is_object() && value.value("type", Json()) == "function" && value.size() == 2 &&
       value.contains("function") && value["function"].is_object() &&
       value["function"].size() == 1 && IsToolName(value["function"].value("name", Json()))) {
     request.tool_choice = ToolChoice::kFunction;

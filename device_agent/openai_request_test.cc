@@ -312,6 +312,14 @@ TEST_CASE("Tools, tool_choice and calls that could not be honoured are refused b
   const std::vector<std::pair<std::string, std::string>> cases = {
       {ChatWith(R"("tools": {})"), "tools"},
       {ChatWith(R"("tools": [{"type": "retrieval"}])"), "tools[0]"},
+      // Fields of the wrong type are refusals, not exceptions (fuzzing found the first).
+      {ChatWith(R"("tools": [{"type": null, "function": {"name": "a"}}])"), "tools[0]"},
+      {ChatWith(R"("tool_choice": {"type": 1, "function": {"name": "a"}})"), "tool_choice"},
+      {R"({"model": "toy", "messages": [{"role": "assistant", "tool_calls": [{"type": 2,
+           "function": {"name": "a", "arguments": "{}"}}]}]})",
+       "messages[0].tool_calls[0]"},
+      {R"({"model": "toy", "messages": [{"role": "user", "content": [{"type": 5}]}]})",
+       "messages[0].content"},
       {ChatWith(R"("tools": [{"type": "function", "function": {"name": "a b"}}])"),
        "tools[0].function.name"},
       {ChatWith(R"("tools": [{"type": "function", "function": {"name": "a"}},

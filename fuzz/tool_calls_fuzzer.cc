@@ -40,7 +40,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!tool.is_object() || !tool.contains("parameters")) return 0;
     auto compiled = tophat::CompiledSchema::Compile(tool["parameters"]);
     if (!compiled.ok()) return 0;
-    tools.push_back({.name = tool.value("name", ""), .parameters = *std::move(compiled)});
+    tools.push_back({.name = Text(tool, "name").value_or(""), .parameters = *std::move(compiled)});
   }
   tophat::ToolCallSyntax syntax{.open = Text(spec, "open").value_or(""),
                                 .between = Text(spec, "between").value_or(""),

@@ -68,7 +68,12 @@ absl::StatusOr<AdapterInfo> AdapterInfo::Load(const fs::path& dir) {
   if (j.is_discarded()) {
     return absl::InvalidArgumentError(absl::StrCat(path.string(), ": not valid JSON"));
   }
-  return FromJson(j, path.string());
+  // A key of the wrong type throws from nlohmann's value(): an error naming the file.
+  try {
+    return FromJson(j, path.string());
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path.string(), ": ", e.what()));
+  }
 }
 
 ModelConfig AdapterModelConfig(const ModelConfig& model, const AdapterInfo& info) {

@@ -210,7 +210,13 @@ absl::StatusOr<BundleManifest> BundleManifest::Load(const fs::path& bundle_dir) 
   }
   json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path.string(), ": not valid JSON"));
-  return FromJson(j, path.string());
+  // A key of the wrong type ("kind": 3) throws from nlohmann's value(): an error naming the
+  // file, not a daemon that dies at start.
+  try {
+    return FromJson(j, path.string());
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path.string(), ": ", e.what()));
+  }
 }
 
 namespace {

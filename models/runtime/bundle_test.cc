@@ -134,6 +134,23 @@ TEST_CASE("An int8 device bundle stores its matrices as int8, loads as int8, and
   }
 }
 
+TEST_CASE("A manifest or adapter file with a key of the wrong type is an error naming the "
+          "file, not an exception",
+          "[bundle]") {
+  testing::TempDir dir;
+  testing::WriteBytes(dir.path() / kBundleManifestFile,
+                      R"({"format": "tophat-bundle", "kind": 3})");
+  absl::StatusOr<BundleManifest> manifest;
+  REQUIRE_NOTHROW(manifest = BundleManifest::Load(dir.path()));
+  REQUIRE_FALSE(manifest.ok());
+  CHECK_THAT(std::string(manifest.status().message()), Catch::Contains(kBundleManifestFile));
+  testing::WriteBytes(dir.path() / kAdapterInfoFile, R"({"format": ["tophat-adapter"]})");
+  absl::StatusOr<AdapterInfo> adapter;
+  REQUIRE_NOTHROW(adapter = AdapterInfo::Load(dir.path()));
+  REQUIRE_FALSE(adapter.ok());
+  CHECK_THAT(std::string(adapter.status().message()), Catch::Contains(kAdapterInfoFile));
+}
+
 TEST_CASE("A manifest's weights key takes int8 or nothing", "[bundle]") {
   nlohmann::json manifest = {{"format", "tophat-bundle"},
                              {"format_version", 1},

@@ -239,7 +239,7 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Load(const std::filesystem::path& dir
   // transformers may save several named templates; "default" is the chat one.
   if (it->is_array()) {
     for (const nlohmann::json& entry : *it) {
-      if (entry.is_object() && entry.value("name", "") == "default" && entry.contains("template") &&
+      if (entry.is_object() && entry.value("name", nlohmann::json()) == "default" && entry.contains("template") &&
           entry["template"].is_string()) {
         return FromSource(entry["template"].get<std::string>(),
                           absl::StrCat(path.string(), " (chat_template \"default\")"));
