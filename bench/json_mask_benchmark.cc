@@ -7,7 +7,7 @@
 // of value with no undeclared keys, a string with a maxLength, whose masks are never kept from
 // one character to the next, and an integer and a number with bounds), and for tool calls in
 // Qwen2.5's layout (ToolCallConstraint: its literals, a name along the tools' names, the
-// arguments under their tool's schema). The bound beside them is one pass
+// arguments under their tool's schema; and tool_choice "auto", text before any call). The bound beside them is one pass
 // over the vocabulary's bytes, measured in the same run: the walk reads each token at least
 // once less what it shares with the token before. The vocabulary is a tokenizer's
 // (--tokenizer DIR: tokenizer.json or tokenizer.model) or a synthetic byte-level one of
@@ -192,6 +192,22 @@ int Run(const Args& args) {
       {{.name = "get_weather", .parameters = *weather}, {.name = "get_time", .parameters = *clock}},
       4);
   if (!tool_calls.ok()) return Fail(tool_calls.status());
+  // tool_choice "auto": text first, where every token is walked whole (nothing is refused
+  // but special tokens, and the end is allowed), until the tag begins a call.
+  const auto auto_calls = ToolCallSpec::Create(
+      ToolCallSyntax{.open = "<tool_call>\n{\"name\": \"",
+                     .between = "\", \"arguments\": ",
+                     .close = "}\n</tool_call>",
+                     .separator = "\n",
+                     .start_tag = "<tool_call>"},
+      {{.name = "get_weather", .parameters = *weather}, {.name = "get_time", .parameters = *clock}},
+      4, /*text_first=*/true);
+  if (!auto_calls.ok()) return Fail(auto_calls.status());
+  const std::vector<State> auto_states = {
+      {"text", "Let me check the weather."},
+      {"partial tag", "Sure. <tool_"},
+      {"call", "Sure. <tool_call>\n{\"name\": \"get_"},
+  };
   const std::vector<State> tool_states = {
       {"start", ""},
       {"open", "<tool_call>\n{\"na"},
@@ -291,6 +307,12 @@ int Run(const Args& args) {
         "tools", tool_states,
         [&] { return MakeToolCallConstraint(vocabulary, end_ids, *tool_calls); },
         ToolCallGrammar(tool_calls->get()));
+  }
+  if (measured.ok()) {
+    measured = measure(
+        "auto", auto_states,
+        [&] { return MakeToolCallConstraint(vocabulary, end_ids, *auto_calls); },
+        ToolCallGrammar(auto_calls->get()));
   }
   if (!measured.ok()) return Fail(measured);
   const nlohmann::json report = {{"benchmark", "json_mask"},
