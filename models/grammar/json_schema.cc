@@ -18,7 +18,7 @@ using nlohmann::json;
 constexpr std::string_view kAnnotations[] = {
     "title",    "description", "default",  "examples",  "format",   "$schema",
     "$id",      "$comment",    "deprecated", "readOnly", "writeOnly", "$defs",
-    "definitions"};
+    "definitions", "discriminator"};
 // Keywords that constrain, and are compiled.
 constexpr std::string_view kSupported[] = {
     "type",      "enum",      "const",   "properties",       "required",
@@ -248,11 +248,36 @@ class SchemaCompiler {
   absl::Status FillEnum(int32_t index, const json& schema, const std::string& pointer,
                         bool typed);
   absl::Status UnionTypes(int32_t node, std::vector<uint8_t>& state);
+  // A union of more than one branch, its branches finished: rewritten to one branch a JSON
+  // type, an overlap node where several branches take that type.
+  absl::Status Overlap(int32_t node);
+  // Whether no value is of both `a` and `b` (nodes that are no unions, of one JSON type): two
+  // enums with no value in common, or two objects with a required property whose enums have
+  // none (a oneOf's discriminator).
+  bool Disjoint(int32_t a, int32_t b);
+  // Objects' discriminator: a property each of `members` requires, whose values (an enum's)
+  // no two of them share; each member's index of it, or empty when there is none.
+  std::vector<int32_t> Discriminator(const std::vector<int32_t>& members);
+  // The values an enum node (through one-branch unions) takes, as compact JSON; nullptr for
+  // any other node.
+  const std::vector<std::string>* EnumValues(int32_t node);
+  // The node a chain of one-branch unions ($ref, allOf) leads to (the node itself when it
+  // is none), once UnionTypes finished it.
+  int32_t Resolved(int32_t node) const {
+    const auto i = static_cast<size_t>(node);
+    return i < alias_.size() && alias_[i] != SchemaNode::kNone ? alias_[i] : node;
+  }
+  // Whether the readings SchemaGrammar keeps alive at once stay within kMaxAlternatives.
+  absl::Status AlternativesWithinBounds(int32_t root);
 
   const json& root_;
   std::vector<std::string> pointers_;  // each node's place, for errors
   absl::flat_hash_map<std::string, int32_t> by_reference_;
   int32_t any_ = SchemaNode::kNone;
+  std::vector<uint8_t> one_of_;  // one_of_[node]: the union is a oneOf
+  std::vector<int32_t> alias_;   // Resolved's, for one-branch unions
+  // Overlap nodes and unions, each after the nodes it holds (UnionTypes' order).
+  std::vector<int32_t> union_order_;
   int nesting_ = 0;  // Fill calls in progress
   size_t pointer_bytes_ = 0;
 };
@@ -315,8 +340,8 @@ absl::Status SchemaCompiler::FillNested(int32_t index, const json& schema,
                                   "\" is not supported (supported: type, enum, const, properties, "
                                   "required, additionalProperties, items, minItems, maxItems, "
                                   "minLength, maxLength, minimum, maximum, exclusiveMinimum and "
-                                  "exclusiveMaximum of integers, anyOf and oneOf of different "
-                                  "types, allOf of one schema, $ref, and annotations)"));
+                                  "exclusiveMaximum, anyOf, oneOf, allOf of one schema, $ref, "
+                                  "and annotations)"));
     }
     constrains = true;
   }
@@ -350,6 +375,10 @@ absl::Status SchemaCompiler::FillNested(int32_t index, const json& schema,
       branches.push_back(*branch);
     }
     At(index).branches = std::move(branches);
+    if (std::string_view(alone) == "oneOf") {
+      if (one_of_.size() <= static_cast<size_t>(index)) one_of_.resize(static_cast<size_t>(index) + 1);
+      one_of_[static_cast<size_t>(index)] = 1;
+    }
     return absl::OkStatus();
   }
   if (!constrains) {
@@ -666,37 +695,257 @@ absl::Status SchemaCompiler::FillEnum(int32_t index, const json& schema,
   return absl::OkStatus();
 }
 
-// A union's types are its branches'; state: 0 unvisited, 1 in progress, 2 done.
+// A union's types are its branches'. Post-order, a branch finished first: a union of more
+// than one branch is then rewritten by Overlap. state: 0 unvisited, 1 in progress, 2 done.
 absl::Status SchemaCompiler::UnionTypes(int32_t node, std::vector<uint8_t>& state) {
-  if (state[static_cast<size_t>(node)] == 2 || At(node).branches.empty()) return absl::OkStatus();
-  if (state[static_cast<size_t>(node)] == 1) {
-    return Invalid(pointers_[static_cast<size_t>(node)],
-                   "refers back to itself with no object or array in between");
+  const auto at = static_cast<size_t>(node);
+  if (at >= state.size() || state[at] == 2 || At(node).branches.empty()) {
+    return absl::OkStatus();  // done, no union, or an overlap node made here
   }
-  state[static_cast<size_t>(node)] = 1;
-  uint8_t seen = 0;
+  if (state[at] == 1) {
+    return Invalid(pointers_[at], "refers back to itself with no object or array in between");
+  }
+  state[at] = 1;
   const std::vector<int32_t> branches = At(node).branches;
-  for (size_t i = 0; i < branches.size(); ++i) {
-    if (absl::Status done = UnionTypes(branches[i], state); !done.ok()) return done;
-    const SchemaNode& branch = At(branches[i]);
-    const uint8_t classes = branch.any ? ClassesOf(kAllJsonTypes) : ClassesOf(branch.types);
-    if ((classes & seen) != 0 || (branch.any && branches.size() > 1)) {
-      return Invalid(pointers_[static_cast<size_t>(node)],
-                     absl::StrCat("branches take the same JSON type (",
-                                  TypeNames(classes & (seen | (branch.any ? kAllJsonTypes : 0))),
-                                  "): only branches of different types are supported, "
-                                  "told apart by a value's first character"));
-    }
-    seen |= classes;
-    At(node).types |= branch.any ? kAllJsonTypes : branch.types;
+  for (const int32_t branch : branches) {
+    if (absl::Status done = UnionTypes(branch, state); !done.ok()) return done;
+    const SchemaNode& b = At(branch);
+    At(node).types |= b.any ? kAllJsonTypes : b.types;
   }
-  state[static_cast<size_t>(node)] = 2;
+  if (branches.size() == 1) {
+    if (alias_.size() < out->nodes_.size()) alias_.resize(out->nodes_.size(), SchemaNode::kNone);
+    alias_[at] = Resolved(branches[0]);
+  } else if (absl::Status overlapped = Overlap(node); !overlapped.ok()) {
+    return overlapped;
+  }
+  union_order_.push_back(node);
+  state[at] = 2;
+  return absl::OkStatus();
+}
+
+absl::Status SchemaCompiler::Overlap(int32_t node) {
+  const std::string& pointer = pointers_[static_cast<size_t>(node)];
+  // What a value may be of: the branches' own nodes, a union's (already rewritten) branches
+  // and an overlap's members in their place, once each.
+  std::vector<int32_t> candidates;
+  const auto add = [&](int32_t candidate) {
+    if (std::find(candidates.begin(), candidates.end(), candidate) == candidates.end()) {
+      candidates.push_back(candidate);
+    }
+  };
+  for (const int32_t branch : std::vector<int32_t>(At(node).branches)) {
+    const int32_t resolved = Resolved(branch);
+    const std::vector<int32_t> parts =
+        At(resolved).branches.empty() ? std::vector<int32_t>{resolved} : At(resolved).branches;
+    for (const int32_t part : parts) {
+      if (At(part).members.empty()) {
+        add(part);
+      } else {
+        for (const int32_t member : At(part).members) add(member);
+      }
+    }
+  }
+  for (const int32_t candidate : candidates) {
+    if (At(candidate).any && candidates.size() > 1) {
+      return Invalid(pointer, "a branch takes any value beside other branches: give it alone");
+    }
+  }
+  const bool one_of = static_cast<size_t>(node) < one_of_.size() && one_of_[static_cast<size_t>(node)] != 0;
+  std::vector<int32_t> overlaps;
+  std::vector<int32_t> singles;
+  for (const uint8_t type : {kTypeObject, kTypeArray, kTypeString, kTypeNumber, kTypeBoolean,
+                             kTypeNull}) {
+    std::vector<int32_t> of;
+    for (const int32_t candidate : candidates) {
+      if ((ClassesOf(At(candidate).types) & type) != 0) of.push_back(candidate);
+    }
+    if (of.empty()) continue;
+    int32_t single = of.size() == 1 ? of[0] : SchemaNode::kNone;
+    if (single == SchemaNode::kNone && type == kTypeNumber) {
+      // A number has no byte that ends it, so two readings could end apart: only plain
+      // numbers overlap, an "integer" and a "number" as the number (Pydantic's
+      // Union[int, float]).
+      for (const int32_t candidate : of) {
+        const SchemaNode& c = At(candidate);
+        if (!c.enum_texts.empty() || c.bounds_integers() || c.bounds_numbers()) {
+          return Invalid(pointer, absl::StrCat(
+                                      "branches take numbers both, one of them with bounds or "
+                                      "values (", pointers_[static_cast<size_t>(candidate)],
+                                      "): only plain \"integer\" and \"number\" branches may "
+                                      "overlap"));
+        }
+        if (single == SchemaNode::kNone || (c.types & kTypeNumber) != 0) single = candidate;
+      }
+    }
+    if (single != SchemaNode::kNone) {
+      if (std::find(singles.begin(), singles.end(), single) == singles.end()) {
+        singles.push_back(single);
+      }
+      continue;
+    }
+    const std::vector<int32_t> first_keys = type == kTypeObject ? Discriminator(of) : std::vector<int32_t>{};
+    if (one_of && first_keys.empty()) {
+      for (size_t i = 0; i < of.size(); ++i) {
+        for (size_t j = i + 1; j < of.size(); ++j) {
+          if (!Disjoint(of[i], of[j])) {
+            return Invalid(pointer, absl::StrCat(
+                "oneOf's branches ", pointers_[static_cast<size_t>(of[i])], " and ",
+                pointers_[static_cast<size_t>(of[j])], " may both take a value (", TypeNames(type),
+                "): tell them apart by a required property with different \"const\" "
+                "values in each (a discriminator), or use anyOf"));
+          }
+        }
+      }
+    }
+    const int32_t overlap = NewNode(pointer);
+    At(overlap).members = std::move(of);
+    At(overlap).first_keys = first_keys;
+    At(overlap).types = type;
+    union_order_.push_back(overlap);
+    overlaps.push_back(overlap);
+  }
+  // Overlaps first: ForType takes the first branch of a type, and a single may take more than
+  // one type (an object or null) where an overlap takes one of them.
+  overlaps.insert(overlaps.end(), singles.begin(), singles.end());
+  At(node).branches = std::move(overlaps);
+  return absl::OkStatus();
+}
+
+const std::vector<std::string>* SchemaCompiler::EnumValues(int32_t node) {
+  const SchemaNode& n = At(Resolved(node));
+  return n.branches.empty() && n.members.empty() && !n.enum_texts.empty() ? &n.enum_texts
+                                                                           : nullptr;
+}
+
+namespace {
+
+// Whether two enums share no value, as JSON values rather than texts (1 and 1.0 are one value
+// to a validator); false where either is no enum.
+bool ValuesApart(const std::vector<std::string>* x, const std::vector<std::string>* y) {
+  if (x == nullptr || y == nullptr) return false;
+  for (const std::string& u : *x) {
+    for (const std::string& v : *y) {
+      if (json::parse(u) == json::parse(v)) return false;
+    }
+  }
+  return true;
+}
+
+int32_t RequiredProperty(const SchemaNode& node, const std::string& name) {
+  for (size_t i = 0; i < node.property_names.size(); ++i) {
+    if (node.property_names[i] == name && (node.required >> i & 1u) != 0) {
+      return static_cast<int32_t>(i);
+    }
+  }
+  return SchemaNode::kNone;
+}
+
+}  // namespace
+
+bool SchemaCompiler::Disjoint(int32_t a, int32_t b) {
+  if (ValuesApart(EnumValues(a), EnumValues(b))) return true;
+  const SchemaNode& x = At(a);
+  const SchemaNode& y = At(b);
+  for (size_t i = 0; i < x.property_names.size(); ++i) {
+    if ((x.required >> i & 1u) == 0) continue;
+    const int32_t j = RequiredProperty(y, x.property_names[i]);
+    if (j != SchemaNode::kNone &&
+        ValuesApart(EnumValues(x.property_nodes[i]),
+                    EnumValues(y.property_nodes[static_cast<size_t>(j)]))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<int32_t> SchemaCompiler::Discriminator(const std::vector<int32_t>& members) {
+  const SchemaNode& first = At(members[0]);
+  if (!first.enum_texts.empty()) return {};
+  for (size_t p = 0; p < first.property_names.size(); ++p) {
+    const std::string& name = first.property_names[p];
+    std::vector<int32_t> indices;
+    for (const int32_t member : members) {
+      const SchemaNode& m = At(member);
+      const int32_t index = m.enum_texts.empty() ? RequiredProperty(m, name) : SchemaNode::kNone;
+      if (index == SchemaNode::kNone ||
+          EnumValues(m.property_nodes[static_cast<size_t>(index)]) == nullptr) {
+        break;
+      }
+      indices.push_back(index);
+    }
+    if (indices.size() != members.size()) continue;
+    bool apart = true;
+    for (size_t i = 0; i < members.size() && apart; ++i) {
+      for (size_t j = i + 1; j < members.size() && apart; ++j) {
+        apart = ValuesApart(
+            EnumValues(At(members[i]).property_nodes[static_cast<size_t>(indices[i])]),
+            EnumValues(At(members[j]).property_nodes[static_cast<size_t>(indices[j])]));
+      }
+    }
+    if (apart) return indices;
+  }
+  return {};
+}
+
+absl::Status SchemaCompiler::AlternativesWithinBounds(int32_t root) {
+  // The most readings a value of each node may keep alive, with d more nested objects and
+  // arrays allowed: an object's or array's most of what it holds with d - 1; an overlap's
+  // members' sum (with a discriminator, written first, its members' count or their most); a
+  // union's most of its branches'; 1 for anything else. An overestimate (every property at
+  // once, every member surviving), capped past the limit.
+  constexpr int32_t kCap = CompiledSchema::kMaxAlternatives + 1;
+  const size_t count = out->nodes_.size();
+  std::vector<int32_t> below(count, 1);
+  std::vector<int32_t> here(count, 1);
+  for (int32_t d = 1; d <= CompiledSchema::kMaxDepth; ++d) {
+    for (size_t i = 0; i < count; ++i) {
+      const SchemaNode& n = out->nodes_[i];
+      int32_t most = 1;
+      if (n.branches.empty() && n.members.empty() && !n.any && n.enum_texts.empty()) {
+        for (const int32_t property : n.property_nodes) {
+          most = std::max(most, below[static_cast<size_t>(property)]);
+        }
+        if (n.additional != SchemaNode::kNone) {
+          most = std::max(most, below[static_cast<size_t>(n.additional)]);
+        }
+        if (n.items != SchemaNode::kNone) most = std::max(most, below[static_cast<size_t>(n.items)]);
+      }
+      here[i] = most;
+    }
+    // Overlaps and unions after what they hold.
+    for (const int32_t node : union_order_) {
+      const SchemaNode& n = At(node);
+      int32_t most = n.members.empty() ? 1 : 0;
+      for (const int32_t member : n.members) {
+        most = n.first_keys.empty() ? std::min(kCap, most + here[static_cast<size_t>(member)])
+                                    : std::max(most, here[static_cast<size_t>(member)]);
+      }
+      if (!n.first_keys.empty()) {
+        most = std::min(kCap, std::max(most, static_cast<int32_t>(n.members.size())));
+      }
+      for (const int32_t branch : n.branches) {
+        most = std::max(most, here[static_cast<size_t>(branch)]);
+      }
+      here[static_cast<size_t>(node)] = most;
+    }
+    std::swap(below, here);
+  }
+  if (below[static_cast<size_t>(root)] > CompiledSchema::kMaxAlternatives) {
+    return Invalid("", absl::StrCat("its unions of objects (or arrays, strings) of one type, "
+                                    "nested in one another, could hold more than ",
+                                    CompiledSchema::kMaxAlternatives,
+                                    " readings of a value at once: give fewer branches, or "
+                                    "tell a union's objects apart by a property each requires, "
+                                    "of different \"const\" values (a discriminator)"));
+  }
   return absl::OkStatus();
 }
 
 absl::Status SchemaCompiler::Finish(int32_t root) {
-  std::vector<uint8_t> state(out->nodes_.size(), 0);
-  for (size_t i = 0; i < out->nodes_.size(); ++i) {
+  const size_t compiled = out->nodes_.size();
+  std::vector<uint8_t> state(compiled, 0);
+  alias_.assign(compiled, SchemaNode::kNone);
+  for (size_t i = 0; i < compiled; ++i) {
     if (absl::Status done = UnionTypes(static_cast<int32_t>(i), state); !done.ok()) return done;
   }
   // The fewest nested objects and arrays each node's values need, relaxed over a worklist: a
@@ -714,6 +963,7 @@ absl::Status SchemaCompiler::Finish(int32_t root) {
       dependents[static_cast<size_t>(on)].push_back(static_cast<int32_t>(i));
     };
     for (const int32_t branch : n.branches) depends_on(branch);
+    for (const int32_t member : n.members) depends_on(member);
     for (size_t p = 0; p < n.property_nodes.size(); ++p) {
       if ((n.required >> p & 1u) != 0) depends_on(n.property_nodes[p]);
     }
@@ -732,12 +982,13 @@ absl::Status SchemaCompiler::Finish(int32_t root) {
     SchemaNode& n = At(node);
     int32_t depth = kInf;
     if (n.any || !n.enum_texts.empty() ||
-        (n.branches.empty() &&
+        (n.branches.empty() && n.members.empty() &&
          (n.types & (kTypeString | kTypeInteger | kTypeNumber | kTypeBoolean | kTypeNull)) != 0)) {
       depth = 0;  // a scalar (or an enum's value, which is written whole)
     }
-    if (!n.branches.empty()) {
+    if (!n.branches.empty() || !n.members.empty()) {
       for (const int32_t branch : n.branches) depth = std::min(depth, depth_of(branch));
+      for (const int32_t member : n.members) depth = std::min(depth, depth_of(member));
     } else if (n.enum_texts.empty()) {
       if ((n.types & kTypeObject) != 0) {
         int32_t object = 1;
@@ -776,6 +1027,7 @@ absl::Status SchemaCompiler::Finish(int32_t root) {
                                           CompiledSchema::kMaxDepth,
                                           " objects and arrays supported"));
   }
+  if (absl::Status bounded = AlternativesWithinBounds(root); !bounded.ok()) return bounded;
   out->root_ = root;
   return absl::OkStatus();
 }
@@ -800,6 +1052,11 @@ bool SchemaAccepts(const CompiledSchema& schema, int32_t node, const json& value
   if (node == SchemaNode::kNone) return false;
   const SchemaNode& n = schema.node(node);
   if (n.any) return true;
+  if (!n.members.empty()) {
+    // An overlap: a value of any member (a oneOf's are disjoint, so of exactly one).
+    return std::any_of(n.members.begin(), n.members.end(),
+                       [&](int32_t member) { return SchemaAccepts(schema, member, value); });
+  }
   if (!n.enum_texts.empty()) {
     return std::any_of(n.enum_texts.begin(), n.enum_texts.end(),
                        [&](const std::string& text) { return json::parse(text) == value; });

@@ -7,15 +7,18 @@
 //   true, or a schema; absent: true), items, minItems, maxItems, minLength and maxLength (in
 //   characters), minimum, maximum, exclusiveMinimum and exclusiveMaximum (of an "integer"
 //   within 64-bit integers; of a "number" within +-1e300, which is then written without an
-//   exponent), anyOf and oneOf whose
-//   branches take different JSON types (a nullable field: anyOf [X, {"type": "null"}]), an
-//   allOf of one schema, $ref to "#", "#/$defs/NAME" or "#/definitions/NAME" (recursion
+//   exponent), anyOf and oneOf (a nullable field: anyOf [X, {"type": "null"}]; a union of
+//   objects, Pydantic's Union[Cat, Dog]; a oneOf's branches of one type must be told apart by
+//   a required property of different constant values, Pydantic's discriminator, and where
+//   all of a union's objects are, that property is written first), an allOf of one schema, $ref to "#", "#/$defs/NAME" or "#/definitions/NAME" (recursion
 //   included), and the annotations (title, description, default, examples, format, $schema,
 //   $id, $comment, deprecated, readOnly, writeOnly), which constrain nothing: `format` too,
 //   so a "date-time" is any string.
-// Anything else (pattern, multipleOf, patternProperties, anyOf branches of one type, ...) is refused naming its place, rather than ignored: an answer
-// would not hold to it. So is a schema that no finite value satisfies, or none within kMaxDepth nested
-// objects and arrays.
+// Anything else (pattern, multipleOf, patternProperties, ...) is refused naming its place,
+// rather than ignored: an answer would not hold to it. So is a schema that no finite value
+// satisfies, or none within kMaxDepth nested objects and arrays, and one whose unions could
+// keep more than kMaxAlternatives values' readings alive at once (SchemaGrammar reads a value
+// once for each branch it may still be of).
 //
 // Limits: 64 declared properties an object; a key is spelled as nlohmann::json writes it
 // (SchemaGrammar refuses "\u0061" for "a", which would alias it); an enum value matches as
@@ -79,10 +82,20 @@ struct SchemaNode {
 
   // No constraint: any JSON value (true, {}, or a schema of annotations only).
   bool any = false;
-  // A union (anyOf / oneOf): the branches, of pairwise different types; a value goes to the
-  // one of its type (SchemaGrammar dispatches on its first byte). The fields below are
-  // then unused.
+  // A union (anyOf / oneOf, $ref, allOf): the branches. Once compiled, a union of more than
+  // one branch has one branch for each JSON type it takes (a value goes to the one of its
+  // type: SchemaGrammar dispatches on its first byte); where the schema gave several of one
+  // type, that branch is an overlap node (below). The fields below are then unused.
   std::vector<int32_t> branches;
+  // An overlap (made by Compile from a union's branches of one type, none a union): the
+  // nodes a value of that type may be a value of. SchemaGrammar reads the value once for
+  // each, dropping those it stops being a value of. Of objects, arrays, strings, booleans or
+  // nulls, whose values end at a byte of their own, so that the readings end together.
+  std::vector<int32_t> members;
+  // Objects with a discriminator (a property every member requires, of "const" or "enum"
+  // values no two members share): each member's index of it, which its value then writes
+  // first, so that after the first key one reading goes on; empty without one.
+  std::vector<int32_t> first_keys;
   uint8_t types = 0;  // JsonTypeBit set; a union's is its branches'
 
   // Objects.
@@ -145,6 +158,10 @@ class CompiledSchema {
   // Nested objects and arrays a constrained value may have (SchemaGrammar's stack); a free
   // value inside them (`any`) has JsonGrammar's own limit.
   static constexpr int32_t kMaxDepth = 32;
+  // The most readings of values SchemaGrammar may keep alive at once (overlaps' members,
+  // nested ones multiplying): a union of objects whose properties are unions again, down a
+  // recursion, could otherwise need exponentially many.
+  static constexpr int32_t kMaxAlternatives = 64;
 
   // Errors are InvalidArgument naming the place in the schema as a JSON pointer, e.g.
   // `at /properties/age: "minimum" is not supported (...)`.
@@ -154,7 +171,8 @@ class CompiledSchema {
   int32_t root() const { return root_; }
   size_t size() const { return nodes_.size(); }
   // The node that takes a value of `type` (one JsonTypeBit, kTypeNumber for any number)
-  // where `node` is expected: itself, or its union's branch of that type; kNone if none.
+  // where `node` is expected: itself, or its union's branch of that type (an overlap node
+  // where several take it); kNone if none.
   int32_t ForType(int32_t node, uint8_t type) const;
 
  private:

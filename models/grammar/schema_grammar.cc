@@ -57,10 +57,16 @@ int8_t IntegerOrder(size_t digits, int8_t cmp, const SchemaNode::DecimalBound& b
 SchemaGrammar::SchemaGrammar(const CompiledSchema* schema)
     : schema_(schema), expected_(schema->root()) {}
 
+SchemaGrammar::SchemaGrammar(const CompiledSchema* schema, int32_t node, uint8_t base_depth,
+                             int8_t first_key)
+    : schema_(schema), base_depth_(base_depth), first_key_(first_key), expected_(node) {}
+
 SchemaGrammar& SchemaGrammar::operator=(const SchemaGrammar& other) {
   schema_ = other.schema_;
   phase_ = other.phase_;
   depth_ = other.depth_;
+  base_depth_ = other.base_depth_;
+  first_key_ = other.first_key_;
   whitespace_ = other.whitespace_;
   integer_ = other.integer_;
   expected_ = other.expected_;
@@ -78,6 +84,7 @@ SchemaGrammar& SchemaGrammar::operator=(const SchemaGrammar& other) {
   cmp_high_ = other.cmp_high_;
   // Only the frames in use: the frames above them are never read (and compare as unused).
   std::copy_n(other.frames_.begin(), other.depth_, frames_.begin());
+  alternatives_ = other.alternatives_;
   return *this;
 }
 
@@ -90,8 +97,10 @@ bool SchemaGrammar::operator==(const SchemaGrammar& other) const {
          bounded_number_ == other.bounded_number_ &&
          point_ == other.point_ && leading_zero_ == other.leading_zero_ &&
          fraction_digits_ == other.fraction_digits_ && cmp_low_ == other.cmp_low_ &&
-         cmp_high_ == other.cmp_high_ &&
-         std::equal(frames_.begin(), frames_.begin() + depth_, other.frames_.begin());
+         cmp_high_ == other.cmp_high_ && base_depth_ == other.base_depth_ &&
+         first_key_ == other.first_key_ &&
+         std::equal(frames_.begin(), frames_.begin() + depth_, other.frames_.begin()) &&
+         alternatives_ == other.alternatives_;
 }
 
 bool SchemaGrammar::can_end() const {
@@ -110,13 +119,21 @@ bool SchemaGrammar::in_string() const {
       return leaf_.in_string();
     case Phase::kKeyString:
       // Off the declared names, any undeclared key takes any character.
-      return trie_ < 0 && top().additional && leaf_.in_string();
+      return trie_ < 0 && UndeclaredMayCome(top()) && leaf_.in_string();
+    case Phase::kAlternatives:
+      return std::all_of(alternatives_.begin(), alternatives_.end(),
+                         [](const SchemaGrammar& g) { return g.in_string(); });
     default:
       return false;
   }
 }
 
 int64_t SchemaGrammar::string_room() const {
+  if (phase_ == Phase::kAlternatives) {
+    int64_t room = 0;
+    for (const SchemaGrammar& g : alternatives_) room = std::max(room, g.string_room());
+    return room;
+  }
   if (phase_ == Phase::kLeaf && expected_ != SchemaNode::kNone) {
     const SchemaNode& node = Node(expected_);
     if (node.max_length >= 0) return node.max_length - chars_;
@@ -200,11 +217,22 @@ void SchemaGrammar::CountDecimalByte(unsigned char byte) {
 }
 
 bool SchemaGrammar::Fits(int32_t node) const {
-  return node != SchemaNode::kNone && depth_ + Node(node).min_depth <= kMaxDepth;
+  return node != SchemaNode::kNone && Depth() + Node(node).min_depth <= kMaxDepth;
 }
 
 bool SchemaGrammar::KeyMayCome(const Frame& frame) const {
-  return (frame.open & ~frame.seen) != 0 || frame.additional;
+  return KeysLeft(frame) != 0 || UndeclaredMayCome(frame);
+}
+
+uint64_t SchemaGrammar::KeysLeft(const Frame& frame) const {
+  if (first_key_ >= 0 && &frame == &frames_[0] && frame.seen == 0) {
+    return uint64_t{1} << first_key_;  // required, so its value fits
+  }
+  return frame.open & ~frame.seen;
+}
+
+bool SchemaGrammar::UndeclaredMayCome(const Frame& frame) const {
+  return frame.additional && !(first_key_ >= 0 && &frame == &frames_[0] && frame.seen == 0);
 }
 
 bool SchemaGrammar::ItemMayCome(const Frame& frame) const {
@@ -269,6 +297,8 @@ bool SchemaGrammar::Feed(unsigned char byte) {
     }
     case Phase::kKeyString:
       return KeyByte(byte);
+    case Phase::kAlternatives:
+      return AlternativesByte(byte);
     case Phase::kDone:
       return false;
     default:
@@ -304,6 +334,7 @@ bool SchemaGrammar::Feed(unsigned char byte) {
     case Phase::kKeyString:
     case Phase::kLeaf:
     case Phase::kEnum:
+    case Phase::kAlternatives:
     case Phase::kDone:
       break;  // handled above
   }
@@ -316,6 +347,7 @@ bool SchemaGrammar::StartValue(unsigned char byte) {
   const int32_t index = schema_->ForType(expected_, type);
   if (index == SchemaNode::kNone) return false;
   const SchemaNode& node = Node(index);
+  if (!node.members.empty()) return StartAlternatives(index, byte);
   expected_ = index;
   if (!node.any && !node.enum_texts.empty()) {
     const int32_t child = node.enum_trie.Child(0, byte);
@@ -340,9 +372,52 @@ bool SchemaGrammar::StartValue(unsigned char byte) {
   return true;
 }
 
+bool SchemaGrammar::StartAlternatives(int32_t node, unsigned char byte) {
+  alternatives_.clear();
+  const SchemaNode& overlap = Node(node);
+  for (size_t i = 0; i < overlap.members.size(); ++i) {
+    const int32_t member = overlap.members[i];
+    // A member whose smallest value does not fit here is no alternative (its reading could
+    // not be completed).
+    if (!Fits(member)) continue;
+    SchemaGrammar reading(schema_, member, static_cast<uint8_t>(Depth()),
+                          overlap.first_keys.empty()
+                              ? int8_t{-1}
+                              : static_cast<int8_t>(overlap.first_keys[i]));
+    if (reading.Feed(byte)) alternatives_.push_back(std::move(reading));
+  }
+  if (alternatives_.empty()) return false;
+  expected_ = node;
+  phase_ = Phase::kAlternatives;
+  if (alternatives_.front().complete()) {
+    alternatives_.clear();
+    EndValue();
+  }
+  return true;
+}
+
+bool SchemaGrammar::AlternativesByte(unsigned char byte) {
+  // Each reading takes the byte or is dropped (Feed leaves a refusing one unspecified).
+  size_t kept = 0;
+  for (size_t i = 0; i < alternatives_.size(); ++i) {
+    if (!alternatives_[i].Feed(byte)) continue;
+    if (kept != i) alternatives_[kept] = alternatives_[i];
+    ++kept;
+  }
+  alternatives_.erase(alternatives_.begin() + static_cast<std::ptrdiff_t>(kept),
+                      alternatives_.end());
+  if (alternatives_.empty()) return false;
+  // The members' values end at a byte of their own, so the readings left end together.
+  if (alternatives_.front().complete()) {
+    alternatives_.clear();
+    EndValue();
+  }
+  return true;
+}
+
 bool SchemaGrammar::OpenObject(int32_t index) {
   const SchemaNode& node = Node(index);
-  if (depth_ + node.object_depth > kMaxDepth) return false;
+  if (Depth() + node.object_depth > kMaxDepth) return false;
   Frame& frame = frames_[depth_++];
   frame = Frame{.node = index, .object = true};
   // Properties whose smallest value fits below this object (the required ones all do: the
@@ -357,7 +432,7 @@ bool SchemaGrammar::OpenObject(int32_t index) {
 
 bool SchemaGrammar::OpenArray(int32_t index) {
   const SchemaNode& node = Node(index);
-  if (depth_ + node.array_depth > kMaxDepth) return false;
+  if (Depth() + node.array_depth > kMaxDepth) return false;
   frames_[depth_++] = Frame{.node = index, .object = false};
   expected_ = node.items;
   phase_ = Phase::kValueOrClose;
@@ -376,7 +451,8 @@ bool SchemaGrammar::StartKey(unsigned char byte) {
 bool SchemaGrammar::KeyByte(unsigned char byte) {
   Frame& frame = top();
   const ByteTrie& names = Node(frame.node).keys;
-  const uint64_t left = frame.open & ~frame.seen;
+  const uint64_t left = KeysLeft(frame);
+  const bool undeclared = UndeclaredMayCome(frame);
   if (byte == '"' && leaf_.in_string()) {
     // The key ends: a declared name not yet written, else an undeclared key where one may
     // come (never a declared name again: JSON would keep one of the two values).
@@ -385,7 +461,7 @@ bool SchemaGrammar::KeyByte(unsigned char byte) {
       if ((left >> name & 1u) == 0) return false;
       frame.property = name;
       frame.seen |= uint64_t{1} << name;
-    } else if (frame.additional) {
+    } else if (undeclared) {
       frame.property = kUndeclared;
     } else {
       return false;
@@ -400,7 +476,7 @@ bool SchemaGrammar::KeyByte(unsigned char byte) {
   if (trie_ >= 0) trie_ = names.Child(trie_, byte);
   // Still the start of a name left to write, or of an undeclared key.
   return (trie_ >= 0 && (names.nodes[static_cast<size_t>(trie_)].below & left) != 0) ||
-         frame.additional;
+         undeclared;
 }
 
 bool SchemaGrammar::KeyEscapeByte(unsigned char byte) {

@@ -10,16 +10,22 @@
 // the schema leaves free, is lexed by a JsonGrammar (AnyValue); an enum's value by a walk of
 // the enum's trie; a key by the trie of the object's property names beside a JsonGrammar that
 // keeps it a valid string. Whitespace as JsonGrammar takes it (runs of at most
-// kMaxWhitespaceRun), none after the top-level value.
+// kMaxWhitespaceRun), none after the top-level value. A value that may be of several of a
+// union's branches of one type (an overlap: Union[Cat, Dog]) is read by one SchemaGrammar for
+// each (alternatives), dropped when it refuses a byte; the value is taken while any reads it,
+// and ends when they do (objects, arrays, strings, booleans and nulls end at a byte of their
+// own, so they end together). Objects with a discriminator write it first.
 //
 // A value type: JsonConstraint's vocabulary walk copies it for every byte, so a copy moves
-// only the frames in use. It points at the schema, which must outlive it.
+// only the frames in use (and the alternatives, in storage a copy over an earlier one
+// reuses). It points at the schema, which must outlive it.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "models/grammar/json_grammar.h"
 #include "models/grammar/json_schema.h"
@@ -51,7 +57,8 @@ class SchemaGrammar {
   // control characters are taken, up to string_room() of them (a string with a maxLength
   // counts them; the automaton is then not left as it was).
   bool in_string() const;
-  // In a string (in_string), the most characters it may still take.
+  // In a string (in_string), the most characters it may still take. Reading alternatives:
+  // in_string when each is, taking as many as the roomiest.
   int64_t string_room() const;
 
   bool operator==(const SchemaGrammar& other) const;
@@ -60,7 +67,9 @@ class SchemaGrammar {
     h = H::combine(std::move(h), g.schema_, g.phase_, g.depth_, g.whitespace_, g.expected_,
                    g.integer_, g.trie_, g.leaf_, g.chars_, g.negative_, g.digits_,
                    g.key_escape_, g.bounded_number_, g.point_, g.leading_zero_,
-                   g.fraction_digits_, g.cmp_low_, g.cmp_high_);
+                   g.fraction_digits_, g.cmp_low_, g.cmp_high_, g.base_depth_,
+                   g.first_key_);
+    h = H::combine(std::move(h), g.alternatives_);
     for (int i = 0; i < g.depth_; ++i) {
       const Frame& f = g.frames_[static_cast<size_t>(i)];
       h = H::combine(std::move(h), f.node, f.seen, f.open, f.count, f.property, f.object,
@@ -83,6 +92,7 @@ class SchemaGrammar {
     kKeyString,     // inside a key: trie_ over the object's names (-1: off them), leaf_
     kLeaf,          // inside a scalar or free value: leaf_ (integer_: no fraction, exponent)
     kEnum,          // inside an enum's value: trie_ over expected_'s enum_trie
+    kAlternatives,  // inside a value of an overlap (expected_): alternatives_ read it
     kDone,          // the top-level value is complete
   };
   // An object or array the schema describes.
@@ -97,13 +107,25 @@ class SchemaGrammar {
     bool operator==(const Frame&) const = default;
   };
 
+  // At the start of a value of `node`, `base_depth` objects and arrays deep (an overlap's
+  // member, read as an alternative); an object whose first key must be its property
+  // `first_key` (a discriminator), or -1.
+  SchemaGrammar(const CompiledSchema* schema, int32_t node, uint8_t base_depth,
+                int8_t first_key);
+
   const SchemaNode& Node(int32_t index) const { return schema_->node(index); }
+  // Objects and arrays open around the value being read, the enclosing readings' included.
+  int32_t Depth() const { return base_depth_ + depth_; }
   Frame& top() { return frames_[static_cast<size_t>(depth_ - 1)]; }
   const Frame& top() const { return frames_[static_cast<size_t>(depth_ - 1)]; }
   // Whether a value of node `node` may start at the current depth (its smallest fits).
   bool Fits(int32_t node) const;
   // An object's next key may come: a declared property not yet written, or an undeclared one.
   bool KeyMayCome(const Frame& frame) const;
+  // The declared properties the frame's next key may name, and whether an undeclared one
+  // may come: in the top-level object before its first key, only the discriminator.
+  uint64_t KeysLeft(const Frame& frame) const;
+  bool UndeclaredMayCome(const Frame& frame) const;
   // An array's next item may come.
   bool ItemMayCome(const Frame& frame) const;
 
@@ -115,6 +137,9 @@ class SchemaGrammar {
   void CountDecimalByte(unsigned char byte);
 
   bool StartValue(unsigned char byte);
+  // The first byte of a value of overlap `node`: an alternative for each member it starts.
+  bool StartAlternatives(int32_t node, unsigned char byte);
+  bool AlternativesByte(unsigned char byte);
   bool OpenObject(int32_t node);
   bool OpenArray(int32_t node);
   bool StartKey(unsigned char byte);
@@ -132,6 +157,8 @@ class SchemaGrammar {
   const CompiledSchema* schema_;
   Phase phase_ = Phase::kValue;
   uint8_t depth_ = 0;
+  uint8_t base_depth_ = 0;  // objects and arrays open around the top-level value
+  int8_t first_key_ = -1;   // the top-level object's first key must be this property
   uint8_t whitespace_ = 0;  // whitespace bytes in a row
   bool integer_ = false;
   int32_t expected_ = 0;  // the node of the value to come or being read
@@ -158,6 +185,9 @@ class SchemaGrammar {
   int8_t cmp_low_ = 0;
   int8_t cmp_high_ = 0;
   std::array<Frame, kMaxDepth> frames_{};
+  // Reading an overlap's value: a reading for each member it may still be of, in the
+  // members' order; empty elsewhere.
+  std::vector<SchemaGrammar> alternatives_;
 };
 
 }  // namespace tophat
