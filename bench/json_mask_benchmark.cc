@@ -157,8 +157,19 @@ int Run(const Args& args) {
                      "kind": {"enum": ["adult", "child", "other"]},
                      "code": {"type": "string", "maxLength": 8},
                      "year": {"type": "integer", "minimum": 1900, "maximum": 2100},
-                     "score": {"type": "number", "minimum": 0, "maximum": 1}},
-      "required": ["name"], "additionalProperties": false})"));
+                     "score": {"type": "number", "minimum": 0, "maximum": 1},
+                     "pet": {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}]},
+                     "shape": {"anyOf": [{"$ref": "#/$defs/Box"}, {"$ref": "#/$defs/Disc"}]}},
+      "required": ["name"], "additionalProperties": false,
+      "$defs": {
+        "Cat": {"type": "object", "properties": {"pet_type": {"const": "cat"},
+                "name": {"type": "string"}}, "required": ["pet_type", "name"]},
+        "Dog": {"type": "object", "properties": {"pet_type": {"const": "dog"},
+                "name": {"type": "string"}}, "required": ["pet_type", "name"]},
+        "Box": {"type": "object", "properties": {"w": {"type": "number"},
+                "label": {"type": "string"}}, "required": ["w"], "additionalProperties": false},
+        "Disc": {"type": "object", "properties": {"r": {"type": "number"},
+                 "label": {"type": "string"}}, "additionalProperties": false}}})"));
   if (!schema.ok()) return Fail(schema.status());
   const std::vector<State> schema_states = {
       {"start", ""},
@@ -174,6 +185,11 @@ int Run(const Args& args) {
       {"maxLength", "{\"code\": \"ab"},
       {"bounds", "{\"year\": 19"},
       {"number bounds", "{\"score\": 0.2"},
+      // Unions of objects: a discriminated one (its tag first), and one read twice.
+      {"union key", "{\"pet\": {\""},
+      {"union tag", "{\"pet\": {\"pet_type\": \"c"},
+      {"union value", "{\"pet\": {\"pet_type\": \"cat\", \"name\": \"To"},
+      {"overlap", "{\"shape\": {\"label\": \"sq"},
   };
   // Tool calls: where a required call's answer is in its literals, its name and its arguments.
   const auto weather = CompiledSchema::Compile(nlohmann::json::parse(R"({

@@ -305,6 +305,31 @@ def main():
             "score": {"type": "number", "exclusiveMinimum": -2.5, "maximum": 700.25}},
          "required": ["code", "rating"]}).encode() +
           b'\0{"code": "\\u00e9b", "rating": 5, "depth": -41, "score": -2.49}')
+    # Unions of one type: Pydantic's discriminated Union[Cat, Dog] (a oneOf), a plain
+    # nullable one (an anyOf) and Union[int, float]; a recursive union of objects and strings.
+    pet = {"Cat": ("meows", "integer"), "Dog": ("barks", "number")}
+    defs = {name: {"type": "object", "properties": {
+        "pet_type": {"const": name.lower(), "type": "string"}, field: {"type": kind}},
+        "required": ["pet_type", field]} for name, (field, kind) in pet.items()}
+    write(out, "json_schema", "unions.bin", json.dumps(
+        {"$defs": defs, "type": "object", "properties": {
+            "pet": {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+                    "discriminator": {"propertyName": "pet_type"}},
+            "other": {"anyOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"},
+                                {"type": "null"}]},
+            "n": {"anyOf": [{"type": "integer"}, {"type": "number"}]}},
+         "required": ["pet", "other", "n"]}).encode() +
+          b'\0{"pet": {"pet_type": "dog", "barks": 1.5}, "other": {"pet_type": "cat", '
+          b'"meows": 2, "x": [1]}, "n": 3}')
+    write(out, "json_schema", "tree.bin", json.dumps(
+        {"$defs": {"T": {"anyOf": [
+            {"type": "object", "properties": {"value": {"type": "string", "maxLength": 2}},
+             "required": ["value"]},
+            {"type": "object", "properties": {
+                "children": {"type": "array", "items": {"$ref": "#/$defs/T"}}},
+             "required": ["children"], "additionalProperties": False},
+            {"type": "string"}, {"enum": ["x", "yy"]}]}}, "$ref": "#/$defs/T"}).encode() +
+          b'\0{"children": [{"value": "ab"}, "yy", {"children": []}]}')
 
     # The engine's structured input: op bytes then fields (see agent_message_fuzzer.cc).
     write(out, "agent_message", "open-chunk-step.bin",

@@ -423,7 +423,40 @@ def json_schema_answers(client, model, messages):
         check(isinstance(person, Person),
               f"seed {seed}: parse() gave {person!r} for {parsed.choices[0].message.content!r}")
 
+    # Unions of models: Pydantic's discriminated Union (a oneOf, its tag written first), a
+    # nullable plain Union (an anyOf of both models and null) and Union[int, float].
+    class Cat(pydantic.BaseModel):
+        pet_type: typing.Literal["cat"]
+        meows: int
+
+    class Dog(pydantic.BaseModel):
+        pet_type: typing.Literal["dog"]
+        barks: float
+
+    class Owner(pydantic.BaseModel):
+        pet: typing.Union[Cat, Dog] = pydantic.Field(discriminator="pet_type")
+        other: typing.Optional[typing.Union[Cat, Dog]]
+        count: typing.Union[int, float]
+
+    kinds = set()
+    for seed in range(3):
+        parsed = parse(model=model, messages=messages, max_tokens=400, temperature=1.0,
+                       seed=seed, logit_bias=bias, response_format=Owner)
+        owner = parsed.choices[0].message.parsed
+        check(isinstance(owner, Owner),
+              f"seed {seed}: parse() gave {owner!r} for {parsed.choices[0].message.content!r}")
+        kinds.add(type(owner.pet).__name__)
+    print(f"response_format Union[Cat, Dog]: pets {sorted(kinds)}")
+
     # What the agent cannot hold an answer to is refused before any answer, naming the place.
+    expect_error("response_format json_schema with a oneOf whose objects may overlap",
+                 lambda: client.chat.completions.create(
+                     model=model, messages=messages,
+                     response_format={"type": "json_schema", "json_schema": {
+                         "name": "x", "schema": {"oneOf": [
+                             {"type": "object", "properties": {"a": {"type": "integer"}}},
+                             {"type": "object", "properties": {"b": {"type": "integer"}}}]}}}),
+                 openai.BadRequestError, 400, param="response_format")
     expect_error("response_format json_schema with a pattern",
                  lambda: client.chat.completions.create(
                      model=model, messages=messages,

@@ -724,7 +724,8 @@ absl::Status SchemaCompiler::UnionTypes(int32_t node, std::vector<uint8_t>& stat
 }
 
 absl::Status SchemaCompiler::Overlap(int32_t node) {
-  const std::string& pointer = pointers_[static_cast<size_t>(node)];
+  // A copy: NewNode below grows pointers_.
+  const std::string pointer = pointers_[static_cast<size_t>(node)];
   // What a value may be of: the branches' own nodes, a union's (already rewritten) branches
   // and an overlap's members in their place, once each.
   std::vector<int32_t> candidates;

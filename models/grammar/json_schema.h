@@ -10,9 +10,10 @@
 //   exponent), anyOf and oneOf (a nullable field: anyOf [X, {"type": "null"}]; a union of
 //   objects, Pydantic's Union[Cat, Dog]; a oneOf's branches of one type must be told apart by
 //   a required property of different constant values, Pydantic's discriminator, and where
-//   all of a union's objects are, that property is written first), an allOf of one schema, $ref to "#", "#/$defs/NAME" or "#/definitions/NAME" (recursion
-//   included), and the annotations (title, description, default, examples, format, $schema,
-//   $id, $comment, deprecated, readOnly, writeOnly), which constrain nothing: `format` too,
+//   all of a union's objects are, that property is written first), an allOf of one schema,
+//   $ref to "#", "#/$defs/NAME" or "#/definitions/NAME" (recursion included), and the
+//   annotations (title, description, default, examples, format, $schema, $id, $comment,
+//   deprecated, readOnly, writeOnly, discriminator), which constrain nothing: `format` too,
 //   so a "date-time" is any string.
 // Anything else (pattern, multipleOf, patternProperties, ...) is refused naming its place,
 // rather than ignored: an answer would not hold to it. So is a schema that no finite value
