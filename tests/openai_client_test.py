@@ -416,12 +416,20 @@ def json_schema_answers(client, model, messages):
 
     Person.model_rebuild()  # the reference to itself, resolved now that it is defined
     parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
-    for seed in range(3):
-        parsed = parse(model=model, messages=messages, max_tokens=400, temperature=1.0,
-                       seed=seed, logit_bias=bias, response_format=Person)
-        person = parsed.choices[0].message.parsed
-        check(isinstance(person, Person),
-              f"seed {seed}: parse() gave {person!r} for {parsed.choices[0].message.content!r}")
+
+    def parsed_answers(response_model):
+        """Three seeds' answers through parse(), each an instance of the model."""
+        answers = []
+        for seed in range(3):
+            parsed = parse(model=model, messages=messages, max_tokens=400, temperature=1.0,
+                           seed=seed, logit_bias=bias, response_format=response_model)
+            value = parsed.choices[0].message.parsed
+            check(isinstance(value, response_model),
+                  f"seed {seed}: parse() gave {value!r} for {parsed.choices[0].message.content!r}")
+            answers.append(value)
+        return answers
+
+    parsed_answers(Person)
 
     # Unions of models: Pydantic's discriminated Union (a oneOf, its tag written first), a
     # nullable plain Union (an anyOf of both models and null) and Union[int, float].
@@ -438,15 +446,8 @@ def json_schema_answers(client, model, messages):
         other: typing.Optional[typing.Union[Cat, Dog]]
         count: typing.Union[int, float]
 
-    kinds = set()
-    for seed in range(3):
-        parsed = parse(model=model, messages=messages, max_tokens=400, temperature=1.0,
-                       seed=seed, logit_bias=bias, response_format=Owner)
-        owner = parsed.choices[0].message.parsed
-        check(isinstance(owner, Owner),
-              f"seed {seed}: parse() gave {owner!r} for {parsed.choices[0].message.content!r}")
-        kinds.add(type(owner.pet).__name__)
-    print(f"response_format Union[Cat, Dog]: pets {sorted(kinds)}")
+    kinds = sorted({type(owner.pet).__name__ for owner in parsed_answers(Owner)})
+    print(f"response_format Union[Cat, Dog]: pets {kinds}")
 
     # What the agent cannot hold an answer to is refused before any answer, naming the place.
     expect_error("response_format json_schema with a oneOf whose objects may overlap",
