@@ -321,6 +321,13 @@ def main():
          "required": ["pet", "other", "n"]}).encode() +
           b'\0{"pet": {"pet_type": "dog", "barks": 1.5}, "other": {"pet_type": "cat", '
           b'"meows": 2, "x": [1]}, "n": 3}')
+    write(out, "json_schema", "pattern.bin", json.dumps(
+        {"type": "object", "properties": {
+            "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{2,3}$"},
+            "mail": {"type": "string", "pattern": "^\\w+@(?:\\w+\\.)+(com|org)$"},
+            "text": {"type": "string", "pattern": "(a|\u00e9)[^\\s]*\\n?"}},
+         "required": ["code"]}).encode() +
+          b'\0{"code": "AB-12", "mail": "a_b@x.y.org", "text": "\\u00e9\\tz\\n"}')
     write(out, "json_schema", "tree.bin", json.dumps(
         {"$defs": {"T": {"anyOf": [
             {"type": "object", "properties": {"value": {"type": "string", "maxLength": 2}},

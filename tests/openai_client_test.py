@@ -449,6 +449,14 @@ def json_schema_answers(client, model, messages):
     kinds = sorted({type(owner.pet).__name__ for owner in parsed_answers(Owner)})
     print(f"response_format Union[Cat, Dog]: pets {kinds}")
 
+    # Patterns: Pydantic checks each answer's strings against them itself.
+    class Ticket(pydantic.BaseModel):
+        code: str = pydantic.Field(pattern=r"^[A-Z]{2}-\d{2,4}$")
+        contact: str = pydantic.Field(pattern=r"^\w+@(?:\w+\.)+(com|org)$")
+
+    codes = [ticket.code for ticket in parsed_answers(Ticket)]
+    print(f"response_format patterns: codes {codes}")
+
     # What the agent cannot hold an answer to is refused before any answer, naming the place.
     expect_error("response_format json_schema with a oneOf whose objects may overlap",
                  lambda: client.chat.completions.create(
@@ -458,12 +466,12 @@ def json_schema_answers(client, model, messages):
                              {"type": "object", "properties": {"a": {"type": "integer"}}},
                              {"type": "object", "properties": {"b": {"type": "integer"}}}]}}}),
                  openai.BadRequestError, 400, param="response_format")
-    expect_error("response_format json_schema with a pattern",
+    expect_error("response_format json_schema with a lookahead in a pattern",
                  lambda: client.chat.completions.create(
                      model=model, messages=messages,
                      response_format={"type": "json_schema", "json_schema": {
                          "name": "x", "schema": {"type": "object", "properties": {
-                             "code": {"type": "string", "pattern": "^[A-Z]{3}$"}}}}}),
+                             "code": {"type": "string", "pattern": "^(?=A)[A-Z]{3}$"}}}}}),
                  openai.BadRequestError, 400, param="response_format")
     print(f"response_format json_schema: {json.dumps(answers[:3])}")
 

@@ -25,7 +25,7 @@ constexpr std::string_view kSupported[] = {
     "additionalProperties",   "items",   "minItems",         "maxItems",
     "minLength", "maxLength", "minimum", "maximum",          "exclusiveMinimum",
     "exclusiveMaximum",       "anyOf",   "oneOf",            "allOf",
-    "$ref"};
+    "$ref",      "pattern"};
 // Keywords of strings and of numbers.
 constexpr std::string_view kStringKeywords[] = {"minLength", "maxLength"};
 constexpr std::string_view kBoundKeywords[] = {"minimum", "maximum", "exclusiveMinimum",
@@ -225,6 +225,9 @@ class SchemaCompiler {
   }
   static constexpr int kMaxNesting = 64;
   static constexpr size_t kMaxNodes = 10000;
+  // Each state is a row of 256 transitions (1 KiB): 16 MiB in all.
+  static constexpr int64_t kMaxPatternStates = 16384;
+  int64_t pattern_states_ = 0;
 
   absl::Status Fill(int32_t index, const json& schema, const std::string& pointer);
   absl::Status FillNested(int32_t index, const json& schema, const std::string& pointer);
@@ -339,7 +342,7 @@ absl::Status SchemaCompiler::FillNested(int32_t index, const json& schema,
                      absl::StrCat("\"", key,
                                   "\" is not supported (supported: type, enum, const, properties, "
                                   "required, additionalProperties, items, minItems, maxItems, "
-                                  "minLength, maxLength, minimum, maximum, exclusiveMinimum and "
+                                  "minLength, maxLength, pattern, minimum, maximum, exclusiveMinimum and "
                                   "exclusiveMaximum, anyOf, oneOf, allOf of one schema, $ref, "
                                   "and annotations)"));
     }
@@ -422,6 +425,7 @@ absl::Status SchemaCompiler::FillNested(int32_t index, const json& schema,
     for (const std::string_view key : kStringKeywords) {
       if (schema.contains(key)) types |= kTypeString;
     }
+    if (schema.contains("pattern")) types |= kTypeString;
     for (const std::string_view key : kBoundKeywords) {
       if (schema.contains(key)) types |= kTypeInteger | kTypeNumber;
     }
@@ -549,6 +553,27 @@ absl::Status SchemaCompiler::FillLength(int32_t index, const json& schema,
   if (n.max_length >= 0 && n.min_length > n.max_length) {
     return Invalid(pointer,
                    absl::StrCat("minLength ", n.min_length, " > maxLength ", n.max_length));
+  }
+  if (schema.contains("pattern")) {
+    const std::string here = pointer + "/pattern";
+    if ((n.types & kTypeString) == 0) {
+      return Invalid(pointer, "\"pattern\" on a schema whose type has no string");
+    }
+    if (!schema["pattern"].is_string()) return Invalid(here, "must be a string");
+    if (n.limits_length()) {
+      // Both at once would need the automaton's states counted by length.
+      return Invalid(pointer, "\"pattern\" beside minLength or maxLength is not supported: "
+                              "put the length in the pattern (^.{2,8}$)");
+    }
+    absl::StatusOr<std::shared_ptr<const StringPattern>> pattern =
+        StringPattern::Compile(schema["pattern"].get<std::string>());
+    if (!pattern.ok()) return Invalid(here, std::string(pattern.status().message()));
+    pattern_states_ += (*pattern)->states();
+    if (pattern_states_ > kMaxPatternStates) {
+      return Invalid(here, absl::StrCat("the schema's patterns have more than ",
+                                        kMaxPatternStates, " automaton states in all"));
+    }
+    n.pattern = *std::move(pattern);
   }
   return absl::OkStatus();
 }
@@ -685,7 +710,7 @@ absl::Status SchemaCompiler::FillEnum(int32_t index, const json& schema,
   }
   n.enum_types = n.types;
   for (const char* other : {"properties", "required", "additionalProperties", "items",
-                            "minItems", "maxItems", "minLength", "maxLength", "minimum",
+                            "minItems", "maxItems", "minLength", "maxLength", "pattern", "minimum",
                             "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
     if (schema.contains(other)) {
       return Invalid(pointer, absl::StrCat("\"", other, "\" beside \"", key,
@@ -1086,6 +1111,10 @@ bool SchemaAccepts(const CompiledSchema& schema, int32_t node, const json& value
         (n.number_maximum.set && v > n.number_maximum.value)) {
       return false;
     }
+  }
+  if (value.is_string() && n.pattern != nullptr &&
+      !n.pattern->Matches(value.get_ref<const std::string&>())) {
+    return false;
   }
   if (value.is_string() && n.limits_length()) {
     const std::string& text = value.get_ref<const std::string&>();

@@ -5,7 +5,7 @@
 // mode, and what Pydantic writes for its models):
 //   type (one, or a list), enum, const, properties, required, additionalProperties (false,
 //   true, or a schema; absent: true), items, minItems, maxItems, minLength and maxLength (in
-//   characters), minimum, maximum, exclusiveMinimum and exclusiveMaximum (of an "integer"
+//   characters), pattern (string_pattern.h's part of ECMA-262; not beside a length), minimum, maximum, exclusiveMinimum and exclusiveMaximum (of an "integer"
 //   within 64-bit integers; of a "number" within +-1e300, which is then written without an
 //   exponent), anyOf and oneOf (a nullable field: anyOf [X, {"type": "null"}]; a union of
 //   objects, Pydantic's Union[Cat, Dog]; a oneOf's branches of one type must be told apart by
@@ -15,7 +15,7 @@
 //   annotations (title, description, default, examples, format, $schema, $id, $comment,
 //   deprecated, readOnly, writeOnly, discriminator), which constrain nothing: `format` too,
 //   so a "date-time" is any string.
-// Anything else (pattern, multipleOf, patternProperties, ...) is refused naming its place,
+// Anything else (multipleOf, patternProperties, ...) is refused naming its place,
 // rather than ignored: an answer would not hold to it. So is a schema that no finite value
 // satisfies, or none within kMaxDepth nested objects and arrays, and one whose unions could
 // keep more than kMaxAlternatives values' readings alive at once (SchemaGrammar reads a value
@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "models/grammar/string_pattern.h"
 #include "nlohmann/json_fwd.hpp"
 
 namespace tophat {
@@ -116,6 +117,8 @@ struct SchemaNode {
   int64_t min_length = 0;
   int64_t max_length = -1;  // -1: no limit
   bool limits_length() const { return min_length > 0 || max_length >= 0; }
+  // "pattern": what the string's characters must match (not beside a length).
+  std::shared_ptr<const StringPattern> pattern;
 
   // Integers (a node whose numbers are "integer" only): bounds, inclusive; an exclusive
   // bound compiles to the integer next to it inside. SchemaAccepts compares with these; the

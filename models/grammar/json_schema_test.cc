@@ -328,8 +328,18 @@ TEST_CASE("An object takes a key only where a property is left to write", "[gram
 }
 
 TEST_CASE("Schemas that cannot be held to are refused, naming their place", "[grammar]") {
-  CHECK_THAT(Refusal(R"({"type": "string", "pattern": "^a+$"})"),
-             Catch::StartsWith("at /: \"pattern\" is not supported"));
+  CHECK_THAT(Refusal(R"({"type": "integer", "multipleOf": 5})"),
+             Catch::StartsWith("at /: \"multipleOf\" is not supported"));
+  CHECK_THAT(Refusal(R"js({"type": "object", "properties": {"id": {"pattern": "(?=x)"}}})js"),
+             Catch::StartsWith("at /properties/id/pattern: pattern: a lookaround"));
+  CHECK_THAT(Refusal(R"({"type": "string", "pattern": "^a+$", "maxLength": 3})"),
+             Catch::Contains("\"pattern\" beside minLength or maxLength is not supported"));
+  CHECK_THAT(Refusal(R"({"type": "integer", "pattern": "^1$"})"),
+             Catch::Contains("\"pattern\" on a schema whose type has no string"));
+  CHECK_THAT(Refusal(R"({"type": "string", "pattern": 5})"),
+             Catch::Contains("at /pattern: must be a string"));
+  CHECK_THAT(Refusal(R"({"enum": ["a"], "pattern": "a"})"),
+             Catch::Contains("\"pattern\" beside \"enum\" is not supported"));
   CHECK_THAT(Refusal(R"({"type":"object","properties":{"a/b":{"type":"number","minimum":1e301}}})"),
              Catch::StartsWith("at /properties/a~1b/minimum: must lie within +-1e300"));
   CHECK_THAT(Refusal(R"({"minimum": 0.5, "exclusiveMaximum": 0.5})"),
@@ -397,6 +407,50 @@ TEST_CASE("Schemas that cannot be held to are refused, naming their place", "[gr
              Catch::Contains("nests more than the 32 objects and arrays supported"));
 }
 
+// A random string a pattern matches: a walk along its automaton, random for 12 bytes, then
+// along the shortest way to a match (bytes to a match, by a backward search), ending at a
+// match at times before.
+std::string PatternString(const StringPattern& pattern, std::mt19937_64& rng) {
+  const int32_t count = pattern.states();
+  std::vector<int32_t> distance(static_cast<size_t>(count), INT32_MAX);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (int32_t s = 0; s < count; ++s) {
+      int32_t best = pattern.Accepts(s) ? 0 : INT32_MAX;
+      for (int b = 0; b < 256; ++b) {
+        const int32_t t = pattern.Next(s, static_cast<unsigned char>(b));
+        if (t >= 0 && distance[static_cast<size_t>(t)] != INT32_MAX) {
+          best = std::min(best, distance[static_cast<size_t>(t)] + 1);
+        }
+      }
+      if (best < distance[static_cast<size_t>(s)]) {
+        distance[static_cast<size_t>(s)] = best;
+        changed = true;
+      }
+    }
+  }
+  std::string text;
+  int32_t state = StringPattern::start();
+  for (int step = 0;; ++step) {
+    std::vector<int> bytes;
+    for (int b = 0; b < 256; ++b) {
+      const int32_t t = pattern.Next(state, static_cast<unsigned char>(b));
+      if (t >= 0 && (step < 12 || distance[static_cast<size_t>(t)] <
+                                      distance[static_cast<size_t>(state)])) {
+        bytes.push_back(b);
+      }
+    }
+    if (pattern.Accepts(state) &&
+        (step >= 12 || bytes.empty() || std::bernoulli_distribution(0.3)(rng))) {
+      return text;
+    }
+    REQUIRE(!bytes.empty());
+    const int b = bytes[std::uniform_int_distribution<size_t>(0, bytes.size() - 1)(rng)];
+    text += static_cast<char>(b);
+    state = pattern.Next(state, static_cast<unsigned char>(b));
+  }
+}
+
 // A random value of node `node`, as the schema's smallest values allow at `depth`.
 ojson RandomValue(const CompiledSchema& schema, int32_t node, int depth, std::mt19937_64& rng) {
   auto chance = [&](double p) { return std::bernoulli_distribution(p)(rng); };
@@ -439,6 +493,7 @@ ojson RandomValue(const CompiledSchema& schema, int32_t node, int depth, std::mt
   const uint8_t type = types[std::uniform_int_distribution<size_t>(0, types.size() - 1)(rng)];
   switch (type) {
     case kTypeString: {
+      if (!n->any && n->pattern != nullptr) return PatternString(*n->pattern, rng);
       // Characters of one code point each, as many as the node's length allows.
       const int64_t fewest = n->any ? 0 : n->min_length;
       const int64_t most = n->any || n->max_length < 0 ? fewest + 5 : n->max_length;
@@ -625,6 +680,12 @@ const char* const kSchemas[] = {
         "required": ["code", "rating", "year", "depth"], "additionalProperties": false})",
     kPets,
     kTree,
+    // Patterns, as Pydantic writes constr(pattern=...): anchored, anywhere, escapes, UTF-8.
+    R"({"type": "object", "properties": {
+          "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{2,3}$"},
+          "note": {"type": "string", "pattern": "a\\.b"},
+          "lines": {"type": ["string", "null"], "pattern": "^([\"\\\\/é]|\\n|\\t)*$"}},
+        "required": ["code", "note", "lines"], "additionalProperties": false})",
 };
 
 TEST_CASE("Random values of a schema are taken, compact or indented, and what the grammar "
@@ -854,6 +915,25 @@ TEST_CASE("A union's branches of one type read a value side by side, each droppe
              {"1", "-2.5e3"}, {"\"1\""});
   CheckTexts(*Compiled(R"({"oneOf": [{"const": "a"}, {"enum": ["b", "c"]}, {"type": "null"}]})"),
              {R"("a")", R"("c")", "null"}, {R"("d")"});
+}
+
+TEST_CASE("A string with a pattern takes only characters that can still lead to a match, "
+          "and closes on one",
+          "[grammar]") {
+  const auto code = Compiled(R"({"type": "string", "pattern": "^[A-Z]{2}-\\d{2}\\n?$"})");
+  CheckTexts(*code, {R"("AB-12")", R"("AB-12\n")"},
+             {R"("AB-1")", R"("AB-123")", R"("ab-12")", R"("AB-12\u000a")", R"("AB-12\t")"});
+  SchemaGrammar grammar(code.get());
+  REQUIRE(grammar.Feed(R"("A)"));
+  CHECK_FALSE(grammar.in_string());  // walked whole: not every character is taken
+  CHECK_FALSE(SchemaGrammar(grammar).Feed("a"));
+  CHECK_FALSE(SchemaGrammar(grammar).Feed("\""));  // no match yet
+  // Escapes are the characters they stand for; '/' may be written either way.
+  const auto slash = Compiled(R"({"type": "string", "pattern": "^/\"$"})");
+  CheckTexts(*slash, {R"("/\"")", R"("\/\"")"}, {R"("/")", R"("\u002f\"")"});
+  // Unanchored: anywhere in the string.
+  CheckTexts(*Compiled(R"({"type": "string", "pattern": "\\d"})"), {R"("x1y")", R"("5")"},
+             {R"("xy")"});
 }
 
 TEST_CASE("Unions of one type that could not be held to, or could take too many readings, "

@@ -82,6 +82,8 @@ SchemaGrammar& SchemaGrammar::operator=(const SchemaGrammar& other) {
   fraction_digits_ = other.fraction_digits_;
   cmp_low_ = other.cmp_low_;
   cmp_high_ = other.cmp_high_;
+  pattern_state_ = other.pattern_state_;
+  pattern_escape_ = other.pattern_escape_;
   // Only the frames in use: the frames above them are never read (and compare as unused).
   std::copy_n(other.frames_.begin(), other.depth_, frames_.begin());
   alternatives_ = other.alternatives_;
@@ -97,7 +99,8 @@ bool SchemaGrammar::operator==(const SchemaGrammar& other) const {
          bounded_number_ == other.bounded_number_ &&
          point_ == other.point_ && leading_zero_ == other.leading_zero_ &&
          fraction_digits_ == other.fraction_digits_ && cmp_low_ == other.cmp_low_ &&
-         cmp_high_ == other.cmp_high_ && base_depth_ == other.base_depth_ &&
+         cmp_high_ == other.cmp_high_ && pattern_state_ == other.pattern_state_ &&
+         pattern_escape_ == other.pattern_escape_ && base_depth_ == other.base_depth_ &&
          first_key_ == other.first_key_ &&
          std::equal(frames_.begin(), frames_.begin() + depth_, other.frames_.begin()) &&
          alternatives_ == other.alternatives_;
@@ -116,7 +119,8 @@ bool SchemaGrammar::can_end() const {
 bool SchemaGrammar::in_string() const {
   switch (phase_) {
     case Phase::kLeaf:
-      return leaf_.in_string();
+      // A pattern's string is walked whole: its characters are not all taken.
+      return leaf_.in_string() && pattern_state_ < 0;
     case Phase::kKeyString:
       // Off the declared names, any undeclared key takes any character.
       return trie_ < 0 && UndeclaredMayCome(top()) && leaf_.in_string();
@@ -216,6 +220,39 @@ void SchemaGrammar::CountDecimalByte(unsigned char byte) {
   if (digits_ < UINT16_MAX) ++digits_;
 }
 
+bool SchemaGrammar::PatternByte(const StringPattern& pattern, unsigned char byte) {
+  unsigned char decoded = byte;
+  if (pattern_escape_) {
+    pattern_escape_ = false;
+    switch (byte) {
+      case '"':
+      case '\\':
+      case '/':
+        break;
+      case 'b': decoded = '\b'; break;
+      case 'f': decoded = '\f'; break;
+      case 'n': decoded = '\n'; break;
+      case 'r': decoded = '\r'; break;
+      case 't': decoded = '\t'; break;
+      default:
+        return false;  // \u: its characters are written as they are (the others have none)
+    }
+  } else if (byte == '\\') {
+    // Only where a character some escape stands for can come: the walk must go on.
+    pattern_escape_ = true;
+    for (const unsigned char escaped : {'"', '\\', '/', '\b', '\f', '\n', '\r', '\t'}) {
+      if (pattern.Next(pattern_state_, escaped) != StringPattern::kDead) return true;
+    }
+    return false;
+  } else if (byte == '"') {
+    return pattern.Accepts(pattern_state_);  // the close
+  }
+  const int32_t next = pattern.Next(pattern_state_, decoded);
+  if (next == StringPattern::kDead) return false;
+  pattern_state_ = next;
+  return true;
+}
+
 bool SchemaGrammar::Fits(int32_t node) const {
   return node != SchemaNode::kNone && Depth() + Node(node).min_depth <= kMaxDepth;
 }
@@ -270,6 +307,7 @@ bool SchemaGrammar::Feed(unsigned char byte) {
           return false;
         }
       }
+      if (pattern_state_ >= 0 && !PatternByte(*node.pattern, byte)) return false;
       if (!leaf_.Feed(byte)) return false;
       // Back between characters: one more written (a byte that starts a character leaves
       // the string's state until the character is whole).
@@ -363,6 +401,9 @@ bool SchemaGrammar::StartValue(unsigned char byte) {
   leaf_ = JsonGrammar::AnyValue();
   if (!leaf_.Feed(byte)) return false;
   integer_ = !node.any && type == kTypeNumber && (node.types & kTypeNumber) == 0;
+  if (!node.any && type == kTypeString && node.pattern != nullptr) {
+    pattern_state_ = StringPattern::start();
+  }
   phase_ = Phase::kLeaf;
   bounded_number_ = !node.any && type == kTypeNumber && node.bounds_numbers();
   if (bounded_number_) {
@@ -547,6 +588,8 @@ void SchemaGrammar::EndValue() {
   fraction_digits_ = 0;
   cmp_low_ = 0;
   cmp_high_ = 0;
+  pattern_state_ = -1;
+  pattern_escape_ = false;
   expected_ = SchemaNode::kNone;
   if (depth_ == 0) {
     phase_ = Phase::kDone;

@@ -68,7 +68,7 @@ class SchemaGrammar {
                    g.integer_, g.trie_, g.leaf_, g.chars_, g.negative_, g.digits_,
                    g.key_escape_, g.bounded_number_, g.point_, g.leading_zero_,
                    g.fraction_digits_, g.cmp_low_, g.cmp_high_, g.base_depth_,
-                   g.first_key_);
+                   g.first_key_, g.pattern_state_, g.pattern_escape_);
     h = H::combine(std::move(h), g.alternatives_);
     for (int i = 0; i < g.depth_; ++i) {
       const Frame& f = g.frames_[static_cast<size_t>(i)];
@@ -135,6 +135,9 @@ class SchemaGrammar {
   bool DecimalMayReachBounds() const;
   bool DecimalWithinBounds() const;
   void CountDecimalByte(unsigned char byte);
+  // A byte inside a string with a pattern: its characters' decoded bytes through the
+  // pattern's automaton (the short escapes decoded; no \u), the close only on a match.
+  bool PatternByte(const StringPattern& pattern, unsigned char byte);
 
   bool StartValue(unsigned char byte);
   // The first byte of a value of overlap `node`: an alternative for each member it starts.
@@ -184,6 +187,9 @@ class SchemaGrammar {
   uint16_t fraction_digits_ = 0;
   int8_t cmp_low_ = 0;
   int8_t cmp_high_ = 0;
+  // A string with a pattern: its automaton's state (-1: none), and whether after a '\\'.
+  int32_t pattern_state_ = -1;
+  bool pattern_escape_ = false;
   std::array<Frame, kMaxDepth> frames_{};
   // Reading an overlap's value: a reading for each member it may still be of, in the
   // members' order; empty elsewhere.
