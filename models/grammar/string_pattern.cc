@@ -17,6 +17,10 @@ constexpr int32_t kUnbounded = -1;
 // Counted repetitions and the NFA they expand to are bounded before the DFA is.
 constexpr int32_t kMaxCount = 1000;
 constexpr size_t kMaxNfaStates = 50000;
+// The subset construction's work (NFA states visited by closures, moves gathered) is bounded too: sets
+// grow with unanchored counted repetitions (.{1000} keeps every position alive), and a
+// request's pattern must compile in tens of milliseconds.
+constexpr int64_t kMaxClosureWork = 4000000;
 
 // Sorted, merged, without the surrogates (no UTF-8 encodes them).
 Ranges Normalized(Ranges ranges) {
@@ -533,13 +537,25 @@ absl::StatusOr<std::shared_ptr<const StringPattern>> StringPattern::Compile(std:
                      " automaton states (counted repetitions of large classes)"));
   }
   // Subset construction over the bytes JSON can write.
+  // Marks by generation, so that a closure costs its own size, not the NFA's.
+  std::vector<uint32_t> mark(nfa.states.size(), 0);
+  uint32_t generation = 0;
+  int64_t closure_work = 0;
   const auto closure = [&](std::vector<int> set) {
-    std::vector<uint8_t> in(nfa.states.size(), 0);
-    for (const int s : set) in[static_cast<size_t>(s)] = 1;
+    ++generation;
+    closure_work += static_cast<int64_t>(set.size());
+    size_t unique = 0;
+    for (const int s : set) {
+      if (mark[static_cast<size_t>(s)] != generation) {
+        mark[static_cast<size_t>(s)] = generation;
+        set[unique++] = s;
+      }
+    }
+    set.resize(unique);
     for (size_t i = 0; i < set.size(); ++i) {
       for (const int next : nfa.states[static_cast<size_t>(set[i])].empty) {
-        if (in[static_cast<size_t>(next)] == 0) {
-          in[static_cast<size_t>(next)] = 1;
+        if (mark[static_cast<size_t>(next)] != generation) {
+          mark[static_cast<size_t>(next)] = generation;
           set.push_back(next);
         }
       }
@@ -550,6 +566,7 @@ absl::StatusOr<std::shared_ptr<const StringPattern>> StringPattern::Compile(std:
       if (!nfa.states[static_cast<size_t>(s)].bytes.empty() || s == accept) kept.push_back(s);
     }
     std::sort(kept.begin(), kept.end());
+    closure_work += static_cast<int64_t>(set.size());
     return kept;
   };
   std::map<std::vector<int>, int32_t> index;
@@ -573,6 +590,10 @@ absl::StatusOr<std::shared_ptr<const StringPattern>> StringPattern::Compile(std:
   };
   if (intern(closure({start})) == kDead) return nothing();
   for (size_t s = 0; s < sets.size(); ++s) {
+    if (closure_work > kMaxClosureWork) {
+      return absl::InvalidArgumentError(
+          "pattern: too costly to compile (repetitions that keep many positions alive at once)");
+    }
     if (sets.size() > static_cast<size_t>(kMaxStates)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "pattern: its automaton has more than ", kMaxStates,
@@ -583,13 +604,20 @@ absl::StatusOr<std::shared_ptr<const StringPattern>> StringPattern::Compile(std:
       for (const auto& [lo, hi, to] : nfa.states[static_cast<size_t>(state)].bytes) {
         for (int b = lo; b <= hi; ++b) {
           if (Writable(b)) by_byte[static_cast<size_t>(b)].push_back(to);
+          ++closure_work;
         }
       }
     }
+    // Bytes of a class move to the same states: each such set is closed once.
+    std::map<std::vector<int>, int32_t> closed;
     for (int b = 0; b < 256; ++b) {
-      if (by_byte[static_cast<size_t>(b)].empty()) continue;
-      const int32_t target = intern(closure(std::move(by_byte[static_cast<size_t>(b)])));
-      next[s * 256 + static_cast<size_t>(b)] = target;
+      std::vector<int>& moves = by_byte[static_cast<size_t>(b)];
+      if (moves.empty()) continue;
+      std::sort(moves.begin(), moves.end());
+      moves.erase(std::unique(moves.begin(), moves.end()), moves.end());
+      auto found = closed.find(moves);
+      if (found == closed.end()) found = closed.emplace(moves, intern(closure(moves))).first;
+      next[s * 256 + static_cast<size_t>(b)] = found->second;
     }
   }
   // Only states from which a match can still be written: the others are dead.

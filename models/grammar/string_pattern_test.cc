@@ -4,6 +4,7 @@
 #include <pcre2.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <random>
 #include <string>
 #include <vector>
@@ -198,8 +199,17 @@ TEST_CASE("Patterns a DFA cannot hold are refused, saying what", "[grammar]") {
   CHECK_THAT(Refusal("\\q"), Catch::Contains("the escape \\q"));
   CHECK_THAT(Refusal("\xFF"), Catch::Contains("not UTF-8"));
   // The classic blow-up: the 21st character from the end.
-  CHECK_THAT(Refusal("(a|b)*a(a|b){20}$"), Catch::Contains("more than 2048 states"));
+  CHECK_THAT(Refusal("(a|b)*a(a|b){20}$"), Catch::Contains("more than 8192 states"));
+  CHECK_THAT(Refusal(".{1000}"), Catch::Contains("too costly to compile"));
   CHECK_THAT(Refusal("^\\x01$"), Catch::Contains("no string JSON can write matches it"));
+  // Large ones are refused (or compiled) quickly: a closure costs its own size, and a class's
+  // bytes are closed once.
+  for (const char* large : {".{1000}", "^[\\s\\S]{0,1000}$", "^(\\w+\\s?){50}$", "^(.|\\n){999}x$"}) {
+    INFO(large);
+    const auto begin = std::chrono::steady_clock::now();
+    (void)StringPattern::Compile(large);
+    CHECK(std::chrono::steady_clock::now() - begin < std::chrono::seconds(2));
+  }
 }
 
 }  // namespace
