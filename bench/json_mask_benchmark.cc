@@ -159,7 +159,9 @@ int Run(const Args& args) {
                      "year": {"type": "integer", "minimum": 1900, "maximum": 2100},
                      "score": {"type": "number", "minimum": 0, "maximum": 1},
                      "pet": {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}]},
-                     "shape": {"anyOf": [{"$ref": "#/$defs/Box"}, {"$ref": "#/$defs/Disc"}]}},
+                     "shape": {"anyOf": [{"$ref": "#/$defs/Box"}, {"$ref": "#/$defs/Disc"}]},
+                     "ticket": {"type": "string", "pattern": "^[A-Z]{2}-\\d{2,4}$"},
+                     "line": {"type": "string", "pattern": "^.{0,64}$"}},
       "required": ["name"], "additionalProperties": false,
       "$defs": {
         "Cat": {"type": "object", "properties": {"pet_type": {"const": "cat"},
@@ -190,6 +192,11 @@ int Run(const Args& args) {
       {"union tag", "{\"pet\": {\"pet_type\": \"c"},
       {"union value", "{\"pet\": {\"pet_type\": \"cat\", \"name\": \"To"},
       {"overlap", "{\"shape\": {\"label\": \"sq"},
+      // Patterns: a narrow one (most tokens refused at their first byte) and one that takes
+      // almost any character (every token walked whole: a pattern's string is not
+      // in_string).
+      {"pattern", "{\"ticket\": \"AB-1"},
+      {"pattern any", "{\"line\": \"Hello, wo"},
   };
   // Tool calls: where a required call's answer is in its literals, its name and its arguments.
   const auto weather = CompiledSchema::Compile(nlohmann::json::parse(R"({
