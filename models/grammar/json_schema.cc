@@ -261,9 +261,9 @@ class SchemaCompiler {
   // Objects' discriminator: a property each of `members` requires, whose values (an enum's)
   // no two of them share; each member's index of it, or empty when there is none.
   std::vector<int32_t> Discriminator(const std::vector<int32_t>& members);
-  // The values an enum node (through one-branch unions) takes, as compact JSON; nullptr for
-  // any other node.
-  const std::vector<std::string>* EnumValues(int32_t node);
+  // The values an enum node (through one-branch unions) takes, parsed and sorted (1 and 1.0
+  // are one value to a validator), each node's once; nullptr for any other node.
+  const std::vector<json>* EnumValues(int32_t node);
   // The node a chain of one-branch unions ($ref, allOf) leads to (the node itself when it
   // is none), once UnionTypes finished it.
   int32_t Resolved(int32_t node) const {
@@ -279,6 +279,8 @@ class SchemaCompiler {
   int32_t any_ = SchemaNode::kNone;
   std::vector<uint8_t> one_of_;  // one_of_[node]: the union is a oneOf
   std::vector<int32_t> alias_;   // Resolved's, for one-branch unions
+  absl::flat_hash_map<int32_t, std::vector<json>> enum_values_;  // EnumValues'
+
   // Overlap nodes and unions, each after the nodes it holds (UnionTypes' order).
   std::vector<int32_t> union_order_;
   int nesting_ = 0;  // Fill calls in progress
@@ -809,6 +811,11 @@ absl::Status SchemaCompiler::Overlap(int32_t node) {
       }
       continue;
     }
+    if (of.size() > static_cast<size_t>(CompiledSchema::kMaxAlternatives)) {
+      return Invalid(pointer, absl::StrCat(of.size(), " branches take ", TypeNames(type),
+                                           ": at most ", CompiledSchema::kMaxAlternatives,
+                                           " of one type"));
+    }
     const std::vector<int32_t> first_keys = type == kTypeObject ? Discriminator(of) : std::vector<int32_t>{};
     if (one_of && first_keys.empty()) {
       for (size_t i = 0; i < of.size(); ++i) {
@@ -837,21 +844,32 @@ absl::Status SchemaCompiler::Overlap(int32_t node) {
   return absl::OkStatus();
 }
 
-const std::vector<std::string>* SchemaCompiler::EnumValues(int32_t node) {
-  const SchemaNode& n = At(Resolved(node));
-  return n.branches.empty() && n.members.empty() && !n.enum_texts.empty() ? &n.enum_texts
-                                                                           : nullptr;
+const std::vector<json>* SchemaCompiler::EnumValues(int32_t node) {
+  const int32_t resolved = Resolved(node);
+  const SchemaNode& n = At(resolved);
+  if (!n.branches.empty() || !n.members.empty() || n.enum_texts.empty()) return nullptr;
+  auto [it, added] = enum_values_.try_emplace(resolved);
+  if (added) {
+    for (const std::string& text : n.enum_texts) it->second.push_back(json::parse(text));
+    std::sort(it->second.begin(), it->second.end());
+  }
+  return &it->second;
 }
 
 namespace {
 
-// Whether two enums share no value, as JSON values rather than texts (1 and 1.0 are one value
-// to a validator); false where either is no enum.
-bool ValuesApart(const std::vector<std::string>* x, const std::vector<std::string>* y) {
+// Whether two enums (sorted) share no value; false where either is no enum. A merge: the
+// pairs of a oneOf's members cost their values' count, not its square.
+bool ValuesApart(const std::vector<json>* x, const std::vector<json>* y) {
   if (x == nullptr || y == nullptr) return false;
-  for (const std::string& u : *x) {
-    for (const std::string& v : *y) {
-      if (json::parse(u) == json::parse(v)) return false;
+  auto a = x->begin();
+  auto b = y->begin();
+  while (a != x->end() && b != y->end()) {
+    if (*a == *b) return false;
+    if (*a < *b) {
+      ++a;
+    } else {
+      ++b;
     }
   }
   return true;

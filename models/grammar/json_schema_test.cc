@@ -964,6 +964,18 @@ TEST_CASE("Unions of one type that could not be held to, or could take too many 
                                                     "b": {"type": "integer"}}}]}},
                   "$ref": "#/$defs/T"})"),
              Catch::Contains("could hold more than 64 readings of a value at once"));
+  // A union of more objects than readings allowed is refused before its pairs are compared.
+  json many = {{"anyOf", json::array()}};
+  for (int i = 0; i < 65; ++i) {
+    many["anyOf"].push_back({{"type", "object"},
+                             {"properties", {{"k", {{"const", i}}}}},
+                             {"required", {"k"}}});
+  }
+  CHECK_THAT(Refusal(many.dump()), Catch::Contains("65 branches take objects: at most 64"));
+  many["anyOf"].erase(64);
+  many["oneOf"] = many["anyOf"];
+  many.erase("anyOf");
+  Compiled(many.dump());  // 64, told apart by k: a oneOf
   // Discriminated, the same recursion compiles: its objects write the discriminator first,
   // so one reading goes on past it.
   Compiled(R"({"$defs": {"T": {"oneOf": [
