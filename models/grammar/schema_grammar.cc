@@ -261,15 +261,17 @@ bool SchemaGrammar::KeyMayCome(const Frame& frame) const {
   return KeysLeft(frame) != 0 || UndeclaredMayCome(frame);
 }
 
+bool SchemaGrammar::FirstKeyPending(const Frame& frame) const {
+  return first_key_ >= 0 && &frame == &frames_[0] && frame.seen == 0;
+}
+
 uint64_t SchemaGrammar::KeysLeft(const Frame& frame) const {
-  if (first_key_ >= 0 && &frame == &frames_[0] && frame.seen == 0) {
-    return uint64_t{1} << first_key_;  // required, so its value fits
-  }
-  return frame.open & ~frame.seen;
+  // The discriminator is required, so its value fits.
+  return FirstKeyPending(frame) ? uint64_t{1} << first_key_ : frame.open & ~frame.seen;
 }
 
 bool SchemaGrammar::UndeclaredMayCome(const Frame& frame) const {
-  return frame.additional && !(first_key_ >= 0 && &frame == &frames_[0] && frame.seen == 0);
+  return frame.additional && !FirstKeyPending(frame);
 }
 
 bool SchemaGrammar::ItemMayCome(const Frame& frame) const {

@@ -125,6 +125,9 @@ class SchemaGrammar {
   // The declared properties the frame's next key may name, and whether an undeclared one
   // may come: in the top-level object before its first key, only the discriminator.
   uint64_t KeysLeft(const Frame& frame) const;
+  // The frame is the top-level object, which must write first_key_ first, and no key is
+  // written yet.
+  bool FirstKeyPending(const Frame& frame) const;
   bool UndeclaredMayCome(const Frame& frame) const;
   // An array's next item may come.
   bool ItemMayCome(const Frame& frame) const;
