@@ -27,7 +27,7 @@ absl::StatusOr<std::shared_ptr<const CompiledSchema>> CompileJsonSchema(std::str
   if (text.empty()) return absl::InvalidArgumentError("json_schema: empty (give the schema)");
   const nlohmann::json schema = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (schema.is_discarded()) return absl::InvalidArgumentError("json_schema: not JSON");
-  absl::StatusOr<std::shared_ptr<const CompiledSchema>> compiled = CompiledSchema::Compile(schema);
+  absl::StatusOr<std::shared_ptr<const CompiledSchema>> compiled = CompiledSchema::CompileShared(schema);
   if (!compiled.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("json_schema: ", compiled.status().message()));
   }

@@ -257,7 +257,7 @@ std::optional<OpenAiError> ParseTools(const Json& value, const nlohmann::ordered
                                 ? function["parameters"]
                                 : Json{{"type", "object"}, {"properties", Json::object()}};
     const std::string param = at + ".function.parameters";
-    auto compiled = CompiledSchema::Compile(parameters);
+    auto compiled = CompiledSchema::CompileShared(parameters);
     if (!compiled.ok()) {
       return Invalid(param, absl::StrCat(param, ": ", compiled.status().message()));
     }
@@ -363,7 +363,7 @@ std::variant<std::string, OpenAiError> ParseJsonSchemaFormat(const Json& format)
                                       " bytes, more than ", kMaxJsonSchemaBytes));
   }
   absl::StatusOr<std::shared_ptr<const CompiledSchema>> compiled =
-      CompiledSchema::Compile(spec["schema"]);
+      CompiledSchema::CompileShared(spec["schema"]);
   if (!compiled.ok()) {
     return Invalid(kKey, absl::StrCat("'response_format.json_schema.schema' ",
                                       compiled.status().message()));
@@ -720,7 +720,7 @@ absl::StatusOr<ToolCallReader> ToolCallReader::Create(const OpenAiRequest& reque
       continue;
     }
     absl::StatusOr<std::shared_ptr<const CompiledSchema>> compiled =
-        CompiledSchema::Compile(Json::parse(tool.parameters, nullptr, false));
+        CompiledSchema::CompileShared(Json::parse(tool.parameters, nullptr, false));
     if (!compiled.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("tools[", t, "].function.parameters: ", compiled.status().message()));

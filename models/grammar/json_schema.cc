@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <list>
+#include <mutex>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -1087,6 +1089,73 @@ absl::StatusOr<std::shared_ptr<const CompiledSchema>> CompiledSchema::Compile(co
   if (!root.ok()) return root.status();
   if (absl::Status finished = compiler.Finish(*root); !finished.ok()) return finished;
   return std::shared_ptr<const CompiledSchema>(std::move(compiler.out));
+}
+
+size_t CompiledSchema::memory_bytes() const {
+  size_t bytes = sizeof(*this) + nodes_.size() * sizeof(SchemaNode);
+  for (const SchemaNode& n : nodes_) {
+    for (const std::string& name : n.property_names) bytes += name.size() * 2;  // and the trie
+    for (const std::string& text : n.enum_texts) bytes += text.size() * 2;
+    if (n.pattern != nullptr) bytes += static_cast<size_t>(n.pattern->states()) * 257 * 4;
+  }
+  return bytes;
+}
+
+namespace {
+
+// The schemas compiled lately, the last used first.
+class SchemaCache {
+ public:
+  std::shared_ptr<const CompiledSchema> Find(const std::string& text) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto found = index_.find(text);
+    if (found == index_.end()) return nullptr;
+    entries_.splice(entries_.begin(), entries_, found->second);
+    return found->second->schema;
+  }
+  void Insert(const std::string& text, std::shared_ptr<const CompiledSchema> schema) {
+    const size_t bytes = schema->memory_bytes() + text.size() * 2;
+    if (bytes > CompiledSchema::kCachedSchemaBytes) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (index_.contains(text)) return;  // another thread's, compiled meanwhile
+    entries_.push_front({text, std::move(schema), bytes});
+    index_.emplace(text, entries_.begin());
+    bytes_ += bytes;
+    while (entries_.size() > CompiledSchema::kCachedSchemas ||
+           bytes_ > CompiledSchema::kCachedSchemaBytes) {
+      bytes_ -= entries_.back().bytes;
+      index_.erase(entries_.back().text);
+      entries_.pop_back();
+    }
+  }
+
+ private:
+  struct Entry {
+    std::string text;
+    std::shared_ptr<const CompiledSchema> schema;
+    size_t bytes;
+  };
+  std::mutex mutex_;
+  std::list<Entry> entries_;
+  absl::flat_hash_map<std::string, std::list<Entry>::iterator> index_;
+  size_t bytes_ = 0;
+};
+
+SchemaCache& Cache() {
+  static auto* cache = new SchemaCache();  // never destroyed: threads may compile at exit
+  return *cache;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const CompiledSchema>> CompiledSchema::CompileShared(
+    const json& schema) {
+  if (NestedDeeperThan(schema, kMaxJsonNesting)) return Compile(schema);  // refused, undumped
+  const std::string text = schema.dump();
+  if (std::shared_ptr<const CompiledSchema> cached = Cache().Find(text)) return cached;
+  absl::StatusOr<std::shared_ptr<const CompiledSchema>> compiled = Compile(schema);
+  if (compiled.ok()) Cache().Insert(text, *compiled);
+  return compiled;
 }
 
 bool SchemaAccepts(const CompiledSchema& schema, int32_t node, const json& value) {

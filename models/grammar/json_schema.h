@@ -170,6 +170,17 @@ class CompiledSchema {
   // Errors are InvalidArgument naming the place in the schema as a JSON pointer, e.g.
   // `at /properties/age: "minimum" is not supported (...)`.
   static absl::StatusOr<std::shared_ptr<const CompiledSchema>> Compile(const nlohmann::json& schema);
+  // Compile, through a process-wide cache of the schemas compiled lately, by their compact
+  // text: an app sends its schema with every request, and the OpenAI endpoint's request
+  // check, its answer reader and the agent each compile it (a pattern's automaton can take
+  // tens of milliseconds). At most kCachedSchemas, kCachedSchemaBytes in all (memory_bytes
+  // and the text); refusals are not kept. Thread-safe.
+  static constexpr size_t kCachedSchemas = 64;
+  static constexpr size_t kCachedSchemaBytes = 16 << 20;
+  static absl::StatusOr<std::shared_ptr<const CompiledSchema>> CompileShared(
+      const nlohmann::json& schema);
+  // What the compiled schema holds, roughly: its nodes, and its patterns' automata.
+  size_t memory_bytes() const;
 
   const SchemaNode& node(int32_t index) const { return nodes_[static_cast<size_t>(index)]; }
   int32_t root() const { return root_; }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "models/grammar/grammar_test_util.h"
 #include "models/grammar/json_constraint.h"
 #include "models/grammar/schema_grammar.h"
@@ -934,6 +935,35 @@ TEST_CASE("A string with a pattern takes only characters that can still lead to 
   // Unanchored: anywhere in the string.
   CheckTexts(*Compiled(R"({"type": "string", "pattern": "\\d"})"), {R"("x1y")", R"("5")"},
              {R"("xy")"});
+}
+
+TEST_CASE("Compiled schemas are shared by their text, the last used kept", "[grammar]") {
+  const auto compile = [](const std::string& text) {
+    absl::StatusOr<std::shared_ptr<const CompiledSchema>> compiled =
+        CompiledSchema::CompileShared(json::parse(text));
+    REQUIRE(compiled.ok());
+    return *compiled;
+  };
+  const auto first = compile(R"({"type": "object", "properties": {"a": {"pattern": "^x+$"}},
+                                 "required": ["a"]})");
+  // The same schema, its keys in another order: the same compiled one.
+  CHECK(compile(R"({"required": ["a"], "properties": {"a": {"pattern": "^x+$"}},
+                    "type": "object"})") == first);
+  CHECK(first->memory_bytes() > sizeof(CompiledSchema));
+  // Used again before others push it out, it stays; past kCachedSchemas others, it is gone.
+  for (size_t i = 0; i < CompiledSchema::kCachedSchemas - 1; ++i) {
+    compile(absl::StrCat(R"({"const": )", i, "}"));
+  }
+  CHECK(compile(R"({"type": "object", "properties": {"a": {"pattern": "^x+$"}},
+                    "required": ["a"]})") == first);
+  for (size_t i = 0; i < CompiledSchema::kCachedSchemas; ++i) {
+    compile(absl::StrCat(R"({"const": "s)", i, "\"}"));
+  }
+  CHECK(compile(R"({"type": "object", "properties": {"a": {"pattern": "^x+$"}},
+                    "required": ["a"]})") != first);
+  // A refusal is a refusal each time.
+  CHECK_FALSE(CompiledSchema::CompileShared(json::parse(R"({"type": "text"})")).ok());
+  CHECK_FALSE(CompiledSchema::CompileShared(json::parse(R"({"type": "text"})")).ok());
 }
 
 TEST_CASE("Unions of one type that could not be held to, or could take too many readings, "
