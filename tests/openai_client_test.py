@@ -7,8 +7,10 @@ Exits non-zero, saying what differed, on the first failure. tests/openai_client_
 starts the cloud and the agent and runs it with the build's Python (TOPHAT_PYTHON).
 """
 
+import datetime
 import enum
 import http.client
+import ipaddress
 import json
 import select
 import socket
@@ -19,6 +21,7 @@ import typing
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 
 try:
     import jsonschema
@@ -457,6 +460,20 @@ def json_schema_answers(client, model, messages):
 
     codes = [ticket.code for ticket in parsed_answers(Ticket)]
     print(f"response_format patterns: codes {codes}")
+
+    # Formats, as Pydantic writes them for its types (it parses each answer's strings as
+    # them), and a pattern beside lengths, as constr(pattern=..., min_length=..., max_length=...).
+    # Each bounded, as above.
+    class Visit(pydantic.BaseModel):
+        id: uuid.UUID
+        day: datetime.date
+        host: ipaddress.IPv4Address
+        word: str = pydantic.Field(pattern=r"^[a-z]+$", min_length=2, max_length=5)
+
+    visits = parsed_answers(Visit)
+    check(all(2 <= len(visit.word) <= 5 for visit in visits),
+          f"a word outside its lengths: {[visit.word for visit in visits]}")
+    print(f"response_format formats: {[(str(v.id), v.day.isoformat(), str(v.host), v.word) for v in visits]}")
 
     # What the agent cannot hold an answer to is refused before any answer, naming the place.
     expect_error("response_format json_schema with a oneOf whose objects may overlap",

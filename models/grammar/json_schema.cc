@@ -230,6 +230,9 @@ class SchemaCompiler {
   // Each state is a row of 256 transitions (1 KiB): 16 MiB in all.
   static constexpr int64_t kMaxPatternStates = 16384;
   int64_t pattern_states_ = 0;
+  // Patterns' length tables (PatternLengths), in bytes.
+  static constexpr size_t kMaxLengthBytes = 8 << 20;
+  size_t length_bytes_ = 0;
 
   absl::Status Fill(int32_t index, const json& schema, const std::string& pointer);
   absl::Status FillNested(int32_t index, const json& schema, const std::string& pointer);
@@ -558,27 +561,52 @@ absl::Status SchemaCompiler::FillLength(int32_t index, const json& schema,
     return Invalid(pointer,
                    absl::StrCat("minLength ", n.min_length, " > maxLength ", n.max_length));
   }
+  std::shared_ptr<const StringPattern> pattern;
+  std::string here = pointer + "/pattern";
   if (schema.contains("pattern")) {
-    const std::string here = pointer + "/pattern";
     if ((n.types & kTypeString) == 0) {
       return Invalid(pointer, "\"pattern\" on a schema whose type has no string");
     }
     if (!schema["pattern"].is_string()) return Invalid(here, "must be a string");
-    if (n.limits_length()) {
-      // Both at once would need the automaton's states counted by length.
-      return Invalid(pointer, "\"pattern\" beside minLength or maxLength is not supported: "
-                              "put the length in the pattern (^.{2,8}$)");
-    }
-    absl::StatusOr<std::shared_ptr<const StringPattern>> pattern =
+    absl::StatusOr<std::shared_ptr<const StringPattern>> compiled =
         StringPattern::Compile(schema["pattern"].get<std::string>());
-    if (!pattern.ok()) return Invalid(here, std::string(pattern.status().message()));
-    pattern_states_ += (*pattern)->states();
-    if (pattern_states_ > kMaxPatternStates) {
-      return Invalid(here, absl::StrCat("the schema's patterns have more than ",
-                                        kMaxPatternStates, " automaton states in all"));
-    }
-    n.pattern = *std::move(pattern);
+    if (!compiled.ok()) return Invalid(here, std::string(compiled.status().message()));
+    pattern = *std::move(compiled);
   }
+  // A format of strings constrains only a string; one unknown here (or of numbers, as
+  // OpenAPI's "int64") stays an annotation.
+  const auto format = schema.find("format");
+  if (format != schema.end() && format->is_string() && (n.types & kTypeString) != 0) {
+    std::shared_ptr<const StringPattern> known =
+        StringPattern::Format(format->get_ref<const std::string&>());
+    if (known != nullptr && pattern == nullptr) {
+      pattern = std::move(known);
+      here = pointer + "/format";
+    } else if (known != nullptr) {
+      absl::StatusOr<std::shared_ptr<const StringPattern>> both =
+          StringPattern::Intersect(*pattern, *known);
+      if (!both.ok()) return Invalid(pointer, std::string(both.status().message()));
+      pattern = *std::move(both);
+    }
+  }
+  if (pattern == nullptr) return absl::OkStatus();
+  pattern_states_ += pattern->states();
+  if (pattern_states_ > kMaxPatternStates) {
+    return Invalid(here, absl::StrCat("the schema's patterns have more than ",
+                                      kMaxPatternStates, " automaton states in all"));
+  }
+  if (n.limits_length()) {
+    absl::StatusOr<std::shared_ptr<const PatternLengths>> lengths =
+        PatternLengths::Compile(*pattern, n.min_length, n.max_length);
+    if (!lengths.ok()) return Invalid(pointer, std::string(lengths.status().message()));
+    length_bytes_ += (*lengths)->memory_bytes();
+    if (length_bytes_ > kMaxLengthBytes) {
+      return Invalid(pointer, absl::StrCat("the schema's patterns beside lengths take more than ",
+                                           kMaxLengthBytes >> 20, " MiB in all"));
+    }
+    n.pattern_lengths = *std::move(lengths);
+  }
+  n.pattern = std::move(pattern);
   return absl::OkStatus();
 }
 
@@ -1097,6 +1125,7 @@ size_t CompiledSchema::memory_bytes() const {
     for (const std::string& name : n.property_names) bytes += name.size() * 2;  // and the trie
     for (const std::string& text : n.enum_texts) bytes += text.size() * 2;
     if (n.pattern != nullptr) bytes += static_cast<size_t>(n.pattern->states()) * 257 * 4;
+    if (n.pattern_lengths != nullptr) bytes += n.pattern_lengths->memory_bytes();
   }
   return bytes;
 }

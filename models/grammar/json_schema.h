@@ -5,7 +5,9 @@
 // mode, and what Pydantic writes for its models):
 //   type (one, or a list), enum, const, properties, required, additionalProperties (false,
 //   true, or a schema; absent: true), items, minItems, maxItems, minLength and maxLength (in
-//   characters), pattern (string_pattern.h's part of ECMA-262; not beside a length), minimum, maximum, exclusiveMinimum and exclusiveMaximum (of an "integer"
+//   characters), pattern (string_pattern.h's part of ECMA-262), format (of strings: date-time,
+//   date, time, duration, email, hostname, ipv4, ipv6, uuid and uri, as StringPattern::Format
+//   writes them; beside a pattern, both hold), minimum, maximum, exclusiveMinimum and exclusiveMaximum (of an "integer"
 //   within 64-bit integers; of a "number" within +-1e300, which is then written without an
 //   exponent), anyOf and oneOf (a nullable field: anyOf [X, {"type": "null"}]; a union of
 //   objects, Pydantic's Union[Cat, Dog]; a oneOf's branches of one type must be told apart by
@@ -13,8 +15,8 @@
 //   all of a union's objects are, that property is written first), an allOf of one schema,
 //   $ref to "#", "#/$defs/NAME" or "#/definitions/NAME" (recursion included), and the
 //   annotations (title, description, default, examples, format, $schema, $id, $comment,
-//   deprecated, readOnly, writeOnly, discriminator), which constrain nothing: `format` too,
-//   so a "date-time" is any string.
+//   deprecated, readOnly, writeOnly, discriminator), which constrain nothing; so does a
+//   format of another name or on another type (OpenAPI's "int64", "binary").
 // Anything else (multipleOf, patternProperties, ...) is refused naming its place,
 // rather than ignored: an answer would not hold to it. So is a schema that no finite value
 // satisfies, or none within kMaxDepth nested objects and arrays, and one whose unions could
@@ -117,8 +119,11 @@ struct SchemaNode {
   int64_t min_length = 0;
   int64_t max_length = -1;  // -1: no limit
   bool limits_length() const { return min_length > 0 || max_length >= 0; }
-  // "pattern": what the string's characters must match (not beside a length).
+  // "pattern", and a "format" StringPattern::Format knows: what the string's characters must
+  // match (both: the strings that match both); with a length, which of its states can still
+  // reach a match of an allowed length.
   std::shared_ptr<const StringPattern> pattern;
+  std::shared_ptr<const PatternLengths> pattern_lengths;
 
   // Integers (a node whose numbers are "integer" only): bounds, inclusive; an exclusive
   // bound compiles to the integer next to it inside. SchemaAccepts compares with these; the

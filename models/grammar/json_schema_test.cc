@@ -81,7 +81,7 @@ TEST_CASE("A JSON Schema's values are taken byte by byte and nothing else is", "
            R"({"name":"Ann","age":31})",
            R"({"age":31,"name":"Ann"})",
            "{\n  \"name\": \"Ann\",\n  \"age\": -3,\n  \"height\": 1.75e0\n}",
-           R"( {"name":"\u00e9\"x","age":0,"tags":[],"kind":"child","born":"2024-01-01"})",
+           R"( {"name":"\u00e9\"x","age":0,"tags":[],"kind":"child","born":"2024-01-01T09:30:00Z"})",
            R"({"name":"A","age":1,"tags":["a","b"],"kind":7,"spouse":null})",
            R"({"name":"A","age":1,"kind":null,"spouse":{"name":"B","age":2,"spouse":null}})",
        }) {
@@ -333,8 +333,10 @@ TEST_CASE("Schemas that cannot be held to are refused, naming their place", "[gr
              Catch::StartsWith("at /: \"multipleOf\" is not supported"));
   CHECK_THAT(Refusal(R"js({"type": "object", "properties": {"id": {"pattern": "(?=x)"}}})js"),
              Catch::StartsWith("at /properties/id/pattern: pattern: a lookaround"));
-  CHECK_THAT(Refusal(R"({"type": "string", "pattern": "^a+$", "maxLength": 3})"),
-             Catch::Contains("\"pattern\" beside minLength or maxLength is not supported"));
+  CHECK_THAT(Refusal(R"({"type": "string", "pattern": "^a{5}$", "maxLength": 3})"),
+             Catch::StartsWith("at /: no string of 0 to 3 characters matches the pattern"));
+  CHECK_THAT(Refusal(R"({"type": "string", "format": "uuid", "pattern": "^x"})"),
+             Catch::StartsWith("at /: pattern and format together: no string matches both"));
   CHECK_THAT(Refusal(R"({"type": "integer", "pattern": "^1$"})"),
              Catch::Contains("\"pattern\" on a schema whose type has no string"));
   CHECK_THAT(Refusal(R"({"type": "string", "pattern": 5})"),
@@ -408,10 +410,14 @@ TEST_CASE("Schemas that cannot be held to are refused, naming their place", "[gr
              Catch::Contains("nests more than the 32 objects and arrays supported"));
 }
 
-// A random string a pattern matches: a walk along its automaton, random for 12 bytes, then
-// along the shortest way to a match (bytes to a match, by a backward search), ending at a
-// match at times before.
-std::string PatternString(const StringPattern& pattern, std::mt19937_64& rng) {
+// A random string a pattern matches, within its node's lengths: a walk along its automaton,
+// random for 12 bytes, then along the shortest way to a match (bytes to a match, by a
+// backward search) where the lengths allow, ending at a match at times before.
+std::string PatternString(const SchemaNode& node, std::mt19937_64& rng) {
+  const StringPattern& pattern = *node.pattern;
+  const auto reachable = [&](int32_t state, int64_t written) {
+    return node.pattern_lengths == nullptr || node.pattern_lengths->Reachable(state, written);
+  };
   const int32_t count = pattern.states();
   std::vector<int32_t> distance(static_cast<size_t>(count), INT32_MAX);
   for (bool changed = true; changed;) {
@@ -432,16 +438,24 @@ std::string PatternString(const StringPattern& pattern, std::mt19937_64& rng) {
   }
   std::string text;
   int32_t state = StringPattern::start();
+  int64_t written = 0;
   for (int step = 0;; ++step) {
+    REQUIRE(step < 5000);
     std::vector<int> bytes;
+    std::vector<int> shorter;
     for (int b = 0; b < 256; ++b) {
       const int32_t t = pattern.Next(state, static_cast<unsigned char>(b));
-      if (t >= 0 && (step < 12 || distance[static_cast<size_t>(t)] <
-                                      distance[static_cast<size_t>(state)])) {
-        bytes.push_back(b);
+      if (t < 0) continue;
+      const bool ends = pattern.bytes_left()[static_cast<size_t>(t)] == 0;
+      if (!reachable(t, written + (ends ? 1 : 0))) continue;
+      bytes.push_back(b);
+      if (distance[static_cast<size_t>(t)] < distance[static_cast<size_t>(state)]) {
+        shorter.push_back(b);
       }
     }
-    if (pattern.Accepts(state) &&
+    if (step >= 12 && !shorter.empty()) bytes = shorter;
+    const bool long_enough = written >= node.min_length;
+    if (pattern.Accepts(state) && long_enough &&
         (step >= 12 || bytes.empty() || std::bernoulli_distribution(0.3)(rng))) {
       return text;
     }
@@ -449,6 +463,7 @@ std::string PatternString(const StringPattern& pattern, std::mt19937_64& rng) {
     const int b = bytes[std::uniform_int_distribution<size_t>(0, bytes.size() - 1)(rng)];
     text += static_cast<char>(b);
     state = pattern.Next(state, static_cast<unsigned char>(b));
+    if (pattern.bytes_left()[static_cast<size_t>(state)] == 0) ++written;
   }
 }
 
@@ -494,7 +509,7 @@ ojson RandomValue(const CompiledSchema& schema, int32_t node, int depth, std::mt
   const uint8_t type = types[std::uniform_int_distribution<size_t>(0, types.size() - 1)(rng)];
   switch (type) {
     case kTypeString: {
-      if (!n->any && n->pattern != nullptr) return PatternString(*n->pattern, rng);
+      if (!n->any && n->pattern != nullptr) return PatternString(*n, rng);
       // Characters of one code point each, as many as the node's length allows.
       const int64_t fewest = n->any ? 0 : n->min_length;
       const int64_t most = n->any || n->max_length < 0 ? fewest + 5 : n->max_length;
@@ -687,6 +702,21 @@ const char* const kSchemas[] = {
           "note": {"type": "string", "pattern": "a\\.b"},
           "lines": {"type": ["string", "null"], "pattern": "^([\"\\\\/é]|\\n|\\t)*$"}},
         "required": ["code", "note", "lines"], "additionalProperties": false})",
+    // Formats, as Pydantic writes datetime, UUID, EmailStr, AnyUrl (minLength 1, maxLength
+    // 2083) and timedelta, and patterns beside lengths, as constr(pattern=..., max_length=...).
+    R"({"type": "object", "properties": {
+          "when": {"type": "string", "format": "date-time"},
+          "day": {"type": "string", "format": "date"},
+          "id": {"type": "string", "format": "uuid"},
+          "mail": {"type": "string", "format": "email", "maxLength": 24},
+          "url": {"type": "string", "format": "uri", "minLength": 1, "maxLength": 2083},
+          "ip": {"type": ["string", "null"], "format": "ipv6"},
+          "wait": {"type": "string", "format": "duration"},
+          "size": {"type": "integer", "format": "int64"},
+          "word": {"type": "string", "pattern": "^[a-z\u00e9]+$", "minLength": 2, "maxLength": 4},
+          "tagged": {"type": "string", "pattern": "x", "minLength": 3},
+          "hex": {"type": "string", "format": "uuid", "pattern": "^[0-9a-f-]+$"}},
+        "required": ["when", "id", "word", "tagged", "hex"], "additionalProperties": false})",
 };
 
 TEST_CASE("Random values of a schema are taken, compact or indented, and what the grammar "
@@ -778,7 +808,7 @@ TEST_CASE("A schema constraint's masks are each token tried on its own, along ra
         "short", "rating", "year", "depth", "count", "score", "delta", "cold", "0.", ".2",
         "pet_type", "meows", "barks", "pet", "other", "\"dog\"", "\"x\"", "yy",
         "25", "-10", "19", "20", "2", "-4", "abc", "ab",
-        "\xF0\x9F\x8E\xA9", "a\xC3\xA9bc", "\"ab\"", "ok\""}) {
+        "\xF0\x9F\x8E\xA9", "a\xC3\xA9" "bc", "\"ab\"", "ok\""}) {
     tokens.emplace_back(piece);
   }
   const auto vocabulary = std::make_shared<const TokenVocabulary>(std::move(tokens));
@@ -935,6 +965,32 @@ TEST_CASE("A string with a pattern takes only characters that can still lead to 
   // Unanchored: anywhere in the string.
   CheckTexts(*Compiled(R"({"type": "string", "pattern": "\\d"})"), {R"("x1y")", R"("5")"},
              {R"("xy")"});
+}
+
+TEST_CASE("A format constrains a string to what it names, and a pattern holds to the lengths "
+          "beside it",
+          "[grammar]") {
+  CheckTexts(*Compiled(R"({"type": "string", "format": "date-time"})"),
+             {R"("2024-02-29T23:59:60Z")", R"("2024-01-01T09:30:00.5+05:30")"},
+             {R"("2024-01-01")", R"("2024-02-30T00:00:00Z")", R"("yesterday")"});
+  // Of another type, or unknown: an annotation.
+  CheckTexts(*Compiled(R"({"type": ["integer", "string"], "format": "uuid"})"),
+             {"12", R"("123e4567-e89b-12d3-a456-426614174000")"}, {R"("x")"});
+  CheckTexts(*Compiled(R"({"type": "string", "format": "uri-reference"})"), {R"("x y")"}, {});
+  // A pattern beside lengths: the string closes only at a match of an allowed length, and a
+  // character is taken only where one can still follow.
+  const auto word = Compiled(R"({"type": "string", "pattern": "^(ab)+$", "minLength": 3, "maxLength": 5})");
+  CheckTexts(*word, {R"("abab")"}, {R"("ab")", R"("ababab")", R"("aba")"});
+  SchemaGrammar grammar(word.get());
+  REQUIRE(grammar.Feed(R"("abab)"));
+  CHECK_FALSE(SchemaGrammar(grammar).Feed("a"));  // "ababa" could only go on to 6
+  CHECK(SchemaGrammar(grammar).Feed("\""));
+  // Escapes count as the one character they stand for.
+  CheckTexts(*Compiled(R"({"type": "string", "pattern": "^[a\n]*$", "maxLength": 2})"),
+             {R"("a\n")", R"("\n\n")"}, {R"("a\na")"});
+  // A uri as Pydantic's AnyUrl writes it.
+  CheckTexts(*Compiled(R"({"type": "string", "format": "uri", "minLength": 1, "maxLength": 12})"),
+             {R"("http://a.b/c")"}, {R"("http://a.b/cd")", R"("")", R"("a b")"});
 }
 
 TEST_CASE("Compiled schemas are shared by their text, the last used kept", "[grammar]") {

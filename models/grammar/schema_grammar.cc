@@ -220,7 +220,12 @@ void SchemaGrammar::CountDecimalByte(unsigned char byte) {
   if (digits_ < UINT16_MAX) ++digits_;
 }
 
-bool SchemaGrammar::PatternByte(const StringPattern& pattern, unsigned char byte) {
+bool SchemaGrammar::PatternByte(const SchemaNode& node, unsigned char byte) {
+  const StringPattern& pattern = *node.pattern;
+  // With a length, a character is taken only where a match of an allowed length can follow.
+  const auto reachable = [&](int32_t state, int64_t written) {
+    return node.pattern_lengths == nullptr || node.pattern_lengths->Reachable(state, written);
+  };
   unsigned char decoded = byte;
   if (pattern_escape_) {
     pattern_escape_ = false;
@@ -241,7 +246,8 @@ bool SchemaGrammar::PatternByte(const StringPattern& pattern, unsigned char byte
     // Only where a character some escape stands for can come: the walk must go on.
     pattern_escape_ = true;
     for (const unsigned char escaped : {'"', '\\', '/', '\b', '\f', '\n', '\r', '\t'}) {
-      if (pattern.Next(pattern_state_, escaped) != StringPattern::kDead) return true;
+      const int32_t next = pattern.Next(pattern_state_, escaped);
+      if (next != StringPattern::kDead && reachable(next, chars_ + 1)) return true;
     }
     return false;
   } else if (byte == '"') {
@@ -249,6 +255,9 @@ bool SchemaGrammar::PatternByte(const StringPattern& pattern, unsigned char byte
   }
   const int32_t next = pattern.Next(pattern_state_, decoded);
   if (next == StringPattern::kDead) return false;
+  // A byte inside a character counts it among those to come; one that ends it, as written.
+  const bool ends = pattern.bytes_left()[static_cast<size_t>(next)] == 0;
+  if (!reachable(next, chars_ + (ends ? 1 : 0))) return false;
   pattern_state_ = next;
   return true;
 }
@@ -309,7 +318,7 @@ bool SchemaGrammar::Feed(unsigned char byte) {
           return false;
         }
       }
-      if (pattern_state_ >= 0 && !PatternByte(*node.pattern, byte)) return false;
+      if (pattern_state_ >= 0 && !PatternByte(node, byte)) return false;
       if (!leaf_.Feed(byte)) return false;
       // Back between characters: one more written (a byte that starts a character leaves
       // the string's state until the character is whole).

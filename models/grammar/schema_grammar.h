@@ -139,8 +139,9 @@ class SchemaGrammar {
   bool DecimalWithinBounds() const;
   void CountDecimalByte(unsigned char byte);
   // A byte inside a string with a pattern: its characters' decoded bytes through the
-  // pattern's automaton (the short escapes decoded; no \u), the close only on a match.
-  bool PatternByte(const StringPattern& pattern, unsigned char byte);
+  // pattern's automaton (the short escapes decoded; no \u), the close only on a match; with
+  // a length, a character only where a match of an allowed length can still follow.
+  bool PatternByte(const SchemaNode& node, unsigned char byte);
 
   bool StartValue(unsigned char byte);
   // The first byte of a value of overlap `node`: an alternative for each member it starts.

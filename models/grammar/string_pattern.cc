@@ -1,7 +1,11 @@
 #include "models/grammar/string_pattern.h"
 
 #include <algorithm>
+#include <cassert>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -654,7 +658,317 @@ absl::StatusOr<std::shared_ptr<const StringPattern>> StringPattern::Compile(std:
   auto pattern = std::make_shared<StringPattern>();
   pattern->next_ = std::move(next);
   pattern->accepting_ = std::move(accepting);
+  pattern->MarkCharacters();
   return std::shared_ptr<const StringPattern>(std::move(pattern));
+}
+
+void StringPattern::MarkCharacters() {
+  bytes_left_.assign(accepting_.size(), -1);
+  bytes_left_[0] = 0;
+  std::vector<int32_t> work = {start()};
+  while (!work.empty()) {
+    const int32_t s = work.back();
+    work.pop_back();
+    const int8_t left = bytes_left_[static_cast<size_t>(s)];
+    for (int b = 0; b < 256; ++b) {
+      const int32_t t = Next(s, static_cast<unsigned char>(b));
+      if (t == kDead) continue;
+      int8_t after = 0;
+      if (left > 0) {
+        after = static_cast<int8_t>(left - 1);
+      } else if (b >= 0xF0) {
+        after = 3;
+      } else if (b >= 0xE0) {
+        after = 2;
+      } else if (b >= 0x80) {
+        after = 1;
+      }
+      int8_t& mark = bytes_left_[static_cast<size_t>(t)];
+      if (mark < 0) {
+        mark = after;
+        work.push_back(t);
+      }
+      // The automaton's states are sets of the NFA's, which are each at one place in a UTF-8
+      // sequence; a state reached at two places would be a bug in the construction.
+      assert(mark == after);
+    }
+  }
+}
+
+absl::StatusOr<std::shared_ptr<const StringPattern>> StringPattern::Intersect(
+    const StringPattern& a, const StringPattern& b) {
+  std::map<std::pair<int32_t, int32_t>, int32_t> index;
+  std::vector<std::pair<int32_t, int32_t>> pairs;
+  std::vector<int32_t> next;
+  std::vector<uint8_t> accepting;
+  const auto intern = [&](int32_t x, int32_t y) {
+    const auto [it, added] = index.emplace(std::make_pair(x, y), static_cast<int32_t>(pairs.size()));
+    if (added) {
+      pairs.emplace_back(x, y);
+      accepting.push_back(a.Accepts(x) && b.Accepts(y) ? 1 : 0);
+      next.resize(pairs.size() * 256, kDead);
+    }
+    return it->second;
+  };
+  intern(a.start(), b.start());
+  for (size_t s = 0; s < pairs.size(); ++s) {
+    if (pairs.size() > static_cast<size_t>(kMaxStates)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pattern and format together: their automaton has more than ", kMaxStates, " states"));
+    }
+    const auto [x, y] = pairs[s];
+    for (int byte = 0; byte < 256; ++byte) {
+      const int32_t tx = a.Next(x, static_cast<unsigned char>(byte));
+      const int32_t ty = b.Next(y, static_cast<unsigned char>(byte));
+      if (tx == kDead || ty == kDead) continue;
+      const int32_t t = intern(tx, ty);
+      next[s * 256 + static_cast<size_t>(byte)] = t;
+    }
+  }
+  // Only the pairs from which both can still match.
+  const size_t count = pairs.size();
+  std::vector<std::vector<int32_t>> sources(count);
+  for (size_t s = 0; s < count; ++s) {
+    for (int byte = 0; byte < 256; ++byte) {
+      const int32_t t = next[s * 256 + static_cast<size_t>(byte)];
+      if (t != kDead) sources[static_cast<size_t>(t)].push_back(static_cast<int32_t>(s));
+    }
+  }
+  std::vector<uint8_t> live(count, 0);
+  std::vector<int32_t> work;
+  for (size_t s = 0; s < count; ++s) {
+    if (accepting[s] != 0) {
+      live[s] = 1;
+      work.push_back(static_cast<int32_t>(s));
+    }
+  }
+  while (!work.empty()) {
+    const int32_t t = work.back();
+    work.pop_back();
+    for (const int32_t s : sources[static_cast<size_t>(t)]) {
+      if (live[static_cast<size_t>(s)] == 0) {
+        live[static_cast<size_t>(s)] = 1;
+        work.push_back(s);
+      }
+    }
+  }
+  if (live[0] == 0) {
+    return absl::InvalidArgumentError("pattern and format together: no string matches both");
+  }
+  for (int32_t& t : next) {
+    if (t != kDead && live[static_cast<size_t>(t)] == 0) t = kDead;
+  }
+  auto pattern = std::make_shared<StringPattern>();
+  pattern->next_ = std::move(next);
+  pattern->accepting_ = std::move(accepting);
+  pattern->MarkCharacters();
+  return std::shared_ptr<const StringPattern>(std::move(pattern));
+}
+
+namespace {
+
+// An IPv6 address (RFC 4291 section 2.2): eight groups of 1 to 4 hex digits, a run of zero
+// groups written "::" once, the last two groups as an IPv4 address where written so.
+std::string Ipv6Regex(const std::string& ipv4) {
+  const std::string h = "[0-9A-Fa-f]{1,4}";
+  const auto groups = [&](int n) {  // n >= 1 groups joined by ':'
+    return n == 1 ? h : absl::StrCat("(?:", h, ":){", n - 1, "}", h);
+  };
+  std::vector<std::string> forms = {groups(8), absl::StrCat("(?:", h, ":){6}", ipv4)};
+  for (int left = 0; left <= 7; ++left) {
+    // "::" stands for one group or more: left + right <= 7.
+    const std::string before = left == 0 ? "" : groups(left);
+    const std::string after =
+        left == 7 ? "" : absl::StrCat("(?:", h, "(?::", h, "){0,", 6 - left, "})?");
+    forms.push_back(absl::StrCat(before, "::", after));
+    if (left <= 5) {
+      forms.push_back(absl::StrCat(before, "::(?:", h, ":){0,", 5 - left, "}", ipv4));
+    }
+  }
+  std::string regex = "^(?:";
+  for (size_t i = 0; i < forms.size(); ++i) absl::StrAppend(&regex, i == 0 ? "" : "|", forms[i]);
+  return regex + ")$";
+}
+
+struct FormatEntry {
+  std::string_view name;
+  std::string regex;
+};
+
+// The formats JSON Schema names that structured outputs use (OpenAI's strict mode supports
+// these but uri; Pydantic writes them for datetime, date, time, timedelta, UUID, EmailStr,
+// IPv4Address, IPv6Address and AnyUrl), as patterns of the strings each allows:
+//   date-time, date, time: RFC 3339's date-time, full-date and full-time (an offset is part
+//     of a time; the day of the month at most its month's, February's 29);
+//   duration: RFC 3339's (Appendix A): P1Y2M3DT4H5M6S, P3W; no fractions;
+//   email: RFC 5321's dot-atom local part @ a domain of two labels or more (no quoted local
+//     parts, no address literals: what mail libraries accept everywhere);
+//   hostname: RFC 1123's labels of 1 to 63 letters, digits and inner hyphens, dot-joined;
+//   ipv4: four decimal bytes without leading zeros; ipv6: RFC 4291's text forms;
+//   uuid: RFC 9562's 8-4-4-4-12 hex digits;
+//   uri: a scheme, ':', and the characters RFC 3986 allows (percent escapes whole), not its
+//     finer structure.
+// Lengths (a hostname's 253 characters, an email's 254) are not in these: a maxLength beside
+// a format bounds them.
+const std::vector<FormatEntry>& Formats() {
+  static const std::vector<FormatEntry>* const formats = [] {
+    const std::string byte = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])";
+    const std::string ipv4 = absl::StrCat("(?:", byte, "\\.){3}", byte);
+    const std::string date =
+        "[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|"
+        "(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-9]))";
+    const std::string time =
+        "(?:[01][0-9]|2[0-3]):[0-5][0-9]:(?:[0-5][0-9]|60)(?:\\.[0-9]+)?"
+        "(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
+    const std::string dur_time = "T(?:[0-9]+H(?:[0-9]+M(?:[0-9]+S)?)?|[0-9]+M(?:[0-9]+S)?|[0-9]+S)";
+    const std::string dur_date = "(?:[0-9]+D|[0-9]+M(?:[0-9]+D)?|[0-9]+Y(?:[0-9]+M(?:[0-9]+D)?)?)";
+    const std::string label = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
+    const std::string atext = "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]";
+    const std::string hex = "[0-9A-Fa-f]";
+    return new std::vector<FormatEntry>{
+        {"date-time", absl::StrCat("^", date, "[Tt]", time, "$")},
+        {"date", absl::StrCat("^", date, "$")},
+        {"time", absl::StrCat("^", time, "$")},
+        {"duration", absl::StrCat("^P(?:", dur_date, "(?:", dur_time, ")?|", dur_time, "|[0-9]+W)$")},
+        {"email", absl::StrCat("^", atext, "+(?:\\.", atext, "+)*@", label, "(?:\\.", label, ")+$")},
+        {"hostname", absl::StrCat("^", label, "(?:\\.", label, ")*$")},
+        {"ipv4", absl::StrCat("^", ipv4, "$")},
+        {"ipv6", Ipv6Regex(ipv4)},
+        {"uuid", absl::StrCat("^", hex, "{8}-", hex, "{4}-", hex, "{4}-", hex, "{4}-", hex, "{12}$")},
+        {"uri", "^[A-Za-z][A-Za-z0-9+.-]*:(?:[A-Za-z0-9._~:/?#\\[\\]@!$&'()*+,;=-]|%[0-9A-Fa-f]{2})*$"},
+    };
+  }();
+  return *formats;
+}
+
+}  // namespace
+
+std::vector<std::string_view> StringPattern::FormatNames() {
+  std::vector<std::string_view> names;
+  for (const FormatEntry& entry : Formats()) names.push_back(entry.name);
+  return names;
+}
+
+std::string_view StringPattern::FormatRegex(std::string_view name) {
+  for (const FormatEntry& entry : Formats()) {
+    if (entry.name == name) return entry.regex;
+  }
+  return {};
+}
+
+std::shared_ptr<const StringPattern> StringPattern::Format(std::string_view name) {
+  // Compiled on first use, each once; they are built from constants, so a failure is a bug.
+  static std::mutex mutex;
+  static std::map<std::string, std::shared_ptr<const StringPattern>, std::less<>> compiled;
+  const std::string_view regex = FormatRegex(name);
+  if (regex.empty()) return nullptr;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto found = compiled.find(name);
+  if (found != compiled.end()) return found->second;
+  absl::StatusOr<std::shared_ptr<const StringPattern>> pattern = Compile(regex);
+  if (!pattern.ok()) {
+    std::fprintf(stderr, "format %.*s: %s\n", static_cast<int>(name.size()), name.data(),
+                 std::string(pattern.status().message()).c_str());
+    std::abort();
+  }
+  compiled.emplace(std::string(name), *pattern);
+  return *std::move(pattern);
+}
+
+absl::StatusOr<std::shared_ptr<const PatternLengths>> PatternLengths::Compile(
+    const StringPattern& pattern, int64_t min_length, int64_t max_length) {
+  const std::vector<int8_t>& left = pattern.bytes_left();
+  const auto count = static_cast<size_t>(pattern.states());
+  // The distinct moves of each state, and whether each ends a character (a move into a
+  // state between characters does).
+  std::vector<size_t> first(count + 1, 0);
+  std::vector<int32_t> to;
+  std::vector<uint8_t> ends;
+  for (size_t s = 0; s < count; ++s) {
+    first[s] = to.size();
+    if (left[s] < 0) continue;
+    const size_t begin = to.size();
+    for (int byte = 0; byte < 256; ++byte) {
+      const int32_t t = pattern.Next(static_cast<int32_t>(s), static_cast<unsigned char>(byte));
+      if (t == StringPattern::kDead) continue;
+      if (std::find(to.begin() + static_cast<std::ptrdiff_t>(begin), to.end(), t) != to.end()) continue;
+      to.push_back(t);
+      ends.push_back(left[static_cast<size_t>(t)] == 0 ? 1 : 0);
+    }
+  }
+  first[count] = to.size();
+  // A move that does not end a character goes one byte further into it: states one byte
+  // from a character's end first, then two, then three, then those between characters, so
+  // that such a move's target is filled before its source in each length.
+  std::vector<int32_t> order;
+  for (const int8_t want : {1, 2, 3, 0}) {
+    for (size_t s = 0; s < count; ++s) {
+      if (left[s] == want) order.push_back(static_cast<int32_t>(s));
+    }
+  }
+  auto lengths = std::make_shared<PatternLengths>();
+  lengths->min_length_ = min_length;
+  lengths->max_length_ = max_length;
+  const bool bounded = max_length >= 0;
+  // With a maximum, lengths 0 to max_length. Without, 0 to min_length, or fewer: the sets
+  // only shrink, and once one repeats all further ones do, so within the states' count.
+  const int64_t tracked =
+      (bounded ? max_length : std::min(min_length, static_cast<int64_t>(count))) + 1;
+  const auto moves = static_cast<int64_t>(to.size()) + static_cast<int64_t>(count);
+  if (tracked > kMaxBits / static_cast<int64_t>(count) || tracked > kMaxWork / moves) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pattern beside ", bounded ? "maxLength " : "minLength ", tracked - 1,
+        ": too costly to track (", count, " automaton states times the length)"));
+  }
+  lengths->words_ = static_cast<size_t>((tracked + 63) / 64);
+  lengths->bits_.assign(count * lengths->words_, 0);
+  std::vector<uint8_t> previous(count, 0);
+  std::vector<uint8_t> current(count, 0);
+  int64_t n = 0;
+  for (; n < tracked; ++n) {
+    for (const int32_t s : order) {
+      const auto at = static_cast<size_t>(s);
+      bool reach;
+      if (bounded) {
+        // A match exactly n characters on.
+        reach = n == 0 && left[at] == 0 && pattern.Accepts(s);
+      } else {
+        // A match n or more characters on: from every state when n = 0 (each can reach one).
+        reach = n == 0;
+      }
+      for (size_t e = first[at]; !reach && e < first[at + 1]; ++e) {
+        const auto t = static_cast<size_t>(to[e]);
+        reach = ends[e] != 0 ? n > 0 && previous[t] != 0 : current[t] != 0;
+      }
+      current[at] = reach ? 1 : 0;
+      if (reach) lengths->bits_[at * lengths->words_ + static_cast<size_t>(n / 64)] |= uint64_t{1} << (n % 64);
+    }
+    // Without a maximum the sets only shrink; once one repeats, all further ones do.
+    if (!bounded && n > 0 && current == previous) break;
+    std::swap(previous, current);
+  }
+  lengths->tracked_ = bounded ? tracked : std::min(n + 1, tracked);
+  if (!lengths->Reachable(StringPattern::start(), 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "no string of ", min_length, bounded ? absl::StrCat(" to ", max_length) : " or more",
+        " characters matches the pattern"));
+  }
+  return std::shared_ptr<const PatternLengths>(std::move(lengths));
+}
+
+bool PatternLengths::Reachable(int32_t state, int64_t written) const {
+  const int64_t low = std::max<int64_t>(0, min_length_ - written);
+  if (max_length_ < 0) return Bit(state, std::min(low, tracked_ - 1));
+  const int64_t high = max_length_ - written;
+  for (int64_t n = low; n <= high; ++n) {
+    if (n % 64 == 0 && n + 63 <= high &&
+        bits_[static_cast<size_t>(state) * words_ + static_cast<size_t>(n / 64)] == 0) {
+      n += 63;
+      continue;
+    }
+    if (Bit(state, n)) return true;
+  }
+  return false;
 }
 
 bool StringPattern::Matches(std::string_view utf8) const {
