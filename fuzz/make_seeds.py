@@ -328,6 +328,16 @@ def main():
             "text": {"type": "string", "pattern": "(a|\u00e9)[^\\s]*\\n?"}},
          "required": ["code"]}).encode() +
           b'\0{"code": "AB-12", "mail": "a_b@x.y.org", "text": "\\u00e9\\tz\\n"}')
+    write(out, "json_schema", "formats.bin", json.dumps(
+        {"type": "object", "properties": {
+            "when": {"type": "string", "format": "date-time"},
+            "ip": {"type": "string", "format": "ipv6", "maxLength": 12},
+            "id": {"type": "string", "format": "uuid", "pattern": "^[0-9a-f-]+$"},
+            "word": {"type": "string", "pattern": "^(ab)+\u00e9?$", "minLength": 3, "maxLength": 7},
+            "tag": {"type": "string", "pattern": "x", "minLength": 4}},
+         "required": ["when"]}).encode() +
+          b'\0{"when": "2024-02-29T23:59:60.5+05:30", "ip": "fe80::1", "word": "abab\u00e9", '
+          b'"tag": "axbc"}')
     write(out, "json_schema", "tree.bin", json.dumps(
         {"$defs": {"T": {"anyOf": [
             {"type": "object", "properties": {"value": {"type": "string", "maxLength": 2}},

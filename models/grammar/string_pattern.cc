@@ -488,6 +488,42 @@ bool Writable(int byte) {
          byte == '\r';
 }
 
+// Cuts the moves into states from which no accepting state can be reached (`next`: states x
+// 256, kDead for none); false when the start is such a state.
+bool PruneDead(std::vector<int32_t>& next, const std::vector<uint8_t>& accepting) {
+  const size_t count = accepting.size();
+  std::vector<std::vector<int32_t>> sources(count);
+  for (size_t s = 0; s < count; ++s) {
+    for (int b = 0; b < 256; ++b) {
+      const int32_t t = next[s * 256 + static_cast<size_t>(b)];
+      if (t != StringPattern::kDead) sources[static_cast<size_t>(t)].push_back(static_cast<int32_t>(s));
+    }
+  }
+  std::vector<uint8_t> live(count, 0);
+  std::vector<int32_t> work;
+  for (size_t s = 0; s < count; ++s) {
+    if (accepting[s] != 0) {
+      live[s] = 1;
+      work.push_back(static_cast<int32_t>(s));
+    }
+  }
+  while (!work.empty()) {
+    const int32_t t = work.back();
+    work.pop_back();
+    for (const int32_t s : sources[static_cast<size_t>(t)]) {
+      if (live[static_cast<size_t>(s)] == 0) {
+        live[static_cast<size_t>(s)] = 1;
+        work.push_back(s);
+      }
+    }
+  }
+  if (live[0] == 0) return false;
+  for (int32_t& t : next) {
+    if (t != StringPattern::kDead && live[static_cast<size_t>(t)] == 0) t = StringPattern::kDead;
+  }
+  return true;
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const StringPattern>> StringPattern::Compile(std::string_view regex) {
@@ -625,36 +661,7 @@ absl::StatusOr<std::shared_ptr<const StringPattern>> StringPattern::Compile(std:
     }
   }
   // Only states from which a match can still be written: the others are dead.
-  const size_t count = sets.size();
-  std::vector<std::vector<int32_t>> sources(count);
-  for (size_t s = 0; s < count; ++s) {
-    for (int b = 0; b < 256; ++b) {
-      const int32_t t = next[s * 256 + static_cast<size_t>(b)];
-      if (t != kDead) sources[static_cast<size_t>(t)].push_back(static_cast<int32_t>(s));
-    }
-  }
-  std::vector<uint8_t> live(count, 0);
-  std::vector<int32_t> work;
-  for (size_t s = 0; s < count; ++s) {
-    if (accepting[s] != 0) {
-      live[s] = 1;
-      work.push_back(static_cast<int32_t>(s));
-    }
-  }
-  while (!work.empty()) {
-    const int32_t t = work.back();
-    work.pop_back();
-    for (const int32_t s : sources[static_cast<size_t>(t)]) {
-      if (live[static_cast<size_t>(s)] == 0) {
-        live[static_cast<size_t>(s)] = 1;
-        work.push_back(s);
-      }
-    }
-  }
-  if (live[0] == 0) return nothing();
-  for (int32_t& t : next) {
-    if (t != kDead && live[static_cast<size_t>(t)] == 0) t = kDead;
-  }
+  if (!PruneDead(next, accepting)) return nothing();
   auto pattern = std::make_shared<StringPattern>();
   pattern->next_ = std::move(next);
   pattern->accepting_ = std::move(accepting);
@@ -726,37 +733,8 @@ absl::StatusOr<std::shared_ptr<const StringPattern>> StringPattern::Intersect(
     }
   }
   // Only the pairs from which both can still match.
-  const size_t count = pairs.size();
-  std::vector<std::vector<int32_t>> sources(count);
-  for (size_t s = 0; s < count; ++s) {
-    for (int byte = 0; byte < 256; ++byte) {
-      const int32_t t = next[s * 256 + static_cast<size_t>(byte)];
-      if (t != kDead) sources[static_cast<size_t>(t)].push_back(static_cast<int32_t>(s));
-    }
-  }
-  std::vector<uint8_t> live(count, 0);
-  std::vector<int32_t> work;
-  for (size_t s = 0; s < count; ++s) {
-    if (accepting[s] != 0) {
-      live[s] = 1;
-      work.push_back(static_cast<int32_t>(s));
-    }
-  }
-  while (!work.empty()) {
-    const int32_t t = work.back();
-    work.pop_back();
-    for (const int32_t s : sources[static_cast<size_t>(t)]) {
-      if (live[static_cast<size_t>(s)] == 0) {
-        live[static_cast<size_t>(s)] = 1;
-        work.push_back(s);
-      }
-    }
-  }
-  if (live[0] == 0) {
+  if (!PruneDead(next, accepting)) {
     return absl::InvalidArgumentError("pattern and format together: no string matches both");
-  }
-  for (int32_t& t : next) {
-    if (t != kDead && live[static_cast<size_t>(t)] == 0) t = kDead;
   }
   auto pattern = std::make_shared<StringPattern>();
   pattern->next_ = std::move(next);
