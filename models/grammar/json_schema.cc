@@ -575,12 +575,14 @@ absl::Status SchemaCompiler::FillLength(int32_t index, const json& schema,
   }
   // A format of strings constrains only a string; one unknown here (or of numbers, as
   // OpenAPI's "int64") stays an annotation.
+  bool shared_format = false;
   const auto format = schema.find("format");
   if (format != schema.end() && format->is_string() && (n.types & kTypeString) != 0) {
     std::shared_ptr<const StringPattern> known =
         StringPattern::Format(format->get_ref<const std::string&>());
     if (known != nullptr && pattern == nullptr) {
       pattern = std::move(known);
+      shared_format = true;
       here = pointer + "/format";
     } else if (known != nullptr) {
       absl::StatusOr<std::shared_ptr<const StringPattern>> both =
@@ -590,7 +592,9 @@ absl::Status SchemaCompiler::FillLength(int32_t index, const json& schema,
     }
   }
   if (pattern == nullptr) return absl::OkStatus();
-  pattern_states_ += pattern->states();
+  // A format's own automaton is compiled once for every schema: only what this schema
+  // compiles counts against its budget.
+  if (!shared_format) pattern_states_ += pattern->states();
   if (pattern_states_ > kMaxPatternStates) {
     return Invalid(here, absl::StrCat("the schema's patterns have more than ",
                                       kMaxPatternStates, " automaton states in all"));
