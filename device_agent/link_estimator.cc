@@ -10,8 +10,8 @@ namespace {
 constexpr double kMinGapSeconds = 100e-6;
 // A run's first pair has only its own gap for a rate. A late read of the later message
 // stretches that gap and makes the rate look lower, so the later message must have been sent
-// within this share of the earlier one's crossing time: an idle pair then passes only when
-// its send gap is shorter than the lateness. An idle pair can also pass when the later
+// within this share of the earlier one's crossing time (counted at most as long as the later
+// one's): an idle pair then passes only when its send gap is shorter than the lateness. An idle pair can also pass when the later
 // message is much smaller (its own crossing does not cover the gap); with the same share of
 // the earlier message's size required, it cannot.
 constexpr double kPairMargin = 0.5;
@@ -37,9 +37,11 @@ void DispersionEstimator::Judge(const Message& m, Run& run, Evidence& evidence) 
              gap <= kIdleFactor * m.bytes / rate;
   } else if (gap >= kMinGapSeconds && m.bytes > kPairMargin * previous.bytes) {
     // If m queued, this is the rate, and at it the earlier message was still crossing when
-    // m was sent.
+    // m was sent. Its crossing is counted no longer than m's own (the gap): an idle pair's
+    // gap is its send gap plus the lateness, so with an earlier message twice m's size the
+    // margin would be spent and any late read would pass.
     const double rate = m.bytes / gap;
-    queued = m.sent - previous.sent < kPairMargin * previous.bytes / rate;
+    queued = m.sent - previous.sent < kPairMargin * std::min(previous.bytes, m.bytes) / rate;
   }
   if (queued) {
     run.last = m;

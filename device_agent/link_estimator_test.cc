@@ -131,6 +131,35 @@ TEST_CASE("An idle pair whose later message is much smaller is not taken for a q
   CHECK(link.bytes_per_second() == 0);
 }
 
+TEST_CASE("Decode rounds a few milliseconds late at the receiver do not pass for queued pairs",
+          "[link]") {
+  // What the serving test's agent saw (tests/serving_test.cc, "An agent measures its emulated
+  // link"): decode rounds of 895 to 4,099 bytes sent about 30 ms apart on a 0.5 MB/s link,
+  // each crossing in 2-8 ms, so the link rests between them, and the cloud stamping each
+  // arrival up to 5 ms late. A pair of 1,729 then 895 bytes read with a 36 ms gap reads as
+  // 25 KB/s, at which rate the 1,729 bytes would have been crossing for 70 ms: sent 33 ms
+  // apart, they passed for queued, and two such runs took a 0.50 MB/s estimate to 0.48.
+  const double rate = 5e5;
+  const std::vector<double> sizes = {895, 1729, 895, 4099, 1729, 895, 2497, 895};
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> spacing(0.026, 0.045);
+  std::uniform_real_distribution<double> lateness(0, 0.005);
+  Sends sends;
+  double t = 0;
+  for (int i = 0; i < 400; ++i) {
+    sends.sent.push_back(t);
+    sends.bytes.push_back(sizes[static_cast<size_t>(i) % sizes.size()]);
+    t += spacing(rng);
+  }
+  const std::vector<double> arrived = Arrivals(sends.sent, sends.bytes, rate, 0.01);
+  DispersionEstimator link;
+  for (size_t i = 0; i < arrived.size(); ++i) {
+    link.Observe(sends.sent[i], arrived[i] + lateness(rng), sends.bytes[i]);
+  }
+  CHECK(link.queued_messages() == 0);
+  CHECK(link.bytes_per_second() == 0);
+}
+
 TEST_CASE("Runs keep the error of late reads to their lateness over the run's span",
           "[link]") {
   // Bursts of 8 results of 49 KB (64 positions of the toy model) on a 12 MB/s downlink: a
