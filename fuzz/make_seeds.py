@@ -338,6 +338,15 @@ def main():
          "required": ["when"]}).encode() +
           b'\0{"when": "2024-02-29T23:59:60.5+05:30", "ip": "fe80::1", "word": "abab\u00e9", '
           b'"tag": "axbc"}')
+    write(out, "json_schema", "tuples.bin", json.dumps(
+        {"type": "object", "properties": {
+            "point": {"type": "array", "prefixItems": [{"type": "number"}, {"type": "number"}],
+                      "minItems": 2, "maxItems": 2},
+            "head": {"prefixItems": [{"const": "h"}, {"type": "array", "items": False}],
+                     "items": {"type": "string"}},
+            "draft": {"items": [{"type": "integer"}], "additionalItems": {"type": "null"}}},
+         "required": ["point"]}).encode() +
+          b'\0{"point": [1.5, -2], "head": ["h", [], "x"], "draft": [3, null]}')
     write(out, "json_schema", "tree.bin", json.dumps(
         {"$defs": {"T": {"anyOf": [
             {"type": "object", "properties": {"value": {"type": "string", "maxLength": 2}},

@@ -462,18 +462,19 @@ def json_schema_answers(client, model, messages):
     print(f"response_format patterns: codes {codes}")
 
     # Formats, as Pydantic writes them for its types (it parses each answer's strings as
-    # them), and a pattern beside lengths, as constr(pattern=..., min_length=..., max_length=...).
-    # Each bounded, as above.
+    # them), a pattern beside lengths, as constr(pattern=..., min_length=..., max_length=...),
+    # and a tuple (prefixItems). Each bounded, as above.
     class Visit(pydantic.BaseModel):
         id: uuid.UUID
         day: datetime.date
         host: ipaddress.IPv4Address
         word: str = pydantic.Field(pattern=r"^[a-z]+$", min_length=2, max_length=5)
+        slot: tuple[datetime.date, bool]
 
     visits = parsed_answers(Visit)
     check(all(2 <= len(visit.word) <= 5 for visit in visits),
           f"a word outside its lengths: {[visit.word for visit in visits]}")
-    print(f"response_format formats: {[(str(v.id), v.day.isoformat(), str(v.host), v.word) for v in visits]}")
+    print(f"response_format formats: {[(str(v.id), v.day.isoformat(), str(v.host), v.word, v.slot) for v in visits]}")
 
     # What the agent cannot hold an answer to is refused before any answer, naming the place.
     expect_error("response_format json_schema with a oneOf whose objects may overlap",

@@ -27,7 +27,7 @@ constexpr std::string_view kSupported[] = {
     "additionalProperties",   "items",   "minItems",         "maxItems",
     "minLength", "maxLength", "minimum", "maximum",          "exclusiveMinimum",
     "exclusiveMaximum",       "anyOf",   "oneOf",            "allOf",
-    "$ref",      "pattern"};
+    "$ref",      "pattern",   "prefixItems",     "additionalItems"};
 // Keywords of strings and of numbers.
 constexpr std::string_view kStringKeywords[] = {"minLength", "maxLength"};
 constexpr std::string_view kBoundKeywords[] = {"minimum", "maximum", "exclusiveMinimum",
@@ -348,8 +348,9 @@ absl::Status SchemaCompiler::FillNested(int32_t index, const json& schema,
       return Invalid(pointer,
                      absl::StrCat("\"", key,
                                   "\" is not supported (supported: type, enum, const, properties, "
-                                  "required, additionalProperties, items, minItems, maxItems, "
-                                  "minLength, maxLength, pattern, minimum, maximum, exclusiveMinimum and "
+                                  "required, additionalProperties, items, prefixItems, "
+                                  "additionalItems, minItems, maxItems, minLength, maxLength, "
+                                  "pattern, minimum, maximum, exclusiveMinimum and "
                                   "exclusiveMaximum, anyOf, oneOf, allOf of one schema, $ref, "
                                   "and annotations)"));
     }
@@ -426,7 +427,7 @@ absl::Status SchemaCompiler::FillNested(int32_t index, const json& schema,
     for (const char* key : {"properties", "required", "additionalProperties"}) {
       if (schema.contains(key)) types |= kTypeObject;
     }
-    for (const char* key : {"items", "minItems", "maxItems"}) {
+    for (const char* key : {"items", "prefixItems", "additionalItems", "minItems", "maxItems"}) {
       if (schema.contains(key)) types |= kTypeArray;
     }
     for (const std::string_view key : kStringKeywords) {
@@ -455,7 +456,7 @@ absl::Status SchemaCompiler::FillNested(int32_t index, const json& schema,
       return Invalid(pointer, absl::StrCat("\"", key, "\" on a schema whose type has no object"));
     }
   }
-  for (const char* key : {"items", "minItems", "maxItems"}) {
+  for (const char* key : {"items", "prefixItems", "additionalItems", "minItems", "maxItems"}) {
     if ((types & kTypeArray) == 0 && schema.contains(key)) {
       return Invalid(pointer, absl::StrCat("\"", key, "\" on a schema whose type has no array"));
     }
@@ -520,16 +521,40 @@ absl::Status SchemaCompiler::FillObject(int32_t index, const json& schema,
 
 absl::Status SchemaCompiler::FillArray(int32_t index, const json& schema,
                                        const std::string& pointer) {
-  if (schema.contains("items")) {
-    if (schema["items"].is_array()) {
-      return Invalid(pointer + "/items", "an array of schemas (tuples) is not supported");
+  // A tuple: prefixItems (2020-12, what Pydantic writes for tuple[int, str]) or, in the
+  // drafts before, items as an array; the items after it are then items' (2020-12) or
+  // additionalItems' (the drafts). Without a tuple, additionalItems constrains nothing.
+  const bool draft_tuple = schema.contains("items") && schema["items"].is_array();
+  if (draft_tuple && schema.contains("prefixItems")) {
+    return Invalid(pointer, "\"prefixItems\" beside \"items\" as an array: give the tuple once");
+  }
+  const char* tuple_key = draft_tuple                      ? "items"
+                          : schema.contains("prefixItems") ? "prefixItems"
+                                                           : nullptr;
+  if (tuple_key != nullptr) {
+    const json& tuple = schema[tuple_key];
+    const std::string here = absl::StrCat(pointer, "/", tuple_key);
+    if (!tuple.is_array() || tuple.empty()) {
+      return Invalid(here, "must be a non-empty array of schemas");
     }
-    absl::StatusOr<int32_t> node = Compile(schema["items"], pointer + "/items");
-    if (!node.ok()) return node.status();
-    At(index).items = *node;
-  } else {
+    std::vector<int32_t> prefix;
+    for (size_t i = 0; i < tuple.size(); ++i) {
+      absl::StatusOr<int32_t> node = Compile(tuple[i], absl::StrCat(here, "/", i));
+      if (!node.ok()) return node.status();
+      prefix.push_back(*node);
+    }
+    At(index).prefix_items = std::move(prefix);
+  }
+  const char* rest_key = draft_tuple ? "additionalItems" : "items";
+  if (!schema.contains(rest_key)) {
     const int32_t any = AnyNode();
     At(index).items = any;
+  } else if (schema[rest_key] == json(false)) {
+    At(index).items = SchemaNode::kNone;  // nothing past the tuple (none at all without one)
+  } else {
+    absl::StatusOr<int32_t> node = Compile(schema[rest_key], absl::StrCat(pointer, "/", rest_key));
+    if (!node.ok()) return node.status();
+    At(index).items = *node;
   }
   for (const char* key : {"minItems", "maxItems"}) {
     if (!schema.contains(key)) continue;
@@ -745,9 +770,10 @@ absl::Status SchemaCompiler::FillEnum(int32_t index, const json& schema,
     return Invalid(absl::StrCat(pointer, "/", std::string(key)), "no value is of the schema's type");
   }
   n.enum_types = n.types;
-  for (const char* other : {"properties", "required", "additionalProperties", "items",
-                            "minItems", "maxItems", "minLength", "maxLength", "pattern", "minimum",
-                            "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+  for (const char* other :
+       {"properties", "required", "additionalProperties", "items", "prefixItems", "additionalItems",
+        "minItems", "maxItems", "minLength", "maxLength", "pattern", "minimum", "maximum",
+        "exclusiveMinimum", "exclusiveMaximum"}) {
     if (schema.contains(other)) {
       return Invalid(pointer, absl::StrCat("\"", other, "\" beside \"", key,
                                            "\" is not supported"));
@@ -987,6 +1013,9 @@ absl::Status SchemaCompiler::AlternativesWithinBounds(int32_t root) {
           most = std::max(most, below[static_cast<size_t>(n.additional)]);
         }
         if (n.items != SchemaNode::kNone) most = std::max(most, below[static_cast<size_t>(n.items)]);
+        for (const int32_t item : n.prefix_items) {
+          most = std::max(most, below[static_cast<size_t>(item)]);
+        }
       }
       here[i] = most;
     }
@@ -1046,6 +1075,7 @@ absl::Status SchemaCompiler::Finish(int32_t root) {
       if ((n.required >> p & 1u) != 0) depends_on(n.property_nodes[p]);
     }
     if (n.items != SchemaNode::kNone) depends_on(n.items);
+    for (const int32_t item : n.prefix_items) depends_on(item);
   }
   const auto depth_of = [&](int32_t node) { return At(node).min_depth; };
   const auto deeper = [&](int32_t depth) { return std::min(kInf, 1 + depth); };
@@ -1079,9 +1109,15 @@ absl::Status SchemaCompiler::Finish(int32_t root) {
         depth = std::min(depth, object);
       }
       if ((n.types & kTypeArray) != 0) {
-        const int32_t array = n.min_items == 0                ? 1
-                              : n.items == SchemaNode::kNone ? kInf
-                                                             : deeper(depth_of(n.items));
+        // Its first min_items items: the tuple's, then items'.
+        int32_t array = 1;
+        const auto tuple = static_cast<int64_t>(n.prefix_items.size());
+        for (int64_t i = 0; i < std::min(n.min_items, tuple); ++i) {
+          array = std::max(array, deeper(depth_of(n.prefix_items[static_cast<size_t>(i)])));
+        }
+        if (n.min_items > tuple) {
+          array = std::max(array, n.items == SchemaNode::kNone ? kInf : deeper(depth_of(n.items)));
+        }
         n.array_depth = array;
         depth = std::min(depth, array);
       }
@@ -1130,6 +1166,7 @@ size_t CompiledSchema::memory_bytes() const {
     for (const std::string& text : n.enum_texts) bytes += text.size() * 2;
     if (n.pattern != nullptr) bytes += static_cast<size_t>(n.pattern->states()) * 257 * 4;
     if (n.pattern_lengths != nullptr) bytes += n.pattern_lengths->memory_bytes();
+    bytes += (n.property_nodes.size() + n.prefix_items.size()) * sizeof(int32_t);
   }
   return bytes;
 }
@@ -1261,9 +1298,11 @@ bool SchemaAccepts(const CompiledSchema& schema, int32_t node, const json& value
   if (value.is_array()) {
     const auto size = static_cast<int64_t>(value.size());
     if (size < n.min_items || (n.max_items >= 0 && size > n.max_items)) return false;
-    return std::all_of(value.begin(), value.end(), [&](const json& item) {
-      return n.items != SchemaNode::kNone && SchemaAccepts(schema, n.items, item);
-    });
+    for (size_t i = 0; i < value.size(); ++i) {
+      const int32_t item = n.item(static_cast<int64_t>(i));
+      if (item == SchemaNode::kNone || !SchemaAccepts(schema, item, value[i])) return false;
+    }
+    return true;
   }
   return true;
 }

@@ -4,19 +4,20 @@
 // What compiles is the part of JSON Schema that structured outputs use (OpenAI's strict
 // mode, and what Pydantic writes for its models):
 //   type (one, or a list), enum, const, properties, required, additionalProperties (false,
-//   true, or a schema; absent: true), items, minItems, maxItems, minLength and maxLength (in
-//   characters), pattern (string_pattern.h's part of ECMA-262), format (of strings: date-time,
-//   date, time, duration, email, hostname, ipv4, ipv6, uuid and uri, as StringPattern::Format
-//   writes them; beside a pattern, both hold), minimum, maximum, exclusiveMinimum and exclusiveMaximum (of an "integer"
-//   within 64-bit integers; of a "number" within +-1e300, which is then written without an
-//   exponent), anyOf and oneOf (a nullable field: anyOf [X, {"type": "null"}]; a union of
-//   objects, Pydantic's Union[Cat, Dog]; a oneOf's branches of one type must be told apart by
-//   a required property of different constant values, Pydantic's discriminator, and where
-//   all of a union's objects are, that property is written first), an allOf of one schema,
-//   $ref to "#", "#/$defs/NAME" or "#/definitions/NAME" (recursion included), and the
-//   annotations (title, description, default, examples, format, $schema, $id, $comment,
-//   deprecated, readOnly, writeOnly, discriminator), which constrain nothing; so does a
-//   format of another name or on another type (OpenAPI's "int64", "binary").
+//   true, or a schema; absent: true), items (or false), prefixItems (a tuple, Pydantic's
+//   tuple[int, str]; also the drafts' items as an array, with additionalItems), minItems,
+//   maxItems, minLength and maxLength (in characters), pattern (string_pattern.h's part of
+//   ECMA-262), format (of strings: date-time, date, time, duration, email, hostname, ipv4, ipv6,
+//   uuid and uri, as StringPattern::Format writes them; beside a pattern, both hold), minimum,
+//   maximum, exclusiveMinimum and exclusiveMaximum (of an "integer" within 64-bit integers; of a
+//   "number" within +-1e300, which is then written without an exponent), anyOf and oneOf (a
+//   nullable field: anyOf [X, {"type": "null"}]; a union of objects, Pydantic's Union[Cat, Dog]; a
+//   oneOf's branches of one type must be told apart by a required property of different constant
+//   values, Pydantic's discriminator, and where all of a union's objects are, that property is
+//   written first), an allOf of one schema, $ref to "#", "#/$defs/NAME" or "#/definitions/NAME"
+//   (recursion included), and the annotations (title, description, default, examples, format,
+//   $schema, $id, $comment, deprecated, readOnly, writeOnly, discriminator), which constrain
+//   nothing; so does a format of another name or on another type (OpenAPI's "int64", "binary").
 // Anything else (multipleOf, patternProperties, ...) is refused naming its place,
 // rather than ignored: an answer would not hold to it. So is a schema that no finite value
 // satisfies, or none within kMaxDepth nested objects and arrays, and one whose unions could
@@ -109,10 +110,16 @@ struct SchemaNode {
   int32_t additional = kNone;  // node of undeclared properties' values; kNone: refused
   ByteTrie keys;               // the names as JSON writes them, terminals their indices
 
-  // Arrays.
-  int32_t items = kNone;  // kNone: only an empty array
+  // Arrays: item i is a value of prefix_items[i] (a tuple), and those past the tuple of
+  // items (kNone: there are none).
+  std::vector<int32_t> prefix_items;
+  int32_t items = kNone;
   int64_t min_items = 0;
   int64_t max_items = -1;  // -1: no limit
+  int32_t item(int64_t i) const {
+    return i < static_cast<int64_t>(prefix_items.size()) ? prefix_items[static_cast<size_t>(i)]
+                                                         : items;
+  }
 
   // Strings (not an enum's values): length in characters, as JSON Schema counts them (code
   // points; an escape is the one character it stands for).

@@ -583,11 +583,15 @@ ojson RandomValue(const CompiledSchema& schema, int32_t node, int depth, std::mt
         }
         return array;
       }
-      const int64_t most = n->max_items >= 0 ? n->max_items : n->min_items + 3;
+      // Past a tuple, no more items when items is false.
+      const int64_t tuple = static_cast<int64_t>(n->prefix_items.size());
+      int64_t most = n->max_items >= 0 ? n->max_items : std::max(n->min_items, tuple) + 3;
+      if (n->items == SchemaNode::kNone) most = std::min(most, tuple);
       const int64_t count = std::uniform_int_distribution<int64_t>(n->min_items, most)(rng);
       for (int64_t i = 0; i < count; ++i) {
-        if (depth + 1 + schema.node(n->items).min_depth > CompiledSchema::kMaxDepth) break;
-        array.push_back(RandomValue(schema, n->items, depth + 1, rng));
+        const int32_t item = n->item(i);
+        if (depth + 1 + schema.node(item).min_depth > CompiledSchema::kMaxDepth) break;
+        array.push_back(RandomValue(schema, item, depth + 1, rng));
       }
       return array;
     }
@@ -717,6 +721,26 @@ const char* const kSchemas[] = {
           "tagged": {"type": "string", "pattern": "x", "minLength": 3},
           "hex": {"type": "string", "format": "uuid", "pattern": "^[0-9a-f-]+$"}},
         "required": ["when", "id", "word", "tagged", "hex"], "additionalProperties": false})",
+    // Tuples, as Pydantic writes tuple[float, float], tuple[str, int, bool] with a default,
+    // and tuple[int, ...]; a tuple that goes on with strings; the drafts' form; unions of
+    // arrays.
+    R"({"type": "object", "properties": {
+          "point": {"type": "array", "prefixItems": [{"type": "number"}, {"type": "number"}],
+                    "minItems": 2, "maxItems": 2},
+          "row": {"type": "array", "maxItems": 3, "minItems": 3,
+                  "prefixItems": [{"type": "string", "maxLength": 2}, {"type": "integer", "minimum": 0},
+                                  {"type": "boolean"}]},
+          "ints": {"type": "array", "items": {"type": "integer"}},
+          "head": {"type": "array", "prefixItems": [{"const": "h"}, {"type": "object",
+                    "properties": {"k": {"type": "integer"}}, "required": ["k"],
+                    "additionalProperties": false}], "items": {"type": "string"}},
+          "open": {"prefixItems": [{"type": "null"}]},
+          "draft": {"type": "array", "items": [{"type": "integer"}, {"type": "string"}],
+                    "additionalItems": false, "minItems": 1},
+          "either": {"anyOf": [{"type": "array", "prefixItems": [{"type": "integer"}],
+                                "items": false, "minItems": 1},
+                               {"type": "array", "items": {"type": "string"}}, {"type": "null"}]}},
+        "required": ["point", "row", "head", "draft", "either"], "additionalProperties": false})",
 };
 
 TEST_CASE("Random values of a schema are taken, compact or indented, and what the grammar "
@@ -997,6 +1021,53 @@ TEST_CASE("A format constrains a string to what it names, and a pattern holds to
   // A uri as Pydantic's AnyUrl writes it.
   CheckTexts(*Compiled(R"({"type": "string", "format": "uri", "minLength": 1, "maxLength": 12})"),
              {R"("http://a.b/c")"}, {R"("http://a.b/cd")", R"("")", R"("a b")"});
+}
+
+TEST_CASE("A tuple's items are each of their own schema, and those past it of items",
+          "[grammar]") {
+  // Pydantic's tuple[int, str]: exactly two, in order.
+  const auto pair = Compiled(R"({"type": "array", "prefixItems": [{"type": "integer"},
+      {"type": "string"}], "minItems": 2, "maxItems": 2})");
+  CheckTexts(*pair, {R"([1,"a"])", R"([ -2 , "" ])"},
+             {R"(["a",1])", R"([1])", R"([1,"a","b"])", R"([1,2])", "[]"});
+  // After `[1,` only a string; after `[1,"a"` only the close.
+  SchemaGrammar grammar(pair.get());
+  REQUIRE(grammar.Feed("[1,"));
+  CHECK_FALSE(SchemaGrammar(grammar).Feed("2"));
+  REQUIRE(grammar.Feed(R"("a")"));
+  CHECK_FALSE(SchemaGrammar(grammar).Feed(","));
+  CHECK(SchemaGrammar(grammar).Feed("]"));
+  // Without minItems a tuple may stop early; past it, items (absent: anything; false: none).
+  CheckTexts(*Compiled(R"({"prefixItems": [{"type": "integer"}, {"type": "string"}]})"),
+             {"[]", "[1]", R"([1,"a",null,{}])"}, {R"(["a"])"});
+  CheckTexts(*Compiled(R"({"prefixItems": [{"type": "integer"}], "items": {"type": "boolean"}})"),
+             {"[1,true,false]"}, {"[1,2]", "[true]"});
+  CheckTexts(*Compiled(R"({"prefixItems": [{"type": "integer"}], "items": false})"), {"[1]"},
+             {"[1,2]"});
+  CheckTexts(*Compiled(R"({"type": "array", "items": false})"), {"[]"}, {"[1]"});
+  // The drafts' tuples: items as an array, additionalItems after it.
+  CheckTexts(*Compiled(R"({"items": [{"type": "integer"}], "additionalItems": {"type": "null"}})"),
+             {"[1,null]", "[]"}, {"[1,1]"});
+  // A tuple's required items count toward the depth its smallest value needs.
+  json nested = {{"type", "integer"}};
+  for (int i = 0; i < 40; ++i) {
+    nested = {{"prefixItems", {{{"type", "null"}}, nested}}, {"minItems", 2}};
+  }
+  CHECK_THAT(Refusal(nested.dump()), Catch::Contains("nests more than the 32"));
+  nested["minItems"] = 1;
+  Compiled(nested.dump());
+  CHECK_THAT(Refusal(R"({"prefixItems": [{"type": "integer"}], "items": false, "minItems": 2})"),
+             Catch::Contains("no finite JSON value satisfies the schema"));
+  CHECK_THAT(Refusal(R"({"prefixItems": [], "type": "array"})"),
+             Catch::StartsWith("at /prefixItems: must be a non-empty array of schemas"));
+  CHECK_THAT(Refusal(R"({"prefixItems": [{"type": "x"}]})"),
+             Catch::StartsWith("at /prefixItems/0/type: \"x\" is not a JSON Schema type"));
+  CHECK_THAT(Refusal(R"({"prefixItems": [{}], "items": [{}]})"),
+             Catch::Contains("\"prefixItems\" beside \"items\" as an array"));
+  CHECK_THAT(Refusal(R"({"type": "string", "prefixItems": [{}]})"),
+             Catch::Contains("\"prefixItems\" on a schema whose type has no array"));
+  CHECK(SchemaAccepts(*pair, pair->root(), json::parse(R"([1,"a"])")));
+  CHECK_FALSE(SchemaAccepts(*pair, pair->root(), json::parse(R"([1,1])")));
 }
 
 TEST_CASE("Compiled schemas are shared by their text, the last used kept", "[grammar]") {

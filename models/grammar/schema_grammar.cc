@@ -285,7 +285,7 @@ bool SchemaGrammar::UndeclaredMayCome(const Frame& frame) const {
 
 bool SchemaGrammar::ItemMayCome(const Frame& frame) const {
   const SchemaNode& node = Node(frame.node);
-  return (node.max_items < 0 || frame.count < node.max_items) && Fits(node.items);
+  return (node.max_items < 0 || frame.count < node.max_items) && Fits(node.item(frame.count));
 }
 
 bool SchemaGrammar::Feed(std::string_view bytes) {
@@ -486,7 +486,7 @@ bool SchemaGrammar::OpenArray(int32_t index) {
   const SchemaNode& node = Node(index);
   if (Depth() + node.array_depth > kMaxDepth) return false;
   frames_[depth_++] = Frame{.node = index, .object = false};
-  expected_ = node.items;
+  expected_ = node.item(0);
   phase_ = Phase::kValueOrClose;
   return true;
 }
@@ -565,7 +565,7 @@ bool SchemaGrammar::AfterValue(unsigned char byte) {
       phase_ = Phase::kKey;
     } else {
       if (!ItemMayCome(frame)) return false;
-      expected_ = Node(frame.node).items;
+      expected_ = Node(frame.node).item(frame.count);
       phase_ = Phase::kValue;
     }
     return true;
