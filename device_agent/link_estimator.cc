@@ -11,9 +11,9 @@ constexpr double kMinGapSeconds = 100e-6;
 // A run's first pair has only its own gap for a rate. A late read of the later message
 // stretches that gap and makes the rate look lower, so the later message must have been sent
 // within this share of the earlier one's crossing time (counted at most as long as the later
-// one's): an idle pair then passes only when its send gap is shorter than the lateness. An idle pair can also pass when the later
-// message is much smaller (its own crossing does not cover the gap); with the same share of
-// the earlier message's size required, it cannot.
+// one's): an idle pair then passes only when its send gap is shorter than the lateness. An
+// idle pair can also pass when the later message is much smaller (its own crossing does not
+// cover the gap); with the same share of the earlier message's size required, it cannot.
 constexpr double kPairMargin = 0.5;
 // Later messages are judged against the run's own rate (independent of their own arrival):
 // sent before the run's bytes so far, at that rate, could have finished crossing (with this
