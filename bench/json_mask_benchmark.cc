@@ -15,19 +15,20 @@
 // digits, punctuation runs such as `":` and `},`, multi-byte characters). With --verify,
 // each mask is checked against trying every token on its own, and a difference fails the
 // run (the CTest smoke test).
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
-#include <unordered_set>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/program.h"
 #include "bench/bench_util.h"
@@ -45,6 +46,7 @@ struct Args {
   int64_t repeats = 5;
   bool verify = false;
   std::string json_path;
+  std::string only;  // measure only the states whose "format state" contains it
 };
 
 // A byte-level vocabulary of `size` tokens: the 256 bytes, then pieces drawn the way BPE
@@ -252,6 +254,7 @@ int Run(const Args& args) {
   const auto measure = [&](const char* format, const std::vector<State>& states,
                            const auto& make, const auto& start) -> absl::Status {
     for (const State& state : states) {
+      if (!absl::StrContains(absl::StrCat(format, " ", state.name), args.only)) continue;
       // The answer's tokens: its text byte by byte.
       std::vector<int32_t> answer;
       for (const char c : std::string(state.text)) {
@@ -374,6 +377,9 @@ int main(int argc, char** argv) {
   app.add_flag("--verify", args.verify,
                "Check every mask against trying each token on its own; fail on a difference");
   app.add_option("--json", args.json_path, "Also write the JSON report here");
+  app.add_option("--only", args.only,
+                 "Measure only the states whose \"format state\" contains this (for a profiler: "
+                 "\"tools start\")");
   CLI11_PARSE(app, argc, argv);
   return tophat::Run(args);
 }

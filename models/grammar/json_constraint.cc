@@ -22,7 +22,7 @@ bool FeedToken(const TokenVocabulary& vocabulary, int32_t id, Grammar& state) {
 TokenVocabulary::TokenVocabulary(std::vector<std::optional<std::string>> tokens)
     : tokens_(std::move(tokens)) {
   std::vector<int32_t> all;
-  std::vector<int32_t> others;
+  std::vector<uint8_t> plain(tokens_.size(), 0);
   for (size_t i = 0; i < tokens_.size(); ++i) {
     const auto id = static_cast<int32_t>(i);
     // A token that adds nothing would let an answer grow without end: never allowed.
@@ -30,11 +30,19 @@ TokenVocabulary::TokenVocabulary(std::vector<std::optional<std::string>> tokens)
     const std::string& bytes = *tokens_[i];
     longest_ = std::max(longest_, bytes.size());
     all.push_back(id);
-    const bool plain = utf8::IsValid(bytes) && std::none_of(bytes.begin(), bytes.end(), [](char c) {
-                         return c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20;
-                       });
-    (plain ? plain_in_string_ : others).push_back(id);
+    plain[i] = utf8::IsValid(bytes) && std::none_of(bytes.begin(), bytes.end(), [](char c) {
+                 return c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20;
+               });
+    if (plain[i] != 0) plain_in_string_.push_back(id);
   }
+  // Sorted by their bytes once: the plain tokens and the others, taken from it in order,
+  // are sorted too.
+  std::sort(all.begin(), all.end(),
+            [&](int32_t a, int32_t b) { return *tokens_[a] < *tokens_[b]; });
+  std::vector<int32_t> plain_sorted;
+  std::vector<int32_t> others_sorted;
+  plain_sorted.reserve(plain_in_string_.size());
+  for (const int32_t id : all) (plain[id] != 0 ? plain_sorted : others_sorted).push_back(id);
   // Characters: the bytes that begin one (the token is valid UTF-8).
   const auto characters = [&](int32_t id) {
     const std::string& bytes = *tokens_[static_cast<size_t>(id)];
@@ -46,21 +54,26 @@ TokenVocabulary::TokenVocabulary(std::vector<std::optional<std::string>> tokens)
                    [&](int32_t a, int32_t b) { return characters(a) < characters(b); });
   plain_chars_.reserve(plain_in_string_.size());
   for (const int32_t id : plain_in_string_) plain_chars_.push_back(characters(id));
-  all_ = Sorted(tokens_, std::move(all));
-  others_in_string_ = Sorted(tokens_, std::move(others));
+  all_ = WalkOf(tokens_, std::move(all));
+  others_in_string_ = WalkOf(tokens_, std::move(others_sorted));
+  plain_by_bytes_ = WalkOf(tokens_, std::move(plain_sorted));
 }
 
-TokenVocabulary::Walk TokenVocabulary::Sorted(
-    const std::vector<std::optional<std::string>>& tokens, std::vector<int32_t> ids) {
-  std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return *tokens[a] < *tokens[b]; });
-  Walk walk{.sorted = std::move(ids), .shared = {}};
+TokenVocabulary::Walk TokenVocabulary::WalkOf(const std::vector<std::optional<std::string>>& tokens,
+                                              std::vector<int32_t> sorted) {
+  Walk walk{.sorted = std::move(sorted), .shared = {}, .tails = {}, .tail_ends = {}};
   walk.shared.resize(walk.sorted.size(), 0);
-  for (size_t i = 1; i < walk.sorted.size(); ++i) {
+  walk.tail_ends.resize(walk.sorted.size(), 0);
+  for (size_t i = 0; i < walk.sorted.size(); ++i) {
     const std::string& token = *tokens[walk.sorted[i]];
-    const std::string& before = *tokens[walk.sorted[i - 1]];
-    const auto [mismatch, unused] =
-        std::mismatch(token.begin(), token.end(), before.begin(), before.end());
-    walk.shared[i] = static_cast<uint32_t>(mismatch - token.begin());
+    if (i > 0) {
+      const std::string& before = *tokens[walk.sorted[i - 1]];
+      const auto [mismatch, unused] =
+          std::mismatch(token.begin(), token.end(), before.begin(), before.end());
+      walk.shared[i] = static_cast<uint32_t>(mismatch - token.begin());
+    }
+    walk.tails.append(token, walk.shared[i]);
+    walk.tail_ends[i] = static_cast<uint32_t>(walk.tails.size());
   }
   return walk;
 }
@@ -116,7 +129,15 @@ std::shared_ptr<const std::vector<uint8_t>> GrammarConstraint<Grammar>::Compute(
   const TokenVocabulary& vocabulary = *vocabulary_;
   auto allowed = std::make_shared<std::vector<uint8_t>>(vocabulary.tokens_.size(), 0);
   bool any = false;
-  if (state.in_string()) {
+  std::optional<SchemaGrammar::PatternCursor> pattern;
+  if constexpr (requires { state.pattern_cursor(); }) pattern = state.pattern_cursor();
+  if (pattern.has_value()) {
+    // A string with a pattern: the plain tokens through its automaton alone, a few bytes
+    // copied a step instead of the grammar (3.4 ms instead of 25 ms on a 128k vocabulary
+    // for a pattern that takes nearly every token; docs/benchmarks.md, "Patterns").
+    any = WalkTokens(*pattern, vocabulary.plain_by_bytes_, *allowed);
+    any = WalkTokens(state, vocabulary.others_in_string_, *allowed) || any;
+  } else if (state.in_string()) {
     // The plain tokens that fit the string's room, without a walk.
     const int64_t room = state.string_room();
     const auto fitting = static_cast<size_t>(
@@ -140,33 +161,38 @@ std::shared_ptr<const std::vector<uint8_t>> GrammarConstraint<Grammar>::Compute(
 }
 
 template <typename Grammar>
-bool GrammarConstraint<Grammar>::WalkTokens(const Grammar& state,
+template <typename Automaton>
+bool GrammarConstraint<Grammar>::WalkTokens(const Automaton& state,
                                             const TokenVocabulary::Walk& walk,
                                             std::vector<uint8_t>& allowed) const {
   // Walks the sorted tokens keeping the automaton after each prefix of the one before:
   // states[i] has read its first i bytes. A token re-reads only what it does not share with
   // the one before, and tokens sharing a refused prefix are refused without reading.
-  std::vector<Grammar> states(vocabulary_->longest_ + 1, state);
+  std::vector<Automaton> states(vocabulary_->longest_ + 1, state);
   constexpr size_t kNone = std::numeric_limits<size_t>::max();
   size_t refused_at = kNone;  // the byte the last token read was refused at
   bool any = false;
-  for (size_t i = 0; i < walk.sorted.size(); ++i) {
-    const int32_t id = walk.sorted[i];
-    const std::string& bytes = *vocabulary_->tokens_[id];
-    const size_t shared = walk.shared[i];
+  // Raw pointers: the walk's arrays stay in registers through the tight skip of refused
+  // tokens, which most walks spend most of their time in.
+  const size_t count = walk.sorted.size();
+  const uint32_t* shared = walk.shared.data();
+  const uint32_t* tail_ends = walk.tail_ends.data();
+  const char* tails = walk.tails.data();
+  for (size_t i = 0; i < count; ++i) {
     // The refused byte is in the shared prefix: refused too. Otherwise states[0..shared] are
     // this token's (the token before was read at least that far).
-    if (refused_at < shared) continue;
+    if (refused_at < shared[i]) continue;
     refused_at = kNone;
-    for (size_t at = shared; at < bytes.size(); ++at) {
+    size_t at = shared[i];
+    for (size_t k = i == 0 ? 0 : tail_ends[i - 1]; k < tail_ends[i]; ++k, ++at) {
       states[at + 1] = states[at];
-      if (!states[at + 1].Feed(static_cast<unsigned char>(bytes[at]))) {
+      if (!states[at + 1].Feed(static_cast<unsigned char>(tails[k]))) {
         refused_at = at;
         break;
       }
     }
     if (refused_at == kNone) {
-      allowed[id] = 1;
+      allowed[walk.sorted[i]] = 1;
       any = true;
     }
   }

@@ -858,6 +858,96 @@ TEST_CASE("A schema constraint's masks are each token tried on its own, along ra
   }
 }
 
+TEST_CASE(
+    "Inside a string with a pattern, a mask is each token tried on its own, beside "
+    "lengths and without",
+    "[grammar]") {
+  // The mask runs plain tokens through the pattern's automaton alone (PatternCursor), not
+  // the grammar: these walks stay inside such strings, where a token of too many characters
+  // or one the pattern cannot go on with must be refused as the grammar refuses it.
+  constexpr int32_t kEnd = 2;
+  std::vector<std::optional<std::string>> tokens = {std::nullopt, std::nullopt, std::nullopt};
+  for (const char* piece : {"\"",
+                            "\\",
+                            "\\n",
+                            "\\\"",
+                            "\\u0041",
+                            "\",",
+                            "\"}",
+                            "a",
+                            "b",
+                            "ab",
+                            "abab",
+                            "aba",
+                            "name",
+                            "x",
+                            "xx",
+                            "xyz",
+                            "A",
+                            "AB",
+                            "Z",
+                            "-",
+                            "-1",
+                            "1",
+                            "12",
+                            "123",
+                            "@",
+                            "@b",
+                            "b.c",
+                            ".",
+                            "com",
+                            " ",
+                            "a b",
+                            "\xC3\xA9",
+                            "a\xC3\xA9",
+                            "\xC3\xA9\xC3\xA9\xC3\xA9",
+                            "\xF0\x9F\x8E\xA9",
+                            "abcdefgh",
+                            "\n",
+                            "{",
+                            "}",
+                            ":",
+                            "{\"",
+                            "\":",
+                            "w",
+                            "\"w\":"}) {
+    tokens.emplace_back(piece);
+  }
+  const auto vocabulary = std::make_shared<const TokenVocabulary>(std::move(tokens));
+  std::mt19937_64 rng(31);
+  for (const char* text :
+       {R"({"type": "string", "pattern": "^[a-z\u00e9]+$", "minLength": 2, "maxLength": 4})",
+        R"({"type": "string", "pattern": "^(ab)+$", "minLength": 3, "maxLength": 7})",
+        R"({"type": "string", "pattern": "x", "minLength": 3})",
+        R"({"type": "string", "pattern": "^.{0,6}$"})",
+        R"({"type": "string", "pattern": "^[A-Z]{2}-\\d{2,3}$"})",
+        R"({"type": "string", "pattern": "^[\n\"a]*$", "maxLength": 5})",
+        R"({"type": "string", "format": "email", "maxLength": 9})",
+        R"({"type": "object", "properties": {"w": {"type": "string", "pattern": "^a.{1,4}$"}},
+               "required": ["w"], "additionalProperties": false})"}) {
+    const auto schema = Compiled(text);
+    INFO(text);
+    auto constraint = MakeSchemaConstraint(vocabulary, {kEnd}, schema);
+    int inside = 0;  // masks computed between a pattern's characters
+    for (int walk = 0; walk < 40; ++walk) {
+      std::vector<int32_t> pending;
+      SchemaGrammar state(schema.get());
+      for (int step = 0; step < 12; ++step) {
+        if (state.pattern_cursor().has_value()) ++inside;
+        const auto mask = constraint->Allowed(pending);
+        const std::vector<int32_t> got = testing::Ids(*mask);
+        INFO("after " << pending.size() << " tokens");
+        REQUIRE(got == testing::TokensTaken(state, *vocabulary, kEnd));
+        const int32_t next = got[std::uniform_int_distribution<size_t>(0, got.size() - 1)(rng)];
+        if (next == kEnd) break;
+        REQUIRE(state.Feed(*vocabulary->bytes(next)));
+        pending.push_back(next);
+      }
+    }
+    CHECK(inside >= 40);
+  }
+}
+
 TEST_CASE("A schema constraint allows the tokens that keep a value possible, and the end "
           "where the value may end",
           "[grammar]") {

@@ -220,6 +220,17 @@ void SchemaGrammar::CountDecimalByte(unsigned char byte) {
   if (digits_ < UINT16_MAX) ++digits_;
 }
 
+std::optional<SchemaGrammar::PatternCursor> SchemaGrammar::pattern_cursor() const {
+  if (phase_ != Phase::kLeaf || pattern_state_ < 0 || pattern_escape_ || !leaf_.in_string()) {
+    return std::nullopt;
+  }
+  const SchemaNode& node = Node(expected_);
+  return PatternCursor{.pattern = node.pattern.get(),
+                       .lengths = node.pattern_lengths.get(),
+                       .state = pattern_state_,
+                       .chars = chars_};
+}
+
 bool SchemaGrammar::PatternByte(const SchemaNode& node, unsigned char byte) {
   const StringPattern& pattern = *node.pattern;
   // With a length, a character is taken only where a match of an allowed length can follow.
@@ -253,12 +264,13 @@ bool SchemaGrammar::PatternByte(const SchemaNode& node, unsigned char byte) {
   } else if (byte == '"') {
     return pattern.Accepts(pattern_state_);  // the close
   }
-  const int32_t next = pattern.Next(pattern_state_, decoded);
-  if (next == StringPattern::kDead) return false;
-  // A byte inside a character counts it among those to come; one that ends it, as written.
-  const bool ends = pattern.bytes_left()[static_cast<size_t>(next)] == 0;
-  if (!reachable(next, chars_ + (ends ? 1 : 0))) return false;
-  pattern_state_ = next;
+  // chars_ is the grammar's own count (leaf_ moves it on), so the cursor's is dropped.
+  PatternCursor cursor{.pattern = &pattern,
+                       .lengths = node.pattern_lengths.get(),
+                       .state = pattern_state_,
+                       .chars = chars_};
+  if (!cursor.Feed(decoded)) return false;
+  pattern_state_ = cursor.state;
   return true;
 }
 

@@ -23,6 +23,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -60,6 +61,35 @@ class SchemaGrammar {
   // In a string (in_string), the most characters it may still take. Reading alternatives:
   // in_string when each is, taking as many as the roomiest.
   int64_t string_room() const;
+
+  // A string with a pattern, where it stands: plain characters (whole UTF-8 characters but
+  // '"', '\\' and the control characters, which a string takes as they are) run through the
+  // pattern's automaton alone, as Feed would take them, without copying the grammar.
+  struct PatternCursor {
+    const StringPattern* pattern = nullptr;
+    const PatternLengths* lengths = nullptr;  // nullptr: no length limits
+    int32_t state = 0;
+    int64_t chars = 0;  // characters written whole
+    // Takes one byte of a plain character; false where Feed would refuse it. Inline: the
+    // mask's walk calls it for every byte of the vocabulary it reads.
+    bool Feed(unsigned char byte) {
+      const int32_t next = pattern->Next(state, byte);
+      if (next == StringPattern::kDead) return false;
+      // A byte inside a character counts it among those to come; one that ends it, as
+      // written.
+      const int64_t written =
+          chars + (pattern->bytes_left()[static_cast<size_t>(next)] == 0 ? 1 : 0);
+      // With a length, a character is taken only where a match of an allowed length can
+      // follow.
+      if (lengths != nullptr && !lengths->Reachable(next, written)) return false;
+      state = next;
+      chars = written;
+      return true;
+    }
+  };
+  // Between characters of a string with a pattern that this grammar reads itself (not as
+  // alternatives); nullopt elsewhere.
+  std::optional<PatternCursor> pattern_cursor() const;
 
   bool operator==(const SchemaGrammar& other) const;
   template <typename H>

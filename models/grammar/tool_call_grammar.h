@@ -104,6 +104,9 @@ class ToolCallGrammar {
   bool can_end() const;
   // The arguments' SchemaGrammar's, inside them; false and 0 elsewhere.
   bool in_string() const { return phase_ == Phase::kArguments && arguments_->in_string(); }
+  std::optional<SchemaGrammar::PatternCursor> pattern_cursor() const {
+    return phase_ == Phase::kArguments ? arguments_->pattern_cursor() : std::nullopt;
+  }
   int64_t string_room() const {
     return phase_ == Phase::kArguments ? arguments_->string_room() : 0;
   }
