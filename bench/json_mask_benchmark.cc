@@ -23,6 +23,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <unordered_set>
 #include <vector>
 
@@ -112,6 +113,26 @@ int Run(const Args& args) {
   }
   int64_t total_bytes = 0;
   for (const auto& token : tokens) total_bytes += token ? static_cast<int64_t>(token->size()) : 0;
+  // The bytes a walk over every token can read: each token's past the prefix it shares with
+  // the one before it in byte order (what TokenVocabulary keeps of each walk).
+  int64_t tail_bytes = 0;
+  {
+    std::vector<std::string_view> sorted;
+    for (const auto& token : tokens) {
+      if (token.has_value() && !token->empty()) sorted.emplace_back(*token);
+    }
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t i = 0; i < sorted.size(); ++i) {
+      size_t shared = 0;
+      if (i > 0) {
+        while (shared < sorted[i].size() && shared < sorted[i - 1].size() &&
+               sorted[i][shared] == sorted[i - 1][shared]) {
+          ++shared;
+        }
+      }
+      tail_bytes += static_cast<int64_t>(sorted[i].size() - shared);
+    }
+  }
   const bench::BenchClock::time_point build_start = bench::BenchClock::now();
   const auto vocabulary = std::make_shared<const TokenVocabulary>(tokens);
   const double build_s = bench::SecondsBetween(build_start, bench::BenchClock::now());
@@ -242,11 +263,12 @@ int Run(const Args& args) {
       {"after call", "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>"},
   };
   std::string table = absl::StrFormat(
-      "masks over %s (%d tokens, %d bytes; vocabulary sorted in %.1f ms)\n"
+      "masks over %s (%d tokens, %d bytes, %d past shared prefixes; vocabulary sorted in "
+      "%.1f ms)\n"
       "one pass over the bytes (bound): %.3f ms\n"
       "%-8s %-14s %12s %12s %10s %14s\n",
-      source, vocabulary->size(), total_bytes, build_s * 1e3, pass * 1e3, "format", "state",
-      "allowed", "walk ms", "x bound", "kept mask us");
+      source, vocabulary->size(), total_bytes, tail_bytes, build_s * 1e3, pass * 1e3, "format",
+      "state", "allowed", "walk ms", "x bound", "kept mask us");
   nlohmann::json rows = nlohmann::json::array();
   bool verified = true;
   // Each state of `states` under the constraint `make` makes, checked (--verify) against
@@ -345,6 +367,7 @@ int Run(const Args& args) {
                                  {"vocabulary", source},
                                  {"tokens", vocabulary->size()},
                                  {"bytes", total_bytes},
+                                 {"tail_bytes", tail_bytes},
                                  {"sort_s", build_s},
                                  {"byte_pass_s", pass},
                                  {"checksum", checksum},

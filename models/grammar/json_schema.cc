@@ -5,6 +5,8 @@
 #include <cmath>
 #include <list>
 #include <mutex>
+#include <span>
+#include <string_view>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -28,8 +30,13 @@ constexpr std::string_view kSupported[] = {
     "minLength", "maxLength", "minimum", "maximum",          "exclusiveMinimum",
     "exclusiveMaximum",       "anyOf",   "oneOf",            "allOf",
     "$ref",      "pattern",   "prefixItems",     "additionalItems"};
-// Keywords of strings and of numbers.
+// Keywords of objects, arrays, strings and numbers: each implies its type where "type" is
+// absent, and is refused on a schema whose types lack it.
+constexpr std::string_view kObjectKeywords[] = {"properties", "required", "additionalProperties"};
+constexpr std::string_view kArrayKeywords[] = {"items", "prefixItems", "additionalItems",
+                                               "minItems", "maxItems"};
 constexpr std::string_view kStringKeywords[] = {"minLength", "maxLength"};
+constexpr std::string_view kPatternKeywords[] = {"pattern"};
 constexpr std::string_view kBoundKeywords[] = {"minimum", "maximum", "exclusiveMinimum",
                                                "exclusiveMaximum"};
 
@@ -191,6 +198,16 @@ class SchemaCompiler {
     if (absl::Status bounded = PlacesWithinBounds(pointer); !bounded.ok()) return bounded;
     if (absl::Status filled = Fill(index, schema, pointer); !filled.ok()) return filled;
     return index;
+  }
+  // Each schema of `list` (a union's branches, a tuple's items), at here/0, here/1, ...
+  absl::StatusOr<std::vector<int32_t>> CompileEach(const json& list, const std::string& here) {
+    std::vector<int32_t> nodes;
+    for (size_t i = 0; i < list.size(); ++i) {
+      absl::StatusOr<int32_t> node = Compile(list[i], absl::StrCat(here, "/", i));
+      if (!node.ok()) return node.status();
+      nodes.push_back(*node);
+    }
+    return nodes;
   }
 
   absl::Status Finish(int32_t root);
@@ -379,13 +396,9 @@ absl::Status SchemaCompiler::FillNested(int32_t index, const json& schema,
     if (std::string_view(alone) == "allOf" && list.size() != 1) {
       return Invalid(here, "an allOf of more than one schema is not supported");
     }
-    std::vector<int32_t> branches;
-    for (size_t i = 0; i < list.size(); ++i) {
-      absl::StatusOr<int32_t> branch = Compile(list[i], absl::StrCat(here, "/", i));
-      if (!branch.ok()) return branch.status();
-      branches.push_back(*branch);
-    }
-    At(index).branches = std::move(branches);
+    absl::StatusOr<std::vector<int32_t>> branches = CompileEach(list, here);
+    if (!branches.ok()) return branches.status();
+    At(index).branches = *std::move(branches);
     if (std::string_view(alone) == "oneOf") {
       if (one_of_.size() <= static_cast<size_t>(index)) one_of_.resize(static_cast<size_t>(index) + 1);
       one_of_[static_cast<size_t>(index)] = 1;
@@ -424,10 +437,10 @@ absl::Status SchemaCompiler::FillNested(int32_t index, const json& schema,
   } else {
     // No "type": the types its keywords are for (a schema with "properties" describes an
     // object), all of them when it has none of those.
-    for (const char* key : {"properties", "required", "additionalProperties"}) {
+    for (const std::string_view key : kObjectKeywords) {
       if (schema.contains(key)) types |= kTypeObject;
     }
-    for (const char* key : {"items", "prefixItems", "additionalItems", "minItems", "maxItems"}) {
+    for (const std::string_view key : kArrayKeywords) {
       if (schema.contains(key)) types |= kTypeArray;
     }
     for (const std::string_view key : kStringKeywords) {
@@ -451,14 +464,16 @@ absl::Status SchemaCompiler::FillNested(int32_t index, const json& schema,
   }
   if (absl::Status filled = FillLength(index, schema, pointer); !filled.ok()) return filled;
   if (absl::Status filled = FillBounds(index, schema, pointer); !filled.ok()) return filled;
-  for (const char* key : {"properties", "required", "additionalProperties"}) {
+  for (const std::string_view key : kObjectKeywords) {
     if ((types & kTypeObject) == 0 && schema.contains(key)) {
-      return Invalid(pointer, absl::StrCat("\"", key, "\" on a schema whose type has no object"));
+      return Invalid(
+          pointer, absl::StrCat("\"", std::string(key), "\" on a schema whose type has no object"));
     }
   }
-  for (const char* key : {"items", "prefixItems", "additionalItems", "minItems", "maxItems"}) {
+  for (const std::string_view key : kArrayKeywords) {
     if ((types & kTypeArray) == 0 && schema.contains(key)) {
-      return Invalid(pointer, absl::StrCat("\"", key, "\" on a schema whose type has no array"));
+      return Invalid(
+          pointer, absl::StrCat("\"", std::string(key), "\" on a schema whose type has no array"));
     }
   }
   return absl::OkStatus();
@@ -537,13 +552,9 @@ absl::Status SchemaCompiler::FillArray(int32_t index, const json& schema,
     if (!tuple.is_array() || tuple.empty()) {
       return Invalid(here, "must be a non-empty array of schemas");
     }
-    std::vector<int32_t> prefix;
-    for (size_t i = 0; i < tuple.size(); ++i) {
-      absl::StatusOr<int32_t> node = Compile(tuple[i], absl::StrCat(here, "/", i));
-      if (!node.ok()) return node.status();
-      prefix.push_back(*node);
-    }
-    At(index).prefix_items = std::move(prefix);
+    absl::StatusOr<std::vector<int32_t>> prefix = CompileEach(tuple, here);
+    if (!prefix.ok()) return prefix.status();
+    At(index).prefix_items = *std::move(prefix);
   }
   const char* rest_key = draft_tuple ? "additionalItems" : "items";
   if (!schema.contains(rest_key)) {
@@ -770,13 +781,15 @@ absl::Status SchemaCompiler::FillEnum(int32_t index, const json& schema,
     return Invalid(absl::StrCat(pointer, "/", std::string(key)), "no value is of the schema's type");
   }
   n.enum_types = n.types;
-  for (const char* other :
-       {"properties", "required", "additionalProperties", "items", "prefixItems", "additionalItems",
-        "minItems", "maxItems", "minLength", "maxLength", "pattern", "minimum", "maximum",
-        "exclusiveMinimum", "exclusiveMaximum"}) {
-    if (schema.contains(other)) {
-      return Invalid(pointer, absl::StrCat("\"", other, "\" beside \"", key,
-                                           "\" is not supported"));
+  using Keywords = std::span<const std::string_view>;
+  for (const Keywords keywords :
+       {Keywords(kObjectKeywords), Keywords(kArrayKeywords), Keywords(kStringKeywords),
+        Keywords(kPatternKeywords), Keywords(kBoundKeywords)}) {
+    for (const std::string_view other : keywords) {
+      if (schema.contains(other)) {
+        return Invalid(pointer, absl::StrCat("\"", std::string(other), "\" beside \"", key,
+                                             "\" is not supported"));
+      }
     }
   }
   return absl::OkStatus();

@@ -818,6 +818,32 @@ TEST_CASE("Every prefix the grammar takes can be completed", "[grammar]") {
   }
 }
 
+// Random answers of `schema`, a token at a time from the vocabulary: before each, the
+// constraint's mask must be each token tried on its own. Returns the masks computed between
+// a pattern's characters (where the mask runs the pattern's cursor, not the grammar).
+int CheckMasksAlongRandomAnswers(const std::shared_ptr<const TokenVocabulary>& vocabulary,
+                                 int32_t end, const std::shared_ptr<const CompiledSchema>& schema,
+                                 int answers, int steps, std::mt19937_64& rng) {
+  auto constraint = MakeSchemaConstraint(vocabulary, {end}, schema);
+  int inside_patterns = 0;
+  for (int answer = 0; answer < answers; ++answer) {
+    std::vector<int32_t> pending;
+    SchemaGrammar state(schema.get());
+    for (int step = 0; step < steps; ++step) {
+      if (state.pattern_cursor().has_value()) ++inside_patterns;
+      const auto mask = constraint->Allowed(pending);
+      const std::vector<int32_t> got = testing::Ids(*mask);
+      INFO("after " << pending.size() << " tokens");
+      REQUIRE(got == testing::TokensTaken(state, *vocabulary, end));
+      const int32_t next = got[std::uniform_int_distribution<size_t>(0, got.size() - 1)(rng)];
+      if (next == end) break;
+      REQUIRE(state.Feed(*vocabulary->bytes(next)));
+      pending.push_back(next);
+    }
+  }
+  return inside_patterns;
+}
+
 TEST_CASE("A schema constraint's masks are each token tried on its own, along random answers",
           "[grammar]") {
   // Pieces that cross JSON's token boundaries, as real vocabularies' do.
@@ -840,21 +866,7 @@ TEST_CASE("A schema constraint's masks are each token tried on its own, along ra
   for (const char* text : kSchemas) {
     const auto schema = Compiled(text);
     INFO(text);
-    auto constraint = MakeSchemaConstraint(vocabulary, {kEnd}, schema);
-    for (int walk = 0; walk < 20; ++walk) {
-      std::vector<int32_t> pending;
-      SchemaGrammar state(schema.get());
-      for (int step = 0; step < 60; ++step) {
-        const auto mask = constraint->Allowed(pending);
-        const std::vector<int32_t> got = testing::Ids(*mask);
-        INFO("after " << pending.size() << " tokens");
-        REQUIRE(got == testing::TokensTaken(state, *vocabulary, kEnd));
-        const int32_t next = got[std::uniform_int_distribution<size_t>(0, got.size() - 1)(rng)];
-        if (next == kEnd) break;
-        REQUIRE(state.Feed(*vocabulary->bytes(next)));
-        pending.push_back(next);
-      }
-    }
+    CheckMasksAlongRandomAnswers(vocabulary, kEnd, schema, 20, 60, rng);
   }
 }
 
@@ -927,24 +939,7 @@ TEST_CASE(
                "required": ["w"], "additionalProperties": false})"}) {
     const auto schema = Compiled(text);
     INFO(text);
-    auto constraint = MakeSchemaConstraint(vocabulary, {kEnd}, schema);
-    int inside = 0;  // masks computed between a pattern's characters
-    for (int walk = 0; walk < 40; ++walk) {
-      std::vector<int32_t> pending;
-      SchemaGrammar state(schema.get());
-      for (int step = 0; step < 12; ++step) {
-        if (state.pattern_cursor().has_value()) ++inside;
-        const auto mask = constraint->Allowed(pending);
-        const std::vector<int32_t> got = testing::Ids(*mask);
-        INFO("after " << pending.size() << " tokens");
-        REQUIRE(got == testing::TokensTaken(state, *vocabulary, kEnd));
-        const int32_t next = got[std::uniform_int_distribution<size_t>(0, got.size() - 1)(rng)];
-        if (next == kEnd) break;
-        REQUIRE(state.Feed(*vocabulary->bytes(next)));
-        pending.push_back(next);
-      }
-    }
-    CHECK(inside >= 40);
+    CHECK(CheckMasksAlongRandomAnswers(vocabulary, kEnd, schema, 40, 12, rng) >= 40);
   }
 }
 
