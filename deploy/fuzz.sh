@@ -82,7 +82,7 @@ fuzz_target() {
   fi
   mkdir -p "$scratch/$target"
   # --replay: a fixed number of inputs per target, always the same ones (json_schema's, the
-  # slowest, 63 s on an idle 2-core VM: each input also checks a mask over 310 tokens).
+  # slowest, 41-63 s on an idle 2-core VM: each input also checks a mask over 317 tokens).
   local budget=(-max_total_time="$seconds")
   if [ "$replay" = 1 ]; then
     local -A runs_for=([agent_message]=1000 [hidden_states]=400000 [safetensors]=60000

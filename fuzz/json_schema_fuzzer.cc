@@ -6,9 +6,7 @@
 // refused, or the answer's end) some byte must still be taken unless it may end there: every
 // prefix it takes can be completed. A number too large for the parser's double (1e999, or
 // 400 digits) is JSON all the same, and such an answer is not judged. Where it stops, the
-// constraint's mask over a small vocabulary (every byte, and pieces that cross JSON's token
-// boundaries, whole characters and runs a pattern may take) is each token tried on its own:
-// the sorted walk, its shared prefixes and a pattern's cursor against the grammar itself.
+// constraint's mask is each token fed on its own (mask_check.h).
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -18,40 +16,10 @@
 #include <vector>
 
 #include "fuzz/fuzz_util.h"
-#include "models/grammar/json_constraint.h"
+#include "fuzz/mask_check.h"
 #include "models/grammar/json_schema.h"
 #include "models/grammar/schema_grammar.h"
 #include "nlohmann/json.hpp"
-
-namespace {
-
-constexpr int32_t kEnd = 256;  // the end of sequence: the token after the bytes
-
-const std::shared_ptr<const tophat::TokenVocabulary>& Vocabulary() {
-  static const auto vocabulary = [] {
-    std::vector<std::optional<std::string>> tokens;
-    for (int byte = 0; byte < 256; ++byte) {
-      tokens.emplace_back(std::string(1, static_cast<char>(byte)));
-    }
-    tokens.emplace_back(std::nullopt);  // kEnd
-
-    // clang-format off
-    for (const char* piece :
-         {"\"", "\",", "\":", "{\"", "\"}", "},", "]}", ", ", ": ", "\\n", "\\\"", "\\u00e9",
-          "a", "ab", "abc", "abab", "aaaa", "aaaaaaaa", "name", "x", "xx", "A", "AB", "-",
-          "0", "1", "12", "123", "1.5", "-4", "e5", "true", "false", "null", "nu", "@", "a@b.c",
-          ".", "com", "2024-01-01", "T09:30:00Z", ":", "-12-", " ", "\n", "a b",
-          "\xC3\xA9", "a\xC3\xA9", "\xC3\xA9\xC3\xA9\xC3\xA9", "\xF0\x9F\x8E\xA9",
-          "\xE2\x82\xAC" "5", "P1D", "abcdefghijklmnop"}) {
-      // clang-format on
-      tokens.emplace_back(piece);
-    }
-    return std::make_shared<const tophat::TokenVocabulary>(std::move(tokens));
-  }();
-  return vocabulary;
-}
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view input(reinterpret_cast<const char*>(data), size);
@@ -78,20 +46,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     TOPHAT_FUZZ_CHECK(any);
   }
-  {
-    // The answer's taken bytes as single-byte tokens, then the mask where they end.
-    const auto& vocabulary = Vocabulary();
-    auto constraint = tophat::MakeSchemaConstraint(vocabulary, {kEnd}, *compiled);
-    std::vector<int32_t> pending;
-    for (size_t i = 0; i < taken; ++i) pending.push_back(static_cast<unsigned char>(answer[i]));
-    const auto mask = constraint->Allowed(pending);
-    for (int32_t id = 0; id < vocabulary->size(); ++id) {
-      if (id == kEnd) continue;
-      tophat::SchemaGrammar next = grammar;
-      const bool expected = !grammar.complete() && next.Feed(*vocabulary->bytes(id));
-      TOPHAT_FUZZ_CHECK(((*mask)[static_cast<size_t>(id)] != 0) == expected);
-    }
-  }
+  tophat::fuzz::CheckMaskAfterBytes(
+      tophat::MakeSchemaConstraint(tophat::fuzz::MaskVocabulary(), {tophat::fuzz::kMaskEnd},
+                                   *compiled),
+      grammar, answer.substr(0, taken));
   if (taken == answer.size() && grammar.can_end()) {
     std::optional<nlohmann::json> value;
     try {

@@ -5,7 +5,7 @@
 // the answer's bytes must, where it stops (a byte refused, or the answer's end), take some
 // byte unless it may end there: every prefix it takes can be completed. An answer it takes
 // whole and may end holds no more calls than max_calls, and in the required mode at least
-// one.
+// one. Where it stops, the constraint's mask is each token fed on its own (mask_check.h).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "fuzz/fuzz_util.h"
+#include "fuzz/mask_check.h"
 #include "models/grammar/tool_call_grammar.h"
 #include "nlohmann/json.hpp"
 
@@ -70,6 +71,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     TOPHAT_FUZZ_CHECK(any);
   }
+  tophat::fuzz::CheckMaskAfterBytes(
+      tophat::MakeToolCallConstraint(tophat::fuzz::MaskVocabulary(), {tophat::fuzz::kMaskEnd},
+                                     *built),
+      grammar, answer.substr(0, taken));
   TOPHAT_FUZZ_CHECK(grammar.calls() <= (*built)->max_calls());
   if (grammar.can_end() && !(*built)->text_first()) TOPHAT_FUZZ_CHECK(grammar.calls() >= 1);
   return 0;
