@@ -224,9 +224,10 @@ TEST_CASE("response_format asks for a JSON object, a value of a JSON Schema, or 
   const OpenAiError refused = ParseError(
       OpenAiEndpoint::kCompletions,
       R"({"model": "toy", "prompt": "x", "response_format": {"type": "json_schema", "json_schema": {
-          "name": "n", "schema": {"type": "object", "properties": {"age": {"type": "integer", "multipleOf": 5}}}}}})");
+          "name": "n", "schema": {"type": "object", "properties": {"age": {"type": "integer", "uniqueItems": true}}}}}})");
   CHECK(refused.param == "response_format");
-  CHECK_THAT(refused.message, Catch::Contains("at /properties/age: \"multipleOf\" is not supported"));
+  CHECK_THAT(refused.message,
+             Catch::Contains("at /properties/age: \"uniqueItems\" is not supported"));
   for (const char* format : {
            R"({"type": "json_schema"})",
            R"({"type": "json_schema", "json_schema": {"schema": {}}})",

@@ -347,6 +347,13 @@ def main():
             "draft": {"items": [{"type": "integer"}], "additionalItems": {"type": "null"}}},
          "required": ["point"]}).encode() +
           b'\0{"point": [1.5, -2], "head": ["h", [], "x"], "draft": [3, null]}')
+    write(out, "json_schema", "multiples.bin", json.dumps(
+        {"type": "object", "properties": {
+            "step": {"type": "integer", "multipleOf": 5, "minimum": -12, "maximum": 40},
+            "below": {"type": "integer", "multipleOf": 9, "exclusiveMaximum": -20},
+            "dozens": {"type": "number", "multipleOf": 12}},
+         "required": ["step"]}).encode() +
+          b'\0{"step": -10, "below": -108, "dozens": 120}')
     write(out, "json_schema", "tree.bin", json.dumps(
         {"$defs": {"T": {"anyOf": [
             {"type": "object", "properties": {"value": {"type": "string", "maxLength": 2}},

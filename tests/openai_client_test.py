@@ -470,11 +470,14 @@ def json_schema_answers(client, model, messages):
         host: ipaddress.IPv4Address
         word: str = pydantic.Field(pattern=r"^[a-z]+$", min_length=2, max_length=5)
         slot: tuple[datetime.date, bool]
+        minutes: int = pydantic.Field(multiple_of=15, ge=0, le=120)
 
     visits = parsed_answers(Visit)
     check(all(2 <= len(visit.word) <= 5 for visit in visits),
           f"a word outside its lengths: {[visit.word for visit in visits]}")
-    print(f"response_format formats: {[(str(v.id), v.day.isoformat(), str(v.host), v.word, v.slot) for v in visits]}")
+    check(all(visit.minutes % 15 == 0 and 0 <= visit.minutes <= 120 for visit in visits),
+          f"minutes not a multiple of 15 within 0-120: {[visit.minutes for visit in visits]}")
+    print(f"response_format formats: {[(str(v.id), v.day.isoformat(), str(v.host), v.word, v.slot, v.minutes) for v in visits]}")
 
     # What the agent cannot hold an answer to is refused before any answer, naming the place.
     expect_error("response_format json_schema with a oneOf whose objects may overlap",

@@ -24,12 +24,29 @@ constexpr std::string_view kAnnotations[] = {
     "$id",      "$comment",    "deprecated", "readOnly", "writeOnly", "$defs",
     "definitions", "discriminator"};
 // Keywords that constrain, and are compiled.
-constexpr std::string_view kSupported[] = {
-    "type",      "enum",      "const",   "properties",       "required",
-    "additionalProperties",   "items",   "minItems",         "maxItems",
-    "minLength", "maxLength", "minimum", "maximum",          "exclusiveMinimum",
-    "exclusiveMaximum",       "anyOf",   "oneOf",            "allOf",
-    "$ref",      "pattern",   "prefixItems",     "additionalItems"};
+constexpr std::string_view kSupported[] = {"type",
+                                           "enum",
+                                           "const",
+                                           "properties",
+                                           "required",
+                                           "additionalProperties",
+                                           "items",
+                                           "minItems",
+                                           "maxItems",
+                                           "minLength",
+                                           "maxLength",
+                                           "minimum",
+                                           "maximum",
+                                           "exclusiveMinimum",
+                                           "exclusiveMaximum",
+                                           "anyOf",
+                                           "oneOf",
+                                           "allOf",
+                                           "$ref",
+                                           "pattern",
+                                           "prefixItems",
+                                           "additionalItems",
+                                           "multipleOf"};
 // Keywords of objects, arrays, strings and numbers: each implies its type where "type" is
 // absent, and is refused on a schema whose types lack it.
 constexpr std::string_view kObjectKeywords[] = {"properties", "required", "additionalProperties"};
@@ -37,6 +54,7 @@ constexpr std::string_view kArrayKeywords[] = {"items", "prefixItems", "addition
                                                "minItems", "maxItems"};
 constexpr std::string_view kStringKeywords[] = {"minLength", "maxLength"};
 constexpr std::string_view kPatternKeywords[] = {"pattern"};
+constexpr std::string_view kMultipleKeywords[] = {"multipleOf"};
 constexpr std::string_view kBoundKeywords[] = {"minimum", "maximum", "exclusiveMinimum",
                                                "exclusiveMaximum"};
 
@@ -256,6 +274,7 @@ class SchemaCompiler {
   absl::StatusOr<int32_t> Reference(const std::string& ref, const std::string& pointer);
   absl::Status FillObject(int32_t index, const json& schema, const std::string& pointer);
   absl::Status FillArray(int32_t index, const json& schema, const std::string& pointer);
+  absl::Status FillMultiple(int32_t index, const json& schema, const std::string& pointer);
   // A count (minItems, maxLength, ...): a whole number from 0 to 2^31, which the grammar
   // counts in 32 bits.
   static absl::StatusOr<int64_t> Count(const json& value, const std::string& pointer) {
@@ -367,9 +386,9 @@ absl::Status SchemaCompiler::FillNested(int32_t index, const json& schema,
                                   "\" is not supported (supported: type, enum, const, properties, "
                                   "required, additionalProperties, items, prefixItems, "
                                   "additionalItems, minItems, maxItems, minLength, maxLength, "
-                                  "pattern, minimum, maximum, exclusiveMinimum and "
-                                  "exclusiveMaximum, anyOf, oneOf, allOf of one schema, $ref, "
-                                  "and annotations)"));
+                                  "pattern, minimum, maximum, exclusiveMinimum, "
+                                  "exclusiveMaximum, multipleOf, anyOf, oneOf, allOf of one "
+                                  "schema, $ref, and annotations)"));
     }
     constrains = true;
   }
@@ -450,6 +469,7 @@ absl::Status SchemaCompiler::FillNested(int32_t index, const json& schema,
     for (const std::string_view key : kBoundKeywords) {
       if (schema.contains(key)) types |= kTypeInteger | kTypeNumber;
     }
+    if (schema.contains("multipleOf")) types |= kTypeInteger | kTypeNumber;
     if (types == 0) types = kAllJsonTypes;
   }
   At(index).types = types;
@@ -464,6 +484,7 @@ absl::Status SchemaCompiler::FillNested(int32_t index, const json& schema,
   }
   if (absl::Status filled = FillLength(index, schema, pointer); !filled.ok()) return filled;
   if (absl::Status filled = FillBounds(index, schema, pointer); !filled.ok()) return filled;
+  if (absl::Status filled = FillMultiple(index, schema, pointer); !filled.ok()) return filled;
   for (const std::string_view key : kObjectKeywords) {
     if ((types & kTypeObject) == 0 && schema.contains(key)) {
       return Invalid(
@@ -751,6 +772,60 @@ absl::Status SchemaCompiler::FillNumberBounds(int32_t index, const json& schema,
   return absl::OkStatus();
 }
 
+absl::Status SchemaCompiler::FillMultiple(int32_t index, const json& schema,
+                                          const std::string& pointer) {
+  if (!schema.contains("multipleOf")) return absl::OkStatus();
+  SchemaNode& n = At(index);
+  const std::string here = pointer + "/multipleOf";
+  if ((n.types & (kTypeInteger | kTypeNumber)) == 0) {
+    return Invalid(pointer, "\"multipleOf\" on a schema whose type has no number");
+  }
+  const json& value = schema["multipleOf"];
+  if (!value.is_number()) return Invalid(here, "must be a number");
+  // A whole number: its multiples are integers, whose remainder the grammar keeps digit by
+  // digit. 2^53: every such double is exact, and the remainder times 10 fits 64 bits.
+  constexpr double kLargest = 9007199254740992.0;
+  const double k = value.get<double>();
+  if (!(k > 0)) return Invalid(here, "must be greater than 0");
+  if (k != std::floor(k) || k > kLargest) {
+    return Invalid(here,
+                   "only a whole number from 1 to 2^53 is supported (not a fraction such "
+                   "as 0.01)");
+  }
+  if ((n.types & kTypeNumber) != 0 && n.bounds_numbers()) {
+    return Invalid(pointer,
+                   "\"multipleOf\" beside bounds on a \"number\" is not supported: "
+                   "give \"type\": \"integer\"");
+  }
+  n.multiple_of = static_cast<int64_t>(k);
+  // Its numbers are written within +-2^53 (RFC 7493's exact range): past it a parser reads
+  // them as doubles, which need not be multiples any more (-39914045848941250377524868 is
+  // one of 9; the double nearest it is not).
+  constexpr int64_t kExact = int64_t{1} << 53;
+  if (!n.has_minimum || n.minimum < -kExact) {
+    n.has_minimum = true;
+    n.minimum = -kExact;
+  }
+  if (!n.has_maximum || n.maximum > kExact) {
+    n.has_maximum = true;
+    n.maximum = kExact;
+  }
+  // The grammar compares the digits with these (a "number" here has no bounds of its own).
+  n.number_minimum = DecimalOf(absl::StrCat(n.minimum), static_cast<double>(n.minimum));
+  n.number_maximum = DecimalOf(absl::StrCat(n.maximum), static_cast<double>(n.maximum));
+  {
+    // The first multiple at or above the minimum (division truncates toward zero).
+    const __int128 low = n.minimum;
+    __int128 first = low / n.multiple_of * n.multiple_of;
+    if (first < low) first += n.multiple_of;
+    if (first > n.maximum) {
+      return Invalid(pointer, absl::StrCat("no multiple of ", n.multiple_of, " is at least ",
+                                           n.minimum, " and at most ", n.maximum));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SchemaCompiler::FillEnum(int32_t index, const json& schema,
                                       const std::string& pointer, bool typed) {
   if (schema.contains("enum") && schema.contains("const")) {
@@ -784,7 +859,7 @@ absl::Status SchemaCompiler::FillEnum(int32_t index, const json& schema,
   using Keywords = std::span<const std::string_view>;
   for (const Keywords keywords :
        {Keywords(kObjectKeywords), Keywords(kArrayKeywords), Keywords(kStringKeywords),
-        Keywords(kPatternKeywords), Keywords(kBoundKeywords)}) {
+        Keywords(kPatternKeywords), Keywords(kBoundKeywords), Keywords(kMultipleKeywords)}) {
     for (const std::string_view other : keywords) {
       if (schema.contains(other)) {
         return Invalid(pointer, absl::StrCat("\"", std::string(other), "\" beside \"", key,
@@ -868,10 +943,12 @@ absl::Status SchemaCompiler::Overlap(int32_t node) {
       // Union[int, float]).
       for (const int32_t candidate : of) {
         const SchemaNode& c = At(candidate);
-        if (!c.enum_texts.empty() || c.bounds_integers() || c.bounds_numbers()) {
-          return Invalid(pointer, absl::StrCat(
-                                      "branches take numbers both, one of them with bounds or "
-                                      "values (", pointers_[static_cast<size_t>(candidate)],
+        if (!c.enum_texts.empty() || c.bounds_integers() || c.bounds_numbers() ||
+            c.multiple_of > 0) {
+          return Invalid(pointer,
+                         absl::StrCat("branches take numbers both, one of them with bounds, a "
+                                      "multipleOf or values (",
+                                      pointers_[static_cast<size_t>(candidate)],
                                       "): only plain \"integer\" and \"number\" branches may "
                                       "overlap"));
         }
@@ -1273,6 +1350,16 @@ bool SchemaAccepts(const CompiledSchema& schema, int32_t node, const json& value
           (n.has_maximum && v > static_cast<double>(n.maximum))) {
         return false;
       }
+    }
+  }
+  if ((type & kTypeNumber) != 0 && n.multiple_of > 0) {
+    if (value.is_number_integer()) {
+      const __int128 v = value.is_number_unsigned() ? __int128{value.get<uint64_t>()}
+                                                    : __int128{value.get<int64_t>()};
+      if (v % n.multiple_of != 0) return false;
+    } else {
+      const double v = value.get<double>();
+      if (!std::isfinite(v) || std::fmod(v, static_cast<double>(n.multiple_of)) != 0) return false;
     }
   }
   if ((type & kTypeNumber) != 0 && (n.types & kTypeNumber) != 0 && n.bounds_numbers()) {

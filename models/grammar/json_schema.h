@@ -10,15 +10,17 @@
 //   ECMA-262), format (of strings: date-time, date, time, duration, email, hostname, ipv4, ipv6,
 //   uuid and uri, as StringPattern::Format writes them; beside a pattern, both hold), minimum,
 //   maximum, exclusiveMinimum and exclusiveMaximum (of an "integer" within 64-bit integers; of a
-//   "number" within +-1e300, which is then written without an exponent), anyOf and oneOf (a
-//   nullable field: anyOf [X, {"type": "null"}]; a union of objects, Pydantic's Union[Cat, Dog]; a
-//   oneOf's branches of one type must be told apart by a required property of different constant
-//   values, Pydantic's discriminator, and where all of a union's objects are, that property is
-//   written first), an allOf of one schema, $ref to "#", "#/$defs/NAME" or "#/definitions/NAME"
-//   (recursion included), and the annotations (title, description, default, examples, format,
-//   $schema, $id, $comment, deprecated, readOnly, writeOnly, discriminator), which constrain
-//   nothing; so does a format of another name or on another type (OpenAPI's "int64", "binary").
-// Anything else (multipleOf, patternProperties, ...) is refused naming its place,
+//   "number" within +-1e300, which is then written without an exponent), multipleOf (a whole
+//   number, of an "integer", or of a "number" without bounds: written as an integer), anyOf and
+//   oneOf (a nullable field: anyOf [X, {"type": "null"}]; a union of objects, Pydantic's Union[Cat,
+//   Dog]; a oneOf's branches of one type must be told apart by a required property of different
+//   constant values, Pydantic's discriminator, and where all of a union's objects are, that
+//   property is written first), an allOf of one schema, $ref to "#", "#/$defs/NAME" or
+//   "#/definitions/NAME" (recursion included), and the annotations (title, description, default,
+//   examples, format, $schema, $id, $comment, deprecated, readOnly, writeOnly, discriminator),
+//   which constrain nothing; so does a format of another name or on another type (OpenAPI's
+//   "int64", "binary").
+// Anything else (a fractional multipleOf, patternProperties, ...) is refused naming its place,
 // rather than ignored: an answer would not hold to it. So is a schema that no finite value
 // satisfies, or none within kMaxDepth nested objects and arrays, and one whose unions could
 // keep more than kMaxAlternatives values' readings alive at once (SchemaGrammar reads a value
@@ -140,6 +142,9 @@ struct SchemaNode {
   int64_t minimum = 0;
   int64_t maximum = 0;
   bool bounds_integers() const { return has_minimum || has_maximum; }
+  // "multipleOf" (Pydantic's conint(multiple_of=5)): a whole number from 1 to 2^53, 0 for
+  // none. Its numbers are written as integers (a "number"'s too, where it has no bounds).
+  int64_t multiple_of = 0;
 
   // Numbers: bounds, inclusive, as decimals the grammar compares a number's digits with
   // exactly. Of a node whose numbers may have a fraction, also as doubles (an exclusive

@@ -329,8 +329,24 @@ TEST_CASE("An object takes a key only where a property is left to write", "[gram
 }
 
 TEST_CASE("Schemas that cannot be held to are refused, naming their place", "[grammar]") {
-  CHECK_THAT(Refusal(R"({"type": "integer", "multipleOf": 5})"),
-             Catch::StartsWith("at /: \"multipleOf\" is not supported"));
+  CHECK_THAT(Refusal(R"({"type": "integer", "multipleOf": 0.5})"),
+             Catch::StartsWith("at /multipleOf: only a whole number from 1 to 2^53"));
+  CHECK_THAT(Refusal(R"({"type": "integer", "multipleOf": 0})"),
+             Catch::StartsWith("at /multipleOf: must be greater than 0"));
+  CHECK_THAT(Refusal(R"({"type": "integer", "multipleOf": -5})"),
+             Catch::StartsWith("at /multipleOf: must be greater than 0"));
+  CHECK_THAT(Refusal(R"({"type": "integer", "multipleOf": "5"})"),
+             Catch::StartsWith("at /multipleOf: must be a number"));
+  CHECK_THAT(Refusal(R"({"type": "integer", "multipleOf": 1e300})"),
+             Catch::StartsWith("at /multipleOf: only a whole number from 1 to 2^53"));
+  CHECK_THAT(Refusal(R"({"type": "string", "multipleOf": 5})"),
+             Catch::StartsWith("at /: \"multipleOf\" on a schema whose type has no number"));
+  CHECK_THAT(Refusal(R"({"type": "number", "multipleOf": 5, "maximum": 9.5})"),
+             Catch::StartsWith("at /: \"multipleOf\" beside bounds on a \"number\""));
+  CHECK_THAT(Refusal(R"({"type": "integer", "multipleOf": 5, "minimum": 6, "maximum": 9})"),
+             Catch::StartsWith("at /: no multiple of 5 is at least 6 and at most 9"));
+  CHECK_THAT(Refusal(R"({"enum": [5, 10], "multipleOf": 5})"),
+             Catch::StartsWith("at /: \"multipleOf\" beside \"enum\" is not supported"));
   CHECK_THAT(Refusal(R"js({"type": "object", "properties": {"id": {"pattern": "(?=x)"}}})js"),
              Catch::StartsWith("at /properties/id/pattern: pattern: a lookaround"));
   CHECK_THAT(Refusal(R"({"type": "string", "pattern": "^a{5}$", "maxLength": 3})"),
@@ -468,6 +484,18 @@ std::string PatternString(const SchemaNode& node, std::mt19937_64& rng) {
 }
 
 // A random value of node `node`, as the schema's smallest values allow at `depth`.
+// A multiple of the node's multipleOf within its bounds (around them where absent).
+int64_t RandomMultiple(const SchemaNode& n, std::mt19937_64& rng) {
+  const int64_t k = n.multiple_of;
+  const int64_t low = n.has_minimum ? n.minimum : n.has_maximum ? n.maximum - 1000 * k : -1000 * k;
+  const int64_t high = n.has_maximum ? n.maximum : low + 2000 * k;
+  int64_t first = low / k;
+  if (first * k < low) ++first;
+  int64_t last = high / k;
+  if (last * k > high) --last;
+  return std::uniform_int_distribution<int64_t>(first, last)(rng) * k;
+}
+
 ojson RandomValue(const CompiledSchema& schema, int32_t node, int depth, std::mt19937_64& rng) {
   auto chance = [&](double p) { return std::bernoulli_distribution(p)(rng); };
   const SchemaNode* n = &schema.node(node);
@@ -522,6 +550,7 @@ ojson RandomValue(const CompiledSchema& schema, int32_t node, int depth, std::mt
       return s;
     }
     case kTypeInteger: {
+      if (!n->any && n->multiple_of > 0) return RandomMultiple(*n, rng);
       if (n->any || !n->bounds_integers()) {
         return std::uniform_int_distribution<int64_t>(-1000000, 1000000)(rng);
       }
@@ -531,6 +560,7 @@ ojson RandomValue(const CompiledSchema& schema, int32_t node, int depth, std::mt
       return std::uniform_int_distribution<int64_t>(low, high)(rng);
     }
     case kTypeNumber: {
+      if (!n->any && n->multiple_of > 0) return RandomMultiple(*n, rng);
       if (n->any || !n->bounds_numbers()) {
         return chance(0.5) ? json(std::uniform_int_distribution<int>(-50, 50)(rng))
                            : json(std::uniform_real_distribution<double>(-1e6, 1e6)(rng));
@@ -698,6 +728,16 @@ const char* const kSchemas[] = {
           "cold": {"type": "number", "maximum": -10.25},
           "hundreds": {"type": "number", "minimum": 500, "exclusiveMaximum": 700}},
         "required": ["code", "rating", "year", "depth"], "additionalProperties": false})",
+    // Multiples, as Pydantic writes conint(multiple_of=5, ge=..., le=...): bounded on both
+    // sides, on one, on none, below zero, and a "number" written as an integer.
+    R"({"type": "object", "properties": {
+          "step": {"type": "integer", "multipleOf": 5, "minimum": -12, "maximum": 40},
+          "above": {"type": "integer", "multipleOf": 7, "minimum": 100},
+          "below": {"type": "integer", "multipleOf": 9, "exclusiveMaximum": -20},
+          "even": {"type": "integer", "multipleOf": 2},
+          "dozens": {"type": "number", "multipleOf": 12},
+          "big": {"type": "integer", "multipleOf": 1000003, "minimum": 1, "maximum": 3000010}},
+        "required": ["step", "above", "below", "big"], "additionalProperties": false})",
     kPets,
     kTree,
     // Patterns, as Pydantic writes constr(pattern=...): anchored, anywhere, escapes, UTF-8.
@@ -1108,6 +1148,58 @@ TEST_CASE("A format constrains a string to what it names, and a pattern holds to
              {R"("http://a.b/c")"}, {R"("http://a.b/cd")", R"("")", R"("a b")"});
 }
 
+TEST_CASE(
+    "A multipleOf's numbers are its multiples, and a digit is taken only where one within "
+    "the bounds can follow",
+    "[grammar]") {
+  const auto step =
+      Compiled(R"({"type": "integer", "multipleOf": 5, "minimum": 3, "maximum": 42})");
+  CheckTexts(*step, {"5", "10", "40"}, {"0", "3", "45", "12", "5.0", "1e1", "-5"});
+  SchemaGrammar grammar(step.get());
+  CHECK(SchemaGrammar(grammar).Feed("1"));         // 10 to 19 holds 10 and 15
+  CHECK_FALSE(SchemaGrammar(grammar).Feed("-"));   // no negative is at least 3
+  CHECK_FALSE(SchemaGrammar(grammar).Feed("0"));   // 0 is below 3, and nothing follows it
+  CHECK_FALSE(SchemaGrammar(grammar).Feed("43"));  // 43 to 49 and on: past 42
+  REQUIRE(grammar.Feed("4"));                      // 4, then 40 to 42
+  CHECK_FALSE(grammar.can_end());
+  CHECK_FALSE(SchemaGrammar(grammar).Feed("1"));
+  CHECK(SchemaGrammar(grammar).Feed("0"));
+  // Below zero, bounded above only: -1 is no multiple of 9 at most -21, but goes on to one
+  // (-10 to -19 holds none; -100 to -199 does).
+  const auto below = Compiled(R"({"type": "integer", "multipleOf": 9, "exclusiveMaximum": -20})");
+  CheckTexts(*below, {"-27", "-90", "-9007199254740987"},
+             {"-18", "-20", "27", "-1", "-900000000000000000000000000009"});
+  SchemaGrammar negative(below.get());
+  REQUIRE(negative.Feed("-1"));
+  CHECK_FALSE(negative.can_end());
+  CHECK(SchemaGrammar(negative).Feed("5"));  // -15, then -153
+  CHECK(SchemaGrammar(negative).Feed("0"));  // -10, then -108
+  // Bounded on both sides, a prefix can lead only into the bounds' multiples.
+  const auto narrow =
+      Compiled(R"({"type": "integer", "multipleOf": 7, "minimum": 15, "maximum": 30})");
+  CheckTexts(*narrow, {"21", "28"}, {"14", "35", "20"});
+  SchemaGrammar tens(narrow.get());
+  REQUIRE(tens.Feed("2"));  // 21, 28
+  CHECK_FALSE(SchemaGrammar(tens).Feed("0"));
+  CHECK_FALSE(SchemaGrammar(tens).Feed("5"));
+  CHECK(SchemaGrammar(tens).Feed("1"));
+  CHECK_FALSE(SchemaGrammar(narrow.get()).Feed("3"));  // 30 is no multiple of 7
+  // Unbounded: any digits can still reach a multiple; the end only at one. A "number" is
+  // written as an integer.
+  const auto dozens = Compiled(R"({"type": "number", "multipleOf": 12})");
+  CheckTexts(*dozens, {"0", "-0", "12", "-36", "123456789012"}, {"13", "12.0", "1.2e1", "6"});
+  // Within +-2^53, where a parser reads every integer exactly (-2^53 - 9 is a multiple of 9,
+  // and so is 9 * 10^29 + 9, but the doubles nearest them need not be).
+  const auto large = Compiled(R"({"type": "integer", "multipleOf": 9007199254740992})");
+  CheckTexts(*large, {"9007199254740992", "-9007199254740992", "0"},
+             {"18014398509481984", "9007199254740993", "4503599627370496"});
+  CHECK_FALSE(Takes(*dozens, "-9007199254741008"));  // a multiple of 12 past -2^53
+  CHECK(SchemaAccepts(*large, large->root(), json::parse("-9007199254740992")));
+  CHECK_FALSE(SchemaAccepts(*large, large->root(), json::parse("18014398509481984")));
+  CHECK(SchemaAccepts(*dozens, dozens->root(), json::parse("24.0")));
+  CHECK_FALSE(SchemaAccepts(*dozens, dozens->root(), json::parse("24.5")));
+}
+
 TEST_CASE("A tuple's items are each of their own schema, and those past it of items",
           "[grammar]") {
   // Pydantic's tuple[int, str]: exactly two, in order.
@@ -1203,8 +1295,10 @@ TEST_CASE("Unions of one type that could not be held to, or could take too many 
   CHECK_THAT(Refusal(R"({"oneOf": [{"enum": ["a", "b"]}, {"enum": ["b"]}]})"),
              Catch::Contains("may both take a value (strings)"));
   CHECK_THAT(Refusal(R"({"anyOf": [{"type": "integer", "minimum": 0}, {"type": "number"}]})"),
-             Catch::Contains("branches take numbers both, one of them with bounds or values "
-                             "(/anyOf/0)"));
+             Catch::Contains("branches take numbers both, one of them with bounds, a multipleOf "
+                             "or values (/anyOf/0)"));
+  CHECK_THAT(Refusal(R"({"anyOf": [{"type": "integer", "multipleOf": 3}, {"type": "number"}]})"),
+             Catch::Contains("one of them with bounds, a multipleOf or values (/anyOf/0)"));
   // Each object holds a union of two again, down a recursion: 2^31 readings at the bottom.
   CHECK_THAT(Refusal(R"({"$defs": {"T": {"anyOf": [
                   {"type": "object", "properties": {"a": {"$ref": "#/$defs/T"}}},

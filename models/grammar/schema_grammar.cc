@@ -82,6 +82,9 @@ SchemaGrammar& SchemaGrammar::operator=(const SchemaGrammar& other) {
   fraction_digits_ = other.fraction_digits_;
   cmp_low_ = other.cmp_low_;
   cmp_high_ = other.cmp_high_;
+  multiple_ = other.multiple_;
+  magnitude_ = other.magnitude_;
+  remainder_ = other.remainder_;
   pattern_state_ = other.pattern_state_;
   pattern_escape_ = other.pattern_escape_;
   // Only the frames in use: the frames above them are never read (and compare as unused).
@@ -96,10 +99,11 @@ bool SchemaGrammar::operator==(const SchemaGrammar& other) const {
          expected_ == other.expected_ && trie_ == other.trie_ && leaf_ == other.leaf_ &&
          chars_ == other.chars_ && key_escape_ == other.key_escape_ &&
          negative_ == other.negative_ && digits_ == other.digits_ &&
-         bounded_number_ == other.bounded_number_ &&
-         point_ == other.point_ && leading_zero_ == other.leading_zero_ &&
-         fraction_digits_ == other.fraction_digits_ && cmp_low_ == other.cmp_low_ &&
-         cmp_high_ == other.cmp_high_ && pattern_state_ == other.pattern_state_ &&
+         bounded_number_ == other.bounded_number_ && point_ == other.point_ &&
+         leading_zero_ == other.leading_zero_ && fraction_digits_ == other.fraction_digits_ &&
+         cmp_low_ == other.cmp_low_ && cmp_high_ == other.cmp_high_ &&
+         multiple_ == other.multiple_ && magnitude_ == other.magnitude_ &&
+         remainder_ == other.remainder_ && pattern_state_ == other.pattern_state_ &&
          pattern_escape_ == other.pattern_escape_ && base_depth_ == other.base_depth_ &&
          first_key_ == other.first_key_ &&
          std::equal(frames_.begin(), frames_.begin() + depth_, other.frames_.begin()) &&
@@ -110,7 +114,7 @@ bool SchemaGrammar::can_end() const {
   if (complete()) return true;
   if (depth_ != 0) return false;
   if (phase_ == Phase::kLeaf) {
-    return leaf_.number_could_end() && DecimalWithinBounds();
+    return leaf_.number_could_end() && DecimalWithinBounds() && MultipleHolds();
   }
   return phase_ == Phase::kEnum && Node(expected_).enum_trie.nodes[static_cast<size_t>(trie_)]
                                            .terminal >= 0;
@@ -231,6 +235,59 @@ std::optional<SchemaGrammar::PatternCursor> SchemaGrammar::pattern_cursor() cons
                        .chars = chars_};
 }
 
+void SchemaGrammar::CountMultipleByte(unsigned char byte) {
+  if (byte == '-') {
+    negative_ = true;
+    return;
+  }
+  if (byte < '0' || byte > '9') return;  // an integer has nothing else
+  const auto digit = static_cast<uint64_t>(byte - '0');
+  const auto multiple = static_cast<uint64_t>(Node(expected_).multiple_of);
+  // Below 2^53 * 10 + 9: no overflow.
+  remainder_ = (remainder_ * 10 + digit) % multiple;
+  constexpr uint64_t kPast = std::numeric_limits<uint64_t>::max();
+  magnitude_ = magnitude_ > (kPast - digit) / 10 ? kPast : magnitude_ * 10 + digit;
+}
+
+bool SchemaGrammar::MultipleMayBeReached() const {
+  const SchemaNode& node = Node(expected_);
+  // Without bounds a multiple can always follow: n more digits reach every remainder once
+  // 10^n passes the multiple (and a lone 0 is a multiple itself).
+  if (!bounded_number_) return true;
+  // Past 64 bits the number is past every bound on its side, which the bounds' own check
+  // refused unless that side has none: then, as above.
+  if (magnitude_ == std::numeric_limits<uint64_t>::max()) return true;
+  constexpr __int128 kInfinity = static_cast<__int128>(1) << 100;
+  const __int128 low = node.has_minimum ? __int128{node.minimum} : -kInfinity;
+  const __int128 high = node.has_maximum ? __int128{node.maximum} : kInfinity;
+  const __int128 k = node.multiple_of;
+  // Whether [from, to], within the bounds, holds a multiple.
+  const auto holds_multiple = [&](__int128 from, __int128 to) {
+    from = std::max(from, low);
+    to = std::min(to, high);
+    if (from > to) return false;
+    __int128 first = from / k * k;  // truncated toward zero: at or below `from` when positive
+    if (first < from) first += k;
+    return first <= to;
+  };
+  if (digits_ == 0) {  // nothing yet, or a lone '-': any number of the sign
+    return negative_ ? holds_multiple(-kInfinity, 0) : holds_multiple(0, kInfinity);
+  }
+  // The digits so far (magnitude p) go on to [p 10^n, (p + 1) 10^n - 1] for each n more
+  // digits (none after a leading 0). Past 2^70 every bounded side is left behind, and an
+  // unbounded one found a multiple by then (10^n passed 2^53).
+  const __int128 p = magnitude_;
+  __int128 scale = 1;
+  for (int n = 0; n <= 21 && p * scale <= (static_cast<__int128>(1) << 70); ++n) {
+    const __int128 from = p * scale;
+    const __int128 to = from + scale - 1;
+    if (negative_ ? holds_multiple(-to, -from) : holds_multiple(from, to)) return true;
+    if (leading_zero_) break;
+    scale *= 10;
+  }
+  return false;
+}
+
 bool SchemaGrammar::PatternByte(const SchemaNode& node, unsigned char byte) {
   const StringPattern& pattern = *node.pattern;
   // With a length, a character is taken only where a match of an allowed length can follow.
@@ -313,7 +370,7 @@ bool SchemaGrammar::Feed(unsigned char byte) {
   switch (phase_) {
     case Phase::kLeaf: {
       if (leaf_.number_could_end() && !leaf_.NumberContinues(byte)) {
-        if (!DecimalWithinBounds()) return false;
+        if (!DecimalWithinBounds() || !MultipleHolds()) return false;
         EndValue();
         break;
       }
@@ -340,6 +397,10 @@ bool SchemaGrammar::Feed(unsigned char byte) {
       if (bounded_number_) {
         CountDecimalByte(byte);
         if (!DecimalMayReachBounds()) return false;
+      }
+      if (multiple_) {
+        CountMultipleByte(byte);
+        if (!MultipleMayBeReached()) return false;
       }
       if (leaf_.complete()) EndValue();
       return true;
@@ -423,7 +484,9 @@ bool SchemaGrammar::StartValue(unsigned char byte) {
   // A scalar, or any value at all: JsonGrammar reads it.
   leaf_ = JsonGrammar::AnyValue();
   if (!leaf_.Feed(byte)) return false;
-  integer_ = !node.any && type == kTypeNumber && (node.types & kTypeNumber) == 0;
+  // A multipleOf's numbers are written as integers, a "number"'s too.
+  integer_ =
+      !node.any && type == kTypeNumber && ((node.types & kTypeNumber) == 0 || node.multiple_of > 0);
   if (!node.any && type == kTypeString && node.pattern != nullptr) {
     pattern_state_ = StringPattern::start();
   }
@@ -432,6 +495,11 @@ bool SchemaGrammar::StartValue(unsigned char byte) {
   if (bounded_number_) {
     CountDecimalByte(byte);
     if (!DecimalMayReachBounds()) return false;
+  }
+  multiple_ = !node.any && type == kTypeNumber && node.multiple_of > 0;
+  if (multiple_) {
+    CountMultipleByte(byte);
+    if (!MultipleMayBeReached()) return false;
   }
   return true;
 }
@@ -611,6 +679,9 @@ void SchemaGrammar::EndValue() {
   fraction_digits_ = 0;
   cmp_low_ = 0;
   cmp_high_ = 0;
+  multiple_ = false;
+  magnitude_ = 0;
+  remainder_ = 0;
   pattern_state_ = -1;
   pattern_escape_ = false;
   expected_ = SchemaNode::kNone;
