@@ -242,24 +242,17 @@ void SchemaGrammar::CountMultipleByte(unsigned char byte) {
   }
   if (byte < '0' || byte > '9') return;  // an integer has nothing else
   const auto digit = static_cast<uint64_t>(byte - '0');
-  const auto multiple = static_cast<uint64_t>(Node(expected_).multiple_of);
-  // Below 2^53 * 10 + 9: no overflow.
-  remainder_ = (remainder_ * 10 + digit) % multiple;
-  constexpr uint64_t kPast = std::numeric_limits<uint64_t>::max();
-  magnitude_ = magnitude_ > (kPast - digit) / 10 ? kPast : magnitude_ * 10 + digit;
+  // No overflow: a multipleOf's bounds lie within +-2^53 (json_schema.cc, FillMultiple), and
+  // a digit past them is refused before the next, so both stay below 2^53 * 10 + 9.
+  remainder_ = (remainder_ * 10 + digit) % static_cast<uint64_t>(Node(expected_).multiple_of);
+  magnitude_ = magnitude_ * 10 + digit;
 }
 
 bool SchemaGrammar::MultipleMayBeReached() const {
+  // A multipleOf's node is always bounded on both sides (within +-2^53, FillMultiple).
   const SchemaNode& node = Node(expected_);
-  // Without bounds a multiple can always follow: n more digits reach every remainder once
-  // 10^n passes the multiple (and a lone 0 is a multiple itself).
-  if (!bounded_number_) return true;
-  // Past 64 bits the number is past every bound on its side, which the bounds' own check
-  // refused unless that side has none: then, as above.
-  if (magnitude_ == std::numeric_limits<uint64_t>::max()) return true;
-  constexpr __int128 kInfinity = static_cast<__int128>(1) << 100;
-  const __int128 low = node.has_minimum ? __int128{node.minimum} : -kInfinity;
-  const __int128 high = node.has_maximum ? __int128{node.maximum} : kInfinity;
+  const __int128 low = node.minimum;
+  const __int128 high = node.maximum;
   const __int128 k = node.multiple_of;
   // Whether [from, to], within the bounds, holds a multiple.
   const auto holds_multiple = [&](__int128 from, __int128 to) {
@@ -270,15 +263,14 @@ bool SchemaGrammar::MultipleMayBeReached() const {
     if (first < from) first += k;
     return first <= to;
   };
-  if (digits_ == 0) {  // nothing yet, or a lone '-': any number of the sign
-    return negative_ ? holds_multiple(-kInfinity, 0) : holds_multiple(0, kInfinity);
+  if (digits_ == 0) {  // a lone '-': any number at or below 0
+    return holds_multiple(low, 0);
   }
   // The digits so far (magnitude p) go on to [p 10^n, (p + 1) 10^n - 1] for each n more
-  // digits (none after a leading 0). Past 2^70 every bounded side is left behind, and an
-  // unbounded one found a multiple by then (10^n passed 2^53).
+  // digits (none after a leading 0), until past the bounds' 16 digits.
   const __int128 p = magnitude_;
   __int128 scale = 1;
-  for (int n = 0; n <= 21 && p * scale <= (static_cast<__int128>(1) << 70); ++n) {
+  for (int n = 0; n <= 17; ++n) {
     const __int128 from = p * scale;
     const __int128 to = from + scale - 1;
     if (negative_ ? holds_multiple(-to, -from) : holds_multiple(from, to)) return true;

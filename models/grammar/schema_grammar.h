@@ -227,9 +227,8 @@ class SchemaGrammar {
   uint16_t fraction_digits_ = 0;
   int8_t cmp_low_ = 0;
   int8_t cmp_high_ = 0;
-  // A number with a multipleOf (written as an integer): its magnitude so far (UINT64_MAX once
-  // past it, beyond every bound), and the magnitude's remainder by the multiple. Zero for any
-  // other value.
+  // A number with a multipleOf (written as an integer, within +-2^53): its magnitude so far,
+  // and the magnitude's remainder by the multiple. Zero for any other value.
   bool multiple_ = false;
   uint64_t magnitude_ = 0;
   uint64_t remainder_ = 0;
