@@ -1,46 +1,18 @@
 // Helpers for the tests of GrammarConstraint's vocabulary walk (json_constraint_test.cc,
-// json_schema_test.cc, tool_call_grammar_test.cc): the mask a state must have, worked out
-// the slow way, and the ids a mask allows. Header-only, for tests.
+// json_schema_test.cc, tool_call_grammar_test.cc): mask_reference.h's slow masks, and a
+// token's id by its spelling. Header-only, for tests.
 #pragma once
 
+#include <catch2/catch.hpp>
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include <catch2/catch.hpp>
-
 #include "models/grammar/json_constraint.h"
+#include "models/grammar/mask_reference.h"
 
 namespace tophat::testing {
-
-// The ids a mask allows, in order.
-inline std::vector<int32_t> Ids(const std::vector<uint8_t>& mask) {
-  std::vector<int32_t> ids;
-  for (size_t i = 0; i < mask.size(); ++i) {
-    if (mask[i] != 0) ids.push_back(static_cast<int32_t>(i));
-  }
-  return ids;
-}
-
-// What `state`'s mask must allow: each token its grammar takes fed on its own (none once the
-// grammar is complete), and `end` where it may end; a state nothing continues ends the
-// answer, so its mask is `end` alone.
-template <typename Grammar>
-std::vector<int32_t> TokensTaken(const Grammar& state, const TokenVocabulary& vocabulary,
-                                 int32_t end) {
-  std::vector<int32_t> taken;
-  for (int32_t id = 0; id < vocabulary.size(); ++id) {
-    const std::string* bytes = vocabulary.bytes(id);
-    Grammar next = state;
-    const bool allowed = id == end ? state.can_end()
-                                   : !state.complete() && bytes != nullptr && !bytes->empty() &&
-                                         next.Feed(*bytes);
-    if (allowed) taken.push_back(id);
-  }
-  if (taken.empty()) taken = {end};
-  return taken;
-}
 
 // The id of the token spelled `piece`; fails the test when there is none.
 inline int32_t PieceId(const TokenVocabulary& vocabulary, std::string_view piece) {

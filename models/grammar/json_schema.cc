@@ -782,8 +782,9 @@ absl::Status SchemaCompiler::FillMultiple(int32_t index, const json& schema,
   }
   const json& value = schema["multipleOf"];
   if (!value.is_number()) return Invalid(here, "must be a number");
-  // A whole number: its multiples are integers, whose remainder the grammar keeps digit by
-  // digit. 2^53: every such double is exact, and the remainder times 10 fits 64 bits.
+  // A whole number: its multiples are integers, which the grammar reads digit by digit.
+  // 2^53: every such double is exact, and within bounds of +-2^53 (below) a magnitude times
+  // 10 fits 64 bits.
   constexpr double kLargest = 9007199254740992.0;
   const double k = value.get<double>();
   if (!(k > 0)) return Invalid(here, "must be greater than 0");

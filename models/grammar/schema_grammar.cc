@@ -84,7 +84,6 @@ SchemaGrammar& SchemaGrammar::operator=(const SchemaGrammar& other) {
   cmp_high_ = other.cmp_high_;
   multiple_ = other.multiple_;
   magnitude_ = other.magnitude_;
-  remainder_ = other.remainder_;
   pattern_state_ = other.pattern_state_;
   pattern_escape_ = other.pattern_escape_;
   // Only the frames in use: the frames above them are never read (and compare as unused).
@@ -103,9 +102,8 @@ bool SchemaGrammar::operator==(const SchemaGrammar& other) const {
          leading_zero_ == other.leading_zero_ && fraction_digits_ == other.fraction_digits_ &&
          cmp_low_ == other.cmp_low_ && cmp_high_ == other.cmp_high_ &&
          multiple_ == other.multiple_ && magnitude_ == other.magnitude_ &&
-         remainder_ == other.remainder_ && pattern_state_ == other.pattern_state_ &&
-         pattern_escape_ == other.pattern_escape_ && base_depth_ == other.base_depth_ &&
-         first_key_ == other.first_key_ &&
+         pattern_state_ == other.pattern_state_ && pattern_escape_ == other.pattern_escape_ &&
+         base_depth_ == other.base_depth_ && first_key_ == other.first_key_ &&
          std::equal(frames_.begin(), frames_.begin() + depth_, other.frames_.begin()) &&
          alternatives_ == other.alternatives_;
 }
@@ -241,11 +239,13 @@ void SchemaGrammar::CountMultipleByte(unsigned char byte) {
     return;
   }
   if (byte < '0' || byte > '9') return;  // an integer has nothing else
-  const auto digit = static_cast<uint64_t>(byte - '0');
   // No overflow: a multipleOf's bounds lie within +-2^53 (json_schema.cc, FillMultiple), and
-  // a digit past them is refused before the next, so both stay below 2^53 * 10 + 9.
-  remainder_ = (remainder_ * 10 + digit) % static_cast<uint64_t>(Node(expected_).multiple_of);
-  magnitude_ = magnitude_ * 10 + digit;
+  // a digit past them is refused before the next, so it stays below 2^53 * 10 + 9.
+  magnitude_ = magnitude_ * 10 + static_cast<uint64_t>(byte - '0');
+}
+
+bool SchemaGrammar::MultipleHolds() const {
+  return !multiple_ || magnitude_ % static_cast<uint64_t>(Node(expected_).multiple_of) == 0;
 }
 
 bool SchemaGrammar::MultipleMayBeReached() const {
@@ -673,7 +673,6 @@ void SchemaGrammar::EndValue() {
   cmp_high_ = 0;
   multiple_ = false;
   magnitude_ = 0;
-  remainder_ = 0;
   pattern_state_ = -1;
   pattern_escape_ = false;
   expected_ = SchemaNode::kNone;

@@ -97,8 +97,8 @@ class SchemaGrammar {
     h = H::combine(std::move(h), g.schema_, g.phase_, g.depth_, g.whitespace_, g.expected_,
                    g.integer_, g.trie_, g.leaf_, g.chars_, g.negative_, g.digits_, g.key_escape_,
                    g.bounded_number_, g.point_, g.leading_zero_, g.fraction_digits_, g.cmp_low_,
-                   g.cmp_high_, g.multiple_, g.magnitude_, g.remainder_, g.base_depth_,
-                   g.first_key_, g.pattern_state_, g.pattern_escape_);
+                   g.cmp_high_, g.multiple_, g.magnitude_, g.base_depth_, g.first_key_,
+                   g.pattern_state_, g.pattern_escape_);
     h = H::combine(std::move(h), g.alternatives_);
     for (int i = 0; i < g.depth_; ++i) {
       const Frame& f = g.frames_[static_cast<size_t>(i)];
@@ -168,12 +168,12 @@ class SchemaGrammar {
   bool DecimalMayReachBounds() const;
   bool DecimalWithinBounds() const;
   void CountDecimalByte(unsigned char byte);
-  // multipleOf: CountMultipleByte keeps the magnitude and remainder; MultipleMayBeReached
-  // says whether a multiple within the bounds can still be written on from the digits so
-  // far, MultipleHolds whether the number so far is one.
+  // multipleOf: CountMultipleByte keeps the magnitude; MultipleMayBeReached says whether a
+  // multiple within the bounds can still be written on from the digits so far,
+  // MultipleHolds whether the number so far is one.
   void CountMultipleByte(unsigned char byte);
   bool MultipleMayBeReached() const;
-  bool MultipleHolds() const { return !multiple_ || remainder_ == 0; }
+  bool MultipleHolds() const;
   // A byte inside a string with a pattern: its characters' decoded bytes through the
   // pattern's automaton (the short escapes decoded; no \u), the close only on a match; with
   // a length, a character only where a match of an allowed length can still follow.
@@ -227,11 +227,10 @@ class SchemaGrammar {
   uint16_t fraction_digits_ = 0;
   int8_t cmp_low_ = 0;
   int8_t cmp_high_ = 0;
-  // A number with a multipleOf (written as an integer, within +-2^53): its magnitude so far,
-  // and the magnitude's remainder by the multiple. Zero for any other value.
+  // A number with a multipleOf (written as an integer, within +-2^53): its magnitude so far.
+  // Zero for any other value.
   bool multiple_ = false;
   uint64_t magnitude_ = 0;
-  uint64_t remainder_ = 0;
   // A string with a pattern: its automaton's state (-1: none), and whether after a '\\'.
   int32_t pattern_state_ = -1;
   bool pattern_escape_ = false;
