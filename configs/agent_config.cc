@@ -302,6 +302,8 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
   reader.ReadString("openai.model_name", &config.openai.model_name);
   reader.ReadSeconds("openai.request_deadline_s", &config.openai.request_deadline_s,
                      Bound::kPositive);
+  reader.ReadInt("openai.max_stored_response_bytes", &config.openai.max_stored_response_bytes,
+                 Bound::kNonNegative);
   reader.ReadString("metrics_address", &config.metrics_address);
   reader.ReadString("log_level", &config.log_level);
 

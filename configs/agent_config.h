@@ -179,6 +179,8 @@ struct AgentConfig {
     std::string model_name;  // the name it answers to; "": the bundle's model id
     // How long a connection has to send a whole request (OpenAiServerOptions).
     double request_deadline_s = 10;
+    // Bytes of /v1/responses answers kept for later turns (OpenAiServerOptions).
+    int64_t max_stored_response_bytes = 64 << 20;
     bool operator==(const OpenAi&) const = default;
   } openai;
   std::string metrics_address = "127.0.0.1:9200";  // empty disables

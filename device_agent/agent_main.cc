@@ -170,17 +170,15 @@ int Run(const tophat::AgentConfig& config, int64_t drill_device_loss_after_reque
   }
   std::unique_ptr<tophat::OpenAiServer> openai;
   if (!config.openai.address.empty()) {
-    auto started = tophat::OpenAiServer::Start(agent->get(),
-                                               {.address = config.openai.address,
-                                                .model_name = config.openai.model_name,
-                                                .template_dir = config.bundle,
-                                                .app_tokens = config.app_tokens,
-                                                .max_concurrent_requests =
-                                                    config.max_concurrent_requests,
-                                                .max_body_bytes =
-                                                    2 * config.max_prompt_bytes + (64 << 10),
-                                                .request_deadline_s =
-                                                    config.openai.request_deadline_s});
+    auto started = tophat::OpenAiServer::Start(
+        agent->get(), {.address = config.openai.address,
+                       .model_name = config.openai.model_name,
+                       .template_dir = config.bundle,
+                       .app_tokens = config.app_tokens,
+                       .max_concurrent_requests = config.max_concurrent_requests,
+                       .max_body_bytes = 2 * config.max_prompt_bytes + (64 << 10),
+                       .request_deadline_s = config.openai.request_deadline_s,
+                       .max_stored_response_bytes = config.openai.max_stored_response_bytes});
     if (!started.ok()) return Fail(started.status());
     openai = *std::move(started);
   }

@@ -708,6 +708,355 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
   return request;
 }
 
+namespace {
+
+using OrderedJson = nlohmann::ordered_json;
+
+// A Responses input item's content: a string, or text parts (input_text, and output_text in
+// an earlier answer sent back, with its annotations and logprobs), joined.
+std::variant<std::string, OpenAiError> ResponsesText(const OrderedJson& content,
+                                                     const std::string& param) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) {
+    return Invalid(param, absl::StrCat(param, " must be a string or an array of text parts"));
+  }
+  std::string text;
+  for (size_t k = 0; k < content.size(); ++k) {
+    const OrderedJson& part = content[k];
+    const std::string at = absl::StrCat(param, "[", k, "]");
+    const OrderedJson type = part.is_object() ? part.value("type", OrderedJson()) : OrderedJson();
+    if ((type != "input_text" && type != "output_text") || !part.contains("text") ||
+        !part["text"].is_string()) {
+      return Invalid(at, absl::StrCat(at,
+                                      ": only text parts (input_text, output_text) are "
+                                      "supported",
+                                      type.is_string() ? absl::StrCat("; got ", type.dump()) : ""));
+    }
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+// An item may carry only `allowed` keys (null ones are absent).
+std::optional<OpenAiError> OnlyKeys(const OrderedJson& item, const std::string& where,
+                                    std::initializer_list<std::string_view> allowed) {
+  for (const auto& [key, value] : item.items()) {
+    if (value.is_null() || std::find(allowed.begin(), allowed.end(), key) != allowed.end()) {
+      continue;
+    }
+    return Invalid(absl::StrCat(where, ".", key),
+                   absl::StrCat(where, ".", key, " is not supported by this endpoint"));
+  }
+  return std::nullopt;
+}
+
+// `input`: a string (the user's message) or items: messages ({"role", "content"}, "type":
+// "message" optional), function calls an answer made ({"type": "function_call", "call_id",
+// "name", "arguments"}) and their results ({"type": "function_call_output", "call_id",
+// "output"}). Calls join the assistant message before them, as a chat answer holds its text
+// and calls, so that the template renders them as a chat completion's.
+std::optional<OpenAiError> ResponsesInput(const OrderedJson& input,
+                                          std::vector<ChatMessage>& messages) {
+  if (input.is_string()) {
+    messages.push_back({.role = "user", .content = input.get<std::string>()});
+    return std::nullopt;
+  }
+  if (!input.is_array() || input.empty()) {
+    return Invalid("input", "'input' must be a string or a non-empty array of items");
+  }
+  for (size_t i = 0; i < input.size(); ++i) {
+    const OrderedJson& item = input[i];
+    const std::string where = absl::StrCat("input[", i, "]");
+    if (!item.is_object()) return Invalid(where, absl::StrCat(where, " must be an object"));
+    const OrderedJson type =
+        item.contains("type") && !item["type"].is_null() ? item["type"] : OrderedJson("message");
+    if (type == "message") {
+      if (auto error = OnlyKeys(item, where, {"type", "role", "content", "id", "status"})) {
+        return error;
+      }
+      const OrderedJson role = item.value("role", OrderedJson());
+      if (role != "user" && role != "system" && role != "developer" && role != "assistant") {
+        return Invalid(where + ".role",
+                       absl::StrCat(where,
+                                    ".role must be \"user\", \"system\", \"developer\" or "
+                                    "\"assistant\""));
+      }
+      if (!item.contains("content") || item["content"].is_null()) {
+        return Invalid(where + ".content", absl::StrCat(where, ".content is required"));
+      }
+      auto text = ResponsesText(item["content"], where + ".content");
+      if (auto* error = std::get_if<OpenAiError>(&text)) return *error;
+      messages.push_back({.role = role == "developer" ? "system" : role.get<std::string>(),
+                          .content = std::get<std::string>(std::move(text))});
+    } else if (type == "function_call") {
+      if (auto error =
+              OnlyKeys(item, where, {"type", "call_id", "name", "arguments", "id", "status"})) {
+        return error;
+      }
+      const OrderedJson call_id = item.value("call_id", OrderedJson());
+      if (!call_id.is_string() || call_id.get<std::string>().empty()) {
+        return Invalid(where + ".call_id", absl::StrCat(where, ".call_id is required"));
+      }
+      if (!IsToolName(item.value("name", OrderedJson()))) {
+        return Invalid(where + ".name",
+                       absl::StrCat(where, ".name must be 1 to 64 of a-z, A-Z, 0-9, _ and -"));
+      }
+      const OrderedJson arguments = item.value("arguments", OrderedJson());
+      if (!arguments.is_string() ||
+          !OrderedJson::parse(arguments.get<std::string>(), nullptr, false).is_object()) {
+        return Invalid(where + ".arguments",
+                       absl::StrCat(where, ".arguments must be a JSON object, as text"));
+      }
+      ToolCall call{.id = call_id.get<std::string>(),
+                    .name = item["name"].get<std::string>(),
+                    .arguments = arguments.get<std::string>()};
+      if (messages.empty() || messages.back().role != "assistant") {
+        messages.push_back({.role = "assistant"});
+      }
+      messages.back().tool_calls.push_back(std::move(call));
+    } else if (type == "function_call_output") {
+      if (auto error = OnlyKeys(item, where, {"type", "call_id", "output", "id", "status"})) {
+        return error;
+      }
+      const OrderedJson call_id = item.value("call_id", OrderedJson());
+      if (!call_id.is_string() || call_id.get<std::string>().empty()) {
+        return Invalid(where + ".call_id",
+                       absl::StrCat(where, ".call_id (the call answered) is required"));
+      }
+      if (!item.contains("output") || item["output"].is_null()) {
+        return Invalid(where + ".output", absl::StrCat(where, ".output is required"));
+      }
+      auto text = ResponsesText(item["output"], where + ".output");
+      if (auto* error = std::get_if<OpenAiError>(&text)) return *error;
+      messages.push_back({.role = "tool",
+                          .content = std::get<std::string>(std::move(text)),
+                          .tool_call_id = call_id.get<std::string>()});
+    } else {
+      return Invalid(where + ".type", absl::StrCat(where, ".type ", type.dump(),
+                                                   " is not supported (message, function_call, "
+                                                   "function_call_output)"));
+    }
+  }
+  return std::nullopt;
+}
+
+// `text.format` as chat's response_format: {"type": "text"}, {"type": "json_object"}, or
+// {"type": "json_schema", "name", "schema", "description", "strict"} flattened.
+std::variant<OrderedJson, OpenAiError> ResponsesTextFormat(const OrderedJson& text) {
+  if (!text.is_object()) return Invalid("text", "'text' must be an object");
+  OrderedJson format = {{"type", "text"}};
+  for (const auto& [key, value] : text.items()) {
+    if (value.is_null()) continue;
+    if (key == "format") {
+      format = value;
+    } else if (key == "verbosity" && value == "medium") {
+      // The default; a model here has no other.
+    } else {
+      return Invalid(absl::StrCat("text.", key),
+                     absl::StrCat("text.", key, " is not supported by this endpoint"));
+    }
+  }
+  if (!format.is_object() || !format.contains("type") || !format["type"].is_string()) {
+    return Invalid("text.format",
+                   "'text.format' must be an object with a 'type': \"text\", "
+                   "\"json_object\" or \"json_schema\"");
+  }
+  if (format["type"] != "json_schema") return format;
+  OrderedJson spec = OrderedJson::object();
+  for (const auto& [key, value] : format.items()) {
+    if (key != "type") spec[key] = value;
+  }
+  return OrderedJson{{"type", "json_schema"}, {"json_schema", std::move(spec)}};
+}
+
+// A chat parser's error about the fields ParseResponsesRequest renamed, in the Responses
+// API's names.
+OpenAiError InResponsesTerms(OpenAiError error) {
+  const auto rename = [](std::string text) {
+    for (const auto& [from, to] : {std::pair<std::string_view, std::string_view>{
+                                       "max_completion_tokens", "max_output_tokens"},
+                                   {"response_format.json_schema", "text.format"},
+                                   {"response_format", "text.format"},
+                                   {"].function.", "]."}}) {
+      for (size_t at = text.find(from); at != std::string::npos;
+           at = text.find(from, at + to.size())) {
+        text.replace(at, from.size(), to);
+      }
+    }
+    return text;
+  };
+  error.param = rename(std::move(error.param));
+  error.message = rename(std::move(error.message));
+  return error;
+}
+
+}  // namespace
+
+std::variant<OpenAiResponsesRequest, OpenAiError> ParseResponsesRequest(
+    std::string_view body, std::string_view served_model) {
+  auto object = ParseObject(body);
+  if (auto* error = std::get_if<OpenAiError>(&object)) return *error;
+  // Keys in the order given: tools are rendered as the app wrote them.
+  const OrderedJson json = OrderedJson::parse(body);
+  OpenAiResponsesRequest out;
+  // The chat completion asked for; its messages are the input's, parsed here (a placeholder
+  // satisfies the chat parser).
+  OrderedJson chat = {{"messages", OrderedJson::array({{{"role", "user"}, {"content", ""}}})}};
+  std::vector<ChatMessage> input;
+  bool has_input = false;
+  bool logprobs_included = false;
+  OrderedJson& echo = out.echo;
+  echo = {{"instructions", nullptr},
+          {"max_output_tokens", nullptr},
+          {"metadata", OrderedJson::object()},
+          {"parallel_tool_calls", true},
+          {"previous_response_id", nullptr},
+          {"store", true},
+          {"temperature", 1.0},
+          {"text", {{"format", {{"type", "text"}}}}},
+          {"tool_choice", "auto"},
+          {"tools", OrderedJson::array()},
+          {"top_logprobs", 0},
+          {"top_p", 1.0},
+          {"truncation", "disabled"},
+          {"user", nullptr}};
+  for (const auto& [key, value] : json.items()) {
+    if (value.is_null()) continue;  // absent
+    if (key == "input") {
+      has_input = true;
+      if (auto error = ResponsesInput(value, input)) return *error;
+    } else if (key == "instructions") {
+      if (!value.is_string()) return Invalid(key, "'instructions' must be a string");
+      out.instructions = value.get<std::string>();
+      echo[key] = value;
+    } else if (key == "previous_response_id") {
+      if (!value.is_string() || value.get<std::string>().empty()) {
+        return Invalid(key, "'previous_response_id' must be a response's id");
+      }
+      out.previous_response_id = value.get<std::string>();
+      echo[key] = value;
+    } else if (key == "store") {
+      if (!value.is_boolean()) return Invalid(key, "'store' must be a boolean");
+      out.store = value.get<bool>();
+      echo[key] = value;
+    } else if (key == "metadata") {
+      // OpenAI's limits: 16 pairs, keys of up to 64 characters, values of up to 512.
+      bool good = value.is_object() && value.size() <= 16;
+      if (good) {
+        for (const auto& [name, entry] : value.items()) {
+          good = good && name.size() <= 64 && entry.is_string() &&
+                 entry.get_ref<const std::string&>().size() <= 512;
+        }
+      }
+      if (!good) {
+        return Invalid(key,
+                       "'metadata' must be an object of at most 16 strings (keys of up to "
+                       "64 characters, values of up to 512)");
+      }
+      echo[key] = value;
+    } else if (key == "max_output_tokens") {
+      chat["max_completion_tokens"] = value;
+      echo[key] = value;
+    } else if (key == "text") {
+      auto format = ResponsesTextFormat(value);
+      if (auto* error = std::get_if<OpenAiError>(&format)) return *error;
+      chat["response_format"] = std::get<OrderedJson>(std::move(format));
+      echo[key] = value;
+    } else if (key == "tools") {
+      if (!value.is_array()) return Invalid(key, "'tools' must be an array");
+      OrderedJson tools = OrderedJson::array();
+      for (size_t t = 0; t < value.size(); ++t) {
+        const OrderedJson& tool = value[t];
+        const std::string at = absl::StrCat("tools[", t, "]");
+        if (!tool.is_object() || tool.value("type", OrderedJson()) != "function") {
+          return Invalid(at, absl::StrCat(at,
+                                          " must be {\"type\": \"function\", \"name\", "
+                                          "\"description\", \"parameters\"}: this agent "
+                                          "calls function tools only"));
+        }
+        OrderedJson function = OrderedJson::object();
+        for (const auto& [field, setting] : tool.items()) {
+          if (field != "type") function[field] = setting;
+        }
+        tools.push_back({{"type", "function"}, {"function", std::move(function)}});
+      }
+      chat[key] = std::move(tools);
+      echo[key] = value;
+    } else if (key == "tool_choice") {
+      if (value.is_object() && value.value("type", OrderedJson()) == "function" &&
+          value.size() == 2 && value.contains("name")) {
+        chat[key] = {{"type", "function"}, {"function", {{"name", value["name"]}}}};
+      } else if (value == "none" || value == "auto" || value == "required") {
+        chat[key] = value;
+      } else {
+        return Invalid(key,
+                       "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                       "{\"type\": \"function\", \"name\": ...}");
+      }
+      echo[key] = value;
+    } else if (key == "include") {
+      if (!value.is_array()) return Invalid(key, "'include' must be an array of strings");
+      for (const OrderedJson& what : value) {
+        if (what != "message.output_text.logprobs") {
+          return Invalid(key, absl::StrCat("'include' of ", what.dump(),
+                                           " is not supported (only "
+                                           "\"message.output_text.logprobs\")"));
+        }
+        logprobs_included = true;
+      }
+    } else if (key == "top_logprobs") {
+      chat[key] = value;
+      echo[key] = value;
+    } else if (key == "truncation") {
+      if (value != "disabled") {
+        return Invalid(key,
+                       "'truncation' must be \"disabled\": an input longer than the "
+                       "context is refused, never cut");
+      }
+    } else if (key == "reasoning") {
+      bool off = value.is_object();
+      if (off) {
+        for (const auto& [unused, setting] : value.items()) off = off && setting.is_null();
+      }
+      if (!off) return Invalid(key, "'reasoning' is not supported by this model");
+    } else if (key == "background") {
+      if (value != false) return Invalid(key, "'background' is not supported by this endpoint");
+    } else if (key == "service_tier") {
+      if (value != "auto" && value != "default") {
+        return Invalid(key, "'service_tier' must be \"auto\" or \"default\"");
+      }
+    } else if (key == "prompt_cache_key" || key == "safety_identifier") {
+      // A caching hint (the agent matches earlier turns by their token ids anyway) and an
+      // end-user id for abuse monitoring: nothing to do with either on a device.
+      if (!value.is_string()) return Invalid(key, absl::StrCat("'", key, "' must be a string"));
+    } else if (key == "user") {
+      chat[key] = value;
+      echo[key] = value;
+    } else if (key == "temperature" || key == "top_p" || key == "parallel_tool_calls") {
+      chat[key] = value;
+      echo[key] = value;
+    } else if (key == "messages" || key == "prompt" || key == "n" || key == "max_tokens" ||
+               key == "max_completion_tokens" || key == "response_format" || key == "logprobs" ||
+               key == "stream_options" || key == "tophat_outline" || key == "echo" ||
+               key == "best_of" || key == "suffix" || key == "functions" ||
+               key == "function_call" || key == "conversation" || key == "max_tool_calls") {
+      // Chat's and completions' fields, and the Responses API's own this agent lacks.
+      return Invalid(key, absl::StrCat("'", key, "' is not supported by /v1/responses"));
+    } else {
+      // model, stream, seed and vLLM's sampling extensions: checked as chat checks them.
+      chat[key] = value;
+    }
+  }
+  if (!has_input) return Invalid("input", "'input' is required");
+  if (logprobs_included || json.contains("top_logprobs")) chat["logprobs"] = true;
+  auto parsed = ParseOpenAiRequest(OpenAiEndpoint::kChatCompletions, chat.dump(), served_model);
+  if (auto* error = std::get_if<OpenAiError>(&parsed)) return InResponsesTerms(*error);
+  out.chat = std::get<OpenAiRequest>(std::move(parsed));
+  out.chat.messages = std::move(input);
+  echo["parallel_tool_calls"] = out.chat.parallel_tool_calls;
+  return out;
+}
+
 absl::StatusOr<ToolCallReader> ToolCallReader::Create(const OpenAiRequest& request,
                                                       ToolCallSyntax syntax) {
   ToolCallReader reader;

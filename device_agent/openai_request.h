@@ -177,6 +177,29 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
                                                             std::string_view body,
                                                             std::string_view served_model);
 
+// OpenAI's Responses API (POST /v1/responses), read as the chat completion it asks for: the
+// sampling fields as chat's, `text.format` as `response_format`, function tools and
+// `tool_choice` in chat's shape, `max_output_tokens` as `max_completion_tokens`, and the
+// input's items (messages, function calls and their outputs) as chat messages. What a chat
+// completion has no place for is the server's: `instructions`, the response a turn follows
+// (`previous_response_id`, from the agent's own store) and whether this one is kept (`store`).
+// Errors name the Responses API's fields (`input[2].content`, `text.format`).
+struct OpenAiResponsesRequest {
+  // The chat completion: `messages` holds the input's items alone (no instructions, nothing
+  // from an earlier response), `n` is 1.
+  OpenAiRequest chat;
+  std::optional<std::string> instructions;  // a system message before everything else
+  std::string previous_response_id;         // "": none
+  bool store = true;                        // OpenAI's default: kept for later turns
+  // The fields a response object repeats, as given or at their defaults (instructions,
+  // max_output_tokens, metadata, parallel_tool_calls, previous_response_id, store,
+  // temperature, text, tool_choice, tools, top_logprobs, top_p, truncation, user), in that
+  // order.
+  nlohmann::ordered_json echo;
+};
+std::variant<OpenAiResponsesRequest, OpenAiError> ParseResponsesRequest(
+    std::string_view body, std::string_view served_model);
+
 // Holds back generated text that could be the start of a stop sequence, so that a stop
 // sequence never reaches the client, even split over tokens. Push each new piece of text;
 // what it returns is safe to send. Once a stop sequence is complete, stopped() is true and

@@ -1,25 +1,26 @@
 #include "device_agent/openai_server.h"
 
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <functional>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <span>
 #include <thread>
 #include <variant>
 
-#include <httplib.h>
-#include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
-
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "device_agent/openai_request.h"
+#include "device_agent/openai_responses.h"
 #include "models/tokenizers/tokenizer.h"
 #include "proto/channel_security.h"
 #include "telemetry/http_listener.h"
@@ -134,6 +135,31 @@ void RunEach(int64_t n, int64_t at_once, const std::function<void(int64_t)>& eac
   for (int64_t w = 1; w < std::min(n, at_once); ++w) others.emplace_back(work);
   work();
   for (std::thread& other : others) other.join();
+}
+
+// A /v1/responses request's own part: its answer is written as a response object (or its
+// events) and, with `store`, kept with the conversation it ends.
+struct ResponsesTurn {
+  std::string id;
+  bool store = true;
+  // Earlier turns' conversation (previous_response_id's) and this turn's input.
+  std::vector<ChatMessage> conversation;
+  ResponseBuilder builder;
+};
+
+// A finished response with `store`: kept with its conversation, for later turns.
+void Keep(ResponseStore& store, const ResponsesTurn& turn, const std::string& caller) {
+  if (!turn.store) return;
+  std::vector<ChatMessage> conversation = turn.conversation;
+  conversation.push_back(turn.builder.answer());
+  store.Put(turn.id, caller,
+            {.conversation = std::move(conversation), .response = turn.builder.response()});
+}
+
+// A response's usage, from its one request's stats.
+Json ResponseUsage(const v1::GenerateResponse& done) {
+  return ResponsesUsage(done.stats().prompt_tokens(), done.stats().reused_prompt_tokens(),
+                        done.stats().generated_tokens());
 }
 
 // One prompt of a request, as token ids, and with echo the text its answers start with.
@@ -385,6 +411,17 @@ std::variant<std::vector<int32_t>, OpenAiError> TextPromptIds(const Tokenizer& t
 
 std::string Event(const Json& json) { return absl::StrCat("data: ", json.dump(), "\n\n"); }
 
+// A Responses stream's event: named by its type, as OpenAI's are.
+std::string ResponseEvent(const Json& json) {
+  return absl::StrCat("event: ", json["type"].get<std::string>(), "\ndata: ", json.dump(), "\n\n");
+}
+
+// OpenAI's 404 for a response this agent does not hold (or another app's).
+OpenAiError ResponseNotFound(const std::string& id) {
+  return OpenAiError{.http_status = 404,
+                     .message = absl::StrCat("Response with id '", id, "' not found.")};
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
@@ -405,6 +442,7 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
   } else {
     server->chat_template_error_ = "no chat template configured";
   }
+  server->responses_ = std::make_unique<ResponseStore>(server->options_.max_stored_response_bytes);
   server->server_ = std::make_unique<httplib::Server>();
   httplib::Server& http = *server->server_;
   // Workers: one per completion that may run, plus some for the refusals, /health and
@@ -559,14 +597,12 @@ void OpenAiServer::Route() {
     }
     return ServerError(agent_->Health().cloud_connected() ? 500 : 503, done.error());
   };
-  const auto complete = [this, authenticate, generation_error](OpenAiEndpoint endpoint,
-                                             const httplib::Request& req,
-                                             httplib::Response& res) {
-    const std::optional<std::string> caller = authenticate(req, res);
-    if (!caller) return;
-    auto parsed = ParseOpenAiRequest(endpoint, req.body, options_.model_name);
-    if (auto* error = std::get_if<OpenAiError>(&parsed)) return SendError(res, *error);
-    const OpenAiRequest request = std::get<OpenAiRequest>(std::move(parsed));
+  // Runs a parsed request for `caller` and writes its answer: chat's or completions', or
+  // with `turn` a response object (or its events).
+  const auto serve = [this, generation_error](
+                         const OpenAiRequest& request, const std::optional<std::string>& caller,
+                         httplib::Response& res, std::shared_ptr<ResponsesTurn> turn) {
+    const OpenAiEndpoint endpoint = request.endpoint;
     // One of max_concurrent_requests places per choice running at once, held by the handler
     // and, for a stream, by its content provider, which httplib runs after the handler has
     // returned. A request of more choices than there are places runs them that many at a
@@ -654,20 +690,21 @@ void OpenAiServer::Route() {
           length + (request.prompt_only ? 0 : std::max<int64_t>(1, request.max_tokens));
       if (max_context > 0 && wanted > max_context) {
         return SendError(
-            res, OpenAiError{.param = endpoint == OpenAiEndpoint::kChatCompletions ? "messages"
-                                                                                    : "prompt",
-                             .code = "context_length_exceeded",
-                             .message = absl::StrCat(
-                                 "This model's maximum context length is ", max_context,
-                                 " tokens; the prompt",
-                                 prompts.size() > 1 ? absl::StrCat(" ", p) : "", " has ", length,
-                                 " and ", request.max_tokens, " more were asked for")});
+            res,
+            OpenAiError{.param = turn                                           ? "input"
+                                 : endpoint == OpenAiEndpoint::kChatCompletions ? "messages"
+                                                                                : "prompt",
+                        .code = "context_length_exceeded",
+                        .message = absl::StrCat(
+                            "This model's maximum context length is ", max_context,
+                            " tokens; the prompt", prompts.size() > 1 ? absl::StrCat(" ", p) : "",
+                            " has ", length, " and ", request.max_tokens, " more were asked for")});
       }
     }
 
     v1::GenerateRequest generate;
     Completion completion{.endpoint = endpoint,
-                          .id = NewCompletionId(endpoint),
+                          .id = turn ? turn->id : NewCompletionId(endpoint),
                           .created = UnixSeconds(),
                           .model = options_.model_name};
     generate.set_request_id(completion.id);
@@ -785,21 +822,31 @@ void OpenAiServer::Route() {
         text += filter.Push(done[i].text());
         text += filter.Flush();
         std::string finish_reason = FinishReasonText(done[i].finish_reason(), filter.stopped());
-        Json tool_calls = nullptr;
+        std::vector<ToolCall> calls;
         if (tool_reader) {
           ToolCallReading reading = tool_reader->Read(text);
           if (!reading.calls.empty()) {
             text = std::move(reading.content);
-            tool_calls = ToolCallsJson(reading.calls, /*streamed=*/false);
+            calls = std::move(reading.calls);
             if (finish_reason == "stop") finish_reason = "tool_calls";
           }
         }
-        rendered[i] = completion.Choice(i, text, finish_reason,
-                                        logprobs ? logprobs->Take() : Json(nullptr),
-                                        std::move(tool_calls));
+        if (turn) {  // one choice
+          turn->builder.Text(text, logprobs ? logprobs->Take()["content"] : Json::array());
+          turn->builder.Finish("", calls, finish_reason == "length", ResponseUsage(done[i]));
+          return;
+        }
+        rendered[i] = completion.Choice(
+            i, text, finish_reason, logprobs ? logprobs->Take() : Json(nullptr),
+            calls.empty() ? Json(nullptr) : ToolCallsJson(calls, /*streamed=*/false));
       });
       for (const v1::GenerateResponse& answer : done) {
         if (failed(answer)) return SendError(res, generation_error(answer));
+      }
+      if (turn) {
+        Keep(*responses_, *turn, *caller);
+        res.set_content(turn->builder.response().dump(), "application/json");
+        return;
       }
       res.set_content(completion.Whole(Json(std::move(rendered)), Usage(done, request.n)).dump(),
                       "application/json");
@@ -808,19 +855,25 @@ void OpenAiServer::Route() {
 
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, choices, completion, request, caller = *caller, generation_error, failed, slot,
-         places, make_logprobs, prompts, tool_reader,
-         call_required](size_t, httplib::DataSink& sink) {
+        "text/event-stream", [this, choices, completion, request, caller = *caller,
+                              generation_error, failed, slot, places, make_logprobs, prompts,
+                              tool_reader, call_required, turn](size_t, httplib::DataSink& sink) {
           // The choices stream at once, each chunk whole under the lock.
           std::mutex sink_mutex;
           std::atomic<bool> client_gone = false;
           const auto send = [&](const Json& chunk) {
-            const std::string event = Event(chunk);
+            const std::string event = turn ? ResponseEvent(chunk) : Event(chunk);
             std::lock_guard<std::mutex> lock(sink_mutex);
             if (client_gone || !sink.write(event.data(), event.size())) client_gone = true;
             return !client_gone;
           };
+          const auto send_all = [&](const std::vector<Json>& events) {
+            for (const Json& event : events) {
+              if (!send(event)) return false;
+            }
+            return true;
+          };
+          if (turn) send_all(turn->builder.Start());
           std::vector<v1::GenerateResponse> done(choices.size());
           RunEach(static_cast<int64_t>(choices.size()), places, [&](int64_t i) {
             if (client_gone) return;  // a choice not yet begun when the client went
@@ -843,6 +896,11 @@ void OpenAiServer::Route() {
                   // A token whose text is held back (it may begin a stop sequence) still
                   // sends its log-probability.
                   const bool has_logprobs = logprobs && !logprobs->empty();
+                  if (turn) {  // one choice
+                    return send_all(turn->builder.Text(
+                               text, has_logprobs ? logprobs->Take()["content"] : Json::array())) &&
+                           !filter.stopped();
+                  }
                   if (!text.empty() || first || has_logprobs) {
                     if (!send(completion.Chunk(i, text, nullptr, first,
                                                has_logprobs ? logprobs->Take()
@@ -856,7 +914,11 @@ void OpenAiServer::Route() {
                 caller);
             if (client_gone) return;
             if (failed(done[i])) {
-              send(Json(generation_error(done[i]).ToJson()));
+              if (turn) {
+                send_all(turn->builder.Fail(generation_error(done[i]).message));
+              } else {
+                send(Json(generation_error(done[i]).ToJson()));
+              }
               return;
             }
             std::string tail = filter.Push(done[i].text());
@@ -864,16 +926,26 @@ void OpenAiServer::Route() {
             tail = release(tail);
             std::string finish_reason =
                 FinishReasonText(done[i].finish_reason(), filter.stopped());
-            Json tool_calls = nullptr;
+            std::vector<ToolCall> calls;
             if (holdback) {
               ToolCallReading reading = tool_reader->Read(holdback->text());
               if (reading.calls.empty()) {
                 tail += holdback->held();  // not calls: the model's text
               } else {
-                tool_calls = ToolCallsJson(reading.calls, /*streamed=*/true);
+                calls = std::move(reading.calls);
                 if (finish_reason == "stop") finish_reason = "tool_calls";
               }
             }
+            if (turn) {
+              const std::vector<Json> events = turn->builder.Finish(
+                  tail, calls, finish_reason == "length", ResponseUsage(done[i]));
+              // Kept before its last event is sent: a client may ask for it at once.
+              Keep(*responses_, *turn, caller);
+              send_all(events);
+              return;
+            }
+            Json tool_calls =
+                calls.empty() ? Json(nullptr) : ToolCallsJson(calls, /*streamed=*/true);
             if (!tail.empty() || !tool_calls.is_null()) {
               send(completion.Chunk(i, tail, nullptr, first, nullptr, std::move(tool_calls)));
               first = false;
@@ -883,6 +955,10 @@ void OpenAiServer::Route() {
           if (client_gone) {
             spdlog::info("openai: {}: the client went away; request cancelled", completion.id);
             return false;
+          }
+          if (turn) {  // a Responses stream ends with its last event, no [DONE]
+            sink.done();
+            return true;
           }
           if (request.include_usage && std::none_of(done.begin(), done.end(), failed)) {
             send(completion.UsageChunk(Usage(done, request.n)));
@@ -936,16 +1012,85 @@ void OpenAiServer::Route() {
     }
     res.set_content(Json{{"prompt", *text}}.dump(), "application/json");
   });
+  const auto complete = [this, authenticate, answering, serve](OpenAiEndpoint endpoint,
+                                                               const httplib::Request& req,
+                                                               httplib::Response& res) {
+    answering(req);
+    const std::optional<std::string> caller = authenticate(req, res);
+    if (!caller) return;
+    auto parsed = ParseOpenAiRequest(endpoint, req.body, options_.model_name);
+    if (auto* error = std::get_if<OpenAiError>(&parsed)) return SendError(res, *error);
+    serve(std::get<OpenAiRequest>(parsed), caller, res, nullptr);
+  };
   server_->Post("/v1/chat/completions",
-                [complete, answering](const httplib::Request& req, httplib::Response& res) {
-                  answering(req);
+                [complete](const httplib::Request& req, httplib::Response& res) {
                   complete(OpenAiEndpoint::kChatCompletions, req, res);
                 });
-  server_->Post("/v1/completions", [complete, answering](const httplib::Request& req,
-                                                         httplib::Response& res) {
-    answering(req);
+  server_->Post("/v1/completions", [complete](const httplib::Request& req, httplib::Response& res) {
     complete(OpenAiEndpoint::kCompletions, req, res);
   });
+
+  // OpenAI's Responses API: a chat completion in another shape, whose conversation the agent
+  // keeps (previous_response_id names it) instead of the client sending it back.
+  server_->Post("/v1/responses", [this, authenticate, answering, serve](const httplib::Request& req,
+                                                                        httplib::Response& res) {
+    answering(req);
+    const std::optional<std::string> caller = authenticate(req, res);
+    if (!caller) return;
+    auto parsed = ParseResponsesRequest(req.body, options_.model_name);
+    if (auto* error = std::get_if<OpenAiError>(&parsed)) return SendError(res, *error);
+    OpenAiResponsesRequest& given = std::get<OpenAiResponsesRequest>(parsed);
+    const std::string id = NewResponseId();
+    auto turn = std::make_shared<ResponsesTurn>(ResponsesTurn{
+        .id = id,
+        .store = given.store,
+        .builder = ResponseBuilder(id, UnixSeconds(), options_.model_name, given.echo)});
+    if (!given.previous_response_id.empty()) {
+      std::optional<ResponseStore::Stored> previous =
+          responses_->Find(given.previous_response_id, *caller);
+      if (!previous) {
+        return SendError(res,
+                         OpenAiError{.param = "previous_response_id",
+                                     .code = "previous_response_not_found",
+                                     .message = absl::StrCat(
+                                         "Previous response with id '", given.previous_response_id,
+                                         "' not found (it was not stored, was deleted or "
+                                         "forgotten, or is another app's)")});
+      }
+      turn->conversation = std::move(previous->conversation);
+    }
+    turn->conversation.insert(turn->conversation.end(), given.chat.messages.begin(),
+                              given.chat.messages.end());
+    OpenAiRequest& request = given.chat;
+    request.messages.clear();
+    if (given.instructions) {
+      request.messages.push_back({.role = "system", .content = *given.instructions});
+    }
+    request.messages.insert(request.messages.end(), turn->conversation.begin(),
+                            turn->conversation.end());
+    serve(request, caller, res, std::move(turn));
+  });
+  server_->Get("/v1/responses/([^/]+)", [this, authenticate, answering](const httplib::Request& req,
+                                                                        httplib::Response& res) {
+    answering(req);
+    const std::optional<std::string> caller = authenticate(req, res);
+    if (!caller) return;
+    const std::string id = req.matches[1];
+    std::optional<ResponseStore::Stored> stored = responses_->Find(id, *caller);
+    if (!stored) return SendError(res, ResponseNotFound(id));
+    res.set_content(stored->response.dump(), "application/json");
+  });
+  server_->Delete(
+      "/v1/responses/([^/]+)",
+      [this, authenticate, answering](const httplib::Request& req, httplib::Response& res) {
+        answering(req);
+        const std::optional<std::string> caller = authenticate(req, res);
+        if (!caller) return;
+        const std::string id = req.matches[1];
+        if (!responses_->Delete(id, *caller)) return SendError(res, ResponseNotFound(id));
+        res.set_content(Json{{"id", id}, {"object", "response"}, {"deleted", true}}.dump(),
+                        "application/json");
+      });
 }
 
 }  // namespace tophat

@@ -2,6 +2,8 @@
 // and UIs that speak the OpenAI API rather than the SDK:
 //   POST /v1/chat/completions   messages rendered with the model's chat template
 //   POST /v1/completions        a text prompt
+//   POST /v1/responses          OpenAI's Responses API: a chat completion in another shape,
+//                               kept for later turns (GET and DELETE /v1/responses/{id})
 //   GET  /v1/models             the one model this agent serves
 //   GET  /health                200 while the cloud is connected, else 503
 // Streaming answers are server-sent events (`data: {...}` chunks, then `data: [DONE]`).
@@ -23,6 +25,7 @@
 #include "configs/bearer_tokens.h"
 #include "device_agent/agent.h"
 #include "device_agent/openai_request.h"
+#include "device_agent/openai_responses.h"
 #include "models/tokenizers/chat_template.h"
 #include "telemetry/http_request_deadline.h"
 
@@ -57,6 +60,10 @@ struct OpenAiServerOptions {
   // never trips the per-read timeout, and would hold a worker for as long as it liked
   // (openai.request_deadline_s).
   double request_deadline_s = 10;
+  // The most bytes of /v1/responses answers kept for later turns (previous_response_id),
+  // with their conversations; the least recently used are forgotten past it. 0 keeps none
+  // (openai.max_stored_response_bytes).
+  int64_t max_stored_response_bytes = 64 << 20;
 };
 
 class OpenAiServer {
@@ -83,6 +90,7 @@ class OpenAiServer {
   std::optional<ChatTemplate> chat_template_;
   std::string chat_template_error_;  // why chat is unavailable, when it is
   std::unique_ptr<HttpRequestDeadline> request_deadline_;  // outlives server_'s handlers
+  std::unique_ptr<ResponseStore> responses_;               // outlives server_'s handlers
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   int port_ = 0;

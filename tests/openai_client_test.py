@@ -186,6 +186,7 @@ def run(base_url, cloud_metrics_url, agent_metrics_url, model_dir):
     json_answers(client, model, base_url, messages)
     json_schema_answers(client, model, messages)
     tool_calls(client, model, messages)
+    responses(client, model, messages, text)
 
     # A bad request: OpenAI's error object, the right status, the field named.
     expect_error("n=17", lambda: client.chat.completions.create(model=model, messages=messages,
@@ -291,6 +292,151 @@ def formatted_answers(client, model, messages, bias, fmt, holds, what):
               f"{unconstrained.choices[0].message.content!r}")
     check(len(set(answers)) > 3, f"the seeds' answers are alike: {answers}")
     return answers
+
+
+def responses(client, model, messages, text):
+    """The Responses API: the generation chat gives, in OpenAI's newer shape, with the
+    conversation kept by the agent. Greedy, instructions and input give chat's answer; a
+    second turn through previous_response_id gives chat's second turn with the whole history,
+    and reuses the first turn's positions; streamed, the same text in events the client folds
+    back; a Pydantic model through responses.parse() and stream(); function calls, the same
+    as chat's under the same seed, and their outputs sent back; retrieve, delete, store
+    false and the refusals."""
+    system, user = messages[0]["content"], messages[1]["content"]
+    first = client.responses.create(model=model, instructions=system, input=user,
+                                    max_output_tokens=24, temperature=0)
+    check_eq("response object", first.object, "response")
+    check(first.id.startswith("resp_"), f"response id {first.id!r}")
+    check_eq("response text is chat's", first.output_text, text)
+    # Cut by max_output_tokens, as the chat answer was (finish_reason "length").
+    check_eq("response status", first.status, "incomplete")
+    check_eq("incomplete reason", first.incomplete_details.reason, "max_output_tokens")
+    check_eq("response output_tokens", first.usage.output_tokens, 24)
+    check_eq("response instructions", first.instructions, system)
+
+    turn2 = messages + [{"role": "assistant", "content": text},
+                        {"role": "user", "content": "and then?"}]
+    second = client.responses.create(model=model, instructions=system, input="and then?",
+                                     previous_response_id=first.id, max_output_tokens=16,
+                                     temperature=0)
+    chat2 = client.chat.completions.create(model=model, messages=turn2, max_tokens=16,
+                                           temperature=0)
+    check_eq("turn 2 through previous_response_id is chat's with the history",
+             second.output_text, chat2.choices[0].message.content)
+    check_eq("turn 2 input_tokens", second.usage.input_tokens, chat2.usage.prompt_tokens)
+    reused = second.usage.input_tokens_details.cached_tokens
+    check(reused >= first.usage.input_tokens,
+          f"turn 2 reused {reused} of {second.usage.input_tokens} input tokens, want >= "
+          f"{first.usage.input_tokens}")
+    check_eq("turn 2 previous_response_id", second.previous_response_id, first.id)
+    # Input items: the same conversation sent whole, as messages with text parts.
+    items = client.responses.create(
+        model=model, max_output_tokens=16, temperature=0,
+        input=[{"role": "developer", "content": system},
+               {"type": "message", "role": "user",
+                "content": [{"type": "input_text", "text": user}]},
+               {"role": "assistant", "content": [{"type": "output_text", "text": text}]},
+               {"role": "user", "content": "and then?"}])
+    check_eq("turn 2 as input items", items.output_text, second.output_text)
+
+    # Streamed: the raw events, in order, add up to the same text and end with the response.
+    stream = client.responses.create(model=model, instructions=system, input=user,
+                                     max_output_tokens=24, temperature=0, stream=True)
+    deltas, types, last = [], [], None
+    with stream:
+        for event in stream:
+            types.append(event.type)
+            if event.type == "response.output_text.delta":
+                deltas.append(event.delta)
+            last = event
+    check_eq("streamed events start", types[:4],
+             ["response.created", "response.in_progress", "response.output_item.added",
+              "response.content_part.added"])
+    check_eq("streamed events end", types[-4:],
+             ["response.output_text.done", "response.content_part.done",
+              "response.output_item.done", "response.incomplete"])
+    check_eq("streamed text", "".join(deltas), text)
+    check_eq("streamed response text", last.response.output_text, text)
+    check(len(deltas) > 4, f"the text came in {len(deltas)} deltas")
+    # Kept: retrieved whole, then deleted.
+    kept = client.responses.retrieve(last.response.id)
+    check_eq("retrieved text", kept.output_text, text)
+    client.responses.delete(last.response.id)
+    expect_error("a deleted response", lambda: client.responses.retrieve(last.response.id),
+                 openai.NotFoundError, 404)
+    unkept = client.responses.create(model=model, input=user, max_output_tokens=2, store=False)
+    expect_error("a response not stored", lambda: client.responses.retrieve(unkept.id),
+                 openai.NotFoundError, 404)
+    expect_error("previous_response_id of a response not stored",
+                 lambda: client.responses.create(model=model, input="and?",
+                                                 previous_response_id=unkept.id),
+                 openai.BadRequestError, 400, param="previous_response_id",
+                 code="previous_response_not_found")
+
+    # A Pydantic model as text.format, strict: parse() and the stream helper read it back.
+    quote, close, bracket = 3 + ord('"'), 3 + ord('}'), 3 + ord(']')
+    bias = {str(quote): 12, str(close): 12, str(bracket): 8}
+
+    class Pet(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=8)
+        legs: int = pydantic.Field(ge=0, le=8)
+
+    for seed in range(2):
+        parsed = client.responses.parse(model=model, input=user, text_format=Pet,
+                                        max_output_tokens=400, temperature=1.0,
+                                        extra_body={"seed": seed, "logit_bias": bias})
+        check(isinstance(parsed.output_parsed, Pet),
+              f"seed {seed}: responses.parse() gave {parsed.output_parsed!r} for "
+              f"{parsed.output_text!r}")
+    with client.responses.stream(model=model, input=user, text_format=Pet,
+                                 max_output_tokens=400, temperature=1.0,
+                                 extra_body={"seed": 1, "logit_bias": bias}) as pets:
+        streamed_pet = pets.get_final_response().output_parsed
+    check_eq("streamed parse", streamed_pet, parsed.output_parsed)
+
+    # Function tools, flat as the Responses API writes them: under "required" the calls are
+    # chat's under the same seed and bias; their outputs go back as items of the next turn.
+    weather = {"type": "object",
+               "properties": {"city": {"type": "string", "maxLength": 12},
+                              "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+               "required": ["city", "days"], "additionalProperties": False}
+    bias = {str(quote): 12, str(close): 12, "2": 8}
+    call_bias = {"seed": 0, "logit_bias": bias}
+    chat_call = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": user}], max_tokens=400,
+        temperature=1.0, tool_choice="required", **call_bias,
+        tools=[{"type": "function", "function": {"name": "get_weather", "parameters": weather,
+                                                 "strict": True}}])
+    called = client.responses.create(
+        model=model, input=user, max_output_tokens=400, temperature=1.0,
+        tools=[{"type": "function", "name": "get_weather", "parameters": weather,
+                "strict": True}],
+        tool_choice="required", extra_body=call_bias)
+    calls = [item for item in called.output if item.type == "function_call"]
+    check_eq("function calls are chat's",
+             [(c.name, c.arguments) for c in calls],
+             [(c.function.name, c.function.arguments)
+              for c in chat_call.choices[0].message.tool_calls])
+    jsonschema.validate(json.loads(calls[0].arguments), weather)
+    check_eq("a response of calls is complete", called.status, "completed")
+    answered = client.responses.create(
+        model=model, previous_response_id=called.id, max_output_tokens=8, temperature=0,
+        input=[{"type": "function_call_output", "call_id": c.call_id, "output": "sunny, 21 C"}
+               for c in calls],
+        tools=[{"type": "function", "name": "get_weather", "parameters": weather}])
+    check(answered.usage.input_tokens > called.usage.input_tokens + 5,
+          f"the calls' outputs: input_tokens {answered.usage.input_tokens}, before "
+          f"{called.usage.input_tokens}")
+
+    expect_error("chat's messages on /v1/responses",
+                 lambda: client.responses.create(model=model, input=user,
+                                                 extra_body={"messages": messages}),
+                 openai.BadRequestError, 400, param="messages")
+    expect_error("max_output_tokens 0",
+                 lambda: client.responses.create(model=model, input=user, max_output_tokens=0),
+                 openai.BadRequestError, 400, param="max_output_tokens")
+    print(f"responses: {json.dumps(first.output_text)}; turn 2 reused {reused} of "
+          f"{second.usage.input_tokens}; calls {json.dumps([c.arguments for c in calls])}")
 
 
 def json_answers(client, model, base_url, messages):

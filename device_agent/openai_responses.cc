@@ -1,0 +1,245 @@
+#include "device_agent/openai_responses.h"
+
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace tophat {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+std::mt19937_64& Rng() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return rng;
+}
+
+// An id as OpenAI's look: a prefix and 48 hex digits.
+std::string NewId(std::string_view prefix) {
+  return absl::StrFormat("%s_%016x%016x%016x", prefix, Rng()(), Rng()(), Rng()());
+}
+
+// A call's id, as chat's tool calls have them: "call_" and 24 letters and digits.
+std::string NewCallId() {
+  constexpr std::string_view kAlphabet =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  std::string id = "call_";
+  for (int i = 0; i < 24; ++i) id += kAlphabet[Rng()() % kAlphabet.size()];
+  return id;
+}
+
+Json TextPart(const std::string& text, const Json& logprobs) {
+  return Json{{"type", "output_text"},
+              {"text", text},
+              {"annotations", Json::array()},
+              {"logprobs", logprobs}};
+}
+
+int64_t MessageBytes(const ChatMessage& message) {
+  int64_t bytes = static_cast<int64_t>(sizeof(ChatMessage) + message.role.size() +
+                                       message.content.size() + message.tool_call_id.size());
+  for (const ToolCall& call : message.tool_calls) {
+    bytes += static_cast<int64_t>(sizeof(ToolCall) + call.id.size() + call.name.size() +
+                                  call.arguments.size());
+  }
+  return bytes;
+}
+
+}  // namespace
+
+std::string NewResponseId() { return NewId("resp"); }
+
+Json ResponsesUsage(int64_t input_tokens, int64_t cached_tokens, int64_t output_tokens) {
+  return Json{{"input_tokens", input_tokens},
+              {"input_tokens_details", {{"cached_tokens", cached_tokens}}},
+              {"output_tokens", output_tokens},
+              {"output_tokens_details", {{"reasoning_tokens", 0}}},
+              {"total_tokens", input_tokens + output_tokens}};
+}
+
+ResponseBuilder::ResponseBuilder(std::string id, int64_t created_at, std::string model, Json echo)
+    : id_(std::move(id)) {
+  response_ = Json{{"id", id_},
+                   {"object", "response"},
+                   {"created_at", created_at},
+                   {"status", "in_progress"},
+                   {"error", nullptr},
+                   {"incomplete_details", nullptr}};
+  for (auto& [key, value] : echo.items()) response_[key] = std::move(value);
+  response_["model"] = std::move(model);
+  response_["output"] = Json::array();
+  response_["reasoning"] = {{"effort", nullptr}, {"summary", nullptr}};
+  response_["usage"] = nullptr;
+}
+
+Json ResponseBuilder::Event(std::string_view type, Json fields) {
+  Json event = {{"type", type}};
+  for (auto& [key, value] : fields.items()) event[key] = std::move(value);
+  event["sequence_number"] = sequence_++;
+  return event;
+}
+
+Json ResponseBuilder::Snapshot(std::string_view status) const {
+  Json snapshot = response_;
+  snapshot["status"] = status;
+  snapshot["output"] = output_;
+  return snapshot;
+}
+
+Json ResponseBuilder::MessageItem(std::string_view status) const {
+  return Json{{"type", "message"},
+              {"id", message_id_},
+              {"status", status},
+              {"role", "assistant"},
+              {"content", status == "in_progress" ? Json::array()
+                                                  : Json::array({TextPart(text_, logprobs_)})}};
+}
+
+std::vector<Json> ResponseBuilder::Start() {
+  std::vector<Json> events;
+  events.push_back(Event("response.created", {{"response", Snapshot("in_progress")}}));
+  events.push_back(Event("response.in_progress", {{"response", Snapshot("in_progress")}}));
+  return events;
+}
+
+void ResponseBuilder::OpenMessage(std::vector<Json>& events) {
+  if (!message_id_.empty()) return;
+  message_id_ = NewId("msg");
+  events.push_back(Event("response.output_item.added",
+                         {{"output_index", output_.size()}, {"item", MessageItem("in_progress")}}));
+  events.push_back(Event("response.content_part.added", {{"item_id", message_id_},
+                                                         {"output_index", output_.size()},
+                                                         {"content_index", 0},
+                                                         {"part", TextPart("", Json::array())}}));
+}
+
+std::vector<Json> ResponseBuilder::Text(std::string_view delta, const Json& logprobs) {
+  std::vector<Json> events;
+  const bool has_logprobs = logprobs.is_array() && !logprobs.empty();
+  if (delta.empty() && !has_logprobs) return events;
+  OpenMessage(events);
+  text_ += delta;
+  if (has_logprobs) {
+    for (const Json& entry : logprobs) logprobs_.push_back(entry);
+  }
+  events.push_back(
+      Event("response.output_text.delta", {{"item_id", message_id_},
+                                           {"output_index", output_.size()},
+                                           {"content_index", 0},
+                                           {"delta", delta},
+                                           {"logprobs", has_logprobs ? logprobs : Json::array()}}));
+  return events;
+}
+
+std::vector<Json> ResponseBuilder::Finish(std::string_view tail, std::span<const ToolCall> calls,
+                                          bool cut_short, Json usage) {
+  cut_short_ = cut_short;
+  std::vector<Json> events = Text(tail, Json::array());
+  // An answer of calls alone has no message, as OpenAI's; an empty answer has an empty one.
+  if (calls.empty()) OpenMessage(events);
+  if (!message_id_.empty()) {
+    const std::string status = cut_short ? "incomplete" : "completed";
+    events.push_back(Event("response.output_text.done", {{"item_id", message_id_},
+                                                         {"output_index", output_.size()},
+                                                         {"content_index", 0},
+                                                         {"text", text_},
+                                                         {"logprobs", logprobs_}}));
+    events.push_back(Event("response.content_part.done", {{"item_id", message_id_},
+                                                          {"output_index", output_.size()},
+                                                          {"content_index", 0},
+                                                          {"part", TextPart(text_, logprobs_)}}));
+    Json item = MessageItem(status);
+    events.push_back(
+        Event("response.output_item.done", {{"output_index", output_.size()}, {"item", item}}));
+    output_.push_back(std::move(item));
+  }
+  answer_.content = text_;
+  for (const ToolCall& call : calls) {
+    ToolCall made{.id = NewCallId(), .name = call.name, .arguments = call.arguments};
+    Json item = {{"type", "function_call"}, {"id", NewId("fc")}, {"call_id", made.id},
+                 {"name", made.name},       {"arguments", ""},   {"status", "in_progress"}};
+    const std::string item_id = item["id"];
+    events.push_back(
+        Event("response.output_item.added", {{"output_index", output_.size()}, {"item", item}}));
+    events.push_back(
+        Event("response.function_call_arguments.delta",
+              {{"item_id", item_id}, {"output_index", output_.size()}, {"delta", made.arguments}}));
+    events.push_back(
+        Event("response.function_call_arguments.done", {{"item_id", item_id},
+                                                        {"output_index", output_.size()},
+                                                        {"name", made.name},
+                                                        {"arguments", made.arguments}}));
+    item["arguments"] = made.arguments;
+    item["status"] = "completed";
+    events.push_back(
+        Event("response.output_item.done", {{"output_index", output_.size()}, {"item", item}}));
+    output_.push_back(std::move(item));
+    answer_.tool_calls.push_back(std::move(made));
+  }
+  response_ = Snapshot(cut_short ? "incomplete" : "completed");
+  if (cut_short) response_["incomplete_details"] = {{"reason", "max_output_tokens"}};
+  response_["usage"] = std::move(usage);
+  events.push_back(
+      Event(cut_short ? "response.incomplete" : "response.completed", {{"response", response_}}));
+  return events;
+}
+
+std::vector<Json> ResponseBuilder::Fail(std::string_view message) {
+  response_ = Snapshot("failed");
+  response_["error"] = {{"code", "server_error"}, {"message", message}};
+  return {Event("response.failed", {{"response", response_}})};
+}
+
+void ResponseStore::Put(const std::string& id, const std::string& app, Stored stored) {
+  int64_t bytes =
+      static_cast<int64_t>(sizeof(Entry) + id.size() + app.size() + stored.response.dump().size());
+  for (const ChatMessage& message : stored.conversation) bytes += MessageBytes(message);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (auto found = by_id_.find(id); found != by_id_.end()) {
+    bytes_ -= found->second->bytes;
+    entries_.erase(found->second);
+    by_id_.erase(found);
+  }
+  if (bytes > max_bytes_) return;
+  entries_.push_front(Entry{.id = id, .app = app, .stored = std::move(stored), .bytes = bytes});
+  by_id_[id] = entries_.begin();
+  bytes_ += bytes;
+  while (bytes_ > max_bytes_) {
+    bytes_ -= entries_.back().bytes;
+    by_id_.erase(entries_.back().id);
+    entries_.pop_back();
+  }
+}
+
+std::optional<ResponseStore::Stored> ResponseStore::Find(const std::string& id,
+                                                         const std::string& app) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto found = by_id_.find(id);
+  if (found == by_id_.end() || found->second->app != app) return std::nullopt;
+  entries_.splice(entries_.begin(), entries_, found->second);
+  return found->second->stored;
+}
+
+bool ResponseStore::Delete(const std::string& id, const std::string& app) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto found = by_id_.find(id);
+  if (found == by_id_.end() || found->second->app != app) return false;
+  bytes_ -= found->second->bytes;
+  entries_.erase(found->second);
+  by_id_.erase(found);
+  return true;
+}
+
+int64_t ResponseStore::bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return bytes_;
+}
+
+size_t ResponseStore::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return entries_.size();
+}
+
+}  // namespace tophat

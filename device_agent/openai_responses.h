@@ -1,0 +1,112 @@
+// OpenAI's Responses API (POST /v1/responses) on the agent's endpoint: the response object
+// and, for a stream, its events, built as an answer's text and calls come (ResponseBuilder);
+// and the responses kept for later turns (ResponseStore), which `previous_response_id` names.
+// The request is read by ParseResponsesRequest (openai_request.h). Pure: no I/O, no model.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "models/tokenizers/chat_template.h"
+
+namespace tophat {
+
+// A response's id, as OpenAI's look: "resp_" and 48 hex digits.
+std::string NewResponseId();
+
+// The usage object of a response: its input tokens (those an earlier turn had computed
+// among them, OpenAI's cached_tokens) and output tokens.
+nlohmann::ordered_json ResponsesUsage(int64_t input_tokens, int64_t cached_tokens,
+                                      int64_t output_tokens);
+
+// One answer as a response object and, when it streams, the events OpenAI's clients fold
+// back into it: response.created and .in_progress; a message item (output_item.added,
+// content_part.added, output_text.delta...) opened by the first text; at the end the
+// message's .done events, one function_call item per call (added, arguments.delta and
+// .done, output_item.done), then response.completed (or .incomplete when max_output_tokens
+// cut it, .failed on an error). Each event carries its sequence_number.
+class ResponseBuilder {
+ public:
+  using Json = nlohmann::ordered_json;
+  // `echo`: the request's fields a response repeats (OpenAiResponsesRequest::echo).
+  ResponseBuilder(std::string id, int64_t created_at, std::string model, Json echo);
+
+  std::vector<Json> Start();
+  // Text the answer adds, with its tokens' log-probabilities (chat's entries: {token,
+  // logprob, bytes, top_logprobs}; an empty array when none were asked for).
+  std::vector<Json> Text(std::string_view delta, const Json& logprobs);
+  // The answer's end: its last text, its calls (their ids are made here) and whether
+  // max_output_tokens cut it.
+  std::vector<Json> Finish(std::string_view tail, std::span<const ToolCall> calls, bool cut_short,
+                           Json usage);
+  std::vector<Json> Fail(std::string_view message);
+
+  // The response as it stands; whole after Finish or Fail.
+  const Json& response() const { return response_; }
+  // After Finish: the answer as a chat turn (its calls under their call ids), which a later
+  // turn's previous_response_id puts back into the conversation.
+  const ChatMessage& answer() const { return answer_; }
+
+ private:
+  Json Event(std::string_view type, Json fields);
+  // Opens the message item on its first text.
+  void OpenMessage(std::vector<Json>& events);
+  Json MessageItem(std::string_view status) const;
+  Json Snapshot(std::string_view status) const;
+
+  std::string id_;
+  Json output_ = Json::array();  // finished items
+  Json response_;
+  int64_t sequence_ = 0;
+  std::string message_id_;  // "": not opened
+  std::string text_;
+  Json logprobs_ = Json::array();
+  bool cut_short_ = false;
+  ChatMessage answer_{.role = "assistant"};
+};
+
+// Responses kept for later turns, in the agent's memory only (text never leaves the device;
+// a restart forgets them), each visible to the app that made it alone. Bounded by bytes:
+// past `max_bytes`, the least recently used go first. Thread-safe.
+class ResponseStore {
+ public:
+  struct Stored {
+    // The conversation through this response: what earlier turns held (instructions
+    // excluded: each turn gives its own), this turn's input, and its answer.
+    std::vector<ChatMessage> conversation;
+    nlohmann::ordered_json response;
+  };
+  explicit ResponseStore(int64_t max_bytes) : max_bytes_(max_bytes) {}
+
+  // Not kept when it alone is larger than max_bytes.
+  void Put(const std::string& id, const std::string& app, Stored stored);
+  // nullopt when `id` is unknown, forgotten, or another app's.
+  std::optional<Stored> Find(const std::string& id, const std::string& app);
+  bool Delete(const std::string& id, const std::string& app);
+
+  int64_t bytes() const;
+  size_t size() const;
+
+ private:
+  struct Entry {
+    std::string id;
+    std::string app;
+    Stored stored;
+    int64_t bytes = 0;
+  };
+  const int64_t max_bytes_;
+  mutable std::mutex mutex_;
+  std::list<Entry> entries_;  // most recently used first
+  std::unordered_map<std::string, std::list<Entry>::iterator> by_id_;
+  int64_t bytes_ = 0;
+};
+
+}  // namespace tophat

@@ -1,0 +1,321 @@
+#include "device_agent/openai_responses.h"
+
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+#include "device_agent/openai_request.h"
+
+namespace tophat {
+namespace {
+
+using Json = nlohmann::ordered_json;
+constexpr const char* kModel = "toy";
+
+OpenAiResponsesRequest ParseOk(const std::string& body) {
+  auto parsed = ParseResponsesRequest(body, kModel);
+  if (auto* error = std::get_if<OpenAiError>(&parsed)) FAIL(error->ToJson().dump());
+  return std::get<OpenAiResponsesRequest>(std::move(parsed));
+}
+
+OpenAiError ParseError(const std::string& body) {
+  auto parsed = ParseResponsesRequest(body, kModel);
+  REQUIRE(std::holds_alternative<OpenAiError>(parsed));
+  return std::get<OpenAiError>(std::move(parsed));
+}
+
+std::vector<std::string> Types(const std::vector<Json>& events) {
+  std::vector<std::string> types;
+  for (const Json& event : events) types.push_back(event["type"]);
+  return types;
+}
+
+TEST_CASE("A Responses request is read as the chat completion it asks for") {
+  const OpenAiResponsesRequest r = ParseOk(R"({
+      "model": "toy", "instructions": "Be brief.", "input": "the cat",
+      "max_output_tokens": 7, "temperature": 0, "top_p": 0.5, "stream": true,
+      "previous_response_id": "resp_1", "store": false, "metadata": {"run": "a"},
+      "text": {"format": {"type": "json_schema", "name": "pet", "strict": true,
+                          "schema": {"type": "object", "properties": {"legs": {"type": "integer"}},
+                                     "required": ["legs"]}}},
+      "include": ["message.output_text.logprobs"], "top_logprobs": 3, "truncation": "disabled",
+      "reasoning": {"effort": null}, "prompt_cache_key": "k", "seed": 4, "top_k": 5})");
+  REQUIRE(r.chat.messages.size() == 1);  // the instructions are kept apart
+  CHECK(r.chat.messages[0].role == "user");
+  CHECK(r.chat.messages[0].content == "the cat");
+  CHECK(r.instructions == "Be brief.");
+  CHECK(r.previous_response_id == "resp_1");
+  CHECK_FALSE(r.store);
+  CHECK(r.chat.max_tokens == 7);
+  CHECK(r.chat.temperature == 0);
+  CHECK(r.chat.top_p == 0.5);
+  CHECK(r.chat.stream);
+  CHECK(r.chat.json_schema.find("legs") != std::string::npos);
+  CHECK(r.chat.logprobs == 3);
+  CHECK(r.chat.seed == 4u);
+  CHECK(r.chat.top_k == 5);
+  CHECK(r.echo["metadata"] == Json{{"run", "a"}});
+  CHECK(r.echo["text"]["format"]["name"] == "pet");
+  CHECK(r.echo["max_output_tokens"] == 7);
+  CHECK(r.echo["store"] == false);
+  // Defaults: stored, text, no tools; OpenAI's order of the repeated fields.
+  const OpenAiResponsesRequest plain = ParseOk(R"({"model": "toy", "input": "hi"})");
+  CHECK(plain.store);
+  CHECK(plain.chat.max_tokens == 0);
+  CHECK(plain.chat.logprobs == -1);
+  CHECK_FALSE(plain.instructions.has_value());
+  CHECK(plain.echo.dump() ==
+        R"({"instructions":null,"max_output_tokens":null,"metadata":{},)"
+        R"("parallel_tool_calls":true,"previous_response_id":null,"store":true,)"
+        R"("temperature":1.0,"text":{"format":{"type":"text"}},"tool_choice":"auto",)"
+        R"("tools":[],"top_logprobs":0,"top_p":1.0,"truncation":"disabled","user":null})");
+}
+
+TEST_CASE("Responses input items become chat messages, calls joining the answer before them") {
+  const OpenAiResponsesRequest r = ParseOk(R"({"model": "toy", "input": [
+      {"role": "developer", "content": "rules"},
+      {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a "},
+                                                      {"type": "input_text", "text": "b"}]},
+      {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
+       "content": [{"type": "output_text", "text": "let me look", "annotations": [],
+                    "logprobs": []}]},
+      {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f",
+       "arguments": "{\"x\": 1}", "status": "completed"},
+      {"type": "function_call", "call_id": "call_2", "name": "g", "arguments": "{}"},
+      {"type": "function_call_output", "call_id": "call_1", "output": "one"},
+      {"type": "function_call_output", "call_id": "call_2",
+       "output": [{"type": "input_text", "text": "two"}]},
+      {"type": "function_call", "call_id": "call_3", "name": "f", "arguments": "{}"}]})");
+  const std::vector<ChatMessage>& m = r.chat.messages;
+  REQUIRE(m.size() == 6);
+  CHECK(m[0].role == "system");
+  CHECK(m[1].role == "user");
+  CHECK(m[1].content == "a b");
+  CHECK(m[2].role == "assistant");
+  CHECK(m[2].content == "let me look");
+  REQUIRE(m[2].tool_calls.size() == 2);
+  CHECK(m[2].tool_calls[0].id == "call_1");
+  CHECK(m[2].tool_calls[0].name == "f");
+  CHECK(m[2].tool_calls[0].arguments == R"({"x": 1})");
+  CHECK(m[2].tool_calls[1].name == "g");
+  CHECK(m[3].role == "tool");
+  CHECK(m[3].tool_call_id == "call_1");
+  CHECK(m[3].content == "one");
+  CHECK(m[4].content == "two");
+  // A call after a tool's output starts an assistant message of its own.
+  CHECK(m[5].role == "assistant");
+  CHECK(m[5].content.empty());
+  REQUIRE(m[5].tool_calls.size() == 1);
+  CHECK(m[5].tool_calls[0].id == "call_3");
+}
+
+TEST_CASE("Responses tools are flat, and become chat's tools in the order written") {
+  const OpenAiResponsesRequest r = ParseOk(R"({"model": "toy", "input": "hi",
+      "tools": [{"type": "function", "name": "get_weather", "description": "Weather",
+                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+                 "strict": true},
+                {"type": "function", "name": "now"}],
+      "tool_choice": {"type": "function", "name": "now"}, "parallel_tool_calls": false})");
+  REQUIRE(r.chat.tools.size() == 2);
+  CHECK(r.chat.tools[0].name == "get_weather");
+  // As chat's would be: the chat template writes the tool as the app's chat request would.
+  CHECK(r.chat.tools[0].json ==
+        R"({"type":"function","function":{"name":"get_weather","description":"Weather",)"
+        R"("parameters":{"type":"object","properties":{"city":{"type":"string"}}},)"
+        R"("strict":true}})");
+  CHECK(r.chat.tool_choice == ToolChoice::kFunction);
+  CHECK(r.chat.tool_choice_function == "now");
+  CHECK_FALSE(r.chat.parallel_tool_calls);
+  CHECK(r.echo["tools"][0]["name"] == "get_weather");
+  CHECK(r.echo["parallel_tool_calls"] == false);
+  CHECK(ParseOk(R"({"model": "toy", "input": "hi", "tools": [{"type": "function", "name": "f"}]})")
+            .chat.tool_choice == ToolChoice::kAuto);
+}
+
+TEST_CASE("Responses refusals name the Responses API's fields") {
+  struct Case {
+    std::string body;
+    std::string param;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {R"({"model": "toy"})", "input", "'input' is required"},
+           {R"({"model": "toy", "input": []})", "input", "non-empty array"},
+           {R"({"model": "toy", "input": "x", "max_output_tokens": 0})", "max_output_tokens",
+            "'max_output_tokens' must be an integer of at least 1"},
+           {R"({"model": "toy", "input": [{"role": "user", "content": "a"},
+                {"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]})",
+            "input[1].content[0]", "only text parts"},
+           {R"({"model": "toy", "input": [{"role": "tool", "content": "a"}]})", "input[0].role",
+            "\"assistant\""},
+           {R"({"model": "toy", "input": [{"type": "reasoning", "summary": []}]})", "input[0].type",
+            "\"reasoning\" is not supported"},
+           {R"({"model": "toy", "input": [{"type": "function_call", "call_id": "c",
+                "name": "f", "arguments": "[1]"}]})",
+            "input[0].arguments", "a JSON object"},
+           {R"({"model": "toy", "input": [{"type": "function_call_output", "output": "x"}]})",
+            "input[0].call_id", "the call answered"},
+           {R"({"model": "toy", "input": [{"role": "user", "content": "a", "name": "n"}]})",
+            "input[0].name", "not supported"},
+           {R"({"model": "toy", "input": "x", "text": {"format": {"type": "json_schema",
+                "schema": {"type": "object"}}}})",
+            "text.format", "'text.format.name' is required"},
+           {R"({"model": "toy", "input": "x", "text": {"format": {"type": "json_schema",
+                "name": "n", "schema": {"type": "object", "uniqueItems": true}}}})",
+            "text.format", "'text.format.schema'"},
+           {R"({"model": "toy", "input": "x", "tools": [{"type": "web_search"}]})", "tools[0]",
+            "function tools only"},
+           {R"({"model": "toy", "input": "x", "tools": [{"type": "function", "name": "a b"}]})",
+            "tools[0].name", "tools[0].name must be 1 to 64"},
+           {R"({"model": "toy", "input": "x", "tools": [{"type": "function", "name": "f"}],
+                "tool_choice": {"type": "function", "function": {"name": "f"}}})",
+            "tool_choice", "{\"type\": \"function\", \"name\": ...}"},
+           {R"({"model": "toy", "input": "x", "truncation": "auto"})", "truncation", "never cut"},
+           {R"({"model": "toy", "input": "x", "include": ["file_search_call.results"]})", "include",
+            "only \"message.output_text.logprobs\""},
+           {R"({"model": "toy", "input": "x", "reasoning": {"effort": "high"}})", "reasoning",
+            "not supported"},
+           {R"({"model": "toy", "input": "x", "messages": []})", "messages",
+            "not supported by /v1/responses"},
+           {R"({"model": "toy", "input": "x", "n": 2})", "n", "not supported by /v1/responses"},
+           {R"({"model": "toy", "input": "x", "metadata": {"k": 1}})", "metadata",
+            "at most 16 strings"},
+           {R"({"model": "toy", "input": "x", "previous_response_id": ""})", "previous_response_id",
+            "a response's id"},
+           {R"({"model": "toy", "input": "x", "frobnicate": 1})", "frobnicate",
+            "Unrecognized request argument supplied: frobnicate"},
+       }) {
+    INFO(c.body);
+    const OpenAiError error = ParseError(c.body);
+    CHECK(error.http_status == 400);
+    CHECK(error.param == c.param);
+    CHECK_THAT(error.message, Catch::Contains(c.message));
+    CHECK_THAT(error.message, !Catch::Contains("response_format"));
+    CHECK_THAT(error.message, !Catch::Contains("max_completion_tokens"));
+  }
+  CHECK(ParseError(R"({"model": "gpt-4o", "input": "x"})").http_status == 404);
+}
+
+TEST_CASE("A streamed response's events fold back into the response it ends with") {
+  ResponseBuilder builder("resp_1", 1700000000, "toy",
+                          Json{{"instructions", "Be brief."}, {"store", true}});
+  std::vector<Json> events = builder.Start();
+  CHECK(Types(events) == std::vector<std::string>{"response.created", "response.in_progress"});
+  CHECK(events[0]["response"]["status"] == "in_progress");
+  CHECK(events[0]["response"]["instructions"] == "Be brief.");
+  // The first text opens the message.
+  const Json logprob = {{"token", "the"},
+                        {"logprob", -0.5},
+                        {"bytes", {116, 104, 101}},
+                        {"top_logprobs", Json::array()}};
+  for (const Json& event : builder.Text("the", Json::array({logprob}))) events.push_back(event);
+  CHECK(builder.Text("", Json::array()).empty());
+  for (const Json& event : builder.Text(" cat", Json::array())) events.push_back(event);
+  const std::vector<ToolCall> calls = {{.name = "f", .arguments = R"({"x":1})"}};
+  for (const Json& event :
+       builder.Finish(" sat", calls, /*cut_short=*/false, ResponsesUsage(10, 4, 3))) {
+    events.push_back(event);
+  }
+  CHECK(Types(events) ==
+        std::vector<std::string>{
+            "response.created", "response.in_progress", "response.output_item.added",
+            "response.content_part.added", "response.output_text.delta",
+            "response.output_text.delta", "response.output_text.delta", "response.output_text.done",
+            "response.content_part.done", "response.output_item.done", "response.output_item.added",
+            "response.function_call_arguments.delta", "response.function_call_arguments.done",
+            "response.output_item.done", "response.completed"});
+  for (size_t i = 0; i < events.size(); ++i) CHECK(events[i]["sequence_number"] == i);
+  // What a client folds together from the events is the final response.
+  std::string text;
+  for (const Json& event : events) {
+    if (event["type"] == "response.output_text.delta") text += event["delta"];
+  }
+  const Json& response = builder.response();
+  CHECK(text == "the cat sat");
+  CHECK(response["status"] == "completed");
+  CHECK(response["incomplete_details"].is_null());
+  REQUIRE(response["output"].size() == 2);
+  const Json& message = response["output"][0];
+  CHECK(message["type"] == "message");
+  CHECK(message["id"] == events[2]["item"]["id"]);
+  CHECK(message["content"][0]["text"] == "the cat sat");
+  CHECK(message["content"][0]["logprobs"] == Json::array({logprob}));
+  const Json& call = response["output"][1];
+  CHECK(call["type"] == "function_call");
+  CHECK(call["name"] == "f");
+  CHECK(call["arguments"] == R"({"x":1})");
+  CHECK(call["status"] == "completed");
+  CHECK(call["id"] == events[10]["item"]["id"]);
+  CHECK(events[10]["item"]["arguments"] == "");
+  CHECK(events[11]["delta"] == R"({"x":1})");
+  CHECK(response["usage"]["input_tokens_details"]["cached_tokens"] == 4);
+  CHECK(response["usage"]["total_tokens"] == 13);
+  CHECK(events.back()["response"] == response);
+  // The turn as chat: the text, and the call under the call_id the client sees.
+  CHECK(builder.answer().content == "the cat sat");
+  REQUIRE(builder.answer().tool_calls.size() == 1);
+  CHECK(builder.answer().tool_calls[0].id == call["call_id"]);
+}
+
+TEST_CASE("A response cut by max_output_tokens is incomplete, and calls alone have no message") {
+  ResponseBuilder cut("resp_2", 1, "toy", Json::object());
+  const std::vector<Json> events = cut.Finish("abc", {}, /*cut_short=*/true, nullptr);
+  CHECK(events.back()["type"] == "response.incomplete");
+  CHECK(cut.response()["status"] == "incomplete");
+  CHECK(cut.response()["incomplete_details"]["reason"] == "max_output_tokens");
+  CHECK(cut.response()["output"][0]["status"] == "incomplete");
+
+  ResponseBuilder calls_only("resp_3", 1, "toy", Json::object());
+  const std::vector<ToolCall> calls = {{.name = "f", .arguments = "{}"},
+                                       {.name = "g", .arguments = "{}"}};
+  calls_only.Finish("", calls, false, nullptr);
+  REQUIRE(calls_only.response()["output"].size() == 2);
+  CHECK(calls_only.response()["output"][0]["type"] == "function_call");
+  CHECK(calls_only.response()["output"][0]["call_id"] !=
+        calls_only.response()["output"][1]["call_id"]);
+
+  // An empty answer is an empty message, so that output_text is "".
+  ResponseBuilder empty("resp_4", 1, "toy", Json::object());
+  empty.Finish("", {}, false, nullptr);
+  REQUIRE(empty.response()["output"].size() == 1);
+  CHECK(empty.response()["output"][0]["content"][0]["text"] == "");
+
+  ResponseBuilder failed("resp_5", 1, "toy", Json::object());
+  CHECK(failed.Fail("the cloud went away")[0]["type"] == "response.failed");
+  CHECK(failed.response()["error"]["message"] == "the cloud went away");
+}
+
+TEST_CASE("The response store keeps each app's responses apart, within its bytes") {
+  const auto stored = [](std::string text) {
+    return ResponseStore::Stored{.conversation = {{.role = "user", .content = std::move(text)}},
+                                 .response = Json{{"id", "x"}}};
+  };
+  ResponseStore store(/*max_bytes=*/3000);
+  store.Put("resp_a", "app1", stored("a"));
+  REQUIRE(store.Find("resp_a", "app1").has_value());
+  CHECK(store.Find("resp_a", "app1")->conversation[0].content == "a");
+  CHECK_FALSE(store.Find("resp_a", "app2").has_value());  // another app's
+  CHECK_FALSE(store.Delete("resp_a", "app2"));
+  CHECK(store.Find("resp_a", "app1").has_value());
+  // Past its bytes the least recently used goes: resp_a was used last, so resp_b goes.
+  store.Put("resp_b", "app1", stored(std::string(1500, 'b')));
+  CHECK(store.Find("resp_a", "app1").has_value());
+  store.Put("resp_c", "app1", stored(std::string(1500, 'c')));
+  CHECK(store.size() == 2);
+  CHECK_FALSE(store.Find("resp_b", "app1").has_value());
+  CHECK(store.Find("resp_c", "app1").has_value());
+  CHECK(store.bytes() <= 3000);
+  // One larger than the whole store is not kept, and takes nothing with it.
+  store.Put("resp_d", "app1", stored(std::string(5000, 'd')));
+  CHECK_FALSE(store.Find("resp_d", "app1").has_value());
+  CHECK(store.size() == 2);
+  CHECK(store.Delete("resp_c", "app1"));
+  CHECK_FALSE(store.Find("resp_c", "app1").has_value());
+  CHECK(store.size() == 1);
+  ResponseStore none(0);
+  none.Put("resp_a", "", stored("a"));
+  CHECK(none.size() == 0);
+}
+
+}  // namespace
+}  // namespace tophat
