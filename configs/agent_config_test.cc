@@ -78,6 +78,7 @@ openai:
   address: "127.0.0.1:8000"
   model_name: my-model
   request_deadline_s: 3
+  max_stored_response_bytes: 1024
 metrics_address: ""
 log_level: trace
 )",
@@ -124,6 +125,7 @@ log_level: trace
   CHECK(config->openai.address == "127.0.0.1:8000");
   CHECK(config->openai.model_name == "my-model");
   CHECK(config->openai.request_deadline_s == 3);
+  CHECK(config->openai.max_stored_response_bytes == 1024);
   CHECK(config->metrics_address.empty());
   CHECK(config->log_level == "trace");
   CHECK(ValidateAgentConfig(*config).ok());

@@ -256,6 +256,26 @@ def main():
          "tool_choice": {"type": "function", "function": {"name": "get_time"}},
          "messages": [{"role": "user", "content": '{"name": "get_time", "parameters": {}}'}]}
     ).encode())
+    # /v1/responses (bit 3 of the first byte): input items with calls and their outputs,
+    # flat tools, text.format and the fields a response repeats.
+    write(out, "openai_request", "responses.bin", b"\x08" + json.dumps(
+        {"model": "toy", "instructions": "be brief", "max_output_tokens": 8,
+         "previous_response_id": "resp_1", "store": False, "metadata": {"k": "v"},
+         "include": ["message.output_text.logprobs"], "top_logprobs": 2,
+         "tools": [{"type": "function", "name": "get_weather", "strict": True,
+                    "parameters": tools[0]["function"]["parameters"]}],
+         "tool_choice": {"type": "function", "name": "get_weather"},
+         "input": [{"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+                   {"type": "message", "role": "assistant",
+                    "content": [{"type": "output_text", "text": "", "annotations": []}]},
+                   {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+                    "arguments": '{"city": "Oslo"}'},
+                   {"type": "function_call_output", "call_id": "call_1", "output": "cold"}]}
+    ).encode())
+    write(out, "openai_request", "responses_json.bin", b"\x08" + json.dumps(
+        {"model": "toy", "input": "x", "stream": True, "temperature": 0,
+         "text": {"format": {"type": "json_schema", "name": "person", "strict": True,
+                             "schema": PERSON_SCHEMA}}}).encode())
     write(out, "openai_request", "outline.bin", b"\x00" + json.dumps(
         {"model": "toy", "messages": [{"role": "user", "content": "x"}],
          "tophat_outline": {"max_points": 3}}).encode())

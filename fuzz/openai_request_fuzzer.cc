@@ -1,6 +1,6 @@
 // What an app sends the agent's OpenAI endpoint: any bytes as the body of
-// POST /v1/chat/completions, /v1/completions, /tokenize or /detokenize (the first byte
-// chooses), parsed as the endpoint parses it (device_agent/openai_request.h). A refusal
+// POST /v1/chat/completions, /v1/completions, /v1/responses, /tokenize or /detokenize (the
+// first byte chooses), parsed as the endpoint parses it (device_agent/openai_request.h). A refusal
 // must be a 400 or 404 whose error object serialises (it is what the client gets); a
 // completion that parses has its checked limits, and its stop sequences are run over its own text, cut where the input's
 // bytes say, through StopSequenceFilter: what comes out is exactly the text before the first
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "device_agent/openai_request.h"
+#include "device_agent/openai_responses.h"
 #include "fuzz/fuzz_util.h"
 #include "models/tokenizers/chat_template.h"
 #include "nlohmann/json.hpp"
@@ -99,12 +100,53 @@ void CheckTools(const tophat::OpenAiRequest& request, const std::string& text,
 
 }  // namespace
 
+// POST /v1/responses: a refusal, or the chat completion it asks for, whose answer (the
+// input's own text, and calls of its tools) makes a response object that serialises and
+// holds that text, with events numbered in order.
+void CheckResponses(std::string_view body) {
+  auto parsed = tophat::ParseResponsesRequest(body, "toy");
+  if (const auto* error = std::get_if<tophat::OpenAiError>(&parsed)) return CheckRefusal(*error);
+  const tophat::OpenAiResponsesRequest& request = std::get<tophat::OpenAiResponsesRequest>(parsed);
+  TOPHAT_FUZZ_CHECK(request.chat.model == "toy");
+  TOPHAT_FUZZ_CHECK(request.chat.n == 1 && request.chat.prompts.empty());
+  TOPHAT_FUZZ_CHECK(!request.chat.messages.empty());
+  TOPHAT_FUZZ_CHECK(request.chat.max_tokens >= 0);
+  std::string text;
+  std::vector<tophat::ToolCall> calls;
+  for (const tophat::ChatMessage& message : request.chat.messages) {
+    TOPHAT_FUZZ_CHECK(message.role == "system" || message.role == "user" ||
+                      message.role == "assistant" || message.role == "tool");
+    TOPHAT_FUZZ_CHECK(message.role == "tool" || message.tool_call_id.empty());
+    TOPHAT_FUZZ_CHECK(message.role == "assistant" || message.tool_calls.empty());
+    text += message.content;
+    calls.insert(calls.end(), message.tool_calls.begin(), message.tool_calls.end());
+  }
+  tophat::ResponseBuilder builder("resp_fuzz", 0, "toy", request.echo);
+  std::vector<nlohmann::ordered_json> events = builder.Start();
+  for (auto& event : builder.Text(text, nlohmann::ordered_json::array())) events.push_back(event);
+  for (auto& event : builder.Finish("", calls, request.chat.max_tokens == 1,
+                                    tophat::ResponsesUsage(1, 0, 1))) {
+    events.push_back(event);
+  }
+  for (size_t i = 0; i < events.size(); ++i) {
+    TOPHAT_FUZZ_CHECK(events[i]["sequence_number"] == i);
+    (void)events[i].dump();  // throws on text that is not UTF-8
+  }
+  TOPHAT_FUZZ_CHECK(builder.answer().content == text);
+  TOPHAT_FUZZ_CHECK(builder.answer().tool_calls.size() == calls.size());
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  // The first byte chooses the route: 0 chat, 1 completions, 2 /tokenize, 3 /detokenize.
+  // The first byte chooses the route: 0 chat (with bit 3 set: /v1/responses), 1 completions,
+  // 2 /tokenize, 3 /detokenize.
   const std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
   if ((data[0] & 3) >= 2) {
     CheckTokenizerRoutes((data[0] & 3) == 2, body);
+    return 0;
+  }
+  if ((data[0] & 3) == 0 && (data[0] & 8) != 0) {
+    CheckResponses(body);
     return 0;
   }
   const auto endpoint = (data[0] & 1) != 0 ? tophat::OpenAiEndpoint::kCompletions

@@ -339,6 +339,19 @@ def responses(client, model, messages, text):
                {"role": "user", "content": "and then?"}])
     check_eq("turn 2 as input items", items.output_text, second.output_text)
 
+    # Log-probabilities, asked for as the Responses API asks: chat's for the same request.
+    scored = client.responses.create(model=model, instructions=system, input=user,
+                                     max_output_tokens=6, temperature=0, top_logprobs=2,
+                                     include=["message.output_text.logprobs"])
+    chat_scored = client.chat.completions.create(model=model, messages=messages, max_tokens=6,
+                                                 temperature=0, logprobs=True, top_logprobs=2)
+    got = [(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs])
+           for e in scored.output[0].content[0].logprobs]
+    want = [(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs])
+            for e in chat_scored.choices[0].logprobs.content]
+    check_eq("response logprobs are chat's", got, want)
+    check_eq("response logprobs: one a token", len(got), 6)
+
     # Streamed: the raw events, in order, add up to the same text and end with the response.
     stream = client.responses.create(model=model, instructions=system, input=user,
                                      max_output_tokens=24, temperature=0, stream=True)
