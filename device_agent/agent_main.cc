@@ -178,7 +178,8 @@ int Run(const tophat::AgentConfig& config, int64_t drill_device_loss_after_reque
                        .max_concurrent_requests = config.max_concurrent_requests,
                        .max_body_bytes = 2 * config.max_prompt_bytes + (64 << 10),
                        .request_deadline_s = config.openai.request_deadline_s,
-                       .max_stored_response_bytes = config.openai.max_stored_response_bytes});
+                       .max_stored_response_bytes = config.openai.max_stored_response_bytes,
+                       .registry = registry.get()});
     if (!started.ok()) return Fail(started.status());
     openai = *std::move(started);
   }

@@ -202,7 +202,10 @@ void ResponseStore::Put(const std::string& id, const std::string& app, Stored st
     entries_.erase(found->second);
     by_id_.erase(found);
   }
-  if (bytes > max_bytes_) return;
+  if (bytes > max_bytes_) {
+    ++forgotten_;
+    return;
+  }
   entries_.push_front(Entry{.id = id, .app = app, .stored = std::move(stored), .bytes = bytes});
   by_id_[id] = entries_.begin();
   bytes_ += bytes;
@@ -210,6 +213,7 @@ void ResponseStore::Put(const std::string& id, const std::string& app, Stored st
     bytes_ -= entries_.back().bytes;
     by_id_.erase(entries_.back().id);
     entries_.pop_back();
+    ++forgotten_;
   }
 }
 
@@ -235,6 +239,11 @@ bool ResponseStore::Delete(const std::string& id, const std::string& app) {
 int64_t ResponseStore::bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return bytes_;
+}
+
+int64_t ResponseStore::forgotten() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return forgotten_;
 }
 
 size_t ResponseStore::size() const {

@@ -94,6 +94,9 @@ class ResponseStore {
 
   int64_t bytes() const;
   size_t size() const;
+  // Responses forgotten for the bound (the least recently used, or one larger than it all),
+  // since the start: a later turn naming one is refused.
+  int64_t forgotten() const;
 
  private:
   struct Entry {
@@ -107,6 +110,7 @@ class ResponseStore {
   std::list<Entry> entries_;  // most recently used first
   std::unordered_map<std::string, std::list<Entry>::iterator> by_id_;
   int64_t bytes_ = 0;
+  int64_t forgotten_ = 0;
 };
 
 }  // namespace tophat

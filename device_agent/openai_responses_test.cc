@@ -305,13 +305,16 @@ TEST_CASE("The response store keeps each app's responses apart, within its bytes
   CHECK_FALSE(store.Find("resp_b", "app1").has_value());
   CHECK(store.Find("resp_c", "app1").has_value());
   CHECK(store.bytes() <= 3000);
+  CHECK(store.forgotten() == 1);
   // One larger than the whole store is not kept, and takes nothing with it.
   store.Put("resp_d", "app1", stored(std::string(5000, 'd')));
   CHECK_FALSE(store.Find("resp_d", "app1").has_value());
   CHECK(store.size() == 2);
+  CHECK(store.forgotten() == 2);
   CHECK(store.Delete("resp_c", "app1"));
   CHECK_FALSE(store.Find("resp_c", "app1").has_value());
   CHECK(store.size() == 1);
+  CHECK(store.forgotten() == 2);  // a deletion is not forgetting
   ResponseStore none(0);
   none.Put("resp_a", "", stored("a"));
   CHECK(none.size() == 0);

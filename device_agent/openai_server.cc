@@ -24,6 +24,7 @@
 #include "models/tokenizers/tokenizer.h"
 #include "proto/channel_security.h"
 #include "telemetry/http_listener.h"
+#include "telemetry/metric_builders.h"
 
 namespace tophat {
 namespace {
@@ -443,6 +444,17 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
     server->chat_template_error_ = "no chat template configured";
   }
   server->responses_ = std::make_unique<ResponseStore>(server->options_.max_stored_response_bytes);
+  if (prometheus::Registry* registry = server->options_.registry) {
+    server->store_metrics_ = std::make_unique<StoreMetrics>(StoreMetrics{
+        .responses = AddGauge(*registry, "tophat_openai_stored_responses",
+                              "/v1/responses answers kept for later turns"),
+        .bytes = AddGauge(*registry, "tophat_openai_stored_response_bytes",
+                          "Bytes the kept /v1/responses answers and their conversations "
+                          "take (openai.max_stored_response_bytes bounds them)"),
+        .forgotten = AddCounter(*registry, "tophat_openai_stored_responses_forgotten_total",
+                                "Kept /v1/responses answers forgotten for the bound (least "
+                                "recently used first); a later turn naming one is refused")});
+  }
   server->server_ = std::make_unique<httplib::Server>();
   httplib::Server& http = *server->server_;
   // Workers: one per completion that may run, plus some for the refusals, /health and
@@ -503,6 +515,14 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
 
 OpenAiServer::OpenAiServer(Agent* agent, OpenAiServerOptions options)
     : agent_(agent), options_(std::move(options)) {}
+
+void OpenAiServer::StoreChanged() {
+  if (!store_metrics_) return;
+  store_metrics_->responses.Set(static_cast<double>(responses_->size()));
+  store_metrics_->bytes.Set(static_cast<double>(responses_->bytes()));
+  const double forgotten = static_cast<double>(responses_->forgotten());
+  store_metrics_->forgotten.Increment(forgotten - store_metrics_->forgotten.Value());
+}
 
 OpenAiServer::~OpenAiServer() {
   if (server_) server_->stop();
@@ -845,6 +865,7 @@ void OpenAiServer::Route() {
       }
       if (turn) {
         Keep(*responses_, *turn, *caller);
+        StoreChanged();
         res.set_content(turn->builder.response().dump(), "application/json");
         return;
       }
@@ -941,6 +962,7 @@ void OpenAiServer::Route() {
                   tail, calls, finish_reason == "length", ResponseUsage(done[i]));
               // Kept before its last event is sent: a client may ask for it at once.
               Keep(*responses_, *turn, caller);
+              StoreChanged();
               send_all(events);
               return;
             }
@@ -1088,6 +1110,7 @@ void OpenAiServer::Route() {
         if (!caller) return;
         const std::string id = req.matches[1];
         if (!responses_->Delete(id, *caller)) return SendError(res, ResponseNotFound(id));
+        StoreChanged();
         res.set_content(Json{{"id", id}, {"object", "response"}, {"deleted", true}}.dump(),
                         "application/json");
       });

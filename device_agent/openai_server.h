@@ -32,6 +32,11 @@
 namespace httplib {
 class Server;
 }
+namespace prometheus {
+class Counter;
+class Gauge;
+class Registry;
+}  // namespace prometheus
 
 namespace tophat {
 
@@ -64,6 +69,9 @@ struct OpenAiServerOptions {
   // with their conversations; the least recently used are forgotten past it. 0 keeps none
   // (openai.max_stored_response_bytes).
   int64_t max_stored_response_bytes = 64 << 20;
+  // Where the kept responses' gauges go (tophat_openai_stored_responses, ..._bytes and
+  // ..._forgotten_total); null: none.
+  prometheus::Registry* registry = nullptr;
 };
 
 class OpenAiServer {
@@ -91,6 +99,15 @@ class OpenAiServer {
   std::string chat_template_error_;  // why chat is unavailable, when it is
   std::unique_ptr<HttpRequestDeadline> request_deadline_;  // outlives server_'s handlers
   std::unique_ptr<ResponseStore> responses_;               // outlives server_'s handlers
+  // responses_'s size on the agent's metrics endpoint (null without a registry).
+  struct StoreMetrics {
+    prometheus::Gauge& responses;
+    prometheus::Gauge& bytes;
+    prometheus::Counter& forgotten;
+  };
+  std::unique_ptr<StoreMetrics> store_metrics_;
+  // Sets store_metrics_ from responses_, after a change.
+  void StoreChanged();
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   int port_ = 0;

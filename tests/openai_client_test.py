@@ -186,7 +186,7 @@ def run(base_url, cloud_metrics_url, agent_metrics_url, model_dir):
     json_answers(client, model, base_url, messages)
     json_schema_answers(client, model, messages)
     tool_calls(client, model, messages)
-    responses(client, model, messages, text)
+    responses(client, model, messages, text, agent_metrics_url)
 
     # A bad request: OpenAI's error object, the right status, the field named.
     expect_error("n=17", lambda: client.chat.completions.create(model=model, messages=messages,
@@ -294,7 +294,7 @@ def formatted_answers(client, model, messages, bias, fmt, holds, what):
     return answers
 
 
-def responses(client, model, messages, text):
+def responses(client, model, messages, text, agent_metrics_url):
     """The Responses API: the generation chat gives, in OpenAI's newer shape, with the
     conversation kept by the agent. Greedy, instructions and input give chat's answer; a
     second turn through previous_response_id gives chat's second turn with the whole history,
@@ -374,7 +374,13 @@ def responses(client, model, messages, text):
     # Kept: retrieved whole, then deleted.
     kept = client.responses.retrieve(last.response.id)
     check_eq("retrieved text", kept.output_text, text)
+    stored = metric(agent_metrics_url, "tophat_openai_stored_responses")
+    check(stored >= 4, f"tophat_openai_stored_responses {stored}, want the responses above")
+    check(metric(agent_metrics_url, "tophat_openai_stored_response_bytes") > 1000,
+          "tophat_openai_stored_response_bytes")
     client.responses.delete(last.response.id)
+    check_eq("stored responses after a delete",
+             metric(agent_metrics_url, "tophat_openai_stored_responses"), stored - 1)
     expect_error("a deleted response", lambda: client.responses.retrieve(last.response.id),
                  openai.NotFoundError, 404)
     unkept = client.responses.create(model=model, input=user, max_output_tokens=2, store=False)
