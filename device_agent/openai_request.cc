@@ -771,7 +771,9 @@ std::optional<OpenAiError> ResponsesInput(const OrderedJson& input,
     const OrderedJson type =
         item.contains("type") && !item["type"].is_null() ? item["type"] : OrderedJson("message");
     if (type == "message") {
-      if (auto error = OnlyKeys(item, where, {"type", "role", "content", "id", "status"})) {
+      // An earlier answer sent back whole: its id, status and phase mean nothing here.
+      if (auto error =
+              OnlyKeys(item, where, {"type", "role", "content", "id", "status", "phase"})) {
         return error;
       }
       const OrderedJson role = item.value("role", OrderedJson());
@@ -1048,7 +1050,8 @@ std::variant<OpenAiResponsesRequest, OpenAiError> ParseResponsesRequest(
     }
   }
   if (!has_input) return Invalid("input", "'input' is required");
-  if (logprobs_included || json.contains("top_logprobs")) chat["logprobs"] = true;
+  // top_logprobs alone asks for them too (what else would it be for).
+  if (logprobs_included || chat.contains("top_logprobs")) chat["logprobs"] = true;
   auto parsed = ParseOpenAiRequest(OpenAiEndpoint::kChatCompletions, chat.dump(), served_model);
   if (auto* error = std::get_if<OpenAiError>(&parsed)) return InResponsesTerms(*error);
   out.chat = std::get<OpenAiRequest>(std::move(parsed));

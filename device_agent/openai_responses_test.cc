@@ -77,6 +77,7 @@ TEST_CASE("Responses input items become chat messages, calls joining the answer 
       {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a "},
                                                       {"type": "input_text", "text": "b"}]},
       {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
+       "phase": "final_answer",
        "content": [{"type": "output_text", "text": "let me look", "annotations": [],
                     "logprobs": []}]},
       {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f",

@@ -338,6 +338,13 @@ def responses(client, model, messages, text, agent_metrics_url):
                {"role": "assistant", "content": [{"type": "output_text", "text": text}]},
                {"role": "user", "content": "and then?"}])
     check_eq("turn 2 as input items", items.output_text, second.output_text)
+    # And with the first answer's output items sent back as the client returned them.
+    sent_back = client.responses.create(
+        model=model, instructions=system, max_output_tokens=16, temperature=0, store=False,
+        input=[{"role": "user", "content": user}, *first.output,
+               {"role": "user", "content": "and then?"}])
+    check_eq("turn 2 with the answer's items sent back", sent_back.output_text,
+             second.output_text)
 
     # Log-probabilities, asked for as the Responses API asks: chat's for the same request.
     scored = client.responses.create(model=model, instructions=system, input=user,
