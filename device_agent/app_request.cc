@@ -158,6 +158,11 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
     return absl::InvalidArgumentError(
         "json_schema: given, but response_format is not RESPONSE_FORMAT_JSON_SCHEMA");
   }
+  if (!request.regex().empty() && request.response_format() != v1::RESPONSE_FORMAT_REGEX) {
+    return absl::InvalidArgumentError(
+        "regex: given, but response_format is not "
+        "RESPONSE_FORMAT_REGEX");
+  }
   if (request.has_tool_calls() && request.response_format() != v1::RESPONSE_FORMAT_TOOL_CALLS) {
     return absl::InvalidArgumentError(
         "tool_calls: given, but response_format is not RESPONSE_FORMAT_TOOL_CALLS");
@@ -185,6 +190,14 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
       }
       TOPHAT_ASSIGN_OR_RETURN(plan.sampling.tool_calls, CompileToolCalls(request.tool_calls()));
       plan.sampling.response_format = ResponseFormat::kToolCalls;
+      break;
+    }
+    case v1::RESPONSE_FORMAT_REGEX: {
+      if (request.outline().enabled()) {
+        return absl::InvalidArgumentError("response_format: not with outline");
+      }
+      TOPHAT_ASSIGN_OR_RETURN(plan.sampling.regex, CompileRegexFormat(request.regex()));
+      plan.sampling.response_format = ResponseFormat::kRegex;
       break;
     }
     default:

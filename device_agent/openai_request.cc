@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/json_depth.h"
 #include "models/grammar/json_schema.h"
+#include "models/grammar/regex_grammar.h"
 #include "models/tokenizers/tokenizer_utf8.h"
 
 namespace tophat {
@@ -371,6 +372,39 @@ std::variant<std::string, OpenAiError> ParseJsonSchemaFormat(const Json& format)
   return text;
 }
 
+// A regex format (structured_outputs.regex, guided_regex): compiled here so that a client
+// learns at once what in it is not supported.
+std::variant<std::string, OpenAiError> RegexFormat(const std::string& param, const Json& value) {
+  if (!value.is_string() || value.get<std::string>().empty()) {
+    return Invalid(param, absl::StrCat("'", param, "' must be a non-empty regular expression"));
+  }
+  const std::string regex = value.get<std::string>();
+  if (absl::Status compiled = CompileRegexFormat(regex).status(); !compiled.ok()) {
+    return Invalid(param, absl::StrCat("'", param, "': ", compiled.message()));
+  }
+  return regex;
+}
+
+// A choice format (structured_outputs.choice, guided_choice): the answer is one of the
+// strings, as a regex of their literal alternatives.
+std::variant<std::string, OpenAiError> ChoiceFormat(const std::string& param, const Json& value) {
+  std::vector<std::string> choices;
+  if (value.is_array()) {
+    for (const Json& choice : value) {
+      if (!choice.is_string() || choice.get<std::string>().empty()) {
+        choices.clear();
+        break;
+      }
+      choices.push_back(choice.get<std::string>());
+    }
+  }
+  if (choices.empty()) {
+    return Invalid(param,
+                   absl::StrCat("'", param, "' must be a non-empty array of non-empty strings"));
+  }
+  return RegexFormat(param, Json(ChoiceRegex(choices)));
+}
+
 }  // namespace
 
 // The 404 OpenAI answers for a model the agent does not serve.
@@ -406,6 +440,10 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
   bool chat_logprobs = false;
   bool max_tokens_zero = false;
   bool tool_choice_given = false;
+  // The field that holds the answer's format: response_format (a JSON one), or vLLM's
+  // structured_outputs, guided_regex or guided_choice; "" when none does.
+  std::string format_key;
+  int format_keys = 0;
   std::optional<int64_t> top_logprobs;
   for (const auto& [key, value] : json.items()) {
     if (value.is_null() && key != input_key && key != "model") continue;  // absent
@@ -522,11 +560,58 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
         }
       }
       request.json_object = type == "json_object";
+      if (type != "text") {
+        format_key = key;
+        ++format_keys;
+      }
       if (type == "json_schema") {
         std::variant<std::string, OpenAiError> schema = ParseJsonSchemaFormat(value);
         if (auto* error = std::get_if<OpenAiError>(&schema)) return *error;
         request.json_schema = std::get<std::string>(std::move(schema));
       }
+    } else if (key == "structured_outputs") {
+      // vLLM's: one of regex, choice, json (a JSON Schema) or json_object.
+      const char* const kShape =
+          "'structured_outputs' must be an object with one of 'regex', 'choice', 'json' or "
+          "'json_object'";
+      if (!value.is_object()) return Invalid(key, kShape);
+      int given = 0;
+      for (const auto& [field, setting] : value.items()) {
+        if (setting.is_null()) continue;
+        const std::string param = absl::StrCat(key, ".", field);
+        ++given;
+        if (field == "regex" || field == "choice") {
+          auto regex =
+              field == "regex" ? RegexFormat(param, setting) : ChoiceFormat(param, setting);
+          if (auto* error = std::get_if<OpenAiError>(&regex)) return *error;
+          request.regex = std::get<std::string>(std::move(regex));
+        } else if (field == "json") {
+          auto schema = ParseJsonSchemaFormat(
+              Json{{"json_schema", {{"name", "structured_outputs"}, {"schema", setting}}}});
+          if (auto* error = std::get_if<OpenAiError>(&schema)) {
+            OpenAiError renamed = *error;
+            renamed.param = param;
+            return renamed;
+          }
+          request.json_schema = std::get<std::string>(std::move(schema));
+        } else if (field == "json_object") {
+          if (setting != true) return Invalid(param, absl::StrCat("'", param, "' must be true"));
+          request.json_object = true;
+        } else {
+          return Invalid(param, absl::StrCat("'", param,
+                                             "' is not supported (regex, choice, "
+                                             "json, json_object)"));
+        }
+      }
+      if (given != 1) return Invalid(key, kShape);
+      format_key = key;
+      ++format_keys;
+    } else if (key == "guided_regex" || key == "guided_choice") {
+      auto regex = key == "guided_regex" ? RegexFormat(key, value) : ChoiceFormat(key, value);
+      if (auto* error = std::get_if<OpenAiError>(&regex)) return *error;
+      request.regex = std::get<std::string>(std::move(regex));
+      format_key = key;
+      ++format_keys;
     } else if (key == "tools" && chat) {
       // Parsed again keeping each tool's key order, which the chat template writes.
       const auto ordered = nlohmann::ordered_json::parse(body)["tools"];
@@ -666,12 +751,23 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
                                                request.tool_choice_function,
                                                "\", which is not among 'tools'"));
   }
-  const bool json_format = request.json_object || !request.json_schema.empty();
+  if (format_keys > 1) {
+    return Invalid(format_key,
+                   "give the answer's format once: 'response_format' (JSON), "
+                   "'structured_outputs', 'guided_regex' or 'guided_choice'");
+  }
+  // A regex is held to as a JSON format is: the same refusals below.
+  const bool json_format =
+      request.json_object || !request.json_schema.empty() || !request.regex.empty();
+  // How the refusals name the format.
+  const std::string format = format_key == "response_format" ? "a JSON 'response_format'"
+                                                             : absl::StrCat("'", format_key, "'");
   if (request.tool_choice != ToolChoice::kNone) {
     if (json_format) {
-      return Invalid("response_format", "a JSON 'response_format' cannot be combined with "
-                                        "calling 'tools' (a call's arguments follow its "
-                                        "parameters; set 'tool_choice': \"none\")");
+      return Invalid(format_key, absl::StrCat(format,
+                                              " cannot be combined with calling 'tools' "
+                                              "(a call's arguments follow its "
+                                              "parameters; set 'tool_choice': \"none\")"));
     }
     if (request.outline_max_points != 0) {
       return Invalid("tophat_outline", "'tophat_outline' cannot be combined with calling 'tools'");
@@ -683,12 +779,11 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
                                  "\"none\")");
   }
   if (json_format && request.outline_max_points != 0) {
-    return Invalid("response_format", "a JSON 'response_format' cannot be combined with "
-                                      "'tophat_outline'");
+    return Invalid(format_key, absl::StrCat(format, " cannot be combined with 'tophat_outline'"));
   }
   if (json_format && request.min_tokens > 0) {
-    return Invalid("min_tokens", "'min_tokens' cannot be combined with a JSON "
-                                 "'response_format': the object could be complete before it");
+    return Invalid("min_tokens", absl::StrCat("'min_tokens' cannot be combined with ", format,
+                                              ": the answer could be complete before it"));
   }
   if (request.n > 1 && request.outline_max_points != 0) {
     return Invalid("n", "'n' above 1 cannot be combined with 'tophat_outline'");

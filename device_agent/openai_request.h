@@ -94,6 +94,10 @@ struct OpenAiRequest {
   // With {"type": "json_schema"}: its "schema", as JSON text (it compiles: ParseOpenAiRequest
   // refuses one that does not); empty otherwise.
   std::string json_schema;
+  // vLLM's structured_outputs {"regex"} or {"choice"} (and the older guided_regex and
+  // guided_choice): a regular expression the whole answer must match (a choice's
+  // alternatives taken literally), which compiles (CompileRegexFormat); empty: none.
+  std::string regex;
   // chat: "tools", "tool_choice" (kAuto by default when there are tools) and
   // "parallel_tool_calls" (whether an answer may hold several calls).
   std::vector<OpenAiTool> tools;

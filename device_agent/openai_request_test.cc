@@ -663,3 +663,74 @@ TEST_CASE("/tokenize and /detokenize requests are read as vLLM's, and refused by
 
 }  // namespace
 }  // namespace tophat
+
+namespace tophat {
+namespace {
+
+TEST_CASE("vLLM's structured outputs: a regex or a choice the whole answer must match") {
+  const OpenAiRequest regex = ParseOk(OpenAiEndpoint::kChatCompletions, R"({"model": "toy",
+      "messages": [{"role": "user", "content": "x"}],
+      "structured_outputs": {"regex": "[A-Z]{2}-\\d{3}"}})");
+  CHECK(regex.regex == R"([A-Z]{2}-\d{3})");
+  CHECK(regex.json_schema.empty());
+  const OpenAiRequest choice = ParseOk(OpenAiEndpoint::kCompletions, R"({"model": "toy",
+      "prompt": "x", "guided_choice": ["yes", "no", "a.b"]})");
+  CHECK(choice.regex == R"(yes|no|a\.b)");
+  CHECK(ParseOk(OpenAiEndpoint::kCompletions,
+                R"({"model": "toy", "prompt": "x", "guided_regex": "a+"})")
+            .regex == "a+");
+  CHECK(ParseOk(OpenAiEndpoint::kCompletions, R"({"model": "toy", "prompt": "x",
+                "structured_outputs": {"choice": ["1"]}})")
+            .regex == "1");
+  const OpenAiRequest json = ParseOk(OpenAiEndpoint::kCompletions, R"({"model": "toy",
+      "prompt": "x", "structured_outputs": {"json": {"type": "integer"}}})");
+  CHECK(json.json_schema == R"({"type":"integer"})");
+  CHECK(ParseOk(OpenAiEndpoint::kCompletions, R"({"model": "toy", "prompt": "x",
+                "structured_outputs": {"json_object": true}})")
+            .json_object);
+}
+
+TEST_CASE("vLLM's structured outputs are refused where they cannot hold, naming the field") {
+  struct Case {
+    std::string fields;
+    std::string param;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {R"j("structured_outputs": {"regex": "(?=a)"})j", "structured_outputs.regex",
+            "'structured_outputs.regex': regex: "},
+           {R"j("guided_regex": "")j", "guided_regex", "non-empty regular expression"},
+           {R"j("guided_choice": [])j", "guided_choice", "non-empty array of non-empty strings"},
+           {R"j("guided_choice": ["a", ""])j", "guided_choice", "non-empty strings"},
+           {R"j("structured_outputs": {"grammar": "root ::= x"})j", "structured_outputs.grammar",
+            "not supported (regex, choice, json, json_object)"},
+           {R"j("structured_outputs": {"regex": "a", "choice": ["b"]})j", "structured_outputs",
+            "one of"},
+           {R"j("structured_outputs": {})j", "structured_outputs", "one of"},
+           {R"j("structured_outputs": {"json": {"uniqueItems": true}})j", "structured_outputs.json",
+            "uniqueItems"},
+           {R"j("guided_regex": "a", "response_format": {"type": "json_object"})j",
+            "response_format", "give the answer's format once"},
+           {R"j("guided_regex": "a", "guided_choice": ["b"])j", "guided_regex",
+            "give the answer's format once"},
+           {R"j("guided_choice": ["a"], "min_tokens": 2)j", "min_tokens",
+            "cannot be combined with 'guided_choice'"},
+           {R"j("guided_regex": "a", "tophat_outline": true)j", "guided_regex",
+            "'guided_regex' cannot be combined with 'tophat_outline'"},
+       }) {
+    INFO(c.fields);
+    const OpenAiError error =
+        ParseError(OpenAiEndpoint::kCompletions,
+                   absl::StrCat(R"j({"model": "toy", "prompt": "x", )j", c.fields, "}"));
+    CHECK(error.param == c.param);
+    CHECK_THAT(error.message, Catch::Contains(c.message));
+  }
+  const OpenAiError tools = ParseError(OpenAiEndpoint::kChatCompletions, R"j({"model": "toy",
+      "messages": [{"role": "user", "content": "x"}], "guided_regex": "a",
+      "tools": [{"type": "function", "function": {"name": "f"}}]})j");
+  CHECK(tools.param == "guided_regex");
+  CHECK_THAT(tools.message, Catch::Contains("'guided_regex' cannot be combined with calling"));
+}
+
+}  // namespace
+}  // namespace tophat

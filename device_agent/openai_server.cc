@@ -749,6 +749,10 @@ void OpenAiServer::Route() {
                                  : request.json_object           ? v1::RESPONSE_FORMAT_JSON_OBJECT
                                                                  : v1::RESPONSE_FORMAT_TEXT);
     generate.set_json_schema(request.json_schema);
+    if (!request.regex.empty()) {
+      generate.set_response_format(v1::RESPONSE_FORMAT_REGEX);
+      generate.set_regex(request.regex);
+    }
     // Decoding constrained to calls in the model's own layout: of the named function or any
     // tool; under "auto", text first, and a call the model starts is a whole, valid one.
     const bool call_required = tool_reader && (request.tool_choice == ToolChoice::kRequired ||

@@ -1,34 +1,32 @@
 #include "device_agent/speculative_decoder.h"
 
-#include <deque>
-#include <variant>
-
-#include "absl/strings/str_cat.h"
-#include "device_agent/decode_round.h"
-#include "device_agent/request_stats.h"
-
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
+#include <deque>
 #include <limits>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "base/test_util.h"
+#include "device_agent/decode_round.h"
+#include "device_agent/request_stats.h"
+#include "models/formats/checkpoint.h"
 #include "models/grammar/json_grammar.h"
 #include "models/grammar/json_schema.h"
+#include "models/grammar/regex_grammar.h"
 #include "models/grammar/schema_grammar.h"
-#include "nlohmann/json.hpp"
 #include "models/runtime/adapter.h"
-#include "models/formats/checkpoint.h"
 #include "models/runtime/model_init.h"
-#include "base/test_util.h"
-
-#include <catch2/catch.hpp>
+#include "nlohmann/json.hpp"
 
 namespace tophat {
 namespace {
@@ -459,6 +457,43 @@ TEST_CASE("Constrained to a JSON Schema, speculative greedy decoding is still pl
     changed += reference != ReferenceGreedy(*split->full, prompt, new_tokens, {}, &plain_margins);
     // What was generated is the start of a value of the schema (up to the end, if it came).
     CheckStartOfValue(generated, *vocabulary, kEnd, SchemaGrammar(schema->get()));
+  }
+  CHECK(changed == 6);
+  CheckEveryPath(counts);
+}
+
+TEST_CASE(
+    "Constrained to a regex, speculative greedy decoding is still plain greedy decoding "
+    "under the same constraint",
+    "[speculative]") {
+  c10::InferenceMode inference;
+  auto split = MakeSplit(/*vocab=*/64, /*logit_scale=*/25.0, /*adapter_noise=*/0.04, 5);
+  const auto vocabulary = JsonTestVocabulary();
+  constexpr int32_t kEnd = 2;
+  // Letters and spaces the model chooses among (so that drafts are sometimes rejected),
+  // a separator of two tokens, and an end that stops any further byte.
+  auto regex = CompileRegexFormat(R"(key: [a-z ]{3,24}(, [a-z0-9]{1,4}){0,4}\.)");
+  REQUIRE(regex.ok());
+  const SamplingParams params{
+      .stop_ids = {kEnd}, .response_format = ResponseFormat::kRegex, .regex = *regex};
+  DecodeCounts counts;
+  int64_t changed = 0;
+  for (int p = 0; p < 6; ++p) {
+    INFO("prompt " << p);
+    const std::vector<int64_t> prompt = TestPrompt(p);
+    const int64_t new_tokens = 40;
+    const SpeculativeOptions options = TestOptions(p, /*parallel=*/true);
+    Session session(*split, options, params, 128, vocabulary);
+    const std::vector<int32_t> generated =
+        DecodeGreedy(session, prompt, new_tokens, /*parallel=*/true, options.max_draft, counts);
+    std::vector<double> margins, plain_margins;
+    const std::vector<int32_t> reference = ReferenceJsonGreedy(
+        *split->full, prompt, new_tokens, *vocabulary, kEnd, &margins, RegexGrammar(regex->get()));
+    CheckAgainstReference(generated, reference, margins);
+    changed += reference != ReferenceGreedy(*split->full, prompt, new_tokens, {}, &plain_margins);
+    CheckStartOfValue(generated, *vocabulary, kEnd, RegexGrammar(regex->get()));
+    // Bounded: the whole match and the end fit in the tokens.
+    CHECK(std::find(generated.begin(), generated.end(), kEnd) != generated.end());
   }
   CHECK(changed == 6);
   CheckEveryPath(counts);

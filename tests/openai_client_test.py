@@ -12,6 +12,7 @@ import enum
 import http.client
 import ipaddress
 import json
+import re
 import select
 import socket
 import sys
@@ -185,6 +186,7 @@ def run(base_url, cloud_metrics_url, agent_metrics_url, model_dir):
     choices(client, model, messages)
     json_answers(client, model, base_url, messages)
     json_schema_answers(client, model, messages)
+    regex_answers(client, model, messages)
     tool_calls(client, model, messages)
     responses(client, model, messages, text, agent_metrics_url)
 
@@ -463,6 +465,58 @@ def responses(client, model, messages, text, agent_metrics_url):
                  openai.BadRequestError, 400, param="max_output_tokens")
     print(f"responses: {json.dumps(first.output_text)}; turn 2 reused {reused} of "
           f"{second.usage.input_tokens}; calls {json.dumps([c.arguments for c in calls])}")
+
+
+def regex_answers(client, model, messages):
+    """vLLM's structured outputs: the whole answer matches a regex, or is one of a choice's
+    strings, where the same seeds' answers without them do not; streamed, completions and the
+    Responses API alike."""
+    pattern = r"[A-Z]{2}-\d{2,4}( [a-z]{1,3})?"
+    matched = []
+    for seed in range(3):
+        answer = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=40, temperature=1.0, seed=seed,
+            extra_body={"structured_outputs": {"regex": pattern}})
+        text = answer.choices[0].message.content
+        check(bool(re.fullmatch(pattern, text)),
+              f"seed {seed}: {text!r} does not match {pattern}")
+        matched.append(text)
+        check_eq(f"seed {seed}: regex finish_reason", answer.choices[0].finish_reason, "stop")
+        free = client.chat.completions.create(model=model, messages=messages, max_tokens=40,
+                                              temperature=1.0, seed=seed)
+        check(not re.fullmatch(pattern, free.choices[0].message.content),
+              f"seed {seed}: the toy model matched {pattern} unconstrained")
+    stream = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=40, temperature=1.0, seed=0, stream=True,
+        extra_body={"guided_regex": pattern})
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream
+                       if chunk.choices)
+    check_eq("streamed under guided_regex: seed 0's answer", streamed, matched[0])
+    choices = ["yes", "no", "maybe so"]
+    picked = []
+    for seed in range(4):
+        completion = client.completions.create(
+            model=model, prompt="the brave knight", max_tokens=10, temperature=1.0, seed=seed,
+            extra_body={"guided_choice": choices})
+        check(completion.choices[0].text in choices,
+              f"seed {seed}: {completion.choices[0].text!r} is not one of {choices}")
+        picked.append(completion.choices[0].text)
+    response = client.responses.create(model=model, input="the brave knight",
+                                       max_output_tokens=10, temperature=1.0,
+                                       extra_body={"seed": 0,
+                                                   "structured_outputs": {"choice": choices}})
+    chat_choice = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "the brave knight"}], max_tokens=10,
+        temperature=1.0, seed=0, extra_body={"structured_outputs": {"choice": choices}})
+    check(response.output_text in choices, f"Responses: {response.output_text!r}")
+    check_eq("a choice through the Responses API is chat's", response.output_text,
+             chat_choice.choices[0].message.content)
+    expect_error("a regex the agent cannot hold",
+                 lambda: client.chat.completions.create(
+                     model=model, messages=messages,
+                     extra_body={"structured_outputs": {"regex": "(a)\\1"}}),
+                 openai.BadRequestError, 400, param="structured_outputs.regex")
+    print(f"regex answers: {json.dumps(matched)}; choices {json.dumps(picked)}")
 
 
 def json_answers(client, model, base_url, messages):

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "models/grammar/regex_grammar.h"
 #include "models/grammar/tool_call_grammar.h"
 #include "models/tokenizers/tokenizer_utf8.h"
 
@@ -215,6 +216,7 @@ std::shared_ptr<const std::vector<uint8_t>> GrammarConstraint<Grammar>::EndsOnly
 template class GrammarConstraint<JsonGrammar>;
 template class GrammarConstraint<SchemaGrammar>;
 template class GrammarConstraint<ToolCallGrammar>;
+template class GrammarConstraint<RegexGrammar>;
 
 std::unique_ptr<TokenConstraint> MakeSchemaConstraint(
     std::shared_ptr<const TokenVocabulary> vocabulary, std::vector<int32_t> end_ids,

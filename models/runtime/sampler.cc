@@ -52,16 +52,19 @@ absl::Status SamplingParams::Validate() const {
   if (response_format == ResponseFormat::kToolCalls && tool_calls == nullptr) {
     return absl::InvalidArgumentError("a tool-call response format without its tools");
   }
+  if (response_format == ResponseFormat::kRegex && regex == nullptr) {
+    return absl::InvalidArgumentError("a regex response format without its regex");
+  }
   if (response_format != ResponseFormat::kText) {
     if (min_tokens > 0) {
       return absl::InvalidArgumentError(
-          "min_tokens cannot be combined with a JSON response format or required tool calls: "
-          "the answer could be complete before the minimum");
+          "min_tokens cannot be combined with a JSON or regex response format or required tool "
+          "calls: the answer could be complete before the minimum");
     }
     if (stop_ids.empty()) {
       return absl::InvalidArgumentError(
-          "a JSON response format or required tool calls need an end of sequence to end the "
-          "answer with (not with ignore_eos and no stop ids)");
+          "a JSON or regex response format or required tool calls need an end of sequence to "
+          "end the answer with (not with ignore_eos and no stop ids)");
     }
   }
   return absl::OkStatus();
@@ -72,9 +75,10 @@ Sampler::Sampler(const SamplingParams& params, std::shared_ptr<const TokenVocabu
   // A caller's bug, not a request's: answering unconstrained would break the promise.
   const auto require = [](bool given) {
     if (given) return;
-    std::fputs("Sampler: a response format needs the tokenizer's vocabulary (and kJsonSchema "
-               "its schema, kToolCalls its tools)\n",
-               stderr);
+    std::fputs(
+        "Sampler: a response format needs the tokenizer's vocabulary (and kJsonSchema "
+        "its schema, kToolCalls its tools, kRegex its regex)\n",
+        stderr);
     std::abort();
   };
   switch (params_.response_format) {
@@ -91,6 +95,10 @@ Sampler::Sampler(const SamplingParams& params, std::shared_ptr<const TokenVocabu
     case ResponseFormat::kToolCalls:
       require(vocabulary != nullptr && params_.tool_calls != nullptr);
       format_ = MakeToolCallConstraint(std::move(vocabulary), params_.stop_ids, params_.tool_calls);
+      break;
+    case ResponseFormat::kRegex:
+      require(vocabulary != nullptr && params_.regex != nullptr);
+      format_ = MakeRegexConstraint(std::move(vocabulary), params_.stop_ids, params_.regex);
       break;
   }
   if (params_.logit_bias.empty()) return;

@@ -1,18 +1,19 @@
 // Token choice from logits: greedy, or seeded temperature / top-k / top-p sampling.
 #pragma once
 
+#include <ATen/ATen.h>
+
 #include <cstdint>
 #include <memory>
 #include <random>
-#include <utility>
 #include <span>
+#include <utility>
 #include <vector>
-
-#include <ATen/ATen.h>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "models/grammar/json_constraint.h"
+#include "models/grammar/regex_grammar.h"
 #include "models/grammar/tool_call_grammar.h"
 
 namespace tophat {
@@ -23,6 +24,7 @@ enum class ResponseFormat : uint8_t {
   kJsonObject,  // a JSON object, then the end (JsonConstraint)
   kJsonSchema,  // a value of SamplingParams::json_schema, then the end (SchemaConstraint)
   kToolCalls,   // tool calls of SamplingParams::tool_calls, then the end (ToolCallConstraint)
+  kRegex,       // text SamplingParams::regex matches whole, then the end (RegexConstraint)
 };
 
 struct SamplingParams {
@@ -54,10 +56,11 @@ struct SamplingParams {
   // the tokenizer's TokenVocabulary). Not with min_tokens: the object could be complete
   // before the minimum, leaving nothing to choose. kJsonSchema: the same for a value of
   // json_schema; kToolCalls, for tool_calls' calls (tool_choice "required" or a named
-  // function).
+  // function); kRegex, for text `regex` matches.
   ResponseFormat response_format = ResponseFormat::kText;
   std::shared_ptr<const CompiledSchema> json_schema;  // with kJsonSchema
   std::shared_ptr<const ToolCallSpec> tool_calls;     // with kToolCalls
+  std::shared_ptr<const StringPattern> regex;         // with kRegex (CompileRegexFormat)
 
   absl::Status Validate() const;
   bool greedy() const { return temperature <= 0.0; }
