@@ -83,6 +83,10 @@ v1::GenerateRequest MakeRequest(const ChatArgs& args, const std::string& json_sc
                               : args.json           ? v1::RESPONSE_FORMAT_JSON_OBJECT
                                                     : v1::RESPONSE_FORMAT_TEXT);
   request.set_json_schema(json_schema);
+  if (!args.regex.empty()) {
+    request.set_response_format(v1::RESPONSE_FORMAT_REGEX);
+    request.set_regex(args.regex);
+  }
   request.set_trace(!args.trace_path.empty());
   return request;
 }

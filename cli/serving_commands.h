@@ -33,6 +33,7 @@ struct ChatArgs {
   Penalties penalties;
   bool json = false;  // answers are JSON objects (GenerateRequest.response_format)
   std::string json_schema_path;  // answers are values of this file's JSON Schema
+  std::string regex;             // answers are whole matches of this regular expression
   bool stats = false;
   std::string trace_path;  // "-": stderr; else a file (last answer's trace)
 };

@@ -488,6 +488,12 @@ int main(int argc, char** argv) {
                        "Answer with a value of the JSON Schema in FILE, each token chosen to "
                        "keep it one (docs/openai.md, \"JSON answers\")")
       ->excludes("--json");
+  chat_cmd
+      ->add_option("--regex", chat.regex,
+                   "Answer with text this regular expression matches whole, each token "
+                   "chosen to keep a match possible (docs/openai.md, \"Regular expressions "
+                   "and choices\")")
+      ->excludes("--json", "--json-schema");
   chat_cmd->add_flag("--stats", chat.stats, "Print TTFT and mean TBT after each answer");
   chat_cmd->add_option("--trace", chat.trace_path,
                        "Write each answer's trace (prompt chunks: device, upload, queue, "

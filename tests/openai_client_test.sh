@@ -6,7 +6,8 @@
 # KV freed), and the endpoint's limits: a body too large (413, before it is read), a
 # completion past max_concurrent_requests (429 at once), an idle connection (closed), clients that
 # send their requests a byte at a time (cut off at openai.request_deadline_s). The cases are
-# tests/openai_client_test.py; after them `tophat chat --json` asks the same agent over gRPC.
+# tests/openai_client_test.py; after them `tophat chat --json` and `--regex` ask the same agent
+# over gRPC.
 #   openai_client_test.sh BIN_DIR TOY_MODEL WORK_DIR PYTHON
 # A Python without `openai` is a failure, not a skip: deploy/install-deps.sh installs it.
 set -euo pipefail
@@ -88,6 +89,18 @@ if [ "$status" -eq 0 ]; then
     echo "FAIL: tophat chat --json: $json (without --json: $plain)"; status=1
   else
     echo "tophat chat --json: $json"
+  fi
+fi
+# `tophat chat --regex`: the whole answer matches (a grep of the same regex, whole line).
+if [ "$status" -eq 0 ]; then
+  regex='[A-Z]{2}-[0-9]{2,4}'
+  matched=$("${chat[@]}" --regex "$regex" 2>>"$work/run/chat.log") || status=$?
+  if [ "$status" -ne 0 ]; then
+    echo "FAIL: tophat chat --regex failed"; tail -5 "$work/run/chat.log"
+  elif ! printf '%s\n' "$matched" | grep -Exq "$regex"; then
+    echo "FAIL: tophat chat --regex '$regex': $matched"; status=1
+  else
+    echo "tophat chat --regex: $matched"
   fi
 fi
 if [ "$status" -ne 0 ]; then
