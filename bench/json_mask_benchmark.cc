@@ -34,6 +34,7 @@
 #include "base/program.h"
 #include "bench/bench_util.h"
 #include "models/grammar/json_constraint.h"
+#include "models/grammar/regex_grammar.h"
 #include "models/grammar/tool_call_grammar.h"
 #include "models/tokenizers/tokenizer.h"
 
@@ -361,6 +362,17 @@ int Run(const Args& args) {
         "auto", auto_states,
         [&] { return MakeToolCallConstraint(vocabulary, end_ids, *auto_calls); },
         ToolCallGrammar(auto_calls->get()));
+  }
+  // Regexes over the whole answer (vLLM's structured_outputs regex): a narrow one, and one
+  // that takes almost any character, where every token is walked whole through its DFA.
+  for (const auto& [regex, state] : std::vector<std::pair<std::string, State>>{
+           {R"([A-Z]{2}-\d{2,4})", {"narrow", "AB-1"}}, {".{0,200}", {"any", "Hello, wo"}}}) {
+    if (!measured.ok()) break;
+    const auto pattern = CompileRegexFormat(regex);
+    if (!pattern.ok()) return Fail(pattern.status());
+    measured = measure(
+        "regex", {state}, [&] { return MakeRegexConstraint(vocabulary, end_ids, *pattern); },
+        RegexGrammar(pattern->get()));
   }
   if (!measured.ok()) return Fail(measured);
   const nlohmann::json report = {{"benchmark", "json_mask"},
