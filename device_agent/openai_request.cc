@@ -589,8 +589,13 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
           auto schema = ParseJsonSchemaFormat(
               Json{{"json_schema", {{"name", "structured_outputs"}, {"schema", setting}}}});
           if (auto* error = std::get_if<OpenAiError>(&schema)) {
+            // Named as given: the schema's place, not response_format's.
             OpenAiError renamed = *error;
             renamed.param = param;
+            constexpr std::string_view kGiven = "'response_format.json_schema.schema'";
+            if (const size_t at = renamed.message.find(kGiven); at != std::string::npos) {
+              renamed.message.replace(at, kGiven.size(), absl::StrCat("'", param, "'"));
+            }
             return renamed;
           }
           request.json_schema = std::get<std::string>(std::move(schema));

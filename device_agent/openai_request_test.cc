@@ -708,7 +708,7 @@ TEST_CASE("vLLM's structured outputs are refused where they cannot hold, naming 
             "one of"},
            {R"j("structured_outputs": {})j", "structured_outputs", "one of"},
            {R"j("structured_outputs": {"json": {"uniqueItems": true}})j", "structured_outputs.json",
-            "uniqueItems"},
+            "'structured_outputs.json' at /: \"uniqueItems\" is not supported"},
            {R"j("guided_regex": "a", "response_format": {"type": "json_object"})j",
             "response_format", "give the answer's format once"},
            {R"j("guided_regex": "a", "guided_choice": ["b"])j", "guided_regex",

@@ -1,20 +1,20 @@
 #include "device_agent/openai_server.h"
 
-#include <httplib.h>
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <functional>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <span>
 #include <thread>
 #include <variant>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
