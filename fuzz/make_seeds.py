@@ -256,6 +256,12 @@ def main():
          "tool_choice": {"type": "function", "function": {"name": "get_time"}},
          "messages": [{"role": "user", "content": '{"name": "get_time", "parameters": {}}'}]}
     ).encode())
+    # vLLM's structured outputs: a regex (compiled while parsing) and a choice.
+    write(out, "openai_request", "regex.bin", b"\x00" + json.dumps(
+        {"model": "toy", "messages": [{"role": "user", "content": "x"}],
+         "structured_outputs": {"regex": "^[A-Z]{2}-\\d{2,4}( (?:ab|c)*)?$"}}).encode())
+    write(out, "openai_request", "choice.bin", b"\x01" + json.dumps(
+        {"model": "toy", "prompt": "x", "guided_choice": ["yes", "no", "a.b (c)"]}).encode())
     # /v1/responses (bit 3 of the first byte): input items with calls and their outputs,
     # flat tools, text.format and the fields a response repeats.
     write(out, "openai_request", "responses.bin", b"\x08" + json.dumps(
