@@ -391,54 +391,18 @@ void CheckStartOfValue(const std::vector<int32_t>& generated, const TokenVocabul
   }
 }
 
-TEST_CASE("Constrained to a JSON object, speculative greedy decoding is still plain greedy "
-          "decoding under the same constraint",
-          "[speculative]") {
+// Speculative greedy decoding under `params`' format, on the 64-token test model over six
+// prompts: each answer is plain greedy decoding under `start`'s grammar (the reference tries
+// every token on it), and the start of a value it takes; the format changes every answer
+// (it is not what the model says anyway), and every path of the decoder is taken. `ends`:
+// every answer reaches the end within its 40 tokens.
+template <typename Grammar>
+void CheckConstrainedGreedy(const SamplingParams& params, const Grammar& start, bool ends) {
   c10::InferenceMode inference;
   auto split = MakeSplit(/*vocab=*/64, /*logit_scale=*/25.0, /*adapter_noise=*/0.04, 5);
   const auto vocabulary = JsonTestVocabulary();
-  constexpr int32_t kEnd = 2;
-  const SamplingParams json{.stop_ids = {kEnd}, .response_format = ResponseFormat::kJsonObject};
-  DecodeCounts counts;
-  int64_t changed = 0;
-  for (int p = 0; p < 6; ++p) {
-    INFO("prompt " << p);
-    const std::vector<int64_t> prompt = TestPrompt(p);
-    const int64_t new_tokens = 40;
-    const SpeculativeOptions options = TestOptions(p, /*parallel=*/true);
-    Session session(*split, options, json, 128, vocabulary);
-    const std::vector<int32_t> generated =
-        DecodeGreedy(session, prompt, new_tokens, /*parallel=*/true, options.max_draft, counts);
-    std::vector<double> margins, plain_margins;
-    const std::vector<int32_t> reference = ReferenceJsonGreedy(
-        *split->full, prompt, new_tokens, *vocabulary, kEnd, &margins, JsonGrammar());
-    CheckAgainstReference(generated, reference, margins);
-    changed += reference != ReferenceGreedy(*split->full, prompt, new_tokens, {}, &plain_margins);
-    // What was generated is the start of an object (up to the end, if it came).
-    CheckStartOfValue(generated, *vocabulary, kEnd, JsonGrammar());
-  }
-  CHECK(changed == 6);
-  CheckEveryPath(counts);
-}
-
-TEST_CASE("Constrained to a JSON Schema, speculative greedy decoding is still plain greedy "
-          "decoding under the same constraint",
-          "[speculative]") {
-  c10::InferenceMode inference;
-  auto split = MakeSplit(/*vocab=*/64, /*logit_scale=*/25.0, /*adapter_noise=*/0.04, 5);
-  const auto vocabulary = JsonTestVocabulary();
-  constexpr int32_t kEnd = 2;
-  // Keys the vocabulary spells, an integer, an array of booleans, and a nullable string.
-  auto schema = CompiledSchema::Compile(nlohmann::json::parse(R"({
-      "type": "object",
-      "properties": {"a": {"type": "integer"},
-                     "b": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3},
-                     "key": {"type": ["string", "null"]}},
-      "required": ["a", "b"], "additionalProperties": false})"));
-  REQUIRE(schema.ok());
-  const SamplingParams params{.stop_ids = {kEnd},
-                              .response_format = ResponseFormat::kJsonSchema,
-                              .json_schema = *schema};
+  REQUIRE(params.stop_ids.size() == 1);
+  const int32_t end = params.stop_ids[0];
   DecodeCounts counts;
   int64_t changed = 0;
   for (int p = 0; p < 6; ++p) {
@@ -451,52 +415,56 @@ TEST_CASE("Constrained to a JSON Schema, speculative greedy decoding is still pl
         DecodeGreedy(session, prompt, new_tokens, /*parallel=*/true, options.max_draft, counts);
     std::vector<double> margins, plain_margins;
     const std::vector<int32_t> reference =
-        ReferenceJsonGreedy(*split->full, prompt, new_tokens, *vocabulary, kEnd, &margins,
-                            SchemaGrammar(schema->get()));
+        ReferenceJsonGreedy(*split->full, prompt, new_tokens, *vocabulary, end, &margins, start);
     CheckAgainstReference(generated, reference, margins);
     changed += reference != ReferenceGreedy(*split->full, prompt, new_tokens, {}, &plain_margins);
-    // What was generated is the start of a value of the schema (up to the end, if it came).
-    CheckStartOfValue(generated, *vocabulary, kEnd, SchemaGrammar(schema->get()));
+    // What was generated is the start of a value (up to the end, if it came).
+    CheckStartOfValue(generated, *vocabulary, end, start);
+    if (ends) CHECK(std::find(generated.begin(), generated.end(), end) != generated.end());
   }
   CHECK(changed == 6);
   CheckEveryPath(counts);
 }
 
 TEST_CASE(
+    "Constrained to a JSON object, speculative greedy decoding is still plain greedy "
+    "decoding under the same constraint",
+    "[speculative]") {
+  CheckConstrainedGreedy(
+      SamplingParams{.stop_ids = {2}, .response_format = ResponseFormat::kJsonObject},
+      JsonGrammar(), /*ends=*/false);
+}
+
+TEST_CASE(
+    "Constrained to a JSON Schema, speculative greedy decoding is still plain greedy "
+    "decoding under the same constraint",
+    "[speculative]") {
+  // Keys the vocabulary spells, an integer, an array of booleans, and a nullable string.
+  auto schema = CompiledSchema::Compile(nlohmann::json::parse(R"({
+      "type": "object",
+      "properties": {"a": {"type": "integer"},
+                     "b": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3},
+                     "key": {"type": ["string", "null"]}},
+      "required": ["a", "b"], "additionalProperties": false})"));
+  REQUIRE(schema.ok());
+  CheckConstrainedGreedy(
+      SamplingParams{
+          .stop_ids = {2}, .response_format = ResponseFormat::kJsonSchema, .json_schema = *schema},
+      SchemaGrammar(schema->get()), /*ends=*/false);
+}
+
+TEST_CASE(
     "Constrained to a regex, speculative greedy decoding is still plain greedy decoding "
     "under the same constraint",
     "[speculative]") {
-  c10::InferenceMode inference;
-  auto split = MakeSplit(/*vocab=*/64, /*logit_scale=*/25.0, /*adapter_noise=*/0.04, 5);
-  const auto vocabulary = JsonTestVocabulary();
-  constexpr int32_t kEnd = 2;
-  // Letters and spaces the model chooses among (so that drafts are sometimes rejected),
-  // a separator of two tokens, and an end that stops any further byte.
+  // Letters and spaces the model chooses among (so that drafts are sometimes rejected), a
+  // separator of two tokens, and an end that stops any further byte: bounded, so every
+  // answer ends within its tokens.
   auto regex = CompileRegexFormat(R"(key: [a-z ]{3,24}(, [a-z0-9]{1,4}){0,4}\.)");
   REQUIRE(regex.ok());
-  const SamplingParams params{
-      .stop_ids = {kEnd}, .response_format = ResponseFormat::kRegex, .regex = *regex};
-  DecodeCounts counts;
-  int64_t changed = 0;
-  for (int p = 0; p < 6; ++p) {
-    INFO("prompt " << p);
-    const std::vector<int64_t> prompt = TestPrompt(p);
-    const int64_t new_tokens = 40;
-    const SpeculativeOptions options = TestOptions(p, /*parallel=*/true);
-    Session session(*split, options, params, 128, vocabulary);
-    const std::vector<int32_t> generated =
-        DecodeGreedy(session, prompt, new_tokens, /*parallel=*/true, options.max_draft, counts);
-    std::vector<double> margins, plain_margins;
-    const std::vector<int32_t> reference = ReferenceJsonGreedy(
-        *split->full, prompt, new_tokens, *vocabulary, kEnd, &margins, RegexGrammar(regex->get()));
-    CheckAgainstReference(generated, reference, margins);
-    changed += reference != ReferenceGreedy(*split->full, prompt, new_tokens, {}, &plain_margins);
-    CheckStartOfValue(generated, *vocabulary, kEnd, RegexGrammar(regex->get()));
-    // Bounded: the whole match and the end fit in the tokens.
-    CHECK(std::find(generated.begin(), generated.end(), kEnd) != generated.end());
-  }
-  CHECK(changed == 6);
-  CheckEveryPath(counts);
+  CheckConstrainedGreedy(
+      SamplingParams{.stop_ids = {2}, .response_format = ResponseFormat::kRegex, .regex = *regex},
+      RegexGrammar(regex->get()), /*ends=*/true);
 }
 
 // How many drafts a greedy drafter makes after `tokens` (the round's first token last) before
