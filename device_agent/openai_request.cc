@@ -1156,7 +1156,6 @@ std::variant<OpenAiResponsesRequest, OpenAiError> ParseResponsesRequest(
   if (auto* error = std::get_if<OpenAiError>(&parsed)) return InResponsesTerms(*error);
   out.chat = std::get<OpenAiRequest>(std::move(parsed));
   out.chat.messages = std::move(input);
-  echo["parallel_tool_calls"] = out.chat.parallel_tool_calls;
   return out;
 }
 

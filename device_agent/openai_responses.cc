@@ -135,7 +135,6 @@ std::vector<Json> ResponseBuilder::Text(std::string_view delta, const Json& logp
 
 std::vector<Json> ResponseBuilder::Finish(std::string_view tail, std::span<const ToolCall> calls,
                                           bool cut_short, Json usage) {
-  cut_short_ = cut_short;
   std::vector<Json> events = Text(tail, Json::array());
   // An answer of calls alone has no message, as OpenAI's; an empty answer has an empty one.
   if (calls.empty()) OpenMessage(events);

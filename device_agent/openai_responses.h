@@ -69,7 +69,6 @@ class ResponseBuilder {
   std::string message_id_;  // "": not opened
   std::string text_;
   Json logprobs_ = Json::array();
-  bool cut_short_ = false;
   ChatMessage answer_{.role = "assistant"};
 };
 
