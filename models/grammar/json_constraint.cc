@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "models/grammar/ebnf_grammar.h"
 #include "models/grammar/regex_grammar.h"
 #include "models/grammar/tool_call_grammar.h"
 #include "models/tokenizers/tokenizer_utf8.h"
@@ -217,6 +218,7 @@ template class GrammarConstraint<JsonGrammar>;
 template class GrammarConstraint<SchemaGrammar>;
 template class GrammarConstraint<ToolCallGrammar>;
 template class GrammarConstraint<RegexGrammar>;
+template class GrammarConstraint<EbnfState>;
 
 std::unique_ptr<TokenConstraint> MakeSchemaConstraint(
     std::shared_ptr<const TokenVocabulary> vocabulary, std::vector<int32_t> end_ids,
