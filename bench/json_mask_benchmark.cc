@@ -33,6 +33,7 @@
 #include "absl/strings/str_format.h"
 #include "base/program.h"
 #include "bench/bench_util.h"
+#include "models/grammar/ebnf_grammar.h"
 #include "models/grammar/json_constraint.h"
 #include "models/grammar/regex_grammar.h"
 #include "models/grammar/tool_call_grammar.h"
@@ -373,6 +374,32 @@ int Run(const Args& args) {
     measured = measure(
         "regex", {state}, [&] { return MakeRegexConstraint(vocabulary, end_ids, *pattern); },
         RegexGrammar(pattern->get()));
+  }
+  // GBNF grammars (vLLM's structured_outputs grammar, llama.cpp's grammar): JSON written as a
+  // grammar (llama.cpp's json.gbnf shape), inside an object's key, a string and a number, and
+  // one that takes almost any character.
+  constexpr std::string_view kJsonGbnf = R"g(
+    root   ::= object
+    value  ::= object | array | string | number | ("true" | "false" | "null") ws
+    object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+    array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+    string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+    number ::= "-"? ([0-9] | [1-9] [0-9]{0,15}) ("." [0-9]+)? ([eE] [-+]? [0-9]{1,3})? ws
+    ws     ::= | " " | "\n" [ \t]{0,20}
+  )g";
+  for (const auto& [text, states] : std::vector<std::pair<std::string_view, std::vector<State>>>{
+           {kJsonGbnf,
+            {{"json key", "{\"na"},
+             {"json string", "{\"name\": \"Os"},
+             {"json number", "{\"n\": 12"}}},
+           {"root ::= .{0,200}", {{"any", "Hello, wo"}}}}) {
+    if (!measured.ok()) break;
+    const auto grammar = EbnfGrammar::Compile(text);
+    if (!grammar.ok()) return Fail(grammar.status());
+    EbnfWorkspace workspace(grammar->get());
+    measured = measure(
+        "gbnf", states, [&] { return MakeEbnfConstraint(vocabulary, end_ids, *grammar); },
+        EbnfState(&workspace));
   }
   if (!measured.ok()) return Fail(measured);
   const nlohmann::json report = {{"benchmark", "json_mask"},

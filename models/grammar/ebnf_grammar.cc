@@ -75,9 +75,8 @@ class EbnfCompiler {
     if (absl::Status parsed = ParseRules(); !parsed.ok()) return parsed;
     for (size_t rule = 0; rule < names_.size(); ++rule) {
       if (!bodies_[rule].has_value()) {
-        return absl::InvalidArgumentError(absl::StrCat("grammar: rule '", names_[rule], "' (",
-                                                       Where(first_use_[rule]),
-                                                       ") is not defined"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "grammar: rule '", names_[rule], "' (", Where(first_use_[rule]), ") is not defined"));
       }
     }
     const auto root = rule_ids_.find("root");
@@ -122,7 +121,8 @@ class EbnfCompiler {
     return absl::StrCat("line ", line, ", column ", column);
   }
   absl::Status ErrorAt(size_t pos, std::string_view what) const {
-    return absl::InvalidArgumentError(absl::StrCat("grammar: ", Where(pos), ": ", what));
+    return absl::InvalidArgumentError(
+        absl::StrCat("grammar: ", Where(pos), ": ", std::string(what)));
   }
   bool AtEnd() const { return pos_ >= text_.size(); }
   char Peek() const { return AtEnd() ? '\0' : text_[pos_]; }
@@ -181,17 +181,20 @@ class EbnfCompiler {
     while (!AtEnd()) {
       const size_t start = pos_;
       const std::string_view name = ParseName();
-      if (name.empty()) return ErrorAt(pos_, absl::StrCat("expected a rule's name, found ",
-                                                          Quoted(static_cast<uint8_t>(Peek()))));
+      if (name.empty())
+        return ErrorAt(pos_, absl::StrCat("expected a rule's name, found ",
+                                          Quoted(static_cast<uint8_t>(Peek()))));
       SkipSpace();
       if (text_.substr(pos_, 3) != "::=") {
-        return ErrorAt(pos_, absl::StrCat("expected '::=' after the rule's name '", name, "'"));
+        return ErrorAt(
+            pos_, absl::StrCat("expected '::=' after the rule's name '", std::string(name), "'"));
       }
       pos_ += 3;
       const uint32_t rule = RuleId(name, start);
       if (bodies_[rule].has_value()) {
-        return ErrorAt(start, absl::StrCat("rule '", name, "' is defined twice (first at ",
-                                           Where(defined_at_[rule]), ")"));
+        return ErrorAt(start,
+                       absl::StrCat("rule '", std::string(name), "' is defined twice (first at ",
+                                    Where(defined_at_[rule]), ")"));
       }
       defined_at_[rule] = start;
       SkipSpace();
@@ -243,8 +246,8 @@ class EbnfCompiler {
         element = *std::move(char_class);
       } else if (c == '.') {
         ++pos_;
-        element = Ast{.kind = Ast::Kind::kClass,
-                      .id = AddClass({EbnfGrammar::Range{0, kMaxCodePoint}})};
+        element =
+            Ast{.kind = Ast::Kind::kClass, .id = AddClass({EbnfGrammar::Range{0, kMaxCodePoint}})};
       } else if (c == '(') {
         ++pos_;
         SkipSpace();
@@ -310,7 +313,9 @@ class EbnfCompiler {
           (max != kUnbounded && max > kMaxRepetition)) {
         return ErrorAt(start, absl::StrCat("a count above ", kMaxRepetition));
       }
-      if (max < min) return ErrorAt(start, absl::StrCat("{", min, ",", max, "}: the most is less than the least"));
+      if (max < min)
+        return ErrorAt(start,
+                       absl::StrCat("{", min, ",", max, "}: the most is less than the least"));
     } else {
       return absl::OkStatus();
     }
@@ -436,8 +441,8 @@ class EbnfCompiler {
         absl::StatusOr<uint32_t> end = ParseChar();
         if (!end.ok()) return end.status();
         if (*end < *lo) {
-          return ErrorAt(dash, absl::StrCat("a range from ", Quoted(*lo), " down to ",
-                                            Quoted(*end)));
+          return ErrorAt(dash,
+                         absl::StrCat("a range from ", Quoted(*lo), " down to ", Quoted(*end)));
         }
         hi = *end;
       }
@@ -478,9 +483,9 @@ class EbnfCompiler {
 
   absl::StatusOr<uint32_t> NewState() {
     if (terminals_.size() >= kMaxEbnfStates) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "grammar: compiles to more than ", kMaxEbnfStates,
-          " states (repetition counts multiply what they repeat)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("grammar: compiles to more than ", kMaxEbnfStates,
+                       " states (repetition counts multiply what they repeat)"));
     }
     terminals_.emplace_back();
     calls_.emplace_back();
@@ -590,8 +595,8 @@ class EbnfCompiler {
   }
 
   // Whether `state` reaches its rule's end without reading, through rules that may be empty.
-  bool ReachesEnd(uint32_t state, const std::vector<bool>& nullable,
-                  std::vector<uint32_t>& seen, uint32_t mark) const {
+  bool ReachesEnd(uint32_t state, const std::vector<bool>& nullable, std::vector<uint32_t>& seen,
+                  uint32_t mark) const {
     if (seen[state] == mark) return false;
     seen[state] = mark;
     const EbnfGrammar::Closure& closure = grammar_->closures_[state];
@@ -611,8 +616,7 @@ class EbnfCompiler {
     for (bool changed = true; changed;) {
       changed = false;
       for (uint32_t rule = 0; rule < rules; ++rule) {
-        if (!nullable[rule] &&
-            ReachesEnd(grammar_->rule_starts_[rule], nullable, seen, mark++)) {
+        if (!nullable[rule] && ReachesEnd(grammar_->rule_starts_[rule], nullable, seen, mark++)) {
           nullable[rule] = true;
           changed = true;
         }
@@ -663,8 +667,7 @@ class EbnfCompiler {
         std::vector<std::string> names;
         for (const uint32_t r : *cycle) names.push_back(names_[r]);
         return absl::InvalidArgumentError(absl::StrCat(
-            "grammar: rule '", names.front(), "' is left-recursive (",
-            absl::StrJoin(names, " -> "),
+            "grammar: rule '", names.front(), "' is left-recursive (", absl::StrJoin(names, " -> "),
             " before reading a character); write the repetition with * or + instead"));
       }
     }
@@ -690,95 +693,93 @@ absl::StatusOr<std::shared_ptr<const EbnfGrammar>> EbnfGrammar::Compile(std::str
   return EbnfCompiler(text).Compile();
 }
 
-const EbnfStacks::Node* EbnfStacks::Push(uint32_t resume, const Node* caller, bool* over) {
+EbnfWorkspace::EbnfWorkspace(const EbnfGrammar* grammar) : grammar_(grammar) {
+  Configuration first;
+  advanced_.clear();
+  visited_.clear();
+  Expand(grammar_->root_start(), nullptr, advanced_, &first.accepts);
+  std::sort(advanced_.begin(), advanced_.end());
+  advanced_.erase(std::unique(advanced_.begin(), advanced_.end()), advanced_.end());
+  first.items.assign(advanced_.begin(), advanced_.end());
+  start_ = Intern(std::move(first));
+}
+
+const EbnfWorkspace::Node* EbnfWorkspace::Push(uint32_t resume, const Node* caller, bool* over) {
   const int32_t depth = caller == nullptr ? 1 : caller->depth + 1;
   if (depth > kMaxEbnfCallDepth) {
     *over = true;
     return nullptr;
   }
-  const auto it = interned_.find(std::make_pair(resume, caller));
-  if (it != interned_.end()) return it->second;
-  if (nodes_.size() >= kMaxEbnfStackNodes) {
+  const auto it = interned_nodes_.find(std::make_pair(resume, caller));
+  if (it != interned_nodes_.end()) return it->second;
+  if (nodes_.size() >= kMaxStackNodes) {
     *over = true;
     return nullptr;
   }
   const Node* node = &nodes_.emplace_back(Node{resume, depth, caller});
-  interned_.emplace(std::make_pair(resume, caller), node);
+  interned_nodes_.emplace(std::make_pair(resume, caller), node);
   return node;
 }
 
-EbnfState::EbnfState(const EbnfGrammar* grammar, EbnfStacks* stacks)
-    : grammar_(grammar), stacks_(stacks) {
-  std::vector<Item>& next = stacks_->advanced;
-  next.clear();
-  stacks_->visited.clear();
-  Expand(grammar_->root_start(), nullptr, next);
-  std::sort(next.begin(), next.end());
-  next.erase(std::unique(next.begin(), next.end()), next.end());
-  items_.assign(next.begin(), next.end());
-}
-
-void EbnfState::Expand(uint32_t state, const EbnfStacks::Node* stack, std::vector<Item>& out) {
-  auto& visited = stacks_->visited;
-  auto& pending = stacks_->pending;
-  pending.clear();
-  pending.emplace_back(state, stack);
-  while (!pending.empty()) {
-    const auto [at, under] = pending.back();
-    pending.pop_back();
-    if (!visited.emplace(at, under).second) continue;
+void EbnfWorkspace::Expand(uint32_t state, const Node* stack, std::vector<Item>& out,
+                           bool* accepts) {
+  pending_.clear();
+  pending_.emplace_back(state, stack);
+  while (!pending_.empty()) {
+    const auto [at, under] = pending_.back();
+    pending_.pop_back();
+    if (!visited_.emplace(at, under).second) continue;
     const EbnfGrammar::Closure& closure = grammar_->closure(at);
     for (const uint32_t ready : closure.ready) out.emplace_back(ready, under);
     for (const EbnfGrammar::Call& call : closure.calls) {
-      const EbnfStacks::Node* callee = under;
+      const Node* callee = under;
       // A call whose caller has nothing left to read returns straight to the caller's
       // caller: right recursion keeps its stack.
       if (!grammar_->closure(call.target).ends_only) {
         bool over = false;
-        callee = stacks_->Push(call.target, under, &over);
+        callee = Push(call.target, under, &over);
         if (over) continue;
       }
-      pending.emplace_back(grammar_->rule_start(call.rule), callee);
+      pending_.emplace_back(grammar_->rule_start(call.rule), callee);
     }
     if (closure.ends) {
       if (under == nullptr) {
-        accepts_ = true;
+        *accepts = true;
       } else {
-        pending.emplace_back(under->resume, under->caller);
+        pending_.emplace_back(under->resume, under->caller);
       }
     }
   }
 }
 
-bool EbnfState::Advance(uint32_t c) {
-  std::vector<Item>& next = stacks_->advanced;
-  next.clear();
-  stacks_->visited.clear();
-  accepts_ = false;
-  for (const Item& item : items_) {
+bool EbnfWorkspace::Advance(const Configuration& from, uint32_t c, Configuration* to) {
+  advanced_.clear();
+  visited_.clear();
+  to->accepts = false;
+  for (const Item& item : from.items) {
     for (const EbnfGrammar::Terminal& terminal : grammar_->terminals(item.first)) {
       if (grammar_->char_class(terminal.char_class).Contains(c)) {
-        Expand(terminal.target, item.second, next);
+        Expand(terminal.target, item.second, advanced_, &to->accepts);
       }
     }
   }
-  std::sort(next.begin(), next.end());
-  next.erase(std::unique(next.begin(), next.end()), next.end());
-  items_.assign(next.begin(), next.end());
-  return !items_.empty() || accepts_;
+  std::sort(advanced_.begin(), advanced_.end());
+  advanced_.erase(std::unique(advanced_.begin(), advanced_.end()), advanced_.end());
+  to->items.assign(advanced_.begin(), advanced_.end());
+  return !to->items.empty() || to->accepts;
 }
 
-bool EbnfState::Viable() const {
-  const uint32_t free_bits = 6u * pending_bytes_;
-  uint32_t lo = pending_ << free_bits;
+bool EbnfWorkspace::Viable(const Configuration& c) const {
+  const uint32_t free_bits = 6u * c.pending_bytes;
+  uint32_t lo = c.pending << free_bits;
   uint32_t hi = std::min(lo | ((1u << free_bits) - 1), kMaxCodePoint);
-  if (lead_ != 0) {
+  if (c.lead != 0) {
     // Only the first byte is read: the shortest form and surrogates are not characters.
     static constexpr uint32_t kLeast[] = {0, 0x80, 0x800, 0x10000};
-    lo = std::max(lo, kLeast[pending_bytes_]);
-    if (lead_ == 0xED) hi = 0xD7FF;
+    lo = std::max(lo, kLeast[c.pending_bytes]);
+    if (c.lead == 0xED) hi = 0xD7FF;
   }
-  for (const Item& item : items_) {
+  for (const Item& item : c.items) {
     for (const EbnfGrammar::Terminal& terminal : grammar_->terminals(item.first)) {
       if (grammar_->char_class(terminal.char_class).Intersects(lo, hi)) return true;
     }
@@ -786,51 +787,100 @@ bool EbnfState::Viable() const {
   return false;
 }
 
-bool EbnfState::Feed(unsigned char byte) {
-  if (pending_bytes_ == 0) {
-    if (byte < 0x80) return Advance(byte);
+bool EbnfWorkspace::Step(const Configuration& from, uint8_t byte, Configuration* to) {
+  if (from.pending_bytes == 0) {
+    if (byte < 0x80) return Advance(from, byte, to);
+    to->items = from.items;
+    // A character starts: the answer cannot end inside it.
+    to->accepts = false;
     if (byte >= 0xC2 && byte <= 0xDF) {
-      pending_bytes_ = 1;
-      pending_ = byte & 0x1F;
+      to->pending_bytes = 1;
+      to->pending = byte & 0x1F;
     } else if (byte >= 0xE0 && byte <= 0xEF) {
-      pending_bytes_ = 2;
-      pending_ = byte & 0x0F;
+      to->pending_bytes = 2;
+      to->pending = byte & 0x0F;
     } else if (byte >= 0xF0 && byte <= 0xF4) {
-      pending_bytes_ = 3;
-      pending_ = byte & 0x07;
+      to->pending_bytes = 3;
+      to->pending = byte & 0x07;
     } else {
       return false;
     }
-    lead_ = byte;
-    // A character starts: with nothing left to read or a closed answer, it cannot.
-    accepts_ = false;
-    return Viable();
+    to->lead = byte;
+    return Viable(*to);
   }
   uint8_t least = 0x80;
   uint8_t most = 0xBF;
-  if (lead_ == 0xE0) least = 0xA0;       // shorter forms
-  if (lead_ == 0xED) most = 0x9F;        // surrogates
-  if (lead_ == 0xF0) least = 0x90;       // shorter forms
-  if (lead_ == 0xF4) most = 0x8F;        // past U+10FFFF
+  if (from.lead == 0xE0) least = 0xA0;  // shorter forms
+  if (from.lead == 0xED) most = 0x9F;   // surrogates
+  if (from.lead == 0xF0) least = 0x90;  // shorter forms
+  if (from.lead == 0xF4) most = 0x8F;   // past U+10FFFF
   if (byte < least || byte > most) return false;
-  lead_ = 0;
-  pending_ = (pending_ << 6) | (byte & 0x3F);
-  if (--pending_bytes_ > 0) return Viable();
-  const uint32_t c = pending_;
-  pending_ = 0;
-  return Advance(c);
+  const uint32_t bits = (from.pending << 6) | (byte & 0x3F);
+  if (from.pending_bytes > 1) {
+    to->items = from.items;
+    to->accepts = false;
+    to->pending = bits;
+    to->pending_bytes = static_cast<uint8_t>(from.pending_bytes - 1);
+    to->lead = 0;
+    return Viable(*to);
+  }
+  return Advance(from, bits, to);
+}
+
+int32_t EbnfWorkspace::Intern(Configuration c) {
+  const auto it = ids_.find(c);
+  if (it != ids_.end()) return it->second;
+  if (configurations_.size() >= kMaxConfigurations) return kDead;
+  const auto id = static_cast<int32_t>(configurations_.size());
+  configurations_.push_back(c);
+  ids_.emplace(std::move(c), id);
+  rows_.emplace_back();
+  return id;
+}
+
+int32_t EbnfWorkspace::Next(int32_t configuration, uint8_t byte) {
+  const auto at = static_cast<size_t>(configuration);
+  if (rows_[at] != nullptr) {
+    const int32_t known = (*rows_[at])[byte];
+    if (known != kUnknown) return known;
+  }
+  Configuration next;
+  // configurations_ is a deque: the reference stays valid while Intern appends.
+  const int32_t id = Step(configurations_[at], byte, &next) ? Intern(std::move(next)) : kDead;
+  if (rows_[at] == nullptr && kept_rows_ < kMaxKeptRows) {
+    rows_[at] = std::make_unique<std::array<int32_t, 256>>();
+    rows_[at]->fill(kUnknown);
+    ++kept_rows_;
+  }
+  if (rows_[at] != nullptr) (*rows_[at])[byte] = id;
+  return id;
+}
+
+bool EbnfWorkspace::can_end(int32_t configuration) const {
+  const Configuration& c = configurations_[static_cast<size_t>(configuration)];
+  return c.accepts && c.pending_bytes == 0;
+}
+
+bool EbnfWorkspace::complete(int32_t configuration) const {
+  const Configuration& c = configurations_[static_cast<size_t>(configuration)];
+  return c.accepts && c.pending_bytes == 0 && c.items.empty();
+}
+
+size_t EbnfWorkspace::ways(int32_t configuration) const {
+  return configurations_[static_cast<size_t>(configuration)].items.size();
 }
 
 std::unique_ptr<TokenConstraint> MakeEbnfConstraint(
     std::shared_ptr<const TokenVocabulary> vocabulary, std::vector<int32_t> end_ids,
     std::shared_ptr<const EbnfGrammar> grammar) {
   struct Owned {
+    explicit Owned(std::shared_ptr<const EbnfGrammar> g)
+        : grammar(std::move(g)), workspace(grammar.get()) {}
     std::shared_ptr<const EbnfGrammar> grammar;
-    EbnfStacks stacks;
+    EbnfWorkspace workspace;
   };
-  auto owned = std::make_shared<Owned>();
-  owned->grammar = std::move(grammar);
-  EbnfState start(owned->grammar.get(), &owned->stacks);
+  auto owned = std::make_shared<Owned>(std::move(grammar));
+  EbnfState start(&owned->workspace);
   return std::make_unique<EbnfConstraint>(std::move(vocabulary), std::move(end_ids),
                                           std::move(start), std::move(owned));
 }

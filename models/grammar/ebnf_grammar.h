@@ -16,6 +16,7 @@
 // ambiguous ones included. Left recursion is refused, naming the rules of its cycle.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -36,10 +37,8 @@ namespace tophat {
 // (repetition counts multiply what they repeat).
 inline constexpr size_t kMaxEbnfGrammarBytes = 64 * 1024;
 inline constexpr size_t kMaxEbnfStates = 1 << 17;
-// Calls nested deeper than this are not followed (a branch that needs them is refused), and a
-// request keeps at most kMaxEbnfStackNodes distinct calls: memory bounded per request.
+// Calls nested deeper than this are not followed (a branch that needs them is refused).
 inline constexpr int32_t kMaxEbnfCallDepth = 1024;
-inline constexpr size_t kMaxEbnfStackNodes = 1 << 20;
 
 // A compiled grammar: immutable, shared by the requests that use it.
 class EbnfGrammar {
@@ -94,82 +93,132 @@ class EbnfGrammar {
   std::vector<CharClass> classes_;
 };
 
-// The calls a request's answer has open: interned nodes (a caller's resume state and its own
-// caller), so that equal stacks are one pointer. One request's thread owns it, with every
-// EbnfState that points to it.
-class EbnfStacks {
+// One request's matching of a grammar: the calls its answer has open, as interned nodes (a
+// caller's resume state and its own caller), and the configurations it passes through (every
+// way the text so far can be read, each a state with a terminal edge under a stack of calls;
+// whether root may end here; the bytes of a character not yet whole), each interned to an id
+// with its transitions by byte kept as found: a lazily built DFA, so that a mask's walk over
+// the vocabulary mostly reads a table, as a regex's does. One request's thread owns it, with
+// every EbnfState that points to it. Memory is bounded per request (kMaxEbnfCallDepth and the
+// limits below): past them a branch is refused, not followed.
+class EbnfWorkspace {
  public:
+  static constexpr int32_t kDead = -1;
+  static constexpr size_t kMaxStackNodes = 1 << 18;
+  static constexpr size_t kMaxConfigurations = 1 << 18;
+  // Configurations whose transitions are kept (a table of 256 each).
+  static constexpr size_t kMaxKeptRows = 1 << 14;
+
+  explicit EbnfWorkspace(const EbnfGrammar* grammar);
+
+  // The configuration before the answer's first byte.
+  int32_t start() const { return start_; }
+  // The configuration after `byte`; kDead when no way takes it.
+  int32_t Next(int32_t configuration, uint8_t byte);
+  bool can_end(int32_t configuration) const;
+  // A match that nothing can extend.
+  bool complete(int32_t configuration) const;
+  // Ways the text can be read (for tests).
+  size_t ways(int32_t configuration) const;
+  size_t stack_nodes() const { return nodes_.size(); }
+  size_t configurations() const { return configurations_.size(); }
+
+ private:
   struct Node {
     uint32_t resume;
     int32_t depth;
     const Node* caller;
   };
+  using Item = std::pair<uint32_t, const Node*>;
+  struct Configuration {
+    absl::InlinedVector<Item, 4> items;  // sorted
+    bool accepts = false;
+    uint32_t pending = 0;       // a character's leading bits while its UTF-8 is not whole
+    uint8_t pending_bytes = 0;  // the bytes it still needs
+    uint8_t lead = 0;           // its first byte until the second is read (which it limits)
+
+    bool operator==(const Configuration& other) const {
+      return accepts == other.accepts && pending == other.pending &&
+             pending_bytes == other.pending_bytes && lead == other.lead && items == other.items;
+    }
+    template <typename H>
+    friend H AbslHashValue(H hash, const Configuration& c) {
+      return H::combine(std::move(hash), c.accepts, c.pending, c.pending_bytes, c.lead, c.items);
+    }
+  };
+
   // The node for `resume` under `caller` (nullptr: the root's caller); nullptr when over the
-  // limits (kMaxEbnfCallDepth, kMaxEbnfStackNodes), in *over.
+  // limits, in *over.
   const Node* Push(uint32_t resume, const Node* caller, bool* over);
-  size_t size() const { return nodes_.size(); }
+  // Adds what `state` under `stack` leads to: ready items into `out`, and root's end into
+  // *accepts.
+  void Expand(uint32_t state, const Node* stack, std::vector<Item>& out, bool* accepts);
+  // `from` after character `c`, into *to; false when no way takes it.
+  bool Advance(const Configuration& from, uint32_t c, Configuration* to);
+  // Whether some way of `c` takes a character starting with its pending bytes.
+  bool Viable(const Configuration& c) const;
+  // `from` after `byte`, computed; false when refused.
+  bool Step(const Configuration& from, uint8_t byte, Configuration* to);
+  // The id of `c`, interned; kDead past kMaxConfigurations.
+  int32_t Intern(Configuration c);
 
-  // Scratch for EbnfState::Advance (one request's thread).
-  absl::flat_hash_set<std::pair<uint32_t, const Node*>> visited;
-  std::vector<std::pair<uint32_t, const Node*>> pending;
-  std::vector<std::pair<uint32_t, const Node*>> advanced;
-
- private:
+  const EbnfGrammar* grammar_;
   std::deque<Node> nodes_;
-  absl::flat_hash_map<std::pair<uint32_t, const Node*>, const Node*> interned_;
+  absl::flat_hash_map<std::pair<uint32_t, const Node*>, const Node*> interned_nodes_;
+  std::deque<Configuration> configurations_;
+  absl::flat_hash_map<Configuration, int32_t> ids_;
+  // rows_[id][byte]: the next configuration, kDead, or kUnknown.
+  static constexpr int32_t kUnknown = -2;
+  std::vector<std::unique_ptr<std::array<int32_t, 256>>> rows_;
+  size_t kept_rows_ = 0;
+  int32_t start_ = kDead;
+  // Scratch for Advance.
+  absl::flat_hash_set<std::pair<uint32_t, const Node*>> visited_;
+  std::vector<Item> pending_;
+  std::vector<Item> advanced_;
 };
 
-// The grammar of GrammarConstraint for a GBNF grammar: every way the answer's characters so
-// far can be read (a state with a terminal edge, and its stack of calls), whether root may
-// end here, and the bytes of a character not yet whole.
+// The grammar of GrammarConstraint for a GBNF grammar: a configuration of its request's
+// workspace.
 class EbnfState {
  public:
   EbnfState() = default;
   // The state before the answer's first byte.
-  EbnfState(const EbnfGrammar* grammar, EbnfStacks* stacks);
+  explicit EbnfState(EbnfWorkspace* workspace)
+      : workspace_(workspace), configuration_(workspace->start()) {}
 
-  bool Feed(unsigned char byte);
+  bool Feed(unsigned char byte) {
+    if (configuration_ == EbnfWorkspace::kDead) return false;
+    configuration_ = workspace_->Next(configuration_, byte);
+    return configuration_ != EbnfWorkspace::kDead;
+  }
   bool Feed(std::string_view bytes) {
     for (const char c : bytes) {
       if (!Feed(static_cast<unsigned char>(c))) return false;
     }
     return true;
   }
-  bool can_end() const { return accepts_ && pending_bytes_ == 0; }
-  bool complete() const { return can_end() && items_.empty(); }
+  bool can_end() const {
+    return configuration_ != EbnfWorkspace::kDead && workspace_->can_end(configuration_);
+  }
+  bool complete() const {
+    return configuration_ != EbnfWorkspace::kDead && workspace_->complete(configuration_);
+  }
   bool in_string() const { return false; }
   int64_t string_room() const { return 0; }
-  // Ways the answer can be read (for tests and limits).
-  size_t ways() const { return items_.size(); }
-
-  bool operator==(const EbnfState& other) const {
-    return accepts_ == other.accepts_ && pending_ == other.pending_ &&
-           pending_bytes_ == other.pending_bytes_ && lead_ == other.lead_ &&
-           items_ == other.items_;
+  size_t ways() const {
+    return configuration_ == EbnfWorkspace::kDead ? 0 : workspace_->ways(configuration_);
   }
+
+  bool operator==(const EbnfState& other) const { return configuration_ == other.configuration_; }
   template <typename H>
   friend H AbslHashValue(H hash, const EbnfState& state) {
-    return H::combine(std::move(hash), state.accepts_, state.pending_, state.pending_bytes_,
-                      state.lead_, state.items_);
+    return H::combine(std::move(hash), state.configuration_);
   }
 
  private:
-  using Item = std::pair<uint32_t, const EbnfStacks::Node*>;
-  // Reads character `c`: false when no way takes it.
-  bool Advance(uint32_t c);
-  // Adds what state `state` under `stack` leads to (ready items, and accepts_ at root's end).
-  void Expand(uint32_t state, const EbnfStacks::Node* stack, std::vector<Item>& out);
-  // Whether some way takes a character starting with the pending bytes.
-  bool Viable() const;
-
-  const EbnfGrammar* grammar_ = nullptr;
-  EbnfStacks* stacks_ = nullptr;
-  absl::InlinedVector<Item, 4> items_;  // sorted
-  bool accepts_ = false;
-  // A character's leading bits while its UTF-8 is not whole, and the bytes it still needs.
-  uint32_t pending_ = 0;
-  uint8_t pending_bytes_ = 0;
-  uint8_t lead_ = 0;  // its first byte until the second is read (which the first limits)
+  EbnfWorkspace* workspace_ = nullptr;
+  int32_t configuration_ = EbnfWorkspace::kDead;
 };
 
 using EbnfConstraint = GrammarConstraint<EbnfState>;
