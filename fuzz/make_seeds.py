@@ -198,6 +198,9 @@ def main():
     write(out, "app_request", "scoring.bin",
           field_bytes(3, field_bytes(1, b"".join(varint(i) for i in (1, 258, 263, 40))))
           + field_varint(12, 1) + field_varint(14, 1) + field_varint(15, 1))
+    write(out, "app_request", "grammar.bin",
+          field_bytes(2, b"x") + field_varint(17, 5)
+          + field_bytes(21, b'root ::= word (" " word)*\nword ::= [a-z]{1,8} | "(" root ")"\n'))
     write(out, "app_request", "json.bin",
           field_bytes(2, b"the cat") + field_varint(6, 7) + field_varint(17, 1))
 
@@ -262,6 +265,17 @@ def main():
          "structured_outputs": {"regex": "^[A-Z]{2}-\\d{2,4}( (?:ab|c)*)?$"}}).encode())
     write(out, "openai_request", "choice.bin", b"\x01" + json.dumps(
         {"model": "toy", "prompt": "x", "guided_choice": ["yes", "no", "a.b (c)"]}).encode())
+    # A GBNF grammar (compiled while parsing; the request's text is matched against it):
+    # recursion, classes, counts, escapes and a comment, and a text it takes.
+    grammar = ('root ::= item (", " item){0,3}  # a list\n'
+               'item ::= [a-z\\u00e9]+ | "(" root ")" | num\n'
+               'num  ::= "-"? [0-9]{1,3} ("." [0-9]+)? | "\\x41"\n')
+    write(out, "openai_request", "grammar.bin", b"\x00" + json.dumps(
+        {"model": "toy", "messages": [{"role": "user", "content": "ab, (été, -12.5), A"}],
+         "structured_outputs": {"grammar": grammar}}).encode())
+    write(out, "openai_request", "guided_grammar.bin", b"\x01" + json.dumps(
+        {"model": "toy", "prompt": "yes", "guided_grammar": 'root ::= "yes" | "no" | root2\n'
+                                                              'root2 ::= [^\\n]{2,} "?"'}).encode())
     # /v1/responses (bit 3 of the first byte): input items with calls and their outputs,
     # flat tools, text.format and the fields a response repeats.
     write(out, "openai_request", "responses.bin", b"\x08" + json.dumps(
@@ -312,6 +326,26 @@ def main():
     write(out, "json_grammar", "pretty.json", '{\n  "k": [\n    {}\n  ]\n}')
     write(out, "json_grammar", "utf8.json", '{"\u00e9t\u00e9": "\U0001F3A9"}'.encode())
     write(out, "json_grammar", "broken.json", '{"a": [1,], "b": 01}')
+
+    # A GBNF grammar, NUL, an answer: recursion, repetition counts, classes, escapes,
+    # characters past ASCII, and near misses.
+    arithmetic = (b'root ::= expr\nexpr ::= term (("+" | "-") term)*\n'
+                  b'term ::= factor ("*" factor)*\nfactor ::= [0-9]+ | "(" expr ")"  # nested\n')
+    write(out, "ebnf_grammar", "arithmetic.bin", arithmetic + b"\0(12+3)*((4-5))")
+    write(out, "ebnf_grammar", "arithmetic_broken.bin", arithmetic + b"\0(12+*3")
+    write(out, "ebnf_grammar", "json.bin",
+          b'root ::= object\n'
+          b'value ::= object | array | string | number | ("true" | "false" | "null") ws\n'
+          b'object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws\n'
+          b'array ::= "[" ws ( value ("," ws value)* )? "]" ws\n'
+          b'string ::= "\\"" ( [^"\\\\\\x7F\\x00-\\x1F] | "\\\\" (["\\\\/bfnrt] | "u" [0-9a-fA-F]{4}) )* "\\"" ws\n'
+          b'number ::= "-"? [0-9]+ ("." [0-9]+)? ws\n'
+          b'ws ::= | " " | "\\n" [ \\t]{0,20}\n'
+          b'\0{"a": [1, -2.5, true, null], "b": {"c": "\xc3\xa9\\u00e9"}}')
+    write(out, "ebnf_grammar", "counts.bin",
+          'root ::= "a"{2} "b"{1,3} "c"{2,} "d"{,1} [^a-c\\n]? . [\u00e0-\u00ff\u20ac]+ '
+          '"\\U0001F3A9"\n'.encode() + b"\0aabbccd" + "x\u00e9\u20ac\U0001F3A9".encode())
+    write(out, "ebnf_grammar", "refused.bin", b'root ::= a\na ::= a "x" | "y"\0yx')
 
     # A schema, NUL, an answer: values of every kind of node, and near misses.
     schema = json.dumps(PERSON_SCHEMA).encode()

@@ -94,6 +94,7 @@ class EbnfCompiler {
       grammar_->rule_starts_[rule] = body->start;
       ends_[body->end] = true;
     }
+    if (absl::Status productive = CheckProductive(); !productive.ok()) return productive;
     ComputeClosures();
     if (absl::Status left = CheckLeftRecursion(); !left.ok()) return left;
     return std::shared_ptr<const EbnfGrammar>(std::move(grammar_));
@@ -566,6 +567,63 @@ class EbnfCompiler {
     return absl::InternalError("grammar: an unknown element");
   }
 
+  // A rule no finite text completes (`a ::= "x" a`) would let an answer run on forever
+  // with every prefix taken: refused. Otherwise every state can reach its rule's end, so a
+  // text the matcher takes can always be completed. Worklist over the reversed edges.
+  absl::Status CheckProductive() {
+    const size_t count = terminals_.size();
+    const size_t rules = names_.size();
+    std::vector<std::vector<uint32_t>> before(count);  // s -> t by a character or no move
+    std::vector<std::vector<std::pair<uint32_t, uint32_t>>> calling(count);  // t: (s, rule)
+    std::vector<std::vector<std::pair<uint32_t, uint32_t>>> callers(rules);  // rule: (s, t)
+    std::vector<std::vector<uint32_t>> starting(count);  // the rules starting at a state
+    for (uint32_t s = 0; s < count; ++s) {
+      for (const EbnfGrammar::Terminal& terminal : terminals_[s])
+        before[terminal.target].push_back(s);
+      for (const uint32_t t : empty_moves_[s]) before[t].push_back(s);
+      for (const EbnfGrammar::Call& call : calls_[s]) {
+        calling[call.target].emplace_back(s, call.rule);
+        callers[call.rule].emplace_back(s, call.target);
+      }
+    }
+    for (uint32_t rule = 0; rule < rules; ++rule)
+      starting[grammar_->rule_starts_[rule]].push_back(rule);
+    std::vector<bool> finishes(count, false);
+    std::vector<bool> productive(rules, false);
+    std::vector<uint32_t> work;
+    const auto mark = [&](uint32_t s) {
+      if (!finishes[s]) {
+        finishes[s] = true;
+        work.push_back(s);
+      }
+    };
+    for (uint32_t s = 0; s < count; ++s) {
+      if (ends_[s]) mark(s);
+    }
+    while (!work.empty()) {
+      const uint32_t at = work.back();
+      work.pop_back();
+      for (const uint32_t s : before[at]) mark(s);
+      for (const auto& [s, rule] : calling[at]) {
+        if (productive[rule]) mark(s);
+      }
+      for (const uint32_t rule : starting[at]) {
+        productive[rule] = true;
+        for (const auto& [s, t] : callers[rule]) {
+          if (finishes[t]) mark(s);
+        }
+      }
+    }
+    for (uint32_t rule = 0; rule < rules; ++rule) {
+      if (!productive[rule]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "grammar: rule '", names_[rule], "' (", Where(defined_at_[rule]),
+            ") never ends: every way through it calls a rule that no finite text completes"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
   void ComputeClosures() {
     const size_t count = terminals_.size();
     grammar_->terminals_ = std::move(terminals_);
@@ -693,7 +751,9 @@ absl::StatusOr<std::shared_ptr<const EbnfGrammar>> EbnfGrammar::Compile(std::str
   return EbnfCompiler(text).Compile();
 }
 
-EbnfWorkspace::EbnfWorkspace(const EbnfGrammar* grammar) : grammar_(grammar) {
+EbnfWorkspace::EbnfWorkspace(const EbnfGrammar* grammar)
+    : grammar_(grammar),
+      ids_(0, ConfigurationHash{&configurations_}, ConfigurationEq{&configurations_}) {
   Configuration first;
   advanced_.clear();
   visited_.clear();
@@ -708,12 +768,14 @@ const EbnfWorkspace::Node* EbnfWorkspace::Push(uint32_t resume, const Node* call
   const int32_t depth = caller == nullptr ? 1 : caller->depth + 1;
   if (depth > kMaxEbnfCallDepth) {
     *over = true;
+    over_limit_ = true;
     return nullptr;
   }
   const auto it = interned_nodes_.find(std::make_pair(resume, caller));
   if (it != interned_nodes_.end()) return it->second;
   if (nodes_.size() >= kMaxStackNodes) {
     *over = true;
+    over_limit_ = true;
     return nullptr;
   }
   const Node* node = &nodes_.emplace_back(Node{resume, depth, caller});
@@ -765,6 +827,12 @@ bool EbnfWorkspace::Advance(const Configuration& from, uint32_t c, Configuration
   }
   std::sort(advanced_.begin(), advanced_.end());
   advanced_.erase(std::unique(advanced_.begin(), advanced_.end()), advanced_.end());
+  if (advanced_.size() > kMaxWays) {
+    // An ambiguous grammar can double its ways with each character ("("+ expr, where
+    // expr may start with "(" too): past the bound the character is refused.
+    over_limit_ = true;
+    return false;
+  }
   to->items.assign(advanced_.begin(), advanced_.end());
   return !to->items.empty() || to->accepts;
 }
@@ -828,12 +896,20 @@ bool EbnfWorkspace::Step(const Configuration& from, uint8_t byte, Configuration*
 }
 
 int32_t EbnfWorkspace::Intern(Configuration c) {
-  const auto it = ids_.find(c);
-  if (it != ids_.end()) return it->second;
-  if (configurations_.size() >= kMaxConfigurations) return kDead;
-  const auto id = static_cast<int32_t>(configurations_.size());
-  configurations_.push_back(c);
-  ids_.emplace(std::move(c), id);
+  // Stored once, in configurations_: the set holds ids and hashes what they name.
+  configurations_.push_back(std::move(c));
+  const auto id = static_cast<int32_t>(configurations_.size() - 1);
+  const auto [it, added] = ids_.insert(id);
+  if (!added) {
+    configurations_.pop_back();
+    return *it;
+  }
+  if (configurations_.size() > kMaxConfigurations) {
+    ids_.erase(id);
+    configurations_.pop_back();
+    over_limit_ = true;
+    return kDead;
+  }
   rows_.emplace_back();
   return id;
 }

@@ -28,6 +28,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
+#include "absl/hash/hash.h"
 #include "absl/status/statusor.h"
 #include "models/grammar/json_constraint.h"
 
@@ -73,7 +74,7 @@ class EbnfGrammar {
 
   // Compiles `text`. InvalidArgument "grammar: line L, column C: ..." for a syntax error;
   // "grammar: ..." naming the rule for an undefined or twice-defined rule, a missing root,
-  // left recursion, or a grammar over the limits above.
+  // a rule no finite text completes, left recursion, or a grammar over the limits above.
   static absl::StatusOr<std::shared_ptr<const EbnfGrammar>> Compile(std::string_view text);
 
   uint32_t root_start() const { return rule_starts_[root_]; }
@@ -104,12 +105,18 @@ class EbnfGrammar {
 class EbnfWorkspace {
  public:
   static constexpr int32_t kDead = -1;
-  static constexpr size_t kMaxStackNodes = 1 << 18;
-  static constexpr size_t kMaxConfigurations = 1 << 18;
+  // Worst case about 25 MB a request: 24 bytes a node, ~100 a configuration, 1 KiB a row.
+  static constexpr size_t kMaxStackNodes = 1 << 17;
+  static constexpr size_t kMaxConfigurations = 1 << 17;
+  // Ways one configuration may hold: what a character costs to read is linear in them.
+  static constexpr size_t kMaxWays = 128;
   // Configurations whose transitions are kept (a table of 256 each).
-  static constexpr size_t kMaxKeptRows = 1 << 14;
+  static constexpr size_t kMaxKeptRows = 1 << 12;
 
   explicit EbnfWorkspace(const EbnfGrammar* grammar);
+  // EbnfStates and its id set point into it.
+  EbnfWorkspace(const EbnfWorkspace&) = delete;
+  EbnfWorkspace& operator=(const EbnfWorkspace&) = delete;
 
   // The configuration before the answer's first byte.
   int32_t start() const { return start_; }
@@ -122,6 +129,8 @@ class EbnfWorkspace {
   size_t ways(int32_t configuration) const;
   size_t stack_nodes() const { return nodes_.size(); }
   size_t configurations() const { return configurations_.size(); }
+  // Whether a branch was refused for a limit rather than by the grammar.
+  bool over_limit() const { return over_limit_; }
 
  private:
   struct Node {
@@ -166,12 +175,25 @@ class EbnfWorkspace {
   std::deque<Node> nodes_;
   absl::flat_hash_map<std::pair<uint32_t, const Node*>, const Node*> interned_nodes_;
   std::deque<Configuration> configurations_;
-  absl::flat_hash_map<Configuration, int32_t> ids_;
+  struct ConfigurationHash {
+    const std::deque<Configuration>* configurations;
+    size_t operator()(int32_t id) const {
+      return absl::Hash<Configuration>{}((*configurations)[static_cast<size_t>(id)]);
+    }
+  };
+  struct ConfigurationEq {
+    const std::deque<Configuration>* configurations;
+    bool operator()(int32_t a, int32_t b) const {
+      return (*configurations)[static_cast<size_t>(a)] == (*configurations)[static_cast<size_t>(b)];
+    }
+  };
+  absl::flat_hash_set<int32_t, ConfigurationHash, ConfigurationEq> ids_;
   // rows_[id][byte]: the next configuration, kDead, or kUnknown.
   static constexpr int32_t kUnknown = -2;
   std::vector<std::unique_ptr<std::array<int32_t, 256>>> rows_;
   size_t kept_rows_ = 0;
   int32_t start_ = kDead;
+  bool over_limit_ = false;
   // Scratch for Advance.
   absl::flat_hash_set<std::pair<uint32_t, const Node*>> visited_;
   std::vector<Item> pending_;

@@ -198,7 +198,26 @@ TEST_CASE("Right recursion keeps no stack, and calls nested past the limit are r
   int taken = 0;
   while (taken < 5000 && deep.Feed('(')) ++taken;
   CHECK(taken == kMaxEbnfCallDepth);
+  CHECK(nested_workspace.over_limit());
+  CHECK_FALSE(workspace.over_limit());
   CHECK(nested_workspace.stack_nodes() <= static_cast<size_t>(kMaxEbnfCallDepth));
+  // A grammar whose ways double with each character ("(" continues a run or opens a group,
+  // in which the group's "x" may follow or not) is cut at kMaxWays, not followed
+  // exponentially.
+  const auto ambiguous = Compiled(R"g(
+    root ::= f
+    f    ::= [0-9] | "("+ g ")"
+    g    ::= f | f "x"
+  )g");
+  EbnfWorkspace ambiguous_workspace(ambiguous.get());
+  EbnfState doubling(&ambiguous_workspace);
+  int opened = 0;
+  while (opened < 1000 && doubling.Feed('(')) ++opened;
+  CHECK(opened >= 3);
+  CHECK(opened < 20);
+  CHECK(ambiguous_workspace.over_limit());
+  CHECK(Matches(*ambiguous, "((1)x)"));
+  CHECK(Matches(*ambiguous, "((((1))))"));
   // Within the limit, the grammar's texts are taken.
   CHECK(Matches(*nested, std::string(500, '(') + "x" + std::string(500, ')')));
 }
@@ -228,6 +247,9 @@ TEST_CASE("A GBNF grammar it cannot compile is refused, naming the place and the
            {"root ::= a\na ::= b? \"x\"\nb ::= c\nc ::= \"\" | a \"y\"",
             "left-recursive (a -> b -> c -> a"},
            {"root ::= ((\"a\"{100}){100}){100}", "compiles to more than"},
+           {"root ::= \"a\" root", "rule 'root' (line 1, column 1) never ends"},
+           {"root ::= \"x\" | \"a\" bad\nbad ::= \"(\" bad \")\"",
+            "rule 'bad' (line 2, column 1) never ends"},
            {std::string("root ::= \"") + std::string(kMaxEbnfGrammarBytes, 'a') + "\"",
             "longer than"},
        }) {
