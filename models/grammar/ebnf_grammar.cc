@@ -1,7 +1,6 @@
 #include "models/grammar/ebnf_grammar.h"
 
 #include <algorithm>
-#include <functional>
 #include <limits>
 #include <optional>
 
@@ -15,6 +14,8 @@ constexpr uint32_t kUnbounded = std::numeric_limits<uint32_t>::max();
 constexpr uint32_t kMaxCodePoint = 0x10FFFF;
 // The largest count a {m,n} may give (kMaxEbnfStates bounds what they multiply).
 constexpr uint32_t kMaxRepetition = 1 << 16;
+// The states visited finding every state's closure, in all.
+constexpr size_t kMaxClosureSteps = size_t{1} << 23;
 
 // A rule's body as parsed: alternatives of sequences of classes and calls, each repeated
 // min..max times.
@@ -95,7 +96,9 @@ class EbnfCompiler {
       ends_[body->end] = true;
     }
     if (absl::Status productive = CheckProductive(); !productive.ok()) return productive;
-    ComputeClosures();
+    // Before the closures take the terminal edges.
+    nullable_ = RulesThatEnd(/*through_characters=*/false);
+    if (absl::Status closures = ComputeClosures(); !closures.ok()) return closures;
     if (absl::Status left = CheckLeftRecursion(); !left.ok()) return left;
     return std::shared_ptr<const EbnfGrammar>(std::move(grammar_));
   }
@@ -567,10 +570,11 @@ class EbnfCompiler {
     return absl::InternalError("grammar: an unknown element");
   }
 
-  // A rule no finite text completes (`a ::= "x" a`) would let an answer run on forever
-  // with every prefix taken: refused. Otherwise every state can reach its rule's end, so a
-  // text the matcher takes can always be completed. Worklist over the reversed edges.
-  absl::Status CheckProductive() {
+  // Which rules can end, and so which states can reach their rule's end: through characters
+  // and calls (`through_characters`: a rule that derives some finite text), or through empty
+  // moves and calls of such rules alone (a rule that may match nothing). A worklist over the
+  // reversed edges, linear in the automaton.
+  std::vector<bool> RulesThatEnd(bool through_characters) const {
     const size_t count = terminals_.size();
     const size_t rules = names_.size();
     std::vector<std::vector<uint32_t>> before(count);  // s -> t by a character or no move
@@ -578,18 +582,22 @@ class EbnfCompiler {
     std::vector<std::vector<std::pair<uint32_t, uint32_t>>> callers(rules);  // rule: (s, t)
     std::vector<std::vector<uint32_t>> starting(count);  // the rules starting at a state
     for (uint32_t s = 0; s < count; ++s) {
-      for (const EbnfGrammar::Terminal& terminal : terminals_[s])
-        before[terminal.target].push_back(s);
+      if (through_characters) {
+        for (const EbnfGrammar::Terminal& terminal : terminals_[s]) {
+          before[terminal.target].push_back(s);
+        }
+      }
       for (const uint32_t t : empty_moves_[s]) before[t].push_back(s);
       for (const EbnfGrammar::Call& call : calls_[s]) {
         calling[call.target].emplace_back(s, call.rule);
         callers[call.rule].emplace_back(s, call.target);
       }
     }
-    for (uint32_t rule = 0; rule < rules; ++rule)
+    for (uint32_t rule = 0; rule < rules; ++rule) {
       starting[grammar_->rule_starts_[rule]].push_back(rule);
+    }
     std::vector<bool> finishes(count, false);
-    std::vector<bool> productive(rules, false);
+    std::vector<bool> ends(rules, false);
     std::vector<uint32_t> work;
     const auto mark = [&](uint32_t s) {
       if (!finishes[s]) {
@@ -605,16 +613,24 @@ class EbnfCompiler {
       work.pop_back();
       for (const uint32_t s : before[at]) mark(s);
       for (const auto& [s, rule] : calling[at]) {
-        if (productive[rule]) mark(s);
+        if (ends[rule]) mark(s);
       }
       for (const uint32_t rule : starting[at]) {
-        productive[rule] = true;
+        ends[rule] = true;
         for (const auto& [s, t] : callers[rule]) {
           if (finishes[t]) mark(s);
         }
       }
     }
-    for (uint32_t rule = 0; rule < rules; ++rule) {
+    return ends;
+  }
+
+  // A rule no finite text completes (`a ::= "x" a`) would let an answer run on forever
+  // with every prefix taken: refused. Otherwise every state can reach its rule's end, so a
+  // text the matcher takes can always be completed.
+  absl::Status CheckProductive() const {
+    const std::vector<bool> productive = RulesThatEnd(/*through_characters=*/true);
+    for (uint32_t rule = 0; rule < names_.size(); ++rule) {
       if (!productive[rule]) {
         return absl::InvalidArgumentError(absl::StrCat(
             "grammar: rule '", names_[rule], "' (", Where(defined_at_[rule]),
@@ -624,8 +640,11 @@ class EbnfCompiler {
     return absl::OkStatus();
   }
 
-  void ComputeClosures() {
+  absl::Status ComputeClosures() {
     const size_t count = terminals_.size();
+    // Each state's closure is found on its own: optional parts in a long row make that
+    // quadratic (`("a"?){30000}`), so its total is bounded.
+    size_t steps = 0;
     grammar_->terminals_ = std::move(terminals_);
     grammar_->closures_.resize(count);
     std::vector<uint32_t> seen_at(count, kUnbounded);
@@ -637,6 +656,11 @@ class EbnfCompiler {
       while (!stack.empty()) {
         const uint32_t at = stack.back();
         stack.pop_back();
+        if (++steps > kMaxClosureSteps) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "grammar: too many ways to skip optional parts (more than ", kMaxClosureSteps,
+              " steps to compile); repeat a group with {m,n} rather than a row of optional ones"));
+        }
         if (!grammar_->terminals_[at].empty()) closure.ready.push_back(at);
         for (const EbnfGrammar::Call& call : calls_[at]) closure.calls.push_back(call);
         if (ends_[at]) closure.ends = true;
@@ -650,36 +674,15 @@ class EbnfCompiler {
       std::sort(closure.ready.begin(), closure.ready.end());
       closure.ends_only = closure.ends && closure.ready.empty() && closure.calls.empty();
     }
-  }
-
-  // Whether `state` reaches its rule's end without reading, through rules that may be empty.
-  bool ReachesEnd(uint32_t state, const std::vector<bool>& nullable, std::vector<uint32_t>& seen,
-                  uint32_t mark) const {
-    if (seen[state] == mark) return false;
-    seen[state] = mark;
-    const EbnfGrammar::Closure& closure = grammar_->closures_[state];
-    if (closure.ends) return true;
-    for (const EbnfGrammar::Call& call : closure.calls) {
-      if (nullable[call.rule] && ReachesEnd(call.target, nullable, seen, mark)) return true;
-    }
-    return false;
+    return absl::OkStatus();
   }
 
   // Left recursion would call rules forever without reading: refused, naming the cycle.
   absl::Status CheckLeftRecursion() {
     const size_t rules = names_.size();
-    std::vector<bool> nullable(rules, false);
+    const std::vector<bool>& nullable = nullable_;
     std::vector<uint32_t> seen(grammar_->state_count(), kUnbounded);
     uint32_t mark = 0;
-    for (bool changed = true; changed;) {
-      changed = false;
-      for (uint32_t rule = 0; rule < rules; ++rule) {
-        if (!nullable[rule] && ReachesEnd(grammar_->rule_starts_[rule], nullable, seen, mark++)) {
-          nullable[rule] = true;
-          changed = true;
-        }
-      }
-    }
     // first[r]: the rules r may call before reading anything.
     std::vector<std::vector<uint32_t>> first(rules);
     for (uint32_t rule = 0; rule < rules; ++rule) {
@@ -698,35 +701,37 @@ class EbnfCompiler {
         }
       }
     }
-    // A cycle in `first`, by depth-first search.
+    // A cycle in `first`, by depth-first search (iterative: a grammar may hold thousands of
+    // rules).
     std::vector<uint8_t> color(rules, 0);  // 0 unvisited, 1 on the path, 2 done
-    std::vector<uint32_t> path;
-    std::function<std::optional<std::vector<uint32_t>>(uint32_t)> visit =
-        [&](uint32_t rule) -> std::optional<std::vector<uint32_t>> {
-      color[rule] = 1;
-      path.push_back(rule);
-      for (const uint32_t next : first[rule]) {
-        if (color[next] == 1) {
-          std::vector<uint32_t> cycle(std::find(path.begin(), path.end(), next), path.end());
-          cycle.push_back(next);
-          return cycle;
+    std::vector<std::pair<uint32_t, size_t>> path;  // a rule and the next of its callees
+    for (uint32_t root = 0; root < rules; ++root) {
+      if (color[root] != 0) continue;
+      color[root] = 1;
+      path.emplace_back(root, 0);
+      while (!path.empty()) {
+        auto& [rule, next] = path.back();
+        if (next == first[rule].size()) {
+          color[rule] = 2;
+          path.pop_back();
+          continue;
         }
-        if (color[next] == 0) {
-          if (auto cycle = visit(next); cycle.has_value()) return cycle;
+        const uint32_t callee = first[rule][next++];
+        if (color[callee] == 1) {
+          std::vector<std::string> names;
+          auto it = std::find_if(path.begin(), path.end(),
+                                 [&](const auto& entry) { return entry.first == callee; });
+          for (; it != path.end(); ++it) names.push_back(names_[it->first]);
+          names.push_back(names_[callee]);
+          return absl::InvalidArgumentError(absl::StrCat(
+              "grammar: rule '", names.front(), "' is left-recursive (",
+              absl::StrJoin(names, " -> "),
+              " before reading a character); write the repetition with * or + instead"));
         }
-      }
-      path.pop_back();
-      color[rule] = 2;
-      return std::nullopt;
-    };
-    for (uint32_t rule = 0; rule < rules; ++rule) {
-      if (color[rule] != 0) continue;
-      if (const auto cycle = visit(rule); cycle.has_value()) {
-        std::vector<std::string> names;
-        for (const uint32_t r : *cycle) names.push_back(names_[r]);
-        return absl::InvalidArgumentError(absl::StrCat(
-            "grammar: rule '", names.front(), "' is left-recursive (", absl::StrJoin(names, " -> "),
-            " before reading a character); write the repetition with * or + instead"));
+        if (color[callee] == 0) {
+          color[callee] = 1;
+          path.emplace_back(callee, 0);
+        }
       }
     }
     return absl::OkStatus();
@@ -744,6 +749,7 @@ class EbnfCompiler {
   std::vector<std::vector<EbnfGrammar::Call>> calls_;
   std::vector<std::vector<uint32_t>> empty_moves_;
   std::vector<bool> ends_;
+  std::vector<bool> nullable_;  // rules that may match nothing
   std::shared_ptr<EbnfGrammar> grammar_;
 };
 

@@ -248,6 +248,7 @@ TEST_CASE("A GBNF grammar it cannot compile is refused, naming the place and the
             "left-recursive (a -> b -> c -> a"},
            {"root ::= ((\"a\"{100}){100}){100}", "compiles to more than"},
            {"root ::= \"a\" root", "rule 'root' (line 1, column 1) never ends"},
+           {"root ::= (\"a\"?){15000}", "too many ways to skip optional parts"},
            {"root ::= \"x\" | \"a\" bad\nbad ::= \"(\" bad \")\"",
             "rule 'bad' (line 2, column 1) never ends"},
            {std::string("root ::= \"") + std::string(kMaxEbnfGrammarBytes, 'a') + "\"",
