@@ -392,7 +392,10 @@ int Run(const Args& args) {
             {{"json key", "{\"na"},
              {"json string", "{\"name\": \"Os"},
              {"json number", "{\"n\": 12"}}},
-           {"root ::= .{0,200}", {{"any", "Hello, wo"}}}}) {
+           {"root ::= .{0,200}", {{"any", "Hello, wo"}}},
+           // The worst kind: ways that multiply with each "(" (docs/openai.md, "Grammars").
+           {"root ::= f\nf ::= [0-9] | \"(\"+ g \")\"\ng ::= f | f \"x\"",
+            {{"ambiguous", "(((("}}}}) {
     if (!measured.ok()) break;
     const auto grammar = EbnfGrammar::Compile(text);
     if (!grammar.ok()) return Fail(grammar.status());

@@ -831,11 +831,13 @@ bool EbnfWorkspace::Advance(const Configuration& from, uint32_t c, Configuration
       }
     }
   }
+  work_ += from.items.size() + visited_.size();
   std::sort(advanced_.begin(), advanced_.end());
   advanced_.erase(std::unique(advanced_.begin(), advanced_.end()), advanced_.end());
-  if (advanced_.size() > kMaxWays) {
+  if (advanced_.size() > kMaxWays || work_ > kMaxWork) {
     // An ambiguous grammar can double its ways with each character ("("+ expr, where
-    // expr may start with "(" too): past the bound the character is refused.
+    // expr may start with "(" too), and each new transition costs its ways: past either
+    // bound the character is refused.
     over_limit_ = true;
     return false;
   }

@@ -108,8 +108,12 @@ class EbnfWorkspace {
   // Worst case about 25 MB a request: 24 bytes a node, ~100 a configuration, 1 KiB a row.
   static constexpr size_t kMaxStackNodes = 1 << 17;
   static constexpr size_t kMaxConfigurations = 1 << 17;
-  // Ways one configuration may hold: what a character costs to read is linear in them.
-  static constexpr size_t kMaxWays = 128;
+  // Ways one configuration may hold (a choice among many words holds one a word at its
+  // first character): what a character costs to read is linear in them.
+  static constexpr size_t kMaxWays = 1024;
+  // The ways and calls a request's transitions may visit in all (each transition is
+  // computed once): about 2-5 s of one core, a bound on what one grammar costs the device.
+  static constexpr uint64_t kMaxWork = uint64_t{1} << 28;
   // Configurations whose transitions are kept (a table of 256 each).
   static constexpr size_t kMaxKeptRows = 1 << 12;
 
@@ -194,6 +198,7 @@ class EbnfWorkspace {
   size_t kept_rows_ = 0;
   int32_t start_ = kDead;
   bool over_limit_ = false;
+  uint64_t work_ = 0;
   // Scratch for Advance.
   absl::flat_hash_set<std::pair<uint32_t, const Node*>> visited_;
   std::vector<Item> pending_;
