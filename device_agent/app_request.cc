@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "models/grammar/ebnf_grammar.h"
 #include "nlohmann/json.hpp"
 
 namespace tophat {
@@ -163,6 +164,10 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
         "regex: given, but response_format is not "
         "RESPONSE_FORMAT_REGEX");
   }
+  if (!request.grammar().empty() && request.response_format() != v1::RESPONSE_FORMAT_GRAMMAR) {
+    return absl::InvalidArgumentError(
+        "grammar: given, but response_format is not RESPONSE_FORMAT_GRAMMAR");
+  }
   if (request.has_tool_calls() && request.response_format() != v1::RESPONSE_FORMAT_TOOL_CALLS) {
     return absl::InvalidArgumentError(
         "tool_calls: given, but response_format is not RESPONSE_FORMAT_TOOL_CALLS");
@@ -198,6 +203,15 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
       }
       TOPHAT_ASSIGN_OR_RETURN(plan.sampling.regex, CompileRegexFormat(request.regex()));
       plan.sampling.response_format = ResponseFormat::kRegex;
+      break;
+    }
+    case v1::RESPONSE_FORMAT_GRAMMAR: {
+      if (request.outline().enabled()) {
+        return absl::InvalidArgumentError("response_format: not with outline");
+      }
+      // Its errors start "grammar: ", naming the line and column or the rule.
+      TOPHAT_ASSIGN_OR_RETURN(plan.sampling.grammar, EbnfGrammar::Compile(request.grammar()));
+      plan.sampling.response_format = ResponseFormat::kGrammar;
       break;
     }
     default:

@@ -55,16 +55,19 @@ absl::Status SamplingParams::Validate() const {
   if (response_format == ResponseFormat::kRegex && regex == nullptr) {
     return absl::InvalidArgumentError("a regex response format without its regex");
   }
+  if (response_format == ResponseFormat::kGrammar && grammar == nullptr) {
+    return absl::InvalidArgumentError("a grammar response format without its grammar");
+  }
   if (response_format != ResponseFormat::kText) {
     if (min_tokens > 0) {
       return absl::InvalidArgumentError(
-          "min_tokens cannot be combined with a JSON or regex response format or required tool "
-          "calls: the answer could be complete before the minimum");
+          "min_tokens cannot be combined with a JSON, regex or grammar response format or "
+          "required tool calls: the answer could be complete before the minimum");
     }
     if (stop_ids.empty()) {
       return absl::InvalidArgumentError(
-          "a JSON or regex response format or required tool calls need an end of sequence to "
-          "end the answer with (not with ignore_eos and no stop ids)");
+          "a JSON, regex or grammar response format or required tool calls need an end of "
+          "sequence to end the answer with (not with ignore_eos and no stop ids)");
     }
   }
   return absl::OkStatus();
@@ -77,7 +80,7 @@ Sampler::Sampler(const SamplingParams& params, std::shared_ptr<const TokenVocabu
     if (given) return;
     std::fputs(
         "Sampler: a response format needs the tokenizer's vocabulary (and kJsonSchema "
-        "its schema, kToolCalls its tools, kRegex its regex)\n",
+        "its schema, kToolCalls its tools, kRegex its regex, kGrammar its grammar)\n",
         stderr);
     std::abort();
   };
@@ -99,6 +102,10 @@ Sampler::Sampler(const SamplingParams& params, std::shared_ptr<const TokenVocabu
     case ResponseFormat::kRegex:
       require(vocabulary != nullptr && params_.regex != nullptr);
       format_ = MakeRegexConstraint(std::move(vocabulary), params_.stop_ids, params_.regex);
+      break;
+    case ResponseFormat::kGrammar:
+      require(vocabulary != nullptr && params_.grammar != nullptr);
+      format_ = MakeEbnfConstraint(std::move(vocabulary), params_.stop_ids, params_.grammar);
       break;
   }
   if (params_.logit_bias.empty()) return;

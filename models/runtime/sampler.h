@@ -12,6 +12,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "models/grammar/ebnf_grammar.h"
 #include "models/grammar/json_constraint.h"
 #include "models/grammar/regex_grammar.h"
 #include "models/grammar/tool_call_grammar.h"
@@ -25,6 +26,7 @@ enum class ResponseFormat : uint8_t {
   kJsonSchema,  // a value of SamplingParams::json_schema, then the end (SchemaConstraint)
   kToolCalls,   // tool calls of SamplingParams::tool_calls, then the end (ToolCallConstraint)
   kRegex,       // text SamplingParams::regex matches whole, then the end (RegexConstraint)
+  kGrammar,     // text SamplingParams::grammar's root matches whole, then the end (EbnfConstraint)
 };
 
 struct SamplingParams {
@@ -56,11 +58,12 @@ struct SamplingParams {
   // the tokenizer's TokenVocabulary). Not with min_tokens: the object could be complete
   // before the minimum, leaving nothing to choose. kJsonSchema: the same for a value of
   // json_schema; kToolCalls, for tool_calls' calls (tool_choice "required" or a named
-  // function); kRegex, for text `regex` matches.
+  // function); kRegex, for text `regex` matches; kGrammar, for text `grammar`'s root matches.
   ResponseFormat response_format = ResponseFormat::kText;
   std::shared_ptr<const CompiledSchema> json_schema;  // with kJsonSchema
   std::shared_ptr<const ToolCallSpec> tool_calls;     // with kToolCalls
   std::shared_ptr<const StringPattern> regex;         // with kRegex (CompileRegexFormat)
+  std::shared_ptr<const EbnfGrammar> grammar;         // with kGrammar (EbnfGrammar::Compile)
 
   absl::Status Validate() const;
   bool greedy() const { return temperature <= 0.0; }

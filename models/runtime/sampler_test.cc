@@ -260,6 +260,62 @@ TEST_CASE("Required tool calls: greedy choices from random logits write calls th
   CHECK_THAT(std::string(refused.message()), Catch::Contains("tool-call response format"));
 }
 
+TEST_CASE(
+    "A GBNF grammar: greedy choices from random logits write what its root matches, "
+    "then the end",
+    "[sampler]") {
+  // Sums of numbers and parenthesised sums (recursive); id 0 ends the answer, the others are
+  // pieces cut across the grammar's tokens.
+  std::vector<std::optional<std::string>> tokens = {std::nullopt};
+  for (const char* piece : {"(", ")", "+", "-", "1", "2", "0", "12", "(1", "+(", "))", "x"}) {
+    tokens.emplace_back(piece);
+  }
+  const auto vocabulary = std::make_shared<const TokenVocabulary>(std::move(tokens));
+  auto grammar = EbnfGrammar::Compile(R"g(
+      root ::= expr
+      expr ::= term (("+" | "-") term){0,2}
+      term ::= [0-9]{1,3} | "(" expr ")")g");
+  REQUIRE(grammar.ok());
+  const SamplingParams params{
+      .stop_ids = {0}, .response_format = ResponseFormat::kGrammar, .grammar = *grammar};
+  REQUIRE(params.Validate().ok());
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::set<std::string> answers;
+  bool nested = false;
+  for (int answer = 0; answer < 20; ++answer) {
+    Sampler sampler(params, vocabulary);
+    std::string text;
+    bool ended = false;
+    for (int step = 0; step < 400 && !ended; ++step) {
+      std::vector<float> logits(static_cast<size_t>(vocabulary->size()));
+      for (float& logit : logits) logit = normal(rng);
+      const int32_t token = sampler.Sample(at::tensor(logits));
+      if (token == 0) {
+        ended = true;
+        break;
+      }
+      REQUIRE(vocabulary->bytes(token) != nullptr);
+      text += *vocabulary->bytes(token);
+      sampler.Commit(std::vector<int32_t>{token});
+    }
+    INFO(text);
+    REQUIRE(ended);
+    EbnfWorkspace workspace(grammar->get());
+    EbnfState state(&workspace);
+    CHECK(state.Feed(text));
+    CHECK(state.can_end());
+    nested = nested || text.find('(') != std::string::npos;
+    answers.insert(text);
+  }
+  CHECK(answers.size() > 10);
+  CHECK(nested);
+  const auto refused =
+      SamplingParams{.stop_ids = {0}, .response_format = ResponseFormat::kGrammar}.Validate();
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(std::string(refused.message()), Catch::Contains("grammar response format"));
+}
+
 TEST_CASE("Top-k and top-p keep exactly the expected support", "[sampler]") {
   // Probabilities after softmax at T=1: roughly 0.64, 0.24, 0.09, 0.03.
   at::Tensor logits = at::tensor({3.0f, 2.0f, 1.0f, 0.0f});
