@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/json_depth.h"
+#include "models/grammar/ebnf_grammar.h"
 #include "models/grammar/json_schema.h"
 #include "models/grammar/regex_grammar.h"
 #include "models/tokenizers/tokenizer_utf8.h"
@@ -385,6 +386,19 @@ std::variant<std::string, OpenAiError> RegexFormat(const std::string& param, con
   return regex;
 }
 
+// A grammar format (structured_outputs.grammar, guided_grammar): GBNF, compiled here as a
+// regex is, its error naming the line and column or the rule.
+std::variant<std::string, OpenAiError> GrammarFormat(const std::string& param, const Json& value) {
+  if (!value.is_string() || value.get<std::string>().empty()) {
+    return Invalid(param, absl::StrCat("'", param, "' must be a non-empty grammar (GBNF)"));
+  }
+  const std::string grammar = value.get<std::string>();
+  if (absl::Status compiled = EbnfGrammar::Compile(grammar).status(); !compiled.ok()) {
+    return Invalid(param, absl::StrCat("'", param, "': ", compiled.message()));
+  }
+  return grammar;
+}
+
 // A choice format (structured_outputs.choice, guided_choice): the answer is one of the
 // strings, as a regex of their literal alternatives.
 std::variant<std::string, OpenAiError> ChoiceFormat(const std::string& param, const Json& value) {
@@ -441,7 +455,7 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
   bool max_tokens_zero = false;
   bool tool_choice_given = false;
   // The field that holds the answer's format: response_format (a JSON one), or vLLM's
-  // structured_outputs, guided_regex or guided_choice; "" when none does.
+  // structured_outputs, guided_regex, guided_choice or guided_grammar; "" when none does.
   std::string format_key;
   int format_keys = 0;
   std::optional<int64_t> top_logprobs;
@@ -570,10 +584,10 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
         request.json_schema = std::get<std::string>(std::move(schema));
       }
     } else if (key == "structured_outputs") {
-      // vLLM's: one of regex, choice, json (a JSON Schema) or json_object.
+      // vLLM's: one of regex, choice, grammar (GBNF), json (a JSON Schema) or json_object.
       const char* const kShape =
-          "'structured_outputs' must be an object with one of 'regex', 'choice', 'json' or "
-          "'json_object'";
+          "'structured_outputs' must be an object with one of 'regex', 'choice', 'grammar', "
+          "'json' or 'json_object'";
       if (!value.is_object()) return Invalid(key, kShape);
       int given = 0;
       for (const auto& [field, setting] : value.items()) {
@@ -585,6 +599,10 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
               field == "regex" ? RegexFormat(param, setting) : ChoiceFormat(param, setting);
           if (auto* error = std::get_if<OpenAiError>(&regex)) return *error;
           request.regex = std::get<std::string>(std::move(regex));
+        } else if (field == "grammar") {
+          auto grammar = GrammarFormat(param, setting);
+          if (auto* error = std::get_if<OpenAiError>(&grammar)) return *error;
+          request.grammar = std::get<std::string>(std::move(grammar));
         } else if (field == "json") {
           auto schema = ParseJsonSchemaFormat(
               Json{{"json_schema", {{"name", "structured_outputs"}, {"schema", setting}}}});
@@ -604,7 +622,7 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
           request.json_object = true;
         } else {
           return Invalid(param, absl::StrCat("'", param,
-                                             "' is not supported (regex, choice, "
+                                             "' is not supported (regex, choice, grammar, "
                                              "json, json_object)"));
         }
       }
@@ -615,6 +633,12 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
       auto regex = key == "guided_regex" ? RegexFormat(key, value) : ChoiceFormat(key, value);
       if (auto* error = std::get_if<OpenAiError>(&regex)) return *error;
       request.regex = std::get<std::string>(std::move(regex));
+      format_key = key;
+      ++format_keys;
+    } else if (key == "guided_grammar") {
+      auto grammar = GrammarFormat(key, value);
+      if (auto* error = std::get_if<OpenAiError>(&grammar)) return *error;
+      request.grammar = std::get<std::string>(std::move(grammar));
       format_key = key;
       ++format_keys;
     } else if (key == "tools" && chat) {
@@ -759,11 +783,11 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
   if (format_keys > 1) {
     return Invalid(format_key,
                    "give the answer's format once: 'response_format' (JSON), "
-                   "'structured_outputs', 'guided_regex' or 'guided_choice'");
+                   "'structured_outputs', 'guided_regex', 'guided_choice' or 'guided_grammar'");
   }
-  // A regex is held to as a JSON format is: the same refusals below.
-  const bool json_format =
-      request.json_object || !request.json_schema.empty() || !request.regex.empty();
+  // A regex or a grammar is held to as a JSON format is: the same refusals below.
+  const bool json_format = request.json_object || !request.json_schema.empty() ||
+                           !request.regex.empty() || !request.grammar.empty();
   // How the refusals name the format.
   const std::string format = format_key == "response_format" ? "a JSON 'response_format'"
                                                              : absl::StrCat("'", format_key, "'");

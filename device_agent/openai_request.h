@@ -98,6 +98,10 @@ struct OpenAiRequest {
   // guided_choice): a regular expression the whole answer must match (a choice's
   // alternatives taken literally), which compiles (CompileRegexFormat); empty: none.
   std::string regex;
+  // vLLM's structured_outputs {"grammar"} (and the older guided_grammar): a grammar in GBNF
+  // whose root rule the whole answer must match, which compiles (EbnfGrammar::Compile);
+  // empty: none.
+  std::string grammar;
   // chat: "tools", "tool_choice" (kAuto by default when there are tools) and
   // "parallel_tool_calls" (whether an answer may hold several calls).
   std::vector<OpenAiTool> tools;

@@ -702,8 +702,9 @@ TEST_CASE("vLLM's structured outputs are refused where they cannot hold, naming 
            {R"j("guided_regex": "")j", "guided_regex", "non-empty regular expression"},
            {R"j("guided_choice": [])j", "guided_choice", "non-empty array of non-empty strings"},
            {R"j("guided_choice": ["a", ""])j", "guided_choice", "non-empty strings"},
-           {R"j("structured_outputs": {"grammar": "root ::= x"})j", "structured_outputs.grammar",
-            "not supported (regex, choice, json, json_object)"},
+           {R"j("structured_outputs": {"structural_tag": "{}"})j",
+            "structured_outputs.structural_tag",
+            "not supported (regex, choice, grammar, json, json_object)"},
            {R"j("structured_outputs": {"regex": "a", "choice": ["b"]})j", "structured_outputs",
             "one of"},
            {R"j("structured_outputs": {})j", "structured_outputs", "one of"},
@@ -730,6 +731,98 @@ TEST_CASE("vLLM's structured outputs are refused where they cannot hold, naming 
       "tools": [{"type": "function", "function": {"name": "f"}}]})j");
   CHECK(tools.param == "guided_regex");
   CHECK_THAT(tools.message, Catch::Contains("'guided_regex' cannot be combined with calling"));
+}
+
+}  // namespace
+}  // namespace tophat
+
+namespace tophat {
+namespace {
+
+TEST_CASE("vLLM's structured outputs: a GBNF grammar whose root the whole answer must match") {
+  // Recursive: an item is a word or a parenthesised list. As JSON, then as read.
+  const std::string json =
+      R"j("root ::= item (\", \" item)*\nitem ::= [a-z]+ | \"(\" root \")\"")j";
+  const std::string grammar = "root ::= item (\", \" item)*\nitem ::= [a-z]+ | \"(\" root \")\"";
+  const OpenAiRequest chat =
+      ParseOk(OpenAiEndpoint::kChatCompletions,
+              absl::StrCat(R"({"model": "toy", "messages": [{"role": "user", "content": "x"}],
+                       "structured_outputs": {"grammar": )",
+                           json, "}}"));
+  CHECK(chat.grammar == grammar);
+  CHECK(chat.regex.empty());
+  CHECK(chat.json_schema.empty());
+  CHECK_FALSE(chat.json_object);
+  const OpenAiRequest completion =
+      ParseOk(OpenAiEndpoint::kCompletions,
+              absl::StrCat(R"({"model": "toy", "prompt": "x", "guided_grammar": )", json, "}"));
+  CHECK(completion.grammar == grammar);
+  // A null beside it is absent, as for the other formats.
+  CHECK(ParseOk(OpenAiEndpoint::kCompletions, R"j({"model": "toy", "prompt": "x",
+                "structured_outputs": {"grammar": "root ::= \"yes\" | \"no\"", "regex": null}})j")
+            .grammar == R"(root ::= "yes" | "no")");
+}
+
+TEST_CASE("A grammar is refused where it cannot hold, naming the field and the place in it") {
+  struct Case {
+    std::string fields;
+    std::string param;
+    std::vector<std::string> message;
+  };
+  for (const Case& c : std::vector<Case>{
+           // Syntax: the line and column.
+           {R"j("structured_outputs": {"grammar": "root ::= \"a"})j",
+            "structured_outputs.grammar",
+            {"'structured_outputs.grammar': grammar: line 1, column "}},
+           {R"j("guided_grammar": "root ::= \"a\"\nitem ::= \"b\" )")j",
+            "guided_grammar",
+            {"'guided_grammar': grammar: line 2, column 14: "}},
+           // The rules: undefined, missing root, left recursion.
+           {R"j("guided_grammar": "root ::= itme\nitem ::= \"a\"")j",
+            "guided_grammar",
+            {"'guided_grammar': grammar: ", "'itme'", "is not defined"}},
+           {R"j("structured_outputs": {"grammar": "item ::= \"a\""})j",
+            "structured_outputs.grammar",
+            {"'structured_outputs.grammar': grammar: no 'root' rule"}},
+           {R"j("guided_grammar": "root ::= root \"a\" | \"a\"")j",
+            "guided_grammar",
+            {"'guided_grammar': grammar: ", "'root'", "left-recursive"}},
+           {R"j("guided_grammar": "")j", "guided_grammar", {"non-empty grammar"}},
+           {R"j("structured_outputs": {"grammar": ["root ::= \"a\""]})j",
+            "structured_outputs.grammar",
+            {"non-empty grammar"}},
+           // Two formats at once.
+           {R"j("structured_outputs": {"grammar": "root ::= \"a\"", "regex": "a"})j",
+            "structured_outputs",
+            {"one of"}},
+           {R"j("guided_grammar": "root ::= \"a\"", "guided_regex": "a")j",
+            "guided_regex",
+            {"give the answer's format once", "'guided_grammar'"}},
+           {R"j("structured_outputs": {"grammar": "root ::= \"a\""},
+                "response_format": {"type": "json_object"})j",
+            "structured_outputs",
+            {"give the answer's format once"}},
+           // What a regex cannot be combined with.
+           {R"j("guided_grammar": "root ::= \"a\"", "min_tokens": 2)j",
+            "min_tokens",
+            {"cannot be combined with 'guided_grammar'"}},
+           {R"j("structured_outputs": {"grammar": "root ::= \"a\""}, "tophat_outline": true)j",
+            "structured_outputs",
+            {"'structured_outputs' cannot be combined with 'tophat_outline'"}},
+       }) {
+    INFO(c.fields);
+    const OpenAiError error =
+        ParseError(OpenAiEndpoint::kCompletions,
+                   absl::StrCat(R"j({"model": "toy", "prompt": "x", )j", c.fields, "}"));
+    CHECK(error.http_status == 400);
+    CHECK(error.param == c.param);
+    for (const std::string& part : c.message) CHECK_THAT(error.message, Catch::Contains(part));
+  }
+  const OpenAiError tools = ParseError(OpenAiEndpoint::kChatCompletions, R"j({"model": "toy",
+      "messages": [{"role": "user", "content": "x"}], "guided_grammar": "root ::= \"a\"",
+      "tools": [{"type": "function", "function": {"name": "f"}}]})j");
+  CHECK(tools.param == "guided_grammar");
+  CHECK_THAT(tools.message, Catch::Contains("'guided_grammar' cannot be combined with calling"));
 }
 
 }  // namespace

@@ -197,6 +197,25 @@ TEST_CASE("Responses refusals name the Responses API's fields") {
   CHECK(ParseError(R"({"model": "gpt-4o", "input": "x"})").http_status == 404);
 }
 
+TEST_CASE("Responses carry vLLM's structured outputs to chat, a grammar's refusal named") {
+  CHECK(ParseOk(R"j({"model": "toy", "input": "x",
+                "structured_outputs": {"grammar": "root ::= \"yes\" | \"no\""}})j")
+            .chat.grammar == R"(root ::= "yes" | "no")");
+  CHECK(ParseOk(R"j({"model": "toy", "input": "x", "guided_grammar": "root ::= [a-z]+"})j")
+            .chat.grammar == "root ::= [a-z]+");
+  CHECK(ParseOk(R"j({"model": "toy", "input": "x", "structured_outputs": {"regex": "a+"}})j")
+            .chat.regex == "a+");
+  const OpenAiError undefined = ParseError(R"j({"model": "toy", "input": "x",
+      "structured_outputs": {"grammar": "root ::= item"}})j");
+  CHECK(undefined.param == "structured_outputs.grammar");
+  CHECK_THAT(undefined.message,
+             Catch::Contains("'structured_outputs.grammar': grammar: rule 'item'"));
+  const OpenAiError twice = ParseError(R"j({"model": "toy", "input": "x",
+      "text": {"format": {"type": "json_object"}}, "guided_grammar": "root ::= \"a\""})j");
+  CHECK_THAT(twice.message, Catch::Contains("give the answer's format once: 'text.format'"));
+  CHECK_THAT(twice.message, !Catch::Contains("response_format"));
+}
+
 TEST_CASE("A streamed response's events fold back into the response it ends with") {
   ResponseBuilder builder("resp_1", 1700000000, "toy",
                           Json{{"instructions", "Be brief."}, {"store", true}});

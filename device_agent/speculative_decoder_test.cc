@@ -20,6 +20,7 @@
 #include "device_agent/decode_round.h"
 #include "device_agent/request_stats.h"
 #include "models/formats/checkpoint.h"
+#include "models/grammar/ebnf_grammar.h"
 #include "models/grammar/json_grammar.h"
 #include "models/grammar/json_schema.h"
 #include "models/grammar/regex_grammar.h"
@@ -465,6 +466,26 @@ TEST_CASE(
   CheckConstrainedGreedy(
       SamplingParams{.stop_ids = {2}, .response_format = ResponseFormat::kRegex, .regex = *regex},
       RegexGrammar(regex->get()), /*ends=*/true);
+}
+
+TEST_CASE(
+    "Constrained to a GBNF grammar, speculative greedy decoding is still plain greedy decoding "
+    "under the same constraint",
+    "[speculative]") {
+  // Recursive, each list nesting the next with its "]" owed (a real stack of calls; the model
+  // goes on nesting, so no answer ends within its tokens), alternatives that share their start
+  // (both followed until ", [" or what follows the list tells them apart), and spelled by the
+  // vocabulary's letters, brackets and separators.
+  auto grammar = EbnfGrammar::Compile(R"(
+      root ::= "key: " list "."          # a full stop ends it
+      list ::= item | item ", [" list "]"  # each list nests the next: its "]" is owed
+      item ::= [a-z] [a-z ]{0,11})");
+  REQUIRE(grammar.ok());
+  EbnfWorkspace workspace(grammar->get());  // the reference's, apart from the decoder's
+  CheckConstrainedGreedy(
+      SamplingParams{
+          .stop_ids = {2}, .response_format = ResponseFormat::kGrammar, .grammar = *grammar},
+      EbnfState(&workspace), /*ends=*/false);
 }
 
 // How many drafts a greedy drafter makes after `tokens` (the round's first token last) before

@@ -187,6 +187,7 @@ def run(base_url, cloud_metrics_url, agent_metrics_url, model_dir):
     json_answers(client, model, base_url, messages)
     json_schema_answers(client, model, messages)
     regex_answers(client, model, messages)
+    grammar_answers(client, model, messages)
     tool_calls(client, model, messages)
     responses(client, model, messages, text, agent_metrics_url)
 
@@ -517,6 +518,76 @@ def regex_answers(client, model, messages):
                      extra_body={"structured_outputs": {"regex": "(a)\\1"}}),
                  openai.BadRequestError, 400, param="structured_outputs.regex")
     print(f"regex answers: {json.dumps(matched)}; choices {json.dumps(picked)}")
+
+
+# A GBNF grammar (vLLM's structured_outputs.grammar): lists of up to four words, an item
+# being a word or a bracketed list (recursive, so no regex is the same).
+GRAMMAR = r"""
+root ::= list
+list ::= item (", " item){0,3}   # at most four items a list
+item ::= [a-z]{1,8} | "[" list "]"
+"""
+
+
+def grammar_matches(text):
+    """Whether GRAMMAR's root matches the whole of `text`: the innermost bracketed lists folded
+    into an item ('#') until none is left, then one list."""
+    item = r"(?:[a-z]{1,8}|#)"
+    items = rf"{item}(?:, {item}){{0,3}}"
+    text = text.replace("#", "?")  # only a folded list is an item '#'
+    while True:
+        folded = re.sub(rf"\[{items}\]", "#", text)
+        if folded == text:
+            return re.fullmatch(items, text) is not None
+        text = folded
+
+
+def grammar_answers(client, model, messages):
+    """vLLM's structured outputs: the whole answer is what a GBNF grammar's root matches, where
+    the same seeds' answers without it are not; guided_grammar streamed the same,
+    completions, the Responses API, and a grammar that names an undefined rule refused."""
+    matched = []
+    for seed in range(3):
+        answer = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=40, temperature=1.0, seed=seed,
+            extra_body={"structured_outputs": {"grammar": GRAMMAR}})
+        text = answer.choices[0].message.content
+        check(grammar_matches(text), f"seed {seed}: {text!r} is not the grammar's")
+        check_eq(f"seed {seed}: grammar finish_reason", answer.choices[0].finish_reason, "stop")
+        matched.append(text)
+        free = client.chat.completions.create(model=model, messages=messages, max_tokens=40,
+                                              temperature=1.0, seed=seed)
+        check(not grammar_matches(free.choices[0].message.content),
+              f"seed {seed}: the toy model wrote the grammar's lists unconstrained")
+    stream = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=40, temperature=1.0, seed=0, stream=True,
+        extra_body={"guided_grammar": GRAMMAR})
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream
+                       if chunk.choices)
+    check_eq("streamed under guided_grammar: seed 0's answer", streamed, matched[0])
+    completion = client.completions.create(
+        model=model, prompt="the brave knight", max_tokens=40, temperature=1.0, seed=1,
+        extra_body={"guided_grammar": GRAMMAR})
+    check(grammar_matches(completion.choices[0].text),
+          f"completions: {completion.choices[0].text!r} is not the grammar's")
+    response = client.responses.create(model=model, input=messages, max_output_tokens=40,
+                                       temperature=1.0,
+                                       extra_body={"seed": 2,
+                                                   "structured_outputs": {"grammar": GRAMMAR}})
+    check_eq("a grammar through the Responses API is chat's", response.output_text, matched[2])
+    try:
+        client.chat.completions.create(
+            model=model, messages=messages,
+            extra_body={"structured_outputs": {"grammar": "root ::= item (\", \" itme)*\n"
+                                                          "item ::= [a-z]+"}})
+        raise Mismatch("a grammar naming an undefined rule: accepted, want a 400")
+    except openai.BadRequestError as e:
+        check_eq("an undefined rule: HTTP status", e.status_code, 400)
+        check_eq("an undefined rule: error.param", e.param, "structured_outputs.grammar")
+        check("'structured_outputs.grammar': grammar: rule 'itme'" in e.message,
+              f"an undefined rule: {e.message!r} does not name the field and the rule")
+    print(f"grammar answers: {json.dumps(matched)}; completion "
+          f"{json.dumps(completion.choices[0].text)}")
 
 
 def json_answers(client, model, base_url, messages):
