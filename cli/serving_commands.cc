@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/program_paths.h"
@@ -66,8 +67,9 @@ const char* FinishName(v1::FinishReason reason) {
   return "unspecified";
 }
 
+// `json_schema` and `grammar`: the texts of --json-schema's and --grammar's files ("" without).
 v1::GenerateRequest MakeRequest(const ChatArgs& args, const std::string& json_schema,
-                                const std::string& prompt) {
+                                const std::string& grammar, const std::string& prompt) {
   v1::GenerateRequest request;
   request.set_prompt(prompt);
   request.set_max_new_tokens(static_cast<uint32_t>(args.max_new_tokens));
@@ -87,8 +89,23 @@ v1::GenerateRequest MakeRequest(const ChatArgs& args, const std::string& json_sc
     request.set_response_format(v1::RESPONSE_FORMAT_REGEX);
     request.set_regex(args.regex);
   }
+  if (!grammar.empty()) {
+    request.set_response_format(v1::RESPONSE_FORMAT_GRAMMAR);
+    request.set_grammar(grammar);
+  }
   request.set_trace(!args.trace_path.empty());
   return request;
+}
+
+// The text of the file a flag names: an error naming the flag and the file when it cannot
+// be read or is empty.
+absl::StatusOr<std::string> ReadFlagFile(const char* flag, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(flag, ": cannot read ", path));
+  std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  if (in.bad()) return absl::DataLossError(absl::StrCat(flag, ": cannot read ", path));
+  if (text.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " is empty"));
+  return text;
 }
 
 }  // namespace
@@ -117,24 +134,22 @@ void AddPenaltyOptions(CLI::App& command, Penalties& penalties) {
 int RunChat(const ChatArgs& args) {
   std::string json_schema;
   if (!args.json_schema_path.empty()) {
-    std::ifstream in(args.json_schema_path);
-    if (!in) {
-      return Fail(absl::NotFoundError(
-          absl::StrCat("--json-schema: cannot read ", args.json_schema_path)));
-    }
-    json_schema.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    if (json_schema.empty()) {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat("--json-schema: ", args.json_schema_path, " is empty")));
-    }
+    absl::StatusOr<std::string> text = ReadFlagFile("--json-schema", args.json_schema_path);
+    if (!text.ok()) return Fail(text.status());
+    json_schema = *std::move(text);
+  }
+  std::string grammar;
+  if (!args.grammar_path.empty()) {
+    absl::StatusOr<std::string> text = ReadFlagFile("--grammar", args.grammar_path);
+    if (!text.ok()) return Fail(text.status());
+    grammar = *std::move(text);
   }
   auto client = Client::Connect(args.agent);
   if (!client.ok()) return Fail(client.status());
   const auto ask = [&](const std::string& prompt) -> int {
-    auto result = (*client)->Generate(MakeRequest(args, json_schema, prompt),
-                                      [](const v1::GenerateResponse& update) {
-                                        std::cout << update.text() << std::flush;
-                                      });
+    auto result = (*client)->Generate(
+        MakeRequest(args, json_schema, grammar, prompt),
+        [](const v1::GenerateResponse& update) { std::cout << update.text() << std::flush; });
     // Flushed before anything goes to stderr: where stdout is a pipe it is buffered, and the
     // statistics line would land inside the answer.
     std::cout << std::endl;

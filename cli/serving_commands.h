@@ -34,6 +34,7 @@ struct ChatArgs {
   bool json = false;  // answers are JSON objects (GenerateRequest.response_format)
   std::string json_schema_path;  // answers are values of this file's JSON Schema
   std::string regex;             // answers are whole matches of this regular expression
+  std::string grammar_path;      // answers are what this file's GBNF grammar's root matches
   bool stats = false;
   std::string trace_path;  // "-": stderr; else a file (last answer's trace)
 };

@@ -494,6 +494,12 @@ int main(int argc, char** argv) {
                    "chosen to keep a match possible (docs/openai.md, \"Regular expressions "
                    "and choices\")")
       ->excludes("--json", "--json-schema");
+  chat_cmd
+      ->add_option("--grammar", chat.grammar_path,
+                   "Answer with text the GBNF grammar in FILE (llama.cpp's syntax) matches "
+                   "whole from its root rule, each token chosen to keep a match possible "
+                   "(docs/openai.md, \"Grammars\")")
+      ->excludes("--json", "--json-schema", "--regex");
   chat_cmd->add_flag("--stats", chat.stats, "Print TTFT and mean TBT after each answer");
   chat_cmd->add_option("--trace", chat.trace_path,
                        "Write each answer's trace (prompt chunks: device, upload, queue, "

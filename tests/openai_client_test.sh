@@ -6,8 +6,8 @@
 # KV freed), and the endpoint's limits: a body too large (413, before it is read), a
 # completion past max_concurrent_requests (429 at once), an idle connection (closed), clients that
 # send their requests a byte at a time (cut off at openai.request_deadline_s). The cases are
-# tests/openai_client_test.py; after them `tophat chat --json` and `--regex` ask the same agent
-# over gRPC.
+# tests/openai_client_test.py; after them `tophat chat --json`, `--regex` and `--grammar` ask
+# the same agent over gRPC.
 #   openai_client_test.sh BIN_DIR TOY_MODEL WORK_DIR PYTHON
 # A Python without `openai` is a failure, not a skip: deploy/install-deps.sh installs it.
 set -euo pipefail
@@ -101,6 +101,38 @@ if [ "$status" -eq 0 ]; then
     echo "FAIL: tophat chat --regex '$regex': $matched"; status=1
   else
     echo "tophat chat --regex: $matched"
+  fi
+fi
+# `tophat chat --grammar FILE`: the whole answer is what the GBNF grammar's root matches (a
+# grep of the same language as a regex, whole line); the budget fits three codes. A file that
+# cannot be read is named, and a grammar the agent cannot compile is its INVALID_ARGUMENT.
+if [ "$status" -eq 0 ]; then
+  cat >"$work/run/codes.gbnf" <<'EOF'
+# Up to three codes, each two capitals, a dash and two to four digits.
+root   ::= code ("," code){0,2}
+code   ::= letter letter "-" digit{2,4}
+letter ::= [A-Z]
+digit  ::= [0-9]
+EOF
+  regex='[A-Z]{2}-[0-9]{2,4}(,[A-Z]{2}-[0-9]{2,4}){0,2}'
+  printf 'root ::= code\ncode ::= [A-Z] cdoe\n' >"$work/run/undefined.gbnf"
+  grammar_chat=("$bin_dir/tophat" chat --agent "127.0.0.1:$agent_port" --prompt "the old farmer"
+                --max-new-tokens 40)
+  matched=$("${grammar_chat[@]}" --grammar "$work/run/codes.gbnf" 2>>"$work/run/chat.log") ||
+    status=$?
+  if [ "$status" -ne 0 ]; then
+    echo "FAIL: tophat chat --grammar failed"; tail -5 "$work/run/chat.log"
+  elif ! printf '%s\n' "$matched" | grep -Exq "$regex"; then
+    echo "FAIL: tophat chat --grammar codes.gbnf: $matched is not $regex"; status=1
+  elif "${grammar_chat[@]}" --grammar "$work/run/missing.gbnf" >/dev/null 2>"$work/run/missing.log" ||
+       ! grep -q -- "--grammar: cannot read $work/run/missing.gbnf" "$work/run/missing.log"; then
+    echo "FAIL: tophat chat --grammar of a missing file: $(cat "$work/run/missing.log")"; status=1
+  elif "${grammar_chat[@]}" --grammar "$work/run/undefined.gbnf" >/dev/null 2>"$work/run/undefined.log" ||
+       ! grep -q "grammar: rule 'cdoe'" "$work/run/undefined.log"; then
+    echo "FAIL: tophat chat --grammar of an undefined rule: $(cat "$work/run/undefined.log")"
+    status=1
+  else
+    echo "tophat chat --grammar: $matched"
   fi
 fi
 if [ "$status" -ne 0 ]; then
