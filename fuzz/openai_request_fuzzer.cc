@@ -8,7 +8,9 @@
 // A chat's tools and messages are rendered by each template with a tool layout (or refused
 // with a status); under a tool_choice its text is read for calls, each of which names a tool
 // and satisfies its parameters, and streamed through ToolCallHoldback in the same pieces,
-// which sends a prefix of the text and holds back the rest.
+// which sends a prefix of the text and holds back the rest. A structured output's grammar
+// (GBNF) compiles, as its regex does, while the request is read; the request's own text is
+// then matched against it a byte at a time.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -19,6 +21,7 @@
 #include "device_agent/openai_request.h"
 #include "device_agent/openai_responses.h"
 #include "fuzz/fuzz_util.h"
+#include "models/grammar/ebnf_grammar.h"
 #include "models/tokenizers/chat_template.h"
 #include "nlohmann/json.hpp"
 
@@ -189,6 +192,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     text += prompt.text;
   }
   for (const tophat::ChatMessage& message : request.messages) text += message.content;
+  if (!request.grammar.empty()) {
+    auto grammar = tophat::EbnfGrammar::Compile(request.grammar);
+    TOPHAT_FUZZ_CHECK(grammar.ok());  // it compiled when the request was read
+    tophat::EbnfWorkspace workspace(grammar->get());
+    tophat::EbnfState state(&workspace);
+    (void)state.Feed(text);  // taken or refused, never a crash
+  }
   if (request.endpoint == tophat::OpenAiEndpoint::kChatCompletions) {
     CheckTools(request, text, data, size);
   }
