@@ -1,5 +1,6 @@
 #include "device_agent/openai_responses.h"
 
+#include <algorithm>
 #include <random>
 #include <utility>
 
@@ -57,6 +58,67 @@ Json ResponsesUsage(int64_t input_tokens, int64_t cached_tokens, int64_t output_
               {"output_tokens", output_tokens},
               {"output_tokens_details", {{"reasoning_tokens", 0}}},
               {"total_tokens", input_tokens + output_tokens}};
+}
+
+std::optional<Json> InputItemsPage(std::string_view response_id,
+                                   std::span<const ChatMessage> conversation,
+                                   const InputItemsQuery& query) {
+  std::string_view suffix = response_id;
+  if (suffix.starts_with("resp_")) suffix.remove_prefix(5);
+  std::vector<Json> items;
+  const auto id = [&](const char* prefix) -> std::string {
+    return absl::StrCat(prefix, "_", std::string(suffix), "_", items.size());
+  };
+  const size_t inputs = conversation.empty() ? 0 : conversation.size() - 1;
+  for (const ChatMessage& message : conversation.first(inputs)) {
+    if (message.role == "tool") {
+      items.push_back(Json{{"id", id("fco")},
+                           {"type", "function_call_output"},
+                           {"status", "completed"},
+                           {"call_id", message.tool_call_id},
+                           {"output", message.content}});
+    } else if (message.role == "assistant") {
+      if (!message.content.empty() || message.tool_calls.empty()) {
+        items.push_back(Json{{"id", id("msg")},
+                             {"type", "message"},
+                             {"status", "completed"},
+                             {"role", "assistant"},
+                             {"content", Json::array({TextPart(message.content, Json::array())})}});
+      }
+      for (const ToolCall& call : message.tool_calls) {
+        items.push_back(Json{{"id", id("fc")},
+                             {"type", "function_call"},
+                             {"status", "completed"},
+                             {"call_id", call.id},
+                             {"name", call.name},
+                             {"arguments", call.arguments}});
+      }
+    } else {
+      items.push_back(Json{
+          {"id", id("msg")},
+          {"type", "message"},
+          {"status", "completed"},
+          {"role", message.role},
+          {"content", Json::array({Json{{"type", "input_text"}, {"text", message.content}}})}});
+    }
+  }
+  if (!query.ascending) std::reverse(items.begin(), items.end());
+  size_t begin = 0;
+  if (!query.after.empty()) {
+    const auto it = std::find_if(items.begin(), items.end(),
+                                 [&](const Json& item) { return item["id"] == query.after; });
+    if (it == items.end()) return std::nullopt;
+    begin = static_cast<size_t>(it - items.begin()) + 1;
+  }
+  const size_t end =
+      std::min(items.size(), begin + static_cast<size_t>(std::max<int64_t>(query.limit, 0)));
+  Json data = Json::array();
+  for (size_t i = begin; i < end; ++i) data.push_back(std::move(items[i]));
+  Json page = {{"object", "list"}, {"data", data}};
+  page["first_id"] = data.empty() ? Json(nullptr) : data.front()["id"];
+  page["last_id"] = data.empty() ? Json(nullptr) : data.back()["id"];
+  page["has_more"] = end < items.size();
+  return page;
 }
 
 ResponseBuilder::ResponseBuilder(std::string id, int64_t created_at, std::string model, Json echo)

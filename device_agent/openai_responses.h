@@ -72,6 +72,23 @@ class ResponseBuilder {
   ChatMessage answer_{.role = "assistant"};
 };
 
+// A page of a kept response's input items (GET /v1/responses/{id}/input_items): the
+// conversation that produced it, earlier turns included (its answer, the last message, is not
+// an input), as Responses items: messages with input_text parts (an earlier answer's with
+// output_text), function_call and function_call_output items. Item ids are made from the
+// response's id and the item's place, so they stay the same from call to call and can be
+// paged through with `after`.
+struct InputItemsQuery {
+  int64_t limit = 20;      // 1 to 100
+  bool ascending = false;  // order "asc"; OpenAI's default is "desc", the newest first
+  std::string after;       // the id of the item before the page, in this order; "" from the start
+};
+// The list object ({object: "list", data, first_id, last_id, has_more}); nullopt when `after`
+// names no item of this response.
+std::optional<nlohmann::ordered_json> InputItemsPage(std::string_view response_id,
+                                                     std::span<const ChatMessage> conversation,
+                                                     const InputItemsQuery& query);
+
 // Responses kept for later turns, in the agent's memory only (text never leaves the device;
 // a restart forgets them), each visible to the app that made it alone. Bounded by bytes:
 // past `max_bytes`, the least recently used go first. Thread-safe.

@@ -1,6 +1,7 @@
 #include "device_agent/openai_responses.h"
 
 #include <catch2/catch.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -303,6 +304,67 @@ TEST_CASE("A response cut by max_output_tokens is incomplete, and calls alone ha
   ResponseBuilder failed("resp_5", 1, "toy", Json::object());
   CHECK(failed.Fail("the cloud went away")[0]["type"] == "response.failed");
   CHECK(failed.response()["error"]["message"] == "the cloud went away");
+}
+
+TEST_CASE("A kept response's input items are its conversation before the answer, paged") {
+  const std::vector<ChatMessage> conversation = {
+      {.role = "system", .content = "Be brief."},
+      {.role = "user", .content = "Hi"},
+      {.role = "assistant", .content = "Hello."},
+      {.role = "user", .content = "Weather in Oslo?"},
+      {.role = "assistant",
+       .tool_calls = {{.id = "call_1", .name = "get_weather", .arguments = R"({"city":"Oslo"})"}}},
+      {.role = "tool", .content = "4 C", .tool_call_id = "call_1"},
+      {.role = "assistant", .content = "It is 4 C."},  // the answer: not an input
+  };
+  const auto all = InputItemsPage("resp_abc", conversation, {.limit = 100, .ascending = true});
+  REQUIRE(all.has_value());
+  const Json& items = (*all)["data"];
+  REQUIRE(items.size() == 6);
+  CHECK(items[0]["role"] == "system");
+  CHECK(items[0]["content"][0] == Json{{"type", "input_text"}, {"text", "Be brief."}});
+  CHECK(items[1]["content"][0]["text"] == "Hi");
+  CHECK(items[2]["role"] == "assistant");
+  CHECK(items[2]["content"][0]["type"] == "output_text");
+  CHECK(items[2]["content"][0]["text"] == "Hello.");
+  CHECK(items[3]["content"][0]["text"] == "Weather in Oslo?");
+  CHECK(items[4]["type"] == "function_call");
+  CHECK(items[4]["call_id"] == "call_1");
+  CHECK(items[4]["name"] == "get_weather");
+  CHECK(items[4]["arguments"] == R"({"city":"Oslo"})");
+  CHECK(items[5]["type"] == "function_call_output");
+  CHECK(items[5]["call_id"] == "call_1");
+  CHECK(items[5]["output"] == "4 C");
+  CHECK((*all)["first_id"] == items[0]["id"]);
+  CHECK((*all)["last_id"] == items[5]["id"]);
+  CHECK((*all)["has_more"] == false);
+  std::set<std::string> ids;
+  for (const Json& item : items) ids.insert(item["id"].get<std::string>());
+  CHECK(ids.size() == 6);
+  // The same ids on every call, so that `after` pages through them.
+  CHECK(InputItemsPage("resp_abc", conversation, {.limit = 100, .ascending = true}) == all);
+  // Newest first by default, in pages.
+  const auto first = InputItemsPage("resp_abc", conversation, {.limit = 4});
+  REQUIRE(first.has_value());
+  REQUIRE((*first)["data"].size() == 4);
+  CHECK((*first)["data"][0] == items[5]);
+  CHECK((*first)["data"][3] == items[2]);
+  CHECK((*first)["has_more"] == true);
+  const auto second = InputItemsPage("resp_abc", conversation,
+                                     {.limit = 4, .after = (*first)["last_id"].get<std::string>()});
+  REQUIRE(second.has_value());
+  REQUIRE((*second)["data"].size() == 2);
+  CHECK((*second)["data"][0] == items[1]);
+  CHECK((*second)["data"][1] == items[0]);
+  CHECK((*second)["has_more"] == false);
+  // An id of no item of this response; another response's ids are its own.
+  CHECK_FALSE(InputItemsPage("resp_abc", conversation, {.after = "msg_nope"}).has_value());
+  const auto other = InputItemsPage("resp_def", conversation, {.limit = 1});
+  CHECK((*other)["first_id"] != (*first)["first_id"]);
+  // A first turn's answer has no input items before it but its own input.
+  const auto empty = InputItemsPage("resp_abc", {}, {});
+  CHECK((*empty)["data"].empty());
+  CHECK((*empty)["first_id"].is_null());
 }
 
 TEST_CASE("The response store keeps each app's responses apart, within its bytes") {

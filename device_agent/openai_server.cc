@@ -1110,6 +1110,42 @@ void OpenAiServer::Route() {
     if (!stored) return SendError(res, ResponseNotFound(id));
     res.set_content(stored->response.dump(), "application/json");
   });
+  server_->Get("/v1/responses/([^/]+)/input_items", [this, authenticate, answering](
+                                                        const httplib::Request& req,
+                                                        httplib::Response& res) {
+    answering(req);
+    const std::optional<std::string> caller = authenticate(req, res);
+    if (!caller) return;
+    const std::string id = req.matches[1];
+    InputItemsQuery query;
+    if (req.has_param("limit")) {
+      const std::string limit = req.get_param_value("limit");
+      if (!absl::SimpleAtoi(limit, &query.limit) || query.limit < 1 || query.limit > 100) {
+        return SendError(
+            res, OpenAiError{.param = "limit",
+                             .message = absl::StrCat("limit must be 1 to 100, not '", limit, "'")});
+      }
+    }
+    if (req.has_param("order")) {
+      const std::string order = req.get_param_value("order");
+      if (order != "asc" && order != "desc") {
+        return SendError(res, OpenAiError{.param = "order",
+                                          .message = absl::StrCat(
+                                              "order must be 'asc' or 'desc', not '", order, "'")});
+      }
+      query.ascending = order == "asc";
+    }
+    query.after = req.get_param_value("after");
+    std::optional<ResponseStore::Stored> stored = responses_->Find(id, *caller);
+    if (!stored) return SendError(res, ResponseNotFound(id));
+    std::optional<Json> page = InputItemsPage(id, stored->conversation, query);
+    if (!page) {
+      return SendError(res, OpenAiError{.param = "after",
+                                        .message = absl::StrCat("No input item '", query.after,
+                                                                "' in response '", id, "'")});
+    }
+    res.set_content(page->dump(), "application/json");
+  });
   server_->Delete(
       "/v1/responses/([^/]+)",
       [this, authenticate, answering](const httplib::Request& req, httplib::Response& res) {

@@ -301,7 +301,7 @@ def responses(client, model, messages, text, agent_metrics_url):
     """The Responses API: the generation chat gives, in OpenAI's newer shape, with the
     conversation kept by the agent. Greedy, instructions and input give chat's answer; a
     second turn through previous_response_id gives chat's second turn with the whole history,
-    and reuses the first turn's positions; streamed, the same text in events the client folds
+    and reuses the first turn's positions, its input items listed and paged; streamed, the same text in events the client folds
     back; a Pydantic model through responses.parse() and stream(); function calls, the same
     as chat's under the same seed, and their outputs sent back; retrieve, delete, store
     false and the refusals."""
@@ -332,6 +332,25 @@ def responses(client, model, messages, text, agent_metrics_url):
           f"turn 2 reused {reused} of {second.usage.input_tokens} input tokens, want >= "
           f"{first.usage.input_tokens}")
     check_eq("turn 2 previous_response_id", second.previous_response_id, first.id)
+    # Its input items: the conversation before its answer, earlier turns included (no
+    # instructions: each turn gives its own), newest first, paged with after.
+    listed = client.responses.input_items.list(second.id)
+    check_eq("turn 2 input items, newest first",
+             [(item.role, item.content[0].type, item.content[0].text) for item in listed.data],
+             [("user", "input_text", "and then?"), ("assistant", "output_text", text),
+              ("user", "input_text", user)])
+    check(not listed.has_more, "turn 2's input items fit one page")
+    pages = []
+    for item in client.responses.input_items.list(second.id, order="asc", limit=1):
+        pages.append(item.id)  # the client pages through with after
+    check_eq("input items paged one at a time, oldest first", pages,
+             [item.id for item in reversed(listed.data)])
+    expect_error("input items with limit 0",
+                 lambda: client.responses.input_items.list(second.id, limit=0),
+                 openai.BadRequestError, 400, param="limit")
+    expect_error("input items after an unknown id",
+                 lambda: client.responses.input_items.list(second.id, after="msg_none"),
+                 openai.BadRequestError, 400, param="after")
     # Input items: the same conversation sent whole, as messages with text parts.
     items = client.responses.create(
         model=model, max_output_tokens=16, temperature=0,
