@@ -256,6 +256,14 @@ v1::GenerateResponse Agent::Request::Run() {
   }
   if (cloud_ != nullptr) cloud_->Unregister(session_id_);
 
+  if (sampler_ != nullptr && sampler_->format_cut_by_limit()) {
+    // The answer may have ended before a match: say why where an operator looks.
+    spdlog::warn(
+        "request {}: its grammar met a bound of its matching (call depth, ways, stacks or "
+        "work; docs/openai.md, \"Grammars\"): a way the grammar allows was not followed",
+        id_);
+    if (agent_.metrics_ != nullptr) agent_.metrics_->grammar_bounds_met.Increment();
+  }
   if (result.ok()) {
     const bool stopped = !generated_.empty() &&
                          std::find(stop_ids_.begin(), stop_ids_.end(), generated_.back()) !=

@@ -16,15 +16,15 @@ AgentMetrics::AgentMetrics(prometheus::Registry& registry)
     : time_to_first_token_seconds(AddHistogram(registry, "tophat_time_to_first_token_seconds",
                                                "Time to first token", kLatencyBuckets)),
       inter_token_latency_seconds(AddHistogram(registry, "tophat_inter_token_latency_seconds",
-                                               "Time between consecutive tokens",
-                                               kLatencyBuckets)),
+                                               "Time between consecutive tokens", kLatencyBuckets)),
       e2e_request_latency_seconds(AddHistogram(registry, "tophat_e2e_request_latency_seconds",
                                                "Request latency from arrival to last token",
                                                kLatencyBuckets)),
       request_queue_time_seconds(AddHistogram(registry, "tophat_request_queue_time_seconds",
                                               "Time a request waited for cloud KV admission",
                                               kLatencyBuckets)),
-      requests_running(AddGauge(registry, "tophat_num_requests_running", "Requests being generated")),
+      requests_running(
+          AddGauge(registry, "tophat_num_requests_running", "Requests being generated")),
       hidden_state_bytes_family(prometheus::BuildCounter()
                                     .Name("tophat_hidden_state_bytes_total")
                                     .Help("Hidden-state payload bytes sent up to and received "
@@ -42,8 +42,13 @@ AgentMetrics::AgentMetrics(prometheus::Registry& registry)
       requests_length(requests_finished_family.Add({{"finished_reason", "length"}})),
       requests_cancelled(requests_finished_family.Add({{"finished_reason", "cancelled"}})),
       requests_error(requests_finished_family.Add({{"finished_reason", "error"}})),
-      cloud_connected(AddGauge(registry, "tophat_cloud_connected", "1 while the agent holds a stream to the cloud")),
-      cloud_reconnects(AddCounter(registry, "tophat_cloud_reconnects_total", "Cloud streams re-established after a loss")),
+      grammar_bounds_met(AddCounter(registry, "tophat_grammar_bounds_met_total",
+                                    "Requests whose GBNF grammar met a bound of its matching (a "
+                                    "way it allows not followed)")),
+      cloud_connected(AddGauge(registry, "tophat_cloud_connected",
+                               "1 while the agent holds a stream to the cloud")),
+      cloud_reconnects(AddCounter(registry, "tophat_cloud_reconnects_total",
+                                  "Cloud streams re-established after a loss")),
       cloud_target_up_family(prometheus::BuildGauge()
                                  .Name("tophat_cloud_target_up")
                                  .Help("1 while the agent holds a stream to this cloud")
@@ -65,8 +70,9 @@ AgentMetrics::AgentMetrics(prometheus::Registry& registry)
                                         "Verification rounds that carried at least one draft")),
       spec_decode_num_draft_tokens(AddCounter(registry, "tophat_spec_decode_num_draft_tokens_total",
                                               "Draft tokens sent for verification")),
-      spec_decode_num_accepted_tokens(AddCounter(
-          registry, "tophat_spec_decode_num_accepted_tokens_total", "Draft tokens the target kept")),
+      spec_decode_num_accepted_tokens(AddCounter(registry,
+                                                 "tophat_spec_decode_num_accepted_tokens_total",
+                                                 "Draft tokens the target kept")),
       spec_decode_accepted_per_pos_family(
           prometheus::BuildCounter()
               .Name("tophat_spec_decode_num_accepted_tokens_per_pos_total")
@@ -75,19 +81,20 @@ AgentMetrics::AgentMetrics(prometheus::Registry& registry)
       spec_decode_parallel_drafts(AddCounter(
           registry, "tophat_spec_decode_parallel_drafts_total",
           "Verification rounds during which the agent drafted ahead from top-k candidates")),
-      spec_decode_parallel_hits(AddCounter(
-          registry, "tophat_spec_decode_parallel_hits_total",
-          "Rounds whose drafts were made ahead (hit rate = hits / parallel_drafts)")),
-      spec_decode_ahead_runs_sent(AddCounter(
-          registry, "tophat_spec_decode_ahead_runs_sent_total",
-          "Branches drafted ahead sent to the cloud before their verification returned "
-          "(speculative.max_runs_in_flight 2)")),
-      spec_decode_ahead_runs_kept(AddCounter(
-          registry, "tophat_spec_decode_ahead_runs_kept_total",
-          "Runs sent ahead that were kept as the next round (the rest were cancelled)")),
+      spec_decode_parallel_hits(
+          AddCounter(registry, "tophat_spec_decode_parallel_hits_total",
+                     "Rounds whose drafts were made ahead (hit rate = hits / parallel_drafts)")),
+      spec_decode_ahead_runs_sent(
+          AddCounter(registry, "tophat_spec_decode_ahead_runs_sent_total",
+                     "Branches drafted ahead sent to the cloud before their verification returned "
+                     "(speculative.max_runs_in_flight 2)")),
+      spec_decode_ahead_runs_kept(
+          AddCounter(registry, "tophat_spec_decode_ahead_runs_kept_total",
+                     "Runs sent ahead that were kept as the next round (the rest were cancelled)")),
       spec_decode_round_seconds(AddHistogram(registry, "tophat_spec_decode_round_seconds",
                                              "One decode round: drafting, verification trip, "
-                                             "acceptance", kLatencyBuckets)),
+                                             "acceptance",
+                                             kLatencyBuckets)),
       prompt_positions_reused(AddCounter(
           registry, "tophat_prompt_positions_reused_total",
           "Prompt positions an earlier turn of the conversation had computed on the device and "

@@ -30,6 +30,7 @@ struct AgentMetrics {
   prometheus::Counter& requests_length;
   prometheus::Counter& requests_cancelled;
   prometheus::Counter& requests_error;
+  prometheus::Counter& grammar_bounds_met;
   prometheus::Gauge& cloud_connected;
   prometheus::Counter& cloud_reconnects;
   // Per cloud target (agent.yaml cloud_addresses, or the one cloud_address), labelled

@@ -233,6 +233,8 @@ class EbnfState {
   }
   bool in_string() const { return false; }
   int64_t string_room() const { return 0; }
+  // A branch was refused for a bound of the workspace's, not by the grammar.
+  bool cut_by_limit() const { return workspace_ != nullptr && workspace_->over_limit(); }
   size_t ways() const {
     return configuration_ == EbnfWorkspace::kDead ? 0 : workspace_->ways(configuration_);
   }

@@ -199,6 +199,19 @@ TEST_CASE("Right recursion keeps no stack, and calls nested past the limit are r
   while (taken < 5000 && deep.Feed('(')) ++taken;
   CHECK(taken == kMaxEbnfCallDepth);
   CHECK(nested_workspace.over_limit());
+  CHECK(deep.cut_by_limit());
+  CHECK_FALSE(state.cut_by_limit());
+  // The constraint reports it as a TokenConstraint, for the agent's log and metric.
+  std::vector<std::optional<std::string>> tokens = {std::nullopt, std::nullopt, std::nullopt,
+                                                    "(",          "x",          ")"};
+  const auto vocabulary = std::make_shared<const TokenVocabulary>(std::move(tokens));
+  auto constraint = MakeEbnfConstraint(vocabulary, {kEnd}, nested);
+  CHECK_FALSE(constraint->cut_by_limit());
+  const std::vector<int32_t> opens(kMaxEbnfCallDepth, 3);
+  constraint->Commit(opens);
+  CHECK_FALSE(constraint->cut_by_limit());
+  CHECK(testing::Ids(*constraint->Allowed({})) == std::vector<int32_t>{4});  // only "x"
+  CHECK(constraint->cut_by_limit());
   CHECK_FALSE(workspace.over_limit());
   CHECK(nested_workspace.stack_nodes() <= static_cast<size_t>(kMaxEbnfCallDepth));
   // A grammar whose ways double with each character ("(" continues a run or opens a group,

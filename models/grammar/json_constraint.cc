@@ -98,6 +98,7 @@ GrammarConstraint<Grammar>::GrammarConstraint(std::shared_ptr<const TokenVocabul
     : vocabulary_(std::move(vocabulary)),
       end_ids_(std::move(end_ids)),
       owner_(std::move(owner)),
+      start_(start),
       state_(std::move(start)) {}
 
 template <typename Grammar>

@@ -86,6 +86,9 @@ class TokenConstraint {
       std::span<const int32_t> pending) const = 0;
   // The committed answer is complete.
   virtual bool complete() const = 0;
+  // A way the format allows was not followed for one of its bounds (a GBNF grammar's call
+  // depth, ways, stacks or work: EbnfWorkspace), so the answer may have ended before a match.
+  virtual bool cut_by_limit() const { return false; }
 };
 
 // One request's constraint by a byte automaton `Grammar` (JsonGrammar: any JSON object;
@@ -109,6 +112,12 @@ class GrammarConstraint final : public TokenConstraint {
   std::shared_ptr<const std::vector<uint8_t>> Allowed(
       std::span<const int32_t> pending) const override;
   bool complete() const override { return state_.has_value() && state_->complete(); }
+  bool cut_by_limit() const override {
+    if constexpr (requires(const Grammar& grammar) { grammar.cut_by_limit(); }) {
+      return start_.cut_by_limit();
+    }
+    return false;
+  }
 
   // Masks computed, and those found in the cache (for tests of the cache).
   int64_t masks_computed() const { return computed_; }
@@ -129,6 +138,7 @@ class GrammarConstraint final : public TokenConstraint {
   std::shared_ptr<const TokenVocabulary> vocabulary_;
   std::vector<int32_t> end_ids_;
   std::shared_ptr<const void> owner_;
+  Grammar start_;
   std::optional<Grammar> state_;  // nullopt once a refused token was committed
   mutable absl::flat_hash_map<Grammar, std::shared_ptr<const std::vector<uint8_t>>> cache_;
   mutable std::shared_ptr<const std::vector<uint8_t>> ends_only_;

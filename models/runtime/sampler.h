@@ -133,6 +133,8 @@ class Sampler {
   int32_t Draw(const at::Tensor& probs);
 
   const SamplingParams& params() const { return params_; }
+  // The format did not follow a way it allows for one of its bounds (TokenConstraint).
+  bool format_cut_by_limit() const { return format_ != nullptr && format_->cut_by_limit(); }
 
  private:
   // logits + logit_bias, [V] or [n, V]; the same tensor without a bias.
