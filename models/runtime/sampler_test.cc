@@ -17,6 +17,28 @@
 namespace tophat {
 namespace {
 
+// A sampler's answer from random logits, token by token, until it chooses id 0 (the end);
+// nullopt when 400 choices did not end it. Each token must be one with bytes.
+std::optional<std::string> SampleToEnd(const SamplingParams& params,
+                                       const std::shared_ptr<const TokenVocabulary>& vocabulary,
+                                       std::mt19937_64& rng,
+                                       std::normal_distribution<float>& normal) {
+  Sampler sampler(params, vocabulary);
+  std::string text;
+  for (int step = 0; step < 400; ++step) {
+    std::vector<float> logits(static_cast<size_t>(vocabulary->size()));
+    for (float& logit : logits) logit = normal(rng);
+    const int32_t token = sampler.Sample(at::tensor(logits));
+    if (token == 0) return text;
+    INFO(text);
+    REQUIRE(vocabulary->bytes(token) != nullptr);
+    text += *vocabulary->bytes(token);
+    sampler.Commit(std::vector<int32_t>{token});
+  }
+  INFO("no end after 400 choices: " << text);
+  return std::nullopt;
+}
+
 TEST_CASE("Greedy picks the argmax and its distribution is one-hot", "[sampler]") {
   at::Tensor logits = at::tensor({0.1f, 2.0f, -1.0f, 1.9f});
   Sampler sampler({});
@@ -229,28 +251,13 @@ TEST_CASE("Required tool calls: greedy choices from random logits write calls th
     REQUIRE(params.Validate().ok());
     std::set<std::string> answers;
     for (int answer = 0; answer < 20; ++answer) {
-      Sampler sampler(params, vocabulary);
-      std::string text;
-      bool ended = false;
-      for (int step = 0; step < 400 && !ended; ++step) {
-        std::vector<float> logits(static_cast<size_t>(vocabulary->size()));
-        for (float& logit : logits) logit = normal(rng);
-        const int32_t token = sampler.Sample(at::tensor(logits));
-        if (token == 0) {
-          ended = true;
-          break;
-        }
-        REQUIRE(vocabulary->bytes(token) != nullptr);
-        text += *vocabulary->bytes(token);
-        sampler.Commit(std::vector<int32_t>{token});
-      }
-      INFO(text);
-      REQUIRE(ended);
+      const std::optional<std::string> text = SampleToEnd(params, vocabulary, rng, normal);
+      REQUIRE(text.has_value());
       ToolCallGrammar grammar(spec->get());
-      CHECK(grammar.Feed(text));
+      CHECK(grammar.Feed(*text));
       CHECK(grammar.can_end());
       CHECK(grammar.complete() == (grammar.calls() == max_calls));
-      answers.insert(text);
+      answers.insert(*text);
     }
     CHECK(answers.size() > 10);
   }
@@ -284,23 +291,9 @@ TEST_CASE(
   std::set<std::string> answers;
   bool nested = false;
   for (int answer = 0; answer < 20; ++answer) {
-    Sampler sampler(params, vocabulary);
-    std::string text;
-    bool ended = false;
-    for (int step = 0; step < 400 && !ended; ++step) {
-      std::vector<float> logits(static_cast<size_t>(vocabulary->size()));
-      for (float& logit : logits) logit = normal(rng);
-      const int32_t token = sampler.Sample(at::tensor(logits));
-      if (token == 0) {
-        ended = true;
-        break;
-      }
-      REQUIRE(vocabulary->bytes(token) != nullptr);
-      text += *vocabulary->bytes(token);
-      sampler.Commit(std::vector<int32_t>{token});
-    }
-    INFO(text);
-    REQUIRE(ended);
+    const std::optional<std::string> answer_text = SampleToEnd(params, vocabulary, rng, normal);
+    REQUIRE(answer_text.has_value());
+    const std::string& text = *answer_text;
     EbnfWorkspace workspace(grammar->get());
     EbnfState state(&workspace);
     CHECK(state.Feed(text));
