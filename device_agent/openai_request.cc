@@ -455,7 +455,8 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
   bool max_tokens_zero = false;
   bool tool_choice_given = false;
   // The field that holds the answer's format: response_format (a JSON one), or vLLM's
-  // structured_outputs, guided_regex, guided_choice or guided_grammar; "" when none does.
+  // structured_outputs, guided_regex, guided_choice or guided_grammar (or SGLang's regex and
+  // ebnf, llama.cpp's grammar); "" when none does.
   std::string format_key;
   int format_keys = 0;
   std::optional<int64_t> top_logprobs;
@@ -629,13 +630,15 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
       if (given != 1) return Invalid(key, kShape);
       format_key = key;
       ++format_keys;
-    } else if (key == "guided_regex" || key == "guided_choice") {
-      auto regex = key == "guided_regex" ? RegexFormat(key, value) : ChoiceFormat(key, value);
+    } else if (key == "guided_regex" || key == "guided_choice" || key == "regex") {
+      // vLLM's older fields, and SGLang's regex.
+      auto regex = key == "guided_choice" ? ChoiceFormat(key, value) : RegexFormat(key, value);
       if (auto* error = std::get_if<OpenAiError>(&regex)) return *error;
       request.regex = std::get<std::string>(std::move(regex));
       format_key = key;
       ++format_keys;
-    } else if (key == "guided_grammar") {
+    } else if (key == "guided_grammar" || key == "ebnf" || key == "grammar") {
+      // vLLM's older field, SGLang's ebnf and llama.cpp's grammar: the same GBNF.
       auto grammar = GrammarFormat(key, value);
       if (auto* error = std::get_if<OpenAiError>(&grammar)) return *error;
       request.grammar = std::get<std::string>(std::move(grammar));
@@ -783,7 +786,8 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
   if (format_keys > 1) {
     return Invalid(format_key,
                    "give the answer's format once: 'response_format' (JSON), "
-                   "'structured_outputs', 'guided_regex', 'guided_choice' or 'guided_grammar'");
+                   "'structured_outputs', 'guided_regex', 'guided_choice', 'guided_grammar', "
+                   "'regex', 'ebnf' or 'grammar'");
   }
   // A regex or a grammar is held to as a JSON format is: the same refusals below.
   const bool json_format = request.json_object || !request.json_schema.empty() ||

@@ -757,6 +757,23 @@ TEST_CASE("vLLM's structured outputs: a GBNF grammar whose root the whole answer
       ParseOk(OpenAiEndpoint::kCompletions,
               absl::StrCat(R"({"model": "toy", "prompt": "x", "guided_grammar": )", json, "}"));
   CHECK(completion.grammar == grammar);
+  // SGLang's ebnf and llama.cpp's grammar are the same field; SGLang's regex is guided_regex.
+  for (const char* key : {"ebnf", "grammar"}) {
+    INFO(key);
+    const OpenAiRequest aliased = ParseOk(
+        OpenAiEndpoint::kChatCompletions,
+        absl::StrCat(R"({"model": "toy", "messages": [{"role": "user", "content": "x"}], ")", key,
+                     R"(": )", json, "}"));
+    CHECK(aliased.grammar == grammar);
+  }
+  CHECK(
+      ParseOk(OpenAiEndpoint::kCompletions, R"({"model": "toy", "prompt": "x", "regex": "[a-z]+"})")
+          .regex == "[a-z]+");
+  CHECK_THAT(ParseError(OpenAiEndpoint::kCompletions,
+                        R"j({"model": "toy", "prompt": "x", "ebnf": "root ::= \"a\"",
+                            "guided_grammar": "root ::= \"a\""})j")
+                 .message,
+             Catch::Contains("give the answer's format once"));
   // A null beside it is absent, as for the other formats.
   CHECK(ParseOk(OpenAiEndpoint::kCompletions, R"j({"model": "toy", "prompt": "x",
                 "structured_outputs": {"grammar": "root ::= \"yes\" | \"no\"", "regex": null}})j")
