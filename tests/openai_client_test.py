@@ -51,6 +51,12 @@ def check_eq(what, got, want):
         raise Mismatch(f"{what}: got {got!r}, want {want!r}")
 
 
+def streamed_chat_text(client, **request):
+    """A streamed chat answer's text, its deltas joined."""
+    stream = client.chat.completions.create(stream=True, **request)
+    return "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+
+
 def metric(url, series):
     """One series' value from a Prometheus endpoint: `series` is the name with its labels as
     the text format writes them, e.g. 'x_total{reason="a"}'."""
@@ -514,11 +520,8 @@ def regex_answers(client, model, messages):
                                               temperature=1.0, seed=seed)
         check(not re.fullmatch(pattern, free.choices[0].message.content),
               f"seed {seed}: the toy model matched {pattern} unconstrained")
-    stream = client.chat.completions.create(
-        model=model, messages=messages, max_tokens=40, temperature=1.0, seed=0, stream=True,
-        extra_body={"guided_regex": pattern})
-    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream
-                       if chunk.choices)
+    streamed = streamed_chat_text(client, model=model, messages=messages, max_tokens=40,
+                                  temperature=1.0, seed=0, extra_body={"guided_regex": pattern})
     check_eq("streamed under guided_regex: seed 0's answer", streamed, matched[0])
     choices = ["yes", "no", "maybe so"]
     picked = []
@@ -586,11 +589,8 @@ def grammar_answers(client, model, messages):
                                               temperature=1.0, seed=seed)
         check(not grammar_matches(free.choices[0].message.content),
               f"seed {seed}: the toy model wrote the grammar's lists unconstrained")
-    stream = client.chat.completions.create(
-        model=model, messages=messages, max_tokens=40, temperature=1.0, seed=0, stream=True,
-        extra_body={"guided_grammar": GRAMMAR})
-    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream
-                       if chunk.choices)
+    streamed = streamed_chat_text(client, model=model, messages=messages, max_tokens=40,
+                                  temperature=1.0, seed=0, extra_body={"guided_grammar": GRAMMAR})
     check_eq("streamed under guided_grammar: seed 0's answer", streamed, matched[0])
     completion = client.completions.create(
         model=model, prompt="the brave knight", max_tokens=40, temperature=1.0, seed=1,
