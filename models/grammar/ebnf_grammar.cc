@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "models/tokenizers/tokenizer_utf8.h"
 
 namespace tophat {
 namespace {
@@ -376,38 +377,12 @@ class EbnfCompiler {
           return ErrorAt(start, absl::StrCat("unknown escape '\\", std::string(1, e), "'"));
       }
     }
-    // UTF-8 in the grammar's own text.
-    int length = 0;
-    uint32_t value = 0;
-    if (byte < 0x80) {
-      length = 1;
-      value = byte;
-    } else if (byte >= 0xC2 && byte <= 0xDF) {
-      length = 2;
-      value = byte & 0x1F;
-    } else if (byte >= 0xE0 && byte <= 0xEF) {
-      length = 3;
-      value = byte & 0x0F;
-    } else if (byte >= 0xF0 && byte <= 0xF4) {
-      length = 4;
-      value = byte & 0x07;
-    } else {
-      return ErrorAt(start, "a byte that is not UTF-8");
-    }
-    if (pos_ + static_cast<size_t>(length) > text_.size()) {
-      return ErrorAt(start, "a byte that is not UTF-8");
-    }
-    for (int i = 1; i < length; ++i) {
-      const auto next = static_cast<uint8_t>(text_[pos_ + static_cast<size_t>(i)]);
-      if ((next & 0xC0) != 0x80) return ErrorAt(start, "a byte that is not UTF-8");
-      value = (value << 6) | (next & 0x3F);
-    }
-    static constexpr uint32_t kLeast[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (value < kLeast[length] || value > kMaxCodePoint || (value >= 0xD800 && value <= 0xDFFF)) {
-      return ErrorAt(start, "a byte that is not UTF-8");
-    }
-    pos_ += static_cast<size_t>(length);
-    return value;
+    // UTF-8 in the grammar's own text: an ill-formed byte decodes as U+FFFD of length 1.
+    size_t length = 0;
+    const char32_t value = utf8::DecodeAt(text_, pos_, &length);
+    if (length == 1 && byte >= 0x80) return ErrorAt(start, "a byte that is not UTF-8");
+    pos_ += length;
+    return static_cast<uint32_t>(value);
   }
 
   absl::StatusOr<Ast> ParseLiteral() {

@@ -83,7 +83,6 @@ class EbnfGrammar {
   const std::vector<Terminal>& terminals(uint32_t state) const { return terminals_[state]; }
   const CharClass& char_class(uint32_t id) const { return classes_[id]; }
   size_t state_count() const { return terminals_.size(); }
-  size_t rule_count() const { return rule_starts_.size(); }
 
  private:
   friend class EbnfCompiler;

@@ -262,6 +262,8 @@ TEST_CASE("A GBNF grammar it cannot compile is refused, naming the place and the
            {"root ::= \"\\u12\"", "needs 4 hexadecimal digits"},
            {"root ::= \"\\uD800\"", "not a Unicode character"},
            {"root ::= @", "line 1, column 10: unexpected '@'"},
+           {"root ::= \"a\xC3(\"", "line 1, column 12: a byte that is not UTF-8"},
+           {"root ::= [\xED\xA0\x80]", "line 1, column 11: a byte that is not UTF-8"},
            {"root = \"a\"", "expected '::=' after the rule's name 'root'"},
            {"root ::= expr\nexpr ::= expr \"+\" \"1\" | \"1\"",
             "rule 'expr' is left-recursive (expr -> expr"},
