@@ -54,7 +54,7 @@ struct TokenEvent {
 
 // The requests' link samples (ChunkTracker) go to the agent's LinkEstimator, shared by every
 // request, through LinkSampleSink.
-class Agent : private LinkSampleSink {
+class Agent final : private LinkSampleSink {
  public:
   // Loads the device bundle and starts connecting to the cloud in the background.
   static absl::StatusOr<std::unique_ptr<Agent>> Create(const AgentConfig& config,

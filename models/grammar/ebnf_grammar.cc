@@ -894,7 +894,50 @@ int32_t EbnfWorkspace::Intern(Configuration c) {
     return kDead;
   }
   rows_.emplace_back();
+  loops_.push_back(kUnknown);
   return id;
+}
+
+bool EbnfWorkspace::LoopsOnPlainCharacters(int32_t configuration) {
+  const auto at = static_cast<size_t>(configuration);
+  if (loops_[at] != kUnknown) return loops_[at] == 1;
+  loops_[at] = 0;
+  // configurations_ is a deque, and nothing is interned below: the reference stays valid.
+  const Configuration& from = configurations_[at];
+  if (from.pending_bytes != 0 || from.items.empty()) return false;
+  // A character's next configuration depends only on which of the ways' classes hold it
+  // (Advance), so between consecutive bounds of those classes and of the plain characters
+  // one character stands for all.
+  static constexpr EbnfGrammar::Range kPlain[] = {
+      {0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x7E}, {0x80, 0xD7FF}, {0xE000, kMaxCodePoint}};
+  bounds_.clear();
+  const auto add = [&](const EbnfGrammar::Range& range) {
+    bounds_.push_back(range.lo);
+    bounds_.push_back(range.hi + 1);
+  };
+  for (const EbnfGrammar::Range& range : kPlain) add(range);
+  for (const Item& item : from.items) {
+    for (const EbnfGrammar::Terminal& terminal : grammar_->terminals(item.first)) {
+      for (const EbnfGrammar::Range& range : grammar_->char_class(terminal.char_class).ranges) {
+        add(range);
+      }
+    }
+    if (bounds_.size() > kMaxLoopBounds) return false;  // walked instead
+  }
+  std::sort(bounds_.begin(), bounds_.end());
+  bounds_.erase(std::unique(bounds_.begin(), bounds_.end()), bounds_.end());
+  // A character refused for a bound here is not one the answer met: not reported.
+  const bool was_over_limit = over_limit_;
+  Configuration next;
+  for (size_t i = 0; i + 1 < bounds_.size(); ++i) {
+    if (!TokenVocabulary::IsPlainCharacter(bounds_[i])) continue;
+    if (!Advance(from, bounds_[i], &next) || !(next == from)) {
+      over_limit_ = was_over_limit;
+      return false;
+    }
+  }
+  loops_[at] = 1;
+  return true;
 }
 
 int32_t EbnfWorkspace::Next(int32_t configuration, uint8_t byte) {

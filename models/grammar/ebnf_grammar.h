@@ -19,6 +19,7 @@
 #include <array>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -130,6 +131,11 @@ class EbnfWorkspace {
   bool complete(int32_t configuration) const;
   // Ways the text can be read (for tests).
   size_t ways(int32_t configuration) const;
+  // Whether every plain character (TokenVocabulary::IsPlainCharacter) leads from
+  // `configuration` back to it, as inside a JSON string of a grammar written from JSON's or
+  // in `[^\n]*`: then every plain token is allowed there without a walk (EbnfState::in_string).
+  // Found once per configuration; false where finding it would pass a bound.
+  bool LoopsOnPlainCharacters(int32_t configuration);
   size_t stack_nodes() const { return nodes_.size(); }
   size_t configurations() const { return configurations_.size(); }
   // Whether a branch was refused for a limit rather than by the grammar.
@@ -194,6 +200,11 @@ class EbnfWorkspace {
   // rows_[id][byte]: the next configuration, kDead, or kUnknown.
   static constexpr int32_t kUnknown = -2;
   std::vector<std::unique_ptr<std::array<int32_t, 256>>> rows_;
+  // loops_[id]: LoopsOnPlainCharacters once found (1 or 0), else kUnknown.
+  std::vector<int8_t> loops_;
+  // The bounds of the classes LoopsOnPlainCharacters looks through, at most this many.
+  static constexpr size_t kMaxLoopBounds = 4096;
+  std::vector<uint32_t> bounds_;
   size_t kept_rows_ = 0;
   int32_t start_ = kDead;
   bool over_limit_ = false;
@@ -230,8 +241,15 @@ class EbnfState {
   bool complete() const {
     return configuration_ != EbnfWorkspace::kDead && workspace_->complete(configuration_);
   }
-  bool in_string() const { return false; }
-  int64_t string_room() const { return 0; }
+  // Between characters where every plain character leads back here (inside a string of a
+  // grammar written from JSON's): GrammarConstraint allows every plain token without a walk,
+  // as in JsonGrammar's strings.
+  bool in_string() const {
+    return configuration_ != EbnfWorkspace::kDead &&
+           workspace_->LoopsOnPlainCharacters(configuration_);
+  }
+  // Plain characters leave the configuration as it is: no limit.
+  int64_t string_room() const { return std::numeric_limits<int64_t>::max(); }
   // A branch was refused for a bound of the workspace's, not by the grammar.
   bool cut_by_limit() const { return workspace_ != nullptr && workspace_->over_limit(); }
   size_t ways() const {

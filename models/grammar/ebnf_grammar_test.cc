@@ -181,6 +181,85 @@ TEST_CASE("A recursive grammar's masks are exactly the tokens after which it can
   CHECK(ended >= 100);
 }
 
+// Whether `grammar` after `text` is between characters that every plain character leads back
+// to (EbnfState::in_string, where a mask allows every plain token without a walk).
+bool InString(const EbnfGrammar& grammar, std::string_view text) {
+  EbnfWorkspace workspace(&grammar);
+  EbnfState state(&workspace);
+  REQUIRE(state.Feed(text));
+  return state.in_string();
+}
+
+TEST_CASE("Inside a grammar's strings plain tokens are allowed without a walk, masks exact",
+          "[grammar]") {
+  // JSON as a grammar, in the shape of llama.cpp's json.gbnf (its strings leave out DEL).
+  const auto json = Compiled(R"g(
+    root   ::= object
+    value  ::= object | array | string | number | ("true" | "false" | "null") ws
+    object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+    array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+    string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+    number ::= "-"? ([0-9] | [1-9] [0-9]{0,15}) ("." [0-9]+)? ([eE] [-+]? [0-9]{1,3})? ws
+    ws     ::= | " " | "\n" [ \t]{0,20}
+  )g");
+  CHECK(InString(*json, "{\""));
+  CHECK(InString(*json, "{\"key"));
+  CHECK(InString(*json, "{\"k\": [\"a\\n\xC3\xA9"));
+  CHECK_FALSE(InString(*json, "{"));
+  CHECK_FALSE(InString(*json, "{\"k\":"));
+  CHECK_FALSE(InString(*json, "{\"a\\"));    // an escape
+  CHECK_FALSE(InString(*json, "{\"a\\u0"));  // inside \uXXXX
+  CHECK_FALSE(InString(*json, "{\"a\xC3"));  // a character not yet whole
+  // Every plain character must lead back: one left out ('x'), or a count, is walked instead.
+  CHECK_FALSE(InString(*Compiled(R"g(root ::= "\"" [^"\\x]* "\"")g"), "\""));
+  CHECK_FALSE(InString(*Compiled(R"g(root ::= "\"" [^"\\\U0001F3A9]* "\"")g"), "\""));
+  CHECK_FALSE(InString(*Compiled(R"g(root ::= [a-z]*)g"), ""));
+  CHECK_FALSE(InString(*Compiled(R"g(root ::= .{0,5})g"), ""));
+  CHECK(InString(*Compiled(R"g(root ::= [^\n]*)g"), "abc"));
+  CHECK(InString(*Compiled(R"g(root ::= .* "\n")g"), ""));
+  CHECK(InString(*Compiled(R"g(root ::= "\"" ([^"\\] | "\\" .)* "\"")g"), "\"x"));
+
+  // Masks along random answers equal the slow ones, over plain tokens and tokens with a
+  // quote, a backslash, DEL, a control character or a character cut in two.
+  std::vector<std::optional<std::string>> tokens = {std::nullopt, std::nullopt, std::nullopt, ""};
+  for (const char* piece :
+       {"{",     "}",     "{\"",      "\"",   "\":",          "\",",  "\"}", ":",    ",",
+        " ",     "\n",    "\t",       "a",    "ab",           " b",   "x y", "é",    "你好",
+        "🎩",     "1",     "12",       "-3",   "true",         "null", "[",   "]",    "\x7F",
+        "a\x7F", "a\"",   "\\",       "\\n",  "\\u00e9",      "\\u",  "00",  "e9",   "\xC3",
+        "\xA9",  "a\xC3", "\xE2\x80", "\x94", "\xE2\x80\x94", "\x01", "}\n", "b\\\""}) {
+    tokens.emplace_back(piece);
+  }
+  const auto vocabulary = std::make_shared<const TokenVocabulary>(std::move(tokens));
+  std::mt19937_64 rng(11);
+  int in_string = 0;
+  int ended = 0;
+  for (int walk = 0; walk < 200; ++walk) {
+    auto constraint = MakeEbnfConstraint(vocabulary, {kEnd}, json);
+    EbnfWorkspace workspace(json.get());
+    EbnfState state(&workspace);
+    std::string text;
+    for (int step = 0; step < 60; ++step) {
+      INFO("walk " << walk << " after: " << text);
+      in_string += state.in_string() ? 1 : 0;
+      const auto allowed = constraint->Allowed({});
+      const std::vector<int32_t> ids = testing::Ids(*allowed);
+      REQUIRE(ids == testing::TokensTaken(state, *vocabulary, kEnd));
+      const int32_t next = ids[rng() % ids.size()];
+      if (next == kEnd) {
+        ended += 1;
+        break;
+      }
+      text += *vocabulary->bytes(next);
+      REQUIRE(state.Feed(*vocabulary->bytes(next)));
+      constraint->Commit(std::vector<int32_t>{next});
+    }
+  }
+  // The walks passed through strings often, and some ended.
+  CHECK(in_string >= 1000);
+  CHECK(ended >= 10);
+}
+
 TEST_CASE("Right recursion keeps no stack, and calls nested past the limit are refused",
           "[grammar]") {
   const auto right = Compiled(R"g(root ::= "a" root | "")g");

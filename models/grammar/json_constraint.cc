@@ -32,8 +32,10 @@ TokenVocabulary::TokenVocabulary(std::vector<std::optional<std::string>> tokens)
     const std::string& bytes = *tokens_[i];
     longest_ = std::max(longest_, bytes.size());
     all.push_back(id);
-    plain[i] = utf8::IsValid(bytes) && std::none_of(bytes.begin(), bytes.end(), [](char c) {
-                 return c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20;
+    // A valid token's bytes past ASCII are its characters past ASCII, which are plain.
+    plain[i] = utf8::IsValid(bytes) && std::all_of(bytes.begin(), bytes.end(), [](char c) {
+                 const auto byte = static_cast<unsigned char>(c);
+                 return byte >= 0x80 || IsPlainCharacter(byte);
                });
     if (plain[i] != 0) plain_in_string_.push_back(id);
   }

@@ -33,6 +33,14 @@ class TokenVocabulary {
   static std::shared_ptr<const TokenVocabulary> FromTokenizer(const Tokenizer& tokenizer);
 
   int32_t size() const { return static_cast<int32_t>(tokens_.size()); }
+  // Whether a JSON string takes character c as it is: a Unicode scalar value other than '"',
+  // '\\', the control characters below 0x20 and DEL (which a grammar written from JSON's, as
+  // llama.cpp's json.gbnf, leaves out of its strings). A plain token is valid UTF-8 of plain
+  // characters only.
+  static constexpr bool IsPlainCharacter(uint32_t c) {
+    return c >= 0x20 && c != '"' && c != '\\' && c != 0x7F && c <= 0x10FFFF &&
+           (c < 0xD800 || c > 0xDFFF);
+  }
   // nullptr for a special token (or an id outside the vocabulary).
   const std::string* bytes(int32_t id) const;
 
@@ -56,10 +64,10 @@ class TokenVocabulary {
 
   std::vector<std::optional<std::string>> tokens_;
   Walk all_;  // every token with at least one byte
-  // Inside a string most tokens are whole characters without '"', '\\' or control
-  // characters, which a string takes as they are (JsonGrammar::in_string): they are allowed
-  // without a walk, and only the others are walked (0.16 ms instead of 21 ms on a 128k-token
-  // vocabulary: docs/benchmarks.md, "JSON answers").
+  // Inside a string most tokens are plain (IsPlainCharacter), which a string takes as they
+  // are (JsonGrammar::in_string, and a GBNF grammar's string: EbnfState::in_string): they are
+  // allowed without a walk, and only the others are walked (0.16 ms instead of 21 ms on a
+  // 128k-token vocabulary: docs/benchmarks.md, "JSON answers").
   // Sorted by their length in characters, which plain_chars_ holds: a string with room
   // for n more characters takes those up to the last of length n.
   std::vector<int32_t> plain_in_string_;
@@ -96,7 +104,8 @@ class TokenConstraint {
 // calls): the answer so far (Commit) and, for a choice past tokens not yet committed (a
 // speculative round's drafts), those too. Not thread-safe; one request's thread owns it.
 // Grammar is a value type with Feed(byte), Feed(bytes), complete(), can_end() (the answer
-// may end here), in_string() and string_room(), == and AbslHashValue.
+// may end here), in_string() and string_room() (where in_string, every plain token of at most
+// string_room() characters is taken: TokenVocabulary::IsPlainCharacter), == and AbslHashValue.
 template <typename Grammar>
 class GrammarConstraint final : public TokenConstraint {
  public:
