@@ -34,6 +34,7 @@
 #include "base/program.h"
 #include "bench/bench_util.h"
 #include "models/grammar/ebnf_grammar.h"
+#include "models/grammar/json_as_gbnf.h"
 #include "models/grammar/json_constraint.h"
 #include "models/grammar/regex_grammar.h"
 #include "models/grammar/tool_call_grammar.h"
@@ -378,17 +379,8 @@ int Run(const Args& args) {
   // GBNF grammars (vLLM's structured_outputs grammar, llama.cpp's grammar): JSON written as a
   // grammar (llama.cpp's json.gbnf shape), inside an object's key, a string and a number, and
   // one that takes almost any character.
-  constexpr std::string_view kJsonGbnf = R"g(
-    root   ::= object
-    value  ::= object | array | string | number | ("true" | "false" | "null") ws
-    object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
-    array  ::= "[" ws ( value ("," ws value)* )? "]" ws
-    string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
-    number ::= "-"? ([0-9] | [1-9] [0-9]{0,15}) ("." [0-9]+)? ([eE] [-+]? [0-9]{1,3})? ws
-    ws     ::= | " " | "\n" [ \t]{0,20}
-  )g";
   for (const auto& [text, states] : std::vector<std::pair<std::string_view, std::vector<State>>>{
-           {kJsonGbnf,
+           {kJsonAsGbnf,
             {{"json key", "{\"na"},
              {"json string", "{\"name\": \"Os"},
              {"json number", "{\"n\": 12"}}},

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "models/grammar/json_as_gbnf.h"
 #include "models/grammar/mask_reference.h"
 #include "models/grammar/regex_grammar.h"
 
@@ -192,16 +193,8 @@ bool InString(const EbnfGrammar& grammar, std::string_view text) {
 
 TEST_CASE("Inside a grammar's strings plain tokens are allowed without a walk, masks exact",
           "[grammar]") {
-  // JSON as a grammar, in the shape of llama.cpp's json.gbnf (its strings leave out DEL).
-  const auto json = Compiled(R"g(
-    root   ::= object
-    value  ::= object | array | string | number | ("true" | "false" | "null") ws
-    object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
-    array  ::= "[" ws ( value ("," ws value)* )? "]" ws
-    string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
-    number ::= "-"? ([0-9] | [1-9] [0-9]{0,15}) ("." [0-9]+)? ([eE] [-+]? [0-9]{1,3})? ws
-    ws     ::= | " " | "\n" [ \t]{0,20}
-  )g");
+  // JSON as a grammar (json_as_gbnf.h).
+  const auto json = Compiled(kJsonAsGbnf);
   CHECK(InString(*json, "{\""));
   CHECK(InString(*json, "{\"key"));
   CHECK(InString(*json, "{\"k\": [\"a\\n\xC3\xA9"));
