@@ -1036,7 +1036,8 @@ std::variant<OpenAiResponsesRequest, OpenAiError> ParseResponsesRequest(
   bool has_input = false;
   bool logprobs_included = false;
   OrderedJson& echo = out.echo;
-  echo = {{"instructions", nullptr},
+  echo = {{"background", false},
+          {"instructions", nullptr},
           {"max_output_tokens", nullptr},
           {"metadata", OrderedJson::object()},
           {"parallel_tool_calls", true},
@@ -1150,7 +1151,9 @@ std::variant<OpenAiResponsesRequest, OpenAiError> ParseResponsesRequest(
       }
       if (!off) return Invalid(key, "'reasoning' is not supported by this model");
     } else if (key == "background") {
-      if (value != false) return Invalid(key, "'background' is not supported by this endpoint");
+      if (!value.is_boolean()) return Invalid(key, "'background' must be a boolean");
+      out.background = value.get<bool>();
+      echo[key] = value;
     } else if (key == "service_tier") {
       if (value != "auto" && value != "default") {
         return Invalid(key, "'service_tier' must be \"auto\" or \"default\"");
@@ -1178,6 +1181,14 @@ std::variant<OpenAiResponsesRequest, OpenAiError> ParseResponsesRequest(
     }
   }
   if (!has_input) return Invalid("input", "'input' is required");
+  if (out.background && !out.store) {
+    return Invalid("background",
+                   "'background' needs 'store' true: a background response is fetched later");
+  }
+  if (out.background && chat.contains("stream") && chat["stream"] == true) {
+    return Invalid("background",
+                   "'background' with 'stream' is not supported: poll GET /v1/responses/{id}");
+  }
   // top_logprobs alone asks for them too (what else would it be for).
   if (logprobs_included || chat.contains("top_logprobs")) chat["logprobs"] = true;
   auto parsed = ParseOpenAiRequest(OpenAiEndpoint::kChatCompletions, chat.dump(), served_model);

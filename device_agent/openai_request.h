@@ -199,7 +199,10 @@ struct OpenAiResponsesRequest {
   std::optional<std::string> instructions;  // a system message before everything else
   std::string previous_response_id;         // "": none
   bool store = true;                        // OpenAI's default: kept for later turns
-  // The fields a response object repeats, as given or at their defaults (instructions,
+  // Answered at once with the response in progress, generated while the client polls GET
+  // /v1/responses/{id} (and may cancel it); needs `store`, and not with `stream`.
+  bool background = false;
+  // The fields a response object repeats, as given or at their defaults (background, instructions,
   // max_output_tokens, metadata, parallel_tool_calls, previous_response_id, store,
   // temperature, text, tool_choice, tools, top_logprobs, top_p, truncation, user), in that
   // order.

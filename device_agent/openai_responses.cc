@@ -247,10 +247,15 @@ std::vector<Json> ResponseBuilder::Finish(std::string_view tail, std::span<const
   return events;
 }
 
-std::vector<Json> ResponseBuilder::Fail(std::string_view message) {
+std::vector<Json> ResponseBuilder::Fail(std::string_view message, std::string_view code) {
   response_ = Snapshot("failed");
-  response_["error"] = {{"code", "server_error"}, {"message", message}};
+  response_["error"] = {{"code", code}, {"message", message}};
   return {Event("response.failed", {{"response", response_}})};
+}
+
+void ResponseBuilder::Cancel() {
+  response_ = Snapshot("cancelled");
+  response_["incomplete_details"] = nullptr;
 }
 
 void ResponseStore::Put(const std::string& id, const std::string& app, Stored stored) {

@@ -47,7 +47,11 @@ class ResponseBuilder {
   // max_output_tokens cut it.
   std::vector<Json> Finish(std::string_view tail, std::span<const ToolCall> calls, bool cut_short,
                            Json usage);
-  std::vector<Json> Fail(std::string_view message);
+  // The answer failed: the response's status "failed", with error {code, message}.
+  std::vector<Json> Fail(std::string_view message, std::string_view code = "server_error");
+  // A background response cancelled: its status "cancelled", the answer as it stood (what
+  // was generated before the cancel, when Finish came first).
+  void Cancel();
 
   // The response as it stands; whole after Finish or Fail.
   const Json& response() const { return response_; }

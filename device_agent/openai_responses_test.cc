@@ -59,6 +59,11 @@ TEST_CASE("A Responses request is read as the chat completion it asks for") {
   CHECK(r.echo["text"]["format"]["name"] == "pet");
   CHECK(r.echo["max_output_tokens"] == 7);
   CHECK(r.echo["store"] == false);
+  CHECK_FALSE(r.background);
+  const OpenAiResponsesRequest background =
+      ParseOk(R"({"model": "toy", "input": "hi", "background": true})");
+  CHECK(background.background);
+  CHECK(background.echo["background"] == true);
   // Defaults: stored, text, no tools; OpenAI's order of the repeated fields.
   const OpenAiResponsesRequest plain = ParseOk(R"({"model": "toy", "input": "hi"})");
   CHECK(plain.store);
@@ -66,7 +71,7 @@ TEST_CASE("A Responses request is read as the chat completion it asks for") {
   CHECK(plain.chat.logprobs == -1);
   CHECK_FALSE(plain.instructions.has_value());
   CHECK(plain.echo.dump() ==
-        R"({"instructions":null,"max_output_tokens":null,"metadata":{},)"
+        R"({"background":false,"instructions":null,"max_output_tokens":null,"metadata":{},)"
         R"("parallel_tool_calls":true,"previous_response_id":null,"store":true,)"
         R"("temperature":1.0,"text":{"format":{"type":"text"}},"tool_choice":"auto",)"
         R"("tools":[],"top_logprobs":0,"top_p":1.0,"truncation":"disabled","user":null})");
@@ -184,6 +189,12 @@ TEST_CASE("Responses refusals name the Responses API's fields") {
             "at most 16 strings"},
            {R"({"model": "toy", "input": "x", "previous_response_id": ""})", "previous_response_id",
             "a response's id"},
+           {R"({"model": "toy", "input": "x", "background": true, "store": false})", "background",
+            "needs 'store' true"},
+           {R"({"model": "toy", "input": "x", "background": true, "stream": true})", "background",
+            "poll GET /v1/responses/{id}"},
+           {R"({"model": "toy", "input": "x", "background": 1})", "background",
+            "must be a boolean"},
            {R"({"model": "toy", "input": "x", "frobnicate": 1})", "frobnicate",
             "Unrecognized request argument supplied: frobnicate"},
        }) {
@@ -304,6 +315,28 @@ TEST_CASE("A response cut by max_output_tokens is incomplete, and calls alone ha
   ResponseBuilder failed("resp_5", 1, "toy", Json::object());
   CHECK(failed.Fail("the cloud went away")[0]["type"] == "response.failed");
   CHECK(failed.response()["error"]["message"] == "the cloud went away");
+}
+
+TEST_CASE("A background response cancelled keeps what it had; one failed names its error") {
+  ResponseBuilder cut("resp_5", 1, "toy", Json{{"background", true}});
+  cut.Finish("the c", {}, /*cut_short=*/true, Json{{"output_tokens", 2}});
+  cut.Cancel();
+  CHECK(cut.response()["status"] == "cancelled");
+  CHECK(cut.response()["incomplete_details"] == nullptr);
+  CHECK(cut.response()["output"][0]["content"][0]["text"] == "the c");
+  CHECK(cut.response()["usage"]["output_tokens"] == 2);
+  CHECK(cut.response()["background"] == true);
+  // Cancelled before any answer: no output.
+  ResponseBuilder early("resp_6", 1, "toy", Json::object());
+  early.Cancel();
+  CHECK(early.response()["status"] == "cancelled");
+  CHECK(early.response()["output"].empty());
+
+  ResponseBuilder failed("resp_7", 1, "toy", Json::object());
+  failed.Fail("this agent already runs 2 completions", "rate_limit_exceeded");
+  CHECK(failed.response()["status"] == "failed");
+  CHECK(failed.response()["error"]["code"] == "rate_limit_exceeded");
+  CHECK(failed.response()["error"]["message"] == "this agent already runs 2 completions");
 }
 
 TEST_CASE("A kept response's input items are its conversation before the answer, paged") {

@@ -1,20 +1,22 @@
 #include "device_agent/openai_server.h"
 
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <span>
 #include <thread>
+#include <unordered_map>
 #include <variant>
-
-#include <httplib.h>
-#include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -141,11 +143,15 @@ void RunEach(int64_t n, int64_t at_once, const std::function<void(int64_t)>& eac
 // A /v1/responses request's own part: its answer is written as a response object (or its
 // events) and, with `store`, kept with the conversation it ends.
 struct ResponsesTurn {
+  ResponsesTurn(std::string id, bool store, ResponseBuilder builder)
+      : id(std::move(id)), store(store), builder(std::move(builder)) {}
   std::string id;
   bool store = true;
   // Earlier turns' conversation (previous_response_id's) and this turn's input.
   std::vector<ChatMessage> conversation;
   ResponseBuilder builder;
+  // A background response's: set by POST .../cancel or DELETE, read by its generation.
+  std::atomic<bool> cancel_requested{false};
 };
 
 // A finished response with `store`: kept with its conversation, for later turns.
@@ -418,6 +424,16 @@ std::string ResponseEvent(const Json& json) {
 }
 
 // OpenAI's 404 for a response this agent does not hold (or another app's).
+// 429: the endpoint already runs max_concurrent_requests completions.
+OpenAiError Busy(int64_t max_concurrent_requests) {
+  return OpenAiError{.http_status = 429,
+                     .type = "requests",
+                     .code = "rate_limit_exceeded",
+                     .message = absl::StrCat("this agent already runs ", max_concurrent_requests,
+                                             " completions (max_concurrent_requests); retry "
+                                             "later")};
+}
+
 OpenAiError ResponseNotFound(const std::string& id) {
   return OpenAiError{.http_status = 404,
                      .message = absl::StrCat("Response with id '", id, "' not found.")};
@@ -513,8 +529,90 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
   return server;
 }
 
+// Background responses running (background: true), each on its own thread: found by id to be
+// cancelled, and joined once done (when the next starts) or when the server stops.
+struct BackgroundResponses {
+  struct Running {
+    std::string app;
+    std::shared_ptr<ResponsesTurn> turn;
+    std::thread thread;
+    bool done = false;
+  };
+
+  // Runs `work` on a thread of its own as `app`'s response `id`.
+  void Start(const std::string& id, const std::string& app, std::shared_ptr<ResponsesTurn> turn,
+             std::function<void()> work) {
+    std::unique_lock<std::mutex> lock(mutex);
+    // The finished ones: each set `done` as its last act, so a join returns at once.
+    for (auto it = running.begin(); it != running.end();) {
+      if (!it->second.done) {
+        ++it;
+        continue;
+      }
+      if (it->second.thread.joinable()) it->second.thread.join();
+      it = running.erase(it);
+    }
+    Running& entry = running[id];
+    entry.app = app;
+    entry.turn = std::move(turn);
+    // The thread marks its entry under the lock, which is held until it is in place.
+    entry.thread = std::thread([this, id, work = std::move(work)] {
+      work();
+      {
+        std::lock_guard<std::mutex> done_lock(mutex);
+        running[id].done = true;
+      }
+      changed.notify_all();
+    });
+  }
+
+  // Cancels `app`'s response `id` if it runs, and waits until it has ended and its answer
+  // (or its cancel) is kept. False when `app` runs no such response.
+  bool CancelAndWait(const std::string& id, const std::string& app, Agent& agent) {
+    std::unique_lock<std::mutex> lock(mutex);
+    const auto it = running.find(id);
+    if (it == running.end() || it->second.app != app) return false;
+    if (!it->second.done) {
+      it->second.turn->cancel_requested = true;
+      lock.unlock();
+      agent.Cancel(id, app);  // a request waiting for a cloud sees the flag instead
+      lock.lock();
+      changed.wait(lock, [&] {
+        // A Start may have joined and dropped it since it was done.
+        const auto found = running.find(id);
+        return found == running.end() || found->second.done;
+      });
+    }
+    return true;
+  }
+
+  // Cancels every response still running and joins every thread.
+  void StopAll(Agent& agent) {
+    std::vector<std::pair<std::string, std::string>> cancelled;  // (id, app)
+    std::vector<std::thread> threads;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      for (auto& [id, entry] : running) {
+        if (!entry.done) {
+          entry.turn->cancel_requested = true;
+          cancelled.emplace_back(id, entry.app);
+        }
+        if (entry.thread.joinable()) threads.push_back(std::move(entry.thread));
+      }
+    }
+    for (const auto& [id, app] : cancelled) agent.Cancel(id, app);
+    for (std::thread& thread : threads) thread.join();
+  }
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::unordered_map<std::string, Running> running;
+};
+
 OpenAiServer::OpenAiServer(Agent* agent, OpenAiServerOptions options)
-    : agent_(agent), options_(std::move(options)) {}
+    : agent_(agent),
+      options_(std::move(options)),
+      background_(std::make_unique<BackgroundResponses>()) {}
 
 void OpenAiServer::StoreChanged() {
   if (!store_metrics_) return;
@@ -527,6 +625,8 @@ void OpenAiServer::StoreChanged() {
 OpenAiServer::~OpenAiServer() {
   if (server_) server_->stop();
   if (thread_.joinable()) thread_.join();
+  // No handler starts one now: the background responses still running are cancelled.
+  if (background_) background_->StopAll(*agent_);
 }
 
 std::variant<std::vector<int32_t>, OpenAiError> OpenAiServer::ChatPromptIds(
@@ -637,14 +737,7 @@ void OpenAiServer::Route() {
     const std::shared_ptr<Slot> slot(new Slot{&completions_running_, places});
     if (running > options_.max_concurrent_requests) {
       res.set_header("Retry-After", "1");
-      return SendError(res, OpenAiError{.http_status = 429,
-                                        .type = "requests",
-                                        .code = "rate_limit_exceeded",
-                                        .message = absl::StrCat(
-                                            "this agent already runs ",
-                                            options_.max_concurrent_requests,
-                                            " completions (max_concurrent_requests); retry "
-                                            "later")});
+      return SendError(res, Busy(options_.max_concurrent_requests));
     }
 
     // Token ids here, not on the agent: the context check below can then answer 400.
@@ -839,13 +932,15 @@ void OpenAiServer::Route() {
         std::optional<LogprobsRenderer> logprobs = make_logprobs(prompt);
         TokenSink tokens{filter, logprobs ? &*logprobs : nullptr, prompt.echo_text, prompt.ids};
         std::string text;
+        // A background response's cancel stops it, even while it waits for a cloud.
+        const auto cancelled = [&turn] { return turn && turn->cancel_requested.load(); };
         done[i] = agent_->Generate(
             choices[i].generate,
             [&](const TokenEvent& event) {
               text += tokens.Push(event);
-              return !filter.stopped();
+              return !filter.stopped() && !cancelled();
             },
-            *caller);
+            *caller, cancelled);
         // The last message's text: what the detokenizer held back (a character cut short).
         text += filter.Push(done[i].text());
         text += filter.Flush();
@@ -862,6 +957,9 @@ void OpenAiServer::Route() {
         if (turn) {  // one choice
           turn->builder.Text(text, logprobs ? logprobs->Take()["content"] : Json::array());
           turn->builder.Finish("", calls, finish_reason == "length", ResponseUsage(done[i]));
+          if (cancelled() && done[i].finish_reason() == v1::FINISH_REASON_CANCELLED) {
+            turn->builder.Cancel();
+          }
           return;
         }
         rendered[i] = completion.Choice(
@@ -1071,10 +1169,8 @@ void OpenAiServer::Route() {
     if (auto* error = std::get_if<OpenAiError>(&parsed)) return SendError(res, *error);
     OpenAiResponsesRequest& given = std::get<OpenAiResponsesRequest>(parsed);
     const std::string id = NewResponseId();
-    auto turn = std::make_shared<ResponsesTurn>(ResponsesTurn{
-        .id = id,
-        .store = given.store,
-        .builder = ResponseBuilder(id, UnixSeconds(), options_.model_name, given.echo)});
+    auto turn = std::make_shared<ResponsesTurn>(
+        id, given.store, ResponseBuilder(id, UnixSeconds(), options_.model_name, given.echo));
     if (!given.previous_response_id.empty()) {
       std::optional<ResponseStore::Stored> previous =
           responses_->Find(given.previous_response_id, *caller);
@@ -1087,6 +1183,17 @@ void OpenAiServer::Route() {
                                          "' not found (it was not stored, was deleted or "
                                          "forgotten, or is another app's)")});
       }
+      // A background response still running, or one that failed, has no answer to follow.
+      const std::string status = previous->response.value("status", "");
+      if (status == "in_progress" || status == "queued" || status == "failed") {
+        return SendError(res, OpenAiError{.param = "previous_response_id",
+                                          .message = absl::StrCat(
+                                              "Previous response with id '",
+                                              given.previous_response_id, "' is ", status,
+                                              status == "failed" ? ": it has no answer to follow"
+                                                                 : "; wait until it is done (GET "
+                                                                   "/v1/responses/{id})")});
+      }
       turn->conversation = std::move(previous->conversation);
     }
     turn->conversation.insert(turn->conversation.end(), given.chat.messages.begin(),
@@ -1098,8 +1205,64 @@ void OpenAiServer::Route() {
     }
     request.messages.insert(request.messages.end(), turn->conversation.begin(),
                             turn->conversation.end());
-    serve(request, caller, res, std::move(turn));
+    if (!given.background) return serve(request, caller, res, std::move(turn));
+    // Background: answered now with the response in progress (kept, so that GET finds it),
+    // generated on its own thread, which keeps the answer when it ends as a foreground
+    // response's is kept, or the failure.
+    if (completions_running_.load() >= options_.max_concurrent_requests) {
+      res.set_header("Retry-After", "1");
+      return SendError(res, Busy(options_.max_concurrent_requests));
+    }
+    responses_->Put(id, *caller,
+                    {.conversation = turn->conversation, .response = turn->builder.response()});
+    StoreChanged();
+    res.set_content(turn->builder.response().dump(), "application/json");
+    background_->Start(id, *caller, turn, [this, serve, request, caller = *caller, turn] {
+      httplib::Response answer;
+      serve(request, caller, answer, turn);
+      if (answer.status < 400) return;  // kept by serve
+      // Refused or failed before an answer (429 when the places filled meanwhile, an input
+      // past the context, an error of the generation): kept as failed, with the error.
+      const Json body = Json::parse(answer.body, nullptr, false);
+      const Json* error = body.is_object() && body.contains("error") && body["error"].is_object()
+                              ? &body["error"]
+                              : nullptr;
+      if (turn->cancel_requested) {
+        turn->builder.Cancel();
+      } else {
+        turn->builder.Fail(error != nullptr && (*error)["message"].is_string()
+                               ? (*error)["message"].get<std::string>()
+                               : answer.body,
+                           error != nullptr && (*error)["code"].is_string()
+                               ? (*error)["code"].get<std::string>()
+                               : "server_error");
+      }
+      responses_->Put(turn->id, caller,
+                      {.conversation = turn->conversation, .response = turn->builder.response()});
+      StoreChanged();
+    });
   });
+  server_->Post(
+      "/v1/responses/([^/]+)/cancel",
+      [this, authenticate, answering](const httplib::Request& req, httplib::Response& res) {
+        answering(req);
+        const std::optional<std::string> caller = authenticate(req, res);
+        if (!caller) return;
+        const std::string id = req.matches[1];
+        // Returns once the generation has stopped and what it left is kept.
+        background_->CancelAndWait(id, *caller, *agent_);
+        std::optional<ResponseStore::Stored> stored = responses_->Find(id, *caller);
+        if (!stored) return SendError(res, ResponseNotFound(id));
+        if (stored->response.value("background", false) != true) {
+          return SendError(res, OpenAiError{.message = absl::StrCat(
+                                                "Response '", id,
+                                                "' was not created with 'background': only a "
+                                                "background response can be cancelled")});
+        }
+        // A response that ended before the cancel is returned as it ended (cancelling twice
+        // returns the same), as OpenAI's.
+        res.set_content(stored->response.dump(), "application/json");
+      });
   server_->Get("/v1/responses/([^/]+)", [this, authenticate, answering](const httplib::Request& req,
                                                                         httplib::Response& res) {
     answering(req);
@@ -1153,6 +1316,8 @@ void OpenAiServer::Route() {
         const std::optional<std::string> caller = authenticate(req, res);
         if (!caller) return;
         const std::string id = req.matches[1];
+        // A background response still running is cancelled first.
+        background_->CancelAndWait(id, *caller, *agent_);
         if (!responses_->Delete(id, *caller)) return SendError(res, ResponseNotFound(id));
         StoreChanged();
         res.set_content(Json{{"id", id}, {"object", "response"}, {"deleted", true}}.dump(),

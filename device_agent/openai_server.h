@@ -40,6 +40,8 @@ class Registry;
 
 namespace tophat {
 
+struct BackgroundResponses;  // openai_server.cc
+
 struct OpenAiServerOptions {
   std::string address;     // host:port; port 0 picks a free one
   std::string model_name;  // "" : the agent's model id (Agent::Info)
@@ -99,6 +101,9 @@ class OpenAiServer {
   std::string chat_template_error_;  // why chat is unavailable, when it is
   std::unique_ptr<HttpRequestDeadline> request_deadline_;  // outlives server_'s handlers
   std::unique_ptr<ResponseStore> responses_;               // outlives server_'s handlers
+  // /v1/responses with background: true, generating on threads of their own (which use
+  // responses_ and the agent): stopped by the destructor once server_ is.
+  std::unique_ptr<BackgroundResponses> background_;
   // responses_'s size on the agent's metrics endpoint (null without a registry).
   struct StoreMetrics {
     prometheus::Gauge& responses;

@@ -196,6 +196,7 @@ def run(base_url, cloud_metrics_url, agent_metrics_url, model_dir):
     grammar_answers(client, model, messages)
     tool_calls(client, model, messages)
     responses(client, model, messages, text, agent_metrics_url)
+    background_responses(client, model, messages, text)
 
     # A bad request: OpenAI's error object, the right status, the field named.
     expect_error("n=17", lambda: client.chat.completions.create(model=model, messages=messages,
@@ -499,6 +500,75 @@ def responses(client, model, messages, text, agent_metrics_url):
                  openai.BadRequestError, 400, param="max_output_tokens")
     print(f"responses: {json.dumps(first.output_text)}; turn 2 reused {reused} of "
           f"{second.usage.input_tokens}; calls {json.dumps([c.arguments for c in calls])}")
+
+
+def background_responses(client, model, messages, text):
+    """background: true answers at once with the response in progress; polled, it ends as the
+    same request in the foreground does; cancelled while it runs, it stops, keeps what it had
+    and gives its place back; deleted while it runs, it is cancelled and gone; the refusals.
+    The long responses ask for 900 tokens past the end of sequence, which take the toy
+    pipeline far longer than the few milliseconds between their start and their cancel."""
+    system, user = messages[0]["content"], messages[1]["content"]
+    started = client.responses.create(model=model, instructions=system, input=user,
+                                      max_output_tokens=24, temperature=0, background=True)
+    check(started.status in ("queued", "in_progress"),
+          f"a background response starts queued or in progress, not {started.status!r}")
+    check_eq("background echoed", started.background, True)
+    check_eq("a background response's output at first", started.output, [])
+    polled = {}
+
+    def finished():
+        polled["last"] = client.responses.retrieve(started.id)
+        return polled["last"].status not in ("queued", "in_progress")
+
+    wait_for("the background response to end", finished, 60)
+    ended = polled["last"]
+    # Cut by max_output_tokens, as the same request in the foreground is.
+    check_eq("background status", ended.status, "incomplete")
+    check_eq("background text is chat's", ended.output_text, text)
+    check_eq("background output_tokens", ended.usage.output_tokens, 24)
+    check_eq("cancel of an ended response returns it as it ended",
+             client.responses.cancel(started.id).status, "incomplete")
+
+    long = client.responses.create(model=model, input=user, max_output_tokens=900,
+                                   temperature=0, background=True,
+                                   extra_body={"ignore_eos": True})
+    expect_error("previous_response_id of a response in progress",
+                 lambda: client.responses.create(model=model, input="and?",
+                                                 previous_response_id=long.id),
+                 openai.BadRequestError, 400, param="previous_response_id")
+    cancelled = client.responses.cancel(long.id)
+    check_eq("cancelled status", cancelled.status, "cancelled")
+    check(cancelled.usage.output_tokens < 900,
+          f"the cancelled response stopped early ({cancelled.usage.output_tokens} tokens)")
+    check_eq("retrieved after the cancel", client.responses.retrieve(long.id).status,
+             "cancelled")
+    check_eq("cancelled twice", client.responses.cancel(long.id).status, "cancelled")
+    # Its place is given back: both places (max_concurrent_requests 2) take a completion.
+    check(accepted(client, model), "a completion after the cancel")
+
+    gone = client.responses.create(model=model, input=user, max_output_tokens=900,
+                                   temperature=0, background=True,
+                                   extra_body={"ignore_eos": True})
+    client.responses.delete(gone.id)
+    expect_error("a background response deleted while it ran",
+                 lambda: client.responses.retrieve(gone.id), openai.NotFoundError, 404)
+
+    foreground = client.responses.create(model=model, input=user, max_output_tokens=2)
+    expect_error("cancel of a response not made in the background",
+                 lambda: client.responses.cancel(foreground.id), openai.BadRequestError, 400)
+    expect_error("cancel of an unknown response", lambda: client.responses.cancel("resp_0"),
+                 openai.NotFoundError, 404)
+    expect_error("background without store",
+                 lambda: client.responses.create(model=model, input=user, background=True,
+                                                 store=False),
+                 openai.BadRequestError, 400, param="background")
+    expect_error("background with stream",
+                 lambda: client.responses.create(model=model, input=user, background=True,
+                                                 stream=True),
+                 openai.BadRequestError, 400, param="background")
+    print(f"background responses: polled to the end; cancelled after "
+          f"{cancelled.usage.output_tokens} of 900 tokens")
 
 
 def regex_answers(client, model, messages):
