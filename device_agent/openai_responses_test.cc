@@ -317,7 +317,7 @@ TEST_CASE("A response cut by max_output_tokens is incomplete, and calls alone ha
   CHECK(failed.response()["error"]["message"] == "the cloud went away");
 }
 
-TEST_CASE("A background response cancelled keeps what it had; one failed names its error") {
+TEST_CASE("A background response cancelled keeps its answer so far, a failed one its error") {
   ResponseBuilder cut("resp_5", 1, "toy", Json{{"background", true}});
   cut.Finish("the c", {}, /*cut_short=*/true, Json{{"output_tokens", 2}});
   cut.Cancel();
