@@ -600,6 +600,10 @@ struct BackgroundResponses {
         if (entry.thread.joinable()) threads.push_back(std::move(entry.thread));
       }
     }
+    if (!cancelled.empty()) {
+      spdlog::info("openai: stopping: cancelling {} background response(s) still running",
+                   cancelled.size());
+    }
     for (const auto& [id, app] : cancelled) agent.Cancel(id, app);
     for (std::thread& thread : threads) thread.join();
   }

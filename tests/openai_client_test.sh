@@ -135,6 +135,40 @@ EOF
     echo "tophat chat --grammar: $matched"
   fi
 fi
+# An agent stopped while a background response runs cancels it and stops cleanly (its thread
+# joined before the server it uses is gone): exit status 0, and the log says so. 900 tokens
+# take the toy pipeline far longer than the signal takes to arrive.
+if [ "$status" -eq 0 ]; then
+  model_id=$(curl -sf "http://127.0.0.1:$openai_port/v1/models" |
+             "$python" -c 'import json, sys; print(json.load(sys.stdin)["data"][0]["id"])')
+  started=$(curl -sf "http://127.0.0.1:$openai_port/v1/responses" \
+                 -H 'Content-Type: application/json' \
+                 -d "{\"model\": \"$model_id\", \"input\": \"the old farmer\", \"background\": true,
+                      \"max_output_tokens\": 900, \"ignore_eos\": true}") || status=$?
+  agent_pid=${pids[1]}
+  kill -TERM "$agent_pid"
+  for _ in $(seq 1 300); do
+    kill -0 "$agent_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  agent_status=0
+  if kill -0 "$agent_pid" 2>/dev/null; then
+    echo "FAIL: the agent did not stop within 30 s of SIGTERM with a background response running"
+    status=1
+  else
+    wait "$agent_pid" || agent_status=$?
+  fi
+  if [ "$status" -ne 0 ] || [[ "$started" != *'"status":"in_progress"'* ]]; then
+    echo "FAIL: a background response to stop the agent with: $started"; status=1
+  elif [ "$agent_status" -ne 0 ] ||
+       ! grep -q "cancelling 1 background response" "$work/run/agent.log" ||
+       ! grep -q "tophat-agent stopped" "$work/run/agent.log"; then
+    echo "FAIL: the agent stopped with a background response running: exit $agent_status"
+    status=1
+  else
+    echo "the agent stopped cleanly with a background response running (cancelled)"
+  fi
+fi
 if [ "$status" -ne 0 ]; then
   echo "--- agent log"; tail -20 "$work/run/agent.log"
   echo "--- cloud log"; tail -20 "$work/run/cloud.log"
