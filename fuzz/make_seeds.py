@@ -296,6 +296,9 @@ def main():
         {"model": "toy", "input": "x", "stream": True, "temperature": 0,
          "text": {"format": {"type": "json_schema", "name": "person", "strict": True,
                              "schema": PERSON_SCHEMA}}}).encode())
+    write(out, "openai_request", "responses_background.bin", b"\x08" + json.dumps(
+        {"model": "toy", "input": "x", "background": True, "store": True,
+         "max_output_tokens": 900, "ignore_eos": True}).encode())
     write(out, "openai_request", "outline.bin", b"\x00" + json.dumps(
         {"model": "toy", "messages": [{"role": "user", "content": "x"}],
          "tophat_outline": {"max_points": 3}}).encode())
