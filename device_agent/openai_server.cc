@@ -441,6 +441,94 @@ OpenAiError ResponseNotFound(const std::string& id) {
 
 }  // namespace
 
+// Background responses running (background: true), each on its own thread: found by id to be
+// cancelled, and joined once done (when the next starts) or when the server stops.
+struct BackgroundResponses {
+  struct Running {
+    std::string app;
+    std::shared_ptr<ResponsesTurn> turn;
+    std::thread thread;
+    bool done = false;
+  };
+
+  // Runs `work` on a thread of its own as `app`'s response `id`.
+  void Start(const std::string& id, const std::string& app, std::shared_ptr<ResponsesTurn> turn,
+             std::function<void()> work) {
+    std::unique_lock<std::mutex> lock(mutex);
+    // The finished ones: each set `done` as its last act, so a join returns at once.
+    for (auto it = running.begin(); it != running.end();) {
+      if (!it->second.done) {
+        ++it;
+        continue;
+      }
+      if (it->second.thread.joinable()) it->second.thread.join();
+      it = running.erase(it);
+    }
+    Running& entry = running[id];
+    if (gauge != nullptr) gauge->Increment();
+    entry.app = app;
+    entry.turn = std::move(turn);
+    // The thread marks its entry under the lock, which is held until it is in place.
+    entry.thread = std::thread([this, id, work = std::move(work)] {
+      work();
+      {
+        std::lock_guard<std::mutex> done_lock(mutex);
+        // Before `done`: once a cancel has returned, the gauge no longer counts it.
+        if (gauge != nullptr) gauge->Decrement();
+        running[id].done = true;
+      }
+      changed.notify_all();
+    });
+  }
+
+  // Cancels `app`'s response `id` if it runs, and waits until it has ended and its answer
+  // (or its cancel) is kept. False when `app` runs no such response.
+  bool CancelAndWait(const std::string& id, const std::string& app, Agent& agent) {
+    std::unique_lock<std::mutex> lock(mutex);
+    const auto it = running.find(id);
+    if (it == running.end() || it->second.app != app) return false;
+    if (!it->second.done) {
+      it->second.turn->cancel_requested = true;
+      lock.unlock();
+      agent.Cancel(id, app);  // a request waiting for a cloud sees the flag instead
+      lock.lock();
+      changed.wait(lock, [&] {
+        // A Start may have joined and dropped it since it was done.
+        const auto found = running.find(id);
+        return found == running.end() || found->second.done;
+      });
+    }
+    return true;
+  }
+
+  // Cancels every response still running and joins every thread.
+  void StopAll(Agent& agent) {
+    std::vector<std::pair<std::string, std::string>> cancelled;  // (id, app)
+    std::vector<std::thread> threads;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      for (auto& [id, entry] : running) {
+        if (!entry.done) {
+          entry.turn->cancel_requested = true;
+          cancelled.emplace_back(id, entry.app);
+        }
+        if (entry.thread.joinable()) threads.push_back(std::move(entry.thread));
+      }
+    }
+    if (!cancelled.empty()) {
+      spdlog::info("openai: stopping: cancelling {} background response(s) still running",
+                   cancelled.size());
+    }
+    for (const auto& [id, app] : cancelled) agent.Cancel(id, app);
+    for (std::thread& thread : threads) thread.join();
+  }
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::unordered_map<std::string, Running> running;
+  prometheus::Gauge* gauge = nullptr;  // tophat_openai_background_responses; null: none
+};
+
 absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
                                                                   OpenAiServerOptions options) {
   if (options.model_name.empty()) options.model_name = agent->Info().model_id();
@@ -470,6 +558,9 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
         .forgotten = AddCounter(*registry, "tophat_openai_stored_responses_forgotten_total",
                                 "Kept /v1/responses answers forgotten for the bound (least "
                                 "recently used first); a later turn naming one is refused")});
+    server->background_->gauge =
+        &AddGauge(*registry, "tophat_openai_background_responses",
+                  "/v1/responses answers generating in the background (background: true) now");
   }
   server->server_ = std::make_unique<httplib::Server>();
   httplib::Server& http = *server->server_;
@@ -528,90 +619,6 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
                                       : std::string_view("none"));
   return server;
 }
-
-// Background responses running (background: true), each on its own thread: found by id to be
-// cancelled, and joined once done (when the next starts) or when the server stops.
-struct BackgroundResponses {
-  struct Running {
-    std::string app;
-    std::shared_ptr<ResponsesTurn> turn;
-    std::thread thread;
-    bool done = false;
-  };
-
-  // Runs `work` on a thread of its own as `app`'s response `id`.
-  void Start(const std::string& id, const std::string& app, std::shared_ptr<ResponsesTurn> turn,
-             std::function<void()> work) {
-    std::unique_lock<std::mutex> lock(mutex);
-    // The finished ones: each set `done` as its last act, so a join returns at once.
-    for (auto it = running.begin(); it != running.end();) {
-      if (!it->second.done) {
-        ++it;
-        continue;
-      }
-      if (it->second.thread.joinable()) it->second.thread.join();
-      it = running.erase(it);
-    }
-    Running& entry = running[id];
-    entry.app = app;
-    entry.turn = std::move(turn);
-    // The thread marks its entry under the lock, which is held until it is in place.
-    entry.thread = std::thread([this, id, work = std::move(work)] {
-      work();
-      {
-        std::lock_guard<std::mutex> done_lock(mutex);
-        running[id].done = true;
-      }
-      changed.notify_all();
-    });
-  }
-
-  // Cancels `app`'s response `id` if it runs, and waits until it has ended and its answer
-  // (or its cancel) is kept. False when `app` runs no such response.
-  bool CancelAndWait(const std::string& id, const std::string& app, Agent& agent) {
-    std::unique_lock<std::mutex> lock(mutex);
-    const auto it = running.find(id);
-    if (it == running.end() || it->second.app != app) return false;
-    if (!it->second.done) {
-      it->second.turn->cancel_requested = true;
-      lock.unlock();
-      agent.Cancel(id, app);  // a request waiting for a cloud sees the flag instead
-      lock.lock();
-      changed.wait(lock, [&] {
-        // A Start may have joined and dropped it since it was done.
-        const auto found = running.find(id);
-        return found == running.end() || found->second.done;
-      });
-    }
-    return true;
-  }
-
-  // Cancels every response still running and joins every thread.
-  void StopAll(Agent& agent) {
-    std::vector<std::pair<std::string, std::string>> cancelled;  // (id, app)
-    std::vector<std::thread> threads;
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      for (auto& [id, entry] : running) {
-        if (!entry.done) {
-          entry.turn->cancel_requested = true;
-          cancelled.emplace_back(id, entry.app);
-        }
-        if (entry.thread.joinable()) threads.push_back(std::move(entry.thread));
-      }
-    }
-    if (!cancelled.empty()) {
-      spdlog::info("openai: stopping: cancelling {} background response(s) still running",
-                   cancelled.size());
-    }
-    for (const auto& [id, app] : cancelled) agent.Cancel(id, app);
-    for (std::thread& thread : threads) thread.join();
-  }
-
-  std::mutex mutex;
-  std::condition_variable changed;
-  std::unordered_map<std::string, Running> running;
-};
 
 OpenAiServer::OpenAiServer(Agent* agent, OpenAiServerOptions options)
     : agent_(agent),

@@ -196,7 +196,7 @@ def run(base_url, cloud_metrics_url, agent_metrics_url, model_dir):
     grammar_answers(client, model, messages)
     tool_calls(client, model, messages)
     responses(client, model, messages, text, agent_metrics_url)
-    background_responses(client, model, messages, text)
+    background_responses(client, model, messages, text, agent_metrics_url)
 
     # A bad request: OpenAI's error object, the right status, the field named.
     expect_error("n=17", lambda: client.chat.completions.create(model=model, messages=messages,
@@ -502,7 +502,7 @@ def responses(client, model, messages, text, agent_metrics_url):
           f"{second.usage.input_tokens}; calls {json.dumps([c.arguments for c in calls])}")
 
 
-def background_responses(client, model, messages, text):
+def background_responses(client, model, messages, text, agent_metrics_url):
     """background: true answers at once with the response in progress; polled, it ends as the
     same request in the foreground does; cancelled while it runs, it stops, keeps what it had
     and gives its place back; deleted while it runs, it is cancelled and gone; the refusals.
@@ -537,6 +537,8 @@ def background_responses(client, model, messages, text):
                  lambda: client.responses.create(model=model, input="and?",
                                                  previous_response_id=long.id),
                  openai.BadRequestError, 400, param="previous_response_id")
+    check_eq("tophat_openai_background_responses while one runs",
+             metric(agent_metrics_url, "tophat_openai_background_responses"), 1)
     cancelled = client.responses.cancel(long.id)
     check_eq("cancelled status", cancelled.status, "cancelled")
     check(cancelled.usage.output_tokens < 900,
@@ -544,6 +546,8 @@ def background_responses(client, model, messages, text):
     check_eq("retrieved after the cancel", client.responses.retrieve(long.id).status,
              "cancelled")
     check_eq("cancelled twice", client.responses.cancel(long.id).status, "cancelled")
+    check_eq("tophat_openai_background_responses once it is cancelled",
+             metric(agent_metrics_url, "tophat_openai_background_responses"), 0)
     # Its place is given back: both places (max_concurrent_requests 2) take a completion.
     check(accepted(client, model), "a completion after the cancel")
 
