@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -423,7 +424,6 @@ std::string ResponseEvent(const Json& json) {
   return absl::StrCat("event: ", json["type"].get<std::string>(), "\ndata: ", json.dump(), "\n\n");
 }
 
-// OpenAI's 404 for a response this agent does not hold (or another app's).
 // 429: the endpoint already runs max_concurrent_requests completions.
 OpenAiError Busy(int64_t max_concurrent_requests) {
   return OpenAiError{.http_status = 429,
@@ -434,6 +434,7 @@ OpenAiError Busy(int64_t max_concurrent_requests) {
                                              "later")};
 }
 
+// OpenAI's 404 for a response this agent does not hold (or another app's).
 OpenAiError ResponseNotFound(const std::string& id) {
   return OpenAiError{.http_status = 404,
                      .message = absl::StrCat("Response with id '", id, "' not found.")};
@@ -1230,7 +1231,18 @@ void OpenAiServer::Route() {
     res.set_content(turn->builder.response().dump(), "application/json");
     background_->Start(id, *caller, turn, [this, serve, request, caller = *caller, turn] {
       httplib::Response answer;
-      serve(request, caller, answer, turn);
+      try {
+        serve(request, caller, answer, turn);
+      } catch (const std::exception& e) {
+        // On a handler's thread httplib turns this into a 500; on this one it would end
+        // the agent. The response fails instead.
+        spdlog::error("openai: {}: background response failed: {}", turn->id, e.what());
+        answer.status = 500;
+        answer.body = Json{{"error",
+                            {{"message", absl::StrCat("internal error: ", e.what())},
+                             {"code", "server_error"}}}}
+                          .dump();
+      }
       if (answer.status < 400) return;  // kept by serve
       // Refused or failed before an answer (429 when the places filled meanwhile, an input
       // past the context, an error of the generation): kept as failed, with the error.
