@@ -898,6 +898,28 @@ int32_t EbnfWorkspace::Intern(Configuration c) {
   return id;
 }
 
+namespace {
+
+// TokenVocabulary::IsPlainCharacter as ranges, for LoopsOnPlainCharacters' bounds.
+constexpr EbnfGrammar::Range kPlain[] = {
+    {0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x7E}, {0x80, 0xD7FF}, {0xE000, kMaxCodePoint}};
+// The two agree at each range's ends and just past them (between the ranges lie only the
+// characters IsPlainCharacter leaves out).
+constexpr bool PlainRangesAgree() {
+  for (const EbnfGrammar::Range& range : kPlain) {
+    if (!TokenVocabulary::IsPlainCharacter(range.lo) ||
+        !TokenVocabulary::IsPlainCharacter(range.hi) ||
+        TokenVocabulary::IsPlainCharacter(range.lo - 1) ||
+        TokenVocabulary::IsPlainCharacter(range.hi + 1)) {
+      return false;
+    }
+  }
+  return true;
+}
+static_assert(PlainRangesAgree());
+
+}  // namespace
+
 bool EbnfWorkspace::LoopsOnPlainCharacters(int32_t configuration) {
   const auto at = static_cast<size_t>(configuration);
   if (loops_[at] != kUnknown) return loops_[at] == 1;
@@ -908,8 +930,6 @@ bool EbnfWorkspace::LoopsOnPlainCharacters(int32_t configuration) {
   // A character's next configuration depends only on which of the ways' classes hold it
   // (Advance), so between consecutive bounds of those classes and of the plain characters
   // one character stands for all.
-  static constexpr EbnfGrammar::Range kPlain[] = {
-      {0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x7E}, {0x80, 0xD7FF}, {0xE000, kMaxCodePoint}};
   bounds_.clear();
   const auto add = [&](const EbnfGrammar::Range& range) {
     bounds_.push_back(range.lo);
