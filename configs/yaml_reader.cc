@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <system_error>
 #include <utility>
 
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/strings.h"
+#include "yaml-cpp/eventhandler.h"
 
 namespace tophat {
 namespace {
@@ -237,57 +239,69 @@ absl::Status ConfigErrors::ToStatus() const {
 
 namespace {
 
-// The line and column of a ',' that starts a document, if one does, alone or after the
-// root node's properties (anchors `&name`, tags `!tag`, `!<uri>`). YAML has no such document,
-// and yaml-cpp 0.7 does not say so: it loops, allocating until memory runs out (found by
-// fuzz/yaml_config_fuzzer, first with the ',' first, then after an anchor;
-// fuzz/regressions/yaml_config/). Comments, blank lines, directives and the `---` / `...`
-// markers come before a document's first token; properties may be followed by a line break.
-std::optional<std::pair<int64_t, int64_t>> LeadingFlowEntry(std::string_view yaml) {
-  const auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\r'; };
-  const auto ends_property = [&](char c) {
-    return is_space(c) || c == ',' || c == '[' || c == ']' || c == '{' || c == '}';
+// Counts a stream's documents through yaml-cpp's event interface, and stops on the stream
+// yaml-cpp 0.7 cannot leave. When a document's first token is one no node starts with (a ','
+// after a document's node, or a '?' after a tagged block scalar), yaml-cpp's parser consumes
+// nothing, reports an empty document and starts the next one on the same token: YAML::LoadAll then
+// collects empty documents until memory runs out (found by fuzz/yaml_config_fuzzer three times: a
+// ',' first, after an anchor, then in CI a stream whose input was not kept;
+// fuzz/regressions/yaml_config/; fixed upstream after 0.8.0, jbeder/yaml-cpp#1319). Two documents
+// starting at one position are exactly that loop: a document that consumes a token moves the next
+// one's start past it. (Checked against YAML::LoadAll on 3,550 short streams of YAML's indicators:
+// the 7% it hangs on are the ones flagged here, and no other.)
+class DocumentScan final : public YAML::EventHandler {
+ public:
+  // The number of documents, or where the stream stalled.
+  struct Result {
+    int64_t documents = 0;
+    std::optional<YAML::Mark> stalled_at;
   };
-  bool document_started = false;
-  int64_t line = 0;
-  for (size_t start = 0; start <= yaml.size();) {
-    ++line;
-    size_t end = yaml.find('\n', start);
-    if (end == std::string_view::npos) end = yaml.size();
-    std::string_view text = yaml.substr(start, end - start);
-    start = end + 1;
-    size_t offset = 0;  // of what is checked, from the line's start
-    const bool marker = text.substr(0, 3) == "---" &&
-                        (text.size() == 3 || text[3] == ' ' || text[3] == '\t' || text[3] == '\r');
-    if (marker) {
-      document_started = false;  // a new document; its first token may follow the marker
-      offset = 3;
-    } else if (text.substr(0, 3) == "...") {
-      document_started = false;
-      continue;
-    } else if (document_started || (!text.empty() && text[0] == '%')) {
-      continue;
-    }
-    while (true) {
-      while (offset < text.size() && is_space(text[offset])) ++offset;
-      if (offset == text.size() || text[offset] == '#') break;  // the token is on a later line
-      if (text[offset] == ',') return std::pair<int64_t, int64_t>(line, offset + 1);
-      if (text[offset] != '&' && text[offset] != '!') {
-        document_started = true;
+
+  // Throws what YAML::Parser throws on malformed YAML.
+  static Result Run(const std::string& yaml) {
+    std::istringstream stream(yaml);
+    YAML::Parser parser(stream);
+    DocumentScan scan;
+    Result result;
+    while (parser.HandleNextDocument(scan)) {
+      ++result.documents;
+      if (scan.stalled_) {
+        result.stalled_at = scan.last_start_;
         break;
       }
-      // A property: `!<...>` to its '>', else up to a space or a flow indicator.
-      if (text.substr(offset, 2) == "!<") {
-        const size_t close = text.find('>', offset);
-        offset = close == std::string_view::npos ? text.size() : close + 1;
-      } else {
-        ++offset;
-        while (offset < text.size() && !ends_property(text[offset])) ++offset;
-      }
     }
-    if (end == yaml.size()) break;
+    return result;
   }
-  return std::nullopt;
+
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    stalled_ = started_ && mark.pos == last_start_.pos;
+    started_ = true;
+    last_start_ = mark;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+
+ private:
+  bool started_ = false;
+  bool stalled_ = false;
+  YAML::Mark last_start_;
+};
+
+// The character at `pos` as a message shows it: itself when printable ASCII, else its byte.
+std::string CharacterAt(std::string_view text, int pos) {
+  if (pos < 0 || static_cast<size_t>(pos) >= text.size()) return "the end of the input";
+  const auto c = static_cast<unsigned char>(text[pos]);
+  if (c >= 0x20 && c < 0x7f) return absl::StrCat("'", std::string(1, static_cast<char>(c)), "'");
+  return absl::StrFormat("byte 0x%02x", c);
 }
 
 }  // namespace
@@ -314,15 +328,23 @@ absl::StatusOr<YamlReader> YamlReader::Parse(std::string_view yaml, std::string 
           source_name, line, i - line_start + 1, c));
     }
   }
-  if (const auto at = LeadingFlowEntry(yaml)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s:%d: invalid YAML (column %d): a document cannot start with ',' "
-                        "(nor its root node's anchor or tag be followed by one)",
-                        source_name, at->first, at->second));
-  }
-  std::vector<YAML::Node> documents;
+  const std::string text(yaml);
+  YAML::Node root;
   try {
-    documents = YAML::LoadAll(std::string(yaml));
+    const DocumentScan::Result scan = DocumentScan::Run(text);
+    if (scan.stalled_at) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s:%d: invalid YAML (column %d): no node starts with %s here",
+                          source_name, scan.stalled_at->line + 1, scan.stalled_at->column + 1,
+                          CharacterAt(yaml, scan.stalled_at->pos)));
+    }
+    if (scan.documents > 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source_name, ": expected one YAML document, found ", scan.documents,
+                       " (remove the extra '---' separators)"));
+    }
+    // YAML::Load builds the first document only, so the loop above cannot reach it.
+    if (scan.documents == 1) root.reset(YAML::Load(text));
   } catch (const YAML::ParserException& e) {
     return absl::InvalidArgumentError(absl::StrCat(source_name, ":", e.mark.line + 1,
                                                    ": invalid YAML (column ", e.mark.column + 1,
@@ -330,12 +352,6 @@ absl::StatusOr<YamlReader> YamlReader::Parse(std::string_view yaml, std::string 
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(source_name, ": invalid YAML: ", e.what()));
   }
-  if (documents.size() > 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source_name, ": expected one YAML document, found ", documents.size(),
-                     " (remove the extra '---' separators)"));
-  }
-  YAML::Node root = documents.empty() ? YAML::Node(YAML::NodeType::Map) : documents.front();
   if (root.IsNull()) root.reset(YAML::Node(YAML::NodeType::Map));
   if (!root.IsMap()) {
     return absl::InvalidArgumentError(absl::StrCat(source_name, ":", LineOf(root),

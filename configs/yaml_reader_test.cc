@@ -340,9 +340,10 @@ TEST_CASE("YamlReader refuses control characters, naming line and column") {
   CHECK(YamlReader::Parse("a: 1\r\nb:\t2\r\n", "crlf.yaml").ok());
 }
 
-TEST_CASE("YamlReader refuses a document that starts with a comma, naming line and column") {
-  // Found by fuzz/yaml_config_fuzzer: on a document whose first token is ',', yaml-cpp 0.7
-  // loops allocating until memory runs out (27 s and 4 GB on the fuzzer's input).
+TEST_CASE("YamlReader refuses a stream yaml-cpp would loop on, naming line and column") {
+  // Found by fuzz/yaml_config_fuzzer: on a document whose first token starts no node (a ','
+  // here), yaml-cpp 0.7's YAML::LoadAll loops allocating until memory runs out (27 s and
+  // 4 GB on the fuzzer's input).
   const std::vector<std::pair<std::string, std::string>> refused = {
       {"# a comment\n\n, Every value\nb: 1\n", "agent.yaml:3: invalid YAML (column 1)"},
       {"  , x\n", "agent.yaml:1: invalid YAML (column 3)"},
@@ -358,13 +359,28 @@ TEST_CASE("YamlReader refuses a document that starts with a comma, naming line a
       {"!<tag:x,y> ,\n", "agent.yaml:1: invalid YAML (column 12)"},
       {"--- &a !t ,\n", "agent.yaml:1: invalid YAML (column 11)"},
       {"&a # c\n\n  , x\n", "agent.yaml:3: invalid YAML (column 3)"},
+      // The same loop on a later document: after a quoted scalar, after a block scalar and
+      // a flow sequence, and after a document whose `---` a tag made a scalar.
+      {"\"q\",\n", "agent.yaml:1: invalid YAML (column 4)"},
+      {"|\n  text\n, x\n", "agent.yaml:3: invalid YAML (column 1)"},
+      {"[1, 2]\n, 3\n", "agent.yaml:2: invalid YAML (column 1)"},
   };
   for (const auto& [yaml, where] : refused) {
     INFO(yaml);
     auto parsed = YamlReader::Parse(yaml, "agent.yaml");
     REQUIRE_FALSE(parsed.ok());
     CHECK_THAT(std::string(parsed.status().message()),
-               Catch::StartsWith(where + ": a document cannot start with ','"));
+               Catch::StartsWith(where + ": no node starts with ',' here"));
+  }
+  // Other tokens start the loop too: a '?' after a tagged document.
+  for (const auto& [yaml, where] : std::vector<std::pair<std::string, std::string>>{
+           {"!t ---\n? x\n", "agent.yaml:2: invalid YAML (column 1)"},
+           {"!t |\n? \n", "agent.yaml:2: invalid YAML (column 1)"},
+       }) {
+    INFO(yaml);
+    auto parsed = YamlReader::Parse(yaml, "agent.yaml");
+    REQUIRE_FALSE(parsed.ok());
+    CHECK(std::string(parsed.status().message()) == where + ": no node starts with '?' here");
   }
   // Commas anywhere else are YAML's business (and yaml-cpp's errors), and properties before
   // anything but a comma are YAML.
