@@ -1185,10 +1185,6 @@ std::variant<OpenAiResponsesRequest, OpenAiError> ParseResponsesRequest(
     return Invalid("background",
                    "'background' needs 'store' true: a background response is fetched later");
   }
-  if (out.background && chat.contains("stream") && chat["stream"] == true) {
-    return Invalid("background",
-                   "'background' with 'stream' is not supported: poll GET /v1/responses/{id}");
-  }
   // top_logprobs alone asks for them too (what else would it be for).
   if (logprobs_included || chat.contains("top_logprobs")) chat["logprobs"] = true;
   auto parsed = ParseOpenAiRequest(OpenAiEndpoint::kChatCompletions, chat.dump(), served_model);

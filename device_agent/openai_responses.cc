@@ -258,10 +258,53 @@ void ResponseBuilder::Cancel() {
   response_["incomplete_details"] = nullptr;
 }
 
+void ResponseEventLog::Append(std::vector<Json> events) {
+  int64_t added = 0;
+  for (const Json& event : events) added += static_cast<int64_t>(event.dump().size());
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (Json& event : events) events_.push_back(std::move(event));
+    bytes_ += added;
+  }
+  appended_.notify_all();
+}
+
+void ResponseEventLog::Close() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    closed_ = true;
+  }
+  appended_.notify_all();
+}
+
+ResponseEventLog::Read ResponseEventLog::From(size_t next, std::chrono::milliseconds wait) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  appended_.wait_for(lock, wait, [&] { return closed_ || events_.size() > next; });
+  Read read;
+  for (size_t i = next; i < events_.size(); ++i) read.events.push_back(events_[i]);
+  read.ended = closed_;
+  return read;
+}
+
+size_t ResponseEventLog::IndexAfter(int64_t sequence_number) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Sequence numbers grow along the log.
+  const auto past = std::partition_point(events_.begin(), events_.end(), [&](const Json& event) {
+    return event.value("sequence_number", int64_t{-1}) <= sequence_number;
+  });
+  return static_cast<size_t>(past - events_.begin());
+}
+
+int64_t ResponseEventLog::bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return bytes_;
+}
+
 void ResponseStore::Put(const std::string& id, const std::string& app, Stored stored) {
   int64_t bytes =
       static_cast<int64_t>(sizeof(Entry) + id.size() + app.size() + stored.response.dump().size());
   for (const ChatMessage& message : stored.conversation) bytes += MessageBytes(message);
+  if (stored.events) bytes += stored.events->bytes();
   std::lock_guard<std::mutex> lock(mutex_);
   if (auto found = by_id_.find(id); found != by_id_.end()) {
     bytes_ -= found->second->bytes;

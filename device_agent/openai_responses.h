@@ -4,8 +4,11 @@
 // The request is read by ParseResponsesRequest (openai_request.h). Pure: no I/O, no model.
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <list>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -93,6 +96,39 @@ std::optional<nlohmann::ordered_json> InputItemsPage(std::string_view response_i
                                                      std::span<const ChatMessage> conversation,
                                                      const InputItemsQuery& query);
 
+// The events of a response generated in the background with `stream` (OpenAI's background
+// streaming): appended by its generation as they come, followed by the client that made it
+// and by any that comes back for them (GET /v1/responses/{id}?stream=true&starting_after=N),
+// each from where it left off, until the log is closed. Kept with the response afterwards,
+// so a client whose stream broke reads the rest. Thread-safe.
+class ResponseEventLog {
+ public:
+  using Json = nlohmann::ordered_json;
+
+  void Append(std::vector<Json> events);
+  // No events come after these: followers end once they have read them all.
+  void Close();
+
+  struct Read {
+    std::vector<Json> events;  // those from the asked-for index on
+    bool ended = false;        // closed, and nothing past these
+  };
+  // The events from index `next` on, waiting up to `wait` for one when there are none yet.
+  Read From(size_t next, std::chrono::milliseconds wait) const;
+  // The index of the first event whose sequence_number is past `sequence_number` (a resumed
+  // stream's starting_after); the log's size when none is yet.
+  size_t IndexAfter(int64_t sequence_number) const;
+  // The bytes its events take, as JSON text: what the response store bounds.
+  int64_t bytes() const;
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::condition_variable appended_;
+  std::vector<Json> events_;
+  bool closed_ = false;
+  int64_t bytes_ = 0;
+};
+
 // Responses kept for later turns, in the agent's memory only (text never leaves the device;
 // a restart forgets them), each visible to the app that made it alone. Bounded by bytes:
 // past `max_bytes`, the least recently used go first. Thread-safe.
@@ -103,6 +139,8 @@ class ResponseStore {
     // excluded: each turn gives its own), this turn's input, and its answer.
     std::vector<ChatMessage> conversation;
     nlohmann::ordered_json response;
+    // A background response made with `stream`: its events, for a stream resumed later.
+    std::shared_ptr<const ResponseEventLog> events;
   };
   explicit ResponseStore(int64_t max_bytes) : max_bytes_(max_bytes) {}
 

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "device_agent/openai_request.h"
@@ -64,6 +65,11 @@ TEST_CASE("A Responses request is read as the chat completion it asks for") {
       ParseOk(R"({"model": "toy", "input": "hi", "background": true})");
   CHECK(background.background);
   CHECK(background.echo["background"] == true);
+  // Streamed too: its events are kept, for a stream resumed later.
+  const OpenAiResponsesRequest streamed =
+      ParseOk(R"({"model": "toy", "input": "hi", "background": true, "stream": true})");
+  CHECK(streamed.background);
+  CHECK(streamed.chat.stream);
   // Defaults: stored, text, no tools; OpenAI's order of the repeated fields.
   const OpenAiResponsesRequest plain = ParseOk(R"({"model": "toy", "input": "hi"})");
   CHECK(plain.store);
@@ -191,8 +197,6 @@ TEST_CASE("Responses refusals name the Responses API's fields") {
             "a response's id"},
            {R"({"model": "toy", "input": "x", "background": true, "store": false})", "background",
             "needs 'store' true"},
-           {R"({"model": "toy", "input": "x", "background": true, "stream": true})", "background",
-            "poll GET /v1/responses/{id}"},
            {R"({"model": "toy", "input": "x", "background": 1})", "background",
             "must be a boolean"},
            {R"({"model": "toy", "input": "x", "frobnicate": 1})", "frobnicate",
@@ -433,6 +437,55 @@ TEST_CASE("The response store keeps each app's responses apart, within its bytes
   ResponseStore none(0);
   none.Put("resp_a", "", stored("a"));
   CHECK(none.size() == 0);
+}
+
+TEST_CASE("A background stream's event log is followed as it grows and resumed after a number") {
+  ResponseBuilder builder("resp_1", 1700000000, "toy", Json{{"background", true}});
+  ResponseEventLog log;
+  CHECK(log.From(0, std::chrono::milliseconds(0)).events.empty());
+  CHECK_FALSE(log.From(0, std::chrono::milliseconds(0)).ended);
+  log.Append(builder.Start());
+  log.Append(builder.Text("the", Json::array()));
+  // response.created 0, response.in_progress 1, the message's item 2, its part 3, "the" 4.
+  ResponseEventLog::Read read = log.From(0, std::chrono::milliseconds(0));
+  REQUIRE(read.events.size() == 5);
+  CHECK_FALSE(read.ended);
+  CHECK(log.IndexAfter(-1) == 0);
+  CHECK(log.IndexAfter(2) == 3);
+  CHECK(log.IndexAfter(4) == 5);  // none yet: the next to come
+  CHECK(log.IndexAfter(99) == 5);
+  CHECK(Types(log.From(log.IndexAfter(3), std::chrono::milliseconds(0)).events) ==
+        std::vector<std::string>{"response.output_text.delta"});
+  // A follower waiting past the end wakes for the next events, and for the close.
+  std::thread generation([&] {
+    log.Append(builder.Text(" cat", Json::array()));
+    log.Append(builder.Finish("", {}, /*cut_short=*/false, ResponsesUsage(3, 0, 2)));
+    log.Close();
+  });
+  std::string text = "the";
+  size_t next = 5;
+  bool ended = false;
+  while (!ended) {
+    read = log.From(next, std::chrono::seconds(10));
+    for (const Json& event : read.events) {
+      if (event["type"] == "response.output_text.delta") text += event["delta"];
+    }
+    next += read.events.size();
+    ended = read.ended;
+  }
+  generation.join();
+  CHECK(text == "the cat");
+  CHECK(log.From(0, std::chrono::milliseconds(0)).events.back()["type"] == "response.completed");
+  CHECK(log.From(next, std::chrono::milliseconds(0)).ended);
+  CHECK(log.From(next, std::chrono::milliseconds(0)).events.empty());
+  CHECK(log.bytes() > static_cast<int64_t>(builder.response().dump().size()));
+  // Its bytes count against the response store's bound.
+  auto shared = std::make_shared<ResponseEventLog>();
+  shared->Append({Json{{"sequence_number", 0}, {"delta", std::string(3000, 'x')}}});
+  ResponseStore store(/*max_bytes=*/2000);
+  store.Put("resp_1", "", {.response = Json{{"id", "resp_1"}}, .events = shared});
+  CHECK(store.size() == 0);
+  CHECK(store.forgotten() == 1);
 }
 
 }  // namespace

@@ -153,6 +153,8 @@ struct ResponsesTurn {
   ResponseBuilder builder;
   // A background response's: set by POST .../cancel or DELETE, read by its generation.
   std::atomic<bool> cancel_requested{false};
+  // A background response made with `stream`: its events, which its clients follow.
+  std::shared_ptr<ResponseEventLog> events;
 };
 
 // A finished response with `store`: kept with its conversation, for later turns.
@@ -161,7 +163,9 @@ void Keep(ResponseStore& store, const ResponsesTurn& turn, const std::string& ca
   std::vector<ChatMessage> conversation = turn.conversation;
   conversation.push_back(turn.builder.answer());
   store.Put(turn.id, caller,
-            {.conversation = std::move(conversation), .response = turn.builder.response()});
+            {.conversation = std::move(conversation),
+             .response = turn.builder.response(),
+             .events = turn.events});
 }
 
 // A response's usage, from its one request's stats.
@@ -635,6 +639,8 @@ void OpenAiServer::StoreChanged() {
 }
 
 OpenAiServer::~OpenAiServer() {
+  // Streams following a background response end now, rather than with its generation.
+  stopping_ = true;
   if (server_) server_->stop();
   if (thread_.joinable()) thread_.join();
   // No handler starts one now: the background responses still running are cancelled.
@@ -657,6 +663,28 @@ std::variant<std::vector<int32_t>, OpenAiError> OpenAiServer::ChatPromptIds(
   auto ids = EncodeChat(agent_->tokenizer(), *rendered);
   if (!ids.ok()) return ServerError(500, std::string(ids.status().message()));
   return *std::move(ids);
+}
+
+void OpenAiServer::FollowEvents(httplib::Response& res,
+                                std::shared_ptr<const ResponseEventLog> events, size_t next) const {
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream", [this, events, next](size_t, httplib::DataSink& sink) mutable {
+        while (true) {
+          // Woken by new events; between them, every quarter second to see whether the
+          // client or the server has gone.
+          ResponseEventLog::Read read = events->From(next, std::chrono::milliseconds(250));
+          for (const Json& event : read.events) {
+            const std::string text = ResponseEvent(event);
+            if (!sink.write(text.data(), text.size())) return false;
+          }
+          next += read.events.size();
+          if (read.ended) break;
+          if (stopping_ || !sink.is_writable()) return false;
+        }
+        sink.done();
+        return true;
+      });
 }
 
 void OpenAiServer::Route() {
@@ -992,20 +1020,22 @@ void OpenAiServer::Route() {
       return;
     }
 
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream", [this, choices, completion, request, caller = *caller,
-                              generation_error, failed, slot, places, make_logprobs, prompts,
-                              tool_reader, call_required, turn](size_t, httplib::DataSink& sink) {
+    // The answer as a stream: each chunk (a Responses turn's, each event) through `write`,
+    // which says false once the client has gone. False when the client went away.
+    const auto stream =
+        [this, choices, completion, request, caller = *caller, generation_error, failed, slot,
+         places, make_logprobs, prompts, tool_reader, call_required,
+         turn](const std::function<bool(const Json&)>& write) {
           // The choices stream at once, each chunk whole under the lock.
           std::mutex sink_mutex;
           std::atomic<bool> client_gone = false;
           const auto send = [&](const Json& chunk) {
-            const std::string event = turn ? ResponseEvent(chunk) : Event(chunk);
             std::lock_guard<std::mutex> lock(sink_mutex);
-            if (client_gone || !sink.write(event.data(), event.size())) client_gone = true;
+            if (client_gone || !write(chunk)) client_gone = true;
             return !client_gone;
           };
+          // A background response's cancel stops it, even while it waits for a cloud.
+          const auto cancelled = [&turn] { return turn && turn->cancel_requested.load(); };
           const auto send_all = [&](const std::vector<Json>& events) {
             for (const Json& event : events) {
               if (!send(event)) return false;
@@ -1038,7 +1068,7 @@ void OpenAiServer::Route() {
                   if (turn) {  // one choice
                     return send_all(turn->builder.Text(
                                text, has_logprobs ? logprobs->Take()["content"] : Json::array())) &&
-                           !filter.stopped();
+                           !filter.stopped() && !cancelled();
                   }
                   if (!text.empty() || first || has_logprobs) {
                     if (!send(completion.Chunk(i, text, nullptr, first,
@@ -1050,7 +1080,7 @@ void OpenAiServer::Route() {
                   }
                   return !filter.stopped();
                 },
-                caller);
+                caller, cancelled);
             if (client_gone) return;
             if (failed(done[i])) {
               if (turn) {
@@ -1078,10 +1108,15 @@ void OpenAiServer::Route() {
             if (turn) {
               const std::vector<Json> events = turn->builder.Finish(
                   tail, calls, finish_reason == "length", ResponseUsage(done[i]));
+              // A cancelled background response ends without its completion's events (it
+              // did not complete): GET shows it cancelled, with what it had generated.
+              const bool was_cancelled =
+                  cancelled() && done[i].finish_reason() == v1::FINISH_REASON_CANCELLED;
+              if (was_cancelled) turn->builder.Cancel();
               // Kept before its last event is sent: a client may ask for it at once.
               Keep(*responses_, *turn, caller);
               StoreChanged();
-              send_all(events);
+              if (!was_cancelled) send_all(events);
               return;
             }
             Json tool_calls =
@@ -1096,15 +1131,32 @@ void OpenAiServer::Route() {
             spdlog::info("openai: {}: the client went away; request cancelled", completion.id);
             return false;
           }
-          if (turn) {  // a Responses stream ends with its last event, no [DONE]
-            sink.done();
-            return true;
-          }
-          if (request.include_usage && std::none_of(done.begin(), done.end(), failed)) {
+          if (!turn && request.include_usage && std::none_of(done.begin(), done.end(), failed)) {
             send(completion.UsageChunk(Usage(done, request.n)));
           }
-          const std::string end = "data: [DONE]\n\n";
-          sink.write(end.data(), end.size());
+          return true;
+        };
+    if (turn && turn->events) {
+      // A background response's: this is its own thread, and the events go to its log, which
+      // the clients following it read (they come and go; the generation does not stop).
+      stream([&turn](const Json& event) {
+        turn->events->Append({event});
+        return true;
+      });
+      return;
+    }
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream", [stream, turn](size_t, httplib::DataSink& sink) {
+          const bool stayed = stream([&](const Json& chunk) {
+            const std::string event = turn ? ResponseEvent(chunk) : Event(chunk);
+            return sink.write(event.data(), event.size());
+          });
+          if (!stayed) return false;
+          if (!turn) {  // a Responses stream ends with its last event, no [DONE]
+            const std::string end = "data: [DONE]\n\n";
+            sink.write(end.data(), end.size());
+          }
           sink.done();
           return true;
         });
@@ -1225,11 +1277,27 @@ void OpenAiServer::Route() {
       res.set_header("Retry-After", "1");
       return SendError(res, Busy(options_.max_concurrent_requests));
     }
+    if (request.stream) turn->events = std::make_shared<ResponseEventLog>();
     responses_->Put(id, *caller,
-                    {.conversation = turn->conversation, .response = turn->builder.response()});
+                    {.conversation = turn->conversation,
+                     .response = turn->builder.response(),
+                     .events = turn->events});
     StoreChanged();
-    res.set_content(turn->builder.response().dump(), "application/json");
+    if (turn->events) {
+      // Streamed as it is generated, from its log: a client that goes away stops reading, not
+      // the generation, and may come back for the rest (GET ...?stream=true&starting_after).
+      FollowEvents(res, turn->events, 0);
+    } else {
+      res.set_content(turn->builder.response().dump(), "application/json");
+    }
     background_->Start(id, *caller, turn, [this, serve, request, caller = *caller, turn] {
+      // Its followers end when the log does, however the generation ends.
+      struct CloseLog {
+        ResponsesTurn& turn;
+        ~CloseLog() {
+          if (turn.events) turn.events->Close();
+        }
+      } close_log{*turn};
       httplib::Response answer;
       try {
         serve(request, caller, answer, turn);
@@ -1243,7 +1311,22 @@ void OpenAiServer::Route() {
                              {"code", "server_error"}}}}
                           .dump();
       }
-      if (answer.status < 400) return;  // kept by serve
+      if (answer.status < 400) {
+        // Kept by serve, but for a streamed answer that failed (its events say so).
+        if (turn->builder.response().value("status", "") == "failed") {
+          responses_->Put(turn->id, caller,
+                          {.conversation = turn->conversation,
+                           .response = turn->builder.response(),
+                           .events = turn->events});
+        } else if (turn->events) {
+          // Kept again with all its events, which the bound now counts whole.
+          if (auto kept = responses_->Find(turn->id, caller)) {
+            responses_->Put(turn->id, caller, *std::move(kept));
+          }
+        }
+        StoreChanged();
+        return;
+      }
       // Refused or failed before an answer (429 when the places filled meanwhile, an input
       // past the context, an error of the generation): kept as failed, with the error.
       const Json body = Json::parse(answer.body, nullptr, false);
@@ -1253,15 +1336,20 @@ void OpenAiServer::Route() {
       if (turn->cancel_requested) {
         turn->builder.Cancel();
       } else {
-        turn->builder.Fail(error != nullptr && (*error)["message"].is_string()
-                               ? (*error)["message"].get<std::string>()
-                               : answer.body,
-                           error != nullptr && (*error)["code"].is_string()
-                               ? (*error)["code"].get<std::string>()
-                               : "server_error");
+        // A stream's followers see it begin and fail.
+        if (turn->events) turn->events->Append(turn->builder.Start());
+        std::vector<Json> failure = turn->builder.Fail(
+            error != nullptr && (*error)["message"].is_string()
+                ? (*error)["message"].get<std::string>()
+                : answer.body,
+            error != nullptr && (*error)["code"].is_string() ? (*error)["code"].get<std::string>()
+                                                             : "server_error");
+        if (turn->events) turn->events->Append(std::move(failure));
       }
       responses_->Put(turn->id, caller,
-                      {.conversation = turn->conversation, .response = turn->builder.response()});
+                      {.conversation = turn->conversation,
+                       .response = turn->builder.response(),
+                       .events = turn->events});
       StoreChanged();
     });
   });
@@ -1292,8 +1380,42 @@ void OpenAiServer::Route() {
     const std::optional<std::string> caller = authenticate(req, res);
     if (!caller) return;
     const std::string id = req.matches[1];
+    const std::string stream = req.get_param_value("stream");
+    if (!stream.empty() && stream != "true" && stream != "false") {
+      return SendError(res, OpenAiError{.param = "stream",
+                                        .message = absl::StrCat("stream must be 'true' or "
+                                                                "'false', not '",
+                                                                stream, "'")});
+    }
+    int64_t starting_after = -1;
+    if (req.has_param("starting_after")) {
+      const std::string given = req.get_param_value("starting_after");
+      if (!absl::SimpleAtoi(given, &starting_after) || starting_after < 0) {
+        return SendError(res,
+                         OpenAiError{.param = "starting_after",
+                                     .message = absl::StrCat("starting_after must be an event's "
+                                                             "sequence_number (0 or more), not '",
+                                                             given, "'")});
+      }
+      if (stream != "true") {
+        return SendError(res, OpenAiError{.param = "starting_after",
+                                          .message = "starting_after needs stream=true"});
+      }
+    }
     std::optional<ResponseStore::Stored> stored = responses_->Find(id, *caller);
     if (!stored) return SendError(res, ResponseNotFound(id));
+    if (stream == "true") {
+      // A stream resumed: the events after starting_after (all of them without), as they
+      // were sent, then those still to come.
+      if (!stored->events) {
+        return SendError(
+            res, OpenAiError{.param = "stream",
+                             .message = absl::StrCat("Response '", id,
+                                                     "' was not created with 'background' and "
+                                                     "'stream': it has no events to stream")});
+      }
+      return FollowEvents(res, stored->events, stored->events->IndexAfter(starting_after));
+    }
     res.set_content(stored->response.dump(), "application/json");
   });
   server_->Get("/v1/responses/([^/]+)/input_items", [this, authenticate, answering](

@@ -3,7 +3,9 @@
 //   POST /v1/chat/completions   messages rendered with the model's chat template
 //   POST /v1/completions        a text prompt
 //   POST /v1/responses          OpenAI's Responses API: a chat completion in another shape,
-//                               kept for later turns (GET and DELETE /v1/responses/{id})
+//                               kept for later turns (GET and DELETE /v1/responses/{id}),
+//                               or generated in the background (polled, or its stream
+//                               followed and resumed; POST /v1/responses/{id}/cancel)
 //   GET  /v1/models             the one model this agent serves
 //   GET  /health                200 while the cloud is connected, else 503
 // Streaming answers are server-sent events (`data: {...}` chunks, then `data: [DONE]`).
@@ -31,6 +33,7 @@
 
 namespace httplib {
 class Server;
+struct Response;
 }
 namespace prometheus {
 class Counter;
@@ -94,6 +97,10 @@ class OpenAiServer {
   // `tools`: each tool's JSON as the app sent it.
   std::variant<std::vector<int32_t>, OpenAiError> ChatPromptIds(
       const std::vector<ChatMessage>& messages, std::span<const std::string> tools = {}) const;
+  // Answers with a background response's events from index `next` on, as server-sent events,
+  // and those still to come until its log closes, the client goes or the server stops.
+  void FollowEvents(httplib::Response& res, std::shared_ptr<const ResponseEventLog> events,
+                    size_t next) const;
 
   Agent* agent_;
   OpenAiServerOptions options_;
@@ -104,6 +111,8 @@ class OpenAiServer {
   // /v1/responses with background: true, generating on threads of their own (which use
   // responses_ and the agent): stopped by the destructor once server_ is.
   std::unique_ptr<BackgroundResponses> background_;
+  // Set as the server stops: streams following a background response end then.
+  std::atomic<bool> stopping_ = false;
   // responses_'s size on the agent's metrics endpoint (null without a registry).
   struct StoreMetrics {
     prometheus::Gauge& responses;

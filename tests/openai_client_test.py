@@ -567,12 +567,81 @@ def background_responses(client, model, messages, text, agent_metrics_url):
                  lambda: client.responses.create(model=model, input=user, background=True,
                                                  store=False),
                  openai.BadRequestError, 400, param="background")
-    expect_error("background with stream",
-                 lambda: client.responses.create(model=model, input=user, background=True,
-                                                 stream=True),
-                 openai.BadRequestError, 400, param="background")
+    expect_error("a stream of a response not made with stream",
+                 lambda: client.responses.retrieve(started.id, stream=True),
+                 openai.BadRequestError, 400, param="stream")
+    resumed_at = background_stream(client, model, system, user, text)
     print(f"background responses: polled to the end; cancelled after "
-          f"{cancelled.usage.output_tokens} of 900 tokens")
+          f"{cancelled.usage.output_tokens} of 900 tokens; a stream broken after event "
+          f"{resumed_at} resumed")
+
+
+def deltas(events):
+    return "".join(event.delta for event in events if event.type == "response.output_text.delta")
+
+
+def background_stream(client, model, system, user, text):
+    """background with stream: the events are followed as they come; a stream broken off
+    is resumed after the last event read (starting_after), and the two parts are the whole
+    answer, chat's; a stream read again from the start after the end is the same events; a
+    stream followed while its response is cancelled ends. Returns where it was resumed."""
+    stream = client.responses.create(model=model, instructions=system, input=user,
+                                     max_output_tokens=24, temperature=0, background=True,
+                                     stream=True)
+    first = []
+    for event in stream:  # to the first text (one delta may carry several tokens)
+        first.append(event)
+        if event.type == "response.output_text.delta":
+            break
+    stream.close()
+    check_eq("a background stream's first event", first[0].type, "response.created")
+    check_eq("a background stream's response echoes background", first[0].response.background,
+             True)
+    response_id = first[0].response.id
+    last = first[-1].sequence_number
+    rest = list(client.responses.retrieve(response_id, stream=True, starting_after=last))
+    check_eq("the resumed stream starts after the last event read", rest[0].sequence_number,
+             last + 1)
+    check_eq("the resumed stream's sequence numbers",
+             [event.sequence_number for event in rest],
+             list(range(last + 1, last + 1 + len(rest))))
+    check_eq("the resumed stream's last event", rest[-1].type, "response.incomplete")
+    check_eq("a broken and resumed stream's text is chat's", deltas(first) + deltas(rest), text)
+    ended = client.responses.retrieve(response_id)
+    check_eq("the background stream's response", (ended.status, ended.output_text),
+             ("incomplete", text))
+    whole = list(client.responses.retrieve(response_id, stream=True))
+    check_eq("a stream read again from the start",
+             [event.sequence_number for event in whole], list(range(len(whole))))
+    check_eq("a stream read again is the same answer", deltas(whole), text)
+    check_eq("a stream resumed after its end", list(client.responses.retrieve(
+        response_id, stream=True, starting_after=whole[-1].sequence_number)), [])
+    expect_error("starting_after that is no sequence number",
+                 lambda: client.responses.retrieve(response_id, stream=True,
+                                                   starting_after=-2),
+                 openai.BadRequestError, 400, param="starting_after")
+
+    # Cancelled while a client follows it: the stream ends, without a completion.
+    long = client.responses.create(model=model, input=user, max_output_tokens=900,
+                                   temperature=0, background=True, stream=True,
+                                   extra_body={"ignore_eos": True})
+    followed = []
+    for event in long:
+        followed.append(event)
+        if event.type == "response.output_text.delta":
+            break
+    cancelled = client.responses.cancel(followed[0].response.id)
+    check_eq("a background stream cancelled", cancelled.status, "cancelled")
+    followed.extend(long)  # ends: the log is closed
+    check(all(event.type not in ("response.completed", "response.incomplete")
+              for event in followed),
+          "a cancelled stream has no completion event")
+    check(cancelled.usage.output_tokens < 900,
+          f"the cancelled stream stopped early ({cancelled.usage.output_tokens} tokens)")
+    check(deltas(followed).startswith(cancelled.output_text) or
+          cancelled.output_text.startswith(deltas(followed)),
+          "the cancelled stream's text is the cancelled response's")
+    return last
 
 
 def regex_answers(client, model, messages):

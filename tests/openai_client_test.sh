@@ -137,7 +137,8 @@ EOF
 fi
 # An agent stopped while a background response runs cancels it and stops cleanly (its thread
 # joined before the server it uses is gone): exit status 0, and the log says so. 900 tokens
-# take the toy pipeline far longer than the signal takes to arrive.
+# take the toy pipeline far longer than the signal takes to arrive (the first response's
+# may have ended by then: the second's has just begun).
 if [ "$status" -eq 0 ]; then
   model_id=$(curl -sf "http://127.0.0.1:$openai_port/v1/models" |
              "$python" -c 'import json, sys; print(json.load(sys.stdin)["data"][0]["id"])')
@@ -145,6 +146,17 @@ if [ "$status" -eq 0 ]; then
                  -H 'Content-Type: application/json' \
                  -d "{\"model\": \"$model_id\", \"input\": \"the old farmer\", \"background\": true,
                       \"max_output_tokens\": 900, \"ignore_eos\": true}") || status=$?
+  # And one streamed in the background with a client following it: the stream ends as the
+  # agent stops, rather than holding the stop until its generation ends.
+  curl -sN "http://127.0.0.1:$openai_port/v1/responses" -H 'Content-Type: application/json' \
+       -d "{\"model\": \"$model_id\", \"input\": \"the old farmer\", \"background\": true,
+            \"stream\": true, \"max_output_tokens\": 900, \"ignore_eos\": true}" \
+       >"$work/followed.txt" 2>/dev/null &
+  follower_pid=$!
+  for _ in $(seq 1 300); do
+    grep -q "response.output_text.delta" "$work/followed.txt" 2>/dev/null && break
+    sleep 0.1
+  done
   agent_pid=${pids[1]}
   kill -TERM "$agent_pid"
   for _ in $(seq 1 300); do
@@ -152,6 +164,16 @@ if [ "$status" -eq 0 ]; then
     sleep 0.1
   done
   agent_status=0
+  for _ in $(seq 1 100); do
+    kill -0 "$follower_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$follower_pid" 2>/dev/null; then
+    echo "FAIL: the followed background stream did not end with the agent"
+    kill "$follower_pid" 2>/dev/null || true
+    status=1
+  fi
+  wait "$follower_pid" 2>/dev/null || true
   if kill -0 "$agent_pid" 2>/dev/null; then
     echo "FAIL: the agent did not stop within 30 s of SIGTERM with a background response running"
     status=1
@@ -160,13 +182,19 @@ if [ "$status" -eq 0 ]; then
   fi
   if [ "$status" -ne 0 ] || [[ "$started" != *'"status":"in_progress"'* ]]; then
     echo "FAIL: a background response to stop the agent with: $started"; status=1
+  elif ! grep -q "response.output_text.delta" "$work/followed.txt" ||
+       grep -q "response.incomplete" "$work/followed.txt"; then
+    echo "FAIL: a followed background stream to stop the agent with:"
+    head -c 600 "$work/followed.txt"; status=1
   elif [ "$agent_status" -ne 0 ] ||
-       ! grep -q "cancelling 1 background response" "$work/run/agent.log" ||
+       ! grep -Eq "cancelling [12] background response" "$work/run/agent.log" ||
        ! grep -q "tophat-agent stopped" "$work/run/agent.log"; then
     echo "FAIL: the agent stopped with a background response running: exit $agent_status"
     status=1
   else
-    echo "the agent stopped cleanly with a background response running (cancelled)"
+    echo "the agent stopped cleanly with background responses running, one followed" \
+         "(cancelled; its stream ended after $(grep -c output_text.delta \
+         "$work/followed.txt") deltas)"
   fi
 fi
 if [ "$status" -ne 0 ]; then
