@@ -883,18 +883,43 @@ std::optional<OpenAiError> OnlyKeys(const OrderedJson& item, const std::string& 
 // "name", "arguments"}) and their results ({"type": "function_call_output", "call_id",
 // "output"}). Calls join the assistant message before them, as a chat answer holds its text
 // and calls, so that the template renders them as a chat completion's.
-std::optional<OpenAiError> ResponsesInput(const OrderedJson& input,
-                                          std::vector<ChatMessage>& messages) {
+}  // namespace
+
+std::variant<nlohmann::json, OpenAiError> ParseRequestBody(std::string_view body) {
+  return ParseObject(body);
+}
+
+std::optional<OpenAiError> CheckMetadata(const nlohmann::ordered_json& metadata) {
+  // OpenAI's limits: 16 pairs, keys of up to 64 characters, values of up to 512.
+  bool good = metadata.is_object() && metadata.size() <= 16;
+  if (good) {
+    for (const auto& [name, entry] : metadata.items()) {
+      good = good && name.size() <= 64 && entry.is_string() &&
+             entry.get_ref<const std::string&>().size() <= 512;
+    }
+  }
+  if (good) return std::nullopt;
+  return Invalid("metadata",
+                 "'metadata' must be an object of at most 16 strings (keys of up to 64 "
+                 "characters, values of up to 512)");
+}
+
+std::optional<OpenAiError> ParseResponsesInput(const nlohmann::ordered_json& input,
+                                               std::vector<ChatMessage>& messages,
+                                               std::string_view field_name) {
+  // Debian's Abseil has its own string_view: StrCat takes std::string.
+  const std::string field(field_name);
   if (input.is_string()) {
     messages.push_back({.role = "user", .content = input.get<std::string>()});
     return std::nullopt;
   }
   if (!input.is_array() || input.empty()) {
-    return Invalid("input", "'input' must be a string or a non-empty array of items");
+    return Invalid(field,
+                   absl::StrCat("'", field, "' must be a string or a non-empty array of items"));
   }
   for (size_t i = 0; i < input.size(); ++i) {
     const OrderedJson& item = input[i];
-    const std::string where = absl::StrCat("input[", i, "]");
+    const std::string where = absl::StrCat(field, "[", i, "]");
     if (!item.is_object()) return Invalid(where, absl::StrCat(where, " must be an object"));
     const OrderedJson type =
         item.contains("type") && !item["type"].is_null() ? item["type"] : OrderedJson("message");
@@ -969,6 +994,8 @@ std::optional<OpenAiError> ResponsesInput(const OrderedJson& input,
   }
   return std::nullopt;
 }
+
+namespace {
 
 // `text.format` as chat's response_format: {"type": "text"}, {"type": "json_object"}, or
 // {"type": "json_schema", "name", "schema", "description", "strict"} flattened.
@@ -1055,7 +1082,7 @@ std::variant<OpenAiResponsesRequest, OpenAiError> ParseResponsesRequest(
     if (value.is_null()) continue;  // absent
     if (key == "input") {
       has_input = true;
-      if (auto error = ResponsesInput(value, input)) return *error;
+      if (auto error = ParseResponsesInput(value, input, "input")) return *error;
     } else if (key == "instructions") {
       if (!value.is_string()) return Invalid(key, "'instructions' must be a string");
       out.instructions = value.get<std::string>();
@@ -1066,24 +1093,21 @@ std::variant<OpenAiResponsesRequest, OpenAiError> ParseResponsesRequest(
       }
       out.previous_response_id = value.get<std::string>();
       echo[key] = value;
+    } else if (key == "conversation") {
+      // A conversation's id, or {"id": ...}.
+      const OrderedJson id = value.is_object() ? value.value("id", OrderedJson()) : value;
+      if (!id.is_string() || id.get<std::string>().empty() ||
+          (value.is_object() && value.size() != 1)) {
+        return Invalid(key, "'conversation' must be a conversation's id, or {\"id\": ...}");
+      }
+      out.conversation_id = id.get<std::string>();
+      echo[key] = {{"id", out.conversation_id}};
     } else if (key == "store") {
       if (!value.is_boolean()) return Invalid(key, "'store' must be a boolean");
       out.store = value.get<bool>();
       echo[key] = value;
     } else if (key == "metadata") {
-      // OpenAI's limits: 16 pairs, keys of up to 64 characters, values of up to 512.
-      bool good = value.is_object() && value.size() <= 16;
-      if (good) {
-        for (const auto& [name, entry] : value.items()) {
-          good = good && name.size() <= 64 && entry.is_string() &&
-                 entry.get_ref<const std::string&>().size() <= 512;
-        }
-      }
-      if (!good) {
-        return Invalid(key,
-                       "'metadata' must be an object of at most 16 strings (keys of up to "
-                       "64 characters, values of up to 512)");
-      }
+      if (auto error = CheckMetadata(value)) return *error;
       echo[key] = value;
     } else if (key == "max_output_tokens") {
       chat["max_completion_tokens"] = value;
@@ -1172,7 +1196,7 @@ std::variant<OpenAiResponsesRequest, OpenAiError> ParseResponsesRequest(
                key == "max_completion_tokens" || key == "response_format" || key == "logprobs" ||
                key == "stream_options" || key == "tophat_outline" || key == "echo" ||
                key == "best_of" || key == "suffix" || key == "functions" ||
-               key == "function_call" || key == "conversation" || key == "max_tool_calls") {
+               key == "function_call" || key == "max_tool_calls") {
       // Chat's and completions' fields, and the Responses API's own this agent lacks.
       return Invalid(key, absl::StrCat("'", key, "' is not supported by /v1/responses"));
     } else {
@@ -1181,6 +1205,11 @@ std::variant<OpenAiResponsesRequest, OpenAiError> ParseResponsesRequest(
     }
   }
   if (!has_input) return Invalid("input", "'input' is required");
+  if (!out.conversation_id.empty() && !out.previous_response_id.empty()) {
+    return Invalid("conversation",
+                   "'conversation' and 'previous_response_id' cannot be used together: each "
+                   "names the turns this one follows");
+  }
   if (out.background && !out.store) {
     return Invalid("background",
                    "'background' needs 'store' true: a background response is fetched later");

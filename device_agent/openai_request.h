@@ -198,9 +198,14 @@ struct OpenAiResponsesRequest {
   OpenAiRequest chat;
   std::optional<std::string> instructions;  // a system message before everything else
   std::string previous_response_id;         // "": none
+  // A conversation (/v1/conversations) whose items come before the input, and to which the
+  // input and the answer are added once it completes; "": none. Not with
+  // previous_response_id.
+  std::string conversation_id;
   bool store = true;                        // OpenAI's default: kept for later turns
   // Answered at once with the response in progress, generated while the client polls GET
-  // /v1/responses/{id} (and may cancel it); needs `store`, and not with `stream`.
+  // /v1/responses/{id} (and may cancel it), or with `stream` followed as a stream that can
+  // be resumed; needs `store`.
   bool background = false;
   // The fields a response object repeats, as given or at their defaults (background, instructions,
   // max_output_tokens, metadata, parallel_tool_calls, previous_response_id, store,
@@ -210,6 +215,19 @@ struct OpenAiResponsesRequest {
 };
 std::variant<OpenAiResponsesRequest, OpenAiError> ParseResponsesRequest(
     std::string_view body, std::string_view served_model);
+
+// A request body as a JSON object (not too deeply nested), or the 400 saying why not.
+std::variant<nlohmann::json, OpenAiError> ParseRequestBody(std::string_view body);
+// `metadata` as OpenAI limits it: an object of at most 16 strings, keys of up to 64
+// characters, values of up to 512; else the 400 naming it.
+std::optional<OpenAiError> CheckMetadata(const nlohmann::ordered_json& metadata);
+
+// Responses input (a string: the user's message; or items: messages, function calls and
+// their outputs) as chat messages, appended to `messages`; calls join the assistant message
+// before them. Errors name `field` and the item (`input[2].content`, `items[0].role`).
+std::optional<OpenAiError> ParseResponsesInput(const nlohmann::ordered_json& input,
+                                               std::vector<ChatMessage>& messages,
+                                               std::string_view field);
 
 // Holds back generated text that could be the start of a stop sequence, so that a stop
 // sequence never reaches the client, even split over tokens. Push each new piece of text;

@@ -52,6 +52,8 @@ int64_t MessageBytes(const ChatMessage& message) {
 
 std::string NewResponseId() { return NewId("resp"); }
 
+std::string NewItemId(std::string_view prefix) { return NewId(prefix); }
+
 Json ResponsesUsage(int64_t input_tokens, int64_t cached_tokens, int64_t output_tokens) {
   return Json{{"input_tokens", input_tokens},
               {"input_tokens_details", {{"cached_tokens", cached_tokens}}},
@@ -60,17 +62,12 @@ Json ResponsesUsage(int64_t input_tokens, int64_t cached_tokens, int64_t output_
               {"total_tokens", input_tokens + output_tokens}};
 }
 
-std::optional<Json> InputItemsPage(std::string_view response_id,
-                                   std::span<const ChatMessage> conversation,
-                                   const InputItemsQuery& query) {
-  std::string_view suffix = response_id;
-  if (suffix.starts_with("resp_")) suffix.remove_prefix(5);
+std::vector<Json> ChatMessagesAsItems(
+    std::span<const ChatMessage> messages,
+    const std::function<std::string(std::string_view prefix, size_t index)>& make_id) {
   std::vector<Json> items;
-  const auto id = [&](const char* prefix) -> std::string {
-    return absl::StrCat(prefix, "_", std::string(suffix), "_", items.size());
-  };
-  const size_t inputs = conversation.empty() ? 0 : conversation.size() - 1;
-  for (const ChatMessage& message : conversation.first(inputs)) {
+  const auto id = [&](std::string_view prefix) { return make_id(prefix, items.size()); };
+  for (const ChatMessage& message : messages) {
     if (message.role == "tool") {
       items.push_back(Json{{"id", id("fco")},
                            {"type", "function_call_output"},
@@ -102,6 +99,10 @@ std::optional<Json> InputItemsPage(std::string_view response_id,
           {"content", Json::array({Json{{"type", "input_text"}, {"text", message.content}}})}});
     }
   }
+  return items;
+}
+
+std::optional<Json> ItemsPage(std::vector<Json> items, const InputItemsQuery& query) {
   if (!query.ascending) std::reverse(items.begin(), items.end());
   size_t begin = 0;
   if (!query.after.empty()) {
@@ -119,6 +120,21 @@ std::optional<Json> InputItemsPage(std::string_view response_id,
   page["last_id"] = data.empty() ? Json(nullptr) : data.back()["id"];
   page["has_more"] = end < items.size();
   return page;
+}
+
+std::optional<Json> InputItemsPage(std::string_view response_id,
+                                   std::span<const ChatMessage> conversation,
+                                   const InputItemsQuery& query) {
+  std::string_view suffix = response_id;
+  if (suffix.starts_with("resp_")) suffix.remove_prefix(5);
+  // Ids made from the response's and the item's place: the same on every call.
+  const size_t inputs = conversation.empty() ? 0 : conversation.size() - 1;
+  return ItemsPage(ChatMessagesAsItems(conversation.first(inputs),
+                                       [&](std::string_view prefix, size_t index) {
+                                         return absl::StrCat(std::string(prefix), "_",
+                                                             std::string(suffix), "_", index);
+                                       }),
+                   query);
 }
 
 ResponseBuilder::ResponseBuilder(std::string id, int64_t created_at, std::string model, Json echo)

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -24,6 +25,8 @@ namespace tophat {
 
 // A response's id, as OpenAI's look: "resp_" and 48 hex digits.
 std::string NewResponseId();
+// Another object's or item's id in that form: `prefix`, "_" and 48 hex digits.
+std::string NewItemId(std::string_view prefix);
 
 // The usage object of a response: its input tokens (those an earlier turn had computed
 // among them, OpenAI's cached_tokens) and output tokens.
@@ -95,6 +98,16 @@ struct InputItemsQuery {
 std::optional<nlohmann::ordered_json> InputItemsPage(std::string_view response_id,
                                                      std::span<const ChatMessage> conversation,
                                                      const InputItemsQuery& query);
+// Chat messages as Responses items (a message with input_text parts, an assistant's with
+// output_text; its calls as function_call items after it; a tool's answer as a
+// function_call_output), each with the id `make_id` gives for its kind's prefix ("msg",
+// "fc", "fco") and its place.
+std::vector<nlohmann::ordered_json> ChatMessagesAsItems(
+    std::span<const ChatMessage> messages,
+    const std::function<std::string(std::string_view prefix, size_t index)>& make_id);
+// A page of `items` (oldest first) as InputItemsQuery asks; nullopt when `after` names none.
+std::optional<nlohmann::ordered_json> ItemsPage(std::vector<nlohmann::ordered_json> items,
+                                                const InputItemsQuery& query);
 
 // The events of a response generated in the background with `stream` (OpenAI's background
 // streaming): appended by its generation as they come, followed by the client that made it

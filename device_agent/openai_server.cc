@@ -22,6 +22,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "device_agent/openai_conversations.h"
 #include "device_agent/openai_request.h"
 #include "device_agent/openai_responses.h"
 #include "models/tokenizers/tokenizer.h"
@@ -155,10 +156,25 @@ struct ResponsesTurn {
   std::atomic<bool> cancel_requested{false};
   // A background response made with `stream`: its events, which its clients follow.
   std::shared_ptr<ResponseEventLog> events;
+  // A response made with `conversation`: that conversation's id, and this turn's input, which
+  // is added to it with the answer once the answer completes.
+  std::string conversation_id;
+  std::vector<ChatMessage> input;
 };
 
-// A finished response with `store`: kept with its conversation, for later turns.
-void Keep(ResponseStore& store, const ResponsesTurn& turn, const std::string& caller) {
+// A finished response: with `store`, kept with its conversation, for later turns; made with
+// `conversation`, its input and output added to that conversation once it completed (an
+// answer cut by max_output_tokens included, a cancelled one not).
+void Keep(ResponseStore& store, ConversationStore& conversations, const ResponsesTurn& turn,
+          const std::string& caller) {
+  const std::string status = turn.builder.response().value("status", "");
+  if (!turn.conversation_id.empty() && (status == "completed" || status == "incomplete")) {
+    std::vector<Json> items = ChatMessagesAsItems(
+        turn.input, [](std::string_view prefix, size_t) { return NewItemId(prefix); });
+    for (const Json& item : turn.builder.response()["output"]) items.push_back(item);
+    // A conversation deleted meanwhile takes nothing.
+    conversations.Append(turn.conversation_id, caller, std::move(items));
+  }
   if (!turn.store) return;
   std::vector<ChatMessage> conversation = turn.conversation;
   conversation.push_back(turn.builder.answer());
@@ -444,6 +460,38 @@ OpenAiError ResponseNotFound(const std::string& id) {
                      .message = absl::StrCat("Response with id '", id, "' not found.")};
 }
 
+OpenAiError ConversationNotFound(const std::string& id, std::string param = "") {
+  return OpenAiError{.http_status = 404,
+                     .param = std::move(param),
+                     .message = absl::StrCat("Conversation with id '", id,
+                                             "' not found (it was deleted or forgotten, or is "
+                                             "another app's).")};
+}
+
+// A list's query (limit 1 to 100, order asc or desc, after an item's id), or the 400 naming
+// the bad one.
+std::variant<InputItemsQuery, OpenAiError> ItemsQueryOf(const httplib::Request& req) {
+  InputItemsQuery query;
+  if (req.has_param("limit")) {
+    const std::string limit = req.get_param_value("limit");
+    if (!absl::SimpleAtoi(limit, &query.limit) || query.limit < 1 || query.limit > 100) {
+      return OpenAiError{.param = "limit",
+                         .message = absl::StrCat("limit must be 1 to 100, not '", limit, "'")};
+    }
+  }
+  if (req.has_param("order")) {
+    const std::string order = req.get_param_value("order");
+    if (order != "asc" && order != "desc") {
+      return OpenAiError{
+          .param = "order",
+          .message = absl::StrCat("order must be 'asc' or 'desc', not '", order, "'")};
+    }
+    query.ascending = order == "asc";
+  }
+  query.after = req.get_param_value("after");
+  return query;
+}
+
 }  // namespace
 
 // Background responses running (background: true), each on its own thread: found by id to be
@@ -553,6 +601,8 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
     server->chat_template_error_ = "no chat template configured";
   }
   server->responses_ = std::make_unique<ResponseStore>(server->options_.max_stored_response_bytes);
+  server->conversations_ =
+      std::make_unique<ConversationStore>(server->options_.max_stored_response_bytes);
   if (prometheus::Registry* registry = server->options_.registry) {
     server->store_metrics_ = std::make_unique<StoreMetrics>(StoreMetrics{
         .responses = AddGauge(*registry, "tophat_openai_stored_responses",
@@ -562,7 +612,10 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
                           "take (openai.max_stored_response_bytes bounds them)"),
         .forgotten = AddCounter(*registry, "tophat_openai_stored_responses_forgotten_total",
                                 "Kept /v1/responses answers forgotten for the bound (least "
-                                "recently used first); a later turn naming one is refused")});
+                                "recently used first); a later turn naming one is refused"),
+        .conversations = AddGauge(*registry, "tophat_openai_conversations",
+                                  "/v1/conversations kept (each bounded with the others by "
+                                  "openai.max_stored_response_bytes)")});
     server->background_->gauge =
         &AddGauge(*registry, "tophat_openai_background_responses",
                   "/v1/responses answers generating in the background (background: true) now");
@@ -636,6 +689,7 @@ void OpenAiServer::StoreChanged() {
   store_metrics_->bytes.Set(static_cast<double>(responses_->bytes()));
   const double forgotten = static_cast<double>(responses_->forgotten());
   store_metrics_->forgotten.Increment(forgotten - store_metrics_->forgotten.Value());
+  store_metrics_->conversations.Set(static_cast<double>(conversations_->size()));
 }
 
 OpenAiServer::~OpenAiServer() {
@@ -1010,7 +1064,7 @@ void OpenAiServer::Route() {
         if (failed(answer)) return SendError(res, generation_error(answer));
       }
       if (turn) {
-        Keep(*responses_, *turn, *caller);
+        Keep(*responses_, *conversations_, *turn, *caller);
         StoreChanged();
         res.set_content(turn->builder.response().dump(), "application/json");
         return;
@@ -1114,7 +1168,7 @@ void OpenAiServer::Route() {
                   cancelled() && done[i].finish_reason() == v1::FINISH_REASON_CANCELLED;
               if (was_cancelled) turn->builder.Cancel();
               // Kept before its last event is sent: a client may ask for it at once.
-              Keep(*responses_, *turn, caller);
+              Keep(*responses_, *conversations_, *turn, caller);
               StoreChanged();
               if (!was_cancelled) send_all(events);
               return;
@@ -1260,6 +1314,15 @@ void OpenAiServer::Route() {
       }
       turn->conversation = std::move(previous->conversation);
     }
+    if (!given.conversation_id.empty()) {
+      std::optional<std::vector<Json>> items =
+          conversations_->Items(given.conversation_id, *caller);
+      if (!items)
+        return SendError(res, ConversationNotFound(given.conversation_id, "conversation"));
+      turn->conversation = ConversationItemsAsChat(*items);
+      turn->conversation_id = given.conversation_id;
+    }
+    turn->input = given.chat.messages;
     turn->conversation.insert(turn->conversation.end(), given.chat.messages.begin(),
                               given.chat.messages.end());
     OpenAiRequest& request = given.chat;
@@ -1425,25 +1488,9 @@ void OpenAiServer::Route() {
     const std::optional<std::string> caller = authenticate(req, res);
     if (!caller) return;
     const std::string id = req.matches[1];
-    InputItemsQuery query;
-    if (req.has_param("limit")) {
-      const std::string limit = req.get_param_value("limit");
-      if (!absl::SimpleAtoi(limit, &query.limit) || query.limit < 1 || query.limit > 100) {
-        return SendError(
-            res, OpenAiError{.param = "limit",
-                             .message = absl::StrCat("limit must be 1 to 100, not '", limit, "'")});
-      }
-    }
-    if (req.has_param("order")) {
-      const std::string order = req.get_param_value("order");
-      if (order != "asc" && order != "desc") {
-        return SendError(res, OpenAiError{.param = "order",
-                                          .message = absl::StrCat(
-                                              "order must be 'asc' or 'desc', not '", order, "'")});
-      }
-      query.ascending = order == "asc";
-    }
-    query.after = req.get_param_value("after");
+    auto parsed = ItemsQueryOf(req);
+    if (auto* error = std::get_if<OpenAiError>(&parsed)) return SendError(res, *error);
+    const InputItemsQuery& query = std::get<InputItemsQuery>(parsed);
     std::optional<ResponseStore::Stored> stored = responses_->Find(id, *caller);
     if (!stored) return SendError(res, ResponseNotFound(id));
     std::optional<Json> page = InputItemsPage(id, stored->conversation, query);
@@ -1468,6 +1515,150 @@ void OpenAiServer::Route() {
         res.set_content(Json{{"id", id}, {"object", "response"}, {"deleted", true}}.dump(),
                         "application/json");
       });
+
+  // OpenAI's Conversations API: conversations kept as Responses items, per app, which a
+  // response made with `conversation` reads before its input and then continues.
+  // Each handler gets the caller's app name once the request is authenticated.
+  using ConversationHandler =
+      std::function<void(const httplib::Request&, httplib::Response&, const std::string&)>;
+  const auto as_caller = [authenticate, answering](ConversationHandler handler) {
+    return [authenticate, answering, handler](const httplib::Request& req, httplib::Response& res) {
+      answering(req);
+      const std::optional<std::string> caller = authenticate(req, res);
+      if (caller) handler(req, res, *caller);
+    };
+  };
+  const auto send_json = [](httplib::Response& res, const Json& json) {
+    res.set_content(json.dump(), "application/json");
+  };
+  server_->Post("/v1/conversations",
+                as_caller([this, send_json](const httplib::Request& req, httplib::Response& res,
+                                            const std::string& caller) {
+                  auto parsed = ParseConversationCreate(req.body);
+                  if (auto* error = std::get_if<OpenAiError>(&parsed)) {
+                    return SendError(res, *error);
+                  }
+                  ConversationCreateRequest& given = std::get<ConversationCreateRequest>(parsed);
+                  std::optional<Json> created = conversations_->Create(
+                      caller, UnixSeconds(), std::move(given.metadata), std::move(given.items));
+                  StoreChanged();
+                  if (!created) {
+                    return SendError(res, OpenAiError{.param = "items",
+                                                      .message = "the conversation is larger "
+                                                                 "than "
+                                                                 "openai.max_stored_response_"
+                                                                 "bytes"});
+                  }
+                  send_json(res, *created);
+                }));
+  server_->Get("/v1/conversations/([^/]+)",
+               as_caller([this, send_json](const httplib::Request& req, httplib::Response& res,
+                                           const std::string& caller) {
+                 const std::string id = req.matches[1];
+                 std::optional<Json> found = conversations_->Get(id, caller);
+                 if (!found) return SendError(res, ConversationNotFound(id));
+                 send_json(res, *found);
+               }));
+  server_->Post("/v1/conversations/([^/]+)",
+                as_caller([this, send_json](const httplib::Request& req, httplib::Response& res,
+                                            const std::string& caller) {
+                  const std::string id = req.matches[1];
+                  auto metadata = ParseConversationUpdate(req.body);
+                  if (auto* error = std::get_if<OpenAiError>(&metadata)) {
+                    return SendError(res, *error);
+                  }
+                  std::optional<Json> updated =
+                      conversations_->SetMetadata(id, caller, std::get<Json>(std::move(metadata)));
+                  if (!updated) return SendError(res, ConversationNotFound(id));
+                  send_json(res, *updated);
+                }));
+  server_->Delete(
+      "/v1/conversations/([^/]+)",
+      as_caller([this, send_json](const httplib::Request& req, httplib::Response& res,
+                                  const std::string& caller) {
+        const std::string id = req.matches[1];
+        if (!conversations_->Delete(id, caller)) {
+          return SendError(res, ConversationNotFound(id));
+        }
+        StoreChanged();
+        send_json(res, Json{{"id", id}, {"object", "conversation.deleted"}, {"deleted", true}});
+      }));
+  server_->Post("/v1/conversations/([^/]+)/items",
+                as_caller([this, send_json](const httplib::Request& req, httplib::Response& res,
+                                            const std::string& caller) {
+                  const std::string id = req.matches[1];
+                  auto items = ParseConversationItemsAdd(req.body);
+                  if (auto* error = std::get_if<OpenAiError>(&items)) {
+                    return SendError(res, *error);
+                  }
+                  std::vector<Json> added = std::get<std::vector<Json>>(std::move(items));
+                  const InputItemsQuery all{.limit = static_cast<int64_t>(added.size()),
+                                            .ascending = true};
+                  std::optional<Json> page = ItemsPage(added, all);
+                  if (!conversations_->Append(id, caller, std::move(added))) {
+                    StoreChanged();
+                    return SendError(res, ConversationNotFound(id));
+                  }
+                  StoreChanged();
+                  send_json(res, *page);
+                }));
+  server_->Get("/v1/conversations/([^/]+)/items",
+               as_caller([this, send_json](const httplib::Request& req, httplib::Response& res,
+                                           const std::string& caller) {
+                 const std::string id = req.matches[1];
+                 auto parsed = ItemsQueryOf(req);
+                 if (auto* error = std::get_if<OpenAiError>(&parsed)) {
+                   return SendError(res, *error);
+                 }
+                 std::optional<std::vector<Json>> items = conversations_->Items(id, caller);
+                 if (!items) return SendError(res, ConversationNotFound(id));
+                 const InputItemsQuery& query = std::get<InputItemsQuery>(parsed);
+                 std::optional<Json> page = ItemsPage(*std::move(items), query);
+                 if (!page) {
+                   return SendError(
+                       res, OpenAiError{.param = "after",
+                                        .message = absl::StrCat("No item '", query.after,
+                                                                "' in conversation '", id, "'")});
+                 }
+                 send_json(res, *page);
+               }));
+  server_->Get(
+      "/v1/conversations/([^/]+)/items/([^/]+)",
+      as_caller([this, send_json](const httplib::Request& req, httplib::Response& res,
+                                  const std::string& caller) {
+        const std::string id = req.matches[1];
+        const std::string item_id = req.matches[2];
+        if (!conversations_->Get(id, caller)) {
+          return SendError(res, ConversationNotFound(id));
+        }
+        std::optional<Json> item = conversations_->Item(id, caller, item_id);
+        if (!item) {
+          return SendError(
+              res, OpenAiError{.http_status = 404,
+                               .message = absl::StrCat("Item with id '", item_id,
+                                                       "' not found in conversation '", id, "'.")});
+        }
+        send_json(res, *item);
+      }));
+  server_->Delete(
+      "/v1/conversations/([^/]+)/items/([^/]+)",
+      as_caller([this, send_json](const httplib::Request& req, httplib::Response& res,
+                                  const std::string& caller) {
+        const std::string id = req.matches[1];
+        const std::string item_id = req.matches[2];
+        if (!conversations_->Get(id, caller)) {
+          return SendError(res, ConversationNotFound(id));
+        }
+        std::optional<Json> conversation = conversations_->DeleteItem(id, caller, item_id);
+        if (!conversation) {
+          return SendError(
+              res, OpenAiError{.http_status = 404,
+                               .message = absl::StrCat("Item with id '", item_id,
+                                                       "' not found in conversation '", id, "'.")});
+        }
+        StoreChanged();
+        send_json(res, *conversation);
+      }));
 }
 
 }  // namespace tophat

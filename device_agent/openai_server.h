@@ -6,6 +6,8 @@
 //                               kept for later turns (GET and DELETE /v1/responses/{id}),
 //                               or generated in the background (polled, or its stream
 //                               followed and resumed; POST /v1/responses/{id}/cancel)
+//   /v1/conversations           OpenAI's Conversations API: conversations kept as items,
+//                               which a response made with `conversation` continues
 //   GET  /v1/models             the one model this agent serves
 //   GET  /health                200 while the cloud is connected, else 503
 // Streaming answers are server-sent events (`data: {...}` chunks, then `data: [DONE]`).
@@ -26,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "configs/bearer_tokens.h"
 #include "device_agent/agent.h"
+#include "device_agent/openai_conversations.h"
 #include "device_agent/openai_request.h"
 #include "device_agent/openai_responses.h"
 #include "models/tokenizers/chat_template.h"
@@ -108,6 +111,7 @@ class OpenAiServer {
   std::string chat_template_error_;  // why chat is unavailable, when it is
   std::unique_ptr<HttpRequestDeadline> request_deadline_;  // outlives server_'s handlers
   std::unique_ptr<ResponseStore> responses_;               // outlives server_'s handlers
+  std::unique_ptr<ConversationStore> conversations_;       // outlives server_'s handlers
   // /v1/responses with background: true, generating on threads of their own (which use
   // responses_ and the agent): stopped by the destructor once server_ is.
   std::unique_ptr<BackgroundResponses> background_;
@@ -118,6 +122,7 @@ class OpenAiServer {
     prometheus::Gauge& responses;
     prometheus::Gauge& bytes;
     prometheus::Counter& forgotten;
+    prometheus::Gauge& conversations;
   };
   std::unique_ptr<StoreMetrics> store_metrics_;
   // Sets store_metrics_ from responses_, after a change.

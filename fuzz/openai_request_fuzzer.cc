@@ -1,14 +1,15 @@
 // What an app sends the agent's OpenAI endpoint: any bytes as the body of
-// POST /v1/chat/completions, /v1/completions, /v1/responses, /tokenize or /detokenize (the
+// POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/conversations (create,
+// metadata, items), /tokenize or /detokenize (the
 // first byte chooses), parsed as the endpoint parses it (device_agent/openai_request.h). A refusal
 // must be a 400 or 404 whose error object serialises (it is what the client gets); a
-// completion that parses has its checked limits, and its stop sequences are run over its own text, cut where the input's
-// bytes say, through StopSequenceFilter: what comes out is exactly the text before the first
-// one (all of it when there is none), or through its end with include_stop_str_in_output.
-// A chat's tools and messages are rendered by each template with a tool layout (or refused
-// with a status); under a tool_choice its text is read for calls, each of which names a tool
-// and satisfies its parameters, and streamed through ToolCallHoldback in the same pieces,
-// which sends a prefix of the text and holds back the rest. A structured output's grammar
+// completion that parses has its checked limits, and its stop sequences are run over its own text,
+// cut where the input's bytes say, through StopSequenceFilter: what comes out is exactly the text
+// before the first one (all of it when there is none), or through its end with
+// include_stop_str_in_output. A chat's tools and messages are rendered by each template with a tool
+// layout (or refused with a status); under a tool_choice its text is read for calls, each of which
+// names a tool and satisfies its parameters, and streamed through ToolCallHoldback in the same
+// pieces, which sends a prefix of the text and holds back the rest. A structured output's grammar
 // (GBNF) compiles, as its regex does, while the request is read; the request's own text is
 // then matched against it a byte at a time.
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "device_agent/openai_conversations.h"
 #include "device_agent/openai_request.h"
 #include "device_agent/openai_responses.h"
 #include "fuzz/fuzz_util.h"
@@ -142,13 +144,49 @@ void CheckResponses(std::string_view body) {
   TOPHAT_FUZZ_CHECK(builder.answer().tool_calls.size() == calls.size());
 }
 
+// POST /v1/conversations (create), /v1/conversations/{id} (metadata) and .../items (add):
+// a refusal, or at most 20 stored items, each with its id, which read back as chat messages.
+static void CheckConversations(int route, std::string_view body) {
+  std::vector<nlohmann::ordered_json> items;
+  if (route == 0) {
+    auto parsed = tophat::ParseConversationCreate(body);
+    if (const auto* error = std::get_if<tophat::OpenAiError>(&parsed)) return CheckRefusal(*error);
+    const auto& given = std::get<tophat::ConversationCreateRequest>(parsed);
+    TOPHAT_FUZZ_CHECK(given.metadata.is_object() && given.metadata.size() <= 16);
+    items = given.items;
+  } else if (route == 1) {
+    auto parsed = tophat::ParseConversationUpdate(body);
+    if (const auto* error = std::get_if<tophat::OpenAiError>(&parsed)) return CheckRefusal(*error);
+    const auto& metadata = std::get<nlohmann::ordered_json>(parsed);
+    TOPHAT_FUZZ_CHECK(metadata.is_object() && metadata.size() <= 16);
+    return;
+  } else {
+    auto parsed = tophat::ParseConversationItemsAdd(body);
+    if (const auto* error = std::get_if<tophat::OpenAiError>(&parsed)) return CheckRefusal(*error);
+    items = std::get<std::vector<nlohmann::ordered_json>>(parsed);
+    TOPHAT_FUZZ_CHECK(!items.empty());
+  }
+  // No more than were given (an empty answer before its calls is no item of its own).
+  TOPHAT_FUZZ_CHECK(items.size() <= tophat::kMaxConversationItemsAdded);
+  for (const auto& item : items) {
+    TOPHAT_FUZZ_CHECK(item.contains("id") && item["id"].is_string());
+    TOPHAT_FUZZ_CHECK(item["status"] == "completed");
+  }
+  (void)nlohmann::ordered_json(items).dump();  // kept and sent as JSON: valid UTF-8
+  TOPHAT_FUZZ_CHECK(tophat::ConversationItemsAsChat(items).size() <= items.size());
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  // The first byte chooses the route: 0 chat (with bit 3 set: /v1/responses), 1 completions,
-  // 2 /tokenize, 3 /detokenize.
+  // The first byte chooses the route: 0 chat (with bit 3 set: /v1/responses), 1 completions
+  // (with bit 3 set: the conversations routes, bits 4-5 which), 2 /tokenize, 3 /detokenize.
   const std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
   if ((data[0] & 3) >= 2) {
     CheckTokenizerRoutes((data[0] & 3) == 2, body);
+    return 0;
+  }
+  if ((data[0] & 3) == 1 && (data[0] & 8) != 0) {
+    CheckConversations((data[0] >> 4) % 3, body);
     return 0;
   }
   if ((data[0] & 3) == 0 && (data[0] & 8) != 0) {

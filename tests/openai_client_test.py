@@ -197,6 +197,7 @@ def run(base_url, cloud_metrics_url, agent_metrics_url, model_dir):
     tool_calls(client, model, messages)
     responses(client, model, messages, text, agent_metrics_url)
     background_responses(client, model, messages, text, agent_metrics_url)
+    conversations(client, model, messages, text, agent_metrics_url)
 
     # A bad request: OpenAI's error object, the right status, the field named.
     expect_error("n=17", lambda: client.chat.completions.create(model=model, messages=messages,
@@ -642,6 +643,90 @@ def background_stream(client, model, system, user, text):
           cancelled.output_text.startswith(deltas(followed)),
           "the cancelled stream's text is the cancelled response's")
     return last
+
+
+def conversations(client, model, messages, text, agent_metrics_url):
+    """OpenAI's Conversations API: a response made with `conversation` reads its items before
+    its input and adds its input and answer to it, so that a conversation's turns answer as
+    a previous_response_id chain's; items added, read and deleted by hand take part; the
+    refusals."""
+    system, user = messages[0]["content"], messages[1]["content"]
+    conversation = client.conversations.create(metadata={"topic": "farm"})
+    check_eq("a conversation's object", conversation.object, "conversation")
+    check_eq("a conversation's metadata", conversation.metadata, {"topic": "farm"})
+    check_eq("tophat_openai_conversations", metric(agent_metrics_url,
+                                                   "tophat_openai_conversations"), 1)
+    first = client.responses.create(model=model, instructions=system, input=user,
+                                    max_output_tokens=24, temperature=0,
+                                    conversation=conversation.id)
+    check_eq("a conversation's first answer is chat's", first.output_text, text)
+    check_eq("the response names its conversation", first.conversation.id, conversation.id)
+    items = client.conversations.items.list(conversation.id, order="asc").data
+    check_eq("the first turn's items", [(item.type, item.role) for item in items],
+             [("message", "user"), ("message", "assistant")])
+    check_eq("the first turn's answer as an item", items[1].content[0].text, text)
+    check_eq("the answer item is the response's output item", items[1].id, first.output[0].id)
+
+    # The second turn reads the first from the conversation, as previous_response_id does.
+    second = client.responses.create(model=model, instructions=system, input="and then?",
+                                     max_output_tokens=16, temperature=0,
+                                     conversation={"id": conversation.id})
+    chained = client.responses.create(model=model, instructions=system, input="and then?",
+                                      max_output_tokens=16, temperature=0,
+                                      previous_response_id=first.id)
+    check_eq("a conversation's second turn answers as previous_response_id's",
+             second.output_text, chained.output_text)
+    newest = client.conversations.items.list(conversation.id, limit=1)
+    check_eq("the newest item (order desc by default)", newest.data[0].id, second.output[0].id)
+    check_eq("has_more with limit 1", newest.has_more, True)
+
+    # Items by hand: added, read, deleted; a turn reads them.
+    added = client.conversations.items.create(
+        conversation.id, items=[{"type": "message", "role": "user", "content": "the barn"}])
+    check_eq("items added", len(added.data), 1)
+    item_id = added.data[0].id
+    check_eq("an item read back", client.conversations.items.retrieve(
+        item_id, conversation_id=conversation.id).content[0].text, "the barn")
+    with_item = client.responses.create(model=model, instructions=system, input="and then?",
+                                        max_output_tokens=8, temperature=0,
+                                        conversation=conversation.id)
+    check_eq("a turn after an added item reads it",
+             with_item.usage.input_tokens > second.usage.input_tokens, True)
+    after_delete = client.conversations.items.delete(item_id, conversation_id=conversation.id)
+    check_eq("deleting an item returns the conversation", after_delete.id, conversation.id)
+    expect_error("an item deleted", lambda: client.conversations.items.retrieve(
+        item_id, conversation_id=conversation.id), openai.NotFoundError, 404)
+    updated = client.conversations.update(conversation.id, metadata={"topic": "barn"})
+    check_eq("metadata updated", client.conversations.retrieve(conversation.id).metadata,
+             {"topic": "barn"})
+    check_eq("update returns the conversation", updated.metadata, {"topic": "barn"})
+
+    expect_error("conversation with previous_response_id",
+                 lambda: client.responses.create(model=model, input="x",
+                                                 conversation=conversation.id,
+                                                 previous_response_id=first.id),
+                 openai.BadRequestError, 400, param="conversation")
+    expect_error("an unknown conversation",
+                 lambda: client.responses.create(model=model, input="x",
+                                                 conversation="conv_0"),
+                 openai.NotFoundError, 404, param="conversation")
+    expect_error("an item that is not one",
+                 lambda: client.conversations.items.create(
+                     conversation.id, items=[{"type": "message", "role": "robot",
+                                              "content": "x"}]),
+                 openai.BadRequestError, 400, param="items[0].role")
+    deleted = client.conversations.delete(conversation.id)
+    check_eq("a conversation deleted", (deleted.deleted, deleted.object),
+             (True, "conversation.deleted"))
+    expect_error("a deleted conversation", lambda: client.conversations.retrieve(
+        conversation.id), openai.NotFoundError, 404)
+    expect_error("a deleted conversation's items",
+                 lambda: client.conversations.items.list(conversation.id),
+                 openai.NotFoundError, 404)
+    check_eq("tophat_openai_conversations after the delete",
+             metric(agent_metrics_url, "tophat_openai_conversations"), 0)
+    print(f"conversations: 3 turns and an item by hand; the second turn as "
+          f"previous_response_id's ({json.dumps(second.output_text)})")
 
 
 def regex_answers(client, model, messages):

@@ -1,0 +1,239 @@
+#include "device_agent/openai_conversations.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace tophat {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+OpenAiError Invalid(std::string param, std::string message) {
+  return OpenAiError{.param = std::move(param), .message = std::move(message)};
+}
+
+// A body's fields, in the order given, once it is a JSON object; unknown fields refused.
+std::variant<Json, OpenAiError> Fields(std::string_view body,
+                                       std::initializer_list<std::string_view> known) {
+  auto checked = ParseRequestBody(body);
+  if (auto* error = std::get_if<OpenAiError>(&checked)) return *error;
+  Json json = Json::parse(body);
+  for (const auto& [key, value] : json.items()) {
+    if (std::find(known.begin(), known.end(), key) == known.end()) {
+      return Invalid(key, absl::StrCat("Unrecognized request argument supplied: ", key));
+    }
+  }
+  return json;
+}
+
+// `items`: Responses input items, read as a response's input is (so that what a later turn
+// renders is what was checked), then stored as the items those messages are, with fresh ids.
+std::variant<std::vector<Json>, OpenAiError> StoredItems(const Json& items) {
+  if (!items.is_array()) return Invalid("items", "'items' must be an array of items");
+  if (items.size() > kMaxConversationItemsAdded) {
+    return Invalid("items", absl::StrCat("at most ", kMaxConversationItemsAdded,
+                                         " items may be added at a time, not ", items.size()));
+  }
+  if (items.empty()) return std::vector<Json>();
+  std::vector<ChatMessage> messages;
+  if (auto error = ParseResponsesInput(items, messages, "items")) return *error;
+  return ChatMessagesAsItems(messages,
+                             [](std::string_view prefix, size_t) { return NewItemId(prefix); });
+}
+
+}  // namespace
+
+std::variant<ConversationCreateRequest, OpenAiError> ParseConversationCreate(
+    std::string_view body) {
+  auto fields = Fields(body, {"items", "metadata"});
+  if (auto* error = std::get_if<OpenAiError>(&fields)) return *error;
+  const Json& json = std::get<Json>(fields);
+  ConversationCreateRequest out;
+  if (json.contains("items") && !json["items"].is_null()) {
+    auto items = StoredItems(json["items"]);
+    if (auto* error = std::get_if<OpenAiError>(&items)) return *error;
+    out.items = std::get<std::vector<Json>>(std::move(items));
+  }
+  if (json.contains("metadata") && !json["metadata"].is_null()) {
+    if (auto error = CheckMetadata(json["metadata"])) return *error;
+    out.metadata = json["metadata"];
+  }
+  return out;
+}
+
+std::variant<Json, OpenAiError> ParseConversationUpdate(std::string_view body) {
+  auto fields = Fields(body, {"metadata"});
+  if (auto* error = std::get_if<OpenAiError>(&fields)) return *error;
+  const Json& json = std::get<Json>(fields);
+  if (!json.contains("metadata")) return Invalid("metadata", "'metadata' is required");
+  // null clears it, as OpenAI's.
+  if (json["metadata"].is_null()) return Json::object();
+  if (auto error = CheckMetadata(json["metadata"])) return *error;
+  return json["metadata"];
+}
+
+std::variant<std::vector<Json>, OpenAiError> ParseConversationItemsAdd(std::string_view body) {
+  auto fields = Fields(body, {"items"});
+  if (auto* error = std::get_if<OpenAiError>(&fields)) return *error;
+  const Json& json = std::get<Json>(fields);
+  if (!json.contains("items") || !json["items"].is_array() || json["items"].empty()) {
+    return Invalid("items", "'items' must be a non-empty array of items");
+  }
+  return StoredItems(json["items"]);
+}
+
+std::vector<ChatMessage> ConversationItemsAsChat(const std::vector<Json>& items) {
+  std::vector<ChatMessage> messages;
+  if (items.empty()) return messages;
+  // Stored items were checked as they came (a request's, or a response's own output), so
+  // this reads them all.
+  (void)ParseResponsesInput(Json(items), messages, "items");
+  return messages;
+}
+
+Json ConversationStore::Object(const Entry& entry) {
+  return Json{{"id", entry.id},
+              {"object", "conversation"},
+              {"created_at", entry.created_at},
+              {"metadata", entry.metadata}};
+}
+
+int64_t ConversationStore::BytesOf(const Entry& entry) {
+  int64_t bytes = static_cast<int64_t>(sizeof(Entry) + entry.id.size() + entry.app.size() +
+                                       entry.metadata.dump().size());
+  for (const Json& item : entry.items) bytes += static_cast<int64_t>(item.dump().size());
+  return bytes;
+}
+
+ConversationStore::Entry* ConversationStore::Find(const std::string& id, const std::string& app) {
+  const auto found = by_id_.find(id);
+  if (found == by_id_.end() || found->second->app != app) return nullptr;
+  entries_.splice(entries_.begin(), entries_, found->second);
+  return &*found->second;
+}
+
+void ConversationStore::Recount(Entry& entry) {
+  bytes_ -= entry.bytes;
+  entry.bytes = BytesOf(entry);
+  bytes_ += entry.bytes;
+  if (entry.bytes > max_bytes_) {  // alone too large: it goes, and takes nothing with it
+    bytes_ -= entry.bytes;
+    const auto found = by_id_.find(entry.id);
+    entries_.erase(found->second);
+    by_id_.erase(found);
+    ++forgotten_;
+    return;
+  }
+  while (bytes_ > max_bytes_ && !entries_.empty()) {
+    bytes_ -= entries_.back().bytes;
+    by_id_.erase(entries_.back().id);
+    entries_.pop_back();
+    ++forgotten_;
+  }
+}
+
+std::optional<Json> ConversationStore::Create(const std::string& app, int64_t created_at,
+                                              Json metadata, std::vector<Json> items) {
+  Entry entry{.id = NewItemId("conv"),
+              .app = app,
+              .created_at = created_at,
+              .metadata = std::move(metadata),
+              .items = std::move(items)};
+  if (BytesOf(entry) > max_bytes_) return std::nullopt;
+  std::lock_guard<std::mutex> lock(mutex_);
+  entries_.push_front(std::move(entry));
+  by_id_[entries_.front().id] = entries_.begin();
+  const Json object = Object(entries_.front());
+  Recount(entries_.front());
+  return object;
+}
+
+std::optional<Json> ConversationStore::Get(const std::string& id, const std::string& app) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Entry* entry = Find(id, app);
+  if (entry == nullptr) return std::nullopt;
+  return Object(*entry);
+}
+
+std::optional<Json> ConversationStore::SetMetadata(const std::string& id, const std::string& app,
+                                                   Json metadata) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Entry* entry = Find(id, app);
+  if (entry == nullptr) return std::nullopt;
+  entry->metadata = std::move(metadata);
+  const Json object = Object(*entry);
+  Recount(*entry);
+  return object;
+}
+
+bool ConversationStore::Delete(const std::string& id, const std::string& app) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (Find(id, app) == nullptr) return false;
+  const auto found = by_id_.find(id);
+  bytes_ -= found->second->bytes;
+  entries_.erase(found->second);
+  by_id_.erase(found);
+  return true;
+}
+
+std::optional<std::vector<Json>> ConversationStore::Items(const std::string& id,
+                                                          const std::string& app) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Entry* entry = Find(id, app);
+  if (entry == nullptr) return std::nullopt;
+  return entry->items;
+}
+
+bool ConversationStore::Append(const std::string& id, const std::string& app,
+                               std::vector<Json> items) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Entry* entry = Find(id, app);
+  if (entry == nullptr) return false;
+  for (Json& item : items) entry->items.push_back(std::move(item));
+  Recount(*entry);  // the most recently used: forgotten only if alone too large
+  return by_id_.contains(id);
+}
+
+std::optional<Json> ConversationStore::Item(const std::string& id, const std::string& app,
+                                            const std::string& item_id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Entry* entry = Find(id, app);
+  if (entry == nullptr) return std::nullopt;
+  for (const Json& item : entry->items) {
+    if (item.value("id", "") == item_id) return item;
+  }
+  return std::nullopt;
+}
+
+std::optional<Json> ConversationStore::DeleteItem(const std::string& id, const std::string& app,
+                                                  const std::string& item_id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Entry* entry = Find(id, app);
+  if (entry == nullptr) return std::nullopt;
+  const auto it = std::find_if(entry->items.begin(), entry->items.end(),
+                               [&](const Json& item) { return item.value("id", "") == item_id; });
+  if (it == entry->items.end()) return std::nullopt;
+  entry->items.erase(it);
+  const Json object = Object(*entry);
+  Recount(*entry);
+  return object;
+}
+
+size_t ConversationStore::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return entries_.size();
+}
+
+int64_t ConversationStore::bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return bytes_;
+}
+
+int64_t ConversationStore::forgotten() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return forgotten_;
+}
+
+}  // namespace tophat

@@ -1,0 +1,100 @@
+// OpenAI's Conversations API (/v1/conversations) on the agent's endpoint: conversations the
+// agent keeps as Responses items, whose items a response made with `conversation` reads before
+// its input, and to which it adds its input and its output once it completes. Kept in the
+// agent's memory only (text never leaves the device; a restart forgets them), each visible to
+// the app that made it alone, bounded by bytes. The request bodies are read here too. Pure:
+// no I/O, no model.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include "device_agent/openai_request.h"
+#include "device_agent/openai_responses.h"
+#include "models/tokenizers/chat_template.h"
+
+namespace tophat {
+
+// At most this many items in one create or add request, as OpenAI's.
+inline constexpr size_t kMaxConversationItemsAdded = 20;
+
+// POST /v1/conversations: {items, metadata}, both optional.
+struct ConversationCreateRequest {
+  std::vector<nlohmann::ordered_json> items;  // stored form, with fresh ids
+  nlohmann::ordered_json metadata = nlohmann::ordered_json::object();
+};
+std::variant<ConversationCreateRequest, OpenAiError> ParseConversationCreate(std::string_view body);
+// POST /v1/conversations/{id}: {metadata}; the new metadata.
+std::variant<nlohmann::ordered_json, OpenAiError> ParseConversationUpdate(std::string_view body);
+// POST /v1/conversations/{id}/items: {items}, 1 to 20 of them; stored form, with fresh ids.
+std::variant<std::vector<nlohmann::ordered_json>, OpenAiError> ParseConversationItemsAdd(
+    std::string_view body);
+
+// Items as the chat messages a response's prompt is rendered from (calls joining the
+// assistant message before them).
+std::vector<ChatMessage> ConversationItemsAsChat(const std::vector<nlohmann::ordered_json>& items);
+
+class ConversationStore {
+ public:
+  using Json = nlohmann::ordered_json;
+  explicit ConversationStore(int64_t max_bytes) : max_bytes_(max_bytes) {}
+
+  // The conversation object ({id, object: "conversation", created_at, metadata}); nullopt
+  // when it alone is larger than the bound (not kept).
+  std::optional<Json> Create(const std::string& app, int64_t created_at, Json metadata,
+                             std::vector<Json> items);
+  // nullopt when `id` is unknown, forgotten, or another app's (so below).
+  std::optional<Json> Get(const std::string& id, const std::string& app);
+  std::optional<Json> SetMetadata(const std::string& id, const std::string& app, Json metadata);
+  bool Delete(const std::string& id, const std::string& app);
+  // All its items, oldest first.
+  std::optional<std::vector<Json>> Items(const std::string& id, const std::string& app);
+  // Adds items at its end; false when the conversation is unknown, or when they would make it
+  // larger than the whole bound (then it is forgotten: a later turn would miss them).
+  bool Append(const std::string& id, const std::string& app, std::vector<Json> items);
+  // One item; nullopt when the conversation or the item is unknown.
+  std::optional<Json> Item(const std::string& id, const std::string& app,
+                           const std::string& item_id);
+  // Removes one item: the conversation object, or nullopt when either is unknown.
+  std::optional<Json> DeleteItem(const std::string& id, const std::string& app,
+                                 const std::string& item_id);
+
+  size_t size() const;
+  int64_t bytes() const;
+  // Conversations forgotten for the bound since the start.
+  int64_t forgotten() const;
+
+ private:
+  struct Entry {
+    std::string id;
+    std::string app;
+    int64_t created_at = 0;
+    Json metadata;
+    std::vector<Json> items;
+    int64_t bytes = 0;
+  };
+  static Json Object(const Entry& entry);
+  static int64_t BytesOf(const Entry& entry);
+  // The entry, made the most recently used; null when unknown or another app's. Under mutex_.
+  Entry* Find(const std::string& id, const std::string& app);
+  // Counts the entry's bytes anew, then forgets it if it alone is past the bound, else the
+  // least recently used while they are. Under mutex_.
+  void Recount(Entry& entry);
+
+  const int64_t max_bytes_;
+  mutable std::mutex mutex_;
+  std::list<Entry> entries_;  // most recently used first
+  std::unordered_map<std::string, std::list<Entry>::iterator> by_id_;
+  int64_t bytes_ = 0;
+  int64_t forgotten_ = 0;
+};
+
+}  // namespace tophat
