@@ -468,6 +468,13 @@ OpenAiError ConversationNotFound(const std::string& id, std::string param = "") 
                                              "another app's).")};
 }
 
+OpenAiError ItemNotFound(const std::string& item_id, const std::string& conversation_id) {
+  return OpenAiError{
+      .http_status = 404,
+      .message = absl::StrCat("Item with id '", item_id, "' not found in conversation '",
+                              conversation_id, "'.")};
+}
+
 // A list's query (limit 1 to 100, order asc or desc, after an item's id), or the 400 naming
 // the bad one.
 std::variant<InputItemsQuery, OpenAiError> ItemsQueryOf(const httplib::Request& req) {
@@ -1633,10 +1640,7 @@ void OpenAiServer::Route() {
         }
         std::optional<Json> item = conversations_->Item(id, caller, item_id);
         if (!item) {
-          return SendError(
-              res, OpenAiError{.http_status = 404,
-                               .message = absl::StrCat("Item with id '", item_id,
-                                                       "' not found in conversation '", id, "'.")});
+          return SendError(res, ItemNotFound(item_id, id));
         }
         send_json(res, *item);
       }));
@@ -1651,10 +1655,7 @@ void OpenAiServer::Route() {
         }
         std::optional<Json> conversation = conversations_->DeleteItem(id, caller, item_id);
         if (!conversation) {
-          return SendError(
-              res, OpenAiError{.http_status = 404,
-                               .message = absl::StrCat("Item with id '", item_id,
-                                                       "' not found in conversation '", id, "'.")});
+          return SendError(res, ItemNotFound(item_id, id));
         }
         StoreChanged();
         send_json(res, *conversation);
