@@ -93,115 +93,80 @@ std::vector<ChatMessage> ConversationItemsAsChat(const std::vector<Json>& items)
   return messages;
 }
 
-Json ConversationStore::Object(const Entry& entry) {
-  return Json{{"id", entry.id},
+Json ConversationStore::Object(const std::string& id, const Conversation& conversation) {
+  return Json{{"id", id},
               {"object", "conversation"},
-              {"created_at", entry.created_at},
-              {"metadata", entry.metadata}};
+              {"created_at", conversation.created_at},
+              {"metadata", conversation.metadata}};
 }
 
-int64_t ConversationStore::BytesOf(const Entry& entry) {
-  int64_t bytes = static_cast<int64_t>(sizeof(Entry) + entry.id.size() + entry.app.size() +
-                                       entry.metadata.dump().size());
-  for (const Json& item : entry.items) bytes += static_cast<int64_t>(item.dump().size());
+int64_t ConversationStore::BytesOf(const std::string& id, const std::string& app,
+                                   const Conversation& conversation) {
+  int64_t bytes = static_cast<int64_t>(sizeof(Conversation) + id.size() + app.size() +
+                                       conversation.metadata.dump().size());
+  for (const Json& item : conversation.items) bytes += static_cast<int64_t>(item.dump().size());
   return bytes;
-}
-
-ConversationStore::Entry* ConversationStore::Find(const std::string& id, const std::string& app) {
-  const auto found = by_id_.find(id);
-  if (found == by_id_.end() || found->second->app != app) return nullptr;
-  entries_.splice(entries_.begin(), entries_, found->second);
-  return &*found->second;
-}
-
-void ConversationStore::Recount(Entry& entry) {
-  bytes_ -= entry.bytes;
-  entry.bytes = BytesOf(entry);
-  bytes_ += entry.bytes;
-  if (entry.bytes > max_bytes_) {  // alone too large: it goes, and takes nothing with it
-    bytes_ -= entry.bytes;
-    const auto found = by_id_.find(entry.id);
-    entries_.erase(found->second);
-    by_id_.erase(found);
-    ++forgotten_;
-    return;
-  }
-  while (bytes_ > max_bytes_ && !entries_.empty()) {
-    bytes_ -= entries_.back().bytes;
-    by_id_.erase(entries_.back().id);
-    entries_.pop_back();
-    ++forgotten_;
-  }
 }
 
 std::optional<Json> ConversationStore::Create(const std::string& app, int64_t created_at,
                                               Json metadata, std::vector<Json> items) {
-  Entry entry{.id = NewItemId("conv"),
-              .app = app,
-              .created_at = created_at,
-              .metadata = std::move(metadata),
-              .items = std::move(items)};
-  if (BytesOf(entry) > max_bytes_) return std::nullopt;
+  const std::string id = NewItemId("conv");
+  Conversation conversation{
+      .created_at = created_at, .metadata = std::move(metadata), .items = std::move(items)};
+  const Json object = Object(id, conversation);
+  const int64_t bytes = BytesOf(id, app, conversation);
   std::lock_guard<std::mutex> lock(mutex_);
-  entries_.push_front(std::move(entry));
-  by_id_[entries_.front().id] = entries_.begin();
-  const Json object = Object(entries_.front());
-  Recount(entries_.front());
+  if (!kept_.Put(id, app, std::move(conversation), bytes)) return std::nullopt;
   return object;
 }
 
 std::optional<Json> ConversationStore::Get(const std::string& id, const std::string& app) {
   std::lock_guard<std::mutex> lock(mutex_);
-  Entry* entry = Find(id, app);
-  if (entry == nullptr) return std::nullopt;
-  return Object(*entry);
+  const Conversation* conversation = kept_.Find(id, app);
+  if (conversation == nullptr) return std::nullopt;
+  return Object(id, *conversation);
 }
 
 std::optional<Json> ConversationStore::SetMetadata(const std::string& id, const std::string& app,
                                                    Json metadata) {
   std::lock_guard<std::mutex> lock(mutex_);
-  Entry* entry = Find(id, app);
-  if (entry == nullptr) return std::nullopt;
-  entry->metadata = std::move(metadata);
-  const Json object = Object(*entry);
-  Recount(*entry);
+  Conversation* conversation = kept_.Find(id, app);
+  if (conversation == nullptr) return std::nullopt;
+  conversation->metadata = std::move(metadata);
+  const Json object = Object(id, *conversation);
+  kept_.Resize(id, BytesOf(id, app, *conversation));
   return object;
 }
 
 bool ConversationStore::Delete(const std::string& id, const std::string& app) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (Find(id, app) == nullptr) return false;
-  const auto found = by_id_.find(id);
-  bytes_ -= found->second->bytes;
-  entries_.erase(found->second);
-  by_id_.erase(found);
-  return true;
+  return kept_.Erase(id, app);
 }
 
 std::optional<std::vector<Json>> ConversationStore::Items(const std::string& id,
                                                           const std::string& app) {
   std::lock_guard<std::mutex> lock(mutex_);
-  Entry* entry = Find(id, app);
-  if (entry == nullptr) return std::nullopt;
-  return entry->items;
+  const Conversation* conversation = kept_.Find(id, app);
+  if (conversation == nullptr) return std::nullopt;
+  return conversation->items;
 }
 
 bool ConversationStore::Append(const std::string& id, const std::string& app,
                                std::vector<Json> items) {
   std::lock_guard<std::mutex> lock(mutex_);
-  Entry* entry = Find(id, app);
-  if (entry == nullptr) return false;
-  for (Json& item : items) entry->items.push_back(std::move(item));
-  Recount(*entry);  // the most recently used: forgotten only if alone too large
-  return by_id_.contains(id);
+  Conversation* conversation = kept_.Find(id, app);
+  if (conversation == nullptr) return false;
+  for (Json& item : items) conversation->items.push_back(std::move(item));
+  // The most recently used: forgotten only if it alone is now past the bound.
+  return kept_.Resize(id, BytesOf(id, app, *conversation));
 }
 
 std::optional<Json> ConversationStore::Item(const std::string& id, const std::string& app,
                                             const std::string& item_id) {
   std::lock_guard<std::mutex> lock(mutex_);
-  Entry* entry = Find(id, app);
-  if (entry == nullptr) return std::nullopt;
-  for (const Json& item : entry->items) {
+  const Conversation* conversation = kept_.Find(id, app);
+  if (conversation == nullptr) return std::nullopt;
+  for (const Json& item : conversation->items) {
     if (item.value("id", "") == item_id) return item;
   }
   return std::nullopt;
@@ -210,30 +175,31 @@ std::optional<Json> ConversationStore::Item(const std::string& id, const std::st
 std::optional<Json> ConversationStore::DeleteItem(const std::string& id, const std::string& app,
                                                   const std::string& item_id) {
   std::lock_guard<std::mutex> lock(mutex_);
-  Entry* entry = Find(id, app);
-  if (entry == nullptr) return std::nullopt;
-  const auto it = std::find_if(entry->items.begin(), entry->items.end(),
+  Conversation* conversation = kept_.Find(id, app);
+  if (conversation == nullptr) return std::nullopt;
+  std::vector<Json>& items = conversation->items;
+  const auto it = std::find_if(items.begin(), items.end(),
                                [&](const Json& item) { return item.value("id", "") == item_id; });
-  if (it == entry->items.end()) return std::nullopt;
-  entry->items.erase(it);
-  const Json object = Object(*entry);
-  Recount(*entry);
+  if (it == items.end()) return std::nullopt;
+  items.erase(it);
+  const Json object = Object(id, *conversation);
+  kept_.Resize(id, BytesOf(id, app, *conversation));
   return object;
 }
 
 size_t ConversationStore::size() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return entries_.size();
+  return kept_.size();
 }
 
 int64_t ConversationStore::bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return bytes_;
+  return kept_.bytes();
 }
 
 int64_t ConversationStore::forgotten() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return forgotten_;
+  return kept_.forgotten();
 }
 
 }  // namespace tophat

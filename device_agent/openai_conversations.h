@@ -7,16 +7,15 @@
 #pragma once
 
 #include <cstdint>
-#include <list>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <variant>
 #include <vector>
 
+#include "device_agent/lru_byte_store.h"
 #include "device_agent/openai_request.h"
 #include "device_agent/openai_responses.h"
 #include "models/tokenizers/chat_template.h"
@@ -45,7 +44,7 @@ std::vector<ChatMessage> ConversationItemsAsChat(const std::vector<nlohmann::ord
 class ConversationStore {
  public:
   using Json = nlohmann::ordered_json;
-  explicit ConversationStore(int64_t max_bytes) : max_bytes_(max_bytes) {}
+  explicit ConversationStore(int64_t max_bytes) : kept_(max_bytes) {}
 
   // The conversation object ({id, object: "conversation", created_at, metadata}); nullopt
   // when it alone is larger than the bound (not kept).
@@ -73,28 +72,17 @@ class ConversationStore {
   int64_t forgotten() const;
 
  private:
-  struct Entry {
-    std::string id;
-    std::string app;
+  struct Conversation {
     int64_t created_at = 0;
     Json metadata;
     std::vector<Json> items;
-    int64_t bytes = 0;
   };
-  static Json Object(const Entry& entry);
-  static int64_t BytesOf(const Entry& entry);
-  // The entry, made the most recently used; null when unknown or another app's. Under mutex_.
-  Entry* Find(const std::string& id, const std::string& app);
-  // Counts the entry's bytes anew, then forgets it if it alone is past the bound, else the
-  // least recently used while they are. Under mutex_.
-  void Recount(Entry& entry);
+  static Json Object(const std::string& id, const Conversation& conversation);
+  static int64_t BytesOf(const std::string& id, const std::string& app,
+                         const Conversation& conversation);
 
-  const int64_t max_bytes_;
   mutable std::mutex mutex_;
-  std::list<Entry> entries_;  // most recently used first
-  std::unordered_map<std::string, std::list<Entry>::iterator> by_id_;
-  int64_t bytes_ = 0;
-  int64_t forgotten_ = 0;
+  LruByteStore<Conversation> kept_;
 };
 
 }  // namespace tophat

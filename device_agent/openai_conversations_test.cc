@@ -112,11 +112,11 @@ TEST_CASE("The conversation store keeps each app's conversations apart, within i
   CHECK_FALSE(store.SetMetadata(id, "app2", Json::object()).has_value());
   // Past its bytes the least recently used goes: `id` was used last.
   std::optional<Json> other =
-      store.Create("app1", 1, Json::object(), {item(std::string(1500, 'o'))});
+      store.Create("app1", 1, Json::object(), {item(std::string(1900, 'o'))});
   REQUIRE(other.has_value());
   CHECK(store.Get(id, "app1").has_value());
   std::optional<Json> third =
-      store.Create("app1", 1, Json::object(), {item(std::string(1500, 't'))});
+      store.Create("app1", 1, Json::object(), {item(std::string(1900, 't'))});
   REQUIRE(third.has_value());
   CHECK_FALSE(store.Get((*other)["id"], "app1").has_value());
   CHECK(store.Get(id, "app1").has_value());

@@ -318,62 +318,39 @@ int64_t ResponseEventLog::bytes() const {
 
 void ResponseStore::Put(const std::string& id, const std::string& app, Stored stored) {
   int64_t bytes =
-      static_cast<int64_t>(sizeof(Entry) + id.size() + app.size() + stored.response.dump().size());
+      static_cast<int64_t>(sizeof(Stored) + id.size() + app.size() + stored.response.dump().size());
   for (const ChatMessage& message : stored.conversation) bytes += MessageBytes(message);
   if (stored.events) bytes += stored.events->bytes();
   std::lock_guard<std::mutex> lock(mutex_);
-  if (auto found = by_id_.find(id); found != by_id_.end()) {
-    bytes_ -= found->second->bytes;
-    entries_.erase(found->second);
-    by_id_.erase(found);
-  }
-  if (bytes > max_bytes_) {
-    ++forgotten_;
-    return;
-  }
-  entries_.push_front(Entry{.id = id, .app = app, .stored = std::move(stored), .bytes = bytes});
-  by_id_[id] = entries_.begin();
-  bytes_ += bytes;
-  while (bytes_ > max_bytes_) {
-    bytes_ -= entries_.back().bytes;
-    by_id_.erase(entries_.back().id);
-    entries_.pop_back();
-    ++forgotten_;
-  }
+  kept_.Put(id, app, std::move(stored), bytes);
 }
 
 std::optional<ResponseStore::Stored> ResponseStore::Find(const std::string& id,
                                                          const std::string& app) {
   std::lock_guard<std::mutex> lock(mutex_);
-  const auto found = by_id_.find(id);
-  if (found == by_id_.end() || found->second->app != app) return std::nullopt;
-  entries_.splice(entries_.begin(), entries_, found->second);
-  return found->second->stored;
+  const Stored* found = kept_.Find(id, app);
+  if (found == nullptr) return std::nullopt;
+  return *found;
 }
 
 bool ResponseStore::Delete(const std::string& id, const std::string& app) {
   std::lock_guard<std::mutex> lock(mutex_);
-  const auto found = by_id_.find(id);
-  if (found == by_id_.end() || found->second->app != app) return false;
-  bytes_ -= found->second->bytes;
-  entries_.erase(found->second);
-  by_id_.erase(found);
-  return true;
+  return kept_.Erase(id, app);
 }
 
 int64_t ResponseStore::bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return bytes_;
+  return kept_.bytes();
 }
 
 int64_t ResponseStore::forgotten() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return forgotten_;
+  return kept_.forgotten();
 }
 
 size_t ResponseStore::size() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return entries_.size();
+  return kept_.size();
 }
 
 }  // namespace tophat

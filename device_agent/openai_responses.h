@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "device_agent/lru_byte_store.h"
 #include "models/tokenizers/chat_template.h"
 
 namespace tophat {
@@ -155,7 +156,7 @@ class ResponseStore {
     // A background response made with `stream`: its events, for a stream resumed later.
     std::shared_ptr<const ResponseEventLog> events;
   };
-  explicit ResponseStore(int64_t max_bytes) : max_bytes_(max_bytes) {}
+  explicit ResponseStore(int64_t max_bytes) : kept_(max_bytes) {}
 
   // Not kept when it alone is larger than max_bytes.
   void Put(const std::string& id, const std::string& app, Stored stored);
@@ -170,18 +171,8 @@ class ResponseStore {
   int64_t forgotten() const;
 
  private:
-  struct Entry {
-    std::string id;
-    std::string app;
-    Stored stored;
-    int64_t bytes = 0;
-  };
-  const int64_t max_bytes_;
   mutable std::mutex mutex_;
-  std::list<Entry> entries_;  // most recently used first
-  std::unordered_map<std::string, std::list<Entry>::iterator> by_id_;
-  int64_t bytes_ = 0;
-  int64_t forgotten_ = 0;
+  LruByteStore<Stored> kept_;
 };
 
 }  // namespace tophat
