@@ -299,6 +299,22 @@ def main():
     write(out, "openai_request", "responses_background.bin", b"\x08" + json.dumps(
         {"model": "toy", "input": "x", "background": True, "store": True,
          "max_output_tokens": 900, "ignore_eos": True}).encode())
+    write(out, "openai_request", "responses_background_stream.bin", b"\x08" + json.dumps(
+        {"model": "toy", "input": "x", "background": True, "stream": True,
+         "conversation": {"id": "conv_1"}}).encode())
+    # The conversations routes (0x09: bit 3 on completions' route; bits 4-5: create, update,
+    # items).
+    conversation_items = [
+        {"type": "message", "role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "hello"}]},
+        {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "42"}]
+    write(out, "openai_request", "conversation_create.bin", b"\x09" + json.dumps(
+        {"items": conversation_items, "metadata": {"topic": "x"}}).encode())
+    write(out, "openai_request", "conversation_update.bin", b"\x19" + json.dumps(
+        {"metadata": {"topic": "y"}}).encode())
+    write(out, "openai_request", "conversation_items.bin", b"\x29" + json.dumps(
+        {"items": conversation_items[:1]}).encode())
     write(out, "openai_request", "outline.bin", b"\x00" + json.dumps(
         {"model": "toy", "messages": [{"role": "user", "content": "x"}],
          "tophat_outline": {"max_points": 3}}).encode())
