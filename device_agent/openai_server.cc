@@ -75,7 +75,10 @@ Json ToolCallsJson(const std::vector<ToolCall>& calls, bool streamed) {
 
 void SendError(httplib::Response& res, const OpenAiError& error) {
   res.status = error.http_status;
-  res.set_content(error.ToJson().dump(), "application/json");
+  // A message is UTF-8 by construction (fuzz/openai_request_fuzzer holds every refusal to
+  // that); should one slip, its bad bytes become U+FFFD rather than the refusal a 500.
+  res.set_content(error.ToJson().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                  "application/json");
 }
 
 // 413 for a body past max_body bytes: from its Content-Length when it had one (refused

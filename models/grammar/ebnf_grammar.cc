@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "models/tokenizers/tokenizer_utf8.h"
 
@@ -43,7 +44,7 @@ int HexValue(char c) {
 
 std::string Quoted(uint32_t c) {
   if (c >= 0x20 && c < 0x7F) return absl::StrCat("'", std::string(1, static_cast<char>(c)), "'");
-  return absl::StrCat("U+", absl::Hex(c, absl::kZeroPad4));
+  return absl::StrFormat("U+%04X", c);  // Unicode's own notation, upper case
 }
 
 }  // namespace
@@ -373,8 +374,16 @@ class EbnfCompiler {
           }
           return value;
         }
-        default:
-          return ErrorAt(start, absl::StrCat("unknown escape '\\", std::string(1, e), "'"));
+        default: {
+          // Named by its character, whole: a byte of it would make the message not UTF-8.
+          if (static_cast<uint8_t>(e) >= 0x20 && static_cast<uint8_t>(e) < 0x7F) {
+            return ErrorAt(start, absl::StrCat("unknown escape '\\", std::string(1, e), "'"));
+          }
+          size_t length = 0;
+          const char32_t escaped = utf8::DecodeAt(text_, pos_ - 1, &length);
+          return ErrorAt(start, absl::StrCat("unknown escape: '\\' before ",
+                                             Quoted(static_cast<uint32_t>(escaped))));
+        }
       }
     }
     // UTF-8 in the grammar's own text: an ill-formed byte decodes as U+FFFD of length 1.

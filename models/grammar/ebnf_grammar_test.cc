@@ -331,6 +331,10 @@ TEST_CASE("A GBNF grammar it cannot compile is refused, naming the place and the
            {"root ::= \"a\"{3,2}", "the most is less than the least"},
            {"root ::= \"a\"{99999999}", "a count above"},
            {"root ::= \"\\q\"", "unknown escape '\\q'"},
+           // A character of more than one byte is named whole (the message stays UTF-8;
+           // found by fuzz/openai_request_fuzzer).
+           {"root ::= \"\\\xc3\xa9\"", "unknown escape: '\\' before U+00E9"},
+           {"root ::= \"\\\x01\"", "unknown escape: '\\' before U+0001"},
            {"root ::= \"\\u12\"", "needs 4 hexadecimal digits"},
            {"root ::= \"\\uD800\"", "not a Unicode character"},
            {"root ::= @", "line 1, column 10: unexpected '@'"},
