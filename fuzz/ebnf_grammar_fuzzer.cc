@@ -1,8 +1,8 @@
 // A GBNF grammar and an answer constrained to it (models/grammar/ebnf_grammar.h): the input is
 // the grammar's text, a NUL byte, then the answer's bytes. The grammar is compiled or refused
-// with a "grammar: " status, never a crash. When it compiles, the answer's bytes are fed until
-// one is refused; where it stops, the state must take some byte unless it may end there (every
-// text the matcher takes can be completed: rules that never end are refused), unless a
+// with a "grammar: " status in UTF-8, never a crash. When it compiles, the answer's bytes are fed
+// until one is refused; where it stops, the state must take some byte unless it may end there
+// (every text the matcher takes can be completed: rules that never end are refused), unless a
 // branch met a documented limit; and the constraint's mask must be each token fed on its own
 // (mask_check.h).
 #include <cstddef>
@@ -13,6 +13,7 @@
 #include "fuzz/fuzz_util.h"
 #include "fuzz/mask_check.h"
 #include "models/grammar/ebnf_grammar.h"
+#include "models/tokenizers/tokenizer_utf8.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view input(reinterpret_cast<const char*>(data), size);
@@ -20,7 +21,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (nul == std::string_view::npos) return 0;
   const auto grammar = tophat::EbnfGrammar::Compile(input.substr(0, nul));
   if (!grammar.ok()) {
-    TOPHAT_FUZZ_CHECK(std::string(grammar.status().message()).rfind("grammar: ", 0) == 0);
+    const std::string message(grammar.status().message());
+    TOPHAT_FUZZ_CHECK(message.rfind("grammar: ", 0) == 0);
+    // It reaches a client inside JSON: what it quotes of the grammar is quoted whole.
+    TOPHAT_FUZZ_CHECK(tophat::utf8::IsValid(message));
     return 0;
   }
   const std::string_view answer = input.substr(nul + 1);
