@@ -1331,8 +1331,8 @@ void OpenAiServer::Route() {
         return SendError(res, ConversationNotFound(given.conversation_id, "conversation"));
       turn->conversation = ConversationItemsAsChat(*items);
       turn->conversation_id = given.conversation_id;
+      turn->input = given.chat.messages;  // added to the conversation with the answer
     }
-    turn->input = given.chat.messages;
     turn->conversation.insert(turn->conversation.end(), given.chat.messages.begin(),
                               given.chat.messages.end());
     OpenAiRequest& request = given.chat;
