@@ -325,8 +325,10 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
 
 }  // namespace
 
-absl::StatusOr<AgentConfig> LoadAgentConfig(const std::filesystem::path& path) {
+absl::StatusOr<AgentConfig> LoadAgentConfig(const std::filesystem::path& path,
+                                            std::map<std::string, std::string>* values) {
   TOPHAT_ASSIGN_OR_RETURN(YamlReader reader, YamlReader::Load(path));
+  if (values != nullptr) *values = reader.Values();
   return ReadAgentConfig(reader);
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,7 +52,8 @@ struct AgentConfig {
     std::string ca_file;      // the CA that signs the cloud's certificate
     std::string server_name;  // the name the cloud's certificate must carry; "": cloud_address's host
     // A file holding this device's bearer token (first line), for a cloud with
-    // tls.device_tokens. Read at start-up: restart the agent to rotate it.
+    // tls.device_tokens. Read at start-up, and again before every connection to a cloud: a
+    // rotated token goes out from the next stream on.
     std::string token_file;
     bool operator==(const CloudTls&) const = default;
   } cloud_tls;
@@ -192,7 +194,14 @@ struct AgentConfig {
 // Reads and parses the YAML file at `path`; same rules as LoadCloudConfig (relative
 // `bundle` resolved against the file's directory, all keys optional, missing `bundle`
 // left to ValidateAgentConfig, every error naming file:line and the dotted key).
-absl::StatusOr<AgentConfig> LoadAgentConfig(const std::filesystem::path& path);
+// With `values`, also the file's values by dotted key (YamlReader::Values).
+absl::StatusOr<AgentConfig> LoadAgentConfig(const std::filesystem::path& path,
+                                            std::map<std::string, std::string>* values = nullptr);
+
+// The keys a running tophat-agent applies when it reloads its config (SIGHUP); a change to
+// any other key waits for a restart, and the reload says which. (The file that
+// cloud_tls.token_file names is read again before every connection to a cloud, reload or not.)
+inline constexpr std::string_view kAgentReloadedKeys[] = {"app_tokens", "log_level"};
 
 // As LoadAgentConfig, for YAML text; `source_name` stands for the file.
 absl::StatusOr<AgentConfig> ParseAgentConfig(std::string_view yaml, std::string_view source_name);

@@ -30,8 +30,24 @@ TEST_CASE("Bearer token entries are parsed, and every malformed entry is refused
   refused({"no-colon"}, "app_tokens[0]: expected NAME:SHA256");
   refused({std::string(":") + kDigestA}, "app_tokens[0]: empty name");
   refused({"a:token-in-clear"}, "is not a SHA-256 digest");
+  // A token pasted in clear is not echoed into the log.
+  CHECK_THAT(std::string(ParseBearerTokens({"a:token-in-clear"}, "k").status().message()),
+             !Catch::Contains("token-in-clear"));
   refused({std::string("a:") + kDigestA, std::string("a:") + digest_b}, "app_tokens[1]: the name");
   refused({std::string("a:") + kDigestA, std::string("b:") + kDigestA}, "listed twice");
+}
+
+TEST_CASE("Device names are checked by index: empty, control characters, twice", "[tls]") {
+  CHECK(CheckDeviceNames({}, "tls.revoked_devices").ok());
+  CHECK(CheckDeviceNames({"device-1", "device 2"}, "tls.revoked_devices").ok());
+  const auto refused = [](std::vector<std::string> names, const std::string& expect) {
+    const absl::Status status = CheckDeviceNames(names, "tls.revoked_devices");
+    INFO(status.ToString());
+    CHECK_THAT(std::string(status.message()), Catch::Contains(expect));
+  };
+  refused({""}, "tls.revoked_devices[0]: empty name");
+  refused({"a", "b\n"}, "tls.revoked_devices[1]: the name holds a control character");
+  refused({"a", "b", "a"}, "tls.revoked_devices[2]: \"a\" is listed twice");
 }
 
 }  // namespace

@@ -249,6 +249,11 @@ absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
   } else {
     reader.AddError("tls.device_tokens", std::string(parsed.status().message()));
   }
+  reader.ReadStringList("tls.revoked_devices", &config.tls.revoked_devices);
+  if (auto checked = CheckDeviceNames(config.tls.revoked_devices, "tls.revoked_devices");
+      !checked.ok()) {
+    reader.AddError("tls.revoked_devices", std::string(checked.message()));
+  }
   reader.ReadString("dtype", &config.dtype);
   reader.ReadString("device", &config.device);
   reader.ReadInt("compute_threads", &config.compute_threads, Bound::kNonNegative);
@@ -376,8 +381,10 @@ absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
 
 }  // namespace
 
-absl::StatusOr<CloudConfig> LoadCloudConfig(const std::filesystem::path& path) {
+absl::StatusOr<CloudConfig> LoadCloudConfig(const std::filesystem::path& path,
+                                            std::map<std::string, std::string>* values) {
   TOPHAT_ASSIGN_OR_RETURN(YamlReader reader, YamlReader::Load(path));
+  if (values != nullptr) *values = reader.Values();
   return ReadCloudConfig(reader);
 }
 

@@ -53,6 +53,10 @@ struct CloudConfig {
     // carry one; with a certificate too, the token must be that device's. Where TLS ends in
     // front of the cloud (insecure: true), the token alone names the device.
     std::vector<BearerToken> device_tokens;
+    // Devices refused whatever they present: a certificate's name or a token's. A reload
+    // (SIGHUP) applies this and device_tokens to the streams already open: a stream that no
+    // longer passes is ended.
+    std::vector<std::string> revoked_devices;
     bool operator==(const Tls&) const = default;
   } tls;
   struct KvCache {
@@ -153,8 +157,15 @@ struct CloudConfig {
 // Every key is optional; an empty file yields the defaults. A missing `bundle` is accepted
 // here because a command-line flag may still supply it: call ValidateCloudConfig after
 // applying flags. Errors are InvalidArgument (NotFound for a missing file) and name
-// file:line and the dotted key, all errors of the file at once.
-absl::StatusOr<CloudConfig> LoadCloudConfig(const std::filesystem::path& path);
+// file:line and the dotted key, all errors of the file at once. With `values`, also the
+// file's values by dotted key (YamlReader::Values), for telling what a reload changed.
+absl::StatusOr<CloudConfig> LoadCloudConfig(const std::filesystem::path& path,
+                                            std::map<std::string, std::string>* values = nullptr);
+
+// The keys a running tophat-cloud applies when it reloads its config (SIGHUP, `systemctl
+// reload`); a change to any other key waits for a restart, and the reload says which.
+inline constexpr std::string_view kCloudReloadedKeys[] = {"tls.device_tokens",
+                                                          "tls.revoked_devices", "log_level"};
 
 // As LoadCloudConfig, for YAML text; `source_name` stands for the file in messages, and a
 // relative `bundle` is resolved against its directory (the working directory when it has

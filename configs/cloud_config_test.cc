@@ -51,6 +51,7 @@ tls:
   certificate_file: /etc/tophat/cloud.crt
   private_key_file: /etc/tophat/cloud.key
   client_ca_file: /etc/tophat/devices-ca.crt
+  revoked_devices: [device-7, "lost phone"]
 dtype: bfloat16
 device: cuda:1
 compute_threads: 3
@@ -120,7 +121,18 @@ log_level: debug
   CHECK(config->tls.private_key_file == "/etc/tophat/cloud.key");
   CHECK(config->tls.client_ca_file == "/etc/tophat/devices-ca.crt");
   CHECK_FALSE(config->tls.insecure);
+  CHECK(config->tls.revoked_devices == std::vector<std::string>{"device-7", "lost phone"});
   CHECK(ValidateCloudConfig(*config).ok());
+}
+
+TEST_CASE("Revoked devices are names, each listed once") {
+  CHECK_THAT(
+      ErrorOf("tls:\n  revoked_devices: [a, \"\"]\n"),
+      Catch::Contains("cloud.yaml:2: tls.revoked_devices: tls.revoked_devices[1]: empty name"));
+  CHECK_THAT(ErrorOf("tls:\n  revoked_devices: [a, b, a]\n"),
+             Catch::Contains("tls.revoked_devices[2]: \"a\" is listed twice"));
+  CHECK_THAT(ErrorOf("tls:\n  revoked_devices: device-7\n"),
+             Catch::Contains("cloud.yaml:2: tls.revoked_devices: expected a list of strings"));
 }
 
 TEST_CASE("A cloud config unknown key is an error naming the dotted key and line") {

@@ -617,6 +617,69 @@ std::string YamlReader::ClosestSibling(std::string_view prefix, std::string_view
   return suggestion;
 }
 
+namespace {
+
+void CollectValues(const YAML::Node& map, const std::string& prefix,
+                   std::map<std::string, std::string>* values) {
+  for (const auto& item : map) {
+    if (!item.first.IsScalar()) continue;
+    const std::string path = JoinPath(prefix, item.first.Scalar());
+    const YAML::Node& value = item.second;
+    if (value.IsMap()) {
+      CollectValues(value, path, values);
+    } else if (value.IsScalar()) {
+      (*values)[path] = value.Scalar();
+    } else {
+      YAML::Emitter flow;
+      flow.SetSeqFormat(YAML::Flow);
+      flow.SetMapFormat(YAML::Flow);
+      flow << value;
+      (*values)[path] = flow.c_str();
+    }
+  }
+}
+
+}  // namespace
+
+std::map<std::string, std::string> YamlReader::Values() const {
+  std::map<std::string, std::string> values;
+  if (root_->IsMap()) CollectValues(*root_, "", &values);
+  return values;
+}
+
+std::vector<std::string> ChangedConfigKeys(const std::map<std::string, std::string>& before,
+                                           const std::map<std::string, std::string>& after) {
+  std::vector<std::string> changed;
+  auto old_value = before.begin();
+  auto new_value = after.begin();
+  // Both maps are sorted by key: one merge pass.
+  while (old_value != before.end() || new_value != after.end()) {
+    if (new_value == after.end() ||
+        (old_value != before.end() && old_value->first < new_value->first)) {
+      changed.push_back((old_value++)->first);
+    } else if (old_value == before.end() || new_value->first < old_value->first) {
+      changed.push_back((new_value++)->first);
+    } else {
+      if (old_value->second != new_value->second) changed.push_back(old_value->first);
+      ++old_value;
+      ++new_value;
+    }
+  }
+  return changed;
+}
+
+std::vector<std::string> KeysAwaitingRestart(const std::map<std::string, std::string>& before,
+                                             const std::map<std::string, std::string>& after,
+                                             std::span<const std::string_view> reloaded) {
+  std::vector<std::string> waiting;
+  for (std::string& key : ChangedConfigKeys(before, after)) {
+    if (std::find(reloaded.begin(), reloaded.end(), key) == reloaded.end()) {
+      waiting.push_back(std::move(key));
+    }
+  }
+  return waiting;
+}
+
 absl::Status YamlReader::Finish() {
   CheckUnknown(*root_, "");
   return errors_.ToStatus();

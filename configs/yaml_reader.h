@@ -11,8 +11,10 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -112,6 +114,11 @@ class YamlReader {
 
   const std::string& source_name() const { return source_name_; }
 
+  // The file's values by dotted key ("scheduler.max_batch_tokens" -> "512"; a list or any
+  // other value that is not a mapping as YAML's one-line flow text), to tell which keys a
+  // reload changed. Keys that are not scalars are left out (Finish refuses them).
+  std::map<std::string, std::string> Values() const;
+
  private:
   struct Entry {
     YAML::Node key;
@@ -138,5 +145,15 @@ class YamlReader {
   std::set<std::string, std::less<>> known_;       // every path a Read* asked for
   std::set<std::string, std::less<>> error_keys_;  // keys that already have an error
 };
+
+// The keys whose values differ between two YamlReader::Values, or that only one sets; sorted.
+std::vector<std::string> ChangedConfigKeys(const std::map<std::string, std::string>& before,
+                                           const std::map<std::string, std::string>& after);
+
+// Of those keys, the ones not in `reloaded` (the keys a running daemon applies on a reload):
+// what only a restart applies.
+std::vector<std::string> KeysAwaitingRestart(const std::map<std::string, std::string>& before,
+                                             const std::map<std::string, std::string>& after,
+                                             std::span<const std::string_view> reloaded);
 
 }  // namespace tophat

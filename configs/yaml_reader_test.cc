@@ -1,7 +1,9 @@
 #include "configs/yaml_reader.h"
 
 #include <catch2/catch.hpp>
+#include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -390,6 +392,39 @@ TEST_CASE("YamlReader refuses a stream yaml-cpp would loop on, naming line and c
   auto later = YamlReader::Parse("a: 1\n, b\n", "later.yaml");
   REQUIRE_FALSE(later.ok());
   CHECK_THAT(std::string(later.status().message()), Catch::Contains("later.yaml:2"));
+}
+
+TEST_CASE("YamlReader::Values names every value by its dotted key, lists in flow form") {
+  YamlReader reader = MustParse(
+      "a: 1\n"
+      "tls:\n"
+      "  tokens: [\"x:1\", y]\n"
+      "  nested:\n"
+      "    deep: \"quoted\"\n"
+      "empty:\n"
+      "block:\n"
+      "  - 1\n"
+      "  - 2\n");
+  const std::map<std::string, std::string> values = reader.Values();
+  CHECK(values == std::map<std::string, std::string>{{"a", "1"},
+                                                     {"tls.tokens", "[x:1, y]"},
+                                                     {"tls.nested.deep", "quoted"},
+                                                     {"empty", "~"},
+                                                     {"block", "[1, 2]"}});
+}
+
+TEST_CASE("ChangedConfigKeys finds changed, added and removed keys, and which wait for a restart") {
+  const std::map<std::string, std::string> before = {
+      {"a", "1"}, {"b", "2"}, {"log_level", "info"}, {"tls.device_tokens", "[x]"}};
+  const std::map<std::string, std::string> after = {
+      {"a", "1"}, {"c", "3"}, {"log_level", "debug"}, {"tls.device_tokens", "[y]"}};
+  CHECK(ChangedConfigKeys(before, after) ==
+        std::vector<std::string>{"b", "c", "log_level", "tls.device_tokens"});
+  CHECK(ChangedConfigKeys(before, before).empty());
+  constexpr std::string_view kReloaded[] = {"tls.device_tokens", "log_level"};
+  CHECK(KeysAwaitingRestart(before, after, kReloaded) == std::vector<std::string>{"b", "c"});
+  // A value written differently but read the same ("1" and 1) is no change.
+  CHECK(ChangedConfigKeys(MustParse("a: 1\n").Values(), MustParse("a: \"1\"\n").Values()).empty());
 }
 
 }  // namespace

@@ -1111,6 +1111,7 @@ Agent::Agent(AgentConfig config, DeviceBundle bundle,
                            ? config_.cloud_tls.server_name
                            : dns->host(),
         .token = cloud_token,
+        .token_file = config_.cloud_tls.token_file,
         .initial_backoff_s = config_.reconnect.initial_backoff_s,
         .max_backoff_s = config_.reconnect.max_backoff_s,
         .keepalive_s = config_.reconnect.keepalive_s,

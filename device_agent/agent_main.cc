@@ -1,39 +1,43 @@
 // tophat-agent: the device agent. Holds the input and output submodels of a device bundle,
 // serves apps on the local AgentService, and keeps one stream to tophat-cloud (reconnecting
-// and replaying when it drops). SIGTERM stops it cleanly.
+// and replaying when it drops). SIGTERM stops it cleanly; SIGHUP (systemctl reload) reloads
+// the app tokens and the log level (ApplyReloadedConfig).
+#include <grpcpp/grpcpp.h>
+#include <prometheus/registry.h>
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
+#include <CLI/CLI.hpp>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
 
-#include <CLI/CLI.hpp>
-#include <grpcpp/grpcpp.h>
-#include <prometheus/registry.h>
-#include <spdlog/spdlog.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "proto/certificate_expiry.h"
-#include "proto/channel_security.h"
-#include "proto/hidden_states.h"
-#include "telemetry/metrics_http_server.h"
-#include "telemetry/shutdown_signals.h"
+#include "base/cli_checks.h"
+#include "base/program.h"
+#include "base/service_notify.h"
 #include "configs/agent_config.h"
 #include "configs/config_checks.h"
+#include "configs/yaml_reader.h"
 #include "device_agent/agent.h"
 #include "device_agent/agent_service.h"
 #include "device_agent/openai_server.h"
 #include "models/runtime/compute_threads.h"
-#include "base/cli_checks.h"
-#include "base/program.h"
-#include "base/service_notify.h"
+#include "proto/certificate_expiry.h"
+#include "proto/channel_security.h"
+#include "proto/hidden_states.h"
+#include "telemetry/config_reload.h"
+#include "telemetry/metrics_http_server.h"
+#include "telemetry/shutdown_signals.h"
 
 using tophat::Fail;
 
@@ -91,8 +95,41 @@ int CheckConfig(const tophat::AgentConfig& config, const std::string& config_pat
   return 0;
 }
 
+// How the daemon reads its config, at start-up and on each reload (SIGHUP): the file (its
+// values by key filled in, for telling what a reload changed), then the command line's
+// overrides, validated.
+struct ConfigSource {
+  std::string path;  // "": no --config
+  std::function<absl::StatusOr<tophat::AgentConfig>(std::map<std::string, std::string>* values)>
+      read;
+  bool log_level_from_flag = false;  // --log-level given: the file's log_level is not applied
+};
+
+// What a reload applies while the agent serves (kAgentReloadedKeys): the app tokens, for
+// calls from now on (calls already running go on), and the log level. The rest waits for a
+// restart, and is listed.
+absl::StatusOr<tophat::ConfigReloader::Applied> ApplyReloadedConfig(
+    const ConfigSource& source, const std::map<std::string, std::string>& started_values,
+    tophat::BearerTokenSet& app_tokens) {
+  std::map<std::string, std::string> values;
+  auto reloaded = source.read(&values);
+  if (!reloaded.ok()) return reloaded.status();
+  app_tokens.Replace(reloaded->app_tokens);
+  std::string log_level = "log_level " + reloaded->log_level;
+  if (source.log_level_from_flag) {
+    log_level = "log_level kept from --log-level";
+  } else {
+    spdlog::set_level(spdlog::level::from_str(reloaded->log_level));
+  }
+  return tophat::ConfigReloader::Applied{
+      .summary = absl::StrCat(reloaded->app_tokens.size(), " app token(s), ", log_level),
+      .awaiting_restart =
+          tophat::KeysAwaitingRestart(started_values, values, tophat::kAgentReloadedKeys)};
+}
+
 // `drill_device_loss_after_requests`: --drill-device-loss-after-requests (0: no drill).
-int Run(const tophat::AgentConfig& config, int64_t drill_device_loss_after_requests) {
+int Run(const tophat::AgentConfig& config, const std::map<std::string, std::string>& values,
+        const ConfigSource& source, int64_t drill_device_loss_after_requests) {
   spdlog::set_level(spdlog::level::from_str(config.log_level));
   if (absl::Status threads = tophat::SetComputeThreads(static_cast<int>(config.compute_threads));
       !threads.ok()) {
@@ -126,7 +163,9 @@ int Run(const tophat::AgentConfig& config, int64_t drill_device_loss_after_reque
     (*agent)->DrillDeviceLoss(drill_device_loss_after_requests);
   }
 
-  tophat::AgentServiceImpl service(agent->get(), config.app_tokens);
+  // Shared by the app port and the OpenAI endpoint; a reload replaces it.
+  auto app_tokens = std::make_shared<tophat::BearerTokenSet>(config.app_tokens);
+  tophat::AgentServiceImpl service(agent->get(), app_tokens);
   auto app_port = AppPortCredentials(config);
   if (!app_port.ok()) return Fail(app_port.status());
   std::shared_ptr<grpc::ServerCredentials> app_credentials = *std::move(app_port);
@@ -174,7 +213,7 @@ int Run(const tophat::AgentConfig& config, int64_t drill_device_loss_after_reque
         agent->get(), {.address = config.openai.address,
                        .model_name = config.openai.model_name,
                        .template_dir = config.bundle,
-                       .app_tokens = config.app_tokens,
+                       .app_tokens = app_tokens,
                        .max_concurrent_requests = config.max_concurrent_requests,
                        .max_body_bytes = 2 * config.max_prompt_bytes + (64 << 10),
                        .request_deadline_s = config.openai.request_deadline_s,
@@ -189,7 +228,11 @@ int Run(const tophat::AgentConfig& config, int64_t drill_device_loss_after_reque
                openai ? absl::StrCat("http://", config.openai.address, "/v1") : "off");
 
   tophat::ServiceNotify(absl::StrCat("READY=1\nSTATUS=serving apps on ", config.listen_address));
-  const char* signal_name = tophat::WaitForShutdownSignal();
+  tophat::ConfigReloader reloader(
+      *registry, {.daemon = "tophat-agent", .config_path = source.path, .apply = [&] {
+                    return ApplyReloadedConfig(source, values, *app_tokens);
+                  }});
+  const char* signal_name = tophat::WaitForShutdownSignal([&] { reloader.Reload(); });
   tophat::ServiceNotify("STOPPING=1");
   spdlog::info("{}: stopping", signal_name);
   // Running requests get a few seconds to finish; then their streams are cancelled. After a
@@ -253,23 +296,35 @@ int main(int argc, char** argv) {
       ->group("Drills");
   CLI11_PARSE(app, argc, argv);
 
-  tophat::AgentConfig config;
-  if (!config_path.empty()) {
-    auto loaded = tophat::LoadAgentConfig(config_path);
-    if (!loaded.ok()) return Fail(loaded.status());
-    config = *std::move(loaded);
-  }
-  if (!bundle.empty()) config.bundle = bundle;
-  if (!listen.empty()) config.listen_address = listen;
-  if (!cloud.empty()) {
-    std::vector<std::string> clouds = absl::StrSplit(cloud, ',');
-    config.cloud_address = clouds.front();
-    config.cloud_addresses = clouds.size() > 1 ? clouds : std::vector<std::string>{};
-  }
-  if (app.count("--metrics") > 0) config.metrics_address = metrics;
-  if (chunk >= 0) config.prompt_chunk_size = chunk;
-  if (!log_level.empty()) config.log_level = log_level;
-  if (absl::Status valid = tophat::ValidateAgentConfig(config); !valid.ok()) return Fail(valid);
+  const bool metrics_from_flag = app.count("--metrics") > 0;
+  const ConfigSource source{
+      .path = config_path,
+      .read =
+          [&](std::map<std::string, std::string>* values) -> absl::StatusOr<tophat::AgentConfig> {
+        tophat::AgentConfig config;
+        if (!config_path.empty()) {
+          auto loaded = tophat::LoadAgentConfig(config_path, values);
+          if (!loaded.ok()) return loaded.status();
+          config = *std::move(loaded);
+        }
+        if (!bundle.empty()) config.bundle = bundle;
+        if (!listen.empty()) config.listen_address = listen;
+        if (!cloud.empty()) {
+          std::vector<std::string> clouds = absl::StrSplit(cloud, ',');
+          config.cloud_address = clouds.front();
+          config.cloud_addresses = clouds.size() > 1 ? clouds : std::vector<std::string>{};
+        }
+        if (metrics_from_flag) config.metrics_address = metrics;
+        if (chunk >= 0) config.prompt_chunk_size = chunk;
+        if (!log_level.empty()) config.log_level = log_level;
+        if (absl::Status valid = tophat::ValidateAgentConfig(config); !valid.ok()) return valid;
+        return config;
+      },
+      .log_level_from_flag = !log_level.empty()};
+  std::map<std::string, std::string> values;
+  auto read = source.read(&values);
+  if (!read.ok()) return Fail(read.status());
+  const tophat::AgentConfig config = *std::move(read);
   if (check_config) return CheckConfig(config, config_path.empty() ? "(no --config)" : config_path);
-  return Run(config, drill_device_loss_after_requests);
+  return Run(config, values, source, drill_device_loss_after_requests);
 }

@@ -17,8 +17,9 @@ void ToProto(const TokenLogprob& logprob, v1::TokenLogprobs& entry) {
 }  // namespace
 
 absl::StatusOr<std::string> AgentServiceImpl::Caller(const grpc::ServerContext& context) const {
-  if (app_tokens_.empty()) return std::string();
-  auto caller = AuthenticateBearer(context, app_tokens_);
+  const std::shared_ptr<const std::vector<BearerToken>> tokens = app_tokens_->Get();
+  if (tokens->empty()) return std::string();
+  auto caller = AuthenticateBearer(context, *tokens);
   if (!caller.ok()) spdlog::warn("app call from {} refused: {}", context.peer(), std::string(caller.status().message()));
   return caller;
 }

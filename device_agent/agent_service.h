@@ -17,9 +17,10 @@ namespace tophat {
 
 class AgentServiceImpl final : public v1::AgentService::Service {
  public:
-  // With `app_tokens`, every call but Health must carry one of them (proto/channel_security.h)
-  // and each app reaches only its own requests; without, callers are one anonymous app.
-  AgentServiceImpl(Agent* agent, std::vector<BearerToken> app_tokens)
+  // With `app_tokens` (the set may be replaced by a reload while calls run), every call but
+  // Health must carry one of them (proto/channel_security.h) and each app reaches only its
+  // own requests; without (an empty set), callers are one anonymous app.
+  AgentServiceImpl(Agent* agent, std::shared_ptr<const BearerTokenSet> app_tokens)
       : agent_(agent), app_tokens_(std::move(app_tokens)) {}
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
@@ -36,7 +37,7 @@ class AgentServiceImpl final : public v1::AgentService::Service {
   absl::StatusOr<std::string> Caller(const grpc::ServerContext& context) const;
 
   Agent* agent_;
-  const std::vector<BearerToken> app_tokens_;
+  const std::shared_ptr<const BearerTokenSet> app_tokens_;  // never null
 };
 
 }  // namespace tophat

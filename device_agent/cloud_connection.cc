@@ -37,6 +37,7 @@ int64_t Ticks(std::chrono::steady_clock::time_point t) { return t.time_since_epo
 
 CloudConnection::CloudConnection(CloudConnectionOptions options)
     : options_(std::move(options)), pacer_(options_.pacing_lead_s) {
+  token_ = options_.token;
   if (!options_.resolve) Dial(options_.address);
   if (options_.one_way_delay_s > 0 || options_.uplink_bytes_per_second > 0 ||
       options_.downlink_bytes_per_second > 0) {
@@ -338,8 +339,18 @@ void CloudConnection::Run() {
     if (failure.ok()) {
       auto context = std::make_unique<grpc::ClientContext>();
       context->set_wait_for_ready(false);
-      if (!options_.token.empty()) {
-        context->AddMetadata(kAuthorizationMetadata, BearerMetadataValue(options_.token));
+      if (!options_.token_file.empty()) {
+        // Only this thread reads and writes the token.
+        auto token = ReadTokenFile(options_.token_file, "cloud_tls.token_file");
+        if (token.ok()) {
+          token_ = *std::move(token);
+        } else {
+          spdlog::warn("cloud {}: {}; sending the token read before", name,
+                       std::string(token.status().message()));
+        }
+      }
+      if (!token_.empty()) {
+        context->AddMetadata(kAuthorizationMetadata, BearerMetadataValue(token_));
       }
       raw_context = context.get();
       {

@@ -69,6 +69,11 @@ struct CloudConnectionOptions {
   std::string server_name;
   // This device's bearer token, sent on every stream ("" sends none; proto/channel_security.h).
   std::string token;
+  // When set, where the token comes from (cloud_tls.token_file): read again before every
+  // connection attempt, so that a rotated token is sent from the next stream on (the cloud
+  // ends the streams of a token its reloaded config no longer lists). A file that cannot be
+  // read then leaves the last token read in use, with a warning.
+  std::string token_file;
   double initial_backoff_s = 0.1;
   double max_backoff_s = 2.0;
   double keepalive_s = 10;  // HTTP/2 ping interval on the link (0: none)
@@ -175,6 +180,7 @@ class CloudConnection {
   void Acknowledged(const v1::ChunkReceived& received, uint64_t epoch);
 
   const CloudConnectionOptions options_;
+  std::string token_;  // the bearer token sent; only the reader thread touches it (token_file)
   // The channel to `dialed_` (options_.address, or what `resolve` last gave); used by the
   // reader thread only.
   void Dial(const std::string& address);

@@ -755,9 +755,10 @@ void OpenAiServer::Route() {
   // The caller's app name, or an error already written to `res`.
   const auto authenticate = [this](const httplib::Request& req,
                                    httplib::Response& res) -> std::optional<std::string> {
-    if (options_.app_tokens.empty()) return std::string();
-    auto caller = AuthenticateBearerValue(req.get_header_value("Authorization"),
-                                          options_.app_tokens);
+    if (options_.app_tokens == nullptr) return std::string();
+    const std::shared_ptr<const std::vector<BearerToken>> tokens = options_.app_tokens->Get();
+    if (tokens->empty()) return std::string();
+    auto caller = AuthenticateBearerValue(req.get_header_value("Authorization"), *tokens);
     if (caller.ok()) return *caller;
     SendError(res, OpenAiError{.http_status = 401,
                                .type = "invalid_request_error",

@@ -55,8 +55,9 @@ struct OpenAiServerOptions {
   // /v1/completions only and answers chat requests with an error saying why.
   std::filesystem::path template_dir;
   // With tokens, every call but /health needs `Authorization: Bearer <token>` (the app
-  // tokens of the gRPC app port) and runs as that app.
-  std::vector<BearerToken> app_tokens;
+  // tokens of the gRPC app port, the same set, which a reload may replace) and runs as that
+  // app. Null or empty: no tokens.
+  std::shared_ptr<const BearerTokenSet> app_tokens;
   // Completions running at once through this endpoint; one more is refused at once with 429
   // (OpenAI's error shape, Retry-After), never queued out of sight. The agent's
   // max_concurrent_requests.

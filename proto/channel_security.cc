@@ -296,11 +296,21 @@ absl::StatusOr<std::string> AuthenticateBearer(const grpc::ServerContextBase& co
 
 absl::StatusOr<std::string> AuthenticateBearerValue(absl::string_view authorization,
                                                     const std::vector<BearerToken>& tokens) {
+  auto digest = BearerDigest(authorization);
+  if (!digest.ok()) return digest.status();
+  return MatchBearerDigest(*digest, tokens);
+}
+
+absl::StatusOr<std::string> BearerDigest(absl::string_view authorization) {
   absl::string_view token = authorization;
   if (!absl::ConsumePrefix(&token, "Bearer ") || token.empty()) {
     return absl::UnauthenticatedError("the authorization is not \"Bearer <token>\"");
   }
-  const std::string digest = Sha256Hex(token);
+  return Sha256Hex(token);
+}
+
+absl::StatusOr<std::string> MatchBearerDigest(absl::string_view digest,
+                                              const std::vector<BearerToken>& tokens) {
   const BearerToken* match = nullptr;
   for (const BearerToken& candidate : tokens) {
     // Every digest is compared, in constant time, so timing tells nothing about which is near.

@@ -102,6 +102,14 @@ absl::StatusOr<std::string> AuthenticateBearer(const grpc::ServerContextBase& co
 absl::StatusOr<std::string> AuthenticateBearerValue(absl::string_view authorization,
                                                     const std::vector<BearerToken>& tokens);
 
+// AuthenticateBearerValue in two halves, for a caller that checks one call's token again
+// later (against a reloaded config) without keeping the token: the SHA-256 of the token an
+// `authorization` value carries (Unauthenticated when it is not "Bearer <token>"), and the
+// name of the token with that digest, compared in constant time against every one.
+absl::StatusOr<std::string> BearerDigest(absl::string_view authorization);
+absl::StatusOr<std::string> MatchBearerDigest(absl::string_view digest,
+                                              const std::vector<BearerToken>& tokens);
+
 // `authorization` metadata's value for `token`.
 std::string BearerMetadataValue(absl::string_view token);
 

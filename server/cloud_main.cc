@@ -1,48 +1,53 @@
 // tophat-cloud: the cloud daemon. Hosts the middle submodel for every connected device agent,
 // batching their sessions in one engine loop. Runs under systemd (deploy/tophat-cloud.service);
-// SIGTERM drains: no new sessions, in-flight ones get drain_grace_period_s to finish.
+// SIGTERM drains: no new sessions, in-flight ones get drain_grace_period_s to finish. SIGHUP
+// (systemctl reload) reloads who may connect and the log level (ApplyReloadedConfig).
 
-#include <atomic>
-#include <condition_variable>
-#include <mutex>
-#include <thread>
-#include <cstdio>
-#include <cstdlib>
-#include <memory>
-#include <optional>
-#include <string>
-#include <utility>
-#include <vector>
-
-#include <CLI/CLI.hpp>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <prometheus/registry.h>
 #include <spdlog/spdlog.h>
 
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "proto/certificate_expiry.h"
-#include "proto/channel_security.h"
-#include "proto/hidden_states.h"
-#include "telemetry/metrics_http_server.h"
-#include "telemetry/shutdown_signals.h"
-#include "configs/cloud_config.h"
-#include "configs/config_checks.h"
-#include "models/runtime/bundle.h"
-#include "models/formats/config.h"
-#include "kernels/cuda_device.h"
-#include "kernels/decode_attention.h"
-#include "models/runtime/compute_threads.h"
-#include "models/runtime/submodel.h"
-#include "server/cloud_metrics.h"
-#include "server/cloud_service.h"
-#include "server/engine.h"
-#include "server/cloud_stages.h"
-#include "server/kv_pool_size.h"
 #include "base/cli_checks.h"
 #include "base/program.h"
 #include "base/service_notify.h"
+#include "configs/cloud_config.h"
+#include "configs/config_checks.h"
+#include "configs/yaml_reader.h"
+#include "kernels/cuda_device.h"
+#include "kernels/decode_attention.h"
+#include "models/formats/config.h"
+#include "models/runtime/bundle.h"
+#include "models/runtime/compute_threads.h"
+#include "models/runtime/submodel.h"
+#include "proto/certificate_expiry.h"
+#include "proto/channel_security.h"
+#include "proto/hidden_states.h"
+#include "server/cloud_metrics.h"
+#include "server/cloud_service.h"
+#include "server/cloud_stages.h"
+#include "server/engine.h"
+#include "server/kv_pool_size.h"
+#include "telemetry/config_reload.h"
+#include "telemetry/metrics_http_server.h"
+#include "telemetry/shutdown_signals.h"
 
 using tophat::Fail;
 
@@ -214,8 +219,43 @@ int CheckConfig(const CloudConfig& config, const std::string& config_path) {
   return 0;
 }
 
+// How the daemon reads its config, at start-up and on each reload (SIGHUP): the file (its
+// values by key filled in, for telling what a reload changed), then the command line's
+// overrides, validated.
+struct ConfigSource {
+  std::string path;  // "": no --config
+  std::function<absl::StatusOr<CloudConfig>(std::map<std::string, std::string>* values)> read;
+  bool log_level_from_flag = false;  // --log-level given: the file's log_level is not applied
+};
+
+// What a reload applies while the daemon serves: who may hold a stream, open ones included
+// (kCloudReloadedKeys), and the log level. The rest waits for a restart, and is listed.
+absl::StatusOr<tophat::ConfigReloader::Applied> ApplyReloadedConfig(
+    const ConfigSource& source, const std::map<std::string, std::string>& started_values,
+    tophat::CloudServiceImpl& service) {
+  std::map<std::string, std::string> values;
+  auto reloaded = source.read(&values);
+  if (!reloaded.ok()) return reloaded.status();
+  const int ended = service.UpdateAccess({.device_tokens = reloaded->tls.device_tokens,
+                                          .revoked_devices = reloaded->tls.revoked_devices});
+  std::string log_level = "log_level " + reloaded->log_level;
+  if (source.log_level_from_flag) {
+    log_level = "log_level kept from --log-level";
+  } else {
+    spdlog::set_level(spdlog::level::from_str(reloaded->log_level));
+  }
+  return tophat::ConfigReloader::Applied{
+      .summary =
+          absl::StrCat(reloaded->tls.device_tokens.size(), " device token(s), ",
+                       reloaded->tls.revoked_devices.size(), " revoked device(s), ", log_level,
+                       "; ", ended, " open stream(s) no longer admitted were ended"),
+      .awaiting_restart =
+          tophat::KeysAwaitingRestart(started_values, values, tophat::kCloudReloadedKeys)};
+}
+
 // `drill_device_loss_after_steps`: --drill-device-loss-after-steps (0: no drill).
-int Run(const CloudConfig& written, int64_t drill_device_loss_after_steps) {
+int Run(const CloudConfig& written, const std::map<std::string, std::string>& written_values,
+        const ConfigSource& source, int64_t drill_device_loss_after_steps) {
   spdlog::set_level(spdlog::level::from_str(written.log_level));
   if (absl::Status threads = tophat::SetComputeThreads(static_cast<int>(
           written.pipeline.StageComputeThreads(0, written.compute_threads)));
@@ -390,16 +430,16 @@ int Run(const CloudConfig& written, int64_t drill_device_loss_after_steps) {
                num_blocks * block_bytes >> 20);
 
   tophat::CloudServiceImpl service(
-      engine->get(), {.max_inflight_bytes_per_stream = config.limits.max_inflight_bytes_per_stream,
-                      .max_queued_bytes_per_stream = config.limits.max_queued_bytes_per_stream,
-                      .max_queued_bytes_total = config.limits.max_queued_bytes_total,
-                      .unread_timeout_s = config.limits.unread_stream_timeout_s,
-                      .max_messages_per_second_per_device =
-                          config.limits.max_messages_per_second_per_device,
-                      .max_refusals_per_second_per_device =
-                          config.limits.max_refusals_per_second_per_device,
-                      .device_tokens = config.tls.device_tokens,
-                      .metrics = &metrics});
+      engine->get(),
+      {.max_inflight_bytes_per_stream = config.limits.max_inflight_bytes_per_stream,
+       .max_queued_bytes_per_stream = config.limits.max_queued_bytes_per_stream,
+       .max_queued_bytes_total = config.limits.max_queued_bytes_total,
+       .unread_timeout_s = config.limits.unread_stream_timeout_s,
+       .max_messages_per_second_per_device = config.limits.max_messages_per_second_per_device,
+       .max_refusals_per_second_per_device = config.limits.max_refusals_per_second_per_device,
+       .access = {.device_tokens = config.tls.device_tokens,
+                  .revoked_devices = config.tls.revoked_devices},
+       .metrics = &metrics});
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   // Without this, gRPC sets SO_REUSEPORT and a second daemon on the same port would start
@@ -460,7 +500,13 @@ int Run(const CloudConfig& written, int64_t drill_device_loss_after_steps) {
     });
   }
 
-  const char* signal_name = tophat::WaitForShutdownSignal();
+  // SIGHUP (systemctl reload): who may connect and the log level change at once; the rest
+  // of the file waits for a restart, and the reload says which keys.
+  tophat::ConfigReloader reloader(
+      *registry, {.daemon = "tophat-cloud", .config_path = source.path, .apply = [&] {
+                    return ApplyReloadedConfig(source, written_values, service);
+                  }});
+  const char* signal_name = tophat::WaitForShutdownSignal([&] { reloader.Reload(); });
   // After a loss, STATUS keeps saying what was lost (systemctl status shows it).
   tophat::ServiceNotify(serving_lost.load() ? "STOPPING=1" : "STOPPING=1\nSTATUS=draining");
   // Without its stages or its GPU nothing in flight can finish: no grace period.
@@ -546,17 +592,28 @@ int main(int argc, char** argv) {
       ->group("Drills");
   CLI11_PARSE(app, argc, argv);
 
-  CloudConfig config;
-  if (!config_path.empty()) {
-    auto loaded = tophat::LoadCloudConfig(config_path);
-    if (!loaded.ok()) return Fail(loaded.status());
-    config = *std::move(loaded);
-  }
-  if (!bundle.empty()) config.bundle = bundle;
-  if (!listen.empty()) config.listen_address = listen;
-  if (app.count("--metrics") > 0) config.metrics_address = metrics;
-  if (!log_level.empty()) config.log_level = log_level;
-  if (absl::Status valid = tophat::ValidateCloudConfig(config); !valid.ok()) return Fail(valid);
+  const bool metrics_from_flag = app.count("--metrics") > 0;
+  const ConfigSource source{
+      .path = config_path,
+      .read = [&](std::map<std::string, std::string>* values) -> absl::StatusOr<CloudConfig> {
+        CloudConfig config;
+        if (!config_path.empty()) {
+          auto loaded = tophat::LoadCloudConfig(config_path, values);
+          if (!loaded.ok()) return loaded.status();
+          config = *std::move(loaded);
+        }
+        if (!bundle.empty()) config.bundle = bundle;
+        if (!listen.empty()) config.listen_address = listen;
+        if (metrics_from_flag) config.metrics_address = metrics;
+        if (!log_level.empty()) config.log_level = log_level;
+        if (absl::Status valid = tophat::ValidateCloudConfig(config); !valid.ok()) return valid;
+        return config;
+      },
+      .log_level_from_flag = !log_level.empty()};
+  std::map<std::string, std::string> values;
+  auto read = source.read(&values);
+  if (!read.ok()) return Fail(read.status());
+  const CloudConfig config = *std::move(read);
   if (check_config) return CheckConfig(config, config_path.empty() ? "(no --config)" : config_path);
   // A later stage keeps no sessions and has nothing to drain: SIGTERM simply ends it.
   if (stage > 0) {
@@ -568,5 +625,5 @@ int main(int argc, char** argv) {
   }
   // No thread exists yet (parsing started none): every thread to come inherits the mask.
   tophat::BlockShutdownSignals();
-  return Run(config, drill_device_loss_after_steps);
+  return Run(config, values, source, drill_device_loss_after_steps);
 }

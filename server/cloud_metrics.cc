@@ -17,10 +17,10 @@ const prometheus::Histogram::BucketBoundaries kSecondsBuckets = {
 }  // namespace
 
 CloudMetrics::CloudMetrics(prometheus::Registry& registry)
-    : sessions_running(AddGauge(registry, "tophat_num_sessions_running",
-                                "Sessions holding KV on the cloud")),
-      sessions_waiting(AddGauge(registry, "tophat_num_sessions_waiting",
-                                "Sessions queued for KV admission")),
+    : sessions_running(
+          AddGauge(registry, "tophat_num_sessions_running", "Sessions holding KV on the cloud")),
+      sessions_waiting(
+          AddGauge(registry, "tophat_num_sessions_waiting", "Sessions queued for KV admission")),
       sessions_parked(AddGauge(registry, "tophat_num_sessions_parked",
                                "Finished sessions whose KV is kept for the conversation's next "
                                "turn (ParkSession)")),
@@ -58,24 +58,27 @@ CloudMetrics::CloudMetrics(prometheus::Registry& registry)
                                "Prompt positions computed (prefill chunks)")),
       generation_tokens(AddCounter(registry, "tophat_generation_tokens_total",
                                    "Decode and verification positions computed")),
-      sessions_admitted(AddCounter(registry, "tophat_sessions_admitted_total",
-                                   "Sessions given KV")),
+      sessions_admitted(
+          AddCounter(registry, "tophat_sessions_admitted_total", "Sessions given KV")),
       sessions_rejected(AddCounter(registry, "tophat_sessions_rejected_total",
                                    "Sessions refused with RESOURCE_EXHAUSTED")),
-      session_errors(AddCounter(registry, "tophat_session_errors_total",
-                                "Per-session errors sent to agents")),
+      session_errors(
+          AddCounter(registry, "tophat_session_errors_total", "Per-session errors sent to agents")),
       steps_failed(AddCounter(registry, "tophat_steps_failed_total",
                               "Engine steps whose forward failed; each failed its sessions")),
       truncated_unstarted_positions(
           AddCounter(registry, "tophat_truncated_unstarted_positions_total",
                      "Positions of queued chunks a Truncate dropped before any step computed "
                      "them (speculative runs given up on)")),
-      streams_connected(AddGauge(registry, "tophat_streams_connected",
-                                 "Agent streams currently connected")),
+      streams_connected(
+          AddGauge(registry, "tophat_streams_connected", "Agent streams currently connected")),
       outgoing_queued_bytes(AddGauge(registry, "tophat_outgoing_queued_bytes",
                                      "Bytes of messages queued for agents, all streams")),
       streams_not_reading(AddCounter(registry, "tophat_streams_not_reading_total",
                                      "Streams ended because the agent did not read its results")),
+      streams_revoked(AddCounter(registry, "tophat_streams_revoked_total",
+                                 "Open streams ended because a reloaded config no longer "
+                                 "admits their device (tls.device_tokens, tls.revoked_devices)")),
       streams_congested(AddCounter(registry, "tophat_streams_congested_total",
                                    "Times a stream's unread results passed its bound, pausing "
                                    "its work until the agent read them")),
@@ -88,10 +91,10 @@ CloudMetrics::CloudMetrics(prometheus::Registry& registry)
                                    "Moving average of the tokens batched per step (mu)")),
       predicted_step_seconds(AddGauge(registry, "tophat_scheduler_predicted_step_seconds",
                                       "Step time the predictor expects at mu tokens, g(mu)")),
-      step_prediction_error_ratio(AddHistogram(
-          registry, "tophat_scheduler_step_prediction_error_ratio",
-          "|predicted - measured| / measured step time, predicted before each step",
-          {0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0})),
+      step_prediction_error_ratio(
+          AddHistogram(registry, "tophat_scheduler_step_prediction_error_ratio",
+                       "|predicted - measured| / measured step time, predicted before each step",
+                       {0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0})),
       scheduler_chunk_size(AddHistogram(registry, "tophat_scheduler_chunk_size",
                                         "Prompt chunk sizes chosen for devices",
                                         {8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096})),

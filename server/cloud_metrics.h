@@ -49,6 +49,8 @@ struct CloudMetrics {
   prometheus::Gauge& outgoing_queued_bytes;
   // Streams ended because their agent did not read its results (the outgoing bounds).
   prometheus::Counter& streams_not_reading;
+  // Open streams ended because a reloaded config no longer admits their device.
+  prometheus::Counter& streams_revoked;
   // Times a stream's unread results passed its bound and the engine paused its work.
   prometheus::Counter& streams_congested;
   // Reads of a stream held back by limits.max_messages_per_second_per_device.

@@ -1,26 +1,124 @@
 #include "server/cloud_service.h"
 
-#include <algorithm>
-#include <chrono>
-#include <deque>
-#include <memory>
-#include <mutex>
-#include <optional>
-#include <unordered_map>
-
 #include <grpcpp/alarm.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/proto_buffer_writer.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+
 #include "absl/strings/str_cat.h"
 #include "base/memory_release.h"
-
 #include "proto/channel_security.h"
 #include "proto/grpc_status.h"
 #include "proto/session_of.h"
 
 namespace tophat {
+
+absl::StatusOr<std::string> AdmitDevice(const DeviceAccess& access,
+                                        const PresentedCredentials& presented) {
+  std::string device = presented.certified;
+  if (!access.device_tokens.empty()) {
+    if (!presented.token_digest.ok()) return presented.token_digest.status();
+    auto named = MatchBearerDigest(*presented.token_digest, access.device_tokens);
+    if (!named.ok()) return named.status();
+    if (!presented.certified.empty() && *named != presented.certified) {
+      return absl::UnauthenticatedError(absl::StrCat(
+          "the bearer token is ", *named, "'s, the certificate ", presented.certified, "'s"));
+    }
+    device = *std::move(named);
+  }
+  if (!device.empty() && std::find(access.revoked_devices.begin(), access.revoked_devices.end(),
+                                   device) != access.revoked_devices.end()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("device ", device, " is revoked (tls.revoked_devices)"));
+  }
+  return device;
+}
+
+class OpenStreams {
+ public:
+  using End = std::function<void(grpc::Status)>;
+  struct Open {
+    PresentedCredentials presented;
+    std::string device;
+    End end;  // ends the stream with a status (its channel's End)
+  };
+  struct Ending {
+    StreamId id;
+    std::string device;
+    grpc::Status status;
+    End end;
+  };
+
+  explicit OpenStreams(DeviceAccess rules) : access_(std::move(rules)) {}
+
+  absl::StatusOr<std::string> Admit(const PresentedCredentials& presented) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return AdmitDevice(access_, presented);
+  }
+
+  // Adds a stream admitted as `device`, unless the rules changed since and no longer admit
+  // it as that device: then the refusal, and nothing is added.
+  absl::Status Register(StreamId id, PresentedCredentials presented, const std::string& device,
+                        End end) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (absl::Status still = Still(presented, device); !still.ok()) return still;
+    streams_.emplace(id, Open{std::move(presented), device, std::move(end)});
+    return absl::OkStatus();
+  }
+
+  void Unregister(StreamId id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    streams_.erase(id);
+  }
+
+  // New rules; returns the open streams they no longer admit (to be ended outside the lock:
+  // ending one may finish its call inline, whose OnDone unregisters it).
+  std::vector<Ending> Replace(DeviceAccess rules) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    access_ = std::move(rules);
+    std::vector<Ending> ending;
+    for (auto it = streams_.begin(); it != streams_.end();) {
+      const absl::Status still = Still(it->second.presented, it->second.device);
+      if (still.ok()) {
+        ++it;
+        continue;
+      }
+      ending.push_back({it->first, it->second.device, ToGrpcStatus(still), it->second.end});
+      it = streams_.erase(it);
+    }
+    return ending;
+  }
+
+ private:
+  // Whether the rules still admit `presented` as `device` (a token may now name another).
+  absl::Status Still(const PresentedCredentials& presented, const std::string& device) const {
+    auto now = AdmitDevice(access_, presented);
+    if (!now.ok()) return now.status();
+    if (*now != device) {
+      return absl::UnauthenticatedError(
+          absl::StrCat("the bearer token now names ", *now, ", not ", device));
+    }
+    return absl::OkStatus();
+  }
+
+  std::mutex mutex_;
+  DeviceAccess access_;
+  std::unordered_map<StreamId, Open> streams_;
+};
+
+std::shared_ptr<OpenStreams> MakeOpenStreams(DeviceAccess access) {
+  return std::make_shared<OpenStreams>(std::move(access));
+}
+
 namespace {
 
 class ConnectReactor;
@@ -59,6 +157,9 @@ class StreamChannel final : public MessageSink,
   // Counts a message handed to the engine; false when the reactor should stop reading.
   bool OnReadQueued(int64_t bytes);
   void Detach();
+  // Ends the stream from the cloud's side with `status` (a reload's refusal): its sessions
+  // are freed now, its queued results dropped. Nothing when it is already ending.
+  void End(grpc::Status status);
 
  private:
   struct Queued {
@@ -80,6 +181,9 @@ class StreamChannel final : public MessageSink,
   // The agent does not read: free its sessions, end the stream, cancel it if even that
   // cannot be written.
   void EndUnreadLocked(const std::string& why);
+  // Detaches the stream from the engine, drops its queue and finishes it with `status`; a
+  // call whose last write the agent does not take within unread_timeout_s is cancelled.
+  void EndLocked(grpc::Status status);
   void CancelCall();
   // Whether the unread results pass `fraction` of the stream's bound (or of its share of the
   // bound over all streams, when that one is passed).
@@ -147,13 +251,33 @@ class StreamChannel final : public MessageSink,
 class ConnectReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   // `device`: who the stream is (DeviceIdentity); "" for an anonymous plaintext stream.
+  // `presented`: what the stream presented, which admitted it as `device` (AdmitDevice).
   ConnectReactor(Engine* engine, StreamId stream, const CloudServiceOptions& options,
                  std::shared_ptr<OutgoingTotals> totals, std::shared_ptr<DevicePacer> pacer,
-                 grpc::CallbackServerContext* context, std::string device)
-      : engine_(engine), stream_(stream), device_(std::move(device)), context_(context) {
+                 std::shared_ptr<OpenStreams> open, grpc::CallbackServerContext* context,
+                 PresentedCredentials presented, std::string device)
+      : engine_(engine),
+        stream_(stream),
+        device_(std::move(device)),
+        context_(context),
+        open_(std::move(open)) {
     channel_ = std::make_shared<StreamChannel>(
         this, engine, stream, options, std::move(totals), std::move(pacer),
         device_.empty() ? "stream " + std::to_string(stream) : device_);
+    // Registered before the engine knows it: from here on a reload holds it to its rules.
+    // A reload since the stream was admitted is caught here, by a second look.
+    std::weak_ptr<StreamChannel> weak = channel_;
+    absl::Status still =
+        open_->Register(stream_, std::move(presented), device_, [weak](grpc::Status status) {
+          if (auto channel = weak.lock()) {
+            channel->End(std::move(status));
+          }
+        });
+    if (!still.ok()) {
+      detached_ = true;  // never attached
+      channel_->Finish(still);
+      return;
+    }
     spdlog::info("stream {} connected from {} ({})", stream_, context_->peer(),
                  device_.empty() ? std::string("no device identity: plaintext")
                                  : "device " + device_);
@@ -216,6 +340,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, gr
   void OnDone() override {
     Detach();
     channel_->Detach();
+    open_->Unregister(stream_);
     spdlog::info("stream {} done", stream_);
     delete this;
     // Its queued results, unread chunks and buffers go back to the system (after the
@@ -233,6 +358,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, gr
   std::string device_;  // DeviceIdentity: certificate or token; "" for anonymous plaintext
   grpc::CallbackServerContext* context_;
   std::shared_ptr<StreamChannel> channel_;
+  std::shared_ptr<OpenStreams> open_;
   grpc::ByteBuffer incoming_bytes_;  // what the read gets
   v1::AgentMessage incoming_;        // parsed from it
   int64_t messages_read_ = 0;
@@ -360,11 +486,21 @@ void StreamChannel::DropQueueLocked() {
 void StreamChannel::EndUnreadLocked(const std::string& why) {
   spdlog::warn("stream {}: ending it: {}", stream_, why);
   if (options_.metrics != nullptr) options_.metrics->streams_not_reading.Increment();
+  EndLocked(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                         "the agent is not reading its stream: " + why));
+}
+
+void StreamChannel::End(grpc::Status status) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (reactor_ == nullptr || finishing_) return;
+  EndLocked(std::move(status));
+}
+
+void StreamChannel::EndLocked(grpc::Status status) {
   // Its sessions' KV and its place in the batch go now, not when the call is finally done.
   engine_->DetachStream(stream_);
   DropQueueLocked();
-  FinishLocked(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                            "the agent is not reading its stream: " + why));
+  FinishLocked(std::move(status));
   if (writing_) {
     // The status can only follow the message being written, which the agent is not taking.
     std::weak_ptr<StreamChannel> weak = weak_from_this();
@@ -629,25 +765,15 @@ class RefusedReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, gr
   void OnDone() override { delete this; }
 };
 
-// The device a stream is: the name its client certificate gives (mutual TLS), or its bearer
-// token's when tls.device_tokens is set (both, and they must agree, when there are both).
-// A plaintext stream without tokens is anonymous (""): each such stream is its own device.
-absl::StatusOr<std::string> DeviceIdentity(const grpc::CallbackServerContext& context,
-                                           const std::vector<BearerToken>& tokens) {
-  const std::string certified = PeerIdentity(*context.auth_context());
-  if (tokens.empty()) return certified;
-  auto named = AuthenticateBearer(context, tokens);
-  if (!named.ok()) return named.status();
-  if (!certified.empty() && *named != certified) {
-    return absl::UnauthenticatedError(absl::StrCat("the bearer token is ", *named,
-                                                   "'s, the certificate ", certified, "'s"));
-  }
-  return named;
-}
-
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* CloudServiceImpl::Connect(
     grpc::CallbackServerContext* context) {
-  auto device = DeviceIdentity(*context, options_.device_tokens);
+  PresentedCredentials presented{.certified = PeerIdentity(*context->auth_context())};
+  const auto& metadata = context->client_metadata();
+  if (const auto found = metadata.find(kAuthorizationMetadata); found != metadata.end()) {
+    presented.token_digest =
+        BearerDigest(absl::string_view(found->second.data(), found->second.size()));
+  }
+  auto device = open_->Admit(presented);
   if (!device.ok()) {
     // Rate-limited: a client retrying a bad token must not flood the log.
     std::lock_guard<std::mutex> lock(refusal_log_mutex_);
@@ -658,8 +784,20 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* CloudServiceImpl::C
     }
     return new RefusedReactor(ToGrpcStatus(device.status()));
   }
-  return new ConnectReactor(engine_, next_stream_++, options_, totals_, pacer_, context,
-                            *std::move(device));
+  return new ConnectReactor(engine_, next_stream_++, options_, totals_, pacer_, open_, context,
+                            std::move(presented), *std::move(device));
+}
+
+int CloudServiceImpl::UpdateAccess(DeviceAccess access) {
+  const std::vector<OpenStreams::Ending> ending = open_->Replace(std::move(access));
+  for (const OpenStreams::Ending& stream : ending) {
+    spdlog::warn("stream {} ({}): ended by the reloaded config: {}", stream.id,
+                 stream.device.empty() ? std::string("plaintext") : "device " + stream.device,
+                 stream.status.error_message());
+    stream.end(stream.status);
+    if (options_.metrics != nullptr) options_.metrics->streams_revoked.Increment();
+  }
+  return static_cast<int>(ending.size());
 }
 
 }  // namespace tophat

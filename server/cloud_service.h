@@ -23,6 +23,31 @@
 
 namespace tophat {
 
+// Who may hold a stream on the agents' port.
+struct DeviceAccess {
+  // tls.device_tokens: when set, a stream without one of these bearer tokens is refused with
+  // UNAUTHENTICATED, and the token names the device (it must agree with a certificate's name).
+  std::vector<BearerToken> device_tokens;
+  // tls.revoked_devices: refused with PERMISSION_DENIED, whatever they present.
+  std::vector<std::string> revoked_devices;
+};
+
+// What a stream presented: the name its certificate gives ("" without one: plaintext) and the
+// SHA-256 of its bearer token (an error saying what is wrong when it carried none, or not as
+// "Bearer <token>"). Kept for the stream's life, so that a reload can check it again.
+struct PresentedCredentials {
+  std::string certified;
+  absl::StatusOr<std::string> token_digest =
+      absl::UnauthenticatedError("no bearer token (authorization metadata) on the call");
+};
+
+// The device a stream is under `access`: its certificate's name, or its token's when
+// device_tokens is set (both, and they must agree, when there are both); "" for a plaintext
+// stream without tokens (each such stream is its own device). UNAUTHENTICATED for a missing,
+// unknown or another device's token, PERMISSION_DENIED for a revoked device.
+absl::StatusOr<std::string> AdmitDevice(const DeviceAccess& access,
+                                        const PresentedCredentials& presented);
+
 struct CloudServiceOptions {
   // What a stream's messages may hold in the engine (IntakeBytes) before the reactor stops
   // reading from it (backpressure on an agent that sends faster than the cloud computes;
@@ -56,9 +81,8 @@ struct CloudServiceOptions {
   // slowed to this rate without holding back its admitted sessions' chunks; its refusals no
   // longer take CPU from the cloud and the other devices.
   double max_refusals_per_second_per_device = 20;
-  // tls.device_tokens: when set, a stream without one of these bearer tokens is refused with
-  // UNAUTHENTICATED, and the token names the device (it must agree with a certificate's name).
-  std::vector<BearerToken> device_tokens;
+  // Who may hold a stream (DeviceAccess); UpdateAccess replaces it while streams run.
+  DeviceAccess access;
   CloudMetrics* metrics = nullptr;  // optional
 };
 
@@ -94,6 +118,10 @@ struct OutgoingTotals {
   std::atomic<int64_t> streams{0};
 };
 
+// The streams open on the port, with what each presented (cloud_service.cc).
+class OpenStreams;
+std::shared_ptr<OpenStreams> MakeOpenStreams(DeviceAccess access);
+
 // Connect is registered raw (ByteBuffer in and out) so that a message the agent sent that is
 // not an AgentMessage can be told from the agent half-closing its stream: gRPC's typed
 // callback API reports both as a failed read, and would end the stream with OK. The reactor
@@ -108,13 +136,20 @@ class CloudServiceImpl final
         pacer_(options.max_messages_per_second_per_device > 0
                    ? std::make_shared<DevicePacer>(options.max_messages_per_second_per_device,
                                                    options.max_refusals_per_second_per_device)
-                   : nullptr) {}
+                   : nullptr),
+        open_(MakeOpenStreams(options.access)) {}
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Connect(
       grpc::CallbackServerContext* context) override;
 
   // Bytes of results queued for agents and not yet handed to gRPC, all streams.
   int64_t outgoing_queued_bytes() const { return totals_->queued_bytes.load(); }
+
+  // Replaces who may hold a stream (a config reload), for new streams and open ones alike:
+  // an open stream that `access` no longer admits is ended with the refusal it would get
+  // now (its sessions' KV freed at once), and the rest go on untouched. Returns how many
+  // were ended. Thread-safe.
+  int UpdateAccess(DeviceAccess access);
 
  private:
   Engine* engine_;
@@ -124,6 +159,9 @@ class CloudServiceImpl final
   std::shared_ptr<OutgoingTotals> totals_;
   std::shared_ptr<DevicePacer> pacer_;  // null: no rate limit
   std::atomic<StreamId> next_stream_{1};
+  // The access rules and the streams open under them; shared with the reactors, which leave
+  // it when their calls are done.
+  std::shared_ptr<OpenStreams> open_;
 };
 
 }  // namespace tophat

@@ -12,6 +12,7 @@ sigset_t ShutdownSignals() {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   return signals;
 }
 
@@ -22,11 +23,17 @@ void BlockShutdownSignals() {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 }
 
-const char* WaitForShutdownSignal() {
+const char* WaitForShutdownSignal(const std::function<void()>& on_reload) {
   const sigset_t signals = ShutdownSignals();
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
-  return signal_number == SIGTERM ? "SIGTERM" : "SIGINT";
+  while (true) {
+    int signal_number = 0;
+    if (sigwait(&signals, &signal_number) != 0) continue;
+    if (signal_number == SIGHUP) {
+      if (on_reload) on_reload();
+      continue;
+    }
+    return signal_number == SIGTERM ? "SIGTERM" : "SIGINT";
+  }
 }
 
 void RequestShutdown() { kill(getpid(), SIGTERM); }

@@ -454,7 +454,8 @@ class AgentProcess {
     args.insert(args.end(), agent_args.begin(), agent_args.end());
     // Every agent is device-1 to the cloud, over mutual TLS.
     const TlsFiles tls = DeviceTls("device-1");
-    const fs::path config = dir / ("agent-" + std::to_string(port_) + ".yaml");
+    config_ = dir / ("agent-" + std::to_string(port_) + ".yaml");
+    const fs::path& config = config_;
     std::ofstream(config) << "cloud_tls:\n  certificate_file: " << tls.certificate_file
                           << "\n  private_key_file: " << tls.private_key_file
                           << "\n  ca_file: " << tls.ca_file << "\n"
@@ -496,6 +497,7 @@ class AgentProcess {
   Client& client() { return *client_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   ChildProcess& process() { return *process_; }
+  const fs::path& config() const { return config_; }
   double Metric(const std::string& name, const std::string& labels = "") const {
     return testing::MetricValue(testing::HttpGet(metrics_port_, "/metrics"), name, labels)
         .value_or(-1);
@@ -504,6 +506,7 @@ class AgentProcess {
  private:
   int port_;
   int metrics_port_;
+  fs::path config_;
   std::unique_ptr<ChildProcess> process_;
   std::unique_ptr<Client> client_;
 };
@@ -658,8 +661,9 @@ class RawStream {
  public:
   // `receive_window`: HTTP/2's window for what the cloud may send ahead of our reads (0:
   // gRPC's, which grows to megabytes), so that tests of unread results need not fill it.
+  // `token`: a bearer token sent with the stream, for a cloud with device tokens.
   explicit RawStream(const std::string& address, const std::string& device = "device-1",
-                     int receive_window = 0) {
+                     int receive_window = 0, const std::string& token = "") {
     grpc::ChannelArguments args;
     args.SetMaxSendMessageSize(256 << 20);
     if (receive_window > 0) {
@@ -671,6 +675,7 @@ class RawStream {
     context_.set_deadline(std::chrono::system_clock::now() + 120s);
     channel_ = grpc::CreateCustomChannel(address, DeviceCredentials(device), args);
     stub_ = v1::CloudService::NewStub(channel_);
+    if (!token.empty()) context_.AddMetadata(kAuthorizationMetadata, BearerMetadataValue(token));
     stream_ = stub_->Connect(&context_);
     v1::CloudMessage first;
     REQUIRE(stream_->Read(&first));
@@ -2308,6 +2313,174 @@ TEST_CASE("A cloud restart mid-generation is survived with the right tokens", "[
   REQUIRE(cloud.process().Wait(5s).has_value());
   cloud.Start(dir.path());  // same port, fresh process, empty KV
   generation.CheckSurvived();
+}
+
+// Rewrites `config`'s tls.device_tokens line (and adds tls.revoked_devices after it) as an
+// operator should: a new file renamed over the old.
+void RewriteAccess(const fs::path& config, const std::vector<std::string>& device_tokens,
+                   const std::vector<std::string>& revoked_devices = {}) {
+  std::istringstream in(ReadFile(config));
+  std::ostringstream out;
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with("  revoked_devices: [")) continue;  // an earlier rewrite's
+    if (line.starts_with("  device_tokens: [")) {
+      line = "  device_tokens: [" + absl::StrJoin(device_tokens, ", ") + "]\n" +
+             "  revoked_devices: [" + absl::StrJoin(revoked_devices, ", ") + "]";
+    }
+    out << line << "\n";
+  }
+  const fs::path replacement = config.string() + ".new";
+  std::ofstream(replacement) << out.str();
+  fs::rename(replacement, config);
+}
+
+// The log's count of `text` (a line the daemon writes once per event).
+int Occurrences(const std::string& log, const std::string& text) {
+  int count = 0;
+  for (size_t at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) ++count;
+  return count;
+}
+
+TEST_CASE(
+    "A reloaded cloud config rotates a device's token and revokes a device while streams "
+    "run, and a config that does not load changes nothing",
+    "[serving]") {
+  testing::TempDir dir;
+  const auto token_entry = [](const std::string& device, const std::string& token) {
+    return "\"" + device + ":" + Sha256Hex(token) + "\"";
+  };
+  CloudSettings settings;
+  settings.device_tokens = {token_entry("device-1", "secret-1"),
+                            token_entry("device-2", "secret-2")};
+  CloudProcess cloud(dir.path(), settings);
+  const fs::path token_file = dir.path() / "device-1.token";
+  std::ofstream(token_file) << "secret-1\n";
+  AgentProcess agent(dir.path(), cloud, 16, "", 0, token_file.string());
+  // device-2's stream, which none of the reloads below may touch.
+  RawStream device_2(cloud.address(), "device-2", 0, "secret-2");
+  REQUIRE(testing::WaitUntil([&] { return cloud.Metric("tophat_streams_connected") == 2; }, 10s));
+  const auto reload = [&](int nth) {
+    cloud.process().Signal(SIGHUP);
+    // Applied or failed, the reload is counted once it is done.
+    REQUIRE(testing::WaitUntil([&] { return cloud.Metric("tophat_config_reloads_total") == nth; },
+                               20s));
+  };
+
+  // 1. Rotation mid-generation: the new token goes to the device first, then its digest
+  // replaces the old one on the cloud. The reload ends the stream of the old token; the agent
+  // reconnects, reading its token file again, and the request finishes with the right tokens.
+  {
+    LongGeneration generation(agent, cloud);
+    std::ofstream(dir.path() / "device-1.token.new") << "secret-1b\n";
+    fs::rename(dir.path() / "device-1.token.new", token_file);
+    RewriteAccess(cloud.config(),
+                  {token_entry("device-1", "secret-1b"), token_entry("device-2", "secret-2")});
+    reload(1);
+    generation.CheckSurvived();
+  }
+  std::string log = cloud.process().Log();
+  INFO(log);
+  CHECK(Occurrences(log, "ended by the reloaded config: the bearer token is not one configured") ==
+        1);
+  CHECK_THAT(log, Catch::Contains("2 device token(s), 0 revoked device(s), log_level info; 1 "
+                                  "open stream(s) no longer admitted were ended"));
+  CHECK(cloud.Metric("tophat_streams_revoked_total") == 1);
+  CHECK(cloud.Metric("tophat_config_reloads_total", "result=\"applied\"") == 1);
+  // The old token no longer opens a stream; the new one does.
+  CHECK(OpenCloudStream(cloud.address(), DeviceCredentials("device-1"), "secret-1").error_code() ==
+        grpc::StatusCode::UNAUTHENTICATED);
+  CHECK(OpenCloudStream(cloud.address(), DeviceCredentials("device-1"), "secret-1b").ok());
+
+  // 2. A config that does not load: nothing changes, and the error names the file and key.
+  const std::string good = ReadFile(cloud.config());
+  { std::ofstream(cloud.config(), std::ios::app) << "log_level: chatty\n"; }
+  reload(2);
+  log = cloud.process().Log();
+  CHECK_THAT(log, Catch::Contains("not reloaded; tophat-cloud serves on with the config it had"));
+  CHECK_THAT(log, Catch::Contains("log_level: expected one of"));
+  CHECK(cloud.Metric("tophat_config_reloads_total", "result=\"failed\"") == 1);
+  CHECK(OpenCloudStream(cloud.address(), DeviceCredentials("device-1"), "secret-1b").ok());
+
+  // 3. Revocation: device-1's open stream ends at once and it gets no other; device-2 serves
+  // on. A key only a restart applies is named as waiting for one.
+  std::ofstream(cloud.config()) << good;
+  RewriteAccess(cloud.config(),
+                {token_entry("device-1", "secret-1b"), token_entry("device-2", "secret-2")},
+                {"device-1"});
+  {
+    std::string text = ReadFile(cloud.config());
+    const std::string key = "max_context: 1024";
+    REQUIRE(text.find(key) != std::string::npos);
+    std::ofstream(cloud.config()) << text.replace(text.find(key), key.size(), "max_context: 512");
+  }
+  reload(3);
+  log = cloud.process().Log();
+  CHECK(Occurrences(log,
+                    "ended by the reloaded config: device device-1 is revoked "
+                    "(tls.revoked_devices)") == 1);
+  CHECK_THAT(log, Catch::Contains("take effect only at a restart: max_context"));
+  CHECK(cloud.Metric("tophat_config_keys_awaiting_restart") == 1);
+  CHECK(cloud.Metric("tophat_streams_revoked_total") == 2);
+  const grpc::Status revoked =
+      OpenCloudStream(cloud.address(), DeviceCredentials("device-1"), "secret-1b");
+  CHECK(revoked.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+  CHECK_THAT(revoked.error_message(), Catch::Contains("device device-1 is revoked"));
+  REQUIRE(testing::WaitUntil(
+      [&] {
+        auto health = agent.client().Health();
+        return health.ok() && !health->cloud_connected();
+      },
+      10s));
+  CHECK(cloud.Metric("tophat_streams_connected") == 1);
+  // device-2's stream was open through every reload and still serves.
+  const uint32_t d = device_2.hello().hidden_size();
+  REQUIRE(device_2.Send(OpenMessage(1, 64)));
+  REQUIRE(device_2.Send(ChunkMessage(1, 0, 4, d, v1::DTYPE_FLOAT32)));
+  const v1::CloudMessage reply = device_2.ReadFor(1);
+  REQUIRE(reply.has_result());
+  CHECK(reply.result().states().num_positions() == 4);
+  CHECK(cloud.process().running());
+}
+
+TEST_CASE("A reloaded agent config replaces its app tokens for the calls after it", "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});
+  AgentProcess agent(dir.path(), cloud, 16,
+                     "app_tokens: [\"app-a:" + Sha256Hex("token-a") + "\"]\n");
+  const auto connect = [&](const std::string& token) {
+    auto client = Client::Connect(agent.address(), ClientOptions{.timeout_s = 10, .token = token});
+    REQUIRE(client.ok());
+    return *std::move(client);
+  };
+  std::unique_ptr<Client> old_token = connect("token-a");
+  std::unique_ptr<Client> new_token = connect("token-a2");
+  CHECK(old_token->Info().ok());
+  CHECK(absl::IsUnauthenticated(new_token->Info().status()));
+
+  // The new token replaces the old; the log level and a key only a restart applies change too.
+  std::string text = ReadFile(agent.config());
+  const std::string old_line = "app_tokens: [\"app-a:" + Sha256Hex("token-a") + "\"]";
+  REQUIRE(text.find(old_line) != std::string::npos);
+  text.replace(text.find(old_line), old_line.size(),
+               "app_tokens: [\"app-a:" + Sha256Hex("token-a2") +
+                   "\"]\nlog_level: debug\nmax_concurrent_requests: 3");
+  std::ofstream(agent.config().string() + ".new") << text;
+  fs::rename(agent.config().string() + ".new", agent.config());
+  agent.process().Signal(SIGHUP);
+  REQUIRE(testing::WaitUntil(
+      [&] { return agent.Metric("tophat_config_reloads_total", "result=\"applied\"") == 1; }, 20s));
+  CHECK(absl::IsUnauthenticated(old_token->Info().status()));
+  const std::vector<int32_t> prompt = Tokenize(ToyPrompts(13, 1)[0]);
+  auto result = new_token->Generate(IdsRequest(prompt, 8));
+  REQUIRE(result.ok());
+  REQUIRE(result->ok());
+  CHECK(Tokens(*result) == Reference(prompt, 8, true));
+  const std::string log = agent.process().Log();
+  INFO(log);
+  CHECK_THAT(log, Catch::Contains("1 app token(s), log_level debug"));
+  CHECK_THAT(log, Catch::Contains("take effect only at a restart: max_concurrent_requests"));
+  CHECK(agent.Metric("tophat_config_keys_awaiting_restart") == 1);
+  CHECK(agent.process().running());
 }
 
 TEST_CASE("A drain past its grace period cancels what still runs, tells its agent, and exits 0",

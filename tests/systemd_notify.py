@@ -3,7 +3,8 @@
 Usage: python3 systemd_notify.py BIN_DIR WORK_DIR (WORK_DIR/bundles from `tophat split`).
 Binds a datagram socket, starts tophat-cloud and then tophat-agent with NOTIFY_SOCKET set
 (and WATCHDOG_USEC for the cloud), and checks what each sends: READY=1 only once its port
-listens, WATCHDOG=1 at least every watchdog interval, STOPPING=1 on SIGTERM, exit status 0.
+listens, WATCHDOG=1 at least every watchdog interval, RELOADING=1 and then READY=1 on SIGHUP
+(`systemctl reload`, ExecReload=), STOPPING=1 on SIGTERM, exit status 0.
 """
 
 import os
@@ -59,6 +60,16 @@ def start(binary, config, notify, log, watchdog):
                             stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
 
+def reload(name, process, events):
+    """SIGHUP: RELOADING=1, then READY=1 once the reload is done, and the daemon serves on."""
+    process.send_signal(signal.SIGHUP)
+    events.wait_for("RELOADING=1", 30, f"{name} on SIGHUP")
+    events.wait_for("READY=1", 30, f"{name} after its reload")
+    if process.poll() is not None:
+        raise SystemExit(f"FAIL: {name} exited {process.returncode} on SIGHUP")
+    print(f"{name}: RELOADING=1, then READY=1 on SIGHUP, still running")
+
+
 def stop(name, process, events):
     """SIGTERM: STOPPING=1 first, then exit status 0."""
     process.send_signal(signal.SIGTERM)
@@ -98,11 +109,13 @@ def main():
             if not listening(agent_port):
                 raise SystemExit("FAIL: tophat-agent said READY=1 before its port listened")
             print("tophat-agent: READY=1 with its port listening")
+            reload("tophat-agent", agent, agent_events)
             stop("tophat-agent", agent, agent_events)
         finally:
             if agent.poll() is None:
                 agent.kill()
 
+        reload("tophat-cloud", cloud, cloud_events)
         stop("tophat-cloud", cloud, cloud_events)
     finally:
         if cloud.poll() is None:
