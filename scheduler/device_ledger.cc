@@ -1,5 +1,7 @@
 #include "scheduler/device_ledger.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
@@ -79,6 +81,21 @@ void DeviceLedger::Close(const std::string& device, int32_t blocks, bool waiting
 DeviceLedger::Usage DeviceLedger::usage(const std::string& device) const {
   const auto it = usage_.find(device);
   return it == usage_.end() ? Usage{} : it->second;
+}
+
+std::vector<std::pair<std::string, DeviceLedger::Usage>> DeviceLedger::Top(size_t limit) const {
+  std::vector<std::pair<std::string, Usage>> devices(usage_.begin(), usage_.end());
+  const auto first = [](const std::pair<std::string, Usage>& a,
+                        const std::pair<std::string, Usage>& b) {
+    if (a.second.blocks != b.second.blocks) return a.second.blocks > b.second.blocks;
+    if (a.second.sessions != b.second.sessions) return a.second.sessions > b.second.sessions;
+    return a.first < b.first;
+  };
+  limit = std::min(limit, devices.size());
+  std::partial_sort(devices.begin(), devices.begin() + static_cast<std::ptrdiff_t>(limit),
+                    devices.end(), first);
+  devices.resize(limit);
+  return devices;
 }
 
 }  // namespace tophat

@@ -68,6 +68,9 @@ class DeviceLedger {
   };
   // What `device`'s sessions count now (all zero for a device with none).
   Usage usage(const std::string& device) const;
+  // The `limit` devices whose sessions count the most KV blocks, then the most sessions, then
+  // by name: who holds the cloud, for an operator (the metrics port's /devices).
+  std::vector<std::pair<std::string, Usage>> Top(size_t limit) const;
 
  private:
   const DeviceLimits limits_;

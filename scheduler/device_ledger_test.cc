@@ -99,5 +99,25 @@ TEST_CASE("DeviceLedger gives each device a slot and its weight, and reuses free
   CHECK(ledger.usage("device heavy").slot == 0);
 }
 
+TEST_CASE("DeviceLedger names the devices holding the most KV, then sessions, then by name") {
+  DeviceLedger ledger({});
+  ledger.Open("device small", 2);
+  ledger.Open("device big", 8);
+  ledger.Open("device many", 3);
+  ledger.Open("device many", 3);
+  ledger.Open("device tie", 2);
+  ledger.Open("device gone", 5);
+  ledger.Close("device gone", 5, /*waiting=*/true);  // no sessions left: not listed
+  const auto top = ledger.Top(3);
+  REQUIRE(top.size() == 3);
+  CHECK(top[0].first == "device big");
+  CHECK(top[1].first == "device many");
+  CHECK(top[1].second.sessions == 2);
+  CHECK(top[1].second.blocks == 6);
+  CHECK(top[2].first == "device small");  // 2 blocks, 1 session, as "device tie": by name
+  CHECK(ledger.Top(100).size() == 4);
+  CHECK(ledger.Top(0).empty());
+}
+
 }  // namespace
 }  // namespace tophat

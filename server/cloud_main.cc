@@ -17,12 +17,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "base/cli_checks.h"
@@ -253,6 +255,77 @@ absl::StatusOr<tophat::ConfigReloader::Applied> ApplyReloadedConfig(
           tophat::KeysAwaitingRestart(started_values, values, tophat::kCloudReloadedKeys)};
 }
 
+// The engine, while it exists, for the metrics port's /devices (which starts before it).
+struct ReportingEngine {
+  std::mutex mutex;
+  tophat::Engine* engine = nullptr;  // under mutex
+};
+
+// Sets the engine for /devices, and takes it away again before the engine goes.
+class ReportingEngineScope {
+ public:
+  ReportingEngineScope(ReportingEngine& reporting, tophat::Engine* engine) : reporting_(reporting) {
+    std::lock_guard<std::mutex> lock(reporting_.mutex);
+    reporting_.engine = engine;
+  }
+  ~ReportingEngineScope() {
+    std::lock_guard<std::mutex> lock(reporting_.mutex);
+    reporting_.engine = nullptr;
+  }
+  ReportingEngineScope(const ReportingEngineScope&) = delete;
+  ReportingEngineScope& operator=(const ReportingEngineScope&) = delete;
+
+ private:
+  ReportingEngine& reporting_;
+};
+
+tophat::HttpReply JsonError(int status, const std::string& message) {
+  return {.status = status, .body = nlohmann::json{{"error", message}}.dump()};
+}
+
+// GET /devices[?limit=N]: the devices holding the most KV on this cloud (Engine::Devices), as
+// JSON, for an operator asking who fills it (docs/operations.md).
+tophat::HttpReply DevicesReply(ReportingEngine& reporting,
+                               const std::multimap<std::string, std::string>& params) {
+  constexpr int64_t kMaxLimit = 1000;
+  int64_t limit = 20;
+  if (const auto it = params.find("limit"); it != params.end()) {
+    if (!absl::SimpleAtoi(it->second, &limit) || limit < 1 || limit > kMaxLimit) {
+      return JsonError(400, absl::StrCat("limit: expected a whole number in [1, ", kMaxLimit,
+                                         "], got \"", it->second, "\""));
+    }
+  }
+  absl::StatusOr<tophat::DevicesReport> report =
+      absl::UnavailableError("the engine is not running");
+  {
+    std::lock_guard<std::mutex> lock(reporting.mutex);
+    if (reporting.engine != nullptr) {
+      report = reporting.engine->Devices(
+          static_cast<size_t>(limit), std::chrono::steady_clock::now() + std::chrono::seconds(2));
+    }
+  }
+  if (!report.ok()) return JsonError(503, std::string(report.status().message()));
+  nlohmann::json top = nlohmann::json::array();
+  for (const tophat::DevicesReport::Device& device : report->top) {
+    top.push_back({{"device", device.device},
+                   {"sessions", device.sessions},
+                   {"waiting", device.waiting},
+                   {"kv_blocks", device.kv_blocks},
+                   {"kv_fraction", report->kv_blocks_total > 0
+                                       ? static_cast<double>(device.kv_blocks) /
+                                             static_cast<double>(report->kv_blocks_total)
+                                       : 0.0},
+                   {"streams", device.streams}});
+  }
+  const nlohmann::json body = {{"devices", report->devices},
+                               {"streams", report->streams},
+                               {"kv_blocks_total", report->kv_blocks_total},
+                               {"kv_blocks_allocated", report->kv_blocks_allocated},
+                               {"top", std::move(top)}};
+  // Device names may be anything a certificate or token gives: never fail on their bytes.
+  return {.body = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)};
+}
+
 // `drill_device_loss_after_steps`: --drill-device-loss-after-steps (0: no drill).
 int Run(const CloudConfig& written, const std::map<std::string, std::string>& written_values,
         const ConfigSource& source, int64_t drill_device_loss_after_steps) {
@@ -343,7 +416,12 @@ int Run(const CloudConfig& written, const std::map<std::string, std::string>& wr
 
   auto registry = std::make_shared<prometheus::Registry>();
   tophat::CloudMetrics metrics(*registry);
-  auto metrics_server = tophat::StartConfiguredMetricsServer(config.metrics_address, registry);
+  ReportingEngine reporting;
+  auto metrics_server = tophat::StartConfiguredMetricsServer(
+      config.metrics_address, registry,
+      {{"/devices", [&reporting](const std::multimap<std::string, std::string>& params) {
+          return DevicesReply(reporting, params);
+        }}});
   if (!metrics_server.ok()) return Fail(metrics_server.status());
   // When the agents' port's certificates end (alerts TophatCertificateExpires*), re-read as
   // they rotate.
@@ -425,6 +503,7 @@ int Run(const CloudConfig& written, const std::map<std::string, std::string>& wr
   }
   auto engine = tophat::Engine::Create(engine_options, middle, &metrics);
   if (!engine.ok()) return Fail(engine.status());
+  const ReportingEngineScope reporting_scope(reporting, engine->get());
   spdlog::info("middle layers [{}, {}), KV pool {} blocks x {} positions ({} MiB)", layers.begin,
                layers.end, num_blocks, config.kv_cache.block_size,
                num_blocks * block_bytes >> 20);

@@ -274,6 +274,8 @@ class ConnectReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, gr
           }
         });
     if (!still.ok()) {
+      spdlog::warn("stream from {} refused by the config reloaded as it connected: {}",
+                   context_->peer(), std::string(still.message()));
       detached_ = true;  // never attached
       channel_->Finish(still);
       return;

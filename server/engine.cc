@@ -255,6 +255,23 @@ void Engine::Stop() {
 
 v1::Hello Engine::hello() const { return hello_; }
 
+absl::StatusOr<DevicesReport> Engine::Devices(size_t limit,
+                                              std::chrono::steady_clock::time_point deadline) {
+  auto report = std::make_shared<std::promise<DevicesReport>>();
+  std::future<DevicesReport> answer = report->get_future();
+  Post({.kind = Event::Kind::kReport, .report = std::move(report), .report_limit = limit});
+  if (answer.wait_until(deadline) != std::future_status::ready) {
+    return absl::UnavailableError(
+        "the engine thread did not answer in time (a long step, or a stopped or wedged engine)");
+  }
+  try {
+    return answer.get();
+  } catch (const std::future_error&) {
+    // The engine dropped the event unanswered (it stopped).
+    return absl::UnavailableError("the engine has stopped");
+  }
+}
+
 EngineStats Engine::stats() const {
   return {.sessions_running = stat_running_,
           .sessions_waiting = stat_waiting_,
@@ -372,6 +389,24 @@ void Engine::HandleEvent(Event& event) {
       return;
     case Event::Kind::kBarrier:
       return;
+    case Event::Kind::kReport: {
+      DevicesReport report{.devices = static_cast<int64_t>(device_ledger_.num_devices()),
+                           .streams = static_cast<int64_t>(streams_.size()),
+                           .kv_blocks_total = options_.kv_num_blocks,
+                           .kv_blocks_allocated = stat_blocks_};
+      std::unordered_map<std::string, int64_t> streams_of;
+      for (const auto& [id, stream] : streams_) ++streams_of[stream.device];
+      for (auto& [device, usage] : device_ledger_.Top(event.report_limit)) {
+        const auto streams = streams_of.find(device);
+        report.top.push_back({.device = std::move(device),
+                              .sessions = usage.sessions,
+                              .waiting = usage.waiting,
+                              .kv_blocks = usage.blocks,
+                              .streams = streams == streams_of.end() ? 0 : streams->second});
+      }
+      event.report->set_value(std::move(report));
+      return;
+    }
   }
 }
 

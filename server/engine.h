@@ -5,6 +5,8 @@
 // each session's deep hidden states back to its stream.
 #pragma once
 
+#include <ATen/ATen.h>
+
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -12,19 +14,18 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <future>
 #include <list>
 #include <map>
-#include <set>
 #include <memory>
-#include <optional>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
-
-#include <ATen/ATen.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -36,14 +37,14 @@
 #include "models/runtime/kv_cache.h"
 #include "models/runtime/submodel.h"
 #include "scheduler/batch_planner.h"
-#include "scheduler/kv_block_allocator.h"
 #include "scheduler/decode_decisions.h"
 #include "scheduler/device_ledger.h"
+#include "scheduler/kv_block_allocator.h"
 #include "scheduler/state_monitor.h"
 #include "server/cloud_metrics.h"
 #include "server/message_sink.h"
-#include "server/result_pieces.h"
 #include "server/pipeline/pipeline_stage.h"
+#include "server/result_pieces.h"
 #include "tophat/v1/cloud.pb.h"
 
 namespace tophat {
@@ -130,6 +131,23 @@ using Clock = std::chrono::steady_clock;
 // evicted, stream gone). Erasing frees the KV.
 enum class SessionState { kQueued, kRunning, kParked };
 
+// Who holds this cloud (the metrics port's /devices): the devices whose sessions count the
+// most KV blocks.
+struct DevicesReport {
+  struct Device {
+    std::string device;     // "device NAME" (certificate or token), or "stream N" (plaintext)
+    int64_t sessions = 0;   // open: running, waiting or parked
+    int64_t waiting = 0;    // of those, waiting for admission
+    int64_t kv_blocks = 0;  // what they count against the pool (reserved, not only used)
+    int64_t streams = 0;    // its streams open now
+  };
+  int64_t devices = 0;  // with sessions open, listed or not
+  int64_t streams = 0;  // open, all devices
+  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_allocated = 0;
+  std::vector<Device> top;  // most KV blocks first
+};
+
 struct EngineStats {
   int64_t sessions_running = 0;
   int64_t sessions_waiting = 0;
@@ -180,6 +198,11 @@ class Engine {
   // The first message of every stream.
   v1::Hello hello() const;
   EngineStats stats() const;
+  // The `limit` devices holding the most KV, as the engine thread sees them at its next turn
+  // (between steps). UNAVAILABLE when it has not answered by `deadline`: a step longer than
+  // the wait, or a stopped or wedged engine (the watchdog's business). Any thread.
+  absl::StatusOr<DevicesReport> Devices(size_t limit,
+                                        std::chrono::steady_clock::time_point deadline);
 
   // Runs intake + one step on the calling thread (tests and benchmarks, engine not
   // started). Returns the positions computed.
@@ -268,7 +291,8 @@ class Engine {
   struct Event {
     // kBarrier does nothing: WaitForNoSessions waits until the engine has handled it, so
     // that the counts it reads are of after everything posted before it.
-    enum class Kind { kAttach, kMessage, kDetach, kCancelAll, kBarrier } kind;
+    // kReport fills `report` with the top `report_limit` devices (Devices).
+    enum class Kind { kAttach, kMessage, kDetach, kCancelAll, kBarrier, kReport } kind;
     StreamId stream = 0;
     std::shared_ptr<MessageSink> sink;
     std::string device;  // kAttach
@@ -276,6 +300,8 @@ class Engine {
     absl::Status status;
     Clock::time_point received;
     uint64_t ticket = 0;  // its place in the intake, set by Post
+    std::shared_ptr<std::promise<DevicesReport>> report;  // kReport
+    size_t report_limit = 0;                              // kReport
   };
 
   Engine(EngineOptions options, std::shared_ptr<const Submodel> middle,

@@ -21,7 +21,7 @@ const double process_start_seconds =
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
-    const std::string& address, std::shared_ptr<prometheus::Registry> registry) {
+    const std::string& address, std::shared_ptr<prometheus::Registry> registry, HttpRoutes routes) {
   auto server = std::unique_ptr<MetricsHttpServer>(new MetricsHttpServer());
   server->registry_ = std::move(registry);
   server->server_ = std::make_unique<httplib::Server>();
@@ -30,6 +30,14 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     res.set_content(prometheus::TextSerializer().Serialize(collectable->Collect()),
                     "text/plain; version=0.0.4");
   });
+  for (auto& [path, handler] : routes) {
+    server->server_->Get(
+        path, [handler = std::move(handler)](const httplib::Request& req, httplib::Response& res) {
+          HttpReply reply = handler(req.params);
+          res.status = reply.status;
+          res.set_content(std::move(reply.body), reply.content_type);
+        });
+  }
   auto port = ListenOnThread(*server->server_, address, server->thread_);
   if (!port.ok()) return port.status();
   server->port_ = *port;
@@ -37,14 +45,15 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
 }
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> StartConfiguredMetricsServer(
-    const std::string& metrics_address, std::shared_ptr<prometheus::Registry> registry) {
+    const std::string& metrics_address, std::shared_ptr<prometheus::Registry> registry,
+    HttpRoutes routes) {
   if (metrics_address.empty()) return std::unique_ptr<MetricsHttpServer>();
   // The name Prometheus's client libraries give it: an alert counts a daemon's restarts by
   // its changes (deploy/prometheus-alerts.yml), which a scrape interval could miss in `up`.
   AddGauge(*registry, "process_start_time_seconds",
            "Start time of the process since the Unix epoch, in seconds")
       .Set(process_start_seconds);
-  auto started = MetricsHttpServer::Start(metrics_address, std::move(registry));
+  auto started = MetricsHttpServer::Start(metrics_address, std::move(registry), std::move(routes));
   if (!started.ok()) {
     return absl::Status(started.status().code(),
                         absl::StrCat("metrics_address: ", started.status().message()));

@@ -4,11 +4,13 @@
 // reports bind errors clearly.
 #pragma once
 
+#include <prometheus/registry.h>
+
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
-
-#include <prometheus/registry.h>
 
 #include "absl/status/statusor.h"
 
@@ -18,11 +20,24 @@ class Server;
 
 namespace tophat {
 
+// A GET route served beside /metrics (the cloud's /devices): the handler gets the query's
+// parameters and says what to answer. Called on the server's thread.
+struct HttpReply {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+};
+using HttpRoutes =
+    std::map<std::string,
+             std::function<HttpReply(const std::multimap<std::string, std::string>& params)>>;
+
 class MetricsHttpServer {
  public:
-  // Listens on `address` ("host:port"; port 0 picks a free one) and serves in a thread.
+  // Listens on `address` ("host:port"; port 0 picks a free one) and serves in a thread:
+  // /metrics, and `routes`.
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
-      const std::string& address, std::shared_ptr<prometheus::Registry> registry);
+      const std::string& address, std::shared_ptr<prometheus::Registry> registry,
+      HttpRoutes routes = {});
   ~MetricsHttpServer();
 
   int port() const { return port_; }
@@ -38,6 +53,7 @@ class MetricsHttpServer {
 // A daemon's `metrics_address` setting: empty disables metrics (returns nullptr); an error
 // names the key. Adds process_start_time_seconds to `registry`.
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> StartConfiguredMetricsServer(
-    const std::string& metrics_address, std::shared_ptr<prometheus::Registry> registry);
+    const std::string& metrics_address, std::shared_ptr<prometheus::Registry> registry,
+    HttpRoutes routes = {});
 
 }  // namespace tophat

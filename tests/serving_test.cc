@@ -2,9 +2,10 @@
 // driven through the tophat::Client SDK and, for malformed input, a raw CloudService stream.
 // Cases tagged [timing] estimate real link and compute rates, and need daemons as fast as a
 // release build: deploy/sanitize.sh leaves them out under AddressSanitizer.
-#include <sys/stat.h>
-
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <array>
 #include <cstdio>
@@ -17,32 +18,30 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <sstream>
 #include <string>
-#include <tuple>
 #include <thread>
+#include <tuple>
 #include <vector>
-
-#include <grpcpp/generic/generic_stub.h>
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/program_paths.h"
-#include "proto/channel_security.h"
-#include "sdk/client.h"
-#include "tophat/v1/agent.grpc.pb.h"
-#include "sdk/conversation.h"
+#include "base/test_util.h"
 #include "models/runtime/bundle.h"
 #include "models/runtime/generate.h"
 #include "models/runtime/submodel.h"
-#include "base/test_util.h"
 #include "models/tokenizers/tokenizer.h"
 #include "models/training/toy_corpus.h"
+#include "proto/channel_security.h"
+#include "sdk/client.h"
+#include "sdk/conversation.h"
 #include "tests/process_util.h"
+#include "tophat/v1/agent.grpc.pb.h"
 #include "tophat/v1/cloud.grpc.pb.h"
 
 // Last: LibTorch's glog defines CHECK too, and Catch's must win.
@@ -404,6 +403,10 @@ class CloudProcess {
   }
 
   std::string Metrics() const { return testing::HttpGet(metrics_port_, "/metrics"); }
+  // GET `path` on the metrics port: the body of a 200, else "".
+  std::string MetricsPortGet(const std::string& path) const {
+    return testing::HttpGet(metrics_port_, path);
+  }
   double Metric(const std::string& name, const std::string& labels = "") const {
     return testing::MetricValue(Metrics(), name, labels).value_or(-1);
   }
@@ -1853,12 +1856,13 @@ class LongGeneration {
         [&] { return cloud.Metric("tophat_generation_tokens_total") >= 20; }, 30s));
   }
 
-  void CheckSurvived() {
+  // `reconnected`: the generation lost its stream on the way (and replayed).
+  void CheckSurvived(bool reconnected = true) {
     absl::StatusOr<GenerateResult> result = pending_.get();
     REQUIRE(result.ok());
     INFO(result->error);
     REQUIRE(result->ok());
-    CHECK(result->stats.reconnects() >= 1);
+    if (reconnected) CHECK(result->stats.reconnects() >= 1);
     CHECK(Tokens(*result) == Reference(prompt_, kMaxNewTokens, /*stop_at_eos=*/false));
   }
 
@@ -2440,6 +2444,44 @@ TEST_CASE(
   REQUIRE(reply.has_result());
   CHECK(reply.result().states().num_positions() == 4);
   CHECK(cloud.process().running());
+}
+
+TEST_CASE("The metrics port's /devices names the devices holding the most KV", "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});
+  AgentProcess agent(dir.path(), cloud, 16);  // device-1
+  // device-2: two sessions of 64 positions, 4 blocks each.
+  RawStream device_2(cloud.address(), "device-2");
+  REQUIRE(device_2.Send(OpenMessage(1, 64)));
+  REQUIRE(device_2.Send(OpenMessage(2, 64)));
+  const auto devices = [&](const std::string& query) {
+    const std::string body = cloud.MetricsPortGet("/devices" + query);
+    INFO("/devices" << query << ": " << body);
+    REQUIRE_FALSE(body.empty());
+    return nlohmann::json::parse(body);
+  };
+  REQUIRE(testing::WaitUntil([&] { return devices("")["devices"] == 1; }, 10s));
+  // device-1's long generation counts its whole context against the pool (200 positions and
+  // its prompt: more than device-2's 8 blocks).
+  LongGeneration generation(agent, cloud);
+  nlohmann::json report = devices("");
+  CHECK(report["devices"] == 2);
+  CHECK(report["streams"] == 2);
+  REQUIRE(report["top"].size() == 2);
+  CHECK(report["top"][0]["device"] == "device device-1");
+  CHECK(report["top"][0]["sessions"] == 1);
+  CHECK(report["top"][0]["kv_blocks"].get<int64_t>() > 8);
+  CHECK(report["top"][1]["device"] == "device device-2");
+  CHECK(report["top"][1]["sessions"] == 2);
+  CHECK(report["top"][1]["kv_blocks"] == 8);
+  CHECK(report["top"][1]["streams"] == 1);
+  CHECK(report["top"][1]["kv_fraction"].get<double>() ==
+        Approx(8.0 / report["kv_blocks_total"].get<double>()));
+  CHECK(devices("?limit=1")["top"].size() == 1);
+  // A bad limit is refused (400), not served.
+  CHECK(cloud.MetricsPortGet("/devices?limit=0").empty());
+  CHECK(cloud.MetricsPortGet("/devices?limit=many").empty());
+  generation.CheckSurvived(/*reconnected=*/false);
 }
 
 TEST_CASE("A reloaded agent config replaces its app tokens for the calls after it", "[serving]") {
