@@ -95,15 +95,7 @@ int CheckConfig(const tophat::AgentConfig& config, const std::string& config_pat
   return 0;
 }
 
-// How the daemon reads its config, at start-up and on each reload (SIGHUP): the file (its
-// values by key filled in, for telling what a reload changed), then the command line's
-// overrides, validated.
-struct ConfigSource {
-  std::string path;  // "": no --config
-  std::function<absl::StatusOr<tophat::AgentConfig>(std::map<std::string, std::string>* values)>
-      read;
-  bool log_level_from_flag = false;  // --log-level given: the file's log_level is not applied
-};
+using ConfigSource = tophat::ConfigSource<tophat::AgentConfig>;
 
 // What a reload applies while the agent serves (kAgentReloadedKeys): the app tokens, for
 // calls from now on (calls already running go on), and the log level. The rest waits for a
@@ -115,12 +107,8 @@ absl::StatusOr<tophat::ConfigReloader::Applied> ApplyReloadedConfig(
   auto reloaded = source.read(&values);
   if (!reloaded.ok()) return reloaded.status();
   app_tokens.Replace(reloaded->app_tokens);
-  std::string log_level = "log_level " + reloaded->log_level;
-  if (source.log_level_from_flag) {
-    log_level = "log_level kept from --log-level";
-  } else {
-    spdlog::set_level(spdlog::level::from_str(reloaded->log_level));
-  }
+  const std::string log_level =
+      tophat::ReloadLogLevel(reloaded->log_level, source.log_level_from_flag);
   return tophat::ConfigReloader::Applied{
       .summary = absl::StrCat(reloaded->app_tokens.size(), " app token(s), ", log_level),
       .awaiting_restart =

@@ -221,14 +221,7 @@ int CheckConfig(const CloudConfig& config, const std::string& config_path) {
   return 0;
 }
 
-// How the daemon reads its config, at start-up and on each reload (SIGHUP): the file (its
-// values by key filled in, for telling what a reload changed), then the command line's
-// overrides, validated.
-struct ConfigSource {
-  std::string path;  // "": no --config
-  std::function<absl::StatusOr<CloudConfig>(std::map<std::string, std::string>* values)> read;
-  bool log_level_from_flag = false;  // --log-level given: the file's log_level is not applied
-};
+using ConfigSource = tophat::ConfigSource<CloudConfig>;
 
 // What a reload applies while the daemon serves: who may hold a stream, open ones included
 // (kCloudReloadedKeys), and the log level. The rest waits for a restart, and is listed.
@@ -240,12 +233,8 @@ absl::StatusOr<tophat::ConfigReloader::Applied> ApplyReloadedConfig(
   if (!reloaded.ok()) return reloaded.status();
   const int ended = service.UpdateAccess({.device_tokens = reloaded->tls.device_tokens,
                                           .revoked_devices = reloaded->tls.revoked_devices});
-  std::string log_level = "log_level " + reloaded->log_level;
-  if (source.log_level_from_flag) {
-    log_level = "log_level kept from --log-level";
-  } else {
-    spdlog::set_level(spdlog::level::from_str(reloaded->log_level));
-  }
+  const std::string log_level =
+      tophat::ReloadLogLevel(reloaded->log_level, source.log_level_from_flag);
   return tophat::ConfigReloader::Applied{
       .summary =
           absl::StrCat(reloaded->tls.device_tokens.size(), " device token(s), ",

@@ -30,6 +30,12 @@ ConfigReloader::ConfigReloader(prometheus::Registry& registry, Options options)
                                  "Config keys changed since start-up that only a restart "
                                  "applies (as of the last reload)")) {}
 
+std::string ReloadLogLevel(const std::string& log_level, bool from_flag) {
+  if (from_flag) return "log_level kept from --log-level";
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  return "log_level " + log_level;
+}
+
 void ConfigReloader::Reload() {
   if (options_.config_path.empty()) {
     spdlog::warn("SIGHUP: {} was started without --config; nothing to reload", options_.daemon);

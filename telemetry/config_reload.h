@@ -11,12 +11,25 @@
 #include <prometheus/registry.h>
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 
 namespace tophat {
+
+// How a daemon reads its config, at start-up and on each reload: the file (its values by key
+// filled in, for telling what a reload changed), then the command line's overrides, validated.
+template <typename Config>
+struct ConfigSource {
+  std::string path;  // "": no --config
+  std::function<absl::StatusOr<Config>(std::map<std::string, std::string>* values)> read;
+  bool log_level_from_flag = false;  // --log-level given: the file's log_level is not applied
+};
+
+// Applies a reloaded `log_level` unless the command line set it; says which, for the summary.
+std::string ReloadLogLevel(const std::string& log_level, bool from_flag);
 
 class ConfigReloader {
  public:
