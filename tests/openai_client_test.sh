@@ -5,7 +5,8 @@
 # bad requests, a client that disconnects mid-stream (its request cancelled, the cloud's
 # KV freed), and the endpoint's limits: a body too large (413, before it is read), a
 # completion past max_concurrent_requests (429 at once), an idle connection (closed), clients that
-# send their requests a byte at a time (cut off at openai.request_deadline_s). The cases are
+# send their requests a byte at a time (cut off at openai.request_deadline_s), app tokens
+# added and removed by a reload (SIGHUP). The cases are
 # tests/openai_client_test.py; after them `tophat chat --json`, `--regex` and `--grammar` ask
 # the same agent over gRPC.
 #   openai_client_test.sh BIN_DIR TOY_MODEL WORK_DIR PYTHON
@@ -133,6 +134,63 @@ EOF
     status=1
   else
     echo "tophat chat --grammar: $matched"
+  fi
+fi
+# App tokens reloaded on SIGHUP reach the OpenAI endpoint: with a token added, the official
+# client without it gets 401 and with it a chat answer; with the token removed again, no key
+# is needed. The reload is done when the agent's reload counter moves (a condition).
+if [ "$status" -eq 0 ]; then
+  reloads() {
+    curl -sf "http://127.0.0.1:$agent_metrics/metrics" |
+      awk '/^tophat_config_reloads_total\{result="applied"\}/ {print $2}'
+  }
+  reload_agent() {
+    local before; before=$(reloads)
+    kill -HUP "${pids[1]}"
+    for _ in $(seq 1 200); do
+      [ "$(reloads)" != "$before" ] && return 0
+      sleep 0.1
+    done
+    return 1
+  }
+  cp "$work/run/agent.yaml" "$work/run/agent-open.yaml"
+  { cat "$work/run/agent-open.yaml"
+    echo "app_tokens: [\"openai-app:$(printf %s app-secret | sha256sum | cut -d' ' -f1)\"]"
+  } >"$work/run/agent.yaml.new"
+  mv "$work/run/agent.yaml.new" "$work/run/agent.yaml"
+  ask() {  # ask KEY: "ok", or the client's error class
+    "$python" - "http://127.0.0.1:$openai_port/v1" "$1" <<'PY'
+import sys, openai
+client = openai.OpenAI(base_url=sys.argv[1], api_key=sys.argv[2], max_retries=0, timeout=60)
+try:
+    model = client.models.list().data[0].id
+    client.chat.completions.create(model=model, max_tokens=4,
+                                   messages=[{"role": "user", "content": "the old farmer"}])
+    print("ok")
+except openai.APIStatusError as error:
+    print(f"{type(error).__name__} {error.status_code}")
+PY
+  }
+  if ! reload_agent; then
+    echo "FAIL: the agent did not reload its config on SIGHUP"; tail -5 "$work/run/agent.log"
+    status=1
+  else
+    without=$(ask unused); with=$(ask app-secret)
+    cp "$work/run/agent-open.yaml" "$work/run/agent.yaml.new"
+    mv "$work/run/agent.yaml.new" "$work/run/agent.yaml"
+    if ! reload_agent; then
+      echo "FAIL: the agent did not reload its config back"; status=1
+    fi
+    open_again=$(ask unused)
+    if [ "$status" -ne 0 ] || [ "$without" != "AuthenticationError 401" ] ||
+       [ "$with" != "ok" ] || [ "$open_again" != "ok" ]; then
+      echo "FAIL: app tokens reloaded: without the token '$without', with it '$with'," \
+           "tokens removed again '$open_again'"
+      status=1
+    else
+      echo "app tokens reloaded on SIGHUP: the official client without the token got" \
+           "'$without', with it '$with'; tokens removed again: '$open_again'"
+    fi
   fi
 fi
 # An agent stopped while a background response runs cancels it and stops cleanly (its thread
