@@ -26,6 +26,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "base/cli_checks.h"
 #include "base/program.h"
@@ -145,6 +146,13 @@ int CheckConfig(const CloudConfig& config, const std::string& config_path) {
                                  absl::UTCTimeZone())
                     .c_str());
   }
+  // Who may connect: what a reload (SIGHUP) would apply, checked here before one.
+  const std::vector<std::string>& revoked = config.tls.revoked_devices;
+  std::printf("  access: %s; %zu revoked device(s)%s%s\n",
+              config.tls.device_tokens.empty()
+                  ? "no device tokens (a certificate names its device)"
+                  : absl::StrCat(config.tls.device_tokens.size(), " device token(s)").c_str(),
+              revoked.size(), revoked.empty() ? "" : ": ", absl::StrJoin(revoked, ", ").c_str());
   auto dtype = tophat::ParseTorchDtypeName(config.dtype, "dtype");
   if (!dtype.ok()) return Fail(dtype.status());
   if (auto gemm = tophat::ParseSmallBatchGemm(config.small_batch_gemm, "small_batch_gemm");

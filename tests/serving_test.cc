@@ -976,6 +976,32 @@ std::string ReadFile(const fs::path& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+// Rewrites `config`'s tls.device_tokens line (and adds tls.revoked_devices after it) as an
+// operator should: a new file renamed over the old.
+void RewriteAccess(const fs::path& config, const std::vector<std::string>& device_tokens,
+                   const std::vector<std::string>& revoked_devices = {}) {
+  std::istringstream in(ReadFile(config));
+  std::ostringstream out;
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with("  revoked_devices: [")) continue;  // an earlier rewrite's
+    if (line.starts_with("  device_tokens: [")) {
+      line = "  device_tokens: [" + absl::StrJoin(device_tokens, ", ") + "]\n" +
+             "  revoked_devices: [" + absl::StrJoin(revoked_devices, ", ") + "]";
+    }
+    out << line << "\n";
+  }
+  const fs::path replacement = config.string() + ".new";
+  std::ofstream(replacement) << out.str();
+  fs::rename(replacement, config);
+}
+
+// The log's count of `text` (a line the daemon writes once per event).
+int Occurrences(const std::string& log, const std::string& text) {
+  int count = 0;
+  for (size_t at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) ++count;
+  return count;
+}
+
 // Opens a stream to the cloud at `address` as a device would, with `credentials` and, when
 // given, a bearer token: OK once the cloud's Hello arrives, else the status the call ended with.
 grpc::Status OpenCloudStream(const std::string& address,
@@ -1128,6 +1154,8 @@ TEST_CASE("tophat-cloud --check-config checks a config as far as a start gets be
     auto [code, log] = check(cloud, "good");
     INFO(log);
     CHECK(code == 0);
+    CHECK_THAT(log, Catch::Contains("access: no device tokens (a certificate names its device); "
+                                    "0 revoked device(s)"));
     CHECK_THAT(log, Catch::Contains("cloud.crt and its key are a pair, valid until"));
     CHECK_THAT(log, Catch::Contains("fingerprint sha256:"));
     CHECK_THAT(log, Catch::Contains("KV pool ") && Catch::Contains(" blocks x 16 positions"));
@@ -1139,6 +1167,19 @@ TEST_CASE("tophat-cloud --check-config checks a config as far as a start gets be
     INFO(running_log);
     CHECK(running_code == 0);
     CHECK_THAT(running_log, Catch::Contains("(a running tophat-cloud's?)"));
+    // What a reload would apply is checked and said before it.
+    RewriteAccess(cloud.config(), {"\"device-1:" + Sha256Hex("secret-1") + "\""},
+                  {"device-7", "device-9"});
+    auto [access_code, access_log] = check(cloud, "access");
+    INFO(access_log);
+    CHECK(access_code == 0);
+    CHECK_THAT(
+        access_log,
+        Catch::Contains("access: 1 device token(s); 2 revoked device(s): device-7, device-9"));
+    RewriteAccess(cloud.config(), {}, {"device-7", "device-7"});
+    auto [twice_code, twice_log] = check(cloud, "twice");
+    CHECK(twice_code == 1);
+    CHECK_THAT(twice_log, Catch::Contains("tls.revoked_devices[1]: \"device-7\" is listed twice"));
   }
   SECTION("the device bundle in the cloud's place") {
     CloudProcess cloud(dir.path(), CloudSettings{.bundle = (Bundles() / "device").string(),
@@ -2317,32 +2358,6 @@ TEST_CASE("A cloud restart mid-generation is survived with the right tokens", "[
   REQUIRE(cloud.process().Wait(5s).has_value());
   cloud.Start(dir.path());  // same port, fresh process, empty KV
   generation.CheckSurvived();
-}
-
-// Rewrites `config`'s tls.device_tokens line (and adds tls.revoked_devices after it) as an
-// operator should: a new file renamed over the old.
-void RewriteAccess(const fs::path& config, const std::vector<std::string>& device_tokens,
-                   const std::vector<std::string>& revoked_devices = {}) {
-  std::istringstream in(ReadFile(config));
-  std::ostringstream out;
-  for (std::string line; std::getline(in, line);) {
-    if (line.starts_with("  revoked_devices: [")) continue;  // an earlier rewrite's
-    if (line.starts_with("  device_tokens: [")) {
-      line = "  device_tokens: [" + absl::StrJoin(device_tokens, ", ") + "]\n" +
-             "  revoked_devices: [" + absl::StrJoin(revoked_devices, ", ") + "]";
-    }
-    out << line << "\n";
-  }
-  const fs::path replacement = config.string() + ".new";
-  std::ofstream(replacement) << out.str();
-  fs::rename(replacement, config);
-}
-
-// The log's count of `text` (a line the daemon writes once per event).
-int Occurrences(const std::string& log, const std::string& text) {
-  int count = 0;
-  for (size_t at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) ++count;
-  return count;
 }
 
 TEST_CASE(
