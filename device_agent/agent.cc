@@ -1425,6 +1425,23 @@ bool Agent::Cancel(const std::string& request_id, const std::string& caller) {
   return true;
 }
 
+int Agent::CancelCaller(const std::string& caller) {
+  std::lock_guard<std::mutex> lock(requests_mutex_);
+  int cancelled = 0;
+  for (auto& [key, flag] : outlines_running_) {
+    if (key.first != caller) continue;
+    *flag = true;
+    ++cancelled;
+  }
+  // Outlines' parts among them, which run under the outline's caller.
+  for (auto& [key, running] : running_) {
+    if (key.first != caller) continue;
+    running->Cancel();
+    ++cancelled;
+  }
+  return cancelled;
+}
+
 v1::InfoResponse Agent::Info() const {
   v1::InfoResponse info;
   // The checkpoint's directory name, not its path: Info tells apps what they talk to, not

@@ -80,6 +80,9 @@ class Agent final : private LinkSampleSink {
   // Cancels `caller`'s running request by id; false if that caller runs no such request
   // (another caller's request of the same id is not touched).
   bool Cancel(const std::string& request_id, const std::string& caller = "");
+  // Cancels every request `caller` runs (an app whose token a reload removed); returns how
+  // many were running (an outline and each of its parts running count apart).
+  int CancelCaller(const std::string& caller);
 
   v1::InfoResponse Info() const;
   // Not serving once its GPU is lost.

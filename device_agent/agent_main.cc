@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -97,20 +98,47 @@ int CheckConfig(const tophat::AgentConfig& config, const std::string& config_pat
 
 using ConfigSource = tophat::ConfigSource<tophat::AgentConfig>;
 
+// The apps whose calls `after` no longer admits: those whose token it no longer lists as
+// theirs, and the anonymous caller ("") when tokens are turned on.
+std::vector<std::string> AppsNoLongerAdmitted(const std::vector<tophat::BearerToken>& before,
+                                              const std::vector<tophat::BearerToken>& after) {
+  std::vector<std::string> gone;
+  if (before.empty() && !after.empty()) gone.push_back("");
+  for (const tophat::BearerToken& token : before) {
+    if (std::find(after.begin(), after.end(), token) == after.end()) gone.push_back(token.name);
+  }
+  return gone;
+}
+
 // What a reload applies while the agent serves (kAgentReloadedKeys): the app tokens, for
-// calls from now on (calls already running go on), and the log level. The rest waits for a
-// restart, and is listed.
+// calls from now on, and the requests of an app whose token went are cancelled; and the log
+// level. The rest waits for a restart, and is listed.
 absl::StatusOr<tophat::ConfigReloader::Applied> ApplyReloadedConfig(
     const ConfigSource& source, const std::map<std::string, std::string>& started_values,
-    tophat::BearerTokenSet& app_tokens) {
+    tophat::BearerTokenSet& app_tokens, tophat::Agent& agent) {
   std::map<std::string, std::string> values;
   auto reloaded = source.read(&values);
   if (!reloaded.ok()) return reloaded.status();
+  const std::vector<std::string> gone =
+      AppsNoLongerAdmitted(*app_tokens.Get(), reloaded->app_tokens);
   app_tokens.Replace(reloaded->app_tokens);
+  int cancelled = 0;
+  for (const std::string& app : gone) {
+    const int of_app = agent.CancelCaller(app);
+    if (of_app > 0) {
+      spdlog::warn(
+          "SIGHUP: cancelled {} running request(s) of {}, which the reloaded "
+          "app_tokens no longer admit",
+          of_app, app.empty() ? std::string("the anonymous caller") : "app " + app);
+    }
+    cancelled += of_app;
+  }
   const std::string log_level =
       tophat::ReloadLogLevel(reloaded->log_level, source.log_level_from_flag);
   return tophat::ConfigReloader::Applied{
-      .summary = absl::StrCat(reloaded->app_tokens.size(), " app token(s), ", log_level),
+      .summary =
+          absl::StrCat(reloaded->app_tokens.size(), " app token(s), ", log_level, "; ", cancelled,
+                       " running request(s) of apps no longer admitted were cancelled"),
       .awaiting_restart =
           tophat::KeysAwaitingRestart(started_values, values, tophat::kAgentReloadedKeys)};
 }
@@ -218,7 +246,7 @@ int Run(const tophat::AgentConfig& config, const std::map<std::string, std::stri
   tophat::ServiceNotify(absl::StrCat("READY=1\nSTATUS=serving apps on ", config.listen_address));
   tophat::ConfigReloader reloader(
       *registry, {.daemon = "tophat-agent", .config_path = source.path, .apply = [&] {
-                    return ApplyReloadedConfig(source, values, *app_tokens);
+                    return ApplyReloadedConfig(source, values, *app_tokens, **agent);
                   }});
   const char* signal_name = tophat::WaitForShutdownSignal([&] { reloader.Reload(); });
   tophat::ServiceNotify("STOPPING=1");

@@ -2499,7 +2499,10 @@ TEST_CASE("The metrics port's /devices names the devices holding the most KV", "
   generation.CheckSurvived(/*reconnected=*/false);
 }
 
-TEST_CASE("A reloaded agent config replaces its app tokens for the calls after it", "[serving]") {
+TEST_CASE(
+    "A reloaded agent config replaces its app tokens, and cancels the running requests of "
+    "a token it no longer lists",
+    "[serving]") {
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {});
   AgentProcess agent(dir.path(), cloud, 16,
@@ -2513,6 +2516,12 @@ TEST_CASE("A reloaded agent config replaces its app tokens for the calls after i
   std::unique_ptr<Client> new_token = connect("token-a2");
   CHECK(old_token->Info().ok());
   CHECK(absl::IsUnauthenticated(new_token->Info().status()));
+  // A long request under the old token, running when the reload comes.
+  auto running = std::async(std::launch::async, [&] {
+    return old_token->Generate(IdsRequest(Tokenize(ToyPrompts(6, 1)[0]), 900, true));
+  });
+  REQUIRE(
+      testing::WaitUntil([&] { return cloud.Metric("tophat_generation_tokens_total") > 0; }, 30s));
 
   // The new token replaces the old; the log level and a key only a restart applies change too.
   std::string text = ReadFile(agent.config());
@@ -2527,6 +2536,10 @@ TEST_CASE("A reloaded agent config replaces its app tokens for the calls after i
   REQUIRE(testing::WaitUntil(
       [&] { return agent.Metric("tophat_config_reloads_total", "result=\"applied\"") == 1; }, 20s));
   CHECK(absl::IsUnauthenticated(old_token->Info().status()));
+  absl::StatusOr<GenerateResult> cut = running.get();
+  REQUIRE(cut.ok());
+  CHECK(cut->finish_reason == v1::FINISH_REASON_CANCELLED);
+  CHECK(cut->token_ids.size() < 900);
   const std::vector<int32_t> prompt = Tokenize(ToyPrompts(13, 1)[0]);
   auto result = new_token->Generate(IdsRequest(prompt, 8));
   REQUIRE(result.ok());
@@ -2534,7 +2547,9 @@ TEST_CASE("A reloaded agent config replaces its app tokens for the calls after i
   CHECK(Tokens(*result) == Reference(prompt, 8, true));
   const std::string log = agent.process().Log();
   INFO(log);
-  CHECK_THAT(log, Catch::Contains("1 app token(s), log_level debug"));
+  CHECK_THAT(log, Catch::Contains("1 app token(s), log_level debug; 1 running request(s) of "
+                                  "apps no longer admitted were cancelled"));
+  CHECK_THAT(log, Catch::Contains("cancelled 1 running request(s) of app app-a"));
   CHECK_THAT(log, Catch::Contains("take effect only at a restart: max_concurrent_requests"));
   CHECK(agent.Metric("tophat_config_keys_awaiting_restart") == 1);
   CHECK(agent.process().running());
