@@ -3,21 +3,22 @@
 // write outstanding at a time. Reactor callbacks never block and never compute.
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
-#include <vector>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
-#include <grpcpp/grpcpp.h>
-
-#include "base/token_bucket.h"
-#include "server/cloud_metrics.h"
 #include "base/log_rate.h"
+#include "base/token_bucket.h"
 #include "configs/bearer_tokens.h"
+#include "server/cloud_metrics.h"
 #include "server/engine.h"
 #include "tophat/v1/cloud.grpc.pb.h"
 
@@ -118,9 +119,59 @@ struct OutgoingTotals {
   std::atomic<int64_t> streams{0};
 };
 
-// The streams open on the port, with what each presented (cloud_service.cc).
-class OpenStreams;
-std::shared_ptr<OpenStreams> MakeOpenStreams(DeviceAccess access);
+// The access rules and the streams open under them, with what each presented. A stream is
+// admitted outside the lock, against the rules as they were when it asked (a snapshot), and
+// registered under it; a reload in between is caught at registration by the rules'
+// generation. Thread-safe.
+class OpenStreams {
+ public:
+  using End = std::function<void(grpc::Status)>;
+  struct Ending {
+    StreamId id;
+    std::string device;
+    grpc::Status status;
+    End end;
+  };
+  struct Admission {
+    absl::StatusOr<std::string> device;
+    uint64_t generation = 0;  // of the rules it was admitted by
+  };
+
+  explicit OpenStreams(DeviceAccess rules);
+
+  Admission Admit(const PresentedCredentials& presented);
+  // Adds a stream admitted as `device` by the rules of `generation`, unless they changed since
+  // and no longer admit it as that device: then the refusal, and nothing is added. `end` ends
+  // the stream with a status (its channel's End).
+  absl::Status Register(StreamId id, PresentedCredentials presented, const std::string& device,
+                        uint64_t generation, End end);
+  void Unregister(StreamId id);
+  // New rules; returns the open streams they no longer admit, forgotten here, to be ended by
+  // the caller outside the lock (ending one may finish its call inline, whose OnDone
+  // unregisters it). The open streams are checked against an index of the tokens, not in
+  // constant time over all of them: 10,000 streams against 10,000 tokens would otherwise be
+  // 10^8 comparisons under the lock that new streams wait on.
+  std::vector<Ending> Replace(DeviceAccess rules);
+  size_t size() const;
+
+ private:
+  struct Open {
+    PresentedCredentials presented;
+    std::string device;
+    End end;
+  };
+  // The token name of each digest.
+  using TokenIndex = std::unordered_map<std::string, std::string>;
+  static TokenIndex Index(const DeviceAccess& access);
+  // Whether the rules still admit `presented` as `device` (a token may now name another).
+  absl::Status Still(const PresentedCredentials& presented, const std::string& device,
+                     const TokenIndex& index) const;
+
+  mutable std::mutex mutex_;
+  std::shared_ptr<const DeviceAccess> access_;  // replaced whole, never changed
+  uint64_t generation_ = 0;                     // bumped by every Replace
+  std::unordered_map<StreamId, Open> streams_;
+};
 
 // Connect is registered raw (ByteBuffer in and out) so that a message the agent sent that is
 // not an AgentMessage can be told from the agent half-closing its stream: gRPC's typed
@@ -137,7 +188,7 @@ class CloudServiceImpl final
                    ? std::make_shared<DevicePacer>(options.max_messages_per_second_per_device,
                                                    options.max_refusals_per_second_per_device)
                    : nullptr),
-        open_(MakeOpenStreams(options.access)) {}
+        open_(std::make_shared<OpenStreams>(options.access)) {}
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Connect(
       grpc::CallbackServerContext* context) override;

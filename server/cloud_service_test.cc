@@ -51,5 +51,61 @@ TEST_CASE(
   CHECK(*AdmitDevice(access, Presented("", "")) == "");
 }
 
+TEST_CASE(
+    "A reload ends the open streams its rules no longer admit, and a stream admitted "
+    "by the rules before a reload is checked again as it registers",
+    "[tls]") {
+  const auto tokens = [](const std::string& secret_1) {
+    return std::vector<BearerToken>{{"device-1", Sha256Hex(secret_1)},
+                                    {"device-2", Sha256Hex("secret-2")}};
+  };
+  OpenStreams open(DeviceAccess{.device_tokens = tokens("secret-1")});
+  std::vector<std::pair<StreamId, grpc::StatusCode>> ended;
+  const auto end_of = [&](StreamId id) {
+    return [&ended, id](grpc::Status status) { ended.push_back({id, status.error_code()}); };
+  };
+  for (StreamId id : {1, 2}) {
+    const PresentedCredentials presented =
+        Presented("device-" + std::to_string(id), id == 1 ? "secret-1" : "secret-2");
+    OpenStreams::Admission admission = open.Admit(presented);
+    REQUIRE(admission.device.ok());
+    REQUIRE(open.Register(id, presented, *admission.device, admission.generation, end_of(id)).ok());
+  }
+  CHECK(open.size() == 2);
+
+  // device-1's token rotated: its stream (the old token) ends, device-2's stays.
+  std::vector<OpenStreams::Ending> ending =
+      open.Replace(DeviceAccess{.device_tokens = tokens("secret-1b")});
+  REQUIRE(ending.size() == 1);
+  CHECK(ending[0].id == 1);
+  CHECK(ending[0].status.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  ending[0].end(ending[0].status);
+  CHECK(ended ==
+        std::vector<std::pair<StreamId, grpc::StatusCode>>{{1, grpc::StatusCode::UNAUTHENTICATED}});
+  CHECK(open.size() == 1);
+  open.Unregister(1);  // its call's OnDone: nothing left to forget
+  CHECK(open.size() == 1);
+
+  // A stream admitted under the rules before a reload that revokes its device is refused as
+  // it registers, and not added.
+  const PresentedCredentials late = Presented("device-2", "secret-2");
+  OpenStreams::Admission admission = open.Admit(late);
+  REQUIRE(admission.device.ok());
+  ending = open.Replace(
+      DeviceAccess{.device_tokens = tokens("secret-1b"), .revoked_devices = {"device-2"}});
+  REQUIRE(ending.size() == 1);  // device-2's open stream
+  CHECK(ending[0].status.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+  const absl::Status registered =
+      open.Register(3, late, *admission.device, admission.generation, end_of(3));
+  CHECK(absl::IsPermissionDenied(registered));
+  CHECK(open.size() == 0);
+  // Admitted and registered under the same rules: no second look needed, and added.
+  const PresentedCredentials fresh = Presented("device-1", "secret-1b");
+  admission = open.Admit(fresh);
+  REQUIRE(admission.device.ok());
+  CHECK(open.Register(4, fresh, *admission.device, admission.generation, end_of(4)).ok());
+  CHECK(open.size() == 1);
+}
+
 }  // namespace
 }  // namespace tophat
