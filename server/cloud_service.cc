@@ -268,7 +268,7 @@ class StreamChannel final : public MessageSink,
 
 class ConnectReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  // `device`: who the stream is (DeviceIdentity); "" for an anonymous plaintext stream.
+  // `device`: who the stream is (AdmitDevice); "" for an anonymous plaintext stream.
   // `presented`: what the stream presented, which admitted it as `device` (AdmitDevice) by the
   // rules of `generation` (OpenStreams::Admit).
   ConnectReactor(Engine* engine, StreamId stream, const CloudServiceOptions& options,
@@ -376,7 +376,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, gr
 
   Engine* engine_;
   const StreamId stream_;
-  std::string device_;  // DeviceIdentity: certificate or token; "" for anonymous plaintext
+  std::string device_;  // AdmitDevice: certificate or token; "" for anonymous plaintext
   grpc::CallbackServerContext* context_;
   std::shared_ptr<StreamChannel> channel_;
   std::shared_ptr<OpenStreams> open_;
