@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -691,12 +692,15 @@ int main(int argc, char** argv) {
   if (!read.ok()) return Fail(read.status());
   const CloudConfig config = *std::move(read);
   if (check_config) return CheckConfig(config, config_path.empty() ? "(no --config)" : config_path);
-  // A later stage keeps no sessions and has nothing to drain: SIGTERM simply ends it.
+  // A later stage keeps no sessions and has nothing to drain: SIGTERM simply ends it. Nor has
+  // it anything to reload (who may connect is stage 0's): SIGHUP, say a `pkill -HUP
+  // tophat-cloud` meant for stage 0, must not end it and with it the pipeline.
   if (stage > 0) {
     if (drill_device_loss_after_steps > 0) {
       return Fail(absl::InvalidArgumentError(
           "--drill-device-loss-after-steps: a drill runs on stage 0, not on a later stage"));
     }
+    std::signal(SIGHUP, SIG_IGN);
     return tophat::RunLaterStage(config, stage);
   }
   // No thread exists yet (parsing started none): every thread to come inherits the mask.

@@ -2998,6 +2998,10 @@ TEST_CASE("Two and three pipeline stages over Gloo reproduce the monolithic gree
         return agent.client().Generate(request);
       }));
     }
+    // A SIGHUP to every stage mid-generation (a `pkill -HUP tophat-cloud`): stage 0 reloads
+    // its config, the later stages ignore the signal, and no request notices.
+    for (int s = 1; s < cloud.stages(); ++s) cloud.stage(s).Signal(SIGHUP);
+    cloud.process().Signal(SIGHUP);
     int64_t accepted = 0;
     int64_t drafted = 0;
     for (size_t i = 0; i < futures.size(); ++i) {
@@ -3019,6 +3023,11 @@ TEST_CASE("Two and three pipeline stages over Gloo reproduce the monolithic gree
       CHECK(cloud.process().Log().find("pipeline: planned layer boundaries [2, ") !=
             std::string::npos);
     }
+    REQUIRE(testing::WaitUntil(
+        [&] { return cloud.Metric("tophat_config_reloads_total", "result=\"applied\"") == 1; },
+        10s));
+    for (int s = 1; s < cloud.stages(); ++s) CHECK(cloud.stage(s).running());
+    CHECK(cloud.process().running());
     // Each stage's own forward time reaches stage 0's metrics.
     const int stages = boundaries.empty() ? 2 : static_cast<int>(boundaries.size()) - 1;
     for (int s = 0; s < stages; ++s) {
