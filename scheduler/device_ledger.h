@@ -33,6 +33,14 @@ class DeviceLedger {
  public:
   explicit DeviceLedger(DeviceLimits limits) : limits_(std::move(limits)) {}
 
+  // New quotas (a config reload): sessions open now keep running, and a device over a new
+  // quota opens no more until it is under it. The weights stay as they are.
+  void SetQuotas(int64_t max_sessions, int64_t max_waiting, int64_t max_kv_blocks) {
+    limits_.max_sessions = max_sessions;
+    limits_.max_waiting = max_waiting;
+    limits_.max_kv_blocks = max_kv_blocks;
+  }
+
   // Why `device` may not open one more session of `blocks` KV blocks, naming the limit's
   // config key; nullopt if it may.
   std::optional<std::string> QuotaProblem(const std::string& device, int32_t blocks) const;
@@ -73,7 +81,7 @@ class DeviceLedger {
   std::vector<std::pair<std::string, Usage>> Top(size_t limit) const;
 
  private:
-  const DeviceLimits limits_;
+  DeviceLimits limits_;
   std::unordered_map<std::string, Usage> usage_;
   std::vector<double> slot_weight_;
   std::vector<int32_t> free_slots_;

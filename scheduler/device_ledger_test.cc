@@ -119,5 +119,23 @@ TEST_CASE("DeviceLedger names the devices holding the most KV, then sessions, th
   CHECK(ledger.Top(0).empty());
 }
 
+TEST_CASE("DeviceLedger's quotas change while sessions are open, which keep running") {
+  DeviceLedger ledger({});
+  const std::string a = "device a";
+  for (int i = 0; i < 3; ++i) ledger.Open(a, 4);
+  CHECK_FALSE(ledger.QuotaProblem(a, 4).has_value());
+  ledger.SetQuotas(/*max_sessions=*/2, /*max_waiting=*/0, /*max_kv_blocks=*/0);
+  const std::optional<std::string> over = ledger.QuotaProblem(a, 4);
+  REQUIRE(over.has_value());
+  CHECK_THAT(*over, Catch::Contains("already has 3 sessions open"));
+  CHECK(ledger.usage(a).sessions == 3);  // nothing was closed
+  ledger.Close(a, 4, /*waiting=*/true);
+  ledger.Close(a, 4, /*waiting=*/true);
+  CHECK_FALSE(ledger.QuotaProblem(a, 4).has_value());  // under the new quota again
+  ledger.SetQuotas(0, 0, /*max_kv_blocks=*/6);
+  CHECK(ledger.QuotaProblem(a, 3).has_value());  // 4 + 3 > 6
+  CHECK_FALSE(ledger.QuotaProblem(a, 2).has_value());
+}
+
 }  // namespace
 }  // namespace tophat

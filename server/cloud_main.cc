@@ -232,23 +232,37 @@ int CheckConfig(const CloudConfig& config, const std::string& config_path) {
 
 using ConfigSource = tophat::ConfigSource<CloudConfig>;
 
-// What a reload applies while the daemon serves: who may hold a stream, open ones included
-// (kCloudReloadedKeys), and the log level. The rest waits for a restart, and is listed.
+// limits.max_kv_fraction_per_device of a pool of `num_blocks`, as the engine's quota (0: none).
+int64_t KvBlocksPerDevice(double fraction, int64_t num_blocks) {
+  if (fraction >= 1) return 0;
+  return std::max<int64_t>(1, static_cast<int64_t>(fraction * static_cast<double>(num_blocks)));
+}
+
+// What a reload applies while the daemon serves (kCloudReloadedKeys): who may hold a stream,
+// open ones included; the per-device quotas, for sessions opened from then on; and the log
+// level. The rest waits for a restart, and is listed.
 absl::StatusOr<tophat::ConfigReloader::Applied> ApplyReloadedConfig(
     const ConfigSource& source, const std::map<std::string, std::string>& started_values,
-    tophat::CloudServiceImpl& service) {
+    tophat::CloudServiceImpl& service, tophat::Engine& engine, int64_t kv_num_blocks) {
   std::map<std::string, std::string> values;
   auto reloaded = source.read(&values);
   if (!reloaded.ok()) return reloaded.status();
   const int ended = service.UpdateAccess({.device_tokens = reloaded->tls.device_tokens,
                                           .revoked_devices = reloaded->tls.revoked_devices});
+  const tophat::CloudConfig::Limits& limits = reloaded->limits;
+  const int64_t kv_blocks_per_device =
+      KvBlocksPerDevice(limits.max_kv_fraction_per_device, kv_num_blocks);
+  engine.UpdateDeviceQuotas(limits.max_sessions_per_device, limits.max_waiting_sessions_per_device,
+                            kv_blocks_per_device);
   const std::string log_level =
       tophat::ReloadLogLevel(reloaded->log_level, source.log_level_from_flag);
   return tophat::ConfigReloader::Applied{
-      .summary =
-          absl::StrCat(reloaded->tls.device_tokens.size(), " device token(s), ",
-                       reloaded->tls.revoked_devices.size(), " revoked device(s), ", log_level,
-                       "; ", ended, " open stream(s) no longer admitted were ended"),
+      .summary = absl::StrCat(
+          reloaded->tls.device_tokens.size(), " device token(s), ",
+          reloaded->tls.revoked_devices.size(), " revoked device(s), per device at most ",
+          limits.max_sessions_per_device, " session(s) (", limits.max_waiting_sessions_per_device,
+          " waiting) and ", kv_blocks_per_device, " KV block(s) (0: no limit), ", log_level, "; ",
+          ended, " open stream(s) no longer admitted were ended"),
       .awaiting_restart =
           tophat::KeysAwaitingRestart(started_values, values, tophat::kCloudReloadedKeys)};
 }
@@ -447,10 +461,7 @@ int Run(const CloudConfig& written, const std::map<std::string, std::string>& wr
       .max_sessions_per_device = config.limits.max_sessions_per_device,
       .max_waiting_sessions_per_device = config.limits.max_waiting_sessions_per_device,
       .max_kv_blocks_per_device =
-          config.limits.max_kv_fraction_per_device >= 1
-              ? 0
-              : std::max<int64_t>(1, static_cast<int64_t>(
-                                         config.limits.max_kv_fraction_per_device * num_blocks))};
+          KvBlocksPerDevice(config.limits.max_kv_fraction_per_device, num_blocks)};
   engine_options.control.set_prompt_chunk_size(
       static_cast<uint32_t>(config.scheduler.prompt_chunk_size));
   engine_options.control.set_draft_steps(static_cast<uint32_t>(config.scheduler.draft_steps));
@@ -581,7 +592,8 @@ int Run(const CloudConfig& written, const std::map<std::string, std::string>& wr
   // of the file waits for a restart, and the reload says which keys.
   tophat::ConfigReloader reloader(
       *registry, {.daemon = "tophat-cloud", .config_path = source.path, .apply = [&] {
-                    return ApplyReloadedConfig(source, written_values, service);
+                    return ApplyReloadedConfig(source, written_values, service, **engine,
+                                               num_blocks);
                   }});
   const char* signal_name = tophat::WaitForShutdownSignal([&] { reloader.Reload(); });
   // After a loss, STATUS keeps saying what was lost (systemctl status shows it).

@@ -255,6 +255,10 @@ void Engine::Stop() {
 
 v1::Hello Engine::hello() const { return hello_; }
 
+void Engine::UpdateDeviceQuotas(int64_t max_sessions, int64_t max_waiting, int64_t max_kv_blocks) {
+  Post({.kind = Event::Kind::kQuotas, .quotas = {max_sessions, max_waiting, max_kv_blocks}});
+}
+
 absl::StatusOr<DevicesReport> Engine::Devices(size_t limit,
                                               std::chrono::steady_clock::time_point deadline) {
   auto report = std::make_shared<std::promise<DevicesReport>>();
@@ -388,6 +392,9 @@ void Engine::HandleEvent(Event& event) {
       FailAllSessions(event.status);
       return;
     case Event::Kind::kBarrier:
+      return;
+    case Event::Kind::kQuotas:
+      device_ledger_.SetQuotas(event.quotas[0], event.quotas[1], event.quotas[2]);
       return;
     case Event::Kind::kReport: {
       DevicesReport report{.devices = static_cast<int64_t>(device_ledger_.num_devices()),

@@ -198,6 +198,9 @@ class Engine {
   // The first message of every stream.
   v1::Hello hello() const;
   EngineStats stats() const;
+  // New per-device quotas (EngineOptions::max_*_per_device; a config reload), from the engine
+  // thread's next turn (DeviceLedger::SetQuotas). Any thread.
+  void UpdateDeviceQuotas(int64_t max_sessions, int64_t max_waiting, int64_t max_kv_blocks);
   // The `limit` devices holding the most KV, as the engine thread sees them at its next turn
   // (between steps). UNAVAILABLE when it has not answered by `deadline`: a step longer than
   // the wait, or a stopped or wedged engine (the watchdog's business). Any thread.
@@ -291,8 +294,9 @@ class Engine {
   struct Event {
     // kBarrier does nothing: WaitForNoSessions waits until the engine has handled it, so
     // that the counts it reads are of after everything posted before it.
-    // kReport fills `report` with the top `report_limit` devices (Devices).
-    enum class Kind { kAttach, kMessage, kDetach, kCancelAll, kBarrier, kReport } kind;
+    // kReport fills `report` with the top `report_limit` devices (Devices); kQuotas sets the
+    // per-device quotas to `quotas` (sessions, waiting, KV blocks).
+    enum class Kind { kAttach, kMessage, kDetach, kCancelAll, kBarrier, kReport, kQuotas } kind;
     StreamId stream = 0;
     std::shared_ptr<MessageSink> sink;
     std::string device;  // kAttach
@@ -302,6 +306,7 @@ class Engine {
     uint64_t ticket = 0;  // its place in the intake, set by Post
     std::shared_ptr<std::promise<DevicesReport>> report;  // kReport
     size_t report_limit = 0;                              // kReport
+    std::array<int64_t, 3> quotas{};                      // kQuotas
   };
 
   Engine(EngineOptions options, std::shared_ptr<const Submodel> middle,

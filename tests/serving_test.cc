@@ -1275,6 +1275,45 @@ TEST_CASE("A device holds at most its quota of sessions over all its streams, an
   CHECK(cloud.process().running());
 }
 
+TEST_CASE("A reload changes a device's session quota for the sessions it opens after it",
+          "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});  // no per-device session limit
+  RawStream device_1(cloud.address(), "device-1");
+  // What the cloud answers an OpenSession: 0 when admitted, else the error's code.
+  auto open = [&](uint64_t session) {
+    REQUIRE(device_1.Send(OpenMessage(session, 64)));
+    while (true) {
+      v1::CloudMessage reply = device_1.Read();
+      if (reply.has_admitted() && reply.admitted().session_id() == session) return 0;
+      if (reply.has_error() && reply.error().session_id() == session) {
+        INFO(reply.error().message());
+        CHECK_THAT(reply.error().message(),
+                   Catch::Contains("device device-1 already has 3 sessions open "
+                                   "(limits.max_sessions_per_device)"));
+        return reply.error().code();
+      }
+    }
+  };
+  for (uint64_t session = 1; session <= 3; ++session) CHECK(open(session) == 0);
+  std::string text = ReadFile(cloud.config());
+  const std::string key = "max_sessions_per_device: 0";
+  REQUIRE(text.find(key) != std::string::npos);
+  std::ofstream(cloud.config()) << text.replace(text.find(key), key.size(),
+                                                "max_sessions_per_device: 2");
+  cloud.process().Signal(SIGHUP);
+  REQUIRE(testing::WaitUntil(
+      [&] { return cloud.Metric("tophat_config_reloads_total", "result=\"applied\"") == 1; }, 20s));
+  // Over the new quota: its three sessions run on, a fourth is refused.
+  CHECK(open(4) == static_cast<int>(absl::StatusCode::kResourceExhausted));
+  CHECK(cloud.Metric("tophat_num_sessions_running") == 3);
+  const std::string log = cloud.process().Log();
+  INFO(log);
+  CHECK_THAT(log, Catch::Contains("per device at most 2 session(s)"));
+  CHECK(log.find("take effect only at a restart") == std::string::npos);
+  CHECK(cloud.Metric("tophat_config_keys_awaiting_restart") == 0);
+}
+
 TEST_CASE("A stream that does not read its results is ended and its KV freed, and other "
           "devices are served",
           "[serving]") {
@@ -2401,8 +2440,9 @@ TEST_CASE(
   INFO(log);
   CHECK(Occurrences(log, "ended by the reloaded config: the bearer token is not one configured") ==
         1);
-  CHECK_THAT(log, Catch::Contains("2 device token(s), 0 revoked device(s), log_level info; 1 "
-                                  "open stream(s) no longer admitted were ended"));
+  CHECK_THAT(log, Catch::Contains("2 device token(s), 0 revoked device(s), per device at most"));
+  CHECK_THAT(log,
+             Catch::Contains("log_level info; 1 open stream(s) no longer admitted were ended"));
   CHECK(cloud.Metric("tophat_streams_revoked_total") == 1);
   CHECK(cloud.Metric("tophat_config_reloads_total", "result=\"applied\"") == 1);
   // The old token no longer opens a stream; the new one does.
