@@ -99,9 +99,11 @@ int CheckConfig(const tophat::AgentConfig& config, const std::string& config_pat
 using ConfigSource = tophat::ConfigSource<tophat::AgentConfig>;
 
 // The apps whose calls `after` no longer admits: those whose token it no longer lists as
-// theirs, and the anonymous caller ("") when tokens are turned on.
+// theirs, and the anonymous caller ("") when tokens are turned on. None when tokens are
+// turned off: every caller may then call.
 std::vector<std::string> AppsNoLongerAdmitted(const std::vector<tophat::BearerToken>& before,
                                               const std::vector<tophat::BearerToken>& after) {
+  if (after.empty()) return {};
   std::vector<std::string> gone;
   if (before.empty() && !after.empty()) gone.push_back("");
   for (const tophat::BearerToken& token : before) {

@@ -2592,6 +2592,28 @@ TEST_CASE(
   CHECK_THAT(log, Catch::Contains("cancelled 1 running request(s) of app app-a"));
   CHECK_THAT(log, Catch::Contains("take effect only at a restart: max_concurrent_requests"));
   CHECK(agent.Metric("tophat_config_keys_awaiting_restart") == 1);
+
+  // Tokens turned off again: every caller may call, so nothing running is cancelled.
+  auto kept = std::async(std::launch::async, [&] {
+    return new_token->Generate(IdsRequest(Tokenize(ToyPrompts(6, 1)[0]), 300, true));
+  });
+  const double generated = cloud.Metric("tophat_generation_tokens_total");
+  REQUIRE(testing::WaitUntil(
+      [&] { return cloud.Metric("tophat_generation_tokens_total") > generated; }, 30s));
+  text = ReadFile(agent.config());
+  const std::string new_line = "app_tokens: [\"app-a:" + Sha256Hex("token-a2") + "\"]";
+  REQUIRE(text.find(new_line) != std::string::npos);
+  text.replace(text.find(new_line), new_line.size(), "app_tokens: []");
+  std::ofstream(agent.config().string() + ".new") << text;
+  fs::rename(agent.config().string() + ".new", agent.config());
+  agent.process().Signal(SIGHUP);
+  REQUIRE(testing::WaitUntil(
+      [&] { return agent.Metric("tophat_config_reloads_total", "result=\"applied\"") == 2; }, 20s));
+  absl::StatusOr<GenerateResult> whole = kept.get();
+  REQUIRE(whole.ok());
+  CHECK(whole->finish_reason == v1::FINISH_REASON_LENGTH);
+  CHECK(whole->token_ids.size() == 300);
+  CHECK(connect("")->Info().ok());
   CHECK(agent.process().running());
 }
 
