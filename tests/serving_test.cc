@@ -1237,25 +1237,30 @@ TEST_CASE("tophat-agent --check-config checks a config as far as a start gets be
   }
 }
 
+// What the cloud answers an OpenSession of 64 positions on `stream`: 0 when admitted, else the
+// error's code, whose message must contain `refusal`.
+int OpenSessionAnswer(RawStream& stream, uint64_t session, const std::string& refusal) {
+  REQUIRE(stream.Send(OpenMessage(session, 64)));
+  while (true) {
+    v1::CloudMessage reply = stream.Read();
+    if (reply.has_admitted() && reply.admitted().session_id() == session) return 0;
+    if (reply.has_error() && reply.error().session_id() == session) {
+      INFO(reply.error().message());
+      CHECK_THAT(reply.error().message(), Catch::Contains(refusal));
+      return reply.error().code();
+    }
+  }
+}
+
 TEST_CASE("A device holds at most its quota of sessions over all its streams, and other devices "
           "are not affected",
           "[serving]") {
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {.max_sessions_per_device = 2});
-  // What the cloud answers an OpenSession: 0 when admitted, else the error's code.
   auto open = [](RawStream& stream, uint64_t session) {
-    REQUIRE(stream.Send(OpenMessage(session, 64)));
-    while (true) {
-      v1::CloudMessage reply = stream.Read();
-      if (reply.has_admitted() && reply.admitted().session_id() == session) return 0;
-      if (reply.has_error() && reply.error().session_id() == session) {
-        INFO(reply.error().message());
-        CHECK_THAT(reply.error().message(),
-                   Catch::Contains("device device-1 already has 2 sessions open "
-                                   "(limits.max_sessions_per_device)"));
-        return reply.error().code();
-      }
-    }
+    return OpenSessionAnswer(stream, session,
+                             "device device-1 already has 2 sessions open "
+                             "(limits.max_sessions_per_device)");
   };
   RawStream first(cloud.address(), "device-1");
   RawStream second(cloud.address(), "device-1");  // the same device on another stream
@@ -1280,20 +1285,10 @@ TEST_CASE("A reload changes a device's session quota for the sessions it opens a
   testing::TempDir dir;
   CloudProcess cloud(dir.path(), {});  // no per-device session limit
   RawStream device_1(cloud.address(), "device-1");
-  // What the cloud answers an OpenSession: 0 when admitted, else the error's code.
   auto open = [&](uint64_t session) {
-    REQUIRE(device_1.Send(OpenMessage(session, 64)));
-    while (true) {
-      v1::CloudMessage reply = device_1.Read();
-      if (reply.has_admitted() && reply.admitted().session_id() == session) return 0;
-      if (reply.has_error() && reply.error().session_id() == session) {
-        INFO(reply.error().message());
-        CHECK_THAT(reply.error().message(),
-                   Catch::Contains("device device-1 already has 3 sessions open "
-                                   "(limits.max_sessions_per_device)"));
-        return reply.error().code();
-      }
-    }
+    return OpenSessionAnswer(device_1, session,
+                             "device device-1 already has 3 sessions open "
+                             "(limits.max_sessions_per_device)");
   };
   for (uint64_t session = 1; session <= 3; ++session) CHECK(open(session) == 0);
   std::string text = ReadFile(cloud.config());
