@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "base/log_rate.h"
@@ -188,7 +189,11 @@ class CloudServiceImpl final
                    ? std::make_shared<DevicePacer>(options.max_messages_per_second_per_device,
                                                    options.max_refusals_per_second_per_device)
                    : nullptr),
-        open_(std::make_shared<OpenStreams>(options.access)) {}
+        open_(std::make_shared<OpenStreams>(std::move(options.access))) {
+    // The rules live in open_ alone: every stream keeps a copy of options_, which must not
+    // carry the device tokens (10,000 streams x 10,000 tokens would be gigabytes).
+    options_.access = {};
+  }
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Connect(
       grpc::CallbackServerContext* context) override;
