@@ -254,6 +254,12 @@ absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
       !checked.ok()) {
     reader.AddError("tls.revoked_devices", std::string(checked.message()));
   }
+  reader.ReadString("tls.crl_file", &config.tls.crl_file);
+  if (config.tls.insecure && !config.tls.crl_file.empty()) {
+    reader.AddError("tls.crl_file",
+                    "revokes certificates, and with tls.insecure devices present none",
+                    "tls.insecure");
+  }
   reader.ReadString("dtype", &config.dtype);
   reader.ReadString("device", &config.device);
   reader.ReadInt("compute_threads", &config.compute_threads, Bound::kNonNegative);
@@ -373,7 +379,7 @@ absl::StatusOr<CloudConfig> ReadCloudConfig(YamlReader& reader) {
   TOPHAT_RETURN_IF_ERROR(reader.Finish());
   config.bundle = ResolveConfigPath(config.bundle, reader.source_name());
   for (std::string* path : {&config.tls.certificate_file, &config.tls.private_key_file,
-                            &config.tls.client_ca_file}) {
+                            &config.tls.client_ca_file, &config.tls.crl_file}) {
     if (!path->empty()) *path = ResolveConfigPath(*path, reader.source_name());
   }
   return config;

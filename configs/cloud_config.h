@@ -57,6 +57,10 @@ struct CloudConfig {
     // (SIGHUP) applies this and device_tokens to the streams already open: a stream that no
     // longer passes is ended.
     std::vector<std::string> revoked_devices;
+    // Certificate revocation lists (PEM, one or more, each signed by a CA of client_ca_file):
+    // a device whose certificate one lists is refused, and a reload ends its open streams.
+    // Read again at every reload ("" for none; mutual TLS only).
+    std::string crl_file;
     bool operator==(const Tls&) const = default;
   } tls;
   struct KvCache {
@@ -166,6 +170,7 @@ absl::StatusOr<CloudConfig> LoadCloudConfig(const std::filesystem::path& path,
 // reload`); a change to any other key waits for a restart, and the reload says which.
 inline constexpr std::string_view kCloudReloadedKeys[] = {"tls.device_tokens",
                                                           "tls.revoked_devices",
+                                                          "tls.crl_file",
                                                           "limits.max_sessions_per_device",
                                                           "limits.max_waiting_sessions_per_device",
                                                           "limits.max_kv_fraction_per_device",

@@ -52,6 +52,7 @@ tls:
   private_key_file: /etc/tophat/cloud.key
   client_ca_file: /etc/tophat/devices-ca.crt
   revoked_devices: [device-7, "lost phone"]
+  crl_file: /etc/tophat/devices.crl
 dtype: bfloat16
 device: cuda:1
 compute_threads: 3
@@ -122,7 +123,14 @@ log_level: debug
   CHECK(config->tls.client_ca_file == "/etc/tophat/devices-ca.crt");
   CHECK_FALSE(config->tls.insecure);
   CHECK(config->tls.revoked_devices == std::vector<std::string>{"device-7", "lost phone"});
+  CHECK(config->tls.crl_file == "/etc/tophat/devices.crl");
   CHECK(ValidateCloudConfig(*config).ok());
+}
+
+TEST_CASE("A CRL needs mutual TLS") {
+  CHECK_THAT(ErrorOf("tls:\n  insecure: true\n  crl_file: /etc/tophat/devices.crl\n"),
+             Catch::Contains("cloud.yaml:3: tls.crl_file: revokes certificates, and with "
+                             "tls.insecure devices present none"));
 }
 
 TEST_CASE("Revoked devices are names, each listed once") {

@@ -1,23 +1,22 @@
 #include "proto/channel_security.h"
 
-#include <algorithm>
-#include <fstream>
-#include <memory>
-#include <optional>
-#include <tuple>
-#include <iterator>
-#include <utility>
-
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 #include <openssl/asn1.h>
 #include <openssl/bio.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
-
-#include <grpcpp/security/tls_certificate_provider.h>
 #include <spdlog/spdlog.h>
-#include <grpcpp/security/tls_credentials_options.h>
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <tuple>
+#include <utility>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -25,6 +24,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "proto/openssl_util.h"
 
 namespace tophat {
 namespace {
@@ -43,37 +43,12 @@ absl::Status CheckPem(const std::string& path, absl::string_view key, absl::stri
   return absl::OkStatus();
 }
 
-struct BioFree {
-  void operator()(BIO* bio) const { BIO_free(bio); }
-};
-struct X509Free {
-  void operator()(X509* certificate) const { X509_free(certificate); }
-};
-struct PkeyFree {
-  void operator()(EVP_PKEY* key) const { EVP_PKEY_free(key); }
-};
-using BioPtr = std::unique_ptr<BIO, BioFree>;
-using X509Ptr = std::unique_ptr<X509, X509Free>;
-using PkeyPtr = std::unique_ptr<EVP_PKEY, PkeyFree>;
-
-BioPtr OpenFile(const std::string& path) { return BioPtr(BIO_new_file(path.c_str(), "r")); }
-
-// Seconds since 1970 of an ASN.1 time (OpenSSL's own arithmetic: no time zone involved).
-std::optional<int64_t> UnixSeconds(const ASN1_TIME* time) {
-  ASN1_TIME* epoch = ASN1_TIME_set(nullptr, 0);
-  if (epoch == nullptr) return std::nullopt;
-  int days = 0;
-  int seconds = 0;
-  const bool ok = ASN1_TIME_diff(&days, &seconds, epoch, time) == 1;
-  ASN1_TIME_free(epoch);
-  if (!ok) return std::nullopt;
-  return int64_t{days} * 86400 + seconds;
-}
-
-std::string Utc(int64_t unix_seconds) {
-  return absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixSeconds(unix_seconds),
-                          absl::UTCTimeZone());
-}
+using openssl::BioPtr;
+using openssl::OpenFile;
+using openssl::PkeyPtr;
+using openssl::UnixSeconds;
+using openssl::Utc;
+using openssl::X509Ptr;
 
 // At start-up, a certificate in use that has ended, has not begun, or ends within
 // kCertificateWarningDays is logged: peers refuse it, or soon will. Not refused here: a
@@ -325,4 +300,31 @@ absl::StatusOr<std::string> MatchBearerDigest(absl::string_view digest,
 
 std::string BearerMetadataValue(absl::string_view token) { return absl::StrCat("Bearer ", token); }
 
+namespace openssl {
+
+std::optional<int64_t> UnixSeconds(const ASN1_TIME* time) {
+  ASN1_TIME* epoch = ASN1_TIME_set(nullptr, 0);
+  if (epoch == nullptr) return std::nullopt;
+  int days = 0;
+  int seconds = 0;
+  const bool ok = ASN1_TIME_diff(&days, &seconds, epoch, time) == 1;
+  ASN1_TIME_free(epoch);
+  if (!ok) return std::nullopt;
+  return int64_t{days} * 86400 + seconds;
+}
+
+std::string Utc(int64_t unix_seconds) {
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixSeconds(unix_seconds),
+                          absl::UTCTimeZone());
+}
+
+std::string NameText(const X509_NAME* name) {
+  BioPtr bio(BIO_new(BIO_s_mem()));
+  if (bio == nullptr || X509_NAME_print_ex(bio.get(), name, 0, XN_FLAG_RFC2253) < 0) return "";
+  char* data = nullptr;
+  const long size = BIO_get_mem_data(bio.get(), &data);
+  return std::string(data, static_cast<size_t>(size));
+}
+
+}  // namespace openssl
 }  // namespace tophat

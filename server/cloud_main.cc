@@ -42,6 +42,7 @@
 #include "models/runtime/compute_threads.h"
 #include "models/runtime/submodel.h"
 #include "proto/certificate_expiry.h"
+#include "proto/certificate_revocation.h"
 #include "proto/channel_security.h"
 #include "proto/hidden_states.h"
 #include "server/cloud_metrics.h"
@@ -85,6 +86,36 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> AgentsPortCredentials(
                                              .private_key_file = config.tls.private_key_file,
                                              .ca_file = config.tls.client_ca_file},
                                             "tls", "client_ca_file");
+}
+
+// Who may hold a stream under `config`: its device tokens, revoked devices, and the CRLs of
+// tls.crl_file, read now (at start-up and at each reload: a renewed CRL applies at the next
+// `systemctl reload`). A CRL past its nextUpdate still applies, and is warned of.
+absl::StatusOr<tophat::DeviceAccess> AccessOf(const CloudConfig& config) {
+  tophat::DeviceAccess access{.device_tokens = config.tls.device_tokens,
+                              .revoked_devices = config.tls.revoked_devices};
+  if (config.tls.crl_file.empty()) return access;
+  auto revoked = tophat::LoadRevocationLists(config.tls.crl_file, "tls.crl_file",
+                                             config.tls.client_ca_file, "tls.client_ca_file");
+  if (!revoked.ok()) return revoked.status();
+  for (const auto& [issuer, due] : revoked->stale_issuers) {
+    spdlog::warn(
+        "tls.crl_file: {}: the CRL of \"{}\" was due for renewal at {}: certificates "
+        "it revoked since are not in it; renew it (deploy/make-certs.sh --crl) and "
+        "reload",
+        config.tls.crl_file, issuer,
+        absl::FormatTime("%Y-%m-%d %H:%M UTC", absl::FromUnixSeconds(due), absl::UTCTimeZone()));
+  }
+  access.revoked_certificates =
+      std::make_shared<const tophat::RevokedCertificates>(*std::move(revoked));
+  return access;
+}
+
+// "N certificate(s) revoked by M CRL(s), " for a reload's summary; "" without a CRL.
+std::string CrlSummary(const tophat::DeviceAccess& access) {
+  if (access.revoked_certificates == nullptr) return "";
+  return absl::StrCat(access.revoked_certificates->certificates, " certificate(s) revoked by ",
+                      access.revoked_certificates->crls, " CRL(s), ");
 }
 
 // Agents refuse a cloud that announces no fingerprint (nothing would show they serve one
@@ -154,6 +185,20 @@ int CheckConfig(const CloudConfig& config, const std::string& config_path) {
                   ? "no device tokens (a certificate names its device)"
                   : absl::StrCat(config.tls.device_tokens.size(), " device token(s)").c_str(),
               revoked.size(), revoked.empty() ? "" : ": ", absl::StrJoin(revoked, ", ").c_str());
+  auto access = AccessOf(config);
+  if (!access.ok()) return Fail(access.status());
+  if (const tophat::RevokedCertificates* crl = access->revoked_certificates.get()) {
+    std::printf("  crl: %s: %lld revoked certificate(s) in %d CRL(s)%s\n",
+                config.tls.crl_file.c_str(), static_cast<long long>(crl->certificates), crl->crls,
+                crl->next_update_s
+                    ? absl::StrCat(", due for renewal at ",
+                                   absl::FormatTime("%Y-%m-%d %H:%M UTC",
+                                                    absl::FromUnixSeconds(*crl->next_update_s),
+                                                    absl::UTCTimeZone()),
+                                   crl->stale_issuers.empty() ? "" : " (stale)")
+                          .c_str()
+                    : "");
+  }
   auto dtype = tophat::ParseTorchDtypeName(config.dtype, "dtype");
   if (!dtype.ok()) return Fail(dtype.status());
   if (auto gemm = tophat::ParseSmallBatchGemm(config.small_batch_gemm, "small_batch_gemm");
@@ -247,8 +292,10 @@ absl::StatusOr<tophat::ConfigReloader::Applied> ApplyReloadedConfig(
   std::map<std::string, std::string> values;
   auto reloaded = source.read(&values);
   if (!reloaded.ok()) return reloaded.status();
-  const int ended = service.UpdateAccess({.device_tokens = reloaded->tls.device_tokens,
-                                          .revoked_devices = reloaded->tls.revoked_devices});
+  auto access = AccessOf(*reloaded);
+  if (!access.ok()) return access.status();
+  const std::string crl = CrlSummary(*access);
+  const int ended = service.UpdateAccess(*std::move(access));
   const tophat::CloudConfig::Limits& limits = reloaded->limits;
   const int64_t kv_blocks_per_device =
       KvBlocksPerDevice(limits.max_kv_fraction_per_device, kv_num_blocks);
@@ -259,7 +306,7 @@ absl::StatusOr<tophat::ConfigReloader::Applied> ApplyReloadedConfig(
   return tophat::ConfigReloader::Applied{
       .summary = absl::StrCat(
           reloaded->tls.device_tokens.size(), " device token(s), ",
-          reloaded->tls.revoked_devices.size(), " revoked device(s), per device at most ",
+          reloaded->tls.revoked_devices.size(), " revoked device(s), ", crl, "per device at most ",
           limits.max_sessions_per_device, " session(s) (", limits.max_waiting_sessions_per_device,
           " waiting) and ", kv_blocks_per_device, " KV block(s) (0: no limit), ", log_level, "; ",
           ended, " open stream(s) no longer admitted were ended"),
@@ -351,6 +398,8 @@ int Run(const CloudConfig& written, const std::map<std::string, std::string>& wr
   auto agents_port = AgentsPortCredentials(written);
   if (!agents_port.ok()) return Fail(agents_port.status());
   std::shared_ptr<grpc::ServerCredentials> credentials = *std::move(agents_port);
+  auto access = AccessOf(written);
+  if (!access.ok()) return Fail(access.status());
   // With a pipeline, stage 0 serves the stages' rendezvous, where (with planned_stages)
   // the layer boundaries are decided before anyone loads its layers.
   std::unique_ptr<tophat::pipeline::Rendezvous> rendezvous;
@@ -525,8 +574,7 @@ int Run(const CloudConfig& written, const std::map<std::string, std::string>& wr
        .unread_timeout_s = config.limits.unread_stream_timeout_s,
        .max_messages_per_second_per_device = config.limits.max_messages_per_second_per_device,
        .max_refusals_per_second_per_device = config.limits.max_refusals_per_second_per_device,
-       .access = {.device_tokens = config.tls.device_tokens,
-                  .revoked_devices = config.tls.revoked_devices},
+       .access = *std::move(access),
        .metrics = &metrics});
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;

@@ -51,6 +51,10 @@ struct CloudMetrics {
   prometheus::Counter& streams_not_reading;
   // Open streams ended because a reloaded config no longer admits their device.
   prometheus::Counter& streams_revoked;
+  // tls.crl_file as last loaded: the certificates it revokes, and the earliest nextUpdate of
+  // its CRLs (seconds since 1970; 0 without a CRL). Past it, revocations since are unknown.
+  prometheus::Gauge& crl_revoked_certificates;
+  prometheus::Gauge& crl_next_update;
   // Times a stream's unread results passed its bound and the engine paused its work.
   prometheus::Counter& streams_congested;
   // Reads of a stream held back by limits.max_messages_per_second_per_device.

@@ -32,6 +32,14 @@ template <typename NameOfDigest>
 absl::StatusOr<std::string> AdmitDeviceBy(const DeviceAccess& access,
                                           const PresentedCredentials& presented,
                                           const NameOfDigest& name_of_digest) {
+  if (access.revoked_certificates != nullptr && presented.certificate.has_value() &&
+      access.revoked_certificates->Revoked(*presented.certificate)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the certificate of ",
+        presented.certified.empty() ? "this device" : absl::StrCat("device ", presented.certified),
+        " (serial ", presented.certificate->serial, ", issued by ", presented.certificate->issuer,
+        ") is revoked (tls.crl_file)"));
+  }
   std::string device = presented.certified;
   if (!access.device_tokens.empty()) {
     if (!presented.token_digest.ok()) return presented.token_digest.status();
@@ -788,7 +796,8 @@ class RefusedReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, gr
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* CloudServiceImpl::Connect(
     grpc::CallbackServerContext* context) {
-  PresentedCredentials presented{.certified = PeerIdentity(*context->auth_context())};
+  PresentedCredentials presented{.certified = PeerIdentity(*context->auth_context()),
+                                 .certificate = PeerCertificateId(*context->auth_context())};
   const auto& metadata = context->client_metadata();
   if (const auto found = metadata.find(kAuthorizationMetadata); found != metadata.end()) {
     presented.token_digest =
@@ -810,7 +819,18 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* CloudServiceImpl::C
                             std::move(presented), *std::move(device), admission.generation);
 }
 
+void CloudServiceImpl::ReportAccess(const DeviceAccess& access) {
+  if (options_.metrics == nullptr) return;
+  const RevokedCertificates* revoked = access.revoked_certificates.get();
+  options_.metrics->crl_revoked_certificates.Set(
+      revoked != nullptr ? static_cast<double>(revoked->certificates) : 0);
+  options_.metrics->crl_next_update.Set(revoked != nullptr && revoked->next_update_s
+                                            ? static_cast<double>(*revoked->next_update_s)
+                                            : 0);
+}
+
 int CloudServiceImpl::UpdateAccess(DeviceAccess access) {
+  ReportAccess(access);
   const std::vector<OpenStreams::Ending> ending = open_->Replace(std::move(access));
   for (const OpenStreams::Ending& stream : ending) {
     spdlog::warn("stream {} ({}): ended by the reloaded config: {}", stream.id,

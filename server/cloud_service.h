@@ -19,6 +19,7 @@
 #include "base/log_rate.h"
 #include "base/token_bucket.h"
 #include "configs/bearer_tokens.h"
+#include "proto/certificate_revocation.h"
 #include "server/cloud_metrics.h"
 #include "server/engine.h"
 #include "tophat/v1/cloud.grpc.pb.h"
@@ -32,13 +33,17 @@ struct DeviceAccess {
   std::vector<BearerToken> device_tokens;
   // tls.revoked_devices: refused with PERMISSION_DENIED, whatever they present.
   std::vector<std::string> revoked_devices;
+  // tls.crl_file: certificates refused with PERMISSION_DENIED (null: no CRL).
+  std::shared_ptr<const RevokedCertificates> revoked_certificates;
 };
 
-// What a stream presented: the name its certificate gives ("" without one: plaintext) and the
-// SHA-256 of its bearer token (an error saying what is wrong when it carried none, or not as
-// "Bearer <token>"). Kept for the stream's life, so that a reload can check it again.
+// What a stream presented: the name its certificate gives ("" without one: plaintext), which
+// certificate that is, and the SHA-256 of its bearer token (an error saying what is wrong
+// when it carried none, or not as "Bearer <token>"). Kept for the stream's life, so that a
+// reload can check it again.
 struct PresentedCredentials {
   std::string certified;
+  std::optional<CertificateId> certificate;
   absl::StatusOr<std::string> token_digest =
       absl::UnauthenticatedError("no bearer token (authorization metadata) on the call");
 };
@@ -46,7 +51,7 @@ struct PresentedCredentials {
 // The device a stream is under `access`: its certificate's name, or its token's when
 // device_tokens is set (both, and they must agree, when there are both); "" for a plaintext
 // stream without tokens (each such stream is its own device). UNAUTHENTICATED for a missing,
-// unknown or another device's token, PERMISSION_DENIED for a revoked device.
+// unknown or another device's token, PERMISSION_DENIED for a revoked device or certificate.
 absl::StatusOr<std::string> AdmitDevice(const DeviceAccess& access,
                                         const PresentedCredentials& presented);
 
@@ -189,7 +194,8 @@ class CloudServiceImpl final
                    ? std::make_shared<DevicePacer>(options.max_messages_per_second_per_device,
                                                    options.max_refusals_per_second_per_device)
                    : nullptr),
-        open_(std::make_shared<OpenStreams>(std::move(options.access))) {
+        open_(std::make_shared<OpenStreams>(options.access)) {
+    ReportAccess(options.access);
     // The rules live in open_ alone: every stream keeps a copy of options_, which must not
     // carry the device tokens (10,000 streams x 10,000 tokens would be gigabytes).
     options_.access = {};
@@ -208,6 +214,9 @@ class CloudServiceImpl final
   int UpdateAccess(DeviceAccess access);
 
  private:
+  // The access rules' gauges (the CRL's).
+  void ReportAccess(const DeviceAccess& access);
+
   Engine* engine_;
   std::mutex refusal_log_mutex_;
   LogRate refusal_log_{5};  // refused streams' warnings

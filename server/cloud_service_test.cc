@@ -107,5 +107,55 @@ TEST_CASE(
   CHECK(open.size() == 1);
 }
 
+TEST_CASE(
+    "A certificate a CRL revokes is refused whatever it names, and a reload with a new CRL "
+    "ends its open stream",
+    "[tls]") {
+  const CertificateId device_1{.issuer = "CN=tophat CA", .serial = "2A"};
+  const CertificateId device_2{.issuer = "CN=tophat CA", .serial = "2B"};
+  const auto with_certificate = [](const std::string& name, const CertificateId& certificate) {
+    PresentedCredentials presented = Presented(name, "");
+    presented.certificate = certificate;
+    return presented;
+  };
+  const auto crl_of = [](const std::string& issuer, const std::string& serial) {
+    auto revoked = std::make_shared<RevokedCertificates>();
+    revoked->serials_by_issuer[issuer].insert(serial);
+    revoked->crls = 1;
+    revoked->certificates = 1;
+    return std::shared_ptr<const RevokedCertificates>(std::move(revoked));
+  };
+  DeviceAccess access{.revoked_certificates = crl_of("CN=tophat CA", "2A")};
+  auto refused = AdmitDevice(access, with_certificate("device-1", device_1));
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(refused.status().message() ==
+        "the certificate of device device-1 (serial 2A, issued by CN=tophat CA) is revoked "
+        "(tls.crl_file)");
+  CHECK(*AdmitDevice(access, with_certificate("device-2", device_2)) == "device-2");
+  // The same serial from another issuer is another certificate.
+  CHECK(AdmitDevice(access, with_certificate("device-9", {.issuer = "CN=other CA", .serial = "2A"}))
+            .ok());
+
+  OpenStreams open(DeviceAccess{});
+  std::vector<StreamId> ended;
+  for (StreamId id : {1, 2}) {
+    const PresentedCredentials presented =
+        with_certificate("device-" + std::to_string(id), id == 1 ? device_1 : device_2);
+    OpenStreams::Admission admission = open.Admit(presented);
+    REQUIRE(admission.device.ok());
+    REQUIRE(open.Register(id, presented, *admission.device, admission.generation,
+                          [&ended, id](grpc::Status) { ended.push_back(id); })
+                .ok());
+  }
+  std::vector<OpenStreams::Ending> ending =
+      open.Replace(DeviceAccess{.revoked_certificates = crl_of("CN=tophat CA", "2B")});
+  REQUIRE(ending.size() == 1);
+  CHECK(ending[0].id == 2);
+  CHECK(ending[0].status.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+  CHECK_THAT(ending[0].status.error_message(), Catch::Contains("serial 2B"));
+  CHECK(open.size() == 1);
+}
+
 }  // namespace
 }  // namespace tophat

@@ -30,6 +30,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "base/program_paths.h"
 #include "base/test_util.h"
 #include "models/runtime/bundle.h"
@@ -301,6 +303,7 @@ struct CloudSettings {
   double max_refusals_per_second_per_device = 20;      // limits.max_refusals_per_second_per_device
   double max_kv_fraction_per_device = 0.5;             // limits.max_kv_fraction_per_device
   std::vector<std::string> device_tokens;  // tls.device_tokens, each "DEVICE:SHA256"
+  std::string crl_file;                    // tls.crl_file ("": none)
   bool adaptive = true;                               // scheduler.adaptive
   std::vector<std::string> wire_dtypes = {"float32", "float16"};  // scheduler.wire_dtypes
   std::string bundle;  // "": the toy model's cloud bundle
@@ -317,47 +320,39 @@ class CloudProcess {
         metrics_port_(testing::FreePort()) {
     config_ = dir / ("cloud-" + std::to_string(port_) + ".yaml");
     host_ = settings.listen_host;
-    std::ofstream(config_) << "listen_address: \"" << host_ << ":" << port_ << "\"\n"
-                           << "bundle: "
-                           << (settings.bundle.empty() ? (Bundles() / "cloud").string()
-                                                       : settings.bundle)
-                           << "\n"
-                           << "tls:\n  certificate_file: " << (Certs() / "cloud.crt").string()
-                           << "\n  private_key_file: " << (Certs() / "cloud.key").string()
-                           << "\n  client_ca_file: " << (Certs() / "ca.crt").string() << "\n"
-                           << "  device_tokens: [" << absl::StrJoin(settings.device_tokens, ", ")
-                           << "]\n"
-                           << "device: " << (settings.device.empty() ? CloudDevice() : settings.device) << "\n"
-                           << "dtype: " << settings.dtype << "\n"
-                           << "max_context: 1024\n"
-                           << "kv_cache:\n  block_size: 16\n  memory_bytes: "
-                           << settings.kv_memory << "\n"
-                           << "scheduler:\n  max_batch_tokens: " << settings.max_batch_tokens
-                           << "\n  max_running_sessions: " << settings.max_running_sessions
-                           << "\n  max_waiting_sessions: " << settings.max_waiting_sessions
-                           << "\n  prompt_chunk_size: 16\n"
-                           << "  max_draft_steps: " << settings.max_draft_steps << "\n"
-                           << "  min_prompt_chunk_size: " << settings.min_prompt_chunk_size
-                           << "\n  adaptive: " << (settings.adaptive ? "true" : "false")
-                           << "\n  wire_dtypes: [" << absl::StrJoin(settings.wire_dtypes, ", ")
-                           << "]\n"
-                           << "limits:\n  max_chunk_tokens: " << settings.max_chunk_tokens
-                           << "\n  max_message_bytes: " << settings.max_message_bytes
-                           << "\n  max_sessions_per_device: " << settings.max_sessions_per_device
-                           << "\n  max_queued_bytes_per_stream: "
-                           << settings.max_queued_bytes_per_stream
-                           << "\n  max_inflight_bytes_per_stream: "
-                           << settings.max_inflight_bytes_per_stream
-                           << "\n  unread_stream_timeout_s: " << settings.unread_stream_timeout_s
-                           << "\n  max_messages_per_second_per_device: "
-                           << settings.max_messages_per_second_per_device
-                           << "\n  max_refusals_per_second_per_device: "
-                           << settings.max_refusals_per_second_per_device
-                           << "\n  max_kv_fraction_per_device: "
-                           << settings.max_kv_fraction_per_device << "\n"
-                           << "drain_grace_period_s: " << settings.drain_grace_period_s << "\n"
-                           << "metrics_address: \"127.0.0.1:" << metrics_port_ << "\"\n"
-                           << "compute_threads: " << settings.compute_threads << "\n";
+    std::ofstream(config_)
+        << "listen_address: \"" << host_ << ":" << port_ << "\"\n"
+        << "bundle: "
+        << (settings.bundle.empty() ? (Bundles() / "cloud").string() : settings.bundle) << "\n"
+        << "tls:\n  certificate_file: " << (Certs() / "cloud.crt").string()
+        << "\n  private_key_file: " << (Certs() / "cloud.key").string()
+        << "\n  client_ca_file: " << (Certs() / "ca.crt").string() << "\n"
+        << "  device_tokens: [" << absl::StrJoin(settings.device_tokens, ", ") << "]\n"
+        << (settings.crl_file.empty() ? "" : "  crl_file: " + settings.crl_file + "\n")
+        << "device: " << (settings.device.empty() ? CloudDevice() : settings.device) << "\n"
+        << "dtype: " << settings.dtype << "\n"
+        << "max_context: 1024\n"
+        << "kv_cache:\n  block_size: 16\n  memory_bytes: " << settings.kv_memory << "\n"
+        << "scheduler:\n  max_batch_tokens: " << settings.max_batch_tokens
+        << "\n  max_running_sessions: " << settings.max_running_sessions
+        << "\n  max_waiting_sessions: " << settings.max_waiting_sessions
+        << "\n  prompt_chunk_size: 16\n"
+        << "  max_draft_steps: " << settings.max_draft_steps << "\n"
+        << "  min_prompt_chunk_size: " << settings.min_prompt_chunk_size
+        << "\n  adaptive: " << (settings.adaptive ? "true" : "false") << "\n  wire_dtypes: ["
+        << absl::StrJoin(settings.wire_dtypes, ", ") << "]\n"
+        << "limits:\n  max_chunk_tokens: " << settings.max_chunk_tokens
+        << "\n  max_message_bytes: " << settings.max_message_bytes
+        << "\n  max_sessions_per_device: " << settings.max_sessions_per_device
+        << "\n  max_queued_bytes_per_stream: " << settings.max_queued_bytes_per_stream
+        << "\n  max_inflight_bytes_per_stream: " << settings.max_inflight_bytes_per_stream
+        << "\n  unread_stream_timeout_s: " << settings.unread_stream_timeout_s
+        << "\n  max_messages_per_second_per_device: " << settings.max_messages_per_second_per_device
+        << "\n  max_refusals_per_second_per_device: " << settings.max_refusals_per_second_per_device
+        << "\n  max_kv_fraction_per_device: " << settings.max_kv_fraction_per_device << "\n"
+        << "drain_grace_period_s: " << settings.drain_grace_period_s << "\n"
+        << "metrics_address: \"127.0.0.1:" << metrics_port_ << "\"\n"
+        << "compute_threads: " << settings.compute_threads << "\n";
     std::vector<int> layer_boundaries = settings.layer_boundaries;
     if (layer_boundaries.empty() && settings.planned_stages == 0) layer_boundaries = CloudStages();
     if (!layer_boundaries.empty() || settings.planned_stages > 0) {
@@ -1180,6 +1175,25 @@ TEST_CASE("tophat-cloud --check-config checks a config as far as a start gets be
     auto [twice_code, twice_log] = check(cloud, "twice");
     CHECK(twice_code == 1);
     CHECK_THAT(twice_log, Catch::Contains("tls.revoked_devices[1]: \"device-7\" is listed twice"));
+  }
+  SECTION("a CRL: what it revokes is said, and a file that is no CRL is refused") {
+    const fs::path certs = dir.path() / "certs";
+    fs::copy(Certs(), certs, fs::copy_options::recursive);
+    REQUIRE(std::system(
+                ("bash " + MakeCertsScript().string() + " --crl " + certs.string()).c_str()) == 0);
+    CloudProcess cloud(dir.path(),
+                       CloudSettings{.crl_file = (certs / "crl.pem").string(), .start = false});
+    auto [code, log] = check(cloud, "crl");
+    INFO(log);
+    CHECK(code == 0);
+    CHECK_THAT(log, Catch::Contains("crl: " + (certs / "crl.pem").string() +
+                                    ": 0 revoked certificate(s) in 1 CRL(s), due for renewal at"));
+    CloudProcess not_crl(dir.path(),
+                         CloudSettings{.crl_file = (certs / "ca.crt").string(), .start = false});
+    auto [not_crl_code, not_crl_log] = check(not_crl, "not-crl");
+    CHECK(not_crl_code == 1);
+    CHECK_THAT(not_crl_log,
+               Catch::Contains("tls.crl_file: " + (certs / "ca.crt").string() + " holds no CRL"));
   }
   SECTION("the device bundle in the cloud's place") {
     CloudProcess cloud(dir.path(), CloudSettings{.bundle = (Bundles() / "device").string(),
@@ -2493,6 +2507,88 @@ TEST_CASE(
   const v1::CloudMessage reply = device_2.ReadFor(1);
   REQUIRE(reply.has_result());
   CHECK(reply.result().states().num_positions() == 4);
+  CHECK(cloud.process().running());
+}
+
+TEST_CASE(
+    "A reloaded CRL ends the stream of a device whose certificate it revokes, which opens no "
+    "other, and another CA's CRL is refused",
+    "[serving]") {
+  testing::TempDir dir;
+  // A copy of the run's CA, which revokes device-1's certificate here only.
+  const fs::path certs = dir.path() / "certs";
+  fs::copy(Certs(), certs, fs::copy_options::recursive);
+  const std::string make_certs = "bash " + MakeCertsScript().string() + " ";
+  REQUIRE(std::system((make_certs + "--crl " + certs.string()).c_str()) == 0);
+  CloudSettings settings;
+  settings.crl_file = (certs / "crl.pem").string();
+  CloudProcess cloud(dir.path(), settings);
+  AgentProcess agent(dir.path(), cloud, 16);  // device-1
+  RawStream device_2(cloud.address(), "device-2");
+  REQUIRE(testing::WaitUntil([&] { return cloud.Metric("tophat_streams_connected") == 2; }, 10s));
+  CHECK(cloud.Metric("tophat_crl_revoked_certificates") == 0);
+  // make-certs.sh's CRLs are due for renewal in 30 days.
+  const double in_30_days = static_cast<double>(absl::ToUnixSeconds(absl::Now()) + 30 * 86400);
+  CHECK(std::abs(cloud.Metric("tophat_crl_next_update_timestamp_seconds") - in_30_days) < 600);
+  {
+    auto generated = agent.client().Generate(IdsRequest(Tokenize(ToyPrompts(3, 1)[0]), 8));
+    REQUIRE(generated.ok());
+  }
+  const auto reload = [&](int nth) {
+    cloud.process().Signal(SIGHUP);
+    REQUIRE(testing::WaitUntil([&] { return cloud.Metric("tophat_config_reloads_total") == nth; },
+                               20s));
+  };
+
+  // 1. device-1's certificate revoked: the reload reads the renewed CRL (the config is
+  // unchanged) and ends device-1's open stream; device-1 opens no other.
+  REQUIRE(std::system((make_certs + "--revoke " + certs.string() + " device-1").c_str()) == 0);
+  reload(1);
+  std::string log = cloud.process().Log();
+  INFO(log);
+  CHECK(Occurrences(log,
+                    "ended by the reloaded config: the certificate of device device-1 "
+                    "(serial ") == 1);
+  CHECK_THAT(log, Catch::Contains("1 certificate(s) revoked by 1 CRL(s)"));
+  CHECK(cloud.Metric("tophat_crl_revoked_certificates") == 1);
+  CHECK(cloud.Metric("tophat_streams_revoked_total") == 1);
+  const grpc::Status revoked = OpenCloudStream(cloud.address(), DeviceCredentials("device-1"));
+  CHECK(revoked.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+  CHECK_THAT(revoked.error_message(),
+             Catch::Contains("issued by CN=tophat CA) is revoked (tls.crl_file)"));
+  REQUIRE(testing::WaitUntil(
+      [&] {
+        auto health = agent.client().Health();
+        return health.ok() && !health->cloud_connected();
+      },
+      10s));
+
+  // 2. Another deployment's CRL in its place (its CA also named "tophat CA", by another key):
+  // the reload fails and changes nothing.
+  const fs::path stranger = dir.path() / "stranger";
+  REQUIRE(std::system(
+              (make_certs + stranger.string() + " && " + make_certs + "--crl " + stranger.string())
+                  .c_str()) == 0);
+  fs::copy_file(stranger / "crl.pem", certs / "crl.pem.new");
+  fs::rename(certs / "crl.pem.new", certs / "crl.pem");
+  reload(2);
+  log = cloud.process().Log();
+  CHECK_THAT(log, Catch::Contains("names \"CN=tophat CA\" as its issuer but is not signed by "
+                                  "that CA's key (tls.client_ca_file: "));
+  CHECK(cloud.Metric("tophat_config_reloads_total", "result=\"failed\"") == 1);
+  CHECK(cloud.Metric("tophat_crl_revoked_certificates") == 1);
+  CHECK(OpenCloudStream(cloud.address(), DeviceCredentials("device-1")).error_code() ==
+        grpc::StatusCode::PERMISSION_DENIED);
+
+  // device-2's stream was open through both reloads and still serves.
+  CHECK(cloud.Metric("tophat_streams_connected") == 1);
+  const uint32_t d = device_2.hello().hidden_size();
+  REQUIRE(device_2.Send(OpenMessage(1, 64)));
+  REQUIRE(device_2.Send(ChunkMessage(1, 0, 4, d, v1::DTYPE_FLOAT32)));
+  const v1::CloudMessage reply = device_2.ReadFor(1);
+  REQUIRE(reply.has_result());
+  CHECK(reply.result().states().num_positions() == 4);
+  CHECK(OpenCloudStream(cloud.address(), DeviceCredentials("device-2")).ok());
   CHECK(cloud.process().running());
 }
 
