@@ -16,13 +16,18 @@ class TokenBucket {
   TokenBucket(double per_second, double burst, Clock::time_point now)
       : per_second_(per_second), burst_(burst), tokens_(burst), last_(now) {}
 
+  // A new rate and burst from `now` on: what accrued until now at the old rate stays (at most
+  // the new burst), and so does what is owed (negative tokens: callers already told to wait).
+  void SetRate(double per_second, double burst, Clock::time_point now) {
+    Refill(now);
+    per_second_ = per_second;
+    burst_ = burst;
+    tokens_ = std::min(tokens_, burst_);
+  }
+
   // Takes one token; returns how long to wait before using it (zero when one was there).
   Clock::duration Take(Clock::time_point now) {
-    const double elapsed = std::chrono::duration<double>(now - last_).count();
-    if (elapsed > 0) {
-      tokens_ = std::min(burst_, tokens_ + elapsed * per_second_);
-      last_ = now;
-    }
+    Refill(now);
     tokens_ -= 1;
     if (tokens_ >= 0) return Clock::duration::zero();
     return std::chrono::duration_cast<Clock::duration>(
@@ -30,6 +35,14 @@ class TokenBucket {
   }
 
  private:
+  void Refill(Clock::time_point now) {
+    const double elapsed = std::chrono::duration<double>(now - last_).count();
+    if (elapsed > 0) {
+      tokens_ = std::min(burst_, tokens_ + elapsed * per_second_);
+      last_ = now;
+    }
+  }
+
   double per_second_;
   double burst_;
   double tokens_;  // negative: tokens promised to waiting callers

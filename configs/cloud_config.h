@@ -168,13 +168,18 @@ absl::StatusOr<CloudConfig> LoadCloudConfig(const std::filesystem::path& path,
 
 // The keys a running tophat-cloud applies when it reloads its config (SIGHUP, `systemctl
 // reload`); a change to any other key waits for a restart, and the reload says which.
-inline constexpr std::string_view kCloudReloadedKeys[] = {"tls.device_tokens",
-                                                          "tls.revoked_devices",
-                                                          "tls.crl_file",
-                                                          "limits.max_sessions_per_device",
-                                                          "limits.max_waiting_sessions_per_device",
-                                                          "limits.max_kv_fraction_per_device",
-                                                          "log_level"};
+inline constexpr std::string_view kCloudReloadedKeys[] = {
+    "tls.device_tokens",
+    "tls.revoked_devices",
+    "tls.crl_file",
+    "limits.max_sessions_per_device",
+    "limits.max_waiting_sessions_per_device",
+    "limits.max_kv_fraction_per_device",
+    "limits.max_messages_per_second_per_device",
+    "limits.max_refusals_per_second_per_device",
+    "scheduler.device_weights",
+    "scheduler.decode_step_stretch",
+    "log_level"};
 
 // As LoadCloudConfig, for YAML text; `source_name` stands for the file in messages, and a
 // relative `bundle` is resolved against its directory (the working directory when it has

@@ -27,6 +27,21 @@ std::optional<std::string> DeviceLedger::QuotaProblem(const std::string& device,
   return std::nullopt;
 }
 
+double DeviceLedger::WeightOf(const std::string& device) const {
+  // Weights are keyed by the certificate's identity; a plaintext stream has none.
+  constexpr std::string_view kIdentified = "device ";
+  if (!device.starts_with(kIdentified)) return 1.0;
+  const auto weight = limits_.weights.find(device.substr(kIdentified.size()));
+  return weight == limits_.weights.end() ? 1.0 : weight->second;
+}
+
+void DeviceLedger::SetLimits(DeviceLimits limits) {
+  limits_ = std::move(limits);
+  for (const auto& [device, usage] : usage_) {
+    slot_weight_[static_cast<size_t>(usage.slot)] = WeightOf(device);
+  }
+}
+
 int32_t DeviceLedger::Open(const std::string& device, int32_t blocks) {
   auto [it, new_device] = usage_.try_emplace(device);
   Usage& usage = it->second;
@@ -40,13 +55,7 @@ int32_t DeviceLedger::Open(const std::string& device, int32_t blocks) {
     if (slot_weight_.size() <= static_cast<size_t>(usage.slot)) {
       slot_weight_.resize(static_cast<size_t>(usage.slot) + 1, 1.0);
     }
-    // Weights are keyed by the certificate's identity; a plaintext stream has none.
-    constexpr std::string_view kIdentified = "device ";
-    const auto weight = device.starts_with(kIdentified)
-                            ? limits_.weights.find(device.substr(kIdentified.size()))
-                            : limits_.weights.end();
-    slot_weight_[static_cast<size_t>(usage.slot)] =
-        weight == limits_.weights.end() ? 1.0 : weight->second;
+    slot_weight_[static_cast<size_t>(usage.slot)] = WeightOf(device);
   }
   ++usage.sessions;
   ++usage.waiting;

@@ -33,13 +33,10 @@ class DeviceLedger {
  public:
   explicit DeviceLedger(DeviceLimits limits) : limits_(std::move(limits)) {}
 
-  // New quotas (a config reload): sessions open now keep running, and a device over a new
-  // quota opens no more until it is under it. The weights stay as they are.
-  void SetQuotas(int64_t max_sessions, int64_t max_waiting, int64_t max_kv_blocks) {
-    limits_.max_sessions = max_sessions;
-    limits_.max_waiting = max_waiting;
-    limits_.max_kv_blocks = max_kv_blocks;
-  }
+  // New limits (a config reload): sessions open now keep running, and a device over a new
+  // quota opens no more until it is under it. New weights apply at once, to the devices
+  // holding slots too (from the next step's split of the prompt budget).
+  void SetLimits(DeviceLimits limits);
 
   // Why `device` may not open one more session of `blocks` KV blocks, naming the limit's
   // config key; nullopt if it may.
@@ -81,6 +78,9 @@ class DeviceLedger {
   std::vector<std::pair<std::string, Usage>> Top(size_t limit) const;
 
  private:
+  // `device`'s fair-share weight under limits_.
+  double WeightOf(const std::string& device) const;
+
   DeviceLimits limits_;
   std::unordered_map<std::string, Usage> usage_;
   std::vector<double> slot_weight_;

@@ -124,7 +124,7 @@ TEST_CASE("DeviceLedger's quotas change while sessions are open, which keep runn
   const std::string a = "device a";
   for (int i = 0; i < 3; ++i) ledger.Open(a, 4);
   CHECK_FALSE(ledger.QuotaProblem(a, 4).has_value());
-  ledger.SetQuotas(/*max_sessions=*/2, /*max_waiting=*/0, /*max_kv_blocks=*/0);
+  ledger.SetLimits({.max_sessions = 2});
   const std::optional<std::string> over = ledger.QuotaProblem(a, 4);
   REQUIRE(over.has_value());
   CHECK_THAT(*over, Catch::Contains("already has 3 sessions open"));
@@ -132,9 +132,26 @@ TEST_CASE("DeviceLedger's quotas change while sessions are open, which keep runn
   ledger.Close(a, 4, /*waiting=*/true);
   ledger.Close(a, 4, /*waiting=*/true);
   CHECK_FALSE(ledger.QuotaProblem(a, 4).has_value());  // under the new quota again
-  ledger.SetQuotas(0, 0, /*max_kv_blocks=*/6);
+  ledger.SetLimits({.max_kv_blocks = 6});
   CHECK(ledger.QuotaProblem(a, 3).has_value());  // 4 + 3 > 6
   CHECK_FALSE(ledger.QuotaProblem(a, 2).has_value());
+}
+
+TEST_CASE("DeviceLedger's weights change for the devices holding slots, and for new ones") {
+  DeviceLedger ledger({.weights = {{"a", 3}}});
+  const int32_t a = ledger.Open("device a", 1);
+  const int32_t b = ledger.Open("device b", 1);
+  const int32_t plain = ledger.Open("stream 7", 1);
+  CHECK(ledger.slot_weight(a) == 3);
+  CHECK(ledger.slot_weight(b) == 1);
+  ledger.SetLimits({.weights = {{"b", 0.5}, {"c", 2}}});
+  CHECK(ledger.slot_weight(a) == 1);  // no longer listed
+  CHECK(ledger.slot_weight(b) == 0.5);
+  CHECK(ledger.slot_weight(plain) == 1);
+  CHECK(ledger.slot_weight(ledger.Open("device c", 1)) == 2);
+  // A freed slot taken by another device carries that device's weight.
+  ledger.Close("device b", 1, /*waiting=*/true);
+  CHECK(ledger.slot_weight(ledger.Open("device d", 1)) == 1);
 }
 
 }  // namespace

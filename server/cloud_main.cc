@@ -284,8 +284,9 @@ int64_t KvBlocksPerDevice(double fraction, int64_t num_blocks) {
 }
 
 // What a reload applies while the daemon serves (kCloudReloadedKeys): who may hold a stream,
-// open ones included; the per-device quotas, for sessions opened from then on; and the log
-// level. The rest waits for a restart, and is listed.
+// open ones included; the per-device quotas, for sessions opened from then on; the per-device
+// message and refusal rates and the fair share (weights, decode step stretch), for connected
+// devices too; and the log level. The rest waits for a restart, and is listed.
 absl::StatusOr<tophat::ConfigReloader::Applied> ApplyReloadedConfig(
     const ConfigSource& source, const std::map<std::string, std::string>& started_values,
     tophat::CloudServiceImpl& service, tophat::Engine& engine, int64_t kv_num_blocks) {
@@ -299,8 +300,13 @@ absl::StatusOr<tophat::ConfigReloader::Applied> ApplyReloadedConfig(
   const tophat::CloudConfig::Limits& limits = reloaded->limits;
   const int64_t kv_blocks_per_device =
       KvBlocksPerDevice(limits.max_kv_fraction_per_device, kv_num_blocks);
-  engine.UpdateDeviceQuotas(limits.max_sessions_per_device, limits.max_waiting_sessions_per_device,
-                            kv_blocks_per_device);
+  engine.UpdateDeviceLimits({.max_sessions = limits.max_sessions_per_device,
+                             .max_waiting = limits.max_waiting_sessions_per_device,
+                             .max_kv_blocks = kv_blocks_per_device,
+                             .weights = reloaded->scheduler.device_weights},
+                            reloaded->scheduler.decode_step_stretch);
+  service.UpdateRates(limits.max_messages_per_second_per_device,
+                      limits.max_refusals_per_second_per_device);
   const std::string log_level =
       tophat::ReloadLogLevel(reloaded->log_level, source.log_level_from_flag);
   return tophat::ConfigReloader::Applied{
@@ -308,8 +314,12 @@ absl::StatusOr<tophat::ConfigReloader::Applied> ApplyReloadedConfig(
           reloaded->tls.device_tokens.size(), " device token(s), ",
           reloaded->tls.revoked_devices.size(), " revoked device(s), ", crl, "per device at most ",
           limits.max_sessions_per_device, " session(s) (", limits.max_waiting_sessions_per_device,
-          " waiting) and ", kv_blocks_per_device, " KV block(s) (0: no limit), ", log_level, "; ",
-          ended, " open stream(s) no longer admitted were ended"),
+          " waiting) and ", kv_blocks_per_device, " KV block(s) (0: no limit), ",
+          limits.max_messages_per_second_per_device, " message(s) and ",
+          limits.max_refusals_per_second_per_device, " refusal(s) a second (0: no limit), ",
+          reloaded->scheduler.device_weights.size(), " device weight(s), decode step stretch ",
+          reloaded->scheduler.decode_step_stretch, ", ", log_level, "; ", ended,
+          " open stream(s) no longer admitted were ended"),
       .awaiting_restart =
           tophat::KeysAwaitingRestart(started_values, values, tophat::kCloudReloadedKeys)};
 }

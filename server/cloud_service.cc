@@ -235,7 +235,7 @@ class StreamChannel final : public MessageSink,
   const StreamId stream_;
   const CloudServiceOptions options_;
   const std::shared_ptr<OutgoingTotals> totals_;
-  const std::shared_ptr<DevicePacer> pacer_;  // null: no rate limit
+  const std::shared_ptr<DevicePacer> pacer_;  // the service's (null: no pacing at all)
   const std::string device_key_;              // the pacer's key
   bool paced_ = false;                        // reading waits for pace_alarm_
   std::unique_ptr<grpc::Alarm> pace_alarm_;
@@ -748,20 +748,24 @@ void StreamChannel::Detach() {
 
 }  // namespace
 
+void DevicePacer::Fit(Device& device, TokenBucket::Clock::time_point now) {
+  const auto fit = [&](std::optional<TokenBucket>& bucket, double per_second) {
+    if (per_second <= 0) {
+      bucket.reset();
+    } else if (bucket.has_value()) {
+      bucket->SetRate(per_second, std::max(1.0, per_second), now);
+    } else {
+      bucket.emplace(per_second, std::max(1.0, per_second), now);
+    }
+  };
+  fit(device.messages, per_second_);
+  fit(device.refusals, per_second_ > 0 ? refusals_per_second_ : 0);
+}
+
 void DevicePacer::Register(const std::string& device) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = devices_.find(device);
-  if (it == devices_.end()) {
-    it = devices_
-             .emplace(device,
-                      Device{.bucket = TokenBucket(per_second_, std::max(1.0, per_second_),
-                                                   TokenBucket::Clock::now())})
-             .first;
-    if (refusals_per_second_ > 0) {
-      it->second.refusals.emplace(refusals_per_second_, std::max(1.0, refusals_per_second_),
-                                  TokenBucket::Clock::now());
-    }
-  }
+  auto [it, added] = devices_.try_emplace(device);
+  if (added) Fit(it->second, TokenBucket::Clock::now());
   ++it->second.streams;
 }
 
@@ -769,6 +773,14 @@ void DevicePacer::Unregister(const std::string& device) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = devices_.find(device);
   if (it != devices_.end() && --it->second.streams <= 0) devices_.erase(it);
+}
+
+void DevicePacer::SetRates(double per_second, double refusals_per_second) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  per_second_ = per_second;
+  refusals_per_second_ = refusals_per_second;
+  const TokenBucket::Clock::time_point now = TokenBucket::Clock::now();
+  for (auto& [name, device] : devices_) Fit(device, now);
 }
 
 TokenBucket::Clock::duration DevicePacer::TakeRefusal(const std::string& device) {
@@ -783,8 +795,10 @@ TokenBucket::Clock::duration DevicePacer::TakeRefusal(const std::string& device)
 TokenBucket::Clock::duration DevicePacer::Take(const std::string& device) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = devices_.find(device);
-  if (it == devices_.end()) return TokenBucket::Clock::duration::zero();
-  return it->second.bucket.Take(TokenBucket::Clock::now());
+  if (it == devices_.end() || !it->second.messages.has_value()) {
+    return TokenBucket::Clock::duration::zero();
+  }
+  return it->second.messages->Take(TokenBucket::Clock::now());
 }
 
 // A stream refused before it reaches the engine: it ends at once with `status`.

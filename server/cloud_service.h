@@ -93,10 +93,12 @@ struct CloudServiceOptions {
   CloudMetrics* metrics = nullptr;  // optional
 };
 
-// Per-device token buckets for max_messages_per_second_per_device. Thread-safe.
+// Per-device token buckets for max_messages_per_second_per_device and
+// max_refusals_per_second_per_device. Thread-safe.
 class DevicePacer {
  public:
-  // `per_second` > 0 messages and `refusals_per_second` (0: no limit) refused sessions.
+  // `per_second` messages (0: no limit) and `refusals_per_second` refused sessions (0: no
+  // limit; none either while messages have no limit).
   DevicePacer(double per_second, double refusals_per_second)
       : per_second_(per_second), refusals_per_second_(refusals_per_second) {}
   void Register(const std::string& device);
@@ -105,15 +107,21 @@ class DevicePacer {
   TokenBucket::Clock::duration Take(const std::string& device);
   // How long the device's next refusal should wait before it is sent (zero: none).
   TokenBucket::Clock::duration TakeRefusal(const std::string& device);
+  // New rates (a config reload), for the devices connected now too: each keeps what its
+  // bucket holds (at most the new burst) and what it owes, and refills at the new rate.
+  void SetRates(double per_second, double refusals_per_second);
 
  private:
   struct Device {
-    TokenBucket bucket;
+    std::optional<TokenBucket> messages;  // none: messages are not paced
     std::optional<TokenBucket> refusals;  // none: refusals are not paced
     int streams = 0;
   };
-  const double per_second_;
-  const double refusals_per_second_;
+  // Device's buckets made or changed to the rates (the lock held).
+  void Fit(Device& device, TokenBucket::Clock::time_point now);
+
+  double per_second_;           // under mutex_
+  double refusals_per_second_;  // under mutex_
   std::mutex mutex_;
   std::unordered_map<std::string, Device> devices_;
 };
@@ -190,10 +198,8 @@ class CloudServiceImpl final
       : engine_(engine),
         options_(options),
         totals_(std::make_shared<OutgoingTotals>()),
-        pacer_(options.max_messages_per_second_per_device > 0
-                   ? std::make_shared<DevicePacer>(options.max_messages_per_second_per_device,
-                                                   options.max_refusals_per_second_per_device)
-                   : nullptr),
+        pacer_(std::make_shared<DevicePacer>(options.max_messages_per_second_per_device,
+                                             options.max_refusals_per_second_per_device)),
         open_(std::make_shared<OpenStreams>(options.access)) {
     ReportAccess(options.access);
     // The rules live in open_ alone: every stream keeps a copy of options_, which must not
@@ -212,6 +218,11 @@ class CloudServiceImpl final
   // now (its sessions' KV freed at once), and the rest go on untouched. Returns how many
   // were ended. Thread-safe.
   int UpdateAccess(DeviceAccess access);
+  // New per-device message and refusal rates (limits.max_messages_per_second_per_device,
+  // max_refusals_per_second_per_device; 0: no limit), for connected devices too.
+  void UpdateRates(double messages_per_second, double refusals_per_second) {
+    pacer_->SetRates(messages_per_second, refusals_per_second);
+  }
 
  private:
   // The access rules' gauges (the CRL's).
@@ -222,7 +233,7 @@ class CloudServiceImpl final
   LogRate refusal_log_{5};  // refused streams' warnings
   CloudServiceOptions options_;
   std::shared_ptr<OutgoingTotals> totals_;
-  std::shared_ptr<DevicePacer> pacer_;  // null: no rate limit
+  std::shared_ptr<DevicePacer> pacer_;
   std::atomic<StreamId> next_stream_{1};
   // The access rules and the streams open under them; shared with the reactors, which leave
   // it when their calls are done.

@@ -157,5 +157,32 @@ TEST_CASE(
   CHECK(open.size() == 1);
 }
 
+TEST_CASE("A device pacer's rates change for the devices connected, and 0 turns pacing off",
+          "[pacing]") {
+  const auto none = TokenBucket::Clock::duration::zero();
+  DevicePacer pacer(/*per_second=*/0, /*refusals_per_second=*/20);
+  pacer.Register("device a");
+  // No message limit: nothing waits, refusals neither (they are paced only with messages).
+  for (int i = 0; i < 1000; ++i) REQUIRE(pacer.Take("device a") == none);
+  for (int i = 0; i < 100; ++i) REQUIRE(pacer.TakeRefusal("device a") == none);
+  // A reload sets 2 a second: the connected device gets a burst of 2, then waits (half a
+  // second a message: only a stall that long between two calls here could let a third by).
+  pacer.SetRates(2, 1);
+  int immediate = 0;
+  while (pacer.Take("device a") == none && immediate < 1000) ++immediate;
+  CHECK(immediate == 2);
+  CHECK(pacer.TakeRefusal("device a") == none);
+  CHECK(pacer.TakeRefusal("device a") > none);
+  // A device connecting later gets the new rate too.
+  pacer.Register("device b");
+  immediate = 0;
+  while (pacer.Take("device b") == none && immediate < 1000) ++immediate;
+  CHECK(immediate == 2);
+  // Off again.
+  pacer.SetRates(0, 2);
+  CHECK(pacer.Take("device a") == none);
+  CHECK(pacer.TakeRefusal("device a") == none);
+}
+
 }  // namespace
 }  // namespace tophat

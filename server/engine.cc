@@ -127,7 +127,8 @@ Engine::Engine(EngineOptions options, std::shared_ptr<const Submodel> middle,
       device_ledger_({.max_sessions = options_.max_sessions_per_device,
                       .max_waiting = options_.max_waiting_sessions_per_device,
                       .max_kv_blocks = options_.max_kv_blocks_per_device,
-                      .weights = options_.device_weights}) {
+                      .weights = options_.device_weights}),
+      decode_step_stretch_(options_.decode_step_stretch) {
   const ModelConfig& config = middle_->config();
   wire_dtype_ = ToProtoDType(middle_->options().dtype).value_or(v1::DTYPE_FLOAT32);
   row_bytes_ = config.hidden_size * ElementBytes(wire_dtype_);
@@ -255,8 +256,10 @@ void Engine::Stop() {
 
 v1::Hello Engine::hello() const { return hello_; }
 
-void Engine::UpdateDeviceQuotas(int64_t max_sessions, int64_t max_waiting, int64_t max_kv_blocks) {
-  Post({.kind = Event::Kind::kQuotas, .quotas = {max_sessions, max_waiting, max_kv_blocks}});
+void Engine::UpdateDeviceLimits(DeviceLimits limits, double decode_step_stretch) {
+  Post({.kind = Event::Kind::kLimits,
+        .limits = std::make_shared<const DeviceLimits>(std::move(limits)),
+        .decode_step_stretch = decode_step_stretch});
 }
 
 absl::StatusOr<DevicesReport> Engine::Devices(size_t limit,
@@ -393,8 +396,9 @@ void Engine::HandleEvent(Event& event) {
       return;
     case Event::Kind::kBarrier:
       return;
-    case Event::Kind::kQuotas:
-      device_ledger_.SetQuotas(event.quotas[0], event.quotas[1], event.quotas[2]);
+    case Event::Kind::kLimits:
+      device_ledger_.SetLimits(*event.limits);
+      decode_step_stretch_ = event.decode_step_stretch;
       return;
     case Event::Kind::kReport: {
       DevicesReport report{.devices = static_cast<int64_t>(device_ledger_.num_devices()),
@@ -1109,8 +1113,7 @@ int64_t Engine::PlanStep() {
   BatchLimits limits{.max_batch_tokens = options_.max_batch_tokens,
                      .max_sequences = options_.max_running_sessions};
   const std::optional<int64_t> capped_step = DecodeStretchStepTokens(
-      monitor_.step_time(), decoding, options_.decode_step_stretch, decode_away,
-      options_.max_batch_tokens);
+      monitor_.step_time(), decoding, decode_step_stretch_, decode_away, options_.max_batch_tokens);
   for (int32_t slot = 0; slot < device_ledger_.num_slots(); ++slot) {
     slot_shares_[slot] = {.weight = device_ledger_.slot_weight(slot),
                           .capped = capped_step && decoding > slot_decoding_[slot]};

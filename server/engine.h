@@ -198,9 +198,10 @@ class Engine {
   // The first message of every stream.
   v1::Hello hello() const;
   EngineStats stats() const;
-  // New per-device quotas (EngineOptions::max_*_per_device; a config reload), from the engine
-  // thread's next turn (DeviceLedger::SetQuotas). Any thread.
-  void UpdateDeviceQuotas(int64_t max_sessions, int64_t max_waiting, int64_t max_kv_blocks);
+  // New per-device limits (EngineOptions::max_*_per_device, device_weights and
+  // decode_step_stretch; a config reload), from the engine thread's next turn
+  // (DeviceLedger::SetLimits). Any thread.
+  void UpdateDeviceLimits(DeviceLimits limits, double decode_step_stretch);
   // The `limit` devices holding the most KV, as the engine thread sees them at its next turn
   // (between steps). UNAVAILABLE when it has not answered by `deadline`: a step longer than
   // the wait, or a stopped or wedged engine (the watchdog's business). Any thread.
@@ -294,9 +295,9 @@ class Engine {
   struct Event {
     // kBarrier does nothing: WaitForNoSessions waits until the engine has handled it, so
     // that the counts it reads are of after everything posted before it.
-    // kReport fills `report` with the top `report_limit` devices (Devices); kQuotas sets the
-    // per-device quotas to `quotas` (sessions, waiting, KV blocks).
-    enum class Kind { kAttach, kMessage, kDetach, kCancelAll, kBarrier, kReport, kQuotas } kind;
+    // kReport fills `report` with the top `report_limit` devices (Devices); kLimits sets the
+    // per-device limits and the decode step stretch.
+    enum class Kind { kAttach, kMessage, kDetach, kCancelAll, kBarrier, kReport, kLimits } kind;
     StreamId stream = 0;
     std::shared_ptr<MessageSink> sink;
     std::string device;  // kAttach
@@ -306,7 +307,8 @@ class Engine {
     uint64_t ticket = 0;  // its place in the intake, set by Post
     std::shared_ptr<std::promise<DevicesReport>> report;  // kReport
     size_t report_limit = 0;                              // kReport
-    std::array<int64_t, 3> quotas{};                      // kQuotas
+    std::shared_ptr<const DeviceLimits> limits;           // kLimits
+    double decode_step_stretch = 0;                       // kLimits
   };
 
   Engine(EngineOptions options, std::shared_ptr<const Submodel> middle,
@@ -428,6 +430,8 @@ class Engine {
   // What each device's open sessions hold, against the per-device limits, and its slot
   // (a small number while it has sessions: its group in fair batching).
   DeviceLedger device_ledger_;
+  // EngineOptions::decode_step_stretch, as a reload last set it (UpdateDeviceLimits).
+  double decode_step_stretch_;
   // Per device slot (Launch): its running sessions that are decoding.
   std::vector<int64_t> slot_decoding_;
   std::vector<GroupShare> slot_shares_;

@@ -731,6 +731,56 @@ TEST_CASE("While a device decodes another device's prompts may stretch a step on
   }
 }
 
+TEST_CASE(
+    "A reload's device weights and decode step stretch apply from the engine's next "
+    "step, to the devices connected") {
+  SECTION("weights") {
+    EngineOptions options = SmallOptions();
+    options.kv_num_blocks = 64;
+    options.max_batch_tokens = 16;
+    options.max_waiting_sessions = 8;
+    Harness h(options);
+    auto b = std::make_shared<CollectingSink>();
+    auto c = std::make_shared<CollectingSink>();
+    h.engine->AttachStream(2, b, "device-b");
+    h.engine->AttachStream(3, c, "device-c");
+    h.OpenOn(2, 1, 64);
+    h.OpenOn(3, 2, 64);
+    h.PrefillOn(2, 1, 48);
+    h.PrefillOn(3, 2, 48);
+    // Each step's positions by device.
+    const auto step = [&] {
+      CHECK(h.engine->RunOnce() == 16);
+      std::pair<int64_t, int64_t> positions;
+      for (const v1::CloudMessage& message : b->Take()) {
+        if (message.has_result()) positions.first += message.result().states().num_positions();
+      }
+      for (const v1::CloudMessage& message : c->Take()) {
+        if (message.has_result()) positions.second += message.result().states().num_positions();
+      }
+      return positions;
+    };
+    CHECK(step() == std::pair<int64_t, int64_t>{8, 8});  // equal weights
+    h.engine->UpdateDeviceLimits({.weights = {{"device-b", 3}}}, 2);
+    CHECK(step() == std::pair<int64_t, int64_t>{12, 4});
+    h.engine->UpdateDeviceLimits({}, 2);
+    CHECK(step() == std::pair<int64_t, int64_t>{8, 8});
+  }
+  SECTION("decode step stretch") {
+    // As the first stretch test: the other device's prompt would be capped at about 12
+    // positions; the reload lifts the cap.
+    auto harness = StretchHarness(1.0, 0.1, 2);
+    Harness& h = *harness;
+    h.OpenOn(1, 1, 32);
+    h.PrefillOn(1, 1, 4, /*decode_follows=*/true);
+    CHECK(h.engine->RunOnce() == 4);
+    h.OpenOn(2, 9, 128);
+    h.PrefillOn(2, 9, 64);
+    h.engine->UpdateDeviceLimits({}, 0);
+    CHECK(h.engine->RunOnce() == 64);
+  }
+}
+
 TEST_CASE("A session whose prompt's last chunk is here caps others' prompts, so that they "
           "delay its first token no more than its later ones") {
   for (const double stretch : {2.0, 0.0}) {

@@ -1578,6 +1578,48 @@ TEST_CASE("A device above its message rate is slowed to it, and other devices ar
   CHECK(cloud.process().running());
 }
 
+// Counts, not wall-clock bounds: a flood past a burst is paced however fast the machine.
+TEST_CASE(
+    "A reload sets a message rate on devices already connected, where the cloud started "
+    "with none",
+    "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {.max_messages_per_second_per_device = 0});
+  RawStream greedy(cloud.address(), "device-2");
+  v1::AgentMessage report;
+  report.mutable_device_state()->set_draft_step_seconds(0.01);
+  // Until the cloud has answered an open sent after them, all of `count` reports were read.
+  const auto flood = [&](int count, uint64_t then_open) {
+    for (int i = 0; i < count; ++i) REQUIRE(greedy.Send(report));
+    REQUIRE(greedy.Send(OpenMessage(then_open, 16)));
+    while (true) {
+      const v1::CloudMessage reply = greedy.Read();
+      if (reply.has_admitted() && reply.admitted().session_id() == then_open) return;
+      REQUIRE_FALSE(reply.has_error());
+    }
+  };
+  flood(300, 1);
+  CHECK(cloud.Metric("tophat_stream_reads_paced_total") == 0);
+
+  std::string text = ReadFile(cloud.config());
+  const std::string key = "max_messages_per_second_per_device: 0\n";
+  REQUIRE(text.find(key) != std::string::npos);
+  text.replace(text.find(key), key.size(), "max_messages_per_second_per_device: 100\n");
+  std::ofstream(cloud.config().string() + ".new") << text;
+  fs::rename(cloud.config().string() + ".new", cloud.config());
+  cloud.process().Signal(SIGHUP);
+  REQUIRE(testing::WaitUntil(
+      [&] { return cloud.Metric("tophat_config_reloads_total", "result=\"applied\"") == 1; }, 20s));
+  const std::string log = cloud.process().Log();
+  INFO(log);
+  CHECK_THAT(log, Catch::Contains("100 message(s) and 20 refusal(s) a second (0: no limit)"));
+  CHECK(cloud.Metric("tophat_config_keys_awaiting_restart") == 0);
+  // The same stream: past a burst of 100, its reads are paced.
+  flood(300, 2);
+  CHECK(cloud.Metric("tophat_stream_reads_paced_total") > 0);
+  CHECK(cloud.process().running());
+}
+
 // Counts and order, not wall-clock bounds: the cloud's clock paces the refusals, and a slower
 // machine only sends fewer of them.
 TEST_CASE("A device refused again and again is told at its refusal rate, without holding back "
