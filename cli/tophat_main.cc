@@ -1,9 +1,9 @@
 // `tophat`: the command line for models: make the toy model, split a checkpoint into device
 // and cloud bundles, generate text, and benchmark a model against this machine's bounds.
-#include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <CLI/CLI.hpp>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -14,24 +14,25 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "cli/plan_command.h"
-#include "cli/simulate_command.h"
-#include "configs/config_checks.h"
-#include "cli/serving_commands.h"
+#include "base/cli_checks.h"
+#include "base/program.h"
 #include "bench/dtype_numerics.h"
 #include "bench/model_benchmark.h"
-#include "proto/hidden_states.h"
-#include "models/training/toy_corpus.h"
+#include "cli/devices_command.h"
+#include "cli/plan_command.h"
+#include "cli/serving_commands.h"
+#include "cli/simulate_command.h"
+#include "configs/config_checks.h"
 #include "models/runtime/bundle.h"
-#include "models/training/distill.h"
 #include "models/runtime/generate.h"
 #include "models/runtime/model_init.h"
 #include "models/runtime/submodel.h"
 #include "models/tokenizers/bpe_tokenizer.h"
 #include "models/tokenizers/tokenizer.h"
+#include "models/training/distill.h"
+#include "models/training/toy_corpus.h"
 #include "models/training/toy_model.h"
-#include "base/cli_checks.h"
-#include "base/program.h"
+#include "proto/hidden_states.h"
 
 using tophat::Fail;
 
@@ -461,6 +462,25 @@ int main(int argc, char** argv) {
                        "step through every stage)")
       ->capture_default_str()->check(CLI::IsMember({"throughput", "latency"}));
 
+  tophat::cli::DevicesArgs devices;
+  auto* devices_cmd = app.add_subcommand(
+      "devices",
+      "Who holds a running tophat-cloud: the devices whose open sessions count the "
+      "most KV blocks, from its metrics port's /devices, as a table");
+  devices_cmd
+      ->add_option("--cloud-metrics", devices.cloud_metrics,
+                   "The cloud's metrics_address, HOST:PORT")
+      ->capture_default_str();
+  devices_cmd->add_option("--limit", devices.limit, "Devices listed")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  devices_cmd->add_flag("--json", devices.json, "Print the endpoint's JSON as it came");
+  devices_cmd
+      ->add_option("--timeout-s", devices.timeout_s,
+                   "How long to wait for the cloud (it answers between engine steps)")
+      ->capture_default_str()
+      ->check(tophat::PositiveNumber());
+
   tophat::cli::SimulateArgs simulate;
   auto* simulate_cmd = tophat::cli::AddSimulateCommand(app, simulate);
 
@@ -624,6 +644,7 @@ int main(int argc, char** argv) {
 
   if (*chat_cmd) return tophat::cli::RunChat(chat);
   if (*plan_cmd) return tophat::cli::RunPlan(plan);
+  if (*devices_cmd) return tophat::cli::RunDevices(devices);
   if (*simulate_cmd) return tophat::cli::RunSimulate(simulate);
   if (*serve_bench_cmd && run_ablation) {
     ablation.datasets.clear();

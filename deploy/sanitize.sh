@@ -12,11 +12,12 @@
 # (runs of consecutive cases in Catch's order), so that N runs side by side cover each case
 # once: the test suite runs two.
 #
-# The default spec is "[serving]~[timing]~[numerics]~[memory]": the [timing] cases estimate
-# link and compute rates from real transfers and need release-speed daemons, the [numerics]
-# case gathers agreement statistics over 100 prompts through code paths shorter cases cover,
-# and the [memory] case measures resident memory, which under ASan is its allocator's and its
-# quarantine's (all three run in the release suite).
+# The default spec is "[serving]~[timing]~[numerics]~[memory]~[cli]": the [timing] cases
+# estimate link and compute rates from real transfers and need release-speed daemons, the
+# [numerics] case gathers agreement statistics over 100 prompts through code paths shorter
+# cases cover, the [memory] case measures resident memory, which under ASan is its
+# allocator's and its quarantine's, and the [cli] cases run the `tophat` command line, which
+# this tree does not build (all four run in the release suite).
 #
 # Every process writes its sanitizer reports to a scratch directory; any report fails the
 # run, even one from a daemon the test had already finished with. Exits 77 (CTest's
@@ -47,7 +48,7 @@ if [ -z "$toy_model" ] || [ ! -f "$toy_model/config.json" ]; then
   echo "sanitize: --toy-model DIR must name a trained toy model (tophat toy-model --out DIR)" >&2
   exit 2
 fi
-if [ ${#specs[@]} -eq 0 ]; then specs=("[serving]~[timing]~[numerics]~[memory]"); fi
+if [ ${#specs[@]} -eq 0 ]; then specs=("[serving]~[timing]~[numerics]~[memory]~[cli]"); fi
 if ! command -v clang++ >/dev/null 2>&1; then
   echo "sanitize: clang++ not found (deploy/install-deps.sh installs clang); skipped" >&2
   exit 77
@@ -77,10 +78,10 @@ status=0
 spec="$(IFS=,; echo "${specs[*]}")"
 # The names of the cases a spec matches, one a line (Catch's exit status is their count).
 list_cases() { "$binary" --list-test-names-only "$@" | grep . || true; }
-left_out=$(list_cases '[timing],[numerics],[memory]' | wc -l)
+left_out=$(list_cases '[timing],[numerics],[memory],[cli]' | wc -l)
 if [ "$shards" = 1 ]; then
-  echo "sanitize: running ${specs[*]} (left out here: $left_out [timing], [numerics] and" \
-       "[memory] cases)"
+  echo "sanitize: running ${specs[*]} (left out here: $left_out [timing], [numerics]," \
+       "[memory] and [cli] cases)"
   # -w NoTests: a spec that matches nothing fails instead of passing with nothing run.
   # Several specs are one Catch spec joined by commas (separate arguments would have to match
   # at once).
@@ -97,7 +98,7 @@ else
     sed -e 's/[][\\,*~"]/\\&/g' >"$names"
   count=$(wc -l <"$names")
   echo "sanitize: running share $shard of $shards of ${specs[*]}: $count of $(wc -l <"$all")" \
-       "cases (left out here: $left_out [timing], [numerics] and [memory] cases)"
+       "cases (left out here: $left_out [timing], [numerics], [memory] and [cli] cases)"
   # An empty list would be no spec at all, which runs every case; and every name must match
   # its case, or a case would be left out unseen.
   matched=$(list_cases -f "$names" | wc -l)

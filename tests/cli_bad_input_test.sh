@@ -49,5 +49,11 @@ expect_error missing_dir "does_not_exist" \
 expect_error bad_split "--input-layers" \
   "$bin" split --model "$model" --input-layers 6 --output-layers 0 --out "$work/split"
 
+# `tophat devices` against a port where no cloud listens (port 1 is privileged: nothing of
+# this test's listens there), and with an address that is none.
+expect_error devices_unreachable "cannot reach the cloud's metrics port at 127.0.0.1:1" \
+  "$bin" devices --cloud-metrics 127.0.0.1:1 --timeout-s 2
+expect_error devices_bad_address "expected HOST:PORT" "$bin" devices --cloud-metrics nowhere
+
 [ "$failures" -eq 0 ] || { echo "$failures bad-input case(s) failed"; exit 1; }
 echo "every bad input got a clear error"

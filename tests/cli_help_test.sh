@@ -6,7 +6,7 @@ bin_dir="$(dirname "$bin")"
 # The help is captured whole before it is searched: `grep -q` exits at its first match, and a
 # help longer than the stdout buffer would then die of SIGPIPE (a failure under pipefail).
 grep -q "Subcommands:" <<< "$("$bin" --help)"
-for cmd in toy-model distill split generate bench-model bench-dtype init-model plan simulate chat bench; do
+for cmd in toy-model distill split generate bench-model bench-dtype init-model plan simulate devices chat bench; do
   help=$("$bin" "$cmd" --help) || { echo "tophat $cmd --help failed"; exit 1; }
   grep -q "Usage:" <<< "$help" || { echo "no usage for $cmd"; exit 1; }
 done

@@ -406,6 +406,7 @@ class CloudProcess {
     return testing::MetricValue(Metrics(), name, labels).value_or(-1);
   }
   int port() const { return port_; }
+  int metrics_port() const { return metrics_port_; }
   const fs::path& config() const { return config_; }
   std::string address() const { return host_ + ":" + std::to_string(port_); }
   ChildProcess& process() { return *process_; }
@@ -2670,6 +2671,56 @@ TEST_CASE("The metrics port's /devices names the devices holding the most KV", "
   CHECK(cloud.MetricsPortGet("/devices?limit=0").empty());
   CHECK(cloud.MetricsPortGet("/devices?limit=many").empty());
   generation.CheckSurvived(/*reconnected=*/false);
+}
+
+// [cli]: runs the `tophat` command line, which the sanitized tree (deploy/sanitize.sh) does not
+// build.
+TEST_CASE("tophat devices prints who holds the cloud as a table, or its JSON", "[serving][cli]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});
+  RawStream device_2(cloud.address(), "device-2");
+  const std::string metrics = "127.0.0.1:" + std::to_string(cloud.metrics_port());
+  const auto devices = [&](const std::vector<std::string>& options, const std::string& name) {
+    std::vector<std::string> args = {(BinDir() / "tophat").string(), "devices", "--cloud-metrics",
+                                     metrics};
+    args.insert(args.end(), options.begin(), options.end());
+    ChildProcess run(args, dir.path() / (name + ".log"));
+    const auto code = run.Wait(30s);
+    REQUIRE(code.has_value());
+    return std::pair<int, std::string>{*code, run.Log()};
+  };
+  auto [idle_code, idle] = devices({}, "idle");
+  INFO(idle);
+  CHECK(idle_code == 0);
+  CHECK_THAT(idle, Catch::Contains("0 device(s) with sessions, 1 stream(s); KV blocks 0 of ") &&
+                       Catch::Contains("no device holds a session"));
+  // Two sessions of 64 positions: 4 blocks each.
+  REQUIRE(device_2.Send(OpenMessage(1, 64)));
+  REQUIRE(device_2.Send(OpenMessage(2, 64)));
+  REQUIRE(
+      testing::WaitUntil([&] { return cloud.Metric("tophat_num_sessions_running") == 2; }, 10s));
+  auto [code, table] = devices({"--limit", "5"}, "table");
+  INFO(table);
+  CHECK(code == 0);
+  // The header's blocks are those in use (none: no chunk came); a device's are those
+  // its sessions count against the pool (reserved for their whole context).
+  CHECK_THAT(table, Catch::Contains("1 device(s) with sessions, 1 stream(s); KV blocks 0 of ") &&
+                        Catch::Contains(" in use (0.0%)"));
+  CHECK_THAT(table,
+             Catch::Matches("(.|\\n)*device +sessions +waiting +kv_blocks +kv_share +streams\\n"
+                            "device device-2 +2 +0 +8 +[0-9.]+% +1\\n"));
+  auto [json_code, json] = devices({"--json"}, "json");
+  CHECK(json_code == 0);
+  CHECK(nlohmann::json::parse(json)["top"][0]["kv_blocks"] == 8);
+  // A cloud that is not there: a clear error, not a hang.
+  CloudProcess gone(dir.path(), {.start = false});
+  std::vector<std::string> args = {(BinDir() / "tophat").string(), "devices", "--cloud-metrics",
+                                   "127.0.0.1:" + std::to_string(gone.metrics_port())};
+  ChildProcess unreachable(args, dir.path() / "unreachable.log");
+  const auto unreachable_code = unreachable.Wait(30s);
+  REQUIRE(unreachable_code.has_value());
+  CHECK(*unreachable_code == 1);
+  CHECK_THAT(unreachable.Log(), Catch::Contains("cannot reach the cloud's metrics port"));
 }
 
 TEST_CASE(
