@@ -235,6 +235,12 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
   reader.ReadString("cloud_tls.ca_file", &config.cloud_tls.ca_file);
   reader.ReadString("cloud_tls.server_name", &config.cloud_tls.server_name);
   reader.ReadString("cloud_tls.token_file", &config.cloud_tls.token_file);
+  reader.ReadString("cloud_tls.crl_file", &config.cloud_tls.crl_file);
+  if (config.cloud_tls.insecure && !config.cloud_tls.crl_file.empty()) {
+    reader.AddError("cloud_tls.crl_file",
+                    "revokes certificates, and with cloud_tls.insecure the cloud presents none",
+                    "cloud_tls.insecure");
+  }
   reader.ReadString("dtype", &config.dtype);
   reader.ReadBool("bf16_weights", &config.bf16_weights);
   reader.ReadBool("int8_activations", &config.int8_activations);
@@ -314,10 +320,10 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
       });
   TOPHAT_RETURN_IF_ERROR(reader.Finish());
   config.bundle = ResolveConfigPath(config.bundle, reader.source_name());
-  for (std::string* path : {&config.cloud_tls.certificate_file, &config.cloud_tls.private_key_file,
-                            &config.cloud_tls.ca_file, &config.cloud_tls.token_file,
-                            &config.app_tls.certificate_file,
-                            &config.app_tls.private_key_file}) {
+  for (std::string* path :
+       {&config.cloud_tls.certificate_file, &config.cloud_tls.private_key_file,
+        &config.cloud_tls.ca_file, &config.cloud_tls.token_file, &config.cloud_tls.crl_file,
+        &config.app_tls.certificate_file, &config.app_tls.private_key_file}) {
     if (!path->empty()) *path = ResolveConfigPath(*path, reader.source_name());
   }
   return config;

@@ -55,6 +55,10 @@ struct AgentConfig {
     // tls.device_tokens. Read at start-up, and again before every connection to a cloud: a
     // rotated token goes out from the next stream on.
     std::string token_file;
+    // Certificate revocation lists (PEM; each signed by a CA of ca_file): a cloud whose
+    // certificate one lists is refused. Read at start-up and again before every connection
+    // ("" for none).
+    std::string crl_file;
     bool operator==(const CloudTls&) const = default;
   } cloud_tls;
   std::string dtype = "float32";

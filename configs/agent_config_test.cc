@@ -40,6 +40,7 @@ cloud_tls:
   private_key_file: /etc/tophat/device.key
   ca_file: /etc/tophat/ca.crt
   server_name: cloud.example
+  crl_file: /etc/tophat/clouds.crl
 dtype: float16
 device: cuda
 compute_threads: 2
@@ -92,6 +93,7 @@ log_level: trace
   CHECK(config->cloud_tls.private_key_file == "/etc/tophat/device.key");
   CHECK(config->cloud_tls.ca_file == "/etc/tophat/ca.crt");
   CHECK(config->cloud_tls.server_name == "cloud.example");
+  CHECK(config->cloud_tls.crl_file == "/etc/tophat/clouds.crl");
   CHECK_FALSE(config->cloud_tls.insecure);
   CHECK(config->dtype == "float16");
   CHECK(config->device == "cuda");
@@ -237,6 +239,12 @@ TEST_CASE("Agent config errors name the dotted key and line") {
                                       "non-negative number of seconds"));
   CHECK_THAT(message, Catch::Contains("agent.yaml:8: request_timeout: unknown key (did you mean "
                                       "'request_timeout_s'?)"));
+}
+
+TEST_CASE("An agent's CRL needs mutual TLS") {
+  CHECK_THAT(ErrorOf("cloud_tls:\n  insecure: true\n  crl_file: /etc/tophat/clouds.crl\n"),
+             Catch::Contains("agent.yaml:3: cloud_tls.crl_file: revokes certificates, and with "
+                             "cloud_tls.insecure the cloud presents none"));
 }
 
 TEST_CASE("Agent config cross-checks backoff and the default generation length") {

@@ -1,25 +1,27 @@
 #include "device_agent/agent.h"
-#include "device_agent/app_request.h"
+
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/InferenceMode.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <optional>
 #include <span>
 
-#include <c10/core/DeviceGuard.h>
-#include <c10/core/InferenceMode.h>
-#include <spdlog/spdlog.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "base/clock.h"
 #include "base/status_macros.h"
+#include "device_agent/app_request.h"
 #include "device_agent/decode_round.h"
 #include "device_agent/link_emulator.h"
 #include "device_agent/request_stats.h"
 #include "kernels/gemv.h"
 #include "models/tokenizers/tokenizer.h"
+#include "proto/certificate_revocation.h"
 #include "proto/channel_security.h"
 #include "proto/hidden_states.h"
 #include "proto/protocol_version.h"
@@ -970,6 +972,7 @@ namespace {
 struct CloudLink {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   std::string token;  // "": none
+  std::shared_ptr<const RevokedCertificates> revoked;  // cloud_tls.crl_file's; null: none
 };
 
 // The link's credentials and token: checked first, so that a missing certificate fails
@@ -992,6 +995,19 @@ absl::StatusOr<CloudLink> CloudLinkOf(const AgentConfig& config) {
     TOPHAT_ASSIGN_OR_RETURN(link.token,
                             ReadTokenFile(config.cloud_tls.token_file, "cloud_tls.token_file"));
   }
+  if (!config.cloud_tls.crl_file.empty()) {
+    TOPHAT_ASSIGN_OR_RETURN(RevokedCertificates revoked,
+                            LoadRevocationLists(config.cloud_tls.crl_file, "cloud_tls.crl_file",
+                                                config.cloud_tls.ca_file, "cloud_tls.ca_file"));
+    for (const auto& [issuer, due] : revoked.stale_issuers) {
+      spdlog::warn(
+          "cloud_tls.crl_file: {}: the CRL of \"{}\" was due for renewal at {}: "
+          "certificates revoked since are not in it; renew it",
+          config.cloud_tls.crl_file, issuer,
+          absl::FormatTime("%Y-%m-%d %H:%M UTC", absl::FromUnixSeconds(due), absl::UTCTimeZone()));
+    }
+    link.revoked = std::make_shared<const RevokedCertificates>(std::move(revoked));
+  }
   return link;
 }
 
@@ -1010,6 +1026,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
   TOPHAT_ASSIGN_OR_RETURN(CloudLink link, CloudLinkOf(config));
   std::shared_ptr<grpc::ChannelCredentials> cloud_credentials = std::move(link.credentials);
   std::string cloud_token = std::move(link.token);
+  std::shared_ptr<const RevokedCertificates> cloud_revoked = std::move(link.revoked);
   TOPHAT_ASSIGN_OR_RETURN(at::ScalarType dtype, ParseTorchDtypeName(config.dtype, "dtype"));
   SubmodelOptions options{.dtype = dtype,
                           .device = at::Device(config.device),
@@ -1063,11 +1080,13 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
                  config.cloud_address, dns->slots());
   }
   return std::unique_ptr<Agent>(new Agent(config, std::move(bundle), std::move(cloud_credentials),
-                                          std::move(cloud_token), std::move(dns), registry));
+                                          std::move(cloud_token), std::move(cloud_revoked),
+                                          std::move(dns), registry));
 }
 
 Agent::Agent(AgentConfig config, DeviceBundle bundle,
              std::shared_ptr<grpc::ChannelCredentials> cloud_credentials, std::string cloud_token,
+             std::shared_ptr<const RevokedCertificates> cloud_revoked,
              std::shared_ptr<DnsClouds> dns, prometheus::Registry* registry)
     : config_(std::move(config)),
       device_watch_(c10::Device(config_.device), "the agent's"),
@@ -1112,6 +1131,9 @@ Agent::Agent(AgentConfig config, DeviceBundle bundle,
                            : dns->host(),
         .token = cloud_token,
         .token_file = config_.cloud_tls.token_file,
+        .crl_file = config_.cloud_tls.crl_file,
+        .ca_file = config_.cloud_tls.ca_file,
+        .revoked = cloud_revoked,
         .initial_backoff_s = config_.reconnect.initial_backoff_s,
         .max_backoff_s = config_.reconnect.max_backoff_s,
         .keepalive_s = config_.reconnect.keepalive_s,

@@ -3,6 +3,8 @@
 // states it returns into tokens. Token ids and text never leave this process.
 #pragma once
 
+#include <prometheus/registry.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -16,8 +18,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include <prometheus/registry.h>
-
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "configs/agent_config.h"
@@ -29,10 +29,11 @@
 #include "device_agent/link_estimator.h"
 #include "device_agent/prompt_chunk_planner.h"
 #include "device_agent/speculative_decoder.h"
-#include "scheduler/moving_average.h"
 #include "models/runtime/bundle.h"
 #include "models/runtime/device_watch.h"
 #include "models/runtime/sampler.h"
+#include "proto/certificate_revocation.h"
+#include "scheduler/moving_average.h"
 #include "tophat/v1/agent.pb.h"
 
 namespace tophat {
@@ -110,7 +111,8 @@ class Agent final : private LinkSampleSink {
   // `dns`: the slots of a dns:/// cloud_address (null for listed addresses).
   Agent(AgentConfig config, DeviceBundle bundle,
         std::shared_ptr<grpc::ChannelCredentials> cloud_credentials, std::string cloud_token,
-        std::shared_ptr<DnsClouds> dns, prometheus::Registry* registry);
+        std::shared_ptr<const RevokedCertificates> cloud_revoked, std::shared_ptr<DnsClouds> dns,
+        prometheus::Registry* registry);
   absl::Status CheckHello(const v1::Hello& hello) const;
   // After a request failed with `failure`: if it is INTERNAL (a computation threw), asks the
   // device (device_watch_), and returns the loss if it is lost (calling on_device_lost_ the

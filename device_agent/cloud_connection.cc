@@ -35,9 +35,23 @@ int64_t Ticks(std::chrono::steady_clock::time_point t) { return t.time_since_epo
 
 }  // namespace
 
+absl::Status CloudConnection::CheckCloudCertificate(const grpc::ClientContext& context,
+                                                    const std::string& name) const {
+  if (revoked_ == nullptr) return absl::OkStatus();
+  const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  const std::optional<CertificateId> certificate =
+      auth != nullptr ? PeerCertificateId(*auth) : std::nullopt;
+  if (!certificate.has_value()) return absl::OkStatus();  // plaintext: nothing to revoke
+  if (!revoked_->Revoked(*certificate)) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      "the cloud at ", name, " presents a revoked certificate (serial ", certificate->serial,
+      ", issued by ", certificate->issuer, "; cloud_tls.crl_file)"));
+}
+
 CloudConnection::CloudConnection(CloudConnectionOptions options)
     : options_(std::move(options)), pacer_(options_.pacing_lead_s) {
   token_ = options_.token;
+  revoked_ = options_.revoked;
   if (!options_.resolve) Dial(options_.address);
   if (options_.one_way_delay_s > 0 || options_.uplink_bytes_per_second > 0 ||
       options_.downlink_bytes_per_second > 0) {
@@ -352,6 +366,16 @@ void CloudConnection::Run() {
       if (!token_.empty()) {
         context->AddMetadata(kAuthorizationMetadata, BearerMetadataValue(token_));
       }
+      if (!options_.crl_file.empty()) {
+        auto revoked = LoadRevocationLists(options_.crl_file, "cloud_tls.crl_file",
+                                           options_.ca_file, "cloud_tls.ca_file");
+        if (revoked.ok()) {
+          revoked_ = std::make_shared<const RevokedCertificates>(*std::move(revoked));
+        } else {
+          spdlog::warn("cloud {}: {}; checking against the CRLs read before", name,
+                       std::string(revoked.status().message()));
+        }
+      }
       raw_context = context.get();
       {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -366,6 +390,9 @@ void CloudConnection::Run() {
             status.error_message().empty() ? "stream closed" : status.error_message()));
       } else if (!first.has_hello()) {
         failure = absl::InternalError("the cloud's first message was not a Hello");
+      } else if (absl::Status certificate = CheckCloudCertificate(*raw_context, name);
+                 !certificate.ok()) {
+        failure = certificate;
       } else if (options_.check_hello) {
         failure = options_.check_hello(first.hello());
         // Named, so that of several clouds the one refused is known.

@@ -5,6 +5,8 @@
 // requests then replay their hidden states to rebuild the cloud's KV (device_agent/agent.cc).
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -18,12 +20,11 @@
 #include <thread>
 #include <unordered_map>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "device_agent/link_emulator.h"
 #include "device_agent/sent_stamp.h"
+#include "proto/certificate_revocation.h"
 #include "scheduler/uplink_pacer.h"
 #include "tophat/v1/cloud.grpc.pb.h"
 
@@ -74,6 +75,13 @@ struct CloudConnectionOptions {
   // ends the streams of a token its reloaded config no longer lists). A file that cannot be
   // read then leaves the last token read in use, with a warning.
   std::string token_file;
+  // When set (cloud_tls.crl_file), the CRLs a cloud's certificate is checked against once its
+  // Hello has come, read again before every connection attempt (a file that cannot be read
+  // then leaves the last CRLs read in use, with a warning); their CAs are in `ca_file`. A
+  // revoked cloud is refused as a failed attempt (PERMISSION_DENIED).
+  std::string crl_file;
+  std::string ca_file;
+  std::shared_ptr<const RevokedCertificates> revoked;  // as read at start-up
   double initial_backoff_s = 0.1;
   double max_backoff_s = 2.0;
   double keepalive_s = 10;  // HTTP/2 ping interval on the link (0: none)
@@ -173,6 +181,10 @@ class CloudConnection {
   void Route(v1::CloudMessage message, uint64_t epoch);
   // Runs `deliver` now, or when the message would arrive over the emulated downlink.
   void Downlink(size_t bytes, std::function<void()> deliver);
+  // Whether the cloud's certificate (the stream's peer) is one revoked_ lists: the refusal
+  // naming it, else OK (also without CRLs, or over plaintext).
+  absl::Status CheckCloudCertificate(const grpc::ClientContext& context,
+                                     const std::string& name) const;
   // The sender thread: writes the outbox, urgent first, prompt chunks as the pacer allows.
   void SendLoop();
   // Drops what is queued for stream `epoch` (gone) and forgets its unacknowledged chunks.
@@ -181,6 +193,8 @@ class CloudConnection {
 
   const CloudConnectionOptions options_;
   std::string token_;  // the bearer token sent; only the reader thread touches it (token_file)
+  // The CRLs last read (crl_file); only the reader thread touches them.
+  std::shared_ptr<const RevokedCertificates> revoked_;
   // The channel to `dialed_` (options_.address, or what `resolve` last gave); used by the
   // reader thread only.
   void Dial(const std::string& address);

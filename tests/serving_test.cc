@@ -436,12 +436,13 @@ class AgentProcess {
       : AgentProcess(dir, cloud.address(), chunk_size, yaml, compute_threads,
                      cloud_token_file) {}
   // `clouds`: one cloud's address, or several comma-separated. `launcher`: what runs the
-  // agent's command line (empty: run directly).
+  // agent's command line (empty: run directly). `cloud_crl_file`: cloud_tls.crl_file.
   AgentProcess(const fs::path& dir, const std::string& clouds, int64_t chunk_size,
                const std::string& yaml = "", int compute_threads = 0,
                const std::string& cloud_token_file = "",
-               const std::vector<std::string>& launcher = {},
-               const fs::path& bundle = {}, const std::vector<std::string>& extra_args = {})
+               const std::vector<std::string>& launcher = {}, const fs::path& bundle = {},
+               const std::vector<std::string>& extra_args = {},
+               const std::string& cloud_crl_file = "")
       : port_(testing::FreePort()), metrics_port_(testing::FreePort()) {
     std::vector<std::string> args = launcher;
     const std::vector<std::string> agent_args = {
@@ -460,6 +461,7 @@ class AgentProcess {
                           << "\n  ca_file: " << tls.ca_file << "\n"
                           << (cloud_token_file.empty() ? ""
                                                        : "  token_file: " + cloud_token_file + "\n")
+                          << (cloud_crl_file.empty() ? "" : "  crl_file: " + cloud_crl_file + "\n")
                           // Finished requests free their cloud KV (tests count it), unless
                           // the test is about conversations.
                           << (yaml.find("conversation_cache") == std::string::npos
@@ -2633,6 +2635,51 @@ TEST_CASE(
   CHECK(reply.result().states().num_positions() == 4);
   CHECK(OpenCloudStream(cloud.address(), DeviceCredentials("device-2")).ok());
   CHECK(cloud.process().running());
+}
+
+TEST_CASE(
+    "An agent with a CRL refuses a cloud whose certificate it revokes, and takes the "
+    "cloud again once a CRL without it is in place",
+    "[serving]") {
+  testing::TempDir dir;
+  const fs::path certs = dir.path() / "certs";
+  fs::copy(Certs(), certs, fs::copy_options::recursive);
+  const std::string make_certs = "bash " + MakeCertsScript().string() + " ";
+  REQUIRE(std::system((make_certs + "--crl " + certs.string()).c_str()) == 0);
+  fs::copy_file(certs / "crl.pem", dir.path() / "crl-none-revoked.pem");
+  CloudProcess cloud(dir.path(), {});
+  AgentProcess agent(dir.path(), cloud.address(), 16, "reconnect:\n  max_backoff_s: 0.5\n", 0, "",
+                     {}, {}, {}, (certs / "crl.pem").string());
+  // The cloud's certificate revoked (by its CA: the copy's), and the cloud restarted: the
+  // agent reads the CRL again before it reconnects, and refuses the cloud.
+  REQUIRE(std::system((make_certs + "--revoke " + certs.string() + " cloud").c_str()) == 0);
+  cloud.process().Signal(SIGKILL);
+  REQUIRE(cloud.process().Wait(5s).has_value());
+  cloud.Start(dir.path());
+  const auto revoked_logged = [&] {
+    return agent.process().Log().find("presents a revoked certificate (serial ") !=
+           std::string::npos;
+  };
+  REQUIRE(testing::WaitUntil(revoked_logged, 20s));
+  std::string log = agent.process().Log();
+  INFO(log);
+  CHECK_THAT(log, Catch::Contains("PERMISSION_DENIED: the cloud at " + cloud.address() +
+                                  " presents a revoked certificate") &&
+                      Catch::Contains("issued by CN=tophat CA; cloud_tls.crl_file)"));
+  auto health = agent.client().Health();
+  REQUIRE(health.ok());
+  CHECK_FALSE(health->cloud_connected());
+  // A CRL that no longer lists it (here: the one from before): the next attempt connects.
+  fs::copy_file(dir.path() / "crl-none-revoked.pem", certs / "crl.pem.new");
+  fs::rename(certs / "crl.pem.new", certs / "crl.pem");
+  REQUIRE(testing::WaitUntil(
+      [&] {
+        auto now = agent.client().Health();
+        return now.ok() && now->cloud_connected();
+      },
+      20s));
+  auto generated = agent.client().Generate(IdsRequest(Tokenize(ToyPrompts(3, 1)[0]), 8));
+  CHECK(generated.ok());
 }
 
 TEST_CASE("The metrics port's /devices names the devices holding the most KV", "[serving]") {
