@@ -27,14 +27,6 @@ using openssl::X509Ptr;
 
 constexpr int64_t kDay = 86400;
 
-std::string Drain(BIO* bio) {
-  char* data = nullptr;
-  const long size = BIO_get_mem_data(bio, &data);
-  std::string text(data, static_cast<size_t>(size));
-  BIO_free(bio);
-  return text;
-}
-
 X509_NAME* CommonName(const std::string& name) {
   X509_NAME* subject = X509_NAME_new();
   X509_NAME_add_entry_by_txt(subject, "CN", MBSTRING_ASC,
@@ -64,7 +56,7 @@ struct Ca {
   std::string Pem() const {
     BIO* bio = BIO_new(BIO_s_mem());
     REQUIRE(PEM_write_bio_X509(bio, certificate.get()) == 1);
-    return Drain(bio);
+    return openssl::TakeMemoryBio(bio);
   }
 
   // A device certificate with `serial`, signed by this CA.
@@ -83,7 +75,7 @@ struct Ca {
     REQUIRE(X509_sign(leaf.get(), key.get(), EVP_sha256()) > 0);
     BIO* bio = BIO_new(BIO_s_mem());
     REQUIRE(PEM_write_bio_X509(bio, leaf.get()) == 1);
-    return Drain(bio);
+    return openssl::TakeMemoryBio(bio);
   }
 
   // A CRL of this CA revoking `serials`, due for renewal `next_update_s` from now, signed
@@ -112,7 +104,7 @@ struct Ca {
     REQUIRE(X509_CRL_sign(crl.get(), signer != nullptr ? signer : key.get(), EVP_sha256()) > 0);
     BIO* bio = BIO_new(BIO_s_mem());
     REQUIRE(PEM_write_bio_X509_CRL(bio, crl.get()) == 1);
-    return Drain(bio);
+    return openssl::TakeMemoryBio(bio);
   }
 };
 

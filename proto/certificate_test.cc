@@ -1,11 +1,3 @@
-#include <chrono>
-#include <cstdint>
-#include <filesystem>
-#include <fstream>
-#include <memory>
-#include <string>
-
-#include <catch2/catch.hpp>
 #include <openssl/bio.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
@@ -13,11 +5,20 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/test_util.h"
 #include "proto/certificate_expiry.h"
 #include "proto/channel_security.h"
+#include "proto/openssl_util.h"
 
 namespace tophat {
 namespace {
@@ -31,18 +32,10 @@ using Key = std::unique_ptr<EVP_PKEY, PkeyFree>;
 
 Key NewKey() { return Key(EVP_EC_gen("P-256")); }
 
-std::string Drain(BIO* bio) {
-  char* data = nullptr;
-  const long size = BIO_get_mem_data(bio, &data);
-  std::string text(data, static_cast<size_t>(size));
-  BIO_free(bio);
-  return text;
-}
-
 std::string KeyPem(EVP_PKEY* key) {
   BIO* bio = BIO_new(BIO_s_mem());
   REQUIRE(PEM_write_bio_PrivateKey(bio, key, nullptr, nullptr, 0, nullptr, nullptr) == 1);
-  return Drain(bio);
+  return openssl::TakeMemoryBio(bio);
 }
 
 // A self-signed certificate of `key`, valid from now + `begins_s` to now + `ends_s`.
@@ -61,7 +54,7 @@ std::string CertificatePem(EVP_PKEY* key, int64_t begins_s, int64_t ends_s) {
   BIO* bio = BIO_new(BIO_s_mem());
   REQUIRE(PEM_write_bio_X509(bio, certificate) == 1);
   X509_free(certificate);
-  return Drain(bio);
+  return openssl::TakeMemoryBio(bio);
 }
 
 std::string Write(const std::filesystem::path& path, const std::string& text) {

@@ -318,12 +318,17 @@ std::string Utc(int64_t unix_seconds) {
                           absl::UTCTimeZone());
 }
 
+std::string TakeMemoryBio(BIO* bio) {
+  BioPtr owned(bio);
+  char* data = nullptr;
+  const long size = BIO_get_mem_data(owned.get(), &data);
+  return size > 0 ? std::string(data, static_cast<size_t>(size)) : std::string();
+}
+
 std::string NameText(const X509_NAME* name) {
   BioPtr bio(BIO_new(BIO_s_mem()));
   if (bio == nullptr || X509_NAME_print_ex(bio.get(), name, 0, XN_FLAG_RFC2253) < 0) return "";
-  char* data = nullptr;
-  const long size = BIO_get_mem_data(bio.get(), &data);
-  return std::string(data, static_cast<size_t>(size));
+  return TakeMemoryBio(bio.release());
 }
 
 }  // namespace openssl

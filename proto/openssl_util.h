@@ -34,6 +34,9 @@ using PkeyPtr = std::unique_ptr<EVP_PKEY, PkeyFree>;
 // `path` opened for reading; null when it cannot be.
 inline BioPtr OpenFile(const std::string& path) { return BioPtr(BIO_new_file(path.c_str(), "r")); }
 
+// What a memory BIO holds, as text; the BIO is freed (a PEM written into it, read out).
+std::string TakeMemoryBio(BIO* bio);
+
 // Seconds since 1970 of an ASN.1 time (OpenSSL's own arithmetic: no time zone involved).
 std::optional<int64_t> UnixSeconds(const ASN1_TIME* time);
 

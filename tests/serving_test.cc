@@ -147,6 +147,21 @@ const fs::path& Certs() {
   return dir;
 }
 
+// Runs deploy/make-certs.sh with `args` (e.g. "--revoke DIR device-1"); it must succeed.
+void MakeCerts(const std::string& args) {
+  REQUIRE(std::system(("bash " + MakeCertsScript().string() + " " + args).c_str()) == 0);
+}
+
+// A copy of the run's certificates in `dir`/certs with a CRL that revokes nothing,
+// certs/crl.pem. The copy's CA is the run's, so what MakeCerts("--revoke COPY NAME") revokes
+// in it is revoked for the run's certificates, wherever that CRL is read, and nowhere else.
+fs::path CertsWithCrl(const fs::path& dir) {
+  const fs::path certs = dir / "certs";
+  fs::copy(Certs(), certs, fs::copy_options::recursive);
+  MakeCerts("--crl " + certs.string());
+  return certs;
+}
+
 TlsFiles DeviceTls(const std::string& device) {
   return {.certificate_file = (Certs() / (device + ".crt")).string(),
           .private_key_file = (Certs() / (device + ".key")).string(),
@@ -1041,8 +1056,7 @@ TEST_CASE("The cloud's port takes only devices whose certificate its CA signed",
         grpc::StatusCode::UNAVAILABLE);
   // A certificate with a device's name from another CA.
   const fs::path other = dir.path() / "other-ca";
-  REQUIRE(std::system(("bash " + MakeCertsScript().string() + " " + other.string() + " device-1")
-                          .c_str()) == 0);
+  MakeCerts(other.string() + " device-1");
   auto forged = MutualTlsChannelCredentials({.certificate_file = (other / "device-1.crt").string(),
                                              .private_key_file = (other / "device-1.key").string(),
                                              .ca_file = (Certs() / "ca.crt").string()},
@@ -1180,10 +1194,7 @@ TEST_CASE("tophat-cloud --check-config checks a config as far as a start gets be
     CHECK_THAT(twice_log, Catch::Contains("tls.revoked_devices[1]: \"device-7\" is listed twice"));
   }
   SECTION("a CRL: what it revokes is said, and a file that is no CRL is refused") {
-    const fs::path certs = dir.path() / "certs";
-    fs::copy(Certs(), certs, fs::copy_options::recursive);
-    REQUIRE(std::system(
-                ("bash " + MakeCertsScript().string() + " --crl " + certs.string()).c_str()) == 0);
+    const fs::path certs = CertsWithCrl(dir.path());
     CloudProcess cloud(dir.path(),
                        CloudSettings{.crl_file = (certs / "crl.pem").string(), .start = false});
     auto [code, log] = check(cloud, "crl");
@@ -2560,11 +2571,7 @@ TEST_CASE(
     "other, and another CA's CRL is refused",
     "[serving]") {
   testing::TempDir dir;
-  // A copy of the run's CA, which revokes device-1's certificate here only.
-  const fs::path certs = dir.path() / "certs";
-  fs::copy(Certs(), certs, fs::copy_options::recursive);
-  const std::string make_certs = "bash " + MakeCertsScript().string() + " ";
-  REQUIRE(std::system((make_certs + "--crl " + certs.string()).c_str()) == 0);
+  const fs::path certs = CertsWithCrl(dir.path());  // which revokes device-1 here only
   CloudSettings settings;
   settings.crl_file = (certs / "crl.pem").string();
   CloudProcess cloud(dir.path(), settings);
@@ -2587,7 +2594,7 @@ TEST_CASE(
 
   // 1. device-1's certificate revoked: the reload reads the renewed CRL (the config is
   // unchanged) and ends device-1's open stream; device-1 opens no other.
-  REQUIRE(std::system((make_certs + "--revoke " + certs.string() + " device-1").c_str()) == 0);
+  MakeCerts("--revoke " + certs.string() + " device-1");
   reload(1);
   std::string log = cloud.process().Log();
   INFO(log);
@@ -2611,9 +2618,8 @@ TEST_CASE(
   // 2. Another deployment's CRL in its place (its CA also named "tophat CA", by another key):
   // the reload fails and changes nothing.
   const fs::path stranger = dir.path() / "stranger";
-  REQUIRE(std::system(
-              (make_certs + stranger.string() + " && " + make_certs + "--crl " + stranger.string())
-                  .c_str()) == 0);
+  MakeCerts(stranger.string());
+  MakeCerts("--crl " + stranger.string());
   fs::copy_file(stranger / "crl.pem", certs / "crl.pem.new");
   fs::rename(certs / "crl.pem.new", certs / "crl.pem");
   reload(2);
@@ -2642,17 +2648,14 @@ TEST_CASE(
     "cloud again once a CRL without it is in place",
     "[serving]") {
   testing::TempDir dir;
-  const fs::path certs = dir.path() / "certs";
-  fs::copy(Certs(), certs, fs::copy_options::recursive);
-  const std::string make_certs = "bash " + MakeCertsScript().string() + " ";
-  REQUIRE(std::system((make_certs + "--crl " + certs.string()).c_str()) == 0);
+  const fs::path certs = CertsWithCrl(dir.path());
   fs::copy_file(certs / "crl.pem", dir.path() / "crl-none-revoked.pem");
   CloudProcess cloud(dir.path(), {});
   AgentProcess agent(dir.path(), cloud.address(), 16, "reconnect:\n  max_backoff_s: 0.5\n", 0, "",
                      {}, {}, {}, (certs / "crl.pem").string());
   // The cloud's certificate revoked (by its CA: the copy's), and the cloud restarted: the
   // agent reads the CRL again before it reconnects, and refuses the cloud.
-  REQUIRE(std::system((make_certs + "--revoke " + certs.string() + " cloud").c_str()) == 0);
+  MakeCerts("--revoke " + certs.string() + " cloud");
   cloud.process().Signal(SIGKILL);
   REQUIRE(cloud.process().Wait(5s).has_value());
   cloud.Start(dir.path());
