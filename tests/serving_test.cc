@@ -511,6 +511,15 @@ class AgentProcess {
   }
 
   Client& client() { return *client_; }
+  // Whether its Health says it is `connected` to a cloud, or not, within `timeout`.
+  bool WaitForCloud(bool connected, std::chrono::seconds timeout) {
+    return testing::WaitUntil(
+        [&] {
+          auto health = client_->Health();
+          return health.ok() && health->cloud_connected() == connected;
+        },
+        timeout);
+  }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   ChildProcess& process() { return *process_; }
   const fs::path& config() const { return config_; }
@@ -761,6 +770,17 @@ v1::AgentMessage ChunkMessage(uint64_t session, uint32_t first, uint32_t positio
   return message;
 }
 
+// That the cloud still serves `stream`: a 4-position chunk of a new `session` comes back
+// computed.
+void RequireServes(RawStream& stream, uint64_t session) {
+  const uint32_t d = stream.hello().hidden_size();
+  REQUIRE(stream.Send(OpenMessage(session, 64)));
+  REQUIRE(stream.Send(ChunkMessage(session, 0, 4, d, v1::DTYPE_FLOAT32)));
+  const v1::CloudMessage reply = stream.ReadFor(session);
+  REQUIRE(reply.has_result());
+  CHECK(reply.result().states().num_positions() == 4);
+}
+
 // Waits until the cloud `probe` streams to refuses new sessions with UNAVAILABLE: its drain
 // has begun (the signal takes effect whenever the cloud's main thread gets to it, so this is
 // a condition, not a guessed delay). Probe sessions it still admits are closed at once; their
@@ -987,6 +1007,17 @@ TEST_CASE("A malformed YAML config is refused with the file, key and line", "[se
 std::string ReadFile(const fs::path& path) {
   std::ifstream in(path);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Replaces the text `from` (which must be there) with `to` in the config file at `path`, as an
+// operator should: a new file renamed over the old, so that a reload never reads half of it.
+void ReplaceInConfig(const fs::path& path, const std::string& from, const std::string& to) {
+  std::string text = ReadFile(path);
+  const size_t at = text.find(from);
+  REQUIRE(at != std::string::npos);
+  text.replace(at, from.size(), to);
+  std::ofstream(path.string() + ".new") << text;
+  fs::rename(path.string() + ".new", path);
 }
 
 // Rewrites `config`'s tls.device_tokens line (and adds tls.revoked_devices after it) as an
@@ -1319,11 +1350,7 @@ TEST_CASE("A reload changes a device's session quota for the sessions it opens a
                              "(limits.max_sessions_per_device)");
   };
   for (uint64_t session = 1; session <= 3; ++session) CHECK(open(session) == 0);
-  std::string text = ReadFile(cloud.config());
-  const std::string key = "max_sessions_per_device: 0";
-  REQUIRE(text.find(key) != std::string::npos);
-  std::ofstream(cloud.config()) << text.replace(text.find(key), key.size(),
-                                                "max_sessions_per_device: 2");
+  ReplaceInConfig(cloud.config(), "max_sessions_per_device: 0", "max_sessions_per_device: 2");
   cloud.process().Signal(SIGHUP);
   REQUIRE(testing::WaitUntil(
       [&] { return cloud.Metric("tophat_config_reloads_total", "result=\"applied\"") == 1; }, 20s));
@@ -1615,12 +1642,8 @@ TEST_CASE(
   flood(300, 1);
   CHECK(cloud.Metric("tophat_stream_reads_paced_total") == 0);
 
-  std::string text = ReadFile(cloud.config());
-  const std::string key = "max_messages_per_second_per_device: 0\n";
-  REQUIRE(text.find(key) != std::string::npos);
-  text.replace(text.find(key), key.size(), "max_messages_per_second_per_device: 100\n");
-  std::ofstream(cloud.config().string() + ".new") << text;
-  fs::rename(cloud.config().string() + ".new", cloud.config());
+  ReplaceInConfig(cloud.config(), "max_messages_per_second_per_device: 0\n",
+                  "max_messages_per_second_per_device: 100\n");
   cloud.process().Signal(SIGHUP);
   REQUIRE(testing::WaitUntil(
       [&] { return cloud.Metric("tophat_config_reloads_total", "result=\"applied\"") == 1; }, 20s));
@@ -2419,12 +2442,7 @@ TEST_CASE("A request whose app goes away while it waits for a cloud is cancelled
   AgentProcess agent(dir.path(), cloud, 16, "reconnect:\n  give_up_after_s: 120\n");
   cloud.process().Signal(SIGKILL);
   REQUIRE(cloud.process().Wait(5s).has_value());
-  REQUIRE(testing::WaitUntil(
-      [&] {
-        auto health = agent.client().Health();
-        return health.ok() && !health->cloud_connected();
-      },
-      30s));
+  REQUIRE(agent.WaitForCloud(false, 30s));
   const std::string cancelled = "finished_reason=\"cancelled\"";
   const double cancelled_before = agent.Metric("tophat_request_success_total", cancelled);
   // The app gives up after 1 s (its deadline), while the request waits for a cloud.
@@ -2531,12 +2549,7 @@ TEST_CASE(
   RewriteAccess(cloud.config(),
                 {token_entry("device-1", "secret-1b"), token_entry("device-2", "secret-2")},
                 {"device-1"});
-  {
-    std::string text = ReadFile(cloud.config());
-    const std::string key = "max_context: 1024";
-    REQUIRE(text.find(key) != std::string::npos);
-    std::ofstream(cloud.config()) << text.replace(text.find(key), key.size(), "max_context: 512");
-  }
+  ReplaceInConfig(cloud.config(), "max_context: 1024", "max_context: 512");
   reload(3);
   log = cloud.process().Log();
   CHECK(Occurrences(log,
@@ -2549,20 +2562,10 @@ TEST_CASE(
       OpenCloudStream(cloud.address(), DeviceCredentials("device-1"), "secret-1b");
   CHECK(revoked.error_code() == grpc::StatusCode::PERMISSION_DENIED);
   CHECK_THAT(revoked.error_message(), Catch::Contains("device device-1 is revoked"));
-  REQUIRE(testing::WaitUntil(
-      [&] {
-        auto health = agent.client().Health();
-        return health.ok() && !health->cloud_connected();
-      },
-      10s));
+  REQUIRE(agent.WaitForCloud(false, 10s));
   CHECK(cloud.Metric("tophat_streams_connected") == 1);
   // device-2's stream was open through every reload and still serves.
-  const uint32_t d = device_2.hello().hidden_size();
-  REQUIRE(device_2.Send(OpenMessage(1, 64)));
-  REQUIRE(device_2.Send(ChunkMessage(1, 0, 4, d, v1::DTYPE_FLOAT32)));
-  const v1::CloudMessage reply = device_2.ReadFor(1);
-  REQUIRE(reply.has_result());
-  CHECK(reply.result().states().num_positions() == 4);
+  RequireServes(device_2, 1);
   CHECK(cloud.process().running());
 }
 
@@ -2608,12 +2611,7 @@ TEST_CASE(
   CHECK(revoked.error_code() == grpc::StatusCode::PERMISSION_DENIED);
   CHECK_THAT(revoked.error_message(),
              Catch::Contains("issued by CN=tophat CA) is revoked (tls.crl_file)"));
-  REQUIRE(testing::WaitUntil(
-      [&] {
-        auto health = agent.client().Health();
-        return health.ok() && !health->cloud_connected();
-      },
-      10s));
+  REQUIRE(agent.WaitForCloud(false, 10s));
 
   // 2. Another deployment's CRL in its place (its CA also named "tophat CA", by another key):
   // the reload fails and changes nothing.
@@ -2633,12 +2631,7 @@ TEST_CASE(
 
   // device-2's stream was open through both reloads and still serves.
   CHECK(cloud.Metric("tophat_streams_connected") == 1);
-  const uint32_t d = device_2.hello().hidden_size();
-  REQUIRE(device_2.Send(OpenMessage(1, 64)));
-  REQUIRE(device_2.Send(ChunkMessage(1, 0, 4, d, v1::DTYPE_FLOAT32)));
-  const v1::CloudMessage reply = device_2.ReadFor(1);
-  REQUIRE(reply.has_result());
-  CHECK(reply.result().states().num_positions() == 4);
+  RequireServes(device_2, 1);
   CHECK(OpenCloudStream(cloud.address(), DeviceCredentials("device-2")).ok());
   CHECK(cloud.process().running());
 }
@@ -2675,12 +2668,7 @@ TEST_CASE(
   // A CRL that no longer lists it (here: the one from before): the next attempt connects.
   fs::copy_file(dir.path() / "crl-none-revoked.pem", certs / "crl.pem.new");
   fs::rename(certs / "crl.pem.new", certs / "crl.pem");
-  REQUIRE(testing::WaitUntil(
-      [&] {
-        auto now = agent.client().Health();
-        return now.ok() && now->cloud_connected();
-      },
-      20s));
+  REQUIRE(agent.WaitForCloud(true, 20s));
   auto generated = agent.client().Generate(IdsRequest(Tokenize(ToyPrompts(3, 1)[0]), 8));
   CHECK(generated.ok());
 }
@@ -2798,14 +2786,9 @@ TEST_CASE(
       testing::WaitUntil([&] { return cloud.Metric("tophat_generation_tokens_total") > 0; }, 30s));
 
   // The new token replaces the old; the log level and a key only a restart applies change too.
-  std::string text = ReadFile(agent.config());
-  const std::string old_line = "app_tokens: [\"app-a:" + Sha256Hex("token-a") + "\"]";
-  REQUIRE(text.find(old_line) != std::string::npos);
-  text.replace(text.find(old_line), old_line.size(),
-               "app_tokens: [\"app-a:" + Sha256Hex("token-a2") +
-                   "\"]\nlog_level: debug\nmax_concurrent_requests: 3");
-  std::ofstream(agent.config().string() + ".new") << text;
-  fs::rename(agent.config().string() + ".new", agent.config());
+  ReplaceInConfig(agent.config(), "app_tokens: [\"app-a:" + Sha256Hex("token-a") + "\"]",
+                  "app_tokens: [\"app-a:" + Sha256Hex("token-a2") +
+                      "\"]\nlog_level: debug\nmax_concurrent_requests: 3");
   agent.process().Signal(SIGHUP);
   REQUIRE(testing::WaitUntil(
       [&] { return agent.Metric("tophat_config_reloads_total", "result=\"applied\"") == 1; }, 20s));
@@ -2834,12 +2817,8 @@ TEST_CASE(
   const double generated = cloud.Metric("tophat_generation_tokens_total");
   REQUIRE(testing::WaitUntil(
       [&] { return cloud.Metric("tophat_generation_tokens_total") > generated; }, 30s));
-  text = ReadFile(agent.config());
-  const std::string new_line = "app_tokens: [\"app-a:" + Sha256Hex("token-a2") + "\"]";
-  REQUIRE(text.find(new_line) != std::string::npos);
-  text.replace(text.find(new_line), new_line.size(), "app_tokens: []");
-  std::ofstream(agent.config().string() + ".new") << text;
-  fs::rename(agent.config().string() + ".new", agent.config());
+  ReplaceInConfig(agent.config(), "app_tokens: [\"app-a:" + Sha256Hex("token-a2") + "\"]",
+                  "app_tokens: []");
   agent.process().Signal(SIGHUP);
   REQUIRE(testing::WaitUntil(
       [&] { return agent.Metric("tophat_config_reloads_total", "result=\"applied\"") == 2; }, 20s));
