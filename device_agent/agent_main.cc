@@ -34,6 +34,7 @@
 #include "device_agent/openai_server.h"
 #include "models/runtime/compute_threads.h"
 #include "proto/certificate_expiry.h"
+#include "proto/certificate_revocation.h"
 #include "proto/channel_security.h"
 #include "proto/hidden_states.h"
 #include "telemetry/config_reload.h"
@@ -69,6 +70,15 @@ int CheckConfig(const tophat::AgentConfig& config, const std::string& config_pat
               config.cloud_tls.insecure ? "plaintext (cloud_tls.insecure)"
                                         : "mutual TLS; certificate and key are a pair",
               absl::StrJoin(config.clouds(), ", ").c_str());
+  if (!config.cloud_tls.crl_file.empty()) {
+    // Agent::CheckConfig read it already; read again for what it says.
+    auto crl = tophat::LoadRevocationLists(config.cloud_tls.crl_file, "cloud_tls.crl_file",
+                                           config.cloud_tls.ca_file, "cloud_tls.ca_file");
+    if (!crl.ok()) return Fail(crl.status());
+    std::printf("  cloud link crl: %s: %lld revoked certificate(s) in %d CRL(s)%s\n",
+                config.cloud_tls.crl_file.c_str(), static_cast<long long>(crl->certificates),
+                crl->crls, crl->stale_issuers.empty() ? "" : " (past its nextUpdate: renew it)");
+  }
   std::printf("  app port: %s\n", config.app_tls.certificate_file.empty()
                                        ? "plaintext"
                                        : "TLS; certificate and key are a pair");

@@ -1265,7 +1265,8 @@ TEST_CASE("tophat-agent --check-config checks a config as far as a start gets be
           "weights, and names what would stop it",
           "[serving]") {
   testing::TempDir dir;
-  const auto check = [&](const fs::path& bundle, const std::string& name) {
+  const auto check = [&](const fs::path& bundle, const std::string& name,
+                         const std::string& crl_file = "") {
     const fs::path config = dir.path() / (name + ".yaml");
     const int port = testing::FreePort();
     std::ofstream(config) << "bundle: " << bundle.string()
@@ -1274,9 +1275,9 @@ TEST_CASE("tophat-agent --check-config checks a config as far as a start gets be
                           << DeviceTls("device-1").certificate_file
                           << "\n  private_key_file: " << DeviceTls("device-1").private_key_file
                           << "\n  ca_file: " << DeviceTls("device-1").ca_file
+                          << (crl_file.empty() ? "" : "\n  crl_file: " + crl_file)
                           << "\nlisten_address: \"127.0.0.1:" << port
-                          << "\"\nmetrics_address: \"127.0.0.1:" << testing::FreePort()
-                          << "\"\n";
+                          << "\"\nmetrics_address: \"127.0.0.1:" << testing::FreePort() << "\"\n";
     auto [code, log] = CheckConfig("tophat-agent", config, dir.path() / (name + ".log"));
     return std::tuple<int, std::string, int>(code, std::move(log), port);
   };
@@ -1293,6 +1294,20 @@ TEST_CASE("tophat-agent --check-config checks a config as far as a start gets be
     auto [code, log, port] = check(Bundles() / "cloud", "cloud-bundle");
     CHECK(code == 1);
     CHECK_THAT(log, Catch::Contains("is a cloud bundle; the device agent needs the device bundle"));
+  }
+  {
+    const fs::path certs = CertsWithCrl(dir.path());
+    MakeCerts("--revoke " + certs.string() + " cloud");
+    auto [code, log, port] = check(Bundles() / "device", "crl", (certs / "crl.pem").string());
+    INFO(log);
+    CHECK(code == 0);
+    CHECK_THAT(log, Catch::Contains("cloud link crl: " + (certs / "crl.pem").string() +
+                                    ": 1 revoked certificate(s) in 1 CRL(s)"));
+    auto [bad_code, bad_log, bad_port] =
+        check(Bundles() / "device", "not-crl", (certs / "ca.crt").string());
+    CHECK(bad_code == 1);
+    CHECK_THAT(bad_log, Catch::Contains("cloud_tls.crl_file: " + (certs / "ca.crt").string() +
+                                        " holds no CRL"));
   }
 }
 
