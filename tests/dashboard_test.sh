@@ -13,6 +13,7 @@ for tool in prometheus promtool; do
   command -v "$tool" >/dev/null || { echo "FAIL: $tool is missing; run deploy/install-deps.sh"; exit 1; }
 done
 promtool check rules "$root/deploy/prometheus-alerts.yml"
+promtool test rules "$here/prometheus_alerts_test.yml"
 promtool check config "$root/deploy/prometheus.yml"
 "$bin_dir/tophat" split --model "$model" --input-layers 2 --output-layers 1 \
   --out "$work/bundles" >/dev/null
