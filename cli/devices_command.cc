@@ -61,7 +61,12 @@ absl::StatusOr<std::string> FormatDevicesTable(const std::string& body) {
     if (!entry.is_object() || !entry.contains("device") || !entry["device"].is_string()) {
       return absl::InvalidArgumentError(absl::StrCat("top[", i, "] has no string \"device\""));
     }
+    // Printed to a terminal: control characters (escape sequences) shown as '?', whatever a
+    // certificate's name holds.
     row.device = entry["device"].get<std::string>();
+    for (char& c : row.device) {
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+    }
     for (auto [key, field] : {std::pair{"sessions", &row.sessions},
                               {"waiting", &row.waiting},
                               {"kv_blocks", &row.kv_blocks},
