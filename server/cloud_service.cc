@@ -165,12 +165,12 @@ class StreamChannel final : public MessageSink,
         pacer_(std::move(pacer)),
         device_key_(std::move(device_key)) {
     totals_->streams.fetch_add(1);
-    if (pacer_ != nullptr) pacer_->Register(device_key_);
+    pacer_->Register(device_key_);
   }
   ~StreamChannel() override {
     ReleaseQueuedLocked(0);
     totals_->streams.fetch_sub(1);
-    if (pacer_ != nullptr) pacer_->Unregister(device_key_);
+    pacer_->Unregister(device_key_);
   }
 
   void Send(v1::CloudMessage message) override;
@@ -235,7 +235,7 @@ class StreamChannel final : public MessageSink,
   const StreamId stream_;
   const CloudServiceOptions options_;
   const std::shared_ptr<OutgoingTotals> totals_;
-  const std::shared_ptr<DevicePacer> pacer_;  // the service's (null: no pacing at all)
+  const std::shared_ptr<DevicePacer> pacer_;  // the service's, never null
   const std::string device_key_;              // the pacer's key
   bool paced_ = false;                        // reading waits for pace_alarm_
   std::unique_ptr<grpc::Alarm> pace_alarm_;
@@ -641,21 +641,19 @@ bool StreamChannel::OnReadQueued(int64_t bytes) {
     deferred_full_ = true;
     return false;
   }
-  if (pacer_ != nullptr) {
-    const auto wait = pacer_->Take(device_key_);
-    if (wait > TokenBucket::Clock::duration::zero()) {
-      paced_ = true;
-      if (options_.metrics != nullptr) options_.metrics->reads_paced.Increment();
-      std::weak_ptr<StreamChannel> weak = weak_from_this();
-      pace_alarm_ = std::make_unique<grpc::Alarm>();
-      pace_alarm_->Set(std::chrono::system_clock::now() +
-                           std::chrono::duration_cast<std::chrono::system_clock::duration>(wait),
-                       [weak](bool fired) {
-                         if (!fired) return;
-                         if (auto channel = weak.lock()) channel->OnPaced();
-                       });
-      return false;
-    }
+  const auto wait = pacer_->Take(device_key_);
+  if (wait > TokenBucket::Clock::duration::zero()) {
+    paced_ = true;
+    if (options_.metrics != nullptr) options_.metrics->reads_paced.Increment();
+    std::weak_ptr<StreamChannel> weak = weak_from_this();
+    pace_alarm_ = std::make_unique<grpc::Alarm>();
+    pace_alarm_->Set(std::chrono::system_clock::now() +
+                         std::chrono::duration_cast<std::chrono::system_clock::duration>(wait),
+                     [weak](bool fired) {
+                       if (!fired) return;
+                       if (auto channel = weak.lock()) channel->OnPaced();
+                     });
+    return false;
   }
   return true;
 }
@@ -682,7 +680,6 @@ void StreamChannel::Consumed(int64_t bytes) {
 }
 
 bool StreamChannel::DeferLocked(v1::CloudMessage& message) {
-  if (pacer_ == nullptr) return false;
   const std::optional<uint64_t> session = SessionOf(message);
   if (!session.has_value()) return false;
   TokenBucket::Clock::time_point release;
