@@ -4,28 +4,15 @@
 
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "configs/config_checks.h"
 
 namespace tophat::cli {
-namespace {
-
-// HOST:PORT split at its last colon ("[::1]:9100" included); false when it is not one.
-bool SplitHostPort(const std::string& address, std::string* host, int* port) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0) return false;
-  *host = address.substr(0, colon);
-  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') {
-    *host = host->substr(1, host->size() - 2);
-  }
-  return absl::SimpleAtoi(address.substr(colon + 1), port) && *port > 0 && *port < 65536;
-}
-
-}  // namespace
 
 absl::StatusOr<std::string> FormatDevicesTable(const std::string& body) {
   const nlohmann::json report = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
@@ -97,14 +84,13 @@ absl::StatusOr<std::string> FormatDevicesTable(const std::string& body) {
 }
 
 int RunDevices(const DevicesArgs& args) {
-  std::string host;
-  int port = 0;
-  if (!SplitHostPort(args.cloud_metrics, &host, &port)) {
+  const std::optional<HostPort> address = SplitHostPort(args.cloud_metrics);
+  if (!address.has_value() || address->port == 0) {
     std::fprintf(stderr, "tophat devices: --cloud-metrics: expected HOST:PORT, got \"%s\"\n",
                  args.cloud_metrics.c_str());
     return 2;
   }
-  httplib::Client client(host, port);
+  httplib::Client client(address->host, address->port);
   const auto seconds = static_cast<time_t>(args.timeout_s);
   const auto micros = static_cast<time_t>((args.timeout_s - static_cast<double>(seconds)) * 1e6);
   client.set_connection_timeout(seconds, micros);

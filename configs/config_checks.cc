@@ -46,6 +46,18 @@ bool IsLoopbackAddress(std::string_view address) {
   return host == "localhost" || host == "[::1]" || host.substr(0, 4) == "127.";
 }
 
+std::optional<HostPort> SplitHostPort(std::string_view address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string_view::npos) return std::nullopt;
+  int64_t port = 0;
+  if (!ParseDecimal(address.substr(colon + 1), &port) || port > 65535) return std::nullopt;
+  std::string_view host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return HostPort{.host = std::string(host), .port = static_cast<int>(port)};
+}
+
 absl::Status CheckCanListen(std::string_view address, std::string_view key) {
   if (IsUnixSocketAddress(address)) return absl::OkStatus();
   const size_t colon = address.rfind(':');

@@ -25,6 +25,15 @@ bool IsLoopbackAddress(std::string_view address);
 
 absl::Status CheckHostPort(std::string_view address, bool allow_port_zero);
 
+// "host:port" taken apart for a socket: the host without an IPv6 address's brackets, and the
+// port; nullopt without a colon or with a port that is not a decimal in [0, 65535]. Checks
+// nothing of the host (CheckHostPort does).
+struct HostPort {
+  std::string host;
+  int port = 0;
+};
+std::optional<HostPort> SplitHostPort(std::string_view address);
+
 // Binds and closes a TCP socket at `address` (host:port, as CheckHostPort takes) the way gRPC
 // will (SO_REUSEADDR, no SO_REUSEPORT), so that a daemon can say why it cannot listen, e.g.
 // "127.0.0.1:7200: Address already in use", before gRPC tries and logs its own dump.

@@ -24,6 +24,21 @@ TEST_CASE("CheckHostPort takes host:port and bracketed IPv6, port 0 only to list
   CHECK_FALSE(CheckHostPort("", true).ok());
 }
 
+TEST_CASE("SplitHostPort takes host:port apart, brackets off an IPv6 host") {
+  auto v4 = SplitHostPort("127.0.0.1:9100");
+  REQUIRE(v4.has_value());
+  CHECK(v4->host == "127.0.0.1");
+  CHECK(v4->port == 9100);
+  auto v6 = SplitHostPort("[::1]:0");
+  REQUIRE(v6.has_value());
+  CHECK(v6->host == "::1");
+  CHECK(v6->port == 0);
+  for (const char* bad : {"nowhere", "host:", "host:http", "host:65536", "host:-1", "host:80x"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(SplitHostPort(bad).has_value());
+  }
+}
+
 TEST_CASE("Enumerated values") {
   for (std::string_view dtype : {"float32", "float16", "bfloat16"}) CHECK(CheckDtype(dtype).ok());
   CHECK_FALSE(CheckDtype("fp16").ok());

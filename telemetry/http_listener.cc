@@ -1,26 +1,23 @@
 #include "telemetry/http_listener.h"
 
-#include <chrono>
-
 #include <httplib.h>
 
-#include "absl/strings/numbers.h"
+#include <chrono>
+#include <optional>
+
 #include "absl/strings/str_cat.h"
+#include "configs/config_checks.h"
 
 namespace tophat {
 
 absl::StatusOr<int> ListenOnThread(httplib::Server& server, const std::string& address,
                                    std::thread& thread) {
-  const size_t colon = address.rfind(':');
-  int port = -1;
-  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
-      port < 0 || port > 65535) {
+  const std::optional<HostPort> split = SplitHostPort(address);
+  if (!split.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat("\"", address, "\" is not host:port"));
   }
-  std::string host = address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
+  const std::string& host = split->host;
+  const int port = split->port;
   // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which would let a second
   // daemon bind the same port silently.
   server.set_socket_options([](socket_t sock) {
