@@ -12,7 +12,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/time/time.h"
 #include "base/clock.h"
 #include "base/status_macros.h"
 #include "device_agent/app_request.h"
@@ -999,13 +998,8 @@ absl::StatusOr<CloudLink> CloudLinkOf(const AgentConfig& config) {
     TOPHAT_ASSIGN_OR_RETURN(RevokedCertificates revoked,
                             LoadRevocationLists(config.cloud_tls.crl_file, "cloud_tls.crl_file",
                                                 config.cloud_tls.ca_file, "cloud_tls.ca_file"));
-    for (const auto& [issuer, due] : revoked.stale_issuers) {
-      spdlog::warn(
-          "cloud_tls.crl_file: {}: the CRL of \"{}\" was due for renewal at {}: "
-          "certificates revoked since are not in it; renew it",
-          config.cloud_tls.crl_file, issuer,
-          absl::FormatTime("%Y-%m-%d %H:%M UTC", absl::FromUnixSeconds(due), absl::UTCTimeZone()));
-    }
+    WarnOfStaleRevocationLists(revoked, "cloud_tls.crl_file", config.cloud_tls.crl_file,
+                               "renew it (the agent reads it before every connection)");
     link.revoked = std::make_shared<const RevokedCertificates>(std::move(revoked));
   }
   return link;

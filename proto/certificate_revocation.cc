@@ -4,6 +4,7 @@
 #include <openssl/crypto.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <utility>
@@ -164,6 +165,16 @@ absl::StatusOr<RevokedCertificates> LoadRevocationLists(const std::string& crl_f
         crl_file, " -text` shows what it holds)"));
   }
   return revoked;
+}
+
+void WarnOfStaleRevocationLists(const RevokedCertificates& revoked, absl::string_view key,
+                                absl::string_view path, absl::string_view renew) {
+  for (const auto& [issuer, due] : revoked.stale_issuers) {
+    spdlog::warn(
+        "{}: {}: the CRL of \"{}\" was due for renewal at {}: certificates it revoked "
+        "since are not in it; {}",
+        std::string(key), std::string(path), issuer, openssl::Utc(due), std::string(renew));
+  }
 }
 
 }  // namespace tophat

@@ -59,4 +59,9 @@ absl::StatusOr<RevokedCertificates> LoadRevocationLists(const std::string& crl_f
                                                         const std::string& ca_file,
                                                         absl::string_view ca_key);
 
+// Logs a warning for each CRL of `revoked` past its nextUpdate: it still applies, but what its
+// CA revoked since is not in it. `key` and `path` name the file; `renew` says how to renew it.
+void WarnOfStaleRevocationLists(const RevokedCertificates& revoked, absl::string_view key,
+                                absl::string_view path, absl::string_view renew);
+
 }  // namespace tophat

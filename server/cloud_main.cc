@@ -98,14 +98,8 @@ absl::StatusOr<tophat::DeviceAccess> AccessOf(const CloudConfig& config) {
   auto revoked = tophat::LoadRevocationLists(config.tls.crl_file, "tls.crl_file",
                                              config.tls.client_ca_file, "tls.client_ca_file");
   if (!revoked.ok()) return revoked.status();
-  for (const auto& [issuer, due] : revoked->stale_issuers) {
-    spdlog::warn(
-        "tls.crl_file: {}: the CRL of \"{}\" was due for renewal at {}: certificates "
-        "it revoked since are not in it; renew it (deploy/make-certs.sh --crl) and "
-        "reload",
-        config.tls.crl_file, issuer,
-        absl::FormatTime("%Y-%m-%d %H:%M UTC", absl::FromUnixSeconds(due), absl::UTCTimeZone()));
-  }
+  tophat::WarnOfStaleRevocationLists(*revoked, "tls.crl_file", config.tls.crl_file,
+                                     "renew it (deploy/make-certs.sh --crl) and reload");
   access.revoked_certificates =
       std::make_shared<const tophat::RevokedCertificates>(*std::move(revoked));
   return access;
