@@ -968,6 +968,17 @@ void Agent::Request::Finish(v1::GenerateResponse& response, v1::FinishReason rea
 
 namespace {
 
+// cloud_tls.crl_file, checked against cloud_tls.ca_file, with a warning when it is due for
+// renewal.
+absl::StatusOr<RevokedCertificates> LoadCloudRevocationLists(const AgentConfig::CloudTls& tls) {
+  TOPHAT_ASSIGN_OR_RETURN(
+      RevokedCertificates revoked,
+      LoadRevocationLists(tls.crl_file, "cloud_tls.crl_file", tls.ca_file, "cloud_tls.ca_file"));
+  WarnOfStaleRevocationLists(revoked, "cloud_tls.crl_file", tls.crl_file,
+                             "renew it (the agent reads it before every connection)");
+  return revoked;
+}
+
 struct CloudLink {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   std::string token;  // "": none
@@ -996,10 +1007,7 @@ absl::StatusOr<CloudLink> CloudLinkOf(const AgentConfig& config) {
   }
   if (!config.cloud_tls.crl_file.empty()) {
     TOPHAT_ASSIGN_OR_RETURN(RevokedCertificates revoked,
-                            LoadRevocationLists(config.cloud_tls.crl_file, "cloud_tls.crl_file",
-                                                config.cloud_tls.ca_file, "cloud_tls.ca_file"));
-    WarnOfStaleRevocationLists(revoked, "cloud_tls.crl_file", config.cloud_tls.crl_file,
-                               "renew it (the agent reads it before every connection)");
+                            LoadCloudRevocationLists(config.cloud_tls));
     link.revoked = std::make_shared<const RevokedCertificates>(std::move(revoked));
   }
   return link;
@@ -1456,6 +1464,19 @@ int Agent::CancelCaller(const std::string& caller) {
     ++cancelled;
   }
   return cancelled;
+}
+
+absl::StatusOr<int> Agent::EndStreamsToRevokedClouds() {
+  if (config_.cloud_tls.crl_file.empty()) return 0;
+  TOPHAT_ASSIGN_OR_RETURN(RevokedCertificates revoked, LoadCloudRevocationLists(config_.cloud_tls));
+  int ended = 0;
+  for (const std::unique_ptr<CloudConnection>& cloud : clouds_) {
+    if (std::optional<std::string> refusal = cloud->EndStreamIfRevoked(revoked)) {
+      spdlog::warn("cloud {}: stream ended: {}", cloud->address(), *refusal);
+      ++ended;
+    }
+  }
+  return ended;
 }
 
 v1::InfoResponse Agent::Info() const {

@@ -85,6 +85,12 @@ class Agent final : private LinkSampleSink {
   // many were running (an outline and each of its parts running count apart).
   int CancelCaller(const std::string& caller);
 
+  // Reads cloud_tls.crl_file again (a reload) and ends the open streams of the clouds whose
+  // certificates it now revokes (CloudConnection::EndStreamIfRevoked): how many, or the
+  // error naming the file when it cannot be read or checked (nothing is ended then). 0
+  // without a CRL file.
+  absl::StatusOr<int> EndStreamsToRevokedClouds();
+
   v1::InfoResponse Info() const;
   // Not serving once its GPU is lost.
   v1::HealthResponse Health() const;

@@ -1,7 +1,7 @@
 // tophat-agent: the device agent. Holds the input and output submodels of a device bundle,
 // serves apps on the local AgentService, and keeps one stream to tophat-cloud (reconnecting
 // and replaying when it drops). SIGTERM stops it cleanly; SIGHUP (systemctl reload) reloads
-// the app tokens and the log level (ApplyReloadedConfig).
+// the app tokens, the log level and the cloud link's CRLs (ApplyReloadedConfig).
 #include <grpcpp/grpcpp.h>
 #include <prometheus/registry.h>
 #include <spdlog/spdlog.h>
@@ -123,14 +123,18 @@ std::vector<std::string> AppsNoLongerAdmitted(const std::vector<tophat::BearerTo
 }
 
 // What a reload applies while the agent serves (kAgentReloadedKeys): the app tokens, for
-// calls from now on, and the requests of an app whose token went are cancelled; and the log
-// level. The rest waits for a restart, and is listed.
+// calls from now on, and the requests of an app whose token went are cancelled; the log
+// level; and cloud_tls.crl_file is read again, ending the streams of clouds it now revokes.
+// The rest waits for a restart, and is listed.
 absl::StatusOr<tophat::ConfigReloader::Applied> ApplyReloadedConfig(
     const ConfigSource& source, const std::map<std::string, std::string>& started_values,
     tophat::BearerTokenSet& app_tokens, tophat::Agent& agent) {
   std::map<std::string, std::string> values;
   auto reloaded = source.read(&values);
   if (!reloaded.ok()) return reloaded.status();
+  // First: a CRL that cannot be read fails the reload before anything changed.
+  absl::StatusOr<int> ended = agent.EndStreamsToRevokedClouds();
+  if (!ended.ok()) return ended.status();
   const std::vector<std::string> gone =
       AppsNoLongerAdmitted(*app_tokens.Get(), reloaded->app_tokens);
   app_tokens.Replace(reloaded->app_tokens);
@@ -150,7 +154,9 @@ absl::StatusOr<tophat::ConfigReloader::Applied> ApplyReloadedConfig(
   return tophat::ConfigReloader::Applied{
       .summary =
           absl::StrCat(reloaded->app_tokens.size(), " app token(s), ", log_level, "; ", cancelled,
-                       " running request(s) of apps no longer admitted were cancelled"),
+                       " running request(s) of apps no longer admitted were cancelled; ", *ended,
+                       " stream(s) to clouds whose certificates cloud_tls.crl_file revokes "
+                       "were ended"),
       .awaiting_restart =
           tophat::KeysAwaitingRestart(started_values, values, tophat::kAgentReloadedKeys)};
 }

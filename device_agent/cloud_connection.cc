@@ -35,17 +35,26 @@ int64_t Ticks(std::chrono::steady_clock::time_point t) { return t.time_since_epo
 
 }  // namespace
 
-absl::Status CloudConnection::CheckCloudCertificate(const grpc::ClientContext& context,
-                                                    const std::string& name) const {
-  if (revoked_ == nullptr) return absl::OkStatus();
-  const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
-  const std::optional<CertificateId> certificate =
-      auth != nullptr ? PeerCertificateId(*auth) : std::nullopt;
-  if (!certificate.has_value()) return absl::OkStatus();  // plaintext: nothing to revoke
-  if (!revoked_->Revoked(*certificate)) return absl::OkStatus();
+absl::Status CloudConnection::CheckCloudCertificate(const std::optional<CertificateId>& certificate,
+                                                    const RevokedCertificates* revoked,
+                                                    const std::string& name) {
+  if (revoked == nullptr || !certificate.has_value() || !revoked->Revoked(*certificate)) {
+    return absl::OkStatus();
+  }
   return absl::PermissionDeniedError(absl::StrCat(
       "the cloud at ", name, " presents a revoked certificate (serial ", certificate->serial,
       ", issued by ", certificate->issuer, "; cloud_tls.crl_file)"));
+}
+
+std::optional<std::string> CloudConnection::EndStreamIfRevoked(const RevokedCertificates& revoked) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!connected_ || context_ == nullptr || !ended_because_.empty()) return std::nullopt;
+  absl::Status refusal = CheckCloudCertificate(stream_certificate_, &revoked, stream_name_);
+  if (refusal.ok()) return std::nullopt;
+  ended_because_ = refusal.ToString();
+  // The reader's Read returns false, and it closes the stream as any that ended.
+  context_->TryCancel();
+  return ended_because_;
 }
 
 CloudConnection::CloudConnection(CloudConnectionOptions options)
@@ -350,6 +359,7 @@ void CloudConnection::Run() {
     std::unique_ptr<grpc::ClientReaderWriter<v1::AgentMessage, v1::CloudMessage>> stream;
     v1::CloudMessage first;
     bool read_ok = false;
+    std::optional<CertificateId> certificate;  // the cloud's (none over plaintext)
     if (failure.ok()) {
       auto context = std::make_unique<grpc::ClientContext>();
       context->set_wait_for_ready(false);
@@ -380,6 +390,7 @@ void CloudConnection::Run() {
       {
         std::lock_guard<std::mutex> lock(mutex_);
         context_ = std::move(context);
+        ended_because_.clear();
       }
       stream = stub_->Connect(raw_context);
       read_ok = stream->Read(&first);
@@ -390,15 +401,17 @@ void CloudConnection::Run() {
             status.error_message().empty() ? "stream closed" : status.error_message()));
       } else if (!first.has_hello()) {
         failure = absl::InternalError("the cloud's first message was not a Hello");
-      } else if (absl::Status certificate = CheckCloudCertificate(*raw_context, name);
-                 !certificate.ok()) {
-        failure = certificate;
-      } else if (options_.check_hello) {
-        failure = options_.check_hello(first.hello());
-        // Named, so that of several clouds the one refused is known.
-        if (!failure.ok()) {
-          failure = absl::Status(failure.code(),
-                                 absl::StrCat("the cloud at ", name, ": ", failure.message()));
+      } else {
+        const std::shared_ptr<const grpc::AuthContext> auth = raw_context->auth_context();
+        certificate = auth != nullptr ? PeerCertificateId(*auth) : std::nullopt;
+        failure = CheckCloudCertificate(certificate, revoked_.get(), name);
+        if (failure.ok() && options_.check_hello) {
+          failure = options_.check_hello(first.hello());
+          // Named, so that of several clouds the one refused is known.
+          if (!failure.ok()) {
+            failure = absl::Status(failure.code(),
+                                   absl::StrCat("the cloud at ", name, ": ", failure.message()));
+          }
         }
       }
     }
@@ -426,6 +439,8 @@ void CloudConnection::Run() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stream_ = std::move(stream);
+      stream_name_ = name;
+      stream_certificate_ = std::move(certificate);
       hello_ = first.hello();
       load_ = first.hello().load();
       placed_since_report_ = 0;
@@ -473,9 +488,11 @@ void CloudConnection::Run() {
       }
       status = done->Finish();
       std::lock_guard<std::mutex> lock(mutex_);
-      last_error_ = absl::StrCat("stream ", epoch, " ended: ",
-                                 status.error_message().empty() ? "closed by the cloud"
-                                                                : status.error_message());
+      last_error_ =
+          absl::StrCat("stream ", epoch, " ended: ",
+                       !ended_because_.empty()          ? ended_because_
+                       : status.error_message().empty() ? std::string("closed by the cloud")
+                                                        : status.error_message());
       context_.reset();
     }
     spdlog::warn("cloud: {}", last_error_);

@@ -173,6 +173,12 @@ class CloudConnection {
   // A request was placed here; counts until the cloud's next load report.
   void CountPlacement();
 
+  // Ends the open stream when `revoked` lists the certificate its cloud presented (the
+  // agent's reload of cloud_tls.crl_file): its requests replay elsewhere or wait, and the
+  // reader thread, which reads the CRL file again before it reconnects, refuses the cloud
+  // until a CRL no longer lists it. Returns the refusal when it ended one.
+  std::optional<std::string> EndStreamIfRevoked(const RevokedCertificates& revoked);
+
  private:
   void Run();
   void Broadcast(MailboxEvent event);
@@ -181,10 +187,11 @@ class CloudConnection {
   void Route(v1::CloudMessage message, uint64_t epoch);
   // Runs `deliver` now, or when the message would arrive over the emulated downlink.
   void Downlink(size_t bytes, std::function<void()> deliver);
-  // Whether the cloud's certificate (the stream's peer) is one revoked_ lists: the refusal
-  // naming it, else OK (also without CRLs, or over plaintext).
-  absl::Status CheckCloudCertificate(const grpc::ClientContext& context,
-                                     const std::string& name) const;
+  // Whether the cloud's certificate (the stream's peer; none over plaintext) is one `revoked`
+  // lists: the refusal naming it, else OK.
+  static absl::Status CheckCloudCertificate(const std::optional<CertificateId>& certificate,
+                                            const RevokedCertificates* revoked,
+                                            const std::string& name);
   // The sender thread: writes the outbox, urgent first, prompt chunks as the pacer allows.
   void SendLoop();
   // Drops what is queued for stream `epoch` (gone) and forgets its unacknowledged chunks.
@@ -214,6 +221,11 @@ class CloudConnection {
   uint64_t streams_opened_ = 0;
   std::string last_error_ = "not connected yet";
   bool stopping_ = false;
+  // The open stream's cloud: its name in errors and the certificate it presented (none
+  // over plaintext); why it was ended, when this side ended it ("": it was not).
+  std::string stream_name_;
+  std::optional<CertificateId> stream_certificate_;
+  std::string ended_because_;
 
   std::mutex write_mutex_;  // one writer at a time on the stream
   std::atomic<bool> connected_{false};

@@ -2652,8 +2652,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "An agent with a CRL refuses a cloud whose certificate it revokes, and takes the "
-    "cloud again once a CRL without it is in place",
+    "An agent with a CRL ends its stream to a cloud whose certificate a reload revokes, "
+    "refuses the cloud, and takes it again once a CRL without it is in place",
     "[serving]") {
   testing::TempDir dir;
   const fs::path certs = CertsWithCrl(dir.path());
@@ -2661,22 +2661,46 @@ TEST_CASE(
   CloudProcess cloud(dir.path(), {});
   AgentProcess agent(dir.path(), cloud.address(), 16, "reconnect:\n  max_backoff_s: 0.5\n", 0, "",
                      {}, {}, {}, (certs / "crl.pem").string());
-  // The cloud's certificate revoked (by its CA: the copy's), and the cloud restarted: the
-  // agent reads the CRL again before it reconnects, and refuses the cloud.
+  const auto serves = [&](int seed) {
+    auto generated = agent.client().Generate(IdsRequest(Tokenize(ToyPrompts(seed, 1)[0]), 8));
+    REQUIRE(generated.ok());
+    CHECK(generated->ok());
+  };
+  serves(3);
+  const auto reloads = [&](const std::string& result) {
+    return agent.Metric("tophat_config_reloads_total", "result=\"" + result + "\"");
+  };
+  // A file that is no CRL fails the reload, and the stream stays.
+  fs::copy_file(certs / "ca.crt", certs / "crl.pem.new");
+  fs::rename(certs / "crl.pem.new", certs / "crl.pem");
+  agent.process().Signal(SIGHUP);
+  REQUIRE(testing::WaitUntil([&] { return reloads("failed") == 1; }, 20s));
+  CHECK_THAT(
+      agent.process().Log(),
+      Catch::Contains("cloud_tls.crl_file: " + (certs / "crl.pem").string() + " holds no CRL"));
+  CHECK(agent.process().Log().find("stream ended") == std::string::npos);
+  fs::copy_file(dir.path() / "crl-none-revoked.pem", certs / "crl.pem",
+                fs::copy_options::overwrite_existing);
+  // The cloud's certificate revoked (by its CA: the copy's) and the agent reloaded: the open
+  // stream ends, and the agent refuses the cloud from then on (it reads the CRL again before
+  // every connection: the CRL it started with did not list the cloud).
   MakeCerts("--revoke " + certs.string() + " cloud");
-  cloud.process().Signal(SIGKILL);
-  REQUIRE(cloud.process().Wait(5s).has_value());
-  cloud.Start(dir.path());
-  const auto revoked_logged = [&] {
-    return agent.process().Log().find("presents a revoked certificate (serial ") !=
+  agent.process().Signal(SIGHUP);
+  REQUIRE(testing::WaitUntil([&] { return reloads("applied") == 1; }, 20s));
+  const auto refused_logged = [&] {
+    return agent.process().Log().find("cloud_tls.crl_file) (retrying with backoff)") !=
            std::string::npos;
   };
-  REQUIRE(testing::WaitUntil(revoked_logged, 20s));
+  REQUIRE(testing::WaitUntil(refused_logged, 20s));
   std::string log = agent.process().Log();
   INFO(log);
-  CHECK_THAT(log, Catch::Contains("PERMISSION_DENIED: the cloud at " + cloud.address() +
-                                  " presents a revoked certificate") &&
-                      Catch::Contains("issued by CN=tophat CA; cloud_tls.crl_file)"));
+  const std::string revoked = "PERMISSION_DENIED: the cloud at " + cloud.address() +
+                              " presents a revoked certificate (serial ";
+  CHECK_THAT(log, Catch::Contains("stream ended: " + revoked) &&
+                      Catch::Contains("1 stream(s) to clouds whose certificates "
+                                      "cloud_tls.crl_file revokes were ended") &&
+                      Catch::Contains(revoked) &&
+                      Catch::Contains("issued by CN=tophat CA; cloud_tls.crl_file) (retrying"));
   auto health = agent.client().Health();
   REQUIRE(health.ok());
   CHECK_FALSE(health->cloud_connected());
@@ -2684,8 +2708,7 @@ TEST_CASE(
   fs::copy_file(dir.path() / "crl-none-revoked.pem", certs / "crl.pem.new");
   fs::rename(certs / "crl.pem.new", certs / "crl.pem");
   REQUIRE(agent.WaitForCloud(true, 20s));
-  auto generated = agent.client().Generate(IdsRequest(Tokenize(ToyPrompts(3, 1)[0]), 8));
-  CHECK(generated.ok());
+  serves(4);
 }
 
 TEST_CASE("The metrics port's /devices names the devices holding the most KV", "[serving]") {
