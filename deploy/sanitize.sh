@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
-# The serving tests under AddressSanitizer + UBSan. Builds tophat-cloud, tophat-agent and
-# the serving test binary in the `fuzz` preset's tree (clang, ASan + UBSan: one
-# sanitized build, shared with the fuzz targets), then runs the serving cases against those
-# sanitized daemons on a toy model that an ordinary build trained (training it under ASan
-# would add minutes and test nothing the serving cases do not).
+# The serving tests under AddressSanitizer + UBSan, or ThreadSanitizer. Builds tophat-cloud,
+# tophat-agent and the serving test binary in the `fuzz` preset's tree (clang, ASan + UBSan:
+# one sanitized build, shared with the fuzz targets) or, with --sanitizer thread, the `tsan`
+# preset's (clang, TSan), then runs the serving cases against those sanitized daemons on a
+# toy model that an ordinary build trained (training it under a sanitizer would add minutes
+# and test nothing the serving cases do not).
 #
-#   bash deploy/sanitize.sh --toy-model DIR [--prebuilt] [--shard I/N] [CATCH_TEST_SPEC...]
+#   bash deploy/sanitize.sh --toy-model DIR [--sanitizer address|thread] [--prebuilt]
+#                           [--shard I/N] [CATCH_TEST_SPEC...]
+#   bash deploy/sanitize.sh --sanitizer address|thread --build-only
 #
-# Any of the specs runs. --prebuilt runs what build/fuzz already holds (deploy/fuzz-tree.sh
-# built it) instead of building it first. --shard I/N runs the I-th of N shares of the cases
-# (runs of consecutive cases in Catch's order), so that N runs side by side cover each case
-# once: the test suite runs two.
+# Any of the specs runs. --prebuilt runs what the tree already holds (deploy/fuzz-tree.sh
+# builds build/fuzz; --build-only builds either tree and runs nothing) instead of building
+# it first. --shard I/N runs the I-th of N shares of the cases (runs of consecutive cases in
+# Catch's order), so that N runs side by side cover each case once: the test suite runs two
+# under ASan, one under TSan.
+#
+# Under TSan, gRPC's and protobuf's own synchronization is invisible (Debian built them
+# without it): deploy/tsan-suppressions.txt says what that leaves out, and
+# base/thread_sanitizer.h annotates the orderings gRPC gives tophat's own code.
 #
 # The default spec is "[serving]~[timing]~[numerics]~[memory]~[cli]": the [timing] cases
 # estimate link and compute rates from real transfers and need release-speed daemons, the
@@ -26,25 +34,37 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 toy_model=""
+sanitizer=address
 prebuilt=0
+build_only=0
 shard=1
 shards=1
 specs=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --toy-model) toy_model="$2"; shift 2 ;;
+    --sanitizer)
+      case "$2" in
+        address|thread) sanitizer="$2" ;;
+        *) echo "sanitize: --sanitizer $2: expected address or thread" >&2; exit 2 ;;
+      esac
+      shift 2 ;;
     --prebuilt) prebuilt=1; shift ;;
+    --build-only) build_only=1; shift ;;
     --shard)
       if ! [[ "$2" =~ ^([0-9]+)/([0-9]+)$ ]] || [ "${BASH_REMATCH[1]}" -lt 1 ] ||
          [ "${BASH_REMATCH[1]}" -gt "${BASH_REMATCH[2]}" ]; then
         echo "sanitize: --shard $2: expected I/N with 1 <= I <= N" >&2; exit 2
       fi
       shard=${BASH_REMATCH[1]}; shards=${BASH_REMATCH[2]}; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) specs+=("$1"); shift ;;
   esac
 done
-if [ -z "$toy_model" ] || [ ! -f "$toy_model/config.json" ]; then
+if [ "$build_only" = 1 ] && [ "$prebuilt" = 1 ]; then
+  echo "sanitize: --build-only and --prebuilt exclude each other" >&2; exit 2
+fi
+if [ "$build_only" = 0 ] && { [ -z "$toy_model" ] || [ ! -f "$toy_model/config.json" ]; }; then
   echo "sanitize: --toy-model DIR must name a trained toy model (tophat toy-model --out DIR)" >&2
   exit 2
 fi
@@ -55,24 +75,33 @@ if ! command -v clang++ >/dev/null 2>&1; then
 fi
 
 started=$(date +%s)
-binary=build/fuzz/tests/tophat_serving_test
+# The build preset, its tree and the log names: the fuzz tree is ASan's.
+preset=fuzz
+logs=sanitize
+if [ "$sanitizer" = thread ]; then preset=tsan; logs=tsan; fi
+binary=build/$preset/tests/tophat_serving_test
 if [ "$prebuilt" = 1 ]; then
-  for f in "$binary" build/fuzz/bin/tophat-cloud build/fuzz/bin/tophat-agent; do
+  for f in "$binary" build/$preset/bin/tophat-cloud build/$preset/bin/tophat-agent; do
     [ -x "$f" ] || { echo "sanitize: --prebuilt, but $f is not built" \
-                          "(bash deploy/fuzz-tree.sh builds it)" >&2; exit 1; }
+                          "(without --prebuilt this script builds it)" >&2; exit 1; }
   done
 else
   source deploy/logged.sh
-  logged build/sanitize-configure.log "sanitize: configuring" cmake --preset fuzz
-  logged build/sanitize-build.log "sanitize: the build" cmake --build --preset fuzz -j "$(nproc)" \
-    --target tophat-cloud tophat-agent tophat_serving_test
-  echo "sanitize: built in $(( $(date +%s) - started )) s (log: build/sanitize-build.log)"
+  logged build/$logs-configure.log "sanitize: configuring" cmake --preset $preset
+  logged build/$logs-build.log "sanitize: the build" cmake --build --preset $preset \
+    -j "$(nproc)" --target tophat-cloud tophat-agent tophat_serving_test
+  echo "sanitize: built in $(( $(date +%s) - started )) s (log: build/$logs-build.log)"
 fi
+if [ "$build_only" = 1 ]; then exit 0; fi
 
 reports="$(mktemp -d)"
 trap 'rm -rf "$reports"' EXIT
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:symbolize=1:log_path=$reports/asan"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$reports/ubsan"
+# Every report, not only the first of each process (halt_on_error=0): a run names all it
+# found. ignore_noninstrumented_modules: the memory functions Debian's uninstrumented
+# libraries call (gRPC's, OpenMP's) are theirs, not tophat's.
+export TSAN_OPTIONS="halt_on_error=0:second_deadlock_stack=1:ignore_noninstrumented_modules=1:suppressions=$PWD/deploy/tsan-suppressions.txt:log_path=$reports/tsan"
 export TOPHAT_TOY_MODEL_DIR="$toy_model"
 status=0
 spec="$(IFS=,; echo "${specs[*]}")"

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/memory_release.h"
+#include "base/thread_sanitizer.h"
 #include "proto/channel_security.h"
 #include "proto/grpc_status.h"
 #include "proto/session_of.h"
@@ -147,6 +148,23 @@ absl::Status OpenStreams::Still(const PresentedCredentials& presented, const std
 
 namespace {
 
+// The address through which alarm callbacks are ordered after their Set, for TSan only.
+[[maybe_unused]] char alarm_hand_off;
+
+// Runs `on_fire` on a gRPC thread once `after` has passed, unless the alarm is cancelled or
+// destroyed first. gRPC orders the callback after Set by synchronization TSan does not see
+// (base/thread_sanitizer.h): what the callback captured was written before the release.
+void SetAlarm(grpc::Alarm& alarm, std::chrono::nanoseconds after, std::function<void()> on_fire) {
+  std::function<void(bool)> callback = [on_fire = std::move(on_fire)](bool fired) {
+    TOPHAT_TSAN_ACQUIRE(&alarm_hand_off);
+    if (fired) on_fire();
+  };
+  TOPHAT_TSAN_RELEASE(&alarm_hand_off);
+  alarm.Set(std::chrono::system_clock::now() +
+                std::chrono::duration_cast<std::chrono::system_clock::duration>(after),
+            std::move(callback));
+}
+
 class ConnectReactor;
 
 // Shared by the reactor and the engine: the engine may outlive the call (it learns of the
@@ -216,6 +234,9 @@ class StreamChannel final : public MessageSink,
   bool OverBoundLocked(double fraction) const;
   // While congested: after limits.unread_stream_timeout_s, a stream that took nothing is ended.
   void ArmStallCheckLocked();
+  std::chrono::milliseconds UnreadTimeout() const {
+    return std::chrono::milliseconds(static_cast<int64_t>(options_.unread_timeout_s * 1000));
+  }
   void OnStallCheck(int64_t writes_at_arm);
   // The pacer's wait is over: read again unless backpressure still holds the stream.
   void OnPaced();
@@ -304,6 +325,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, gr
       spdlog::warn("stream from {} refused by the config reloaded as it connected: {}",
                    context_->peer(), std::string(still.message()));
       detached_ = true;  // never attached
+      TOPHAT_TSAN_RELEASE(this);  // constructed before any reaction
       channel_->Finish(still);
       return;
     }
@@ -311,10 +333,13 @@ class ConnectReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, gr
                  device_.empty() ? std::string("no device identity: plaintext")
                                  : "device " + device_);
     engine_->AttachStream(stream_, channel_, device_);
-    StartRead(&incoming_bytes_);
+    TOPHAT_TSAN_RELEASE(this);  // constructed before any reaction
+    Read();
   }
 
   void OnReadDone(bool ok) override {
+    TOPHAT_TSAN_ACQUIRE(this);
+    TOPHAT_TSAN_ACQUIRE(&incoming_bytes_);  // filled for the Read() that led here
     if (!ok) {
       // The agent half-closed or the call broke: its sessions are over.
       Detach();
@@ -353,20 +378,26 @@ class ConnectReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, gr
     const int64_t bytes = IntakeBytes(incoming_);
     engine_->Deliver(stream_, std::move(incoming_));
     incoming_.Clear();
-    if (channel_->OnReadQueued(bytes)) StartRead(&incoming_bytes_);
+    if (channel_->OnReadQueued(bytes)) Read();
   }
 
-  void ResumeRead() { StartRead(&incoming_bytes_); }
+  void ResumeRead() { Read(); }
   void Cancel() { context_->TryCancel(); }
 
-  void OnWriteDone(bool ok) override { channel_->OnWriteDone(ok); }
+  void OnWriteDone(bool ok) override {
+    TOPHAT_TSAN_ACQUIRE(this);
+    channel_->OnWriteDone(ok);
+  }
 
   void OnCancel() override {
+    TOPHAT_TSAN_ACQUIRE(this);
     Detach();
     channel_->Finish(absl::CancelledError("the call was cancelled"));
   }
 
   void OnDone() override {
+    TOPHAT_TSAN_ACQUIRE(this);
+    TOPHAT_TSAN_ACQUIRE(&incoming_bytes_);  // after the last read's reaction
     Detach();
     channel_->Detach();
     open_->Unregister(stream_);
@@ -380,6 +411,11 @@ class ConnectReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, gr
  private:
   void Detach() {
     if (!detached_.exchange(true)) engine_->DetachStream(stream_);
+  }
+  // The next message into incoming_bytes_; OnReadDone follows, maybe on another thread.
+  void Read() {
+    TOPHAT_TSAN_RELEASE(&incoming_bytes_);
+    StartRead(&incoming_bytes_);
   }
 
   Engine* engine_;
@@ -466,13 +502,9 @@ void StreamChannel::ArmStallCheckLocked() {
   // The previous alarm may be the one whose callback is running; gRPC keeps its own
   // reference to a firing alarm, so replacing ours here is safe.
   stall_alarm_ = std::make_unique<grpc::Alarm>();
-  stall_alarm_->Set(std::chrono::system_clock::now() +
-                        std::chrono::milliseconds(
-                            static_cast<int64_t>(options_.unread_timeout_s * 1000)),
-                    [weak, writes_at_arm](bool fired) {
-                      if (!fired) return;
-                      if (auto channel = weak.lock()) channel->OnStallCheck(writes_at_arm);
-                    });
+  SetAlarm(*stall_alarm_, UnreadTimeout(), [weak, writes_at_arm] {
+    if (auto channel = weak.lock()) channel->OnStallCheck(writes_at_arm);
+  });
 }
 
 void StreamChannel::OnStallCheck(int64_t writes_at_arm) {
@@ -533,13 +565,9 @@ void StreamChannel::EndLocked(grpc::Status status) {
   if (writing_) {
     // The status can only follow the message being written, which the agent is not taking.
     std::weak_ptr<StreamChannel> weak = weak_from_this();
-    cancel_alarm_.Set(std::chrono::system_clock::now() +
-                          std::chrono::milliseconds(
-                              static_cast<int64_t>(options_.unread_timeout_s * 1000)),
-                      [weak](bool fired) {
-                        if (!fired) return;
-                        if (auto channel = weak.lock()) channel->CancelCall();
-                      });
+    SetAlarm(cancel_alarm_, UnreadTimeout(), [weak] {
+      if (auto channel = weak.lock()) channel->CancelCall();
+    });
   }
 }
 
@@ -647,12 +675,9 @@ bool StreamChannel::OnReadQueued(int64_t bytes) {
     if (options_.metrics != nullptr) options_.metrics->reads_paced.Increment();
     std::weak_ptr<StreamChannel> weak = weak_from_this();
     pace_alarm_ = std::make_unique<grpc::Alarm>();
-    pace_alarm_->Set(std::chrono::system_clock::now() +
-                         std::chrono::duration_cast<std::chrono::system_clock::duration>(wait),
-                     [weak](bool fired) {
-                       if (!fired) return;
-                       if (auto channel = weak.lock()) channel->OnPaced();
-                     });
+    SetAlarm(*pace_alarm_, wait, [weak] {
+      if (auto channel = weak.lock()) channel->OnPaced();
+    });
     return false;
   }
   return true;
@@ -720,19 +745,12 @@ void StreamChannel::ReleaseDeferredLocked() {
   if (deferred_.empty()) return;
   std::weak_ptr<StreamChannel> weak = weak_from_this();
   deferred_alarm_ = std::make_unique<grpc::Alarm>();
-  deferred_alarm_->Set(
-      std::chrono::system_clock::now() +
-          std::chrono::duration_cast<std::chrono::system_clock::duration>(
-              deferred_.front().release - now),
-      [weak](bool fired) {
-        if (!fired) return;
-        if (auto channel = weak.lock()) {
-          std::lock_guard<std::recursive_mutex> lock(channel->mutex_);
-          if (channel->reactor_ != nullptr && !channel->finishing_) {
-            channel->ReleaseDeferredLocked();
-          }
-        }
-      });
+  SetAlarm(*deferred_alarm_, deferred_.front().release - now, [weak] {
+    if (auto channel = weak.lock()) {
+      std::lock_guard<std::recursive_mutex> lock(channel->mutex_);
+      if (channel->reactor_ != nullptr && !channel->finishing_) channel->ReleaseDeferredLocked();
+    }
+  });
 }
 
 void StreamChannel::Detach() {

@@ -1720,7 +1720,10 @@ TEST_CASE("A device refused again and again is told at its refusal rate, without
   CHECK(seconds > 4.5);
   // The admitted session's chunk was computed and answered while most refusals were held.
   CHECK(refusals_before_result < kRefused / 2);
-  CHECK(cloud.Metric("tophat_session_refusals_paced_total") >= kRefused - 11);
+  // All but the burst's 10, and the few tokens the bucket refills while the cloud reads and
+  // refuses that burst (one per tenth of a second: one on a release cloud; 2 were seen under
+  // ThreadSanitizer, whose cloud is several times slower), waited for the pacer.
+  CHECK(cloud.Metric("tophat_session_refusals_paced_total") >= kRefused - 15);
   CHECK(cloud.process().running());
 }
 
