@@ -1136,6 +1136,10 @@ Agent::Agent(AgentConfig config, DeviceBundle bundle,
         .crl_file = config_.cloud_tls.crl_file,
         .ca_file = config_.cloud_tls.ca_file,
         .revoked = cloud_revoked,
+        .on_revocation_lists_read =
+            [this](const RevokedCertificates& revoked) {
+              if (metrics_ != nullptr) metrics_->cloud_crl.Report(&revoked);
+            },
         .initial_backoff_s = config_.reconnect.initial_backoff_s,
         .max_backoff_s = config_.reconnect.max_backoff_s,
         .keepalive_s = config_.reconnect.keepalive_s,
@@ -1469,6 +1473,7 @@ int Agent::CancelCaller(const std::string& caller) {
 absl::StatusOr<int> Agent::EndStreamsToRevokedClouds() {
   if (config_.cloud_tls.crl_file.empty()) return 0;
   TOPHAT_ASSIGN_OR_RETURN(RevokedCertificates revoked, LoadCloudRevocationLists(config_.cloud_tls));
+  if (metrics_ != nullptr) metrics_->cloud_crl.Report(&revoked);
   int ended = 0;
   for (const std::unique_ptr<CloudConnection>& cloud : clouds_) {
     if (std::optional<std::string> refusal = cloud->EndStreamIfRevoked(revoked)) {

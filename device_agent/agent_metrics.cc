@@ -49,6 +49,7 @@ AgentMetrics::AgentMetrics(prometheus::Registry& registry)
                                "1 while the agent holds a stream to the cloud")),
       cloud_reconnects(AddCounter(registry, "tophat_cloud_reconnects_total",
                                   "Cloud streams re-established after a loss")),
+      cloud_crl(registry, "cloud_tls.crl_file"),
       cloud_target_up_family(prometheus::BuildGauge()
                                  .Name("tophat_cloud_target_up")
                                  .Help("1 while the agent holds a stream to this cloud")

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <string>
 
+#include "proto/revocation_metrics.h"
+
 namespace tophat {
 
 struct AgentMetrics {
@@ -33,6 +35,8 @@ struct AgentMetrics {
   prometheus::Counter& grammar_bounds_met;
   prometheus::Gauge& cloud_connected;
   prometheus::Counter& cloud_reconnects;
+  // cloud_tls.crl_file as last read (before each connection, at each reload).
+  RevocationListMetrics cloud_crl;
   // Per cloud target (agent.yaml cloud_addresses, or the one cloud_address), labelled
   // cloud="host:port".
   struct CloudTarget {

@@ -381,6 +381,7 @@ void CloudConnection::Run() {
                                            options_.ca_file, "cloud_tls.ca_file");
         if (revoked.ok()) {
           revoked_ = std::make_shared<const RevokedCertificates>(*std::move(revoked));
+          if (options_.on_revocation_lists_read) options_.on_revocation_lists_read(*revoked_);
         } else {
           spdlog::warn("cloud {}: {}; checking against the CRLs read before", name,
                        std::string(revoked.status().message()));

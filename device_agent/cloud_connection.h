@@ -82,6 +82,8 @@ struct CloudConnectionOptions {
   std::string crl_file;
   std::string ca_file;
   std::shared_ptr<const RevokedCertificates> revoked;  // as read at start-up
+  // Called (on the reader thread) with the CRLs each time crl_file was read again.
+  std::function<void(const RevokedCertificates&)> on_revocation_lists_read;
   double initial_backoff_s = 0.1;
   double max_backoff_s = 2.0;
   double keepalive_s = 10;  // HTTP/2 ping interval on the link (0: none)

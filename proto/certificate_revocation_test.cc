@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "base/test_util.h"
 #include "proto/openssl_util.h"
+#include "proto/revocation_metrics.h"
 
 namespace tophat {
 namespace {
@@ -226,6 +227,33 @@ TEST_CASE("CRL files that must not be trusted or cannot be read are refused, nam
 TEST_CASE("A certificate's id is read from PEM, and junk is refused", "[tls]") {
   CHECK_FALSE(CertificateIdOfPem("-----BEGIN CERTIFICATE-----\nnot base64\n").ok());
   CHECK_FALSE(CertificateIdOfPem("").ok());
+}
+
+TEST_CASE("The CRL gauges say what the CRLs last read revoke, and 0 without any", "[tls]") {
+  prometheus::Registry registry;
+  RevocationListMetrics metrics(registry, "cloud_tls.crl_file");
+  const auto gauge = [&](const std::string& name) {
+    for (const prometheus::MetricFamily& family : registry.Collect()) {
+      if (family.name != name) continue;
+      CHECK_THAT(family.help, Catch::Contains("cloud_tls.crl_file"));
+      return family.metric.at(0).gauge.value;
+    }
+    return -1.0;
+  };
+  CHECK(gauge("tophat_crl_revoked_certificates") == 0);
+  CHECK(gauge("tophat_crl_next_update_timestamp_seconds") == 0);
+  RevokedCertificates revoked;
+  revoked.crls = 2;
+  revoked.certificates = 3;
+  revoked.next_update_s = 1'800'000'000;
+  metrics.Report(&revoked);
+  CHECK(gauge("tophat_crl_revoked_certificates") == 3);
+  CHECK(gauge("tophat_crl_next_update_timestamp_seconds") == 1'800'000'000);
+  revoked.next_update_s.reset();  // a CRL without nextUpdate: none due
+  metrics.Report(&revoked);
+  CHECK(gauge("tophat_crl_next_update_timestamp_seconds") == 0);
+  metrics.Report(nullptr);
+  CHECK(gauge("tophat_crl_revoked_certificates") == 0);
 }
 
 }  // namespace

@@ -80,12 +80,7 @@ CloudMetrics::CloudMetrics(prometheus::Registry& registry)
                                  "Open streams ended because a reloaded config no longer "
                                  "admits their device (tls.device_tokens, tls.revoked_devices, "
                                  "tls.crl_file)")),
-      crl_revoked_certificates(AddGauge(registry, "tophat_crl_revoked_certificates",
-                                        "Certificates the CRLs of tls.crl_file revoke, as last "
-                                        "loaded")),
-      crl_next_update(AddGauge(registry, "tophat_crl_next_update_timestamp_seconds",
-                               "Earliest nextUpdate of the CRLs of tls.crl_file, seconds since "
-                               "1970 (0: no CRL); past it, revocations since are unknown")),
+      crl(registry, "tls.crl_file"),
       streams_congested(AddCounter(registry, "tophat_streams_congested_total",
                                    "Times a stream's unread results passed its bound, pausing "
                                    "its work until the agent read them")),

@@ -3,16 +3,17 @@
 // positions: it never sees token ids.
 #pragma once
 
-#include <memory>
-#include <string>
-
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
-
-#include <vector>
 #include <prometheus/registry.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "proto/revocation_metrics.h"
 
 namespace tophat {
 
@@ -51,10 +52,8 @@ struct CloudMetrics {
   prometheus::Counter& streams_not_reading;
   // Open streams ended because a reloaded config no longer admits their device.
   prometheus::Counter& streams_revoked;
-  // tls.crl_file as last loaded: the certificates it revokes, and the earliest nextUpdate of
-  // its CRLs (seconds since 1970; 0 without a CRL). Past it, revocations since are unknown.
-  prometheus::Gauge& crl_revoked_certificates;
-  prometheus::Gauge& crl_next_update;
+  // tls.crl_file as last loaded.
+  RevocationListMetrics crl;
   // Times a stream's unread results passed its bound and the engine paused its work.
   prometheus::Counter& streams_congested;
   // Reads of a stream held back by limits.max_messages_per_second_per_device.

@@ -850,12 +850,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* CloudServiceImpl::C
 
 void CloudServiceImpl::ReportAccess(const DeviceAccess& access) {
   if (options_.metrics == nullptr) return;
-  const RevokedCertificates* revoked = access.revoked_certificates.get();
-  options_.metrics->crl_revoked_certificates.Set(
-      revoked != nullptr ? static_cast<double>(revoked->certificates) : 0);
-  options_.metrics->crl_next_update.Set(revoked != nullptr && revoked->next_update_s
-                                            ? static_cast<double>(*revoked->next_update_s)
-                                            : 0);
+  options_.metrics->crl.Report(access.revoked_certificates.get());
 }
 
 int CloudServiceImpl::UpdateAccess(DeviceAccess access) {

@@ -2670,6 +2670,10 @@ TEST_CASE(
     CHECK(generated->ok());
   };
   serves(3);
+  // What the CRL revokes and when it is due, on the agent's metrics port.
+  CHECK(agent.Metric("tophat_crl_revoked_certificates") == 0);
+  const double in_30_days = static_cast<double>(absl::ToUnixSeconds(absl::Now()) + 30 * 86400);
+  CHECK(std::abs(agent.Metric("tophat_crl_next_update_timestamp_seconds") - in_30_days) < 600);
   const auto reloads = [&](const std::string& result) {
     return agent.Metric("tophat_config_reloads_total", "result=\"" + result + "\"");
   };
@@ -2707,11 +2711,13 @@ TEST_CASE(
   auto health = agent.client().Health();
   REQUIRE(health.ok());
   CHECK_FALSE(health->cloud_connected());
+  CHECK(agent.Metric("tophat_crl_revoked_certificates") == 1);
   // A CRL that no longer lists it (here: the one from before): the next attempt connects.
   fs::copy_file(dir.path() / "crl-none-revoked.pem", certs / "crl.pem.new");
   fs::rename(certs / "crl.pem.new", certs / "crl.pem");
   REQUIRE(agent.WaitForCloud(true, 20s));
   serves(4);
+  CHECK(agent.Metric("tophat_crl_revoked_certificates") == 0);  // read before that connection
 }
 
 TEST_CASE("The metrics port's /devices names the devices holding the most KV", "[serving]") {
