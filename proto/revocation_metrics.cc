@@ -1,17 +1,8 @@
 #include "proto/revocation_metrics.h"
 
-#include <prometheus/family.h>
+#include "telemetry/metric_builders.h"
 
 namespace tophat {
-
-namespace {
-
-prometheus::Gauge& AddGauge(prometheus::Registry& registry, const std::string& name,
-                            const std::string& help) {
-  return prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add({});
-}
-
-}  // namespace
 
 RevocationListMetrics::RevocationListMetrics(prometheus::Registry& registry, const std::string& key)
     : revoked_certificates_(
