@@ -310,6 +310,7 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
                      Bound::kPositive);
   reader.ReadInt("openai.max_stored_response_bytes", &config.openai.max_stored_response_bytes,
                  Bound::kNonNegative);
+  reader.ReadString("openai.store_dir", &config.openai.store_dir);
   reader.ReadString("metrics_address", &config.metrics_address);
   reader.ReadString("log_level", &config.log_level);
 
@@ -320,10 +321,10 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
       });
   TOPHAT_RETURN_IF_ERROR(reader.Finish());
   config.bundle = ResolveConfigPath(config.bundle, reader.source_name());
-  for (std::string* path :
-       {&config.cloud_tls.certificate_file, &config.cloud_tls.private_key_file,
-        &config.cloud_tls.ca_file, &config.cloud_tls.token_file, &config.cloud_tls.crl_file,
-        &config.app_tls.certificate_file, &config.app_tls.private_key_file}) {
+  for (std::string* path : {&config.cloud_tls.certificate_file, &config.cloud_tls.private_key_file,
+                            &config.cloud_tls.ca_file, &config.cloud_tls.token_file,
+                            &config.cloud_tls.crl_file, &config.app_tls.certificate_file,
+                            &config.app_tls.private_key_file, &config.openai.store_dir}) {
     if (!path->empty()) *path = ResolveConfigPath(*path, reader.source_name());
   }
   return config;

@@ -187,6 +187,9 @@ struct AgentConfig {
     double request_deadline_s = 10;
     // Bytes of /v1/responses answers kept for later turns (OpenAiServerOptions).
     int64_t max_stored_response_bytes = 64 << 20;
+    // Where kept responses and conversations are also written, so that a restart keeps
+    // them (OpenAiServerOptions); "": memory only.
+    std::string store_dir;
     bool operator==(const OpenAi&) const = default;
   } openai;
   std::string metrics_address = "127.0.0.1:9200";  // empty disables

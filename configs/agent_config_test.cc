@@ -80,6 +80,7 @@ openai:
   model_name: my-model
   request_deadline_s: 3
   max_stored_response_bytes: 1024
+  store_dir: /var/lib/tophat-agent/openai
 metrics_address: ""
 log_level: trace
 )",
@@ -128,6 +129,7 @@ log_level: trace
   CHECK(config->openai.model_name == "my-model");
   CHECK(config->openai.request_deadline_s == 3);
   CHECK(config->openai.max_stored_response_bytes == 1024);
+  CHECK(config->openai.store_dir == "/var/lib/tophat-agent/openai");
   CHECK(config->metrics_address.empty());
   CHECK(config->log_level == "trace");
   CHECK(ValidateAgentConfig(*config).ok());
@@ -270,15 +272,18 @@ TEST_CASE("Agent config cross-checks backoff and the default generation length")
 TEST_CASE("A relative agent bundle is resolved against the config file's directory") {
   testing::TempDir dir;
   const std::filesystem::path file = dir.path() / "agent.yaml";
-  testing::WriteBytes(file, "bundle: ./bundles/./device/\ncloud_tls:\n  certificate_file: "
-                            "tls/device.crt\n  private_key_file: tls/device.key\n  ca_file: "
-                            "/etc/ca.crt\n");
+  testing::WriteBytes(file,
+                      "bundle: ./bundles/./device/\ncloud_tls:\n  certificate_file: "
+                      "tls/device.crt\n  private_key_file: tls/device.key\n  ca_file: "
+                      "/etc/ca.crt\nopenai:\n  store_dir: state/openai\n");
   absl::StatusOr<AgentConfig> config = LoadAgentConfig(file);
   REQUIRE(config.ok());
   CHECK(config->bundle == (dir.path() / "bundles" / "device" / "").string());
   // So are the TLS files.
   CHECK(config->cloud_tls.certificate_file == (dir.path() / "tls" / "device.crt").string());
   CHECK(config->cloud_tls.ca_file == "/etc/ca.crt");
+  // And the kept responses' folder.
+  CHECK(config->openai.store_dir == (dir.path() / "state" / "openai").string());
   CHECK(ValidateAgentConfig(*config).ok());  // existence is the bundle loader's business
 }
 

@@ -68,6 +68,10 @@ TEST_CASE("The templates set every key to its default") {
   CHECK_FALSE(agent->cloud_tls.insecure);
   CHECK(agent->cloud_tls.server_name.empty());
   agent_defaults.cloud_tls = agent->cloud_tls;
+  // The installed agent's state folder (the unit's StateDirectory); memory only by default.
+  CHECK(agent->openai.store_dir == "/var/lib/tophat-agent/openai");
+  CHECK(agent_defaults.openai.store_dir.empty());
+  agent_defaults.openai.store_dir = agent->openai.store_dir;
   CHECK(*agent == agent_defaults);
 }
 

@@ -252,6 +252,7 @@ int Run(const tophat::AgentConfig& config, const std::map<std::string, std::stri
                        .max_body_bytes = 2 * config.max_prompt_bytes + (64 << 10),
                        .request_deadline_s = config.openai.request_deadline_s,
                        .max_stored_response_bytes = config.openai.max_stored_response_bytes,
+                       .store_dir = config.openai.store_dir,
                        .registry = registry.get()});
     if (!started.ok()) return Fail(started.status());
     openai = *std::move(started);

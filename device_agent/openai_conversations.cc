@@ -1,5 +1,7 @@
 #include "device_agent/openai_conversations.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -185,6 +187,48 @@ std::optional<Json> ConversationStore::DeleteItem(const std::string& id, const s
   const Json object = Object(id, *conversation);
   kept_.Resize(id, BytesOf(id, app, *conversation));
   return object;
+}
+
+Json ConversationStore::Encode(const Conversation& conversation) {
+  return {{"created_at", conversation.created_at},
+          {"metadata", conversation.metadata},
+          {"items", conversation.items}};
+}
+
+absl::StatusOr<ConversationStore::Conversation> ConversationStore::Decode(const Json& value) {
+  // Written by Encode; anything else is a file changed by hand or by a later format.
+  if (!value.is_object() || !value.contains("created_at") ||
+      !value["created_at"].is_number_integer() || !value.contains("metadata") ||
+      !value.contains("items") || !value["items"].is_array()) {
+    return absl::DataLossError(
+        "not a kept conversation: \"created_at\", \"metadata\" or \"items\" missing");
+  }
+  Conversation conversation{.created_at = value["created_at"].get<int64_t>(),
+                            .metadata = value["metadata"]};
+  for (size_t i = 0; i < value["items"].size(); ++i) {
+    const Json& item = value["items"][i];
+    if (!item.is_object() || !item.contains("id") || !item["id"].is_string()) {
+      return absl::DataLossError(absl::StrCat("items[", i, "] is not an item with an id"));
+    }
+    conversation.items.push_back(item);
+  }
+  return conversation;
+}
+
+RestoredObjects ConversationStore::KeepIn(KeptFiles files) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::string> set_aside =
+      kept_.KeepIn(std::move(files), &ConversationStore::Decode, &ConversationStore::BytesOf,
+                   &ConversationStore::Encode, [](const absl::Status& status) {
+                     spdlog::warn("openai: a kept conversation's file: {} (kept in memory only)",
+                                  std::string(status.message()));
+                   });
+  return {.kept = kept_.size(), .set_aside = std::move(set_aside)};
+}
+
+int64_t ConversationStore::file_errors() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return kept_.file_errors();
 }
 
 size_t ConversationStore::size() const {

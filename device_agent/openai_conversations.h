@@ -1,9 +1,9 @@
 // OpenAI's Conversations API (/v1/conversations) on the agent's endpoint: conversations the
 // agent keeps as Responses items, whose items a response made with `conversation` reads before
-// its input, and to which it adds its input and its output once it completes. Kept in the
-// agent's memory only (text never leaves the device; a restart forgets them), each visible to
-// the app that made it alone, bounded by bytes. The request bodies are read here too. Pure:
-// no I/O, no model.
+// its input, and to which it adds its input and its output once it completes. Kept on the
+// device only (text never leaves it), in the agent's memory and, with KeepIn, in files that
+// the next process takes back (openai.store_dir); each visible to the app that made it alone,
+// bounded by bytes. The request bodies are read here too. No model.
 #pragma once
 
 #include <cstdint>
@@ -66,10 +66,17 @@ class ConversationStore {
   std::optional<Json> DeleteItem(const std::string& id, const std::string& app,
                                  const std::string& item_id);
 
+  // From now on keeps each conversation in `files` too, and takes back those they hold, the
+  // least recently written first (so that the bound, if lowered since, forgets the oldest).
+  // Call before serving.
+  RestoredObjects KeepIn(KeptFiles files);
+
   size_t size() const;
   int64_t bytes() const;
   // Conversations forgotten for the bound since the start.
   int64_t forgotten() const;
+  // Files that could not be written or removed since KeepIn (each logged).
+  int64_t file_errors() const;
 
  private:
   struct Conversation {
@@ -78,6 +85,8 @@ class ConversationStore {
     std::vector<Json> items;
   };
   static Json Object(const std::string& id, const Conversation& conversation);
+  static Json Encode(const Conversation& conversation);
+  static absl::StatusOr<Conversation> Decode(const Json& value);
   static int64_t BytesOf(const std::string& id, const std::string& app,
                          const Conversation& conversation);
 

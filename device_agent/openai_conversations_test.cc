@@ -1,9 +1,12 @@
 #include "device_agent/openai_conversations.h"
 
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <set>
 #include <string>
 #include <vector>
+
+#include "base/test_util.h"
 
 namespace tophat {
 namespace {
@@ -131,6 +134,56 @@ TEST_CASE("The conversation store keeps each app's conversations apart, within i
   CHECK(store.Delete((*third)["id"], "app1"));
   CHECK(store.size() == 0);
   CHECK(store.bytes() == 0);
+}
+
+TEST_CASE("Kept conversations outlive the store in their files, each change written") {
+  testing::TempDir temp;
+  const auto open = [&] {
+    absl::StatusOr<KeptFiles> files = KeptFiles::Open(temp.path());
+    REQUIRE(files.ok());
+    return *std::move(files);
+  };
+  const auto item = [](const std::string& text) {
+    return Json{{"id", NewItemId("msg")},
+                {"type", "message"},
+                {"status", "completed"},
+                {"role", "user"},
+                {"content", Json::array({{{"type", "input_text"}, {"text", text}}})}};
+  };
+  std::string id, gone, emptied;
+  std::vector<Json> items;
+  {
+    ConversationStore store(/*max_bytes=*/1 << 20);
+    CHECK(store.KeepIn(open()).kept == 0);
+    id = (*store.Create("app1", 1700000000, Json{{"k", "v"}}, {item("a")}))["id"];
+    const Json second = item("b");
+    REQUIRE(store.Append(id, "app1", {second, item("c")}));
+    REQUIRE(store.DeleteItem(id, "app1", second["id"]).has_value());
+    REQUIRE(store.SetMetadata(id, "app1", Json{{"topic", "farms"}}).has_value());
+    items = *store.Items(id, "app1");
+    gone = (*store.Create("app1", 1, Json::object(), {}))["id"];
+    REQUIRE(store.Delete(gone, "app1"));
+    emptied = (*store.Create("app2", 2, Json::object(), {item("z")}))["id"];
+    CHECK(store.file_errors() == 0);
+  }
+  CHECK_FALSE(std::filesystem::exists(temp.path() / (gone + ".json")));
+  ConversationStore next(/*max_bytes=*/1 << 20);
+  const RestoredObjects restored = next.KeepIn(open());
+  CHECK(restored.kept == 2);
+  CHECK(restored.set_aside.empty());
+  std::optional<Json> object = next.Get(id, "app1");
+  REQUIRE(object.has_value());
+  CHECK((*object)["created_at"] == 1700000000);
+  CHECK((*object)["metadata"] == Json{{"topic", "farms"}});
+  REQUIRE(items.size() == 2);
+  CHECK(next.Items(id, "app1") == items);
+  CHECK_FALSE(next.Get(id, "app2").has_value());  // still the app's own
+  CHECK(next.Items(emptied, "app2")->size() == 1);
+  // Changes after the restore are written too.
+  REQUIRE(next.Append(emptied, "app2", {item("y")}));
+  ConversationStore third(/*max_bytes=*/1 << 20);
+  third.KeepIn(open());
+  CHECK(third.Items(emptied, "app2")->size() == 2);
 }
 
 }  // namespace

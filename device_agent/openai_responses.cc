@@ -1,5 +1,7 @@
 #include "device_agent/openai_responses.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <random>
 #include <utility>
@@ -316,13 +318,124 @@ int64_t ResponseEventLog::bytes() const {
   return bytes_;
 }
 
-void ResponseStore::Put(const std::string& id, const std::string& app, Stored stored) {
+int64_t ResponseStore::BytesOf(const std::string& id, const std::string& app,
+                               const Stored& stored) {
   int64_t bytes =
       static_cast<int64_t>(sizeof(Stored) + id.size() + app.size() + stored.response.dump().size());
   for (const ChatMessage& message : stored.conversation) bytes += MessageBytes(message);
   if (stored.events) bytes += stored.events->bytes();
+  return bytes;
+}
+
+void ResponseStore::Put(const std::string& id, const std::string& app, Stored stored) {
+  const int64_t bytes = BytesOf(id, app, stored);
   std::lock_guard<std::mutex> lock(mutex_);
   kept_.Put(id, app, std::move(stored), bytes);
+}
+
+Json ResponseStore::Encode(const Stored& stored) {
+  Json conversation = Json::array();
+  for (const ChatMessage& message : stored.conversation) {
+    Json calls = Json::array();
+    for (const ToolCall& call : message.tool_calls) {
+      calls.push_back({{"id", call.id}, {"name", call.name}, {"arguments", call.arguments}});
+    }
+    conversation.push_back({{"role", message.role},
+                            {"content", message.content},
+                            {"tool_calls", std::move(calls)},
+                            {"tool_call_id", message.tool_call_id}});
+  }
+  Json events = nullptr;
+  if (stored.events) {
+    // Kept when it ends (and when it starts, still open: a crash then leaves it open).
+    ResponseEventLog::Read read = stored.events->From(0, std::chrono::milliseconds(0));
+    events = {{"events", std::move(read.events)}, {"closed", read.ended}};
+  }
+  return {{"conversation", std::move(conversation)},
+          {"response", stored.response},
+          {"events", std::move(events)}};
+}
+
+absl::StatusOr<ResponseStore::Stored> ResponseStore::Decode(const Json& value) {
+  // Written by Encode; anything else is a file changed by hand or by a later format.
+  auto text = [](const Json& object, const char* key) -> std::optional<std::string> {
+    const auto found = object.find(key);
+    if (found == object.end() || !found->is_string()) return std::nullopt;
+    return found->get<std::string>();
+  };
+  if (!value.is_object() || !value.contains("conversation") || !value["conversation"].is_array() ||
+      !value.contains("response") || !value["response"].is_object()) {
+    return absl::DataLossError("not a kept response: \"conversation\" or \"response\" missing");
+  }
+  Stored stored{.response = value["response"]};
+  for (size_t i = 0; i < value["conversation"].size(); ++i) {
+    const Json& entry = value["conversation"][i];
+    const auto role = entry.is_object() ? text(entry, "role") : std::nullopt;
+    const auto content = entry.is_object() ? text(entry, "content") : std::nullopt;
+    const auto tool_call_id = entry.is_object() ? text(entry, "tool_call_id") : std::nullopt;
+    if (!role || !content || !tool_call_id || !entry.contains("tool_calls") ||
+        !entry["tool_calls"].is_array()) {
+      return absl::DataLossError(absl::StrCat("conversation[", i, "] is not a message"));
+    }
+    ChatMessage message{.role = *role, .content = *content, .tool_call_id = *tool_call_id};
+    for (const Json& call : entry["tool_calls"]) {
+      const auto id = call.is_object() ? text(call, "id") : std::nullopt;
+      const auto name = call.is_object() ? text(call, "name") : std::nullopt;
+      const auto arguments = call.is_object() ? text(call, "arguments") : std::nullopt;
+      if (!id || !name || !arguments) {
+        return absl::DataLossError(absl::StrCat("conversation[", i, "].tool_calls: not a call"));
+      }
+      message.tool_calls.push_back({.id = *id, .name = *name, .arguments = *arguments});
+    }
+    stored.conversation.push_back(std::move(message));
+  }
+  // A response still generating when its file was last written belongs to a process that
+  // stopped without ending it (a stop that runs its course cancels them, and keeps them so):
+  // it fails, and a stream resumed from its events ends with the failure.
+  const std::string status = stored.response.value("status", "");
+  const bool unfinished = status == "in_progress" || status == "queued";
+  if (unfinished) {
+    stored.response["status"] = "failed";
+    stored.response["error"] = {
+        {"code", "server_error"},
+        {"message", "the agent stopped before this response finished; ask again"}};
+  }
+  if (value.contains("events") && !value["events"].is_null()) {
+    const Json& log = value["events"];
+    if (!log.is_object() || !log.contains("events") || !log["events"].is_array()) {
+      return absl::DataLossError("\"events\" is not a log of events");
+    }
+    std::vector<Json> events = log["events"].get<std::vector<Json>>();
+    if (unfinished) {
+      const int64_t last =
+          events.empty() ? -1 : events.back().value("sequence_number", int64_t{-1});
+      events.push_back({{"type", "response.failed"},
+                        {"sequence_number", last + 1},
+                        {"response", stored.response}});
+    }
+    auto restored = std::make_shared<ResponseEventLog>();
+    restored->Append(std::move(events));
+    // Nothing generates into it now.
+    restored->Close();
+    stored.events = std::move(restored);
+  }
+  return stored;
+}
+
+RestoredObjects ResponseStore::KeepIn(KeptFiles files) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::string> set_aside =
+      kept_.KeepIn(std::move(files), &ResponseStore::Decode, &ResponseStore::BytesOf,
+                   &ResponseStore::Encode, [](const absl::Status& status) {
+                     spdlog::warn("openai: a kept response's file: {} (kept in memory only)",
+                                  std::string(status.message()));
+                   });
+  return {.kept = kept_.size(), .set_aside = std::move(set_aside)};
+}
+
+int64_t ResponseStore::file_errors() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return kept_.file_errors();
 }
 
 std::optional<ResponseStore::Stored> ResponseStore::Find(const std::string& id,

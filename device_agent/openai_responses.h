@@ -1,7 +1,7 @@
 // OpenAI's Responses API (POST /v1/responses) on the agent's endpoint: the response object
 // and, for a stream, its events, built as an answer's text and calls come (ResponseBuilder);
 // and the responses kept for later turns (ResponseStore), which `previous_response_id` names.
-// The request is read by ParseResponsesRequest (openai_request.h). Pure: no I/O, no model.
+// The request is read by ParseResponsesRequest (openai_request.h). No model.
 #pragma once
 
 #include <chrono>
@@ -17,6 +17,8 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "device_agent/kept_files.h"
 #include "device_agent/lru_byte_store.h"
 #include "models/tokenizers/chat_template.h"
 
@@ -141,9 +143,10 @@ class ResponseEventLog {
   int64_t bytes_ = 0;
 };
 
-// Responses kept for later turns, in the agent's memory only (text never leaves the device;
-// a restart forgets them), each visible to the app that made it alone. Bounded by bytes:
-// past `max_bytes`, the least recently used go first. Thread-safe.
+// Responses kept for later turns, on the device only (text never leaves it), in the agent's
+// memory and, with KeepIn, in files that the next process takes back (openai.store_dir); each
+// visible to the app that made it alone. Bounded by bytes: past `max_bytes`, the least
+// recently used go first. Thread-safe.
 class ResponseStore {
  public:
   struct Stored {
@@ -162,13 +165,27 @@ class ResponseStore {
   std::optional<Stored> Find(const std::string& id, const std::string& app);
   bool Delete(const std::string& id, const std::string& app);
 
+  // From now on keeps each response in `files` too, and takes back those they hold, the
+  // least recently written first (so that the bound, if lowered since, forgets the oldest).
+  // A response its process left generating comes back failed. Call before serving.
+  RestoredObjects KeepIn(KeptFiles files);
+
   int64_t bytes() const;
   size_t size() const;
   // Responses forgotten for the bound (the least recently used, or one larger than it all),
   // since the start: a later turn naming one is refused.
   int64_t forgotten() const;
+  // Files that could not be written or removed since KeepIn (each logged); the responses
+  // stay in memory.
+  int64_t file_errors() const;
+
+  // A kept response as its file holds it, and back; Decode's errors say what is wrong.
+  static nlohmann::ordered_json Encode(const Stored& stored);
+  static absl::StatusOr<Stored> Decode(const nlohmann::ordered_json& value);
 
  private:
+  static int64_t BytesOf(const std::string& id, const std::string& app, const Stored& stored);
+
   mutable std::mutex mutex_;
   LruByteStore<Stored> kept_;
 };

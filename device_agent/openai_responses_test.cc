@@ -1,11 +1,13 @@
 #include "device_agent/openai_responses.h"
 
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/test_util.h"
 #include "device_agent/openai_request.h"
 
 namespace tophat {
@@ -486,6 +488,135 @@ TEST_CASE("A background stream's event log is followed as it grows and resumed a
   store.Put("resp_1", "", {.response = Json{{"id", "resp_1"}}, .events = shared});
   CHECK(store.size() == 0);
   CHECK(store.forgotten() == 1);
+}
+
+KeptFiles OpenKept(const std::filesystem::path& dir) {
+  absl::StatusOr<KeptFiles> files = KeptFiles::Open(dir);
+  REQUIRE(files.ok());
+  return *std::move(files);
+}
+
+TEST_CASE("Kept responses outlive the store in their files: conversation, calls and events") {
+  testing::TempDir temp;
+  ResponseBuilder builder("resp_done", 1700000000, "toy", Json{{"background", true}});
+  auto log = std::make_shared<ResponseEventLog>();
+  log->Append(builder.Start());
+  log->Append(builder.Text("the cat", Json::array()));
+  const std::vector<ToolCall> calls = {{.name = "weather", .arguments = R"({"city":"Oslo"})"}};
+  log->Append(builder.Finish("", calls, /*cut_short=*/false, ResponsesUsage(3, 1, 2)));
+  log->Close();
+  const std::vector<ChatMessage> conversation = {
+      {.role = "user", .content = "the old farmer"},
+      builder.answer(),
+      {.role = "tool", .content = "{\"sky\": \"grey\"}", .tool_call_id = "call_1"}};
+  {
+    ResponseStore store(/*max_bytes=*/1 << 20);
+    CHECK(store.KeepIn(OpenKept(temp.path())).kept == 0);
+    store.Put("resp_done", "app1",
+              {.conversation = conversation, .response = builder.response(), .events = log});
+    store.Put("resp_gone", "app1", {.response = Json{{"id", "resp_gone"}}});
+    CHECK(store.Delete("resp_gone", "app1"));
+    CHECK(store.file_errors() == 0);
+  }
+  CHECK_FALSE(std::filesystem::exists(temp.path() / "resp_gone.json"));
+  ResponseStore next(/*max_bytes=*/1 << 20);
+  const RestoredObjects restored = next.KeepIn(OpenKept(temp.path()));
+  CHECK(restored.kept == 1);
+  CHECK(restored.set_aside.empty());
+  CHECK_FALSE(next.Find("resp_done", "app2").has_value());  // still the app's own
+  std::optional<ResponseStore::Stored> found = next.Find("resp_done", "app1");
+  REQUIRE(found.has_value());
+  CHECK(found->response == builder.response());
+  CHECK(found->response["status"] == "completed");
+  REQUIRE(found->conversation.size() == 3);
+  CHECK(found->conversation[0].role == "user");
+  CHECK(found->conversation[0].content == "the old farmer");
+  REQUIRE(found->conversation[1].tool_calls.size() == 1);
+  CHECK(found->conversation[1].tool_calls[0].name == "weather");
+  CHECK(found->conversation[1].tool_calls[0].id == builder.answer().tool_calls[0].id);
+  CHECK(found->conversation[1].tool_calls[0].arguments == R"({"city":"Oslo"})");
+  CHECK(found->conversation[2].tool_call_id == "call_1");
+  REQUIRE(found->events != nullptr);
+  const ResponseEventLog::Read events = found->events->From(0, std::chrono::milliseconds(0));
+  CHECK(events.ended);
+  CHECK(events.events == log->From(0, std::chrono::milliseconds(0)).events);
+  CHECK(next.bytes() > 0);
+}
+
+TEST_CASE("A kept response its process left generating comes back failed") {
+  testing::TempDir temp;
+  ResponseBuilder builder("resp_cut", 1700000000, "toy", Json{{"background", true}});
+  auto log = std::make_shared<ResponseEventLog>();
+  log->Append(builder.Start());
+  log->Append(builder.Text("the", Json::array()));
+  {
+    ResponseStore store(/*max_bytes=*/1 << 20);
+    store.KeepIn(OpenKept(temp.path()));
+    // As a background response is kept when it starts; the process then ends without a stop.
+    store.Put("resp_cut", "", {.response = builder.response(), .events = log});
+    store.Put("resp_plain", "", {.response = Json{{"id", "resp_plain"}, {"status", "queued"}}});
+  }
+  ResponseStore next(/*max_bytes=*/1 << 20);
+  CHECK(next.KeepIn(OpenKept(temp.path())).kept == 2);
+  for (const char* id : {"resp_cut", "resp_plain"}) {
+    std::optional<ResponseStore::Stored> found = next.Find(id, "");
+    REQUIRE(found.has_value());
+    CHECK(found->response["status"] == "failed");
+    CHECK(found->response["error"]["code"] == "server_error");
+    CHECK_THAT(found->response["error"]["message"].get<std::string>(),
+               Catch::Contains("the agent stopped before this response finished"));
+  }
+  // A stream resumed from its events ends with the failure, numbered after the last.
+  const ResponseEventLog::Read events =
+      next.Find("resp_cut", "")->events->From(0, std::chrono::milliseconds(0));
+  CHECK(events.ended);
+  REQUIRE(events.events.size() == 6);
+  CHECK(events.events[5]["type"] == "response.failed");
+  CHECK(events.events[5]["sequence_number"] == 5);
+  CHECK(events.events[5]["response"]["status"] == "failed");
+}
+
+TEST_CASE(
+    "Kept responses' files follow the bound: forgotten ones go, a lower bound keeps the "
+    "newest") {
+  testing::TempDir temp;
+  const auto stored = [](char c) {
+    return ResponseStore::Stored{
+        .conversation = {{.role = "user", .content = std::string(1000, c)}},
+        .response = Json{{"id", std::string(1, c)}, {"status", "completed"}}};
+  };
+  {
+    ResponseStore store(/*max_bytes=*/5000);
+    store.KeepIn(OpenKept(temp.path()));
+    for (char c : {'a', 'b', 'c', 'd', 'e'}) {
+      store.Put(std::string("resp_") + c, "", stored(c));
+      // Written in this order, whatever the clock's resolution.
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    CHECK(store.forgotten() >= 1);
+    CHECK_FALSE(std::filesystem::exists(temp.path() / "resp_a.json"));
+    CHECK(std::filesystem::exists(temp.path() / "resp_e.json"));
+    CHECK(store.size() < 5);
+  }
+  // A later process with a lower bound takes back the most recently written, and removes the
+  // files of those it cannot hold.
+  ResponseStore next(/*max_bytes=*/2500);
+  CHECK(next.KeepIn(OpenKept(temp.path())).kept == 2);
+  CHECK(next.Find("resp_e", "").has_value());
+  CHECK(next.Find("resp_d", "").has_value());
+  CHECK_FALSE(next.Find("resp_c", "").has_value());
+  CHECK_FALSE(std::filesystem::exists(temp.path() / "resp_c.json"));
+  CHECK_FALSE(std::filesystem::exists(temp.path() / "resp_b.json"));
+  // A file it cannot read as a response is set aside, and named.
+  testing::WriteBytes(temp.path() / "resp_odd.json",
+                      R"({"format": "tophat-kept-object/1", "id": "resp_odd", "app": "",
+                          "value": {"conversation": [{"role": "user"}], "response": {}}})");
+  ResponseStore third(/*max_bytes=*/2500);
+  const RestoredObjects restored = third.KeepIn(OpenKept(temp.path()));
+  REQUIRE(restored.set_aside.size() == 1);
+  CHECK_THAT(restored.set_aside[0],
+             Catch::Contains("resp_odd.json: conversation[0] is not a message (moved to"));
+  CHECK(restored.kept == 2);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -613,6 +614,33 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
   server->responses_ = std::make_unique<ResponseStore>(server->options_.max_stored_response_bytes);
   server->conversations_ =
       std::make_unique<ConversationStore>(server->options_.max_stored_response_bytes);
+  if (!server->options_.store_dir.empty()) {
+    // What the last process kept, taken back before the first request.
+    const std::filesystem::path dir = server->options_.store_dir;
+    auto response_files = KeptFiles::Open(dir / "responses");
+    if (!response_files.ok()) {
+      return absl::Status(response_files.status().code(),
+                          absl::StrCat("openai.store_dir: ", response_files.status().message()));
+    }
+    auto conversation_files = KeptFiles::Open(dir / "conversations");
+    if (!conversation_files.ok()) {
+      return absl::Status(
+          conversation_files.status().code(),
+          absl::StrCat("openai.store_dir: ", conversation_files.status().message()));
+    }
+    const RestoredObjects responses = server->responses_->KeepIn(*std::move(response_files));
+    const RestoredObjects conversations =
+        server->conversations_->KeepIn(*std::move(conversation_files));
+    for (const auto* restored : {&responses, &conversations}) {
+      for (const std::string& why : restored->set_aside) {
+        spdlog::warn("openai: openai.store_dir: cannot read back {}", why);
+      }
+      server->store_files_set_aside_ += static_cast<int64_t>(restored->set_aside.size());
+    }
+    spdlog::info("openai: took back {} kept responses and {} conversations ({} bytes) from {}",
+                 responses.kept, conversations.kept,
+                 server->responses_->bytes() + server->conversations_->bytes(), dir.string());
+  }
   if (prometheus::Registry* registry = server->options_.registry) {
     server->store_metrics_ = std::make_unique<StoreMetrics>(StoreMetrics{
         .responses = AddGauge(*registry, "tophat_openai_stored_responses",
@@ -625,7 +653,13 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
                                 "recently used first); a later turn naming one is refused"),
         .conversations = AddGauge(*registry, "tophat_openai_conversations",
                                   "/v1/conversations kept (each bounded with the others by "
-                                  "openai.max_stored_response_bytes)")});
+                                  "openai.max_stored_response_bytes)"),
+        .file_errors = AddCounter(
+            *registry, "tophat_openai_store_file_errors_total",
+            "Kept responses' and conversations' files (openai.store_dir) that could not be "
+            "written or removed (the object stays in memory), or read back at start (set "
+            "aside as FILE.unreadable)")});
+    server->StoreChanged();
     server->background_->gauge =
         &AddGauge(*registry, "tophat_openai_background_responses",
                   "/v1/responses answers generating in the background (background: true) now");
@@ -700,6 +734,9 @@ void OpenAiServer::StoreChanged() {
   const double forgotten = static_cast<double>(responses_->forgotten());
   store_metrics_->forgotten.Increment(forgotten - store_metrics_->forgotten.Value());
   store_metrics_->conversations.Set(static_cast<double>(conversations_->size()));
+  const double file_errors = static_cast<double>(
+      store_files_set_aside_ + responses_->file_errors() + conversations_->file_errors());
+  store_metrics_->file_errors.Increment(file_errors - store_metrics_->file_errors.Value());
 }
 
 OpenAiServer::~OpenAiServer() {
@@ -1580,6 +1617,7 @@ void OpenAiServer::Route() {
                   }
                   std::optional<Json> updated =
                       conversations_->SetMetadata(id, caller, std::get<Json>(std::move(metadata)));
+                  StoreChanged();
                   if (!updated) return SendError(res, ConversationNotFound(id));
                   send_json(res, *updated);
                 }));

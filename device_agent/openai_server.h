@@ -78,6 +78,10 @@ struct OpenAiServerOptions {
   // with their conversations; the least recently used are forgotten past it. 0 keeps none
   // (openai.max_stored_response_bytes).
   int64_t max_stored_response_bytes = 64 << 20;
+  // A folder the kept responses and conversations are also written to, one file each, so
+  // that the next process takes them back (made 0700 when missing); "": memory only
+  // (openai.store_dir).
+  std::string store_dir;
   // Where the kept responses' gauges go (tophat_openai_stored_responses, ..._bytes and
   // ..._forgotten_total); null: none.
   prometheus::Registry* registry = nullptr;
@@ -124,7 +128,10 @@ class OpenAiServer {
     prometheus::Gauge& bytes;
     prometheus::Counter& forgotten;
     prometheus::Gauge& conversations;
+    prometheus::Counter& file_errors;
   };
+  // Files of openai.store_dir that could not be read back at start.
+  int64_t store_files_set_aside_ = 0;
   std::unique_ptr<StoreMetrics> store_metrics_;
   // Sets store_metrics_ from responses_, after a change.
   void StoreChanged();

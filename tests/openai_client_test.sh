@@ -52,6 +52,7 @@ max_prompt_bytes: 64KiB
 openai:
   address: "127.0.0.1:$openai_port"
   request_deadline_s: 3
+  store_dir: store
 EOF
 
 pids=()
@@ -193,6 +194,12 @@ PY
     fi
   fi
 fi
+# Kept responses and conversations outlive the agent (openai.store_dir, relative to the
+# config): turns kept now are read back after the stop below (tests/openai_restart_test.py).
+if [ "$status" -eq 0 ]; then
+  "$python" "$here/openai_restart_test.py" keep "http://127.0.0.1:$openai_port/v1" \
+    "$work/run/kept.json" || status=$?
+fi
 # An agent stopped while a background response runs cancels it and stops cleanly (its thread
 # joined before the server it uses is gone): exit status 0, and the log says so. 900 tokens
 # take the toy pipeline far longer than the signal takes to arrive (the first response's
@@ -253,6 +260,45 @@ if [ "$status" -eq 0 ]; then
     echo "the agent stopped cleanly with background responses running, one followed" \
          "(cancelled; its stream ended after $(grep -c output_text.delta \
          "$work/followed.txt") deltas)"
+  fi
+fi
+# The agent started again on the same config takes back what it kept: its log says how
+# many, the folder is the agent's alone. A background response running when the agent is
+# killed (no stop to cancel it) comes back failed after the next start.
+start_agent() {
+  "$bin_dir/tophat-agent" --config "$work/run/agent.yaml" >>"$work/run/agent.log" 2>&1 &
+  pids[1]=$!
+  for _ in $(seq 1 600); do
+    curl -sf "http://127.0.0.1:$openai_port/health" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "FAIL: the agent restarted on the same config never became healthy"
+  return 1
+}
+response_id() { "$python" -c 'import json, sys; print(json.load(sys.stdin)["id"])'; }
+if [ "$status" -eq 0 ]; then
+  start_agent || status=1
+fi
+if [ "$status" -eq 0 ]; then
+  mode=$(stat -c %a "$work/run/store")
+  if [ "$mode" != 700 ] ||
+     ! grep -Eq "took back [1-9][0-9]* kept responses and [1-9][0-9]* conversations" "$work/run/agent.log"; then
+    echo "FAIL: the restarted agent's store: folder mode $mode, log:"
+    grep "openai" "$work/run/agent.log" | tail -5; status=1
+  fi
+fi
+if [ "$status" -eq 0 ]; then
+  killed_id=$(curl -sf "http://127.0.0.1:$openai_port/v1/responses" \
+                   -H 'Content-Type: application/json' \
+                   -d "{\"model\": \"$model_id\", \"input\": \"the old farmer\",
+                        \"background\": true, \"max_output_tokens\": 900,
+                        \"ignore_eos\": true}" | response_id) || status=$?
+  kill -KILL "${pids[1]}"; wait "${pids[1]}" 2>/dev/null || true
+  if [ "$status" -eq 0 ]; then start_agent || status=1; fi
+  if [ "$status" -eq 0 ]; then
+    "$python" "$here/openai_restart_test.py" check "http://127.0.0.1:$openai_port/v1" \
+      "$work/run/kept.json" "http://127.0.0.1:$agent_metrics/metrics" \
+      "$(printf '%s' "$started" | response_id)" "$killed_id" || status=$?
   fi
 fi
 if [ "$status" -ne 0 ]; then
