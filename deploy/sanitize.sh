@@ -9,7 +9,13 @@
 #   bash deploy/sanitize.sh --toy-model DIR [--sanitizer address|thread] [--prebuilt]
 #                           [--shard I/N] [CATCH_TEST_SPEC...]
 #   bash deploy/sanitize.sh --sanitizer address|thread --build-only
+#   bash deploy/sanitize.sh --sanitizer address|thread --unit [--prebuilt]
 #
+# --unit runs the tree's unit tests (ctest -L unit; the tree builds them as target
+# tophat_unit_tests) instead of the serving cases, with the same report checks, less
+# machine_bounds_test, which compares its instrumented reference loop with LibTorch's
+# uninstrumented kernels and so measures the sanitizer. The TSan tree always builds the unit
+# tests: the suite runs them there (tsan_unit).
 # Any of the specs runs. --prebuilt runs what the tree already holds (deploy/fuzz-tree.sh
 # builds build/fuzz; --build-only builds either tree and runs nothing) instead of building
 # it first. --shard I/N runs the I-th of N shares of the cases (runs of consecutive cases in
@@ -37,6 +43,7 @@ toy_model=""
 sanitizer=address
 prebuilt=0
 build_only=0
+unit=0
 shard=1
 shards=1
 specs=()
@@ -51,20 +58,25 @@ while [ $# -gt 0 ]; do
       shift 2 ;;
     --prebuilt) prebuilt=1; shift ;;
     --build-only) build_only=1; shift ;;
+    --unit) unit=1; shift ;;
     --shard)
       if ! [[ "$2" =~ ^([0-9]+)/([0-9]+)$ ]] || [ "${BASH_REMATCH[1]}" -lt 1 ] ||
          [ "${BASH_REMATCH[1]}" -gt "${BASH_REMATCH[2]}" ]; then
         echo "sanitize: --shard $2: expected I/N with 1 <= I <= N" >&2; exit 2
       fi
       shard=${BASH_REMATCH[1]}; shards=${BASH_REMATCH[2]}; shift 2 ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     *) specs+=("$1"); shift ;;
   esac
 done
 if [ "$build_only" = 1 ] && [ "$prebuilt" = 1 ]; then
   echo "sanitize: --build-only and --prebuilt exclude each other" >&2; exit 2
 fi
-if [ "$build_only" = 0 ] && { [ -z "$toy_model" ] || [ ! -f "$toy_model/config.json" ]; }; then
+if [ "$unit" = 1 ] && { [ "$build_only" = 1 ] || [ ${#specs[@]} -gt 0 ] || [ "$shards" != 1 ]; }; then
+  echo "sanitize: --unit runs the whole unit suite: no --build-only, --shard or specs" >&2; exit 2
+fi
+if [ "$build_only" = 0 ] && [ "$unit" = 0 ] &&
+   { [ -z "$toy_model" ] || [ ! -f "$toy_model/config.json" ]; }; then
   echo "sanitize: --toy-model DIR must name a trained toy model (tophat toy-model --out DIR)" >&2
   exit 2
 fi
@@ -80,8 +92,12 @@ preset=fuzz
 logs=sanitize
 if [ "$sanitizer" = thread ]; then preset=tsan; logs=tsan; fi
 binary=build/$preset/tests/tophat_serving_test
+targets=(tophat-cloud tophat-agent tophat_serving_test)
+if [ "$sanitizer" = thread ] || [ "$unit" = 1 ]; then targets+=(tophat_unit_tests); fi
+needed=("$binary" build/$preset/bin/tophat-cloud build/$preset/bin/tophat-agent)
+if [ "$unit" = 1 ]; then needed=(build/$preset/device_agent/tophat_speculative_decoder_test); fi
 if [ "$prebuilt" = 1 ]; then
-  for f in "$binary" build/$preset/bin/tophat-cloud build/$preset/bin/tophat-agent; do
+  for f in "${needed[@]}"; do
     [ -x "$f" ] || { echo "sanitize: --prebuilt, but $f is not built" \
                           "(without --prebuilt this script builds it)" >&2; exit 1; }
   done
@@ -89,7 +105,7 @@ else
   source deploy/logged.sh
   logged build/$logs-configure.log "sanitize: configuring" cmake --preset $preset
   logged build/$logs-build.log "sanitize: the build" cmake --build --preset $preset \
-    -j "$(nproc)" --target tophat-cloud tophat-agent tophat_serving_test
+    -j "$(nproc)" --target "${targets[@]}"
   echo "sanitize: built in $(( $(date +%s) - started )) s (log: build/$logs-build.log)"
 fi
 if [ "$build_only" = 1 ]; then exit 0; fi
@@ -104,39 +120,45 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$reports/ubsan
 export TSAN_OPTIONS="halt_on_error=0:second_deadlock_stack=1:ignore_noninstrumented_modules=1:suppressions=$PWD/deploy/tsan-suppressions.txt:log_path=$reports/tsan"
 export TOPHAT_TOY_MODEL_DIR="$toy_model"
 status=0
-spec="$(IFS=,; echo "${specs[*]}")"
-# The names of the cases a spec matches, one a line (Catch's exit status is their count).
-list_cases() { "$binary" --list-test-names-only "$@" | grep . || true; }
-left_out=$(list_cases '[timing],[numerics],[memory],[cli]' | wc -l)
-if [ "$shards" = 1 ]; then
-  echo "sanitize: running ${specs[*]} (left out here: $left_out [timing], [numerics]," \
-       "[memory] and [cli] cases)"
-  # -w NoTests: a spec that matches nothing fails instead of passing with nothing run.
-  # Several specs are one Catch spec joined by commas (separate arguments would have to match
-  # at once).
-  "$binary" -w NoTests "$spec" || status=$?
+if [ "$unit" = 1 ]; then
+  echo "sanitize: running the unit tests of build/$preset (left out: machine_bounds_test)"
+  ctest --test-dir "build/$preset" -L unit -E '^tophat_model_bench_test/machine_bounds_test$' \
+    -j "$(nproc)" --output-on-failure --no-tests=error || status=$?
 else
-  # This share's cases by name, one a line for Catch's --input-file, with the characters its
-  # test specs give a meaning (a comma separates specs even inside the quotes it adds)
-  # escaped: the share-th of `shards` runs of consecutive cases in Catch's order.
-  all="$reports/all-cases"
-  names="$reports/share-cases"
-  list_cases "$spec" >"$all"
-  awk -v i="$shard" -v n="$shards" -v total="$(wc -l <"$all")" \
-    'NR > int((i - 1) * total / n) && NR <= int(i * total / n)' "$all" |
-    sed -e 's/[][\\,*~"]/\\&/g' >"$names"
-  count=$(wc -l <"$names")
-  echo "sanitize: running share $shard of $shards of ${specs[*]}: $count of $(wc -l <"$all")" \
-       "cases (left out here: $left_out [timing], [numerics], [memory] and [cli] cases)"
-  # An empty list would be no spec at all, which runs every case; and every name must match
-  # its case, or a case would be left out unseen.
-  matched=$(list_cases -f "$names" | wc -l)
-  if [ "$count" = 0 ] || [ "$matched" != "$count" ]; then
-    echo "sanitize: share $shard of $shards names $count cases and matches $matched" >&2
-    exit 1
+  spec="$(IFS=,; echo "${specs[*]}")"
+  # The names of the cases a spec matches, one a line (Catch's exit status is their count).
+  list_cases() { "$binary" --list-test-names-only "$@" | grep . || true; }
+  left_out=$(list_cases '[timing],[numerics],[memory],[cli]' | wc -l)
+  if [ "$shards" = 1 ]; then
+    echo "sanitize: running ${specs[*]} (left out here: $left_out [timing], [numerics]," \
+         "[memory] and [cli] cases)"
+    # -w NoTests: a spec that matches nothing fails instead of passing with nothing run.
+    # Several specs are one Catch spec joined by commas (separate arguments would have to match
+    # at once).
+    "$binary" -w NoTests "$spec" || status=$?
+  else
+    # This share's cases by name, one a line for Catch's --input-file, with the characters its
+    # test specs give a meaning (a comma separates specs even inside the quotes it adds)
+    # escaped: the share-th of `shards` runs of consecutive cases in Catch's order.
+    all="$reports/all-cases"
+    names="$reports/share-cases"
+    list_cases "$spec" >"$all"
+    awk -v i="$shard" -v n="$shards" -v total="$(wc -l <"$all")" \
+      'NR > int((i - 1) * total / n) && NR <= int(i * total / n)' "$all" |
+      sed -e 's/[][\\,*~"]/\\&/g' >"$names"
+    count=$(wc -l <"$names")
+    echo "sanitize: running share $shard of $shards of ${specs[*]}: $count of $(wc -l <"$all")" \
+         "cases (left out here: $left_out [timing], [numerics], [memory] and [cli] cases)"
+    # An empty list would be no spec at all, which runs every case; and every name must match
+    # its case, or a case would be left out unseen.
+    matched=$(list_cases -f "$names" | wc -l)
+    if [ "$count" = 0 ] || [ "$matched" != "$count" ]; then
+      echo "sanitize: share $shard of $shards names $count cases and matches $matched" >&2
+      exit 1
+    fi
+    "$binary" -w NoTests -f "$names" || status=$?
+    rm -f "$all" "$names"
   fi
-  "$binary" -w NoTests -f "$names" || status=$?
-  rm -f "$all" "$names"
 fi
 if [ -n "$(ls -A "$reports")" ]; then
   for report in "$reports"/*; do
