@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -31,6 +32,7 @@
 #include "configs/yaml_reader.h"
 #include "device_agent/agent.h"
 #include "device_agent/agent_service.h"
+#include "device_agent/kept_files.h"
 #include "device_agent/openai_server.h"
 #include "models/runtime/compute_threads.h"
 #include "proto/certificate_expiry.h"
@@ -82,6 +84,19 @@ int CheckConfig(const tophat::AgentConfig& config, const std::string& config_pat
   std::printf("  app port: %s\n", config.app_tls.certificate_file.empty()
                                        ? "plaintext"
                                        : "TLS; certificate and key are a pair");
+  if (!config.openai.address.empty() && !config.openai.store_dir.empty()) {
+    const std::filesystem::path store = config.openai.store_dir;
+    std::string kept;
+    for (const char* kind : {"responses", "conversations"}) {
+      auto files = tophat::KeptFiles::Check(store / kind);
+      if (!files.ok()) {
+        return Fail(absl::Status(files.status().code(),
+                                 absl::StrCat("openai.store_dir: ", files.status().message())));
+      }
+      absl::StrAppend(&kept, kept.empty() ? "" : " and ", *files, " kept ", kind);
+    }
+    std::printf("  openai.store_dir: %s: %s (files), writable\n", store.c_str(), kept.c_str());
+  }
   const tophat::BundleManifest& manifest = bundle->manifest;
   std::printf("  bundle: %s: %s, layers [%lld, %lld) and [%lld, %lld) of %lld on %s, weights "
               "%s, %s, fingerprint %s\n",

@@ -115,6 +115,29 @@ absl::StatusOr<KeptFiles> KeptFiles::Open(fs::path dir) {
   return KeptFiles(std::move(dir));
 }
 
+absl::StatusOr<size_t> KeptFiles::Check(const fs::path& dir) {
+  std::error_code ec;
+  fs::path at = dir;
+  while (!at.empty() && !fs::exists(at, ec) && at != at.parent_path()) at = at.parent_path();
+  if (at.empty()) at = ".";
+  if (!fs::is_directory(at, ec)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir.string(),
+        at == dir ? ": not a folder" : absl::StrCat(": ", at.string(), " is not a folder")));
+  }
+  if (::access(at.c_str(), W_OK | X_OK) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir.string(), at == dir ? "" : absl::StrCat(": cannot make it in ", at.string()),
+        ": cannot write in it: ", ErrnoText(errno)));
+  }
+  if (at != dir) return 0;
+  size_t files = 0;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
+    if (EndsWith(entry.path().filename().string(), kSuffix)) ++files;
+  }
+  return files;
+}
+
 fs::path KeptFiles::FileOf(const std::string& id) const {
   return dir_ / (id + std::string(kSuffix));
 }

@@ -30,6 +30,9 @@ class KeptFiles {
 
   // Opens `dir`, making it (0700) with its parents when missing. Errors name the folder.
   static absl::StatusOr<KeptFiles> Open(std::filesystem::path dir);
+  // What Open would find, changing nothing (--check-config): the objects' files `dir` holds
+  // (0 when it is still to be made), or the error Open would give.
+  static absl::StatusOr<size_t> Check(const std::filesystem::path& dir);
 
   struct Object {
     std::string id;

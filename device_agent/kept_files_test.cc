@@ -128,6 +128,11 @@ TEST_CASE("A kept file that cannot be read back is set aside, named, and the res
 
 TEST_CASE("Kept files' folder must be one the agent can write in") {
   TempDir temp;
+  // Checked without a change: a folder to make counts no files, and is not made.
+  CHECK(KeptFiles::Check(temp.path() / "a" / "b").value() == 0);
+  CHECK_FALSE(fs::exists(temp.path() / "a"));
+  REQUIRE(KeptFiles::Open(temp.path() / "kept").value().Write("resp_1", "", 1).ok());
+  CHECK(KeptFiles::Check(temp.path() / "kept").value() == 1);
   WriteBytes(temp.path() / "file", "");
   absl::StatusOr<KeptFiles> not_folder = KeptFiles::Open(temp.path() / "file");
   CHECK(absl::IsFailedPrecondition(not_folder.status()));
@@ -135,12 +140,17 @@ TEST_CASE("Kept files' folder must be one the agent can write in") {
              Catch::Contains((temp.path() / "file").string()));
   absl::StatusOr<KeptFiles> under_file = KeptFiles::Open(temp.path() / "file" / "store");
   CHECK_THAT(std::string(under_file.status().message()), Catch::Contains("cannot make the folder"));
+  CHECK_THAT(std::string(KeptFiles::Check(temp.path() / "file" / "store").status().message()),
+             Catch::Contains((temp.path() / "file").string() + " is not a folder"));
+  CHECK(absl::IsFailedPrecondition(KeptFiles::Check(temp.path() / "file").status()));
   if (::geteuid() != 0) {
     // Root writes anywhere.
     fs::create_directory(temp.path() / "read-only");
     fs::permissions(temp.path() / "read-only", fs::perms::owner_read | fs::perms::owner_exec);
     absl::StatusOr<KeptFiles> read_only = KeptFiles::Open(temp.path() / "read-only");
     CHECK_THAT(std::string(read_only.status().message()), Catch::Contains("cannot write in it"));
+    CHECK_THAT(std::string(KeptFiles::Check(temp.path() / "read-only" / "x").status().message()),
+               Catch::Contains("cannot write in it"));
     fs::permissions(temp.path() / "read-only", fs::perms::owner_all);
   }
 }

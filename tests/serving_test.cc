@@ -1266,7 +1266,7 @@ TEST_CASE("tophat-agent --check-config checks a config as far as a start gets be
           "[serving]") {
   testing::TempDir dir;
   const auto check = [&](const fs::path& bundle, const std::string& name,
-                         const std::string& crl_file = "") {
+                         const std::string& crl_file = "", const std::string& extra = "") {
     const fs::path config = dir.path() / (name + ".yaml");
     const int port = testing::FreePort();
     std::ofstream(config) << "bundle: " << bundle.string()
@@ -1277,7 +1277,8 @@ TEST_CASE("tophat-agent --check-config checks a config as far as a start gets be
                           << "\n  ca_file: " << DeviceTls("device-1").ca_file
                           << (crl_file.empty() ? "" : "\n  crl_file: " + crl_file)
                           << "\nlisten_address: \"127.0.0.1:" << port
-                          << "\"\nmetrics_address: \"127.0.0.1:" << testing::FreePort() << "\"\n";
+                          << "\"\nmetrics_address: \"127.0.0.1:" << testing::FreePort() << "\"\n"
+                          << extra;
     auto [code, log] = CheckConfig("tophat-agent", config, dir.path() / (name + ".log"));
     return std::tuple<int, std::string, int>(code, std::move(log), port);
   };
@@ -1308,6 +1309,29 @@ TEST_CASE("tophat-agent --check-config checks a config as far as a start gets be
     CHECK(bad_code == 1);
     CHECK_THAT(bad_log, Catch::Contains("cloud_tls.crl_file: " + (certs / "ca.crt").string() +
                                         " holds no CRL"));
+  }
+  {
+    // The kept responses' folder: what a start would find there, made by the start, not the
+    // check; one under a file is what a start would fail on.
+    const auto openai = [&](const fs::path& store) {
+      return "openai:\n  address: \"127.0.0.1:" + std::to_string(testing::FreePort()) +
+             "\"\n  store_dir: " + store.string() + "\n";
+    };
+    auto [code, log, port] = check(Bundles() / "device", "store", "", openai(dir.path() / "kept"));
+    INFO(log);
+    CHECK(code == 0);
+    CHECK_THAT(log, Catch::Contains("openai.store_dir: " + (dir.path() / "kept").string() +
+                                    ": 0 kept responses and 0 kept conversations (files), "
+                                    "writable"));
+    CHECK_FALSE(fs::exists(dir.path() / "kept"));
+    std::ofstream(dir.path() / "a-file") << "";
+    auto [bad_code, bad_log, bad_port] =
+        check(Bundles() / "device", "store-under-file", "", openai(dir.path() / "a-file" / "kept"));
+    CHECK(bad_code == 1);
+    CHECK_THAT(bad_log,
+               Catch::Contains(
+                   "openai.store_dir: " + (dir.path() / "a-file" / "kept" / "responses").string() +
+                   ": " + (dir.path() / "a-file").string() + " is not a folder"));
   }
 }
 
