@@ -13,6 +13,15 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
+// A user's message as the store keeps it.
+Json UserItem(const std::string& text) {
+  return Json{{"id", NewItemId("msg")},
+              {"type", "message"},
+              {"status", "completed"},
+              {"role", "user"},
+              {"content", Json::array({{{"type", "input_text"}, {"text", text}}})}};
+}
+
 OpenAiError CreateError(const std::string& body) {
   auto parsed = ParseConversationCreate(body);
   REQUIRE(std::holds_alternative<OpenAiError>(parsed));
@@ -82,14 +91,7 @@ TEST_CASE("Conversation requests name the field they get wrong") {
 
 TEST_CASE("The conversation store keeps each app's conversations apart, within its bytes") {
   ConversationStore store(/*max_bytes=*/4000);
-  const auto item = [](const std::string& text) {
-    return Json{{"id", NewItemId("msg")},
-                {"type", "message"},
-                {"status", "completed"},
-                {"role", "user"},
-                {"content", Json::array({{{"type", "input_text"}, {"text", text}}})}};
-  };
-  std::optional<Json> created = store.Create("app1", 1700000000, Json{{"k", "v"}}, {item("a")});
+  std::optional<Json> created = store.Create("app1", 1700000000, Json{{"k", "v"}}, {UserItem("a")});
   REQUIRE(created.has_value());
   const std::string id = (*created)["id"];
   CHECK(id.starts_with("conv_"));
@@ -98,11 +100,11 @@ TEST_CASE("The conversation store keeps each app's conversations apart, within i
   CHECK(store.Get(id, "app1") == created);
   CHECK_FALSE(store.Get(id, "app2").has_value());  // another app's
   CHECK_FALSE(store.Items(id, "app2").has_value());
-  CHECK_FALSE(store.Append(id, "app2", {item("x")}));
+  CHECK_FALSE(store.Append(id, "app2", {UserItem("x")}));
   CHECK_FALSE(store.Delete(id, "app2"));
   // Items come in order; one is found and removed by its id.
-  const Json second = item("b");
-  CHECK(store.Append(id, "app1", {second, item("c")}));
+  const Json second = UserItem("b");
+  CHECK(store.Append(id, "app1", {second, UserItem("c")}));
   REQUIRE(store.Items(id, "app1")->size() == 3);
   CHECK(store.Items(id, "app1")->at(1) == second);
   CHECK(store.Item(id, "app1", second["id"]) == second);
@@ -115,22 +117,22 @@ TEST_CASE("The conversation store keeps each app's conversations apart, within i
   CHECK_FALSE(store.SetMetadata(id, "app2", Json::object()).has_value());
   // Past its bytes the least recently used goes: `id` was used last.
   std::optional<Json> other =
-      store.Create("app1", 1, Json::object(), {item(std::string(1900, 'o'))});
+      store.Create("app1", 1, Json::object(), {UserItem(std::string(1900, 'o'))});
   REQUIRE(other.has_value());
   CHECK(store.Get(id, "app1").has_value());
   std::optional<Json> third =
-      store.Create("app1", 1, Json::object(), {item(std::string(1900, 't'))});
+      store.Create("app1", 1, Json::object(), {UserItem(std::string(1900, 't'))});
   REQUIRE(third.has_value());
   CHECK_FALSE(store.Get((*other)["id"], "app1").has_value());
   CHECK(store.Get(id, "app1").has_value());
   CHECK(store.bytes() <= 4000);
   CHECK(store.forgotten() == 1);
   // Grown past the whole bound by an append, a conversation is forgotten, and says so.
-  CHECK_FALSE(store.Append(id, "app1", {item(std::string(5000, 'x'))}));
+  CHECK_FALSE(store.Append(id, "app1", {UserItem(std::string(5000, 'x'))}));
   CHECK_FALSE(store.Get(id, "app1").has_value());
   CHECK(store.forgotten() == 2);
   // One larger than the whole store is not kept.
-  CHECK_FALSE(store.Create("app1", 1, Json::object(), {item(std::string(5000, 'x'))}));
+  CHECK_FALSE(store.Create("app1", 1, Json::object(), {UserItem(std::string(5000, 'x'))}));
   CHECK(store.Delete((*third)["id"], "app1"));
   CHECK(store.size() == 0);
   CHECK(store.bytes() == 0);
@@ -143,27 +145,20 @@ TEST_CASE("Kept conversations outlive the store in their files, each change writ
     REQUIRE(files.ok());
     return *std::move(files);
   };
-  const auto item = [](const std::string& text) {
-    return Json{{"id", NewItemId("msg")},
-                {"type", "message"},
-                {"status", "completed"},
-                {"role", "user"},
-                {"content", Json::array({{{"type", "input_text"}, {"text", text}}})}};
-  };
   std::string id, gone, emptied;
   std::vector<Json> items;
   {
     ConversationStore store(/*max_bytes=*/1 << 20);
     CHECK(store.KeepIn(open()).kept == 0);
-    id = (*store.Create("app1", 1700000000, Json{{"k", "v"}}, {item("a")}))["id"];
-    const Json second = item("b");
-    REQUIRE(store.Append(id, "app1", {second, item("c")}));
+    id = (*store.Create("app1", 1700000000, Json{{"k", "v"}}, {UserItem("a")}))["id"];
+    const Json second = UserItem("b");
+    REQUIRE(store.Append(id, "app1", {second, UserItem("c")}));
     REQUIRE(store.DeleteItem(id, "app1", second["id"]).has_value());
     REQUIRE(store.SetMetadata(id, "app1", Json{{"topic", "farms"}}).has_value());
     items = *store.Items(id, "app1");
     gone = (*store.Create("app1", 1, Json::object(), {}))["id"];
     REQUIRE(store.Delete(gone, "app1"));
-    emptied = (*store.Create("app2", 2, Json::object(), {item("z")}))["id"];
+    emptied = (*store.Create("app2", 2, Json::object(), {UserItem("z")}))["id"];
     CHECK(store.file_errors() == 0);
   }
   CHECK_FALSE(std::filesystem::exists(temp.path() / (gone + ".json")));
@@ -180,7 +175,7 @@ TEST_CASE("Kept conversations outlive the store in their files, each change writ
   CHECK_FALSE(next.Get(id, "app2").has_value());  // still the app's own
   CHECK(next.Items(emptied, "app2")->size() == 1);
   // Changes after the restore are written too.
-  REQUIRE(next.Append(emptied, "app2", {item("y")}));
+  REQUIRE(next.Append(emptied, "app2", {UserItem("y")}));
   ConversationStore third(/*max_bytes=*/1 << 20);
   third.KeepIn(open());
   CHECK(third.Items(emptied, "app2")->size() == 2);

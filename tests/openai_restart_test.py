@@ -14,28 +14,13 @@ official OpenAI client against a real tophat-agent.
 
 import json
 import sys
-import urllib.request
 
 import openai
 
+# The client test's checks (tests/openai_client_test.py, beside this file).
+from openai_client_test import Mismatch, check, metric
+
 TURN = dict(max_output_tokens=8, temperature=0)
-
-
-class Mismatch(Exception):
-    pass
-
-
-def check(condition, what):
-    if not condition:
-        raise Mismatch(what)
-
-
-def metric(url, series):
-    with urllib.request.urlopen(url, timeout=10) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(series + " "):
-                return float(line.split()[1])
-    raise Mismatch(f"{url} has no {series}")
 
 
 def item_ids(page):
@@ -72,7 +57,7 @@ def keep(client, state_file):
           f"{len(state['conversation']['items'])} items")
 
 
-def after_restart(client, state_file, agent_metrics_url, cancelled_id, failed_id):
+def after_restart(client, state_file, agent_metrics_url, cancelled_id, failed_id=""):
     with open(state_file) as f:
         state = json.load(f)
     model = state["model"]
@@ -144,8 +129,7 @@ def main():
         if sys.argv[1] == "keep":
             keep(client, sys.argv[3])
         else:
-            after_restart(client, sys.argv[3], sys.argv[4], sys.argv[5],
-                          sys.argv[6] if len(sys.argv) > 6 else "")
+            after_restart(client, *sys.argv[3:7])
     except Mismatch as e:
         print(f"FAIL: {e}", file=sys.stderr)
         return 1
