@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds the `fuzz` preset's tree (clang, AddressSanitizer + UBSan) with everything the test
-# suite runs from it, in one build: the libFuzzer targets (deploy/fuzz.sh) and the sanitized
-# daemons and serving test binary (deploy/sanitize.sh). One ninja run schedules both over the
-# cores. The suite then runs the fuzz replay and the sanitized serving cases beside each
-# other on this tree (`deploy/fuzz.sh --prebuilt`, `deploy/sanitize.sh --prebuilt`), which
-# could not each build it: two builds at once in one tree would clash.
+# suite runs from it, in one build: the libFuzzer targets (deploy/fuzz.sh), and the sanitized
+# daemons, serving test binary and unit tests (deploy/sanitize.sh). One ninja run schedules
+# them over the cores. The suite then runs the fuzz replay, the sanitized serving cases and
+# the unit tests beside each other on this tree (`deploy/fuzz.sh --prebuilt`,
+# `deploy/sanitize.sh --prebuilt [--unit]`), which could not each build it: two builds at
+# once in one tree would clash.
 #
 #   bash deploy/fuzz-tree.sh
 #
@@ -24,5 +25,5 @@ started=$(date +%s)
 source deploy/logged.sh
 logged build/fuzz-configure.log "fuzz tree: configuring" cmake --preset fuzz
 logged build/fuzz-build.log "fuzz tree: the build" cmake --build --preset fuzz -j "$(nproc)" \
-  --target tophat_fuzzers tophat-cloud tophat-agent tophat_serving_test
+  --target tophat_fuzzers tophat-cloud tophat-agent tophat_serving_test tophat_unit_tests
 echo "fuzz tree: built in $(( $(date +%s) - started )) s (log: build/fuzz-build.log)"

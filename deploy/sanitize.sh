@@ -14,8 +14,9 @@
 # --unit runs the tree's unit tests (ctest -L unit; the tree builds them as target
 # tophat_unit_tests) instead of the serving cases, with the same report checks, less
 # machine_bounds_test, which compares its instrumented reference loop with LibTorch's
-# uninstrumented kernels and so measures the sanitizer. The TSan tree always builds the unit
-# tests: the suite runs them there (tsan_unit).
+# uninstrumented kernels and so measures the sanitizer. Both trees build the unit tests (the
+# ASan one through deploy/fuzz-tree.sh): the suite runs them in each (sanitized_unit,
+# tsan_unit).
 # Any of the specs runs. --prebuilt runs what the tree already holds (deploy/fuzz-tree.sh
 # builds build/fuzz; --build-only builds either tree and runs nothing) instead of building
 # it first. --shard I/N runs the I-th of N shares of the cases (runs of consecutive cases in
@@ -93,7 +94,7 @@ logs=sanitize
 if [ "$sanitizer" = thread ]; then preset=tsan; logs=tsan; fi
 binary=build/$preset/tests/tophat_serving_test
 targets=(tophat-cloud tophat-agent tophat_serving_test)
-if [ "$sanitizer" = thread ] || [ "$unit" = 1 ]; then targets+=(tophat_unit_tests); fi
+targets+=(tophat_unit_tests)
 needed=("$binary" build/$preset/bin/tophat-cloud build/$preset/bin/tophat-agent)
 if [ "$unit" = 1 ]; then needed=(build/$preset/device_agent/tophat_speculative_decoder_test); fi
 if [ "$prebuilt" = 1 ]; then
@@ -114,6 +115,8 @@ reports="$(mktemp -d)"
 trap 'rm -rf "$reports"' EXIT
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:symbolize=1:log_path=$reports/asan"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$reports/ubsan"
+# Leaks Debian's libraries keep for the process's life (deploy/lsan-suppressions.txt says which).
+export LSAN_OPTIONS="suppressions=$PWD/deploy/lsan-suppressions.txt:print_suppressions=0"
 # Every report, not only the first of each process (halt_on_error=0): a run names all it
 # found. ignore_noninstrumented_modules: the memory functions Debian's uninstrumented
 # libraries call (gRPC's, OpenMP's) are theirs, not tophat's.
