@@ -1,6 +1,7 @@
 #include "device_agent/kept_files.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -89,6 +90,50 @@ absl::StatusOr<KeptFiles::Object> ReadObject(const fs::path& path, const std::st
 }
 
 }  // namespace
+
+absl::StatusOr<FolderLock> FolderLock::Take(const fs::path& dir) {
+  absl::StatusOr<KeptFiles> folder = KeptFiles::Open(dir);
+  if (!folder.ok()) return folder.status();
+  const fs::path path = dir / ".lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path.string(), ": cannot open: ", ErrnoText(errno)));
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    // The holder wrote its pid; read what is there (it may be mid-write: then no pid).
+    char pid[32] = {};
+    const ssize_t n = ::pread(fd, pid, sizeof(pid) - 1, 0);
+    ::close(fd);
+    const std::string holder =
+        n > 0 ? absl::StrCat(" (pid ", std::string(pid, static_cast<size_t>(n)), ")") : "";
+    if (err == EWOULDBLOCK) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(dir.string(), ": in use by another process", holder,
+                       ": two agents cannot share one store folder"));
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat(path.string(), ": cannot lock: ", ErrnoText(err)));
+  }
+  const std::string pid = std::to_string(::getpid());
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+    // The pid is for a person reading a refusal; the lock holds without it.
+  }
+  return FolderLock(fd);
+}
+
+FolderLock& FolderLock::operator=(FolderLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
+FolderLock::~FolderLock() {
+  if (fd_ >= 0) ::close(fd_);
+}
 
 absl::StatusOr<KeptFiles> KeptFiles::Open(fs::path dir) {
   std::error_code ec;

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -67,6 +68,25 @@ class KeptFiles {
   static std::string SetAsideFile(const std::filesystem::path& path, std::string_view why);
 
   std::filesystem::path dir_;
+};
+
+// `dir` held by this process: an advisory lock on DIR/.lock, which the kernel lets go when the
+// process ends, however it ends. A second agent given the same openai.store_dir would write
+// over the first's files and remove those it forgets; it is refused at start instead.
+class FolderLock {
+ public:
+  // Makes `dir` as KeptFiles::Open does. Errors name the folder and, when another process
+  // holds it, that process's pid.
+  static absl::StatusOr<FolderLock> Take(const std::filesystem::path& dir);
+  FolderLock(FolderLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  FolderLock& operator=(FolderLock&& other) noexcept;
+  FolderLock(const FolderLock&) = delete;
+  FolderLock& operator=(const FolderLock&) = delete;
+  ~FolderLock();
+
+ private:
+  explicit FolderLock(int fd) : fd_(fd) {}
+  int fd_ = -1;
 };
 
 }  // namespace tophat

@@ -1,10 +1,12 @@
 #include "device_agent/kept_files.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "base/test_util.h"
@@ -153,6 +155,27 @@ TEST_CASE("Kept files' folder must be one the agent can write in") {
                Catch::Contains("cannot write in it"));
     fs::permissions(temp.path() / "read-only", fs::perms::owner_all);
   }
+}
+
+TEST_CASE("One process at a time holds a store folder") {
+  TempDir temp;
+  const fs::path dir = temp.path() / "store";
+  std::optional<absl::StatusOr<FolderLock>> first = FolderLock::Take(dir);
+  REQUIRE(first->ok());
+  CHECK(ModeOf(dir) == 0700);
+  // A second holder (here another open file in the same process, which flock treats as
+  // another process would be) is refused, naming the folder and who holds it.
+  absl::StatusOr<FolderLock> second = FolderLock::Take(dir);
+  CHECK(absl::IsFailedPrecondition(second.status()));
+  CHECK_THAT(std::string(second.status().message()),
+             Catch::Contains(dir.string() + ": in use by another process (pid " +
+                             std::to_string(::getpid()) + ")"));
+  // Let go, it can be taken again; moved, it is still held.
+  first.reset();
+  absl::StatusOr<FolderLock> third = FolderLock::Take(dir);
+  REQUIRE(third.ok());
+  FolderLock moved = *std::move(third);
+  CHECK_FALSE(FolderLock::Take(dir).ok());
 }
 
 }  // namespace

@@ -617,6 +617,12 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
   if (!server->options_.store_dir.empty()) {
     // What the last process kept, taken back before the first request.
     const std::filesystem::path dir = server->options_.store_dir;
+    auto lock = FolderLock::Take(dir);
+    if (!lock.ok()) {
+      return absl::Status(lock.status().code(),
+                          absl::StrCat("openai.store_dir: ", lock.status().message()));
+    }
+    server->store_lock_ = std::make_unique<FolderLock>(*std::move(lock));
     auto response_files = KeptFiles::Open(dir / "responses");
     if (!response_files.ok()) {
       return absl::Status(response_files.status().code(),
@@ -729,6 +735,9 @@ OpenAiServer::OpenAiServer(Agent* agent, OpenAiServerOptions options)
 
 void OpenAiServer::StoreChanged() {
   if (!store_metrics_) return;
+  // The counters move by what changed since they were last set: one handler at a time, or
+  // two would both add the same change.
+  std::lock_guard<std::mutex> lock(store_metrics_mutex_);
   store_metrics_->responses.Set(static_cast<double>(responses_->size()));
   store_metrics_->bytes.Set(static_cast<double>(responses_->bytes()));
   const double forgotten = static_cast<double>(responses_->forgotten());

@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -28,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "configs/bearer_tokens.h"
 #include "device_agent/agent.h"
+#include "device_agent/kept_files.h"
 #include "device_agent/openai_conversations.h"
 #include "device_agent/openai_request.h"
 #include "device_agent/openai_responses.h"
@@ -115,6 +117,9 @@ class OpenAiServer {
   std::optional<ChatTemplate> chat_template_;
   std::string chat_template_error_;  // why chat is unavailable, when it is
   std::unique_ptr<HttpRequestDeadline> request_deadline_;  // outlives server_'s handlers
+  // openai.store_dir held for this process (null: memory only). Declared first of the
+  // stores so that it is let go after them.
+  std::unique_ptr<FolderLock> store_lock_;
   std::unique_ptr<ResponseStore> responses_;               // outlives server_'s handlers
   std::unique_ptr<ConversationStore> conversations_;       // outlives server_'s handlers
   // /v1/responses with background: true, generating on threads of their own (which use
@@ -133,6 +138,7 @@ class OpenAiServer {
   // Files of openai.store_dir that could not be read back at start.
   int64_t store_files_set_aside_ = 0;
   std::unique_ptr<StoreMetrics> store_metrics_;
+  std::mutex store_metrics_mutex_;
   // Sets store_metrics_ from responses_, after a change.
   void StoreChanged();
   std::unique_ptr<httplib::Server> server_;

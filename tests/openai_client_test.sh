@@ -287,6 +287,26 @@ if [ "$status" -eq 0 ]; then
     grep "openai" "$work/run/agent.log" | tail -5; status=1
   fi
 fi
+# A second agent given the same store folder (its own ports) is refused at start, naming the
+# folder and the agent that holds it, rather than writing over its files.
+if [ "$status" -eq 0 ]; then
+  sed -e "s/127.0.0.1:$agent_port/127.0.0.1:$(free_port)/" \
+      -e "s/127.0.0.1:$agent_metrics/127.0.0.1:$(free_port)/" \
+      -e "s/127.0.0.1:$openai_port/127.0.0.1:$(free_port)/" \
+      "$work/run/agent.yaml" >"$work/run/agent-twin.yaml"
+  twin_status=0
+  timeout 120 "$bin_dir/tophat-agent" --config "$work/run/agent-twin.yaml" \
+    >"$work/run/agent-twin.log" 2>&1 || twin_status=$?
+  if [ "$twin_status" != 1 ] ||
+     ! grep -q "openai.store_dir: $work/run/store: in use by another process (pid ${pids[1]})" \
+       "$work/run/agent-twin.log"; then
+    echo "FAIL: a second agent on the same store folder: exit $twin_status, log:"
+    tail -5 "$work/run/agent-twin.log"; status=1
+  else
+    echo "a second agent on the same store folder is refused: $(grep -o 'in use by.*' \
+      "$work/run/agent-twin.log" | head -1)"
+  fi
+fi
 if [ "$status" -eq 0 ]; then
   killed_id=$(curl -sf "http://127.0.0.1:$openai_port/v1/responses" \
                    -H 'Content-Type: application/json' \
