@@ -1646,12 +1646,11 @@ def accepted(client, model):
         return False
 
 
-def main():
-    if len(sys.argv) != 5:
-        print(__doc__, file=sys.stderr)
-        return 2
+def report(checks):
+    """Runs `checks` and prints PASS or what failed; the exit status (also
+    tests/openai_restart_test.py's)."""
     try:
-        run(*sys.argv[1:])
+        checks()
     except Mismatch as e:
         print(f"FAIL: {e}", file=sys.stderr)
         return 1
@@ -1660,6 +1659,13 @@ def main():
         return 1
     print("PASS")
     return 0
+
+
+def main():
+    if len(sys.argv) != 5:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return report(lambda: run(*sys.argv[1:]))
 
 
 if __name__ == "__main__":

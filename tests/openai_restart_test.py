@@ -18,7 +18,7 @@ import sys
 import openai
 
 # The client test's checks (tests/openai_client_test.py, beside this file).
-from openai_client_test import Mismatch, check, metric
+from openai_client_test import Mismatch, check, metric, report
 
 TURN = dict(max_output_tokens=8, temperature=0)
 
@@ -125,19 +125,9 @@ def main():
         print(__doc__, file=sys.stderr)
         return 2
     client = openai.OpenAI(base_url=sys.argv[2], api_key="unused", max_retries=0, timeout=120)
-    try:
-        if sys.argv[1] == "keep":
-            keep(client, sys.argv[3])
-        else:
-            after_restart(client, *sys.argv[3:7])
-    except Mismatch as e:
-        print(f"FAIL: {e}", file=sys.stderr)
-        return 1
-    except openai.APIError as e:
-        print(f"FAIL: the endpoint answered {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
-    print("PASS")
-    return 0
+    if sys.argv[1] == "keep":
+        return report(lambda: keep(client, sys.argv[3]))
+    return report(lambda: after_restart(client, *sys.argv[3:7]))
 
 
 if __name__ == "__main__":
