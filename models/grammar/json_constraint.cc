@@ -5,6 +5,7 @@
 
 #include "models/grammar/ebnf_grammar.h"
 #include "models/grammar/regex_grammar.h"
+#include "models/grammar/structural_tag_grammar.h"
 #include "models/grammar/tool_call_grammar.h"
 #include "models/tokenizers/tokenizer_utf8.h"
 
@@ -222,6 +223,7 @@ template class GrammarConstraint<SchemaGrammar>;
 template class GrammarConstraint<ToolCallGrammar>;
 template class GrammarConstraint<RegexGrammar>;
 template class GrammarConstraint<EbnfState>;
+template class GrammarConstraint<StructuralTagGrammar>;
 
 std::unique_ptr<TokenConstraint> MakeSchemaConstraint(
     std::shared_ptr<const TokenVocabulary> vocabulary, std::vector<int32_t> end_ids,
