@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "models/grammar/ebnf_grammar.h"
+#include "models/grammar/structural_tag_grammar.h"
 #include "nlohmann/json.hpp"
 
 namespace tophat {
@@ -168,6 +169,11 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
     return absl::InvalidArgumentError(
         "grammar: given, but response_format is not RESPONSE_FORMAT_GRAMMAR");
   }
+  if (!request.structural_tag().empty() &&
+      request.response_format() != v1::RESPONSE_FORMAT_STRUCTURAL_TAG) {
+    return absl::InvalidArgumentError(
+        "structural_tag: given, but response_format is not RESPONSE_FORMAT_STRUCTURAL_TAG");
+  }
   if (request.has_tool_calls() && request.response_format() != v1::RESPONSE_FORMAT_TOOL_CALLS) {
     return absl::InvalidArgumentError(
         "tool_calls: given, but response_format is not RESPONSE_FORMAT_TOOL_CALLS");
@@ -212,6 +218,20 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
       // Its errors start "grammar: ", naming the line and column or the rule.
       TOPHAT_ASSIGN_OR_RETURN(plan.sampling.grammar, EbnfGrammar::Compile(request.grammar()));
       plan.sampling.response_format = ResponseFormat::kGrammar;
+      break;
+    }
+    case v1::RESPONSE_FORMAT_STRUCTURAL_TAG: {
+      if (request.outline().enabled()) {
+        return absl::InvalidArgumentError("response_format: not with outline");
+      }
+      absl::StatusOr<std::shared_ptr<const StructuralTagSpec>> spec =
+          StructuralTagSpec::Parse(request.structural_tag());
+      if (!spec.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("structural_tag: ", spec.status().message()));
+      }
+      plan.sampling.structural_tag = *std::move(spec);
+      plan.sampling.response_format = ResponseFormat::kStructuralTag;
       break;
     }
     default:

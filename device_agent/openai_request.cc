@@ -11,6 +11,7 @@
 #include "models/grammar/ebnf_grammar.h"
 #include "models/grammar/json_schema.h"
 #include "models/grammar/regex_grammar.h"
+#include "models/grammar/structural_tag_grammar.h"
 #include "models/tokenizers/tokenizer_utf8.h"
 
 namespace tophat {
@@ -399,6 +400,33 @@ std::variant<std::string, OpenAiError> GrammarFormat(const std::string& param, c
   return grammar;
 }
 
+// A structural tag (response_format {"type": "structural_tag"}, structured_outputs
+// {"structural_tag"}: an object, or vLLM's JSON text of one): {"structures", "triggers"} as
+// JSON text, once it compiles (StructuralTagSpec::Parse), its errors naming the place in it.
+std::variant<std::string, OpenAiError> StructuralTagFormat(const std::string& param,
+                                                           const Json& value) {
+  Json tag = value;
+  if (value.is_string()) {
+    try {
+      tag = Json::parse(value.get<std::string>());
+    } catch (const Json::exception& e) {
+      return Invalid(param, absl::StrCat("'", param,
+                                         "' is not a JSON object: ", utf8::ToValidLossy(e.what())));
+    }
+  }
+  if (!tag.is_object()) {
+    return Invalid(param, absl::StrCat("'", param,
+                                       "' must be an object {\"structures\": [...], "
+                                       "\"triggers\": [...]}"));
+  }
+  // A "type" beside the fields (response_format's) must be "structural_tag": Parse checks.
+  std::string text = tag.dump();
+  if (absl::Status compiled = StructuralTagSpec::Parse(text).status(); !compiled.ok()) {
+    return Invalid(param, absl::StrCat("'", param, "': ", compiled.message()));
+  }
+  return text;
+}
+
 // A choice format (structured_outputs.choice, guided_choice): the answer is one of the
 // strings, as a regex of their literal alternatives.
 std::variant<std::string, OpenAiError> ChoiceFormat(const std::string& param, const Json& value) {
@@ -559,14 +587,24 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
       request.stop = std::move(stops);
     } else if (key == "response_format") {
       const char* const kShape =
-          "'response_format' must be an object with a 'type': \"text\", \"json_object\" or "
-          "\"json_schema\"";
+          "'response_format' must be an object with a 'type': \"text\", \"json_object\", "
+          "\"json_schema\" or \"structural_tag\"";
       if (!value.is_object() || !value.contains("type") || !value["type"].is_string()) {
         return Invalid(key, kShape);
       }
       const std::string type = value["type"].get<std::string>();
-      if (type != "text" && type != "json_object" && type != "json_schema") {
+      if (type != "text" && type != "json_object" && type != "json_schema" &&
+          type != "structural_tag") {
         return Invalid(key, kShape);
+      }
+      if (type == "structural_tag") {
+        // Its fields (structures, triggers) are the tag's, which Parse names.
+        auto tag = StructuralTagFormat(key, value);
+        if (auto* error = std::get_if<OpenAiError>(&tag)) return *error;
+        request.structural_tag = std::get<std::string>(std::move(tag));
+        format_key = key;
+        ++format_keys;
+        continue;
       }
       for (const auto& [field, unused] : value.items()) {
         if (field != "type" && !(type == "json_schema" && field == "json_schema")) {
@@ -588,7 +626,7 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
       // vLLM's: one of regex, choice, grammar (GBNF), json (a JSON Schema) or json_object.
       const char* const kShape =
           "'structured_outputs' must be an object with one of 'regex', 'choice', 'grammar', "
-          "'json' or 'json_object'";
+          "'json', 'json_object' or 'structural_tag'";
       if (!value.is_object()) return Invalid(key, kShape);
       int given = 0;
       for (const auto& [field, setting] : value.items()) {
@@ -621,10 +659,14 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
         } else if (field == "json_object") {
           if (setting != true) return Invalid(param, absl::StrCat("'", param, "' must be true"));
           request.json_object = true;
+        } else if (field == "structural_tag") {
+          auto tag = StructuralTagFormat(param, setting);
+          if (auto* error = std::get_if<OpenAiError>(&tag)) return *error;
+          request.structural_tag = std::get<std::string>(std::move(tag));
         } else {
           return Invalid(param, absl::StrCat("'", param,
                                              "' is not supported (regex, choice, grammar, "
-                                             "json, json_object)"));
+                                             "json, json_object, structural_tag)"));
         }
       }
       if (given != 1) return Invalid(key, kShape);
@@ -789,12 +831,15 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
                    "'structured_outputs', 'guided_regex', 'guided_choice', 'guided_grammar', "
                    "'regex', 'ebnf' or 'grammar'");
   }
-  // A regex or a grammar is held to as a JSON format is: the same refusals below.
+  // A regex, a grammar or a structural tag is held to as a JSON format is: the same refusals
+  // below.
   const bool json_format = request.json_object || !request.json_schema.empty() ||
-                           !request.regex.empty() || !request.grammar.empty();
+                           !request.regex.empty() || !request.grammar.empty() ||
+                           !request.structural_tag.empty();
   // How the refusals name the format.
-  const std::string format = format_key == "response_format" ? "a JSON 'response_format'"
-                                                             : absl::StrCat("'", format_key, "'");
+  const std::string format = format_key == "response_format" && request.structural_tag.empty()
+                                 ? "a JSON 'response_format'"
+                                 : absl::StrCat("'", format_key, "'");
   if (request.tool_choice != ToolChoice::kNone) {
     if (json_format) {
       return Invalid(format_key, absl::StrCat(format,

@@ -102,6 +102,10 @@ struct OpenAiRequest {
   // whose root rule the whole answer must match, which compiles (EbnfGrammar::Compile);
   // empty: none.
   std::string grammar;
+  // response_format {"type": "structural_tag", "structures", "triggers"} (vLLM's and SGLang's)
+  // or structured_outputs {"structural_tag"}: {"structures": [...], "triggers": [...]} as
+  // JSON text, which StructuralTagSpec::Parse takes; empty: none.
+  std::string structural_tag;
   // chat: "tools", "tool_choice" (kAuto by default when there are tools) and
   // "parallel_tool_calls" (whether an answer may hold several calls).
   std::vector<OpenAiTool> tools;

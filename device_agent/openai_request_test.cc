@@ -688,6 +688,28 @@ TEST_CASE("vLLM's structured outputs: a regex or a choice the whole answer must 
   CHECK(ParseOk(OpenAiEndpoint::kCompletions, R"({"model": "toy", "prompt": "x",
                 "structured_outputs": {"json_object": true}})")
             .json_object);
+  // A structural tag, as response_format (SGLang's and vLLM's) or structured_outputs (vLLM's
+  // JSON text, or the object).
+  constexpr char kTag[] = R"({"structures": [{"begin": "<f=a>", "schema": {"type": "object"},
+      "end": "</f>"}], "triggers": ["<f="]})";
+  const std::string tag = nlohmann::json::parse(kTag).dump();
+  CHECK(ParseOk(OpenAiEndpoint::kChatCompletions,
+                absl::StrCat(R"({"model": "toy", "messages": [{"role": "user", "content": "x"}],
+                "response_format": {"type": "structural_tag", "structures": [{"begin": "<f=a>",
+                "schema": {"type": "object"}, "end": "</f>"}], "triggers": ["<f="]}})"))
+            .structural_tag ==
+        R"({"structures":[{"begin":"<f=a>","end":"</f>","schema":{"type":"object"}}],)"
+        R"("triggers":["<f="],"type":"structural_tag"})");
+  CHECK(ParseOk(OpenAiEndpoint::kCompletions,
+                absl::StrCat(R"({"model": "toy", "prompt": "x", "structured_outputs":
+                {"structural_tag": )",
+                             nlohmann::json(tag).dump(), "}}"))
+            .structural_tag == tag);
+  CHECK(ParseOk(OpenAiEndpoint::kCompletions,
+                absl::StrCat(R"({"model": "toy", "prompt": "x", "structured_outputs":
+                {"structural_tag": )",
+                             tag, "}}"))
+            .structural_tag == tag);
 }
 
 TEST_CASE("vLLM's structured outputs are refused where they cannot hold, naming the field") {
@@ -704,7 +726,27 @@ TEST_CASE("vLLM's structured outputs are refused where they cannot hold, naming 
            {R"j("guided_choice": ["a", ""])j", "guided_choice", "non-empty strings"},
            {R"j("structured_outputs": {"structural_tag": "{}"})j",
             "structured_outputs.structural_tag",
-            "not supported (regex, choice, grammar, json, json_object)"},
+            "'structured_outputs.structural_tag': structures: missing or not an array"},
+           {R"j("structured_outputs": {"structural_tag": "{"})j",
+            "structured_outputs.structural_tag",
+            "'structured_outputs.structural_tag' is not a JSON object"},
+           {R"j("structured_outputs": {"whitespace_pattern": " "})j",
+            "structured_outputs.whitespace_pattern",
+            "not supported (regex, choice, grammar, json, json_object, structural_tag)"},
+           {R"j("response_format": {"type": "structural_tag", "structures": [{"begin": "<f=a>",
+                "schema": {"type": "object"}, "end": "</f>"}], "triggers": ["<g="]})j",
+            "response_format",
+            "'response_format': structures[0].begin: \"<f=a>\" starts with none of the triggers"},
+           {R"j("response_format": {"type": "structural_tag", "structures": [{"begin": "<f=a>",
+                "schema": {"type": "object", "uniqueItems": true}, "end": ""}],
+                "triggers": ["<f="]})j",
+            "response_format",
+            "'response_format': structures[0].schema at /: \"uniqueItems\" is not supported"},
+           {R"j("response_format": {"type": "structural_tag", "format": {}})j", "response_format",
+            "the later form of structural tags"},
+           {R"j("response_format": {"type": "structural_tag", "structures": [{"begin": "<f=a>",
+                "schema": {}, "end": "</f>"}], "triggers": ["<f="]}, "min_tokens": 2)j",
+            "min_tokens", "cannot be combined with 'response_format'"},
            {R"j("structured_outputs": {"regex": "a", "choice": ["b"]})j", "structured_outputs",
             "one of"},
            {R"j("structured_outputs": {})j", "structured_outputs", "one of"},

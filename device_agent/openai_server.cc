@@ -1001,6 +1001,10 @@ void OpenAiServer::Route() {
       generate.set_response_format(v1::RESPONSE_FORMAT_GRAMMAR);
       generate.set_grammar(request.grammar);
     }
+    if (!request.structural_tag.empty()) {
+      generate.set_response_format(v1::RESPONSE_FORMAT_STRUCTURAL_TAG);
+      generate.set_structural_tag(request.structural_tag);
+    }
     // Decoding constrained to calls in the model's own layout: of the named function or any
     // tool; under "auto", text first, and a call the model starts is a whole, valid one.
     const bool call_required = tool_reader && (request.tool_choice == ToolChoice::kRequired ||

@@ -488,6 +488,31 @@ TEST_CASE(
       EbnfState(&workspace), /*ends=*/false);
 }
 
+TEST_CASE(
+    "Constrained to a structural tag, speculative greedy decoding is still plain greedy "
+    "decoding under the same constraint",
+    "[speculative]") {
+  // Free text in which each of five bytes the test model writes often must go on as '"', a
+  // bounded integer and '"]': drafts cross into and out of structures (every answer is
+  // changed by them), and the answer may end only outside one.
+  auto schema =
+      CompiledSchema::CompileShared(nlohmann::json::parse(R"({"type": "integer", "minimum": 0,
+                                                               "maximum": 99})"));
+  REQUIRE(schema.ok());
+  std::vector<StructuralTagStructure> structures;
+  std::vector<std::string> triggers;
+  for (const char* trigger : {"x", "e", "a", "1", "t"}) {
+    structures.push_back({.begin = absl::StrCat(trigger, "\""), .schema = *schema, .end = "\"]"});
+    triggers.emplace_back(trigger);
+  }
+  auto spec = StructuralTagSpec::Create(std::move(structures), std::move(triggers));
+  REQUIRE(spec.ok());
+  CheckConstrainedGreedy(SamplingParams{.stop_ids = {2},
+                                        .response_format = ResponseFormat::kStructuralTag,
+                                        .structural_tag = *spec},
+                         StructuralTagGrammar(spec->get()), /*ends=*/false);
+}
+
 // How many drafts a greedy drafter makes after `tokens` (the round's first token last) before
 // its top probability falls below `eta` or it reaches `limit`, recomputed from scratch.
 // `closest` gets the smallest |confidence - eta| it met, to skip rounds that a rounding

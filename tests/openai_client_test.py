@@ -194,6 +194,7 @@ def run(base_url, cloud_metrics_url, agent_metrics_url, model_dir):
     json_schema_answers(client, model, messages)
     regex_answers(client, model, messages)
     grammar_answers(client, model, messages)
+    structural_tag_answers(client, model, messages)
     tool_calls(client, model, messages)
     responses(client, model, messages, text, agent_metrics_url)
     background_responses(client, model, messages, text, agent_metrics_url)
@@ -843,6 +844,79 @@ def grammar_answers(client, model, messages):
               f"an undefined rule: {e.message!r} does not name the field and the rule")
     print(f"grammar answers: {json.dumps(matched)}; completion "
           f"{json.dumps(completion.choices[0].text)}")
+
+
+# A structural tag (vLLM's and SGLang's response_format structural_tag): free text, in which
+# every " the" the model writes (the trigger) must go on as " the [" + "x" or "y" as a JSON
+# string + "]" (the one structure), then text again.
+STRUCTURAL_TAG = {
+    "type": "structural_tag",
+    "structures": [{"begin": " the [", "schema": {"enum": ["x", "y"]}, "end": "]"}],
+    "triggers": [" the"],
+}
+
+
+def structural_tag_count(text, finish_reason="stop"):
+    """The structures in `text` if each " the" in it starts one written whole (JSON's
+    whitespace allowed before the value, as the agent's JSON takes it), the last possibly cut
+    where max_tokens cut the answer, else None."""
+    count, at = 0, 0
+    while (start := text.find(" the", at)) >= 0:
+        match = re.match(r' the \[[ \t\n\r]*"[xy]"\]', text[start:])
+        if match is None:
+            cut = re.fullmatch(r' the( (\[([ \t\n\r]*("([xy]("(\])?)?)?)?)?)?)?', text[start:])
+            return count if cut is not None and finish_reason == "length" else None
+        count, at = count + 1, start + match.end()
+    return count
+
+
+def structural_tag_answers(client, model, messages):
+    """Structural tags: each answer's every " the" starts a whole, valid structure, where the
+    same seeds' answers without the tag write " the" freely; the tag through
+    structured_outputs streamed the same, completions, the Responses API's text.format, and
+    a tag whose begin starts with no trigger refused naming the field."""
+    answers, structures, free_triggers = [], 0, 0
+    for seed in range(3):
+        answer = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=40, temperature=1.0, seed=seed,
+            response_format=STRUCTURAL_TAG)
+        text = answer.choices[0].message.content
+        count = structural_tag_count(text, answer.choices[0].finish_reason)
+        check(count is not None, f"seed {seed}: {text!r} has a ' the' that starts no structure")
+        structures += count or 0
+        answers.append(text)
+        free = client.chat.completions.create(model=model, messages=messages, max_tokens=40,
+                                              temperature=1.0, seed=seed)
+        free_triggers += free.choices[0].message.content.count(" the")
+        check(structural_tag_count(free.choices[0].message.content) is None or
+              " the" not in free.choices[0].message.content,
+              f"seed {seed}: the toy model wrote the structure unconstrained")
+    check(structures >= 1, f"no structure in three answers: {answers!r}")
+    check(free_triggers >= 1, "the toy model wrote no ' the' unconstrained: the test shows nothing")
+    tag_text = json.dumps({k: v for k, v in STRUCTURAL_TAG.items() if k != "type"})
+    streamed = streamed_chat_text(client, model=model, messages=messages, max_tokens=40,
+                                  temperature=1.0, seed=0,
+                                  extra_body={"structured_outputs": {"structural_tag": tag_text}})
+    check_eq("streamed under structured_outputs.structural_tag: seed 0's answer", streamed,
+             answers[0])
+    completion = client.completions.create(
+        model=model, prompt="the brave knight", max_tokens=40, temperature=1.0, seed=1,
+        extra_body={"response_format": STRUCTURAL_TAG})
+    check(structural_tag_count(completion.choices[0].text,
+                               completion.choices[0].finish_reason) is not None,
+          f"completions: {completion.choices[0].text!r} has a ' the' that starts no structure")
+    response = client.responses.create(model=model, input=messages, max_output_tokens=40,
+                                       temperature=1.0, text={"format": STRUCTURAL_TAG},
+                                       extra_body={"seed": 2})
+    check_eq("a structural tag through the Responses API is chat's", response.output_text,
+             answers[2])
+    bad = dict(STRUCTURAL_TAG, triggers=[" a"])
+    expect_error("a begin that starts with no trigger",
+                 lambda: client.chat.completions.create(model=model, messages=messages,
+                                                        response_format=bad),
+                 openai.BadRequestError, 400, param="response_format")
+    print(f"structural tag answers ({structures} structures): {json.dumps(answers)}; "
+          f"completion {json.dumps(completion.choices[0].text)}")
 
 
 def json_answers(client, model, base_url, messages):

@@ -14,11 +14,13 @@ using nlohmann::json;
 // Bytes a top-level number may go on with after a digit: an end starting with one would
 // never start after a number, which takes the byte.
 bool GoesOnWithNumber(unsigned char byte) {
-  return (byte >= '0' && byte <= '9') || byte == '.' || byte == 'e' || byte == 'E' ||
-         byte == '+' || byte == '-';
+  return (byte >= '0' && byte <= '9') || byte == '.' || byte == 'e' || byte == 'E' || byte == '+' ||
+         byte == '-';
 }
 
-std::string Quoted(const std::string& text) { return absl::StrCat("\"", absl::CEscape(text), "\""); }
+std::string Quoted(const std::string& text) {
+  return absl::StrCat("\"", absl::CEscape(text), "\"");
+}
 
 // The place of a structure's field, for errors.
 std::string Field(size_t structure, const std::string& field) {
@@ -52,7 +54,9 @@ absl::StatusOr<std::shared_ptr<const StructuralTagSpec>> StructuralTagSpec::Crea
   size_t trigger_bytes = 0;
   for (size_t t = 0; t < triggers.size(); ++t) {
     const std::string& trigger = triggers[t];
-    if (trigger.empty()) return absl::InvalidArgumentError(absl::StrCat("triggers[", t, "]: empty"));
+    if (trigger.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("triggers[", t, "]: empty"));
+    }
     if (trigger.size() > kMaxLiteralBytes) {
       return absl::InvalidArgumentError(absl::StrCat("triggers[", t, "]: ", trigger.size(),
                                                      " bytes, at most ", kMaxLiteralBytes));
@@ -63,34 +67,35 @@ absl::StatusOr<std::shared_ptr<const StructuralTagSpec>> StructuralTagSpec::Crea
       if (triggers[other] == trigger && other > t) continue;  // named at the later one
       return absl::InvalidArgumentError(absl::StrCat(
           "triggers[", t, "]: ", Quoted(trigger),
-          triggers[other] == trigger ? absl::StrCat(" is triggers[", other, "] too")
-                                     : absl::StrCat(" occurs in triggers[", other, "] ",
-                                                    Quoted(triggers[other]),
-                                                    ", which would never be found")));
+          triggers[other] == trigger
+              ? absl::StrCat(" is triggers[", other, "] too")
+              : absl::StrCat(" occurs in triggers[", other, "] ", Quoted(triggers[other]),
+                             ", which would never be found")));
     }
   }
   if (trigger_bytes > kMaxTriggerBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("triggers: ", trigger_bytes,
-                                                   " bytes in all, at most ", kMaxTriggerBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("triggers: ", trigger_bytes, " bytes in all, at most ", kMaxTriggerBytes));
   }
   ByteTrie begins;
   std::vector<bool> trigger_used(triggers.size(), false);
   for (size_t s = 0; s < structures.size(); ++s) {
     const StructuralTagStructure& structure = structures[s];
     if (structure.begin.empty()) return absl::InvalidArgumentError(Field(s, "begin: empty"));
-    for (const auto& [name, text] : {std::pair{"begin", &structure.begin}, {"end", &structure.end}}) {
+    for (const auto& [name, text] :
+         {std::pair{"begin", &structure.begin}, {"end", &structure.end}}) {
       if (text->size() > kMaxLiteralBytes) {
-        return absl::InvalidArgumentError(absl::StrCat(Field(s, name), ": ", text->size(),
-                                                       " bytes, at most ", kMaxLiteralBytes));
+        return absl::InvalidArgumentError(
+            absl::StrCat(Field(s, name), ": ", text->size(), " bytes, at most ", kMaxLiteralBytes));
       }
     }
     if (structure.schema == nullptr) return absl::InvalidArgumentError(Field(s, "schema: none"));
     size_t trigger = 0;
     while (trigger < triggers.size() && !structure.begin.starts_with(triggers[trigger])) ++trigger;
     if (trigger == triggers.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          Field(s, "begin"), ": ", Quoted(structure.begin),
-          " starts with none of the triggers: the text would never lead to it"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(Field(s, "begin"), ": ", Quoted(structure.begin),
+                       " starts with none of the triggers: the text would never lead to it"));
     }
     trigger_used[trigger] = true;
     for (size_t other = 0; other < s; ++other) {
@@ -105,8 +110,7 @@ absl::StatusOr<std::shared_ptr<const StructuralTagSpec>> StructuralTagSpec::Crea
       }
     }
     const CompiledSchema& schema = *structure.schema;
-    if (!structure.end.empty() &&
-        GoesOnWithNumber(static_cast<unsigned char>(structure.end[0])) &&
+    if (!structure.end.empty() && GoesOnWithNumber(static_cast<unsigned char>(structure.end[0])) &&
         schema.ForType(schema.root(), kTypeNumber) != SchemaNode::kNone) {
       return absl::InvalidArgumentError(absl::StrCat(
           Field(s, "end"), ": ", Quoted(structure.end),
@@ -117,9 +121,9 @@ absl::StatusOr<std::shared_ptr<const StructuralTagSpec>> StructuralTagSpec::Crea
   }
   for (size_t t = 0; t < triggers.size(); ++t) {
     if (!trigger_used[t]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "triggers[", t, "]: ", Quoted(triggers[t]),
-          " starts no structure's begin: the text could never write it"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("triggers[", t, "]: ", Quoted(triggers[t]),
+                       " starts no structure's begin: the text could never write it"));
     }
   }
 
@@ -189,26 +193,27 @@ absl::StatusOr<std::shared_ptr<const StructuralTagSpec>> StructuralTagSpec::Pars
           "format: the later form of structural tags (xgrammar's \"format\" of tags) is not "
           "supported; give \"structures\" and \"triggers\"");
     } else if (key != "structures" && key != "triggers") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "'", key, "' is not a field of a structural tag (structures, triggers)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", key, "' is not a field of a structural tag (structures, triggers)"));
     }
   }
   if (!tag.contains("structures") || !tag["structures"].is_array()) {
-    return absl::InvalidArgumentError(absl::StrCat("structures: missing or not an array; ", kShape));
+    return absl::InvalidArgumentError(
+        absl::StrCat("structures: missing or not an array; ", kShape));
   }
   if (!tag.contains("triggers") || !tag["triggers"].is_array()) {
     return absl::InvalidArgumentError(absl::StrCat("triggers: missing or not an array; ", kShape));
   }
   if (tag["structures"].size() > kMaxStructures) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "structures: ", tag["structures"].size(), " given, at most ", kMaxStructures));
+    return absl::InvalidArgumentError(
+        absl::StrCat("structures: ", tag["structures"].size(), " given, at most ", kMaxStructures));
   }
   std::vector<StructuralTagStructure> structures;
   for (size_t s = 0; s < tag["structures"].size(); ++s) {
     const json& item = tag["structures"][s];
     if (!item.is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "structures[", s, "]: must be an object {\"begin\", \"schema\", \"end\"}"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("structures[", s, "]: must be an object {\"begin\", \"schema\", \"end\"}"));
     }
     StructuralTagStructure structure;
     for (const auto& [key, value] : item.items()) {
@@ -232,7 +237,8 @@ absl::StatusOr<std::shared_ptr<const StructuralTagSpec>> StructuralTagSpec::Pars
       }
     }
     for (const char* key : {"begin", "schema", "end"}) {
-      if (!item.contains(key)) return absl::InvalidArgumentError(Field(s, absl::StrCat(key, ": missing")));
+      if (!item.contains(key))
+        return absl::InvalidArgumentError(Field(s, absl::StrCat(key, ": missing")));
     }
     structures.push_back(std::move(structure));
   }

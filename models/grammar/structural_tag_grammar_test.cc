@@ -39,9 +39,10 @@ constexpr char kNothing[] =
 
 // Llama 3.1's custom tool format, as vLLM's example of structural tags gives it.
 std::shared_ptr<const StructuralTagSpec> FunctionTags() {
-  return Spec({{.begin = "<function=get_weather>", .schema = Compiled(kWeather), .end = "</function>"},
-               {.begin = "<function=get_time>", .schema = Compiled(kNothing), .end = "</function>"}},
-              {"<function="});
+  return Spec(
+      {{.begin = "<function=get_weather>", .schema = Compiled(kWeather), .end = "</function>"},
+       {.begin = "<function=get_time>", .schema = Compiled(kNothing), .end = "</function>"}},
+      {"<function="});
 }
 
 // The bytes of `text` the grammar takes before it refuses one (all of them: text.size()).
@@ -74,11 +75,10 @@ TEST_CASE("Structural tags: free text, and each structure begun is written whole
   // Whitespace before the value, as a JSON value takes it.
   CHECK(Takes(*spec, "<function=get_time> {}</function>"));
   // Inside a structure the answer may not end.
-  for (const std::string& cut :
-       {std::string("<function="), std::string("<function=get_w"),
-        std::string(R"(<function=get_weather>{"city": "Os)"),
-        std::string(R"(<function=get_weather>{"city": "Oslo"})"),
-        std::string(R"(<function=get_weather>{"city": "Oslo"}</func)")}) {
+  for (const std::string& cut : {std::string("<function="), std::string("<function=get_w"),
+                                 std::string(R"(<function=get_weather>{"city": "Os)"),
+                                 std::string(R"(<function=get_weather>{"city": "Oslo"})"),
+                                 std::string(R"(<function=get_weather>{"city": "Oslo"}</func)")}) {
     INFO(cut);
     StructuralTagGrammar grammar(spec.get());
     CHECK(grammar.Feed(cut));
@@ -107,8 +107,8 @@ TEST_CASE("Structural tags: free text, and each structure begun is written whole
 TEST_CASE("Structural tags: a begin that is its trigger, an empty end, and a number before an end",
           "[grammar][structural_tag]") {
   SECTION("JSON after the reasoning, then text again") {
-    const auto spec = Spec({{.begin = "</think>", .schema = Compiled(kWeather), .end = ""}},
-                           {"</think>"});
+    const auto spec =
+        Spec({{.begin = "</think>", .schema = Compiled(kWeather), .end = ""}}, {"</think>"});
     CHECK(Takes(*spec, "<think>Oslo, surely.</think>{\"city\": \"Oslo\"}"));
     CHECK(Takes(*spec, "<think>x</think>\n{\"city\": \"Oslo\"} and more text"));
     CHECK(Taken(*spec, "<think>x</think>Oslo") == std::string("<think>x</think>").size());
@@ -139,8 +139,8 @@ TEST_CASE("Structural tags: a begin that is its trigger, an empty end, and a num
     CHECK_FALSE(after.in_structure());
   }
   SECTION("A self-overlapping trigger is found wherever the text's tail has it") {
-    const auto spec = Spec({{.begin = "aab:", .schema = Compiled(R"({"enum": ["on"]})"), .end = ";"}},
-                           {"aab"});
+    const auto spec =
+        Spec({{.begin = "aab:", .schema = Compiled(R"({"enum": ["on"]})"), .end = ";"}}, {"aab"});
     CHECK(Takes(*spec, "aaab:\"on\";"));
     CHECK(Takes(*spec, "abaaaab:\"on\";aa"));
     CHECK(Taken(*spec, "aaaab") == 5);
@@ -201,11 +201,9 @@ TEST_CASE("Structural tags take exactly what a slow reference takes, on random t
                                            {"<f=yz>", {"\"on\"", "\"off\""}, "</f>"},
                                            {"aab", {"\"on\"", "\"off\""}, "!"}},
                             .triggers = {"<f=", "aab"}};
-  const std::vector<std::string> pieces = {"<",     "f",       "=",    "x",         ">",
-                                           "y",     "z",       "a",    "b",         "!",
-                                           "\"",    "o",       "n",    "/",         "<f=x>",
-                                           "<f=yz>", "\"on\"",  "\"off\"", "</f>",   "aab",
-                                           "<f=",   "aa"};
+  const std::vector<std::string> pieces = {
+      "<", "f", "=", "x",     ">",      "y",      "z",       "a",    "b",   "!",   "\"",
+      "o", "n", "/", "<f=x>", "<f=yz>", "\"on\"", "\"off\"", "</f>", "aab", "<f=", "aa"};
   std::mt19937_64 rng(7);
   int valid = 0;
   int whole = 0;
@@ -262,7 +260,8 @@ TEST_CASE("Structural tag specs that cannot be held to are refused, naming the p
   };
   CHECK(refused({}, {"<"}) == "structures: none given");
   CHECK(refused({{.begin = "<a>", .schema = object, .end = ""}}, {}) == "triggers: none given");
-  CHECK(refused({{.begin = "<a>", .schema = object, .end = ""}}, {"<", ""}) == "triggers[1]: empty");
+  CHECK(refused({{.begin = "<a>", .schema = object, .end = ""}}, {"<", ""}) ==
+        "triggers[1]: empty");
   CHECK(refused({{.begin = "<a>", .schema = object, .end = ""}}, {"<a", "x<a"}) ==
         "triggers[0]: \"<a\" occurs in triggers[1] \"x<a\", which would never be found");
   CHECK(refused({{.begin = "<a>", .schema = object, .end = ""}}, {"<a", "<a"}) ==
@@ -272,7 +271,8 @@ TEST_CASE("Structural tag specs that cannot be held to are refused, naming the p
   CHECK(refused({{.begin = "[a]", .schema = object, .end = ""}}, {"<"}) ==
         "structures[0].begin: \"[a]\" starts with none of the triggers: the text would never "
         "lead to it");
-  CHECK(refused({{.begin = "", .schema = object, .end = ""}}, {"<"}) == "structures[0].begin: empty");
+  CHECK(refused({{.begin = "", .schema = object, .end = ""}}, {"<"}) ==
+        "structures[0].begin: empty");
   CHECK(refused({{.begin = "<a>", .schema = nullptr, .end = ""}}, {"<"}) ==
         "structures[0].schema: none");
   CHECK(refused({{.begin = "<a>", .schema = object, .end = ""},
@@ -289,7 +289,8 @@ TEST_CASE("Structural tag specs that cannot be held to are refused, naming the p
   CHECK(refused({{.begin = "<a>", .schema = object, .end = std::string(257, 'x')}}, {"<"}) ==
         "structures[0].end: 257 bytes, at most 256");
   // The same end after a value that is never a number is fine.
-  CHECK(StructuralTagSpec::Create({{.begin = "<n>", .schema = object, .end = "1</n>"}}, {"<"}).ok());
+  CHECK(
+      StructuralTagSpec::Create({{.begin = "<n>", .schema = object, .end = "1</n>"}}, {"<"}).ok());
 }
 
 TEST_CASE("Structural tags from vLLM's JSON: taken, or refused naming the field",
@@ -341,10 +342,28 @@ TEST_CASE("Structural tags from vLLM's JSON: taken, or refused naming the field"
 constexpr int32_t kEnd = 2;
 std::shared_ptr<const TokenVocabulary> TagVocabulary() {
   std::vector<std::optional<std::string>> tokens = {std::nullopt, std::nullopt, std::nullopt, ""};
-  for (const char* piece :
-       {"<function=", "<function=get_weather>", "<func", "tion=", "get_", "weather>{", "time>",
-        "{\"city\": \"", "Oslo", "\"}", "\"}</function>", "</function>", "</", "function>",
-        "{}", "{}</function>\n", "Hello", " <", "\n", "\xC3\xA9", ", \"days\": ", "12"}) {
+  for (const char* piece : {"<function=",
+                            "<function=get_weather>",
+                            "<func",
+                            "tion=",
+                            "get_",
+                            "weather>{",
+                            "time>",
+                            "{\"city\": \"",
+                            "Oslo",
+                            "\"}",
+                            "\"}</function>",
+                            "</function>",
+                            "</",
+                            "function>",
+                            "{}",
+                            "{}</function>\n",
+                            "Hello",
+                            " <",
+                            "\n",
+                            "\xC3\xA9",
+                            ", \"days\": ",
+                            "12"}) {
     tokens.emplace_back(piece);
   }
   for (const char byte : std::string_view("\n {}\":,<>/=_-0123Oabcdefghijklmnopqrstuvwxyz")) {

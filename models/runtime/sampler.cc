@@ -58,16 +58,19 @@ absl::Status SamplingParams::Validate() const {
   if (response_format == ResponseFormat::kGrammar && grammar == nullptr) {
     return absl::InvalidArgumentError("a grammar response format without its grammar");
   }
+  if (response_format == ResponseFormat::kStructuralTag && structural_tag == nullptr) {
+    return absl::InvalidArgumentError("a structural tag response format without its structures");
+  }
   if (response_format != ResponseFormat::kText) {
     if (min_tokens > 0) {
       return absl::InvalidArgumentError(
-          "min_tokens cannot be combined with a JSON, regex or grammar response format or "
-          "required tool calls: the answer could be complete before the minimum");
+          "min_tokens cannot be combined with a JSON, regex, grammar or structural tag response "
+          "format or tool calls: the answer could be complete before the minimum");
     }
     if (stop_ids.empty()) {
       return absl::InvalidArgumentError(
-          "a JSON, regex or grammar response format or required tool calls need an end of "
-          "sequence to end the answer with (not with ignore_eos and no stop ids)");
+          "a JSON, regex, grammar or structural tag response format or tool calls need an end "
+          "of sequence to end the answer with (not with ignore_eos and no stop ids)");
     }
   }
   return absl::OkStatus();
@@ -80,7 +83,8 @@ Sampler::Sampler(const SamplingParams& params, std::shared_ptr<const TokenVocabu
     if (given) return;
     std::fputs(
         "Sampler: a response format needs the tokenizer's vocabulary (and kJsonSchema "
-        "its schema, kToolCalls its tools, kRegex its regex, kGrammar its grammar)\n",
+        "its schema, kToolCalls its tools, kRegex its regex, kGrammar its grammar, "
+        "kStructuralTag its structures)\n",
         stderr);
     std::abort();
   };
@@ -106,6 +110,11 @@ Sampler::Sampler(const SamplingParams& params, std::shared_ptr<const TokenVocabu
     case ResponseFormat::kGrammar:
       require(vocabulary != nullptr && params_.grammar != nullptr);
       format_ = MakeEbnfConstraint(std::move(vocabulary), params_.stop_ids, params_.grammar);
+      break;
+    case ResponseFormat::kStructuralTag:
+      require(vocabulary != nullptr && params_.structural_tag != nullptr);
+      format_ = MakeStructuralTagConstraint(std::move(vocabulary), params_.stop_ids,
+                                            params_.structural_tag);
       break;
   }
   if (params_.logit_bias.empty()) return;

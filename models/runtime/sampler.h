@@ -15,6 +15,7 @@
 #include "models/grammar/ebnf_grammar.h"
 #include "models/grammar/json_constraint.h"
 #include "models/grammar/regex_grammar.h"
+#include "models/grammar/structural_tag_grammar.h"
 #include "models/grammar/tool_call_grammar.h"
 
 namespace tophat {
@@ -27,6 +28,9 @@ enum class ResponseFormat : uint8_t {
   kToolCalls,   // tool calls of SamplingParams::tool_calls, then the end (ToolCallConstraint)
   kRegex,       // text SamplingParams::regex matches whole, then the end (RegexConstraint)
   kGrammar,     // text SamplingParams::grammar's root matches whole, then the end (EbnfConstraint)
+  // text in which each structure of SamplingParams::structural_tag begun is whole and valid
+  // (StructuralTagConstraint)
+  kStructuralTag,
 };
 
 struct SamplingParams {
@@ -58,12 +62,15 @@ struct SamplingParams {
   // the tokenizer's TokenVocabulary). Not with min_tokens: the object could be complete
   // before the minimum, leaving nothing to choose. kJsonSchema: the same for a value of
   // json_schema; kToolCalls, for tool_calls' calls (tool_choice "required" or a named
-  // function); kRegex, for text `regex` matches; kGrammar, for text `grammar`'s root matches.
+  // function); kRegex, for text `regex` matches; kGrammar, for text `grammar`'s root matches;
+  // kStructuralTag, for text whose structures `structural_tag` holds to (its text may end
+  // anywhere, so it is never complete).
   ResponseFormat response_format = ResponseFormat::kText;
   std::shared_ptr<const CompiledSchema> json_schema;  // with kJsonSchema
   std::shared_ptr<const ToolCallSpec> tool_calls;     // with kToolCalls
   std::shared_ptr<const StringPattern> regex;         // with kRegex (CompileRegexFormat)
   std::shared_ptr<const EbnfGrammar> grammar;         // with kGrammar (EbnfGrammar::Compile)
+  std::shared_ptr<const StructuralTagSpec> structural_tag;  // with kStructuralTag
 
   absl::Status Validate() const;
   bool greedy() const { return temperature <= 0.0; }
