@@ -239,6 +239,11 @@ def main():
         {"model": "toy", "messages": [{"role": "user", "content": "x"}],
          "response_format": {"type": "json_schema", "json_schema": {
              "name": "person", "strict": True, "schema": PERSON_SCHEMA}}}).encode())
+    write(out, "openai_request", "structural_tag.bin", b"\x00" + json.dumps(
+        {"model": "toy", "messages": [{"role": "user", "content": "x"}],
+         "response_format": {"type": "structural_tag", "structures": [
+             {"begin": "<function=get>", "schema": PERSON_SCHEMA, "end": "</function>"}],
+             "triggers": ["<function="]}}).encode())
     tools = [{"type": "function", "function": {
                   "name": "get_weather", "description": "Weather", "strict": True,
                   "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -338,6 +343,27 @@ def main():
              "text_first": True, "tools": tools}
     write(out, "tool_calls", "llama.bin", json.dumps(llama).encode() + b"\0"
           + b'  {"name": "get_weather", "parameters": {"city": "Rome"}}')
+
+    # Structural tags, NUL, an answer: Llama 3.1's function tags (text around and between
+    # structures, a trigger's bytes split), a begin that is its trigger with an empty end
+    # (JSON after reasoning), a number before an end, and a near miss.
+    functions = {"structures": [
+        {"begin": "<function=get_weather>", "schema": weather, "end": "</function>"},
+        {"begin": "<function=get>", "schema": {"type": "object"}, "end": "</function>"}],
+        "triggers": ["<function="]}
+    write(out, "structural_tag", "functions.bin", json.dumps(functions).encode() + b"\0"
+          + b'Let me see. <functio n <function=get_weather>{"city": "Oslo", "days": 2}'
+          + b'</function> and <function=get>{"a": [1]}</function>\nDone.')
+    think = {"type": "structural_tag",
+             "structures": [{"begin": "</think>", "schema": weather, "end": ""}],
+             "triggers": ["</think>"]}
+    write(out, "structural_tag", "think.bin", json.dumps(think).encode() + b"\0"
+          + b'<think>Oslo, surely.</think>\n{"city": "Oslo"} and more')
+    numbers = {"structures": [
+        {"begin": "<n>", "schema": {"type": "integer", "maximum": 99}, "end": "</n>"},
+        {"begin": "<m>", "schema": {"type": "number"}, "end": ""}], "triggers": ["<n>", "<m>"]}
+    write(out, "structural_tag", "numbers.bin", json.dumps(numbers).encode() + b"\0"
+          + b"aa<n>12</n> then <m>-1.5e3<m>7 <n>100")
 
     # Answers in JSON: objects that take every branch of the automaton, and near misses.
     write(out, "json_grammar", "object.json",
