@@ -37,6 +37,7 @@
 #include "models/grammar/json_as_gbnf.h"
 #include "models/grammar/json_constraint.h"
 #include "models/grammar/regex_grammar.h"
+#include "models/grammar/structural_tag_grammar.h"
 #include "models/grammar/tool_call_grammar.h"
 #include "models/tokenizers/tokenizer.h"
 
@@ -257,6 +258,20 @@ int Run(const Args& args) {
       {"partial tag", "Sure. <tool_"},
       {"call", "Sure. <tool_call>\n{\"name\": \"get_"},
   };
+  // A structural tag (vLLM's response_format structural_tag) in Llama 3.1's function layout:
+  // text, where every token is walked whole as under "auto", then the structures.
+  const auto tags = StructuralTagSpec::Create(
+      {{.begin = "<function=get_weather>", .schema = *weather, .end = "</function>"},
+       {.begin = "<function=get_time>", .schema = *clock, .end = "</function>"}},
+      {"<function="});
+  if (!tags.ok()) return Fail(tags.status());
+  const std::vector<State> tag_states = {
+      {"text", "Let me check the weather."},
+      {"partial trigger", "Sure. <func"},
+      {"begin", "Sure. <function=get_"},
+      {"value", "Sure. <function=get_weather>{\"city\": \"Os"},
+      {"end", "Sure. <function=get_time>{}</fu"},
+  };
   const std::vector<State> tool_states = {
       {"start", ""},
       {"open", "<tool_call>\n{\"na"},
@@ -364,6 +379,11 @@ int Run(const Args& args) {
         "auto", auto_states,
         [&] { return MakeToolCallConstraint(vocabulary, end_ids, *auto_calls); },
         ToolCallGrammar(auto_calls->get()));
+  }
+  if (measured.ok()) {
+    measured = measure(
+        "tag", tag_states, [&] { return MakeStructuralTagConstraint(vocabulary, end_ids, *tags); },
+        StructuralTagGrammar(tags->get()));
   }
   // Regexes over the whole answer (vLLM's structured_outputs regex): a narrow one, and one
   // that takes almost any character, where every token is walked whole through its DFA.
