@@ -1,36 +1,36 @@
 #include "cli/serving_commands.h"
 
-#include <filesystem>
 #include <google/protobuf/util/json_util.h>
+#include <spdlog/spdlog.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
-
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
+#include <tuple>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/program.h"
 #include "base/program_paths.h"
-#include "sdk/client.h"
 #include "bench/ablation.h"
 #include "bench/workload_runner.h"
-#include "models/runtime/bundle.h"
 #include "models/formats/config.h"
+#include "models/runtime/bundle.h"
 #include "models/tokenizers/tokenizer.h"
 #include "models/training/toy_corpus.h"
 #include "models/training/toy_model.h"
-#include "base/program.h"
+#include "sdk/client.h"
 
 using tophat::Fail;
 
@@ -67,9 +67,15 @@ const char* FinishName(v1::FinishReason reason) {
   return "unspecified";
 }
 
-// `json_schema` and `grammar`: the texts of --json-schema's and --grammar's files ("" without).
-v1::GenerateRequest MakeRequest(const ChatArgs& args, const std::string& json_schema,
-                                const std::string& grammar, const std::string& prompt) {
+// The texts of the files --json-schema, --grammar and --structural-tag name ("" without).
+struct FormatFiles {
+  std::string json_schema;
+  std::string grammar;
+  std::string structural_tag;
+};
+
+v1::GenerateRequest MakeRequest(const ChatArgs& args, const FormatFiles& files,
+                                const std::string& prompt) {
   v1::GenerateRequest request;
   request.set_prompt(prompt);
   request.set_max_new_tokens(static_cast<uint32_t>(args.max_new_tokens));
@@ -81,17 +87,21 @@ v1::GenerateRequest MakeRequest(const ChatArgs& args, const std::string& json_sc
   request.mutable_sampling()->set_presence_penalty(static_cast<float>(args.penalties.presence));
   request.mutable_sampling()->set_frequency_penalty(static_cast<float>(args.penalties.frequency));
   request.mutable_sampling()->set_repetition_penalty(static_cast<float>(args.penalties.repetition));
-  request.set_response_format(!json_schema.empty() ? v1::RESPONSE_FORMAT_JSON_SCHEMA
-                              : args.json           ? v1::RESPONSE_FORMAT_JSON_OBJECT
-                                                    : v1::RESPONSE_FORMAT_TEXT);
-  request.set_json_schema(json_schema);
+  request.set_response_format(!files.json_schema.empty() ? v1::RESPONSE_FORMAT_JSON_SCHEMA
+                              : args.json                ? v1::RESPONSE_FORMAT_JSON_OBJECT
+                                                         : v1::RESPONSE_FORMAT_TEXT);
+  request.set_json_schema(files.json_schema);
   if (!args.regex.empty()) {
     request.set_response_format(v1::RESPONSE_FORMAT_REGEX);
     request.set_regex(args.regex);
   }
-  if (!grammar.empty()) {
+  if (!files.grammar.empty()) {
     request.set_response_format(v1::RESPONSE_FORMAT_GRAMMAR);
-    request.set_grammar(grammar);
+    request.set_grammar(files.grammar);
+  }
+  if (!files.structural_tag.empty()) {
+    request.set_response_format(v1::RESPONSE_FORMAT_STRUCTURAL_TAG);
+    request.set_structural_tag(files.structural_tag);
   }
   request.set_trace(!args.trace_path.empty());
   return request;
@@ -132,23 +142,21 @@ void AddPenaltyOptions(CLI::App& command, Penalties& penalties) {
 }
 
 int RunChat(const ChatArgs& args) {
-  std::string json_schema;
-  if (!args.json_schema_path.empty()) {
-    absl::StatusOr<std::string> text = ReadFlagFile("--json-schema", args.json_schema_path);
-    if (!text.ok()) return Fail(text.status());
-    json_schema = *std::move(text);
-  }
-  std::string grammar;
-  if (!args.grammar_path.empty()) {
-    absl::StatusOr<std::string> text = ReadFlagFile("--grammar", args.grammar_path);
-    if (!text.ok()) return Fail(text.status());
-    grammar = *std::move(text);
+  FormatFiles files;
+  for (const auto& [flag, path, text] :
+       {std::tuple{"--json-schema", &args.json_schema_path, &files.json_schema},
+        {"--grammar", &args.grammar_path, &files.grammar},
+        {"--structural-tag", &args.structural_tag_path, &files.structural_tag}}) {
+    if (path->empty()) continue;
+    absl::StatusOr<std::string> read = ReadFlagFile(flag, *path);
+    if (!read.ok()) return Fail(read.status());
+    *text = *std::move(read);
   }
   auto client = Client::Connect(args.agent);
   if (!client.ok()) return Fail(client.status());
   const auto ask = [&](const std::string& prompt) -> int {
     auto result = (*client)->Generate(
-        MakeRequest(args, json_schema, grammar, prompt),
+        MakeRequest(args, files, prompt),
         [](const v1::GenerateResponse& update) { std::cout << update.text() << std::flush; });
     // Flushed before anything goes to stderr: where stdout is a pipe it is buffered, and the
     // statistics line would land inside the answer.

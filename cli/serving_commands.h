@@ -35,6 +35,8 @@ struct ChatArgs {
   std::string json_schema_path;  // answers are values of this file's JSON Schema
   std::string regex;             // answers are whole matches of this regular expression
   std::string grammar_path;      // answers are what this file's GBNF grammar's root matches
+  // answers are text whose structures this file's structural tag (JSON) holds to
+  std::string structural_tag_path;
   bool stats = false;
   std::string trace_path;  // "-": stderr; else a file (last answer's trace)
 };

@@ -520,6 +520,13 @@ int main(int argc, char** argv) {
                    "whole from its root rule, each token chosen to keep a match possible "
                    "(docs/openai.md, \"Grammars\")")
       ->excludes("--json", "--json-schema", "--regex");
+  chat_cmd
+      ->add_option("--structural-tag", chat.structural_tag_path,
+                   "Answer with text in which each structure of the structural tag in FILE "
+                   "(JSON: {\"structures\": [{\"begin\", \"schema\", \"end\"}], "
+                   "\"triggers\": [...]}) that the text starts is whole and valid "
+                   "(docs/openai.md, \"Structural tags\")")
+      ->excludes("--json", "--json-schema", "--regex", "--grammar");
   chat_cmd->add_flag("--stats", chat.stats, "Print TTFT and mean TBT after each answer");
   chat_cmd->add_option("--trace", chat.trace_path,
                        "Write each answer's trace (prompt chunks: device, upload, queue, "

@@ -1042,8 +1042,9 @@ std::optional<OpenAiError> ParseResponsesInput(const nlohmann::ordered_json& inp
 
 namespace {
 
-// `text.format` as chat's response_format: {"type": "text"}, {"type": "json_object"}, or
-// {"type": "json_schema", "name", "schema", "description", "strict"} flattened.
+// `text.format` as chat's response_format: {"type": "text"}, {"type": "json_object"},
+// {"type": "json_schema", "name", "schema", "description", "strict"} flattened, or tophat's
+// {"type": "structural_tag", "structures", "triggers"} as chat takes it.
 std::variant<OrderedJson, OpenAiError> ResponsesTextFormat(const OrderedJson& text) {
   if (!text.is_object()) return Invalid("text", "'text' must be an object");
   OrderedJson format = {{"type", "text"}};
@@ -1061,7 +1062,7 @@ std::variant<OrderedJson, OpenAiError> ResponsesTextFormat(const OrderedJson& te
   if (!format.is_object() || !format.contains("type") || !format["type"].is_string()) {
     return Invalid("text.format",
                    "'text.format' must be an object with a 'type': \"text\", "
-                   "\"json_object\" or \"json_schema\"");
+                   "\"json_object\", \"json_schema\" or \"structural_tag\"");
   }
   if (format["type"] != "json_schema") return format;
   OrderedJson spec = OrderedJson::object();

@@ -7,8 +7,8 @@
 # completion past max_concurrent_requests (429 at once), an idle connection (closed), clients that
 # send their requests a byte at a time (cut off at openai.request_deadline_s), app tokens
 # added and removed by a reload (SIGHUP). The cases are
-# tests/openai_client_test.py; after them `tophat chat --json`, `--regex` and `--grammar` ask
-# the same agent over gRPC.
+# tests/openai_client_test.py; after them `tophat chat --json`, `--regex`, `--grammar` and
+# `--structural-tag` ask the same agent over gRPC.
 #   openai_client_test.sh BIN_DIR TOY_MODEL WORK_DIR PYTHON
 # A Python without `openai` is a failure, not a skip: deploy/install-deps.sh installs it.
 set -euo pipefail
@@ -135,6 +135,39 @@ EOF
     status=1
   else
     echo "tophat chat --grammar: $matched"
+  fi
+fi
+# `tophat chat --structural-tag FILE`: every " the" the answer writes starts the structure
+# (checked as tests/openai_client_test.py checks the endpoint's), and a tag whose begin
+# starts with no trigger is the agent's INVALID_ARGUMENT naming the place.
+if [ "$status" -eq 0 ]; then
+  cat >"$work/run/tag.json" <<'EOF'
+{"structures": [{"begin": " the [", "schema": {"enum": ["x", "y"]}, "end": "]"}],
+ "triggers": [" the"]}
+EOF
+  printf '{"structures": [{"begin": "<a>", "schema": {}, "end": ""}], "triggers": ["<b"]}' \
+    >"$work/run/bad_tag.json"
+  tag_chat=("$bin_dir/tophat" chat --agent "127.0.0.1:$agent_port" --prompt "the old farmer"
+            --max-new-tokens 40 --temperature 1 --seed 3)
+  tagged=$("${tag_chat[@]}" --structural-tag "$work/run/tag.json" 2>>"$work/run/chat.log") ||
+    status=$?
+  if [ "$status" -ne 0 ]; then
+    echo "FAIL: tophat chat --structural-tag failed"; tail -5 "$work/run/chat.log"
+  elif ! "$python" -c '
+import sys
+sys.path.insert(0, sys.argv[1])
+from openai_client_test import structural_tag_count
+sys.exit(structural_tag_count(sys.argv[2], "length") is None)' "$here" "$tagged"; then
+    echo "FAIL: tophat chat --structural-tag: $tagged has a ' the' that starts no structure"
+    status=1
+  elif "${tag_chat[@]}" --structural-tag "$work/run/bad_tag.json" >/dev/null \
+         2>"$work/run/bad_tag.log" ||
+       ! grep -q 'structural_tag: structures\[0\].begin: "<a>" starts with none of the triggers' \
+         "$work/run/bad_tag.log"; then
+    echo "FAIL: tophat chat --structural-tag of a begin without a trigger: $(cat "$work/run/bad_tag.log")"
+    status=1
+  else
+    echo "tophat chat --structural-tag: $tagged"
   fi
 fi
 # App tokens reloaded on SIGHUP reach the OpenAI endpoint: with a token added, the official
