@@ -33,6 +33,7 @@
 #include "absl/strings/str_format.h"
 #include "base/program.h"
 #include "bench/bench_util.h"
+#include "models/grammar/choice_grammar.h"
 #include "models/grammar/ebnf_grammar.h"
 #include "models/grammar/json_as_gbnf.h"
 #include "models/grammar/json_constraint.h"
@@ -395,6 +396,20 @@ int Run(const Args& args) {
     measured = measure(
         "regex", {state}, [&] { return MakeRegexConstraint(vocabulary, end_ids, *pattern); },
         RegexGrammar(pattern->get()));
+  }
+  // A choice among a classifier's 5,000 labels (vLLM's structured_outputs choice): a trie.
+  if (measured.ok()) {
+    std::vector<std::string> labels;
+    const char* const words[] = {"knight", "farmer", "bird", "robot"};
+    for (int i = 0; i < 5000; ++i)
+      labels.push_back(absl::StrCat("the ", words[i % 4], " number ", i));
+    const auto choice = ChoiceSpec::Create(labels);
+    if (!choice.ok()) return Fail(choice.status());
+    measured = measure(
+        "choice",
+        {{"start", ""}, {"shared prefix", "the bird num"}, {"label", "the bird number 9"}},
+        [&] { return MakeChoiceConstraint(vocabulary, end_ids, *choice); },
+        ChoiceGrammar(choice->get()));
   }
   // GBNF grammars (vLLM's structured_outputs grammar, llama.cpp's grammar): JSON written as a
   // grammar (llama.cpp's json.gbnf shape), inside an object's key, a string and a number, and

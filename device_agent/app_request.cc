@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "models/grammar/choice_grammar.h"
 #include "models/grammar/ebnf_grammar.h"
 #include "models/grammar/structural_tag_grammar.h"
 #include "nlohmann/json.hpp"
@@ -174,6 +175,10 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
     return absl::InvalidArgumentError(
         "structural_tag: given, but response_format is not RESPONSE_FORMAT_STRUCTURAL_TAG");
   }
+  if (request.choices_size() > 0 && request.response_format() != v1::RESPONSE_FORMAT_CHOICE) {
+    return absl::InvalidArgumentError(
+        "choices: given, but response_format is not RESPONSE_FORMAT_CHOICE");
+  }
   if (request.has_tool_calls() && request.response_format() != v1::RESPONSE_FORMAT_TOOL_CALLS) {
     return absl::InvalidArgumentError(
         "tool_calls: given, but response_format is not RESPONSE_FORMAT_TOOL_CALLS");
@@ -218,6 +223,16 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
       // Its errors start "grammar: ", naming the line and column or the rule.
       TOPHAT_ASSIGN_OR_RETURN(plan.sampling.grammar, EbnfGrammar::Compile(request.grammar()));
       plan.sampling.response_format = ResponseFormat::kGrammar;
+      break;
+    }
+    case v1::RESPONSE_FORMAT_CHOICE: {
+      if (request.outline().enabled()) {
+        return absl::InvalidArgumentError("response_format: not with outline");
+      }
+      // Its errors start "choice", naming what.
+      TOPHAT_ASSIGN_OR_RETURN(plan.sampling.choice, ChoiceSpec::Create({request.choices().begin(),
+                                                                        request.choices().end()}));
+      plan.sampling.response_format = ResponseFormat::kChoice;
       break;
     }
     case v1::RESPONSE_FORMAT_STRUCTURAL_TAG: {

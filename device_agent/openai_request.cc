@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/json_depth.h"
+#include "models/grammar/choice_grammar.h"
 #include "models/grammar/ebnf_grammar.h"
 #include "models/grammar/json_schema.h"
 #include "models/grammar/regex_grammar.h"
@@ -428,8 +429,9 @@ std::variant<std::string, OpenAiError> StructuralTagFormat(const std::string& pa
 }
 
 // A choice format (structured_outputs.choice, guided_choice): the answer is one of the
-// strings, as a regex of their literal alternatives.
-std::variant<std::string, OpenAiError> ChoiceFormat(const std::string& param, const Json& value) {
+// strings (a trie of them: ChoiceSpec), within its limits.
+std::variant<std::vector<std::string>, OpenAiError> ChoiceFormat(const std::string& param,
+                                                                 const Json& value) {
   std::vector<std::string> choices;
   if (value.is_array()) {
     for (const Json& choice : value) {
@@ -444,7 +446,10 @@ std::variant<std::string, OpenAiError> ChoiceFormat(const std::string& param, co
     return Invalid(param,
                    absl::StrCat("'", param, "' must be a non-empty array of non-empty strings"));
   }
-  return RegexFormat(param, Json(ChoiceRegex(choices)));
+  if (absl::Status built = ChoiceSpec::Create(choices).status(); !built.ok()) {
+    return Invalid(param, absl::StrCat("'", param, "': ", built.message()));
+  }
+  return choices;
 }
 
 }  // namespace
@@ -633,11 +638,14 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
         if (setting.is_null()) continue;
         const std::string param = absl::StrCat(key, ".", field);
         ++given;
-        if (field == "regex" || field == "choice") {
-          auto regex =
-              field == "regex" ? RegexFormat(param, setting) : ChoiceFormat(param, setting);
+        if (field == "regex") {
+          auto regex = RegexFormat(param, setting);
           if (auto* error = std::get_if<OpenAiError>(&regex)) return *error;
           request.regex = std::get<std::string>(std::move(regex));
+        } else if (field == "choice") {
+          auto choices = ChoiceFormat(param, setting);
+          if (auto* error = std::get_if<OpenAiError>(&choices)) return *error;
+          request.answer_choices = std::get<std::vector<std::string>>(std::move(choices));
         } else if (field == "grammar") {
           auto grammar = GrammarFormat(param, setting);
           if (auto* error = std::get_if<OpenAiError>(&grammar)) return *error;
@@ -672,11 +680,18 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
       if (given != 1) return Invalid(key, kShape);
       format_key = key;
       ++format_keys;
-    } else if (key == "guided_regex" || key == "guided_choice" || key == "regex") {
-      // vLLM's older fields, and SGLang's regex.
-      auto regex = key == "guided_choice" ? ChoiceFormat(key, value) : RegexFormat(key, value);
+    } else if (key == "guided_regex" || key == "regex") {
+      // vLLM's older field, and SGLang's regex.
+      auto regex = RegexFormat(key, value);
       if (auto* error = std::get_if<OpenAiError>(&regex)) return *error;
       request.regex = std::get<std::string>(std::move(regex));
+      format_key = key;
+      ++format_keys;
+    } else if (key == "guided_choice") {
+      // vLLM's older field.
+      auto choices = ChoiceFormat(key, value);
+      if (auto* error = std::get_if<OpenAiError>(&choices)) return *error;
+      request.answer_choices = std::get<std::vector<std::string>>(std::move(choices));
       format_key = key;
       ++format_keys;
     } else if (key == "guided_grammar" || key == "ebnf" || key == "grammar") {
@@ -834,8 +849,8 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
   // A regex, a grammar or a structural tag is held to as a JSON format is: the same refusals
   // below.
   const bool json_format = request.json_object || !request.json_schema.empty() ||
-                           !request.regex.empty() || !request.grammar.empty() ||
-                           !request.structural_tag.empty();
+                           !request.regex.empty() || !request.answer_choices.empty() ||
+                           !request.grammar.empty() || !request.structural_tag.empty();
   // How the refusals name the format.
   const std::string format = format_key == "response_format" && request.structural_tag.empty()
                                  ? "a JSON 'response_format'"

@@ -94,10 +94,12 @@ struct OpenAiRequest {
   // With {"type": "json_schema"}: its "schema", as JSON text (it compiles: ParseOpenAiRequest
   // refuses one that does not); empty otherwise.
   std::string json_schema;
-  // vLLM's structured_outputs {"regex"} or {"choice"} (and the older guided_regex and
-  // guided_choice): a regular expression the whole answer must match (a choice's
-  // alternatives taken literally), which compiles (CompileRegexFormat); empty: none.
+  // vLLM's structured_outputs {"regex"} (and the older guided_regex; SGLang's regex): a regular
+  // expression the whole answer must match, which compiles (CompileRegexFormat); empty: none.
   std::string regex;
+  // vLLM's structured_outputs {"choice"} (and the older guided_choice): the strings the whole
+  // answer must be one of, within ChoiceSpec's limits; empty: none.
+  std::vector<std::string> answer_choices;
   // vLLM's structured_outputs {"grammar"} (and the older guided_grammar): a grammar in GBNF
   // whose root rule the whole answer must match, which compiles (EbnfGrammar::Compile);
   // empty: none.

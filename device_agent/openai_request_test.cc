@@ -675,13 +675,21 @@ TEST_CASE("vLLM's structured outputs: a regex or a choice the whole answer must 
   CHECK(regex.json_schema.empty());
   const OpenAiRequest choice = ParseOk(OpenAiEndpoint::kCompletions, R"({"model": "toy",
       "prompt": "x", "guided_choice": ["yes", "no", "a.b"]})");
-  CHECK(choice.regex == R"(yes|no|a\.b)");
+  CHECK(choice.answer_choices == std::vector<std::string>{"yes", "no", "a.b"});
+  CHECK(choice.regex.empty());
   CHECK(ParseOk(OpenAiEndpoint::kCompletions,
                 R"({"model": "toy", "prompt": "x", "guided_regex": "a+"})")
             .regex == "a+");
   CHECK(ParseOk(OpenAiEndpoint::kCompletions, R"({"model": "toy", "prompt": "x",
                 "structured_outputs": {"choice": ["1"]}})")
-            .regex == "1");
+            .answer_choices == std::vector<std::string>{"1"});
+  // Thousands of labels (past what a regex of them may hold) are taken.
+  nlohmann::json labels = nlohmann::json::array();
+  for (int i = 0; i < 5000; ++i) labels.push_back(absl::StrCat("label number ", i));
+  CHECK(ParseOk(OpenAiEndpoint::kCompletions,
+                absl::StrCat(R"({"model": "toy", "prompt": "x", "guided_choice": )", labels.dump(),
+                             "}"))
+            .answer_choices.size() == 5000);
   const OpenAiRequest json = ParseOk(OpenAiEndpoint::kCompletions, R"({"model": "toy",
       "prompt": "x", "structured_outputs": {"json": {"type": "integer"}}})");
   CHECK(json.json_schema == R"({"type":"integer"})");
@@ -724,6 +732,13 @@ TEST_CASE("vLLM's structured outputs are refused where they cannot hold, naming 
            {R"j("guided_regex": "")j", "guided_regex", "non-empty regular expression"},
            {R"j("guided_choice": [])j", "guided_choice", "non-empty array of non-empty strings"},
            {R"j("guided_choice": ["a", ""])j", "guided_choice", "non-empty strings"},
+           {absl::StrCat(R"j("guided_choice": )j",
+                         nlohmann::json(std::vector<std::string>(65537, "x")).dump()),
+            "guided_choice", "'guided_choice': choice: 65537 given, at most 65536"},
+           {absl::StrCat(
+                R"j("structured_outputs": {"choice": )j",
+                nlohmann::json(std::vector<std::string>(1100, std::string(256, 'x'))).dump(), "}"),
+            "structured_outputs.choice", "bytes in all, at most 262144"},
            {R"j("structured_outputs": {"structural_tag": "{}"})j",
             "structured_outputs.structural_tag",
             "'structured_outputs.structural_tag': structures: missing or not an array"},

@@ -997,6 +997,10 @@ void OpenAiServer::Route() {
       generate.set_response_format(v1::RESPONSE_FORMAT_REGEX);
       generate.set_regex(request.regex);
     }
+    if (!request.answer_choices.empty()) {
+      generate.set_response_format(v1::RESPONSE_FORMAT_CHOICE);
+      for (const std::string& choice : request.answer_choices) generate.add_choices(choice);
+    }
     if (!request.grammar.empty()) {
       generate.set_response_format(v1::RESPONSE_FORMAT_GRAMMAR);
       generate.set_grammar(request.grammar);

@@ -771,6 +771,19 @@ def regex_answers(client, model, messages):
     check(response.output_text in choices, f"Responses: {response.output_text!r}")
     check_eq("a choice through the Responses API is chat's", response.output_text,
              chat_choice.choices[0].message.content)
+    # A classifier's labels: 5,000 (125 KB, more than a regex may hold), answered with one of
+    # them whole.
+    labels = [f"the {word} number {i}" for i, word in
+              zip(range(5000), ["knight", "farmer", "bird", "robot"] * 1250)]
+    for seed in range(2):
+        completion = client.completions.create(
+            model=model, prompt="the brave knight", max_tokens=24, temperature=1.0, seed=seed,
+            extra_body={"guided_choice": labels})
+        check(completion.choices[0].text in labels,
+              f"seed {seed}: {completion.choices[0].text!r} is not one of the 5,000 labels")
+        check_eq(f"seed {seed}: a label's finish_reason", completion.choices[0].finish_reason,
+                 "stop")
+        picked.append(completion.choices[0].text)
     expect_error("a regex the agent cannot hold",
                  lambda: client.chat.completions.create(
                      model=model, messages=messages,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "models/grammar/choice_grammar.h"
 #include "models/grammar/ebnf_grammar.h"
 #include "models/grammar/regex_grammar.h"
 #include "models/grammar/structural_tag_grammar.h"
@@ -224,6 +225,7 @@ template class GrammarConstraint<ToolCallGrammar>;
 template class GrammarConstraint<RegexGrammar>;
 template class GrammarConstraint<EbnfState>;
 template class GrammarConstraint<StructuralTagGrammar>;
+template class GrammarConstraint<ChoiceGrammar>;
 
 std::unique_ptr<TokenConstraint> MakeSchemaConstraint(
     std::shared_ptr<const TokenVocabulary> vocabulary, std::vector<int32_t> end_ids,

@@ -47,18 +47,6 @@ absl::StatusOr<std::shared_ptr<const StringPattern>> CompileRegexFormat(std::str
   return pattern;
 }
 
-std::string ChoiceRegex(std::span<const std::string> choices) {
-  std::string regex;
-  for (const std::string& choice : choices) {
-    if (!regex.empty()) regex += '|';
-    for (const char c : choice) {
-      if (std::string_view("\\^$.|?*+()[]{}/").find(c) != std::string_view::npos) regex += '\\';
-      regex += c;
-    }
-  }
-  return regex;
-}
-
 std::unique_ptr<TokenConstraint> MakeRegexConstraint(
     std::shared_ptr<const TokenVocabulary> vocabulary, std::vector<int32_t> end_ids,
     std::shared_ptr<const StringPattern> pattern) {

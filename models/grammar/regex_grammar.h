@@ -25,9 +25,6 @@ inline constexpr size_t kMaxRegexFormatBytes = StringPattern::kMaxPatternBytes;
 // change nothing. InvalidArgument naming what in it is not supported ("regex: ...").
 absl::StatusOr<std::shared_ptr<const StringPattern>> CompileRegexFormat(std::string_view regex);
 
-// A regex matching exactly one of `choices` (each taken literally; at least one, none empty).
-std::string ChoiceRegex(std::span<const std::string> choices);
-
 // The grammar of GrammarConstraint for a regex: the DFA's state after the answer's bytes.
 class RegexGrammar {
  public:

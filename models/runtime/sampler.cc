@@ -58,19 +58,22 @@ absl::Status SamplingParams::Validate() const {
   if (response_format == ResponseFormat::kGrammar && grammar == nullptr) {
     return absl::InvalidArgumentError("a grammar response format without its grammar");
   }
+  if (response_format == ResponseFormat::kChoice && choice == nullptr) {
+    return absl::InvalidArgumentError("a choice response format without its choices");
+  }
   if (response_format == ResponseFormat::kStructuralTag && structural_tag == nullptr) {
     return absl::InvalidArgumentError("a structural tag response format without its structures");
   }
   if (response_format != ResponseFormat::kText) {
     if (min_tokens > 0) {
       return absl::InvalidArgumentError(
-          "min_tokens cannot be combined with a JSON, regex, grammar or structural tag response "
-          "format or tool calls: the answer could be complete before the minimum");
+          "min_tokens cannot be combined with a JSON, regex, choice, grammar or structural tag "
+          "response format or tool calls: the answer could be complete before the minimum");
     }
     if (stop_ids.empty()) {
       return absl::InvalidArgumentError(
-          "a JSON, regex, grammar or structural tag response format or tool calls need an end "
-          "of sequence to end the answer with (not with ignore_eos and no stop ids)");
+          "a JSON, regex, choice, grammar or structural tag response format or tool calls need "
+          "an end of sequence to end the answer with (not with ignore_eos and no stop ids)");
     }
   }
   return absl::OkStatus();
@@ -84,7 +87,7 @@ Sampler::Sampler(const SamplingParams& params, std::shared_ptr<const TokenVocabu
     std::fputs(
         "Sampler: a response format needs the tokenizer's vocabulary (and kJsonSchema "
         "its schema, kToolCalls its tools, kRegex its regex, kGrammar its grammar, "
-        "kStructuralTag its structures)\n",
+        "kStructuralTag its structures, kChoice its choices)\n",
         stderr);
     std::abort();
   };
@@ -110,6 +113,10 @@ Sampler::Sampler(const SamplingParams& params, std::shared_ptr<const TokenVocabu
     case ResponseFormat::kGrammar:
       require(vocabulary != nullptr && params_.grammar != nullptr);
       format_ = MakeEbnfConstraint(std::move(vocabulary), params_.stop_ids, params_.grammar);
+      break;
+    case ResponseFormat::kChoice:
+      require(vocabulary != nullptr && params_.choice != nullptr);
+      format_ = MakeChoiceConstraint(std::move(vocabulary), params_.stop_ids, params_.choice);
       break;
     case ResponseFormat::kStructuralTag:
       require(vocabulary != nullptr && params_.structural_tag != nullptr);

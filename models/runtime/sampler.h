@@ -12,6 +12,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "models/grammar/choice_grammar.h"
 #include "models/grammar/ebnf_grammar.h"
 #include "models/grammar/json_constraint.h"
 #include "models/grammar/regex_grammar.h"
@@ -31,6 +32,7 @@ enum class ResponseFormat : uint8_t {
   // text in which each structure of SamplingParams::structural_tag begun is whole and valid
   // (StructuralTagConstraint)
   kStructuralTag,
+  kChoice,  // one of SamplingParams::choice's strings, then the end (ChoiceConstraint)
 };
 
 struct SamplingParams {
@@ -71,6 +73,7 @@ struct SamplingParams {
   std::shared_ptr<const StringPattern> regex;         // with kRegex (CompileRegexFormat)
   std::shared_ptr<const EbnfGrammar> grammar;         // with kGrammar (EbnfGrammar::Compile)
   std::shared_ptr<const StructuralTagSpec> structural_tag;  // with kStructuralTag
+  std::shared_ptr<const ChoiceSpec> choice;                 // with kChoice
 
   absl::Status Validate() const;
   bool greedy() const { return temperature <= 0.0; }
