@@ -286,6 +286,17 @@ absl::Status KeptFiles::Write(const std::string& id, const std::string& app,
   return SyncFolder(dir_);
 }
 
+absl::Status KeptFiles::Touch(const std::string& id) const {
+  if (absl::Status checked = CheckId(id); !checked.ok()) return checked;
+  const fs::path path = FileOf(id);
+  // utimensat with null times: now, by the file system's clock, as a write would set it.
+  if (::utimensat(AT_FDCWD, path.c_str(), nullptr, 0) != 0 && errno != ENOENT) {
+    return absl::InternalError(
+        absl::StrCat(path.string(), ": cannot mark as used: ", ErrnoText(errno)));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status KeptFiles::Remove(const std::string& id) const {
   if (absl::Status checked = CheckId(id); !checked.ok()) return checked;
   const fs::path path = FileOf(id);

@@ -41,7 +41,7 @@ class KeptFiles {
     Json value;
   };
   struct Loaded {
-    std::vector<Object> objects;  // the least recently written first
+    std::vector<Object> objects;  // the least recently written or used (Touch) first
     // "FILE: why" for each file that could not be read back; each is moved aside to
     // FILE.unreadable (kept for a person to look at, not read again).
     std::vector<std::string> unreadable;
@@ -55,6 +55,11 @@ class KeptFiles {
   absl::Status Write(const std::string& id, const std::string& app, const Json& value) const;
   // Removes it; a file that is not there is no error.
   absl::Status Remove(const std::string& id) const;
+  // Marks the object's file used now (its modification time), so that Load ranks it by its
+  // last use and a lowered bound forgets what was least recently used, as the store in memory
+  // does. Not synced: after a power cut the rank may be a use behind. A file that is not
+  // there (its write failed, and was reported) is no error.
+  absl::Status Touch(const std::string& id) const;
   // Moves a file Load read but whose value its owner cannot use aside to FILE.unreadable, as
   // Load does with those it cannot read: "FILE: why (moved to ...)".
   std::string SetAside(const std::string& id, std::string_view why) const;

@@ -58,6 +58,15 @@ TEST_CASE("Kept files come back as written, the least recently written first") {
   CHECK(loaded.objects[2].app.empty());
   CHECK(loaded.objects[2].value == Json{{"text", "first, again"}});
 
+  // Used (Touch): the most recent, whatever was written since.
+  REQUIRE(files->Touch("resp_b").ok());
+  loaded = files->Load();
+  REQUIRE(loaded.objects.size() == 3);
+  CHECK(loaded.objects[2].id == "resp_b");
+  CHECK(loaded.objects[2].value == Json{{"text", "second"}});  // unchanged
+  CHECK(files->Touch("resp_gone").ok());                       // a file that is not there: no error
+  CHECK_FALSE(fs::exists(files->FileOf("resp_gone")));
+
   REQUIRE(files->Remove("resp_b").ok());
   CHECK_FALSE(fs::exists(files->FileOf("resp_b")));
   // Gone already: no error.

@@ -69,12 +69,13 @@ class LruByteStore {
     return Resize(id, bytes);
   }
 
-  // The value, made the most recently used; null when `id` is unknown, forgotten, or
-  // another app's.
+  // The value, made the most recently used (its file too, so that the next process ranks it
+  // so); null when `id` is unknown, forgotten, or another app's.
   Value* Find(const std::string& id, const std::string& app) {
     const auto found = by_id_.find(id);
     if (found == by_id_.end() || found->second->app != app) return nullptr;
     entries_.splice(entries_.begin(), entries_, found->second);
+    if (files_) Report(files_->files.Touch(id));
     return &found->second->value;
   }
 

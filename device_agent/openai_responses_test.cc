@@ -614,6 +614,14 @@ TEST_CASE(
   ResponseStore third(/*max_bytes=*/2500);
   const RestoredObjects restored = third.KeepIn(OpenKept(temp.path()));
   REQUIRE(restored.set_aside.size() == 1);
+  // Reading a response counts as using it: the next process ranks it by that use.
+  // (Past a coarse file clock's tick: 4 ms at 250 Hz, 10 ms at 100 Hz.)
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK(third.Find("resp_d", "").has_value());
+  ResponseStore fourth(/*max_bytes=*/1500);
+  CHECK(fourth.KeepIn(OpenKept(temp.path())).kept == 1);
+  CHECK(fourth.Find("resp_d", "").has_value());
+  CHECK_FALSE(fourth.Find("resp_e", "").has_value());
   CHECK_THAT(restored.set_aside[0],
              Catch::Contains("resp_odd.json: conversation[0] is not a message (moved to"));
   CHECK(restored.kept == 2);
