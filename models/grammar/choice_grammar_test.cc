@@ -76,13 +76,9 @@ TEST_CASE(
   choices.push_back("other");
   const auto spec = Spec(choices);
   constexpr int32_t kEnd = 2;
-  std::vector<std::optional<std::string>> tokens = {std::nullopt, std::nullopt, std::nullopt, ""};
-  for (const char* piece :
-       {"label", "label ", "lab", "el ", " 1", "12", "0", "1", "2", "3", "9", "99", "oth",
-        "er",    "other",  "x",   " ",   "l",  "a",  "b", "e", "o", "t", "h", "r"}) {
-    tokens.emplace_back(piece);
-  }
-  const auto vocabulary = std::make_shared<const TokenVocabulary>(std::move(tokens));
+  const auto vocabulary = testing::PieceVocabulary(
+      {"label", "label ", "lab", "el ", " 1", "12", "0", "1", "2", "3", "9", "99", "oth",
+       "er",    "other",  "x",   " ",   "l",  "a",  "b", "e", "o", "t", "h", "r"});
   std::mt19937_64 rng(3);
   int ended = 0;
   for (int walk = 0; walk < 60; ++walk) {

@@ -20,11 +20,7 @@ using nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
 std::shared_ptr<const CompiledSchema> Compiled(const std::string& schema) {
-  absl::StatusOr<std::shared_ptr<const CompiledSchema>> compiled =
-      CompiledSchema::Compile(json::parse(schema));
-  INFO(schema << ": " << compiled.status().ToString());
-  REQUIRE(compiled.ok());
-  return *compiled;
+  return testing::CompiledSchemaOf(schema);
 }
 
 std::string Refusal(const std::string& schema) {

@@ -15,11 +15,7 @@ namespace {
 using nlohmann::json;
 
 std::shared_ptr<const CompiledSchema> Compiled(const std::string& schema) {
-  absl::StatusOr<std::shared_ptr<const CompiledSchema>> compiled =
-      CompiledSchema::Compile(json::parse(schema));
-  INFO(schema << ": " << compiled.status().ToString());
-  REQUIRE(compiled.ok());
-  return *compiled;
+  return testing::CompiledSchemaOf(schema);
 }
 
 std::shared_ptr<const StructuralTagSpec> Spec(std::vector<StructuralTagStructure> structures,
@@ -341,35 +337,29 @@ TEST_CASE("Structural tags from vLLM's JSON: taken, or refused naming the field"
 // the bytes a structure needs one by one (so that every state can go on).
 constexpr int32_t kEnd = 2;
 std::shared_ptr<const TokenVocabulary> TagVocabulary() {
-  std::vector<std::optional<std::string>> tokens = {std::nullopt, std::nullopt, std::nullopt, ""};
-  for (const char* piece : {"<function=",
-                            "<function=get_weather>",
-                            "<func",
-                            "tion=",
-                            "get_",
-                            "weather>{",
-                            "time>",
-                            "{\"city\": \"",
-                            "Oslo",
-                            "\"}",
-                            "\"}</function>",
-                            "</function>",
-                            "</",
-                            "function>",
-                            "{}",
-                            "{}</function>\n",
-                            "Hello",
-                            " <",
-                            "\n",
-                            "\xC3\xA9",
-                            ", \"days\": ",
-                            "12"}) {
-    tokens.emplace_back(piece);
-  }
-  for (const char byte : std::string_view("\n {}\":,<>/=_-0123Oabcdefghijklmnopqrstuvwxyz")) {
-    tokens.emplace_back(std::string(1, byte));
-  }
-  return std::make_shared<const TokenVocabulary>(std::move(tokens));
+  return testing::PieceVocabulary({"<function=",
+                                   "<function=get_weather>",
+                                   "<func",
+                                   "tion=",
+                                   "get_",
+                                   "weather>{",
+                                   "time>",
+                                   "{\"city\": \"",
+                                   "Oslo",
+                                   "\"}",
+                                   "\"}</function>",
+                                   "</function>",
+                                   "</",
+                                   "function>",
+                                   "{}",
+                                   "{}</function>\n",
+                                   "Hello",
+                                   " <",
+                                   "\n",
+                                   "\xC3\xA9",
+                                   ", \"days\": ",
+                                   "12"},
+                                  "\n {}\":,<>/=_-0123Oabcdefghijklmnopqrstuvwxyz");
 }
 
 TEST_CASE(

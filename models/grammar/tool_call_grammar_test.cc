@@ -34,11 +34,7 @@ ToolCallSyntax Llama() {
 }
 
 std::shared_ptr<const CompiledSchema> Compiled(const std::string& schema) {
-  absl::StatusOr<std::shared_ptr<const CompiledSchema>> compiled =
-      CompiledSchema::Compile(json::parse(schema));
-  INFO(schema << ": " << compiled.status().ToString());
-  REQUIRE(compiled.ok());
-  return *compiled;
+  return testing::CompiledSchemaOf(schema);
 }
 
 constexpr char kWeather[] = R"({"type": "object",
@@ -674,47 +670,41 @@ TEST_CASE(
 // bytes a call needs one by one (so that every state can go on).
 constexpr int32_t kEnd = 2;
 std::shared_ptr<const TokenVocabulary> ToolVocabulary() {
-  std::vector<std::optional<std::string>> tokens = {std::nullopt, std::nullopt, std::nullopt, ""};
-  for (const char* piece : {"<tool_call>",
-                            "<tool_call>\n",
-                            "tool",
-                            "_call",
-                            "{\"name\": \"",
-                            "{\"name\":",
-                            " \"",
-                            "get",
-                            "_weather",
-                            "get_weather",
-                            "get_",
-                            "\", \"arguments\": ",
-                            "\", \"parameters\": ",
-                            "\", \"arguments\": {",
-                            "\",",
-                            "\"city\"",
-                            "city",
-                            ": ",
-                            "\"Paris\"",
-                            "Paris",
-                            "}}",
-                            "}\n</tool_call>",
-                            "\n</tool_call>",
-                            "</tool_call>",
-                            "}\n",
-                            "\n<tool_call>",
-                            "days",
-                            "\"days\": ",
-                            "12",
-                            "\\n",
-                            "}}\n</tool_call>\n",
-                            "book",
-                            "-2",
-                            "\xC3\xA9"}) {
-    tokens.emplace_back(piece);
-  }
-  for (const char byte : std::string_view("\n {}\":,<>/_-0123Pabcdefghijklmnopqrstuvwxyz")) {
-    tokens.emplace_back(std::string(1, byte));
-  }
-  return std::make_shared<const TokenVocabulary>(std::move(tokens));
+  return testing::PieceVocabulary({"<tool_call>",
+                                   "<tool_call>\n",
+                                   "tool",
+                                   "_call",
+                                   "{\"name\": \"",
+                                   "{\"name\":",
+                                   " \"",
+                                   "get",
+                                   "_weather",
+                                   "get_weather",
+                                   "get_",
+                                   "\", \"arguments\": ",
+                                   "\", \"parameters\": ",
+                                   "\", \"arguments\": {",
+                                   "\",",
+                                   "\"city\"",
+                                   "city",
+                                   ": ",
+                                   "\"Paris\"",
+                                   "Paris",
+                                   "}}",
+                                   "}\n</tool_call>",
+                                   "\n</tool_call>",
+                                   "</tool_call>",
+                                   "}\n",
+                                   "\n<tool_call>",
+                                   "days",
+                                   "\"days\": ",
+                                   "12",
+                                   "\\n",
+                                   "}}\n</tool_call>\n",
+                                   "book",
+                                   "-2",
+                                   "\xC3\xA9"},
+                                  "\n {}\":,<>/_-0123Pabcdefghijklmnopqrstuvwxyz");
 }
 
 TEST_CASE(
