@@ -753,14 +753,22 @@ def regex_answers(client, model, messages):
                                   temperature=1.0, seed=0, extra_body={"guided_regex": pattern})
     check_eq("streamed under guided_regex: seed 0's answer", streamed, matched[0])
     choices = ["yes", "no", "maybe so"]
+    # A classifier's labels: 5,000 (125 KB, more than a regex may hold).
+    labels = [f"the {word} number {i}" for i, word in
+              zip(range(5000), ["knight", "farmer", "bird", "robot"] * 1250)]
     picked = []
-    for seed in range(4):
-        completion = client.completions.create(
-            model=model, prompt="the brave knight", max_tokens=10, temperature=1.0, seed=seed,
-            extra_body={"guided_choice": choices})
-        check(completion.choices[0].text in choices,
-              f"seed {seed}: {completion.choices[0].text!r} is not one of {choices}")
-        picked.append(completion.choices[0].text)
+    for what, strings, seeds, max_tokens in [("choices", choices, 4, 10),
+                                             ("the 5,000 labels", labels, 2, 24)]:
+        # Each answer one of the strings, whole: the answer ends with it.
+        for seed in range(seeds):
+            completion = client.completions.create(
+                model=model, prompt="the brave knight", max_tokens=max_tokens, temperature=1.0,
+                seed=seed, extra_body={"guided_choice": strings})
+            text = completion.choices[0].text
+            check(text in strings, f"seed {seed}: {text!r} is not one of {what}")
+            check_eq(f"seed {seed}: one of {what}: finish_reason",
+                     completion.choices[0].finish_reason, "stop")
+            picked.append(text)
     response = client.responses.create(model=model, input="the brave knight",
                                        max_output_tokens=10, temperature=1.0,
                                        extra_body={"seed": 0,
@@ -771,19 +779,6 @@ def regex_answers(client, model, messages):
     check(response.output_text in choices, f"Responses: {response.output_text!r}")
     check_eq("a choice through the Responses API is chat's", response.output_text,
              chat_choice.choices[0].message.content)
-    # A classifier's labels: 5,000 (125 KB, more than a regex may hold), answered with one of
-    # them whole.
-    labels = [f"the {word} number {i}" for i, word in
-              zip(range(5000), ["knight", "farmer", "bird", "robot"] * 1250)]
-    for seed in range(2):
-        completion = client.completions.create(
-            model=model, prompt="the brave knight", max_tokens=24, temperature=1.0, seed=seed,
-            extra_body={"guided_choice": labels})
-        check(completion.choices[0].text in labels,
-              f"seed {seed}: {completion.choices[0].text!r} is not one of the 5,000 labels")
-        check_eq(f"seed {seed}: a label's finish_reason", completion.choices[0].finish_reason,
-                 "stop")
-        picked.append(completion.choices[0].text)
     expect_error("a regex the agent cannot hold",
                  lambda: client.chat.completions.create(
                      model=model, messages=messages,
