@@ -446,8 +446,8 @@ std::variant<std::vector<std::string>, OpenAiError> ChoiceFormat(const std::stri
     return Invalid(param,
                    absl::StrCat("'", param, "' must be a non-empty array of non-empty strings"));
   }
-  if (absl::Status built = ChoiceSpec::Create(choices).status(); !built.ok()) {
-    return Invalid(param, absl::StrCat("'", param, "': ", built.message()));
+  if (absl::Status checked = ChoiceSpec::Check(choices); !checked.ok()) {
+    return Invalid(param, absl::StrCat("'", param, "': ", checked.message()));
   }
   return choices;
 }

@@ -4,8 +4,7 @@
 
 namespace tophat {
 
-absl::StatusOr<std::shared_ptr<const ChoiceSpec>> ChoiceSpec::Create(
-    const std::vector<std::string>& choices) {
+absl::Status ChoiceSpec::Check(const std::vector<std::string>& choices) {
   if (choices.empty()) return absl::InvalidArgumentError("choice: none given");
   if (choices.size() > kMaxChoices) {
     return absl::InvalidArgumentError(
@@ -13,18 +12,24 @@ absl::StatusOr<std::shared_ptr<const ChoiceSpec>> ChoiceSpec::Create(
   }
   size_t bytes = 0;
   for (size_t i = 0; i < choices.size(); ++i) {
-    if (choices[i].empty())
+    if (choices[i].empty()) {
       return absl::InvalidArgumentError(absl::StrCat("choice[", i, "]: empty"));
+    }
     bytes += choices[i].size();
   }
   if (bytes > kMaxChoiceBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("choice: ", bytes, " bytes in all, at most ", kMaxChoiceBytes));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const ChoiceSpec>> ChoiceSpec::Create(
+    const std::vector<std::string>& choices) {
+  if (absl::Status checked = Check(choices); !checked.ok()) return checked;
   ByteTrie trie;
-  trie.nodes.reserve(bytes + 1);
   for (size_t i = 0; i < choices.size(); ++i) trie.Insert(choices[i], static_cast<int32_t>(i));
-  trie.nodes.shrink_to_fit();
+  trie.nodes.shrink_to_fit();  // held for the request's life
   return std::shared_ptr<const ChoiceSpec>(new ChoiceSpec(std::move(trie), choices.size()));
 }
 

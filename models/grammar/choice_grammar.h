@@ -30,6 +30,9 @@ class ChoiceSpec {
   // kMaxChoiceBytes in all. A choice given twice is one.
   static absl::StatusOr<std::shared_ptr<const ChoiceSpec>> Create(
       const std::vector<std::string>& choices);
+  // What Create would refuse, without building the trie (a request's check before the agent
+  // builds it).
+  static absl::Status Check(const std::vector<std::string>& choices);
 
   const ByteTrie& trie() const { return trie_; }
   size_t size() const { return choices_; }
