@@ -149,13 +149,21 @@ void RunLayers(const DecodeShape& shape, std::span<const DecodeLayer> layers,
     PrepareInput(layer.qkv, normed, own);
     MatrixRows(layer.qkv, normed, layer.qkv_bias, qkv, qkv0, qkv1, own);
 #pragma omp barrier
-    // Rotary: query heads into q, key heads straight into the cache row with their values.
+    // Rotary: query heads into q, key heads straight into the cache row with their values;
+    // a head norm first where the model has one (in place: the head is this thread's).
     for (int64_t u = u0; u < u1; ++u) {
       if (u < shape.heads) {
+        if (layer.q_norm != nullptr) {
+          RmsNormRow(qkv + u * hd, layer.q_norm, hd, shape.eps, qkv + u * hd);
+        }
         RotateHeadRow(qkv + u * hd, at.cos, at.sin, half, q + u * hd);
         continue;
       }
       const int64_t kv = u - shape.heads;
+      if (layer.k_norm != nullptr) {
+        float* key = qkv + q_size + kv * hd;
+        RmsNormRow(key, layer.k_norm, hd, shape.eps, key);
+      }
       RotateHeadRow(qkv + q_size + kv * hd, at.cos, at.sin, half,
                     TokenRow(layer.keys, slot_block, slot_row, kv));
       std::memcpy(TokenRow(layer.values, slot_block, slot_row, kv),

@@ -45,6 +45,8 @@ struct DecodeLayer {
   const float* input_norm = nullptr;  // [hidden]
   RowMatrix qkv;                      // [q + 2 kv, hidden]
   const float* qkv_bias = nullptr;
+  const float* q_norm = nullptr;      // [head_dim]: each query head's norm (Qwen3), or null
+  const float* k_norm = nullptr;      // [head_dim]: each key head's norm (Qwen3), or null
   RowMatrix o_proj;                   // [hidden, q]
   const float* o_bias = nullptr;
   const float* post_norm = nullptr;   // [hidden]

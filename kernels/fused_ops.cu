@@ -132,6 +132,32 @@ __global__ void __launch_bounds__(kThreads)
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// A warp per head: head_dim (128 in Qwen3) is a few elements a lane, and a block of
+// kThreads covers kThreads / 32 heads. In place, so no __restrict__ on x.
+constexpr int kHeadsPerBlock = kThreads / 32;
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    HeadRmsNormKernel(T* x, int64_t row_stride, const T* __restrict__ w, int64_t units, int heads,
+                      int head_dim, float eps) {
+  WaitForPrecedingKernel();
+  AllowNextKernelToStart();
+  const int64_t unit = static_cast<int64_t>(blockIdx.x) * kHeadsPerBlock + threadIdx.x / 32;
+  if (unit >= units) return;  // whole warps only: no block barrier below
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  T* head = x + (unit / heads) * row_stride + (unit % heads) * static_cast<int64_t>(head_dim);
+  float sum = 0.0f;
+  for (int i = lane; i < head_dim; i += 32) {
+    const float v = ToFloat(head[i]);
+    sum += v * v;
+  }
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  const float scale = rsqrtf(sum / static_cast<float>(head_dim) + eps);
+  for (int i = lane; i < head_dim; i += 32) {
+    head[i] = FromFloat<T>(ToFloat(head[i]) * scale * ToFloat(w[i]));
+  }
+}
+
 template <typename T>
 __global__ void SwiGluKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows,
                              int64_t inner) {
@@ -267,6 +293,20 @@ LaunchResult LaunchRmsNorm(const RmsNormArgs& a, std::string* error) {
       LaunchKernel(a.overlap, RmsNormKernel<T, false>, grid, kThreads, stream, x, residual, w, y,
                    a.d, a.eps);
     }
+  });
+  return LaunchStatus(error);
+}
+
+LaunchResult LaunchHeadRmsNorm(const HeadRmsNormArgs& a, std::string* error) {
+  const int64_t units = a.tokens * a.heads;
+  if (units == 0 || a.head_dim == 0) return LaunchResult::kLaunched;
+  const int64_t blocks = (units + kHeadsPerBlock - 1) / kHeadsPerBlock;
+  if (blocks > 0x7fffffff) return LaunchResult::kUnsupported;
+  WithType(a.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    LaunchKernel(a.overlap, HeadRmsNormKernel<T>, static_cast<unsigned>(blocks), kThreads,
+                 static_cast<cudaStream_t>(a.stream), static_cast<T*>(a.x), a.row_stride,
+                 static_cast<const T*>(a.weight), units, a.heads, a.head_dim, a.eps);
   });
   return LaunchStatus(error);
 }

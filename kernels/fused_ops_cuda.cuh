@@ -32,6 +32,23 @@ struct RmsNormArgs {
 };
 LaunchResult LaunchRmsNorm(const RmsNormArgs& args, std::string* error);
 
+// Each head's RMSNorm in place (Qwen3's q_norm and k_norm): `heads` heads per token, token t's
+// head h at x + t * row_stride + h * head_dim (head_dim contiguous: the query or key part of a
+// qkv row), each scaled by rsqrt(mean(head^2) + eps) and by weight [head_dim].
+struct HeadRmsNormArgs {
+  CudaDtype dtype = CudaDtype::kFloat32;
+  void* x = nullptr;
+  int64_t row_stride = 0;
+  const void* weight = nullptr;
+  int64_t tokens = 0;
+  int heads = 0;
+  int head_dim = 0;
+  float eps = 1e-6f;
+  void* stream = nullptr;
+  bool overlap = false;  // kernels/cuda_overlap.cuh
+};
+LaunchResult LaunchHeadRmsNorm(const HeadRmsNormArgs& args, std::string* error);
+
 // out = silu(gate) * up for rows of [gate | up]: gate_up [rows, 2 * inner], out [rows,
 // inner], both contiguous.
 struct SwiGluArgs {

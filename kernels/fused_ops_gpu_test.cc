@@ -64,6 +64,25 @@ TEST_CASE("CUDA RMSNorm, alone and after a residual add, matches float64", "[gpu
   }
 }
 
+TEST_CASE("CUDA head RMSNorm norms each head of a qkv row's part in place", "[gpu][kernels]") {
+  at::manual_seed(15);
+  for (at::ScalarType dtype : kDtypes) {
+    for (int64_t hd : {64, 128, 100}) {
+      const int64_t tokens = 11;
+      const int64_t heads = 5;  // 55 heads: the last block of 8 part-filled
+      const at::Tensor start = (at::randn({tokens, 3 * heads * hd}) * 3).to(kCuda, dtype);
+      at::Tensor qkv = start.clone();
+      const at::Tensor w = at::randn({hd}).to(kCuda, dtype);
+      at::Tensor q = qkv.narrow(1, 0, heads * hd).view({tokens, heads, hd});
+      const at::Tensor want = RmsNormReference(q, w, 1e-6);
+      HeadRmsNormInPlace(q, w, 1e-6);
+      CheckClose(q, want, dtype);
+      CHECK(at::equal(qkv.narrow(1, heads * hd, 2 * heads * hd),
+                      start.narrow(1, heads * hd, 2 * heads * hd)));
+    }
+  }
+}
+
 TEST_CASE("CUDA SwiGLU matches float64", "[gpu][kernels]") {
   at::manual_seed(12);
   for (at::ScalarType dtype : kDtypes) {

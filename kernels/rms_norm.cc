@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 #ifdef TOPHAT_HAVE_CUDA
@@ -135,6 +136,49 @@ void AddRmsNormOut(at::Tensor& residual, const at::Tensor& delta, const at::Tens
     return;
   }
   RunFused(delta.contiguous(), &residual, weight.contiguous(), out, eps);
+}
+
+void HeadRmsNormInPlace(at::Tensor& x, const at::Tensor& weight, double eps) {
+  const bool fusable = Fusable(x, weight) && weight.is_contiguous() && x.dim() == 3 &&
+                       x.stride(2) == 1 && x.stride(1) == x.size(2) &&
+                       x.size(1) <= std::numeric_limits<int>::max() &&
+                       x.size(2) <= std::numeric_limits<int>::max();
+  if (!fusable) {
+    x.copy_(RmsNormComposite(x, weight, eps));
+    return;
+  }
+  const int64_t tokens = x.size(0);
+  const int64_t heads = x.size(1);
+  const int64_t head_dim = x.size(2);
+  if (x.is_cpu()) {
+    float* base = x.data_ptr<float>();
+    const float* w = weight.data_ptr<float>();
+    const int64_t row_stride = x.stride(0);
+    // A few hundred floats a head: rows of heads share a thread, as RmsNormRowsCpu's rows do.
+    at::parallel_for(0, tokens * heads, /*grain_size=*/64, [&](int64_t begin, int64_t end) {
+      for (int64_t u = begin; u < end; ++u) {
+        float* head = base + (u / heads) * row_stride + (u % heads) * head_dim;
+        RmsNormRow(head, w, head_dim, static_cast<float>(eps), head);
+      }
+    });
+    return;
+  }
+#ifdef TOPHAT_HAVE_CUDA
+  const HeadRmsNormArgs args{.dtype = *ToCudaDtype(x.scalar_type()),
+                             .x = x.data_ptr(),
+                             .row_stride = x.stride(0),
+                             .weight = weight.data_ptr(),
+                             .tokens = tokens,
+                             .heads = static_cast<int>(heads),
+                             .head_dim = static_cast<int>(head_dim),
+                             .eps = static_cast<float>(eps),
+                             .stream = CurrentCudaStream(),
+                             .overlap = OverlapKernelLaunches()};
+  std::string error;
+  const LaunchResult launched = LaunchHeadRmsNorm(args, &error);
+  TORCH_CHECK(launched != LaunchResult::kCudaError, "head RMSNorm kernel: ", error);
+  if (launched == LaunchResult::kUnsupported) x.copy_(RmsNormComposite(x, weight, eps));
+#endif
 }
 
 bool HaveCudaKernels() {

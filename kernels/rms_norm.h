@@ -26,8 +26,14 @@ void RmsNormOut(const at::Tensor& x, const at::Tensor& weight, double eps, at::T
 void AddRmsNormOut(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& weight,
                    double eps, at::Tensor& out);
 
+// Each head's RMSNorm in place (Qwen3's q_norm and k_norm before rotary): x [tokens, heads,
+// head_dim] with head_dim contiguous and the heads of a token at stride head_dim (the query or
+// key part of a qkv row, viewed); weight [head_dim]. Fused (allocating nothing) for float32 on
+// the CPU and the CUDA dtypes on a GPU; the composite ops, copied back, otherwise.
+void HeadRmsNormInPlace(at::Tensor& x, const at::Tensor& weight, double eps);
+
 // One row of d float32 values: the arithmetic of the CPU paths above, for callers that
-// work row by row (kernels/decode_step.h gets the same numbers as RmsNormOut).
+// work row by row (kernels/decode_step.h gets the same numbers as RmsNormOut). y may be x.
 void RmsNormRow(const float* x, const float* weight, int64_t d, float eps, float* y);
 
 // True when this build carries the CUDA kernels (a toolkit was found at configure time).

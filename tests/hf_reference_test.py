@@ -40,7 +40,8 @@ try:
     import torch
     import transformers
     from transformers import (AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM,
-                              MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+                              MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                              Qwen3Config, Qwen3ForCausalLM)
 except ImportError as error:
     print(f"hf_reference: cannot import the reference ({error}). It needs torch and "
           f"transformers from deploy/requirements.txt in {sys.executable}'s environment: run "
@@ -80,6 +81,15 @@ def with_biases_zeroed(directory):
     return model
 
 
+def with_head_norms_removed(directory):
+    """Qwen3 without its per-head q_norm and k_norm (the rest of its weights kept)."""
+    model = load_reference(directory)
+    for layer in model.model.layers:
+        layer.self_attn.q_norm = torch.nn.Identity()
+        layer.self_attn.k_norm = torch.nn.Identity()
+    return model
+
+
 # name, class, config, save (dtype, max_shard_size), split (m, k), control (what it removes)
 VARIANTS = [
     dict(name="llama_gqa", cls=LlamaForCausalLM, config=LlamaConfig(**BASE)),
@@ -105,6 +115,13 @@ VARIANTS = [
     dict(name="mistral_sliding_window", cls=MistralForCausalLM,
          config=MistralConfig(**BASE, sliding_window=8), split=(2, 1),
          control=("no window", without(sliding_window=None))),
+    dict(name="qwen3_head_norms", cls=Qwen3ForCausalLM,
+         config=Qwen3Config(**BASE, head_dim=32,  # q 128 wide from hidden 64, as Qwen3's
+                            tie_word_embeddings=True), split=(1, 1),
+         control=("no head norms", with_head_norms_removed)),
+    dict(name="qwen3_bf16_attention_bias", cls=Qwen3ForCausalLM,
+         config=Qwen3Config(**BASE, attention_bias=True), dtype=torch.bfloat16, split=(2, 1),
+         control=("biases zeroed", with_biases_zeroed)),
     dict(name="llama_tied", cls=LlamaForCausalLM,
          config=LlamaConfig(**BASE, tie_word_embeddings=True), split=(2, 1)),
     dict(name="llama_bf16", cls=LlamaForCausalLM, config=LlamaConfig(**BASE),

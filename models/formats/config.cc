@@ -134,8 +134,8 @@ absl::StatusOr<Rope> ParseRope(const json& j, const std::string& source) {
 }
 
 // The sliding window as transformers applies it. Mistral: `sliding_window` on every layer
-// (MistralForCausalLM ignores `layer_types`). Qwen2: only with `use_sliding_window`, and then
-// only on the layers `layer_types` marks "sliding_attention" (when absent, transformers
+// (MistralForCausalLM ignores `layer_types`). Qwen2 and Qwen3: only with `use_sliding_window`, and
+// then only on the layers `layer_types` marks "sliding_attention" (when absent, transformers
 // derives it: layers from `max_window_layers` on, default 28). Llama: never. The runtime has
 // one window for all layers, so a mix of sliding and full layers is refused.
 absl::StatusOr<std::optional<int64_t>> ParseSlidingWindow(const json& j, const std::string& source,
@@ -214,6 +214,8 @@ std::string_view ArchitectureName(Architecture architecture) {
       return "MistralForCausalLM";
     case Architecture::kQwen2:
       return "Qwen2ForCausalLM";
+    case Architecture::kQwen3:
+      return "Qwen3ForCausalLM";
   }
   return "unknown";
 }
@@ -251,11 +253,13 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::stri
     c.architecture = Architecture::kMistral;
   } else if (name == "Qwen2ForCausalLM") {
     c.architecture = Architecture::kQwen2;
+  } else if (name == "Qwen3ForCausalLM") {
+    c.architecture = Architecture::kQwen3;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        Where(source, "architectures"), ": architecture '", name,
-        "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, "
-        "Qwen2ForCausalLM)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(source, "architectures"), ": architecture '", name,
+                     "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, "
+                     "Qwen2ForCausalLM, Qwen3ForCausalLM)"));
   }
 
   TOPHAT_ASSIGN_OR_RETURN(c.vocab_size, GetInt(j, source, "vocab_size", std::nullopt, 1));
@@ -358,6 +362,9 @@ json ModelConfig::ToJson() const {
     case Architecture::kQwen2:
       j["model_type"] = "qwen2";
       break;
+    case Architecture::kQwen3:
+      j["model_type"] = "qwen3";
+      break;
   }
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;
@@ -383,8 +390,9 @@ json ModelConfig::ToJson() const {
   j["attention_bias"] = attention_bias;
   if (sliding_window) {
     j["sliding_window"] = *sliding_window;
-    if (architecture == Architecture::kQwen2) {
-      // Qwen2 slides only the layers from max_window_layers on (default 28): all of them.
+    if (architecture == Architecture::kQwen2 || architecture == Architecture::kQwen3) {
+      // Qwen2 (and Qwen3) slides only the layers from max_window_layers on (default 28): all of
+      // them.
       j["use_sliding_window"] = true;
       j["max_window_layers"] = 0;
       j["layer_types"] =
@@ -404,9 +412,11 @@ json ModelConfig::ToJson() const {
 
 int64_t ModelConfig::LayerParameterCount() const {
   const int64_t attention = hidden_size * (q_size() + 2 * kv_size()) + q_size() * hidden_size;
-  const int64_t bias = attention_bias ? q_size() + 2 * kv_size() : 0;
+  const int64_t bias =
+      (attention_bias ? q_size() + 2 * kv_size() : 0) + (o_bias() ? hidden_size : 0);
+  const int64_t head_norms = qk_norm() ? 2 * head_dim : 0;
   const int64_t mlp = 3 * hidden_size * intermediate_size;
-  return attention + bias + mlp + 2 * hidden_size;
+  return attention + bias + head_norms + mlp + 2 * hidden_size;
 }
 
 }  // namespace tophat

@@ -1,4 +1,5 @@
-// The model hyperparameters of a Hugging Face `config.json`, for the Llama family.
+// The model hyperparameters of a Hugging Face `config.json`, for the Llama family (Llama,
+// Mistral, Qwen2, and Qwen3, which norms each query and key head before rotary).
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,7 @@
 
 namespace tophat {
 
-enum class Architecture { kLlama, kMistral, kQwen2 };
+enum class Architecture { kLlama, kMistral, kQwen2, kQwen3 };
 
 std::string_view ArchitectureName(Architecture architecture);
 
@@ -49,7 +50,7 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;  // q/k/v biases; always true for Qwen2
+  bool attention_bias = false;  // q/k/v biases (and o_proj's, but for Qwen2); true for Qwen2
   std::optional<int64_t> sliding_window;  // Mistral; attention sees the last N positions
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;
@@ -62,6 +63,11 @@ struct ModelConfig {
   // The config.json this config reads back from (Hugging Face key names).
   nlohmann::json ToJson() const;
 
+  // Qwen3's q_norm and k_norm: an RMSNorm over each query and key head ([head_dim] weights,
+  // the same for every head of a layer) between the projection and rotary.
+  bool qk_norm() const { return architecture == Architecture::kQwen3; }
+  // o_proj has a bias: attention_bias, except in Qwen2 (q/k/v biases only).
+  bool o_bias() const { return attention_bias && architecture != Architecture::kQwen2; }
   int64_t q_size() const { return num_attention_heads * head_dim; }
   int64_t kv_size() const { return num_key_value_heads * head_dim; }
   // Parameters of one decoder layer, for bandwidth and FLOP accounting.

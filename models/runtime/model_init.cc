@@ -32,7 +32,12 @@ NamedTensors InitWeights(const ModelConfig& c, uint64_t seed) {
       w.emplace_back(name("self_attn.v_proj.bias"), normal({c.kv_size()}));
     }
     w.emplace_back(name("self_attn.o_proj.weight"), normal({d, c.q_size()}));
-    if (c.attention_bias && c.architecture != Architecture::kQwen2) {
+    if (c.qk_norm()) {
+      // Around 1, as trained norms are, but not 1: a head norm's weights must matter.
+      w.emplace_back(name("self_attn.q_norm.weight"), normal({c.head_dim}).mul_(10).add_(1));
+      w.emplace_back(name("self_attn.k_norm.weight"), normal({c.head_dim}).mul_(10).add_(1));
+    }
+    if (c.o_bias()) {
       w.emplace_back(name("self_attn.o_proj.bias"), normal({d}));
     }
     w.emplace_back(name("post_attention_layernorm.weight"), ones(d));
@@ -118,6 +123,11 @@ std::vector<std::pair<std::string, ModelConfig>> TinyTestVariants() {
   mistral.architecture = Architecture::kMistral;
   mistral.sliding_window = 6;
   v.emplace_back("mistral_sliding_window", mistral);
+  ModelConfig qwen3 = TinyTestConfig();
+  qwen3.architecture = Architecture::kQwen3;
+  qwen3.head_dim = 32;  // q_size 128 > hidden 64, as Qwen3-0.6B's 2048 > 1024
+  qwen3.tie_word_embeddings = true;
+  v.emplace_back("qwen3_qk_norm", qwen3);
   return v;
 }
 

@@ -309,7 +309,6 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
                               load_matrix("model.embed_tokens.weight", {config.vocab_size, d}));
     }
   }
-  const bool o_bias = config.attention_bias && config.architecture != Architecture::kQwen2;
   for (int64_t i = spec.layers.begin; i < spec.layers.end; ++i) {
     auto name = [i](std::string_view suffix) { return LayerTensorName(i, suffix); };
     DecoderLayerWeights w;
@@ -331,7 +330,13 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
     }
     TOPHAT_ASSIGN_OR_RETURN(WeightMatrix o, load_matrix(name("self_attn.o_proj.weight"),
                                                         {d, config.q_size()}));
-    if (o_bias) {
+    if (config.qk_norm()) {
+      TOPHAT_ASSIGN_OR_RETURN(w.q_norm, load(name("self_attn.q_norm.weight"), {config.head_dim}));
+      TOPHAT_ASSIGN_OR_RETURN(w.k_norm, load(name("self_attn.k_norm.weight"), {config.head_dim}));
+      w.q_norm = w.q_norm.contiguous();
+      w.k_norm = w.k_norm.contiguous();
+    }
+    if (config.o_bias()) {
       TOPHAT_ASSIGN_OR_RETURN(w.o_bias, load(name("self_attn.o_proj.bias"), {d}));
     }
     TOPHAT_ASSIGN_OR_RETURN(w.post_norm, load(name("post_attention_layernorm.weight"), {d}));
@@ -444,16 +449,20 @@ void Submodel::ChooseSmallBatchGemms() {
         weights.push_back((w.*role.matrix).dense);
         if (role.bias != nullptr && (w.*role.bias).defined()) biases.push_back(w.*role.bias);
       }
-      const SmallBatchEpilogue epilogue{.kind = role.epilogue,
+      // With head norms between them (Qwen3) the projection is never fused with rotary.
+      const Epilogue kind = role.epilogue == Epilogue::kRotaryQkv && first.q_norm.defined()
+                                ? Epilogue::kNone
+                                : role.epilogue;
+      const SmallBatchEpilogue epilogue{.kind = kind,
                                         .heads = config_.num_attention_heads,
                                         .kv_heads = config_.num_key_value_heads,
                                         .head_dim = config_.head_dim};
       absl::StatusOr<SmallBatchTimings> timings =
           TimeSmallBatchGemm(weights, biases, kMaxRows, epilogue);
-      const char* form = role.epilogue == Epilogue::kRotaryQkv ? "+rotary"
-                         : role.epilogue == Epilogue::kSwiGlu  ? "+swiglu"
-                                                               : "";
-      if (!timings.ok() && role.epilogue != Epilogue::kNone) {
+      const char* form = kind == Epilogue::kRotaryQkv ? "+rotary"
+                         : kind == Epilogue::kSwiGlu  ? "+swiglu"
+                                                      : "";
+      if (!timings.ok() && kind != Epilogue::kNone) {
         // The step still takes the plain kernel where the fused form cannot run.
         spdlog::warn("{}: timing the fused form failed ({}); timing the plain product",
                      role.name, timings.status().ToString());
@@ -493,6 +502,8 @@ void Submodel::PrepareFusedLayers() {
     const float* post_norm = FloatData(w.post_norm);
     if (!qkv || !o_proj || !gate_up || !down || input_norm == nullptr || post_norm == nullptr ||
         (w.qkv_bias.defined() && FloatData(w.qkv_bias) == nullptr) ||
+        (w.q_norm.defined() && FloatData(w.q_norm) == nullptr) ||
+        (w.k_norm.defined() && FloatData(w.k_norm) == nullptr) ||
         (w.o_bias.defined() && FloatData(w.o_bias) == nullptr)) {
       fused_layers_.clear();
       return;
@@ -500,6 +511,8 @@ void Submodel::PrepareFusedLayers() {
     fused_layers_.push_back({.input_norm = input_norm,
                              .qkv = *qkv,
                              .qkv_bias = FloatData(w.qkv_bias),
+                             .q_norm = FloatData(w.q_norm),
+                             .k_norm = FloatData(w.k_norm),
                              .o_proj = *o_proj,
                              .o_bias = FloatData(w.o_bias),
                              .post_norm = post_norm,
@@ -976,12 +989,21 @@ void Submodel::RunLayers(int64_t total, const at::Tensor& cos, const at::Tensor&
       key_slots = device_batch.pool->keys(layer).view({-1, kv_heads, hd});
       value_slots = device_batch.pool->values(layer).view({-1, kv_heads, hd});
     }
+    // A model with head norms (Qwen3) norms q and k in place between the projection and
+    // rotary, so the fused projection-and-rotary form is not for it.
+    const bool head_norms = w.q_norm.defined();
     const bool projected_to_cache =
-        key_slots.defined() && UsesSmallBatchGemm(w.qkv, total) &&
+        key_slots.defined() && !head_norms && UsesSmallBatchGemm(w.qkv, total) &&
         kernels::SmallBatchGemmRotaryQkvToCache(h, w.qkv.dense, w.qkv_bias, cos, sin, heads,
                                                 kv_heads, hd, key_slots, value_slots,
                                                 device_batch.slots, q);
     if (!projected_to_cache) LinearOut(h, w.qkv, w.qkv_bias, qkv);
+    if (head_norms) {
+      at::Tensor q_heads = qkv.narrow(1, 0, q_size).view({total, heads, hd});
+      at::Tensor k_heads = qkv.narrow(1, q_size, kv_size).view({total, kv_heads, hd});
+      kernels::HeadRmsNormInPlace(q_heads, w.q_norm, eps);
+      kernels::HeadRmsNormInPlace(k_heads, w.k_norm, eps);
+    }
     const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({total, kv_heads, hd});
     if (key_slots.defined()) {
       if (projected_to_cache ||
@@ -1102,7 +1124,10 @@ int64_t Submodel::WeightBytes() const {
     if (t.defined()) bytes += t.numel() * static_cast<int64_t>(t.element_size());
   };
   for (const DecoderLayerWeights& w : layers_) {
-    for (const at::Tensor* t : {&w.input_norm, &w.qkv_bias, &w.o_bias, &w.post_norm}) add(*t);
+    for (const at::Tensor* t :
+         {&w.input_norm, &w.qkv_bias, &w.q_norm, &w.k_norm, &w.o_bias, &w.post_norm}) {
+      add(*t);
+    }
     for (const WeightMatrix* m : {&w.qkv, &w.o_proj, &w.gate_up, &w.down}) bytes += m->bytes();
   }
   add(final_norm_);

@@ -123,6 +123,8 @@ struct DecoderLayerWeights {
   at::Tensor input_norm;  // [D]
   WeightMatrix qkv;       // [q + 2kv, D]: q_proj, k_proj, v_proj stacked, one GEMM
   at::Tensor qkv_bias;    // [q + 2kv] or undefined
+  at::Tensor q_norm;      // [hd]: each query head's RMSNorm before rotary (Qwen3), or undefined
+  at::Tensor k_norm;      // [hd]: each key head's (Qwen3), or undefined
   WeightMatrix o_proj;    // [D, q]
   at::Tensor o_bias;      // [D] or undefined (Llama with attention_bias)
   at::Tensor post_norm;   // [D]

@@ -91,8 +91,15 @@ at::Tensor ReferenceLogits(const ModelConfig& c, const std::map<std::string, at:
     at::Tensor q = at::linear(h, p("self_attn.q_proj.weight"), maybe("self_attn.q_proj.bias"));
     at::Tensor k = at::linear(h, p("self_attn.k_proj.weight"), maybe("self_attn.k_proj.bias"));
     at::Tensor v = at::linear(h, p("self_attn.v_proj.weight"), maybe("self_attn.v_proj.bias"));
-    q = rotate(q.view({t, c.num_attention_heads, hd}));
-    k = rotate(k.view({t, c.num_key_value_heads, hd}));
+    q = q.view({t, c.num_attention_heads, hd});
+    k = k.view({t, c.num_key_value_heads, hd});
+    // Qwen3: each head normed by the layer's [hd] weights before rotary.
+    if (const at::Tensor q_norm = maybe("self_attn.q_norm.weight"); q_norm.defined()) {
+      q = norm(q, q_norm);
+      k = norm(k, p("self_attn.k_norm.weight"));
+    }
+    q = rotate(q);
+    k = rotate(k);
     v = v.view({t, c.num_key_value_heads, hd});
     const int64_t group = c.num_attention_heads / c.num_key_value_heads;
     k = k.repeat_interleave(group, 1);

@@ -16,21 +16,37 @@ at::Tensor TrainingLayers(const ModelConfig& c, const WeightMap& w, const RopeTa
   const int64_t group = c.num_attention_heads / c.num_key_value_heads;
   const at::Tensor cos = rope.cos.narrow(0, 0, seq);
   const at::Tensor sin = rope.sin.narrow(0, 0, seq);
-  const at::Tensor mask =
+  // Causal, and with a sliding window only the last `window` positions (the runtime's and
+  // transformers' rule: query i sees keys j with i - window < j <= i).
+  at::Tensor mask =
       at::full({seq, seq}, -std::numeric_limits<float>::infinity(), x.options()).triu(1);
+  if (c.sliding_window && *c.sliding_window < seq) {
+    mask = mask + at::full({seq, seq}, -std::numeric_limits<float>::infinity(), x.options())
+                      .tril(-*c.sliding_window);
+  }
   for (int64_t i = begin; i < end; ++i) {
     auto p = [&](std::string_view s) -> const at::Tensor& { return w.at(LayerTensorName(i, s)); };
+    // Every projection as the runtime computes it: the biases the architecture has (Qwen2's
+    // q/k/v, Llama's with attention_bias) and Qwen3's head norms before rotary.
+    auto project = [&](const std::string& name, bool bias, const at::Tensor& input) {
+      return bias ? at::linear(input, p(name + ".weight"), p(name + ".bias"))
+                  : at::linear(input, p(name + ".weight"));
+    };
     at::Tensor h = RmsNorm(x, p("input_layernorm.weight"), c.rms_norm_eps);
-    at::Tensor q = at::linear(h, p("self_attn.q_proj.weight")).view({batch, seq, -1, hd});
-    at::Tensor k = at::linear(h, p("self_attn.k_proj.weight")).view({batch, seq, -1, hd});
-    at::Tensor v = at::linear(h, p("self_attn.v_proj.weight")).view({batch, seq, -1, hd});
+    at::Tensor q = project("self_attn.q_proj", c.attention_bias, h).view({batch, seq, -1, hd});
+    at::Tensor k = project("self_attn.k_proj", c.attention_bias, h).view({batch, seq, -1, hd});
+    at::Tensor v = project("self_attn.v_proj", c.attention_bias, h).view({batch, seq, -1, hd});
+    if (c.qk_norm()) {
+      q = RmsNorm(q, p("self_attn.q_norm.weight"), c.rms_norm_eps);
+      k = RmsNorm(k, p("self_attn.k_norm.weight"), c.rms_norm_eps);
+    }
     q = ApplyRope(q, cos, sin).transpose(1, 2);
     k = ApplyRope(k, cos, sin).repeat_interleave(group, 2).transpose(1, 2);
     v = v.repeat_interleave(group, 2).transpose(1, 2);
     at::Tensor scores = at::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(hd));
     at::Tensor attention = at::matmul(at::softmax(scores + mask, -1), v);
     attention = attention.transpose(1, 2).reshape({batch, seq, -1});
-    x = x + at::linear(attention, p("self_attn.o_proj.weight"));
+    x = x + project("self_attn.o_proj", c.o_bias(), attention);
     h = RmsNorm(x, p("post_attention_layernorm.weight"), c.rms_norm_eps);
     at::Tensor mlp = at::silu(at::linear(h, p("mlp.gate_proj.weight"))) *
                      at::linear(h, p("mlp.up_proj.weight"));
