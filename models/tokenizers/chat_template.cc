@@ -264,9 +264,26 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
                         llama31 && Contains(source, kLlama31ToolMarker));
   }
   if (Contains(source, "<|im_start|>") && Contains(source, "<|im_end|>")) {
-    // Qwen3's template writes the same instructions in another layout (and thinks).
+    // A thinking template: Qwen3's switches with enable_thinking; QwQ's opens the block in
+    // the prompt (its generation prompt is the literal below, Jinja's \n escapes and all).
+    ThinkingStyle thinking = ThinkingStyle::kNone;
+    if (Contains(source, "<think>") && Contains(source, "</think>")) {
+      if (Contains(source, "enable_thinking")) {
+        thinking = ThinkingStyle::kSwitch;
+      } else if (Contains(source, "assistant\\n<think>\\n") ||
+                 Contains(source, "assistant\n<think>\n")) {
+        thinking = ThinkingStyle::kOpened;
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(
+            std::string(origin),
+            ": chat_template writes <think> and </think> in neither known layout (Qwen3's "
+            "enable_thinking switch; QwQ's prompt that opens <think>); it is not guessed"));
+      }
+    }
+    // Qwen3's template writes the same tool instructions in another layout.
     return ChatTemplate(ChatFamily::kChatMl, ChatMlDefaultSystem(source), false, true,
-                        Contains(source, kHermesToolMarker) && !Contains(source, "<think>"));
+                        Contains(source, kHermesToolMarker) && thinking == ThinkingStyle::kNone,
+                        thinking);
   }
   if (Contains(source, "[INST]") && Contains(source, "[/INST]")) {
     return ChatTemplate(ChatFamily::kMistral, "", false, Contains(source, "system"), false);
@@ -306,8 +323,51 @@ std::optional<ToolCallSyntax> ChatTemplate::tool_call_syntax() const {
   return std::nullopt;
 }
 
+void ChatTemplate::AddThinkingAssistant(RenderedChat& chat, std::span<const ChatMessage> messages,
+                                        size_t i, size_t last_query) const {
+  const ChatMessage& message = messages[i];
+  std::string content = message.content;
+  std::string reasoning = message.reasoning;
+  // Reasoning left in the content is taken out of it, as the templates do:
+  // content.split('</think>')[-1].lstrip('\n'), and (Qwen3) the reasoning before the first
+  // '</think>', after its last '<think>', newlines trimmed.
+  if (const size_t end = content.find("</think>"); end != std::string::npos) {
+    if (reasoning.empty()) {
+      std::string before = content.substr(0, end);
+      if (const size_t start = before.rfind("<think>"); start != std::string::npos) {
+        before.erase(0, start + std::string_view("<think>").size());
+      }
+      before.erase(before.find_last_not_of('\n') + 1);
+      before.erase(0, std::min(before.find_first_not_of('\n'), before.size()));
+      reasoning = std::move(before);
+    }
+    content.erase(0, content.rfind("</think>") + std::string_view("</think>").size());
+    content.erase(0, std::min(content.find_first_not_of('\n'), content.size()));
+  }
+  AddSpecial(chat, "<|im_start|>");
+  // Qwen3 keeps the reasoning of the turns after the last user message (a tool-using turn
+  // in progress), and the last message's block even when empty.
+  const bool last = i + 1 == messages.size();
+  if (thinking_ == ThinkingStyle::kSwitch && i > last_query && (last || !reasoning.empty())) {
+    std::string trimmed = reasoning;
+    trimmed.erase(trimmed.find_last_not_of('\n') + 1);
+    trimmed.erase(0, std::min(trimmed.find_first_not_of('\n'), trimmed.size()));
+    AddText(chat, "assistant\n");
+    AddSpecial(chat, "<think>");
+    AddText(chat, absl::StrCat("\n", trimmed, "\n"));
+    AddSpecial(chat, "</think>");
+    content.erase(0, std::min(content.find_first_not_of('\n'), content.size()));
+    AddText(chat, absl::StrCat("\n\n", content));
+  } else {
+    AddText(chat, absl::StrCat("assistant\n", content));
+  }
+  AddSpecial(chat, "<|im_end|>");
+  AddText(chat, "\n");
+}
+
 absl::StatusOr<RenderedChat> ChatTemplate::Render(std::span<const ChatMessage> messages,
-                                                  std::span<const std::string> tools) const {
+                                                  std::span<const std::string> tools,
+                                                  const ChatRenderOptions& options) const {
   RenderedChat chat;
   bool any_tool = !tools.empty();
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -419,8 +479,21 @@ absl::StatusOr<RenderedChat> ChatTemplate::Render(std::span<const ChatMessage> m
         AddSpecial(chat, "<|im_end|>");
         AddText(chat, "\n");
       }
+      // Qwen3's last query: the last user message (tools, whose answers would be user turns
+      // too, are refused for thinking templates).
+      size_t last_query = messages.empty() ? 0 : messages.size() - 1;
+      for (size_t i = messages.size(); i-- > 0;) {
+        if (messages[i].role == "user") {
+          last_query = i;
+          break;
+        }
+      }
       for (size_t i = !tools.empty() && leading_system ? 1 : 0; i < messages.size(); ++i) {
         const ChatMessage& message = messages[i];
+        if (thinking_ != ThinkingStyle::kNone && message.role == "assistant") {
+          AddThinkingAssistant(chat, messages, i, last_query);
+          continue;
+        }
         if (message.role == "tool") {
           // A run of answers shares one user turn.
           if (i == 0 || messages[i - 1].role != "tool") {
@@ -448,6 +521,15 @@ absl::StatusOr<RenderedChat> ChatTemplate::Render(std::span<const ChatMessage> m
       }
       AddSpecial(chat, "<|im_start|>");
       AddText(chat, "assistant\n");
+      if (thinking_ == ThinkingStyle::kOpened) {
+        AddSpecial(chat, "<think>");
+        AddText(chat, "\n");
+      } else if (thinking_ == ThinkingStyle::kSwitch && !options.enable_thinking) {
+        AddSpecial(chat, "<think>");
+        AddText(chat, "\n\n");
+        AddSpecial(chat, "</think>");
+        AddText(chat, "\n\n");
+      }
       return chat;
     }
     case ChatFamily::kMistral: {

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "models/tokenizers/reasoning.h"
 #include "models/tokenizers/tokenizer.h"
 
 namespace tophat {
@@ -46,6 +47,9 @@ struct ToolCall {
 struct ChatMessage {
   std::string role;  // "system", "user", "assistant", "tool"
   std::string content;
+  // An assistant's reasoning, given apart from its content (OpenAI-style clients send back
+  // `reasoning` / `reasoning_content`); a thinking template places it, others drop it.
+  std::string reasoning;
   std::vector<ToolCall> tool_calls;  // an assistant's calls (content may then be empty)
   std::string tool_call_id;          // a tool's answer: the call it answers
 };
@@ -83,6 +87,23 @@ struct RenderedChat {
 // tokenizer_config.json. Recognised by its first line.
 extern const std::string_view kToyChatTemplateSource;
 
+// What a request may switch in the template (vLLM's and SGLang's chat_template_kwargs).
+struct ChatRenderOptions {
+  // Qwen3's enable_thinking: false closes an empty reasoning block in the prompt, so the
+  // model answers at once.
+  bool enable_thinking = true;
+};
+
+// How a ChatML template thinks (ChatTemplate::thinking()).
+enum class ThinkingStyle {
+  kNone,
+  // Qwen3: the model opens <think> itself; enable_thinking=false writes an empty block into
+  // the prompt; past reasoning is dropped but after the last user message.
+  kSwitch,
+  // QwQ: the prompt opens <think> for the model; past reasoning is always dropped.
+  kOpened,
+};
+
 class ChatTemplate {
  public:
   // The template of a checkpoint directory: tokenizer_config.json's "chat_template" (a string,
@@ -102,7 +123,18 @@ class ChatTemplate {
   // message (messages[i]) for a role the family has no place for, or an order it does not
   // allow; naming tools for a family without a tool layout.
   absl::StatusOr<RenderedChat> Render(std::span<const ChatMessage> messages,
-                                      std::span<const std::string> tools = {}) const;
+                                      std::span<const std::string> tools = {},
+                                      const ChatRenderOptions& options = {}) const;
+
+  // Whether (and how) the model thinks before it answers: ChatML templates that write
+  // <think> and </think>. The reasoning markers of its answers when it does.
+  ThinkingStyle thinking() const { return thinking_; }
+  // Whether a request with `options` has the model think first (its answer starts in its
+  // reasoning): a thinking template, and not switched off.
+  bool Thinks(const ChatRenderOptions& options) const {
+    return thinking_ == ThinkingStyle::kOpened ||
+           (thinking_ == ThinkingStyle::kSwitch && options.enable_thinking);
+  }
 
   // How this model writes a tool call; nullopt where its template has no tool layout tophat
   // renders.
@@ -114,18 +146,24 @@ class ChatTemplate {
 
  private:
   ChatTemplate(ChatFamily family, std::string default_system, bool llama31_header,
-               bool system_role, bool tools)
+               bool system_role, bool tools, ThinkingStyle thinking = ThinkingStyle::kNone)
       : family_(family),
         default_system_(std::move(default_system)),
         llama31_header_(llama31_header),
         system_role_(system_role),
-        tools_(tools) {}
+        tools_(tools),
+        thinking_(thinking) {}
+
+  // ChatML's assistant message i of `messages` as a thinking template renders it.
+  void AddThinkingAssistant(RenderedChat& chat, std::span<const ChatMessage> messages,
+                            size_t i, size_t last_query) const;
 
   ChatFamily family_;
   std::string default_system_;   // ChatML: system message used when none is given
   bool llama31_header_ = false;  // Llama 3.1: the "Cutting Knowledge Date" system header
   bool system_role_ = true;      // Mistral: whether the template places a system message
   bool tools_ = false;           // the template has a tool layout tophat renders
+  ThinkingStyle thinking_ = ThinkingStyle::kNone;
 };
 
 // What an answer says once its tool calls are read out (OpenAI's message.content and

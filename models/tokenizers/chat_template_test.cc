@@ -266,7 +266,11 @@ TEST_CASE("Only the templates with a tool layout tophat renders take tools") {
   CHECK_FALSE(Make(kLlama31Source).tool_call_syntax().has_value());
   CHECK_FALSE(Make(kLlama3Source).tool_call_syntax().has_value());
   CHECK_FALSE(Make(kQwen2Source).tool_call_syntax().has_value());
-  CHECK_FALSE(Make((kQwen25ToolsSource + "{{- '<think>' }}").c_str()).tool_call_syntax().has_value());
+  CHECK_FALSE(Make((kQwen25ToolsSource +
+                    "{{- '<think>' + r + '</think>' }}{%- if enable_thinking %}{%- endif %}")
+                       .c_str())
+                  .tool_call_syntax()
+                  .has_value());
   CHECK_FALSE(Make(kMistralSource).tool_call_syntax().has_value());
 
   const std::vector<std::string> tools = {kWeatherTool};
@@ -415,6 +419,98 @@ TEST_CASE("The toy template writes tools and calls in plain text, in its own syn
         "tools: [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\"}}]\n"
         "user: weather?\nassistant: <tool_call>{\"name\": \"get_weather\", \"arguments\": "
         "{\"city\": \"Oslo\"}}</tool_call>\ntool: cold\nassistant:");
+}
+
+}  // namespace
+}  // namespace tophat
+
+namespace tophat {
+namespace {
+
+// Qwen3's template in the parts the recogniser reads: ChatML, <think> blocks and the
+// enable_thinking switch (its rendering is written out by hand below, from the template).
+constexpr const char* kQwen3Source =
+    "{%- for message in messages %}{%- if message.role == 'assistant' %}{%- if '</think>' in "
+    "content %}{%- set reasoning_content = content.split('</think>')[0] %}{%- endif %}"
+    "{{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content + "
+    "'\\n</think>\\n\\n' + content }}{%- endif %}{{- '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is "
+    "defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}";
+// QwQ's: the generation prompt opens the block; history keeps only what follows </think>.
+constexpr const char* kQwqSource =
+    "{%- set content = message.content.split('</think>')[-1].lstrip('\\n') %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}";
+
+TEST_CASE("Qwen3's template thinks unless enable_thinking is false, and drops past reasoning",
+          "[thinking]") {
+  const ChatTemplate qwen3 = Make(kQwen3Source);
+  CHECK(qwen3.family() == ChatFamily::kChatMl);
+  CHECK(qwen3.thinking() == ThinkingStyle::kSwitch);
+  CHECK(qwen3.Thinks({}));
+  CHECK_FALSE(qwen3.Thinks({.enable_thinking = false}));
+  CHECK_FALSE(qwen3.tool_call_syntax().has_value());
+
+  const std::vector<ChatMessage> question = {{"user", "Which is greater, 9.11 or 9.8?"}};
+  const RenderedChat thinking = RenderOk(qwen3, question);
+  CHECK(thinking.ToString() ==
+        "<|im_start|>user\nWhich is greater, 9.11 or 9.8?<|im_end|>\n<|im_start|>assistant\n");
+  auto answering = qwen3.Render(question, {}, {.enable_thinking = false});
+  REQUIRE(answering.ok());
+  CHECK(answering->ToString() ==
+        "<|im_start|>user\nWhich is greater, 9.11 or 9.8?<|im_end|>\n<|im_start|>assistant\n"
+        "<think>\n\n</think>\n\n");
+  // The block's tags are the vocabulary's tokens, not text.
+  CHECK(Specials(*answering) == std::vector<std::string>{"<|im_start|>", "<|im_end|>",
+                                                         "<|im_start|>", "<think>", "</think>"});
+
+  // An earlier answer keeps only its content, whether the reasoning came in the content (a
+  // client that sent back the whole text) or beside it.
+  ChatMessage answered{.role = "assistant", .content = "9.8 is greater."};
+  answered.reasoning = "Compare the tenths.";
+  for (const ChatMessage& earlier :
+       {answered, ChatMessage{.role = "assistant",
+                              .content = "<think>\nCompare the tenths.\n</think>\n\n9.8 is "
+                                         "greater."}}) {
+    const RenderedChat next =
+        RenderOk(qwen3, {question[0], earlier, {"user", "And 9.11 or 9.2?"}});
+    CHECK(next.ToString() ==
+          "<|im_start|>user\nWhich is greater, 9.11 or 9.8?<|im_end|>\n<|im_start|>assistant\n"
+          "9.8 is greater.<|im_end|>\n<|im_start|>user\nAnd 9.11 or 9.2?<|im_end|>\n"
+          "<|im_start|>assistant\n");
+  }
+  // After the last user message (a turn in progress) the reasoning stays, in its block.
+  const RenderedChat in_progress = RenderOk(qwen3, {question[0], answered});
+  CHECK(in_progress.ToString() ==
+        "<|im_start|>user\nWhich is greater, 9.11 or 9.8?<|im_end|>\n<|im_start|>assistant\n"
+        "<think>\nCompare the tenths.\n</think>\n\n9.8 is greater.<|im_end|>\n"
+        "<|im_start|>assistant\n");
+}
+
+TEST_CASE("QwQ's template opens the thinking block in the prompt, and has no switch",
+          "[thinking]") {
+  const ChatTemplate qwq = Make(kQwqSource);
+  CHECK(qwq.thinking() == ThinkingStyle::kOpened);
+  CHECK(qwq.Thinks({.enable_thinking = false}));
+  const RenderedChat chat =
+      RenderOk(qwq, {{"user", "Hi"},
+                     {"assistant", "<think>\nA greeting.\n</think>\n\nHello."},
+                     {"user", "Bye"}});
+  CHECK(chat.ToString() ==
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n"
+        "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n<think>\n");
+  CHECK(Specials(chat).back() == "<think>");
+}
+
+TEST_CASE("A ChatML template that thinks in another layout is refused, not guessed",
+          "[thinking]") {
+  auto refused = ChatTemplate::FromSource(
+      "{{- '<|im_start|>' + message.role }}{{- '<think>' + r + '</think>' }}{{- '<|im_end|>' }}",
+      "tokenizer_config.json");
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(std::string(refused.status().message()),
+             Catch::StartsWith("tokenizer_config.json: chat_template writes <think>"));
 }
 
 }  // namespace
