@@ -253,6 +253,18 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
       return absl::InvalidArgumentError(
           absl::StrCat("response_format: unknown value ", request.response_format()));
   }
+  if (request.has_format_after_token_id()) {
+    if (request.response_format() == v1::RESPONSE_FORMAT_TEXT) {
+      return absl::InvalidArgumentError(
+          "format_after_token_id: given, but response_format is RESPONSE_FORMAT_TEXT");
+    }
+    if (request.format_after_token_id() >= static_cast<uint64_t>(limits.vocab_size)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("format_after_token_id: token id ", request.format_after_token_id(),
+                       " is outside the vocabulary of ", limits.vocab_size));
+    }
+    plan.sampling.format_after_token = static_cast<int32_t>(request.format_after_token_id());
+  }
   if (plan.sampling.history_dependent()) {
     plan.sampling.stop_ids = plan.stop_ids;
     // min_tokens holds the end of sequence back under ignore_eos too, as vLLM does (its

@@ -172,15 +172,31 @@ std::optional<OpenAiError> ParseMessages(const Json& value, std::vector<ChatMess
     // A field set to null is absent (clients send back an answer's message whole, with its
     // refusal, audio and function_call null).
     for (const auto& [key, field] : message.items()) {
-      const bool known = key == "role" || key == "content" ||
-                         (key == "tool_calls" && role == "assistant") ||
-                         (key == "tool_call_id" && role == "tool");
+      const bool known =
+          key == "role" || key == "content" || (key == "tool_calls" && role == "assistant") ||
+          ((key == "reasoning" || key == "reasoning_content") && role == "assistant") ||
+          (key == "tool_call_id" && role == "tool");
       if (!known && !field.is_null() && !(key == "annotations" && field == Json::array())) {
         return Invalid(absl::StrCat(where, ".", key),
                        absl::StrCat(where, ".", key, " is not supported by this endpoint"));
       }
     }
     ChatMessage parsed{.role = std::move(role)};
+    // An earlier answer's reasoning, sent back beside its content (vLLM's `reasoning`, and
+    // `reasoning_content` as DeepSeek's API and older vLLM name it); a thinking template
+    // places or drops it as the model was trained to read it.
+    for (const char* key : {"reasoning", "reasoning_content"}) {
+      if (!message.contains(key) || message[key].is_null()) continue;
+      if (!message[key].is_string()) {
+        return Invalid(absl::StrCat(where, ".", key),
+                       absl::StrCat(where, ".", key, " must be a string"));
+      }
+      if (!parsed.reasoning.empty() && parsed.reasoning != message[key].get<std::string>()) {
+        return Invalid(absl::StrCat(where, ".", key),
+                       absl::StrCat(where, ".reasoning and .reasoning_content differ"));
+      }
+      parsed.reasoning = message[key].get<std::string>();
+    }
     if (message.contains("tool_calls") && !message["tool_calls"].is_null()) {
       if (auto error = ParseToolCalls(message["tool_calls"], where, parsed.tool_calls)) {
         return error;
@@ -204,6 +220,26 @@ std::optional<OpenAiError> ParseMessages(const Json& value, std::vector<ChatMess
                      absl::StrCat(where, ".content is required"));
     }
     messages.push_back(std::move(parsed));
+  }
+  return std::nullopt;
+}
+
+// vLLM's and SGLang's "chat_template_kwargs": {"enable_thinking": bool}, the one key tophat's
+// templates read; any other is refused by name rather than ignored.
+std::optional<OpenAiError> ParseChatTemplateKwargs(const Json& value, ChatRenderOptions& options) {
+  const std::string kKey = "chat_template_kwargs";
+  if (!value.is_object()) {
+    return Invalid(kKey, "'chat_template_kwargs' must be an object");
+  }
+  for (const auto& [option, setting] : value.items()) {
+    const std::string at = absl::StrCat(kKey, ".", option);
+    if (option != "enable_thinking") {
+      return Invalid(at, absl::StrCat(at,
+                                      " is not read by tophat's chat templates (they take "
+                                      "enable_thinking)"));
+    }
+    if (!setting.is_boolean()) return Invalid(at, absl::StrCat(at, " must be a boolean"));
+    options.enable_thinking = setting.get<bool>();
   }
   return std::nullopt;
 }
@@ -711,6 +747,8 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
     } else if (key == "parallel_tool_calls" && chat) {
       if (!value.is_boolean()) return Invalid(key, "'parallel_tool_calls' must be a boolean");
       request.parallel_tool_calls = value.get<bool>();
+    } else if (key == "chat_template_kwargs" && chat) {
+      if (auto error = ParseChatTemplateKwargs(value, request.chat_options)) return *error;
     } else if (key == "stream") {
       if (!value.is_boolean()) return Invalid(key, "'stream' must be a boolean");
       request.stream = value.get<bool>();
@@ -1414,6 +1452,8 @@ std::variant<TokenizeRequest, OpenAiError> ParseTokenizeRequest(std::string_view
     } else if (key == "add_special_tokens") {
       if (!value.is_boolean()) return Invalid(key, "'add_special_tokens' must be a boolean");
       request.add_special_tokens = value.get<bool>();
+    } else if (key == "chat_template_kwargs") {
+      if (auto error = ParseChatTemplateKwargs(value, request.chat_options)) return *error;
     } else if (key == "add_generation_prompt") {
       // The chat template's rendering always ends with the assistant's header.
       if (!value.is_boolean() || !value.get<bool>()) {

@@ -114,6 +114,9 @@ struct OpenAiRequest {
   ToolChoice tool_choice = ToolChoice::kNone;
   std::string tool_choice_function;  // kFunction: the tool's name
   bool parallel_tool_calls = true;
+  // vLLM's and SGLang's chat_template_kwargs (chat): `enable_thinking` (Qwen3's switch), the
+  // one key tophat's templates read.
+  ChatRenderOptions chat_options;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   // tophat's extension (OpenAI's clients send it with extra_body; OpenAI ignores nothing, so
@@ -171,6 +174,7 @@ struct TokenizeRequest {
   std::string prompt;
   std::vector<ChatMessage> messages;  // non-empty: a chat's
   bool add_special_tokens = true;
+  ChatRenderOptions chat_options;  // chat_template_kwargs, as a chat completion's
 };
 // vLLM's POST /detokenize: token ids back to text.
 struct DetokenizeRequest {

@@ -901,3 +901,68 @@ TEST_CASE("A grammar is refused where it cannot hold, naming the field and the p
 
 }  // namespace
 }  // namespace tophat
+
+namespace tophat {
+namespace {
+
+TEST_CASE("chat_template_kwargs switches thinking, and earlier answers' reasoning is read back") {
+  const OpenAiRequest plain =
+      ParseOk(OpenAiEndpoint::kChatCompletions,
+              R"({"model": "toy", "messages": [{"role": "user", "content": "hi"}]})");
+  CHECK(plain.chat_options.enable_thinking);
+  const OpenAiRequest off = ParseOk(OpenAiEndpoint::kChatCompletions, R"({"model": "toy",
+      "messages": [{"role": "user", "content": "hi"},
+                   {"role": "assistant", "content": "Hello.", "reasoning": "A greeting."},
+                   {"role": "assistant", "content": "Bye.", "reasoning_content": "Leaving.",
+                    "reasoning": null},
+                   {"role": "user", "content": "again"}],
+      "chat_template_kwargs": {"enable_thinking": false}})");
+  CHECK_FALSE(off.chat_options.enable_thinking);
+  REQUIRE(off.messages.size() == 4);
+  CHECK(off.messages[1].reasoning == "A greeting.");
+  CHECK(off.messages[2].reasoning == "Leaving.");
+  CHECK(off.messages[3].reasoning.empty());
+
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {R"("chat_template_kwargs": {"thinking": true})", "chat_template_kwargs.thinking"},
+      {R"("chat_template_kwargs": {"enable_thinking": "no"})",
+       "chat_template_kwargs.enable_thinking"},
+      {R"("chat_template_kwargs": [])", "chat_template_kwargs"},
+  };
+  for (const auto& [field, param] : refused) {
+    INFO(field);
+    const OpenAiError error = ParseError(
+        OpenAiEndpoint::kChatCompletions,
+        absl::StrCat(R"({"model": "toy", "messages": [{"role": "user", "content": "hi"}], )", field,
+                     "}"));
+    CHECK(error.param == param);
+  }
+  // Reasoning is an assistant's, a string, and said once.
+  for (const auto& [message, param] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"role": "user", "content": "hi", "reasoning": "x"})", "messages[0].reasoning"},
+           {R"({"role": "assistant", "content": "a", "reasoning": 5})", "messages[0].reasoning"},
+           {R"({"role": "assistant", "content": "a", "reasoning": "x",
+                "reasoning_content": "y"})",
+            "messages[0].reasoning_content"}}) {
+    INFO(message);
+    const OpenAiError error =
+        ParseError(OpenAiEndpoint::kChatCompletions,
+                   absl::StrCat(R"({"model": "toy", "messages": [)", message, "]}"));
+    CHECK(error.param == param);
+  }
+  // Completions have no template.
+  CHECK(
+      ParseError(
+          OpenAiEndpoint::kCompletions,
+          R"({"model": "toy", "prompt": "a", "chat_template_kwargs": {"enable_thinking": false}})")
+          .param == "chat_template_kwargs");
+  const auto tokenize = ParseTokenizeRequest(
+      R"({"messages": [{"role": "user", "content": "hi"}],
+          "chat_template_kwargs": {"enable_thinking": false}})",
+      kModel);
+  REQUIRE(std::holds_alternative<TokenizeRequest>(tokenize));
+  CHECK_FALSE(std::get<TokenizeRequest>(tokenize).chat_options.enable_thinking);
+}
+
+}  // namespace
+}  // namespace tophat

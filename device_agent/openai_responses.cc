@@ -184,6 +184,25 @@ std::vector<Json> ResponseBuilder::Start() {
   return events;
 }
 
+std::vector<Json> ResponseBuilder::Reasoning(std::string_view text) {
+  std::vector<Json> events;
+  Json item = {{"type", "reasoning"},
+               {"id", NewId("rs")},
+               {"summary", Json::array()},
+               {"content", Json::array({Json{{"type", "reasoning_text"}, {"text", text}}})},
+               {"status", "completed"}};
+  Json added = item;
+  added["status"] = "in_progress";
+  added["content"] = Json::array();
+  events.push_back(
+      Event("response.output_item.added", {{"output_index", output_.size()}, {"item", added}}));
+  events.push_back(
+      Event("response.output_item.done", {{"output_index", output_.size()}, {"item", item}}));
+  output_.push_back(std::move(item));
+  answer_.reasoning = std::string(text);
+  return events;
+}
+
 void ResponseBuilder::OpenMessage(std::vector<Json>& events) {
   if (!message_id_.empty()) return;
   message_id_ = NewId("msg");

@@ -47,6 +47,10 @@ class ResponseBuilder {
   ResponseBuilder(std::string id, int64_t created_at, std::string model, Json echo);
 
   std::vector<Json> Start();
+  // A thinking model's reasoning, whole, before any text: a reasoning item ({type:
+  // "reasoning", summary: [], content: [{type: "reasoning_text", text}]}, as OpenAI's
+  // open-weight models' responses carry it), added and done at once. Kept with the answer.
+  std::vector<Json> Reasoning(std::string_view text);
   // Text the answer adds, with its tokens' log-probabilities (chat's entries: {token,
   // logprob, bytes, top_logprobs}; an empty array when none were asked for).
   std::vector<Json> Text(std::string_view delta, const Json& logprobs);

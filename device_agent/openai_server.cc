@@ -369,14 +369,18 @@ struct Completion {
                 {"choices", std::move(choices)}};
   }
 
+  // `reasoning`: a thinking model's reasoning the chunk adds (delta.reasoning, vLLM's name).
   Json Chunk(int64_t index, const std::string& text, const Json& finish_reason, bool first,
-             Json logprobs = nullptr, Json tool_calls = nullptr) const {
+             Json logprobs = nullptr, Json tool_calls = nullptr,
+             const std::string& reasoning = "") const {
     Json choice = {
         {"index", index}, {"finish_reason", finish_reason}, {"logprobs", std::move(logprobs)}};
     if (chat()) {
       Json delta = Json::object();
       if (first) delta["role"] = "assistant";
-      if (!text.empty() || (first && finish_reason.is_null() && tool_calls.is_null())) {
+      if (!reasoning.empty()) delta["reasoning"] = reasoning;
+      if (!text.empty() ||
+          (first && finish_reason.is_null() && tool_calls.is_null() && reasoning.empty())) {
         delta["content"] = text;
       }
       if (!tool_calls.is_null()) delta["tool_calls"] = std::move(tool_calls);
@@ -395,8 +399,11 @@ struct Completion {
   }
 
   // One choice of a whole (not streamed) answer.
+  // `reasoning`: a thinking model's (message.reasoning, null when it wrote none); its content
+  // is then null when it wrote none (cut off while thinking).
   Json Choice(int64_t index, const std::string& text, const std::string& finish_reason,
-              Json logprobs, Json tool_calls = nullptr) const {
+              Json logprobs, Json tool_calls = nullptr,
+              const std::optional<std::string>& reasoning = std::nullopt) const {
     Json choice = {
         {"index", index}, {"finish_reason", finish_reason}, {"logprobs", std::move(logprobs)}};
     if (chat() && !tool_calls.is_null()) {
@@ -404,6 +411,10 @@ struct Completion {
       choice["message"] = {{"role", "assistant"},
                            {"content", text.empty() ? Json(nullptr) : Json(text)},
                            {"tool_calls", std::move(tool_calls)}};
+    } else if (chat() && reasoning) {
+      choice["message"] = {{"role", "assistant"},
+                           {"content", text.empty() ? Json(nullptr) : Json(text)},
+                           {"reasoning", reasoning->empty() ? Json(nullptr) : Json(*reasoning)}};
     } else if (chat()) {
       choice["message"] = {{"role", "assistant"}, {"content", text}};
     } else {
@@ -758,13 +769,14 @@ OpenAiServer::~OpenAiServer() {
 }
 
 std::variant<std::vector<int32_t>, OpenAiError> OpenAiServer::ChatPromptIds(
-    const std::vector<ChatMessage>& messages, std::span<const std::string> tools) const {
+    const std::vector<ChatMessage>& messages, std::span<const std::string> tools,
+    const ChatRenderOptions& options) const {
   if (!chat_template_) {
     return OpenAiError{.param = "messages",
                        .message = absl::StrCat("this model has no chat template (",
                                                chat_template_error_, "); use /v1/completions")};
   }
-  auto rendered = chat_template_->Render(messages, tools);
+  auto rendered = chat_template_->Render(messages, tools, options);
   if (!rendered.ok()) {
     const std::string message(rendered.status().message());
     return OpenAiError{.param = message.starts_with("tools:") ? "tools" : "messages",
@@ -897,11 +909,25 @@ void OpenAiServer::Route() {
     std::vector<uint32_t> stop_ids;
     // Under tool_choice "auto", "required" or a function: how the answer's calls are read.
     std::optional<ToolCallReader> tool_reader;
+    // A thinking model's "</think>" id: its answer is split into reasoning and content.
+    std::optional<int32_t> reasoning_end;
     if (endpoint == OpenAiEndpoint::kChatCompletions) {
       std::vector<std::string> tools;
       for (const OpenAiTool& tool : request.tools) tools.push_back(tool.json);
-      auto ids = ChatPromptIds(request.messages, tools);
+      auto ids = ChatPromptIds(request.messages, tools, request.chat_options);
       if (auto* error = std::get_if<OpenAiError>(&ids)) return SendError(res, *error);
+      if (chat_template_->Thinks(request.chat_options)) {
+        // The answer starts in the model's reasoning: it is split from the content, and a
+        // format holds from the token after its end on.
+        const ReasoningMarkers markers;
+        const std::optional<int32_t> end = tokenizer.PieceToId(markers.end);
+        if (!end) {
+          return SendError(res, ServerError(500, absl::StrCat("the chat template thinks, and the "
+                                                              "tokenizer has no ",
+                                                              markers.end, " token")));
+        }
+        reasoning_end = *end;
+      }
       // The template rendered the tools, so it has a layout for calls.
       const std::optional<ToolCallSyntax> syntax = chat_template_->tool_call_syntax();
       if (request.tool_choice != ToolChoice::kNone && syntax) {
@@ -1043,6 +1069,9 @@ void OpenAiServer::Route() {
       generate.set_prompt_logprobs(request.echo);
       generate.set_prompt_only(request.prompt_only);
     }
+    if (reasoning_end && generate.response_format() != v1::RESPONSE_FORMAT_TEXT) {
+      generate.set_format_after_token_id(static_cast<uint32_t>(*reasoning_end));
+    }
     for (uint32_t id : stop_ids) generate.add_stop_token_ids(id);
     if (request.outline_max_points != 0) {
       generate.mutable_outline()->set_enabled(true);
@@ -1104,6 +1133,12 @@ void OpenAiServer::Route() {
         text += filter.Push(done[i].text());
         text += filter.Flush();
         std::string finish_reason = FinishReasonText(done[i].finish_reason(), filter.stopped());
+        std::optional<std::string> reasoning;
+        if (reasoning_end) {
+          ReasoningSplitter::Parts parts = SplitReasoning(text);
+          reasoning = std::move(parts.reasoning);
+          text = std::move(parts.content);
+        }
         std::vector<ToolCall> calls;
         if (tool_reader) {
           ToolCallReading reading = tool_reader->Read(text);
@@ -1114,6 +1149,7 @@ void OpenAiServer::Route() {
           }
         }
         if (turn) {  // one choice
+          if (reasoning && !reasoning->empty()) turn->builder.Reasoning(*reasoning);
           turn->builder.Text(text, logprobs ? logprobs->Take()["content"] : Json::array());
           turn->builder.Finish("", calls, finish_reason == "length", ResponseUsage(done[i]));
           if (cancelled() && done[i].finish_reason() == v1::FINISH_REASON_CANCELLED) {
@@ -1123,7 +1159,7 @@ void OpenAiServer::Route() {
         }
         rendered[i] = completion.Choice(
             i, text, finish_reason, logprobs ? logprobs->Take() : Json(nullptr),
-            calls.empty() ? Json(nullptr) : ToolCallsJson(calls, /*streamed=*/false));
+            calls.empty() ? Json(nullptr) : ToolCallsJson(calls, /*streamed=*/false), reasoning);
       });
       for (const v1::GenerateResponse& answer : done) {
         if (failed(answer)) return SendError(res, generation_error(answer));
@@ -1143,7 +1179,7 @@ void OpenAiServer::Route() {
     // which says false once the client has gone. False when the client went away.
     const auto stream =
         [this, choices, completion, request, caller = *caller, generation_error, failed, slot,
-         places, make_logprobs, prompts, tool_reader, call_required,
+         places, make_logprobs, prompts, tool_reader, call_required, reasoning_end,
          turn](const std::function<bool(const Json&)>& write) {
           // The choices stream at once, each chunk whole under the lock.
           std::mutex sink_mutex;
@@ -1176,23 +1212,53 @@ void OpenAiServer::Route() {
             const auto release = [&](const std::string& text) {
               return holdback ? holdback->Push(text) : text;
             };
+            // A thinking model's answer: reasoning until </think>, then content. A response
+            // (turn) gets its reasoning as one item, once the reasoning has ended.
+            std::optional<ReasoningSplitter> splitter;
+            if (reasoning_end) splitter.emplace();
+            std::string turn_reasoning;
+            bool turn_reasoning_sent = false;
+            const auto split = [&](const std::string& text) {
+              if (!splitter) return ReasoningSplitter::Parts{.content = text};
+              return splitter->Push(text);
+            };
+            const auto turn_events = [&](const ReasoningSplitter::Parts& parts,
+                                         const Json& text_logprobs) {
+              std::vector<Json> events;
+              turn_reasoning += parts.reasoning;
+              if (!turn_reasoning_sent && (!parts.content.empty() || splitter->in_content()) &&
+                  !turn_reasoning.empty()) {
+                events = turn->builder.Reasoning(turn_reasoning);
+                turn_reasoning_sent = true;
+              }
+              for (Json& event : turn->builder.Text(parts.content, text_logprobs)) {
+                events.push_back(std::move(event));
+              }
+              return events;
+            };
             bool first = true;
             done[i] = agent_->Generate(
                 choices[i].generate,
                 [&](const TokenEvent& event) {
-                  const std::string text = release(tokens.Push(event));
+                  const ReasoningSplitter::Parts parts = split(tokens.Push(event));
+                  const std::string text = release(parts.content);
                   // A token whose text is held back (it may begin a stop sequence) still
                   // sends its log-probability.
                   const bool has_logprobs = logprobs && !logprobs->empty();
                   if (turn) {  // one choice
-                    return send_all(turn->builder.Text(
-                               text, has_logprobs ? logprobs->Take()["content"] : Json::array())) &&
-                           !filter.stopped() && !cancelled();
+                    const Json text_logprobs =
+                        has_logprobs ? logprobs->Take()["content"] : Json::array();
+                    if (splitter) {
+                      return send_all(turn_events({parts.reasoning, text}, text_logprobs)) &&
+                             !filter.stopped() && !cancelled();
+                    }
+                    return send_all(turn->builder.Text(text, text_logprobs)) && !filter.stopped() &&
+                           !cancelled();
                   }
-                  if (!text.empty() || first || has_logprobs) {
+                  if (!text.empty() || !parts.reasoning.empty() || first || has_logprobs) {
                     if (!send(completion.Chunk(i, text, nullptr, first,
-                                               has_logprobs ? logprobs->Take()
-                                                            : Json(nullptr)))) {
+                                               has_logprobs ? logprobs->Take() : Json(nullptr),
+                                               nullptr, parts.reasoning))) {
                       return false;
                     }
                     first = false;
@@ -1211,6 +1277,13 @@ void OpenAiServer::Route() {
             }
             std::string tail = filter.Push(done[i].text());
             tail += filter.Flush();
+            std::string tail_reasoning;
+            if (splitter) {
+              ReasoningSplitter::Parts parts = splitter->Push(tail);
+              ReasoningSplitter::Parts rest = splitter->Flush();
+              tail_reasoning = parts.reasoning + rest.reasoning;
+              tail = parts.content + rest.content;
+            }
             tail = release(tail);
             std::string finish_reason =
                 FinishReasonText(done[i].finish_reason(), filter.stopped());
@@ -1225,8 +1298,15 @@ void OpenAiServer::Route() {
               }
             }
             if (turn) {
-              const std::vector<Json> events = turn->builder.Finish(
-                  tail, calls, finish_reason == "length", ResponseUsage(done[i]));
+              std::vector<Json> events;
+              turn_reasoning += tail_reasoning;
+              if (!turn_reasoning_sent && !turn_reasoning.empty()) {
+                events = turn->builder.Reasoning(turn_reasoning);
+              }
+              for (Json& event : turn->builder.Finish(tail, calls, finish_reason == "length",
+                                                      ResponseUsage(done[i]))) {
+                events.push_back(std::move(event));
+              }
               // A cancelled background response ends without its completion's events (it
               // did not complete): GET shows it cancelled, with what it had generated.
               const bool was_cancelled =
@@ -1240,8 +1320,9 @@ void OpenAiServer::Route() {
             }
             Json tool_calls =
                 calls.empty() ? Json(nullptr) : ToolCallsJson(calls, /*streamed=*/true);
-            if (!tail.empty() || !tool_calls.is_null()) {
-              send(completion.Chunk(i, tail, nullptr, first, nullptr, std::move(tool_calls)));
+            if (!tail.empty() || !tail_reasoning.empty() || !tool_calls.is_null()) {
+              send(completion.Chunk(i, tail, nullptr, first, nullptr, std::move(tool_calls),
+                                    tail_reasoning));
               first = false;
             }
             send(completion.Chunk(i, "", finish_reason, first));
@@ -1293,7 +1374,7 @@ void OpenAiServer::Route() {
     auto encoded =
         request.messages.empty()
             ? TextPromptIds(agent_->tokenizer(), request.prompt, request.add_special_tokens)
-            : ChatPromptIds(request.messages);
+            : ChatPromptIds(request.messages, {}, request.chat_options);
     if (auto* error = std::get_if<OpenAiError>(&encoded)) return SendError(res, *error);
     const std::vector<int32_t>& ids = std::get<std::vector<int32_t>>(encoded);
     res.set_content(Json{{"count", ids.size()},

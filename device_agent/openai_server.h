@@ -106,7 +106,8 @@ class OpenAiServer {
   // prompt; or the error object (400 without a template or for messages it refuses).
   // `tools`: each tool's JSON as the app sent it.
   std::variant<std::vector<int32_t>, OpenAiError> ChatPromptIds(
-      const std::vector<ChatMessage>& messages, std::span<const std::string> tools = {}) const;
+      const std::vector<ChatMessage>& messages, std::span<const std::string> tools = {},
+      const ChatRenderOptions& options = {}) const;
   // Answers with a background response's events from index `next` on, as server-sent events,
   // and those still to come until its log closes, the client goes or the server stops.
   void FollowEvents(httplib::Response& res, std::shared_ptr<const ResponseEventLog> events,

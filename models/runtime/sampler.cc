@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "models/grammar/after_token_constraint.h"
 
 namespace tophat {
 
@@ -81,6 +82,7 @@ absl::Status SamplingParams::Validate() const {
 
 Sampler::Sampler(const SamplingParams& params, std::shared_ptr<const TokenVocabulary> vocabulary)
     : params_(params), rng_(params.seed) {
+  const int32_t vocabulary_size = vocabulary != nullptr ? vocabulary->size() : -1;
   // A caller's bug, not a request's: answering unconstrained would break the promise.
   const auto require = [](bool given) {
     if (given) return;
@@ -123,6 +125,11 @@ Sampler::Sampler(const SamplingParams& params, std::shared_ptr<const TokenVocabu
       format_ = MakeStructuralTagConstraint(std::move(vocabulary), params_.stop_ids,
                                             params_.structural_tag);
       break;
+  }
+  if (format_ != nullptr && params_.format_after_token >= 0) {
+    require(vocabulary_size >= 0);
+    format_ = std::make_unique<AfterTokenConstraint>(vocabulary_size, params_.format_after_token,
+                                                     std::move(format_));
   }
   if (params_.logit_bias.empty()) return;
   std::vector<int64_t> ids;

@@ -74,6 +74,10 @@ struct SamplingParams {
   std::shared_ptr<const EbnfGrammar> grammar;         // with kGrammar (EbnfGrammar::Compile)
   std::shared_ptr<const StructuralTagSpec> structural_tag;  // with kStructuralTag
   std::shared_ptr<const ChoiceSpec> choice;                 // with kChoice
+  // A thinking model's end of reasoning ("</think>"'s id), or -1: the format holds only for
+  // the tokens after the first of these, the reasoning before it free
+  // (AfterTokenConstraint).
+  int32_t format_after_token = -1;
 
   absl::Status Validate() const;
   bool greedy() const { return temperature <= 0.0; }

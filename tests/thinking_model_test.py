@@ -1,0 +1,328 @@
+#!/usr/bin/env python3
+"""A thinking model (Qwen3's architecture and chat template) through tophat, end to end.
+
+    python3 tests/thinking_model_test.py BIN_DIR WORK_DIR
+
+Builds a small random Qwen3ForCausalLM with transformers, a byte-level BPE tokenizer with
+the `tokenizers` library (ChatML's control tokens and Qwen3's <think> and </think> added
+tokens) and a tokenizer_config.json holding Qwen3's chat template, splits it with `tophat
+split`, and runs tophat-cloud and tophat-agent on loopback with the agent's OpenAI endpoint.
+Then, through the official OpenAI client:
+
+- the prompt tophat renders (vLLM's /tokenize) is the token ids transformers'
+  apply_chat_template gives, with thinking on, switched off (enable_thinking false, which
+  closes an empty block in the prompt), for a conversation whose earlier answer came back
+  with its reasoning in its content (dropped from the prompt, as the template does), and
+  for an answer after the last user message with reasoning_content (kept, in its block);
+- a chat answer's message.reasoning and message.content are the raw completion of the same
+  prompt (/v1/completions, the same seed and bias) cut at its first </think>, and streamed
+  the deltas add up to the same two parts;
+- with structured_outputs choice, the reasoning is free and the content after </think> is
+  one of the choices: the format holds after the reasoning, not from the first token;
+- the Responses API answers with a reasoning item before its message.
+
+The model is random, so </think> is made likely with logit_bias and answers are sampled
+with fixed seeds: every check compares tophat with itself or with transformers, never with
+a text written down here. Exits 0 when every check passes.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import openai  # noqa: E402
+import torch  # noqa: E402
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+
+from loopback_daemons import free_port, write_configs  # noqa: E402
+
+# Qwen3's chat template (Qwen/Qwen3-0.6B's tokenizer_config.json), tools and all.
+QWEN3_TEMPLATE = r"""{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in content %}
+                {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+                {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {%- if loop.last or (not loop.last and reasoning_content) %}
+                {{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+            {%- else %}
+                {{- '<|im_start|>' + message.role + '\n' + content }}
+            {%- endif %}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\n' + content }}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}"""
+
+CORPUS = ["Which is greater, 9.11 or 9.8? Compare the tenths first, then the hundredths.",
+          "The answer is yes or no. Think it over: the old farmer walked to the river."]
+failures = []
+
+
+def check(condition, what):
+    print(("ok   " if condition else "FAIL ") + what)
+    if not condition:
+        failures.append(what)
+
+
+def build_model(directory):
+    """The tokenizer, tokenizer_config.json and a random Qwen3 checkpoint in `directory`."""
+    os.makedirs(directory, exist_ok=True)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    tokenizer.train_from_iterator(CORPUS * 20, trainer)
+    # Qwen3's: added tokens, not special ones (an answer's text shows them).
+    tokenizer.add_tokens([AddedToken("<think>", special=False, normalized=False),
+                          AddedToken("</think>", special=False, normalized=False)])
+    tokenizer.save(os.path.join(directory, "tokenizer.json"))
+    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": QWEN3_TEMPLATE,
+                   "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+                   "bos_token": None, "add_bos_token": False}, f)
+    vocab = tokenizer.get_vocab_size()
+    torch.manual_seed(7)
+    config = Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=32, max_position_embeddings=512, rms_norm_eps=1e-6,
+                         tie_word_embeddings=True, bos_token_id=None,
+                         eos_token_id=tokenizer.token_to_id("<|im_end|>"))
+    Qwen3ForCausalLM(config).eval().save_pretrained(directory, safe_serialization=True)
+    return tokenizer
+
+
+def post(url, body):
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.load(response)
+
+
+def split_reasoning(text):
+    """The reasoning parser's rule, written out: before the first </think> (the opening tag
+    and the newlines around it dropped) is reasoning, after it (leading newlines dropped)
+    content; no </think>: all reasoning."""
+    before, tag, after = text.partition("</think>")
+    before = before.lstrip("\n")
+    if before.startswith("<think>"):
+        before = before[len("<think>"):]
+    return before.strip("\n"), after.lstrip("\n") if tag else ""
+
+
+def streamed(client, **request):
+    reasoning, content = "", ""
+    for chunk in client.chat.completions.create(stream=True, **request):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        extra = delta.model_extra or {}
+        reasoning += extra.get("reasoning") or ""
+        content += delta.content or ""
+    return reasoning, content
+
+
+def run_checks(base, tokenizer, model_dir):
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="none")
+    model = client.models.list().data[0].id
+    hf = AutoTokenizer.from_pretrained(model_dir)
+    think_end = tokenizer.token_to_id("</think>")
+    im_end = tokenizer.token_to_id("<|im_end|>")
+    question = [{"role": "user", "content": "Which is greater, 9.11 or 9.8?"}]
+    earlier = question + [
+        {"role": "assistant", "content": "<think>\nCompare the tenths first.\n</think>\n\n9.8"},
+        {"role": "user", "content": "yes or no?"}]
+
+    # 1. The prompt, against transformers' own rendering of the template.
+    in_progress = question + [{"role": "assistant", "content": "9.8",
+                               "reasoning_content": "Compare the tenths first."}]
+    for name, messages, kwargs in [("thinking", question, {}),
+                                   ("a turn in progress keeps its reasoning", in_progress, {}),
+                                   ("enable_thinking false", question,
+                                    {"enable_thinking": False}),
+                                   ("an earlier answer's reasoning dropped", earlier, {})]:
+        want = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                      **kwargs)
+        if hasattr(want, "keys"):  # transformers 5 answers with a BatchEncoding
+            want = want["input_ids"]
+        body = {"model": model, "messages": messages}
+        if kwargs:
+            body["chat_template_kwargs"] = kwargs
+        got = post(f"{base}/tokenize", body)["tokens"]
+        check(got == list(want), f"prompt ({name}): tophat's ids are transformers' "
+                                 f"({len(got)} against {len(want)})")
+
+    # 2. Reasoning and content are the raw answer cut at </think>.
+    prompt = post(f"{base}/tokenize", {"model": model, "messages": question})["tokens"]
+    sampled = dict(temperature=1.0, max_tokens=40, logit_bias={str(think_end): 4})
+    splits_seen = 0
+    for seed in range(6):
+        raw = post(f"{base}/v1/completions",
+                   {"model": model, "prompt": prompt, "seed": seed, "stop_token_ids": [im_end],
+                    **sampled})["choices"][0]["text"]
+        want_reasoning, want_content = split_reasoning(raw)
+        answer = client.chat.completions.create(model=model, messages=question, seed=seed,
+                                                **sampled)
+        message = answer.choices[0].message
+        reasoning = (message.model_extra or {}).get("reasoning") or ""
+        check(reasoning == want_reasoning and (message.content or "") == want_content,
+              f"seed {seed}: message.reasoning {reasoning!r} and content {message.content!r} "
+              f"are the raw answer {raw!r} cut at </think>")
+        got_streamed = streamed(client, model=model, messages=question, seed=seed, **sampled)
+        check(got_streamed == (want_reasoning, want_content),
+              f"seed {seed}: the streamed deltas add up to the same parts ({got_streamed!r})")
+        splits_seen += "</think>" in raw and bool(want_reasoning) and bool(want_content)
+    check(splits_seen >= 2, f"{splits_seen} of 6 answers had reasoning, </think> and content")
+
+    # 3. A format holds after the reasoning: free reasoning, then one of the choices.
+    choices_held = 0
+    for seed in range(6):
+        answer = client.chat.completions.create(
+            model=model, messages=question, seed=seed, temperature=1.0, max_tokens=60,
+            logit_bias={str(think_end): 4}, extra_body={"structured_outputs": {
+                "choice": ["yes", "no"]}})
+        message = answer.choices[0].message
+        reasoning = (message.model_extra or {}).get("reasoning") or ""
+        finish = answer.choices[0].finish_reason
+        if finish == "stop":
+            check(message.content in ("yes", "no"),
+                  f"seed {seed}: the content after the reasoning is a choice ({message.content!r})")
+            choices_held += bool(reasoning)
+    check(choices_held >= 2,
+          f"{choices_held} of 6 constrained answers reasoned freely, then chose")
+    # Thinking switched off: the prompt closed the block, and the answer is all content.
+    off = client.chat.completions.create(
+        model=model, messages=question, seed=1, temperature=1.0, max_tokens=20,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False},
+                    "structured_outputs": {"choice": ["yes", "no"]}})
+    check(off.choices[0].message.content in ("yes", "no") and
+          not (off.choices[0].message.model_extra or {}).get("reasoning"),
+          f"enable_thinking false: the answer is the choice at once "
+          f"({off.choices[0].message.content!r})")
+
+    # 4. The Responses API: a reasoning item, then the message.
+    for seed in range(6):
+        raw = post(f"{base}/v1/completions",
+                   {"model": model, "prompt": prompt, "seed": seed, "stop_token_ids": [im_end],
+                    **sampled})["choices"][0]["text"]
+        want_reasoning, want_content = split_reasoning(raw)
+        if not want_reasoning or not want_content:
+            continue
+        response = client.responses.create(
+            model=model, input=question[0]["content"], temperature=1.0, max_output_tokens=40,
+            extra_body={"seed": seed, "logit_bias": {str(think_end): 4}})
+        kinds = [item.type for item in response.output]
+        check(kinds == ["reasoning", "message"], f"seed {seed}: response items {kinds}")
+        if kinds == ["reasoning", "message"]:
+            check(response.output[0].content[0].text == want_reasoning and
+                  response.output_text == want_content,
+                  f"seed {seed}: the reasoning item and output_text are the answer's parts")
+        break
+    else:
+        check(False, "no seed gave an answer with both parts for the Responses API")
+
+
+def main():
+    bin_dir, work = sys.argv[1:3]
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    model_dir = os.path.join(work, "qwen3")
+    tokenizer = build_model(model_dir)
+    subprocess.run([f"{bin_dir}/tophat", "split", "--model", model_dir, "--input-layers", "1",
+                    "--output-layers", "1", "--out", f"{work}/bundles"], check=True,
+                   stdout=subprocess.DEVNULL)
+    cloud_port, agent_port, openai_port = free_port(), free_port(), free_port()
+    cloud_config, agent_config = write_configs(work, cloud_port, agent_port, max_context=512,
+                                               kv_memory="32MiB")
+    with open(agent_config, "a") as f:
+        f.write(f'openai:\n  address: "127.0.0.1:{openai_port}"\n')
+    processes = []
+    try:
+        for name, config in (("cloud", cloud_config), ("agent", agent_config)):
+            processes.append(subprocess.Popen(
+                [f"{bin_dir}/tophat-{name}", "--config", config],
+                stdout=open(f"{work}/{name}.log", "w"), stderr=subprocess.STDOUT))
+        base = f"http://127.0.0.1:{openai_port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit(f"FAIL: the agent's endpoint did not answer; see {work}")
+            time.sleep(0.2)
+        run_checks(base, tokenizer, model_dir)
+    finally:
+        for process in reversed(processes):
+            process.send_signal(signal.SIGTERM)
+        for process in reversed(processes):
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    if failures:
+        print(f"FAIL: {len(failures)} check(s) failed")
+        sys.exit(1)
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()
