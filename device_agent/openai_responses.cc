@@ -56,11 +56,12 @@ std::string NewResponseId() { return NewId("resp"); }
 
 std::string NewItemId(std::string_view prefix) { return NewId(prefix); }
 
-Json ResponsesUsage(int64_t input_tokens, int64_t cached_tokens, int64_t output_tokens) {
+Json ResponsesUsage(int64_t input_tokens, int64_t cached_tokens, int64_t output_tokens,
+                    int64_t reasoning_tokens) {
   return Json{{"input_tokens", input_tokens},
               {"input_tokens_details", {{"cached_tokens", cached_tokens}}},
               {"output_tokens", output_tokens},
-              {"output_tokens_details", {{"reasoning_tokens", 0}}},
+              {"output_tokens_details", {{"reasoning_tokens", reasoning_tokens}}},
               {"total_tokens", input_tokens + output_tokens}};
 }
 

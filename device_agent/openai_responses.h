@@ -30,9 +30,10 @@ std::string NewResponseId();
 std::string NewItemId(std::string_view prefix);
 
 // The usage object of a response: its input tokens (those an earlier turn had computed
-// among them, OpenAI's cached_tokens) and output tokens.
+// among them, OpenAI's cached_tokens) and output tokens (a thinking model's reasoning, up to
+// and with its </think>, among them).
 nlohmann::ordered_json ResponsesUsage(int64_t input_tokens, int64_t cached_tokens,
-                                      int64_t output_tokens);
+                                      int64_t output_tokens, int64_t reasoning_tokens = 0);
 
 // One answer as a response object and, when it streams, the events OpenAI's clients fold
 // back into it: response.created and .in_progress; a message item (output_item.added,

@@ -116,7 +116,9 @@ std::string FinishReasonText(v1::FinishReason reason, bool stopped_by_sequence) 
 
 // The usage of a request's choices, `n` a prompt: each prompt counted once (its first
 // choice's), as OpenAI counts them, and every choice's generated tokens.
-Json Usage(std::span<const v1::GenerateResponse> choices, int64_t n) {
+// `reasoning`: each choice's reasoning tokens, for a thinking model (empty otherwise).
+Json Usage(std::span<const v1::GenerateResponse> choices, int64_t n,
+           std::span<const int64_t> reasoning = {}) {
   int64_t prompt = 0, cached = 0, generated = 0;
   for (size_t i = 0; i < choices.size(); ++i) {
     const v1::RequestStats& stats = choices[i].stats();
@@ -127,10 +129,16 @@ Json Usage(std::span<const v1::GenerateResponse> choices, int64_t n) {
     }
     generated += stats.generated_tokens();
   }
-  return Json{{"prompt_tokens", prompt},
-              {"completion_tokens", generated},
-              {"total_tokens", prompt + generated},
-              {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+  Json usage = {{"prompt_tokens", prompt},
+                {"completion_tokens", generated},
+                {"total_tokens", prompt + generated},
+                {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+  if (!reasoning.empty()) {
+    int64_t reasoning_tokens = 0;
+    for (const int64_t count : reasoning) reasoning_tokens += count;
+    usage["completion_tokens_details"] = {{"reasoning_tokens", reasoning_tokens}};
+  }
+  return usage;
 }
 
 // Runs each(0) .. each(n - 1), `at_once` of them at a time (this thread one of the
@@ -189,9 +197,9 @@ void Keep(ResponseStore& store, ConversationStore& conversations, const Response
 }
 
 // A response's usage, from its one request's stats.
-Json ResponseUsage(const v1::GenerateResponse& done) {
+Json ResponseUsage(const v1::GenerateResponse& done, int64_t reasoning_tokens) {
   return ResponsesUsage(done.stats().prompt_tokens(), done.stats().reused_prompt_tokens(),
-                        done.stats().generated_tokens());
+                        done.stats().generated_tokens(), reasoning_tokens);
 }
 
 // One prompt of a request, as token ids, and with echo the text its answers start with.
@@ -326,9 +334,20 @@ struct TokenSink {
   // through the stop sequences, which end only generated text).
   std::optional<std::string> echo_text;
   std::span<const int32_t> prompt;
+  // A thinking model's "</think>": the tokens up to it (and it) are counted as reasoning
+  // (usage's reasoning_tokens).
+  std::optional<int32_t> reasoning_end;
+  int64_t reasoning_tokens = 0;
 
   // The text `event` released; false once a stop sequence completed.
   std::string Push(const TokenEvent& event) {
+    if (reasoning_end && !filter.stopped()) {
+      for (const int32_t id : event.token_ids) {
+        if (!reasoning_end) break;
+        ++reasoning_tokens;
+        if (id == *reasoning_end) reasoning_end.reset();
+      }
+    }
     std::string released;
     if (echo_text) {
       released = *std::move(echo_text);
@@ -1114,11 +1133,13 @@ void OpenAiServer::Route() {
     if (!request.stream) {
       std::vector<v1::GenerateResponse> done(choices.size());
       std::vector<Json> rendered(choices.size());
+      std::vector<int64_t> reasoning_counts(reasoning_end ? choices.size() : 0);
       RunEach(static_cast<int64_t>(choices.size()), places, [&](int64_t i) {
         const PromptPlan& prompt = prompts[choices[i].prompt];
         StopSequenceFilter filter(request.stop, request.include_stop_str_in_output);
         std::optional<LogprobsRenderer> logprobs = make_logprobs(prompt);
-        TokenSink tokens{filter, logprobs ? &*logprobs : nullptr, prompt.echo_text, prompt.ids};
+        TokenSink tokens{filter, logprobs ? &*logprobs : nullptr, prompt.echo_text, prompt.ids,
+                         reasoning_end};
         std::string text;
         // A background response's cancel stops it, even while it waits for a cloud.
         const auto cancelled = [&turn] { return turn && turn->cancel_requested.load(); };
@@ -1151,12 +1172,14 @@ void OpenAiServer::Route() {
         if (turn) {  // one choice
           if (reasoning && !reasoning->empty()) turn->builder.Reasoning(*reasoning);
           turn->builder.Text(text, logprobs ? logprobs->Take()["content"] : Json::array());
-          turn->builder.Finish("", calls, finish_reason == "length", ResponseUsage(done[i]));
+          turn->builder.Finish("", calls, finish_reason == "length",
+                               ResponseUsage(done[i], tokens.reasoning_tokens));
           if (cancelled() && done[i].finish_reason() == v1::FINISH_REASON_CANCELLED) {
             turn->builder.Cancel();
           }
           return;
         }
+        if (reasoning_end) reasoning_counts[i] = tokens.reasoning_tokens;
         rendered[i] = completion.Choice(
             i, text, finish_reason, logprobs ? logprobs->Take() : Json(nullptr),
             calls.empty() ? Json(nullptr) : ToolCallsJson(calls, /*streamed=*/false), reasoning);
@@ -1170,8 +1193,10 @@ void OpenAiServer::Route() {
         res.set_content(turn->builder.response().dump(), "application/json");
         return;
       }
-      res.set_content(completion.Whole(Json(std::move(rendered)), Usage(done, request.n)).dump(),
-                      "application/json");
+      res.set_content(
+          completion.Whole(Json(std::move(rendered)), Usage(done, request.n, reasoning_counts))
+              .dump(),
+          "application/json");
       return;
     }
 
@@ -1199,13 +1224,14 @@ void OpenAiServer::Route() {
           };
           if (turn) send_all(turn->builder.Start());
           std::vector<v1::GenerateResponse> done(choices.size());
+          std::vector<int64_t> reasoning_counts(reasoning_end ? choices.size() : 0);
           RunEach(static_cast<int64_t>(choices.size()), places, [&](int64_t i) {
             if (client_gone) return;  // a choice not yet begun when the client went
             const PromptPlan& prompt = prompts[choices[i].prompt];
             StopSequenceFilter filter(request.stop, request.include_stop_str_in_output);
             std::optional<LogprobsRenderer> logprobs = make_logprobs(prompt);
-            TokenSink tokens{filter, logprobs ? &*logprobs : nullptr, prompt.echo_text,
-                             prompt.ids};
+            TokenSink tokens{filter, logprobs ? &*logprobs : nullptr, prompt.echo_text, prompt.ids,
+                             reasoning_end};
             // Text that may be a tool call is held back until the answer ends.
             std::optional<ToolCallHoldback> holdback;
             if (tool_reader) holdback.emplace(tool_reader->syntax(), call_required);
@@ -1303,8 +1329,9 @@ void OpenAiServer::Route() {
               if (!turn_reasoning_sent && !turn_reasoning.empty()) {
                 events = turn->builder.Reasoning(turn_reasoning);
               }
-              for (Json& event : turn->builder.Finish(tail, calls, finish_reason == "length",
-                                                      ResponseUsage(done[i]))) {
+              for (Json& event :
+                   turn->builder.Finish(tail, calls, finish_reason == "length",
+                                        ResponseUsage(done[i], tokens.reasoning_tokens))) {
                 events.push_back(std::move(event));
               }
               // A cancelled background response ends without its completion's events (it
@@ -1326,13 +1353,14 @@ void OpenAiServer::Route() {
               first = false;
             }
             send(completion.Chunk(i, "", finish_reason, first));
+            if (reasoning_end) reasoning_counts[i] = tokens.reasoning_tokens;
           });
           if (client_gone) {
             spdlog::info("openai: {}: the client went away; request cancelled", completion.id);
             return false;
           }
           if (!turn && request.include_usage && std::none_of(done.begin(), done.end(), failed)) {
-            send(completion.UsageChunk(Usage(done, request.n)));
+            send(completion.UsageChunk(Usage(done, request.n, reasoning_counts)));
           }
           return true;
         };

@@ -212,9 +212,13 @@ def run_checks(base, tokenizer, model_dir):
     sampled = dict(temperature=1.0, max_tokens=40, logit_bias={str(think_end): 4})
     splits_seen = 0
     for seed in range(6):
-        raw = post(f"{base}/v1/completions",
-                   {"model": model, "prompt": prompt, "seed": seed, "stop_token_ids": [im_end],
-                    **sampled})["choices"][0]["text"]
+        completion = post(f"{base}/v1/completions",
+                          {"model": model, "prompt": prompt, "seed": seed,
+                           "stop_token_ids": [im_end], "logprobs": 0, **sampled})["choices"][0]
+        raw = completion["text"]
+        tokens = completion["logprobs"]["tokens"]
+        want_reasoning_tokens = (tokens.index("</think>") + 1 if "</think>" in tokens
+                                 else len(tokens))
         want_reasoning, want_content = split_reasoning(raw)
         answer = client.chat.completions.create(model=model, messages=question, seed=seed,
                                                 **sampled)
@@ -223,6 +227,9 @@ def run_checks(base, tokenizer, model_dir):
         check(reasoning == want_reasoning and (message.content or "") == want_content,
               f"seed {seed}: message.reasoning {reasoning!r} and content {message.content!r} "
               f"are the raw answer {raw!r} cut at </think>")
+        check(answer.usage.completion_tokens_details.reasoning_tokens == want_reasoning_tokens,
+              f"seed {seed}: usage counts {want_reasoning_tokens} reasoning tokens "
+              f"(got {answer.usage.completion_tokens_details.reasoning_tokens})")
         got_streamed = streamed(client, model=model, messages=question, seed=seed, **sampled)
         check(got_streamed == (want_reasoning, want_content),
               f"seed {seed}: the streamed deltas add up to the same parts ({got_streamed!r})")
@@ -268,6 +275,9 @@ def run_checks(base, tokenizer, model_dir):
             extra_body={"seed": seed, "logit_bias": {str(think_end): 4}})
         kinds = [item.type for item in response.output]
         check(kinds == ["reasoning", "message"], f"seed {seed}: response items {kinds}")
+        check(response.usage.output_tokens_details.reasoning_tokens > 0,
+              f"seed {seed}: the response counts "
+              f"{response.usage.output_tokens_details.reasoning_tokens} reasoning tokens")
         if kinds == ["reasoning", "message"]:
             check(response.output[0].content[0].text == want_reasoning and
                   response.output_text == want_content,
