@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -191,7 +192,7 @@ std::optional<OpenAiError> ParseMessages(const Json& value, std::vector<ChatMess
         return Invalid(absl::StrCat(where, ".", key),
                        absl::StrCat(where, ".", key, " must be a string"));
       }
-      if (!parsed.reasoning.empty() && parsed.reasoning != message[key].get<std::string>()) {
+      if (parsed.reasoning && *parsed.reasoning != message[key].get<std::string>()) {
         return Invalid(absl::StrCat(where, ".", key),
                        absl::StrCat(where, ".reasoning and .reasoning_content differ"));
       }
@@ -979,8 +980,10 @@ std::optional<OpenAiError> OnlyKeys(const OrderedJson& item, const std::string& 
 // `input`: a string (the user's message) or items: messages ({"role", "content"}, "type":
 // "message" optional), function calls an answer made ({"type": "function_call", "call_id",
 // "name", "arguments"}) and their results ({"type": "function_call_output", "call_id",
-// "output"}). Calls join the assistant message before them, as a chat answer holds its text
-// and calls, so that the template renders them as a chat completion's.
+// "output"}), and reasoning items ({"type": "reasoning", "content": [{"type":
+// "reasoning_text", "text"}]}: the reasoning of the assistant turn after them). Calls join
+// the assistant message before them, as a chat answer holds its text and calls, so that the
+// template renders them as a chat completion's.
 }  // namespace
 
 std::variant<nlohmann::json, OpenAiError> ParseRequestBody(std::string_view body) {
@@ -1015,12 +1018,39 @@ std::optional<OpenAiError> ParseResponsesInput(const nlohmann::ordered_json& inp
     return Invalid(field,
                    absl::StrCat("'", field, "' must be a string or a non-empty array of items"));
   }
+  // A reasoning item's text, for the assistant turn that follows it (an earlier response's
+  // output sent back whole: reasoning, then its message or calls).
+  std::optional<std::string> reasoning;
   for (size_t i = 0; i < input.size(); ++i) {
     const OrderedJson& item = input[i];
     const std::string where = absl::StrCat(field, "[", i, "]");
     if (!item.is_object()) return Invalid(where, absl::StrCat(where, " must be an object"));
     const OrderedJson type =
         item.contains("type") && !item["type"].is_null() ? item["type"] : OrderedJson("message");
+    if (type == "reasoning") {
+      if (auto error = OnlyKeys(
+              item, where, {"type", "id", "summary", "content", "status", "encrypted_content"})) {
+        return error;
+      }
+      // Its reasoning_text parts (a summary is not what the model wrote).
+      const OrderedJson content = item.value("content", OrderedJson::array());
+      if (!content.is_array() && !content.is_null()) {
+        return Invalid(where + ".content", absl::StrCat(where, ".content must be an array"));
+      }
+      for (size_t p = 0; content.is_array() && p < content.size(); ++p) {
+        const OrderedJson& part = content[p];
+        if (!part.is_object() || part.value("type", OrderedJson()) != "reasoning_text" ||
+            !part.contains("text") || !part["text"].is_string()) {
+          const std::string at = absl::StrCat(where, ".content[", p, "]");
+          return Invalid(at, absl::StrCat(at,
+                                          " must be {\"type\": \"reasoning_text\", "
+                                          "\"text\"}"));
+        }
+        reasoning = reasoning.value_or("") + part["text"].get<std::string>();
+      }
+      if (!reasoning) reasoning = "";
+      continue;
+    }
     if (type == "message") {
       // An earlier answer sent back whole: its id, status and phase mean nothing here.
       if (auto error =
@@ -1041,6 +1071,9 @@ std::optional<OpenAiError> ParseResponsesInput(const nlohmann::ordered_json& inp
       if (auto* error = std::get_if<OpenAiError>(&text)) return *error;
       messages.push_back({.role = role == "developer" ? "system" : role.get<std::string>(),
                           .content = std::get<std::string>(std::move(text))});
+      if (role == "assistant" && reasoning) {
+        messages.back().reasoning = std::exchange(reasoning, std::nullopt);
+      }
     } else if (type == "function_call") {
       if (auto error =
               OnlyKeys(item, where, {"type", "call_id", "name", "arguments", "id", "status"})) {
@@ -1065,6 +1098,7 @@ std::optional<OpenAiError> ParseResponsesInput(const nlohmann::ordered_json& inp
                     .arguments = arguments.get<std::string>()};
       if (messages.empty() || messages.back().role != "assistant") {
         messages.push_back({.role = "assistant"});
+        messages.back().reasoning = std::exchange(reasoning, std::nullopt);
       }
       messages.back().tool_calls.push_back(std::move(call));
     } else if (type == "function_call_output") {
@@ -1086,9 +1120,12 @@ std::optional<OpenAiError> ParseResponsesInput(const nlohmann::ordered_json& inp
                           .tool_call_id = call_id.get<std::string>()});
     } else {
       return Invalid(where + ".type", absl::StrCat(where, ".type ", type.dump(),
-                                                   " is not supported (message, function_call, "
-                                                   "function_call_output)"));
+                                                   " is not supported (message, reasoning, "
+                                                   "function_call, function_call_output)"));
     }
+  }
+  if (messages.empty()) {
+    return Invalid(field, absl::StrCat("'", field, "' holds no message, call or call output"));
   }
   return std::nullopt;
 }

@@ -921,7 +921,7 @@ TEST_CASE("chat_template_kwargs switches thinking, and earlier answers' reasonin
   REQUIRE(off.messages.size() == 4);
   CHECK(off.messages[1].reasoning == "A greeting.");
   CHECK(off.messages[2].reasoning == "Leaving.");
-  CHECK(off.messages[3].reasoning.empty());
+  CHECK_FALSE(off.messages[3].reasoning.has_value());
 
   const std::vector<std::pair<std::string, std::string>> refused = {
       {R"("chat_template_kwargs": {"thinking": true})", "chat_template_kwargs.thinking"},

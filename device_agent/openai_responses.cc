@@ -41,8 +41,9 @@ Json TextPart(const std::string& text, const Json& logprobs) {
 }
 
 int64_t MessageBytes(const ChatMessage& message) {
-  int64_t bytes = static_cast<int64_t>(sizeof(ChatMessage) + message.role.size() +
-                                       message.content.size() + message.tool_call_id.size());
+  int64_t bytes =
+      static_cast<int64_t>(sizeof(ChatMessage) + message.role.size() + message.content.size() +
+                           message.tool_call_id.size() + message.reasoning.value_or("").size());
   for (const ToolCall& call : message.tool_calls) {
     bytes += static_cast<int64_t>(sizeof(ToolCall) + call.id.size() + call.name.size() +
                                   call.arguments.size());
@@ -364,6 +365,8 @@ Json ResponseStore::Encode(const Stored& stored) {
                             {"content", message.content},
                             {"tool_calls", std::move(calls)},
                             {"tool_call_id", message.tool_call_id}});
+    // Only when given: files of answers without it read as before.
+    if (message.reasoning) conversation.back()["reasoning"] = *message.reasoning;
   }
   Json events = nullptr;
   if (stored.events) {
@@ -398,6 +401,12 @@ absl::StatusOr<ResponseStore::Stored> ResponseStore::Decode(const Json& value) {
       return absl::DataLossError(absl::StrCat("conversation[", i, "] is not a message"));
     }
     ChatMessage message{.role = *role, .content = *content, .tool_call_id = *tool_call_id};
+    if (entry.contains("reasoning")) {
+      message.reasoning = text(entry, "reasoning");
+      if (!message.reasoning) {
+        return absl::DataLossError(absl::StrCat("conversation[", i, "].reasoning: not text"));
+      }
+    }
     for (const Json& call : entry["tool_calls"]) {
       const auto id = call.is_object() ? text(call, "id") : std::nullopt;
       const auto name = call.is_object() ? text(call, "name") : std::nullopt;

@@ -124,6 +124,32 @@ TEST_CASE("Responses input items become chat messages, calls joining the answer 
   CHECK(m[5].tool_calls[0].id == "call_3");
 }
 
+TEST_CASE("A reasoning item sent back is the reasoning of the assistant turn after it") {
+  const OpenAiResponsesRequest r = ParseOk(R"({"model": "toy", "input": [
+      {"role": "user", "content": "hi"},
+      {"type": "reasoning", "id": "rs_1", "summary": [], "status": "completed",
+       "content": [{"type": "reasoning_text", "text": "A greeting."}]},
+      {"type": "message", "role": "assistant", "content": "Hello."},
+      {"role": "user", "content": "call f"},
+      {"type": "reasoning", "id": "rs_2", "summary": [],
+       "content": [{"type": "reasoning_text", "text": "Call "},
+                   {"type": "reasoning_text", "text": "it."}]},
+      {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+      {"type": "function_call_output", "call_id": "call_1", "output": "done"}]})");
+  const std::vector<ChatMessage>& m = r.chat.messages;
+  REQUIRE(m.size() == 5);
+  CHECK(m[1].reasoning == "A greeting.");
+  CHECK(m[1].content == "Hello.");
+  CHECK(m[3].reasoning == "Call it.");
+  REQUIRE(m[3].tool_calls.size() == 1);
+  CHECK_FALSE(m[4].reasoning.has_value());
+  CHECK(ParseError(R"({"model": "toy", "input": [{"type": "reasoning", "content": [
+                        {"type": "summary_text", "text": "x"}]}]})")
+            .param == "input[0].content[0]");
+  CHECK(ParseError(R"({"model": "toy", "input": [{"type": "reasoning", "note": 1}]})").param ==
+        "input[0].note");
+}
+
 TEST_CASE("Responses tools are flat, and become chat's tools in the order written") {
   const OpenAiResponsesRequest r = ParseOk(R"({"model": "toy", "input": "hi",
       "tools": [{"type": "function", "name": "get_weather", "description": "Weather",
@@ -163,8 +189,10 @@ TEST_CASE("Responses refusals name the Responses API's fields") {
             "input[1].content[0]", "only text parts"},
            {R"({"model": "toy", "input": [{"role": "tool", "content": "a"}]})", "input[0].role",
             "\"assistant\""},
-           {R"({"model": "toy", "input": [{"type": "reasoning", "summary": []}]})", "input[0].type",
-            "\"reasoning\" is not supported"},
+           {R"({"model": "toy", "input": [{"type": "web_search_call", "id": "ws_1"}]})",
+            "input[0].type", "\"web_search_call\" is not supported"},
+           {R"({"model": "toy", "input": [{"type": "reasoning", "summary": []}]})", "input",
+            "holds no message"},
            {R"({"model": "toy", "input": [{"type": "function_call", "call_id": "c",
                 "name": "f", "arguments": "[1]"}]})",
             "input[0].arguments", "a JSON object"},
@@ -600,7 +628,9 @@ TEST_CASE(
   }
   // A later process with a lower bound takes back the most recently written, and removes the
   // files of those it cannot hold.
-  ResponseStore next(/*max_bytes=*/2500);
+  // Each kept response takes a little over 1,000 bytes (its message's text and the
+  // structures around it, BytesOf): 2,800 hold two, not three; 1,500 one.
+  ResponseStore next(/*max_bytes=*/2800);
   CHECK(next.KeepIn(OpenKept(temp.path())).kept == 2);
   CHECK(next.Find("resp_e", "").has_value());
   CHECK(next.Find("resp_d", "").has_value());
@@ -611,7 +641,7 @@ TEST_CASE(
   testing::WriteBytes(temp.path() / "resp_odd.json",
                       R"({"format": "tophat-kept-object/1", "id": "resp_odd", "app": "",
                           "value": {"conversation": [{"role": "user"}], "response": {}}})");
-  ResponseStore third(/*max_bytes=*/2500);
+  ResponseStore third(/*max_bytes=*/2800);
   const RestoredObjects restored = third.KeepIn(OpenKept(temp.path()));
   REQUIRE(restored.set_aside.size() == 1);
   // Reading a response counts as using it: the next process ranks it by that use.

@@ -282,6 +282,21 @@ def run_checks(base, tokenizer, model_dir):
             check(response.output[0].content[0].text == want_reasoning and
                   response.output_text == want_content,
                   f"seed {seed}: the reasoning item and output_text are the answer's parts")
+            # Its output sent back whole as the next turn's input (stateless), reasoning item
+            # and all: the template drops the reasoning of a turn before the last question.
+            items = [item.model_dump(exclude_none=True) for item in response.output]
+            follow_up = question + items + [{"role": "user", "content": "yes or no?"}]
+            nxt = client.responses.create(model=model, input=follow_up, temperature=0,
+                                          max_output_tokens=4)
+            messages = question + [{"role": "assistant", "content": want_content,
+                                    "reasoning_content": want_reasoning},
+                                   {"role": "user", "content": "yes or no?"}]
+            want = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            if hasattr(want, "keys"):
+                want = want["input_ids"]
+            check(nxt.usage.input_tokens == len(want),
+                  f"a response's output sent back as input reads as transformers renders it "
+                  f"({nxt.usage.input_tokens} tokens against {len(want)})")
         break
     else:
         check(False, "no seed gave an answer with both parts for the Responses API")

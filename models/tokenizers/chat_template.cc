@@ -327,12 +327,14 @@ void ChatTemplate::AddThinkingAssistant(RenderedChat& chat, std::span<const Chat
                                         size_t i, size_t last_query) const {
   const ChatMessage& message = messages[i];
   std::string content = message.content;
-  std::string reasoning = message.reasoning;
-  // Reasoning left in the content is taken out of it, as the templates do:
-  // content.split('</think>')[-1].lstrip('\n'), and (Qwen3) the reasoning before the first
-  // '</think>', after its last '<think>', newlines trimmed.
-  if (const size_t end = content.find("</think>"); end != std::string::npos) {
-    if (reasoning.empty()) {
+  std::string reasoning = message.reasoning.value_or("");
+  // Reasoning left in the content is taken out of it, as the templates do: QwQ's always keeps
+  // content.split('</think>')[-1].lstrip('\n'); Qwen3's does when no reasoning was given
+  // apart, the reasoning then the text before the first '</think>' after its last '<think>',
+  // newlines trimmed.
+  const size_t end = content.find("</think>");
+  if (end != std::string::npos && (thinking_ == ThinkingStyle::kOpened || !message.reasoning)) {
+    if (!message.reasoning) {
       std::string before = content.substr(0, end);
       if (const size_t start = before.rfind("<think>"); start != std::string::npos) {
         before.erase(0, start + std::string_view("<think>").size());

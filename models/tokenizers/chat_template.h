@@ -49,7 +49,9 @@ struct ChatMessage {
   std::string content;
   // An assistant's reasoning, given apart from its content (OpenAI-style clients send back
   // `reasoning` / `reasoning_content`); a thinking template places it, others drop it.
-  std::string reasoning;
+  // Given (even empty), Qwen3's template takes the content as it is; not given, it takes
+  // reasoning left in the content before its "</think>" out of it.
+  std::optional<std::string> reasoning;
   std::vector<ToolCall> tool_calls;  // an assistant's calls (content may then be empty)
   std::string tool_call_id;          // a tool's answer: the call it answers
 };

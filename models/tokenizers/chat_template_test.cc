@@ -480,6 +480,12 @@ TEST_CASE("Qwen3's template thinks unless enable_thinking is false, and drops pa
           "9.8 is greater.<|im_end|>\n<|im_start|>user\nAnd 9.11 or 9.2?<|im_end|>\n"
           "<|im_start|>assistant\n");
   }
+  // Reasoning given apart (even empty): the content is taken as it is, </think> and all.
+  ChatMessage given{.role = "assistant", .content = "a</think>b"};
+  given.reasoning = "";
+  CHECK(RenderOk(qwen3, {question[0], given, {"user", "c"}}).ToString() ==
+        "<|im_start|>user\nWhich is greater, 9.11 or 9.8?<|im_end|>\n<|im_start|>assistant\n"
+        "a</think>b<|im_end|>\n<|im_start|>user\nc<|im_end|>\n<|im_start|>assistant\n");
   // After the last user message (a turn in progress) the reasoning stays, in its block.
   const RenderedChat in_progress = RenderOk(qwen3, {question[0], answered});
   CHECK(in_progress.ToString() ==
