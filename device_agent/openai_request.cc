@@ -1491,6 +1491,10 @@ std::variant<TokenizeRequest, OpenAiError> ParseTokenizeRequest(std::string_view
       request.add_special_tokens = value.get<bool>();
     } else if (key == "chat_template_kwargs") {
       if (auto error = ParseChatTemplateKwargs(value, request.chat_options)) return *error;
+    } else if (key == "tools") {
+      // As a chat completion's: rendered by the template, in the order and key order sent.
+      const auto ordered = nlohmann::ordered_json::parse(body)["tools"];
+      if (auto error = ParseTools(value, ordered, request.tools)) return *error;
     } else if (key == "add_generation_prompt") {
       // The chat template's rendering always ends with the assistant's header.
       if (!value.is_boolean() || !value.get<bool>()) {
@@ -1503,6 +1507,9 @@ std::variant<TokenizeRequest, OpenAiError> ParseTokenizeRequest(std::string_view
     }
   }
   if (!has_input) return Invalid("prompt", "'prompt' or 'messages' is required");
+  if (!request.tools.empty() && request.messages.empty()) {
+    return Invalid("tools", "'tools' are rendered with 'messages' only");
+  }
   return request;
 }
 

@@ -175,6 +175,7 @@ struct TokenizeRequest {
   std::vector<ChatMessage> messages;  // non-empty: a chat's
   bool add_special_tokens = true;
   ChatRenderOptions chat_options;  // chat_template_kwargs, as a chat completion's
+  std::vector<OpenAiTool> tools;   // with messages: rendered as a chat completion's
 };
 // vLLM's POST /detokenize: token ids back to text.
 struct DetokenizeRequest {

@@ -430,6 +430,9 @@ struct Completion {
       choice["message"] = {{"role", "assistant"},
                            {"content", text.empty() ? Json(nullptr) : Json(text)},
                            {"tool_calls", std::move(tool_calls)}};
+      if (reasoning) {
+        choice["message"]["reasoning"] = reasoning->empty() ? Json(nullptr) : Json(*reasoning);
+      }
     } else if (chat() && reasoning) {
       choice["message"] = {{"role", "assistant"},
                            {"content", text.empty() ? Json(nullptr) : Json(text)},
@@ -448,6 +451,13 @@ struct Completion {
     return whole;
   }
 };
+
+// Each tool's JSON as the app sent it, which the chat template writes.
+std::vector<std::string> ToolTexts(std::span<const OpenAiTool> tools) {
+  std::vector<std::string> texts;
+  for (const OpenAiTool& tool : tools) texts.push_back(tool.json);
+  return texts;
+}
 
 // A token id a field names that the tokenizer cannot decode.
 OpenAiError OutsideVocabulary(const Tokenizer& tokenizer, std::string param, int64_t id) {
@@ -931,9 +941,7 @@ void OpenAiServer::Route() {
     // A thinking model's "</think>" id: its answer is split into reasoning and content.
     std::optional<int32_t> reasoning_end;
     if (endpoint == OpenAiEndpoint::kChatCompletions) {
-      std::vector<std::string> tools;
-      for (const OpenAiTool& tool : request.tools) tools.push_back(tool.json);
-      auto ids = ChatPromptIds(request.messages, tools, request.chat_options);
+      auto ids = ChatPromptIds(request.messages, ToolTexts(request.tools), request.chat_options);
       if (auto* error = std::get_if<OpenAiError>(&ids)) return SendError(res, *error);
       if (chat_template_->Thinks(request.chat_options)) {
         // The answer starts in the model's reasoning: it is split from the content, and a
@@ -1402,7 +1410,7 @@ void OpenAiServer::Route() {
     auto encoded =
         request.messages.empty()
             ? TextPromptIds(agent_->tokenizer(), request.prompt, request.add_special_tokens)
-            : ChatPromptIds(request.messages, {}, request.chat_options);
+            : ChatPromptIds(request.messages, ToolTexts(request.tools), request.chat_options);
     if (auto* error = std::get_if<OpenAiError>(&encoded)) return SendError(res, *error);
     const std::vector<int32_t>& ids = std::get<std::vector<int32_t>>(encoded);
     res.set_content(Json{{"count", ids.size()},

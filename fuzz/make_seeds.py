@@ -203,6 +203,9 @@ def main():
           + field_bytes(21, b'root ::= word (" " word)*\nword ::= [a-z]{1,8} | "(" root ")"\n'))
     write(out, "app_request", "json.bin",
           field_bytes(2, b"the cat") + field_varint(6, 7) + field_varint(17, 1))
+    # A thinking model's: the JSON object only after token 5 (its </think>).
+    write(out, "app_request", "after_reasoning.bin",
+          field_bytes(2, b"the cat") + field_varint(17, 1) + field_varint(24, 5))
 
     # The OpenAI endpoint's bodies: the first byte chooses the endpoint (even: chat).
     chat = {"model": "toy", "messages": [{"role": "system", "content": "be brief"},
@@ -244,6 +247,13 @@ def main():
          "response_format": {"type": "structural_tag", "structures": [
              {"begin": "<function=get>", "schema": PERSON_SCHEMA, "end": "</function>"}],
              "triggers": ["<function="]}}).encode())
+    # A thinking model's turns: earlier reasoning sent back, thinking switched off.
+    write(out, "openai_request", "thinking.bin", b"\x00" + json.dumps(
+        {"model": "toy", "chat_template_kwargs": {"enable_thinking": False},
+         "messages": [{"role": "user", "content": "x"},
+                      {"role": "assistant", "content": "<think>\nr\n</think>\n\ny",
+                       "reasoning_content": "r", "reasoning": "r"},
+                      {"role": "user", "content": "z"}]}).encode())
     tools = [{"type": "function", "function": {
                   "name": "get_weather", "description": "Weather", "strict": True,
                   "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -297,6 +307,13 @@ def main():
                     "arguments": '{"city": "Oslo"}'},
                    {"type": "function_call_output", "call_id": "call_1", "output": "cold"}]}
     ).encode())
+    write(out, "openai_request", "responses_reasoning.bin", b"\x08" + json.dumps(
+        {"model": "toy", "input": [
+            {"role": "user", "content": "x"},
+            {"type": "reasoning", "id": "rs_1", "summary": [], "status": "completed",
+             "content": [{"type": "reasoning_text", "text": "r"}]},
+            {"type": "message", "role": "assistant", "content": "y"},
+            {"role": "user", "content": "z"}]}).encode())
     write(out, "openai_request", "responses_json.bin", b"\x08" + json.dumps(
         {"model": "toy", "input": "x", "stream": True, "temperature": 0,
          "text": {"format": {"type": "json_schema", "name": "person", "strict": True,

@@ -97,7 +97,36 @@ QWEN3_TEMPLATE = r"""{%- if tools %}
         {%- else %}
             {{- '<|im_start|>' + message.role + '\n' + content }}
         {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and content) or (not loop.first) %}
+                    {{- '\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
         {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
     {%- endif %}
 {%- endfor %}
 {%- if add_generation_prompt %}
@@ -140,7 +169,7 @@ def build_model(directory):
     torch.manual_seed(7)
     config = Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128,
                          num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=32, max_position_embeddings=512, rms_norm_eps=1e-6,
+                         head_dim=32, max_position_embeddings=2048, rms_norm_eps=1e-6,
                          tie_word_embeddings=True, bos_token_id=None,
                          eos_token_id=tokenizer.token_to_id("<|im_end|>"))
     Qwen3ForCausalLM(config).eval().save_pretrained(directory, safe_serialization=True)
@@ -206,6 +235,58 @@ def run_checks(base, tokenizer, model_dir):
         got = post(f"{base}/tokenize", body)["tokens"]
         check(got == list(want), f"prompt ({name}): tophat's ids are transformers' "
                                  f"({len(got)} against {len(want)})")
+
+    # Tools, in Qwen3's layout: the system turn, a turn in progress with its reasoning and
+    # calls, and the tool's answers.
+    tools = [{"type": "function", "function": {
+        "name": "get_time", "description": "The time in a zone",
+        "parameters": {"type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}},
+                       "required": ["zone"], "additionalProperties": False}}}]
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_time", "arguments": '{"zone": "utc"}'}}
+    with_tools = [
+        ("tools", question),
+        ("tools after a system message", [{"role": "system", "content": "Be brief."}] + question),
+        ("a call in progress, its reasoning and the tool's answer",
+         question + [{"role": "assistant", "content": "", "reasoning_content": "Ask the clock.",
+                      "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": "call_1", "content": "12:00"}]),
+    ]
+    for name, messages in with_tools:
+        hf_messages = [dict(m, tool_calls=[dict(c, function=dict(
+            c["function"], arguments=json.loads(c["function"]["arguments"])))
+            for c in m["tool_calls"]]) if "tool_calls" in m else m for m in messages]
+        want = hf.apply_chat_template(hf_messages, tools=tools, add_generation_prompt=True,
+                                      tokenize=True)
+        if hasattr(want, "keys"):
+            want = want["input_ids"]
+        got = post(f"{base}/tokenize", {"model": model, "messages": messages,
+                                        "tools": tools})["tokens"]
+        check(got == list(want), f"prompt ({name}): tophat's ids are transformers' "
+                                 f"({len(got)} against {len(want)})")
+    # tool_choice required: free reasoning, then the call its schema allows (an answer of
+    # calls needs the content a </think> starts: without it all is reasoning, and no call).
+    calls_made = 0
+    reasoned = 0
+    for seed in range(6):
+        try:
+            answer = client.chat.completions.create(
+                model=model, messages=question, tools=tools, tool_choice="required", seed=seed,
+                temperature=1.0, max_tokens=400, logit_bias={str(think_end): 2})
+        except openai.APIStatusError as error:
+            check(False, f"seed {seed}: tool_choice required: {error}")
+            continue
+        message = answer.choices[0].message
+        if answer.choices[0].finish_reason != "tool_calls":
+            continue
+        arguments = json.loads(message.tool_calls[0].function.arguments)
+        check(message.tool_calls[0].function.name == "get_time" and
+              arguments.get("zone") in ("utc", "cet"),
+              f"seed {seed}: the call after the reasoning is get_time({arguments})")
+        calls_made += 1
+        reasoned += bool((message.model_extra or {}).get("reasoning"))
+    check(calls_made >= 2 and reasoned >= 1,
+          f"{calls_made} of 6 answers made the required call, {reasoned} after free reasoning")
 
     # 2. Reasoning and content are the raw answer cut at </think>.
     prompt = post(f"{base}/tokenize", {"model": model, "messages": question})["tokens"]
@@ -312,7 +393,7 @@ def main():
                     "--output-layers", "1", "--out", f"{work}/bundles"], check=True,
                    stdout=subprocess.DEVNULL)
     cloud_port, agent_port, openai_port = free_port(), free_port(), free_port()
-    cloud_config, agent_config = write_configs(work, cloud_port, agent_port, max_context=512,
+    cloud_config, agent_config = write_configs(work, cloud_port, agent_port, max_context=1024,
                                                kv_memory="32MiB")
     with open(agent_config, "a") as f:
         f.write(f'openai:\n  address: "127.0.0.1:{openai_port}"\n')

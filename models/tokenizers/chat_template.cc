@@ -280,9 +280,10 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
             "enable_thinking switch; QwQ's prompt that opens <think>); it is not guessed"));
       }
     }
-    // Qwen3's template writes the same tool instructions in another layout.
+    // Qwen3's template writes Qwen2.5's tool instructions and calls, without a default
+    // system message; QwQ's in a layout of its own, not rendered.
     return ChatTemplate(ChatFamily::kChatMl, ChatMlDefaultSystem(source), false, true,
-                        Contains(source, kHermesToolMarker) && thinking == ThinkingStyle::kNone,
+                        Contains(source, kHermesToolMarker) && thinking != ThinkingStyle::kOpened,
                         thinking);
   }
   if (Contains(source, "[INST]") && Contains(source, "[/INST]")) {
@@ -323,8 +324,9 @@ std::optional<ToolCallSyntax> ChatTemplate::tool_call_syntax() const {
   return std::nullopt;
 }
 
-void ChatTemplate::AddThinkingAssistant(RenderedChat& chat, std::span<const ChatMessage> messages,
-                                        size_t i, size_t last_query) const {
+absl::Status ChatTemplate::AddThinkingAssistant(RenderedChat& chat,
+                                                std::span<const ChatMessage> messages, size_t i,
+                                                size_t last_query) const {
   const ChatMessage& message = messages[i];
   std::string content = message.content;
   std::string reasoning = message.reasoning.value_or("");
@@ -346,6 +348,17 @@ void ChatTemplate::AddThinkingAssistant(RenderedChat& chat, std::span<const Chat
     content.erase(0, content.rfind("</think>") + std::string_view("</think>").size());
     content.erase(0, std::min(content.find_first_not_of('\n'), content.size()));
   }
+  // Its calls, as Qwen3 writes them: each on a line of its own, the first right after the
+  // content when there is none.
+  std::string calls;
+  if (!message.tool_calls.empty()) {
+    const std::optional<ToolCallSyntax> syntax = tool_call_syntax();
+    for (size_t c = 0; c < message.tool_calls.size(); ++c) {
+      absl::StatusOr<std::string> call = RenderCall(*syntax, message.tool_calls[c], i, c);
+      if (!call.ok()) return call.status();
+      absl::StrAppend(&calls, c == 0 && content.empty() ? "" : "\n", *call);
+    }
+  }
   AddSpecial(chat, "<|im_start|>");
   // Qwen3 keeps the reasoning of the turns after the last user message (a tool-using turn
   // in progress), and the last message's block even when empty.
@@ -359,12 +372,13 @@ void ChatTemplate::AddThinkingAssistant(RenderedChat& chat, std::span<const Chat
     AddText(chat, absl::StrCat("\n", trimmed, "\n"));
     AddSpecial(chat, "</think>");
     content.erase(0, std::min(content.find_first_not_of('\n'), content.size()));
-    AddText(chat, absl::StrCat("\n\n", content));
+    AddText(chat, absl::StrCat("\n\n", content, calls));
   } else {
-    AddText(chat, absl::StrCat("assistant\n", content));
+    AddText(chat, absl::StrCat("assistant\n", content, calls));
   }
   AddSpecial(chat, "<|im_end|>");
   AddText(chat, "\n");
+  return absl::OkStatus();
 }
 
 absl::StatusOr<RenderedChat> ChatTemplate::Render(std::span<const ChatMessage> messages,
@@ -465,10 +479,12 @@ absl::StatusOr<RenderedChat> ChatTemplate::Render(std::span<const ChatMessage> m
     case ChatFamily::kChatMl: {
       const bool leading_system = !messages.empty() && messages[0].role == "system";
       if (!tools.empty()) {
-        // Qwen2.5: the tools follow the system message (or the default) in one turn.
-        std::string text = absl::StrCat(
-            "system\n", leading_system ? messages[0].content : default_system_,
-            std::string(kHermesToolHeader));
+        // Qwen2.5: the tools follow the system message (or the default) in one turn. Qwen3:
+        // the system message and a blank line when there is one, else the tools alone.
+        std::string_view header = kHermesToolHeader;
+        std::string system = leading_system ? messages[0].content : default_system_;
+        if (thinking_ == ThinkingStyle::kSwitch && system.empty()) header.remove_prefix(2);
+        std::string text = absl::StrCat("system\n", system, std::string(header));
         for (const std::string& tool : tool_texts) absl::StrAppend(&text, "\n", tool);
         text += std::string(kHermesToolFooter);
         AddSpecial(chat, "<|im_start|>");
@@ -485,7 +501,9 @@ absl::StatusOr<RenderedChat> ChatTemplate::Render(std::span<const ChatMessage> m
       // too, are refused for thinking templates).
       size_t last_query = messages.empty() ? 0 : messages.size() - 1;
       for (size_t i = messages.size(); i-- > 0;) {
-        if (messages[i].role == "user") {
+        const std::string& content = messages[i].content;
+        if (messages[i].role == "user" &&
+            !(content.starts_with("<tool_response>") && content.ends_with("</tool_response>"))) {
           last_query = i;
           break;
         }
@@ -493,7 +511,10 @@ absl::StatusOr<RenderedChat> ChatTemplate::Render(std::span<const ChatMessage> m
       for (size_t i = !tools.empty() && leading_system ? 1 : 0; i < messages.size(); ++i) {
         const ChatMessage& message = messages[i];
         if (thinking_ != ThinkingStyle::kNone && message.role == "assistant") {
-          AddThinkingAssistant(chat, messages, i, last_query);
+          if (absl::Status added = AddThinkingAssistant(chat, messages, i, last_query);
+              !added.ok()) {
+            return added;
+          }
           continue;
         }
         if (message.role == "tool") {

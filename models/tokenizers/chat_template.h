@@ -157,8 +157,8 @@ class ChatTemplate {
         thinking_(thinking) {}
 
   // ChatML's assistant message i of `messages` as a thinking template renders it.
-  void AddThinkingAssistant(RenderedChat& chat, std::span<const ChatMessage> messages,
-                            size_t i, size_t last_query) const;
+  absl::Status AddThinkingAssistant(RenderedChat& chat, std::span<const ChatMessage> messages,
+                                    size_t i, size_t last_query) const;
 
   ChatFamily family_;
   std::string default_system_;   // ChatML: system message used when none is given

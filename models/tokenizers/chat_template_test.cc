@@ -261,13 +261,19 @@ TEST_CASE("Only the templates with a tool layout tophat renders take tools") {
   CHECK(Make(kLlama31ToolsSource.c_str()).tool_call_syntax().has_value());
   CHECK(Make(kQwen25ToolsSource.c_str()).tool_call_syntax().has_value());
   CHECK(Make(std::string(kToyChatTemplateSource).c_str()).tool_call_syntax().has_value());
-  // Llama 3.1 without its instructions, Llama 3, Qwen2, Qwen3 (the same instructions, another
+  // Qwen3 writes Qwen2.5's instructions (without a default system message).
+  CHECK(Make((kQwen25ToolsSource +
+              "{{- '<think>' + r + '</think>' }}{%- if enable_thinking %}{%- endif %}")
+                 .c_str())
+            .tool_call_syntax()
+            .has_value());
+  // Llama 3.1 without its instructions, Llama 3, Qwen2, QwQ (the same instructions, another
   // layout) and Mistral have none.
   CHECK_FALSE(Make(kLlama31Source).tool_call_syntax().has_value());
   CHECK_FALSE(Make(kLlama3Source).tool_call_syntax().has_value());
   CHECK_FALSE(Make(kQwen2Source).tool_call_syntax().has_value());
   CHECK_FALSE(Make((kQwen25ToolsSource +
-                    "{{- '<think>' + r + '</think>' }}{%- if enable_thinking %}{%- endif %}")
+                    "{{- '<think>' + r + '</think>' }}{{- '<|im_start|>assistant\\n<think>\\n' }}")
                        .c_str())
                   .tool_call_syntax()
                   .has_value());
@@ -492,6 +498,47 @@ TEST_CASE("Qwen3's template thinks unless enable_thinking is false, and drops pa
         "<|im_start|>user\nWhich is greater, 9.11 or 9.8?<|im_end|>\n<|im_start|>assistant\n"
         "<think>\nCompare the tenths.\n</think>\n\n9.8 is greater.<|im_end|>\n"
         "<|im_start|>assistant\n");
+}
+
+TEST_CASE(
+    "Qwen3 writes tools after the system message, and calls after the reasoning of a "
+    "turn in progress",
+    "[thinking]") {
+  const ChatTemplate qwen3 =
+      Make((std::string(kQwen3Source) + "{{- \"# Tools\\n\\nYou may call one or more functions to "
+                                        "assist with the user query.\" }}")
+               .c_str());
+  REQUIRE(qwen3.tool_call_syntax().has_value());
+  const std::vector<std::string> tools = {R"({"type": "function", "function": {"name": "f"}})"};
+  ChatMessage calls{.role = "assistant", .content = ""};
+  calls.reasoning = "Call f.";
+  calls.tool_calls = {{.id = "call_1", .name = "f", .arguments = "{}"},
+                      {.id = "call_2", .name = "f", .arguments = R"({"x": 1})"}};
+  const std::vector<ChatMessage> turn = {
+      {"user", "Do it."}, calls, {.role = "tool", .content = "ok", .tool_call_id = "call_1"}};
+  const std::string tools_block =
+      "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+      "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+      "{\"type\": \"function\", \"function\": {\"name\": \"f\"}}\n</tools>\n\nFor each "
+      "function call, return a json object with function name and arguments within "
+      "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+      "\"arguments\": <args-json-object>}\n</tool_call>";
+  auto rendered = qwen3.Render(turn, tools);
+  INFO(rendered.status().ToString());
+  REQUIRE(rendered.ok());
+  // No default system message: the tools alone; the calls right after the reasoning block.
+  CHECK(rendered->ToString() ==
+        "<|im_start|>system\n" + tools_block +
+            "<|im_end|>\n<|im_start|>user\nDo it.<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\nCall f.\n</think>\n\n<tool_call>\n{\"name\": \"f\", "
+            "\"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"f\", \"arguments\": "
+            "{\"x\": 1}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nok\n"
+            "</tool_response><|im_end|>\n<|im_start|>assistant\n");
+  // With a system message, it and a blank line come first.
+  std::vector<ChatMessage> with_system = {{"system", "Be brief."}, {"user", "Do it."}};
+  auto system = qwen3.Render(with_system, tools);
+  REQUIRE(system.ok());
+  CHECK(system->ToString().starts_with("<|im_start|>system\nBe brief.\n\n# Tools\n"));
 }
 
 TEST_CASE("QwQ's template opens the thinking block in the prompt, and has no switch",
