@@ -9,14 +9,13 @@ alert's. A panel query with no series fails, naming the panel and the query.
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 import urllib.parse
 import urllib.request
 
-from loopback_daemons import free_port, write_configs
+from loopback_daemons import free_port, stop_processes, write_configs
 
 
 def wait_for(what, condition, seconds):
@@ -106,13 +105,7 @@ def main():
             raise SystemExit(f"FAIL: alerts firing on a healthy system: {firing}")
         print(f"all {len(alerts)} alert expressions evaluate; none fires")
     finally:
-        for process in reversed(processes):
-            process.send_signal(signal.SIGTERM)
-        for process in reversed(processes):
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_processes(processes)
     print("PASS")
 
 

@@ -3,7 +3,9 @@ a free port, and the two daemons' configs over the bundles `tophat split` wrote 
 WORK/bundles (plaintext links; metrics off unless a port is given)."""
 
 import random
+import signal
 import socket
+import subprocess
 
 # Held for the life of this process: see free_port.
 _claims = []
@@ -51,3 +53,15 @@ def write_configs(work, cloud_port, agent_port, max_context, kv_memory,
                 f'cloud_tls:\n  insecure: true\nmax_context: {max_context}\n'
                 f'metrics_address: {metrics(agent_metrics)}\n')
     return cloud, agent
+
+
+def stop_processes(processes, seconds=30):
+    """SIGTERM to each of `processes` (subprocess.Popen), the last started first, then waits
+    for each, killing one that has not stopped after `seconds`."""
+    for process in reversed(processes):
+        process.send_signal(signal.SIGTERM)
+    for process in reversed(processes):
+        try:
+            process.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            process.kill()

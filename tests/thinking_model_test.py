@@ -28,7 +28,6 @@ a text written down here. Exits 0 when every check passes.
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -43,7 +42,7 @@ import torch  # noqa: E402
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
-from loopback_daemons import free_port, write_configs  # noqa: E402
+from loopback_daemons import free_port, stop_processes, write_configs  # noqa: E402
 
 # Qwen3's chat template (Qwen/Qwen3-0.6B's tokenizer_config.json), tools and all.
 QWEN3_TEMPLATE = r"""{%- if tools %}
@@ -417,13 +416,7 @@ def main():
             time.sleep(0.2)
         run_checks(base, tokenizer, model_dir)
     finally:
-        for process in reversed(processes):
-            process.send_signal(signal.SIGTERM)
-        for process in reversed(processes):
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_processes(processes)
     if failures:
         print(f"FAIL: {len(failures)} check(s) failed")
         sys.exit(1)
