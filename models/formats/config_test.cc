@@ -174,6 +174,46 @@ TEST_CASE("What the runtime does not compute is refused, naming file and key", "
   }
 }
 
+// Qwen/Qwen3-0.6B's config.json (transformers 4.51's keys).
+json Qwen3_0_6B() {
+  return json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+    "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+    "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000,
+    "sliding_window": null, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.0", "use_cache": true, "use_sliding_window": false,
+    "vocab_size": 151936})");
+}
+
+TEST_CASE(
+    "Qwen3's config reads its head norms, a head_dim wider than hidden / heads, and "
+    "no window",
+    "[config]") {
+  auto c = ModelConfig::FromJson(Qwen3_0_6B(), "qwen3/config.json");
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  CHECK(c->architecture == Architecture::kQwen3);
+  CHECK(c->qk_norm());
+  CHECK_FALSE(c->attention_bias);
+  CHECK_FALSE(c->o_bias());
+  CHECK(c->head_dim == 128);
+  CHECK(c->q_size() == 2048);  // twice hidden_size: o_proj is [1024, 2048]
+  CHECK(c->rope_theta == 1e6);
+  CHECK_FALSE(c->sliding_window);
+  CHECK(c->tie_word_embeddings);
+  // Two [head_dim] norms a layer beside Llama's parameters of the same shape.
+  ModelConfig llama = *c;
+  llama.architecture = Architecture::kLlama;
+  CHECK(c->LayerParameterCount() - llama.LayerParameterCount() == 2 * 128);
+  auto back = ModelConfig::FromJson(c->ToJson(), "written/config.json");
+  REQUIRE(back.ok());
+  CHECK(back->architecture == Architecture::kQwen3);
+  CHECK(back->ToJson()["model_type"] == "qwen3");
+}
+
 TEST_CASE("ToJson reads back, a Qwen2 window on every layer included", "[config]") {
   auto llama = ModelConfig::FromJson(Llama3ConfigV5(), "l/config.json");
   REQUIRE(llama.ok());
