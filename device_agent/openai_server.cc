@@ -954,6 +954,13 @@ void OpenAiServer::Route() {
                                                               markers.end, " token")));
         }
         reasoning_end = *end;
+        // An outline is read from the model's first answer, which would be its reasoning.
+        if (request.outline_max_points != 0) {
+          return SendError(res, OpenAiError{.param = "tophat_outline",
+                                            .message = "tophat_outline: not while the model "
+                                                       "thinks (chat_template_kwargs."
+                                                       "enable_thinking false turns it off)"});
+        }
       }
       // The template rendered the tools, so it has a layout for calls.
       const std::optional<ToolCallSyntax> syntax = chat_template_->tool_call_syntax();

@@ -342,6 +342,15 @@ def run_checks(base, tokenizer, model_dir):
           f"enable_thinking false: the answer is the choice at once "
           f"({off.choices[0].message.content!r})")
 
+    # An outline is read from the model's first answer: refused while it thinks.
+    try:
+        client.chat.completions.create(model=model, messages=question, max_tokens=8,
+                                       extra_body={"tophat_outline": True})
+        check(False, "tophat_outline while thinking is refused")
+    except openai.BadRequestError as error:
+        check(error.body.get("param") == "tophat_outline",
+              f"tophat_outline while thinking is refused, naming it ({error.body})")
+
     # 4. The Responses API: a reasoning item, then the message.
     for seed in range(6):
         raw = post(f"{base}/v1/completions",
