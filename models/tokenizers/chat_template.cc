@@ -337,16 +337,15 @@ absl::Status ChatTemplate::AddThinkingAssistant(RenderedChat& chat,
   const size_t end = content.find("</think>");
   if (end != std::string::npos && (thinking_ == ThinkingStyle::kOpened || !message.reasoning)) {
     if (!message.reasoning) {
-      std::string before = content.substr(0, end);
-      if (const size_t start = before.rfind("<think>"); start != std::string::npos) {
-        before.erase(0, start + std::string_view("<think>").size());
+      std::string_view before = RstripNewlines(std::string_view(content).substr(0, end));
+      if (const size_t start = before.rfind("<think>"); start != std::string_view::npos) {
+        before.remove_prefix(start + std::string_view("<think>").size());
       }
-      before.erase(before.find_last_not_of('\n') + 1);
-      before.erase(0, std::min(before.find_first_not_of('\n'), before.size()));
-      reasoning = std::move(before);
+      reasoning = LstripNewlines(before);
     }
-    content.erase(0, content.rfind("</think>") + std::string_view("</think>").size());
-    content.erase(0, std::min(content.find_first_not_of('\n'), content.size()));
+    // A copy first: the view is into `content`.
+    content = std::string(LstripNewlines(std::string_view(content).substr(
+        content.rfind("</think>") + std::string_view("</think>").size())));
   }
   // Its calls, as Qwen3 writes them: each on a line of its own, the first right after the
   // content when there is none.
@@ -364,15 +363,11 @@ absl::Status ChatTemplate::AddThinkingAssistant(RenderedChat& chat,
   // in progress), and the last message's block even when empty.
   const bool last = i + 1 == messages.size();
   if (thinking_ == ThinkingStyle::kSwitch && i > last_query && (last || !reasoning.empty())) {
-    std::string trimmed = reasoning;
-    trimmed.erase(trimmed.find_last_not_of('\n') + 1);
-    trimmed.erase(0, std::min(trimmed.find_first_not_of('\n'), trimmed.size()));
     AddText(chat, "assistant\n");
     AddSpecial(chat, "<think>");
-    AddText(chat, absl::StrCat("\n", trimmed, "\n"));
+    AddText(chat, absl::StrCat("\n", std::string(LstripNewlines(RstripNewlines(reasoning))), "\n"));
     AddSpecial(chat, "</think>");
-    content.erase(0, std::min(content.find_first_not_of('\n'), content.size()));
-    AddText(chat, absl::StrCat("\n\n", content, calls));
+    AddText(chat, absl::StrCat("\n\n", std::string(LstripNewlines(content)), calls));
   } else {
     AddText(chat, absl::StrCat("assistant\n", content, calls));
   }

@@ -16,6 +16,15 @@ size_t PartialTagAtEnd(std::string_view text, std::string_view tag) {
 
 }  // namespace
 
+std::string_view LstripNewlines(std::string_view text) {
+  return text.substr(std::min(text.find_first_not_of('\n'), text.size()));
+}
+
+std::string_view RstripNewlines(std::string_view text) {
+  const size_t last = text.find_last_not_of('\n');
+  return text.substr(0, last == std::string_view::npos ? 0 : last + 1);
+}
+
 ReasoningSplitter::ReasoningSplitter(ReasoningMarkers markers) : markers_(std::move(markers)) {}
 
 ReasoningSplitter::Parts ReasoningSplitter::Push(std::string_view text) {
@@ -40,10 +49,9 @@ ReasoningSplitter::Parts ReasoningSplitter::Push(std::string_view text) {
     const size_t end = held_.find(markers_.end);
     std::string reasoning;
     if (end != std::string::npos) {
-      reasoning = held_.substr(0, end);
-      held_.erase(0, end + markers_.end.size());
       // The newlines before the tag are the layout's, not the reasoning's.
-      reasoning.erase(reasoning.find_last_not_of('\n') + 1);
+      reasoning = RstripNewlines(std::string_view(held_).substr(0, end));
+      held_.erase(0, end + markers_.end.size());
       state_ = State::kContent;
     } else {
       // Release all but a partial tag at the end and the newlines just before it.
@@ -54,15 +62,14 @@ ReasoningSplitter::Parts ReasoningSplitter::Push(std::string_view text) {
       reasoning = held_.substr(0, release);
       held_.erase(0, release);
     }
-    if (!reasoning_started_) {
-      reasoning.erase(0, std::min(reasoning.find_first_not_of('\n'), reasoning.size()));
-    }
+    if (!reasoning_started_)
+      reasoning.erase(0, reasoning.size() - LstripNewlines(reasoning).size());
     reasoning_started_ = reasoning_started_ || !reasoning.empty();
     out.reasoning = std::move(reasoning);
   }
   if (state_ == State::kContent) {
     if (!content_started_) {
-      held_.erase(0, std::min(held_.find_first_not_of('\n'), held_.size()));
+      held_.erase(0, held_.size() - LstripNewlines(held_).size());
       content_started_ = !held_.empty();
     }
     out.content = std::move(held_);
@@ -76,15 +83,13 @@ ReasoningSplitter::Parts ReasoningSplitter::Flush() {
   switch (state_) {
     case State::kOpening:
       // A tag begun and not finished is reasoning text; newlines alone are nothing.
-      if (held_.find_first_not_of('\n') != std::string::npos) {
-        out.reasoning = held_.substr(held_.find_first_not_of('\n'));
-      }
+      out.reasoning = LstripNewlines(held_);
       break;
     case State::kReasoning:
       // Cut off while thinking: a partial end tag is text; the newlines before it are kept
       // only when something follows them.
-      if (held_.find_first_not_of('\n') != std::string::npos) {
-        out.reasoning = reasoning_started_ ? held_ : held_.substr(held_.find_first_not_of('\n'));
+      if (!LstripNewlines(held_).empty()) {
+        out.reasoning = reasoning_started_ ? held_ : std::string(LstripNewlines(held_));
       }
       break;
     case State::kContent:

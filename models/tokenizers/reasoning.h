@@ -50,6 +50,10 @@ class ReasoningSplitter {
   bool content_started_ = false;     // a content byte other than a newline was released
 };
 
+// Python's lstrip('\n') and rstrip('\n'), which the templates and the split trim with.
+std::string_view LstripNewlines(std::string_view text);
+std::string_view RstripNewlines(std::string_view text);
+
 // The whole answer at once: ReasoningSplitter's parts of `text`.
 ReasoningSplitter::Parts SplitReasoning(std::string_view text, const ReasoningMarkers& markers = {});
 
