@@ -33,6 +33,10 @@ std::string NewCallId() {
   return id;
 }
 
+Json ReasoningPart(std::string_view text) {
+  return Json{{"type", "reasoning_text"}, {"text", text}};
+}
+
 Json TextPart(const std::string& text, const Json& logprobs) {
   return Json{{"type", "output_text"},
               {"text", text},
@@ -186,22 +190,56 @@ std::vector<Json> ResponseBuilder::Start() {
   return events;
 }
 
-std::vector<Json> ResponseBuilder::Reasoning(std::string_view text) {
+Json ResponseBuilder::ReasoningItem(std::string_view status) const {
+  return Json{{"type", "reasoning"},
+              {"id", reasoning_id_},
+              {"summary", Json::array()},
+              {"content",
+               status == "in_progress" ? Json::array() : Json::array({ReasoningPart(reasoning_)})},
+              {"status", status}};
+}
+
+std::vector<Json> ResponseBuilder::ReasoningText(std::string_view delta) {
   std::vector<Json> events;
-  Json item = {{"type", "reasoning"},
-               {"id", NewId("rs")},
-               {"summary", Json::array()},
-               {"content", Json::array({Json{{"type", "reasoning_text"}, {"text", text}}})},
-               {"status", "completed"}};
-  Json added = item;
-  added["status"] = "in_progress";
-  added["content"] = Json::array();
-  events.push_back(
-      Event("response.output_item.added", {{"output_index", output_.size()}, {"item", added}}));
+  if (delta.empty()) return events;
+  if (reasoning_id_.empty()) {
+    reasoning_id_ = NewId("rs");
+    events.push_back(Event("response.output_item.added", {{"output_index", output_.size()},
+                                                          {"item", ReasoningItem("in_progress")}}));
+    events.push_back(Event("response.content_part.added", {{"item_id", reasoning_id_},
+                                                           {"output_index", output_.size()},
+                                                           {"content_index", 0},
+                                                           {"part", ReasoningPart("")}}));
+  }
+  reasoning_ += delta;
+  events.push_back(Event("response.reasoning_text.delta", {{"item_id", reasoning_id_},
+                                                           {"output_index", output_.size()},
+                                                           {"content_index", 0},
+                                                           {"delta", delta}}));
+  return events;
+}
+
+void ResponseBuilder::CloseReasoning(std::vector<Json>& events, std::string_view status) {
+  if (reasoning_id_.empty()) return;
+  events.push_back(Event("response.reasoning_text.done", {{"item_id", reasoning_id_},
+                                                          {"output_index", output_.size()},
+                                                          {"content_index", 0},
+                                                          {"text", reasoning_}}));
+  events.push_back(Event("response.content_part.done", {{"item_id", reasoning_id_},
+                                                        {"output_index", output_.size()},
+                                                        {"content_index", 0},
+                                                        {"part", ReasoningPart(reasoning_)}}));
+  Json item = ReasoningItem(status);
   events.push_back(
       Event("response.output_item.done", {{"output_index", output_.size()}, {"item", item}}));
   output_.push_back(std::move(item));
-  answer_.reasoning = std::string(text);
+  answer_.reasoning = reasoning_;
+  reasoning_id_.clear();
+}
+
+std::vector<Json> ResponseBuilder::Reasoning(std::string_view text) {
+  std::vector<Json> events = ReasoningText(text);
+  CloseReasoning(events, "completed");
   return events;
 }
 
@@ -220,6 +258,7 @@ std::vector<Json> ResponseBuilder::Text(std::string_view delta, const Json& logp
   std::vector<Json> events;
   const bool has_logprobs = logprobs.is_array() && !logprobs.empty();
   if (delta.empty() && !has_logprobs) return events;
+  CloseReasoning(events, "completed");
   OpenMessage(events);
   text_ += delta;
   if (has_logprobs) {
@@ -236,7 +275,10 @@ std::vector<Json> ResponseBuilder::Text(std::string_view delta, const Json& logp
 
 std::vector<Json> ResponseBuilder::Finish(std::string_view tail, std::span<const ToolCall> calls,
                                           bool cut_short, Json usage) {
-  std::vector<Json> events = Text(tail, Json::array());
+  // Reasoning still open at the end was all the answer had: cut short, it is incomplete.
+  std::vector<Json> events;
+  if (tail.empty()) CloseReasoning(events, cut_short ? "incomplete" : "completed");
+  for (Json& event : Text(tail, Json::array())) events.push_back(std::move(event));
   // An answer of calls alone has no message, as OpenAI's; an empty answer has an empty one.
   if (calls.empty()) OpenMessage(events);
   if (!message_id_.empty()) {

@@ -36,8 +36,9 @@ nlohmann::ordered_json ResponsesUsage(int64_t input_tokens, int64_t cached_token
                                       int64_t output_tokens, int64_t reasoning_tokens = 0);
 
 // One answer as a response object and, when it streams, the events OpenAI's clients fold
-// back into it: response.created and .in_progress; a message item (output_item.added,
-// content_part.added, output_text.delta...) opened by the first text; at the end the
+// back into it: response.created and .in_progress; a thinking model's reasoning item
+// (reasoning_text.delta...) first; a message item (output_item.added, content_part.added,
+// output_text.delta...) opened by the first text; at the end the
 // message's .done events, one function_call item per call (added, arguments.delta and
 // .done, output_item.done), then response.completed (or .incomplete when max_output_tokens
 // cut it, .failed on an error). Each event carries its sequence_number.
@@ -48,9 +49,14 @@ class ResponseBuilder {
   ResponseBuilder(std::string id, int64_t created_at, std::string model, Json echo);
 
   std::vector<Json> Start();
-  // A thinking model's reasoning, whole, before any text: a reasoning item ({type:
-  // "reasoning", summary: [], content: [{type: "reasoning_text", text}]}, as OpenAI's
-  // open-weight models' responses carry it), added and done at once. Kept with the answer.
+  // Reasoning a thinking model adds, before any text: the first opens a reasoning item
+  // ({type: "reasoning", summary: [], content: [{type: "reasoning_text", text}]}, as OpenAI's
+  // open-weight models' responses carry it; output_item.added, content_part.added), each
+  // sends a response.reasoning_text.delta. The item is done (reasoning_text.done,
+  // content_part.done, output_item.done) at the first text or the answer's end: "incomplete"
+  // when max_output_tokens cut the answer while it reasoned. Kept with the answer.
+  std::vector<Json> ReasoningText(std::string_view delta);
+  // Reasoning whole (an answer not streamed): its item opened and done at once.
   std::vector<Json> Reasoning(std::string_view text);
   // Text the answer adds, with its tokens' log-probabilities (chat's entries: {token,
   // logprob, bytes, top_logprobs}; an empty array when none were asked for).
@@ -73,6 +79,9 @@ class ResponseBuilder {
 
  private:
   Json Event(std::string_view type, Json fields);
+  // Ends the reasoning item when one is open, with `status`.
+  void CloseReasoning(std::vector<Json>& events, std::string_view status);
+  Json ReasoningItem(std::string_view status) const;
   // Opens the message item on its first text.
   void OpenMessage(std::vector<Json>& events);
   Json MessageItem(std::string_view status) const;
@@ -82,6 +91,8 @@ class ResponseBuilder {
   Json output_ = Json::array();  // finished items
   Json response_;
   int64_t sequence_ = 0;
+  std::string reasoning_id_;  // "": none open
+  std::string reasoning_;
   std::string message_id_;  // "": not opened
   std::string text_;
   Json logprobs_ = Json::array();

@@ -323,6 +323,72 @@ TEST_CASE("A streamed response's events fold back into the response it ends with
   CHECK(builder.answer().tool_calls[0].id == call["call_id"]);
 }
 
+TEST_CASE("A thinking model's reasoning streams in its own item, done when the text begins") {
+  ResponseBuilder builder("resp_r", 1, "toy", Json::object());
+  std::vector<Json> events = builder.Start();
+  const auto add = [&](std::vector<Json> more) {
+    for (Json& event : more) events.push_back(std::move(event));
+  };
+  add(builder.ReasoningText("Compare "));
+  CHECK(builder.ReasoningText("").empty());
+  add(builder.ReasoningText("the tenths."));
+  add(builder.Text("9.9", Json::array()));
+  add(builder.Finish(" is larger.", {}, /*cut_short=*/false, ResponsesUsage(5, 0, 9, 4)));
+  CHECK(Types(events) ==
+        std::vector<std::string>{
+            "response.created", "response.in_progress", "response.output_item.added",
+            "response.content_part.added", "response.reasoning_text.delta",
+            "response.reasoning_text.delta", "response.reasoning_text.done",
+            "response.content_part.done", "response.output_item.done", "response.output_item.added",
+            "response.content_part.added", "response.output_text.delta",
+            "response.output_text.delta", "response.output_text.done", "response.content_part.done",
+            "response.output_item.done", "response.completed"});
+  for (size_t i = 0; i < events.size(); ++i) CHECK(events[i]["sequence_number"] == i);
+  // The reasoning item's events name it at output 0; the message's at output 1.
+  const std::string reasoning_id = events[2]["item"]["id"];
+  CHECK(reasoning_id.starts_with("rs_"));
+  CHECK(events[2]["item"]["status"] == "in_progress");
+  CHECK(events[3]["part"] == Json{{"type", "reasoning_text"}, {"text", ""}});
+  std::string reasoning;
+  for (const Json& event : events) {
+    if (event["type"] == "response.reasoning_text.delta") {
+      CHECK(event["item_id"] == reasoning_id);
+      CHECK(event["output_index"] == 0);
+      reasoning += event["delta"];
+    }
+  }
+  CHECK(reasoning == "Compare the tenths.");
+  CHECK(events[6]["text"] == reasoning);
+  CHECK(events[8]["item"]["status"] == "completed");
+  CHECK(events[9]["output_index"] == 1);
+  const Json& output = builder.response()["output"];
+  REQUIRE(output.size() == 2);
+  CHECK(output[0] == events[8]["item"]);
+  CHECK(output[0]["content"] ==
+        Json::array({Json{{"type", "reasoning_text"}, {"text", "Compare the tenths."}}}));
+  CHECK(output[1]["content"][0]["text"] == "9.9 is larger.");
+  CHECK(builder.response()["usage"]["output_tokens_details"]["reasoning_tokens"] == 4);
+  CHECK(builder.answer().reasoning == "Compare the tenths.");
+  CHECK(builder.answer().content == "9.9 is larger.");
+
+  // Cut while it reasoned: the reasoning item is incomplete, and an empty message follows.
+  ResponseBuilder cut("resp_c", 1, "toy", Json::object());
+  cut.ReasoningText("Hmm");
+  const std::vector<Json> ended = cut.Finish("", {}, /*cut_short=*/true, nullptr);
+  CHECK(Types(ended).front() == "response.reasoning_text.done");
+  REQUIRE(cut.response()["output"].size() == 2);
+  CHECK(cut.response()["output"][0]["status"] == "incomplete");
+  CHECK(cut.response()["output"][1]["status"] == "incomplete");
+  CHECK(cut.response()["status"] == "incomplete");
+  // Whole (an answer not streamed): added and done at once.
+  ResponseBuilder whole("resp_w", 1, "toy", Json::object());
+  CHECK(Types(whole.Reasoning("Why.")) ==
+        std::vector<std::string>{"response.output_item.added", "response.content_part.added",
+                                 "response.reasoning_text.delta", "response.reasoning_text.done",
+                                 "response.content_part.done", "response.output_item.done"});
+  CHECK(whole.answer().reasoning == "Why.");
+}
+
 TEST_CASE("A response cut by max_output_tokens is incomplete, and calls alone have no message") {
   ResponseBuilder cut("resp_2", 1, "toy", Json::object());
   const std::vector<Json> events = cut.Finish("abc", {}, /*cut_short=*/true, nullptr);

@@ -1254,24 +1254,16 @@ void OpenAiServer::Route() {
               return holdback ? holdback->Push(text) : text;
             };
             // A thinking model's answer: reasoning until </think>, then content. A response
-            // (turn) gets its reasoning as one item, once the reasoning has ended.
+            // (turn) streams its reasoning in a reasoning item before its message.
             std::optional<ReasoningSplitter> splitter;
             if (reasoning_end) splitter.emplace();
-            std::string turn_reasoning;
-            bool turn_reasoning_sent = false;
             const auto split = [&](const std::string& text) {
               if (!splitter) return ReasoningSplitter::Parts{.content = text};
               return splitter->Push(text);
             };
             const auto turn_events = [&](const ReasoningSplitter::Parts& parts,
                                          const Json& text_logprobs) {
-              std::vector<Json> events;
-              turn_reasoning += parts.reasoning;
-              if (!turn_reasoning_sent && (!parts.content.empty() || splitter->in_content()) &&
-                  !turn_reasoning.empty()) {
-                events = turn->builder.Reasoning(turn_reasoning);
-                turn_reasoning_sent = true;
-              }
+              std::vector<Json> events = turn->builder.ReasoningText(parts.reasoning);
               for (Json& event : turn->builder.Text(parts.content, text_logprobs)) {
                 events.push_back(std::move(event));
               }
@@ -1289,12 +1281,8 @@ void OpenAiServer::Route() {
                   if (turn) {  // one choice
                     const Json text_logprobs =
                         has_logprobs ? logprobs->Take()["content"] : Json::array();
-                    if (splitter) {
-                      return send_all(turn_events({parts.reasoning, text}, text_logprobs)) &&
-                             !filter.stopped() && !cancelled();
-                    }
-                    return send_all(turn->builder.Text(text, text_logprobs)) && !filter.stopped() &&
-                           !cancelled();
+                    return send_all(turn_events({parts.reasoning, text}, text_logprobs)) &&
+                           !filter.stopped() && !cancelled();
                   }
                   if (!text.empty() || !parts.reasoning.empty() || first || has_logprobs) {
                     if (!send(completion.Chunk(i, text, nullptr, first,
@@ -1339,11 +1327,7 @@ void OpenAiServer::Route() {
               }
             }
             if (turn) {
-              std::vector<Json> events;
-              turn_reasoning += tail_reasoning;
-              if (!turn_reasoning_sent && !turn_reasoning.empty()) {
-                events = turn->builder.Reasoning(turn_reasoning);
-              }
+              std::vector<Json> events = turn->builder.ReasoningText(tail_reasoning);
               for (Json& event :
                    turn->builder.Finish(tail, calls, finish_reason == "length",
                                         ResponseUsage(done[i], tokens.reasoning_tokens))) {

@@ -19,7 +19,8 @@ Then, through the official OpenAI client:
   the deltas add up to the same two parts;
 - with structured_outputs choice, the reasoning is free and the content after </think> is
   one of the choices: the format holds after the reasoning, not from the first token;
-- the Responses API answers with a reasoning item before its message.
+- the Responses API answers with a reasoning item before its message, streamed as
+  reasoning_text deltas before the message's text deltas.
 
 The model is random, so </think> is made likely with logit_bias and answers are sampled
 with fixed seeds: every check compares tophat with itself or with transformers, never with
@@ -386,6 +387,32 @@ def run_checks(base, tokenizer, model_dir):
             check(nxt.usage.input_tokens == len(want),
                   f"a response's output sent back as input reads as transformers renders it "
                   f"({nxt.usage.input_tokens} tokens against {len(want)})")
+            # Streamed: the reasoning item's deltas, all before the message's, and the
+            # response the stream ends with (completed, or incomplete where
+            # max_output_tokens cut it) holds the same two items.
+            events = list(client.responses.create(
+                model=model, input=question[0]["content"], temperature=1.0,
+                max_output_tokens=40, stream=True,
+                extra_body={"seed": seed, "logit_bias": {str(think_end): 4}}))
+            final = events[-1].response
+            check(events[-1].type == f"response.{response.status}",
+                  f"seed {seed}: the stream ends as the response did ({events[-1].type})")
+            deltas = [event for event in events if event.type in (
+                "response.reasoning_text.delta", "response.output_text.delta")]
+            streamed_reasoning = "".join(event.delta for event in deltas
+                                         if event.type == "response.reasoning_text.delta")
+            streamed_text = "".join(event.delta for event in deltas
+                                    if event.type == "response.output_text.delta")
+            kinds_in_order = [event.type for event in deltas]
+            check((streamed_reasoning, streamed_text) == (want_reasoning, want_content) and
+                  kinds_in_order == sorted(kinds_in_order, reverse=True),
+                  f"seed {seed}: streamed reasoning deltas {streamed_reasoning!r} then text "
+                  f"deltas {streamed_text!r}, in that order")
+            check([item.type for item in final.output] == ["reasoning", "message"] and
+                  final.output[0].content[0].text == want_reasoning and
+                  final.output_text == want_content,
+                  f"seed {seed}: the stream folds into the reasoning item and the message "
+                  f"({final.output})")
         break
     else:
         check(False, "no seed gave an answer with both parts for the Responses API")
