@@ -73,11 +73,35 @@ const std::vector<tophat::ChatTemplate>& ToolTemplates() {
   return *templates;
 }
 
+// Templates that think (Qwen3's switch, QwQ's and DeepSeek-R1's opened block), by their
+// markup: each renders a chat's messages, reasoning and all, or refuses them.
+const std::vector<tophat::ChatTemplate>& ThinkingTemplates() {
+  static const auto* templates = [] {
+    auto* out = new std::vector<tophat::ChatTemplate>();
+    for (const char* source :
+         {"<|im_start|><|im_end|><think></think> enable_thinking You may call one or more "
+          "functions to assist with the user query.",
+          "<|im_start|><|im_end|></think> '<|im_start|>assistant\\n<think>\\n'",
+          "'<｜User｜>' '</think>' '<｜Assistant｜><think>\\n'"}) {
+      auto made = tophat::ChatTemplate::FromSource(source, "fuzz");
+      TOPHAT_FUZZ_CHECK(made.ok() && made->thinking() != tophat::ThinkingStyle::kNone);
+      out->push_back(*std::move(made));
+    }
+    return out;
+  }();
+  return *templates;
+}
+
 // A chat's tools: rendered (or refused), and its text read for calls and streamed.
 void CheckTools(const tophat::OpenAiRequest& request, const std::string& text,
                 const uint8_t* data, size_t size) {
   std::vector<std::string> tools;
   for (const tophat::OpenAiTool& tool : request.tools) tools.push_back(tool.json);
+  for (const tophat::ChatTemplate& chat : ThinkingTemplates()) {
+    for (const bool enable_thinking : {true, false}) {
+      (void)chat.Render(request.messages, tools, {.enable_thinking = enable_thinking});
+    }
+  }
   for (const tophat::ChatTemplate& chat : ToolTemplates()) {
     (void)chat.Render(request.messages, tools);  // a status, never a crash
     if (request.tool_choice == tophat::ToolChoice::kNone) continue;
@@ -131,6 +155,20 @@ void CheckResponses(std::string_view body) {
   }
   tophat::ResponseBuilder builder("resp_fuzz", 0, "toy", request.echo);
   std::vector<nlohmann::ordered_json> events = builder.Start();
+  // The text's first half as a thinking model's reasoning, streamed in two pieces (cut
+  // between characters, as the detokenizer sends text).
+  const auto boundary = [](std::string_view in, size_t at) {
+    while (at > 0 && at < in.size() && (static_cast<unsigned char>(in[at]) & 0xC0) == 0x80) --at;
+    return at;
+  };
+  const std::string whole = std::move(text);
+  const std::string_view reasoning =
+      std::string_view(whole).substr(0, boundary(whole, whole.size() / 2));
+  const size_t half = boundary(reasoning, reasoning.size() / 2);
+  for (const std::string_view piece : {reasoning.substr(0, half), reasoning.substr(half)}) {
+    for (auto& event : builder.ReasoningText(piece)) events.push_back(event);
+  }
+  text = whole.substr(reasoning.size());
   for (auto& event : builder.Text(text, nlohmann::ordered_json::array())) events.push_back(event);
   for (auto& event : builder.Finish("", calls, request.chat.max_tokens == 1,
                                     tophat::ResponsesUsage(1, 0, 1))) {
@@ -141,6 +179,7 @@ void CheckResponses(std::string_view body) {
     (void)events[i].dump();  // throws on text that is not UTF-8
   }
   TOPHAT_FUZZ_CHECK(builder.answer().content == text);
+  TOPHAT_FUZZ_CHECK(builder.answer().reasoning.value_or("") == reasoning);
   TOPHAT_FUZZ_CHECK(builder.answer().tool_calls.size() == calls.size());
 }
 

@@ -188,6 +188,11 @@ constexpr std::string_view kHermesToolFooter =
 constexpr std::string_view kHermesToolMarker =
     "You may call one or more functions to assist with the user query.";
 
+// DeepSeek-R1's control tokens (fullwidth bars, and U+2581 for its spaces).
+constexpr std::string_view kDeepSeekUser = "<｜User｜>";
+constexpr std::string_view kDeepSeekAssistant = "<｜Assistant｜>";
+constexpr std::string_view kDeepSeekEnd = "<｜end▁of▁sentence｜>";
+
 absl::Status BadMessage(size_t index, std::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("messages[", index, "]: ", std::string(what)));
 }
@@ -204,6 +209,8 @@ std::string_view ChatFamilyName(ChatFamily family) {
       return "mistral";
     case ChatFamily::kToy:
       return "toy";
+    case ChatFamily::kDeepSeekR1:
+      return "deepseek_r1";
   }
   return "unknown";
 }
@@ -263,6 +270,22 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
     return ChatTemplate(ChatFamily::kLlama3, "", llama31, true,
                         llama31 && Contains(source, kLlama31ToolMarker));
   }
+  if (Contains(source, kDeepSeekUser) && Contains(source, kDeepSeekAssistant)) {
+    // DeepSeek-R1's (and its distills'): history keeps what follows an answer's </think>;
+    // the generation prompt opens <think> and a newline (a Jinja escape in the source, or a
+    // real one), or, in the first release's template, leaves the model to. DeepSeek's templates
+    // that do not think (V2.5, V3) differ in more than that, and are not guessed.
+    if (!Contains(source, "</think>")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          std::string(origin),
+          ": chat_template writes <｜User｜> and <｜Assistant｜> but no </think>: only "
+          "DeepSeek-R1's template (and its distills') is rendered; it is not guessed"));
+    }
+    const bool opens = Contains(source, std::string(kDeepSeekAssistant) + "<think>\\n") ||
+                       Contains(source, std::string(kDeepSeekAssistant) + "<think>\n");
+    return ChatTemplate(ChatFamily::kDeepSeekR1, "", false, true, /*tools=*/false,
+                        opens ? ThinkingStyle::kOpened : ThinkingStyle::kAlways);
+  }
   if (Contains(source, "<|im_start|>") && Contains(source, "<|im_end|>")) {
     // A thinking template: Qwen3's switches with enable_thinking; QwQ's opens the block in
     // the prompt (its generation prompt is the literal below, Jinja's \n escapes and all).
@@ -293,7 +316,8 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
       std::string(origin),
       ": chat_template is none of the families tophat renders (Llama 3: <|start_header_id|> "
       "... <|eot_id|>; ChatML/Qwen2: <|im_start|> ... <|im_end|>; Mistral: [INST] ... "
-      "[/INST]; tophat's toy model); it is not guessed"));
+      "[/INST]; DeepSeek-R1: <｜User｜> ... <｜Assistant｜>; tophat's toy model); it is not "
+      "guessed"));
 }
 
 std::optional<std::string> ChatTemplate::end_of_turn() const {
@@ -304,6 +328,7 @@ std::optional<std::string> ChatTemplate::end_of_turn() const {
       return "<|im_end|>";
     case ChatFamily::kMistral:
     case ChatFamily::kToy:
+    case ChatFamily::kDeepSeekR1:
       return std::nullopt;
   }
   return std::nullopt;
@@ -319,6 +344,7 @@ std::optional<ToolCallSyntax> ChatTemplate::tool_call_syntax() const {
     case ChatFamily::kToy:
       return ToySyntax();
     case ChatFamily::kMistral:
+    case ChatFamily::kDeepSeekR1:
       return std::nullopt;
   }
   return std::nullopt;
@@ -547,6 +573,43 @@ absl::StatusOr<RenderedChat> ChatTemplate::Render(std::span<const ChatMessage> m
         AddText(chat, "\n\n");
         AddSpecial(chat, "</think>");
         AddText(chat, "\n\n");
+      }
+      return chat;
+    }
+    case ChatFamily::kDeepSeekR1: {
+      // BOS, then the last system message wherever it stands, as bare text; then the turns.
+      chat.bos = true;
+      const std::string* system_text = nullptr;
+      for (const ChatMessage& message : messages) {
+        if (message.role == "system") system_text = &message.content;
+      }
+      if (system_text) AddText(chat, *system_text);
+      for (size_t i = 0; i < messages.size(); ++i) {
+        const ChatMessage& message = messages[i];
+        if (message.role == "system") continue;
+        if (message.role == "user") {
+          AddSpecial(chat, kDeepSeekUser);
+          AddText(chat, message.content);
+        } else if (message.role == "assistant") {
+          // What follows its last </think>, newlines and all: earlier reasoning is dropped,
+          // given apart or left in the content.
+          std::string_view content = message.content;
+          if (const size_t end = content.rfind("</think>"); end != std::string_view::npos) {
+            content.remove_prefix(end + std::string_view("</think>").size());
+          }
+          AddSpecial(chat, kDeepSeekAssistant);
+          AddText(chat, content);
+          AddSpecial(chat, kDeepSeekEnd);
+        } else {
+          return BadMessage(i, absl::StrCat("role \"", message.role,
+                                            "\": DeepSeek-R1's template places system, user and "
+                                            "assistant messages only"));
+        }
+      }
+      AddSpecial(chat, kDeepSeekAssistant);
+      if (thinking_ == ThinkingStyle::kOpened) {
+        AddSpecial(chat, "<think>");
+        AddText(chat, "\n");
       }
       return chat;
     }

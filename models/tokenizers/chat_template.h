@@ -8,6 +8,9 @@
 //   ChatML    <|im_start|>role\ncontent<|im_end|>\n (Qwen2 and others; a default system
 //             message written literally in the template is used)
 //   Mistral   <s>[INST] user [/INST]assistant</s>
+//   DeepSeek-R1  BOS, the system message, then <｜User｜>user<｜Assistant｜>answer and
+//             <｜end▁of▁sentence｜> (its distills of Qwen2.5 and Llama 3 too): a model
+//             that thinks, earlier reasoning dropped
 //   toy       the toy model's own plain-text template (`tophat toy-model`)
 // Tools (OpenAI's tools, an assistant's tool_calls, "tool" messages) in the layouts of the two
 // templates that define one, recognised by the instructions they write: Llama 3.1's JSON
@@ -34,7 +37,7 @@
 
 namespace tophat {
 
-enum class ChatFamily { kLlama3, kChatMl, kMistral, kToy };
+enum class ChatFamily { kLlama3, kChatMl, kMistral, kToy, kDeepSeekR1 };
 std::string_view ChatFamilyName(ChatFamily family);
 
 // A call the assistant made to one of the request's tools (OpenAI's tool_calls[i]).
@@ -96,14 +99,18 @@ struct ChatRenderOptions {
   bool enable_thinking = true;
 };
 
-// How a ChatML template thinks (ChatTemplate::thinking()).
+// How a template thinks (ChatTemplate::thinking()).
 enum class ThinkingStyle {
   kNone,
   // Qwen3: the model opens <think> itself; enable_thinking=false writes an empty block into
   // the prompt; past reasoning is dropped but after the last user message.
   kSwitch,
-  // QwQ: the prompt opens <think> for the model; past reasoning is always dropped.
+  // QwQ, DeepSeek-R1: the prompt opens <think> for the model; past reasoning is always
+  // dropped.
   kOpened,
+  // DeepSeek-R1's first template: the model opens <think> itself, always; past reasoning is
+  // dropped.
+  kAlways,
 };
 
 class ChatTemplate {
@@ -128,13 +135,13 @@ class ChatTemplate {
                                       std::span<const std::string> tools = {},
                                       const ChatRenderOptions& options = {}) const;
 
-  // Whether (and how) the model thinks before it answers: ChatML templates that write
-  // <think> and </think>. The reasoning markers of its answers when it does.
+  // Whether (and how) the model thinks before it answers: templates that write <think> and
+  // </think> (ChatML's Qwen3 and QwQ, DeepSeek-R1's).
   ThinkingStyle thinking() const { return thinking_; }
   // Whether a request with `options` has the model think first (its answer starts in its
   // reasoning): a thinking template, and not switched off.
   bool Thinks(const ChatRenderOptions& options) const {
-    return thinking_ == ThinkingStyle::kOpened ||
+    return thinking_ == ThinkingStyle::kOpened || thinking_ == ThinkingStyle::kAlways ||
            (thinking_ == ThinkingStyle::kSwitch && options.enable_thinking);
   }
 

@@ -556,6 +556,83 @@ TEST_CASE("QwQ's template opens the thinking block in the prompt, and has no swi
   CHECK(Specials(chat).back() == "<think>");
 }
 
+// DeepSeek-R1's (its distills' too), in shape: BOS and the last system message, the turns,
+// an answer's text after its </think>, and a generation prompt that opens the block.
+constexpr const char* kDeepSeekR1Source =
+    "{{bos_token}}{{ns.system_prompt}}{%- for message in messages %}{%- if message['role'] == "
+    "'user' %}{{'<｜User｜>' + message['content']}}{%- endif %}{% set content = "
+    "message['content'] %}{% if '</think>' in content %}{% set content = "
+    "content.split('</think>')[-1] %}{% endif %}{{'<｜Assistant｜>' + content + "
+    "'<｜end▁of▁sentence｜>'}}{%- endfor -%}{% if add_generation_prompt and not ns.is_tool %}"
+    "{{'<｜Assistant｜><think>\\n'}}{% endif %}";
+
+TEST_CASE(
+    "DeepSeek-R1's template opens the thinking block, and keeps an answer's text after "
+    "its </think>",
+    "[thinking]") {
+  const ChatTemplate r1 = Make(kDeepSeekR1Source);
+  CHECK(r1.family() == ChatFamily::kDeepSeekR1);
+  CHECK(ChatFamilyName(r1.family()) == "deepseek_r1");
+  CHECK(r1.thinking() == ThinkingStyle::kOpened);
+  CHECK(r1.Thinks({.enable_thinking = false}));
+  CHECK_FALSE(r1.end_of_turn().has_value());  // the tokenizer's EOS ends a turn
+  CHECK_FALSE(r1.tool_call_syntax().has_value());
+  // Each expected string is transformers' rendering of DeepSeek-R1-Distill's template.
+  const RenderedChat question = RenderOk(r1, {{"user", "Which is greater, 9.11 or 9.8?"}});
+  CHECK(question.bos);
+  CHECK(question.ToString() == "<｜User｜>Which is greater, 9.11 or 9.8?<｜Assistant｜><think>\n");
+  CHECK(Specials(question) == std::vector<std::string>{"<｜User｜>", "<｜Assistant｜>", "<think>"});
+  // The system message bare after BOS; the reasoning of an earlier answer dropped, the
+  // newlines after its </think> kept, as the template's split keeps them.
+  const RenderedChat history =
+      RenderOk(r1, {{"system", "Be brief."},
+                    {"user", "Hi"},
+                    {"assistant", "<think>\nA greeting.\n</think>\n\nHello."},
+                    {"user", "Bye"}});
+  CHECK(history.ToString() ==
+        "Be brief.<｜User｜>Hi<｜Assistant｜>\n\nHello.<｜end▁of▁sentence｜><｜User｜>Bye"
+        "<｜Assistant｜><think>\n");
+  CHECK(Specials(history) == std::vector<std::string>{"<｜User｜>", "<｜Assistant｜>",
+                                                      "<｜end▁of▁sentence｜>", "<｜User｜>",
+                                                      "<｜Assistant｜>", "<think>"});
+  // The last system message wins, wherever it stands; text after the last </think> is kept,
+  // and reasoning given apart is dropped too.
+  ChatMessage answered{.role = "assistant", .content = "x</think>y</think>\n\nz"};
+  answered.reasoning = "dropped";
+  CHECK(RenderOk(r1, {{"system", "A"}, {"user", "u"}, answered, {"system", "B"}, {"user", "v"}})
+            .ToString() ==
+        "B<｜User｜>u<｜Assistant｜>\n\nz<｜end▁of▁sentence｜><｜User｜>v<｜Assistant｜><think>\n");
+  // A turn the assistant ends still gets the generation prompt after it.
+  CHECK(RenderOk(r1, {{"user", "u"}, {"assistant", "w"}}).ToString() ==
+        "<｜User｜>u<｜Assistant｜>w<｜end▁of▁sentence｜><｜Assistant｜><think>\n");
+
+  // Roles it has no place for, and tools (it writes no tool definitions), are refused.
+  const std::vector<ChatMessage> answered_by_tool = {
+      {"user", "u"}, {.role = "tool", .content = "ok", .tool_call_id = "c"}};
+  auto tool = r1.Render(answered_by_tool);
+  REQUIRE_FALSE(tool.ok());
+  CHECK_THAT(std::string(tool.status().message()), Catch::Contains("deepseek_r1"));
+  const std::vector<ChatMessage> critic = {{"user", "u"}, {"critic", "no"}};
+  auto other = r1.Render(critic);
+  REQUIRE_FALSE(other.ok());
+  CHECK_THAT(std::string(other.status().message()),
+             Catch::StartsWith("messages[1]: role \"critic\": DeepSeek-R1's template"));
+
+  // The first release's template leaves <think> to the model: it still thinks.
+  std::string first_release = kDeepSeekR1Source;
+  first_release.replace(first_release.find("<think>\\n"), 9, "");
+  const ChatTemplate r1_first = Make(first_release.c_str());
+  CHECK(r1_first.thinking() == ThinkingStyle::kAlways);
+  CHECK(r1_first.Thinks({.enable_thinking = false}));
+  CHECK(RenderOk(r1_first, {{"user", "u"}}).ToString() == "<｜User｜>u<｜Assistant｜>");
+  // DeepSeek's templates that do not think are not guessed at.
+  auto v3 = ChatTemplate::FromSource("{{'<｜User｜>' + m}}{{'<｜Assistant｜>'}}",
+                                     "tokenizer_config.json");
+  REQUIRE_FALSE(v3.ok());
+  CHECK_THAT(std::string(v3.status().message()),
+             Catch::StartsWith("tokenizer_config.json: chat_template writes <｜User｜>"));
+}
+
 TEST_CASE("A ChatML template that thinks in another layout is refused, not guessed",
           "[thinking]") {
   auto refused = ChatTemplate::FromSource(
