@@ -22,10 +22,16 @@ Then, through the official OpenAI client:
 - the Responses API answers with a reasoning item before its message, streamed as
   reasoning_text deltas before the message's text deltas.
 
+Then the same for DeepSeek-R1's template on a small random Qwen2ForCausalLM (R1's distill of
+Qwen2.5), with R1's control tokens: its prompts (BOS and the last system message, earlier
+reasoning dropped) are transformers' token ids, and its answers, which begin inside the block
+the prompt opened, are split at </think> as the raw completion is.
+
 The model is random, so </think> is made likely with logit_bias and answers are sampled
 with fixed seeds: every check compares tophat with itself or with transformers, never with
 a text written down here. Exits 0 when every check passes.
 """
+import contextlib
 import json
 import os
 import shutil
@@ -40,8 +46,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import openai  # noqa: E402
 import torch  # noqa: E402
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
-from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models,  # noqa: E402
+                        pre_tokenizers, trainers)
+from transformers import (AutoTokenizer, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,  # noqa: E402
+                          Qwen3ForCausalLM)
 
 from loopback_daemons import free_port, stop_processes, write_configs  # noqa: E402
 
@@ -136,6 +144,41 @@ QWEN3_TEMPLATE = r"""{%- if tools %}
     {%- endif %}
 {%- endif %}"""
 
+# DeepSeek-R1's chat template (deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B's
+# tokenizer_config.json): tools as it writes them are not rendered by tophat, and refused.
+R1_TEMPLATE = (
+    "{% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}"
+    "{% endif %}{% set ns = namespace(is_first=false, is_tool=false, is_output_first=true, "
+    "system_prompt='') %}{%- for message in messages %}{%- if message['role'] == 'system' %}"
+    "{% set ns.system_prompt = message['content'] %}{%- endif %}{%- endfor %}{{bos_token}}"
+    "{{ns.system_prompt}}{%- for message in messages %}{%- if message['role'] == 'user' %}"
+    "{%- set ns.is_tool = false -%}{{'<｜User｜>' + message['content']}}{%- endif %}"
+    "{%- if message['role'] == 'assistant' and message['content'] is none %}"
+    "{%- set ns.is_tool = false -%}{%- for tool in message['tool_calls']%}"
+    "{%- if not ns.is_first %}{{'<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + "
+    "tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\\n' + '```json' + '\\n' + "
+    "tool['function']['arguments'] + '\\n' + '```' + '<｜tool▁call▁end｜>'}}"
+    "{%- set ns.is_first = true -%}{%- else %}{{'\\n' + '<｜tool▁call▁begin｜>' + tool['type'] + "
+    "'<｜tool▁sep｜>' + tool['function']['name'] + '\\n' + '```json' + '\\n' + "
+    "tool['function']['arguments'] + '\\n' + '```' + '<｜tool▁call▁end｜>'}}"
+    "{{'<｜tool▁calls▁end｜><｜end▁of▁sentence｜>'}}{%- endif %}{%- endfor %}{%- endif %}"
+    "{%- if message['role'] == 'assistant' and message['content'] is not none %}"
+    "{%- if ns.is_tool %}{{'<｜tool▁outputs▁end｜>' + message['content'] + "
+    "'<｜end▁of▁sentence｜>'}}{%- set ns.is_tool = false -%}{%- else %}"
+    "{% set content = message['content'] %}{% if '</think>' in content %}"
+    "{% set content = content.split('</think>')[-1] %}{% endif %}"
+    "{{'<｜Assistant｜>' + content + '<｜end▁of▁sentence｜>'}}{%- endif %}{%- endif %}"
+    "{%- if message['role'] == 'tool' %}{%- set ns.is_tool = true -%}"
+    "{%- if ns.is_output_first %}{{'<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>' + "
+    "message['content'] + '<｜tool▁output▁end｜>'}}{%- set ns.is_output_first = false %}"
+    "{%- else %}{{'\\n<｜tool▁output▁begin｜>' + message['content'] + '<｜tool▁output▁end｜>'}}"
+    "{%- endif %}{%- endif %}{%- endfor -%}{% if ns.is_tool %}{{'<｜tool▁outputs▁end｜>'}}"
+    "{% endif %}{% if add_generation_prompt and not ns.is_tool %}"
+    "{{'<｜Assistant｜><think>\\n'}}{% endif %}")
+R1_BOS, R1_EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
+QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"""
+               r"""[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+
 CORPUS = ["Which is greater, 9.11 or 9.8? Compare the tenths first, then the hundredths.",
           "The answer is yes or no. Think it over: the old farmer walked to the river."]
 failures = []
@@ -173,6 +216,40 @@ def build_model(directory):
                          tie_word_embeddings=True, bos_token_id=None,
                          eos_token_id=tokenizer.token_to_id("<|im_end|>"))
     Qwen3ForCausalLM(config).eval().save_pretrained(directory, safe_serialization=True)
+    return tokenizer
+
+
+def build_r1_model(directory):
+    """A random Qwen2ForCausalLM with R1's control tokens and chat template in `directory`:
+    DeepSeek-R1-Distill-Qwen's layout (BOS and EOS special; <｜User｜>, <｜Assistant｜>,
+    <think> and </think> added tokens that are not)."""
+    os.makedirs(directory, exist_ok=True)
+    tokenizer = Tokenizer(models.BPE())
+    # Qwen2's pre-tokenizer (digits one by one), as the distill's tokenizer.json has it and
+    # as transformers' Qwen2Tokenizer puts it back for a qwen2 checkpoint anyway.
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=[R1_EOS, R1_BOS])
+    tokenizer.train_from_iterator(CORPUS * 20, trainer)
+    tokenizer.add_tokens([AddedToken(text, special=False, normalized=False)
+                          for text in ("<｜User｜>", "<｜Assistant｜>", "<think>", "</think>")])
+    tokenizer.save(os.path.join(directory, "tokenizer.json"))
+    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": R1_TEMPLATE,
+                   "bos_token": R1_BOS, "eos_token": R1_EOS, "pad_token": R1_EOS,
+                   "add_bos_token": False}, f, ensure_ascii=False)
+    torch.manual_seed(11)
+    config = Qwen2Config(vocab_size=tokenizer.get_vocab_size(), hidden_size=64,
+                         intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=2048,
+                         rms_norm_eps=1e-6, tie_word_embeddings=True,
+                         bos_token_id=tokenizer.token_to_id(R1_BOS),
+                         eos_token_id=tokenizer.token_to_id(R1_EOS))
+    Qwen2ForCausalLM(config).eval().save_pretrained(directory, safe_serialization=True)
     return tokenizer
 
 
@@ -418,12 +495,65 @@ def run_checks(base, tokenizer, model_dir):
         check(False, "no seed gave an answer with both parts for the Responses API")
 
 
-def main():
-    bin_dir, work = sys.argv[1:3]
-    shutil.rmtree(work, ignore_errors=True)
+def run_r1_checks(base, tokenizer, model_dir):
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="none")
+    model = client.models.list().data[0].id
+    hf = AutoTokenizer.from_pretrained(model_dir)
+    think_end = tokenizer.token_to_id("</think>")
+    question = [{"role": "user", "content": "Which is greater, 9.11 or 9.8?"}]
+    # The prompt, against transformers' rendering of R1's template: BOS, the last system
+    # message bare, an earlier answer's text after its </think> (the newlines after it kept),
+    # reasoning given apart dropped.
+    history = [{"role": "system", "content": "Be brief."}] + question + [
+        {"role": "assistant", "content": "<think>\nCompare the tenths first.\n</think>\n\n9.8"},
+        {"role": "system", "content": "Answer in one word."},
+        {"role": "user", "content": "yes or no?"}]
+    given_apart = question + [
+        {"role": "assistant", "content": "9.8", "reasoning_content": "Compare the tenths."},
+        {"role": "user", "content": "yes or no?"}]
+    for name, messages in [("R1: a question", question),
+                           ("R1: system messages and an earlier answer's reasoning", history),
+                           ("R1: reasoning given apart", given_apart)]:
+        want = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if hasattr(want, "keys"):
+            want = want["input_ids"]
+        got = post(f"{base}/tokenize", {"model": model, "messages": messages})["tokens"]
+        check(got == list(want), f"prompt ({name}): tophat's ids are transformers' "
+                                 f"({len(got)} against {len(want)})")
+    # Its answers begin inside the block the prompt opened: reasoning until </think>.
+    prompt = post(f"{base}/tokenize", {"model": model, "messages": question})["tokens"]
+    sampled = dict(temperature=1.0, max_tokens=40, logit_bias={str(think_end): 4})
+    splits_seen = 0
+    for seed in range(6):
+        raw = post(f"{base}/v1/completions",
+                   {"model": model, "prompt": prompt, "seed": seed,
+                    "stop_token_ids": [tokenizer.token_to_id(R1_EOS)], **sampled}
+                   )["choices"][0]["text"]
+        want_reasoning, want_content = split_reasoning(raw)
+        answer = client.chat.completions.create(model=model, messages=question, seed=seed,
+                                                **sampled)
+        message = answer.choices[0].message
+        reasoning = (message.model_extra or {}).get("reasoning") or ""
+        check(reasoning == want_reasoning and (message.content or "") == want_content,
+              f"R1 seed {seed}: message.reasoning {reasoning!r} and content "
+              f"{message.content!r} are the raw answer {raw!r} cut at </think>")
+        splits_seen += "</think>" in raw and bool(want_reasoning) and bool(want_content)
+    check(splits_seen >= 2, f"R1: {splits_seen} of 6 answers had reasoning, </think> and content")
+    # Tools: R1's template writes no definitions, so tophat refuses them.
+    try:
+        client.chat.completions.create(model=model, messages=question, max_tokens=4, tools=[
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
+        check(False, "R1: tools are refused")
+    except openai.BadRequestError as error:
+        check("deepseek_r1" in str(error.body), f"R1: tools are refused, naming the family "
+                                                 f"({error.body})")
+
+
+@contextlib.contextmanager
+def serving(bin_dir, work, model_dir):
+    """tophat split of `model_dir`, then tophat-cloud and tophat-agent on loopback, logs and
+    bundles under `work`; yields the agent's OpenAI endpoint once it answers."""
     os.makedirs(work)
-    model_dir = os.path.join(work, "qwen3")
-    tokenizer = build_model(model_dir)
     subprocess.run([f"{bin_dir}/tophat", "split", "--model", model_dir, "--input-layers", "1",
                     "--output-layers", "1", "--out", f"{work}/bundles"], check=True,
                    stdout=subprocess.DEVNULL)
@@ -450,9 +580,23 @@ def main():
             if time.monotonic() > deadline:
                 raise SystemExit(f"FAIL: the agent's endpoint did not answer; see {work}")
             time.sleep(0.2)
-        run_checks(base, tokenizer, model_dir)
+        yield base
     finally:
         stop_processes(processes)
+
+
+def main():
+    bin_dir, work = sys.argv[1:3]
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    model_dir = os.path.join(work, "qwen3")
+    tokenizer = build_model(model_dir)
+    with serving(bin_dir, os.path.join(work, "qwen3-serving"), model_dir) as base:
+        run_checks(base, tokenizer, model_dir)
+    r1_dir = os.path.join(work, "r1")
+    r1_tokenizer = build_r1_model(r1_dir)
+    with serving(bin_dir, os.path.join(work, "r1-serving"), r1_dir) as base:
+        run_r1_checks(base, r1_tokenizer, r1_dir)
     if failures:
         print(f"FAIL: {len(failures)} check(s) failed")
         sys.exit(1)
