@@ -253,10 +253,20 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
       return absl::InvalidArgumentError(
           absl::StrCat("response_format: unknown value ", request.response_format()));
   }
-  if (request.has_format_after_token_id()) {
-    if (request.response_format() == v1::RESPONSE_FORMAT_TEXT) {
+  if (request.has_reasoning_token_budget()) {
+    if (!request.has_format_after_token_id()) {
       return absl::InvalidArgumentError(
-          "format_after_token_id: given, but response_format is RESPONSE_FORMAT_TEXT");
+          "reasoning_token_budget: needs format_after_token_id, the token that ends the "
+          "reasoning");
+    }
+    plan.sampling.reasoning_budget = request.reasoning_token_budget();
+  }
+  if (request.has_format_after_token_id()) {
+    if (request.response_format() == v1::RESPONSE_FORMAT_TEXT &&
+        !request.has_reasoning_token_budget()) {
+      return absl::InvalidArgumentError(
+          "format_after_token_id: given, but response_format is RESPONSE_FORMAT_TEXT and no "
+          "reasoning_token_budget counts the tokens before it");
     }
     if (request.format_after_token_id() >= static_cast<uint64_t>(limits.vocab_size)) {
       return absl::InvalidArgumentError(

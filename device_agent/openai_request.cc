@@ -750,6 +750,17 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
       request.parallel_tool_calls = value.get<bool>();
     } else if (key == "chat_template_kwargs" && chat) {
       if (auto error = ParseChatTemplateKwargs(value, request.chat_options)) return *error;
+    } else if (key == "thinking_token_budget") {
+      if (!chat) {
+        return Invalid(key,
+                       "'thinking_token_budget' is for chat completions: the chat template "
+                       "tells where a thinking model's reasoning ends");
+      }
+      if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
+          value.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+        return Invalid(key, "'thinking_token_budget' must be an integer of at least 0");
+      }
+      request.thinking_token_budget = value.get<int64_t>();
     } else if (key == "stream") {
       if (!value.is_boolean()) return Invalid(key, "'stream' must be a boolean");
       request.stream = value.get<bool>();

@@ -117,6 +117,10 @@ struct OpenAiRequest {
   // vLLM's and SGLang's chat_template_kwargs (chat): `enable_thinking` (Qwen3's switch), the
   // one key tophat's templates read.
   ChatRenderOptions chat_options;
+  // vLLM's thinking_token_budget (chat): the most tokens a thinking model's reasoning may
+  // take before its </think>, which is then forced (GenerateRequest.reasoning_token_budget);
+  // -1: no limit. A model that does not think has no reasoning to count.
+  int64_t thinking_token_budget = -1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   // tophat's extension (OpenAI's clients send it with extra_body; OpenAI ignores nothing, so

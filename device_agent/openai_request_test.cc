@@ -964,5 +964,40 @@ TEST_CASE("chat_template_kwargs switches thinking, and earlier answers' reasonin
   CHECK_FALSE(std::get<TokenizeRequest>(tokenize).chat_options.enable_thinking);
 }
 
+TEST_CASE(
+    "thinking_token_budget bounds a chat's reasoning, and is refused where no template "
+    "tells where reasoning ends") {
+  CHECK(ParseOk(OpenAiEndpoint::kChatCompletions,
+                R"({"model": "toy", "messages": [{"role": "user", "content": "hi"}]})")
+            .thinking_token_budget == -1);
+  for (const int64_t budget : {0, 7, 2147483647}) {
+    CHECK(ParseOk(OpenAiEndpoint::kChatCompletions,
+                  absl::StrCat(R"({"model": "toy", "messages": [{"role": "user", "content": "hi"}],
+                               "thinking_token_budget": )",
+                               budget, "}"))
+              .thinking_token_budget == budget);
+  }
+  // null is not given, as for every field (the official client sends nulls it was not given).
+  CHECK(ParseOk(OpenAiEndpoint::kChatCompletions,
+                R"({"model": "toy", "messages": [{"role": "user", "content": "hi"}],
+                    "thinking_token_budget": null})")
+            .thinking_token_budget == -1);
+  for (const std::string value : {"-1", "1.5", "\"8\"", "2147483648"}) {
+    INFO(value);
+    const OpenAiError error =
+        ParseError(OpenAiEndpoint::kChatCompletions,
+                   absl::StrCat(R"({"model": "toy", "messages": [{"role": "user", "content": "hi"}],
+                     "thinking_token_budget": )",
+                                value, "}"));
+    CHECK(error.param == "thinking_token_budget");
+    CHECK_THAT(error.message, Catch::Contains("an integer of at least 0"));
+  }
+  const OpenAiError completions =
+      ParseError(OpenAiEndpoint::kCompletions,
+                 R"({"model": "toy", "prompt": "a", "thinking_token_budget": 4})");
+  CHECK(completions.param == "thinking_token_budget");
+  CHECK_THAT(completions.message, Catch::Contains("for chat completions"));
+}
+
 }  // namespace
 }  // namespace tophat

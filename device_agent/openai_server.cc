@@ -1103,8 +1103,14 @@ void OpenAiServer::Route() {
       generate.set_prompt_logprobs(request.echo);
       generate.set_prompt_only(request.prompt_only);
     }
-    if (reasoning_end && generate.response_format() != v1::RESPONSE_FORMAT_TEXT) {
+    // A thinking model's format holds after its </think>, and its budget counts the tokens
+    // before it.
+    if (reasoning_end && (generate.response_format() != v1::RESPONSE_FORMAT_TEXT ||
+                          request.thinking_token_budget >= 0)) {
       generate.set_format_after_token_id(static_cast<uint32_t>(*reasoning_end));
+      if (request.thinking_token_budget >= 0) {
+        generate.set_reasoning_token_budget(static_cast<uint32_t>(request.thinking_token_budget));
+      }
     }
     for (uint32_t id : stop_ids) generate.add_stop_token_ids(id);
     if (request.outline_max_points != 0) {

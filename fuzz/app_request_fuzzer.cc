@@ -50,10 +50,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   TOPHAT_FUZZ_CHECK(plan->top_logprobs >= -1 && plan->top_logprobs <= tophat::kMaxTopLogprobs);
   TOPHAT_FUZZ_CHECK(!plan->prompt_logprobs || plan->top_logprobs >= 0);
   TOPHAT_FUZZ_CHECK(!plan->prompt_only || (plan->prompt_logprobs && plan->max_new_tokens == 0));
-  // A format after a thinking model's </think>: only a real format, and a token of the
-  // vocabulary.
+  // A format after a thinking model's </think>: only a real format or a reasoning budget,
+  // and a token of the vocabulary; a budget only with that token.
+  TOPHAT_FUZZ_CHECK(plan->sampling.reasoning_budget ==
+                    (request.has_reasoning_token_budget()
+                         ? static_cast<int64_t>(request.reasoning_token_budget())
+                         : -1));
+  TOPHAT_FUZZ_CHECK(!request.has_reasoning_token_budget() || request.has_format_after_token_id());
   if (request.has_format_after_token_id()) {
-    TOPHAT_FUZZ_CHECK(plan->sampling.response_format != tophat::ResponseFormat::kText);
+    TOPHAT_FUZZ_CHECK(plan->sampling.response_format != tophat::ResponseFormat::kText ||
+                      plan->sampling.reasoning_budget >= 0);
     TOPHAT_FUZZ_CHECK(plan->sampling.format_after_token ==
                       static_cast<int32_t>(request.format_after_token_id()));
     TOPHAT_FUZZ_CHECK(plan->sampling.format_after_token < limits.vocab_size);

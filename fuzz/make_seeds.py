@@ -206,6 +206,9 @@ def main():
     # A thinking model's: the JSON object only after token 5 (its </think>).
     write(out, "app_request", "after_reasoning.bin",
           field_bytes(2, b"the cat") + field_varint(17, 1) + field_varint(24, 5))
+    # And a budget of 3 reasoning tokens, with no format.
+    write(out, "app_request", "reasoning_budget.bin",
+          field_bytes(2, b"the cat") + field_varint(24, 5) + field_varint(25, 3))
 
     # The OpenAI endpoint's bodies: the first byte chooses the endpoint (even: chat).
     chat = {"model": "toy", "messages": [{"role": "system", "content": "be brief"},

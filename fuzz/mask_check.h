@@ -54,6 +54,7 @@ void CheckMaskAfterBytes(std::unique_ptr<TokenConstraint> constraint, const Gram
   pending.reserve(taken.size());
   for (const char c : taken) pending.push_back(static_cast<unsigned char>(c));
   const auto mask = constraint->Allowed(pending);
+  TOPHAT_FUZZ_CHECK(mask != nullptr);  // a grammar always masks
   TOPHAT_FUZZ_CHECK(testing::Ids(*mask) ==
                     testing::TokensTaken(grammar, *MaskVocabulary(), kMaskEnd));
 }

@@ -17,6 +17,8 @@ Then, through the official OpenAI client:
 - a chat answer's message.reasoning and message.content are the raw completion of the same
   prompt (/v1/completions, the same seed and bias) cut at its first </think>, and streamed
   the deltas add up to the same two parts;
+- thinking_token_budget forces </think> after that many reasoning tokens (where the model
+  had not written it sooner), alone and with a format after it;
 - with structured_outputs choice, the reasoning is free and the content after </think> is
   one of the choices: the format holds after the reasoning, not from the first token;
 - the Responses API answers with a reasoning item before its message, streamed as
@@ -393,6 +395,43 @@ def run_checks(base, tokenizer, model_dir):
               f"seed {seed}: the streamed deltas add up to the same parts ({got_streamed!r})")
         splits_seen += "</think>" in raw and bool(want_reasoning) and bool(want_content)
     check(splits_seen >= 2, f"{splits_seen} of 6 answers had reasoning, </think> and content")
+
+    # A thinking budget: </think> forced once that many reasoning tokens are generated, where
+    # the model had not written it sooner (the same seed's raw completion tells which), and
+    # the answer goes on after it; with a format, the format after the forced </think>.
+    budget = 3
+    forced = natural_sooner = 0
+    for seed in range(8):
+        # Half of them with </think> made likelier, so that some end their reasoning sooner.
+        bias = {str(think_end): 5} if seed % 2 else {}
+        completion = post(f"{base}/v1/completions",
+                          {"model": model, "prompt": prompt, "seed": seed, "temperature": 1.0,
+                           "max_tokens": 12, "stop_token_ids": [im_end], "logprobs": 0,
+                           "logit_bias": bias})["choices"][0]
+        tokens = completion["logprobs"]["tokens"]
+        natural = tokens.index("</think>") + 1 if "</think>" in tokens else len(tokens) + 1
+        want = min(natural, budget + 1)
+        answer = client.chat.completions.create(
+            model=model, messages=question, seed=seed, temperature=1.0, max_tokens=12,
+            logit_bias=bias, extra_body={"thinking_token_budget": budget})
+        got = answer.usage.completion_tokens_details.reasoning_tokens
+        check(got == want, f"seed {seed}: thinking_token_budget {budget}: {got} reasoning "
+                           f"tokens, </think> among them (the model's own at {natural})")
+        forced += natural > budget + 1 and answer.choices[0].message.content is not None
+        natural_sooner += natural <= budget + 1
+    check(forced >= 3 and natural_sooner >= 1,
+          f"of 8 answers {forced} had </think> forced and content after it, "
+          f"{natural_sooner} ended their reasoning within the budget")
+    for seed in range(3):
+        answer = client.chat.completions.create(
+            model=model, messages=question, seed=seed, temperature=1.0, max_tokens=12,
+            extra_body={"thinking_token_budget": 2,
+                        "structured_outputs": {"choice": ["yes", "no"]}})
+        check(answer.usage.completion_tokens_details.reasoning_tokens <= 3 and
+              answer.choices[0].message.content in ("yes", "no"),
+              f"seed {seed}: a budget of 2 and a choice: "
+              f"{answer.usage.completion_tokens_details.reasoning_tokens} reasoning tokens, "
+              f"then {answer.choices[0].message.content!r}")
 
     # 3. A format holds after the reasoning: free reasoning, then one of the choices.
     choices_held = 0

@@ -25,10 +25,10 @@ TEST_CASE(
                              std::make_unique<JsonConstraint>(vocabulary, std::vector{kEnd}));
   JsonConstraint plain(vocabulary, {kEnd});
 
-  // Reasoning: every token, the end of sequence included (an answer cut off while thinking).
-  const auto free = gated.Allowed({});
-  REQUIRE(free->size() == static_cast<size_t>(vocabulary->size()));
-  CHECK(std::all_of(free->begin(), free->end(), [](uint8_t a) { return a == 1; }));
+  // Reasoning: every token, the end of sequence included (an answer cut off while thinking):
+  // no mask at all.
+  CHECK(gated.Allowed({}) == nullptr);
+  CHECK(gated.Allowed(std::vector{hmm, hmm}) == nullptr);
   CHECK_FALSE(gated.complete());
   // A draft that holds the gate: the object's first token after it.
   CHECK(*gated.Allowed(std::vector{hmm, gate}) == *plain.Allowed({}));
@@ -37,8 +37,7 @@ TEST_CASE(
 
   // Committed in pieces across the gate.
   gated.Commit(std::vector{hmm, hmm});
-  CHECK(std::all_of(gated.Allowed({})->begin(), gated.Allowed({})->end(),
-                    [](uint8_t a) { return a == 1; }));
+  CHECK(gated.Allowed({}) == nullptr);
   gated.Commit(std::vector{hmm, gate, open});
   plain.Commit(std::vector{open});
   CHECK(*gated.Allowed({}) == *plain.Allowed({}));
@@ -49,6 +48,60 @@ TEST_CASE(
   CHECK(gated.complete());
   CHECK((*gated.Allowed({}))[kEnd] == 1);
   CHECK((*gated.Allowed({}))[hmm] == 0);
+}
+
+TEST_CASE(
+    "A reasoning budget forces the token after it is spent, with a format after the token "
+    "or none",
+    "[after_token]") {
+  const auto vocabulary = PieceVocabulary({"</think>", "hmm", "{", "}", "{}", " "});
+  const int32_t gate = PieceId(*vocabulary, "</think>");
+  const int32_t hmm = PieceId(*vocabulary, "hmm");
+  const int32_t open = PieceId(*vocabulary, "{");
+  const auto only_gate = [&](const std::shared_ptr<const std::vector<uint8_t>>& mask) {
+    if (mask == nullptr || mask->size() != static_cast<size_t>(vocabulary->size())) return false;
+    for (int32_t id = 0; id < vocabulary->size(); ++id) {
+      if ((*mask)[static_cast<size_t>(id)] != (id == gate ? 1 : 0)) return false;
+    }
+    return true;
+  };
+
+  // No format: three tokens of reasoning, then </think> alone, then anything.
+  AfterTokenConstraint budget(vocabulary->size(), gate, nullptr, /*budget=*/3);
+  CHECK(budget.Allowed({}) == nullptr);
+  CHECK(budget.Allowed(std::vector{hmm, hmm}) == nullptr);
+  // Drafts count with the committed tokens.
+  CHECK(only_gate(budget.Allowed(std::vector{hmm, hmm, hmm})));
+  budget.Commit(std::vector{hmm, hmm});
+  CHECK(budget.Allowed({}) == nullptr);
+  CHECK(only_gate(budget.Allowed(std::vector{hmm})));
+  budget.Commit(std::vector{hmm});
+  CHECK(only_gate(budget.Allowed({})));
+  // A draft past the gate, and the answer after it: free.
+  CHECK(budget.Allowed(std::vector{gate, hmm}) == nullptr);
+  budget.Commit(std::vector{gate, hmm, gate});
+  CHECK(budget.Allowed({}) == nullptr);
+  CHECK_FALSE(budget.complete());
+  CHECK_FALSE(budget.cut_by_limit());
+  // The model ending its reasoning early spends no more of it.
+  AfterTokenConstraint early(vocabulary->size(), gate, nullptr, /*budget=*/3);
+  early.Commit(std::vector{gate, hmm, hmm, hmm});
+  CHECK(early.Allowed({}) == nullptr);
+  // A budget of 0: </think> at once.
+  AfterTokenConstraint none(vocabulary->size(), gate, nullptr, /*budget=*/0);
+  CHECK(only_gate(none.Allowed({})));
+
+  // With a format: the budget, then the format from the token after the gate.
+  AfterTokenConstraint formatted(vocabulary->size(), gate,
+                                 std::make_unique<JsonConstraint>(vocabulary, std::vector{kEnd}),
+                                 /*budget=*/1);
+  JsonConstraint plain(vocabulary, {kEnd});
+  CHECK(formatted.Allowed({}) == nullptr);
+  CHECK(only_gate(formatted.Allowed(std::vector{hmm})));
+  CHECK(*formatted.Allowed(std::vector{hmm, gate}) == *plain.Allowed({}));
+  formatted.Commit(std::vector{hmm, gate, open});
+  plain.Commit(std::vector{open});
+  CHECK(*formatted.Allowed({}) == *plain.Allowed({}));
 }
 
 }  // namespace

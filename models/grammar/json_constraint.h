@@ -87,9 +87,9 @@ class TokenConstraint {
   // the answer invalid: every later choice may only end it.
   virtual void Commit(std::span<const int32_t> tokens) = 0;
   // allowed[id] is 1 where token id may follow the committed tokens and then `pending`,
-  // [vocabulary size]. When no token can (the vocabulary cannot continue the answer, or
-  // `pending` holds a refused token), only the end ids are allowed, so the answer ends
-  // rather than goes on unconstrained.
+  // [vocabulary size]; null where every token may (nothing to mask). When no token can (the
+  // vocabulary cannot continue the answer, or `pending` holds a refused token), only the end
+  // ids are allowed, so the answer ends rather than goes on unconstrained.
   virtual std::shared_ptr<const std::vector<uint8_t>> Allowed(
       std::span<const int32_t> pending) const = 0;
   // The committed answer is complete.

@@ -40,6 +40,14 @@ absl::Status SamplingParams::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("frequency_penalty must be in [-2, 2] (0: off), got ", frequency_penalty));
   }
+  if (reasoning_budget < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reasoning_budget must be >= 0 (-1: no limit), got ", reasoning_budget));
+  }
+  if (reasoning_budget >= 0 && format_after_token < 0) {
+    return absl::InvalidArgumentError(
+        "a reasoning budget needs the token that ends the reasoning (format_after_token)");
+  }
   if (min_tokens < 0) {
     return absl::InvalidArgumentError(absl::StrCat("min_tokens must be >= 0, got ", min_tokens));
   }
@@ -126,10 +134,10 @@ Sampler::Sampler(const SamplingParams& params, std::shared_ptr<const TokenVocabu
                                             params_.structural_tag);
       break;
   }
-  if (format_ != nullptr && params_.format_after_token >= 0) {
+  if (params_.format_after_token >= 0 && (format_ != nullptr || params_.reasoning_budget >= 0)) {
     require(vocabulary_size >= 0);
     format_ = std::make_unique<AfterTokenConstraint>(vocabulary_size, params_.format_after_token,
-                                                     std::move(format_));
+                                                     std::move(format_), params_.reasoning_budget);
   }
   if (params_.logit_bias.empty()) return;
   std::vector<int64_t> ids;
@@ -160,7 +168,10 @@ void Sampler::Commit(std::span<const int32_t> tokens) {
 at::Tensor Sampler::Adjusted(const at::Tensor& logits, std::span<const int32_t> pending) const {
   const bool too_short = generated_ + static_cast<int64_t>(pending.size()) < params_.min_tokens &&
                          !params_.stop_ids.empty();
-  if (!params_.penalized() && !too_short && format_ == nullptr) return Biased(logits);
+  // Null: the format takes every token here (a thinking model's reasoning).
+  const std::shared_ptr<const std::vector<uint8_t>> allowed =
+      format_ != nullptr ? format_->Allowed(pending) : nullptr;
+  if (!params_.penalized() && !too_short && allowed == nullptr) return Biased(logits);
   at::Tensor biased = Biased(logits);
   at::Tensor row = biased.is_same(logits)
                        ? logits.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true)
@@ -177,10 +188,9 @@ at::Tensor Sampler::Adjusted(const at::Tensor& logits, std::span<const int32_t> 
     }
   }
   if (params_.penalized()) Penalize(row, pending);
-  if (format_ != nullptr) {
+  if (allowed != nullptr) {
     // The tokens the format refuses; the logits may have more rows than the tokenizer has
     // tokens (padded vocabularies), which no answer can use.
-    const std::shared_ptr<const std::vector<uint8_t>> allowed = format_->Allowed(pending);
     const int64_t known = std::min<int64_t>(row.size(0), static_cast<int64_t>(allowed->size()));
     at::Tensor refused = at::ones({row.size(0)}, at::kBool);
     refused.narrow(0, 0, known)

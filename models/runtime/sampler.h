@@ -78,6 +78,10 @@ struct SamplingParams {
   // the tokens after the first of these, the reasoning before it free
   // (AfterTokenConstraint).
   int32_t format_after_token = -1;
+  // The most tokens before format_after_token (-1: no limit): once they are generated it is
+  // the only choice, and the answer proper follows (vLLM's thinking_token_budget). Only with
+  // format_after_token, with or without a format.
+  int64_t reasoning_budget = -1;
 
   absl::Status Validate() const;
   bool greedy() const { return temperature <= 0.0; }
@@ -85,9 +89,10 @@ struct SamplingParams {
     return presence_penalty != 0.0 || frequency_penalty != 0.0 || repetition_penalty != 1.0;
   }
   // Whether a choice depends on the tokens before it (penalties, a minimum length, a
-  // format).
+  // format, a reasoning budget).
   bool history_dependent() const {
-    return penalized() || min_tokens > 0 || response_format != ResponseFormat::kText;
+    return penalized() || min_tokens > 0 || response_format != ResponseFormat::kText ||
+           reasoning_budget >= 0;
   }
 };
 
@@ -166,7 +171,8 @@ class Sampler {
   absl::flat_hash_map<int32_t, int64_t> generated_counts_;
   int64_t generated_ = 0;  // tokens committed, with min_tokens
   std::vector<int32_t> prompt_tokens_;  // sorted, unique
-  std::unique_ptr<TokenConstraint> format_;  // with a response format other than kText
+  // With a response format other than kText, or a reasoning budget.
+  std::unique_ptr<TokenConstraint> format_;
 };
 
 }  // namespace tophat

@@ -367,6 +367,42 @@ TEST_CASE("Seeded sampling follows the distribution and repeats per seed", "[sam
   for (int i = 0; i < 50; ++i) CHECK(a.Sample(logits) == b.Sample(logits));
 }
 
+TEST_CASE(
+    "A reasoning budget forces the end of reasoning once spent, and masks nothing "
+    "before",
+    "[sampler]") {
+  // Ids: 0 ends the answer, 1 "</think>", 2 "a", 3 "b"; "a" is the likeliest.
+  const auto vocabulary = std::make_shared<const TokenVocabulary>(
+      std::vector<std::optional<std::string>>{std::nullopt, "</think>", "a", "b"});
+  const at::Tensor logits = at::tensor({0.0f, 1.0f, 5.0f, 2.0f});
+  const SamplingParams params{.stop_ids = {0}, .format_after_token = 1, .reasoning_budget = 2};
+  REQUIRE(params.Validate().ok());
+  REQUIRE(params.history_dependent());
+  Sampler sampler(params, vocabulary);
+  // Within the budget no mask is applied: the very tensor comes back, uncopied.
+  CHECK(sampler.Adjusted(logits).is_same(logits));
+  CHECK(sampler.Sample(logits) == 2);
+  CHECK(sampler.Sample(logits, std::vector<int32_t>{2, 2}) == 1);  // pending ones count
+  const at::Tensor rows =
+      sampler.AdjustedRows(at::stack({logits, logits, logits}), std::vector<int32_t>{2, 3});
+  CHECK(rows[1].argmax().item<int64_t>() == 2);
+  CHECK(rows[2].argmax().item<int64_t>() == 1);
+  sampler.Commit(std::vector<int32_t>{2, 3});
+  CHECK(sampler.Sample(logits) == 1);
+  Sampler sampled(
+      {.temperature = 1.0, .stop_ids = {0}, .format_after_token = 1, .reasoning_budget = 0},
+      vocabulary);
+  CHECK(sampled.Distribution(logits)[1].item<float>() == Approx(1.0));
+  // After </think> the answer is free again.
+  sampler.Commit(std::vector<int32_t>{1});
+  CHECK(sampler.Adjusted(logits).is_same(logits));
+  CHECK(sampler.Sample(logits) == 2);
+
+  CHECK_THAT(std::string(SamplingParams{.reasoning_budget = 3}.Validate().message()),
+             Catch::Contains("needs the token that ends the reasoning"));
+  CHECK_FALSE(SamplingParams{.format_after_token = 1, .reasoning_budget = -2}.Validate().ok());
+}
+
 TEST_CASE("Invalid sampling parameters are rejected by name", "[sampler]") {
   CHECK_FALSE(SamplingParams{.temperature = -1}.Validate().ok());
   CHECK_FALSE(SamplingParams{.top_k = -2}.Validate().ok());
