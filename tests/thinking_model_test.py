@@ -285,6 +285,57 @@ def streamed(client, **request):
     return reasoning, content
 
 
+def check_prompt_ids(base, model, hf, name, messages, template_kwargs=None):
+    """tophat's prompt for `messages` (vLLM's /tokenize) is transformers' rendering of the
+    template, token for token."""
+    kwargs = template_kwargs or {}
+    want = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kwargs)
+    if hasattr(want, "keys"):  # transformers 5 answers with a BatchEncoding
+        want = want["input_ids"]
+    body = {"model": model, "messages": messages}
+    if kwargs:
+        body["chat_template_kwargs"] = kwargs
+    got = post(f"{base}/tokenize", body)["tokens"]
+    check(got == list(want), f"prompt ({name}): tophat's ids are transformers' "
+                             f"({len(got)} against {len(want)})")
+
+
+def check_reasoning_split(client, base, model, question, think_end, end_id, label):
+    """Six seeded answers to `question`: message.reasoning and content are the same request's
+    raw completion cut at </think>, whole and streamed, with its reasoning tokens counted.
+    Returns the prompt's ids and the sampling used."""
+    prompt = post(f"{base}/tokenize", {"model": model, "messages": question})["tokens"]
+    sampled = dict(temperature=1.0, max_tokens=40, logit_bias={str(think_end): 4})
+    splits_seen = 0
+    for seed in range(6):
+        completion = post(f"{base}/v1/completions",
+                          {"model": model, "prompt": prompt, "seed": seed,
+                           "stop_token_ids": [end_id], "logprobs": 0, **sampled})["choices"][0]
+        raw = completion["text"]
+        tokens = completion["logprobs"]["tokens"]
+        want_reasoning_tokens = (tokens.index("</think>") + 1 if "</think>" in tokens
+                                 else len(tokens))
+        want_reasoning, want_content = split_reasoning(raw)
+        answer = client.chat.completions.create(model=model, messages=question, seed=seed,
+                                                **sampled)
+        message = answer.choices[0].message
+        reasoning = (message.model_extra or {}).get("reasoning") or ""
+        check(reasoning == want_reasoning and (message.content or "") == want_content,
+              f"{label}seed {seed}: message.reasoning {reasoning!r} and content "
+              f"{message.content!r} are the raw answer {raw!r} cut at </think>")
+        check(answer.usage.completion_tokens_details.reasoning_tokens == want_reasoning_tokens,
+              f"{label}seed {seed}: usage counts {want_reasoning_tokens} reasoning tokens "
+              f"(got {answer.usage.completion_tokens_details.reasoning_tokens})")
+        got_streamed = streamed(client, model=model, messages=question, seed=seed, **sampled)
+        check(got_streamed == (want_reasoning, want_content),
+              f"{label}seed {seed}: the streamed deltas add up to the same parts "
+              f"({got_streamed!r})")
+        splits_seen += "</think>" in raw and bool(want_reasoning) and bool(want_content)
+    check(splits_seen >= 2,
+          f"{label}{splits_seen} of 6 answers had reasoning, </think> and content")
+    return prompt, sampled
+
+
 def run_checks(base, tokenizer, model_dir):
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="none")
     model = client.models.list().data[0].id
@@ -304,16 +355,7 @@ def run_checks(base, tokenizer, model_dir):
                                    ("enable_thinking false", question,
                                     {"enable_thinking": False}),
                                    ("an earlier answer's reasoning dropped", earlier, {})]:
-        want = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                      **kwargs)
-        if hasattr(want, "keys"):  # transformers 5 answers with a BatchEncoding
-            want = want["input_ids"]
-        body = {"model": model, "messages": messages}
-        if kwargs:
-            body["chat_template_kwargs"] = kwargs
-        got = post(f"{base}/tokenize", body)["tokens"]
-        check(got == list(want), f"prompt ({name}): tophat's ids are transformers' "
-                                 f"({len(got)} against {len(want)})")
+        check_prompt_ids(base, model, hf, name, messages, kwargs)
 
     # Tools, in Qwen3's layout: the system turn, a turn in progress with its reasoning and
     # calls, and the tool's answers.
@@ -368,33 +410,8 @@ def run_checks(base, tokenizer, model_dir):
           f"{calls_made} of 6 answers made the required call, {reasoned} after free reasoning")
 
     # 2. Reasoning and content are the raw answer cut at </think>.
-    prompt = post(f"{base}/tokenize", {"model": model, "messages": question})["tokens"]
-    sampled = dict(temperature=1.0, max_tokens=40, logit_bias={str(think_end): 4})
-    splits_seen = 0
-    for seed in range(6):
-        completion = post(f"{base}/v1/completions",
-                          {"model": model, "prompt": prompt, "seed": seed,
-                           "stop_token_ids": [im_end], "logprobs": 0, **sampled})["choices"][0]
-        raw = completion["text"]
-        tokens = completion["logprobs"]["tokens"]
-        want_reasoning_tokens = (tokens.index("</think>") + 1 if "</think>" in tokens
-                                 else len(tokens))
-        want_reasoning, want_content = split_reasoning(raw)
-        answer = client.chat.completions.create(model=model, messages=question, seed=seed,
-                                                **sampled)
-        message = answer.choices[0].message
-        reasoning = (message.model_extra or {}).get("reasoning") or ""
-        check(reasoning == want_reasoning and (message.content or "") == want_content,
-              f"seed {seed}: message.reasoning {reasoning!r} and content {message.content!r} "
-              f"are the raw answer {raw!r} cut at </think>")
-        check(answer.usage.completion_tokens_details.reasoning_tokens == want_reasoning_tokens,
-              f"seed {seed}: usage counts {want_reasoning_tokens} reasoning tokens "
-              f"(got {answer.usage.completion_tokens_details.reasoning_tokens})")
-        got_streamed = streamed(client, model=model, messages=question, seed=seed, **sampled)
-        check(got_streamed == (want_reasoning, want_content),
-              f"seed {seed}: the streamed deltas add up to the same parts ({got_streamed!r})")
-        splits_seen += "</think>" in raw and bool(want_reasoning) and bool(want_content)
-    check(splits_seen >= 2, f"{splits_seen} of 6 answers had reasoning, </think> and content")
+    prompt, sampled = check_reasoning_split(client, base, model, question, think_end, im_end,
+                                            label="")
 
     # A thinking budget: </think> forced once that many reasoning tokens are generated, where
     # the model had not written it sooner (the same seed's raw completion tells which), and
@@ -553,31 +570,10 @@ def run_r1_checks(base, tokenizer, model_dir):
     for name, messages in [("R1: a question", question),
                            ("R1: system messages and an earlier answer's reasoning", history),
                            ("R1: reasoning given apart", given_apart)]:
-        want = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if hasattr(want, "keys"):
-            want = want["input_ids"]
-        got = post(f"{base}/tokenize", {"model": model, "messages": messages})["tokens"]
-        check(got == list(want), f"prompt ({name}): tophat's ids are transformers' "
-                                 f"({len(got)} against {len(want)})")
+        check_prompt_ids(base, model, hf, name, messages)
     # Its answers begin inside the block the prompt opened: reasoning until </think>.
-    prompt = post(f"{base}/tokenize", {"model": model, "messages": question})["tokens"]
-    sampled = dict(temperature=1.0, max_tokens=40, logit_bias={str(think_end): 4})
-    splits_seen = 0
-    for seed in range(6):
-        raw = post(f"{base}/v1/completions",
-                   {"model": model, "prompt": prompt, "seed": seed,
-                    "stop_token_ids": [tokenizer.token_to_id(R1_EOS)], **sampled}
-                   )["choices"][0]["text"]
-        want_reasoning, want_content = split_reasoning(raw)
-        answer = client.chat.completions.create(model=model, messages=question, seed=seed,
-                                                **sampled)
-        message = answer.choices[0].message
-        reasoning = (message.model_extra or {}).get("reasoning") or ""
-        check(reasoning == want_reasoning and (message.content or "") == want_content,
-              f"R1 seed {seed}: message.reasoning {reasoning!r} and content "
-              f"{message.content!r} are the raw answer {raw!r} cut at </think>")
-        splits_seen += "</think>" in raw and bool(want_reasoning) and bool(want_content)
-    check(splits_seen >= 2, f"R1: {splits_seen} of 6 answers had reasoning, </think> and content")
+    check_reasoning_split(client, base, model, question, think_end,
+                          tokenizer.token_to_id(R1_EOS), label="R1 ")
     # Tools: R1's template writes no definitions, so tophat refuses them.
     try:
         client.chat.completions.create(model=model, messages=question, max_tokens=4, tools=[
