@@ -12,15 +12,21 @@ using testing::PieceVocabulary;
 
 constexpr int32_t kEnd = 1;
 
+// A thinking model's vocabulary in small: its </think>, a word of reasoning, JSON's pieces.
+struct ThinkingVocabulary {
+  std::shared_ptr<const TokenVocabulary> vocabulary =
+      PieceVocabulary({"</think>", "hmm", "{", "}", "{}", " "});
+  int32_t gate = PieceId(*vocabulary, "</think>");
+  int32_t hmm = PieceId(*vocabulary, "hmm");
+  int32_t open = PieceId(*vocabulary, "{");
+  int32_t close = PieceId(*vocabulary, "}");
+};
+
 TEST_CASE(
     "A format after a token allows anything before it, and holds from the token after "
     "it as if the answer began there",
     "[after_token]") {
-  const auto vocabulary = PieceVocabulary({"</think>", "hmm", "{", "}", "{}", " "});
-  const int32_t gate = PieceId(*vocabulary, "</think>");
-  const int32_t hmm = PieceId(*vocabulary, "hmm");
-  const int32_t open = PieceId(*vocabulary, "{");
-  const int32_t close = PieceId(*vocabulary, "}");
+  const auto [vocabulary, gate, hmm, open, close] = ThinkingVocabulary();
   AfterTokenConstraint gated(vocabulary->size(), gate,
                              std::make_unique<JsonConstraint>(vocabulary, std::vector{kEnd}));
   JsonConstraint plain(vocabulary, {kEnd});
@@ -54,10 +60,7 @@ TEST_CASE(
     "A reasoning budget forces the token after it is spent, with a format after the token "
     "or none",
     "[after_token]") {
-  const auto vocabulary = PieceVocabulary({"</think>", "hmm", "{", "}", "{}", " "});
-  const int32_t gate = PieceId(*vocabulary, "</think>");
-  const int32_t hmm = PieceId(*vocabulary, "hmm");
-  const int32_t open = PieceId(*vocabulary, "{");
+  const auto [vocabulary, gate, hmm, open, close] = ThinkingVocabulary();
   const auto only_gate = [&](const std::shared_ptr<const std::vector<uint8_t>>& mask) {
     if (mask == nullptr || mask->size() != static_cast<size_t>(vocabulary->size())) return false;
     for (int32_t id = 0; id < vocabulary->size(); ++id) {
