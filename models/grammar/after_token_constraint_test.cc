@@ -61,7 +61,9 @@ TEST_CASE(
     "or none",
     "[after_token]") {
   const auto [vocabulary, gate, hmm, open, close] = ThinkingVocabulary();
-  const auto only_gate = [&](const std::shared_ptr<const std::vector<uint8_t>>& mask) {
+  // (Copies: clang 14 cannot capture a structured binding.)
+  const auto only_gate = [vocabulary = vocabulary,
+                          gate = gate](const std::shared_ptr<const std::vector<uint8_t>>& mask) {
     if (mask == nullptr || mask->size() != static_cast<size_t>(vocabulary->size())) return false;
     for (int32_t id = 0; id < vocabulary->size(); ++id) {
       if ((*mask)[static_cast<size_t>(id)] != (id == gate ? 1 : 0)) return false;
