@@ -2587,6 +2587,14 @@ TEST_CASE(
 
   // 3. Revocation: device-1's open stream ends at once and it gets no other; device-2 serves
   // on. A key only a restart applies is named as waiting for one.
+  // The streams opened above to try the tokens leave the cloud's open streams when their
+  // reactors are done ("stream N done"), which may come after this client saw them close
+  // (late under ThreadSanitizer): the revocation must find device-1's agent stream alone.
+  const auto open_streams = [&] {
+    const std::string text = cloud.process().Log();
+    return Occurrences(text, " connected from ") - Occurrences(text, " done\n");
+  };
+  REQUIRE(testing::WaitUntil([&] { return open_streams() == 2; }, 10s));
   std::ofstream(cloud.config()) << good;
   RewriteAccess(cloud.config(),
                 {token_entry("device-1", "secret-1b"), token_entry("device-2", "secret-2")},
