@@ -25,6 +25,7 @@
 #include "fuzz/fuzz_util.h"
 #include "models/grammar/ebnf_grammar.h"
 #include "models/tokenizers/chat_template.h"
+#include "models/tokenizers/tokenizer_utf8.h"
 #include "nlohmann/json.hpp"
 
 namespace {
@@ -158,8 +159,7 @@ void CheckResponses(std::string_view body) {
   // The text's first half as a thinking model's reasoning, streamed in two pieces (cut
   // between characters, as the detokenizer sends text).
   const auto boundary = [](std::string_view in, size_t at) {
-    while (at > 0 && at < in.size() && (static_cast<unsigned char>(in[at]) & 0xC0) == 0x80) --at;
-    return at;
+    return at - tophat::utf8::IncompleteSuffixLength(in.substr(0, at));
   };
   const std::string whole = std::move(text);
   const std::string_view reasoning =
