@@ -191,6 +191,13 @@ void CheckAgentConfig(const AgentConfig& config, bool require_bundle, Report&& r
              "allow_remote_apps");
     }
   }
+  // A sentence or two; the tokens are counted when the endpoint starts (at most 256).
+  if (config.openai.thinking_budget_message.size() > kMaxThinkingBudgetMessageBytes) {
+    report("openai.thinking_budget_message",
+           absl::StrCat(config.openai.thinking_budget_message.size(), " bytes, more than the ",
+                        kMaxThinkingBudgetMessageBytes, " allowed"),
+           "");
+  }
   check("log_level", CheckLogLevel(config.log_level));
 
   // Backoff doubles from the initial value and is capped at the maximum; a cap below the
@@ -311,6 +318,7 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
   reader.ReadInt("openai.max_stored_response_bytes", &config.openai.max_stored_response_bytes,
                  Bound::kNonNegative);
   reader.ReadString("openai.store_dir", &config.openai.store_dir);
+  reader.ReadString("openai.thinking_budget_message", &config.openai.thinking_budget_message);
   reader.ReadString("metrics_address", &config.metrics_address);
   reader.ReadString("log_level", &config.log_level);
 

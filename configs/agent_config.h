@@ -190,6 +190,9 @@ struct AgentConfig {
     // Where kept responses and conversations are also written, so that a restart keeps
     // them (OpenAiServerOptions); "": memory only.
     std::string store_dir;
+    // Written at the end of a thinking model's reasoning when a request's
+    // thinking_token_budget is spent, before "</think>" (OpenAiServerOptions); "": none.
+    std::string thinking_budget_message;
     bool operator==(const OpenAi&) const = default;
   } openai;
   std::string metrics_address = "127.0.0.1:9200";  // empty disables
@@ -204,6 +207,9 @@ struct AgentConfig {
 // With `values`, also the file's values by dotted key (YamlReader::Values).
 absl::StatusOr<AgentConfig> LoadAgentConfig(const std::filesystem::path& path,
                                             std::map<std::string, std::string>* values = nullptr);
+
+// The longest openai.thinking_budget_message: a sentence or two, not a second prompt.
+inline constexpr size_t kMaxThinkingBudgetMessageBytes = 1024;
 
 // The keys a running tophat-agent applies when it reloads its config (SIGHUP); a change to
 // any other key waits for a restart, and the reload says which. (The file that

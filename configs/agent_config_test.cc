@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "base/test_util.h"
 
 namespace tophat {
@@ -81,6 +82,7 @@ openai:
   request_deadline_s: 3
   max_stored_response_bytes: 1024
   store_dir: /var/lib/tophat-agent/openai
+  thinking_budget_message: "Time is up.\n"
 metrics_address: ""
 log_level: trace
 )",
@@ -130,6 +132,7 @@ log_level: trace
   CHECK(config->openai.request_deadline_s == 3);
   CHECK(config->openai.max_stored_response_bytes == 1024);
   CHECK(config->openai.store_dir == "/var/lib/tophat-agent/openai");
+  CHECK(config->openai.thinking_budget_message == "Time is up.\n");
   CHECK(config->metrics_address.empty());
   CHECK(config->log_level == "trace");
   CHECK(ValidateAgentConfig(*config).ok());
@@ -165,6 +168,17 @@ TEST_CASE("The OpenAI endpoint is plain HTTP: loopback unless remote apps are al
   INFO(remote.status().ToString());
   CHECK(remote.ok());
   CHECK(AgentConfig{}.openai.address.empty());  // off by default
+}
+
+TEST_CASE("A thinking budget message longer than a sentence or two is refused by key") {
+  CHECK(AgentConfig{}.openai.thinking_budget_message.empty());
+  CHECK_THAT(ErrorOf(absl::StrCat("openai:\n  thinking_budget_message: \"",
+                                  std::string(kMaxThinkingBudgetMessageBytes + 1, 'x'), "\"\n")),
+             Catch::Contains("openai.thinking_budget_message: 1025 bytes, more than the 1024"));
+  CHECK(ParseAgentConfig(absl::StrCat("openai:\n  thinking_budget_message: \"",
+                                      std::string(kMaxThinkingBudgetMessageBytes, 'x'), "\"\n"),
+                         "agent.yaml")
+            .ok());
 }
 
 TEST_CASE("Agent speculative settings out of range name their key") {

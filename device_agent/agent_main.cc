@@ -268,6 +268,7 @@ int Run(const tophat::AgentConfig& config, const std::map<std::string, std::stri
                        .request_deadline_s = config.openai.request_deadline_s,
                        .max_stored_response_bytes = config.openai.max_stored_response_bytes,
                        .store_dir = config.openai.store_dir,
+                       .thinking_budget_message = config.openai.thinking_budget_message,
                        .registry = registry.get()});
     if (!started.ok()) return Fail(started.status());
     openai = *std::move(started);

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <random>
+#include <string_view>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "models/grammar/choice_grammar.h"
@@ -274,6 +276,33 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
                        " is outside the vocabulary of ", limits.vocab_size));
     }
     plan.sampling.format_after_token = static_cast<int32_t>(request.format_after_token_id());
+  }
+  if (request.reasoning_budget_end_ids_size() > 0) {
+    if (!request.has_reasoning_token_budget()) {
+      return absl::InvalidArgumentError(
+          "reasoning_budget_end_ids: given without reasoning_token_budget, whose end they are");
+    }
+    if (request.reasoning_budget_end_ids_size() > kMaxReasoningBudgetEndIds) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("reasoning_budget_end_ids: ", request.reasoning_budget_end_ids_size(),
+                       " tokens, more than the ", kMaxReasoningBudgetEndIds, " allowed"));
+    }
+    for (const uint32_t id : request.reasoning_budget_end_ids()) {
+      std::string_view why;
+      if (id >= static_cast<uint64_t>(limits.vocab_size)) {
+        why = " is outside the vocabulary";
+      } else if (id == request.format_after_token_id()) {
+        why = " is format_after_token_id, which is forced after them";
+      } else if (absl::c_linear_search(plan.stop_ids, static_cast<int32_t>(id)) ||
+                 absl::c_linear_search(eos_ids, static_cast<int32_t>(id))) {
+        why = " would end the answer (an end of sequence or a stop token)";
+      }
+      if (!why.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("reasoning_budget_end_ids: token id ", id, std::string(why)));
+      }
+      plan.sampling.reasoning_budget_end.push_back(static_cast<int32_t>(id));
+    }
   }
   if (plan.sampling.history_dependent()) {
     plan.sampling.stop_ids = plan.stop_ids;

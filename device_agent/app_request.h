@@ -43,6 +43,9 @@ struct AppRequestPlan {
 inline constexpr int64_t kMaxTopLogprobs = 20;
 // The most logit_bias entries a request may carry.
 inline constexpr int64_t kMaxLogitBias = 1024;
+// The most tokens a spent reasoning budget forces before the reasoning's end
+// (reasoning_budget_end_ids): a sentence, not a second answer.
+inline constexpr int kMaxReasoningBudgetEndIds = 256;
 
 
 // A request's JSON Schema (GenerateRequest.json_schema), compiled; InvalidArgument naming

@@ -23,6 +23,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "device_agent/app_request.h"
 #include "device_agent/openai_conversations.h"
 #include "device_agent/openai_request.h"
 #include "device_agent/openai_responses.h"
@@ -633,6 +634,37 @@ struct BackgroundResponses {
   prometheus::Gauge* gauge = nullptr;  // tophat_openai_background_responses; null: none
 };
 
+namespace {
+
+// The ids of openai.thinking_budget_message: none of them may end the reasoning or the answer
+// (the budget forces "</think>" after them), and at most kMaxReasoningBudgetEndIds.
+absl::StatusOr<std::vector<uint32_t>> BudgetMessageIds(const Tokenizer& tokenizer,
+                                                       std::string_view message) {
+  const auto refused = [](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("openai.thinking_budget_message: ", why));
+  };
+  absl::StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(message);
+  if (!ids.ok()) return refused(std::string(ids.status().message()));
+  if (ids->size() > static_cast<size_t>(kMaxReasoningBudgetEndIds)) {
+    return refused(absl::StrCat(ids->size(), " tokens, more than the ",
+                                kMaxReasoningBudgetEndIds, " a spent budget may force"));
+  }
+  const std::optional<int32_t> reasoning_end = tokenizer.PieceToId(ReasoningMarkers{}.end);
+  std::vector<uint32_t> out;
+  for (const int32_t id : *ids) {
+    if (id == reasoning_end || id == tokenizer.eos_id()) {
+      return refused(absl::StrCat("its token ", id, " would end ",
+                                  id == reasoning_end ? "the reasoning itself" : "the answer",
+                                  ": the budget writes ", ReasoningMarkers{}.end,
+                                  " after the message"));
+    }
+    out.push_back(static_cast<uint32_t>(id));
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
                                                                   OpenAiServerOptions options) {
   if (options.model_name.empty()) options.model_name = agent->Info().model_id();
@@ -650,6 +682,17 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
     }
   } else {
     server->chat_template_error_ = "no chat template configured";
+  }
+  if (!server->options_.thinking_budget_message.empty()) {
+    absl::StatusOr<std::vector<uint32_t>> ids =
+        BudgetMessageIds(agent->tokenizer(), server->options_.thinking_budget_message);
+    if (!ids.ok()) return ids.status();
+    server->thinking_budget_end_ids_ = *std::move(ids);
+    if (!server->chat_template_ || server->chat_template_->thinking() == ThinkingStyle::kNone) {
+      spdlog::warn(
+          "openai: openai.thinking_budget_message is set, and the model's chat template does "
+          "not think: the message is never used");
+    }
   }
   server->responses_ = std::make_unique<ResponseStore>(server->options_.max_stored_response_bytes);
   server->conversations_ =
@@ -1110,6 +1153,9 @@ void OpenAiServer::Route() {
       generate.set_format_after_token_id(static_cast<uint32_t>(*reasoning_end));
       if (request.thinking_token_budget >= 0) {
         generate.set_reasoning_token_budget(static_cast<uint32_t>(request.thinking_token_budget));
+        for (const uint32_t id : thinking_budget_end_ids_) {
+          generate.add_reasoning_budget_end_ids(id);
+        }
       }
     }
     for (uint32_t id : stop_ids) generate.add_stop_token_ids(id);

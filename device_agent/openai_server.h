@@ -84,6 +84,13 @@ struct OpenAiServerOptions {
   // that the next process takes them back (made 0700 when missing); "": memory only
   // (openai.store_dir).
   std::string store_dir;
+  // Written at the end of a thinking model's reasoning when a request's thinking_token_budget
+  // is spent, before "</think>" (Qwen's model cards suggest "Considering the limited time by
+  // the user, I have to give the solution based on the thinking directly now.\n"; llama.cpp's
+  // reasoning budget message): the model answers after a sentence that says why it stopped
+  // rather than mid-thought. Tokenized once, at the start; "": "</think>" alone
+  // (openai.thinking_budget_message).
+  std::string thinking_budget_message;
   // Where the kept responses' gauges go (tophat_openai_stored_responses, ..._bytes and
   // ..._forgotten_total); null: none.
   prometheus::Registry* registry = nullptr;
@@ -116,6 +123,8 @@ class OpenAiServer {
   Agent* agent_;
   OpenAiServerOptions options_;
   std::optional<ChatTemplate> chat_template_;
+  // options_.thinking_budget_message's token ids (GenerateRequest.reasoning_budget_end_ids).
+  std::vector<uint32_t> thinking_budget_end_ids_;
   std::string chat_template_error_;  // why chat is unavailable, when it is
   std::unique_ptr<HttpRequestDeadline> request_deadline_;  // outlives server_'s handlers
   // openai.store_dir held for this process (null: memory only). Declared first of the

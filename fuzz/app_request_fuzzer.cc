@@ -66,6 +66,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else {
     TOPHAT_FUZZ_CHECK(plan->sampling.format_after_token == -1);
   }
+  // The tokens a spent budget forces: the request's, only with a budget, each of the
+  // vocabulary and none that ends the reasoning or the answer.
+  const auto& forced = plan->sampling.reasoning_budget_end;
+  TOPHAT_FUZZ_CHECK(static_cast<int>(forced.size()) == request.reasoning_budget_end_ids_size());
+  TOPHAT_FUZZ_CHECK(forced.empty() || plan->sampling.reasoning_budget >= 0);
+  TOPHAT_FUZZ_CHECK(static_cast<int>(forced.size()) <= tophat::kMaxReasoningBudgetEndIds);
+  for (size_t i = 0; i < forced.size(); ++i) {
+    TOPHAT_FUZZ_CHECK(forced[i] == static_cast<int32_t>(request.reasoning_budget_end_ids(
+                                       static_cast<int>(i))));
+    TOPHAT_FUZZ_CHECK(forced[i] >= 0 && forced[i] < limits.vocab_size);
+    TOPHAT_FUZZ_CHECK(forced[i] != plan->sampling.format_after_token);
+    for (int32_t stop : plan->stop_ids) TOPHAT_FUZZ_CHECK(forced[i] != stop);
+    for (int64_t eos : limits.eos_token_ids) TOPHAT_FUZZ_CHECK(forced[i] != eos);
+    TOPHAT_FUZZ_CHECK(forced[i] != tokenizer.eos_id());
+  }
   tophat::StreamingDetokenizer detokenizer(tokenizer);
   for (int32_t id : plan->prompt) {
     TOPHAT_FUZZ_CHECK(id >= 0 && id < limits.vocab_size);

@@ -209,6 +209,10 @@ def main():
     # And a budget of 3 reasoning tokens, with no format.
     write(out, "app_request", "reasoning_budget.bin",
           field_bytes(2, b"the cat") + field_varint(24, 5) + field_varint(25, 3))
+    # And a message of two tokens forced before it once the budget is spent.
+    write(out, "app_request", "reasoning_budget_end.bin",
+          field_bytes(2, b"the cat") + field_varint(24, 5) + field_varint(25, 3)
+          + field_varint(26, 9) + field_varint(26, 11))
 
     # The OpenAI endpoint's bodies: the first byte chooses the endpoint (even: chat).
     chat = {"model": "toy", "messages": [{"role": "system", "content": "be brief"},

@@ -1,7 +1,11 @@
 #include "models/grammar/after_token_constraint.h"
 
 #include <algorithm>
+#include <string>
+#include <string_view>
 #include <utility>
+
+#include "models/tokenizers/tokenizer_utf8.h"
 
 namespace tophat {
 namespace {
@@ -14,20 +18,64 @@ std::shared_ptr<const std::vector<uint8_t>> OnlyToken(int32_t vocabulary_size, i
 
 }  // namespace
 
-AfterTokenConstraint::AfterTokenConstraint(int32_t vocabulary_size, int32_t gate,
-                                           std::unique_ptr<TokenConstraint> inner, int64_t budget)
-    : gate_(gate),
+AfterTokenConstraint::AfterTokenConstraint(std::shared_ptr<const TokenVocabulary> vocabulary,
+                                           int32_t gate, std::unique_ptr<TokenConstraint> inner,
+                                           int64_t budget, std::vector<int32_t> budget_end)
+    : vocabulary_(std::move(vocabulary)),
+      gate_(gate),
       inner_(std::move(inner)),
       budget_(budget),
-      gate_only_(OnlyToken(vocabulary_size, gate)) {}
+      budget_end_(std::move(budget_end)),
+      gate_only_(OnlyToken(vocabulary_->size(), gate)) {}
+
+void AfterTokenConstraint::Settle(Reasoning& reasoning) const {
+  if (budget_ < 0 || reasoning.forced_from >= 0 || reasoning.tokens < budget_) return;
+  if (reasoning.partial_size == 0 || reasoning.tokens >= budget_ + kCharacterWait) {
+    reasoning.forced_from = reasoning.tokens;
+  }
+}
+
+void AfterTokenConstraint::Step(Reasoning& reasoning, int32_t token) const {
+  Settle(reasoning);
+  ++reasoning.tokens;
+  // Only the waiting for a character's end reads the bytes; forced tokens need not.
+  if (budget_ < 0 || reasoning.forced_from >= 0) return;
+  const std::string* bytes = vocabulary_->bytes(token);
+  if (bytes == nullptr) {  // a special token: no character runs across it
+    reasoning.partial_size = 0;
+    return;
+  }
+  // A pending character lies in the last 3 bytes: the token's, after what was pending.
+  std::array<char, 6> last{};
+  size_t size = 0;
+  if (bytes->size() < 3) {
+    for (uint8_t i = 0; i < reasoning.partial_size; ++i) last[size++] = reasoning.partial[i];
+  }
+  const size_t take = std::min<size_t>(bytes->size(), 3);
+  for (size_t i = bytes->size() - take; i < bytes->size(); ++i) last[size++] = (*bytes)[i];
+  const size_t pending = utf8::IncompleteSuffixLength(std::string_view(last.data(), size));
+  for (size_t i = 0; i < pending; ++i) reasoning.partial[i] = last[size - pending + i];
+  reasoning.partial_size = static_cast<uint8_t>(pending);
+}
+
+std::shared_ptr<const std::vector<uint8_t>> AfterTokenConstraint::Only(int32_t token) const {
+  if (token == gate_) return gate_only_;
+  if (token != last_only_token_) {
+    last_only_ = OnlyToken(vocabulary_->size(), token);
+    last_only_token_ = token;
+  }
+  return last_only_;
+}
 
 void AfterTokenConstraint::Commit(std::span<const int32_t> tokens) {
-  if (!open_) {
-    const auto gate = std::find(tokens.begin(), tokens.end(), gate_);
-    before_ += gate - tokens.begin();
-    if (gate == tokens.end()) return;
-    open_ = true;
-    tokens = tokens.subspan(static_cast<size_t>(gate - tokens.begin()) + 1);
+  while (!open_ && !tokens.empty()) {
+    const int32_t token = tokens.front();
+    tokens = tokens.subspan(1);
+    if (token == gate_) {
+      open_ = true;
+    } else {
+      Step(committed_, token);
+    }
   }
   if (!tokens.empty() && inner_ != nullptr) inner_->Commit(tokens);
 }
@@ -35,14 +83,20 @@ void AfterTokenConstraint::Commit(std::span<const int32_t> tokens) {
 std::shared_ptr<const std::vector<uint8_t>> AfterTokenConstraint::Allowed(
     std::span<const int32_t> pending) const {
   if (open_) return inner_ != nullptr ? inner_->Allowed(pending) : nullptr;
-  // A draft that holds the gate opens the format for the tokens after it.
-  const auto gate = std::find(pending.begin(), pending.end(), gate_);
-  if (gate == pending.end()) {
-    const int64_t reasoned = before_ + static_cast<int64_t>(pending.size());
-    return budget_ >= 0 && reasoned >= budget_ ? gate_only_ : nullptr;
+  Reasoning reasoning = committed_;
+  for (size_t i = 0; i < pending.size(); ++i) {
+    // A draft that holds the gate opens the format for the tokens after it.
+    if (pending[i] == gate_) {
+      return inner_ != nullptr ? inner_->Allowed(pending.subspan(i + 1)) : nullptr;
+    }
+    Step(reasoning, pending[i]);
   }
-  if (inner_ == nullptr) return nullptr;
-  return inner_->Allowed(pending.subspan(static_cast<size_t>(gate - pending.begin()) + 1));
+  Settle(reasoning);
+  if (reasoning.forced_from < 0) return nullptr;
+  // The forced tokens in order; a draft that strayed from them is refused at its row
+  // anyway, so past them it is the gate.
+  const auto forced = static_cast<size_t>(reasoning.tokens - reasoning.forced_from);
+  return Only(forced < budget_end_.size() ? budget_end_[forced] : gate_);
 }
 
 }  // namespace tophat

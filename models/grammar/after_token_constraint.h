@@ -3,11 +3,14 @@
 // DeepSeek-R1's vocabularies), then the answer proper, and a JSON, regex, grammar or other
 // format is the answer proper's (as vLLM applies structured outputs after a reasoning
 // parser's end). Before the token every token is allowed (the end of sequence too: an answer
-// cut off while thinking has no answer proper) until the budget is spent, after which the
-// token is the only one (vLLM's thinking_token_budget); from the token after it on, the
-// inner format decides, as if the answer began there, or nothing does.
+// cut off while thinking has no answer proper) until the budget is spent; then the reasoning
+// is ended for the model (vLLM's thinking_token_budget, llama.cpp's reasoning budget): once
+// its text is whole characters, an optional message (Qwen's "Considering the limited
+// time...") and the token are the only choices, one after the other. From the token after
+// it on, the inner format decides, as if the answer began there, or nothing does.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -19,14 +22,25 @@ namespace tophat {
 
 class AfterTokenConstraint final : public TokenConstraint {
  public:
-  // `vocabulary_size`: the mask's length; `gate`: the token after which `inner` holds (null:
-  // no format, every token allowed); `budget`: the most tokens before the gate (-1: no
-  // limit), the gate forced after them.
-  AfterTokenConstraint(int32_t vocabulary_size, int32_t gate,
-                       std::unique_ptr<TokenConstraint> inner, int64_t budget = -1);
+  // Tokens the reasoning may go on for past its budget while its text ends inside a
+  // character (a byte-level vocabulary spells many characters in several tokens): forcing
+  // the message there would leave a broken character in the reasoning. A character is at
+  // most 4 bytes and each token adds at least 1, so 3 complete one begun within the budget;
+  // a model that keeps writing partial characters is cut after them all the same.
+  static constexpr int64_t kCharacterWait = 3;
+
+  // `vocabulary`: the tokens' bytes (for where characters end) and the masks' length; `gate`:
+  // the token after which `inner` holds (null: no format, every token allowed); `budget`:
+  // the most tokens before the gate (-1: no limit); `budget_end`: the tokens forced before
+  // the gate once the budget is spent (none: the gate alone; the gate must not be among
+  // them).
+  AfterTokenConstraint(std::shared_ptr<const TokenVocabulary> vocabulary, int32_t gate,
+                       std::unique_ptr<TokenConstraint> inner, int64_t budget = -1,
+                       std::vector<int32_t> budget_end = {});
 
   void Commit(std::span<const int32_t> tokens) override;
-  // Null (every token) before the gate while the budget lasts, and after it without a format.
+  // Null (every token) before the gate while the budget lasts, and after it without a format;
+  // once it is spent, the next forced token alone.
   std::shared_ptr<const std::vector<uint8_t>> Allowed(
       std::span<const int32_t> pending) const override;
   // The answer proper is complete (never while it has not begun, nor without a format).
@@ -34,12 +48,33 @@ class AfterTokenConstraint final : public TokenConstraint {
   bool cut_by_limit() const override { return inner_ != nullptr && inner_->cut_by_limit(); }
 
  private:
+  // Where the reasoning stands, the gate not yet among its tokens.
+  struct Reasoning {
+    int64_t tokens = 0;        // generated so far
+    int64_t forced_from = -1;  // the index of the first forced token; -1: not yet
+    // The reasoning's last bytes while they are a character begun and not ended.
+    std::array<char, 3> partial{};
+    uint8_t partial_size = 0;
+  };
+  // Decides, before the reasoning's next token, whether the forced tokens begin there.
+  void Settle(Reasoning& reasoning) const;
+  // The reasoning after one more token (not the gate).
+  void Step(Reasoning& reasoning, int32_t token) const;
+  // The mask allowing `token` alone.
+  std::shared_ptr<const std::vector<uint8_t>> Only(int32_t token) const;
+
+  const std::shared_ptr<const TokenVocabulary> vocabulary_;
   const int32_t gate_;
   const std::unique_ptr<TokenConstraint> inner_;
   const int64_t budget_;
+  const std::vector<int32_t> budget_end_;  // then the gate
   const std::shared_ptr<const std::vector<uint8_t>> gate_only_;  // the gate's 1 alone
-  bool open_ = false;                                            // the gate token was committed
-  int64_t before_ = 0;                                           // tokens committed before it
+  // The last mask made for one of budget_end_ (a verification row asks for the same one
+  // again; a new one costs a vocabulary-sized fill).
+  mutable int32_t last_only_token_ = -1;
+  mutable std::shared_ptr<const std::vector<uint8_t>> last_only_;
+  bool open_ = false;  // the gate token was committed
+  Reasoning committed_;
 };
 
 }  // namespace tophat

@@ -22,12 +22,21 @@ struct ThinkingVocabulary {
   int32_t close = PieceId(*vocabulary, "}");
 };
 
+// Whether `mask` allows `token` alone.
+bool OnlyAllows(const std::shared_ptr<const std::vector<uint8_t>>& mask, int32_t token) {
+  if (mask == nullptr) return false;
+  for (size_t id = 0; id < mask->size(); ++id) {
+    if ((*mask)[id] != (static_cast<int32_t>(id) == token ? 1 : 0)) return false;
+  }
+  return token >= 0 && static_cast<size_t>(token) < mask->size();
+}
+
 TEST_CASE(
     "A format after a token allows anything before it, and holds from the token after "
     "it as if the answer began there",
     "[after_token]") {
   const auto [vocabulary, gate, hmm, open, close] = ThinkingVocabulary();
-  AfterTokenConstraint gated(vocabulary->size(), gate,
+  AfterTokenConstraint gated(vocabulary, gate,
                              std::make_unique<JsonConstraint>(vocabulary, std::vector{kEnd}));
   JsonConstraint plain(vocabulary, {kEnd});
 
@@ -61,18 +70,13 @@ TEST_CASE(
     "or none",
     "[after_token]") {
   const auto [vocabulary, gate, hmm, open, close] = ThinkingVocabulary();
-  // (Copies: clang 14 cannot capture a structured binding.)
-  const auto only_gate = [vocabulary = vocabulary,
-                          gate = gate](const std::shared_ptr<const std::vector<uint8_t>>& mask) {
-    if (mask == nullptr || mask->size() != static_cast<size_t>(vocabulary->size())) return false;
-    for (int32_t id = 0; id < vocabulary->size(); ++id) {
-      if ((*mask)[static_cast<size_t>(id)] != (id == gate ? 1 : 0)) return false;
-    }
-    return true;
+  // (A copy: clang 14 cannot capture a structured binding.)
+  const auto only_gate = [gate = gate](const std::shared_ptr<const std::vector<uint8_t>>& mask) {
+    return OnlyAllows(mask, gate);
   };
 
   // No format: three tokens of reasoning, then </think> alone, then anything.
-  AfterTokenConstraint budget(vocabulary->size(), gate, nullptr, /*budget=*/3);
+  AfterTokenConstraint budget(vocabulary, gate, nullptr, /*budget=*/3);
   CHECK(budget.Allowed({}) == nullptr);
   CHECK(budget.Allowed(std::vector{hmm, hmm}) == nullptr);
   // Drafts count with the committed tokens.
@@ -89,15 +93,15 @@ TEST_CASE(
   CHECK_FALSE(budget.complete());
   CHECK_FALSE(budget.cut_by_limit());
   // The model ending its reasoning early spends no more of it.
-  AfterTokenConstraint early(vocabulary->size(), gate, nullptr, /*budget=*/3);
+  AfterTokenConstraint early(vocabulary, gate, nullptr, /*budget=*/3);
   early.Commit(std::vector{gate, hmm, hmm, hmm});
   CHECK(early.Allowed({}) == nullptr);
   // A budget of 0: </think> at once.
-  AfterTokenConstraint none(vocabulary->size(), gate, nullptr, /*budget=*/0);
+  AfterTokenConstraint none(vocabulary, gate, nullptr, /*budget=*/0);
   CHECK(only_gate(none.Allowed({})));
 
   // With a format: the budget, then the format from the token after the gate.
-  AfterTokenConstraint formatted(vocabulary->size(), gate,
+  AfterTokenConstraint formatted(vocabulary, gate,
                                  std::make_unique<JsonConstraint>(vocabulary, std::vector{kEnd}),
                                  /*budget=*/1);
   JsonConstraint plain(vocabulary, {kEnd});
@@ -106,6 +110,76 @@ TEST_CASE(
   CHECK(*formatted.Allowed(std::vector{hmm, gate}) == *plain.Allowed({}));
   formatted.Commit(std::vector{hmm, gate, open});
   plain.Commit(std::vector{open});
+  CHECK(*formatted.Allowed({}) == *plain.Allowed({}));
+}
+
+TEST_CASE(
+    "A spent budget forces its message and then the token, once the reasoning ends between "
+    "characters",
+    "[after_token]") {
+  // "\xc3\xa9" is one character; "\xe4\xbd" the first two bytes of a three-byte one; the
+  // single bytes are tokens of their own, as in a byte-level vocabulary.
+  const auto vocabulary = PieceVocabulary(
+      {"</think>", "hmm", " Time", "'s up.", "\xe4\xbd", "{", "}"}, "\xc3\xa9\xa0");
+  const int32_t gate = PieceId(*vocabulary, "</think>");
+  const int32_t hmm = PieceId(*vocabulary, "hmm");
+  const int32_t time = PieceId(*vocabulary, " Time");
+  const int32_t up = PieceId(*vocabulary, "'s up.");
+  const int32_t begun = PieceId(*vocabulary, "\xe4\xbd");
+  const int32_t lead = PieceId(*vocabulary, "\xc3");
+  const int32_t tail = PieceId(*vocabulary, "\xa9");
+  const int32_t special = 2;  // no bytes
+  const std::vector<int32_t> message = {time, up};
+
+  // Between characters: the message, token by token, then the gate, then the answer, free.
+  AfterTokenConstraint ended(vocabulary, gate, nullptr, /*budget=*/2, message);
+  CHECK(ended.Allowed(std::vector{hmm}) == nullptr);
+  CHECK(OnlyAllows(ended.Allowed(std::vector{hmm, hmm}), time));
+  ended.Commit(std::vector{hmm, hmm});
+  CHECK(OnlyAllows(ended.Allowed({}), time));
+  CHECK(OnlyAllows(ended.Allowed(std::vector{time}), up));
+  CHECK(OnlyAllows(ended.Allowed(std::vector{time, up}), gate));
+  CHECK(ended.Allowed(std::vector{time, up, gate}) == nullptr);
+  ended.Commit(std::vector{time});
+  CHECK(OnlyAllows(ended.Allowed({}), up));
+  // A draft that strayed from the message is refused at its own row; past it, the gate.
+  CHECK(OnlyAllows(ended.Allowed(std::vector{hmm, hmm}), gate));
+  ended.Commit(std::vector{up, gate, hmm});
+  CHECK(ended.Allowed({}) == nullptr);
+
+  // The budget spent inside a character: the reasoning goes on until the character is whole.
+  AfterTokenConstraint waiting(vocabulary, gate, nullptr, /*budget=*/2, message);
+  waiting.Commit(std::vector{hmm, lead});
+  CHECK(waiting.Allowed({}) == nullptr);
+  CHECK(OnlyAllows(waiting.Allowed(std::vector{tail}), time));
+  // A special token leaves no character open.
+  CHECK(OnlyAllows(waiting.Allowed(std::vector{special}), time));
+  // The model may end its reasoning itself meanwhile.
+  CHECK(waiting.Allowed(std::vector{gate}) == nullptr);
+  // A model that keeps writing parts of characters is cut kCharacterWait tokens past the
+  // budget all the same: "\xe4\xbd", then lead bytes one after another.
+  AfterTokenConstraint cut(vocabulary, gate, nullptr, /*budget=*/2, message);
+  cut.Commit(std::vector{hmm, begun});
+  CHECK(cut.Allowed(std::vector{lead}) == nullptr);
+  CHECK(cut.Allowed(std::vector{lead, lead}) == nullptr);
+  CHECK(OnlyAllows(cut.Allowed(std::vector{lead, lead, lead}), time));
+  cut.Commit(std::vector{lead, lead, lead});
+  CHECK(OnlyAllows(cut.Allowed({}), time));
+  // A three-byte character begun at the budget's last token and ended past it.
+  AfterTokenConstraint late(vocabulary, gate, nullptr, /*budget=*/2, message);
+  late.Commit(std::vector{hmm, begun});
+  CHECK(late.Allowed({}) == nullptr);
+  late.Commit(std::vector{PieceId(*vocabulary, "\xa0")});
+  CHECK(OnlyAllows(late.Allowed({}), time));
+
+  // A budget of 0 forces the message at once; with a format, it holds after the gate.
+  AfterTokenConstraint formatted(vocabulary, gate,
+                                 std::make_unique<JsonConstraint>(vocabulary, std::vector{kEnd}),
+                                 /*budget=*/0, message);
+  JsonConstraint plain(vocabulary, {kEnd});
+  CHECK(OnlyAllows(formatted.Allowed({}), time));
+  CHECK(*formatted.Allowed(std::vector{time, up, gate}) == *plain.Allowed({}));
+  formatted.Commit(std::vector{time, up, gate});
   CHECK(*formatted.Allowed({}) == *plain.Allowed({}));
 }
 

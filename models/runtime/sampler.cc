@@ -48,6 +48,17 @@ absl::Status SamplingParams::Validate() const {
     return absl::InvalidArgumentError(
         "a reasoning budget needs the token that ends the reasoning (format_after_token)");
   }
+  if (!reasoning_budget_end.empty() && reasoning_budget < 0) {
+    return absl::InvalidArgumentError(
+        "reasoning_budget_end: the tokens that end a spent reasoning budget need the budget");
+  }
+  for (const int32_t id : reasoning_budget_end) {
+    if (id < 0 || id == format_after_token) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "reasoning_budget_end: token id ", id,
+          id < 0 ? " is negative" : " is the reasoning's end, which is forced after them"));
+    }
+  }
   if (min_tokens < 0) {
     return absl::InvalidArgumentError(absl::StrCat("min_tokens must be >= 0, got ", min_tokens));
   }
@@ -90,7 +101,6 @@ absl::Status SamplingParams::Validate() const {
 
 Sampler::Sampler(const SamplingParams& params, std::shared_ptr<const TokenVocabulary> vocabulary)
     : params_(params), rng_(params.seed) {
-  const int32_t vocabulary_size = vocabulary != nullptr ? vocabulary->size() : -1;
   // A caller's bug, not a request's: answering unconstrained would break the promise.
   const auto require = [](bool given) {
     if (given) return;
@@ -106,38 +116,39 @@ Sampler::Sampler(const SamplingParams& params, std::shared_ptr<const TokenVocabu
       break;
     case ResponseFormat::kJsonObject:
       require(vocabulary != nullptr);
-      format_ = std::make_unique<JsonConstraint>(std::move(vocabulary), params_.stop_ids);
+      format_ = std::make_unique<JsonConstraint>(vocabulary, params_.stop_ids);
       break;
     case ResponseFormat::kJsonSchema:
       require(vocabulary != nullptr && params_.json_schema != nullptr);
-      format_ = MakeSchemaConstraint(std::move(vocabulary), params_.stop_ids, params_.json_schema);
+      format_ = MakeSchemaConstraint(vocabulary, params_.stop_ids, params_.json_schema);
       break;
     case ResponseFormat::kToolCalls:
       require(vocabulary != nullptr && params_.tool_calls != nullptr);
-      format_ = MakeToolCallConstraint(std::move(vocabulary), params_.stop_ids, params_.tool_calls);
+      format_ = MakeToolCallConstraint(vocabulary, params_.stop_ids, params_.tool_calls);
       break;
     case ResponseFormat::kRegex:
       require(vocabulary != nullptr && params_.regex != nullptr);
-      format_ = MakeRegexConstraint(std::move(vocabulary), params_.stop_ids, params_.regex);
+      format_ = MakeRegexConstraint(vocabulary, params_.stop_ids, params_.regex);
       break;
     case ResponseFormat::kGrammar:
       require(vocabulary != nullptr && params_.grammar != nullptr);
-      format_ = MakeEbnfConstraint(std::move(vocabulary), params_.stop_ids, params_.grammar);
+      format_ = MakeEbnfConstraint(vocabulary, params_.stop_ids, params_.grammar);
       break;
     case ResponseFormat::kChoice:
       require(vocabulary != nullptr && params_.choice != nullptr);
-      format_ = MakeChoiceConstraint(std::move(vocabulary), params_.stop_ids, params_.choice);
+      format_ = MakeChoiceConstraint(vocabulary, params_.stop_ids, params_.choice);
       break;
     case ResponseFormat::kStructuralTag:
       require(vocabulary != nullptr && params_.structural_tag != nullptr);
-      format_ = MakeStructuralTagConstraint(std::move(vocabulary), params_.stop_ids,
+      format_ = MakeStructuralTagConstraint(vocabulary, params_.stop_ids,
                                             params_.structural_tag);
       break;
   }
   if (params_.format_after_token >= 0 && (format_ != nullptr || params_.reasoning_budget >= 0)) {
-    require(vocabulary_size >= 0);
-    format_ = std::make_unique<AfterTokenConstraint>(vocabulary_size, params_.format_after_token,
-                                                     std::move(format_), params_.reasoning_budget);
+    require(vocabulary != nullptr);
+    format_ = std::make_unique<AfterTokenConstraint>(
+        std::move(vocabulary), params_.format_after_token, std::move(format_),
+        params_.reasoning_budget, params_.reasoning_budget_end);
   }
   if (params_.logit_bias.empty()) return;
   std::vector<int64_t> ids;

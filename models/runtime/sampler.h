@@ -82,6 +82,11 @@ struct SamplingParams {
   // the only choice, and the answer proper follows (vLLM's thinking_token_budget). Only with
   // format_after_token, with or without a format.
   int64_t reasoning_budget = -1;
+  // With reasoning_budget: the tokens forced before format_after_token once the budget is
+  // spent (a message that ends the reasoning, as llama.cpp's reasoning budget message;
+  // none: the token alone). Forcing waits until the reasoning's text ends between characters
+  // (AfterTokenConstraint::kCharacterWait).
+  std::vector<int32_t> reasoning_budget_end;
 
   absl::Status Validate() const;
   bool greedy() const { return temperature <= 0.0; }

@@ -398,9 +398,35 @@ TEST_CASE(
   CHECK(sampler.Adjusted(logits).is_same(logits));
   CHECK(sampler.Sample(logits) == 2);
 
+  // A message before </think>: "b", "a", then "</think>", each forced in turn, greedy or
+  // sampled, committed or drafted.
+  const SamplingParams with_message{.temperature = 1.0,
+                                    .stop_ids = {0},
+                                    .format_after_token = 1,
+                                    .reasoning_budget = 1,
+                                    .reasoning_budget_end = {3, 2}};
+  REQUIRE(with_message.Validate().ok());
+  Sampler ended(with_message, vocabulary);
+  ended.Commit(std::vector<int32_t>{2});
+  CHECK(ended.Distribution(logits)[3].item<float>() == Approx(1.0));
+  CHECK(ended.Sample(logits, std::vector<int32_t>{3}) == 2);
+  CHECK(ended.Sample(logits, std::vector<int32_t>{3, 2}) == 1);
+  ended.Commit(std::vector<int32_t>{3, 2, 1});
+  CHECK(ended.Adjusted(logits).is_same(logits));
+
   CHECK_THAT(std::string(SamplingParams{.reasoning_budget = 3}.Validate().message()),
              Catch::Contains("needs the token that ends the reasoning"));
   CHECK_FALSE(SamplingParams{.format_after_token = 1, .reasoning_budget = -2}.Validate().ok());
+  CHECK_THAT(std::string(SamplingParams{.format_after_token = 1, .reasoning_budget_end = {2}}
+                             .Validate()
+                             .message()),
+             Catch::Contains("need the budget"));
+  CHECK_THAT(std::string(SamplingParams{.format_after_token = 1,
+                                        .reasoning_budget = 2,
+                                        .reasoning_budget_end = {2, 1}}
+                             .Validate()
+                             .message()),
+             Catch::Contains("token id 1 is the reasoning's end"));
 }
 
 TEST_CASE("Invalid sampling parameters are rejected by name", "[sampler]") {
