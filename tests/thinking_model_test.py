@@ -17,8 +17,10 @@ Then, through the official OpenAI client:
 - a chat answer's message.reasoning and message.content are the raw completion of the same
   prompt (/v1/completions, the same seed and bias) cut at its first </think>, and streamed
   the deltas add up to the same two parts;
-- thinking_token_budget forces </think> after that many reasoning tokens (where the model
-  had not written it sooner), alone and with a format after it;
+- thinking_token_budget ends the reasoning after that many tokens (where the model had not
+  written </think> sooner) once its text ends between characters (or 3 tokens later), alone
+  and with a format after it; on the R1 agent, whose openai.thinking_budget_message is set,
+  with that message before </think>;
 - with structured_outputs choice, the reasoning is free and the content after </think> is
   one of the choices: the format holds after the reasoning, not from the first token;
 - the Responses API answers with a reasoning item before its message, streamed as
@@ -178,6 +180,8 @@ R1_TEMPLATE = (
     "{% endif %}{% if add_generation_prompt and not ns.is_tool %}"
     "{{'<｜Assistant｜><think>\\n'}}{% endif %}")
 R1_BOS, R1_EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
+# The R1 agent's openai.thinking_budget_message.
+R1_BUDGET_MESSAGE = "\n\nThe time is up, so the answer follows.\n"
 QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"""
                r"""[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
 
@@ -253,6 +257,123 @@ def build_r1_model(directory):
                          eos_token_id=tokenizer.token_to_id(R1_EOS))
     Qwen2ForCausalLM(config).eval().save_pretrained(directory, safe_serialization=True)
     return tokenizer
+
+
+def byte_level_decoder():
+    """GPT-2's byte-level alphabet read back: each of its 256 characters to its byte (the
+    printable bytes stand for themselves, the others for 256, 257, ... in order)."""
+    shown = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+             + list(range(ord("®"), ord("ÿ") + 1)))
+    decoder = {chr(byte): byte for byte in shown}
+    others = [byte for byte in range(256) if byte not in shown]
+    decoder.update({chr(256 + i): byte for i, byte in enumerate(others)})
+    return decoder
+
+
+BYTE_LEVEL = byte_level_decoder()
+
+
+def token_bytes(tokenizer, token_id):
+    """The bytes token_id adds to the text, as tophat's vocabulary has them: an added token's
+    own text, None for a special token."""
+    added = tokenizer.get_added_tokens_decoder().get(token_id)
+    if added is not None:
+        return None if added.special else added.content.encode()
+    return bytes(BYTE_LEVEL[c] for c in tokenizer.id_to_token(token_id))
+
+
+def incomplete_suffix(data):
+    """How many bytes at the end of `data` begin a character that more bytes could complete
+    (tophat's utf8::IncompleteSuffixLength, written out from UTF-8's definition)."""
+    for back in range(1, min(3, len(data)) + 1):
+        lead = data[-back]
+        if lead < 0xC0:
+            continue
+        if 0xC2 <= lead <= 0xDF:
+            need, low, high = 1, 0x80, 0xBF
+        elif 0xE0 <= lead <= 0xEF:
+            need = 2
+            low, high = (0xA0 if lead == 0xE0 else 0x80), (0x9F if lead == 0xED else 0xBF)
+        elif 0xF0 <= lead <= 0xF4:
+            need = 3
+            low, high = (0x90 if lead == 0xF0 else 0x80), (0x8F if lead == 0xF4 else 0xBF)
+        else:
+            return 0
+        for i, byte in enumerate(data[len(data) - back + 1:]):
+            if not low <= byte <= high:
+                return 0
+            low, high = 0x80, 0xBF
+        return back if back - 1 < need else 0
+    return 0
+
+
+def budget_reasoning_tokens(tokenizer, ids, think_end, budget, message_tokens):
+    """The reasoning tokens (</think> counted) of an answer whose unbudgeted run, same seed,
+    generated `ids`: the model's own </think> where it comes before the budget ends the
+    reasoning; else the budget's end, `message_tokens` and </think> after it. The budget ends
+    the reasoning once `budget` tokens are generated and its text ends between characters,
+    or 3 tokens later (AfterTokenConstraint::kCharacterWait). Also returns how many tokens
+    past the budget the forcing waited (None where the model ended first)."""
+    natural = ids.index(think_end) if think_end in ids else None
+    partial = b""
+    for count, token in enumerate(ids):
+        if natural is not None and count >= natural:
+            break
+        if count >= budget and (not partial or count >= budget + 3):
+            return count + message_tokens + 1, count - budget
+        data = token_bytes(tokenizer, token)
+        if data is None:
+            partial = b""
+        else:
+            partial = (partial + data)[-3:]
+            pending = incomplete_suffix(partial)
+            partial = partial[len(partial) - pending:] if pending else b""
+    return (natural + 1 if natural is not None else len(ids)), None
+
+
+def check_budget(client, base, model, tokenizer, prompt, question, think_end, end_id, label,
+                 budget=3, message=""):
+    """thinking_token_budget on twelve seeded answers (four with </think> made likelier, four
+    with the two bytes of "é" made likelier, so that the budget's end often falls inside a
+    character): each has the reasoning tokens budget_reasoning_tokens finds in the same
+    seed's raw completion, `message` ends the reasoning where the budget did, and the answer
+    goes on after it. Returns how many waited for a character's end."""
+    message_tokens = len(tokenizer.encode(message).ids) if message else 0
+    lead, continuation = (tokenizer.token_to_id(character) for character in "é".encode()
+                          .decode("latin-1"))
+    forced = natural_sooner = waited = 0
+    for seed in range(12):
+        bias = (({str(think_end): 5} if seed % 2 else {}) if seed < 8 else
+                {str(lead): 8} if seed < 10 else {str(lead): 6, str(continuation): 6})
+        completion = post(f"{base}/v1/completions",
+                          {"model": model, "prompt": prompt, "seed": seed, "temperature": 1.0,
+                           "max_tokens": budget + 4, "stop_token_ids": [end_id], "logprobs": 0,
+                           "return_tokens_as_token_ids": True,
+                           "logit_bias": bias})["choices"][0]
+        ids = [int(token.split(":")[1]) for token in completion["logprobs"]["tokens"]]
+        want, wait = budget_reasoning_tokens(tokenizer, ids, think_end, budget, message_tokens)
+        answer = client.chat.completions.create(
+            model=model, messages=question, seed=seed, temperature=1.0,
+            max_tokens=budget + 3 + message_tokens + 6, logit_bias=bias,
+            extra_body={"thinking_token_budget": budget})
+        got = answer.usage.completion_tokens_details.reasoning_tokens
+        check(got == want, f"{label}seed {seed}: thinking_token_budget {budget}: {got} "
+                           f"reasoning tokens, </think> among them, where {want} were due "
+                           f"(the budget's end waited {wait} tokens for a character's end)")
+        reasoning = (answer.choices[0].message.model_extra or {}).get("reasoning") or ""
+        if wait is not None:
+            forced += answer.choices[0].message.content is not None
+            waited += wait > 0
+            if message:
+                check(reasoning.rstrip("\n").endswith(message.strip("\n")),
+                      f"{label}seed {seed}: the reasoning ends with the budget's message "
+                      f"({reasoning!r})")
+        else:
+            natural_sooner += 1
+    check(forced >= 3 and natural_sooner >= 1,
+          f"{label}of 12 answers {forced} had their reasoning ended by the budget and content "
+          f"after it, {natural_sooner} ended their reasoning within the budget")
+    return waited
 
 
 def post(url, body):
@@ -416,35 +537,15 @@ def run_checks(base, tokenizer, model_dir):
     # A thinking budget: </think> forced once that many reasoning tokens are generated, where
     # the model had not written it sooner (the same seed's raw completion tells which), and
     # the answer goes on after it; with a format, the format after the forced </think>.
-    budget = 3
-    forced = natural_sooner = 0
-    for seed in range(8):
-        # Half of them with </think> made likelier, so that some end their reasoning sooner.
-        bias = {str(think_end): 5} if seed % 2 else {}
-        completion = post(f"{base}/v1/completions",
-                          {"model": model, "prompt": prompt, "seed": seed, "temperature": 1.0,
-                           "max_tokens": 12, "stop_token_ids": [im_end], "logprobs": 0,
-                           "logit_bias": bias})["choices"][0]
-        tokens = completion["logprobs"]["tokens"]
-        natural = tokens.index("</think>") + 1 if "</think>" in tokens else len(tokens) + 1
-        want = min(natural, budget + 1)
-        answer = client.chat.completions.create(
-            model=model, messages=question, seed=seed, temperature=1.0, max_tokens=12,
-            logit_bias=bias, extra_body={"thinking_token_budget": budget})
-        got = answer.usage.completion_tokens_details.reasoning_tokens
-        check(got == want, f"seed {seed}: thinking_token_budget {budget}: {got} reasoning "
-                           f"tokens, </think> among them (the model's own at {natural})")
-        forced += natural > budget + 1 and answer.choices[0].message.content is not None
-        natural_sooner += natural <= budget + 1
-    check(forced >= 3 and natural_sooner >= 1,
-          f"of 8 answers {forced} had </think> forced and content after it, "
-          f"{natural_sooner} ended their reasoning within the budget")
+    waited = check_budget(client, base, model, tokenizer, prompt, question, think_end, im_end,
+                          label="")
     for seed in range(3):
         answer = client.chat.completions.create(
             model=model, messages=question, seed=seed, temperature=1.0, max_tokens=12,
             extra_body={"thinking_token_budget": 2,
                         "structured_outputs": {"choice": ["yes", "no"]}})
-        check(answer.usage.completion_tokens_details.reasoning_tokens <= 3 and
+        # 2 tokens, at most 3 more for a character's end, and </think>.
+        check(answer.usage.completion_tokens_details.reasoning_tokens <= 6 and
               answer.choices[0].message.content in ("yes", "no"),
               f"seed {seed}: a budget of 2 and a choice: "
               f"{answer.usage.completion_tokens_details.reasoning_tokens} reasoning tokens, "
@@ -549,6 +650,7 @@ def run_checks(base, tokenizer, model_dir):
         break
     else:
         check(False, "no seed gave an answer with both parts for the Responses API")
+    return waited
 
 
 def run_r1_checks(base, tokenizer, model_dir):
@@ -572,8 +674,12 @@ def run_r1_checks(base, tokenizer, model_dir):
                            ("R1: reasoning given apart", given_apart)]:
         check_prompt_ids(base, model, hf, name, messages)
     # Its answers begin inside the block the prompt opened: reasoning until </think>.
-    check_reasoning_split(client, base, model, question, think_end,
-                          tokenizer.token_to_id(R1_EOS), label="R1 ")
+    prompt, _ = check_reasoning_split(client, base, model, question, think_end,
+                                      tokenizer.token_to_id(R1_EOS), label="R1 ")
+    # This agent has a thinking_budget_message: a spent budget ends the reasoning with it.
+    waited = check_budget(client, base, model, tokenizer, prompt, question, think_end,
+                          tokenizer.token_to_id(R1_EOS), label="R1 ",
+                          message=R1_BUDGET_MESSAGE)
     # Tools: R1's template writes no definitions, so tophat refuses them.
     try:
         client.chat.completions.create(model=model, messages=question, max_tokens=4, tools=[
@@ -582,12 +688,14 @@ def run_r1_checks(base, tokenizer, model_dir):
     except openai.BadRequestError as error:
         check("deepseek_r1" in str(error.body), f"R1: tools are refused, naming the family "
                                                  f"({error.body})")
+    return waited
 
 
 @contextlib.contextmanager
-def serving(bin_dir, work, model_dir):
+def serving(bin_dir, work, model_dir, budget_message=""):
     """tophat split of `model_dir`, then tophat-cloud and tophat-agent on loopback, logs and
-    bundles under `work`; yields the agent's OpenAI endpoint once it answers."""
+    bundles under `work`; yields the agent's OpenAI endpoint once it answers. The agent's
+    openai.thinking_budget_message is `budget_message`."""
     os.makedirs(work)
     subprocess.run([f"{bin_dir}/tophat", "split", "--model", model_dir, "--input-layers", "1",
                     "--output-layers", "1", "--out", f"{work}/bundles"], check=True,
@@ -596,7 +704,8 @@ def serving(bin_dir, work, model_dir):
     cloud_config, agent_config = write_configs(work, cloud_port, agent_port, max_context=1024,
                                                kv_memory="32MiB")
     with open(agent_config, "a") as f:
-        f.write(f'openai:\n  address: "127.0.0.1:{openai_port}"\n')
+        f.write(f'openai:\n  address: "127.0.0.1:{openai_port}"\n'
+                f'  thinking_budget_message: {json.dumps(budget_message)}\n')
     processes = []
     try:
         for name, config in (("cloud", cloud_config), ("agent", agent_config)):
@@ -627,11 +736,31 @@ def main():
     model_dir = os.path.join(work, "qwen3")
     tokenizer = build_model(model_dir)
     with serving(bin_dir, os.path.join(work, "qwen3-serving"), model_dir) as base:
-        run_checks(base, tokenizer, model_dir)
+        waited = run_checks(base, tokenizer, model_dir)
+    # A budget message holding </think> would end the reasoning before the budget's own:
+    # the agent refuses to start, naming the key.
+    with open(os.path.join(work, "qwen3-serving", "agent.yaml")) as f:
+        config = f.read().replace('thinking_budget_message: ""',
+                                  'thinking_budget_message: "Enough.</think>"')
+    bad_config = os.path.join(work, "qwen3-serving", "bad-message.yaml")
+    with open(bad_config, "w") as f:
+        f.write(config)
+    refused = subprocess.run([f"{bin_dir}/tophat-agent", "--config", bad_config],
+                             capture_output=True, text=True, timeout=60)
+    output = refused.stdout + refused.stderr
+    check(refused.returncode != 0 and "openai.thinking_budget_message" in output and
+          "would end the reasoning itself" in output,
+          f"a budget message holding </think> is refused at the start "
+          f"(exit {refused.returncode}: "
+          f"{[line for line in output.splitlines() if 'thinking_budget' in line]})")
     r1_dir = os.path.join(work, "r1")
     r1_tokenizer = build_r1_model(r1_dir)
-    with serving(bin_dir, os.path.join(work, "r1-serving"), r1_dir) as base:
-        run_r1_checks(base, r1_tokenizer, r1_dir)
+    with serving(bin_dir, os.path.join(work, "r1-serving"), r1_dir,
+                 budget_message=R1_BUDGET_MESSAGE) as base:
+        waited += run_r1_checks(base, r1_tokenizer, r1_dir)
+    # The byte-level vocabularies' random models write parts of characters often enough that
+    # some budgets end inside one, and the forcing waits.
+    check(waited >= 2, f"{waited} of 24 budgeted answers waited for a character's end")
     if failures:
         print(f"FAIL: {len(failures)} check(s) failed")
         sys.exit(1)
