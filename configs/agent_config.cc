@@ -1,12 +1,13 @@
 #include "configs/agent_config.h"
 
+#include <limits>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "configs/config_checks.h"
 #include "configs/yaml_reader.h"
-#include "base/status_macros.h"
 
 namespace tophat {
 namespace {
@@ -319,6 +320,18 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
                  Bound::kNonNegative);
   reader.ReadString("openai.store_dir", &config.openai.store_dir);
   reader.ReadString("openai.thinking_budget_message", &config.openai.thinking_budget_message);
+  for (const std::string_view effort : kOpenAiReasoningEfforts) {
+    const std::string key = absl::StrCat("openai.reasoning_effort_budgets.", std::string(effort));
+    constexpr int64_t kNotGiven = std::numeric_limits<int64_t>::min();
+    int64_t budget = kNotGiven;
+    reader.ReadInt(key, &budget);
+    if (budget == kNotGiven) continue;
+    if (budget < -1) {
+      reader.AddError(key, "must be a number of tokens (0 or more), or -1 for no bound", "");
+      continue;
+    }
+    config.openai.reasoning_effort_budgets[std::string(effort)] = budget;
+  }
   reader.ReadString("metrics_address", &config.metrics_address);
   reader.ReadString("log_level", &config.log_level);
 

@@ -193,6 +193,10 @@ struct AgentConfig {
     // Written at the end of a thinking model's reasoning when a request's
     // thinking_token_budget is spent, before "</think>" (OpenAiServerOptions); "": none.
     std::string thinking_budget_message;
+    // The thinking_token_budget each OpenAI reasoning effort stands for
+    // (OpenAiServerOptions); -1: no bound. An effort left out is refused.
+    std::map<std::string, int64_t, std::less<>> reasoning_effort_budgets = {
+        {"none", 0}, {"high", -1}, {"xhigh", -1}};
     bool operator==(const OpenAi&) const = default;
   } openai;
   std::string metrics_address = "127.0.0.1:9200";  // empty disables
@@ -207,6 +211,11 @@ struct AgentConfig {
 // With `values`, also the file's values by dotted key (YamlReader::Values).
 absl::StatusOr<AgentConfig> LoadAgentConfig(const std::filesystem::path& path,
                                             std::map<std::string, std::string>* values = nullptr);
+
+// OpenAI's reasoning efforts (chat's reasoning_effort, the Responses API's
+// reasoning.effort), least first: the keys of openai.reasoning_effort_budgets.
+inline constexpr std::string_view kOpenAiReasoningEfforts[] = {"none",   "minimal", "low",
+                                                               "medium", "high",    "xhigh"};
 
 // The longest openai.thinking_budget_message: a sentence or two, not a second prompt.
 inline constexpr size_t kMaxThinkingBudgetMessageBytes = 1024;

@@ -83,6 +83,10 @@ openai:
   max_stored_response_bytes: 1024
   store_dir: /var/lib/tophat-agent/openai
   thinking_budget_message: "Time is up.\n"
+  reasoning_effort_budgets:
+    low: 512
+    medium: 2048
+    high: 8192
 metrics_address: ""
 log_level: trace
 )",
@@ -133,6 +137,10 @@ log_level: trace
   CHECK(config->openai.max_stored_response_bytes == 1024);
   CHECK(config->openai.store_dir == "/var/lib/tophat-agent/openai");
   CHECK(config->openai.thinking_budget_message == "Time is up.\n");
+  // Given efforts added to the defaults (none: 0, high and xhigh: no bound), or replacing them.
+  CHECK(config->openai.reasoning_effort_budgets ==
+        std::map<std::string, int64_t, std::less<>>{
+            {"none", 0}, {"low", 512}, {"medium", 2048}, {"high", 8192}, {"xhigh", -1}});
   CHECK(config->metrics_address.empty());
   CHECK(config->log_level == "trace");
   CHECK(ValidateAgentConfig(*config).ok());
@@ -168,6 +176,17 @@ TEST_CASE("The OpenAI endpoint is plain HTTP: loopback unless remote apps are al
   INFO(remote.status().ToString());
   CHECK(remote.ok());
   CHECK(AgentConfig{}.openai.address.empty());  // off by default
+}
+
+TEST_CASE("A reasoning effort's budget is a number of tokens or -1, for OpenAI's efforts") {
+  CHECK(AgentConfig{}.openai.reasoning_effort_budgets ==
+        std::map<std::string, int64_t, std::less<>>{{"none", 0}, {"high", -1}, {"xhigh", -1}});
+  CHECK_THAT(ErrorOf("openai:\n  reasoning_effort_budgets:\n    low: -2\n"),
+             Catch::Contains("openai.reasoning_effort_budgets.low: must be a number of tokens"));
+  CHECK_THAT(ErrorOf("openai:\n  reasoning_effort_budgets:\n    extreme: 9\n"),
+             Catch::Contains("openai.reasoning_effort_budgets.extreme"));
+  CHECK_THAT(ErrorOf("openai:\n  reasoning_effort_budgets:\n    medium: lots\n"),
+             Catch::Contains("openai.reasoning_effort_budgets.medium"));
 }
 
 TEST_CASE("A thinking budget message longer than a sentence or two is refused by key") {

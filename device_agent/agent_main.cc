@@ -269,6 +269,7 @@ int Run(const tophat::AgentConfig& config, const std::map<std::string, std::stri
                        .max_stored_response_bytes = config.openai.max_stored_response_bytes,
                        .store_dir = config.openai.store_dir,
                        .thinking_budget_message = config.openai.thinking_budget_message,
+                       .reasoning_effort_budgets = config.openai.reasoning_effort_budgets,
                        .registry = registry.get()});
     if (!started.ok()) return Fail(started.status());
     openai = *std::move(started);

@@ -6,9 +6,11 @@
 #include <limits>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/json_depth.h"
+#include "configs/agent_config.h"
 #include "models/grammar/choice_grammar.h"
 #include "models/grammar/ebnf_grammar.h"
 #include "models/grammar/json_schema.h"
@@ -489,6 +491,15 @@ std::variant<std::vector<std::string>, OpenAiError> ChoiceFormat(const std::stri
   return choices;
 }
 
+// "\"none\", \"minimal\", ..." for an error.
+std::string EffortList() {
+  std::string list;
+  for (const std::string_view effort : kOpenAiReasoningEfforts) {
+    absl::StrAppend(&list, list.empty() ? "" : ", ", "\"", std::string(effort), "\"");
+  }
+  return list;
+}
+
 }  // namespace
 
 // The 404 OpenAI answers for a model the agent does not serve.
@@ -761,6 +772,18 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
         return Invalid(key, "'thinking_token_budget' must be an integer of at least 0");
       }
       request.thinking_token_budget = value.get<int64_t>();
+    } else if (key == "reasoning_effort") {
+      if (!chat) {
+        return Invalid(key,
+                       "'reasoning_effort' is for chat completions: the chat template tells "
+                       "where a thinking model's reasoning ends");
+      }
+      if (value.is_null()) continue;
+      if (!value.is_string() ||
+          !absl::c_linear_search(kOpenAiReasoningEfforts, value.get<std::string>())) {
+        return Invalid(key, absl::StrCat("'reasoning_effort' must be one of ", EffortList()));
+      }
+      request.reasoning_effort = value.get<std::string>();
     } else if (key == "stream") {
       if (!value.is_boolean()) return Invalid(key, "'stream' must be a boolean");
       request.stream = value.get<bool>();
@@ -1316,11 +1339,27 @@ std::variant<OpenAiResponsesRequest, OpenAiError> ParseResponsesRequest(
                        "context is refused, never cut");
       }
     } else if (key == "reasoning") {
-      bool off = value.is_object();
-      if (off) {
-        for (const auto& [unused, setting] : value.items()) off = off && setting.is_null();
+      // {"effort": ..., "summary": null}: the effort as a chat's reasoning_effort. The
+      // reasoning comes back whole, never summarized.
+      if (!value.is_object()) return Invalid(key, "'reasoning' must be an object");
+      for (const auto& [option, setting] : value.items()) {
+        if (option == "effort") {
+          if (setting.is_null()) continue;
+          if (!setting.is_string() ||
+              !absl::c_linear_search(kOpenAiReasoningEfforts, setting.get<std::string>())) {
+            return Invalid(key, absl::StrCat("'reasoning.effort' must be one of ", EffortList()));
+          }
+          chat["reasoning_effort"] = setting;
+        } else if ((option == "summary" || option == "generate_summary") && !setting.is_null()) {
+          return Invalid(key, absl::StrCat("'reasoning.", option,
+                                           "' must be null: the answer's reasoning comes back "
+                                           "whole, in its reasoning item, never summarized"));
+        } else if (option != "summary" && option != "generate_summary") {
+          return Invalid(
+              key, absl::StrCat("'reasoning' has no key '", option, "' (effort and summary)"));
+        }
       }
-      if (!off) return Invalid(key, "'reasoning' is not supported by this model");
+      echo[key] = {{"effort", value.value("effort", OrderedJson())}, {"summary", nullptr}};
     } else if (key == "background") {
       if (!value.is_boolean()) return Invalid(key, "'background' must be a boolean");
       out.background = value.get<bool>();

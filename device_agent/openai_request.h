@@ -121,6 +121,10 @@ struct OpenAiRequest {
   // take before its </think>, which is then forced (GenerateRequest.reasoning_token_budget);
   // -1: no limit. A model that does not think has no reasoning to count.
   int64_t thinking_token_budget = -1;
+  // OpenAI's reasoning_effort (chat) or reasoning.effort (Responses): one of
+  // kOpenAiReasoningEfforts (configs/agent_config.h), which the endpoint turns into a
+  // thinking_token_budget (openai.reasoning_effort_budgets); "": not given.
+  std::string reasoning_effort;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   // tophat's extension (OpenAI's clients send it with extra_body; OpenAI ignores nothing, so

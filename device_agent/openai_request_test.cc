@@ -1,11 +1,11 @@
 #include "device_agent/openai_request.h"
 
+#include <catch2/catch.hpp>
 #include <string>
 #include <vector>
 
-#include <catch2/catch.hpp>
-
 #include "absl/strings/str_cat.h"
+#include "configs/agent_config.h"
 
 namespace tophat {
 namespace {
@@ -996,6 +996,31 @@ TEST_CASE(
       ParseError(OpenAiEndpoint::kCompletions,
                  R"({"model": "toy", "prompt": "a", "thinking_token_budget": 4})");
   CHECK(completions.param == "thinking_token_budget");
+  CHECK_THAT(completions.message, Catch::Contains("for chat completions"));
+}
+
+TEST_CASE(
+    "reasoning_effort is one of OpenAI's efforts, for chat completions, which the endpoint "
+    "turns into a budget") {
+  const std::string chat = R"({"model": "toy", "messages": [{"role": "user", "content": "hi"}],
+                               "reasoning_effort": )";
+  CHECK(ParseOk(OpenAiEndpoint::kChatCompletions, chat + "null}").reasoning_effort.empty());
+  for (const std::string_view effort : kOpenAiReasoningEfforts) {
+    CHECK(ParseOk(OpenAiEndpoint::kChatCompletions,
+                  absl::StrCat(chat, "\"", std::string(effort), "\"}"))
+              .reasoning_effort == effort);
+  }
+  for (const std::string value : {"\"max\"", "\"High\"", "3", "{}"}) {
+    INFO(value);
+    const OpenAiError error = ParseError(OpenAiEndpoint::kChatCompletions, chat + value + "}");
+    CHECK(error.param == "reasoning_effort");
+    CHECK_THAT(error.message, Catch::Contains("\"none\", \"minimal\", \"low\", \"medium\", "
+                                              "\"high\", \"xhigh\""));
+  }
+  const OpenAiError completions =
+      ParseError(OpenAiEndpoint::kCompletions,
+                 R"({"model": "toy", "prompt": "a", "reasoning_effort": "low"})");
+  CHECK(completions.param == "reasoning_effort");
   CHECK_THAT(completions.message, Catch::Contains("for chat completions"));
 }
 

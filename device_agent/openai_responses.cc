@@ -156,7 +156,9 @@ ResponseBuilder::ResponseBuilder(std::string id, int64_t created_at, std::string
   for (auto& [key, value] : echo.items()) response_[key] = std::move(value);
   response_["model"] = std::move(model);
   response_["output"] = Json::array();
-  response_["reasoning"] = {{"effort", nullptr}, {"summary", nullptr}};
+  if (!response_.contains("reasoning")) {
+    response_["reasoning"] = {{"effort", nullptr}, {"summary", nullptr}};
+  }
   response_["usage"] = nullptr;
 }
 

@@ -63,6 +63,15 @@ TEST_CASE("A Responses request is read as the chat completion it asks for") {
   CHECK(r.echo["max_output_tokens"] == 7);
   CHECK(r.echo["store"] == false);
   CHECK_FALSE(r.background);
+  // The effort is a chat's reasoning_effort, and the response says which was asked for.
+  CHECK(r.chat.reasoning_effort.empty());
+  CHECK(r.echo["reasoning"] == Json{{"effort", nullptr}, {"summary", nullptr}});
+  const OpenAiResponsesRequest effort = ParseOk(
+      R"({"model": "toy", "input": "hi", "reasoning": {"effort": "low", "summary": null}})");
+  CHECK(effort.chat.reasoning_effort == "low");
+  CHECK(effort.echo["reasoning"] == Json{{"effort", "low"}, {"summary", nullptr}});
+  CHECK(ResponseBuilder("resp_1", 1, "toy", effort.echo).response()["reasoning"]["effort"] ==
+        "low");
   const OpenAiResponsesRequest background =
       ParseOk(R"({"model": "toy", "input": "hi", "background": true})");
   CHECK(background.background);
@@ -216,8 +225,14 @@ TEST_CASE("Responses refusals name the Responses API's fields") {
            {R"({"model": "toy", "input": "x", "truncation": "auto"})", "truncation", "never cut"},
            {R"({"model": "toy", "input": "x", "include": ["file_search_call.results"]})", "include",
             "only \"message.output_text.logprobs\""},
-           {R"({"model": "toy", "input": "x", "reasoning": {"effort": "high"}})", "reasoning",
-            "not supported"},
+           {R"({"model": "toy", "input": "x", "reasoning": {"effort": "max"}})", "reasoning",
+            "'reasoning.effort' must be one of \"none\", \"minimal\""},
+           {R"({"model": "toy", "input": "x", "reasoning": {"summary": "auto"}})", "reasoning",
+            "'reasoning.summary' must be null: the answer's reasoning comes back whole"},
+           {R"({"model": "toy", "input": "x", "reasoning": {"effort": "low", "budget": 4}})",
+            "reasoning", "'reasoning' has no key 'budget'"},
+           {R"({"model": "toy", "input": "x", "reasoning": "low"})", "reasoning",
+            "must be an object"},
            {R"({"model": "toy", "input": "x", "messages": []})", "messages",
             "not supported by /v1/responses"},
            {R"({"model": "toy", "input": "x", "n": 2})", "n", "not supported by /v1/responses"},

@@ -983,6 +983,32 @@ void OpenAiServer::Route() {
     std::optional<ToolCallReader> tool_reader;
     // A thinking model's "</think>" id: its answer is split into reasoning and content.
     std::optional<int32_t> reasoning_end;
+    // thinking_token_budget, or the one the reasoning effort stands for; -1: no bound.
+    int64_t thinking_budget = request.thinking_token_budget;
+    if (!request.reasoning_effort.empty()) {
+      // As the request named it.
+      const std::string field = turn != nullptr ? "reasoning.effort" : "reasoning_effort";
+      const std::string param = turn != nullptr ? "reasoning" : "reasoning_effort";
+      if (request.thinking_token_budget >= 0) {
+        return SendError(
+            res, OpenAiError{.param = param,
+                             .message = absl::StrCat(field,
+                                                     " and thinking_token_budget both bound the "
+                                                     "reasoning: give one")});
+      }
+      const auto budget = options_.reasoning_effort_budgets.find(request.reasoning_effort);
+      if (budget == options_.reasoning_effort_budgets.end()) {
+        return SendError(
+            res, OpenAiError{.param = param,
+                             .message = absl::StrCat(
+                                 field, " \"", request.reasoning_effort,
+                                 "\": this endpoint has no thinking budget for it (its "
+                                 "operator sets one with openai.reasoning_effort_budgets.",
+                                 request.reasoning_effort,
+                                 "); thinking_token_budget bounds the reasoning directly")});
+      }
+      thinking_budget = budget->second;
+    }
     if (endpoint == OpenAiEndpoint::kChatCompletions) {
       auto ids = ChatPromptIds(request.messages, ToolTexts(request.tools), request.chat_options);
       if (auto* error = std::get_if<OpenAiError>(&ids)) return SendError(res, *error);
@@ -1148,11 +1174,11 @@ void OpenAiServer::Route() {
     }
     // A thinking model's format holds after its </think>, and its budget counts the tokens
     // before it.
-    if (reasoning_end && (generate.response_format() != v1::RESPONSE_FORMAT_TEXT ||
-                          request.thinking_token_budget >= 0)) {
+    if (reasoning_end &&
+        (generate.response_format() != v1::RESPONSE_FORMAT_TEXT || thinking_budget >= 0)) {
       generate.set_format_after_token_id(static_cast<uint32_t>(*reasoning_end));
-      if (request.thinking_token_budget >= 0) {
-        generate.set_reasoning_token_budget(static_cast<uint32_t>(request.thinking_token_budget));
+      if (thinking_budget >= 0) {
+        generate.set_reasoning_token_budget(static_cast<uint32_t>(thinking_budget));
         for (const uint32_t id : thinking_budget_end_ids_) {
           generate.add_reasoning_budget_end_ids(id);
         }

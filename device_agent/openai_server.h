@@ -17,6 +17,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -91,6 +92,11 @@ struct OpenAiServerOptions {
   // rather than mid-thought. Tokenized once, at the start; "": "</think>" alone
   // (openai.thinking_budget_message).
   std::string thinking_budget_message;
+  // The thinking_token_budget each OpenAI reasoning effort stands for (reasoning_effort,
+  // reasoning.effort); -1: no bound. An effort not here is refused, naming the config key
+  // (openai.reasoning_effort_budgets).
+  std::map<std::string, int64_t, std::less<>> reasoning_effort_budgets = {
+      {"none", 0}, {"high", -1}, {"xhigh", -1}};
   // Where the kept responses' gauges go (tophat_openai_stored_responses, ..._bytes and
   // ..._forgotten_total); null: none.
   prometheus::Registry* registry = nullptr;

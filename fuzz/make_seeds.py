@@ -257,6 +257,7 @@ def main():
     # A thinking model's turns: earlier reasoning sent back, thinking switched off.
     write(out, "openai_request", "thinking.bin", b"\x00" + json.dumps(
         {"model": "toy", "chat_template_kwargs": {"enable_thinking": False},
+         "reasoning_effort": "low",
          "messages": [{"role": "user", "content": "x"},
                       {"role": "assistant", "content": "<think>\nr\n</think>\n\ny",
                        "reasoning_content": "r", "reasoning": "r"},
@@ -315,7 +316,7 @@ def main():
                    {"type": "function_call_output", "call_id": "call_1", "output": "cold"}]}
     ).encode())
     write(out, "openai_request", "responses_reasoning.bin", b"\x08" + json.dumps(
-        {"model": "toy", "input": [
+        {"model": "toy", "reasoning": {"effort": "high", "summary": None}, "input": [
             {"role": "user", "content": "x"},
             {"type": "reasoning", "id": "rs_1", "summary": [], "status": "completed",
              "content": [{"type": "reasoning_text", "text": "r"}]},

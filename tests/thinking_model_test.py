@@ -20,7 +20,9 @@ Then, through the official OpenAI client:
 - thinking_token_budget ends the reasoning after that many tokens (where the model had not
   written </think> sooner) once its text ends between characters (or 3 tokens later), alone
   and with a format after it; on the R1 agent, whose openai.thinking_budget_message is set,
-  with that message before </think>;
+  with that message before </think>; reasoning efforts as the budgets the agent's config
+  gives them (none: 0, high: no bound, low refused unless configured, and configured on R1),
+  through chat and the Responses API;
 - with structured_outputs choice, the reasoning is free and the content after </think> is
   one of the choices: the format holds after the reasoning, not from the first token;
 - the Responses API answers with a reasoning item before its message, streamed as
@@ -539,6 +541,32 @@ def run_checks(base, tokenizer, model_dir):
     # the answer goes on after it; with a format, the format after the forced </think>.
     waited = check_budget(client, base, model, tokenizer, prompt, question, think_end, im_end,
                           label="")
+    # Reasoning efforts with the default budgets: "none" is a budget of 0, "high" no bound,
+    # "low" has none configured here, so it is refused naming the key that would set it.
+    for seed in range(3):
+        sampled_here = dict(model=model, messages=question, seed=seed, temperature=1.0,
+                            max_tokens=12)
+        none = client.chat.completions.create(reasoning_effort="none", **sampled_here)
+        zero = client.chat.completions.create(extra_body={"thinking_token_budget": 0},
+                                              **sampled_here)
+        high = client.chat.completions.create(reasoning_effort="high", **sampled_here)
+        free = client.chat.completions.create(**sampled_here)
+        check(none.usage.completion_tokens_details.reasoning_tokens == 1 and
+              none.choices[0].message.content == zero.choices[0].message.content and
+              high.choices[0].message == free.choices[0].message,
+              f"seed {seed}: reasoning_effort none is a budget of 0 "
+              f"({none.usage.completion_tokens_details.reasoning_tokens} reasoning tokens), "
+              f"high none at all")
+    for request, want in [(dict(reasoning_effort="low"), "openai.reasoning_effort_budgets.low"),
+                          (dict(reasoning_effort="none",
+                                extra_body={"thinking_token_budget": 2}), "give one")]:
+        try:
+            client.chat.completions.create(model=model, messages=question, max_tokens=4,
+                                           **request)
+            check(False, f"{request} is refused")
+        except openai.BadRequestError as error:
+            check(want in str(error.body) and "reasoning_effort" in str(error.body),
+                  f"{request} is refused: {error.body}")
     for seed in range(3):
         answer = client.chat.completions.create(
             model=model, messages=question, seed=seed, temperature=1.0, max_tokens=12,
@@ -680,6 +708,26 @@ def run_r1_checks(base, tokenizer, model_dir):
     waited = check_budget(client, base, model, tokenizer, prompt, question, think_end,
                           tokenizer.token_to_id(R1_EOS), label="R1 ",
                           message=R1_BUDGET_MESSAGE)
+    # This agent sets reasoning_effort_budgets.low to 3: the effort is that budget, through
+    # chat and the Responses API, whose response says which effort it was asked for.
+    for seed in range(4):
+        sampled_here = dict(model=model, seed=seed, temperature=1.0, max_tokens=50)
+        low = client.chat.completions.create(messages=question, reasoning_effort="low",
+                                             **sampled_here)
+        three = client.chat.completions.create(
+            messages=question, extra_body={"thinking_token_budget": 3}, **sampled_here)
+        response = client.responses.create(
+            model=model, input=question[0]["content"], reasoning={"effort": "low"},
+            max_output_tokens=50, temperature=1.0, store=False, extra_body={"seed": seed})
+        check(low.choices[0].message == three.choices[0].message and
+              low.usage.completion_tokens_details.reasoning_tokens ==
+              three.usage.completion_tokens_details.reasoning_tokens ==
+              response.usage.output_tokens_details.reasoning_tokens and
+              response.reasoning.effort == "low",
+              f"R1 seed {seed}: reasoning_effort low is thinking_token_budget 3 "
+              f"({low.usage.completion_tokens_details.reasoning_tokens} and "
+              f"{response.usage.output_tokens_details.reasoning_tokens} reasoning tokens, "
+              f"effort {response.reasoning.effort!r})")
     # Tools: R1's template writes no definitions, so tophat refuses them.
     try:
         client.chat.completions.create(model=model, messages=question, max_tokens=4, tools=[
@@ -692,10 +740,10 @@ def run_r1_checks(base, tokenizer, model_dir):
 
 
 @contextlib.contextmanager
-def serving(bin_dir, work, model_dir, budget_message=""):
+def serving(bin_dir, work, model_dir, openai_settings=""):
     """tophat split of `model_dir`, then tophat-cloud and tophat-agent on loopback, logs and
     bundles under `work`; yields the agent's OpenAI endpoint once it answers. The agent's
-    openai.thinking_budget_message is `budget_message`."""
+    openai section ends with `openai_settings` (YAML lines indented by two)."""
     os.makedirs(work)
     subprocess.run([f"{bin_dir}/tophat", "split", "--model", model_dir, "--input-layers", "1",
                     "--output-layers", "1", "--out", f"{work}/bundles"], check=True,
@@ -704,8 +752,7 @@ def serving(bin_dir, work, model_dir, budget_message=""):
     cloud_config, agent_config = write_configs(work, cloud_port, agent_port, max_context=1024,
                                                kv_memory="32MiB")
     with open(agent_config, "a") as f:
-        f.write(f'openai:\n  address: "127.0.0.1:{openai_port}"\n'
-                f'  thinking_budget_message: {json.dumps(budget_message)}\n')
+        f.write(f'openai:\n  address: "127.0.0.1:{openai_port}"\n{openai_settings}')
     processes = []
     try:
         for name, config in (("cloud", cloud_config), ("agent", agent_config)):
@@ -740,8 +787,7 @@ def main():
     # A budget message holding </think> would end the reasoning before the budget's own:
     # the agent refuses to start, naming the key.
     with open(os.path.join(work, "qwen3-serving", "agent.yaml")) as f:
-        config = f.read().replace('thinking_budget_message: ""',
-                                  'thinking_budget_message: "Enough.</think>"')
+        config = f.read() + '  thinking_budget_message: "Enough.</think>"\n'
     bad_config = os.path.join(work, "qwen3-serving", "bad-message.yaml")
     with open(bad_config, "w") as f:
         f.write(config)
@@ -756,7 +802,8 @@ def main():
     r1_dir = os.path.join(work, "r1")
     r1_tokenizer = build_r1_model(r1_dir)
     with serving(bin_dir, os.path.join(work, "r1-serving"), r1_dir,
-                 budget_message=R1_BUDGET_MESSAGE) as base:
+                 openai_settings=f"  thinking_budget_message: {json.dumps(R1_BUDGET_MESSAGE)}\n"
+                                 f"  reasoning_effort_budgets:\n    low: 3\n") as base:
         waited += run_r1_checks(base, r1_tokenizer, r1_dir)
     # The byte-level vocabularies' random models write parts of characters often enough that
     # some budgets end inside one, and the forcing waits.
