@@ -106,6 +106,7 @@ absl::StatusOr<RoundOutcome> DecodeRounds::Run(int32_t token, int64_t room, Clou
     round.set_parallel_steps(static_cast<uint32_t>(decoder_.parallel_steps()));
     round.set_sent_ahead(sent_ahead.has_value());
     round.set_rows_at_cloud_before(static_cast<uint32_t>(at_cloud));
+    round.set_forced(static_cast<uint32_t>(outcome.forced_drafted));
     stats_.AddRoundTrace(round);
   }
   return outcome;
@@ -120,12 +121,15 @@ void DecodeRounds::ObserveForWindow(const RoundOutcome& outcome, double round_se
   // no drafts means no new measurement to reopen it. A reopened window is measured again
   // and closes again if drafting still does not pay.
   constexpr double kOptimisticAcceptance = 0.8;
-  if (outcome.drafted > 0) {
-    acceptance_.Add(static_cast<double>(outcome.accepted) / static_cast<double>(outcome.drafted));
+  // The drafter's acceptance: drafts the format forced are not its guesses.
+  const int64_t drafted = outcome.drafted - outcome.forced_drafted;
+  const int64_t accepted = outcome.accepted - outcome.forced_accepted;
+  if (drafted > 0) {
+    acceptance_.Add(static_cast<double>(accepted) / static_cast<double>(drafted));
   } else if (acceptance_.empty() || window_ == 0) {
     acceptance_.Add(kOptimisticAcceptance);
   }
-  const double drafting = gamma * static_cast<double>(outcome.drafted);
+  const double drafting = gamma * static_cast<double>(drafted);
   const double cloud = cloud_queue_seconds + cloud_compute_seconds;
   round_network_seconds_.Add(std::max(0.0, round_seconds - drafting - cloud));
   round_cloud_seconds_.Add(cloud_compute_seconds);

@@ -68,17 +68,21 @@ void RequestStatsRecorder::RecordDecodeNetwork(double seconds) {
 void RequestStatsRecorder::RecordRound(const RoundOutcome& outcome, double seconds,
                                        const SpeculativeDecoder& decoder) {
   rounds_.set_decode_rounds(rounds_.decode_rounds() + 1);
-  rounds_.set_draft_tokens(rounds_.draft_tokens() + outcome.drafted);
-  rounds_.set_accepted_tokens(rounds_.accepted_tokens() + outcome.accepted);
+  // The drafter's drafts; the format's forced ones apart (they are never its to be wrong).
+  const int64_t drafted = outcome.drafted - outcome.forced_drafted;
+  const int64_t accepted = outcome.accepted - outcome.forced_accepted;
+  rounds_.set_draft_tokens(rounds_.draft_tokens() + drafted);
+  rounds_.set_accepted_tokens(rounds_.accepted_tokens() + accepted);
+  rounds_.set_forced_tokens(rounds_.forced_tokens() + outcome.forced_accepted);
   if (decoder.drafted_ahead()) rounds_.set_parallel_drafts(rounds_.parallel_drafts() + 1);
   if (decoder.round_from_parallel()) rounds_.set_parallel_hits(rounds_.parallel_hits() + 1);
   if (metrics_ == nullptr) return;
   metrics_->spec_decode_round_seconds.Observe(seconds);
-  if (outcome.drafted > 0) {
+  if (drafted > 0) {
     metrics_->spec_decode_num_drafts.Increment();
-    metrics_->spec_decode_num_draft_tokens.Increment(static_cast<double>(outcome.drafted));
-    metrics_->spec_decode_num_accepted_tokens.Increment(static_cast<double>(outcome.accepted));
-    for (int64_t i = 0; i < outcome.accepted; ++i) metrics_->AcceptedAtPosition(i).Increment();
+    metrics_->spec_decode_num_draft_tokens.Increment(static_cast<double>(drafted));
+    metrics_->spec_decode_num_accepted_tokens.Increment(static_cast<double>(accepted));
+    for (int64_t i = 0; i < accepted; ++i) metrics_->AcceptedAtPosition(i).Increment();
   }
   if (decoder.drafted_ahead()) metrics_->spec_decode_parallel_drafts.Increment();
   if (decoder.round_from_parallel()) metrics_->spec_decode_parallel_hits.Increment();

@@ -25,6 +25,9 @@ SpeculativeDecoder::SpeculativeDecoder(Models models, KvCache& input_cache,
 namespace {
 constexpr uint64_t kDraftSalt = 0x6a09e667f3bcc908ULL;
 constexpr uint64_t kVerifySalt = 0xbb67ae8584caa73bULL;
+// The most forced drafts a round takes (a thinking budget's message of up to 256 tokens goes
+// in a few rounds): each is a row of the cloud's verification, as a prompt chunk's.
+constexpr int64_t kMaxForcedDrafts = 64;
 }  // namespace
 
 uint64_t SpeculativeDecoder::RandomSeed(uint64_t salt, int64_t position) const {
@@ -70,7 +73,8 @@ std::vector<int32_t> SpeculativeDecoder::Pending(const Run& run) const {
   return pending;
 }
 
-absl::StatusOr<bool> SpeculativeDecoder::Extend(Run& run, int64_t limit, bool one_step) {
+absl::StatusOr<bool> SpeculativeDecoder::Extend(Run& run, int64_t limit, bool one_step,
+                                                int64_t room) {
   bool stepped = false;
   while (true) {
     if (run.processed() < static_cast<int64_t>(run.tokens.size())) {
@@ -79,7 +83,24 @@ absl::StatusOr<bool> SpeculativeDecoder::Extend(Run& run, int64_t limit, bool on
       stepped = true;
       continue;
     }
-    if (!drafting_ || run.drafts() >= limit || !run.next_logits.defined()) return false;
+    const int64_t forced = run.forced_drafts();
+    if (run.drafts() < room && forced < kMaxForcedDrafts && sampler_.params().history_dependent()) {
+      if (const std::optional<int32_t> token = sampler_.ForcedToken(Pending(run))) {
+        run.tokens.push_back(*token);
+        run.forced.push_back(1);
+        if (!sampler_.params().greedy()) {
+          // q = p: both put all their mass on it, so the verification keeps it.
+          at::Tensor q = at::zeros({models_.output->config().vocab_size}, at::kFloat);
+          q[*token] = 1.0f;
+          run.draft_probs.push_back(std::move(q));
+        }
+        continue;
+      }
+    }
+    if (!drafting_ || run.drafts() - forced >= limit || run.drafts() >= std::max(room, limit) ||
+        !run.next_logits.defined()) {
+      return false;
+    }
     // The request's logit_bias and penalties shape the drafts as they shape the target's
     // choices.
     const std::vector<int32_t> pending = Pending(run);
@@ -96,6 +117,7 @@ absl::StatusOr<bool> SpeculativeDecoder::Extend(Run& run, int64_t limit, bool on
       run.draft_probs.push_back(std::move(q));
     }
     run.tokens.push_back(draft);
+    run.forced.push_back(0);
   }
 }
 
@@ -125,9 +147,11 @@ absl::Status SpeculativeDecoder::BeginRound(int32_t token, int64_t max_drafts) {
   next_run_.reset();
   const int64_t limit = drafting_ ? std::clamp<int64_t>(max_drafts, 0, options_.max_draft) : 0;
   round_limit_ = limit;
+  round_room_ = std::max<int64_t>(max_drafts, 0);
   if (run_.drafts() > limit) {
     // A draft made ahead that no longer fits: cut it, and with it the drafter's state.
     run_.tokens.resize(limit + 1);
+    run_.forced.resize(limit);
     if (!run_.draft_probs.empty()) run_.draft_probs.resize(limit);
     if (run_.processed() > limit + 1) {
       run_.shallow.resize(limit + 1);
@@ -135,7 +159,7 @@ absl::Status SpeculativeDecoder::BeginRound(int32_t token, int64_t max_drafts) {
     }
     run_.next_logits = at::Tensor();
   }
-  TOPHAT_RETURN_IF_ERROR(Extend(run_, limit, /*one_step=*/false).status());
+  TOPHAT_RETURN_IF_ERROR(Extend(run_, limit, /*one_step=*/false, round_room_).status());
 
   // Parallel drafting targets the round after this one, which starts at branch_start_ if
   // every draft is kept; it needs room for that round.
@@ -223,6 +247,9 @@ absl::StatusOr<RoundOutcome> SpeculativeDecoder::FinishRound(const at::Tensor& o
   RoundOutcome outcome;
   outcome.drafted = n;
   outcome.accepted = verdict.accepted;
+  outcome.forced_drafted = run_.forced_drafts();
+  outcome.forced_accepted =
+      std::count(run_.forced.begin(), run_.forced.begin() + verdict.accepted, 1);
   outcome.length = run_.start + verdict.accepted + 1;
   outcome.tokens.assign(drafts.begin(), drafts.begin() + verdict.accepted);
   outcome.tokens.push_back(verdict.next_token);

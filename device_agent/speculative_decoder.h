@@ -72,6 +72,10 @@ struct RoundOutcome {
   at::Tensor logits;
   int64_t drafted = 0;
   int64_t accepted = 0;
+  // Of those, the drafts the format forced (Sampler::ForcedToken), made without the drafter
+  // and never rejected but after a rejected draft: not the drafter's to be credited with.
+  int64_t forced_drafted = 0;
+  int64_t forced_accepted = 0;
   int64_t length = 0;  // KV length after the round, everywhere: start + accepted + 1
   bool parallel_hit = false;  // the next round's drafts are already made
   // Device KV lengths right after the rollback (before a parallel hit's rows, which belong
@@ -143,6 +147,7 @@ class SpeculativeDecoder {
     std::vector<int32_t> tokens;      // [x0, d1..dn]
     std::vector<at::Tensor> shallow;  // one [1, D] row per processed token
     std::vector<at::Tensor> draft_probs;  // q_i of d_i (sampling only)
+    std::vector<uint8_t> forced;          // 1 where d_i was forced by the format
     at::Tensor next_logits;           // drafter logits after the last processed token
     at::Tensor input_rows;            // exported K/V rows (a finished branch)
     at::Tensor adapter_rows;
@@ -152,6 +157,7 @@ class SpeculativeDecoder {
     bool first_committed = true;
     std::vector<int32_t> pending_before;  // a branch's: the round's drafts
     int64_t drafts() const { return static_cast<int64_t>(tokens.size()) - 1; }
+    int64_t forced_drafts() const { return std::count(forced.begin(), forced.end(), 1); }
     int64_t processed() const { return static_cast<int64_t>(shallow.size()); }
   };
 
@@ -161,8 +167,12 @@ class SpeculativeDecoder {
   // Runs run.tokens[processed] through the input submodel (and Λ + head when drafting).
   absl::Status Step(Run& run);
   // Processes pending tokens, then drafts until eta, `limit` drafts, or (`one_step`) one
-  // forward pass has been done. Returns whether the run can still grow.
-  absl::StatusOr<bool> Extend(Run& run, int64_t limit, bool one_step);
+  // forward pass has been done. Returns whether the run can still grow. With `room` > 0, a
+  // token the format forces is appended as a draft whatever the drafter (and without one),
+  // past `limit` but within `room` drafts in all and kMaxForcedDrafts forced: a JSON
+  // Schema's key or a thinking budget's message costs one round, not one a token (SGLang's
+  // jump-forward decoding, here as drafts the verification cannot refuse).
+  absl::StatusOr<bool> Extend(Run& run, int64_t limit, bool one_step, int64_t room = 0);
   // Ends the branch being drafted: keeps its K/V rows and puts the caches back.
   absl::Status SealBranch();
   absl::Status TruncateDrafterCaches(int64_t length);
@@ -183,6 +193,7 @@ class SpeculativeDecoder {
 
   Run run_;
   int64_t round_limit_ = 0;
+  int64_t round_room_ = 0;  // BeginRound's max_drafts
   bool run_from_parallel_ = false;
   // Parallel drafting for the current round.
   int64_t branch_start_ = 0;

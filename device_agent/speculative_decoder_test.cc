@@ -11,10 +11,12 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <regex>
 #include <string>
 #include <variant>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "base/test_util.h"
 #include "device_agent/decode_round.h"
@@ -193,6 +195,7 @@ std::vector<int32_t> ReferenceGreedy(const Submodel& full, const std::vector<int
 struct DecodeCounts {
   int64_t drafted = 0, accepted = 0, hits = 0, rounds = 0, rejections = 0, reused = 0;
   int64_t ahead_kept = 0;
+  int64_t forced = 0;  // forced drafts kept
 };
 
 // Greedy speculative decoding of `new_tokens` tokens after `prompt` in `session`, checking
@@ -213,7 +216,11 @@ std::vector<int32_t> DecodeGreedy(Session& session, const std::vector<int64_t>& 
     counts.accepted += outcome.accepted;
     counts.rejections += outcome.accepted < outcome.drafted;
     counts.hits += outcome.parallel_hit;
-    CHECK(outcome.drafted <= std::min<int64_t>(room, max_draft));
+    // The drafter's drafts within max_draft; those the format forced on top, within the room.
+    CHECK(outcome.drafted - outcome.forced_drafted <= std::min<int64_t>(room, max_draft));
+    CHECK(outcome.drafted <= room);
+    CHECK(outcome.forced_accepted <= outcome.forced_drafted);
+    counts.forced += outcome.forced_accepted;
     CHECK(outcome.length == start + outcome.accepted + 1);
     CHECK(outcome.input_kv_length == outcome.length);
     CHECK(outcome.adapter_kv_length == outcome.length);
@@ -396,9 +403,10 @@ void CheckStartOfValue(const std::vector<int32_t>& generated, const TokenVocabul
 // prompts: each answer is plain greedy decoding under `start`'s grammar (the reference tries
 // every token on it), and the start of a value it takes; the format changes every answer
 // (it is not what the model says anyway), and every path of the decoder is taken. `ends`:
-// every answer reaches the end within its 40 tokens.
+// every answer reaches the end within its 40 tokens. Returns how many tokens the format
+// forced (appended as drafts without the drafter, and kept).
 template <typename Grammar>
-void CheckConstrainedGreedy(const SamplingParams& params, const Grammar& start, bool ends) {
+int64_t CheckConstrainedGreedy(const SamplingParams& params, const Grammar& start, bool ends) {
   c10::InferenceMode inference;
   auto split = MakeSplit(/*vocab=*/64, /*logit_scale=*/25.0, /*adapter_noise=*/0.04, 5);
   const auto vocabulary = JsonTestVocabulary();
@@ -425,6 +433,7 @@ void CheckConstrainedGreedy(const SamplingParams& params, const Grammar& start, 
   }
   CHECK(changed == 6);
   CheckEveryPath(counts);
+  return counts.forced;
 }
 
 TEST_CASE(
@@ -448,10 +457,11 @@ TEST_CASE(
                      "key": {"type": ["string", "null"]}},
       "required": ["a", "b"], "additionalProperties": false})"));
   REQUIRE(schema.ok());
-  CheckConstrainedGreedy(
-      SamplingParams{
-          .stop_ids = {2}, .response_format = ResponseFormat::kJsonSchema, .json_schema = *schema},
-      SchemaGrammar(schema->get()), /*ends=*/false);
+  // Where the schema leaves one token (a key's rest), the round takes it without the drafter.
+  CHECK(CheckConstrainedGreedy(SamplingParams{.stop_ids = {2},
+                                              .response_format = ResponseFormat::kJsonSchema,
+                                              .json_schema = *schema},
+                               SchemaGrammar(schema->get()), /*ends=*/false) > 0);
 }
 
 TEST_CASE(
@@ -463,9 +473,10 @@ TEST_CASE(
   // answer ends within its tokens.
   auto regex = CompileRegexFormat(R"(key: [a-z ]{3,24}(, [a-z0-9]{1,4}){0,4}\.)");
   REQUIRE(regex.ok());
-  CheckConstrainedGreedy(
-      SamplingParams{.stop_ids = {2}, .response_format = ResponseFormat::kRegex, .regex = *regex},
-      RegexGrammar(regex->get()), /*ends=*/true);
+  CHECK(CheckConstrainedGreedy(
+            SamplingParams{
+                .stop_ids = {2}, .response_format = ResponseFormat::kRegex, .regex = *regex},
+            RegexGrammar(regex->get()), /*ends=*/true) > 0);
 }
 
 TEST_CASE(
@@ -482,10 +493,10 @@ TEST_CASE(
       item ::= [a-z] [a-z ]{0,11})");
   REQUIRE(grammar.ok());
   EbnfWorkspace workspace(grammar->get());  // the reference's, apart from the decoder's
-  CheckConstrainedGreedy(
-      SamplingParams{
-          .stop_ids = {2}, .response_format = ResponseFormat::kGrammar, .grammar = *grammar},
-      EbnfState(&workspace), /*ends=*/false);
+  CHECK(CheckConstrainedGreedy(
+            SamplingParams{
+                .stop_ids = {2}, .response_format = ResponseFormat::kGrammar, .grammar = *grammar},
+            EbnfState(&workspace), /*ends=*/false) > 0);
 }
 
 TEST_CASE(
@@ -507,10 +518,83 @@ TEST_CASE(
   }
   auto spec = StructuralTagSpec::Create(std::move(structures), std::move(triggers));
   REQUIRE(spec.ok());
-  CheckConstrainedGreedy(SamplingParams{.stop_ids = {2},
-                                        .response_format = ResponseFormat::kStructuralTag,
-                                        .structural_tag = *spec},
-                         StructuralTagGrammar(spec->get()), /*ends=*/false);
+  CHECK(CheckConstrainedGreedy(SamplingParams{.stop_ids = {2},
+                                              .response_format = ResponseFormat::kStructuralTag,
+                                              .structural_tag = *spec},
+                               StructuralTagGrammar(spec->get()), /*ends=*/false) > 0);
+}
+
+TEST_CASE(
+    "Tokens the format allows alone go to the cloud in one round, with the drafter or "
+    "without, greedy or sampled",
+    "[speculative]") {
+  c10::InferenceMode inference;
+  auto split = MakeSplit(/*vocab=*/64, /*logit_scale=*/25.0, /*adapter_noise=*/0.04, 5);
+  const auto vocabulary = JsonTestVocabulary();
+  // "zyx-wvp " is spelled one way only (no token of the vocabulary joins any of its letters),
+  // so after the first of them the regex allows one token at a time: 7 forced tokens, then
+  // letters the model chooses.
+  auto regex = CompileRegexFormat(R"(zyx-wvp [a-z]{1,6}\.)");
+  REQUIRE(regex.ok());
+  std::vector<int32_t> literal;
+  for (const std::string piece : {"z", "y", "x", "-", "w", "v", "p", " "}) {
+    for (int32_t id = 0; id < vocabulary->size(); ++id) {
+      if (vocabulary->bytes(id) != nullptr && *vocabulary->bytes(id) == piece)
+        literal.push_back(id);
+    }
+  }
+  REQUIRE(literal.size() == 8);
+  const std::vector<int64_t> prompt = TestPrompt(2);
+  for (const bool drafting : {true, false}) {
+    for (const double temperature : {0.0, 1.0}) {
+      INFO("drafting " << drafting << ", temperature " << temperature);
+      const SamplingParams params{.temperature = temperature,
+                                  .seed = 11,
+                                  .stop_ids = {2},
+                                  .response_format = ResponseFormat::kRegex,
+                                  .regex = *regex};
+      SpeculativeOptions options = TestOptions(2, /*parallel=*/false);
+      options.enabled = drafting;
+      Session session(*split, options, params, 128, vocabulary);
+      REQUIRE(session.decoder.drafting() == drafting);
+      session.sampler.SetPrompt(std::vector<int32_t>(prompt.begin(), prompt.end()));
+      std::vector<int32_t> generated = {session.sampler.Sample(session.Prefill(prompt))};
+      session.sampler.Commit(generated);
+      REQUIRE(generated[0] == literal[0]);
+      // The first round takes the other 7 whatever the drafter would have guessed, and more
+      // than max_draft (6) of them: the drafter's window is for its guesses only. (With the
+      // drafter, its letters may reach the sixth, after which "." is forced too.)
+      const RoundOutcome first = session.Round(generated.back(), /*room=*/30, false);
+      CHECK(first.forced_accepted >= 7);
+      CHECK(first.forced_accepted <= first.forced_drafted);
+      REQUIRE(first.tokens.size() >= 8);
+      CHECK(std::vector<int32_t>(first.tokens.begin(), first.tokens.begin() + 7) ==
+            std::vector<int32_t>(literal.begin() + 1, literal.end()));
+      if (!drafting) {
+        CHECK(first.drafted == 7);
+        CHECK(first.forced_drafted == 7);
+      }
+      session.sampler.Commit(first.tokens);
+      generated.insert(generated.end(), first.tokens.begin(), first.tokens.end());
+      // The answer goes on as the regex allows, to its end.
+      const auto ended = [&] { return absl::c_linear_search(generated, 2); };
+      for (int round = 0; round < 20 && !ended(); ++round) {
+        const int64_t room = 40 - static_cast<int64_t>(generated.size());
+        const RoundOutcome outcome = session.Round(generated.back(), room, false);
+        session.sampler.Commit(outcome.tokens);
+        generated.insert(generated.end(), outcome.tokens.begin(), outcome.tokens.end());
+      }
+      // Drafts past the end may be kept too; the agent stops at the end.
+      REQUIRE(ended());
+      generated.erase(std::find(generated.begin(), generated.end(), 2) + 1, generated.end());
+      std::string text;
+      for (size_t i = 0; i + 1 < generated.size(); ++i) {
+        REQUIRE(vocabulary->bytes(generated[i]) != nullptr);
+        text += *vocabulary->bytes(generated[i]);
+      }
+      CHECK(std::regex_match(text, std::regex(R"(zyx-wvp [a-z]{1,6}\.)")));
+    }
+  }
 }
 
 // How many drafts a greedy drafter makes after `tokens` (the round's first token last) before

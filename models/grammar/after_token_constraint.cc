@@ -80,23 +80,34 @@ void AfterTokenConstraint::Commit(std::span<const int32_t> tokens) {
   if (!tokens.empty() && inner_ != nullptr) inner_->Commit(tokens);
 }
 
-std::shared_ptr<const std::vector<uint8_t>> AfterTokenConstraint::Allowed(
-    std::span<const int32_t> pending) const {
-  if (open_) return inner_ != nullptr ? inner_->Allowed(pending) : nullptr;
+AfterTokenConstraint::Next AfterTokenConstraint::Locate(std::span<const int32_t> pending) const {
+  if (open_) return {.open = true, .after_gate = pending};
   Reasoning reasoning = committed_;
   for (size_t i = 0; i < pending.size(); ++i) {
     // A draft that holds the gate opens the format for the tokens after it.
-    if (pending[i] == gate_) {
-      return inner_ != nullptr ? inner_->Allowed(pending.subspan(i + 1)) : nullptr;
-    }
+    if (pending[i] == gate_) return {.open = true, .after_gate = pending.subspan(i + 1)};
     Step(reasoning, pending[i]);
   }
   Settle(reasoning);
-  if (reasoning.forced_from < 0) return nullptr;
+  if (reasoning.forced_from < 0) return {};
   // The forced tokens in order; a draft that strayed from them is refused at its row
   // anyway, so past them it is the gate.
   const auto forced = static_cast<size_t>(reasoning.tokens - reasoning.forced_from);
-  return Only(forced < budget_end_.size() ? budget_end_[forced] : gate_);
+  return {.forced = forced < budget_end_.size() ? budget_end_[forced] : gate_};
+}
+
+std::shared_ptr<const std::vector<uint8_t>> AfterTokenConstraint::Allowed(
+    std::span<const int32_t> pending) const {
+  const Next next = Locate(pending);
+  if (next.open) return inner_ != nullptr ? inner_->Allowed(next.after_gate) : nullptr;
+  return next.forced >= 0 ? Only(next.forced) : nullptr;
+}
+
+std::optional<int32_t> AfterTokenConstraint::Forced(std::span<const int32_t> pending) const {
+  const Next next = Locate(pending);
+  if (next.open) return inner_ != nullptr ? inner_->Forced(next.after_gate) : std::nullopt;
+  if (next.forced < 0) return std::nullopt;
+  return next.forced;
 }
 
 }  // namespace tophat

@@ -13,6 +13,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -43,6 +44,8 @@ class AfterTokenConstraint final : public TokenConstraint {
   // once it is spent, the next forced token alone.
   std::shared_ptr<const std::vector<uint8_t>> Allowed(
       std::span<const int32_t> pending) const override;
+  // The next forced token, without a mask; after the gate, the inner format's.
+  std::optional<int32_t> Forced(std::span<const int32_t> pending) const override;
   // The answer proper is complete (never while it has not begun, nor without a format).
   bool complete() const override { return open_ && inner_ != nullptr && inner_->complete(); }
   bool cut_by_limit() const override { return inner_ != nullptr && inner_->cut_by_limit(); }
@@ -56,6 +59,14 @@ class AfterTokenConstraint final : public TokenConstraint {
     std::array<char, 3> partial{};
     uint8_t partial_size = 0;
   };
+  // Where `pending` leaves the answer: past the gate (`after_gate`: the pending tokens after
+  // it), or before it, with the token forced next (-1: none).
+  struct Next {
+    bool open = false;
+    std::span<const int32_t> after_gate;
+    int32_t forced = -1;
+  };
+  Next Locate(std::span<const int32_t> pending) const;
   // Decides, before the reasoning's next token, whether the forced tokens begin there.
   void Settle(Reasoning& reasoning) const;
   // The reasoning after one more token (not the gate).

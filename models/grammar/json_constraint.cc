@@ -90,6 +90,18 @@ std::shared_ptr<const TokenVocabulary> TokenVocabulary::FromTokenizer(const Toke
   return std::make_shared<const TokenVocabulary>(std::move(tokens));
 }
 
+std::optional<int32_t> TokenConstraint::Forced(std::span<const int32_t> pending) const {
+  const std::shared_ptr<const std::vector<uint8_t>> mask = Allowed(pending);
+  if (mask == nullptr || mask->empty()) return std::nullopt;
+  // Two scans for a non-zero byte, stopping at the second: cheap where many are allowed.
+  const auto allowed = [](uint8_t value) { return value != 0; };
+  const auto first = std::find_if(mask->begin(), mask->end(), allowed);
+  if (first == mask->end() || std::find_if(first + 1, mask->end(), allowed) != mask->end()) {
+    return std::nullopt;
+  }
+  return static_cast<int32_t>(first - mask->begin());
+}
+
 const std::string* TokenVocabulary::bytes(int32_t id) const {
   if (id < 0 || id >= size() || !tokens_[id].has_value()) return nullptr;
   return &*tokens_[id];

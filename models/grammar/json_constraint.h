@@ -92,6 +92,11 @@ class TokenConstraint {
   // ids are allowed, so the answer ends rather than goes on unconstrained.
   virtual std::shared_ptr<const std::vector<uint8_t>> Allowed(
       std::span<const int32_t> pending) const = 0;
+  // The one token allowed after `pending`, where only one is (a JSON Schema's key the
+  // vocabulary spells one way, a thinking budget's forced end): the decoder appends it
+  // without drafting or sampling (SpeculativeDecoder). nullopt where several or none are.
+  // By default, read from Allowed's mask.
+  virtual std::optional<int32_t> Forced(std::span<const int32_t> pending) const;
   // The committed answer is complete.
   virtual bool complete() const = 0;
   // A way the format allows was not followed for one of its bounds (a GBNF grammar's call

@@ -161,6 +161,16 @@ Sampler::Sampler(const SamplingParams& params, std::shared_ptr<const TokenVocabu
   bias_values_ = at::tensor(values, at::kFloat);
 }
 
+std::optional<int32_t> Sampler::ForcedToken(std::span<const int32_t> pending) const {
+  if (format_ == nullptr) return std::nullopt;
+  const std::optional<int32_t> forced = format_->Forced(pending);
+  if (!forced || std::find(params_.stop_ids.begin(), params_.stop_ids.end(), *forced) !=
+                     params_.stop_ids.end()) {
+    return std::nullopt;
+  }
+  return forced;
+}
+
 void Sampler::SetPrompt(std::span<const int32_t> prompt) {
   if (params_.repetition_penalty == 1.0) return;
   prompt_tokens_.assign(prompt.begin(), prompt.end());
