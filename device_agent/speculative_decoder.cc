@@ -83,6 +83,10 @@ absl::StatusOr<bool> SpeculativeDecoder::Extend(Run& run, int64_t limit, bool on
       stepped = true;
       continue;
     }
+    // The same rule for a round and for a branch drafted ahead (whose room is its limit), so
+    // that a branch is a prefix of the round it becomes: a round's drafts, and so its random
+    // draws, do not depend on how far drafting ahead got.
+    room = std::max(room, limit);
     const int64_t forced = run.forced_drafts();
     if (run.drafts() < room && forced < kMaxForcedDrafts && sampler_.params().history_dependent()) {
       if (const std::optional<int32_t> token = sampler_.ForcedToken(Pending(run))) {
@@ -97,7 +101,7 @@ absl::StatusOr<bool> SpeculativeDecoder::Extend(Run& run, int64_t limit, bool on
         continue;
       }
     }
-    if (!drafting_ || run.drafts() - forced >= limit || run.drafts() >= std::max(room, limit) ||
+    if (!drafting_ || run.drafts() - forced >= limit || run.drafts() >= room ||
         !run.next_logits.defined()) {
       return false;
     }
@@ -148,14 +152,20 @@ absl::Status SpeculativeDecoder::BeginRound(int32_t token, int64_t max_drafts) {
   const int64_t limit = drafting_ ? std::clamp<int64_t>(max_drafts, 0, options_.max_draft) : 0;
   round_limit_ = limit;
   round_room_ = std::max<int64_t>(max_drafts, 0);
-  if (run_.drafts() > limit) {
-    // A draft made ahead that no longer fits: cut it, and with it the drafter's state.
-    run_.tokens.resize(limit + 1);
-    run_.forced.resize(limit);
-    if (!run_.draft_probs.empty()) run_.draft_probs.resize(limit);
-    if (run_.processed() > limit + 1) {
-      run_.shallow.resize(limit + 1);
-      TOPHAT_RETURN_IF_ERROR(TruncateDrafterCaches(run_.start + limit + 1));
+  // Drafts made ahead that no longer fit (more of the drafter's than `limit`, more in all
+  // than the room): cut them, and with them the drafter's state.
+  int64_t fits = 0;
+  for (int64_t guessed = 0; fits < std::min(run_.drafts(), std::max(round_room_, limit)); ++fits) {
+    guessed += run_.forced[static_cast<size_t>(fits)] == 0;
+    if (guessed > limit) break;
+  }
+  if (run_.drafts() > fits) {
+    run_.tokens.resize(fits + 1);
+    run_.forced.resize(fits);
+    if (!run_.draft_probs.empty()) run_.draft_probs.resize(fits);
+    if (run_.processed() > fits + 1) {
+      run_.shallow.resize(fits + 1);
+      TOPHAT_RETURN_IF_ERROR(TruncateDrafterCaches(run_.start + fits + 1));
     }
     run_.next_logits = at::Tensor();
   }
@@ -200,7 +210,8 @@ absl::StatusOr<bool> SpeculativeDecoder::DraftAheadStep() {
     candidates_.erase(candidates_.begin());
     drafted_ahead_ = true;
   }
-  TOPHAT_ASSIGN_OR_RETURN(bool grows, Extend(*branch_, branch_limit_, /*one_step=*/true));
+  TOPHAT_ASSIGN_OR_RETURN(bool grows,
+                          Extend(*branch_, branch_limit_, /*one_step=*/true, branch_limit_));
   if (!grows) TOPHAT_RETURN_IF_ERROR(SealBranch());
   return true;
 }

@@ -167,12 +167,12 @@ class SpeculativeDecoder {
   // Runs run.tokens[processed] through the input submodel (and Λ + head when drafting).
   absl::Status Step(Run& run);
   // Processes pending tokens, then drafts until eta, `limit` drafts, or (`one_step`) one
-  // forward pass has been done. Returns whether the run can still grow. With `room` > 0, a
-  // token the format forces is appended as a draft whatever the drafter (and without one),
-  // past `limit` but within `room` drafts in all and kMaxForcedDrafts forced: a JSON
-  // Schema's key or a thinking budget's message costs one round, not one a token (SGLang's
-  // jump-forward decoding, here as drafts the verification cannot refuse).
-  absl::StatusOr<bool> Extend(Run& run, int64_t limit, bool one_step, int64_t room = 0);
+  // forward pass has been done. Returns whether the run can still grow. A token the format
+  // forces is appended as a draft whatever the drafter (and without one), not counted in
+  // `limit` but within `room` drafts in all (at least `limit`) and kMaxForcedDrafts forced:
+  // a JSON Schema's key or a thinking budget's message costs one round, not one a token
+  // (SGLang's jump-forward decoding, here as drafts the verification cannot refuse).
+  absl::StatusOr<bool> Extend(Run& run, int64_t limit, bool one_step, int64_t room);
   // Ends the branch being drafted: keeps its K/V rows and puts the caches back.
   absl::Status SealBranch();
   absl::Status TruncateDrafterCaches(int64_t length);
