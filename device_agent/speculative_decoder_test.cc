@@ -13,6 +13,7 @@
 #include <optional>
 #include <regex>
 #include <string>
+#include <tuple>
 #include <variant>
 #include <vector>
 
@@ -533,8 +534,9 @@ TEST_CASE(
   const auto vocabulary = JsonTestVocabulary();
   // "zyx-wvp " is spelled one way only (no token of the vocabulary joins any of its letters),
   // so after the first of them the regex allows one token at a time: 7 forced tokens, then
-  // letters the model chooses.
-  auto regex = CompileRegexFormat(R"(zyx-wvp [a-z]{1,6}\.)");
+  // words the model chooses, each followed by " zyx", forced after its space: forced tokens
+  // in the middle of rounds and of branches drafted ahead.
+  auto regex = CompileRegexFormat(R"(zyx-wvp( [a-z]{1,4} zyx){3,6}\.)");
   REQUIRE(regex.ok());
   std::vector<int32_t> literal;
   for (const std::string piece : {"z", "y", "x", "-", "w", "v", "p", " "}) {
@@ -545,56 +547,74 @@ TEST_CASE(
   }
   REQUIRE(literal.size() == 8);
   const std::vector<int64_t> prompt = TestPrompt(2);
-  for (const bool drafting : {true, false}) {
-    for (const double temperature : {0.0, 1.0}) {
-      INFO("drafting " << drafting << ", temperature " << temperature);
-      const SamplingParams params{.temperature = temperature,
-                                  .seed = 11,
-                                  .stop_ids = {2},
-                                  .response_format = ResponseFormat::kRegex,
-                                  .regex = *regex};
-      SpeculativeOptions options = TestOptions(2, /*parallel=*/false);
-      options.enabled = drafting;
-      Session session(*split, options, params, 128, vocabulary);
-      REQUIRE(session.decoder.drafting() == drafting);
-      session.sampler.SetPrompt(std::vector<int32_t>(prompt.begin(), prompt.end()));
-      std::vector<int32_t> generated = {session.sampler.Sample(session.Prefill(prompt))};
-      session.sampler.Commit(generated);
-      REQUIRE(generated[0] == literal[0]);
-      // The first round takes the other 7 whatever the drafter would have guessed, and more
-      // than max_draft (6) of them: the drafter's window is for its guesses only. (With the
-      // drafter, its letters may reach the sixth, after which "." is forced too.)
-      const RoundOutcome first = session.Round(generated.back(), /*room=*/30, false);
-      CHECK(first.forced_accepted >= 7);
-      CHECK(first.forced_accepted <= first.forced_drafted);
-      REQUIRE(first.tokens.size() >= 8);
-      CHECK(std::vector<int32_t>(first.tokens.begin(), first.tokens.begin() + 7) ==
-            std::vector<int32_t>(literal.begin() + 1, literal.end()));
-      if (!drafting) {
-        CHECK(first.drafted == 7);
-        CHECK(first.forced_drafted == 7);
+  // Each (seed, drafting, temperature)'s answer; with drafting ahead, rounds begin from
+  // branches, and a seed's answer must not depend on that.
+  std::map<std::tuple<uint64_t, bool, double>, std::vector<int32_t>> answers;
+  int64_t sampled_hits = 0;
+  for (const uint64_t seed : {11, 12, 13, 14, 15, 16, 17, 18}) {
+    for (const bool ahead : {false, true}) {
+      for (const bool drafting : {true, false}) {
+        if (ahead && !drafting) continue;
+        for (const double temperature : {0.0, 0.2}) {
+          if (temperature == 0 && seed != 11) continue;  // greedy: one seed is every seed
+          INFO("seed " << seed << ", drafting " << drafting << ", ahead " << ahead
+                       << ", temperature " << temperature);
+          const SamplingParams params{.temperature = temperature,
+                                      .seed = seed,
+                                      .stop_ids = {2},
+                                      .response_format = ResponseFormat::kRegex,
+                                      .regex = *regex};
+          SpeculativeOptions options = TestOptions(2, /*parallel=*/ahead);
+          options.enabled = drafting;
+          Session session(*split, options, params, 128, vocabulary);
+          REQUIRE(session.decoder.drafting() == drafting);
+          session.sampler.SetPrompt(std::vector<int32_t>(prompt.begin(), prompt.end()));
+          std::vector<int32_t> generated = {session.sampler.Sample(session.Prefill(prompt))};
+          session.sampler.Commit(generated);
+          REQUIRE(generated[0] == literal[0]);
+          // The first round takes the other 7 whatever the drafter would have guessed, and more
+          // than max_draft (6) of them: the drafter's window is for its guesses only.
+          const RoundOutcome first = session.Round(generated.back(), /*room=*/30, ahead);
+          CHECK(first.forced_accepted >= 7);
+          CHECK(first.forced_accepted <= first.forced_drafted);
+          REQUIRE(first.tokens.size() >= 8);
+          CHECK(std::vector<int32_t>(first.tokens.begin(), first.tokens.begin() + 7) ==
+                std::vector<int32_t>(literal.begin() + 1, literal.end()));
+          if (!drafting) {
+            CHECK(first.drafted == 7);
+            CHECK(first.forced_drafted == 7);
+          }
+          session.sampler.Commit(first.tokens);
+          generated.insert(generated.end(), first.tokens.begin(), first.tokens.end());
+          // The answer goes on as the regex allows, to its end.
+          const auto ended = [&] { return absl::c_linear_search(generated, 2); };
+          for (int round = 0; round < 60 && !ended(); ++round) {
+            const int64_t room = 60 - static_cast<int64_t>(generated.size());
+            const RoundOutcome outcome = session.Round(generated.back(), room, ahead);
+            session.sampler.Commit(outcome.tokens);
+            generated.insert(generated.end(), outcome.tokens.begin(), outcome.tokens.end());
+          }
+          // Drafts past the end may be kept too; the agent stops at the end.
+          REQUIRE(ended());
+          generated.erase(std::find(generated.begin(), generated.end(), 2) + 1, generated.end());
+          if (ahead) {
+            if (temperature > 0) sampled_hits += session.reused;
+            CHECK(generated == answers[{seed, drafting, temperature}]);
+          } else {
+            answers[{seed, drafting, temperature}] = generated;
+          }
+          std::string text;
+          for (size_t i = 0; i + 1 < generated.size(); ++i) {
+            REQUIRE(vocabulary->bytes(generated[i]) != nullptr);
+            text += *vocabulary->bytes(generated[i]);
+          }
+          CHECK(std::regex_match(text, std::regex(R"(zyx-wvp( [a-z]{1,4} zyx){3,6}\.)")));
+        }
       }
-      session.sampler.Commit(first.tokens);
-      generated.insert(generated.end(), first.tokens.begin(), first.tokens.end());
-      // The answer goes on as the regex allows, to its end.
-      const auto ended = [&] { return absl::c_linear_search(generated, 2); };
-      for (int round = 0; round < 20 && !ended(); ++round) {
-        const int64_t room = 40 - static_cast<int64_t>(generated.size());
-        const RoundOutcome outcome = session.Round(generated.back(), room, false);
-        session.sampler.Commit(outcome.tokens);
-        generated.insert(generated.end(), outcome.tokens.begin(), outcome.tokens.end());
-      }
-      // Drafts past the end may be kept too; the agent stops at the end.
-      REQUIRE(ended());
-      generated.erase(std::find(generated.begin(), generated.end(), 2) + 1, generated.end());
-      std::string text;
-      for (size_t i = 0; i + 1 < generated.size(); ++i) {
-        REQUIRE(vocabulary->bytes(generated[i]) != nullptr);
-        text += *vocabulary->bytes(generated[i]);
-      }
-      CHECK(std::regex_match(text, std::regex(R"(zyx-wvp [a-z]{1,6}\.)")));
     }
   }
+  // Rounds begun from branches drafted ahead, the case the comparison is for.
+  CHECK(sampled_hits >= 5);
 }
 
 // How many drafts a greedy drafter makes after `tokens` (the round's first token last) before
