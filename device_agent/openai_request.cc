@@ -491,6 +491,13 @@ std::variant<std::vector<std::string>, OpenAiError> ChoiceFormat(const std::stri
   return choices;
 }
 
+// Whether `value` (a Json or an OrderedJson) names one of OpenAI's reasoning efforts.
+template <typename AnyJson>
+bool IsReasoningEffort(const AnyJson& value) {
+  return value.is_string() &&
+         absl::c_linear_search(kOpenAiReasoningEfforts, value.template get<std::string>());
+}
+
 // "\"none\", \"minimal\", ..." for an error.
 std::string EffortList() {
   std::string list;
@@ -779,8 +786,7 @@ std::variant<OpenAiRequest, OpenAiError> ParseOpenAiRequest(OpenAiEndpoint endpo
                        "where a thinking model's reasoning ends");
       }
       if (value.is_null()) continue;
-      if (!value.is_string() ||
-          !absl::c_linear_search(kOpenAiReasoningEfforts, value.get<std::string>())) {
+      if (!IsReasoningEffort(value)) {
         return Invalid(key, absl::StrCat("'reasoning_effort' must be one of ", EffortList()));
       }
       request.reasoning_effort = value.get<std::string>();
@@ -1345,8 +1351,7 @@ std::variant<OpenAiResponsesRequest, OpenAiError> ParseResponsesRequest(
       for (const auto& [option, setting] : value.items()) {
         if (option == "effort") {
           if (setting.is_null()) continue;
-          if (!setting.is_string() ||
-              !absl::c_linear_search(kOpenAiReasoningEfforts, setting.get<std::string>())) {
+          if (!IsReasoningEffort(setting)) {
             return Invalid(key, absl::StrCat("'reasoning.effort' must be one of ", EffortList()));
           }
           chat["reasoning_effort"] = setting;

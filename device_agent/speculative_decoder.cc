@@ -75,6 +75,10 @@ std::vector<int32_t> SpeculativeDecoder::Pending(const Run& run) const {
 
 absl::StatusOr<bool> SpeculativeDecoder::Extend(Run& run, int64_t limit, bool one_step,
                                                 int64_t room) {
+  // The same rule for a round and for a branch drafted ahead (whose room is its limit), so
+  // that a branch is a prefix of the round it becomes: a round's drafts, and so its random
+  // draws, do not depend on how far drafting ahead got.
+  room = std::max(room, limit);
   bool stepped = false;
   while (true) {
     if (run.processed() < static_cast<int64_t>(run.tokens.size())) {
@@ -83,10 +87,6 @@ absl::StatusOr<bool> SpeculativeDecoder::Extend(Run& run, int64_t limit, bool on
       stepped = true;
       continue;
     }
-    // The same rule for a round and for a branch drafted ahead (whose room is its limit), so
-    // that a branch is a prefix of the round it becomes: a round's drafts, and so its random
-    // draws, do not depend on how far drafting ahead got.
-    room = std::max(room, limit);
     const int64_t forced = run.forced_drafts();
     if (run.drafts() < room && forced < kMaxForcedDrafts && sampler_.params().history_dependent()) {
       if (const std::optional<int32_t> token = sampler_.ForcedToken(Pending(run))) {
