@@ -2154,11 +2154,15 @@ TEST_CASE("Three clouds share six agents' requests, and a killed cloud's request
     constexpr int64_t kMaxNewTokens = 150;
     std::vector<std::vector<int32_t>> prompts;
     std::vector<std::future<absl::StatusOr<GenerateResult>>> pending;
+    // Each thread gets its request by value: `prompts` grows (and moves its elements) while
+    // the first threads run, so a thread reading prompts[i] would race with that move.
     for (size_t i = 0; i < agents.size(); ++i) {
       prompts.push_back(Tokenize(sentences[i]));
-      pending.push_back(std::async(std::launch::async, [&, i] {
-        return agents[i]->client().Generate(IdsRequest(prompts[i], kMaxNewTokens, true));
-      }));
+      pending.push_back(std::async(
+          std::launch::async,
+          [&client = agents[i]->client(), request = IdsRequest(prompts[i], kMaxNewTokens, true)] {
+            return client.Generate(request);
+          }));
     }
     // Once a cloud holds some of them mid-generation, it is killed. Which one is up to the
     // placement: six requests over three clouds can leave any one of them without a request.
@@ -2217,7 +2221,9 @@ TEST_CASE("Three clouds share six agents' requests, and a killed cloud's request
           for (int k = 0; k < 4; ++k) {
             auto result = agent->client().Generate(IdsRequest(Tokenize(sentences[k]), 8));
             if (!result.ok() || !result->ok()) {
-              std::fprintf(stderr, "request failed: %s\n", (result.ok() ? result->error : result.status().ToString()).c_str());
+              // Catch's INFO is not for other threads; the reason goes to the log.
+              std::fprintf(stderr, "request failed: %s\n",
+                           (result.ok() ? result->error : result.status().ToString()).c_str());
               return false;
             }
           }
