@@ -14,6 +14,11 @@
 // Reported: mean time between tokens (TBT) and its ratio to the baseline in the same run,
 // tokens per verification round (acceptance length), parallel-draft hit rate, and the
 // adapter's size against the model's.
+//
+// --regex or --json-schema: every answer follows a format (by default a record as compact
+// JSON), and each configuration also runs with speculative.jump_forward off, so that what
+// sending the tokens the format leaves as drafts saves is a same-run ratio. Greedy decoding
+// is lossless either way: the benchmark fails if any two configurations' tokens differ.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -56,18 +61,30 @@ struct Args {
   int64_t output_layers = 1;
   std::string wire_dtype = "cloud";
   std::string json_path;
+  std::string json_schema;  // empty: free text (or the regex)
+  std::string regex;
 };
+
+// The built-in answer format for --regex: a record as compact JSON (Outlines' way of writing
+// a JSON Schema as a pattern, here without whitespace between tokens): four keys in a fixed
+// order, an enum, a digit, a bounded string of the toy grammar's letters, a boolean. The kind
+// of extraction an app asks a device for.
+constexpr char kBuiltinRegex[] =
+    R"re(\{"location":"[a-z ]{1,16}","category":"(weather report|traffic incident|local news)",)re"
+    R"re("severity":[0-9],"confirmed_by_reporter":(true|false)\})re";
 
 struct Mode {
   std::string name;
   bool speculative = false;
   bool parallel = false;
   int64_t runs_in_flight = 1;
+  bool jump_forward = true;
   std::unique_ptr<Agent> agent;
   std::vector<double> tbt;   // per request
   std::vector<double> ttft;
   int64_t tokens = 0, rounds = 0, drafted = 0, accepted = 0, ahead = 0, hits = 0;
-  int64_t runs_sent = 0, runs_kept = 0;
+  int64_t runs_sent = 0, runs_kept = 0, forced = 0;
+  std::vector<std::vector<int32_t>> answers;  // per request, for the lossless check
 };
 
 // The demo's override (deploy/demo.sh), else where `tophat toy-model` caches it.
@@ -103,13 +120,32 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"cloud", "float32", "float16", "bfloat16", "int8"}));
   app.add_option("--json", args.json_path, "Also write the report here");
+  std::string schema_path;
+  CLI::Option* schema_option =
+      app.add_option("--json-schema", schema_path,
+                     "Answers as JSON values of the schema in this file; each configuration also "
+                     "runs with jump-forward off");
+  CLI::Option* regex_option =
+      app.add_option("--regex", args.regex,
+                     "Answers matching this regex (without a value: a record as compact JSON); "
+                     "each configuration also runs with jump-forward off")
+          ->expected(0, 1);
+  schema_option->excludes(regex_option);
   std::string device_weights = "as-stored";
   app.add_option("--device-weights", device_weights,
                  "The device bundle's matrices, drafter's included: as-stored or int8 "
                  "(tophat split --device-weights)")
-      ->capture_default_str()->check(CLI::IsMember({"as-stored", "int8"}));
+      ->capture_default_str()
+      ->check(CLI::IsMember({"as-stored", "int8"}));
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::err);
+  if (!schema_path.empty()) {
+    std::ifstream in(schema_path);
+    if (!in) return Fail(absl::NotFoundError(absl::StrCat("cannot read ", schema_path)));
+    args.json_schema.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  if (regex_option->count() > 0 && args.regex.empty()) args.regex = kBuiltinRegex;
+  const bool formatted = !args.json_schema.empty() || !args.regex.empty();
 
   auto scratch = bench::ScratchDir::Create("tophat-bench-spec");
   if (!scratch.ok()) return Fail(scratch.status());
@@ -153,6 +189,21 @@ int main(int argc, char** argv) {
   modes.push_back({.name = "spec + parallel", .speculative = true, .parallel = true});
   modes.push_back(
       {.name = "+ pipeinfer", .speculative = true, .parallel = true, .runs_in_flight = 2});
+  const size_t base_modes = modes.size();
+  if (formatted) {
+    // Each configuration's twin without jump-forward, after it in the table.
+    std::vector<Mode> paired;
+    for (Mode& mode : modes) {
+      Mode twin{.name = mode.name + " -jf",
+                .speculative = mode.speculative,
+                .parallel = mode.parallel,
+                .runs_in_flight = mode.runs_in_flight,
+                .jump_forward = false};
+      paired.push_back(std::move(mode));
+      paired.push_back(std::move(twin));
+    }
+    modes = std::move(paired);
+  }
   for (Mode& mode : modes) {
     AgentConfig config;
     config.bundle = split->device_dir.string();
@@ -164,6 +215,7 @@ int main(int argc, char** argv) {
     config.speculative.enabled = mode.speculative;
     config.speculative.parallel_drafting = mode.parallel;
     config.speculative.max_runs_in_flight = mode.runs_in_flight;
+    config.speculative.jump_forward = mode.jump_forward;
     config.link_emulation.one_way_delay_s = args.one_way_delay_ms / 1000.0;
     auto agent = Agent::Create(config, nullptr);
     if (!agent.ok()) return Fail(agent.status());
@@ -171,15 +223,31 @@ int main(int argc, char** argv) {
   }
 
   const std::vector<std::string> prompts = ToyPrompts(2024, args.prompts + 1);
+  std::string first_answer;  // the baseline's to the first measured prompt
   // A warm-up request per agent, not measured.
   for (int64_t p = -1; p < args.prompts; ++p) {
     for (Mode& mode : modes) {
       v1::GenerateRequest request;
       request.set_prompt(prompts[static_cast<size_t>(p + 1)]);
       request.set_max_new_tokens(static_cast<uint32_t>(args.new_tokens));
-      request.set_ignore_eos(true);
-      v1::GenerateResponse response =
-          mode.agent->Generate(request, [](const TokenEvent&) { return true; });
+      // A formatted answer ends where its format does.
+      if (!args.json_schema.empty()) {
+        request.set_response_format(v1::RESPONSE_FORMAT_JSON_SCHEMA);
+        request.set_json_schema(args.json_schema);
+      } else if (!args.regex.empty()) {
+        request.set_response_format(v1::RESPONSE_FORMAT_REGEX);
+        request.set_regex(args.regex);
+      } else {
+        request.set_ignore_eos(true);
+      }
+      std::vector<int32_t> answer;
+      std::string text;
+      v1::GenerateResponse response = mode.agent->Generate(request, [&](const TokenEvent& event) {
+        answer.insert(answer.end(), event.token_ids.begin(), event.token_ids.end());
+        text += event.text;
+        return true;
+      });
+      if (p == 0 && &mode == &modes[0]) first_answer = text;
       if (response.finish_reason() == v1::FINISH_REASON_ERROR) {
         return Fail(absl::InternalError(absl::StrCat(mode.name, ": ", response.error())));
       }
@@ -195,6 +263,18 @@ int main(int argc, char** argv) {
       mode.hits += stats.parallel_hits();
       mode.runs_sent += stats.ahead_runs_sent();
       mode.runs_kept += stats.ahead_runs_kept();
+      mode.forced += stats.forced_tokens();
+      mode.answers.push_back(std::move(answer));
+    }
+  }
+  // Greedy speculative decoding and jump-forward are lossless: every configuration gave the
+  // baseline's tokens, or the numbers compare different work.
+  for (const Mode& mode : modes) {
+    for (size_t i = 0; i < mode.answers.size(); ++i) {
+      if (mode.answers[i] != modes[0].answers[i]) {
+        return Fail(absl::InternalError(absl::StrCat(mode.name, "'s answer to prompt ", i,
+                                                     " differs from ", modes[0].name, "'s")));
+      }
     }
   }
   // Agents first: their streams are calls the server would otherwise wait for.
@@ -206,20 +286,24 @@ int main(int argc, char** argv) {
   const AdapterInfo& adapter = *split->device.adapter;
   const int64_t model_parameters =
       adapter.distillation.value("report", json::object()).value("model_parameters", int64_t{0});
-  json report = {{"model", fs::absolute(args.model).string()},
-                 {"one_way_delay_ms", args.one_way_delay_ms},
-                 {"wire_dtype", args.wire_dtype},
-                 {"prompts", args.prompts},
-                 {"new_tokens", args.new_tokens},
-                 {"split", {{"input_layers", args.input_layers}, {"output_layers", args.output_layers}}},
-                 {"adapter_parameters", adapter.num_parameters},
-                 {"model_parameters", model_parameters},
-                 {"adapter_fraction", model_parameters > 0 ? static_cast<double>(adapter.num_parameters) /
-                                                                 static_cast<double>(model_parameters)
-                                                           : 0.0},
-                 {"modes", json::array()}};
-  std::printf("%-16s %10s %10s %9s %12s %11s %10s %12s\n", "mode", "TBT ms", "speedup",
-              "TTFT ms", "tokens/round", "acceptance", "par. hits", "runs kept");
+  json report = {
+      {"model", fs::absolute(args.model).string()},
+      {"one_way_delay_ms", args.one_way_delay_ms},
+      {"wire_dtype", args.wire_dtype},
+      {"prompts", args.prompts},
+      {"new_tokens", args.new_tokens},
+      {"first_answer", first_answer},
+      {"json_schema", args.json_schema.empty() ? json(nullptr) : json(args.json_schema)},
+      {"regex", args.regex.empty() ? json(nullptr) : json(args.regex)},
+      {"split", {{"input_layers", args.input_layers}, {"output_layers", args.output_layers}}},
+      {"adapter_parameters", adapter.num_parameters},
+      {"model_parameters", model_parameters},
+      {"adapter_fraction", model_parameters > 0 ? static_cast<double>(adapter.num_parameters) /
+                                                      static_cast<double>(model_parameters)
+                                                : 0.0},
+      {"modes", json::array()}};
+  std::printf("%-20s %10s %10s %9s %12s %11s %10s %12s %9s\n", "mode", "TBT ms", "speedup",
+              "TTFT ms", "tokens/round", "acceptance", "par. hits", "runs kept", "forced");
   for (const Mode& mode : modes) {
     const double tbt = Mean(mode.tbt);
     const double per_round = mode.rounds > 0 ? static_cast<double>(mode.tokens - args.prompts) /
@@ -231,9 +315,9 @@ int main(int argc, char** argv) {
         mode.ahead > 0 ? static_cast<double>(mode.hits) / static_cast<double>(mode.ahead) : 0;
     const std::string kept =
         mode.runs_sent > 0 ? absl::StrCat(mode.runs_kept, "/", mode.runs_sent) : "-";
-    std::printf("%-16s %10.2f %9.2fx %9.1f %12.2f %10.1f%% %9.1f%% %12s\n", mode.name.c_str(),
+    std::printf("%-20s %10.2f %9.2fx %9.1f %12.2f %10.1f%% %9.1f%% %12s %9lld\n", mode.name.c_str(),
                 tbt * 1000, base_tbt / tbt, Mean(mode.ttft) * 1000, per_round, 100 * acceptance,
-                100 * hit_rate, kept.c_str());
+                100 * hit_rate, kept.c_str(), static_cast<long long>(mode.forced));
     report["modes"].push_back({{"name", mode.name},
                                {"mean_tbt_seconds", tbt},
                                {"decode_speedup_vs_ushape", base_tbt / tbt},
@@ -248,20 +332,37 @@ int main(int argc, char** argv) {
                                {"parallel_hits", mode.hits},
                                {"parallel_hit_rate", hit_rate},
                                {"ahead_runs_sent", mode.runs_sent},
-                               {"ahead_runs_kept", mode.runs_kept}});
+                               {"ahead_runs_kept", mode.runs_kept},
+                               {"jump_forward", mode.jump_forward},
+                               {"forced_tokens", mode.forced}});
   }
+  std::printf("first answer (%s): %s\n", modes[0].name.c_str(), first_answer.c_str());
   std::printf("adapter: %lld parameters, %.1f%% of the model's %lld\n",
               static_cast<long long>(adapter.num_parameters),
               100.0 * report["adapter_fraction"].get<double>(),
               static_cast<long long>(model_parameters));
-  const double spec_tbt = Mean(modes[1].tbt);
-  const double parallel_tbt = Mean(modes[2].tbt);
-  const double pipeinfer_tbt = Mean(modes[3].tbt);
-  report["goals"] = {
-      {"acceptance_length_ge_2", report["modes"][1]["tokens_per_round"].get<double>() >= 2.0},
-      {"decode_speedup_ge_1_65", base_tbt / parallel_tbt >= 1.65},
-      {"parallel_lowers_tbt", parallel_tbt < spec_tbt},
-      {"pipeinfer_lowers_tbt", pipeinfer_tbt < parallel_tbt}};
+  // With --json-schema the twins sit between: configuration c is modes[c * stride].
+  const size_t stride = modes.size() / base_modes;
+  const double spec_tbt = Mean(modes[1 * stride].tbt);
+  const double parallel_tbt = Mean(modes[2 * stride].tbt);
+  const double pipeinfer_tbt = Mean(modes[3 * stride].tbt);
+  if (stride == 2) {
+    // Same-run ratios: each configuration's TBT without jump-forward over its TBT with it.
+    json jump = json::object();
+    for (size_t c = 0; c < base_modes; ++c) {
+      const double with = Mean(modes[c * 2].tbt);
+      const double without = Mean(modes[c * 2 + 1].tbt);
+      std::printf("jump-forward, %-16s %.2fx (TBT %.2f ms without, %.2f ms with)\n",
+                  modes[c * 2].name.c_str(), without / with, without * 1000, with * 1000);
+      jump[modes[c * 2].name] = without / with;
+    }
+    report["jump_forward_speedup"] = jump;
+  }
+  report["goals"] = {{"acceptance_length_ge_2",
+                      report["modes"][1 * stride]["tokens_per_round"].get<double>() >= 2.0},
+                     {"decode_speedup_ge_1_65", base_tbt / parallel_tbt >= 1.65},
+                     {"parallel_lowers_tbt", parallel_tbt < spec_tbt},
+                     {"pipeinfer_lowers_tbt", pipeinfer_tbt < parallel_tbt}};
   std::printf("%s\n", report.dump(2).c_str());
   if (!args.json_path.empty()) std::ofstream(args.json_path) << report.dump(2) << "\n";
   return 0;

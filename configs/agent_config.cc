@@ -297,6 +297,7 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
                  Bound::kPositive);
   reader.ReadDouble("speculative.ahead_min_keep_rate", &config.speculative.ahead_min_keep_rate,
                     Bound::kNonNegative);
+  reader.ReadBool("speculative.jump_forward", &config.speculative.jump_forward);
   reader.ReadBool("conversation_cache.enabled", &config.conversation_cache.enabled);
   reader.ReadByteSize("conversation_cache.max_bytes", &config.conversation_cache.max_bytes,
                       Bound::kNonNegative);

@@ -134,6 +134,11 @@ struct AgentConfig {
     // of its best branches (a moving average, sent or not) became the next round; 0 always
     // sends. A cancelled run is cloud compute spent for nothing.
     double ahead_min_keep_rate = 0.5;
+    // Jump-forward: tokens the answer's format allows alone (a JSON key, a regex's literal, a
+    // thinking budget's message) go to the cloud as drafts it keeps, many a round, with or
+    // without an adapter (SpeculativeDecoder::Extend). Off: one a round like any other
+    // token. Lossless either way.
+    bool jump_forward = true;
     bool operator==(const Speculative&) const = default;
   } speculative;
   // Outline-based parallel decoding (GenerateRequest.outline; Jupiter §IV-C): how this

@@ -371,7 +371,8 @@ absl::Status Agent::Request::Prepare() {
                          .max_draft = spec.max_draft_tokens,
                          .parallel = spec.parallel_drafting,
                          .parallel_top_k = spec.parallel_top_k,
-                         .parallel_steps = spec.parallel_steps},
+                         .parallel_steps = spec.parallel_steps,
+                         .jump_forward = spec.jump_forward},
       *sampler_);
   rounds_.emplace(*decoder_, stats_,
                   DecodeRoundOptions{.adaptive_window = spec.adaptive_window,

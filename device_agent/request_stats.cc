@@ -68,7 +68,7 @@ void RequestStatsRecorder::RecordDecodeNetwork(double seconds) {
 void RequestStatsRecorder::RecordRound(const RoundOutcome& outcome, double seconds,
                                        const SpeculativeDecoder& decoder) {
   rounds_.set_decode_rounds(rounds_.decode_rounds() + 1);
-  // The drafter's drafts; the format's forced ones apart (they are never its to be wrong).
+  // The drafter's drafts; the format's forced ones apart (never the drafter's to be wrong).
   const int64_t drafted = outcome.drafted - outcome.forced_drafted;
   const int64_t accepted = outcome.accepted - outcome.forced_accepted;
   rounds_.set_draft_tokens(rounds_.draft_tokens() + drafted);

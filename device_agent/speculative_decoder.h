@@ -63,6 +63,9 @@ struct SpeculativeOptions {
   bool parallel = true;     // draft ahead while a verification is in flight
   int64_t parallel_top_k = 2;  // candidates drafted ahead from
   int64_t parallel_steps = 4;  // λ: drafts per candidate
+  // Tokens the answer's format leaves go as drafts, with the drafter or without (Extend);
+  // off, they take a round each like any other token (for A/B runs).
+  bool jump_forward = true;
 };
 
 struct RoundOutcome {
@@ -72,8 +75,9 @@ struct RoundOutcome {
   at::Tensor logits;
   int64_t drafted = 0;
   int64_t accepted = 0;
-  // Of those, the drafts the format forced (Sampler::ForcedToken), made without the drafter
-  // and never rejected but after a rejected draft: not the drafter's to be credited with.
+  // Of those, the drafts the format forced (Sampler::ForcedToken), made without the drafter:
+  // not the drafter's to be credited with. The only token allowed is rejected only after a
+  // rejected draft; a guess at a literal's spelling (no drafter) may be rejected itself.
   int64_t forced_drafted = 0;
   int64_t forced_accepted = 0;
   int64_t length = 0;  // KV length after the round, everywhere: start + accepted + 1
@@ -146,7 +150,7 @@ class SpeculativeDecoder {
     int64_t start = 0;
     std::vector<int32_t> tokens;      // [x0, d1..dn]
     std::vector<at::Tensor> shallow;  // one [1, D] row per processed token
-    std::vector<at::Tensor> draft_probs;  // q_i of d_i (sampling only)
+    std::vector<at::Tensor> draft_probs;  // q_i of the drafter's d_i (sampling only)
     std::vector<uint8_t> forced;          // 1 where d_i was forced by the format
     at::Tensor next_logits;           // drafter logits after the last processed token
     at::Tensor input_rows;            // exported K/V rows (a finished branch)
@@ -171,7 +175,8 @@ class SpeculativeDecoder {
   // forces is appended as a draft whatever the drafter (and without one), not counted in
   // `limit` but within `room` drafts in all (at least `limit`) and kMaxForcedDrafts forced:
   // a JSON Schema's key or a thinking budget's message costs one round, not one a token
-  // (SGLang's jump-forward decoding, here as drafts the verification cannot refuse).
+  // (SGLang's jump-forward decoding, here as drafts the verification keeps). A guess at a
+  // literal's spelling (TokenConstraint::Forced) only without the drafter.
   absl::StatusOr<bool> Extend(Run& run, int64_t limit, bool one_step, int64_t room);
   // Ends the branch being drafted: keeps its K/V rows and puts the caches back.
   absl::Status SealBranch();

@@ -550,6 +550,7 @@ TEST_CASE(
   // Each (seed, drafting, temperature)'s answer; with drafting ahead, rounds begin from
   // branches, and a seed's answer must not depend on that.
   std::map<std::tuple<uint64_t, bool, double>, std::vector<int32_t>> answers;
+  std::map<bool, int64_t> greedy_rounds;  // by drafting, with jump-forward
   int64_t sampled_hits = 0;
   for (const uint64_t seed : {11, 12, 13, 14, 15, 16, 17, 18}) {
     for (const bool ahead : {false, true}) {
@@ -588,12 +589,14 @@ TEST_CASE(
           generated.insert(generated.end(), first.tokens.begin(), first.tokens.end());
           // The answer goes on as the regex allows, to its end.
           const auto ended = [&] { return absl::c_linear_search(generated, 2); };
-          for (int round = 0; round < 60 && !ended(); ++round) {
+          int64_t rounds = 1;
+          for (; rounds <= 60 && !ended(); ++rounds) {
             const int64_t room = 60 - static_cast<int64_t>(generated.size());
             const RoundOutcome outcome = session.Round(generated.back(), room, ahead);
             session.sampler.Commit(outcome.tokens);
             generated.insert(generated.end(), outcome.tokens.begin(), outcome.tokens.end());
           }
+          if (temperature == 0 && !ahead) greedy_rounds[drafting] = rounds;
           // Drafts past the end may be kept too; the agent stops at the end.
           REQUIRE(ended());
           generated.erase(std::find(generated.begin(), generated.end(), 2) + 1, generated.end());
@@ -615,6 +618,85 @@ TEST_CASE(
   }
   // Rounds begun from branches drafted ahead, the case the comparison is for.
   CHECK(sampled_hits >= 5);
+
+  // Jump-forward off (speculative.jump_forward: false): the same greedy answers, with no
+  // forced drafts, in more rounds; without the drafter, one token a round.
+  for (const bool drafting : {true, false}) {
+    INFO("jump-forward off, drafting " << drafting);
+    const SamplingParams params{
+        .stop_ids = {2}, .response_format = ResponseFormat::kRegex, .regex = *regex};
+    SpeculativeOptions options = TestOptions(2, /*parallel=*/false);
+    options.enabled = drafting;
+    options.jump_forward = false;
+    Session session(*split, options, params, 128, vocabulary);
+    session.sampler.SetPrompt(std::vector<int32_t>(prompt.begin(), prompt.end()));
+    std::vector<int32_t> generated = {session.sampler.Sample(session.Prefill(prompt))};
+    session.sampler.Commit(generated);
+    int64_t rounds = 0;
+    while (rounds < 200 && !absl::c_linear_search(generated, 2)) {
+      const int64_t room = 200 - static_cast<int64_t>(generated.size());
+      const RoundOutcome outcome = session.Round(generated.back(), room, /*ahead=*/false);
+      ++rounds;
+      CHECK(outcome.forced_drafted == 0);
+      if (!drafting) CHECK(outcome.drafted == 0);
+      session.sampler.Commit(outcome.tokens);
+      generated.insert(generated.end(), outcome.tokens.begin(), outcome.tokens.end());
+    }
+    REQUIRE(absl::c_linear_search(generated, 2));
+    generated.erase(std::find(generated.begin(), generated.end(), 2) + 1, generated.end());
+    CHECK(generated == answers[{11, drafting, 0.0}]);
+    CHECK(rounds > greedy_rounds[drafting]);
+  }
+}
+
+TEST_CASE(
+    "Without the drafter, a guess at a literal's spelling goes as a draft the verification "
+    "keeps or refuses, and greedy answers stay plain greedy decoding's",
+    "[speculative]") {
+  c10::InferenceMode inference;
+  auto split = MakeSplit(/*vocab=*/64, /*logit_scale=*/25.0, /*adapter_noise=*/0.04, 5);
+  const auto vocabulary = JsonTestVocabulary();
+  // "k" and "key" both start "key", "t", "tr" and "true" "true": guesses, not the only
+  // token allowed; the model may spell them either way.
+  auto regex = CompileRegexFormat(R"(keytrue( [a-z]{1,4} key){2,5}\.)");
+  REQUIRE(regex.ok());
+  int64_t guessed = 0;
+  int64_t refused = 0;
+  for (int p = 0; p < 6; ++p) {
+    INFO("prompt " << p);
+    const std::vector<int64_t> prompt = TestPrompt(p);
+    std::map<bool, std::vector<int32_t>> answers;
+    for (const bool jump_forward : {false, true}) {
+      const SamplingParams params{
+          .stop_ids = {2}, .response_format = ResponseFormat::kRegex, .regex = *regex};
+      SpeculativeOptions options = TestOptions(p, /*parallel=*/false);
+      options.enabled = false;
+      options.jump_forward = jump_forward;
+      Session session(*split, options, params, 128, vocabulary);
+      session.sampler.SetPrompt(std::vector<int32_t>(prompt.begin(), prompt.end()));
+      std::vector<int32_t> generated = {session.sampler.Sample(session.Prefill(prompt))};
+      session.sampler.Commit(generated);
+      for (int round = 0; round < 100 && !absl::c_linear_search(generated, 2); ++round) {
+        const int64_t room = 100 - static_cast<int64_t>(generated.size());
+        const RoundOutcome outcome = session.Round(generated.back(), room, /*ahead=*/false);
+        if (jump_forward) {
+          guessed += outcome.forced_drafted;
+          // Without the drafter every draft is the format's: one not kept is a guess refused.
+          refused += outcome.accepted < outcome.drafted ? 1 : 0;
+        }
+        CHECK(outcome.accepted <= outcome.drafted);
+        session.sampler.Commit(outcome.tokens);
+        generated.insert(generated.end(), outcome.tokens.begin(), outcome.tokens.end());
+      }
+      REQUIRE(absl::c_linear_search(generated, 2));
+      generated.erase(std::find(generated.begin(), generated.end(), 2) + 1, generated.end());
+      answers[jump_forward] = generated;
+    }
+    CHECK(answers[true] == answers[false]);
+  }
+  INFO(guessed << " guesses drafted, " << refused << " refused");
+  CHECK(guessed > 0);
+  CHECK(refused > 0);
 }
 
 // How many drafts a greedy drafter makes after `tokens` (the round's first token last) before

@@ -103,11 +103,11 @@ std::shared_ptr<const std::vector<uint8_t>> AfterTokenConstraint::Allowed(
   return next.forced >= 0 ? Only(next.forced) : nullptr;
 }
 
-std::optional<int32_t> AfterTokenConstraint::Forced(std::span<const int32_t> pending) const {
+std::optional<ForcedDraft> AfterTokenConstraint::Forced(std::span<const int32_t> pending) const {
   const Next next = Locate(pending);
   if (next.open) return inner_ != nullptr ? inner_->Forced(next.after_gate) : std::nullopt;
   if (next.forced < 0) return std::nullopt;
-  return next.forced;
+  return ForcedDraft{.token = next.forced};
 }
 
 }  // namespace tophat

@@ -45,7 +45,7 @@ class AfterTokenConstraint final : public TokenConstraint {
   std::shared_ptr<const std::vector<uint8_t>> Allowed(
       std::span<const int32_t> pending) const override;
   // The next forced token, without a mask; after the gate, the inner format's.
-  std::optional<int32_t> Forced(std::span<const int32_t> pending) const override;
+  std::optional<ForcedDraft> Forced(std::span<const int32_t> pending) const override;
   // The answer proper is complete (never while it has not begun, nor without a format).
   bool complete() const override { return open_ && inner_ != nullptr && inner_->complete(); }
   bool cut_by_limit() const override { return inner_ != nullptr && inner_->cut_by_limit(); }

@@ -1,6 +1,7 @@
 #include "models/grammar/json_constraint.h"
 
 #include <algorithm>
+#include <array>
 #include <limits>
 
 #include "models/grammar/choice_grammar.h"
@@ -90,16 +91,46 @@ std::shared_ptr<const TokenVocabulary> TokenVocabulary::FromTokenizer(const Toke
   return std::make_shared<const TokenVocabulary>(std::move(tokens));
 }
 
-std::optional<int32_t> TokenConstraint::Forced(std::span<const int32_t> pending) const {
+std::optional<ForcedDraft> TokenConstraint::Forced(std::span<const int32_t> pending) const {
   const std::shared_ptr<const std::vector<uint8_t>> mask = Allowed(pending);
-  if (mask == nullptr || mask->empty()) return std::nullopt;
-  // Two scans for a non-zero byte, stopping at the second: cheap where many are allowed.
+  if (mask == nullptr) return std::nullopt;
+  return ForcedByMask(*mask, nullptr);
+}
+
+std::optional<ForcedDraft> TokenConstraint::ForcedByMask(const std::vector<uint8_t>& mask,
+                                                         const TokenVocabulary* vocabulary) {
+  // The allowed ids, up to the bound: a scan for non-zero bytes, cheap past the last one.
+  std::array<int32_t, kMaxForcedWays> ways;
+  int count = 0;
   const auto allowed = [](uint8_t value) { return value != 0; };
-  const auto first = std::find_if(mask->begin(), mask->end(), allowed);
-  if (first == mask->end() || std::find_if(first + 1, mask->end(), allowed) != mask->end()) {
-    return std::nullopt;
+  for (auto it = std::find_if(mask.begin(), mask.end(), allowed); it != mask.end();
+       it = std::find_if(it + 1, mask.end(), allowed)) {
+    if (count == kMaxForcedWays) return std::nullopt;
+    ways[count++] = static_cast<int32_t>(it - mask.begin());
   }
-  return static_cast<int32_t>(first - mask->begin());
+  if (count == 0) return std::nullopt;
+  if (count == 1) return ForcedDraft{.token = ways[0]};
+  if (vocabulary == nullptr) return std::nullopt;
+  // The longest, unique; every other a prefix of it. An end id (no bytes) ends the chain.
+  const std::string* longest = nullptr;
+  int32_t longest_id = -1;
+  bool tied = false;
+  for (int i = 0; i < count; ++i) {
+    const std::string* bytes = vocabulary->bytes(ways[i]);
+    if (bytes == nullptr || bytes->empty()) return std::nullopt;
+    if (longest == nullptr || bytes->size() > longest->size()) {
+      longest = bytes;
+      longest_id = ways[i];
+      tied = false;
+    } else if (bytes->size() == longest->size()) {
+      tied = true;
+    }
+  }
+  if (tied) return std::nullopt;
+  for (int i = 0; i < count; ++i) {
+    if (!longest->starts_with(*vocabulary->bytes(ways[i]))) return std::nullopt;
+  }
+  return ForcedDraft{.token = longest_id, .only = false};
 }
 
 const std::string* TokenVocabulary::bytes(int32_t id) const {
@@ -139,6 +170,12 @@ std::shared_ptr<const std::vector<uint8_t>> GrammarConstraint<Grammar>::Allowed(
   if (cache_.size() >= kCachedMasks) cache_.clear();
   cache_.emplace(state, mask);
   return mask;
+}
+
+template <typename Grammar>
+std::optional<ForcedDraft> GrammarConstraint<Grammar>::Forced(
+    std::span<const int32_t> pending) const {
+  return ForcedByMask(*Allowed(pending), vocabulary_.get());
 }
 
 template <typename Grammar>

@@ -79,6 +79,15 @@ class TokenVocabulary {
   size_t longest_ = 0;
 };
 
+// A token the decoder drafts without its drafter (TokenConstraint::Forced).
+struct ForcedDraft {
+  int32_t token = 0;
+  // The only token the format allows: the target model takes it too. Otherwise the longest
+  // of a prefix chain, a guess at how the model spells a literal.
+  bool only = true;
+  bool operator==(const ForcedDraft&) const = default;
+};
+
 // What a sampler asks of the constraint of an answer's format.
 class TokenConstraint {
  public:
@@ -92,16 +101,29 @@ class TokenConstraint {
   // ids are allowed, so the answer ends rather than goes on unconstrained.
   virtual std::shared_ptr<const std::vector<uint8_t>> Allowed(
       std::span<const int32_t> pending) const = 0;
-  // The one token allowed after `pending`, where only one is (a JSON Schema's key the
-  // vocabulary spells one way, a thinking budget's forced end): the decoder appends it
-  // without drafting or sampling (SpeculativeDecoder). nullopt where several or none are.
-  // By default, read from Allowed's mask.
-  virtual std::optional<int32_t> Forced(std::span<const int32_t> pending) const;
+  // The token the decoder may draft after `pending` without its drafter, where the format
+  // leaves one way to go (SpeculativeDecoder's jump-forward): the one token allowed (a
+  // thinking budget's forced end), which the target model takes too; or, where each allowed
+  // token's bytes start the longest one's (a JSON Schema's key the vocabulary spells
+  // several ways: `"`, `"loc`, `"location`), that longest (`only` false), as a tokenizer
+  // would spell the literal. The model may prefer a shorter one; the verification decides,
+  // as for any draft (losslessly). nullopt where the ways part, where an end id is allowed
+  // beside a token, on a tie, or past kMaxForcedWays allowed tokens. By default, read from
+  // Allowed's mask without the vocabulary: the one token only.
+  virtual std::optional<ForcedDraft> Forced(std::span<const int32_t> pending) const;
+  // Allowed tokens past which Forced looks no further: a literal has few prefixes.
+  static constexpr int kMaxForcedWays = 64;
+
   // The committed answer is complete.
   virtual bool complete() const = 0;
   // A way the format allows was not followed for one of its bounds (a GBNF grammar's call
   // depth, ways, stacks or work: EbnfWorkspace), so the answer may have ended before a match.
   virtual bool cut_by_limit() const { return false; }
+
+ protected:
+  // Forced's rule over a mask; without a vocabulary, the one token only.
+  static std::optional<ForcedDraft> ForcedByMask(const std::vector<uint8_t>& mask,
+                                                 const TokenVocabulary* vocabulary);
 };
 
 // One request's constraint by a byte automaton `Grammar` (JsonGrammar: any JSON object;
@@ -125,6 +147,7 @@ class GrammarConstraint final : public TokenConstraint {
   void Commit(std::span<const int32_t> tokens) override;
   std::shared_ptr<const std::vector<uint8_t>> Allowed(
       std::span<const int32_t> pending) const override;
+  std::optional<ForcedDraft> Forced(std::span<const int32_t> pending) const override;
   bool complete() const override { return state_.has_value() && state_->complete(); }
   bool cut_by_limit() const override {
     if constexpr (requires(const Grammar& grammar) { grammar.cut_by_limit(); }) {

@@ -76,6 +76,59 @@ TEST_CASE(
   }
 }
 
+// The id of `piece` in `vocabulary`.
+int32_t IdOf(const TokenVocabulary& vocabulary, std::string_view piece) {
+  for (int32_t id = 0; id < vocabulary.size(); ++id) {
+    if (vocabulary.bytes(id) != nullptr && *vocabulary.bytes(id) == piece) return id;
+  }
+  FAIL("no token " << piece);
+  return -1;
+}
+
+TEST_CASE(
+    "A format's forced draft: the one token allowed, else the longest of a prefix chain as a "
+    "guess, and nothing where the ways part, the end may come, or the longest is tied",
+    "[grammar]") {
+  const auto vocabulary = MakeVocabulary();
+  const auto forced = [&](std::string_view regex, std::string_view committed) {
+    const auto pattern = Compiled(regex);
+    RegexConstraint constraint(vocabulary, {kEnd}, RegexGrammar(pattern.get()));
+    std::vector<int32_t> pending;
+    if (!committed.empty()) pending.push_back(IdOf(*vocabulary, committed));
+    return constraint.Forced(pending);
+  };
+  // "y", "ye" and "yes" each start "yes": the longest, a guess ("yesno" would not end it).
+  CHECK(forced("yes", "") == ForcedDraft{.token = IdOf(*vocabulary, "yes"), .only = false});
+  // After "y", "e" alone ("es" is no token).
+  CHECK(forced("yes", "y") == ForcedDraft{.token = IdOf(*vocabulary, "e"), .only = true});
+  CHECK(forced("1234(A|B)", "") == ForcedDraft{.token = IdOf(*vocabulary, "1234"), .only = false});
+  // The ways part: "A" or "B"; "y..." or "n...".
+  CHECK_FALSE(forced("1234(A|B)", "1234").has_value());
+  CHECK_FALSE(forced("yes|no", "").has_value());
+  // The end may come before "yes": never drafted past.
+  CHECK_FALSE(forced("(yes)?", "").has_value());
+  // Once complete, only the end, which Forced names (the sampler never drafts an end).
+  CHECK(forced("yes", "yes") == ForcedDraft{.token = kEnd, .only = true});
+
+  // Two spellings of the longest: no guess.
+  const auto tied = std::make_shared<const TokenVocabulary>(std::vector<std::optional<std::string>>{
+      std::nullopt, std::nullopt, std::nullopt, "a", "ab", "ab", "c"});
+  const auto abc = Compiled("abc");
+  RegexConstraint tie(tied, {kEnd}, RegexGrammar(abc.get()));
+  CHECK_FALSE(tie.Forced({}).has_value());
+  // More ways than kMaxForcedWays: none looked at.
+  std::vector<std::optional<std::string>> runs = {std::nullopt, std::nullopt, std::nullopt};
+  for (int length = 1; length <= 80; ++length) runs.emplace_back(std::string(length, 'x'));
+  const auto xs = std::make_shared<const TokenVocabulary>(std::move(runs));
+  const auto within = Compiled("x{64}y");
+  RegexConstraint under_bound(xs, {kEnd}, RegexGrammar(within.get()));
+  REQUIRE(under_bound.Forced({}).has_value());
+  CHECK(*xs->bytes(under_bound.Forced({})->token) == std::string(64, 'x'));
+  const auto past = Compiled("x{65}y");
+  RegexConstraint over_bound(xs, {kEnd}, RegexGrammar(past.get()));
+  CHECK_FALSE(over_bound.Forced({}).has_value());
+}
+
 TEST_CASE("A regex format matches the whole answer, with or without its anchors") {
   for (const std::string_view regex : {"abc", "^abc$", "^abc", "abc$"}) {
     const auto pattern = Compiled(regex);

@@ -161,10 +161,10 @@ Sampler::Sampler(const SamplingParams& params, std::shared_ptr<const TokenVocabu
   bias_values_ = at::tensor(values, at::kFloat);
 }
 
-std::optional<int32_t> Sampler::ForcedToken(std::span<const int32_t> pending) const {
+std::optional<ForcedDraft> Sampler::ForcedToken(std::span<const int32_t> pending) const {
   if (format_ == nullptr) return std::nullopt;
-  const std::optional<int32_t> forced = format_->Forced(pending);
-  if (!forced || std::find(params_.stop_ids.begin(), params_.stop_ids.end(), *forced) !=
+  const std::optional<ForcedDraft> forced = format_->Forced(pending);
+  if (!forced || std::find(params_.stop_ids.begin(), params_.stop_ids.end(), forced->token) !=
                      params_.stop_ids.end()) {
     return std::nullopt;
   }

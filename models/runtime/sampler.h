@@ -137,10 +137,11 @@ class Sampler {
   // logits: [V] float32, the model's. Greedy takes the lowest index among equal maxima of
   // the adjusted logits.
   int32_t Sample(const at::Tensor& logits, std::span<const int32_t> pending = {});
-  // The token the format allows alone after the committed tokens and `pending`, whatever the
-  // logits (TokenConstraint::Forced), so that Sample would take it; nullopt where the format
-  // leaves a choice, and for an end of the answer (the decoder never runs past one).
-  std::optional<int32_t> ForcedToken(std::span<const int32_t> pending = {}) const;
+  // The token the format leaves after the committed tokens and `pending`, whatever the
+  // logits (TokenConstraint::Forced): the one it allows, which Sample would take, or a guess
+  // at a literal's spelling; nullopt where the format leaves a choice, and for an end of the
+  // answer (the decoder never runs past one).
+  std::optional<ForcedDraft> ForcedToken(std::span<const int32_t> pending = {}) const;
 
   // The distribution Sample() draws from, [V] float32 summing to 1: softmax(adjusted logits /
   // T) restricted, as vLLM does it, to the tokens min_p keeps, then the top k of them, then

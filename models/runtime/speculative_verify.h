@@ -28,8 +28,13 @@ VerifyResult VerifyGreedy(const at::Tensor& target_logits, std::span<const int32
 // drafts[i] was drawn from draft_probs[i]. Draft i is kept with probability
 // min(1, p_i(x) / q_i(x)); at the first rejection the next token is drawn from
 // norm(max(0, p_i - q_i)); if all are kept, from p_n.
+//
+// `forced` (empty, or one flag per draft): a draft the answer's format forced has no row in
+// draft_probs, which holds the other drafts' rows in order; its q is all mass on the token,
+// as if the row were one-hot (the same draws, without a vocabulary-sized row for each).
 VerifyResult VerifySpeculativeSampling(const at::Tensor& target_probs,
                                        const at::Tensor& draft_probs,
-                                       std::span<const int32_t> drafts, std::mt19937_64& rng);
+                                       std::span<const int32_t> drafts, std::mt19937_64& rng,
+                                       std::span<const uint8_t> forced = {});
 
 }  // namespace tophat

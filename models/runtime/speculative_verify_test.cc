@@ -116,5 +116,53 @@ TEST_CASE("Speculative sampling with identical distributions accepts every draft
   CHECK(r.next_token < 4);
 }
 
+TEST_CASE("A forced draft without a q row verifies as a one-hot row would, draw for draw") {
+  // Targets that do and do not put all their mass on the forced token (a format's forced
+  // token gets p = 1; a wrong one must still be refused as often as a one-hot q is).
+  const std::vector<std::vector<float>> targets = {
+      {0.0f, 0.0f, 1.0f, 0.0f}, {0.5f, 0.3f, 0.15f, 0.05f}, {0.1f, 0.2f, 0.3f, 0.4f}};
+  const std::vector<float> q = {0.4f, 0.3f, 0.2f, 0.1f};
+  std::mt19937_64 pick(11);
+  int rejected_forced = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int n = 1 + static_cast<int>(pick() % 5);
+    std::vector<std::vector<float>> p_rows;
+    std::vector<std::vector<float>> one_hot_rows;
+    std::vector<std::vector<float>> unforced_rows;
+    std::vector<int32_t> drafts;
+    std::vector<uint8_t> forced;
+    for (int i = 0; i < n; ++i) {
+      p_rows.push_back(targets[pick() % targets.size()]);
+      const int32_t token = static_cast<int32_t>(pick() % 4);
+      drafts.push_back(token);
+      forced.push_back(pick() % 2);
+      if (forced.back() != 0) {
+        std::vector<float> one_hot(4, 0.0f);
+        one_hot[token] = 1.0f;
+        one_hot_rows.push_back(one_hot);
+      } else {
+        one_hot_rows.push_back(q);
+        unforced_rows.push_back(q);
+      }
+    }
+    p_rows.push_back(targets[pick() % targets.size()]);
+    const at::Tensor unforced =
+        unforced_rows.empty() ? at::empty({0, 4}, at::kFloat) : Rows(unforced_rows);
+    std::mt19937_64 with_rows(1000 + trial);
+    std::mt19937_64 without_rows(1000 + trial);
+    const VerifyResult expected =
+        VerifySpeculativeSampling(Rows(p_rows), Rows(one_hot_rows), drafts, with_rows);
+    const VerifyResult got =
+        VerifySpeculativeSampling(Rows(p_rows), unforced, drafts, without_rows, forced);
+    INFO("trial " << trial);
+    REQUIRE(got.accepted == expected.accepted);
+    REQUIRE(got.next_token == expected.next_token);
+    if (expected.accepted < n && forced[expected.accepted] != 0) ++rejected_forced;
+  }
+  // The comparison saw forced drafts refused (a target that did not force them), not only
+  // kept ones.
+  CHECK(rejected_forced > 100);
+}
+
 }  // namespace
 }  // namespace tophat
