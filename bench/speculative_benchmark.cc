@@ -63,6 +63,7 @@ struct Args {
   std::string json_path;
   std::string json_schema;  // empty: free text (or the regex)
   std::string regex;
+  int64_t min_forced_tokens = 0;
 };
 
 // The built-in answer format for --regex: a record as compact JSON (Outlines' way of writing
@@ -131,6 +132,10 @@ int main(int argc, char** argv) {
                      "each configuration also runs with jump-forward off")
           ->expected(0, 1);
   schema_option->excludes(regex_option);
+  app.add_option("--min-forced-tokens", args.min_forced_tokens,
+                 "Fail unless the U-shape configuration kept at least this many forced tokens "
+                 "(a check that jump-forward ran; with --regex or --json-schema)")
+      ->capture_default_str();
   std::string device_weights = "as-stored";
   app.add_option("--device-weights", device_weights,
                  "The device bundle's matrices, drafter's included: as-stored or int8 "
@@ -341,6 +346,11 @@ int main(int argc, char** argv) {
               static_cast<long long>(adapter.num_parameters),
               100.0 * report["adapter_fraction"].get<double>(),
               static_cast<long long>(model_parameters));
+  if (modes[0].forced < args.min_forced_tokens) {
+    return Fail(absl::InternalError(absl::StrCat(modes[0].name, " kept ", modes[0].forced,
+                                                 " forced tokens, fewer than --min-forced-tokens ",
+                                                 args.min_forced_tokens)));
+  }
   // With --json-schema the twins sit between: configuration c is modes[c * stride].
   const size_t stride = modes.size() / base_modes;
   const double spec_tbt = Mean(modes[1 * stride].tbt);
