@@ -165,8 +165,9 @@ absl::Status SpeculativeDecoder::BeginRound(int32_t token, int64_t max_drafts) {
     run_.tokens.resize(fits + 1);
     run_.forced.resize(fits);
     // One q row per drafter's draft (none when greedy).
-    const auto guessed = static_cast<size_t>(std::count(run_.forced.begin(), run_.forced.end(), 0));
-    run_.draft_probs.resize(std::min(run_.draft_probs.size(), guessed));
+    const auto drafters =
+        static_cast<size_t>(std::count(run_.forced.begin(), run_.forced.end(), 0));
+    run_.draft_probs.resize(std::min(run_.draft_probs.size(), drafters));
     if (run_.processed() > fits + 1) {
       run_.shallow.resize(fits + 1);
       TOPHAT_RETURN_IF_ERROR(TruncateDrafterCaches(run_.start + fits + 1));

@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -525,6 +526,33 @@ TEST_CASE(
                                StructuralTagGrammar(spec->get()), /*ends=*/false) > 0);
 }
 
+// The greedy answer to `prompt` under `regex` (end id 2), one sequential round after another
+// until the end or `max_tokens`, each round's outcome passed to `each`; the tokens up to the
+// end, which it includes.
+std::vector<int32_t> GreedyRegexAnswer(const Split& split, const SpeculativeOptions& options,
+                                       std::shared_ptr<const StringPattern> regex,
+                                       std::shared_ptr<const TokenVocabulary> vocabulary,
+                                       const std::vector<int64_t>& prompt, int64_t max_tokens,
+                                       const std::function<void(const RoundOutcome&)>& each) {
+  const SamplingParams params{
+      .stop_ids = {2}, .response_format = ResponseFormat::kRegex, .regex = std::move(regex)};
+  Session session(split, options, params, 128, std::move(vocabulary));
+  session.sampler.SetPrompt(std::vector<int32_t>(prompt.begin(), prompt.end()));
+  std::vector<int32_t> generated = {session.sampler.Sample(session.Prefill(prompt))};
+  session.sampler.Commit(generated);
+  const auto ended = [&] { return absl::c_linear_search(generated, 2); };
+  while (!ended() && static_cast<int64_t>(generated.size()) < max_tokens) {
+    const int64_t room = max_tokens - static_cast<int64_t>(generated.size());
+    const RoundOutcome outcome = session.Round(generated.back(), room, /*ahead=*/false);
+    each(outcome);
+    session.sampler.Commit(outcome.tokens);
+    generated.insert(generated.end(), outcome.tokens.begin(), outcome.tokens.end());
+  }
+  REQUIRE(ended());
+  generated.erase(std::find(generated.begin(), generated.end(), 2) + 1, generated.end());
+  return generated;
+}
+
 TEST_CASE(
     "Tokens the format allows alone go to the cloud in one round, with the drafter or "
     "without, greedy or sampled",
@@ -623,28 +651,17 @@ TEST_CASE(
   // forced drafts, in more rounds; without the drafter, one token a round.
   for (const bool drafting : {true, false}) {
     INFO("jump-forward off, drafting " << drafting);
-    const SamplingParams params{
-        .stop_ids = {2}, .response_format = ResponseFormat::kRegex, .regex = *regex};
     SpeculativeOptions options = TestOptions(2, /*parallel=*/false);
     options.enabled = drafting;
     options.jump_forward = false;
-    Session session(*split, options, params, 128, vocabulary);
-    session.sampler.SetPrompt(std::vector<int32_t>(prompt.begin(), prompt.end()));
-    std::vector<int32_t> generated = {session.sampler.Sample(session.Prefill(prompt))};
-    session.sampler.Commit(generated);
     int64_t rounds = 0;
-    while (rounds < 200 && !absl::c_linear_search(generated, 2)) {
-      const int64_t room = 200 - static_cast<int64_t>(generated.size());
-      const RoundOutcome outcome = session.Round(generated.back(), room, /*ahead=*/false);
-      ++rounds;
-      CHECK(outcome.forced_drafted == 0);
-      if (!drafting) CHECK(outcome.drafted == 0);
-      session.sampler.Commit(outcome.tokens);
-      generated.insert(generated.end(), outcome.tokens.begin(), outcome.tokens.end());
-    }
-    REQUIRE(absl::c_linear_search(generated, 2));
-    generated.erase(std::find(generated.begin(), generated.end(), 2) + 1, generated.end());
-    CHECK(generated == answers[{11, drafting, 0.0}]);
+    const std::vector<int32_t> answer = GreedyRegexAnswer(
+        *split, options, *regex, vocabulary, prompt, 200, [&](const RoundOutcome& outcome) {
+          ++rounds;
+          CHECK(outcome.forced_drafted == 0);
+          if (!drafting) CHECK(outcome.drafted == 0);
+        });
+    CHECK(answer == answers[{11, drafting, 0.0}]);
     CHECK(rounds > greedy_rounds[drafting]);
   }
 }
@@ -664,33 +681,21 @@ TEST_CASE(
   int64_t refused = 0;
   for (int p = 0; p < 6; ++p) {
     INFO("prompt " << p);
-    const std::vector<int64_t> prompt = TestPrompt(p);
     std::map<bool, std::vector<int32_t>> answers;
     for (const bool jump_forward : {false, true}) {
-      const SamplingParams params{
-          .stop_ids = {2}, .response_format = ResponseFormat::kRegex, .regex = *regex};
       SpeculativeOptions options = TestOptions(p, /*parallel=*/false);
       options.enabled = false;
       options.jump_forward = jump_forward;
-      Session session(*split, options, params, 128, vocabulary);
-      session.sampler.SetPrompt(std::vector<int32_t>(prompt.begin(), prompt.end()));
-      std::vector<int32_t> generated = {session.sampler.Sample(session.Prefill(prompt))};
-      session.sampler.Commit(generated);
-      for (int round = 0; round < 100 && !absl::c_linear_search(generated, 2); ++round) {
-        const int64_t room = 100 - static_cast<int64_t>(generated.size());
-        const RoundOutcome outcome = session.Round(generated.back(), room, /*ahead=*/false);
-        if (jump_forward) {
-          guessed += outcome.forced_drafted;
-          // Without the drafter every draft is the format's: one not kept is a guess refused.
-          refused += outcome.accepted < outcome.drafted ? 1 : 0;
-        }
-        CHECK(outcome.accepted <= outcome.drafted);
-        session.sampler.Commit(outcome.tokens);
-        generated.insert(generated.end(), outcome.tokens.begin(), outcome.tokens.end());
-      }
-      REQUIRE(absl::c_linear_search(generated, 2));
-      generated.erase(std::find(generated.begin(), generated.end(), 2) + 1, generated.end());
-      answers[jump_forward] = generated;
+      answers[jump_forward] = GreedyRegexAnswer(*split, options, *regex, vocabulary, TestPrompt(p),
+                                                100, [&](const RoundOutcome& outcome) {
+                                                  CHECK(outcome.accepted <= outcome.drafted);
+                                                  if (!jump_forward) return;
+                                                  guessed += outcome.forced_drafted;
+                                                  // Without the drafter every draft is the
+                                                  // format's: one not kept is a guess refused.
+                                                  refused +=
+                                                      outcome.accepted < outcome.drafted ? 1 : 0;
+                                                });
     }
     CHECK(answers[true] == answers[false]);
   }
