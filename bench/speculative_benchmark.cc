@@ -85,6 +85,7 @@ struct Mode {
   std::vector<double> ttft;
   int64_t tokens = 0, rounds = 0, drafted = 0, accepted = 0, ahead = 0, hits = 0;
   int64_t runs_sent = 0, runs_kept = 0, forced = 0;
+  int64_t differing = 0;  // answers not the baseline's (a lossy wire dtype only)
   std::vector<std::vector<int32_t>> answers;  // per request, for the lossless check
 };
 
@@ -273,10 +274,15 @@ int main(int argc, char** argv) {
     }
   }
   // Greedy speculative decoding and jump-forward are lossless: every configuration gave the
-  // baseline's tokens, or the numbers compare different work.
-  for (const Mode& mode : modes) {
+  // baseline's tokens, or the numbers compare different work. A lossy wire dtype rounds the
+  // hidden states of each round's rows together, so there a near tie may go either way:
+  // counted, not refused.
+  const bool lossless_wire = args.wire_dtype == "cloud" || args.wire_dtype == "float32";
+  for (Mode& mode : modes) {
     for (size_t i = 0; i < mode.answers.size(); ++i) {
-      if (mode.answers[i] != modes[0].answers[i]) {
+      if (mode.answers[i] == modes[0].answers[i]) continue;
+      ++mode.differing;
+      if (lossless_wire) {
         return Fail(absl::InternalError(absl::StrCat(mode.name, "'s answer to prompt ", i,
                                                      " differs from ", modes[0].name, "'s")));
       }
@@ -339,7 +345,8 @@ int main(int argc, char** argv) {
                                {"ahead_runs_sent", mode.runs_sent},
                                {"ahead_runs_kept", mode.runs_kept},
                                {"jump_forward", mode.jump_forward},
-                               {"forced_tokens", mode.forced}});
+                               {"forced_tokens", mode.forced},
+                               {"answers_differing_from_baseline", mode.differing}});
   }
   std::printf("first answer (%s): %s\n", modes[0].name.c_str(), first_answer.c_str());
   std::printf("adapter: %lld parameters, %.1f%% of the model's %lld\n",
