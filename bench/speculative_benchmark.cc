@@ -84,7 +84,7 @@ struct Mode {
   std::vector<double> tbt;   // per request
   std::vector<double> ttft;
   int64_t tokens = 0, rounds = 0, drafted = 0, accepted = 0, ahead = 0, hits = 0;
-  int64_t runs_sent = 0, runs_kept = 0, forced = 0;
+  int64_t runs_sent = 0, runs_kept = 0, forced = 0, forced_sent = 0;
   int64_t differing = 0;  // answers not the baseline's (a lossy wire dtype only)
   std::vector<std::vector<int32_t>> answers;  // per request, for the lossless check
 };
@@ -270,6 +270,7 @@ int main(int argc, char** argv) {
       mode.runs_sent += stats.ahead_runs_sent();
       mode.runs_kept += stats.ahead_runs_kept();
       mode.forced += stats.forced_tokens();
+      mode.forced_sent += stats.forced_draft_tokens();
       mode.answers.push_back(std::move(answer));
     }
   }
@@ -313,8 +314,8 @@ int main(int argc, char** argv) {
                                                       static_cast<double>(model_parameters)
                                                 : 0.0},
       {"modes", json::array()}};
-  std::printf("%-20s %10s %10s %9s %12s %11s %10s %12s %9s\n", "mode", "TBT ms", "speedup",
-              "TTFT ms", "tokens/round", "acceptance", "par. hits", "runs kept", "forced");
+  std::printf("%-20s %10s %10s %9s %12s %11s %10s %12s %12s\n", "mode", "TBT ms", "speedup",
+              "TTFT ms", "tokens/round", "acceptance", "par. hits", "runs kept", "forced kept");
   for (const Mode& mode : modes) {
     const double tbt = Mean(mode.tbt);
     const double per_round = mode.rounds > 0 ? static_cast<double>(mode.tokens - args.prompts) /
@@ -326,9 +327,11 @@ int main(int argc, char** argv) {
         mode.ahead > 0 ? static_cast<double>(mode.hits) / static_cast<double>(mode.ahead) : 0;
     const std::string kept =
         mode.runs_sent > 0 ? absl::StrCat(mode.runs_kept, "/", mode.runs_sent) : "-";
-    std::printf("%-20s %10.2f %9.2fx %9.1f %12.2f %10.1f%% %9.1f%% %12s %9lld\n", mode.name.c_str(),
+    const std::string forced =
+        mode.forced_sent > 0 ? absl::StrCat(mode.forced, "/", mode.forced_sent) : "-";
+    std::printf("%-20s %10.2f %9.2fx %9.1f %12.2f %10.1f%% %9.1f%% %12s %12s\n", mode.name.c_str(),
                 tbt * 1000, base_tbt / tbt, Mean(mode.ttft) * 1000, per_round, 100 * acceptance,
-                100 * hit_rate, kept.c_str(), static_cast<long long>(mode.forced));
+                100 * hit_rate, kept.c_str(), forced.c_str());
     report["modes"].push_back({{"name", mode.name},
                                {"mean_tbt_seconds", tbt},
                                {"decode_speedup_vs_ushape", base_tbt / tbt},
@@ -346,6 +349,7 @@ int main(int argc, char** argv) {
                                {"ahead_runs_kept", mode.runs_kept},
                                {"jump_forward", mode.jump_forward},
                                {"forced_tokens", mode.forced},
+                               {"forced_draft_tokens", mode.forced_sent},
                                {"answers_differing_from_baseline", mode.differing}});
   }
   std::printf("first answer (%s): %s\n", modes[0].name.c_str(), first_answer.c_str());

@@ -96,6 +96,11 @@ AgentMetrics::AgentMetrics(prometheus::Registry& registry)
                                              "One decode round: drafting, verification trip, "
                                              "acceptance",
                                              kLatencyBuckets)),
+      jump_forward_draft_tokens(
+          AddCounter(registry, "tophat_jump_forward_draft_tokens_total",
+                     "Tokens the response format left, sent as drafts without the drafter")),
+      jump_forward_kept_tokens(AddCounter(registry, "tophat_jump_forward_kept_tokens_total",
+                                          "Of the jump-forward drafts, those the target kept")),
       prompt_positions_reused(AddCounter(
           registry, "tophat_prompt_positions_reused_total",
           "Prompt positions an earlier turn of the conversation had computed on the device and "

@@ -66,6 +66,10 @@ struct AgentMetrics {
   prometheus::Counter& spec_decode_ahead_runs_sent;
   prometheus::Counter& spec_decode_ahead_runs_kept;
   prometheus::Histogram& spec_decode_round_seconds;  // one verification round, end to end
+  // Jump-forward: tokens the response format left, sent as drafts without the drafter, and
+  // those the verification kept (RequestStats.forced_draft_tokens and forced_tokens).
+  prometheus::Counter& jump_forward_draft_tokens;
+  prometheus::Counter& jump_forward_kept_tokens;
   // Prompt positions a conversation's earlier turn had already computed on both sides
   // (device_agent/conversation_cache.h), so neither computed nor sent again.
   prometheus::Counter& prompt_positions_reused;

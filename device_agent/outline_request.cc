@@ -40,6 +40,7 @@ void AddStats(const v1::RequestStats& part, v1::RequestStats& total) {
   total.set_draft_tokens(total.draft_tokens() + part.draft_tokens());
   total.set_accepted_tokens(total.accepted_tokens() + part.accepted_tokens());
   total.set_forced_tokens(total.forced_tokens() + part.forced_tokens());
+  total.set_forced_draft_tokens(total.forced_draft_tokens() + part.forced_draft_tokens());
   total.set_parallel_drafts(total.parallel_drafts() + part.parallel_drafts());
   total.set_parallel_hits(total.parallel_hits() + part.parallel_hits());
 }

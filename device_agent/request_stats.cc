@@ -74,6 +74,7 @@ void RequestStatsRecorder::RecordRound(const RoundOutcome& outcome, double secon
   rounds_.set_draft_tokens(rounds_.draft_tokens() + drafted);
   rounds_.set_accepted_tokens(rounds_.accepted_tokens() + accepted);
   rounds_.set_forced_tokens(rounds_.forced_tokens() + outcome.forced_accepted);
+  rounds_.set_forced_draft_tokens(rounds_.forced_draft_tokens() + outcome.forced_drafted);
   if (decoder.drafted_ahead()) rounds_.set_parallel_drafts(rounds_.parallel_drafts() + 1);
   if (decoder.round_from_parallel()) rounds_.set_parallel_hits(rounds_.parallel_hits() + 1);
   if (metrics_ == nullptr) return;
@@ -84,6 +85,8 @@ void RequestStatsRecorder::RecordRound(const RoundOutcome& outcome, double secon
     metrics_->spec_decode_num_accepted_tokens.Increment(static_cast<double>(accepted));
     for (int64_t i = 0; i < accepted; ++i) metrics_->AcceptedAtPosition(i).Increment();
   }
+  metrics_->jump_forward_draft_tokens.Increment(static_cast<double>(outcome.forced_drafted));
+  metrics_->jump_forward_kept_tokens.Increment(static_cast<double>(outcome.forced_accepted));
   if (decoder.drafted_ahead()) metrics_->spec_decode_parallel_drafts.Increment();
   if (decoder.round_from_parallel()) metrics_->spec_decode_parallel_hits.Increment();
 }

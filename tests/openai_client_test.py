@@ -193,6 +193,7 @@ def run(base_url, cloud_metrics_url, agent_metrics_url, model_dir):
     json_answers(client, model, base_url, messages)
     json_schema_answers(client, model, messages)
     regex_answers(client, model, messages)
+    jump_forward(client, model, messages, agent_metrics_url)
     grammar_answers(client, model, messages)
     structural_tag_answers(client, model, messages)
     tool_calls(client, model, messages)
@@ -728,6 +729,27 @@ def conversations(client, model, messages, text, agent_metrics_url):
              metric(agent_metrics_url, "tophat_openai_conversations"), 0)
     print(f"conversations: 3 turns and an item by hand; the second turn as "
           f"previous_response_id's ({json.dumps(second.output_text)})")
+
+
+def jump_forward(client, model, messages, agent_metrics_url):
+    """A regex's literals (a record's keys) go to the cloud as drafts without the drafter,
+    counted in the agent's jump-forward metrics: some kept, never more kept than sent."""
+    pattern = r'\{"verdict":"(approved|rejected)","note":"[a-z ]{1,12}"\}'
+    sent = "tophat_jump_forward_draft_tokens_total"
+    kept = "tophat_jump_forward_kept_tokens_total"
+    sent_before = metric(agent_metrics_url, sent)
+    kept_before = metric(agent_metrics_url, kept)
+    for seed in range(3):
+        answer = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=60, temperature=1.0, seed=seed,
+            extra_body={"structured_outputs": {"regex": pattern}})
+        text = answer.choices[0].message.content
+        check(bool(re.fullmatch(pattern, text)), f"seed {seed}: {text!r} does not match {pattern}")
+    sent_now = metric(agent_metrics_url, sent) - sent_before
+    kept_now = metric(agent_metrics_url, kept) - kept_before
+    print(f"jump-forward over 3 records: {kept_now:.0f} of {sent_now:.0f} forced drafts kept")
+    check(kept_now >= 1, f"no jump-forward draft kept ({kept_now} of {sent_now})")
+    check(kept_now <= sent_now, f"{kept_now} jump-forward drafts kept of {sent_now} sent")
 
 
 def regex_answers(client, model, messages):
