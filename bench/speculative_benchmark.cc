@@ -18,7 +18,8 @@
 // --regex or --json-schema: every answer follows a format (by default a record as compact
 // JSON), and each configuration also runs with speculative.jump_forward off, so that what
 // sending the tokens the format leaves as drafts saves is a same-run ratio. Greedy decoding
-// is lossless either way: the benchmark fails if any two configurations' tokens differ.
+// is lossless either way: over a float32 wire the benchmark fails if any two
+// configurations' tokens differ.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
