@@ -41,7 +41,8 @@ try:
     import transformers
     from transformers import (AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM,
                               MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-                              Qwen3Config, Qwen3ForCausalLM)
+                              Qwen3Config, Qwen3ForCausalLM, Gemma3ForCausalLM,
+                              Gemma3TextConfig)
 except ImportError as error:
     print(f"hf_reference: cannot import the reference ({error}). It needs torch and "
           f"transformers from deploy/requirements.txt in {sys.executable}'s environment: run "
@@ -90,6 +91,16 @@ def with_head_norms_removed(directory):
     return model
 
 
+# Gemma 3's text model: three layers sliding over 6 positions with their own rotary base and
+# one full layer (Gemma 3 1B's pattern is five and one), q 128 wide from hidden 64, and a score
+# scale that is not head_dim's. transformers 5 spells the two bases per layer type.
+GEMMA3 = dict(BASE, head_dim=32, tie_word_embeddings=True, sliding_window=6,
+              layer_types=["sliding_attention"] * 3 + ["full_attention"],
+              query_pre_attn_scalar=24,
+              rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                               "sliding_attention": {"rope_type": "default",
+                                                     "rope_theta": 1e4}})
+
 # name, class, config, save (dtype, max_shard_size), split (m, k), control (what it removes)
 VARIANTS = [
     dict(name="llama_gqa", cls=LlamaForCausalLM, config=LlamaConfig(**BASE)),
@@ -128,6 +139,12 @@ VARIANTS = [
          dtype=torch.bfloat16),
     dict(name="mistral_sharded", cls=MistralForCausalLM,
          config=MistralConfig(**BASE, sliding_window=8), max_shard_size="200KB"),
+    dict(name="gemma3_layer_types", cls=Gemma3ForCausalLM, config=Gemma3TextConfig(**GEMMA3),
+         split=(1, 1),
+         control=("every layer full", without(layer_types=["full_attention"] * 4))),
+    dict(name="gemma3_bf16_scale", cls=Gemma3ForCausalLM, config=Gemma3TextConfig(**GEMMA3),
+         dtype=torch.bfloat16, split=(2, 1),
+         control=("head_dim's scale", without(query_pre_attn_scalar=32))),
 ]
 
 

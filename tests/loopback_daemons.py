@@ -1,11 +1,16 @@
 """What the Python process tests share to run tophat-cloud and tophat-agent on loopback:
-a free port, and the two daemons' configs over the bundles `tophat split` wrote to
-WORK/bundles (plaintext links; metrics off unless a port is given)."""
+a free port, the two daemons' configs over the bundles `tophat split` wrote to WORK/bundles
+(plaintext links; metrics off unless a port is given), and both daemons serving a checkpoint
+with the agent's OpenAI endpoint (serving)."""
 
+import contextlib
+import os
 import random
 import signal
 import socket
 import subprocess
+import time
+import urllib.request
 
 # Held for the life of this process: see free_port.
 _claims = []
@@ -65,3 +70,40 @@ def stop_processes(processes, seconds=30):
             process.wait(timeout=seconds)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+@contextlib.contextmanager
+def serving(bin_dir, work, model_dir, openai_settings=""):
+    """tophat split of `model_dir`, then tophat-cloud and tophat-agent on loopback, logs and
+    bundles under `work`; yields the agent's OpenAI endpoint once it answers. The agent's
+    openai section ends with `openai_settings` (YAML lines indented by two)."""
+    os.makedirs(work)
+    subprocess.run([f"{bin_dir}/tophat", "split", "--model", model_dir, "--input-layers", "1",
+                    "--output-layers", "1", "--out", f"{work}/bundles"], check=True,
+                   stdout=subprocess.DEVNULL)
+    cloud_port, agent_port, openai_port = free_port(), free_port(), free_port()
+    cloud_config, agent_config = write_configs(work, cloud_port, agent_port, max_context=1024,
+                                               kv_memory="32MiB")
+    with open(agent_config, "a") as f:
+        f.write(f'openai:\n  address: "127.0.0.1:{openai_port}"\n{openai_settings}')
+    processes = []
+    try:
+        for name, config in (("cloud", cloud_config), ("agent", agent_config)):
+            processes.append(subprocess.Popen(
+                [f"{bin_dir}/tophat-{name}", "--config", config],
+                stdout=open(f"{work}/{name}.log", "w"), stderr=subprocess.STDOUT))
+        base = f"http://127.0.0.1:{openai_port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit(f"FAIL: the agent's endpoint did not answer; see {work}")
+            time.sleep(0.2)
+        yield base
+    finally:
+        stop_processes(processes)

@@ -37,13 +37,11 @@ The model is random, so </think> is made likely with logit_bias and answers are 
 with fixed seeds: every check compares tophat with itself or with transformers, never with
 a text written down here. Exits 0 when every check passes.
 """
-import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import time
 import urllib.request
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -57,7 +55,7 @@ from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models,  # noqa:
 from transformers import (AutoTokenizer, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,  # noqa: E402
                           Qwen3ForCausalLM)
 
-from loopback_daemons import free_port, stop_processes, write_configs  # noqa: E402
+from loopback_daemons import serving  # noqa: E402
 
 # Qwen3's chat template (Qwen/Qwen3-0.6B's tokenizer_config.json), tools and all.
 QWEN3_TEMPLATE = r"""{%- if tools %}
@@ -737,43 +735,6 @@ def run_r1_checks(base, tokenizer, model_dir):
         check("deepseek_r1" in str(error.body), f"R1: tools are refused, naming the family "
                                                  f"({error.body})")
     return waited
-
-
-@contextlib.contextmanager
-def serving(bin_dir, work, model_dir, openai_settings=""):
-    """tophat split of `model_dir`, then tophat-cloud and tophat-agent on loopback, logs and
-    bundles under `work`; yields the agent's OpenAI endpoint once it answers. The agent's
-    openai section ends with `openai_settings` (YAML lines indented by two)."""
-    os.makedirs(work)
-    subprocess.run([f"{bin_dir}/tophat", "split", "--model", model_dir, "--input-layers", "1",
-                    "--output-layers", "1", "--out", f"{work}/bundles"], check=True,
-                   stdout=subprocess.DEVNULL)
-    cloud_port, agent_port, openai_port = free_port(), free_port(), free_port()
-    cloud_config, agent_config = write_configs(work, cloud_port, agent_port, max_context=1024,
-                                               kv_memory="32MiB")
-    with open(agent_config, "a") as f:
-        f.write(f'openai:\n  address: "127.0.0.1:{openai_port}"\n{openai_settings}')
-    processes = []
-    try:
-        for name, config in (("cloud", cloud_config), ("agent", agent_config)):
-            processes.append(subprocess.Popen(
-                [f"{bin_dir}/tophat-{name}", "--config", config],
-                stdout=open(f"{work}/{name}.log", "w"), stderr=subprocess.STDOUT))
-        base = f"http://127.0.0.1:{openai_port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit(f"FAIL: the agent's endpoint did not answer; see {work}")
-            time.sleep(0.2)
-        yield base
-    finally:
-        stop_processes(processes)
 
 
 def main():

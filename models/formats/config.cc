@@ -1,6 +1,7 @@
 #include "models/formats/config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <set>
 
@@ -133,52 +134,117 @@ absl::StatusOr<Rope> ParseRope(const json& j, const std::string& source) {
   return rope;
 }
 
-// The sliding window as transformers applies it. Mistral: `sliding_window` on every layer
-// (MistralForCausalLM ignores `layer_types`). Qwen2 and Qwen3: only with `use_sliding_window`, and
-// then only on the layers `layer_types` marks "sliding_attention" (when absent, transformers
-// derives it: layers from `max_window_layers` on, default 28). Llama: never. The runtime has
-// one window for all layers, so a mix of sliding and full layers is refused.
-absl::StatusOr<std::optional<int64_t>> ParseSlidingWindow(const json& j, const std::string& source,
-                                                          Architecture architecture,
-                                                          int64_t num_layers) {
-  if (architecture == Architecture::kLlama) return std::nullopt;
+// The sliding window as transformers applies it, and the layers it applies to. Mistral:
+// `sliding_window` on every layer (MistralForCausalLM ignores `layer_types`). Qwen2 and Qwen3:
+// only with `use_sliding_window`, and then only on the layers `layer_types` marks
+// "sliding_attention" (when absent, transformers derives it: layers from `max_window_layers`
+// on, default 28); a mix of sliding and full layers is refused for them (no checkpoint has
+// one to check it against). Gemma 3: always, on the layers `layer_types` marks, or (older
+// configs) every layer but each `sliding_window_pattern`-th (default 6). Llama: never.
+struct SlidingWindow {
+  std::optional<int64_t> window;
+  std::vector<bool> layers;  // empty: every layer
+};
+
+absl::StatusOr<std::vector<bool>> ParseLayerTypes(const json& types, const std::string& source,
+                                                  int64_t num_layers) {
+  if (!types.is_array() || static_cast<int64_t>(types.size()) != num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(source, "layer_types"),
+                                                   " must be a list of ", num_layers,
+                                                   " (num_hidden_layers) strings"));
+  }
+  std::vector<bool> sliding(static_cast<size_t>(num_layers));
+  for (int64_t i = 0; i < num_layers; ++i) {
+    const json& t = types[static_cast<size_t>(i)];
+    if (t == "sliding_attention") {
+      sliding[static_cast<size_t>(i)] = true;
+    } else if (t != "full_attention") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(source, "layer_types"), " entry ", i, ": ", t.dump(),
+                       " is not supported (full_attention or sliding_attention)"));
+    }
+  }
+  return sliding;
+}
+
+absl::StatusOr<SlidingWindow> ParseSlidingWindow(const json& j, const std::string& source,
+                                                 Architecture architecture, int64_t num_layers) {
+  if (architecture == Architecture::kLlama) return SlidingWindow{};
+  if (architecture == Architecture::kGemma3) {
+    SlidingWindow result;
+    TOPHAT_ASSIGN_OR_RETURN(result.window, GetInt(j, source, "sliding_window", int64_t{4096}, 1));
+    if (auto types = j.find("layer_types"); types != j.end() && !types->is_null()) {
+      TOPHAT_ASSIGN_OR_RETURN(result.layers, ParseLayerTypes(*types, source, num_layers));
+    } else {
+      TOPHAT_ASSIGN_OR_RETURN(int64_t pattern,
+                              GetInt(j, source, "sliding_window_pattern", int64_t{6}, 1));
+      result.layers.resize(static_cast<size_t>(num_layers));
+      for (int64_t i = 0; i < num_layers; ++i) {
+        result.layers[static_cast<size_t>(i)] = (i + 1) % pattern != 0;
+      }
+    }
+    return result;
+  }
   auto sw = j.find("sliding_window");
-  if (sw == j.end() || sw->is_null()) return std::nullopt;
+  if (sw == j.end() || sw->is_null()) return SlidingWindow{};
   TOPHAT_ASSIGN_OR_RETURN(int64_t window, GetInt(j, source, "sliding_window", std::nullopt, 1));
-  if (architecture == Architecture::kMistral) return window;
+  if (architecture == Architecture::kMistral) return SlidingWindow{.window = window};
   TOPHAT_ASSIGN_OR_RETURN(bool use, GetBool(j, source, "use_sliding_window", false));
-  if (!use) return std::nullopt;
+  if (!use) return SlidingWindow{};
 
   std::vector<bool> sliding(static_cast<size_t>(num_layers));
   std::string key = "layer_types";
   if (auto types = j.find("layer_types"); types != j.end() && !types->is_null()) {
-    if (!types->is_array() || static_cast<int64_t>(types->size()) != num_layers) {
-      return absl::InvalidArgumentError(absl::StrCat(Where(source, "layer_types"),
-                                                     " must be a list of ", num_layers,
-                                                     " (num_hidden_layers) strings"));
-    }
-    for (int64_t i = 0; i < num_layers; ++i) {
-      const json& t = (*types)[static_cast<size_t>(i)];
-      if (t == "sliding_attention") {
-        sliding[static_cast<size_t>(i)] = true;
-      } else if (t != "full_attention") {
-        return absl::InvalidArgumentError(
-            absl::StrCat(Where(source, "layer_types"), " entry ", i, ": ", t.dump(),
-                         " is not supported (full_attention or sliding_attention)"));
-      }
-    }
+    TOPHAT_ASSIGN_OR_RETURN(sliding, ParseLayerTypes(*types, source, num_layers));
   } else {
     key = "max_window_layers";
     TOPHAT_ASSIGN_OR_RETURN(int64_t first, GetInt(j, source, "max_window_layers", int64_t{28}, 0));
     for (int64_t i = first; i < num_layers; ++i) sliding[static_cast<size_t>(i)] = true;
   }
   const auto count = std::count(sliding.begin(), sliding.end(), true);
-  if (count == 0) return std::nullopt;
-  if (count == num_layers) return window;
-  return absl::InvalidArgumentError(absl::StrCat(
-      Where(source, key), ": ", count, " of ", num_layers,
-      " layers use sliding-window attention and the others full attention; a window on "
-      "some layers only is not supported (all layers or none)"));
+  if (count == 0) return SlidingWindow{};
+  if (count == num_layers) return SlidingWindow{.window = window};
+  return absl::InvalidArgumentError(
+      absl::StrCat(Where(source, key), ": ", count, " of ", num_layers,
+                   " layers use sliding-window attention and the others full attention; for ",
+                   std::string(ArchitectureName(architecture)),
+                   " a window on some layers only is not supported (all "
+                   "layers or none)"));
+}
+
+// Gemma 3's two rotary bases: transformers 5 writes `rope_parameters` keyed by layer type
+// ({"full_attention": {...}, "sliding_attention": {...}}), 4.x `rope_theta` and
+// `rope_scaling` for the full layers and `rope_local_base_freq` for the sliding ones.
+absl::Status ParseGemmaRope(const json& j, const std::string& source, ModelConfig& c) {
+  double local = 10000.0;
+  Rope global;
+  auto params = j.find("rope_parameters");
+  if (params != j.end() && params->is_object() && params->contains("full_attention")) {
+    const std::string scoped = absl::StrCat(source, " rope_parameters");
+    TOPHAT_ASSIGN_OR_RETURN(
+        global, ParseRope(json{{"rope_parameters", (*params)["full_attention"]}}, scoped));
+    if (auto sliding = params->find("sliding_attention"); sliding != params->end()) {
+      TOPHAT_ASSIGN_OR_RETURN(
+          Rope rope, ParseRope(json{{"rope_parameters", *sliding}}, scoped + ".sliding_attention"));
+      if (rope.scaling.llama3) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(Where(source, "rope_parameters.sliding_attention"),
+                         ": scaling of the sliding layers' rotary embeddings is not supported"));
+      }
+      local = rope.theta;
+    }
+  } else {
+    TOPHAT_ASSIGN_OR_RETURN(global, ParseRope(j, source));
+    TOPHAT_ASSIGN_OR_RETURN(local, GetDouble(j, source, "rope_local_base_freq", 10000.0));
+  }
+  if (local <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(source, "rope_local_base_freq"), " must be > 0"));
+  }
+  c.rope_theta = global.theta;
+  c.rope_scaling = global.scaling;
+  c.rope_local_theta = local;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<int64_t>> ParseTokenIds(const json& j, const std::string& source,
@@ -216,6 +282,8 @@ std::string_view ArchitectureName(Architecture architecture) {
       return "Qwen2ForCausalLM";
     case Architecture::kQwen3:
       return "Qwen3ForCausalLM";
+    case Architecture::kGemma3:
+      return "Gemma3ForCausalLM";
   }
   return "unknown";
 }
@@ -255,11 +323,13 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::stri
     c.architecture = Architecture::kQwen2;
   } else if (name == "Qwen3ForCausalLM") {
     c.architecture = Architecture::kQwen3;
+  } else if (name == "Gemma3ForCausalLM") {
+    c.architecture = Architecture::kGemma3;
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat(Where(source, "architectures"), ": architecture '", name,
                      "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, "
-                     "Qwen2ForCausalLM, Qwen3ForCausalLM)"));
+                     "Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM)"));
   }
 
   TOPHAT_ASSIGN_OR_RETURN(c.vocab_size, GetInt(j, source, "vocab_size", std::nullopt, 1));
@@ -291,9 +361,19 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::stri
   }
   TOPHAT_ASSIGN_OR_RETURN(c.max_position_embeddings,
                           GetInt(j, source, "max_position_embeddings", int64_t{2048}, 1));
-  TOPHAT_ASSIGN_OR_RETURN(Rope rope, ParseRope(j, source));
-  c.rope_theta = rope.theta;
-  c.rope_scaling = rope.scaling;
+  if (c.gemma()) {
+    TOPHAT_RETURN_IF_ERROR(ParseGemmaRope(j, source, c));
+    TOPHAT_ASSIGN_OR_RETURN(c.query_pre_attn_scalar,
+                            GetDouble(j, source, "query_pre_attn_scalar", 256.0));
+    if (c.query_pre_attn_scalar <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(source, "query_pre_attn_scalar"), " must be > 0"));
+    }
+  } else {
+    TOPHAT_ASSIGN_OR_RETURN(Rope rope, ParseRope(j, source));
+    c.rope_theta = rope.theta;
+    c.rope_scaling = rope.scaling;
+  }
   TOPHAT_ASSIGN_OR_RETURN(c.rms_norm_eps, GetDouble(j, source, "rms_norm_eps", 1e-6));
   if (c.rms_norm_eps <= 0) {
     return absl::InvalidArgumentError(
@@ -312,12 +392,38 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::stri
     return absl::InvalidArgumentError(
         absl::StrCat(Where(source, "mlp_bias"), ": MLP biases are not supported"));
   }
-  if (auto act = j.find("hidden_act"); act != j.end() && !act->is_null() && *act != "silu") {
+  if (c.gemma()) {
+    // Gemma's configs name it hidden_activation (some also hidden_act); transformers' Gemma 3
+    // computes the first.
+    for (const char* key : {"hidden_activation", "hidden_act"}) {
+      if (auto act = j.find(key);
+          act != j.end() && !act->is_null() && *act != "gelu_pytorch_tanh") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Where(source, key), " ", act->dump(), " is not supported (gelu_pytorch_tanh only)"));
+      }
+    }
+    for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"}) {
+      if (auto cap = j.find(key); cap != j.end() && !cap->is_null()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(Where(source, key), " ", cap->dump(),
+                         " is not supported (soft-capping: Gemma 2's, not Gemma 3's)"));
+      }
+    }
+    TOPHAT_ASSIGN_OR_RETURN(bool bidirectional,
+                            GetBool(j, source, "use_bidirectional_attention", false));
+    if (bidirectional) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(source, "use_bidirectional_attention"),
+                       ": bidirectional attention is not supported (a causal model only)"));
+    }
+  } else if (auto act = j.find("hidden_act"); act != j.end() && !act->is_null() && *act != "silu") {
     return absl::InvalidArgumentError(absl::StrCat(Where(source, "hidden_act"), " ", act->dump(),
                                                    " is not supported (silu only)"));
   }
-  TOPHAT_ASSIGN_OR_RETURN(c.sliding_window,
+  TOPHAT_ASSIGN_OR_RETURN(SlidingWindow window,
                           ParseSlidingWindow(j, source, c.architecture, c.num_hidden_layers));
+  c.sliding_window = window.window;
+  c.sliding_layers = std::move(window.layers);
   TOPHAT_ASSIGN_OR_RETURN(std::vector<int64_t> bos, ParseTokenIds(j, source, "bos_token_id"));
   if (!bos.empty()) c.bos_token_id = bos.front();
   TOPHAT_ASSIGN_OR_RETURN(c.eos_token_ids, ParseTokenIds(j, source, "eos_token_id"));
@@ -365,6 +471,9 @@ json ModelConfig::ToJson() const {
     case Architecture::kQwen3:
       j["model_type"] = "qwen3";
       break;
+    case Architecture::kGemma3:
+      j["model_type"] = "gemma3_text";
+      break;
   }
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;
@@ -388,7 +497,19 @@ json ModelConfig::ToJson() const {
   j["rms_norm_eps"] = rms_norm_eps;
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["attention_bias"] = attention_bias;
-  if (sliding_window) {
+  if (gemma()) {
+    // transformers 4.x's spelling, which 5.x reads too.
+    j["rope_local_base_freq"] = rope_local_theta.value_or(10000.0);
+    j["query_pre_attn_scalar"] = query_pre_attn_scalar;
+    j["final_logit_softcapping"] = nullptr;
+    j["attn_logit_softcapping"] = nullptr;
+    j["sliding_window"] = sliding_window.value_or(4096);
+    std::vector<std::string> types;
+    for (int64_t i = 0; i < num_hidden_layers; ++i) {
+      types.push_back(LayerWindow(i) ? "sliding_attention" : "full_attention");
+    }
+    j["layer_types"] = types;
+  } else if (sliding_window) {
     j["sliding_window"] = *sliding_window;
     if (architecture == Architecture::kQwen2 || architecture == Architecture::kQwen3) {
       // Qwen2 (and Qwen3) slides only the layers from max_window_layers on (default 28): all of
@@ -406,8 +527,18 @@ json ModelConfig::ToJson() const {
     j["eos_token_id"] = eos_token_ids;
   }
   j["torch_dtype"] = torch_dtype;
-  j["hidden_act"] = "silu";
+  if (gemma()) {
+    j["hidden_activation"] = "gelu_pytorch_tanh";
+  } else {
+    j["hidden_act"] = "silu";
+  }
   return j;
+}
+
+double ModelConfig::attention_scale() const {
+  const double scalar =
+      query_pre_attn_scalar > 0 ? query_pre_attn_scalar : static_cast<double>(head_dim);
+  return 1.0 / std::sqrt(scalar);
 }
 
 int64_t ModelConfig::LayerParameterCount() const {
@@ -416,7 +547,8 @@ int64_t ModelConfig::LayerParameterCount() const {
       (attention_bias ? q_size() + 2 * kv_size() : 0) + (o_bias() ? hidden_size : 0);
   const int64_t head_norms = qk_norm() ? 2 * head_dim : 0;
   const int64_t mlp = 3 * hidden_size * intermediate_size;
-  return attention + bias + head_norms + mlp + 2 * hidden_size;
+  const int64_t norms = (gemma() ? 4 : 2) * hidden_size;
+  return attention + bias + head_norms + mlp + norms;
 }
 
 }  // namespace tophat

@@ -1,5 +1,7 @@
 // The model hyperparameters of a Hugging Face `config.json`, for the Llama family (Llama,
-// Mistral, Qwen2, and Qwen3, which norms each query and key head before rotary).
+// Mistral, Qwen2, and Qwen3, which norms each query and key head before rotary) and Gemma 3
+// (its text model: the Llama layer with norms around each sublayer, GELU, and sliding-window
+// layers between full ones).
 #pragma once
 
 #include <cstdint>
@@ -16,7 +18,7 @@
 
 namespace tophat {
 
-enum class Architecture { kLlama, kMistral, kQwen2, kQwen3 };
+enum class Architecture { kLlama, kMistral, kQwen2, kQwen3, kGemma3 };
 
 std::string_view ArchitectureName(Architecture architecture);
 
@@ -52,6 +54,14 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v biases (and o_proj's, but for Qwen2); true for Qwen2
   std::optional<int64_t> sliding_window;  // Mistral; attention sees the last N positions
+  // The layers the window applies to (transformers' `layer_types`): empty for all of them;
+  // Gemma 3 slides five layers of six and attends in full in the sixth.
+  std::vector<bool> sliding_layers;
+  // Gemma 3: the rotary base of the sliding layers (`rope_local_base_freq`), without
+  // scaling; rope_theta and rope_scaling are the full layers'.
+  std::optional<double> rope_local_theta;
+  // Gemma 3: attention scores are scaled by query_pre_attn_scalar^-1/2; 0: head_dim's.
+  double query_pre_attn_scalar = 0;
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;
   std::string torch_dtype = "float32";
@@ -65,7 +75,25 @@ struct ModelConfig {
 
   // Qwen3's q_norm and k_norm: an RMSNorm over each query and key head ([head_dim] weights,
   // the same for every head of a layer) between the projection and rotary.
-  bool qk_norm() const { return architecture == Architecture::kQwen3; }
+  bool qk_norm() const {
+    return architecture == Architecture::kQwen3 || architecture == Architecture::kGemma3;
+  }
+  // Gemma 3's layer: every RMSNorm scales by 1 + its weight (Load adds the 1), the token
+  // embedding is scaled by sqrt(hidden_size), attention's and the MLP's outputs are normed
+  // before their residual adds (post_attention_layernorm, post_feedforward_layernorm; the
+  // MLP's input norm is pre_feedforward_layernorm), and the MLP's gate is GELU (tanh form).
+  bool gemma() const { return architecture == Architecture::kGemma3; }
+  // The window layer `layer` attends within, or none.
+  std::optional<int64_t> LayerWindow(int64_t layer) const {
+    if (!sliding_window) return std::nullopt;
+    if (sliding_layers.empty()) return sliding_window;
+    const auto index = static_cast<size_t>(layer);
+    return index < sliding_layers.size() && sliding_layers[index] ? sliding_window : std::nullopt;
+  }
+  // Whether `layer` turns with the sliding layers' rotary base (rope_local_theta).
+  bool LocalRope(int64_t layer) const { return rope_local_theta && LayerWindow(layer); }
+  // The factor on attention scores: 1/sqrt(query_pre_attn_scalar, or head_dim).
+  double attention_scale() const;
   // o_proj has a bias: attention_bias, except in Qwen2 (q/k/v biases only).
   bool o_bias() const { return attention_bias && architecture != Architecture::kQwen2; }
   int64_t q_size() const { return num_attention_heads * head_dim; }

@@ -1,8 +1,11 @@
 #include "models/formats/config.h"
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace tophat {
 namespace {
@@ -212,6 +215,129 @@ TEST_CASE(
   REQUIRE(back.ok());
   CHECK(back->architecture == Architecture::kQwen3);
   CHECK(back->ToJson()["model_type"] == "qwen3");
+}
+
+// Gemma 3 1B's shape in transformers 4.x's keys: one rope_theta for the full layers,
+// rope_local_base_freq for the sliding ones, and every sixth layer full
+// (sliding_window_pattern) rather than layer_types.
+json Gemma3_1B_V4() {
+  return json::parse(R"({
+    "architectures": ["Gemma3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "attn_logit_softcapping": null, "bos_token_id": 2, "cache_implementation": "hybrid",
+    "eos_token_id": [1, 106], "final_logit_softcapping": null, "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "initializer_range": 0.02,
+    "intermediate_size": 6912, "max_position_embeddings": 32768, "model_type": "gemma3_text",
+    "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+    "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+    "rope_local_base_freq": 10000, "rope_scaling": null, "rope_theta": 1000000,
+    "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "bfloat16",
+    "transformers_version": "4.50.0.dev0", "use_cache": true, "vocab_size": 262144})");
+}
+
+// Gemma3TextConfig(..., layer_types=[3 sliding, 1 full], rope_parameters per layer type) as
+// transformers 5.17 writes it (to_json_string, the keys tophat reads).
+json Gemma3ConfigV5() {
+  return json::parse(R"({
+    "architectures": ["Gemma3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "attn_logit_softcapping": null, "bos_token_id": 2, "dtype": "float32", "eos_token_id": 1,
+    "final_logit_softcapping": null, "head_dim": 32, "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 64, "intermediate_size": 128,
+    "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention",
+                    "full_attention"],
+    "max_position_embeddings": 131072, "model_type": "gemma3_text", "num_attention_heads": 4,
+    "num_hidden_layers": 4, "num_key_value_heads": 2, "pad_token_id": 0,
+    "query_pre_attn_scalar": 24, "rms_norm_eps": 1e-06,
+    "rope_parameters": {"full_attention": {"rope_theta": 1000000.0, "rope_type": "default"},
+                        "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}},
+    "sliding_window": 6, "tie_word_embeddings": true, "transformers_version": "5.17.0",
+    "use_bidirectional_attention": false, "use_cache": true, "vocab_size": 256})");
+}
+
+TEST_CASE(
+    "Gemma 3's config reads its sliding and full layers, two rotary bases and its score "
+    "scale in either spelling",
+    "[config]") {
+  auto v4 = ModelConfig::FromJson(Gemma3_1B_V4(), "gemma3/config.json");
+  INFO(v4.status().ToString());
+  REQUIRE(v4.ok());
+  CHECK(v4->architecture == Architecture::kGemma3);
+  CHECK(v4->gemma());
+  CHECK(v4->qk_norm());
+  CHECK(v4->rope_theta == 1e6);
+  CHECK(v4->rope_local_theta == 1e4);
+  CHECK_FALSE(v4->rope_scaling.llama3);
+  CHECK(v4->attention_scale() == 1.0 / 16);
+  CHECK(v4->eos_token_ids == std::vector<int64_t>{1, 106});
+  // Layers 5, 11, 17 and 23 attend in full; the others within 512 positions, each turning
+  // with the local base.
+  for (int64_t layer = 0; layer < 26; ++layer) {
+    INFO("layer " << layer);
+    const bool full = (layer + 1) % 6 == 0;
+    CHECK(v4->LayerWindow(layer) == (full ? std::nullopt : std::optional<int64_t>(512)));
+    CHECK(v4->LocalRope(layer) == !full);
+  }
+  // Two norms a layer more than Llama's.
+  ModelConfig llama = *v4;
+  llama.architecture = Architecture::kLlama;
+  CHECK(v4->LayerParameterCount() - llama.LayerParameterCount() == 2 * 1152 + 2 * 256);
+
+  auto v5 = ModelConfig::FromJson(Gemma3ConfigV5(), "gemma3-v5/config.json");
+  INFO(v5.status().ToString());
+  REQUIRE(v5.ok());
+  CHECK(v5->rope_theta == 1e6);
+  CHECK(v5->rope_local_theta == 1e4);
+  CHECK(v5->attention_scale() == 1.0 / std::sqrt(24.0));
+  CHECK(v5->LayerWindow(2) == 6);
+  CHECK_FALSE(v5->LayerWindow(3));
+  CHECK_FALSE(v5->LocalRope(3));
+
+  // Written back (tophat's bundles and init-model) and read again: the same layers.
+  for (const ModelConfig& original : {*v4, *v5}) {
+    auto back = ModelConfig::FromJson(original.ToJson(), "written/config.json");
+    REQUIRE(back.ok());
+    CHECK(back->architecture == Architecture::kGemma3);
+    CHECK(back->rope_theta == original.rope_theta);
+    CHECK(back->rope_local_theta == original.rope_local_theta);
+    CHECK(back->query_pre_attn_scalar == original.query_pre_attn_scalar);
+    for (int64_t layer = 0; layer < original.num_hidden_layers; ++layer) {
+      CHECK(back->LayerWindow(layer) == original.LayerWindow(layer));
+    }
+    CHECK(back->ToJson()["model_type"] == "gemma3_text");
+    CHECK(back->ToJson()["hidden_activation"] == "gelu_pytorch_tanh");
+  }
+}
+
+TEST_CASE("What Gemma's runtime does not compute is refused, naming file and key", "[config]") {
+  struct Case {
+    const char* what;
+    json::json_pointer pointer;
+    json value;
+    const char* expected;
+  };
+  const Case cases[] = {
+      {"Gemma 2's soft-capping", json::json_pointer("/final_logit_softcapping"), 30.0,
+       "g.json: key 'final_logit_softcapping' 30.0 is not supported"},
+      {"attention soft-capping", json::json_pointer("/attn_logit_softcapping"), 50.0,
+       "g.json: key 'attn_logit_softcapping' 50.0 is not supported"},
+      {"another activation", json::json_pointer("/hidden_activation"), "gelu",
+       "g.json: key 'hidden_activation' \"gelu\" is not supported (gelu_pytorch_tanh only)"},
+      {"bidirectional", json::json_pointer("/use_bidirectional_attention"), true,
+       "g.json: key 'use_bidirectional_attention': bidirectional attention is not supported"},
+      {"layer types", json::json_pointer("/layer_types"), json::array({"full_attention"}),
+       "g.json: key 'layer_types' must be a list of 4 (num_hidden_layers) strings"},
+      {"scaled local rope", json::json_pointer("/rope_parameters/sliding_attention/rope_type"),
+       "yarn", "'yarn' is not supported"},
+      {"scale", json::json_pointer("/query_pre_attn_scalar"), 0,
+       "g.json: key 'query_pre_attn_scalar' must be > 0"},
+  };
+  for (const Case& c : cases) {
+    json j = Gemma3ConfigV5();
+    j[c.pointer] = c.value;
+    auto config = ModelConfig::FromJson(j, "g.json");
+    INFO(c.what);
+    REQUIRE_FALSE(config.ok());
+    CHECK_THAT(Message(config.status()), Catch::Contains(c.expected));
+  }
 }
 
 TEST_CASE("ToJson reads back, a Qwen2 window on every layer included", "[config]") {

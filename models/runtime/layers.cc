@@ -68,6 +68,14 @@ RopeTable RopeTable::Create(const ModelConfig& config, int64_t max_positions, at
   return RopeTable{.cos = cos.to(device), .sin = sin.to(device)};
 }
 
+RopeTable RopeTable::CreateLocal(const ModelConfig& config, int64_t max_positions,
+                                 at::Device device) {
+  ModelConfig local = config;
+  local.rope_theta = config.rope_local_theta.value_or(config.rope_theta);
+  local.rope_scaling = {};
+  return Create(local, max_positions, device);
+}
+
 at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   return kernels::RotaryEmbedding(x, cos, sin);
 }

@@ -30,6 +30,9 @@ struct RopeTable {
   at::Tensor cos;
   at::Tensor sin;
   static RopeTable Create(const ModelConfig& config, int64_t max_positions, at::Device device);
+  // The table of the sliding layers of a model with a base of their own
+  // (ModelConfig::rope_local_theta, Gemma 3's): that base, unscaled.
+  static RopeTable CreateLocal(const ModelConfig& config, int64_t max_positions, at::Device device);
   int64_t max_positions() const { return cos.size(0); }
 };
 

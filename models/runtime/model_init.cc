@@ -16,13 +16,17 @@ NamedTensors InitWeights(const ModelConfig& c, uint64_t seed) {
   auto normal = [&gen](std::vector<int64_t> shape) {
     return at::normal(0.0, 0.02, shape, gen, at::TensorOptions().dtype(at::kFloat));
   };
-  auto ones = [](int64_t n) { return at::ones({n}, at::kFloat); };
+  // A norm's weight: 1; Gemma's, which scale by 1 + weight, around 0 and not 0, so that a
+  // path that skipped the 1 or the weight shows.
+  auto norm = [&](int64_t n) {
+    return c.gemma() ? normal({n}).mul_(5) : at::ones({n}, at::kFloat);
+  };
   const int64_t d = c.hidden_size;
   NamedTensors w;
   w.emplace_back("model.embed_tokens.weight", normal({c.vocab_size, d}));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     auto name = [i](std::string_view s) { return LayerTensorName(i, s); };
-    w.emplace_back(name("input_layernorm.weight"), ones(d));
+    w.emplace_back(name("input_layernorm.weight"), norm(d));
     w.emplace_back(name("self_attn.q_proj.weight"), normal({c.q_size(), d}));
     w.emplace_back(name("self_attn.k_proj.weight"), normal({c.kv_size(), d}));
     w.emplace_back(name("self_attn.v_proj.weight"), normal({c.kv_size(), d}));
@@ -34,18 +38,23 @@ NamedTensors InitWeights(const ModelConfig& c, uint64_t seed) {
     w.emplace_back(name("self_attn.o_proj.weight"), normal({d, c.q_size()}));
     if (c.qk_norm()) {
       // Around 1, as trained norms are, but not 1: a head norm's weights must matter.
-      w.emplace_back(name("self_attn.q_norm.weight"), normal({c.head_dim}).mul_(10).add_(1));
-      w.emplace_back(name("self_attn.k_norm.weight"), normal({c.head_dim}).mul_(10).add_(1));
+      const double one = c.gemma() ? 0.0 : 1.0;  // Gemma's norms scale by 1 + weight
+      w.emplace_back(name("self_attn.q_norm.weight"), normal({c.head_dim}).mul_(10).add_(one));
+      w.emplace_back(name("self_attn.k_norm.weight"), normal({c.head_dim}).mul_(10).add_(one));
     }
     if (c.o_bias()) {
       w.emplace_back(name("self_attn.o_proj.bias"), normal({d}));
     }
-    w.emplace_back(name("post_attention_layernorm.weight"), ones(d));
+    w.emplace_back(name("post_attention_layernorm.weight"), norm(d));
+    if (c.gemma()) {
+      w.emplace_back(name("pre_feedforward_layernorm.weight"), norm(d));
+      w.emplace_back(name("post_feedforward_layernorm.weight"), norm(d));
+    }
     w.emplace_back(name("mlp.gate_proj.weight"), normal({c.intermediate_size, d}));
     w.emplace_back(name("mlp.up_proj.weight"), normal({c.intermediate_size, d}));
     w.emplace_back(name("mlp.down_proj.weight"), normal({d, c.intermediate_size}));
   }
-  w.emplace_back("model.norm.weight", ones(d));
+  w.emplace_back("model.norm.weight", norm(d));
   if (!c.tie_word_embeddings) w.emplace_back("lm_head.weight", normal({c.vocab_size, d}));
   return w;
 }
@@ -128,6 +137,18 @@ std::vector<std::pair<std::string, ModelConfig>> TinyTestVariants() {
   qwen3.head_dim = 32;  // q_size 128 > hidden 64, as Qwen3-0.6B's 2048 > 1024
   qwen3.tie_word_embeddings = true;
   v.emplace_back("qwen3_qk_norm", qwen3);
+  // Gemma 3: layers 0-2 slide over 6 positions with their own rotary base, layer 3 attends
+  // in full; a score scale that is not head_dim's.
+  ModelConfig gemma3 = TinyTestConfig();
+  gemma3.architecture = Architecture::kGemma3;
+  gemma3.head_dim = 32;
+  gemma3.tie_word_embeddings = true;
+  gemma3.sliding_window = 6;
+  gemma3.sliding_layers = {true, true, true, false};
+  gemma3.rope_theta = 1000000.0;
+  gemma3.rope_local_theta = 10000.0;
+  gemma3.query_pre_attn_scalar = 24;
+  v.emplace_back("gemma3", gemma3);
   return v;
 }
 

@@ -23,6 +23,10 @@ StepBuffers::StepBuffers(const ModelConfig& config, at::ScalarType dtype, at::De
   activated = at::empty({rows, config.intermediate_size}, values);
   cos = at::empty({rows, hd / 2}, values.dtype(at::kFloat));
   sin = at::empty({rows, hd / 2}, values.dtype(at::kFloat));
+  const int64_t local_rows = config.rope_local_theta ? rows : 0;
+  local_cos = at::empty({local_rows, hd / 2}, values.dtype(at::kFloat));
+  local_sin = at::empty({local_rows, hd / 2}, values.dtype(at::kFloat));
+  sublayer_out = at::empty({config.gemma() ? rows : 0, d}, values);
 
   const int64_t block_size = std::max<int64_t>(1, shape.block_size);
   const int64_t max_blocks =
@@ -65,10 +69,29 @@ void StepBuffers::UploadDecodeIndices(int64_t rows) {
 
 int64_t StepBuffers::DeviceBytes() const {
   int64_t bytes = 0;
-  for (const at::Tensor* t :
-       {&residual, &normed, &qkv, &q, &k, &attention, &projected, &gate_up, &activated, &cos,
-        &sin, &positions, &slots, &block_tables, &seq_lens, &decode_index, &decode_q,
-        &decode_out, &decode_partials, &decode_split_counters}) {
+  for (const at::Tensor* t : {&residual,
+                              &normed,
+                              &qkv,
+                              &q,
+                              &k,
+                              &attention,
+                              &projected,
+                              &gate_up,
+                              &activated,
+                              &cos,
+                              &sin,
+                              &local_cos,
+                              &local_sin,
+                              &sublayer_out,
+                              &positions,
+                              &slots,
+                              &block_tables,
+                              &seq_lens,
+                              &decode_index,
+                              &decode_q,
+                              &decode_out,
+                              &decode_partials,
+                              &decode_split_counters}) {
     if (!t->defined()) continue;
     bytes += t->numel() * static_cast<int64_t>(t->element_size());
   }

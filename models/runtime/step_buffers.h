@@ -51,6 +51,12 @@ struct StepBuffers {
   at::Tensor activated;  // [max_tokens, I]
   at::Tensor cos;        // [max_tokens, head_dim / 2] float32: rotary rows of the step's tokens
   at::Tensor sin;
+  // The same from the sliding layers' table (ModelConfig::rope_local_theta); [0, ...] when
+  // the model has none.
+  at::Tensor local_cos;
+  at::Tensor local_sin;
+  // Gemma 3: a sublayer's output normed before its residual add; [0, D] for other models.
+  at::Tensor sublayer_out;
 
   // Index tensors of a step: the device copies and their host staging.
   at::Tensor positions;     // [max_tokens] int64: each row's position

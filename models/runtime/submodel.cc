@@ -176,6 +176,13 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
   // "cuda" names the current GPU, while every tensor's device carries its index ("cuda:0"):
   // the options keep the indexed name, so that comparing a tensor's device with them holds.
   SubmodelOptions options = requested;
+  if (config.gemma() && !options.device.is_cpu()) {
+    return absl::UnimplementedError(absl::StrCat(
+        std::string(ArchitectureName(config.architecture)), " runs on the CPU only for now (",
+        options.device.str(),
+        " asked): its layer's norms around each sublayer, GELU and per-layer windows and "
+        "rotary bases have no GPU path yet"));
+  }
   if (!options.device.is_cpu()) {
     // Before anything loads, and naming the device: a GPU gone after a crash (the restart
     // after "is lost"), a driver missing, an index past the host's GPUs.
@@ -212,10 +219,24 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
   };
 
   absl::Status status = CatchExceptions("loading weights", [&] {
-    model->rope_ = RopeTable::Create(
-        config, std::min(options.max_context, config.max_position_embeddings), options.device);
+    const int64_t positions = std::min(options.max_context, config.max_position_embeddings);
+    model->rope_ = RopeTable::Create(config, positions, options.device);
+    if (config.rope_local_theta) {
+      model->rope_local_ = RopeTable::CreateLocal(config, positions, options.device);
+    }
   });
   TOPHAT_RETURN_IF_ERROR(status);
+
+  // A norm's weight. Gemma's norms scale by 1 + weight, computed in float32 as transformers
+  // does; the 1 is added here, before the compute dtype, and the norm kernels stay one.
+  auto load_norm = [&](const std::string& name, int64_t size) -> absl::StatusOr<at::Tensor> {
+    if (!config.gemma()) {
+      TOPHAT_ASSIGN_OR_RETURN(at::Tensor t, load(name, {size}));
+      return t.contiguous();
+    }
+    TOPHAT_ASSIGN_OR_RETURN(at::Tensor t, checkpoint.Load(name, {size}, at::kFloat));
+    return (t + 1.0).to(options.device, dtype).contiguous();
+  };
 
   // int8 is computed on a CPU in float32 (kernels/gemv_int8.h); elsewhere an int8 matrix is
   // dequantized as it loads.
@@ -312,7 +333,7 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
   for (int64_t i = spec.layers.begin; i < spec.layers.end; ++i) {
     auto name = [i](std::string_view suffix) { return LayerTensorName(i, suffix); };
     DecoderLayerWeights w;
-    TOPHAT_ASSIGN_OR_RETURN(w.input_norm, load(name("input_layernorm.weight"), {d}));
+    TOPHAT_ASSIGN_OR_RETURN(w.input_norm, load_norm(name("input_layernorm.weight"), d));
     TOPHAT_ASSIGN_OR_RETURN(WeightMatrix q, load_matrix(name("self_attn.q_proj.weight"),
                                                         {config.q_size(), d}));
     TOPHAT_ASSIGN_OR_RETURN(WeightMatrix k, load_matrix(name("self_attn.k_proj.weight"),
@@ -331,15 +352,25 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
     TOPHAT_ASSIGN_OR_RETURN(WeightMatrix o, load_matrix(name("self_attn.o_proj.weight"),
                                                         {d, config.q_size()}));
     if (config.qk_norm()) {
-      TOPHAT_ASSIGN_OR_RETURN(w.q_norm, load(name("self_attn.q_norm.weight"), {config.head_dim}));
-      TOPHAT_ASSIGN_OR_RETURN(w.k_norm, load(name("self_attn.k_norm.weight"), {config.head_dim}));
-      w.q_norm = w.q_norm.contiguous();
-      w.k_norm = w.k_norm.contiguous();
+      TOPHAT_ASSIGN_OR_RETURN(w.q_norm,
+                              load_norm(name("self_attn.q_norm.weight"), config.head_dim));
+      TOPHAT_ASSIGN_OR_RETURN(w.k_norm,
+                              load_norm(name("self_attn.k_norm.weight"), config.head_dim));
     }
     if (config.o_bias()) {
       TOPHAT_ASSIGN_OR_RETURN(w.o_bias, load(name("self_attn.o_proj.bias"), {d}));
     }
-    TOPHAT_ASSIGN_OR_RETURN(w.post_norm, load(name("post_attention_layernorm.weight"), {d}));
+    if (config.gemma()) {
+      // Gemma's post_attention_layernorm norms attention's output; the MLP's input norm is
+      // pre_feedforward_layernorm.
+      TOPHAT_ASSIGN_OR_RETURN(w.attention_out_norm,
+                              load_norm(name("post_attention_layernorm.weight"), d));
+      TOPHAT_ASSIGN_OR_RETURN(w.post_norm, load_norm(name("pre_feedforward_layernorm.weight"), d));
+      TOPHAT_ASSIGN_OR_RETURN(w.mlp_out_norm,
+                              load_norm(name("post_feedforward_layernorm.weight"), d));
+    } else {
+      TOPHAT_ASSIGN_OR_RETURN(w.post_norm, load_norm(name("post_attention_layernorm.weight"), d));
+    }
     TOPHAT_ASSIGN_OR_RETURN(WeightMatrix gate, load_matrix(name("mlp.gate_proj.weight"),
                                                            {config.intermediate_size, d}));
     TOPHAT_ASSIGN_OR_RETURN(WeightMatrix up, load_matrix(name("mlp.up_proj.weight"),
@@ -348,14 +379,12 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
                                                            {d, config.intermediate_size}));
     w.qkv = stack({std::move(q), std::move(k), std::move(v)});
     w.gate_up = stack({std::move(gate), std::move(up)});
-    w.input_norm = w.input_norm.contiguous();
     w.o_proj = stack({std::move(o)});
-    w.post_norm = w.post_norm.contiguous();
     w.down = stack({std::move(down)});
     model->layers_.push_back(std::move(w));
   }
   if (spec.head) {
-    TOPHAT_ASSIGN_OR_RETURN(model->final_norm_, load("model.norm.weight", {d}));
+    TOPHAT_ASSIGN_OR_RETURN(model->final_norm_, load_norm("model.norm.weight", d));
     if (config.tie_word_embeddings) {
       if (model->embedding_.defined()) {
         model->lm_head_ = model->embedding_;
@@ -492,7 +521,9 @@ void Submodel::ChooseSmallBatchGemms() {
 }
 
 void Submodel::PrepareFusedLayers() {
-  if (!options_.device.is_cpu() || options_.dtype != at::kFloat) return;
+  // Gemma's layer (norms around each sublayer, GELU, per-layer windows) is not the fused
+  // step's: its one-token steps take the layer-by-layer path.
+  if (!options_.device.is_cpu() || options_.dtype != at::kFloat || config_.gemma()) return;
   for (const DecoderLayerWeights& w : layers_) {
     const auto qkv = RowMatrixOf(w.qkv);
     const auto o_proj = RowMatrixOf(w.o_proj);
@@ -611,10 +642,24 @@ absl::StatusOr<at::Tensor> Submodel::Embed(const at::Tensor& token_ids) const {
                                                      config_.vocab_size));
     }
   }
-  if (embedding_.is_int8()) return kernels::GatherRowsInt8(embedding_.int8, token_ids);
-  // A bfloat16 table (bf16_weights) gives rows in the compute dtype.
-  return at::embedding(embedding_.dense, token_ids.to(at::kLong).to(options_.device))
-      .to(options_.dtype);
+  at::Tensor rows;
+  absl::Status status = CatchExceptions("token embedding", [&] {
+    if (embedding_.is_int8()) {
+      rows = kernels::GatherRowsInt8(embedding_.int8, token_ids);
+    } else {
+      // A bfloat16 table (bf16_weights) gives rows in the compute dtype.
+      rows = at::embedding(embedding_.dense, token_ids.to(at::kLong).to(options_.device))
+                 .to(options_.dtype);
+    }
+    // Gemma scales the embedding by sqrt(hidden_size), rounded to float32 and then to the
+    // table's dtype, as transformers' Gemma3TextScaledWordEmbedding does.
+    if (config_.gemma()) {
+      const auto scale = static_cast<float>(std::sqrt(static_cast<double>(config_.hidden_size)));
+      rows.mul_(at::scalar_tensor(scale, at::kFloat).to(rows.scalar_type()).item());
+    }
+  });
+  TOPHAT_RETURN_IF_ERROR(status);
+  return rows;
 }
 
 void Submodel::AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t layer,
@@ -626,8 +671,9 @@ void Submodel::AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t la
   const int64_t kv_heads = config_.num_key_value_heads;
   const int64_t group = config_.num_attention_heads / kv_heads;
   const int64_t hd = config_.head_dim;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-  const bool windowed = config_.sliding_window && total > *config_.sliding_window;
+  const double scale = config_.attention_scale();
+  const std::optional<int64_t> window = config_.LayerWindow(spec_.layers.begin + layer);
+  const bool windowed = window && total > *window;
   // One query with every key visible: the fused kernel reads the blocks in place.
   if (n == 1 && !windowed &&
       kernels::PagedDecodeAttention(q[0], cache.pool().keys(layer), cache.pool().values(layer),
@@ -648,7 +694,7 @@ void Submodel::AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t la
       const at::Tensor key_pos = at::arange(total, longs).unsqueeze(0);
       const at::Tensor query_pos = at::arange(past, total, longs).unsqueeze(1);
       at::Tensor visible = key_pos <= query_pos;  // [n, total]
-      if (windowed) visible.logical_and_(key_pos > query_pos - *config_.sliding_window);
+      if (windowed) visible.logical_and_(key_pos > query_pos - *window);
       mask = visible;
     }
     const at::Tensor context = at::scaled_dot_product_attention(
@@ -668,7 +714,7 @@ void Submodel::AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t la
     at::Tensor key_pos = at::arange(total, at::TensorOptions().dtype(at::kLong).device(q.device()));
     at::Tensor query_pos = at::arange(past, past + n, key_pos.options()).unsqueeze(1);
     at::Tensor hidden = key_pos.unsqueeze(0) > query_pos;  // [n, total]
-    if (windowed) hidden.logical_or_(key_pos.unsqueeze(0) <= query_pos - *config_.sliding_window);
+    if (windowed) hidden.logical_or_(key_pos.unsqueeze(0) <= query_pos - *window);
     scores.view({kv_heads, n, group, total})
         .masked_fill_(hidden.view({1, n, 1, total}), -std::numeric_limits<float>::infinity());
   }
@@ -778,8 +824,8 @@ bool Submodel::AttendDeviceBatch(const DeviceBatch& batch, std::span<const Seque
   bool decode_done = false;
   const int64_t decode_count = batch.decode_count;
   if (decode_count > 0) {
-    const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-    const int64_t window = config_.sliding_window ? *config_.sliding_window : 0;
+    const double scale = config_.attention_scale();
+    const int64_t window = config_.LayerWindow(spec_.layers.begin + layer).value_or(0);
     if (batch.decode_rows_contiguous) {
       const at::Tensor decode_q = q.narrow(0, batch.decode_first_row, decode_count);
       at::Tensor decode_out = attention.narrow(0, batch.decode_first_row, decode_count);
@@ -932,9 +978,16 @@ absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden,
     // Rotary rows for every token of the batch, gathered once for all layers.
     at::Tensor cos;
     at::Tensor sin;
+    at::Tensor local_cos;  // the sliding layers' (Gemma 3), where they have their own table
+    at::Tensor local_sin;
+    const bool local = rope_local_.cos.defined();
     if (chunks.size() == 1) {
       cos = rope_.cos.narrow(0, chunks[0].cache->length(), total);
       sin = rope_.sin.narrow(0, chunks[0].cache->length(), total);
+      if (local) {
+        local_cos = rope_local_.cos.narrow(0, chunks[0].cache->length(), total);
+        local_sin = rope_local_.sin.narrow(0, chunks[0].cache->length(), total);
+      }
     } else {
       int64_t* positions = buffers.host_positions.data_ptr<int64_t>();
       int64_t row = 0;
@@ -949,18 +1002,26 @@ absl::StatusOr<at::Tensor> Submodel::Forward(const at::Tensor& hidden,
       sin = buffers.sin.narrow(0, 0, total);
       at::index_select_out(cos, rope_.cos, 0, index);
       at::index_select_out(sin, rope_.sin, 0, index);
+      if (local) {
+        local_cos = buffers.local_cos.narrow(0, 0, total);
+        local_sin = buffers.local_sin.narrow(0, 0, total);
+        at::index_select_out(local_cos, rope_local_.cos, 0, index);
+        at::index_select_out(local_sin, rope_local_.sin, 0, index);
+      }
     }
     if (upload) buffers.uploads_read.Record();
-    RunLayers(total, cos, sin, device_batch, chunks, buffers, /*graph=*/false);
+    RunLayers(total, cos, sin, local_cos, local_sin, device_batch, chunks, buffers,
+              /*graph=*/false);
   });
   TOPHAT_RETURN_IF_ERROR(status);
   for (const SequenceChunk& chunk : chunks) chunk.cache->Advance(chunk.num_tokens);
   return x;
 }
 
-void Submodel::RunLayers(int64_t total, const at::Tensor& cos, const at::Tensor& sin,
-                       const DeviceBatch& device_batch, std::span<const SequenceChunk> chunks,
-                       StepBuffers& buffers, bool graph) const {
+void Submodel::RunLayers(int64_t total, const at::Tensor& global_cos, const at::Tensor& global_sin,
+                         const at::Tensor& local_cos, const at::Tensor& local_sin,
+                         const DeviceBatch& device_batch, std::span<const SequenceChunk> chunks,
+                         StepBuffers& buffers, bool graph) const {
   at::Tensor x = buffers.residual.narrow(0, 0, total);
   const int64_t q_size = config_.q_size();
   const int64_t kv_size = config_.kv_size();
@@ -980,6 +1041,10 @@ void Submodel::RunLayers(int64_t total, const at::Tensor& cos, const at::Tensor&
   for (size_t l = 0; l < layers_.size(); ++l) {
     const DecoderLayerWeights& w = layers_[l];
     const auto layer = static_cast<int64_t>(l);
+    const bool local = config_.LocalRope(spec_.layers.begin + layer);
+    TORCH_CHECK(!local || local_cos.defined(), "a sliding layer's rotary rows are missing");
+    const at::Tensor& cos = local ? local_cos : global_cos;
+    const at::Tensor& sin = local ? local_sin : global_sin;
     // Where the small-batch kernel was measured faster for qkv at this row count, its rotary
     // form writes the rotated queries and the cache's keys and values itself, the same bits
     // as the projection into `qkv` followed by RotaryQkvToCache, in one launch.
@@ -1037,21 +1102,38 @@ void Submodel::RunLayers(int64_t total, const at::Tensor& cos, const at::Tensor&
         row += n;
       }
     }
-    // Each residual add is fused with the norm that follows it.
+    // Each residual add is fused with the norm that follows it. Gemma norms each sublayer's
+    // output before its add (into buffers.sublayer_out).
     LinearOut(attention, w.o_proj, w.o_bias, projected);
-    kernels::AddRmsNormOut(x, projected, w.post_norm, eps, h);
-    // Where the small-batch kernel was measured faster for gate_up at this row count, its
-    // SwiGLU form computes the same bits in one launch.
-    if (!(UsesSmallBatchGemm(w.gate_up, total) &&
-          kernels::SmallBatchGemmSwiGluOut(h, w.gate_up.dense, activated))) {
+    at::Tensor delta = projected;
+    if (w.attention_out_norm.defined()) {
+      delta = buffers.sublayer_out.narrow(0, 0, total);
+      kernels::RmsNormOut(projected, w.attention_out_norm, eps, delta);
+    }
+    kernels::AddRmsNormOut(x, delta, w.post_norm, eps, h);
+    if (config_.gemma()) {
+      // GELU (tanh form) of the gate times up, as transformers' GemmaMLP computes it.
+      const int64_t intermediate = config_.intermediate_size;
+      LinearOut(h, w.gate_up, {}, gate_up);
+      at::gelu_out(activated, gate_up.narrow(1, 0, intermediate), "tanh");
+      activated.mul_(gate_up.narrow(1, intermediate, intermediate));
+    } else if (!(UsesSmallBatchGemm(w.gate_up, total) &&
+                 kernels::SmallBatchGemmSwiGluOut(h, w.gate_up.dense, activated))) {
+      // Where the small-batch kernel was measured faster for gate_up at this row count, its
+      // SwiGLU form computes the same bits in one launch.
       LinearOut(h, w.gate_up, {}, gate_up);
       kernels::SwiGluOut(gate_up, activated);
     }
     LinearOut(activated, w.down, {}, projected);
+    delta = projected;
+    if (w.mlp_out_norm.defined()) {
+      delta = buffers.sublayer_out.narrow(0, 0, total);
+      kernels::RmsNormOut(projected, w.mlp_out_norm, eps, delta);
+    }
     if (l + 1 < layers_.size()) {
-      kernels::AddRmsNormOut(x, projected, layers_[l + 1].input_norm, eps, h);
+      kernels::AddRmsNormOut(x, delta, layers_[l + 1].input_norm, eps, h);
     } else {
-      x.add_(projected);
+      x.add_(delta);
     }
   }
 }
@@ -1082,7 +1164,8 @@ absl::Status Submodel::DecodeStepInBuffers(const KvBlockPool& pool, int64_t rows
     at::Tensor sin = buffers.sin.narrow(0, 0, rows);
     at::index_select_out(cos, rope_.cos, 0, positions);
     at::index_select_out(sin, rope_.sin, 0, positions);
-    RunLayers(rows, cos, sin, batch, {}, buffers, /*graph=*/true);
+    // A model with a second rotary table (Gemma 3) loads on the CPU only.
+    RunLayers(rows, cos, sin, {}, {}, batch, {}, buffers, /*graph=*/true);
   });
 }
 

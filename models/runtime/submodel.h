@@ -127,9 +127,13 @@ struct DecoderLayerWeights {
   at::Tensor k_norm;      // [hd]: each key head's (Qwen3), or undefined
   WeightMatrix o_proj;    // [D, q]
   at::Tensor o_bias;      // [D] or undefined (Llama with attention_bias)
-  at::Tensor post_norm;   // [D]
+  at::Tensor post_norm;   // [D]: the MLP's input norm (Gemma 3: pre_feedforward_layernorm)
   WeightMatrix gate_up;   // [2I, D]: gate_proj, up_proj stacked
   WeightMatrix down;      // [D, I]
+  // Gemma 3: attention's output normed before its residual add (its checkpoint's
+  // post_attention_layernorm), and the MLP's (post_feedforward_layernorm); else undefined.
+  at::Tensor attention_out_norm;  // [D]
+  at::Tensor mlp_out_norm;        // [D]
 };
 
 // One sequence's part of a batched forward: `num_tokens` consecutive rows of the hidden
@@ -277,7 +281,10 @@ class Submodel {
   // Every decoder layer over rows [0, total) of `buffers`, the residual stream in
   // buffers.residual; throws c10::Error. `graph`: a captured decode step (no chunks), which
   // throws where an eager step would fall back to per-chunk ops.
+  // `local_cos`/`local_sin`: the rows of the sliding layers' table (rope_local_), or
+  // undefined when the model has none.
   void RunLayers(int64_t total, const at::Tensor& cos, const at::Tensor& sin,
+                 const at::Tensor& local_cos, const at::Tensor& local_sin,
                  const DeviceBatch& device_batch, std::span<const SequenceChunk> chunks,
                  StepBuffers& buffers, bool graph) const;
   // One layer of a DeviceBatch: writes every new K/V row with one scatter (unless k is
@@ -312,6 +319,7 @@ class Submodel {
   SubmodelSpec spec_;
   SubmodelOptions options_;
   RopeTable rope_;
+  RopeTable rope_local_;    // the sliding layers' (ModelConfig::rope_local_theta), or empty
   WeightMatrix embedding_;  // [V, D]
   std::vector<DecoderLayerWeights> layers_;
   at::Tensor final_norm_;  // [D]

@@ -111,6 +111,7 @@ LogitPair RunOnBoth(const ModelConfig& config, at::ScalarType gpu_dtype, std::mt
 TEST_CASE("On CUDA in float32 the model matches the CPU within 1e-4", "[gpu][submodel]") {
   std::mt19937 rng(21);
   for (const auto& [name, config] : TinyTestVariants()) {
+    if (config.gemma()) continue;  // CPU only for now: Submodel::Load refuses a GPU
     const auto [ref, got] = RunOnBoth(config, at::kFloat, rng);
     const double max_error = (got - ref).abs().max().item<double>();
     INFO(name << ": max |logit error| " << max_error);
@@ -122,6 +123,7 @@ TEST_CASE("On CUDA in bfloat16 the logits stay close to float32 on the CPU",
           "[gpu][submodel]") {
   std::mt19937 rng(22);
   for (const auto& [name, config] : TinyTestVariants()) {
+    if (config.gemma()) continue;  // CPU only for now: Submodel::Load refuses a GPU
     const auto [ref, got] = RunOnBoth(config, at::kBFloat16, rng);
     const at::Tensor error = (got - ref).abs();
     const double max_error = error.max().item<double>();

@@ -211,6 +211,8 @@ std::string_view ChatFamilyName(ChatFamily family) {
       return "toy";
     case ChatFamily::kDeepSeekR1:
       return "deepseek_r1";
+    case ChatFamily::kGemma:
+      return "gemma";
   }
   return "unknown";
 }
@@ -309,6 +311,9 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
                         Contains(source, kHermesToolMarker) && thinking != ThinkingStyle::kOpened,
                         thinking);
   }
+  if (Contains(source, "<start_of_turn>") && Contains(source, "<end_of_turn>")) {
+    return ChatTemplate(ChatFamily::kGemma, "", false, true, false);
+  }
   if (Contains(source, "[INST]") && Contains(source, "[/INST]")) {
     return ChatTemplate(ChatFamily::kMistral, "", false, Contains(source, "system"), false);
   }
@@ -316,7 +321,8 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
       std::string(origin),
       ": chat_template is none of the families tophat renders (Llama 3: <|start_header_id|> "
       "... <|eot_id|>; ChatML/Qwen2: <|im_start|> ... <|im_end|>; Mistral: [INST] ... "
-      "[/INST]; DeepSeek-R1: <｜User｜> ... <｜Assistant｜>; tophat's toy model); it is not "
+      "[/INST]; Gemma: <start_of_turn> ... <end_of_turn>; DeepSeek-R1: <｜User｜> ... "
+      "<｜Assistant｜>; tophat's toy model); it is not "
       "guessed"));
 }
 
@@ -326,6 +332,8 @@ std::optional<std::string> ChatTemplate::end_of_turn() const {
       return "<|eot_id|>";
     case ChatFamily::kChatMl:
       return "<|im_end|>";
+    case ChatFamily::kGemma:
+      return "<end_of_turn>";
     case ChatFamily::kMistral:
     case ChatFamily::kToy:
     case ChatFamily::kDeepSeekR1:
@@ -345,6 +353,7 @@ std::optional<ToolCallSyntax> ChatTemplate::tool_call_syntax() const {
       return ToySyntax();
     case ChatFamily::kMistral:
     case ChatFamily::kDeepSeekR1:
+    case ChatFamily::kGemma:
       return std::nullopt;
   }
   return std::nullopt;
@@ -651,6 +660,39 @@ absl::StatusOr<RenderedChat> ChatTemplate::Render(std::span<const ChatMessage> m
           AddSpecial(chat, "</s>");
         }
       }
+      return chat;
+    }
+    case ChatFamily::kGemma: {
+      // BOS; a leading system message's text, and two newlines, open the first turn;
+      // turns alternate from user, the assistant's named "model", each one's content
+      // trimmed; then the model's turn is opened.
+      chat.bos = true;
+      size_t first = 0;
+      std::string prefix;
+      if (!messages.empty() && messages[0].role == "system") {
+        prefix = absl::StrCat(messages[0].content, "\n\n");
+        first = 1;
+      }
+      for (size_t i = first; i < messages.size(); ++i) {
+        const ChatMessage& message = messages[i];
+        if (message.role != "user" && message.role != "assistant") {
+          return BadMessage(i, absl::StrCat("role \"", message.role,
+                                            "\": Gemma's template takes system (first), user "
+                                            "and assistant"));
+        }
+        if ((message.role == "user") != ((i - first) % 2 == 0)) {
+          return BadMessage(i,
+                            "Gemma's template needs user and assistant turns to alternate, "
+                            "starting with user");
+        }
+        AddSpecial(chat, "<start_of_turn>");
+        AddText(chat, absl::StrCat(message.role == "assistant" ? "model" : "user", "\n",
+                                   i == first ? prefix : "", Trim(message.content)));
+        AddSpecial(chat, "<end_of_turn>");
+        AddText(chat, "\n");
+      }
+      AddSpecial(chat, "<start_of_turn>");
+      AddText(chat, "model\n");
       return chat;
     }
     case ChatFamily::kToy: {

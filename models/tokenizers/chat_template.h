@@ -37,7 +37,7 @@
 
 namespace tophat {
 
-enum class ChatFamily { kLlama3, kChatMl, kMistral, kToy, kDeepSeekR1 };
+enum class ChatFamily { kLlama3, kChatMl, kMistral, kToy, kDeepSeekR1, kGemma };
 std::string_view ChatFamilyName(ChatFamily family);
 
 // A call the assistant made to one of the request's tools (OpenAI's tool_calls[i]).

@@ -52,6 +52,13 @@ constexpr const char* kMistralSource =
     "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
     "{{ message['content'] + eos_token}}{% endif %}{% endfor %}";
 
+// The markup of Gemma 3's template (tests/gemma_model_test.py checks the whole one against
+// transformers' rendering).
+constexpr const char* kGemmaSource =
+    "{{ bos_token }}{%- for message in loop_messages -%}{{ '<start_of_turn>' + role + '\\n' "
+    "}}{{ message['content'] | trim }}{{ '<end_of_turn>\\n' }}{%- endfor -%}"
+    "{{'<start_of_turn>model\\n'}}";
+
 ChatTemplate Make(const char* source) {
   auto made = ChatTemplate::FromSource(source, "test");
   INFO(made.status().ToString());
@@ -159,6 +166,37 @@ TEST_CASE("Mistral alternates user and assistant, and refuses what its template 
   auto tool = mistral.Render(std::vector<ChatMessage>{{"tool", "x"}});
   REQUIRE_FALSE(tool.ok());
   CHECK_THAT(std::string(tool.status().message()), Catch::Contains("tool messages"));
+}
+
+TEST_CASE(
+    "Gemma opens its first turn with the system text, names the assistant model and "
+    "trims each turn") {
+  const ChatTemplate gemma = Make(kGemmaSource);
+  CHECK(gemma.family() == ChatFamily::kGemma);
+  CHECK(gemma.end_of_turn() == "<end_of_turn>");
+  const RenderedChat chat = RenderOk(
+      gemma, {{"system", " Be brief. "}, {"user", " a\n"}, {"assistant", "b "}, {"user", "c"}});
+  CHECK(chat.bos);
+  CHECK(chat.ToString() ==
+        "<start_of_turn>user\n Be brief. \n\na<end_of_turn>\n<start_of_turn>model\nb"
+        "<end_of_turn>\n<start_of_turn>user\nc<end_of_turn>\n<start_of_turn>model\n");
+  CHECK(Specials(chat) == std::vector<std::string>{"<start_of_turn>", "<end_of_turn>",
+                                                   "<start_of_turn>", "<end_of_turn>",
+                                                   "<start_of_turn>", "<end_of_turn>",
+                                                   "<start_of_turn>"});
+  // Turns alternate from user; roles past the first system are user and assistant only;
+  // tools have no layout in its template.
+  for (const std::vector<ChatMessage>& refused :
+       {std::vector<ChatMessage>{{"assistant", "a"}},
+        std::vector<ChatMessage>{{"user", "a"}, {"user", "b"}},
+        std::vector<ChatMessage>{{"user", "a"}, {"system", "b"}}}) {
+    auto rendered = gemma.Render(refused);
+    REQUIRE_FALSE(rendered.ok());
+    CHECK_THAT(std::string(rendered.status().message()), Catch::Contains("Gemma's template"));
+  }
+  auto tool = gemma.Render(std::vector<ChatMessage>{{"tool", "x"}});
+  REQUIRE_FALSE(tool.ok());
+  CHECK_THAT(std::string(tool.status().message()), Catch::Contains("(gemma)"));
 }
 
 TEST_CASE("The toy template is plain text") {

@@ -104,7 +104,7 @@ struct Models {
   Targets Teacher(const at::Tensor& ids) const {
     at::NoGradGuard no_grad;
     Targets t;
-    at::Tensor x = at::embedding(teacher.at("model.embed_tokens.weight"), ids);
+    const at::Tensor x = TrainingEmbed(config, teacher, ids);
     t.shallow = TrainingLayers(config, teacher, rope, x, 0, m);
     t.deep = TrainingLayers(config, teacher, rope, t.shallow, m, config.num_hidden_layers);
     t.logits = TrainingHead(config, teacher, t.deep);

@@ -16,38 +16,61 @@ at::Tensor TrainingLayers(const ModelConfig& c, const WeightMap& w, const RopeTa
   const int64_t group = c.num_attention_heads / c.num_key_value_heads;
   const at::Tensor cos = rope.cos.narrow(0, 0, seq);
   const at::Tensor sin = rope.sin.narrow(0, 0, seq);
+  // Gemma 3's sliding layers turn with a base of their own.
+  RopeTable local_rope;
+  if (c.rope_local_theta) local_rope = RopeTable::CreateLocal(c, seq, x.device());
   // Causal, and with a sliding window only the last `window` positions (the runtime's and
   // transformers' rule: query i sees keys j with i - window < j <= i).
-  at::Tensor mask =
+  const at::Tensor causal =
       at::full({seq, seq}, -std::numeric_limits<float>::infinity(), x.options()).triu(1);
+  at::Tensor windowed = causal;
   if (c.sliding_window && *c.sliding_window < seq) {
-    mask = mask + at::full({seq, seq}, -std::numeric_limits<float>::infinity(), x.options())
-                      .tril(-*c.sliding_window);
+    windowed = causal + at::full({seq, seq}, -std::numeric_limits<float>::infinity(), x.options())
+                            .tril(-*c.sliding_window);
   }
+  // Gemma's norms scale by 1 + weight (the runtime adds the 1 as it loads).
+  auto norm = [&](const at::Tensor& input, const at::Tensor& weight) {
+    return RmsNorm(input, c.gemma() ? weight + 1.0 : weight, c.rms_norm_eps);
+  };
   for (int64_t i = begin; i < end; ++i) {
     auto p = [&](std::string_view s) -> const at::Tensor& { return w.at(LayerTensorName(i, s)); };
+    const at::Tensor& mask = c.LayerWindow(i) ? windowed : causal;
+    const bool local = c.LocalRope(i);
+    const at::Tensor& layer_cos = local ? local_rope.cos : cos;
+    const at::Tensor& layer_sin = local ? local_rope.sin : sin;
     // Every projection as the runtime computes it: the biases the architecture has (Qwen2's
     // q/k/v, Llama's with attention_bias) and Qwen3's head norms before rotary.
     auto project = [&](const std::string& name, bool bias, const at::Tensor& input) {
       return bias ? at::linear(input, p(name + ".weight"), p(name + ".bias"))
                   : at::linear(input, p(name + ".weight"));
     };
-    at::Tensor h = RmsNorm(x, p("input_layernorm.weight"), c.rms_norm_eps);
+    at::Tensor h = norm(x, p("input_layernorm.weight"));
     at::Tensor q = project("self_attn.q_proj", c.attention_bias, h).view({batch, seq, -1, hd});
     at::Tensor k = project("self_attn.k_proj", c.attention_bias, h).view({batch, seq, -1, hd});
     at::Tensor v = project("self_attn.v_proj", c.attention_bias, h).view({batch, seq, -1, hd});
     if (c.qk_norm()) {
-      q = RmsNorm(q, p("self_attn.q_norm.weight"), c.rms_norm_eps);
-      k = RmsNorm(k, p("self_attn.k_norm.weight"), c.rms_norm_eps);
+      q = norm(q, p("self_attn.q_norm.weight"));
+      k = norm(k, p("self_attn.k_norm.weight"));
     }
-    q = ApplyRope(q, cos, sin).transpose(1, 2);
-    k = ApplyRope(k, cos, sin).repeat_interleave(group, 2).transpose(1, 2);
+    q = ApplyRope(q, layer_cos, layer_sin).transpose(1, 2);
+    k = ApplyRope(k, layer_cos, layer_sin).repeat_interleave(group, 2).transpose(1, 2);
     v = v.repeat_interleave(group, 2).transpose(1, 2);
-    at::Tensor scores = at::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(hd));
+    at::Tensor scores = at::matmul(q, k.transpose(-1, -2)) * c.attention_scale();
     at::Tensor attention = at::matmul(at::softmax(scores + mask, -1), v);
     attention = attention.transpose(1, 2).reshape({batch, seq, -1});
-    x = x + project("self_attn.o_proj", c.o_bias(), attention);
-    h = RmsNorm(x, p("post_attention_layernorm.weight"), c.rms_norm_eps);
+    at::Tensor out = project("self_attn.o_proj", c.o_bias(), attention);
+    if (c.gemma()) {
+      // Gemma norms each sublayer's output before its residual add.
+      x = x + norm(out, p("post_attention_layernorm.weight"));
+      h = norm(x, p("pre_feedforward_layernorm.weight"));
+      const at::Tensor mlp = at::gelu(at::linear(h, p("mlp.gate_proj.weight")), "tanh") *
+                             at::linear(h, p("mlp.up_proj.weight"));
+      x = x +
+          norm(at::linear(mlp, p("mlp.down_proj.weight")), p("post_feedforward_layernorm.weight"));
+      continue;
+    }
+    x = x + out;
+    h = norm(x, p("post_attention_layernorm.weight"));
     at::Tensor mlp = at::silu(at::linear(h, p("mlp.gate_proj.weight"))) *
                      at::linear(h, p("mlp.up_proj.weight"));
     x = x + at::linear(mlp, p("mlp.down_proj.weight"));
@@ -55,15 +78,23 @@ at::Tensor TrainingLayers(const ModelConfig& c, const WeightMap& w, const RopeTa
   return x;
 }
 
+at::Tensor TrainingEmbed(const ModelConfig& c, const WeightMap& w, const at::Tensor& ids) {
+  at::Tensor x = at::embedding(w.at("model.embed_tokens.weight"), ids);
+  // Gemma scales the embedding by sqrt(hidden_size) (Submodel::Embed).
+  if (c.gemma()) x = x * static_cast<float>(std::sqrt(static_cast<double>(c.hidden_size)));
+  return x;
+}
+
 at::Tensor TrainingHead(const ModelConfig& c, const WeightMap& w, const at::Tensor& x) {
-  const at::Tensor h = RmsNorm(x, w.at("model.norm.weight"), c.rms_norm_eps);
+  const at::Tensor& weight = w.at("model.norm.weight");
+  const at::Tensor h = RmsNorm(x, c.gemma() ? weight + 1.0 : weight, c.rms_norm_eps);
   return at::linear(h, c.tie_word_embeddings ? w.at("model.embed_tokens.weight")
                                              : w.at("lm_head.weight"));
 }
 
 at::Tensor TrainingLogits(const ModelConfig& c, const WeightMap& w, const RopeTable& rope,
                           const at::Tensor& ids) {
-  at::Tensor x = at::embedding(w.at("model.embed_tokens.weight"), ids);
+  const at::Tensor x = TrainingEmbed(c, w, ids);
   return TrainingHead(c, w, TrainingLayers(c, w, rope, x, 0, c.num_hidden_layers));
 }
 

@@ -24,6 +24,10 @@ using WeightMap = std::map<std::string, at::Tensor>;
 at::Tensor TrainingLayers(const ModelConfig& config, const WeightMap& weights,
                           const RopeTable& rope, at::Tensor x, int64_t begin, int64_t end);
 
+// The token embedding of ids [B, S] -> [B, S, D] (scaled as the architecture scales it).
+at::Tensor TrainingEmbed(const ModelConfig& config, const WeightMap& weights,
+                         const at::Tensor& ids);
+
 // Final norm + LM head (the embedding when tied): [B, S, D] -> [B, S, V].
 at::Tensor TrainingHead(const ModelConfig& config, const WeightMap& weights, const at::Tensor& x);
 

@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""Gemma 3's text model (Gemma3ForCausalLM) through tophat, end to end.
+
+    python3 tests/gemma_model_test.py BIN_DIR WORK_DIR
+
+Builds a small random Gemma3ForCausalLM with transformers (three layers sliding over 6
+positions with their own rotary base and one full layer, norms around each sublayer, GELU,
+a score scale that is not head_dim's), a byte-level BPE tokenizer with Gemma's control
+tokens and a tokenizer_config.json holding Gemma 3's chat template, splits it with `tophat
+split` (m = 1, k = 1: the device holds a sliding layer and the full one, the cloud two
+sliding ones), and runs tophat-cloud and tophat-agent on loopback. Through the agent's
+OpenAI endpoint and the official client:
+
+- the prompt tophat renders for a conversation (a system message, earlier turns, the model's
+  turn opened) is the token ids transformers' apply_chat_template gives;
+- greedy completions of prompts longer than the window are the tokens transformers'
+  generate(do_sample=False) gives (ignore_eos), and so is a greedy chat answer, which
+  <end_of_turn> would end;
+- a conversation that does not alternate from user is refused, naming the template.
+
+tophat and transformers compute in float32 on the CPU, so greedy choices agree unless two
+logits tie within float32's rounding: the weights are drawn wide (initializer_range 0.1),
+as tests/hf_reference_test.py draws them, so that they do not. Exits 0 when every check
+passes.
+"""
+import json
+import os
+import shutil
+import sys
+import urllib.request
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import openai  # noqa: E402
+import torch  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig  # noqa: E402
+
+from loopback_daemons import serving  # noqa: E402
+
+# Gemma 3's chat template, as its instruction-tuned checkpoints publish it in
+# tokenizer_config.json: BOS, a system message's text at the start of the first user turn,
+# turns that alternate from user, the assistant's named "model", each content trimmed.
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}\n{%- if messages[0]['role'] == 'system' -%}\n"
+    "    {%- if messages[0]['content'] is string -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\\n\\n' -%}\n"
+    "    {%- endif -%}\n    {%- set loop_messages = messages[1:] -%}\n{%- else -%}\n"
+    "    {%- set first_user_prefix = \"\" -%}\n    {%- set loop_messages = messages -%}\n"
+    "{%- endif -%}\n{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    "        {{ raise_exception(\"Conversation roles must alternate "
+    "user/assistant/user/assistant/...\") }}\n    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n        {%- set role = \"model\" -%}\n"
+    "    {%- else -%}\n        {%- set role = message['role'] -%}\n    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {%- if message['content'] is string -%}\n        {{ message['content'] | trim }}\n"
+    "    {%- elif message['content'] is iterable -%}\n"
+    "        {%- for item in message['content'] -%}\n"
+    "            {%- if item['type'] == 'image' -%}\n                {{ '<start_of_image>' }}\n"
+    "            {%- elif item['type'] == 'text' -%}\n                {{ item['text'] | trim }}\n"
+    "            {%- endif -%}\n        {%- endfor -%}\n    {%- else -%}\n"
+    "        {{ raise_exception(\"Invalid content type\") }}\n    {%- endif -%}\n"
+    "    {{ '<end_of_turn>\\n' }}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n"
+    "    {{'<start_of_turn>model\\n'}}\n{%- endif -%}\n")
+
+CORPUS = ["The old farmer walked to the river and counted the boats twice before noon.",
+          "Which is greater, nine or eleven? Count them on your fingers, then answer."]
+NEW_TOKENS = 16
+failures = []
+
+
+def check(condition, what):
+    print(("ok   " if condition else "FAIL ") + what)
+    if not condition:
+        failures.append(what)
+
+
+def build_model(directory):
+    """The tokenizer, tokenizer_config.json and a random Gemma 3 checkpoint in `directory`."""
+    os.makedirs(directory, exist_ok=True)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"])
+    tokenizer.train_from_iterator(CORPUS * 20, trainer)
+    tokenizer.save(os.path.join(directory, "tokenizer.json"))
+    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast",
+                   "chat_template": GEMMA3_TEMPLATE, "bos_token": "<bos>", "eos_token": "<eos>",
+                   "pad_token": "<pad>", "add_bos_token": True}, f)
+    torch.manual_seed(5)
+    config = Gemma3TextConfig(
+        vocab_size=tokenizer.get_vocab_size(), hidden_size=64, intermediate_size=128,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        max_position_embeddings=2048, rms_norm_eps=1e-6, initializer_range=0.1,
+        tie_word_embeddings=True, sliding_window=6,
+        layer_types=["sliding_attention"] * 3 + ["full_attention"], query_pre_attn_scalar=24,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+        pad_token_id=tokenizer.token_to_id("<pad>"), bos_token_id=tokenizer.token_to_id("<bos>"),
+        eos_token_id=[tokenizer.token_to_id("<eos>"), tokenizer.token_to_id("<end_of_turn>")])
+    model = Gemma3ForCausalLM(config).eval()
+    # transformers starts Gemma's norms at zero (a scale of one): make them count.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(0.2 * torch.randn_like(p))
+    model.save_pretrained(directory, safe_serialization=True)
+    return model
+
+
+def post(url, body):
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.load(response)
+
+
+def token_ids(names):
+    """Token ids from log-probability entries named token_id:N (return_tokens_as_token_ids)."""
+    return [int(name.split(":", 1)[1]) for name in names]
+
+
+def reference_greedy(model, ids, stop_ids):
+    """transformers' greedy continuation of `ids`: NEW_TOKENS tokens, or up to (without) the
+    first of `stop_ids`."""
+    model.generation_config.eos_token_id = stop_ids or None
+    model.generation_config.pad_token_id = 0
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids),
+                                                                             dtype=torch.long),
+                             do_sample=False, max_new_tokens=NEW_TOKENS)
+    tokens = out[0, len(ids):].tolist()
+    for i, token in enumerate(tokens):
+        if token in stop_ids:
+            return tokens[:i]
+    return tokens
+
+
+def run_checks(base, model, hf_tokenizer):
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
+    name = client.models.list().data[0].id
+    end_of_turn = hf_tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    eos = hf_tokenizer.convert_tokens_to_ids("<eos>")
+
+    conversation = [
+        {"role": "system", "content": "Answer briefly. "},
+        {"role": "user", "content": "  Which is greater, nine or eleven?\n"},
+        {"role": "assistant", "content": "Eleven.\n\n"},
+        {"role": "user", "content": "Count the boats twice."},
+    ]
+    expected = hf_tokenizer.apply_chat_template(conversation, add_generation_prompt=True,
+                                                tokenize=True, return_dict=False)
+    rendered = post(f"{base}/tokenize", {"model": name, "messages": conversation})["tokens"]
+    check(rendered == expected, f"the chat prompt is transformers' apply_chat_template ids "
+                                f"({len(expected)} tokens; tophat {rendered}, transformers "
+                                f"{expected})")
+
+    # Longer than the window (6) and than both layer kinds' reach in one step.
+    for text in CORPUS:
+        ids = hf_tokenizer(text, add_special_tokens=True)["input_ids"]
+        completion = post(f"{base}/v1/completions",
+                          {"model": name, "prompt": ids, "max_tokens": NEW_TOKENS,
+                           "temperature": 0, "ignore_eos": True, "logprobs": 0,
+                           "return_tokens_as_token_ids": True})
+        ours = token_ids(completion["choices"][0]["logprobs"]["tokens"])
+        reference = reference_greedy(model, ids, [])
+        check(ours == reference, f"a greedy completion of {len(ids)} prompt tokens is "
+                                 f"transformers' (tophat {ours}, transformers {reference})")
+
+    answer = client.chat.completions.create(
+        model=name, messages=conversation, max_tokens=NEW_TOKENS, temperature=0, logprobs=True,
+        extra_body={"return_tokens_as_token_ids": True})
+    ours = token_ids([entry.token for entry in answer.choices[0].logprobs.content])
+    reference = reference_greedy(model, expected, [end_of_turn, eos])
+    check(ours == reference, f"a greedy chat answer is transformers' continuation of the "
+                             f"rendered prompt (tophat {ours}, transformers {reference}, "
+                             f"finish_reason {answer.choices[0].finish_reason})")
+
+    try:
+        client.chat.completions.create(model=name, max_tokens=4, messages=[
+            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Hi."}])
+        check(False, "a conversation that starts with the model is refused")
+    except openai.BadRequestError as error:
+        check("Gemma's template needs user and assistant turns to alternate" in str(error.body),
+              f"a conversation that starts with the model is refused, naming the template "
+              f"({error.body})")
+
+
+def main():
+    bin_dir, work = sys.argv[1:3]
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    model_dir = os.path.join(work, "gemma3")
+    model = build_model(model_dir)
+    hf_tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    with serving(bin_dir, os.path.join(work, "serving"), model_dir) as base:
+        run_checks(base, model, hf_tokenizer)
+    if failures:
+        print(f"FAIL: {len(failures)} check(s) failed")
+        sys.exit(1)
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()
