@@ -8,14 +8,18 @@ positions with their own rotary base and one full layer, norms around each subla
 a score scale that is not head_dim's), a byte-level BPE tokenizer with Gemma's control
 tokens and a tokenizer_config.json holding Gemma 3's chat template, splits it with `tophat
 split` (m = 1, k = 1: the device holds a sliding layer and the full one, the cloud two
-sliding ones), and runs tophat-cloud and tophat-agent on loopback. Through the agent's
-OpenAI endpoint and the official client:
+sliding ones), distills the drafter's adapter for it (`tophat distill`, a few steps), and
+runs tophat-cloud and tophat-agent on loopback, decoding speculatively with drafts whenever
+the drafter has any (eta 0.01) and PipeInfer's runs ahead. Through the agent's OpenAI
+endpoint and the official client:
 
 - the prompt tophat renders for a conversation (a system message, earlier turns, the model's
   turn opened) is the token ids transformers' apply_chat_template gives;
 - greedy completions of prompts longer than the window are the tokens transformers'
   generate(do_sample=False) gives (ignore_eos), and so is a greedy chat answer, which
   <end_of_turn> would end;
+- the drafter drafted, and the verification kept some of its drafts (the agent's metrics),
+  so those tokens came through speculative decoding, which must not change them;
 - a conversation that does not alternate from user is refused, naming the template.
 
 tophat and transformers compute in float32 on the CPU, so greedy choices agree unless two
@@ -25,7 +29,10 @@ passes.
 """
 import json
 import os
+import random
+import re
 import shutil
+import subprocess
 import sys
 import urllib.request
 
@@ -38,7 +45,7 @@ import torch  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig  # noqa: E402
 
-from loopback_daemons import serving  # noqa: E402
+from loopback_daemons import free_port, serving  # noqa: E402
 
 # Gemma 3's chat template, as its instruction-tuned checkpoints publish it in
 # tokenizer_config.json: BOS, a system message's text at the start of the first user turn,
@@ -144,7 +151,32 @@ def reference_greedy(model, ids, stop_ids):
     return tokens
 
 
-def run_checks(base, model, hf_tokenizer):
+def distill(bin_dir, model_dir, work):
+    """An adapter for the m = 1 split, distilled on text of the corpus's words into the device
+    bundle under `work`/bundles (its manifest then names it)."""
+    words = " ".join(CORPUS).replace(",", "").replace(".", "").replace("?", "").split()
+    rng = random.Random(3)
+    data = os.path.join(os.path.dirname(work), "distill.txt")
+    with open(data, "w") as f:
+        for _ in range(200):
+            f.write(" ".join(rng.choice(words) for _ in range(40)) + "\n")
+
+    def run(bundles):
+        subprocess.run([f"{bin_dir}/tophat", "distill", "--model", model_dir, "--data", data,
+                        "--out", f"{bundles}/device", "-m", "1", "--steps", "30",
+                        "--batch-size", "8", "--sequence-length", "32"], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return run
+
+
+def metric(port, name):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def run_checks(base, model, hf_tokenizer, metrics_port):
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
     name = client.models.list().data[0].id
     end_of_turn = hf_tokenizer.convert_tokens_to_ids("<end_of_turn>")
@@ -184,6 +216,11 @@ def run_checks(base, model, hf_tokenizer):
                              f"rendered prompt (tophat {ours}, transformers {reference}, "
                              f"finish_reason {answer.choices[0].finish_reason})")
 
+    drafted = metric(metrics_port, "tophat_spec_decode_num_draft_tokens_total")
+    kept = metric(metrics_port, "tophat_spec_decode_num_accepted_tokens_total")
+    check(drafted > 0 and kept > 0, f"the answers above were decoded speculatively: "
+                                    f"{kept:.0f} of {drafted:.0f} drafts kept")
+
     try:
         client.chat.completions.create(model=name, max_tokens=4, messages=[
             {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Hi."}])
@@ -201,8 +238,13 @@ def main():
     model_dir = os.path.join(work, "gemma3")
     model = build_model(model_dir)
     hf_tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    with serving(bin_dir, os.path.join(work, "serving"), model_dir) as base:
-        run_checks(base, model, hf_tokenizer)
+    serving_dir = os.path.join(work, "serving")
+    metrics_port = free_port()
+    with serving(bin_dir, serving_dir, model_dir,
+                 after_split=distill(bin_dir, model_dir, serving_dir),
+                 agent_settings="speculative:\n  eta: 0.01\n  max_runs_in_flight: 2\n",
+                 agent_metrics=metrics_port) as base:
+        run_checks(base, model, hf_tokenizer, metrics_port)
     if failures:
         print(f"FAIL: {len(failures)} check(s) failed")
         sys.exit(1)
