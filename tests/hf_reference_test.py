@@ -41,7 +41,8 @@ try:
     import transformers
     from transformers import (AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM,
                               MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-                              Qwen3Config, Qwen3ForCausalLM, Gemma3ForCausalLM,
+                              Qwen3Config, Qwen3ForCausalLM, Gemma3Config,
+                              Gemma3ForCausalLM, Gemma3ForConditionalGeneration,
                               Gemma3TextConfig)
 except ImportError as error:
     print(f"hf_reference: cannot import the reference ({error}). It needs torch and "
@@ -101,6 +102,24 @@ GEMMA3 = dict(BASE, head_dim=32, tie_word_embeddings=True, sliding_window=6,
                                "sliding_attention": {"rope_type": "default",
                                                      "rope_theta": 1e4}})
 
+# Gemma 3 4B and up are multimodal checkpoints: the language model (with linear rope scaling
+# on its full layers, as 4B's factor 8) beside a vision tower tophat does not read.
+GEMMA3_MULTIMODAL = Gemma3Config(
+    text_config=dict(GEMMA3, rope_parameters={
+        "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+    vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                       num_attention_heads=2, image_size=28, patch_size=14),
+    mm_tokens_per_image=4, image_token_index=255, boi_token_index=253, eoi_token_index=254)
+
+
+def without_linear_scaling(directory):
+    config = AutoConfig.from_pretrained(directory)
+    config.text_config.rope_parameters["full_attention"] = {"rope_type": "default",
+                                                             "rope_theta": 1e6}
+    return load_reference(directory, config=config)
+
+
 # name, class, config, save (dtype, max_shard_size), split (m, k), control (what it removes)
 VARIANTS = [
     dict(name="llama_gqa", cls=LlamaForCausalLM, config=LlamaConfig(**BASE)),
@@ -145,6 +164,9 @@ VARIANTS = [
     dict(name="gemma3_bf16_scale", cls=Gemma3ForCausalLM, config=Gemma3TextConfig(**GEMMA3),
          dtype=torch.bfloat16, split=(2, 1),
          control=("head_dim's scale", without(query_pre_attn_scalar=32))),
+    dict(name="gemma3_multimodal_text", cls=Gemma3ForConditionalGeneration,
+         config=GEMMA3_MULTIMODAL, split=(1, 2), tokens_below=253,
+         control=("no linear scaling", without_linear_scaling)),
 ]
 
 
@@ -215,7 +237,11 @@ def check_variant(variant, index, runtime_logits, work_dir):
     directory = os.path.join(work_dir, name)
     shards = write_checkpoint(variant, directory, seed=1000 + index)
     rng = random.Random(index)
-    tokens = [rng.randrange(variant["config"].vocab_size) for _ in range(PROMPT_TOKENS)]
+    # A multimodal config's vocabulary is its text model's; its image tokens stay out of the
+    # prompt (transformers would look for an image to put there).
+    vocab = variant.get("tokens_below", getattr(variant["config"], "text_config",
+                                                variant["config"]).vocab_size)
+    tokens = [rng.randrange(vocab) for _ in range(PROMPT_TOKENS)]
     reference = load_reference(directory)
     ref_logits, ref_greedy = reference_outputs(reference, tokens)
     ours = run_tophat(runtime_logits, directory, tokens, variant.get("split", (1, 1)),

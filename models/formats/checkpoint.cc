@@ -92,7 +92,7 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::OpenFile(
   reader->dir_ = file.parent_path();
   TOPHAT_ASSIGN_OR_RETURN(std::shared_ptr<SafetensorsFile> opened, SafetensorsFile::Open(file));
   for (const auto& [name, info] : opened->tensors()) {
-    reader->tensor_to_file_.emplace(name, opened.get());
+    reader->tensor_to_file_.emplace(name, StoredTensor{opened.get(), name});
   }
   reader->files_.push_back(std::move(opened));
   return reader;
@@ -116,9 +116,10 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     TOPHAT_ASSIGN_OR_RETURN(std::shared_ptr<SafetensorsFile> file,
                             SafetensorsFile::Open(single_path));
     for (const auto& [name, info] : file->tensors()) {
-      reader->tensor_to_file_.emplace(name, file.get());
+      reader->tensor_to_file_.emplace(name, StoredTensor{file.get(), name});
     }
     reader->files_.push_back(std::move(file));
+    reader->NameLanguageModel();
     return reader;
   }
 
@@ -159,10 +160,35 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
                                               "' is mapped to shard '", shard, "', but ",
                                               file->path().string(), " has no such tensor"));
     }
-    reader->tensor_to_file_.emplace(tensor, file);
+    reader->tensor_to_file_.emplace(tensor, StoredTensor{file, tensor});
   }
   for (auto& [shard, file] : shards) reader->files_.push_back(std::move(file));
+  reader->NameLanguageModel();
   return reader;
+}
+
+void CheckpointReader::NameLanguageModel() {
+  if (tensor_to_file_.contains("model.embed_tokens.weight")) return;
+  struct Layout {
+    std::string_view model;  // stored prefix of the text model's `model.`
+    std::string_view head;   // and of its `lm_head.`
+  };
+  for (const Layout layout : {Layout{"language_model.model.", "language_model.lm_head."},
+                              Layout{"model.language_model.", "lm_head."}}) {
+    if (!tensor_to_file_.contains(std::string(layout.model) + "embed_tokens.weight")) continue;
+    std::map<std::string, StoredTensor, std::less<>> renamed;
+    for (auto& [name, stored] : tensor_to_file_) {
+      std::string logical = name;
+      if (name.starts_with(layout.model)) {
+        logical = "model." + name.substr(layout.model.size());
+      } else if (name.starts_with(layout.head)) {
+        logical = "lm_head." + name.substr(layout.head.size());
+      }
+      renamed.emplace(std::move(logical), std::move(stored));
+    }
+    tensor_to_file_ = std::move(renamed);
+    return;
+  }
 }
 
 bool CheckpointReader::Has(std::string_view name) const {
@@ -172,7 +198,7 @@ bool CheckpointReader::Has(std::string_view name) const {
 std::vector<std::string> CheckpointReader::TensorNames() const {
   std::vector<std::string> names;
   names.reserve(tensor_to_file_.size());
-  for (const auto& [name, file] : tensor_to_file_) names.push_back(name);
+  for (const auto& [name, stored] : tensor_to_file_) names.push_back(name);
   return names;
 }
 
@@ -181,7 +207,7 @@ absl::StatusOr<std::filesystem::path> CheckpointReader::FileOf(std::string_view 
   if (it == tensor_to_file_.end()) {
     return MissingTensor(dir_, name);
   }
-  return it->second->path();
+  return it->second.file->path();
 }
 
 absl::StatusOr<SafetensorsDType> CheckpointReader::StoredDType(std::string_view name) const {
@@ -189,7 +215,7 @@ absl::StatusOr<SafetensorsDType> CheckpointReader::StoredDType(std::string_view 
   if (it == tensor_to_file_.end()) {
     return MissingTensor(dir_, name);
   }
-  return it->second->tensors().at(std::string(name)).dtype;
+  return it->second.file->tensors().at(it->second.name).dtype;
 }
 
 absl::StatusOr<at::Tensor> CheckpointReader::Load(std::string_view name,
@@ -199,9 +225,10 @@ absl::StatusOr<at::Tensor> CheckpointReader::Load(std::string_view name,
   if (it == tensor_to_file_.end()) {
     return MissingTensor(dir_, name);
   }
-  const SafetensorsFile& file = *it->second;
-  const SafetensorsTensorInfo& info = file.tensors().at(std::string(name));
-  const std::string where = absl::StrCat(file.path().string(), ": tensor '", Sv(name), "'");
+  const SafetensorsFile& file = *it->second.file;
+  const std::string& stored_name = it->second.name;
+  const SafetensorsTensorInfo& info = file.tensors().at(stored_name);
+  const std::string where = absl::StrCat(file.path().string(), ": tensor '", stored_name, "'");
   if (at::IntArrayRef(info.shape) != expected_shape) {
     return absl::InvalidArgumentError(absl::StrCat(where, " has shape ", ShapeString(info.shape),
                                                    ", expected ", ShapeString(expected_shape)));
@@ -211,7 +238,7 @@ absl::StatusOr<at::Tensor> CheckpointReader::Load(std::string_view name,
     return absl::InvalidArgumentError(absl::StrCat(where, " has dtype ", Sv(DTypeName(info.dtype)),
                                                    ", expected a floating type (F32, F16, BF16)"));
   }
-  TOPHAT_ASSIGN_OR_RETURN(at::Tensor stored, file.Tensor(name));
+  TOPHAT_ASSIGN_OR_RETURN(at::Tensor stored, file.Tensor(stored_name));
   // to() returns `stored` itself when the dtype already matches, so the result keeps
   // aliasing the read-only mapping; a conversion yields a fresh, writable tensor.
   at::Tensor result;
@@ -222,7 +249,7 @@ absl::StatusOr<at::Tensor> CheckpointReader::Load(std::string_view name,
 absl::StatusOr<at::Tensor> CheckpointReader::LoadAsStored(std::string_view name) const {
   auto it = tensor_to_file_.find(name);
   if (it == tensor_to_file_.end()) return MissingTensor(dir_, name);
-  return it->second->Tensor(name);
+  return it->second.file->Tensor(it->second.name);
 }
 
 }  // namespace tophat

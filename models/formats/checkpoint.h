@@ -19,7 +19,8 @@ namespace tophat {
 class CheckpointReader {
  public:
   // Opens every safetensors file of the checkpoint in `dir`. With an index, each tensor it
-  // names must exist in the shard it names. Errors name the file.
+  // names must exist in the shard it names. Errors name the file. A multimodal checkpoint's
+  // language model reads under a text model's names (NameLanguageModel).
   static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(const std::filesystem::path& dir);
   // One safetensors file on its own (an adapter, a test file).
   static absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenFile(
@@ -44,9 +45,20 @@ class CheckpointReader {
  private:
   CheckpointReader() = default;
 
+  // A multimodal checkpoint keeps its language model under a prefix
+  // (Gemma3ForConditionalGeneration: `language_model.model.` and `language_model.lm_head.`
+  // as transformers 4.50 and 5 save it, `model.language_model.` as 4.52 to 4.57 do): its
+  // tensors are named here as a text model's (`model.`, `lm_head.`), the others (the vision
+  // tower's) as stored.
+  void NameLanguageModel();
+
+  struct StoredTensor {
+    const SafetensorsFile* file = nullptr;
+    std::string name;  // in the file
+  };
   std::filesystem::path dir_;
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
-  std::map<std::string, const SafetensorsFile*, std::less<>> tensor_to_file_;
+  std::map<std::string, StoredTensor, std::less<>> tensor_to_file_;
 };
 
 }  // namespace tophat

@@ -75,6 +75,46 @@ TEST_CASE("checkpoint reads a single model.safetensors", "[checkpoint]") {
   CHECK(at::equal(*widened, norm.to(at::kFloat)));
 }
 
+TEST_CASE(
+    "A multimodal checkpoint's language model reads under a text model's names, in "
+    "either layout",
+    "[checkpoint]") {
+  struct Layout {
+    std::string model;  // prefix of the text model's `model.`
+    std::string head;   // of its `lm_head.`
+  };
+  for (const Layout& layout : {Layout{"language_model.model.", "language_model.lm_head."},
+                               Layout{"model.language_model.", "lm_head."}}) {
+    INFO(layout.model);
+    TempDir dir;
+    const at::Tensor embed = at::randn({8, 4});
+    const at::Tensor norm = at::randn({4});
+    const at::Tensor head = at::randn({8, 4});
+    const at::Tensor vision = at::randn({2, 2});
+    REQUIRE(WriteSafetensors(dir.path() / "model.safetensors",
+                             {{layout.model + "embed_tokens.weight", embed},
+                              {layout.model + "layers.0.input_layernorm.weight", norm},
+                              {layout.head + "weight", head},
+                              {"vision_tower.encoder.layers.0.weight", vision}})
+                .ok());
+    auto reader = CheckpointReader::Open(dir.path());
+    REQUIRE(reader.ok());
+    CHECK((*reader)->TensorNames() ==
+          std::vector<std::string>{"lm_head.weight", "model.embed_tokens.weight",
+                                   "model.layers.0.input_layernorm.weight",
+                                   "vision_tower.encoder.layers.0.weight"});
+    CHECK(at::equal(*(*reader)->Load("model.embed_tokens.weight", {8, 4}, at::kFloat), embed));
+    CHECK(at::equal(*(*reader)->LoadAsStored("model.layers.0.input_layernorm.weight"), norm));
+    CHECK(at::equal(*(*reader)->Load("lm_head.weight", {8, 4}, at::kFloat), head));
+    CHECK(*(*reader)->StoredDType("lm_head.weight") == SafetensorsDType::kF32);
+    // An error names the tensor as the file stores it.
+    auto wrong = (*reader)->Load("model.embed_tokens.weight", {4, 8}, at::kFloat);
+    REQUIRE_FALSE(wrong.ok());
+    CHECK_THAT(std::string(wrong.status().message()),
+               Catch::Contains("tensor '" + layout.model + "embed_tokens.weight' has shape"));
+  }
+}
+
 TEST_CASE("checkpoint reads shards listed in the index", "[checkpoint]") {
   ShardedCheckpoint checkpoint;
   WriteIndex(checkpoint.dir.path(), checkpoint.WeightMap());

@@ -112,12 +112,21 @@ absl::StatusOr<Rope> ParseRope(const json& j, const std::string& source) {
     }
   }
   if (type == "default") return rope;
+  RopeScaling& scaling = rope.scaling;
+  if (type == "linear") {
+    scaling.linear = true;
+    TOPHAT_ASSIGN_OR_RETURN(scaling.factor, GetDouble(*params, scoped, "factor", 1.0));
+    if (scaling.factor <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(source, key + ".factor"), " must be > 0"));
+    }
+    return rope;
+  }
   if (type != "llama3") {
     return absl::InvalidArgumentError(
         absl::StrCat(Where(source, key + ".rope_type"), " '", type,
-                     "' is not supported (supported: llama3, default)"));
+                     "' is not supported (supported: llama3, linear, default)"));
   }
-  RopeScaling& scaling = rope.scaling;
   scaling.llama3 = true;
   TOPHAT_ASSIGN_OR_RETURN(scaling.factor, GetDouble(*params, scoped, "factor", 8.0));
   TOPHAT_ASSIGN_OR_RETURN(scaling.low_freq_factor,
@@ -226,7 +235,7 @@ absl::Status ParseGemmaRope(const json& j, const std::string& source, ModelConfi
     if (auto sliding = params->find("sliding_attention"); sliding != params->end()) {
       TOPHAT_ASSIGN_OR_RETURN(
           Rope rope, ParseRope(json{{"rope_parameters", *sliding}}, scoped + ".sliding_attention"));
-      if (rope.scaling.llama3) {
+      if (rope.scaling.llama3 || rope.scaling.linear) {
         return absl::InvalidArgumentError(
             absl::StrCat(Where(source, "rope_parameters.sliding_attention"),
                          ": scaling of the sliding layers' rotary embeddings is not supported"));
@@ -270,7 +279,47 @@ absl::StatusOr<std::vector<int64_t>> ParseTokenIds(const json& j, const std::str
       absl::StrCat(Where(source, key), " must be an integer or a list of integers"));
 }
 
+// Gemma3TextConfig's defaults, which a multimodal checkpoint's text_config leaves out (Gemma 3
+// 4B's writes its sizes, the window and the scaling, and little else).
+json GemmaTextDefaults() {
+  return json{{"vocab_size", 262208},
+              {"hidden_size", 2304},
+              {"intermediate_size", 9216},
+              {"num_hidden_layers", 26},
+              {"num_attention_heads", 8},
+              {"num_key_value_heads", 4},
+              {"head_dim", 256},
+              {"max_position_embeddings", 131072},
+              {"rms_norm_eps", 1e-6},
+              {"rope_theta", 1000000.0},
+              {"rope_local_base_freq", 10000.0},
+              {"query_pre_attn_scalar", 256},
+              {"sliding_window", 4096},
+              {"tie_word_embeddings", true},
+              {"bos_token_id", 2},
+              {"eos_token_id", 1}};
+}
+
 }  // namespace
+
+absl::StatusOr<ModelConfig> ModelConfig::GemmaTextModel(const json& j, const std::string& source) {
+  auto text = j.find("text_config");
+  if (text == j.end() || !text->is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(source, "text_config"),
+        " must be an object: Gemma3ForConditionalGeneration's text model is read from it"));
+  }
+  json config = GemmaTextDefaults();
+  // The outer config's token ids and dtype where the text model's own are absent.
+  for (const char* key : {"bos_token_id", "eos_token_id", "torch_dtype", "dtype"}) {
+    if (auto it = j.find(key); it != j.end() && !it->is_null()) config[key] = *it;
+  }
+  config.update(*text);
+  config["architectures"] = {"Gemma3ForCausalLM"};
+  TOPHAT_ASSIGN_OR_RETURN(ModelConfig c, FromJson(config, absl::StrCat(source, " text_config")));
+  c.multimodal_text = true;
+  return c;
+}
 
 std::string_view ArchitectureName(Architecture architecture) {
   switch (architecture) {
@@ -315,6 +364,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::stri
         Where(source, "architectures"), " must be a non-empty list of architecture names"));
   }
   const std::string name = (*arch)[0].get<std::string>();
+  if (name == "Gemma3ForConditionalGeneration") return GemmaTextModel(j, source);
   if (name == "LlamaForCausalLM") {
     c.architecture = Architecture::kLlama;
   } else if (name == "MistralForCausalLM") {
@@ -491,6 +541,8 @@ json ModelConfig::ToJson() const {
         {"low_freq_factor", rope_scaling.low_freq_factor},
         {"high_freq_factor", rope_scaling.high_freq_factor},
         {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+  } else if (rope_scaling.linear) {
+    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", rope_scaling.factor}};
   } else {
     j["rope_scaling"] = nullptr;
   }

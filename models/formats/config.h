@@ -30,8 +30,11 @@ absl::StatusOr<at::ScalarType> ParseTorchDtypeName(std::string_view name, std::s
 
 // `rope_scaling` of type "llama3" (Llama 3.1+): frequencies below a wavelength band are
 // divided by `factor`, those above are kept, and the band between is interpolated.
+// `rope_scaling` of type "linear" (Gemma 3 4B and up): every frequency divided by `factor`
+// (`linear` true, the llama3 fields unused).
 struct RopeScaling {
   bool llama3 = false;
+  bool linear = false;
   double factor = 1.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
@@ -65,10 +68,17 @@ struct ModelConfig {
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;
   std::string torch_dtype = "float32";
+  // Read from a multimodal checkpoint's text_config (GemmaTextModel).
+  bool multimodal_text = false;
 
   // Parses and validates a config.json object. Errors name `source` (the file) and the key.
   static absl::StatusOr<ModelConfig> FromJson(const nlohmann::json& json, const std::string& source);
   static absl::StatusOr<ModelConfig> Load(const std::filesystem::path& config_json);
+  // Gemma3ForConditionalGeneration's text model (its `text_config`, with Gemma3TextConfig's
+  // defaults for what it leaves out) as a Gemma3ForCausalLM: tophat serves text, and the
+  // vision tower's tensors are never read.
+  static absl::StatusOr<ModelConfig> GemmaTextModel(const nlohmann::json& json,
+                                                    const std::string& source);
 
   // The config.json this config reads back from (Hugging Face key names).
   nlohmann::json ToJson() const;

@@ -307,6 +307,55 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "Gemma 3's multimodal config reads its text model, with the defaults it leaves out "
+    "and linear rope scaling",
+    "[config]") {
+  // Gemma 3 4B's shape: the text_config names little beyond its sizes, window and scaling.
+  const json j = json::parse(R"({
+    "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999,
+    "eoi_token_index": 256000, "eos_token_id": [1, 106], "image_token_index": 262144,
+    "mm_tokens_per_image": 256, "model_type": "gemma3",
+    "text_config": {"hidden_size": 2560, "intermediate_size": 10240,
+                    "model_type": "gemma3_text", "num_hidden_layers": 34,
+                    "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                    "sliding_window": 1024},
+    "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+    "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model"}})");
+  auto c = ModelConfig::FromJson(j, "gemma3-4b/config.json");
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  CHECK(c->architecture == Architecture::kGemma3);
+  CHECK(c->multimodal_text);
+  CHECK(c->hidden_size == 2560);
+  CHECK(c->num_hidden_layers == 34);
+  CHECK(c->num_attention_heads == 8);
+  CHECK(c->num_key_value_heads == 4);
+  CHECK(c->head_dim == 256);
+  CHECK(c->vocab_size == 262208);
+  CHECK(c->tie_word_embeddings);
+  CHECK(c->eos_token_ids == std::vector<int64_t>{1, 106});
+  CHECK(c->torch_dtype == "bfloat16");
+  CHECK(c->rope_scaling.linear);
+  CHECK(c->rope_scaling.factor == 8.0);
+  CHECK(c->rope_local_theta == 1e4);
+  CHECK(c->LayerWindow(0) == 1024);
+  CHECK_FALSE(c->LayerWindow(5));
+
+  json bare = j;
+  bare.erase("text_config");
+  auto missing = ModelConfig::FromJson(bare, "mm/config.json");
+  REQUIRE_FALSE(missing.ok());
+  CHECK_THAT(Message(missing.status()),
+             Catch::Contains("mm/config.json: key 'text_config' must be an object"));
+  json wrong = j;
+  wrong["text_config"]["hidden_activation"] = "relu";
+  auto refused = ModelConfig::FromJson(wrong, "mm/config.json");
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(Message(refused.status()),
+             Catch::Contains("mm/config.json text_config: key 'hidden_activation'"));
+}
+
 TEST_CASE("What Gemma's runtime does not compute is refused, naming file and key", "[config]") {
   struct Case {
     const char* what;

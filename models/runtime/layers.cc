@@ -38,6 +38,9 @@ RopeTable RopeTable::Create(const ModelConfig& config, int64_t max_positions, at
     inv_freq[i] = 1.0 / std::pow(config.rope_theta, static_cast<double>(2 * i) /
                                                         static_cast<double>(config.head_dim));
   }
+  if (config.rope_scaling.linear) {
+    for (double& f : inv_freq) f /= config.rope_scaling.factor;
+  }
   if (config.rope_scaling.llama3) {
     const RopeScaling& s = config.rope_scaling;
     const double old_context = static_cast<double>(s.original_max_position_embeddings);
