@@ -161,6 +161,24 @@ def main():
     mistral = dict(llama, architectures=["MistralForCausalLM"], model_type="mistral",
                    sliding_window=64, head_dim=16)
     write(out, "model_config", "mistral.json", json.dumps(mistral, indent=1))
+    gemma3 = dict(llama, architectures=["Gemma3ForCausalLM"], model_type="gemma3_text",
+                  head_dim=32, hidden_activation="gelu_pytorch_tanh", sliding_window=6,
+                  layer_types=["sliding_attention"] * 3 + ["full_attention"],
+                  query_pre_attn_scalar=24, final_logit_softcapping=None,
+                  rope_parameters={"full_attention": {"rope_type": "default",
+                                                      "rope_theta": 1e6},
+                                   "sliding_attention": {"rope_type": "default",
+                                                         "rope_theta": 1e4}})
+    write(out, "model_config", "gemma3.json", json.dumps(gemma3, indent=1))
+    # Gemma 3 4B's layout: the text model in text_config, most keys left to the defaults.
+    gemma3_mm = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+                 "eos_token_id": [1, 106], "torch_dtype": "bfloat16",
+                 "text_config": {"hidden_size": 64, "intermediate_size": 128,
+                                 "num_hidden_layers": 6, "vocab_size": 512, "head_dim": 16,
+                                 "sliding_window": 8, "sliding_window_pattern": 3,
+                                 "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+                 "vision_config": {"hidden_size": 32}}
+    write(out, "model_config", "gemma3_multimodal.json", json.dumps(gemma3_mm, indent=1))
 
     root = os.path.dirname(HERE)
     for name in ("cloud.yaml", "agent.yaml"):
