@@ -42,10 +42,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import openai  # noqa: E402
 import torch  # noqa: E402
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig  # noqa: E402
 
 from loopback_daemons import free_port, serving  # noqa: E402
+from model_checks import byte_level_bpe, check, finish, post  # noqa: E402
 
 # Gemma 3's chat template, as its instruction-tuned checkpoints publish it in
 # tokenizer_config.json: BOS, a system message's text at the start of the first user turn,
@@ -78,25 +78,13 @@ GEMMA3_TEMPLATE = (
 CORPUS = ["The old farmer walked to the river and counted the boats twice before noon.",
           "Which is greater, nine or eleven? Count them on your fingers, then answer."]
 NEW_TOKENS = 16
-failures = []
-
-
-def check(condition, what):
-    print(("ok   " if condition else "FAIL ") + what)
-    if not condition:
-        failures.append(what)
 
 
 def build_model(directory):
     """The tokenizer, tokenizer_config.json and a random Gemma 3 checkpoint in `directory`."""
     os.makedirs(directory, exist_ok=True)
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"])
-    tokenizer.train_from_iterator(CORPUS * 20, trainer)
+    tokenizer = byte_level_bpe(
+        CORPUS, ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"])
     tokenizer.save(os.path.join(directory, "tokenizer.json"))
     with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast",
@@ -121,13 +109,6 @@ def build_model(directory):
                 p.copy_(0.2 * torch.randn_like(p))
     model.save_pretrained(directory, safe_serialization=True)
     return model
-
-
-def post(url, body):
-    request = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.load(response)
 
 
 def token_ids(names):
@@ -245,10 +226,7 @@ def main():
                  agent_settings="speculative:\n  eta: 0.01\n  max_runs_in_flight: 2\n",
                  agent_metrics=metrics_port) as base:
         run_checks(base, model, hf_tokenizer, metrics_port)
-    if failures:
-        print(f"FAIL: {len(failures)} check(s) failed")
-        sys.exit(1)
-    print("PASS")
+    finish()
 
 
 if __name__ == "__main__":

@@ -42,7 +42,6 @@ import os
 import shutil
 import subprocess
 import sys
-import urllib.request
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -50,12 +49,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import openai  # noqa: E402
 import torch  # noqa: E402
-from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models,  # noqa: E402
-                        pre_tokenizers, trainers)
+from tokenizers import AddedToken, Regex, pre_tokenizers  # noqa: E402
 from transformers import (AutoTokenizer, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,  # noqa: E402
                           Qwen3ForCausalLM)
 
 from loopback_daemons import serving  # noqa: E402
+from model_checks import byte_level_bpe, check, finish, post  # noqa: E402
 
 # Qwen3's chat template (Qwen/Qwen3-0.6B's tokenizer_config.json), tools and all.
 QWEN3_TEMPLATE = r"""{%- if tools %}
@@ -187,25 +186,12 @@ QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| 
 
 CORPUS = ["Which is greater, 9.11 or 9.8? Compare the tenths first, then the hundredths.",
           "The answer is yes or no. Think it over: the old farmer walked to the river."]
-failures = []
-
-
-def check(condition, what):
-    print(("ok   " if condition else "FAIL ") + what)
-    if not condition:
-        failures.append(what)
 
 
 def build_model(directory):
     """The tokenizer, tokenizer_config.json and a random Qwen3 checkpoint in `directory`."""
     os.makedirs(directory, exist_ok=True)
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
-    tokenizer.train_from_iterator(CORPUS * 20, trainer)
+    tokenizer = byte_level_bpe(CORPUS, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
     # Qwen3's: added tokens, not special ones (an answer's text shows them).
     tokenizer.add_tokens([AddedToken("<think>", special=False, normalized=False),
                           AddedToken("</think>", special=False, normalized=False)])
@@ -230,17 +216,11 @@ def build_r1_model(directory):
     DeepSeek-R1-Distill-Qwen's layout (BOS and EOS special; <｜User｜>, <｜Assistant｜>,
     <think> and </think> added tokens that are not)."""
     os.makedirs(directory, exist_ok=True)
-    tokenizer = Tokenizer(models.BPE())
     # Qwen2's pre-tokenizer (digits one by one), as the distill's tokenizer.json has it and
     # as transformers' Qwen2Tokenizer puts it back for a qwen2 checkpoint anyway.
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+    tokenizer = byte_level_bpe(CORPUS, [R1_EOS, R1_BOS], pre_tokenizer=pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=[R1_EOS, R1_BOS])
-    tokenizer.train_from_iterator(CORPUS * 20, trainer)
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]))
     tokenizer.add_tokens([AddedToken(text, special=False, normalized=False)
                           for text in ("<｜User｜>", "<｜Assistant｜>", "<think>", "</think>")])
     tokenizer.save(os.path.join(directory, "tokenizer.json"))
@@ -374,13 +354,6 @@ def check_budget(client, base, model, tokenizer, prompt, question, think_end, en
           f"{label}of 12 answers {forced} had their reasoning ended by the budget and content "
           f"after it, {natural_sooner} ended their reasoning within the budget")
     return waited
-
-
-def post(url, body):
-    request = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.load(response)
 
 
 def split_reasoning(text):
@@ -769,10 +742,7 @@ def main():
     # The byte-level vocabularies' random models write parts of characters often enough that
     # some budgets end inside one, and the forcing waits.
     check(waited >= 2, f"{waited} of 24 budgeted answers waited for a character's end")
-    if failures:
-        print(f"FAIL: {len(failures)} check(s) failed")
-        sys.exit(1)
-    print("PASS")
+    finish()
 
 
 if __name__ == "__main__":
