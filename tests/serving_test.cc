@@ -3542,9 +3542,14 @@ TEST_CASE("An agent computing in bfloat16 serves a float32 cloud, converting at 
               100 * fraction, margins.c_str());
   INFO("agreement " << fraction << ", margins:" << margins);
   CHECK(agreement.tokens >= 16 * max_new_tokens / 2);
-  // As in the all-bfloat16 test: only near ties of the float32 model may flip.
-  for (double margin : agreement.disagreement_margins) CHECK(margin < 0.05);
-  CHECK(fraction >= 0.99);  // 383 of 384 (99.74%) on the CPU
+  // As in the all-bfloat16 test: only near ties of the float32 model may flip, and how many
+  // there are is the trained toy model's. On the 2-core AMD EPYC 383 of 384 agree (99.74%,
+  // margin 0.015); a toy model trained with the attention scores multiplied by 1/sqrt(32)
+  // instead of divided by sqrt(32) (a last-bit difference, 2026-12-06) agreed on 380
+  // (98.96%, margins 0.001-0.007). So the margins are asserted, and the count guards
+  // against a fault that flips many near ties at once.
+  for (double margin : agreement.disagreement_margins) CHECK(margin < 0.03);
+  CHECK(fraction >= 0.98);
 }
 
 // What the cloud counts: hidden-state payload bytes received and sent, and positions computed.

@@ -55,7 +55,12 @@ at::Tensor TrainingLayers(const ModelConfig& c, const WeightMap& w, const RopeTa
     q = ApplyRope(q, layer_cos, layer_sin).transpose(1, 2);
     k = ApplyRope(k, layer_cos, layer_sin).repeat_interleave(group, 2).transpose(1, 2);
     v = v.repeat_interleave(group, 2).transpose(1, 2);
-    at::Tensor scores = at::matmul(q, k.transpose(-1, -2)) * c.attention_scale();
+    // Divided by the root rather than multiplied by its reciprocal, which rounds differently
+    // where the root is inexact (head_dim 32) and trains another toy model: the one the
+    // serving tests' agreement counts were measured on is this arithmetic's.
+    const double root =
+        std::sqrt(c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : static_cast<double>(hd));
+    at::Tensor scores = at::matmul(q, k.transpose(-1, -2)) / root;
     at::Tensor attention = at::matmul(at::softmax(scores + mask, -1), v);
     attention = attention.transpose(1, 2).reshape({batch, seq, -1});
     at::Tensor out = project("self_attn.o_proj", c.o_bias(), attention);
