@@ -587,10 +587,10 @@ json ModelConfig::ToJson() const {
   return j;
 }
 
-double ModelConfig::attention_scale() const {
-  const double scalar =
-      query_pre_attn_scalar > 0 ? query_pre_attn_scalar : static_cast<double>(head_dim);
-  return 1.0 / std::sqrt(scalar);
+double ModelConfig::attention_scale() const { return 1.0 / std::sqrt(attention_scalar()); }
+
+float ModelConfig::embedding_scale() const {
+  return gemma() ? static_cast<float>(std::sqrt(static_cast<double>(hidden_size))) : 1.0f;
 }
 
 int64_t ModelConfig::LayerParameterCount() const {

@@ -102,8 +102,15 @@ struct ModelConfig {
   }
   // Whether `layer` turns with the sliding layers' rotary base (rope_local_theta).
   bool LocalRope(int64_t layer) const { return rope_local_theta && LayerWindow(layer); }
-  // The factor on attention scores: 1/sqrt(query_pre_attn_scalar, or head_dim).
+  // What attention scores are scaled by the inverse root of: query_pre_attn_scalar, or
+  // head_dim; and that factor.
+  double attention_scalar() const {
+    return query_pre_attn_scalar > 0 ? query_pre_attn_scalar : static_cast<double>(head_dim);
+  }
   double attention_scale() const;
+  // The factor on the token embedding's rows: sqrt(hidden_size) in float32 for Gemma
+  // (transformers' Gemma3TextScaledWordEmbedding), else 1.
+  float embedding_scale() const;
   // o_proj has a bias: attention_bias, except in Qwen2 (q/k/v biases only).
   bool o_bias() const { return attention_bias && architecture != Architecture::kQwen2; }
   int64_t q_size() const { return num_attention_heads * head_dim; }

@@ -651,11 +651,10 @@ absl::StatusOr<at::Tensor> Submodel::Embed(const at::Tensor& token_ids) const {
       rows = at::embedding(embedding_.dense, token_ids.to(at::kLong).to(options_.device))
                  .to(options_.dtype);
     }
-    // Gemma scales the embedding by sqrt(hidden_size), rounded to float32 and then to the
-    // table's dtype, as transformers' Gemma3TextScaledWordEmbedding does.
+    // Gemma's scale, rounded to the table's dtype as transformers rounds it.
     if (config_.gemma()) {
-      const auto scale = static_cast<float>(std::sqrt(static_cast<double>(config_.hidden_size)));
-      rows.mul_(at::scalar_tensor(scale, at::kFloat).to(rows.scalar_type()).item());
+      rows.mul_(
+          at::scalar_tensor(config_.embedding_scale(), at::kFloat).to(rows.scalar_type()).item());
     }
   });
   TOPHAT_RETURN_IF_ERROR(status);

@@ -8,6 +8,15 @@
 
 namespace tophat {
 
+namespace {
+
+// Gemma's norms scale by 1 + weight (the runtime adds the 1 as it loads).
+at::Tensor TrainingRmsNorm(const ModelConfig& c, const at::Tensor& x, const at::Tensor& weight) {
+  return RmsNorm(x, c.gemma() ? weight + 1.0 : weight, c.rms_norm_eps);
+}
+
+}  // namespace
+
 at::Tensor TrainingLayers(const ModelConfig& c, const WeightMap& w, const RopeTable& rope,
                           at::Tensor x, int64_t begin, int64_t end) {
   const int64_t batch = x.size(0);
@@ -28,9 +37,8 @@ at::Tensor TrainingLayers(const ModelConfig& c, const WeightMap& w, const RopeTa
     windowed = causal + at::full({seq, seq}, -std::numeric_limits<float>::infinity(), x.options())
                             .tril(-*c.sliding_window);
   }
-  // Gemma's norms scale by 1 + weight (the runtime adds the 1 as it loads).
   auto norm = [&](const at::Tensor& input, const at::Tensor& weight) {
-    return RmsNorm(input, c.gemma() ? weight + 1.0 : weight, c.rms_norm_eps);
+    return TrainingRmsNorm(c, input, weight);
   };
   for (int64_t i = begin; i < end; ++i) {
     auto p = [&](std::string_view s) -> const at::Tensor& { return w.at(LayerTensorName(i, s)); };
@@ -58,9 +66,7 @@ at::Tensor TrainingLayers(const ModelConfig& c, const WeightMap& w, const RopeTa
     // Divided by the root rather than multiplied by its reciprocal, which rounds differently
     // where the root is inexact (head_dim 32) and trains another toy model: the one the
     // serving tests' agreement counts were measured on is this arithmetic's.
-    const double root =
-        std::sqrt(c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : static_cast<double>(hd));
-    at::Tensor scores = at::matmul(q, k.transpose(-1, -2)) / root;
+    at::Tensor scores = at::matmul(q, k.transpose(-1, -2)) / std::sqrt(c.attention_scalar());
     at::Tensor attention = at::matmul(at::softmax(scores + mask, -1), v);
     attention = attention.transpose(1, 2).reshape({batch, seq, -1});
     at::Tensor out = project("self_attn.o_proj", c.o_bias(), attention);
@@ -85,14 +91,12 @@ at::Tensor TrainingLayers(const ModelConfig& c, const WeightMap& w, const RopeTa
 
 at::Tensor TrainingEmbed(const ModelConfig& c, const WeightMap& w, const at::Tensor& ids) {
   at::Tensor x = at::embedding(w.at("model.embed_tokens.weight"), ids);
-  // Gemma scales the embedding by sqrt(hidden_size) (Submodel::Embed).
-  if (c.gemma()) x = x * static_cast<float>(std::sqrt(static_cast<double>(c.hidden_size)));
+  if (c.gemma()) x = x * c.embedding_scale();
   return x;
 }
 
 at::Tensor TrainingHead(const ModelConfig& c, const WeightMap& w, const at::Tensor& x) {
-  const at::Tensor& weight = w.at("model.norm.weight");
-  const at::Tensor h = RmsNorm(x, c.gemma() ? weight + 1.0 : weight, c.rms_norm_eps);
+  const at::Tensor h = TrainingRmsNorm(c, x, w.at("model.norm.weight"));
   return at::linear(h, c.tie_word_embeddings ? w.at("model.embed_tokens.weight")
                                              : w.at("lm_head.weight"));
 }
