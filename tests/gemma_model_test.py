@@ -29,12 +29,8 @@ passes.
 """
 import json
 import os
-import random
-import re
 import shutil
-import subprocess
 import sys
-import urllib.request
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -44,8 +40,9 @@ import openai  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig  # noqa: E402
 
-from loopback_daemons import free_port, serving  # noqa: E402
-from model_checks import byte_level_bpe, check, finish, post  # noqa: E402
+from loopback_daemons import distill_after_split, free_port, serving  # noqa: E402
+from model_checks import (byte_level_bpe, check, finish, metric, post,  # noqa: E402
+                          reference_greedy, token_ids)
 
 # Gemma 3's chat template, as its instruction-tuned checkpoints publish it in
 # tokenizer_config.json: BOS, a system message's text at the start of the first user turn,
@@ -111,52 +108,6 @@ def build_model(directory):
     return model
 
 
-def token_ids(names):
-    """Token ids from log-probability entries named token_id:N (return_tokens_as_token_ids)."""
-    return [int(name.split(":", 1)[1]) for name in names]
-
-
-def reference_greedy(model, ids, stop_ids):
-    """transformers' greedy continuation of `ids`: NEW_TOKENS tokens, or up to (without) the
-    first of `stop_ids`."""
-    model.generation_config.eos_token_id = stop_ids or None
-    model.generation_config.pad_token_id = 0
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids),
-                                                                             dtype=torch.long),
-                             do_sample=False, max_new_tokens=NEW_TOKENS)
-    tokens = out[0, len(ids):].tolist()
-    for i, token in enumerate(tokens):
-        if token in stop_ids:
-            return tokens[:i]
-    return tokens
-
-
-def distill(bin_dir, model_dir, work):
-    """An adapter for the m = 1 split, distilled on text of the corpus's words into the device
-    bundle under `work`/bundles (its manifest then names it)."""
-    words = " ".join(CORPUS).replace(",", "").replace(".", "").replace("?", "").split()
-    rng = random.Random(3)
-    data = os.path.join(os.path.dirname(work), "distill.txt")
-    with open(data, "w") as f:
-        for _ in range(200):
-            f.write(" ".join(rng.choice(words) for _ in range(40)) + "\n")
-
-    def run(bundles):
-        subprocess.run([f"{bin_dir}/tophat", "distill", "--model", model_dir, "--data", data,
-                        "--out", f"{bundles}/device", "-m", "1", "--steps", "30",
-                        "--batch-size", "8", "--sequence-length", "32"], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return run
-
-
-def metric(port, name):
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
-
-
 def run_checks(base, model, hf_tokenizer, metrics_port):
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
     name = client.models.list().data[0].id
@@ -184,7 +135,7 @@ def run_checks(base, model, hf_tokenizer, metrics_port):
                            "temperature": 0, "ignore_eos": True, "logprobs": 0,
                            "return_tokens_as_token_ids": True})
         ours = token_ids(completion["choices"][0]["logprobs"]["tokens"])
-        reference = reference_greedy(model, ids, [])
+        reference = reference_greedy(model, ids, [], NEW_TOKENS)
         check(ours == reference, f"a greedy completion of {len(ids)} prompt tokens is "
                                  f"transformers' (tophat {ours}, transformers {reference})")
 
@@ -192,7 +143,7 @@ def run_checks(base, model, hf_tokenizer, metrics_port):
         model=name, messages=conversation, max_tokens=NEW_TOKENS, temperature=0, logprobs=True,
         extra_body={"return_tokens_as_token_ids": True})
     ours = token_ids([entry.token for entry in answer.choices[0].logprobs.content])
-    reference = reference_greedy(model, expected, [end_of_turn, eos])
+    reference = reference_greedy(model, expected, [end_of_turn, eos], NEW_TOKENS)
     check(ours == reference, f"a greedy chat answer is transformers' continuation of the "
                              f"rendered prompt (tophat {ours}, transformers {reference}, "
                              f"finish_reason {answer.choices[0].finish_reason})")
@@ -222,7 +173,7 @@ def main():
     serving_dir = os.path.join(work, "serving")
     metrics_port = free_port()
     with serving(bin_dir, serving_dir, model_dir,
-                 after_split=distill(bin_dir, model_dir, serving_dir),
+                 after_split=distill_after_split(bin_dir, model_dir, serving_dir, CORPUS),
                  agent_settings="speculative:\n  eta: 0.01\n  max_runs_in_flight: 2\n",
                  agent_metrics=metrics_port) as base:
         run_checks(base, model, hf_tokenizer, metrics_port)

@@ -43,7 +43,7 @@ try:
                               MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
                               Qwen3Config, Qwen3ForCausalLM, Gemma3Config,
                               Gemma3ForCausalLM, Gemma3ForConditionalGeneration,
-                              Gemma3TextConfig)
+                              Gemma3TextConfig, Phi3Config, Phi3ForCausalLM)
 except ImportError as error:
     print(f"hf_reference: cannot import the reference ({error}). It needs torch and "
           f"transformers from deploy/requirements.txt in {sys.executable}'s environment: run "
@@ -120,7 +120,34 @@ def without_linear_scaling(directory):
     return load_reference(directory, config=config)
 
 
-# name, class, config, save (dtype, max_shard_size), split (m, k), control (what it removes)
+# Phi-4-mini's attention: rotary over 3/4 of each head (12 of 16 dimensions), LongRoPE with
+# its short factors below position 16 and its long ones from there, and the attention factor
+# max_position_embeddings / original gives; q/k/v and gate/up stored fused, tied embeddings.
+PHI3_LONGROPE = dict(BASE, pad_token_id=0, tie_word_embeddings=True, partial_rotary_factor=0.75,
+                     original_max_position_embeddings=16,
+                     rope_scaling={"type": "longrope",
+                                   "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                                   "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]})
+
+
+def with_short_factors_throughout(directory):
+    config = AutoConfig.from_pretrained(directory)
+    config.rope_parameters["long_factor"] = list(config.rope_parameters["short_factor"])
+    return load_reference(directory, config=config)
+
+
+def with_whole_head_rotary(directory):
+    config = AutoConfig.from_pretrained(directory)
+    config.partial_rotary_factor = 1.0
+    config.rope_parameters["partial_rotary_factor"] = 1.0
+    return load_reference(directory, config=config)
+
+
+# name, class, config, save (dtype, max_shard_size), split (m, k), control (what it removes);
+# incremental_from: the reference's logits and greedy tokens from the model's forward with a
+# cache, the first N tokens in one pass and each later one alone (LongRoPE switches a whole
+# pass to its long factors once the pass reaches past the original length; a position here
+# turns by its own range's factors, which this order of passes computes).
 VARIANTS = [
     dict(name="llama_gqa", cls=LlamaForCausalLM, config=LlamaConfig(**BASE)),
     dict(name="llama_attention_bias", cls=LlamaForCausalLM,
@@ -167,6 +194,13 @@ VARIANTS = [
     dict(name="gemma3_multimodal_text", cls=Gemma3ForConditionalGeneration,
          config=GEMMA3_MULTIMODAL, split=(1, 2), tokens_below=253,
          control=("no linear scaling", without_linear_scaling)),
+    dict(name="phi3_partial_longrope", cls=Phi3ForCausalLM, config=Phi3Config(**PHI3_LONGROPE),
+         split=(1, 1), incremental_from=16,
+         control=("short factors throughout", with_short_factors_throughout)),
+    dict(name="phi3_partial_window_bf16", cls=Phi3ForCausalLM,
+         config=Phi3Config(**BASE, pad_token_id=0, partial_rotary_factor=0.5, sliding_window=8),
+         dtype=torch.bfloat16, split=(2, 1),
+         control=("whole-head rotary", with_whole_head_rotary)),
 ]
 
 
@@ -209,6 +243,26 @@ def reference_outputs(model, tokens):
     return logits, out[0, len(tokens):].tolist()
 
 
+def incremental_outputs(model, tokens, first):
+    """reference_outputs computed as generation does: tokens[:first] in one pass, then every
+    later token (and each greedy one) alone against the cache."""
+    ids = torch.tensor([tokens])
+    with torch.no_grad():
+        out = model(ids[:, :first], use_cache=True)
+        cache = out.past_key_values
+        logits = [out.logits[0]]
+        for t in range(first, len(tokens)):
+            out = model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            logits.append(out.logits[0])
+        greedy = []
+        for _ in range(GREEDY_TOKENS):
+            greedy.append(int(out.logits[0, -1].argmax()))
+            out = model(torch.tensor([[greedy[-1]]]), past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+    return torch.cat(logits).float(), greedy
+
+
 def run_tophat(runtime_logits, directory, tokens, split, out_path):
     m, k = split
     command = [runtime_logits, "--model", directory, "--tokens", ",".join(map(str, tokens)),
@@ -243,7 +297,11 @@ def check_variant(variant, index, runtime_logits, work_dir):
                                                 variant["config"]).vocab_size)
     tokens = [rng.randrange(vocab) for _ in range(PROMPT_TOKENS)]
     reference = load_reference(directory)
-    ref_logits, ref_greedy = reference_outputs(reference, tokens)
+    outputs = reference_outputs
+    if "incremental_from" in variant:
+        def outputs(model, tokens):
+            return incremental_outputs(model, tokens, variant["incremental_from"])
+    ref_logits, ref_greedy = outputs(reference, tokens)
     ours = run_tophat(runtime_logits, directory, tokens, variant.get("split", (1, 1)),
                       os.path.join(work_dir, f"{name}.tophat.json"))
 
@@ -265,7 +323,7 @@ def check_variant(variant, index, runtime_logits, work_dir):
     row["control"] = ""
     if "control" in variant:
         what, make = variant["control"]
-        control_logits, _ = reference_outputs(make(directory), tokens)
+        control_logits, _ = outputs(make(directory), tokens)
         diff = max_diff(ours["full"], control_logits)
         row["control"] = f"{what}: {diff:.2g}"
         if not diff > CONTROL_FACTOR * TOLERANCE:

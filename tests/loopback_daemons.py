@@ -1,7 +1,8 @@
 """What the Python process tests share to run tophat-cloud and tophat-agent on loopback:
 a free port, the two daemons' configs over the bundles `tophat split` wrote to WORK/bundles
-(plaintext links; metrics off unless a port is given), and both daemons serving a checkpoint
-with the agent's OpenAI endpoint (serving)."""
+(plaintext links; metrics off unless a port is given), both daemons serving a checkpoint
+with the agent's OpenAI endpoint (serving), and a drafter distilled between the split and the
+start (distill_after_split)."""
 
 import contextlib
 import os
@@ -114,3 +115,22 @@ def serving(bin_dir, work, model_dir, openai_settings="", after_split=None, agen
         yield base
     finally:
         stop_processes(processes)
+
+
+def distill_after_split(bin_dir, model_dir, work, corpus):
+    """For serving's after_split: an adapter for the m = 1 split, distilled (30 steps) on
+    text of `corpus`'s words into the device bundle under `work`/bundles (its manifest then
+    names it)."""
+    words = " ".join(corpus).replace(",", "").replace(".", "").replace("?", "").split()
+    rng = random.Random(3)
+    data = os.path.join(os.path.dirname(work), "distill.txt")
+    with open(data, "w") as f:
+        for _ in range(200):
+            f.write(" ".join(rng.choice(words) for _ in range(40)) + "\n")
+
+    def run(bundles):
+        subprocess.run([f"{bin_dir}/tophat", "distill", "--model", model_dir, "--data", data,
+                        "--out", f"{bundles}/device", "-m", "1", "--steps", "30",
+                        "--batch-size", "8", "--sequence-length", "32"], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return run

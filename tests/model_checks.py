@@ -1,8 +1,10 @@
 """What the Python tests that build a small model with its own tokenizer share: checks that
-print and count their failures, a byte-level BPE tokenizer trained on a few sentences, and a
-JSON POST to the agent's endpoint."""
+print and count their failures, a byte-level BPE tokenizer trained on a few sentences, a
+JSON POST to the agent's endpoint, a metric of its /metrics, token ids from log
+probabilities, and transformers' greedy continuations to compare with."""
 
 import json
+import re
 import urllib.request
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -44,3 +46,57 @@ def post(url, body):
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.load(response)
+
+
+def token_ids(names):
+    """Token ids from log-probability entries named token_id:N (return_tokens_as_token_ids)."""
+    return [int(name.split(":", 1)[1]) for name in names]
+
+
+def reference_greedy(model, ids, stop_ids, new_tokens):
+    """transformers' greedy continuation of `ids`: `new_tokens` tokens, or up to (without) the
+    first of `stop_ids`."""
+    import torch
+    model.generation_config.eos_token_id = stop_ids or None
+    model.generation_config.pad_token_id = 0
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids),
+                                                                             dtype=torch.long),
+                             do_sample=False, max_new_tokens=new_tokens)
+    tokens = out[0, len(ids):].tolist()
+    for i, token in enumerate(tokens):
+        if token in stop_ids:
+            return tokens[:i]
+    return tokens
+
+
+def incremental_greedy(model, ids, stop_ids, new_tokens, first):
+    """reference_greedy computed by the model's forward with a cache, as tophat computes a
+    sequence: ids[:first] in one pass, each later token (prompt or generated) alone. For
+    LongRoPE this turns each position by its own range's factors, which generate() does not
+    (transformers' Phi-3 recomputes the whole cache with the long factors once a sequence
+    passes the original length)."""
+    import torch
+    with torch.no_grad():
+        out = model(torch.tensor([ids[:first]]), use_cache=True)
+        cache = out.past_key_values
+        for token in ids[first:]:
+            out = model(torch.tensor([[token]]), past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+        tokens = []
+        while len(tokens) < new_tokens:
+            token = int(out.logits[0, -1].argmax())
+            if token in stop_ids:
+                break
+            tokens.append(token)
+            out = model(torch.tensor([[token]]), past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+    return tokens
+
+
+def metric(port, name):
+    """A counter or gauge without labels from the /metrics page on `port` (0 when absent)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0

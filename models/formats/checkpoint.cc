@@ -1,5 +1,6 @@
 #include "models/formats/checkpoint.h"
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -10,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "base/strings.h"
+#include "models/formats/config.h"
 
 namespace tophat {
 namespace {
@@ -120,6 +122,7 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     }
     reader->files_.push_back(std::move(file));
     reader->NameLanguageModel();
+    TOPHAT_RETURN_IF_ERROR(reader->NameFusedProjections());
     return reader;
   }
 
@@ -164,7 +167,87 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
   }
   for (auto& [shard, file] : shards) reader->files_.push_back(std::move(file));
   reader->NameLanguageModel();
+  TOPHAT_RETURN_IF_ERROR(reader->NameFusedProjections());
   return reader;
+}
+
+absl::Status CheckpointReader::NameFusedProjections() {
+  struct Fused {
+    std::string suffix;              // the stored matrix's, after "model.layers.N."
+    std::vector<std::string> parts;  // its parts' (Llama's names), in row order
+  };
+  const std::vector<Fused> fused = {
+      {"self_attn.qkv_proj.", {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"}},
+      {"mlp.gate_up_proj.", {"mlp.gate_proj", "mlp.up_proj"}}};
+  auto find = [&](std::string_view name) -> const Fused* {
+    if (!name.starts_with("model.layers.")) return nullptr;
+    for (const Fused& f : fused) {
+      for (std::string_view kind : {"weight", "bias"}) {
+        const std::string tail = absl::StrCat(f.suffix, Sv(kind));
+        if (name.ends_with(tail)) return &f;
+      }
+    }
+    return nullptr;
+  };
+  if (std::none_of(tensor_to_file_.begin(), tensor_to_file_.end(),
+                   [&](const auto& entry) { return find(entry.first) != nullptr; })) {
+    return absl::OkStatus();
+  }
+  const std::filesystem::path config_path = dir_ / "config.json";
+  absl::StatusOr<ModelConfig> config = ModelConfig::Load(config_path);
+  if (!config.ok()) {
+    return absl::Status(config.status().code(),
+                        absl::StrCat("checkpoint ", dir_.string(),
+                                     " stores fused projections (qkv_proj, gate_up_proj), whose "
+                                     "parts' widths its config gives: ",
+                                     config.status().message()));
+  }
+  std::map<std::string, StoredTensor, std::less<>> named;
+  for (auto& [name, stored] : tensor_to_file_) {
+    const Fused* f = find(name);
+    if (f == nullptr) {
+      named.emplace(name, std::move(stored));
+      continue;
+    }
+    const std::vector<int64_t> widths =
+        f->parts.size() == 3
+            ? std::vector<int64_t>{config->q_size(), config->kv_size(), config->kv_size()}
+            : std::vector<int64_t>{config->intermediate_size, config->intermediate_size};
+    const std::vector<int64_t> shape = ShapeOf(stored);
+    int64_t total = 0;
+    for (int64_t w : widths) total += w;
+    if (shape.empty() || shape[0] != total) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(stored.file->path().string(), ": tensor '", stored.name, "' has shape ",
+                       ShapeString(shape), "; its parts (", absl::StrJoin(f->parts, ", "),
+                       ") need ", total, " rows by ", config_path.string()));
+    }
+    const size_t at = name.rfind(f->suffix);
+    const std::string prefix = name.substr(0, at);
+    const std::string kind = name.substr(at + f->suffix.size());
+    int64_t first = 0;
+    for (size_t i = 0; i < widths.size(); ++i) {
+      StoredTensor part = stored;
+      part.first_row = first;
+      part.rows = widths[i];
+      first += widths[i];
+      named.emplace(absl::StrCat(prefix, f->parts[i], ".", kind), std::move(part));
+    }
+  }
+  tensor_to_file_ = std::move(named);
+  return absl::OkStatus();
+}
+
+std::vector<int64_t> CheckpointReader::ShapeOf(const StoredTensor& stored) {
+  std::vector<int64_t> shape = stored.file->tensors().at(stored.name).shape;
+  if (stored.rows >= 0 && !shape.empty()) shape[0] = stored.rows;
+  return shape;
+}
+
+absl::StatusOr<at::Tensor> CheckpointReader::Read(const StoredTensor& stored) {
+  TOPHAT_ASSIGN_OR_RETURN(at::Tensor tensor, stored.file->Tensor(stored.name));
+  if (stored.rows >= 0) tensor = tensor.narrow(0, stored.first_row, stored.rows);
+  return tensor;
 }
 
 void CheckpointReader::NameLanguageModel() {
@@ -228,9 +311,14 @@ absl::StatusOr<at::Tensor> CheckpointReader::Load(std::string_view name,
   const SafetensorsFile& file = *it->second.file;
   const std::string& stored_name = it->second.name;
   const SafetensorsTensorInfo& info = file.tensors().at(stored_name);
-  const std::string where = absl::StrCat(file.path().string(), ": tensor '", stored_name, "'");
-  if (at::IntArrayRef(info.shape) != expected_shape) {
-    return absl::InvalidArgumentError(absl::StrCat(where, " has shape ", ShapeString(info.shape),
+  std::string where = absl::StrCat(file.path().string(), ": tensor '", stored_name, "'");
+  if (it->second.rows >= 0) {
+    absl::StrAppend(&where, " rows [", it->second.first_row, ", ",
+                    it->second.first_row + it->second.rows, ") ('", Sv(name), "')");
+  }
+  const std::vector<int64_t> shape = ShapeOf(it->second);
+  if (at::IntArrayRef(shape) != expected_shape) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " has shape ", ShapeString(shape),
                                                    ", expected ", ShapeString(expected_shape)));
   }
   if (info.dtype != SafetensorsDType::kF32 && info.dtype != SafetensorsDType::kF16 &&
@@ -238,7 +326,7 @@ absl::StatusOr<at::Tensor> CheckpointReader::Load(std::string_view name,
     return absl::InvalidArgumentError(absl::StrCat(where, " has dtype ", Sv(DTypeName(info.dtype)),
                                                    ", expected a floating type (F32, F16, BF16)"));
   }
-  TOPHAT_ASSIGN_OR_RETURN(at::Tensor stored, file.Tensor(stored_name));
+  TOPHAT_ASSIGN_OR_RETURN(at::Tensor stored, Read(it->second));
   // to() returns `stored` itself when the dtype already matches, so the result keeps
   // aliasing the read-only mapping; a conversion yields a fresh, writable tensor.
   at::Tensor result;
@@ -249,7 +337,7 @@ absl::StatusOr<at::Tensor> CheckpointReader::Load(std::string_view name,
 absl::StatusOr<at::Tensor> CheckpointReader::LoadAsStored(std::string_view name) const {
   auto it = tensor_to_file_.find(name);
   if (it == tensor_to_file_.end()) return MissingTensor(dir_, name);
-  return it->second.file->Tensor(it->second.name);
+  return Read(it->second);
 }
 
 }  // namespace tophat

@@ -20,7 +20,8 @@ class CheckpointReader {
  public:
   // Opens every safetensors file of the checkpoint in `dir`. With an index, each tensor it
   // names must exist in the shard it names. Errors name the file. A multimodal checkpoint's
-  // language model reads under a text model's names (NameLanguageModel).
+  // language model reads under a text model's names (NameLanguageModel), and fused
+  // projections as their parts (NameFusedProjections).
   static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(const std::filesystem::path& dir);
   // One safetensors file on its own (an adapter, a test file).
   static absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenFile(
@@ -51,11 +52,24 @@ class CheckpointReader {
   // tensors are named here as a text model's (`model.`, `lm_head.`), the others (the vision
   // tower's) as stored.
   void NameLanguageModel();
+  // Phi-3 stores each layer's q, k and v projections as one matrix (`self_attn.qkv_proj`, q's
+  // rows first) and the MLP's gate and up as another (`mlp.gate_up_proj`, gate's rows first),
+  // the stacks the runtime builds from Llama's five: each part is named here as Llama's
+  // (q_proj, k_proj, v_proj, gate_proj, up_proj), a range of the stored matrix's rows. The
+  // widths come from the directory's config.json; errors name it, or the tensor whose rows do
+  // not add up.
+  absl::Status NameFusedProjections();
 
   struct StoredTensor {
     const SafetensorsFile* file = nullptr;
     std::string name;  // in the file
+    // A range of the stored tensor's rows (its first dimension); rows < 0: all of it.
+    int64_t first_row = 0;
+    int64_t rows = -1;
   };
+  // The shape a tensor reads as, and its values (a view into the mapping).
+  static std::vector<int64_t> ShapeOf(const StoredTensor& stored);
+  static absl::StatusOr<at::Tensor> Read(const StoredTensor& stored);
   std::filesystem::path dir_;
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
   std::map<std::string, StoredTensor, std::less<>> tensor_to_file_;

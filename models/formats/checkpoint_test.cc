@@ -115,6 +115,76 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("Phi-3's fused projections read as Llama's parts, ranges of their rows", "[checkpoint]") {
+  TempDir dir;
+  // 4 query heads and 2 KV heads of 16 (q 64, k and v 32 each), MLP 48.
+  WriteBytes(dir.path() / "config.json", nlohmann::json{{"architectures", {"Phi3ForCausalLM"}},
+                                                        {"vocab_size", 8},
+                                                        {"hidden_size", 64},
+                                                        {"intermediate_size", 48},
+                                                        {"num_hidden_layers", 1},
+                                                        {"num_attention_heads", 4},
+                                                        {"num_key_value_heads", 2}}
+                                             .dump());
+  const at::Tensor qkv = at::randn({128, 64}).to(at::kBFloat16);
+  const at::Tensor gate_up = at::randn({96, 64});
+  const at::Tensor norm = at::randn({64});
+  REQUIRE(WriteSafetensors(dir.path() / "model.safetensors",
+                           {{"model.layers.0.self_attn.qkv_proj.weight", qkv},
+                            {"model.layers.0.mlp.gate_up_proj.weight", gate_up},
+                            {"model.layers.0.input_layernorm.weight", norm}})
+              .ok());
+  auto reader = CheckpointReader::Open(dir.path());
+  INFO(reader.status().ToString());
+  REQUIRE(reader.ok());
+  CHECK((*reader)->TensorNames() ==
+        std::vector<std::string>{
+            "model.layers.0.input_layernorm.weight", "model.layers.0.mlp.gate_proj.weight",
+            "model.layers.0.mlp.up_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+            "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.v_proj.weight"});
+  const std::string layer = "model.layers.0.";
+  CHECK(at::equal(*(*reader)->Load(layer + "self_attn.q_proj.weight", {64, 64}, at::kFloat),
+                  qkv.narrow(0, 0, 64).to(at::kFloat)));
+  CHECK(at::equal(*(*reader)->Load(layer + "self_attn.k_proj.weight", {32, 64}, at::kFloat),
+                  qkv.narrow(0, 64, 32).to(at::kFloat)));
+  CHECK(at::equal(*(*reader)->LoadAsStored(layer + "self_attn.v_proj.weight"),
+                  qkv.narrow(0, 96, 32)));
+  CHECK(*(*reader)->StoredDType(layer + "self_attn.v_proj.weight") == SafetensorsDType::kBF16);
+  CHECK(at::equal(*(*reader)->Load(layer + "mlp.gate_proj.weight", {48, 64}, at::kFloat),
+                  gate_up.narrow(0, 0, 48)));
+  CHECK(at::equal(*(*reader)->Load(layer + "mlp.up_proj.weight", {48, 64}, at::kFloat),
+                  gate_up.narrow(0, 48, 48)));
+  // A part read at the wrong shape names the stored tensor and the rows it is.
+  auto wrong = (*reader)->Load(layer + "self_attn.k_proj.weight", {64, 64}, at::kFloat);
+  REQUIRE_FALSE(wrong.ok());
+  CHECK_THAT(Message(wrong.status()),
+             Catch::Contains("tensor 'model.layers.0.self_attn.qkv_proj.weight' rows [64, 96) "
+                             "('model.layers.0.self_attn.k_proj.weight') has shape [32, 64], "
+                             "expected [64, 64]"));
+
+  // Rows that do not add up to the config's widths, and a config that is missing.
+  WriteBytes(dir.path() / "config.json", nlohmann::json{{"architectures", {"Phi3ForCausalLM"}},
+                                                        {"vocab_size", 8},
+                                                        {"hidden_size", 64},
+                                                        {"intermediate_size", 48},
+                                                        {"num_hidden_layers", 1},
+                                                        {"num_attention_heads", 4},
+                                                        {"num_key_value_heads", 4}}
+                                             .dump());
+  auto mismatched = CheckpointReader::Open(dir.path());
+  REQUIRE_FALSE(mismatched.ok());
+  CHECK_THAT(Message(mismatched.status()),
+             Catch::Contains("tensor 'model.layers.0.self_attn.qkv_proj.weight' has shape "
+                             "[128, 64]; its parts (self_attn.q_proj, self_attn.k_proj, "
+                             "self_attn.v_proj) need 192 rows by"));
+  fs::remove(dir.path() / "config.json");
+  auto unconfigured = CheckpointReader::Open(dir.path());
+  REQUIRE_FALSE(unconfigured.ok());
+  CHECK_THAT(Message(unconfigured.status()),
+             Catch::Contains("stores fused projections (qkv_proj, gate_up_proj), whose parts' "
+                             "widths its config gives"));
+}
+
 TEST_CASE("checkpoint reads shards listed in the index", "[checkpoint]") {
   ShardedCheckpoint checkpoint;
   WriteIndex(checkpoint.dir.path(), checkpoint.WeightMap());

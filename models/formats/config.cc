@@ -66,9 +66,32 @@ absl::StatusOr<bool> GetBool(const json& j, const std::string& source, const cha
 struct Rope {
   double theta = 10000.0;
   RopeScaling scaling;
+  double partial_rotary_factor = 1.0;
 };
 
-absl::StatusOr<Rope> ParseRope(const json& j, const std::string& source) {
+// A list of positive numbers (longrope's short_factor, long_factor).
+absl::StatusOr<std::vector<double>> GetFactors(const json& params, const std::string& source,
+                                               const std::string& key, const char* name) {
+  auto it = params.find(name);
+  if (it == params.end() || !it->is_array() || it->empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(source, key + "." + name), " must be a non-empty list of numbers"));
+  }
+  std::vector<double> factors;
+  for (const json& v : *it) {
+    if (!v.is_number() || v.get<double>() <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(source, key + "." + name), " must hold numbers > 0, got ", v.dump()));
+    }
+    factors.push_back(v.get<double>());
+  }
+  return factors;
+}
+
+// `j` is the whole config: Phi-3 keeps original_max_position_embeddings and
+// partial_rotary_factor at its top level, which transformers moves into the rope parameters.
+absl::StatusOr<Rope> ParseRope(const json& j, const std::string& source,
+                               Architecture architecture = Architecture::kLlama) {
   Rope rope;
   const json* params = nullptr;  // the object holding the rope type and its keys
   std::string key;               // its name, for errors
@@ -95,14 +118,26 @@ absl::StatusOr<Rope> ParseRope(const json& j, const std::string& source) {
         Where(source, key == "rope_parameters" ? "rope_parameters.rope_theta" : "rope_theta"),
         " must be > 0"));
   }
-  if (params == nullptr) return rope;
   const std::string scoped = absl::StrCat(source, " ", key);
-  TOPHAT_ASSIGN_OR_RETURN(double partial, GetDouble(*params, scoped, "partial_rotary_factor", 1.0));
-  if (partial != 1.0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Where(source, key + ".partial_rotary_factor"), " ", partial,
-                     " is not supported (rotary embeddings over the whole head only)"));
+  std::string partial_key = "partial_rotary_factor";
+  TOPHAT_ASSIGN_OR_RETURN(rope.partial_rotary_factor,
+                          GetDouble(j, source, "partial_rotary_factor", 1.0));
+  if (params != nullptr && params->contains("partial_rotary_factor")) {
+    partial_key = key + ".partial_rotary_factor";
+    TOPHAT_ASSIGN_OR_RETURN(rope.partial_rotary_factor,
+                            GetDouble(*params, scoped, "partial_rotary_factor", 1.0));
   }
+  if (rope.partial_rotary_factor != 1.0 && architecture != Architecture::kPhi3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(source, partial_key), " ", rope.partial_rotary_factor,
+                     " is not supported for ", std::string(ArchitectureName(architecture)),
+                     " (rotary embeddings over part of the head: Phi3ForCausalLM only)"));
+  }
+  if (!(rope.partial_rotary_factor > 0 && rope.partial_rotary_factor <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(source, partial_key), " must be in (0, 1], got ", rope.partial_rotary_factor));
+  }
+  if (params == nullptr) return rope;
   std::string type = "default";
   // Older checkpoints spell it "type", newer ones "rope_type".
   for (const char* name : {"rope_type", "type"}) {
@@ -122,10 +157,46 @@ absl::StatusOr<Rope> ParseRope(const json& j, const std::string& source) {
     }
     return rope;
   }
+  // "su": the name Phi-3's first configs gave LongRoPE (transformers reads it as longrope).
+  if (type == "longrope" || type == "su") {
+    scaling.longrope = true;
+    TOPHAT_ASSIGN_OR_RETURN(scaling.short_factor, GetFactors(*params, source, key, "short_factor"));
+    TOPHAT_ASSIGN_OR_RETURN(scaling.long_factor, GetFactors(*params, source, key, "long_factor"));
+    TOPHAT_ASSIGN_OR_RETURN(const int64_t max_positions,
+                            GetInt(j, source, "max_position_embeddings", int64_t{2048}, 1));
+    // transformers gives a top-level original_max_position_embeddings priority; Phi3Config
+    // always has one (default 4096); other configs fall back on max_position_embeddings.
+    TOPHAT_ASSIGN_OR_RETURN(
+        int64_t original,
+        GetInt(*params, scoped, "original_max_position_embeddings",
+               architecture == Architecture::kPhi3 ? int64_t{4096} : max_positions, 1));
+    TOPHAT_ASSIGN_OR_RETURN(original,
+                            GetInt(j, source, "original_max_position_embeddings", original, 1));
+    scaling.original_max_position_embeddings = original;
+    TOPHAT_ASSIGN_OR_RETURN(scaling.factor, GetDouble(*params, scoped, "factor",
+                                                      static_cast<double>(max_positions) /
+                                                          static_cast<double>(original)));
+    if (scaling.factor <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(source, key + ".factor"), " must be > 0"));
+    }
+    // LongRoPE's default: sqrt(1 + ln(factor) / ln(original length)), as transformers.
+    const double fallback =
+        scaling.factor <= 1.0
+            ? 1.0
+            : std::sqrt(1.0 + std::log(scaling.factor) / std::log(static_cast<double>(original)));
+    TOPHAT_ASSIGN_OR_RETURN(scaling.attention_factor,
+                            GetDouble(*params, scoped, "attention_factor", fallback));
+    if (scaling.attention_factor <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(source, key + ".attention_factor"), " must be > 0"));
+    }
+    return rope;
+  }
   if (type != "llama3") {
     return absl::InvalidArgumentError(
         absl::StrCat(Where(source, key + ".rope_type"), " '", type,
-                     "' is not supported (supported: llama3, linear, default)"));
+                     "' is not supported (supported: llama3, linear, longrope, default)"));
   }
   scaling.llama3 = true;
   TOPHAT_ASSIGN_OR_RETURN(scaling.factor, GetDouble(*params, scoped, "factor", 8.0));
@@ -197,7 +268,11 @@ absl::StatusOr<SlidingWindow> ParseSlidingWindow(const json& j, const std::strin
   auto sw = j.find("sliding_window");
   if (sw == j.end() || sw->is_null()) return SlidingWindow{};
   TOPHAT_ASSIGN_OR_RETURN(int64_t window, GetInt(j, source, "sliding_window", std::nullopt, 1));
-  if (architecture == Architecture::kMistral) return SlidingWindow{.window = window};
+  // Phi-3 mini windows every layer as Mistral does (transformers' Phi3 masks by
+  // `sliding_window` alone).
+  if (architecture == Architecture::kMistral || architecture == Architecture::kPhi3) {
+    return SlidingWindow{.window = window};
+  }
   TOPHAT_ASSIGN_OR_RETURN(bool use, GetBool(j, source, "use_sliding_window", false));
   if (!use) return SlidingWindow{};
 
@@ -235,7 +310,7 @@ absl::Status ParseGemmaRope(const json& j, const std::string& source, ModelConfi
     if (auto sliding = params->find("sliding_attention"); sliding != params->end()) {
       TOPHAT_ASSIGN_OR_RETURN(
           Rope rope, ParseRope(json{{"rope_parameters", *sliding}}, scoped + ".sliding_attention"));
-      if (rope.scaling.llama3 || rope.scaling.linear) {
+      if (rope.scaling.llama3 || rope.scaling.linear || rope.scaling.longrope) {
         return absl::InvalidArgumentError(
             absl::StrCat(Where(source, "rope_parameters.sliding_attention"),
                          ": scaling of the sliding layers' rotary embeddings is not supported"));
@@ -243,8 +318,12 @@ absl::Status ParseGemmaRope(const json& j, const std::string& source, ModelConfi
       local = rope.theta;
     }
   } else {
-    TOPHAT_ASSIGN_OR_RETURN(global, ParseRope(j, source));
+    TOPHAT_ASSIGN_OR_RETURN(global, ParseRope(j, source, c.architecture));
     TOPHAT_ASSIGN_OR_RETURN(local, GetDouble(j, source, "rope_local_base_freq", 10000.0));
+  }
+  if (global.scaling.longrope) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(source, "rope_parameters"), ": longrope scaling is not supported for Gemma 3"));
   }
   if (local <= 0) {
     return absl::InvalidArgumentError(
@@ -333,6 +412,8 @@ std::string_view ArchitectureName(Architecture architecture) {
       return "Qwen3ForCausalLM";
     case Architecture::kGemma3:
       return "Gemma3ForCausalLM";
+    case Architecture::kPhi3:
+      return "Phi3ForCausalLM";
   }
   return "unknown";
 }
@@ -375,11 +456,14 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::stri
     c.architecture = Architecture::kQwen3;
   } else if (name == "Gemma3ForCausalLM") {
     c.architecture = Architecture::kGemma3;
+  } else if (name == "Phi3ForCausalLM") {
+    c.architecture = Architecture::kPhi3;
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat(Where(source, "architectures"), ": architecture '", name,
                      "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, "
-                     "Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM)"));
+                     "Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM, "
+                     "Gemma3ForConditionalGeneration's text, Phi3ForCausalLM)"));
   }
 
   TOPHAT_ASSIGN_OR_RETURN(c.vocab_size, GetInt(j, source, "vocab_size", std::nullopt, 1));
@@ -420,9 +504,32 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::stri
           absl::StrCat(Where(source, "query_pre_attn_scalar"), " must be > 0"));
     }
   } else {
-    TOPHAT_ASSIGN_OR_RETURN(Rope rope, ParseRope(j, source));
+    TOPHAT_ASSIGN_OR_RETURN(Rope rope, ParseRope(j, source, c.architecture));
     c.rope_theta = rope.theta;
     c.rope_scaling = rope.scaling;
+    c.partial_rotary_factor = rope.partial_rotary_factor;
+  }
+  const int64_t rotary_dim = c.rotary_dim();
+  if (rotary_dim < 2 || rotary_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(source, "partial_rotary_factor"), " ", c.partial_rotary_factor,
+                     " turns ", rotary_dim, " of head_dim ", c.head_dim,
+                     " dimensions: rotary embeddings need an even number, at least 2"));
+  }
+  if (c.rope_scaling.longrope) {
+    const auto params = j.find("rope_parameters");
+    const std::string key =
+        params != j.end() && !params->is_null() ? "rope_parameters" : "rope_scaling";
+    for (const auto* factors : {&c.rope_scaling.short_factor, &c.rope_scaling.long_factor}) {
+      if (static_cast<int64_t>(factors->size()) != rotary_dim / 2) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Where(source, absl::StrCat(key, ".",
+                                       factors == &c.rope_scaling.short_factor ? "short_factor"
+                                                                               : "long_factor")),
+            " has ", factors->size(), " entries; the rotary dimensions (", rotary_dim,
+            ") need one for each pair, ", rotary_dim / 2));
+      }
+    }
   }
   TOPHAT_ASSIGN_OR_RETURN(c.rms_norm_eps, GetDouble(j, source, "rms_norm_eps", 1e-6));
   if (c.rms_norm_eps <= 0) {
@@ -524,6 +631,9 @@ json ModelConfig::ToJson() const {
     case Architecture::kGemma3:
       j["model_type"] = "gemma3_text";
       break;
+    case Architecture::kPhi3:
+      j["model_type"] = "phi3";
+      break;
   }
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;
@@ -543,9 +653,20 @@ json ModelConfig::ToJson() const {
         {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
   } else if (rope_scaling.linear) {
     j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", rope_scaling.factor}};
+  } else if (rope_scaling.longrope) {
+    j["rope_scaling"] = {
+        {"rope_type", "longrope"},
+        {"short_factor", rope_scaling.short_factor},
+        {"long_factor", rope_scaling.long_factor},
+        {"factor", rope_scaling.factor},
+        {"attention_factor", rope_scaling.attention_factor},
+        {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+    // Where transformers looks first.
+    j["original_max_position_embeddings"] = rope_scaling.original_max_position_embeddings;
   } else {
     j["rope_scaling"] = nullptr;
   }
+  if (partial_rotary_factor != 1.0) j["partial_rotary_factor"] = partial_rotary_factor;
   j["rms_norm_eps"] = rms_norm_eps;
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["attention_bias"] = attention_bias;

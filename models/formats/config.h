@@ -1,7 +1,8 @@
 // The model hyperparameters of a Hugging Face `config.json`, for the Llama family (Llama,
-// Mistral, Qwen2, and Qwen3, which norms each query and key head before rotary) and Gemma 3
-// (its text model: the Llama layer with norms around each sublayer, GELU, and sliding-window
-// layers between full ones).
+// Mistral, Qwen2, and Qwen3, which norms each query and key head before rotary), Phi-3 and
+// Phi-4-mini (the Llama layer with q/k/v and gate/up stored fused, rotary over part of each
+// head, LongRoPE scaling) and Gemma 3 (its text model: the Llama layer with norms around each
+// sublayer, GELU, and sliding-window layers between full ones).
 #pragma once
 
 #include <cstdint>
@@ -18,7 +19,7 @@
 
 namespace tophat {
 
-enum class Architecture { kLlama, kMistral, kQwen2, kQwen3, kGemma3 };
+enum class Architecture { kLlama, kMistral, kQwen2, kQwen3, kGemma3, kPhi3 };
 
 std::string_view ArchitectureName(Architecture architecture);
 
@@ -32,13 +33,23 @@ absl::StatusOr<at::ScalarType> ParseTorchDtypeName(std::string_view name, std::s
 // divided by `factor`, those above are kept, and the band between is interpolated.
 // `rope_scaling` of type "linear" (Gemma 3 4B and up): every frequency divided by `factor`
 // (`linear` true, the llama3 fields unused).
+// `rope_scaling` of type "longrope" (Phi-3 128k, Phi-3.5, Phi-4-mini): frequency i divided by
+// short_factor[i] at positions below original_max_position_embeddings and by long_factor[i]
+// from there on, cos and sin multiplied by attention_factor. A position always turns by its
+// own range's factors (transformers' model forward with a cache); transformers' Phi-3 turns a
+// whole pass by the long factors once it reaches past the original length, and its generate()
+// recomputes the cache at that crossing (docs/architecture.md, "Numerics").
 struct RopeScaling {
   bool llama3 = false;
   bool linear = false;
+  bool longrope = false;
   double factor = 1.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
+  std::vector<double> short_factor;  // longrope: rotary_dim / 2 each
+  std::vector<double> long_factor;
+  double attention_factor = 1.0;  // longrope's factor on cos and sin
 };
 
 struct ModelConfig {
@@ -53,6 +64,9 @@ struct ModelConfig {
   int64_t max_position_embeddings = 2048;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
+  // Rotary embeddings turn the first partial_rotary_factor of each head (Phi-4-mini: 0.75)
+  // and pass the rest through; rotary_dim() is that width.
+  double partial_rotary_factor = 1.0;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v biases (and o_proj's, but for Qwen2); true for Qwen2
@@ -93,6 +107,11 @@ struct ModelConfig {
   // before their residual adds (post_attention_layernorm, post_feedforward_layernorm; the
   // MLP's input norm is pre_feedforward_layernorm), and the MLP's gate is GELU (tanh form).
   bool gemma() const { return architecture == Architecture::kGemma3; }
+  // The head dimensions rotary embeddings turn: int(head_dim * partial_rotary_factor), as
+  // transformers truncates it (FromJson checks it is even and at least 2).
+  int64_t rotary_dim() const {
+    return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor);
+  }
   // The window layer `layer` attends within, or none.
   std::optional<int64_t> LayerWindow(int64_t layer) const {
     if (!sliding_window) return std::nullopt;

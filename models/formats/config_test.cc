@@ -389,6 +389,143 @@ TEST_CASE("What Gemma's runtime does not compute is refused, naming file and key
   }
 }
 
+// Phi3Config with Phi-4-mini's features (rotary over 3/4 of each head, LongRoPE, tied
+// embeddings) as transformers 5.17 writes it: partial_rotary_factor and
+// original_max_position_embeddings both at the top level and in rope_parameters.
+json Phi3ConfigV5() {
+  return json::parse(R"({
+    "architectures": ["Phi3ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+    "dtype": "float32", "embd_pdrop": 0.0, "eos_token_id": 2, "hidden_act": "silu",
+    "hidden_size": 64, "initializer_range": 0.02, "intermediate_size": 128,
+    "max_position_embeddings": 256, "model_type": "phi3", "num_attention_heads": 4,
+    "num_hidden_layers": 2, "num_key_value_heads": 2, "original_max_position_embeddings": 16,
+    "pad_token_id": 0, "partial_rotary_factor": 0.75, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05,
+    "rope_parameters": {"long_factor": [2.0, 3.0, 4.0, 5.0, 6.0, 7.0],
+                        "original_max_position_embeddings": 16, "partial_rotary_factor": 0.75,
+                        "rope_theta": 10000.0, "rope_type": "longrope",
+                        "short_factor": [1.0, 1.1, 1.2, 1.3, 1.4, 1.5], "type": "longrope"},
+    "sliding_window": null, "tie_word_embeddings": true, "transformers_version": "5.17.0",
+    "use_cache": true, "vocab_size": 256})");
+}
+
+// The shape of Phi-3-mini-4k-instruct's config.json (transformers 4.x keys): rotary over the
+// whole head, no scaling, a window of 2047 on every layer.
+json Phi3Mini4kV4() {
+  return json::parse(R"({
+    "architectures": ["Phi3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 1, "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu",
+    "hidden_size": 3072, "initializer_range": 0.02, "intermediate_size": 8192,
+    "max_position_embeddings": 4096, "model_type": "phi3", "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 32, "original_max_position_embeddings": 4096,
+    "pad_token_id": 32000, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": null,
+    "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "transformers_version": "4.40.2", "use_cache": true,
+    "vocab_size": 32064})");
+}
+
+TEST_CASE("Phi-3's config reads partial rotary, LongRoPE and its window in either spelling",
+          "[config]") {
+  auto v5 = ModelConfig::FromJson(Phi3ConfigV5(), "phi4/config.json");
+  INFO(v5.status().ToString());
+  REQUIRE(v5.ok());
+  CHECK(v5->architecture == Architecture::kPhi3);
+  CHECK(v5->head_dim == 16);
+  CHECK(v5->rotary_dim() == 12);
+  const RopeScaling& s = v5->rope_scaling;
+  CHECK(s.longrope);
+  CHECK_FALSE(s.llama3);
+  CHECK(s.original_max_position_embeddings == 16);
+  CHECK(s.short_factor == std::vector<double>{1.0, 1.1, 1.2, 1.3, 1.4, 1.5});
+  CHECK(s.long_factor == std::vector<double>{2.0, 3.0, 4.0, 5.0, 6.0, 7.0});
+  // No factor given: max_position_embeddings over the original length, and the attention
+  // factor LongRoPE derives from it.
+  CHECK(s.factor == 16.0);
+  CHECK(s.attention_factor == Approx(std::sqrt(1 + std::log(16.0) / std::log(16.0))));
+  CHECK_FALSE(v5->sliding_window);
+
+  // 4.x: rope_scaling with "type" and factors, the rest at the top level.
+  json v4_json = Phi3ConfigV5();
+  v4_json.erase("rope_parameters");
+  v4_json["rope_scaling"] = {{"type", "longrope"},
+                             {"short_factor", {1.0, 1.0, 1.0, 1.0, 1.0, 1.0}},
+                             {"long_factor", {3.0, 3.0, 3.0, 3.0, 3.0, 3.0}}};
+  v4_json["original_max_position_embeddings"] = 64;
+  auto v4 = ModelConfig::FromJson(v4_json, "phi4-v4/config.json");
+  INFO(v4.status().ToString());
+  REQUIRE(v4.ok());
+  CHECK(v4->rotary_dim() == 12);
+  CHECK(v4->rope_scaling.original_max_position_embeddings == 64);
+  CHECK(v4->rope_scaling.factor == 4.0);
+  CHECK(v4->rope_scaling.long_factor[0] == 3.0);
+
+  auto mini = ModelConfig::FromJson(Phi3Mini4kV4(), "phi3-mini/config.json");
+  INFO(mini.status().ToString());
+  REQUIRE(mini.ok());
+  CHECK(mini->rotary_dim() == mini->head_dim);
+  CHECK(mini->head_dim == 96);
+  CHECK_FALSE(mini->rope_scaling.longrope);
+  CHECK(mini->sliding_window == 2047);
+  CHECK(mini->LayerWindow(31) == 2047);
+
+  // Written back (tophat's bundles) and read again: the same rotary.
+  for (const ModelConfig& original : {*v5, *v4, *mini}) {
+    const json written = original.ToJson();
+    auto back = ModelConfig::FromJson(written, "written/config.json");
+    INFO(written.dump());
+    REQUIRE(back.ok());
+    CHECK(back->architecture == Architecture::kPhi3);
+    CHECK(back->rotary_dim() == original.rotary_dim());
+    CHECK(back->rope_scaling.longrope == original.rope_scaling.longrope);
+    CHECK(back->rope_scaling.short_factor == original.rope_scaling.short_factor);
+    CHECK(back->rope_scaling.long_factor == original.rope_scaling.long_factor);
+    CHECK(back->rope_scaling.factor == original.rope_scaling.factor);
+    CHECK(back->rope_scaling.attention_factor == original.rope_scaling.attention_factor);
+    CHECK(back->rope_scaling.original_max_position_embeddings ==
+          original.rope_scaling.original_max_position_embeddings);
+    CHECK(back->sliding_window == original.sliding_window);
+  }
+}
+
+TEST_CASE("Rotary settings Phi-3's runtime does not compute are refused, naming file and key",
+          "[config]") {
+  struct Case {
+    const char* what;
+    json::json_pointer pointer;
+    json value;
+    const char* expected;
+  };
+  const Case cases[] = {
+      {"a short factor missing", json::json_pointer("/rope_parameters/short_factor"),
+       json::array({1.0, 1.0}),
+       "p.json: key 'rope_parameters.short_factor' has 2 entries; the rotary dimensions (12) "
+       "need one for each pair, 6"},
+      {"no long factors", json::json_pointer("/rope_parameters/long_factor"), nullptr,
+       "p.json: key 'rope_parameters.long_factor' must be a non-empty list of numbers"},
+      {"a factor of zero", json::json_pointer("/rope_parameters/long_factor/2"), 0,
+       "p.json: key 'rope_parameters.long_factor' must hold numbers > 0, got 0"},
+      {"an odd rotary width", json::json_pointer("/rope_parameters/partial_rotary_factor"), 0.5625,
+       "p.json: key 'partial_rotary_factor' 0.5625 turns 9 of head_dim 16 dimensions"},
+      {"no rotary at all", json::json_pointer("/rope_parameters/partial_rotary_factor"), 0,
+       "p.json: key 'rope_parameters.partial_rotary_factor' must be in (0, 1], got 0"},
+  };
+  for (const Case& c : cases) {
+    json j = Phi3ConfigV5();
+    j[c.pointer] = c.value;
+    auto config = ModelConfig::FromJson(j, "p.json");
+    INFO(c.what);
+    REQUIRE_FALSE(config.ok());
+    CHECK_THAT(Message(config.status()), Catch::Contains(c.expected));
+  }
+  // Llama's rotary turns the whole head: a partial factor there is refused, not ignored.
+  json llama = Llama3ConfigV5();
+  llama["partial_rotary_factor"] = 0.5;
+  auto refused = ModelConfig::FromJson(llama, "l.json");
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(Message(refused.status()),
+             Catch::Contains("l.json: key 'partial_rotary_factor' 0.5 is not supported for "
+                             "LlamaForCausalLM"));
+}
+
 TEST_CASE("ToJson reads back, a Qwen2 window on every layer included", "[config]") {
   auto llama = ModelConfig::FromJson(Llama3ConfigV5(), "l/config.json");
   REQUIRE(llama.ok());

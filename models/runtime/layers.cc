@@ -33,16 +33,23 @@ at::Tensor SplitForHalfProducts(const at::Tensor& x, at::ScalarType dtype) {
 
 RopeTable RopeTable::Create(const ModelConfig& config, int64_t max_positions, at::Device device) {
   const int64_t half = config.head_dim / 2;
-  std::vector<double> inv_freq(half);
-  for (int64_t i = 0; i < half; ++i) {
-    inv_freq[i] = 1.0 / std::pow(config.rope_theta, static_cast<double>(2 * i) /
-                                                        static_cast<double>(config.head_dim));
+  // The turning pairs: all of the head's, or rotary_dim / 2 of them (partial rotary).
+  const int64_t pairs = config.rotary_dim() / 2;
+  auto frequencies = [&](const std::vector<double>& divisors) {
+    std::vector<double> inv_freq(pairs);
+    for (int64_t i = 0; i < pairs; ++i) {
+      inv_freq[i] = 1.0 / std::pow(config.rope_theta,
+                                   static_cast<double>(2 * i) / static_cast<double>(2 * pairs));
+      if (!divisors.empty()) inv_freq[i] /= divisors[i];
+    }
+    return inv_freq;
+  };
+  const RopeScaling& s = config.rope_scaling;
+  std::vector<double> inv_freq = frequencies(s.longrope ? s.short_factor : std::vector<double>());
+  if (s.linear) {
+    for (double& f : inv_freq) f /= s.factor;
   }
-  if (config.rope_scaling.linear) {
-    for (double& f : inv_freq) f /= config.rope_scaling.factor;
-  }
-  if (config.rope_scaling.llama3) {
-    const RopeScaling& s = config.rope_scaling;
+  if (s.llama3) {
     const double old_context = static_cast<double>(s.original_max_position_embeddings);
     const double low_freq_wavelen = old_context / s.low_freq_factor;
     const double high_freq_wavelen = old_context / s.high_freq_factor;
@@ -57,18 +64,47 @@ RopeTable RopeTable::Create(const ModelConfig& config, int64_t max_positions, at
       }
     }
   }
+  // LongRoPE: positions from the original length on turn by the long factors.
+  const std::vector<double> long_inv_freq =
+      s.longrope ? frequencies(s.long_factor) : std::vector<double>();
+  const int64_t long_from = s.longrope ? s.original_max_position_embeddings : max_positions;
+  const double magnitude = s.longrope ? s.attention_factor : 1.0;
   at::Tensor cos = at::empty({max_positions, half}, at::kFloat);
   at::Tensor sin = at::empty({max_positions, half}, at::kFloat);
   float* cos_data = cos.data_ptr<float>();
   float* sin_data = sin.data_ptr<float>();
   for (int64_t p = 0; p < max_positions; ++p) {
-    for (int64_t i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(p) * inv_freq[i];
-      cos_data[p * half + i] = static_cast<float>(std::cos(angle));
-      sin_data[p * half + i] = static_cast<float>(std::sin(angle));
+    const std::vector<double>& freq = p < long_from ? inv_freq : long_inv_freq;
+    for (int64_t i = 0; i < pairs; ++i) {
+      const double angle = static_cast<double>(p) * freq[i];
+      cos_data[p * half + i] = static_cast<float>(std::cos(angle) * magnitude);
+      sin_data[p * half + i] = static_cast<float>(std::sin(angle) * magnitude);
+    }
+    // The pairs RotaryHeadOrder puts the unturned dimensions in: the identity.
+    for (int64_t i = pairs; i < half; ++i) {
+      cos_data[p * half + i] = 1.0f;
+      sin_data[p * half + i] = 0.0f;
     }
   }
   return RopeTable{.cos = cos.to(device), .sin = sin.to(device)};
+}
+
+std::vector<int64_t> RotaryHeadOrder(const ModelConfig& config) {
+  const int64_t hd = config.head_dim;
+  const int64_t r = config.rotary_dim();
+  if (r == hd) return {};
+  // Stored order: [turned first halves | turned second halves | unturned]; rotate_half pairs
+  // dimension i with i + r/2 for i < r/2. Runtime order: [turned first halves | unturned first
+  // half | turned second halves | unturned second half], so that dimension j pairs with
+  // j + hd/2 for every j, the unturned ones with an identity row of the table.
+  const int64_t pass = (hd - r) / 2;
+  std::vector<int64_t> order;
+  order.reserve(hd);
+  for (int64_t i = 0; i < r / 2; ++i) order.push_back(i);
+  for (int64_t i = 0; i < pass; ++i) order.push_back(r + i);
+  for (int64_t i = 0; i < r / 2; ++i) order.push_back(r / 2 + i);
+  for (int64_t i = 0; i < pass; ++i) order.push_back(r + pass + i);
+  return order;
 }
 
 RopeTable RopeTable::CreateLocal(const ModelConfig& config, int64_t max_positions,

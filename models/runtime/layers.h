@@ -3,9 +3,10 @@
 // exactly the same function.
 #pragma once
 
-#include <cstdint>
-
 #include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
 
 #include "models/formats/config.h"
 
@@ -25,7 +26,10 @@ at::Tensor AddRmsNorm(at::Tensor& residual, const at::Tensor& delta, const at::T
 at::Tensor SplitForHalfProducts(const at::Tensor& x, at::ScalarType dtype);
 
 // Rotary embedding tables cos/sin of shape [max_positions, head_dim / 2], float32, with the
-// `rope_scaling` of the config applied (llama3 frequency bands).
+// `rope_scaling` of the config applied (llama3 frequency bands, linear, LongRoPE's factors by
+// position and its attention factor). With partial rotary (rotary_dim < head_dim) the first
+// rotary_dim / 2 columns turn and the others are the identity (cos 1, sin 0): the table of a
+// head in RotaryHeadOrder.
 struct RopeTable {
   at::Tensor cos;
   at::Tensor sin;
@@ -35,6 +39,16 @@ struct RopeTable {
   static RopeTable CreateLocal(const ModelConfig& config, int64_t max_positions, at::Device device);
   int64_t max_positions() const { return cos.size(0); }
 };
+
+// Partial rotary (Phi-4-mini's: 3/4 of each head) as the whole-head kind: the order of a
+// head's dimensions in which transformers' pairs (i, i + rotary_dim/2 for i < rotary_dim/2,
+// the dimensions from rotary_dim on unturned) are rotate_half's pairs (j, j + head_dim/2), the
+// unturned ones paired with each other. Entry j names the stored dimension at runtime position
+// j. The runtime holds q_proj's and k_proj's rows of each head in this order (scores are sums
+// over a head's dimensions, which any order both q and k share leaves as they are; v and the
+// hidden states keep theirs), so every rotary kernel serves it unchanged. Empty when rotary
+// turns the whole head.
+std::vector<int64_t> RotaryHeadOrder(const ModelConfig& config);
 
 // Rotates `x` [..., T, heads, head_dim] in the Hugging Face "rotate_half" layout, where
 // `cos`/`sin` are [T, head_dim/2] rows already gathered for the tokens' positions.

@@ -1,13 +1,15 @@
 #include "models/runtime/model_init.h"
 
+#include <cmath>
 #include <fstream>
+#include <map>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "models/formats/checkpoint.h"
+#include "models/formats/safetensors.h"
 #include "models/runtime/layers.h"
 #include "models/runtime/submodel.h"
-#include "models/formats/safetensors.h"
-#include "base/status_macros.h"
 
 namespace tophat {
 
@@ -59,6 +61,33 @@ NamedTensors InitWeights(const ModelConfig& c, uint64_t seed) {
   return w;
 }
 
+NamedTensors FusePhi3Projections(const NamedTensors& weights) {
+  // The stored matrix's name and the parts it stacks, in row order.
+  const std::vector<std::pair<std::string, std::vector<std::string>>> fused = {
+      {"self_attn.qkv_proj.", {"self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj."}},
+      {"mlp.gate_up_proj.", {"mlp.gate_proj.", "mlp.up_proj."}}};
+  const std::map<std::string, at::Tensor> by_name(weights.begin(), weights.end());
+  NamedTensors out;
+  for (const auto& [name, tensor] : weights) {
+    bool part = false;
+    for (const auto& [stored, parts] : fused) {
+      for (size_t i = 0; i < parts.size(); ++i) {
+        const size_t at = name.rfind(parts[i]);
+        if (at == std::string::npos) continue;
+        part = true;
+        if (i != 0) continue;  // stacked where the first part stands
+        const std::string prefix = name.substr(0, at);
+        const std::string kind = name.substr(at + parts[i].size());
+        std::vector<at::Tensor> rows;
+        for (const std::string& p : parts) rows.push_back(by_name.at(prefix + p + kind));
+        out.emplace_back(prefix + stored + kind, at::cat(rows));
+      }
+    }
+    if (!part) out.emplace_back(name, tensor);
+  }
+  return out;
+}
+
 absl::Status WriteCheckpoint(const ModelConfig& config, const NamedTensors& weights,
                              const std::filesystem::path& dir, at::ScalarType dtype) {
   std::error_code ec;
@@ -77,6 +106,7 @@ absl::Status WriteCheckpoint(const ModelConfig& config, const NamedTensors& weig
   NamedTensors converted;
   converted.reserve(weights.size());
   for (const auto& [name, tensor] : weights) converted.emplace_back(name, tensor.to(dtype));
+  if (config.architecture == Architecture::kPhi3) converted = FusePhi3Projections(converted);
   return WriteSafetensors(dir / "model.safetensors", converted, {{"format", "pt"}});
 }
 
@@ -149,6 +179,20 @@ std::vector<std::pair<std::string, ModelConfig>> TinyTestVariants() {
   gemma3.rope_local_theta = 10000.0;
   gemma3.query_pre_attn_scalar = 24;
   v.emplace_back("gemma3", gemma3);
+  // Phi-4-mini's rotary: 12 of each head's 16 dimensions turn, by LongRoPE's short factors
+  // below position 8 and its long ones from there (and an attention factor of sqrt(3));
+  // stored with fused projections.
+  ModelConfig phi3 = TinyTestConfig();
+  phi3.architecture = Architecture::kPhi3;
+  phi3.partial_rotary_factor = 0.75;
+  phi3.tie_word_embeddings = true;
+  phi3.rope_scaling = {.longrope = true,
+                       .factor = 64.0,
+                       .original_max_position_embeddings = 8,
+                       .short_factor = {1.0, 1.2, 1.5, 2.0, 3.0, 4.0},
+                       .long_factor = {1.0, 2.0, 4.0, 8.0, 16.0, 32.0},
+                       .attention_factor = std::sqrt(3.0)};
+  v.emplace_back("phi3_partial_longrope", phi3);
   return v;
 }
 

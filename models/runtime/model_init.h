@@ -23,7 +23,13 @@ class Submodel;
 // Deterministic for a given seed: normal(0, 0.02) matrices (the Llama init) and unit norms.
 NamedTensors InitWeights(const ModelConfig& config, uint64_t seed);
 
-// Writes config.json and model.safetensors (in `dtype`) for `weights` into `dir`.
+// Phi-3's stored form of Llama-named weights: each layer's q/k/v projections as one
+// `self_attn.qkv_proj` (q's rows first) and gate/up as one `mlp.gate_up_proj` (gate's first),
+// as transformers writes Phi3ForCausalLM; CheckpointReader names them back.
+NamedTensors FusePhi3Projections(const NamedTensors& weights);
+
+// Writes config.json and model.safetensors (in `dtype`) for `weights` into `dir`; a Phi-3
+// config's projections fused as FusePhi3Projections.
 absl::Status WriteCheckpoint(const ModelConfig& config, const NamedTensors& weights,
                              const std::filesystem::path& dir,
                              at::ScalarType dtype = at::kFloat);

@@ -104,6 +104,23 @@ at::Tensor NormHeadLogits(const at::Tensor& hidden, const at::Tensor& norm, doub
   return Linear(RmsNorm(hidden, norm, eps), head).to(at::kFloat);
 }
 
+// Each head's rows of a q_proj or k_proj matrix (or bias, or a head norm's weights) in the
+// runtime's order of a head's dimensions (RotaryHeadOrder): a new tensor.
+at::Tensor InHeadOrder(const at::Tensor& rows, const at::Tensor& order) {
+  const int64_t hd = order.size(0);
+  if (rows.dim() == 1) return rows.view({-1, hd}).index_select(1, order).reshape({-1});
+  return rows.view({-1, hd, rows.size(1)}).index_select(1, order).reshape({-1, rows.size(1)});
+}
+
+void InHeadOrder(WeightMatrix& m, const at::Tensor& order) {
+  if (m.is_int8()) {
+    m.int8.values = InHeadOrder(m.int8.values, order.to(m.int8.values.device()));
+    m.int8.scale = InHeadOrder(m.int8.scale, order.to(m.int8.scale.device()));
+  } else {
+    m.dense = InHeadOrder(m.dense, order.to(m.dense.device()));
+  }
+}
+
 // A matrix as the fused CPU step reads it (kernels/decode_step.h), when it is of a form that
 // step takes: int8 on the CPU, or dense float32 / bfloat16 with contiguous rows.
 std::optional<kernels::RowMatrix> RowMatrixOf(const WeightMatrix& w) {
@@ -330,6 +347,9 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
                               load_matrix("model.embed_tokens.weight", {config.vocab_size, d}));
     }
   }
+  const std::vector<int64_t> rotary_order = RotaryHeadOrder(config);
+  const at::Tensor head_order =
+      rotary_order.empty() ? at::Tensor() : at::tensor(rotary_order, at::kLong);
   for (int64_t i = spec.layers.begin; i < spec.layers.end; ++i) {
     auto name = [i](std::string_view suffix) { return LayerTensorName(i, suffix); };
     DecoderLayerWeights w;
@@ -359,6 +379,24 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
     }
     if (config.o_bias()) {
       TOPHAT_ASSIGN_OR_RETURN(w.o_bias, load(name("self_attn.o_proj.bias"), {d}));
+    }
+    if (head_order.defined()) {
+      // Partial rotary: q's and k's heads in the order the rotary kernels turn (layers.h).
+      TOPHAT_RETURN_IF_ERROR(CatchExceptions(name("self_attn (rotary order)"), [&] {
+        InHeadOrder(q, head_order);
+        InHeadOrder(k, head_order);
+        if (w.qkv_bias.defined()) {
+          const at::Tensor order = head_order.to(w.qkv_bias.device());
+          w.qkv_bias =
+              at::cat({InHeadOrder(w.qkv_bias.narrow(0, 0, config.q_size()), order),
+                       InHeadOrder(w.qkv_bias.narrow(0, config.q_size(), config.kv_size()), order),
+                       w.qkv_bias.narrow(0, config.q_size() + config.kv_size(), config.kv_size())});
+        }
+        if (w.q_norm.defined()) {
+          w.q_norm = InHeadOrder(w.q_norm, head_order.to(w.q_norm.device()));
+          w.k_norm = InHeadOrder(w.k_norm, head_order.to(w.k_norm.device()));
+        }
+      }));
     }
     if (config.gemma()) {
       // Gemma's post_attention_layernorm norms attention's output; the MLP's input norm is

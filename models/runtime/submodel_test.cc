@@ -74,12 +74,19 @@ at::Tensor ReferenceLogits(const ModelConfig& c, const std::map<std::string, at:
   };
   RopeTable rope = RopeTable::Create(c, t, at::kCPU);
   RopeTable local_rope = RopeTable::CreateLocal(c, t, at::kCPU);
+  // transformers' partial rotary (Phi-3) in the stored order: the first rotary_dim dimensions
+  // turn by the table's first rotary_dim / 2 columns, the rest pass (the runtime reorders
+  // the heads instead: RotaryHeadOrder).
+  const int64_t rd = c.rotary_dim();
   auto rotate = [&](const at::Tensor& x, const RopeTable& table) {
-    at::Tensor cos = at::cat({table.cos, table.cos}, -1).unsqueeze(1);  // [t, 1, hd]
-    at::Tensor sin = at::cat({table.sin, table.sin}, -1).unsqueeze(1);
-    at::Tensor x1 = x.narrow(-1, 0, hd / 2);
-    at::Tensor x2 = x.narrow(-1, hd / 2, hd / 2);
-    return x * cos + at::cat({-x2, x1}, -1) * sin;
+    const at::Tensor turned_cos = table.cos.narrow(-1, 0, rd / 2);
+    const at::Tensor turned_sin = table.sin.narrow(-1, 0, rd / 2);
+    at::Tensor cos = at::cat({turned_cos, turned_cos}, -1).unsqueeze(1);  // [t, 1, rd]
+    at::Tensor sin = at::cat({turned_sin, turned_sin}, -1).unsqueeze(1);
+    at::Tensor turned = x.narrow(-1, 0, rd);
+    at::Tensor x1 = turned.narrow(-1, 0, rd / 2);
+    at::Tensor x2 = turned.narrow(-1, rd / 2, rd / 2);
+    return at::cat({turned * cos + at::cat({-x2, x1}, -1) * sin, x.narrow(-1, rd, hd - rd)}, -1);
   };
   const at::Tensor causal = at::full({t, t}, -INFINITY).triu(1);
   at::Tensor x = w.at("model.embed_tokens.weight").index_select(0, Ids(tokens));

@@ -213,6 +213,8 @@ std::string_view ChatFamilyName(ChatFamily family) {
       return "deepseek_r1";
     case ChatFamily::kGemma:
       return "gemma";
+    case ChatFamily::kPhi:
+      return "phi";
   }
   return "unknown";
 }
@@ -317,12 +319,24 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
   if (Contains(source, "[INST]") && Contains(source, "[/INST]")) {
     return ChatTemplate(ChatFamily::kMistral, "", false, Contains(source, "system"), false);
   }
+  if (Contains(source, "<|end|>") && Contains(source, "<|assistant|>")) {
+    // Phi-3's templates write '<|assistant|>\n' (or '<|assistant|>' + '\n'), Phi-4-mini's
+    // '<|' + role + '|>' with no newline; Phi-3's first one dropped system messages. Tools
+    // (Phi-4-mini's <|tool|> layout) are not rendered.
+    ChatTemplate phi(ChatFamily::kPhi, "", false, Contains(source, "system"), false);
+    phi.bos_ = Contains(source, "bos_token");
+    for (const char* spelling : {"<|assistant|>\n", "<|assistant|>\\n", "<|assistant|>' + '\n'",
+                                 "<|assistant|>' + '\\n'"}) {
+      phi.role_newline_ = phi.role_newline_ || Contains(source, spelling);
+    }
+    return phi;
+  }
   return absl::InvalidArgumentError(absl::StrCat(
       std::string(origin),
       ": chat_template is none of the families tophat renders (Llama 3: <|start_header_id|> "
       "... <|eot_id|>; ChatML/Qwen2: <|im_start|> ... <|im_end|>; Mistral: [INST] ... "
-      "[/INST]; Gemma: <start_of_turn> ... <end_of_turn>; DeepSeek-R1: <｜User｜> ... "
-      "<｜Assistant｜>; tophat's toy model); it is not "
+      "[/INST]; Gemma: <start_of_turn> ... <end_of_turn>; Phi: <|user|> ... <|end|>; "
+      "DeepSeek-R1: <｜User｜> ... <｜Assistant｜>; tophat's toy model); it is not "
       "guessed"));
 }
 
@@ -334,6 +348,8 @@ std::optional<std::string> ChatTemplate::end_of_turn() const {
       return "<|im_end|>";
     case ChatFamily::kGemma:
       return "<end_of_turn>";
+    case ChatFamily::kPhi:
+      return "<|end|>";
     case ChatFamily::kMistral:
     case ChatFamily::kToy:
     case ChatFamily::kDeepSeekR1:
@@ -354,6 +370,7 @@ std::optional<ToolCallSyntax> ChatTemplate::tool_call_syntax() const {
     case ChatFamily::kMistral:
     case ChatFamily::kDeepSeekR1:
     case ChatFamily::kGemma:
+    case ChatFamily::kPhi:
       return std::nullopt;
   }
   return std::nullopt;
@@ -693,6 +710,30 @@ absl::StatusOr<RenderedChat> ChatTemplate::Render(std::span<const ChatMessage> m
       }
       AddSpecial(chat, "<start_of_turn>");
       AddText(chat, "model\n");
+      return chat;
+    }
+    case ChatFamily::kPhi: {
+      // Each message as <|role|>, its content and <|end|> (with a newline after the tag and
+      // after <|end|> in Phi-3's), in the order given; then the assistant's tag.
+      chat.bos = bos_;
+      const std::string newline = role_newline_ ? "\n" : "";
+      for (size_t i = 0; i < messages.size(); ++i) {
+        const ChatMessage& message = messages[i];
+        if (message.role != "system" && message.role != "user" && message.role != "assistant") {
+          return BadMessage(i, absl::StrCat("role \"", message.role,
+                                            "\": Phi's template takes system, user and "
+                                            "assistant"));
+        }
+        if (message.role == "system" && !system_role_) {
+          return BadMessage(i, "this model's chat template (Phi) has no system role");
+        }
+        AddSpecial(chat, absl::StrCat("<|", message.role, "|>"));
+        AddText(chat, absl::StrCat(newline, message.content));
+        AddSpecial(chat, "<|end|>");
+        if (!newline.empty()) AddText(chat, newline);
+      }
+      AddSpecial(chat, "<|assistant|>");
+      if (!newline.empty()) AddText(chat, newline);
       return chat;
     }
     case ChatFamily::kToy: {

@@ -11,6 +11,9 @@
 //   DeepSeek-R1  BOS, the system message, then <｜User｜>user<｜Assistant｜>answer and
 //             <｜end▁of▁sentence｜> (its distills of Qwen2.5 and Llama 3 too): a model
 //             that thinks, earlier reasoning dropped
+//   Gemma     BOS, <start_of_turn>user\ncontent<end_of_turn>\n, the assistant named "model"
+//   Phi       <|user|>\ncontent<|end|>\n (Phi-3, Phi-3.5), or without the newlines
+//             (Phi-4-mini: <|user|>content<|end|>)
 //   toy       the toy model's own plain-text template (`tophat toy-model`)
 // Tools (OpenAI's tools, an assistant's tool_calls, "tool" messages) in the layouts of the two
 // templates that define one, recognised by the instructions they write: Llama 3.1's JSON
@@ -37,7 +40,7 @@
 
 namespace tophat {
 
-enum class ChatFamily { kLlama3, kChatMl, kMistral, kToy, kDeepSeekR1, kGemma };
+enum class ChatFamily { kLlama3, kChatMl, kMistral, kToy, kDeepSeekR1, kGemma, kPhi };
 std::string_view ChatFamilyName(ChatFamily family);
 
 // A call the assistant made to one of the request's tools (OpenAI's tool_calls[i]).
@@ -173,6 +176,8 @@ class ChatTemplate {
   bool system_role_ = true;      // Mistral: whether the template places a system message
   bool tools_ = false;           // the template has a tool layout tophat renders
   ThinkingStyle thinking_ = ThinkingStyle::kNone;
+  bool bos_ = false;           // Phi: the template begins with BOS (Phi-3's first one)
+  bool role_newline_ = false;  // Phi: a newline after each role tag and <|end|> (Phi-3)
 };
 
 // What an answer says once its tool calls are read out (OpenAI's message.content and

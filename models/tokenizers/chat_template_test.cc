@@ -59,6 +59,27 @@ constexpr const char* kGemmaSource =
     "}}{{ message['content'] | trim }}{{ '<end_of_turn>\\n' }}{%- endfor -%}"
     "{{'<start_of_turn>model\\n'}}";
 
+// Phi-3 mini's and 3.5's template (a role tag, a newline, the content, <|end|> and a newline;
+// tokenizer_config.json's \n decoded to newlines), Phi-3's first one (BOS, Jinja's escapes,
+// no system role) and Phi-4-mini's (no newlines, a tool layout not rendered).
+constexpr const char* kPhi3Source =
+    "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + "
+    "message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + "
+    "message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}"
+    "{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}";
+constexpr const char* kPhi3FirstSource =
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') %}"
+    "{{'<|user|>' + '\\n' + message['content'] + '<|end|>' + '\\n' + '<|assistant|>' + "
+    "'\\n'}}{% elif (message['role'] == 'assistant') %}{{message['content'] + '<|end|>' + "
+    "'\\n'}}{% endif %}{% endfor %}";
+constexpr const char* kPhi4MiniSource =
+    "{% for message in messages %}{% if message['role'] == 'system' and 'tools' in message and "
+    "message['tools'] is not none %}{{ '<|' + message['role'] + '|>' + message['content'] + "
+    "'<|tool|>' + message['tools'] + '<|/tool|>' + '<|end|>' }}{% else %}{{ '<|' + "
+    "message['role'] + '|>' + message['content'] + '<|end|>' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}";
+
 ChatTemplate Make(const char* source) {
   auto made = ChatTemplate::FromSource(source, "test");
   INFO(made.status().ToString());
@@ -166,6 +187,51 @@ TEST_CASE("Mistral alternates user and assistant, and refuses what its template 
   auto tool = mistral.Render(std::vector<ChatMessage>{{"tool", "x"}});
   REQUIRE_FALSE(tool.ok());
   CHECK_THAT(std::string(tool.status().message()), Catch::Contains("tool messages"));
+}
+
+TEST_CASE("Phi writes each turn between its role tag and <|end|>, with newlines in Phi-3's") {
+  const std::vector<ChatMessage> messages = {
+      {"system", "Be brief."}, {"user", "a"}, {"assistant", "b"}, {"user", "c"}};
+  const ChatTemplate phi3 = Make(kPhi3Source);
+  CHECK(phi3.family() == ChatFamily::kPhi);
+  CHECK(phi3.end_of_turn() == "<|end|>");
+  RenderedChat chat = RenderOk(phi3, messages);
+  CHECK_FALSE(chat.bos);
+  CHECK(chat.ToString() ==
+        "<|system|>\nBe brief.<|end|>\n<|user|>\na<|end|>\n<|assistant|>\nb<|end|>\n"
+        "<|user|>\nc<|end|>\n<|assistant|>\n");
+  CHECK(Specials(chat) == std::vector<std::string>{"<|system|>", "<|end|>", "<|user|>", "<|end|>",
+                                                   "<|assistant|>", "<|end|>", "<|user|>",
+                                                   "<|end|>", "<|assistant|>"});
+
+  const ChatTemplate phi4 = Make(kPhi4MiniSource);
+  CHECK(phi4.family() == ChatFamily::kPhi);
+  chat = RenderOk(phi4, messages);
+  CHECK_FALSE(chat.bos);
+  CHECK(chat.ToString() ==
+        "<|system|>Be brief.<|end|><|user|>a<|end|><|assistant|>b<|end|><|user|>c<|end|>"
+        "<|assistant|>");
+  CHECK_FALSE(phi4.tool_call_syntax().has_value());
+
+  // Phi-3's first template: BOS, the same turns, and no place for a system message.
+  const ChatTemplate first = Make(kPhi3FirstSource);
+  chat = RenderOk(first, {{"user", "a"}, {"assistant", "b"}, {"user", "c"}});
+  CHECK(chat.bos);
+  CHECK(chat.ToString() ==
+        "<|user|>\na<|end|>\n<|assistant|>\nb<|end|>\n<|user|>\nc<|end|>\n<|assistant|>\n");
+  auto system = first.Render(messages);
+  REQUIRE_FALSE(system.ok());
+  CHECK_THAT(std::string(system.status().message()),
+             Catch::Contains("messages[0]: this model's chat template (Phi) has no system role"));
+  auto other = phi3.Render(std::vector<ChatMessage>{{"user", "a"}, {"developer", "x"}});
+  REQUIRE_FALSE(other.ok());
+  CHECK_THAT(std::string(other.status().message()),
+             Catch::Contains("messages[1]: role \"developer\": Phi's template takes system, "
+                             "user and assistant"));
+  auto tool = phi3.Render(std::vector<ChatMessage>{{"user", "a"}, {"tool", "x"}});
+  REQUIRE_FALSE(tool.ok());
+  CHECK_THAT(std::string(tool.status().message()),
+             Catch::Contains("(phi) has no tool-call layout"));
 }
 
 TEST_CASE(

@@ -40,6 +40,11 @@ at::Tensor TrainingLayers(const ModelConfig& c, const WeightMap& w, const RopeTa
   auto norm = [&](const at::Tensor& input, const at::Tensor& weight) {
     return TrainingRmsNorm(c, input, weight);
   };
+  // Partial rotary: the weights stay in their stored order (what the runtime loads and
+  // reorders), the projected heads are put in the runtime's order for the runtime's table.
+  const std::vector<int64_t> rotary_order = RotaryHeadOrder(c);
+  const at::Tensor head_order =
+      rotary_order.empty() ? at::Tensor() : at::tensor(rotary_order, at::kLong).to(x.device());
   for (int64_t i = begin; i < end; ++i) {
     auto p = [&](std::string_view s) -> const at::Tensor& { return w.at(LayerTensorName(i, s)); };
     const at::Tensor& mask = c.LayerWindow(i) ? windowed : causal;
@@ -59,6 +64,10 @@ at::Tensor TrainingLayers(const ModelConfig& c, const WeightMap& w, const RopeTa
     if (c.qk_norm()) {
       q = norm(q, p("self_attn.q_norm.weight"));
       k = norm(k, p("self_attn.k_norm.weight"));
+    }
+    if (head_order.defined()) {
+      q = q.index_select(3, head_order);
+      k = k.index_select(3, head_order);
     }
     q = ApplyRope(q, layer_cos, layer_sin).transpose(1, 2);
     k = ApplyRope(k, layer_cos, layer_sin).repeat_interleave(group, 2).transpose(1, 2);

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Phi-4-mini's architecture (Phi3ForCausalLM) through tophat, end to end.
+
+    python3 tests/phi_model_test.py BIN_DIR WORK_DIR
+
+Builds a small random Phi3ForCausalLM with transformers, with Phi-4-mini's attention: rotary
+over 3/4 of each head, LongRoPE (its short factors below the original length, its long ones
+from there, and the attention factor), q/k/v and gate/up stored fused, tied embeddings, GQA.
+A byte-level BPE tokenizer with Phi's control tokens and a tokenizer_config.json holding
+Phi-4-mini's chat template go beside it. `tophat split` (m = 1, k = 1) cuts it, `tophat
+distill` trains the drafter's adapter for it (a few steps), and tophat-cloud and tophat-agent
+serve it on loopback, decoding speculatively with drafts whenever the drafter has any (eta
+0.01) and PipeInfer's runs ahead. Through the agent's OpenAI endpoint and the official client:
+
+- the prompt tophat renders for a conversation (a system message, earlier turns, the
+  assistant's turn opened) is the token ids transformers' apply_chat_template gives;
+- greedy completions are the tokens transformers' model computes greedily (ignore_eos), and
+  so is a greedy chat answer, which <|end|> would end. The original length (30) falls inside
+  one prompt and the chat prompt and after the other prompt, so positions turn by both sets
+  of factors. The reference is the model's forward with a cache, the original length's
+  tokens in one pass and each later one alone, which turns each position by its own range's
+  factors as tophat does; generate() would not (transformers' Phi-3 recomputes the whole
+  cache with the long factors once a sequence passes the original length:
+  docs/architecture.md, "Numerics");
+- the drafter drafted, and the verification kept some of its drafts (the agent's metrics).
+
+tophat and transformers compute in float32 on the CPU; the weights are drawn wide
+(initializer_range 0.1) so that greedy choices are not near-ties. Exits 0 when every check
+passes.
+"""
+import json
+import os
+import shutil
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import openai  # noqa: E402
+import torch  # noqa: E402
+from transformers import AutoTokenizer, Phi3Config, Phi3ForCausalLM  # noqa: E402
+
+from loopback_daemons import distill_after_split, free_port, serving  # noqa: E402
+from model_checks import (byte_level_bpe, check, finish, incremental_greedy,  # noqa: E402
+                          metric, post, token_ids)
+
+# Phi-4-mini-instruct's chat template, as its tokenizer_config.json publishes it: each message
+# between <|role|> and <|end|>, no newlines, then <|assistant|>.
+PHI4_MINI_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'system' and 'tools' in message and "
+    "message['tools'] is not none %}{{ '<|' + message['role'] + '|>' + message['content'] + "
+    "'<|tool|>' + message['tools'] + '<|/tool|>' + '<|end|>' }}{% else %}{{ '<|' + "
+    "message['role'] + '|>' + message['content'] + '<|end|>' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}")
+
+CORPUS = ["The old farmer walked to the river and counted the boats twice before noon.",
+          "Which is greater, nine or eleven? Count them on your fingers, then answer."]
+NEW_TOKENS = 16
+
+
+CONVERSATION = [
+    {"role": "system", "content": "Answer briefly."},
+    {"role": "user", "content": "Which is greater, nine or eleven?"},
+    {"role": "assistant", "content": "Eleven."},
+    {"role": "user", "content": "Count the boats twice."},
+]
+ORIGINAL = 30  # LongRoPE's original length
+SPECIALS = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+
+
+def build_model(directory):
+    """The tokenizer, tokenizer_config.json and a random Phi-3 checkpoint in `directory`."""
+    os.makedirs(directory, exist_ok=True)
+    tokenizer = byte_level_bpe(CORPUS, SPECIALS)
+    tokenizer.save(os.path.join(directory, "tokenizer.json"))
+    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast",
+                   "chat_template": PHI4_MINI_TEMPLATE, "eos_token": "<|endoftext|>",
+                   "pad_token": "<|endoftext|>", "add_bos_token": False}, f)
+    hf_tokenizer = AutoTokenizer.from_pretrained(directory)
+    prompts = [hf_tokenizer(text)["input_ids"] for text in CORPUS]
+    prompts.append(hf_tokenizer.apply_chat_template(CONVERSATION, add_generation_prompt=True,
+                                                    tokenize=True, return_dict=False))
+    # The prompts above are 27, 31 and 49 tokens long: one ends before the original length,
+    # two pass it.
+    lengths = sorted(len(p) for p in prompts)
+    if not lengths[0] < ORIGINAL < lengths[1]:
+        raise RuntimeError(f"prompts of {lengths} tokens do not straddle {ORIGINAL}")
+    torch.manual_seed(5)
+    end, endoftext = (tokenizer.token_to_id(t) for t in ("<|end|>", "<|endoftext|>"))
+    config = Phi3Config(
+        vocab_size=tokenizer.get_vocab_size(), hidden_size=64, intermediate_size=128,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=2048, original_max_position_embeddings=ORIGINAL,
+        partial_rotary_factor=0.75, rms_norm_eps=1e-5, initializer_range=0.1,
+        tie_word_embeddings=True, sliding_window=None,
+        rope_scaling={"type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                      "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]},
+        pad_token_id=endoftext, bos_token_id=endoftext, eos_token_id=[endoftext, end])
+    model = Phi3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+    model.save_pretrained(directory, safe_serialization=True)
+    return model, hf_tokenizer
+
+
+def run_checks(base, model, hf_tokenizer, metrics_port):
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
+    name = client.models.list().data[0].id
+    end = hf_tokenizer.convert_tokens_to_ids("<|end|>")
+    endoftext = hf_tokenizer.convert_tokens_to_ids("<|endoftext|>")
+
+    expected = hf_tokenizer.apply_chat_template(CONVERSATION, add_generation_prompt=True,
+                                                tokenize=True, return_dict=False)
+    rendered = post(f"{base}/tokenize", {"model": name, "messages": CONVERSATION})["tokens"]
+    check(rendered == expected, f"the chat prompt is transformers' apply_chat_template ids "
+                                f"({len(expected)} tokens; tophat {rendered}, transformers "
+                                f"{expected})")
+
+    for text in CORPUS:
+        ids = hf_tokenizer(text)["input_ids"]
+        completion = post(f"{base}/v1/completions",
+                          {"model": name, "prompt": ids, "max_tokens": NEW_TOKENS,
+                           "temperature": 0, "ignore_eos": True, "logprobs": 0,
+                           "return_tokens_as_token_ids": True})
+        ours = token_ids(completion["choices"][0]["logprobs"]["tokens"])
+        reference = incremental_greedy(model, ids, [], NEW_TOKENS, min(len(ids), ORIGINAL))
+        check(ours == reference, f"a greedy completion of {len(ids)} prompt tokens, past the "
+                                 f"original length {ORIGINAL}, is transformers' (tophat "
+                                 f"{ours}, transformers {reference})")
+
+    answer = client.chat.completions.create(
+        model=name, messages=CONVERSATION, max_tokens=NEW_TOKENS, temperature=0, logprobs=True,
+        extra_body={"return_tokens_as_token_ids": True})
+    ours = token_ids([entry.token for entry in answer.choices[0].logprobs.content])
+    reference = incremental_greedy(model, expected, [end, endoftext], NEW_TOKENS, ORIGINAL)
+    check(ours == reference, f"a greedy chat answer is transformers' continuation of the "
+                             f"rendered prompt (tophat {ours}, transformers {reference}, "
+                             f"finish_reason {answer.choices[0].finish_reason})")
+
+    drafted = metric(metrics_port, "tophat_spec_decode_num_draft_tokens_total")
+    kept = metric(metrics_port, "tophat_spec_decode_num_accepted_tokens_total")
+    check(drafted > 0 and kept > 0, f"the answers above were decoded speculatively: "
+                                    f"{kept:.0f} of {drafted:.0f} drafts kept")
+
+
+def main():
+    bin_dir, work = sys.argv[1:3]
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    model_dir = os.path.join(work, "phi3")
+    model, hf_tokenizer = build_model(model_dir)
+    serving_dir = os.path.join(work, "serving")
+    metrics_port = free_port()
+    with serving(bin_dir, serving_dir, model_dir,
+                 after_split=distill_after_split(bin_dir, model_dir, serving_dir, CORPUS),
+                 agent_settings="speculative:\n  eta: 0.01\n  max_runs_in_flight: 2\n",
+                 agent_metrics=metrics_port) as base:
+        run_checks(base, model, hf_tokenizer, metrics_port)
+    finish()
+
+
+if __name__ == "__main__":
+    main()
