@@ -179,6 +179,20 @@ def main():
                                  "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
                  "vision_config": {"hidden_size": 32}}
     write(out, "model_config", "gemma3_multimodal.json", json.dumps(gemma3_mm, indent=1))
+    # Phi-4-mini's rotary (3/4 of each head, LongRoPE) as transformers 5 writes it, and
+    # Phi-3 mini's window with 4.x's keys.
+    phi4 = dict(llama, architectures=["Phi3ForCausalLM"], model_type="phi3",
+                partial_rotary_factor=0.75, original_max_position_embeddings=16,
+                tie_word_embeddings=True,
+                rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                 "partial_rotary_factor": 0.75,
+                                 "original_max_position_embeddings": 16,
+                                 "short_factor": [1.0, 1.1, 1.2, 1.3, 1.4, 1.5],
+                                 "long_factor": [2.0, 3.0, 4.0, 5.0, 6.0, 7.0]})
+    write(out, "model_config", "phi4_mini_longrope.json", json.dumps(phi4, indent=1))
+    phi3 = dict(llama, architectures=["Phi3ForCausalLM"], model_type="phi3", sliding_window=2047,
+                rope_scaling=None, original_max_position_embeddings=4096)
+    write(out, "model_config", "phi3_mini_window.json", json.dumps(phi3, indent=1))
 
     root = os.path.dirname(HERE)
     for name in ("cloud.yaml", "agent.yaml"):

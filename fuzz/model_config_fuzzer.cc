@@ -12,8 +12,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // What it accepted is a usable shape, and reads back to itself.
   TOPHAT_FUZZ_CHECK(config->hidden_size > 0 && config->num_hidden_layers > 0);
   TOPHAT_FUZZ_CHECK(config->head_dim > 0 && config->num_key_value_heads > 0);
+  // Rotary turns an even number of a head's dimensions, and LongRoPE has a factor per pair.
+  const int64_t rotary_dim = config->rotary_dim();
+  TOPHAT_FUZZ_CHECK(rotary_dim >= 2 && rotary_dim % 2 == 0 && rotary_dim <= config->head_dim);
+  const tophat::RopeScaling& scaling = config->rope_scaling;
+  if (scaling.longrope) {
+    TOPHAT_FUZZ_CHECK(static_cast<int64_t>(scaling.short_factor.size()) == rotary_dim / 2);
+    TOPHAT_FUZZ_CHECK(static_cast<int64_t>(scaling.long_factor.size()) == rotary_dim / 2);
+    TOPHAT_FUZZ_CHECK(scaling.attention_factor > 0 && scaling.original_max_position_embeddings > 0);
+  }
   auto again = tophat::ModelConfig::FromJson(config->ToJson(), "round trip");
   TOPHAT_FUZZ_CHECK(again.ok());
   TOPHAT_FUZZ_CHECK(again->hidden_size == config->hidden_size);
+  TOPHAT_FUZZ_CHECK(again->rotary_dim() == rotary_dim);
+  TOPHAT_FUZZ_CHECK(again->rope_scaling.longrope == scaling.longrope);
+  TOPHAT_FUZZ_CHECK(again->rope_scaling.long_factor == scaling.long_factor);
   return 0;
 }

@@ -41,8 +41,8 @@ bool KvFits(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& value
 // Rows are visited block by block, so the contiguous case (one block) runs the same loops
 // as a plain [positions, kv_heads, head_dim] kernel, with no division per row.
 void Attend(const at::Tensor& q, const KvRows& k, const KvRows& v, int64_t kv_heads,
-            std::span<const int32_t> block_table, int64_t block_size, int64_t positions,
-            double scale, at::Tensor& out) {
+            std::span<const int32_t> block_table, int64_t block_size, int64_t first,
+            int64_t positions, double scale, at::Tensor& out) {
   const int64_t heads = q.size(0);
   const int64_t hd = q.size(1);
   const int64_t group = heads / kv_heads;
@@ -53,12 +53,12 @@ void Attend(const at::Tensor& q, const KvRows& k, const KvRows& v, int64_t kv_he
   // read make a fork worth it (a one-thread decode attention left the other core idle for
   // 11% of a 1,500-token decode, docs/benchmarks.md).
   const int threads =
-      heads * positions * hd < (1 << 15) ? 1 : std::min<int>(SingleRowThreads(), heads);
+      heads * (positions - first) * hd < (1 << 15) ? 1 : std::min<int>(SingleRowThreads(), heads);
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t h = 0; h < heads; ++h) {
     thread_local std::vector<float> scores;
-    scores.resize(positions);
-    AttendHead(qp + h * q.stride(0), k, v, h / group, hd, block_table, block_size, positions,
+    scores.resize(positions - first);
+    AttendHead(qp + h * q.stride(0), k, v, h / group, hd, block_table, block_size, first, positions,
                scale_f, scores.data(), op + h * hd);
   }
 }
@@ -77,13 +77,16 @@ __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 void AttendHead(const float* q, const KvRows& k, const KvRows& v, int64_t kv_head,
                 int64_t head_dim, std::span<const int32_t> block_table, int64_t block_size,
-                int64_t positions, float scale, float* scores, float* out) {
+                int64_t first, int64_t positions, float scale, float* scores, float* out) {
   const int64_t hd = head_dim;
   float max_score = -INFINITY;
-  for (int64_t b = 0, j = 0; j < positions; ++b) {
-    const int64_t rows = std::min(block_size, positions - j);
-    const float* kb = k.base + block_table[b] * k.block_stride + kv_head * k.head_stride;
-    float* s = scores + j;
+  // Block by block from the one holding `first` (which may start inside it).
+  for (int64_t j = first; j < positions;) {
+    const int64_t offset = j % block_size;
+    const int64_t rows = std::min(block_size - offset, positions - j);
+    const float* kb = k.base + block_table[j / block_size] * k.block_stride +
+                      offset * k.row_stride + kv_head * k.head_stride;
+    float* s = scores + (j - first);
     for (int64_t r = 0; r < rows; ++r) {
       const float* kr = kb + r * k.row_stride;
       float dot = 0.0f;
@@ -95,16 +98,18 @@ void AttendHead(const float* q, const KvRows& k, const KvRows& v, int64_t kv_hea
     j += rows;
   }
   float total = 0.0f;
-  for (int64_t j = 0; j < positions; ++j) {
+  for (int64_t j = 0; j < positions - first; ++j) {
     scores[j] = std::exp(scores[j] - max_score);
     total += scores[j];
   }
   for (int64_t i = 0; i < hd; ++i) out[i] = 0.0f;
   const float inv_total = 1.0f / total;
-  for (int64_t b = 0, j = 0; j < positions; ++b) {
-    const int64_t rows = std::min(block_size, positions - j);
-    const float* vb = v.base + block_table[b] * v.block_stride + kv_head * v.head_stride;
-    const float* s = scores + j;
+  for (int64_t j = first; j < positions;) {
+    const int64_t offset = j % block_size;
+    const int64_t rows = std::min(block_size - offset, positions - j);
+    const float* vb = v.base + block_table[j / block_size] * v.block_stride +
+                      offset * v.row_stride + kv_head * v.head_stride;
+    const float* s = scores + (j - first);
     for (int64_t r = 0; r < rows; ++r) {
       const float* vr = vb + r * v.row_stride;
       const float p = s[r] * inv_total;
@@ -120,30 +125,57 @@ void SwiGluRow(const float* gate, const float* up, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
+void GeluTanhGluRow(const float* gate, const float* up, int64_t n, float* out) {
+  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+  constexpr float kKappa = 0.044715f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = gate[i];
+    out[i] = 0.5f * x * (1.0f + std::tanh(kBeta * (x + kKappa * x * x * x))) * up[i];
+  }
+}
+
+void GeluTanhGluOut(const at::Tensor& gate_up, at::Tensor& out) {
+  const int64_t inner = gate_up.size(-1) / 2;
+  const int64_t rows = inner == 0 ? 0 : gate_up.numel() / (2 * inner);
+  if (!gate_up.is_cpu() || gate_up.scalar_type() != at::kFloat || !gate_up.is_contiguous() ||
+      gate_up.requires_grad() || !out.is_contiguous() || out.scalar_type() != at::kFloat ||
+      !out.is_cpu() || out.numel() != rows * inner) {
+    out.copy_(at::gelu(gate_up.narrow(-1, 0, inner), "tanh") * gate_up.narrow(-1, inner, inner));
+    return;
+  }
+  const float* in = gate_up.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    GeluTanhGluRow(in + r * 2 * inner, in + r * 2 * inner + inner, inner, o + r * inner);
+  }
+}
+
 bool DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                      double scale, at::Tensor& out) {
   if (!QueryFits(q, out) || !KvFits(q, keys, values, 3)) return false;
   static constexpr int32_t kOneBlock[] = {0};
   const KvRows k{keys.data_ptr<float>(), 0, keys.stride(0), keys.stride(1)};
   const KvRows v{values.data_ptr<float>(), 0, values.stride(0), values.stride(1)};
-  Attend(q, k, v, keys.size(1), kOneBlock, keys.size(0), keys.size(0), scale, out);
+  Attend(q, k, v, keys.size(1), kOneBlock, keys.size(0), 0, keys.size(0), scale, out);
   return true;
 }
 
 bool PagedDecodeAttention(const at::Tensor& q, const at::Tensor& key_blocks,
                           const at::Tensor& value_blocks, std::span<const int32_t> block_table,
-                          int64_t positions, double scale, at::Tensor& out) {
+                          int64_t positions, double scale, at::Tensor& out, int64_t first) {
   if (!QueryFits(q, out) || !KvFits(q, key_blocks, value_blocks, 4)) return false;
   const int64_t num_blocks = key_blocks.size(0);
   const int64_t block_size = key_blocks.size(1);
-  if (positions < 0 || block_size < 1) return false;
+  if (positions < 0 || first < 0 || first >= std::max<int64_t>(positions, 1) || block_size < 1) {
+    return false;
+  }
   const int64_t needed = (positions + block_size - 1) / block_size;
   if (needed > static_cast<int64_t>(block_table.size())) return false;
   for (int64_t b = 0; b < needed; ++b) {
     if (block_table[b] < 0 || block_table[b] >= num_blocks) return false;
   }
   Attend(q, KvRowsOf(key_blocks), KvRowsOf(value_blocks), key_blocks.size(2), block_table,
-         block_size, positions, scale, out);
+         block_size, first, positions, scale, out);
   return true;
 }
 

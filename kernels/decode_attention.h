@@ -23,10 +23,11 @@ bool DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at::Tens
 // (0 <= j < positions) lives in block block_table[j / block_size] at offset j % block_size.
 // Returns false (and writes nothing) when the inputs are not float32 CPU of that layout, or
 // when the table does not cover `positions` rows of valid block ids; the caller then gathers
-// the rows and takes the composite path.
+// the rows and takes the composite path. first > 0 attends rows [first, positions) only (a
+// sliding window).
 bool PagedDecodeAttention(const at::Tensor& q, const at::Tensor& key_blocks,
                           const at::Tensor& value_blocks, std::span<const int32_t> block_table,
-                          int64_t positions, double scale, at::Tensor& out);
+                          int64_t positions, double scale, at::Tensor& out, int64_t first = 0);
 
 // A batch of decode queries, one per sequence, over one pool's paged keys and values, in one
 // CUDA launch (kernels/paged_attention.cu). q: [num_seqs, heads, head_dim] contiguous;
@@ -85,16 +86,23 @@ struct KvRows {
 KvRows KvRowsOf(const at::Tensor& blocks);
 
 // One query head's decode attention on the calling thread: softmax(q k^T * scale) v over
-// positions [0, positions) of KV head `kv_head`, laid out in blocks as PagedDecodeAttention
-// reads them (block_table covers them). `scores`: room for `positions` floats; `out`:
-// head_dim floats. The arithmetic of DecodeAttention and PagedDecodeAttention, head by head
-// (kernels/decode_step.h gets the same numbers).
-void AttendHead(const float* q, const KvRows& k, const KvRows& v, int64_t kv_head,
-                int64_t head_dim, std::span<const int32_t> block_table, int64_t block_size,
+// positions [first, positions) of KV head `kv_head` (first > 0: a sliding window), laid out
+// in blocks as PagedDecodeAttention reads them (block_table covers them). `scores`: room for
+// `positions - first` floats; `out`: head_dim floats. The arithmetic of DecodeAttention and
+// PagedDecodeAttention, head by head (kernels/decode_step.h gets the same numbers).
+void AttendHead(const float* q, const KvRows& k, const KvRows& v, int64_t kv_head, int64_t head_dim,
+                std::span<const int32_t> block_table, int64_t block_size, int64_t first,
                 int64_t positions, float scale, float* scores, float* out);
 
 // silu(gate[i]) * up[i] for i < n, float32 on the calling thread: SwiGluOut's CPU arithmetic.
 void SwiGluRow(const float* gate, const float* up, int64_t n, float* out);
+// gelu_tanh(gate[i]) * up[i] (Gemma's MLP: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))),
+// float32 on the calling thread: GeluTanhGluOut's CPU arithmetic.
+void GeluTanhGluRow(const float* gate, const float* up, int64_t n, float* out);
+// gelu_tanh(gate) * up for gate_up = [gate | up] along the last dimension, into `out` (gate_up's
+// shape with the last dimension halved, contiguous); on a float32 CPU row by row with
+// GeluTanhGluRow, elsewhere ATen's gelu.
+void GeluTanhGluOut(const at::Tensor& gate_up, at::Tensor& out);
 
 // silu(gate) * up for gate_up = [gate | up] along the last dimension, in one pass.
 at::Tensor SwiGlu(const at::Tensor& gate_up);

@@ -88,6 +88,20 @@ TEST_CASE("Paged decode attention matches the composite form over shuffled block
         at::Tensor contiguous = at::empty({heads * hd});
         REQUIRE(DecodeAttention(q, keys, values, scale, contiguous));
         CHECK(at::equal(out, contiguous));
+
+        // A sliding window: rows [first, positions) only, from inside a block, the same bits
+        // as the contiguous kernel over those rows alone.
+        if (positions < 2) continue;
+        const int64_t first = positions / 2 + 1;
+        at::Tensor windowed = at::empty({heads * hd});
+        REQUIRE(PagedDecodeAttention(q, key_blocks, value_blocks, table, positions, scale, windowed,
+                                     first));
+        const at::Tensor seen_keys = keys.narrow(0, first, positions - first);
+        const at::Tensor seen_values = values.narrow(0, first, positions - first);
+        at::Tensor seen = at::empty({heads * hd});
+        REQUIRE(DecodeAttention(q, seen_keys.contiguous(), seen_values.contiguous(), scale, seen));
+        CHECK(at::equal(windowed, seen));
+        CHECK_FALSE(at::allclose(windowed, out, 1e-3, 1e-3));
       }
     }
   }
@@ -143,6 +157,20 @@ TEST_CASE("The fused split merge is on unless operators turn it off", "[kernels]
   CHECK_FALSE(FusedSplitMerge());
   SetFusedSplitMerge(true);
   CHECK(FusedSplitMerge());
+}
+
+TEST_CASE("Gemma's GELU gate matches gelu(gate, tanh) * up", "[kernels]") {
+  at::manual_seed(3);
+  at::Tensor gate_up = at::randn({3, 2 * 50}) * 4;
+  at::Tensor expected = at::gelu(gate_up.narrow(1, 0, 50), "tanh") * gate_up.narrow(1, 50, 50);
+  at::Tensor out = at::empty({3, 50});
+  GeluTanhGluOut(gate_up, out);
+  CHECK(at::allclose(out, expected, 1e-5, 1e-5));
+  // Elsewhere (here float64) ATen's own.
+  at::Tensor gd = at::randn({2, 8}, at::kDouble);
+  at::Tensor od = at::empty({2, 4}, at::kDouble);
+  GeluTanhGluOut(gd, od);
+  CHECK(at::allclose(od, at::gelu(gd.narrow(1, 0, 4), "tanh") * gd.narrow(1, 4, 4)));
 }
 
 TEST_CASE("Fused SwiGLU matches silu(gate) * up", "[kernels]") {

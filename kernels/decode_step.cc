@@ -109,6 +109,21 @@ bool MatrixIs(const RowMatrix& m, int64_t rows, int64_t cols) {
           m.scale != nullptr);
 }
 
+// A sublayer's output rows [d0, d1) added to the residual stream x: as they are, or (Gemma)
+// the whole output normed first, which needs every thread's rows: a barrier, then each thread
+// norms the row for itself into `normed` (its own scratch) and adds its rows. Every thread
+// calls it, so the barrier is reached by all or none.
+void AddSublayer(float* x, const float* projected, const float* norm, int64_t d, float eps,
+                 float* normed, int64_t d0, int64_t d1) {
+  const float* delta = projected;
+  if (norm != nullptr) {
+#pragma omp barrier
+    RmsNormRow(projected, norm, d, eps, normed);
+    delta = normed;
+  }
+  for (int64_t r = d0; r < d1; ++r) x[r] += delta[r];
+}
+
 // The step on one thread of `count` (t: its index); `count` threads run it together, each
 // reaching every barrier.
 void RunLayers(const DecodeShape& shape, std::span<const DecodeLayer> layers,
@@ -121,8 +136,10 @@ void RunLayers(const DecodeShape& shape, std::span<const DecodeLayer> layers,
   const int64_t group = shape.heads / shape.kv_heads;
   const int64_t inner = shape.intermediate;
   const int64_t positions = at.position + 1;
-  // The layer-by-layer path's scale: 1 / sqrt(head_dim) in double, then float.
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  // The layer-by-layer path's scale: 1 / sqrt(head_dim) in double, then float, unless given.
+  const float scale = shape.attention_scale > 0
+                          ? shape.attention_scale
+                          : static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   const int64_t slot_block = at.block_table[at.position / at.block_size];
   const int64_t slot_row = at.position % at.block_size;
 
@@ -151,12 +168,14 @@ void RunLayers(const DecodeShape& shape, std::span<const DecodeLayer> layers,
 #pragma omp barrier
     // Rotary: query heads into q, key heads straight into the cache row with their values;
     // a head norm first where the model has one (in place: the head is this thread's).
+    const float* cos = layer.local_rope ? at.local_cos : at.cos;
+    const float* sin = layer.local_rope ? at.local_sin : at.sin;
     for (int64_t u = u0; u < u1; ++u) {
       if (u < shape.heads) {
         if (layer.q_norm != nullptr) {
           RmsNormRow(qkv + u * hd, layer.q_norm, hd, shape.eps, qkv + u * hd);
         }
-        RotateHeadRow(qkv + u * hd, at.cos, at.sin, half, q + u * hd);
+        RotateHeadRow(qkv + u * hd, cos, sin, half, q + u * hd);
         continue;
       }
       const int64_t kv = u - shape.heads;
@@ -164,32 +183,37 @@ void RunLayers(const DecodeShape& shape, std::span<const DecodeLayer> layers,
         float* key = qkv + q_size + kv * hd;
         RmsNormRow(key, layer.k_norm, hd, shape.eps, key);
       }
-      RotateHeadRow(qkv + q_size + kv * hd, at.cos, at.sin, half,
+      RotateHeadRow(qkv + q_size + kv * hd, cos, sin, half,
                     TokenRow(layer.keys, slot_block, slot_row, kv));
       std::memcpy(TokenRow(layer.values, slot_block, slot_row, kv),
                   qkv + q_size + kv_size + kv * hd, sizeof(float) * hd);
     }
 #pragma omp barrier
+    const int64_t first = layer.window > 0 ? std::max<int64_t>(0, positions - layer.window) : 0;
     for (int64_t h = h0; h < h1; ++h) {
-      AttendHead(q + h * hd, layer.keys, layer.values, h / group, hd, at.block_table,
-                 at.block_size, positions, scale, own.scores.data(), attention + h * hd);
+      AttendHead(q + h * hd, layer.keys, layer.values, h / group, hd, at.block_table, at.block_size,
+                 first, positions, scale, own.scores.data(), attention + h * hd);
     }
 #pragma omp barrier
     // The output projection's rows and the residual add of the same rows.
     PrepareInput(layer.o_proj, attention, own);
     MatrixRows(layer.o_proj, attention, layer.o_bias, projected, d0, d1, own);
-    for (int64_t r = d0; r < d1; ++r) x[r] += projected[r];
+    AddSublayer(x, projected, layer.attention_out_norm, d, shape.eps, normed, d0, d1);
 #pragma omp barrier
     // The MLP: each thread's gate rows with the same up rows, so SwiGLU needs no barrier.
     RmsNormRow(x, layer.post_norm, d, shape.eps, normed);
     PrepareInput(layer.gate_up, normed, own);
     MatrixRows(layer.gate_up, normed, nullptr, gate_up, g0, g1, own);
     MatrixRows(layer.gate_up, normed, nullptr, gate_up, inner + g0, inner + g1, own);
-    SwiGluRow(gate_up + g0, gate_up + inner + g0, g1 - g0, activated + g0);
+    if (layer.gelu_gate) {
+      GeluTanhGluRow(gate_up + g0, gate_up + inner + g0, g1 - g0, activated + g0);
+    } else {
+      SwiGluRow(gate_up + g0, gate_up + inner + g0, g1 - g0, activated + g0);
+    }
 #pragma omp barrier
     PrepareInput(layer.down, activated, own);
     MatrixRows(layer.down, activated, nullptr, projected, d0, d1, own);
-    for (int64_t r = d0; r < d1; ++r) x[r] += projected[r];
+    AddSublayer(x, projected, layer.mlp_out_norm, d, shape.eps, normed, d0, d1);
 #pragma omp barrier
   }
 }

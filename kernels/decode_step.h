@@ -1,4 +1,6 @@
-// One token through a stack of Llama decoder layers on a CPU, in one parallel region.
+// One token through a stack of Llama decoder layers (and Gemma 3's: norms around each
+// sublayer, a GELU gate, sliding layers with a rotary table of their own) on a CPU, in one
+// parallel region.
 //
 // Why: a decode step on a device's CPU is bound by reading the weights once, and the GEMV
 // kernels read them near the memory's rate; what kept tophat's device decode at half its
@@ -9,11 +11,13 @@
 // of one region stay for the whole step: each computes its share of every matrix's rows,
 // the small operations are split over them too (heads, rows) or done by each for itself
 // where that is cheaper than waiting (a norm of one row), and barriers stand where one
-// phase needs another's whole output: five a layer. Nothing is allocated once the scratch
-// has grown to the model's size.
+// phase needs another's whole output: five a layer (seven for Gemma, whose sublayer outputs
+// are normed whole before their adds). Nothing is allocated once the scratch has grown to the
+// model's size.
 //
 // The numbers are the layer-by-layer path's, row for row: every piece is the same function
-// (LinearRows*, RmsNormRow, RotateHeadRow, AttendHead, SwiGluRow) and each matrix row is
+// (LinearRows*, RmsNormRow, RotateHeadRow, AttendHead, SwiGluRow, GeluTanhGluRow) and each
+// matrix row is
 // computed by the same kernel in a block of four rows, whatever thread computes it.
 #pragma once
 
@@ -52,6 +56,13 @@ struct DecodeLayer {
   const float* post_norm = nullptr;   // [hidden]
   RowMatrix gate_up;                  // [2 intermediate, hidden]: gate rows, then up rows
   RowMatrix down;                     // [hidden, intermediate]
+  // Gemma 3: attention's and the MLP's outputs normed before their residual adds ([hidden]),
+  // or null.
+  const float* attention_out_norm = nullptr;
+  const float* mlp_out_norm = nullptr;
+  bool gelu_gate = false;   // the MLP's gate is GELU's tanh form (Gemma 3), else SiLU
+  int64_t window = 0;       // > 0: the token attends the last `window` positions only
+  bool local_rope = false;  // turns by DecodePosition's local table (Gemma 3's sliding layers)
   // This layer's keys and values (float32): the token's K/V is written at `position`, and
   // positions [0, position] are attended. The sequence's, set by the caller for each step.
   KvRows keys;
@@ -65,6 +76,7 @@ struct DecodeShape {
   int64_t head_dim = 0;
   int64_t intermediate = 0;
   float eps = 1e-5f;
+  float attention_scale = 0;  // scores' factor; 0: 1 / sqrt(head_dim)
 };
 
 // Where the token's K/V goes and what it attends: the sequence's block table over the
@@ -75,6 +87,8 @@ struct DecodePosition {
   int64_t position = 0;
   const float* cos = nullptr;  // the rotary rows of `position`: head_dim / 2 floats each
   const float* sin = nullptr;
+  const float* local_cos = nullptr;  // the local_rope layers' rows, where any layer has one
+  const float* local_sin = nullptr;
 };
 
 // Whether the step takes these layers' weights: every norm there and every matrix of the

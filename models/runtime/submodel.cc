@@ -559,10 +559,10 @@ void Submodel::ChooseSmallBatchGemms() {
 }
 
 void Submodel::PrepareFusedLayers() {
-  // Gemma's layer (norms around each sublayer, GELU, per-layer windows) is not the fused
-  // step's: its one-token steps take the layer-by-layer path.
-  if (!options_.device.is_cpu() || options_.dtype != at::kFloat || config_.gemma()) return;
-  for (const DecoderLayerWeights& w : layers_) {
+  if (!options_.device.is_cpu() || options_.dtype != at::kFloat) return;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const DecoderLayerWeights& w = layers_[l];
+    const int64_t layer = spec_.layers.begin + static_cast<int64_t>(l);
     const auto qkv = RowMatrixOf(w.qkv);
     const auto o_proj = RowMatrixOf(w.o_proj);
     const auto gate_up = RowMatrixOf(w.gate_up);
@@ -573,7 +573,9 @@ void Submodel::PrepareFusedLayers() {
         (w.qkv_bias.defined() && FloatData(w.qkv_bias) == nullptr) ||
         (w.q_norm.defined() && FloatData(w.q_norm) == nullptr) ||
         (w.k_norm.defined() && FloatData(w.k_norm) == nullptr) ||
-        (w.o_bias.defined() && FloatData(w.o_bias) == nullptr)) {
+        (w.o_bias.defined() && FloatData(w.o_bias) == nullptr) ||
+        (w.attention_out_norm.defined() && FloatData(w.attention_out_norm) == nullptr) ||
+        (w.mlp_out_norm.defined() && FloatData(w.mlp_out_norm) == nullptr)) {
       fused_layers_.clear();
       return;
     }
@@ -586,16 +588,26 @@ void Submodel::PrepareFusedLayers() {
                              .o_bias = FloatData(w.o_bias),
                              .post_norm = post_norm,
                              .gate_up = *gate_up,
-                             .down = *down});
+                             .down = *down,
+                             .attention_out_norm = FloatData(w.attention_out_norm),
+                             .mlp_out_norm = FloatData(w.mlp_out_norm),
+                             .gelu_gate = config_.gemma(),
+                             .window = config_.LayerWindow(layer).value_or(0),
+                             .local_rope = config_.LocalRope(layer)});
   }
   fused_shape_ = {.hidden = config_.hidden_size,
                   .heads = config_.num_attention_heads,
                   .kv_heads = config_.num_key_value_heads,
                   .head_dim = config_.head_dim,
                   .intermediate = config_.intermediate_size,
-                  .eps = static_cast<float>(config_.rms_norm_eps)};
-  if (!kernels::DecodeStepTakes(fused_shape_, fused_layers_) || !rope_.cos.is_contiguous() ||
-      !rope_.sin.is_contiguous() || rope_.cos.scalar_type() != at::kFloat) {
+                  .eps = static_cast<float>(config_.rms_norm_eps),
+                  .attention_scale = static_cast<float>(config_.attention_scale())};
+  auto table_fits = [](const RopeTable& table) {
+    return table.cos.is_contiguous() && table.sin.is_contiguous() &&
+           table.cos.scalar_type() == at::kFloat && table.sin.scalar_type() == at::kFloat;
+  };
+  if (!kernels::DecodeStepTakes(fused_shape_, fused_layers_) || !table_fits(rope_) ||
+      (rope_local_.cos.defined() && !table_fits(rope_local_))) {
     fused_layers_.clear();
   }
 }
@@ -616,9 +628,9 @@ bool Submodel::FusedDecodeTakes(std::span<const SequenceChunk> chunks) const {
   const KvCache& cache = *chunks[0].cache;
   const KvBlockPool& pool = cache.pool();
   const int64_t position = cache.length();
-  const bool windowed = config_.sliding_window && position + 1 > *config_.sliding_window;
-  return !windowed && pool.dtype() == at::kFloat && pool.device().is_cpu() &&
-         position < rope_.max_positions() && position < cache.capacity();
+  return pool.dtype() == at::kFloat && pool.device().is_cpu() && position < rope_.max_positions() &&
+         position < cache.capacity() &&
+         (!rope_local_.cos.defined() || position < rope_local_.max_positions());
 }
 
 void Submodel::FusedDecode(const KvCache& cache, float* x) const {
@@ -632,11 +644,15 @@ void Submodel::FusedDecode(const KvCache& cache, float* x) const {
   }
   const int64_t position = cache.length();
   const int64_t half = config_.head_dim / 2;
-  const kernels::DecodePosition at{.block_table = cache.block_table(),
-                                   .block_size = pool.block_size(),
-                                   .position = position,
-                                   .cos = rope_.cos.data_ptr<float>() + position * half,
-                                   .sin = rope_.sin.data_ptr<float>() + position * half};
+  kernels::DecodePosition at{.block_table = cache.block_table(),
+                             .block_size = pool.block_size(),
+                             .position = position,
+                             .cos = rope_.cos.data_ptr<float>() + position * half,
+                             .sin = rope_.sin.data_ptr<float>() + position * half};
+  if (rope_local_.cos.defined()) {
+    at.local_cos = rope_local_.cos.data_ptr<float>() + position * half;
+    at.local_sin = rope_local_.sin.data_ptr<float>() + position * half;
+  }
   // Every layer reads as many bytes as the first.
   const DecoderLayerWeights& w = layers_.front();
   const int64_t layer_bytes =
@@ -711,10 +727,10 @@ void Submodel::AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t la
   const double scale = config_.attention_scale();
   const std::optional<int64_t> window = config_.LayerWindow(spec_.layers.begin + layer);
   const bool windowed = window && total > *window;
-  // One query with every key visible: the fused kernel reads the blocks in place.
-  if (n == 1 && !windowed &&
-      kernels::PagedDecodeAttention(q[0], cache.pool().keys(layer), cache.pool().values(layer),
-                                    cache.block_table(), total, scale, out)) {
+  // One query: the fused kernel reads the blocks in place, from the window's first row.
+  if (n == 1 && kernels::PagedDecodeAttention(q[0], cache.pool().keys(layer),
+                                              cache.pool().values(layer), cache.block_table(),
+                                              total, scale, out, windowed ? total - *window : 0)) {
     return;
   }
   const at::Tensor keys = cache.Keys(layer, total, device_ids);
@@ -1150,10 +1166,8 @@ void Submodel::RunLayers(int64_t total, const at::Tensor& global_cos, const at::
     kernels::AddRmsNormOut(x, delta, w.post_norm, eps, h);
     if (config_.gemma()) {
       // GELU (tanh form) of the gate times up, as transformers' GemmaMLP computes it.
-      const int64_t intermediate = config_.intermediate_size;
       LinearOut(h, w.gate_up, {}, gate_up);
-      at::gelu_out(activated, gate_up.narrow(1, 0, intermediate), "tanh");
-      activated.mul_(gate_up.narrow(1, intermediate, intermediate));
+      kernels::GeluTanhGluOut(gate_up, activated);
     } else if (!(UsesSmallBatchGemm(w.gate_up, total) &&
                  kernels::SmallBatchGemmSwiGluOut(h, w.gate_up.dense, activated))) {
       // Where the small-batch kernel was measured faster for gate_up at this row count, its
