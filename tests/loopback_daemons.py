@@ -117,6 +117,19 @@ def serving(bin_dir, work, model_dir, openai_settings="", after_split=None, agen
         stop_processes(processes)
 
 
+@contextlib.contextmanager
+def speculative_serving(bin_dir, work, model_dir, corpus, metrics_port):
+    """serving under `work`/serving with a drafter distilled on `corpus`'s words
+    (distill_after_split), decoding speculatively (eta 0.01, two runs ahead), the agent's
+    metrics on `metrics_port`. Yields the agent's base URL."""
+    serving_dir = os.path.join(work, "serving")
+    with serving(bin_dir, serving_dir, model_dir,
+                 after_split=distill_after_split(bin_dir, model_dir, serving_dir, corpus),
+                 agent_settings="speculative:\n  eta: 0.01\n  max_runs_in_flight: 2\n",
+                 agent_metrics=metrics_port) as base:
+        yield base
+
+
 def distill_after_split(bin_dir, model_dir, work, corpus):
     """For serving's after_split: an adapter for the m = 1 split, distilled (30 steps) on
     text of `corpus`'s words into the device bundle under `work`/bundles (its manifest then

@@ -41,7 +41,7 @@ import openai  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoTokenizer, Phi3Config, Phi3ForCausalLM  # noqa: E402
 
-from loopback_daemons import distill_after_split, free_port, serving  # noqa: E402
+from loopback_daemons import free_port, speculative_serving  # noqa: E402
 from model_checks import (byte_level_bpe, check, finish, incremental_greedy,  # noqa: E402
                           metric, post, token_ids)
 
@@ -153,12 +153,8 @@ def main():
     os.makedirs(work)
     model_dir = os.path.join(work, "phi3")
     model, hf_tokenizer = build_model(model_dir)
-    serving_dir = os.path.join(work, "serving")
     metrics_port = free_port()
-    with serving(bin_dir, serving_dir, model_dir,
-                 after_split=distill_after_split(bin_dir, model_dir, serving_dir, CORPUS),
-                 agent_settings="speculative:\n  eta: 0.01\n  max_runs_in_flight: 2\n",
-                 agent_metrics=metrics_port) as base:
+    with speculative_serving(bin_dir, work, model_dir, CORPUS, metrics_port) as base:
         run_checks(base, model, hf_tokenizer, metrics_port)
     finish()
 

@@ -117,15 +117,18 @@ TEST_CASE(
 
 TEST_CASE("Phi-3's fused projections read as Llama's parts, ranges of their rows", "[checkpoint]") {
   TempDir dir;
+  auto write_config = [&](int64_t kv_heads) {
+    WriteBytes(dir.path() / "config.json", nlohmann::json{{"architectures", {"Phi3ForCausalLM"}},
+                                                          {"vocab_size", 8},
+                                                          {"hidden_size", 64},
+                                                          {"intermediate_size", 48},
+                                                          {"num_hidden_layers", 1},
+                                                          {"num_attention_heads", 4},
+                                                          {"num_key_value_heads", kv_heads}}
+                                               .dump());
+  };
   // 4 query heads and 2 KV heads of 16 (q 64, k and v 32 each), MLP 48.
-  WriteBytes(dir.path() / "config.json", nlohmann::json{{"architectures", {"Phi3ForCausalLM"}},
-                                                        {"vocab_size", 8},
-                                                        {"hidden_size", 64},
-                                                        {"intermediate_size", 48},
-                                                        {"num_hidden_layers", 1},
-                                                        {"num_attention_heads", 4},
-                                                        {"num_key_value_heads", 2}}
-                                             .dump());
+  write_config(2);
   const at::Tensor qkv = at::randn({128, 64}).to(at::kBFloat16);
   const at::Tensor gate_up = at::randn({96, 64});
   const at::Tensor norm = at::randn({64});
@@ -163,14 +166,7 @@ TEST_CASE("Phi-3's fused projections read as Llama's parts, ranges of their rows
                              "expected [64, 64]"));
 
   // Rows that do not add up to the config's widths, and a config that is missing.
-  WriteBytes(dir.path() / "config.json", nlohmann::json{{"architectures", {"Phi3ForCausalLM"}},
-                                                        {"vocab_size", 8},
-                                                        {"hidden_size", 64},
-                                                        {"intermediate_size", 48},
-                                                        {"num_hidden_layers", 1},
-                                                        {"num_attention_heads", 4},
-                                                        {"num_key_value_heads", 4}}
-                                             .dump());
+  write_config(4);
   auto mismatched = CheckpointReader::Open(dir.path());
   REQUIRE_FALSE(mismatched.ok());
   CHECK_THAT(Message(mismatched.status()),

@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -356,37 +357,46 @@ TEST_CASE(
              Catch::Contains("mm/config.json text_config: key 'hidden_activation'"));
 }
 
-TEST_CASE("What Gemma's runtime does not compute is refused, naming file and key", "[config]") {
-  struct Case {
-    const char* what;
-    json::json_pointer pointer;
-    json value;
-    const char* expected;
-  };
-  const Case cases[] = {
-      {"Gemma 2's soft-capping", json::json_pointer("/final_logit_softcapping"), 30.0,
-       "g.json: key 'final_logit_softcapping' 30.0 is not supported"},
-      {"attention soft-capping", json::json_pointer("/attn_logit_softcapping"), 50.0,
-       "g.json: key 'attn_logit_softcapping' 50.0 is not supported"},
-      {"another activation", json::json_pointer("/hidden_activation"), "gelu",
-       "g.json: key 'hidden_activation' \"gelu\" is not supported (gelu_pytorch_tanh only)"},
-      {"bidirectional", json::json_pointer("/use_bidirectional_attention"), true,
-       "g.json: key 'use_bidirectional_attention': bidirectional attention is not supported"},
-      {"layer types", json::json_pointer("/layer_types"), json::array({"full_attention"}),
-       "g.json: key 'layer_types' must be a list of 4 (num_hidden_layers) strings"},
-      {"scaled local rope", json::json_pointer("/rope_parameters/sliding_attention/rope_type"),
-       "yarn", "'yarn' is not supported"},
-      {"scale", json::json_pointer("/query_pre_attn_scalar"), 0,
-       "g.json: key 'query_pre_attn_scalar' must be > 0"},
-  };
-  for (const Case& c : cases) {
-    json j = Gemma3ConfigV5();
-    j[c.pointer] = c.value;
-    auto config = ModelConfig::FromJson(j, "g.json");
-    INFO(c.what);
+// A config changed at one key, and what its refusal must say.
+struct Refusal {
+  const char* what;
+  json::json_pointer pointer;
+  json value;
+  const char* expected;
+};
+
+// Each of `refusals` applied to `base` alone is refused by FromJson(..., source) with its text.
+void CheckRefusals(const json& base, const std::string& source,
+                   std::initializer_list<Refusal> refusals) {
+  for (const Refusal& r : refusals) {
+    json j = base;
+    j[r.pointer] = r.value;
+    auto config = ModelConfig::FromJson(j, source);
+    INFO(r.what);
     REQUIRE_FALSE(config.ok());
-    CHECK_THAT(Message(config.status()), Catch::Contains(c.expected));
+    CHECK_THAT(Message(config.status()), Catch::Contains(r.expected));
   }
+}
+
+TEST_CASE("What Gemma's runtime does not compute is refused, naming file and key", "[config]") {
+  CheckRefusals(
+      Gemma3ConfigV5(), "g.json",
+      {
+          {"Gemma 2's soft-capping", json::json_pointer("/final_logit_softcapping"), 30.0,
+           "g.json: key 'final_logit_softcapping' 30.0 is not supported"},
+          {"attention soft-capping", json::json_pointer("/attn_logit_softcapping"), 50.0,
+           "g.json: key 'attn_logit_softcapping' 50.0 is not supported"},
+          {"another activation", json::json_pointer("/hidden_activation"), "gelu",
+           "g.json: key 'hidden_activation' \"gelu\" is not supported (gelu_pytorch_tanh only)"},
+          {"bidirectional", json::json_pointer("/use_bidirectional_attention"), true,
+           "g.json: key 'use_bidirectional_attention': bidirectional attention is not supported"},
+          {"layer types", json::json_pointer("/layer_types"), json::array({"full_attention"}),
+           "g.json: key 'layer_types' must be a list of 4 (num_hidden_layers) strings"},
+          {"scaled local rope", json::json_pointer("/rope_parameters/sliding_attention/rope_type"),
+           "yarn", "'yarn' is not supported"},
+          {"scale", json::json_pointer("/query_pre_attn_scalar"), 0,
+           "g.json: key 'query_pre_attn_scalar' must be > 0"},
+      });
 }
 
 // Phi3Config with Phi-4-mini's features (rotary over 3/4 of each head, LongRoPE, tied
@@ -488,34 +498,22 @@ TEST_CASE("Phi-3's config reads partial rotary, LongRoPE and its window in eithe
 
 TEST_CASE("Rotary settings Phi-3's runtime does not compute are refused, naming file and key",
           "[config]") {
-  struct Case {
-    const char* what;
-    json::json_pointer pointer;
-    json value;
-    const char* expected;
-  };
-  const Case cases[] = {
-      {"a short factor missing", json::json_pointer("/rope_parameters/short_factor"),
-       json::array({1.0, 1.0}),
-       "p.json: key 'rope_parameters.short_factor' has 2 entries; the rotary dimensions (12) "
-       "need one for each pair, 6"},
-      {"no long factors", json::json_pointer("/rope_parameters/long_factor"), nullptr,
-       "p.json: key 'rope_parameters.long_factor' must be a non-empty list of numbers"},
-      {"a factor of zero", json::json_pointer("/rope_parameters/long_factor/2"), 0,
-       "p.json: key 'rope_parameters.long_factor' must hold numbers > 0, got 0"},
-      {"an odd rotary width", json::json_pointer("/rope_parameters/partial_rotary_factor"), 0.5625,
-       "p.json: key 'partial_rotary_factor' 0.5625 turns 9 of head_dim 16 dimensions"},
-      {"no rotary at all", json::json_pointer("/rope_parameters/partial_rotary_factor"), 0,
-       "p.json: key 'rope_parameters.partial_rotary_factor' must be in (0, 1], got 0"},
-  };
-  for (const Case& c : cases) {
-    json j = Phi3ConfigV5();
-    j[c.pointer] = c.value;
-    auto config = ModelConfig::FromJson(j, "p.json");
-    INFO(c.what);
-    REQUIRE_FALSE(config.ok());
-    CHECK_THAT(Message(config.status()), Catch::Contains(c.expected));
-  }
+  CheckRefusals(
+      Phi3ConfigV5(), "p.json",
+      {
+          {"a short factor missing", json::json_pointer("/rope_parameters/short_factor"),
+           json::array({1.0, 1.0}),
+           "p.json: key 'rope_parameters.short_factor' has 2 entries; the rotary dimensions (12) "
+           "need one for each pair, 6"},
+          {"no long factors", json::json_pointer("/rope_parameters/long_factor"), nullptr,
+           "p.json: key 'rope_parameters.long_factor' must be a non-empty list of numbers"},
+          {"a factor of zero", json::json_pointer("/rope_parameters/long_factor/2"), 0,
+           "p.json: key 'rope_parameters.long_factor' must hold numbers > 0, got 0"},
+          {"an odd rotary width", json::json_pointer("/rope_parameters/partial_rotary_factor"),
+           0.5625, "p.json: key 'partial_rotary_factor' 0.5625 turns 9 of head_dim 16 dimensions"},
+          {"no rotary at all", json::json_pointer("/rope_parameters/partial_rotary_factor"), 0,
+           "p.json: key 'rope_parameters.partial_rotary_factor' must be in (0, 1], got 0"},
+      });
   // Llama's rotary turns the whole head: a partial factor there is refused, not ignored.
   json llama = Llama3ConfigV5();
   llama["partial_rotary_factor"] = 0.5;
