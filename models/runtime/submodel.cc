@@ -104,8 +104,9 @@ at::Tensor NormHeadLogits(const at::Tensor& hidden, const at::Tensor& norm, doub
   return Linear(RmsNorm(hidden, norm, eps), head).to(at::kFloat);
 }
 
-// Each head's rows of a q_proj or k_proj matrix (or bias, or a head norm's weights) in the
-// runtime's order of a head's dimensions (RotaryHeadOrder): a new tensor.
+// Each head's rows of a q_proj or k_proj matrix (or bias) in the runtime's order of a head's
+// dimensions (RotaryHeadOrder): a new tensor. (Partial rotary is Phi-3's, which has no head
+// norms to reorder.)
 at::Tensor InHeadOrder(const at::Tensor& rows, const at::Tensor& order) {
   const int64_t hd = order.size(0);
   if (rows.dim() == 1) return rows.view({-1, hd}).index_select(1, order).reshape({-1});
@@ -391,10 +392,6 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
               at::cat({InHeadOrder(w.qkv_bias.narrow(0, 0, config.q_size()), order),
                        InHeadOrder(w.qkv_bias.narrow(0, config.q_size(), config.kv_size()), order),
                        w.qkv_bias.narrow(0, config.q_size() + config.kv_size(), config.kv_size())});
-        }
-        if (w.q_norm.defined()) {
-          w.q_norm = InHeadOrder(w.q_norm, head_order.to(w.q_norm.device()));
-          w.k_norm = InHeadOrder(w.k_norm, head_order.to(w.k_norm.device()));
         }
       }));
     }
