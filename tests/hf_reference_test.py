@@ -10,7 +10,8 @@ float32 on the CPU, the logits of every position of a token sequence through the
 through the split input -> middle -> output pipeline, and through that pipeline step by step
 with its KV caches, plus greedy continuations. transformers loads the same directory
 (AutoModelForCausalLM.from_pretrained(dir, dtype=torch.float32)) and must agree: every logit
-within 1e-4, and generate(do_sample=False) the same tokens.
+within 1e-4, and generate(do_sample=False) the same tokens (for LongRoPE past its original
+length, the model's forward with a cache: see incremental_from below).
 
 A negative control per feature: transformers run with the variant's feature taken away
 (biases zeroed, no sliding window, plain rope) must differ from tophat by over 100x the
