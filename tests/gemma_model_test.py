@@ -41,8 +41,8 @@ import torch  # noqa: E402
 from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig  # noqa: E402
 
 from loopback_daemons import free_port, speculative_serving  # noqa: E402
-from model_checks import (byte_level_bpe, check, finish, metric, post,  # noqa: E402
-                          reference_greedy, token_ids)
+from model_checks import (byte_level_bpe, check, check_chat_prompt, finish,  # noqa: E402
+                          greedy_chat_answer, greedy_completion, metric, reference_greedy)
 
 # Gemma 3's chat template, as its instruction-tuned checkpoints publish it in
 # tokenizer_config.json: BOS, a system message's text at the start of the first user turn,
@@ -120,33 +120,21 @@ def run_checks(base, model, hf_tokenizer, metrics_port):
         {"role": "assistant", "content": "Eleven.\n\n"},
         {"role": "user", "content": "Count the boats twice."},
     ]
-    expected = hf_tokenizer.apply_chat_template(conversation, add_generation_prompt=True,
-                                                tokenize=True, return_dict=False)
-    rendered = post(f"{base}/tokenize", {"model": name, "messages": conversation})["tokens"]
-    check(rendered == expected, f"the chat prompt is transformers' apply_chat_template ids "
-                                f"({len(expected)} tokens; tophat {rendered}, transformers "
-                                f"{expected})")
+    expected = check_chat_prompt(base, name, hf_tokenizer, conversation)
 
     # Longer than the window (6) and than both layer kinds' reach in one step.
     for text in CORPUS:
         ids = hf_tokenizer(text, add_special_tokens=True)["input_ids"]
-        completion = post(f"{base}/v1/completions",
-                          {"model": name, "prompt": ids, "max_tokens": NEW_TOKENS,
-                           "temperature": 0, "ignore_eos": True, "logprobs": 0,
-                           "return_tokens_as_token_ids": True})
-        ours = token_ids(completion["choices"][0]["logprobs"]["tokens"])
+        ours = greedy_completion(base, name, ids, NEW_TOKENS)
         reference = reference_greedy(model, ids, [], NEW_TOKENS)
         check(ours == reference, f"a greedy completion of {len(ids)} prompt tokens is "
                                  f"transformers' (tophat {ours}, transformers {reference})")
 
-    answer = client.chat.completions.create(
-        model=name, messages=conversation, max_tokens=NEW_TOKENS, temperature=0, logprobs=True,
-        extra_body={"return_tokens_as_token_ids": True})
-    ours = token_ids([entry.token for entry in answer.choices[0].logprobs.content])
+    ours, finish_reason = greedy_chat_answer(client, name, conversation, NEW_TOKENS)
     reference = reference_greedy(model, expected, [end_of_turn, eos], NEW_TOKENS)
     check(ours == reference, f"a greedy chat answer is transformers' continuation of the "
                              f"rendered prompt (tophat {ours}, transformers {reference}, "
-                             f"finish_reason {answer.choices[0].finish_reason})")
+                             f"finish_reason {finish_reason})")
 
     drafted = metric(metrics_port, "tophat_spec_decode_num_draft_tokens_total")
     kept = metric(metrics_port, "tophat_spec_decode_num_accepted_tokens_total")

@@ -94,6 +94,37 @@ def incremental_greedy(model, ids, stop_ids, new_tokens, first):
     return tokens
 
 
+def check_chat_prompt(base, name, hf_tokenizer, messages):
+    """Checks that the prompt tophat renders for `messages` (the agent's /tokenize) is
+    transformers' apply_chat_template ids with the assistant's turn opened; returns those ids."""
+    expected = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                tokenize=True, return_dict=False)
+    rendered = post(f"{base}/tokenize", {"model": name, "messages": messages})["tokens"]
+    check(rendered == expected, f"the chat prompt is transformers' apply_chat_template ids "
+                                f"({len(expected)} tokens; tophat {rendered}, transformers "
+                                f"{expected})")
+    return expected
+
+
+def greedy_completion(base, name, ids, new_tokens):
+    """The token ids of tophat's greedy completion of prompt `ids` (ignore_eos)."""
+    completion = post(f"{base}/v1/completions",
+                      {"model": name, "prompt": ids, "max_tokens": new_tokens,
+                       "temperature": 0, "ignore_eos": True, "logprobs": 0,
+                       "return_tokens_as_token_ids": True})
+    return token_ids(completion["choices"][0]["logprobs"]["tokens"])
+
+
+def greedy_chat_answer(client, name, messages, new_tokens):
+    """tophat's greedy answer to `messages` through the official client: its token ids and
+    finish_reason."""
+    answer = client.chat.completions.create(
+        model=name, messages=messages, max_tokens=new_tokens, temperature=0, logprobs=True,
+        extra_body={"return_tokens_as_token_ids": True})
+    return (token_ids([entry.token for entry in answer.choices[0].logprobs.content]),
+            answer.choices[0].finish_reason)
+
+
 def metric(port, name):
     """A counter or gauge without labels from the /metrics page on `port` (0 when absent)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:

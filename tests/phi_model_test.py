@@ -42,8 +42,8 @@ import torch  # noqa: E402
 from transformers import AutoTokenizer, Phi3Config, Phi3ForCausalLM  # noqa: E402
 
 from loopback_daemons import free_port, speculative_serving  # noqa: E402
-from model_checks import (byte_level_bpe, check, finish, incremental_greedy,  # noqa: E402
-                          metric, post, token_ids)
+from model_checks import (byte_level_bpe, check, check_chat_prompt, finish,  # noqa: E402
+                          greedy_chat_answer, greedy_completion, incremental_greedy, metric)
 
 # Phi-4-mini-instruct's chat template, as its tokenizer_config.json publishes it: each message
 # between <|role|> and <|end|>, no newlines, then <|assistant|>.
@@ -113,33 +113,21 @@ def run_checks(base, model, hf_tokenizer, metrics_port):
     end = hf_tokenizer.convert_tokens_to_ids("<|end|>")
     endoftext = hf_tokenizer.convert_tokens_to_ids("<|endoftext|>")
 
-    expected = hf_tokenizer.apply_chat_template(CONVERSATION, add_generation_prompt=True,
-                                                tokenize=True, return_dict=False)
-    rendered = post(f"{base}/tokenize", {"model": name, "messages": CONVERSATION})["tokens"]
-    check(rendered == expected, f"the chat prompt is transformers' apply_chat_template ids "
-                                f"({len(expected)} tokens; tophat {rendered}, transformers "
-                                f"{expected})")
+    expected = check_chat_prompt(base, name, hf_tokenizer, CONVERSATION)
 
     for text in CORPUS:
         ids = hf_tokenizer(text)["input_ids"]
-        completion = post(f"{base}/v1/completions",
-                          {"model": name, "prompt": ids, "max_tokens": NEW_TOKENS,
-                           "temperature": 0, "ignore_eos": True, "logprobs": 0,
-                           "return_tokens_as_token_ids": True})
-        ours = token_ids(completion["choices"][0]["logprobs"]["tokens"])
+        ours = greedy_completion(base, name, ids, NEW_TOKENS)
         reference = incremental_greedy(model, ids, [], NEW_TOKENS, min(len(ids), ORIGINAL))
         check(ours == reference, f"a greedy completion of {len(ids)} prompt tokens, past the "
                                  f"original length {ORIGINAL}, is transformers' (tophat "
                                  f"{ours}, transformers {reference})")
 
-    answer = client.chat.completions.create(
-        model=name, messages=CONVERSATION, max_tokens=NEW_TOKENS, temperature=0, logprobs=True,
-        extra_body={"return_tokens_as_token_ids": True})
-    ours = token_ids([entry.token for entry in answer.choices[0].logprobs.content])
+    ours, finish_reason = greedy_chat_answer(client, name, CONVERSATION, NEW_TOKENS)
     reference = incremental_greedy(model, expected, [end, endoftext], NEW_TOKENS, ORIGINAL)
     check(ours == reference, f"a greedy chat answer is transformers' continuation of the "
                              f"rendered prompt (tophat {ours}, transformers {reference}, "
-                             f"finish_reason {answer.choices[0].finish_reason})")
+                             f"finish_reason {finish_reason})")
 
     drafted = metric(metrics_port, "tophat_spec_decode_num_draft_tokens_total")
     kept = metric(metrics_port, "tophat_spec_decode_num_accepted_tokens_total")
