@@ -171,19 +171,19 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
   return reader;
 }
 
+const std::vector<FusedProjection>& Phi3FusedProjections() {
+  static const std::vector<FusedProjection> fused = {
+      {"self_attn.qkv_proj", {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"}},
+      {"mlp.gate_up_proj", {"mlp.gate_proj", "mlp.up_proj"}}};
+  return fused;
+}
+
 absl::Status CheckpointReader::NameFusedProjections() {
-  struct Fused {
-    std::string suffix;              // the stored matrix's, after "model.layers.N."
-    std::vector<std::string> parts;  // its parts' (Llama's names), in row order
-  };
-  const std::vector<Fused> fused = {
-      {"self_attn.qkv_proj.", {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"}},
-      {"mlp.gate_up_proj.", {"mlp.gate_proj", "mlp.up_proj"}}};
-  auto find = [&](std::string_view name) -> const Fused* {
+  auto find = [&](std::string_view name) -> const FusedProjection* {
     if (!name.starts_with("model.layers.")) return nullptr;
-    for (const Fused& f : fused) {
-      for (std::string_view kind : {"weight", "bias"}) {
-        const std::string tail = absl::StrCat(f.suffix, Sv(kind));
+    for (const FusedProjection& f : Phi3FusedProjections()) {
+      for (std::string_view kind : {".weight", ".bias"}) {
+        const std::string tail = absl::StrCat(f.stored, Sv(kind));
         if (name.ends_with(tail)) return &f;
       }
     }
@@ -204,7 +204,7 @@ absl::Status CheckpointReader::NameFusedProjections() {
   }
   std::map<std::string, StoredTensor, std::less<>> named;
   for (auto& [name, stored] : tensor_to_file_) {
-    const Fused* f = find(name);
+    const FusedProjection* f = find(name);
     if (f == nullptr) {
       named.emplace(name, std::move(stored));
       continue;
@@ -222,16 +222,16 @@ absl::Status CheckpointReader::NameFusedProjections() {
                        ShapeString(shape), "; its parts (", absl::StrJoin(f->parts, ", "),
                        ") need ", total, " rows by ", config_path.string()));
     }
-    const size_t at = name.rfind(f->suffix);
+    const size_t at = name.rfind(f->stored);
     const std::string prefix = name.substr(0, at);
-    const std::string kind = name.substr(at + f->suffix.size());
+    const std::string kind = name.substr(at + f->stored.size());  // ".weight" or ".bias"
     int64_t first = 0;
     for (size_t i = 0; i < widths.size(); ++i) {
       StoredTensor part = stored;
       part.first_row = first;
       part.rows = widths[i];
       first += widths[i];
-      named.emplace(absl::StrCat(prefix, f->parts[i], ".", kind), std::move(part));
+      named.emplace(absl::StrCat(prefix, f->parts[i], kind), std::move(part));
     }
   }
   tensor_to_file_ = std::move(named);

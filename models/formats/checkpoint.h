@@ -16,6 +16,14 @@
 
 namespace tophat {
 
+// Phi-3's fused projections: a stored matrix (its name after "model.layers.N.", before
+// ".weight" or ".bias") and the Llama matrices it stacks, in row order.
+struct FusedProjection {
+  std::string stored;
+  std::vector<std::string> parts;
+};
+const std::vector<FusedProjection>& Phi3FusedProjections();
+
 class CheckpointReader {
  public:
   // Opens every safetensors file of the checkpoint in `dir`. With an index, each tensor it

@@ -62,22 +62,18 @@ NamedTensors InitWeights(const ModelConfig& c, uint64_t seed) {
 }
 
 NamedTensors FusePhi3Projections(const NamedTensors& weights) {
-  // The stored matrix's name and the parts it stacks, in row order.
-  const std::vector<std::pair<std::string, std::vector<std::string>>> fused = {
-      {"self_attn.qkv_proj.", {"self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj."}},
-      {"mlp.gate_up_proj.", {"mlp.gate_proj.", "mlp.up_proj."}}};
   const std::map<std::string, at::Tensor> by_name(weights.begin(), weights.end());
   NamedTensors out;
   for (const auto& [name, tensor] : weights) {
     bool part = false;
-    for (const auto& [stored, parts] : fused) {
+    for (const auto& [stored, parts] : Phi3FusedProjections()) {
       for (size_t i = 0; i < parts.size(); ++i) {
-        const size_t at = name.rfind(parts[i]);
+        const size_t at = name.rfind(parts[i] + ".");
         if (at == std::string::npos) continue;
         part = true;
         if (i != 0) continue;  // stacked where the first part stands
         const std::string prefix = name.substr(0, at);
-        const std::string kind = name.substr(at + parts[i].size());
+        const std::string kind = name.substr(at + parts[i].size());  // ".weight" or ".bias"
         std::vector<at::Tensor> rows;
         for (const std::string& p : parts) rows.push_back(by_name.at(prefix + p + kind));
         out.emplace_back(prefix + stored + kind, at::cat(rows));
