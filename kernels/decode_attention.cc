@@ -42,11 +42,12 @@ bool KvFits(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& value
 // as a plain [positions, kv_heads, head_dim] kernel, with no division per row.
 void Attend(const at::Tensor& q, const KvRows& k, const KvRows& v, int64_t kv_heads,
             std::span<const int32_t> block_table, int64_t block_size, int64_t first,
-            int64_t positions, double scale, at::Tensor& out) {
+            int64_t positions, double scale, double softcap, at::Tensor& out) {
   const int64_t heads = q.size(0);
   const int64_t hd = q.size(1);
   const int64_t group = heads / kv_heads;
   const float scale_f = static_cast<float>(scale);
+  const auto softcap_f = static_cast<float>(softcap);
   const float* qp = q.data_ptr<float>();
   float* op = out.data_ptr<float>();
   // Heads are independent: split them over the decode GEMV's threads once the K/V rows to
@@ -59,7 +60,7 @@ void Attend(const at::Tensor& q, const KvRows& k, const KvRows& v, int64_t kv_he
     thread_local std::vector<float> scores;
     scores.resize(positions - first);
     AttendHead(qp + h * q.stride(0), k, v, h / group, hd, block_table, block_size, first, positions,
-               scale_f, scores.data(), op + h * hd);
+               scale_f, softcap_f, scores.data(), op + h * hd);
   }
 }
 
@@ -77,7 +78,8 @@ __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 void AttendHead(const float* q, const KvRows& k, const KvRows& v, int64_t kv_head,
                 int64_t head_dim, std::span<const int32_t> block_table, int64_t block_size,
-                int64_t first, int64_t positions, float scale, float* scores, float* out) {
+                int64_t first, int64_t positions, float scale, float softcap, float* scores,
+                float* out) {
   const int64_t hd = head_dim;
   float max_score = -INFINITY;
   // Block by block from the one holding `first` (which may start inside it).
@@ -93,6 +95,8 @@ void AttendHead(const float* q, const KvRows& k, const KvRows& v, int64_t kv_hea
 #pragma omp simd reduction(+ : dot)
       for (int64_t i = 0; i < hd; ++i) dot += q[i] * kr[i];
       s[r] = dot * scale;
+      // transformers' order: divided by the cap, tanh, multiplied by it.
+      if (softcap > 0) s[r] = std::tanh(s[r] / softcap) * softcap;
       max_score = std::max(max_score, s[r]);
     }
     j += rows;
@@ -156,13 +160,14 @@ bool DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at::Tens
   static constexpr int32_t kOneBlock[] = {0};
   const KvRows k{keys.data_ptr<float>(), 0, keys.stride(0), keys.stride(1)};
   const KvRows v{values.data_ptr<float>(), 0, values.stride(0), values.stride(1)};
-  Attend(q, k, v, keys.size(1), kOneBlock, keys.size(0), 0, keys.size(0), scale, out);
+  Attend(q, k, v, keys.size(1), kOneBlock, keys.size(0), 0, keys.size(0), scale, 0, out);
   return true;
 }
 
 bool PagedDecodeAttention(const at::Tensor& q, const at::Tensor& key_blocks,
                           const at::Tensor& value_blocks, std::span<const int32_t> block_table,
-                          int64_t positions, double scale, at::Tensor& out, int64_t first) {
+                          int64_t positions, double scale, at::Tensor& out, int64_t first,
+                          double softcap) {
   if (!QueryFits(q, out) || !KvFits(q, key_blocks, value_blocks, 4)) return false;
   const int64_t num_blocks = key_blocks.size(0);
   const int64_t block_size = key_blocks.size(1);
@@ -175,7 +180,7 @@ bool PagedDecodeAttention(const at::Tensor& q, const at::Tensor& key_blocks,
     if (block_table[b] < 0 || block_table[b] >= num_blocks) return false;
   }
   Attend(q, KvRowsOf(key_blocks), KvRowsOf(value_blocks), key_blocks.size(2), block_table,
-         block_size, first, positions, scale, out);
+         block_size, first, positions, scale, softcap, out);
   return true;
 }
 

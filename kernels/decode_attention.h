@@ -24,10 +24,12 @@ bool DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at::Tens
 // Returns false (and writes nothing) when the inputs are not float32 CPU of that layout, or
 // when the table does not cover `positions` rows of valid block ids; the caller then gathers
 // the rows and takes the composite path. first > 0 attends rows [first, positions) only (a
-// sliding window).
+// sliding window). softcap > 0 caps each scaled score s at softcap * tanh(s / softcap) before
+// the softmax (Gemma 2's attn_logit_softcapping).
 bool PagedDecodeAttention(const at::Tensor& q, const at::Tensor& key_blocks,
                           const at::Tensor& value_blocks, std::span<const int32_t> block_table,
-                          int64_t positions, double scale, at::Tensor& out, int64_t first = 0);
+                          int64_t positions, double scale, at::Tensor& out, int64_t first = 0,
+                          double softcap = 0);
 
 // A batch of decode queries, one per sequence, over one pool's paged keys and values, in one
 // CUDA launch (kernels/paged_attention.cu). q: [num_seqs, heads, head_dim] contiguous;
@@ -86,13 +88,14 @@ struct KvRows {
 KvRows KvRowsOf(const at::Tensor& blocks);
 
 // One query head's decode attention on the calling thread: softmax(q k^T * scale) v over
-// positions [first, positions) of KV head `kv_head` (first > 0: a sliding window), laid out
+// positions [first, positions) of KV head `kv_head` (first > 0: a sliding window; softcap >
+// 0: each scaled score capped as PagedDecodeAttention caps it), laid out
 // in blocks as PagedDecodeAttention reads them (block_table covers them). `scores`: room for
 // `positions - first` floats; `out`: head_dim floats. The arithmetic of DecodeAttention and
 // PagedDecodeAttention, head by head (kernels/decode_step.h gets the same numbers).
 void AttendHead(const float* q, const KvRows& k, const KvRows& v, int64_t kv_head, int64_t head_dim,
                 std::span<const int32_t> block_table, int64_t block_size, int64_t first,
-                int64_t positions, float scale, float* scores, float* out);
+                int64_t positions, float scale, float softcap, float* scores, float* out);
 
 // silu(gate[i]) * up[i] for i < n, float32 on the calling thread: SwiGluOut's CPU arithmetic.
 void SwiGluRow(const float* gate, const float* up, int64_t n, float* out);

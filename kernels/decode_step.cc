@@ -192,7 +192,8 @@ void RunLayers(const DecodeShape& shape, std::span<const DecodeLayer> layers,
     const int64_t first = layer.window > 0 ? std::max<int64_t>(0, positions - layer.window) : 0;
     for (int64_t h = h0; h < h1; ++h) {
       AttendHead(q + h * hd, layer.keys, layer.values, h / group, hd, at.block_table, at.block_size,
-                 first, positions, scale, own.scores.data(), attention + h * hd);
+                 first, positions, scale, shape.attention_softcap, own.scores.data(),
+                 attention + h * hd);
     }
 #pragma omp barrier
     // The output projection's rows and the residual add of the same rows.

@@ -76,7 +76,8 @@ struct DecodeShape {
   int64_t head_dim = 0;
   int64_t intermediate = 0;
   float eps = 1e-5f;
-  float attention_scale = 0;  // scores' factor; 0: 1 / sqrt(head_dim)
+  float attention_scale = 0;    // scores' factor; 0: 1 / sqrt(head_dim)
+  float attention_softcap = 0;  // > 0: scaled scores capped (Gemma 2), as AttendHead does
 };
 
 // Where the token's K/V goes and what it attends: the sequence's block table over the

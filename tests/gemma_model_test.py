@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Gemma 3's text model (Gemma3ForCausalLM) through tophat, end to end.
+"""Gemma 3's text model (Gemma3ForCausalLM), or Gemma 2 (Gemma2ForCausalLM), through tophat,
+end to end.
 
-    python3 tests/gemma_model_test.py BIN_DIR WORK_DIR
+    python3 tests/gemma_model_test.py BIN_DIR WORK_DIR [gemma3|gemma2]
 
 Builds a small random Gemma3ForCausalLM with transformers (three layers sliding over 6
 positions with their own rotary base and one full layer, norms around each sublayer, GELU,
@@ -22,6 +23,14 @@ endpoint and the official client:
   so those tokens came through speculative decoding, which must not change them;
 - a conversation that does not alternate from user is refused, naming the template.
 
+With `gemma2`, the model is a Gemma2ForCausalLM instead: every other layer sliding over 6
+positions from the first (the device holds a sliding layer and a full one, and so does the
+cloud), one rotary base, attention scores and logits soft-capped (caps low enough to bite at
+these weights' scale), and Gemma 2's chat template, which has no system role: the
+conversation has none, and one with a system message is refused as the template refuses it.
+transformers computes the reference with eager attention, which applies the attention cap
+(its SDPA path drops it).
+
 tophat and transformers compute in float32 on the CPU, so greedy choices agree unless two
 logits tie within float32's rounding: the weights are drawn wide (initializer_range 0.1),
 as tests/hf_reference_test.py draws them, so that they do not. Exits 0 when every check
@@ -38,11 +47,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import openai  # noqa: E402
 import torch  # noqa: E402
-from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig  # noqa: E402
+from transformers import (AutoTokenizer, Gemma2Config, Gemma2ForCausalLM,  # noqa: E402
+                          Gemma3ForCausalLM, Gemma3TextConfig)
 
 from loopback_daemons import free_port, speculative_serving  # noqa: E402
 from model_checks import (byte_level_bpe, check, check_chat_prompt, finish,  # noqa: E402
-                          greedy_chat_answer, greedy_completion, metric, reference_greedy)
+                          greedy_chat_answer, greedy_completion, greedy_completion_logprobs,
+                          metric, reference_greedy, reference_logprobs)
 
 # Gemma 3's chat template, as its instruction-tuned checkpoints publish it in
 # tokenizer_config.json: BOS, a system message's text at the start of the first user turn,
@@ -72,33 +83,52 @@ GEMMA3_TEMPLATE = (
     "    {{ '<end_of_turn>\\n' }}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n"
     "    {{'<start_of_turn>model\\n'}}\n{%- endif -%}\n")
 
+# Gemma 2's chat template, as its instruction-tuned checkpoints publish it: no system role.
+GEMMA2_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role "
+    "not supported') }}{% endif %}{% for message in messages %}{% if (message['role'] == 'user') "
+    "!= (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
+    "user/assistant/user/assistant/...') }}{% endif %}{% if (message['role'] == 'assistant') %}"
+    "{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}"
+    "{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}")
+
 CORPUS = ["The old farmer walked to the river and counted the boats twice before noon.",
           "Which is greater, nine or eleven? Count them on your fingers, then answer."]
 NEW_TOKENS = 16
 
 
-def build_model(directory):
-    """The tokenizer, tokenizer_config.json and a random Gemma 3 checkpoint in `directory`."""
+def build_model(directory, family):
+    """The tokenizer, tokenizer_config.json and a random Gemma 3 (or 2) checkpoint in
+    `directory`."""
     os.makedirs(directory, exist_ok=True)
     tokenizer = byte_level_bpe(
         CORPUS, ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"])
     tokenizer.save(os.path.join(directory, "tokenizer.json"))
     with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast",
-                   "chat_template": GEMMA3_TEMPLATE, "bos_token": "<bos>", "eos_token": "<eos>",
+                   "chat_template": GEMMA2_TEMPLATE if family == "gemma2" else GEMMA3_TEMPLATE,
+                   "bos_token": "<bos>", "eos_token": "<eos>",
                    "pad_token": "<pad>", "add_bos_token": True}, f)
     torch.manual_seed(5)
-    config = Gemma3TextConfig(
+    shared = dict(
         vocab_size=tokenizer.get_vocab_size(), hidden_size=64, intermediate_size=128,
         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
         max_position_embeddings=2048, rms_norm_eps=1e-6, initializer_range=0.1,
-        tie_word_embeddings=True, sliding_window=6,
-        layer_types=["sliding_attention"] * 3 + ["full_attention"], query_pre_attn_scalar=24,
-        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+        tie_word_embeddings=True, sliding_window=6, query_pre_attn_scalar=24,
         pad_token_id=tokenizer.token_to_id("<pad>"), bos_token_id=tokenizer.token_to_id("<bos>"),
         eos_token_id=[tokenizer.token_to_id("<eos>"), tokenizer.token_to_id("<end_of_turn>")])
-    model = Gemma3ForCausalLM(config).eval()
+    if family == "gemma2":
+        # Gemma2Config's layer_types: sliding, full, sliding, full.
+        config = Gemma2Config(**shared, attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
+                              attn_implementation="eager")
+        model = Gemma2ForCausalLM(config).eval()
+    else:
+        config = Gemma3TextConfig(
+            **shared, layer_types=["sliding_attention"] * 3 + ["full_attention"],
+            rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+        model = Gemma3ForCausalLM(config).eval()
     # transformers starts Gemma's norms at zero (a scale of one): make them count.
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -108,7 +138,32 @@ def build_model(directory):
     return model
 
 
-def run_checks(base, model, hf_tokenizer, metrics_port):
+def check_capped_logprobs(base, name, model, ids):
+    """The log-probabilities tophat reports for a greedy completion are transformers' with
+    both of Gemma 2's caps, and transformers' without either cap differ from them by far more
+    than the tolerance: greedy choices alone cannot show a cap here (the logit cap keeps the
+    order of the logits, and these random weights' choices do not turn on the attention
+    cap)."""
+    tokens, ours = greedy_completion_logprobs(base, name, ids, NEW_TOKENS)
+    tolerance = 1e-4
+    reference = reference_logprobs(model, ids, tokens)
+    diff = max(abs(a - b) for a, b in zip(ours, reference))
+    check(diff < tolerance, f"the log-probabilities of a greedy completion are transformers' "
+                            f"with both caps (max difference {diff:.2g}, tolerance {tolerance})")
+    saved = (model.config.attn_logit_softcapping, model.config.final_logit_softcapping)
+    for what, caps in (("no attention cap", (None, saved[1])), ("no logit cap", (saved[0], None))):
+        model.config.attn_logit_softcapping, model.config.final_logit_softcapping = caps
+        for layer in model.model.layers:
+            layer.self_attn.attn_logit_softcapping = caps[0]
+        control = reference_logprobs(model, ids, tokens)
+        diff = max(abs(a - b) for a, b in zip(ours, control))
+        check(diff > 100 * tolerance, f"transformers with {what} differs from them by {diff:.2g}")
+    model.config.attn_logit_softcapping, model.config.final_logit_softcapping = saved
+    for layer in model.model.layers:
+        layer.self_attn.attn_logit_softcapping = saved[0]
+
+
+def run_checks(base, model, hf_tokenizer, metrics_port, family):
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
     name = client.models.list().data[0].id
     end_of_turn = hf_tokenizer.convert_tokens_to_ids("<end_of_turn>")
@@ -120,6 +175,15 @@ def run_checks(base, model, hf_tokenizer, metrics_port):
         {"role": "assistant", "content": "Eleven.\n\n"},
         {"role": "user", "content": "Count the boats twice."},
     ]
+    if family == "gemma2":
+        try:
+            client.chat.completions.create(model=name, max_tokens=4, messages=conversation)
+            check(False, "a system message is refused: Gemma 2's template has no system role")
+        except openai.BadRequestError as error:
+            check("(Gemma 2's) has no system role" in str(error.body),
+                  f"a system message is refused, as Gemma 2's template refuses it "
+                  f"({error.body})")
+        conversation = conversation[1:]
     expected = check_chat_prompt(base, name, hf_tokenizer, conversation)
 
     # Longer than the window (6) and than both layer kinds' reach in one step.
@@ -129,6 +193,9 @@ def run_checks(base, model, hf_tokenizer, metrics_port):
         reference = reference_greedy(model, ids, [], NEW_TOKENS)
         check(ours == reference, f"a greedy completion of {len(ids)} prompt tokens is "
                                  f"transformers' (tophat {ours}, transformers {reference})")
+
+    if family == "gemma2":
+        check_capped_logprobs(base, name, model, hf_tokenizer(CORPUS[0])["input_ids"])
 
     ours, finish_reason = greedy_chat_answer(client, name, conversation, NEW_TOKENS)
     reference = reference_greedy(model, expected, [end_of_turn, eos], NEW_TOKENS)
@@ -153,14 +220,17 @@ def run_checks(base, model, hf_tokenizer, metrics_port):
 
 def main():
     bin_dir, work = sys.argv[1:3]
+    family = sys.argv[3] if len(sys.argv) > 3 else "gemma3"
+    if family not in ("gemma3", "gemma2"):
+        sys.exit(f"gemma_model_test: unknown family {family!r} (gemma3 or gemma2)")
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    model_dir = os.path.join(work, "gemma3")
-    model = build_model(model_dir)
+    model_dir = os.path.join(work, family)
+    model = build_model(model_dir, family)
     hf_tokenizer = AutoTokenizer.from_pretrained(model_dir)
     metrics_port = free_port()
     with speculative_serving(bin_dir, work, model_dir, CORPUS, metrics_port) as base:
-        run_checks(base, model, hf_tokenizer, metrics_port)
+        run_checks(base, model, hf_tokenizer, metrics_port, family)
     finish()
 
 

@@ -44,7 +44,8 @@ try:
                               MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
                               Qwen3Config, Qwen3ForCausalLM, Gemma3Config,
                               Gemma3ForCausalLM, Gemma3ForConditionalGeneration,
-                              Gemma3TextConfig, Phi3Config, Phi3ForCausalLM)
+                              Gemma3TextConfig, Gemma2Config, Gemma2ForCausalLM, Phi3Config,
+                              Phi3ForCausalLM)
 except ImportError as error:
     print(f"hf_reference: cannot import the reference ({error}). It needs torch and "
           f"transformers from deploy/requirements.txt in {sys.executable}'s environment: run "
@@ -144,6 +145,18 @@ def with_whole_head_rotary(directory):
     return load_reference(directory, config=config)
 
 
+# Gemma 2: every other layer sliding over 6 positions from the first, one rotary base, a score
+# scale that is not head_dim's, and both soft-caps, set low enough to bite at these weights'
+# scale (Gemma 2's own are 50 and 30, for trained scores and logits).
+GEMMA2 = dict(BASE, head_dim=32, tie_word_embeddings=True, sliding_window=6,
+              query_pre_attn_scalar=24, attn_logit_softcapping=2.0, final_logit_softcapping=3.0)
+
+
+def with_sdpa_attention(directory):
+    """transformers' SDPA attention, which drops Gemma 2's attention soft-cap."""
+    return load_reference(directory, attn_implementation="sdpa")
+
+
 # name, class, config, save (dtype, max_shard_size), split (m, k), control (what it removes);
 # incremental_from: the reference's logits and greedy tokens from the model's forward with a
 # cache, the first N tokens in one pass and each later one alone (LongRoPE switches a whole
@@ -202,11 +215,23 @@ VARIANTS = [
          config=Phi3Config(**BASE, pad_token_id=0, partial_rotary_factor=0.5, sliding_window=8),
          dtype=torch.bfloat16, split=(2, 1),
          control=("whole-head rotary", with_whole_head_rotary)),
+    dict(name="gemma2_softcap", cls=Gemma2ForCausalLM, config=Gemma2Config(**GEMMA2),
+         split=(1, 1), control=("no attention cap (SDPA)", with_sdpa_attention)),
+    dict(name="gemma2_bf16_logit_cap", cls=Gemma2ForCausalLM, config=Gemma2Config(**GEMMA2),
+         dtype=torch.bfloat16, split=(2, 1),
+         control=("no logit cap", without(final_logit_softcapping=None))),
 ]
 
 
-def load_reference(directory, config=None):
+def load_reference(directory, config=None, attn_implementation=None):
     kwargs = {"config": config} if config is not None else {}
+    # Gemma 2's attention soft-cap is computed by eager attention only (transformers' SDPA
+    # path drops it); Gemma 2 was trained with it.
+    model_type = (config or AutoConfig.from_pretrained(directory)).model_type
+    if attn_implementation is None and model_type == "gemma2":
+        attn_implementation = "eager"
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **kwargs)
     return model.eval()
 

@@ -115,6 +115,26 @@ def greedy_completion(base, name, ids, new_tokens):
     return token_ids(completion["choices"][0]["logprobs"]["tokens"])
 
 
+def greedy_completion_logprobs(base, name, ids, new_tokens):
+    """tophat's greedy completion of prompt `ids` (ignore_eos): its token ids and the
+    log-probability of each under the model's distribution."""
+    completion = post(f"{base}/v1/completions",
+                      {"model": name, "prompt": ids, "max_tokens": new_tokens,
+                       "temperature": 0, "ignore_eos": True, "logprobs": 0,
+                       "return_tokens_as_token_ids": True})
+    logprobs = completion["choices"][0]["logprobs"]
+    return token_ids(logprobs["tokens"]), logprobs["token_logprobs"]
+
+
+def reference_logprobs(model, ids, tokens):
+    """transformers' log-probability of each of `tokens` continuing `ids`, in one pass."""
+    import torch
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + tokens])).logits[0].float()
+    log_probs = torch.log_softmax(logits, -1)
+    return [log_probs[len(ids) - 1 + i, token].item() for i, token in enumerate(tokens)]
+
+
 def greedy_chat_answer(client, name, messages, new_tokens):
     """tophat's greedy answer to `messages` through the official client: its token ids and
     finish_reason."""

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <fstream>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -220,7 +221,9 @@ absl::StatusOr<Rope> ParseRope(const json& j, const std::string& source,
 // "sliding_attention" (when absent, transformers derives it: layers from `max_window_layers`
 // on, default 28); a mix of sliding and full layers is refused for them (no checkpoint has
 // one to check it against). Gemma 3: always, on the layers `layer_types` marks, or (older
-// configs) every layer but each `sliding_window_pattern`-th (default 6). Llama: never.
+// configs) every layer but each `sliding_window_pattern`-th (default 6). Gemma 2: always, on
+// the layers `layer_types` marks, or (older configs) every other layer from the first, as
+// Gemma2Config derives it. Llama: never.
 struct SlidingWindow {
   std::optional<int64_t> window;
   std::vector<bool> layers;  // empty: every layer
@@ -250,14 +253,15 @@ absl::StatusOr<std::vector<bool>> ParseLayerTypes(const json& types, const std::
 absl::StatusOr<SlidingWindow> ParseSlidingWindow(const json& j, const std::string& source,
                                                  Architecture architecture, int64_t num_layers) {
   if (architecture == Architecture::kLlama) return SlidingWindow{};
-  if (architecture == Architecture::kGemma3) {
+  if (architecture == Architecture::kGemma3 || architecture == Architecture::kGemma2) {
     SlidingWindow result;
     TOPHAT_ASSIGN_OR_RETURN(result.window, GetInt(j, source, "sliding_window", int64_t{4096}, 1));
     if (auto types = j.find("layer_types"); types != j.end() && !types->is_null()) {
       TOPHAT_ASSIGN_OR_RETURN(result.layers, ParseLayerTypes(*types, source, num_layers));
     } else {
+      const int64_t default_pattern = architecture == Architecture::kGemma2 ? 2 : 6;
       TOPHAT_ASSIGN_OR_RETURN(int64_t pattern,
-                              GetInt(j, source, "sliding_window_pattern", int64_t{6}, 1));
+                              GetInt(j, source, "sliding_window_pattern", default_pattern, 1));
       result.layers.resize(static_cast<size_t>(num_layers));
       for (int64_t i = 0; i < num_layers; ++i) {
         result.layers[static_cast<size_t>(i)] = (i + 1) % pattern != 0;
@@ -414,6 +418,8 @@ std::string_view ArchitectureName(Architecture architecture) {
       return "Gemma3ForCausalLM";
     case Architecture::kPhi3:
       return "Phi3ForCausalLM";
+    case Architecture::kGemma2:
+      return "Gemma2ForCausalLM";
   }
   return "unknown";
 }
@@ -458,12 +464,15 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::stri
     c.architecture = Architecture::kGemma3;
   } else if (name == "Phi3ForCausalLM") {
     c.architecture = Architecture::kPhi3;
+  } else if (name == "Gemma2ForCausalLM") {
+    c.architecture = Architecture::kGemma2;
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat(Where(source, "architectures"), ": architecture '", name,
                      "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, "
                      "Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM, "
-                     "Gemma3ForConditionalGeneration's text, Phi3ForCausalLM)"));
+                     "Gemma3ForConditionalGeneration's text, Gemma2ForCausalLM, "
+                     "Phi3ForCausalLM)"));
   }
 
   TOPHAT_ASSIGN_OR_RETURN(c.vocab_size, GetInt(j, source, "vocab_size", std::nullopt, 1));
@@ -495,19 +504,25 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::stri
   }
   TOPHAT_ASSIGN_OR_RETURN(c.max_position_embeddings,
                           GetInt(j, source, "max_position_embeddings", int64_t{2048}, 1));
-  if (c.gemma()) {
+  if (c.architecture == Architecture::kGemma3) {
     TOPHAT_RETURN_IF_ERROR(ParseGemmaRope(j, source, c));
+  } else {
+    TOPHAT_ASSIGN_OR_RETURN(Rope rope, ParseRope(j, source, c.architecture));
+    if (c.gemma() && rope.scaling.longrope) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(source, "rope_parameters"), ": longrope scaling is not supported for Gemma 2"));
+    }
+    c.rope_theta = rope.theta;
+    c.rope_scaling = rope.scaling;
+    c.partial_rotary_factor = rope.partial_rotary_factor;
+  }
+  if (c.gemma()) {
     TOPHAT_ASSIGN_OR_RETURN(c.query_pre_attn_scalar,
                             GetDouble(j, source, "query_pre_attn_scalar", 256.0));
     if (c.query_pre_attn_scalar <= 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(Where(source, "query_pre_attn_scalar"), " must be > 0"));
     }
-  } else {
-    TOPHAT_ASSIGN_OR_RETURN(Rope rope, ParseRope(j, source, c.architecture));
-    c.rope_theta = rope.theta;
-    c.rope_scaling = rope.scaling;
-    c.partial_rotary_factor = rope.partial_rotary_factor;
   }
   const int64_t rotary_dim = c.rotary_dim();
   if (rotary_dim < 2 || rotary_dim % 2 != 0) {
@@ -559,11 +574,26 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::stri
             Where(source, key), " ", act->dump(), " is not supported (gelu_pytorch_tanh only)"));
       }
     }
-    for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"}) {
-      if (auto cap = j.find(key); cap != j.end() && !cap->is_null()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(Where(source, key), " ", cap->dump(),
-                         " is not supported (soft-capping: Gemma 2's, not Gemma 3's)"));
+    if (c.architecture == Architecture::kGemma2) {
+      // Gemma2Config's defaults where the key is absent; null turns a cap off.
+      for (auto [key, cap, fallback] :
+           {std::tuple{"attn_logit_softcapping", &c.attn_logit_softcapping, 50.0},
+            std::tuple{"final_logit_softcapping", &c.final_logit_softcapping, 30.0}}) {
+        auto it = j.find(key);
+        if (it != j.end() && it->is_null()) continue;
+        TOPHAT_ASSIGN_OR_RETURN(*cap, GetDouble(j, source, key, fallback));
+        if (!(*cap > 0) || !std::isfinite(*cap)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(Where(source, key), " must be > 0 (or null for no cap)"));
+        }
+      }
+    } else {
+      for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"}) {
+        if (auto cap = j.find(key); cap != j.end() && !cap->is_null()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(Where(source, key), " ", cap->dump(),
+                           " is not supported (soft-capping: Gemma 2's, not Gemma 3's)"));
+        }
       }
     }
     TOPHAT_ASSIGN_OR_RETURN(bool bidirectional,
@@ -634,6 +664,9 @@ json ModelConfig::ToJson() const {
     case Architecture::kPhi3:
       j["model_type"] = "phi3";
       break;
+    case Architecture::kGemma2:
+      j["model_type"] = "gemma2";
+      break;
   }
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;
@@ -672,10 +705,13 @@ json ModelConfig::ToJson() const {
   j["attention_bias"] = attention_bias;
   if (gemma()) {
     // transformers 4.x's spelling, which 5.x reads too.
-    j["rope_local_base_freq"] = rope_local_theta.value_or(10000.0);
+    if (architecture == Architecture::kGemma3) {
+      j["rope_local_base_freq"] = rope_local_theta.value_or(10000.0);
+    }
     j["query_pre_attn_scalar"] = query_pre_attn_scalar;
-    j["final_logit_softcapping"] = nullptr;
-    j["attn_logit_softcapping"] = nullptr;
+    auto cap = [](double value) { return value > 0 ? json(value) : json(nullptr); };
+    j["final_logit_softcapping"] = cap(final_logit_softcapping);
+    j["attn_logit_softcapping"] = cap(attn_logit_softcapping);
     j["sliding_window"] = sliding_window.value_or(4096);
     std::vector<std::string> types;
     for (int64_t i = 0; i < num_hidden_layers; ++i) {

@@ -1,8 +1,9 @@
 // The model hyperparameters of a Hugging Face `config.json`, for the Llama family (Llama,
 // Mistral, Qwen2, and Qwen3, which norms each query and key head before rotary), Phi-3 and
 // Phi-4-mini (the Llama layer with q/k/v and gate/up stored fused, rotary over part of each
-// head, LongRoPE scaling) and Gemma 3 (its text model: the Llama layer with norms around each
-// sublayer, GELU, and sliding-window layers between full ones).
+// head, LongRoPE scaling), Gemma 3 (its text model: the Llama layer with norms around each
+// sublayer, GELU, and sliding-window layers between full ones) and Gemma 2 (Gemma 3's layer
+// without head norms, one rotary base, and attention scores and logits soft-capped).
 #pragma once
 
 #include <cstdint>
@@ -19,7 +20,7 @@
 
 namespace tophat {
 
-enum class Architecture { kLlama, kMistral, kQwen2, kQwen3, kGemma3, kPhi3 };
+enum class Architecture { kLlama, kMistral, kQwen2, kQwen3, kGemma3, kPhi3, kGemma2 };
 
 std::string_view ArchitectureName(Architecture architecture);
 
@@ -72,13 +73,18 @@ struct ModelConfig {
   bool attention_bias = false;  // q/k/v biases (and o_proj's, but for Qwen2); true for Qwen2
   std::optional<int64_t> sliding_window;  // Mistral; attention sees the last N positions
   // The layers the window applies to (transformers' `layer_types`): empty for all of them;
-  // Gemma 3 slides five layers of six and attends in full in the sixth.
+  // Gemma 3 slides five layers of six and attends in full in the sixth, Gemma 2 every other.
   std::vector<bool> sliding_layers;
   // Gemma 3: the rotary base of the sliding layers (`rope_local_base_freq`), without
   // scaling; rope_theta and rope_scaling are the full layers'.
   std::optional<double> rope_local_theta;
-  // Gemma 3: attention scores are scaled by query_pre_attn_scalar^-1/2; 0: head_dim's.
+  // Gemma 2 and 3: attention scores are scaled by query_pre_attn_scalar^-1/2; 0: head_dim's.
   double query_pre_attn_scalar = 0;
+  // Gemma 2's soft-capping, 0 for none: a scaled attention score s becomes
+  // cap * tanh(s / cap) before the mask and softmax (attn_logit_softcapping), and so does each
+  // logit of the LM head (final_logit_softcapping).
+  double attn_logit_softcapping = 0;
+  double final_logit_softcapping = 0;
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;
   std::string torch_dtype = "float32";
@@ -102,11 +108,13 @@ struct ModelConfig {
   bool qk_norm() const {
     return architecture == Architecture::kQwen3 || architecture == Architecture::kGemma3;
   }
-  // Gemma 3's layer: every RMSNorm scales by 1 + its weight (Load adds the 1), the token
-  // embedding is scaled by sqrt(hidden_size), attention's and the MLP's outputs are normed
-  // before their residual adds (post_attention_layernorm, post_feedforward_layernorm; the
-  // MLP's input norm is pre_feedforward_layernorm), and the MLP's gate is GELU (tanh form).
-  bool gemma() const { return architecture == Architecture::kGemma3; }
+  // Gemma's layer (2 and 3): every RMSNorm scales by 1 + its weight (Load adds the 1), the
+  // token embedding is scaled by sqrt(hidden_size), attention's and the MLP's outputs are
+  // normed before their residual adds (post_attention_layernorm, post_feedforward_layernorm;
+  // the MLP's input norm is pre_feedforward_layernorm), and the MLP's gate is GELU (tanh form).
+  bool gemma() const {
+    return architecture == Architecture::kGemma3 || architecture == Architecture::kGemma2;
+  }
   // The head dimensions rotary embeddings turn: int(head_dim * partial_rotary_factor), as
   // transformers truncates it (FromJson checks it is even and at least 2).
   int64_t rotary_dim() const {
@@ -128,7 +136,7 @@ struct ModelConfig {
   }
   double attention_scale() const;
   // The factor on the token embedding's rows: sqrt(hidden_size) in float32 for Gemma
-  // (transformers' Gemma3TextScaledWordEmbedding), else 1.
+  // (transformers' Gemma3TextScaledWordEmbedding and Gemma 2's), else 1.
   float embedding_scale() const;
   // o_proj has a bias: attention_bias, except in Qwen2 (q/k/v biases only).
   bool o_bias() const { return attention_bias && architecture != Architecture::kQwen2; }

@@ -399,6 +399,102 @@ TEST_CASE("What Gemma's runtime does not compute is refused, naming file and key
       });
 }
 
+// Gemma 2 2B's config.json as Google publishes it (transformers 4.42): both caps, a window on
+// every other layer left for Gemma2Config to derive, one rotary base.
+json Gemma2_2B() {
+  return json::parse(R"({
+    "architectures": ["Gemma2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid",
+    "eos_token_id": [1, 107], "final_logit_softcapping": 30.0, "head_dim": 256,
+    "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 2304, "initializer_range": 0.02, "intermediate_size": 9216,
+    "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 8,
+    "num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0,
+    "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+    "sliding_window": 4096, "torch_dtype": "float32", "transformers_version": "4.42.4",
+    "use_cache": true, "vocab_size": 256000})");
+}
+
+TEST_CASE(
+    "Gemma 2's config reads its caps, a window on every other layer and one rotary base, and "
+    "writes them back",
+    "[config]") {
+  auto c = ModelConfig::FromJson(Gemma2_2B(), "gemma2/config.json");
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  CHECK(c->architecture == Architecture::kGemma2);
+  CHECK(c->gemma());
+  CHECK_FALSE(c->qk_norm());  // Gemma 3's head norms are not Gemma 2's
+  CHECK(c->attn_logit_softcapping == 50.0);
+  CHECK(c->final_logit_softcapping == 30.0);
+  CHECK(c->rope_theta == 1e4);
+  CHECK_FALSE(c->rope_local_theta);
+  CHECK(c->attention_scale() == 1.0 / 16);
+  CHECK(c->embedding_scale() == static_cast<float>(std::sqrt(2304.0)));
+  CHECK(c->eos_token_ids == std::vector<int64_t>{1, 107});
+  // Gemma2Config's layer_types: layer 0 slides, layer 1 attends in full, and so on.
+  for (int64_t layer = 0; layer < 26; ++layer) {
+    INFO("layer " << layer);
+    CHECK(c->LayerWindow(layer) == (layer % 2 == 0 ? std::optional<int64_t>(4096) : std::nullopt));
+    CHECK_FALSE(c->LocalRope(layer));
+  }
+  // Gemma 3's two extra norms a layer, without its head norms.
+  ModelConfig llama = *c;
+  llama.architecture = Architecture::kLlama;
+  CHECK(c->LayerParameterCount() - llama.LayerParameterCount() == 2 * 2304);
+
+  auto back = ModelConfig::FromJson(c->ToJson(), "written/config.json");
+  INFO(back.status().ToString());
+  REQUIRE(back.ok());
+  CHECK(back->architecture == Architecture::kGemma2);
+  CHECK(back->ToJson()["model_type"] == "gemma2");
+  CHECK(back->attn_logit_softcapping == 50.0);
+  CHECK(back->final_logit_softcapping == 30.0);
+  CHECK(back->sliding_layers == c->sliding_layers);
+  CHECK_FALSE(back->rope_local_theta);
+
+  // transformers 5's spelling, a cap turned off with null, and the caps' defaults where
+  // the keys are absent (Gemma2Config's).
+  json v5 = Gemma2_2B();
+  v5.erase("rope_theta");
+  v5["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
+  v5["layer_types"] = json::array();
+  for (int i = 0; i < 26; ++i)
+    v5["layer_types"].push_back(i < 13 ? "full_attention" : "sliding_attention");
+  v5["final_logit_softcapping"] = nullptr;
+  v5.erase("attn_logit_softcapping");
+  auto five = ModelConfig::FromJson(v5, "gemma2-v5/config.json");
+  INFO(five.status().ToString());
+  REQUIRE(five.ok());
+  CHECK(five->rope_theta == 1e4);
+  CHECK(five->final_logit_softcapping == 0);
+  CHECK(five->attn_logit_softcapping == 50.0);
+  CHECK_FALSE(five->LayerWindow(12));
+  CHECK(five->LayerWindow(13) == 4096);
+  auto five_back = ModelConfig::FromJson(five->ToJson(), "written/config.json");
+  REQUIRE(five_back.ok());
+  CHECK(five_back->final_logit_softcapping == 0);
+  CHECK(five_back->sliding_layers == five->sliding_layers);
+
+  CheckRefusals(
+      Gemma2_2B(), "g2.json",
+      {
+          {"a cap of 0", json::json_pointer("/attn_logit_softcapping"), 0.0,
+           "g2.json: key 'attn_logit_softcapping' must be > 0 (or null for no cap)"},
+          {"a negative cap", json::json_pointer("/final_logit_softcapping"), -30.0,
+           "g2.json: key 'final_logit_softcapping' must be > 0 (or null for no cap)"},
+          {"a cap that is text", json::json_pointer("/final_logit_softcapping"), "30",
+           "g2.json: key 'final_logit_softcapping'"},
+          {"longrope", json::json_pointer("/rope_scaling"),
+           json{{"type", "longrope"},
+                {"short_factor", std::vector<double>(128, 1.0)},
+                {"long_factor", std::vector<double>(128, 2.0)}},
+           "longrope scaling is not supported for Gemma 2"},
+          {"another activation", json::json_pointer("/hidden_activation"), "gelu",
+           "g2.json: key 'hidden_activation' \"gelu\" is not supported (gelu_pytorch_tanh only)"},
+      });
+}
+
 // Phi3Config with Phi-4-mini's features (rotary over 3/4 of each head, LongRoPE, tied
 // embeddings) as transformers 5.17 writes it: partial_rotary_factor and
 // original_max_position_embeddings both at the top level and in rope_parameters.

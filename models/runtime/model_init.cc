@@ -175,6 +175,19 @@ std::vector<std::pair<std::string, ModelConfig>> TinyTestVariants() {
   gemma3.rope_local_theta = 10000.0;
   gemma3.query_pre_attn_scalar = 24;
   v.emplace_back("gemma3", gemma3);
+  // Gemma 2: every other layer slides, from the first, all with one rotary base; scores and
+  // logits soft-capped, the caps at these weights' scale (scores near 0.03, logits near 0.2)
+  // so that both bite.
+  ModelConfig gemma2 = TinyTestConfig();
+  gemma2.architecture = Architecture::kGemma2;
+  gemma2.head_dim = 32;
+  gemma2.tie_word_embeddings = true;
+  gemma2.sliding_window = 6;
+  gemma2.sliding_layers = {true, false, true, false};
+  gemma2.query_pre_attn_scalar = 24;
+  gemma2.attn_logit_softcapping = 0.03;
+  gemma2.final_logit_softcapping = 0.1;
+  v.emplace_back("gemma2_softcap", gemma2);
   // Phi-4-mini's rotary: 12 of each head's 16 dimensions turn, by LongRoPE's short factors
   // below position 8 and its long ones from there (and an attention factor of sqrt(3));
   // stored with fused projections.

@@ -198,8 +198,8 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
     return absl::UnimplementedError(absl::StrCat(
         std::string(ArchitectureName(config.architecture)), " runs on the CPU only for now (",
         options.device.str(),
-        " asked): its layer's norms around each sublayer, GELU and per-layer windows and "
-        "rotary bases have no GPU path yet"));
+        " asked): its layer's norms around each sublayer, GELU, soft-capping and per-layer windows "
+        "and rotary bases have no GPU path yet"));
   }
   if (!options.device.is_cpu()) {
     // Before anything loads, and naming the device: a GPU gone after a crash (the restart
@@ -598,7 +598,8 @@ void Submodel::PrepareFusedLayers() {
                   .head_dim = config_.head_dim,
                   .intermediate = config_.intermediate_size,
                   .eps = static_cast<float>(config_.rms_norm_eps),
-                  .attention_scale = static_cast<float>(config_.attention_scale())};
+                  .attention_scale = static_cast<float>(config_.attention_scale()),
+                  .attention_softcap = static_cast<float>(config_.attn_logit_softcapping)};
   auto table_fits = [](const RopeTable& table) {
     return table.cos.is_contiguous() && table.sin.is_contiguous() &&
            table.cos.scalar_type() == at::kFloat && table.sin.scalar_type() == at::kFloat;
@@ -722,17 +723,20 @@ void Submodel::AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t la
   const int64_t group = config_.num_attention_heads / kv_heads;
   const int64_t hd = config_.head_dim;
   const double scale = config_.attention_scale();
+  const double softcap = config_.attn_logit_softcapping;
   const std::optional<int64_t> window = config_.LayerWindow(spec_.layers.begin + layer);
   const bool windowed = window && total > *window;
   // One query: the fused kernel reads the blocks in place, from the window's first row.
-  if (n == 1 && kernels::PagedDecodeAttention(q[0], cache.pool().keys(layer),
-                                              cache.pool().values(layer), cache.block_table(),
-                                              total, scale, out, windowed ? total - *window : 0)) {
+  if (n == 1 && kernels::PagedDecodeAttention(
+                    q[0], cache.pool().keys(layer), cache.pool().values(layer), cache.block_table(),
+                    total, scale, out, windowed ? total - *window : 0, softcap)) {
     return;
   }
   const at::Tensor keys = cache.Keys(layer, total, device_ids);
   const at::Tensor values = cache.Values(layer, total, device_ids);
-  if (q.is_cuda() || q.scalar_type() != at::kFloat) {
+  // Soft-capped scores (Gemma 2) take the composite path below in every dtype: fused
+  // attention has no cap.
+  if ((q.is_cuda() || q.scalar_type() != at::kFloat) && softcap == 0) {
     // Fused attention (on a GPU flash or memory-efficient kernels, in the compute dtype) over
     // the chunk and its history, instead of a float32 score matrix. CPU dtypes other than
     // float32 take it too, which is how the CPU tests check the masks below. A first chunk with no
@@ -760,6 +764,8 @@ void Submodel::AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t la
   at::Tensor qh = q.view({n, kv_heads, group, hd}).permute({1, 0, 2, 3}).reshape(
       {kv_heads, n * group, hd});
   at::Tensor scores = at::bmm(qh, keys.permute({1, 2, 0})).mul_(scale);  // [KV, n*g, total]
+  // transformers' eager order and dtype: divided by the cap, tanh, multiplied by it.
+  if (softcap > 0) scores.div_(softcap).tanh_().mul_(softcap);
   if (n > 1 || windowed) {
     at::Tensor key_pos = at::arange(total, at::TensorOptions().dtype(at::kLong).device(q.device()));
     at::Tensor query_pos = at::arange(past, past + n, key_pos.options()).unsqueeze(1);
@@ -1246,6 +1252,10 @@ absl::StatusOr<at::Tensor> Submodel::Logits(const at::Tensor& hidden) const {
     }
     logits = NormHeadLogits(hidden, final_norm_, config_.rms_norm_eps, lm_head_);
   }));
+  // Gemma 2's cap on the logits (float32 here, as the logits are).
+  if (const double cap = config_.final_logit_softcapping; cap > 0) {
+    logits.div_(cap).tanh_().mul_(cap);
+  }
   return logits;
 }
 

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/test_util.h"
 #include "models/runtime/generate.h"
 #include "models/runtime/layers.h"
@@ -120,7 +121,11 @@ at::Tensor ReferenceLogits(const ModelConfig& c, const std::map<std::string, at:
     k = k.repeat_interleave(group, 1);
     v = v.repeat_interleave(group, 1);
     const double scalar = c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : double(hd);
-    at::Tensor scores = at::einsum("thd,shd->hts", {q, k}) / std::sqrt(scalar) + mask;
+    at::Tensor scores = at::einsum("thd,shd->hts", {q, k}) / std::sqrt(scalar);
+    if (c.attn_logit_softcapping > 0) {  // Gemma 2: cap * tanh(s / cap)
+      scores = c.attn_logit_softcapping * at::tanh(scores / c.attn_logit_softcapping);
+    }
+    scores = scores + mask;
     at::Tensor out = at::einsum("hts,shd->thd", {at::softmax(scores, -1), v}).reshape({t, -1});
     out = at::linear(out, p("self_attn.o_proj.weight"), maybe("self_attn.o_proj.bias"));
     if (c.gemma()) {
@@ -144,7 +149,9 @@ at::Tensor ReferenceLogits(const ModelConfig& c, const std::map<std::string, at:
   x = norm(x, w.at("model.norm.weight"));
   const at::Tensor& head = c.tie_word_embeddings ? w.at("model.embed_tokens.weight")
                                                  : w.at("lm_head.weight");
-  return at::linear(x, head);
+  const at::Tensor logits = at::linear(x, head);
+  const double cap = c.final_logit_softcapping;
+  return cap > 0 ? cap * at::tanh(logits / cap) : logits;
 }
 
 at::Tensor FullLogits(const Submodel& model, const std::vector<int32_t>& tokens) {
@@ -183,21 +190,24 @@ TEST_CASE("A device that is not there fails the load with UNAVAILABLE naming it,
   }
 }
 
-TEST_CASE("Gemma 3 on a GPU is refused before anything loads, naming the architecture",
+TEST_CASE("Gemma 2 and 3 on a GPU are refused before anything loads, naming the architecture",
           "[submodel]") {
-  ModelConfig config;
-  for (const auto& [name, variant] : TinyTestVariants()) {
-    if (variant.gemma()) config = variant;
+  int gemmas = 0;
+  for (const auto& [name, config] : TinyTestVariants()) {
+    if (!config.gemma()) continue;
+    ++gemmas;
+    INFO(name);
+    LoadedModel m = MakeModel(config, name + "_gpu");
+    // Before the device is even asked for: the same on a machine with or without a GPU.
+    auto loaded = Submodel::Load(m.config, *m.checkpoint, SubmodelSpec::Middle(m.config, 1, 1),
+                                 {.device = at::Device("cuda:0")});
+    REQUIRE_FALSE(loaded.ok());
+    CHECK(loaded.status().code() == absl::StatusCode::kUnimplemented);
+    CHECK_THAT(std::string(loaded.status().message()),
+               Catch::Contains(absl::StrCat(std::string(ArchitectureName(config.architecture)),
+                                            " runs on the CPU only for now (cuda:0 asked)")));
   }
-  REQUIRE(config.gemma());
-  LoadedModel m = MakeModel(config, "gemma3_gpu");
-  // Before the device is even asked for: the same on a machine with or without a GPU.
-  auto loaded = Submodel::Load(m.config, *m.checkpoint, SubmodelSpec::Middle(m.config, 1, 1),
-                               {.device = at::Device("cuda:0")});
-  REQUIRE_FALSE(loaded.ok());
-  CHECK(loaded.status().code() == absl::StatusCode::kUnimplemented);
-  CHECK_THAT(std::string(loaded.status().message()),
-             Catch::Contains("Gemma3ForCausalLM runs on the CPU only for now (cuda:0 asked)"));
+  CHECK(gemmas == 2);
 }
 
 TEST_CASE("Full model matches an independent reference formulation", "[submodel]") {

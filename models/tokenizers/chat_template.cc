@@ -314,7 +314,10 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
                         thinking);
   }
   if (Contains(source, "<start_of_turn>") && Contains(source, "<end_of_turn>")) {
-    return ChatTemplate(ChatFamily::kGemma, "", false, true, false);
+    // Gemma 3's template opens the first turn with a system message; Gemma 2's (and Gemma
+    // 1's) raises "System role not supported".
+    return ChatTemplate(ChatFamily::kGemma, "", false,
+                        !Contains(source, "System role not supported"), false);
   }
   if (Contains(source, "[INST]") && Contains(source, "[/INST]")) {
     return ChatTemplate(ChatFamily::kMistral, "", false, Contains(source, "system"), false);
@@ -687,6 +690,9 @@ absl::StatusOr<RenderedChat> ChatTemplate::Render(std::span<const ChatMessage> m
       size_t first = 0;
       std::string prefix;
       if (!messages.empty() && messages[0].role == "system") {
+        if (!system_role_) {
+          return BadMessage(0, "this model's chat template (Gemma 2's) has no system role");
+        }
         prefix = absl::StrCat(messages[0].content, "\n\n");
         first = 1;
       }

@@ -265,6 +265,32 @@ TEST_CASE(
   CHECK_THAT(std::string(tool.status().message()), Catch::Contains("(gemma)"));
 }
 
+// Gemma 2's template as its instruction-tuned checkpoints publish it.
+constexpr const char* kGemma2Source =
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role "
+    "not supported') }}{% endif %}{% for message in messages %}{% if (message['role'] == 'user') "
+    "!= (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
+    "user/assistant/user/assistant/...') }}{% endif %}{% if (message['role'] == 'assistant') %}"
+    "{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}"
+    "{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}";
+
+TEST_CASE("Gemma 2's template renders Gemma's turns and refuses a system message, as it does") {
+  const ChatTemplate gemma2 = Make(kGemma2Source);
+  CHECK(gemma2.family() == ChatFamily::kGemma);
+  const RenderedChat chat =
+      RenderOk(gemma2, {{"user", " a\n"}, {"assistant", "b "}, {"user", "c"}});
+  CHECK(chat.bos);
+  CHECK(chat.ToString() ==
+        "<start_of_turn>user\na<end_of_turn>\n<start_of_turn>model\nb<end_of_turn>\n"
+        "<start_of_turn>user\nc<end_of_turn>\n<start_of_turn>model\n");
+  auto system = gemma2.Render(std::vector<ChatMessage>{{"system", "Be brief."}, {"user", "a"}});
+  REQUIRE_FALSE(system.ok());
+  CHECK(system.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(system.status().message()),
+             Catch::Contains("this model's chat template (Gemma 2's) has no system role"));
+}
+
 TEST_CASE("The toy template is plain text") {
   const RenderedChat chat = RenderOk(Make(std::string(kToyChatTemplateSource).c_str()),
                                      {{"user", "the cat sat"}, {"assistant", "on a mat"}});

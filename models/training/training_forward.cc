@@ -76,6 +76,9 @@ at::Tensor TrainingLayers(const ModelConfig& c, const WeightMap& w, const RopeTa
     // where the root is inexact (head_dim 32) and trains another toy model: the one the
     // serving tests' agreement counts were measured on is this arithmetic's.
     at::Tensor scores = at::matmul(q, k.transpose(-1, -2)) / std::sqrt(c.attention_scalar());
+    if (const double cap = c.attn_logit_softcapping; cap > 0) {
+      scores = at::tanh(scores / cap) * cap;  // Gemma 2's cap, before the mask
+    }
     at::Tensor attention = at::matmul(at::softmax(scores + mask, -1), v);
     attention = attention.transpose(1, 2).reshape({batch, seq, -1});
     at::Tensor out = project("self_attn.o_proj", c.o_bias(), attention);
@@ -106,8 +109,10 @@ at::Tensor TrainingEmbed(const ModelConfig& c, const WeightMap& w, const at::Ten
 
 at::Tensor TrainingHead(const ModelConfig& c, const WeightMap& w, const at::Tensor& x) {
   const at::Tensor h = TrainingRmsNorm(c, x, w.at("model.norm.weight"));
-  return at::linear(h, c.tie_word_embeddings ? w.at("model.embed_tokens.weight")
-                                             : w.at("lm_head.weight"));
+  const at::Tensor logits = at::linear(
+      h, c.tie_word_embeddings ? w.at("model.embed_tokens.weight") : w.at("lm_head.weight"));
+  const double cap = c.final_logit_softcapping;
+  return cap > 0 ? at::tanh(logits / cap) * cap : logits;  // Gemma 2's cap
 }
 
 at::Tensor TrainingLogits(const ModelConfig& c, const WeightMap& w, const RopeTable& rope,
