@@ -194,6 +194,13 @@ def main():
                 rope_scaling=None, original_max_position_embeddings=4096)
     write(out, "model_config", "phi3_mini_window.json", json.dumps(phi3, indent=1))
 
+    # Gemma 2: both soft-caps, the window on every other layer left to Gemma2Config.
+    gemma2 = dict(llama, architectures=["Gemma2ForCausalLM"], model_type="gemma2",
+                  head_dim=32, hidden_activation="gelu_pytorch_tanh", sliding_window=6,
+                  query_pre_attn_scalar=24, attn_logit_softcapping=50.0,
+                  final_logit_softcapping=30.0)
+    write(out, "model_config", "gemma2.json", json.dumps(gemma2, indent=1))
+
     root = os.path.dirname(HERE)
     for name in ("cloud.yaml", "agent.yaml"):
         with open(os.path.join(root, "configs", name)) as f:

@@ -1,4 +1,5 @@
 // A checkpoint's config.json, read as every tophat program reads one.
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -21,11 +22,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     TOPHAT_FUZZ_CHECK(static_cast<int64_t>(scaling.long_factor.size()) == rotary_dim / 2);
     TOPHAT_FUZZ_CHECK(scaling.attention_factor > 0 && scaling.original_max_position_embeddings > 0);
   }
+  // Soft-caps are Gemma 2's, positive and finite where set.
+  for (const double cap : {config->attn_logit_softcapping, config->final_logit_softcapping}) {
+    TOPHAT_FUZZ_CHECK(cap == 0 || (cap > 0 && std::isfinite(cap)));
+    TOPHAT_FUZZ_CHECK(cap == 0 || config->architecture == tophat::Architecture::kGemma2);
+  }
   auto again = tophat::ModelConfig::FromJson(config->ToJson(), "round trip");
   TOPHAT_FUZZ_CHECK(again.ok());
   TOPHAT_FUZZ_CHECK(again->hidden_size == config->hidden_size);
   TOPHAT_FUZZ_CHECK(again->rotary_dim() == rotary_dim);
   TOPHAT_FUZZ_CHECK(again->rope_scaling.longrope == scaling.longrope);
   TOPHAT_FUZZ_CHECK(again->rope_scaling.long_factor == scaling.long_factor);
+  TOPHAT_FUZZ_CHECK(again->attn_logit_softcapping == config->attn_logit_softcapping);
+  TOPHAT_FUZZ_CHECK(again->final_logit_softcapping == config->final_logit_softcapping);
+  TOPHAT_FUZZ_CHECK(again->sliding_layers == config->sliding_layers);
   return 0;
 }
