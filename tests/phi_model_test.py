@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Phi-4-mini's architecture (Phi3ForCausalLM) through tophat, end to end.
+"""Phi-4-mini's architecture (Phi3ForCausalLM), or Phi-4's (14B), through tophat, end to end.
 
-    python3 tests/phi_model_test.py BIN_DIR WORK_DIR
+    python3 tests/phi_model_test.py BIN_DIR WORK_DIR [phi4_mini|phi4]
 
 Builds a small random Phi3ForCausalLM with transformers, with Phi-4-mini's attention: rotary
 over 3/4 of each head, LongRoPE (its short factors below the original length, its long ones
@@ -24,6 +24,11 @@ serve it on loopback, decoding speculatively with drafts whenever the drafter ha
   docs/architecture.md, "Numerics");
 - the drafter drafted, and the verification kept some of its drafts (the agent's metrics).
 
+With `phi4`, the model has Phi-4's (14B) attention instead (rotary over whole heads, one rope
+theta, untied embeddings) and Phi-4's chat template (ChatML with <|im_sep|> between each role
+and its content, nothing between turns), whose <|im_end|> ends an answer; the references are
+generate()'s.
+
 tophat and transformers compute in float32 on the CPU; the weights are drawn wide
 (initializer_range 0.1) so that greedy choices are not near-ties. Exits 0 when every check
 passes.
@@ -43,7 +48,8 @@ from transformers import AutoTokenizer, Phi3Config, Phi3ForCausalLM  # noqa: E40
 
 from loopback_daemons import free_port, speculative_serving  # noqa: E402
 from model_checks import (byte_level_bpe, check, check_chat_prompt, finish,  # noqa: E402
-                          greedy_chat_answer, greedy_completion, incremental_greedy, metric)
+                          greedy_chat_answer, greedy_completion, incremental_greedy, metric,
+                          reference_greedy)
 
 # Phi-4-mini-instruct's chat template, as its tokenizer_config.json publishes it: each message
 # between <|role|> and <|end|>, no newlines, then <|assistant|>.
@@ -53,6 +59,15 @@ PHI4_MINI_TEMPLATE = (
     "'<|tool|>' + message['tools'] + '<|/tool|>' + '<|end|>' }}{% else %}{{ '<|' + "
     "message['role'] + '|>' + message['content'] + '<|end|>' }}{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}")
+
+# Phi-4's (14B) chat template, as its tokenizer_config.json publishes it.
+PHI4_TEMPLATE = (
+    "{% for message in messages %}{% if (message['role'] == 'system') %}{{'<|im_start|>system"
+    "<|im_sep|>' + message['content'] + '<|im_end|>'}}{% elif (message['role'] == 'user') %}"
+    "{{'<|im_start|>user<|im_sep|>' + message['content'] + '<|im_end|>'}}{% elif "
+    "(message['role'] == 'assistant') %}{{'<|im_start|>assistant<|im_sep|>' + "
+    "message['content'] + '<|im_end|>'}}{% endif %}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant<|im_sep|>' }}{% endif %}")
 
 CORPUS = ["The old farmer walked to the river and counted the boats twice before noon.",
           "Which is greater, nine or eleven? Count them on your fingers, then answer."]
@@ -67,18 +82,22 @@ CONVERSATION = [
 ]
 ORIGINAL = 30  # LongRoPE's original length
 SPECIALS = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+PHI4_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_sep|>", "<|im_end|>"]
 
 
-def build_model(directory):
+def build_model(directory, family):
     """The tokenizer, tokenizer_config.json and a random Phi-3 checkpoint in `directory`."""
     os.makedirs(directory, exist_ok=True)
-    tokenizer = byte_level_bpe(CORPUS, SPECIALS)
+    tokenizer = byte_level_bpe(CORPUS, PHI4_SPECIALS if family == "phi4" else SPECIALS)
     tokenizer.save(os.path.join(directory, "tokenizer.json"))
     with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast",
-                   "chat_template": PHI4_MINI_TEMPLATE, "eos_token": "<|endoftext|>",
-                   "pad_token": "<|endoftext|>", "add_bos_token": False}, f)
+                   "chat_template": PHI4_TEMPLATE if family == "phi4" else PHI4_MINI_TEMPLATE,
+                   "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+                   "add_bos_token": False}, f)
     hf_tokenizer = AutoTokenizer.from_pretrained(directory)
+    if family == "phi4":
+        return build_phi4(directory, tokenizer, hf_tokenizer), hf_tokenizer
     prompts = [hf_tokenizer(text)["input_ids"] for text in CORPUS]
     prompts.append(hf_tokenizer.apply_chat_template(CONVERSATION, add_generation_prompt=True,
                                                     tokenize=True, return_dict=False))
@@ -105,6 +124,49 @@ def build_model(directory):
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
     model.save_pretrained(directory, safe_serialization=True)
     return model, hf_tokenizer
+
+
+def build_phi4(directory, tokenizer, hf_tokenizer):
+    """A random checkpoint of Phi-4's attention: whole-head rotary, one theta, untied."""
+    torch.manual_seed(6)
+    im_end, endoftext = (tokenizer.token_to_id(t) for t in ("<|im_end|>", "<|endoftext|>"))
+    config = Phi3Config(
+        vocab_size=tokenizer.get_vocab_size(), hidden_size=64, intermediate_size=128,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=2048, original_max_position_embeddings=2048, rope_theta=250000.0,
+        rope_scaling=None, rms_norm_eps=1e-5, initializer_range=0.1, tie_word_embeddings=False,
+        sliding_window=None, pad_token_id=endoftext, bos_token_id=endoftext, eos_token_id=im_end)
+    model = Phi3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+    model.save_pretrained(directory, safe_serialization=True)
+    return model
+
+
+def run_phi4_checks(base, model, hf_tokenizer, metrics_port):
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
+    name = client.models.list().data[0].id
+    im_end = hf_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    endoftext = hf_tokenizer.convert_tokens_to_ids("<|endoftext|>")
+
+    expected = check_chat_prompt(base, name, hf_tokenizer, CONVERSATION)
+    for text in CORPUS:
+        ids = hf_tokenizer(text)["input_ids"]
+        ours = greedy_completion(base, name, ids, NEW_TOKENS)
+        reference = reference_greedy(model, ids, [], NEW_TOKENS)
+        check(ours == reference, f"a greedy completion of {len(ids)} prompt tokens is "
+                                 f"transformers' (tophat {ours}, transformers {reference})")
+    ours, finish_reason = greedy_chat_answer(client, name, CONVERSATION, NEW_TOKENS)
+    reference = reference_greedy(model, expected, [im_end, endoftext], NEW_TOKENS)
+    check(ours == reference, f"a greedy chat answer is transformers' continuation of the "
+                             f"rendered prompt, which <|im_end|> would end (tophat {ours}, "
+                             f"transformers {reference}, finish_reason {finish_reason})")
+    drafted = metric(metrics_port, "tophat_spec_decode_num_draft_tokens_total")
+    kept = metric(metrics_port, "tophat_spec_decode_num_accepted_tokens_total")
+    check(drafted > 0 and kept > 0, f"the answers above were decoded speculatively: "
+                                    f"{kept:.0f} of {drafted:.0f} drafts kept")
 
 
 def run_checks(base, model, hf_tokenizer, metrics_port):
@@ -137,13 +199,19 @@ def run_checks(base, model, hf_tokenizer, metrics_port):
 
 def main():
     bin_dir, work = sys.argv[1:3]
+    family = sys.argv[3] if len(sys.argv) > 3 else "phi4_mini"
+    if family not in ("phi4_mini", "phi4"):
+        sys.exit(f"phi_model_test: unknown family {family!r} (phi4_mini or phi4)")
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    model_dir = os.path.join(work, "phi3")
-    model, hf_tokenizer = build_model(model_dir)
+    model_dir = os.path.join(work, family)
+    model, hf_tokenizer = build_model(model_dir, family)
     metrics_port = free_port()
     with speculative_serving(bin_dir, work, model_dir, CORPUS, metrics_port) as base:
-        run_checks(base, model, hf_tokenizer, metrics_port)
+        if family == "phi4":
+            run_phi4_checks(base, model, hf_tokenizer, metrics_port)
+        else:
+            run_checks(base, model, hf_tokenizer, metrics_port)
     finish()
 
 

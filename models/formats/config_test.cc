@@ -592,6 +592,35 @@ TEST_CASE("Phi-3's config reads partial rotary, LongRoPE and its window in eithe
   }
 }
 
+TEST_CASE("Phi-4 (14B) reads as Phi-3's layer with whole-head rotary and no window", "[config]") {
+  // microsoft/phi-4's config.json.
+  const json phi4 = json::parse(R"({
+    "architectures": ["Phi3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 100257, "embd_pdrop": 0.0, "eos_token_id": 100265, "hidden_act": "silu",
+    "hidden_size": 5120, "initializer_range": 0.02, "intermediate_size": 17920,
+    "max_position_embeddings": 16384, "model_type": "phi3", "num_attention_heads": 40,
+    "num_hidden_layers": 40, "num_key_value_heads": 10,
+    "original_max_position_embeddings": 16384, "pad_token_id": 100349, "resid_pdrop": 0.0,
+    "rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 250000, "sliding_window": null,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.47.0",
+    "use_cache": true, "vocab_size": 100352})");
+  auto c = ModelConfig::FromJson(phi4, "phi-4/config.json");
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  CHECK(c->architecture == Architecture::kPhi3);
+  CHECK(c->head_dim == 128);
+  CHECK(c->rotary_dim() == 128);
+  CHECK(c->rope_theta == 250000.0);
+  CHECK_FALSE(c->rope_scaling.longrope);
+  CHECK_FALSE(c->sliding_window);
+  CHECK(c->eos_token_ids == std::vector<int64_t>{100265});
+  // 14.7B parameters: 40 layers of 5120 wide, untied 100k vocabulary.
+  const int64_t parameters =
+      c->num_hidden_layers * c->LayerParameterCount() + 2 * c->vocab_size * c->hidden_size;
+  CHECK(parameters > 14'600'000'000);
+  CHECK(parameters < 14'800'000'000);
+}
+
 TEST_CASE("Rotary settings Phi-3's runtime does not compute are refused, naming file and key",
           "[config]") {
   CheckRefusals(

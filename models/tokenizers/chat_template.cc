@@ -215,6 +215,8 @@ std::string_view ChatFamilyName(ChatFamily family) {
       return "gemma";
     case ChatFamily::kPhi:
       return "phi";
+    case ChatFamily::kChatMlImSep:
+      return "chatml_im_sep";
   }
   return "unknown";
 }
@@ -290,6 +292,18 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
     return ChatTemplate(ChatFamily::kDeepSeekR1, "", false, true, /*tools=*/false,
                         opens ? ThinkingStyle::kOpened : ThinkingStyle::kAlways);
   }
+  if (Contains(source, "<|im_start|>") && Contains(source, "<|im_sep|>") &&
+      Contains(source, "<|im_end|>")) {
+    // Phi-4's: the role and the content parted by <|im_sep|>, nothing between turns.
+    // Phi-4-reasoning's writes a thinking instruction of its own, not rendered.
+    if (Contains(source, "<think>")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          std::string(origin),
+          ": chat_template writes <|im_sep|> and <think>: only Phi-4's template without "
+          "reasoning is rendered in that layout; it is not guessed"));
+    }
+    return ChatTemplate(ChatFamily::kChatMlImSep, "", false, true, false);
+  }
   if (Contains(source, "<|im_start|>") && Contains(source, "<|im_end|>")) {
     // A thinking template: Qwen3's switches with enable_thinking; QwQ's opens the block in
     // the prompt (its generation prompt is the literal below, Jinja's \n escapes and all).
@@ -337,7 +351,8 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
   return absl::InvalidArgumentError(absl::StrCat(
       std::string(origin),
       ": chat_template is none of the families tophat renders (Llama 3: <|start_header_id|> "
-      "... <|eot_id|>; ChatML/Qwen2: <|im_start|> ... <|im_end|>; Mistral: [INST] ... "
+      "... <|eot_id|>; ChatML/Qwen2: <|im_start|> ... <|im_end|> (Phi-4: with <|im_sep|>); "
+      "Mistral: [INST] ... "
       "[/INST]; Gemma: <start_of_turn> ... <end_of_turn>; Phi: <|user|> ... <|end|>; "
       "DeepSeek-R1: <｜User｜> ... <｜Assistant｜>; tophat's toy model); it is not "
       "guessed"));
@@ -348,6 +363,7 @@ std::optional<std::string> ChatTemplate::end_of_turn() const {
     case ChatFamily::kLlama3:
       return "<|eot_id|>";
     case ChatFamily::kChatMl:
+    case ChatFamily::kChatMlImSep:
       return "<|im_end|>";
     case ChatFamily::kGemma:
       return "<end_of_turn>";
@@ -374,6 +390,7 @@ std::optional<ToolCallSyntax> ChatTemplate::tool_call_syntax() const {
     case ChatFamily::kDeepSeekR1:
     case ChatFamily::kGemma:
     case ChatFamily::kPhi:
+    case ChatFamily::kChatMlImSep:
       return std::nullopt;
   }
   return std::nullopt;
@@ -716,6 +733,28 @@ absl::StatusOr<RenderedChat> ChatTemplate::Render(std::span<const ChatMessage> m
       }
       AddSpecial(chat, "<start_of_turn>");
       AddText(chat, "model\n");
+      return chat;
+    }
+    case ChatFamily::kChatMlImSep: {
+      // Each message as <|im_start|>role<|im_sep|>content<|im_end|>, in the order given,
+      // nothing between them; then the assistant's start. Phi-4's template writes system,
+      // user and assistant messages and drops any other.
+      for (size_t i = 0; i < messages.size(); ++i) {
+        const ChatMessage& message = messages[i];
+        if (message.role != "system" && message.role != "user" && message.role != "assistant") {
+          return BadMessage(i, absl::StrCat("role \"", message.role,
+                                            "\": Phi-4's template takes system, user and "
+                                            "assistant"));
+        }
+        AddSpecial(chat, "<|im_start|>");
+        AddText(chat, message.role);
+        AddSpecial(chat, "<|im_sep|>");
+        AddText(chat, message.content);
+        AddSpecial(chat, "<|im_end|>");
+      }
+      AddSpecial(chat, "<|im_start|>");
+      AddText(chat, "assistant");
+      AddSpecial(chat, "<|im_sep|>");
       return chat;
     }
     case ChatFamily::kPhi: {

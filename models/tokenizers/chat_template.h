@@ -7,6 +7,7 @@
 //             "Cutting Knowledge Date" system header when the template writes one)
 //   ChatML    <|im_start|>role\ncontent<|im_end|>\n (Qwen2 and others; a default system
 //             message written literally in the template is used)
+//   ChatML with <|im_sep|>  <|im_start|>role<|im_sep|>content<|im_end|> (Phi-4)
 //   Mistral   <s>[INST] user [/INST]assistant</s>
 //   DeepSeek-R1  BOS, the system message, then <｜User｜>user<｜Assistant｜>answer and
 //             <｜end▁of▁sentence｜> (its distills of Qwen2.5 and Llama 3 too): a model
@@ -40,7 +41,7 @@
 
 namespace tophat {
 
-enum class ChatFamily { kLlama3, kChatMl, kMistral, kToy, kDeepSeekR1, kGemma, kPhi };
+enum class ChatFamily { kLlama3, kChatMl, kMistral, kToy, kDeepSeekR1, kGemma, kPhi, kChatMlImSep };
 std::string_view ChatFamilyName(ChatFamily family);
 
 // A call the assistant made to one of the request's tools (OpenAI's tool_calls[i]).

@@ -189,6 +189,42 @@ TEST_CASE("Mistral alternates user and assistant, and refuses what its template 
   CHECK_THAT(std::string(tool.status().message()), Catch::Contains("tool messages"));
 }
 
+// Phi-4's (14B) template as its tokenizer_config.json publishes it.
+constexpr const char* kPhi4Source =
+    "{% for message in messages %}{% if (message['role'] == 'system') %}{{'<|im_start|>system"
+    "<|im_sep|>' + message['content'] + '<|im_end|>'}}{% elif (message['role'] == 'user') %}"
+    "{{'<|im_start|>user<|im_sep|>' + message['content'] + '<|im_end|>'}}{% elif "
+    "(message['role'] == 'assistant') %}{{'<|im_start|>assistant<|im_sep|>' + "
+    "message['content'] + '<|im_end|>'}}{% endif %}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant<|im_sep|>' }}{% endif %}";
+
+TEST_CASE("Phi-4 parts each role from its content with <|im_sep|>, nothing between turns") {
+  const ChatTemplate phi4 = Make(kPhi4Source);
+  CHECK(phi4.family() == ChatFamily::kChatMlImSep);
+  CHECK(phi4.end_of_turn() == "<|im_end|>");
+  CHECK_FALSE(phi4.tool_call_syntax().has_value());
+  const RenderedChat chat = RenderOk(
+      phi4, {{"system", "Be brief."}, {"user", " a\n"}, {"assistant", "b"}, {"user", "c"}});
+  CHECK_FALSE(chat.bos);
+  CHECK(chat.ToString() ==
+        "<|im_start|>system<|im_sep|>Be brief.<|im_end|><|im_start|>user<|im_sep|> a\n"
+        "<|im_end|><|im_start|>assistant<|im_sep|>b<|im_end|><|im_start|>user<|im_sep|>c"
+        "<|im_end|><|im_start|>assistant<|im_sep|>");
+  CHECK(Specials(chat).size() == 14);
+  CHECK(Specials(chat)[1] == "<|im_sep|>");
+  auto tool = phi4.Render(std::vector<ChatMessage>{{"user", "a"}, {"tool", "x"}});
+  REQUIRE_FALSE(tool.ok());
+  CHECK_THAT(std::string(tool.status().message()),
+             Catch::Contains("(chatml_im_sep) has no tool-call layout"));
+  // Phi-4-reasoning's template, which adds a thinking instruction, is not guessed.
+  auto reasoning = ChatTemplate::FromSource(
+      std::string(kPhi4Source) + "{{ '<think>' }}{{ '</think>' }}", "phi4r/tokenizer_config.json");
+  REQUIRE_FALSE(reasoning.ok());
+  CHECK_THAT(std::string(reasoning.status().message()),
+             Catch::Contains("phi4r/tokenizer_config.json: chat_template writes <|im_sep|> and "
+                             "<think>"));
+}
+
 TEST_CASE("Phi writes each turn between its role tag and <|end|>, with newlines in Phi-3's") {
   const std::vector<ChatMessage> messages = {
       {"system", "Be brief."}, {"user", "a"}, {"assistant", "b"}, {"user", "c"}};
