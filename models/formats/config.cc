@@ -509,8 +509,11 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::stri
   } else {
     TOPHAT_ASSIGN_OR_RETURN(Rope rope, ParseRope(j, source, c.architecture));
     if (c.gemma() && rope.scaling.longrope) {
+      const auto params = j.find("rope_parameters");
       return absl::InvalidArgumentError(absl::StrCat(
-          Where(source, "rope_parameters"), ": longrope scaling is not supported for Gemma 2"));
+          Where(source, params != j.end() && !params->is_null() ? "rope_parameters"
+                                                                : "rope_scaling"),
+          ": longrope scaling is not supported for Gemma 2"));
     }
     c.rope_theta = rope.theta;
     c.rope_scaling = rope.scaling;

@@ -489,7 +489,7 @@ TEST_CASE(
            json{{"type", "longrope"},
                 {"short_factor", std::vector<double>(128, 1.0)},
                 {"long_factor", std::vector<double>(128, 2.0)}},
-           "longrope scaling is not supported for Gemma 2"},
+           "g2.json: key 'rope_scaling': longrope scaling is not supported for Gemma 2"},
           {"another activation", json::json_pointer("/hidden_activation"), "gelu",
            "g2.json: key 'hidden_activation' \"gelu\" is not supported (gelu_pytorch_tanh only)"},
       });
