@@ -51,9 +51,9 @@ from transformers import (AutoTokenizer, Gemma2Config, Gemma2ForCausalLM,  # noq
                           Gemma3ForCausalLM, Gemma3TextConfig)
 
 from loopback_daemons import free_port, speculative_serving  # noqa: E402
-from model_checks import (byte_level_bpe, check, check_chat_prompt, finish,  # noqa: E402
-                          greedy_chat_answer, greedy_completion, greedy_completion_logprobs,
-                          metric, reference_greedy, reference_logprobs)
+from model_checks import (byte_level_bpe, check, check_chat_prompt,  # noqa: E402
+                          check_speculative, finish, greedy_chat_answer, greedy_completion,
+                          greedy_completion_logprobs, reference_greedy, reference_logprobs)
 
 # Gemma 3's chat template, as its instruction-tuned checkpoints publish it in
 # tokenizer_config.json: BOS, a system message's text at the start of the first user turn,
@@ -203,10 +203,7 @@ def run_checks(base, model, hf_tokenizer, metrics_port, family):
                              f"rendered prompt (tophat {ours}, transformers {reference}, "
                              f"finish_reason {finish_reason})")
 
-    drafted = metric(metrics_port, "tophat_spec_decode_num_draft_tokens_total")
-    kept = metric(metrics_port, "tophat_spec_decode_num_accepted_tokens_total")
-    check(drafted > 0 and kept > 0, f"the answers above were decoded speculatively: "
-                                    f"{kept:.0f} of {drafted:.0f} drafts kept")
+    check_speculative(metrics_port)
 
     try:
         client.chat.completions.create(model=name, max_tokens=4, messages=[

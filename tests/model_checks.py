@@ -145,6 +145,15 @@ def greedy_chat_answer(client, name, messages, new_tokens):
             answer.choices[0].finish_reason)
 
 
+def check_speculative(metrics_port):
+    """Checks that the agent on `metrics_port` drafted and that its verifications kept some of
+    the drafts: the answers so far came through speculative decoding."""
+    drafted = metric(metrics_port, "tophat_spec_decode_num_draft_tokens_total")
+    kept = metric(metrics_port, "tophat_spec_decode_num_accepted_tokens_total")
+    check(drafted > 0 and kept > 0, f"the answers above were decoded speculatively: "
+                                    f"{kept:.0f} of {drafted:.0f} drafts kept")
+
+
 def metric(port, name):
     """A counter or gauge without labels from the /metrics page on `port` (0 when absent)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:

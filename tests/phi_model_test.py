@@ -47,9 +47,9 @@ import torch  # noqa: E402
 from transformers import AutoTokenizer, Phi3Config, Phi3ForCausalLM  # noqa: E402
 
 from loopback_daemons import free_port, speculative_serving  # noqa: E402
-from model_checks import (byte_level_bpe, check, check_chat_prompt, finish,  # noqa: E402
-                          greedy_chat_answer, greedy_completion, incremental_greedy, metric,
-                          reference_greedy)
+from model_checks import (byte_level_bpe, check, check_chat_prompt,  # noqa: E402
+                          check_speculative, finish, greedy_chat_answer, greedy_completion,
+                          incremental_greedy, reference_greedy)
 
 # Phi-4-mini-instruct's chat template, as its tokenizer_config.json publishes it: each message
 # between <|role|> and <|end|>, no newlines, then <|assistant|>.
@@ -145,56 +145,33 @@ def build_phi4(directory, tokenizer, hf_tokenizer):
     return model
 
 
-def run_phi4_checks(base, model, hf_tokenizer, metrics_port):
+def run_checks(base, model, hf_tokenizer, metrics_port, family):
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
     name = client.models.list().data[0].id
-    im_end = hf_tokenizer.convert_tokens_to_ids("<|im_end|>")
-    endoftext = hf_tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    end = "<|im_end|>" if family == "phi4" else "<|end|>"
+    stop_ids = [hf_tokenizer.convert_tokens_to_ids(t) for t in (end, "<|endoftext|>")]
+
+    def reference(ids, stops):
+        # Phi-4-mini's LongRoPE: the original length's tokens in one pass, then one a pass.
+        if family == "phi4":
+            return reference_greedy(model, ids, stops, NEW_TOKENS)
+        return incremental_greedy(model, ids, stops, NEW_TOKENS, min(len(ids), ORIGINAL))
 
     expected = check_chat_prompt(base, name, hf_tokenizer, CONVERSATION)
     for text in CORPUS:
         ids = hf_tokenizer(text)["input_ids"]
         ours = greedy_completion(base, name, ids, NEW_TOKENS)
-        reference = reference_greedy(model, ids, [], NEW_TOKENS)
-        check(ours == reference, f"a greedy completion of {len(ids)} prompt tokens is "
-                                 f"transformers' (tophat {ours}, transformers {reference})")
-    ours, finish_reason = greedy_chat_answer(client, name, CONVERSATION, NEW_TOKENS)
-    reference = reference_greedy(model, expected, [im_end, endoftext], NEW_TOKENS)
-    check(ours == reference, f"a greedy chat answer is transformers' continuation of the "
-                             f"rendered prompt, which <|im_end|> would end (tophat {ours}, "
-                             f"transformers {reference}, finish_reason {finish_reason})")
-    drafted = metric(metrics_port, "tophat_spec_decode_num_draft_tokens_total")
-    kept = metric(metrics_port, "tophat_spec_decode_num_accepted_tokens_total")
-    check(drafted > 0 and kept > 0, f"the answers above were decoded speculatively: "
-                                    f"{kept:.0f} of {drafted:.0f} drafts kept")
-
-
-def run_checks(base, model, hf_tokenizer, metrics_port):
-    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
-    name = client.models.list().data[0].id
-    end = hf_tokenizer.convert_tokens_to_ids("<|end|>")
-    endoftext = hf_tokenizer.convert_tokens_to_ids("<|endoftext|>")
-
-    expected = check_chat_prompt(base, name, hf_tokenizer, CONVERSATION)
-
-    for text in CORPUS:
-        ids = hf_tokenizer(text)["input_ids"]
-        ours = greedy_completion(base, name, ids, NEW_TOKENS)
-        reference = incremental_greedy(model, ids, [], NEW_TOKENS, min(len(ids), ORIGINAL))
-        check(ours == reference, f"a greedy completion of {len(ids)} prompt tokens, past the "
-                                 f"original length {ORIGINAL}, is transformers' (tophat "
-                                 f"{ours}, transformers {reference})")
+        theirs = reference(ids, [])
+        past = "" if family == "phi4" else f", past the original length {ORIGINAL},"
+        check(ours == theirs, f"a greedy completion of {len(ids)} prompt tokens{past} is "
+                              f"transformers' (tophat {ours}, transformers {theirs})")
 
     ours, finish_reason = greedy_chat_answer(client, name, CONVERSATION, NEW_TOKENS)
-    reference = incremental_greedy(model, expected, [end, endoftext], NEW_TOKENS, ORIGINAL)
-    check(ours == reference, f"a greedy chat answer is transformers' continuation of the "
-                             f"rendered prompt (tophat {ours}, transformers {reference}, "
-                             f"finish_reason {finish_reason})")
-
-    drafted = metric(metrics_port, "tophat_spec_decode_num_draft_tokens_total")
-    kept = metric(metrics_port, "tophat_spec_decode_num_accepted_tokens_total")
-    check(drafted > 0 and kept > 0, f"the answers above were decoded speculatively: "
-                                    f"{kept:.0f} of {drafted:.0f} drafts kept")
+    theirs = reference(expected, stop_ids)
+    check(ours == theirs, f"a greedy chat answer is transformers' continuation of the "
+                          f"rendered prompt, which {end} would end (tophat {ours}, "
+                          f"transformers {theirs}, finish_reason {finish_reason})")
+    check_speculative(metrics_port)
 
 
 def main():
@@ -208,10 +185,7 @@ def main():
     model, hf_tokenizer = build_model(model_dir, family)
     metrics_port = free_port()
     with speculative_serving(bin_dir, work, model_dir, CORPUS, metrics_port) as base:
-        if family == "phi4":
-            run_phi4_checks(base, model, hf_tokenizer, metrics_port)
-        else:
-            run_checks(base, model, hf_tokenizer, metrics_port)
+        run_checks(base, model, hf_tokenizer, metrics_port, family)
     finish()
 
 
