@@ -19,6 +19,7 @@
 #include "bench/dtype_numerics.h"
 #include "bench/model_benchmark.h"
 #include "cli/devices_command.h"
+#include "cli/inspect_command.h"
 #include "cli/plan_command.h"
 #include "cli/serving_commands.h"
 #include "cli/simulate_command.h"
@@ -481,6 +482,25 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(tophat::PositiveNumber());
 
+  tophat::cli::InspectArgs inspect;
+  auto* inspect_cmd = app.add_subcommand(
+      "inspect",
+      "What tophat makes of a checkpoint before you split or serve it: its architecture and "
+      "features, weights, tokenizer, chat template, whether a GPU cloud computes it, and each "
+      "side's bytes for a split; read by the loaders serving uses, so errors are theirs");
+  inspect_cmd->add_option("--model", inspect.model, "Hugging Face checkpoint directory")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  inspect_cmd
+      ->add_option("-m,--input-layers", inspect.input_layers,
+                   "Decoder layers on the device before the cloud (m), for the split's bytes")
+      ->capture_default_str();
+  inspect_cmd
+      ->add_option("-k,--output-layers", inspect.output_layers,
+                   "Decoder layers on the device after the cloud (k)")
+      ->capture_default_str();
+  inspect_cmd->add_flag("--json", inspect.json, "Print the inspection as JSON");
+
   tophat::cli::SimulateArgs simulate;
   auto* simulate_cmd = tophat::cli::AddSimulateCommand(app, simulate);
 
@@ -652,6 +672,7 @@ int main(int argc, char** argv) {
   if (*chat_cmd) return tophat::cli::RunChat(chat);
   if (*plan_cmd) return tophat::cli::RunPlan(plan);
   if (*devices_cmd) return tophat::cli::RunDevices(devices);
+  if (*inspect_cmd) return tophat::cli::RunInspect(inspect);
   if (*simulate_cmd) return tophat::cli::RunSimulate(simulate);
   if (*serve_bench_cmd && run_ablation) {
     ablation.datasets.clear();

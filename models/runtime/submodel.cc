@@ -186,6 +186,17 @@ absl::Status CheckDeviceOnHost(c10::Device device) {
   return absl::OkStatus();
 }
 
+absl::Status Submodel::ArchitectureRunsOn(const ModelConfig& config, const at::Device& device) {
+  if (config.gemma() && !device.is_cpu()) {
+    return absl::UnimplementedError(absl::StrCat(
+        std::string(ArchitectureName(config.architecture)), " runs on the CPU only for now (",
+        device.str(),
+        " asked): its layer's norms around each sublayer, GELU, soft-capping and per-layer "
+        "windows and rotary bases have no GPU path yet"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& config,
                                                          const CheckpointReader& checkpoint,
                                                          const SubmodelSpec& spec,
@@ -194,13 +205,7 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
   // "cuda" names the current GPU, while every tensor's device carries its index ("cuda:0"):
   // the options keep the indexed name, so that comparing a tensor's device with them holds.
   SubmodelOptions options = requested;
-  if (config.gemma() && !options.device.is_cpu()) {
-    return absl::UnimplementedError(absl::StrCat(
-        std::string(ArchitectureName(config.architecture)), " runs on the CPU only for now (",
-        options.device.str(),
-        " asked): its layer's norms around each sublayer, GELU, soft-capping and per-layer windows "
-        "and rotary bases have no GPU path yet"));
-  }
+  TOPHAT_RETURN_IF_ERROR(ArchitectureRunsOn(config, options.device));
   if (!options.device.is_cpu()) {
     // Before anything loads, and naming the device: a GPU gone after a crash (the restart
     // after "is lost"), a driver missing, an index past the host's GPUs.

@@ -160,6 +160,11 @@ inline constexpr int64_t kDecodeRowsMaxChunkTokens = 16;
 // submodel's device at the top of its thread.
 class Submodel {
  public:
+  // Whether `config`'s architecture computes on `device`: UNIMPLEMENTED naming the
+  // architecture where it does not (Gemma 2 and 3: on the CPU only for now). Load checks it
+  // before anything else; `tophat inspect` reports it.
+  static absl::Status ArchitectureRunsOn(const ModelConfig& config, const at::Device& device);
+
   // Loads the tensors `spec` needs from `checkpoint`, checking every shape against `config`.
   // Errors name the file and tensor.
   // `shared_embedding` (may be null): a submodel of the same model, config and options whose
