@@ -85,6 +85,17 @@ SPECIALS = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>
 PHI4_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_sep|>", "<|im_end|>"]
 
 
+def save_model(model, directory):
+    """Writes `model` to `directory` with its norms drawn around one (transformers starts them
+    at one exactly, which would hide a norm's weight); returns it."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+    model.save_pretrained(directory, safe_serialization=True)
+    return model
+
+
 def build_model(directory, family):
     """The tokenizer, tokenizer_config.json and a random Phi-3 checkpoint in `directory`."""
     os.makedirs(directory, exist_ok=True)
@@ -117,12 +128,7 @@ def build_model(directory, family):
         rope_scaling={"type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
                       "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]},
         pad_token_id=endoftext, bos_token_id=endoftext, eos_token_id=[endoftext, end])
-    model = Phi3ForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-    model.save_pretrained(directory, safe_serialization=True)
+    model = save_model(Phi3ForCausalLM(config).eval(), directory)
     return model, hf_tokenizer
 
 
@@ -136,12 +142,7 @@ def build_phi4(directory, tokenizer, hf_tokenizer):
         max_position_embeddings=2048, original_max_position_embeddings=2048, rope_theta=250000.0,
         rope_scaling=None, rms_norm_eps=1e-5, initializer_range=0.1, tie_word_embeddings=False,
         sliding_window=None, pad_token_id=endoftext, bos_token_id=endoftext, eos_token_id=im_end)
-    model = Phi3ForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-    model.save_pretrained(directory, safe_serialization=True)
+    model = save_model(Phi3ForCausalLM(config).eval(), directory)
     return model
 
 
