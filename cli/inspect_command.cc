@@ -1,6 +1,5 @@
 #include "cli/inspect_command.h"
 
-#include <cstdio>
 #include <iostream>
 #include <map>
 #include <optional>

@@ -150,17 +150,20 @@ def check_capped_logprobs(base, name, model, ids):
     diff = max(abs(a - b) for a, b in zip(ours, reference))
     check(diff < tolerance, f"the log-probabilities of a greedy completion are transformers' "
                             f"with both caps (max difference {diff:.2g}, tolerance {tolerance})")
+
+    def set_caps(attention, logits):
+        # Each attention layer keeps its own copy of the score cap.
+        model.config.attn_logit_softcapping, model.config.final_logit_softcapping = attention, logits
+        for layer in model.model.layers:
+            layer.self_attn.attn_logit_softcapping = attention
+
     saved = (model.config.attn_logit_softcapping, model.config.final_logit_softcapping)
     for what, caps in (("no attention cap", (None, saved[1])), ("no logit cap", (saved[0], None))):
-        model.config.attn_logit_softcapping, model.config.final_logit_softcapping = caps
-        for layer in model.model.layers:
-            layer.self_attn.attn_logit_softcapping = caps[0]
+        set_caps(*caps)
         control = reference_logprobs(model, ids, tokens)
         diff = max(abs(a - b) for a, b in zip(ours, control))
         check(diff > 100 * tolerance, f"transformers with {what} differs from them by {diff:.2g}")
-    model.config.attn_logit_softcapping, model.config.final_logit_softcapping = saved
-    for layer in model.model.layers:
-        layer.self_attn.attn_logit_softcapping = saved[0]
+    set_caps(*saved)
 
 
 def run_checks(base, model, hf_tokenizer, metrics_port, family):

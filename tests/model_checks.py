@@ -108,11 +108,7 @@ def check_chat_prompt(base, name, hf_tokenizer, messages):
 
 def greedy_completion(base, name, ids, new_tokens):
     """The token ids of tophat's greedy completion of prompt `ids` (ignore_eos)."""
-    completion = post(f"{base}/v1/completions",
-                      {"model": name, "prompt": ids, "max_tokens": new_tokens,
-                       "temperature": 0, "ignore_eos": True, "logprobs": 0,
-                       "return_tokens_as_token_ids": True})
-    return token_ids(completion["choices"][0]["logprobs"]["tokens"])
+    return greedy_completion_logprobs(base, name, ids, new_tokens)[0]
 
 
 def greedy_completion_logprobs(base, name, ids, new_tokens):
