@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes a random Hugging Face checkpoint in a real model's shape, for GPU benchmarks.
 
-    python3 bench/random_checkpoint.py --out DIR [--preset llama3-8b|tiny] [--dtype bf16|f16|f32]
+    python3 bench/random_checkpoint.py --out DIR [--preset llama3-8b|toy-vocab-100m|tiny]
+        [--dtype bf16|f16|f32]
 
 Weights are normal(0, initializer_range, else 0.02) (norms 1), drawn on the GPU when there
 is one, else on the CPU, and saved as safetensors shards (one per layer) with
@@ -39,6 +40,28 @@ PRESETS = {
         "hidden_act": "silu",
         "bos_token_id": 128000,
         "eos_token_id": 128001,
+    },
+    # About 100M parameters over the toy model's 512-token vocabulary, so that the toy's
+    # tokenizer (copied beside it) serves it: the agent's OpenAI endpoint at a size where
+    # computing a prompt costs what it costs (bench/choices_benchmark.py).
+    "toy-vocab-100m": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 768,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 4,
+        "head_dim": 64,
+        "vocab_size": 512,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
     },
     # Under 1 MB in float32: hidden 64, 4 query heads of 16 over 2 KV heads (GQA), 4 layers.
     # Weights normal(0, 0.125) = 1 / sqrt(hidden): query and key entries of order 1.

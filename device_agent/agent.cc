@@ -49,15 +49,17 @@ absl::Status CloudError(const v1::SessionError& error) {
 // DecodeRounds', the stats and metrics RequestStatsRecorder's.
 class Agent::Request : private CloudSession {
  public:
+  // `arrival`: when the app's request arrived (its latencies and deadline count from then).
+  // `counted`: whether it is an app's request in the metrics (a kept prompt is not).
   Request(Agent& agent, const v1::GenerateRequest& request,
           const std::function<bool(const TokenEvent&)>& on_tokens,
-          const std::function<bool()>& client_gone)
+          const std::function<bool()>& client_gone, SteadyClock::time_point arrival, bool counted)
       : agent_(agent),
         request_(request),
         on_tokens_(on_tokens),
         client_gone_(client_gone),
-        arrival_(SteadyClock::now()),
-        stats_(agent.metrics_.get(), arrival_),
+        arrival_(arrival),
+        stats_(counted ? agent.metrics_.get() : nullptr, arrival_),
         chunks_(agent, arrival_, request.trace()) {}
 
   // Takes a session id and a mailbox; called before the request is visible to Cancel().
@@ -76,6 +78,16 @@ class Agent::Request : private CloudSession {
   // A kept conversation this prompt extends is shared (a copy, its cloud session forked),
   // not taken: several requests extend it at once (an outline's points).
   void set_share_conversation(bool share) { share_conversation_ = share; }
+  // KeepPrompt's request: the prompt computed and parked for choices to fork, nothing
+  // generated.
+  void set_keep_prompt(bool keep) { keep_prompt_ = keep; }
+  // After Run: whether the session was parked with the conversation cache, and how.
+  bool parked() const { return parked_; }
+  uint64_t epoch() const { return epoch_; }
+  uint64_t session_id() const { return session_id_; }
+  int64_t prompt_length() const { return prompt_length_; }
+  int64_t reused() const { return reused_; }
+  SteadyClock::time_point arrival() const { return arrival_; }
 
  private:
   // Tokenises, checks the request against the context, and allocates its caches.
@@ -202,6 +214,9 @@ class Agent::Request : private CloudSession {
   int64_t parked_length_ = 0;
   bool cloud_parks_ = false;  // the cloud keeps parked sessions (Hello.parks_sessions)
   bool share_conversation_ = false;
+  bool keep_prompt_ = false;
+  bool cloud_forks_ = false;  // the cloud forks parked sessions (Hello.forks_sessions)
+  bool parked_ = false;       // Park kept this request's session
   // parked_session_id_ is shared with other requests: forked (ForkSession), never taken over
   // or closed by this one.
   bool fork_parked_ = false;
@@ -237,8 +252,16 @@ v1::GenerateResponse Agent::Request::Run() {
   stats_.RecordPrompt(prompt_length_);
 
   const auto serve = [&]() -> absl::Status {
+    // A kept prompt no choice could fork: the choices compute it each, as without one.
+    const AgentConfig::ConversationCache& conversations = agent_.config_.conversation_cache;
+    if (keep_prompt_ && (!conversations.enabled || want_prompt_logprobs_ ||
+                         prompt_length_ <= conversations.min_reuse_tokens)) {
+      return absl::OkStatus();
+    }
     TOPHAT_RETURN_IF_ERROR(Open(0));
+    if (keep_prompt_ && !(cloud_parks_ && cloud_forks_)) return absl::OkStatus();
     TOPHAT_RETURN_IF_ERROR(Prefill());
+    if (keep_prompt_) return absl::OkStatus();        // parked below
     if (prompt_only_) return Emit({}, at::Tensor());  // the prompt's log-probabilities alone
     return Decode();
   };
@@ -321,6 +344,7 @@ absl::Status Agent::Request::Prepare() {
     std::optional<ConversationCache::Shared> shared =
         agent_.conversations_.Share(tokens_, SteadyClock::now(), closed);
     agent_.CloseParked(closed);
+    agent_.ReportConversations();  // what expired
     if (shared.has_value() && shared->adapter.defined() == drafting) {
       TOPHAT_RETURN_IF_ERROR(AdoptShared(*shared, drafting));
     }
@@ -332,6 +356,7 @@ absl::Status Agent::Request::Prepare() {
       taken.reset();
     }
     agent_.CloseParked(closed);
+    agent_.ReportConversations();
   }
   if (taken.has_value()) {
     ParkedConversation& kept = taken->conversation;
@@ -454,6 +479,7 @@ absl::Status Agent::Request::Open(uint64_t after_epoch) {
   cloud_dtype_ = connected.hello.dtype();  // CheckHello made sure this build knows it
   wire_dtype_ = ChosenWireDtype();
   cloud_parks_ = connected.hello.parks_sessions();
+  cloud_forks_ = connected.hello.forks_sessions();
   max_chunk_positions_ = std::max<int64_t>(1, connected.hello.max_chunk_positions());
   if (chunk_size_ == 0) {
     chunk_size_ = request_.prompt_chunk_size() > 0 ? request_.prompt_chunk_size()
@@ -559,7 +585,8 @@ bool Agent::Request::Park() {
   const AgentConfig::ConversationCache& config = agent_.config_.conversation_cache;
   // At rest: nothing sent ahead or unanswered, so the cloud's KV is exactly [0, sent_).
   if (!config.enabled || !cloud_parks_ || ahead_from_ >= 0 || sent_ != consumed_ ||
-      !input_cache_.has_value() || !output_cache_.has_value()) {
+      !input_cache_.has_value() || !output_cache_.has_value() ||
+      (keep_prompt_ && consumed_ < prompt_length_)) {
     return false;
   }
   ParkedConversation kept;
@@ -583,6 +610,8 @@ bool Agent::Request::Park() {
   std::vector<ConversationCache::Closed> closed;
   agent_.conversations_.Keep(std::move(kept), SteadyClock::now(), closed);
   agent_.CloseParked(closed);
+  agent_.ReportConversations();
+  parked_ = true;
   return true;
 }
 
@@ -1271,6 +1300,12 @@ void Agent::CloseParked(const std::vector<ConversationCache::Closed>& closed) {
   }
 }
 
+void Agent::ReportConversations() {
+  if (metrics_ == nullptr) return;
+  metrics_->conversations_kept.Set(static_cast<double>(conversations_.size()));
+  metrics_->conversations_kept_bytes.Set(static_cast<double>(conversations_.bytes()));
+}
+
 void Agent::ObserveChunk(double sent_seconds, double cloud_received_at, double bytes) {
   std::lock_guard<std::mutex> lock(device_state_mutex_);
   link_.ObserveUplink(sent_seconds, cloud_received_at, bytes);
@@ -1375,21 +1410,71 @@ v1::GenerateResponse Agent::Generate(const v1::GenerateRequest& request,
                                      const std::string& caller,
                                      const std::function<bool()>& client_gone) {
   if (request.outline().enabled()) return GenerateOutline(request, on_tokens, caller, client_gone);
-  return GenerateWith(request, on_tokens, caller, client_gone, /*share_conversation=*/false);
+  return GenerateWith(request, on_tokens, caller, client_gone, {});
+}
+
+std::optional<Agent::KeptPrompt> Agent::KeepPrompt(const v1::GenerateRequest& request,
+                                                   const std::string& caller,
+                                                   const std::function<bool()>& client_gone) {
+  if (!config_.conversation_cache.enabled || request.prompt_logprobs() || request.prompt_only()) {
+    return std::nullopt;
+  }
+  // The prompt alone: no format to compile, nothing to sample.
+  v1::GenerateRequest prompt;
+  prompt.set_request_id(absl::StrCat(
+      request.request_id().empty() ? NewRequestId() : request.request_id(), "/prompt"));
+  if (request.has_prompt_ids()) {
+    *prompt.mutable_prompt_ids() = request.prompt_ids();
+  } else {
+    prompt.set_prompt(request.prompt());
+  }
+  prompt.set_skip_bos(request.skip_bos());
+  prompt.set_prompt_chunk_size(request.prompt_chunk_size());
+  prompt.set_max_new_tokens(1);
+  KeptPrompt kept;
+  const v1::GenerateResponse done = GenerateWith(prompt, [](const TokenEvent&) { return true; },
+                                                 caller, client_gone, {.kept = &kept});
+  if (kept.session_id == 0) {
+    if (done.finish_reason() == v1::FINISH_REASON_ERROR) {
+      spdlog::debug("request {}: its prompt was not kept for its choices ({}); each computes it",
+                    prompt.request_id(), done.error());
+    }
+    return std::nullopt;
+  }
+  return kept;
+}
+
+v1::GenerateResponse Agent::GenerateChoice(const v1::GenerateRequest& request,
+                                           const KeptPrompt& kept,
+                                           const std::function<bool(const TokenEvent&)>& on_tokens,
+                                           const std::string& caller,
+                                           const std::function<bool()>& client_gone) {
+  return GenerateWith(request, on_tokens, caller, client_gone,
+                      {.share_conversation = true, .arrival = kept.started_at});
+}
+
+void Agent::ForgetKeptPrompt(const KeptPrompt& kept) {
+  std::vector<ConversationCache::Closed> closed;
+  conversations_.Forget(kept.epoch, kept.session_id, SteadyClock::now(), closed);
+  CloseParked(closed);
+  ReportConversations();
 }
 
 v1::GenerateResponse Agent::GenerateWith(const v1::GenerateRequest& request,
                                          const std::function<bool(const TokenEvent&)>& on_tokens,
                                          const std::string& caller,
                                          const std::function<bool()>& client_gone,
-                                         bool share_conversation) {
-  Request run(*this, request, on_tokens, client_gone);
-  run.set_share_conversation(share_conversation);
+                                         const RunOptions& options) {
+  Request run(*this, request, on_tokens, client_gone, options.arrival.value_or(SteadyClock::now()),
+              /*counted=*/options.kept == nullptr);
+  run.set_share_conversation(options.share_conversation);
+  run.set_keep_prompt(options.kept != nullptr);
   std::string id = request.request_id();
   if (id.empty()) id = NewRequestId();
   run.set_id(id);
   absl::Status lost = device_watch_.lost();
-  if (lost.ok() && drill_after_requests_ > 0 &&
+  // A drill counts the apps' requests.
+  if (lost.ok() && drill_after_requests_ > 0 && options.kept == nullptr &&
       requests_started_.fetch_add(1) >= drill_after_requests_) {
     device_watch_.StartDrill(
         absl::StrCat("the agent's device (", config_.device,
@@ -1431,6 +1516,13 @@ v1::GenerateResponse Agent::GenerateWith(const v1::GenerateRequest& request,
   if (metrics_ != nullptr) metrics_->requests_running.Increment();
   v1::GenerateResponse response = run.Run();
   if (metrics_ != nullptr) metrics_->requests_running.Decrement();
+  if (options.kept != nullptr && run.parked()) {
+    *options.kept = KeptPrompt{.epoch = run.epoch(),
+                               .session_id = run.session_id(),
+                               .prompt_tokens = run.prompt_length(),
+                               .reused_prompt_tokens = run.reused(),
+                               .started_at = run.arrival()};
+  }
   std::lock_guard<std::mutex> lock(requests_mutex_);
   running_.erase({caller, id});
   return response;

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <unordered_map>
@@ -78,6 +79,43 @@ class Agent final : private LinkSampleSink {
                                 const std::string& caller = "",
                                 const std::function<bool()>& client_gone = {});
 
+  // Several choices of one prompt (the OpenAI API's `n`) compute that prompt once:
+  // KeepPrompt computes it on the device and the cloud and keeps it in the conversation cache
+  // (its cloud session parked); each choice then runs through GenerateChoice, which takes a
+  // copy of the kept device KV and forks the parked cloud session (ForkSession), computing
+  // only the prompt's last position; ForgetKeptPrompt lets the kept prompt go once every
+  // choice has started. A choice's answer is the one Generate gives its request.
+  struct KeptPrompt {
+    uint64_t epoch = 0;       // the parked session's stream
+    uint64_t session_id = 0;  // the parked session
+    int64_t prompt_tokens = 0;
+    // What computing the prompt itself reused from an earlier turn (a conversation's next
+    // turn asked for several choices): the prompt's cached tokens, as the app sees them.
+    int64_t reused_prompt_tokens = 0;
+    // When KeepPrompt began: the choices' latencies (and deadlines) count from here, since
+    // the app's request arrived then.
+    std::chrono::steady_clock::time_point started_at{};
+  };
+  // Computes `request`'s prompt (its prompt or prompt_ids, skip_bos, prompt_chunk_size; the
+  // rest is the choices') and keeps it. nullopt where the choices had better compute it each:
+  // no conversation cache, a prompt no longer than conversation_cache.min_reuse_tokens (no
+  // choice would match it), prompt log-probabilities asked for (every choice reads each
+  // prompt position's result), a cloud that does not fork sessions, or a failure (which the
+  // choices then meet and report themselves).
+  std::optional<KeptPrompt> KeepPrompt(const v1::GenerateRequest& request,
+                                       const std::string& caller = "",
+                                       const std::function<bool()>& client_gone = {});
+  // Generate for a choice of a kept prompt: `request`'s prompt is the kept one's. Should the
+  // kept prompt be gone (the cache let it go, the cloud evicted the session, the stream
+  // changed), the choice computes its prompt itself, as Generate does.
+  v1::GenerateResponse GenerateChoice(const v1::GenerateRequest& request, const KeptPrompt& kept,
+                                      const std::function<bool(const TokenEvent&)>& on_tokens,
+                                      const std::string& caller = "",
+                                      const std::function<bool()>& client_gone = {});
+  // Drops the kept prompt from the conversation cache and closes its cloud session (each
+  // choice parks its own conversation, which a next turn would extend instead).
+  void ForgetKeptPrompt(const KeptPrompt& kept);
+
   // Cancels `caller`'s running request by id; false if that caller runs no such request
   // (another caller's request of the same id is not touched).
   bool Cancel(const std::string& request_id, const std::string& caller = "");
@@ -124,17 +162,27 @@ class Agent final : private LinkSampleSink {
   // device (device_watch_), and returns the loss if it is lost (calling on_device_lost_ the
   // first time); else `failure`.
   absl::Status AfterRequestFailure(const absl::Status& failure);
-  // GenerateRequest.outline (Jupiter §IV-C; device_agent/outline.h, outline_request.cc):
-  // the outline as a request of its own, then each of its points expanded as a request of
-  // its own, all decoded together and streamed in point order; the prompt decoded
-  // sequentially when the outline has fewer than two points.
-  // Generate's request, sharing (not taking) a kept conversation it extends when
-  // `share_conversation` (an outline's points: each forks the outline's cloud session).
+  // How GenerateWith runs its request.
+  struct RunOptions {
+    // A kept conversation the prompt extends is shared (a copy; its cloud session forked),
+    // not taken: several requests extend it at once (an outline's points, a prompt's choices).
+    bool share_conversation = false;
+    // KeepPrompt's request: the prompt alone, computed and parked; nothing is generated, and
+    // it is not counted as an app's request in the metrics. Where it parked goes to `kept`.
+    KeptPrompt* kept = nullptr;
+    // When the app's request arrived, if before this call (a kept prompt's choice).
+    std::optional<std::chrono::steady_clock::time_point> arrival;
+  };
+  // Generate's request, run as `options` say.
   v1::GenerateResponse GenerateWith(const v1::GenerateRequest& request,
                                     const std::function<bool(const TokenEvent&)>& on_tokens,
                                     const std::string& caller,
                                     const std::function<bool()>& client_gone,
-                                    bool share_conversation);
+                                    const RunOptions& options);
+  // GenerateRequest.outline (Jupiter §IV-C; device_agent/outline.h, outline_request.cc):
+  // the outline as a request of its own, then each of its points expanded as a request of
+  // its own, all decoded together and streamed in point order; the prompt decoded
+  // sequentially when the outline has fewer than two points.
   v1::GenerateResponse GenerateOutline(const v1::GenerateRequest& request,
                                        const std::function<bool(const TokenEvent&)>& on_tokens,
                                        const std::string& caller,
@@ -148,6 +196,8 @@ class Agent final : private LinkSampleSink {
   // Closes the cloud sessions of conversations the cache let go (on their streams, if still
   // up: a newer stream's cloud has lost them anyway).
   void CloseParked(const std::vector<ConversationCache::Closed>& closed);
+  // The conversation cache's size and bytes into the metrics, after it changed.
+  void ReportConversations();
 
   // Where a request goes: the cloud PlaceRequest (scheduler/cloud_placement.h) picks from
   // the clouds' load, not `lost_epoch`'s stream, the one of `preferred_epoch` while it

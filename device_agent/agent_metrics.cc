@@ -105,6 +105,12 @@ AgentMetrics::AgentMetrics(prometheus::Registry& registry)
           registry, "tophat_prompt_positions_reused_total",
           "Prompt positions an earlier turn of the conversation had computed on the device and "
           "the cloud, reused instead of computed and sent again")),
+      conversations_kept(AddGauge(registry, "tophat_conversations_kept",
+                                  "Conversations kept on the device for a next turn "
+                                  "(conversation_cache), and prompts kept for their choices")),
+      conversations_kept_bytes(AddGauge(registry, "tophat_conversations_kept_bytes",
+                                        "Device memory the kept conversations hold: their KV "
+                                        "caches and hidden states")),
       prompt_chunk_plans_family(
           prometheus::BuildCounter()
               .Name("tophat_prompt_chunk_plans_total")

@@ -73,6 +73,10 @@ struct AgentMetrics {
   // Prompt positions a conversation's earlier turn had already computed on both sides
   // (device_agent/conversation_cache.h), so neither computed nor sent again.
   prometheus::Counter& prompt_positions_reused;
+  // The conversation cache: conversations kept for a next turn (and prompts kept for their
+  // choices), and the device memory they hold.
+  prometheus::Gauge& conversations_kept;
+  prometheus::Gauge& conversations_kept_bytes;
   // Prompts cut by prompt_chunk_plan: jupiter: planned (unequal chunks), or in HAT's equal
   // chunks because a stage was not measured yet.
   prometheus::Family<prometheus::Counter>& prompt_chunk_plans_family;

@@ -98,6 +98,20 @@ void ConversationCache::Keep(ParkedConversation conversation, Clock::time_point 
   }
 }
 
+bool ConversationCache::Forget(uint64_t epoch, uint64_t session_id, Clock::time_point now,
+                               std::vector<Closed>& closed) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ExpireLocked(now, closed);
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    if (it->epoch != epoch || it->session_id != session_id) continue;
+    closed.emplace_back(epoch, session_id);
+    bytes_ -= it->bytes;
+    entries_.erase(it);
+    return true;
+  }
+  return false;
+}
+
 size_t ConversationCache::size() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return entries_.size();

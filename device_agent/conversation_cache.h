@@ -87,6 +87,12 @@ class ConversationCache {
   // goes to `closed`. An entry larger than max_bytes by itself is not kept (and closed).
   void Keep(ParkedConversation conversation, Clock::time_point now, std::vector<Closed>& closed);
 
+  // Removes the entry of session `session_id` on stream `epoch` (a prompt kept for its
+  // choices, Agent::KeepPrompt), its session and any expired one's to `closed`; false when
+  // it is gone already.
+  bool Forget(uint64_t epoch, uint64_t session_id, Clock::time_point now,
+              std::vector<Closed>& closed);
+
   size_t size() const;
   int64_t bytes() const;
 

@@ -99,6 +99,28 @@ TEST_CASE("ConversationCache shares a copy of a kept conversation and keeps it")
   CHECK(at::equal(taken->conversation.shallow.narrow(0, 0, 10), shallow_rows));
 }
 
+TEST_CASE("ConversationCache forgets one kept entry by its session, and its bytes with it") {
+  ConversationCache cache({.min_reuse_tokens = 4});
+  std::vector<ConversationCache::Closed> closed;
+  const Clock::time_point now = Clock::now();
+  cache.Keep(Kept(Range(0, 10), 1, 1000), now, closed);
+  cache.Keep(Kept(Range(0, 12), 2, 3000), now, closed);
+  REQUIRE(cache.bytes() == 4000);
+
+  CHECK_FALSE(cache.Forget(/*epoch=*/2, /*session_id=*/1, now, closed));  // another stream's
+  CHECK_FALSE(cache.Forget(1, 3, now, closed));
+  CHECK(closed.empty());
+  CHECK(cache.Forget(1, 2, now, closed));
+  CHECK(closed == std::vector<ConversationCache::Closed>{{1, 2}});
+  CHECK(cache.size() == 1);
+  CHECK(cache.bytes() == 1000);
+  CHECK_FALSE(cache.Forget(1, 2, now, closed));  // gone already
+  // What is left is session 1's, whatever prompt asks.
+  auto taken = cache.Take(Range(0, 13), now, closed);
+  REQUIRE(taken.has_value());
+  CHECK(taken->conversation.session_id == 1);
+}
+
 TEST_CASE("ConversationCache matches only positions that have a token") {
   // Drafts accepted after a stop token are in the caches (length 24) but not in the tokens
   // (20): a prompt that goes on past the tokens reuses 20, reading nothing beyond them.

@@ -216,6 +216,44 @@ struct ChoicePlan {
   size_t prompt = 0;
 };
 
+// The prompts of a request's choices, `n` a prompt, each computed once for its choices to
+// fork (Agent::KeepPrompt) when n > 1, `at_once` at a time: entry p is prompt p's, nullopt
+// where its choices compute it each. Let go with ForgetKeptPrompts once the choices are done.
+using KeptPrompts = std::vector<std::optional<Agent::KeptPrompt>>;
+KeptPrompts KeepPrompts(Agent& agent, const std::vector<ChoicePlan>& choices, int64_t n,
+                        int64_t at_once, const std::string& caller,
+                        const std::function<bool()>& client_gone) {
+  const size_t prompts = n > 0 ? choices.size() / static_cast<size_t>(n) : 0;
+  KeptPrompts kept(prompts);
+  if (n < 2) return kept;
+  RunEach(static_cast<int64_t>(prompts), at_once, [&](int64_t p) {
+    kept[p] = agent.KeepPrompt(choices[p * n].generate, caller, client_gone);
+  });
+  return kept;
+}
+
+// Choice i: Generate, or a kept prompt's choice (Agent::GenerateChoice).
+v1::GenerateResponse GenerateChoice(Agent& agent, const KeptPrompts& kept, const ChoicePlan& choice,
+                                    const std::function<bool(const TokenEvent&)>& on_tokens,
+                                    const std::string& caller,
+                                    const std::function<bool()>& client_gone) {
+  const std::optional<Agent::KeptPrompt>& prompt = kept[choice.prompt];
+  return prompt ? agent.GenerateChoice(choice.generate, *prompt, on_tokens, caller, client_gone)
+                : agent.Generate(choice.generate, on_tokens, caller, client_gone);
+}
+
+// Lets the kept prompts go. Usage's cached tokens are a prompt's, before this request: what
+// computing the kept prompt reused, not what its choices took from it.
+void ForgetKeptPrompts(Agent& agent, const KeptPrompts& kept, int64_t n,
+                       std::vector<v1::GenerateResponse>& done) {
+  for (size_t p = 0; p < kept.size(); ++p) {
+    if (!kept[p]) continue;
+    agent.ForgetKeptPrompt(*kept[p]);
+    done[p * static_cast<size_t>(n)].mutable_stats()->set_reused_prompt_tokens(
+        static_cast<uint32_t>(kept[p]->reused_prompt_tokens));
+  }
+}
+
 // The log-probabilities of a request's tokens, in the endpoint's shape: chat's
 // {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}, or
 // completions' {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}.
@@ -1227,6 +1265,9 @@ void OpenAiServer::Route() {
       std::vector<v1::GenerateResponse> done(choices.size());
       std::vector<Json> rendered(choices.size());
       std::vector<int64_t> reasoning_counts(reasoning_end ? choices.size() : 0);
+      // A background response's cancel stops it, even while it waits for a cloud.
+      const auto cancelled = [&turn] { return turn && turn->cancel_requested.load(); };
+      const KeptPrompts kept = KeepPrompts(*agent_, choices, request.n, places, *caller, cancelled);
       RunEach(static_cast<int64_t>(choices.size()), places, [&](int64_t i) {
         const PromptPlan& prompt = prompts[choices[i].prompt];
         StopSequenceFilter filter(request.stop, request.include_stop_str_in_output);
@@ -1234,10 +1275,8 @@ void OpenAiServer::Route() {
         TokenSink tokens{filter, logprobs ? &*logprobs : nullptr, prompt.echo_text, prompt.ids,
                          reasoning_end};
         std::string text;
-        // A background response's cancel stops it, even while it waits for a cloud.
-        const auto cancelled = [&turn] { return turn && turn->cancel_requested.load(); };
-        done[i] = agent_->Generate(
-            choices[i].generate,
+        done[i] = GenerateChoice(
+            *agent_, kept, choices[i],
             [&](const TokenEvent& event) {
               text += tokens.Push(event);
               return !filter.stopped() && !cancelled();
@@ -1277,6 +1316,7 @@ void OpenAiServer::Route() {
             i, text, finish_reason, logprobs ? logprobs->Take() : Json(nullptr),
             calls.empty() ? Json(nullptr) : ToolCallsJson(calls, /*streamed=*/false), reasoning);
       });
+      ForgetKeptPrompts(*agent_, kept, request.n, done);
       for (const v1::GenerateResponse& answer : done) {
         if (failed(answer)) return SendError(res, generation_error(answer));
       }
@@ -1318,6 +1358,8 @@ void OpenAiServer::Route() {
           if (turn) send_all(turn->builder.Start());
           std::vector<v1::GenerateResponse> done(choices.size());
           std::vector<int64_t> reasoning_counts(reasoning_end ? choices.size() : 0);
+          const KeptPrompts kept = KeepPrompts(*agent_, choices, request.n, places, caller,
+                                               [&] { return client_gone.load() || cancelled(); });
           RunEach(static_cast<int64_t>(choices.size()), places, [&](int64_t i) {
             if (client_gone) return;  // a choice not yet begun when the client went
             const PromptPlan& prompt = prompts[choices[i].prompt];
@@ -1348,8 +1390,8 @@ void OpenAiServer::Route() {
               return events;
             };
             bool first = true;
-            done[i] = agent_->Generate(
-                choices[i].generate,
+            done[i] = GenerateChoice(
+                *agent_, kept, choices[i],
                 [&](const TokenEvent& event) {
                   const ReasoningSplitter::Parts parts = split(tokens.Push(event));
                   const std::string text = release(parts.content);
@@ -1432,6 +1474,7 @@ void OpenAiServer::Route() {
             send(completion.Chunk(i, "", finish_reason, first));
             if (reasoning_end) reasoning_counts[i] = tokens.reasoning_tokens;
           });
+          ForgetKeptPrompts(*agent_, kept, request.n, done);
           if (client_gone) {
             spdlog::info("openai: {}: the client went away; request cancelled", completion.id);
             return false;

@@ -218,13 +218,13 @@ v1::GenerateResponse Agent::GenerateOutline(const v1::GenerateRequest& request,
       prompt.insert(prompt.end(), marker_ids->begin(), marker_ids->end());
       // Each point forks the outline's session (kept by the conversation cache when the
       // outline finished): its prompt and outline are neither computed nor sent again.
-      results[i] = GenerateWith(
-          part(prompt, std::min(outline.max_point_tokens, plan->max_new_tokens),
-               absl::StrCat("/point-", i)),
-          [&, i](const TokenEvent& event) {
-            return !cancelled && stream.Push(i, event.token_ids, event.text);
-          },
-          caller, client_gone, /*share_conversation=*/true);
+      results[i] =
+          GenerateWith(part(prompt, std::min(outline.max_point_tokens, plan->max_new_tokens),
+                            absl::StrCat("/point-", i)),
+                       [&, i](const TokenEvent& event) {
+                         return !cancelled && stream.Push(i, event.token_ids, event.text);
+                       },
+                       caller, client_gone, {.share_conversation = true});
       // The detokenizer's last piece comes with the final response.
       if (!results[i].text().empty()) stream.Push(i, {}, results[i].text());
       stream.Finish(i);

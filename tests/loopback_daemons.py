@@ -75,13 +75,13 @@ def stop_processes(processes, seconds=30):
 
 @contextlib.contextmanager
 def serving(bin_dir, work, model_dir, openai_settings="", after_split=None, agent_settings="",
-            agent_metrics=None):
+            agent_metrics=None, cloud_metrics=None, kv_memory="32MiB"):
     """tophat split of `model_dir`, then tophat-cloud and tophat-agent on loopback, logs and
     bundles under `work`; yields the agent's OpenAI endpoint once it answers. The agent's
     openai section ends with `openai_settings` (YAML lines indented by two), and its config
     with `agent_settings` (top-level YAML); `after_split(bundles_dir)` runs before the daemons
-    start (a distilled adapter into bundles_dir/device, say); `agent_metrics`: a port for the
-    agent's metrics."""
+    start (a distilled adapter into bundles_dir/device, say); `agent_metrics` and
+    `cloud_metrics`: ports for the daemons' metrics; `kv_memory`: the cloud's KV pool."""
     os.makedirs(work)
     subprocess.run([f"{bin_dir}/tophat", "split", "--model", model_dir, "--input-layers", "1",
                     "--output-layers", "1", "--out", f"{work}/bundles"], check=True,
@@ -90,7 +90,8 @@ def serving(bin_dir, work, model_dir, openai_settings="", after_split=None, agen
         after_split(f"{work}/bundles")
     cloud_port, agent_port, openai_port = free_port(), free_port(), free_port()
     cloud_config, agent_config = write_configs(work, cloud_port, agent_port, max_context=1024,
-                                               kv_memory="32MiB", agent_metrics=agent_metrics)
+                                               kv_memory=kv_memory, cloud_metrics=cloud_metrics,
+                                               agent_metrics=agent_metrics)
     with open(agent_config, "a") as f:
         f.write(agent_settings)
         f.write(f'openai:\n  address: "127.0.0.1:{openai_port}"\n{openai_settings}')

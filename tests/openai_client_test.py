@@ -190,6 +190,7 @@ def run(base_url, cloud_metrics_url, agent_metrics_url, model_dir):
     check(len(sampled[0]) > 0, "an empty seeded completion")
     print(f"completion, seed 7: {json.dumps(sampled[0])}")
     choices(client, model, messages)
+    shared_prompt_choices(client, model, cloud_metrics_url, agent_metrics_url)
     json_answers(client, model, base_url, messages)
     json_schema_answers(client, model, messages)
     regex_answers(client, model, messages)
@@ -1270,6 +1271,69 @@ def tool_calls(client, model, messages):
                      tool_choice={"type": "function", "function": {"name": "launch"}}),
                  openai.BadRequestError, 400, param="tool_choice")
     print(f"tool calls: {json.dumps(required[:2])}, named: {json.dumps(calls)}")
+
+
+def shared_prompt_choices(client, model, cloud_metrics_url, agent_metrics_url):
+    """n > 1 with a prompt longer than conversation_cache.min_reuse_tokens (16): the prompt is
+    computed once and each choice forks it, computing only the prompt's last position, and
+    each choice is still the answer its seed gives the prompt alone. The cloud's counters say
+    what it computed."""
+    def cloud(series):
+        return metric(cloud_metrics_url, series)
+
+    # A fresh prompt: computed once (L positions), then one position a choice.
+    fresh = "the brave knight rode to the castle and the old dragon slept in the cave " * 4
+    prompt0, forked0 = cloud("tophat_prompt_tokens_total"), cloud("tophat_parked_sessions_forked_total")
+    kept0 = metric(agent_metrics_url, "tophat_conversations_kept")
+    many = client.completions.create(model=model, prompt=fresh, max_tokens=12, temperature=0.8,
+                                     seed=5, n=2)
+    length = fresh_length = many.usage.prompt_tokens
+    check(length > 16, f"the prompt is {length} tokens, want more than min_reuse_tokens 16")
+    check_eq("a fresh prompt's choices: positions the cloud computed",
+             cloud("tophat_prompt_tokens_total") - prompt0, length + 2)
+    check_eq("a fresh prompt's choices: sessions forked",
+             cloud("tophat_parked_sessions_forked_total") - forked0, 2)
+    check_eq("a fresh prompt's choices: cached tokens", many.usage.prompt_tokens_details.cached_tokens, 0)
+    # Each choice keeps its own conversation; the kept prompt is let go.
+    check_eq("a fresh prompt's choices: conversations the agent keeps",
+             metric(agent_metrics_url, "tophat_conversations_kept") - kept0, 2)
+    for j, choice in enumerate(many.choices):
+        one = client.completions.create(model=model, prompt=fresh, max_tokens=12,
+                                        temperature=0.8, seed=5 + j)
+        check_eq(f"fresh prompt, choice {j}: seed {5 + j}'s answer", choice.text,
+                 one.choices[0].text)
+    check(many.choices[0].text != many.choices[1].text,
+          f"a fresh prompt's two choices both say {many.choices[0].text!r}")
+
+    # A prompt each seed answered alone first (the first from scratch, the next two reusing
+    # its conversation): the kept prompt reuses a conversation too (cached tokens), so the
+    # cloud computes one position for it and one a choice, streamed or not.
+    story = "a long story about the cat who found a little bird in the old farmer's garden " * 3
+    alone = [client.completions.create(model=model, prompt=story, max_tokens=10,
+                                       temperature=0.9, seed=31 + j).choices[0].text
+             for j in range(3)]
+    prompt0, forked0 = cloud("tophat_prompt_tokens_total"), cloud("tophat_parked_sessions_forked_total")
+    many = client.completions.create(model=model, prompt=story, max_tokens=10, temperature=0.9,
+                                     seed=31, n=3)
+    length = many.usage.prompt_tokens
+    check_eq("a prompt kept from an earlier request: cached tokens",
+             many.usage.prompt_tokens_details.cached_tokens, length - 1)
+    check_eq("a prompt kept from an earlier request: positions the cloud computed",
+             cloud("tophat_prompt_tokens_total") - prompt0, 1 + 3)
+    check_eq("a prompt kept from an earlier request: sessions forked",
+             cloud("tophat_parked_sessions_forked_total") - forked0, 3)
+    check_eq("the choices are the seeds' answers alone", [c.text for c in many.choices], alone)
+    stream = client.completions.create(model=model, prompt=story, max_tokens=10,
+                                       temperature=0.9, seed=31, n=3, stream=True)
+    parts = ["", "", ""]
+    with stream:
+        for chunk in stream:
+            for choice in chunk.choices:
+                parts[choice.index] += choice.text or ""
+    check_eq("streamed, the choices are the seeds' answers alone", parts, alone)
+    print(f"n > 1: a fresh {fresh_length}-token prompt computed once for its choices, each its "
+          f"seed's answer; a {length}-token prompt kept from an earlier request too, streamed "
+          f"or not")
 
 
 def choices(client, model, messages):
