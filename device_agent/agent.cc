@@ -85,7 +85,6 @@ class Agent::Request : private CloudSession {
   bool parked() const { return parked_; }
   uint64_t epoch() const { return epoch_; }
   uint64_t session_id() const { return session_id_; }
-  int64_t prompt_length() const { return prompt_length_; }
   int64_t reused() const { return reused_; }
   SteadyClock::time_point arrival() const { return arrival_; }
 
@@ -252,10 +251,9 @@ v1::GenerateResponse Agent::Request::Run() {
   stats_.RecordPrompt(prompt_length_);
 
   const auto serve = [&]() -> absl::Status {
-    // A kept prompt no choice could fork: the choices compute it each, as without one.
-    const AgentConfig::ConversationCache& conversations = agent_.config_.conversation_cache;
-    if (keep_prompt_ && (!conversations.enabled || want_prompt_logprobs_ ||
-                         prompt_length_ <= conversations.min_reuse_tokens)) {
+    // A kept prompt no choice could fork (none would match it, or the cloud cannot fork):
+    // the choices compute it each, as without one.
+    if (keep_prompt_ && prompt_length_ <= agent_.config_.conversation_cache.min_reuse_tokens) {
       return absl::OkStatus();
     }
     TOPHAT_RETURN_IF_ERROR(Open(0));
@@ -1519,7 +1517,6 @@ v1::GenerateResponse Agent::GenerateWith(const v1::GenerateRequest& request,
   if (options.kept != nullptr && run.parked()) {
     *options.kept = KeptPrompt{.epoch = run.epoch(),
                                .session_id = run.session_id(),
-                               .prompt_tokens = run.prompt_length(),
                                .reused_prompt_tokens = run.reused(),
                                .started_at = run.arrival()};
   }

@@ -88,7 +88,6 @@ class Agent final : private LinkSampleSink {
   struct KeptPrompt {
     uint64_t epoch = 0;       // the parked session's stream
     uint64_t session_id = 0;  // the parked session
-    int64_t prompt_tokens = 0;
     // What computing the prompt itself reused from an earlier turn (a conversation's next
     // turn asked for several choices): the prompt's cached tokens, as the app sees them.
     int64_t reused_prompt_tokens = 0;
