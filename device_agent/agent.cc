@@ -97,6 +97,10 @@ class Agent::Request : private CloudSession {
   absl::StatusOr<bool> Resume(const CloudConnection::Connected& connected);
   // Drops an adopted conversation's positions: the request starts from position 0.
   void ForgetReused();
+  // A shared (forked) conversation whose cloud session is gone (its stream ended, or the
+  // cloud no longer holds it): its cache entry goes too, so that no later request forks it
+  // again. A taken one has left the cache already.
+  void DropGoneShared();
   // Parks the cloud session and keeps the caches for the conversation's next turn, when the
   // session is at rest; false: the caller closes it as before.
   bool Park();
@@ -347,14 +351,21 @@ absl::Status Agent::Request::Prepare() {
       TOPHAT_RETURN_IF_ERROR(AdoptShared(*shared, drafting));
     }
   } else if (reuse) {
+    // The kept conversation this prompt continues, or a copy of one it only shares a
+    // beginning with (left for its own next turn).
     std::vector<ConversationCache::Closed> closed;
-    taken = agent_.conversations_.Take(tokens_, SteadyClock::now(), closed);
+    ConversationCache::Reuse found =
+        agent_.conversations_.TakeOrShare(tokens_, SteadyClock::now(), closed);
+    taken = std::move(found.taken);
     if (taken.has_value() && taken->conversation.adapter.has_value() != drafting) {
       closed.emplace_back(taken->conversation.epoch, taken->conversation.session_id);
       taken.reset();
     }
     agent_.CloseParked(closed);
     agent_.ReportConversations();
+    if (found.shared.has_value() && found.shared->adapter.defined() == drafting) {
+      TOPHAT_RETURN_IF_ERROR(AdoptShared(*found.shared, drafting));
+    }
   }
   if (taken.has_value()) {
     ParkedConversation& kept = taken->conversation;
@@ -505,6 +516,7 @@ absl::StatusOr<bool> Agent::Request::Resume(const CloudConnection::Connected& co
       (fork_parked_ && !connected.hello.forks_sessions())) {
     // A newer stream: the cloud that held the session is gone or has dropped it (or it
     // cannot fork it).
+    if (agent_.CloudOfEpoch(parked_epoch_) == nullptr) DropGoneShared();
     ForgetReused();
     return false;
   }
@@ -542,6 +554,7 @@ absl::StatusOr<bool> Agent::Request::Resume(const CloudConnection::Connected& co
     if (event->kind == MailboxEvent::Kind::kInterrupted) continue;  // cancelled_ says so
     if (event->epoch != epoch_) continue;
     if (event->kind == MailboxEvent::Kind::kDisconnected) {
+      DropGoneShared();
       ForgetReused();  // the replay after a reconnect opens a new session
       return false;
     }
@@ -554,6 +567,7 @@ absl::StatusOr<bool> Agent::Request::Resume(const CloudConnection::Connected& co
       spdlog::debug("request {}: the cloud no longer holds conversation session {} ({}); "
                     "sending the whole prompt",
                     id_, parked_session_id_, answer.error().message());
+      DropGoneShared();
       ForgetReused();
       return false;
     }
@@ -562,6 +576,16 @@ absl::StatusOr<bool> Agent::Request::Resume(const CloudConnection::Connected& co
   fork_parked_ = false;
   if (parked_length_ > reused_) SendTruncate(reused_);
   return true;
+}
+
+void Agent::Request::DropGoneShared() {
+  if (!fork_parked_) return;
+  std::vector<ConversationCache::Closed> closed;
+  agent_.conversations_.Forget(parked_epoch_, parked_session_id_, SteadyClock::now(), closed);
+  // The gone session itself has nothing left to close.
+  std::erase(closed, ConversationCache::Closed{parked_epoch_, parked_session_id_});
+  agent_.CloseParked(closed);
+  agent_.ReportConversations();
 }
 
 void Agent::Request::ForgetReused() {
@@ -591,6 +615,8 @@ bool Agent::Request::Park() {
   kept.length = std::min({sent_, input_cache_->length(), output_cache_->length()});
   if (adapter_cache_.has_value()) kept.length = std::min(kept.length, adapter_cache_->length());
   kept.tokens = tokens_;
+  kept.prompt_length = prompt_length_;
+  kept.forkable = cloud_forks_;
   kept.session_id = session_id_;
   kept.epoch = epoch_;
   kept.input.emplace(std::move(*input_cache_));
@@ -1191,6 +1217,19 @@ Agent::Agent(AgentConfig config, DeviceBundle bundle,
         .on_load =
             [this, index](const v1::CloudLoad& load) {
               if (metrics_ != nullptr) cloud_targets_[index].draining.Set(load.draining() ? 1 : 0);
+            },
+        // A parked session the cloud let go: its kept conversation goes too, so no later
+        // request asks for it (the cloud has nothing left to close).
+        .on_unclaimed_error =
+            [this](uint64_t epoch, const v1::SessionError& error) {
+              if (error.code() != static_cast<int32_t>(absl::StatusCode::kNotFound)) return false;
+              std::vector<ConversationCache::Closed> closed;
+              const bool kept =
+                  conversations_.Forget(epoch, error.session_id(), SteadyClock::now(), closed);
+              std::erase(closed, ConversationCache::Closed{epoch, error.session_id()});
+              CloseParked(closed);
+              ReportConversations();
+              return kept;
             },
         .pace_uplink = config_.uplink_pacing.enabled,
         .pacing_lead_s = config_.uplink_pacing.lead_s,

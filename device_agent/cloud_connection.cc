@@ -539,7 +539,11 @@ void CloudConnection::Route(v1::CloudMessage message, uint64_t epoch) {
     mailbox->Push({.kind = MailboxEvent::Kind::kMessage, .message = std::move(message),
                    .epoch = epoch, .received = std::chrono::steady_clock::now()});
   } else if (message.has_error()) {
-    spdlog::warn("cloud error for session {}: {}", session_id, message.error().message());
+    if (options_.on_unclaimed_error && options_.on_unclaimed_error(epoch, message.error())) {
+      spdlog::debug("cloud: {}", message.error().message());
+    } else {
+      spdlog::warn("cloud error for session {}: {}", session_id, message.error().message());
+    }
   }
 }
 

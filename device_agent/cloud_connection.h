@@ -97,6 +97,10 @@ struct CloudConnectionOptions {
   std::function<void(bool connected)> on_state_change;
   // Called (on the reader thread) with each load the cloud reports, its Hello's included.
   std::function<void(const v1::CloudLoad&)> on_load;
+  // Called (on the reader thread) with a SessionError for a session no request holds now: a
+  // parked session the cloud let go (evicted, expired). Returns whether it was one the agent
+  // kept (else the error is logged as a warning).
+  std::function<bool(uint64_t epoch, const v1::SessionError&)> on_unclaimed_error;
   // Prompt chunks wait for the cloud's receipts (uplink_pacer.h) when the cloud sends them;
   // false: every message goes in the order it was sent (transport.pace_uplink).
   bool pace_uplink = true;

@@ -36,9 +36,14 @@ std::optional<ConversationCache::Taken> ConversationCache::Take(std::span<const 
   ExpireLocked(now, closed);
   const auto [best, best_reuse] = BestLocked(prompt);
   if (best == entries_.end()) return std::nullopt;
-  Taken taken{.conversation = std::move(*best), .reuse = best_reuse};
+  return TakeLocked(best, best_reuse);
+}
+
+ConversationCache::Taken ConversationCache::TakeLocked(
+    std::list<ParkedConversation>::iterator entry, int64_t reuse) {
+  Taken taken{.conversation = std::move(*entry), .reuse = reuse};
   bytes_ -= taken.conversation.bytes;
-  entries_.erase(best);
+  entries_.erase(entry);
   return taken;
 }
 
@@ -68,17 +73,34 @@ std::optional<ConversationCache::Shared> ConversationCache::Share(
   ExpireLocked(now, closed);
   const auto [best, reuse] = BestLocked(prompt);
   if (best == entries_.end()) return std::nullopt;
-  const ParkedConversation& kept = *best;
+  return CopyOf(*best, reuse);
+}
+
+std::optional<ConversationCache::Shared> ConversationCache::CopyOf(const ParkedConversation& kept,
+                                                                   int64_t reuse) {
   if (!kept.input.has_value() || !kept.output.has_value()) return std::nullopt;
   Shared shared{.reuse = reuse,
                 .length = kept.length,
                 .session_id = kept.session_id,
                 .epoch = kept.epoch,
-                .input = kept.input->ExportPositions(0, kept.length),
-                .output = kept.output->ExportPositions(0, kept.length),
-                .shallow = kept.shallow.narrow(0, 0, kept.length).clone()};
-  if (kept.adapter.has_value()) shared.adapter = kept.adapter->ExportPositions(0, kept.length);
+                .input = kept.input->ExportPositions(0, reuse),
+                .output = kept.output->ExportPositions(0, reuse),
+                .shallow = kept.shallow.narrow(0, 0, reuse).clone()};
+  if (kept.adapter.has_value()) shared.adapter = kept.adapter->ExportPositions(0, reuse);
   return shared;
+}
+
+ConversationCache::Reuse ConversationCache::TakeOrShare(std::span<const int32_t> prompt,
+                                                        Clock::time_point now,
+                                                        std::vector<Closed>& closed) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ExpireLocked(now, closed);
+  const auto [best, reuse] = BestLocked(prompt);
+  if (best == entries_.end()) return {};
+  if (!best->forkable || reuse >= best->prompt_length - 1) {
+    return {.taken = TakeLocked(best, reuse)};
+  }
+  return {.shared = CopyOf(*best, reuse)};
 }
 
 void ConversationCache::Keep(ParkedConversation conversation, Clock::time_point now,

@@ -5,7 +5,10 @@
 // computes and sends only the rest, as vLLM's automatic prefix caching does for a server; a
 // chat's second turn then does not re-send its first. Matching is by token ids, so it works
 // for the SDK and the OpenAI endpoint alike, and a prompt that only shares a beginning (an
-// edited last message, a regenerated answer) reuses that beginning.
+// edited last message, a regenerated answer) reuses that beginning. A prompt that parts from
+// a kept conversation within that conversation's own last prompt (another conversation
+// with the same system prompt or document) takes a copy instead (TakeOrShare), its cloud
+// session forked, and the kept one stays for its own next turn.
 //
 // Bounded by the bytes the entries hold and by a keep-alive; beyond either, the least
 // recently kept go first. What goes is handed back for the caller to close on the cloud.
@@ -39,6 +42,10 @@ struct ParkedConversation {
   std::optional<KvCache> output;
   std::optional<KvCache> adapter;  // when the drafter ran
   at::Tensor shallow;              // rows [0, length): what a replay re-sends
+  // Where the last request's prompt ended in `tokens` (its answer follows), and whether the
+  // cloud holding the session forks parked sessions (Hello.forks_sessions): TakeOrShare.
+  int64_t prompt_length = 0;
+  bool forkable = false;
   int64_t bytes = 0;               // device memory it holds
   std::chrono::steady_clock::time_point kept_at{};
 };
@@ -68,21 +75,32 @@ class ConversationCache {
   std::optional<Taken> Take(std::span<const int32_t> prompt, Clock::time_point now,
                             std::vector<Closed>& closed);
   // A copy of what Take would hand over, the entry left in place: for several requests that
-  // all extend one kept conversation at once (an outline's points), each forking its cloud
-  // session (ForkSession) instead of taking it. The device's KV of positions [0, length) as
-  // ExportPositions rows, and its shallow rows, copied.
+  // all extend one kept conversation at once (an outline's points, a prompt's choices), each
+  // forking its cloud session (ForkSession) instead of taking it. The device's KV of the
+  // positions to keep, [0, reuse), as ExportPositions rows, and their shallow rows, copied.
   struct Shared {
     int64_t reuse = 0;
-    int64_t length = 0;
+    int64_t length = 0;  // of the kept conversation (and its parked session)
     uint64_t session_id = 0;
     uint64_t epoch = 0;
-    at::Tensor input;    // [2, layers, length, heads, dim]
+    at::Tensor input;  // [2, layers, reuse, heads, dim]
     at::Tensor output;
     at::Tensor adapter;  // undefined when the drafter did not run
-    at::Tensor shallow;  // rows [0, length)
+    at::Tensor shallow;  // rows [0, reuse)
   };
   std::optional<Shared> Share(std::span<const int32_t> prompt, Clock::time_point now,
                               std::vector<Closed>& closed);
+  // For a request that may extend a kept conversation: Take's conversation when the prompt
+  // continues it (it shares the conversation's last prompt, or all of that but its last
+  // position: a next turn, a regenerated answer) or its cloud cannot fork it; else Share's
+  // copy, the entry left for its own next turn (the prompt parted from it earlier: another
+  // conversation sharing its beginning). Neither when nothing matches.
+  struct Reuse {
+    std::optional<Taken> taken;
+    std::optional<Shared> shared;
+  };
+  Reuse TakeOrShare(std::span<const int32_t> prompt, Clock::time_point now,
+                    std::vector<Closed>& closed);
   // Keeps `conversation` (its bytes computed here); what that pushes out, or what expired,
   // goes to `closed`. An entry larger than max_bytes by itself is not kept (and closed).
   void Keep(ParkedConversation conversation, Clock::time_point now, std::vector<Closed>& closed);
@@ -106,6 +124,9 @@ class ConversationCache {
   std::pair<std::list<ParkedConversation>::iterator, int64_t> BestLocked(
       std::span<const int32_t> prompt);
   void DropFrontLocked(std::vector<Closed>& closed);
+  Taken TakeLocked(std::list<ParkedConversation>::iterator entry, int64_t reuse);
+  // nullopt for an entry without both caches.
+  static std::optional<Shared> CopyOf(const ParkedConversation& kept, int64_t reuse);
 
   const ConversationCacheOptions options_;
   mutable std::mutex mutex_;

@@ -99,6 +99,83 @@ TEST_CASE("ConversationCache shares a copy of a kept conversation and keeps it")
   CHECK(at::equal(taken->conversation.shallow.narrow(0, 0, 10), shallow_rows));
 }
 
+// Kept(tokens, session) with device caches holding every token's position (random rows),
+// its last request's prompt `prompt_length` tokens long, on a cloud that forks or not.
+ParkedConversation KeptWithCaches(std::vector<int32_t> tokens, uint64_t session,
+                                  int64_t prompt_length, bool forkable) {
+  ParkedConversation kept = Kept(std::move(tokens), session);
+  const ModelConfig config = TinyTestConfig();
+  kept.input.emplace(config, 2, kept.length, at::kFloat, at::kCPU);
+  kept.output.emplace(config, 1, kept.length, at::kFloat, at::kCPU);
+  const int64_t heads = kept.input->pool().kv_heads();
+  const int64_t dim = kept.input->pool().head_dim();
+  for (KvCache* cache : {&*kept.input, &*kept.output}) {
+    for (int64_t l = 0; l < cache->num_layers(); ++l) {
+      cache->Write(l, 0, at::randn({kept.length, heads, dim}),
+                   at::randn({kept.length, heads, dim}));
+    }
+    cache->Advance(kept.length);
+  }
+  kept.shallow = at::randn({kept.length, 8});
+  kept.prompt_length = prompt_length;
+  kept.forkable = forkable;
+  return kept;
+}
+
+TEST_CASE(
+    "ConversationCache takes a conversation its prompt continues, and copies one it only "
+    "shares a beginning with") {
+  ConversationCache cache({.min_reuse_tokens = 4});
+  std::vector<ConversationCache::Closed> closed;
+  const Clock::time_point now = Clock::now();
+  // A 20-token prompt and its 10-token answer.
+  ParkedConversation kept = KeptWithCaches(Range(0, 30), 7, /*prompt_length=*/20, true);
+  const at::Tensor input_rows = kept.input->ExportPositions(0, 30);
+  cache.Keep(std::move(kept), now, closed);
+
+  // Another conversation with the first 10 tokens (a system prompt): a copy of those 10
+  // positions, and the kept one stays.
+  std::vector<int32_t> other = Range(0, 10);
+  other.push_back(900);
+  ConversationCache::Reuse found = cache.TakeOrShare(other, now, closed);
+  CHECK_FALSE(found.taken.has_value());
+  REQUIRE(found.shared.has_value());
+  CHECK(found.shared->reuse == 10);
+  CHECK(found.shared->length == 30);
+  CHECK(found.shared->session_id == 7);
+  CHECK(found.shared->input.size(2) == 10);  // only the positions to keep
+  CHECK(at::equal(found.shared->input, input_rows.narrow(2, 0, 10)));
+  CHECK(found.shared->shallow.size(0) == 10);
+  CHECK(cache.size() == 1);
+
+  // The same prompt but its last token (an answer regenerated, the last message edited at its
+  // end): taken.
+  std::vector<int32_t> again = Range(0, 19);
+  again.push_back(901);
+  found = cache.TakeOrShare(again, now, closed);
+  CHECK_FALSE(found.shared.has_value());
+  REQUIRE(found.taken.has_value());
+  CHECK(found.taken->reuse == 19);
+  CHECK(found.taken->conversation.session_id == 7);
+  CHECK(cache.size() == 0);
+
+  // Its next turn: taken. And on a cloud that cannot fork, even a shared beginning is taken.
+  cache.Keep(KeptWithCaches(Range(0, 30), 8, 20, true), now, closed);
+  found = cache.TakeOrShare(Range(0, 40), now, closed);
+  REQUIRE(found.taken.has_value());
+  CHECK(found.taken->reuse == 30);
+  cache.Keep(KeptWithCaches(Range(0, 30), 9, 20, /*forkable=*/false), now, closed);
+  found = cache.TakeOrShare(other, now, closed);
+  REQUIRE(found.taken.has_value());
+  CHECK(found.taken->conversation.session_id == 9);
+  CHECK(found.taken->reuse == 10);
+  // Nothing kept shares enough: neither.
+  found = cache.TakeOrShare(Range(100, 20), now, closed);
+  CHECK_FALSE(found.taken.has_value());
+  CHECK_FALSE(found.shared.has_value());
+  CHECK(closed.empty());
+}
+
 TEST_CASE("ConversationCache forgets one kept entry by its session, and its bytes with it") {
   ConversationCache cache({.min_reuse_tokens = 4});
   std::vector<ConversationCache::Closed> closed;

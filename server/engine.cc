@@ -837,9 +837,9 @@ void Engine::ExpireDeadlines() {
   for (const SessionKey& key : expired) {
     Session* session = Find(key.first, key.second);
     if (session != nullptr && session->state == SessionState::kParked) {
-      // Nobody waits on a parked session: it just goes (a later resume finds nothing).
+      // Nobody waits on a parked session: it goes, and its agent is told.
       if (metrics_ != nullptr) metrics_->parked_sessions_expired.Increment();
-      EraseSession(key);
+      LetParkedGo(key, "its keep-alive ran out", /*admit_waiting=*/true);
       continue;
     }
     FailSession(key, 0, absl::DeadlineExceededError("the session's deadline passed"));
@@ -1043,7 +1043,8 @@ bool Engine::EvictParked(const std::function<bool()>& enough, const std::string*
     if (device != nullptr && session->device != *device) continue;
     if (ForkPending(key)) continue;  // a waiting fork copies from it
     if (metrics_ != nullptr) metrics_->parked_sessions_evicted.Increment();
-    EraseSession(key, /*admit_waiting=*/false);  // the caller admits, or is admitting
+    // The caller admits, or is admitting.
+    LetParkedGo(key, "evicted for another session's KV", /*admit_waiting=*/false);
   }
   return enough();
 }
@@ -1461,6 +1462,16 @@ void Engine::SendError(StreamId stream, uint64_t session_id, uint64_t sequence_n
   error->set_message(std::string(status.message()));
   error->set_session_alive(session_alive);
   Send(stream, std::move(message));
+}
+
+void Engine::LetParkedGo(const SessionKey& key, const char* why, bool admit_waiting) {
+  EraseSession(key, admit_waiting);
+  v1::CloudMessage message;
+  v1::SessionError* error = message.mutable_error();
+  error->set_session_id(key.second);
+  error->set_code(static_cast<int32_t>(absl::StatusCode::kNotFound));
+  error->set_message(absl::StrCat("parked session ", key.second, " is gone: ", why));
+  Send(key.first, std::move(message));
 }
 
 void Engine::EraseSession(const SessionKey& key, bool admit_waiting) {

@@ -385,6 +385,10 @@ class Engine {
   // AdmitWaiting, which is already doing so).
   void EraseSession(const SessionKey& key, bool admit_waiting = true);
   void FailSession(const SessionKey& key, uint64_t sequence_number, const absl::Status& status);
+  // Erases a parked session the cloud lets go (evicted, expired) and tells its agent
+  // (SessionError NOT_FOUND), whose conversation cache then forgets it rather than asking
+  // for it later. Not logged or counted as an error: the parked metrics count it.
+  void LetParkedGo(const SessionKey& key, const char* why, bool admit_waiting);
   void UpdateGauges();
   // The load agents place new requests by (CloudLoad), as of now.
   v1::CloudLoad CurrentLoad() const;

@@ -416,7 +416,21 @@ TEST_CASE("A parked session forks: each fork starts with a copy of its KV and co
   CHECK_THAT(errors[2], Catch::Contains("fork.new_session_id 12"));
 }
 
-TEST_CASE("Parked sessions give way to new ones, least recently parked first, and expire") {
+// Whether `messages` tell the agent that parked session `id` is gone (NOT_FOUND, saying why).
+bool ToldGone(const std::vector<v1::CloudMessage>& messages, uint64_t id, const std::string& why) {
+  for (const v1::CloudMessage& message : messages) {
+    if (message.has_error() && message.error().session_id() == id &&
+        message.error().code() == static_cast<int>(absl::StatusCode::kNotFound) &&
+        message.error().message().find(why) != std::string::npos) {
+      return true;
+    }
+  }
+  return false;
+}
+
+TEST_CASE(
+    "Parked sessions give way to new ones, least recently parked first, and expire, "
+    "and their agent is told") {
   Harness h(SmallOptions());  // 8 blocks of 4 positions
   const int64_t d = TinyMiddle()->config().hidden_size;
   for (uint64_t id : {1, 2}) {  // 3 blocks each
@@ -432,7 +446,8 @@ TEST_CASE("Parked sessions give way to new ones, least recently parked first, an
   h.engine->RunOnce();
   CHECK(h.engine->stats().sessions_parked == 1);
   CHECK(h.engine->stats().sessions_running == 1);
-  h.sink->Take();
+  // Its agent's conversation cache then forgets it.
+  CHECK(ToldGone(h.sink->Take(), 1, "evicted for another session's KV"));
   h.Resume(1, 16);
   h.engine->RunOnce();
   bool not_found = false;
@@ -449,13 +464,13 @@ TEST_CASE("Parked sessions give way to new ones, least recently parked first, an
   }
   CHECK(admitted);
 
-  // A keep-alive that runs out frees the KV without a word to the agent.
+  // A keep-alive that runs out frees the KV, and the agent is told.
   h.Park(2, 1);
   h.engine->RunOnce();
   std::this_thread::sleep_for(std::chrono::milliseconds(5));  // past its 1 ms deadline
   h.engine->RunOnce();
   CHECK(h.engine->stats().sessions_parked == 0);
-  for (const v1::CloudMessage& message : h.sink->Take()) CHECK_FALSE(message.has_error());
+  CHECK(ToldGone(h.sink->Take(), 2, "keep-alive ran out"));
 }
 
 TEST_CASE("Without parking, ParkSession closes the session") {

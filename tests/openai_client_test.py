@@ -1284,7 +1284,10 @@ def shared_prompt_choices(client, model, cloud_metrics_url, agent_metrics_url):
     # A fresh prompt: computed once (L positions), then one position a choice.
     fresh = "the brave knight rode to the castle and the old dragon slept in the cave " * 4
     prompt0, forked0 = cloud("tophat_prompt_tokens_total"), cloud("tophat_parked_sessions_forked_total")
-    kept0 = metric(agent_metrics_url, "tophat_conversations_kept")
+    def let_go():  # parked sessions the cloud let go, each forgotten by the agent when told
+        return (cloud("tophat_parked_sessions_evicted_total") +
+                cloud("tophat_parked_sessions_expired_total"))
+    kept0, gone0 = metric(agent_metrics_url, "tophat_conversations_kept"), let_go()
     many = client.completions.create(model=model, prompt=fresh, max_tokens=12, temperature=0.8,
                                      seed=5, n=2)
     length = fresh_length = many.usage.prompt_tokens
@@ -1294,9 +1297,12 @@ def shared_prompt_choices(client, model, cloud_metrics_url, agent_metrics_url):
     check_eq("a fresh prompt's choices: sessions forked",
              cloud("tophat_parked_sessions_forked_total") - forked0, 2)
     check_eq("a fresh prompt's choices: cached tokens", many.usage.prompt_tokens_details.cached_tokens, 0)
-    # Each choice keeps its own conversation; the kept prompt is let go.
-    check_eq("a fresh prompt's choices: conversations the agent keeps",
-             metric(agent_metrics_url, "tophat_conversations_kept") - kept0, 2)
+    # Each choice keeps its own conversation and the kept prompt is let go: 2 more kept, less
+    # those whose parked sessions the cloud let go meanwhile (to make room: 32 a device).
+    # Being told is a message on the stream: waited for.
+    wait_for("the agent to keep 2 more conversations, less those the cloud let go",
+             lambda: metric(agent_metrics_url, "tophat_conversations_kept") - kept0 ==
+             2 - (let_go() - gone0), 10)
     for j, choice in enumerate(many.choices):
         one = client.completions.create(model=model, prompt=fresh, max_tokens=12,
                                         temperature=0.8, seed=5 + j)

@@ -3073,6 +3073,58 @@ TEST_CASE("With int8 activations an int8 device bundle serves greedy requests wi
                         "activations rounded to int8 per block of 32");
 }
 
+TEST_CASE(
+    "A conversation that shares only a beginning with a kept one forks it, and the kept "
+    "one's next turn still reuses all of its own history",
+    "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});
+  AgentProcess agent(dir.path(), cloud, 16, "conversation_cache:\n  enabled: true\n");
+  // A shared beginning past min_reuse_tokens (an app's system prompt), then each
+  // conversation's own message.
+  const std::vector<int32_t> system = Tokenize(absl::StrJoin(ToyPrompts(21, 3), " "));
+  REQUIRE(system.size() >= 16);
+  const auto conversation = [&](int seed) {
+    std::vector<int32_t> prompt = system;
+    const std::vector<int32_t> message = Tokenize(absl::StrJoin(ToyPrompts(seed, 2), " "));
+    prompt.insert(prompt.end(), message.begin(), message.end());
+    return prompt;
+  };
+  const auto generate = [&](const std::vector<int32_t>& prompt) {
+    absl::StatusOr<GenerateResult> result = agent.client().Generate(IdsRequest(prompt, 12, true));
+    REQUIRE(result.ok());
+    INFO(result->error);
+    REQUIRE(result->ok());
+    CHECK(Tokens(*result) == Reference(prompt, 12, false));
+    return *result;
+  };
+  const std::vector<int32_t> first = conversation(22);
+  const GenerateResult first_answer = generate(first);
+  CHECK(first_answer.stats.reused_prompt_tokens() == 0);
+
+  const std::vector<int32_t> second = conversation(23);
+  int64_t shared = 0;
+  while (first[shared] == second[shared]) ++shared;
+  REQUIRE(shared >= static_cast<int64_t>(system.size()));
+  // It parts from the first conversation within the first's prompt: a conversation of its own.
+  REQUIRE(shared < static_cast<int64_t>(first.size()) - 1);
+  CHECK(generate(second).stats.reused_prompt_tokens() == shared);
+  CHECK(cloud.Metric("tophat_parked_sessions_forked_total") == 1);
+  CHECK(cloud.Metric("tophat_parked_sessions_resumed_total") == 0);
+
+  // The first conversation's next turn: every position its first turn left, not only the
+  // shared beginning the second conversation had.
+  std::vector<int32_t> history = first;
+  const std::vector<int32_t> answer = Tokens(first_answer);
+  history.insert(history.end(), answer.begin(), answer.end());
+  const std::vector<int32_t> message = Tokenize(ToyPrompts(24, 1)[0]);
+  history.insert(history.end(), message.begin(), message.end());
+  CHECK(generate(history).stats.reused_prompt_tokens() ==
+        static_cast<int64_t>(first.size()) + 12 - 1);
+  CHECK(cloud.Metric("tophat_parked_sessions_resumed_total") == 1);
+  CHECK(testing::WaitUntil([&] { return cloud.Metric("tophat_num_sessions_parked") == 2; }, 10s));
+}
+
 TEST_CASE("A turn shorter than the parked session it continues resumes it and gives back the "
           "rest",
           "[serving]") {
@@ -3153,8 +3205,10 @@ TEST_CASE("A conversation whose parked session the cloud evicted for another's K
   INFO("KV blocks " << cloud.Metric("tophat_kv_cache_blocks_total") << ", parked "
                     << cloud.Metric("tophat_num_sessions_parked"));
   CHECK(cloud.Metric("tophat_parked_sessions_evicted_total") == 1);
-  // The next turn of the first conversation: the agent still holds its side, the cloud no
-  // longer does, so the whole prompt is computed and sent again, and the answer is right.
+  // The cloud told the agent, which let its side go too: what it keeps is the big request's.
+  CHECK(testing::WaitUntil([&] { return agent.Metric("tophat_conversations_kept") == 1; }, 10s));
+  // The next turn of the first conversation: the whole prompt is computed and sent again,
+  // with no resume asked for (and refused), and the answer is right.
   history.insert(history.end(), first->token_ids.begin(), first->token_ids.end());
   const std::vector<int32_t> message = Tokenize(ToyPrompts(7, 1)[0]);
   history.insert(history.end(), message.begin(), message.end());
@@ -3164,6 +3218,7 @@ TEST_CASE("A conversation whose parked session the cloud evicted for another's K
   REQUIRE(second->ok());
   CHECK(second->stats.reused_prompt_tokens() == 0);
   CHECK(Tokens(*second) == Reference(history, 12, false));
+  CHECK(cloud.Metric("tophat_session_errors_total") == 0);
 }
 
 TEST_CASE("A full KV pool queues or refuses new sessions while running ones finish",
