@@ -24,20 +24,12 @@ import statistics
 import sys
 import threading
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from loopback_daemons import free_port, serving  # noqa: E402
+from model_checks import metric  # noqa: E402
 
 import openai  # noqa: E402
-
-
-def metric(url, series):
-    with urllib.request.urlopen(url, timeout=10) as response:
-        for line in response.read().decode().split("\n"):
-            if line.startswith(series + " "):
-                return float(line.split()[-1])
-    raise SystemExit(f"FAIL: {series} not in {url}")
 
 
 def stream_choices(client, model, prompt, n, seed, max_tokens, start, firsts, offset):
@@ -110,7 +102,6 @@ def main():
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0,
                                timeout=600)
         model = client.models.list().data[0].id
-        metrics_url = f"http://127.0.0.1:{cloud_metrics}/metrics"
         rng = random.Random(7)
         # One unmeasured round of each way first: the processes' first requests pay for
         # allocations and thread pools.
@@ -119,15 +110,15 @@ def main():
                 # Ids past the toy tokenizers' special ones (0-2); fresh every time, so
                 # neither way finds a kept conversation to reuse.
                 prompt = [rng.randrange(3, vocab) for _ in range(args.prompt_tokens)]
-                computed = metric(metrics_url, "tophat_prompt_tokens_total")
-                texts, done, firsts = trial(client, model, prompt, args.n, 100 + t,
+                computed = metric(cloud_metrics, "tophat_prompt_tokens_total")
+                _, done, firsts = trial(client, model, prompt, args.n, 100 + t,
                                             args.max_tokens, shared)
-                computed = metric(metrics_url, "tophat_prompt_tokens_total") - computed
+                computed = metric(cloud_metrics, "tophat_prompt_tokens_total") - computed
                 if t < 0:
                     continue
                 rows["shared" if shared else "separate"].append(
                     {"done_s": done, "ttft_mean_s": statistics.mean(firsts),
-                     "ttft_max_s": max(firsts), "prompt_positions": computed, "texts": texts})
+                     "ttft_max_s": max(firsts), "prompt_positions": computed})
     def median(way, key):
         return statistics.median(row[key] for row in rows[way])
 

@@ -1358,8 +1358,9 @@ void OpenAiServer::Route() {
           if (turn) send_all(turn->builder.Start());
           std::vector<v1::GenerateResponse> done(choices.size());
           std::vector<int64_t> reasoning_counts(reasoning_end ? choices.size() : 0);
-          const KeptPrompts kept = KeepPrompts(*agent_, choices, request.n, places, caller,
-                                               [&] { return client_gone.load() || cancelled(); });
+          // Nothing is written while the prompt is kept, so only a cancel can end it.
+          const KeptPrompts kept =
+              KeepPrompts(*agent_, choices, request.n, places, caller, cancelled);
           RunEach(static_cast<int64_t>(choices.size()), places, [&](int64_t i) {
             if (client_gone) return;  // a choice not yet begun when the client went
             const PromptPlan& prompt = prompts[choices[i].prompt];
