@@ -164,10 +164,7 @@ absl::StatusOr<ModelBenchReport> RunModelBenchmark(
   report.attention_heads = config.num_attention_heads;
   report.kv_heads = config.num_key_value_heads;
   report.vocab_size = config.vocab_size;
-  report.parameters = config.vocab_size * config.hidden_size +
-                      config.num_hidden_layers * config.LayerParameterCount() +
-                      config.hidden_size +
-                      (config.tie_word_embeddings ? 0 : config.vocab_size * config.hidden_size);
+  report.parameters = config.ParameterCount();
   report.weights = weights;
   report.threads = at::get_num_threads();
   report.blas_threads = BlasThreads();
@@ -257,7 +254,9 @@ absl::StatusOr<ModelBenchReport> RunModelBenchmark(
       (static_cast<double>(decode_prompt) + (decoded + 1.0) / 2.0));
 
   // FLOPs per prefill token, for a prompt of T tokens:
-  //   2 * L * (D * (q + 2 kv) + q * D + 3 * D * I)   the layer GEMMs (qkv, o, gate_up, down)
+  //   2 * L * (D * (q + 2 kv) + q * D + 3 * D * I)   the layer GEMMs (qkv, o, gate_up, down;
+  //                                                  a sparse layer: the router and the
+  //                                                  token's K experts, not the E)
   // + 2 * L * q * (T + 1)                            causal attention: the token at position
   //                                                  p does QK^T and PV over p + 1 keys,
   //                                                  2 * 2 * (p + 1) * q, averaged over p
@@ -267,12 +266,12 @@ absl::StatusOr<ModelBenchReport> RunModelBenchmark(
   {
     const double d = static_cast<double>(config.hidden_size);
     const double q = static_cast<double>(config.q_size());
-    const double kv = static_cast<double>(config.kv_size());
-    const double inter = static_cast<double>(config.intermediate_size);
     const double layers = static_cast<double>(config.num_hidden_layers);
-    const double matmul_params = d * (q + 2.0 * kv) + q * d + 3.0 * d * inter;
-    report.flops_per_prefill_token = 2.0 * layers * matmul_params +
-                                     2.0 * layers * q * (prompt + 1.0) +
+    double matmul_params = 0.0;
+    for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+      matmul_params += static_cast<double>(config.LayerActiveMatrixParameters(layer));
+    }
+    report.flops_per_prefill_token = 2.0 * matmul_params + 2.0 * layers * q * (prompt + 1.0) +
                                      2.0 * static_cast<double>(vocab) * d / prompt;
   }
 
@@ -296,9 +295,15 @@ absl::StatusOr<ModelBenchReport> RunModelBenchmark(
     const int64_t t = options.prompt_tokens;
     const int64_t d = config.hidden_size;
     const int64_t q = config.q_size();
-    const int64_t i2 = 2 * config.intermediate_size;
-    const std::vector<std::pair<int64_t, int64_t>> shapes = {  // {N, K}
-        {q + 2 * config.kv_size(), d}, {d, q}, {i2, d}, {d, config.intermediate_size}};
+    // The first layer's MLP width (an expert's in a sparse layer; each expert's GEMMs then
+    // have fewer rows than the prompt, which this rate does not model).
+    const int64_t width =
+        config.MoeLayer(0) ? config.moe_intermediate_size : config.intermediate_size;
+    const std::vector<std::pair<int64_t, int64_t>> shapes = {// {N, K}
+                                                             {q + 2 * config.kv_size(), d},
+                                                             {d, q},
+                                                             {2 * width, d},
+                                                             {d, width}};
     double flops = 0.0;
     double seconds = 0.0;
     for (const auto& [n, k] : shapes) {

@@ -116,6 +116,17 @@ absl::StatusOr<json> InspectCheckpoint(const InspectArgs& args) {
   out["sliding_layers"] = sliding;
   out["attn_logit_softcapping"] = config.attn_logit_softcapping;
   out["final_logit_softcapping"] = config.final_logit_softcapping;
+  if (config.num_experts > 0) {
+    std::vector<int64_t> sparse;
+    for (int64_t i = 0; i < layers; ++i) {
+      if (config.MoeLayer(i)) sparse.push_back(i);
+    }
+    out["experts"] = {{"count", config.num_experts},
+                      {"per_token", config.num_experts_per_token},
+                      {"intermediate_size", config.moe_intermediate_size},
+                      {"renormalized", config.normalize_expert_weights},
+                      {"sparse_layers", sparse}};
+  }
 
   // The weights as stored, and where a split (m, k) puts each: the device holds the
   // embedding, layers [0, m) and [L - k, L), the final norm and the head; the cloud the rest.
@@ -213,6 +224,16 @@ std::string FormatInspection(const json& in) {
     absl::StrAppend(&attention, absl::StrFormat("; logits soft-capped at %g", cap));
   }
   line("attention", attention);
+  if (in.contains("experts")) {
+    const json& experts = in["experts"];
+    line("experts",
+         absl::StrCat(experts["count"].get<int64_t>(), " of MLP ",
+                      experts["intermediate_size"].get<int64_t>(), ", ",
+                      experts["per_token"].get<int64_t>(), " a token",
+                      experts["renormalized"].get<bool>() ? " (their weights renormalised)" : "",
+                      ", in ", experts["sparse_layers"].size(), " of ", in["layers"].get<int64_t>(),
+                      " layers"));
+  }
   const json& rope = in["rope"];
   std::string rotary =
       absl::StrFormat("theta %g, %d of each head's %d dimensions", rope["theta"].get<double>(),

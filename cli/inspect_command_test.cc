@@ -77,6 +77,28 @@ TEST_CASE("inspect names the chat template's family and a GPU cloud's yes for Ll
   CHECK_THAT(FormatInspection(*inspection), Catch::Contains("chatml (end of turn <|im_end|>"));
 }
 
+TEST_CASE("inspect reads a mixture of experts: its experts, sparse layers and GPU verdict",
+          "[cli]") {
+  testing::TempDir dir;
+  const ModelConfig config = Variant("qwen3_moe_mixed");
+  Write(config, dir.path());
+  auto inspection = InspectCheckpoint({.model = dir.path(), .input_layers = 1, .output_layers = 1});
+  INFO(inspection.status().ToString());
+  REQUIRE(inspection.ok());
+  const nlohmann::json& in = *inspection;
+  CHECK(in["architecture"] == "Qwen3MoeForCausalLM");
+  CHECK(in["experts"]["count"] == 8);
+  CHECK(in["experts"]["per_token"] == 3);
+  CHECK(in["experts"]["sparse_layers"] == std::vector<int64_t>{0, 1, 3});
+  CHECK_THAT(in["gpu_cloud"].get<std::string>(),
+             Catch::Contains("Qwen3MoeForCausalLM runs on the CPU only for now"));
+  // The cloud holds layers 1 (sparse) and 2 (dense).
+  CHECK(in["split"]["cloud_bytes"] ==
+        4 * (config.LayerParameterCount(1) + config.LayerParameterCount(2)));
+  CHECK(config.LayerParameterCount(1) > config.LayerParameterCount(2));
+  CHECK_THAT(FormatInspection(in), Catch::Contains("8 of MLP 48, 3 a token, in 3 of 4 layers"));
+}
+
 TEST_CASE("inspect refuses what serving would refuse, naming it", "[cli]") {
   testing::TempDir dir;
   auto missing = InspectCheckpoint({.model = dir.path()});

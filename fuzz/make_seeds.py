@@ -200,6 +200,16 @@ def main():
                   query_pre_attn_scalar=24, attn_logit_softcapping=50.0,
                   final_logit_softcapping=30.0)
     write(out, "model_config", "gemma2.json", json.dumps(gemma2, indent=1))
+    # Mixtures of experts: Mixtral's keys, and Qwen3-MoE's checkpoint spelling with a dense
+    # layer among sparse ones.
+    mixtral = dict(llama, architectures=["MixtralForCausalLM"], model_type="mixtral",
+                   num_local_experts=4, num_experts_per_tok=2, sliding_window=None)
+    write(out, "model_config", "mixtral.json", json.dumps(mixtral, indent=1))
+    qwen3_moe = dict(llama, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+                     head_dim=32, num_experts=8, num_experts_per_tok=3,
+                     moe_intermediate_size=48, norm_topk_prob=True, decoder_sparse_step=1,
+                     mlp_only_layers=[2])
+    write(out, "model_config", "qwen3_moe.json", json.dumps(qwen3_moe, indent=1))
 
     root = os.path.dirname(HERE)
     for name in ("cloud.yaml", "agent.yaml"):

@@ -27,6 +27,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     TOPHAT_FUZZ_CHECK(cap == 0 || (cap > 0 && std::isfinite(cap)));
     TOPHAT_FUZZ_CHECK(cap == 0 || config->architecture == tophat::Architecture::kGemma2);
   }
+  // Experts: a mixture's choice fits its experts, and its dense layers are layers.
+  if (config->num_experts > 0) {
+    TOPHAT_FUZZ_CHECK(config->num_experts_per_token >= 1 &&
+                      config->num_experts_per_token <= config->num_experts);
+    TOPHAT_FUZZ_CHECK(config->moe_intermediate_size > 0 && config->decoder_sparse_step >= 1);
+    for (const int64_t layer : config->mlp_only_layers) {
+      TOPHAT_FUZZ_CHECK(layer >= 0 && layer < config->num_hidden_layers);
+    }
+  }
   auto again = tophat::ModelConfig::FromJson(config->ToJson(), "round trip");
   TOPHAT_FUZZ_CHECK(again.ok());
   TOPHAT_FUZZ_CHECK(again->hidden_size == config->hidden_size);
@@ -36,5 +45,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   TOPHAT_FUZZ_CHECK(again->attn_logit_softcapping == config->attn_logit_softcapping);
   TOPHAT_FUZZ_CHECK(again->final_logit_softcapping == config->final_logit_softcapping);
   TOPHAT_FUZZ_CHECK(again->sliding_layers == config->sliding_layers);
+  TOPHAT_FUZZ_CHECK(again->num_experts == config->num_experts);
+  TOPHAT_FUZZ_CHECK(again->num_experts_per_token == config->num_experts_per_token);
+  TOPHAT_FUZZ_CHECK(again->moe_intermediate_size == config->moe_intermediate_size);
+  TOPHAT_FUZZ_CHECK(again->normalize_expert_weights == config->normalize_expert_weights);
+  TOPHAT_FUZZ_CHECK(again->mlp_only_layers == config->mlp_only_layers);
   return 0;
 }

@@ -45,7 +45,8 @@ try:
                               Qwen3Config, Qwen3ForCausalLM, Gemma3Config,
                               Gemma3ForCausalLM, Gemma3ForConditionalGeneration,
                               Gemma3TextConfig, Gemma2Config, Gemma2ForCausalLM, Phi3Config,
-                              Phi3ForCausalLM)
+                              Phi3ForCausalLM, MixtralConfig, MixtralForCausalLM,
+                              Qwen3MoeConfig, Qwen3MoeForCausalLM)
 except ImportError as error:
     print(f"hf_reference: cannot import the reference ({error}). It needs torch and "
           f"transformers from deploy/requirements.txt in {sys.executable}'s environment: run "
@@ -220,6 +221,20 @@ VARIANTS = [
     dict(name="gemma2_bf16_logit_cap", cls=Gemma2ForCausalLM, config=Gemma2Config(**GEMMA2),
          dtype=torch.bfloat16, split=(2, 1),
          control=("no logit cap", without(final_logit_softcapping=None))),
+    # Mixtures of experts: the router's top K of the experts, their outputs weighted.
+    dict(name="mixtral_experts", cls=MixtralForCausalLM,
+         config=MixtralConfig(**BASE, num_local_experts=4, num_experts_per_tok=2), split=(1, 1),
+         control=("one expert a token", without(num_experts_per_tok=1))),
+    dict(name="qwen3_moe_mixed", cls=Qwen3MoeForCausalLM,
+         config=Qwen3MoeConfig(**BASE, head_dim=32, num_experts=8, num_experts_per_tok=3,
+                               moe_intermediate_size=48, norm_topk_prob=False,
+                               mlp_only_layers=[2]), split=(1, 1),
+         control=("weights renormalised", without(norm_topk_prob=True))),
+    dict(name="qwen3_moe_bf16_sparse_step", cls=Qwen3MoeForCausalLM,
+         config=Qwen3MoeConfig(**BASE, num_experts=8, num_experts_per_tok=2,
+                               moe_intermediate_size=48, norm_topk_prob=True,
+                               decoder_sparse_step=2), dtype=torch.bfloat16, split=(2, 1),
+         control=("one expert a token", without(num_experts_per_tok=1))),
 ]
 
 

@@ -274,7 +274,8 @@ absl::StatusOr<SlidingWindow> ParseSlidingWindow(const json& j, const std::strin
   TOPHAT_ASSIGN_OR_RETURN(int64_t window, GetInt(j, source, "sliding_window", std::nullopt, 1));
   // Phi-3 mini windows every layer as Mistral does (transformers' Phi3 masks by
   // `sliding_window` alone).
-  if (architecture == Architecture::kMistral || architecture == Architecture::kPhi3) {
+  if (architecture == Architecture::kMistral || architecture == Architecture::kPhi3 ||
+      architecture == Architecture::kMixtral) {
     return SlidingWindow{.window = window};
   }
   TOPHAT_ASSIGN_OR_RETURN(bool use, GetBool(j, source, "use_sliding_window", false));
@@ -298,6 +299,54 @@ absl::StatusOr<SlidingWindow> ParseSlidingWindow(const json& j, const std::strin
                    std::string(ArchitectureName(architecture)),
                    " a window on some layers only is not supported (all "
                    "layers or none)"));
+}
+
+// Mixtral's and Qwen3-MoE's experts, with transformers' defaults for what a config leaves
+// out. The count is `num_local_experts` (MixtralConfig; transformers 5 writes Qwen3-MoE's so
+// too) or `num_experts` (Qwen3-MoE's checkpoints).
+absl::Status ParseExperts(const json& j, const std::string& source, ModelConfig& c) {
+  const bool mixtral = c.architecture == Architecture::kMixtral;
+  const char* count_key = j.contains("num_local_experts") && !j["num_local_experts"].is_null()
+                              ? "num_local_experts"
+                          : j.contains("num_experts") ? "num_experts"
+                          : mixtral                   ? "num_local_experts"
+                                                      : "num_experts";
+  TOPHAT_ASSIGN_OR_RETURN(c.num_experts,
+                          GetInt(j, source, count_key, int64_t{mixtral ? 8 : 128}, 1));
+  TOPHAT_ASSIGN_OR_RETURN(c.num_experts_per_token,
+                          GetInt(j, source, "num_experts_per_tok", int64_t{mixtral ? 2 : 8}, 1));
+  if (c.num_experts_per_token > c.num_experts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(source, "num_experts_per_tok"), " (", c.num_experts_per_token,
+                     ") is more than the experts (", count_key, ": ", c.num_experts, ")"));
+  }
+  if (mixtral) {
+    // Mixtral's experts are as wide as its intermediate_size, and always renormalised.
+    c.moe_intermediate_size = c.intermediate_size;
+    c.normalize_expert_weights = true;
+    return absl::OkStatus();
+  }
+  TOPHAT_ASSIGN_OR_RETURN(c.moe_intermediate_size,
+                          GetInt(j, source, "moe_intermediate_size", int64_t{768}, 1));
+  TOPHAT_ASSIGN_OR_RETURN(c.normalize_expert_weights, GetBool(j, source, "norm_topk_prob", false));
+  TOPHAT_ASSIGN_OR_RETURN(c.decoder_sparse_step,
+                          GetInt(j, source, "decoder_sparse_step", int64_t{1}, 1));
+  if (auto only = j.find("mlp_only_layers"); only != j.end() && !only->is_null()) {
+    if (!only->is_array()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(source, "mlp_only_layers"), " must be a list of layer indices"));
+    }
+    for (const json& layer : *only) {
+      if (!layer.is_number_integer() || layer.get<int64_t>() < 0 ||
+          layer.get<int64_t>() >= c.num_hidden_layers) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Where(source, "mlp_only_layers"), ": ", layer.dump(),
+            " is not a layer index below num_hidden_layers (", c.num_hidden_layers, ")"));
+      }
+      c.mlp_only_layers.push_back(layer.get<int64_t>());
+    }
+  }
+  return absl::OkStatus();
 }
 
 // Gemma 3's two rotary bases: transformers 5 writes `rope_parameters` keyed by layer type
@@ -420,6 +469,10 @@ std::string_view ArchitectureName(Architecture architecture) {
       return "Phi3ForCausalLM";
     case Architecture::kGemma2:
       return "Gemma2ForCausalLM";
+    case Architecture::kMixtral:
+      return "MixtralForCausalLM";
+    case Architecture::kQwen3Moe:
+      return "Qwen3MoeForCausalLM";
   }
   return "unknown";
 }
@@ -466,13 +519,17 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::stri
     c.architecture = Architecture::kPhi3;
   } else if (name == "Gemma2ForCausalLM") {
     c.architecture = Architecture::kGemma2;
+  } else if (name == "MixtralForCausalLM") {
+    c.architecture = Architecture::kMixtral;
+  } else if (name == "Qwen3MoeForCausalLM") {
+    c.architecture = Architecture::kQwen3Moe;
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat(Where(source, "architectures"), ": architecture '", name,
                      "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, "
                      "Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM, "
                      "Gemma3ForConditionalGeneration's text, Gemma2ForCausalLM, "
-                     "Phi3ForCausalLM)"));
+                     "Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM)"));
   }
 
   TOPHAT_ASSIGN_OR_RETURN(c.vocab_size, GetInt(j, source, "vocab_size", std::nullopt, 1));
@@ -610,6 +667,9 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::stri
     return absl::InvalidArgumentError(absl::StrCat(Where(source, "hidden_act"), " ", act->dump(),
                                                    " is not supported (silu only)"));
   }
+  if (c.architecture == Architecture::kMixtral || c.architecture == Architecture::kQwen3Moe) {
+    TOPHAT_RETURN_IF_ERROR(ParseExperts(j, source, c));
+  }
   TOPHAT_ASSIGN_OR_RETURN(SlidingWindow window,
                           ParseSlidingWindow(j, source, c.architecture, c.num_hidden_layers));
   c.sliding_window = window.window;
@@ -670,6 +730,12 @@ json ModelConfig::ToJson() const {
     case Architecture::kGemma2:
       j["model_type"] = "gemma2";
       break;
+    case Architecture::kMixtral:
+      j["model_type"] = "mixtral";
+      break;
+    case Architecture::kQwen3Moe:
+      j["model_type"] = "qwen3_moe";
+      break;
   }
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;
@@ -723,7 +789,8 @@ json ModelConfig::ToJson() const {
     j["layer_types"] = types;
   } else if (sliding_window) {
     j["sliding_window"] = *sliding_window;
-    if (architecture == Architecture::kQwen2 || architecture == Architecture::kQwen3) {
+    if (architecture == Architecture::kQwen2 || architecture == Architecture::kQwen3 ||
+        architecture == Architecture::kQwen3Moe) {
       // Qwen2 (and Qwen3) slides only the layers from max_window_layers on (default 28): all of
       // them.
       j["use_sliding_window"] = true;
@@ -731,6 +798,17 @@ json ModelConfig::ToJson() const {
       j["layer_types"] =
           std::vector<std::string>(static_cast<size_t>(num_hidden_layers), "sliding_attention");
     }
+  }
+  if (architecture == Architecture::kMixtral) {
+    j["num_local_experts"] = num_experts;
+    j["num_experts_per_tok"] = num_experts_per_token;
+  } else if (architecture == Architecture::kQwen3Moe) {
+    j["num_experts"] = num_experts;
+    j["num_experts_per_tok"] = num_experts_per_token;
+    j["moe_intermediate_size"] = moe_intermediate_size;
+    j["norm_topk_prob"] = normalize_expert_weights;
+    j["decoder_sparse_step"] = decoder_sparse_step;
+    j["mlp_only_layers"] = mlp_only_layers;
   }
   if (bos_token_id) j["bos_token_id"] = *bos_token_id;
   if (eos_token_ids.size() == 1) {
@@ -747,18 +825,39 @@ json ModelConfig::ToJson() const {
   return j;
 }
 
+int64_t ModelConfig::LayerActiveMatrixParameters(int64_t layer) const {
+  const int64_t attention = hidden_size * (q_size() + 2 * kv_size()) + q_size() * hidden_size;
+  const int64_t mlp = MoeLayer(layer)
+                          ? num_experts * hidden_size +
+                                num_experts_per_token * 3 * hidden_size * moe_intermediate_size
+                          : 3 * hidden_size * intermediate_size;
+  return attention + mlp;
+}
+
+int64_t ModelConfig::ParameterCount() const {
+  int64_t count = vocab_size * hidden_size + hidden_size;
+  if (!tie_word_embeddings) count += vocab_size * hidden_size;
+  for (int64_t layer = 0; layer < num_hidden_layers; ++layer) {
+    count += LayerParameterCount(layer);
+  }
+  return count;
+}
+
 double ModelConfig::attention_scale() const { return 1.0 / std::sqrt(attention_scalar()); }
 
 float ModelConfig::embedding_scale() const {
   return gemma() ? static_cast<float>(std::sqrt(static_cast<double>(hidden_size))) : 1.0f;
 }
 
-int64_t ModelConfig::LayerParameterCount() const {
+int64_t ModelConfig::LayerParameterCount(int64_t layer) const {
   const int64_t attention = hidden_size * (q_size() + 2 * kv_size()) + q_size() * hidden_size;
   const int64_t bias =
       (attention_bias ? q_size() + 2 * kv_size() : 0) + (o_bias() ? hidden_size : 0);
   const int64_t head_norms = qk_norm() ? 2 * head_dim : 0;
-  const int64_t mlp = 3 * hidden_size * intermediate_size;
+  const int64_t mlp =
+      MoeLayer(layer)
+          ? num_experts * (3 * hidden_size * moe_intermediate_size + hidden_size)  // + router rows
+          : 3 * hidden_size * intermediate_size;
   const int64_t norms = (gemma() ? 4 : 2) * hidden_size;
   return attention + bias + head_norms + mlp + norms;
 }

@@ -3,24 +3,37 @@
 // Phi-4-mini (the Llama layer with q/k/v and gate/up stored fused, rotary over part of each
 // head, LongRoPE scaling), Gemma 3 (its text model: the Llama layer with norms around each
 // sublayer, GELU, and sliding-window layers between full ones) and Gemma 2 (Gemma 3's layer
-// without head norms, one rotary base, and attention scores and logits soft-capped).
+// without head norms, one rotary base, and attention scores and logits soft-capped), and two
+// mixtures of experts: Mixtral (Mistral's layer with its MLP a router over experts) and
+// Qwen3-MoE (Qwen3's).
 #pragma once
 
+#include <c10/core/ScalarType.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include <c10/core/ScalarType.h>
-#include <nlohmann/json.hpp>
-
 #include "absl/status/statusor.h"
 
 namespace tophat {
 
-enum class Architecture { kLlama, kMistral, kQwen2, kQwen3, kGemma3, kPhi3, kGemma2 };
+enum class Architecture {
+  kLlama,
+  kMistral,
+  kQwen2,
+  kQwen3,
+  kGemma3,
+  kPhi3,
+  kGemma2,
+  kMixtral,
+  kQwen3Moe
+};
 
 std::string_view ArchitectureName(Architecture architecture);
 
@@ -90,6 +103,20 @@ struct ModelConfig {
   std::string torch_dtype = "float32";
   // Read from a multimodal checkpoint's text_config (GemmaTextModel).
   bool multimodal_text = false;
+  // A mixture of experts (Mixtral, Qwen3-MoE), 0 experts for a dense model. In a sparse layer
+  // (MoeLayer) the MLP is `num_experts` SwiGLU experts of width moe_intermediate_size and a
+  // router ([num_experts, hidden_size]): each token's hidden state goes to the
+  // num_experts_per_token experts of the highest softmax probability, and their outputs are
+  // summed weighted by those probabilities, renormalised to sum to 1 where
+  // normalize_expert_weights (Mixtral always; Qwen3-MoE's norm_topk_prob). Qwen3-MoE's other
+  // layers (mlp_only_layers, and those decoder_sparse_step skips) have a dense MLP of
+  // intermediate_size.
+  int64_t num_experts = 0;
+  int64_t num_experts_per_token = 0;
+  int64_t moe_intermediate_size = 0;
+  bool normalize_expert_weights = true;
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
 
   // Parses and validates a config.json object. Errors name `source` (the file) and the key.
   static absl::StatusOr<ModelConfig> FromJson(const nlohmann::json& json, const std::string& source);
@@ -106,7 +133,16 @@ struct ModelConfig {
   // Qwen3's q_norm and k_norm: an RMSNorm over each query and key head ([head_dim] weights,
   // the same for every head of a layer) between the projection and rotary.
   bool qk_norm() const {
-    return architecture == Architecture::kQwen3 || architecture == Architecture::kGemma3;
+    return architecture == Architecture::kQwen3 || architecture == Architecture::kQwen3Moe ||
+           architecture == Architecture::kGemma3;
+  }
+  // Whether `layer`'s MLP is a mixture of experts (transformers' Qwen3MoeDecoderLayer rule:
+  // not in mlp_only_layers, and every decoder_sparse_step-th layer; Mixtral: every layer).
+  bool MoeLayer(int64_t layer) const {
+    return num_experts > 0 &&
+           std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) ==
+               mlp_only_layers.end() &&
+           (layer + 1) % decoder_sparse_step == 0;
   }
   // Gemma's layer (2 and 3): every RMSNorm scales by 1 + its weight (Load adds the 1), the
   // token embedding is scaled by sqrt(hidden_size), attention's and the MLP's outputs are
@@ -142,8 +178,14 @@ struct ModelConfig {
   bool o_bias() const { return attention_bias && architecture != Architecture::kQwen2; }
   int64_t q_size() const { return num_attention_heads * head_dim; }
   int64_t kv_size() const { return num_key_value_heads * head_dim; }
-  // Parameters of one decoder layer, for bandwidth and FLOP accounting.
-  int64_t LayerParameterCount() const;
+  // Parameters of one decoder layer, for bandwidth and FLOP accounting: a sparse layer counts
+  // every expert (what it stores; a token reads num_experts_per_token of them).
+  int64_t LayerParameterCount(int64_t layer = 0) const;
+  // The parameters one token multiplies in `layer`'s GEMMs: attention's projections and the
+  // MLP's matrices, a sparse layer's router and its K experts of the E (norms left out).
+  int64_t LayerActiveMatrixParameters(int64_t layer) const;
+  // Every parameter stored: embedding, layers, final norm, and the head when untied.
+  int64_t ParameterCount() const;
 };
 
 }  // namespace tophat

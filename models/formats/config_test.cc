@@ -649,6 +649,119 @@ TEST_CASE("Rotary settings Phi-3's runtime does not compute are refused, naming 
                              "LlamaForCausalLM"));
 }
 
+// MixtralConfig(...) and Qwen3MoeConfig(...) as transformers 5.17 writes them (Qwen3-MoE's
+// expert count under num_local_experts, where its checkpoints write num_experts).
+json MixtralConfigV5() {
+  return json::parse(R"({
+    "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+    "dtype": "float32", "eos_token_id": 2, "head_dim": null, "hidden_act": "silu",
+    "hidden_size": 32, "intermediate_size": 48, "max_position_embeddings": 131072,
+    "model_type": "mixtral", "num_attention_heads": 4, "num_experts_per_tok": 2,
+    "num_hidden_layers": 2, "num_key_value_heads": 2, "num_local_experts": 4,
+    "output_router_logits": false, "rms_norm_eps": 1e-05,
+    "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+    "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0, "sliding_window": null,
+    "tie_word_embeddings": false, "vocab_size": 64})");
+}
+
+json Qwen3MoeConfigV5() {
+  return json::parse(R"({
+    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "bos_token_id": null,
+    "decoder_sparse_step": 1, "dtype": "float32", "eos_token_id": null, "head_dim": 8,
+    "hidden_act": "silu", "hidden_size": 32, "intermediate_size": 48,
+    "max_position_embeddings": 32768, "mlp_only_layers": [], "model_type": "qwen3_moe",
+    "moe_intermediate_size": 24, "norm_topk_prob": false, "num_attention_heads": 4,
+    "num_experts_per_tok": 2, "num_hidden_layers": 2, "num_key_value_heads": 2,
+    "num_local_experts": 4, "rms_norm_eps": 1e-06,
+    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+    "sliding_window": null, "tie_word_embeddings": false, "use_sliding_window": false,
+    "vocab_size": 64})");
+}
+
+TEST_CASE("Mixtral's and Qwen3-MoE's configs read their experts, and read back", "[config]") {
+  auto mixtral = ModelConfig::FromJson(MixtralConfigV5(), "mixtral/config.json");
+  INFO(mixtral.status().ToString());
+  REQUIRE(mixtral.ok());
+  CHECK(mixtral->architecture == Architecture::kMixtral);
+  CHECK(mixtral->num_experts == 4);
+  CHECK(mixtral->num_experts_per_token == 2);
+  CHECK(mixtral->moe_intermediate_size == 48);  // its intermediate_size
+  CHECK(mixtral->normalize_expert_weights);
+  CHECK(mixtral->MoeLayer(0));
+  CHECK(mixtral->MoeLayer(1));
+  CHECK_FALSE(mixtral->qk_norm());
+  // Every expert's three matrices and a router row each, besides attention and norms.
+  CHECK(mixtral->LayerParameterCount() ==
+        4 * 32 * 32 + 4 * (3 * 32 * 48 + 32) + 2 * 32 - 2 * 32 * 16);
+
+  auto qwen = ModelConfig::FromJson(Qwen3MoeConfigV5(), "qwen3_moe/config.json");
+  INFO(qwen.status().ToString());
+  REQUIRE(qwen.ok());
+  CHECK(qwen->architecture == Architecture::kQwen3Moe);
+  CHECK(qwen->num_experts == 4);
+  CHECK(qwen->moe_intermediate_size == 24);
+  CHECK_FALSE(qwen->normalize_expert_weights);
+  CHECK(qwen->qk_norm());
+  // A token multiplies the router and 2 of the 4 experts; the model stores all of them.
+  CHECK(qwen->LayerActiveMatrixParameters(0) ==
+        32 * (32 + 2 * 16) + 32 * 32 + 4 * 32 + 2 * 3 * 32 * 24);
+  CHECK(qwen->ParameterCount() == 2 * 64 * 32 + 32 + 2 * qwen->LayerParameterCount(0));
+
+  // A Qwen3-MoE checkpoint's spelling, with a dense layer among sparse ones: every second
+  // layer sparse (decoder_sparse_step 2), layer 3 dense all the same.
+  json checkpoint = Qwen3MoeConfigV5();
+  checkpoint.erase("num_local_experts");
+  checkpoint["num_experts"] = 8;
+  checkpoint["num_hidden_layers"] = 4;
+  checkpoint["decoder_sparse_step"] = 2;
+  checkpoint["mlp_only_layers"] = {3};
+  checkpoint["norm_topk_prob"] = true;
+  auto sparse = ModelConfig::FromJson(checkpoint, "qwen3_moe/config.json");
+  REQUIRE(sparse.ok());
+  CHECK(sparse->num_experts == 8);
+  CHECK(sparse->normalize_expert_weights);
+  CHECK_FALSE(sparse->MoeLayer(0));
+  CHECK(sparse->MoeLayer(1));
+  CHECK_FALSE(sparse->MoeLayer(2));
+  CHECK_FALSE(sparse->MoeLayer(3));
+
+  for (const ModelConfig& original : {*mixtral, *sparse}) {
+    auto back = ModelConfig::FromJson(original.ToJson(), "written/config.json");
+    INFO(back.status().ToString());
+    REQUIRE(back.ok());
+    CHECK(back->architecture == original.architecture);
+    CHECK(back->num_experts == original.num_experts);
+    CHECK(back->num_experts_per_token == original.num_experts_per_token);
+    CHECK(back->moe_intermediate_size == original.moe_intermediate_size);
+    CHECK(back->normalize_expert_weights == original.normalize_expert_weights);
+    CHECK(back->decoder_sparse_step == original.decoder_sparse_step);
+    CHECK(back->mlp_only_layers == original.mlp_only_layers);
+  }
+}
+
+TEST_CASE("Expert settings out of range are refused, naming file and key", "[config]") {
+  json too_many = MixtralConfigV5();
+  too_many["num_experts_per_tok"] = 5;
+  auto c = ModelConfig::FromJson(too_many, "mixtral/config.json");
+  REQUIRE_FALSE(c.ok());
+  CHECK_THAT(Message(c.status()),
+             Catch::Contains("mixtral/config.json: key 'num_experts_per_tok' (5) is more than "
+                             "the experts (num_local_experts: 4)"));
+
+  json bad_layer = Qwen3MoeConfigV5();
+  bad_layer["mlp_only_layers"] = {2};
+  c = ModelConfig::FromJson(bad_layer, "qwen3_moe/config.json");
+  REQUIRE_FALSE(c.ok());
+  CHECK_THAT(Message(c.status()), Catch::Contains("mlp_only_layers"));
+  CHECK_THAT(Message(c.status()), Catch::Contains("below num_hidden_layers (2)"));
+
+  json zero = Qwen3MoeConfigV5();
+  zero["num_local_experts"] = 0;
+  c = ModelConfig::FromJson(zero, "qwen3_moe/config.json");
+  REQUIRE_FALSE(c.ok());
+  CHECK_THAT(Message(c.status()), Catch::Contains("num_local_experts"));
+}
+
 TEST_CASE("ToJson reads back, a Qwen2 window on every layer included", "[config]") {
   auto llama = ModelConfig::FromJson(Llama3ConfigV5(), "l/config.json");
   REQUIRE(llama.ok());

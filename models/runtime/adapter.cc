@@ -80,6 +80,9 @@ ModelConfig AdapterModelConfig(const ModelConfig& model, const AdapterInfo& info
   ModelConfig config = model;
   config.num_hidden_layers = info.num_layers;
   config.intermediate_size = info.intermediate_size;
+  // Λ's block is dense even where the model mixes experts: one MLP of intermediate_size.
+  config.num_experts = 0;
+  config.mlp_only_layers.clear();
   return config;
 }
 

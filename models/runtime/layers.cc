@@ -125,4 +125,26 @@ std::string LayerTensorName(int64_t layer, std::string_view suffix) {
   return absl::StrCat("model.layers.", layer, ".", std::string(suffix));
 }
 
+namespace {
+bool MixtralNames(const ModelConfig& config) {
+  return config.architecture == Architecture::kMixtral;
+}
+}  // namespace
+
+std::string RouterTensorName(const ModelConfig& config, int64_t layer) {
+  return LayerTensorName(layer,
+                         MixtralNames(config) ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
+}
+
+std::string ExpertTensorName(const ModelConfig& config, int64_t layer, int64_t expert,
+                             ExpertMatrix matrix) {
+  static constexpr const char* kMixtral[] = {"w1", "w3", "w2"};
+  static constexpr const char* kQwen[] = {"gate_proj", "up_proj", "down_proj"};
+  const auto index = static_cast<size_t>(matrix);
+  return MixtralNames(config) ? absl::StrCat("model.layers.", layer, ".block_sparse_moe.experts.",
+                                             expert, ".", kMixtral[index], ".weight")
+                              : absl::StrCat("model.layers.", layer, ".mlp.experts.", expert, ".",
+                                             kQwen[index], ".weight");
+}
+
 }  // namespace tophat

@@ -60,4 +60,13 @@ at::Tensor SwiGlu(const at::Tensor& gate_up);
 // The Hugging Face name of a per-layer tensor, e.g. LayerTensorName(3, "mlp.up_proj.weight").
 std::string LayerTensorName(int64_t layer, std::string_view suffix);
 
+// A sparse layer's tensors (ModelConfig::MoeLayer) as its checkpoint names them: the router
+// (Mixtral's block_sparse_moe.gate, Qwen3-MoE's mlp.gate) and each expert's three matrices
+// (Mixtral's block_sparse_moe.experts.E.w1, w3, w2; Qwen3-MoE's mlp.experts.E.gate_proj,
+// up_proj, down_proj).
+enum class ExpertMatrix { kGate, kUp, kDown };
+std::string RouterTensorName(const ModelConfig& config, int64_t layer);
+std::string ExpertTensorName(const ModelConfig& config, int64_t layer, int64_t expert,
+                             ExpertMatrix matrix);
+
 }  // namespace tophat

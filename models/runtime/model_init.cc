@@ -52,6 +52,18 @@ NamedTensors InitWeights(const ModelConfig& c, uint64_t seed) {
       w.emplace_back(name("pre_feedforward_layernorm.weight"), norm(d));
       w.emplace_back(name("post_feedforward_layernorm.weight"), norm(d));
     }
+    if (c.MoeLayer(i)) {
+      // A router whose probabilities differ well beyond rounding, so that every path picks
+      // the same experts.
+      w.emplace_back(RouterTensorName(c, i), normal({c.num_experts, d}).mul_(50));
+      const int64_t width = c.moe_intermediate_size;
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        w.emplace_back(ExpertTensorName(c, i, e, ExpertMatrix::kGate), normal({width, d}));
+        w.emplace_back(ExpertTensorName(c, i, e, ExpertMatrix::kUp), normal({width, d}));
+        w.emplace_back(ExpertTensorName(c, i, e, ExpertMatrix::kDown), normal({d, width}));
+      }
+      continue;
+    }
     w.emplace_back(name("mlp.gate_proj.weight"), normal({c.intermediate_size, d}));
     w.emplace_back(name("mlp.up_proj.weight"), normal({c.intermediate_size, d}));
     w.emplace_back(name("mlp.down_proj.weight"), normal({d, c.intermediate_size}));
@@ -202,6 +214,24 @@ std::vector<std::pair<std::string, ModelConfig>> TinyTestVariants() {
                        .long_factor = {1.0, 2.0, 4.0, 8.0, 16.0, 32.0},
                        .attention_factor = std::sqrt(3.0)};
   v.emplace_back("phi3_partial_longrope", phi3);
+  // Mixtral: every layer's MLP 4 experts, 2 a token, their weights renormalised.
+  ModelConfig mixtral = TinyTestConfig();
+  mixtral.architecture = Architecture::kMixtral;
+  mixtral.num_experts = 4;
+  mixtral.num_experts_per_token = 2;
+  mixtral.moe_intermediate_size = mixtral.intermediate_size;
+  v.emplace_back("mixtral_experts", mixtral);
+  // Qwen3-MoE: head norms; 8 narrower experts, 3 a token, weights as the router gave them
+  // (norm_topk_prob false); layer 2 dense (mlp_only_layers).
+  ModelConfig qwen3_moe = TinyTestConfig();
+  qwen3_moe.architecture = Architecture::kQwen3Moe;
+  qwen3_moe.head_dim = 32;
+  qwen3_moe.num_experts = 8;
+  qwen3_moe.num_experts_per_token = 3;
+  qwen3_moe.moe_intermediate_size = 48;
+  qwen3_moe.normalize_expert_weights = false;
+  qwen3_moe.mlp_only_layers = {2};
+  v.emplace_back("qwen3_moe_mixed", qwen3_moe);
   return v;
 }
 

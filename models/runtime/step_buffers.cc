@@ -19,8 +19,32 @@ StepBuffers::StepBuffers(const ModelConfig& config, at::ScalarType dtype, at::De
   k = at::empty({rows, config.num_key_value_heads, hd}, values);
   attention = at::empty({rows, config.q_size()}, values);
   projected = at::empty({rows, d}, values);
-  gate_up = at::empty({rows, 2 * config.intermediate_size}, values);
-  activated = at::empty({rows, config.intermediate_size}, values);
+  // A mixture of experts whose every layer is sparse (Mixtral) has no dense MLP to hold.
+  bool dense_layer = false;
+  for (int64_t layer = 0; layer < config.num_hidden_layers && !dense_layer; ++layer) {
+    dense_layer = !config.MoeLayer(layer);
+  }
+  const int64_t dense_rows = dense_layer ? rows : 0;
+  gate_up = at::empty({dense_rows, 2 * config.intermediate_size}, values);
+  activated = at::empty({dense_rows, config.intermediate_size}, values);
+  const int64_t experts = config.num_experts;
+  const int64_t top = config.num_experts_per_token;
+  const int64_t expert_rows = experts > 0 ? rows : 0;
+  const int64_t routed_rows = expert_rows * top;
+  const int64_t expert_width = config.moe_intermediate_size;
+  router_logits = at::empty({expert_rows, experts}, values);
+  router_probs = at::empty({expert_rows, experts}, values.dtype(at::kFloat));
+  expert_weights = at::empty({expert_rows, top}, values.dtype(at::kFloat));
+  expert_ids = at::empty({expert_rows, top}, values.dtype(at::kLong));
+  expert_weight_sums = at::empty({expert_rows, 1}, values.dtype(at::kFloat));
+  routed_tokens = at::empty({routed_rows}, values.dtype(at::kLong));
+  routed_weights = at::empty({routed_rows, 1}, values.dtype(at::kFloat));
+  routed_in = at::empty({routed_rows, d}, values);
+  routed_gate_up = at::empty({routed_rows, 2 * expert_width}, values);
+  routed_activated = at::empty({routed_rows, expert_width}, values);
+  routed_out = at::empty({routed_rows, d}, values);
+  expert_offsets.reserve(static_cast<size_t>(experts + 1));
+  expert_fill.reserve(static_cast<size_t>(experts));
   cos = at::empty({rows, hd / 2}, values.dtype(at::kFloat));
   sin = at::empty({rows, hd / 2}, values.dtype(at::kFloat));
   const int64_t local_rows = config.rope_local_theta ? rows : 0;
@@ -83,6 +107,17 @@ int64_t StepBuffers::DeviceBytes() const {
                               &local_cos,
                               &local_sin,
                               &sublayer_out,
+                              &router_logits,
+                              &router_probs,
+                              &expert_weights,
+                              &expert_ids,
+                              &expert_weight_sums,
+                              &routed_tokens,
+                              &routed_weights,
+                              &routed_in,
+                              &routed_gate_up,
+                              &routed_activated,
+                              &routed_out,
                               &positions,
                               &slots,
                               &block_tables,

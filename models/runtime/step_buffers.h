@@ -57,6 +57,24 @@ struct StepBuffers {
   at::Tensor local_sin;
   // Gemma 3: a sublayer's output normed before its residual add; [0, D] for other models.
   at::Tensor sublayer_out;
+  // A mixture of experts' step (ModelConfig::num_experts E > 0, each token to K of them;
+  // [0, ...] for a dense model): the router's logits and probabilities, each row's chosen
+  // experts and their weights, and the routed rows, one per token and chosen expert, grouped
+  // by expert: which token each is, its weight, its input, and its expert's gate_up,
+  // activation and output.
+  at::Tensor router_logits;             // [max_tokens, E]
+  at::Tensor router_probs;              // [max_tokens, E] float32
+  at::Tensor expert_weights;            // [max_tokens, K] float32
+  at::Tensor expert_ids;                // [max_tokens, K] int64
+  at::Tensor expert_weight_sums;        // [max_tokens, 1] float32
+  at::Tensor routed_tokens;             // [max_tokens * K] int64
+  at::Tensor routed_weights;            // [max_tokens * K, 1] float32
+  at::Tensor routed_in;                 // [max_tokens * K, D]
+  at::Tensor routed_gate_up;            // [max_tokens * K, 2 moe_intermediate_size]
+  at::Tensor routed_activated;          // [max_tokens * K, moe_intermediate_size]
+  at::Tensor routed_out;                // [max_tokens * K, D]
+  std::vector<int64_t> expert_offsets;  // E + 1: where each expert's routed rows begin
+  std::vector<int64_t> expert_fill;     // E: the next free row of each expert's
 
   // Index tensors of a step: the device copies and their host staging.
   at::Tensor positions;     // [max_tokens] int64: each row's position

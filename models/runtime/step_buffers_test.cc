@@ -17,13 +17,21 @@ namespace fs = std::filesystem;
 
 using testing::AllocationsDuring;
 
+// The test variant named `name` (model_init.h), or the tiny Llama for "llama".
+ModelConfig VariantNamed(const std::string& name) {
+  for (const auto& [variant, config] : TinyTestVariants()) {
+    if (variant == name) return config;
+  }
+  return TinyTestConfig();
+}
+
 struct Fixture {
   testing::TempDir scratch;  // declared first: removed after the model that reads it
-  ModelConfig config = TinyTestConfig();
+  ModelConfig config;
   std::unique_ptr<CheckpointReader> checkpoint;
   std::unique_ptr<Submodel> model;
 
-  Fixture() {
+  explicit Fixture(ModelConfig model_config = TinyTestConfig()) : config(std::move(model_config)) {
     const fs::path dir = scratch.path() / "checkpoint";
     REQUIRE(WriteCheckpoint(config, InitWeights(config, 3), dir).ok());
     auto reader = CheckpointReader::Open(dir);
@@ -38,7 +46,12 @@ struct Fixture {
 
 TEST_CASE("A decode step into step buffers allocates no tensor storage after warm-up",
           "[submodel][step_buffers]") {
-  Fixture f;
+  // A dense model, and a mixture of experts whose middle holds a sparse layer (1) and a
+  // dense one (2): the experts' routing and grouping stay inside the buffers too.
+  const std::string variant = GENERATE(as<std::string>{}, "llama", "qwen3_moe_mixed");
+  INFO(variant);
+  Fixture f(VariantNamed(variant));
+  REQUIRE((variant == "llama" || f.config.MoeLayer(1)));
   const Submodel& model = *f.model;
   const int64_t d = f.config.hidden_size;
   constexpr int64_t kBlockSize = 4;

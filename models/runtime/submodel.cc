@@ -187,6 +187,13 @@ absl::Status CheckDeviceOnHost(c10::Device device) {
 }
 
 absl::Status Submodel::ArchitectureRunsOn(const ModelConfig& config, const at::Device& device) {
+  if (config.num_experts > 0 && !device.is_cpu()) {
+    return absl::UnimplementedError(absl::StrCat(
+        std::string(ArchitectureName(config.architecture)), " runs on the CPU only for now (",
+        device.str(),
+        " asked): its mixture-of-experts layers have no GPU path yet (a grouped GEMM over "
+        "the experts, and routing on the device)"));
+  }
   if (config.gemma() && !device.is_cpu()) {
     return absl::UnimplementedError(absl::StrCat(
         std::string(ArchitectureName(config.architecture)), " runs on the CPU only for now (",
@@ -411,16 +418,34 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
     } else {
       TOPHAT_ASSIGN_OR_RETURN(w.post_norm, load_norm(name("post_attention_layernorm.weight"), d));
     }
-    TOPHAT_ASSIGN_OR_RETURN(WeightMatrix gate, load_matrix(name("mlp.gate_proj.weight"),
-                                                           {config.intermediate_size, d}));
-    TOPHAT_ASSIGN_OR_RETURN(WeightMatrix up, load_matrix(name("mlp.up_proj.weight"),
-                                                         {config.intermediate_size, d}));
-    TOPHAT_ASSIGN_OR_RETURN(WeightMatrix down, load_matrix(name("mlp.down_proj.weight"),
-                                                           {d, config.intermediate_size}));
+    if (config.MoeLayer(i)) {
+      const int64_t width = config.moe_intermediate_size;
+      TOPHAT_ASSIGN_OR_RETURN(WeightMatrix router,
+                              load_matrix(RouterTensorName(config, i), {config.num_experts, d}));
+      w.router = stack({std::move(router)});
+      for (int64_t e = 0; e < config.num_experts; ++e) {
+        auto expert = [&](ExpertMatrix role) { return ExpertTensorName(config, i, e, role); };
+        TOPHAT_ASSIGN_OR_RETURN(WeightMatrix gate,
+                                load_matrix(expert(ExpertMatrix::kGate), {width, d}));
+        TOPHAT_ASSIGN_OR_RETURN(WeightMatrix up,
+                                load_matrix(expert(ExpertMatrix::kUp), {width, d}));
+        TOPHAT_ASSIGN_OR_RETURN(WeightMatrix down,
+                                load_matrix(expert(ExpertMatrix::kDown), {d, width}));
+        w.expert_gate_up.push_back(stack({std::move(gate), std::move(up)}));
+        w.expert_down.push_back(stack({std::move(down)}));
+      }
+    } else {
+      TOPHAT_ASSIGN_OR_RETURN(WeightMatrix gate, load_matrix(name("mlp.gate_proj.weight"),
+                                                             {config.intermediate_size, d}));
+      TOPHAT_ASSIGN_OR_RETURN(
+          WeightMatrix up, load_matrix(name("mlp.up_proj.weight"), {config.intermediate_size, d}));
+      TOPHAT_ASSIGN_OR_RETURN(WeightMatrix down, load_matrix(name("mlp.down_proj.weight"),
+                                                             {d, config.intermediate_size}));
+      w.gate_up = stack({std::move(gate), std::move(up)});
+      w.down = stack({std::move(down)});
+    }
     w.qkv = stack({std::move(q), std::move(k), std::move(v)});
-    w.gate_up = stack({std::move(gate), std::move(up)});
     w.o_proj = stack({std::move(o)});
-    w.down = stack({std::move(down)});
     model->layers_.push_back(std::move(w));
   }
   if (spec.head) {
@@ -457,8 +482,11 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
   }
   if (options.int8_activations) {
     for (DecoderLayerWeights& w : model->layers_) {
-      for (WeightMatrix* m : {&w.qkv, &w.o_proj, &w.gate_up, &w.down}) {
+      for (WeightMatrix* m : {&w.qkv, &w.o_proj, &w.gate_up, &w.down, &w.router}) {
         m->int8_activations = m->is_int8();
+      }
+      for (auto* experts : {&w.expert_gate_up, &w.expert_down}) {
+        for (WeightMatrix& m : *experts) m.int8_activations = m.is_int8();
       }
     }
     model->lm_head_.int8_activations = model->lm_head_.is_int8();
@@ -571,8 +599,9 @@ void Submodel::PrepareFusedLayers() {
     const auto down = RowMatrixOf(w.down);
     const float* input_norm = FloatData(w.input_norm);
     const float* post_norm = FloatData(w.post_norm);
-    if (!qkv || !o_proj || !gate_up || !down || input_norm == nullptr || post_norm == nullptr ||
-        (w.qkv_bias.defined() && FloatData(w.qkv_bias) == nullptr) ||
+    // A sparse layer's experts have no one-token kernel: the step computes it.
+    if (w.sparse() || !qkv || !o_proj || !gate_up || !down || input_norm == nullptr ||
+        post_norm == nullptr || (w.qkv_bias.defined() && FloatData(w.qkv_bias) == nullptr) ||
         (w.q_norm.defined() && FloatData(w.q_norm) == nullptr) ||
         (w.k_norm.defined() && FloatData(w.k_norm) == nullptr) ||
         (w.o_bias.defined() && FloatData(w.o_bias) == nullptr) ||
@@ -1096,8 +1125,10 @@ void Submodel::RunLayers(int64_t total, const at::Tensor& global_cos, const at::
   at::Tensor k = buffers.k.narrow(0, 0, total);
   at::Tensor attention = buffers.attention.narrow(0, 0, total);
   at::Tensor projected = buffers.projected.narrow(0, 0, total);
-  at::Tensor gate_up = buffers.gate_up.narrow(0, 0, total);
-  at::Tensor activated = buffers.activated.narrow(0, 0, total);
+  // A model whose every layer mixes experts has no dense MLP rows (StepBuffers).
+  const bool dense_rows = buffers.gate_up.size(0) > 0;
+  at::Tensor gate_up = dense_rows ? buffers.gate_up.narrow(0, 0, total) : at::Tensor();
+  at::Tensor activated = dense_rows ? buffers.activated.narrow(0, 0, total) : at::Tensor();
   kernels::RmsNormOut(x, layers_.front().input_norm, eps, h);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const DecoderLayerWeights& w = layers_[l];
@@ -1172,7 +1203,9 @@ void Submodel::RunLayers(int64_t total, const at::Tensor& global_cos, const at::
       kernels::RmsNormOut(projected, w.attention_out_norm, eps, delta);
     }
     kernels::AddRmsNormOut(x, delta, w.post_norm, eps, h);
-    if (config_.gemma()) {
+    if (w.sparse()) {
+      MixExperts(w, h, total, buffers, projected);
+    } else if (config_.gemma()) {
       // GELU (tanh form) of the gate times up, as transformers' GemmaMLP computes it.
       LinearOut(h, w.gate_up, {}, gate_up);
       kernels::GeluTanhGluOut(gate_up, activated);
@@ -1183,7 +1216,7 @@ void Submodel::RunLayers(int64_t total, const at::Tensor& global_cos, const at::
       LinearOut(h, w.gate_up, {}, gate_up);
       kernels::SwiGluOut(gate_up, activated);
     }
-    LinearOut(activated, w.down, {}, projected);
+    if (!w.sparse()) LinearOut(activated, w.down, {}, projected);
     delta = projected;
     if (w.mlp_out_norm.defined()) {
       delta = buffers.sublayer_out.narrow(0, 0, total);
@@ -1195,6 +1228,64 @@ void Submodel::RunLayers(int64_t total, const at::Tensor& global_cos, const at::
       x.add_(delta);
     }
   }
+}
+
+void Submodel::MixExperts(const DecoderLayerWeights& w, const at::Tensor& h, int64_t total,
+                          StepBuffers& buffers, at::Tensor& out) const {
+  const int64_t experts = config_.num_experts;
+  const int64_t top = config_.num_experts_per_token;
+  TORCH_CHECK(h.is_cpu(), "a mixture of experts computes on the CPU only");
+  at::Tensor logits = buffers.router_logits.narrow(0, 0, total);
+  LinearOut(h, w.router, {}, logits);
+  // As transformers routes: softmax in float32 over every expert, the top K, renormalised
+  // (Mixtral; Qwen3-MoE's norm_topk_prob).
+  at::Tensor probs = buffers.router_probs.narrow(0, 0, total);
+  at::softmax_out(probs, logits, 1, at::kFloat);
+  at::Tensor weights = buffers.expert_weights.narrow(0, 0, total);
+  at::Tensor ids = buffers.expert_ids.narrow(0, 0, total);
+  at::topk_out(weights, ids, probs, top, 1, /*largest=*/true, /*sorted=*/true);
+  if (config_.normalize_expert_weights) {
+    at::Tensor sums = buffers.expert_weight_sums.narrow(0, 0, total);
+    at::sum_out(sums, weights, {1}, /*keepdim=*/true);
+    weights.div_(sums);
+  }
+  // Group the (token, expert) pairs by expert, tokens ascending within each.
+  const int64_t routed = total * top;
+  const int64_t* chosen = ids.data_ptr<int64_t>();
+  const float* chosen_weight = weights.data_ptr<float>();
+  std::vector<int64_t>& offsets = buffers.expert_offsets;
+  std::vector<int64_t>& fill = buffers.expert_fill;
+  offsets.assign(static_cast<size_t>(experts + 1), 0);
+  for (int64_t i = 0; i < routed; ++i) ++offsets[static_cast<size_t>(chosen[i] + 1)];
+  for (int64_t e = 0; e < experts; ++e) {
+    offsets[static_cast<size_t>(e + 1)] += offsets[static_cast<size_t>(e)];
+  }
+  fill.assign(offsets.begin(), offsets.end() - 1);
+  int64_t* tokens = buffers.routed_tokens.data_ptr<int64_t>();
+  float* token_weights = buffers.routed_weights.data_ptr<float>();
+  for (int64_t i = 0; i < routed; ++i) {
+    const int64_t slot = fill[static_cast<size_t>(chosen[i])]++;
+    tokens[slot] = i / top;
+    token_weights[slot] = chosen_weight[i];
+  }
+  const at::Tensor routed_tokens = buffers.routed_tokens.narrow(0, 0, routed);
+  at::Tensor in = buffers.routed_in.narrow(0, 0, routed);
+  at::Tensor expert_out = buffers.routed_out.narrow(0, 0, routed);
+  at::index_select_out(in, h, 0, routed_tokens);
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t begin = offsets[static_cast<size_t>(e)];
+    const int64_t rows = offsets[static_cast<size_t>(e + 1)] - begin;
+    if (rows == 0) continue;
+    at::Tensor gate_up = buffers.routed_gate_up.narrow(0, begin, rows);
+    at::Tensor activated = buffers.routed_activated.narrow(0, begin, rows);
+    at::Tensor expert_rows = expert_out.narrow(0, begin, rows);
+    LinearOut(in.narrow(0, begin, rows), w.expert_gate_up[static_cast<size_t>(e)], {}, gate_up);
+    kernels::SwiGluOut(gate_up, activated);
+    LinearOut(activated, w.expert_down[static_cast<size_t>(e)], {}, expert_rows);
+  }
+  expert_out.mul_(buffers.routed_weights.narrow(0, 0, routed));
+  out.zero_();
+  out.index_add_(0, routed_tokens, expert_out);
 }
 
 absl::Status Submodel::DecodeStepInBuffers(const KvBlockPool& pool, int64_t rows,
@@ -1274,7 +1365,17 @@ int64_t Submodel::WeightBytes() const {
          {&w.input_norm, &w.qkv_bias, &w.q_norm, &w.k_norm, &w.o_bias, &w.post_norm}) {
       add(*t);
     }
-    for (const WeightMatrix* m : {&w.qkv, &w.o_proj, &w.gate_up, &w.down}) bytes += m->bytes();
+    for (const WeightMatrix* m : {&w.qkv, &w.o_proj, &w.gate_up, &w.down, &w.router}) {
+      bytes += m->bytes();
+    }
+    // A token reads its K experts of the E (every expert has the same shape).
+    int64_t expert_bytes = 0;
+    for (const auto* experts : {&w.expert_gate_up, &w.expert_down}) {
+      for (const WeightMatrix& m : *experts) expert_bytes += m.bytes();
+    }
+    if (w.sparse()) {
+      bytes += expert_bytes * config_.num_experts_per_token / config_.num_experts;
+    }
   }
   add(final_norm_);
   bytes += lm_head_.bytes();

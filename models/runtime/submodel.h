@@ -128,8 +128,14 @@ struct DecoderLayerWeights {
   WeightMatrix o_proj;    // [D, q]
   at::Tensor o_bias;      // [D] or undefined (Llama with attention_bias)
   at::Tensor post_norm;   // [D]: the MLP's input norm (Gemma 3: pre_feedforward_layernorm)
-  WeightMatrix gate_up;   // [2I, D]: gate_proj, up_proj stacked
+  WeightMatrix gate_up;   // [2I, D]: gate_proj, up_proj stacked (undefined in a sparse layer)
   WeightMatrix down;      // [D, I]
+  // A sparse layer's (ModelConfig::MoeLayer) router [E, D] and each expert's gate_up
+  // [2I', D] and down [D, I'], I' = moe_intermediate_size; empty in a dense layer.
+  WeightMatrix router;
+  std::vector<WeightMatrix> expert_gate_up;
+  std::vector<WeightMatrix> expert_down;
+  bool sparse() const { return !expert_down.empty(); }
   // Gemma 3: attention's output normed before its residual add (its checkpoint's
   // post_attention_layernorm), and the MLP's (post_feedforward_layernorm); else undefined.
   at::Tensor attention_out_norm;  // [D]
@@ -292,6 +298,13 @@ class Submodel {
                  const at::Tensor& local_cos, const at::Tensor& local_sin,
                  const DeviceBatch& device_batch, std::span<const SequenceChunk> chunks,
                  StepBuffers& buffers, bool graph) const;
+  // A sparse layer's MLP of rows [0, total) of `h` into `out` ([total, D]), in the step's
+  // buffers: the router picks each row's experts, the rows are grouped by expert (a counting
+  // sort on the host: a sparse model computes on the CPU), each expert computes its rows in
+  // one GEMM pair, and the weighted outputs are summed back into their tokens' rows in
+  // expert order, as transformers sums them.
+  void MixExperts(const DecoderLayerWeights& w, const at::Tensor& h, int64_t total,
+                  StepBuffers& buffers, at::Tensor& out) const;
   // One layer of a DeviceBatch: writes every new K/V row with one scatter (unless k is
   // undefined: RotaryQkvToCache wrote them), attends the decode rows in one kernel launch,
   // and the longer chunks one by one (AttendChunk). False when the decode rows did not take

@@ -142,6 +142,23 @@ at::Tensor ReferenceLogits(const ModelConfig& c, const std::map<std::string, at:
     }
     x = x + out;
     h = norm(x, p("post_attention_layernorm.weight"));
+    if (c.MoeLayer(i)) {
+      // Every expert on every token, weighted by a gate that is zero outside the top K.
+      const at::Tensor probs = at::softmax(at::linear(h, w.at(RouterTensorName(c, i))), -1);
+      auto [top, chosen] = at::topk(probs, c.num_experts_per_token, -1);
+      if (c.normalize_expert_weights) top = top / top.sum(-1, true);
+      const at::Tensor gates = at::zeros_like(probs).scatter(1, chosen, top);
+      at::Tensor mixed = at::zeros_like(x);
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        auto m = [&](ExpertMatrix role) { return w.at(ExpertTensorName(c, i, e, role)); };
+        const at::Tensor expert = at::linear(
+            at::silu(at::linear(h, m(ExpertMatrix::kGate))) * at::linear(h, m(ExpertMatrix::kUp)),
+            m(ExpertMatrix::kDown));
+        mixed = mixed + gates.narrow(1, e, 1) * expert;
+      }
+      x = x + mixed;
+      continue;
+    }
     at::Tensor mlp = at::silu(at::linear(h, p("mlp.gate_proj.weight"))) *
                      at::linear(h, p("mlp.up_proj.weight"));
     x = x + at::linear(mlp, p("mlp.down_proj.weight"));
@@ -190,12 +207,14 @@ TEST_CASE("A device that is not there fails the load with UNAVAILABLE naming it,
   }
 }
 
-TEST_CASE("Gemma 2 and 3 on a GPU are refused before anything loads, naming the architecture",
-          "[submodel]") {
-  int gemmas = 0;
+TEST_CASE(
+    "Gemma 2 and 3 and the mixtures of experts on a GPU are refused before anything loads, "
+    "naming the architecture",
+    "[submodel]") {
+  int cpu_only = 0;
   for (const auto& [name, config] : TinyTestVariants()) {
-    if (!config.gemma()) continue;
-    ++gemmas;
+    if (!config.gemma() && config.num_experts == 0) continue;
+    ++cpu_only;
     INFO(name);
     LoadedModel m = MakeModel(config, name + "_gpu");
     // Before the device is even asked for: the same on a machine with or without a GPU.
@@ -207,7 +226,7 @@ TEST_CASE("Gemma 2 and 3 on a GPU are refused before anything loads, naming the 
                Catch::Contains(absl::StrCat(std::string(ArchitectureName(config.architecture)),
                                             " runs on the CPU only for now (cuda:0 asked)")));
   }
-  CHECK(gemmas == 2);
+  CHECK(cpu_only == 4);
 }
 
 TEST_CASE("Full model matches an independent reference formulation", "[submodel]") {
@@ -770,7 +789,12 @@ TEST_CASE("int8 weights compute the model as quantized, one row and many, in a q
       REQUIRE(float32.ok());
       CHECK((*int8)->int8_weights());
       CHECK_FALSE((*float32)->int8_weights());
-      CHECK((*int8)->layers()[0].gate_up.int8.values.scalar_type() == at::kChar);
+      const DecoderLayerWeights& first = (*int8)->layers()[0];
+      for (const WeightMatrix* mlp :
+           {first.sparse() ? &first.expert_gate_up.back() : &first.gate_up,
+            first.sparse() ? &first.router : &first.down}) {
+        CHECK(mlp->int8.values.scalar_type() == at::kChar);
+      }
       CHECK((*int8)->lm_head().is_int8());
       // Matrices are a quarter of float32's bytes; norms, scales and biases add a little.
       const double ratio = static_cast<double>((*int8)->WeightBytes()) /

@@ -321,13 +321,29 @@ absl::StatusOr<DistillReport> Distill(const DistillOptions& given,
   models.rope = RopeTable::Create(
       config, std::max(seq, longest_prompt) + options.eval_new_tokens + 16, at::kCPU);
 
-  // Λ starts as a copy of teacher layer init_layer (its MLP cut to the adapter's width).
+  // Λ starts as a copy of teacher layer init_layer (its MLP cut to the adapter's width). Λ's
+  // MLP is dense: where that layer mixes experts, it starts as the layer's first expert.
   {
     const NamedTensors init = InitWeights(models.adapter_config, options.seed);
+    const std::map<std::string, ExpertMatrix> expert_roles = {
+        {"mlp.gate_proj.weight", ExpertMatrix::kGate},
+        {"mlp.up_proj.weight", ExpertMatrix::kUp},
+        {"mlp.down_proj.weight", ExpertMatrix::kDown}};
     for (const auto& [name, fresh] : init) {
       if (name.rfind("model.layers.0.", 0) != 0) continue;
       const std::string suffix = name.substr(std::string("model.layers.0.").size());
-      at::Tensor source = models.teacher.at(LayerTensorName(options.init_layer, suffix));
+      std::string source_name = LayerTensorName(options.init_layer, suffix);
+      if (const auto role = expert_roles.find(suffix);
+          role != expert_roles.end() && config.MoeLayer(options.init_layer)) {
+        source_name = ExpertTensorName(config, options.init_layer, 0, role->second);
+      }
+      const auto found = models.teacher.find(source_name);
+      if (found == models.teacher.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            options.model_dir.string(), ": tensor '", source_name,
+            "' is missing; the adapter starts as a copy of layer ", options.init_layer));
+      }
+      at::Tensor source = found->second;
       if (suffix == "mlp.down_proj.weight") {
         source = source.narrow(1, 0, std::min(source.size(1), fresh.size(1)));
       } else if (suffix == "mlp.gate_proj.weight" || suffix == "mlp.up_proj.weight") {

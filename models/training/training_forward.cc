@@ -15,6 +15,35 @@ at::Tensor TrainingRmsNorm(const ModelConfig& c, const at::Tensor& x, const at::
   return RmsNorm(x, c.gemma() ? weight + 1.0 : weight, c.rms_norm_eps);
 }
 
+// A sparse layer's MLP (ModelConfig::MoeLayer) of `h` [..., D], routed as the runtime and
+// transformers route it: each token to its top K experts by softmax probability, renormalised
+// where the model does, each expert computing only its tokens.
+at::Tensor TrainingExperts(const ModelConfig& c, const WeightMap& w, int64_t layer,
+                           const at::Tensor& h) {
+  const at::Tensor rows = h.reshape({-1, c.hidden_size});
+  const at::Tensor probs =
+      at::softmax(at::linear(rows, w.at(RouterTensorName(c, layer))), -1, at::kFloat);
+  auto [weights, ids] = at::topk(probs, c.num_experts_per_token, -1);
+  if (c.normalize_expert_weights) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  weights = weights.to(rows.scalar_type());
+  at::Tensor out = at::zeros_like(rows);
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    const at::Tensor hit = (ids == e).nonzero();  // [n, 2]: token, rank
+    if (hit.size(0) == 0) continue;
+    const at::Tensor token = hit.select(1, 0);
+    auto m = [&](ExpertMatrix role) -> const at::Tensor& {
+      return w.at(ExpertTensorName(c, layer, e, role));
+    };
+    const at::Tensor x = rows.index_select(0, token);
+    const at::Tensor y = at::linear(
+        at::silu(at::linear(x, m(ExpertMatrix::kGate))) * at::linear(x, m(ExpertMatrix::kUp)),
+        m(ExpertMatrix::kDown));
+    const at::Tensor weight = weights.index({token, hit.select(1, 1)}).unsqueeze(1);
+    out = out.index_add(0, token, y * weight);
+  }
+  return out.view(h.sizes());
+}
+
 }  // namespace
 
 at::Tensor TrainingLayers(const ModelConfig& c, const WeightMap& w, const RopeTable& rope,
@@ -94,6 +123,10 @@ at::Tensor TrainingLayers(const ModelConfig& c, const WeightMap& w, const RopeTa
     }
     x = x + out;
     h = norm(x, p("post_attention_layernorm.weight"));
+    if (c.MoeLayer(i)) {
+      x = x + TrainingExperts(c, w, i, h);
+      continue;
+    }
     at::Tensor mlp = at::silu(at::linear(h, p("mlp.gate_proj.weight"))) *
                      at::linear(h, p("mlp.up_proj.weight"));
     x = x + at::linear(mlp, p("mlp.down_proj.weight"));
