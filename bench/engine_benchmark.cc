@@ -258,6 +258,8 @@ class RawCaches {
     return middle.Forward(x, chunks, *buffers_);
   }
   bool graphs() const { return graphs_ != nullptr; }
+  // The experts the last raw step computed over its sparse layers (0 for a dense middle).
+  int64_t experts_computed() const { return buffers_ ? buffers_->experts_computed : 0; }
 
   // Replaces the caches with `count` empty ones of `positions` positions each.
   void Reset(int64_t count, int64_t positions) {
@@ -295,6 +297,7 @@ struct CaseResult {
   double paired_ratio = 0;       // median over repetitions of engine / raw of the same pair
   double max_abs_diff = 0;       // engine result vs raw output, last repetition
   int64_t result_pieces = 1;     // the pieces one step's result for a session left in
+  double experts_computed = 0;   // a mixture of experts: the experts a step computed (mean)
   double bound_ms = 0;           // the case's floor from the measured machine bounds
   double bound_fraction = 0;     // bound_ms / engine_ms
   bool pass = false;
@@ -337,14 +340,19 @@ absl::StatusOr<double> PiecesMaxAbsDiff(const std::vector<const v1::ForwardResul
   return max_diff;
 }
 
-// Bytes a decode step must read at least: every weight once, and each session's keys and
-// values of every layer.
-double DecodeBytes(const Submodel& middle, int64_t batch, int64_t context) {
+// Bytes a decode step must read at least: every weight once (of a mixture of experts, the
+// experts the step's tokens chose: `experts_computed` over its sparse layers), and each
+// session's keys and values of every layer.
+double DecodeBytes(const Submodel& middle, int64_t batch, int64_t context,
+                   double experts_computed) {
   const ModelConfig& c = middle.config();
   const double kv = 2.0 * static_cast<double>(middle.spec().layers.size() * c.num_key_value_heads *
                                               c.head_dim * at::elementSize(middle.options().dtype));
-  return static_cast<double>(middle.WeightBytes()) +
-         kv * static_cast<double>(batch) * static_cast<double>(context);
+  const double weights =
+      c.num_experts > 0
+          ? static_cast<double>(middle.WeightBytesRead(std::llround(experts_computed)))
+          : static_cast<double>(middle.WeightBytes());
+  return weights + kv * static_cast<double>(batch) * static_cast<double>(context);
 }
 
 // FLOPs of a prefill chunk of n positions with no history: 2 per weight per token, plus
@@ -465,6 +473,7 @@ absl::StatusOr<CaseResult> RunDecodeCase(const Submodel& middle, EngineDriver& d
     if (step < args.warmup) continue;
     engine_s.push_back(SecondsBetween(e0, e1));
     raw_s.push_back(SecondsBetween(r0, r1));
+    r.experts_computed += static_cast<double>(raw.experts_computed());
     compute_s.push_back(driver.sink().results().front().result().compute_seconds());
     if (step == steps - 1) {
       for (int64_t b = 0; b < batch; ++b) {
@@ -491,6 +500,7 @@ absl::StatusOr<CaseResult> RunDecodeCase(const Submodel& middle, EngineDriver& d
         }));
   }
   TOPHAT_RETURN_IF_ERROR(driver.Close(ids));
+  if (!raw_s.empty()) r.experts_computed /= static_cast<double>(raw_s.size());
   Finish(r, engine_s, compute_s, raw_s, args.goal);
   return r;
 }
@@ -746,8 +756,9 @@ int Run(const Args& args) {
     // Every weight and each session's history read once (a verification chunk's positions
     // share them), whatever the positions a step.
     const double mean_context = 0.5 * static_cast<double>(r->context_first + r->context_last);
-    r->bound_ms = 1e3 * DecodeBytes(*middle, batch, static_cast<int64_t>(mean_context)) /
-                  bounds.bandwidth;
+    r->bound_ms =
+        1e3 * DecodeBytes(*middle, batch, static_cast<int64_t>(mean_context), r->experts_computed) /
+        bounds.bandwidth;
     r->bound_fraction = r->bound_ms / r->engine_ms;
     cases.push_back(*r);
   }
@@ -764,26 +775,27 @@ int Run(const Args& args) {
   nlohmann::json json_cases = nlohmann::json::array();
   for (const CaseResult& r : cases) {
     all_pass = all_pass && r.pass;
-    json_cases.push_back({{"case", r.name},
-                          {"phase", r.phase},
-                          {"sessions", r.sessions},
-                          {"tokens", r.tokens},
-                          {"context_first", r.context_first},
-                          {"context_last", r.context_last},
-                          {"repetitions", r.repetitions},
-                          {"engine_ms", r.engine_ms},
-                          {"engine_compute_ms", r.engine_compute_ms},
-                          {"raw_ms", r.raw_ms},
-                          {"ratio", r.ratio},
-                          {"paired_ratio", r.paired_ratio},
-                          {"max_abs_diff", r.max_abs_diff},
-                          {"result_pieces", r.result_pieces},
-                          {"bound_ms", r.bound_ms},
-                          {"bound_fraction", r.bound_fraction},
-                          {"tokens_per_second",
-                           r.engine_ms > 0 ? 1e3 * static_cast<double>(r.tokens) / r.engine_ms
-                                           : 0.0},
-                          {"pass", r.pass}});
+    json_cases.push_back(
+        {{"case", r.name},
+         {"phase", r.phase},
+         {"sessions", r.sessions},
+         {"tokens", r.tokens},
+         {"context_first", r.context_first},
+         {"context_last", r.context_last},
+         {"repetitions", r.repetitions},
+         {"engine_ms", r.engine_ms},
+         {"engine_compute_ms", r.engine_compute_ms},
+         {"raw_ms", r.raw_ms},
+         {"ratio", r.ratio},
+         {"paired_ratio", r.paired_ratio},
+         {"max_abs_diff", r.max_abs_diff},
+         {"result_pieces", r.result_pieces},
+         {"bound_ms", r.bound_ms},
+         {"experts_computed", r.experts_computed},
+         {"bound_fraction", r.bound_fraction},
+         {"tokens_per_second",
+          r.engine_ms > 0 ? 1e3 * static_cast<double>(r.tokens) / r.engine_ms : 0.0},
+         {"pass", r.pass}});
     if (r.profile.has_value()) {
       const double steps = r.profile->steps;
       nlohmann::json kernels = nlohmann::json::array();

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes a random Hugging Face checkpoint in a real model's shape, for GPU benchmarks.
 
-    python3 bench/random_checkpoint.py --out DIR [--preset llama3-8b|toy-vocab-100m|tiny]
+    python3 bench/random_checkpoint.py --out DIR
+        [--preset llama3-8b|toy-vocab-100m|tiny|qwen3-30b-a3b-2layers]
         [--dtype bf16|f16|f32]
 
 Weights are normal(0, initializer_range, else 0.02) (norms 1), drawn on the GPU when there
@@ -85,6 +86,34 @@ PRESETS = {
         "eos_token_id": 2,
         "initializer_range": 0.125,
     },
+    # Qwen3-30B-A3B's layer (Qwen/Qwen3-30B-A3B config.json: 128 experts of 768, 8 a token,
+    # head norms, 32 query heads of 128 over 4 KV heads) in 2 of its 48 layers: a CPU decode
+    # benchmark of a sparse layer, whose token reads 8 of the 128 experts.
+    "qwen3-30b-a3b-2layers": {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "num_hidden_layers": 2,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+    },
 }
 
 
@@ -137,17 +166,29 @@ def main() -> int:
     save("embed.safetensors", {"model.embed_tokens.weight": normal(config["vocab_size"], d)})
     for i in range(layers):
         p = f"model.layers.{i}."
-        save(f"layer-{i:03d}.safetensors", {
+        tensors = {
             p + "input_layernorm.weight": ones(d),
             p + "self_attn.q_proj.weight": normal(q, d),
             p + "self_attn.k_proj.weight": normal(kv, d),
             p + "self_attn.v_proj.weight": normal(kv, d),
             p + "self_attn.o_proj.weight": normal(d, q),
             p + "post_attention_layernorm.weight": ones(d),
-            p + "mlp.gate_proj.weight": normal(inter, d),
-            p + "mlp.up_proj.weight": normal(inter, d),
-            p + "mlp.down_proj.weight": normal(d, inter),
-        })
+        }
+        if config["model_type"] == "qwen3_moe":
+            # Qwen3's head norms, and every layer sparse (the presets' decoder_sparse_step 1).
+            tensors[p + "self_attn.q_norm.weight"] = ones(hd)
+            tensors[p + "self_attn.k_norm.weight"] = ones(hd)
+            width = config["moe_intermediate_size"]
+            tensors[p + "mlp.gate.weight"] = normal(config["num_experts"], d)
+            for e in range(config["num_experts"]):
+                tensors[f"{p}mlp.experts.{e}.gate_proj.weight"] = normal(width, d)
+                tensors[f"{p}mlp.experts.{e}.up_proj.weight"] = normal(width, d)
+                tensors[f"{p}mlp.experts.{e}.down_proj.weight"] = normal(d, width)
+        else:
+            tensors[p + "mlp.gate_proj.weight"] = normal(inter, d)
+            tensors[p + "mlp.up_proj.weight"] = normal(inter, d)
+            tensors[p + "mlp.down_proj.weight"] = normal(d, inter)
+        save(f"layer-{i:03d}.safetensors", tensors)
         print(f"random_checkpoint: layer {i + 1}/{layers}", file=sys.stderr, flush=True)
     save("head.safetensors", {"model.norm.weight": ones(d),
                               "lm_head.weight": normal(config["vocab_size"], d)})

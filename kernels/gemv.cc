@@ -330,6 +330,46 @@ void LinearSingleRowOut(const at::Tensor& x, const at::Tensor& weight, const at:
   RunSingleRow(rows_fn, x, weight, bias, out);
 }
 
+bool LinearFewRowsOut(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                      at::Tensor& out) {
+  if (x.dim() != 2 || x.size(0) < 2 || x.size(0) > kFewRowsMax || !x.is_contiguous() ||
+      !SingleRowFits(x.narrow(0, 0, 1), weight, bias) || !out.is_cpu() ||
+      out.scalar_type() != at::kFloat || !out.is_contiguous() || out.dim() != 2 ||
+      out.size(0) != x.size(0) || out.size(1) != weight.size(0)) {
+    return false;
+  }
+  // TOPHAT_FEW_ROWS=off leaves every few-row product to BLAS: for measuring what the kernel
+  // saves (docs/benchmarks.md).
+  static const bool enabled = [] {
+    const char* setting = std::getenv("TOPHAT_FEW_ROWS");
+    return setting == nullptr || std::string_view(setting) != "off";
+  }();
+  if (!enabled) return false;
+  static const RowsFn rows_fn = RowsFor(SelectedCpuIsa());
+  const int64_t rows = x.size(0);
+  const int64_t n = weight.size(0);
+  const int64_t k = weight.size(1);
+  const int64_t ldw = weight.stride(0);
+  const float* w = weight.data_ptr<float>();
+  const float* xp = x.data_ptr<float>();
+  float* yp = out.data_ptr<float>();
+  // Weight rows a block: about 16 KiB of them (at least four, a multiple of four), so that a
+  // block read from memory for the first x row is still in the core's L1 for the others.
+  // Measured on the 2-vCPU EPYC VM (tophat-bench-engine, bench-110m's middle, K = 768): 4 to
+  // 32 KiB blocks ran B=2..8 steps alike, 64 KiB 5-15% and 192 KiB 10-50% slower.
+  const int64_t block = std::max<int64_t>(4, (int64_t{16} << 10) / (4 * k) / 4 * 4);
+  ParallelRowBlocks(n, n * k < (1 << 16) ? 1 : SingleRowThreads(), [&](int64_t begin, int64_t end) {
+    for (int64_t b0 = begin; b0 < end; b0 += block) {
+      const int64_t b1 = std::min(end, b0 + block);
+      for (int64_t r = 0; r < rows; ++r) {
+        rows_fn(w, ldw, xp + r * k, yp + r * n, k, b0, b1);
+      }
+    }
+  });
+  if (bias.defined()) out.add_(bias.view({1, n}));
+  return true;
+}
+
 void LinearRowsFloat32(const float* w, int64_t ldw, const float* x, float* y, int64_t k,
                        int64_t r0, int64_t r1) {
   static const RowsFn rows_fn = RowsFor(SelectedCpuIsa());

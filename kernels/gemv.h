@@ -72,6 +72,20 @@ at::Tensor LinearSingleRow(const at::Tensor& x, const at::Tensor& weight,
 void LinearSingleRowOut(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                         at::Tensor& out);
 
+// A few rows of x ([R, K], 2 <= R <= kFewRowsMax, float32 CPU, contiguous) against the same
+// weight as LinearSingleRowOut takes, into `out` ([R, N] contiguous float32): the weight is read
+// from memory once for all R rows. Each thread takes its share of the weight's rows, as the
+// single-row kernel does, and walks it in blocks small enough to stay in its core's cache
+// while every x row passes over the block. Output row r is bit for bit the single-row
+// kernel's for x row r, whatever R (the blocks start at multiples of four rows).
+// Where BLAS multiplies a handful of rows it packs the whole weight first, reading it twice
+// and then some: a mixture of experts' expert with two or three routed rows, a speculative
+// verification chunk. False (nothing written) where the inputs do not fit, or where the
+// environment sets TOPHAT_FEW_ROWS=off (measurements): the caller multiplies otherwise.
+inline constexpr int64_t kFewRowsMax = 8;
+bool LinearFewRowsOut(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                      at::Tensor& out);
+
 // Rows [r0, r1) of y = W x for one row x of k floats, on the calling thread (no OpenMP
 // inside): the kernel LinearSingleRow runs on each thread's share, for callers that split
 // the rows over threads of their own (kernels/decode_step.h). w: rows of k floats, ldw

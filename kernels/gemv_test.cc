@@ -115,6 +115,51 @@ TEST_CASE("Single-row GEMV falls back for other shapes and dtypes", "[kernels]")
   CHECK(at::allclose(LinearSingleRow(row, strided), at::linear(row, strided)));
 }
 
+TEST_CASE(
+    "A few rows through the weight at once equal the single-row kernel row by row, bit "
+    "for bit",
+    "[kernels]") {
+  at::manual_seed(2);
+  // Widths whose 16 KiB blocks are four rows (768 and up) or more (64, 100), row counts
+  // around the blocks and the thread split, with and without a bias, and a weight that is a
+  // row block of a wider matrix.
+  for (int64_t n : {4, 7, 300, 2305}) {
+    for (int64_t k : {64, 100, 768, 2048}) {
+      const at::Tensor wide = testing::UniformInputs({n, k + 5});
+      const at::Tensor w = wide.narrow(1, 2, k);
+      const at::Tensor b = testing::UniformInputs({n});
+      for (int64_t rows = 2; rows <= kFewRowsMax; rows += 3) {
+        INFO("n=" << n << " k=" << k << " rows=" << rows);
+        const at::Tensor x = testing::UniformInputs({rows, k});
+        for (const at::Tensor& bias : {at::Tensor(), b}) {
+          at::Tensor out = at::empty({rows, n});
+          REQUIRE(LinearFewRowsOut(x, w, bias, out));
+          for (int64_t r = 0; r < rows; ++r) {
+            at::Tensor single = at::empty({1, n});
+            LinearSingleRowOut(x.narrow(0, r, 1), w, bias, single);
+            CHECK(at::equal(out.narrow(0, r, 1), single));
+          }
+          const at::Tensor expected = bias.defined() ? at::linear(x, w, bias) : at::linear(x, w);
+          CHECK(at::allclose(out, expected, 1e-4, 1e-4));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("The few-rows kernel leaves what it does not take to the caller", "[kernels]") {
+  const at::Tensor w = at::randn({8, 16});
+  at::Tensor out = at::zeros({3, 8});
+  // One row (the single-row kernel's), too many rows, another dtype, a strided input.
+  at::Tensor one = at::zeros({1, 8});
+  CHECK_FALSE(LinearFewRowsOut(at::randn({1, 16}), w, {}, one));
+  at::Tensor many = at::zeros({kFewRowsMax + 1, 8});
+  CHECK_FALSE(LinearFewRowsOut(at::randn({kFewRowsMax + 1, 16}), w, {}, many));
+  CHECK_FALSE(LinearFewRowsOut(at::randn({3, 16}, at::kDouble), w.to(at::kDouble), {}, out));
+  CHECK_FALSE(LinearFewRowsOut(at::randn({3, 32}).slice(1, 0, 32, 2), w, {}, out));
+  CHECK(out.abs().sum().item<double>() == 0.0);
+}
+
 TEST_CASE("Huge-page copies hold the same values and outlive the source", "[kernels]") {
   at::Tensor huge;
   at::Tensor expected;

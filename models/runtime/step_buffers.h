@@ -75,6 +75,9 @@ struct StepBuffers {
   at::Tensor routed_out;                // [max_tokens * K, D]
   std::vector<int64_t> expert_offsets;  // E + 1: where each expert's routed rows begin
   std::vector<int64_t> expert_fill;     // E: the next free row of each expert's
+  // The experts the last step computed (those with rows), summed over its sparse layers:
+  // what it read of the experts' weights (Submodel::WeightBytesRead).
+  int64_t experts_computed = 0;
 
   // Index tensors of a step: the device copies and their host staging.
   at::Tensor positions;     // [max_tokens] int64: each row's position

@@ -60,6 +60,10 @@ void LinearOut(const at::Tensor& x, const WeightMatrix& w, const at::Tensor& bia
     kernels::LinearBf16Out(x, w.dense, bias, out);
   } else if (x.size(0) == 1 && x.is_cpu() && x.scalar_type() == at::kFloat) {
     kernels::LinearSingleRowOut(x, w.dense, bias, out);
+  } else if (x.size(0) <= kernels::kFewRowsMax && x.is_cpu() &&
+             kernels::LinearFewRowsOut(x, w.dense, bias, out)) {
+    // A few float32 rows (a small batch, a verification chunk, an expert's routed rows): the
+    // weight read once for all of them, where BLAS would pack it first.
   } else if (UsesSmallBatchGemm(w, x.size(0)) &&
              kernels::SmallBatchGemmOut(x, w.dense, bias, out)) {
     // Measured faster than cuBLAS for this shape and row count (ChooseSmallBatchGemms).
@@ -1130,6 +1134,7 @@ void Submodel::RunLayers(int64_t total, const at::Tensor& global_cos, const at::
   at::Tensor gate_up = dense_rows ? buffers.gate_up.narrow(0, 0, total) : at::Tensor();
   at::Tensor activated = dense_rows ? buffers.activated.narrow(0, 0, total) : at::Tensor();
   kernels::RmsNormOut(x, layers_.front().input_norm, eps, h);
+  buffers.experts_computed = 0;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const DecoderLayerWeights& w = layers_[l];
     const auto layer = static_cast<int64_t>(l);
@@ -1276,6 +1281,7 @@ void Submodel::MixExperts(const DecoderLayerWeights& w, const at::Tensor& h, int
     const int64_t begin = offsets[static_cast<size_t>(e)];
     const int64_t rows = offsets[static_cast<size_t>(e + 1)] - begin;
     if (rows == 0) continue;
+    ++buffers.experts_computed;
     at::Tensor gate_up = buffers.routed_gate_up.narrow(0, begin, rows);
     at::Tensor activated = buffers.routed_activated.narrow(0, begin, rows);
     at::Tensor expert_rows = expert_out.narrow(0, begin, rows);
@@ -1387,6 +1393,17 @@ int64_t Submodel::WeightBytes() const {
     bytes += config_.hidden_size * embedding_.dense.element_size();
   }
   return bytes;
+}
+
+int64_t Submodel::WeightBytesRead(int64_t experts_computed) const {
+  int64_t bytes = WeightBytes();
+  int64_t expert_bytes = 0;  // one expert's: every expert has the first's shape
+  for (const DecoderLayerWeights& w : layers_) {
+    if (!w.sparse()) continue;
+    expert_bytes = w.expert_gate_up.front().bytes() + w.expert_down.front().bytes();
+    bytes -= expert_bytes * config_.num_experts_per_token;  // WeightBytes' one token's K
+  }
+  return bytes + experts_computed * expert_bytes;
 }
 
 bool Submodel::int8_weights() const {

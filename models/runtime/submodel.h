@@ -248,8 +248,13 @@ class Submodel {
   // Whether one-token steps of this submodel take the fused CPU step.
   bool fused_cpu_decode() const { return !fused_layers_.empty() && options_.fused_cpu_decode; }
 
-  // Bytes of weights this submodel reads per decoded token (for bandwidth bounds).
+  // Bytes of weights this submodel reads per decoded token (for bandwidth bounds): a sparse
+  // layer's router and the token's K experts of the E.
   int64_t WeightBytes() const;
+  // Bytes of weights a step reads that computed `experts_computed` experts over its sparse
+  // layers (StepBuffers::experts_computed): a batch's tokens share some experts and not
+  // others. WeightBytes() for a dense submodel.
+  int64_t WeightBytesRead(int64_t experts_computed) const;
 
   const WeightMatrix& embedding() const { return embedding_; }
   const std::vector<DecoderLayerWeights>& layers() const { return layers_; }
