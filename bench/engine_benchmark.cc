@@ -721,13 +721,14 @@ int Run(const Args& args) {
   const ModelConfig& c = middle->config();
   std::fprintf(stderr,
                "middle layers [%lld, %lld) of %lld, dim %lld, %lld heads (%lld KV), %.1f MB "
-               "weights; %d ATen threads on %d CPUs; KV pools %lld blocks x %lld\n",
+               "weights (%.1f MB read a token); %d ATen threads on %d CPUs; KV pools %lld "
+               "blocks x %lld\n",
                static_cast<long long>(spec.layers.begin), static_cast<long long>(spec.layers.end),
                static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.hidden_size),
                static_cast<long long>(c.num_attention_heads),
-               static_cast<long long>(c.num_key_value_heads), middle->WeightBytes() / 1e6,
-               at::get_num_threads(), UsableCpuCount(), static_cast<long long>(num_blocks),
-               static_cast<long long>(args.kv_block_size));
+               static_cast<long long>(c.num_key_value_heads), middle->StoredWeightBytes() / 1e6,
+               middle->WeightBytes() / 1e6, at::get_num_threads(), UsableCpuCount(),
+               static_cast<long long>(num_blocks), static_cast<long long>(args.kv_block_size));
 
   // This run's own bounds: what the hardware under this process can do right now.
   MachineBounds bounds;
@@ -816,11 +817,13 @@ int Run(const Args& args) {
       {"benchmark", "engine_overhead"},
       {"goal", absl::StrFormat("engine step <= %.2fx raw middle forward", args.goal)},
       {"goal_ratio", args.goal},
-      {"model", {{"dir", args.model_dir.empty() ? "random bench-110m" : args.model_dir},
-                 {"layers_begin", spec.layers.begin},
-                 {"layers_end", spec.layers.end},
-                 {"hidden_size", c.hidden_size},
-                 {"weight_bytes", middle->WeightBytes()}}},
+      {"model",
+       {{"dir", args.model_dir.empty() ? "random bench-110m" : args.model_dir},
+        {"layers_begin", spec.layers.begin},
+        {"layers_end", spec.layers.end},
+        {"hidden_size", c.hidden_size},
+        {"weight_bytes", middle->WeightBytes()},
+        {"stored_weight_bytes", middle->StoredWeightBytes()}}},
       {"kv_block_size", args.kv_block_size},
       {"device", device.str()},
       {"cuda_graphs", raw->graphs()},
@@ -829,10 +832,11 @@ int Run(const Args& args) {
       {"fused_split_merge", args.fused_split_merge},
       {"verification_as_decode_rows", args.verification_as_decode_rows},
       {"dtype", args.dtype},
-      {"bounds", {{"memory_bytes_per_second", bounds.bandwidth},
-                  {"memory_method", device.is_cpu() ? "multi-threaded read"
-                                                    : "device-to-device copy, read + write"},
-                  {"gemm_flops", bounds.gemm_flops}}},
+      {"bounds",
+       {{"memory_bytes_per_second", bounds.bandwidth},
+        {"memory_method",
+         device.is_cpu() ? "multi-threaded read" : "device-to-device copy, read + write"},
+        {"gemm_flops", bounds.gemm_flops}}},
       {"raw_caches", "paged, own KvBlockPool"},
       {"aten_threads", at::get_num_threads()},
       {"cpus", UsableCpuCount()},

@@ -21,7 +21,7 @@ absl::StatusOr<LayerProfile> ProfileLayers(const ModelConfig& config,
         Submodel::Load(config, checkpoint, {.layers = {layer, layer + 1}},
                        {.dtype = at::kFloat, .device = device, .max_context = tokens,
                         .huge_pages = false}));
-    profile.bytes.push_back(static_cast<double>(model->WeightBytes()));
+    profile.bytes.push_back(static_cast<double>(model->StoredWeightBytes()));
     const at::Tensor hidden = at::randn({tokens, config.hidden_size}).to(device);
     std::vector<double> times;
     for (int r = 0; r <= repetitions; ++r) {  // the first is a warm-up

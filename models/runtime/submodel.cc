@@ -1395,6 +1395,31 @@ int64_t Submodel::WeightBytes() const {
   return bytes;
 }
 
+int64_t Submodel::StoredWeightBytes() const {
+  int64_t bytes = 0;
+  auto add = [&bytes](const at::Tensor& t) {
+    if (t.defined()) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  };
+  for (const DecoderLayerWeights& w : layers_) {
+    for (const at::Tensor* t : {&w.input_norm, &w.qkv_bias, &w.q_norm, &w.k_norm, &w.o_bias,
+                                &w.post_norm, &w.attention_out_norm, &w.mlp_out_norm}) {
+      add(*t);
+    }
+    for (const WeightMatrix* m : {&w.qkv, &w.o_proj, &w.gate_up, &w.down, &w.router}) {
+      bytes += m->bytes();
+    }
+    for (const auto* experts : {&w.expert_gate_up, &w.expert_down}) {
+      for (const WeightMatrix& m : *experts) bytes += m.bytes();
+    }
+  }
+  add(final_norm_);
+  bytes += lm_head_.bytes();
+  const bool shared = embedding_.dense.is_same(lm_head_.dense) &&
+                      embedding_.int8.values.is_same(lm_head_.int8.values);
+  if (!shared) bytes += embedding_.bytes();
+  return bytes;
+}
+
 int64_t Submodel::WeightBytesRead(int64_t experts_computed) const {
   int64_t bytes = WeightBytes();
   int64_t expert_bytes = 0;  // one expert's: every expert has the first's shape

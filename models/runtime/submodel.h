@@ -255,6 +255,9 @@ class Submodel {
   // layers (StepBuffers::experts_computed): a batch's tokens share some experts and not
   // others. WeightBytes() for a dense submodel.
   int64_t WeightBytesRead(int64_t experts_computed) const;
+  // Bytes of weights this submodel holds: every expert, and the whole embedding table (once
+  // when the head shares it). What placing it on a device costs in memory.
+  int64_t StoredWeightBytes() const;
 
   const WeightMatrix& embedding() const { return embedding_; }
   const std::vector<DecoderLayerWeights>& layers() const { return layers_; }

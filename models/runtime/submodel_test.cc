@@ -229,6 +229,34 @@ TEST_CASE(
   CHECK(cpu_only == 4);
 }
 
+TEST_CASE("A mixture of experts holds every expert, and a token reads K of them", "[submodel]") {
+  int mixtures = 0;
+  for (const auto& [name, config] : TinyTestVariants()) {
+    if (config.num_experts == 0) continue;
+    ++mixtures;
+    INFO(name);
+    LoadedModel m = MakeModel(config, name + "_bytes");
+    CHECK(m.full->StoredWeightBytes() == 4 * config.ParameterCount());
+    auto middle = Submodel::Load(config, *m.checkpoint, SubmodelSpec::Middle(config, 1, 1));
+    REQUIRE(middle.ok());
+    const int64_t expert_bytes = 4 * 3 * config.hidden_size * config.moe_intermediate_size;
+    int64_t unread = 0;  // the experts a token does not read
+    for (int64_t layer = 1; layer < config.num_hidden_layers - 1; ++layer) {
+      if (config.MoeLayer(layer)) {
+        unread += (config.num_experts - config.num_experts_per_token) * expert_bytes;
+      }
+    }
+    CHECK(unread > 0);
+    CHECK((*middle)->StoredWeightBytes() - (*middle)->WeightBytes() == unread);
+    // A step that computed every expert of its sparse layers read all it stores.
+    const int64_t sparse_layers =
+        unread / ((config.num_experts - config.num_experts_per_token) * expert_bytes);
+    CHECK((*middle)->WeightBytesRead(sparse_layers * config.num_experts) ==
+          (*middle)->StoredWeightBytes());
+  }
+  CHECK(mixtures == 2);
+}
+
 TEST_CASE("Full model matches an independent reference formulation", "[submodel]") {
   std::mt19937 rng(1);
   for (const auto& [name, config] : TinyTestVariants()) {
