@@ -38,8 +38,6 @@ passes.
 """
 import json
 import os
-import shutil
-import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -50,7 +48,7 @@ import torch  # noqa: E402
 from transformers import (AutoTokenizer, Gemma2Config, Gemma2ForCausalLM,  # noqa: E402
                           Gemma3ForCausalLM, Gemma3TextConfig)
 
-from loopback_daemons import free_port, speculative_serving  # noqa: E402
+from loopback_daemons import family_test_main  # noqa: E402
 from model_checks import (byte_level_bpe, check, check_chat_prompt,  # noqa: E402
                           check_speculative, finish, greedy_chat_answer, greedy_completion,
                           greedy_completion_logprobs, reference_greedy, reference_logprobs)
@@ -219,18 +217,10 @@ def run_checks(base, model, hf_tokenizer, metrics_port, family):
 
 
 def main():
-    bin_dir, work = sys.argv[1:3]
-    family = sys.argv[3] if len(sys.argv) > 3 else "gemma3"
-    if family not in ("gemma3", "gemma2"):
-        sys.exit(f"gemma_model_test: unknown family {family!r} (gemma3 or gemma2)")
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    model_dir = os.path.join(work, family)
-    model = build_model(model_dir, family)
-    hf_tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    metrics_port = free_port()
-    with speculative_serving(bin_dir, work, model_dir, CORPUS, metrics_port) as base:
-        run_checks(base, model, hf_tokenizer, metrics_port, family)
+    def build(model_dir, family):
+        model = build_model(model_dir, family)
+        return model, AutoTokenizer.from_pretrained(model_dir)
+    family_test_main("gemma_model_test", ["gemma3", "gemma2"], build, run_checks, CORPUS)
     finish()
 
 

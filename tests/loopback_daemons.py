@@ -1,15 +1,18 @@
 """What the Python process tests share to run tophat-cloud and tophat-agent on loopback:
 a free port, the two daemons' configs over the bundles `tophat split` wrote to WORK/bundles
 (plaintext links; metrics off unless a port is given), both daemons serving a checkpoint
-with the agent's OpenAI endpoint (serving), and a drafter distilled between the split and the
-start (distill_after_split)."""
+with the agent's OpenAI endpoint (serving), a drafter distilled between the split and the
+start (distill_after_split), and the main() of a model family's end-to-end test
+(family_test_main)."""
 
 import contextlib
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 
@@ -148,3 +151,21 @@ def distill_after_split(bin_dir, model_dir, work, corpus):
                         "--batch-size", "8", "--sequence-length", "32"], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return run
+
+
+def family_test_main(test, families, build_model, run_checks, corpus):
+    """main() of `test`, an end-to-end test of one of `families` (argv: BIN_DIR WORK_DIR
+    [FAMILY], the first family by default): a fresh WORK_DIR, build_model(model_dir, family)
+    -> (reference model, transformers tokenizer), speculative_serving over it with a drafter
+    distilled on `corpus`, then run_checks(base, model, tokenizer, metrics_port, family)."""
+    bin_dir, work = sys.argv[1:3]
+    family = sys.argv[3] if len(sys.argv) > 3 else families[0]
+    if family not in families:
+        sys.exit(f"{test}: unknown family {family!r} ({' or '.join(families)})")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    model_dir = os.path.join(work, family)
+    model, hf_tokenizer = build_model(model_dir, family)
+    metrics_port = free_port()
+    with speculative_serving(bin_dir, work, model_dir, corpus, metrics_port) as base:
+        run_checks(base, model, hf_tokenizer, metrics_port, family)

@@ -27,8 +27,6 @@ Exits 0 when every check passes.
 """
 import json
 import os
-import shutil
-import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -39,7 +37,7 @@ import torch  # noqa: E402
 from transformers import (AutoTokenizer, MixtralConfig, MixtralForCausalLM,  # noqa: E402
                           Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
-from loopback_daemons import free_port, speculative_serving  # noqa: E402
+from loopback_daemons import family_test_main  # noqa: E402
 from model_checks import (byte_level_bpe, check, check_chat_prompt,  # noqa: E402
                           check_speculative, finish, greedy_chat_answer, greedy_completion,
                           metric, reference_greedy)
@@ -148,17 +146,7 @@ def run_checks(base, model, hf_tokenizer, metrics_port, family):
 
 
 def main():
-    bin_dir, work = sys.argv[1:3]
-    family = sys.argv[3] if len(sys.argv) > 3 else "qwen3_moe"
-    if family not in FAMILIES:
-        sys.exit(f"moe_model_test: unknown family {family!r} ({' or '.join(FAMILIES)})")
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    model_dir = os.path.join(work, family)
-    model, hf_tokenizer = build_model(model_dir, family)
-    metrics_port = free_port()
-    with speculative_serving(bin_dir, work, model_dir, CORPUS, metrics_port) as base:
-        run_checks(base, model, hf_tokenizer, metrics_port, family)
+    family_test_main("moe_model_test", list(FAMILIES), build_model, run_checks, CORPUS)
     finish()
 
 

@@ -35,8 +35,6 @@ passes.
 """
 import json
 import os
-import shutil
-import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -46,7 +44,7 @@ import openai  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoTokenizer, Phi3Config, Phi3ForCausalLM  # noqa: E402
 
-from loopback_daemons import free_port, speculative_serving  # noqa: E402
+from loopback_daemons import family_test_main  # noqa: E402
 from model_checks import (byte_level_bpe, check, check_chat_prompt,  # noqa: E402
                           check_speculative, finish, greedy_chat_answer, greedy_completion,
                           incremental_greedy, reference_greedy)
@@ -176,17 +174,7 @@ def run_checks(base, model, hf_tokenizer, metrics_port, family):
 
 
 def main():
-    bin_dir, work = sys.argv[1:3]
-    family = sys.argv[3] if len(sys.argv) > 3 else "phi4_mini"
-    if family not in ("phi4_mini", "phi4"):
-        sys.exit(f"phi_model_test: unknown family {family!r} (phi4_mini or phi4)")
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    model_dir = os.path.join(work, family)
-    model, hf_tokenizer = build_model(model_dir, family)
-    metrics_port = free_port()
-    with speculative_serving(bin_dir, work, model_dir, CORPUS, metrics_port) as base:
-        run_checks(base, model, hf_tokenizer, metrics_port, family)
+    family_test_main("phi_model_test", ["phi4_mini", "phi4"], build_model, run_checks, CORPUS)
     finish()
 
 
