@@ -125,6 +125,7 @@ absl::StatusOr<json> InspectCheckpoint(const InspectArgs& args) {
                       {"per_token", config.num_experts_per_token},
                       {"intermediate_size", config.moe_intermediate_size},
                       {"renormalized", config.normalize_expert_weights},
+                      {"shared_expert_intermediate_size", config.shared_expert_intermediate_size},
                       {"sparse_layers", sparse}};
   }
 
@@ -231,6 +232,10 @@ std::string FormatInspection(const json& in) {
                       experts["intermediate_size"].get<int64_t>(), ", ",
                       experts["per_token"].get<int64_t>(), " a token",
                       experts["renormalized"].get<bool>() ? " (their weights renormalised)" : "",
+                      experts["shared_expert_intermediate_size"].get<int64_t>() > 0
+                          ? absl::StrCat(", and a shared expert of MLP ",
+                                         experts["shared_expert_intermediate_size"].get<int64_t>())
+                          : "",
                       ", in ", experts["sparse_layers"].size(), " of ", in["layers"].get<int64_t>(),
                       " layers"));
   }

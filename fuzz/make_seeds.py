@@ -210,6 +210,10 @@ def main():
                      moe_intermediate_size=48, norm_topk_prob=True, decoder_sparse_step=1,
                      mlp_only_layers=[2])
     write(out, "model_config", "qwen3_moe.json", json.dumps(qwen3_moe, indent=1))
+    qwen2_moe = dict(llama, architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe",
+                     num_experts=6, num_experts_per_tok=2, moe_intermediate_size=40,
+                     shared_expert_intermediate_size=96, qkv_bias=True)
+    write(out, "model_config", "qwen2_moe.json", json.dumps(qwen2_moe, indent=1))
 
     root = os.path.dirname(HERE)
     for name in ("cloud.yaml", "agent.yaml"):

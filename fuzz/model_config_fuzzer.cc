@@ -50,5 +50,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   TOPHAT_FUZZ_CHECK(again->moe_intermediate_size == config->moe_intermediate_size);
   TOPHAT_FUZZ_CHECK(again->normalize_expert_weights == config->normalize_expert_weights);
   TOPHAT_FUZZ_CHECK(again->mlp_only_layers == config->mlp_only_layers);
+  TOPHAT_FUZZ_CHECK(again->shared_expert_intermediate_size ==
+                    config->shared_expert_intermediate_size);
+  TOPHAT_FUZZ_CHECK(again->attention_bias == config->attention_bias);
   return 0;
 }

@@ -46,7 +46,8 @@ try:
                               Gemma3ForCausalLM, Gemma3ForConditionalGeneration,
                               Gemma3TextConfig, Gemma2Config, Gemma2ForCausalLM, Phi3Config,
                               Phi3ForCausalLM, MixtralConfig, MixtralForCausalLM,
-                              Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                              Qwen3MoeConfig, Qwen3MoeForCausalLM, Qwen2MoeConfig,
+                              Qwen2MoeForCausalLM)
 except ImportError as error:
     print(f"hf_reference: cannot import the reference ({error}). It needs torch and "
           f"transformers from deploy/requirements.txt in {sys.executable}'s environment: run "
@@ -153,6 +154,16 @@ GEMMA2 = dict(BASE, head_dim=32, tie_word_embeddings=True, sliding_window=6,
               query_pre_attn_scalar=24, attn_logit_softcapping=2.0, final_logit_softcapping=3.0)
 
 
+def with_shared_expert_gate_zeroed(directory):
+    """Qwen2-MoE with each shared expert's gate at zero: sigmoid 1/2 on every token."""
+    model = load_reference(directory)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("shared_expert_gate.weight"):
+                p.zero_()
+    return model
+
+
 def with_sdpa_attention(directory):
     """transformers' SDPA attention, which drops Gemma 2's attention soft-cap."""
     return load_reference(directory, attn_implementation="sdpa")
@@ -235,6 +246,11 @@ VARIANTS = [
                                moe_intermediate_size=48, norm_topk_prob=True,
                                decoder_sparse_step=2), dtype=torch.bfloat16, split=(2, 1),
          control=("one expert a token", without(num_experts_per_tok=1))),
+    dict(name="qwen2_moe_shared_expert", cls=Qwen2MoeForCausalLM,
+         config=Qwen2MoeConfig(**BASE, num_experts=6, num_experts_per_tok=2,
+                               moe_intermediate_size=40, shared_expert_intermediate_size=96,
+                               norm_topk_prob=False), split=(1, 1),
+         control=("shared expert's gate zeroed", with_shared_expert_gate_zeroed)),
 ]
 
 

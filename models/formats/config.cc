@@ -271,20 +271,30 @@ absl::StatusOr<SlidingWindow> ParseSlidingWindow(const json& j, const std::strin
   }
   auto sw = j.find("sliding_window");
   if (sw == j.end() || sw->is_null()) return SlidingWindow{};
-  TOPHAT_ASSIGN_OR_RETURN(int64_t window, GetInt(j, source, "sliding_window", std::nullopt, 1));
   // Phi-3 mini windows every layer as Mistral does (transformers' Phi3 masks by
   // `sliding_window` alone).
-  if (architecture == Architecture::kMistral || architecture == Architecture::kPhi3 ||
-      architecture == Architecture::kMixtral) {
-    return SlidingWindow{.window = window};
+  const bool window_alone = architecture == Architecture::kMistral ||
+                            architecture == Architecture::kPhi3 ||
+                            architecture == Architecture::kMixtral;
+  if (!window_alone) {
+    // The Qwen family's window is off unless use_sliding_window, whatever `sliding_window`
+    // says (Qwen2MoeConfig writes 0 then).
+    TOPHAT_ASSIGN_OR_RETURN(bool use, GetBool(j, source, "use_sliding_window", false));
+    if (!use) return SlidingWindow{};
   }
-  TOPHAT_ASSIGN_OR_RETURN(bool use, GetBool(j, source, "use_sliding_window", false));
-  if (!use) return SlidingWindow{};
+  TOPHAT_ASSIGN_OR_RETURN(int64_t window, GetInt(j, source, "sliding_window", std::nullopt, 1));
+  if (window_alone) return SlidingWindow{.window = window};
 
   std::vector<bool> sliding(static_cast<size_t>(num_layers));
   std::string key = "layer_types";
   if (auto types = j.find("layer_types"); types != j.end() && !types->is_null()) {
     TOPHAT_ASSIGN_OR_RETURN(sliding, ParseLayerTypes(*types, source, num_layers));
+  } else if (architecture == Architecture::kQwen2Moe) {
+    // Qwen2MoeConfig derives its windowed layers otherwise than Qwen2 (every other one below
+    // max_window_layers); no Qwen2-MoE checkpoint uses a window to check that against.
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(source, "use_sliding_window"),
+                     ": a window without `layer_types` is not supported for Qwen2MoeForCausalLM"));
   } else {
     key = "max_window_layers";
     TOPHAT_ASSIGN_OR_RETURN(int64_t first, GetInt(j, source, "max_window_layers", int64_t{28}, 0));
@@ -301,20 +311,27 @@ absl::StatusOr<SlidingWindow> ParseSlidingWindow(const json& j, const std::strin
                    "layers or none)"));
 }
 
-// Mixtral's and Qwen3-MoE's experts, with transformers' defaults for what a config leaves
-// out. The count is `num_local_experts` (MixtralConfig; transformers 5 writes Qwen3-MoE's so
-// too) or `num_experts` (Qwen3-MoE's checkpoints).
+// Mixtral's, Qwen3-MoE's and Qwen2-MoE's experts, with transformers' defaults for what a
+// config leaves out. The count is `num_local_experts` (MixtralConfig; transformers 5 writes
+// Qwen3-MoE's so too) or `num_experts` (the Qwen MoE checkpoints).
 absl::Status ParseExperts(const json& j, const std::string& source, ModelConfig& c) {
   const bool mixtral = c.architecture == Architecture::kMixtral;
+  const bool qwen2 = c.architecture == Architecture::kQwen2Moe;
   const char* count_key = j.contains("num_local_experts") && !j["num_local_experts"].is_null()
                               ? "num_local_experts"
                           : j.contains("num_experts") ? "num_experts"
                           : mixtral                   ? "num_local_experts"
                                                       : "num_experts";
-  TOPHAT_ASSIGN_OR_RETURN(c.num_experts,
-                          GetInt(j, source, count_key, int64_t{mixtral ? 8 : 128}, 1));
-  TOPHAT_ASSIGN_OR_RETURN(c.num_experts_per_token,
-                          GetInt(j, source, "num_experts_per_tok", int64_t{mixtral ? 2 : 8}, 1));
+  TOPHAT_ASSIGN_OR_RETURN(c.num_experts, GetInt(j, source, count_key,
+                                                int64_t{mixtral ? 8
+                                                        : qwen2 ? 60
+                                                                : 128},
+                                                1));
+  TOPHAT_ASSIGN_OR_RETURN(c.num_experts_per_token, GetInt(j, source, "num_experts_per_tok",
+                                                          int64_t{mixtral ? 2
+                                                                  : qwen2 ? 4
+                                                                          : 8},
+                                                          1));
   if (c.num_experts_per_token > c.num_experts) {
     return absl::InvalidArgumentError(
         absl::StrCat(Where(source, "num_experts_per_tok"), " (", c.num_experts_per_token,
@@ -326,8 +343,12 @@ absl::Status ParseExperts(const json& j, const std::string& source, ModelConfig&
     c.normalize_expert_weights = true;
     return absl::OkStatus();
   }
-  TOPHAT_ASSIGN_OR_RETURN(c.moe_intermediate_size,
-                          GetInt(j, source, "moe_intermediate_size", int64_t{768}, 1));
+  TOPHAT_ASSIGN_OR_RETURN(c.moe_intermediate_size, GetInt(j, source, "moe_intermediate_size",
+                                                          int64_t{qwen2 ? 1408 : 768}, 1));
+  if (qwen2) {
+    TOPHAT_ASSIGN_OR_RETURN(c.shared_expert_intermediate_size,
+                            GetInt(j, source, "shared_expert_intermediate_size", int64_t{5632}, 1));
+  }
   TOPHAT_ASSIGN_OR_RETURN(c.normalize_expert_weights, GetBool(j, source, "norm_topk_prob", false));
   TOPHAT_ASSIGN_OR_RETURN(c.decoder_sparse_step,
                           GetInt(j, source, "decoder_sparse_step", int64_t{1}, 1));
@@ -473,6 +494,8 @@ std::string_view ArchitectureName(Architecture architecture) {
       return "MixtralForCausalLM";
     case Architecture::kQwen3Moe:
       return "Qwen3MoeForCausalLM";
+    case Architecture::kQwen2Moe:
+      return "Qwen2MoeForCausalLM";
   }
   return "unknown";
 }
@@ -523,13 +546,16 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::stri
     c.architecture = Architecture::kMixtral;
   } else if (name == "Qwen3MoeForCausalLM") {
     c.architecture = Architecture::kQwen3Moe;
+  } else if (name == "Qwen2MoeForCausalLM") {
+    c.architecture = Architecture::kQwen2Moe;
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat(Where(source, "architectures"), ": architecture '", name,
                      "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, "
                      "Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM, "
                      "Gemma3ForConditionalGeneration's text, Gemma2ForCausalLM, "
-                     "Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM)"));
+                     "Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, "
+                     "Qwen2MoeForCausalLM)"));
   }
 
   TOPHAT_ASSIGN_OR_RETURN(c.vocab_size, GetInt(j, source, "vocab_size", std::nullopt, 1));
@@ -617,6 +643,10 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::stri
       c.attention_bias,
       GetBool(j, source, "attention_bias", c.architecture == Architecture::kQwen2));
   if (c.architecture == Architecture::kQwen2) c.attention_bias = true;
+  // Qwen2-MoE names its q/k/v biases `qkv_bias` (on by default; o_proj has none).
+  if (c.architecture == Architecture::kQwen2Moe) {
+    TOPHAT_ASSIGN_OR_RETURN(c.attention_bias, GetBool(j, source, "qkv_bias", true));
+  }
 
   // What the runtime does not compute must not load as something else.
   TOPHAT_ASSIGN_OR_RETURN(bool mlp_bias, GetBool(j, source, "mlp_bias", false));
@@ -667,7 +697,8 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::stri
     return absl::InvalidArgumentError(absl::StrCat(Where(source, "hidden_act"), " ", act->dump(),
                                                    " is not supported (silu only)"));
   }
-  if (c.architecture == Architecture::kMixtral || c.architecture == Architecture::kQwen3Moe) {
+  if (c.architecture == Architecture::kMixtral || c.architecture == Architecture::kQwen3Moe ||
+      c.architecture == Architecture::kQwen2Moe) {
     TOPHAT_RETURN_IF_ERROR(ParseExperts(j, source, c));
   }
   TOPHAT_ASSIGN_OR_RETURN(SlidingWindow window,
@@ -736,6 +767,9 @@ json ModelConfig::ToJson() const {
     case Architecture::kQwen3Moe:
       j["model_type"] = "qwen3_moe";
       break;
+    case Architecture::kQwen2Moe:
+      j["model_type"] = "qwen2_moe";
+      break;
   }
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;
@@ -790,7 +824,7 @@ json ModelConfig::ToJson() const {
   } else if (sliding_window) {
     j["sliding_window"] = *sliding_window;
     if (architecture == Architecture::kQwen2 || architecture == Architecture::kQwen3 ||
-        architecture == Architecture::kQwen3Moe) {
+        architecture == Architecture::kQwen3Moe || architecture == Architecture::kQwen2Moe) {
       // Qwen2 (and Qwen3) slides only the layers from max_window_layers on (default 28): all of
       // them.
       j["use_sliding_window"] = true;
@@ -802,7 +836,11 @@ json ModelConfig::ToJson() const {
   if (architecture == Architecture::kMixtral) {
     j["num_local_experts"] = num_experts;
     j["num_experts_per_tok"] = num_experts_per_token;
-  } else if (architecture == Architecture::kQwen3Moe) {
+  } else if (architecture == Architecture::kQwen3Moe || architecture == Architecture::kQwen2Moe) {
+    if (architecture == Architecture::kQwen2Moe) {
+      j["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
+      j["qkv_bias"] = attention_bias;
+    }
     j["num_experts"] = num_experts;
     j["num_experts_per_tok"] = num_experts_per_token;
     j["moe_intermediate_size"] = moe_intermediate_size;
@@ -829,9 +867,16 @@ int64_t ModelConfig::LayerActiveMatrixParameters(int64_t layer) const {
   const int64_t attention = hidden_size * (q_size() + 2 * kv_size()) + q_size() * hidden_size;
   const int64_t mlp = MoeLayer(layer)
                           ? num_experts * hidden_size +
-                                num_experts_per_token * 3 * hidden_size * moe_intermediate_size
+                                num_experts_per_token * 3 * hidden_size * moe_intermediate_size +
+                                SharedExpertParameters()
                           : 3 * hidden_size * intermediate_size;
   return attention + mlp;
+}
+
+int64_t ModelConfig::SharedExpertParameters() const {
+  return shared_expert_intermediate_size > 0
+             ? 3 * hidden_size * shared_expert_intermediate_size + hidden_size  // + its gate
+             : 0;
 }
 
 int64_t ModelConfig::ParameterCount() const {
@@ -856,7 +901,8 @@ int64_t ModelConfig::LayerParameterCount(int64_t layer) const {
   const int64_t head_norms = qk_norm() ? 2 * head_dim : 0;
   const int64_t mlp =
       MoeLayer(layer)
-          ? num_experts * (3 * hidden_size * moe_intermediate_size + hidden_size)  // + router rows
+          ? num_experts * (3 * hidden_size * moe_intermediate_size + hidden_size) +  // + router
+                SharedExpertParameters()
           : 3 * hidden_size * intermediate_size;
   const int64_t norms = (gemma() ? 4 : 2) * hidden_size;
   return attention + bias + head_norms + mlp + norms;

@@ -3,9 +3,9 @@
 // Phi-4-mini (the Llama layer with q/k/v and gate/up stored fused, rotary over part of each
 // head, LongRoPE scaling), Gemma 3 (its text model: the Llama layer with norms around each
 // sublayer, GELU, and sliding-window layers between full ones) and Gemma 2 (Gemma 3's layer
-// without head norms, one rotary base, and attention scores and logits soft-capped), and two
-// mixtures of experts: Mixtral (Mistral's layer with its MLP a router over experts) and
-// Qwen3-MoE (Qwen3's).
+// without head norms, one rotary base, and attention scores and logits soft-capped), and three
+// mixtures of experts: Mixtral (Mistral's layer with its MLP a router over experts), Qwen3-MoE
+// (Qwen3's) and Qwen2-MoE (Qwen2's, with a shared expert beside the routed ones).
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -32,7 +32,8 @@ enum class Architecture {
   kPhi3,
   kGemma2,
   kMixtral,
-  kQwen3Moe
+  kQwen3Moe,
+  kQwen2Moe
 };
 
 std::string_view ArchitectureName(Architecture architecture);
@@ -117,6 +118,9 @@ struct ModelConfig {
   bool normalize_expert_weights = true;
   int64_t decoder_sparse_step = 1;
   std::vector<int64_t> mlp_only_layers;
+  // Qwen2-MoE: a sparse layer also runs a shared expert (a SwiGLU MLP of this width, 0 for
+  // none) on every token and adds its output scaled by sigmoid(shared_expert_gate . x).
+  int64_t shared_expert_intermediate_size = 0;
 
   // Parses and validates a config.json object. Errors name `source` (the file) and the key.
   static absl::StatusOr<ModelConfig> FromJson(const nlohmann::json& json, const std::string& source);
@@ -175,7 +179,10 @@ struct ModelConfig {
   // (transformers' Gemma3TextScaledWordEmbedding and Gemma 2's), else 1.
   float embedding_scale() const;
   // o_proj has a bias: attention_bias, except in Qwen2 (q/k/v biases only).
-  bool o_bias() const { return attention_bias && architecture != Architecture::kQwen2; }
+  bool o_bias() const {
+    return attention_bias && architecture != Architecture::kQwen2 &&
+           architecture != Architecture::kQwen2Moe;
+  }
   int64_t q_size() const { return num_attention_heads * head_dim; }
   int64_t kv_size() const { return num_key_value_heads * head_dim; }
   // Parameters of one decoder layer, for bandwidth and FLOP accounting: a sparse layer counts
@@ -184,6 +191,8 @@ struct ModelConfig {
   // The parameters one token multiplies in `layer`'s GEMMs: attention's projections and the
   // MLP's matrices, a sparse layer's router and its K experts of the E (norms left out).
   int64_t LayerActiveMatrixParameters(int64_t layer) const;
+  // A sparse layer's shared expert and its gate (Qwen2-MoE), 0 without one.
+  int64_t SharedExpertParameters() const;
   // Every parameter stored: embedding, layers, final norm, and the head when untied.
   int64_t ParameterCount() const;
 };

@@ -739,6 +739,52 @@ TEST_CASE("Mixtral's and Qwen3-MoE's configs read their experts, and read back",
   }
 }
 
+TEST_CASE("Qwen2-MoE's config reads its shared expert and q/k/v biases, and reads back",
+          "[config]") {
+  // Qwen2MoeConfig(...) as transformers 5.17 writes it (sliding_window 0 when not used).
+  const json written = json::parse(R"({
+    "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": null,
+    "decoder_sparse_step": 1, "dtype": "float32", "eos_token_id": null, "hidden_act": "silu",
+    "hidden_size": 32, "intermediate_size": 48, "layer_types": ["full_attention",
+    "full_attention"], "max_position_embeddings": 32768, "max_window_layers": 28,
+    "mlp_only_layers": [], "model_type": "qwen2_moe", "moe_intermediate_size": 24,
+    "norm_topk_prob": false, "num_attention_heads": 4, "num_experts": 6,
+    "num_experts_per_tok": 2, "num_hidden_layers": 2, "num_key_value_heads": 2,
+    "qkv_bias": true, "rms_norm_eps": 1e-06,
+    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+    "shared_expert_intermediate_size": 40, "sliding_window": 0,
+    "tie_word_embeddings": false, "use_sliding_window": false, "vocab_size": 64})");
+  auto c = ModelConfig::FromJson(written, "qwen2_moe/config.json");
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  CHECK(c->architecture == Architecture::kQwen2Moe);
+  CHECK(c->num_experts == 6);
+  CHECK(c->shared_expert_intermediate_size == 40);
+  CHECK(c->attention_bias);
+  CHECK_FALSE(c->o_bias());
+  CHECK_FALSE(c->qk_norm());
+  CHECK(c->SharedExpertParameters() == 3 * 32 * 40 + 32);
+  auto back = ModelConfig::FromJson(c->ToJson(), "written/config.json");
+  REQUIRE(back.ok());
+  CHECK(back->shared_expert_intermediate_size == 40);
+  CHECK(back->attention_bias);
+
+  json no_bias = written;
+  no_bias["qkv_bias"] = false;
+  c = ModelConfig::FromJson(no_bias, "qwen2_moe/config.json");
+  REQUIRE(c.ok());
+  CHECK_FALSE(c->attention_bias);
+
+  // A window without layer_types: Qwen2MoeConfig's rule is not Qwen2's, and none is guessed.
+  json windowed = written;
+  windowed.erase("layer_types");
+  windowed["use_sliding_window"] = true;
+  windowed["sliding_window"] = 16;
+  c = ModelConfig::FromJson(windowed, "qwen2_moe/config.json");
+  REQUIRE_FALSE(c.ok());
+  CHECK_THAT(Message(c.status()), Catch::Contains("key 'use_sliding_window'"));
+}
+
 TEST_CASE("Expert settings out of range are refused, naming file and key", "[config]") {
   json too_many = MixtralConfigV5();
   too_many["num_experts_per_tok"] = 5;

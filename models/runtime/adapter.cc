@@ -82,6 +82,7 @@ ModelConfig AdapterModelConfig(const ModelConfig& model, const AdapterInfo& info
   config.intermediate_size = info.intermediate_size;
   // Λ's block is dense even where the model mixes experts: one MLP of intermediate_size.
   config.num_experts = 0;
+  config.shared_expert_intermediate_size = 0;
   config.mlp_only_layers.clear();
   return config;
 }

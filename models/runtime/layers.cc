@@ -136,6 +136,16 @@ std::string RouterTensorName(const ModelConfig& config, int64_t layer) {
                          MixtralNames(config) ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
 }
 
+std::string SharedExpertTensorName(int64_t layer, ExpertMatrix matrix) {
+  static constexpr const char* kNames[] = {"gate_proj", "up_proj", "down_proj"};
+  return absl::StrCat("model.layers.", layer, ".mlp.shared_expert.",
+                      kNames[static_cast<size_t>(matrix)], ".weight");
+}
+
+std::string SharedExpertGateTensorName(int64_t layer) {
+  return LayerTensorName(layer, "mlp.shared_expert_gate.weight");
+}
+
 std::string ExpertTensorName(const ModelConfig& config, int64_t layer, int64_t expert,
                              ExpertMatrix matrix) {
   static constexpr const char* kMixtral[] = {"w1", "w3", "w2"};

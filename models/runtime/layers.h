@@ -68,5 +68,9 @@ enum class ExpertMatrix { kGate, kUp, kDown };
 std::string RouterTensorName(const ModelConfig& config, int64_t layer);
 std::string ExpertTensorName(const ModelConfig& config, int64_t layer, int64_t expert,
                              ExpertMatrix matrix);
+// Qwen2-MoE's shared expert (mlp.shared_expert.gate_proj, up_proj, down_proj) and its gate
+// ([1, D], mlp.shared_expert_gate).
+std::string SharedExpertTensorName(int64_t layer, ExpertMatrix matrix);
+std::string SharedExpertGateTensorName(int64_t layer);
 
 }  // namespace tophat

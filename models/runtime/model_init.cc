@@ -62,6 +62,13 @@ NamedTensors InitWeights(const ModelConfig& c, uint64_t seed) {
         w.emplace_back(ExpertTensorName(c, i, e, ExpertMatrix::kUp), normal({width, d}));
         w.emplace_back(ExpertTensorName(c, i, e, ExpertMatrix::kDown), normal({d, width}));
       }
+      if (const int64_t shared = c.shared_expert_intermediate_size; shared > 0) {
+        w.emplace_back(SharedExpertTensorName(i, ExpertMatrix::kGate), normal({shared, d}));
+        w.emplace_back(SharedExpertTensorName(i, ExpertMatrix::kUp), normal({shared, d}));
+        w.emplace_back(SharedExpertTensorName(i, ExpertMatrix::kDown), normal({d, shared}));
+        // A gate whose sigmoid is well away from 0 and 1 and differs by token.
+        w.emplace_back(SharedExpertGateTensorName(i), normal({1, d}).mul_(25));
+      }
       continue;
     }
     w.emplace_back(name("mlp.gate_proj.weight"), normal({c.intermediate_size, d}));
@@ -232,6 +239,17 @@ std::vector<std::pair<std::string, ModelConfig>> TinyTestVariants() {
   qwen3_moe.normalize_expert_weights = false;
   qwen3_moe.mlp_only_layers = {2};
   v.emplace_back("qwen3_moe_mixed", qwen3_moe);
+  // Qwen2-MoE: q/k/v biases, 6 experts of 40, 2 a token, and a shared expert of 96 on every
+  // token behind its sigmoid gate.
+  ModelConfig qwen2_moe = TinyTestConfig();
+  qwen2_moe.architecture = Architecture::kQwen2Moe;
+  qwen2_moe.attention_bias = true;
+  qwen2_moe.num_experts = 6;
+  qwen2_moe.num_experts_per_token = 2;
+  qwen2_moe.moe_intermediate_size = 40;
+  qwen2_moe.normalize_expert_weights = false;
+  qwen2_moe.shared_expert_intermediate_size = 96;
+  v.emplace_back("qwen2_moe_shared", qwen2_moe);
   return v;
 }
 

@@ -43,6 +43,12 @@ StepBuffers::StepBuffers(const ModelConfig& config, at::ScalarType dtype, at::De
   routed_gate_up = at::empty({routed_rows, 2 * expert_width}, values);
   routed_activated = at::empty({routed_rows, expert_width}, values);
   routed_out = at::empty({routed_rows, d}, values);
+  const int64_t shared_rows = config.shared_expert_intermediate_size > 0 ? expert_rows : 0;
+  const int64_t shared_width = config.shared_expert_intermediate_size;
+  shared_gate_up = at::empty({shared_rows, 2 * shared_width}, values);
+  shared_activated = at::empty({shared_rows, shared_width}, values);
+  shared_out = at::empty({shared_rows, d}, values);
+  shared_gate = at::empty({shared_rows, 1}, values);
   expert_offsets.reserve(static_cast<size_t>(experts + 1));
   expert_fill.reserve(static_cast<size_t>(experts));
   cos = at::empty({rows, hd / 2}, values.dtype(at::kFloat));
@@ -118,6 +124,10 @@ int64_t StepBuffers::DeviceBytes() const {
                               &routed_gate_up,
                               &routed_activated,
                               &routed_out,
+                              &shared_gate_up,
+                              &shared_activated,
+                              &shared_out,
+                              &shared_gate,
                               &positions,
                               &slots,
                               &block_tables,

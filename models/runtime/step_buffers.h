@@ -73,6 +73,12 @@ struct StepBuffers {
   at::Tensor routed_gate_up;            // [max_tokens * K, 2 moe_intermediate_size]
   at::Tensor routed_activated;          // [max_tokens * K, moe_intermediate_size]
   at::Tensor routed_out;                // [max_tokens * K, D]
+  // Qwen2-MoE's shared expert ([0, ...] without one): its gate_up, activation, output and
+  // gate logit.
+  at::Tensor shared_gate_up;            // [max_tokens, 2 shared_expert_intermediate_size]
+  at::Tensor shared_activated;          // [max_tokens, shared_expert_intermediate_size]
+  at::Tensor shared_out;                // [max_tokens, D]
+  at::Tensor shared_gate;               // [max_tokens, 1]
   std::vector<int64_t> expert_offsets;  // E + 1: where each expert's routed rows begin
   std::vector<int64_t> expert_fill;     // E: the next free row of each expert's
   // The experts the last step computed (those with rows), summed over its sparse layers:

@@ -438,6 +438,22 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
         w.expert_gate_up.push_back(stack({std::move(gate), std::move(up)}));
         w.expert_down.push_back(stack({std::move(down)}));
       }
+      if (const int64_t shared = config.shared_expert_intermediate_size; shared > 0) {
+        TOPHAT_ASSIGN_OR_RETURN(
+            WeightMatrix gate,
+            load_matrix(SharedExpertTensorName(i, ExpertMatrix::kGate), {shared, d}));
+        TOPHAT_ASSIGN_OR_RETURN(
+            WeightMatrix up,
+            load_matrix(SharedExpertTensorName(i, ExpertMatrix::kUp), {shared, d}));
+        TOPHAT_ASSIGN_OR_RETURN(
+            WeightMatrix down,
+            load_matrix(SharedExpertTensorName(i, ExpertMatrix::kDown), {d, shared}));
+        TOPHAT_ASSIGN_OR_RETURN(WeightMatrix shared_gate,
+                                load_matrix(SharedExpertGateTensorName(i), {1, d}));
+        w.shared_gate_up = stack({std::move(gate), std::move(up)});
+        w.shared_down = stack({std::move(down)});
+        w.shared_gate = stack({std::move(shared_gate)});
+      }
     } else {
       TOPHAT_ASSIGN_OR_RETURN(WeightMatrix gate, load_matrix(name("mlp.gate_proj.weight"),
                                                              {config.intermediate_size, d}));
@@ -486,7 +502,8 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
   }
   if (options.int8_activations) {
     for (DecoderLayerWeights& w : model->layers_) {
-      for (WeightMatrix* m : {&w.qkv, &w.o_proj, &w.gate_up, &w.down, &w.router}) {
+      for (WeightMatrix* m : {&w.qkv, &w.o_proj, &w.gate_up, &w.down, &w.router, &w.shared_gate_up,
+                              &w.shared_down, &w.shared_gate}) {
         m->int8_activations = m->is_int8();
       }
       for (auto* experts : {&w.expert_gate_up, &w.expert_down}) {
@@ -1292,6 +1309,20 @@ void Submodel::MixExperts(const DecoderLayerWeights& w, const at::Tensor& h, int
   expert_out.mul_(buffers.routed_weights.narrow(0, 0, routed));
   out.zero_();
   out.index_add_(0, routed_tokens, expert_out);
+  if (w.shared_down.defined()) {
+    // Qwen2-MoE's shared expert on every row, scaled by the sigmoid of its gate, added after
+    // the routed experts as transformers adds it.
+    at::Tensor gate_up = buffers.shared_gate_up.narrow(0, 0, total);
+    at::Tensor activated = buffers.shared_activated.narrow(0, 0, total);
+    at::Tensor shared = buffers.shared_out.narrow(0, 0, total);
+    at::Tensor gate = buffers.shared_gate.narrow(0, 0, total);
+    LinearOut(h, w.shared_gate_up, {}, gate_up);
+    kernels::SwiGluOut(gate_up, activated);
+    LinearOut(activated, w.shared_down, {}, shared);
+    LinearOut(h, w.shared_gate, {}, gate);
+    gate.sigmoid_();
+    out.addcmul_(shared, gate);
+  }
 }
 
 absl::Status Submodel::DecodeStepInBuffers(const KvBlockPool& pool, int64_t rows,
@@ -1371,7 +1402,8 @@ int64_t Submodel::WeightBytes() const {
          {&w.input_norm, &w.qkv_bias, &w.q_norm, &w.k_norm, &w.o_bias, &w.post_norm}) {
       add(*t);
     }
-    for (const WeightMatrix* m : {&w.qkv, &w.o_proj, &w.gate_up, &w.down, &w.router}) {
+    for (const WeightMatrix* m : {&w.qkv, &w.o_proj, &w.gate_up, &w.down, &w.router,
+                                  &w.shared_gate_up, &w.shared_down, &w.shared_gate}) {
       bytes += m->bytes();
     }
     // A token reads its K experts of the E (every expert has the same shape).
@@ -1405,7 +1437,8 @@ int64_t Submodel::StoredWeightBytes() const {
                                 &w.post_norm, &w.attention_out_norm, &w.mlp_out_norm}) {
       add(*t);
     }
-    for (const WeightMatrix* m : {&w.qkv, &w.o_proj, &w.gate_up, &w.down, &w.router}) {
+    for (const WeightMatrix* m : {&w.qkv, &w.o_proj, &w.gate_up, &w.down, &w.router,
+                                  &w.shared_gate_up, &w.shared_down, &w.shared_gate}) {
       bytes += m->bytes();
     }
     for (const auto* experts : {&w.expert_gate_up, &w.expert_down}) {

@@ -135,6 +135,11 @@ struct DecoderLayerWeights {
   WeightMatrix router;
   std::vector<WeightMatrix> expert_gate_up;
   std::vector<WeightMatrix> expert_down;
+  // Qwen2-MoE's shared expert in a sparse layer: gate_up [2S, D], down [D, S], and its gate
+  // [1, D]; undefined otherwise.
+  WeightMatrix shared_gate_up;
+  WeightMatrix shared_down;
+  WeightMatrix shared_gate;
   bool sparse() const { return !expert_down.empty(); }
   // Gemma 3: attention's output normed before its residual add (its checkpoint's
   // post_attention_layernorm), and the MLP's (post_feedforward_layernorm); else undefined.

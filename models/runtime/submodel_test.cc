@@ -156,6 +156,13 @@ at::Tensor ReferenceLogits(const ModelConfig& c, const std::map<std::string, at:
             m(ExpertMatrix::kDown));
         mixed = mixed + gates.narrow(1, e, 1) * expert;
       }
+      if (c.shared_expert_intermediate_size > 0) {
+        auto m = [&](ExpertMatrix role) { return w.at(SharedExpertTensorName(i, role)); };
+        const at::Tensor shared = at::linear(
+            at::silu(at::linear(h, m(ExpertMatrix::kGate))) * at::linear(h, m(ExpertMatrix::kUp)),
+            m(ExpertMatrix::kDown));
+        mixed = mixed + at::sigmoid(at::linear(h, w.at(SharedExpertGateTensorName(i)))) * shared;
+      }
       x = x + mixed;
       continue;
     }
@@ -226,7 +233,7 @@ TEST_CASE(
                Catch::Contains(absl::StrCat(std::string(ArchitectureName(config.architecture)),
                                             " runs on the CPU only for now (cuda:0 asked)")));
   }
-  CHECK(cpu_only == 4);
+  CHECK(cpu_only == 5);
 }
 
 TEST_CASE("A mixture of experts holds every expert, and a token reads K of them", "[submodel]") {
@@ -254,7 +261,7 @@ TEST_CASE("A mixture of experts holds every expert, and a token reads K of them"
     CHECK((*middle)->WeightBytesRead(sparse_layers * config.num_experts) ==
           (*middle)->StoredWeightBytes());
   }
-  CHECK(mixtures == 2);
+  CHECK(mixtures == 3);
 }
 
 TEST_CASE("Full model matches an independent reference formulation", "[submodel]") {

@@ -41,6 +41,16 @@ at::Tensor TrainingExperts(const ModelConfig& c, const WeightMap& w, int64_t lay
     const at::Tensor weight = weights.index({token, hit.select(1, 1)}).unsqueeze(1);
     out = out.index_add(0, token, y * weight);
   }
+  if (c.shared_expert_intermediate_size > 0) {
+    // Qwen2-MoE's shared expert on every token, behind its sigmoid gate.
+    auto m = [&](ExpertMatrix role) -> const at::Tensor& {
+      return w.at(SharedExpertTensorName(layer, role));
+    };
+    const at::Tensor shared = at::linear(
+        at::silu(at::linear(rows, m(ExpertMatrix::kGate))) * at::linear(rows, m(ExpertMatrix::kUp)),
+        m(ExpertMatrix::kDown));
+    out = out + at::sigmoid(at::linear(rows, w.at(SharedExpertGateTensorName(layer)))) * shared;
+  }
   return out.view(h.sizes());
 }
 
