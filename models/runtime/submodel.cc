@@ -1392,31 +1392,40 @@ absl::StatusOr<at::Tensor> Submodel::Logits(const at::Tensor& hidden) const {
   return logits;
 }
 
-int64_t Submodel::WeightBytes() const {
-  int64_t bytes = 0;
-  auto add = [&bytes](const at::Tensor& t) {
-    if (t.defined()) bytes += t.numel() * static_cast<int64_t>(t.element_size());
-  };
-  for (const DecoderLayerWeights& w : layers_) {
-    for (const at::Tensor* t :
-         {&w.input_norm, &w.qkv_bias, &w.q_norm, &w.k_norm, &w.o_bias, &w.post_norm}) {
-      add(*t);
-    }
-    for (const WeightMatrix* m : {&w.qkv, &w.o_proj, &w.gate_up, &w.down, &w.router,
-                                  &w.shared_gate_up, &w.shared_down, &w.shared_gate}) {
-      bytes += m->bytes();
-    }
-    // A token reads its K experts of the E (every expert has the same shape).
-    int64_t expert_bytes = 0;
-    for (const auto* experts : {&w.expert_gate_up, &w.expert_down}) {
-      for (const WeightMatrix& m : *experts) expert_bytes += m.bytes();
-    }
-    if (w.sparse()) {
-      bytes += expert_bytes * config_.num_experts_per_token / config_.num_experts;
-    }
+namespace {
+
+int64_t TensorBytes(const at::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+
+// One expert's bytes in a sparse layer (every expert has the first's shape), 0 in a dense one.
+int64_t ExpertBytes(const DecoderLayerWeights& w) {
+  return w.sparse() ? w.expert_gate_up.front().bytes() + w.expert_down.front().bytes() : 0;
+}
+
+// A layer's weights with `experts` of its experts.
+int64_t LayerWeightBytes(const DecoderLayerWeights& w, int64_t experts) {
+  int64_t bytes = experts * ExpertBytes(w);
+  for (const at::Tensor* t : {&w.input_norm, &w.qkv_bias, &w.q_norm, &w.k_norm, &w.o_bias,
+                              &w.post_norm, &w.attention_out_norm, &w.mlp_out_norm}) {
+    bytes += TensorBytes(*t);
   }
-  add(final_norm_);
-  bytes += lm_head_.bytes();
+  for (const WeightMatrix* m : {&w.qkv, &w.o_proj, &w.gate_up, &w.down, &w.router,
+                                &w.shared_gate_up, &w.shared_down, &w.shared_gate}) {
+    bytes += m->bytes();
+  }
+  return bytes;
+}
+
+}  // namespace
+
+int64_t Submodel::WeightBytes() const {
+  // A token reads its K experts of a sparse layer's E.
+  int64_t bytes = 0;
+  for (const DecoderLayerWeights& w : layers_) {
+    bytes += LayerWeightBytes(w, config_.num_experts_per_token);
+  }
+  bytes += TensorBytes(final_norm_) + lm_head_.bytes();
   // An embedding lookup reads one row per token, not the table.
   if (embedding_.is_int8()) {
     bytes += config_.hidden_size * embedding_.int8.values.element_size() +
@@ -1429,24 +1438,8 @@ int64_t Submodel::WeightBytes() const {
 
 int64_t Submodel::StoredWeightBytes() const {
   int64_t bytes = 0;
-  auto add = [&bytes](const at::Tensor& t) {
-    if (t.defined()) bytes += t.numel() * static_cast<int64_t>(t.element_size());
-  };
-  for (const DecoderLayerWeights& w : layers_) {
-    for (const at::Tensor* t : {&w.input_norm, &w.qkv_bias, &w.q_norm, &w.k_norm, &w.o_bias,
-                                &w.post_norm, &w.attention_out_norm, &w.mlp_out_norm}) {
-      add(*t);
-    }
-    for (const WeightMatrix* m : {&w.qkv, &w.o_proj, &w.gate_up, &w.down, &w.router,
-                                  &w.shared_gate_up, &w.shared_down, &w.shared_gate}) {
-      bytes += m->bytes();
-    }
-    for (const auto* experts : {&w.expert_gate_up, &w.expert_down}) {
-      for (const WeightMatrix& m : *experts) bytes += m.bytes();
-    }
-  }
-  add(final_norm_);
-  bytes += lm_head_.bytes();
+  for (const DecoderLayerWeights& w : layers_) bytes += LayerWeightBytes(w, config_.num_experts);
+  bytes += TensorBytes(final_norm_) + lm_head_.bytes();
   const bool shared = embedding_.dense.is_same(lm_head_.dense) &&
                       embedding_.int8.values.is_same(lm_head_.int8.values);
   if (!shared) bytes += embedding_.bytes();
@@ -1455,10 +1448,10 @@ int64_t Submodel::StoredWeightBytes() const {
 
 int64_t Submodel::WeightBytesRead(int64_t experts_computed) const {
   int64_t bytes = WeightBytes();
-  int64_t expert_bytes = 0;  // one expert's: every expert has the first's shape
+  int64_t expert_bytes = 0;
   for (const DecoderLayerWeights& w : layers_) {
     if (!w.sparse()) continue;
-    expert_bytes = w.expert_gate_up.front().bytes() + w.expert_down.front().bytes();
+    expert_bytes = ExpertBytes(w);
     bytes -= expert_bytes * config_.num_experts_per_token;  // WeightBytes' one token's K
   }
   return bytes + experts_computed * expert_bytes;
