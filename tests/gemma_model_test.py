@@ -49,6 +49,8 @@ from transformers import (AutoTokenizer, Gemma2Config, Gemma2ForCausalLM,  # noq
                           Gemma3ForCausalLM, Gemma3TextConfig)
 
 from loopback_daemons import family_test_main  # noqa: E402
+from model_checks import FAMILY_CORPUS as CORPUS  # noqa: E402
+from model_checks import FAMILY_NEW_TOKENS as NEW_TOKENS  # noqa: E402
 from model_checks import (byte_level_bpe, check, check_chat_prompt,  # noqa: E402
                           check_speculative, finish, greedy_chat_answer, greedy_completion,
                           greedy_completion_logprobs, reference_greedy, reference_logprobs)
@@ -90,10 +92,6 @@ GEMMA2_TEMPLATE = (
     "{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}"
     "{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}")
-
-CORPUS = ["The old farmer walked to the river and counted the boats twice before noon.",
-          "Which is greater, nine or eleven? Count them on your fingers, then answer."]
-NEW_TOKENS = 16
 
 
 def build_model(directory, family):

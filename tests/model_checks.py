@@ -1,7 +1,8 @@
 """What the Python tests that build a small model with its own tokenizer share: checks that
 print and count their failures, a byte-level BPE tokenizer trained on a few sentences, a
 JSON POST to the agent's endpoint, a metric of its /metrics, token ids from log
-probabilities, and transformers' greedy continuations to compare with."""
+probabilities, transformers' greedy continuations to compare with, and the model-family
+tests' sentences and conversation."""
 
 import json
 import re
@@ -10,6 +11,18 @@ import urllib.request
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 failures = []
+
+# The model-family tests' (gemma, phi, moe) tokenizer corpus and prompts, greedy answers'
+# length, and a conversation with a system message and earlier turns.
+FAMILY_CORPUS = ["The old farmer walked to the river and counted the boats twice before noon.",
+                 "Which is greater, nine or eleven? Count them on your fingers, then answer."]
+FAMILY_NEW_TOKENS = 16
+FAMILY_CONVERSATION = [
+    {"role": "system", "content": "Answer briefly."},
+    {"role": "user", "content": "Which is greater, nine or eleven?"},
+    {"role": "assistant", "content": "Eleven."},
+    {"role": "user", "content": "Count the boats twice."},
+]
 
 
 def check(condition, what):

@@ -38,6 +38,9 @@ from transformers import (AutoTokenizer, MixtralConfig, MixtralForCausalLM,  # n
                           Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 from loopback_daemons import family_test_main  # noqa: E402
+from model_checks import FAMILY_CORPUS as CORPUS  # noqa: E402
+from model_checks import FAMILY_NEW_TOKENS as NEW_TOKENS  # noqa: E402
+from model_checks import FAMILY_CONVERSATION as CHATML_CONVERSATION  # noqa: E402
 from model_checks import (byte_level_bpe, check, check_chat_prompt,  # noqa: E402
                           check_speculative, finish, greedy_chat_answer, greedy_completion,
                           metric, reference_greedy)
@@ -57,15 +60,6 @@ MIXTRAL_TEMPLATE = (
     "{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant "
     "roles are supported!') }}{% endif %}{% endfor %}")
 
-CORPUS = ["The old farmer walked to the river and counted the boats twice before noon.",
-          "Which is greater, nine or eleven? Count them on your fingers, then answer."]
-NEW_TOKENS = 16
-CHATML_CONVERSATION = [
-    {"role": "system", "content": "Answer briefly."},
-    {"role": "user", "content": "Which is greater, nine or eleven?"},
-    {"role": "assistant", "content": "Eleven."},
-    {"role": "user", "content": "Count the boats twice."},
-]
 MIXTRAL_CONVERSATION = CHATML_CONVERSATION[1:]  # Mixtral's template has no system role
 FAMILIES = {
     "qwen3_moe": dict(specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],

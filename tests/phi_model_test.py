@@ -45,6 +45,9 @@ import torch  # noqa: E402
 from transformers import AutoTokenizer, Phi3Config, Phi3ForCausalLM  # noqa: E402
 
 from loopback_daemons import family_test_main  # noqa: E402
+from model_checks import FAMILY_CORPUS as CORPUS  # noqa: E402
+from model_checks import FAMILY_NEW_TOKENS as NEW_TOKENS  # noqa: E402
+from model_checks import FAMILY_CONVERSATION as CONVERSATION  # noqa: E402
 from model_checks import (byte_level_bpe, check, check_chat_prompt,  # noqa: E402
                           check_speculative, finish, greedy_chat_answer, greedy_completion,
                           incremental_greedy, reference_greedy)
@@ -67,17 +70,7 @@ PHI4_TEMPLATE = (
     "message['content'] + '<|im_end|>'}}{% endif %}{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|im_start|>assistant<|im_sep|>' }}{% endif %}")
 
-CORPUS = ["The old farmer walked to the river and counted the boats twice before noon.",
-          "Which is greater, nine or eleven? Count them on your fingers, then answer."]
-NEW_TOKENS = 16
 
-
-CONVERSATION = [
-    {"role": "system", "content": "Answer briefly."},
-    {"role": "user", "content": "Which is greater, nine or eleven?"},
-    {"role": "assistant", "content": "Eleven."},
-    {"role": "user", "content": "Count the boats twice."},
-]
 ORIGINAL = 30  # LongRoPE's original length
 SPECIALS = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 PHI4_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_sep|>", "<|im_end|>"]
