@@ -61,6 +61,10 @@ json RopeJson(const ModelConfig& c) {
   } else if (c.rope_scaling.longrope) {
     rope["scaling"] = "longrope";
     rope["original_max_position_embeddings"] = c.rope_scaling.original_max_position_embeddings;
+  } else if (c.rope_scaling.yarn) {
+    rope["scaling"] = "yarn";
+    rope["factor"] = c.rope_scaling.factor;
+    rope["original_max_position_embeddings"] = c.rope_scaling.original_max_position_embeddings;
   }
   if (c.rope_local_theta) rope["local_theta"] = *c.rope_local_theta;
   return rope;

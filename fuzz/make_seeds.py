@@ -214,6 +214,12 @@ def main():
                      num_experts=6, num_experts_per_tok=2, moe_intermediate_size=40,
                      shared_expert_intermediate_size=96, qkv_bias=True)
     write(out, "model_config", "qwen2_moe.json", json.dumps(qwen2_moe, indent=1))
+    qwen3_yarn = dict(llama, architectures=["Qwen3ForCausalLM"], model_type="qwen3",
+                      head_dim=32, max_position_embeddings=131072, rope_theta=1000000.0,
+                      rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                    "original_max_position_embeddings": 32768},
+                      use_sliding_window=False)
+    write(out, "model_config", "qwen3_yarn.json", json.dumps(qwen3_yarn, indent=1))
 
     root = os.path.dirname(HERE)
     for name in ("cloud.yaml", "agent.yaml"):

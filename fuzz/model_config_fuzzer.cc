@@ -22,6 +22,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     TOPHAT_FUZZ_CHECK(static_cast<int64_t>(scaling.long_factor.size()) == rotary_dim / 2);
     TOPHAT_FUZZ_CHECK(scaling.attention_factor > 0 && scaling.original_max_position_embeddings > 0);
   }
+  if (scaling.yarn) {
+    TOPHAT_FUZZ_CHECK(scaling.factor > 0 && scaling.attention_factor > 0);
+    TOPHAT_FUZZ_CHECK(scaling.beta_fast > 0 && scaling.beta_slow > 0);
+  }
   // Soft-caps are Gemma 2's, positive and finite where set.
   for (const double cap : {config->attn_logit_softcapping, config->final_logit_softcapping}) {
     TOPHAT_FUZZ_CHECK(cap == 0 || (cap > 0 && std::isfinite(cap)));
@@ -42,6 +46,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   TOPHAT_FUZZ_CHECK(again->rotary_dim() == rotary_dim);
   TOPHAT_FUZZ_CHECK(again->rope_scaling.longrope == scaling.longrope);
   TOPHAT_FUZZ_CHECK(again->rope_scaling.long_factor == scaling.long_factor);
+  TOPHAT_FUZZ_CHECK(again->rope_scaling.yarn == scaling.yarn);
+  TOPHAT_FUZZ_CHECK(again->rope_scaling.attention_factor == scaling.attention_factor);
+  TOPHAT_FUZZ_CHECK(again->rope_scaling.factor == scaling.factor);
   TOPHAT_FUZZ_CHECK(again->attn_logit_softcapping == config->attn_logit_softcapping);
   TOPHAT_FUZZ_CHECK(again->final_logit_softcapping == config->final_logit_softcapping);
   TOPHAT_FUZZ_CHECK(again->sliding_layers == config->sliding_layers);

@@ -195,6 +195,25 @@ VARIANTS = [
                                              "original_max_position_embeddings": 64}),
          control=("plain rope", without(rope_parameters={"rope_type": "default",
                                                          "rope_theta": 500000.0}))),
+    # YaRN: Qwen3's card's factor over an original length these prompts cross, the ramp's
+    # ends rounded; then gpt-oss's form (not rounded) with other betas and the attention
+    # factor given, on Llama's layer.
+    dict(name="qwen3_yarn", cls=Qwen3ForCausalLM,
+         config=Qwen3Config(**BASE, head_dim=32,
+                            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+                                             "factor": 4.0,
+                                             "original_max_position_embeddings": 32}),
+         split=(1, 1),
+         control=("plain rope", without(rope_parameters={"rope_type": "default",
+                                                         "rope_theta": 10000.0}))),
+    dict(name="llama_yarn_untruncated", cls=LlamaForCausalLM,
+         config=LlamaConfig(**BASE, rope_parameters={
+             "rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 16.0,
+             "beta_slow": 2.0, "truncate": False, "attention_factor": 1.2,
+             "original_max_position_embeddings": 64}), split=(2, 1),
+         control=("rounded ramp, derived attention factor", without(rope_parameters={
+             "rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 16.0,
+             "beta_slow": 2.0, "original_max_position_embeddings": 64}))),
     dict(name="mistral_sliding_window", cls=MistralForCausalLM,
          config=MistralConfig(**BASE, sliding_window=8), split=(2, 1),
          control=("no window", without(sliding_window=None))),

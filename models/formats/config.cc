@@ -91,6 +91,60 @@ absl::StatusOr<std::vector<double>> GetFactors(const json& params, const std::st
 
 // `j` is the whole config: Phi-3 keeps original_max_position_embeddings and
 // partial_rotary_factor at its top level, which transformers moves into the rope parameters.
+// YaRN's keys, as transformers 5.17's _compute_yarn_parameters reads them.
+absl::StatusOr<Rope> ParseYarn(const json& j, const json& params, const std::string& source,
+                               const std::string& key, Rope rope) {
+  RopeScaling& scaling = rope.scaling;
+  scaling.yarn = true;
+  const std::string scoped = absl::StrCat(source, " ", key);
+  TOPHAT_ASSIGN_OR_RETURN(const int64_t max_positions,
+                          GetInt(j, source, "max_position_embeddings", int64_t{2048}, 1));
+  // A top-level original_max_position_embeddings comes first (transformers' config keeps it
+  // as an attribute, which it prefers), then the parameters', then max_position_embeddings.
+  TOPHAT_ASSIGN_OR_RETURN(
+      int64_t original,
+      GetInt(params, scoped, "original_max_position_embeddings", max_positions, 1));
+  TOPHAT_ASSIGN_OR_RETURN(original,
+                          GetInt(j, source, "original_max_position_embeddings", original, 1));
+  scaling.original_max_position_embeddings = original;
+  TOPHAT_ASSIGN_OR_RETURN(scaling.factor, GetDouble(params, scoped, "factor",
+                                                    static_cast<double>(max_positions) /
+                                                        static_cast<double>(original)));
+  if (!(scaling.factor > 0) || !std::isfinite(scaling.factor)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(source, key + ".factor"), " must be > 0, got ", scaling.factor));
+  }
+  auto magnitude = [](double factor, double mscale) {
+    return factor <= 1.0 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
+  };
+  TOPHAT_ASSIGN_OR_RETURN(const double mscale, GetDouble(params, scoped, "mscale", 0.0));
+  TOPHAT_ASSIGN_OR_RETURN(const double mscale_all_dim,
+                          GetDouble(params, scoped, "mscale_all_dim", 0.0));
+  const double fallback =
+      mscale != 0 && mscale_all_dim != 0
+          ? magnitude(scaling.factor, mscale) / magnitude(scaling.factor, mscale_all_dim)
+          : magnitude(scaling.factor, 1.0);
+  TOPHAT_ASSIGN_OR_RETURN(scaling.attention_factor,
+                          GetDouble(params, scoped, "attention_factor", fallback));
+  if (!(scaling.attention_factor > 0) || !std::isfinite(scaling.attention_factor)) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(source, key + ".attention_factor"),
+                                                   " must be > 0, got ", scaling.attention_factor));
+  }
+  // transformers' `or`: 0 and null mean the defaults.
+  TOPHAT_ASSIGN_OR_RETURN(scaling.beta_fast, GetDouble(params, scoped, "beta_fast", 32.0));
+  TOPHAT_ASSIGN_OR_RETURN(scaling.beta_slow, GetDouble(params, scoped, "beta_slow", 1.0));
+  if (scaling.beta_fast == 0) scaling.beta_fast = 32.0;
+  if (scaling.beta_slow == 0) scaling.beta_slow = 1.0;
+  if (!(scaling.beta_fast > 0) || !(scaling.beta_slow > 0) || !std::isfinite(scaling.beta_fast) ||
+      !std::isfinite(scaling.beta_slow)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(source, key), ": yarn's beta_fast and beta_slow must be > 0, got ",
+                     scaling.beta_fast, " and ", scaling.beta_slow));
+  }
+  TOPHAT_ASSIGN_OR_RETURN(scaling.truncate, GetBool(params, scoped, "truncate", true));
+  return rope;
+}
+
 absl::StatusOr<Rope> ParseRope(const json& j, const std::string& source,
                                Architecture architecture = Architecture::kLlama) {
   Rope rope;
@@ -194,10 +248,11 @@ absl::StatusOr<Rope> ParseRope(const json& j, const std::string& source,
     }
     return rope;
   }
+  if (type == "yarn") return ParseYarn(j, *params, source, key, rope);
   if (type != "llama3") {
     return absl::InvalidArgumentError(
         absl::StrCat(Where(source, key + ".rope_type"), " '", type,
-                     "' is not supported (supported: llama3, linear, longrope, default)"));
+                     "' is not supported (supported: llama3, linear, longrope, yarn, default)"));
   }
   scaling.llama3 = true;
   TOPHAT_ASSIGN_OR_RETURN(scaling.factor, GetDouble(*params, scoped, "factor", 8.0));
@@ -384,7 +439,7 @@ absl::Status ParseGemmaRope(const json& j, const std::string& source, ModelConfi
     if (auto sliding = params->find("sliding_attention"); sliding != params->end()) {
       TOPHAT_ASSIGN_OR_RETURN(
           Rope rope, ParseRope(json{{"rope_parameters", *sliding}}, scoped + ".sliding_attention"));
-      if (rope.scaling.llama3 || rope.scaling.linear || rope.scaling.longrope) {
+      if (rope.scaling.scaled()) {
         return absl::InvalidArgumentError(
             absl::StrCat(Where(source, "rope_parameters.sliding_attention"),
                          ": scaling of the sliding layers' rotary embeddings is not supported"));
@@ -395,9 +450,10 @@ absl::Status ParseGemmaRope(const json& j, const std::string& source, ModelConfi
     TOPHAT_ASSIGN_OR_RETURN(global, ParseRope(j, source, c.architecture));
     TOPHAT_ASSIGN_OR_RETURN(local, GetDouble(j, source, "rope_local_base_freq", 10000.0));
   }
-  if (global.scaling.longrope) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        Where(source, "rope_parameters"), ": longrope scaling is not supported for Gemma 3"));
+  if (global.scaling.longrope || global.scaling.yarn) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(source, "rope_parameters"), ": ",
+                                                   global.scaling.yarn ? "yarn" : "longrope",
+                                                   " scaling is not supported for Gemma 3"));
   }
   if (local <= 0) {
     return absl::InvalidArgumentError(
@@ -591,12 +647,12 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::stri
     TOPHAT_RETURN_IF_ERROR(ParseGemmaRope(j, source, c));
   } else {
     TOPHAT_ASSIGN_OR_RETURN(Rope rope, ParseRope(j, source, c.architecture));
-    if (c.gemma() && rope.scaling.longrope) {
+    if (c.gemma() && (rope.scaling.longrope || rope.scaling.yarn)) {
       const auto params = j.find("rope_parameters");
       return absl::InvalidArgumentError(absl::StrCat(
-          Where(source, params != j.end() && !params->is_null() ? "rope_parameters"
-                                                                : "rope_scaling"),
-          ": longrope scaling is not supported for Gemma 2"));
+          Where(source,
+                params != j.end() && !params->is_null() ? "rope_parameters" : "rope_scaling"),
+          ": ", rope.scaling.yarn ? "yarn" : "longrope", " scaling is not supported for Gemma 2"));
     }
     c.rope_theta = rope.theta;
     c.rope_scaling = rope.scaling;
@@ -799,6 +855,15 @@ json ModelConfig::ToJson() const {
         {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
     // Where transformers looks first.
     j["original_max_position_embeddings"] = rope_scaling.original_max_position_embeddings;
+  } else if (rope_scaling.yarn) {
+    j["rope_scaling"] = {
+        {"rope_type", "yarn"},
+        {"factor", rope_scaling.factor},
+        {"attention_factor", rope_scaling.attention_factor},
+        {"beta_fast", rope_scaling.beta_fast},
+        {"beta_slow", rope_scaling.beta_slow},
+        {"truncate", rope_scaling.truncate},
+        {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
   } else {
     j["rope_scaling"] = nullptr;
   }

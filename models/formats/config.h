@@ -54,17 +54,28 @@ absl::StatusOr<at::ScalarType> ParseTorchDtypeName(std::string_view name, std::s
 // own range's factors (transformers' model forward with a cache); transformers' Phi-3 turns a
 // whole pass by the long factors once it reaches past the original length, and its generate()
 // recomputes the cache at that crossing (docs/architecture.md, "Numerics").
+// `rope_scaling` of type "yarn" (Qwen3 and Qwen2.5 past 32k, gpt-oss, DeepSeek): YaRN's
+// "NTK-by-parts": pairs turning fewer than beta_slow times over the original length are
+// divided by `factor`, pairs turning more than beta_fast times are kept, a linear ramp
+// between (its ends rounded outwards unless `truncate` is false); cos and sin multiplied by
+// attention_factor (default 0.1 ln(factor) + 1, or that with `mscale` over that with
+// `mscale_all_dim`). Every position turns by the same frequencies.
 struct RopeScaling {
   bool llama3 = false;
   bool linear = false;
   bool longrope = false;
+  bool yarn = false;
   double factor = 1.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
   std::vector<double> short_factor;  // longrope: rotary_dim / 2 each
   std::vector<double> long_factor;
-  double attention_factor = 1.0;  // longrope's factor on cos and sin
+  double attention_factor = 1.0;  // longrope's and yarn's factor on cos and sin
+  double beta_fast = 32.0;        // yarn: the ramp's ends, in turns over the original length
+  double beta_slow = 1.0;
+  bool truncate = true;  // yarn: the ramp's ends rounded to whole pairs (floor, ceil)
+  bool scaled() const { return llama3 || linear || longrope || yarn; }
 };
 
 struct ModelConfig {

@@ -158,8 +158,11 @@ TEST_CASE("What the runtime does not compute is refused, naming file and key", "
     const char* expected;
   };
   const Case cases[] = {
-      {"yarn", json::json_pointer("/rope_parameters/rope_type"), "yarn",
-       "c.json: key 'rope_parameters.rope_type' 'yarn' is not supported"},
+      {"dynamic", json::json_pointer("/rope_parameters/rope_type"), "dynamic",
+       "c.json: key 'rope_parameters.rope_type' 'dynamic' is not supported"},
+      {"yarn's factor", json::json_pointer("/rope_parameters"),
+       json{{"rope_type", "yarn"}, {"factor", -2.0}},
+       "c.json: key 'rope_parameters.factor' must be > 0, got -2"},
       {"partial rotary", json::json_pointer("/rope_parameters/partial_rotary_factor"), 0.5,
        "c.json: key 'rope_parameters.partial_rotary_factor' 0.5 is not supported"},
       {"mlp bias", json::json_pointer("/mlp_bias"), true, "c.json: key 'mlp_bias'"},
@@ -393,7 +396,7 @@ TEST_CASE("What Gemma's runtime does not compute is refused, naming file and key
           {"layer types", json::json_pointer("/layer_types"), json::array({"full_attention"}),
            "g.json: key 'layer_types' must be a list of 4 (num_hidden_layers) strings"},
           {"scaled local rope", json::json_pointer("/rope_parameters/sliding_attention/rope_type"),
-           "yarn", "'yarn' is not supported"},
+           "dynamic", "'dynamic' is not supported"},
           {"scale", json::json_pointer("/query_pre_attn_scalar"), 0,
            "g.json: key 'query_pre_attn_scalar' must be > 0"},
       });
@@ -834,5 +837,64 @@ TEST_CASE("ToJson reads back, a Qwen2 window on every layer included", "[config]
   CHECK(written["layer_types"] == json({"sliding_attention", "sliding_attention"}));
 }
 
+TEST_CASE("YaRN reads as Qwen3's model card sets it, and as gpt-oss and DeepSeek spell it",
+          "[config]") {
+  // Qwen3's card for 131,072 positions: factor 4 over the original 32,768, in 4.x's spelling.
+  json qwen3 = Qwen3_0_6B();
+  qwen3["rope_scaling"] = {
+      {"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}};
+  auto c = ModelConfig::FromJson(qwen3, "qwen3-yarn/config.json");
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  const RopeScaling& s = c->rope_scaling;
+  CHECK(s.yarn);
+  CHECK(s.scaled());
+  CHECK_FALSE(s.longrope);
+  CHECK(s.factor == 4.0);
+  CHECK(s.original_max_position_embeddings == 32768);
+  CHECK(s.attention_factor == Approx(0.1 * std::log(4.0) + 1.0));
+  CHECK(s.beta_fast == 32.0);
+  CHECK(s.beta_slow == 1.0);
+  CHECK(s.truncate);
+  auto again = ModelConfig::FromJson(c->ToJson(), "round trip");
+  REQUIRE(again.ok());
+  CHECK(again->rope_scaling.yarn);
+  CHECK(again->rope_scaling.factor == 4.0);
+  CHECK(again->rope_scaling.attention_factor == s.attention_factor);
+  CHECK(again->rope_scaling.original_max_position_embeddings == 32768);
+
+  // gpt-oss's: transformers 5's rope_parameters, the ramp's ends not rounded.
+  qwen3.erase("rope_scaling");
+  qwen3["rope_parameters"] = {{"rope_type", "yarn"},
+                              {"rope_theta", 150000.0},
+                              {"factor", 32.0},
+                              {"beta_fast", 32.0},
+                              {"beta_slow", 1.0},
+                              {"truncate", false},
+                              {"original_max_position_embeddings", 4096}};
+  c = ModelConfig::FromJson(qwen3, "gpt-oss/config.json");
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  CHECK(c->rope_theta == 150000.0);
+  CHECK_FALSE(c->rope_scaling.truncate);
+  CHECK(c->rope_scaling.attention_factor == Approx(0.1 * std::log(32.0) + 1.0));
+  again = ModelConfig::FromJson(c->ToJson(), "round trip");
+  REQUIRE(again.ok());
+  CHECK_FALSE(again->rope_scaling.truncate);
+
+  // DeepSeek's: no factor (max_position_embeddings over the original length), and the
+  // attention factor from mscale over mscale_all_dim; beta 0 means the default.
+  qwen3["max_position_embeddings"] = 16384;
+  qwen3["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0},
+                              {"mscale", 0.707},     {"mscale_all_dim", 1.0},
+                              {"beta_fast", 0},      {"original_max_position_embeddings", 4096}};
+  c = ModelConfig::FromJson(qwen3, "deepseek/config.json");
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  CHECK(c->rope_scaling.factor == 4.0);
+  CHECK(c->rope_scaling.beta_fast == 32.0);
+  CHECK(c->rope_scaling.attention_factor ==
+        Approx((0.1 * 0.707 * std::log(4.0) + 1.0) / (0.1 * std::log(4.0) + 1.0)));
+}
 }  // namespace
 }  // namespace tophat

@@ -1,12 +1,13 @@
 #include "models/runtime/layers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/rms_norm.h"
 #include "kernels/decode_attention.h"
+#include "kernels/rms_norm.h"
 #include "kernels/rope.h"
 
 namespace tophat {
@@ -64,11 +65,36 @@ RopeTable RopeTable::Create(const ModelConfig& config, int64_t max_positions, at
       }
     }
   }
+  if (s.yarn) {
+    // YaRN as transformers computes it: the pair index d at which a frequency turns r times
+    // over the original length, a ramp from the fast end (beta_fast turns, kept) to the slow
+    // end (beta_slow turns, divided by the factor).
+    const double dim = static_cast<double>(2 * pairs);
+    const double original = static_cast<double>(s.original_max_position_embeddings);
+    auto pair_turning = [&](double turns) {
+      return dim * std::log(original / (turns * 2.0 * std::numbers::pi)) /
+             (2.0 * std::log(config.rope_theta));
+    };
+    double low = pair_turning(s.beta_fast);
+    double high = pair_turning(s.beta_slow);
+    if (s.truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, dim - 1);
+    if (low == high) high += 0.001;  // transformers' guard against a zero-width ramp
+    for (int64_t i = 0; i < pairs; ++i) {
+      const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+      const double kept = 1.0 - ramp;  // the share of the unscaled frequency
+      inv_freq[i] = inv_freq[i] / s.factor * (1.0 - kept) + inv_freq[i] * kept;
+    }
+  }
   // LongRoPE: positions from the original length on turn by the long factors.
   const std::vector<double> long_inv_freq =
       s.longrope ? frequencies(s.long_factor) : std::vector<double>();
   const int64_t long_from = s.longrope ? s.original_max_position_embeddings : max_positions;
-  const double magnitude = s.longrope ? s.attention_factor : 1.0;
+  const double magnitude = s.longrope || s.yarn ? s.attention_factor : 1.0;
   at::Tensor cos = at::empty({max_positions, half}, at::kFloat);
   at::Tensor sin = at::empty({max_positions, half}, at::kFloat);
   float* cos_data = cos.data_ptr<float>();
