@@ -118,6 +118,7 @@ absl::StatusOr<json> InspectCheckpoint(const InspectArgs& args) {
   }
   out["sliding_window"] = config.sliding_window ? json(*config.sliding_window) : json(nullptr);
   out["sliding_layers"] = sliding;
+  out["attention_sinks"] = config.gpt_oss();
   out["attn_logit_softcapping"] = config.attn_logit_softcapping;
   out["final_logit_softcapping"] = config.final_logit_softcapping;
   if (config.num_experts > 0) {
@@ -125,12 +126,15 @@ absl::StatusOr<json> InspectCheckpoint(const InspectArgs& args) {
     for (int64_t i = 0; i < layers; ++i) {
       if (config.MoeLayer(i)) sparse.push_back(i);
     }
-    out["experts"] = {{"count", config.num_experts},
-                      {"per_token", config.num_experts_per_token},
-                      {"intermediate_size", config.moe_intermediate_size},
-                      {"renormalized", config.normalize_expert_weights},
-                      {"shared_expert_intermediate_size", config.shared_expert_intermediate_size},
-                      {"sparse_layers", sparse}};
+    out["experts"] = {
+        {"count", config.num_experts},
+        {"per_token", config.num_experts_per_token},
+        {"intermediate_size", config.moe_intermediate_size},
+        {"renormalized", config.normalize_expert_weights},
+        {"shared_expert_intermediate_size", config.shared_expert_intermediate_size},
+        {"stored", config.gpt_oss() ? (config.mxfp4_experts ? "fused, mxfp4" : "fused")
+                                    : "one tensor a matrix"},
+        {"sparse_layers", sparse}};
   }
 
   // The weights as stored, and where a split (m, k) puts each: the device holds the
@@ -149,11 +153,16 @@ absl::StatusOr<json> InspectCheckpoint(const InspectArgs& args) {
     const int64_t bytes = stored.numel() * DTypeSize(dtype);
     dtypes[std::string(DTypeName(dtype))] += bytes;
     const std::optional<int64_t> layer = LayerOf(name);
+    // MXFP4 (gpt-oss's experts): two values a byte of "_blocks", and "_scales" are no
+    // parameters of their own.
+    const int64_t values = dtype != SafetensorsDType::kU8 ? stored.numel()
+                           : name.ends_with("_blocks")    ? 2 * stored.numel()
+                                                          : 0;
     if (layer) {
-      parameters += stored.numel();
+      parameters += values;
       (*layer < m || *layer >= layers - k ? device_bytes : cloud_bytes) += bytes;
     } else if (name.starts_with("model.") || name.starts_with("lm_head.")) {
-      parameters += stored.numel();
+      parameters += values;
       device_bytes += bytes;
     } else {
       unread_bytes += bytes;
@@ -222,6 +231,7 @@ std::string FormatInspection(const json& in) {
     absl::StrAppend(&attention, "; ", sliding.size(), " of ", in["layers"].get<int64_t>(),
                     " layers slide over ", in["sliding_window"].get<int64_t>(), " positions");
   }
+  if (in.value("attention_sinks", false)) absl::StrAppend(&attention, "; a sink logit per head");
   if (const double cap = in["attn_logit_softcapping"].get<double>(); cap > 0) {
     absl::StrAppend(&attention, absl::StrFormat("; scores soft-capped at %g", cap));
   }
@@ -241,7 +251,10 @@ std::string FormatInspection(const json& in) {
                                          experts["shared_expert_intermediate_size"].get<int64_t>())
                           : "",
                       ", in ", experts["sparse_layers"].size(), " of ", in["layers"].get<int64_t>(),
-                      " layers"));
+                      " layers",
+                      experts.value("stored", "") == "one tensor a matrix"
+                          ? ""
+                          : absl::StrCat("; stored ", experts.value("stored", ""))));
   }
   const json& rope = in["rope"];
   std::string rotary =

@@ -220,6 +220,14 @@ def main():
                                     "original_max_position_embeddings": 32768},
                       use_sliding_window=False)
     write(out, "model_config", "qwen3_yarn.json", json.dumps(qwen3_yarn, indent=1))
+    gpt_oss = dict(llama, architectures=["GptOssForCausalLM"], model_type="gpt_oss",
+                   head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=6,
+                   layer_types=["sliding_attention", "full_attention"] * 2, swiglu_limit=7.0,
+                   quantization_config={"quant_method": "mxfp4"},
+                   rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                                 "beta_slow": 1.0, "truncate": False,
+                                 "original_max_position_embeddings": 16})
+    write(out, "model_config", "gpt_oss.json", json.dumps(gpt_oss, indent=1))
 
     root = os.path.dirname(HERE)
     for name in ("cloud.yaml", "agent.yaml"):

@@ -42,7 +42,7 @@ bool KvFits(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& value
 // as a plain [positions, kv_heads, head_dim] kernel, with no division per row.
 void Attend(const at::Tensor& q, const KvRows& k, const KvRows& v, int64_t kv_heads,
             std::span<const int32_t> block_table, int64_t block_size, int64_t first,
-            int64_t positions, double scale, double softcap, at::Tensor& out) {
+            int64_t positions, double scale, double softcap, const float* sinks, at::Tensor& out) {
   const int64_t heads = q.size(0);
   const int64_t hd = q.size(1);
   const int64_t group = heads / kv_heads;
@@ -60,7 +60,8 @@ void Attend(const at::Tensor& q, const KvRows& k, const KvRows& v, int64_t kv_he
     thread_local std::vector<float> scores;
     scores.resize(positions - first);
     AttendHead(qp + h * q.stride(0), k, v, h / group, hd, block_table, block_size, first, positions,
-               scale_f, softcap_f, scores.data(), op + h * hd);
+               scale_f, softcap_f, scores.data(), op + h * hd,
+               sinks != nullptr ? sinks[h] : -INFINITY);
   }
 }
 
@@ -79,9 +80,10 @@ __attribute__((target_clones("avx512f", "avx2", "default")))
 void AttendHead(const float* q, const KvRows& k, const KvRows& v, int64_t kv_head,
                 int64_t head_dim, std::span<const int32_t> block_table, int64_t block_size,
                 int64_t first, int64_t positions, float scale, float softcap, float* scores,
-                float* out) {
+                float* out, float sink) {
   const int64_t hd = head_dim;
-  float max_score = -INFINITY;
+  // A sink (gpt-oss) is one more logit in the softmax, with no value row.
+  float max_score = sink;
   // Block by block from the one holding `first` (which may start inside it).
   for (int64_t j = first; j < positions;) {
     const int64_t offset = j % block_size;
@@ -101,7 +103,7 @@ void AttendHead(const float* q, const KvRows& k, const KvRows& v, int64_t kv_hea
     }
     j += rows;
   }
-  float total = 0.0f;
+  float total = sink == -INFINITY ? 0.0f : std::exp(sink - max_score);
   for (int64_t j = 0; j < positions - first; ++j) {
     scores[j] = std::exp(scores[j] - max_score);
     total += scores[j];
@@ -160,15 +162,19 @@ bool DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at::Tens
   static constexpr int32_t kOneBlock[] = {0};
   const KvRows k{keys.data_ptr<float>(), 0, keys.stride(0), keys.stride(1)};
   const KvRows v{values.data_ptr<float>(), 0, values.stride(0), values.stride(1)};
-  Attend(q, k, v, keys.size(1), kOneBlock, keys.size(0), 0, keys.size(0), scale, 0, out);
+  Attend(q, k, v, keys.size(1), kOneBlock, keys.size(0), 0, keys.size(0), scale, 0, nullptr, out);
   return true;
 }
 
 bool PagedDecodeAttention(const at::Tensor& q, const at::Tensor& key_blocks,
                           const at::Tensor& value_blocks, std::span<const int32_t> block_table,
                           int64_t positions, double scale, at::Tensor& out, int64_t first,
-                          double softcap) {
+                          double softcap, const at::Tensor& sinks) {
   if (!QueryFits(q, out) || !KvFits(q, key_blocks, value_blocks, 4)) return false;
+  if (sinks.defined() && (!sinks.is_cpu() || sinks.scalar_type() != at::kFloat ||
+                          !sinks.is_contiguous() || sinks.numel() != q.size(0))) {
+    return false;
+  }
   const int64_t num_blocks = key_blocks.size(0);
   const int64_t block_size = key_blocks.size(1);
   if (positions < 0 || first < 0 || first >= std::max<int64_t>(positions, 1) || block_size < 1) {
@@ -180,8 +186,37 @@ bool PagedDecodeAttention(const at::Tensor& q, const at::Tensor& key_blocks,
     if (block_table[b] < 0 || block_table[b] >= num_blocks) return false;
   }
   Attend(q, KvRowsOf(key_blocks), KvRowsOf(value_blocks), key_blocks.size(2), block_table,
-         block_size, first, positions, scale, softcap, out);
+         block_size, first, positions, scale, softcap,
+         sinks.defined() ? sinks.data_ptr<float>() : nullptr, out);
   return true;
+}
+
+void ClampedSwiGluOut(const at::Tensor& gate_up, at::Tensor& out, float alpha, float limit) {
+  const int64_t inner = gate_up.size(-1) / 2;
+  const int64_t rows = inner == 0 ? 0 : gate_up.numel() / (2 * inner);
+  if (!gate_up.is_cpu() || gate_up.scalar_type() != at::kFloat || !gate_up.is_contiguous() ||
+      !out.is_cpu() || out.scalar_type() != at::kFloat || !out.is_contiguous() ||
+      out.numel() != rows * inner || gate_up.requires_grad()) {
+    // Other dtypes and devices: the composite form, in transformers' order and dtype.
+    const at::Tensor gate = gate_up.narrow(-1, 0, inner).clamp_max(limit);
+    const at::Tensor up = gate_up.narrow(-1, inner, inner).clamp(-limit, limit);
+    out.copy_((up + 1) * (gate * at::sigmoid(gate * alpha)));
+    return;
+  }
+  const float* in = gate_up.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* gate = in + r * 2 * inner;
+    const float* up = gate + inner;
+    float* y = o + r * inner;
+    // transformers' order: g * sigmoid(g * alpha), then (up + 1) times it.
+    for (int64_t i = 0; i < inner; ++i) {
+      const float g = std::min(gate[i], limit);
+      const float u = std::clamp(up[i], -limit, limit);
+      const float glu = g * (1.0f / (1.0f + std::exp(-(g * alpha))));
+      y[i] = (u + 1.0f) * glu;
+    }
+  }
 }
 
 at::Tensor SwiGlu(const at::Tensor& gate_up) {

@@ -3,10 +3,11 @@
 // costs more in dispatch than in arithmetic.
 #pragma once
 
+#include <ATen/ATen.h>
+
+#include <cmath>
 #include <cstdint>
 #include <span>
-
-#include <ATen/ATen.h>
 
 namespace tophat::kernels {
 
@@ -25,11 +26,13 @@ bool DecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at::Tens
 // when the table does not cover `positions` rows of valid block ids; the caller then gathers
 // the rows and takes the composite path. first > 0 attends rows [first, positions) only (a
 // sliding window). softcap > 0 caps each scaled score s at softcap * tanh(s / softcap) before
-// the softmax (Gemma 2's attn_logit_softcapping).
+// the softmax (Gemma 2's attn_logit_softcapping). `sinks` (gpt-oss; [heads] float32 CPU
+// contiguous, or undefined): query head h's softmax also counts a logit sinks[h] whose value
+// is zero, so the weights over the positions sum to less than one.
 bool PagedDecodeAttention(const at::Tensor& q, const at::Tensor& key_blocks,
                           const at::Tensor& value_blocks, std::span<const int32_t> block_table,
                           int64_t positions, double scale, at::Tensor& out, int64_t first = 0,
-                          double softcap = 0);
+                          double softcap = 0, const at::Tensor& sinks = {});
 
 // A batch of decode queries, one per sequence, over one pool's paged keys and values, in one
 // CUDA launch (kernels/paged_attention.cu). q: [num_seqs, heads, head_dim] contiguous;
@@ -92,10 +95,12 @@ KvRows KvRowsOf(const at::Tensor& blocks);
 // 0: each scaled score capped as PagedDecodeAttention caps it), laid out
 // in blocks as PagedDecodeAttention reads them (block_table covers them). `scores`: room for
 // `positions - first` floats; `out`: head_dim floats. The arithmetic of DecodeAttention and
-// PagedDecodeAttention, head by head (kernels/decode_step.h gets the same numbers).
+// PagedDecodeAttention, head by head (kernels/decode_step.h gets the same numbers). `sink`:
+// the head's attention sink logit (gpt-oss), -infinity for none.
 void AttendHead(const float* q, const KvRows& k, const KvRows& v, int64_t kv_head, int64_t head_dim,
                 std::span<const int32_t> block_table, int64_t block_size, int64_t first,
-                int64_t positions, float scale, float softcap, float* scores, float* out);
+                int64_t positions, float scale, float softcap, float* scores, float* out,
+                float sink = -INFINITY);
 
 // silu(gate[i]) * up[i] for i < n, float32 on the calling thread: SwiGluOut's CPU arithmetic.
 void SwiGluRow(const float* gate, const float* up, int64_t n, float* out);
@@ -106,6 +111,13 @@ void GeluTanhGluRow(const float* gate, const float* up, int64_t n, float* out);
 // shape with the last dimension halved, contiguous); on a float32 CPU row by row with
 // GeluTanhGluRow, elsewhere ATen's gelu.
 void GeluTanhGluOut(const at::Tensor& gate_up, at::Tensor& out);
+
+// gpt-oss's experts: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate,
+// limit), for gate_up = [gate | up] along the last dimension ([rows, 2I] float32 CPU
+// contiguous), into `out` ([rows, I] contiguous float32), allocating nothing (other dtypes
+// and devices: composite ops); transformers' GptOssExperts with alpha 1.702 and limit 7.
+void ClampedSwiGluOut(const at::Tensor& gate_up, at::Tensor& out, float alpha = 1.702f,
+                      float limit = 7.0f);
 
 // silu(gate) * up for gate_up = [gate | up] along the last dimension, in one pass.
 at::Tensor SwiGlu(const at::Tensor& gate_up);

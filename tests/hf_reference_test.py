@@ -47,7 +47,8 @@ try:
                               Gemma3TextConfig, Gemma2Config, Gemma2ForCausalLM, Phi3Config,
                               Phi3ForCausalLM, MixtralConfig, MixtralForCausalLM,
                               Qwen3MoeConfig, Qwen3MoeForCausalLM, Qwen2MoeConfig,
-                              Qwen2MoeForCausalLM)
+                              Qwen2MoeForCausalLM, GptOssConfig, GptOssForCausalLM)
+    from model_checks import round_experts_to_mxfp4, write_gpt_oss_mxfp4
 except ImportError as error:
     print(f"hf_reference: cannot import the reference ({error}). It needs torch and "
           f"transformers from deploy/requirements.txt in {sys.executable}'s environment: run "
@@ -169,6 +170,59 @@ def with_sdpa_attention(directory):
     return load_reference(directory, attn_implementation="sdpa")
 
 
+# gpt-oss: attention sinks, every other layer sliding over 6 positions, YaRN (its own form:
+# the ramp unrounded, a factor of 32 over an original length these prompts cross), 4 experts
+# of 32 with 2 a token. GptOssForCausalLM starts its experts' biases and sinks at zero:
+# gate_up's biases at sd 8 so that the clamps at +-7 bite, the sinks at sd 2 so that they
+# take a share of each row.
+GPT_OSS = dict(BASE, intermediate_size=32, head_dim=16, num_local_experts=4,
+               num_experts_per_tok=2, sliding_window=6,
+               rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                                "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                "original_max_position_embeddings": 16})
+
+
+def gpt_oss_weights(model):
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("gate_up_proj_bias"):
+                p.copy_(8.0 * torch.randn_like(p))
+            elif name.endswith("down_proj_bias"):
+                p.copy_(0.5 * torch.randn_like(p))
+            elif name.endswith("sinks"):
+                p.copy_(2.0 * torch.randn_like(p))
+
+
+def without_clamps(directory):
+    """gpt-oss's experts without their clamps at +-7."""
+    model = load_reference(directory)
+    for layer in model.model.layers:
+        layer.mlp.experts.limit = float("inf")
+    return model
+
+
+def without_sinks(directory):
+    """gpt-oss with every sink at -inf: each row's softmax over the positions alone."""
+    model = load_reference(directory)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.fill_(-float("inf"))
+    return model
+
+
+def load_dequantized_by_transformers(directory):
+    """The reference for an MXFP4 checkpoint: the model before rounding, its experts rounded
+    and dequantized by transformers' own code (model_checks.round_experts_to_mxfp4)."""
+    model = load_reference(directory + ".unquantized")
+    round_experts_to_mxfp4(model)
+    return model
+
+
+def with_unquantized_experts(directory):
+    """The same model before its experts were rounded to MXFP4 (the checkpoint beside it)."""
+    return load_reference(directory + ".unquantized")
+
+
 # name, class, config, save (dtype, max_shard_size), split (m, k), control (what it removes);
 # incremental_from: the reference's logits and greedy tokens from the model's forward with a
 # cache, the first N tokens in one pass and each later one alone (LongRoPE switches a whole
@@ -270,6 +324,15 @@ VARIANTS = [
                                moe_intermediate_size=40, shared_expert_intermediate_size=96,
                                norm_topk_prob=False), split=(1, 1),
          control=("shared expert's gate zeroed", with_shared_expert_gate_zeroed)),
+    dict(name="gpt_oss", cls=GptOssForCausalLM, config=GptOssConfig(**GPT_OSS), split=(1, 1),
+         prepare=gpt_oss_weights, control=("no clamps", without_clamps)),
+    dict(name="gpt_oss_bf16_sinks", cls=GptOssForCausalLM, config=GptOssConfig(**GPT_OSS),
+         prepare=gpt_oss_weights, dtype=torch.bfloat16, split=(2, 1),
+         control=("no sinks", without_sinks)),
+    dict(name="gpt_oss_mxfp4", cls=GptOssForCausalLM, config=GptOssConfig(**GPT_OSS),
+         prepare=gpt_oss_weights, write=write_gpt_oss_mxfp4, split=(1, 2),
+         reference=load_dequantized_by_transformers,
+         control=("experts not rounded to MXFP4", with_unquantized_experts)),
 ]
 
 
@@ -296,8 +359,15 @@ def write_checkpoint(variant, directory, seed):
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
             elif name.endswith(".bias"):
                 p.copy_(0.5 * torch.randn_like(p))
+        if "prepare" in variant:
+            variant["prepare"](model)
     if "dtype" in variant:
         model = model.to(variant["dtype"])
+    if "write" in variant:
+        # A storage save_pretrained does not write (and the model as it was, for a control).
+        variant["write"](model, directory)
+        model.save_pretrained(directory + ".unquantized")
+        return [f for f in os.listdir(directory) if f.endswith(".safetensors")]
     save = {"safe_serialization": True}
     if "max_shard_size" in variant:
         save["max_shard_size"] = variant["max_shard_size"]
@@ -372,7 +442,7 @@ def check_variant(variant, index, runtime_logits, work_dir):
     vocab = variant.get("tokens_below", getattr(variant["config"], "text_config",
                                                 variant["config"]).vocab_size)
     tokens = [rng.randrange(vocab) for _ in range(PROMPT_TOKENS)]
-    reference = load_reference(directory)
+    reference = variant.get("reference", load_reference)(directory)
     outputs = reference_outputs
     if "incremental_from" in variant:
         def outputs(model, tokens):

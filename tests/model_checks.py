@@ -2,9 +2,10 @@
 print and count their failures, a byte-level BPE tokenizer trained on a few sentences, a
 JSON POST to the agent's endpoint, a metric of its /metrics, token ids from log
 probabilities, transformers' greedy continuations to compare with, and the model-family
-tests' sentences and conversation."""
+tests' sentences and conversation, and gpt-oss's MXFP4 storage."""
 
 import json
+import os
 import re
 import urllib.request
 
@@ -169,3 +170,59 @@ def metric(port, name):
         text = response.read().decode()
     match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.MULTILINE)
     return float(match.group(1)) if match else 0.0
+
+
+# e2m1, the 4-bit float of MXFP4: a code's value (the sign in its high bit).
+FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0,
+              -6.0]
+
+
+def to_mxfp4(w):
+    """w [..., n] (n a multiple of 32) as MXFP4: blocks [..., n/32, 16] and scales [..., n/32],
+    each block scaled by the power of two that brings its largest value within 6, each value
+    the nearest e2m1 code, two codes a byte, the first in the low nibble."""
+    import torch
+    *lead, n = w.shape
+    groups = w.float().reshape(*lead, n // 32, 32)
+    exponent = torch.ceil(torch.log2(groups.abs().amax(-1, keepdim=True).clamp_min(1e-30) / 6))
+    codes = (groups / torch.exp2(exponent)).unsqueeze(-1).sub(torch.tensor(FP4_VALUES))
+    codes = codes.abs().argmin(-1)
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return packed.to(torch.uint8), (exponent.squeeze(-1) + 127).to(torch.uint8)
+
+
+def write_gpt_oss_mxfp4(model, directory):
+    """A GptOssForCausalLM as OpenAI released gpt-oss: the experts' matrices in MXFP4
+    (gate_up_proj_blocks [E, 2I, D/32, 16] with gate_up_proj_scales, rows as a linear layer's;
+    down_proj likewise), the rest as is, and quantization_config naming mxfp4."""
+    from safetensors.torch import save_file
+    tensors = {}
+    for name, p in model.state_dict().items():
+        if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+            blocks, scales = to_mxfp4(p.transpose(1, 2))
+            tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+        else:
+            tensors[name] = p.contiguous()
+    os.makedirs(directory, exist_ok=True)
+    save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    model.config.save_pretrained(directory)
+    with open(os.path.join(directory, "config.json")) as f:
+        config = json.load(f)
+    config["architectures"] = [type(model).__name__]  # what save_pretrained would add
+    config["quantization_config"] = {"quant_method": "mxfp4"}
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+
+
+def round_experts_to_mxfp4(model):
+    """Replaces a GptOssForCausalLM's expert matrices by their MXFP4 rounding, dequantized by
+    transformers' own convert_moe_packed_tensors (what its loader runs on a CPU; the loader
+    itself needs the accelerate package, which tophat does not install)."""
+    import torch
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+                blocks, scales = to_mxfp4(p.transpose(1, 2))
+                p.copy_(convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""A mixture of experts through tophat, end to end: Qwen3-MoE (Qwen3MoeForCausalLM) or
-Mixtral (MixtralForCausalLM).
+"""A mixture of experts through tophat, end to end: Qwen3-MoE (Qwen3MoeForCausalLM),
+Mixtral (MixtralForCausalLM) or gpt-oss (GptOssForCausalLM).
 
-    python3 tests/moe_model_test.py BIN_DIR WORK_DIR [qwen3_moe|mixtral]
+    python3 tests/moe_model_test.py BIN_DIR WORK_DIR [qwen3_moe|mixtral|gpt_oss]
 
 Builds a small random checkpoint with transformers: Qwen3-MoE's layer (head norms, 8 experts,
 3 a token, their weights as the router gives them, layer 2 dense by mlp_only_layers) with a
@@ -21,6 +21,12 @@ OpenAI endpoint and the official client:
   agent's metrics); Mixtral's random drafter is never right on these answers, so there the
   answers show that verification rejected every draft without changing them.
 
+gpt-oss goes as OpenAI released it: its experts in MXFP4 (the reference holds the same
+values, dequantized by transformers' own code), attention sinks, every other layer sliding,
+YaRN; served without a drafter (`tophat distill` does not train one for it yet) and without
+chat (no template: its harmony format is not among tophat's chat families), its greedy
+completions must be transformers'.
+
 tophat and transformers compute in float32 on the CPU; the weights are drawn wide
 (initializer_range 0.1) so that greedy choices and the routers' picks are not near-ties.
 Exits 0 when every check passes.
@@ -34,8 +40,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import openai  # noqa: E402
 import torch  # noqa: E402
-from transformers import (AutoTokenizer, MixtralConfig, MixtralForCausalLM,  # noqa: E402
-                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
+from transformers import (AutoTokenizer, GptOssConfig, GptOssForCausalLM,  # noqa: E402
+                          MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 from loopback_daemons import family_test_main  # noqa: E402
 from model_checks import FAMILY_CORPUS as CORPUS  # noqa: E402
@@ -43,7 +49,8 @@ from model_checks import FAMILY_NEW_TOKENS as NEW_TOKENS  # noqa: E402
 from model_checks import FAMILY_CONVERSATION as CHATML_CONVERSATION  # noqa: E402
 from model_checks import (byte_level_bpe, check, check_chat_prompt,  # noqa: E402
                           check_speculative, finish, greedy_chat_answer, greedy_completion,
-                          metric, reference_greedy)
+                          metric, reference_greedy, round_experts_to_mxfp4,
+                          write_gpt_oss_mxfp4)
 
 # ChatML, as Qwen2.5's and Qwen3's templates write a conversation without tools or thinking.
 CHATML_TEMPLATE = (
@@ -72,6 +79,8 @@ FAMILIES = {
                     # to keep a draft in these answers: what they show is that verification
                     # rejected every draft and left the answers transformers' own.
                     drafts_kept=False),
+    "gpt_oss": dict(specials=["<|startoftext|>", "<|return|>", "<|endoftext|>"], template=None,
+                    eos="<|return|>", bos=None, conversation=None, drafts_kept=None),
 }
 
 
@@ -81,9 +90,10 @@ def build_model(directory, family):
     os.makedirs(directory, exist_ok=True)
     tokenizer = byte_level_bpe(CORPUS, spec["specials"])
     tokenizer.save(os.path.join(directory, "tokenizer.json"))
-    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast",
-                        "chat_template": spec["template"], "eos_token": spec["eos"],
+    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": spec["eos"],
                         "pad_token": spec["eos"], "add_bos_token": spec["bos"] is not None}
+    if spec["template"]:
+        tokenizer_config["chat_template"] = spec["template"]
     if spec["bos"]:
         tokenizer_config["bos_token"] = spec["bos"]
     with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
@@ -101,16 +111,36 @@ def build_model(directory, family):
         model = Qwen3MoeForCausalLM(Qwen3MoeConfig(
             **shape, head_dim=32, num_experts=8, num_experts_per_tok=3,
             moe_intermediate_size=48, norm_topk_prob=False, mlp_only_layers=[2]))
-    else:
+    elif family == "mixtral":
         model = MixtralForCausalLM(MixtralConfig(**shape, num_local_experts=4,
                                                  num_experts_per_tok=2))
+    else:
+        # gpt-oss-20b's YaRN (from an original length these prompts cross) and windows (6
+        # positions), 4 experts of 64 (MXFP4 blocks of 32), 2 a token.
+        shape.update(intermediate_size=64, head_dim=16, sliding_window=6,
+                     rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0,
+                                      "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                      "truncate": False, "original_max_position_embeddings": 16})
+        model = GptOssForCausalLM(GptOssConfig(**shape, num_local_experts=4,
+                                               num_experts_per_tok=2))
     model = model.eval()
-    # transformers starts norms at one exactly, which would hide a norm's weight.
+    # transformers starts norms at one exactly, which would hide a norm's weight; gpt-oss's
+    # biases and sinks at zero: gate_up's biases wide enough that the clamps at +-7 bite.
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
-    model.save_pretrained(directory, safe_serialization=True)
+            elif name.endswith("gate_up_proj_bias"):
+                p.copy_(8.0 * torch.randn_like(p))
+            elif name.endswith("_bias") or name.endswith(".bias"):
+                p.copy_(0.5 * torch.randn_like(p))
+            elif name.endswith("sinks"):
+                p.copy_(2.0 * torch.randn_like(p))
+    if family == "gpt_oss":
+        round_experts_to_mxfp4(model)
+        write_gpt_oss_mxfp4(model, directory)
+    else:
+        model.save_pretrained(directory, safe_serialization=True)
     return model, hf_tokenizer
 
 
@@ -120,6 +150,15 @@ def run_checks(base, model, hf_tokenizer, metrics_port, family):
     name = client.models.list().data[0].id
     stop_ids = [hf_tokenizer.convert_tokens_to_ids(spec["eos"])]
 
+    if spec["conversation"] is None:
+        # Completions only, decoded without a drafter.
+        for text in CORPUS:
+            ids = hf_tokenizer(text)["input_ids"]
+            ours = greedy_completion(base, name, ids, NEW_TOKENS)
+            theirs = reference_greedy(model, ids, [], NEW_TOKENS)
+            check(ours == theirs, f"a greedy completion of {len(ids)} prompt tokens is "
+                                  f"transformers' (tophat {ours}, transformers {theirs})")
+        return
     expected = check_chat_prompt(base, name, hf_tokenizer, spec["conversation"])
     for text in CORPUS:
         ids = hf_tokenizer(text)["input_ids"]
@@ -140,7 +179,8 @@ def run_checks(base, model, hf_tokenizer, metrics_port, family):
 
 
 def main():
-    family_test_main("moe_model_test", list(FAMILIES), build_model, run_checks, CORPUS)
+    family_test_main("moe_model_test", list(FAMILIES), build_model, run_checks, CORPUS,
+                     without_drafter=["gpt_oss"])
     finish()
 
 

@@ -150,7 +150,9 @@ absl::StatusOr<Rope> ParseRope(const json& j, const std::string& source,
   Rope rope;
   const json* params = nullptr;  // the object holding the rope type and its keys
   std::string key;               // its name, for errors
-  TOPHAT_ASSIGN_OR_RETURN(rope.theta, GetDouble(j, source, "rope_theta", 10000.0));
+  // GptOssConfig's default_theta.
+  const double default_theta = architecture == Architecture::kGptOss ? 150000.0 : 10000.0;
+  TOPHAT_ASSIGN_OR_RETURN(rope.theta, GetDouble(j, source, "rope_theta", default_theta));
   if (auto it = j.find("rope_parameters"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) {
       return absl::InvalidArgumentError(
@@ -191,6 +193,13 @@ absl::StatusOr<Rope> ParseRope(const json& j, const std::string& source,
   if (!(rope.partial_rotary_factor > 0 && rope.partial_rotary_factor <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
         Where(source, partial_key), " must be in (0, 1], got ", rope.partial_rotary_factor));
+  }
+  if (params == nullptr && architecture == Architecture::kGptOss) {
+    // GptOssConfig's default: YaRN from 4,096 positions, by 32, the ramp not rounded.
+    static const json* const kGptOssYarn = new json{
+        {"rope_type", "yarn"}, {"factor", 32.0},    {"beta_fast", 32.0},
+        {"beta_slow", 1.0},    {"truncate", false}, {"original_max_position_embeddings", 4096}};
+    return ParseYarn(j, *kGptOssYarn, source, "rope_parameters", rope);
   }
   if (params == nullptr) return rope;
   std::string type = "default";
@@ -308,13 +317,16 @@ absl::StatusOr<std::vector<bool>> ParseLayerTypes(const json& types, const std::
 absl::StatusOr<SlidingWindow> ParseSlidingWindow(const json& j, const std::string& source,
                                                  Architecture architecture, int64_t num_layers) {
   if (architecture == Architecture::kLlama) return SlidingWindow{};
-  if (architecture == Architecture::kGemma3 || architecture == Architecture::kGemma2) {
+  const bool gpt_oss = architecture == Architecture::kGptOss;
+  if (architecture == Architecture::kGemma3 || architecture == Architecture::kGemma2 || gpt_oss) {
     SlidingWindow result;
-    TOPHAT_ASSIGN_OR_RETURN(result.window, GetInt(j, source, "sliding_window", int64_t{4096}, 1));
+    TOPHAT_ASSIGN_OR_RETURN(result.window,
+                            GetInt(j, source, "sliding_window", int64_t{gpt_oss ? 128 : 4096}, 1));
     if (auto types = j.find("layer_types"); types != j.end() && !types->is_null()) {
       TOPHAT_ASSIGN_OR_RETURN(result.layers, ParseLayerTypes(*types, source, num_layers));
     } else {
-      const int64_t default_pattern = architecture == Architecture::kGemma2 ? 2 : 6;
+      // Gemma 2 and gpt-oss: every other layer from the first; Gemma 3: five of six.
+      const int64_t default_pattern = architecture == Architecture::kGemma3 ? 6 : 2;
       TOPHAT_ASSIGN_OR_RETURN(int64_t pattern,
                               GetInt(j, source, "sliding_window_pattern", default_pattern, 1));
       result.layers.resize(static_cast<size_t>(num_layers));
@@ -366,11 +378,37 @@ absl::StatusOr<SlidingWindow> ParseSlidingWindow(const json& j, const std::strin
                    "layers or none)"));
 }
 
+// A checkpoint stored quantized by another tool. gpt-oss's MXFP4 experts load (dequantized);
+// any other method (GPTQ, AWQ, FP8, bitsandbytes...) is refused here, naming it, rather than
+// failing later on a tensor the runtime cannot find. tophat's own int8 bundles say so in
+// their manifest, not here.
+absl::Status ParseQuantization(const json& j, const std::string& source, ModelConfig& c) {
+  auto q = j.find("quantization_config");
+  if (q == j.end() || q->is_null()) return absl::OkStatus();
+  std::string method = "(none given)";
+  if (q->is_object()) {
+    if (auto m = q->find("quant_method"); m != q->end() && m->is_string()) {
+      method = m->get<std::string>();
+    }
+  }
+  if (method == "mxfp4" && c.gpt_oss()) {
+    c.mxfp4_experts = true;
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      Where(source, "quantization_config.quant_method"), " '", method,
+      "' is not supported (tophat loads F32/F16/BF16 checkpoints, its own int8 bundles, and "
+      "gpt-oss's mxfp4 experts; a full-precision checkpoint of the model loads)"));
+}
+
 // Mixtral's, Qwen3-MoE's and Qwen2-MoE's experts, with transformers' defaults for what a
 // config leaves out. The count is `num_local_experts` (MixtralConfig; transformers 5 writes
 // Qwen3-MoE's so too) or `num_experts` (the Qwen MoE checkpoints).
 absl::Status ParseExperts(const json& j, const std::string& source, ModelConfig& c) {
-  const bool mixtral = c.architecture == Architecture::kMixtral;
+  const bool gpt_oss = c.gpt_oss();
+  // gpt-oss's experts are as wide as intermediate_size and renormalised as Mixtral's (its
+  // softmax over the top K logits is the top K of the softmax renormalised).
+  const bool mixtral = c.architecture == Architecture::kMixtral || gpt_oss;
   const bool qwen2 = c.architecture == Architecture::kQwen2Moe;
   const char* count_key = j.contains("num_local_experts") && !j["num_local_experts"].is_null()
                               ? "num_local_experts"
@@ -378,14 +416,16 @@ absl::Status ParseExperts(const json& j, const std::string& source, ModelConfig&
                           : mixtral                   ? "num_local_experts"
                                                       : "num_experts";
   TOPHAT_ASSIGN_OR_RETURN(c.num_experts, GetInt(j, source, count_key,
-                                                int64_t{mixtral ? 8
-                                                        : qwen2 ? 60
-                                                                : 128},
+                                                int64_t{gpt_oss   ? 128
+                                                        : mixtral ? 8
+                                                        : qwen2   ? 60
+                                                                  : 128},
                                                 1));
   TOPHAT_ASSIGN_OR_RETURN(c.num_experts_per_token, GetInt(j, source, "num_experts_per_tok",
-                                                          int64_t{mixtral ? 2
-                                                                  : qwen2 ? 4
-                                                                          : 8},
+                                                          int64_t{gpt_oss   ? 4
+                                                                  : mixtral ? 2
+                                                                  : qwen2   ? 4
+                                                                            : 8},
                                                           1));
   if (c.num_experts_per_token > c.num_experts) {
     return absl::InvalidArgumentError(
@@ -552,6 +592,8 @@ std::string_view ArchitectureName(Architecture architecture) {
       return "Qwen3MoeForCausalLM";
     case Architecture::kQwen2Moe:
       return "Qwen2MoeForCausalLM";
+    case Architecture::kGptOss:
+      return "GptOssForCausalLM";
   }
   return "unknown";
 }
@@ -604,6 +646,8 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::stri
     c.architecture = Architecture::kQwen3Moe;
   } else if (name == "Qwen2MoeForCausalLM") {
     c.architecture = Architecture::kQwen2Moe;
+  } else if (name == "GptOssForCausalLM") {
+    c.architecture = Architecture::kGptOss;
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat(Where(source, "architectures"), ": architecture '", name,
@@ -611,7 +655,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::stri
                      "Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM, "
                      "Gemma3ForConditionalGeneration's text, Gemma2ForCausalLM, "
                      "Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, "
-                     "Qwen2MoeForCausalLM)"));
+                     "Qwen2MoeForCausalLM, GptOssForCausalLM)"));
   }
 
   TOPHAT_ASSIGN_OR_RETURN(c.vocab_size, GetInt(j, source, "vocab_size", std::nullopt, 1));
@@ -697,7 +741,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::stri
                           GetBool(j, source, "tie_word_embeddings", false));
   TOPHAT_ASSIGN_OR_RETURN(
       c.attention_bias,
-      GetBool(j, source, "attention_bias", c.architecture == Architecture::kQwen2));
+      GetBool(j, source, "attention_bias", c.architecture == Architecture::kQwen2 || c.gpt_oss()));
   if (c.architecture == Architecture::kQwen2) c.attention_bias = true;
   // Qwen2-MoE names its q/k/v biases `qkv_bias` (on by default; o_proj has none).
   if (c.architecture == Architecture::kQwen2Moe) {
@@ -754,9 +798,20 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j, const std::stri
                                                    " is not supported (silu only)"));
   }
   if (c.architecture == Architecture::kMixtral || c.architecture == Architecture::kQwen3Moe ||
-      c.architecture == Architecture::kQwen2Moe) {
+      c.architecture == Architecture::kQwen2Moe || c.gpt_oss()) {
     TOPHAT_RETURN_IF_ERROR(ParseExperts(j, source, c));
   }
+  if (c.gpt_oss()) {
+    // transformers computes the clamp at 7 whatever the config says: a config that says
+    // otherwise would compute something its authors did not mean.
+    TOPHAT_ASSIGN_OR_RETURN(const double limit, GetDouble(j, source, "swiglu_limit", 7.0));
+    if (limit != 7.0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(source, "swiglu_limit"), " ", limit,
+                       " is not supported (GptOssForCausalLM clamps its experts' SwiGLU at 7)"));
+    }
+  }
+  TOPHAT_RETURN_IF_ERROR(ParseQuantization(j, source, c));
   TOPHAT_ASSIGN_OR_RETURN(SlidingWindow window,
                           ParseSlidingWindow(j, source, c.architecture, c.num_hidden_layers));
   c.sliding_window = window.window;
@@ -826,6 +881,9 @@ json ModelConfig::ToJson() const {
     case Architecture::kQwen2Moe:
       j["model_type"] = "qwen2_moe";
       break;
+    case Architecture::kGptOss:
+      j["model_type"] = "gpt_oss";
+      break;
   }
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;
@@ -871,16 +929,18 @@ json ModelConfig::ToJson() const {
   j["rms_norm_eps"] = rms_norm_eps;
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["attention_bias"] = attention_bias;
-  if (gemma()) {
+  if (gemma() || gpt_oss()) {
     // transformers 4.x's spelling, which 5.x reads too.
     if (architecture == Architecture::kGemma3) {
       j["rope_local_base_freq"] = rope_local_theta.value_or(10000.0);
     }
-    j["query_pre_attn_scalar"] = query_pre_attn_scalar;
-    auto cap = [](double value) { return value > 0 ? json(value) : json(nullptr); };
-    j["final_logit_softcapping"] = cap(final_logit_softcapping);
-    j["attn_logit_softcapping"] = cap(attn_logit_softcapping);
-    j["sliding_window"] = sliding_window.value_or(4096);
+    if (gemma()) {
+      j["query_pre_attn_scalar"] = query_pre_attn_scalar;
+      auto cap = [](double value) { return value > 0 ? json(value) : json(nullptr); };
+      j["final_logit_softcapping"] = cap(final_logit_softcapping);
+      j["attn_logit_softcapping"] = cap(attn_logit_softcapping);
+    }
+    j["sliding_window"] = sliding_window.value_or(gpt_oss() ? 128 : 4096);
     std::vector<std::string> types;
     for (int64_t i = 0; i < num_hidden_layers; ++i) {
       types.push_back(LayerWindow(i) ? "sliding_attention" : "full_attention");
@@ -898,9 +958,10 @@ json ModelConfig::ToJson() const {
           std::vector<std::string>(static_cast<size_t>(num_hidden_layers), "sliding_attention");
     }
   }
-  if (architecture == Architecture::kMixtral) {
+  if (architecture == Architecture::kMixtral || gpt_oss()) {
     j["num_local_experts"] = num_experts;
     j["num_experts_per_tok"] = num_experts_per_token;
+    if (mxfp4_experts) j["quantization_config"] = {{"quant_method", "mxfp4"}};
   } else if (architecture == Architecture::kQwen3Moe || architecture == Architecture::kQwen2Moe) {
     if (architecture == Architecture::kQwen2Moe) {
       j["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
@@ -970,7 +1031,14 @@ int64_t ModelConfig::LayerParameterCount(int64_t layer) const {
                 SharedExpertParameters()
           : 3 * hidden_size * intermediate_size;
   const int64_t norms = (gemma() ? 4 : 2) * hidden_size;
-  return attention + bias + head_norms + mlp + norms;
+  // gpt-oss: a sink per query head; the router's bias, and each expert's two biases.
+  const int64_t gpt_oss_extra =
+      !gpt_oss() ? 0
+                 : num_attention_heads +
+                       (MoeLayer(layer)
+                            ? num_experts + num_experts * (2 * moe_intermediate_size + hidden_size)
+                            : 0);
+  return attention + bias + head_norms + mlp + norms + gpt_oss_extra;
 }
 
 }  // namespace tophat

@@ -5,7 +5,9 @@
 // sublayer, GELU, and sliding-window layers between full ones) and Gemma 2 (Gemma 3's layer
 // without head norms, one rotary base, and attention scores and logits soft-capped), and three
 // mixtures of experts: Mixtral (Mistral's layer with its MLP a router over experts), Qwen3-MoE
-// (Qwen3's) and Qwen2-MoE (Qwen2's, with a shared expert beside the routed ones).
+// (Qwen3's) and Qwen2-MoE (Qwen2's, with a shared expert beside the routed ones), and gpt-oss
+// (biases everywhere, attention sinks, every other layer sliding, YaRN, and experts whose
+// clamped SwiGLU has biases).
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -33,7 +35,8 @@ enum class Architecture {
   kGemma2,
   kMixtral,
   kQwen3Moe,
-  kQwen2Moe
+  kQwen2Moe,
+  kGptOss
 };
 
 std::string_view ArchitectureName(Architecture architecture);
@@ -132,6 +135,10 @@ struct ModelConfig {
   // Qwen2-MoE: a sparse layer also runs a shared expert (a SwiGLU MLP of this width, 0 for
   // none) on every token and adds its output scaled by sigmoid(shared_expert_gate . x).
   int64_t shared_expert_intermediate_size = 0;
+  // gpt-oss's expert weights are MXFP4 (`quantization_config.quant_method` "mxfp4": 4-bit
+  // values in blocks of 32 with a power-of-two scale each, `<name>_blocks` and
+  // `<name>_scales`), dequantized as they load.
+  bool mxfp4_experts = false;
 
   // Parses and validates a config.json object. Errors name `source` (the file) and the key.
   static absl::StatusOr<ModelConfig> FromJson(const nlohmann::json& json, const std::string& source);
@@ -151,6 +158,12 @@ struct ModelConfig {
     return architecture == Architecture::kQwen3 || architecture == Architecture::kQwen3Moe ||
            architecture == Architecture::kGemma3;
   }
+  // gpt-oss (GptOssForCausalLM): q/k/v/o biases; a learned logit per query head (`sinks`)
+  // joins each row's softmax and takes its share of the weight to no value; the router has a
+  // bias and its top K logits are softmaxed; the experts are stored fused ([E, D, 2I]
+  // gate_up_proj with gate and up interleaved, [E, I, D] down_proj, a bias each) and
+  // activate as (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g), g = min(gate, 7).
+  bool gpt_oss() const { return architecture == Architecture::kGptOss; }
   // Whether `layer`'s MLP is a mixture of experts (transformers' Qwen3MoeDecoderLayer rule:
   // not in mlp_only_layers, and every decoder_sparse_step-th layer; Mixtral: every layer).
   bool MoeLayer(int64_t layer) const {

@@ -896,5 +896,109 @@ TEST_CASE("YaRN reads as Qwen3's model card sets it, and as gpt-oss and DeepSeek
   CHECK(c->rope_scaling.attention_factor ==
         Approx((0.1 * 0.707 * std::log(4.0) + 1.0) / (0.1 * std::log(4.0) + 1.0)));
 }
+
+// openai/gpt-oss-20b's config.json (transformers 4.55's keys).
+json GptOss20B() {
+  json j = json::parse(R"({
+    "architectures": ["GptOssForCausalLM"], "attention_bias": true, "attention_dropout": 0.0,
+    "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 2880, "initial_context_length": 4096, "initializer_range": 0.02,
+    "intermediate_size": 2880, "max_position_embeddings": 131072, "model_type": "gpt_oss",
+    "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 24,
+    "num_key_value_heads": 8, "num_local_experts": 32, "output_router_logits": false,
+    "pad_token_id": 199999,
+    "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn",
+                            "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
+                            "quant_method": "mxfp4"},
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                     "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                     "truncate": false},
+    "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128,
+    "swiglu_limit": 7.0, "tie_word_embeddings": false, "transformers_version": "4.55.0.dev0",
+    "use_cache": true, "vocab_size": 201088})");
+  std::vector<std::string> types;
+  for (int i = 0; i < 24; ++i) types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
+  j["layer_types"] = types;
+  return j;
+}
+
+TEST_CASE("gpt-oss's config reads its sinks, windows, YaRN and MXFP4 experts, and reads back",
+          "[config]") {
+  auto c = ModelConfig::FromJson(GptOss20B(), "gpt-oss-20b/config.json");
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  CHECK(c->gpt_oss());
+  CHECK(c->attention_bias);
+  CHECK(c->o_bias());
+  CHECK(c->sliding_window == 128);
+  CHECK(c->LayerWindow(0) == 128);
+  CHECK_FALSE(c->LayerWindow(1));
+  CHECK(c->num_experts == 32);
+  CHECK(c->num_experts_per_token == 4);
+  CHECK(c->moe_intermediate_size == 2880);
+  CHECK(c->normalize_expert_weights);
+  CHECK(c->MoeLayer(0));
+  CHECK(c->MoeLayer(23));
+  CHECK(c->mxfp4_experts);
+  CHECK(c->rope_theta == 150000.0);
+  CHECK(c->rope_scaling.yarn);
+  CHECK_FALSE(c->rope_scaling.truncate);
+  CHECK(c->rope_scaling.factor == 32.0);
+  CHECK(c->rope_scaling.original_max_position_embeddings == 4096);
+  // OpenAI's count for gpt-oss-20b: 20.91B, the sinks and biases included.
+  CHECK(c->ParameterCount() == 20914757184);
+  auto again = ModelConfig::FromJson(c->ToJson(), "round trip");
+  INFO(again.status().ToString());
+  REQUIRE(again.ok());
+  CHECK(again->gpt_oss());
+  CHECK(again->sliding_layers == c->sliding_layers);
+  CHECK(again->num_experts == 32);
+  CHECK(again->moe_intermediate_size == 2880);
+  CHECK(again->mxfp4_experts);
+  CHECK(again->rope_scaling.yarn);
+  CHECK(again->ParameterCount() == c->ParameterCount());
+
+  // GptOssConfig's defaults: every other layer sliding from the first, over 128; YaRN by 32
+  // from 4,096 positions on a base of 150,000; biases on.
+  json bare = GptOss20B();
+  for (const char* key : {"layer_types", "sliding_window", "rope_scaling", "rope_theta",
+                          "attention_bias", "quantization_config"}) {
+    bare.erase(key);
+  }
+  c = ModelConfig::FromJson(bare, "bare/config.json");
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  CHECK(c->LayerWindow(2) == 128);
+  CHECK_FALSE(c->LayerWindow(3));
+  CHECK(c->rope_theta == 150000.0);
+  CHECK(c->rope_scaling.yarn);
+  CHECK(c->rope_scaling.factor == 32.0);
+  CHECK_FALSE(c->rope_scaling.truncate);
+  CHECK(c->attention_bias);
+  CHECK_FALSE(c->mxfp4_experts);
+}
+
+TEST_CASE("A clamp gpt-oss does not compute, and another tool's quantization, are refused",
+          "[config]") {
+  json clamp = GptOss20B();
+  clamp["swiglu_limit"] = 5.0;
+  auto c = ModelConfig::FromJson(clamp, "g.json");
+  REQUIRE_FALSE(c.ok());
+  CHECK(Message(c.status()) ==
+        "g.json: key 'swiglu_limit' 5 is not supported (GptOssForCausalLM clamps its experts' "
+        "SwiGLU at 7)");
+  json gptq = Llama3ConfigV5();
+  gptq["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 4}};
+  c = ModelConfig::FromJson(gptq, "q.json");
+  REQUIRE_FALSE(c.ok());
+  CHECK_THAT(Message(c.status()),
+             Catch::StartsWith("q.json: key 'quantization_config.quant_method' 'gptq' is not "
+                               "supported"));
+  // MXFP4 is gpt-oss's only.
+  json mxfp4 = Llama3ConfigV5();
+  mxfp4["quantization_config"] = {{"quant_method", "mxfp4"}};
+  CHECK_FALSE(ModelConfig::FromJson(mxfp4, "m.json").ok());
+}
 }  // namespace
 }  // namespace tophat

@@ -66,6 +66,8 @@ std::optional<at::ScalarType> ToScalarType(SafetensorsDType dtype) {
       return at::kBFloat16;
     case SafetensorsDType::kI8:  // int8 weights (tophat split --device-weights int8)
       return at::kChar;
+    case SafetensorsDType::kU8:  // packed values and their scales (gpt-oss's MXFP4 experts)
+      return at::kByte;
     default:
       return std::nullopt;
   }
@@ -81,6 +83,8 @@ std::optional<SafetensorsDType> FromScalarType(at::ScalarType type) {
       return SafetensorsDType::kBF16;
     case at::kChar:
       return SafetensorsDType::kI8;
+    case at::kByte:
+      return SafetensorsDType::kU8;
     default:
       return std::nullopt;
   }
@@ -390,9 +394,9 @@ absl::StatusOr<at::Tensor> SafetensorsFile::Tensor(std::string_view name) const 
   const SafetensorsTensorInfo& info = it->second;
   std::optional<at::ScalarType> scalar_type = ToScalarType(info.dtype);
   if (!scalar_type) {
-    return absl::InvalidArgumentError(absl::StrCat(path_.string(), ": tensor '", Sv(name),
-                                                   "' has dtype ", Sv(DTypeName(info.dtype)),
-                                                   "; only F32, F16, BF16 and I8 are supported"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path_.string(), ": tensor '", Sv(name), "' has dtype ",
+                     Sv(DTypeName(info.dtype)), "; only F32, F16, BF16, I8 and U8 are supported"));
   }
   const uint8_t* data = data_section_ + info.data_begin;
   const size_t nbytes = info.data_end - info.data_begin;

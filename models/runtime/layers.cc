@@ -158,6 +158,7 @@ bool MixtralNames(const ModelConfig& config) {
 }  // namespace
 
 std::string RouterTensorName(const ModelConfig& config, int64_t layer) {
+  if (config.gpt_oss()) return LayerTensorName(layer, "mlp.router.weight");
   return LayerTensorName(layer,
                          MixtralNames(config) ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
 }

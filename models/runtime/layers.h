@@ -61,9 +61,10 @@ at::Tensor SwiGlu(const at::Tensor& gate_up);
 std::string LayerTensorName(int64_t layer, std::string_view suffix);
 
 // A sparse layer's tensors (ModelConfig::MoeLayer) as its checkpoint names them: the router
-// (Mixtral's block_sparse_moe.gate, Qwen3-MoE's mlp.gate) and each expert's three matrices
-// (Mixtral's block_sparse_moe.experts.E.w1, w3, w2; Qwen3-MoE's mlp.experts.E.gate_proj,
-// up_proj, down_proj).
+// (Mixtral's block_sparse_moe.gate, Qwen3-MoE's mlp.gate, gpt-oss's mlp.router) and each
+// expert's three matrices (Mixtral's block_sparse_moe.experts.E.w1, w3, w2; Qwen3-MoE's
+// mlp.experts.E.gate_proj, up_proj, down_proj; gpt-oss stores its experts fused instead:
+// models/runtime/fused_experts.h).
 enum class ExpertMatrix { kGate, kUp, kDown };
 std::string RouterTensorName(const ModelConfig& config, int64_t layer);
 std::string ExpertTensorName(const ModelConfig& config, int64_t layer, int64_t expert,

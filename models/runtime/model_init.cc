@@ -8,6 +8,7 @@
 #include "base/status_macros.h"
 #include "models/formats/checkpoint.h"
 #include "models/formats/safetensors.h"
+#include "models/runtime/fused_experts.h"
 #include "models/runtime/layers.h"
 #include "models/runtime/submodel.h"
 
@@ -52,11 +53,31 @@ NamedTensors InitWeights(const ModelConfig& c, uint64_t seed) {
       w.emplace_back(name("pre_feedforward_layernorm.weight"), norm(d));
       w.emplace_back(name("post_feedforward_layernorm.weight"), norm(d));
     }
+    if (c.gpt_oss()) {
+      // Sinks that take a real share of each row's weight.
+      w.emplace_back(name("self_attn.sinks"), normal({c.num_attention_heads}).mul_(50));
+    }
     if (c.MoeLayer(i)) {
       // A router whose probabilities differ well beyond rounding, so that every path picks
       // the same experts.
       w.emplace_back(RouterTensorName(c, i), normal({c.num_experts, d}).mul_(50));
       const int64_t width = c.moe_intermediate_size;
+      if (c.gpt_oss()) {
+        // Stored fused (fused_experts.h): gate_up's biases large enough (sd 8) that the
+        // clamps at +-7 bite on a third of the units, its weights (sd 0.1) moving each unit
+        // by token, and a narrow down projection, so that the clamped activations (up to 56)
+        // add to the residual at the other layers' scale. (Weights large enough to clamp
+        // instead amplify rounding past the batching tests' 1e-6.)
+        const int64_t e = c.num_experts;
+        w.emplace_back(name("mlp.router.bias"), normal({e}).mul_(200));
+        w.emplace_back(FusedExpertsTensorName(i, "gate_up_proj"),
+                       normal({e, d, 2 * width}).mul_(5));
+        w.emplace_back(FusedExpertsTensorName(i, "gate_up_proj_bias"),
+                       normal({e, 2 * width}).mul_(400));
+        w.emplace_back(FusedExpertsTensorName(i, "down_proj"), normal({e, width, d}).mul_(0.05));
+        w.emplace_back(FusedExpertsTensorName(i, "down_proj_bias"), normal({e, d}));
+        continue;
+      }
       for (int64_t e = 0; e < c.num_experts; ++e) {
         w.emplace_back(ExpertTensorName(c, i, e, ExpertMatrix::kGate), normal({width, d}));
         w.emplace_back(ExpertTensorName(c, i, e, ExpertMatrix::kUp), normal({width, d}));
@@ -250,6 +271,24 @@ std::vector<std::pair<std::string, ModelConfig>> TinyTestVariants() {
   qwen2_moe.normalize_expert_weights = false;
   qwen2_moe.shared_expert_intermediate_size = 96;
   v.emplace_back("qwen2_moe_shared", qwen2_moe);
+  // gpt-oss: biases everywhere, sinks, every other layer sliding from the first, YaRN with
+  // its ramp unrounded, 4 experts of 32 with 2 a token, clamped SwiGLU, stored fused.
+  ModelConfig gpt_oss = TinyTestConfig();
+  gpt_oss.architecture = Architecture::kGptOss;
+  gpt_oss.attention_bias = true;
+  gpt_oss.sliding_window = 6;
+  gpt_oss.sliding_layers = {true, false, true, false};
+  gpt_oss.rope_theta = 150000.0;
+  gpt_oss.rope_scaling = {.yarn = true,
+                          .factor = 8.0,
+                          .original_max_position_embeddings = 16,
+                          .attention_factor = 0.1 * std::log(8.0) + 1.0,
+                          .truncate = false};
+  gpt_oss.num_experts = 4;
+  gpt_oss.num_experts_per_token = 2;
+  gpt_oss.intermediate_size = 32;  // gpt-oss's experts are intermediate_size wide
+  gpt_oss.moe_intermediate_size = 32;
+  v.emplace_back("gpt_oss", gpt_oss);
   return v;
 }
 

@@ -1,22 +1,23 @@
 #include "models/runtime/submodel.h"
 
+#include <c10/core/DeviceGuard.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
 
-#include <c10/core/DeviceGuard.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "kernels/decode_attention.h"
 #include "kernels/gemv.h"
 #include "kernels/gemv_w8a8.h"
 #include "kernels/rms_norm.h"
 #include "kernels/rope.h"
 #include "kernels/small_batch_gemm.h"
-#include "base/status_macros.h"
+#include "models/runtime/fused_experts.h"
 #include "models/runtime/gemm_tactics.h"
 #include "spdlog/spdlog.h"
 
@@ -198,6 +199,11 @@ absl::Status Submodel::ArchitectureRunsOn(const ModelConfig& config, const at::D
         " asked): its mixture-of-experts layers have no GPU path yet (a grouped GEMM over "
         "the experts, and routing on the device)"));
   }
+  if (config.gpt_oss() && !device.is_cpu()) {
+    return absl::UnimplementedError(
+        absl::StrCat("GptOssForCausalLM runs on the CPU only for now (", device.str(),
+                     " asked): its attention sinks and experts have no GPU path yet"));
+  }
   if (config.gemma() && !device.is_cpu()) {
     return absl::UnimplementedError(absl::StrCat(
         std::string(ArchitectureName(config.architecture)), " runs on the CPU only for now (",
@@ -323,6 +329,19 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
     matrix.int8 = {};
     return matrix;
   };
+  // A float matrix computed at load (a fused expert's slice), held as load_matrix holds one.
+  auto matrix_of = [&](const std::string& name, at::Tensor dense) -> absl::StatusOr<WeightMatrix> {
+    WeightMatrix matrix;
+    TOPHAT_RETURN_IF_ERROR(CatchExceptions(absl::StrCat("holding '", name, "'"), [&] {
+      dense = dense.to(options.device, matrix_dtype);
+      if (options.quantize_int8 && int8_compute) {
+        matrix.int8 = kernels::QuantizeInt8PerRow(dense);
+      } else {
+        matrix.dense = dense;
+      }
+    }));
+    return matrix;
+  };
   // Stacked matrices (q, k, v into one; gate and up) in one owned matrix.
   auto stack = [&](std::vector<WeightMatrix> parts) -> WeightMatrix {
     const bool all_int8 = std::all_of(parts.begin(), parts.end(),
@@ -397,6 +416,13 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
     if (config.o_bias()) {
       TOPHAT_ASSIGN_OR_RETURN(w.o_bias, load(name("self_attn.o_proj.bias"), {d}));
     }
+    if (config.gpt_oss()) {
+      // Softmax arithmetic is float32 whatever the compute dtype (AttendChunk).
+      TOPHAT_ASSIGN_OR_RETURN(
+          at::Tensor sinks,
+          checkpoint.Load(name("self_attn.sinks"), {config.num_attention_heads}, at::kFloat));
+      w.sinks = sinks.to(options.device).contiguous();
+    }
     if (head_order.defined()) {
       // Partial rotary: q's and k's heads in the order the rotary kernels turn (layers.h).
       TOPHAT_RETURN_IF_ERROR(CatchExceptions(name("self_attn (rotary order)"), [&] {
@@ -427,7 +453,25 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
       TOPHAT_ASSIGN_OR_RETURN(WeightMatrix router,
                               load_matrix(RouterTensorName(config, i), {config.num_experts, d}));
       w.router = stack({std::move(router)});
-      for (int64_t e = 0; e < config.num_experts; ++e) {
+      if (config.gpt_oss()) {
+        TOPHAT_ASSIGN_OR_RETURN(w.router_bias, load(name("mlp.router.bias"), {config.num_experts}));
+        w.router_bias = w.router_bias.contiguous();
+      }
+      for (int64_t e = 0; config.gpt_oss() && e < config.num_experts; ++e) {
+        // Stored fused, all experts in one tensor (fused_experts.h), read one at a time.
+        TOPHAT_ASSIGN_OR_RETURN(ExpertTensors expert,
+                                LoadFusedExpert(checkpoint, config, i, e, at::kFloat));
+        TOPHAT_ASSIGN_OR_RETURN(
+            WeightMatrix gate_up,
+            matrix_of(FusedExpertsTensorName(i, "gate_up_proj"), std::move(expert.gate_up)));
+        TOPHAT_ASSIGN_OR_RETURN(WeightMatrix down, matrix_of(FusedExpertsTensorName(i, "down_proj"),
+                                                             std::move(expert.down)));
+        w.expert_gate_up.push_back(stack({std::move(gate_up)}));
+        w.expert_down.push_back(stack({std::move(down)}));
+        w.expert_gate_up_bias.push_back(expert.gate_up_bias.to(options.device, dtype).contiguous());
+        w.expert_down_bias.push_back(expert.down_bias.to(options.device, dtype).contiguous());
+      }
+      for (int64_t e = 0; !config.gpt_oss() && e < config.num_experts; ++e) {
         auto expert = [&](ExpertMatrix role) { return ExpertTensorName(config, i, e, role); };
         TOPHAT_ASSIGN_OR_RETURN(WeightMatrix gate,
                                 load_matrix(expert(ExpertMatrix::kGate), {width, d}));
@@ -781,17 +825,18 @@ void Submodel::AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t la
   const double softcap = config_.attn_logit_softcapping;
   const std::optional<int64_t> window = config_.LayerWindow(spec_.layers.begin + layer);
   const bool windowed = window && total > *window;
+  const at::Tensor& sinks = layers_[static_cast<size_t>(layer)].sinks;
   // One query: the fused kernel reads the blocks in place, from the window's first row.
   if (n == 1 && kernels::PagedDecodeAttention(
                     q[0], cache.pool().keys(layer), cache.pool().values(layer), cache.block_table(),
-                    total, scale, out, windowed ? total - *window : 0, softcap)) {
+                    total, scale, out, windowed ? total - *window : 0, softcap, sinks)) {
     return;
   }
   const at::Tensor keys = cache.Keys(layer, total, device_ids);
   const at::Tensor values = cache.Values(layer, total, device_ids);
   // Soft-capped scores (Gemma 2) take the composite path below in every dtype: fused
   // attention has no cap.
-  if ((q.is_cuda() || q.scalar_type() != at::kFloat) && softcap == 0) {
+  if ((q.is_cuda() || q.scalar_type() != at::kFloat) && softcap == 0 && !sinks.defined()) {
     // Fused attention (on a GPU flash or memory-efficient kernels, in the compute dtype) over
     // the chunk and its history, instead of a float32 score matrix. CPU dtypes other than
     // float32 take it too, which is how the CPU tests check the masks below. A first chunk with no
@@ -829,7 +874,21 @@ void Submodel::AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t la
     scores.view({kv_heads, n, group, total})
         .masked_fill_(hidden.view({1, n, 1, total}), -std::numeric_limits<float>::infinity());
   }
-  at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+  at::Tensor probs;
+  if (sinks.defined()) {
+    // gpt-oss: each query head's sink is one more logit in its row's softmax, with no value
+    // (transformers' eager order: the sink column appended, softmax, the column dropped).
+    // Rows are (query, head in group) within a KV head: head h = kv * group + g.
+    const at::Tensor sink_column = sinks.to(scores.scalar_type())
+                                       .view({kv_heads, 1, group, 1})
+                                       .expand({kv_heads, n, group, 1})
+                                       .reshape({kv_heads, n * group, 1});
+    probs = at::softmax(at::cat({scores, sink_column}, -1), -1, at::kFloat)
+                .narrow(-1, 0, total)
+                .to(q.scalar_type());
+  } else {
+    probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+  }
   at::Tensor context = at::bmm(probs, values.permute({1, 0, 2}));  // [KV, n*g, hd]
   out.copy_(context.view({kv_heads, n, group, hd}).permute({1, 0, 2, 3}).reshape(
       {n, kv_heads * group * hd}));
@@ -1258,7 +1317,7 @@ void Submodel::MixExperts(const DecoderLayerWeights& w, const at::Tensor& h, int
   const int64_t top = config_.num_experts_per_token;
   TORCH_CHECK(h.is_cpu(), "a mixture of experts computes on the CPU only");
   at::Tensor logits = buffers.router_logits.narrow(0, 0, total);
-  LinearOut(h, w.router, {}, logits);
+  LinearOut(h, w.router, w.router_bias, logits);
   // As transformers routes: softmax in float32 over every expert, the top K, renormalised
   // (Mixtral; Qwen3-MoE's norm_topk_prob).
   at::Tensor probs = buffers.router_probs.narrow(0, 0, total);
@@ -1302,9 +1361,18 @@ void Submodel::MixExperts(const DecoderLayerWeights& w, const at::Tensor& h, int
     at::Tensor gate_up = buffers.routed_gate_up.narrow(0, begin, rows);
     at::Tensor activated = buffers.routed_activated.narrow(0, begin, rows);
     at::Tensor expert_rows = expert_out.narrow(0, begin, rows);
-    LinearOut(in.narrow(0, begin, rows), w.expert_gate_up[static_cast<size_t>(e)], {}, gate_up);
+    const auto index = static_cast<size_t>(e);
+    if (!w.expert_down_bias.empty()) {
+      // gpt-oss: biases, and its clamped SwiGLU.
+      LinearOut(in.narrow(0, begin, rows), w.expert_gate_up[index], w.expert_gate_up_bias[index],
+                gate_up);
+      kernels::ClampedSwiGluOut(gate_up, activated);
+      LinearOut(activated, w.expert_down[index], w.expert_down_bias[index], expert_rows);
+      continue;
+    }
+    LinearOut(in.narrow(0, begin, rows), w.expert_gate_up[index], {}, gate_up);
     kernels::SwiGluOut(gate_up, activated);
-    LinearOut(activated, w.expert_down[static_cast<size_t>(e)], {}, expert_rows);
+    LinearOut(activated, w.expert_down[index], {}, expert_rows);
   }
   expert_out.mul_(buffers.routed_weights.narrow(0, 0, routed));
   out.zero_();
@@ -1400,14 +1468,20 @@ int64_t TensorBytes(const at::Tensor& t) {
 
 // One expert's bytes in a sparse layer (every expert has the first's shape), 0 in a dense one.
 int64_t ExpertBytes(const DecoderLayerWeights& w) {
-  return w.sparse() ? w.expert_gate_up.front().bytes() + w.expert_down.front().bytes() : 0;
+  if (!w.sparse()) return 0;
+  int64_t bytes = w.expert_gate_up.front().bytes() + w.expert_down.front().bytes();
+  if (!w.expert_down_bias.empty()) {
+    bytes += TensorBytes(w.expert_gate_up_bias.front()) + TensorBytes(w.expert_down_bias.front());
+  }
+  return bytes;
 }
 
 // A layer's weights with `experts` of its experts.
 int64_t LayerWeightBytes(const DecoderLayerWeights& w, int64_t experts) {
   int64_t bytes = experts * ExpertBytes(w);
-  for (const at::Tensor* t : {&w.input_norm, &w.qkv_bias, &w.q_norm, &w.k_norm, &w.o_bias,
-                              &w.post_norm, &w.attention_out_norm, &w.mlp_out_norm}) {
+  for (const at::Tensor* t :
+       {&w.input_norm, &w.qkv_bias, &w.q_norm, &w.k_norm, &w.o_bias, &w.post_norm,
+        &w.attention_out_norm, &w.mlp_out_norm, &w.router_bias, &w.sinks}) {
     bytes += TensorBytes(*t);
   }
   for (const WeightMatrix* m : {&w.qkv, &w.o_proj, &w.gate_up, &w.down, &w.router,

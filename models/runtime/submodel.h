@@ -140,6 +140,12 @@ struct DecoderLayerWeights {
   WeightMatrix shared_gate_up;
   WeightMatrix shared_down;
   WeightMatrix shared_gate;
+  // gpt-oss: the router's bias [E], each expert's gate_up bias [2I'] and down bias [D], and
+  // attention's sink logit per query head [H]; undefined (empty) otherwise.
+  at::Tensor router_bias;
+  std::vector<at::Tensor> expert_gate_up_bias;
+  std::vector<at::Tensor> expert_down_bias;
+  at::Tensor sinks;
   bool sparse() const { return !expert_down.empty(); }
   // Gemma 3: attention's output normed before its residual add (its checkpoint's
   // post_attention_layernorm), and the MLP's (post_feedforward_layernorm); else undefined.

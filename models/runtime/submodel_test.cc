@@ -126,7 +126,15 @@ at::Tensor ReferenceLogits(const ModelConfig& c, const std::map<std::string, at:
       scores = c.attn_logit_softcapping * at::tanh(scores / c.attn_logit_softcapping);
     }
     scores = scores + mask;
-    at::Tensor out = at::einsum("hts,shd->thd", {at::softmax(scores, -1), v}).reshape({t, -1});
+    at::Tensor probs;
+    if (const at::Tensor sinks = maybe("self_attn.sinks"); sinks.defined()) {
+      // gpt-oss: a sink logit per head joins the softmax and is dropped after it.
+      const at::Tensor column = sinks.view({-1, 1, 1}).expand({-1, t, 1});
+      probs = at::softmax(at::cat({scores, column}, -1), -1).narrow(-1, 0, t);
+    } else {
+      probs = at::softmax(scores, -1);
+    }
+    at::Tensor out = at::einsum("hts,shd->thd", {probs, v}).reshape({t, -1});
     out = at::linear(out, p("self_attn.o_proj.weight"), maybe("self_attn.o_proj.bias"));
     if (c.gemma()) {
       // Gemma: each sublayer's output normed before its add; a GELU (tanh) gate.
@@ -142,6 +150,26 @@ at::Tensor ReferenceLogits(const ModelConfig& c, const std::map<std::string, at:
     }
     x = x + out;
     h = norm(x, p("post_attention_layernorm.weight"));
+    if (c.MoeLayer(i) && c.gpt_oss()) {
+      // transformers' GptOssMLP: the router's top K logits softmaxed; each expert from the
+      // fused tensors as stored (x @ W, gate and up interleaved), its SwiGLU clamped.
+      const at::Tensor logits = at::linear(h, w.at(RouterTensorName(c, i)), p("mlp.router.bias"));
+      auto [top, chosen] = at::topk(logits, c.num_experts_per_token, -1);
+      const at::Tensor gates = at::zeros_like(logits).scatter(1, chosen, at::softmax(top, -1));
+      at::Tensor mixed = at::zeros_like(x);
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        const at::Tensor gate_up =
+            at::matmul(h, p("mlp.experts.gate_up_proj")[e]) + p("mlp.experts.gate_up_proj_bias")[e];
+        const at::Tensor gate = gate_up.slice(-1, 0, gate_up.size(-1), 2).clamp_max(7.0);
+        const at::Tensor up = gate_up.slice(-1, 1, gate_up.size(-1), 2).clamp(-7.0, 7.0);
+        const at::Tensor act = (up + 1) * (gate * at::sigmoid(gate * 1.702));
+        const at::Tensor expert =
+            at::matmul(act, p("mlp.experts.down_proj")[e]) + p("mlp.experts.down_proj_bias")[e];
+        mixed = mixed + gates.narrow(1, e, 1) * expert;
+      }
+      x = x + mixed;
+      continue;
+    }
     if (c.MoeLayer(i)) {
       // Every expert on every token, weighted by a gate that is zero outside the top K.
       const at::Tensor probs = at::softmax(at::linear(h, w.at(RouterTensorName(c, i))), -1);
@@ -233,7 +261,7 @@ TEST_CASE(
                Catch::Contains(absl::StrCat(std::string(ArchitectureName(config.architecture)),
                                             " runs on the CPU only for now (cuda:0 asked)")));
   }
-  CHECK(cpu_only == 5);
+  CHECK(cpu_only == 6);
 }
 
 TEST_CASE("A mixture of experts holds every expert, and a token reads K of them", "[submodel]") {
@@ -246,7 +274,10 @@ TEST_CASE("A mixture of experts holds every expert, and a token reads K of them"
     CHECK(m.full->StoredWeightBytes() == 4 * config.ParameterCount());
     auto middle = Submodel::Load(config, *m.checkpoint, SubmodelSpec::Middle(config, 1, 1));
     REQUIRE(middle.ok());
-    const int64_t expert_bytes = 4 * 3 * config.hidden_size * config.moe_intermediate_size;
+    // gpt-oss's experts have two biases each.
+    const int64_t expert_bytes =
+        4 * (3 * config.hidden_size * config.moe_intermediate_size +
+             (config.gpt_oss() ? 2 * config.moe_intermediate_size + config.hidden_size : 0));
     int64_t unread = 0;  // the experts a token does not read
     for (int64_t layer = 1; layer < config.num_hidden_layers - 1; ++layer) {
       if (config.MoeLayer(layer)) {
@@ -261,7 +292,7 @@ TEST_CASE("A mixture of experts holds every expert, and a token reads K of them"
     CHECK((*middle)->WeightBytesRead(sparse_layers * config.num_experts) ==
           (*middle)->StoredWeightBytes());
   }
-  CHECK(mixtures == 3);
+  CHECK(mixtures == 4);
 }
 
 TEST_CASE("Full model matches an independent reference formulation", "[submodel]") {
@@ -799,6 +830,23 @@ bool QuantizedMatrix(const std::string& name, const at::Tensor& t) {
   return t.dim() == 2 && name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0;
 }
 
+// gpt-oss's fused experts ([E, in, out], x @ W): the runtime quantizes each expert's matrix
+// as a linear layer's [out, in] rows.
+bool FusedExpertMatrix(const std::string& name, const at::Tensor& t) {
+  return t.dim() == 3 &&
+         (name.ends_with("experts.gate_up_proj") || name.ends_with("experts.down_proj"));
+}
+
+at::Tensor AsQuantized(const std::string& name, const at::Tensor& t) {
+  if (QuantizedMatrix(name, t)) return kernels::QuantizeInt8PerRow(t).Dequantize();
+  if (!FusedExpertMatrix(name, t)) return t;
+  std::vector<at::Tensor> experts;
+  for (int64_t e = 0; e < t.size(0); ++e) {
+    experts.push_back(kernels::QuantizeInt8PerRow(t[e].t().contiguous()).Dequantize().t());
+  }
+  return at::stack(experts);
+}
+
 TEST_CASE("int8 weights compute the model as quantized, one row and many, in a quarter of "
           "the bytes",
           "[submodel]") {
@@ -809,8 +857,7 @@ TEST_CASE("int8 weights compute the model as quantized, one row and many, in a q
       // The model as quantized: each matrix replaced by its dequantized int8 form.
       NamedTensors dequantized;
       for (const auto& [name, t] : weights) {
-        dequantized.emplace_back(
-            name, QuantizedMatrix(name, t) ? kernels::QuantizeInt8PerRow(t).Dequantize() : t);
+        dequantized.emplace_back(name, AsQuantized(name, t));
       }
       const fs::path dir = TempDir("int8_" + variant);
       const fs::path ref_dir = TempDir("int8_ref_" + variant);

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <numbers>
 #include <limits>
+#include <numbers>
+
+#include "absl/strings/str_cat.h"
 
 namespace tophat {
 
@@ -21,8 +23,11 @@ at::Tensor TrainingRmsNorm(const ModelConfig& c, const at::Tensor& x, const at::
 at::Tensor TrainingExperts(const ModelConfig& c, const WeightMap& w, int64_t layer,
                            const at::Tensor& h) {
   const at::Tensor rows = h.reshape({-1, c.hidden_size});
+  // gpt-oss's router has a bias; its softmax over the top K logits is the top K renormalised.
+  const at::Tensor router_bias =
+      c.gpt_oss() ? w.at(LayerTensorName(layer, "mlp.router.bias")) : at::Tensor();
   const at::Tensor probs =
-      at::softmax(at::linear(rows, w.at(RouterTensorName(c, layer))), -1, at::kFloat);
+      at::softmax(at::linear(rows, w.at(RouterTensorName(c, layer)), router_bias), -1, at::kFloat);
   auto [weights, ids] = at::topk(probs, c.num_experts_per_token, -1);
   if (c.normalize_expert_weights) weights = weights / weights.sum(-1, /*keepdim=*/true);
   weights = weights.to(rows.scalar_type());
@@ -31,6 +36,23 @@ at::Tensor TrainingExperts(const ModelConfig& c, const WeightMap& w, int64_t lay
     const at::Tensor hit = (ids == e).nonzero();  // [n, 2]: token, rank
     if (hit.size(0) == 0) continue;
     const at::Tensor token = hit.select(1, 0);
+    if (c.gpt_oss()) {
+      // Stored fused (models/runtime/fused_experts.h): x @ W, gate and up interleaved, the
+      // SwiGLU clamped.
+      auto fused = [&](std::string_view part) {
+        return w.at(LayerTensorName(layer, absl::StrCat("mlp.experts.", std::string(part))))[e];
+      };
+      const at::Tensor gate_up = at::matmul(rows.index_select(0, token), fused("gate_up_proj")) +
+                                 fused("gate_up_proj_bias");
+      const at::Tensor gate = gate_up.slice(-1, 0, gate_up.size(-1), 2).clamp_max(7.0);
+      const at::Tensor up = gate_up.slice(-1, 1, gate_up.size(-1), 2).clamp(-7.0, 7.0);
+      const at::Tensor y =
+          at::matmul((up + 1) * (gate * at::sigmoid(gate * 1.702)), fused("down_proj")) +
+          fused("down_proj_bias");
+      const at::Tensor weight = weights.index({token, hit.select(1, 1)}).unsqueeze(1);
+      out = out.index_add(0, token, y * weight);
+      continue;
+    }
     auto m = [&](ExpertMatrix role) -> const at::Tensor& {
       return w.at(ExpertTensorName(c, layer, e, role));
     };
@@ -118,7 +140,17 @@ at::Tensor TrainingLayers(const ModelConfig& c, const WeightMap& w, const RopeTa
     if (const double cap = c.attn_logit_softcapping; cap > 0) {
       scores = at::tanh(scores / cap) * cap;  // Gemma 2's cap, before the mask
     }
-    at::Tensor attention = at::matmul(at::softmax(scores + mask, -1), v);
+    at::Tensor probs;
+    if (auto sinks = w.find(LayerTensorName(i, "self_attn.sinks")); sinks != w.end()) {
+      // gpt-oss: a sink logit per head joins each row's softmax and is dropped after it.
+      const at::Tensor column = sinks->second.to(scores.scalar_type())
+                                    .view({1, -1, 1, 1})
+                                    .expand({batch, c.num_attention_heads, seq, 1});
+      probs = at::softmax(at::cat({scores + mask, column}, -1), -1).narrow(-1, 0, seq);
+    } else {
+      probs = at::softmax(scores + mask, -1);
+    }
+    at::Tensor attention = at::matmul(probs, v);
     attention = attention.transpose(1, 2).reshape({batch, seq, -1});
     at::Tensor out = project("self_attn.o_proj", c.o_bias(), attention);
     if (c.gemma()) {
