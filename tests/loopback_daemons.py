@@ -153,12 +153,11 @@ def distill_after_split(bin_dir, model_dir, work, corpus):
     return run
 
 
-def family_test_main(test, families, build_model, run_checks, corpus, without_drafter=()):
+def family_test_main(test, families, build_model, run_checks, corpus):
     """main() of `test`, an end-to-end test of one of `families` (argv: BIN_DIR WORK_DIR
     [FAMILY], the first family by default): a fresh WORK_DIR, build_model(model_dir, family)
     -> (reference model, transformers tokenizer), speculative_serving over it with a drafter
-    distilled on `corpus` (plain serving for the families in `without_drafter`), then
-    run_checks(base, model, tokenizer, metrics_port, family)."""
+    distilled on `corpus`, then run_checks(base, model, tokenizer, metrics_port, family)."""
     bin_dir, work = sys.argv[1:3]
     family = sys.argv[3] if len(sys.argv) > 3 else families[0]
     if family not in families:
@@ -168,10 +167,5 @@ def family_test_main(test, families, build_model, run_checks, corpus, without_dr
     model_dir = os.path.join(work, family)
     model, hf_tokenizer = build_model(model_dir, family)
     metrics_port = free_port()
-    if family in without_drafter:
-        context = serving(bin_dir, os.path.join(work, "serving"), model_dir,
-                          agent_metrics=metrics_port)
-    else:
-        context = speculative_serving(bin_dir, work, model_dir, corpus, metrics_port)
-    with context as base:
+    with speculative_serving(bin_dir, work, model_dir, corpus, metrics_port) as base:
         run_checks(base, model, hf_tokenizer, metrics_port, family)

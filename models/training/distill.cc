@@ -1,5 +1,6 @@
 #include "models/training/distill.h"
 
+#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -10,13 +11,13 @@
 #include <optional>
 #include <random>
 
-#include <spdlog/spdlog.h>
-
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "models/formats/checkpoint.h"
+#include "models/formats/mxfp4.h"
 #include "models/runtime/adapter.h"
 #include "models/runtime/bundle.h"
-#include "models/formats/checkpoint.h"
-#include "base/status_macros.h"
+#include "models/runtime/fused_experts.h"
 #include "models/tokenizers/tokenizer.h"
 #include "models/training/toy_corpus.h"
 #include "models/training/training_forward.h"
@@ -213,14 +214,6 @@ absl::StatusOr<DistillReport> Distill(const DistillOptions& given,
   if (options.input_layers == 0) options.input_layers = 2;
 
   TOPHAT_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(options.model_dir / "config.json"));
-  if (config.gpt_oss()) {
-    // The trainer's forward (training_forward.h) has neither attention sinks nor fused
-    // experts; the runtime serves gpt-oss without a drafter meanwhile.
-    return absl::UnimplementedError(absl::StrCat(
-        (options.model_dir / "config.json").string(),
-        ": distilling a drafter for GptOssForCausalLM is not supported yet (its attention "
-        "sinks and fused experts are not in the trainer's forward); serve it without one"));
-  }
   const int64_t m = options.input_layers;
   if (m < 1 || m >= config.num_hidden_layers) {
     return absl::InvalidArgumentError(absl::StrCat("distill: --input-layers must be in [1, ",
@@ -306,7 +299,20 @@ absl::StatusOr<DistillReport> Distill(const DistillOptions& given,
   models.config = config;
   models.m = m;
   for (const std::string& name : checkpoint->TensorNames()) {
+    if (name.ends_with("_scales") && checkpoint->Has(name.substr(0, name.size() - 7) + "_blocks")) {
+      continue;  // read with its blocks
+    }
     TOPHAT_ASSIGN_OR_RETURN(at::Tensor t, checkpoint->LoadAsStored(name));
+    if (name.ends_with("_blocks")) {
+      // gpt-oss's MXFP4 experts ([E, out, in/32, 16]): the teacher's forward reads them as
+      // transformers' fused [E, in, out] (models/runtime/fused_experts.h).
+      const std::string fused = name.substr(0, name.size() - 7);
+      TOPHAT_ASSIGN_OR_RETURN(at::Tensor scales, checkpoint->LoadAsStored(fused + "_scales"));
+      TOPHAT_ASSIGN_OR_RETURN(at::Tensor values, DequantizeMxfp4(t, scales, at::kFloat,
+                                                                 name + ", " + fused + "_scales"));
+      models.teacher.emplace(fused, values.transpose(1, 2).contiguous());
+      continue;
+    }
     models.teacher.emplace(name, t.to(at::kFloat).contiguous());
   }
   for (const char* required : {"model.embed_tokens.weight", "model.norm.weight"}) {
@@ -341,8 +347,13 @@ absl::StatusOr<DistillReport> Distill(const DistillOptions& given,
       if (name.rfind("model.layers.0.", 0) != 0) continue;
       const std::string suffix = name.substr(std::string("model.layers.0.").size());
       std::string source_name = LayerTensorName(options.init_layer, suffix);
-      if (const auto role = expert_roles.find(suffix);
-          role != expert_roles.end() && config.MoeLayer(options.init_layer)) {
+      const auto role = expert_roles.find(suffix);
+      const bool from_expert = role != expert_roles.end() && config.MoeLayer(options.init_layer);
+      if (from_expert && config.gpt_oss()) {
+        // Fused ([E, D, 2I] gate and up interleaved, [E, I, D]): expert 0 as linear layers.
+        source_name = FusedExpertsTensorName(
+            options.init_layer, role->second == ExpertMatrix::kDown ? "down_proj" : "gate_up_proj");
+      } else if (from_expert) {
         source_name = ExpertTensorName(config, options.init_layer, 0, role->second);
       }
       const auto found = models.teacher.find(source_name);
@@ -352,6 +363,13 @@ absl::StatusOr<DistillReport> Distill(const DistillOptions& given,
             "' is missing; the adapter starts as a copy of layer ", options.init_layer));
       }
       at::Tensor source = found->second;
+      if (from_expert && config.gpt_oss()) {
+        const at::Tensor first = source[0];
+        source =
+            role->second == ExpertMatrix::kDown
+                ? first.t()
+                : first.slice(1, role->second == ExpertMatrix::kGate ? 0 : 1, first.size(1), 2).t();
+      }
       if (suffix == "mlp.down_proj.weight") {
         source = source.narrow(1, 0, std::min(source.size(1), fresh.size(1)));
       } else if (suffix == "mlp.gate_proj.weight" || suffix == "mlp.up_proj.weight") {
