@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """A mixture of experts through tophat, end to end: Qwen3-MoE (Qwen3MoeForCausalLM),
-Mixtral (MixtralForCausalLM) or gpt-oss (GptOssForCausalLM).
+Mixtral (MixtralForCausalLM), Qwen2-MoE (Qwen2MoeForCausalLM) or gpt-oss
+(GptOssForCausalLM).
 
-    python3 tests/moe_model_test.py BIN_DIR WORK_DIR [qwen3_moe|mixtral|gpt_oss]
+    python3 tests/moe_model_test.py BIN_DIR WORK_DIR [qwen3_moe|mixtral|qwen2_moe|gpt_oss]
 
 Builds a small random checkpoint with transformers: Qwen3-MoE's layer (head norms, 8 experts,
 3 a token, their weights as the router gives them, layer 2 dense by mlp_only_layers) with a
 ChatML chat template, or Mixtral's (4 experts, 2 a token, renormalised) with Mistral's
-[INST] template. A byte-level BPE tokenizer with the family's control tokens goes beside it.
-`tophat split` (m = 1, k = 1) cuts it, so that the device holds a sparse layer on each side
+[INST] template, or Qwen2-MoE's (q/k/v biases, 6 experts of 40, 2 a token, and a shared
+expert of 96 behind its sigmoid gate) with ChatML. A byte-level BPE tokenizer with the
+family's control tokens goes beside it. `tophat split` (m = 1, k = 1) cuts it, so that the device holds a sparse layer on each side
 and the cloud a sparse and (Qwen3-MoE) a dense one; `tophat distill` trains the drafter's
 adapter (a dense block) against the experts' model; tophat-cloud and tophat-agent serve it
 on loopback, decoding speculatively (eta 0.01, PipeInfer's runs ahead). Through the agent's
@@ -42,7 +44,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import openai  # noqa: E402
 import torch  # noqa: E402
 from transformers import (AutoTokenizer, GptOssConfig, GptOssForCausalLM,  # noqa: E402
-                          MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                          MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 from loopback_daemons import family_test_main  # noqa: E402
 from model_checks import FAMILY_CORPUS as CORPUS  # noqa: E402
@@ -80,6 +83,9 @@ FAMILIES = {
                     # to keep a draft in these answers: what they show is that verification
                     # rejected every draft and left the answers transformers' own.
                     drafts_kept=False),
+    "qwen2_moe": dict(specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                      template=CHATML_TEMPLATE, eos="<|im_end|>", bos=None,
+                      conversation=CHATML_CONVERSATION, drafts_kept=True),
     "gpt_oss": dict(specials=["<|startoftext|>", "<|return|>", "<|endoftext|>"], template=None,
                     eos="<|return|>", bos=None, conversation=None, drafts_kept=True),
 }
@@ -112,6 +118,10 @@ def build_model(directory, family):
         model = Qwen3MoeForCausalLM(Qwen3MoeConfig(
             **shape, head_dim=32, num_experts=8, num_experts_per_tok=3,
             moe_intermediate_size=48, norm_topk_prob=False, mlp_only_layers=[2]))
+    elif family == "qwen2_moe":
+        model = Qwen2MoeForCausalLM(Qwen2MoeConfig(
+            **shape, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=40,
+            shared_expert_intermediate_size=96, norm_topk_prob=False))
     elif family == "mixtral":
         model = MixtralForCausalLM(MixtralConfig(**shape, num_local_experts=4,
                                                  num_experts_per_tok=2))
