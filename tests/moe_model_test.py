@@ -10,10 +10,11 @@ Builds a small random checkpoint with transformers: Qwen3-MoE's layer (head norm
 ChatML chat template, or Mixtral's (4 experts, 2 a token, renormalised) with Mistral's
 [INST] template, or Qwen2-MoE's (q/k/v biases, 6 experts of 40, 2 a token, and a shared
 expert of 96 behind its sigmoid gate) with ChatML. A byte-level BPE tokenizer with the
-family's control tokens goes beside it. `tophat split` (m = 1, k = 1) cuts it, so that the device holds a sparse layer on each side
-and the cloud a sparse and (Qwen3-MoE) a dense one; `tophat distill` trains the drafter's
-adapter (a dense block) against the experts' model; tophat-cloud and tophat-agent serve it
-on loopback, decoding speculatively (eta 0.01, PipeInfer's runs ahead). Through the agent's
+family's control tokens goes beside it. `tophat split` (m = 1, k = 1) cuts it, so that the
+device holds a sparse layer on each side and the cloud a sparse and (Qwen3-MoE) a dense one;
+`tophat distill` trains the drafter's adapter (a dense block) against the experts' model;
+tophat-cloud and tophat-agent serve it on loopback, decoding speculatively (eta 0.01,
+PipeInfer's runs ahead). Through the agent's
 OpenAI endpoint and the official client:
 
 - the prompt tophat renders for a conversation is apply_chat_template's token ids;
