@@ -2,7 +2,7 @@
 """Writes a random Hugging Face checkpoint in a real model's shape, for GPU benchmarks.
 
     python3 bench/random_checkpoint.py --out DIR
-        [--preset llama3-8b|toy-vocab-100m|tiny|qwen3-30b-a3b-2layers]
+        [--preset llama3-8b|toy-vocab-100m|tiny|qwen3-30b-a3b-2layers|gpt-oss-20b-2layers]
         [--dtype bf16|f16|f32]
 
 Weights are normal(0, initializer_range, else 0.02) (norms 1), drawn on the GPU when there
@@ -11,7 +11,8 @@ model.safetensors.index.json, so tophat and transformers load the very same byte
 is downloaded. Reuses DIR when its config.json already matches. "tiny" is a 4-layer model
 for CPU smoke tests of the benchmark scripts (the hf_compare_runs test); its larger
 initializer_range gives attention scores of order 1, so a wrong position or mask changes
-the layers' output measurably.
+the layers' output measurably. "gpt-oss-20b-2layers" stores its experts in MXFP4 as OpenAI
+released gpt-oss (random codes, block scales near 2^-8: values of the other weights' scale).
 """
 import argparse
 import json
@@ -114,6 +115,36 @@ PRESETS = {
         "bos_token_id": 151643,
         "eos_token_id": 151645,
     },
+    # gpt-oss-20b's layer (openai/gpt-oss-20b config.json: 32 experts of 2880, 4 a token,
+    # biases, sinks, 64 query heads of 64 over 8 KV heads, a window of 128 on every other
+    # layer, YaRN) in 2 of its 24 layers, the experts in MXFP4 as released.
+    "gpt-oss-20b-2layers": {
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "hidden_size": 2880,
+        "intermediate_size": 2880,
+        "num_local_experts": 32,
+        "num_experts_per_tok": 4,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "vocab_size": 201088,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 150000.0,
+        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 4096},
+        "sliding_window": 128,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "swiglu_limit": 7.0,
+        "tie_word_embeddings": False,
+        "attention_bias": True,
+        "hidden_act": "silu",
+        "quantization_config": {"quant_method": "mxfp4"},
+        "eos_token_id": 200002,
+    },
 }
 
 
@@ -174,7 +205,22 @@ def main() -> int:
             p + "self_attn.o_proj.weight": normal(d, q),
             p + "post_attention_layernorm.weight": ones(d),
         }
-        if config["model_type"] == "qwen3_moe":
+        if config["model_type"] == "gpt_oss":
+            # Biases, sinks, a router with a bias; the experts fused, in MXFP4: random codes,
+            # scales 2^-8 (values up to 6/256, of the normal weights' scale).
+            experts, width = config["num_local_experts"], config["intermediate_size"]
+            for name, n in (("q_proj", q), ("k_proj", kv), ("v_proj", kv), ("o_proj", d)):
+                tensors[f"{p}self_attn.{name}.bias"] = normal(n)
+            tensors[p + "self_attn.sinks"] = normal(config["num_attention_heads"])
+            tensors[p + "mlp.router.weight"] = normal(experts, d)
+            tensors[p + "mlp.router.bias"] = normal(experts)
+            for part, out, inner in (("gate_up_proj", 2 * width, d), ("down_proj", d, width)):
+                tensors[f"{p}mlp.experts.{part}_blocks"] = torch.randint(
+                    0, 256, (experts, out, inner // 32, 16), dtype=torch.uint8)
+                tensors[f"{p}mlp.experts.{part}_scales"] = torch.full(
+                    (experts, out, inner // 32), 127 - 8, dtype=torch.uint8)
+                tensors[f"{p}mlp.experts.{part}_bias"] = normal(experts, out)
+        elif config["model_type"] == "qwen3_moe":
             # Qwen3's head norms, and every layer sparse (the presets' decoder_sparse_step 1).
             tensors[p + "self_attn.q_norm.weight"] = ones(hd)
             tensors[p + "self_attn.k_norm.weight"] = ones(hd)
