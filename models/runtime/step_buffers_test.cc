@@ -46,9 +46,10 @@ struct Fixture {
 
 TEST_CASE("A decode step into step buffers allocates no tensor storage after warm-up",
           "[submodel][step_buffers]") {
-  // A dense model, and a mixture of experts whose middle holds a sparse layer (1) and a
-  // dense one (2): the experts' routing and grouping stay inside the buffers too.
-  const std::string variant = GENERATE(as<std::string>{}, "llama", "qwen3_moe_mixed");
+  // A dense model, a mixture of experts whose middle holds a sparse layer (1) and a dense
+  // one (2): the experts' routing and grouping stay inside the buffers too; and gpt-oss (its
+  // sinks in the one-query kernel, biases, clamped experts).
+  const std::string variant = GENERATE(as<std::string>{}, "llama", "qwen3_moe_mixed", "gpt_oss");
   INFO(variant);
   Fixture f(VariantNamed(variant));
   REQUIRE((variant == "llama" || f.config.MoeLayer(1)));
