@@ -48,7 +48,7 @@ try:
                               Phi3ForCausalLM, MixtralConfig, MixtralForCausalLM,
                               Qwen3MoeConfig, Qwen3MoeForCausalLM, Qwen2MoeConfig,
                               Qwen2MoeForCausalLM, GptOssConfig, GptOssForCausalLM)
-    from model_checks import round_experts_to_mxfp4, write_gpt_oss_mxfp4
+    from model_checks import round_experts_to_mxfp4, widen_gpt_oss, write_gpt_oss_mxfp4
 except ImportError as error:
     print(f"hf_reference: cannot import the reference ({error}). It needs torch and "
           f"transformers from deploy/requirements.txt in {sys.executable}'s environment: run "
@@ -172,25 +172,12 @@ def with_sdpa_attention(directory):
 
 # gpt-oss: attention sinks, every other layer sliding over 6 positions, YaRN (its own form:
 # the ramp unrounded, a factor of 32 over an original length these prompts cross), 4 experts
-# of 32 with 2 a token. GptOssForCausalLM starts its experts' biases and sinks at zero:
-# gate_up's biases at sd 8 so that the clamps at +-7 bite, the sinks at sd 2 so that they
-# take a share of each row.
+# of 32 with 2 a token; its experts' biases and sinks widened (model_checks.widen_gpt_oss).
 GPT_OSS = dict(BASE, intermediate_size=32, head_dim=16, num_local_experts=4,
                num_experts_per_tok=2, sliding_window=6,
                rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
                                 "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                                 "original_max_position_embeddings": 16})
-
-
-def gpt_oss_weights(model):
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("gate_up_proj_bias"):
-                p.copy_(8.0 * torch.randn_like(p))
-            elif name.endswith("down_proj_bias"):
-                p.copy_(0.5 * torch.randn_like(p))
-            elif name.endswith("sinks"):
-                p.copy_(2.0 * torch.randn_like(p))
 
 
 def without_clamps(directory):
@@ -325,12 +312,12 @@ VARIANTS = [
                                norm_topk_prob=False), split=(1, 1),
          control=("shared expert's gate zeroed", with_shared_expert_gate_zeroed)),
     dict(name="gpt_oss", cls=GptOssForCausalLM, config=GptOssConfig(**GPT_OSS), split=(1, 1),
-         prepare=gpt_oss_weights, control=("no clamps", without_clamps)),
+         prepare=widen_gpt_oss, control=("no clamps", without_clamps)),
     dict(name="gpt_oss_bf16_sinks", cls=GptOssForCausalLM, config=GptOssConfig(**GPT_OSS),
-         prepare=gpt_oss_weights, dtype=torch.bfloat16, split=(2, 1),
+         prepare=widen_gpt_oss, dtype=torch.bfloat16, split=(2, 1),
          control=("no sinks", without_sinks)),
     dict(name="gpt_oss_mxfp4", cls=GptOssForCausalLM, config=GptOssConfig(**GPT_OSS),
-         prepare=gpt_oss_weights, write=write_gpt_oss_mxfp4, split=(1, 2),
+         prepare=widen_gpt_oss, write=write_gpt_oss_mxfp4, split=(1, 2),
          reference=load_dequantized_by_transformers,
          control=("experts not rounded to MXFP4", with_unquantized_experts)),
 ]

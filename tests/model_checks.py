@@ -172,6 +172,21 @@ def metric(port, name):
     return float(match.group(1)) if match else 0.0
 
 
+def widen_gpt_oss(model):
+    """GptOssForCausalLM starts its experts' biases and its sinks at zero: gate_up's biases at
+    sd 8, so that the clamps at +-7 bite; down's at sd 0.5; the sinks at sd 2, so that they
+    take a share of each row."""
+    import torch
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("gate_up_proj_bias"):
+                p.copy_(8.0 * torch.randn_like(p))
+            elif name.endswith("down_proj_bias"):
+                p.copy_(0.5 * torch.randn_like(p))
+            elif name.endswith("sinks"):
+                p.copy_(2.0 * torch.randn_like(p))
+
+
 # e2m1, the 4-bit float of MXFP4: a code's value (the sign in its high bit).
 FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0,
               -6.0]

@@ -54,7 +54,7 @@ from model_checks import FAMILY_NEW_TOKENS as NEW_TOKENS  # noqa: E402
 from model_checks import FAMILY_CONVERSATION as CHATML_CONVERSATION  # noqa: E402
 from model_checks import (byte_level_bpe, check, check_chat_prompt,  # noqa: E402
                           check_speculative, finish, greedy_chat_answer, greedy_completion,
-                          metric, reference_greedy, round_experts_to_mxfp4,
+                          metric, reference_greedy, round_experts_to_mxfp4, widen_gpt_oss,
                           write_gpt_oss_mxfp4)
 
 # ChatML, as Qwen2.5's and Qwen3's templates write a conversation without tools or thinking.
@@ -136,19 +136,15 @@ def build_model(directory, family):
         model = GptOssForCausalLM(GptOssConfig(**shape, num_local_experts=4,
                                                num_experts_per_tok=2))
     model = model.eval()
-    # transformers starts norms at one exactly, which would hide a norm's weight; gpt-oss's
-    # biases and sinks at zero: gate_up's biases wide enough that the clamps at +-7 bite.
+    # transformers starts norms at one exactly and biases at zero, which would hide them.
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            elif name.endswith("gate_up_proj_bias"):
-                p.copy_(8.0 * torch.randn_like(p))
-            elif name.endswith("_bias") or name.endswith(".bias"):
+            elif name.endswith(".bias"):
                 p.copy_(0.5 * torch.randn_like(p))
-            elif name.endswith("sinks"):
-                p.copy_(2.0 * torch.randn_like(p))
     if family == "gpt_oss":
+        widen_gpt_oss(model)
         round_experts_to_mxfp4(model)
         write_gpt_oss_mxfp4(model, directory)
     else:
