@@ -21,10 +21,6 @@ namespace {
 constexpr char kIndexFile[] = "model.safetensors.index.json";
 constexpr char kSingleFile[] = "model.safetensors";
 
-std::string ShapeString(at::IntArrayRef shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
 absl::Status MissingTensor(const std::filesystem::path& dir, std::string_view name) {
   return absl::NotFoundError(
       absl::StrCat("checkpoint ", dir.string(), ": no tensor '", Sv(name), "'"));

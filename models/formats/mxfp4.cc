@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "models/formats/safetensors.h"
 
 namespace tophat {
 
@@ -16,10 +16,6 @@ namespace {
 
 constexpr std::array<float, 16> kE2m1 = {+0.0f, +0.5f, +1.0f, +1.5f, +2.0f, +3.0f, +4.0f, +6.0f,
                                          -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-
-std::string Shape(const at::Tensor& t) {
-  return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
-}
 
 }  // namespace
 
@@ -32,8 +28,8 @@ absl::StatusOr<at::Tensor> DequantizeMxfp4(const at::Tensor& blocks, const at::T
   }
   if (blocks.dim() < 2 || blocks.size(-1) != 16 || scales.dim() != blocks.dim() - 1 ||
       scales.sizes() != blocks.sizes().slice(0, blocks.dim() - 1)) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": MXFP4 blocks ", Shape(blocks),
-                                                   " and scales ", Shape(scales),
+    return absl::InvalidArgumentError(absl::StrCat(where, ": MXFP4 blocks ", ShapeString(blocks.sizes()),
+                                                   " and scales ", ShapeString(scales.sizes()),
                                                    " do not match ([..., G, 16] and [..., G])"));
   }
   const at::Tensor b = blocks.contiguous();

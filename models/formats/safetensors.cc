@@ -40,10 +40,6 @@ std::string ErrnoMessage(int err) {
   return std::error_code(err, std::generic_category()).message();
 }
 
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
 std::optional<SafetensorsDType> ParseDType(std::string_view name) {
   static constexpr SafetensorsDType kAll[] = {SafetensorsDType::kF64, SafetensorsDType::kF32,
                                               SafetensorsDType::kF16, SafetensorsDType::kBF16,
@@ -245,6 +241,10 @@ absl::Status WriteAll(int fd, const void* data, size_t size) {
 }
 
 }  // namespace
+
+std::string ShapeString(at::IntArrayRef shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
 
 std::string_view DTypeName(SafetensorsDType dtype) {
   switch (dtype) {

@@ -23,6 +23,9 @@ namespace tophat {
 enum class SafetensorsDType { kF64, kF32, kF16, kBF16, kI64, kI32, kI16, kI8, kU8, kBool };
 
 std::string_view DTypeName(SafetensorsDType dtype);
+
+// A shape as errors print it: "[2, 3]".
+std::string ShapeString(at::IntArrayRef shape);
 int64_t DTypeSize(SafetensorsDType dtype);
 
 struct SafetensorsTensorInfo {

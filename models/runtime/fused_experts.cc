@@ -1,18 +1,14 @@
 #include "models/runtime/fused_experts.h"
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "models/formats/mxfp4.h"
+#include "models/formats/safetensors.h"
 #include "models/runtime/layers.h"
 
 namespace tophat {
 
 namespace {
-
-std::string Shape(at::IntArrayRef sizes) {
-  return absl::StrCat("[", absl::StrJoin(sizes, ", "), "]");
-}
 
 // A stored tensor with its file in errors, checked against the shape the config implies.
 absl::StatusOr<at::Tensor> Stored(const CheckpointReader& checkpoint, const std::string& name,
@@ -21,8 +17,8 @@ absl::StatusOr<at::Tensor> Stored(const CheckpointReader& checkpoint, const std:
   TOPHAT_ASSIGN_OR_RETURN(const std::filesystem::path file, checkpoint.FileOf(name));
   if (t.sizes() != shape) {
     return absl::InvalidArgumentError(absl::StrCat(file.string(), ": tensor '", name,
-                                                   "' has shape ", Shape(t.sizes()), ", expected ",
-                                                   Shape(shape)));
+                                                   "' has shape ", ShapeString(t.sizes()), ", expected ",
+                                                   ShapeString(shape)));
   }
   const bool fits = packed ? t.scalar_type() == at::kByte
                            : at::isFloatingType(t.scalar_type()) && t.element_size() <= 4;
