@@ -1080,10 +1080,8 @@ void OpenAiServer::Route() {
         tool_reader = *std::move(reader);
       }
       prompts.push_back({.ids = std::get<std::vector<int32_t>>(std::move(ids))});
-      if (const auto end_of_turn = chat_template_->end_of_turn()) {
-        if (const auto id = tokenizer.PieceToId(*end_of_turn)) {
-          stop_ids.push_back(static_cast<uint32_t>(*id));
-        }
+      for (const std::string& end : chat_template_->turn_ends()) {
+        if (const auto id = tokenizer.PieceToId(end)) stop_ids.push_back(static_cast<uint32_t>(*id));
       }
     }
     for (const CompletionPrompt& given : request.prompts) {

@@ -1,6 +1,7 @@
 #include "models/tokenizers/chat_template.h"
 
 #include <algorithm>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 #include <system_error>
@@ -9,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "models/tokenizers/harmony.h"
 #include "nlohmann/json.hpp"
 
 namespace tophat {
@@ -217,6 +219,8 @@ std::string_view ChatFamilyName(ChatFamily family) {
       return "phi";
     case ChatFamily::kChatMlImSep:
       return "chatml_im_sep";
+    case ChatFamily::kHarmony:
+      return "harmony";
   }
   return "unknown";
 }
@@ -269,6 +273,12 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
                                                       std::string_view origin) {
   if (Contains(source, kToyMarker)) {
     return ChatTemplate(ChatFamily::kToy, "", false, true, /*tools=*/true);
+  }
+  if (Contains(source, "<|start|>") && Contains(source, "<|channel|>") &&
+      Contains(source, "<|message|>")) {
+    // gpt-oss's: harmony's messages and channels. Its builtin tools (browser, python) are a
+    // kwarg tophat does not take.
+    return ChatTemplate(ChatFamily::kHarmony, "", false, true, /*tools=*/true);
   }
   if (Contains(source, "<|start_header_id|>") &&
       Contains(source, "<|end_header_id|>") && Contains(source, "<|eot_id|>")) {
@@ -354,27 +364,30 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
       "... <|eot_id|>; ChatML/Qwen2: <|im_start|> ... <|im_end|> (Phi-4: with <|im_sep|>); "
       "Mistral: [INST] ... "
       "[/INST]; Gemma: <start_of_turn> ... <end_of_turn>; Phi: <|user|> ... <|end|>; "
-      "DeepSeek-R1: <｜User｜> ... <｜Assistant｜>; tophat's toy model); it is not "
-      "guessed"));
+      "DeepSeek-R1: <｜User｜> ... <｜Assistant｜>; gpt-oss: <|start|> ... <|channel|> ... "
+      "<|message|>; tophat's toy model); it is not guessed"));
 }
 
-std::optional<std::string> ChatTemplate::end_of_turn() const {
+std::vector<std::string> ChatTemplate::turn_ends() const {
   switch (family_) {
     case ChatFamily::kLlama3:
-      return "<|eot_id|>";
+      return {"<|eot_id|>"};
     case ChatFamily::kChatMl:
     case ChatFamily::kChatMlImSep:
-      return "<|im_end|>";
+      return {"<|im_end|>"};
     case ChatFamily::kGemma:
-      return "<end_of_turn>";
+      return {"<end_of_turn>"};
     case ChatFamily::kPhi:
-      return "<|end|>";
+      return {"<|end|>"};
+    case ChatFamily::kHarmony:
+      // <|end|> ends a message, not the answer: the final one may follow the reasoning.
+      return {"<|return|>", "<|call|>"};
     case ChatFamily::kMistral:
     case ChatFamily::kToy:
     case ChatFamily::kDeepSeekR1:
-      return std::nullopt;
+      return {};
   }
-  return std::nullopt;
+  return {};
 }
 
 std::optional<ToolCallSyntax> ChatTemplate::tool_call_syntax() const {
@@ -391,6 +404,7 @@ std::optional<ToolCallSyntax> ChatTemplate::tool_call_syntax() const {
     case ChatFamily::kGemma:
     case ChatFamily::kPhi:
     case ChatFamily::kChatMlImSep:
+    case ChatFamily::kHarmony:
       return std::nullopt;
   }
   return std::nullopt;
@@ -457,13 +471,14 @@ absl::StatusOr<RenderedChat> ChatTemplate::Render(std::span<const ChatMessage> m
     if (messages[i].role.empty()) return BadMessage(i, "role is empty");
     any_tool = any_tool || !messages[i].tool_calls.empty() || messages[i].role == "tool";
   }
-  const std::optional<ToolCallSyntax> syntax = tool_call_syntax();
-  if (any_tool && !syntax) {
+  if (any_tool && !tools_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tools: this model's chat template (", std::string(ChatFamilyName(family_)),
-        ") has no tool-call layout tophat renders (Llama 3.1's and Qwen2.5's do); tools, "
-        "tool calls and tool messages are refused rather than written in a guessed layout"));
+        ") has no tool-call layout tophat renders (Llama 3.1's, Qwen2.5's and gpt-oss's do); "
+        "tools, tool calls and tool messages are refused rather than written in a guessed "
+        "layout"));
   }
+  const std::optional<ToolCallSyntax> syntax = tool_call_syntax();
   std::vector<std::string> tool_texts;
   for (size_t t = 0; t < tools.size(); ++t) {
     // Llama 3.1 writes each tool indented by 4, the others compact.
@@ -483,6 +498,8 @@ absl::StatusOr<RenderedChat> ChatTemplate::Render(std::span<const ChatMessage> m
     return out;
   };
   switch (family_) {
+    case ChatFamily::kHarmony:
+      return RenderHarmony(messages, tools, options);
     case ChatFamily::kLlama3: {
       chat.bos = true;
       size_t first = 0;
@@ -796,6 +813,110 @@ absl::StatusOr<RenderedChat> ChatTemplate::Render(std::span<const ChatMessage> m
     }
   }
   return absl::InternalError("unknown chat family");
+}
+
+absl::StatusOr<RenderedChat> ChatTemplate::RenderHarmony(std::span<const ChatMessage> messages,
+                                                         std::span<const std::string> tools,
+                                                         const ChatRenderOptions& options) const {
+  // gpt-oss's template (openai/gpt-oss-20b's chat_template.jinja): its own system message,
+  // the caller's first system (or developer) message and the tools as the developer's,
+  // then the turns; earlier reasoning dropped but for a tool call's with no answer after it.
+  RenderedChat chat;
+  const auto message = [&chat](std::string_view header, std::string_view channel,
+                               std::string_view body, std::string_view end) {
+    AddSpecial(chat, "<|start|>");
+    AddText(chat, header);
+    if (!channel.empty()) {
+      AddSpecial(chat, "<|channel|>");
+      AddText(chat, channel);
+    }
+    AddSpecial(chat, "<|message|>");
+    AddText(chat, body);
+    AddSpecial(chat, end);
+  };
+  std::string date = options.date;
+  if (date.empty()) {
+    const std::time_t now = std::time(nullptr);
+    std::tm local{};
+    localtime_r(&now, &local);
+    char text[16];
+    date.assign(text, std::strftime(text, sizeof(text), "%Y-%m-%d", &local));
+  }
+  message("system", "",
+          absl::StrCat("You are ChatGPT, a large language model trained by OpenAI.\n"
+                       "Knowledge cutoff: 2024-06\nCurrent date: ",
+                       date, "\n\nReasoning: ",
+                       options.reasoning_effort.empty() ? "medium" : options.reasoning_effort,
+                       "\n\n# Valid channels: analysis, commentary, final. Channel must be "
+                       "included for every message.",
+                       tools.empty() ? ""
+                                     : "\nCalls to these tools must go to the commentary "
+                                       "channel: 'functions'."),
+          "<|end|>");
+  size_t first = 0;
+  std::string developer;
+  if (!messages.empty() && messages[0].role == "system") {
+    developer = messages[0].content;
+    first = 1;
+  }
+  if (!developer.empty() || !tools.empty()) {
+    std::string body;
+    if (!developer.empty()) absl::StrAppend(&body, "# Instructions\n\n", developer, "\n\n");
+    if (!tools.empty()) {
+      absl::StatusOr<std::string> declared = HarmonyToolNamespace(tools);
+      if (!declared.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("tools: ", declared.status().message()));
+      }
+      absl::StrAppend(&body, "# Tools\n\n", *declared);
+    }
+    message("developer", "", body, "<|end|>");
+  }
+  // A tool's answer names the call it answers by the last call's function.
+  std::optional<std::string> last_call;
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& turn = messages[i];
+    if (turn.role == "user") {
+      message("user", "", turn.content, "<|end|>");
+    } else if (turn.role == "assistant" && turn.tool_calls.empty()) {
+      message("assistant", "final", turn.content, "<|end|>");
+      last_call.reset();
+    } else if (turn.role == "assistant") {
+      if (turn.tool_calls.size() > 1) {
+        return BadMessage(i, "gpt-oss's template writes one tool call an assistant message; give "
+                             "each call a message of its own");
+      }
+      const std::string reasoning = turn.reasoning.value_or("");
+      if (!turn.content.empty() && !reasoning.empty()) {
+        return BadMessage(i, "content and reasoning both given beside a tool call: gpt-oss's "
+                             "template takes the call's reasoning in one or the other");
+      }
+      // The call's reasoning is kept while no answer follows it.
+      bool answered = false;
+      for (size_t j = i + 1; j < messages.size(); ++j) {
+        answered = answered || (messages[j].role == "assistant" && messages[j].tool_calls.empty());
+      }
+      const std::string& analysis = turn.content.empty() ? reasoning : turn.content;
+      if (!analysis.empty() && !answered) message("assistant", "analysis", analysis, "<|end|>");
+      const ToolCall& call = turn.tool_calls[0];
+      absl::StatusOr<std::string> arguments = PythonJsonText(
+          call.arguments, -1, absl::StrCat("messages[", i, "].tool_calls[0].function.arguments"));
+      if (!arguments.ok()) return arguments.status();
+      message(absl::StrCat("assistant to=functions.", call.name), "commentary json", *arguments,
+              "<|call|>");
+      last_call = call.name;
+    } else if (turn.role == "tool") {
+      if (!last_call) {
+        return BadMessage(i, "a tool's answer with no assistant tool call before it (gpt-oss's "
+                             "template names the tool from the call)");
+      }
+      message(absl::StrCat("functions.", *last_call, " to=assistant"), "commentary",
+              PythonJsonString(turn.content), "<|end|>");
+    }
+    // A system message after the first is not written, as the template writes none.
+  }
+  AddSpecial(chat, "<|start|>");
+  AddText(chat, "assistant");
+  return chat;
 }
 
 absl::StatusOr<std::vector<int32_t>> EncodeChat(const Tokenizer& tokenizer,

@@ -15,12 +15,16 @@
 //   Gemma     BOS, <start_of_turn>user\ncontent<end_of_turn>\n, the assistant named "model"
 //   Phi       <|user|>\ncontent<|end|>\n (Phi-3, Phi-3.5), or without the newlines
 //             (Phi-4-mini: <|user|>content<|end|>)
+//   harmony   gpt-oss's: <|start|>role<|message|>content<|end|>, a system message of the
+//             template's own (the date, the reasoning effort), the caller's system message
+//             as the developer's instructions, and answers in channels (harmony.h)
 //   toy       the toy model's own plain-text template (`tophat toy-model`)
 // Tools (OpenAI's tools, an assistant's tool_calls, "tool" messages) in the layouts of the two
 // templates that define one, recognised by the instructions they write: Llama 3.1's JSON
 // calls (tools in the first user message, one call a turn, answers as "ipython") and
-// Qwen2.5's <tool_call> tags (tools in the system message, several calls a turn); and the
-// toy model's. Other templates refuse tools rather than guess a layout.
+// Qwen2.5's <tool_call> tags (tools in the system message, several calls a turn); gpt-oss's
+// TypeScript namespace and calls in the commentary channel (one call a turn); and the toy
+// model's. Other templates refuse tools rather than guess a layout.
 // Anything else is an error naming the file: guessing a format silently degrades answers.
 //
 // The result keeps the template's control tokens apart from the text: content that spells
@@ -41,7 +45,17 @@
 
 namespace tophat {
 
-enum class ChatFamily { kLlama3, kChatMl, kMistral, kToy, kDeepSeekR1, kGemma, kPhi, kChatMlImSep };
+enum class ChatFamily {
+  kLlama3,
+  kChatMl,
+  kMistral,
+  kToy,
+  kDeepSeekR1,
+  kGemma,
+  kPhi,
+  kChatMlImSep,
+  kHarmony,
+};
 std::string_view ChatFamilyName(ChatFamily family);
 
 // A call the assistant made to one of the request's tools (OpenAI's tool_calls[i]).
@@ -101,6 +115,12 @@ struct ChatRenderOptions {
   // Qwen3's enable_thinking: false closes an empty reasoning block in the prompt, so the
   // model answers at once.
   bool enable_thinking = true;
+  // gpt-oss's reasoning_effort ("low", "medium", "high"; "" for the template's default,
+  // medium), written into its system message.
+  std::string reasoning_effort;
+  // gpt-oss's "Current date: YYYY-MM-DD"; "" for today's, in local time (as transformers'
+  // strftime_now writes it).
+  std::string date;
 };
 
 // How a template thinks (ChatTemplate::thinking()).
@@ -149,13 +169,16 @@ class ChatTemplate {
            (thinking_ == ThinkingStyle::kSwitch && options.enable_thinking);
   }
 
-  // How this model writes a tool call; nullopt where its template has no tool layout tophat
-  // renders.
+  // Whether the template renders tools, calls and their answers.
+  bool takes_tools() const { return tools_; }
+  // How this model writes a tool call, as text; nullopt where its template has no tool layout
+  // tophat renders, or calls are not text (harmony's, read by HarmonyReader).
   std::optional<ToolCallSyntax> tool_call_syntax() const;
 
-  // The control token that ends an assistant turn ("<|eot_id|>", "<|im_end|>"); nullopt where
-  // the tokenizer's EOS does (Mistral) or the family has none (toy).
-  std::optional<std::string> end_of_turn() const;
+  // The control tokens that end an assistant turn ("<|eot_id|>", "<|im_end|>"; harmony's
+  // <|return|> and <|call|>); none where the tokenizer's EOS does (Mistral) or the family
+  // has none (toy).
+  std::vector<std::string> turn_ends() const;
 
  private:
   ChatTemplate(ChatFamily family, std::string default_system, bool llama31_header,
@@ -167,6 +190,10 @@ class ChatTemplate {
         tools_(tools),
         thinking_(thinking) {}
 
+  // gpt-oss's conversation (harmony.h).
+  absl::StatusOr<RenderedChat> RenderHarmony(std::span<const ChatMessage> messages,
+                                             std::span<const std::string> tools,
+                                             const ChatRenderOptions& options) const;
   // ChatML's assistant message i of `messages` as a thinking template renders it.
   absl::Status AddThinkingAssistant(RenderedChat& chat, std::span<const ChatMessage> messages,
                                     size_t i, size_t last_query) const;

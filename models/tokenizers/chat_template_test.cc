@@ -109,9 +109,9 @@ TEST_CASE("Each family is recognised by its template's markup, and an unknown on
   CHECK(Make(kChatMlSource).family() == ChatFamily::kChatMl);
   CHECK(Make(kMistralSource).family() == ChatFamily::kMistral);
   CHECK(Make(std::string(kToyChatTemplateSource).c_str()).family() == ChatFamily::kToy);
-  CHECK(Make(kLlama3Source).end_of_turn() == "<|eot_id|>");
-  CHECK(Make(kChatMlSource).end_of_turn() == "<|im_end|>");
-  CHECK_FALSE(Make(kMistralSource).end_of_turn().has_value());
+  CHECK(Make(kLlama3Source).turn_ends() == std::vector<std::string>{"<|eot_id|>"});
+  CHECK(Make(kChatMlSource).turn_ends() == std::vector<std::string>{"<|im_end|>"});
+  CHECK(Make(kMistralSource).turn_ends().empty());
 
   auto unknown = ChatTemplate::FromSource(
       "{% for m in messages %}### {{ m['role'] }}: {{ m['content'] }}{% endfor %}",
@@ -201,7 +201,7 @@ constexpr const char* kPhi4Source =
 TEST_CASE("Phi-4 parts each role from its content with <|im_sep|>, nothing between turns") {
   const ChatTemplate phi4 = Make(kPhi4Source);
   CHECK(phi4.family() == ChatFamily::kChatMlImSep);
-  CHECK(phi4.end_of_turn() == "<|im_end|>");
+  CHECK(phi4.turn_ends() == std::vector<std::string>{"<|im_end|>"});
   CHECK_FALSE(phi4.tool_call_syntax().has_value());
   const RenderedChat chat = RenderOk(
       phi4, {{"system", "Be brief."}, {"user", " a\n"}, {"assistant", "b"}, {"user", "c"}});
@@ -230,7 +230,7 @@ TEST_CASE("Phi writes each turn between its role tag and <|end|>, with newlines 
       {"system", "Be brief."}, {"user", "a"}, {"assistant", "b"}, {"user", "c"}};
   const ChatTemplate phi3 = Make(kPhi3Source);
   CHECK(phi3.family() == ChatFamily::kPhi);
-  CHECK(phi3.end_of_turn() == "<|end|>");
+  CHECK(phi3.turn_ends() == std::vector<std::string>{"<|end|>"});
   RenderedChat chat = RenderOk(phi3, messages);
   CHECK_FALSE(chat.bos);
   CHECK(chat.ToString() ==
@@ -275,7 +275,7 @@ TEST_CASE(
     "trims each turn") {
   const ChatTemplate gemma = Make(kGemmaSource);
   CHECK(gemma.family() == ChatFamily::kGemma);
-  CHECK(gemma.end_of_turn() == "<end_of_turn>");
+  CHECK(gemma.turn_ends() == std::vector<std::string>{"<end_of_turn>"});
   const RenderedChat chat = RenderOk(
       gemma, {{"system", " Be brief. "}, {"user", " a\n"}, {"assistant", "b "}, {"user", "c"}});
   CHECK(chat.bos);
@@ -741,7 +741,7 @@ TEST_CASE(
   CHECK(ChatFamilyName(r1.family()) == "deepseek_r1");
   CHECK(r1.thinking() == ThinkingStyle::kOpened);
   CHECK(r1.Thinks({.enable_thinking = false}));
-  CHECK_FALSE(r1.end_of_turn().has_value());  // the tokenizer's EOS ends a turn
+  CHECK(r1.turn_ends().empty());  // the tokenizer's EOS ends a turn
   CHECK_FALSE(r1.tool_call_syntax().has_value());
   // Each expected string is transformers' rendering of DeepSeek-R1-Distill's template.
   const RenderedChat question = RenderOk(r1, {{"user", "Which is greater, 9.11 or 9.8?"}});
