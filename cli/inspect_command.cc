@@ -193,10 +193,9 @@ absl::StatusOr<json> InspectCheckpoint(const InspectArgs& args) {
   }
   absl::StatusOr<ChatTemplate> chat = ChatTemplate::Load(args.model);
   if (chat.ok()) {
-    const std::optional<std::string> end = chat->end_of_turn();
     out["chat_template"] = {{"family", std::string(ChatFamilyName(chat->family()))},
-                            {"end_of_turn", end ? json(*end) : json(nullptr)},
-                            {"tools", chat->tool_call_syntax().has_value()},
+                            {"turn_ends", chat->turn_ends()},
+                            {"tools", chat->takes_tools()},
                             {"thinking", std::string(ThinkingName(chat->thinking()))}};
   } else {
     out["chat_template"] = {{"error", std::string(chat.status().message())}};
@@ -278,8 +277,9 @@ std::string FormatInspection(const json& in) {
   } else {
     line("chat template",
          absl::StrCat(chat["family"].get<std::string>(), " (end of turn ",
-                      chat["end_of_turn"].is_null() ? "the EOS token"
-                                                    : chat["end_of_turn"].get<std::string>(),
+                      chat["turn_ends"].empty()
+                          ? "the EOS token"
+                          : absl::StrJoin(chat["turn_ends"].get<std::vector<std::string>>(), " or "),
                       "; tools ", chat["tools"].get<bool>() ? "yes" : "no", "; thinking ",
                       chat["thinking"].get<std::string>(), ")"));
   }

@@ -72,7 +72,7 @@ TEST_CASE("inspect names the chat template's family and a GPU cloud's yes for Ll
   REQUIRE(inspection.ok());
   CHECK((*inspection)["gpu_cloud"] == "yes");
   CHECK((*inspection)["chat_template"]["family"] == "chatml");
-  CHECK((*inspection)["chat_template"]["end_of_turn"] == "<|im_end|>");
+  CHECK((*inspection)["chat_template"]["turn_ends"] == nlohmann::json::array({"<|im_end|>"}));
   CHECK((*inspection)["sliding_layers"].empty());
   CHECK_THAT(FormatInspection(*inspection), Catch::Contains("chatml (end of turn <|im_end|>"));
 }

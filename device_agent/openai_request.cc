@@ -227,8 +227,9 @@ std::optional<OpenAiError> ParseMessages(const Json& value, std::vector<ChatMess
   return std::nullopt;
 }
 
-// vLLM's and SGLang's "chat_template_kwargs": {"enable_thinking": bool}, the one key tophat's
-// templates read; any other is refused by name rather than ignored.
+// vLLM's and SGLang's "chat_template_kwargs": {"enable_thinking": bool} (Qwen3's switch) and
+// {"reasoning_effort": "low" | "medium" | "high"} (gpt-oss's), the keys tophat's templates
+// read; any other is refused by name rather than ignored.
 std::optional<OpenAiError> ParseChatTemplateKwargs(const Json& value, ChatRenderOptions& options) {
   const std::string kKey = "chat_template_kwargs";
   if (!value.is_object()) {
@@ -236,10 +237,17 @@ std::optional<OpenAiError> ParseChatTemplateKwargs(const Json& value, ChatRender
   }
   for (const auto& [option, setting] : value.items()) {
     const std::string at = absl::StrCat(kKey, ".", option);
+    if (option == "reasoning_effort") {
+      if (!setting.is_string() || (setting != "low" && setting != "medium" && setting != "high")) {
+        return Invalid(at, absl::StrCat(at, " must be \"low\", \"medium\" or \"high\""));
+      }
+      options.reasoning_effort = setting.get<std::string>();
+      continue;
+    }
     if (option != "enable_thinking") {
       return Invalid(at, absl::StrCat(at,
                                       " is not read by tophat's chat templates (they take "
-                                      "enable_thinking)"));
+                                      "enable_thinking and reasoning_effort)"));
     }
     if (!setting.is_boolean()) return Invalid(at, absl::StrCat(at, " must be a boolean"));
     options.enable_thinking = setting.get<bool>();
@@ -1437,16 +1445,19 @@ absl::StatusOr<ToolCallReader> ToolCallReader::Create(const OpenAiRequest& reque
   return reader;
 }
 
+bool ToolCallReader::Accepts(const ToolCall& call) const {
+  const size_t index =
+      static_cast<size_t>(std::find(names_.begin(), names_.end(), call.name) - names_.begin());
+  if (index == names_.size()) return false;
+  const Json arguments = Json::parse(call.arguments, nullptr, false);
+  return !arguments.is_discarded() &&
+         SchemaAccepts(*parameters_[index], parameters_[index]->root(), arguments);
+}
+
 ToolCallReading ToolCallReader::Read(std::string_view text) const {
   ToolCallReading reading = ReadToolCalls(text, syntax_, names_);
   for (const ToolCall& call : reading.calls) {
-    const size_t index = static_cast<size_t>(
-        std::find(names_.begin(), names_.end(), call.name) - names_.begin());
-    const Json arguments = Json::parse(call.arguments, nullptr, false);
-    if (index == names_.size() ||
-        !SchemaAccepts(*parameters_[index], parameters_[index]->root(), arguments)) {
-      return ToolCallReading{.content = std::string(text), .calls = {}};
-    }
+    if (!Accepts(call)) return ToolCallReading{.content = std::string(text), .calls = {}};
   }
   if (!parallel_ && reading.calls.size() > 1) reading.calls.resize(1);
   return reading;

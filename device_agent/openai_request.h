@@ -285,6 +285,10 @@ class ToolCallReader {
   static absl::StatusOr<ToolCallReader> Create(const OpenAiRequest& request,
                                                ToolCallSyntax syntax);
   ToolCallReading Read(std::string_view text) const;
+  // Whether `call` names one of the tools its answer may call, with arguments its parameters
+  // accept.
+  bool Accepts(const ToolCall& call) const;
+  bool parallel() const { return parallel_; }
   const ToolCallSyntax& syntax() const { return syntax_; }
 
  private:

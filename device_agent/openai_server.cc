@@ -377,6 +377,21 @@ struct TokenSink {
   // (usage's reasoning_tokens).
   std::optional<int32_t> reasoning_end;
   int64_t reasoning_tokens = 0;
+  // gpt-oss's answer: read by channel, its reasoning kept here until taken, its content
+  // through the stop sequences.
+  HarmonyReader* harmony = nullptr;
+  std::string harmony_reasoning;
+
+  std::string TakeReasoning() { return std::exchange(harmony_reasoning, {}); }
+  // The answer's reasoning and content from text that is not a token's (what the
+  // detokenizer held back to the end), then the reader's end.
+  HarmonyReader::Parts FinishHarmony(std::string_view text) {
+    HarmonyReader::Parts parts = harmony->Push(-1, text);
+    HarmonyReader::Parts rest = harmony->Flush();
+    reasoning_tokens = harmony->reasoning_tokens();
+    return {.reasoning = TakeReasoning() + parts.reasoning + rest.reasoning,
+            .content = parts.content + rest.content};
+  }
 
   // The text `event` released; false once a stop sequence completed.
   std::string Push(const TokenEvent& event) {
@@ -395,17 +410,95 @@ struct TokenSink {
     }
     if (event.token_texts.size() != event.token_ids.size()) {
       // Not decoded token by token (an outline's parts, which have no log-probabilities).
+      if (harmony != nullptr) return released + Harmony(-1, event.text);
       return released + filter.Push(event.text);
     }
     for (size_t i = 0; i < event.token_ids.size() && !filter.stopped(); ++i) {
-      released += filter.Push(event.token_texts[i]);
+      released += harmony != nullptr ? Harmony(event.token_ids[i], event.token_texts[i])
+                                     : filter.Push(event.token_texts[i]);
       if (logprobs != nullptr && i < event.logprobs.size()) {
         logprobs->Add(event.token_ids[i], event.logprobs[i]);
       }
     }
     return released;
   }
+
+ private:
+  // One token through the reader: its reasoning kept, its content filtered.
+  std::string Harmony(int32_t id, std::string_view text) {
+    HarmonyReader::Parts parts = harmony->Push(id, text);
+    harmony_reasoning += parts.reasoning;
+    return filter.Push(parts.content);
+  }
 };
+
+// What tophat does not do with gpt-oss's harmony format yet, refused by name rather than done
+// wrong: a format, or a required call, would hold from the final channel's <|message|> on (a
+// gate of several tokens, where the thinking templates' is one), and a thinking budget would
+// end the analysis channel. `responses`: the request came through the Responses API, which
+// names its parameters differently.
+std::optional<OpenAiError> HarmonyRefuses(const OpenAiRequest& request, bool responses) {
+  if (!request.reasoning_effort.empty() && request.reasoning_effort != "low" &&
+      request.reasoning_effort != "medium" && request.reasoning_effort != "high") {
+    return OpenAiError{
+        .param = responses ? "reasoning" : "reasoning_effort",
+        .message = absl::StrCat(responses ? "reasoning.effort" : "reasoning_effort", " \"",
+                                request.reasoning_effort,
+                                "\": gpt-oss reasons at \"low\", \"medium\" or \"high\" effort")};
+  }
+  const auto refuse = [](std::string param, std::string_view what) {
+    return OpenAiError{.param = param,
+                       .message = absl::StrCat(std::string(what),
+                                               ": not yet for gpt-oss's harmony format, whose "
+                                               "answer proper begins after its reasoning's "
+                                               "channel")};
+  };
+  if (request.thinking_token_budget >= 0) {
+    return refuse("thinking_token_budget", "thinking_token_budget");
+  }
+  if (request.json_object || !request.json_schema.empty() || !request.regex.empty() ||
+      !request.answer_choices.empty() || !request.grammar.empty() ||
+      !request.structural_tag.empty()) {
+    return refuse(responses ? "text" : "response_format", "a structured output's format");
+  }
+  if (request.tool_choice == ToolChoice::kRequired || request.tool_choice == ToolChoice::kFunction) {
+    return refuse("tool_choice", "tool_choice \"required\" or a named function");
+  }
+  if (request.outline_max_points != 0) return refuse("tophat_outline", "tophat_outline");
+  return std::nullopt;
+}
+
+// gpt-oss's calls as the answer's tool calls: each addressed to functions.NAME of a tool the
+// request offers (`reader`; null: none offered), with arguments its parameters accept. If
+// any is not, the calls' bodies are the answer's text (the model wrote something else), as
+// ReadToolCalls takes text that is not all calls.
+ToolCallReading ReadHarmonyCalls(std::span<const HarmonyCall> calls, const ToolCallReader* reader) {
+  constexpr std::string_view kNamespace = "functions.";
+  ToolCallReading reading;
+  bool all_calls = reader != nullptr;
+  for (const HarmonyCall& call : calls) {
+    reading.content += call.body;
+    if (!all_calls) continue;
+    const auto arguments = nlohmann::ordered_json::parse(call.body, nullptr, false);
+    if (!call.recipient.starts_with(kNamespace) || !arguments.is_object()) {
+      all_calls = false;
+      continue;
+    }
+    ToolCall read{.id = "",
+                  .name = call.recipient.substr(kNamespace.size()),
+                  .arguments = arguments.dump(-1, ' ', false,
+                                              nlohmann::ordered_json::error_handler_t::replace)};
+    all_calls = reader->Accepts(read);
+    if (all_calls) reading.calls.push_back(std::move(read));
+  }
+  if (!all_calls) {
+    reading.calls.clear();
+    return reading;
+  }
+  reading.content.clear();
+  if (!reader->parallel() && reading.calls.size() > 1) reading.calls.resize(1);
+  return reading;
+}
 
 // One request's answer, built the same way whether it streams or not.
 struct Completion {
@@ -711,6 +804,11 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
     auto loaded = ChatTemplate::Load(server->options_.template_dir);
     if (loaded.ok()) {
       server->chat_template_ = *std::move(loaded);
+      if (server->chat_template_->family() == ChatFamily::kHarmony) {
+        absl::StatusOr<HarmonyTokens> tokens = HarmonyTokens::Find(agent->tokenizer());
+        if (!tokens.ok()) return tokens.status();
+        server->harmony_tokens_ = *tokens;
+      }
     } else if (absl::IsNotFound(loaded.status())) {
       // A model without a template still serves /v1/completions.
       server->chat_template_error_ = std::string(loaded.status().message());
@@ -1023,7 +1121,15 @@ void OpenAiServer::Route() {
     std::optional<int32_t> reasoning_end;
     // thinking_token_budget, or the one the reasoning effort stands for; -1: no bound.
     int64_t thinking_budget = request.thinking_token_budget;
-    if (!request.reasoning_effort.empty()) {
+    ChatRenderOptions chat_options = request.chat_options;
+    // gpt-oss's answers are read by channel (HarmonyReader), and its template takes the
+    // reasoning effort.
+    const bool harmony =
+        endpoint == OpenAiEndpoint::kChatCompletions && harmony_tokens_.has_value();
+    if (harmony) {
+      if (auto refused = HarmonyRefuses(request, turn != nullptr)) return SendError(res, *refused);
+      if (!request.reasoning_effort.empty()) chat_options.reasoning_effort = request.reasoning_effort;
+    } else if (!request.reasoning_effort.empty()) {
       // As the request named it.
       const std::string field = turn != nullptr ? "reasoning.effort" : "reasoning_effort";
       const std::string param = turn != nullptr ? "reasoning" : "reasoning_effort";
@@ -1048,7 +1154,7 @@ void OpenAiServer::Route() {
       thinking_budget = budget->second;
     }
     if (endpoint == OpenAiEndpoint::kChatCompletions) {
-      auto ids = ChatPromptIds(request.messages, ToolTexts(request.tools), request.chat_options);
+      auto ids = ChatPromptIds(request.messages, ToolTexts(request.tools), chat_options);
       if (auto* error = std::get_if<OpenAiError>(&ids)) return SendError(res, *error);
       if (chat_template_->Thinks(request.chat_options)) {
         // The answer starts in the model's reasoning: it is split from the content, and a
@@ -1070,7 +1176,10 @@ void OpenAiServer::Route() {
         }
       }
       // The template rendered the tools, so it has a layout for calls.
-      const std::optional<ToolCallSyntax> syntax = chat_template_->tool_call_syntax();
+      // gpt-oss's calls are messages of their own, read by HarmonyReader; their arguments
+      // are checked by the reader all the same.
+      std::optional<ToolCallSyntax> syntax = chat_template_->tool_call_syntax();
+      if (harmony && !request.tools.empty()) syntax = ToolCallSyntax{};
       if (request.tool_choice != ToolChoice::kNone && syntax) {
         absl::StatusOr<ToolCallReader> reader = ToolCallReader::Create(request, *syntax);
         if (!reader.ok()) {
@@ -1178,7 +1287,7 @@ void OpenAiServer::Route() {
     // tool; under "auto", text first, and a call the model starts is a whole, valid one.
     const bool call_required = tool_reader && (request.tool_choice == ToolChoice::kRequired ||
                                                request.tool_choice == ToolChoice::kFunction);
-    if (tool_reader) {
+    if (tool_reader && !harmony) {
       generate.set_response_format(v1::RESPONSE_FORMAT_TOOL_CALLS);
       const ToolCallSyntax& syntax = tool_reader->syntax();
       v1::ToolCallFormat& format = *generate.mutable_tool_calls();
@@ -1262,7 +1371,7 @@ void OpenAiServer::Route() {
     if (!request.stream) {
       std::vector<v1::GenerateResponse> done(choices.size());
       std::vector<Json> rendered(choices.size());
-      std::vector<int64_t> reasoning_counts(reasoning_end ? choices.size() : 0);
+      std::vector<int64_t> reasoning_counts(reasoning_end || harmony ? choices.size() : 0);
       // A background response's cancel stops it, even while it waits for a cloud.
       const auto cancelled = [&turn] { return turn && turn->cancel_requested.load(); };
       const KeptPrompts kept = KeepPrompts(*agent_, choices, request.n, places, *caller, cancelled);
@@ -1272,6 +1381,8 @@ void OpenAiServer::Route() {
         std::optional<LogprobsRenderer> logprobs = make_logprobs(prompt);
         TokenSink tokens{filter, logprobs ? &*logprobs : nullptr, prompt.echo_text, prompt.ids,
                          reasoning_end};
+        std::optional<HarmonyReader> harmony_reader;
+        if (harmony) tokens.harmony = &harmony_reader.emplace(*harmony_tokens_);
         std::string text;
         done[i] = GenerateChoice(
             *agent_, kept, choices[i],
@@ -1281,17 +1392,29 @@ void OpenAiServer::Route() {
             },
             *caller, cancelled);
         // The last message's text: what the detokenizer held back (a character cut short).
-        text += filter.Push(done[i].text());
+        std::optional<std::string> reasoning;
+        if (harmony_reader) {
+          HarmonyReader::Parts parts = tokens.FinishHarmony(done[i].text());
+          reasoning = std::move(parts.reasoning);
+          text += filter.Push(parts.content);
+        } else {
+          text += filter.Push(done[i].text());
+        }
         text += filter.Flush();
         std::string finish_reason = FinishReasonText(done[i].finish_reason(), filter.stopped());
-        std::optional<std::string> reasoning;
         if (reasoning_end) {
           ReasoningSplitter::Parts parts = SplitReasoning(text);
           reasoning = std::move(parts.reasoning);
           text = std::move(parts.content);
         }
         std::vector<ToolCall> calls;
-        if (tool_reader) {
+        if (harmony_reader) {
+          ToolCallReading reading = ReadHarmonyCalls(harmony_reader->calls(),
+                                                     tool_reader ? &*tool_reader : nullptr);
+          text += reading.content;
+          calls = std::move(reading.calls);
+          if (!calls.empty() && finish_reason == "stop") finish_reason = "tool_calls";
+        } else if (tool_reader) {
           ToolCallReading reading = tool_reader->Read(text);
           if (!reading.calls.empty()) {
             text = std::move(reading.content);
@@ -1309,7 +1432,7 @@ void OpenAiServer::Route() {
           }
           return;
         }
-        if (reasoning_end) reasoning_counts[i] = tokens.reasoning_tokens;
+        if (reasoning_end || harmony) reasoning_counts[i] = tokens.reasoning_tokens;
         rendered[i] = completion.Choice(
             i, text, finish_reason, logprobs ? logprobs->Take() : Json(nullptr),
             calls.empty() ? Json(nullptr) : ToolCallsJson(calls, /*streamed=*/false), reasoning);
@@ -1335,7 +1458,7 @@ void OpenAiServer::Route() {
     // which says false once the client has gone. False when the client went away.
     const auto stream =
         [this, choices, completion, request, caller = *caller, generation_error, failed, slot,
-         places, make_logprobs, prompts, tool_reader, call_required, reasoning_end,
+         places, make_logprobs, prompts, tool_reader, call_required, reasoning_end, harmony,
          turn](const std::function<bool(const Json&)>& write) {
           // The choices stream at once, each chunk whole under the lock.
           std::mutex sink_mutex;
@@ -1355,7 +1478,7 @@ void OpenAiServer::Route() {
           };
           if (turn) send_all(turn->builder.Start());
           std::vector<v1::GenerateResponse> done(choices.size());
-          std::vector<int64_t> reasoning_counts(reasoning_end ? choices.size() : 0);
+          std::vector<int64_t> reasoning_counts(reasoning_end || harmony ? choices.size() : 0);
           // Nothing is written while the prompt is kept, so only a cancel can end it.
           const KeptPrompts kept =
               KeepPrompts(*agent_, choices, request.n, places, caller, cancelled);
@@ -1366,9 +1489,12 @@ void OpenAiServer::Route() {
             std::optional<LogprobsRenderer> logprobs = make_logprobs(prompt);
             TokenSink tokens{filter, logprobs ? &*logprobs : nullptr, prompt.echo_text, prompt.ids,
                              reasoning_end};
-            // Text that may be a tool call is held back until the answer ends.
+            std::optional<HarmonyReader> harmony_reader;
+            if (harmony) tokens.harmony = &harmony_reader.emplace(*harmony_tokens_);
+            // Text that may be a tool call is held back until the answer ends (gpt-oss's
+            // calls are held by its reader).
             std::optional<ToolCallHoldback> holdback;
-            if (tool_reader) holdback.emplace(tool_reader->syntax(), call_required);
+            if (tool_reader && !harmony) holdback.emplace(tool_reader->syntax(), call_required);
             const auto release = [&](const std::string& text) {
               return holdback ? holdback->Push(text) : text;
             };
@@ -1377,6 +1503,10 @@ void OpenAiServer::Route() {
             std::optional<ReasoningSplitter> splitter;
             if (reasoning_end) splitter.emplace();
             const auto split = [&](const std::string& text) {
+              if (harmony_reader) {
+                return ReasoningSplitter::Parts{.reasoning = tokens.TakeReasoning(),
+                                                .content = text};
+              }
               if (!splitter) return ReasoningSplitter::Parts{.content = text};
               return splitter->Push(text);
             };
@@ -1423,9 +1553,16 @@ void OpenAiServer::Route() {
               }
               return;
             }
-            std::string tail = filter.Push(done[i].text());
-            tail += filter.Flush();
+            std::string tail;
             std::string tail_reasoning;
+            if (harmony_reader) {
+              HarmonyReader::Parts parts = tokens.FinishHarmony(done[i].text());
+              tail_reasoning = std::move(parts.reasoning);
+              tail = filter.Push(parts.content);
+            } else {
+              tail = filter.Push(done[i].text());
+            }
+            tail += filter.Flush();
             if (splitter) {
               ReasoningSplitter::Parts parts = splitter->Push(tail);
               ReasoningSplitter::Parts rest = splitter->Flush();
@@ -1436,7 +1573,13 @@ void OpenAiServer::Route() {
             std::string finish_reason =
                 FinishReasonText(done[i].finish_reason(), filter.stopped());
             std::vector<ToolCall> calls;
-            if (holdback) {
+            if (harmony_reader) {
+              ToolCallReading reading = ReadHarmonyCalls(harmony_reader->calls(),
+                                                         tool_reader ? &*tool_reader : nullptr);
+              tail += reading.content;
+              calls = std::move(reading.calls);
+              if (!calls.empty() && finish_reason == "stop") finish_reason = "tool_calls";
+            } else if (holdback) {
               ToolCallReading reading = tool_reader->Read(holdback->text());
               if (reading.calls.empty()) {
                 tail += holdback->held();  // not calls: the model's text
@@ -1471,7 +1614,7 @@ void OpenAiServer::Route() {
               first = false;
             }
             send(completion.Chunk(i, "", finish_reason, first));
-            if (reasoning_end) reasoning_counts[i] = tokens.reasoning_tokens;
+            if (reasoning_end || harmony) reasoning_counts[i] = tokens.reasoning_tokens;
           });
           ForgetKeptPrompts(*agent_, kept, request.n, done);
           if (client_gone) {

@@ -35,6 +35,7 @@
 #include "device_agent/openai_request.h"
 #include "device_agent/openai_responses.h"
 #include "models/tokenizers/chat_template.h"
+#include "models/tokenizers/harmony.h"
 #include "telemetry/http_request_deadline.h"
 
 namespace httplib {
@@ -129,6 +130,8 @@ class OpenAiServer {
   Agent* agent_;
   OpenAiServerOptions options_;
   std::optional<ChatTemplate> chat_template_;
+  // The template is gpt-oss's: its control tokens, for reading answers (HarmonyReader).
+  std::optional<HarmonyTokens> harmony_tokens_;
   // options_.thinking_budget_message's token ids (GenerateRequest.reasoning_budget_end_ids).
   std::vector<uint32_t> thinking_budget_end_ids_;
   std::string chat_template_error_;  // why chat is unavailable, when it is
