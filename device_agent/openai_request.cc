@@ -1463,6 +1463,34 @@ ToolCallReading ToolCallReader::Read(std::string_view text) const {
   return reading;
 }
 
+ToolCallReading ReadHarmonyCalls(std::span<const HarmonyCall> calls, const ToolCallReader* reader) {
+  constexpr std::string_view kNamespace = "functions.";
+  ToolCallReading reading;
+  bool all_calls = reader != nullptr;
+  for (const HarmonyCall& call : calls) {
+    reading.content += call.body;
+    if (!all_calls) continue;
+    const auto arguments = nlohmann::ordered_json::parse(call.body, nullptr, false);
+    if (!call.recipient.starts_with(kNamespace) || !arguments.is_object()) {
+      all_calls = false;
+      continue;
+    }
+    ToolCall read{.id = "",
+                  .name = call.recipient.substr(kNamespace.size()),
+                  .arguments = arguments.dump(-1, ' ', false,
+                                              nlohmann::ordered_json::error_handler_t::replace)};
+    all_calls = reader->Accepts(read);
+    if (all_calls) reading.calls.push_back(std::move(read));
+  }
+  if (!all_calls) {
+    reading.calls.clear();
+    return reading;
+  }
+  reading.content.clear();
+  if (!reader->parallel() && reading.calls.size() > 1) reading.calls.resize(1);
+  return reading;
+}
+
 std::string ToolCallHoldback::Push(std::string_view text) {
   text_.append(text);
   if (hold_all_ || holding_) return "";

@@ -8,16 +8,16 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "models/grammar/json_schema.h"
 #include "models/tokenizers/chat_template.h"
+#include "models/tokenizers/harmony.h"
 
 namespace tophat {
 
@@ -298,6 +298,13 @@ class ToolCallReader {
   std::vector<std::shared_ptr<const CompiledSchema>> parameters_;  // by names_ index
   bool parallel_ = true;
 };
+
+// gpt-oss's calls (HarmonyReader's) as the answer's tool calls: each addressed to
+// functions.NAME of a tool the request offers (`reader`; null: none offered), with arguments
+// its parameters accept, compacted in their key order. If any is not, there are no calls and
+// the calls' bodies are the answer's text (the model wrote something else), as ReadToolCalls
+// takes text that is not all calls.
+ToolCallReading ReadHarmonyCalls(std::span<const HarmonyCall> calls, const ToolCallReader* reader);
 
 // Streams an answer that may hold tool calls: the text before a call goes out as it comes,
 // and from a call's start on (a tag, or for a layout without tags an answer that starts with

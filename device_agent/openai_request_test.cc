@@ -396,6 +396,37 @@ TEST_CASE("An answer's calls are returned only when they read and satisfy their 
   CHECK(ToolCallReader::Create(named, syntax)->Read(good).calls.empty());
 }
 
+TEST_CASE("gpt-oss's calls are the answer's only when all are offered tools' valid calls") {
+  const OpenAiRequest request = ParseOk(OpenAiEndpoint::kChatCompletions, ChatWith(kTools));
+  auto reader = ToolCallReader::Create(request, ToolCallSyntax{});
+  REQUIRE(reader.ok());
+  const std::vector<HarmonyCall> good = {
+      {.recipient = "functions.get_weather", .body = R"({ "city" : "Oslo", "unit": "c" })"}};
+  ToolCallReading read = ReadHarmonyCalls(good, &*reader);
+  REQUIRE(read.calls.size() == 1);
+  CHECK(read.calls[0].name == "get_weather");
+  // Compacted, in the model's key order.
+  CHECK(read.calls[0].arguments == R"({"city":"Oslo","unit":"c"})");
+  CHECK(read.content.empty());
+
+  // Not a function, not an offered tool, arguments that break the schema or are not an
+  // object: the bodies are the answer's text.
+  for (const HarmonyCall& bad : std::vector<HarmonyCall>{
+           {.recipient = "browser.search", .body = R"({"city": "Oslo"})"},
+           {.recipient = "functions.launch", .body = R"({"city": "Oslo"})"},
+           {.recipient = "functions.get_weather", .body = R"({"town": "Oslo"})"},
+           {.recipient = "functions.get_weather", .body = R"("Oslo")"}}) {
+    INFO(bad.recipient << " " << bad.body);
+    read = ReadHarmonyCalls(std::vector<HarmonyCall>{good[0], bad}, &*reader);
+    CHECK(read.calls.empty());
+    CHECK(read.content == good[0].body + bad.body);
+  }
+  // No tools offered: a call is text.
+  read = ReadHarmonyCalls(good, nullptr);
+  CHECK(read.calls.empty());
+  CHECK(read.content == good[0].body);
+}
+
 TEST_CASE("A streamed answer holds back what may be a call until it ends") {
   const ToolCallSyntax tagged{.open = "<tool_call>\n{\"name\": \"", .between = "", .close = "",
                               .separator = "\n", .start_tag = "<tool_call>",
@@ -918,6 +949,11 @@ TEST_CASE("chat_template_kwargs switches thinking, and earlier answers' reasonin
                    {"role": "user", "content": "again"}],
       "chat_template_kwargs": {"enable_thinking": false}})");
   CHECK_FALSE(off.chat_options.enable_thinking);
+  CHECK(off.chat_options.reasoning_effort.empty());
+  CHECK(ParseOk(OpenAiEndpoint::kChatCompletions,
+                R"({"model": "toy", "messages": [{"role": "user", "content": "hi"}],
+                    "chat_template_kwargs": {"reasoning_effort": "high"}})")
+            .chat_options.reasoning_effort == "high");
   REQUIRE(off.messages.size() == 4);
   CHECK(off.messages[1].reasoning == "A greeting.");
   CHECK(off.messages[2].reasoning == "Leaving.");
@@ -928,6 +964,8 @@ TEST_CASE("chat_template_kwargs switches thinking, and earlier answers' reasonin
       {R"("chat_template_kwargs": {"enable_thinking": "no"})",
        "chat_template_kwargs.enable_thinking"},
       {R"("chat_template_kwargs": [])", "chat_template_kwargs"},
+      {R"("chat_template_kwargs": {"reasoning_effort": "minimal"})",
+       "chat_template_kwargs.reasoning_effort"},
   };
   for (const auto& [field, param] : refused) {
     INFO(field);

@@ -468,38 +468,6 @@ std::optional<OpenAiError> HarmonyRefuses(const OpenAiRequest& request, bool res
   return std::nullopt;
 }
 
-// gpt-oss's calls as the answer's tool calls: each addressed to functions.NAME of a tool the
-// request offers (`reader`; null: none offered), with arguments its parameters accept. If
-// any is not, the calls' bodies are the answer's text (the model wrote something else), as
-// ReadToolCalls takes text that is not all calls.
-ToolCallReading ReadHarmonyCalls(std::span<const HarmonyCall> calls, const ToolCallReader* reader) {
-  constexpr std::string_view kNamespace = "functions.";
-  ToolCallReading reading;
-  bool all_calls = reader != nullptr;
-  for (const HarmonyCall& call : calls) {
-    reading.content += call.body;
-    if (!all_calls) continue;
-    const auto arguments = nlohmann::ordered_json::parse(call.body, nullptr, false);
-    if (!call.recipient.starts_with(kNamespace) || !arguments.is_object()) {
-      all_calls = false;
-      continue;
-    }
-    ToolCall read{.id = "",
-                  .name = call.recipient.substr(kNamespace.size()),
-                  .arguments = arguments.dump(-1, ' ', false,
-                                              nlohmann::ordered_json::error_handler_t::replace)};
-    all_calls = reader->Accepts(read);
-    if (all_calls) reading.calls.push_back(std::move(read));
-  }
-  if (!all_calls) {
-    reading.calls.clear();
-    return reading;
-  }
-  reading.content.clear();
-  if (!reader->parallel() && reading.calls.size() > 1) reading.calls.resize(1);
-  return reading;
-}
-
 // One request's answer, built the same way whether it streams or not.
 struct Completion {
   OpenAiEndpoint endpoint;
