@@ -300,7 +300,8 @@ HarmonyReader::Parts HarmonyReader::Push(int32_t id, std::string_view text) {
     ResetHeader();
   }
   if (state_ == State::kHeader) {
-    if (id >= 0) ++header_tokens_;
+    // A <|channel|> that ended a message of reasoning was counted there.
+    if (id >= 0 && !counted) ++header_tokens_;
     if (id == tokens_.message) {
       OpenBody();
       return out;
