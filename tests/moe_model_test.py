@@ -27,9 +27,9 @@ OpenAI endpoint and the official client:
 gpt-oss goes as OpenAI released it: its experts in MXFP4 (the reference holds the same
 values, dequantized by transformers' own code), attention sinks, every other layer sliding,
 YaRN; `tophat distill` reads the MXFP4 experts for the teacher, and the drafter (gpt-oss's
-attention with its sinks over a dense MLP started from expert 0) drafts; served without chat
-(no template: its harmony format is not among tophat's chat families), its greedy
-completions must be transformers'.
+attention with its sinks over a dense MLP started from expert 0) drafts; served without a
+chat template (tests/harmony_model_test.py checks gpt-oss's chat), its greedy completions
+must be transformers'.
 
 tophat and transformers compute in float32 on the CPU; the weights are drawn wide
 (initializer_range 0.1) so that greedy choices and the routers' picks are not near-ties.
