@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -93,11 +94,54 @@ const std::vector<tophat::ChatTemplate>& ThinkingTemplates() {
   return *templates;
 }
 
+// gpt-oss's harmony template, by its markup.
+const tophat::ChatTemplate& HarmonyTemplate() {
+  static const auto* harmony = [] {
+    auto made = tophat::ChatTemplate::FromSource("<|start|><|channel|><|message|>", "fuzz");
+    TOPHAT_FUZZ_CHECK(made.ok() && made->family() == tophat::ChatFamily::kHarmony);
+    return new tophat::ChatTemplate(*std::move(made));
+  }();
+  return *harmony;
+}
+
+// A chat rendered by gpt-oss's template (its tools as TypeScript), and `text` read as a
+// harmony answer: bytes below 7 are its control tokens, the others text; the calls read out
+// name only the request's tools.
+void CheckHarmony(const tophat::OpenAiRequest& request, std::span<const std::string> tools,
+                  const std::string& text) {
+  (void)HarmonyTemplate().Render(request.messages, tools,
+                                 {.reasoning_effort = "high", .date = "2026-01-01"});
+  tophat::HarmonyReader reader(
+      {.start = 0, .channel = 1, .message = 2, .end = 3, .ret = 4, .call = 5, .constrain = 6});
+  size_t out = 0;
+  size_t messages = 0;
+  for (const char byte : text) {
+    const auto id = static_cast<uint8_t>(byte);
+    const tophat::HarmonyReader::Parts parts =
+        id < 7 ? reader.Push(id, "") : reader.Push(100, std::string_view(&byte, 1));
+    out += parts.reasoning.size() + parts.content.size();
+    messages += id == 2;
+  }
+  const tophat::HarmonyReader::Parts rest = reader.Flush();
+  out += rest.reasoning.size() + rest.content.size();
+  for (const tophat::HarmonyCall& call : reader.calls()) out += call.body.size();
+  // Nothing is made up: the text, and a blank line between messages of reasoning.
+  TOPHAT_FUZZ_CHECK(out <= text.size() + 2 * messages);
+  if (request.tool_choice == tophat::ToolChoice::kNone) return;
+  auto calls = tophat::ToolCallReader::Create(request, tophat::ToolCallSyntax{});
+  TOPHAT_FUZZ_CHECK(calls.ok());
+  for (const tophat::ToolCall& call : tophat::ReadHarmonyCalls(reader.calls(), &*calls).calls) {
+    TOPHAT_FUZZ_CHECK(std::any_of(request.tools.begin(), request.tools.end(),
+                                  [&](const auto& tool) { return tool.name == call.name; }));
+  }
+}
+
 // A chat's tools: rendered (or refused), and its text read for calls and streamed.
 void CheckTools(const tophat::OpenAiRequest& request, const std::string& text,
                 const uint8_t* data, size_t size) {
   std::vector<std::string> tools;
   for (const tophat::OpenAiTool& tool : request.tools) tools.push_back(tool.json);
+  CheckHarmony(request, tools, text);
   for (const tophat::ChatTemplate& chat : ThinkingTemplates()) {
     for (const bool enable_thinking : {true, false}) {
       (void)chat.Render(request.messages, tools, {.enable_thinking = enable_thinking});
