@@ -277,6 +277,34 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
     }
     plan.sampling.format_after_token = static_cast<int32_t>(request.format_after_token_id());
   }
+  if (request.format_after_token_prefix_size() > 0) {
+    if (!request.has_format_after_token_id()) {
+      return absl::InvalidArgumentError(
+          "format_after_token_prefix: given without format_after_token_id, which it comes "
+          "before");
+    }
+    if (request.format_after_token_prefix_size() > kMaxFormatAfterTokenPrefix) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("format_after_token_prefix: ", request.format_after_token_prefix_size(),
+                       " tokens, more than the ", kMaxFormatAfterTokenPrefix, " allowed"));
+    }
+    const auto& prefix = request.format_after_token_prefix();
+    for (int i = 0; i < prefix.size(); ++i) {
+      std::string_view why;
+      if (prefix[i] >= static_cast<uint64_t>(limits.vocab_size)) {
+        why = " is outside the vocabulary";
+      } else if (prefix[i] == request.format_after_token_id()) {
+        why = " is format_after_token_id, which follows it";
+      } else if (i > 0 && prefix[i] == prefix[0]) {
+        why = " repeats its first token";
+      }
+      if (!why.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "format_after_token_prefix[", i, "]: token id ", prefix[i], std::string(why)));
+      }
+      plan.sampling.format_after_prefix.push_back(static_cast<int32_t>(prefix[i]));
+    }
+  }
   if (request.reasoning_budget_end_ids_size() > 0) {
     if (!request.has_reasoning_token_budget()) {
       return absl::InvalidArgumentError(

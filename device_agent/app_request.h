@@ -46,7 +46,8 @@ inline constexpr int64_t kMaxLogitBias = 1024;
 // The most tokens a spent reasoning budget forces before the reasoning's end
 // (reasoning_budget_end_ids): a sentence, not a second answer.
 inline constexpr int kMaxReasoningBudgetEndIds = 256;
-
+// GenerateRequest.format_after_token_prefix's most tokens.
+inline constexpr int kMaxFormatAfterTokenPrefix = 8;
 
 // A request's JSON Schema (GenerateRequest.json_schema), compiled; InvalidArgument naming
 // the field and the place in the schema ("json_schema: at /properties/age: ...").

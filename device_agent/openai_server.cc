@@ -433,10 +433,10 @@ struct TokenSink {
 };
 
 // What tophat does not do with gpt-oss's harmony format yet, refused by name rather than done
-// wrong: a format, or a required call, would hold from the final channel's <|message|> on (a
-// gate of several tokens, where the thinking templates' is one), and a thinking budget would
-// end the analysis channel. `responses`: the request came through the Responses API, which
-// names its parameters differently.
+// wrong: a required call would be a message of its own after the reasoning, in a layout of
+// control tokens that the text-based call format cannot write; an outline would be read from
+// the reasoning. `responses`: the request came through the Responses API, which names its
+// parameters differently.
 std::optional<OpenAiError> HarmonyRefuses(const OpenAiRequest& request, bool responses) {
   if (!request.reasoning_effort.empty() && request.reasoning_effort != "low" &&
       request.reasoning_effort != "medium" && request.reasoning_effort != "high") {
@@ -446,25 +446,19 @@ std::optional<OpenAiError> HarmonyRefuses(const OpenAiRequest& request, bool res
                                 request.reasoning_effort,
                                 "\": gpt-oss reasons at \"low\", \"medium\" or \"high\" effort")};
   }
-  const auto refuse = [](std::string param, std::string_view what) {
-    return OpenAiError{.param = param,
-                       .message = absl::StrCat(std::string(what),
-                                               ": not yet for gpt-oss's harmony format, whose "
-                                               "answer proper begins after its reasoning's "
-                                               "channel")};
-  };
-  if (request.thinking_token_budget >= 0) {
-    return refuse("thinking_token_budget", "thinking_token_budget");
-  }
-  if (request.json_object || !request.json_schema.empty() || !request.regex.empty() ||
-      !request.answer_choices.empty() || !request.grammar.empty() ||
-      !request.structural_tag.empty()) {
-    return refuse(responses ? "text" : "response_format", "a structured output's format");
-  }
   if (request.tool_choice == ToolChoice::kRequired || request.tool_choice == ToolChoice::kFunction) {
-    return refuse("tool_choice", "tool_choice \"required\" or a named function");
+    return OpenAiError{.param = "tool_choice",
+                       .message =
+                           "tool_choice \"required\" or a named function: not yet for "
+                           "gpt-oss's harmony format, whose calls are messages of their "
+                           "own after its reasoning (\"auto\" reads them)"};
   }
-  if (request.outline_max_points != 0) return refuse("tophat_outline", "tophat_outline");
+  if (request.outline_max_points != 0) {
+    return OpenAiError{.param = "tophat_outline",
+                       .message =
+                           "tophat_outline: not for gpt-oss, which reasons before it "
+                           "answers (its outline would be read from its reasoning)"};
+  }
   return std::nullopt;
 }
 
@@ -773,9 +767,21 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
     if (loaded.ok()) {
       server->chat_template_ = *std::move(loaded);
       if (server->chat_template_->family() == ChatFamily::kHarmony) {
-        absl::StatusOr<HarmonyTokens> tokens = HarmonyTokens::Find(agent->tokenizer());
+        const Tokenizer& tokenizer = agent->tokenizer();
+        absl::StatusOr<HarmonyTokens> tokens = HarmonyTokens::Find(tokenizer);
         if (!tokens.ok()) return tokens.status();
         server->harmony_tokens_ = *tokens;
+        absl::StatusOr<std::vector<int32_t>> final_name = tokenizer.Encode("final");
+        absl::StatusOr<std::vector<int32_t>> assistant = tokenizer.Encode("assistant");
+        if (!final_name.ok()) return final_name.status();
+        if (!assistant.ok()) return assistant.status();
+        server->harmony_final_prefix_ = {static_cast<uint32_t>(tokens->channel)};
+        server->harmony_final_prefix_.insert(server->harmony_final_prefix_.end(),
+                                             final_name->begin(), final_name->end());
+        server->harmony_reasoning_end_ = {static_cast<uint32_t>(tokens->end),
+                                          static_cast<uint32_t>(tokens->start)};
+        server->harmony_reasoning_end_.insert(server->harmony_reasoning_end_.end(),
+                                              assistant->begin(), assistant->end());
       }
     } else if (absl::IsNotFound(loaded.status())) {
       // A model without a template still serves /v1/completions.
@@ -1284,6 +1290,21 @@ void OpenAiServer::Route() {
       // Scoring without log-probabilities asked for still reads the prompt alone.
       generate.set_prompt_logprobs(request.echo);
       generate.set_prompt_only(request.prompt_only);
+    }
+    // gpt-oss's format holds in its final channel, after "<|channel|>final<|message|>", and
+    // its budget counts the tokens before that; spent, it ends the message of reasoning
+    // (after the budget message, if any) and opens the final one.
+    if (harmony &&
+        (generate.response_format() != v1::RESPONSE_FORMAT_TEXT || thinking_budget >= 0)) {
+      generate.set_format_after_token_id(static_cast<uint32_t>(harmony_tokens_->message));
+      for (const uint32_t id : harmony_final_prefix_) generate.add_format_after_token_prefix(id);
+      if (thinking_budget >= 0) {
+        generate.set_reasoning_token_budget(static_cast<uint32_t>(thinking_budget));
+        for (const uint32_t id : thinking_budget_end_ids_) {
+          generate.add_reasoning_budget_end_ids(id);
+        }
+        for (const uint32_t id : harmony_reasoning_end_) generate.add_reasoning_budget_end_ids(id);
+      }
     }
     // A thinking model's format holds after its </think>, and its budget counts the tokens
     // before it.

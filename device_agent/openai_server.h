@@ -130,8 +130,13 @@ class OpenAiServer {
   Agent* agent_;
   OpenAiServerOptions options_;
   std::optional<ChatTemplate> chat_template_;
-  // The template is gpt-oss's: its control tokens, for reading answers (HarmonyReader).
+  // The template is gpt-oss's: its control tokens, for reading answers (HarmonyReader); the
+  // tokens before the <|message|> that opens its final channel ("<|channel|>final"), after
+  // which a format holds; and those that end a message of reasoning and start the next
+  // ("<|end|><|start|>assistant"), which a spent thinking budget forces before them.
   std::optional<HarmonyTokens> harmony_tokens_;
+  std::vector<uint32_t> harmony_final_prefix_;
+  std::vector<uint32_t> harmony_reasoning_end_;
   // options_.thinking_budget_message's token ids (GenerateRequest.reasoning_budget_end_ids).
   std::vector<uint32_t> thinking_budget_end_ids_;
   std::string chat_template_error_;  // why chat is unavailable, when it is

@@ -347,6 +347,73 @@ def check_answers(client, base, model, tokenizer, hf, label, question, tools=Non
     return greedy
 
 
+def greedy_raw(base, model, tokenizer, prompt):
+    """The token ids of the greedy raw completion of `prompt`, to its end."""
+    completion = post(f"{base}/v1/completions",
+                      {"model": model, "prompt": prompt, "temperature": 0, "max_tokens": 96,
+                       "logprobs": 0, "return_tokens_as_token_ids": True,
+                       "stop_token_ids": [tokenizer.token_to_id("<|return|>"),
+                                          tokenizer.token_to_id("<|call|>")]})
+    return token_ids(completion["choices"][0]["logprobs"]["tokens"])
+
+
+def check_final_format(client, base, model, tokenizer, hf):
+    """A format holds in the final channel only: the reasoning is the unformatted answer's,
+    and the content one of the choices, a match of the regex, or a value of the schema;
+    whole and streamed."""
+    want_reasoning = read_harmony(tokenizer, greedy_raw(base, model, tokenizer,
+                                                        hf_ids(hf, QUESTION)), {})[0]
+    for label, extra, holds in (
+            ("choice", {"structured_outputs": {"choice": ["nine", "eleven"]}},
+             lambda text: text in ("nine", "eleven")),
+            ("regex", {"structured_outputs": {"regex": "The answer is (nine|eleven)[.]"}},
+             lambda text: text in ("The answer is nine.", "The answer is eleven.")),
+            # The taught model writes JSON's whitespace freely: an object with no room for it.
+            ("json_schema", {"response_format": {"type": "json_schema", "json_schema": {
+                "name": "pick", "schema": {"type": "boolean"}}}},
+             lambda text: json.loads(text) in (True, False))):
+        request = dict(model=model, messages=QUESTION, temperature=0, max_tokens=96)
+        body = {key: value for key, value in extra.items() if key == "response_format"}
+        answer = client.chat.completions.create(
+            **request, **body, extra_body={k: v for k, v in extra.items() if k not in body})
+        message = answer.choices[0].message
+        reasoning = (message.model_extra or {}).get("reasoning") or ""
+        try:
+            held = holds(message.content or "")
+        except (ValueError, KeyError, TypeError):
+            held = False
+        check(reasoning == want_reasoning and held and answer.choices[0].finish_reason == "stop",
+              f"{label}: the reasoning is free ({reasoning!r}, unformatted {want_reasoning!r}) "
+              f"and the final channel holds to the format ({message.content!r}, "
+              f"{answer.choices[0].finish_reason})")
+        got = streamed(client, **request, **body,
+                       extra_body={k: v for k, v in extra.items() if k not in body})
+        check(got == (reasoning, message.content or "", []),
+              f"{label}: streamed the same ({got!r})")
+
+
+def check_budget(client, base, model, tokenizer, hf, budget=5):
+    """thinking_token_budget counts the answer's tokens before its final channel: spent, it
+    ends the message of reasoning and opens the final one, and the answer follows."""
+    raw = greedy_raw(base, model, tokenizer, hf_ids(hf, QUESTION))
+    end = tokenizer.token_to_id("<|end|>")
+    want_reasoning = read_harmony(tokenizer, raw[:budget] + [end], {})[0]
+    answer = client.chat.completions.create(model=model, messages=QUESTION, temperature=0,
+                                            max_tokens=96,
+                                            extra_body={"thinking_token_budget": budget})
+    message = answer.choices[0].message
+    reasoning = (message.model_extra or {}).get("reasoning") or ""
+    full_reasoning = read_harmony(tokenizer, raw, {})[0]
+    check(reasoning == want_reasoning and reasoning != full_reasoning and message.content,
+          f"thinking_token_budget {budget}: the reasoning stops at its first {budget} tokens "
+          f"({reasoning!r}; unbudgeted {full_reasoning!r}), then the answer "
+          f"({message.content!r})")
+    # The analysis message's tokens: the budget, and the <|end|> forced after it.
+    got = answer.usage.completion_tokens_details.reasoning_tokens
+    check(got == budget + 1, f"thinking_token_budget {budget}: {got} reasoning tokens counted "
+                             f"(want {budget + 1})")
+
+
 def check_refused(base, model, question, extra, param):
     body = {"model": model, "messages": question, **extra}
     try:
@@ -418,12 +485,12 @@ def run_checks(base, tokenizer, model_dir):
           f"the taught model's greedy answer at low effort reasons, then answers "
           f"({reasoning!r}, {content!r}, {finish_reason})")
 
-    check_refused(base, model, question, {"response_format": {"type": "json_object"}},
-                  "response_format")
+    check_final_format(client, base, model, tokenizer, hf)
+    check_budget(client, base, model, tokenizer, hf)
     check_refused(base, model, weather, {"tools": [WEATHER], "tool_choice": "required"},
                   "tool_choice")
     check_refused(base, model, question, {"reasoning_effort": "minimal"}, "reasoning_effort")
-    check_refused(base, model, question, {"thinking_token_budget": 4}, "thinking_token_budget")
+    check_refused(base, model, question, {"tophat_outline": True}, "tophat_outline")
 
 
 def main():

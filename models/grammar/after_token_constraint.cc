@@ -20,12 +20,19 @@ std::shared_ptr<const std::vector<uint8_t>> OnlyToken(int32_t vocabulary_size, i
 
 AfterTokenConstraint::AfterTokenConstraint(std::shared_ptr<const TokenVocabulary> vocabulary,
                                            int32_t gate, std::unique_ptr<TokenConstraint> inner,
-                                           int64_t budget, std::vector<int32_t> budget_end)
+                                           int64_t budget, std::vector<int32_t> budget_end,
+                                           std::vector<int32_t> gate_prefix)
     : vocabulary_(std::move(vocabulary)),
       gate_(gate),
       inner_(std::move(inner)),
       budget_(budget),
       budget_end_(std::move(budget_end)),
+      gate_prefix_(std::move(gate_prefix)),
+      forced_([this] {
+        std::vector<int32_t> forced = budget_end_;
+        forced.insert(forced.end(), gate_prefix_.begin(), gate_prefix_.end());
+        return forced;
+      }()),
       gate_only_(OnlyToken(vocabulary_->size(), gate)) {}
 
 void AfterTokenConstraint::Settle(Reasoning& reasoning) const {
@@ -38,6 +45,15 @@ void AfterTokenConstraint::Settle(Reasoning& reasoning) const {
 void AfterTokenConstraint::Step(Reasoning& reasoning, int32_t token) const {
   Settle(reasoning);
   ++reasoning.tokens;
+  if (!gate_prefix_.empty()) {
+    // The prefix's first token does not recur in it, so a mismatch restarts at that token.
+    if (reasoning.prefix_matched < gate_prefix_.size() &&
+        token == gate_prefix_[reasoning.prefix_matched]) {
+      ++reasoning.prefix_matched;
+    } else {
+      reasoning.prefix_matched = token == gate_prefix_[0] ? 1 : 0;
+    }
+  }
   // Only the waiting for a character's end reads the bytes; forced tokens need not.
   if (budget_ < 0 || reasoning.forced_from >= 0) return;
   const std::string* bytes = vocabulary_->bytes(token);
@@ -71,7 +87,7 @@ void AfterTokenConstraint::Commit(std::span<const int32_t> tokens) {
   while (!open_ && !tokens.empty()) {
     const int32_t token = tokens.front();
     tokens = tokens.subspan(1);
-    if (token == gate_) {
+    if (Opens(committed_, token)) {
       open_ = true;
     } else {
       Step(committed_, token);
@@ -85,7 +101,9 @@ AfterTokenConstraint::Next AfterTokenConstraint::Locate(std::span<const int32_t>
   Reasoning reasoning = committed_;
   for (size_t i = 0; i < pending.size(); ++i) {
     // A draft that holds the gate opens the format for the tokens after it.
-    if (pending[i] == gate_) return {.open = true, .after_gate = pending.subspan(i + 1)};
+    if (Opens(reasoning, pending[i])) {
+      return {.open = true, .after_gate = pending.subspan(i + 1)};
+    }
     Step(reasoning, pending[i]);
   }
   Settle(reasoning);
@@ -93,7 +111,7 @@ AfterTokenConstraint::Next AfterTokenConstraint::Locate(std::span<const int32_t>
   // The forced tokens in order; a draft that strayed from them is refused at its row
   // anyway, so past them it is the gate.
   const auto forced = static_cast<size_t>(reasoning.tokens - reasoning.forced_from);
-  return {.forced = forced < budget_end_.size() ? budget_end_[forced] : gate_};
+  return {.forced = forced < forced_.size() ? forced_[forced] : gate_};
 }
 
 std::shared_ptr<const std::vector<uint8_t>> AfterTokenConstraint::Allowed(

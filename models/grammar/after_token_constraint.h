@@ -34,10 +34,13 @@ class AfterTokenConstraint final : public TokenConstraint {
   // the token after which `inner` holds (null: no format, every token allowed); `budget`:
   // the most tokens before the gate (-1: no limit); `budget_end`: the tokens forced before
   // the gate once the budget is spent (none: the gate alone; the gate must not be among
-  // them).
+  // them); `gate_prefix`: the tokens that must come right before the gate for it to be one
+  // (gpt-oss's "<|channel|>final" before "<|message|>"; its first token not repeated in it,
+  // so that a suffix of the tokens is matched without backtracking), forced after
+  // `budget_end`.
   AfterTokenConstraint(std::shared_ptr<const TokenVocabulary> vocabulary, int32_t gate,
                        std::unique_ptr<TokenConstraint> inner, int64_t budget = -1,
-                       std::vector<int32_t> budget_end = {});
+                       std::vector<int32_t> budget_end = {}, std::vector<int32_t> gate_prefix = {});
 
   void Commit(std::span<const int32_t> tokens) override;
   // Null (every token) before the gate while the budget lasts, and after it without a format;
@@ -58,6 +61,7 @@ class AfterTokenConstraint final : public TokenConstraint {
     // The reasoning's last bytes while they are a character begun and not ended.
     std::array<char, 3> partial{};
     uint8_t partial_size = 0;
+    size_t prefix_matched = 0;  // how many of gate_prefix_ the last tokens are
   };
   // Where `pending` leaves the answer: past the gate (`after_gate`: the pending tokens after
   // it), or before it, with the token forced next (-1: none).
@@ -69,8 +73,12 @@ class AfterTokenConstraint final : public TokenConstraint {
   Next Locate(std::span<const int32_t> pending) const;
   // Decides, before the reasoning's next token, whether the forced tokens begin there.
   void Settle(Reasoning& reasoning) const;
-  // The reasoning after one more token (not the gate).
+  // The reasoning after one more token (not an open gate).
   void Step(Reasoning& reasoning, int32_t token) const;
+  // Whether `token` after `reasoning` opens the format.
+  bool Opens(const Reasoning& reasoning, int32_t token) const {
+    return token == gate_ && reasoning.prefix_matched == gate_prefix_.size();
+  }
   // The mask allowing `token` alone.
   std::shared_ptr<const std::vector<uint8_t>> Only(int32_t token) const;
 
@@ -78,7 +86,9 @@ class AfterTokenConstraint final : public TokenConstraint {
   const int32_t gate_;
   const std::unique_ptr<TokenConstraint> inner_;
   const int64_t budget_;
-  const std::vector<int32_t> budget_end_;  // then the gate
+  const std::vector<int32_t> budget_end_;
+  const std::vector<int32_t> gate_prefix_;
+  const std::vector<int32_t> forced_;  // once the budget is spent: budget_end_, gate_prefix_
   const std::shared_ptr<const std::vector<uint8_t>> gate_only_;  // the gate's 1 alone
   // The last mask made for one of budget_end_ (a verification row asks for the same one
   // again; a new one costs a vocabulary-sized fill).

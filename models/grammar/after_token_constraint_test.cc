@@ -65,6 +65,55 @@ TEST_CASE(
   CHECK((*gated.Allowed({}))[hmm] == 0);
 }
 
+TEST_CASE("A gate with a prefix opens only right after the prefix, and a spent budget forces both",
+          "[after_token]") {
+  // gpt-oss's harmony in small: "<|message|>" opens every message, and the format holds only
+  // after "<|channel|>final<|message|>".
+  const auto vocabulary = PieceVocabulary(
+      {"<|message|>", "<|channel|>", "final", "analysis", "hmm", "<|end|>", "{", "}"});
+  const int32_t message = PieceId(*vocabulary, "<|message|>");
+  const int32_t channel = PieceId(*vocabulary, "<|channel|>");
+  const int32_t final_name = PieceId(*vocabulary, "final");
+  const int32_t analysis = PieceId(*vocabulary, "analysis");
+  const int32_t hmm = PieceId(*vocabulary, "hmm");
+  const int32_t end = PieceId(*vocabulary, "<|end|>");
+  const int32_t open = PieceId(*vocabulary, "{");
+  const int32_t close = PieceId(*vocabulary, "}");
+  const std::vector<int32_t> prefix = {channel, final_name};
+  JsonConstraint plain(vocabulary, {kEnd});
+
+  AfterTokenConstraint gated(vocabulary, message,
+                             std::make_unique<JsonConstraint>(vocabulary, std::vector{kEnd}),
+                             /*budget=*/-1, {}, prefix);
+  // The analysis message's <|message|> is no gate; nor is "final" without <|channel|>, nor
+  // <|channel|>final with a token between it and <|message|>.
+  CHECK(gated.Allowed(std::vector{channel, analysis, message, hmm}) == nullptr);
+  CHECK(gated.Allowed(std::vector{final_name, message, hmm}) == nullptr);
+  CHECK(gated.Allowed(std::vector{channel, final_name, hmm, message, hmm}) == nullptr);
+  // <|channel|> again restarts the prefix.
+  CHECK(*gated.Allowed(std::vector{channel, channel, final_name, message}) == *plain.Allowed({}));
+  // Matched across commits, and drafts.
+  gated.Commit(std::vector{channel, analysis, message, hmm, end, channel});
+  CHECK(gated.Allowed({}) == nullptr);
+  CHECK(*gated.Allowed(std::vector{final_name, message}) == *plain.Allowed({}));
+  gated.Commit(std::vector{final_name});
+  CHECK(gated.Allowed({}) == nullptr);
+  gated.Commit(std::vector{message, open, close});
+  CHECK(gated.complete());
+
+  // A spent budget forces its end, then the prefix, then the gate.
+  AfterTokenConstraint budget(vocabulary, message,
+                              std::make_unique<JsonConstraint>(vocabulary, std::vector{kEnd}),
+                              /*budget=*/4, std::vector{end}, prefix);
+  budget.Commit(std::vector{channel, analysis, message, hmm});
+  CHECK(OnlyAllows(budget.Allowed({}), end));
+  CHECK(OnlyAllows(budget.Allowed(std::vector{end}), channel));
+  CHECK(OnlyAllows(budget.Allowed(std::vector{end, channel}), final_name));
+  CHECK(OnlyAllows(budget.Allowed(std::vector{end, channel, final_name}), message));
+  CHECK(*budget.Allowed(std::vector{end, channel, final_name, message}) == *plain.Allowed({}));
+  CHECK(budget.Forced(std::vector{end, channel})->token == final_name);
+}
+
 TEST_CASE(
     "A reasoning budget forces the token after it is spent, with a format after the token "
     "or none",

@@ -48,6 +48,18 @@ absl::Status SamplingParams::Validate() const {
     return absl::InvalidArgumentError(
         "a reasoning budget needs the token that ends the reasoning (format_after_token)");
   }
+  if (!format_after_prefix.empty() && format_after_token < 0) {
+    return absl::InvalidArgumentError(
+        "format_after_prefix: the tokens before the reasoning's end need that end "
+        "(format_after_token)");
+  }
+  for (size_t i = 0; i < format_after_prefix.size(); ++i) {
+    if (format_after_prefix[i] < 0 || (i > 0 && format_after_prefix[i] == format_after_prefix[0])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "format_after_prefix[", i, "]: token id ", format_after_prefix[i],
+          format_after_prefix[i] < 0 ? " is negative" : " repeats the prefix's first token"));
+    }
+  }
   if (!reasoning_budget_end.empty() && reasoning_budget < 0) {
     return absl::InvalidArgumentError(
         "reasoning_budget_end: the tokens that end a spent reasoning budget need the budget");
@@ -148,7 +160,7 @@ Sampler::Sampler(const SamplingParams& params, std::shared_ptr<const TokenVocabu
     require(vocabulary != nullptr);
     format_ = std::make_unique<AfterTokenConstraint>(
         std::move(vocabulary), params_.format_after_token, std::move(format_),
-        params_.reasoning_budget, params_.reasoning_budget_end);
+        params_.reasoning_budget, params_.reasoning_budget_end, params_.format_after_prefix);
   }
   if (params_.logit_bias.empty()) return;
   std::vector<int64_t> ids;

@@ -78,6 +78,10 @@ struct SamplingParams {
   // the tokens after the first of these, the reasoning before it free
   // (AfterTokenConstraint).
   int32_t format_after_token = -1;
+  // The tokens that must come right before format_after_token for it to end the reasoning
+  // (gpt-oss's "<|channel|>final" before "<|message|>"); its first token is not repeated in
+  // it.
+  std::vector<int32_t> format_after_prefix;
   // The most tokens before format_after_token (-1: no limit): once they are generated it is
   // the only choice, and the answer proper follows (vLLM's thinking_token_budget). Only with
   // format_after_token, with or without a format.
