@@ -81,6 +81,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int64_t eos : limits.eos_token_ids) TOPHAT_FUZZ_CHECK(forced[i] != eos);
     TOPHAT_FUZZ_CHECK(forced[i] != tokenizer.eos_id());
   }
+  // The tokens before the reasoning's end: the request's, only with that end, each of the
+  // vocabulary, none the end itself, the first not repeated.
+  const auto& prefix = plan->sampling.format_after_prefix;
+  TOPHAT_FUZZ_CHECK(static_cast<int>(prefix.size()) == request.format_after_token_prefix_size());
+  TOPHAT_FUZZ_CHECK(prefix.empty() || plan->sampling.format_after_token >= 0);
+  TOPHAT_FUZZ_CHECK(static_cast<int>(prefix.size()) <= tophat::kMaxFormatAfterTokenPrefix);
+  for (size_t i = 0; i < prefix.size(); ++i) {
+    TOPHAT_FUZZ_CHECK(prefix[i] >= 0 && prefix[i] < limits.vocab_size);
+    TOPHAT_FUZZ_CHECK(prefix[i] != plan->sampling.format_after_token);
+    TOPHAT_FUZZ_CHECK(i == 0 || prefix[i] != prefix[0]);
+  }
   tophat::StreamingDetokenizer detokenizer(tokenizer);
   for (int32_t id : plan->prompt) {
     TOPHAT_FUZZ_CHECK(id >= 0 && id < limits.vocab_size);
