@@ -414,6 +414,45 @@ def check_budget(client, base, model, tokenizer, hf, budget=5):
                              f"(want {budget + 1})")
 
 
+def check_responses(client, base, model, tokenizer, hf):
+    """The Responses API answers gpt-oss as chat does: a reasoning item, then the message, or
+    then a function call; the call and its output sent back render as transformers renders
+    the conversation."""
+    want = read_harmony(tokenizer, greedy_raw(base, model, tokenizer, hf_ids(hf, QUESTION)), {})
+    response = client.responses.create(model=model, input=QUESTION[0]["content"], temperature=0,
+                                       max_output_tokens=96)
+    kinds = [item.type for item in response.output]
+    check(kinds == ["reasoning", "message"] and
+          response.output[0].content[0].text == want[0] and response.output_text == want[1] and
+          response.usage.output_tokens_details.reasoning_tokens == want[2],
+          f"Responses: a reasoning item, then the message ({kinds}, {response.output_text!r}, "
+          f"{response.usage.output_tokens_details.reasoning_tokens} reasoning tokens)")
+    tools = [{"type": "function", **tool["function"]} for tool in (WEATHER, NOW)]
+    response = client.responses.create(model=model, input=WEATHER_QUESTION[0]["content"],
+                                       tools=tools, temperature=0, max_output_tokens=96)
+    kinds = [item.type for item in response.output]
+    call = response.output[-1]
+    check(kinds == ["reasoning", "function_call"] and call.name == "get_weather" and
+          json.loads(call.arguments) == {"city": "Paris"},
+          f"Responses with tools: a reasoning item, then the call ({response.output})")
+    if kinds != ["reasoning", "function_call"]:
+        return
+    items = [item.model_dump(exclude_none=True) for item in response.output]
+    follow_up = [{"role": "user", "content": WEATHER_QUESTION[0]["content"]}] + items + [
+        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}]
+    nxt = client.responses.create(model=model, input=follow_up, tools=tools, temperature=0,
+                                  max_output_tokens=1)
+    theirs = WEATHER_QUESTION + [
+        {"role": "assistant", "content": "", "thinking": response.output[0].content[0].text,
+         "tool_calls": [{"type": "function", "function": {
+             "name": "get_weather", "arguments": json.loads(call.arguments)}}]},
+        {"role": "tool", "content": "sunny"}]
+    want_ids = [len(hf_ids(hf, theirs, tools=[WEATHER, NOW]))]
+    check(nxt.usage.input_tokens in want_ids,
+          f"a call and its output sent back read as transformers renders them "
+          f"({nxt.usage.input_tokens} tokens against {want_ids[0]})")
+
+
 def check_refused(base, model, question, extra, param):
     body = {"model": model, "messages": question, **extra}
     try:
@@ -486,6 +525,7 @@ def run_checks(base, tokenizer, model_dir):
           f"({reasoning!r}, {content!r}, {finish_reason})")
 
     check_final_format(client, base, model, tokenizer, hf)
+    check_responses(client, base, model, tokenizer, hf)
     check_budget(client, base, model, tokenizer, hf)
     check_refused(base, model, weather, {"tools": [WEATHER], "tool_choice": "required"},
                   "tool_choice")
