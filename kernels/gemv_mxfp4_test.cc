@@ -1,0 +1,81 @@
+#include "kernels/gemv_mxfp4.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "kernels/test_inputs.h"
+
+namespace tophat::kernels {
+namespace {
+
+// A random MXFP4 matrix [n, k]: every code, and exponents around 127 (scales 2^-8 to 2^7),
+// 0 and 255 among them once each where there is room.
+Mxfp4Matrix RandomMxfp4(int64_t n, int64_t k) {
+  const at::Tensor blocks = at::randint(0, 256, {n, k / 32, 16}, at::kByte);
+  at::Tensor scales = at::randint(119, 135, {n, k / 32}, at::kByte);
+  return {.blocks = blocks.contiguous(), .scales = scales.contiguous()};
+}
+
+TEST_CASE("MXFP4 dequantizes low nibble first, each block times 2^(s - 127)", "[kernels]") {
+  // Row 0: codes 1 (0.5) and 15 (-6) in the first byte, 8 (-0) in the second's low nibble;
+  // scale 2^1. Row 1: code 7 (6) at 2^-127 (a subnormal float) and at 2^127.
+  at::Tensor blocks = at::zeros({2, 2, 16}, at::kByte);
+  at::Tensor scales = at::full({2, 2}, 127, at::kByte);
+  blocks[0][0][0] = 0xF1;
+  blocks[0][0][1] = 0x08;
+  scales[0][0] = 128;
+  blocks[1][0][0] = 0x07;
+  scales[1][0] = 0;
+  blocks[1][1][0] = 0x07;
+  scales[1][1] = 254;
+  const at::Tensor dense = Mxfp4Matrix{.blocks = blocks, .scales = scales}.Dequantize();
+  REQUIRE(dense.sizes() == at::IntArrayRef({2, 64}));
+  CHECK(dense[0][0].item<float>() == 1.0f);
+  CHECK(dense[0][1].item<float>() == -12.0f);
+  CHECK(dense[0][2].item<float>() == 0.0f);
+  CHECK(std::signbit(dense[0][2].item<float>()));
+  CHECK(dense[1][0].item<float>() == std::ldexp(6.0f, -127));
+  CHECK(dense[1][32].item<float>() == std::ldexp(6.0f, 127));
+}
+
+TEST_CASE(
+    "The MXFP4 kernel matches LibTorch on the dequantized matrix, every instruction set, "
+    "for one row and a few",
+    "[kernels]") {
+  at::manual_seed(5);
+  // Rows around the four-row blocks and the thread split; widths of one block to many; x
+  // rows 1 (decode) to the kernel's most.
+  for (int64_t n : {1, 3, 4, 7, 300, 2880}) {
+    for (int64_t k : {32, 64, 96, 2880}) {
+      for (int64_t m : {int64_t{1}, int64_t{3}, kMxfp4KernelMaxRows}) {
+        if (n * k * m > 20'000'000) continue;
+        const Mxfp4Matrix w = RandomMxfp4(n, k);
+        const at::Tensor x = testing::UniformInputs({m, k});
+        const at::Tensor b = testing::UniformInputs({n});
+        const at::Tensor dense = w.Dequantize();
+        const at::Tensor expected = at::linear(x, dense);
+        // Sums of up to 2880 products of values up to 6 * 2^7 with x in [-1, 1]: a tolerance
+        // relative to the row's magnitude; a wrong code, order or scale is off by far more.
+        const double tolerance = 1e-5 * (1 + at::abs(dense).sum(1).max().item<double>());
+        for (CpuIsa isa : SupportedCpuIsas()) {
+          INFO(CpuIsaName(isa) << " n=" << n << " k=" << k << " m=" << m);
+          CHECK((LinearMxfp4WithIsa(isa, x, w) - expected).abs().max().item<double>() < tolerance);
+          CHECK((LinearMxfp4WithIsa(isa, x, w, b) - (expected + b)).abs().max().item<double>() <
+                tolerance);
+        }
+        // The dispatching entry point, and many rows through BLAS.
+        CHECK((LinearMxfp4(x, w, b) - (expected + b)).abs().max().item<double>() < tolerance);
+      }
+    }
+  }
+  const Mxfp4Matrix w = RandomMxfp4(70, 64);
+  const at::Tensor x = testing::UniformInputs({40, 64});
+  const at::Tensor expected = at::linear(x, w.Dequantize());
+  CHECK((LinearMxfp4(x, w) - expected).abs().max().item<double>() < 1e-3);
+  // bfloat16 x: BLAS in bfloat16, within its rounding of the float32 product.
+  CHECK((LinearMxfp4(x.to(at::kBFloat16), w).to(at::kFloat) - expected).abs().max().item<double>() <
+        2e-2 * (1 + expected.abs().max().item<double>()));
+}
+
+}  // namespace
+}  // namespace tophat::kernels
