@@ -80,6 +80,7 @@ struct Args {
   bool overlap_launches = true;  // kernels::SetOverlapKernelLaunches
   bool fused_split_merge = true;  // kernels::SetFusedSplitMerge
   bool verification_as_decode_rows = true;  // SubmodelOptions::verification_as_decode_rows
+  bool mxfp4_experts = true;                // SubmodelOptions::mxfp4_experts
 };
 
 // The row counts (1-8) at which each layer matrix's GEMM takes the small-batch kernel
@@ -633,19 +634,18 @@ int Run(const Args& args) {
   // Before the load, whose GEMM timings launch the kernels as steps will.
   kernels::SetOverlapKernelLaunches(args.overlap_launches);
   kernels::SetFusedSplitMerge(args.fused_split_merge);
-  auto loaded = Submodel::Load(*config, **checkpoint, spec,
-                               {.dtype = *dtype,
-                                .device = device,
-                                .max_context = std::min<int64_t>(
-                                    config->max_position_embeddings,
-                                    std::max<int64_t>(
-                                        4096, args.context + 1 +
-                                                  (args.warmup + args.repetitions +
-                                                   args.profile_steps) *
-                                                      std::max<int64_t>(1, args.verify_tokens))),
-                                .small_batch_gemm = *small_batch_gemm,
-                                .verification_as_decode_rows =
-                                    args.verification_as_decode_rows});
+  auto loaded = Submodel::Load(
+      *config, **checkpoint, spec,
+      {.dtype = *dtype,
+       .device = device,
+       .max_context = std::min<int64_t>(
+           config->max_position_embeddings,
+           std::max<int64_t>(4096, args.context + 1 +
+                                       (args.warmup + args.repetitions + args.profile_steps) *
+                                           std::max<int64_t>(1, args.verify_tokens))),
+       .mxfp4_experts = args.mxfp4_experts,
+       .small_batch_gemm = *small_batch_gemm,
+       .verification_as_decode_rows = args.verification_as_decode_rows});
   if (!loaded.ok()) return Fail(loaded.status());
   std::shared_ptr<const Submodel> middle = *std::move(loaded);
   const nlohmann::json small_batch_rows = SmallBatchGemmRows(*middle);
@@ -831,6 +831,7 @@ int Run(const Args& args) {
       {"overlapped_launches", overlapped},
       {"fused_split_merge", args.fused_split_merge},
       {"verification_as_decode_rows", args.verification_as_decode_rows},
+      {"mxfp4_experts", args.mxfp4_experts},
       {"dtype", args.dtype},
       {"bounds",
        {{"memory_bytes_per_second", bounds.bandwidth},
@@ -936,7 +937,14 @@ int main(int argc, char** argv) {
                  "prompt chunks (off)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  std::string mxfp4_experts = "on";
+  app.add_option("--mxfp4-experts", mxfp4_experts,
+                 "gpt-oss's experts stored in MXFP4: held and computed so (on) or dequantized to "
+                 "float32 as they load (off)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  args.mxfp4_experts = mxfp4_experts == "on";
   args.verification_as_decode_rows = verification_as_decode_rows == "on";
   args.overlap_launches = overlap == "on";
   args.fused_split_merge = fused_split_merge == "on";

@@ -35,24 +35,35 @@ at::Tensor Deinterleave(const at::Tensor& t) {
   return at::cat({t.slice(0, 0, t.size(0), 2), t.slice(0, 1, t.size(0), 2)});
 }
 
+// Expert e's matrix of `part` in MXFP4 as stored: blocks [out, in / 32, 16], scales
+// [out, in / 32].
+absl::StatusOr<kernels::Mxfp4Matrix> StoredExpertMxfp4(const CheckpointReader& checkpoint,
+                                                       int64_t layer, int64_t experts,
+                                                       int64_t expert, std::string_view part,
+                                                       int64_t in, int64_t out) {
+  const std::string blocks_name = FusedExpertsTensorName(layer, part) + "_blocks";
+  if (in % 32 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        blocks_name, ": MXFP4 needs rows of whole 32-value blocks, and these are ", in, " wide"));
+  }
+  const std::string scales_name = FusedExpertsTensorName(layer, part) + "_scales";
+  TOPHAT_ASSIGN_OR_RETURN(const at::Tensor blocks,
+                          Stored(checkpoint, blocks_name, {experts, out, in / 32, 16}, true));
+  TOPHAT_ASSIGN_OR_RETURN(const at::Tensor scales,
+                          Stored(checkpoint, scales_name, {experts, out, in / 32}, true));
+  return kernels::Mxfp4Matrix{.blocks = blocks[expert], .scales = scales[expert]};
+}
+
 // Expert e's matrix of `part` as a linear layer's [out, in], in float32.
 absl::StatusOr<at::Tensor> StoredExpertMatrix(const CheckpointReader& checkpoint, int64_t layer,
                                               int64_t experts, int64_t expert,
                                               std::string_view part, int64_t in, int64_t out) {
   const std::string name = FusedExpertsTensorName(layer, part);
-  const std::string blocks_name = name + "_blocks";
-  if (checkpoint.Has(blocks_name)) {
-    if (in % 32 != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          blocks_name, ": MXFP4 needs rows of whole 32-value blocks, and these are ", in, " wide"));
-    }
-    const std::string scales_name = name + "_scales";
-    TOPHAT_ASSIGN_OR_RETURN(const at::Tensor blocks,
-                            Stored(checkpoint, blocks_name, {experts, out, in / 32, 16}, true));
-    TOPHAT_ASSIGN_OR_RETURN(const at::Tensor scales,
-                            Stored(checkpoint, scales_name, {experts, out, in / 32}, true));
-    return DequantizeMxfp4(blocks[expert], scales[expert], at::kFloat,
-                           absl::StrCat(blocks_name, ", ", scales_name));
+  if (checkpoint.Has(name + "_blocks")) {
+    TOPHAT_ASSIGN_OR_RETURN(const kernels::Mxfp4Matrix packed,
+                            StoredExpertMxfp4(checkpoint, layer, experts, expert, part, in, out));
+    return DequantizeMxfp4(packed.blocks, packed.scales, at::kFloat,
+                           absl::StrCat(name, "_blocks, ", name, "_scales"));
   }
   TOPHAT_ASSIGN_OR_RETURN(const at::Tensor stored,
                           Stored(checkpoint, name, {experts, in, out}, false));
@@ -63,6 +74,37 @@ absl::StatusOr<at::Tensor> StoredExpertMatrix(const CheckpointReader& checkpoint
 
 std::string FusedExpertsTensorName(int64_t layer, std::string_view part) {
   return LayerTensorName(layer, absl::StrCat("mlp.experts.", std::string(part)));
+}
+
+bool FusedExpertsInMxfp4(const CheckpointReader& checkpoint, int64_t layer) {
+  return checkpoint.Has(FusedExpertsTensorName(layer, "gate_up_proj_blocks"));
+}
+
+absl::StatusOr<Mxfp4ExpertTensors> LoadFusedExpertMxfp4(const CheckpointReader& checkpoint,
+                                                        const ModelConfig& config, int64_t layer,
+                                                        int64_t expert) {
+  const int64_t experts = config.num_experts;
+  const int64_t d = config.hidden_size;
+  const int64_t width = config.moe_intermediate_size;
+  TOPHAT_ASSIGN_OR_RETURN(
+      const kernels::Mxfp4Matrix gate_up,
+      StoredExpertMxfp4(checkpoint, layer, experts, expert, "gate_up_proj", d, 2 * width));
+  TOPHAT_ASSIGN_OR_RETURN(
+      const kernels::Mxfp4Matrix down,
+      StoredExpertMxfp4(checkpoint, layer, experts, expert, "down_proj", width, d));
+  TOPHAT_ASSIGN_OR_RETURN(const at::Tensor gate_up_bias,
+                          Stored(checkpoint, FusedExpertsTensorName(layer, "gate_up_proj_bias"),
+                                 {experts, 2 * width}, false));
+  TOPHAT_ASSIGN_OR_RETURN(
+      const at::Tensor down_bias,
+      Stored(checkpoint, FusedExpertsTensorName(layer, "down_proj_bias"), {experts, d}, false));
+  // Copies of this expert's rows (the checkpoint's are mapped), gate's and up's apart.
+  return Mxfp4ExpertTensors{
+      .gate_up = {.blocks = Deinterleave(gate_up.blocks).contiguous(),
+                  .scales = Deinterleave(gate_up.scales).contiguous()},
+      .gate_up_bias = Deinterleave(gate_up_bias[expert]).to(at::kFloat).contiguous(),
+      .down = {.blocks = down.blocks.clone(), .scales = down.scales.clone()},
+      .down_bias = down_bias[expert].to(at::kFloat).contiguous()};
 }
 
 absl::StatusOr<ExpertTensors> LoadFusedExpert(const CheckpointReader& checkpoint,

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/gemv_mxfp4.h"
 #include "models/formats/checkpoint.h"
 #include "models/formats/config.h"
 
@@ -36,5 +37,22 @@ struct ExpertTensors {
 absl::StatusOr<ExpertTensors> LoadFusedExpert(const CheckpointReader& checkpoint,
                                               const ModelConfig& config, int64_t layer,
                                               int64_t expert, at::ScalarType dtype);
+
+// One expert's matrices held in MXFP4 as released (kernels/gemv_mxfp4.h), rows in the
+// runtime's layout (gate's rows, then up's), and its biases in float32.
+struct Mxfp4ExpertTensors {
+  kernels::Mxfp4Matrix gate_up;  // [2I, D / 32, 16] and [2I, D / 32]
+  at::Tensor gate_up_bias;       // [2I]
+  kernels::Mxfp4Matrix down;     // [D, I / 32, 16] and [D, I / 32]
+  at::Tensor down_bias;          // [D]
+};
+
+// Whether layer `layer`'s experts are stored in MXFP4 ("gate_up_proj_blocks" present).
+bool FusedExpertsInMxfp4(const CheckpointReader& checkpoint, int64_t layer);
+
+// Expert `expert` of layer `layer` from MXFP4 storage, kept packed. Errors as LoadFusedExpert's.
+absl::StatusOr<Mxfp4ExpertTensors> LoadFusedExpertMxfp4(const CheckpointReader& checkpoint,
+                                                        const ModelConfig& config, int64_t layer,
+                                                        int64_t expert);
 
 }  // namespace tophat

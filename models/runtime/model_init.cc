@@ -141,7 +141,10 @@ absl::Status WriteCheckpoint(const ModelConfig& config, const NamedTensors& weig
   }
   NamedTensors converted;
   converted.reserve(weights.size());
-  for (const auto& [name, tensor] : weights) converted.emplace_back(name, tensor.to(dtype));
+  // Packed values (int8 matrices, MXFP4 blocks and their exponents) are written as they are.
+  for (const auto& [name, tensor] : weights) {
+    converted.emplace_back(name, tensor.is_floating_point() ? tensor.to(dtype) : tensor);
+  }
   if (config.architecture == Architecture::kPhi3) converted = FusePhi3Projections(converted);
   return WriteSafetensors(dir / "model.safetensors", converted, {{"format", "pt"}});
 }

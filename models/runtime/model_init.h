@@ -28,8 +28,8 @@ NamedTensors InitWeights(const ModelConfig& config, uint64_t seed);
 // as transformers writes Phi3ForCausalLM; CheckpointReader names them back.
 NamedTensors FusePhi3Projections(const NamedTensors& weights);
 
-// Writes config.json and model.safetensors (in `dtype`) for `weights` into `dir`; a Phi-3
-// config's projections fused as FusePhi3Projections.
+// Writes config.json and model.safetensors (floating tensors in `dtype`, integer ones as they
+// are) for `weights` into `dir`; a Phi-3 config's projections fused as FusePhi3Projections.
 absl::Status WriteCheckpoint(const ModelConfig& config, const NamedTensors& weights,
                              const std::filesystem::path& dir,
                              at::ScalarType dtype = at::kFloat);

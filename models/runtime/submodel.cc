@@ -50,7 +50,9 @@ bool UsesSmallBatchGemm(const WeightMatrix& w, int64_t rows) {
 // the GEMV kernel, anything else BLAS (cuBLAS on a GPU) writing into `out` in place.
 void LinearOut(const at::Tensor& x, const WeightMatrix& w, const at::Tensor& bias,
                at::Tensor& out) {
-  if (w.is_int8()) {
+  if (w.mxfp4.defined()) {
+    kernels::LinearMxfp4Out(x, w.mxfp4, bias, out);
+  } else if (w.is_int8()) {
     if (w.int8_activations) {
       kernels::LinearW8A8Out(x, w.int8, bias, out);
     } else {
@@ -457,7 +459,18 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
         TOPHAT_ASSIGN_OR_RETURN(w.router_bias, load(name("mlp.router.bias"), {config.num_experts}));
         w.router_bias = w.router_bias.contiguous();
       }
-      for (int64_t e = 0; config.gpt_oss() && e < config.num_experts; ++e) {
+      // Stored in MXFP4 (as released), kept so where the step computes in float32 on the CPU.
+      const bool mxfp4 = config.gpt_oss() && options.mxfp4_experts && int8_compute &&
+                         FusedExpertsInMxfp4(checkpoint, i);
+      for (int64_t e = 0; mxfp4 && e < config.num_experts; ++e) {
+        TOPHAT_ASSIGN_OR_RETURN(Mxfp4ExpertTensors expert,
+                                LoadFusedExpertMxfp4(checkpoint, config, i, e));
+        w.expert_gate_up.push_back(WeightMatrix{.mxfp4 = std::move(expert.gate_up)});
+        w.expert_down.push_back(WeightMatrix{.mxfp4 = std::move(expert.down)});
+        w.expert_gate_up_bias.push_back(std::move(expert.gate_up_bias));
+        w.expert_down_bias.push_back(std::move(expert.down_bias));
+      }
+      for (int64_t e = 0; config.gpt_oss() && !mxfp4 && e < config.num_experts; ++e) {
         // Stored fused, all experts in one tensor (fused_experts.h), read one at a time.
         TOPHAT_ASSIGN_OR_RETURN(ExpertTensors expert,
                                 LoadFusedExpert(checkpoint, config, i, e, at::kFloat));
@@ -1540,10 +1553,14 @@ int64_t WeightMatrix::bytes() const {
   auto size = [](const at::Tensor& t) {
     return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : int64_t{0};
   };
-  return size(dense) + size(int8.values) + size(int8.scale);
+  return size(dense) + size(int8.values) + size(int8.scale) + size(mxfp4.blocks) +
+         size(mxfp4.scales);
 }
 
-at::Tensor WeightMatrix::Dense() const { return is_int8() ? int8.Dequantize() : dense; }
+at::Tensor WeightMatrix::Dense() const {
+  if (mxfp4.defined()) return mxfp4.Dequantize();
+  return is_int8() ? int8.Dequantize() : dense;
+}
 
 absl::StatusOr<std::unique_ptr<Submodel>> LoadFullModel(const std::filesystem::path& dir,
                                                         const SubmodelOptions& options) {

@@ -3,6 +3,8 @@
 // three HAT submodels (input, middle, output) are all Submodels.
 #pragma once
 
+#include <ATen/ATen.h>
+
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -10,11 +12,10 @@
 #include <string_view>
 #include <vector>
 
-#include <ATen/ATen.h>
-
 #include "absl/status/statusor.h"
 #include "kernels/decode_step.h"
 #include "kernels/gemv_int8.h"
+#include "kernels/gemv_mxfp4.h"
 #include "models/formats/checkpoint.h"
 #include "models/formats/config.h"
 #include "models/runtime/kv_cache.h"
@@ -72,6 +73,12 @@ struct SubmodelOptions {
   // (kernels::LinearBf16Out). Activations, norms and the KV cache stay float32. Where int8 is
   // asked for or stored, int8 wins.
   bool bf16_weights = false;
+  // Keep gpt-oss's experts in MXFP4 where its checkpoint stores them so (CPU float32
+  // submodels; kernels/gemv_mxfp4.h): 4.25 bits a weight, computed exactly as the
+  // dequantized float32 matrices up to summation order. False dequantizes them at load (the
+  // float32 reference, and what bfloat16 or a GPU does anyway). int8 and bf16_weights leave
+  // them in MXFP4, which is smaller than either.
+  bool mxfp4_experts = true;
   // With int8 matrices: round the activations to int8 too, per block of 32 values, as they
   // enter each linear layer, and multiply in integers (kernels/gemv_w8a8.h; llama.cpp's Q8_0
   // does the same). The model as computed is then the dequantized weights times the rounded
@@ -107,11 +114,13 @@ struct WeightMatrix {
   at::Tensor dense;
   kernels::Int8Matrix int8;
   bool int8_activations = false;  // int8: x is rounded to int8 too (kernels/gemv_w8a8.h)
+  // gpt-oss's experts as released (kernels/gemv_mxfp4.h; CPU float32 submodels).
+  kernels::Mxfp4Matrix mxfp4;
   // Bit r (1 <= r <= 8): a step of r rows takes the small-batch GEMM kernel instead of BLAS
   // (SubmodelOptions::small_batch_gemm; set at load on a GPU).
   uint32_t small_batch_rows = 0;
 
-  bool defined() const { return dense.defined() || int8.defined(); }
+  bool defined() const { return dense.defined() || int8.defined() || mxfp4.defined(); }
   bool is_int8() const { return int8.defined(); }
   // Bytes as held: values and scales.
   int64_t bytes() const;

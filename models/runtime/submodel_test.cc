@@ -847,6 +847,61 @@ at::Tensor AsQuantized(const std::string& name, const at::Tensor& t) {
   return at::stack(experts);
 }
 
+TEST_CASE("gpt-oss's MXFP4 experts, held packed, compute as their dequantized float32") {
+  const ModelConfig config = [] {
+    for (const auto& [name, c] : TinyTestVariants()) {
+      if (name == "gpt_oss") return c;
+    }
+    FAIL("no gpt_oss variant");
+    return ModelConfig{};
+  }();
+  const int64_t e = config.num_experts;
+  const int64_t d = config.hidden_size;
+  const int64_t width = config.moe_intermediate_size;
+  // The experts in MXFP4, as released: random codes, exponents around 2^-6.
+  at::manual_seed(9);
+  NamedTensors weights;
+  for (auto& [name, t] : InitWeights(config, 13)) {
+    if (name.ends_with("mlp.experts.gate_up_proj") || name.ends_with("mlp.experts.down_proj")) {
+      const bool gate_up = name.ends_with("gate_up_proj");
+      const int64_t out = gate_up ? 2 * width : d;
+      const int64_t in = gate_up ? d : width;
+      weights.emplace_back(name + "_blocks", at::randint(0, 256, {e, out, in / 32, 16}, at::kByte));
+      weights.emplace_back(name + "_scales", at::randint(118, 124, {e, out, in / 32}, at::kByte));
+      continue;
+    }
+    weights.emplace_back(name, t);
+  }
+  const fs::path dir = TempDir("mxfp4_experts");
+  REQUIRE(WriteCheckpoint(config, weights, dir).ok());
+  auto packed = LoadFullModel(dir);
+  auto dequantized = LoadFullModel(dir, {.mxfp4_experts = false});
+  REQUIRE(packed.ok());
+  REQUIRE(dequantized.ok());
+  const DecoderLayerWeights& first = (*packed)->layers()[0];
+  REQUIRE(first.sparse());
+  CHECK(first.expert_gate_up[0].mxfp4.defined());
+  CHECK(first.expert_down[0].mxfp4.defined());
+  CHECK_FALSE((*dequantized)->layers()[0].expert_down[0].mxfp4.defined());
+  // An expert's gate_up: 17 bytes a block of 32 against 128 in float32.
+  CHECK(first.expert_gate_up[0].bytes() == 2 * width * (d / 32) * 17);
+  CHECK((*packed)->WeightBytes() < (*dequantized)->WeightBytes());
+
+  // A prompt of 23 rows (an expert's routed rows past the kernel's 16: dequantized blocks and
+  // BLAS), then decode rows one at a time and a few at once (the kernel).
+  std::mt19937 rng(3);
+  const std::vector<int32_t> tokens = RandomTokens(rng, 23, config.vocab_size);
+  CHECK(MaxDiff(FullLogits(**packed, tokens), FullLogits(**dequantized, tokens)) < 1e-4);
+  KvCache cache = (*packed)->NewCache();
+  KvCache ref_cache = (*dequantized)->NewCache();
+  for (int64_t rows : {1, 1, 3, 16}) {
+    const std::vector<int32_t> step = RandomTokens(rng, rows, config.vocab_size);
+    INFO(rows << " rows");
+    CHECK(MaxDiff(StepLogits(**packed, cache, step), StepLogits(**dequantized, ref_cache, step)) <
+          1e-4);
+  }
+}
+
 TEST_CASE("int8 weights compute the model as quantized, one row and many, in a quarter of "
           "the bytes",
           "[submodel]") {
