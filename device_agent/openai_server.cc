@@ -462,6 +462,17 @@ std::optional<OpenAiError> HarmonyRefuses(const OpenAiRequest& request, bool res
   return std::nullopt;
 }
 
+// gpt-oss's answer's calls (ReadHarmonyCalls) into `calls`, or their bodies after `content`;
+// "stop" becomes "tool_calls" where there are calls.
+void TakeHarmonyCalls(const HarmonyReader& reader, const std::optional<ToolCallReader>& tools,
+                      std::string& content, std::vector<ToolCall>& calls,
+                      std::string& finish_reason) {
+  ToolCallReading reading = ReadHarmonyCalls(reader.calls(), tools ? &*tools : nullptr);
+  content += reading.content;
+  calls = std::move(reading.calls);
+  if (!calls.empty() && finish_reason == "stop") finish_reason = "tool_calls";
+}
+
 // One request's answer, built the same way whether it streams or not.
 struct Completion {
   OpenAiEndpoint endpoint;
@@ -1398,11 +1409,7 @@ void OpenAiServer::Route() {
         }
         std::vector<ToolCall> calls;
         if (harmony_reader) {
-          ToolCallReading reading = ReadHarmonyCalls(harmony_reader->calls(),
-                                                     tool_reader ? &*tool_reader : nullptr);
-          text += reading.content;
-          calls = std::move(reading.calls);
-          if (!calls.empty() && finish_reason == "stop") finish_reason = "tool_calls";
+          TakeHarmonyCalls(*harmony_reader, tool_reader, text, calls, finish_reason);
         } else if (tool_reader) {
           ToolCallReading reading = tool_reader->Read(text);
           if (!reading.calls.empty()) {
@@ -1563,11 +1570,7 @@ void OpenAiServer::Route() {
                 FinishReasonText(done[i].finish_reason(), filter.stopped());
             std::vector<ToolCall> calls;
             if (harmony_reader) {
-              ToolCallReading reading = ReadHarmonyCalls(harmony_reader->calls(),
-                                                         tool_reader ? &*tool_reader : nullptr);
-              tail += reading.content;
-              calls = std::move(reading.calls);
-              if (!calls.empty() && finish_reason == "stop") finish_reason = "tool_calls";
+              TakeHarmonyCalls(*harmony_reader, tool_reader, tail, calls, finish_reason);
             } else if (holdback) {
               ToolCallReading reading = tool_reader->Read(holdback->text());
               if (reading.calls.empty()) {

@@ -76,6 +76,30 @@ std::string FusedExpertsTensorName(int64_t layer, std::string_view part) {
   return LayerTensorName(layer, absl::StrCat("mlp.experts.", std::string(part)));
 }
 
+namespace {
+
+struct ExpertBiases {
+  at::Tensor gate_up;  // [2I], gate's then up's
+  at::Tensor down;     // [D]
+};
+
+// Expert e's biases in `dtype`.
+absl::StatusOr<ExpertBiases> StoredExpertBiases(const CheckpointReader& checkpoint,
+                                                const ModelConfig& config, int64_t layer,
+                                                int64_t expert, at::ScalarType dtype) {
+  const int64_t experts = config.num_experts;
+  TOPHAT_ASSIGN_OR_RETURN(const at::Tensor gate_up,
+                          Stored(checkpoint, FusedExpertsTensorName(layer, "gate_up_proj_bias"),
+                                 {experts, 2 * config.moe_intermediate_size}, false));
+  TOPHAT_ASSIGN_OR_RETURN(const at::Tensor down,
+                          Stored(checkpoint, FusedExpertsTensorName(layer, "down_proj_bias"),
+                                 {experts, config.hidden_size}, false));
+  return ExpertBiases{.gate_up = Deinterleave(gate_up[expert]).to(dtype).contiguous(),
+                      .down = down[expert].to(dtype).contiguous()};
+}
+
+}  // namespace
+
 bool FusedExpertsInMxfp4(const CheckpointReader& checkpoint, int64_t layer) {
   return checkpoint.Has(FusedExpertsTensorName(layer, "gate_up_proj_blocks"));
 }
@@ -92,19 +116,14 @@ absl::StatusOr<Mxfp4ExpertTensors> LoadFusedExpertMxfp4(const CheckpointReader& 
   TOPHAT_ASSIGN_OR_RETURN(
       const kernels::Mxfp4Matrix down,
       StoredExpertMxfp4(checkpoint, layer, experts, expert, "down_proj", width, d));
-  TOPHAT_ASSIGN_OR_RETURN(const at::Tensor gate_up_bias,
-                          Stored(checkpoint, FusedExpertsTensorName(layer, "gate_up_proj_bias"),
-                                 {experts, 2 * width}, false));
-  TOPHAT_ASSIGN_OR_RETURN(
-      const at::Tensor down_bias,
-      Stored(checkpoint, FusedExpertsTensorName(layer, "down_proj_bias"), {experts, d}, false));
+  TOPHAT_ASSIGN_OR_RETURN(ExpertBiases biases,
+                          StoredExpertBiases(checkpoint, config, layer, expert, at::kFloat));
   // Copies of this expert's rows (the checkpoint's are mapped), gate's and up's apart.
-  return Mxfp4ExpertTensors{
-      .gate_up = {.blocks = Deinterleave(gate_up.blocks).contiguous(),
-                  .scales = Deinterleave(gate_up.scales).contiguous()},
-      .gate_up_bias = Deinterleave(gate_up_bias[expert]).to(at::kFloat).contiguous(),
-      .down = {.blocks = down.blocks.clone(), .scales = down.scales.clone()},
-      .down_bias = down_bias[expert].to(at::kFloat).contiguous()};
+  return Mxfp4ExpertTensors{.gate_up = {.blocks = Deinterleave(gate_up.blocks).contiguous(),
+                                        .scales = Deinterleave(gate_up.scales).contiguous()},
+                            .gate_up_bias = std::move(biases.gate_up),
+                            .down = {.blocks = down.blocks.clone(), .scales = down.scales.clone()},
+                            .down_bias = std::move(biases.down)};
 }
 
 absl::StatusOr<ExpertTensors> LoadFusedExpert(const CheckpointReader& checkpoint,
@@ -118,16 +137,12 @@ absl::StatusOr<ExpertTensors> LoadFusedExpert(const CheckpointReader& checkpoint
                                                                  "gate_up_proj", d, 2 * width));
   TOPHAT_ASSIGN_OR_RETURN(at::Tensor down, StoredExpertMatrix(checkpoint, layer, experts, expert,
                                                               "down_proj", width, d));
-  TOPHAT_ASSIGN_OR_RETURN(const at::Tensor gate_up_bias,
-                          Stored(checkpoint, FusedExpertsTensorName(layer, "gate_up_proj_bias"),
-                                 {experts, 2 * width}, false));
-  TOPHAT_ASSIGN_OR_RETURN(
-      const at::Tensor down_bias,
-      Stored(checkpoint, FusedExpertsTensorName(layer, "down_proj_bias"), {experts, d}, false));
+  TOPHAT_ASSIGN_OR_RETURN(ExpertBiases biases,
+                          StoredExpertBiases(checkpoint, config, layer, expert, dtype));
   result.gate_up = Deinterleave(gate_up).to(dtype).contiguous();
   result.down = down.to(dtype).contiguous();
-  result.gate_up_bias = Deinterleave(gate_up_bias[expert]).to(dtype).contiguous();
-  result.down_bias = down_bias[expert].to(dtype).contiguous();
+  result.gate_up_bias = std::move(biases.gate_up);
+  result.down_bias = std::move(biases.down);
   return result;
 }
 
