@@ -767,6 +767,31 @@ absl::StatusOr<std::vector<uint32_t>> BudgetMessageIds(const Tokenizer& tokenize
   return out;
 }
 
+// gpt-oss's token ids the endpoint needs: its control tokens, the tokens before the
+// <|message|> that opens its final channel ("<|channel|>final"), and those that end a message
+// of reasoning and start the next ("<|end|><|start|>assistant"). INVALID_ARGUMENT naming a
+// control token the vocabulary lacks.
+struct HarmonyIds {
+  HarmonyTokens tokens;
+  std::vector<uint32_t> final_prefix;
+  std::vector<uint32_t> reasoning_end;
+};
+absl::StatusOr<HarmonyIds> HarmonyIdsOf(const Tokenizer& tokenizer) {
+  absl::StatusOr<HarmonyTokens> tokens = HarmonyTokens::Find(tokenizer);
+  if (!tokens.ok()) return tokens.status();
+  absl::StatusOr<std::vector<int32_t>> final_name = tokenizer.Encode("final");
+  if (!final_name.ok()) return final_name.status();
+  absl::StatusOr<std::vector<int32_t>> assistant = tokenizer.Encode("assistant");
+  if (!assistant.ok()) return assistant.status();
+  HarmonyIds ids{
+      .tokens = *tokens,
+      .final_prefix = {static_cast<uint32_t>(tokens->channel)},
+      .reasoning_end = {static_cast<uint32_t>(tokens->end), static_cast<uint32_t>(tokens->start)}};
+  ids.final_prefix.insert(ids.final_prefix.end(), final_name->begin(), final_name->end());
+  ids.reasoning_end.insert(ids.reasoning_end.end(), assistant->begin(), assistant->end());
+  return ids;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
@@ -778,21 +803,18 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Agent* agent,
     if (loaded.ok()) {
       server->chat_template_ = *std::move(loaded);
       if (server->chat_template_->family() == ChatFamily::kHarmony) {
-        const Tokenizer& tokenizer = agent->tokenizer();
-        absl::StatusOr<HarmonyTokens> tokens = HarmonyTokens::Find(tokenizer);
-        if (!tokens.ok()) return tokens.status();
-        server->harmony_tokens_ = *tokens;
-        absl::StatusOr<std::vector<int32_t>> final_name = tokenizer.Encode("final");
-        absl::StatusOr<std::vector<int32_t>> assistant = tokenizer.Encode("assistant");
-        if (!final_name.ok()) return final_name.status();
-        if (!assistant.ok()) return assistant.status();
-        server->harmony_final_prefix_ = {static_cast<uint32_t>(tokens->channel)};
-        server->harmony_final_prefix_.insert(server->harmony_final_prefix_.end(),
-                                             final_name->begin(), final_name->end());
-        server->harmony_reasoning_end_ = {static_cast<uint32_t>(tokens->end),
-                                          static_cast<uint32_t>(tokens->start)};
-        server->harmony_reasoning_end_.insert(server->harmony_reasoning_end_.end(),
-                                              assistant->begin(), assistant->end());
+        absl::StatusOr<HarmonyIds> ids = HarmonyIdsOf(agent->tokenizer());
+        if (ids.ok()) {
+          server->harmony_tokens_ = ids->tokens;
+          server->harmony_final_prefix_ = std::move(ids->final_prefix);
+          server->harmony_reasoning_end_ = std::move(ids->reasoning_end);
+        } else {
+          // Its answers could not be read: chat is unavailable, completions are served.
+          server->chat_template_.reset();
+          server->chat_template_error_ = std::string(ids.status().message());
+          spdlog::warn("openai: /v1/chat/completions unavailable: {}",
+                       server->chat_template_error_);
+        }
       }
     } else if (absl::IsNotFound(loaded.status())) {
       // A model without a template still serves /v1/completions.
