@@ -923,7 +923,8 @@ json ModelConfig::ToJson() const {
         {"truncate", rope_scaling.truncate},
         {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
   } else {
-    j["rope_scaling"] = nullptr;
+    // gpt-oss without any reads as GptOssConfig's default YaRN: plain rope is named.
+    j["rope_scaling"] = gpt_oss() ? json{{"rope_type", "default"}} : json(nullptr);
   }
   if (partial_rotary_factor != 1.0) j["partial_rotary_factor"] = partial_rotary_factor;
   j["rms_norm_eps"] = rms_norm_eps;

@@ -958,6 +958,16 @@ TEST_CASE("gpt-oss's config reads its sinks, windows, YaRN and MXFP4 experts, an
   CHECK(again->mxfp4_experts);
   CHECK(again->rope_scaling.yarn);
   CHECK(again->ParameterCount() == c->ParameterCount());
+  // Plain rope, named (a rope_scaling without a type), reads back plain, not as the default
+  // YaRN (fuzz/regressions/model_config/gpt-oss-plain-rope-round-trip).
+  json plain = GptOss20B();
+  plain["rope_scaling"] = {{"factor", 32.0}};
+  auto plain_rope = ModelConfig::FromJson(plain, "plain/config.json");
+  REQUIRE(plain_rope.ok());
+  CHECK_FALSE(plain_rope->rope_scaling.yarn);
+  auto plain_again = ModelConfig::FromJson(plain_rope->ToJson(), "round trip");
+  REQUIRE(plain_again.ok());
+  CHECK_FALSE(plain_again->rope_scaling.yarn);
 
   // GptOssConfig's defaults: every other layer sliding from the first, over 128; YaRN by 32
   // from 4,096 positions on a base of 150,000; biases on.
