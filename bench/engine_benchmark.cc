@@ -81,6 +81,7 @@ struct Args {
   bool fused_split_merge = true;  // kernels::SetFusedSplitMerge
   bool verification_as_decode_rows = true;  // SubmodelOptions::verification_as_decode_rows
   bool mxfp4_experts = true;                // SubmodelOptions::mxfp4_experts
+  bool int8_activations = false;            // SubmodelOptions::int8_activations
 };
 
 // The row counts (1-8) at which each layer matrix's GEMM takes the small-batch kernel
@@ -644,6 +645,7 @@ int Run(const Args& args) {
                                        (args.warmup + args.repetitions + args.profile_steps) *
                                            std::max<int64_t>(1, args.verify_tokens))),
        .mxfp4_experts = args.mxfp4_experts,
+       .int8_activations = args.int8_activations,
        .small_batch_gemm = *small_batch_gemm,
        .verification_as_decode_rows = args.verification_as_decode_rows});
   if (!loaded.ok()) return Fail(loaded.status());
@@ -832,6 +834,7 @@ int Run(const Args& args) {
       {"fused_split_merge", args.fused_split_merge},
       {"verification_as_decode_rows", args.verification_as_decode_rows},
       {"mxfp4_experts", args.mxfp4_experts},
+      {"int8_activations", args.int8_activations},
       {"dtype", args.dtype},
       {"bounds",
        {{"memory_bytes_per_second", bounds.bandwidth},
@@ -943,8 +946,16 @@ int main(int argc, char** argv) {
                  "float32 as they load (off)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  std::string int8_activations = "off";
+  app.add_option("--int8-activations", int8_activations,
+                 "On the CPU in float32: int8 matrices and experts held in MXFP4 round their "
+                 "inputs to int8 per block of 32 and multiply in integers (on), or multiply "
+                 "float32 inputs (off)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   args.mxfp4_experts = mxfp4_experts == "on";
+  args.int8_activations = int8_activations == "on";
   args.verification_as_decode_rows = verification_as_decode_rows == "on";
   args.overlap_launches = overlap == "on";
   args.fused_split_merge = fused_split_merge == "on";

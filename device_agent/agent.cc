@@ -1090,10 +1090,16 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
                           .bf16_weights = config.bf16_weights,
                           .int8_activations = config.int8_activations};
   TOPHAT_ASSIGN_OR_RETURN(DeviceBundle bundle, DeviceBundle::Load(config.bundle, options));
-  if (config.int8_activations && bundle.manifest.weights != "int8") {
+  const bool rounds_activations =
+      bundle.input->rounds_activations() || bundle.output->rounds_activations();
+  if (config.int8_activations && !rounds_activations) {
     spdlog::warn("int8_activations: the bundle {} has float weights, so its activations stay "
                  "float32 (make an int8 bundle with `tophat split --device-weights int8`)",
                  config.bundle);
+  } else if (config.int8_activations && bundle.manifest.weights != "int8") {
+    spdlog::info(
+        "device weights: float, but for experts held in MXFP4, whose inputs are rounded "
+        "to int8 per block of 32 for integer products");
   }
   if (config.bf16_weights && bundle.manifest.weights != "int8") {
     spdlog::info("device weights: bfloat16, computed in float32");

@@ -6,6 +6,9 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <vector>
+
+#include "kernels/prefetch.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -21,6 +24,12 @@ namespace {
 constexpr std::array<int8_t, 16> kDoubledCodes = {0, 1,  2,  3,  4,  6,  8,  12,
                                                   0, -1, -2, -3, -4, -6, -8, -12};
 
+// The same table in each of a 512-bit vector's four lanes.
+alignas(64) constexpr std::array<int8_t, 64> kDoubledCodesFourTimes = {
+    0,  1,  2,  3,   4,  6,  8,  12, 0,  -1,  -2, -3, -4, -6, -8, -12, 0,  1,  2,  3,  4,  6,
+    8,  12, 0,  -1,  -2, -3, -4, -6, -8, -12, 0,  1,  2,  3,  4,  6,   8,  12, 0,  -1, -2, -3,
+    -4, -6, -8, -12, 0,  1,  2,  3,  4,  6,   8,  12, 0,  -1, -2, -3,  -4, -6, -8, -12};
+
 // 2^(s - 128) for each stored exponent s: the block's scale, halved for the doubled codes.
 const std::array<float, 256>& HalvedScales() {
   static const std::array<float, 256> scales = [] {
@@ -29,6 +38,18 @@ const std::array<float, 256>& HalvedScales() {
     return out;
   }();
   return scales;
+}
+
+// Out of cache the four-row kernels below read 9-13 GB/s on this VM's two cores, a fifth of the
+// memory's rate: four interleaved streams that restart every block are what the hardware
+// prefetchers follow worst (kernels/prefetch.h). So each block of four rows asks for the next
+// block's codes in step with its own reads (PrefetchNextBlock, for every 64 bytes of a row:
+// four blocks of 32 values), and for the next block's exponents as it starts.
+[[gnu::always_inline]] inline void PrefetchNextScales(const uint8_t* scales, int64_t groups,
+                                                      int64_t r) {
+  const uint8_t* next = scales + (r + 4) * groups;
+  for (int64_t offset = 0; offset < 4 * groups; offset += 64)
+    __builtin_prefetch(next + offset, 0, 3);
 }
 
 // y[i, r] = sum over blocks g of 2^(s[r, g] - 128) * sum_j codes2[r, g, j] x[i, 32 g + j], for
@@ -92,11 +113,14 @@ __attribute__((target("avx2,fma"))) void Mxfp4RowsAvx2(const uint8_t* blocks, co
   const std::array<float, 256>& halved = HalvedScales();
   int64_t r = r0;
   for (; r + 4 <= r1; r += 4) {
+    PrefetchNextScales(scales, groups, r);
     for (int64_t i = 0; i < m; ++i) {
       const float* xi = x + i * ldx;
       __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                        _mm256_setzero_ps()};
       for (int64_t g = 0; g < groups; ++g) {
+        if (i == 0 && (g & 3) == 0)
+          PrefetchNextBlock(blocks + r * groups * 16, groups * 16, g * 16);
         const float* xg = xi + g * 32;
         const __m256 x0 = _mm256_loadu_ps(xg);
         const __m256 x1 = _mm256_loadu_ps(xg + 8);
@@ -197,6 +221,262 @@ void RunKernel(Mxfp4RowsFn rows_fn, const at::Tensor& x, const Mxfp4Matrix& weig
   if (bias.defined()) out.add_(bias.view({1, n}));
 }
 
+// x's rows as the integer kernels read them: rounded by RoundActivationRow, then each block's
+// 32 values in nibble order (its 16 even-indexed values, then its 16 odd ones), so that the
+// low and the high nibbles of a weight block's 16 bytes meet the values they multiply without
+// being interleaved. Row i's values at q + i * groups * 32, its block scales at
+// block_scale + i * groups.
+struct NibbleOrderedRows {
+  const int8_t* q = nullptr;
+  const float* block_scale = nullptr;
+};
+
+using Mxfp4A8RowsFn = void (*)(const uint8_t* blocks, const uint8_t* scales, int64_t groups,
+                               const NibbleOrderedRows& x, int64_t m, float* y, int64_t ldy,
+                               int64_t r0, int64_t r1);
+
+// One block's integer dot product: 16 packed bytes against 32 values in nibble order.
+inline int32_t DotBlockA8(const uint8_t* packed, const int8_t* q) {
+  int32_t dot = 0;
+  for (int j = 0; j < 16; ++j) {
+    dot += int32_t{kDoubledCodes[packed[j] & 0x0F]} * q[j];
+    dot += int32_t{kDoubledCodes[packed[j] >> 4]} * q[16 + j];
+  }
+  return dot;
+}
+
+// Blocks [g0, groups) of weight row r against x row i: the vector kernels' tails.
+inline float DotBlocksA8(const uint8_t* blocks, const uint8_t* scales, int64_t groups,
+                         const NibbleOrderedRows& x, int64_t i, int64_t r, int64_t g0) {
+  const std::array<float, 256>& halved = HalvedScales();
+  const int8_t* q = x.q + i * groups * 32;
+  const float* block_scale = x.block_scale + i * groups;
+  float sum = 0.0f;
+  for (int64_t g = g0; g < groups; ++g) {
+    const int64_t at = r * groups + g;
+    sum += static_cast<float>(DotBlockA8(blocks + at * 16, q + g * 32)) *
+           (halved[scales[at]] * block_scale[g]);
+  }
+  return sum;
+}
+
+void Mxfp4A8RowsScalar(const uint8_t* blocks, const uint8_t* scales, int64_t groups,
+                       const NibbleOrderedRows& x, int64_t m, float* y, int64_t ldy, int64_t r0,
+                       int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t i = 0; i < m; ++i)
+      y[i * ldy + r] = DotBlocksA8(blocks, scales, groups, x, i, r, 0);
+  }
+}
+
+#if defined(__x86_64__)
+// The sum of v's 16 lanes, 128-bit lanes folded by shuffles. Here and in the kernel below the
+// instructions are in their zero-masked forms (all lanes kept): their unmasked forms, and
+// _mm512_reduce_add_ps, pass GCC 12's builtins an undefined placeholder that it warns of.
+__attribute__((target("avx512f"), always_inline)) inline float Sum512(__m512 v) {
+  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(0xFFFF, v, v, _MM_SHUFFLE(1, 0, 3, 2)));
+  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(0xFFFF, v, v, _MM_SHUFFLE(2, 3, 0, 1)));
+  const __m128 quad = _mm512_maskz_extractf32x4_ps(0xF, v, 0);
+  const __m128 pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
+  return _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps(pair, pair, 1)));
+}
+
+// Two blocks (64 values) per vector, four weight rows at a time. A block's 16 bytes and the
+// same shifted right by four go into adjacent 128-bit lanes, so that one table lookup gives
+// its 32 doubled codes in nibble order. vpdpbusd multiplies unsigned bytes by signed ones, so
+// x goes in as |x| and each code takes x's sign (one masked subtract); the int32 lanes of each
+// block are scaled by its power of two times x's block scale.
+__attribute__((target("avx512f,avx512bw,avx512vnni,fma"))) void Mxfp4A8RowsAvx512Vnni(
+    const uint8_t* blocks, const uint8_t* scales, int64_t groups, const NibbleOrderedRows& x,
+    int64_t m, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const std::array<float, 256>& halved = HalvedScales();
+  const __m512i table = _mm512_load_si512(kDoubledCodesFourTimes.data());
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i spread = _mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0);
+  const int64_t paired = groups / 2 * 2;
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    PrefetchNextScales(scales, groups, r);
+    for (int64_t i = 0; i < m; ++i) {
+      const int8_t* q = x.q + i * groups * 32;
+      const float* block_scale = x.block_scale + i * groups;
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int64_t g = 0; g < paired; g += 2) {
+        if (i == 0 && (g & 3) == 0)
+          PrefetchNextBlock(blocks + r * groups * 16, groups * 16, g * 16);
+        const __m512i xv = _mm512_loadu_si512(q + g * 32);
+        const __m512i magnitude = _mm512_abs_epi8(xv);
+        const __mmask64 negative = _mm512_movepi8_mask(xv);
+// One weight row's two blocks against x's (a macro: a lambda would not have this function's
+// instruction set). Blocks g and g + 1 go into 128-bit lanes 0 and 2 and again into 1 and 3,
+// which are then shifted right by four: [g, g >> 4, g + 1, g + 1 >> 4].
+#define TOPHAT_MXFP4_A8_STEP(row, acc)                                                     \
+  do {                                                                                     \
+    const int64_t at = (row)*groups + g;                                                   \
+    __m512i codes = _mm512_maskz_permutexvar_epi64(                                        \
+        0xFF, spread, _mm512_maskz_loadu_epi8(0xFFFFFFFF, blocks + at * 16));              \
+    codes = _mm512_mask_srli_epi16(codes, 0xFF00FF00, codes, 4);                           \
+    codes = _mm512_shuffle_epi8(table, _mm512_and_si512(codes, nibble));                   \
+    codes = _mm512_mask_sub_epi8(codes, negative, zero, codes);                            \
+    const __m512i dot = _mm512_dpbusd_epi32(zero, magnitude, codes);                       \
+    const __m512 scale =                                                                   \
+        _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(halved[scales[at]] * block_scale[g]),  \
+                             _mm512_set1_ps(halved[scales[at + 1]] * block_scale[g + 1])); \
+    (acc) = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xFFFF, dot), scale, (acc));          \
+  } while (false)
+        TOPHAT_MXFP4_A8_STEP(r, a0);
+        TOPHAT_MXFP4_A8_STEP(r + 1, a1);
+        TOPHAT_MXFP4_A8_STEP(r + 2, a2);
+        TOPHAT_MXFP4_A8_STEP(r + 3, a3);
+#undef TOPHAT_MXFP4_A8_STEP
+      }
+      const float sums[4] = {Sum512(a0), Sum512(a1), Sum512(a2), Sum512(a3)};
+      float* yi = y + i * ldy;
+      for (int t = 0; t < 4; ++t) {
+        yi[r + t] = sums[t] + DotBlocksA8(blocks, scales, groups, x, i, r + t, paired);
+      }
+    }
+  }
+  if (r < r1) Mxfp4A8RowsScalar(blocks, scales, groups, x, m, y, ldy, r, r1);
+}
+
+// One block (32 values) per vector, four weight rows at a time: the low nibbles in the low
+// lane and the high ones in the high lane, one table lookup; vpmaddubsw multiplies |x| by the
+// codes signed as x (pairs into int16, at most 2 * 12 * 127), vpmaddwd sums pairs into int32.
+__attribute__((target("avx2,fma"))) void Mxfp4A8RowsAvx2(const uint8_t* blocks,
+                                                         const uint8_t* scales, int64_t groups,
+                                                         const NibbleOrderedRows& x, int64_t m,
+                                                         float* y, int64_t ldy, int64_t r0,
+                                                         int64_t r1) {
+  const std::array<float, 256>& halved = HalvedScales();
+  const __m256i table = _mm256_broadcastsi128_si256(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(kDoubledCodes.data())));
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    PrefetchNextScales(scales, groups, r);
+    for (int64_t i = 0; i < m; ++i) {
+      const int8_t* q = x.q + i * groups * 32;
+      const float* block_scale = x.block_scale + i * groups;
+      __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                       _mm256_setzero_ps()};
+      for (int64_t g = 0; g < groups; ++g) {
+        if (i == 0 && (g & 3) == 0)
+          PrefetchNextBlock(blocks + r * groups * 16, groups * 16, g * 16);
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + g * 32));
+        const __m256i magnitude = _mm256_sign_epi8(xv, xv);
+        for (int t = 0; t < 4; ++t) {
+          const int64_t at = (r + t) * groups + g;
+          const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks + at * 16));
+          __m256i codes = _mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes);
+          codes = _mm256_shuffle_epi8(table, _mm256_and_si256(codes, nibble));
+          codes = _mm256_sign_epi8(codes, xv);
+          const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, codes), ones);
+          acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+                                   _mm256_set1_ps(halved[scales[at]] * block_scale[g]), acc[t]);
+        }
+      }
+      float* yi = y + i * ldy;
+      for (int t = 0; t < 4; ++t) yi[r + t] = SumAvx2(acc[t]);
+    }
+  }
+  if (r < r1) Mxfp4A8RowsScalar(blocks, scales, groups, x, m, y, ldy, r, r1);
+}
+#endif
+
+#if defined(__aarch64__)
+// One block per step: the codes looked up (tbl) already in nibble order, widening multiplies
+// into int16 (two products a lane, at most 2 * 12 * 127), pairwise sums into int32. Baseline
+// Armv8 NEON: no dot-product extension needed.
+void Mxfp4A8RowsNeon(const uint8_t* blocks, const uint8_t* scales, int64_t groups,
+                     const NibbleOrderedRows& x, int64_t m, float* y, int64_t ldy, int64_t r0,
+                     int64_t r1) {
+  const std::array<float, 256>& halved = HalvedScales();
+  const int8x16_t table = vld1q_s8(kDoubledCodes.data());
+  const uint8x16_t nibble = vdupq_n_u8(0x0F);
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t i = 0; i < m; ++i) {
+      const int8_t* q = x.q + i * groups * 32;
+      const float* block_scale = x.block_scale + i * groups;
+      float32x4_t acc = vdupq_n_f32(0.0f);
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t at = r * groups + g;
+        const uint8x16_t bytes = vld1q_u8(blocks + at * 16);
+        const int8x16_t low = vqtbl1q_s8(table, vandq_u8(bytes, nibble));
+        const int8x16_t high = vqtbl1q_s8(table, vshrq_n_u8(bytes, 4));
+        const int8x16_t q0 = vld1q_s8(q + g * 32);
+        const int8x16_t q1 = vld1q_s8(q + g * 32 + 16);
+        int16x8_t even = vmull_s8(vget_low_s8(low), vget_low_s8(q0));
+        even = vmlal_s8(even, vget_high_s8(low), vget_high_s8(q0));
+        int16x8_t odd = vmull_s8(vget_low_s8(high), vget_low_s8(q1));
+        odd = vmlal_s8(odd, vget_high_s8(high), vget_high_s8(q1));
+        const int32x4_t dot = vpadalq_s16(vpaddlq_s16(even), odd);
+        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(dot), halved[scales[at]] * block_scale[g]);
+      }
+      y[i * ldy + r] = vaddvq_f32(acc);
+    }
+  }
+}
+#endif
+
+Mxfp4A8RowsFn A8RowsFor(W8A8Isa isa) {
+  switch (isa) {
+#if defined(__x86_64__)
+    case W8A8Isa::kAvx512Vnni:
+      return Mxfp4A8RowsAvx512Vnni;
+    case W8A8Isa::kAvx2:
+      return Mxfp4A8RowsAvx2;
+#endif
+#if defined(__aarch64__)
+    case W8A8Isa::kNeon:
+      return Mxfp4A8RowsNeon;
+#endif
+    default:
+      return Mxfp4A8RowsScalar;
+  }
+}
+
+void RunA8Kernel(Mxfp4A8RowsFn rows_fn, const at::Tensor& x, const Mxfp4Matrix& weight,
+                 const at::Tensor& bias, at::Tensor& out) {
+  const int64_t n = weight.rows();
+  const int64_t groups = weight.blocks.size(1);
+  const int64_t k = groups * 32;
+  const int64_t m = x.size(0);
+  // x rounded once, on this thread, into buffers that grow once per thread; every thread of
+  // the parallel region below reads them.
+  thread_local std::vector<int8_t> rounded;
+  thread_local std::vector<int8_t> q;
+  thread_local std::vector<float> block_scale;
+  if (static_cast<int64_t>(q.size()) < m * k) {
+    rounded.resize(m * k);
+    q.resize(m * k);
+  }
+  if (static_cast<int64_t>(block_scale.size()) < m * groups) block_scale.resize(m * groups);
+  const float* xp = x.data_ptr<float>();
+  for (int64_t i = 0; i < m; ++i) {
+    int8_t* row = rounded.data() + i * k;
+    RoundActivationRow(xp + i * x.stride(0), k, row, block_scale.data() + i * groups);
+    int8_t* ordered = q.data() + i * k;
+    for (int64_t j = 0; j < k; j += 32) {
+      for (int v = 0; v < 16; ++v) {
+        ordered[j + v] = row[j + 2 * v];
+        ordered[j + 16 + v] = row[j + 2 * v + 1];
+      }
+    }
+  }
+  const NibbleOrderedRows rows{.q = q.data(), .block_scale = block_scale.data()};
+  const uint8_t* packed = weight.blocks.data_ptr<uint8_t>();
+  const uint8_t* scales = weight.scales.data_ptr<uint8_t>();
+  float* yp = out.data_ptr<float>();
+  ParallelRowBlocks(n, n * groups < (1 << 13) ? 1 : SingleRowThreads(),
+                    [&](int64_t begin, int64_t end) {
+                      rows_fn(packed, scales, groups, rows, m, yp, n, begin, end);
+                    });
+  if (bias.defined()) out.add_(bias.view({1, n}));
+}
+
 }  // namespace
 
 void DequantizeMxfp4Blocks(const uint8_t* blocks, const uint8_t* scales, int64_t groups,
@@ -280,6 +560,36 @@ at::Tensor LinearMxfp4WithIsa(CpuIsa isa, const at::Tensor& x, const Mxfp4Matrix
   TORCH_CHECK(Mxfp4KernelTakes(x, weight, bias, out),
               "LinearMxfp4WithIsa: inputs the kernel takes");
   RunKernel(RowsFor(isa), x, weight, bias, out);
+  return out;
+}
+
+void LinearMxfp4A8Out(const at::Tensor& x, const Mxfp4Matrix& weight, const at::Tensor& bias,
+                      at::Tensor& out) {
+  static const Mxfp4A8RowsFn rows_fn = A8RowsFor(SupportedW8A8Isas().back());
+  if (Mxfp4KernelTakes(x, weight, bias, out)) {
+    RunA8Kernel(rows_fn, x, weight, bias, out);
+    return;
+  }
+  // A prompt's many rows (or inputs the kernel does not take): x as rounded, through the
+  // float path. This allocates; decode never comes here.
+  LinearMxfp4Out(RoundActivationsInt8(x).to(x.scalar_type()), weight, bias, out);
+}
+
+at::Tensor LinearMxfp4A8(const at::Tensor& x, const Mxfp4Matrix& weight, const at::Tensor& bias) {
+  at::Tensor out = at::empty({x.size(0), weight.rows()}, x.options());
+  LinearMxfp4A8Out(x.stride(-1) == 1 ? x : x.contiguous(), weight, bias, out);
+  return out;
+}
+
+at::Tensor LinearMxfp4A8WithIsa(W8A8Isa isa, const at::Tensor& x, const Mxfp4Matrix& weight,
+                                const at::Tensor& bias) {
+  const std::vector<W8A8Isa>& isas = SupportedW8A8Isas();
+  TORCH_CHECK(std::find(isas.begin(), isas.end(), isa) != isas.end(), "this CPU cannot run ",
+              W8A8IsaName(isa));
+  at::Tensor out = at::empty({x.size(0), weight.rows()}, x.options());
+  TORCH_CHECK(Mxfp4KernelTakes(x, weight, bias, out),
+              "LinearMxfp4A8WithIsa: inputs the kernel takes");
+  RunA8Kernel(A8RowsFor(isa), x, weight, bias, out);
   return out;
 }
 

@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "kernels/gemv.h"
+#include "kernels/gemv_w8a8.h"
 
 namespace tophat::kernels {
 
@@ -57,5 +58,28 @@ at::Tensor LinearMxfp4(const at::Tensor& x, const Mxfp4Matrix& weight, const at:
 // The kernel with a named instruction set (tests); inputs Mxfp4KernelTakes.
 at::Tensor LinearMxfp4WithIsa(CpuIsa isa, const at::Tensor& x, const Mxfp4Matrix& weight,
                               const at::Tensor& bias = {});
+
+// With int8 activations (SubmodelOptions.int8_activations): each row of x rounded to int8 per
+// block of 32 as kernels/gemv_w8a8.h rounds it (RoundActivationRow). MXFP4's blocks are 32 wide
+// too, so each weight block meets one activation block, and its 32 products (doubled codes of
+// at most 12 times int8) are summed exactly in int32: AVX-512 VNNI's vpdpbusd, AVX2's
+// vpmaddubsw + vpmaddwd, NEON's widening multiplies. Each block's sum is then scaled by its
+// power of two and x's block scale, in float. llama.cpp multiplies MXFP4 by 8-bit activations
+// alike.
+//
+// Why: the float kernel widens every code to float32 and multiplies in float, and on two Zen 4
+// cores that is arithmetic-bound at about a third of the memory's rate (docs/benchmarks.md);
+// an integer dot product takes 64 codes an instruction.
+//
+// What it computes is the float product of the dequantized matrix with x as rounded
+// (RoundActivationsInt8), up to float rounding; each row of x alike however many rows come
+// with it. Many rows (a prompt): x as rounded, through LinearMxfp4Out's BLAS path.
+void LinearMxfp4A8Out(const at::Tensor& x, const Mxfp4Matrix& weight, const at::Tensor& bias,
+                      at::Tensor& out);
+at::Tensor LinearMxfp4A8(const at::Tensor& x, const Mxfp4Matrix& weight,
+                         const at::Tensor& bias = {});
+// The integer kernel with a named instruction set (tests); inputs Mxfp4KernelTakes.
+at::Tensor LinearMxfp4A8WithIsa(W8A8Isa isa, const at::Tensor& x, const Mxfp4Matrix& weight,
+                                const at::Tensor& bias = {});
 
 }  // namespace tophat::kernels

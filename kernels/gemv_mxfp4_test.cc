@@ -77,5 +77,70 @@ TEST_CASE(
         2e-2 * (1 + expected.abs().max().item<double>()));
 }
 
+TEST_CASE(
+    "The MXFP4 kernel with int8 activations matches LibTorch on the rounded x and the "
+    "dequantized matrix, every instruction set, for one row and a few",
+    "[kernels]") {
+  at::manual_seed(6);
+  // Rows around the four-row blocks and the thread split; one block to many, an odd count
+  // among them (the AVX-512 kernel takes two at a time); x rows 1 (decode) to the kernel's most.
+  for (int64_t n : {1, 3, 4, 7, 300, 2880}) {
+    for (int64_t k : {32, 64, 96, 2880}) {
+      for (int64_t m : {int64_t{1}, int64_t{3}, kMxfp4KernelMaxRows}) {
+        if (n * k * m > 20'000'000) continue;
+        const Mxfp4Matrix w = RandomMxfp4(n, k);
+        const at::Tensor x = testing::UniformInputs({m, k});
+        const at::Tensor b = testing::UniformInputs({n});
+        const at::Tensor dense = w.Dequantize();
+        const at::Tensor expected = at::linear(RoundActivationsInt8(x), dense);
+        // Each block's integer sum is exact; what differs is the order of the float sums of
+        // blocks, as for the float kernel. A code met by the wrong value of x, a wrong sign or
+        // scale is off by far more.
+        const double tolerance = 1e-5 * (1 + at::abs(dense).sum(1).max().item<double>());
+        for (W8A8Isa isa : SupportedW8A8Isas()) {
+          INFO(W8A8IsaName(isa) << " n=" << n << " k=" << k << " m=" << m);
+          CHECK((LinearMxfp4A8WithIsa(isa, x, w) - expected).abs().max().item<double>() <
+                tolerance);
+          CHECK((LinearMxfp4A8WithIsa(isa, x, w, b) - (expected + b)).abs().max().item<double>() <
+                tolerance);
+        }
+        CHECK((LinearMxfp4A8(x, w, b) - (expected + b)).abs().max().item<double>() < tolerance);
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "The MXFP4 kernel with int8 activations computes each row of x alike however many rows "
+    "come with it, and many rows take the rounded x through BLAS",
+    "[kernels]") {
+  at::manual_seed(7);
+  const Mxfp4Matrix w = RandomMxfp4(257, 2880);
+  const at::Tensor x = at::randn({kMxfp4KernelMaxRows, 2880}) * 3;
+  // A verification round's rows get exactly a decode step's numbers.
+  const at::Tensor together = LinearMxfp4A8(x, w);
+  for (int64_t i : {int64_t{0}, int64_t{5}, kMxfp4KernelMaxRows - 1}) {
+    CHECK(at::equal(LinearMxfp4A8(x.narrow(0, i, 1), w)[0], together[i]));
+  }
+  // Rows with a stride (a view into a wider tensor) take the kernel as they are.
+  const at::Tensor wide = at::cat({x, at::randn({kMxfp4KernelMaxRows, 100})}, 1);
+  const at::Tensor view = wide.narrow(1, 0, 2880);
+  REQUIRE(view.stride(0) == 2980);
+  CHECK(at::equal(LinearMxfp4A8(view, w), together));
+  // More rows than the kernel takes: the same products through BLAS.
+  const at::Tensor dense = w.Dequantize();
+  const at::Tensor many = at::randn({40, 2880});
+  const at::Tensor expected = at::linear(RoundActivationsInt8(many), dense);
+  CHECK((LinearMxfp4A8(many, w) - expected).abs().max().item<double>() <
+        1e-5 * (1 + at::abs(dense).sum(1).max().item<double>()));
+  // Against float32 activations the rounding costs little: each value moves by at most half a
+  // step of its block's absmax / 127, which over a sum of 2,880 products keeps the outputs
+  // within a percent of their scale.
+  const at::Tensor exact = at::linear(x, dense);
+  const float relative = ((together - exact).abs().max() / exact.abs().max()).item<float>();
+  INFO("largest difference from float32 activations, relative to the largest output: " << relative);
+  CHECK(relative < 0.01f);
+}
+
 }  // namespace
 }  // namespace tophat::kernels

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/gemv_int8.h"
+#include "kernels/gemv_mxfp4.h"
 #include "kernels/gemv_w8a8.h"
 
 namespace tophat::kernels {
@@ -76,6 +77,37 @@ TEST_CASE("GEMV kernels stream decode-shaped matrices out of cache", "[.gemv_str
   }
   std::printf("(the touching loop's sum, so that its reads are kept: %lld)\n",
               static_cast<long long>(touched));
+}
+
+TEST_CASE("MXFP4 kernels stream gpt-oss expert matrices out of cache", "[.gemv_stream]") {
+  // 32 experts' gate_up matrices of gpt-oss-20b's shape ([5760, 2880]; 8.8 MB each held
+  // packed, 282 MB in all), one decode row, on every core (the kernels' own threading).
+  constexpr int64_t kRows = 5760;
+  constexpr int64_t kCols = 2880;
+  std::vector<Mxfp4Matrix> experts;
+  for (int e = 0; e < 32; ++e) {
+    experts.push_back({.blocks = at::randint(0, 256, {kRows, kCols / 32, 16}, at::kByte),
+                       .scales = at::randint(119, 135, {kRows, kCols / 32}, at::kByte)});
+  }
+  const at::Tensor x = at::randn({1, kCols});
+  at::Tensor y = at::empty({1, kRows});
+  for (const bool rounded : {false, true}) {
+    double best = 1e30;
+    for (int repetition = 0; repetition < 10; ++repetition) {
+      const auto start = std::chrono::steady_clock::now();
+      for (const Mxfp4Matrix& w : experts) {
+        if (rounded) {
+          LinearMxfp4A8Out(x, w, {}, y);
+        } else {
+          LinearMxfp4Out(x, w, {}, y);
+        }
+      }
+      best = std::min(
+          best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::printf("%-28s %6.1f GB/s\n", rounded ? "mxfp4, int8 activations" : "mxfp4",
+                static_cast<double>(32 * experts[0].bytes()) / best / 1e9);
+  }
 }
 
 }  // namespace

@@ -51,7 +51,11 @@ bool UsesSmallBatchGemm(const WeightMatrix& w, int64_t rows) {
 void LinearOut(const at::Tensor& x, const WeightMatrix& w, const at::Tensor& bias,
                at::Tensor& out) {
   if (w.mxfp4.defined()) {
-    kernels::LinearMxfp4Out(x, w.mxfp4, bias, out);
+    if (w.int8_activations) {
+      kernels::LinearMxfp4A8Out(x, w.mxfp4, bias, out);
+    } else {
+      kernels::LinearMxfp4Out(x, w.mxfp4, bias, out);
+    }
   } else if (w.is_int8()) {
     if (w.int8_activations) {
       kernels::LinearW8A8Out(x, w.int8, bias, out);
@@ -564,7 +568,8 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
         m->int8_activations = m->is_int8();
       }
       for (auto* experts : {&w.expert_gate_up, &w.expert_down}) {
-        for (WeightMatrix& m : *experts) m.int8_activations = m.is_int8();
+        // gpt-oss's experts held in MXFP4 take int8 activations too (kernels/gemv_mxfp4.h).
+        for (WeightMatrix& m : *experts) m.int8_activations = m.is_int8() || m.mxfp4.defined();
       }
     }
     model->lm_head_.int8_activations = model->lm_head_.is_int8();
@@ -1547,6 +1552,19 @@ int64_t Submodel::WeightBytesRead(int64_t experts_computed) const {
 bool Submodel::int8_weights() const {
   if (!layers_.empty()) return layers_.front().qkv.is_int8();
   return lm_head_.is_int8() || embedding_.is_int8();
+}
+
+bool Submodel::rounds_activations() const {
+  if (lm_head_.int8_activations) return true;
+  for (const DecoderLayerWeights& w : layers_) {
+    if (w.qkv.int8_activations) return true;
+    for (const auto* experts : {&w.expert_gate_up, &w.expert_down}) {
+      for (const WeightMatrix& m : *experts) {
+        if (m.int8_activations) return true;
+      }
+    }
+  }
+  return false;
 }
 
 int64_t WeightMatrix::bytes() const {

@@ -81,8 +81,9 @@ struct SubmodelOptions {
   bool mxfp4_experts = true;
   // With int8 matrices: round the activations to int8 too, per block of 32 values, as they
   // enter each linear layer, and multiply in integers (kernels/gemv_w8a8.h; llama.cpp's Q8_0
-  // does the same). The model as computed is then the dequantized weights times the rounded
-  // activations; without it, the dequantized weights times float32 activations.
+  // does the same). So do experts held in MXFP4 (kernels/gemv_mxfp4.h, LinearMxfp4A8Out). The model
+  // as computed is then the dequantized weights times the rounded activations; without it, the
+  // dequantized weights times float32 activations.
   bool int8_activations = false;
   // A one-token step on a float32 CPU submodel (the device's decode, a drafter's step) and
   // its LM head run as one parallel region each (kernels/decode_step.h), with the numbers of
@@ -113,7 +114,8 @@ absl::StatusOr<SubmodelOptions::SmallBatchGemm> ParseSmallBatchGemm(std::string_
 struct WeightMatrix {
   at::Tensor dense;
   kernels::Int8Matrix int8;
-  bool int8_activations = false;  // int8: x is rounded to int8 too (kernels/gemv_w8a8.h)
+  // int8 or MXFP4: x is rounded to int8 too (kernels/gemv_w8a8.h, kernels/gemv_mxfp4.h)
+  bool int8_activations = false;
   // gpt-oss's experts as released (kernels/gemv_mxfp4.h; CPU float32 submodels).
   kernels::Mxfp4Matrix mxfp4;
   // Bit r (1 <= r <= 8): a step of r rows takes the small-batch GEMM kernel instead of BLAS
@@ -285,6 +287,9 @@ class Submodel {
   const WeightMatrix& lm_head() const { return lm_head_; }
   // Whether the weight matrices are int8 (loaded so, or quantized at load).
   bool int8_weights() const;
+  // Whether any matrix rounds its input to int8 (SubmodelOptions.int8_activations, which
+  // int8 matrices and experts held in MXFP4 take).
+  bool rounds_activations() const;
 
  private:
   Submodel(ModelConfig config, SubmodelSpec spec, SubmodelOptions options)

@@ -900,6 +900,42 @@ TEST_CASE("gpt-oss's MXFP4 experts, held packed, compute as their dequantized fl
     CHECK(MaxDiff(StepLogits(**packed, cache, step), StepLogits(**dequantized, ref_cache, step)) <
           1e-4);
   }
+
+  // With int8 activations the packed experts round their inputs too (LinearMxfp4A8Out): a
+  // prompt's rows at once (BLAS over the rounded rows) and the same rows in steps of 16 and 7
+  // (the integer kernel) give the same logits up to float sums, a little off those of float32
+  // activations.
+  auto w4a8 = LoadFullModel(dir, {.quantize_int8 = true, .int8_activations = true});
+  REQUIRE(w4a8.ok());
+  const DecoderLayerWeights& rounded = (*w4a8)->layers()[0];
+  CHECK(rounded.expert_gate_up[0].mxfp4.defined());
+  CHECK(rounded.expert_gate_up[0].int8_activations);
+  CHECK(rounded.expert_down[0].int8_activations);
+  CHECK((*w4a8)->rounds_activations());
+  CHECK_FALSE((*packed)->rounds_activations());
+  // Float weights with MXFP4 experts: only the experts round their inputs.
+  auto float_w4a8 = LoadFullModel(dir, {.int8_activations = true});
+  REQUIRE(float_w4a8.ok());
+  CHECK((*float_w4a8)->rounds_activations());
+  CHECK((*float_w4a8)->layers()[0].expert_down[0].int8_activations);
+  CHECK_FALSE((*float_w4a8)->layers()[0].qkv.int8_activations);
+  const at::Tensor whole = FullLogits(**w4a8, tokens);
+  KvCache rounded_cache = (*w4a8)->NewCache();
+  const at::Tensor steps_first =
+      StepLogits(**w4a8, rounded_cache, {tokens.begin(), tokens.begin() + 16});
+  const at::Tensor steps_rest =
+      StepLogits(**w4a8, rounded_cache, {tokens.begin() + 16, tokens.end()});
+  CHECK(MaxDiff(at::cat({steps_first, steps_rest}), whole) < 1e-4);
+  // Against the same weights with float32 activations: moved, but not far. The rounding
+  // reaches the router too, where a token whose top experts swap moves further than any one
+  // matrix's rounding would move it (here 7% of the largest logit): a wrong code, sign or
+  // scale in the kernel moves the logits by as much as they are.
+  auto int8 = LoadFullModel(dir, {.quantize_int8 = true});
+  REQUIRE(int8.ok());
+  const at::Tensor unrounded = FullLogits(**int8, tokens);
+  const double moved = MaxDiff(whole, unrounded);
+  CHECK(moved > 1e-4);
+  CHECK(moved < 0.15 * unrounded.abs().max().item<double>());
 }
 
 TEST_CASE("int8 weights compute the model as quantized, one row and many, in a quarter of "
