@@ -378,9 +378,7 @@ void LinearRowsFloat32(const float* w, int64_t ldw, const float* x, float* y, in
 
 at::Tensor LinearSingleRowWithIsa(CpuIsa isa, const at::Tensor& x, const at::Tensor& weight,
                                   const at::Tensor& bias) {
-  const std::vector<CpuIsa>& isas = SupportedCpuIsas();
-  TORCH_CHECK(std::find(isas.begin(), isas.end(), isa) != isas.end(), "this CPU cannot run ",
-              CpuIsaName(isa));
+  CheckIsaSupported(isa, SupportedCpuIsas(), CpuIsaName(isa));
   if (!SingleRowFits(x, weight, bias)) {
     return bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
   }

@@ -11,11 +11,12 @@
 // CPU lacks falls back to the best it has, with a warning).
 #pragma once
 
+#include <ATen/ATen.h>
+
+#include <algorithm>
 #include <string_view>
 #include <utility>
 #include <vector>
-
-#include <ATen/ATen.h>
 
 #include "absl/functional/function_ref.h"
 
@@ -30,6 +31,14 @@ const std::vector<CpuIsa>& SupportedCpuIsas();
 
 // The one LinearSingleRow uses: the best supported, unless TOPHAT_CPU_ISA names another.
 CpuIsa SelectedCpuIsa();
+
+// The kernels' *WithIsa entry points (tests) run a named instruction set: fails, naming it
+// (`name`), unless it is among `supported`.
+template <typename Isa>
+void CheckIsaSupported(Isa isa, const std::vector<Isa>& supported, std::string_view name) {
+  TORCH_CHECK(std::find(supported.begin(), supported.end(), isa) != supported.end(),
+              "this CPU cannot run ", name);
+}
 
 // Whether this CPU has bfloat16 arithmetic instructions (x86-64: AVX512_BF16 or AMX-BF16;
 // aarch64: the BF16 extension). Without them bfloat16 still computes, through conversions.

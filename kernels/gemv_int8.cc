@@ -370,12 +370,6 @@ void Run(RowsFn<E> rows_fn, const at::Tensor& x, const at::Tensor& values,
   out.copy_(result);
 }
 
-void CheckIsa(CpuIsa isa) {
-  const std::vector<CpuIsa>& isas = SupportedCpuIsas();
-  TORCH_CHECK(std::find(isas.begin(), isas.end(), isa) != isas.end(), "this CPU cannot run ",
-              CpuIsaName(isa));
-}
-
 }  // namespace
 
 bool Int8KernelTakes(const at::Tensor& x, const Int8Matrix& weight, const at::Tensor& bias,
@@ -425,7 +419,7 @@ at::Tensor LinearInt8(const at::Tensor& x, const Int8Matrix& weight, const at::T
 
 at::Tensor LinearInt8WithIsa(CpuIsa isa, const at::Tensor& x, const Int8Matrix& weight,
                              const at::Tensor& bias) {
-  CheckIsa(isa);
+  CheckIsaSupported(isa, SupportedCpuIsas(), CpuIsaName(isa));
   at::Tensor out = at::empty({x.size(0), weight.rows()}, x.options());
   TORCH_CHECK(Int8KernelTakes(x, weight, bias, out),
               "LinearInt8WithIsa: inputs the kernel takes");
@@ -459,7 +453,7 @@ at::Tensor LinearBf16(const at::Tensor& x, const at::Tensor& weight, const at::T
 
 at::Tensor LinearBf16WithIsa(CpuIsa isa, const at::Tensor& x, const at::Tensor& weight,
                              const at::Tensor& bias) {
-  CheckIsa(isa);
+  CheckIsaSupported(isa, SupportedCpuIsas(), CpuIsaName(isa));
   at::Tensor out = at::empty({x.size(0), weight.size(0)}, x.options());
   TORCH_CHECK(KernelFits(x, weight, {}, bias, out), "LinearBf16WithIsa: inputs the kernel takes");
   RunKernel<uint16_t>(RowsFor(isa, uint16_t{}), x, weight, {}, bias, out);

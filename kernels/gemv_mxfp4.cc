@@ -553,9 +553,7 @@ at::Tensor LinearMxfp4(const at::Tensor& x, const Mxfp4Matrix& weight, const at:
 
 at::Tensor LinearMxfp4WithIsa(CpuIsa isa, const at::Tensor& x, const Mxfp4Matrix& weight,
                               const at::Tensor& bias) {
-  const std::vector<CpuIsa>& isas = SupportedCpuIsas();
-  TORCH_CHECK(std::find(isas.begin(), isas.end(), isa) != isas.end(), "this CPU cannot run ",
-              CpuIsaName(isa));
+  CheckIsaSupported(isa, SupportedCpuIsas(), CpuIsaName(isa));
   at::Tensor out = at::empty({x.size(0), weight.rows()}, x.options());
   TORCH_CHECK(Mxfp4KernelTakes(x, weight, bias, out),
               "LinearMxfp4WithIsa: inputs the kernel takes");
@@ -583,9 +581,7 @@ at::Tensor LinearMxfp4A8(const at::Tensor& x, const Mxfp4Matrix& weight, const a
 
 at::Tensor LinearMxfp4A8WithIsa(W8A8Isa isa, const at::Tensor& x, const Mxfp4Matrix& weight,
                                 const at::Tensor& bias) {
-  const std::vector<W8A8Isa>& isas = SupportedW8A8Isas();
-  TORCH_CHECK(std::find(isas.begin(), isas.end(), isa) != isas.end(), "this CPU cannot run ",
-              W8A8IsaName(isa));
+  CheckIsaSupported(isa, SupportedW8A8Isas(), W8A8IsaName(isa));
   at::Tensor out = at::empty({x.size(0), weight.rows()}, x.options());
   TORCH_CHECK(Mxfp4KernelTakes(x, weight, bias, out),
               "LinearMxfp4A8WithIsa: inputs the kernel takes");

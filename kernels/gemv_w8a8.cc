@@ -378,9 +378,7 @@ at::Tensor LinearW8A8(const at::Tensor& x, const Int8Matrix& weight, const at::T
 
 at::Tensor LinearW8A8WithIsa(W8A8Isa isa, const at::Tensor& x, const Int8Matrix& weight,
                              const at::Tensor& bias) {
-  const std::vector<W8A8Isa>& isas = SupportedW8A8Isas();
-  TORCH_CHECK(std::find(isas.begin(), isas.end(), isa) != isas.end(), "this CPU cannot run ",
-              W8A8IsaName(isa));
+  CheckIsaSupported(isa, SupportedW8A8Isas(), W8A8IsaName(isa));
   at::Tensor out = at::empty({x.size(0), weight.rows()}, x.options());
   TORCH_CHECK(Int8KernelTakes(x, weight, bias, out), "LinearW8A8WithIsa: inputs the kernel takes");
   RunKernel(RowsFor(isa), x, weight, bias, out);
