@@ -419,6 +419,32 @@ void Mxfp4A8RowsNeon(const uint8_t* blocks, const uint8_t* scales, int64_t group
     }
   }
 }
+// The same with Armv8.2's dot products: the block's two halves (low and high nibbles' codes)
+// against x's even and odd values, two sdot into four int32 lanes.
+__attribute__((target("arch=armv8.2-a+dotprod"))) void Mxfp4A8RowsNeonDot(
+    const uint8_t* blocks, const uint8_t* scales, int64_t groups, const NibbleOrderedRows& x,
+    int64_t m, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const std::array<float, 256>& halved = HalvedScales();
+  const int8x16_t table = vld1q_s8(kDoubledCodes.data());
+  const uint8x16_t nibble = vdupq_n_u8(0x0F);
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t i = 0; i < m; ++i) {
+      const int8_t* q = x.q + i * groups * 32;
+      const float* block_scale = x.block_scale + i * groups;
+      float32x4_t acc = vdupq_n_f32(0.0f);
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t at = r * groups + g;
+        const uint8x16_t bytes = vld1q_u8(blocks + at * 16);
+        const int8x16_t low = vqtbl1q_s8(table, vandq_u8(bytes, nibble));
+        const int8x16_t high = vqtbl1q_s8(table, vshrq_n_u8(bytes, 4));
+        const int32x4_t dot = vdotq_s32(vdotq_s32(vdupq_n_s32(0), low, vld1q_s8(q + g * 32)), high,
+                                        vld1q_s8(q + g * 32 + 16));
+        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(dot), halved[scales[at]] * block_scale[g]);
+      }
+      y[i * ldy + r] = vaddvq_f32(acc);
+    }
+  }
+}
 #endif
 
 Mxfp4A8RowsFn A8RowsFor(W8A8Isa isa) {
@@ -432,6 +458,8 @@ Mxfp4A8RowsFn A8RowsFor(W8A8Isa isa) {
 #if defined(__aarch64__)
     case W8A8Isa::kNeon:
       return Mxfp4A8RowsNeon;
+    case W8A8Isa::kNeonDot:
+      return Mxfp4A8RowsNeonDot;
 #endif
     default:
       return Mxfp4A8RowsScalar;

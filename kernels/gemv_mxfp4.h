@@ -63,7 +63,7 @@ at::Tensor LinearMxfp4WithIsa(CpuIsa isa, const at::Tensor& x, const Mxfp4Matrix
 // block of 32 as kernels/gemv_w8a8.h rounds it (RoundActivationRow). MXFP4's blocks are 32 wide
 // too, so each weight block meets one activation block, and its 32 products (doubled codes of
 // at most 12 times int8) are summed exactly in int32: AVX-512 VNNI's vpdpbusd, AVX2's
-// vpmaddubsw + vpmaddwd, NEON's widening multiplies. Each block's sum is then scaled by its
+// vpmaddubsw + vpmaddwd, NEON's sdot or widening multiplies. Each block's sum is then scaled by its
 // power of two and x's block scale, in float. llama.cpp multiplies MXFP4 by 8-bit activations
 // alike.
 //

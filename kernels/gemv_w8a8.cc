@@ -13,6 +13,8 @@
 #include <immintrin.h>
 #elif defined(__aarch64__)
 #include <arm_neon.h>
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
 #endif
 
 namespace tophat::kernels {
@@ -241,6 +243,41 @@ void W8A8RowsNeon(const int8_t* w, int64_t ldw, const float* scale, const Rounde
   }
   W8A8RowsScalar(w, ldw, scale, x, m, y, ldy, k, r, r1);
 }
+
+// The same with Armv8.2's dot products: each sdot sums four products into every int32 lane,
+// so a block of 32 is two instructions into four lanes.
+__attribute__((target("arch=armv8.2-a+dotprod"))) void W8A8RowsNeonDot(
+    const int8_t* w, int64_t ldw, const float* scale, const RoundedRows& x, int64_t m, float* y,
+    int64_t ldy, int64_t k, int64_t r0, int64_t r1) {
+  constexpr int64_t kStep = kActivationBlock;
+  const int64_t kv = k / kStep * kStep;
+  const int64_t tail_block = kv / kActivationBlock;
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    const int8_t* const p[4] = {w + r * ldw, w + (r + 1) * ldw, w + (r + 2) * ldw,
+                                w + (r + 3) * ldw};
+    for (int64_t i = 0; i < m; ++i) {
+      const int8_t* q = x.q + i * k;
+      const float* block_scales = x.block_scale + i * x.blocks;
+      float32x4_t acc[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
+      for (int64_t j = 0; j < kv; j += kStep) {
+        if (i == 0 && (j & 63) == 0) PrefetchNextBlock(p[0], ldw, j);  // kernels/prefetch.h
+        const int8x16_t x0 = vld1q_s8(q + j);
+        const int8x16_t x1 = vld1q_s8(q + j + 16);
+        const float block_scale = block_scales[j / kActivationBlock];
+        for (int row = 0; row < 4; ++row) {
+          const int32x4_t dot = vdotq_s32(vdotq_s32(vdupq_n_s32(0), x0, vld1q_s8(p[row] + j)), x1,
+                                          vld1q_s8(p[row] + j + 16));
+          acc[row] = vfmaq_n_f32(acc[row], vcvtq_f32_s32(dot), block_scale);
+        }
+      }
+      const float sums[4] = {vaddvq_f32(acc[0]), vaddvq_f32(acc[1]), vaddvq_f32(acc[2]),
+                             vaddvq_f32(acc[3])};
+      FinishFourRows(sums, p, q, block_scales, k, tail_block, scale, r, y + i * ldy);
+    }
+  }
+  W8A8RowsScalar(w, ldw, scale, x, m, y, ldy, k, r, r1);
+}
 #endif
 
 std::vector<W8A8Isa> DetectW8A8Isas() {
@@ -258,6 +295,7 @@ std::vector<W8A8Isa> DetectW8A8Isas() {
   }
 #elif defined(__aarch64__)
   isas.push_back(W8A8Isa::kNeon);
+  if ((getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0) isas.push_back(W8A8Isa::kNeonDot);
 #endif
   return isas;
 }
@@ -273,6 +311,8 @@ W8A8RowsFn RowsFor(W8A8Isa isa) {
 #if defined(__aarch64__)
     case W8A8Isa::kNeon:
       return W8A8RowsNeon;
+    case W8A8Isa::kNeonDot:
+      return W8A8RowsNeonDot;
 #endif
     default:
       return W8A8RowsScalar;
@@ -319,6 +359,8 @@ std::string_view W8A8IsaName(W8A8Isa isa) {
       return "avx512vnni";
     case W8A8Isa::kNeon:
       return "neon";
+    case W8A8Isa::kNeonDot:
+      return "neon-dotprod";
   }
   return "unknown";
 }

@@ -4,7 +4,7 @@
 // values with one float32 scale per block (absmax / 127: what llama.cpp's Q8_0 does to the
 // activations it multiplies with Q8_0 weights). The products are integer: a block's 32
 // int8 × int8 products are summed exactly in int32 (AVX-512 VNNI's vpdpbusd, AVX2's
-// vpmaddubsw + vpmaddwd, NEON's widening multiplies), then scaled by the block's scale and,
+// vpmaddubsw + vpmaddwd, NEON's sdot or widening multiplies), then scaled by the block's scale and,
 // once per row, the weight row's.
 //
 // Why: the weight-only int8 kernel widens every weight to float32 and multiplies in float,
@@ -36,8 +36,11 @@ inline constexpr int64_t kActivationBlock = 32;
 // block (a block of zeros stays zeros). The reference for the kernel, and the BLAS path.
 at::Tensor RoundActivationsInt8(const at::Tensor& x);
 
-// The integer kernels this CPU can run, plainest first (the last is the default).
-enum class W8A8Isa { kScalar, kAvx2, kAvx512Vnni, kNeon };
+// The integer kernels this CPU can run, plainest first (the last is the default). kNeonDot:
+// Armv8.2's dot-product instructions (sdot; Cortex-A75 and later, so Jetson Orin's A78AE),
+// four int8 products summed into each int32 lane in one instruction, where baseline NEON
+// widens, multiplies and adds pairwise in three.
+enum class W8A8Isa { kScalar, kAvx2, kAvx512Vnni, kNeon, kNeonDot };
 std::string_view W8A8IsaName(W8A8Isa isa);
 const std::vector<W8A8Isa>& SupportedW8A8Isas();
 

@@ -1,7 +1,9 @@
 #include "kernels/gemv_w8a8.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdlib>
 
 #include "kernels/test_inputs.h"
 
@@ -13,6 +15,22 @@ at::Tensor Reference(const at::Tensor& x, const Int8Matrix& w, const at::Tensor&
   const at::Tensor rounded = RoundActivationsInt8(x);
   return bias.defined() ? at::linear(rounded, w.Dequantize(), bias)
                         : at::linear(rounded, w.Dequantize());
+}
+
+TEST_CASE("The integer kernels this CPU runs are offered, plain loops first", "[kernels]") {
+  const std::vector<W8A8Isa>& isas = SupportedW8A8Isas();
+  REQUIRE(!isas.empty());
+  CHECK(isas.front() == W8A8Isa::kScalar);
+  for (W8A8Isa isa : isas) UNSCOPED_INFO("runs " << W8A8IsaName(isa));
+#if defined(__aarch64__)
+  CHECK(std::find(isas.begin(), isas.end(), W8A8Isa::kNeon) != isas.end());
+  // deploy/arm64/test.sh sets this: qemu's `max` CPU has the dot-product instructions, so
+  // the kernels that use them are among those every test below runs.
+  if (std::getenv("TOPHAT_EXPECT_NEON_DOTPROD") != nullptr) {
+    CHECK(isas.back() == W8A8Isa::kNeonDot);
+  }
+#endif
+  SUCCEED();
 }
 
 TEST_CASE("Activations round to int8 per block of 32, within half a step of each value",
