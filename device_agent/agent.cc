@@ -19,6 +19,7 @@
 #include "device_agent/link_emulator.h"
 #include "device_agent/request_stats.h"
 #include "kernels/gemv.h"
+#include "kernels/gemv_w8a8.h"
 #include "models/tokenizers/tokenizer.h"
 #include "proto/certificate_revocation.h"
 #include "proto/channel_security.h"
@@ -1114,6 +1115,13 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
       spdlog::info("device weights: int8 in the bundle, dequantized to {} on {} as they loaded",
                    config.dtype, config.device);
     }
+  }
+  if (options.device.is_cpu()) {
+    // Which instruction sets the kernels chose on this CPU (a Jetson without Armv8.2's dot
+    // products, say, decodes int8 activations slower): for the operator reading the log.
+    spdlog::info("device CPU kernels: {} for float and int8 weights, {} for int8 activations",
+                 kernels::CpuIsaName(kernels::SelectedCpuIsa()),
+                 kernels::W8A8IsaName(kernels::SupportedW8A8Isas().back()));
   }
   if (dtype == at::kBFloat16 && options.device.is_cpu() && !kernels::CpuHasBf16Arithmetic()) {
     spdlog::warn("dtype bfloat16: this CPU has no bfloat16 arithmetic, so LibTorch converts "

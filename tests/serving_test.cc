@@ -27,6 +27,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -34,6 +35,8 @@
 #include "absl/time/time.h"
 #include "base/program_paths.h"
 #include "base/test_util.h"
+#include "kernels/gemv.h"
+#include "kernels/gemv_w8a8.h"
 #include "models/runtime/bundle.h"
 #include "models/runtime/generate.h"
 #include "models/runtime/submodel.h"
@@ -3027,6 +3030,14 @@ void CheckInt8BundleServes(const std::string& agent_yaml, const SubmodelOptions&
   AgentProcess drafting(dir.path(), cloud.address(), 16, agent_yaml, 0, "", {},
                         Int8Bundles() / "device");
   CHECK_THAT(plain.process().Log(), Catch::Contains(logged));
+  // The kernels' instruction sets, as this test's CPU offers them.
+  CHECK_THAT(
+      plain.process().Log(),
+      Catch::Contains(absl::StrCat(
+          "device CPU kernels: ", std::string(kernels::CpuIsaName(kernels::SelectedCpuIsa())),
+          " for float and int8 weights, ",
+          std::string(kernels::W8A8IsaName(kernels::SupportedW8A8Isas().back())),
+          " for int8 activations")));
   CHECK_THAT(drafting.process().Log(), Catch::Contains("speculative decoding: adapter"));
   auto device = DeviceBundle::Load(Int8Bundles() / "device", reference_options);
   auto middle = CloudBundle::Load(Bundles() / "cloud");
