@@ -115,6 +115,9 @@ class Agent final : private LinkSampleSink {
   // choice parks its own conversation, which a next turn would extend instead).
   void ForgetKeptPrompt(const KeptPrompt& kept);
 
+  // A fresh request id, as the agent gives a request that names none.
+  std::string NewRequestId();
+
   // Cancels `caller`'s running request by id; false if that caller runs no such request
   // (another caller's request of the same id is not touched).
   bool Cancel(const std::string& request_id, const std::string& caller = "");
@@ -239,7 +242,6 @@ class Agent final : private LinkSampleSink {
   std::mt19937_64 placement_random_{std::random_device{}()};  // under placement_mutex_
   std::atomic<uint64_t> next_session_id_{1};
   ConversationCache conversations_;
-  std::string NewRequestId();
   std::mutex request_id_mutex_;
   std::mt19937_64 request_id_rng_{std::random_device{}()};
 

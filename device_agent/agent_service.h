@@ -35,6 +35,11 @@ class AgentServiceImpl final : public v1::AgentService::Service {
  private:
   // The calling app's name, "" without app tokens; Unauthenticated for a missing or wrong token.
   absl::StatusOr<std::string> Caller(const grpc::ServerContext& context) const;
+  // Generate for request.n() > 1 choices (device_agent/choices.h): their messages interleaved
+  // on the one stream, each naming its choice, each choice's last message as it ends.
+  grpc::Status GenerateChoices(grpc::ServerContext& context, const v1::GenerateRequest& request,
+                               const std::string& caller,
+                               grpc::ServerWriter<v1::GenerateResponse>& writer);
 
   Agent* agent_;
   const std::shared_ptr<const BearerTokenSet> app_tokens_;  // never null

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "device_agent/app_request.h"
+#include "device_agent/choices.h"
 #include "device_agent/openai_conversations.h"
 #include "device_agent/openai_request.h"
 #include "device_agent/openai_responses.h"
@@ -142,19 +143,6 @@ Json Usage(std::span<const v1::GenerateResponse> choices, int64_t n,
   return usage;
 }
 
-// Runs each(0) .. each(n - 1), `at_once` of them at a time (this thread one of the
-// workers), in order of index: a request's choices, which the cloud then batches.
-void RunEach(int64_t n, int64_t at_once, const std::function<void(int64_t)>& each) {
-  std::atomic<int64_t> next = 0;
-  const auto work = [&] {
-    for (int64_t i = next++; i < n; i = next++) each(i);
-  };
-  std::vector<std::thread> others;
-  for (int64_t w = 1; w < std::min(n, at_once); ++w) others.emplace_back(work);
-  work();
-  for (std::thread& other : others) other.join();
-}
-
 // A /v1/responses request's own part: its answer is written as a response object (or its
 // events) and, with `store`, kept with the conversation it ends.
 struct ResponsesTurn {
@@ -208,51 +196,6 @@ struct PromptPlan {
   std::vector<int32_t> ids;
   std::optional<std::string> echo_text;
 };
-
-// One choice: its request to the agent and the prompt (an index into the request's) it
-// answers.
-struct ChoicePlan {
-  v1::GenerateRequest generate;
-  size_t prompt = 0;
-};
-
-// The prompts of a request's choices, `n` a prompt, each computed once for its choices to
-// fork (Agent::KeepPrompt) when n > 1, `at_once` at a time: entry p is prompt p's, nullopt
-// where its choices compute it each. Let go with ForgetKeptPrompts once the choices are done.
-using KeptPrompts = std::vector<std::optional<Agent::KeptPrompt>>;
-KeptPrompts KeepPrompts(Agent& agent, const std::vector<ChoicePlan>& choices, int64_t n,
-                        int64_t at_once, const std::string& caller,
-                        const std::function<bool()>& client_gone) {
-  const size_t prompts = n > 0 ? choices.size() / static_cast<size_t>(n) : 0;
-  KeptPrompts kept(prompts);
-  if (n < 2) return kept;
-  RunEach(static_cast<int64_t>(prompts), at_once, [&](int64_t p) {
-    kept[p] = agent.KeepPrompt(choices[p * n].generate, caller, client_gone);
-  });
-  return kept;
-}
-
-// Choice i: Generate, or a kept prompt's choice (Agent::GenerateChoice).
-v1::GenerateResponse GenerateChoice(Agent& agent, const KeptPrompts& kept, const ChoicePlan& choice,
-                                    const std::function<bool(const TokenEvent&)>& on_tokens,
-                                    const std::string& caller,
-                                    const std::function<bool()>& client_gone) {
-  const std::optional<Agent::KeptPrompt>& prompt = kept[choice.prompt];
-  return prompt ? agent.GenerateChoice(choice.generate, *prompt, on_tokens, caller, client_gone)
-                : agent.Generate(choice.generate, on_tokens, caller, client_gone);
-}
-
-// Lets the kept prompts go. Usage's cached tokens are a prompt's, before this request: what
-// computing the kept prompt reused, not what its choices took from it.
-void ForgetKeptPrompts(Agent& agent, const KeptPrompts& kept, int64_t n,
-                       std::vector<v1::GenerateResponse>& done) {
-  for (size_t p = 0; p < kept.size(); ++p) {
-    if (!kept[p]) continue;
-    agent.ForgetKeptPrompt(*kept[p]);
-    done[p * static_cast<size_t>(n)].mutable_stats()->set_reused_prompt_tokens(
-        static_cast<uint32_t>(kept[p]->reused_prompt_tokens));
-  }
-}
 
 // The log-probabilities of a request's tokens, in the endpoint's shape: chat's
 // {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}, or

@@ -1,5 +1,6 @@
 #include "sdk/client.h"
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iterator>
@@ -70,7 +71,42 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& addre
   return std::unique_ptr<Client>(new Client(std::move(channel), options.token));
 }
 
+namespace {
+
+// Adds a streamed message, which arrived `at` seconds into the call, to its choice's result.
+void Accumulate(const v1::GenerateResponse& response, double at, GenerateResult& result) {
+  if (!response.request_id().empty()) result.request_id = response.request_id();
+  for (uint32_t id : response.token_ids()) {
+    result.token_ids.push_back(id);
+    result.token_arrival_seconds.push_back(at);
+  }
+  result.text += response.text();
+  result.logprobs.insert(result.logprobs.end(), response.logprobs().begin(),
+                         response.logprobs().end());
+  result.prompt_logprobs.insert(result.prompt_logprobs.end(), response.prompt_logprobs().begin(),
+                                response.prompt_logprobs().end());
+  if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+    result.finish_reason = response.finish_reason();
+    result.error = response.error();
+    result.stats = response.stats();
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<GenerateResult> Client::Generate(
+    const v1::GenerateRequest& request,
+    const std::function<void(const v1::GenerateResponse&)>& on_update) {
+  if (request.n() > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Generate: n is ", request.n(), "; GenerateChoices returns each choice"));
+  }
+  absl::StatusOr<std::vector<GenerateResult>> results = GenerateChoices(request, on_update);
+  if (!results.ok()) return results.status();
+  return std::move(results->front());
+}
+
+absl::StatusOr<std::vector<GenerateResult>> Client::GenerateChoices(
     const v1::GenerateRequest& request,
     const std::function<void(const v1::GenerateResponse&)>& on_update) {
   grpc::ClientContext context;
@@ -78,35 +114,31 @@ absl::StatusOr<GenerateResult> Client::Generate(
   const auto start = std::chrono::steady_clock::now();
   std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
       stub_->Generate(&context, request);
-  GenerateResult result;
+  std::vector<GenerateResult> results(std::max<uint32_t>(1, request.n()));
   v1::GenerateResponse response;
   while (reader->Read(&response)) {
     const double at =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (!response.request_id().empty()) result.request_id = response.request_id();
-    for (uint32_t id : response.token_ids()) {
-      result.token_ids.push_back(id);
-      result.token_arrival_seconds.push_back(at);
+    if (response.choice() >= results.size()) {
+      context.TryCancel();
+      reader->Finish();
+      return absl::InternalError(absl::StrCat("Generate: the agent sent choice ", response.choice(),
+                                              " of ", results.size()));
     }
-    result.text += response.text();
-    result.logprobs.insert(result.logprobs.end(), response.logprobs().begin(),
-                           response.logprobs().end());
-    result.prompt_logprobs.insert(result.prompt_logprobs.end(),
-                                  response.prompt_logprobs().begin(),
-                                  response.prompt_logprobs().end());
-    if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
-      result.finish_reason = response.finish_reason();
-      result.error = response.error();
-      result.stats = response.stats();
-    }
+    Accumulate(response, at, results[response.choice()]);
     if (on_update) on_update(response);
   }
   grpc::Status status = reader->Finish();
   if (!status.ok()) return FromGrpc(status, "Generate");
-  if (result.finish_reason == v1::FINISH_REASON_UNSPECIFIED) {
-    return absl::InternalError("Generate: the agent ended the stream without a finish reason");
+  for (size_t j = 0; j < results.size(); ++j) {
+    if (results[j].finish_reason == v1::FINISH_REASON_UNSPECIFIED) {
+      return absl::InternalError(
+          absl::StrCat("Generate: the agent ended the stream without ",
+                       results.size() > 1 ? absl::StrCat("choice ", j, "'s ") : std::string("a "),
+                       "finish reason"));
+    }
   }
-  return result;
+  return results;
 }
 
 absl::StatusOr<bool> Client::Cancel(const std::string& request_id) {

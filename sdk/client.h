@@ -60,6 +60,12 @@ class Client {
   absl::StatusOr<GenerateResult> Generate(
       const v1::GenerateRequest& request,
       const std::function<void(const v1::GenerateResponse&)>& on_update = {});
+  // Runs one request of request.n() choices (GenerateRequest.n: the prompt computed once,
+  // each choice forking it): result j is choice j's, as Generate returns one. `on_update`
+  // sees every streamed message, whose `choice` names its choice. Generate refuses n above 1.
+  absl::StatusOr<std::vector<GenerateResult>> GenerateChoices(
+      const v1::GenerateRequest& request,
+      const std::function<void(const v1::GenerateResponse&)>& on_update = {});
 
   absl::StatusOr<bool> Cancel(const std::string& request_id);
   absl::StatusOr<v1::HealthResponse> Health();

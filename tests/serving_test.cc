@@ -3192,6 +3192,65 @@ TEST_CASE("An SDK conversation reuses its earlier turns and answers as a fresh r
   }
 }
 
+TEST_CASE(
+    "An SDK request's n choices compute the prompt once, each the answer its seed gives "
+    "the prompt alone",
+    "[serving]") {
+  testing::TempDir dir;
+  CloudProcess cloud(dir.path(), {});
+  AgentProcess agent(dir.path(), cloud, 16,
+                     "conversation_cache:\n  enabled: true\n  min_reuse_tokens: 4\n");
+  v1::GenerateRequest request;
+  request.set_prompt(ToyPrompts(17, 1)[0] + " " + ToyPrompts(18, 1)[0]);
+  request.set_max_new_tokens(8);
+  request.set_ignore_eos(true);
+  request.mutable_sampling()->set_temperature(1.0);
+  request.mutable_sampling()->set_seed(21);
+  request.set_request_id("three");
+  request.set_n(3);
+  const double prompt_positions = cloud.Metric("tophat_prompt_tokens_total");
+  const double forked = cloud.Metric("tophat_parked_sessions_forked_total");
+  std::vector<int> messages(3, 0);
+  absl::StatusOr<std::vector<GenerateResult>> many =
+      agent.client().GenerateChoices(request, [&](const v1::GenerateResponse& response) {
+        if (response.choice() < messages.size()) ++messages[response.choice()];
+      });
+  REQUIRE(many.ok());
+  REQUIRE(many->size() == 3);
+  const int64_t length = (*many)[0].stats.prompt_tokens();
+  REQUIRE(length > 4);  // past min_reuse_tokens, so the prompt is kept for the choices
+  // The prompt computed once, then its last position once a choice (each forks it).
+  CHECK(cloud.Metric("tophat_prompt_tokens_total") - prompt_positions == length + 3);
+  CHECK(cloud.Metric("tophat_parked_sessions_forked_total") - forked == 3);
+  std::set<std::vector<uint32_t>> distinct;
+  for (int64_t j = 0; j < 3; ++j) {
+    const GenerateResult& choice = (*many)[j];
+    INFO("choice " << j << ": " << choice.error);
+    REQUIRE(choice.ok());
+    CHECK(choice.request_id == absl::StrCat("three-", j));
+    CHECK(choice.token_ids.size() == 8);
+    CHECK(messages[j] >= 2);  // its tokens streamed, then its last message
+    // The first counts what computing the prompt reused (nothing: a fresh prompt), the others
+    // what they took from the kept prompt: all of it but the last position.
+    CHECK(choice.stats.reused_prompt_tokens() == (j == 0 ? 0 : length - 1));
+    v1::GenerateRequest alone = request;
+    alone.clear_n();
+    alone.clear_request_id();
+    alone.mutable_sampling()->set_seed(21 + j);
+    absl::StatusOr<GenerateResult> one = agent.client().Generate(alone);
+    REQUIRE(one.ok());
+    CHECK(one->token_ids == choice.token_ids);
+    distinct.insert(choice.token_ids);
+  }
+  CHECK(distinct.size() > 1);
+  // Generate returns one answer, so it refuses n above 1; the agent refuses more than 16.
+  CHECK(agent.client().Generate(request).status().code() == absl::StatusCode::kInvalidArgument);
+  request.set_n(17);
+  absl::StatusOr<std::vector<GenerateResult>> too_many = agent.client().GenerateChoices(request);
+  CHECK(too_many.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(too_many.status().message()), Catch::Contains("more than the 16"));
+}
+
 TEST_CASE("A conversation whose parked session the cloud evicted for another's KV starts afresh "
           "and decodes the same tokens",
           "[serving]") {
