@@ -472,20 +472,17 @@ void RunA8Kernel(Mxfp4A8RowsFn rows_fn, const at::Tensor& x, const Mxfp4Matrix& 
   const int64_t groups = weight.blocks.size(1);
   const int64_t k = groups * 32;
   const int64_t m = x.size(0);
-  // x rounded once, on this thread, into buffers that grow once per thread; every thread of
-  // the parallel region below reads them.
-  thread_local std::vector<int8_t> rounded;
+  // x rounded once, on this thread, into buffers that grow once per thread (a row at a time
+  // through `row`, then reordered into q); every thread of the parallel region below reads q.
+  thread_local std::vector<int8_t> row;
   thread_local std::vector<int8_t> q;
   thread_local std::vector<float> block_scale;
-  if (static_cast<int64_t>(q.size()) < m * k) {
-    rounded.resize(m * k);
-    q.resize(m * k);
-  }
+  if (static_cast<int64_t>(row.size()) < k) row.resize(k);
+  if (static_cast<int64_t>(q.size()) < m * k) q.resize(m * k);
   if (static_cast<int64_t>(block_scale.size()) < m * groups) block_scale.resize(m * groups);
   const float* xp = x.data_ptr<float>();
   for (int64_t i = 0; i < m; ++i) {
-    int8_t* row = rounded.data() + i * k;
-    RoundActivationRow(xp + i * x.stride(0), k, row, block_scale.data() + i * groups);
+    RoundActivationRow(xp + i * x.stride(0), k, row.data(), block_scale.data() + i * groups);
     int8_t* ordered = q.data() + i * k;
     for (int64_t j = 0; j < k; j += 32) {
       for (int v = 0; v < 16; ++v) {

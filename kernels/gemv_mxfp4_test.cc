@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <functional>
 
 #include "kernels/test_inputs.h"
 
@@ -14,6 +15,30 @@ Mxfp4Matrix RandomMxfp4(int64_t n, int64_t k) {
   const at::Tensor blocks = at::randint(0, 256, {n, k / 32, 16}, at::kByte);
   at::Tensor scales = at::randint(119, 135, {n, k / 32}, at::kByte);
   return {.blocks = blocks.contiguous(), .scales = scales.contiguous()};
+}
+
+// The kernels' shapes, each with its inputs: rows around the four-row blocks and the thread
+// split; one block to many, an odd count among them (the AVX-512 integer kernel takes two at
+// a time); x rows 1 (decode) to the kernel's most. `check` gets the weight, x, a bias, the
+// dequantized weight and a tolerance: sums of up to 2880 products of values up to 6 * 2^7
+// with x in [-1, 1], relative to the row's magnitude; a wrong code, order or scale is off
+// by far more.
+void ForEachKernelShape(
+    const std::function<void(int64_t n, int64_t k, int64_t m, const Mxfp4Matrix& w,
+                             const at::Tensor& x, const at::Tensor& b, const at::Tensor& dense,
+                             double tolerance)>& check) {
+  for (int64_t n : {1, 3, 4, 7, 300, 2880}) {
+    for (int64_t k : {32, 64, 96, 2880}) {
+      for (int64_t m : {int64_t{1}, int64_t{3}, kMxfp4KernelMaxRows}) {
+        if (n * k * m > 20'000'000) continue;
+        const Mxfp4Matrix w = RandomMxfp4(n, k);
+        const at::Tensor x = testing::UniformInputs({m, k});
+        const at::Tensor b = testing::UniformInputs({n});
+        const at::Tensor dense = w.Dequantize();
+        check(n, k, m, w, x, b, dense, 1e-5 * (1 + at::abs(dense).sum(1).max().item<double>()));
+      }
+    }
+  }
 }
 
 TEST_CASE("MXFP4 dequantizes low nibble first, each block times 2^(s - 127)", "[kernels]") {
@@ -43,31 +68,19 @@ TEST_CASE(
     "for one row and a few",
     "[kernels]") {
   at::manual_seed(5);
-  // Rows around the four-row blocks and the thread split; widths of one block to many; x
-  // rows 1 (decode) to the kernel's most.
-  for (int64_t n : {1, 3, 4, 7, 300, 2880}) {
-    for (int64_t k : {32, 64, 96, 2880}) {
-      for (int64_t m : {int64_t{1}, int64_t{3}, kMxfp4KernelMaxRows}) {
-        if (n * k * m > 20'000'000) continue;
-        const Mxfp4Matrix w = RandomMxfp4(n, k);
-        const at::Tensor x = testing::UniformInputs({m, k});
-        const at::Tensor b = testing::UniformInputs({n});
-        const at::Tensor dense = w.Dequantize();
-        const at::Tensor expected = at::linear(x, dense);
-        // Sums of up to 2880 products of values up to 6 * 2^7 with x in [-1, 1]: a tolerance
-        // relative to the row's magnitude; a wrong code, order or scale is off by far more.
-        const double tolerance = 1e-5 * (1 + at::abs(dense).sum(1).max().item<double>());
-        for (CpuIsa isa : SupportedCpuIsas()) {
-          INFO(CpuIsaName(isa) << " n=" << n << " k=" << k << " m=" << m);
-          CHECK((LinearMxfp4WithIsa(isa, x, w) - expected).abs().max().item<double>() < tolerance);
-          CHECK((LinearMxfp4WithIsa(isa, x, w, b) - (expected + b)).abs().max().item<double>() <
-                tolerance);
-        }
-        // The dispatching entry point, and many rows through BLAS.
-        CHECK((LinearMxfp4(x, w, b) - (expected + b)).abs().max().item<double>() < tolerance);
-      }
+  ForEachKernelShape([](int64_t n, int64_t k, int64_t m, const Mxfp4Matrix& w, const at::Tensor& x,
+                        const at::Tensor& b, const at::Tensor& dense, double tolerance) {
+    const at::Tensor expected = at::linear(x, dense);
+    for (CpuIsa isa : SupportedCpuIsas()) {
+      INFO(CpuIsaName(isa) << " n=" << n << " k=" << k << " m=" << m);
+      CHECK((LinearMxfp4WithIsa(isa, x, w) - expected).abs().max().item<double>() < tolerance);
+      CHECK((LinearMxfp4WithIsa(isa, x, w, b) - (expected + b)).abs().max().item<double>() <
+            tolerance);
     }
-  }
+    // The dispatching entry point.
+    CHECK((LinearMxfp4(x, w, b) - (expected + b)).abs().max().item<double>() < tolerance);
+  });
+  // Many rows through BLAS.
   const Mxfp4Matrix w = RandomMxfp4(70, 64);
   const at::Tensor x = testing::UniformInputs({40, 64});
   const at::Tensor expected = at::linear(x, w.Dequantize());
@@ -82,32 +95,19 @@ TEST_CASE(
     "dequantized matrix, every instruction set, for one row and a few",
     "[kernels]") {
   at::manual_seed(6);
-  // Rows around the four-row blocks and the thread split; one block to many, an odd count
-  // among them (the AVX-512 kernel takes two at a time); x rows 1 (decode) to the kernel's most.
-  for (int64_t n : {1, 3, 4, 7, 300, 2880}) {
-    for (int64_t k : {32, 64, 96, 2880}) {
-      for (int64_t m : {int64_t{1}, int64_t{3}, kMxfp4KernelMaxRows}) {
-        if (n * k * m > 20'000'000) continue;
-        const Mxfp4Matrix w = RandomMxfp4(n, k);
-        const at::Tensor x = testing::UniformInputs({m, k});
-        const at::Tensor b = testing::UniformInputs({n});
-        const at::Tensor dense = w.Dequantize();
-        const at::Tensor expected = at::linear(RoundActivationsInt8(x), dense);
-        // Each block's integer sum is exact; what differs is the order of the float sums of
-        // blocks, as for the float kernel. A code met by the wrong value of x, a wrong sign or
-        // scale is off by far more.
-        const double tolerance = 1e-5 * (1 + at::abs(dense).sum(1).max().item<double>());
-        for (W8A8Isa isa : SupportedW8A8Isas()) {
-          INFO(W8A8IsaName(isa) << " n=" << n << " k=" << k << " m=" << m);
-          CHECK((LinearMxfp4A8WithIsa(isa, x, w) - expected).abs().max().item<double>() <
-                tolerance);
-          CHECK((LinearMxfp4A8WithIsa(isa, x, w, b) - (expected + b)).abs().max().item<double>() <
-                tolerance);
-        }
-        CHECK((LinearMxfp4A8(x, w, b) - (expected + b)).abs().max().item<double>() < tolerance);
-      }
+  ForEachKernelShape([](int64_t n, int64_t k, int64_t m, const Mxfp4Matrix& w, const at::Tensor& x,
+                        const at::Tensor& b, const at::Tensor& dense, double tolerance) {
+    // Each block's integer sum is exact; what differs is the order of the float sums of
+    // blocks, as for the float kernel, so the same tolerance holds.
+    const at::Tensor expected = at::linear(RoundActivationsInt8(x), dense);
+    for (W8A8Isa isa : SupportedW8A8Isas()) {
+      INFO(W8A8IsaName(isa) << " n=" << n << " k=" << k << " m=" << m);
+      CHECK((LinearMxfp4A8WithIsa(isa, x, w) - expected).abs().max().item<double>() < tolerance);
+      CHECK((LinearMxfp4A8WithIsa(isa, x, w, b) - (expected + b)).abs().max().item<double>() <
+            tolerance);
     }
-  }
+    CHECK((LinearMxfp4A8(x, w, b) - (expected + b)).abs().max().item<double>() < tolerance);
+  });
 }
 
 TEST_CASE(
