@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/gemm_int8.h"
 #include "kernels/prefetch.h"
 
 #if defined(__x86_64__)
@@ -19,26 +20,11 @@
 namespace tophat::kernels {
 namespace {
 
-// The e2m1 codes' values times two (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives): small
-// integers, which int8 holds and int8-to-float conversion makes exact floats.
-constexpr std::array<int8_t, 16> kDoubledCodes = {0, 1,  2,  3,  4,  6,  8,  12,
-                                                  0, -1, -2, -3, -4, -6, -8, -12};
-
-// The same table in each of a 512-bit vector's four lanes.
+// kMxfp4DoubledCodes in each of a 512-bit vector's four lanes.
 alignas(64) constexpr std::array<int8_t, 64> kDoubledCodesFourTimes = {
     0,  1,  2,  3,   4,  6,  8,  12, 0,  -1,  -2, -3, -4, -6, -8, -12, 0,  1,  2,  3,  4,  6,
     8,  12, 0,  -1,  -2, -3, -4, -6, -8, -12, 0,  1,  2,  3,  4,  6,   8,  12, 0,  -1, -2, -3,
     -4, -6, -8, -12, 0,  1,  2,  3,  4,  6,   8,  12, 0,  -1, -2, -3,  -4, -6, -8, -12};
-
-// 2^(s - 128) for each stored exponent s: the block's scale, halved for the doubled codes.
-const std::array<float, 256>& HalvedScales() {
-  static const std::array<float, 256> scales = [] {
-    std::array<float, 256> out{};
-    for (int s = 0; s < 256; ++s) out[s] = std::ldexp(1.0f, s - 128);
-    return out;
-  }();
-  return scales;
-}
 
 // Out of cache the four-row kernels below read 9-13 GB/s on this VM's two cores, a fifth of the
 // memory's rate: four interleaved streams that restart every block are what the hardware
@@ -60,7 +46,7 @@ using Mxfp4RowsFn = void (*)(const uint8_t* blocks, const uint8_t* scales, int64
 
 void Mxfp4RowsScalar(const uint8_t* blocks, const uint8_t* scales, int64_t groups, const float* x,
                      int64_t ldx, int64_t m, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  const std::array<float, 256>& halved = HalvedScales();
+  const std::array<float, 256>& halved = Mxfp4HalvedScales();
   for (int64_t r = r0; r < r1; ++r) {
     for (int64_t i = 0; i < m; ++i) {
       const float* xi = x + i * ldx;
@@ -70,8 +56,8 @@ void Mxfp4RowsScalar(const uint8_t* blocks, const uint8_t* scales, int64_t group
         const float* xg = xi + g * 32;
         float block = 0.0f;
         for (int j = 0; j < 16; ++j) {
-          block += static_cast<float>(kDoubledCodes[packed[j] & 0x0F]) * xg[2 * j];
-          block += static_cast<float>(kDoubledCodes[packed[j] >> 4]) * xg[2 * j + 1];
+          block += static_cast<float>(kMxfp4DoubledCodes[packed[j] & 0x0F]) * xg[2 * j];
+          block += static_cast<float>(kMxfp4DoubledCodes[packed[j] >> 4]) * xg[2 * j + 1];
         }
         sum += block * halved[scales[r * groups + g]];
       }
@@ -85,7 +71,8 @@ void Mxfp4RowsScalar(const uint8_t* blocks, const uint8_t* scales, int64_t group
 // looked up in the doubled table (pshufb), interleaved back (low first), widened to float.
 __attribute__((target("avx2"))) inline void DecodeBlockAvx2(const uint8_t* packed, __m256& w0,
                                                             __m256& w1, __m256& w2, __m256& w3) {
-  const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kDoubledCodes.data()));
+  const __m128i table =
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4DoubledCodes.data()));
   const __m128i nibble = _mm_set1_epi8(0x0F);
   const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed));
   const __m128i low = _mm_shuffle_epi8(table, _mm_and_si128(bytes, nibble));
@@ -110,7 +97,7 @@ __attribute__((target("avx2,fma"))) void Mxfp4RowsAvx2(const uint8_t* blocks, co
                                                        int64_t groups, const float* x, int64_t ldx,
                                                        int64_t m, float* y, int64_t ldy, int64_t r0,
                                                        int64_t r1) {
-  const std::array<float, 256>& halved = HalvedScales();
+  const std::array<float, 256>& halved = Mxfp4HalvedScales();
   int64_t r = r0;
   for (; r + 4 <= r1; r += 4) {
     PrefetchNextScales(scales, groups, r);
@@ -148,8 +135,8 @@ __attribute__((target("avx2,fma"))) void Mxfp4RowsAvx2(const uint8_t* blocks, co
 // NEON: the same table lookup (tbl), widened to float four values at a time.
 void Mxfp4RowsNeon(const uint8_t* blocks, const uint8_t* scales, int64_t groups, const float* x,
                    int64_t ldx, int64_t m, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  const std::array<float, 256>& halved = HalvedScales();
-  const int8x16_t table = vld1q_s8(kDoubledCodes.data());
+  const std::array<float, 256>& halved = Mxfp4HalvedScales();
+  const int8x16_t table = vld1q_s8(kMxfp4DoubledCodes.data());
   const uint8x16_t nibble = vdupq_n_u8(0x0F);
   for (int64_t r = r0; r < r1; ++r) {
     for (int64_t i = 0; i < m; ++i) {
@@ -239,8 +226,8 @@ using Mxfp4A8RowsFn = void (*)(const uint8_t* blocks, const uint8_t* scales, int
 inline int32_t DotBlockA8(const uint8_t* packed, const int8_t* q) {
   int32_t dot = 0;
   for (int j = 0; j < 16; ++j) {
-    dot += int32_t{kDoubledCodes[packed[j] & 0x0F]} * q[j];
-    dot += int32_t{kDoubledCodes[packed[j] >> 4]} * q[16 + j];
+    dot += int32_t{kMxfp4DoubledCodes[packed[j] & 0x0F]} * q[j];
+    dot += int32_t{kMxfp4DoubledCodes[packed[j] >> 4]} * q[16 + j];
   }
   return dot;
 }
@@ -248,7 +235,7 @@ inline int32_t DotBlockA8(const uint8_t* packed, const int8_t* q) {
 // Blocks [g0, groups) of weight row r against x row i: the vector kernels' tails.
 inline float DotBlocksA8(const uint8_t* blocks, const uint8_t* scales, int64_t groups,
                          const NibbleOrderedRows& x, int64_t i, int64_t r, int64_t g0) {
-  const std::array<float, 256>& halved = HalvedScales();
+  const std::array<float, 256>& halved = Mxfp4HalvedScales();
   const int8_t* q = x.q + i * groups * 32;
   const float* block_scale = x.block_scale + i * groups;
   float sum = 0.0f;
@@ -289,7 +276,7 @@ __attribute__((target("avx512f"), always_inline)) inline float Sum512(__m512 v) 
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma"))) void Mxfp4A8RowsAvx512Vnni(
     const uint8_t* blocks, const uint8_t* scales, int64_t groups, const NibbleOrderedRows& x,
     int64_t m, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  const std::array<float, 256>& halved = HalvedScales();
+  const std::array<float, 256>& halved = Mxfp4HalvedScales();
   const __m512i table = _mm512_load_si512(kDoubledCodesFourTimes.data());
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   const __m512i zero = _mm512_setzero_si512();
@@ -349,9 +336,9 @@ __attribute__((target("avx2,fma"))) void Mxfp4A8RowsAvx2(const uint8_t* blocks,
                                                          const NibbleOrderedRows& x, int64_t m,
                                                          float* y, int64_t ldy, int64_t r0,
                                                          int64_t r1) {
-  const std::array<float, 256>& halved = HalvedScales();
+  const std::array<float, 256>& halved = Mxfp4HalvedScales();
   const __m256i table = _mm256_broadcastsi128_si256(
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(kDoubledCodes.data())));
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4DoubledCodes.data())));
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
   int64_t r = r0;
@@ -393,8 +380,8 @@ __attribute__((target("avx2,fma"))) void Mxfp4A8RowsAvx2(const uint8_t* blocks,
 void Mxfp4A8RowsNeon(const uint8_t* blocks, const uint8_t* scales, int64_t groups,
                      const NibbleOrderedRows& x, int64_t m, float* y, int64_t ldy, int64_t r0,
                      int64_t r1) {
-  const std::array<float, 256>& halved = HalvedScales();
-  const int8x16_t table = vld1q_s8(kDoubledCodes.data());
+  const std::array<float, 256>& halved = Mxfp4HalvedScales();
+  const int8x16_t table = vld1q_s8(kMxfp4DoubledCodes.data());
   const uint8x16_t nibble = vdupq_n_u8(0x0F);
   for (int64_t r = r0; r < r1; ++r) {
     for (int64_t i = 0; i < m; ++i) {
@@ -424,8 +411,8 @@ void Mxfp4A8RowsNeon(const uint8_t* blocks, const uint8_t* scales, int64_t group
 __attribute__((target("arch=armv8.2-a+dotprod"))) void Mxfp4A8RowsNeonDot(
     const uint8_t* blocks, const uint8_t* scales, int64_t groups, const NibbleOrderedRows& x,
     int64_t m, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  const std::array<float, 256>& halved = HalvedScales();
-  const int8x16_t table = vld1q_s8(kDoubledCodes.data());
+  const std::array<float, 256>& halved = Mxfp4HalvedScales();
+  const int8x16_t table = vld1q_s8(kMxfp4DoubledCodes.data());
   const uint8x16_t nibble = vdupq_n_u8(0x0F);
   for (int64_t r = r0; r < r1; ++r) {
     for (int64_t i = 0; i < m; ++i) {
@@ -483,13 +470,7 @@ void RunA8Kernel(Mxfp4A8RowsFn rows_fn, const at::Tensor& x, const Mxfp4Matrix& 
   const float* xp = x.data_ptr<float>();
   for (int64_t i = 0; i < m; ++i) {
     RoundActivationRow(xp + i * x.stride(0), k, row.data(), block_scale.data() + i * groups);
-    int8_t* ordered = q.data() + i * k;
-    for (int64_t j = 0; j < k; j += 32) {
-      for (int v = 0; v < 16; ++v) {
-        ordered[j + v] = row[j + 2 * v];
-        ordered[j + 16 + v] = row[j + 2 * v + 1];
-      }
-    }
+    ToNibbleOrder(row.data(), k, q.data() + i * k);
   }
   const NibbleOrderedRows rows{.q = q.data(), .block_scale = block_scale.data()};
   const uint8_t* packed = weight.blocks.data_ptr<uint8_t>();
@@ -502,17 +483,46 @@ void RunA8Kernel(Mxfp4A8RowsFn rows_fn, const at::Tensor& x, const Mxfp4Matrix& 
   if (bias.defined()) out.add_(bias.view({1, n}));
 }
 
+// Whether the prompt kernel takes these inputs: what the row kernel checks, but for the
+// number of rows (so checked on x's and out's first row).
+bool PromptKernelTakes(const at::Tensor& x, const Mxfp4Matrix& weight, const at::Tensor& bias,
+                       const at::Tensor& out) {
+  return x.dim() == 2 && out.dim() == 2 && x.size(0) > 0 && out.size(0) == x.size(0) &&
+         Mxfp4KernelTakes(x.narrow(0, 0, 1), weight, bias, out.narrow(0, 0, 1)) &&
+         out.is_contiguous();
+}
+
+void RunPromptKernel(W8A8Isa isa, const at::Tensor& x, const Mxfp4Matrix& weight,
+                     const at::Tensor& bias, at::Tensor& out) {
+  const Int8GemmWeights weights{.rows = weight.rows(),
+                                .cols = weight.cols(),
+                                .mxfp4_blocks = weight.blocks.data_ptr<uint8_t>(),
+                                .mxfp4_scales = weight.scales.data_ptr<uint8_t>()};
+  Int8GemmRows(isa, x.data_ptr<float>(), x.stride(0), x.size(0), weights, out.data_ptr<float>(),
+               out.stride(0));
+  if (bias.defined()) out.add_(bias.view({1, weight.rows()}));
+}
+
 }  // namespace
+
+const std::array<float, 256>& Mxfp4HalvedScales() {
+  static const std::array<float, 256> scales = [] {
+    std::array<float, 256> out{};
+    for (int s = 0; s < 256; ++s) out[s] = std::ldexp(1.0f, s - 128);
+    return out;
+  }();
+  return scales;
+}
 
 void DequantizeMxfp4Blocks(const uint8_t* blocks, const uint8_t* scales, int64_t groups,
                            float* out) {
   // A 20B gpt-oss holds 19 billion expert values: blocks in parallel, each through its own
   // table of the 16 codes' values.
-  const std::array<float, 256>& halved = HalvedScales();
+  const std::array<float, 256>& halved = Mxfp4HalvedScales();
   at::parallel_for(0, groups, 1024, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
       std::array<float, 16> table;
-      for (int c = 0; c < 16; ++c) table[c] = kDoubledCodes[c] * halved[scales[g]];
+      for (int c = 0; c < 16; ++c) table[c] = kMxfp4DoubledCodes[c] * halved[scales[g]];
       // A doubled code of 0 with the sign bit set is -0: kept, as transformers keeps it.
       table[8] = -0.0f;
       const uint8_t* packed = blocks + g * 16;
@@ -588,13 +598,18 @@ at::Tensor LinearMxfp4WithIsa(CpuIsa isa, const at::Tensor& x, const Mxfp4Matrix
 
 void LinearMxfp4A8Out(const at::Tensor& x, const Mxfp4Matrix& weight, const at::Tensor& bias,
                       at::Tensor& out) {
-  static const Mxfp4A8RowsFn rows_fn = A8RowsFor(SupportedW8A8Isas().back());
+  static const W8A8Isa isa = SupportedW8A8Isas().back();
+  static const Mxfp4A8RowsFn rows_fn = A8RowsFor(isa);
   if (Mxfp4KernelTakes(x, weight, bias, out)) {
     RunA8Kernel(rows_fn, x, weight, bias, out);
     return;
   }
-  // A prompt's many rows (or inputs the kernel does not take): x as rounded, through the
-  // float path. This allocates; decode never comes here.
+  if (HasInt8Gemm(isa) && PromptKernelTakes(x, weight, bias, out)) {
+    RunPromptKernel(isa, x, weight, bias, out);
+    return;
+  }
+  // Inputs no kernel takes, or a CPU without a prompt kernel: x as rounded, through the
+  // float path (BLAS for many rows). This allocates; decode never comes here.
   LinearMxfp4Out(RoundActivationsInt8(x).to(x.scalar_type()), weight, bias, out);
 }
 
@@ -608,6 +623,12 @@ at::Tensor LinearMxfp4A8WithIsa(W8A8Isa isa, const at::Tensor& x, const Mxfp4Mat
                                 const at::Tensor& bias) {
   CheckIsaSupported(isa, SupportedW8A8Isas(), W8A8IsaName(isa));
   at::Tensor out = at::empty({x.size(0), weight.rows()}, x.options());
+  if (x.size(0) > kMxfp4KernelMaxRows && HasInt8Gemm(isa)) {
+    TORCH_CHECK(PromptKernelTakes(x, weight, bias, out),
+                "LinearMxfp4A8WithIsa: inputs the prompt kernel takes");
+    RunPromptKernel(isa, x, weight, bias, out);
+    return out;
+  }
   TORCH_CHECK(Mxfp4KernelTakes(x, weight, bias, out),
               "LinearMxfp4A8WithIsa: inputs the kernel takes");
   RunA8Kernel(A8RowsFor(isa), x, weight, bias, out);

@@ -16,6 +16,7 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
 #include <cstdint>
 
 #include "kernels/gemv.h"
@@ -35,6 +36,14 @@ struct Mxfp4Matrix {
   // The matrix in float32 [N, K], as DequantizeMxfp4 gives it.
   at::Tensor Dequantize() const;
 };
+
+// The e2m1 codes' values times two (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives): small
+// integers, which int8 holds and int8-to-float conversion makes exact floats.
+inline constexpr std::array<int8_t, 16> kMxfp4DoubledCodes = {0, 1,  2,  3,  4,  6,  8,  12,
+                                                              0, -1, -2, -3, -4, -6, -8, -12};
+
+// 2^(s - 128) for each stored exponent s: the block's scale, halved for the doubled codes.
+const std::array<float, 256>& Mxfp4HalvedScales();
 
 // `groups` blocks (16 bytes each) and their exponents into 32 float32 values each, as
 // transformers dequantizes them (each code's value times 2^(s - 127); -0 kept). In parallel.

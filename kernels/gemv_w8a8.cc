@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/gemm_int8.h"
 #include "kernels/gemv.h"
 #include "kernels/prefetch.h"
 
@@ -347,6 +348,27 @@ void RunKernel(W8A8RowsFn rows_fn, const at::Tensor& x, const Int8Matrix& weight
   if (bias.defined()) out.add_(bias.view({1, n}));
 }
 
+// Whether the prompt kernel takes these inputs: what the row kernel checks, but for the
+// number of rows (so checked on x's and out's first row).
+bool PromptKernelTakes(const at::Tensor& x, const Int8Matrix& weight, const at::Tensor& bias,
+                       const at::Tensor& out) {
+  return x.dim() == 2 && out.dim() == 2 && x.size(0) > 0 && out.size(0) == x.size(0) &&
+         Int8KernelTakes(x.narrow(0, 0, 1), weight, bias, out.narrow(0, 0, 1)) &&
+         out.is_contiguous();
+}
+
+void RunPromptKernel(W8A8Isa isa, const at::Tensor& x, const Int8Matrix& weight,
+                     const at::Tensor& bias, at::Tensor& out) {
+  const Int8GemmWeights weights{.rows = weight.rows(),
+                                .cols = x.size(1),
+                                .int8_values = weight.values.data_ptr<int8_t>(),
+                                .int8_stride = weight.values.stride(0),
+                                .row_scale = weight.scale.data_ptr<float>()};
+  Int8GemmRows(isa, x.data_ptr<float>(), x.stride(0), x.size(0), weights, out.data_ptr<float>(),
+               out.stride(0));
+  if (bias.defined()) out.add_(bias.view({1, weight.rows()}));
+}
+
 }  // namespace
 
 std::string_view W8A8IsaName(W8A8Isa isa) {
@@ -391,12 +413,17 @@ at::Tensor RoundActivationsInt8(const at::Tensor& x) {
 
 void LinearW8A8Out(const at::Tensor& x, const Int8Matrix& weight, const at::Tensor& bias,
                    at::Tensor& out) {
-  static const W8A8RowsFn rows_fn = RowsFor(SupportedW8A8Isas().back());
+  static const W8A8Isa isa = SupportedW8A8Isas().back();
+  static const W8A8RowsFn rows_fn = RowsFor(isa);
   if (Int8KernelTakes(x, weight, bias, out)) {
     RunKernel(rows_fn, x, weight, bias, out);
     return;
   }
-  // A prompt's many rows (or inputs the kernel does not take): x as rounded, through the
+  if (HasInt8Gemm(isa) && PromptKernelTakes(x, weight, bias, out)) {
+    RunPromptKernel(isa, x, weight, bias, out);
+    return;
+  }
+  // Inputs no kernel takes, or a CPU without a prompt kernel: x as rounded, through the
   // float path over the dequantized weights (BLAS for many rows). This allocates.
   LinearInt8Out(RoundActivationsInt8(x), weight, bias, out);
 }
@@ -422,6 +449,12 @@ at::Tensor LinearW8A8WithIsa(W8A8Isa isa, const at::Tensor& x, const Int8Matrix&
                              const at::Tensor& bias) {
   CheckIsaSupported(isa, SupportedW8A8Isas(), W8A8IsaName(isa));
   at::Tensor out = at::empty({x.size(0), weight.rows()}, x.options());
+  if (x.size(0) > kInt8KernelMaxRows && HasInt8Gemm(isa)) {
+    TORCH_CHECK(PromptKernelTakes(x, weight, bias, out),
+                "LinearW8A8WithIsa: inputs the prompt kernel takes");
+    RunPromptKernel(isa, x, weight, bias, out);
+    return out;
+  }
   TORCH_CHECK(Int8KernelTakes(x, weight, bias, out), "LinearW8A8WithIsa: inputs the kernel takes");
   RunKernel(RowsFor(isa), x, weight, bias, out);
   return out;

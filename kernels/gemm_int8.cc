@@ -1,0 +1,403 @@
+#include "kernels/gemm_int8.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "kernels/gemv_mxfp4.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
+namespace tophat::kernels {
+namespace {
+
+constexpr int64_t kBlock = kActivationBlock;  // 32 values: 8 four-value groups
+constexpr int64_t kGroupsPerBlock = kBlock / 4;
+// Blocks of the panel one pass of x's tiles reads: 8 blocks of 48 rows are 12 KiB, which stay
+// in a 32 KiB L1 data cache beside the x tile's 1 KiB.
+constexpr int64_t kChunkBlocks = 8;
+constexpr int64_t kTileRows = 4;
+
+int64_t BlocksOf(int64_t k) { return (k + kBlock - 1) / kBlock; }
+
+// x's rows as the kernels read them: row i's int8 values at q + i * ldq (zeros past cols,
+// in nibble order for MXFP4), its block scales at scale + i * blocks, and 128 times each
+// block's sum of values at bias + i * blocks (AVX-512 only: see TileAvx512).
+struct PromptRows {
+  const int8_t* q = nullptr;
+  int64_t ldq = 0;
+  const float* scale = nullptr;
+  const int32_t* bias = nullptr;
+  int64_t blocks = 0;
+};
+
+// One panel of weight rows [r0, r0 + kInt8GemmPanel), repacked: for block b and four-value
+// group g, the int32 word at ((b * 8 + g) * kInt8GemmPanel + j) holds row r0 + j's values
+// 32 b + 4 g .. + 3 (rows past the matrix: zeros). For AVX-512 each byte has 128 added (see
+// TileAvx512). MXFP4: block_scale[b * kInt8GemmPanel + j] is row r0 + j's block b's power of
+// two, halved for the doubled codes; int8: row_scale[j] is the row's scale.
+struct Panel {
+  const uint8_t* values = nullptr;
+  const float* block_scale = nullptr;  // MXFP4 only
+  const float* row_scale = nullptr;    // int8 only
+  int64_t rows = 0;                    // rows of the panel inside the matrix
+};
+
+// Four rows' block b as 4 x 32 signed values, then scattered into the panel's groups.
+void PackFourRows(const int8_t (&values)[4][kBlock], int64_t b, int64_t j, bool biased,
+                  uint8_t* panel) {
+  const uint32_t flip = biased ? 0x80808080u : 0u;
+  for (int64_t g = 0; g < kGroupsPerBlock; ++g) {
+    uint8_t* to = panel + ((b * kGroupsPerBlock + g) * kInt8GemmPanel + j) * 4;
+    for (int row = 0; row < 4; ++row) {
+      uint32_t word;
+      std::memcpy(&word, values[row] + g * 4, 4);
+      word ^= flip;  // +128 in every byte, mod 256: int8 v becomes uint8 v + 128
+      std::memcpy(to + row * 4, &word, 4);
+    }
+  }
+}
+
+// One MXFP4 block's 32 doubled codes in nibble order: the 16 low nibbles', then the 16 high.
+void DecodeMxfp4Block(const uint8_t* bytes, int8_t* codes) {
+#if defined(__aarch64__)
+  const int8x16_t table = vld1q_s8(kMxfp4DoubledCodes.data());
+  const uint8x16_t packed = vld1q_u8(bytes);
+  vst1q_s8(codes, vqtbl1q_s8(table, vandq_u8(packed, vdupq_n_u8(0x0F))));
+  vst1q_s8(codes + 16, vqtbl1q_s8(table, vshrq_n_u8(packed, 4)));
+#else
+  for (int v = 0; v < 16; ++v) {
+    codes[v] = kMxfp4DoubledCodes[bytes[v] & 0x0F];
+    codes[16 + v] = kMxfp4DoubledCodes[bytes[v] >> 4];
+  }
+#endif
+}
+
+#if defined(__x86_64__)
+// The same with SSSE3's byte shuffle as the table lookup (every AVX-512 CPU has it).
+__attribute__((target("ssse3"))) void DecodeMxfp4BlockSsse3(const uint8_t* bytes, int8_t* codes) {
+  const __m128i table =
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4DoubledCodes.data()));
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes));
+  const __m128i nibble = _mm_set1_epi8(0x0F);
+  const __m128i low = _mm_shuffle_epi8(table, _mm_and_si128(packed, nibble));
+  const __m128i high = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(packed, 4), nibble));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(codes), low);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 16), high);
+}
+#endif
+
+// Repacks rows [r0, r0 + kInt8GemmPanel) of the matrix into `values` (blocks * 32 *
+// kInt8GemmPanel bytes) and the scales into `block_scale` (MXFP4: blocks * kInt8GemmPanel)
+// or `row_scale` (int8: kInt8GemmPanel).
+void PackPanel(const Int8GemmWeights& w, int64_t r0, bool biased, uint8_t* values,
+               float* block_scale, float* row_scale) {
+  const int64_t blocks = BlocksOf(w.cols);
+  const int64_t rows = std::min(kInt8GemmPanel, w.rows - r0);
+  const std::array<float, 256>& halved = Mxfp4HalvedScales();
+#if defined(__x86_64__)
+  const auto decode = biased ? DecodeMxfp4BlockSsse3 : DecodeMxfp4Block;
+#else
+  const auto decode = DecodeMxfp4Block;
+#endif
+  int8_t four[4][kBlock];
+  for (int64_t j = 0; j < kInt8GemmPanel; j += 4) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      for (int row = 0; row < 4; ++row) {
+        const int64_t r = r0 + j + row;
+        if (j + row >= rows) {
+          std::memset(four[row], 0, kBlock);
+        } else if (w.mxfp4_blocks != nullptr) {
+          decode(w.mxfp4_blocks + (r * blocks + b) * 16, four[row]);
+        } else {
+          const int64_t begin = b * kBlock;
+          const int64_t count = std::min(kBlock, w.cols - begin);
+          std::memcpy(four[row], w.int8_values + r * w.int8_stride + begin, count);
+          std::memset(four[row] + count, 0, kBlock - count);
+        }
+      }
+      PackFourRows(four, b, j, biased, values);
+    }
+  }
+  if (w.mxfp4_blocks != nullptr) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      for (int64_t j = 0; j < kInt8GemmPanel; ++j) {
+        block_scale[b * kInt8GemmPanel + j] =
+            j < rows ? halved[w.mxfp4_scales[(r0 + j) * blocks + b]] : 0.0f;
+      }
+    }
+  } else {
+    for (int64_t j = 0; j < kInt8GemmPanel; ++j)
+      row_scale[j] = j < rows ? w.row_scale[r0 + j] : 0.0f;
+  }
+}
+
+#if defined(__x86_64__)
+// Rows i0 .. i0 + kRows of x against the whole panel, blocks [b0, b1). vpdpbusd multiplies
+// unsigned bytes by signed ones, summing four products into each int32 lane. The panel's
+// values carry +128 (unsigned, 1..255 for int8 and 116..140 for MXFP4's doubled codes) and
+// x's four values go in signed, broadcast to every lane; so a lane sums (w + 128) x, and
+// subtracting 128 times the block's sum of x (PromptRows::bias, one broadcast per row and
+// block) leaves the exact sum of w x. y holds the partial sums between chunks.
+template <int kRows, bool kBlockScales>
+__attribute__((target("avx512f,avx512bw,avx512vnni,fma"), flatten)) void TileAvx512(
+    const Panel& panel, const PromptRows& x, int64_t i0, int64_t b0, int64_t b1, bool first,
+    bool last, float* y, int64_t ldy) {
+  constexpr int kVectors = kInt8GemmPanel / 16;
+  __mmask16 mask[kVectors];
+  for (int v = 0; v < kVectors; ++v) {
+    const int64_t lanes = std::clamp<int64_t>(panel.rows - 16 * v, 0, 16);
+    mask[v] = static_cast<__mmask16>((1u << lanes) - 1u);
+  }
+  __m512 acc[kRows][kVectors];
+  for (int i = 0; i < kRows; ++i) {
+    for (int v = 0; v < kVectors; ++v) {
+      acc[i][v] =
+          first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask[v], y + (i0 + i) * ldy + 16 * v);
+    }
+  }
+  for (int64_t b = b0; b < b1; ++b) {
+    __m512i sum[kRows][kVectors];
+    for (int i = 0; i < kRows; ++i) {
+      for (int v = 0; v < kVectors; ++v) sum[i][v] = _mm512_setzero_si512();
+    }
+    const uint8_t* block = panel.values + b * kGroupsPerBlock * kInt8GemmPanel * 4;
+#pragma GCC unroll 8
+    for (int64_t g = 0; g < kGroupsPerBlock; ++g) {
+      __m512i wv[kVectors];
+      for (int v = 0; v < kVectors; ++v) {
+        wv[v] = _mm512_loadu_si512(block + (g * kInt8GemmPanel + 16 * v) * 4);
+      }
+      for (int i = 0; i < kRows; ++i) {
+        int32_t four;
+        std::memcpy(&four, x.q + (i0 + i) * x.ldq + b * kBlock + g * 4, 4);
+        const __m512i xv = _mm512_set1_epi32(four);
+        for (int v = 0; v < kVectors; ++v) sum[i][v] = _mm512_dpbusd_epi32(sum[i][v], wv[v], xv);
+      }
+    }
+    for (int i = 0; i < kRows; ++i) {
+      const __m512i bias = _mm512_set1_epi32(x.bias[(i0 + i) * x.blocks + b]);
+      const __m512 scale = _mm512_set1_ps(x.scale[(i0 + i) * x.blocks + b]);
+      for (int v = 0; v < kVectors; ++v) {
+        __m512 block_sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum[i][v], bias));
+        if constexpr (kBlockScales) {
+          block_sum = _mm512_mul_ps(
+              block_sum, _mm512_loadu_ps(panel.block_scale + b * kInt8GemmPanel + 16 * v));
+        }
+        acc[i][v] = _mm512_fmadd_ps(block_sum, scale, acc[i][v]);
+      }
+    }
+  }
+  for (int v = 0; v < kVectors; ++v) {
+    const __m512 row_scale =
+        !kBlockScales && last ? _mm512_loadu_ps(panel.row_scale + 16 * v) : _mm512_set1_ps(1.0f);
+    for (int i = 0; i < kRows; ++i) {
+      _mm512_mask_storeu_ps(y + (i0 + i) * ldy + 16 * v, mask[v],
+                            _mm512_mul_ps(acc[i][v], row_scale));
+    }
+  }
+}
+#endif
+
+#if defined(__aarch64__)
+// Rows i0 .. i0 + kRows of x against eight panel rows [j, j + 8), blocks [b0, b1). sdot
+// multiplies signed bytes by signed bytes, summing four products into each int32 lane; the
+// lane form takes x's four values from one lane of a 16-value vector, so one load of x serves
+// four groups. y holds the partial sums between chunks.
+template <int kRows, bool kBlockScales>
+__attribute__((target("arch=armv8.2-a+dotprod"), flatten)) void TileNeonDot(
+    const Panel& panel, const PromptRows& x, int64_t i0, int64_t j, int64_t b0, int64_t b1,
+    bool first, bool last, float* y, int64_t ldy) {
+  const int64_t columns = std::clamp<int64_t>(panel.rows - j, 0, 8);
+  float32x4_t acc[kRows][2];
+  for (int i = 0; i < kRows; ++i) {
+    float partial[8] = {};
+    if (!first) std::memcpy(partial, y + (i0 + i) * ldy + j, columns * sizeof(float));
+    acc[i][0] = vld1q_f32(partial);
+    acc[i][1] = vld1q_f32(partial + 4);
+  }
+  for (int64_t b = b0; b < b1; ++b) {
+    int32x4_t sum[kRows][2];
+    for (int i = 0; i < kRows; ++i) sum[i][0] = sum[i][1] = vdupq_n_s32(0);
+    const int8_t* block = reinterpret_cast<const int8_t*>(panel.values) +
+                          (b * kGroupsPerBlock * kInt8GemmPanel + j) * 4;
+    for (int half = 0; half < 2; ++half) {
+      int8x16_t xv[kRows];
+      for (int i = 0; i < kRows; ++i)
+        xv[i] = vld1q_s8(x.q + (i0 + i) * x.ldq + b * kBlock + half * 16);
+#define TOPHAT_GEMM_SDOT_GROUP(lane)                                          \
+  do {                                                                        \
+    const int8_t* group = block + ((half * 4 + (lane)) * kInt8GemmPanel) * 4; \
+    const int8x16_t w0 = vld1q_s8(group);                                     \
+    const int8x16_t w1 = vld1q_s8(group + 16);                                \
+    for (int i = 0; i < kRows; ++i) {                                         \
+      sum[i][0] = vdotq_laneq_s32(sum[i][0], w0, xv[i], (lane));              \
+      sum[i][1] = vdotq_laneq_s32(sum[i][1], w1, xv[i], (lane));              \
+    }                                                                         \
+  } while (false)
+      TOPHAT_GEMM_SDOT_GROUP(0);
+      TOPHAT_GEMM_SDOT_GROUP(1);
+      TOPHAT_GEMM_SDOT_GROUP(2);
+      TOPHAT_GEMM_SDOT_GROUP(3);
+#undef TOPHAT_GEMM_SDOT_GROUP
+    }
+    for (int i = 0; i < kRows; ++i) {
+      const float scale = x.scale[(i0 + i) * x.blocks + b];
+      for (int v = 0; v < 2; ++v) {
+        float32x4_t block_sum = vcvtq_f32_s32(sum[i][v]);
+        if constexpr (kBlockScales) {
+          block_sum =
+              vmulq_f32(block_sum, vld1q_f32(panel.block_scale + b * kInt8GemmPanel + j + 4 * v));
+        }
+        acc[i][v] = vfmaq_n_f32(acc[i][v], block_sum, scale);
+      }
+    }
+  }
+  for (int i = 0; i < kRows; ++i) {
+    float out[8];
+    for (int v = 0; v < 2; ++v) {
+      float32x4_t value = acc[i][v];
+      if (!kBlockScales && last) value = vmulq_f32(value, vld1q_f32(panel.row_scale + j + 4 * v));
+      vst1q_f32(out + 4 * v, value);
+    }
+    std::memcpy(y + (i0 + i) * ldy + j, out, columns * sizeof(float));
+  }
+}
+#endif
+
+// One chunk of blocks of the panel against x's rows, four at a time.
+template <bool kBlockScales>
+void RunPanelChunk(W8A8Isa isa, const Panel& panel, const PromptRows& x, int64_t m, int64_t b0,
+                   int64_t b1, bool first, bool last, float* y, int64_t ldy) {
+  auto tile = [&]<int kRows>(int64_t i0) {
+#if defined(__x86_64__)
+    (void)isa;
+    TileAvx512<kRows, kBlockScales>(panel, x, i0, b0, b1, first, last, y, ldy);
+#elif defined(__aarch64__)
+    (void)isa;
+    for (int64_t j = 0; j < std::min(panel.rows, kInt8GemmPanel); j += 8) {
+      TileNeonDot<kRows, kBlockScales>(panel, x, i0, j, b0, b1, first, last, y, ldy);
+    }
+#else
+    (void)isa, (void)i0;
+#endif
+  };
+  int64_t i0 = 0;
+  for (; i0 + kTileRows <= m; i0 += kTileRows) tile.template operator()<4>(i0);
+  switch (m - i0) {
+    case 3:
+      tile.template operator()<3>(i0);
+      break;
+    case 2:
+      tile.template operator()<2>(i0);
+      break;
+    case 1:
+      tile.template operator()<1>(i0);
+      break;
+    default:
+      break;
+  }
+}
+
+}  // namespace
+
+bool HasInt8Gemm(W8A8Isa isa) {
+#if defined(__x86_64__)
+  return isa == W8A8Isa::kAvx512Vnni;
+#elif defined(__aarch64__)
+  return isa == W8A8Isa::kNeonDot;
+#else
+  (void)isa;
+  return false;
+#endif
+}
+
+void ToNibbleOrder(const int8_t* q, int64_t k, int8_t* ordered) {
+  for (int64_t j = 0; j < k; j += kBlock) {
+    for (int v = 0; v < 16; ++v) {
+      ordered[j + v] = q[j + 2 * v];
+      ordered[j + 16 + v] = q[j + 2 * v + 1];
+    }
+  }
+}
+
+void Int8GemmRows(W8A8Isa isa, const float* x, int64_t ldx, int64_t m,
+                  const Int8GemmWeights& weights, float* y, int64_t ldy) {
+  TORCH_CHECK(HasInt8Gemm(isa), "Int8GemmRows: no prompt kernel for ", W8A8IsaName(isa));
+  const bool mxfp4 = weights.mxfp4_blocks != nullptr;
+  TORCH_CHECK(!mxfp4 || weights.cols % kBlock == 0, "Int8GemmRows: MXFP4 rows of ", weights.cols,
+              " values, not whole blocks");
+  const bool biased = isa == W8A8Isa::kAvx512Vnni;
+  const int64_t k = weights.cols;
+  const int64_t blocks = BlocksOf(k);
+  const int64_t padded = blocks * kBlock;
+
+  // x rounded once into buffers of this thread that grow once; rows in parallel.
+  thread_local std::vector<int8_t> q;
+  thread_local std::vector<float> scale;
+  thread_local std::vector<int32_t> bias;
+  if (static_cast<int64_t>(q.size()) < m * padded) q.resize(m * padded);
+  if (static_cast<int64_t>(scale.size()) < m * blocks) scale.resize(m * blocks);
+  if (static_cast<int64_t>(bias.size()) < m * blocks) bias.resize(m * blocks);
+  int8_t* qp = q.data();
+  float* scalep = scale.data();
+  int32_t* biasp = bias.data();
+  at::parallel_for(0, m, 8, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<int8_t> row;
+    if (static_cast<int64_t>(row.size()) < padded) row.resize(padded);
+    for (int64_t i = begin; i < end; ++i) {
+      int8_t* qi = qp + i * padded;
+      RoundActivationRow(x + i * ldx, k, mxfp4 ? row.data() : qi, scalep + i * blocks);
+      if (mxfp4) ToNibbleOrder(row.data(), k, qi);
+      std::fill(qi + k, qi + padded, int8_t{0});
+      if (biased) {
+        for (int64_t b = 0; b < blocks; ++b) {
+          int32_t total = 0;
+          for (int64_t v = 0; v < kBlock; ++v) total += qi[b * kBlock + v];
+          biasp[i * blocks + b] = 128 * total;
+        }
+      }
+    }
+  });
+  const PromptRows rows{.q = qp, .ldq = padded, .scale = scalep, .bias = biasp, .blocks = blocks};
+
+  const int64_t panels = (weights.rows + kInt8GemmPanel - 1) / kInt8GemmPanel;
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<uint8_t> values;
+    thread_local std::vector<float> block_scale;
+    thread_local std::vector<float> row_scale;
+    if (static_cast<int64_t>(values.size()) < padded * kInt8GemmPanel) {
+      values.resize(padded * kInt8GemmPanel);
+    }
+    if (static_cast<int64_t>(block_scale.size()) < blocks * kInt8GemmPanel) {
+      block_scale.resize(blocks * kInt8GemmPanel);
+    }
+    row_scale.resize(kInt8GemmPanel);
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t r0 = p * kInt8GemmPanel;
+      PackPanel(weights, r0, biased, values.data(), block_scale.data(), row_scale.data());
+      const Panel panel{.values = values.data(),
+                        .block_scale = block_scale.data(),
+                        .row_scale = row_scale.data(),
+                        .rows = std::min(kInt8GemmPanel, weights.rows - r0)};
+      for (int64_t b0 = 0; b0 < blocks; b0 += kChunkBlocks) {
+        const int64_t b1 = std::min(blocks, b0 + kChunkBlocks);
+        if (mxfp4) {
+          RunPanelChunk<true>(isa, panel, rows, m, b0, b1, b0 == 0, b1 == blocks, y + r0, ldy);
+        } else {
+          RunPanelChunk<false>(isa, panel, rows, m, b0, b1, b0 == 0, b1 == blocks, y + r0, ldy);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace tophat::kernels
