@@ -276,6 +276,20 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,fma"), flatten)) void TileAvx
 #endif
 
 #if defined(__aarch64__)
+// One group of four values of eight panel rows (two vectors of four rows) against each x
+// row's four values in lane kLane of its 16-value vector.
+template <int kRows, int kLane>
+__attribute__((target("arch=armv8.2-a+dotprod"), always_inline)) inline void SdotGroup(
+    const int8_t* group, const int8x16_t (&xv)[kRows], int32x4_t (&sum)[kRows][2]) {
+  const int8x16_t w0 = vld1q_s8(group);
+  const int8x16_t w1 = vld1q_s8(group + 16);
+#pragma GCC unroll 16
+  for (int i = 0; i < kRows; ++i) {
+    sum[i][0] = vdotq_laneq_s32(sum[i][0], w0, xv[i], kLane);
+    sum[i][1] = vdotq_laneq_s32(sum[i][1], w1, xv[i], kLane);
+  }
+}
+
 // Rows i0 .. i0 + kRows of x against eight panel rows [j, j + 8), blocks [b0, b1). sdot
 // multiplies signed bytes by signed bytes, summing four products into each int32 lane; the
 // lane form takes x's four values from one lane of a 16-value vector, so one load of x serves
@@ -305,22 +319,10 @@ __attribute__((target("arch=armv8.2-a+dotprod"), flatten)) void TileNeonDot(
 #pragma GCC unroll 16
       for (int i = 0; i < kRows; ++i)
         xv[i] = vld1q_s8(x.q + (i0 + i) * x.ldq + b * kBlock + half * 16);
-#define TOPHAT_GEMM_SDOT_GROUP(lane)                                          \
-  do {                                                                        \
-    const int8_t* group = block + ((half * 4 + (lane)) * kInt8GemmPanel) * 4; \
-    const int8x16_t w0 = vld1q_s8(group);                                     \
-    const int8x16_t w1 = vld1q_s8(group + 16);                                \
-#pragma GCC unroll 16
-      for (int i = 0; i < kRows; ++i) {
-        sum[i][0] = vdotq_laneq_s32(sum[i][0], w0, xv[i], (lane));
-        sum[i][1] = vdotq_laneq_s32(sum[i][1], w1, xv[i], (lane));
-      }
-    } while (false)
-      TOPHAT_GEMM_SDOT_GROUP(0);
-      TOPHAT_GEMM_SDOT_GROUP(1);
-      TOPHAT_GEMM_SDOT_GROUP(2);
-      TOPHAT_GEMM_SDOT_GROUP(3);
-#undef TOPHAT_GEMM_SDOT_GROUP
+      SdotGroup<kRows, 0>(block + (half * 4 + 0) * kInt8GemmPanel * 4, xv, sum);
+      SdotGroup<kRows, 1>(block + (half * 4 + 1) * kInt8GemmPanel * 4, xv, sum);
+      SdotGroup<kRows, 2>(block + (half * 4 + 2) * kInt8GemmPanel * 4, xv, sum);
+      SdotGroup<kRows, 3>(block + (half * 4 + 3) * kInt8GemmPanel * 4, xv, sum);
     }
 #pragma GCC unroll 16
     for (int i = 0; i < kRows; ++i) {
