@@ -24,7 +24,6 @@ constexpr int64_t kGroupsPerBlock = kBlock / 4;
 // Blocks of the panel one pass of x's tiles reads: 8 blocks of 48 rows are 12 KiB, which stay
 // in a 32 KiB L1 data cache beside the x tile's 1 KiB.
 constexpr int64_t kChunkBlocks = 8;
-constexpr int64_t kTileRows = 4;
 
 int64_t BlocksOf(int64_t k) { return (k + kBlock - 1) / kBlock; }
 
@@ -109,6 +108,22 @@ void PackPanelBlocks(const Int8GemmWeights& w, int64_t r0, int64_t b0, bool bias
 }
 
 #if defined(__x86_64__)
+// A gather's rows are as many streams, which the hardware prefetchers do not follow (out of
+// cache the packing took twice the products' time in a gpt-oss layer's prefill): as the
+// gathers reach offset `at` of their rows (a new cache line), each row's line kAheadBytes
+// further is asked for; at = -1 asks for the lines before that.
+constexpr int64_t kAheadBytes = 256;
+inline void PrefetchRowsAhead(const uint8_t* row0, int64_t row_bytes, int64_t rows, int64_t at) {
+  for (int64_t row = 0; row < rows; ++row) {
+    const uint8_t* line = row0 + row * row_bytes;
+    if (at < 0) {
+      for (int64_t ahead = 0; ahead < kAheadBytes; ahead += 64) __builtin_prefetch(line + ahead);
+    } else {
+      __builtin_prefetch(line + at + kAheadBytes);
+    }
+  }
+}
+
 // The same for AVX-512 (values biased by 128), 16 rows at a time: each group of four values
 // of 16 rows is one gather of int32 words (rows past the matrix masked off, so zero). MXFP4's
 // gathered words hold four bytes of codes, which one table lookup (of the doubled codes plus
@@ -136,23 +151,13 @@ __attribute__((target("avx512f,avx512bw"))) void PackPanelAvx512(const Int8GemmW
     const int64_t lanes = std::clamp<int64_t>(rows - 16 * v, 0, 16);
     const __mmask16 mask = static_cast<__mmask16>((1u << lanes) - 1u);
     const int64_t first_row = r0 + 16 * v;
-    // The 16 rows are 16 streams a gather apart, which the hardware prefetchers do not follow
-    // (out of cache the packing took twice the products' time in a gpt-oss layer's prefill):
-    // each row's cache line kAheadBytes ahead is asked for as the gathers reach a line.
     const uint8_t* row0 =
         mxfp4 ? w.mxfp4_blocks + first_row * row_bytes
               : reinterpret_cast<const uint8_t*>(w.int8_values) + first_row * row_bytes;
     const int64_t block_bytes = mxfp4 ? 16 : kBlock;
-    constexpr int64_t kAheadBytes = 256;
-    for (int64_t ahead = 0; ahead < kAheadBytes; ahead += 64) {
-      for (int64_t row = 0; row < lanes; ++row) __builtin_prefetch(row0 + row * row_bytes + ahead);
-    }
+    PrefetchRowsAhead(row0, row_bytes, lanes, -1);
     for (int64_t b = 0; b < whole; ++b) {
-      if ((b * block_bytes) % 64 == 0) {
-        for (int64_t row = 0; row < lanes; ++row) {
-          __builtin_prefetch(row0 + row * row_bytes + b * block_bytes + kAheadBytes);
-        }
-      }
+      if ((b * block_bytes) % 64 == 0) PrefetchRowsAhead(row0, row_bytes, lanes, b * block_bytes);
       // Group g of these 16 rows' block b goes to to + g * kInt8GemmPanel * 4.
       uint8_t* to = values + (b * kGroupsPerBlock * kInt8GemmPanel + 16 * v) * 4;
       if (mxfp4) {
@@ -181,20 +186,72 @@ __attribute__((target("avx512f,avx512bw"))) void PackPanelAvx512(const Int8GemmW
     }
   }
 }
+// The same with AVX2's 8-lane gathers, for AVX-VNNI's CPUs (no AVX-512): 8 rows at a time.
+__attribute__((target("avx2"))) void PackPanelAvx2(const Int8GemmWeights& w, int64_t r0,
+                                                   int64_t whole, uint8_t* values) {
+  const int64_t blocks = BlocksOf(w.cols);
+  const int64_t rows = std::min(kInt8GemmPanel, w.rows - r0);
+  const bool mxfp4 = w.mxfp4_blocks != nullptr;
+  const int64_t row_bytes = mxfp4 ? blocks * 16 : w.int8_stride;
+  const __m256i lane_offsets =
+      _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                         _mm256_set1_epi32(static_cast<int32_t>(row_bytes)));
+  alignas(32) std::array<uint8_t, 32> biased_codes;
+  for (int c = 0; c < 32; ++c) {
+    biased_codes[c] = static_cast<uint8_t>(kMxfp4DoubledCodes[c % 16] + 128);
+  }
+  const __m256i table = _mm256_load_si256(reinterpret_cast<const __m256i*>(biased_codes.data()));
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t v = 0; v < kInt8GemmPanel / 8; ++v) {
+    const int64_t lanes = std::clamp<int64_t>(rows - 8 * v, 0, 8);
+    // A lane gathers where its mask's top bit is set: lanes [0, lanes).
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(lanes)),
+                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const int64_t first_row = r0 + 8 * v;
+    const uint8_t* row0 =
+        mxfp4 ? w.mxfp4_blocks + first_row * row_bytes
+              : reinterpret_cast<const uint8_t*>(w.int8_values) + first_row * row_bytes;
+    const int64_t block_bytes = mxfp4 ? 16 : kBlock;
+    PrefetchRowsAhead(row0, row_bytes, lanes, -1);
+    for (int64_t b = 0; b < whole; ++b) {
+      if ((b * block_bytes) % 64 == 0) PrefetchRowsAhead(row0, row_bytes, lanes, b * block_bytes);
+      uint8_t* to = values + (b * kGroupsPerBlock * kInt8GemmPanel + 8 * v) * 4;
+      const uint8_t* base = row0 + b * block_bytes;
+      for (int64_t g = 0; g < (mxfp4 ? 4 : kGroupsPerBlock); ++g) {
+        const __m256i words =
+            lanes == 0 ? _mm256_setzero_si256()
+                       : _mm256_mask_i32gather_epi32(_mm256_setzero_si256(),
+                                                     reinterpret_cast<const int*>(base + 4 * g),
+                                                     lane_offsets, mask, 1);
+        __m256i* low = reinterpret_cast<__m256i*>(to + g * kInt8GemmPanel * 4);
+        if (mxfp4) {
+          __m256i* high = reinterpret_cast<__m256i*>(to + (g + 4) * kInt8GemmPanel * 4);
+          _mm256_storeu_si256(low, _mm256_shuffle_epi8(table, _mm256_and_si256(words, nibble)));
+          _mm256_storeu_si256(
+              high,
+              _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(words, 4), nibble)));
+        } else {
+          _mm256_storeu_si256(low, _mm256_xor_si256(words, flip));
+        }
+      }
+    }
+  }
+}
 #endif
 
 // Repacks rows [r0, r0 + kInt8GemmPanel) of the matrix into `values` (blocks * 32 *
 // kInt8GemmPanel bytes) and the scales into `block_scale` (MXFP4: blocks * kInt8GemmPanel)
 // or `row_scale` (int8: kInt8GemmPanel).
-void PackPanel(const Int8GemmWeights& w, int64_t r0, bool biased, uint8_t* values,
+void PackPanel(W8A8Isa isa, const Int8GemmWeights& w, int64_t r0, bool biased, uint8_t* values,
                float* block_scale, float* row_scale) {
   const int64_t blocks = BlocksOf(w.cols);
   const int64_t rows = std::min(kInt8GemmPanel, w.rows - r0);
   int64_t packed = 0;
 #if defined(__x86_64__)
-  if (biased) {
+  if (isa == W8A8Isa::kAvx512Vnni || isa == W8A8Isa::kAvxVnni) {
     packed = w.mxfp4_blocks != nullptr ? blocks : w.cols / kBlock;
-    PackPanelAvx512(w, r0, packed, values);
+    (isa == W8A8Isa::kAvx512Vnni ? PackPanelAvx512 : PackPanelAvx2)(w, r0, packed, values);
   }
 #endif
   if (packed < blocks) PackPanelBlocks(w, r0, packed, biased, values);
@@ -291,6 +348,73 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,fma"), flatten)) void TileAvx
 }
 #endif
 
+#if defined(__x86_64__)
+// The same with AVX-VNNI (vpdpbusd on 256-bit vectors) for 16 panel rows [j, j + 16), two
+// vectors of 8. AVX2 has 16 vector registers: kRows (at most 3) x 2 int32 sums and float
+// sums, the two weight vectors and x's broadcast.
+template <int kRows, bool kBlockScales>
+__attribute__((target("avx2,fma,avxvnni"), flatten)) void TileAvxVnni(
+    const Panel& panel, const PromptRows& x, int64_t i0, int64_t j, int64_t b0, int64_t b1,
+    bool first, bool last, float* y, int64_t ldy) {
+  const int64_t columns = std::clamp<int64_t>(panel.rows - j, 0, 16);
+  __m256 acc[kRows][2];
+#pragma GCC unroll 16
+  for (int i = 0; i < kRows; ++i) {
+    alignas(32) float partial[16] = {};
+    if (!first) std::memcpy(partial, y + (i0 + i) * ldy + j, columns * sizeof(float));
+    acc[i][0] = _mm256_load_ps(partial);
+    acc[i][1] = _mm256_load_ps(partial + 8);
+  }
+  for (int64_t b = b0; b < b1; ++b) {
+    __m256i sum[kRows][2];
+#pragma GCC unroll 16
+    for (int i = 0; i < kRows; ++i) sum[i][0] = sum[i][1] = _mm256_setzero_si256();
+    const uint8_t* block = panel.values + (b * kGroupsPerBlock * kInt8GemmPanel + j) * 4;
+#pragma GCC unroll 8
+    for (int64_t g = 0; g < kGroupsPerBlock; ++g) {
+      const uint8_t* group = block + g * kInt8GemmPanel * 4;
+      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group));
+      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + 32));
+#pragma GCC unroll 16
+      for (int i = 0; i < kRows; ++i) {
+        int32_t four;
+        std::memcpy(&four, x.q + (i0 + i) * x.ldq + b * kBlock + g * 4, 4);
+        const __m256i xv = _mm256_set1_epi32(four);
+        sum[i][0] = _mm256_dpbusd_avx_epi32(sum[i][0], w0, xv);
+        sum[i][1] = _mm256_dpbusd_avx_epi32(sum[i][1], w1, xv);
+      }
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < kRows; ++i) {
+      const __m256i bias = _mm256_set1_epi32(x.bias[(i0 + i) * x.blocks + b]);
+      const __m256 scale = _mm256_set1_ps(x.scale[(i0 + i) * x.blocks + b]);
+#pragma GCC unroll 16
+      for (int v = 0; v < 2; ++v) {
+        __m256 block_sum = _mm256_cvtepi32_ps(_mm256_sub_epi32(sum[i][v], bias));
+        if constexpr (kBlockScales) {
+          block_sum = _mm256_mul_ps(
+              block_sum, _mm256_loadu_ps(panel.block_scale + b * kInt8GemmPanel + j + 8 * v));
+        }
+        acc[i][v] = _mm256_fmadd_ps(block_sum, scale, acc[i][v]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < kRows; ++i) {
+    alignas(32) float out[16];
+#pragma GCC unroll 16
+    for (int v = 0; v < 2; ++v) {
+      __m256 value = acc[i][v];
+      if (!kBlockScales && last) {
+        value = _mm256_mul_ps(value, _mm256_loadu_ps(panel.row_scale + j + 8 * v));
+      }
+      _mm256_store_ps(out + 8 * v, value);
+    }
+    std::memcpy(y + (i0 + i) * ldy + j, out, columns * sizeof(float));
+  }
+}
+#endif
+
 #if defined(__aarch64__)
 // One group of four values of eight panel rows (two vectors of four rows) against each x
 // row's four values in lane kLane of its 16-value vector.
@@ -368,25 +492,12 @@ __attribute__((target("arch=armv8.2-a+dotprod"), flatten)) void TileNeonDot(
 }
 #endif
 
-// One chunk of blocks of the panel against x's rows, four at a time.
-template <bool kBlockScales>
-void RunPanelChunk(W8A8Isa isa, const Panel& panel, const PromptRows& x, int64_t m, int64_t b0,
-                   int64_t b1, bool first, bool last, float* y, int64_t ldy) {
-  auto tile = [&]<int kRows>(int64_t i0) {
-#if defined(__x86_64__)
-    (void)isa;
-    TileAvx512<kRows, kBlockScales>(panel, x, i0, b0, b1, first, last, y, ldy);
-#elif defined(__aarch64__)
-    (void)isa;
-    for (int64_t j = 0; j < std::min(panel.rows, kInt8GemmPanel); j += 8) {
-      TileNeonDot<kRows, kBlockScales>(panel, x, i0, j, b0, b1, first, last, y, ldy);
-    }
-#else
-    (void)isa, (void)i0;
-#endif
-  };
+// x's rows [0, m) through tile<kTile>(i0) a tile of kTile rows at a time, and the rest
+// through a tile of the rows left.
+template <int kTile, typename Tile>
+void ForEachRowTile(int64_t m, const Tile& tile) {
   int64_t i0 = 0;
-  for (; i0 + kTileRows <= m; i0 += kTileRows) tile.template operator()<4>(i0);
+  for (; i0 + kTile <= m; i0 += kTile) tile.template operator()<kTile>(i0);
   switch (m - i0) {
     case 3:
       tile.template operator()<3>(i0);
@@ -402,11 +513,41 @@ void RunPanelChunk(W8A8Isa isa, const Panel& panel, const PromptRows& x, int64_t
   }
 }
 
+// One chunk of blocks of the panel against all of x's rows.
+template <bool kBlockScales>
+void RunPanelChunk(W8A8Isa isa, const Panel& panel, const PromptRows& x, int64_t m, int64_t b0,
+                   int64_t b1, bool first, bool last, float* y, int64_t ldy) {
+  const int64_t width = std::min(panel.rows, kInt8GemmPanel);
+#if defined(__x86_64__)
+  if (isa == W8A8Isa::kAvx512Vnni) {
+    ForEachRowTile<4>(m, [&]<int kRows>(int64_t i0) {
+      TileAvx512<kRows, kBlockScales>(panel, x, i0, b0, b1, first, last, y, ldy);
+    });
+  } else {
+    ForEachRowTile<3>(m, [&]<int kRows>(int64_t i0) {
+      for (int64_t j = 0; j < width; j += 16) {
+        TileAvxVnni<kRows, kBlockScales>(panel, x, i0, j, b0, b1, first, last, y, ldy);
+      }
+    });
+  }
+#elif defined(__aarch64__)
+  (void)isa;
+  ForEachRowTile<4>(m, [&]<int kRows>(int64_t i0) {
+    for (int64_t j = 0; j < width; j += 8) {
+      TileNeonDot<kRows, kBlockScales>(panel, x, i0, j, b0, b1, first, last, y, ldy);
+    }
+  });
+#else
+  (void)isa, (void)panel, (void)x, (void)m, (void)b0, (void)b1, (void)first, (void)last, (void)y,
+      (void)ldy, (void)width;
+#endif
+}
+
 }  // namespace
 
 bool HasInt8Gemm(W8A8Isa isa) {
 #if defined(__x86_64__)
-  return isa == W8A8Isa::kAvx512Vnni;
+  return isa == W8A8Isa::kAvx512Vnni || isa == W8A8Isa::kAvxVnni;
 #elif defined(__aarch64__)
   return isa == W8A8Isa::kNeonDot;
 #else
@@ -430,7 +571,7 @@ void Int8GemmRows(W8A8Isa isa, const float* x, int64_t ldx, int64_t m,
   const bool mxfp4 = weights.mxfp4_blocks != nullptr;
   TORCH_CHECK(!mxfp4 || weights.cols % kBlock == 0, "Int8GemmRows: MXFP4 rows of ", weights.cols,
               " values, not whole blocks");
-  const bool biased = isa == W8A8Isa::kAvx512Vnni;
+  const bool biased = isa == W8A8Isa::kAvx512Vnni || isa == W8A8Isa::kAvxVnni;
   const int64_t k = weights.cols;
   const int64_t blocks = BlocksOf(k);
   const int64_t padded = blocks * kBlock;
@@ -478,7 +619,7 @@ void Int8GemmRows(W8A8Isa isa, const float* x, int64_t ldx, int64_t m,
     row_scale.resize(kInt8GemmPanel);
     for (int64_t p = begin; p < end; ++p) {
       const int64_t r0 = p * kInt8GemmPanel;
-      PackPanel(weights, r0, biased, values.data(), block_scale.data(), row_scale.data());
+      PackPanel(isa, weights, r0, biased, values.data(), block_scale.data(), row_scale.data());
       const Panel panel{.values = values.data(),
                         .block_scale = block_scale.data(),
                         .row_scale = row_scale.data(),

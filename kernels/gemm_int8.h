@@ -8,9 +8,9 @@
 //
 // How: x's rows are rounded as the row kernels round them (RoundActivationRow: int8 per block
 // of 32, a float scale a block). The weights are repacked, a panel of kInt8GemmPanel rows at a
-// time, so that each vector holds four consecutive values (one int32 lane) of 16 (AVX-512) or
-// 4 (NEON) different weight rows; one x row's four values go into every lane (a broadcast),
-// so each lane's dot product belongs to one output and no horizontal sums are needed. A
+// time, so that each vector holds four consecutive values (one int32 lane) of 16 (AVX-512), 8
+// (AVX-VNNI) or 4 (NEON) different weight rows; one x row's four values go into every lane (a
+// broadcast), so each lane's dot product belongs to one output and no horizontal sums are needed. A
 // block's 32 products are exact in int32; each block's sum is then scaled in float by x's
 // block scale (and by MXFP4's power of two), and an int8 matrix's row scale multiplies the
 // end. The panel is read in chunks of a few blocks that stay in the L1 cache while a tile of
@@ -27,7 +27,8 @@
 
 namespace tophat::kernels {
 
-// Weight rows a panel holds: three 16-lane vectors on AVX-512, twelve 4-lane ones on NEON.
+// Weight rows a panel holds: three 16-lane vectors on AVX-512, six 8-lane ones on AVX-VNNI,
+// twelve 4-lane ones on NEON.
 inline constexpr int64_t kInt8GemmPanel = 48;
 
 // The weights as held, one of two kinds: int8 rows with one float scale each
@@ -45,7 +46,7 @@ struct Int8GemmWeights {
   const uint8_t* mxfp4_scales = nullptr;
 };
 
-// Whether `isa` has the prompt kernel: AVX-512 VNNI and Armv8.2's dot products. Elsewhere
+// Whether `isa` has the prompt kernel: AVX-512 VNNI, AVX-VNNI and Armv8.2's dot products. Elsewhere
 // (AVX2, baseline NEON, scalar) integer products are no faster than BLAS's float ones, and
 // prompts keep BLAS.
 bool HasInt8Gemm(W8A8Isa isa);

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <string>
 
 #include "kernels/gemv_int8.h"
 #include "kernels/gemv_mxfp4.h"
@@ -150,15 +151,17 @@ TEST_CASE("The prompt kernel's rate on prompt-shaped products", "[.gemm_prompt]"
     }
     return best;
   };
-  std::printf("%-34s %5s %11s %11s %11s %8s %8s\n", "matrix", "rows", "integer", "was", "BLAS f32",
-              "vs was", "vs BLAS");
-  auto report = [&](const char* name, int64_t m, int64_t n, int64_t k, double integer, double was,
-                    double blas) {
+  std::printf("%-32s %5s %-11s %10s %10s %10s %7s %7s\n", "matrix", "rows", "isa", "integer", "was",
+              "BLAS f32", "vs was", "vs BLAS");
+  auto report = [&](const char* name, int64_t m, int64_t n, int64_t k, W8A8Isa isa, double integer,
+                    double was, double blas) {
     const double macs = static_cast<double>(m) * n * k;
     std::printf(
-        "%-34s %5ld %7.1f ms %7.1f ms %7.1f ms %7.2fx %7.2fx   (%.0f / %.0f / %.0f G MAC/s)\n",
-        name, static_cast<long>(m), integer * 1e3, was * 1e3, blas * 1e3, was / integer,
-        blas / integer, macs / integer / 1e9, macs / was / 1e9, macs / blas / 1e9);
+        "%-32s %5ld %-11s %7.2f ms %7.2f ms %7.2f ms %6.2fx %6.2fx   (%.0f / %.0f / %.0f G "
+        "MAC/s)\n",
+        name, static_cast<long>(m), std::string(W8A8IsaName(isa)).c_str(), integer * 1e3, was * 1e3,
+        blas * 1e3, was / integer, blas / integer, macs / integer / 1e9, macs / was / 1e9,
+        macs / blas / 1e9);
   };
   for (int64_t m : {32, 256}) {
     // gpt-oss-20b's expert matrices (gate and up together; down), MXFP4.
@@ -167,20 +170,24 @@ TEST_CASE("The prompt kernel's rate on prompt-shaped products", "[.gemm_prompt]"
                           .scales = at::randint(119, 135, {n, k / 32}, at::kByte)};
       const at::Tensor x = at::randn({m, k});
       const at::Tensor dense = w.Dequantize();
-      const double integer = seconds([&] { LinearMxfp4A8(x, w); });
       const double was = seconds([&] { LinearMxfp4(RoundActivationsInt8(x), w); });
       const double blas = seconds([&] { at::mm(x, dense.t()); });
-      report(n == 5760 ? "mxfp4 [5760, 2880] (gate, up)" : "mxfp4 [2880, 2880] (down)", m, n, k,
-             integer, was, blas);
+      for (W8A8Isa isa : PromptIsas()) {
+        const double integer = seconds([&] { LinearMxfp4A8WithIsa(isa, x, w); });
+        report(n == 5760 ? "mxfp4 [5760, 2880] (gate, up)" : "mxfp4 [2880, 2880] (down)", m, n, k,
+               isa, integer, was, blas);
+      }
     }
     // A Llama-3-8B-shaped projection in int8.
     const Int8Matrix w = QuantizeInt8PerRow(at::randn({4096, 4096}));
     const at::Tensor x = at::randn({m, 4096});
     const at::Tensor dense = w.Dequantize();
-    const double integer = seconds([&] { LinearW8A8(x, w); });
     const double was = seconds([&] { LinearInt8(RoundActivationsInt8(x), w); });
     const double blas = seconds([&] { at::mm(x, dense.t()); });
-    report("int8 [4096, 4096]", m, 4096, 4096, integer, was, blas);
+    for (W8A8Isa isa : PromptIsas()) {
+      const double integer = seconds([&] { LinearW8A8WithIsa(isa, x, w); });
+      report("int8 [4096, 4096]", m, 4096, 4096, isa, integer, was, blas);
+    }
   }
   SUCCEED();
 }

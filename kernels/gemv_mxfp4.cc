@@ -440,6 +440,7 @@ Mxfp4A8RowsFn A8RowsFor(W8A8Isa isa) {
     case W8A8Isa::kAvx512Vnni:
       return Mxfp4A8RowsAvx512Vnni;
     case W8A8Isa::kAvx2:
+    case W8A8Isa::kAvxVnni:  // rows: AVX2's kernel (none of its own yet); prompts: gemm_int8
       return Mxfp4A8RowsAvx2;
 #endif
 #if defined(__aarch64__)

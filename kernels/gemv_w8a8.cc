@@ -291,6 +291,9 @@ std::vector<W8A8Isa> DetectW8A8Isas() {
   // differently in __builtin_cpu_supports.
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   const bool vnni = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 11)) != 0;
+  // AVX-VNNI (the VEX form, 256-bit) by CPUID leaf 7, subleaf 1, EAX bit 4.
+  const bool avx_vnni = __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 4)) != 0;
+  if (fma && avx_vnni && __builtin_cpu_supports("avx2")) isas.push_back(W8A8Isa::kAvxVnni);
   if (fma && vnni && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
     isas.push_back(W8A8Isa::kAvx512Vnni);
   }
@@ -307,6 +310,7 @@ W8A8RowsFn RowsFor(W8A8Isa isa) {
     case W8A8Isa::kAvx512Vnni:
       return W8A8RowsAvx512Vnni;
     case W8A8Isa::kAvx2:
+    case W8A8Isa::kAvxVnni:  // rows: AVX2's kernel (none of its own yet); prompts: gemm_int8
       return W8A8RowsAvx2;
 #endif
 #if defined(__aarch64__)
@@ -377,6 +381,8 @@ std::string_view W8A8IsaName(W8A8Isa isa) {
       return "scalar";
     case W8A8Isa::kAvx2:
       return "avx2";
+    case W8A8Isa::kAvxVnni:
+      return "avx-vnni";
     case W8A8Isa::kAvx512Vnni:
       return "avx512vnni";
     case W8A8Isa::kNeon:

@@ -36,11 +36,14 @@ inline constexpr int64_t kActivationBlock = 32;
 // block (a block of zeros stays zeros). The reference for the kernel, and the BLAS path.
 at::Tensor RoundActivationsInt8(const at::Tensor& x);
 
-// The integer kernels this CPU can run, plainest first (the last is the default). kNeonDot:
+// The integer kernels this CPU can run, plainest first (the last is the default). kAvxVnni:
+// AVX-VNNI, vpdpbusd on 256-bit vectors (Intel's client cores since Alder Lake, which lack
+// AVX-512; AMD's since Zen 5): its rows take the AVX2 kernels, its prompts the prompt kernel
+// (kernels/gemm_int8.h). kNeonDot:
 // Armv8.2's dot-product instructions (sdot; Cortex-A75 and later, so Jetson Orin's A78AE),
 // four int8 products summed into each int32 lane in one instruction, where baseline NEON
 // widens, multiplies and adds pairwise in three.
-enum class W8A8Isa { kScalar, kAvx2, kAvx512Vnni, kNeon, kNeonDot };
+enum class W8A8Isa { kScalar, kAvx2, kAvxVnni, kAvx512Vnni, kNeon, kNeonDot };
 std::string_view W8A8IsaName(W8A8Isa isa);
 const std::vector<W8A8Isa>& SupportedW8A8Isas();
 
