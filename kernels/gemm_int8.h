@@ -9,9 +9,9 @@
 // How: x's rows are rounded as the row kernels round them (RoundActivationRow: int8 per block
 // of 32, a float scale a block). The weights are repacked, a panel of kInt8GemmPanel rows at a
 // time, so that each vector holds four consecutive values (one int32 lane) of 16 (AVX-512), 8
-// (AVX-VNNI) or 4 (NEON) different weight rows; one x row's four values go into every lane (a
-// broadcast), so each lane's dot product belongs to one output and no horizontal sums are needed. A
-// block's 32 products are exact in int32; each block's sum is then scaled in float by x's
+// (AVX-VNNI) or 4 (NEON) different weight rows; one x row's four values go into every lane
+// (a broadcast), so each lane's dot product belongs to one output and no horizontal sums are
+// needed. A block's 32 products are exact in int32; each block's sum is then scaled in float by x's
 // block scale (and by MXFP4's power of two), and an int8 matrix's row scale multiplies the
 // end. The panel is read in chunks of a few blocks that stay in the L1 cache while a tile of
 // four x rows at a time goes through them.
