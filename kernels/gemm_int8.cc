@@ -124,6 +124,35 @@ inline void PrefetchRowsAhead(const uint8_t* row0, int64_t row_bytes, int64_t ro
   }
 }
 
+// What the gathering packers below read of rows [r0, r0 + kInt8GemmPanel): each row's bytes
+// (MXFP4: 16 a block; int8: 32 a block, at the matrix's row stride), and MXFP4's doubled
+// codes plus 128 as a lookup table repeated in each 128-bit lane.
+struct GatherSource {
+  bool mxfp4 = false;
+  int64_t rows = 0;  // of the panel inside the matrix
+  int64_t row_bytes = 0;
+  int64_t block_bytes = 0;
+  const uint8_t* first = nullptr;  // row r0
+  alignas(64) std::array<uint8_t, 64> biased_codes{};
+
+  GatherSource(const Int8GemmWeights& w, int64_t r0)
+      : mxfp4(w.mxfp4_blocks != nullptr),
+        rows(std::min(kInt8GemmPanel, w.rows - r0)),
+        row_bytes(mxfp4 ? BlocksOf(w.cols) * 16 : w.int8_stride),
+        block_bytes(mxfp4 ? 16 : kBlock),
+        first((mxfp4 ? w.mxfp4_blocks : reinterpret_cast<const uint8_t*>(w.int8_values)) +
+              r0 * row_bytes) {
+    for (int c = 0; c < 64; ++c) {
+      biased_codes[c] = static_cast<uint8_t>(kMxfp4DoubledCodes[c % 16] + 128);
+    }
+  }
+  // Panel rows [j, j + lanes) inside the matrix, and their first row's bytes.
+  int64_t LanesFrom(int64_t j, int64_t lanes) const {
+    return std::clamp<int64_t>(rows - j, 0, lanes);
+  }
+  const uint8_t* Row(int64_t j) const { return first + j * row_bytes; }
+};
+
 // The same for AVX-512 (values biased by 128), 16 rows at a time: each group of four values
 // of 16 rows is one gather of int32 words (rows past the matrix masked off, so zero). MXFP4's
 // gathered words hold four bytes of codes, which one table lookup (of the doubled codes plus
@@ -133,99 +162,72 @@ inline void PrefetchRowsAhead(const uint8_t* row0, int64_t row_bytes, int64_t ro
 __attribute__((target("avx512f,avx512bw"))) void PackPanelAvx512(const Int8GemmWeights& w,
                                                                  int64_t r0, int64_t whole,
                                                                  uint8_t* values) {
-  const int64_t blocks = BlocksOf(w.cols);
-  const int64_t rows = std::min(kInt8GemmPanel, w.rows - r0);
-  const bool mxfp4 = w.mxfp4_blocks != nullptr;
-  const int64_t row_bytes = mxfp4 ? blocks * 16 : w.int8_stride;
+  const GatherSource source(w, r0);
   const __m512i lane_offsets =
       _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                         _mm512_set1_epi32(static_cast<int32_t>(row_bytes)));
-  // The table in each 128-bit lane, for the lane-wise lookup.
-  alignas(64) std::array<uint8_t, 64> biased_codes;
-  for (int c = 0; c < 64; ++c)
-    biased_codes[c] = static_cast<uint8_t>(kMxfp4DoubledCodes[c % 16] + 128);
-  const __m512i table = _mm512_load_si512(biased_codes.data());
+                         _mm512_set1_epi32(static_cast<int32_t>(source.row_bytes)));
+  const __m512i table = _mm512_load_si512(source.biased_codes.data());
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  for (int64_t v = 0; v < kInt8GemmPanel / 16; ++v) {
-    const int64_t lanes = std::clamp<int64_t>(rows - 16 * v, 0, 16);
+  for (int64_t j = 0; j < kInt8GemmPanel; j += 16) {
+    const int64_t lanes = source.LanesFrom(j, 16);
     const __mmask16 mask = static_cast<__mmask16>((1u << lanes) - 1u);
-    const int64_t first_row = r0 + 16 * v;
-    const uint8_t* row0 =
-        mxfp4 ? w.mxfp4_blocks + first_row * row_bytes
-              : reinterpret_cast<const uint8_t*>(w.int8_values) + first_row * row_bytes;
-    const int64_t block_bytes = mxfp4 ? 16 : kBlock;
-    PrefetchRowsAhead(row0, row_bytes, lanes, -1);
+    const uint8_t* row0 = source.Row(j);
+    PrefetchRowsAhead(row0, source.row_bytes, lanes, -1);
     for (int64_t b = 0; b < whole; ++b) {
-      if ((b * block_bytes) % 64 == 0) PrefetchRowsAhead(row0, row_bytes, lanes, b * block_bytes);
+      const int64_t at = b * source.block_bytes;
+      if (at % 64 == 0) PrefetchRowsAhead(row0, source.row_bytes, lanes, at);
       // Group g of these 16 rows' block b goes to to + g * kInt8GemmPanel * 4.
-      uint8_t* to = values + (b * kGroupsPerBlock * kInt8GemmPanel + 16 * v) * 4;
-      if (mxfp4) {
-        const uint8_t* base = w.mxfp4_blocks + (first_row * blocks + b) * 16;
-        for (int64_t g = 0; g < 4; ++g) {
-          const __m512i codes = lanes == 0
-                                    ? _mm512_setzero_si512()
-                                    : _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask,
-                                                                  lane_offsets, base + 4 * g, 1);
+      uint8_t* to = values + (b * kGroupsPerBlock * kInt8GemmPanel + j) * 4;
+      for (int64_t g = 0; g < (source.mxfp4 ? 4 : kGroupsPerBlock); ++g) {
+        const __m512i words = lanes == 0
+                                  ? _mm512_setzero_si512()
+                                  : _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask,
+                                                                lane_offsets, row0 + at + 4 * g, 1);
+        if (source.mxfp4) {
           _mm512_storeu_si512(to + g * kInt8GemmPanel * 4,
-                              _mm512_shuffle_epi8(table, _mm512_and_si512(codes, nibble)));
+                              _mm512_shuffle_epi8(table, _mm512_and_si512(words, nibble)));
           _mm512_storeu_si512(
               to + (g + 4) * kInt8GemmPanel * 4,
-              _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(codes, 4), nibble)));
-        }
-      } else {
-        const int8_t* base = w.int8_values + first_row * w.int8_stride + b * kBlock;
-        for (int64_t g = 0; g < kGroupsPerBlock; ++g) {
-          const __m512i words = lanes == 0
-                                    ? _mm512_setzero_si512()
-                                    : _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask,
-                                                                  lane_offsets, base + 4 * g, 1);
+              _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(words, 4), nibble)));
+        } else {
           _mm512_storeu_si512(to + g * kInt8GemmPanel * 4, _mm512_xor_si512(words, flip));
         }
       }
     }
   }
 }
+
 // The same with AVX2's 8-lane gathers, for AVX-VNNI's CPUs (no AVX-512): 8 rows at a time.
 __attribute__((target("avx2"))) void PackPanelAvx2(const Int8GemmWeights& w, int64_t r0,
                                                    int64_t whole, uint8_t* values) {
-  const int64_t blocks = BlocksOf(w.cols);
-  const int64_t rows = std::min(kInt8GemmPanel, w.rows - r0);
-  const bool mxfp4 = w.mxfp4_blocks != nullptr;
-  const int64_t row_bytes = mxfp4 ? blocks * 16 : w.int8_stride;
+  const GatherSource source(w, r0);
+  const __m256i lane_index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i lane_offsets =
-      _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                         _mm256_set1_epi32(static_cast<int32_t>(row_bytes)));
-  alignas(32) std::array<uint8_t, 32> biased_codes;
-  for (int c = 0; c < 32; ++c) {
-    biased_codes[c] = static_cast<uint8_t>(kMxfp4DoubledCodes[c % 16] + 128);
-  }
-  const __m256i table = _mm256_load_si256(reinterpret_cast<const __m256i*>(biased_codes.data()));
+      _mm256_mullo_epi32(lane_index, _mm256_set1_epi32(static_cast<int32_t>(source.row_bytes)));
+  const __m256i table =
+      _mm256_load_si256(reinterpret_cast<const __m256i*>(source.biased_codes.data()));
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-  for (int64_t v = 0; v < kInt8GemmPanel / 8; ++v) {
-    const int64_t lanes = std::clamp<int64_t>(rows - 8 * v, 0, 8);
+  for (int64_t j = 0; j < kInt8GemmPanel; j += 8) {
+    const int64_t lanes = source.LanesFrom(j, 8);
     // A lane gathers where its mask's top bit is set: lanes [0, lanes).
-    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(lanes)),
-                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    const int64_t first_row = r0 + 8 * v;
-    const uint8_t* row0 =
-        mxfp4 ? w.mxfp4_blocks + first_row * row_bytes
-              : reinterpret_cast<const uint8_t*>(w.int8_values) + first_row * row_bytes;
-    const int64_t block_bytes = mxfp4 ? 16 : kBlock;
-    PrefetchRowsAhead(row0, row_bytes, lanes, -1);
+    const __m256i mask =
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(lanes)), lane_index);
+    const uint8_t* row0 = source.Row(j);
+    PrefetchRowsAhead(row0, source.row_bytes, lanes, -1);
     for (int64_t b = 0; b < whole; ++b) {
-      if ((b * block_bytes) % 64 == 0) PrefetchRowsAhead(row0, row_bytes, lanes, b * block_bytes);
-      uint8_t* to = values + (b * kGroupsPerBlock * kInt8GemmPanel + 8 * v) * 4;
-      const uint8_t* base = row0 + b * block_bytes;
-      for (int64_t g = 0; g < (mxfp4 ? 4 : kGroupsPerBlock); ++g) {
-        const __m256i words =
-            lanes == 0 ? _mm256_setzero_si256()
-                       : _mm256_mask_i32gather_epi32(_mm256_setzero_si256(),
-                                                     reinterpret_cast<const int*>(base + 4 * g),
-                                                     lane_offsets, mask, 1);
+      const int64_t at = b * source.block_bytes;
+      if (at % 64 == 0) PrefetchRowsAhead(row0, source.row_bytes, lanes, at);
+      uint8_t* to = values + (b * kGroupsPerBlock * kInt8GemmPanel + j) * 4;
+      for (int64_t g = 0; g < (source.mxfp4 ? 4 : kGroupsPerBlock); ++g) {
+        const __m256i words = lanes == 0 ? _mm256_setzero_si256()
+                                         : _mm256_mask_i32gather_epi32(
+                                               _mm256_setzero_si256(),
+                                               reinterpret_cast<const int*>(row0 + at + 4 * g),
+                                               lane_offsets, mask, 1);
         __m256i* low = reinterpret_cast<__m256i*>(to + g * kInt8GemmPanel * 4);
-        if (mxfp4) {
+        if (source.mxfp4) {
           __m256i* high = reinterpret_cast<__m256i*>(to + (g + 4) * kInt8GemmPanel * 4);
           _mm256_storeu_si256(low, _mm256_shuffle_epi8(table, _mm256_and_si256(words, nibble)));
           _mm256_storeu_si256(
