@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Decode speed of tophat's CPU runtime against llama.cpp's, same model, same machine.
+"""Decode or prefill speed of tophat's CPU runtime against llama.cpp's: same model, machine.
 
 llama.cpp is the peer users compare a device runtime with. This script takes a Llama-shaped
 Hugging Face checkpoint (safetensors, float32: `tophat init-model --preset bench-110m`),
@@ -11,7 +11,11 @@ interleaved run by run on the same threads:
   tophat bench-model --weights float32|bfloat16|int8|w8a8 ...  (decode N tokens after D)
 
 and prints a table and JSON of the decode rates and their same-run ratios, with the
-machine's CPU model and the read bandwidth tophat's probe measured in each run.
+machine's CPU model and the read bandwidth tophat's probe measured in each run. With
+--prefill P it times a P-token prompt instead, each runtime's one batch of P positions:
+
+  llama-bench -m MODEL.gguf -p P -n 0 -t T -r 1
+  tophat bench-model --weights W --prompt-tokens P --decode-tokens 1 --repetitions 1
 
 llama.cpp is built from its source beside the project, never committed:
   cmake -S LLAMA -B LLAMA/build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF
@@ -19,7 +23,8 @@ llama.cpp is built from its source beside the project, never committed:
 
 Usage:
   llama_cpp_peer.py --model CKPT --llama-cpp LLAMA --tophat build/release/bin/tophat \
-      --work DIR [--runs 3] [--threads 2] [--decode-tokens 128] [--depth 16] [--json OUT]
+      --work DIR [--runs 3] [--threads 2] [--decode-tokens 128] [--depth 16] [--prefill P]
+      [--json OUT]
 
 The GGUF is the same network: q/k rows are permuted from Hugging Face's rotate-half layout to
 the interleaved one llama.cpp's "llama" architecture expects (as convert_hf_to_gguf.py does),
@@ -142,8 +147,12 @@ def main():
     parser.add_argument("--decode-tokens", type=int, default=128)
     parser.add_argument("--depth", type=int, default=16,
                         help="context before the first timed token (tophat bench-model's 16)")
+    parser.add_argument("--prefill", type=int, default=0,
+                        help="time a prompt of this many tokens instead of decode (0: decode)")
     parser.add_argument("--json", type=Path, help="also write the report here")
     args = parser.parse_args()
+    prefill = args.prefill > 0
+    what = f"prefill {args.prefill}" if prefill else "decode"
 
     bench = args.llama_cpp / "build" / "bin" / "llama-bench"
     quantize = args.llama_cpp / "build" / "bin" / "llama-quantize"
@@ -166,28 +175,35 @@ def main():
     rows = []  # one per run and runtime/dtype
     for r in range(args.runs):
         for kind, path in ggufs.items():
-            out = run([bench, "-m", path, "-p", "0", "-n", str(args.decode_tokens), "-d",
-                       str(args.depth), "-t", str(args.threads), "-r", "1", "-o", "json"], 1200)
+            shape = (["-p", str(args.prefill), "-n", "0"] if prefill else
+                     ["-p", "0", "-n", str(args.decode_tokens), "-d", str(args.depth)])
+            out = run([bench, "-m", path, *shape, "-t", str(args.threads), "-r", "1", "-o",
+                       "json"], 1200)
             result = json.loads(out)[0]
             rows.append({"run": r + 1, "runtime": "llama.cpp", "weights": kind,
-                         "decode_tokens_per_s": result["avg_ts"],
+                         "tokens_per_s": result["avg_ts"],
                          "model_bytes": result.get("model_size")})
-            print(f"run {r + 1} llama.cpp {kind}: {result['avg_ts']:.1f} tok/s", flush=True)
+            print(f"run {r + 1} llama.cpp {kind} {what}: {result['avg_ts']:.1f} tok/s", flush=True)
         for weights in ("float32", "bfloat16", "int8", "w8a8"):
             report_path = args.work / f"tophat-{weights}-{r + 1}.json"
-            run([args.tophat, "bench-model", "--model", args.model, "--weights", weights,
-                 "--prompt-tokens", str(max(args.depth, 16)), "--decode-tokens",
-                 str(args.decode_tokens), "--repetitions", "1", "--json", report_path], 1200)
+            shape = (["--prompt-tokens", str(args.prefill), "--decode-tokens", "1"] if prefill else
+                     ["--prompt-tokens", str(max(args.depth, 16)), "--decode-tokens",
+                      str(args.decode_tokens)])
+            run([args.tophat, "bench-model", "--model", args.model, "--weights", weights, *shape,
+                 "--repetitions", "1", "--json", report_path], 1200)
             report = json.loads(report_path.read_text())
+            speed = report["prefill_tokens_per_s" if prefill else "decode_tokens_per_s"]
             rows.append({"run": r + 1, "runtime": "tophat", "weights": weights,
-                         "decode_tokens_per_s": report["decode_tokens_per_s"],
+                         "tokens_per_s": speed,
                          "model_bytes": report["weight_bytes_per_token"],
-                         "read_bandwidth_bytes_per_s": report["read_bandwidth_bytes_per_s"]})
-            print(f"run {r + 1} tophat {weights}: {report['decode_tokens_per_s']:.1f} tok/s "
-                  f"(read BW {report['read_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s)", flush=True)
+                         "read_bandwidth_bytes_per_s": report["read_bandwidth_bytes_per_s"],
+                         "gemm_flops_per_s": report["gemm_flops_per_s"]})
+            print(f"run {r + 1} tophat {weights} {what}: {speed:.1f} tok/s "
+                  f"(read BW {report['read_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, float32 GEMM "
+                  f"{report['gemm_flops_per_s'] / 1e9:.0f} GFLOP/s)", flush=True)
 
     def rate(r, runtime, weights):
-        return next(x["decode_tokens_per_s"] for x in rows
+        return next(x["tokens_per_s"] for x in rows
                     if x["run"] == r and x["runtime"] == runtime and x["weights"] == weights)
 
     # tophat has no float16 weights: its bfloat16 (the same bytes per weight) against both.
@@ -196,22 +212,27 @@ def main():
     pairs = [("float32", "F32"), ("bfloat16", "BF16"), ("bfloat16", "F16"), ("int8", "Q8_0"),
              ("w8a8", "Q8_0")]
     ratios = []
-    print(f"\nCPU: {cpu_model()}, {args.threads} threads; decode {args.decode_tokens} tokens "
-          f"after {args.depth}")
-    print("| run | read BW | " + " | ".join(f"tophat {t} / llama.cpp {l}" for t, l in pairs) + " |")
+    print(f"\nCPU: {cpu_model()}, {args.threads} threads; " +
+          (f"a {args.prefill}-token prompt (tokens/s)" if prefill else
+           f"decode {args.decode_tokens} tokens after {args.depth}"))
+    bound = "float32 GEMM" if prefill else "read BW"
+    print(f"| run | {bound} | " + " | ".join(f"tophat {t} / llama.cpp {l}" for t, l in pairs) +
+          " |")
     print("|---|---|" + "---|" * len(pairs))
     for r in range(1, args.runs + 1):
-        bw = next(x["read_bandwidth_bytes_per_s"] for x in rows
-                  if x["run"] == r and x["runtime"] == "tophat")
+        tophat_row = next(x for x in rows if x["run"] == r and x["runtime"] == "tophat")
+        measured = (f"{tophat_row['gemm_flops_per_s'] / 1e9:.0f} GFLOP/s" if prefill else
+                    f"{tophat_row['read_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s")
         cells = []
         for t, l in pairs:
             ratio = rate(r, "tophat", t) / rate(r, "llama.cpp", l)
             ratios.append({"run": r, "tophat": t, "llama_cpp": l, "ratio": ratio})
             cells.append(f"{rate(r, 'tophat', t):.1f} / {rate(r, 'llama.cpp', l):.1f} = "
                          f"**{ratio:.2f}x**")
-        print(f"| {r} | {bw / 1e9:.1f} GB/s | " + " | ".join(cells) + " |")
+        print(f"| {r} | {measured} | " + " | ".join(cells) + " |")
     report = {"cpu": cpu_model(), "threads": args.threads, "decode_tokens": args.decode_tokens,
-              "depth": args.depth, "rows": rows, "ratios": ratios, "time": time.time()}
+              "depth": args.depth, "prefill_tokens": args.prefill, "rows": rows,
+              "ratios": ratios, "time": time.time()}
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
 

@@ -18,6 +18,7 @@
 #include "device_agent/decode_round.h"
 #include "device_agent/link_emulator.h"
 #include "device_agent/request_stats.h"
+#include "kernels/gemm_int8.h"
 #include "kernels/gemv.h"
 #include "kernels/gemv_w8a8.h"
 #include "models/tokenizers/tokenizer.h"
@@ -1118,10 +1119,13 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
   }
   if (options.device.is_cpu()) {
     // Which instruction sets the kernels chose on this CPU (a Jetson without Armv8.2's dot
-    // products, say, decodes int8 activations slower): for the operator reading the log.
-    spdlog::info("device CPU kernels: {} for float and int8 weights, {} for int8 activations",
-                 kernels::CpuIsaName(kernels::SelectedCpuIsa()),
-                 kernels::W8A8IsaName(kernels::SupportedW8A8Isas().back()));
+    // products, say, decodes int8 activations slower and takes their prompts through BLAS):
+    // for the operator reading the log.
+    const kernels::W8A8Isa integer_isa = kernels::SupportedW8A8Isas().back();
+    spdlog::info(
+        "device CPU kernels: {} for float and int8 weights, {} for int8 activations ({})",
+        kernels::CpuIsaName(kernels::SelectedCpuIsa()), kernels::W8A8IsaName(integer_isa),
+        kernels::HasInt8Gemm(integer_isa) ? "prompts in integers" : "prompts through BLAS");
   }
   if (dtype == at::kBFloat16 && options.device.is_cpu() && !kernels::CpuHasBf16Arithmetic()) {
     spdlog::warn("dtype bfloat16: this CPU has no bfloat16 arithmetic, so LibTorch converts "

@@ -35,6 +35,7 @@
 #include "absl/time/time.h"
 #include "base/program_paths.h"
 #include "base/test_util.h"
+#include "kernels/gemm_int8.h"
 #include "kernels/gemv.h"
 #include "kernels/gemv_w8a8.h"
 #include "models/runtime/bundle.h"
@@ -3037,7 +3038,10 @@ void CheckInt8BundleServes(const std::string& agent_yaml, const SubmodelOptions&
           "device CPU kernels: ", std::string(kernels::CpuIsaName(kernels::SelectedCpuIsa())),
           " for float and int8 weights, ",
           std::string(kernels::W8A8IsaName(kernels::SupportedW8A8Isas().back())),
-          " for int8 activations")));
+          " for int8 activations (",
+          kernels::HasInt8Gemm(kernels::SupportedW8A8Isas().back()) ? "prompts in integers"
+                                                                    : "prompts through BLAS",
+          ")")));
   CHECK_THAT(drafting.process().Log(), Catch::Contains("speculative decoding: adapter"));
   auto device = DeviceBundle::Load(Int8Bundles() / "device", reference_options);
   auto middle = CloudBundle::Load(Bundles() / "cloud");
