@@ -6,43 +6,44 @@
 // the paged KV pool, and result serialization. Raw path: Submodel::Forward over paged caches
 // of a separate pool with the same history lengths, same tokens. The two are timed in
 // alternation (engine, raw, engine, raw, ...) and compared through their medians.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <c10/core/InferenceMode.h>
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
-
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/program.h"
+#include "base/status_macros.h"
+#include "bench/bench_util.h"
 #include "bench/kernel_profile.h"
+#include "bench/machine_bounds.h"
+#include "bench/model_benchmark.h"
 #include "kernels/cuda_device.h"
 #include "kernels/decode_attention.h"
-#include "bench/model_benchmark.h"
+#include "kernels/gemm_f32.h"
 #include "models/formats/checkpoint.h"
 #include "models/formats/config.h"
-#include "models/runtime/kv_cache.h"
-#include "bench/machine_bounds.h"
-#include "base/status_macros.h"
 #include "models/runtime/decode_graphs.h"
 #include "models/runtime/gemm_tactics.h"
+#include "models/runtime/kv_cache.h"
 #include "models/runtime/submodel.h"
 #include "proto/hidden_states.h"
-#include "bench/bench_util.h"
 #include "server/engine.h"
 #include "server/message_sink.h"
-#include "base/program.h"
 
 using tophat::Fail;
 
@@ -835,6 +836,8 @@ int Run(const Args& args) {
       {"verification_as_decode_rows", args.verification_as_decode_rows},
       {"mxfp4_experts", args.mxfp4_experts},
       {"int8_activations", args.int8_activations},
+      // float32 prompts through kernels/gemm_f32.h rather than BLAS (aten::mm).
+      {"f32_prompt_kernel", device.is_cpu() && kernels::F32PromptKernelChosen()},
       {"dtype", args.dtype},
       {"bounds",
        {{"memory_bytes_per_second", bounds.bandwidth},

@@ -1,11 +1,11 @@
 #include "kernels/gemv_int8.h"
 
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
+#include "kernels/gemm_f32.h"
 #include "kernels/prefetch.h"
 #include "kernels/vector_types.h"
 
@@ -430,6 +430,12 @@ at::Tensor LinearInt8WithIsa(CpuIsa isa, const at::Tensor& x, const Int8Matrix& 
 void LinearBf16Out(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                    at::Tensor& out) {
   static const RowsFn<uint16_t> rows_fn = RowsFor(SelectedCpuIsa(), uint16_t{});
+  // A prompt on a CPU whose BLAS leaves AVX-512 unused: widened as the panels are packed
+  // (kernels/gemm_f32.h), not a block of rows at a time for BLAS.
+  if (x.dim() == 2 && x.size(0) >= kF32GemmMinRows && F32PromptKernelChosen() &&
+      LinearF32PromptOut(x, weight, bias, out)) {
+    return;
+  }
   Run<uint16_t>(rows_fn, x, weight, {}, bias, out);
 }
 

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "kernels/decode_attention.h"
+#include "kernels/gemm_f32.h"
 #include "kernels/gemv.h"
 #include "kernels/gemv_w8a8.h"
 #include "kernels/rms_norm.h"
@@ -71,6 +72,10 @@ void LinearOut(const at::Tensor& x, const WeightMatrix& w, const at::Tensor& bia
              kernels::LinearFewRowsOut(x, w.dense, bias, out)) {
     // A few float32 rows (a small batch, a verification chunk, an expert's routed rows): the
     // weight read once for all of them, where BLAS would pack it first.
+  } else if (x.size(0) >= kernels::kF32GemmMinRows && x.is_cpu() &&
+             kernels::F32PromptKernelChosen() &&
+             kernels::LinearF32PromptOut(x, w.dense, bias, out)) {
+    // A float32 prompt on a CPU whose BLAS leaves AVX-512 unused (kernels/gemm_f32.h).
   } else if (UsesSmallBatchGemm(w, x.size(0)) &&
              kernels::SmallBatchGemmOut(x, w.dense, bias, out)) {
     // Measured faster than cuBLAS for this shape and row count (ChooseSmallBatchGemms).

@@ -1,0 +1,201 @@
+#include "kernels/gemm_f32.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace tophat::kernels {
+namespace {
+
+constexpr int64_t kTileRows = 8;
+
+#if defined(__x86_64__)
+bool CpuHasAvx512() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+}
+
+// Rows [r0, r0 + rows) and columns [k0, k0 + columns) of the weights into panel[k][j], j <
+// kF32GemmPanel (rows past `rows`: zeros).
+template <typename E>
+void PackChunk(const E* w, int64_t ldw, int64_t r0, int64_t rows, int64_t k0, int64_t columns,
+               float* panel) {
+  for (int64_t j = 0; j < kF32GemmPanel; ++j) {
+    if (j >= rows) {
+      for (int64_t k = 0; k < columns; ++k) panel[k * kF32GemmPanel + j] = 0.0f;
+      continue;
+    }
+    const E* row = w + (r0 + j) * ldw + k0;
+    for (int64_t k = 0; k < columns; ++k) {
+      if constexpr (std::is_same_v<E, float>) {
+        panel[k * kF32GemmPanel + j] = row[k];
+      } else {
+        // bfloat16 is float32's upper half: widened exactly.
+        const uint32_t bits = static_cast<uint32_t>(row[k]) << 16;
+        float value;
+        std::memcpy(&value, &bits, sizeof(value));
+        panel[k * kF32GemmPanel + j] = value;
+      }
+    }
+  }
+}
+
+// x rows [i0, i0 + kRows) (x already offset to the chunk's first column) against the panel's
+// chunk of `columns` k values; y (offset to the panel's first column) holds the partial sums
+// between chunks, `first` starts them at zero and `bias` (the panel's, or null) is added
+// after the last.
+template <int kRows>
+__attribute__((target("avx512f,fma"), flatten)) void Tile(const float* panel, int64_t columns,
+                                                          const float* x, int64_t ldx, int64_t i0,
+                                                          int64_t valid, bool first,
+                                                          const float* bias, float* y,
+                                                          int64_t ldy) {
+  constexpr int kVectors = kF32GemmPanel / 16;
+  __mmask16 mask[kVectors];
+#pragma GCC unroll 16
+  for (int v = 0; v < kVectors; ++v) {
+    const int64_t lanes = std::clamp<int64_t>(valid - 16 * v, 0, 16);
+    mask[v] = static_cast<__mmask16>((1u << lanes) - 1u);
+  }
+  __m512 acc[kRows][kVectors];
+#pragma GCC unroll 16
+  for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 16
+    for (int v = 0; v < kVectors; ++v) {
+      acc[i][v] =
+          first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask[v], y + (i0 + i) * ldy + 16 * v);
+    }
+  }
+  const float* rows[kRows];
+#pragma GCC unroll 16
+  for (int i = 0; i < kRows; ++i) rows[i] = x + (i0 + i) * ldx;
+  for (int64_t k = 0; k < columns; ++k) {
+    const float* weights = panel + k * kF32GemmPanel;
+    __m512 wv[kVectors];
+#pragma GCC unroll 16
+    for (int v = 0; v < kVectors; ++v) wv[v] = _mm512_loadu_ps(weights + 16 * v);
+#pragma GCC unroll 16
+    for (int i = 0; i < kRows; ++i) {
+      const __m512 xv = _mm512_set1_ps(rows[i][k]);
+#pragma GCC unroll 16
+      for (int v = 0; v < kVectors; ++v) acc[i][v] = _mm512_fmadd_ps(xv, wv[v], acc[i][v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int v = 0; v < kVectors; ++v) {
+    const __m512 b =
+        bias != nullptr ? _mm512_maskz_loadu_ps(mask[v], bias + 16 * v) : _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int i = 0; i < kRows; ++i) {
+      _mm512_mask_storeu_ps(y + (i0 + i) * ldy + 16 * v, mask[v], _mm512_add_ps(acc[i][v], b));
+    }
+  }
+}
+
+// x's rows [0, m) through tiles of 8, then one of the rows left.
+void RunTiles(const float* panel, int64_t columns, const float* x, int64_t ldx, int64_t m,
+              int64_t valid, bool first, const float* bias, float* y, int64_t ldy) {
+  int64_t i0 = 0;
+  for (; i0 + kTileRows <= m; i0 += kTileRows) {
+    Tile<8>(panel, columns, x, ldx, i0, valid, first, bias, y, ldy);
+  }
+  switch (m - i0) {
+#define TOPHAT_F32_TILE(n)                                           \
+  case n:                                                            \
+    Tile<n>(panel, columns, x, ldx, i0, valid, first, bias, y, ldy); \
+    break;
+    TOPHAT_F32_TILE(7)
+    TOPHAT_F32_TILE(6)
+    TOPHAT_F32_TILE(5)
+    TOPHAT_F32_TILE(4)
+    TOPHAT_F32_TILE(3)
+    TOPHAT_F32_TILE(2)
+    TOPHAT_F32_TILE(1)
+#undef TOPHAT_F32_TILE
+    default:
+      break;
+  }
+}
+
+template <typename E>
+void Run(const float* x, int64_t ldx, int64_t m, int64_t k, const E* w, int64_t ldw, int64_t n,
+         const float* bias, float* y, int64_t ldy) {
+  const int64_t panels = (n + kF32GemmPanel - 1) / kF32GemmPanel;
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> panel;
+    panel.resize(kF32GemmChunk * kF32GemmPanel);
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t r0 = p * kF32GemmPanel;
+      const int64_t rows = std::min(kF32GemmPanel, n - r0);
+      for (int64_t k0 = 0; k0 < k; k0 += kF32GemmChunk) {
+        const int64_t columns = std::min(kF32GemmChunk, k - k0);
+        PackChunk(w, ldw, r0, rows, k0, columns, panel.data());
+        const bool last = k0 + columns == k;
+        RunTiles(panel.data(), columns, x + k0, ldx, m, rows, k0 == 0,
+                 last && bias != nullptr ? bias + r0 : nullptr, y + r0, ldy);
+      }
+    }
+  });
+}
+#endif
+
+}  // namespace
+
+bool F32PromptKernelChosen() {
+#if defined(__x86_64__)
+  static const bool chosen = [] {
+    if (!CpuHasAvx512()) return false;
+    if (const char* forced = std::getenv("TOPHAT_F32_PROMPT_KERNEL")) {
+      const std::string_view value(forced);
+      if (value == "on") return true;
+      if (value == "off") return false;
+    }
+    return __builtin_cpu_is("amd") != 0;
+  }();
+  return chosen;
+#else
+  return false;
+#endif
+}
+
+bool LinearF32PromptOut(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                        at::Tensor& out) {
+#if defined(__x86_64__)
+  static const bool avx512 = CpuHasAvx512();
+  const bool takes =
+      avx512 && x.is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 && x.stride(1) == 1 &&
+      weight.is_cpu() && weight.dim() == 2 && weight.stride(1) == 1 &&
+      (weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16) &&
+      weight.size(1) == x.size(1) && out.is_cpu() && out.scalar_type() == at::kFloat &&
+      out.is_contiguous() && out.dim() == 2 && out.size(0) == x.size(0) &&
+      out.size(1) == weight.size(0) &&
+      (!bias.defined() || (bias.is_cpu() && bias.scalar_type() == at::kFloat &&
+                           bias.is_contiguous() && bias.numel() == weight.size(0)));
+  if (!takes) return false;
+  const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
+  if (weight.scalar_type() == at::kFloat) {
+    Run(x.data_ptr<float>(), x.stride(0), x.size(0), x.size(1), weight.data_ptr<float>(),
+        weight.stride(0), weight.size(0), b, out.data_ptr<float>(), out.stride(0));
+  } else {
+    Run(x.data_ptr<float>(), x.stride(0), x.size(0), x.size(1),
+        reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()), weight.stride(0),
+        weight.size(0), b, out.data_ptr<float>(), out.stride(0));
+  }
+  return true;
+#else
+  (void)x, (void)weight, (void)bias, (void)out;
+  return false;
+#endif
+}
+
+}  // namespace tophat::kernels

@@ -1,0 +1,45 @@
+// A prompt's float32 rows against float32 or bfloat16 weights, on CPUs where LibTorch's BLAS
+// leaves AVX-512 unused.
+//
+// Why: PyTorch's x86 builds multiply float32 matrices with MKL, and on an AMD CPU MKL runs
+// its AVX2 sgemm (`mkl_blas_def_sgemm_kernel_0_zen` in a profile) even where the core has
+// AVX-512: half the multiply-adds an instruction. On this project's 2-vCPU AMD EPYC VM a
+// float32 prompt ran at 0.61-0.67x llama.cpp's (docs/benchmarks.md, "Against llama.cpp
+// again"), whose own kernels use AVX-512.
+//
+// How: the weights are repacked a panel of kF32GemmPanel rows and kF32GemmChunk columns at a
+// time, transposed so that one k's 48 weights are three vectors (bfloat16 widened exactly as
+// they are packed); a tile of 8 x rows by those 48 weight rows is 24 accumulators, each x
+// value broadcast from memory into three multiply-adds. A chunk of the panel (24 KiB) stays
+// in L1 while every tile of x passes.
+//
+// What it computes: the float32 product, each output a chain of multiply-adds over k in
+// order, so a row's result is the same bits whatever rows come with it (BLAS's need not be);
+// it differs from BLAS's by the order of the sums.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace tophat::kernels {
+
+inline constexpr int64_t kF32GemmPanel = 48;
+inline constexpr int64_t kF32GemmChunk = 128;
+// Fewer rows than this keep BLAS (or the few-row kernels): repacking each panel costs about
+// one row's multiply-adds.
+inline constexpr int64_t kF32GemmMinRows = 32;
+
+// Whether float32 prompts take the kernel on this CPU: AVX-512F with FMA on an AMD CPU.
+// TOPHAT_F32_PROMPT_KERNEL=on or off in the environment overrides the choice (measurements;
+// "on" needs AVX-512F).
+bool F32PromptKernelChosen();
+
+// x: [M, K] float32 CPU, unit column stride; weight: [N, K] float32 or bfloat16 CPU, unit
+// column stride; bias: [N] float32 or undefined; out: [M, N] float32 contiguous. Returns
+// whether it computed out (false, nothing written: inputs it does not take, or a CPU without
+// AVX-512F). Threads over panels (ATen's pool); per-thread buffers grow once.
+bool LinearF32PromptOut(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                        at::Tensor& out);
+
+}  // namespace tophat::kernels
