@@ -28,8 +28,8 @@ bool CpuHasAvx512() {
 // Rows [r0, r0 + rows) and columns [k0, k0 + columns) of the weights into panel[k][j], j <
 // kF32GemmPanel (rows past `rows`: zeros).
 template <typename E>
-void PackChunk(const E* w, int64_t ldw, int64_t r0, int64_t rows, int64_t k0, int64_t columns,
-               float* panel) {
+void PackChunk(const E* w, int64_t ldw, const float* row_scale, int64_t r0, int64_t rows,
+               int64_t k0, int64_t columns, float* panel) {
   for (int64_t j = 0; j < kF32GemmPanel; ++j) {
     if (j >= rows) {
       for (int64_t k = 0; k < columns; ++k) panel[k * kF32GemmPanel + j] = 0.0f;
@@ -39,6 +39,8 @@ void PackChunk(const E* w, int64_t ldw, int64_t r0, int64_t rows, int64_t k0, in
     for (int64_t k = 0; k < columns; ++k) {
       if constexpr (std::is_same_v<E, float>) {
         panel[k * kF32GemmPanel + j] = row[k];
+      } else if constexpr (std::is_same_v<E, int8_t>) {
+        panel[k * kF32GemmPanel + j] = static_cast<float>(row[k]) * row_scale[r0 + j];
       } else {
         // bfloat16 is float32's upper half: widened exactly.
         const uint32_t bits = static_cast<uint32_t>(row[k]) << 16;
@@ -128,8 +130,8 @@ void RunTiles(const float* panel, int64_t columns, const float* x, int64_t ldx, 
 }
 
 template <typename E>
-void Run(const float* x, int64_t ldx, int64_t m, int64_t k, const E* w, int64_t ldw, int64_t n,
-         const float* bias, float* y, int64_t ldy) {
+void Run(const float* x, int64_t ldx, int64_t m, int64_t k, const E* w, int64_t ldw,
+         const float* row_scale, int64_t n, const float* bias, float* y, int64_t ldy) {
   const int64_t panels = (n + kF32GemmPanel - 1) / kF32GemmPanel;
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> panel;
@@ -139,7 +141,7 @@ void Run(const float* x, int64_t ldx, int64_t m, int64_t k, const E* w, int64_t 
       const int64_t rows = std::min(kF32GemmPanel, n - r0);
       for (int64_t k0 = 0; k0 < k; k0 += kF32GemmChunk) {
         const int64_t columns = std::min(kF32GemmChunk, k - k0);
-        PackChunk(w, ldw, r0, rows, k0, columns, panel.data());
+        PackChunk(w, ldw, row_scale, r0, rows, k0, columns, panel.data());
         const bool last = k0 + columns == k;
         RunTiles(panel.data(), columns, x + k0, ldx, m, rows, k0 == 0,
                  last && bias != nullptr ? bias + r0 : nullptr, y + r0, ldy);
@@ -169,13 +171,16 @@ bool F32PromptKernelChosen() {
 }
 
 bool LinearF32PromptOut(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                        at::Tensor& out) {
+                        at::Tensor& out, const at::Tensor& row_scale) {
 #if defined(__x86_64__)
   static const bool avx512 = CpuHasAvx512();
+  const at::ScalarType type = weight.scalar_type();
   const bool takes =
       avx512 && x.is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 && x.stride(1) == 1 &&
       weight.is_cpu() && weight.dim() == 2 && weight.stride(1) == 1 &&
-      (weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16) &&
+      (type == at::kFloat || type == at::kBFloat16 ||
+       (type == at::kChar && row_scale.defined() && row_scale.scalar_type() == at::kFloat &&
+        row_scale.is_contiguous() && row_scale.numel() == weight.size(0))) &&
       weight.size(1) == x.size(1) && out.is_cpu() && out.scalar_type() == at::kFloat &&
       out.is_contiguous() && out.dim() == 2 && out.size(0) == x.size(0) &&
       out.size(1) == weight.size(0) &&
@@ -183,17 +188,22 @@ bool LinearF32PromptOut(const at::Tensor& x, const at::Tensor& weight, const at:
                            bias.is_contiguous() && bias.numel() == weight.size(0)));
   if (!takes) return false;
   const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
-  if (weight.scalar_type() == at::kFloat) {
-    Run(x.data_ptr<float>(), x.stride(0), x.size(0), x.size(1), weight.data_ptr<float>(),
-        weight.stride(0), weight.size(0), b, out.data_ptr<float>(), out.stride(0));
-  } else {
-    Run(x.data_ptr<float>(), x.stride(0), x.size(0), x.size(1),
+  const float* xp = x.data_ptr<float>();
+  float* yp = out.data_ptr<float>();
+  if (type == at::kFloat) {
+    Run(xp, x.stride(0), x.size(0), x.size(1), weight.data_ptr<float>(), weight.stride(0), nullptr,
+        weight.size(0), b, yp, out.stride(0));
+  } else if (type == at::kBFloat16) {
+    Run(xp, x.stride(0), x.size(0), x.size(1),
         reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()), weight.stride(0),
-        weight.size(0), b, out.data_ptr<float>(), out.stride(0));
+        nullptr, weight.size(0), b, yp, out.stride(0));
+  } else {
+    Run(xp, x.stride(0), x.size(0), x.size(1), weight.data_ptr<int8_t>(), weight.stride(0),
+        row_scale.data_ptr<float>(), weight.size(0), b, yp, out.stride(0));
   }
   return true;
 #else
-  (void)x, (void)weight, (void)bias, (void)out;
+  (void)x, (void)weight, (void)bias, (void)out, (void)row_scale;
   return false;
 #endif
 }

@@ -1,4 +1,4 @@
-// A prompt's float32 rows against float32 or bfloat16 weights, on CPUs where LibTorch's BLAS
+// A prompt's float32 rows against float32, bfloat16 or int8 weights, on CPUs where LibTorch's BLAS
 // leaves AVX-512 unused.
 //
 // Why: PyTorch's x86 builds multiply float32 matrices with MKL, and on an AMD CPU MKL runs
@@ -35,11 +35,13 @@ inline constexpr int64_t kF32GemmMinRows = 32;
 // "on" needs AVX-512F).
 bool F32PromptKernelChosen();
 
-// x: [M, K] float32 CPU, unit column stride; weight: [N, K] float32 or bfloat16 CPU, unit
-// column stride; bias: [N] float32 or undefined; out: [M, N] float32 contiguous. Returns
-// whether it computed out (false, nothing written: inputs it does not take, or a CPU without
-// AVX-512F). Threads over panels (ATen's pool); per-thread buffers grow once.
+// x: [M, K] float32 CPU, unit column stride; weight: [N, K] float32, bfloat16 or int8 CPU,
+// unit column stride (int8 with row_scale [N] float32: each value times its row's scale as it
+// is packed, the float32 of Int8Matrix::Dequantize); bias: [N] float32 or undefined; out:
+// [M, N] float32 contiguous. Returns whether it computed out (false, nothing written: inputs
+// it does not take, or a CPU without AVX-512F). Threads over panels (ATen's pool); per-thread
+// buffers grow once.
 bool LinearF32PromptOut(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                        at::Tensor& out);
+                        at::Tensor& out, const at::Tensor& row_scale = {});
 
 }  // namespace tophat::kernels

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <functional>
 
+#include "kernels/gemv_int8.h"
 #include "kernels/test_inputs.h"
 
 namespace tophat::kernels {
@@ -19,9 +20,10 @@ bool CpuHasAvx512() {
 #endif
 }
 
-at::Tensor Prompt(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias = {}) {
+at::Tensor Prompt(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias = {},
+                  const at::Tensor& row_scale = {}) {
   at::Tensor out = at::empty({x.size(0), w.size(0)});
-  REQUIRE(LinearF32PromptOut(x, w, bias, out));
+  REQUIRE(LinearF32PromptOut(x, w, bias, out, row_scale));
   return out;
 }
 
@@ -55,6 +57,14 @@ TEST_CASE(
         const at::Tensor expected_bf16 = at::linear(x.to(at::kDouble), wb.to(at::kDouble));
         CHECK((Prompt(x, wb).to(at::kDouble) - expected_bf16).abs().max().item<double>() <
               tolerance);
+        // int8 with a scale a row: the product with Int8Matrix::Dequantize's matrix.
+        const Int8Matrix w8 = QuantizeInt8PerRow(w);
+        const at::Tensor expected_int8 =
+            at::linear(x.to(at::kDouble), w8.Dequantize().to(at::kDouble), b.to(at::kDouble));
+        CHECK((Prompt(x, w8.values, b, w8.scale).to(at::kDouble) - expected_int8)
+                  .abs()
+                  .max()
+                  .item<double>() < tolerance);
       }
     }
   }
@@ -86,6 +96,7 @@ TEST_CASE(
   CHECK_FALSE(LinearF32PromptOut(x, w.to(at::kHalf), {}, out));
   CHECK_FALSE(LinearF32PromptOut(x, w.narrow(1, 0, 600), {}, out));
   CHECK_FALSE(LinearF32PromptOut(x.t().contiguous().t(), w, {}, out));
+  CHECK_FALSE(LinearF32PromptOut(x, w.to(at::kChar), {}, out));  // int8 needs its row scales
 }
 
 // Against BLAS (`at::mm`, MKL on x86) on prompt shapes: multiply-adds a second on this

@@ -408,6 +408,12 @@ Int8Matrix ConcatRows(const std::vector<Int8Matrix>& parts) {
 void LinearInt8Out(const at::Tensor& x, const Int8Matrix& weight, const at::Tensor& bias,
                    at::Tensor& out) {
   static const RowsFn<int8_t> rows_fn = RowsFor(SelectedCpuIsa(), int8_t{});
+  // A prompt on a CPU whose BLAS leaves AVX-512 unused: dequantized as the panels are packed
+  // (kernels/gemm_f32.h), not a block of rows at a time for BLAS.
+  if (x.dim() == 2 && x.size(0) >= kF32GemmMinRows && F32PromptKernelChosen() &&
+      LinearF32PromptOut(x, weight.values, bias, out, weight.scale)) {
+    return;
+  }
   Run<int8_t>(rows_fn, x, weight.values, weight.scale, bias, out);
 }
 
