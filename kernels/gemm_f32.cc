@@ -10,6 +10,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/row_tiles.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -17,7 +19,7 @@
 namespace tophat::kernels {
 namespace {
 
-constexpr int64_t kTileRows = 8;
+constexpr int kTileRows = 8;
 
 #if defined(__x86_64__)
 bool CpuHasAvx512() {
@@ -104,31 +106,6 @@ __attribute__((target("avx512f,fma"), flatten)) void Tile(const float* panel, in
   }
 }
 
-// x's rows [0, m) through tiles of 8, then one of the rows left.
-void RunTiles(const float* panel, int64_t columns, const float* x, int64_t ldx, int64_t m,
-              int64_t valid, bool first, const float* bias, float* y, int64_t ldy) {
-  int64_t i0 = 0;
-  for (; i0 + kTileRows <= m; i0 += kTileRows) {
-    Tile<8>(panel, columns, x, ldx, i0, valid, first, bias, y, ldy);
-  }
-  switch (m - i0) {
-#define TOPHAT_F32_TILE(n)                                           \
-  case n:                                                            \
-    Tile<n>(panel, columns, x, ldx, i0, valid, first, bias, y, ldy); \
-    break;
-    TOPHAT_F32_TILE(7)
-    TOPHAT_F32_TILE(6)
-    TOPHAT_F32_TILE(5)
-    TOPHAT_F32_TILE(4)
-    TOPHAT_F32_TILE(3)
-    TOPHAT_F32_TILE(2)
-    TOPHAT_F32_TILE(1)
-#undef TOPHAT_F32_TILE
-    default:
-      break;
-  }
-}
-
 template <typename E>
 void Run(const float* x, int64_t ldx, int64_t m, int64_t k, const E* w, int64_t ldw,
          const float* row_scale, int64_t n, const float* bias, float* y, int64_t ldy) {
@@ -143,8 +120,11 @@ void Run(const float* x, int64_t ldx, int64_t m, int64_t k, const E* w, int64_t 
         const int64_t columns = std::min(kF32GemmChunk, k - k0);
         PackChunk(w, ldw, row_scale, r0, rows, k0, columns, panel.data());
         const bool last = k0 + columns == k;
-        RunTiles(panel.data(), columns, x + k0, ldx, m, rows, k0 == 0,
-                 last && bias != nullptr ? bias + r0 : nullptr, y + r0, ldy);
+        const float* chunk_bias = last && bias != nullptr ? bias + r0 : nullptr;
+        ForEachRowTile<kTileRows>(m, [&]<int kRows>(int64_t i0) {
+          Tile<kRows>(panel.data(), columns, x + k0, ldx, i0, rows, k0 == 0, chunk_bias, y + r0,
+                      ldy);
+        });
       }
     }
   });

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/gemv_mxfp4.h"
+#include "kernels/row_tiles.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -493,27 +494,6 @@ __attribute__((target("arch=armv8.2-a+dotprod"), flatten)) void TileNeonDot(
   }
 }
 #endif
-
-// x's rows [0, m) through tile<kTile>(i0) a tile of kTile rows at a time, and the rest
-// through a tile of the rows left.
-template <int kTile, typename Tile>
-void ForEachRowTile(int64_t m, const Tile& tile) {
-  int64_t i0 = 0;
-  for (; i0 + kTile <= m; i0 += kTile) tile.template operator()<kTile>(i0);
-  switch (m - i0) {
-    case 3:
-      tile.template operator()<3>(i0);
-      break;
-    case 2:
-      tile.template operator()<2>(i0);
-      break;
-    case 1:
-      tile.template operator()<1>(i0);
-      break;
-    default:
-      break;
-  }
-}
 
 // One chunk of blocks of the panel against all of x's rows.
 template <bool kBlockScales>
