@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/avx512_tile.h"
 #include "kernels/row_tiles.h"
 
 #if defined(__x86_64__)
@@ -66,20 +67,9 @@ __attribute__((target("avx512f,fma"), flatten)) void Tile(const float* panel, in
                                                           int64_t ldy) {
   constexpr int kVectors = kF32GemmPanel / 16;
   __mmask16 mask[kVectors];
-#pragma GCC unroll 16
-  for (int v = 0; v < kVectors; ++v) {
-    const int64_t lanes = std::clamp<int64_t>(valid - 16 * v, 0, 16);
-    mask[v] = static_cast<__mmask16>((1u << lanes) - 1u);
-  }
+  PanelLaneMasks(valid, mask);
   __m512 acc[kRows][kVectors];
-#pragma GCC unroll 16
-  for (int i = 0; i < kRows; ++i) {
-#pragma GCC unroll 16
-    for (int v = 0; v < kVectors; ++v) {
-      acc[i][v] =
-          first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask[v], y + (i0 + i) * ldy + 16 * v);
-    }
-  }
+  StartPartialSums<kRows>(first, mask, y, ldy, i0, acc);
   const float* rows[kRows];
 #pragma GCC unroll 16
   for (int i = 0; i < kRows; ++i) rows[i] = x + (i0 + i) * ldx;

@@ -1,7 +1,6 @@
 #include "kernels/gemm_f32.h"
 
 #include <catch2/catch.hpp>
-#include <chrono>
 #include <cstdio>
 #include <functional>
 
@@ -104,17 +103,7 @@ TEST_CASE(
 //   build/release/kernels/tophat_kernels_test "[.gemm_f32]"
 TEST_CASE("The float32 prompt kernel's rate", "[.gemm_f32]") {
   if (!CpuHasAvx512()) return;
-  auto seconds = [](const std::function<void()>& run) {
-    run();
-    double best = 1e30;
-    for (int repeat = 0; repeat < 5; ++repeat) {
-      const auto start = std::chrono::steady_clock::now();
-      run();
-      best = std::min(
-          best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    }
-    return best;
-  };
+  auto seconds = [](const std::function<void()>& run) { return testing::BestSeconds(5, run); };
   std::printf("%-20s %5s %10s %10s %10s %8s\n", "matrix", "rows", "kernel", "BLAS", "bf16 kern",
               "vs BLAS");
   for (auto [n, k] : {std::pair<int64_t, int64_t>{2048, 768}, {768, 2048}, {4096, 4096}}) {

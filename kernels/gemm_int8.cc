@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/avx512_tile.h"
 #include "kernels/gemv_mxfp4.h"
 #include "kernels/row_tiles.h"
 
@@ -285,20 +286,9 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,fma"), flatten)) void TileAvx
     bool last, float* y, int64_t ldy) {
   constexpr int kVectors = kInt8GemmPanel / 16;
   __mmask16 mask[kVectors];
-#pragma GCC unroll 16
-  for (int v = 0; v < kVectors; ++v) {
-    const int64_t lanes = std::clamp<int64_t>(panel.rows - 16 * v, 0, 16);
-    mask[v] = static_cast<__mmask16>((1u << lanes) - 1u);
-  }
+  PanelLaneMasks(panel.rows, mask);
   __m512 acc[kRows][kVectors];
-#pragma GCC unroll 16
-  for (int i = 0; i < kRows; ++i) {
-#pragma GCC unroll 16
-    for (int v = 0; v < kVectors; ++v) {
-      acc[i][v] =
-          first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask[v], y + (i0 + i) * ldy + 16 * v);
-    }
-  }
+  StartPartialSums<kRows>(first, mask, y, ldy, i0, acc);
   for (int64_t b = b0; b < b1; ++b) {
     __m512i sum[kRows][kVectors];
 #pragma GCC unroll 16

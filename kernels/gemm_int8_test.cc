@@ -1,7 +1,6 @@
 #include "kernels/gemm_int8.h"
 
 #include <catch2/catch.hpp>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -140,17 +139,7 @@ TEST_CASE("The prompt kernel's rate on prompt-shaped products", "[.gemm_prompt]"
     WARN("this CPU has no prompt kernel");
     return;
   }
-  auto seconds = [](const std::function<void()>& run) {
-    run();  // warm: buffers grown, weights in what cache holds them
-    double best = 1e30;
-    for (int repeat = 0; repeat < 5; ++repeat) {
-      const auto start = std::chrono::steady_clock::now();
-      run();
-      best = std::min(
-          best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    }
-    return best;
-  };
+  auto seconds = [](const std::function<void()>& run) { return testing::BestSeconds(5, run); };
   std::printf("%-32s %5s %-11s %10s %10s %10s %7s %7s\n", "matrix", "rows", "isa", "integer", "was",
               "BLAS f32", "vs was", "vs BLAS");
   auto report = [&](const char* name, int64_t m, int64_t n, int64_t k, W8A8Isa isa, double integer,
