@@ -178,4 +178,11 @@ bool LinearF32PromptOut(const at::Tensor& x, const at::Tensor& weight, const at:
 #endif
 }
 
+bool LinearF32PromptIfChosenOut(const at::Tensor& x, const at::Tensor& weight,
+                                const at::Tensor& bias, at::Tensor& out,
+                                const at::Tensor& row_scale) {
+  return x.dim() == 2 && x.size(0) >= kF32GemmMinRows && F32PromptKernelChosen() &&
+         LinearF32PromptOut(x, weight, bias, out, row_scale);
+}
+
 }  // namespace tophat::kernels

@@ -44,4 +44,11 @@ bool F32PromptKernelChosen();
 bool LinearF32PromptOut(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                         at::Tensor& out, const at::Tensor& row_scale = {});
 
+// LinearF32PromptOut where this CPU chooses the kernel (F32PromptKernelChosen) and x has at
+// least kF32GemmMinRows rows: the prompt path of the float32, int8 and bfloat16 linear layers
+// (models/runtime/submodel.cc, LinearInt8Out, LinearBf16Out). Returns whether it computed out.
+bool LinearF32PromptIfChosenOut(const at::Tensor& x, const at::Tensor& weight,
+                                const at::Tensor& bias, at::Tensor& out,
+                                const at::Tensor& row_scale = {});
+
 }  // namespace tophat::kernels

@@ -29,6 +29,10 @@ constexpr int64_t kChunkBlocks = 8;
 
 int64_t BlocksOf(int64_t k) { return (k + kBlock - 1) / kBlock; }
 
+// Whether `isa` multiplies with vpdpbusd (unsigned bytes by signed ones), so that its panels
+// carry +128 and x's block sums come off (TileAvx512); sdot multiplies signed by signed.
+bool BiasedPanels(W8A8Isa isa) { return isa == W8A8Isa::kAvx512Vnni || isa == W8A8Isa::kAvxVnni; }
+
 // x's rows as the kernels read them: row i's int8 values at q + i * ldq (zeros past cols,
 // in nibble order for MXFP4), its block scales at scale + i * blocks, and 128 times each
 // block's sum of values at bias + i * blocks (AVX-512 only: see TileAvx512).
@@ -247,13 +251,14 @@ __attribute__((target("avx2"))) void PackPanelAvx2(const Int8GemmWeights& w, int
 // Repacks rows [r0, r0 + kInt8GemmPanel) of the matrix into `values` (blocks * 32 *
 // kInt8GemmPanel bytes) and the scales into `block_scale` (MXFP4: blocks * kInt8GemmPanel)
 // or `row_scale` (int8: kInt8GemmPanel).
-void PackPanel(W8A8Isa isa, const Int8GemmWeights& w, int64_t r0, bool biased, uint8_t* values,
+void PackPanel(W8A8Isa isa, const Int8GemmWeights& w, int64_t r0, uint8_t* values,
                float* block_scale, float* row_scale) {
   const int64_t blocks = BlocksOf(w.cols);
   const int64_t rows = std::min(kInt8GemmPanel, w.rows - r0);
+  const bool biased = BiasedPanels(isa);
   int64_t packed = 0;
 #if defined(__x86_64__)
-  if (isa == W8A8Isa::kAvx512Vnni || isa == W8A8Isa::kAvxVnni) {
+  if (biased) {
     packed = w.mxfp4_blocks != nullptr ? blocks : w.cols / kBlock;
     (isa == W8A8Isa::kAvx512Vnni ? PackPanelAvx512 : PackPanelAvx2)(w, r0, packed, values);
   }
@@ -543,7 +548,7 @@ void Int8GemmRows(W8A8Isa isa, const float* x, int64_t ldx, int64_t m,
   const bool mxfp4 = weights.mxfp4_blocks != nullptr;
   TORCH_CHECK(!mxfp4 || weights.cols % kBlock == 0, "Int8GemmRows: MXFP4 rows of ", weights.cols,
               " values, not whole blocks");
-  const bool biased = isa == W8A8Isa::kAvx512Vnni || isa == W8A8Isa::kAvxVnni;
+  const bool biased = BiasedPanels(isa);
   const int64_t k = weights.cols;
   const int64_t blocks = BlocksOf(k);
   const int64_t padded = blocks * kBlock;
@@ -591,7 +596,7 @@ void Int8GemmRows(W8A8Isa isa, const float* x, int64_t ldx, int64_t m,
     row_scale.resize(kInt8GemmPanel);
     for (int64_t p = begin; p < end; ++p) {
       const int64_t r0 = p * kInt8GemmPanel;
-      PackPanel(isa, weights, r0, biased, values.data(), block_scale.data(), row_scale.data());
+      PackPanel(isa, weights, r0, values.data(), block_scale.data(), row_scale.data());
       const Panel panel{.values = values.data(),
                         .block_scale = block_scale.data(),
                         .row_scale = row_scale.data(),

@@ -410,10 +410,7 @@ void LinearInt8Out(const at::Tensor& x, const Int8Matrix& weight, const at::Tens
   static const RowsFn<int8_t> rows_fn = RowsFor(SelectedCpuIsa(), int8_t{});
   // A prompt on a CPU whose BLAS leaves AVX-512 unused: dequantized as the panels are packed
   // (kernels/gemm_f32.h), not a block of rows at a time for BLAS.
-  if (x.dim() == 2 && x.size(0) >= kF32GemmMinRows && F32PromptKernelChosen() &&
-      LinearF32PromptOut(x, weight.values, bias, out, weight.scale)) {
-    return;
-  }
+  if (LinearF32PromptIfChosenOut(x, weight.values, bias, out, weight.scale)) return;
   Run<int8_t>(rows_fn, x, weight.values, weight.scale, bias, out);
 }
 
@@ -438,10 +435,7 @@ void LinearBf16Out(const at::Tensor& x, const at::Tensor& weight, const at::Tens
   static const RowsFn<uint16_t> rows_fn = RowsFor(SelectedCpuIsa(), uint16_t{});
   // A prompt on a CPU whose BLAS leaves AVX-512 unused: widened as the panels are packed
   // (kernels/gemm_f32.h), not a block of rows at a time for BLAS.
-  if (x.dim() == 2 && x.size(0) >= kF32GemmMinRows && F32PromptKernelChosen() &&
-      LinearF32PromptOut(x, weight, bias, out)) {
-    return;
-  }
+  if (LinearF32PromptIfChosenOut(x, weight, bias, out)) return;
   Run<uint16_t>(rows_fn, x, weight, {}, bias, out);
 }
 

@@ -72,9 +72,7 @@ void LinearOut(const at::Tensor& x, const WeightMatrix& w, const at::Tensor& bia
              kernels::LinearFewRowsOut(x, w.dense, bias, out)) {
     // A few float32 rows (a small batch, a verification chunk, an expert's routed rows): the
     // weight read once for all of them, where BLAS would pack it first.
-  } else if (x.size(0) >= kernels::kF32GemmMinRows && x.is_cpu() &&
-             kernels::F32PromptKernelChosen() &&
-             kernels::LinearF32PromptOut(x, w.dense, bias, out)) {
+  } else if (x.is_cpu() && kernels::LinearF32PromptIfChosenOut(x, w.dense, bias, out)) {
     // A float32 prompt on a CPU whose BLAS leaves AVX-512 unused (kernels/gemm_f32.h).
   } else if (UsesSmallBatchGemm(w, x.size(0)) &&
              kernels::SmallBatchGemmOut(x, w.dense, bias, out)) {
