@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <random>
 #include <string_view>
+#include <tuple>
+#include <utility>
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "models/grammar/choice_grammar.h"
 #include "models/grammar/ebnf_grammar.h"
+#include "models/grammar/harmony_call_constraint.h"
 #include "models/grammar/structural_tag_grammar.h"
 #include "nlohmann/json.hpp"
 
@@ -39,8 +42,8 @@ absl::StatusOr<std::shared_ptr<const CompiledSchema>> CompileJsonSchema(std::str
   return compiled;
 }
 
-absl::StatusOr<std::shared_ptr<const ToolCallSpec>> CompileToolCalls(
-    const v1::ToolCallFormat& format) {
+// The tools' parameters compiled, named in errors as "tool_calls.tools[t]".
+absl::StatusOr<std::vector<ToolCallTool>> CompileTools(const v1::ToolCallFormat& format) {
   std::vector<ToolCallTool> tools;
   int64_t bytes = 0;
   for (int t = 0; t < format.tools_size(); ++t) {
@@ -58,6 +61,13 @@ absl::StatusOr<std::shared_ptr<const ToolCallSpec>> CompileToolCalls(
     }
     tools.push_back({.name = tool.name(), .parameters = *std::move(parameters)});
   }
+  return tools;
+}
+
+absl::StatusOr<std::shared_ptr<const ToolCallSpec>> CompileToolCalls(
+    const v1::ToolCallFormat& format) {
+  absl::StatusOr<std::vector<ToolCallTool>> tools = CompileTools(format);
+  if (!tools.ok()) return tools.status();
   ToolCallSyntax syntax{.open = format.open(),
                         .between = format.between(),
                         .close = format.close(),
@@ -66,8 +76,54 @@ absl::StatusOr<std::shared_ptr<const ToolCallSpec>> CompileToolCalls(
                                          : std::nullopt,
                         .start_tag = format.start_tag()};
   absl::StatusOr<std::shared_ptr<const ToolCallSpec>> spec = ToolCallSpec::Create(
-      std::move(syntax), std::move(tools),
+      std::move(syntax), *std::move(tools),
       static_cast<int32_t>(std::min<uint32_t>(format.max_calls(), 1u << 20)), format.text_first());
+  if (!spec.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("tool_calls: ", spec.status().message()));
+  }
+  return spec;
+}
+
+// gpt-oss's call in harmony's layout: the layout's text fields left empty, one call, and
+// control tokens inside the vocabulary.
+absl::StatusOr<std::shared_ptr<const HarmonyCallSpec>> CompileHarmonyCall(
+    const v1::ToolCallFormat& format, int64_t vocab_size) {
+  for (const auto& [field, given] : {std::pair{"open", !format.open().empty()},
+                                     {"between", !format.between().empty()},
+                                     {"close", !format.close().empty()},
+                                     {"separator", format.has_separator()},
+                                     {"text_first", format.text_first()},
+                                     {"start_tag", !format.start_tag().empty()}}) {
+    if (given) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tool_calls.", field,
+                       ": given with tool_calls.harmony, whose layout is "
+                       "harmony's own"));
+    }
+  }
+  if (format.max_calls() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("tool_calls.max_calls: ", format.max_calls(),
+                                                   " with tool_calls.harmony (one call a turn)"));
+  }
+  const v1::HarmonyCallLayout& layout = format.harmony();
+  HarmonyCallIds ids;
+  for (const auto& [field, given, id] : {std::tuple{"start", layout.start(), &ids.start},
+                                         {"channel", layout.channel(), &ids.channel},
+                                         {"message", layout.message(), &ids.message},
+                                         {"end", layout.end(), &ids.end},
+                                         {"constrain", layout.constrain(), &ids.constrain},
+                                         {"call", layout.call(), &ids.call}}) {
+    if (given >= static_cast<uint64_t>(vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrCat("tool_calls.harmony.", field, ": token id ",
+                                                     given, " is outside the vocabulary of ",
+                                                     vocab_size));
+    }
+    *id = static_cast<int32_t>(given);
+  }
+  absl::StatusOr<std::vector<ToolCallTool>> tools = CompileTools(format);
+  if (!tools.ok()) return tools.status();
+  absl::StatusOr<std::shared_ptr<const HarmonyCallSpec>> spec =
+      HarmonyCallSpec::Create(ids, *std::move(tools));
   if (!spec.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("tool_calls: ", spec.status().message()));
   }
@@ -205,6 +261,12 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
     case v1::RESPONSE_FORMAT_TOOL_CALLS: {
       if (request.outline().enabled()) {
         return absl::InvalidArgumentError("response_format: not with outline");
+      }
+      if (request.tool_calls().has_harmony()) {
+        TOPHAT_ASSIGN_OR_RETURN(plan.sampling.harmony_call,
+                                CompileHarmonyCall(request.tool_calls(), limits.vocab_size));
+        plan.sampling.response_format = ResponseFormat::kHarmonyCall;
+        break;
       }
       TOPHAT_ASSIGN_OR_RETURN(plan.sampling.tool_calls, CompileToolCalls(request.tool_calls()));
       plan.sampling.response_format = ResponseFormat::kToolCalls;

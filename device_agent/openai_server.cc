@@ -376,10 +376,9 @@ struct TokenSink {
 };
 
 // What tophat does not do with gpt-oss's harmony format yet, refused by name rather than done
-// wrong: a required call would be a message of its own after the reasoning, in a layout of
-// control tokens that the text-based call format cannot write; an outline would be read from
-// the reasoning. `responses`: the request came through the Responses API, which names its
-// parameters differently.
+// wrong: an outline would be read from the reasoning; a thinking budget is not counted while
+// a call is required (HarmonyCallConstraint has no budget). `responses`: the request came
+// through the Responses API, which names its parameters differently.
 std::optional<OpenAiError> HarmonyRefuses(const OpenAiRequest& request, bool responses) {
   if (!request.reasoning_effort.empty() && request.reasoning_effort != "low" &&
       request.reasoning_effort != "medium" && request.reasoning_effort != "high") {
@@ -389,12 +388,14 @@ std::optional<OpenAiError> HarmonyRefuses(const OpenAiRequest& request, bool res
                                 request.reasoning_effort,
                                 "\": gpt-oss reasons at \"low\", \"medium\" or \"high\" effort")};
   }
-  if (request.tool_choice == ToolChoice::kRequired || request.tool_choice == ToolChoice::kFunction) {
-    return OpenAiError{.param = "tool_choice",
+  if ((request.tool_choice == ToolChoice::kRequired ||
+       request.tool_choice == ToolChoice::kFunction) &&
+      request.thinking_token_budget >= 0) {
+    return OpenAiError{.param = "thinking_token_budget",
                        .message =
-                           "tool_choice \"required\" or a named function: not yet for "
-                           "gpt-oss's harmony format, whose calls are messages of their "
-                           "own after its reasoning (\"auto\" reads them)"};
+                           "thinking_token_budget: not yet with tool_choice \"required\" "
+                           "or a named function for gpt-oss (its reasoning_effort "
+                           "bounds the reasoning)"};
   }
   if (request.outline_max_points != 0) {
     return OpenAiError{.param = "tophat_outline",
@@ -1237,6 +1238,28 @@ void OpenAiServer::Route() {
     // tool; under "auto", text first, and a call the model starts is a whole, valid one.
     const bool call_required = tool_reader && (request.tool_choice == ToolChoice::kRequired ||
                                                request.tool_choice == ToolChoice::kFunction);
+    if (tool_reader && harmony && call_required) {
+      // gpt-oss reasons as it likes, then calls, in harmony's layout (HarmonyCallConstraint).
+      generate.set_response_format(v1::RESPONSE_FORMAT_TOOL_CALLS);
+      v1::ToolCallFormat& format = *generate.mutable_tool_calls();
+      for (const OpenAiTool& tool : request.tools) {
+        if (request.tool_choice == ToolChoice::kFunction &&
+            tool.name != request.tool_choice_function) {
+          continue;
+        }
+        v1::ToolCallFormat::Tool& added = *format.add_tools();
+        added.set_name(tool.name);
+        added.set_parameters(tool.parameters);
+      }
+      format.set_max_calls(1);
+      v1::HarmonyCallLayout& layout = *format.mutable_harmony();
+      layout.set_start(static_cast<uint32_t>(harmony_tokens_->start));
+      layout.set_channel(static_cast<uint32_t>(harmony_tokens_->channel));
+      layout.set_message(static_cast<uint32_t>(harmony_tokens_->message));
+      layout.set_end(static_cast<uint32_t>(harmony_tokens_->end));
+      layout.set_constrain(static_cast<uint32_t>(harmony_tokens_->constrain));
+      layout.set_call(static_cast<uint32_t>(harmony_tokens_->call));
+    }
     if (tool_reader && !harmony) {
       generate.set_response_format(v1::RESPONSE_FORMAT_TOOL_CALLS);
       const ToolCallSyntax& syntax = tool_reader->syntax();
@@ -1270,7 +1293,7 @@ void OpenAiServer::Route() {
     // gpt-oss's format holds in its final channel, after "<|channel|>final<|message|>", and
     // its budget counts the tokens before that; spent, it ends the message of reasoning
     // (after the budget message, if any) and opens the final one.
-    if (harmony &&
+    if (harmony && !generate.tool_calls().has_harmony() &&
         (generate.response_format() != v1::RESPONSE_FORMAT_TEXT || thinking_budget >= 0)) {
       generate.set_format_after_token_id(static_cast<uint32_t>(harmony_tokens_->message));
       for (const uint32_t id : harmony_final_prefix_) generate.add_format_after_token_prefix(id);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <sstream>
 
@@ -91,6 +92,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     TOPHAT_FUZZ_CHECK(prefix[i] >= 0 && prefix[i] < limits.vocab_size);
     TOPHAT_FUZZ_CHECK(prefix[i] != plan->sampling.format_after_token);
     TOPHAT_FUZZ_CHECK(i == 0 || prefix[i] != prefix[0]);
+  }
+  // gpt-oss's harmony calls: only from a tool-call format that asked for them, with distinct
+  // control tokens of the vocabulary and at least one tool.
+  if (plan->sampling.response_format == tophat::ResponseFormat::kHarmonyCall) {
+    TOPHAT_FUZZ_CHECK(request.response_format() == tophat::v1::RESPONSE_FORMAT_TOOL_CALLS &&
+                      request.tool_calls().has_harmony());
+    const tophat::HarmonyCallIds& ids = plan->sampling.harmony_call->ids();
+    const int32_t controls[] = {ids.start, ids.channel,   ids.message,
+                                ids.end,   ids.constrain, ids.call};
+    for (size_t i = 0; i < std::size(controls); ++i) {
+      TOPHAT_FUZZ_CHECK(controls[i] >= 0 && controls[i] < limits.vocab_size);
+      for (size_t j = 0; j < i; ++j) TOPHAT_FUZZ_CHECK(controls[i] != controls[j]);
+    }
+    TOPHAT_FUZZ_CHECK(!plan->sampling.harmony_call->tools().empty());
+  } else {
+    TOPHAT_FUZZ_CHECK(!request.tool_calls().has_harmony() ||
+                      request.response_format() != tophat::v1::RESPONSE_FORMAT_TOOL_CALLS);
   }
   tophat::StreamingDetokenizer detokenizer(tokenizer);
   for (int32_t id : plan->prompt) {

@@ -262,6 +262,13 @@ def main():
                    + field_varint(6, 4))
     write(out, "app_request", "tool_calls.bin",
           field_bytes(2, b"x") + field_varint(17, 3) + field_bytes(19, tool_format))
+    # gpt-oss's harmony layout: control token ids 100-105, one call of get_weather.
+    harmony_format = (field_bytes(5, field_bytes(1, b"get_weather")
+                                  + field_bytes(2, json.dumps(weather).encode()))
+                      + field_varint(6, 1)
+                      + field_bytes(9, b"".join(field_varint(f, 99 + f) for f in range(1, 7))))
+    write(out, "app_request", "harmony_call.bin",
+          field_bytes(2, b"x") + field_varint(17, 3) + field_bytes(19, harmony_format))
     write(out, "app_request", "scoring.bin",
           field_bytes(3, field_bytes(1, b"".join(varint(i) for i in (1, 258, 263, 40))))
           + field_varint(12, 1) + field_varint(14, 1) + field_varint(15, 1))

@@ -21,8 +21,12 @@ on loopback with the agent's OpenAI endpoint. Then, through the official OpenAI 
   it is a valid call; <|return|> and <|call|> end the answer), whole and streamed, with
   tools offered and without, and at reasoning_effort low (the request's parameter, rendered
   into the system message as transformers renders it);
-- what tophat does not do with harmony yet (a format, a required call, an effort gpt-oss
-  lacks) is a 400 naming the parameter.
+- under tool_choice "required" (a question the model answers without a call) and a named
+  function (a question it calls another tool for), the answer reasons as the unconstrained
+  one does and then is one call of an offered tool with arguments its parameters take, never
+  content; whole, streamed, sampled, and through the Responses API;
+- what tophat does not do with harmony yet (a thinking budget beside a required call, an
+  effort gpt-oss lacks, an outline) is a 400 naming the parameter.
 
 The model is random, so the control tokens and the channel names are made likely with
 logit_bias, and the bytes that are not ASCII unlikely (each answer is then whole characters
@@ -453,6 +457,78 @@ def check_responses(client, base, model, tokenizer, hf):
           f"({nxt.usage.input_tokens} tokens against {want_ids[0]})")
 
 
+def valid_call(name, arguments):
+    """Whether a call names an offered tool with arguments its parameters take (WEATHER's
+    and NOW's schemas, checked by hand; NOW gives none, which takes any object, as vLLM
+    reads a tool without parameters)."""
+    if name == "now":
+        return isinstance(arguments, dict)
+    if name != "get_weather" or not isinstance(arguments, dict):
+        return False
+    properties = WEATHER["function"]["parameters"]["properties"]
+    return isinstance(arguments.get("city"), str) and set(arguments) <= set(properties)
+
+
+def check_required(client, base, model, tokenizer, hf):
+    """tool_choice "required" or a named function: the model reasons as it would, then calls
+    (the final channel is closed to it) with arguments its parameters take; whole, streamed,
+    sampled, and through the Responses API."""
+    tools = [WEATHER, NOW]
+    raw = greedy_raw(base, model, tokenizer, hf_ids(hf, QUESTION, tools=tools))
+    want_reasoning, want_content, _, _, want_calls = read_harmony(
+        tokenizer, raw, {tool["function"]["name"]: tool for tool in tools})
+    check(want_content and not want_calls,
+          f"unconstrained, the question with tools is answered, not called "
+          f"({want_content!r}, {want_calls})")
+    for label, choice, question, names in (
+            ("required", "required", QUESTION, ("get_weather", "now")),
+            ("named now", {"type": "function", "function": {"name": "now"}}, WEATHER_QUESTION,
+             ("now",))):
+        request = dict(model=model, messages=question, tools=tools, tool_choice=choice,
+                       temperature=0, max_tokens=96)
+        answer = client.chat.completions.create(**request)
+        message = answer.choices[0].message
+        reasoning = (message.model_extra or {}).get("reasoning") or ""
+        calls = [(call.function.name, json.loads(call.function.arguments))
+                 for call in message.tool_calls or []]
+        check(len(calls) == 1 and calls[0][0] in names and valid_call(*calls[0]) and
+              not message.content and answer.choices[0].finish_reason == "tool_calls",
+              f"tool_choice {label}: one call of {names} with valid arguments and no content "
+              f"({calls}, {message.content!r}, {answer.choices[0].finish_reason})")
+        if question is QUESTION:
+            check(reasoning == want_reasoning,
+                  f"tool_choice {label}: the reasoning is the unconstrained answer's "
+                  f"({reasoning!r}, unconstrained {want_reasoning!r})")
+        got = streamed(client, **request)
+        check(got == (reasoning, message.content or "", calls),
+              f"tool_choice {label}: streamed the same ({got!r})")
+        for seed in range(3):
+            sampled = client.chat.completions.create(**{**request, "temperature": 1.0,
+                                                        "seed": seed})
+            choice_ = sampled.choices[0]
+            content = choice_.message.content or ""
+            calls = [(call.function.name, json.loads(call.function.arguments))
+                     for call in choice_.message.tool_calls or []]
+            # Cut off, the answer has no call: while reasoning, no content either; inside
+            # the call's arguments, their bytes so far are its content (as any unfinished
+            # call's body is).
+            ok = (choice_.finish_reason == "tool_calls" and len(calls) == 1 and
+                  calls[0][0] in names and valid_call(*calls[0]) and not content) or \
+                (choice_.finish_reason == "length" and not calls and
+                 (not content or content.startswith("{")))
+            check(ok, f"tool_choice {label}, seed {seed}: a valid call, or cut off while "
+                      f"reasoning or in the arguments; never an answer "
+                      f"({calls}, {content!r}, {choice_.finish_reason})")
+    response = client.responses.create(
+        model=model, input=QUESTION[0]["content"], temperature=0, max_output_tokens=96,
+        tools=[{"type": "function", **tool["function"]} for tool in tools],
+        tool_choice="required")
+    kinds = [item.type for item in response.output]
+    check(kinds == ["reasoning", "function_call"] and
+          valid_call(response.output[-1].name, json.loads(response.output[-1].arguments)),
+          f"Responses with tool_choice required: a reasoning item, then a call ({kinds})")
+
+
 def check_refused(base, model, question, extra, param):
     body = {"model": model, "messages": question, **extra}
     try:
@@ -527,8 +603,9 @@ def run_checks(base, tokenizer, model_dir):
     check_final_format(client, base, model, tokenizer, hf)
     check_responses(client, base, model, tokenizer, hf)
     check_budget(client, base, model, tokenizer, hf)
-    check_refused(base, model, weather, {"tools": [WEATHER], "tool_choice": "required"},
-                  "tool_choice")
+    check_required(client, base, model, tokenizer, hf)
+    check_refused(base, model, weather, {"tools": [WEATHER], "tool_choice": "required",
+                                         "thinking_token_budget": 5}, "thinking_token_budget")
     check_refused(base, model, question, {"reasoning_effort": "minimal"}, "reasoning_effort")
     check_refused(base, model, question, {"tophat_outline": True}, "tophat_outline")
 

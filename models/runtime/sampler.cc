@@ -93,6 +93,9 @@ absl::Status SamplingParams::Validate() const {
   if (response_format == ResponseFormat::kChoice && choice == nullptr) {
     return absl::InvalidArgumentError("a choice response format without its choices");
   }
+  if (response_format == ResponseFormat::kHarmonyCall && harmony_call == nullptr) {
+    return absl::InvalidArgumentError("a harmony call response format without its tools");
+  }
   if (response_format == ResponseFormat::kStructuralTag && structural_tag == nullptr) {
     return absl::InvalidArgumentError("a structural tag response format without its structures");
   }
@@ -118,8 +121,8 @@ Sampler::Sampler(const SamplingParams& params, std::shared_ptr<const TokenVocabu
     if (given) return;
     std::fputs(
         "Sampler: a response format needs the tokenizer's vocabulary (and kJsonSchema "
-        "its schema, kToolCalls its tools, kRegex its regex, kGrammar its grammar, "
-        "kStructuralTag its structures, kChoice its choices)\n",
+        "its schema, kToolCalls and kHarmonyCall their tools, kRegex its regex, kGrammar "
+        "its grammar, kStructuralTag its structures, kChoice its choices)\n",
         stderr);
     std::abort();
   };
@@ -149,6 +152,10 @@ Sampler::Sampler(const SamplingParams& params, std::shared_ptr<const TokenVocabu
     case ResponseFormat::kChoice:
       require(vocabulary != nullptr && params_.choice != nullptr);
       format_ = MakeChoiceConstraint(vocabulary, params_.stop_ids, params_.choice);
+      break;
+    case ResponseFormat::kHarmonyCall:
+      require(vocabulary != nullptr && params_.harmony_call != nullptr);
+      format_ = MakeHarmonyCallConstraint(vocabulary, params_.stop_ids, params_.harmony_call);
       break;
     case ResponseFormat::kStructuralTag:
       require(vocabulary != nullptr && params_.structural_tag != nullptr);

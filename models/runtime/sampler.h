@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "models/grammar/choice_grammar.h"
 #include "models/grammar/ebnf_grammar.h"
+#include "models/grammar/harmony_call_constraint.h"
 #include "models/grammar/json_constraint.h"
 #include "models/grammar/regex_grammar.h"
 #include "models/grammar/structural_tag_grammar.h"
@@ -33,6 +34,9 @@ enum class ResponseFormat : uint8_t {
   // (StructuralTagConstraint)
   kStructuralTag,
   kChoice,  // one of SamplingParams::choice's strings, then the end (ChoiceConstraint)
+  // gpt-oss's reasoning, then one call of SamplingParams::harmony_call's tools in harmony's
+  // layout (HarmonyCallConstraint)
+  kHarmonyCall,
 };
 
 struct SamplingParams {
@@ -74,6 +78,7 @@ struct SamplingParams {
   std::shared_ptr<const EbnfGrammar> grammar;         // with kGrammar (EbnfGrammar::Compile)
   std::shared_ptr<const StructuralTagSpec> structural_tag;  // with kStructuralTag
   std::shared_ptr<const ChoiceSpec> choice;                 // with kChoice
+  std::shared_ptr<const HarmonyCallSpec> harmony_call;      // with kHarmonyCall
   // A thinking model's end of reasoning ("</think>"'s id), or -1: the format holds only for
   // the tokens after the first of these, the reasoning before it free
   // (AfterTokenConstraint).
