@@ -318,10 +318,11 @@ absl::StatusOr<AppRequestPlan> PlanAppRequest(const v1::GenerateRequest& request
           absl::StrCat("response_format: unknown value ", request.response_format()));
   }
   if (request.has_reasoning_token_budget()) {
-    if (!request.has_format_after_token_id()) {
+    if (!request.has_format_after_token_id() &&
+        plan.sampling.response_format != ResponseFormat::kHarmonyCall) {
       return absl::InvalidArgumentError(
           "reasoning_token_budget: needs format_after_token_id, the token that ends the "
-          "reasoning");
+          "reasoning (or a harmony call format, whose layout ends it)");
     }
     plan.sampling.reasoning_budget = request.reasoning_token_budget();
   }

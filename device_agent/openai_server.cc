@@ -376,9 +376,8 @@ struct TokenSink {
 };
 
 // What tophat does not do with gpt-oss's harmony format yet, refused by name rather than done
-// wrong: an outline would be read from the reasoning; a thinking budget is not counted while
-// a call is required (HarmonyCallConstraint has no budget). `responses`: the request came
-// through the Responses API, which names its parameters differently.
+// wrong: an outline would be read from the reasoning. `responses`: the request came through
+// the Responses API, which names its parameters differently.
 std::optional<OpenAiError> HarmonyRefuses(const OpenAiRequest& request, bool responses) {
   if (!request.reasoning_effort.empty() && request.reasoning_effort != "low" &&
       request.reasoning_effort != "medium" && request.reasoning_effort != "high") {
@@ -387,15 +386,6 @@ std::optional<OpenAiError> HarmonyRefuses(const OpenAiRequest& request, bool res
         .message = absl::StrCat(responses ? "reasoning.effort" : "reasoning_effort", " \"",
                                 request.reasoning_effort,
                                 "\": gpt-oss reasons at \"low\", \"medium\" or \"high\" effort")};
-  }
-  if ((request.tool_choice == ToolChoice::kRequired ||
-       request.tool_choice == ToolChoice::kFunction) &&
-      request.thinking_token_budget >= 0) {
-    return OpenAiError{.param = "thinking_token_budget",
-                       .message =
-                           "thinking_token_budget: not yet with tool_choice \"required\" "
-                           "or a named function for gpt-oss (its reasoning_effort "
-                           "bounds the reasoning)"};
   }
   if (request.outline_max_points != 0) {
     return OpenAiError{.param = "tophat_outline",
@@ -1259,6 +1249,14 @@ void OpenAiServer::Route() {
       layout.set_end(static_cast<uint32_t>(harmony_tokens_->end));
       layout.set_constrain(static_cast<uint32_t>(harmony_tokens_->constrain));
       layout.set_call(static_cast<uint32_t>(harmony_tokens_->call));
+      // A budget ends the reasoning message after the operator's message; the layout then
+      // opens the call (HarmonyCallConstraint), not the final channel.
+      if (thinking_budget >= 0) {
+        generate.set_reasoning_token_budget(static_cast<uint32_t>(thinking_budget));
+        for (const uint32_t id : thinking_budget_end_ids_) {
+          generate.add_reasoning_budget_end_ids(id);
+        }
+      }
     }
     if (tool_reader && !harmony) {
       generate.set_response_format(v1::RESPONSE_FORMAT_TOOL_CALLS);

@@ -57,7 +57,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                     (request.has_reasoning_token_budget()
                          ? static_cast<int64_t>(request.reasoning_token_budget())
                          : -1));
-  TOPHAT_FUZZ_CHECK(!request.has_reasoning_token_budget() || request.has_format_after_token_id());
+  TOPHAT_FUZZ_CHECK(!request.has_reasoning_token_budget() || request.has_format_after_token_id() ||
+                    plan->sampling.response_format == tophat::ResponseFormat::kHarmonyCall);
   if (request.has_format_after_token_id()) {
     TOPHAT_FUZZ_CHECK(plan->sampling.response_format != tophat::ResponseFormat::kText ||
                       plan->sampling.reasoning_budget >= 0);

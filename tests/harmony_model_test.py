@@ -25,8 +25,10 @@ on loopback with the agent's OpenAI endpoint. Then, through the official OpenAI 
   function (a question it calls another tool for), the answer reasons as the unconstrained
   one does and then is one call of an offered tool with arguments its parameters take, never
   content; whole, streamed, sampled, and through the Responses API;
-- what tophat does not do with harmony yet (a thinking budget beside a required call, an
-  effort gpt-oss lacks, an outline) is a 400 naming the parameter.
+- thinking_token_budget beside a required call ends the reasoning after its first tokens,
+  and the call follows;
+- what tophat does not do with harmony (an effort gpt-oss lacks, an outline) is a 400
+  naming the parameter.
 
 The model is random, so the control tokens and the channel names are made likely with
 logit_bias, and the bytes that are not ASCII unlikely (each answer is then whole characters
@@ -529,6 +531,31 @@ def check_required(client, base, model, tokenizer, hf):
           f"Responses with tool_choice required: a reasoning item, then a call ({kinds})")
 
 
+def check_required_budget(client, base, model, tokenizer, hf, budget=5):
+    """thinking_token_budget beside a required call: spent, it ends the message of reasoning,
+    and the call follows."""
+    tools = [WEATHER, NOW]
+    raw = greedy_raw(base, model, tokenizer, hf_ids(hf, QUESTION, tools=tools))
+    end = tokenizer.token_to_id("<|end|>")
+    want_reasoning = read_harmony(tokenizer, raw[:budget] + [end], {})[0]
+    full_reasoning = read_harmony(tokenizer, raw, {})[0]
+    answer = client.chat.completions.create(
+        model=model, messages=QUESTION, tools=tools, tool_choice="required", temperature=0,
+        max_tokens=96, extra_body={"thinking_token_budget": budget})
+    message = answer.choices[0].message
+    reasoning = (message.model_extra or {}).get("reasoning") or ""
+    calls = [(call.function.name, json.loads(call.function.arguments))
+             for call in message.tool_calls or []]
+    check(reasoning == want_reasoning and reasoning != full_reasoning and len(calls) == 1 and
+          valid_call(*calls[0]) and answer.choices[0].finish_reason == "tool_calls",
+          f"tool_choice required, thinking_token_budget {budget}: the reasoning stops at its "
+          f"first {budget} tokens ({reasoning!r}; unbudgeted {full_reasoning!r}), then the call "
+          f"({calls}, {answer.choices[0].finish_reason})")
+    got = answer.usage.completion_tokens_details.reasoning_tokens
+    check(got == budget + 1, f"tool_choice required, thinking_token_budget {budget}: {got} "
+                             f"reasoning tokens counted (want {budget + 1})")
+
+
 def check_refused(base, model, question, extra, param):
     body = {"model": model, "messages": question, **extra}
     try:
@@ -604,8 +631,7 @@ def run_checks(base, tokenizer, model_dir):
     check_responses(client, base, model, tokenizer, hf)
     check_budget(client, base, model, tokenizer, hf)
     check_required(client, base, model, tokenizer, hf)
-    check_refused(base, model, weather, {"tools": [WEATHER], "tool_choice": "required",
-                                         "thinking_token_budget": 5}, "thinking_token_budget")
+    check_required_budget(client, base, model, tokenizer, hf)
     check_refused(base, model, question, {"reasoning_effort": "minimal"}, "reasoning_effort")
     check_refused(base, model, question, {"tophat_outline": True}, "tophat_outline")
 

@@ -5,8 +5,6 @@
 #include <string_view>
 #include <utility>
 
-#include "models/tokenizers/tokenizer_utf8.h"
-
 namespace tophat {
 namespace {
 
@@ -37,7 +35,7 @@ AfterTokenConstraint::AfterTokenConstraint(std::shared_ptr<const TokenVocabulary
 
 void AfterTokenConstraint::Settle(Reasoning& reasoning) const {
   if (budget_ < 0 || reasoning.forced_from >= 0 || reasoning.tokens < budget_) return;
-  if (reasoning.partial_size == 0 || reasoning.tokens >= budget_ + kCharacterWait) {
+  if (reasoning.partial.whole() || reasoning.tokens >= budget_ + kCharacterWait) {
     reasoning.forced_from = reasoning.tokens;
   }
 }
@@ -56,22 +54,7 @@ void AfterTokenConstraint::Step(Reasoning& reasoning, int32_t token) const {
   }
   // Only the waiting for a character's end reads the bytes; forced tokens need not.
   if (budget_ < 0 || reasoning.forced_from >= 0) return;
-  const std::string* bytes = vocabulary_->bytes(token);
-  if (bytes == nullptr) {  // a special token: no character runs across it
-    reasoning.partial_size = 0;
-    return;
-  }
-  // A pending character lies in the last 3 bytes: the token's, after what was pending.
-  std::array<char, 6> last{};
-  size_t size = 0;
-  if (bytes->size() < 3) {
-    for (uint8_t i = 0; i < reasoning.partial_size; ++i) last[size++] = reasoning.partial[i];
-  }
-  const size_t take = std::min<size_t>(bytes->size(), 3);
-  for (size_t i = bytes->size() - take; i < bytes->size(); ++i) last[size++] = (*bytes)[i];
-  const size_t pending = utf8::IncompleteSuffixLength(std::string_view(last.data(), size));
-  for (size_t i = 0; i < pending; ++i) reasoning.partial[i] = last[size - pending + i];
-  reasoning.partial_size = static_cast<uint8_t>(pending);
+  reasoning.partial.Push(vocabulary_->bytes(token));
 }
 
 std::shared_ptr<const std::vector<uint8_t>> AfterTokenConstraint::Only(int32_t token) const {

@@ -18,17 +18,16 @@
 #include <vector>
 
 #include "models/grammar/json_constraint.h"
+#include "models/grammar/partial_character.h"
 
 namespace tophat {
 
 class AfterTokenConstraint final : public TokenConstraint {
  public:
   // Tokens the reasoning may go on for past its budget while its text ends inside a
-  // character (a byte-level vocabulary spells many characters in several tokens): forcing
-  // the message there would leave a broken character in the reasoning. A character is at
-  // most 4 bytes and each token adds at least 1, so 3 complete one begun within the budget;
-  // a model that keeps writing partial characters is cut after them all the same.
-  static constexpr int64_t kCharacterWait = 3;
+  // character (PartialCharacter): forcing the message there would leave a broken character
+  // in the reasoning.
+  static constexpr int64_t kCharacterWait = PartialCharacter::kWait;
 
   // `vocabulary`: the tokens' bytes (for where characters end) and the masks' length; `gate`:
   // the token after which `inner` holds (null: no format, every token allowed); `budget`:
@@ -58,9 +57,7 @@ class AfterTokenConstraint final : public TokenConstraint {
   struct Reasoning {
     int64_t tokens = 0;        // generated so far
     int64_t forced_from = -1;  // the index of the first forced token; -1: not yet
-    // The reasoning's last bytes while they are a character begun and not ended.
-    std::array<char, 3> partial{};
-    uint8_t partial_size = 0;
+    PartialCharacter partial;  // the reasoning's text, while it ends inside a character
     size_t prefix_matched = 0;  // how many of gate_prefix_ the last tokens are
   };
   // Where `pending` leaves the answer: past the gate (`after_gate`: the pending tokens after

@@ -44,9 +44,12 @@ absl::StatusOr<std::shared_ptr<const HarmonyCallSpec>> HarmonyCallSpec::Create(
     return made.ok() ? *std::move(made) : nullptr;
   };
   spec->header_choice_ = choice(spec->headers_);
+  spec->call_header_choice_ =
+      choice(std::vector<std::string>(spec->headers_.begin() + 1, spec->headers_.end()));
   spec->assistant_choice_ = choice({std::string(kAssistant)});
   spec->json_choice_ = choice({std::string(kJson)});
-  if (!spec->header_choice_ || !spec->assistant_choice_ || !spec->json_choice_) {
+  if (!spec->header_choice_ || !spec->call_header_choice_ || !spec->assistant_choice_ ||
+      !spec->json_choice_) {
     return absl::InternalError("harmony: the header literals did not compile");
   }
   return spec;
@@ -54,8 +57,13 @@ absl::StatusOr<std::shared_ptr<const HarmonyCallSpec>> HarmonyCallSpec::Create(
 
 HarmonyCallConstraint::HarmonyCallConstraint(std::shared_ptr<const TokenVocabulary> vocabulary,
                                              std::vector<int32_t> end_ids,
-                                             std::shared_ptr<const HarmonyCallSpec> spec)
-    : vocabulary_(std::move(vocabulary)), end_ids_(std::move(end_ids)), spec_(std::move(spec)) {
+                                             std::shared_ptr<const HarmonyCallSpec> spec,
+                                             int64_t budget, std::vector<int32_t> budget_end)
+    : vocabulary_(std::move(vocabulary)),
+      end_ids_(std::move(end_ids)),
+      spec_(std::move(spec)),
+      budget_(budget),
+      budget_end_(std::move(budget_end)) {
   const auto size = static_cast<size_t>(std::max(vocabulary_->size(), 0));
   std::vector<uint8_t> reasoning(size, 0);
   for (int32_t id = 0; id < vocabulary_->size(); ++id) {
@@ -74,10 +82,27 @@ HarmonyCallConstraint::HarmonyCallConstraint(std::shared_ptr<const TokenVocabula
 
 HarmonyCallConstraint::~HarmonyCallConstraint() = default;
 
-void HarmonyCallConstraint::Enter(Position& position, Phase phase) {
+void HarmonyCallConstraint::Enter(Position& position, Phase phase) const {
   position.phase = phase;
   position.segment.clear();
   position.text.clear();
+  // A header begun after the budget is spent is a call's.
+  position.calls_only = phase == Phase::kHeader && Spent(position);
+}
+
+void HarmonyCallConstraint::Settle(Position& position) const {
+  if (position.phase != Phase::kReasoning || !Spent(position) || position.forced_from >= 0) {
+    return;
+  }
+  if (position.partial.whole() || position.counted >= budget_ + PartialCharacter::kWait) {
+    position.forced_from = position.counted;
+  }
+}
+
+int32_t HarmonyCallConstraint::ForcedInReasoning(const Position& position) const {
+  if (position.forced_from < 0) return -1;
+  const auto forced = static_cast<size_t>(position.counted - position.forced_from);
+  return forced < budget_end_.size() ? budget_end_[forced] : spec_->ids().end;
 }
 
 int32_t HarmonyCallConstraint::WholeHeader(const std::string& text) const {
@@ -91,7 +116,7 @@ void HarmonyCallConstraint::Step(Position& position, int32_t token) const {
   const std::string* bytes = vocabulary_->bytes(token);
   // A literal takes text that still starts one of its strings, and its control token after
   // it whole.
-  const auto literal = [&](const std::vector<std::string>& strings) {
+  const auto literal = [&](std::span<const std::string> strings) {
     if (bytes == nullptr) return false;
     const std::string text = position.text + *bytes;
     const bool starts = std::any_of(strings.begin(), strings.end(), [&](const std::string& s) {
@@ -102,6 +127,17 @@ void HarmonyCallConstraint::Step(Position& position, int32_t token) const {
     position.segment.push_back(token);
     return true;
   };
+  // The budget counts every token before the call's <|constrain|>.
+  const bool before_call = position.phase == Phase::kChannel || position.phase == Phase::kHeader ||
+                           position.phase == Phase::kReasoning || position.phase == Phase::kStart ||
+                           position.phase == Phase::kAssistant;
+  if (budget_ >= 0 && before_call) {
+    Settle(position);
+    ++position.counted;
+    if (position.phase == Phase::kReasoning && position.forced_from < 0) {
+      position.partial.Push(bytes);
+    }
+  }
   switch (position.phase) {
     case Phase::kChannel:
       if (token == ids.channel) return Enter(position, Phase::kHeader);
@@ -117,12 +153,17 @@ void HarmonyCallConstraint::Step(Position& position, int32_t token) const {
         }
         break;
       }
-      if (literal(spec_->headers())) return;
+      // A header begun after the budget is spent: the calls' alone.
+      if (literal(std::span<const std::string>(spec_->headers())
+                      .subspan(position.calls_only ? 1 : 0))) {
+        return;
+      }
       break;
     }
     case Phase::kReasoning:
       if (token == ids.end) return Enter(position, Phase::kStart);
-      if (bytes != nullptr && !bytes->empty()) return;
+      // A spent budget's message is whatever the request forced.
+      if (position.forced_from >= 0 || (bytes != nullptr && !bytes->empty())) return;
       break;
     case Phase::kStart:
       if (token == ids.start) return Enter(position, Phase::kAssistant);
@@ -132,7 +173,7 @@ void HarmonyCallConstraint::Step(Position& position, int32_t token) const {
           position.text == HarmonyCallSpec::kAssistant) {
         return Enter(position, Phase::kHeader);
       }
-      if (literal({std::string(HarmonyCallSpec::kAssistant)})) return;
+      if (literal(std::span<const std::string>(&spec_->assistant(), 1))) return;
       break;
     case Phase::kJson:
       if (bytes == nullptr && token == ids.message && position.text == HarmonyCallSpec::kJson) {
@@ -141,7 +182,7 @@ void HarmonyCallConstraint::Step(Position& position, int32_t token) const {
         position.tool = tool;
         return;
       }
-      if (literal({std::string(HarmonyCallSpec::kJson)})) return;
+      if (literal(std::span<const std::string>(&spec_->json(), 1))) return;
       break;
     case Phase::kArguments:
       // The arguments' constraint decides what is valid, <|call|> included (its end).
@@ -155,19 +196,21 @@ void HarmonyCallConstraint::Step(Position& position, int32_t token) const {
   Enter(position, Phase::kRefused);
 }
 
-std::unique_ptr<TokenConstraint> HarmonyCallConstraint::SegmentConstraint(Phase phase,
-                                                                          int32_t tool) const {
-  switch (phase) {
+std::unique_ptr<TokenConstraint> HarmonyCallConstraint::SegmentConstraint(
+    const Position& position) const {
+  switch (position.phase) {
     case Phase::kHeader:
       // No end ids: a whole literal is followed by its control token, which Allowed gives.
-      return MakeChoiceConstraint(vocabulary_, {}, spec_->header_choice());
+      return MakeChoiceConstraint(
+          vocabulary_, {},
+          position.calls_only ? spec_->call_header_choice() : spec_->header_choice());
     case Phase::kAssistant:
       return MakeChoiceConstraint(vocabulary_, {}, spec_->assistant_choice());
     case Phase::kJson:
       return MakeChoiceConstraint(vocabulary_, {}, spec_->json_choice());
     case Phase::kArguments:
       return MakeSchemaConstraint(vocabulary_, {spec_->ids().call},
-                                  spec_->tools()[static_cast<size_t>(tool)].parameters);
+                                  spec_->tools()[static_cast<size_t>(position.tool)].parameters);
     default:
       return nullptr;
   }
@@ -189,7 +232,7 @@ HarmonyCallConstraint::Position HarmonyCallConstraint::Locate(std::span<const in
 const TokenConstraint* HarmonyCallConstraint::Segment(
     const Position& position, std::span<const int32_t>& pending,
     std::unique_ptr<TokenConstraint>& fresh) const {
-  fresh = SegmentConstraint(position.phase, position.tool);
+  fresh = SegmentConstraint(position);
   if (fresh == nullptr) return nullptr;
   pending = position.segment;
   return fresh.get();
@@ -232,7 +275,7 @@ void HarmonyCallConstraint::Commit(std::span<const int32_t> tokens) {
     Step(committed_, token);
     if (committed_.phase != before || committed_.segment.empty()) {
       // A new segment (or none): its constraint starts over.
-      segment_ = SegmentConstraint(committed_.phase, committed_.tool);
+      segment_ = SegmentConstraint(committed_);
     } else if (segment_ != nullptr) {
       segment_->Commit(std::span<const int32_t>(&token, 1));
     }
@@ -242,9 +285,13 @@ void HarmonyCallConstraint::Commit(std::span<const int32_t> tokens) {
 std::shared_ptr<const std::vector<uint8_t>> HarmonyCallConstraint::Allowed(
     std::span<const int32_t> pending) const {
   bool same_segment = false;
-  const Position position = Locate(pending, same_segment);
+  Position position = Locate(pending, same_segment);
   if (position.phase == Phase::kRefused || position.phase == Phase::kDone) return ends_only_;
-  if (position.phase == Phase::kReasoning) return reasoning_;
+  if (position.phase == Phase::kReasoning) {
+    Settle(position);
+    const int32_t forced = ForcedInReasoning(position);
+    return forced >= 0 ? Only(forced) : reasoning_;
+  }
   if (const int32_t control = NextControl(position); control >= 0) return Only(control);
   if (same_segment && segment_ != nullptr) return segment_->Allowed(pending);
   std::unique_ptr<TokenConstraint> fresh;
@@ -255,10 +302,12 @@ std::shared_ptr<const std::vector<uint8_t>> HarmonyCallConstraint::Allowed(
 
 std::optional<ForcedDraft> HarmonyCallConstraint::Forced(std::span<const int32_t> pending) const {
   bool same_segment = false;
-  const Position position = Locate(pending, same_segment);
-  if (position.phase == Phase::kRefused || position.phase == Phase::kDone ||
-      position.phase == Phase::kReasoning) {
-    return std::nullopt;
+  Position position = Locate(pending, same_segment);
+  if (position.phase == Phase::kRefused || position.phase == Phase::kDone) return std::nullopt;
+  if (position.phase == Phase::kReasoning) {
+    Settle(position);
+    const int32_t forced = ForcedInReasoning(position);
+    return forced >= 0 ? std::optional<ForcedDraft>(ForcedDraft{.token = forced}) : std::nullopt;
   }
   if (const int32_t control = NextControl(position); control >= 0) {
     return ForcedDraft{.token = control};
@@ -272,9 +321,9 @@ std::optional<ForcedDraft> HarmonyCallConstraint::Forced(std::span<const int32_t
 
 std::unique_ptr<TokenConstraint> MakeHarmonyCallConstraint(
     std::shared_ptr<const TokenVocabulary> vocabulary, std::vector<int32_t> end_ids,
-    std::shared_ptr<const HarmonyCallSpec> spec) {
+    std::shared_ptr<const HarmonyCallSpec> spec, int64_t budget, std::vector<int32_t> budget_end) {
   return std::make_unique<HarmonyCallConstraint>(std::move(vocabulary), std::move(end_ids),
-                                                 std::move(spec));
+                                                 std::move(spec), budget, std::move(budget_end));
 }
 
 }  // namespace tophat

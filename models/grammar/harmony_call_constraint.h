@@ -14,6 +14,11 @@
 // closed by <|call|>. The final channel, a note to the user and a second call are not open
 // to it: a reasoning message or the call are the only ways on from each message's start.
 //
+// A thinking budget (OpenAI's thinking_token_budget) counts the tokens before the call's
+// <|constrain|>, the headers' included; spent, the reasoning message in progress is ended
+// (once its text ends between characters: an optional message, then <|end|>) and the next
+// message can only be the call.
+//
 // Why a constraint of its own: the control tokens are special tokens, with no bytes a text
 // grammar could match, and the reasoning before the call is free where ToolCallGrammar's
 // text is either all of the answer or none of it.
@@ -24,11 +29,13 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "models/grammar/choice_grammar.h"
 #include "models/grammar/json_constraint.h"
+#include "models/grammar/partial_character.h"
 #include "models/grammar/tool_call_grammar.h"
 
 namespace tophat {
@@ -64,6 +71,12 @@ class HarmonyCallSpec {
   // to=functions.NAME " (the space before <|constrain|>).
   const std::vector<std::string>& headers() const { return headers_; }
   const std::shared_ptr<const ChoiceSpec>& header_choice() const { return header_choice_; }
+  const std::string& assistant() const { return assistant_; }
+  const std::string& json() const { return json_; }
+  // The calls' headers alone (a spent budget's).
+  const std::shared_ptr<const ChoiceSpec>& call_header_choice() const {
+    return call_header_choice_;
+  }
   const std::shared_ptr<const ChoiceSpec>& assistant_choice() const { return assistant_choice_; }
   const std::shared_ptr<const ChoiceSpec>& json_choice() const { return json_choice_; }
 
@@ -73,7 +86,10 @@ class HarmonyCallSpec {
   HarmonyCallIds ids_;
   std::vector<ToolCallTool> tools_;
   std::vector<std::string> headers_;
+  std::string assistant_{kAssistant};
+  std::string json_{kJson};
   std::shared_ptr<const ChoiceSpec> header_choice_;
+  std::shared_ptr<const ChoiceSpec> call_header_choice_;
   std::shared_ptr<const ChoiceSpec> assistant_choice_;
   std::shared_ptr<const ChoiceSpec> json_choice_;
 };
@@ -81,9 +97,12 @@ class HarmonyCallSpec {
 class HarmonyCallConstraint final : public TokenConstraint {
  public:
   // end_ids: the request's ends (its stop ids), the only tokens allowed once a token the
-  // layout refuses was committed, or after the call.
+  // layout refuses was committed, or after the call. budget: the most tokens before the
+  // call's <|constrain|> (-1: no limit); budget_end: the tokens forced before <|end|> once it
+  // is spent (a message; none of them <|end|>).
   HarmonyCallConstraint(std::shared_ptr<const TokenVocabulary> vocabulary,
-                        std::vector<int32_t> end_ids, std::shared_ptr<const HarmonyCallSpec> spec);
+                        std::vector<int32_t> end_ids, std::shared_ptr<const HarmonyCallSpec> spec,
+                        int64_t budget = -1, std::vector<int32_t> budget_end = {});
   ~HarmonyCallConstraint() override;
 
   void Commit(std::span<const int32_t> tokens) override;
@@ -114,15 +133,28 @@ class HarmonyCallConstraint final : public TokenConstraint {
     std::vector<int32_t> segment;
     std::string text;
     int32_t tool = -1;  // kJson and kArguments: the tool called
+    // The budget: tokens counted before the call, the index of the first one forced (-1:
+    // none yet), whether this header may only be a call's (the budget was spent before it
+    // began), and the reasoning's unfinished character.
+    int64_t counted = 0;
+    int64_t forced_from = -1;
+    bool calls_only = false;
+    PartialCharacter partial;
   };
 
   void Step(Position& position, int32_t token) const;
   // Starts `phase` (a new segment).
-  static void Enter(Position& position, Phase phase);
+  void Enter(Position& position, Phase phase) const;
+  // In a reasoning message whose budget is spent: decides, before its next token, whether
+  // the forced tokens begin there.
+  void Settle(Position& position) const;
+  bool Spent(const Position& position) const { return budget_ >= 0 && position.counted >= budget_; }
+  // In the reasoning, the token forced next, or -1.
+  int32_t ForcedInReasoning(const Position& position) const;
   // The index of the whole header literal `text` is (0: analysis; 1 + t: tool t), or -1.
   int32_t WholeHeader(const std::string& text) const;
-  // A fresh constraint for a segment of `phase`.
-  std::unique_ptr<TokenConstraint> SegmentConstraint(Phase phase, int32_t tool) const;
+  // A fresh constraint for `position`'s segment, before its first token.
+  std::unique_ptr<TokenConstraint> SegmentConstraint(const Position& position) const;
   // The constraint of `position`'s segment with its tokens: the committed one's where the
   // position is the committed segment's (`pending`: its tokens past the committed ones),
   // else a fresh one in `fresh`.
@@ -137,6 +169,8 @@ class HarmonyCallConstraint final : public TokenConstraint {
   std::shared_ptr<const TokenVocabulary> vocabulary_;
   std::vector<int32_t> end_ids_;
   std::shared_ptr<const HarmonyCallSpec> spec_;
+  int64_t budget_;
+  std::vector<int32_t> budget_end_;
   Position committed_;
   // The committed segment's constraint (a literal's or the arguments'), null elsewhere.
   std::unique_ptr<TokenConstraint> segment_;
@@ -148,6 +182,7 @@ class HarmonyCallConstraint final : public TokenConstraint {
 
 std::unique_ptr<TokenConstraint> MakeHarmonyCallConstraint(
     std::shared_ptr<const TokenVocabulary> vocabulary, std::vector<int32_t> end_ids,
-    std::shared_ptr<const HarmonyCallSpec> spec);
+    std::shared_ptr<const HarmonyCallSpec> spec, int64_t budget = -1,
+    std::vector<int32_t> budget_end = {});
 
 }  // namespace tophat

@@ -20,9 +20,9 @@ constexpr HarmonyCallIds kIds{.start = kStart,
 
 std::shared_ptr<const TokenVocabulary> Vocabulary() {
   std::vector<std::optional<std::string>> tokens(8);
-  for (const char* piece :
-       {"analysis", "commentary", "final", " to", "=functions", ".get", "_weather", "now",
-        "assistant", "json", "{\"city\": ", "\"Paris\"", "Eleven", " has two digits."}) {
+  for (const char* piece : {"analysis", "commentary", "final", " to", "=functions", ".get",
+                            "_weather", "now", "assistant", "json", "{\"city\": ", "\"Paris\"",
+                            "Eleven", " has two digits.", "\xC3", "\xA9"}) {
     tokens.emplace_back(piece);
   }
   for (char byte = ' '; byte <= '~'; ++byte) tokens.emplace_back(std::string(1, byte));
@@ -198,12 +198,15 @@ TEST_CASE("harmony calls: drafts across segments are masked as the committed ans
           "[grammar][harmony]") {
   const auto vocabulary = Vocabulary();
   const std::vector<int32_t> answer = ReasonThenCall(*vocabulary);
+  // The answer's reasoning message is 5 tokens with its header: a budget of 5 forces its
+  // <|end|> where the model wrote it.
+  const int64_t budget = GENERATE(-1, 5);
   // For every split of the answer into committed tokens and a draft, each draft token's mask
   // is the one a constraint that committed everything before it gives.
   for (size_t split = 0; split <= answer.size(); split += 3) {
-    HarmonyCallConstraint drafted(vocabulary, {kReturn, kCall, kEos}, Spec());
+    HarmonyCallConstraint drafted(vocabulary, {kReturn, kCall, kEos}, Spec(), budget);
     drafted.Commit(std::span<const int32_t>(answer).first(split));
-    HarmonyCallConstraint stepped(vocabulary, {kReturn, kCall, kEos}, Spec());
+    HarmonyCallConstraint stepped(vocabulary, {kReturn, kCall, kEos}, Spec(), budget);
     stepped.Commit(std::span<const int32_t>(answer).first(split));
     for (size_t i = split; i <= answer.size(); ++i) {
       INFO("split " << split << ", token " << i);
@@ -212,6 +215,58 @@ TEST_CASE("harmony calls: drafts across segments are masked as the committed ans
       REQUIRE(drafted.Forced(pending) == stepped.Forced({}));
       if (i < answer.size()) stepped.Commit(std::span<const int32_t>(&answer[i], 1));
     }
+  }
+}
+
+TEST_CASE("harmony calls: a spent thinking budget ends the reasoning, and then only a call",
+          "[grammar][harmony]") {
+  const auto vocabulary = Vocabulary();
+  const TokenVocabulary& v = *vocabulary;
+  const int32_t eleven = testing::PieceId(v, "Eleven");
+  // Counted: <|channel|>, "analysis", <|message|>, then the reasoning's tokens.
+  std::vector<int32_t> answer = {kChannel, testing::PieceId(v, "analysis"), kMessage, eleven};
+  {
+    HarmonyCallConstraint constraint(vocabulary, {kReturn, kCall, kEos}, Spec(), /*budget=*/5);
+    CHECK(Allows(constraint, answer, eleven));
+    CHECK(Allows(constraint, answer, kEnd));
+    answer.push_back(eleven);
+    CHECK(AllowedIds(constraint, answer) == std::vector<int32_t>{kEnd});
+    CHECK(constraint.Forced(answer) == ForcedDraft{.token = kEnd});
+    for (const int32_t id : {kEnd, kStart}) answer.push_back(id);
+    for (const int32_t id : Spell(v, "assistant")) answer.push_back(id);
+    answer.push_back(kChannel);
+    // The next message can only be the call.
+    CHECK_FALSE(Allows(constraint, answer, testing::PieceId(v, "analysis")));
+    CHECK_FALSE(Allows(constraint, answer, testing::PieceId(v, "a")));
+    CHECK(Allows(constraint, answer, testing::PieceId(v, "commentary")));
+    answer.resize(4);
+  }
+  {
+    // A message first: its tokens, then <|end|>.
+    const int32_t dot = testing::PieceId(v, ".");
+    HarmonyCallConstraint constraint(vocabulary, {kReturn, kCall, kEos}, Spec(), 4, {eleven, dot});
+    CHECK(AllowedIds(constraint, answer) == std::vector<int32_t>{eleven});
+    answer.push_back(eleven);
+    CHECK(AllowedIds(constraint, answer) == std::vector<int32_t>{dot});
+    answer.push_back(dot);
+    CHECK(AllowedIds(constraint, answer) == std::vector<int32_t>{kEnd});
+  }
+  {
+    // A character begun when the budget is spent is finished first.
+    HarmonyCallConstraint constraint(vocabulary, {kReturn, kCall, kEos}, Spec(), 4);
+    std::vector<int32_t> partial = {kChannel, testing::PieceId(v, "analysis"), kMessage,
+                                    testing::PieceId(v, "\xC3")};
+    CHECK(Allows(constraint, partial, testing::PieceId(v, "\xA9")));
+    CHECK_FALSE(Allows(constraint, partial, kChannel));
+    partial.push_back(testing::PieceId(v, "\xA9"));
+    CHECK(AllowedIds(constraint, partial) == std::vector<int32_t>{kEnd});
+  }
+  {
+    // Spent before any reasoning: the first message is the call.
+    HarmonyCallConstraint constraint(vocabulary, {kReturn, kCall, kEos}, Spec(), 0);
+    const std::vector<int32_t> channel = {kChannel};
+    CHECK_FALSE(Allows(constraint, channel, testing::PieceId(v, "analysis")));
+    CHECK(Allows(constraint, channel, testing::PieceId(v, "commentary")));
   }
 }
 

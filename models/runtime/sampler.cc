@@ -44,9 +44,11 @@ absl::Status SamplingParams::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("reasoning_budget must be >= 0 (-1: no limit), got ", reasoning_budget));
   }
-  if (reasoning_budget >= 0 && format_after_token < 0) {
+  if (reasoning_budget >= 0 && format_after_token < 0 &&
+      response_format != ResponseFormat::kHarmonyCall) {
     return absl::InvalidArgumentError(
-        "a reasoning budget needs the token that ends the reasoning (format_after_token)");
+        "a reasoning budget needs the token that ends the reasoning (format_after_token), or "
+        "a harmony call format (which ends it itself)");
   }
   if (!format_after_prefix.empty() && format_after_token < 0) {
     return absl::InvalidArgumentError(
@@ -155,7 +157,9 @@ Sampler::Sampler(const SamplingParams& params, std::shared_ptr<const TokenVocabu
       break;
     case ResponseFormat::kHarmonyCall:
       require(vocabulary != nullptr && params_.harmony_call != nullptr);
-      format_ = MakeHarmonyCallConstraint(vocabulary, params_.stop_ids, params_.harmony_call);
+      // Its budget counts the tokens before the call; spent, it ends the reasoning itself.
+      format_ = MakeHarmonyCallConstraint(vocabulary, params_.stop_ids, params_.harmony_call,
+                                          params_.reasoning_budget, params_.reasoning_budget_end);
       break;
     case ResponseFormat::kStructuralTag:
       require(vocabulary != nullptr && params_.structural_tag != nullptr);

@@ -89,7 +89,8 @@ struct SamplingParams {
   std::vector<int32_t> format_after_prefix;
   // The most tokens before format_after_token (-1: no limit): once they are generated it is
   // the only choice, and the answer proper follows (vLLM's thinking_token_budget). Only with
-  // format_after_token, with or without a format.
+  // format_after_token, with or without a format, or with kHarmonyCall (the tokens before
+  // the call, HarmonyCallConstraint).
   int64_t reasoning_budget = -1;
   // With reasoning_budget: the tokens forced before format_after_token once the budget is
   // spent (a message that ends the reasoning, as llama.cpp's reasoning budget message;
