@@ -38,7 +38,8 @@ while [ $# -gt 0 ]; do
 done
 if [ ${#targets[@]} -eq 0 ]; then
   targets=(agent_message hidden_states safetensors model_config tokenizer_json yaml_config app_request
-           openai_request json_grammar json_schema tool_calls ebnf_grammar structural_tag)
+           openai_request json_grammar json_schema tool_calls harmony_calls ebnf_grammar
+           structural_tag)
 fi
 if ! command -v clang++ >/dev/null 2>&1; then
   echo "fuzz: clang++ not found (deploy/install-deps.sh installs clang); skipped" >&2
@@ -89,7 +90,8 @@ fuzz_target() {
     local -A runs_for=([agent_message]=1000 [hidden_states]=400000 [safetensors]=60000
                     [model_config]=60000 [tokenizer_json]=30000 [yaml_config]=3000
                     [app_request]=200000 [openai_request]=100000 [json_grammar]=150000
-                    [json_schema]=100000 [tool_calls]=100000 [ebnf_grammar]=60000
+                    [json_schema]=100000 [tool_calls]=100000 [harmony_calls]=30000
+                    [ebnf_grammar]=60000
                     [structural_tag]=100000)
     budget=(-seed=1 -runs="${runs_for[$target]:-10000}")
   fi

@@ -432,6 +432,12 @@ def main():
     hermes = {"open": '<tool_call>\n{"name": "', "between": '", "arguments": ',
               "close": "}\n</tool_call>", "separator": "\n", "start_tag": "<tool_call>",
               "max_calls": 3, "tools": tools}
+    # gpt-oss's required call: choices that walk a reasoning message, then a call; with a
+    # budget of 6 and an end message of two tokens (ids 65, 66: "A", "B").
+    for name, extra in (("harmony.bin", {}),
+                        ("harmony_budget.bin", {"budget": 6, "budget_end": [65, 66]})):
+        write(out, "harmony_calls", name, json.dumps(dict({"tools": tools}, **extra)).encode()
+              + b"\0" + bytes(range(1, 200, 3)))
     write(out, "tool_calls", "hermes.bin", json.dumps(hermes).encode() + b"\0"
           + b'<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}'
           + b'\n</tool_call>\n<tool_call>\n{"name": "get", "arguments": {}}\n</tool_call>')

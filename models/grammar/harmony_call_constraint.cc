@@ -131,8 +131,11 @@ void HarmonyCallConstraint::Step(Position& position, int32_t token) const {
   const bool before_call = position.phase == Phase::kChannel || position.phase == Phase::kHeader ||
                            position.phase == Phase::kReasoning || position.phase == Phase::kStart ||
                            position.phase == Phase::kAssistant;
+  // Once the budget is spent, the token the reasoning must take (its message, then <|end|>).
+  int32_t forced = -1;
   if (budget_ >= 0 && before_call) {
     Settle(position);
+    if (position.phase == Phase::kReasoning) forced = ForcedInReasoning(position);
     ++position.counted;
     if (position.phase == Phase::kReasoning && position.forced_from < 0) {
       position.partial.Push(bytes);
@@ -161,9 +164,10 @@ void HarmonyCallConstraint::Step(Position& position, int32_t token) const {
       break;
     }
     case Phase::kReasoning:
+      if (forced >= 0 && token != forced) break;
       if (token == ids.end) return Enter(position, Phase::kStart);
       // A spent budget's message is whatever the request forced.
-      if (position.forced_from >= 0 || (bytes != nullptr && !bytes->empty())) return;
+      if (forced >= 0 || (bytes != nullptr && !bytes->empty())) return;
       break;
     case Phase::kStart:
       if (token == ids.start) return Enter(position, Phase::kAssistant);

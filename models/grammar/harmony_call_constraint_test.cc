@@ -246,6 +246,10 @@ TEST_CASE("harmony calls: a spent thinking budget ends the reasoning, and then o
     const int32_t dot = testing::PieceId(v, ".");
     HarmonyCallConstraint constraint(vocabulary, {kReturn, kCall, kEos}, Spec(), 4, {eleven, dot});
     CHECK(AllowedIds(constraint, answer) == std::vector<int32_t>{eleven});
+    // A token that strays from the message is refused (fuzz/regressions/harmony_calls).
+    std::vector<int32_t> strayed = answer;
+    strayed.push_back(dot);
+    CHECK(AllowedIds(constraint, strayed) == std::vector<int32_t>{kCall, kReturn, kEos});
     answer.push_back(eleven);
     CHECK(AllowedIds(constraint, answer) == std::vector<int32_t>{dot});
     answer.push_back(dot);
