@@ -8,7 +8,7 @@ given), quantizes that with llama.cpp's `llama-quantize` to F16, BF16 and Q8_0, 
 interleaved run by run on the same threads:
 
   llama-bench -m MODEL.gguf -p 0 -n N -d D -t T -r 1      (F32, F16, BF16, Q8_0)
-  tophat bench-model --weights float32|bfloat16|int8|w8a8 ...  (decode N tokens after D)
+  tophat bench-model --weights float32|bfloat16|bf16a16|int8|w8a8 ...  (decode N tokens after D)
 
 and prints a table and JSON of the decode rates and their same-run ratios, with the
 machine's CPU model and the read bandwidth tophat's probe measured in each run. With
@@ -184,7 +184,7 @@ def main():
                          "tokens_per_s": result["avg_ts"],
                          "model_bytes": result.get("model_size")})
             print(f"run {r + 1} llama.cpp {kind} {what}: {result['avg_ts']:.1f} tok/s", flush=True)
-        for weights in ("float32", "bfloat16", "int8", "w8a8"):
+        for weights in ("float32", "bfloat16", "bf16a16", "int8", "w8a8"):
             report_path = args.work / f"tophat-{weights}-{r + 1}.json"
             shape = (["--prompt-tokens", str(args.prefill), "--decode-tokens", "1"] if prefill else
                      ["--prompt-tokens", str(max(args.depth, 16)), "--decode-tokens",
@@ -207,10 +207,12 @@ def main():
                     if x["run"] == r and x["runtime"] == runtime and x["weights"] == weights)
 
     # tophat has no float16 weights: its bfloat16 (the same bytes per weight) against both.
-    # Q8_0 rounds the activations to int8 per block of 32 as tophat's w8a8 does; tophat's int8
-    # (weight-only, float32 activations) beside it.
-    pairs = [("float32", "F32"), ("bfloat16", "BF16"), ("bfloat16", "F16"), ("int8", "Q8_0"),
-             ("w8a8", "Q8_0")]
+    # BF16 rounds a prompt's activations to bfloat16 as tophat's bf16a16 does (its decode
+    # keeps float32 activations, as bfloat16's); tophat's bfloat16 (float32 activations)
+    # beside it. Q8_0 rounds the activations to int8 per block of 32 as tophat's w8a8 does;
+    # tophat's int8 (weight-only, float32 activations) beside it.
+    pairs = [("float32", "F32"), ("bfloat16", "BF16"), ("bf16a16", "BF16"), ("bfloat16", "F16"),
+             ("int8", "Q8_0"), ("w8a8", "Q8_0")]
     ratios = []
     print(f"\nCPU: {cpu_model()}, {args.threads} threads; " +
           (f"a {args.prefill}-token prompt (tokens/s)" if prefill else

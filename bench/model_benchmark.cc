@@ -140,13 +140,16 @@ absl::StatusOr<ModelBenchReport> RunModelBenchmark(
         config.max_position_embeddings));
   }
 
-  const std::string weights = options.int8_weights && options.int8_activations ? "w8a8"
-                              : options.int8_weights                            ? "int8"
-                              : options.bf16_weights                            ? "bfloat16"
-                                                                                : "float32";
+  const std::string weights = options.int8_weights && options.int8_activations   ? "w8a8"
+                              : options.int8_weights                             ? "int8"
+                              : options.bf16_weights && options.bf16_activations ? "bf16a16"
+                              : options.bf16_weights                             ? "bfloat16"
+                                                                                 : "float32";
   say(absl::StrCat("loading ", model_dir.string(), " (", weights, " weights, ",
                    options.int8_weights && options.int8_activations
                        ? "int8 activations, integer products)"
+                   : options.bf16_weights && options.bf16_activations
+                       ? "a prompt's activations in bfloat16, bfloat16 products)"
                        : "float32 compute)"));
   SubmodelOptions load_options;
   load_options.dtype = at::kFloat;
@@ -154,6 +157,7 @@ absl::StatusOr<ModelBenchReport> RunModelBenchmark(
   load_options.quantize_int8 = options.int8_weights;
   load_options.bf16_weights = options.bf16_weights;
   load_options.int8_activations = options.int8_activations;
+  load_options.bf16_activations = options.bf16_activations;
   TOPHAT_ASSIGN_OR_RETURN(std::unique_ptr<Submodel> model, LoadFullModel(model_dir, load_options));
 
   ModelBenchReport report;

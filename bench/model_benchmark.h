@@ -30,6 +30,9 @@ struct ModelBenchOptions {
   bool int8_activations = false;
   // Weight matrices in bfloat16, computed in float32 (SubmodelOptions.bf16_weights).
   bool bf16_weights = false;
+  // With bf16_weights: a prompt's rows rounded to bfloat16 and multiplied in bfloat16
+  // (SubmodelOptions.bf16_activations; "bf16a16").
+  bool bf16_activations = false;
   // Also time decode on the layer-by-layer path (the fused one-token CPU step off), in
   // repetitions alternating with the fused path's, and report the ratio.
   bool compare_layer_by_layer = false;
@@ -46,7 +49,8 @@ struct ModelBenchReport {
   int64_t kv_heads = 0;
   int64_t vocab_size = 0;
   std::string dtype = "float32";
-  std::string weights = "float32";  // or "int8", "bfloat16": the matrices' storage
+  // or "int8", "w8a8", "bfloat16", "bf16a16": the matrices' storage (and activations')
+  std::string weights = "float32";
   int threads = 0;       // ATen intra-op threads (at::get_num_threads())
   int blas_threads = 0;  // OpenBLAS threads (prefill GEMMs run on these); 0 = unknown
 

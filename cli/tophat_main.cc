@@ -371,12 +371,15 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--repetitions", bench.repetitions)->capture_default_str();
   bench_cmd->add_option("--json", bench_json, "Also write the report as JSON here");
   std::string bench_weights = "float32";
-  bench_cmd->add_option("--weights", bench_weights,
-                        "The weight matrices' storage: float32, bfloat16, or int8 with per-row "
-                        "scales (converted at load; activations stay float32); w8a8: int8 "
-                        "weights with activations rounded to int8 per block of 32, multiplied "
-                        "in integers")
-      ->capture_default_str()->check(CLI::IsMember({"float32", "bfloat16", "int8", "w8a8"}));
+  bench_cmd
+      ->add_option("--weights", bench_weights,
+                   "The weight matrices' storage: float32, bfloat16, or int8 with per-row "
+                   "scales (converted at load; activations stay float32); w8a8: int8 "
+                   "weights with activations rounded to int8 per block of 32, multiplied "
+                   "in integers; bf16a16: bfloat16 weights with a prompt's activations "
+                   "rounded to bfloat16, bfloat16 products where the CPU has AVX512_BF16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"float32", "bfloat16", "bf16a16", "int8", "w8a8"}));
 
   bench_cmd->add_flag("--compare-layer-by-layer", bench.compare_layer_by_layer,
                       "Also time decode with the fused one-token CPU step off (the "
@@ -743,7 +746,8 @@ int main(int argc, char** argv) {
   if (*bench_cmd) {
     bench.int8_weights = bench_weights == "int8" || bench_weights == "w8a8";
     bench.int8_activations = bench_weights == "w8a8";
-    bench.bf16_weights = bench_weights == "bfloat16";
+    bench.bf16_weights = bench_weights == "bfloat16" || bench_weights == "bf16a16";
+    bench.bf16_activations = bench_weights == "bf16a16";
     auto report = tophat::RunModelBenchmark(bench_model_dir, bench, [](std::string_view line) {
       spdlog::info("{}", line);
     });

@@ -92,6 +92,11 @@ void CheckAgentConfig(const AgentConfig& config, bool require_bundle, Report&& r
                         "computes in ", config.dtype, " on ", config.device),
            "dtype");
   }
+  if (config.bf16_activations && !config.bf16_weights) {
+    report("bf16_activations",
+           "rounds a prompt's activations for bfloat16 weights; set bf16_weights: true too",
+           "bf16_weights");
+  }
   if (config.int8_activations && (config.dtype != "float32" || config.device != "cpu")) {
     report("int8_activations",
            absl::StrCat("is for an int8 bundle computed on a CPU in float32; this agent "
@@ -252,6 +257,7 @@ absl::StatusOr<AgentConfig> ReadAgentConfig(YamlReader& reader) {
   reader.ReadString("dtype", &config.dtype);
   reader.ReadBool("bf16_weights", &config.bf16_weights);
   reader.ReadBool("int8_activations", &config.int8_activations);
+  reader.ReadBool("bf16_activations", &config.bf16_activations);
   reader.ReadString("wire_dtype", &config.wire_dtype);
   reader.ReadString("device", &config.device);
   reader.ReadInt("compute_threads", &config.compute_threads, Bound::kNonNegative);

@@ -68,6 +68,9 @@ struct AgentConfig {
   // An int8 device bundle's activations rounded to int8 per block of 32 too, multiplied in
   // integers (SubmodelOptions.int8_activations).
   bool int8_activations = false;
+  // With bf16_weights: a prompt's rows multiplied in bfloat16 where the CPU has AVX512_BF16
+  // (SubmodelOptions.bf16_activations).
+  bool bf16_activations = false;
   // The dtype hidden states cross the link in, both ways: "cloud" (the cloud's compute
   // dtype, as Hello announces it), "scheduler" (the cloud scheduler's choice for this device
   // from its measured uplink, among the cloud's scheduler.wire_dtypes), float32, float16,

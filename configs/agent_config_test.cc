@@ -163,6 +163,12 @@ TEST_CASE("Compact weight settings are read, and refused by key off a float32 CP
              Catch::Contains("bf16_weights") && Catch::Contains("bfloat16"));
   CHECK_THAT(ErrorOf("device: cuda\nint8_activations: true\n"),
              Catch::Contains("int8_activations") && Catch::Contains("cuda"));
+  auto bf16a16 = ParseAgentConfig("bf16_weights: true\nbf16_activations: true\n", "agent.yaml");
+  REQUIRE(bf16a16.ok());
+  CHECK(bf16a16->bf16_activations);
+  CHECK_FALSE(AgentConfig{}.bf16_activations);
+  CHECK_THAT(ErrorOf("bf16_activations: true\n"),
+             Catch::Contains("bf16_activations") && Catch::Contains("bf16_weights"));
 }
 
 TEST_CASE("The OpenAI endpoint is plain HTTP: loopback unless remote apps are allowed") {

@@ -18,6 +18,7 @@
 #include "device_agent/decode_round.h"
 #include "device_agent/link_emulator.h"
 #include "device_agent/request_stats.h"
+#include "kernels/gemm_f32.h"
 #include "kernels/gemm_int8.h"
 #include "kernels/gemv.h"
 #include "kernels/gemv_w8a8.h"
@@ -1090,7 +1091,8 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
                           .device = at::Device(config.device),
                           .max_context = config.max_context,
                           .bf16_weights = config.bf16_weights,
-                          .int8_activations = config.int8_activations};
+                          .int8_activations = config.int8_activations,
+                          .bf16_activations = config.bf16_activations};
   TOPHAT_ASSIGN_OR_RETURN(DeviceBundle bundle, DeviceBundle::Load(config.bundle, options));
   const bool rounds_activations =
       bundle.input->rounds_activations() || bundle.output->rounds_activations();
@@ -1104,7 +1106,17 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
         "to int8 per block of 32 for integer products");
   }
   if (config.bf16_weights && bundle.manifest.weights != "int8") {
-    spdlog::info("device weights: bfloat16, computed in float32");
+    if (!config.bf16_activations) {
+      spdlog::info("device weights: bfloat16, computed in float32");
+    } else if (kernels::Bf16PromptKernelAvailable()) {
+      spdlog::info(
+          "device weights: bfloat16, computed in float32 for decode; prompts rounded "
+          "to bfloat16 and multiplied in bfloat16 (AVX512_BF16)");
+    } else {
+      spdlog::warn(
+          "bf16_activations: this CPU has no AVX512_BF16, so prompts are computed "
+          "in float32 as decode is");
+    }
   }
   if (bundle.manifest.weights == "int8") {
     if (bundle.input->int8_weights()) {

@@ -96,6 +96,131 @@ __attribute__((target("avx512f,fma"), flatten)) void Tile(const float* panel, in
   }
 }
 
+// bfloat16 products (LinearBf16PromptOut): a chunk is kF32GemmChunk columns, kPairs pairs of
+// them; panel[p][j] holds row j's pair p as one 32-bit word, its even column in the low half,
+// as vdpbf16ps pairs the halves of each lane.
+constexpr int64_t kPairs = kF32GemmChunk / 2;
+
+bool CpuHasAvx512Bf16() { return CpuHasAvx512() && __builtin_cpu_supports("avx512bf16"); }
+
+// Rows [r0, r0 + rows) and pairs [k0 / 2, k0 / 2 + pairs) of bfloat16 weights into
+// panel[p][j] (rows past `rows`, and the odd column past k: zeros).
+void PackPairs(const uint16_t* w, int64_t ldw, int64_t r0, int64_t rows, int64_t k0, int64_t pairs,
+               int64_t k, uint32_t* panel) {
+  for (int64_t j = 0; j < kF32GemmPanel; ++j) {
+    if (j >= rows) {
+      for (int64_t p = 0; p < pairs; ++p) panel[p * kF32GemmPanel + j] = 0;
+      continue;
+    }
+    const uint16_t* row = w + (r0 + j) * ldw;
+    for (int64_t p = 0; p < pairs; ++p) {
+      const int64_t c = k0 + 2 * p;
+      const uint32_t high = c + 1 < k ? row[c + 1] : 0;
+      panel[p * kF32GemmPanel + j] = row[c] | (high << 16);
+    }
+  }
+}
+
+// One float32 rounded as vcvtneps2bf16 rounds it: to nearest even, a denormal as zero, a NaN
+// kept quiet.
+uint16_t RoundToBf16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  if ((bits & 0x7f800000u) == 0) bits &= 0x80000000u;
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// x's rows rounded to bfloat16 (to nearest even, as vcvtneps2bf16), two columns a word; the
+// odd column past k is zero. pairs_per_row = ceil(k / 2).
+__attribute__((target("avx512f,avx512bf16"))) void RoundRows(const float* x, int64_t ldx, int64_t m,
+                                                             int64_t k, int64_t pairs_per_row,
+                                                             uint32_t* rounded) {
+  for (int64_t i = 0; i < m; ++i) {
+    const float* row = x + i * ldx;
+    auto* out = reinterpret_cast<uint16_t*>(rounded + i * pairs_per_row);
+    int64_t c = 0;
+    for (; c + 16 <= k; c += 16) {
+      const __m256bh half = _mm512_cvtneps_pbh(_mm512_loadu_ps(row + c));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + c),
+                          reinterpret_cast<const __m256i&>(half));
+    }
+    for (; c < k; ++c) out[c] = RoundToBf16(row[c]);
+    if (k % 2 != 0) out[k] = 0;
+  }
+}
+
+// As Tile, over pairs: each lane of a weight vector holds one row's two bfloat16 values, x's
+// pair is broadcast, and vdpbf16ps adds both products into the lane's float32 sum.
+template <int kRows>
+__attribute__((target("avx512f,avx512bf16"), flatten)) void PairTile(
+    const uint32_t* panel, int64_t pairs, const uint32_t* x, int64_t ldx, int64_t i0, int64_t valid,
+    bool first, const float* bias, float* y, int64_t ldy) {
+  constexpr int kVectors = kF32GemmPanel / 16;
+  __mmask16 mask[kVectors];
+  PanelLaneMasks(valid, mask);
+  __m512 acc[kRows][kVectors];
+  StartPartialSums<kRows>(first, mask, y, ldy, i0, acc);
+  const uint32_t* rows[kRows];
+#pragma GCC unroll 16
+  for (int i = 0; i < kRows; ++i) rows[i] = x + (i0 + i) * ldx;
+  for (int64_t p = 0; p < pairs; ++p) {
+    const uint32_t* weights = panel + p * kF32GemmPanel;
+    __m512bh wv[kVectors];
+#pragma GCC unroll 16
+    for (int v = 0; v < kVectors; ++v) {
+      const __m512i loaded = _mm512_loadu_si512(weights + 16 * v);
+      wv[v] = reinterpret_cast<const __m512bh&>(loaded);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < kRows; ++i) {
+      const __m512i pair = _mm512_set1_epi32(static_cast<int>(rows[i][p]));
+      const __m512bh xv = reinterpret_cast<const __m512bh&>(pair);
+#pragma GCC unroll 16
+      for (int v = 0; v < kVectors; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], xv, wv[v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int v = 0; v < kVectors; ++v) {
+    const __m512 b =
+        bias != nullptr ? _mm512_maskz_loadu_ps(mask[v], bias + 16 * v) : _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int i = 0; i < kRows; ++i) {
+      _mm512_mask_storeu_ps(y + (i0 + i) * ldy + 16 * v, mask[v], _mm512_add_ps(acc[i][v], b));
+    }
+  }
+}
+
+void RunPairs(const float* x, int64_t ldx, int64_t m, int64_t k, const uint16_t* w, int64_t ldw,
+              int64_t n, const float* bias, float* y, int64_t ldy) {
+  // x rounded once, on the calling thread (M x K conversions against M x K x N products).
+  const int64_t pairs_per_row = (k + 1) / 2;
+  thread_local std::vector<uint32_t> rounded;
+  rounded.resize(static_cast<size_t>(m * pairs_per_row));
+  RoundRows(x, ldx, m, k, pairs_per_row, rounded.data());
+  const uint32_t* xr = rounded.data();
+  const int64_t panels = (n + kF32GemmPanel - 1) / kF32GemmPanel;
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<uint32_t> panel;
+    panel.resize(kPairs * kF32GemmPanel);
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t r0 = p * kF32GemmPanel;
+      const int64_t rows = std::min(kF32GemmPanel, n - r0);
+      for (int64_t k0 = 0; k0 < k; k0 += kF32GemmChunk) {
+        const int64_t pairs = (std::min(kF32GemmChunk, k - k0) + 1) / 2;
+        PackPairs(w, ldw, r0, rows, k0, pairs, k, panel.data());
+        const bool last = k0 + kF32GemmChunk >= k;
+        const float* chunk_bias = last && bias != nullptr ? bias + r0 : nullptr;
+        ForEachRowTile<kTileRows>(m, [&]<int kRows>(int64_t i0) {
+          PairTile<kRows>(panel.data(), pairs, xr + k0 / 2, pairs_per_row, i0, rows, k0 == 0,
+                          chunk_bias, y + r0, ldy);
+        });
+      }
+    }
+  });
+}
+
 template <typename E>
 void Run(const float* x, int64_t ldx, int64_t m, int64_t k, const E* w, int64_t ldw,
          const float* row_scale, int64_t n, const float* bias, float* y, int64_t ldy) {
@@ -174,6 +299,38 @@ bool LinearF32PromptOut(const at::Tensor& x, const at::Tensor& weight, const at:
   return true;
 #else
   (void)x, (void)weight, (void)bias, (void)out, (void)row_scale;
+  return false;
+#endif
+}
+
+bool Bf16PromptKernelAvailable() {
+#if defined(__x86_64__)
+  static const bool available = CpuHasAvx512Bf16();
+  return available;
+#else
+  return false;
+#endif
+}
+
+bool LinearBf16PromptOut(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                         at::Tensor& out) {
+#if defined(__x86_64__)
+  const bool takes = Bf16PromptKernelAvailable() && x.is_cpu() && x.scalar_type() == at::kFloat &&
+                     x.dim() == 2 && x.stride(1) == 1 && weight.is_cpu() && weight.dim() == 2 &&
+                     weight.stride(1) == 1 && weight.scalar_type() == at::kBFloat16 &&
+                     weight.size(1) == x.size(1) && out.is_cpu() &&
+                     out.scalar_type() == at::kFloat && out.is_contiguous() && out.dim() == 2 &&
+                     out.size(0) == x.size(0) && out.size(1) == weight.size(0) &&
+                     (!bias.defined() || (bias.is_cpu() && bias.scalar_type() == at::kFloat &&
+                                          bias.is_contiguous() && bias.numel() == weight.size(0)));
+  if (!takes) return false;
+  RunPairs(x.data_ptr<float>(), x.stride(0), x.size(0), x.size(1),
+           reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()), weight.stride(0),
+           weight.size(0), bias.defined() ? bias.data_ptr<float>() : nullptr, out.data_ptr<float>(),
+           out.stride(0));
+  return true;
+#else
+  (void)x, (void)weight, (void)bias, (void)out;
   return false;
 #endif
 }

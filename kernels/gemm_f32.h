@@ -51,4 +51,18 @@ bool LinearF32PromptIfChosenOut(const at::Tensor& x, const at::Tensor& weight,
                                 const at::Tensor& bias, at::Tensor& out,
                                 const at::Tensor& row_scale = {});
 
+// bfloat16 products for bfloat16 weights (SubmodelOptions.bf16_activations): each row of x
+// rounded to bfloat16 (to nearest even) as it enters, then multiplied with AVX512_BF16's
+// vdpbf16ps, two products a lane an instruction summed into float32: twice the float32
+// kernel's multiply-adds an instruction, as llama.cpp's BF16 computes. The product of the
+// rounded x with the bfloat16 matrix, each product exact and the sums float32 (in pairs, in k
+// order), so a row's result does not depend on the rows beside it. Panels and tiles as
+// LinearF32PromptOut's. Whether this CPU has AVX512_BF16 (with AVX-512F):
+bool Bf16PromptKernelAvailable();
+// x: [M, K] float32 CPU, unit column stride; weight: [N, K] bfloat16, unit column stride;
+// bias: [N] float32 or undefined; out: [M, N] float32 contiguous. Returns whether it computed
+// out (false, nothing written: inputs it does not take, or no AVX512_BF16).
+bool LinearBf16PromptOut(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                         at::Tensor& out);
+
 }  // namespace tophat::kernels

@@ -431,8 +431,13 @@ at::Tensor LinearInt8WithIsa(CpuIsa isa, const at::Tensor& x, const Int8Matrix& 
 }
 
 void LinearBf16Out(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                   at::Tensor& out) {
+                   at::Tensor& out, bool bf16_prompts) {
   static const RowsFn<uint16_t> rows_fn = RowsFor(SelectedCpuIsa(), uint16_t{});
+  // A prompt whose rows may be rounded to bfloat16: bfloat16 products, twice float32's rate.
+  if (bf16_prompts && x.dim() == 2 && x.size(0) >= kF32GemmMinRows &&
+      LinearBf16PromptOut(x, weight, bias, out)) {
+    return;
+  }
   // A prompt on a CPU whose BLAS leaves AVX-512 unused: widened as the panels are packed
   // (kernels/gemm_f32.h), not a block of rows at a time for BLAS.
   if (LinearF32PromptIfChosenOut(x, weight, bias, out)) return;

@@ -63,9 +63,11 @@ at::Tensor LinearInt8WithIsa(CpuIsa isa, const at::Tensor& x, const Int8Matrix& 
 // [N, K] bfloat16 CPU, rows contiguous; x, bias and out as LinearInt8Out. Each weight widens
 // to float32 exactly (bfloat16 is float32's upper half), so this is the float32 product with
 // the bfloat16 matrix, at half float32's bytes per weight. Few rows take the kernel, many
-// go to BLAS a block of rows at a time, as int8.
+// go to BLAS a block of rows at a time, as int8. `bf16_prompts`: a prompt's rows (at least
+// kF32GemmMinRows) are rounded to bfloat16 and multiplied in bfloat16 where the CPU has
+// AVX512_BF16 (kernels/gemm_f32.h, LinearBf16PromptOut; SubmodelOptions.bf16_activations).
 void LinearBf16Out(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                   at::Tensor& out);
+                   at::Tensor& out, bool bf16_prompts = false);
 at::Tensor LinearBf16(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
 at::Tensor LinearBf16WithIsa(CpuIsa isa, const at::Tensor& x, const at::Tensor& weight,
                              const at::Tensor& bias = {});

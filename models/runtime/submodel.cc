@@ -34,7 +34,10 @@ at::Tensor Linear(const at::Tensor& x, const WeightMatrix& w, const at::Tensor& 
                               : kernels::LinearInt8(x, w.int8, bias);
   }
   if (w.dense.scalar_type() == at::kBFloat16 && x.scalar_type() == at::kFloat && x.is_cpu()) {
-    return kernels::LinearBf16(x, w.dense, bias);
+    at::Tensor out = at::empty({x.size(0), w.dense.size(0)}, x.options());
+    kernels::LinearBf16Out(x.stride(-1) == 1 ? x : x.contiguous(), w.dense, bias, out,
+                           w.bf16_activations);
+    return out;
   }
   if (x.size(0) == 1) return kernels::LinearSingleRow(x, w.dense, bias);
   return bias.defined() ? at::linear(x, w.dense, bias) : at::linear(x, w.dense);
@@ -65,7 +68,7 @@ void LinearOut(const at::Tensor& x, const WeightMatrix& w, const at::Tensor& bia
     }
   } else if (w.dense.scalar_type() == at::kBFloat16 && x.scalar_type() == at::kFloat &&
              x.is_cpu()) {
-    kernels::LinearBf16Out(x, w.dense, bias, out);
+    kernels::LinearBf16Out(x, w.dense, bias, out, w.bf16_activations);
   } else if (x.size(0) == 1 && x.is_cpu() && x.scalar_type() == at::kFloat) {
     kernels::LinearSingleRowOut(x, w.dense, bias, out);
   } else if (x.size(0) <= kernels::kFewRowsMax && x.is_cpu() &&
@@ -576,6 +579,21 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
       }
     }
     model->lm_head_.int8_activations = model->lm_head_.is_int8();
+  }
+  if (options.bf16_activations) {
+    // The layers' matrices; the LM head keeps float32 products (NormHeadLogits says why).
+    const auto bf16 = [](const WeightMatrix& m) {
+      return m.dense.defined() && m.dense.scalar_type() == at::kBFloat16 && m.dense.is_cpu();
+    };
+    for (DecoderLayerWeights& w : model->layers_) {
+      for (WeightMatrix* m : {&w.qkv, &w.o_proj, &w.gate_up, &w.down, &w.router, &w.shared_gate_up,
+                              &w.shared_down, &w.shared_gate}) {
+        m->bf16_activations = bf16(*m);
+      }
+      for (auto* experts : {&w.expert_gate_up, &w.expert_down}) {
+        for (WeightMatrix& m : *experts) m.bf16_activations = bf16(m);
+      }
+    }
   }
   model->PrepareFusedLayers();
   model->PrepareFusedHead();

@@ -85,6 +85,12 @@ struct SubmodelOptions {
   // as computed is then the dequantized weights times the rounded activations; without it, the
   // dequantized weights times float32 activations.
   bool int8_activations = false;
+  // With bf16_weights: a prompt's rows (kernels::kF32GemmMinRows or more) are rounded to
+  // bfloat16 as they enter each of the layers' linear layers and multiplied in bfloat16 with
+  // float32 sums, where the CPU has AVX512_BF16 (kernels::LinearBf16PromptOut; llama.cpp's
+  // BF16 computes so): about twice the float32 rate. Decode and verification rows, and the
+  // LM head, stay float32; elsewhere this changes nothing.
+  bool bf16_activations = false;
   // A one-token step on a float32 CPU submodel (the device's decode, a drafter's step) and
   // its LM head run as one parallel region each (kernels/decode_step.h), with the numbers of
   // the layer-by-layer path. Off: the layer-by-layer path (benchmarks compare the two).
@@ -116,6 +122,9 @@ struct WeightMatrix {
   kernels::Int8Matrix int8;
   // int8 or MXFP4: x is rounded to int8 too (kernels/gemv_w8a8.h, kernels/gemv_mxfp4.h)
   bool int8_activations = false;
+  // bfloat16 `dense`: a prompt's rows are rounded to bfloat16 too (SubmodelOptions.
+  // bf16_activations)
+  bool bf16_activations = false;
   // gpt-oss's experts as released (kernels/gemv_mxfp4.h; CPU float32 submodels).
   kernels::Mxfp4Matrix mxfp4;
   // Bit r (1 <= r <= 8): a step of r rows takes the small-batch GEMM kernel instead of BLAS

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/test_util.h"
+#include "kernels/gemm_f32.h"
 #include "models/runtime/generate.h"
 #include "models/runtime/layers.h"
 #include "models/runtime/model_init.h"
@@ -1066,6 +1067,33 @@ TEST_CASE("bfloat16 weights compute the float32 model of the bfloat16-rounded ma
     CHECK(MaxDiff(StepLogits(**bf16, cache, step), StepLogits(**reference, ref_cache, step)) <
           1e-4);
   }
+
+  // bf16_activations: a prompt's rows (32 or more) rounded to bfloat16 in the layers' linear
+  // layers, where the CPU has AVX512_BF16; the head keeps float32 products, and decode rows
+  // float32 activations.
+  auto bf16a16 = LoadFullModel(dir, {.bf16_weights = true, .bf16_activations = true});
+  REQUIRE(bf16a16.ok());
+  CHECK((*bf16a16)->layers()[0].qkv.bf16_activations);
+  CHECK((*bf16a16)->layers()[0].down.bf16_activations);
+  CHECK_FALSE((*bf16a16)->lm_head().bf16_activations);
+  CHECK_FALSE((*bf16)->layers()[0].qkv.bf16_activations);
+  const std::vector<int32_t> prompt = RandomTokens(rng, 40, config.vocab_size);
+  const at::Tensor float_products = FullLogits(**bf16, prompt);
+  const at::Tensor bf16_products = FullLogits(**bf16a16, prompt);
+  const double moved = MaxDiff(bf16_products, float_products);
+  if (kernels::Bf16PromptKernelAvailable()) {
+    // Moved by bfloat16's rounding of the activations (2^-9 of each), not more.
+    CHECK(moved > 1e-5);
+    CHECK(moved < 0.05 * float_products.abs().max().item<double>());
+  } else {
+    CHECK(moved == 0.0);
+    WARN("this CPU has no AVX512_BF16: bf16_activations changes nothing here");
+  }
+  // Decode rows are float32's whatever the option says.
+  KvCache a_cache = (*bf16a16)->NewCache();
+  KvCache f_cache = (*bf16)->NewCache();
+  const std::vector<int32_t> step = RandomTokens(rng, 3, config.vocab_size);
+  CHECK(MaxDiff(StepLogits(**bf16a16, a_cache, step), StepLogits(**bf16, f_cache, step)) == 0.0);
 }
 
 TEST_CASE("In bfloat16 on the CPU the logits are float32: the final norm and the head's "
