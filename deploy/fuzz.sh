@@ -90,7 +90,7 @@ fuzz_target() {
     local -A runs_for=([agent_message]=1000 [hidden_states]=400000 [safetensors]=60000
                     [model_config]=60000 [tokenizer_json]=30000 [yaml_config]=3000
                     [app_request]=200000 [openai_request]=100000 [json_grammar]=150000
-                    [json_schema]=100000 [tool_calls]=100000 [harmony_calls]=30000
+                    [json_schema]=100000 [tool_calls]=100000 [harmony_calls]=100000
                     [ebnf_grammar]=60000
                     [structural_tag]=100000)
     budget=(-seed=1 -runs="${runs_for[$target]:-10000}")

@@ -396,6 +396,19 @@ std::optional<OpenAiError> HarmonyRefuses(const OpenAiRequest& request, bool res
   return std::nullopt;
 }
 
+// The tools a constrained call may name: all of them, or under tool_choice naming a function,
+// that one.
+void AddCallableTools(const OpenAiRequest& request, v1::ToolCallFormat& format) {
+  for (const OpenAiTool& tool : request.tools) {
+    if (request.tool_choice == ToolChoice::kFunction && tool.name != request.tool_choice_function) {
+      continue;
+    }
+    v1::ToolCallFormat::Tool& added = *format.add_tools();
+    added.set_name(tool.name);
+    added.set_parameters(tool.parameters);
+  }
+}
+
 // gpt-oss's answer's calls (ReadHarmonyCalls) into `calls`, or their bodies after `content`;
 // "stop" becomes "tool_calls" where there are calls.
 void TakeHarmonyCalls(const HarmonyReader& reader, const std::optional<ToolCallReader>& tools,
@@ -1232,15 +1245,7 @@ void OpenAiServer::Route() {
       // gpt-oss reasons as it likes, then calls, in harmony's layout (HarmonyCallConstraint).
       generate.set_response_format(v1::RESPONSE_FORMAT_TOOL_CALLS);
       v1::ToolCallFormat& format = *generate.mutable_tool_calls();
-      for (const OpenAiTool& tool : request.tools) {
-        if (request.tool_choice == ToolChoice::kFunction &&
-            tool.name != request.tool_choice_function) {
-          continue;
-        }
-        v1::ToolCallFormat::Tool& added = *format.add_tools();
-        added.set_name(tool.name);
-        added.set_parameters(tool.parameters);
-      }
+      AddCallableTools(request, format);
       format.set_max_calls(1);
       v1::HarmonyCallLayout& layout = *format.mutable_harmony();
       layout.set_start(static_cast<uint32_t>(harmony_tokens_->start));
@@ -1266,15 +1271,7 @@ void OpenAiServer::Route() {
       format.set_between(syntax.between);
       format.set_close(syntax.close);
       if (syntax.separator) format.set_separator(*syntax.separator);
-      for (const OpenAiTool& tool : request.tools) {
-        if (request.tool_choice == ToolChoice::kFunction &&
-            tool.name != request.tool_choice_function) {
-          continue;
-        }
-        v1::ToolCallFormat::Tool& added = *format.add_tools();
-        added.set_name(tool.name);
-        added.set_parameters(tool.parameters);
-      }
+      AddCallableTools(request, format);
       const bool several = request.tool_choice != ToolChoice::kFunction &&
                            request.parallel_tool_calls && syntax.separator.has_value();
       format.set_max_calls(several ? kMaxOpenAiToolCalls : 1);

@@ -17,6 +17,7 @@
 
 #include "fuzz/fuzz_util.h"
 #include "fuzz/mask_check.h"
+#include "fuzz/tool_spec_json.h"
 #include "models/grammar/harmony_call_constraint.h"
 #include "nlohmann/json.hpp"
 
@@ -70,23 +71,12 @@ std::vector<int32_t> AllowedIds(const std::vector<uint8_t>& mask) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string_view input(reinterpret_cast<const char*>(data), size);
-  const size_t nul = input.find('\0');
-  if (nul == std::string_view::npos) return 0;
-  const nlohmann::json spec =
-      nlohmann::json::parse(input.substr(0, nul), nullptr, /*allow_exceptions=*/false);
-  if (!spec.is_object() || !spec.contains("tools") || !spec["tools"].is_array()) return 0;
+  std::optional<tophat::fuzz::ToolSpecInput> input =
+      tophat::fuzz::ReadToolSpecInput(std::string_view(reinterpret_cast<const char*>(data), size));
+  if (!input) return 0;
+  const nlohmann::json& spec = input->spec;
+  std::vector<tophat::ToolCallTool>& tools = input->tools;
   const HarmonyVocabulary& v = Vocabulary();
-  std::vector<tophat::ToolCallTool> tools;
-  for (const nlohmann::json& tool : spec["tools"]) {
-    if (!tool.is_object() || !tool.contains("parameters")) return 0;
-    auto compiled = tophat::CompiledSchema::Compile(tool["parameters"]);
-    if (!compiled.ok()) return 0;
-    const auto name = tool.find("name");
-    tools.push_back(
-        {.name = name != tool.end() && name->is_string() ? name->get<std::string>() : std::string(),
-         .parameters = *std::move(compiled)});
-  }
   const auto budget_value = spec.value("budget", nlohmann::json(-1));
   if (!budget_value.is_number_integer()) return 0;
   const int64_t budget = std::clamp<int64_t>(budget_value.get<int64_t>(), -1, 64);
@@ -109,7 +99,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   tophat::HarmonyCallConstraint stepped(v.vocabulary, ends, *built, budget, budget_end);
   std::vector<int32_t> answer;
   bool refused = false;
-  for (const char choice : input.substr(nul + 1)) {
+  for (const char choice : input->rest) {
     const std::shared_ptr<const std::vector<uint8_t>> mask = stepped.Allowed({});
     TOPHAT_FUZZ_CHECK(mask != nullptr && mask->size() == static_cast<size_t>(v.vocabulary->size()));
     const std::vector<int32_t> allowed = AllowedIds(*mask);

@@ -16,33 +16,17 @@
 
 #include "fuzz/fuzz_util.h"
 #include "fuzz/mask_check.h"
+#include "fuzz/tool_spec_json.h"
 #include "models/grammar/tool_call_grammar.h"
 #include "nlohmann/json.hpp"
 
-namespace {
-
-std::optional<std::string> Text(const nlohmann::json& spec, const char* key) {
-  const auto it = spec.find(key);
-  if (it == spec.end() || !it->is_string()) return std::nullopt;
-  return it->get<std::string>();
-}
-
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string_view input(reinterpret_cast<const char*>(data), size);
-  const size_t nul = input.find('\0');
-  if (nul == std::string_view::npos) return 0;
-  const nlohmann::json spec =
-      nlohmann::json::parse(input.substr(0, nul), nullptr, /*allow_exceptions=*/false);
-  if (!spec.is_object() || !spec.contains("tools") || !spec["tools"].is_array()) return 0;
-  std::vector<tophat::ToolCallTool> tools;
-  for (const nlohmann::json& tool : spec["tools"]) {
-    if (!tool.is_object() || !tool.contains("parameters")) return 0;
-    auto compiled = tophat::CompiledSchema::Compile(tool["parameters"]);
-    if (!compiled.ok()) return 0;
-    tools.push_back({.name = Text(tool, "name").value_or(""), .parameters = *std::move(compiled)});
-  }
+  std::optional<tophat::fuzz::ToolSpecInput> input =
+      tophat::fuzz::ReadToolSpecInput(std::string_view(reinterpret_cast<const char*>(data), size));
+  if (!input) return 0;
+  const nlohmann::json& spec = input->spec;
+  std::vector<tophat::ToolCallTool>& tools = input->tools;
+  const auto Text = tophat::fuzz::JsonText;
   tophat::ToolCallSyntax syntax{.open = Text(spec, "open").value_or(""),
                                 .between = Text(spec, "between").value_or(""),
                                 .close = Text(spec, "close").value_or(""),
@@ -55,7 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       static_cast<int32_t>(std::clamp<int64_t>(max_calls.get<int64_t>(), -1, 64)),
       spec.value("text_first", nlohmann::json(false)) == true);
   if (!built.ok()) return 0;
-  const std::string_view answer = input.substr(nul + 1);
+  const std::string_view answer = input->rest;
   tophat::ToolCallGrammar grammar(built->get());
   size_t taken = 0;
   for (; taken < answer.size(); ++taken) {

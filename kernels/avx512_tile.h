@@ -1,6 +1,7 @@
 // What the AVX-512 prompt kernels' tiles (kernels/gemm_int8.cc, kernels/gemm_f32.cc) do alike
-// around their products: the lanes of a panel inside the matrix, and the partial sums a tile
-// starts from. x86-64 only; inlined into callers compiled for AVX-512.
+// around their products: the lanes of a panel inside the matrix, the partial sums a tile
+// starts from, and the float sums it stores. x86-64 only; inlined into callers compiled for
+// AVX-512.
 #pragma once
 
 #if defined(__x86_64__)
@@ -34,6 +35,22 @@ __attribute__((target("avx512f"), always_inline)) inline void StartPartialSums(
     for (int v = 0; v < kVectors; ++v) {
       acc[i][v] =
           first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask[v], y + (i0 + i) * ldy + 16 * v);
+    }
+  }
+}
+
+// y's rows i0.. of the panel's valid lanes: the sums, plus `bias` (the panel's, or null).
+template <int kRows, int kVectors>
+__attribute__((target("avx512f"), always_inline)) inline void StorePartialSums(
+    const __m512 (&acc)[kRows][kVectors], const __mmask16 (&mask)[kVectors], const float* bias,
+    float* y, int64_t ldy, int64_t i0) {
+#pragma GCC unroll 16
+  for (int v = 0; v < kVectors; ++v) {
+    const __m512 b =
+        bias != nullptr ? _mm512_maskz_loadu_ps(mask[v], bias + 16 * v) : _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int i = 0; i < kRows; ++i) {
+      _mm512_mask_storeu_ps(y + (i0 + i) * ldy + 16 * v, mask[v], _mm512_add_ps(acc[i][v], b));
     }
   }
 }

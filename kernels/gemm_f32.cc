@@ -85,15 +85,7 @@ __attribute__((target("avx512f,fma"), flatten)) void Tile(const float* panel, in
       for (int v = 0; v < kVectors; ++v) acc[i][v] = _mm512_fmadd_ps(xv, wv[v], acc[i][v]);
     }
   }
-#pragma GCC unroll 16
-  for (int v = 0; v < kVectors; ++v) {
-    const __m512 b =
-        bias != nullptr ? _mm512_maskz_loadu_ps(mask[v], bias + 16 * v) : _mm512_setzero_ps();
-#pragma GCC unroll 16
-    for (int i = 0; i < kRows; ++i) {
-      _mm512_mask_storeu_ps(y + (i0 + i) * ldy + 16 * v, mask[v], _mm512_add_ps(acc[i][v], b));
-    }
-  }
+  StorePartialSums<kRows>(acc, mask, bias, y, ldy, i0);
 }
 
 // bfloat16 products (LinearBf16PromptOut): a chunk is kF32GemmChunk columns, kPairs pairs of
@@ -181,15 +173,7 @@ __attribute__((target("avx512f,avx512bf16"), flatten)) void PairTile(
       for (int v = 0; v < kVectors; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], xv, wv[v]);
     }
   }
-#pragma GCC unroll 16
-  for (int v = 0; v < kVectors; ++v) {
-    const __m512 b =
-        bias != nullptr ? _mm512_maskz_loadu_ps(mask[v], bias + 16 * v) : _mm512_setzero_ps();
-#pragma GCC unroll 16
-    for (int i = 0; i < kRows; ++i) {
-      _mm512_mask_storeu_ps(y + (i0 + i) * ldy + 16 * v, mask[v], _mm512_add_ps(acc[i][v], b));
-    }
-  }
+  StorePartialSums<kRows>(acc, mask, bias, y, ldy, i0);
 }
 
 void RunPairs(const float* x, int64_t ldx, int64_t m, int64_t k, const uint16_t* w, int64_t ldw,
