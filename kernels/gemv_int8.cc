@@ -456,9 +456,10 @@ void LinearRowsBf16(const uint16_t* w, int64_t ldw, const float* x, float* y, in
   rows_fn(w, ldw, nullptr, x, k, 1, y, 0, k, r0, r1);
 }
 
-at::Tensor LinearBf16(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+at::Tensor LinearBf16(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                      bool bf16_prompts) {
   at::Tensor out = at::empty({x.size(0), weight.size(0)}, x.options());
-  LinearBf16Out(x.stride(-1) == 1 ? x : x.contiguous(), weight, bias, out);
+  LinearBf16Out(x.stride(-1) == 1 ? x : x.contiguous(), weight, bias, out, bf16_prompts);
   return out;
 }
 

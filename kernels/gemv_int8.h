@@ -68,7 +68,8 @@ at::Tensor LinearInt8WithIsa(CpuIsa isa, const at::Tensor& x, const Int8Matrix& 
 // AVX512_BF16 (kernels/gemm_f32.h, LinearBf16PromptOut; SubmodelOptions.bf16_activations).
 void LinearBf16Out(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                    at::Tensor& out, bool bf16_prompts = false);
-at::Tensor LinearBf16(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
+at::Tensor LinearBf16(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {},
+                      bool bf16_prompts = false);
 at::Tensor LinearBf16WithIsa(CpuIsa isa, const at::Tensor& x, const at::Tensor& weight,
                              const at::Tensor& bias = {});
 

@@ -25,6 +25,21 @@
 namespace tophat {
 namespace {
 
+// fn(matrix, expert) for each weight matrix of `layers` (attention, MLP, router, shared
+// expert, and each routed expert's, `expert` true), not the embedding or the head.
+template <typename Fn>
+void ForEachLayerMatrix(std::vector<DecoderLayerWeights>& layers, const Fn& fn) {
+  for (DecoderLayerWeights& w : layers) {
+    for (WeightMatrix* m : {&w.qkv, &w.o_proj, &w.gate_up, &w.down, &w.router, &w.shared_gate_up,
+                            &w.shared_down, &w.shared_gate}) {
+      fn(*m, false);
+    }
+    for (auto* experts : {&w.expert_gate_up, &w.expert_down}) {
+      for (WeightMatrix& m : *experts) fn(m, true);
+    }
+  }
+}
+
 // One row (a decode step) streams the weights through the GEMV kernel; more rows are a
 // GEMM and go to BLAS. int8 matrices take their own kernel (few rows) or are dequantized
 // for BLAS (many).
@@ -34,10 +49,7 @@ at::Tensor Linear(const at::Tensor& x, const WeightMatrix& w, const at::Tensor& 
                               : kernels::LinearInt8(x, w.int8, bias);
   }
   if (w.dense.scalar_type() == at::kBFloat16 && x.scalar_type() == at::kFloat && x.is_cpu()) {
-    at::Tensor out = at::empty({x.size(0), w.dense.size(0)}, x.options());
-    kernels::LinearBf16Out(x.stride(-1) == 1 ? x : x.contiguous(), w.dense, bias, out,
-                           w.bf16_activations);
-    return out;
+    return kernels::LinearBf16(x, w.dense, bias, w.bf16_activations);
   }
   if (x.size(0) == 1) return kernels::LinearSingleRow(x, w.dense, bias);
   return bias.defined() ? at::linear(x, w.dense, bias) : at::linear(x, w.dense);
@@ -568,32 +580,18 @@ absl::StatusOr<std::unique_ptr<Submodel>> Submodel::Load(const ModelConfig& conf
     }
   }
   if (options.int8_activations) {
-    for (DecoderLayerWeights& w : model->layers_) {
-      for (WeightMatrix* m : {&w.qkv, &w.o_proj, &w.gate_up, &w.down, &w.router, &w.shared_gate_up,
-                              &w.shared_down, &w.shared_gate}) {
-        m->int8_activations = m->is_int8();
-      }
-      for (auto* experts : {&w.expert_gate_up, &w.expert_down}) {
-        // gpt-oss's experts held in MXFP4 take int8 activations too (kernels/gemv_mxfp4.h).
-        for (WeightMatrix& m : *experts) m.int8_activations = m.is_int8() || m.mxfp4.defined();
-      }
-    }
+    // gpt-oss's experts held in MXFP4 take int8 activations too (kernels/gemv_mxfp4.h).
+    ForEachLayerMatrix(model->layers_, [](WeightMatrix& m, bool expert) {
+      m.int8_activations = m.is_int8() || (expert && m.mxfp4.defined());
+    });
     model->lm_head_.int8_activations = model->lm_head_.is_int8();
   }
   if (options.bf16_activations) {
     // The layers' matrices; the LM head keeps float32 products (NormHeadLogits says why).
-    const auto bf16 = [](const WeightMatrix& m) {
-      return m.dense.defined() && m.dense.scalar_type() == at::kBFloat16 && m.dense.is_cpu();
-    };
-    for (DecoderLayerWeights& w : model->layers_) {
-      for (WeightMatrix* m : {&w.qkv, &w.o_proj, &w.gate_up, &w.down, &w.router, &w.shared_gate_up,
-                              &w.shared_down, &w.shared_gate}) {
-        m->bf16_activations = bf16(*m);
-      }
-      for (auto* experts : {&w.expert_gate_up, &w.expert_down}) {
-        for (WeightMatrix& m : *experts) m.bf16_activations = bf16(m);
-      }
-    }
+    ForEachLayerMatrix(model->layers_, [](WeightMatrix& m, bool) {
+      m.bf16_activations =
+          m.dense.defined() && m.dense.scalar_type() == at::kBFloat16 && m.dense.is_cpu();
+    });
   }
   model->PrepareFusedLayers();
   model->PrepareFusedHead();
