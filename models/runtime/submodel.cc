@@ -15,6 +15,7 @@
 #include "kernels/gemm_f32.h"
 #include "kernels/gemv.h"
 #include "kernels/gemv_w8a8.h"
+#include "kernels/prompt_attention.h"
 #include "kernels/rms_norm.h"
 #include "kernels/rope.h"
 #include "kernels/small_batch_gemm.h"
@@ -867,6 +868,13 @@ void Submodel::AttendChunk(const at::Tensor& q, const KvCache& cache, int64_t la
   if (n == 1 && kernels::PagedDecodeAttention(
                     q[0], cache.pool().keys(layer), cache.pool().values(layer), cache.block_table(),
                     total, scale, out, windowed ? total - *window : 0, softcap, sinks)) {
+    return;
+  }
+  // More queries (a prompt's chunk, verification rows): block by block with a running softmax
+  // over the cache in place, the hidden blocks skipped (kernels/prompt_attention.h).
+  if (n > 1 && kernels::PagedPromptAttention(q, cache.pool().keys(layer),
+                                             cache.pool().values(layer), cache.block_table(), past,
+                                             scale, out, windowed ? *window : 0, softcap, sinks)) {
     return;
   }
   const at::Tensor keys = cache.Keys(layer, total, device_ids);
