@@ -28,29 +28,72 @@ bool CpuHasAvx512() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
 }
 
-// Rows [r0, r0 + rows) and columns [k0, k0 + columns) of the weights into panel[k][j], j <
-// kF32GemmPanel (rows past `rows`: zeros).
+static_assert(kF32GemmPanel % 16 == 0, "panels are packed 16 rows at a time");
+
+// Row `row`'s 16 values from `values` as float32 words: float32 as it is, bfloat16 widened
+// (float32's upper half, exactly), int8 times the row's scale.
 template <typename E>
-void PackChunk(const E* w, int64_t ldw, const float* row_scale, int64_t r0, int64_t rows,
-               int64_t k0, int64_t columns, float* panel) {
+__attribute__((target("avx512f"), always_inline)) inline __m512i WidenedValues(
+    const E* values, const float* row_scale, int64_t row) {
+  if constexpr (std::is_same_v<E, float>) {
+    return _mm512_castps_si512(_mm512_loadu_ps(values));
+  } else if constexpr (std::is_same_v<E, int8_t>) {
+    const __m512 v = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(values))));
+    return _mm512_castps_si512(_mm512_mul_ps(v, _mm512_set1_ps(row_scale[row])));
+  } else {
+    return _mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(values))), 16);
+  }
+}
+
+// One weight the scalar way, as WidenedValues makes it.
+template <typename E>
+float WidenedValue(E value, const float* row_scale, int64_t row) {
+  if constexpr (std::is_same_v<E, float>) {
+    return value;
+  } else if constexpr (std::is_same_v<E, int8_t>) {
+    return static_cast<float>(value) * row_scale[row];
+  } else {
+    const uint32_t bits = static_cast<uint32_t>(value) << 16;
+    float widened;
+    std::memcpy(&widened, &bits, sizeof(widened));
+    return widened;
+  }
+}
+
+// Rows [r0, r0 + rows) and columns [k0, k0 + columns) of the weights into panel[k][j], j <
+// kF32GemmPanel (rows past `rows`: zeros): 16 rows by 16 columns at a time, transposed in
+// registers; the last columns one at a time.
+template <typename E>
+__attribute__((target("avx512f"))) void PackChunk(const E* w, int64_t ldw, const float* row_scale,
+                                                  int64_t r0, int64_t rows, int64_t k0,
+                                                  int64_t columns, float* panel) {
+  const int64_t vector_columns = columns / 16 * 16;
+  for (int64_t j0 = 0; j0 < kF32GemmPanel; j0 += 16) {
+    for (int64_t c = 0; c < vector_columns; c += 16) {
+      __m512i block[16];
+#pragma GCC unroll 16
+      for (int jj = 0; jj < 16; ++jj) {
+        const int64_t j = j0 + jj;
+        block[jj] = j < rows ? WidenedValues<E>(w + (r0 + j) * ldw + k0 + c, row_scale, r0 + j)
+                             : _mm512_setzero_si512();
+      }
+      Transpose16x16(block);
+#pragma GCC unroll 16
+      for (int cc = 0; cc < 16; ++cc) {
+        _mm512_storeu_si512(panel + (c + cc) * kF32GemmPanel + j0, block[cc]);
+      }
+    }
+  }
   for (int64_t j = 0; j < kF32GemmPanel; ++j) {
     if (j >= rows) {
-      for (int64_t k = 0; k < columns; ++k) panel[k * kF32GemmPanel + j] = 0.0f;
+      for (int64_t k = vector_columns; k < columns; ++k) panel[k * kF32GemmPanel + j] = 0.0f;
       continue;
     }
     const E* row = w + (r0 + j) * ldw + k0;
-    for (int64_t k = 0; k < columns; ++k) {
-      if constexpr (std::is_same_v<E, float>) {
-        panel[k * kF32GemmPanel + j] = row[k];
-      } else if constexpr (std::is_same_v<E, int8_t>) {
-        panel[k * kF32GemmPanel + j] = static_cast<float>(row[k]) * row_scale[r0 + j];
-      } else {
-        // bfloat16 is float32's upper half: widened exactly.
-        const uint32_t bits = static_cast<uint32_t>(row[k]) << 16;
-        float value;
-        std::memcpy(&value, &bits, sizeof(value));
-        panel[k * kF32GemmPanel + j] = value;
-      }
+    for (int64_t k = vector_columns; k < columns; ++k) {
+      panel[k * kF32GemmPanel + j] = WidenedValue<E>(row[k], row_scale, r0 + j);
     }
   }
 }
@@ -96,16 +139,36 @@ constexpr int64_t kPairs = kF32GemmChunk / 2;
 bool CpuHasAvx512Bf16() { return CpuHasAvx512() && __builtin_cpu_supports("avx512bf16"); }
 
 // Rows [r0, r0 + rows) and pairs [k0 / 2, k0 / 2 + pairs) of bfloat16 weights into
-// panel[p][j] (rows past `rows`, and the odd column past k: zeros).
-void PackPairs(const uint16_t* w, int64_t ldw, int64_t r0, int64_t rows, int64_t k0, int64_t pairs,
-               int64_t k, uint32_t* panel) {
+// panel[p][j] (rows past `rows`, and the odd column past k: zeros). A whole pair is its two
+// values read as one little-endian word, so 16 rows by 16 pairs at a time are 16 loads and a
+// transpose; the pairs after them one word at a time.
+__attribute__((target("avx512f"))) void PackPairs(const uint16_t* w, int64_t ldw, int64_t r0,
+                                                  int64_t rows, int64_t k0, int64_t pairs,
+                                                  int64_t k, uint32_t* panel) {
+  const int64_t whole_pairs = std::min(pairs, (k - k0) / 2);
+  const int64_t vector_pairs = whole_pairs / 16 * 16;
+  for (int64_t j0 = 0; j0 < kF32GemmPanel; j0 += 16) {
+    for (int64_t p0 = 0; p0 < vector_pairs; p0 += 16) {
+      __m512i block[16];
+#pragma GCC unroll 16
+      for (int jj = 0; jj < 16; ++jj) {
+        block[jj] = j0 + jj < rows ? _mm512_loadu_si512(w + (r0 + j0 + jj) * ldw + k0 + 2 * p0)
+                                   : _mm512_setzero_si512();
+      }
+      Transpose16x16(block);
+#pragma GCC unroll 16
+      for (int pp = 0; pp < 16; ++pp) {
+        _mm512_storeu_si512(panel + (p0 + pp) * kF32GemmPanel + j0, block[pp]);
+      }
+    }
+  }
   for (int64_t j = 0; j < kF32GemmPanel; ++j) {
     if (j >= rows) {
-      for (int64_t p = 0; p < pairs; ++p) panel[p * kF32GemmPanel + j] = 0;
+      for (int64_t p = vector_pairs; p < pairs; ++p) panel[p * kF32GemmPanel + j] = 0;
       continue;
     }
     const uint16_t* row = w + (r0 + j) * ldw;
-    for (int64_t p = 0; p < pairs; ++p) {
+    for (int64_t p = vector_pairs; p < pairs; ++p) {
       const int64_t c = k0 + 2 * p;
       const uint32_t high = c + 1 < k ? row[c + 1] : 0;
       panel[p * kF32GemmPanel + j] = row[c] | (high << 16);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "kernels/gemm_int8.h"
@@ -59,12 +60,142 @@ inline float RoundBlock(const float* x, int64_t n, int8_t* q) {
 
 int64_t BlocksOf(int64_t k) { return (k + kActivationBlock - 1) / kActivationBlock; }
 
-// One row of k values, block by block: q[0, k) and block_scale[0, BlocksOf(k)).
-void RoundRow(const float* x, int64_t k, int8_t* q, float* block_scale) {
+// A whole block of kActivationBlock values, finite with a nonzero maximum, in vectors: the
+// same multiply by 127 / max, the same rounding to nearest even (nearbyint's, in the default
+// mode) and clamp as RoundBlock, so the same bytes and scale. Any other block returns false,
+// having written nothing, for RoundBlock. Rounding a prompt's rows one value at a time took a
+// third as long as the integer products themselves (perf, bench-110m w8a8, 512 tokens).
+using FullBlockFn = bool (*)(const float* x, int8_t* q, float* scale);
+static_assert(kActivationBlock == 32, "the vector block rounding is written for 32 values");
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) bool RoundFullBlockAvx512(const float* x, int8_t* q,
+                                                             float* scale) {
+  const __m512 v[2] = {_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)};
+  const __m512 magnitude[2] = {_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])};
+  const __m512 largest = _mm512_set1_ps(std::numeric_limits<float>::max());
+  // Ordered comparisons: false for a NaN as for an infinity.
+  const __mmask16 finite = _mm512_cmp_ps_mask(magnitude[0], largest, _CMP_LE_OQ) &
+                           _mm512_cmp_ps_mask(magnitude[1], largest, _CMP_LE_OQ);
+  if (finite != 0xFFFF) return false;
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(magnitude[0], magnitude[1]));
+  if (!(amax > 0.0f)) return false;
+  *scale = amax / 127.0f;
+  const __m512 inverse = _mm512_set1_ps(127.0f / amax);
+  for (int h = 0; h < 2; ++h) {
+    __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(v[h], inverse),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm512_min_ps(_mm512_max_ps(r, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * h),
+                     _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(r)));
+  }
+  return true;
+}
+
+__attribute__((target("avx2"))) bool RoundFullBlockAvx2(const float* x, int8_t* q, float* scale) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 largest = _mm256_set1_ps(std::numeric_limits<float>::max());
+  __m256 v[4];
+  __m256 amax8 = _mm256_setzero_ps();
+  int finite = 0xFF;
+  for (int h = 0; h < 4; ++h) {
+    v[h] = _mm256_loadu_ps(x + 8 * h);
+    const __m256 magnitude = _mm256_andnot_ps(sign, v[h]);
+    finite &= _mm256_movemask_ps(_mm256_cmp_ps(magnitude, largest, _CMP_LE_OQ));
+    amax8 = _mm256_max_ps(amax8, magnitude);
+  }
+  if (finite != 0xFF) return false;
+  __m128 amax4 = _mm_max_ps(_mm256_castps256_ps128(amax8), _mm256_extractf128_ps(amax8, 1));
+  amax4 = _mm_max_ps(amax4, _mm_movehl_ps(amax4, amax4));
+  amax4 = _mm_max_ss(amax4, _mm_shuffle_ps(amax4, amax4, 1));
+  const float amax = _mm_cvtss_f32(amax4);
+  if (!(amax > 0.0f)) return false;
+  *scale = amax / 127.0f;
+  const __m256 inverse = _mm256_set1_ps(127.0f / amax);
+  __m256i integers[4];
+  for (int h = 0; h < 4; ++h) {
+    __m256 r = _mm256_round_ps(_mm256_mul_ps(v[h], inverse),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm256_min_ps(_mm256_max_ps(r, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+    integers[h] = _mm256_cvtps_epi32(r);
+  }
+  // The packs work within 128-bit lanes: dword d of the result holds four values of vector
+  // d % 4, from its low half in lane 0 and its high half in lane 1; the permute puts them
+  // back in order.
+  const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(integers[0], integers[1]),
+                                            _mm256_packs_epi32(integers[2], integers[3]));
+  _mm256_storeu_si256(
+      reinterpret_cast<__m256i*>(q),
+      _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  return true;
+}
+#endif
+
+#if defined(__aarch64__)
+bool RoundFullBlockNeon(const float* x, int8_t* q, float* scale) {
+  const float32x4_t largest = vdupq_n_f32(std::numeric_limits<float>::max());
+  float32x4_t v[8];
+  float32x4_t amax4 = vdupq_n_f32(0.0f);
+  uint32x4_t finite = vdupq_n_u32(~0u);
+  for (int h = 0; h < 8; ++h) {
+    v[h] = vld1q_f32(x + 4 * h);
+    const float32x4_t magnitude = vabsq_f32(v[h]);
+    finite = vandq_u32(finite, vcleq_f32(magnitude, largest));
+    amax4 = vmaxq_f32(amax4, magnitude);
+  }
+  if (vminvq_u32(finite) != ~0u) return false;
+  const float amax = vmaxvq_f32(amax4);
+  if (!(amax > 0.0f)) return false;
+  *scale = amax / 127.0f;
+  const float32x4_t inverse = vdupq_n_f32(127.0f / amax);
+  for (int h = 0; h < 8; h += 2) {
+    int16x4_t halves[2];
+    for (int i = 0; i < 2; ++i) {
+      float32x4_t r = vrndnq_f32(vmulq_f32(v[h + i], inverse));
+      r = vminq_f32(vmaxq_f32(r, vdupq_n_f32(-127.0f)), vdupq_n_f32(127.0f));
+      halves[i] = vmovn_s32(vcvtq_s32_f32(r));
+    }
+    vst1_s8(q + 4 * h, vmovn_s16(vcombine_s16(halves[0], halves[1])));
+  }
+  return true;
+}
+#endif
+
+FullBlockFn FullBlockFor(W8A8Isa isa) {
+  switch (isa) {
+#if defined(__x86_64__)
+    case W8A8Isa::kAvx512Vnni:
+      return RoundFullBlockAvx512;
+    case W8A8Isa::kAvx2:
+    case W8A8Isa::kAvxVnni:
+      return RoundFullBlockAvx2;
+#endif
+#if defined(__aarch64__)
+    case W8A8Isa::kNeon:
+    case W8A8Isa::kNeonDot:
+      return RoundFullBlockNeon;
+#endif
+    default:
+      return nullptr;
+  }
+}
+
+// One row of k values, block by block: q[0, k) and block_scale[0, BlocksOf(k)), whole blocks
+// by `full` where it takes them (null: value by value throughout).
+void RoundRowWith(FullBlockFn full, const float* x, int64_t k, int8_t* q, float* block_scale) {
   for (int64_t b = 0; b * kActivationBlock < k; ++b) {
     const int64_t begin = b * kActivationBlock;
-    block_scale[b] = RoundBlock(x + begin, std::min(kActivationBlock, k - begin), q + begin);
+    const int64_t n = std::min(kActivationBlock, k - begin);
+    if (full != nullptr && n == kActivationBlock && full(x + begin, q + begin, block_scale + b)) {
+      continue;
+    }
+    block_scale[b] = RoundBlock(x + begin, n, q + begin);
   }
+}
+
+void RoundRow(const float* x, int64_t k, int8_t* q, float* block_scale) {
+  static const FullBlockFn full = FullBlockFor(SupportedW8A8Isas().back());
+  RoundRowWith(full, x, k, q, block_scale);
 }
 
 // The integer dot product of blocks [b0, blocks) of one weight row with one row of x.
@@ -396,6 +527,12 @@ std::string_view W8A8IsaName(W8A8Isa isa) {
 const std::vector<W8A8Isa>& SupportedW8A8Isas() {
   static const std::vector<W8A8Isa> isas = DetectW8A8Isas();
   return isas;
+}
+
+void RoundActivationRowWithIsa(W8A8Isa isa, const float* x, int64_t k, int8_t* q,
+                               float* block_scale) {
+  CheckIsaSupported(isa, SupportedW8A8Isas(), W8A8IsaName(isa));
+  RoundRowWith(FullBlockFor(isa), x, k, q, block_scale);
 }
 
 at::Tensor RoundActivationsInt8(const at::Tensor& x) {

@@ -56,6 +56,10 @@ at::Tensor LinearW8A8(const at::Tensor& x, const Int8Matrix& weight, const at::T
 // One row of k floats rounded as the kernels round it: q[0, k) and one scale per block,
 // block_scale[0, ceil(k / kActivationBlock)).
 void RoundActivationRow(const float* x, int64_t k, int8_t* q, float* block_scale);
+// The same with a named instruction set's vector rounding (kScalar: value by value), for
+// tests: every set gives the same bytes and scales. Fails unless this CPU runs it.
+void RoundActivationRowWithIsa(W8A8Isa isa, const float* x, int64_t k, int8_t* q,
+                               float* block_scale);
 // Rows [r0, r1) of y = (scale ⊙ W) x for one row x rounded by RoundActivationRow (q,
 // block_scale), on the calling thread (no OpenMP inside), as LinearW8A8Out computes them:
 // for callers that split the rows over threads of their own (kernels/decode_step.h).

@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
+#include <vector>
 
 #include "kernels/test_inputs.h"
 
@@ -61,6 +63,43 @@ TEST_CASE("Activations round to int8 per block of 32, within half a step of each
   const at::Tensor rounded_bad = RoundActivationsInt8(bad);
   CHECK(at::isnan(rounded_bad[0].narrow(0, 0, 32)).all().item<bool>());
   CHECK(at::isfinite(rounded_bad[0].narrow(0, 32, 32)).all().item<bool>());
+}
+
+TEST_CASE("Every instruction set rounds activations to the same bytes and scales", "[kernels]") {
+  at::manual_seed(12);
+  const int64_t k = 32 * 40 + 7;  // forty whole blocks and a short one
+  at::Tensor x = at::randn({k}) * 3.0f;
+  float* v = x.data_ptr<float>();
+  // Ties: a block whose maximum is 127 scales by one, so its halves round to even.
+  for (int64_t j = 0; j < 32; ++j) v[j] = static_cast<float>(j) - 15.5f;
+  v[31] = 127.0f;
+  for (int64_t j = 32; j < 64; ++j) v[j] = 0.0f;       // zeros
+  v[64 + 5] = std::numeric_limits<float>::infinity();  // not finite
+  v[96 + 9] = std::numeric_limits<float>::quiet_NaN();
+  v[128 + 3] = -std::numeric_limits<float>::max();  // finite, largest
+  for (int64_t j = 160; j < 192; ++j) v[j] = 1e-30f * static_cast<float>(j % 7 - 3);  // tiny
+  v[224] = -0.0f;
+  const int64_t blocks = (k + kActivationBlock - 1) / kActivationBlock;
+  std::vector<int8_t> expected_q(static_cast<size_t>(k));
+  std::vector<float> expected_scale(static_cast<size_t>(blocks));
+  RoundActivationRowWithIsa(W8A8Isa::kScalar, v, k, expected_q.data(), expected_scale.data());
+  CHECK(expected_q[16] == 0);   // 0.5 to even
+  CHECK(expected_q[17] == 2);   // 1.5 to even
+  CHECK(expected_q[18] == 2);   // 2.5 to even
+  CHECK(expected_q[0] == -16);  // -15.5 to even
+  for (W8A8Isa isa : SupportedW8A8Isas()) {
+    std::vector<int8_t> q(static_cast<size_t>(k), 99);
+    std::vector<float> scale(static_cast<size_t>(blocks), -1.0f);
+    RoundActivationRowWithIsa(isa, v, k, q.data(), scale.data());
+    INFO(W8A8IsaName(isa));
+    CHECK(q == expected_q);
+    for (int64_t b = 0; b < blocks; ++b) {
+      INFO("block " << b);
+      const float got = scale[static_cast<size_t>(b)];
+      const float want = expected_scale[static_cast<size_t>(b)];
+      CHECK(((std::isnan(got) && std::isnan(want)) || got == want));
+    }
+  }
 }
 
 TEST_CASE("The int8-activation kernel matches LibTorch on the rounded x and the dequantized "
