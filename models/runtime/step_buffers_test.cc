@@ -110,6 +110,56 @@ TEST_CASE("A decode step into step buffers allocates no tensor storage after war
   }
 }
 
+TEST_CASE(
+    "A step of prompt chunks and decode rows into step buffers allocates no tensor "
+    "storage after warm-up",
+    "[submodel][step_buffers]") {
+  // Chunks of several tokens attend through the prompt kernel over the paged cache in place
+  // (kernels/prompt_attention.h), where the composite form gathered the rows and built a
+  // score matrix every layer.
+  const std::string variant = GENERATE(as<std::string>{}, "llama", "gpt_oss");
+  INFO(variant);
+  Fixture f(VariantNamed(variant));
+  const Submodel& model = *f.model;
+  const int64_t d = f.config.hidden_size;
+  constexpr int64_t kBlockSize = 4;
+  auto pool = model.NewPagedPool(64, kBlockSize);
+  REQUIRE(pool.ok());
+  std::vector<KvCache> caches;
+  int32_t next_block = 0;
+  for (int64_t i = 0; i < 3; ++i) {
+    caches.emplace_back(*pool);
+    for (int b = 0; b < 12; ++b) caches.back().AppendBlock(next_block++);
+    REQUIRE(model.Forward(at::randn({2 + 3 * i, d}), caches.back()).ok());
+  }
+  // A prompt's next chunk of 6, verification rows of 3, and a decode row, each step.
+  std::vector<SequenceChunk> chunks = {{.cache = &caches[0], .num_tokens = 6},
+                                       {.cache = &caches[1], .num_tokens = 3},
+                                       {.cache = &caches[2], .num_tokens = 1}};
+  StepBuffers buffers = model.NewStepBuffers(/*max_tokens=*/16, kBlockSize);
+  at::Tensor input = buffers.residual.narrow(0, 0, 10);
+  input.normal_();
+  REQUIRE(model.Forward(input, chunks, buffers).ok());  // warm-up
+  for (int step = 0; step < 3; ++step) {
+    INFO("step " << step);
+    input.normal_();
+    const at::Tensor stacked = input.clone();
+    absl::StatusOr<at::Tensor> out;
+    const int64_t allocations =
+        AllocationsDuring([&] { out = model.Forward(input, chunks, buffers); });
+    REQUIRE(out.ok());
+    CHECK(allocations == 0);
+    // The same values as the one-off path over the same caches, rolled back.
+    const at::Tensor kept = out->clone();
+    for (const SequenceChunk& chunk : chunks) {
+      REQUIRE(chunk.cache->Truncate(chunk.cache->length() - chunk.num_tokens).ok());
+    }
+    absl::StatusOr<at::Tensor> again = model.Forward(stacked, chunks);
+    REQUIRE(again.ok());
+    CHECK(at::allclose(*again, kept, 1e-5, 1e-6));
+  }
+}
+
 TEST_CASE("Step buffers refuse a step larger than they were made for", "[submodel][step_buffers]") {
   Fixture f;
   StepBuffers buffers = f.model->NewStepBuffers(/*max_tokens=*/2);
