@@ -7,10 +7,13 @@
 // 512-token prompt of a 110M model that took more time than the layers' linear layers in
 // bfloat16 (docs/benchmarks.md, "Prompt attention").
 //
-// Layout inside: a tile is up to 2 x (vector lanes) query rows of one KV head (the group's
-// query heads for a few positions), held transposed so that the lanes are rows: scores,
-// running maxima and sums, and the output accumulate lane-wise, with each key's and value's
-// elements broadcast, so no step needs a horizontal reduction.
+// Layout inside: a tile is up to 2 x (vector lanes) query rows of a KV head (the group's
+// query heads for a few positions; one vector, or AVX2's 8 lanes on AVX-512, for a chunk
+// with fewer rows), held transposed so that the lanes are rows: scores, running maxima and
+// sums, and the output accumulate lane-wise, with each key's and value's elements broadcast,
+// so no step needs a horizontal reduction. Many tiles are shared out one KV head each; one
+// tile (verification rows over a long history) has its keys split between the threads, each
+// reading its stretch of the cache in order, and the parts merged.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -36,8 +39,11 @@ namespace tophat::kernels {
 //
 // Rows are independent: a query's output is the same to the bit whatever other queries share
 // its call and however its prompt was split into calls (a tile's lanes never mix, and every
-// query's keys are taken in the same blocks). It differs in rounding from a one-query decode
-// step (kernels/decode_attention.h), as the composite form did.
+// query's keys are taken in the same blocks), with one exception: a chunk that fits one tile
+// (at most 32 query rows a KV head on AVX-512; verification rows) over a history of 2 x
+// threads key blocks or more has its keys split between the threads and the parts merged,
+// which rounds differently (and by the thread count). It differs in rounding from a
+// one-query decode step (kernels/decode_attention.h), as the composite form did.
 bool PagedPromptAttention(const at::Tensor& q, const at::Tensor& key_blocks,
                           const at::Tensor& value_blocks, std::span<const int32_t> block_table,
                           int64_t past, double scale, at::Tensor& out, int64_t window = 0,

@@ -1,5 +1,7 @@
 #include "kernels/prompt_attention.h"
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -94,7 +96,14 @@ TEST_CASE("Prompt attention matches eager attention on every instruction set", "
       {4, 2, 32, 5, 200, 8, 64, true},    // a window over the history; sinks
       {3, 1, 8, 130, 0, 64, 0, false},    // a group of 3 (tiles split positions' heads)
       {2, 2, 16, 300, 0, 32, 0, false},   // several key blocks per tile
+      // One tile over a long history: its keys split between the threads, then merged.
+      {8, 2, 64, 5, 1000, 16, 0, true},
+      {8, 2, 64, 3, 1000, 16, 300, false},
+      {4, 4, 64, 2, 700, 16, 0, false},
   };
+  // Two threads even on a one-core machine, so that the split is taken.
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
   for (CpuIsa isa : SupportedCpuIsas()) {
     for (const Shape& shape : shapes) {
       const PagedSequence s =
@@ -117,6 +126,7 @@ TEST_CASE("Prompt attention matches eager attention on every instruction set", "
       CHECK((out - expected).abs().max().item<float>() < 2e-5f);
     }
   }
+  at::set_num_threads(threads);
 }
 
 TEST_CASE("Prompt attention gives a query the same bits however its prompt is split", "[kernels]") {
@@ -213,6 +223,11 @@ TEST_CASE("Prompt attention against the composite form (timing)", "[.prompt_atte
       {"bench-110m, 2,048-token prompt", 12, 12, 64, 2048, 0},
       {"Llama-3-8B heads, 512 after 1,536", 32, 8, 128, 512, 1536},
       {"Llama-3-8B heads, verify 4 after 1,024", 32, 8, 128, 4, 1024},
+      {"bench-110m, verify 5 after 1,100", 12, 12, 64, 5, 1100},
+      {"bench-110m, verify 8 after 1,100", 12, 12, 64, 8, 1100},
+      {"bench-110m, 12 after 1,100", 12, 12, 64, 12, 1100},
+      {"bench-110m, 16 after 1,100", 12, 12, 64, 16, 1100},
+      {"bench-110m, 32 after 1,100", 12, 12, 64, 32, 1100},
   };
   std::printf("%-40s %12s %12s %8s %10s\n", "case", "composite ms", "kernel ms", "ratio",
               "GFLOP/s");
