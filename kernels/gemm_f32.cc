@@ -62,6 +62,23 @@ float WidenedValue(E value, const float* row_scale, int64_t row) {
   }
 }
 
+// Sixteen panel rows of 16 words each, from j0: row jj's words as load(jj) gives them (zeros
+// at and past `rows`), transposed into panel_at[w * kF32GemmPanel + jj] (panel_at: the
+// block's first word, its word 0 of row j0).
+template <typename Load>
+__attribute__((target("avx512f"), always_inline)) inline void PackSixteenRows(int64_t j0,
+                                                                              int64_t rows,
+                                                                              const Load& load,
+                                                                              void* panel_at) {
+  __m512i block[16];
+#pragma GCC unroll 16
+  for (int jj = 0; jj < 16; ++jj) block[jj] = j0 + jj < rows ? load(jj) : _mm512_setzero_si512();
+  Transpose16x16(block);
+  auto* words = static_cast<uint32_t*>(panel_at);
+#pragma GCC unroll 16
+  for (int w = 0; w < 16; ++w) _mm512_storeu_si512(words + w * kF32GemmPanel, block[w]);
+}
+
 // Rows [r0, r0 + rows) and columns [k0, k0 + columns) of the weights into panel[k][j], j <
 // kF32GemmPanel (rows past `rows`: zeros): 16 rows by 16 columns at a time, transposed in
 // registers; the last columns one at a time.
@@ -72,18 +89,13 @@ __attribute__((target("avx512f"))) void PackChunk(const E* w, int64_t ldw, const
   const int64_t vector_columns = columns / 16 * 16;
   for (int64_t j0 = 0; j0 < kF32GemmPanel; j0 += 16) {
     for (int64_t c = 0; c < vector_columns; c += 16) {
-      __m512i block[16];
-#pragma GCC unroll 16
-      for (int jj = 0; jj < 16; ++jj) {
-        const int64_t j = j0 + jj;
-        block[jj] = j < rows ? WidenedValues<E>(w + (r0 + j) * ldw + k0 + c, row_scale, r0 + j)
-                             : _mm512_setzero_si512();
-      }
-      Transpose16x16(block);
-#pragma GCC unroll 16
-      for (int cc = 0; cc < 16; ++cc) {
-        _mm512_storeu_si512(panel + (c + cc) * kF32GemmPanel + j0, block[cc]);
-      }
+      PackSixteenRows(
+          j0, rows,
+          [&](int jj) __attribute__((target("avx512f"))) {
+            const int64_t j = j0 + jj;
+            return WidenedValues<E>(w + (r0 + j) * ldw + k0 + c, row_scale, r0 + j);
+          },
+          panel + c * kF32GemmPanel + j0);
     }
   }
   for (int64_t j = 0; j < kF32GemmPanel; ++j) {
@@ -149,17 +161,12 @@ __attribute__((target("avx512f"))) void PackPairs(const uint16_t* w, int64_t ldw
   const int64_t vector_pairs = whole_pairs / 16 * 16;
   for (int64_t j0 = 0; j0 < kF32GemmPanel; j0 += 16) {
     for (int64_t p0 = 0; p0 < vector_pairs; p0 += 16) {
-      __m512i block[16];
-#pragma GCC unroll 16
-      for (int jj = 0; jj < 16; ++jj) {
-        block[jj] = j0 + jj < rows ? _mm512_loadu_si512(w + (r0 + j0 + jj) * ldw + k0 + 2 * p0)
-                                   : _mm512_setzero_si512();
-      }
-      Transpose16x16(block);
-#pragma GCC unroll 16
-      for (int pp = 0; pp < 16; ++pp) {
-        _mm512_storeu_si512(panel + (p0 + pp) * kF32GemmPanel + j0, block[pp]);
-      }
+      PackSixteenRows(
+          j0, rows,
+          [&](int jj) __attribute__((target("avx512f"))) {
+            return _mm512_loadu_si512(w + (r0 + j0 + jj) * ldw + k0 + 2 * p0);
+          },
+          panel + p0 * kF32GemmPanel + j0);
     }
   }
   for (int64_t j = 0; j < kF32GemmPanel; ++j) {

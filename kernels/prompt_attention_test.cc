@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "kernels/gemv.h"
+#include "kernels/test_inputs.h"
 
 namespace tophat::kernels {
 namespace {
@@ -200,18 +200,6 @@ void Composite(const at::Tensor& q, const PagedSequence& s, int64_t past, double
   out.copy_(context.view({kv_heads, n, group, hd}).permute({1, 0, 2, 3}).reshape({n, -1}));
 }
 
-template <typename F>
-double BestSeconds(int repetitions, F&& f) {
-  double best = 1e30;
-  for (int r = 0; r < repetitions; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    f();
-    best = std::min(
-        best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  return best;
-}
-
 TEST_CASE("Prompt attention against the composite form (timing)", "[.prompt_attention]") {
   at::manual_seed(4);
   struct Case {
@@ -240,8 +228,9 @@ TEST_CASE("Prompt attention against the composite form (timing)", "[.prompt_atte
     Composite(q, s, c.past, scale, expected);
     REQUIRE(PagedPromptAttention(q, s.key_blocks, s.value_blocks, s.table, c.past, scale, out));
     CHECK(at::allclose(out, expected, 1e-4, 1e-4));
-    const double composite = BestSeconds(5, [&] { Composite(q, s, c.past, scale, expected); });
-    const double kernel = BestSeconds(5, [&] {
+    const double composite =
+        testing::BestSeconds(5, [&] { Composite(q, s, c.past, scale, expected); });
+    const double kernel = testing::BestSeconds(5, [&] {
       PagedPromptAttention(q, s.key_blocks, s.value_blocks, s.table, c.past, scale, out);
     });
     // Products the causal shape needs: each query sees past + i + 1 keys, twice (scores and
