@@ -380,6 +380,7 @@ using TileFn = void (*)(const Problem& p, int64_t kv0, int64_t kv_count, int64_t
 // tile's cost per key is the same however few of its lanes are queries). Keys and dimensions
 // per pass: eight accumulator chains at least, which the multiply-adds' latency needs; 16
 // of the 16 registers at most where AVX2 and SSE have only 16.
+
 // Plain C++ over four-lane vectors: what the compiler makes of them on any architecture.
 template <int kVecs>
 void AttendTileBaseline(const Problem& p, int64_t kv0, int64_t kv_count, int64_t tile,
