@@ -92,6 +92,25 @@ template <typename V>
   std::memcpy(p, &v, sizeof v);
 }
 
+// a * b + c lane-wise, in one expression: the one place this file's lanes multiply and add.
+// The file is compiled so that only such expressions fuse into multiply-adds (clang:
+// -ffp-contract=on, kernels/CMakeLists.txt), so each lane's arithmetic is what is written
+// whatever the tile's shape and a query's output does not depend on which tile holds it.
+// With contraction across statements (clang's -ffp-contract=fast), clang fused different
+// products into different adds in tiles of one and two vectors. GCC has no per-expression
+// mode; its contraction across statements fuses these alike (the tests check both).
+template <typename V>
+[[gnu::always_inline]] inline V MultiplyAdd(const V& a, const V& b, const V& c) {
+  return a * b + c;
+}
+
+// The same with a broadcast: a scalar times a vector needs no splat (a splat is an add to
+// zero, which the compiler must keep: it turns -0 into +0).
+template <typename V>
+[[gnu::always_inline]] inline V MultiplyAdd(float a, const V& b, const V& c) {
+  return a * b + c;
+}
+
 // exp(x) lane-wise, within about 2 ulp of expf; 0 below -87.3 (including -infinity, which
 // masked scores are), so a fully masked block adds nothing. x = r ln 2 + f with r an integer
 // (Cody and Waite's two-part ln 2 keeps f exact) and |f| <= ln 2 / 2, where e^f is its
@@ -105,15 +124,16 @@ template <typename V>
   const V clamped = x < low ? low : (x > high ? high : x);
   // Round to nearest: adding 1.5 * 2^23 leaves no fraction bits.
   const V magic = Splat<V>(12582912.0f);
-  const V r = (clamped * 1.44269504088896341f + magic) - magic;
-  const V f = (clamped - r * 0.693359375f) - r * -2.12194440e-4f;
+  const V r = MultiplyAdd(clamped, Splat<V>(1.44269504088896341f), magic) - magic;
+  const V f =
+      MultiplyAdd(r, Splat<V>(2.12194440e-4f), MultiplyAdd(r, Splat<V>(-0.693359375f), clamped));
   V e = Splat<V>(1.0f / 720.0f);
-  e = e * f + 1.0f / 120.0f;
-  e = e * f + 1.0f / 24.0f;
-  e = e * f + 1.0f / 6.0f;
-  e = e * f + 0.5f;
-  e = e * f + 1.0f;
-  e = e * f + 1.0f;
+  e = MultiplyAdd(e, f, Splat<V>(1.0f / 120.0f));
+  e = MultiplyAdd(e, f, Splat<V>(1.0f / 24.0f));
+  e = MultiplyAdd(e, f, Splat<V>(1.0f / 6.0f));
+  e = MultiplyAdd(e, f, Splat<V>(0.5f));
+  e = MultiplyAdd(e, f, Splat<V>(1.0f));
+  e = MultiplyAdd(e, f, Splat<V>(1.0f));
   const I bits = (__builtin_convertvector(r, I) + 127) << 23;
   V two_to_r;
   std::memcpy(&two_to_r, &bits, sizeof two_to_r);
@@ -141,7 +161,7 @@ template <typename V, int kVecs, int kKeys>
     for (int kk = 0; kk < kKeys; ++kk) {
       const float k = keys[kk][offset + d];
 #pragma GCC unroll 2
-      for (int c = 0; c < kVecs; ++c) acc[kk][c] += k * q[c];
+      for (int c = 0; c < kVecs; ++c) acc[kk][c] = MultiplyAdd(k, q[c], acc[kk][c]);
     }
   }
 #pragma GCC unroll 16
@@ -160,13 +180,12 @@ template <typename V, int kVecs, int kDims>
                                                     float* ot) {
   constexpr int64_t kLanes = sizeof(V) / sizeof(float);
   constexpr int64_t kRows = kVecs * kLanes;
+  // The block's weighted values are summed from zero, then added to the rescaled output.
   V acc[kDims][kVecs];
 #pragma GCC unroll 16
   for (int dd = 0; dd < kDims; ++dd) {
 #pragma GCC unroll 2
-    for (int c = 0; c < kVecs; ++c) {
-      acc[dd][c] = LoadVector<V>(ot + (d0 + dd) * kRows + c * kLanes) * alpha[c];
-    }
+    for (int c = 0; c < kVecs; ++c) acc[dd][c] = V{};
   }
   for (int64_t j = 0; j < keys; ++j) {
     V weight[kVecs];
@@ -176,13 +195,18 @@ template <typename V, int kVecs, int kDims>
 #pragma GCC unroll 16
     for (int dd = 0; dd < kDims; ++dd) {
 #pragma GCC unroll 2
-      for (int c = 0; c < kVecs; ++c) acc[dd][c] += v[dd] * weight[c];
+      for (int c = 0; c < kVecs; ++c) {
+        acc[dd][c] = MultiplyAdd(v[dd], weight[c], acc[dd][c]);
+      }
     }
   }
 #pragma GCC unroll 16
   for (int dd = 0; dd < kDims; ++dd) {
 #pragma GCC unroll 2
-    for (int c = 0; c < kVecs; ++c) StoreVector(ot + (d0 + dd) * kRows + c * kLanes, acc[dd][c]);
+    for (int c = 0; c < kVecs; ++c) {
+      float* o = ot + (d0 + dd) * kRows + c * kLanes;
+      StoreVector(o, MultiplyAdd(LoadVector<V>(o), alpha[c], acc[dd][c]));
+    }
   }
 }
 
@@ -336,7 +360,7 @@ template <typename V, int kVecs, int kKeys, int kDims>
           block_sum += w;
         }
         StoreVector(sum_of(h) + c * kLanes,
-                    LoadVector<V>(sum_of(h) + c * kLanes) * alpha[c] + block_sum);
+                    MultiplyAdd(LoadVector<V>(sum_of(h) + c * kLanes), alpha[c], block_sum));
         StoreVector(max_of(h) + c * kLanes, new_max);
       }
 
